@@ -1,0 +1,262 @@
+/* client.c - blocking psd connection (see client.h). */
+#include "client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "proto/errors.h"
+
+static int cfail(ps_client *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void ps_client_init(ps_client *c)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    c->next_id = 1;
+    c->max_frame = PS_FRAME_MAX_HARD;
+    msgpack_zone_init(&c->zone, 4096);
+}
+
+void ps_client_free(ps_client *c)
+{
+    ps_client_close(c);
+    free(c->rbuf);
+    c->rbuf = NULL;
+    c->rcap = 0;
+    ps_buf_free(&c->wbuf);
+    msgpack_zone_destroy(&c->zone);
+}
+
+void ps_client_close(ps_client *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+}
+
+const char *ps_client_error(const ps_client *c)
+{
+    return c->err[0] ? c->err : "no error";
+}
+
+/* Waits until fd is ready for events or the deadline (-1: none) passes. */
+static int wait_fd(ps_client *c, short events, int64_t deadline)
+{
+    for (;;) {
+        int tmo = -1;
+        if (deadline >= 0) {
+            int64_t left = deadline - now_ms();
+            if (left <= 0)
+                return cfail(c, PS_ETIMEOUT, "%s: timed out waiting for psd", c->server);
+            tmo = left > 60000 ? 60000 : (int)left;
+        }
+        struct pollfd p = {.fd = c->fd, .events = events};
+        int n = poll(&p, 1, tmo);
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return cfail(c, PS_EIO, "%s: poll: %s", c->server, strerror(errno));
+    }
+}
+
+int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
+{
+    char host[PS_CONFIG_HOST_MAX], perr[256], port_s[16];
+    int port;
+    struct addrinfo hints = {0}, *res = NULL;
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+
+    ps_client_close(c);
+    snprintf(c->server, sizeof c->server, "%s", hostport);
+    if (ps_config_parse_hostport(hostport, host, sizeof host, &port, perr, sizeof perr) != 0)
+        return cfail(c, PS_EINVAL, "bad server address '%s': %s", hostport, perr);
+    if (port == 0)
+        return cfail(c, PS_EINVAL, "bad server address '%s': port 0", hostport);
+    snprintf(port_s, sizeof port_s, "%d", port);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_family = AF_UNSPEC;
+    int gai = getaddrinfo(host, port_s, &hints, &res);
+    if (gai != 0)
+        return cfail(c, PS_ECONNECT, "cannot resolve '%s': %s", host, gai_strerror(gai));
+
+    int rc = PS_ECONNECT;
+    int last_errno = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0) {
+            last_errno = errno;
+            continue;
+        }
+        c->fd = fd;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            if (errno != EINPROGRESS) {
+                last_errno = errno;
+                ps_client_close(c);
+                continue;
+            }
+            rc = wait_fd(c, POLLOUT, deadline);
+            if (rc != 0) {
+                ps_client_close(c);
+                break;
+            }
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            if (soerr != 0) {
+                last_errno = soerr;
+                rc = PS_ECONNECT;
+                ps_client_close(c);
+                continue;
+            }
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        rc = 0;
+        break;
+    }
+    freeaddrinfo(res);
+    if (rc == PS_ECONNECT)
+        return cfail(c, rc, "cannot connect to psd at %s: %s", hostport,
+                     last_errno ? strerror(last_errno) : "no address");
+    return rc;
+}
+
+static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
+{
+    while (iovcnt > 0) {
+        ssize_t n = writev(c->fd, iov, iovcnt);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return cfail(c, errno == EPIPE || errno == ECONNRESET ? PS_ECLOSED : PS_EIO, "%s: send: %s",
+                         c->server, strerror(errno));
+        }
+        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++, iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    return 0;
+}
+
+int ps_client_send(ps_client *c, ps_msg *m)
+{
+    size_t dlen = 0;
+    if (c->fd < 0)
+        return cfail(c, PS_ECLOSED, "not connected");
+    if (!(m->has & PS_F_ID)) {
+        m->id = c->next_id++;
+        m->has |= PS_F_ID;
+    }
+    int rc = ps_msg_encode(m, &c->wbuf, &dlen, NULL, NULL);
+    if (rc != 0)
+        return cfail(c, rc, "cannot encode %s: %s", ps_msg_type_name(m->type), ps_strerror(rc));
+    struct iovec iov[2] = {{c->wbuf.p, c->wbuf.len}, {(void *)(uintptr_t)m->data, dlen}};
+    return write_all(c, iov, dlen ? 2 : 1);
+}
+
+static int read_full(ps_client *c, uint8_t *dst, size_t len, int64_t deadline)
+{
+    size_t got = 0;
+    while (got < len) {
+        int rc = wait_fd(c, POLLIN, deadline);
+        if (rc != 0)
+            return rc;
+        ssize_t n = recv(c->fd, dst + got, len - got, 0);
+        if (n == 0)
+            return cfail(c, PS_ECLOSED, "%s: psd closed the connection", c->server);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return cfail(c, errno == ECONNRESET ? PS_ECLOSED : PS_EIO, "%s: receive: %s", c->server,
+                         strerror(errno));
+        }
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
+{
+    uint8_t hdr[PS_FRAME_HDR];
+    uint32_t plen = 0;
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    char derr[256];
+    if (c->fd < 0)
+        return cfail(c, PS_ECLOSED, "not connected");
+    int rc = read_full(c, hdr, sizeof hdr, deadline);
+    if (rc != 0)
+        return rc;
+    rc = ps_frame_header(hdr, sizeof hdr, c->max_frame, &plen);
+    if (rc < 0)
+        return cfail(c, rc, "%s: bad frame from psd (length %u): %s", c->server, plen, ps_strerror(rc));
+    if (plen > c->rcap) {
+        uint8_t *p = realloc(c->rbuf, plen);
+        if (!p)
+            return cfail(c, PS_ENOMEM, "out of memory for a %u-byte frame", plen);
+        c->rbuf = p;
+        c->rcap = plen;
+    }
+    rc = read_full(c, c->rbuf, plen, deadline);
+    if (rc != 0)
+        return rc;
+    msgpack_zone_clear(&c->zone);
+    ps_scan_limits lim = {PS_MSG_DEPTH_MAX, 1u << 22};
+    rc = ps_msg_decode(c->rbuf, plen, &lim, &c->zone, out, &c->scratch_layout, derr, sizeof derr);
+    if (rc != 0)
+        return cfail(c, rc, "%s: undecodable reply from psd: %s", c->server, derr);
+    if (out->type == PS_MSG_ERROR) {
+        c->remote_code = out->code;
+        if (out->text_len)
+            return cfail(c, PS_EREMOTE, "psd refused: %.*s [%s]", (int)out->text_len, out->text,
+                         ps_errname(-out->code));
+        return cfail(c, PS_EREMOTE, "psd refused: %s [%s]", ps_strerror(-out->code), ps_errname(-out->code));
+    }
+    return 0;
+}
+
+int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms)
+{
+    int rc = ps_client_send(c, req);
+    if (rc != 0)
+        return rc;
+    rc = ps_client_recv(c, reply, timeout_ms);
+    if (rc != 0 && rc != PS_EREMOTE)
+        return rc;
+    if ((reply->has & PS_F_ID) && reply->id != req->id && reply->id != 0)
+        return cfail(c, PS_EMALFORMED, "%s: reply to request %llu, expected %llu", c->server,
+                     (unsigned long long)reply->id, (unsigned long long)req->id);
+    return rc;
+}

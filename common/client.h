@@ -1,0 +1,61 @@
+/* client.h - a blocking connection to psd, for psworker and psctl.
+ *
+ * One ps_client is one TCP connection: connect with a deadline, the hello
+ * handshake, request ids, and send/receive of whole frames. Tensor data is
+ * sent straight from the caller's memory (writev) and received into the
+ * client's own buffer, where the decoded message points: a received message
+ * stays valid until the next receive on the same client.
+ *
+ * Functions return 0 or a negative PS_E* code and leave a readable reason in
+ * ps_client_error(). A reply of type ERROR from psd is returned as
+ * PS_EREMOTE, with psd's code in ps_client.remote_code and its message in the
+ * error text. Not thread-safe: one thread per client at a time. */
+#ifndef PS_CLIENT_H
+#define PS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/msg.h"
+
+typedef struct ps_client {
+    int fd;                   /* -1 when not connected */
+    char server[300];         /* "host:port" as given */
+    uint64_t next_id;         /* request id of the next request */
+    uint8_t *rbuf;            /* payload of the last frame received */
+    size_t rcap;
+    uint32_t max_frame;       /* largest payload accepted from psd */
+    msgpack_zone zone;        /* unpack zone, cleared before each receive */
+    ps_buf wbuf;              /* encode scratch */
+    ps_layout scratch_layout; /* for replies that carry a layout */
+    int32_t remote_code;      /* code of the last ERROR reply (positive) */
+    char err[512];            /* last error, for people */
+} ps_client;
+
+/* Prepares c (no connection yet). Call ps_client_free when done. */
+void ps_client_init(ps_client *c);
+void ps_client_free(ps_client *c);
+
+/* Connects to "host:port" within timeout_ms, with TCP_NODELAY. Returns 0,
+ * PS_EINVAL for a bad address, PS_ECONNECT or PS_ETIMEOUT. */
+int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms);
+
+/* Closes the connection (if any); c can connect again. */
+void ps_client_close(ps_client *c);
+
+/* Sends m as one frame: assigns m->id (and sets PS_F_ID) from next_id
+ * unless m already has one. Tensor bytes go straight from m->data. */
+int ps_client_send(ps_client *c, ps_msg *m);
+
+/* Receives one frame within timeout_ms (-1: no limit) and decodes it into
+ * out. out (its data, text and body) is valid until the next receive. An
+ * ERROR message is returned as PS_EREMOTE (out still holds it). */
+int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
+
+/* send + recv; checks that the reply's id matches the request's. */
+int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
+
+/* The last error as one readable line. */
+const char *ps_client_error(const ps_client *c);
+
+#endif

@@ -1,0 +1,844 @@
+/* config.c - the option table and everything driven by it; see config.h.
+ *
+ * To add an option: a field in struct ps_config, a row in options[] below,
+ * and a commented-out entry with its default in conf/psd.conf. Nothing else
+ * needs to know. */
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <ini.h>
+
+#include "log.h"
+#include "proto/errors.h"
+
+/* Where a row's value lands: offset and size of the field. */
+#define AT(field) .offset = offsetof(ps_config, field), .size = sizeof(((ps_config *)0)->field)
+
+static const char *const mode_words[] = {"asgd", "bsp", NULL};
+static const char *const optimizer_words[] = {"sgd", NULL};
+static const char *const sum_order_words[] = {"shard", "arrival", NULL};
+static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
+
+_Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
+               "log_level_words must follow enum ps_log_level");
+
+static const ps_config_option options[] = {
+    {.name = "listen", .type = PS_CT_HOSTPORT, .def = "127.0.0.1:7000", AT(listen),
+     .help = "TCP address psd listens on, as host:port: an IPv4 address, an IPv6 address "
+             "in brackets ([::1]:7000) or a host name. Port 0 lets the kernel pick a free "
+             "port; see port_file to learn which."},
+    {.name = "mode", .type = PS_CT_ENUM, .def = "asgd", AT(mode), .words = mode_words,
+     .help = "Consistency mode. asgd applies every push as it arrives and answers pulls "
+             "with the newest parameters. bsp collects one push from each of the workers, "
+             "applies their sum as one update and only then lets the next round start."},
+    {.name = "workers", .type = PS_CT_INT, .def = "2", AT(workers), .lo = 1, .hi = 4096,
+     .help = "Number of workers M in the job. In bsp mode a round closes when M pushes "
+             "have arrived."},
+    {.name = "state_dir", .type = PS_CT_STRING, .def = "", AT(state_dir),
+     .help = "Directory for checkpoints and other state psd keeps across restarts. Empty "
+             "means none: the model lives in memory only."},
+    {.name = "port_file", .type = PS_CT_STRING, .def = "", AT(port_file),
+     .help = "If set, psd writes the port it is bound to (a decimal number and a newline) "
+             "to this file once it is listening. Scripts and tests use it with listen "
+             "port 0."},
+    {.name = "optimizer", .type = PS_CT_ENUM, .def = "sgd", AT(optimizer),
+     .words = optimizer_words,
+     .help = "Optimizer psd applies to pushed gradients. sgd is stochastic gradient "
+             "descent with momentum and weight decay."},
+    {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.1", AT(lr), .dmin = 0, .dmax = 1e3,
+     .flags = PS_CONF_RELOAD,
+     .help = "Learning rate: the step size of each update."},
+    {.name = "momentum", .type = PS_CT_DOUBLE, .def = "0.9", AT(momentum), .dmin = 0,
+     .dmax = 0.999999, .flags = PS_CONF_RELOAD,
+     .help = "SGD momentum, 0 to just under 1. 0 turns momentum off."},
+    {.name = "weight_decay", .type = PS_CT_DOUBLE, .def = "0", AT(weight_decay), .dmin = 0,
+     .dmax = 1, .flags = PS_CONF_RELOAD,
+     .help = "L2 weight decay: plain SGD updates w <- w - lr*(g + weight_decay*w). "
+             "0 turns it off."},
+    {.name = "bsp_sum_order", .type = PS_CT_ENUM, .def = "shard", AT(bsp_sum_order),
+     .words = sum_order_words,
+     .help = "How a bsp round sums its pushes. shard adds them in shard order, so a run "
+             "gives bit-for-bit the same model whatever order pushes arrive in; it keeps "
+             "every push of the round until the round closes. arrival adds each push to "
+             "one accumulator as it comes: less memory, but float rounding then depends on "
+             "arrival order."},
+    {.name = "max_frame", .type = PS_CT_SIZE, .def = "64M", AT(max_frame), .lo = 4096,
+     .hi = INT64_C(2147483648),
+     .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "
+             "a bigger frame is told so and disconnected. It must hold the largest push "
+             "or pull reply, so raise it for big models."},
+    {.name = "max_connections", .type = PS_CT_INT, .def = "1024", AT(max_connections),
+     .lo = 1, .hi = 65536, .flags = PS_CONF_RELOAD,
+     .help = "Most connections open at once (workers and admin tools together). Further "
+             "connections are refused with an error."},
+    {.name = "log_level", .type = PS_CT_ENUM, .def = "info", AT(log_level),
+     .words = log_level_words, .flags = PS_CONF_RELOAD,
+     .help = "Least important log records written to stderr: debug, info, warn or error."},
+};
+
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+const ps_config_option *ps_config_options(size_t *count)
+{
+    if (count)
+        *count = N_OPTIONS;
+    return options;
+}
+
+/* Compare an option name with a key, '-' in the key standing for '_'. */
+static bool name_matches(const char *name, const char *key)
+{
+    for (; *name && *key; name++, key++) {
+        char k = *key == '-' ? '_' : *key;
+        if (*name != k)
+            return false;
+    }
+    return *name == '\0' && *key == '\0';
+}
+
+const ps_config_option *ps_config_find(const char *name)
+{
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < N_OPTIONS; i++)
+        if (name_matches(options[i].name, name))
+            return &options[i];
+    return NULL;
+}
+
+/* Levenshtein distance, for "did you mean"; long strings count as far. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    size_t row[65];
+
+    if (la > 64 || lb > 64)
+        return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static void unknown_key(const char *key, char *err, size_t errlen)
+{
+    const char *best = NULL;
+    char lower[65];
+    size_t n = strlen(key);
+
+    /* Suggest the nearest name if it is at most 2 edits away (ignoring
+     * case) and the key is not so short that anything would be near. */
+    if (n < sizeof lower) {
+        size_t best_d = n < 2 ? n : 2;
+        for (size_t i = 0; i <= n; i++)
+            lower[i] = (char)tolower((unsigned char)key[i]);
+        for (size_t i = 0; i < N_OPTIONS; i++) {
+            size_t d = edit_distance(lower, options[i].name);
+            if (d <= best_d && d < n && (!best || d < best_d)) {
+                best_d = d;
+                best = options[i].name;
+            }
+        }
+    }
+    if (best)
+        set_err(err, errlen, "unknown key '%.64s' (did you mean '%s'?)", key, best);
+    else
+        set_err(err, errlen, "unknown key '%.64s'", key);
+}
+
+/* ---- value parsers: text -> number, 0 or PS_EINVAL, no messages ---- */
+
+static int parse_int64(const char *s, int64_t *out, bool *overflow)
+{
+    char *end;
+
+    *overflow = false;
+    if (!*s || !(isdigit((unsigned char)*s) || ((*s == '-' || *s == '+') && isdigit((unsigned char)s[1]))))
+        return PS_EINVAL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end)
+        return PS_EINVAL;
+    if (errno == ERANGE)
+        *overflow = true;
+    *out = v;
+    return 0;
+}
+
+static int parse_uint64(const char *s, uint64_t *out, bool *overflow)
+{
+    char *end;
+
+    *overflow = false;
+    if (!isdigit((unsigned char)*s))
+        return PS_EINVAL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end)
+        return PS_EINVAL;
+    if (errno == ERANGE)
+        *overflow = true;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+
+    if (!*s)
+        return PS_EINVAL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end)
+        return PS_EINVAL;
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+    static const char *const yes[] = {"yes", "true", "on", "1"};
+    static const char *const no[] = {"no", "false", "off", "0"};
+
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = true;
+            return 0;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = false;
+            return 0;
+        }
+    }
+    return PS_EINVAL;
+}
+
+int ps_config_parse_size(const char *s, uint64_t *bytes)
+{
+    char *end;
+    unsigned shift = 0;
+
+    if (!s || !isdigit((unsigned char)*s))
+        return PS_EINVAL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno == ERANGE)
+        return PS_EINVAL;
+    switch (tolower((unsigned char)*end)) {
+    case 'k': shift = 10; end++; break;
+    case 'm': shift = 20; end++; break;
+    case 'g': shift = 30; end++; break;
+    case 't': shift = 40; end++; break;
+    default: break;
+    }
+    if (!(*end == '\0' || strcasecmp(end, "b") == 0 || (shift && strcasecmp(end, "ib") == 0)))
+        return PS_EINVAL;
+    if (shift && v > (UINT64_MAX >> shift))
+        return PS_EINVAL;
+    *bytes = (uint64_t)v << shift;
+    return 0;
+}
+
+int ps_config_parse_duration(const char *s, uint64_t *ms)
+{
+    static const struct {
+        const char *unit;
+        double ms;
+    } units[] = {{"", 1000}, {"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+    char *end;
+
+    if (!s || !(isdigit((unsigned char)*s) || (*s == '.' && isdigit((unsigned char)s[1]))))
+        return PS_EINVAL;
+    double v = strtod(s, &end);
+    if (end == s || !isfinite(v) || v < 0)
+        return PS_EINVAL;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit) == 0) {
+            double r = round(v * units[i].ms);
+            if (r >= 18446744073709551616.0) /* 2^64 */
+                return PS_EINVAL;
+            *ms = (uint64_t)r;
+            return 0;
+        }
+    }
+    return PS_EINVAL;
+}
+
+/* Is s a host name: labels of letters, digits, '-' and '_' separated by
+ * dots, each 1..63 long, 253 at most in all? */
+static bool valid_hostname(const char *s)
+{
+    size_t len = strlen(s), label = 0;
+
+    if (len == 0 || len > 253)
+        return false;
+    for (const char *p = s; *p; p++) {
+        if (*p == '.') {
+            if (label == 0 || p[-1] == '-')
+                return false;
+            label = 0;
+        } else if (isalnum((unsigned char)*p) || *p == '_' || (*p == '-' && label > 0)) {
+            if (++label > 63)
+                return false;
+        } else {
+            return false;
+        }
+    }
+    return label > 0 && s[len - 1] != '-';
+}
+
+int ps_config_parse_hostport(const char *s, char *host, size_t hostlen, int *port,
+                             char *err, size_t errlen)
+{
+    char h[PS_CONFIG_HOST_MAX];
+    const char *port_s;
+    size_t hlen;
+
+    if (!s || !*s) {
+        set_err(err, errlen, "empty address; write host:port, e.g. 127.0.0.1:7000");
+        return PS_EINVAL;
+    }
+    if (s[0] == '[') {
+        const char *close = strchr(s, ']');
+        if (!close) {
+            set_err(err, errlen, "'%.300s' has no closing ']'", s);
+            return PS_EINVAL;
+        }
+        if (close[1] != ':') {
+            set_err(err, errlen, "'%.300s' has no port; write [address]:port, e.g. [::1]:7000", s);
+            return PS_EINVAL;
+        }
+        hlen = (size_t)(close - s - 1);
+        if (hlen >= sizeof h) {
+            set_err(err, errlen, "'%.300s': address too long", s);
+            return PS_EINVAL;
+        }
+        memcpy(h, s + 1, hlen);
+        h[hlen] = '\0';
+        unsigned char buf[16];
+        if (inet_pton(AF_INET6, h, buf) != 1) {
+            set_err(err, errlen, "'%.300s' is not an IPv6 address", h);
+            return PS_EINVAL;
+        }
+        port_s = close + 2;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (!colon) {
+            set_err(err, errlen, "'%.300s' has no port; write host:port, e.g. 127.0.0.1:7000", s);
+            return PS_EINVAL;
+        }
+        if (memchr(s, ':', (size_t)(colon - s))) {
+            set_err(err, errlen,
+                    "'%.300s': an IPv6 address needs brackets, e.g. [::1]:7000", s);
+            return PS_EINVAL;
+        }
+        hlen = (size_t)(colon - s);
+        if (hlen == 0) {
+            set_err(err, errlen,
+                    "'%.300s' has no host; write e.g. 0.0.0.0:7000 for every interface", s);
+            return PS_EINVAL;
+        }
+        if (hlen >= sizeof h) {
+            set_err(err, errlen, "'%.300s': host name too long", s);
+            return PS_EINVAL;
+        }
+        memcpy(h, s, hlen);
+        h[hlen] = '\0';
+        if (strspn(h, "0123456789.") == hlen) {
+            unsigned char buf[4];
+            if (inet_pton(AF_INET, h, buf) != 1) {
+                set_err(err, errlen, "'%.300s' is not an IPv4 address", h);
+                return PS_EINVAL;
+            }
+        } else if (!valid_hostname(h)) {
+            set_err(err, errlen, "'%.300s' is not a valid host name", h);
+            return PS_EINVAL;
+        }
+        port_s = colon + 1;
+    }
+
+    size_t plen = strlen(port_s);
+    if (plen == 0 || plen > 5 || strspn(port_s, "0123456789") != plen) {
+        set_err(err, errlen, "'%.300s': port '%.32s' is not a number 0..65535", s, port_s);
+        return PS_EINVAL;
+    }
+    long p = strtol(port_s, NULL, 10);
+    if (p > 65535) {
+        set_err(err, errlen, "'%.300s': port %ld is out of range 0..65535", s, p);
+        return PS_EINVAL;
+    }
+    if (hlen >= hostlen) {
+        set_err(err, errlen, "'%.300s': host name too long", s);
+        return PS_EINVAL;
+    }
+    memcpy(host, h, hlen + 1);
+    *port = (int)p;
+    return 0;
+}
+
+/* ---- formatting ---- */
+
+/* Shortest %g text that reads back as exactly v, without an exponent for
+ * numbers of ordinary size ("1000", not "1e+03"). */
+static int format_double(double v, char *buf, size_t len)
+{
+    char tmp[64];
+    bool plain = v == 0 || (fabs(v) >= 1e-4 && fabs(v) < 1e15);
+
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
+        if (strtod(tmp, NULL) == v && (!plain || !strchr(tmp, 'e')))
+            break;
+    }
+    return snprintf(buf, len, "%s", tmp);
+}
+
+static int format_size(uint64_t v, char *buf, size_t len)
+{
+    static const char units[] = "KMGT";
+
+    if (v != 0) {
+        for (int i = 3; i >= 0; i--) {
+            unsigned shift = 10u * (unsigned)(i + 1);
+            if ((v & ((UINT64_C(1) << shift) - 1)) == 0)
+                return snprintf(buf, len, "%llu%c", (unsigned long long)(v >> shift), units[i]);
+        }
+    }
+    return snprintf(buf, len, "%llu", (unsigned long long)v);
+}
+
+static int format_duration(uint64_t ms, char *buf, size_t len)
+{
+    if (ms != 0 && ms % 3600000 == 0)
+        return snprintf(buf, len, "%lluh", (unsigned long long)(ms / 3600000));
+    if (ms != 0 && ms % 60000 == 0)
+        return snprintf(buf, len, "%llum", (unsigned long long)(ms / 60000));
+    if (ms % 1000 == 0)
+        return snprintf(buf, len, "%llus", (unsigned long long)(ms / 1000));
+    return snprintf(buf, len, "%llums", (unsigned long long)ms);
+}
+
+static int format_bound(const ps_config_option *o, int64_t v, char *buf, size_t len)
+{
+    if (o->type == PS_CT_SIZE)
+        return format_size((uint64_t)v, buf, len);
+    if (o->type == PS_CT_DURATION)
+        return format_duration((uint64_t)v, buf, len);
+    return snprintf(buf, len, "%lld", (long long)v);
+}
+
+int ps_config_format(const ps_config *c, const ps_config_option *o, char *buf, size_t len)
+{
+    const char *field = (const char *)c + o->offset;
+
+    switch (o->type) {
+    case PS_CT_BOOL: {
+        bool v;
+        memcpy(&v, field, sizeof v);
+        return snprintf(buf, len, "%s", v ? "yes" : "no");
+    }
+    case PS_CT_INT: {
+        int v;
+        memcpy(&v, field, sizeof v);
+        return snprintf(buf, len, "%d", v);
+    }
+    case PS_CT_U64: {
+        uint64_t v;
+        memcpy(&v, field, sizeof v);
+        return snprintf(buf, len, "%llu", (unsigned long long)v);
+    }
+    case PS_CT_DOUBLE: {
+        double v;
+        memcpy(&v, field, sizeof v);
+        return format_double(v, buf, len);
+    }
+    case PS_CT_ENUM: {
+        int v, n = 0;
+        memcpy(&v, field, sizeof v);
+        while (o->words[n])
+            n++;
+        return snprintf(buf, len, "%s", v >= 0 && v < n ? o->words[v] : "?");
+    }
+    case PS_CT_STRING:
+        return snprintf(buf, len, "%s", field);
+    case PS_CT_SIZE: {
+        uint64_t v;
+        memcpy(&v, field, sizeof v);
+        return format_size(v, buf, len);
+    }
+    case PS_CT_DURATION: {
+        uint64_t v;
+        memcpy(&v, field, sizeof v);
+        return format_duration(v, buf, len);
+    }
+    case PS_CT_HOSTPORT: {
+        const ps_hostport *hp = (const ps_hostport *)field;
+        if (strchr(hp->host, ':'))
+            return snprintf(buf, len, "[%s]:%d", hp->host, hp->port);
+        return snprintf(buf, len, "%s:%d", hp->host, hp->port);
+    }
+    }
+    return snprintf(buf, len, "?");
+}
+
+void ps_config_print(const ps_config *c, FILE *f)
+{
+    char buf[PS_CONFIG_VALUE_MAX];
+
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        ps_config_format(c, &options[i], buf, sizeof buf);
+        fprintf(f, "%s = %s\n", options[i].name, buf);
+    }
+}
+
+bool ps_config_differs(const ps_config *a, const ps_config *b, const ps_config_option *o)
+{
+    char va[PS_CONFIG_VALUE_MAX], vb[PS_CONFIG_VALUE_MAX];
+
+    ps_config_format(a, o, va, sizeof va);
+    ps_config_format(b, o, vb, sizeof vb);
+    return strcmp(va, vb) != 0;
+}
+
+/* ---- setting ---- */
+
+/* Parse text (already trimmed) for option o; on success copy the value into
+ * the field. On error the field is untouched. */
+static int set_option(ps_config *c, const ps_config_option *o, const char *text, char *err,
+                      size_t errlen)
+{
+    char *field = (char *)c + o->offset;
+    char lo[32], hi[32];
+    bool overflow;
+
+    switch (o->type) {
+    case PS_CT_BOOL: {
+        bool v;
+        if (parse_bool(text, &v) != 0) {
+            set_err(err, errlen, "%s: '%.64s' is not a boolean (use yes or no)", o->name, text);
+            return PS_EINVAL;
+        }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case PS_CT_INT: {
+        int64_t v;
+        if (parse_int64(text, &v, &overflow) != 0) {
+            set_err(err, errlen, "%s: '%.64s' is not an integer", o->name, text);
+            return PS_EINVAL;
+        }
+        if (overflow || v < o->lo || v > o->hi) {
+            set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text,
+                    (long long)o->lo, (long long)o->hi);
+            return PS_EINVAL;
+        }
+        int iv = (int)v;
+        memcpy(field, &iv, sizeof iv);
+        return 0;
+    }
+    case PS_CT_U64: {
+        uint64_t v;
+        if (parse_uint64(text, &v, &overflow) != 0) {
+            set_err(err, errlen, "%s: '%.64s' is not a non-negative integer", o->name, text);
+            return PS_EINVAL;
+        }
+        if (overflow || v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
+            set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text,
+                    (long long)o->lo, (long long)o->hi);
+            return PS_EINVAL;
+        }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case PS_CT_DOUBLE: {
+        double v;
+        if (parse_double(text, &v) != 0) {
+            set_err(err, errlen, "%s: '%.64s' is not a number", o->name, text);
+            return PS_EINVAL;
+        }
+        if (!isfinite(v)) {
+            set_err(err, errlen, "%s: '%.64s' is not a finite number", o->name, text);
+            return PS_EINVAL;
+        }
+        if (v < o->dmin || v > o->dmax) {
+            format_double(o->dmin, lo, sizeof lo);
+            format_double(o->dmax, hi, sizeof hi);
+            set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
+            return PS_EINVAL;
+        }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case PS_CT_ENUM: {
+        for (int i = 0; o->words[i]; i++) {
+            if (strcasecmp(text, o->words[i]) == 0) {
+                memcpy(field, &i, sizeof i);
+                return 0;
+            }
+        }
+        char list[256] = "";
+        for (int i = 0; o->words[i]; i++) {
+            if (i > 0)
+                strncat(list, ", ", sizeof list - strlen(list) - 1);
+            strncat(list, o->words[i], sizeof list - strlen(list) - 1);
+        }
+        set_err(err, errlen, "%s: '%.64s' is not one of %s", o->name, text, list);
+        return PS_EINVAL;
+    }
+    case PS_CT_STRING: {
+        size_t n = strlen(text);
+        if (n >= o->size) {
+            set_err(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n,
+                    o->size - 1);
+            return PS_EINVAL;
+        }
+        memset(field, 0, o->size);
+        memcpy(field, text, n);
+        return 0;
+    }
+    case PS_CT_SIZE:
+    case PS_CT_DURATION: {
+        uint64_t v;
+        int rc = o->type == PS_CT_SIZE ? ps_config_parse_size(text, &v)
+                                       : ps_config_parse_duration(text, &v);
+        if (rc != 0) {
+            if (o->type == PS_CT_SIZE)
+                set_err(err, errlen,
+                        "%s: '%.64s' is not a size (a whole number of bytes with an "
+                        "optional unit K, M, G or T)", o->name, text);
+            else
+                set_err(err, errlen,
+                        "%s: '%.64s' is not a duration (a number with a unit ms, s, m or h)",
+                        o->name, text);
+            return PS_EINVAL;
+        }
+        if (v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
+            format_bound(o, o->lo, lo, sizeof lo);
+            format_bound(o, o->hi, hi, sizeof hi);
+            set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
+            return PS_EINVAL;
+        }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case PS_CT_HOSTPORT: {
+        ps_hostport hp;
+        char msg[512];
+        memset(&hp, 0, sizeof hp);
+        if (ps_config_parse_hostport(text, hp.host, sizeof hp.host, &hp.port, msg,
+                                     sizeof msg) != 0) {
+            set_err(err, errlen, "%s: %s", o->name, msg);
+            return PS_EINVAL;
+        }
+        memcpy(field, &hp, sizeof hp);
+        return 0;
+    }
+    }
+    set_err(err, errlen, "%s: option of unknown type", o->name);
+    return PS_EINVAL;
+}
+
+int ps_config_set(ps_config *c, const char *key, const char *value, char *err, size_t errlen)
+{
+    char text[PS_CONFIG_PATH_MAX + 64];
+
+    if (!key) {
+        set_err(err, errlen, "missing key");
+        return PS_EINVAL;
+    }
+    const ps_config_option *o = ps_config_find(key);
+    if (!o) {
+        unknown_key(key, err, errlen);
+        return PS_EINVAL;
+    }
+    if (!value)
+        value = "";
+
+    /* Trim blanks at both ends. */
+    while (isspace((unsigned char)*value))
+        value++;
+    size_t n = strlen(value);
+    while (n > 0 && isspace((unsigned char)value[n - 1]))
+        n--;
+    if (n >= sizeof text) {
+        set_err(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n,
+                sizeof text - 1);
+        return PS_EINVAL;
+    }
+    memcpy(text, value, n);
+    text[n] = '\0';
+    return set_option(c, o, text, err, errlen);
+}
+
+void ps_config_defaults(ps_config *c)
+{
+    char err[256];
+
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_OPTIONS; i++) {
+        if (ps_config_set(c, options[i].name, options[i].def, err, sizeof err) != 0) {
+            /* A default that does not parse is a bug in the table. */
+            fprintf(stderr, "config: bad default for %s: %s\n", options[i].name, err);
+            abort();
+        }
+    }
+}
+
+/* ---- loading a file ---- */
+
+struct load_ctx {
+    FILE *f;
+    const char *path;
+    ps_config cfg;         /* the copy the file is applied to */
+    int lineno;            /* line last handed to inih */
+    int max_line;          /* inih's buffer size, for the message */
+    bool too_long;         /* a line did not fit inih's buffer */
+    int err_line;          /* first line a value was rejected on, 0 = none */
+    char err[512];         /* its message */
+};
+
+/* inih's line reader (fgets-like). Counts lines so the handler knows where
+ * it is, drops leading blanks (so an indented line is an ordinary one, not
+ * inih's continuation of the previous value), and stops at a line longer
+ * than inih's buffer instead of letting inih read it as two lines. */
+static char *load_read_line(char *str, int num, void *stream)
+{
+    struct load_ctx *lc = stream;
+
+    if (lc->too_long || !fgets(str, num, lc->f))
+        return NULL;
+    lc->lineno++;
+    lc->max_line = num;
+    size_t n = strlen(str);
+    if (n == 0 || str[n - 1] != '\n') {
+        int ch = getc(lc->f);
+        if (ch == '\r')
+            ch = getc(lc->f);
+        if (ch != EOF && ch != '\n') {
+            lc->too_long = true;
+            return NULL;
+        }
+    }
+    size_t skip = strspn(str, " \t");
+    if (skip)
+        memmove(str, str + skip, n - skip + 1);
+    return str;
+}
+
+static int load_handler(void *user, const char *section, const char *name, const char *value)
+{
+    struct load_ctx *lc = user;
+    char msg[sizeof lc->err];
+
+    if (lc->err_line)
+        return 0; /* report the first error only */
+    if (section[0] && strcasecmp(section, "psd") != 0) {
+        snprintf(lc->err, sizeof lc->err,
+                 "unknown section [%.64s]; options go at the top of the file or under [psd]",
+                 section);
+        lc->err_line = lc->lineno;
+        return 0;
+    }
+    if (ps_config_set(&lc->cfg, name, value, msg, sizeof msg) != 0) {
+        snprintf(lc->err, sizeof lc->err, "%s", msg);
+        lc->err_line = lc->lineno;
+        return 0;
+    }
+    return 1;
+}
+
+int ps_config_load(ps_config *c, const char *path, char *err, size_t errlen)
+{
+    struct load_ctx *lc;
+    int rc = 0;
+
+    lc = calloc(1, sizeof *lc);
+    if (!lc) {
+        set_err(err, errlen, "%s: out of memory", path);
+        return PS_ENOMEM;
+    }
+    lc->path = path;
+    lc->cfg = *c;
+    lc->f = fopen(path, "r");
+    if (!lc->f) {
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        rc = PS_EIO;
+        goto out;
+    }
+
+    int syntax_line = ini_parse_stream(load_read_line, lc, load_handler, lc);
+    if (ferror(lc->f)) {
+        set_err(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        rc = PS_EIO;
+        goto out;
+    }
+    if (syntax_line < 0) {
+        set_err(err, errlen, "%s: cannot parse (inih error %d)", path, syntax_line);
+        rc = PS_EIO;
+        goto out;
+    }
+    if (syntax_line > 0 && (lc->err_line == 0 || syntax_line < lc->err_line)) {
+        set_err(err, errlen,
+                "%s:%d: syntax error: expected 'key = value', '[section]' or a comment", path,
+                syntax_line);
+        rc = PS_EINVAL;
+        goto out;
+    }
+    if (lc->err_line) {
+        set_err(err, errlen, "%s:%d: %s", path, lc->err_line, lc->err);
+        rc = PS_EINVAL;
+        goto out;
+    }
+    if (lc->too_long) {
+        set_err(err, errlen, "%s:%d: line too long (at most %d characters)", path,
+                lc->lineno, lc->max_line - 2);
+        rc = PS_EINVAL;
+        goto out;
+    }
+    *c = lc->cfg;
+
+out:
+    if (lc->f)
+        fclose(lc->f);
+    free(lc);
+    return rc;
+}

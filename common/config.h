@@ -1,0 +1,143 @@
+/* config.h - psd's configuration: the options, their defaults and parsing.
+ *
+ * struct ps_config holds one field per option. config.c has one table with
+ * one row per option (name, type, bounds, default as text, where it lands in
+ * ps_config, a paragraph of help, whether it may change at run time); every
+ * function here is driven by that table, so adding an option is adding a
+ * field and a row (and a paragraph in conf/psd.conf, which a unit test
+ * checks).
+ *
+ * A ps_config is a plain value: no pointers, strings live in fixed arrays.
+ * Copy it with `=`; there is nothing to free.
+ *
+ * Functions return 0 or a negative PS_E* code (proto/errors.h) and, on
+ * error, write a message for a person into err (which may be NULL). */
+#ifndef PS_CONFIG_H
+#define PS_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define PS_CONFIG_HOST_MAX 256     /* host name or address, NUL included */
+#define PS_CONFIG_PATH_MAX 1024    /* path options, NUL included */
+#define PS_CONFIG_VALUE_MAX 1100   /* enough for any formatted value */
+
+/* Values of ps_config.mode; the order is that of the words in the table. */
+enum ps_mode { PS_MODE_ASGD = 0, PS_MODE_BSP = 1 };
+
+/* Values of ps_config.optimizer. */
+enum ps_optimizer_kind { PS_OPTIMIZER_SGD = 0 };
+
+/* Values of ps_config.bsp_sum_order. */
+enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
+
+/* A parsed "host:port". host is an IPv4 or IPv6 literal (without brackets)
+ * or a host name; port 0 asks the kernel for a free port. */
+typedef struct ps_hostport {
+    char host[PS_CONFIG_HOST_MAX];
+    int port;                          /* 0..65535 */
+} ps_hostport;
+
+typedef struct ps_config {
+    ps_hostport listen;                /* address psd listens on */
+    int mode;                          /* enum ps_mode */
+    int workers;                       /* M: pushes that close a BSP round */
+    char state_dir[PS_CONFIG_PATH_MAX];/* checkpoints and state; "" = none */
+    char port_file[PS_CONFIG_PATH_MAX];/* write the bound port here; "" = don't */
+    int optimizer;                     /* enum ps_optimizer_kind */
+    double lr;                         /* learning rate */
+    double momentum;                   /* SGD momentum */
+    double weight_decay;               /* L2 weight decay */
+    int bsp_sum_order;                 /* enum ps_bsp_sum_order */
+    uint64_t max_frame;                /* largest accepted frame, bytes */
+    int max_connections;               /* open connections at most */
+    int log_level;                     /* enum ps_log_level (common/log.h) */
+} ps_config;
+
+typedef enum ps_config_type {
+    PS_CT_BOOL,        /* bool: yes/no, true/false, on/off, 1/0 */
+    PS_CT_INT,         /* int, lo..hi */
+    PS_CT_U64,         /* uint64_t, lo..hi */
+    PS_CT_DOUBLE,      /* double, finite, dmin..dmax */
+    PS_CT_ENUM,        /* int: index of the word in words[] */
+    PS_CT_STRING,      /* char[size], any text that fits */
+    PS_CT_SIZE,        /* uint64_t bytes; "64M", "1G", "4096", lo..hi */
+    PS_CT_DURATION,    /* uint64_t milliseconds; "500ms", "30s", "5m", lo..hi */
+    PS_CT_HOSTPORT,    /* ps_hostport */
+} ps_config_type;
+
+/* Option flags. */
+#define PS_CONF_RELOAD 0x1   /* may change at run time (SIGHUP reload) */
+
+/* One row of the option table. */
+typedef struct ps_config_option {
+    const char *name;
+    ps_config_type type;
+    const char *def;               /* default, as it would be written in the file */
+    size_t offset;                 /* offsetof(ps_config, field) */
+    size_t size;                   /* sizeof the field */
+    int64_t lo, hi;                /* bounds for INT, U64, SIZE, DURATION */
+    double dmin, dmax;             /* bounds for DOUBLE */
+    const char *const *words;      /* ENUM: the words, NULL-terminated */
+    unsigned flags;                /* PS_CONF_* */
+    const char *help;              /* one paragraph */
+} ps_config_option;
+
+/* The table, in the order psd --print-config shows it. *count gets the
+ * number of rows. The array is static and never changes. */
+const ps_config_option *ps_config_options(size_t *count);
+
+/* The row called name ('-' may stand for '_'), or NULL. */
+const ps_config_option *ps_config_find(const char *name);
+
+/* Fill c with every option's default. Cannot fail (a default that does not
+ * parse is a bug and aborts). */
+void ps_config_defaults(ps_config *c);
+
+/* Parse value for option key and store it in c. On error c is unchanged
+ * and err says why, e.g. "workers: 0 is out of range 1..4096" or
+ * "unknown key 'lrr' (did you mean 'lr'?)". Leading and trailing blanks
+ * of value are ignored. Returns 0 or PS_EINVAL. */
+int ps_config_set(ps_config *c, const char *key, const char *value, char *err,
+                  size_t errlen);
+
+/* Read an INI-style file and apply it on top of c. Keys may stand at the
+ * top or under a [psd] section; '#' and ';' start comment lines. The whole
+ * file is parsed into a copy of c which replaces c only if every line was
+ * good: on error c is unchanged, and err names the file and line
+ * ("conf/psd.conf:12: unknown key 'lrr'"). Returns 0, PS_EINVAL for bad
+ * content (including a line longer than libinih's line buffer, about 200
+ * bytes), PS_EIO when the file cannot be opened or read, or PS_ENOMEM. */
+int ps_config_load(ps_config *c, const char *path, char *err, size_t errlen);
+
+/* Write option o's value in c as text that ps_config_set accepts back, e.g.
+ * "64M", "127.0.0.1:7000", "0.1". Returns the length (buf is cut to fit,
+ * as with snprintf). */
+int ps_config_format(const ps_config *c, const ps_config_option *o, char *buf,
+                     size_t len);
+
+/* Print every option as "name = value" lines, in table order. */
+void ps_config_print(const ps_config *c, FILE *f);
+
+/* True when option o differs between a and b. */
+bool ps_config_differs(const ps_config *a, const ps_config *b, const ps_config_option *o);
+
+/* Parse "host:port": "127.0.0.1:7000", "[::1]:7000", "example.org:7000".
+ * host gets the host without brackets. Port must be 0..65535. Returns 0 or
+ * PS_EINVAL with a message in err. */
+int ps_config_parse_hostport(const char *s, char *host, size_t hostlen, int *port,
+                             char *err, size_t errlen);
+
+/* "64M" -> 67108864. A non-negative integer with an optional unit K, M, G
+ * or T (powers of 1024, any case, optionally followed by "B" or "iB").
+ * Returns 0, or PS_EINVAL for garbage or a value that overflows. */
+int ps_config_parse_size(const char *s, uint64_t *bytes);
+
+/* "30s" -> 30000. A non-negative number (fraction allowed) with a unit ms,
+ * s, m or h; a bare number means seconds. Result in whole milliseconds,
+ * rounded to nearest. Returns 0 or PS_EINVAL. */
+int ps_config_parse_duration(const char *s, uint64_t *ms);
+
+#endif

@@ -1,0 +1,44 @@
+/* vec.c - vector kernels (see vec.h). */
+#include "vec.h"
+
+#include <stdint.h>
+#include <string.h>
+
+int ps_vec_all_finite(const float *x, size_t n)
+{
+    /* An IEEE float is NaN or infinite iff its exponent bits are all ones.
+     * OR-reducing a mask over blocks keeps the loop branch-free. */
+    size_t i = 0;
+    while (i < n) {
+        size_t end = n - i > 4096 ? i + 4096 : n;
+        uint32_t bad = 0;
+        for (; i < end; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        }
+        if (bad)
+            return 0;
+    }
+    return 1;
+}
+
+void ps_vec_axpy(float *restrict y, float a, const float *restrict x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+void ps_vec_scale(float *x, float a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] *= a;
+}
+
+double ps_vec_sumsq(const float *x, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return s;
+}

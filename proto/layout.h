@@ -1,0 +1,50 @@
+/* layout.h - the model layout: named tensors laid out in one flat float32 vector.
+ *
+ * Every push and pull addresses a key range [offset, offset+len) of the flat
+ * vector. A layout lists the tensors in order; tensor i occupies the range that
+ * starts where tensor i-1 ends. The fingerprint is a 64-bit FNV-1a hash over a
+ * canonical text form of the layout, so two programs agree on a layout iff they
+ * agree on names, ranks, dimensions and order. */
+#ifndef PS_LAYOUT_H
+#define PS_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_NAME_MAX 63     /* longest tensor name, in bytes */
+#define PS_DIMS_MAX 6      /* highest tensor rank */
+#define PS_TENSORS_MAX 256 /* most tensors in one layout */
+
+typedef struct ps_tensor_desc {
+    char name[PS_NAME_MAX + 1]; /* NUL-terminated, printable ASCII */
+    uint32_t ndim;              /* 1..PS_DIMS_MAX */
+    uint32_t dims[PS_DIMS_MAX]; /* each >= 1 */
+    uint64_t offset;            /* first element in the flat vector */
+    uint64_t count;             /* product of dims */
+} ps_tensor_desc;
+
+typedef struct ps_layout {
+    uint32_t ntensors;
+    ps_tensor_desc t[PS_TENSORS_MAX];
+    uint64_t total; /* elements in the flat vector */
+} ps_layout;
+
+/* Resets the layout to empty. */
+void ps_layout_init(ps_layout *l);
+
+/* Appends a tensor named `name` with `ndim` dims, computing its offset and
+ * count. Returns 0, or a negative PS_E* code when the name is too long or
+ * empty, the rank or a dimension is out of range, the layout is full, or the
+ * total would exceed PS_PARAMS_MAX. */
+int ps_layout_add(ps_layout *l, const char *name, uint32_t ndim, const uint32_t *dims);
+
+/* 64-bit FNV-1a over "name:d0xd1...;" for every tensor, in order. */
+uint64_t ps_layout_fingerprint(const ps_layout *l);
+
+/* Returns 1 when a and b describe the same tensors in the same order. */
+int ps_layout_equal(const ps_layout *a, const ps_layout *b);
+
+/* Writes "name[d0,d1] ..." into buf for log messages; always NUL-terminates. */
+void ps_layout_describe(const ps_layout *l, char *buf, size_t len);
+
+#endif

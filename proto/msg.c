@@ -1,0 +1,590 @@
+/* msg.c - encode and decode of every message (see msg.h, PROTOCOL.md). */
+#include "msg.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+
+/* ---- buffers ---------------------------------------------------------- */
+
+void ps_buf_free(ps_buf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+int ps_buf_reserve(ps_buf *b, size_t extra)
+{
+    if (b->cap - b->len >= extra)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap - b->len < extra) {
+        if (cap > SIZE_MAX / 2)
+            return PS_ENOMEM;
+        cap *= 2;
+    }
+    uint8_t *p = realloc(b->p, cap);
+    if (!p)
+        return PS_ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static int buf_write(void *data, const char *buf, size_t len)
+{
+    ps_buf *b = data;
+    if (ps_buf_reserve(b, len) != 0)
+        return -1;
+    memcpy(b->p + b->len, buf, len);
+    b->len += len;
+    return 0;
+}
+
+/* ---- names ------------------------------------------------------------ */
+
+static const char *const type_names[PS_MSG_TYPE_MAX + 1] = {
+    [PS_MSG_HELLO] = "hello",     [PS_MSG_WELCOME] = "welcome",
+    [PS_MSG_INIT] = "init",       [PS_MSG_PUSH] = "push",
+    [PS_MSG_PULL] = "pull",       [PS_MSG_PUSHPULL] = "pushpull",
+    [PS_MSG_PARAMS] = "params",   [PS_MSG_OK] = "ok",
+    [PS_MSG_HEARTBEAT] = "heartbeat", [PS_MSG_STATUS] = "status",
+    [PS_MSG_STATUS_REPLY] = "status_reply", [PS_MSG_METRICS] = "metrics",
+    [PS_MSG_METRICS_REPLY] = "metrics_reply", [PS_MSG_REPORT] = "report",
+    [PS_MSG_ERROR] = "error",     [PS_MSG_BYE] = "bye",
+};
+
+const char *ps_msg_type_name(uint32_t type)
+{
+    if (type <= PS_MSG_TYPE_MAX && type_names[type])
+        return type_names[type];
+    return "?";
+}
+
+const char *ps_role_name(uint32_t role)
+{
+    switch (role) {
+    case PS_ROLE_WORKER:
+        return "worker";
+    case PS_ROLE_ADMIN:
+        return "admin";
+    default:
+        return "none";
+    }
+}
+
+void ps_msg_init(ps_msg *m, uint32_t type)
+{
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->fin = 1;
+}
+
+/* ---- encoding --------------------------------------------------------- */
+
+static void pack_key(msgpack_packer *pk, const char *k)
+{
+    size_t n = strlen(k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, k, n);
+}
+
+static void pack_u64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    pack_key(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+static void pack_f64(msgpack_packer *pk, const char *k, double v)
+{
+    pack_key(pk, k);
+    msgpack_pack_double(pk, v);
+}
+
+static void pack_strn(msgpack_packer *pk, const char *k, const char *s, size_t n)
+{
+    pack_key(pk, k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static unsigned popcount32(uint32_t x)
+{
+    unsigned n = 0;
+    for (; x; x &= x - 1)
+        n++;
+    return n;
+}
+
+int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn body, void *body_arg)
+{
+    msgpack_packer pk;
+    uint32_t has = m->has & ~PS_F_BODY;
+    if (body)
+        has |= PS_F_BODY;
+    uint64_t dbytes = (has & PS_F_DATA) ? m->ndata * 4 : 0;
+    if (dbytes > PS_FRAME_MAX_HARD)
+        return PS_ETOO_BIG;
+
+    out->len = 0;
+    if (ps_buf_reserve(out, 256) != 0)
+        return PS_ENOMEM;
+    out->len = PS_FRAME_HDR;
+    msgpack_packer_init(&pk, out, buf_write);
+
+    /* "t" always; "pad" goes with "data" */
+    unsigned nfields = 1 + popcount32(has) + ((has & PS_F_DATA) ? 1 : 0);
+    msgpack_pack_map(&pk, nfields);
+    pack_u64(&pk, "t", m->type);
+    if (has & PS_F_ID)
+        pack_u64(&pk, "id", m->id);
+    if (has & PS_F_VERSION)
+        pack_u64(&pk, "v", m->proto);
+    if (has & PS_F_ROLE) {
+        const char *r = ps_role_name(m->role);
+        pack_strn(&pk, "role", r, strlen(r));
+    }
+    if (has & PS_F_SHARD) {
+        pack_key(&pk, "shard");
+        msgpack_pack_array(&pk, 2);
+        msgpack_pack_uint32(&pk, m->shard);
+        msgpack_pack_uint32(&pk, m->nshards);
+    }
+    if (has & PS_F_LAYOUT) {
+        const ps_layout *l = m->layout;
+        pack_key(&pk, "layout");
+        msgpack_pack_array(&pk, l->ntensors);
+        for (uint32_t i = 0; i < l->ntensors; i++) {
+            msgpack_pack_array(&pk, 2);
+            msgpack_pack_str(&pk, strlen(l->t[i].name));
+            msgpack_pack_str_body(&pk, l->t[i].name, strlen(l->t[i].name));
+            msgpack_pack_array(&pk, l->t[i].ndim);
+            for (uint32_t d = 0; d < l->t[i].ndim; d++)
+                msgpack_pack_uint32(&pk, l->t[i].dims[d]);
+        }
+    }
+    if (has & PS_F_FP)
+        pack_u64(&pk, "fp", m->fp);
+    if (has & PS_F_MODE)
+        pack_strn(&pk, "mode", m->mode, strlen(m->mode));
+    if (has & PS_F_MVER)
+        pack_u64(&pk, "ver", m->mver);
+    if (has & PS_F_PARAMS)
+        pack_u64(&pk, "params", m->params);
+    if (has & PS_F_WORKERS)
+        pack_u64(&pk, "workers", m->workers);
+    if (has & PS_F_INIT) {
+        pack_key(&pk, "init");
+        if (m->need_init)
+            msgpack_pack_true(&pk);
+        else
+            msgpack_pack_false(&pk);
+    }
+    if (has & PS_F_BASE)
+        pack_u64(&pk, "base", m->base);
+    if (has & PS_F_MIN)
+        pack_u64(&pk, "min", m->min);
+    if (has & PS_F_OFF)
+        pack_u64(&pk, "off", m->off);
+    if (has & PS_F_LEN)
+        pack_u64(&pk, "len", m->len);
+    if (has & PS_F_POFF)
+        pack_u64(&pk, "poff", m->poff);
+    if (has & PS_F_PLEN)
+        pack_u64(&pk, "plen", m->plen);
+    if (has & PS_F_FIN) {
+        pack_key(&pk, "fin");
+        if (m->fin)
+            msgpack_pack_true(&pk);
+        else
+            msgpack_pack_false(&pk);
+    }
+    if (has & PS_F_CODE) {
+        pack_key(&pk, "code");
+        msgpack_pack_int32(&pk, m->code);
+    }
+    if (has & PS_F_TEXT)
+        pack_strn(&pk, "text", m->text ? m->text : "", m->text ? m->text_len : 0);
+    if (has & PS_F_EPOCH)
+        pack_u64(&pk, "epoch", m->epoch);
+    if (has & PS_F_LOSS)
+        pack_f64(&pk, "loss", m->loss);
+    if (has & PS_F_ACC)
+        pack_f64(&pk, "acc", m->acc);
+    if (has & PS_F_TLOSS)
+        pack_f64(&pk, "tloss", m->tloss);
+    if (has & PS_F_SAMPLES)
+        pack_u64(&pk, "samples", m->samples);
+    if (has & PS_F_RATE)
+        pack_f64(&pk, "rate", m->rate);
+    if (body) {
+        pack_key(&pk, "body");
+        int rc = body(&pk, body_arg);
+        if (rc != 0)
+            return rc;
+    }
+    if (has & PS_F_DATA) {
+        /* "pad" (4 bytes) + bin8 (2 + k bytes) + "data" (5) + bin32 header (5) */
+        size_t start = out->len + 4 + 2 + 5 + 5;
+        size_t k = (PS_DATA_ALIGN - start % PS_DATA_ALIGN) % PS_DATA_ALIGN;
+        static const char zeros[PS_DATA_ALIGN] = {0};
+        pack_key(&pk, "pad");
+        msgpack_pack_bin(&pk, k);
+        msgpack_pack_bin_body(&pk, zeros, k);
+        pack_key(&pk, "data");
+        uint8_t h[5] = {0xc6, (uint8_t)(dbytes >> 24), (uint8_t)(dbytes >> 16), (uint8_t)(dbytes >> 8),
+                        (uint8_t)dbytes};
+        if (buf_write(out, (const char *)h, 5) != 0)
+            return PS_ENOMEM;
+    }
+    if (out->len < PS_FRAME_HDR + 1 || out->len > out->cap)
+        return PS_ENOMEM; /* a failed write inside the packer */
+    uint64_t payload = out->len - PS_FRAME_HDR + dbytes;
+    if (payload > PS_FRAME_MAX_HARD)
+        return PS_ETOO_BIG;
+    ps_frame_put_len(out->p, (uint32_t)payload);
+    if (data_len)
+        *data_len = (size_t)dbytes;
+    return 0;
+}
+
+int ps_msg_encode_full(const ps_msg *m, ps_buf *out)
+{
+    size_t dlen = 0;
+    int rc = ps_msg_encode(m, out, &dlen, NULL, NULL);
+    if (rc != 0 || dlen == 0)
+        return rc;
+    if (ps_buf_reserve(out, dlen) != 0)
+        return PS_ENOMEM;
+    memcpy(out->p + out->len, m->data, dlen);
+    out->len += dlen;
+    return 0;
+}
+
+/* ---- decoding --------------------------------------------------------- */
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int get_u64(const msgpack_object *o, uint64_t *v)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return -1;
+    *v = o->via.u64;
+    return 0;
+}
+
+static int get_f64(const msgpack_object *o, double *v)
+{
+    switch (o->type) {
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        *v = o->via.f64;
+        return 0;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        *v = (double)o->via.u64;
+        return 0;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        *v = (double)o->via.i64;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+static int get_bool(const msgpack_object *o, int *v)
+{
+    if (o->type != MSGPACK_OBJECT_BOOLEAN)
+        return -1;
+    *v = o->via.boolean ? 1 : 0;
+    return 0;
+}
+
+static int key_is(const msgpack_object_kv *kv, const char *k)
+{
+    size_t n = strlen(k);
+    return kv->key.via.str.size == n && memcmp(kv->key.via.str.ptr, k, n) == 0;
+}
+
+static int decode_layout(const msgpack_object *o, ps_layout *l, char *err, size_t errlen)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 || o->via.array.size > PS_TENSORS_MAX)
+        return fail(err, errlen, PS_EBAD_FIELD, "layout: expected an array of 1..%d tensors", PS_TENSORS_MAX);
+    ps_layout_init(l);
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *t = &o->via.array.ptr[i];
+        if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size != 2 ||
+            t->via.array.ptr[0].type != MSGPACK_OBJECT_STR || t->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY)
+            return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: expected [name, [dims...]]", i);
+        const msgpack_object_str *name = &t->via.array.ptr[0].via.str;
+        const msgpack_object_array *dims = &t->via.array.ptr[1].via.array;
+        char nbuf[PS_NAME_MAX + 1];
+        uint32_t d[PS_DIMS_MAX];
+        if (name->size == 0 || name->size > PS_NAME_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: name must have 1..%d bytes", i, PS_NAME_MAX);
+        if (dims->size == 0 || dims->size > PS_DIMS_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: rank must be 1..%d", i, PS_DIMS_MAX);
+        memcpy(nbuf, name->ptr, name->size);
+        nbuf[name->size] = '\0';
+        for (uint32_t j = 0; j < dims->size; j++) {
+            uint64_t v;
+            if (get_u64(&dims->ptr[j], &v) != 0 || v == 0 || v > UINT32_MAX)
+                return fail(err, errlen, PS_EBAD_FIELD, "layout[%u] (%s): dimension %u is not a positive integer",
+                            i, nbuf, j);
+            d[j] = (uint32_t)v;
+        }
+        if (ps_layout_add(l, nbuf, dims->size, d) != 0)
+            return fail(err, errlen, PS_EBAD_FIELD,
+                        "layout[%u] (%s): invalid name (printable ASCII, no spaces) or too many parameters", i,
+                        nbuf);
+    }
+    return 0;
+}
+
+/* Fields each message type must carry. */
+static uint32_t required_fields(uint32_t type)
+{
+    switch (type) {
+    case PS_MSG_HELLO:
+        return PS_F_VERSION | PS_F_ROLE;
+    case PS_MSG_WELCOME:
+        return PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS;
+    case PS_MSG_INIT:
+        return PS_F_OFF | PS_F_DATA;
+    case PS_MSG_PUSH:
+        return PS_F_BASE | PS_F_OFF | PS_F_DATA;
+    case PS_MSG_PULL:
+        return PS_F_OFF | PS_F_LEN;
+    case PS_MSG_PUSHPULL:
+        return PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN;
+    case PS_MSG_PARAMS:
+        return PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    case PS_MSG_STATUS_REPLY:
+        return PS_F_BODY;
+    case PS_MSG_METRICS_REPLY:
+        return PS_F_TEXT;
+    case PS_MSG_REPORT:
+        return PS_F_EPOCH;
+    case PS_MSG_ERROR:
+        return PS_F_CODE | PS_F_TEXT;
+    default:
+        return 0;
+    }
+}
+
+static const char *field_name(uint32_t bit)
+{
+    static const char *const names[] = {"id",  "v",    "role", "shard", "layout", "fp",    "mode",
+                                        "ver", "params", "init", "off", "len",    "data",  "fin",
+                                        "min", "base", "poff", "plen", "code",   "text",  "body",
+                                        "epoch", "loss", "acc", "samples", "tloss", "workers", "rate"};
+    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (bit == (1u << i))
+            return names[i];
+    return "?";
+}
+
+#define U64_FIELD(key, bit, dst)                                                          \
+    else if (key_is(kv, key)) {                                                           \
+        uint64_t v_;                                                                      \
+        if (get_u64(&kv->val, &v_) != 0)                                                  \
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a non-negative integer", \
+                        tname, key);                                                      \
+        dst = v_;                                                                         \
+        bit_ = bit;                                                                       \
+    }
+#define F64_FIELD(key, bit, dst)                                                          \
+    else if (key_is(kv, key)) {                                                           \
+        if (get_f64(&kv->val, &dst) != 0)                                                 \
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a number", tname, key); \
+        bit_ = bit;                                                                       \
+    }
+
+int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpack_zone *zone, ps_msg *m,
+                  ps_layout *layout_out, char *err, size_t errlen)
+{
+    msgpack_object root;
+    size_t off = 0;
+    int rc = ps_scan(payload, len, lim, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (msgpack_unpack((const char *)payload, len, &off, zone, &root) != MSGPACK_UNPACK_SUCCESS || off != len)
+        return fail(err, errlen, PS_EMALFORMED, "msgpack unpack failed");
+    if (root.type != MSGPACK_OBJECT_MAP)
+        return fail(err, errlen, PS_EMALFORMED, "message is not a map");
+
+    ps_msg_init(m, 0);
+    const msgpack_object_map *map = &root.via.map;
+    const msgpack_object *t = NULL;
+    for (uint32_t i = 0; i < map->size; i++) {
+        const msgpack_object_kv *kv = &map->ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == 1 && kv->key.via.str.ptr[0] == 't')
+            t = &kv->val;
+    }
+    uint64_t type;
+    if (!t || get_u64(t, &type) != 0)
+        return fail(err, errlen, PS_EMALFORMED, "message has no integer type field 't'");
+    if (type == 0 || type > PS_MSG_TYPE_MAX)
+        return fail(err, errlen, PS_EBAD_TYPE, "unknown message type %llu", (unsigned long long)type);
+    m->type = (uint32_t)type;
+    const char *tname = ps_msg_type_name(m->type);
+
+    for (uint32_t i = 0; i < map->size; i++) {
+        const msgpack_object_kv *kv = &map->ptr[i];
+        uint32_t bit_ = 0;
+        if (kv->key.type != MSGPACK_OBJECT_STR)
+            return fail(err, errlen, PS_EMALFORMED, "%s: map keys must be strings", tname);
+        if (key_is(kv, "t") || key_is(kv, "pad")) {
+            continue;
+        }
+        U64_FIELD("id", PS_F_ID, m->id)
+        U64_FIELD("ver", PS_F_MVER, m->mver)
+        U64_FIELD("fp", PS_F_FP, m->fp)
+        U64_FIELD("params", PS_F_PARAMS, m->params)
+        U64_FIELD("off", PS_F_OFF, m->off)
+        U64_FIELD("len", PS_F_LEN, m->len)
+        U64_FIELD("min", PS_F_MIN, m->min)
+        U64_FIELD("base", PS_F_BASE, m->base)
+        U64_FIELD("poff", PS_F_POFF, m->poff)
+        U64_FIELD("plen", PS_F_PLEN, m->plen)
+        U64_FIELD("samples", PS_F_SAMPLES, m->samples)
+        F64_FIELD("loss", PS_F_LOSS, m->loss)
+        F64_FIELD("acc", PS_F_ACC, m->acc)
+        F64_FIELD("tloss", PS_F_TLOSS, m->tloss)
+        F64_FIELD("rate", PS_F_RATE, m->rate)
+        else if (key_is(kv, "v") || key_is(kv, "epoch") || key_is(kv, "workers")) {
+            uint64_t v;
+            if (get_u64(&kv->val, &v) != 0 || v > UINT32_MAX)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be an integer 0..2^32-1", tname,
+                            (int)kv->key.via.str.size, kv->key.via.str.ptr);
+            if (key_is(kv, "v"))
+                m->proto = (uint32_t)v, bit_ = PS_F_VERSION;
+            else if (key_is(kv, "epoch"))
+                m->epoch = (uint32_t)v, bit_ = PS_F_EPOCH;
+            else
+                m->workers = (uint32_t)v, bit_ = PS_F_WORKERS;
+        }
+        else if (key_is(kv, "role")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == 6 && !memcmp(o->via.str.ptr, "worker", 6))
+                m->role = PS_ROLE_WORKER;
+            else if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == 5 && !memcmp(o->via.str.ptr, "admin", 5))
+                m->role = PS_ROLE_ADMIN;
+            else
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: role must be \"worker\" or \"admin\"", tname);
+            bit_ = PS_F_ROLE;
+        }
+        else if (key_is(kv, "mode")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size >= sizeof m->mode)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: mode must be a short string", tname);
+            memcpy(m->mode, o->via.str.ptr, o->via.str.size);
+            m->mode[o->via.str.size] = '\0';
+            bit_ = PS_F_MODE;
+        }
+        else if (key_is(kv, "shard")) {
+            const msgpack_object *o = &kv->val;
+            uint64_t k, n;
+            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &k) ||
+                get_u64(&o->via.array.ptr[1], &n) || n == 0 || n > 65536 || k >= n)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: shard must be [k, m] with 0 <= k < m <= 65536",
+                            tname);
+            m->shard = (uint32_t)k;
+            m->nshards = (uint32_t)n;
+            bit_ = PS_F_SHARD;
+        }
+        else if (key_is(kv, "layout")) {
+            if (!layout_out)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: unexpected field 'layout'", tname);
+            rc = decode_layout(&kv->val, layout_out, err, errlen);
+            if (rc != 0)
+                return rc;
+            m->layout = layout_out;
+            bit_ = PS_F_LAYOUT;
+        }
+        else if (key_is(kv, "init") || key_is(kv, "fin")) {
+            int b;
+            if (get_bool(&kv->val, &b) != 0)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a boolean", tname,
+                            (int)kv->key.via.str.size, kv->key.via.str.ptr);
+            if (key_is(kv, "init"))
+                m->need_init = b, bit_ = PS_F_INIT;
+            else
+                m->fin = b, bit_ = PS_F_FIN;
+        }
+        else if (key_is(kv, "code")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
+                m->code = (int32_t)o->via.u64;
+            else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
+                m->code = (int32_t)o->via.i64;
+            else
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: code must be a 32-bit integer", tname);
+            bit_ = PS_F_CODE;
+        }
+        else if (key_is(kv, "text")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type != MSGPACK_OBJECT_STR)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: text must be a string", tname);
+            m->text = o->via.str.ptr;
+            m->text_len = o->via.str.size;
+            bit_ = PS_F_TEXT;
+        }
+        else if (key_is(kv, "body")) {
+            if (kv->val.type != MSGPACK_OBJECT_MAP)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: body must be a map", tname);
+            m->body = &kv->val;
+            bit_ = PS_F_BODY;
+        }
+        else if (key_is(kv, "data")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type != MSGPACK_OBJECT_BIN)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (float32 little-endian bytes)",
+                            tname);
+            if (o->via.bin.size % 4 != 0)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: data has %u bytes, not a multiple of 4", tname,
+                            o->via.bin.size);
+            uint8_t *src = (uint8_t *)(uintptr_t)o->via.bin.ptr;
+            size_t mis = (uintptr_t)src % PS_DATA_ALIGN;
+            if (mis != 0) {
+                /* src - mis lies inside this bin's header and the key "data",
+                 * which are already parsed and referenced by nothing else. */
+                memmove(src - mis, src, o->via.bin.size);
+                src -= mis;
+            }
+            m->data = (const float *)(const void *)src;
+            m->ndata = o->via.bin.size / 4;
+            bit_ = PS_F_DATA;
+        }
+        else {
+            continue; /* unknown keys are ignored, for forward compatibility */
+        }
+        if (m->has & bit_)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' appears twice", tname, field_name(bit_));
+        m->has |= bit_;
+    }
+
+    uint32_t need = required_fields(m->type);
+    if ((m->has & need) != need) {
+        uint32_t missing = need & ~m->has;
+        return fail(err, errlen, PS_EBAD_FIELD, "%s: missing field '%s'", tname, field_name(missing & -missing));
+    }
+    if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER && (m->has & (PS_F_SHARD | PS_F_LAYOUT)) !=
+                                                                   (PS_F_SHARD | PS_F_LAYOUT))
+        return fail(err, errlen, PS_EBAD_FIELD, "hello: a worker must send 'shard' and 'layout'");
+    if ((m->has & PS_F_LAYOUT) && (m->has & PS_F_FP) && m->fp != ps_layout_fingerprint(m->layout))
+        return fail(err, errlen, PS_EBAD_FIELD, "hello: fingerprint does not match the layout sent");
+    return 0;
+}

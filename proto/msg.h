@@ -1,0 +1,158 @@
+/* msg.h - every psd message as a plain struct, and its encoding.
+ *
+ * A message is a msgpack map with short string keys ("t" type, "id" request
+ * id, ...), described field by field in proto/PROTOCOL.md. Tensor data
+ * travels as float32 little-endian bytes in a msgpack bin under the key "data",
+ * always the last key of the map, so that:
+ *   - a sender writes the header it encoded here and then the float array
+ *     itself (scatter/gather), with no copy of the tensor;
+ *   - a receiver decodes the tensor in place: ps_msg.data points into the
+ *     frame buffer.
+ * Our encoder adds a "pad" bin before "data" so the tensor starts at an offset
+ * of the frame that is a multiple of PS_DATA_ALIGN; when a frame from another
+ * encoder leaves it misaligned, the decoder moves it back by < PS_DATA_ALIGN
+ * bytes inside the frame buffer (over bytes it has already parsed). */
+#ifndef PS_MSG_H
+#define PS_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <msgpack.h>
+
+#include "frame.h"
+#include "layout.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "psd's wire format carries little-endian float32 in place; this host is big-endian"
+#endif
+
+typedef enum ps_msg_type {
+    PS_MSG_HELLO = 1,      /* client -> psd: version, role, shard, layout */
+    PS_MSG_WELCOME = 2,    /* psd -> client: mode, model version, need init */
+    PS_MSG_INIT = 3,       /* worker -> psd: initial values for a range */
+    PS_MSG_PUSH = 4,       /* worker -> psd: gradient for a range against a base version */
+    PS_MSG_PULL = 5,       /* client -> psd: parameters of a range at version >= min */
+    PS_MSG_PUSHPULL = 6,   /* worker -> psd: a push, then a pull, in one round trip */
+    PS_MSG_PARAMS = 7,     /* psd -> client: parameters of a range and their version */
+    PS_MSG_OK = 8,         /* psd -> client: request done; the model version */
+    PS_MSG_HEARTBEAT = 9,  /* client -> psd: I am alive; answered with OK */
+    PS_MSG_STATUS = 10,    /* client -> psd: ask for the job's status */
+    PS_MSG_STATUS_REPLY = 11, /* psd -> client: the status map */
+    PS_MSG_METRICS = 12,   /* client -> psd: ask for Prometheus text */
+    PS_MSG_METRICS_REPLY = 13, /* psd -> client: the text */
+    PS_MSG_REPORT = 14,    /* worker -> psd: epoch, loss, accuracy; answered with OK */
+    PS_MSG_ERROR = 15,     /* psd -> client: a code and a readable message */
+    PS_MSG_BYE = 16,       /* either side: orderly goodbye */
+    PS_MSG_TYPE_MAX = 16
+} ps_msg_type;
+
+typedef enum ps_role { PS_ROLE_NONE = 0, PS_ROLE_WORKER = 1, PS_ROLE_ADMIN = 2 } ps_role;
+
+/* Presence bits for optional fields (ps_msg.has). */
+enum {
+    PS_F_ID = 1u << 0,
+    PS_F_VERSION = 1u << 1,  /* "v": protocol version (hello, welcome) */
+    PS_F_ROLE = 1u << 2,
+    PS_F_SHARD = 1u << 3,
+    PS_F_LAYOUT = 1u << 4,
+    PS_F_FP = 1u << 5,
+    PS_F_MODE = 1u << 6,
+    PS_F_MVER = 1u << 7,     /* "ver": model version */
+    PS_F_PARAMS = 1u << 8,
+    PS_F_INIT = 1u << 9,
+    PS_F_OFF = 1u << 10,
+    PS_F_LEN = 1u << 11,
+    PS_F_DATA = 1u << 12,
+    PS_F_FIN = 1u << 13,
+    PS_F_MIN = 1u << 14,
+    PS_F_BASE = 1u << 15,
+    PS_F_POFF = 1u << 16,
+    PS_F_PLEN = 1u << 17,
+    PS_F_CODE = 1u << 18,
+    PS_F_TEXT = 1u << 19,
+    PS_F_BODY = 1u << 20,    /* status map */
+    PS_F_EPOCH = 1u << 21,
+    PS_F_LOSS = 1u << 22,
+    PS_F_ACC = 1u << 23,
+    PS_F_SAMPLES = 1u << 24,
+    PS_F_TLOSS = 1u << 25,
+    PS_F_WORKERS = 1u << 26,
+    PS_F_RATE = 1u << 27,
+};
+
+/* One decoded (or to-be-encoded) message. Pointers (data, text, mode, body)
+ * point into the frame buffer or the unpack zone the decoder was given and
+ * live as long as those; for encoding they point at the caller's memory. */
+typedef struct ps_msg {
+    uint32_t type;          /* ps_msg_type */
+    uint32_t has;           /* PS_F_* bits of the fields present */
+    uint64_t id;            /* request id, echoed in the reply */
+    uint32_t proto;         /* "v": protocol version */
+    uint32_t role;          /* "role": ps_role */
+    uint32_t shard, nshards; /* "shard": [k, m] */
+    ps_layout *layout;      /* "layout": decoded into caller storage (may be NULL) */
+    uint64_t fp;            /* "fp": layout fingerprint */
+    char mode[16];          /* "mode": "asgd", "bsp", ... (NUL-terminated) */
+    uint64_t mver;          /* "ver": model version */
+    uint64_t params;        /* "params": elements in the flat vector */
+    uint32_t workers;       /* "workers": M */
+    int need_init;          /* "init" */
+    uint64_t off, len;      /* "off", "len": key range, in elements */
+    const float *data;      /* "data": ndata float32 values */
+    uint64_t ndata;
+    int fin;                /* "fin": last chunk of this step (default 1) */
+    uint64_t min;           /* "min": pull at model version >= min */
+    uint64_t base;          /* "base": model version a push was computed on */
+    uint64_t poff, plen;    /* "poff", "plen": pull range of a pushpull */
+    int32_t code;           /* "code": PS_E* made positive */
+    const char *text;       /* "text": error message or metrics text */
+    uint32_t text_len;
+    const msgpack_object *body; /* "body": status map (decode only) */
+    uint32_t epoch;         /* "epoch" */
+    double loss, acc, tloss; /* "loss", "acc", "tloss" */
+    double rate;            /* "rate": samples per second */
+    uint64_t samples;       /* "samples" */
+} ps_msg;
+
+/* A growable byte buffer, used for encoding. */
+typedef struct ps_buf {
+    uint8_t *p;
+    size_t len, cap;
+} ps_buf;
+
+void ps_buf_free(ps_buf *b);
+int ps_buf_reserve(ps_buf *b, size_t extra);
+
+/* Name of a message type for logs ("push"); "?" if unknown. */
+const char *ps_msg_type_name(uint32_t type);
+const char *ps_role_name(uint32_t role);
+
+/* Resets m to an empty message of the given type (fin = 1, everything else 0). */
+void ps_msg_init(ps_msg *m, uint32_t type);
+
+/* Encodes m as one frame into out (replacing its contents): the length prefix
+ * and the msgpack map, EXCEPT the tensor bytes when m has PS_F_DATA: then
+ * out ends with the bin header and the caller must send m->ndata*4 bytes of
+ * m->data right after it. The length prefix already counts them.
+ * *data_len (if not NULL) receives the number of tensor bytes to follow.
+ * If `body` is given (status replies), it is called to pack the body map.
+ * Returns 0 or PS_ENOMEM / PS_ETOO_BIG. */
+typedef int (*ps_body_fn)(msgpack_packer *pk, void *arg);
+int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn body, void *body_arg);
+
+/* Encodes m as one frame with the tensor bytes included (a whole frame in
+ * out). For clients and tests; servers use ps_msg_encode and scatter/gather. */
+int ps_msg_encode_full(const ps_msg *m, ps_buf *out);
+
+/* Decodes one frame payload (without the 4-byte prefix). Runs ps_scan with
+ * lim first, then unpacks into zone (which the caller clears between
+ * messages) and checks every field's type and the fields the message type
+ * requires. layout_out receives a HELLO's layout (may be NULL otherwise).
+ * payload is written to only to align tensor data (see top of file).
+ * Returns 0 or PS_EMALFORMED / PS_EBAD_TYPE / PS_EBAD_FIELD / PS_EUNSUPPORTED
+ * with a readable reason in err. */
+int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpack_zone *zone,
+                  ps_msg *out, ps_layout *layout_out, char *err, size_t errlen);
+
+#endif

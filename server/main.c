@@ -1,0 +1,209 @@
+/* main.c - psd's life: options, configuration, the loop, signals, exit. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+#include "psd.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: psd [options]\n"
+            "\n"
+            "psd holds a model's parameters and applies the gradients psworker\n"
+            "processes push to it. Settings come from the defaults, then the\n"
+            "configuration file, then these options.\n"
+            "\n"
+            "  -c, --config PATH      read settings from PATH (see conf/psd.conf)\n"
+            "  -l, --listen HOST:PORT listen address (default 127.0.0.1:7000; port 0 = any free)\n"
+            "  -m, --mode MODE        asgd or bsp\n"
+            "  -w, --workers M        workers in a BSP round\n"
+            "  -s, --state-dir DIR    directory for state and checkpoints\n"
+            "      --port-file PATH   write the bound port to PATH once listening\n"
+            "      --log-level LEVEL  debug, info, warn or error\n"
+            "  -o, --set KEY=VALUE    set any configuration key (repeatable)\n"
+            "      --print-config     print the resulting settings and exit\n"
+            "  -h, --help             this help\n"
+            "  -V, --version          print the version\n"
+            "\n"
+            "Signals: SIGINT or SIGTERM stop accepting, flush replies and exit 0.\n");
+}
+
+static int write_port_file(const char *path, int port)
+{
+    char tmp[PS_CONFIG_PATH_MAX + 16];
+    if (strlen(path) >= PS_CONFIG_PATH_MAX)
+        return -1;
+    memcpy(tmp, path, strlen(path));
+    memcpy(tmp + strlen(path), ".tmp", 5);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "%d\n", port);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    psd *s = h->data;
+    PS_LOG(PS_LOG_INFO, "%s: stopping (model version %llu)", signum == SIGINT ? "SIGINT" : "SIGTERM",
+           (unsigned long long)s->model.version);
+    uv_signal_stop(&s->sigint);
+    uv_signal_stop(&s->sigterm);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_timer_stop(&s->tick);
+    uv_close((uv_handle_t *)&s->tick, NULL);
+    srv_stop(s);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    psd *s = t->data;
+    s->stats.push_rate = (double)(s->stats.pushes - s->stats.last_pushes);
+    s->stats.pull_rate = (double)(s->stats.pulls - s->stats.last_pulls);
+    s->stats.last_pushes = s->stats.pushes;
+    s->stats.last_pulls = s->stats.pulls;
+}
+
+/* Options that map to configuration keys are collected and applied after the
+ * file, so flags always win. */
+typedef struct pending_set {
+    const char *key;
+    const char *value;
+} pending_set;
+
+int main(int argc, char **argv)
+{
+    static psd srv;
+    psd *s = &srv;
+    char err[1200];
+    const char *config_path = NULL;
+    pending_set sets[128];
+    int nsets = 0, print_config = 0;
+    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG };
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
+        {"mode", required_argument, NULL, 'm'},       {"workers", required_argument, NULL, 'w'},
+        {"state-dir", required_argument, NULL, 's'},  {"port-file", required_argument, NULL, OPT_PORT_FILE},
+        {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+        {"set", required_argument, NULL, 'o'},        {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
+        {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+
+    ps_log_init("psd", PS_LOG_INFO);
+    ps_config_defaults(&s->cfg);
+    int opt;
+    while ((opt = getopt_long(argc, argv, "c:l:m:w:s:o:hV", longopts, NULL)) != -1) {
+        const char *key = NULL;
+        switch (opt) {
+        case 'c':
+            config_path = optarg;
+            continue;
+        case 'l': key = "listen"; break;
+        case 'm': key = "mode"; break;
+        case 'w': key = "workers"; break;
+        case 's': key = "state_dir"; break;
+        case OPT_PORT_FILE: key = "port_file"; break;
+        case OPT_LOG_LEVEL: key = "log_level"; break;
+        case OPT_PRINT_CONFIG:
+            print_config = 1;
+            continue;
+        case 'o': {
+            char *eq = strchr(optarg, '=');
+            if (!eq) {
+                fprintf(stderr, "psd: --set wants KEY=VALUE, got '%s'\n", optarg);
+                return 2;
+            }
+            *eq = '\0';
+            key = optarg;
+            optarg = eq + 1;
+            break;
+        }
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'V':
+            printf("psd %s (protocol %d)\n", PSD_VERSION, PS_PROTO_VERSION);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+        if (nsets >= (int)(sizeof sets / sizeof sets[0])) {
+            fprintf(stderr, "psd: too many options\n");
+            return 2;
+        }
+        sets[nsets++] = (pending_set){key, optarg};
+    }
+    if (optind < argc) {
+        fprintf(stderr, "psd: unexpected argument '%s' (see psd --help)\n", argv[optind]);
+        return 2;
+    }
+    if (config_path && ps_config_load(&s->cfg, config_path, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    for (int i = 0; i < nsets; i++) {
+        if (ps_config_set(&s->cfg, sets[i].key, sets[i].value, err, sizeof err) != 0) {
+            fprintf(stderr, "psd: %s\n", err);
+            return 2;
+        }
+    }
+    if (print_config) {
+        ps_config_print(&s->cfg, stdout);
+        return 0;
+    }
+    if (config_path)
+        snprintf(s->config_path, sizeof s->config_path, "%s", config_path);
+    ps_log_set_level(s->cfg.log_level);
+
+    signal(SIGPIPE, SIG_IGN);
+    s->loop = uv_default_loop();
+    s->start_ms = srv_now_ms();
+    s->policy = s->cfg.mode == PS_MODE_BSP ? &srv_policy_bsp : &srv_policy_asgd;
+    if (srv_listen(s) != 0)
+        return 1;
+    if (s->cfg.port_file[0] && write_port_file(s->cfg.port_file, s->port) != 0) {
+        PS_LOG(PS_LOG_ERROR, "cannot write port file %s: %s", s->cfg.port_file, strerror(errno));
+        return 1;
+    }
+    PS_LOG(PS_LOG_INFO, "psd %s listening on %s:%d, mode %s, %d workers, optimizer sgd lr %g momentum %g",
+           PSD_VERSION, s->cfg.listen.host, s->port, s->policy->name, s->cfg.workers, s->cfg.lr, s->cfg.momentum);
+
+    uv_signal_init(s->loop, &s->sigint);
+    uv_signal_init(s->loop, &s->sigterm);
+    s->sigint.data = s->sigterm.data = s;
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_timer_init(s->loop, &s->tick);
+    s->tick.data = s;
+    uv_timer_start(&s->tick, on_tick, 1000, 1000);
+
+    uv_run(s->loop, UV_RUN_DEFAULT);
+
+    PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
+           (unsigned long long)s->stats.pushes);
+    s->policy->destroy(s);
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        if (s->workers[i])
+            free(s->workers[i]->slot);
+        free(s->workers[i]);
+    }
+    free(s->workers);
+    srv_model_free(&s->model);
+    ps_buf_free(&s->enc);
+    uv_loop_close(s->loop);
+    return 0;
+}

@@ -1,0 +1,420 @@
+/* net.c - psd's sockets: the listener, reading frames into a connection's
+ * buffer, queued writes that own their header and reference a snapshot for
+ * tensor data, and closing through uv_close. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+#include "psd.h"
+
+#define RBUF_INITIAL (64 * 1024)
+#define WREQ_INLINE 160
+
+/* A queued write: owns its header bytes; tensor bytes come from snap. */
+typedef struct srv_wreq {
+    uv_write_t req;
+    srv_conn *c;
+    srv_snap *snap;
+    uint8_t *hdr;            /* inline_hdr or heap */
+    uint8_t inline_hdr[WREQ_INLINE];
+    struct srv_wreq *next_free;
+} srv_wreq;
+
+static srv_wreq *wreq_free_list;
+static unsigned wreq_free_count;
+
+static srv_wreq *wreq_get(void)
+{
+    srv_wreq *r = wreq_free_list;
+    if (r) {
+        wreq_free_list = r->next_free;
+        wreq_free_count--;
+        return r;
+    }
+    return malloc(sizeof *r);
+}
+
+static void wreq_put(srv_wreq *r)
+{
+    if (r->hdr != r->inline_hdr)
+        free(r->hdr);
+    srv_snap_unref(r->snap);
+    r->snap = NULL;
+    if (wreq_free_count >= 256) {
+        free(r);
+        return;
+    }
+    r->next_free = wreq_free_list;
+    wreq_free_list = r;
+    wreq_free_count++;
+}
+
+uint64_t srv_now_ms(void)
+{
+    return uv_hrtime() / 1000000;
+}
+
+/* ---- closing ------------------------------------------------------------ */
+
+static void on_close(uv_handle_t *h)
+{
+    srv_conn *c = (srv_conn *)h;
+    psd *s = c->srv;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+    msgpack_zone_destroy(&c->zone);
+    free(c->rbuf);
+    free(c);
+}
+
+void srv_conn_close(srv_conn *c)
+{
+    if (c->closing)
+        return;
+    c->closing = 1;
+    srv_conn_detach(c, "connection closed");
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    uv_close((uv_handle_t *)&c->tcp, on_close);
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+static void on_write(uv_write_t *req, int status)
+{
+    srv_wreq *r = (srv_wreq *)req;
+    srv_conn *c = r->c;
+    wreq_put(r);
+    if (status < 0 && status != UV_ECANCELED && !c->closing) {
+        PS_LOG(PS_LOG_DEBUG, "conn %llu (%s): write failed: %s", (unsigned long long)c->cid, c->addr,
+               uv_strerror(status));
+        srv_conn_close(c);
+        return;
+    }
+    if (c->close_after_write && !c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
+        srv_conn_close(c);
+}
+
+void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap)
+{
+    psd *s = c->srv;
+    size_t dlen = 0;
+    if (c->closing)
+        return;
+    int rc = ps_msg_encode(m, &s->enc, &dlen, m->type == PS_MSG_STATUS_REPLY ? srv_pack_status : NULL, s);
+    if (rc != 0) {
+        PS_LOG(PS_LOG_ERROR, "conn %llu: cannot encode %s reply: %s", (unsigned long long)c->cid,
+               ps_msg_type_name(m->type), ps_strerror(rc));
+        srv_conn_close(c);
+        return;
+    }
+    srv_wreq *r = wreq_get();
+    if (!r) {
+        srv_conn_close(c);
+        return;
+    }
+    r->c = c;
+    r->snap = NULL;
+    if (s->enc.len <= WREQ_INLINE) {
+        r->hdr = r->inline_hdr;
+    } else if (!(r->hdr = malloc(s->enc.len))) {
+        r->hdr = r->inline_hdr;
+        wreq_put(r);
+        srv_conn_close(c);
+        return;
+    }
+    memcpy(r->hdr, s->enc.p, s->enc.len);
+    uv_buf_t bufs[2];
+    unsigned nbufs = 1;
+    bufs[0] = uv_buf_init((char *)r->hdr, (unsigned)s->enc.len);
+    if (dlen) {
+        r->snap = snap ? srv_snap_ref(snap) : NULL;
+        bufs[1] = uv_buf_init((char *)(uintptr_t)m->data, (unsigned)dlen);
+        nbufs = 2;
+    }
+    s->stats.bytes_out += s->enc.len + dlen;
+    rc = uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_write);
+    if (rc != 0) {
+        wreq_put(r);
+        srv_conn_close(c);
+    }
+}
+
+void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+{
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    psd *s = c->srv;
+    unsigned idx = (unsigned)(-code);
+    if (idx < sizeof s->stats.rejected / sizeof s->stats.rejected[0])
+        s->stats.rejected[idx]++;
+    char who[32] = "";
+    if (c->worker)
+        snprintf(who, sizeof who, ", shard %u/%u", c->worker->shard, c->worker->nshards);
+    PS_LOG(fatal ? PS_LOG_WARN : PS_LOG_INFO, "conn %llu (%s%s): %s: %s%s", (unsigned long long)c->cid, c->addr,
+           who, ps_errname(code), text, fatal ? "; closing" : "");
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_ERROR);
+    m.has = PS_F_ID | PS_F_CODE | PS_F_TEXT;
+    m.id = id;
+    m.code = -code;
+    m.text = text;
+    m.text_len = (uint32_t)strlen(text);
+    srv_send(c, &m, NULL);
+    if (fatal && !c->closing) {
+        c->close_after_write = 1;
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
+            srv_conn_close(c);
+    }
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    srv_conn *c = (srv_conn *)h;
+    if (c->rcap - c->rlen < 4096) {
+        size_t cap = c->rcap ? c->rcap * 2 : RBUF_INITIAL;
+        uint8_t *p = realloc(c->rbuf, cap);
+        if (!p) {
+            buf->base = NULL;
+            buf->len = 0;
+            return;
+        }
+        c->rbuf = p;
+        c->rcap = cap;
+    }
+    buf->base = (char *)c->rbuf + c->rlen;
+    buf->len = c->rcap - c->rlen;
+}
+
+/* Makes room for a whole frame of `need` bytes; bounded by the frame limit
+ * checked before. */
+static int ensure_cap(srv_conn *c, size_t need)
+{
+    if (c->rcap >= need)
+        return 0;
+    uint8_t *p = realloc(c->rbuf, need);
+    if (!p)
+        return PS_ENOMEM;
+    c->rbuf = p;
+    c->rcap = need;
+    return 0;
+}
+
+static void process_frames(srv_conn *c)
+{
+    psd *s = c->srv;
+    size_t pos = 0;
+    while (!c->closing && !c->close_after_write) {
+        uint32_t plen = 0;
+        uint32_t limit = c->role == PS_ROLE_NONE ? PS_FRAME_MAX_PREAUTH : (uint32_t)s->cfg.max_frame;
+        int rc = ps_frame_header(c->rbuf + pos, c->rlen - pos, limit, &plen);
+        if (rc == 0)
+            break;
+        if (rc < 0) {
+            srv_send_error(c, 0, rc, 1, "frame length %u is %s (limit %u bytes%s)", plen,
+                           rc == PS_ETOO_BIG ? "over the limit" : "invalid", limit,
+                           c->role == PS_ROLE_NONE ? " before hello" : "");
+            return;
+        }
+        size_t flen = PS_FRAME_HDR + (size_t)plen;
+        if (c->rlen - pos < flen) {
+            /* incomplete: move it to the front and make room for all of it */
+            if (pos > 0) {
+                memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
+                c->rlen -= pos;
+                pos = 0;
+            }
+            if (ensure_cap(c, flen) != 0) {
+                srv_send_error(c, 0, PS_ENOMEM, 1, "no memory for a %zu-byte frame", flen);
+                return;
+            }
+            return;
+        }
+        ps_msg m;
+        char err[256];
+        msgpack_zone_clear(&c->zone);
+        ps_scan_limits lim = {PS_MSG_DEPTH_MAX, PS_MSG_OBJECTS_MAX};
+        s->stats.bytes_in += flen;
+        rc = ps_msg_decode(c->rbuf + pos + PS_FRAME_HDR, plen, &lim, &c->zone, &m, &s->scratch_layout, err,
+                           sizeof err);
+        if (rc != 0) {
+            /* The framing is intact, so a bad message costs only itself once
+             * the connection is established; before hello it ends it. */
+            srv_send_error(c, m.has & PS_F_ID ? m.id : 0, rc, c->role == PS_ROLE_NONE, "%s", err);
+        } else {
+            srv_handle(c, &m);
+        }
+        pos += flen;
+    }
+    if (c->closing)
+        return;
+    if (pos > 0) {
+        memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
+        c->rlen -= pos;
+    }
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    srv_conn *c = (srv_conn *)st;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            PS_LOG(PS_LOG_INFO, "conn %llu (%s): %s", (unsigned long long)c->cid, c->addr, uv_strerror((int)nread));
+        srv_conn_close(c);
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (!buf->base) {
+        srv_send_error(c, 0, PS_ENOMEM, 1, "no memory for the read buffer");
+        return;
+    }
+    c->rlen += (size_t)nread;
+    if (c->worker)
+        c->worker->last_seen_ms = srv_now_ms();
+    process_frames(c);
+}
+
+/* ---- accepting ----------------------------------------------------------- */
+
+static void peer_name(uv_tcp_t *t, char *out, size_t len)
+{
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(t, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET) {
+            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+            uv_ip4_name(a, host, sizeof host);
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+            uv_ip6_name(a, host, sizeof host);
+            port = ntohs(a->sin6_port);
+        }
+    }
+    snprintf(out, len, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    psd *s = server->data;
+    if (status < 0) {
+        PS_LOG(PS_LOG_WARN, "accept: %s", uv_strerror(status));
+        return;
+    }
+    srv_conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        PS_LOG(PS_LOG_ERROR, "accept: out of memory");
+        return;
+    }
+    uv_tcp_init(s->loop, &c->tcp);
+    c->srv = s;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0) {
+        uv_close((uv_handle_t *)&c->tcp, (uv_close_cb)free);
+        return;
+    }
+    c->cid = ++s->next_cid;
+    c->connected_ms = srv_now_ms();
+    msgpack_zone_init(&c->zone, 4096);
+    peer_name(&c->tcp, c->addr, sizeof c->addr);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    s->stats.connections++;
+    uv_tcp_nodelay(&c->tcp, 1);
+    PS_LOG(PS_LOG_DEBUG, "conn %llu: accepted from %s", (unsigned long long)c->cid, c->addr);
+    if (s->nconns > (uint32_t)s->cfg.max_connections) {
+        srv_send_error(c, 0, PS_ELIMIT, 1, "too many connections (max_connections = %d)", s->cfg.max_connections);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+int srv_listen(psd *s)
+{
+    struct sockaddr_storage addr;
+    const char *host = s->cfg.listen.host;
+    int port = s->cfg.listen.port;
+    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+    if (rc != 0)
+        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+    if (rc != 0) {
+        PS_LOG(PS_LOG_ERROR, "listen: '%s' is not an IPv4 or IPv6 address", host);
+        return PS_EINVAL;
+    }
+    uv_tcp_init(s->loop, &s->listener);
+    s->listener.data = s;
+    rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection);
+    if (rc != 0) {
+        PS_LOG(PS_LOG_ERROR, "cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        return PS_EIO;
+    }
+    struct sockaddr_storage bound;
+    int bl = sizeof bound;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &bl);
+    s->port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
+                                               : ((struct sockaddr_in6 *)&bound)->sin6_port);
+    s->listening = 1;
+    return 0;
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    srv_conn *c = req->data;
+    free(req);
+    srv_conn_close(c);
+}
+
+/* Stops accepting and closes every connection once its queued replies are
+ * written; the loop ends when the last handle is closed. */
+void srv_stop(psd *s)
+{
+    if (s->stopping)
+        return;
+    s->stopping = 1;
+    if (s->listening) {
+        uv_close((uv_handle_t *)&s->listener, NULL);
+        s->listening = 0;
+    }
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->closing)
+            continue;
+        if (c->parked) {
+            /* pulls waiting for a version that will not come */
+            for (srv_parked *p = c->parked; p; p = p->next)
+                srv_send_error(c, p->id, PS_ESHUTDOWN, 0, "psd is shutting down");
+        }
+        srv_conn_detach(c, "server shutting down");
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        uv_shutdown_t *req = malloc(sizeof *req);
+        if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
+            free(req);
+            srv_conn_close(c);
+            continue;
+        }
+        req->data = c;
+    }
+}

@@ -1,0 +1,195 @@
+/* psd.h - psd's state: the server, its connections, workers, model and
+ * consistency policy. Everything here is owned by the one libuv loop thread;
+ * nothing is locked. */
+#ifndef PSD_H
+#define PSD_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/config.h"
+#include "proto/msg.h"
+
+typedef struct psd psd;
+typedef struct srv_conn srv_conn;
+
+/* ---- model: parameters as reference-counted snapshots ------------------ */
+
+/* One consistent version of the parameters. A pull reply holds a reference
+ * while its write is in flight; an update that finds the current snapshot
+ * shared first copies it (copy-on-write), so a reply never sees a half-
+ * applied update and no reply copies the model. */
+typedef struct srv_snap {
+    uint32_t refs;    /* the model's own reference counts as one */
+    uint64_t version; /* model version these values belong to */
+    size_t n;         /* floats in w */
+    float *w;
+} srv_snap;
+
+typedef struct srv_optim {
+    int kind;           /* enum ps_optimizer_kind */
+    double lr, momentum, weight_decay;
+    float *velocity;    /* momentum buffer, n floats (NULL when momentum == 0) */
+    size_t n;
+} srv_optim;
+
+typedef struct srv_model {
+    int has_layout;      /* layout fixed (by the first worker's hello) */
+    int initialized;     /* initial values received */
+    ps_layout layout;
+    uint64_t fp;         /* fingerprint of layout */
+    srv_snap *cur;       /* current parameters; NULL before the layout */
+    uint64_t version;    /* updates applied */
+    srv_optim opt;
+} srv_model;
+
+/* ---- workers ------------------------------------------------------------ */
+
+enum srv_worker_state { SRV_W_CONNECTED, SRV_W_LEFT, SRV_W_LOST };
+
+/* One per shard ever seen; kept after the worker goes, for psctl. */
+typedef struct srv_worker {
+    uint32_t shard, nshards;
+    int state;               /* enum srv_worker_state */
+    srv_conn *conn;          /* NULL unless connected */
+    char addr[64];           /* peer address of the last connection */
+    uint64_t pushes;         /* gradient steps pushed (fin chunks) */
+    uint64_t joined_ms, last_seen_ms;
+    int has_report;
+    uint32_t epoch;
+    double loss, acc, tloss, rate;
+    int has_acc;
+    uint64_t samples;
+    /* BSP */
+    uint64_t round;          /* round this worker last pushed into */
+    int round_fin;           /* its push for `round` is complete */
+    float *slot;             /* its gradient for the round (shard-order sums) */
+} srv_worker;
+
+/* ---- consistency policies ----------------------------------------------- */
+
+/* A consistency mode. It decides when pushes are applied and rounds close;
+ * it knows nothing of sockets. */
+typedef struct srv_policy_ops {
+    const char *name;
+    /* A push chunk from worker w for range [off, off+n) against version base.
+     * Returns 0 when accepted (applied or kept for the round), or a negative
+     * PS_E* code (nothing was changed) with err filled. */
+    int (*push)(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
+                char *err, size_t errlen);
+    /* w left (bye, closed, declared dead). */
+    void (*worker_left)(psd *s, srv_worker *w);
+    /* w (re)joined. */
+    void (*worker_joined)(psd *s, srv_worker *w);
+    void (*destroy)(psd *s);
+} srv_policy_ops;
+
+extern const srv_policy_ops srv_policy_asgd;
+extern const srv_policy_ops srv_policy_bsp;
+
+/* ---- connections --------------------------------------------------------- */
+
+/* A pull waiting for a model version (BSP) or for the initial values. */
+typedef struct srv_parked {
+    uint64_t id, min, off, len;
+    struct srv_parked *next;
+} srv_parked;
+
+struct srv_conn {
+    uv_tcp_t tcp;            /* must stay first: handle->data is not used */
+    psd *srv;
+    uint64_t cid;            /* connection number, for logs */
+    char addr[64];
+    int role;                /* ps_role; PS_ROLE_NONE before hello */
+    srv_worker *worker;      /* set for a worker after hello */
+    uint8_t *rbuf;           /* read buffer: frames accumulate here */
+    size_t rlen, rcap;
+    msgpack_zone zone;       /* unpack zone, cleared per message */
+    srv_parked *parked;      /* pulls waiting for a version */
+    int closing;             /* uv_close called or about to be */
+    int close_after_write;   /* close once queued writes are flushed */
+    uint64_t connected_ms;
+    srv_conn *prev, *next;   /* psd.conns list */
+};
+
+/* ---- counters ----------------------------------------------------------- */
+
+typedef struct srv_stats {
+    uint64_t pushes, pulls, bytes_in, bytes_out, rounds, connections;
+    uint64_t rejected[32];   /* by error code (index = -PS_E*) */
+    uint64_t init_ms;        /* when the model got its initial values */
+    /* rates, recomputed by the 1 s timer */
+    uint64_t last_pushes, last_pulls;
+    double push_rate, pull_rate;
+} srv_stats;
+
+struct psd {
+    uv_loop_t *loop;
+    ps_config cfg;
+    char config_path[PS_CONFIG_PATH_MAX];
+    uv_tcp_t listener;
+    int listening;
+    int port;                /* bound port */
+    uv_signal_t sigint, sigterm;
+    uv_timer_t tick;
+    int stopping;
+    uint64_t start_ms;
+    srv_conn *conns;
+    uint32_t nconns;
+    uint64_t next_cid;
+    srv_worker **workers;    /* indexed by shard; size nworkers_cap */
+    uint32_t nworkers_cap;
+    uint32_t nshards;        /* m announced by workers (0 until the first) */
+    srv_conn *init_owner;    /* the worker asked to send initial values */
+    srv_model model;
+    const srv_policy_ops *policy;
+    void *policy_state;
+    srv_stats stats;
+    ps_buf enc;              /* encode scratch for replies */
+    ps_layout scratch_layout; /* where a hello's layout is decoded */
+};
+
+/* ---- functions ----------------------------------------------------------- */
+
+uint64_t srv_now_ms(void);
+
+/* net.c */
+int srv_listen(psd *s);
+void srv_stop(psd *s);
+/* Queues one reply. When m has tensor data it is sent from snap (which
+ * gains a reference until the write finishes) rather than copied; snap may
+ * be NULL for other messages. On failure the connection is closed. */
+void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap);
+/* Queues an ERROR reply for request id; fatal closes after it is sent. */
+void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void srv_conn_close(srv_conn *c);
+
+/* handle.c */
+/* Handles one decoded message from c. */
+void srv_handle(srv_conn *c, ps_msg *m);
+/* Answers every parked pull whose version is now available. */
+void srv_answer_parked(psd *s);
+/* Answers c's parked pulls that can be answered. */
+void srv_conn_answer_parked(srv_conn *c);
+/* A connection is going away: detach it from its worker, drop its pulls. */
+void srv_conn_detach(srv_conn *c, const char *why);
+
+/* model.c */
+int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
+/* Returns the parameters for writing, copying the snapshot first when a
+ * reply still holds it. NULL when out of memory. */
+float *srv_model_writable(srv_model *m);
+srv_snap *srv_snap_ref(srv_snap *s);
+void srv_snap_unref(srv_snap *s);
+void srv_model_free(srv_model *m);
+/* Applies gradient g (already averaged) to [off, off+n) with the optimizer. */
+void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n);
+/* Counts one applied update: version++ and tags the snapshot. */
+void srv_model_bump(srv_model *m);
+
+/* status.c */
+int srv_pack_status(msgpack_packer *pk, void *arg);
+int srv_metrics_text(psd *s, ps_buf *out);
+
+#endif

@@ -1,0 +1,193 @@
+/* status.c - what psctl shows: the status map (STATUS_REPLY body) and the
+ * Prometheus text exposition (METRICS_REPLY, later also over HTTP). */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "psd.h"
+
+static const char *const worker_states[] = {"connected", "left", "lost"};
+
+static void key(msgpack_packer *pk, const char *k)
+{
+    msgpack_pack_str(pk, strlen(k));
+    msgpack_pack_str_body(pk, k, strlen(k));
+}
+
+static void kstr(msgpack_packer *pk, const char *k, const char *v)
+{
+    key(pk, k);
+    msgpack_pack_str(pk, strlen(v));
+    msgpack_pack_str_body(pk, v, strlen(v));
+}
+
+static void ku64(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    key(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+static void kf64(msgpack_packer *pk, const char *k, double v)
+{
+    key(pk, k);
+    msgpack_pack_double(pk, v);
+}
+
+static size_t optimizer_state_floats(const psd *s)
+{
+    return s->model.opt.velocity ? s->model.opt.n : 0;
+}
+
+int srv_pack_status(msgpack_packer *pk, void *arg)
+{
+    psd *s = arg;
+    uint64_t now = srv_now_ms();
+    uint64_t params = s->model.has_layout ? s->model.layout.total : 0;
+    uint32_t nw = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        nw += s->workers[i] != NULL;
+    char listen[300];
+    snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
+
+    msgpack_pack_map(pk, 17);
+    kstr(pk, "mode", s->policy->name);
+    ku64(pk, "version", s->model.version);
+    ku64(pk, "parameters", params);
+    ku64(pk, "bytes", params * 4);
+    ku64(pk, "optimizer_state_bytes", optimizer_state_floats(s) * 4);
+    kstr(pk, "optimizer", "sgd");
+    key(pk, "initialized");
+    if (s->model.initialized)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    kstr(pk, "listen", listen);
+    kf64(pk, "uptime", (double)(now - s->start_ms) / 1000.0);
+    ku64(pk, "workers_expected", (uint64_t)s->cfg.workers);
+    ku64(pk, "connections", s->nconns);
+    ku64(pk, "pushes", s->stats.pushes);
+    ku64(pk, "pulls", s->stats.pulls);
+    kf64(pk, "push_rate", s->stats.push_rate);
+    kf64(pk, "pull_rate", s->stats.pull_rate);
+    ku64(pk, "rounds", s->stats.rounds);
+    key(pk, "workers");
+    msgpack_pack_array(pk, nw);
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        srv_worker *w = s->workers[i];
+        if (!w)
+            continue;
+        msgpack_pack_map(pk, 12);
+        ku64(pk, "shard", w->shard);
+        ku64(pk, "shards", w->nshards);
+        kstr(pk, "state", worker_states[w->state]);
+        kstr(pk, "address", w->addr);
+        ku64(pk, "pushes", w->pushes);
+        kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
+        ku64(pk, "epoch", w->epoch);
+        key(pk, "loss");
+        if (w->has_report)
+            msgpack_pack_double(pk, w->loss);
+        else
+            msgpack_pack_nil(pk);
+        key(pk, "accuracy");
+        if (w->has_acc)
+            msgpack_pack_double(pk, w->acc);
+        else
+            msgpack_pack_nil(pk);
+        key(pk, "test_loss");
+        if (w->has_acc)
+            msgpack_pack_double(pk, w->tloss);
+        else
+            msgpack_pack_nil(pk);
+        ku64(pk, "samples", w->samples);
+        kf64(pk, "samples_per_second", w->rate);
+    }
+    return 0;
+}
+
+/* ---- Prometheus text ------------------------------------------------------ */
+
+static int put(ps_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_start(ap, fmt);
+        int n = vsnprintf((char *)b->p + b->len, room, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return PS_EIO;
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return 0;
+        }
+        if (ps_buf_reserve(b, (size_t)n + 1) != 0)
+            return PS_ENOMEM;
+    }
+}
+
+static int family(ps_buf *b, const char *name, const char *type, const char *help)
+{
+    return put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+int srv_metrics_text(psd *s, ps_buf *b)
+{
+    int rc = 0;
+    uint64_t now = srv_now_ms();
+    if (ps_buf_reserve(b, 4096) != 0)
+        return PS_ENOMEM;
+#define SIMPLE(name, type, help, fmt, val)                   \
+    do {                                                     \
+        rc |= family(b, name, type, help);                   \
+        rc |= put(b, "%s " fmt "\n", name, val);             \
+    } while (0)
+    SIMPLE("psd_pushes_total", "counter", "Gradient pushes accepted (one per worker step).", "%" PRIu64,
+           s->stats.pushes);
+    SIMPLE("psd_pulls_total", "counter", "Parameter pulls answered.", "%" PRIu64, s->stats.pulls);
+    SIMPLE("psd_received_bytes_total", "counter", "Bytes of frames received.", "%" PRIu64, s->stats.bytes_in);
+    SIMPLE("psd_sent_bytes_total", "counter", "Bytes of frames queued for sending.", "%" PRIu64,
+           s->stats.bytes_out);
+    SIMPLE("psd_rounds_total", "counter", "BSP rounds closed.", "%" PRIu64, s->stats.rounds);
+    SIMPLE("psd_connections_accepted_total", "counter", "TCP connections accepted.", "%" PRIu64,
+           s->stats.connections);
+    SIMPLE("psd_connections", "gauge", "Open TCP connections.", "%u", s->nconns);
+    SIMPLE("psd_model_version", "gauge", "Updates applied to the model.", "%" PRIu64, s->model.version);
+    SIMPLE("psd_model_parameters", "gauge", "Parameters in the model.", "%" PRIu64,
+           s->model.has_layout ? s->model.layout.total : 0);
+    SIMPLE("psd_uptime_seconds", "gauge", "Seconds since psd started.", "%.3f", (double)(now - s->start_ms) / 1e3);
+
+    rc |= family(b, "psd_rejected_messages_total", "counter", "Messages refused with an error reply, by reason.");
+    for (int code = 1; code < 32; code++) {
+        const char *name = ps_errname(-code);
+        if (strcmp(name, "UNKNOWN") == 0)
+            continue;
+        char lower[32];
+        size_t i = 0;
+        for (; name[i] && i < sizeof lower - 1; i++)
+            lower[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] + 32 : name[i]);
+        lower[i] = '\0';
+        rc |= put(b, "psd_rejected_messages_total{reason=\"%s\"} %" PRIu64 "\n", lower, s->stats.rejected[code]);
+    }
+
+    uint32_t counts[3] = {0, 0, 0};
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i])
+            counts[s->workers[i]->state]++;
+    rc |= family(b, "psd_workers", "gauge", "Workers by state.");
+    for (int st = 0; st < 3; st++)
+        rc |= put(b, "psd_workers{state=\"%s\"} %u\n", worker_states[st], counts[st]);
+
+    rc |= family(b, "psd_worker_loss", "gauge", "Last training loss a worker reported.");
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->has_report)
+            rc |= put(b, "psd_worker_loss{shard=\"%u\"} %.6g\n", i, s->workers[i]->loss);
+    rc |= family(b, "psd_worker_test_accuracy_ratio", "gauge", "Last test accuracy a worker reported (0..1).");
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->has_acc)
+            rc |= put(b, "psd_worker_test_accuracy_ratio{shard=\"%u\"} %.6g\n", i, s->workers[i]->acc);
+#undef SIMPLE
+    return rc ? PS_ENOMEM : 0;
+}

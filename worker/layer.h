@@ -1,0 +1,178 @@
+/* layer.h - the interface every layer and every loss head implements.
+ *
+ * This header is for code that adds layers (conv2d, maxpool, dropout, ...) or
+ * heads (least-squares regression, ...); code that only trains a model needs
+ * model.h alone.
+ *
+ * Data layout. A batch is row-major and contiguous: sample r of a layer's
+ * input is in[r * in_size .. (r+1) * in_size), where in_size is the product of
+ * the layer's per-sample input shape (c, h, w), itself stored C-major
+ * ("CHW", as PyTorch and IDX images are). A dense layer sees the same bytes as
+ * a flat vector.
+ *
+ * Parameters. The model owns ONE flat parameter vector and ONE flat gradient
+ * vector. Each layer owns the slice [offset, offset + nparams) of both; the
+ * model points l->params and l->grads at that slice (ps_layer_bind) before
+ * any call to init, forward or backward. Inside its slice a layer lays out its
+ * tensors as described in l->tensors, in order and without gaps; those are
+ * the names and shapes the model reports in its ps_layout.
+ *
+ * Scratch. A layer is created for a maximum batch and allocates at creation
+ * every scratch buffer it will need (im2col columns, dropout masks, pooling
+ * argmax, ...): forward and backward never allocate.
+ *
+ * Gradient convention. The head receives a scale (1/batch for a mean) and
+ * writes dz = scale * d(sum of per-sample losses)/dz, so each layer's
+ * backward just sums over the batch and the grads come out as the mean
+ * gradient. backward OVERWRITES the layer's grads (it does not accumulate). */
+#ifndef PS_LAYER_H
+#define PS_LAYER_H
+
+#include "proto/layout.h"
+#include "rng.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_LAYER_NAME_MAX 31  /* longest layer name, e.g. "fc1" */
+#define PS_LAYER_TENSORS_MAX 4 /* most parameter tensors in one layer */
+
+/* Per-sample shape; a flat feature vector of n is {n, 1, 1}. */
+typedef struct ps_shape {
+    int c, h, w;
+} ps_shape;
+
+static inline size_t ps_shape_size(ps_shape s)
+{
+    return (size_t)s.c * (size_t)s.h * (size_t)s.w;
+}
+
+static inline ps_shape ps_shape_flat(int n)
+{
+    ps_shape s = {n, 1, 1};
+    return s;
+}
+
+/* One named parameter tensor inside a layer's slice. */
+typedef struct ps_layer_tensor {
+    char name[PS_NAME_MAX + 1]; /* full name, "fc1.weight" */
+    uint32_t ndim;              /* 1..PS_DIMS_MAX */
+    uint32_t dims[PS_DIMS_MAX]; /* PyTorch order: weight [out, in], bias [out] */
+    size_t offset;              /* first element, relative to the layer's slice */
+    size_t count;               /* product of dims */
+} ps_layer_tensor;
+
+typedef struct ps_layer ps_layer;
+
+typedef struct ps_layer_ops {
+    const char *kind; /* "dense", "relu", ... */
+
+    /* Sets the layer's parameters to their initial values drawing from rng
+     * (e.g. He-normal weights, zero biases). NULL for layers without
+     * parameters. */
+    void (*init)(ps_layer *l, ps_rng *rng);
+
+    /* Reseeds the layer's own randomness (dropout masks). NULL for
+     * deterministic layers. */
+    void (*reseed)(ps_layer *l, uint64_t seed);
+
+    /* out[batch x out_size] := f(in[batch x in_size]). training is 1 during a
+     * train step and 0 during evaluation (dropout is the identity then). A
+     * layer may keep in its scratch whatever backward needs from this call;
+     * backward is always called after the forward of the same batch. */
+    void (*forward)(ps_layer *l, const float *in, float *out, int batch, int training);
+
+    /* Given the forward's in and out and dout = dL/dout, writes the layer's
+     * grads slice (overwriting it) and, when din is not NULL, din = dL/din.
+     * din is NULL for the first layer, whose input gradient nobody needs.
+     * in, out, dout and din never alias. */
+    void (*backward)(ps_layer *l, const float *in, const float *out, const float *dout, float *din, int batch);
+
+    /* Frees the layer and its scratch (not the params/grads slice). */
+    void (*destroy)(ps_layer *l);
+} ps_layer_ops;
+
+/* The common part of every layer; concrete layers embed it as their first
+ * member and cast. */
+struct ps_layer {
+    const ps_layer_ops *ops;
+    char name[PS_LAYER_NAME_MAX + 1]; /* unique in the model; prefixes tensor names */
+    ps_shape in, out;                 /* per-sample shapes */
+    int max_batch;                    /* largest batch forward/backward accept */
+    size_t nparams;                   /* length of the layer's slice; 0 if none */
+    size_t offset;                    /* slice start in the model's flat vectors */
+    float *params;                    /* = model params + offset; NULL if nparams == 0 */
+    float *grads;                     /* = model grads + offset; NULL if nparams == 0 */
+    int ntensors;                     /* entries used in tensors[] */
+    ps_layer_tensor tensors[PS_LAYER_TENSORS_MAX];
+};
+
+/* Points the layer at its slice of a flat parameter and gradient vector. */
+void ps_layer_bind(ps_layer *l, float *params, float *grads);
+
+/* Destroys a layer created by any ps_layer_*_create; NULL-safe. */
+void ps_layer_free(ps_layer *l);
+
+/* Fills the common part of a new layer. Used by the constructors. */
+void ps_layer_base_init(ps_layer *l, const ps_layer_ops *ops, const char *name, ps_shape in, ps_shape out,
+                        int max_batch);
+
+/* Appends a parameter tensor "<layer name>.<suffix>" of the given shape at
+ * the end of the layer's slice and grows nparams. Used by the constructors;
+ * returns 0 or PS_EINVAL when the tensor does not fit the table or the name
+ * is too long. */
+int ps_layer_add_tensor(ps_layer *l, const char *suffix, uint32_t ndim, const uint32_t *dims);
+
+/* Allocates n floats aligned to 64 bytes, zeroed; NULL when out of memory.
+ * Release with free(). */
+float *ps_falloc(size_t n);
+
+/* Layers available now. Each returns 0 and sets *out, or PS_EINVAL for bad
+ * sizes, or PS_ENOMEM. */
+
+/* Fully connected: y = x W^T + b with W [out_features, in_size] row-major
+ * (PyTorch's nn.Linear convention) and b [out_features]. Tensors
+ * "<name>.weight" then "<name>.bias". Init: W He-normal, std sqrt(2/in_size);
+ * b zero. */
+int ps_layer_dense_create(const char *name, ps_shape in, int out_features, int max_batch, ps_layer **out);
+
+/* Elementwise max(0, x); no parameters; output shape equals input shape. */
+int ps_layer_relu_create(const char *name, ps_shape in, int max_batch, ps_layer **out);
+
+/* What a head compares its input with. Classification heads read labels,
+ * regression heads read values; a head ignores the other field. */
+typedef struct ps_targets {
+    const uint8_t *labels; /* batch class indices, each < the head's input size */
+    const float *values;   /* batch x in_size targets, row-major */
+} ps_targets;
+
+typedef struct ps_head ps_head;
+
+typedef struct ps_head_ops {
+    const char *kind; /* "softmax-xent", ... */
+
+    /* Reads z [batch x in_size] and returns the SUM over the batch of the
+     * per-sample losses. When dz is not NULL, writes
+     * dz = scale * d(sum loss)/dz. When correct is not NULL, adds the number of
+     * samples the head counts as right (argmax == label for classifiers). */
+    double (*loss)(ps_head *h, const float *z, const ps_targets *t, int batch, float scale, float *dz,
+                   size_t *correct);
+
+    void (*destroy)(ps_head *h);
+} ps_head_ops;
+
+struct ps_head {
+    const ps_head_ops *ops;
+    ps_shape in;   /* per-sample input shape */
+    int max_batch; /* largest batch */
+};
+
+/* Destroys a head; NULL-safe. */
+void ps_head_free(ps_head *h);
+
+/* Softmax over the in_size logits followed by cross-entropy with the label.
+ * Per-sample loss log(sum_j exp z_j) - z_y; gradient softmax(z) - onehot(y).
+ * Labels must be < in_size (the data set loader guarantees it). */
+int ps_head_softmax_xent_create(ps_shape in, int max_batch, ps_head **out);
+
+#endif

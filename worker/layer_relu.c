@@ -1,0 +1,53 @@
+/* layer_relu.c - the rectified linear unit, max(0, x), elementwise. */
+#include "layer.h"
+
+#include "proto/errors.h"
+
+#include <stdlib.h>
+
+static void relu_forward(ps_layer *l, const float *in, float *out, int batch, int training)
+{
+    (void)training;
+    const size_t n = (size_t)batch * ps_shape_size(l->in);
+    for (size_t i = 0; i < n; i++)
+        out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+/* The derivative at 0 is taken as 0, read from the output so the input is not
+ * needed: out > 0 exactly where in > 0. */
+static void relu_backward(ps_layer *l, const float *in, const float *out, const float *dout, float *din, int batch)
+{
+    (void)in;
+    if (din == NULL)
+        return;
+    const size_t n = (size_t)batch * ps_shape_size(l->in);
+    for (size_t i = 0; i < n; i++)
+        din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+static void relu_destroy(ps_layer *l)
+{
+    free(l);
+}
+
+static const ps_layer_ops relu_ops = {
+    .kind = "relu",
+    .init = NULL,
+    .reseed = NULL,
+    .forward = relu_forward,
+    .backward = relu_backward,
+    .destroy = relu_destroy,
+};
+
+int ps_layer_relu_create(const char *name, ps_shape in, int max_batch, ps_layer **out)
+{
+    *out = NULL;
+    if (in.c < 1 || in.h < 1 || in.w < 1 || max_batch < 1)
+        return PS_EINVAL;
+    ps_layer *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return PS_ENOMEM;
+    ps_layer_base_init(l, &relu_ops, name, in, in, max_batch);
+    *out = l;
+    return PS_OK;
+}

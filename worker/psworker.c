@@ -1,0 +1,440 @@
+/* psworker.c - one training worker: reads shard K of M of a data set,
+ * computes gradients on OpenBLAS and trains against psd with push-and-pull
+ * steps. Progress goes to stderr; the last line on stdout is a JSON summary. */
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/client.h"
+#include "common/log.h"
+#include "dataset.h"
+#include "model.h"
+#include "proto/errors.h"
+
+/* largest tensor chunk in one frame, in floats (4 MiB) */
+#define CHUNK_FLOATS (1u << 20)
+
+typedef struct wopts {
+    const char *server;
+    int shard, nshards;
+    const char *dataset;
+    const char *data_dir;
+    const char *model;
+    int epochs;
+    int batch;
+    int eval;
+    size_t limit, test_limit;
+    uint64_t seed;
+    int threads;
+    int timeout_ms;
+} wopts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: psworker [options]\n"
+            "\n"
+            "Trains shard K of M of a data set against psd.\n"
+            "\n"
+            "  -S, --server HOST:PORT  psd's address (default 127.0.0.1:7000)\n"
+            "  -k, --shard K/M         this worker's shard (default 0/1)\n"
+            "  -d, --dataset NAME      mnist or fashion-mnist (default mnist)\n"
+            "  -D, --data DIR          data directory (default $PSD_DATA_DIR or ./data)\n"
+            "  -M, --model SPEC        softmax or mlp:H1,H2,... (default mlp:256,128)\n"
+            "  -e, --epochs N          epochs (default 5)\n"
+            "  -b, --batch B           samples per step on this worker (default 64)\n"
+            "  -E, --eval              test-set accuracy after every epoch\n"
+            "      --limit N           use only the first N training samples\n"
+            "      --test-limit N      use only the first N test samples\n"
+            "      --seed S            seed for initial values and shuffling (default 1)\n"
+            "      --threads T         OpenBLAS threads (default 1)\n"
+            "      --timeout MS        give up on a reply after MS milliseconds (default 600000)\n"
+            "  -h, --help              this help\n"
+            "\n"
+            "The last line on stdout is a JSON object: epochs, train_loss,\n"
+            "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
+            "samples_per_second, version, mode, shard.\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "psworker: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 2;
+}
+
+static int parse_uint(const char *s, unsigned long long max, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-')
+        return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_shard(const char *s, int *k, int *m)
+{
+    unsigned long long a, b;
+    char buf[64];
+    const char *slash = strchr(s, '/');
+    if (!slash || (size_t)(slash - s) >= sizeof buf)
+        return -1;
+    memcpy(buf, s, (size_t)(slash - s));
+    buf[slash - s] = '\0';
+    if (parse_uint(buf, 65535, &a) || parse_uint(slash + 1, 65536, &b) || b == 0 || a >= b)
+        return -1;
+    *k = (int)a;
+    *m = (int)b;
+    return 0;
+}
+
+/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last one);
+ * waits for each OK. */
+static int send_chunks(ps_client *c, uint32_t type, const float *values, size_t n, uint64_t base, int tmo)
+{
+    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
+        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
+        ps_msg m, r;
+        ps_msg_init(&m, type);
+        m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
+        m.off = off;
+        m.data = values + off;
+        m.ndata = len;
+        m.fin = off + len == n;
+        m.base = base;
+        int rc = ps_client_call(c, &m, &r, tmo);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Pulls the whole model at version >= min into params; sets *version. */
+static int pull_all(ps_client *c, float *params, size_t n, uint64_t min, uint64_t *version, int tmo)
+{
+    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
+        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_PULL);
+        m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+        m.off = off;
+        m.len = len;
+        m.min = min;
+        int rc = ps_client_call(c, &m, &r, tmo);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
+            return PS_EMALFORMED;
+        memcpy(params + off, r.data, len * sizeof(float));
+        *version = r.mver;
+        min = r.mver; /* later chunks at the same version or newer */
+    }
+    return 0;
+}
+
+/* One training step's communication: the gradient goes up, the model at
+ * version >= min comes back. Small models use one PUSHPULL round trip. */
+static int step_sync(ps_client *c, const float *grads, float *params, size_t n, uint64_t *version, uint64_t min,
+                     int tmo)
+{
+    if (n <= CHUNK_FLOATS) {
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_PUSHPULL);
+        m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+        m.base = *version;
+        m.off = 0;
+        m.data = grads;
+        m.ndata = n;
+        m.poff = 0;
+        m.plen = n;
+        m.min = min;
+        int rc = ps_client_call(c, &m, &r, tmo);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
+            return PS_EMALFORMED;
+        memcpy(params, r.data, n * sizeof(float));
+        *version = r.mver;
+        return 0;
+    }
+    int rc = send_chunks(c, PS_MSG_PUSH, grads, n, *version, tmo);
+    if (rc != 0)
+        return rc;
+    return pull_all(c, params, n, min, version, tmo);
+}
+
+int main(int argc, char **argv)
+{
+    wopts o = {.server = "127.0.0.1:7000", .shard = 0, .nshards = 1, .dataset = "mnist",
+               .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
+               .timeout_ms = 600000};
+    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT };
+    static const struct option longopts[] = {
+        {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
+        {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
+        {"model", required_argument, NULL, 'M'},   {"epochs", required_argument, NULL, 'e'},
+        {"batch", required_argument, NULL, 'b'},   {"eval", no_argument, NULL, 'E'},
+        {"limit", required_argument, NULL, O_LIMIT}, {"test-limit", required_argument, NULL, O_TEST_LIMIT},
+        {"seed", required_argument, NULL, O_SEED}, {"threads", required_argument, NULL, O_THREADS},
+        {"timeout", required_argument, NULL, O_TIMEOUT}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    ps_log_init("psworker", PS_LOG_INFO);
+    o.data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
+    int opt;
+    unsigned long long v;
+    while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'S': o.server = optarg; break;
+        case 'k':
+            if (parse_shard(optarg, &o.shard, &o.nshards) != 0)
+                return die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2", optarg);
+            break;
+        case 'd': o.dataset = optarg; break;
+        case 'D': o.data_dir = optarg; break;
+        case 'M': o.model = optarg; break;
+        case 'e':
+            if (parse_uint(optarg, 100000, &v) || v == 0)
+                return die("bad --epochs '%s': expected 1..100000", optarg);
+            o.epochs = (int)v;
+            break;
+        case 'b':
+            if (parse_uint(optarg, PS_MODEL_MAX_BATCH, &v) || v == 0)
+                return die("bad --batch '%s': expected 1..65536", optarg);
+            o.batch = (int)v;
+            break;
+        case 'E': o.eval = 1; break;
+        case O_LIMIT:
+            if (parse_uint(optarg, SIZE_MAX, &v))
+                return die("bad --limit '%s'", optarg);
+            o.limit = (size_t)v;
+            break;
+        case O_TEST_LIMIT:
+            if (parse_uint(optarg, SIZE_MAX, &v))
+                return die("bad --test-limit '%s'", optarg);
+            o.test_limit = (size_t)v;
+            break;
+        case O_SEED:
+            if (parse_uint(optarg, UINT64_MAX, &v))
+                return die("bad --seed '%s'", optarg);
+            o.seed = v;
+            break;
+        case O_THREADS:
+            if (parse_uint(optarg, 256, &v) || v == 0)
+                return die("bad --threads '%s': expected 1..256", optarg);
+            o.threads = (int)v;
+            break;
+        case O_TIMEOUT:
+            if (parse_uint(optarg, 86400000, &v) || v == 0)
+                return die("bad --timeout '%s': milliseconds", optarg);
+            o.timeout_ms = (int)v;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc)
+        return die("unexpected argument '%s' (see psworker --help)", argv[optind]);
+    openblas_set_num_threads(o.threads);
+
+    char err[1024];
+    ps_dataset train_all = {0}, train = {0}, test = {0};
+    ps_model *model = NULL;
+    ps_client cl;
+    int status = 1;
+    size_t *perm = NULL;
+    float *bx = NULL;
+    uint8_t *by = NULL;
+    ps_client_init(&cl);
+
+    if (ps_model_create(o.model, 28 * 28, 10, o.batch, &model, err, sizeof err) != 0) {
+        fprintf(stderr, "psworker: %s\n", err);
+        goto out;
+    }
+    if (ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TRAIN, o.limit, &train_all, err, sizeof err) != 0 ||
+        (o.eval && ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TEST, o.test_limit, &test, err, sizeof err) != 0)) {
+        fprintf(stderr, "psworker: %s\n", err);
+        goto out;
+    }
+    if (ps_dataset_shard(&train_all, o.shard, o.nshards, &train, err, sizeof err) != 0) {
+        fprintf(stderr, "psworker: %s\n", err);
+        goto out;
+    }
+    size_t total_n = train_all.n;
+    ps_dataset_free(&train_all);
+
+    size_t np = ps_model_nparams(model);
+    float *params = ps_model_params(model);
+    ps_layout layout;
+    if (ps_model_layout(model, &layout) != 0) {
+        fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");
+        goto out;
+    }
+    char desc[256];
+    ps_model_describe(model, desc, sizeof desc);
+
+    /* handshake */
+    int rc = ps_client_connect(&cl, o.server, 10000);
+    ps_msg m, r;
+    if (rc == 0) {
+        ps_msg_init(&m, PS_MSG_HELLO);
+        m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+        m.proto = PS_PROTO_VERSION;
+        m.role = PS_ROLE_WORKER;
+        m.shard = (uint32_t)o.shard;
+        m.nshards = (uint32_t)o.nshards;
+        m.layout = &layout;
+        m.fp = ps_layout_fingerprint(&layout);
+        rc = ps_client_call(&cl, &m, &r, o.timeout_ms);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "psworker: %s\n", ps_client_error(&cl));
+        goto out;
+    }
+    if (r.type != PS_MSG_WELCOME) {
+        fprintf(stderr, "psworker: psd answered hello with %s\n", ps_msg_type_name(r.type));
+        goto out;
+    }
+    int bsp = strcmp(r.mode, "asgd") != 0;
+    char mode[16];
+    snprintf(mode, sizeof mode, "%s", r.mode);
+    uint64_t version = r.mver;
+    PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64,
+           o.shard, o.nshards, desc, train.n, o.dataset, o.server, mode, version);
+    if (r.need_init) {
+        ps_model_init_params(model, o.seed);
+        rc = send_chunks(&cl, PS_MSG_INIT, params, np, 0, o.timeout_ms);
+        if (rc != 0) {
+            fprintf(stderr, "psworker: sending initial values: %s\n", ps_client_error(&cl));
+            goto out;
+        }
+    }
+    rc = pull_all(&cl, params, np, 0, &version, o.timeout_ms);
+    if (rc != 0) {
+        fprintf(stderr, "psworker: pulling the model: %s\n", ps_client_error(&cl));
+        goto out;
+    }
+
+    /* In BSP every worker must take the same number of steps per epoch, or
+     * the last rounds would wait for pushes that never come: derive it from
+     * the smallest shard (the whole set divided by M, rounded down). */
+    size_t per_shard = bsp ? total_n / (size_t)o.nshards : train.n;
+    if (per_shard == 0)
+        per_shard = train.n;
+    size_t steps = (per_shard + (size_t)o.batch - 1) / (size_t)o.batch;
+    perm = malloc(train.n * sizeof *perm);
+    bx = malloc((size_t)o.batch * (size_t)train.dim * sizeof *bx);
+    by = malloc((size_t)o.batch);
+    if (!perm || !bx || !by) {
+        fprintf(stderr, "psworker: out of memory\n");
+        goto out;
+    }
+
+    double train_time = 0, last_loss = 0, test_acc = -1, test_loss = 0;
+    uint64_t samples = 0;
+    for (int epoch = 1; epoch <= o.epochs; epoch++) {
+        ps_dataset_epoch_order(perm, train.n, o.seed, (uint32_t)o.shard, (uint64_t)epoch);
+        double t0 = now_s(), loss_sum = 0;
+        size_t done = 0;
+        for (size_t st = 0; st < steps; st++) {
+            size_t start = st * (size_t)o.batch;
+            size_t cnt = per_shard - start < (size_t)o.batch ? per_shard - start : (size_t)o.batch;
+            /* the shard may hold one sample more than per_shard: it waits for
+             * the next epoch's order */
+            ps_dataset_gather(&train, perm + start, cnt, bx, by);
+            float loss = ps_model_train_step(model, bx, by, (int)cnt);
+            if (!isfinite(loss)) {
+                fprintf(stderr, "psworker: loss became %f at epoch %d step %zu; lower the learning rate\n",
+                        (double)loss, epoch, st);
+                goto out;
+            }
+            loss_sum += loss * (double)cnt;
+            done += cnt;
+            rc = step_sync(&cl, ps_model_grads(model), params, np, &version, bsp ? version + 1 : 0, o.timeout_ms);
+            if (rc != 0) {
+                fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, ps_client_error(&cl));
+                goto out;
+            }
+        }
+        double dt = now_s() - t0;
+        train_time += dt;
+        samples += done;
+        last_loss = loss_sum / (double)(done ? done : 1);
+        double rate = (double)done / (dt > 0 ? dt : 1e-9);
+        ps_msg_init(&m, PS_MSG_REPORT);
+        m.has = PS_F_EPOCH | PS_F_LOSS | PS_F_SAMPLES | PS_F_RATE;
+        m.epoch = (uint32_t)epoch;
+        m.loss = last_loss;
+        m.samples = samples;
+        m.rate = rate;
+        if (o.eval) {
+            ps_model_evaluate(model, test.x, test.y, test.n, &test_loss, &test_acc);
+            m.has |= PS_F_ACC | PS_F_TLOSS;
+            m.acc = test_acc;
+            m.tloss = test_loss;
+            fprintf(stderr,
+                    "psworker %d/%d: epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.2f s  %.0f samples/s  "
+                    "version %" PRIu64 "\n",
+                    o.shard, o.nshards, epoch, o.epochs, last_loss, 100 * test_acc, dt, rate, version);
+        } else {
+            fprintf(stderr, "psworker %d/%d: epoch %d/%d  loss %.4f  %.2f s  %.0f samples/s  version %" PRIu64 "\n",
+                    o.shard, o.nshards, epoch, o.epochs, last_loss, dt, rate, version);
+        }
+        rc = ps_client_call(&cl, &m, &r, o.timeout_ms);
+        if (rc != 0) {
+            fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, ps_client_error(&cl));
+            goto out;
+        }
+    }
+    ps_msg_init(&m, PS_MSG_BYE);
+    ps_client_call(&cl, &m, &r, 5000);
+
+    printf("{\"epochs\": %d, \"train_loss\": %.6f, \"test_accuracy\": ", o.epochs, last_loss);
+    if (o.eval)
+        printf("%.6f, \"test_loss\": %.6f", test_acc, test_loss);
+    else
+        printf("null, \"test_loss\": null");
+    printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
+           ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\"}\n",
+           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), version, mode, o.shard,
+           o.nshards, o.model);
+    fflush(stdout);
+    status = 0;
+out:
+    free(perm);
+    free(bx);
+    free(by);
+    ps_client_free(&cl);
+    ps_model_free(model);
+    ps_dataset_free(&train_all);
+    ps_dataset_free(&train);
+    ps_dataset_free(&test);
+    return status;
+}
