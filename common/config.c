@@ -53,7 +53,7 @@ static const ps_config_option options[] = {
      .words = optimizer_words,
      .help = "Optimizer psd applies to pushed gradients. sgd is stochastic gradient "
              "descent with momentum and weight decay."},
-    {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.1", AT(lr), .dmin = 0, .dmax = 1e3,
+    {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.05", AT(lr), .dmin = 0, .dmax = 1e3,
      .flags = PS_CONF_RELOAD,
      .help = "Learning rate: the step size of each update."},
     {.name = "momentum", .type = PS_CT_DOUBLE, .def = "0.9", AT(momentum), .dmin = 0,

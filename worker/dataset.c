@@ -26,6 +26,7 @@ static const known_set known_sets[] = {
     {"fashion-mnist", 0.2860f, 0.3530f},
 };
 
+__attribute__((format(printf, 3, 4)))
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)

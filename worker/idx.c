@@ -17,6 +17,7 @@
 #define READ_CHUNK ((size_t)1 << 30) /* gzread takes an unsigned int length */
 #define FIRST_ALLOC ((size_t)1 << 20)
 
+__attribute__((format(printf, 3, 4)))
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
@@ -138,7 +139,8 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
             seterr(err, errlen, "%s: wrong IDX kind: magic 0x%08x has %u dimensions, expected 0x%08x (%s)",
                    path, magic, hdr[3], want_magic, want_kind);
         else if (hdr[0] == 0 && hdr[1] == 0 && hdr[3] >= 1)
-            seterr(err, errlen, "%s: unsupported IDX element type 0x%02x (magic 0x%08x); only unsigned bytes (0x08) are read",
+            seterr(err, errlen,
+                   "%s: unsupported IDX element type 0x%02x (magic 0x%08x); only unsigned bytes (0x08) are read",
                    path, hdr[2], magic);
         else
             seterr(err, errlen, "%s: not an IDX file: magic 0x%08x, expected 0x%08x (%s)", path, magic, want_magic,
@@ -179,7 +181,8 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     size_t size = out->dims[0];
     if (ndim == 3) {
         if (out->dims[1] == 0 || out->dims[2] == 0) {
-            seterr(err, errlen, "%s: bad dimensions: header declares images of %ux%u", path, out->dims[1], out->dims[2]);
+            seterr(err, errlen, "%s: bad dimensions: header declares images of %ux%u", path, out->dims[1],
+                   out->dims[2]);
             rc = PS_EMALFORMED;
             goto out;
         }

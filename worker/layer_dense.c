@@ -59,7 +59,8 @@ static void dense_backward(ps_layer *l, const float *in, const float *out, const
             db[j] += g[j];
     }
     if (din != NULL)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, nin, nout, 1.0f, dout, nout, w, nin, 0.0f, din, nin);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, nin, nout, 1.0f, dout, nout, w, nin, 0.0f, din,
+                    nin);
 }
 
 static void dense_destroy(ps_layer *l)

@@ -29,6 +29,7 @@ struct ps_model {
     float *dbuf[2];               /* ping-pong dL/d(activation), max_batch x widest */
 };
 
+__attribute__((format(printf, 3, 4)))
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
@@ -132,7 +133,9 @@ static int parse_hidden(const char *spec, const char *list, int *hidden, char *e
  * activation buffer, and binds the layers. */
 static int finish(ps_model *m, char *err, size_t errlen)
 {
-    size_t total = 0, widest = ps_shape_size(cur_shape(m));
+    /* dbuf holds dL/d(output) of every layer; the model's own input needs no
+     * gradient, so the widest output sets the size. */
+    size_t total = 0, widest = 0;
     for (int i = 0; i < m->nlayers; i++) {
         ps_layer *l = m->layers[i];
         l->offset = total;
@@ -141,10 +144,7 @@ static int finish(ps_model *m, char *err, size_t errlen)
             seterr(err, errlen, "model '%s' is too big: more than %u parameters", m->spec, PS_MODEL_MAX_PARAMS);
             return PS_EINVAL;
         }
-        size_t w = ps_shape_size(l->in);
-        if (w > widest)
-            widest = w;
-        w = ps_shape_size(l->out);
+        size_t w = ps_shape_size(l->out);
         if (w > widest)
             widest = w;
     }
@@ -270,6 +270,7 @@ int ps_model_layout(const ps_model *m, ps_layout *out)
 }
 
 /* Appends to buf at *used like snprintf; once full, later calls do nothing. */
+__attribute__((format(printf, 4, 5)))
 static void append(char *buf, size_t len, size_t *used, const char *fmt, ...)
 {
     if (*used >= len)

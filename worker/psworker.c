@@ -274,16 +274,16 @@ int main(int argc, char **argv)
     uint8_t *by = NULL;
     ps_client_init(&cl);
 
-    if (ps_model_create(o.model, 28 * 28, 10, o.batch, &model, err, sizeof err) != 0) {
-        fprintf(stderr, "psworker: %s\n", err);
-        goto out;
-    }
     if (ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TRAIN, o.limit, &train_all, err, sizeof err) != 0 ||
         (o.eval && ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TEST, o.test_limit, &test, err, sizeof err) != 0)) {
         fprintf(stderr, "psworker: %s\n", err);
         goto out;
     }
     if (ps_dataset_shard(&train_all, o.shard, o.nshards, &train, err, sizeof err) != 0) {
+        fprintf(stderr, "psworker: %s\n", err);
+        goto out;
+    }
+    if (ps_model_create(o.model, train_all.dim, train_all.n_classes, o.batch, &model, err, sizeof err) != 0) {
         fprintf(stderr, "psworker: %s\n", err);
         goto out;
     }

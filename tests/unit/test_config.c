@@ -80,7 +80,7 @@ static void test_defaults(void **state)
     assert_string_equal(c.state_dir, "");
     assert_string_equal(c.port_file, "");
     assert_int_equal(c.optimizer, PS_OPTIMIZER_SGD);
-    assert_true(c.lr == 0.1);
+    assert_true(c.lr == 0.05);
     assert_true(c.momentum == 0.9);
     assert_true(c.weight_decay == 0.0);
     assert_int_equal(c.bsp_sum_order, PS_BSP_SUM_SHARD);
