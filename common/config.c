@@ -22,8 +22,9 @@
 /* Where a row's value lands: offset and size of the field. */
 #define AT(field) .offset = offsetof(ps_config, field), .size = sizeof(((ps_config *)0)->field)
 
-static const char *const mode_words[] = {"asgd", "bsp", NULL};
-static const char *const optimizer_words[] = {"sgd", NULL};
+static const char *const mode_words[] = {"asgd", "bsp", "ssp", NULL};
+static const char *const optimizer_words[] = {"sgd", "adam", "adamw", "adagrad", NULL};
+static const char *const schedule_words[] = {"constant", "step", "cosine", NULL};
 static const char *const sum_order_words[] = {"shard", "arrival", NULL};
 static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
 
@@ -38,7 +39,9 @@ static const ps_config_option options[] = {
     {.name = "mode", .type = PS_CT_ENUM, .def = "asgd", AT(mode), .words = mode_words,
      .help = "Consistency mode. asgd applies every push as it arrives and answers pulls "
              "with the newest parameters. bsp collects one push from each of the workers, "
-             "applies their sum as one update and only then lets the next round start."},
+             "applies their mean as one update and only then lets the next round start. "
+             "ssp (stale synchronous parallel) applies pushes as they arrive but lets no "
+             "worker run more than `staleness` clocks ahead of the slowest live one."},
     {.name = "workers", .type = PS_CT_INT, .def = "2", AT(workers), .lo = 1, .hi = 4096,
      .help = "Number of workers M in the job. In bsp mode a round closes when M pushes "
              "have arrived."},
@@ -51,8 +54,9 @@ static const ps_config_option options[] = {
              "port 0."},
     {.name = "optimizer", .type = PS_CT_ENUM, .def = "sgd", AT(optimizer),
      .words = optimizer_words,
-     .help = "Optimizer psd applies to pushed gradients. sgd is stochastic gradient "
-             "descent with momentum and weight decay."},
+     .help = "Optimizer psd applies to pushed gradients: sgd (with momentum, optionally "
+             "Nesterov, and weight decay), adam, adamw (Adam with decoupled weight decay) "
+             "or adagrad. Its state (momentum, moments) lives in psd."},
     {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.05", AT(lr), .dmin = 0, .dmax = 1e3,
      .flags = PS_CONF_RELOAD,
      .help = "Learning rate: the step size of each update."},
@@ -63,6 +67,41 @@ static const ps_config_option options[] = {
      .dmax = 1, .flags = PS_CONF_RELOAD,
      .help = "L2 weight decay: plain SGD updates w <- w - lr*(g + weight_decay*w). "
              "0 turns it off."},
+    {.name = "nesterov", .type = PS_CT_BOOL, .def = "no", AT(nesterov),
+     .help = "Use Nesterov momentum with sgd (needs momentum > 0)."},
+    {.name = "beta1", .type = PS_CT_DOUBLE, .def = "0.9", AT(beta1), .dmin = 0, .dmax = 0.999999,
+     .help = "Adam/AdamW: decay rate of the first moment (the mean of gradients)."},
+    {.name = "beta2", .type = PS_CT_DOUBLE, .def = "0.999", AT(beta2), .dmin = 0, .dmax = 0.999999999,
+     .help = "Adam/AdamW: decay rate of the second moment (the mean of squared gradients)."},
+    {.name = "eps", .type = PS_CT_DOUBLE, .def = "1e-08", AT(eps), .dmin = 0, .dmax = 1,
+     .help = "Adam, AdamW and AdaGrad: the term added to the denominator for stability."},
+    {.name = "clip_norm", .type = PS_CT_DOUBLE, .def = "0", AT(clip_norm), .dmin = 0, .dmax = 1e9,
+     .flags = PS_CONF_RELOAD,
+     .help = "Clip each update's gradient to this L2 norm before the optimizer sees it. "
+             "0 turns clipping off."},
+    {.name = "lr_schedule", .type = PS_CT_ENUM, .def = "constant", AT(lr_schedule),
+     .words = schedule_words, .flags = PS_CONF_RELOAD,
+     .help = "How the learning rate changes with the model version (updates applied, so "
+             "it works the same in every mode): constant; step (multiply by lr_gamma every "
+             "lr_step_size versions); cosine (from lr down to lr_min over "
+             "lr_decay_versions). A linear warm-up (warmup_versions) may precede either."},
+    {.name = "lr_step_size", .type = PS_CT_U64, .def = "1000", AT(lr_step_size), .lo = 1,
+     .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
+     .help = "step schedule: versions between two decays."},
+    {.name = "lr_gamma", .type = PS_CT_DOUBLE, .def = "0.1", AT(lr_gamma), .dmin = 0, .dmax = 1,
+     .flags = PS_CONF_RELOAD,
+     .help = "step schedule: factor applied to the learning rate at each decay."},
+    {.name = "lr_decay_versions", .type = PS_CT_U64, .def = "10000", AT(lr_decay_versions), .lo = 1,
+     .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
+     .help = "cosine schedule: versions (after warm-up) over which the rate falls from lr "
+             "to lr_min; it stays at lr_min after."},
+    {.name = "lr_min", .type = PS_CT_DOUBLE, .def = "0", AT(lr_min), .dmin = 0, .dmax = 1e3,
+     .flags = PS_CONF_RELOAD,
+     .help = "cosine schedule: the lowest learning rate."},
+    {.name = "warmup_versions", .type = PS_CT_U64, .def = "0", AT(warmup_versions), .lo = 0,
+     .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
+     .help = "Raise the learning rate linearly from lr/warmup_versions to lr over the first "
+             "warmup_versions versions. 0 turns warm-up off."},
     {.name = "bsp_sum_order", .type = PS_CT_ENUM, .def = "shard", AT(bsp_sum_order),
      .words = sum_order_words,
      .help = "How a bsp round sums its pushes. shard adds them in shard order, so a run "
@@ -70,6 +109,34 @@ static const ps_config_option options[] = {
              "every push of the round until the round closes. arrival adds each push to "
              "one accumulator as it comes: less memory, but float rounding then depends on "
              "arrival order."},
+    {.name = "backup_workers", .type = PS_CT_INT, .def = "0", AT(backup_workers), .lo = 0,
+     .hi = 4095,
+     .help = "bsp: close a round after the first M - backup_workers pushes (Chen et al., "
+             "2016); pushes that arrive for a round already closed are dropped and "
+             "counted. Must be less than workers."},
+    {.name = "staleness", .type = PS_CT_INT, .def = "3", AT(staleness), .lo = 0, .hi = 1000000,
+     .help = "ssp: how many clocks (pushes) a worker may run ahead of the slowest live "
+             "worker before its pulls wait."},
+    {.name = "staleness_scale", .type = PS_CT_BOOL, .def = "no", AT(staleness_scale),
+     .flags = PS_CONF_RELOAD,
+     .help = "asgd: divide a push's step by 1 + its staleness (model versions between the "
+             "version it was computed on and now)."},
+    {.name = "dc_lambda", .type = PS_CT_DOUBLE, .def = "0", AT(dc_lambda), .dmin = 0, .dmax = 100,
+     .flags = PS_CONF_RELOAD,
+     .help = "asgd: delay compensation of DC-ASGD (Zheng et al., 2017): a stale gradient g "
+             "becomes g + dc_lambda * g * g * (w_now - w_base). 0 turns it off. Costs one "
+             "model-sized copy per worker."},
+    {.name = "heartbeat_timeout", .type = PS_CT_DURATION, .def = "10s", AT(heartbeat_timeout),
+     .lo = 100, .hi = INT64_C(86400000),
+     .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "
+             "logged, its connection closed, and bsp rounds go on without it."},
+    {.name = "checkpoint_interval", .type = PS_CT_DURATION, .def = "30s", AT(checkpoint_interval),
+     .lo = 0, .hi = INT64_C(604800000),
+     .help = "Time between checkpoints written to state_dir (parameters, optimizer state, "
+             "version, worker clocks). 0 writes one only at shutdown. Needs state_dir."},
+    {.name = "checkpoint_keep", .type = PS_CT_INT, .def = "3", AT(checkpoint_keep), .lo = 1,
+     .hi = 1000,
+     .help = "Checkpoints kept in state_dir; older ones are deleted."},
     {.name = "max_frame", .type = PS_CT_SIZE, .def = "64M", AT(max_frame), .lo = 4096,
      .hi = INT64_C(2147483648),
      .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "

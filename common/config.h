@@ -25,10 +25,18 @@
 #define PS_CONFIG_VALUE_MAX 1100   /* enough for any formatted value */
 
 /* Values of ps_config.mode; the order is that of the words in the table. */
-enum ps_mode { PS_MODE_ASGD = 0, PS_MODE_BSP = 1 };
+enum ps_mode { PS_MODE_ASGD = 0, PS_MODE_BSP = 1, PS_MODE_SSP = 2 };
 
 /* Values of ps_config.optimizer. */
-enum ps_optimizer_kind { PS_OPTIMIZER_SGD = 0 };
+enum ps_optimizer_kind {
+    PS_OPTIMIZER_SGD = 0,
+    PS_OPTIMIZER_ADAM = 1,
+    PS_OPTIMIZER_ADAMW = 2,
+    PS_OPTIMIZER_ADAGRAD = 3,
+};
+
+/* Values of ps_config.lr_schedule. */
+enum ps_lr_schedule { PS_LR_CONSTANT = 0, PS_LR_STEP = 1, PS_LR_COSINE = 2 };
 
 /* Values of ps_config.bsp_sum_order. */
 enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
@@ -50,7 +58,23 @@ typedef struct ps_config {
     double lr;                         /* learning rate */
     double momentum;                   /* SGD momentum */
     double weight_decay;               /* L2 weight decay */
+    bool nesterov;                     /* Nesterov momentum (sgd) */
+    double beta1, beta2, eps;          /* Adam/AdamW moments; eps also AdaGrad's */
+    double clip_norm;                  /* clip each update's gradient to this L2 norm; 0 = off */
+    int lr_schedule;                   /* enum ps_lr_schedule */
+    uint64_t lr_step_size;             /* step: versions between decays */
+    double lr_gamma;                   /* step: factor per decay */
+    uint64_t lr_decay_versions;        /* cosine: versions from lr to lr_min */
+    double lr_min;                     /* cosine: floor */
+    uint64_t warmup_versions;          /* linear warm-up from 0 to lr */
     int bsp_sum_order;                 /* enum ps_bsp_sum_order */
+    int backup_workers;                /* bsp: a round closes after M - b pushes */
+    int staleness;                     /* ssp: clocks a worker may run ahead */
+    bool staleness_scale;              /* asgd: scale a push's step by 1/(1+staleness) */
+    double dc_lambda;                  /* asgd: DC-ASGD delay compensation; 0 = off */
+    uint64_t heartbeat_timeout;        /* ms of silence before a worker is dead */
+    uint64_t checkpoint_interval;      /* ms between checkpoints; 0 = only at shutdown */
+    int checkpoint_keep;               /* checkpoints kept in state_dir */
     uint64_t max_frame;                /* largest accepted frame, bytes */
     int max_connections;               /* open connections at most */
     int log_level;                     /* enum ps_log_level (common/log.h) */

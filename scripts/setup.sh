@@ -36,6 +36,7 @@ PACKAGES=(
     python3                # integration tests and hostile test clients
     python3-msgpack        # an independent msgpack encoder for those tests
     python3-numpy          # reference computations in the tests
+    prometheus             # promtool checks the metrics text in the tests
 )
 
 # Packages that also count as present when their command is on PATH: a

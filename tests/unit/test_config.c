@@ -222,9 +222,9 @@ static void test_enum(void **state)
     assert_int_equal(c.log_level, PS_LOG_ERROR);
     expect_set_ok(&c, "optimizer", "sgd");
 
-    expect_set_error("mode", "foo", "mode: 'foo' is not one of asgd, bsp");
-    expect_set_error("mode", "", "mode: '' is not one of asgd, bsp");
-    expect_set_error("optimizer", "adam", "optimizer: 'adam' is not one of sgd");
+    expect_set_error("mode", "foo", "mode: 'foo' is not one of asgd, bsp, ssp");
+    expect_set_error("mode", "", "mode: '' is not one of asgd, bsp, ssp");
+    expect_set_error("optimizer", "rmsprop", "optimizer: 'rmsprop' is not one of sgd, adam, adamw, adagrad");
     expect_set_error("bsp_sum_order", "random",
                      "bsp_sum_order: 'random' is not one of shard, arrival");
     expect_set_error("log_level", "loud",
