@@ -43,18 +43,10 @@ int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
     if (!s)
         return PS_ENOMEM;
     memset(s->w, 0, l->total * sizeof(float));
-    m->opt.kind = cfg->optimizer;
-    m->opt.lr = cfg->lr;
-    m->opt.momentum = cfg->momentum;
-    m->opt.weight_decay = cfg->weight_decay;
-    m->opt.n = l->total;
-    m->opt.velocity = NULL;
-    if (cfg->momentum > 0) {
-        m->opt.velocity = calloc(l->total ? l->total : 1, sizeof(float));
-        if (!m->opt.velocity) {
-            srv_snap_unref(s);
-            return PS_ENOMEM;
-        }
+    int rc = srv_optim_init(&m->opt, cfg, l->total);
+    if (rc != 0) {
+        srv_snap_unref(s);
+        return rc;
     }
     m->layout = *l;
     m->fp = ps_layout_fingerprint(l);
@@ -90,26 +82,5 @@ void srv_model_free(srv_model *m)
 {
     srv_snap_unref(m->cur);
     m->cur = NULL;
-    free(m->opt.velocity);
-    m->opt.velocity = NULL;
-}
-
-/* SGD with momentum and weight decay, in PyTorch's form:
- *   d = g + wd*w;  v = mu*v + d;  w -= lr*v      (mu > 0)
- *   w -= lr*(g + wd*w)                           (mu == 0)          */
-void srv_optim_apply(srv_optim *o, float *restrict w, const float *restrict g, uint64_t off, uint64_t n)
-{
-    const float lr = (float)o->lr, wd = (float)o->weight_decay, mu = (float)o->momentum;
-    w += off;
-    if (o->velocity) {
-        float *restrict v = o->velocity + off;
-        for (uint64_t i = 0; i < n; i++) {
-            float d = g[i] + wd * w[i];
-            v[i] = mu * v[i] + d;
-            w[i] -= lr * v[i];
-        }
-    } else {
-        for (uint64_t i = 0; i < n; i++)
-            w[i] -= lr * (g[i] + wd * w[i]);
-    }
+    srv_optim_free(&m->opt);
 }

@@ -39,7 +39,7 @@ static int asgd_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const f
         snprintf(err, errlen, "out of memory for a model snapshot");
         return PS_ENOMEM;
     }
-    srv_optim_apply(&s->model.opt, wv, g, off, n);
+    srv_optim_apply(&s->model.opt, wv, g, off, n, s->model.version);
     if (fin) {
         srv_model_bump(&s->model);
         srv_answer_parked(s);
@@ -134,7 +134,7 @@ static void bsp_try_close(psd *s)
                (unsigned long long)round);
         return;
     }
-    srv_optim_apply(&s->model.opt, wv, b->acc, 0, total);
+    srv_optim_apply(&s->model.opt, wv, b->acc, 0, total, s->model.version);
     srv_model_bump(&s->model);
     s->stats.rounds++;
     uint64_t now = srv_now_ms();

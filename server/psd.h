@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "proto/msg.h"
+#include "optim.h"
 
 typedef struct psd psd;
 typedef struct srv_conn srv_conn;
@@ -25,13 +26,6 @@ typedef struct srv_snap {
     size_t n;         /* floats in w */
     float *w;
 } srv_snap;
-
-typedef struct srv_optim {
-    int kind;           /* enum ps_optimizer_kind */
-    double lr, momentum, weight_decay;
-    float *velocity;    /* momentum buffer, n floats (NULL when momentum == 0) */
-    size_t n;
-} srv_optim;
 
 typedef struct srv_model {
     int has_layout;      /* layout fixed (by the first worker's hello) */
@@ -183,8 +177,6 @@ float *srv_model_writable(srv_model *m);
 srv_snap *srv_snap_ref(srv_snap *s);
 void srv_snap_unref(srv_snap *s);
 void srv_model_free(srv_model *m);
-/* Applies gradient g (already averaged) to [off, off+n) with the optimizer. */
-void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n);
 /* Counts one applied update: version++ and tags the snapshot. */
 void srv_model_bump(srv_model *m);
 

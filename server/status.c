@@ -35,10 +35,6 @@ static void kf64(msgpack_packer *pk, const char *k, double v)
     msgpack_pack_double(pk, v);
 }
 
-static size_t optimizer_state_floats(const psd *s)
-{
-    return s->model.opt.velocity ? s->model.opt.n : 0;
-}
 
 int srv_pack_status(msgpack_packer *pk, void *arg)
 {
@@ -56,7 +52,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     ku64(pk, "version", s->model.version);
     ku64(pk, "parameters", params);
     ku64(pk, "bytes", params * 4);
-    ku64(pk, "optimizer_state_bytes", optimizer_state_floats(s) * 4);
+    ku64(pk, "optimizer_state_bytes", s->model.has_layout ? srv_optim_state_bytes(&s->model.opt) : 0);
     kstr(pk, "optimizer", "sgd");
     key(pk, "initialized");
     if (s->model.initialized)
