@@ -171,20 +171,41 @@ static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
     return 0;
 }
 
-int ps_client_send(ps_client *c, ps_msg *m)
+static int send_locked(ps_client *c, ps_msg *m)
 {
     size_t dlen = 0;
     if (c->fd < 0)
         return cfail(c, PS_ECLOSED, "not connected");
-    if (!(m->has & PS_F_ID)) {
-        m->id = c->next_id++;
-        m->has |= PS_F_ID;
-    }
     int rc = ps_msg_encode(m, &c->wbuf, &dlen, NULL, NULL);
     if (rc != 0)
         return cfail(c, rc, "cannot encode %s: %s", ps_msg_type_name(m->type), ps_strerror(rc));
     struct iovec iov[2] = {{c->wbuf.p, c->wbuf.len}, {(void *)(uintptr_t)m->data, dlen}};
     return write_all(c, iov, dlen ? 2 : 1);
+}
+
+static int send_msg(ps_client *c, ps_msg *m)
+{
+    if (c->send_lock)
+        pthread_mutex_lock(c->send_lock);
+    int rc = send_locked(c, m);
+    if (c->send_lock)
+        pthread_mutex_unlock(c->send_lock);
+    return rc;
+}
+
+int ps_client_send(ps_client *c, ps_msg *m)
+{
+    if (!(m->has & PS_F_ID)) {
+        m->id = c->next_id++;
+        m->has |= PS_F_ID;
+    }
+    return send_msg(c, m);
+}
+
+int ps_client_send_noreply(ps_client *c, ps_msg *m)
+{
+    m->has &= ~PS_F_ID;
+    return send_msg(c, m);
 }
 
 static int read_full(ps_client *c, uint8_t *dst, size_t len, int64_t deadline)

@@ -13,6 +13,7 @@
 #ifndef PS_CLIENT_H
 #define PS_CLIENT_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,9 @@ typedef struct ps_client {
     ps_buf wbuf;              /* encode scratch */
     ps_layout scratch_layout; /* for replies that carry a layout */
     int32_t remote_code;      /* code of the last ERROR reply (positive) */
+    pthread_mutex_t *send_lock; /* when set, held around every send, so a heartbeat
+                                 * thread may send too; the owner holds it
+                                 * itself around connect and close */
     char err[512];            /* last error, for people */
 } ps_client;
 
@@ -51,6 +55,9 @@ int ps_client_send(ps_client *c, ps_msg *m);
  * out. out (its data, text and body) is valid until the next receive. An
  * ERROR message is returned as PS_EREMOTE (out still holds it). */
 int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
+
+/* Sends m without a request id: psd sends no reply (heartbeats). */
+int ps_client_send_noreply(ps_client *c, ps_msg *m);
 
 /* send + recv; checks that the reply's id matches the request's. */
 int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);

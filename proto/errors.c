@@ -1,11 +1,15 @@
 /* errors.c - text for the PS_E* codes of errors.h. */
 #include "errors.h"
 
+/* |code| without overflow: INT_MIN becomes a value no code has. */
+static unsigned magnitude(int code)
+{
+    return code < 0 ? 0u - (unsigned)code : (unsigned)code;
+}
+
 const char *ps_strerror(int code)
 {
-    if (code < 0)
-        code = -code;
-    switch (code) {
+    switch (magnitude(code)) {
     case 0:
         return "success";
 #define PS_X_TEXT(name, num, text) \
@@ -19,9 +23,7 @@ const char *ps_strerror(int code)
 
 const char *ps_errname(int code)
 {
-    if (code < 0)
-        code = -code;
-    switch (code) {
+    switch (magnitude(code)) {
     case 0:
         return "OK";
 #define PS_X_NAME(name, num, text) \

@@ -50,10 +50,10 @@ static uint64_t be(const uint8_t *p, unsigned n)
 
 int ps_scan(const uint8_t *p, size_t len, const ps_scan_limits *lim, char *err, size_t errlen)
 {
-    uint64_t left[PS_MSG_DEPTH_MAX + 2]; /* objects still to read at each level */
+    uint64_t left[PS_MSG_DEPTH_MAX + 1]; /* objects still to read at each level */
     uint32_t max_depth = lim->max_depth;
-    if (max_depth > PS_MSG_DEPTH_MAX + 1)
-        max_depth = PS_MSG_DEPTH_MAX + 1;
+    if (max_depth > PS_MSG_DEPTH_MAX)
+        max_depth = PS_MSG_DEPTH_MAX;
     unsigned depth = 1;
     uint64_t objects = 0;
     size_t pos = 0;
@@ -127,16 +127,16 @@ int ps_scan(const uint8_t *p, size_t len, const ps_scan_limits *lim, char *err, 
         }
 
         if (container) {
+            /* this container sits at nesting level `depth` */
+            if (depth > max_depth)
+                return scan_fail(err, errlen, pos, "nested deeper than %u", max_depth);
             /* every element needs at least one byte */
             if (count > rest - hdr)
                 return scan_fail(err, errlen, pos, "declares %llu elements in %zu remaining bytes",
                                  (unsigned long long)count, rest - hdr);
             pos += hdr;
-            if (count > 0) {
-                if (depth >= max_depth)
-                    return scan_fail(err, errlen, pos, "nested deeper than %u", max_depth);
-                left[depth++] = count;
-            }
+            if (count > 0)
+                left[depth++] = count; /* depth <= max_depth <= PS_MSG_DEPTH_MAX */
         } else {
             if (skip > rest)
                 return scan_fail(err, errlen, pos, "object of %llu bytes in %zu remaining",

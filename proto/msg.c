@@ -177,6 +177,8 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         pack_u64(&pk, "params", m->params);
     if (has & PS_F_WORKERS)
         pack_u64(&pk, "workers", m->workers);
+    if (has & PS_F_HB)
+        pack_u64(&pk, "hb", m->hb);
     if (has & PS_F_INIT) {
         pack_key(&pk, "init");
         if (m->need_init)
@@ -389,7 +391,7 @@ static const char *field_name(uint32_t bit)
     static const char *const names[] = {"id",  "v",    "role", "shard", "layout", "fp",    "mode",
                                         "ver", "params", "init", "off", "len",    "data",  "fin",
                                         "min", "base", "poff", "plen", "code",   "text",  "body",
-                                        "epoch", "loss", "acc", "samples", "tloss", "workers", "rate"};
+                                        "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb"};
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
         if (bit == (1u << i))
             return names[i];
@@ -417,6 +419,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
 {
     msgpack_object root;
     size_t off = 0;
+    ps_msg_init(m, 0); /* defined (has == 0) even when decoding fails early */
     int rc = ps_scan(payload, len, lim, err, errlen);
     if (rc != 0)
         return rc;
@@ -425,7 +428,6 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
     if (root.type != MSGPACK_OBJECT_MAP)
         return fail(err, errlen, PS_EMALFORMED, "message is not a map");
 
-    ps_msg_init(m, 0);
     const msgpack_object_map *map = &root.via.map;
     const msgpack_object *t = NULL;
     for (uint32_t i = 0; i < map->size; i++) {
@@ -460,6 +462,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         U64_FIELD("poff", PS_F_POFF, m->poff)
         U64_FIELD("plen", PS_F_PLEN, m->plen)
         U64_FIELD("samples", PS_F_SAMPLES, m->samples)
+        U64_FIELD("hb", PS_F_HB, m->hb)
         F64_FIELD("loss", PS_F_LOSS, m->loss)
         F64_FIELD("acc", PS_F_ACC, m->acc)
         F64_FIELD("tloss", PS_F_TLOSS, m->tloss)

@@ -79,6 +79,7 @@ enum {
     PS_F_TLOSS = 1u << 25,
     PS_F_WORKERS = 1u << 26,
     PS_F_RATE = 1u << 27,
+    PS_F_HB = 1u << 28,      /* "hb": heartbeat timeout, ms (welcome) */
 };
 
 /* One decoded (or to-be-encoded) message. Pointers (data, text, mode, body)
@@ -113,6 +114,7 @@ typedef struct ps_msg {
     double loss, acc, tloss; /* "loss", "acc", "tloss" */
     double rate;            /* "rate": samples per second */
     uint64_t samples;       /* "samples" */
+    uint64_t hb;            /* "hb": psd's heartbeat timeout in ms */
 } ps_msg;
 
 /* A growable byte buffer, used for encoding. */

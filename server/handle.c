@@ -20,8 +20,6 @@ static void reply_ok(srv_conn *c, uint64_t id)
     srv_send(c, &r, NULL);
 }
 
-static const char *const state_names[] = {"connected", "left", "lost"};
-
 /* ---- pulls ---------------------------------------------------------------- */
 
 static void send_params(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
@@ -37,11 +35,18 @@ static void send_params(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
     r.data = snap->w + off;
     r.ndata = len;
     s->stats.pulls++;
+    if (c->worker && s->cfg.dc_lambda > 0 && s->cfg.mode == PS_MODE_ASGD && c->worker->base_snap != snap) {
+        srv_snap_unref(c->worker->base_snap);
+        c->worker->base_snap = srv_snap_ref(snap);
+    }
     srv_send(c, &r, snap);
 }
 
-static int pull_ready(psd *s, uint64_t min)
+static int pull_ready(srv_conn *c, uint64_t min)
 {
+    psd *s = c->srv;
+    if (s->policy->pull_ready)
+        return s->policy->pull_ready(s, c, min);
     return s->model.initialized && s->model.version >= min;
 }
 
@@ -58,7 +63,7 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
                        (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
         return;
     }
-    if (pull_ready(s, min)) {
+    if (pull_ready(c, min)) {
         send_params(c, id, off, len);
         return;
     }
@@ -77,15 +82,16 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
 
 void srv_conn_answer_parked(srv_conn *c)
 {
-    psd *s = c->srv;
     srv_parked **pp = &c->parked;
     while (*pp && !c->closing) {
         srv_parked *p = *pp;
-        if (!pull_ready(s, p->min)) {
+        if (!pull_ready(c, p->min)) {
             pp = &p->next;
             continue;
         }
         *pp = p->next;
+        if (c->worker)
+            c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
         send_params(c, p->id, p->off, p->len);
         free(p);
     }
@@ -121,7 +127,7 @@ static srv_worker *worker_slot(psd *s, uint32_t shard)
     return s->workers[shard];
 }
 
-void srv_conn_detach(srv_conn *c, const char *why)
+void srv_conn_detach(srv_conn *c, int state, const char *why)
 {
     psd *s = c->srv;
     while (c->parked) {
@@ -150,9 +156,17 @@ void srv_conn_detach(srv_conn *c, const char *why)
         return;
     c->worker = NULL;
     w->conn = NULL;
-    w->state = strcmp(why, "bye") == 0 ? SRV_W_LEFT : SRV_W_LOST;
-    PS_LOG(PS_LOG_INFO, "worker shard %u/%u (%s) %s: %s; %llu pushes", w->shard, w->nshards, w->addr,
-           state_names[w->state], why, (unsigned long long)w->pushes);
+    w->state = state;
+    snprintf(w->why, sizeof w->why, "%s", why);
+    srv_snap_unref(w->base_snap);
+    w->base_snap = NULL;
+    if (state == SRV_W_LEFT)
+        s->stats.worker_leaves++;
+    else
+        s->stats.worker_deaths++;
+    PS_LOG(state == SRV_W_LEFT ? PS_LOG_INFO : PS_LOG_WARN, "worker shard %u/%u (%s) %s: %s; %llu pushes, clock %llu",
+           w->shard, w->nshards, w->addr, state == SRV_W_LEFT ? "left" : "lost", why,
+           (unsigned long long)w->pushes, (unsigned long long)w->clock);
     s->policy->worker_left(s, w);
 }
 
@@ -215,6 +229,9 @@ static void handle_hello(srv_conn *c, ps_msg *m)
             return;
         }
         int rejoin = w->joined_ms != 0;
+        if (!rejoin && m->shard < s->nrestored)
+            w->clock = s->restored_clocks[m->shard];
+        s->stats.worker_joins++;
         w->shard = m->shard;
         w->nshards = m->nshards;
         w->state = SRV_W_CONNECTED;
@@ -241,6 +258,8 @@ static void handle_hello(srv_conn *c, ps_msg *m)
     r.params = s->model.has_layout ? s->model.layout.total : 0;
     r.workers = (uint32_t)s->cfg.workers;
     r.need_init = need_init;
+    r.has |= PS_F_HB;
+    r.hb = s->cfg.heartbeat_timeout;
     if (s->model.has_layout) {
         r.has |= PS_F_FP;
         r.fp = s->model.fp;
@@ -307,7 +326,21 @@ static void handle_push(srv_conn *c, ps_msg *m)
     }
     if (check_data(c, m) != 0)
         return;
+    if (m->fin && m->base <= s->model.version)
+        srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
     int rc = s->policy->push(s, c->worker, m->base, m->off, m->data, m->ndata, m->fin, err, sizeof err);
+    if (rc == PS_ESTALE) {
+        /* A push for a round that closed without it (backup workers): drop
+         * it and count it; a pushpull still gets the current model so the
+         * worker catches up. */
+        if (m->fin)
+            s->stats.dropped_pushes++;
+        PS_LOG(PS_LOG_DEBUG, "shard %u: %s", c->worker->shard, err);
+        if (m->type == PS_MSG_PUSHPULL) {
+            do_pull(c, m->id, m->poff, m->plen, m->min);
+            return;
+        }
+    }
     if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
@@ -380,7 +413,10 @@ void srv_handle(srv_conn *c, ps_msg *m)
         do_pull(c, m->id, m->off, m->len, m->min);
         break;
     case PS_MSG_HEARTBEAT:
-        reply_ok(c, m->id);
+        /* without an id it is fire-and-forget, so a worker's heartbeat
+         * thread never has a reply to read */
+        if (m->has & PS_F_ID)
+            reply_ok(c, m->id);
         break;
     case PS_MSG_REPORT:
         handle_report(c, m);
@@ -411,7 +447,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         break;
     }
     case PS_MSG_BYE:
-        srv_conn_detach(c, "bye");
+        srv_conn_detach(c, SRV_W_LEFT, "said bye");
         reply_ok(c, m->id);
         c->close_after_write = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);

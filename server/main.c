@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "common/log.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -22,7 +23,7 @@ static void usage(FILE *f)
             "\n"
             "  -c, --config PATH      read settings from PATH (see conf/psd.conf)\n"
             "  -l, --listen HOST:PORT listen address (default 127.0.0.1:7000; port 0 = any free)\n"
-            "  -m, --mode MODE        asgd or bsp\n"
+            "  -m, --mode MODE        asgd, bsp or ssp\n"
             "  -w, --workers M        workers in a BSP round\n"
             "  -s, --state-dir DIR    directory for state and checkpoints\n"
             "      --port-file PATH   write the bound port to PATH once listening\n"
@@ -67,9 +68,37 @@ static void on_signal(uv_signal_t *h, int signum)
     srv_stop(s);
 }
 
+/* Declares dead every connected worker silent for heartbeat_timeout. A
+ * worker waiting for a parked pull is waiting for psd, not silent: its
+ * clock restarts when the pull is answered. */
+static void check_liveness(psd *s, uint64_t now)
+{
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        srv_worker *w = s->workers[i];
+        if (!w || w->state != SRV_W_CONNECTED || !w->conn || w->conn->parked)
+            continue;
+        if (now - w->last_seen_ms <= s->cfg.heartbeat_timeout)
+            continue;
+        srv_conn *c = w->conn;
+        snprintf(c->close_reason, sizeof c->close_reason, "silent for %.1f s (heartbeat_timeout %.1f s)",
+                 (double)(now - w->last_seen_ms) / 1e3, (double)s->cfg.heartbeat_timeout / 1e3);
+        srv_conn_close(c);
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     psd *s = t->data;
+    uint64_t now = srv_now_ms();
+    check_liveness(s, now);
+    if (s->cfg.checkpoint_interval && s->model.initialized) {
+        uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
+        if (now - last >= s->cfg.checkpoint_interval)
+            srv_checkpoint_start(s, 0);
+    }
+    if (now - s->last_rate_ms < 1000)
+        return;
+    s->last_rate_ms = now;
     s->stats.push_rate = (double)(s->stats.pushes - s->stats.last_pushes);
     s->stats.pull_rate = (double)(s->stats.pulls - s->stats.last_pulls);
     s->stats.last_pushes = s->stats.pushes;
@@ -172,7 +201,22 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     s->loop = uv_default_loop();
     s->start_ms = srv_now_ms();
-    s->policy = s->cfg.mode == PS_MODE_BSP ? &srv_policy_bsp : &srv_policy_asgd;
+    if (s->cfg.mode == PS_MODE_BSP && s->cfg.backup_workers >= s->cfg.workers) {
+        fprintf(stderr, "psd: backup_workers (%d) must be less than workers (%d)\n", s->cfg.backup_workers,
+                s->cfg.workers);
+        return 2;
+    }
+    s->policy = s->cfg.mode == PS_MODE_BSP   ? &srv_policy_bsp
+                : s->cfg.mode == PS_MODE_SSP ? &srv_policy_ssp
+                                             : &srv_policy_asgd;
+    static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+    static const double round_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+    srv_hist_init(&s->stats.staleness, staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]);
+    srv_hist_init(&s->stats.round_seconds, round_bounds, sizeof round_bounds / sizeof round_bounds[0]);
+    if (srv_checkpoint_load(s) < 0)
+        return 1;
+    if (s->model.initialized)
+        s->stats.init_ms = srv_now_ms();
     if (srv_listen(s) != 0)
         return 1;
     if (s->cfg.port_file[0] && write_port_file(s->cfg.port_file, s->port) != 0) {
@@ -189,21 +233,26 @@ int main(int argc, char **argv)
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_timer_init(s->loop, &s->tick);
     s->tick.data = s;
-    uv_timer_start(&s->tick, on_tick, 1000, 1000);
+    uv_timer_start(&s->tick, on_tick, 250, 250);
 
     uv_run(s->loop, UV_RUN_DEFAULT);
 
+    int exit_code = srv_checkpoint_write_now(s) == 0 ? 0 : 1;
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
            (unsigned long long)s->stats.pushes);
     s->policy->destroy(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-        if (s->workers[i])
+        if (s->workers[i]) {
             free(s->workers[i]->slot);
+            srv_snap_unref(s->workers[i]->base_snap);
+        }
         free(s->workers[i]);
     }
     free(s->workers);
     srv_model_free(&s->model);
     ps_buf_free(&s->enc);
+    free(s->scratch);
+    free(s->restored_clocks);
     uv_loop_close(s->loop);
-    return 0;
+    return exit_code;
 }

@@ -82,7 +82,7 @@ void srv_conn_close(srv_conn *c)
     if (c->closing)
         return;
     c->closing = 1;
-    srv_conn_detach(c, "connection closed");
+    srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->tcp, on_close);
 }
@@ -407,7 +407,7 @@ void srv_stop(psd *s)
             for (srv_parked *p = c->parked; p; p = p->next)
                 srv_send_error(c, p->id, PS_ESHUTDOWN, 0, "psd is shutting down");
         }
-        srv_conn_detach(c, "server shutting down");
+        srv_conn_detach(c, SRV_W_LEFT, "psd shutting down");
         uv_read_stop((uv_stream_t *)&c->tcp);
         uv_shutdown_t *req = malloc(sizeof *req);
         if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {

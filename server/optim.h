@@ -1,7 +1,38 @@
 /* optim.h - the server-side optimizer: turns a (range, mean gradient) into
  * an update of the parameters, keeping its own state (momentum, moments)
  * for every parameter. It knows nothing of modes, rounds or sockets; the
- * learning-rate schedule reads the model version it is given. */
+ * learning-rate schedule reads the model version it is given.
+ *
+ * The four optimizers follow PyTorch's torch.optim formulas (dampening 0,
+ * no amsgrad, no maximize), so a run moved from PyTorch gets the same
+ * numbers up to float rounding. With d = s*g + wd*w, where s is the clip
+ * scale below and lr the scheduled rate at the update's version:
+ *
+ *   sgd       v = mu*v + d;  w -= lr*v            (momentum mu > 0)
+ *             w -= lr*(d + mu*v)                  (nesterov, after v's update)
+ *             w -= lr*d                           (mu == 0)
+ *   adam      m += (1-b1)*(d - m);  v = b2*v + (1-b2)*d*d
+ *             w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+ *   adamw     as adam with d = s*g, after w *= 1 - lr*wd (decoupled decay)
+ *   adagrad   sum += d*d;  w -= lr * d / (sqrt(sum) + eps)
+ *
+ * Adam's bias-correction step is t = version + 1, the version the update
+ * will make. Every chunk of one chunked push is applied with the same
+ * version, so all chunks of one step share t. t counts model versions,
+ * not updates of each range: for pushes of the whole model (the usual
+ * case) the two are the same; a range that is pushed less often than the
+ * model advances is corrected as if it had been updated at every version.
+ *
+ * Clipping (clip_norm > 0) scales the gradient by
+ * min(1, clip_norm / (||g|| + 1e-6)), which is PyTorch's
+ * clip_grad_norm_. ||g|| is the norm of the gradient passed to one
+ * srv_optim_apply() call: one call per push chunk, so a push split into
+ * chunks is clipped chunk by chunk. Pushes of models under 1M parameters
+ * are a single chunk and are clipped as a whole.
+ *
+ * State buffers hold n floats each, zeroed when allocated (PyTorch's
+ * initial values: momentum buffer created on first use, moments 0, AdaGrad
+ * accumulator 0). */
 #ifndef SRV_OPTIM_H
 #define SRV_OPTIM_H
 
@@ -11,26 +42,80 @@
 #include "common/config.h"
 
 typedef struct srv_optim {
-    int kind;                 /* enum ps_optimizer_kind */
-    double lr, momentum, weight_decay;
-    size_t n;                 /* parameters */
-    float *velocity;          /* sgd momentum buffer, n floats (NULL when momentum == 0) */
+    int kind;                   /* enum ps_optimizer_kind; fixed at init */
+    size_t n;                   /* parameters */
+    /* Settings fixed at init (not reloadable). */
+    int nesterov;               /* sgd: Nesterov momentum */
+    double beta1, beta2;        /* adam, adamw: moment decay rates */
+    double eps;                 /* adam, adamw, adagrad: denominator term */
+    /* Run-time settings, taken again by srv_optim_configure(). */
+    double lr;                  /* base learning rate (before the schedule) */
+    double momentum;            /* sgd momentum; 0 = off */
+    double weight_decay;        /* L2 (sgd, adam, adagrad) or decoupled (adamw) */
+    double clip_norm;           /* gradient norm limit per call; 0 = off */
+    int lr_schedule;            /* enum ps_lr_schedule */
+    uint64_t lr_step_size;      /* step: versions between decays (>= 1) */
+    double lr_gamma;            /* step: factor per decay */
+    uint64_t lr_decay_versions; /* cosine: versions from lr to lr_min (>= 1) */
+    double lr_min;              /* cosine: floor */
+    uint64_t warmup_versions;   /* linear warm-up; 0 = off */
+    /* State, n floats each; NULL when the kind (or setting) needs none. */
+    float *velocity;            /* sgd: momentum buffer, allocated once momentum > 0 */
+    float *exp_avg;             /* adam, adamw: first moment m */
+    float *exp_avg_sq;          /* adam, adamw: second moment v */
+    float *sum;                 /* adagrad: sum of squared gradients */
 } srv_optim;
 
-/* Sets o up for n parameters with cfg's optimizer settings, allocating its
- * state (zeroed). Returns 0 or PS_ENOMEM (o is then empty). */
+/* Sets o up for n parameters with cfg's optimizer settings, allocating the
+ * state the kind needs (zeroed): sgd a momentum buffer iff momentum > 0,
+ * adam and adamw two moment buffers, adagrad one accumulator. Returns 0,
+ * PS_ENOMEM, or PS_EINVAL for an unknown cfg->optimizer; on error o is
+ * empty and srv_optim_free() on it is harmless. */
 int srv_optim_init(srv_optim *o, const ps_config *cfg, size_t n);
+
+/* Frees the state; o may then be initialised again. */
 void srv_optim_free(srv_optim *o);
 
-/* Takes the run-time settings (lr, momentum, weight decay, schedule, clip)
- * from cfg; the optimizer kind and state stay. */
+/* Takes the run-time settings (lr, momentum, weight_decay, clip_norm and
+ * the schedule: lr_schedule, lr_step_size, lr_gamma, lr_decay_versions,
+ * lr_min, warmup_versions) from cfg, as on a SIGHUP reload. The kind, the
+ * other settings and all state stay. An sgd optimizer that had no momentum
+ * and is given some allocates its (zeroed) momentum buffer here, as
+ * PyTorch creates it on first use; if that allocation fails it logs a
+ * warning and goes on without momentum. */
 void srv_optim_configure(srv_optim *o, const ps_config *cfg);
 
 /* Bytes of optimizer state (for status and memory accounting). */
 size_t srv_optim_state_bytes(const srv_optim *o);
 
-/* Applies the mean gradient g[0..n) to w[off..off+n) as the update that
- * will become model version `version + 1`. */
+/* The state buffers, for checkpoints: stores up to max of them in bufs[]
+ * and their names in names[] ("momentum", "exp_avg", "exp_avg_sq", "sum";
+ * static strings) and returns how many o holds (0..2), which may be more
+ * than max. Each buffer holds o->n floats; it may be read, or overwritten
+ * to restore a checkpoint, between srv_optim_apply() calls. bufs and names
+ * may be NULL when max is 0. The order is fixed per kind. */
+size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max);
+
+/* The optimizer's name as in the configuration: "sgd", "adam", "adamw" or
+ * "adagrad". srv_optim_kind_name() gives the same for an
+ * enum ps_optimizer_kind value ("unknown" when out of range). */
+const char *srv_optim_name(const srv_optim *o);
+const char *srv_optim_kind_name(int kind);
+
+/* The learning rate of the update that follows model version `version`:
+ * during warm-up (version < warmup_versions) lr*(version+1)/warmup_versions,
+ * then, with u = version - warmup_versions,
+ *   constant  lr
+ *   step      lr * lr_gamma^floor(u / lr_step_size)
+ *   cosine    lr_min + (lr - lr_min) * (1 + cos(pi * min(u, D) / D)) / 2
+ *             with D = lr_decay_versions (lr_min from u = D on).
+ * A pure function of o's settings and version. */
+double srv_optim_lr(const srv_optim *o, uint64_t version);
+
+/* Applies the mean gradient g[0..n) to w[off..off+n) (and the same range of
+ * the state) as the update that will become model version `version + 1`.
+ * g is only read (it may point into a receive buffer) and must not overlap
+ * w or the state. off + n must not exceed the n given to init. */
 void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version);
 
 #endif

@@ -1,7 +1,15 @@
-/* policy.c - consistency modes: when a push is applied and when a round
- * closes. ASGD applies each push as it arrives; BSP sums a round's pushes
- * and applies their mean once every expected worker has pushed. Neither
- * knows about sockets: they change the model and call srv_answer_parked(). */
+/* policy.c - consistency modes: when a push is applied, when a round closes
+ * and when a pull may be answered.
+ *   asgd  applies each push as it arrives (optionally scaled by staleness or
+ *         delay-compensated, DC-ASGD);
+ *   bsp   sums a round's pushes and applies their mean once the live workers
+ *         (less backup_workers) have pushed;
+ *   ssp   applies pushes as they arrive, but answers a worker's pull only
+ *         while it is at most `staleness` clocks ahead of the slowest live
+ *         worker.
+ * None knows about sockets: they change the model and call
+ * srv_answer_parked() when a waiting pull may have become answerable. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,46 +29,153 @@ static int check_range(psd *s, uint64_t off, uint64_t n, char *err, size_t errle
     return 0;
 }
 
+static int check_base(psd *s, uint64_t base, char *err, size_t errlen)
+{
+    if (base > s->model.version) {
+        snprintf(err, errlen, "base version %llu is ahead of the model (%llu)", (unsigned long long)base,
+                 (unsigned long long)s->model.version);
+        return PS_EBAD_FIELD;
+    }
+    return 0;
+}
+
+static float *scratch(psd *s)
+{
+    if (!s->scratch)
+        s->scratch = malloc(s->model.layout.total * sizeof(float));
+    return s->scratch;
+}
+
+/* Applies g to [off, off+n) now, as ASGD and SSP do; a fin chunk completes
+ * the step and makes a new version. Staleness scaling and DC-ASGD (asgd
+ * only) transform g into the scratch buffer first. */
+static int apply_now(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
+                     int compensate, char *err, size_t errlen)
+{
+    float *wv = srv_model_writable(&s->model);
+    if (!wv) {
+        snprintf(err, errlen, "out of memory for a model snapshot");
+        return PS_ENOMEM;
+    }
+    uint64_t stale = s->model.version - base;
+    int scale = compensate && s->cfg.staleness_scale && stale > 0;
+    int dc = compensate && s->cfg.dc_lambda > 0 && w->base_snap && stale > 0;
+    if (scale || dc) {
+        float *t = scratch(s);
+        if (!t) {
+            snprintf(err, errlen, "out of memory for a gradient scratch buffer");
+            return PS_ENOMEM;
+        }
+        float k = scale ? 1.0f / (1.0f + (float)stale) : 1.0f;
+        if (dc) {
+            /* g + lambda * g * g * (w_now - w_base): a first-order Taylor
+             * correction of the gradient for the updates it missed */
+            const float lam = (float)s->cfg.dc_lambda;
+            const float *wb = w->base_snap->w + off, *wn = wv + off;
+            for (uint64_t i = 0; i < n; i++)
+                t[off + i] = k * (g[i] + lam * g[i] * g[i] * (wn[i] - wb[i]));
+        } else {
+            for (uint64_t i = 0; i < n; i++)
+                t[off + i] = k * g[i];
+        }
+        g = t + off;
+    }
+    srv_optim_apply(&s->model.opt, wv, g, off, n, s->model.version);
+    if (fin) {
+        srv_model_bump(&s->model);
+        w->clock++;
+        srv_answer_parked(s);
+    }
+    return 0;
+}
+
 /* ---- ASGD ---------------------------------------------------------------- */
 
 static int asgd_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
                      char *err, size_t errlen)
 {
     int rc = check_range(s, off, n, err, errlen);
+    if (rc == 0)
+        rc = check_base(s, base, err, errlen);
     if (rc != 0)
         return rc;
-    if (base > s->model.version) {
-        snprintf(err, errlen, "base version %llu is ahead of the model (%llu)", (unsigned long long)base,
-                 (unsigned long long)s->model.version);
-        return PS_EBAD_FIELD;
-    }
-    float *wv = srv_model_writable(&s->model);
-    if (!wv) {
-        snprintf(err, errlen, "out of memory for a model snapshot");
-        return PS_ENOMEM;
-    }
-    srv_optim_apply(&s->model.opt, wv, g, off, n, s->model.version);
-    if (fin) {
-        srv_model_bump(&s->model);
-        srv_answer_parked(s);
-    }
-    return 0;
+    return apply_now(s, w, base, off, g, n, fin, 1, err, errlen);
 }
 
-static void asgd_noop(psd *s, srv_worker *w)
+static void noop_member(psd *s, srv_worker *w)
 {
 }
 
-static void asgd_destroy(psd *s)
+static void noop_destroy(psd *s)
 {
 }
 
 const srv_policy_ops srv_policy_asgd = {
     .name = "asgd",
     .push = asgd_push,
-    .worker_left = asgd_noop,
-    .worker_joined = asgd_noop,
-    .destroy = asgd_destroy,
+    .worker_left = noop_member,
+    .worker_joined = noop_member,
+    .pull_ready = NULL,
+    .destroy = noop_destroy,
+};
+
+/* ---- SSP ----------------------------------------------------------------- */
+
+/* Smallest clock among connected workers; UINT64_MAX when there is none. */
+static uint64_t ssp_min_clock(psd *s, const srv_worker *except)
+{
+    uint64_t min = UINT64_MAX;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        srv_worker *w = s->workers[i];
+        if (w && w != except && w->state == SRV_W_CONNECTED && w->clock < min)
+            min = w->clock;
+    }
+    return min;
+}
+
+static int ssp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
+                    char *err, size_t errlen)
+{
+    int rc = check_range(s, off, n, err, errlen);
+    if (rc == 0)
+        rc = check_base(s, base, err, errlen);
+    if (rc != 0)
+        return rc;
+    return apply_now(s, w, base, off, g, n, fin, 0, err, errlen);
+}
+
+static int ssp_pull_ready(psd *s, srv_conn *c, uint64_t min)
+{
+    if (!s->model.initialized || s->model.version < min)
+        return 0;
+    if (!c->worker)
+        return 1;
+    uint64_t slowest = ssp_min_clock(s, NULL);
+    return slowest == UINT64_MAX || c->worker->clock <= slowest + (uint64_t)s->cfg.staleness;
+}
+
+static void ssp_joined(psd *s, srv_worker *w)
+{
+    /* A newcomer starts level with the slowest live worker, so it neither
+     * holds the others back nor runs ahead of the bound. */
+    uint64_t slowest = ssp_min_clock(s, w);
+    if (slowest != UINT64_MAX && w->clock < slowest)
+        w->clock = slowest;
+}
+
+static void ssp_left(psd *s, srv_worker *w)
+{
+    /* the slowest may have gone: waiting pulls may now be answerable */
+    srv_answer_parked(s);
+}
+
+const srv_policy_ops srv_policy_ssp = {
+    .name = "ssp",
+    .push = ssp_push,
+    .worker_left = ssp_left,
+    .worker_joined = ssp_joined,
+    .pull_ready = ssp_pull_ready,
+    .destroy = noop_destroy,
 };
 
 /* ---- BSP ----------------------------------------------------------------- */
@@ -71,8 +186,9 @@ typedef struct bsp_state {
     uint64_t round_start_ms;
 } bsp_state;
 
-/* Workers a round waits for: M, less those that joined and are gone now. */
-static uint32_t bsp_expected(psd *s)
+/* Pushes that close a round: the workers that are not gone (M less those
+ * that joined once and left or died), less the backup workers; at least 1. */
+static uint32_t bsp_needed(psd *s)
 {
     uint32_t gone = 0;
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
@@ -81,7 +197,9 @@ static uint32_t bsp_expected(psd *s)
             gone++;
     }
     uint32_t m = (uint32_t)s->cfg.workers;
-    return gone >= m ? 0 : m - gone;
+    uint32_t live = gone >= m ? 0 : m - gone;
+    uint32_t b = (uint32_t)s->cfg.backup_workers;
+    return live > b ? live - b : 1;
 }
 
 static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
@@ -92,8 +210,7 @@ static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
         if (b)
             b->acc = calloc(s->model.layout.total, sizeof(float));
         if (!b || !b->acc) {
-            if (b)
-                free(b);
+            free(b);
             snprintf(err, errlen, "out of memory for the BSP accumulator");
             return NULL;
         }
@@ -106,7 +223,7 @@ static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
 static void bsp_try_close(psd *s)
 {
     bsp_state *b = s->policy_state;
-    if (!b || b->count == 0 || b->count < bsp_expected(s))
+    if (!b || b->count == 0 || b->count < bsp_needed(s))
         return;
     size_t total = s->model.layout.total;
     uint64_t round = s->model.version;
@@ -130,14 +247,14 @@ static void bsp_try_close(psd *s)
         b->acc[j] *= inv;
     float *wv = srv_model_writable(&s->model);
     if (!wv) {
-        PS_LOG(PS_LOG_ERROR, "out of memory copying the model; round %llu stays open",
-               (unsigned long long)round);
+        PS_LOG(PS_LOG_ERROR, "out of memory copying the model; round %llu stays open", (unsigned long long)round);
         return;
     }
     srv_optim_apply(&s->model.opt, wv, b->acc, 0, total, s->model.version);
     srv_model_bump(&s->model);
     s->stats.rounds++;
     uint64_t now = srv_now_ms();
+    srv_hist_observe(&s->stats.round_seconds, (double)(now - b->round_start_ms) / 1000.0);
     PS_LOG(PS_LOG_DEBUG, "round %llu closed with %u pushes in %llu ms", (unsigned long long)round, b->count,
            (unsigned long long)(now - b->round_start_ms));
     b->round_start_ms = now;
@@ -151,18 +268,15 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
                     char *err, size_t errlen)
 {
     int rc = check_range(s, off, n, err, errlen);
+    if (rc == 0)
+        rc = check_base(s, base, err, errlen);
     if (rc != 0)
         return rc;
     uint64_t round = s->model.version;
     if (base < round) {
-        snprintf(err, errlen, "push for round %llu, but round %llu is open; dropped", (unsigned long long)base,
-                 (unsigned long long)round);
+        snprintf(err, errlen, "push for round %llu arrived after it closed (round %llu is open); dropped",
+                 (unsigned long long)base, (unsigned long long)round);
         return PS_ESTALE;
-    }
-    if (base > round) {
-        snprintf(err, errlen, "base version %llu is ahead of the model (%llu)", (unsigned long long)base,
-                 (unsigned long long)round);
-        return PS_EBAD_FIELD;
     }
     if (w->round == round && w->round_fin) {
         snprintf(err, errlen, "shard %u already pushed for round %llu", w->shard, (unsigned long long)round);
@@ -177,7 +291,7 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
             snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);
             return PS_ENOMEM;
         }
-        if (w->round != round)
+        if (w->round != round && (off != 0 || n != total))
             memset(w->slot, 0, total * sizeof(float));
         memcpy(w->slot + off, g, n * sizeof(float));
     } else {
@@ -188,6 +302,7 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
     w->round_fin = 0;
     if (fin) {
         w->round_fin = 1;
+        w->clock++;
         b->count++;
         bsp_try_close(s);
     }
@@ -214,5 +329,6 @@ const srv_policy_ops srv_policy_bsp = {
     .push = bsp_push,
     .worker_left = bsp_membership,
     .worker_joined = bsp_membership,
+    .pull_ready = NULL,
     .destroy = bsp_destroy,
 };

@@ -54,10 +54,14 @@ typedef struct srv_worker {
     double loss, acc, tloss, rate;
     int has_acc;
     uint64_t samples;
+    uint64_t clock;          /* SSP clock: steps pushed, counted from the job's start */
+    char why[96];            /* why it left or was declared dead */
     /* BSP */
     uint64_t round;          /* round this worker last pushed into */
     int round_fin;           /* its push for `round` is complete */
     float *slot;             /* its gradient for the round (shard-order sums) */
+    /* DC-ASGD: the parameters this worker last pulled */
+    srv_snap *base_snap;
 } srv_worker;
 
 /* ---- consistency policies ----------------------------------------------- */
@@ -75,11 +79,15 @@ typedef struct srv_policy_ops {
     void (*worker_left)(psd *s, srv_worker *w);
     /* w (re)joined. */
     void (*worker_joined)(psd *s, srv_worker *w);
+    /* May a pull from c for version >= min be answered now? NULL: when the
+     * model is initialised and at version >= min. */
+    int (*pull_ready)(psd *s, srv_conn *c, uint64_t min);
     void (*destroy)(psd *s);
 } srv_policy_ops;
 
 extern const srv_policy_ops srv_policy_asgd;
 extern const srv_policy_ops srv_policy_bsp;
+extern const srv_policy_ops srv_policy_ssp;
 
 /* ---- connections --------------------------------------------------------- */
 
@@ -102,16 +110,38 @@ struct srv_conn {
     srv_parked *parked;      /* pulls waiting for a version */
     int closing;             /* uv_close called or about to be */
     int close_after_write;   /* close once queued writes are flushed */
+    char close_reason[96];   /* why psd closes it, for the worker's record */
     uint64_t connected_ms;
     srv_conn *prev, *next;   /* psd.conns list */
 };
 
 /* ---- counters ----------------------------------------------------------- */
 
+#define SRV_HIST_MAX 16
+
+/* A Prometheus-style histogram: cumulative buckets at fixed upper bounds. */
+typedef struct srv_hist {
+    unsigned n;                       /* bounds in use */
+    double bounds[SRV_HIST_MAX];      /* upper bounds, ascending */
+    uint64_t counts[SRV_HIST_MAX + 1]; /* per bucket (not cumulative); last = +Inf */
+    uint64_t total;
+    double sum;
+} srv_hist;
+
+void srv_hist_init(srv_hist *h, const double *bounds, unsigned n);
+void srv_hist_observe(srv_hist *h, double v);
+
 typedef struct srv_stats {
     uint64_t pushes, pulls, bytes_in, bytes_out, rounds, connections;
     uint64_t rejected[32];   /* by error code (index = -PS_E*) */
     uint64_t init_ms;        /* when the model got its initial values */
+    uint64_t dropped_pushes; /* pushes for a BSP round already closed */
+    uint64_t worker_joins, worker_leaves, worker_deaths;
+    srv_hist staleness;      /* versions between a push's base and the model */
+    srv_hist round_seconds;  /* BSP round durations */
+    uint64_t checkpoints, checkpoint_failures;
+    uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
+    uint64_t checkpoint_version;
     /* rates, recomputed by the 1 s timer */
     uint64_t last_pushes, last_pulls;
     double push_rate, pull_rate;
@@ -125,7 +155,8 @@ struct psd {
     int listening;
     int port;                /* bound port */
     uv_signal_t sigint, sigterm;
-    uv_timer_t tick;
+    uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
+    uint64_t last_rate_ms;
     int stopping;
     uint64_t start_ms;
     srv_conn *conns;
@@ -139,6 +170,11 @@ struct psd {
     const srv_policy_ops *policy;
     void *policy_state;
     srv_stats stats;
+    float *scratch;          /* model-sized scratch for transformed gradients */
+    uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
+    uint32_t nrestored;
+    int checkpoint_busy;     /* a checkpoint is being written in the pool */
+    uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
     ps_layout scratch_layout; /* where a hello's layout is decoded */
 };
@@ -167,7 +203,7 @@ void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
 void srv_conn_answer_parked(srv_conn *c);
 /* A connection is going away: detach it from its worker, drop its pulls. */
-void srv_conn_detach(srv_conn *c, const char *why);
+void srv_conn_detach(srv_conn *c, int state, const char *why);
 
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);

@@ -47,7 +47,15 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 17);
+    msgpack_pack_map(pk, 21);
+    ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
+    key(pk, "checkpoint_version");
+    if (s->stats.checkpoint_ms)
+        msgpack_pack_uint64(pk, s->stats.checkpoint_version);
+    else
+        msgpack_pack_nil(pk);
+    kf64(pk, "checkpoint_age", s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1000.0 : -1.0);
+    ku64(pk, "heartbeat_timeout_ms", s->cfg.heartbeat_timeout);
     kstr(pk, "mode", s->policy->name);
     ku64(pk, "version", s->model.version);
     ku64(pk, "parameters", params);
@@ -74,8 +82,10 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         srv_worker *w = s->workers[i];
         if (!w)
             continue;
-        msgpack_pack_map(pk, 12);
+        msgpack_pack_map(pk, 14);
         ku64(pk, "shard", w->shard);
+        ku64(pk, "clock", w->clock);
+        kstr(pk, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
         ku64(pk, "shards", w->nshards);
         kstr(pk, "state", worker_states[w->state]);
         kstr(pk, "address", w->addr);
@@ -103,6 +113,25 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     return 0;
 }
 
+/* ---- histograms -------------------------------------------------------------- */
+
+void srv_hist_init(srv_hist *h, const double *bounds, unsigned n)
+{
+    memset(h, 0, sizeof *h);
+    h->n = n > SRV_HIST_MAX ? SRV_HIST_MAX : n;
+    memcpy(h->bounds, bounds, h->n * sizeof *bounds);
+}
+
+void srv_hist_observe(srv_hist *h, double v)
+{
+    unsigned i = 0;
+    while (i < h->n && v > h->bounds[i])
+        i++;
+    h->counts[i]++;
+    h->total++;
+    h->sum += v;
+}
+
 /* ---- Prometheus text ------------------------------------------------------ */
 
 static int put(ps_buf *b, const char *fmt, ...)
@@ -127,6 +156,19 @@ static int put(ps_buf *b, const char *fmt, ...)
 static int family(ps_buf *b, const char *name, const char *type, const char *help)
 {
     return put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static int hist_text(ps_buf *b, const char *name, const char *help, const srv_hist *h)
+{
+    int rc = family(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (unsigned i = 0; i < h->n; i++) {
+        cum += h->counts[i];
+        rc |= put(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, h->bounds[i], cum);
+    }
+    rc |= put(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->total);
+    rc |= put(b, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, h->sum, name, h->total);
+    return rc;
 }
 
 int srv_metrics_text(psd *s, ps_buf *b)
@@ -184,6 +226,24 @@ int srv_metrics_text(psd *s, ps_buf *b)
     for (uint32_t i = 0; i < s->nworkers_cap; i++)
         if (s->workers[i] && s->workers[i]->has_acc)
             rc |= put(b, "psd_worker_test_accuracy_ratio{shard=\"%u\"} %.6g\n", i, s->workers[i]->acc);
+    SIMPLE("psd_dropped_pushes_total", "counter", "Pushes dropped because their BSP round had closed.",
+           "%" PRIu64, s->stats.dropped_pushes);
+    SIMPLE("psd_worker_joins_total", "counter", "Workers that joined or rejoined.", "%" PRIu64,
+           s->stats.worker_joins);
+    SIMPLE("psd_worker_leaves_total", "counter", "Workers that said bye.", "%" PRIu64, s->stats.worker_leaves);
+    SIMPLE("psd_worker_deaths_total", "counter",
+           "Workers lost: connection closed without bye, or silent past heartbeat_timeout.", "%" PRIu64,
+           s->stats.worker_deaths);
+    SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
+    SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,
+           s->stats.checkpoint_failures);
+    rc |= family(b, "psd_checkpoint_age_seconds", "gauge",
+                 "Seconds since the last checkpoint was written (-1: none yet).");
+    rc |= put(b, "psd_checkpoint_age_seconds %.3f\n",
+              s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1e3 : -1.0);
+    rc |= hist_text(b, "psd_push_staleness_versions", "Model versions applied between a push's base and its arrival.",
+                    &s->stats.staleness);
+    rc |= hist_text(b, "psd_round_duration_seconds", "Duration of closed BSP rounds.", &s->stats.round_seconds);
 #undef SIMPLE
     return rc ? PS_ENOMEM : 0;
 }

@@ -36,6 +36,7 @@
 
 #define PS_LAYER_NAME_MAX 31  /* longest layer name, e.g. "fc1" */
 #define PS_LAYER_TENSORS_MAX 4 /* most parameter tensors in one layer */
+#define PS_CONV_MAX_K 64       /* largest conv2d kernel side, and pad below it */
 
 /* Per-sample shape; a flat feature vector of n is {n, 1, 1}. */
 typedef struct ps_shape {
@@ -139,11 +140,38 @@ int ps_layer_dense_create(const char *name, ps_shape in, int out_features, int m
 /* Elementwise max(0, x); no parameters; output shape equals input shape. */
 int ps_layer_relu_create(const char *name, ps_shape in, int max_batch, ps_layer **out);
 
+/* 2-D convolution (cross-correlation, as PyTorch's nn.Conv2d) of an input of
+ * shape (c, h, w) with out_c filters of kh x kw, moving by stride and reading
+ * pad zeros beyond each border: output (out_c, (h + 2 pad - kh) / stride + 1,
+ * (w + 2 pad - kw) / stride + 1). Tensors "<name>.weight" [out_c, c, kh, kw]
+ * then "<name>.bias" [out_c]. Computed per sample as im2col + sgemm; the
+ * im2col buffer (c*kh*kw x out_h*out_w floats) is the layer's only scratch.
+ * Init: weights He-normal with fan_in = c*kh*kw (PyTorch's
+ * kaiming_normal_(mode="fan_in", nonlinearity="relu")), biases zero.
+ * PS_EINVAL when the kernel does not fit the padded input, for sizes below 1
+ * (pad below 0), or kernel sides or pad beyond PS_CONV_MAX_K. */
+int ps_layer_conv2d_create(const char *name, ps_shape in, int out_c, int kh, int kw, int stride, int pad,
+                           int max_batch, ps_layer **out);
+
+/* Max pooling over size x size windows with stride size (PyTorch's
+ * max_pool2d(x, size)), per channel; a remainder row or column that does not
+ * fill a window is dropped. Remembers the position of each window's maximum
+ * (the first one on ties) for backward, which routes the gradient there. No
+ * parameters. PS_EINVAL when a window does not fit the input. */
+int ps_layer_maxpool_create(const char *name, ps_shape in, int size, int max_batch, ps_layer **out);
+
+/* Inverted dropout: while training, each element is zeroed with probability
+ * p and the survivors are scaled by 1/(1-p), so evaluation (training 0) is the
+ * identity. The mask comes from the layer's own xoshiro256** stream, seeded by
+ * seed here and by ops->reseed later; backward reuses the mask of the last
+ * forward. 0 <= p < 1; p = 0 is the identity. No parameters. */
+int ps_layer_dropout_create(const char *name, ps_shape in, float p, uint64_t seed, int max_batch, ps_layer **out);
+
 /* What a head compares its input with. Classification heads read labels,
  * regression heads read values; a head ignores the other field. */
 typedef struct ps_targets {
     const uint8_t *labels; /* batch class indices, each < the head's input size */
-    const float *values;   /* batch x in_size targets, row-major */
+    const float *values;   /* batch x in_size targets, row-major, or NULL */
 } ps_targets;
 
 typedef struct ps_head ps_head;
@@ -174,5 +202,14 @@ void ps_head_free(ps_head *h);
  * Per-sample loss log(sum_j exp z_j) - z_y; gradient softmax(z) - onehot(y).
  * Labels must be < in_size (the data set loader guarantees it). */
 int ps_head_softmax_xent_create(ps_shape in, int max_batch, ps_head **out);
+
+/* Least squares for regression. Per-sample loss 0.5 * ||z - y||^2 summed over
+ * the in_size outputs (so the model's "loss" is the batch mean of that: half
+ * the sum of squared errors per sample, which is 0.5 * MSE for one output);
+ * gradient z - y. y is the sample's row of t->values; when t->values is NULL
+ * it is the one-hot vector of t->labels (each label < in_size), and then a
+ * sample counts as right when argmax z == label, so a least-squares
+ * classifier reports an accuracy. With values nothing is counted right. */
+int ps_head_lsq_create(ps_shape in, int max_batch, ps_head **out);
 
 #endif

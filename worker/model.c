@@ -14,19 +14,33 @@
 
 #define MAX_LAYERS 128
 
+typedef enum model_kind { KIND_SOFTMAX, KIND_LINEAR, KIND_MLP, KIND_CNN } model_kind;
+
+/* A spec taken apart; see the grammar in model.h. */
+typedef struct model_spec {
+    model_kind kind;
+    int nhidden;                     /* mlp: entries used in hidden[] */
+    int hidden[PS_MODEL_MAX_HIDDEN]; /* mlp: hidden sizes */
+    float dropout;                   /* drop probability; 0 = no dropout layers */
+} model_spec;
+
 struct ps_model {
-    char spec[128];               /* as given, for describe */
-    int in_dim;                   /* features per sample */
-    int n_classes;                /* head input size */
-    int max_batch;                /* largest batch */
-    int nlayers;                  /* entries used in layers[] */
-    ps_layer *layers[MAX_LAYERS]; /* in forward order; owned */
-    ps_head *head;                /* loss on the last layer's output; owned */
-    size_t nparams;               /* length of params and grads */
-    float *params;                /* flat parameters; layers point into it */
-    float *grads;                 /* flat gradients; layers point into it */
-    float *act[MAX_LAYERS];       /* act[i]: output of layer i, max_batch rows */
-    float *dbuf[2];               /* ping-pong dL/d(activation), max_batch x widest */
+    char spec[PS_MODEL_SPEC_MAX + 1]; /* as given, for describe */
+    ps_shape in;                      /* per-sample input shape */
+    int in_dim;                       /* features per sample: ps_shape_size(in) */
+    int n_out;                        /* head input size: classes or targets */
+    int regression;                   /* the head is least squares */
+    int max_batch;                    /* largest batch */
+    int nlayers;                      /* entries used in layers[] */
+    int first;                        /* first layer with parameters: no backward before it */
+    int fc, conv, other;              /* layers named so far, per name family */
+    ps_layer *layers[MAX_LAYERS];     /* in forward order; owned */
+    ps_head *head;                    /* loss on the last layer's output; owned */
+    size_t nparams;                   /* length of params and grads */
+    float *params;                    /* flat parameters; layers point into it */
+    float *grads;                     /* flat gradients; layers point into it */
+    float *act[MAX_LAYERS];           /* act[i]: output of layer i, max_batch rows */
+    float *dbuf[2];                   /* ping-pong dL/d(activation), max_batch x widest */
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -56,10 +70,14 @@ void ps_model_free(ps_model *m)
     free(m);
 }
 
-/* Appends a layer the model then owns; frees it and returns PS_EINVAL when the
- * list is full. */
-static int push_layer(ps_model *m, ps_layer *l)
+/* ---- building ------------------------------------------------------------ */
+
+/* Appends a layer the model then owns, or passes rc on from its constructor;
+ * frees it and returns PS_EINVAL when the list is full. */
+static int push_layer(ps_model *m, int rc, ps_layer *l)
 {
+    if (rc != PS_OK)
+        return rc;
     if (m->nlayers >= MAX_LAYERS) {
         ps_layer_free(l);
         return PS_EINVAL;
@@ -71,33 +89,65 @@ static int push_layer(ps_model *m, ps_layer *l)
 /* Output shape of the last layer so far (the input shape when none). */
 static ps_shape cur_shape(const ps_model *m)
 {
-    return m->nlayers ? m->layers[m->nlayers - 1]->out : ps_shape_flat(m->in_dim);
+    return m->nlayers ? m->layers[m->nlayers - 1]->out : m->in;
 }
 
-static int add_dense(ps_model *m, int *fc, int out_features)
+static int add_dense(ps_model *m, int out_features)
 {
     char name[16];
-    ps_layer *l;
-    snprintf(name, sizeof(name), "fc%d", ++*fc);
+    ps_layer *l = NULL;
+    snprintf(name, sizeof(name), "fc%d", ++m->fc);
     int rc = ps_layer_dense_create(name, cur_shape(m), out_features, m->max_batch, &l);
-    return rc ? rc : push_layer(m, l);
+    return push_layer(m, rc, l);
+}
+
+static int add_conv(ps_model *m, int out_c, int k)
+{
+    char name[16];
+    ps_layer *l = NULL;
+    snprintf(name, sizeof(name), "conv%d", ++m->conv);
+    int rc = ps_layer_conv2d_create(name, cur_shape(m), out_c, k, k, 1, 0, m->max_batch, &l);
+    return push_layer(m, rc, l);
 }
 
 static int add_relu(ps_model *m)
 {
     char name[16];
-    ps_layer *l;
-    snprintf(name, sizeof(name), "relu%d", m->nlayers + 1);
+    ps_layer *l = NULL;
+    snprintf(name, sizeof(name), "relu%d", ++m->other);
     int rc = ps_layer_relu_create(name, cur_shape(m), m->max_batch, &l);
-    return rc ? rc : push_layer(m, l);
+    return push_layer(m, rc, l);
 }
 
-/* Parses "H1,H2,..." into hidden[]; returns the count or a negative code with
- * a message. */
-static int parse_hidden(const char *spec, const char *list, int *hidden, char *err, size_t errlen)
+static int add_pool(ps_model *m, int size)
 {
-    int n = 0;
+    char name[16];
+    ps_layer *l = NULL;
+    snprintf(name, sizeof(name), "pool%d", ++m->other);
+    int rc = ps_layer_maxpool_create(name, cur_shape(m), size, m->max_batch, &l);
+    return push_layer(m, rc, l);
+}
+
+/* A dropout layer when p > 0, nothing otherwise. Seeds are set for all
+ * dropout layers at once by ps_model_reseed. */
+static int add_dropout(ps_model *m, float p)
+{
+    char name[16];
+    ps_layer *l = NULL;
+    if (p <= 0.0f)
+        return PS_OK;
+    snprintf(name, sizeof(name), "drop%d", ++m->other);
+    int rc = ps_layer_dropout_create(name, cur_shape(m), p, 0, m->max_batch, &l);
+    return push_layer(m, rc, l);
+}
+
+/* ---- spec parsing -------------------------------------------------------- */
+
+/* Parses the hidden sizes "H1,H2,..." (list, NUL-terminated) into s. */
+static int parse_hidden(const char *spec, const char *list, model_spec *s, char *err, size_t errlen)
+{
     const char *p = list;
+    s->nhidden = 0;
     if (*p == '\0') {
         seterr(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
         return PS_EINVAL;
@@ -118,15 +168,196 @@ static int parse_hidden(const char *spec, const char *list, int *hidden, char *e
                    (int)(end - start), start, spec, PS_MODEL_MAX_WIDTH);
             return PS_EINVAL;
         }
-        if (n == PS_MODEL_MAX_HIDDEN) {
+        if (s->nhidden == PS_MODEL_MAX_HIDDEN) {
             seterr(err, errlen, "bad model '%s': more than %d hidden layers", spec, PS_MODEL_MAX_HIDDEN);
             return PS_EINVAL;
         }
-        hidden[n++] = (int)v;
+        s->hidden[s->nhidden++] = (int)v;
         if (*p == '\0')
-            return n;
+            return PS_OK;
         p++; /* past ',' */
     }
+}
+
+/* Parses a probability 0 <= p < 1 written as a plain decimal ("0.5", ".25",
+ * "0"); returns 0 or -1. */
+static int parse_prob(const char *v, float *out)
+{
+    if (!((*v >= '0' && *v <= '9') || *v == '.'))
+        return -1; /* no sign, space, "nan", "inf" */
+    for (const char *c = v; *c; c++)
+        if (!((*c >= '0' && *c <= '9') || *c == '.'))
+            return -1; /* no exponent or hex either: keep specs plain */
+    char *end;
+    double d = strtod(v, &end);
+    if (end == v || *end != '\0' || !(d >= 0.0 && d < 1.0))
+        return -1;
+    *out = (float)d;
+    if (*out >= 1.0f) /* 0.99999999 rounds to 1 in float */
+        return -1;
+    return 0;
+}
+
+/* Parses the options "name=value,..." (opts, NUL-terminated, may be written
+ * to) for a model of kind s->kind. */
+static int parse_options(const char *spec, char *opts, model_spec *s, char *err, size_t errlen)
+{
+    int seen_dropout = 0;
+    if (*opts == '\0') {
+        seterr(err, errlen, "bad model '%s': empty options after ':' (expected e.g. dropout=0.5)", spec);
+        return PS_EINVAL;
+    }
+    for (char *item = opts; item != NULL;) {
+        char *next = strchr(item, ',');
+        if (next != NULL)
+            *next++ = '\0';
+        char *eq = strchr(item, '=');
+        if (eq == NULL || eq == item) {
+            seterr(err, errlen, "bad option '%s' in model '%s': expected name=value, e.g. dropout=0.5", item, spec);
+            return PS_EINVAL;
+        }
+        *eq = '\0';
+        const char *name = item, *value = eq + 1;
+        if (strcmp(name, "dropout") == 0) {
+            if (s->kind != KIND_MLP && s->kind != KIND_CNN) {
+                seterr(err, errlen, "bad model '%s': dropout applies to mlp and cnn models only", spec);
+                return PS_EINVAL;
+            }
+            if (seen_dropout++) {
+                seterr(err, errlen, "bad model '%s': dropout given twice", spec);
+                return PS_EINVAL;
+            }
+            if (parse_prob(value, &s->dropout) != 0) {
+                seterr(err, errlen, "bad dropout '%s' in model '%s': expected a probability from 0 to below 1, e.g. 0.5",
+                       value, spec);
+                return PS_EINVAL;
+            }
+        } else {
+            seterr(err, errlen, "unknown option '%s' in model '%s': expected dropout=P", name, spec);
+            return PS_EINVAL;
+        }
+        item = next;
+    }
+    return PS_OK;
+}
+
+/* Takes spec apart into *s; returns 0 or PS_EINVAL with one line in err. */
+static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
+{
+    static const char expected[] = "expected softmax, linear, mlp:H1,H2,... or cnn";
+    char buf[PS_MODEL_SPEC_MAX + 1];
+    memset(s, 0, sizeof(*s));
+    if (spec == NULL) {
+        seterr(err, errlen, "no model given: %s", expected);
+        return PS_EINVAL;
+    }
+    size_t n = strlen(spec);
+    if (n > PS_MODEL_SPEC_MAX) {
+        seterr(err, errlen, "model spec too long: %zu characters, at most %d", n, PS_MODEL_SPEC_MAX);
+        return PS_EINVAL;
+    }
+    memcpy(buf, spec, n + 1);
+
+    /* Up to three ':'-separated sections: kind, then sizes and/or options. */
+    char *sect[3] = {buf, NULL, NULL};
+    int nsect = 1;
+    for (char *c = buf; *c; c++) {
+        if (*c != ':')
+            continue;
+        if (nsect == 3) {
+            seterr(err, errlen, "bad model '%s': too many ':' sections (expected kind[:sizes][:options])", spec);
+            return PS_EINVAL;
+        }
+        *c = '\0';
+        sect[nsect++] = c + 1;
+    }
+    const char *kind = sect[0];
+    if (strcmp(kind, "softmax") == 0) {
+        s->kind = KIND_SOFTMAX;
+    } else if (strcmp(kind, "linear") == 0) {
+        s->kind = KIND_LINEAR;
+    } else if (strcmp(kind, "mlp") == 0) {
+        s->kind = KIND_MLP;
+    } else if (strcmp(kind, "cnn") == 0) {
+        s->kind = KIND_CNN;
+    } else {
+        seterr(err, errlen, "unknown model '%s': %s", spec, expected);
+        return PS_EINVAL;
+    }
+
+    int next = 1;
+    if (s->kind == KIND_MLP) {
+        if (nsect < 2) {
+            seterr(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
+            return PS_EINVAL;
+        }
+        int rc = parse_hidden(spec, sect[1], s, err, errlen);
+        if (rc != PS_OK)
+            return rc;
+        next = 2;
+    }
+    if (nsect > next + 1) {
+        seterr(err, errlen, "bad model '%s': too many ':' sections (expected %s)", spec,
+               s->kind == KIND_MLP ? "mlp:H1,H2,...[:options]" : "kind[:options]");
+        return PS_EINVAL;
+    }
+    if (nsect == next + 1) {
+        if (s->kind == KIND_SOFTMAX || s->kind == KIND_LINEAR) {
+            seterr(err, errlen, "bad model '%s': %s takes no sizes or options", spec, kind);
+            return PS_EINVAL;
+        }
+        return parse_options(spec, sect[next], s, err, errlen);
+    }
+    return PS_OK;
+}
+
+/* ---- assembly ------------------------------------------------------------ */
+
+/* Appends the layers and head of the parsed spec s. */
+static int build(ps_model *m, const model_spec *s)
+{
+    int rc = PS_OK;
+    switch (s->kind) {
+    case KIND_SOFTMAX:
+    case KIND_LINEAR:
+        break;
+    case KIND_MLP:
+        for (int i = 0; i < s->nhidden && rc == PS_OK; i++) {
+            rc = add_dense(m, s->hidden[i]);
+            if (rc == PS_OK)
+                rc = add_relu(m);
+            if (rc == PS_OK)
+                rc = add_dropout(m, s->dropout);
+        }
+        break;
+    case KIND_CNN:
+        rc = add_conv(m, 10, 5);
+        if (rc == PS_OK)
+            rc = add_pool(m, 2);
+        if (rc == PS_OK)
+            rc = add_relu(m);
+        if (rc == PS_OK)
+            rc = add_conv(m, 20, 5);
+        if (rc == PS_OK)
+            rc = add_pool(m, 2);
+        if (rc == PS_OK)
+            rc = add_relu(m);
+        if (rc == PS_OK)
+            rc = add_dropout(m, s->dropout);
+        if (rc == PS_OK)
+            rc = add_dense(m, 50);
+        if (rc == PS_OK)
+            rc = add_relu(m);
+        if (rc == PS_OK)
+            rc = add_dropout(m, s->dropout);
+        break;
+    }
+    if (rc == PS_OK)
+        rc = add_dense(m, m->n_out);
+    if (rc == PS_OK)
+        rc = m->regression ? ps_head_lsq_create(cur_shape(m), m->max_batch, &m->head)
+                           : ps_head_softmax_xent_create(cur_shape(m), m->max_batch, &m->head);
+    return rc;
 }
 
 /* Lays the layers' slices end to end, allocates the flat vectors and every
@@ -136,10 +367,13 @@ static int finish(ps_model *m, char *err, size_t errlen)
     /* dbuf holds dL/d(output) of every layer; the model's own input needs no
      * gradient, so the widest output sets the size. */
     size_t total = 0, widest = 0;
+    m->first = m->nlayers;
     for (int i = 0; i < m->nlayers; i++) {
         ps_layer *l = m->layers[i];
         l->offset = total;
         total += l->nparams;
+        if (l->nparams > 0 && m->first == m->nlayers)
+            m->first = i;
         if (total > PS_MODEL_MAX_PARAMS) {
             seterr(err, errlen, "model '%s' is too big: more than %u parameters", m->spec, PS_MODEL_MAX_PARAMS);
             return PS_EINVAL;
@@ -162,66 +396,71 @@ static int finish(ps_model *m, char *err, size_t errlen)
         if (m->act[i] == NULL)
             goto nomem;
     }
+    ps_model_reseed(m, 0);
     return PS_OK;
 nomem:
     seterr(err, errlen, "out of memory building model '%s' (%zu parameters, batch %d)", m->spec, total, m->max_batch);
     return PS_ENOMEM;
 }
 
-int ps_model_create(const char *spec, int in_dim, int n_classes, int max_batch, ps_model **out, char *err,
-                    size_t errlen)
+/* Checks the sizes against the parsed spec; returns 0 or PS_EINVAL with a
+ * message. */
+static int check_sizes(const char *spec, const model_spec *s, int c, int h, int w, int n_out, int max_batch,
+                       char *err, size_t errlen)
 {
-    int rc = PS_OK;
-    int hidden[PS_MODEL_MAX_HIDDEN];
-    int nhidden = 0;
-    ps_model *m = NULL;
-
-    *out = NULL;
-    if (in_dim < 1 || in_dim > PS_MODEL_MAX_IN || n_classes < 2 || n_classes > 256 || max_batch < 1 ||
-        max_batch > PS_MODEL_MAX_BATCH) {
-        seterr(err, errlen,
-               "bad model sizes: %d inputs, %d classes, batch %d (expected 1..%d inputs, 2..256 classes, batch 1..%d)",
-               in_dim, n_classes, max_batch, PS_MODEL_MAX_IN, PS_MODEL_MAX_BATCH);
+    const int shape_ok = c >= 1 && h >= 1 && w >= 1 && c <= PS_MODEL_MAX_IN && h <= PS_MODEL_MAX_IN &&
+                         w <= PS_MODEL_MAX_IN && (long)c * h <= PS_MODEL_MAX_IN && (long)c * h * w <= PS_MODEL_MAX_IN;
+    if (!shape_ok || max_batch < 1 || max_batch > PS_MODEL_MAX_BATCH) {
+        char shape[48];
+        if (h == 1 && w == 1)
+            snprintf(shape, sizeof(shape), "%d", c);
+        else
+            snprintf(shape, sizeof(shape), "%dx%dx%d", c, h, w);
+        seterr(err, errlen, "bad model sizes: %s inputs, batch %d (expected 1..%d inputs, batch 1..%d)", shape,
+               max_batch, PS_MODEL_MAX_IN, PS_MODEL_MAX_BATCH);
         return PS_EINVAL;
     }
-    if (strcmp(spec, "softmax") == 0) {
-        nhidden = 0;
-    } else if (strncmp(spec, "mlp:", 4) == 0) {
-        nhidden = parse_hidden(spec, spec + 4, hidden, err, errlen);
-        if (nhidden < 0)
-            return nhidden;
-    } else {
-        seterr(err, errlen, "unknown model '%s': expected softmax or mlp:H1,H2,...", spec);
+    if (s->kind == KIND_LINEAR) {
+        if (n_out < 1 || n_out > PS_MODEL_MAX_WIDTH) {
+            seterr(err, errlen, "bad model sizes: %d outputs for model '%s' (expected 1..%d)", n_out, spec,
+                   PS_MODEL_MAX_WIDTH);
+            return PS_EINVAL;
+        }
+    } else if (n_out < 2 || n_out > 256) {
+        seterr(err, errlen, "bad model sizes: %d classes for model '%s' (expected 2..256)", n_out, spec);
         return PS_EINVAL;
     }
+    if (s->kind == KIND_CNN && (h < 16 || w < 16)) {
+        seterr(err, errlen, "model '%s' needs images of at least 16x16 pixels, not %dx%d", spec, h, w);
+        return PS_EINVAL;
+    }
+    return PS_OK;
+}
 
-    m = calloc(1, sizeof(*m));
+static int create(const char *spec, const model_spec *s, ps_shape in, int n_out, int max_batch, ps_model **out,
+                  char *err, size_t errlen)
+{
+    int rc = check_sizes(spec, s, in.c, in.h, in.w, n_out, max_batch, err, errlen);
+    if (rc != PS_OK)
+        return rc;
+    ps_model *m = calloc(1, sizeof(*m));
     if (m == NULL) {
         seterr(err, errlen, "out of memory building model '%s'", spec);
         return PS_ENOMEM;
     }
     snprintf(m->spec, sizeof(m->spec), "%s", spec);
-    m->in_dim = in_dim;
-    m->n_classes = n_classes;
+    m->in = in;
+    m->in_dim = (int)ps_shape_size(in);
+    m->n_out = n_out;
+    m->regression = s->kind == KIND_LINEAR;
     m->max_batch = max_batch;
-
-    int fc = 0;
-    for (int i = 0; i < nhidden && rc == PS_OK; i++) {
-        rc = add_dense(m, &fc, hidden[i]);
-        if (rc == PS_OK)
-            rc = add_relu(m);
-    }
-    if (rc == PS_OK)
-        rc = add_dense(m, &fc, n_classes);
-    if (rc == PS_OK)
-        rc = ps_head_softmax_xent_create(cur_shape(m), max_batch, &m->head);
+    rc = build(m, s);
     if (rc != PS_OK) {
         seterr(err, errlen, "cannot build model '%s': %s", spec,
                rc == PS_ENOMEM ? "out of memory" : "a layer rejected its sizes");
         goto out;
     }
     rc = finish(m, err, errlen);
-
 out:
     if (rc != PS_OK) {
         ps_model_free(m);
@@ -229,6 +468,41 @@ out:
     }
     *out = m;
     return PS_OK;
+}
+
+int ps_model_create_chw(const char *spec, int c, int h, int w, int n_out, int max_batch, ps_model **out, char *err,
+                        size_t errlen)
+{
+    model_spec s;
+    *out = NULL;
+    int rc = parse_spec(spec, &s, err, errlen);
+    if (rc != PS_OK)
+        return rc;
+    ps_shape in = {c, h, w};
+    return create(spec, &s, in, n_out, max_batch, out, err, errlen);
+}
+
+int ps_model_create(const char *spec, int in_dim, int n_classes, int max_batch, ps_model **out, char *err,
+                    size_t errlen)
+{
+    model_spec s;
+    *out = NULL;
+    int rc = parse_spec(spec, &s, err, errlen);
+    if (rc != PS_OK)
+        return rc;
+    ps_shape in = ps_shape_flat(in_dim);
+    if (s.kind == KIND_CNN && in_dim >= 1) {
+        int side = 0;
+        while ((long)(side + 1) * (side + 1) <= in_dim)
+            side++;
+        if ((long)side * side != in_dim) {
+            seterr(err, errlen, "model '%s' needs square one-channel images, and %d inputs is not n*n pixels", spec,
+                   in_dim);
+            return PS_EINVAL;
+        }
+        in = (ps_shape){1, side, side};
+    }
+    return create(spec, &s, in, n_classes, max_batch, out, err, errlen);
 }
 
 size_t ps_model_nparams(const ps_model *m)
@@ -283,16 +557,27 @@ static void append(char *buf, size_t len, size_t *used, const char *fmt, ...)
         *used += (size_t)n;
 }
 
+static void append_shape(char *buf, size_t len, size_t *used, ps_shape sh)
+{
+    if (sh.h == 1 && sh.w == 1)
+        append(buf, len, used, "%d", sh.c);
+    else
+        append(buf, len, used, "%dx%dx%d", sh.c, sh.h, sh.w);
+}
+
 void ps_model_describe(const ps_model *m, char *buf, size_t len)
 {
     size_t used = 0;
     if (len == 0)
         return;
     buf[0] = '\0';
-    append(buf, len, &used, "%s %d", m->spec, m->in_dim);
+    append(buf, len, &used, "%s ", m->spec);
+    append_shape(buf, len, &used, m->in);
     for (int i = 0; i < m->nlayers; i++)
-        if (m->layers[i]->nparams > 0)
-            append(buf, len, &used, "-%zu", ps_shape_size(m->layers[i]->out));
+        if (m->layers[i]->nparams > 0) {
+            append(buf, len, &used, "-");
+            append_shape(buf, len, &used, m->layers[i]->out);
+        }
     append(buf, len, &used, ", %zu params", m->nparams);
 }
 
@@ -323,17 +608,19 @@ static const float *forward(ps_model *m, const float *x, int batch, int training
     return in;
 }
 
-/* One step for any head: forward, loss, backward. Returns the mean loss. */
+/* One step for any head: forward, loss, backward. Returns the mean loss.
+ * Layers before the first one with parameters get no backward at all, and
+ * that one gets din NULL: nobody needs the gradient of the model's input. */
 static double train_step_targets(ps_model *m, const float *x, const ps_targets *t, int batch)
 {
     assert(batch >= 1 && batch <= m->max_batch);
     const float *z = forward(m, x, batch, 1);
     int cur = 0;
     double sum = m->head->ops->loss(m->head, z, t, batch, 1.0f / (float)batch, m->dbuf[cur], NULL);
-    for (int i = m->nlayers - 1; i >= 0; i--) {
+    for (int i = m->nlayers - 1; i >= m->first; i--) {
         ps_layer *l = m->layers[i];
         const float *in = i > 0 ? m->act[i - 1] : x;
-        float *din = i > 0 ? m->dbuf[1 - cur] : NULL;
+        float *din = i > m->first ? m->dbuf[1 - cur] : NULL;
         l->ops->backward(l, in, m->act[i], m->dbuf[cur], din, batch);
         cur = 1 - cur;
     }
@@ -346,17 +633,70 @@ float ps_model_train_step(ps_model *m, const float *x, const uint8_t *y, int bat
     return (float)train_step_targets(m, x, &t, batch);
 }
 
-void ps_model_evaluate(ps_model *m, const float *x, const uint8_t *y, size_t n, double *loss, double *acc)
+float ps_model_train_step_values(ps_model *m, const float *x, const float *y, int batch)
+{
+    assert(m->regression);
+    ps_targets t = {.labels = NULL, .values = y};
+    return (float)train_step_targets(m, x, &t, batch);
+}
+
+int ps_model_outputs(const ps_model *m)
+{
+    return m->n_out;
+}
+
+int ps_model_is_regression(const ps_model *m)
+{
+    return m->regression;
+}
+
+/* Sums the head's loss over n samples in chunks; adds to *right what the head
+ * counts right. Exactly one of labels and values is not NULL. */
+static double eval_sum(ps_model *m, const float *x, const uint8_t *labels, const float *values, size_t n,
+                       size_t *right)
 {
     double sum = 0.0;
-    size_t right = 0;
     for (size_t done = 0; done < n;) {
         int b = n - done < (size_t)m->max_batch ? (int)(n - done) : m->max_batch;
-        ps_targets t = {.labels = y + done, .values = NULL};
+        ps_targets t = {.labels = labels ? labels + done : NULL,
+                        .values = values ? values + done * (size_t)m->n_out : NULL};
         const float *z = forward(m, x + done * (size_t)m->in_dim, b, 0);
-        sum += m->head->ops->loss(m->head, z, &t, b, 1.0f, NULL, &right);
+        sum += m->head->ops->loss(m->head, z, &t, b, 1.0f, NULL, right);
         done += (size_t)b;
     }
+    return sum;
+}
+
+void ps_model_evaluate(ps_model *m, const float *x, const uint8_t *y, size_t n, double *loss, double *acc)
+{
+    size_t right = 0;
+    double sum = eval_sum(m, x, y, NULL, n, &right);
     *loss = n ? sum / (double)n : 0.0;
     *acc = n ? (double)right / (double)n : 0.0;
+}
+
+void ps_model_evaluate_values(ps_model *m, const float *x, const float *y, size_t n, double *loss, double *r2)
+{
+    assert(m->regression);
+    size_t right = 0;
+    double sum = eval_sum(m, x, NULL, y, n, &right);
+    *loss = n ? sum / (double)n : 0.0;
+    *r2 = 0.0;
+    if (n == 0)
+        return;
+    /* SST around each output's mean; two passes for accuracy. */
+    const int K = m->n_out;
+    double sst = 0.0;
+    for (int j = 0; j < K; j++) {
+        double mean = 0.0;
+        for (size_t i = 0; i < n; i++)
+            mean += y[i * (size_t)K + (size_t)j];
+        mean /= (double)n;
+        for (size_t i = 0; i < n; i++) {
+            double d = y[i * (size_t)K + (size_t)j] - mean;
+            sst += d * d;
+        }
+    }
+    if (sst > 0.0)
+        *r2 = 1.0 - 2.0 * sum / sst; /* the head's sum is half the SSE */
 }

@@ -12,14 +12,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/client.h"
 #include "common/log.h"
 #include "dataset.h"
 #include "model.h"
 #include "proto/errors.h"
+#include "session.h"
 
-/* largest tensor chunk in one frame, in floats (4 MiB) */
-#define CHUNK_FLOATS (1u << 20)
 
 typedef struct wopts {
     const char *server;
@@ -34,6 +32,7 @@ typedef struct wopts {
     uint64_t seed;
     int threads;
     int timeout_ms;
+    int reconnect_ms;
 } wopts;
 
 static void usage(FILE *f)
@@ -56,6 +55,8 @@ static void usage(FILE *f)
             "      --seed S            seed for initial values and shuffling (default 1)\n"
             "      --threads T         OpenBLAS threads (default 1)\n"
             "      --timeout MS        give up on a reply after MS milliseconds (default 600000)\n"
+            "      --reconnect-timeout S  when psd goes away, keep trying to reconnect for S\n"
+            "                          seconds (default 60), with exponential backoff\n"
             "  -h, --help              this help\n"
             "\n"
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
@@ -111,87 +112,12 @@ static int parse_shard(const char *s, int *k, int *m)
     return 0;
 }
 
-/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last one);
- * waits for each OK. */
-static int send_chunks(ps_client *c, uint32_t type, const float *values, size_t n, uint64_t base, int tmo)
-{
-    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
-        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
-        ps_msg m, r;
-        ps_msg_init(&m, type);
-        m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
-        m.off = off;
-        m.data = values + off;
-        m.ndata = len;
-        m.fin = off + len == n;
-        m.base = base;
-        int rc = ps_client_call(c, &m, &r, tmo);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
-/* Pulls the whole model at version >= min into params; sets *version. */
-static int pull_all(ps_client *c, float *params, size_t n, uint64_t min, uint64_t *version, int tmo)
-{
-    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
-        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_PULL);
-        m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-        m.off = off;
-        m.len = len;
-        m.min = min;
-        int rc = ps_client_call(c, &m, &r, tmo);
-        if (rc != 0)
-            return rc;
-        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
-            return PS_EMALFORMED;
-        memcpy(params + off, r.data, len * sizeof(float));
-        *version = r.mver;
-        min = r.mver; /* later chunks at the same version or newer */
-    }
-    return 0;
-}
-
-/* One training step's communication: the gradient goes up, the model at
- * version >= min comes back. Small models use one PUSHPULL round trip. */
-static int step_sync(ps_client *c, const float *grads, float *params, size_t n, uint64_t *version, uint64_t min,
-                     int tmo)
-{
-    if (n <= CHUNK_FLOATS) {
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_PUSHPULL);
-        m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
-        m.base = *version;
-        m.off = 0;
-        m.data = grads;
-        m.ndata = n;
-        m.poff = 0;
-        m.plen = n;
-        m.min = min;
-        int rc = ps_client_call(c, &m, &r, tmo);
-        if (rc != 0)
-            return rc;
-        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
-            return PS_EMALFORMED;
-        memcpy(params, r.data, n * sizeof(float));
-        *version = r.mver;
-        return 0;
-    }
-    int rc = send_chunks(c, PS_MSG_PUSH, grads, n, *version, tmo);
-    if (rc != 0)
-        return rc;
-    return pull_all(c, params, n, min, version, tmo);
-}
-
 int main(int argc, char **argv)
 {
     wopts o = {.server = "127.0.0.1:7000", .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
-               .timeout_ms = 600000};
-    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT };
+               .timeout_ms = 600000, .reconnect_ms = 60000};
+    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -200,6 +126,7 @@ int main(int argc, char **argv)
         {"limit", required_argument, NULL, O_LIMIT}, {"test-limit", required_argument, NULL, O_TEST_LIMIT},
         {"seed", required_argument, NULL, O_SEED}, {"threads", required_argument, NULL, O_THREADS},
         {"timeout", required_argument, NULL, O_TIMEOUT}, {"help", no_argument, NULL, 'h'},
+        {"reconnect-timeout", required_argument, NULL, O_RECONNECT},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
@@ -252,6 +179,11 @@ int main(int argc, char **argv)
                 return die("bad --timeout '%s': milliseconds", optarg);
             o.timeout_ms = (int)v;
             break;
+        case O_RECONNECT:
+            if (parse_uint(optarg, 86400, &v))
+                return die("bad --reconnect-timeout '%s': seconds, 0..86400", optarg);
+            o.reconnect_ms = (int)v * 1000;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -267,12 +199,12 @@ int main(int argc, char **argv)
     char err[1024];
     ps_dataset train_all = {0}, train = {0}, test = {0};
     ps_model *model = NULL;
-    ps_client cl;
+    ps_session ss;
+    int session_ready = 0;
     int status = 1;
     size_t *perm = NULL;
     float *bx = NULL;
     uint8_t *by = NULL;
-    ps_client_init(&cl);
 
     if (ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TRAIN, o.limit, &train_all, err, sizeof err) != 0 ||
         (o.eval && ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TEST, o.test_limit, &test, err, sizeof err) != 0)) {
@@ -290,57 +222,24 @@ int main(int argc, char **argv)
     size_t total_n = train_all.n;
     ps_dataset_free(&train_all);
 
-    size_t np = ps_model_nparams(model);
-    float *params = ps_model_params(model);
-    ps_layout layout;
-    if (ps_model_layout(model, &layout) != 0) {
-        fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");
-        goto out;
-    }
     char desc[256];
     ps_model_describe(model, desc, sizeof desc);
 
-    /* handshake */
-    int rc = ps_client_connect(&cl, o.server, 10000);
-    ps_msg m, r;
-    if (rc == 0) {
-        ps_msg_init(&m, PS_MSG_HELLO);
-        m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
-        m.proto = PS_PROTO_VERSION;
-        m.role = PS_ROLE_WORKER;
-        m.shard = (uint32_t)o.shard;
-        m.nshards = (uint32_t)o.nshards;
-        m.layout = &layout;
-        m.fp = ps_layout_fingerprint(&layout);
-        rc = ps_client_call(&cl, &m, &r, o.timeout_ms);
+    int layout_rc = ps_session_init(&ss, o.server, (uint32_t)o.shard, (uint32_t)o.nshards, model, o.seed,
+                                    o.timeout_ms, o.reconnect_ms);
+    session_ready = 1;
+    if (layout_rc != 0) {
+        fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");
+        goto out;
     }
+    int rc = ps_session_open(&ss);
     if (rc != 0) {
-        fprintf(stderr, "psworker: %s\n", ps_client_error(&cl));
+        fprintf(stderr, "psworker: %s\n", ps_session_error(&ss));
         goto out;
     }
-    if (r.type != PS_MSG_WELCOME) {
-        fprintf(stderr, "psworker: psd answered hello with %s\n", ps_msg_type_name(r.type));
-        goto out;
-    }
-    int bsp = strcmp(r.mode, "asgd") != 0;
-    char mode[16];
-    snprintf(mode, sizeof mode, "%s", r.mode);
-    uint64_t version = r.mver;
+    int bsp = ss.bsp;
     PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64,
-           o.shard, o.nshards, desc, train.n, o.dataset, o.server, mode, version);
-    if (r.need_init) {
-        ps_model_init_params(model, o.seed);
-        rc = send_chunks(&cl, PS_MSG_INIT, params, np, 0, o.timeout_ms);
-        if (rc != 0) {
-            fprintf(stderr, "psworker: sending initial values: %s\n", ps_client_error(&cl));
-            goto out;
-        }
-    }
-    rc = pull_all(&cl, params, np, 0, &version, o.timeout_ms);
-    if (rc != 0) {
-        fprintf(stderr, "psworker: pulling the model: %s\n", ps_client_error(&cl));
-        goto out;
-    }
+           o.shard, o.nshards, desc, train.n, o.dataset, o.server, ss.mode, ss.version);
 
     /* In BSP every worker must take the same number of steps per epoch, or
      * the last rounds would wait for pushes that never come: derive it from
@@ -377,9 +276,11 @@ int main(int argc, char **argv)
             }
             loss_sum += loss * (double)cnt;
             done += cnt;
-            rc = step_sync(&cl, ps_model_grads(model), params, np, &version, bsp ? version + 1 : 0, o.timeout_ms);
+            rc = ps_session_step(&ss);
+            if (rc != 0 && ps_session_recoverable(&ss, rc))
+                rc = ps_session_reconnect(&ss);
             if (rc != 0) {
-                fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, ps_client_error(&cl));
+                fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, ps_session_error(&ss));
                 goto out;
             }
         }
@@ -388,33 +289,25 @@ int main(int argc, char **argv)
         samples += done;
         last_loss = loss_sum / (double)(done ? done : 1);
         double rate = (double)done / (dt > 0 ? dt : 1e-9);
-        ps_msg_init(&m, PS_MSG_REPORT);
-        m.has = PS_F_EPOCH | PS_F_LOSS | PS_F_SAMPLES | PS_F_RATE;
-        m.epoch = (uint32_t)epoch;
-        m.loss = last_loss;
-        m.samples = samples;
-        m.rate = rate;
         if (o.eval) {
             ps_model_evaluate(model, test.x, test.y, test.n, &test_loss, &test_acc);
-            m.has |= PS_F_ACC | PS_F_TLOSS;
-            m.acc = test_acc;
-            m.tloss = test_loss;
             fprintf(stderr,
                     "psworker %d/%d: epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.2f s  %.0f samples/s  "
                     "version %" PRIu64 "\n",
-                    o.shard, o.nshards, epoch, o.epochs, last_loss, 100 * test_acc, dt, rate, version);
+                    o.shard, o.nshards, epoch, o.epochs, last_loss, 100 * test_acc, dt, rate, ss.version);
         } else {
             fprintf(stderr, "psworker %d/%d: epoch %d/%d  loss %.4f  %.2f s  %.0f samples/s  version %" PRIu64 "\n",
-                    o.shard, o.nshards, epoch, o.epochs, last_loss, dt, rate, version);
+                    o.shard, o.nshards, epoch, o.epochs, last_loss, dt, rate, ss.version);
         }
-        rc = ps_client_call(&cl, &m, &r, o.timeout_ms);
+        rc = ps_session_report(&ss, (uint32_t)epoch, last_loss, o.eval, test_acc, test_loss, samples, rate);
+        if (rc != 0 && ps_session_recoverable(&ss, rc))
+            rc = ps_session_reconnect(&ss);
         if (rc != 0) {
-            fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, ps_client_error(&cl));
+            fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, ps_session_error(&ss));
             goto out;
         }
     }
-    ps_msg_init(&m, PS_MSG_BYE);
-    ps_client_call(&cl, &m, &r, 5000);
+    ps_session_close(&ss);
 
     printf("{\"epochs\": %d, \"train_loss\": %.6f, \"test_accuracy\": ", o.epochs, last_loss);
     if (o.eval)
@@ -422,16 +315,18 @@ int main(int argc, char **argv)
     else
         printf("null, \"test_loss\": null");
     printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
-           ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\"}\n",
-           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), version, mode, o.shard,
-           o.nshards, o.model);
+           ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
+           ", \"dropped_pushes\": %" PRIu64 "}\n",
+           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), ss.version, ss.mode,
+           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped);
     fflush(stdout);
     status = 0;
 out:
     free(perm);
     free(bx);
     free(by);
-    ps_client_free(&cl);
+    if (session_ready)
+        ps_session_free(&ss);
     ps_model_free(model);
     ps_dataset_free(&train_all);
     ps_dataset_free(&train);

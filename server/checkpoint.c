@@ -1,0 +1,589 @@
+/* checkpoint.c - writing and loading checkpoints (see checkpoint.h). */
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+
+#define CKPT_MAGIC "PSDCKPT1"
+#define CKPT_END "PSDE"
+#define CKPT_FORMAT 1
+#define CKPT_MAX_STATE 4
+#define CKPT_HEADER_MAX (4u << 20)
+
+/* Everything a write needs, owned by the job so the loop can go on. */
+typedef struct ckpt_job {
+    psd *s;
+    char dir[PS_CONFIG_PATH_MAX];
+    int keep;
+    uint64_t version;
+    srv_snap *snap;           /* parameters (a reference, not a copy) */
+    size_t n;
+    float *state[CKPT_MAX_STATE]; /* copies of the optimizer state */
+    size_t nstate;
+    ps_buf header;
+    int rc;
+    char err[PS_CONFIG_PATH_MAX * 2 + 256];
+    double seconds;
+} ckpt_job;
+
+static void pk_key(msgpack_packer *pk, const char *k)
+{
+    msgpack_pack_str(pk, strlen(k));
+    msgpack_pack_str_body(pk, k, strlen(k));
+}
+
+static void pk_str(msgpack_packer *pk, const char *k, const char *v)
+{
+    pk_key(pk, k);
+    msgpack_pack_str(pk, strlen(v));
+    msgpack_pack_str_body(pk, v, strlen(v));
+}
+
+static int buf_write_cb(void *data, const char *p, size_t len)
+{
+    ps_buf *b = data;
+    if (ps_buf_reserve(b, len) != 0)
+        return -1;
+    memcpy(b->p + b->len, p, len);
+    b->len += len;
+    return 0;
+}
+
+static int build_header(psd *s, ckpt_job *j, const char *const *names)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &j->header, buf_write_cb);
+    const ps_layout *l = &s->model.layout;
+    const ps_config *c = &s->cfg;
+    msgpack_pack_map(&pk, 8);
+    pk_key(&pk, "version");
+    msgpack_pack_uint64(&pk, j->version);
+    pk_key(&pk, "created");
+    msgpack_pack_double(&pk, (double)time(NULL));
+    pk_key(&pk, "params");
+    msgpack_pack_uint64(&pk, l->total);
+    pk_key(&pk, "layout");
+    msgpack_pack_array(&pk, l->ntensors);
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        msgpack_pack_array(&pk, 2);
+        msgpack_pack_str(&pk, strlen(l->t[i].name));
+        msgpack_pack_str_body(&pk, l->t[i].name, strlen(l->t[i].name));
+        msgpack_pack_array(&pk, l->t[i].ndim);
+        for (uint32_t d = 0; d < l->t[i].ndim; d++)
+            msgpack_pack_uint32(&pk, l->t[i].dims[d]);
+    }
+    pk_str(&pk, "optimizer", srv_optim_name(&s->model.opt));
+    pk_key(&pk, "settings");
+    msgpack_pack_map(&pk, 6);
+    pk_key(&pk, "lr");
+    msgpack_pack_double(&pk, c->lr);
+    pk_key(&pk, "momentum");
+    msgpack_pack_double(&pk, c->momentum);
+    pk_key(&pk, "weight_decay");
+    msgpack_pack_double(&pk, c->weight_decay);
+    pk_key(&pk, "beta1");
+    msgpack_pack_double(&pk, c->beta1);
+    pk_key(&pk, "beta2");
+    msgpack_pack_double(&pk, c->beta2);
+    pk_key(&pk, "mode");
+    msgpack_pack_str(&pk, strlen(s->policy->name));
+    msgpack_pack_str_body(&pk, s->policy->name, strlen(s->policy->name));
+    pk_key(&pk, "state");
+    msgpack_pack_array(&pk, (uint32_t)j->nstate);
+    for (size_t i = 0; i < j->nstate; i++) {
+        msgpack_pack_str(&pk, strlen(names[i]));
+        msgpack_pack_str_body(&pk, names[i], strlen(names[i]));
+    }
+    pk_key(&pk, "clocks");
+    uint32_t nw = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        nw += s->workers[i] != NULL;
+    msgpack_pack_array(&pk, nw);
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        if (!s->workers[i])
+            continue;
+        msgpack_pack_array(&pk, 2);
+        msgpack_pack_uint32(&pk, i);
+        msgpack_pack_uint64(&pk, s->workers[i]->clock);
+    }
+    return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
+}
+
+static void job_free(ckpt_job *j)
+{
+    srv_snap_unref(j->snap);
+    for (size_t i = 0; i < j->nstate; i++)
+        free(j->state[i]);
+    ps_buf_free(&j->header);
+    free(j);
+}
+
+/* Prepares a job on the loop thread; NULL when out of memory. */
+static ckpt_job *job_new(psd *s)
+{
+    ckpt_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    float *bufs[CKPT_MAX_STATE];
+    const char *names[CKPT_MAX_STATE];
+    j->s = s;
+    snprintf(j->dir, sizeof j->dir, "%s", s->cfg.state_dir);
+    j->keep = s->cfg.checkpoint_keep;
+    j->version = s->model.version;
+    j->snap = srv_snap_ref(s->model.cur);
+    j->n = s->model.layout.total;
+    j->nstate = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
+    for (size_t i = 0; i < j->nstate; i++) {
+        j->state[i] = malloc(j->n * sizeof(float));
+        if (!j->state[i]) {
+            j->nstate = i;
+            job_free(j);
+            return NULL;
+        }
+        memcpy(j->state[i], bufs[i], j->n * sizeof(float));
+    }
+    if (build_header(s, j, names) != 0) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+static int write_all(int fd, const void *p, size_t len, uLong *crc)
+{
+    const uint8_t *b = p;
+    *crc = crc32_z(*crc, b, len);
+    while (len > 0) {
+        ssize_t n = write(fd, b, len > (1u << 30) ? (1u << 30) : len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        b += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int is_ckpt_name(const char *name, uint64_t *version)
+{
+    size_t n = strlen(name);
+    if (n != 5 + 20 + 5 || strncmp(name, "ckpt-", 5) != 0 || strcmp(name + 25, ".psdc") != 0)
+        return 0;
+    uint64_t v = 0;
+    for (int i = 5; i < 25; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+        v = v * 10 + (uint64_t)(name[i] - '0');
+    }
+    *version = v;
+    return 1;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Lists checkpoint versions in dir, newest first. *out is malloc'd. */
+static size_t list_versions(const char *dir, uint64_t **out)
+{
+    DIR *d = opendir(dir);
+    size_t n = 0, cap = 0;
+    uint64_t *v = NULL;
+    *out = NULL;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        uint64_t ver;
+        if (!is_ckpt_name(e->d_name, &ver))
+            continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            uint64_t *t = realloc(v, nc * sizeof *v);
+            if (!t)
+                break;
+            v = t, cap = nc;
+        }
+        v[n++] = ver;
+    }
+    closedir(d);
+    if (n)
+        qsort(v, n, sizeof *v, cmp_desc);
+    *out = v;
+    return n;
+}
+
+static void ckpt_path(char *buf, size_t len, const char *dir, uint64_t version, const char *suffix)
+{
+    snprintf(buf, len, "%s/ckpt-%020" PRIu64 ".psdc%s", dir, version, suffix);
+}
+
+/* The file work, on a pool thread (or the loop at shutdown): touches only
+ * the job. */
+static void job_run(ckpt_job *j)
+{
+    char tmp[PS_CONFIG_PATH_MAX + 64], path[PS_CONFIG_PATH_MAX + 64];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ckpt_path(path, sizeof path, j->dir, j->version, "");
+    ckpt_path(tmp, sizeof tmp, j->dir, j->version, ".tmp");
+    j->rc = PS_EIO;
+    if (mkdir(j->dir, 0750) != 0 && errno != EEXIST) {
+        snprintf(j->err, sizeof j->err, "cannot create %s: %s", j->dir, strerror(errno));
+        return;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        snprintf(j->err, sizeof j->err, "cannot create %s: %s", tmp, strerror(errno));
+        return;
+    }
+    uint8_t head[16], tail[8];
+    uLong crc = crc32_z(0L, Z_NULL, 0);
+    memcpy(head, CKPT_MAGIC, 8);
+    put_u32(head + 8, CKPT_FORMAT);
+    put_u32(head + 12, (uint32_t)j->header.len);
+    int bad = write_all(fd, head, sizeof head, &crc) || write_all(fd, j->header.p, j->header.len, &crc) ||
+              write_all(fd, j->snap->w, j->n * sizeof(float), &crc);
+    for (size_t i = 0; !bad && i < j->nstate; i++)
+        bad = write_all(fd, j->state[i], j->n * sizeof(float), &crc);
+    put_u32(tail, (uint32_t)crc);
+    memcpy(tail + 4, CKPT_END, 4);
+    uLong dummy = 0;
+    if (!bad)
+        bad = write_all(fd, tail, sizeof tail, &dummy);
+    if (bad || fsync(fd) != 0) {
+        snprintf(j->err, sizeof j->err, "writing %s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return;
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        snprintf(j->err, sizeof j->err, "renaming %s: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return;
+    }
+    int dfd = open(j->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    /* keep the newest `keep` */
+    uint64_t *vers;
+    size_t nv = list_versions(j->dir, &vers);
+    for (size_t i = (size_t)j->keep; i < nv; i++) {
+        ckpt_path(path, sizeof path, j->dir, vers[i], "");
+        unlink(path);
+    }
+    free(vers);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    j->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    j->rc = 0;
+}
+
+static void job_finish(psd *s, ckpt_job *j)
+{
+    if (j->rc == 0) {
+        s->stats.checkpoints++;
+        s->stats.checkpoint_ms = srv_now_ms();
+        s->stats.checkpoint_version = j->version;
+        PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s/ckpt-%020" PRIu64 ".psdc in %.3f s",
+               j->version, j->dir, j->version, j->seconds);
+    } else {
+        s->stats.checkpoint_failures++;
+        PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
+    }
+}
+
+static void on_work(uv_work_t *req)
+{
+    job_run(req->data);
+}
+
+static void on_after_work(uv_work_t *req, int status)
+{
+    ckpt_job *j = req->data;
+    psd *s = j->s;
+    s->checkpoint_busy = 0;
+    if (status == UV_ECANCELED) {
+        j->rc = PS_EIO;
+        snprintf(j->err, sizeof j->err, "cancelled");
+    }
+    job_finish(s, j);
+    job_free(j);
+}
+
+void srv_checkpoint_start(psd *s, int force)
+{
+    if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
+        return;
+    if (!force && s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+        return;
+    ckpt_job *j = job_new(s);
+    if (!j) {
+        s->stats.checkpoint_failures++;
+        PS_LOG(PS_LOG_ERROR, "checkpoint: out of memory");
+        return;
+    }
+    s->checkpoint_req.data = j;
+    if (uv_queue_work(s->loop, &s->checkpoint_req, on_work, on_after_work) != 0) {
+        job_free(j);
+        return;
+    }
+    s->checkpoint_busy = 1;
+}
+
+int srv_checkpoint_write_now(psd *s)
+{
+    if (!s->cfg.state_dir[0] || !s->model.initialized)
+        return 0;
+    if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+        return 0;
+    ckpt_job *j = job_new(s);
+    if (!j) {
+        PS_LOG(PS_LOG_ERROR, "final checkpoint: out of memory");
+        return PS_ENOMEM;
+    }
+    job_run(j);
+    job_finish(s, j);
+    int rc = j->rc;
+    job_free(j);
+    return rc;
+}
+
+/* ---- loading -------------------------------------------------------------- */
+
+static const msgpack_object *get(const msgpack_object *map, const char *key)
+{
+    size_t n = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object_kv *kv = &map->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == n && !memcmp(kv->key.via.str.ptr, key, n))
+            return &kv->val;
+    }
+    return NULL;
+}
+
+/* Reads and checks one file; on success fills the model and clocks. */
+static int load_one(psd *s, const char *path, char *err, size_t errlen)
+{
+    int rc = PS_EMALFORMED;
+    uint8_t *data = NULL;
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 4096);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open: %s", strerror(errno));
+        msgpack_zone_destroy(&zone);
+        return PS_EIO;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 24) {
+        snprintf(err, errlen, "truncated (%lld bytes)", (long long)st.st_size);
+        goto out;
+    }
+    size_t size = (size_t)st.st_size;
+    data = malloc(size);
+    if (!data || fread(data, 1, size, f) != size) {
+        snprintf(err, errlen, "cannot read %zu bytes", size);
+        rc = PS_EIO;
+        goto out;
+    }
+    if (memcmp(data, CKPT_MAGIC, 8) != 0) {
+        snprintf(err, errlen, "not a psd checkpoint (bad magic)");
+        goto out;
+    }
+    uint32_t format = get_u32(data + 8), hlen = get_u32(data + 12);
+    if (format != CKPT_FORMAT) {
+        snprintf(err, errlen, "format version %u, this psd reads %d", format, CKPT_FORMAT);
+        goto out;
+    }
+    if (hlen > CKPT_HEADER_MAX || (size_t)hlen + 24 > size) {
+        snprintf(err, errlen, "truncated: header of %u bytes in a %zu-byte file", hlen, size);
+        goto out;
+    }
+    if (memcmp(data + size - 4, CKPT_END, 4) != 0) {
+        snprintf(err, errlen, "truncated: no end marker");
+        goto out;
+    }
+    uint32_t want = get_u32(data + size - 8);
+    uint32_t got = (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), data, size - 8);
+    if (want != got) {
+        snprintf(err, errlen, "checksum mismatch (stored %08x, computed %08x)", want, got);
+        goto out;
+    }
+    char serr[256];
+    ps_scan_limits lim = {PS_MSG_DEPTH_MAX, 1u << 20};
+    if (ps_scan(data + 16, hlen, &lim, serr, sizeof serr) != 0) {
+        snprintf(err, errlen, "bad header: %s", serr);
+        goto out;
+    }
+    msgpack_object h;
+    size_t off = 0;
+    if (msgpack_unpack((const char *)data + 16, hlen, &off, &zone, &h) != MSGPACK_UNPACK_SUCCESS ||
+        h.type != MSGPACK_OBJECT_MAP) {
+        snprintf(err, errlen, "bad header");
+        goto out;
+    }
+    const msgpack_object *ver = get(&h, "version"), *lay = get(&h, "layout"), *sta = get(&h, "state"),
+                         *opt = get(&h, "optimizer"), *clk = get(&h, "clocks");
+    if (!ver || ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !lay || lay->type != MSGPACK_OBJECT_ARRAY || !sta ||
+        sta->type != MSGPACK_OBJECT_ARRAY || !opt || opt->type != MSGPACK_OBJECT_STR) {
+        snprintf(err, errlen, "header lacks version, layout, optimizer or state");
+        goto out;
+    }
+    ps_layout *l = &s->scratch_layout;
+    ps_layout_init(l);
+    for (uint32_t i = 0; i < lay->via.array.size; i++) {
+        const msgpack_object *t = &lay->via.array.ptr[i];
+        char name[PS_NAME_MAX + 1];
+        uint32_t dims[PS_DIMS_MAX];
+        if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size != 2 || t->via.array.ptr[0].type != MSGPACK_OBJECT_STR ||
+            t->via.array.ptr[0].via.str.size > PS_NAME_MAX || t->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY ||
+            t->via.array.ptr[1].via.array.size > PS_DIMS_MAX) {
+            snprintf(err, errlen, "bad layout entry %u", i);
+            goto out;
+        }
+        memcpy(name, t->via.array.ptr[0].via.str.ptr, t->via.array.ptr[0].via.str.size);
+        name[t->via.array.ptr[0].via.str.size] = '\0';
+        const msgpack_object_array *d = &t->via.array.ptr[1].via.array;
+        for (uint32_t k = 0; k < d->size; k++)
+            dims[k] = d->ptr[k].type == MSGPACK_OBJECT_POSITIVE_INTEGER && d->ptr[k].via.u64 <= UINT32_MAX
+                          ? (uint32_t)d->ptr[k].via.u64 : 0;
+        if (ps_layout_add(l, name, d->size, dims) != 0) {
+            snprintf(err, errlen, "bad layout entry %u (%s)", i, name);
+            goto out;
+        }
+    }
+    size_t n = l->total, nstate = sta->via.array.size;
+    if (nstate > CKPT_MAX_STATE || size != 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8) {
+        snprintf(err, errlen, "truncated or padded: %zu bytes, expected %zu for %zu parameters", size,
+                 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8, n);
+        goto out;
+    }
+    /* install */
+    srv_model_free(&s->model);
+    memset(&s->model, 0, sizeof s->model);
+    rc = srv_model_set_layout(&s->model, l, &s->cfg);
+    if (rc != 0) {
+        snprintf(err, errlen, "out of memory for %zu parameters", n);
+        goto out;
+    }
+    const uint8_t *p = data + 16 + hlen;
+    memcpy(s->model.cur->w, p, n * sizeof(float));
+    p += n * sizeof(float);
+    float *bufs[CKPT_MAX_STATE];
+    const char *names[CKPT_MAX_STATE];
+    size_t have = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
+    int match = strlen(srv_optim_name(&s->model.opt)) == opt->via.str.size &&
+                !memcmp(srv_optim_name(&s->model.opt), opt->via.str.ptr, opt->via.str.size) && have == nstate;
+    for (size_t i = 0; match && i < nstate; i++) {
+        const msgpack_object *nm = &sta->via.array.ptr[i];
+        match = nm->type == MSGPACK_OBJECT_STR && nm->via.str.size == strlen(names[i]) &&
+                !memcmp(nm->via.str.ptr, names[i], nm->via.str.size);
+    }
+    if (match) {
+        for (size_t i = 0; i < nstate; i++, p += n * sizeof(float))
+            memcpy(bufs[i], p, n * sizeof(float));
+    } else {
+        PS_LOG(PS_LOG_WARN, "checkpoint %s holds %.*s optimizer state; psd is configured for %s: starting that "
+                            "optimizer's state from zero",
+               path, (int)opt->via.str.size, opt->via.str.ptr, srv_optim_name(&s->model.opt));
+    }
+    s->model.version = ver->via.u64;
+    s->model.cur->version = s->model.version;
+    s->model.initialized = 1;
+    free(s->restored_clocks);
+    s->restored_clocks = NULL;
+    s->nrestored = 0;
+    if (clk && clk->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < clk->via.array.size; i++) {
+            const msgpack_object *e = &clk->via.array.ptr[i];
+            if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
+                e->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                e->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.array.ptr[0].via.u64 >= 65536)
+                continue;
+            uint32_t shard = (uint32_t)e->via.array.ptr[0].via.u64;
+            if (shard >= s->nrestored) {
+                uint64_t *t = realloc(s->restored_clocks, (shard + 1) * sizeof *t);
+                if (!t)
+                    break;
+                memset(t + s->nrestored, 0, (shard + 1 - s->nrestored) * sizeof *t);
+                s->restored_clocks = t;
+                s->nrestored = shard + 1;
+            }
+            s->restored_clocks[shard] = e->via.array.ptr[1].via.u64;
+        }
+    }
+    rc = 0;
+out:
+    free(data);
+    fclose(f);
+    msgpack_zone_destroy(&zone);
+    return rc;
+}
+
+int srv_checkpoint_load(psd *s)
+{
+    if (!s->cfg.state_dir[0])
+        return 0;
+    struct stat st;
+    if (stat(s->cfg.state_dir, &st) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        PS_LOG(PS_LOG_ERROR, "state_dir %s: %s", s->cfg.state_dir, strerror(errno));
+        return PS_EIO;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        PS_LOG(PS_LOG_ERROR, "state_dir %s is not a directory", s->cfg.state_dir);
+        return PS_EIO;
+    }
+    uint64_t *vers;
+    size_t nv = list_versions(s->cfg.state_dir, &vers);
+    int loaded = 0;
+    for (size_t i = 0; i < nv && !loaded; i++) {
+        char path[PS_CONFIG_PATH_MAX + 64], err[512];
+        ckpt_path(path, sizeof path, s->cfg.state_dir, vers[i], "");
+        if (load_one(s, path, err, sizeof err) == 0) {
+            char desc[512];
+            ps_layout_describe(&s->model.layout, desc, sizeof desc);
+            PS_LOG(PS_LOG_INFO, "loaded checkpoint %s: model version %" PRIu64 ", %" PRIu64 " parameters (%s)", path,
+                   s->model.version, s->model.layout.total, desc);
+            s->stats.checkpoint_ms = srv_now_ms();
+            s->stats.checkpoint_version = s->model.version;
+            loaded = 1;
+        } else {
+            PS_LOG(PS_LOG_ERROR, "checkpoint %s is unusable: %s; trying an older one", path, err);
+        }
+    }
+    if (nv > 0 && !loaded)
+        PS_LOG(PS_LOG_WARN, "no valid checkpoint in %s: starting without a model", s->cfg.state_dir);
+    free(vers);
+    return loaded;
+}

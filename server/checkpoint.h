@@ -1,0 +1,37 @@
+/* checkpoint.h - the model survives psd: atomic, checksummed checkpoints of
+ * parameters, optimizer state, model version, worker clocks and optimizer
+ * settings in state_dir, and loading the newest valid one at start.
+ *
+ * File format (version 1), all integers little-endian:
+ *   0   8 bytes  magic "PSDCKPT1"
+ *   8   u32      format version (1)
+ *   12  u32      H, length of the header
+ *   16  H bytes  header: one msgpack map (see checkpoint.c: version, layout,
+ *                optimizer and its settings, state buffer names, clocks)
+ *   ..  P floats parameters, then P floats per optimizer state buffer
+ *   end u32      CRC-32 (zlib) of every byte before it, then "PSDE"
+ * Files are named ckpt-<version, 20 digits>.psdc, written to a temporary
+ * name, fsynced, renamed into place and the directory fsynced. */
+#ifndef SRV_CHECKPOINT_H
+#define SRV_CHECKPOINT_H
+
+#include "psd.h"
+
+/* Starts writing a checkpoint of the current model in the libuv thread
+ * pool (parameters by snapshot reference, optimizer state copied). Does
+ * nothing when there is no state_dir, no initialised model, one is already
+ * being written, or the version is already saved (unless force). */
+void srv_checkpoint_start(psd *s, int force);
+
+/* Writes a checkpoint now, on the calling thread (at shutdown). Returns 0 or
+ * a negative PS_E* code (logged). */
+int srv_checkpoint_write_now(psd *s);
+
+/* Loads the newest valid checkpoint from state_dir into s->model (layout,
+ * parameters, optimizer state, version) and the saved worker clocks;
+ * corrupt or truncated files are reported and skipped for older ones.
+ * Returns 1 when one was loaded, 0 when there was none, negative on a
+ * state_dir that cannot be used. */
+int srv_checkpoint_load(psd *s);
+
+#endif

@@ -1,0 +1,585 @@
+"""harness.py - shared helpers for psd's integration tests.
+
+Every test starts the real programs: psd on port 0 (it writes the port it
+bound to a port file, which the harness waits for), psworker processes and
+psctl. A Cluster owns every process it starts and kills whatever is still
+running when the test leaves it, pass or fail; every wait has a deadline and
+waits for an event (a file, a reply, an exit), never a fixed sleep.
+
+RawClient is a small psd client written from the protocol's description
+(proto/msg.h, proto/frame.h) with Python's msgpack, so hostile tests build
+frames with an encoder other than the one under test.
+
+Paths to the programs and the data come from the command line (ctest passes
+them), from the environment, or default to build/ and data/ beside this
+repository:
+
+    --psd PATH --psworker PATH --psctl PATH --data DIR
+    PSD_BIN, PSWORKER_BIN, PSCTL_BIN, PSD_DATA_DIR
+
+Test scripts call harness.parse_args() first; the options it does not know
+are left for unittest.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# ---- protocol constants (proto/msg.h, proto/errors.h, proto/ps_limits.h) ----
+
+PROTO_VERSION = 1
+FRAME_MAX_PREAUTH = 256 * 1024
+
+T_HELLO = 1
+T_WELCOME = 2
+T_INIT = 3
+T_PUSH = 4
+T_PULL = 5
+T_PUSHPULL = 6
+T_PARAMS = 7
+T_OK = 8
+T_HEARTBEAT = 9
+T_STATUS = 10
+T_STATUS_REPLY = 11
+T_METRICS = 12
+T_METRICS_REPLY = 13
+T_REPORT = 14
+T_ERROR = 15
+T_BYE = 16
+
+# ERROR codes, as they travel (positive)
+E_MALFORMED = 1
+E_TOO_BIG = 2
+E_UNSUPPORTED = 3
+E_BAD_TYPE = 4
+E_BAD_FIELD = 5
+E_STATE = 6
+E_LAYOUT = 7
+E_RANGE = 8
+E_NONFINITE = 9
+E_STALE = 10
+E_DUPLICATE = 11
+E_SHARD = 12
+E_NOT_READY = 13
+E_FORBIDDEN = 15
+
+# reason label of psd_rejected_messages_total for each code
+REASONS = {
+    E_MALFORMED: "malformed",
+    E_TOO_BIG: "too_big",
+    E_UNSUPPORTED: "unsupported",
+    E_BAD_TYPE: "bad_type",
+    E_BAD_FIELD: "bad_field",
+    E_STATE: "state",
+    E_LAYOUT: "layout",
+    E_RANGE: "range",
+    E_NONFINITE: "nonfinite",
+    E_SHARD: "shard",
+    E_FORBIDDEN: "forbidden",
+}
+
+# ---- configuration ----------------------------------------------------------
+
+
+class Paths:
+    psd = os.environ.get("PSD_BIN", os.path.join(ROOT, "build", "server", "psd"))
+    psworker = os.environ.get("PSWORKER_BIN", os.path.join(ROOT, "build", "worker", "psworker"))
+    psctl = os.environ.get("PSCTL_BIN", os.path.join(ROOT, "build", "server", "psctl"))
+    data = os.environ.get("PSD_DATA_DIR", os.path.join(ROOT, "data"))
+
+
+def parse_args(extra=None):
+    """Reads the harness's options (and those extra(parser) adds) from
+    sys.argv, leaves the rest in sys.argv for unittest, and returns the
+    parsed namespace."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--psd")
+    p.add_argument("--psworker")
+    p.add_argument("--psctl")
+    p.add_argument("--data")
+    if extra:
+        extra(p)
+    args, rest = p.parse_known_args(sys.argv[1:])
+    for name in ("psd", "psworker", "psctl", "data"):
+        if getattr(args, name):
+            setattr(Paths, name, os.path.abspath(getattr(args, name)))
+    sys.argv[1:] = rest
+    for prog in (Paths.psd, Paths.psworker, Paths.psctl):
+        if not os.access(prog, os.X_OK):
+            sys.exit("harness: %s is not an executable; build first or pass its path" % prog)
+    return args
+
+
+# ---- waiting ------------------------------------------------------------------
+
+
+def wait_until(pred, timeout, what, interval=0.02):
+    """Calls pred() until it returns something true and returns that; raises
+    AssertionError naming `what` when timeout seconds pass first. The short
+    sleep between calls is a polling interval, not a wait for the event."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def tail(path, lines=40):
+    try:
+        with open(path, "r", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no %s)" % path
+
+
+# ---- processes ------------------------------------------------------------------
+
+
+class Proc:
+    """A started program with its output in files under the cluster's dir."""
+
+    def __init__(self, name, argv, workdir, env=None):
+        self.name = name
+        self.argv = argv
+        self.out_path = os.path.join(workdir, name + ".out")
+        self.err_path = os.path.join(workdir, name + ".err")
+        self._out = open(self.out_path, "wb")
+        self._err = open(self.err_path, "wb")
+        self.p = subprocess.Popen(argv, stdout=self._out, stderr=self._err, stdin=subprocess.DEVNULL,
+                                  cwd=workdir, env=env)
+        self.pid = self.p.pid
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def wait(self, timeout):
+        """Waits for the exit; raises AssertionError (after killing it) when
+        it takes longer than timeout seconds."""
+        try:
+            return self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("%s did not exit within %.0f s\n--- stderr:\n%s" %
+                                 (self.name, timeout, tail(self.err_path)))
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            try:
+                self.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close_files(self):
+        self._out.close()
+        self._err.close()
+
+    def stdout(self):
+        with open(self.out_path, "r", errors="replace") as f:
+            return f.read()
+
+    def stderr(self):
+        with open(self.err_path, "r", errors="replace") as f:
+            return f.read()
+
+    def rss_kb(self):
+        """Resident set size from /proc/PID/status, in KiB."""
+        with open("/proc/%d/status" % self.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS for %s" % self.name)
+
+
+class Psd(Proc):
+    """psd on 127.0.0.1, port 0; .addr is "127.0.0.1:PORT" once started."""
+
+    def __init__(self, workdir, name="psd", mode="asgd", workers=2, args=(), start_timeout=15):
+        self.port_file = os.path.join(workdir, name + ".port")
+        argv = [Paths.psd, "--listen", "127.0.0.1:0", "--port-file", self.port_file, "--mode", mode,
+                "--workers", str(workers)] + list(args)
+        super().__init__(name, argv, workdir)
+        port = wait_until(self._port, start_timeout, "%s to write its port file" % name)
+        self.port = port
+        self.addr = "127.0.0.1:%d" % port
+
+    def _port(self):
+        if self.p.poll() is not None:
+            raise AssertionError("%s exited with %s before listening\n--- stderr:\n%s" %
+                                 (self.name, self.p.returncode, tail(self.err_path)))
+        try:
+            with open(self.port_file) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        if not text.endswith("\n"):
+            return None  # psd writes the file whole (rename), but be safe
+        return int(text)
+
+    def stop(self, timeout=30):
+        """SIGTERM; returns psd's exit status, which must be 0."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        rc = self.wait(timeout)
+        if rc != 0:
+            raise AssertionError("%s exited with %s after SIGTERM (expected 0)\n--- stderr:\n%s" %
+                                 (self.name, rc, tail(self.err_path)))
+        return rc
+
+
+class Worker(Proc):
+    def result(self, timeout):
+        """Waits for the exit and returns (returncode, JSON summary or None)."""
+        rc = self.wait(timeout)
+        lines = [l for l in self.stdout().splitlines() if l.strip()]
+        summary = None
+        if lines:
+            try:
+                summary = json.loads(lines[-1])
+            except ValueError:
+                summary = None
+        return rc, summary
+
+
+class Cluster:
+    """Owns a temporary directory and every process started through it.
+    Leaving the with-block kills whatever still runs; when the block raised,
+    the tails of every process's stderr are printed to help the diagnosis."""
+
+    def __init__(self, name="psd-test"):
+        self.name = name
+        self.procs = []
+        self.dir = None
+        self.nworkers = 0
+
+    def __enter__(self):
+        self.dir = tempfile.mkdtemp(prefix=self.name + "-")
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        for p in self.procs:
+            p.kill()
+            p.close_files()
+        if exc_type is not None:
+            for p in self.procs:
+                sys.stderr.write("\n--- %s (exit %s): %s\n--- stderr tail:\n%s" %
+                                 (p.name, p.p.returncode, " ".join(p.argv), tail(p.err_path, 25)))
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return False
+
+    def psd(self, **kw):
+        p = Psd(self.dir, **kw)
+        self.procs.append(p)
+        return p
+
+    def worker(self, psd, shard, nshards, epochs=2, batch=64, limit=6000, test_limit=2000, model="mlp:64",
+               dataset="mnist", evaluate=True, args=(), name=None):
+        argv = [Paths.psworker, "--server", psd.addr, "--shard", "%d/%d" % (shard, nshards), "--epochs",
+                str(epochs), "--batch", str(batch), "--limit", str(limit), "--test-limit", str(test_limit),
+                "--data", Paths.data, "--dataset", dataset, "--model", model] + list(args)
+        if evaluate:
+            argv.append("--eval")
+        self.nworkers += 1
+        w = Worker(name or "worker%d" % self.nworkers, argv, self.dir)
+        self.procs.append(w)
+        return w
+
+
+def run(argv, timeout=30, **kw):
+    """Runs a short program to completion with a time limit; returns the
+    CompletedProcess with text stdout and stderr."""
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=timeout, text=True, errors="replace", **kw)
+
+
+def psctl(addr, *args, timeout=30):
+    return run([Paths.psctl, "--server", addr, "--timeout", "10000"] + list(args), timeout=timeout)
+
+
+def status(addr):
+    """psctl status --json, parsed; raises AssertionError when psctl fails."""
+    r = psctl(addr, "status", "--json")
+    if r.returncode != 0:
+        raise AssertionError("psctl status failed (%d): %s" % (r.returncode, r.stderr))
+    return json.loads(r.stdout)
+
+
+def metrics(addr):
+    r = psctl(addr, "metrics")
+    if r.returncode != 0:
+        raise AssertionError("psctl metrics failed (%d): %s" % (r.returncode, r.stderr))
+    return r.stdout
+
+
+def free_port():
+    """A port nothing listens on: bound, then closed again."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ---- Prometheus text ------------------------------------------------------------
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\\\|\\"|\\n)*"'
+_SAMPLE = re.compile(r"^(%s)(?:\{((?:%s)(?:,(?:%s))*,?)?\})? (\S+)(?: (-?\d+))?$" % (_NAME, _LABEL, _LABEL))
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\\\|\\"|\\n)*)"')
+_TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
+
+
+def parse_prometheus(text):
+    """Parses the Prometheus text exposition format (version 0.0.4) strictly
+    enough to catch a malformed line, a sample without its family's TYPE, a
+    family declared twice or a value that is not a number. Returns
+    {(name, ((label, value), ...)): float} and {family: type}."""
+    samples, types, helps = {}, {}, set()
+    if text and not text.endswith("\n"):
+        raise AssertionError("metrics text does not end with a newline")
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] == "HELP":
+                if parts[2] in helps:
+                    raise AssertionError("line %d: second HELP for %s" % (n, parts[2]))
+                helps.add(parts[2])
+            elif len(parts) >= 3 and parts[1] == "TYPE":
+                if len(parts) != 4 or parts[3] not in _TYPES:
+                    raise AssertionError("line %d: bad TYPE line %r" % (n, line))
+                if parts[2] in types:
+                    raise AssertionError("line %d: second TYPE for %s" % (n, parts[2]))
+                types[parts[2]] = parts[3]
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            raise AssertionError("line %d is not a Prometheus sample: %r" % (n, line))
+        name, labels, value = m.group(1), m.group(2) or "", m.group(3)
+        try:
+            v = float(value)
+        except ValueError:
+            raise AssertionError("line %d: value %r is not a number" % (n, value))
+        fam = name
+        for suffix in ("_bucket", "_sum", "_count"):
+            if fam not in types and fam.endswith(suffix):
+                fam = fam[: -len(suffix)]
+        if fam not in types:
+            raise AssertionError("line %d: sample %s comes before (or without) its # TYPE line" % (n, name))
+        key = (name, tuple(sorted(_LABEL_RE.findall(labels))))
+        if key in samples:
+            raise AssertionError("line %d: sample %s%s appears twice" % (n, name, labels))
+        samples[key] = v
+    return samples, types
+
+
+def metric(samples, name, **labels):
+    """The value of one sample, or None."""
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def promtool_check(test, text):
+    """Runs `promtool check metrics` on text when promtool is installed;
+    otherwise prints a note and returns False."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        sys.stderr.write("note: promtool not found (Debian package prometheus); "
+                         "skipping `promtool check metrics`\n")
+        return False
+    r = subprocess.run([promtool, "check", "metrics"], input=text, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=30)
+    test.assertEqual(r.returncode, 0, "promtool check metrics failed:\n" + r.stdout)
+    return True
+
+
+# ---- models ---------------------------------------------------------------------
+
+
+def mlp_layout(hidden, inputs=784, classes=10):
+    """The layout psworker sends for --model mlp:H1,H2,... (PyTorch names and
+    shapes: fcN.weight [out, in], fcN.bias [out])."""
+    layout, prev = [], inputs
+    sizes = list(hidden) + [classes]
+    for i, out in enumerate(sizes, 1):
+        layout.append(["fc%d.weight" % i, [out, prev]])
+        layout.append(["fc%d.bias" % i, [out]])
+        prev = out
+    return layout
+
+
+def layout_size(layout):
+    return sum(math.prod(dims) for _, dims in layout)
+
+
+def layout_fingerprint(layout):
+    """64-bit FNV-1a over "name:d0xd1;" for every tensor (proto/layout.h)."""
+    h = 0xCBF29CE484222325
+    text = "".join("%s:%s;" % (name, "x".join(str(d) for d in dims)) for name, dims in layout)
+    for b in text.encode():
+        h ^= b
+        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def steps_per_epoch(limit, nshards, batch, bsp):
+    """Steps a worker takes per epoch (worker/psworker.c): in BSP every
+    worker takes ceil((N div M) / batch); in ASGD ceil(shard size / batch),
+    where shard k holds samples k, k+M, ..."""
+    def ceil_div(a, b):
+        return (a + b - 1) // b
+    if bsp:
+        return ceil_div(limit // nshards, batch)
+    return [ceil_div(ceil_div(limit - k, nshards), batch) for k in range(nshards)]
+
+
+# ---- a raw protocol client ------------------------------------------------------
+
+
+class Closed(Exception):
+    """psd closed the connection (EOF or reset)."""
+
+
+def frame(payload):
+    return struct.pack(">I", len(payload)) + payload
+
+
+def pack(obj):
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def floats(values):
+    """float32 little-endian bytes, as "data" carries them."""
+    import numpy as np
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+class RawClient:
+    """One TCP connection to psd, spoken to frame by frame. Every receive has
+    a timeout, so a psd that hangs fails the test instead of stalling it."""
+
+    def __init__(self, addr, timeout=10.0):
+        host, port = addr.rsplit(":", 1)
+        self.timeout = timeout
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+        self.next_id = 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def send_frame(self, obj):
+        """Packs obj with Python's msgpack and sends it as one frame."""
+        self.sock.sendall(frame(pack(obj)))
+
+    def request(self, obj, timeout=None):
+        """Gives obj the next request id (unless it has one), sends it and
+        returns the reply frame."""
+        if "id" not in obj:
+            obj = dict(obj, id=self.next_id)
+            self.next_id += 1
+        self.send_frame(obj)
+        return self.recv_frame(timeout)
+
+    def _fill(self, n, deadline):
+        while len(self.buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("no complete frame from psd in time")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except (ConnectionResetError, BrokenPipeError):
+                raise Closed("connection reset")
+            if not chunk:
+                raise Closed("connection closed")
+            self.buf += chunk
+
+    def recv_frame(self, timeout=None):
+        """Returns the next frame decoded to a dict; raises Closed on EOF or
+        reset and socket.timeout when nothing complete arrives in time."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._fill(4, deadline)
+        (n,) = struct.unpack(">I", self.buf[:4])
+        if n == 0 or n > (1 << 30):
+            raise AssertionError("psd sent a frame length of %d" % n)
+        self._fill(4 + n, deadline)
+        payload, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+
+    def expect_closed(self, timeout=None):
+        """Reads until psd closes the connection; frames that come first are
+        returned (psd may still send an ERROR before closing)."""
+        frames = []
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            try:
+                frames.append(self.recv_frame(max(0.0, deadline - time.monotonic())))
+            except Closed:
+                return frames
+
+    def hello_admin(self):
+        r = self.request({"t": T_HELLO, "v": PROTO_VERSION, "role": "admin"})
+        if r.get("t") != T_WELCOME:
+            raise AssertionError("admin hello answered with %r" % (r,))
+        return r
+
+    def hello_worker(self, layout, shard, nshards, fp=True):
+        msg = {"t": T_HELLO, "v": PROTO_VERSION, "role": "worker", "shard": [shard, nshards], "layout": layout}
+        if fp:
+            msg["fp"] = layout_fingerprint(layout)
+        return self.request(msg)
+
+    def heartbeat(self):
+        return self.request({"t": T_HEARTBEAT})
+
+
+def expect_error(test, reply, code, what=""):
+    """Asserts that reply is an ERROR frame with the given code and a
+    readable text."""
+    test.assertIsInstance(reply, dict, what)
+    test.assertEqual(reply.get("t"), T_ERROR, "%s: expected ERROR %d, got %r" % (what, code, reply))
+    test.assertEqual(reply.get("code"), code, "%s: expected code %d, got %r" % (what, code, reply))
+    test.assertIsInstance(reply.get("text"), str, what)
+    test.assertTrue(reply["text"], "%s: ERROR without text" % what)
+
+
+def seeded_random(name):
+    """A random.Random whose seed is printed, so a failure can be replayed
+    with PSD_TEST_SEED."""
+    seed = int(os.environ.get("PSD_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 31)
+    sys.stderr.write("%s: random seed %d (set PSD_TEST_SEED to replay)\n" % (name, seed))
+    return random.Random(seed)

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""test_train.py - psd and two real psworkers train an MLP on a MNIST subset.
+
+    test_train.py --mode bsp|asgd [harness options] [unittest options]
+
+While the workers train, psctl must show both shards with their addresses
+and a model version that rises between two polls; its metrics must be
+valid Prometheus text (and pass `promtool check metrics` when promtool is
+installed). Afterwards both workers must have exited 0 with a test accuracy
+far above chance; in BSP both end at the same model version, which equals
+the number of rounds (steps per epoch times epochs). psd exits 0 on SIGTERM.
+"""
+
+import os
+import re
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+ARGS = None
+
+# The job: big enough to last a second or two on two cores, so psctl can
+# watch it, and small enough to keep the test well under 30 s.
+EPOCHS = 3
+BATCH = 64
+LIMIT = 20000
+TEST_LIMIT = 2000
+MODEL = "mlp:256,128"
+HIDDEN = (256, 128)
+MIN_ACCURACY = 0.85  # chance is 0.10; a clean run reaches about 0.93
+
+
+class TrainTest(unittest.TestCase):
+    def test_two_workers(self):
+        mode = ARGS.mode
+        bsp = mode == "bsp"
+        with harness.Cluster("psd-train-" + mode) as cl:
+            psd = cl.psd(mode=mode, workers=2)
+            workers = [cl.worker(psd, k, 2, epochs=EPOCHS, batch=BATCH, limit=LIMIT, test_limit=TEST_LIMIT,
+                                 model=MODEL) for k in range(2)]
+
+            # -- while they train ---------------------------------------------
+            def both_connected():
+                st = harness.status(psd.addr)
+                ws = {w["shard"]: w for w in st["workers"]}
+                if all(ws.get(k, {}).get("state") == "connected" for k in (0, 1)):
+                    return st
+                if not any(w.alive() for w in workers):
+                    raise AssertionError("the workers finished before psctl saw both connected: %r" % st)
+                return None
+
+            first = harness.wait_until(both_connected, 60, "psctl status to show both workers connected")
+            self.assertEqual(first["mode"], mode)
+            self.assertEqual(first["parameters"], harness.layout_size(harness.mlp_layout(HIDDEN)))
+            self.assertEqual(first["workers_expected"], 2)
+            for w in first["workers"]:
+                self.assertEqual(w["shards"], 2)
+                self.assertRegex(w["address"], r"^127\.0\.0\.1:\d+$")
+            addrs = {w["address"] for w in first["workers"]}
+            self.assertEqual(len(addrs), 2, "two workers, two connections: %r" % first["workers"])
+
+            v1 = first["version"]
+            second = harness.wait_until(lambda: (lambda s: s if s["version"] > v1 else None)(
+                harness.status(psd.addr)), 60, "the model version to rise above %d" % v1)
+            self.assertGreater(second["version"], v1)
+
+            text = harness.metrics(psd.addr)
+            samples, types = harness.parse_prometheus(text)
+            for fam, typ in (("psd_pushes_total", "counter"), ("psd_pulls_total", "counter"),
+                             ("psd_model_version", "gauge"), ("psd_rejected_messages_total", "counter"),
+                             ("psd_workers", "gauge"), ("psd_connections", "gauge")):
+                self.assertEqual(types.get(fam), typ, "metrics family %s" % fam)
+            for fam, typ in types.items():
+                if typ == "counter":
+                    self.assertTrue(fam.endswith("_total"), "counter %s should end in _total" % fam)
+            self.assertGreaterEqual(harness.metric(samples, "psd_model_version"), second["version"])
+            self.assertEqual(harness.metric(samples, "psd_rejected_messages_total", reason="malformed"), 0)
+            self.assertEqual(harness.metric(samples, "psd_model_parameters"), first["parameters"])
+            harness.promtool_check(self, text)
+
+            r = harness.psctl(psd.addr, "status")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("mode " + mode, r.stdout)
+            for shard in ("0/2", "1/2"):
+                self.assertRegex(r.stdout, r"(?m)^\s+%s\s+\S+\s+127\.0\.0\.1:\d+" % re.escape(shard),
+                                 "text status lists shard %s:\n%s" % (shard, r.stdout))
+
+            # -- when they are done ---------------------------------------------
+            results = [w.result(timeout=240) for w in workers]
+            for k, (rc, summary) in enumerate(results):
+                self.assertEqual(rc, 0, "worker %d failed:\n%s" % (k, workers[k].stderr()))
+                self.assertIsNotNone(summary, "worker %d printed no JSON summary:\n%s" % (k, workers[k].stdout()))
+                self.assertEqual(summary["mode"], mode)
+                self.assertEqual(summary["shard"], "%d/2" % k)
+                self.assertEqual(summary["epochs"], EPOCHS)
+                self.assertGreater(summary["test_accuracy"], MIN_ACCURACY,
+                                   "worker %d: test accuracy %.4f" % (k, summary["test_accuracy"]))
+
+            final = harness.status(psd.addr)
+            ws = {w["shard"]: w for w in final["workers"]}
+            self.assertEqual(sorted(ws), [0, 1])
+            if bsp:
+                rounds = harness.steps_per_epoch(LIMIT, 2, BATCH, bsp=True) * EPOCHS
+                versions = [s["version"] for _, s in results]
+                self.assertEqual(versions, [rounds, rounds], "BSP: both workers end at round %d" % rounds)
+                # the same version is the same model, so the same test accuracy
+                self.assertEqual(results[0][1]["test_accuracy"], results[1][1]["test_accuracy"])
+                self.assertEqual(final["version"], rounds)
+                self.assertEqual(final["rounds"], rounds)
+                for k in (0, 1):
+                    self.assertEqual(ws[k]["pushes"], rounds)
+            else:
+                steps = harness.steps_per_epoch(LIMIT, 2, BATCH, bsp=False)
+                for k in (0, 1):
+                    self.assertEqual(ws[k]["pushes"], steps[k] * EPOCHS)
+                    self.assertLessEqual(results[k][1]["version"], final["version"])
+                # every ASGD push is one update
+                self.assertEqual(final["version"], sum(steps) * EPOCHS)
+                self.assertEqual(final["rounds"], 0)
+            self.assertEqual(final["pushes"], ws[0]["pushes"] + ws[1]["pushes"])
+            for k in (0, 1):
+                self.assertEqual(ws[k]["state"], "left", "worker %d said bye" % k)
+                self.assertEqual(ws[k]["epoch"], EPOCHS)
+                self.assertAlmostEqual(ws[k]["accuracy"], results[k][1]["test_accuracy"], places=5)
+
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_model_version"), final["version"])
+            self.assertEqual(harness.metric(samples, "psd_pushes_total"), final["pushes"])
+            self.assertEqual(harness.metric(samples, "psd_rounds_total"), final["rounds"])
+            self.assertEqual(harness.metric(samples, "psd_workers", state="left"), 2)
+            for reason in harness.REASONS.values():
+                self.assertEqual(harness.metric(samples, "psd_rejected_messages_total", reason=reason), 0,
+                                 "a clean run rejects nothing (%s)" % reason)
+
+            psd.stop()
+
+
+if __name__ == "__main__":
+    ARGS = harness.parse_args(lambda p: p.add_argument("--mode", choices=("asgd", "bsp"), default="bsp"))
+    unittest.main()

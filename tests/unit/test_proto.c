@@ -1,0 +1,2078 @@
+/* test_proto.c - the wire code in proto/: frame header, structure scan,
+ * encode/decode of every message, decode errors, layouts, error names, and
+ * random input fed to the decoder.
+ *
+ * Hostile and hand-made frames are built with the small msgpack writer below
+ * (mp_*), not with msgpack-c's packer, so that the decoder is checked against
+ * an encoder other than the one psd uses. Every buffer handed to ps_scan or
+ * ps_msg_decode is a heap block of exactly the tested length, so that a read
+ * past its end is caught by AddressSanitizer (PSD_SANITIZE=ON). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "proto/frame.h"
+#include "proto/layout.h"
+#include "proto/msg.h"
+#include "proto/ps_limits.h"
+
+#define assert_msg_has(msg, needle)                                                                                \
+    do {                                                                                                           \
+        if (strstr((msg), (needle)) == NULL)                                                                       \
+            fail_msg("message \"%s\" lacks \"%s\"", (msg), (needle));                                             \
+    } while (0)
+
+/* ---- a small msgpack writer, independent of msgpack-c -------------------- */
+
+#define MPW_CAP (1u << 17)
+
+typedef struct mpw {
+    _Alignas(16) uint8_t b[MPW_CAP];
+    size_t n;
+} mpw;
+
+static mpw *mpw_new(void)
+{
+    mpw *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    return w;
+}
+
+static void mp_raw(mpw *w, const void *p, size_t n)
+{
+    assert_true(w->n + n <= MPW_CAP);
+    memcpy(w->b + w->n, p, n);
+    w->n += n;
+}
+
+static void mp_u8(mpw *w, uint8_t v)
+{
+    mp_raw(w, &v, 1);
+}
+
+static void mp_be(mpw *w, uint64_t v, unsigned nbytes)
+{
+    for (unsigned i = nbytes; i-- > 0;)
+        mp_u8(w, (uint8_t)(v >> (8 * i)));
+}
+
+static void mp_uint(mpw *w, uint64_t v)
+{
+    if (v <= 0x7f)
+        mp_u8(w, (uint8_t)v);
+    else if (v <= 0xff)
+        mp_u8(w, 0xcc), mp_be(w, v, 1);
+    else if (v <= 0xffff)
+        mp_u8(w, 0xcd), mp_be(w, v, 2);
+    else if (v <= 0xffffffffu)
+        mp_u8(w, 0xce), mp_be(w, v, 4);
+    else
+        mp_u8(w, 0xcf), mp_be(w, v, 8);
+}
+
+static void mp_int(mpw *w, int64_t v)
+{
+    if (v >= 0)
+        mp_uint(w, (uint64_t)v);
+    else if (v >= -32)
+        mp_u8(w, (uint8_t)(0xe0 | (v & 0x1f)));
+    else if (v >= INT8_MIN)
+        mp_u8(w, 0xd0), mp_be(w, (uint64_t)v, 1);
+    else if (v >= INT16_MIN)
+        mp_u8(w, 0xd1), mp_be(w, (uint64_t)v, 2);
+    else if (v >= INT32_MIN)
+        mp_u8(w, 0xd2), mp_be(w, (uint64_t)v, 4);
+    else
+        mp_u8(w, 0xd3), mp_be(w, (uint64_t)v, 8);
+}
+
+static void mp_f32(mpw *w, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    mp_u8(w, 0xca), mp_be(w, u, 4);
+}
+
+static void mp_f64(mpw *w, double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, 8);
+    mp_u8(w, 0xcb), mp_be(w, u, 8);
+}
+
+static void mp_nil(mpw *w)
+{
+    mp_u8(w, 0xc0);
+}
+
+static void mp_bool(mpw *w, int b)
+{
+    mp_u8(w, b ? 0xc3 : 0xc2);
+}
+
+static void mp_strn(mpw *w, const char *s, size_t n)
+{
+    if (n <= 31)
+        mp_u8(w, (uint8_t)(0xa0 | n));
+    else if (n <= 0xff)
+        mp_u8(w, 0xd9), mp_be(w, n, 1);
+    else if (n <= 0xffff)
+        mp_u8(w, 0xda), mp_be(w, n, 2);
+    else
+        mp_u8(w, 0xdb), mp_be(w, n, 4);
+    mp_raw(w, s, n);
+}
+
+static void mp_str(mpw *w, const char *s)
+{
+    mp_strn(w, s, strlen(s));
+}
+
+/* bin with the given header: 0 = smallest, 0xc4 / 0xc5 / 0xc6 = forced. */
+static void mp_bin(mpw *w, const void *p, size_t n, uint8_t fmt)
+{
+    if (fmt == 0)
+        fmt = n <= 0xff ? 0xc4 : n <= 0xffff ? 0xc5 : 0xc6;
+    mp_u8(w, fmt);
+    mp_be(w, n, fmt == 0xc4 ? 1 : fmt == 0xc5 ? 2 : 4);
+    mp_raw(w, p, n);
+}
+
+static void mp_array(mpw *w, uint32_t n)
+{
+    if (n <= 15)
+        mp_u8(w, (uint8_t)(0x90 | n));
+    else if (n <= 0xffff)
+        mp_u8(w, 0xdc), mp_be(w, n, 2);
+    else
+        mp_u8(w, 0xdd), mp_be(w, n, 4);
+}
+
+static void mp_map(mpw *w, uint32_t n)
+{
+    if (n <= 15)
+        mp_u8(w, (uint8_t)(0x80 | n));
+    else if (n <= 0xffff)
+        mp_u8(w, 0xde), mp_be(w, n, 2);
+    else
+        mp_u8(w, 0xdf), mp_be(w, n, 4);
+}
+
+/* ---- decoding helpers ------------------------------------------------------ */
+
+static msgpack_zone zone;
+static ps_layout lay;
+static char err[512];
+static const ps_scan_limits default_lim = {PS_MSG_DEPTH_MAX, PS_MSG_OBJECTS_MAX};
+
+/* A heap copy of exactly n bytes, so that ASan sees any read past the end. */
+static uint8_t *heapdup(const void *p, size_t n)
+{
+    uint8_t *q = malloc(n ? n : 1);
+    assert_non_null(q);
+    if (n)
+        memcpy(q, p, n);
+    return q;
+}
+
+/* Decodes p[0..n) in place with the default limits. */
+static int dec_inplace(uint8_t *p, size_t n, ps_msg *m)
+{
+    msgpack_zone_clear(&zone);
+    memset(err, 'X', sizeof err);
+    err[sizeof err - 1] = '\0';
+    return ps_msg_decode(p, n, &default_lim, &zone, m, &lay, err, sizeof err);
+}
+
+/* Decodes a heap copy of w's bytes; the copy is freed (so m's pointers are
+ * not used afterwards). */
+static int dec_copy(const mpw *w, ps_msg *m)
+{
+    uint8_t *p = heapdup(w->b, w->n);
+    int rc = dec_inplace(p, w->n, m);
+    free(p);
+    return rc;
+}
+
+static int scan_copy(const void *b, size_t n, const ps_scan_limits *lim)
+{
+    uint8_t *p = heapdup(b, n);
+    memset(err, 'X', sizeof err);
+    err[sizeof err - 1] = '\0';
+    int rc = ps_scan(p, n, lim, err, sizeof err);
+    free(p);
+    return rc;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return msgpack_zone_init(&zone, 4096) ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    msgpack_zone_destroy(&zone);
+    return 0;
+}
+
+/* A small layout used by several tests: w[2,3] b[3]. */
+static void small_layout(ps_layout *l)
+{
+    ps_layout_init(l);
+    assert_int_equal(ps_layout_add(l, "w", 2, (const uint32_t[]){2, 3}), 0);
+    assert_int_equal(ps_layout_add(l, "b", 1, (const uint32_t[]){3}), 0);
+}
+
+/* ---- frame header ------------------------------------------------------------ */
+
+static void test_frame_header_need_more(void **state)
+{
+    (void)state;
+    static const uint8_t full[4] = {0, 0, 0, 9};
+    for (size_t n = 0; n < PS_FRAME_HDR; n++) {
+        uint8_t *p = heapdup(full, n);
+        uint32_t len = 12345;
+        assert_int_equal(ps_frame_header(p, n, 1000, &len), 0);
+        assert_int_equal(len, 12345); /* untouched */
+        free(p);
+    }
+    uint8_t *p = heapdup(full, 4);
+    uint32_t len = 0;
+    assert_int_equal(ps_frame_header(p, 4, 1000, &len), 1);
+    assert_int_equal(len, 9);
+    free(p);
+}
+
+static void test_frame_header_zero_and_limits(void **state)
+{
+    (void)state;
+    uint8_t h[4];
+    uint32_t len = 99;
+
+    ps_frame_put_len(h, 0);
+    assert_int_equal(ps_frame_header(h, 4, 1000, &len), PS_EMALFORMED);
+    assert_int_equal(len, 0);
+
+    ps_frame_put_len(h, 1000); /* exactly the limit */
+    assert_int_equal(ps_frame_header(h, 4, 1000, &len), 1);
+    assert_int_equal(len, 1000);
+
+    ps_frame_put_len(h, 1001); /* one over */
+    assert_int_equal(ps_frame_header(h, 4, 1000, &len), PS_ETOO_BIG);
+    assert_int_equal(len, 1001);
+
+    ps_frame_put_len(h, 1);
+    assert_int_equal(ps_frame_header(h, 4, 1000, &len), 1);
+    assert_int_equal(len, 1);
+
+    /* the pre-hello limit and the hard limit */
+    ps_frame_put_len(h, PS_FRAME_MAX_PREAUTH);
+    assert_int_equal(ps_frame_header(h, 4, PS_FRAME_MAX_PREAUTH, &len), 1);
+    ps_frame_put_len(h, PS_FRAME_MAX_PREAUTH + 1);
+    assert_int_equal(ps_frame_header(h, 4, PS_FRAME_MAX_PREAUTH, &len), PS_ETOO_BIG);
+    ps_frame_put_len(h, PS_FRAME_MAX_HARD);
+    assert_int_equal(ps_frame_header(h, 4, PS_FRAME_MAX_HARD, &len), 1);
+    assert_int_equal(len, PS_FRAME_MAX_HARD);
+    ps_frame_put_len(h, UINT32_MAX);
+    assert_int_equal(ps_frame_header(h, 4, PS_FRAME_MAX_HARD, &len), PS_ETOO_BIG);
+    assert_int_equal(len, UINT32_MAX);
+}
+
+static void test_frame_put_len_big_endian(void **state)
+{
+    (void)state;
+    uint8_t h[8] = {0};
+    ps_frame_put_len(h, 0x01020304u);
+    assert_int_equal(h[0], 1);
+    assert_int_equal(h[1], 2);
+    assert_int_equal(h[2], 3);
+    assert_int_equal(h[3], 4);
+    assert_int_equal(h[4], 0); /* writes exactly 4 bytes */
+    uint32_t len = 0;
+    /* bytes after the header are not looked at */
+    assert_int_equal(ps_frame_header(h, sizeof h, UINT32_MAX, &len), 1);
+    assert_int_equal(len, 0x01020304u);
+}
+
+/* ---- ps_scan ------------------------------------------------------------------- */
+
+typedef struct typecase {
+    const char *name;
+    const uint8_t *b;
+    size_t n;
+} typecase;
+
+#define TC(name, ...) {name, (const uint8_t[]){__VA_ARGS__}, sizeof((const uint8_t[]){__VA_ARGS__})}
+
+/* One object of every msgpack type family (a table to expand inside a
+ * function: compound literals are not constant at file scope). */
+#define EVERY_TYPE {                                                                   \
+    TC("positive fixint 0", 0x00),                                                     \
+    TC("positive fixint 127", 0x7f),                                                   \
+    TC("negative fixint -1", 0xff),                                                    \
+    TC("negative fixint -32", 0xe0),                                                   \
+    TC("int8", 0xd0, 0x80),                                                            \
+    TC("int16", 0xd1, 0x80, 0x00),                                                     \
+    TC("int32", 0xd2, 0x80, 0x00, 0x00, 0x00),                                         \
+    TC("int64", 0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0),                                      \
+    TC("uint8", 0xcc, 0xff),                                                           \
+    TC("uint16", 0xcd, 0xff, 0xff),                                                    \
+    TC("uint32", 0xce, 0xff, 0xff, 0xff, 0xff),                                        \
+    TC("uint64", 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff),                \
+    TC("float32", 0xca, 0x3f, 0x80, 0x00, 0x00),                                       \
+    TC("float64", 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0),                                 \
+    TC("nil", 0xc0),                                                                   \
+    TC("false", 0xc2),                                                                 \
+    TC("true", 0xc3),                                                                  \
+    TC("fixstr empty", 0xa0),                                                          \
+    TC("fixstr", 0xa3, 'a', 'b', 'c'),                                                 \
+    TC("str8", 0xd9, 0x03, 'a', 'b', 'c'),                                             \
+    TC("str16", 0xda, 0x00, 0x03, 'a', 'b', 'c'),                                      \
+    TC("str32", 0xdb, 0x00, 0x00, 0x00, 0x03, 'a', 'b', 'c'),                          \
+    TC("bin8", 0xc4, 0x02, 0xde, 0xad),                                                \
+    TC("bin8 empty", 0xc4, 0x00),                                                      \
+    TC("bin16", 0xc5, 0x00, 0x02, 0xde, 0xad),                                         \
+    TC("bin32", 0xc6, 0x00, 0x00, 0x00, 0x02, 0xde, 0xad),                             \
+    TC("fixext1", 0xd4, 0x01, 0xaa),                                                   \
+    TC("fixext2", 0xd5, 0x01, 0xaa, 0xbb),                                             \
+    TC("fixext4", 0xd6, 0x01, 1, 2, 3, 4),                                             \
+    TC("fixext8", 0xd7, 0x01, 1, 2, 3, 4, 5, 6, 7, 8),                                 \
+    TC("fixext16", 0xd8, 0x01, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), \
+    TC("ext8", 0xc7, 0x03, 0x01, 1, 2, 3),                                             \
+    TC("ext16", 0xc8, 0x00, 0x03, 0x01, 1, 2, 3),                                      \
+    TC("ext32", 0xc9, 0x00, 0x00, 0x00, 0x03, 0x01, 1, 2, 3),                          \
+    TC("fixarray empty", 0x90),                                                        \
+    TC("fixarray", 0x92, 0x01, 0xa1, 'x'),                                             \
+    TC("array16", 0xdc, 0x00, 0x02, 0x01, 0xc0),                                       \
+    TC("array32", 0xdd, 0x00, 0x00, 0x00, 0x02, 0x01, 0xc3),                           \
+    TC("fixmap empty", 0x80),                                                          \
+    TC("fixmap", 0x81, 0xa1, 'a', 0x01),                                               \
+    TC("map16", 0xde, 0x00, 0x01, 0xa1, 'a', 0x92, 0x01, 0x02),                        \
+    TC("map32", 0xdf, 0x00, 0x00, 0x00, 0x01, 0xa1, 'a', 0x80),                        \
+}
+
+static void test_scan_accepts_every_type(void **state)
+{
+    (void)state;
+    const typecase every_type[] = EVERY_TYPE;
+    for (size_t i = 0; i < sizeof every_type / sizeof every_type[0]; i++) {
+        const typecase *tc = &every_type[i];
+        int rc = scan_copy(tc->b, tc->n, &default_lim);
+        if (rc != 0)
+            fail_msg("%s: ps_scan says %d: %s", tc->name, rc, err);
+        assert_string_equal(err, "");
+    }
+}
+
+/* What ps_scan accepts, msgpack-c must unpack: each type as the value of an
+ * unknown key in a heartbeat decodes without error. */
+static void test_scan_types_agree_with_unpacker(void **state)
+{
+    (void)state;
+    const typecase every_type[] = EVERY_TYPE;
+    for (size_t i = 0; i < sizeof every_type / sizeof every_type[0]; i++) {
+        const typecase *tc = &every_type[i];
+        mpw *w = mpw_new();
+        mp_map(w, 2);
+        mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+        mp_str(w, "x"), mp_raw(w, tc->b, tc->n);
+        ps_msg m;
+        int rc = dec_copy(w, &m);
+        if (rc != 0)
+            fail_msg("%s: decode says %d: %s", tc->name, rc, err);
+        assert_int_equal(m.type, PS_MSG_HEARTBEAT);
+        free(w);
+    }
+}
+
+static void test_scan_rejects_reserved_byte(void **state)
+{
+    (void)state;
+    static const uint8_t alone[] = {0xc1};
+    assert_int_equal(scan_copy(alone, sizeof alone, &default_lim), PS_EMALFORMED);
+    assert_msg_has(err, "0xc1");
+    static const uint8_t inside[] = {0x82, 0xa1, 't', 0x09, 0xa1, 'x', 0xc1};
+    assert_int_equal(scan_copy(inside, sizeof inside, &default_lim), PS_EMALFORMED);
+    assert_msg_has(err, "at byte 6");
+    assert_msg_has(err, "0xc1");
+    static const uint8_t in_array[] = {0x93, 0x01, 0xc1, 0x02};
+    assert_int_equal(scan_copy(in_array, sizeof in_array, &default_lim), PS_EMALFORMED);
+}
+
+/* Every proper prefix of a valid payload is refused, by the scan and by the
+ * decoder, without reading past it. */
+static void check_every_prefix(const uint8_t *payload, size_t len)
+{
+    ps_msg m;
+    for (size_t n = 0; n < len; n++) {
+        int rc = scan_copy(payload, n, &default_lim);
+        if (rc != PS_EMALFORMED)
+            fail_msg("prefix of %zu/%zu bytes: ps_scan returned %d", n, len, rc);
+        assert_true(err[0] != '\0');
+        uint8_t *p = heapdup(payload, n);
+        rc = dec_inplace(p, n, &m);
+        free(p);
+        if (rc != PS_EMALFORMED)
+            fail_msg("prefix of %zu/%zu bytes: decode returned %d", n, len, rc);
+    }
+    /* and the whole payload is fine */
+    assert_int_equal(scan_copy(payload, len, &default_lim), 0);
+    uint8_t *p = heapdup(payload, len);
+    assert_int_equal(dec_inplace(p, len, &m), 0);
+    free(p);
+}
+
+static void test_scan_truncation_push(void **state)
+{
+    (void)state;
+    float g[5] = {1, -2, 3.5f, 0, 1e-3f};
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_FIN;
+    m.id = 300;
+    m.base = 70000;
+    m.off = 12;
+    m.data = g;
+    m.ndata = 5;
+    ps_buf out = {0};
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    check_every_prefix(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+    ps_buf_free(&out);
+}
+
+static void test_scan_truncation_hello(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.id = 1;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_WORKER;
+    m.shard = 1;
+    m.nshards = 2;
+    m.layout = &l;
+    m.fp = ps_layout_fingerprint(&l);
+    ps_buf out = {0};
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    check_every_prefix(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+    ps_buf_free(&out);
+}
+
+static void test_scan_trailing_bytes(void **state)
+{
+    (void)state;
+    static const uint8_t two[] = {0x81, 0xa1, 't', 0x09, 0x00};
+    assert_int_equal(scan_copy(two, sizeof two, &default_lim), PS_EMALFORMED);
+    assert_msg_has(err, "1 trailing byte");
+    static const uint8_t two_objects[] = {0x01, 0x02};
+    assert_int_equal(scan_copy(two_objects, sizeof two_objects, &default_lim), PS_EMALFORMED);
+    ps_msg m;
+    uint8_t *p = heapdup(two, sizeof two);
+    assert_int_equal(dec_inplace(p, sizeof two, &m), PS_EMALFORMED);
+    free(p);
+}
+
+/* msgpack-c issue #1013: five bytes declaring 2^32-1 elements would make its
+ * unpacker allocate ~100 GB. The scan must refuse before any unpacking. */
+static void test_scan_huge_declared_counts(void **state)
+{
+    (void)state;
+    static const uint8_t arr32[] = {0xdd, 0xff, 0xff, 0xff, 0xff};
+    static const uint8_t map32[] = {0xdf, 0xff, 0xff, 0xff, 0xff};
+    static const uint8_t arr16[] = {0xdc, 0xff, 0xff};
+    static const uint8_t map16[] = {0xde, 0xff, 0xff};
+    assert_int_equal(scan_copy(arr32, sizeof arr32, &default_lim), PS_EMALFORMED);
+    assert_msg_has(err, "4294967295 elements");
+    assert_int_equal(scan_copy(map32, sizeof map32, &default_lim), PS_EMALFORMED);
+    assert_msg_has(err, "8589934590 elements");
+    assert_int_equal(scan_copy(arr16, sizeof arr16, &default_lim), PS_EMALFORMED);
+    assert_int_equal(scan_copy(map16, sizeof map16, &default_lim), PS_EMALFORMED);
+
+    /* the same inside a message, through the decoder */
+    const uint8_t *bodies[] = {arr32, map32};
+    for (int i = 0; i < 2; i++) {
+        mpw *w = mpw_new();
+        mp_map(w, 2);
+        mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+        mp_str(w, "x"), mp_raw(w, bodies[i], 5);
+        ps_msg m;
+        assert_int_equal(dec_copy(w, &m), PS_EMALFORMED);
+        free(w);
+    }
+
+    /* a count that just fits the remaining bytes passes; one more does not */
+    static const uint8_t fits[] = {0xdd, 0x00, 0x00, 0x00, 0x03, 0x01, 0x02, 0x03};
+    static const uint8_t over[] = {0xdd, 0x00, 0x00, 0x00, 0x04, 0x01, 0x02, 0x03};
+    assert_int_equal(scan_copy(fits, sizeof fits, &default_lim), 0);
+    assert_int_equal(scan_copy(over, sizeof over, &default_lim), PS_EMALFORMED);
+    static const uint8_t mfits[] = {0x82, 0x01, 0x02, 0x03, 0x04};
+    static const uint8_t mover[] = {0x83, 0x01, 0x02, 0x03, 0x04, 0x05};
+    assert_int_equal(scan_copy(mfits, sizeof mfits, &default_lim), 0);
+    assert_int_equal(scan_copy(mover, sizeof mover, &default_lim), PS_EMALFORMED);
+}
+
+static void test_scan_lengths_beyond_the_end(void **state)
+{
+    (void)state;
+    const typecase bad[] = {
+        TC("fixstr", 0xa5, 'a', 'b', 'c', 'd'),
+        TC("str8", 0xd9, 0x05, 'a', 'b', 'c', 'd'),
+        TC("str16", 0xda, 0x00, 0x05, 'a', 'b', 'c', 'd'),
+        TC("str32 small", 0xdb, 0x00, 0x00, 0x00, 0x10, 'a', 'b', 'c'),
+        TC("str32 huge", 0xdb, 0xff, 0xff, 0xff, 0xff),
+        TC("bin8", 0xc4, 0x03, 1, 2),
+        TC("bin16", 0xc5, 0x01, 0x00, 1, 2),
+        TC("bin32 small", 0xc6, 0x00, 0x00, 0x00, 0x04, 1, 2, 3),
+        TC("bin32 huge", 0xc6, 0xff, 0xff, 0xff, 0xff, 1),
+        TC("ext8", 0xc7, 0x02, 0x01, 1),
+        TC("ext32 huge", 0xc9, 0xff, 0xff, 0xff, 0xff, 0x01),
+        TC("ext32 type byte missing", 0xc9, 0x00, 0x00, 0x00, 0x00),
+        TC("fixext16", 0xd8, 0x01, 1, 2, 3),
+        TC("uint64", 0xcf, 0, 0, 0, 0, 0, 0, 0),
+        TC("float64", 0xcb, 0, 0, 0),
+        TC("str32 length field cut", 0xdb, 0x00, 0x00),
+        TC("map16 length field cut", 0xde, 0x00),
+        TC("array32 length field cut", 0xdd, 0x00, 0x00, 0x00),
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = scan_copy(bad[i].b, bad[i].n, &default_lim);
+        if (rc != PS_EMALFORMED)
+            fail_msg("%s: ps_scan returned %d", bad[i].name, rc);
+    }
+}
+
+/* n nested arrays, the innermost holding `inner` (a fixint, or nothing). */
+static void nested_arrays(mpw *w, unsigned n, int inner)
+{
+    for (unsigned i = 0; i < n; i++)
+        mp_array(w, i + 1 < n || inner ? 1 : 0);
+    if (inner)
+        mp_u8(w, 0x07);
+}
+
+static void test_scan_depth(void **state)
+{
+    (void)state;
+    for (uint32_t d = 1; d <= PS_MSG_DEPTH_MAX; d++) {
+        ps_scan_limits lim = {d, PS_MSG_OBJECTS_MAX};
+        for (int inner = 0; inner <= 1; inner++) {
+            mpw *w = mpw_new();
+            nested_arrays(w, d, inner); /* exactly the limit */
+            int rc = scan_copy(w->b, w->n, &lim);
+            if (rc != 0)
+                fail_msg("depth %u (inner %d) at limit %u refused: %s", d, inner, d, err);
+            w->n = 0;
+            nested_arrays(w, d + 1, inner); /* one deeper */
+            rc = scan_copy(w->b, w->n, &lim);
+            if (rc != PS_EMALFORMED)
+                fail_msg("depth %u (inner %d) at limit %u accepted", d + 1, inner, d);
+            assert_msg_has(err, "nested deeper");
+            free(w);
+        }
+    }
+    /* a limit above the hard one is clamped to it */
+    ps_scan_limits big = {1000, PS_MSG_OBJECTS_MAX};
+    mpw *w = mpw_new();
+    nested_arrays(w, PS_MSG_DEPTH_MAX + 1, 1);
+    assert_int_equal(scan_copy(w->b, w->n, &big), PS_EMALFORMED);
+    w->n = 0;
+    nested_arrays(w, 200, 1);
+    assert_int_equal(scan_copy(w->b, w->n, &big), PS_EMALFORMED);
+
+    /* the decoder with the default limits: a message map and five nested
+     * arrays below it is the deepest accepted */
+    for (unsigned n = PS_MSG_DEPTH_MAX - 1; n <= PS_MSG_DEPTH_MAX; n++) {
+        w->n = 0;
+        mp_map(w, 2);
+        mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+        mp_str(w, "x"), nested_arrays(w, n, 1);
+        ps_msg m;
+        int rc = dec_copy(w, &m);
+        assert_int_equal(rc, n + 1 <= PS_MSG_DEPTH_MAX ? 0 : PS_EMALFORMED);
+    }
+    free(w);
+}
+
+static void test_scan_max_objects(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new();
+    mp_array(w, 10);
+    for (int i = 0; i < 10; i++)
+        mp_u8(w, (uint8_t)i);
+    ps_scan_limits lim11 = {4, 11}, lim10 = {4, 10};
+    assert_int_equal(scan_copy(w->b, w->n, &lim11), 0);
+    assert_int_equal(scan_copy(w->b, w->n, &lim10), PS_EMALFORMED);
+    assert_msg_has(err, "more than 10 objects");
+    /* map keys count as objects */
+    w->n = 0;
+    mp_map(w, 1), mp_str(w, "a"), mp_u8(w, 1);
+    ps_scan_limits lim3 = {4, 3}, lim2 = {4, 2};
+    assert_int_equal(scan_copy(w->b, w->n, &lim3), 0);
+    assert_int_equal(scan_copy(w->b, w->n, &lim2), PS_EMALFORMED);
+
+    /* through the decoder: a message of 70,000 nils is refused by the
+     * default limit of 65,536 objects */
+    w->n = 0;
+    mp_map(w, 2);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+    mp_str(w, "x"), mp_array(w, 60000);
+    for (int i = 0; i < 60000; i++)
+        mp_u8(w, 0xc0);
+    ps_msg m;
+    assert_int_equal(dec_copy(w, &m), 0);
+    w->n = 0;
+    mp_map(w, 2);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+    mp_str(w, "x"), mp_array(w, 65533); /* 1 + 4 + 1 + 65533 = 65539 objects */
+    for (int i = 0; i < 65533; i++)
+        mp_u8(w, 0xc0);
+    assert_int_equal(dec_copy(w, &m), PS_EMALFORMED);
+    assert_msg_has(err, "objects");
+    free(w);
+}
+
+static void test_scan_error_buffer(void **state)
+{
+    (void)state;
+    static const uint8_t bad[] = {0xc1};
+    char small[8];
+    memset(small, 'X', sizeof small);
+    assert_int_equal(ps_scan(bad, 1, &default_lim, small, sizeof small), PS_EMALFORMED);
+    assert_true(memchr(small, '\0', sizeof small) != NULL);
+    assert_int_equal(ps_scan(bad, 1, &default_lim, NULL, 0), PS_EMALFORMED);
+    char one[1] = {'X'};
+    assert_int_equal(ps_scan(bad, 1, &default_lim, one, 1), PS_EMALFORMED);
+    assert_int_equal(one[0], '\0');
+}
+
+/* ---- encode / decode round trips -------------------------------------------------- */
+
+static int pack_body(msgpack_packer *pk, void *arg)
+{
+    (void)arg;
+    msgpack_pack_map(pk, 2);
+    msgpack_pack_str(pk, 4);
+    msgpack_pack_str_body(pk, "mode", 4);
+    msgpack_pack_str(pk, 3);
+    msgpack_pack_str_body(pk, "bsp", 3);
+    msgpack_pack_str(pk, 7);
+    msgpack_pack_str_body(pk, "workers", 7);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 1);
+    msgpack_pack_str(pk, 5);
+    msgpack_pack_str_body(pk, "shard", 5);
+    msgpack_pack_uint32(pk, 3);
+    return 0;
+}
+
+static int pack_body_fails(msgpack_packer *pk, void *arg)
+{
+    (void)pk, (void)arg;
+    return PS_ENOMEM;
+}
+
+static int str_is(const msgpack_object *o, const char *s)
+{
+    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
+           memcmp(o->via.str.ptr, s, o->via.str.size) == 0;
+}
+
+static void check_body(const msgpack_object *body)
+{
+    assert_non_null(body);
+    assert_int_equal(body->type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(body->via.map.size, 2);
+    assert_true(str_is(&body->via.map.ptr[0].key, "mode"));
+    assert_true(str_is(&body->via.map.ptr[0].val, "bsp"));
+    assert_true(str_is(&body->via.map.ptr[1].key, "workers"));
+    const msgpack_object *ws = &body->via.map.ptr[1].val;
+    assert_int_equal(ws->type, MSGPACK_OBJECT_ARRAY);
+    assert_int_equal(ws->via.array.size, 1);
+    assert_int_equal(ws->via.array.ptr[0].type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(ws->via.array.ptr[0].via.map.ptr[0].val.via.u64, 3);
+}
+
+/* Compares every field that a says is present. */
+static void check_same(const ps_msg *a, const ps_msg *b)
+{
+    assert_int_equal(a->type, b->type);
+    assert_int_equal(a->has, b->has);
+    uint32_t h = a->has;
+    if (h & PS_F_ID)
+        assert_int_equal(a->id, b->id);
+    if (h & PS_F_VERSION)
+        assert_int_equal(a->proto, b->proto);
+    if (h & PS_F_ROLE)
+        assert_int_equal(a->role, b->role);
+    if (h & PS_F_SHARD) {
+        assert_int_equal(a->shard, b->shard);
+        assert_int_equal(a->nshards, b->nshards);
+    }
+    if (h & PS_F_LAYOUT)
+        assert_true(ps_layout_equal(a->layout, b->layout));
+    if (h & PS_F_FP)
+        assert_int_equal(a->fp, b->fp);
+    if (h & PS_F_MODE)
+        assert_string_equal(a->mode, b->mode);
+    if (h & PS_F_MVER)
+        assert_int_equal(a->mver, b->mver);
+    if (h & PS_F_PARAMS)
+        assert_int_equal(a->params, b->params);
+    if (h & PS_F_WORKERS)
+        assert_int_equal(a->workers, b->workers);
+    if (h & PS_F_INIT)
+        assert_int_equal(a->need_init, b->need_init);
+    if (h & PS_F_OFF)
+        assert_int_equal(a->off, b->off);
+    if (h & PS_F_LEN)
+        assert_int_equal(a->len, b->len);
+    if (h & PS_F_DATA) {
+        assert_int_equal(a->ndata, b->ndata);
+        if (a->ndata)
+            assert_memory_equal(a->data, b->data, a->ndata * sizeof(float));
+    }
+    assert_int_equal(a->fin, b->fin); /* 1 when absent */
+    if (h & PS_F_MIN)
+        assert_int_equal(a->min, b->min);
+    if (h & PS_F_BASE)
+        assert_int_equal(a->base, b->base);
+    if (h & PS_F_POFF)
+        assert_int_equal(a->poff, b->poff);
+    if (h & PS_F_PLEN)
+        assert_int_equal(a->plen, b->plen);
+    if (h & PS_F_CODE)
+        assert_int_equal(a->code, b->code);
+    if (h & PS_F_TEXT) {
+        assert_int_equal(a->text_len, b->text_len);
+        assert_memory_equal(a->text, b->text, a->text_len);
+    }
+    if (h & PS_F_EPOCH)
+        assert_int_equal(a->epoch, b->epoch);
+    if (h & PS_F_LOSS)
+        assert_true(a->loss == b->loss);
+    if (h & PS_F_ACC)
+        assert_true(a->acc == b->acc);
+    if (h & PS_F_TLOSS)
+        assert_true(a->tloss == b->tloss);
+    if (h & PS_F_SAMPLES)
+        assert_int_equal(a->samples, b->samples);
+    if (h & PS_F_RATE)
+        assert_true(a->rate == b->rate);
+    if (h & PS_F_HB)
+        assert_int_equal(a->hb, b->hb);
+}
+
+/* Encodes m (with the body callback for status replies), decodes the frame
+ * and checks both agree; checks that tensor data is decoded in place, at an
+ * aligned address inside the payload. */
+static void round_trip(const ps_msg *m)
+{
+    ps_buf out = {0};
+    size_t dlen = 0;
+    ps_body_fn body = m->type == PS_MSG_STATUS_REPLY ? pack_body : NULL;
+    assert_int_equal(ps_msg_encode(m, &out, &dlen, body, NULL), 0);
+    assert_int_equal(dlen, (m->has & PS_F_DATA) ? m->ndata * 4 : 0);
+    if (dlen) {
+        /* the header ends with a bin32 header for the tensor bytes, at an
+         * aligned offset of the frame */
+        assert_true(out.len >= 5);
+        assert_int_equal(out.p[out.len - 5], 0xc6);
+        assert_int_equal(out.len % PS_DATA_ALIGN, 0);
+        assert_int_equal(ps_buf_reserve(&out, dlen), 0);
+        memcpy(out.p + out.len, m->data, dlen);
+        out.len += dlen;
+    }
+    uint32_t plen = 0;
+    assert_int_equal(ps_frame_header(out.p, out.len, PS_FRAME_MAX_HARD, &plen), 1);
+    assert_int_equal(plen, out.len - PS_FRAME_HDR);
+
+    /* the frame from ps_msg_encode_full is the same bytes */
+    ps_buf full = {0};
+    if (!body) {
+        assert_int_equal(ps_msg_encode_full(m, &full), 0);
+        assert_int_equal(full.len, out.len);
+        assert_memory_equal(full.p, out.p, out.len);
+        ps_buf_free(&full);
+    }
+
+    uint8_t *payload = out.p + PS_FRAME_HDR;
+    uint8_t *copy = heapdup(payload, plen);
+    ps_msg d;
+    int rc = dec_inplace(payload, plen, &d);
+    if (rc != 0)
+        fail_msg("%s: decode: %d: %s", ps_msg_type_name(m->type), rc, err);
+    ps_msg want = *m;
+    if (body)
+        want.has |= PS_F_BODY;
+    check_same(&want, &d);
+    if (body)
+        check_body(d.body);
+    if (m->has & PS_F_DATA) {
+        /* in place, no copy: the tensor is the last dlen bytes of the
+         * payload (msgpack-c points an empty bin at its length field) */
+        if (dlen)
+            assert_ptr_equal((const uint8_t *)d.data, payload + plen - dlen);
+        assert_true((const uint8_t *)d.data >= payload && (const uint8_t *)d.data <= payload + plen);
+        assert_int_equal((uintptr_t)d.data % PS_DATA_ALIGN, 0);
+    }
+    /* an aligned frame is not written to */
+    assert_memory_equal(payload, copy, plen);
+    free(copy);
+    ps_buf_free(&out);
+}
+
+static const float tensor[7] = {1.0f, -2.5f, 3.25e-8f, 1e30f, -0.0f, 0.1f, 42.0f};
+
+static void test_round_trip_each_type(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    ps_msg m;
+    static const char msg_text[] = "shard 3 is already connected from 10.0.0.7:41234";
+    static const char metrics[] = "# HELP psd_pushes_total x\npsd_pushes_total 12\n";
+
+    ps_msg_init(&m, PS_MSG_HELLO); /* worker */
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.id = 1, m.proto = PS_PROTO_VERSION, m.role = PS_ROLE_WORKER, m.shard = 3, m.nshards = 4;
+    m.layout = &l, m.fp = ps_layout_fingerprint(&l);
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_HELLO); /* admin */
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE;
+    m.id = 1, m.proto = PS_PROTO_VERSION, m.role = PS_ROLE_ADMIN;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_WELCOME);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT | PS_F_FP |
+            PS_F_HB;
+    m.id = 1, m.proto = PS_PROTO_VERSION, m.mver = 123456789, m.params = 1ULL << 33, m.workers = 4096;
+    m.hb = 15000;
+    m.need_init = 1, m.fp = 0xfedcba9876543210ULL;
+    snprintf(m.mode, sizeof m.mode, "bsp");
+    round_trip(&m);
+    m.need_init = 0;
+    snprintf(m.mode, sizeof m.mode, "%s", "fifteen-chars-x"); /* the longest mode */
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_INIT);
+    m.has = PS_F_ID | PS_F_OFF | PS_F_DATA | PS_F_FIN;
+    m.id = 2, m.off = 5, m.data = tensor, m.ndata = 7, m.fin = 0;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_FIN;
+    m.id = UINT64_MAX, m.base = 77, m.off = 0, m.data = tensor, m.ndata = 2, m.fin = 1;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PULL);
+    m.has = PS_F_ID | PS_F_OFF | PS_F_LEN | PS_F_MIN;
+    m.id = 4, m.off = 1ULL << 32, m.len = 1ULL << 20, m.min = 99;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PUSHPULL);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_FIN | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m.id = 5, m.base = 10, m.off = 1, m.data = tensor + 1, m.ndata = 6, m.fin = 1;
+    m.poff = 0, m.plen = 7, m.min = 11;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PARAMS);
+    m.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    m.id = 6, m.mver = 11, m.off = 0, m.data = tensor, m.ndata = 7;
+    round_trip(&m);
+    m.ndata = 0; /* an empty tensor is still a tensor */
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_OK);
+    m.has = PS_F_ID | PS_F_MVER;
+    m.id = 7, m.mver = 0;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_HEARTBEAT);
+    m.has = PS_F_ID;
+    m.id = 8;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_STATUS);
+    m.has = PS_F_ID;
+    m.id = 9;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_STATUS_REPLY);
+    m.has = PS_F_ID;
+    m.id = 9;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_METRICS);
+    m.has = PS_F_ID;
+    m.id = 10;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_METRICS_REPLY);
+    m.has = PS_F_ID | PS_F_TEXT;
+    m.id = 10, m.text = metrics, m.text_len = (uint32_t)strlen(metrics);
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_REPORT);
+    m.has = PS_F_ID | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_TLOSS | PS_F_SAMPLES | PS_F_RATE;
+    m.id = 11, m.epoch = 3, m.loss = 0.3141, m.acc = 0.97, m.tloss = 1e-300, m.samples = 180000, m.rate = 12345.5;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_ERROR);
+    m.has = PS_F_ID | PS_F_CODE | PS_F_TEXT;
+    m.id = 12, m.code = -PS_ESHARD, m.text = msg_text, m.text_len = (uint32_t)strlen(msg_text);
+    round_trip(&m);
+    m.code = -7; /* negative codes decode too */
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_BYE);
+    m.has = PS_F_ID;
+    m.id = 13;
+    round_trip(&m);
+    m.has = 0; /* no id at all */
+    round_trip(&m);
+}
+
+/* One message carrying every field there is. */
+static void test_round_trip_all_fields(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP | PS_F_MODE | PS_F_MVER |
+            PS_F_PARAMS | PS_F_INIT | PS_F_OFF | PS_F_LEN | PS_F_DATA | PS_F_FIN | PS_F_MIN | PS_F_BASE |
+            PS_F_POFF | PS_F_PLEN | PS_F_CODE | PS_F_TEXT | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES |
+            PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB;
+    m.id = 0x123456789aULL, m.proto = 0xffffffffu, m.role = PS_ROLE_WORKER, m.shard = 65535, m.nshards = 65536;
+    m.layout = &l, m.fp = ps_layout_fingerprint(&l);
+    snprintf(m.mode, sizeof m.mode, "asgd");
+    m.mver = 1, m.params = 2, m.need_init = 1, m.off = 3, m.len = 4, m.data = tensor, m.ndata = 3, m.fin = 0;
+    m.min = 5, m.base = 6, m.poff = 7, m.plen = 8, m.code = INT32_MAX, m.text = "", m.text_len = 0;
+    m.epoch = UINT32_MAX, m.loss = -1.5, m.acc = 1.0, m.samples = 9, m.tloss = 2.5, m.workers = 10;
+    m.rate = 1e9, m.hb = UINT64_MAX;
+    round_trip(&m);
+    /* and the status body next to it all */
+    m.type = PS_MSG_STATUS_REPLY;
+    round_trip(&m);
+}
+
+/* Whatever precedes it, our encoder's "pad" puts the tensor at an offset of
+ * the frame that is a multiple of PS_DATA_ALIGN. */
+static void test_encode_alignment(void **state)
+{
+    (void)state;
+    static const uint64_t ids[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 1ULL << 32, UINT64_MAX};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        for (uint64_t base = 0; base < 300; base += 97) {
+            for (int fin = 0; fin <= 1; fin++) {
+                ps_msg m;
+                ps_msg_init(&m, PS_MSG_PUSH);
+                m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | (fin ? PS_F_FIN : 0);
+                m.id = ids[i], m.base = base, m.off = ids[i], m.data = tensor, m.ndata = 3;
+                round_trip(&m);
+            }
+        }
+    }
+}
+
+static void test_encode_header_only(void **state)
+{
+    (void)state;
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_PARAMS);
+    m.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    m.id = 1, m.mver = 2, m.off = 0, m.data = tensor, m.ndata = 7;
+    ps_buf out = {0};
+    size_t dlen = 0;
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, NULL, NULL), 0);
+    assert_int_equal(dlen, 28);
+    uint32_t plen = 0;
+    assert_int_equal(ps_frame_header(out.p, out.len, UINT32_MAX, &plen), 1);
+    /* the prefix counts the tensor bytes that the caller sends after out */
+    assert_int_equal(plen, out.len - PS_FRAME_HDR + 28);
+    const uint8_t bin32[5] = {0xc6, 0, 0, 0, 28};
+    assert_memory_equal(out.p + out.len - 5, bin32, 5);
+    /* a second encode into the same buffer replaces it */
+    ps_msg_init(&m, PS_MSG_OK);
+    m.has = PS_F_ID;
+    m.id = 3;
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, NULL, NULL), 0);
+    assert_int_equal(dlen, 0);
+    const uint8_t ok[] = {0, 0, 0, 8, 0x82, 0xa1, 't', 8, 0xa2, 'i', 'd', 3};
+    assert_int_equal(out.len, sizeof ok);
+    assert_memory_equal(out.p, ok, sizeof ok);
+    ps_buf_free(&out);
+}
+
+static void test_encode_errors(void **state)
+{
+    (void)state;
+    ps_msg m;
+    ps_buf out = {0};
+    size_t dlen = 0;
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA;
+    m.data = tensor; /* never read: only the header is encoded */
+    m.ndata = (PS_FRAME_MAX_HARD / 4) + 1;
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, NULL, NULL), PS_ETOO_BIG);
+    m.ndata = PS_FRAME_MAX_HARD / 4; /* the tensor fits, tensor + header does not */
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, NULL, NULL), PS_ETOO_BIG);
+    m.ndata = UINT64_MAX / 4;
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, NULL, NULL), PS_ETOO_BIG);
+
+    ps_msg_init(&m, PS_MSG_STATUS_REPLY);
+    m.has = PS_F_ID;
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, pack_body_fails, NULL), PS_ENOMEM);
+    ps_buf_free(&out);
+}
+
+/* A frame built by hand, without "pad": the tensor lands at every possible
+ * misalignment; the decoder still gives the right floats at an aligned
+ * address inside the payload, and fields after "data" are intact. */
+static void test_decode_misaligned_data(void **state)
+{
+    (void)state;
+    static const float vals[3] = {1.5f, -2.25f, 3e-5f};
+    int seen[PS_DATA_ALIGN] = {0};
+    static const uint8_t fmts[] = {0xc4, 0xc5, 0xc6};
+    for (size_t f = 0; f < sizeof fmts; f++) {
+        for (size_t k = 0; k < 4; k++) {
+            for (int after = 0; after <= 1; after++) {
+                mpw *w = mpw_new();
+                w->n = PS_FRAME_HDR; /* room for the length prefix */
+                mp_map(w, 6 + (uint32_t)after);
+                mp_str(w, "t"), mp_uint(w, PS_MSG_PUSH);
+                mp_str(w, "id"), mp_uint(w, 300);
+                mp_str(w, "base"), mp_uint(w, 2);
+                mp_str(w, "off"), mp_uint(w, 1);
+                mp_str(w, "x"), mp_strn(w, "abc", k);
+                mp_str(w, "data"), mp_bin(w, vals, sizeof vals, fmts[f]);
+                size_t data_at = w->n - sizeof vals;
+                if (after)
+                    mp_str(w, "fin"), mp_bool(w, 0);
+                ps_frame_put_len(w->b, (uint32_t)(w->n - PS_FRAME_HDR));
+                seen[data_at % PS_DATA_ALIGN] = 1;
+
+                uint32_t plen = 0;
+                assert_int_equal(ps_frame_header(w->b, w->n, PS_FRAME_MAX_PREAUTH, &plen), 1);
+                uint8_t *payload = heapdup(w->b + PS_FRAME_HDR, plen);
+                ps_msg m;
+                int rc = dec_inplace(payload, plen, &m);
+                if (rc != 0)
+                    fail_msg("fmt 0x%02x, k %zu: %s", fmts[f], k, err);
+                assert_int_equal(m.type, PS_MSG_PUSH);
+                assert_int_equal(m.id, 300);
+                assert_int_equal(m.base, 2);
+                assert_int_equal(m.off, 1);
+                assert_int_equal(m.fin, after ? 0 : 1);
+                assert_int_equal(m.ndata, 3);
+                assert_int_equal((uintptr_t)m.data % PS_DATA_ALIGN, 0);
+                assert_true((const uint8_t *)m.data >= payload);
+                assert_true((const uint8_t *)(m.data + 3) <= payload + plen);
+                assert_memory_equal(m.data, vals, sizeof vals);
+                free(payload);
+                free(w);
+            }
+        }
+    }
+    for (int i = 0; i < PS_DATA_ALIGN; i++)
+        if (!seen[i])
+            fail_msg("no case put the tensor at offset %d mod %d", i, PS_DATA_ALIGN);
+}
+
+/* Our own aligned frame, received at an odd address (as a second frame in a
+ * read buffer would be): moved into alignment, values intact. */
+static void test_decode_misaligned_payload(void **state)
+{
+    (void)state;
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_PARAMS);
+    m.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    m.id = 1, m.mver = 2, m.off = 0, m.data = tensor, m.ndata = 7;
+    ps_buf out = {0};
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    size_t plen = out.len - PS_FRAME_HDR;
+    for (size_t shift = 1; shift < PS_DATA_ALIGN; shift++) {
+        uint8_t *block = malloc(plen + shift);
+        assert_non_null(block);
+        memcpy(block + shift, out.p + PS_FRAME_HDR, plen);
+        ps_msg d;
+        assert_int_equal(dec_inplace(block + shift, plen, &d), 0);
+        assert_int_equal(d.ndata, 7);
+        assert_int_equal((uintptr_t)d.data % PS_DATA_ALIGN, 0);
+        assert_true((const uint8_t *)d.data >= block + shift);
+        assert_memory_equal(d.data, tensor, sizeof tensor);
+        free(block);
+    }
+    ps_buf_free(&out);
+}
+
+/* ---- decode errors ------------------------------------------------------------- */
+
+static const ps_layout *field_layout(void)
+{
+    static ps_layout l;
+    static int done;
+    if (!done) {
+        ps_layout_init(&l);
+        ps_layout_add(&l, "w", 1, (const uint32_t[]){2});
+        done = 1;
+    }
+    return &l;
+}
+
+/* Writes field `bit` with a valid value. */
+static void mp_field(mpw *w, uint32_t bit)
+{
+    static const float two[2] = {1, 2};
+    switch (bit) {
+    case PS_F_ID: mp_str(w, "id"), mp_uint(w, 7); break;
+    case PS_F_VERSION: mp_str(w, "v"), mp_uint(w, PS_PROTO_VERSION); break;
+    case PS_F_ROLE: mp_str(w, "role"), mp_str(w, "admin"); break;
+    case PS_F_SHARD: mp_str(w, "shard"), mp_array(w, 2), mp_uint(w, 0), mp_uint(w, 1); break;
+    case PS_F_LAYOUT:
+        mp_str(w, "layout"), mp_array(w, 1), mp_array(w, 2), mp_str(w, "w"), mp_array(w, 1), mp_uint(w, 2);
+        break;
+    case PS_F_FP: mp_str(w, "fp"), mp_uint(w, ps_layout_fingerprint(field_layout())); break;
+    case PS_F_MODE: mp_str(w, "mode"), mp_str(w, "bsp"); break;
+    case PS_F_MVER: mp_str(w, "ver"), mp_uint(w, 3); break;
+    case PS_F_PARAMS: mp_str(w, "params"), mp_uint(w, 2); break;
+    case PS_F_INIT: mp_str(w, "init"), mp_bool(w, 1); break;
+    case PS_F_OFF: mp_str(w, "off"), mp_uint(w, 0); break;
+    case PS_F_LEN: mp_str(w, "len"), mp_uint(w, 2); break;
+    case PS_F_DATA: mp_str(w, "data"), mp_bin(w, two, sizeof two, 0); break;
+    case PS_F_FIN: mp_str(w, "fin"), mp_bool(w, 1); break;
+    case PS_F_MIN: mp_str(w, "min"), mp_uint(w, 0); break;
+    case PS_F_BASE: mp_str(w, "base"), mp_uint(w, 0); break;
+    case PS_F_POFF: mp_str(w, "poff"), mp_uint(w, 0); break;
+    case PS_F_PLEN: mp_str(w, "plen"), mp_uint(w, 2); break;
+    case PS_F_CODE: mp_str(w, "code"), mp_uint(w, 5); break;
+    case PS_F_TEXT: mp_str(w, "text"), mp_str(w, "bad"); break;
+    case PS_F_BODY: mp_str(w, "body"), mp_map(w, 0); break;
+    case PS_F_EPOCH: mp_str(w, "epoch"), mp_uint(w, 1); break;
+    case PS_F_LOSS: mp_str(w, "loss"), mp_f64(w, 0.5); break;
+    case PS_F_ACC: mp_str(w, "acc"), mp_f32(w, 0.75f); break;
+    case PS_F_SAMPLES: mp_str(w, "samples"), mp_uint(w, 64); break;
+    case PS_F_TLOSS: mp_str(w, "tloss"), mp_uint(w, 1); break;
+    case PS_F_WORKERS: mp_str(w, "workers"), mp_uint(w, 2); break;
+    case PS_F_RATE: mp_str(w, "rate"), mp_f64(w, 100.0); break;
+    case PS_F_HB: mp_str(w, "hb"), mp_uint(w, 30000); break;
+    default: fail_msg("no sample for field bit 0x%x", bit);
+    }
+}
+
+/* Every field, in the order of its PS_F_* bit. */
+#define NFIELDS 29
+static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
+                                             "ver", "params", "init", "off",   "len",    "data",    "fin",
+                                             "min", "base",  "poff",  "plen",  "code",   "text",    "body",
+                                             "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
+                                             "hb"};
+
+/* A map of "t": type and the fields in `bits`, each with a valid value. */
+static void mp_message(mpw *w, uint64_t type, uint32_t bits)
+{
+    uint32_t n = 1;
+    for (uint32_t b = bits; b; b &= b - 1)
+        n++;
+    mp_map(w, n);
+    mp_str(w, "t"), mp_uint(w, type);
+    for (unsigned i = 0; i < NFIELDS; i++)
+        if (bits & (1u << i))
+            mp_field(w, 1u << i);
+}
+
+/* The fields each type must carry, as PROTOCOL.md lists them. */
+static const uint32_t required[PS_MSG_TYPE_MAX + 1] = {
+    [PS_MSG_HELLO] = PS_F_VERSION | PS_F_ROLE,
+    [PS_MSG_WELCOME] = PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS,
+    [PS_MSG_INIT] = PS_F_OFF | PS_F_DATA,
+    [PS_MSG_PUSH] = PS_F_BASE | PS_F_OFF | PS_F_DATA,
+    [PS_MSG_PULL] = PS_F_OFF | PS_F_LEN,
+    [PS_MSG_PUSHPULL] = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN,
+    [PS_MSG_PARAMS] = PS_F_MVER | PS_F_OFF | PS_F_DATA,
+    [PS_MSG_STATUS_REPLY] = PS_F_BODY,
+    [PS_MSG_METRICS_REPLY] = PS_F_TEXT,
+    [PS_MSG_REPORT] = PS_F_EPOCH,
+    [PS_MSG_ERROR] = PS_F_CODE | PS_F_TEXT,
+};
+
+static void test_decode_every_field_accepted(void **state)
+{
+    (void)state;
+    /* every field's sample value decodes, alone or all together */
+    for (unsigned i = 0; i < NFIELDS; i++) {
+        mpw *w = mpw_new();
+        mp_message(w, PS_MSG_HEARTBEAT, 1u << i);
+        ps_msg m;
+        int rc = dec_copy(w, &m);
+        if (rc != 0)
+            fail_msg("field %s: %s", field_names[i], err);
+        assert_int_equal(m.has, 1u << i);
+        free(w);
+    }
+    mpw *w = mpw_new();
+    mp_message(w, PS_MSG_HEARTBEAT, (1u << NFIELDS) - 1);
+    ps_msg m;
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.has, (1u << NFIELDS) - 1);
+    free(w);
+}
+
+static void test_decode_missing_required(void **state)
+{
+    (void)state;
+    for (uint32_t type = 1; type <= PS_MSG_TYPE_MAX; type++) {
+        mpw *w = mpw_new();
+        ps_msg m;
+        /* all required fields: fine */
+        mp_message(w, type, required[type] | PS_F_ID);
+        int rc = dec_copy(w, &m);
+        if (rc != 0)
+            fail_msg("%s with its required fields: %s", ps_msg_type_name(type), err);
+        assert_int_equal(m.type, type);
+        /* each one left out */
+        for (unsigned i = 0; i < NFIELDS; i++) {
+            uint32_t bit = 1u << i;
+            if (!(required[type] & bit))
+                continue;
+            w->n = 0;
+            mp_message(w, type, (required[type] & ~bit) | PS_F_ID);
+            rc = dec_copy(w, &m);
+            if (rc != PS_EBAD_FIELD)
+                fail_msg("%s without %s: %d", ps_msg_type_name(type), field_names[i], rc);
+            char want[64];
+            snprintf(want, sizeof want, "missing field '%s'", field_names[i]);
+            assert_msg_has(err, want);
+            assert_msg_has(err, ps_msg_type_name(type));
+            /* the id was read before the error: a reply can carry it */
+            assert_true(m.has & PS_F_ID);
+            assert_int_equal(m.id, 7);
+        }
+        free(w);
+    }
+}
+
+typedef struct badcase {
+    const char *what;
+    int code;
+    const char *needle; /* in the error message */
+} badcase;
+
+static void expect(mpw *w, const badcase *c)
+{
+    ps_msg m;
+    int rc = dec_copy(w, &m);
+    if (rc != c->code)
+        fail_msg("%s: decode returned %d (%s), expected %d; message: %s", c->what, rc, ps_errname(rc), c->code,
+                 err);
+    assert_msg_has(err, c->needle);
+    w->n = 0;
+}
+
+static void test_decode_type_errors(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new();
+
+    mp_map(w, 1), mp_str(w, "id"), mp_uint(w, 1);
+    expect(w, &(badcase){"no t", PS_EMALFORMED, "'t'"});
+    mp_map(w, 1), mp_str(w, "t"), mp_str(w, "push");
+    expect(w, &(badcase){"t a string", PS_EMALFORMED, "'t'"});
+    mp_map(w, 1), mp_str(w, "t"), mp_int(w, -4);
+    expect(w, &(badcase){"t negative", PS_EMALFORMED, "'t'"});
+    mp_map(w, 1), mp_str(w, "T"), mp_uint(w, 4);
+    expect(w, &(badcase){"T not t", PS_EMALFORMED, "'t'"});
+    mp_map(w, 0);
+    expect(w, &(badcase){"empty map", PS_EMALFORMED, "'t'"});
+    mp_map(w, 1), mp_str(w, "t"), mp_uint(w, 0);
+    expect(w, &(badcase){"type 0", PS_EBAD_TYPE, "unknown message type 0"});
+    mp_map(w, 1), mp_str(w, "t"), mp_uint(w, PS_MSG_TYPE_MAX + 1);
+    expect(w, &(badcase){"type 17", PS_EBAD_TYPE, "unknown message type 17"});
+    mp_map(w, 1), mp_str(w, "t"), mp_uint(w, UINT64_MAX);
+    expect(w, &(badcase){"type 2^64-1", PS_EBAD_TYPE, "18446744073709551615"});
+
+    mp_array(w, 2), mp_str(w, "t"), mp_uint(w, 9);
+    expect(w, &(badcase){"array at top", PS_EMALFORMED, "not a map"});
+    mp_uint(w, 9);
+    expect(w, &(badcase){"int at top", PS_EMALFORMED, "not a map"});
+    mp_str(w, "hello");
+    expect(w, &(badcase){"string at top", PS_EMALFORMED, "not a map"});
+
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, 9), mp_uint(w, 1), mp_uint(w, 2);
+    expect(w, &(badcase){"int key", PS_EMALFORMED, "keys must be strings"});
+    mp_map(w, 2), mp_u8(w, 0xc4), mp_u8(w, 1), mp_u8(w, 't'), mp_uint(w, 9), mp_str(w, "t"), mp_uint(w, 9);
+    expect(w, &(badcase){"bin key", PS_EMALFORMED, "keys must be strings"});
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, 9), mp_nil(w), mp_nil(w);
+    expect(w, &(badcase){"nil key", PS_EMALFORMED, "keys must be strings"});
+    free(w);
+}
+
+static void test_decode_field_errors(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new();
+    static const float two[2] = {1, 2};
+
+#define FIELD_IS(key, ...)                                                                                        \
+    do {                                                                                                           \
+        mp_map(w, 3);                                                                                              \
+        mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);                                                             \
+        mp_str(w, "id"), mp_uint(w, 1);                                                                           \
+        mp_str(w, key);                                                                                            \
+        __VA_ARGS__;                                                                                               \
+    } while (0)
+
+    FIELD_IS("off", mp_str(w, "0"));
+    expect(w, &(badcase){"off a string", PS_EBAD_FIELD, "field 'off' must be a non-negative integer"});
+    FIELD_IS("off", mp_int(w, -1));
+    expect(w, &(badcase){"off negative", PS_EBAD_FIELD, "'off'"});
+    FIELD_IS("off", mp_int(w, INT64_MIN));
+    expect(w, &(badcase){"off int64 min", PS_EBAD_FIELD, "'off'"});
+    FIELD_IS("off", mp_f64(w, 1.0));
+    expect(w, &(badcase){"off a float", PS_EBAD_FIELD, "'off'"});
+    FIELD_IS("off", mp_f32(w, 1.0f));
+    expect(w, &(badcase){"off a float32", PS_EBAD_FIELD, "'off'"});
+    FIELD_IS("off", mp_bool(w, 1));
+    expect(w, &(badcase){"off a bool", PS_EBAD_FIELD, "'off'"});
+    FIELD_IS("off", mp_nil(w));
+    expect(w, &(badcase){"off nil", PS_EBAD_FIELD, "'off'"});
+    FIELD_IS("len", mp_str(w, "1"));
+    expect(w, &(badcase){"len a string", PS_EBAD_FIELD, "'len'"});
+    FIELD_IS("min", mp_int(w, -5));
+    expect(w, &(badcase){"min negative", PS_EBAD_FIELD, "'min'"});
+    FIELD_IS("ver", mp_f64(w, 2.5));
+    expect(w, &(badcase){"ver a float", PS_EBAD_FIELD, "'ver'"});
+    FIELD_IS("v", mp_uint(w, 1ULL << 32));
+    expect(w, &(badcase){"v over 32 bits", PS_EBAD_FIELD, "'v' must be an integer 0..2^32-1"});
+    FIELD_IS("epoch", mp_int(w, -1));
+    expect(w, &(badcase){"epoch negative", PS_EBAD_FIELD, "'epoch'"});
+    FIELD_IS("workers", mp_str(w, "2"));
+    expect(w, &(badcase){"workers a string", PS_EBAD_FIELD, "'workers'"});
+    FIELD_IS("fin", mp_uint(w, 1));
+    expect(w, &(badcase){"fin an int", PS_EBAD_FIELD, "'fin' must be a boolean"});
+    FIELD_IS("init", mp_nil(w));
+    expect(w, &(badcase){"init nil", PS_EBAD_FIELD, "'init'"});
+    FIELD_IS("loss", mp_str(w, "0.5"));
+    expect(w, &(badcase){"loss a string", PS_EBAD_FIELD, "field 'loss' must be a number"});
+    FIELD_IS("rate", mp_nil(w));
+    expect(w, &(badcase){"rate nil", PS_EBAD_FIELD, "'rate'"});
+    FIELD_IS("role", mp_str(w, "boss"));
+    expect(w, &(badcase){"role unknown", PS_EBAD_FIELD, "role must be"});
+    FIELD_IS("role", mp_uint(w, 1));
+    expect(w, &(badcase){"role an int", PS_EBAD_FIELD, "role must be"});
+    FIELD_IS("mode", mp_str(w, "sixteen-chars-xx"));
+    expect(w, &(badcase){"mode too long", PS_EBAD_FIELD, "mode"});
+    FIELD_IS("mode", mp_str(w, ""));
+    expect(w, &(badcase){"mode empty", PS_EBAD_FIELD, "mode"});
+    FIELD_IS("text", mp_uint(w, 3));
+    expect(w, &(badcase){"text an int", PS_EBAD_FIELD, "text must be a string"});
+    FIELD_IS("body", mp_array(w, 0));
+    expect(w, &(badcase){"body an array", PS_EBAD_FIELD, "body must be a map"});
+    FIELD_IS("code", mp_str(w, "5"));
+    expect(w, &(badcase){"code a string", PS_EBAD_FIELD, "code must be"});
+    FIELD_IS("code", mp_uint(w, 1ULL << 31));
+    expect(w, &(badcase){"code over int32", PS_EBAD_FIELD, "code must be"});
+    FIELD_IS("code", mp_int(w, -(INT64_C(1) << 40)));
+    expect(w, &(badcase){"code under int32", PS_EBAD_FIELD, "code must be"});
+    FIELD_IS("data", mp_str(w, "abcd"));
+    expect(w, &(badcase){"data a string", PS_EBAD_FIELD, "data must be bin"});
+    FIELD_IS("data", mp_bin(w, two, 7, 0));
+    expect(w, &(badcase){"data 7 bytes", PS_EBAD_FIELD, "data has 7 bytes, not a multiple of 4"});
+    FIELD_IS("data", mp_bin(w, two, 1, 0xc6));
+    expect(w, &(badcase){"data 1 byte", PS_EBAD_FIELD, "not a multiple of 4"});
+    FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 2), mp_uint(w, 2));
+    expect(w, &(badcase){"shard k == m", PS_EBAD_FIELD, "shard must be [k, m]"});
+    FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 5), mp_uint(w, 2));
+    expect(w, &(badcase){"shard k > m", PS_EBAD_FIELD, "shard"});
+    FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 0), mp_uint(w, 0));
+    expect(w, &(badcase){"shard m == 0", PS_EBAD_FIELD, "shard"});
+    FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 0), mp_uint(w, 65537));
+    expect(w, &(badcase){"shard m too big", PS_EBAD_FIELD, "shard"});
+    FIELD_IS("shard", mp_array(w, 1), mp_uint(w, 0));
+    expect(w, &(badcase){"shard one number", PS_EBAD_FIELD, "shard"});
+    FIELD_IS("shard", mp_array(w, 2), mp_int(w, -1), mp_uint(w, 2));
+    expect(w, &(badcase){"shard negative", PS_EBAD_FIELD, "shard"});
+    FIELD_IS("shard", mp_str(w, "0/2"));
+    expect(w, &(badcase){"shard a string", PS_EBAD_FIELD, "shard"});
+
+    /* the largest values that fit are fine */
+    ps_msg m;
+    FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 65535), mp_uint(w, 65536));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.shard, 65535);
+    assert_int_equal(m.nshards, 65536);
+    w->n = 0;
+    FIELD_IS("code", mp_int(w, INT32_MIN));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.code, INT32_MIN);
+    w->n = 0;
+    FIELD_IS("loss", mp_int(w, -3));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_true(m.loss == -3.0);
+    w->n = 0;
+    FIELD_IS("acc", mp_f32(w, 0.25f));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_true(m.acc == 0.25);
+    w->n = 0;
+    FIELD_IS("v", mp_uint(w, UINT32_MAX));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.proto, UINT32_MAX);
+    w->n = 0;
+    /* a non-negative value in a signed format is an unsigned integer too */
+    FIELD_IS("off", mp_u8(w, 0xd0), mp_u8(w, 5));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.off, 5);
+    w->n = 0;
+    FIELD_IS("off", mp_u8(w, 0xd3), mp_be(w, 1ULL << 40, 8));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.off, 1ULL << 40);
+    w->n = 0;
+#undef FIELD_IS
+
+    /* duplicated fields */
+    mp_map(w, 4), mp_str(w, "t"), mp_uint(w, PS_MSG_PULL), mp_field(w, PS_F_OFF), mp_field(w, PS_F_LEN);
+    mp_field(w, PS_F_OFF);
+    expect(w, &(badcase){"off twice", PS_EBAD_FIELD, "field 'off' appears twice"});
+    mp_map(w, 5), mp_str(w, "t"), mp_uint(w, PS_MSG_PUSH), mp_field(w, PS_F_BASE), mp_field(w, PS_F_OFF);
+    mp_field(w, PS_F_DATA), mp_field(w, PS_F_DATA);
+    expect(w, &(badcase){"data twice", PS_EBAD_FIELD, "field 'data' appears twice"});
+    mp_map(w, 3), mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT), mp_field(w, PS_F_RATE), mp_field(w, PS_F_RATE);
+    expect(w, &(badcase){"rate twice", PS_EBAD_FIELD, "field 'rate' appears twice"});
+
+    /* unknown keys are ignored, whatever their value */
+    mp_map(w, 4), mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT), mp_str(w, "future"), mp_array(w, 1), mp_map(w, 0);
+    mp_str(w, "pad"), mp_bin(w, two, 3, 0), mp_str(w, "tt"), mp_nil(w);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.type, PS_MSG_HEARTBEAT);
+    assert_int_equal(m.has, 0);
+    free(w);
+}
+
+/* A worker hello carrying `layout_bytes` as its layout (raw msgpack). */
+static void worker_hello(mpw *w, const void *layout_bytes, size_t n)
+{
+    mp_map(w, 5);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO);
+    mp_str(w, "v"), mp_uint(w, PS_PROTO_VERSION);
+    mp_str(w, "role"), mp_str(w, "worker");
+    mp_str(w, "shard"), mp_array(w, 2), mp_uint(w, 0), mp_uint(w, 1);
+    mp_str(w, "layout"), mp_raw(w, layout_bytes, n);
+}
+
+static void test_decode_hello_errors(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new(), *l = mpw_new();
+    ps_msg m;
+
+    /* a worker hello needs both shard and layout; an admin needs neither */
+    mp_map(w, 4), mp_field(w, PS_F_VERSION), mp_str(w, "role"), mp_str(w, "worker"), mp_field(w, PS_F_SHARD);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO);
+    expect(w, &(badcase){"worker hello without layout", PS_EBAD_FIELD, "'shard' and 'layout'"});
+    mp_map(w, 4), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_field(w, PS_F_VERSION), mp_str(w, "role");
+    mp_str(w, "worker"), mp_field(w, PS_F_LAYOUT);
+    expect(w, &(badcase){"worker hello without shard", PS_EBAD_FIELD, "'shard' and 'layout'"});
+    mp_message(w, PS_MSG_HELLO, PS_F_VERSION | PS_F_ROLE);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.role, PS_ROLE_ADMIN);
+    w->n = 0;
+
+    /* a good worker hello */
+    mp_array(l, 2);
+    mp_array(l, 2), mp_str(l, "w"), mp_array(l, 2), mp_uint(l, 2), mp_uint(l, 3);
+    mp_array(l, 2), mp_str(l, "b"), mp_array(l, 1), mp_uint(l, 3);
+    worker_hello(w, l->b, l->n);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_ptr_equal(m.layout, &lay);
+    ps_layout want;
+    small_layout(&want);
+    assert_true(ps_layout_equal(&lay, &want));
+    assert_int_equal(lay.t[1].offset, 6);
+    assert_int_equal(lay.total, 9);
+    w->n = 0;
+
+    /* the fingerprint, when sent, must match the layout */
+    w->n = 0;
+    mp_map(w, 6);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO);
+    mp_str(w, "v"), mp_uint(w, PS_PROTO_VERSION);
+    mp_str(w, "role"), mp_str(w, "worker");
+    mp_str(w, "shard"), mp_array(w, 2), mp_uint(w, 0), mp_uint(w, 1);
+    mp_str(w, "layout"), mp_raw(w, l->b, l->n);
+    size_t fp_at = w->n;
+    mp_str(w, "fp"), mp_uint(w, ps_layout_fingerprint(&want));
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_true(m.has & PS_F_FP);
+    w->n = fp_at;
+    mp_str(w, "fp"), mp_uint(w, ps_layout_fingerprint(&want) ^ 1);
+    expect(w, &(badcase){"fingerprint mismatch", PS_EBAD_FIELD, "fingerprint does not match"});
+
+    /* a layout where the decoder was given nowhere to put it */
+    worker_hello(w, l->b, l->n);
+    uint8_t *p = heapdup(w->b, w->n);
+    msgpack_zone_clear(&zone);
+    assert_int_equal(ps_msg_decode(p, w->n, &default_lim, &zone, &m, NULL, err, sizeof err), PS_EBAD_FIELD);
+    assert_msg_has(err, "unexpected field 'layout'");
+    free(p);
+    w->n = 0;
+
+    /* each bad layout, written straight into l */
+#define BAD_LAYOUT(needle, ...)                                                                                    \
+    do {                                                                                                           \
+        l->n = 0;                                                                                                  \
+        __VA_ARGS__;                                                                                               \
+        worker_hello(w, l->b, l->n);                                                                               \
+        expect(w, &(badcase){#__VA_ARGS__, PS_EBAD_FIELD, needle});                                                \
+    } while (0)
+#define T1(name, d0) mp_array(l, 2), mp_str(l, name), mp_array(l, 1), mp_uint(l, d0)
+
+    BAD_LAYOUT("layout: expected an array", mp_map(l, 0));
+    BAD_LAYOUT("layout: expected an array", mp_array(l, 0));
+    BAD_LAYOUT("layout: expected an array", mp_str(l, "w:2"));
+    BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_str(l, "w"));
+    BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 1), mp_str(l, "w"));
+    BAD_LAYOUT("layout[1]: expected [name, [dims...]]", mp_array(l, 2), T1("a", 1), mp_array(l, 2),
+               mp_uint(l, 1), mp_array(l, 1), mp_uint(l, 1));
+    BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"),
+               mp_uint(l, 3));
+    BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 3), mp_str(l, "w"),
+               mp_array(l, 1), mp_uint(l, 3), mp_nil(l));
+    BAD_LAYOUT("layout[0]: name must have 1..63 bytes", mp_array(l, 1), T1("", 1));
+    BAD_LAYOUT("layout[0]: name must have 1..63 bytes", mp_array(l, 1),
+               T1("a123456789b123456789c123456789d123456789e123456789f123456789xyzw", 1));
+    BAD_LAYOUT("(a b): invalid name", mp_array(l, 1), T1("a b", 1));
+    BAD_LAYOUT("invalid name", mp_array(l, 1), T1("tab\there", 1));
+    BAD_LAYOUT("invalid name", mp_array(l, 1), T1("caf\xc3\xa9", 1));
+    BAD_LAYOUT("invalid name", mp_array(l, 1), T1("del\x7f", 1));
+    BAD_LAYOUT("layout[0] (w): dimension 0 is not a positive integer", mp_array(l, 1), T1("w", 0));
+    BAD_LAYOUT("layout[0] (w): dimension 1 is not a positive integer", mp_array(l, 1), mp_array(l, 2),
+               mp_str(l, "w"), mp_array(l, 2), mp_uint(l, 2), mp_int(l, -2));
+    BAD_LAYOUT("dimension 0 is not a positive integer", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"),
+               mp_array(l, 1), mp_uint(l, 1ULL << 32));
+    BAD_LAYOUT("dimension 0 is not a positive integer", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"),
+               mp_array(l, 1), mp_f64(l, 2.0));
+    BAD_LAYOUT("layout[0]: rank must be 1..6", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"), mp_array(l, 0));
+    BAD_LAYOUT("layout[0]: rank must be 1..6", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"), mp_array(l, 7),
+               mp_uint(l, 1), mp_uint(l, 1), mp_uint(l, 1), mp_uint(l, 1), mp_uint(l, 1), mp_uint(l, 1),
+               mp_uint(l, 1));
+    /* 2^17 * 2^17 = 2^34 parameters is the most; one more is refused */
+    BAD_LAYOUT("layout[1] (b): invalid name (printable ASCII, no spaces) or too many parameters", mp_array(l, 2),
+               mp_array(l, 2), mp_str(l, "w"), mp_array(l, 2), mp_uint(l, 1u << 17), mp_uint(l, 1u << 17),
+               T1("b", 1));
+    BAD_LAYOUT("too many parameters", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"), mp_array(l, 3),
+               mp_uint(l, UINT32_MAX), mp_uint(l, UINT32_MAX), mp_uint(l, UINT32_MAX));
+
+    /* 256 tensors is the most; 257 are refused */
+    l->n = 0;
+    mp_array(l, 256);
+    for (int i = 0; i < 256; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", i);
+        T1(name, 1);
+    }
+    worker_hello(w, l->b, l->n);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(lay.ntensors, 256);
+    assert_int_equal(lay.total, 256);
+    w->n = 0;
+    l->n = 0;
+    mp_array(l, 257);
+    for (int i = 0; i < 257; i++)
+        T1("x", 1);
+    worker_hello(w, l->b, l->n);
+    expect(w, &(badcase){"257 tensors", PS_EBAD_FIELD, "layout: expected an array of 1..256 tensors"});
+#undef T1
+#undef BAD_LAYOUT
+    free(l);
+    free(w);
+}
+
+/* When the decode fails, the message is still initialised (psd reads its id
+ * to address the error reply). */
+static void test_decode_failure_leaves_message_defined(void **state)
+{
+    (void)state;
+    static const uint8_t bad_scan[] = {0xc1};
+    static const uint8_t not_map[] = {0x93, 1, 2, 3};
+    const uint8_t *inputs[] = {bad_scan, not_map};
+    const size_t lens[] = {sizeof bad_scan, sizeof not_map};
+    for (int i = 0; i < 2; i++) {
+        ps_msg m;
+        memset(&m, 0xa5, sizeof m);
+        uint8_t *p = heapdup(inputs[i], lens[i]);
+        assert_int_equal(dec_inplace(p, lens[i], &m), PS_EMALFORMED);
+        assert_int_equal(m.has, 0);
+        assert_int_equal(m.id, 0);
+        free(p);
+    }
+}
+
+/* ---- layout ------------------------------------------------------------------ */
+
+static void test_layout_add_limits(void **state)
+{
+    (void)state;
+    ps_layout *l = malloc(sizeof *l);
+    assert_non_null(l);
+    ps_layout_init(l);
+    const uint32_t one[PS_DIMS_MAX] = {1, 1, 1, 1, 1, 1};
+    char name[PS_NAME_MAX + 2];
+
+    assert_int_equal(ps_layout_add(l, "", 1, one), PS_EINVAL);
+    memset(name, 'n', sizeof name);
+    name[PS_NAME_MAX + 1] = '\0'; /* 64 bytes */
+    assert_int_equal(ps_layout_add(l, name, 1, one), PS_EINVAL);
+    name[PS_NAME_MAX] = '\0'; /* 63 bytes */
+    assert_int_equal(ps_layout_add(l, name, 1, one), 0);
+    assert_int_equal(ps_layout_add(l, "a b", 1, one), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "a\x7f", 1, one), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "\xc3\xa9", 1, one), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "!~", 1, one), 0); /* printable edges */
+    assert_int_equal(ps_layout_add(l, "r0", 0, one), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "r7", PS_DIMS_MAX + 1, one), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "r6", PS_DIMS_MAX, one), 0);
+    assert_int_equal(ps_layout_add(l, "d0", 2, (const uint32_t[]){3, 0}), PS_EINVAL);
+    assert_int_equal(l->ntensors, 3);
+    assert_int_equal(l->total, 3);
+
+    /* offsets follow each other */
+    assert_int_equal(ps_layout_add(l, "w", 2, (const uint32_t[]){4, 5}), 0);
+    assert_int_equal(l->t[3].offset, 3);
+    assert_int_equal(l->t[3].count, 20);
+    assert_int_equal(l->t[3].ndim, 2);
+    assert_int_equal(l->t[3].dims[1], 5);
+    assert_int_equal(l->t[3].dims[2], 0);
+    assert_int_equal(l->total, 23);
+
+    /* PS_PARAMS_MAX in all */
+    ps_layout_init(l);
+    assert_int_equal(ps_layout_add(l, "big", 2, (const uint32_t[]){UINT32_MAX, 5}), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "big", 2, (const uint32_t[]){1u << 17, 1u << 17}), 0);
+    assert_int_equal(l->total, PS_PARAMS_MAX);
+    assert_int_equal(ps_layout_add(l, "more", 1, one), PS_EINVAL);
+    assert_int_equal(l->ntensors, 1);
+    ps_layout_init(l);
+    assert_int_equal(ps_layout_add(l, "w", 3, (const uint32_t[]){UINT32_MAX, UINT32_MAX, UINT32_MAX}), PS_EINVAL);
+    assert_int_equal(ps_layout_add(l, "w", 2, (const uint32_t[]){UINT32_MAX, 4}), 0);
+
+    /* PS_TENSORS_MAX tensors */
+    ps_layout_init(l);
+    for (int i = 0; i < PS_TENSORS_MAX; i++)
+        assert_int_equal(ps_layout_add(l, "t", 1, one), 0);
+    assert_int_equal(ps_layout_add(l, "t", 1, one), PS_EINVAL);
+    assert_int_equal(l->ntensors, PS_TENSORS_MAX);
+    assert_int_equal(l->total, PS_TENSORS_MAX);
+    free(l);
+}
+
+/* The fingerprint is pinned: a change of the hash or of its canonical text
+ * changes the wire and must be noticed. */
+static void test_layout_fingerprint(void **state)
+{
+    (void)state;
+    ps_layout l, e;
+    ps_layout_init(&e);
+    assert_int_equal(ps_layout_fingerprint(&e), 0xcbf29ce484222325ULL); /* FNV-1a of "" */
+    small_layout(&l);
+    assert_int_equal(ps_layout_fingerprint(&l), 0x5206699ee5d2246eULL); /* of "w:2x3;b:3;" */
+    ps_layout_init(&l);
+    ps_layout_add(&l, "fc1.w", 2, (const uint32_t[]){784, 256});
+    ps_layout_add(&l, "fc1.b", 1, (const uint32_t[]){256});
+    assert_int_equal(ps_layout_fingerprint(&l), 0x50cfc1fd812d1d27ULL);
+    /* stable across calls and copies */
+    ps_layout c = l;
+    assert_int_equal(ps_layout_fingerprint(&c), ps_layout_fingerprint(&l));
+    /* order, shape and rank all matter */
+    ps_layout a, b;
+    ps_layout_init(&a), ps_layout_init(&b);
+    ps_layout_add(&a, "w", 2, (const uint32_t[]){6, 1});
+    ps_layout_add(&b, "w", 1, (const uint32_t[]){6});
+    assert_true(ps_layout_fingerprint(&a) != ps_layout_fingerprint(&b));
+}
+
+static void test_layout_equal(void **state)
+{
+    (void)state;
+    ps_layout a, b;
+    small_layout(&a);
+    small_layout(&b);
+    assert_true(ps_layout_equal(&a, &b));
+    b.t[1].dims[3] = 77; /* beyond the rank: ignored */
+    assert_true(ps_layout_equal(&a, &b));
+
+    small_layout(&b);
+    snprintf(b.t[0].name, sizeof b.t[0].name, "W");
+    assert_false(ps_layout_equal(&a, &b));
+
+    ps_layout_init(&b); /* same tensors, other order */
+    ps_layout_add(&b, "b", 1, (const uint32_t[]){3});
+    ps_layout_add(&b, "w", 2, (const uint32_t[]){2, 3});
+    assert_false(ps_layout_equal(&a, &b));
+
+    ps_layout_init(&b); /* same count, other shape */
+    ps_layout_add(&b, "w", 2, (const uint32_t[]){3, 2});
+    ps_layout_add(&b, "b", 1, (const uint32_t[]){3});
+    assert_false(ps_layout_equal(&a, &b));
+
+    ps_layout_init(&b); /* other rank */
+    ps_layout_add(&b, "w", 3, (const uint32_t[]){2, 3, 1});
+    ps_layout_add(&b, "b", 1, (const uint32_t[]){3});
+    assert_false(ps_layout_equal(&a, &b));
+
+    ps_layout_init(&b); /* a prefix */
+    ps_layout_add(&b, "w", 2, (const uint32_t[]){2, 3});
+    assert_false(ps_layout_equal(&a, &b));
+    assert_false(ps_layout_equal(&b, &a));
+}
+
+static void test_layout_describe(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    const char *full = "w[2,3] b[3]";
+    char buf[64];
+    ps_layout_describe(&l, buf, sizeof buf);
+    assert_string_equal(buf, full);
+
+    /* every size: a NUL-terminated prefix, nothing written past len */
+    for (size_t len = 1; len <= strlen(full) + 2; len++) {
+        memset(buf, '#', sizeof buf);
+        ps_layout_describe(&l, buf, len);
+        size_t want = len - 1 < strlen(full) ? len - 1 : strlen(full);
+        assert_int_equal(strlen(buf), want);
+        assert_memory_equal(buf, full, want);
+        for (size_t i = len; i < sizeof buf; i++)
+            assert_int_equal(buf[i], '#');
+    }
+    buf[0] = '#';
+    ps_layout_describe(&l, buf, 0);
+    assert_int_equal(buf[0], '#');
+
+    ps_layout_init(&l);
+    ps_layout_describe(&l, buf, sizeof buf);
+    assert_string_equal(buf, "");
+}
+
+/* ---- error codes and names -------------------------------------------------------- */
+
+static void test_error_names(void **state)
+{
+    (void)state;
+    static const struct {
+        int code;
+        const char *name;
+    } codes[] = {
+        {PS_EMALFORMED, "MALFORMED"}, {PS_ETOO_BIG, "TOO_BIG"},   {PS_EUNSUPPORTED, "UNSUPPORTED"},
+        {PS_EBAD_TYPE, "BAD_TYPE"},   {PS_EBAD_FIELD, "BAD_FIELD"}, {PS_ESTATE, "STATE"},
+        {PS_ELAYOUT, "LAYOUT"},       {PS_ERANGE, "RANGE"},       {PS_ENONFINITE, "NONFINITE"},
+        {PS_ESTALE, "STALE"},         {PS_EDUPLICATE, "DUPLICATE"}, {PS_ESHARD, "SHARD"},
+        {PS_ENOT_READY, "NOT_READY"}, {PS_EAUTH, "AUTH"},         {PS_EFORBIDDEN, "FORBIDDEN"},
+        {PS_ELIMIT, "LIMIT"},         {PS_ESHUTDOWN, "SHUTDOWN"}, {PS_ENOMEM, "NOMEM"},
+        {PS_EIO, "IO"},               {PS_ECONNECT, "CONNECT"},   {PS_ETIMEOUT, "TIMEOUT"},
+        {PS_ECLOSED, "CLOSED"},       {PS_EINVAL, "INVAL"},       {PS_EREMOTE, "REMOTE"},
+    };
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        int c = codes[i].code;
+        assert_int_equal(c, -(int)(i + 1)); /* the numbers are the wire's */
+        assert_string_equal(ps_errname(c), codes[i].name);
+        assert_string_equal(ps_errname(-c), codes[i].name); /* as it travels */
+        const char *text = ps_strerror(c);
+        assert_non_null(text);
+        assert_true(strlen(text) > 5);
+        assert_string_not_equal(text, "unknown error");
+        assert_string_equal(ps_strerror(-c), text);
+        for (size_t j = 0; j < i; j++)
+            assert_string_not_equal(ps_strerror(codes[j].code), text);
+    }
+    assert_string_equal(ps_errname(0), "OK");
+    assert_string_equal(ps_strerror(0), "success");
+    static const int unknown[] = {25, -25, 1000, -1000, INT_MAX, INT_MIN, INT_MIN + 1};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        assert_string_equal(ps_errname(unknown[i]), "UNKNOWN");
+        assert_string_equal(ps_strerror(unknown[i]), "unknown error");
+    }
+}
+
+static void test_type_and_role_names(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"?",      "hello",  "welcome",      "init",    "push",
+                                        "pull",   "pushpull", "params",     "ok",      "heartbeat",
+                                        "status", "status_reply", "metrics", "metrics_reply", "report",
+                                        "error",  "bye"};
+    for (uint32_t t = 0; t <= PS_MSG_TYPE_MAX; t++)
+        assert_string_equal(ps_msg_type_name(t), names[t]);
+    assert_string_equal(ps_msg_type_name(PS_MSG_TYPE_MAX + 1), "?");
+    assert_string_equal(ps_msg_type_name(UINT32_MAX), "?");
+    assert_string_equal(ps_role_name(PS_ROLE_WORKER), "worker");
+    assert_string_equal(ps_role_name(PS_ROLE_ADMIN), "admin");
+    assert_string_equal(ps_role_name(PS_ROLE_NONE), "none");
+    assert_string_equal(ps_role_name(99), "none");
+}
+
+/* ---- random input ------------------------------------------------------------------ */
+
+static uint64_t rng_state;
+
+static uint64_t rnd(void)
+{
+    /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dULL;
+}
+
+/* Decodes p[0..n) and checks the outcome is sane. Returns rc. */
+static int decode_sane(uint8_t *p, size_t n)
+{
+    ps_msg m;
+    memset(&m, 0, sizeof m);
+    int rc = dec_inplace(p, n, &m);
+    if (rc != 0 && rc != PS_EMALFORMED && rc != PS_EBAD_TYPE && rc != PS_EBAD_FIELD)
+        fail_msg("decode returned %d on %zu bytes", rc, n);
+    if (memchr(err, '\0', sizeof err) == NULL)
+        fail_msg("error message not terminated");
+    if (rc != 0)
+        assert_true(err[0] != '\0');
+    if (rc == 0) {
+        assert_true(m.type >= 1 && m.type <= PS_MSG_TYPE_MAX);
+        uint32_t need = required[m.type];
+        assert_int_equal(m.has & need, need);
+        if (m.has & PS_F_DATA) {
+            assert_true((const uint8_t *)m.data >= p);
+            assert_true((const uint8_t *)m.data + m.ndata * 4 <= p + n);
+            assert_int_equal((uintptr_t)m.data % PS_DATA_ALIGN, 0);
+        }
+        if (m.has & PS_F_TEXT)
+            assert_true((const uint8_t *)m.text >= p && (const uint8_t *)m.text + m.text_len <= p + n);
+        if (m.has & PS_F_LAYOUT) {
+            assert_true(m.layout->ntensors >= 1 && m.layout->ntensors <= PS_TENSORS_MAX);
+            assert_true(m.layout->total <= PS_PARAMS_MAX);
+        }
+        if (m.has & PS_F_MODE)
+            assert_true(strlen(m.mode) < sizeof m.mode);
+    }
+    return rc;
+}
+
+static void test_random_garbage(void **state)
+{
+    (void)state;
+    rng_state = 0x9e3779b97f4a7c15ULL;
+    unsigned ok = 0;
+    for (int i = 0; i < 20000; i++) {
+        size_t n = (size_t)(rnd() % 300);
+        uint8_t *p = malloc(n ? n : 1);
+        assert_non_null(p);
+        for (size_t j = 0; j < n; j++)
+            p[j] = (uint8_t)rnd();
+        /* half of them start like a message, to get past the first byte */
+        if (n > 0 && (i & 1))
+            p[0] = (uint8_t)(0x80 | (rnd() % 16));
+        if (decode_sane(p, n) == 0)
+            ok++;
+        free(p);
+    }
+    (void)ok; /* random bytes hardly ever form a message */
+}
+
+/* Valid frames with a few bytes changed, cut or extended. */
+static void test_mutated_frames(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    ps_buf frames[6] = {{0}};
+    ps_msg m;
+
+    ps_msg_init(&m, PS_MSG_PUSHPULL);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_FIN | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m.id = 5, m.base = 10, m.off = 1, m.data = tensor, m.ndata = 7, m.poff = 0, m.plen = 7, m.min = 11;
+    assert_int_equal(ps_msg_encode_full(&m, &frames[0]), 0);
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.id = 1, m.proto = 1, m.role = PS_ROLE_WORKER, m.shard = 0, m.nshards = 2, m.layout = &l;
+    m.fp = ps_layout_fingerprint(&l);
+    assert_int_equal(ps_msg_encode_full(&m, &frames[1]), 0);
+    ps_msg_init(&m, PS_MSG_ERROR);
+    m.has = PS_F_ID | PS_F_CODE | PS_F_TEXT;
+    m.id = 3, m.code = 8, m.text = "range [0, 10) is outside", m.text_len = 24;
+    assert_int_equal(ps_msg_encode_full(&m, &frames[2]), 0);
+    ps_msg_init(&m, PS_MSG_STATUS_REPLY);
+    m.has = PS_F_ID;
+    size_t dlen;
+    assert_int_equal(ps_msg_encode(&m, &frames[3], &dlen, pack_body, NULL), 0);
+    ps_msg_init(&m, PS_MSG_REPORT);
+    m.has = PS_F_ID | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES | PS_F_RATE;
+    m.epoch = 2, m.loss = 0.5, m.acc = 0.9, m.samples = 100, m.rate = 50;
+    assert_int_equal(ps_msg_encode_full(&m, &frames[4]), 0);
+    ps_msg_init(&m, PS_MSG_WELCOME);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT | PS_F_FP;
+    snprintf(m.mode, sizeof m.mode, "asgd");
+    assert_int_equal(ps_msg_encode_full(&m, &frames[5]), 0);
+
+    rng_state = 12345;
+    unsigned ok = 0;
+    for (int i = 0; i < 20000; i++) {
+        const ps_buf *f = &frames[rnd() % 6];
+        size_t plen = f->len - PS_FRAME_HDR;
+        size_t n = plen;
+        int how = (int)(rnd() % 4);
+        if (how == 1)
+            n = (size_t)(rnd() % plen); /* cut */
+        else if (how == 2)
+            n = plen + 1 + (size_t)(rnd() % 8); /* extended */
+        uint8_t *p = malloc(n);
+        assert_non_null(p);
+        memcpy(p, f->p + PS_FRAME_HDR, n < plen ? n : plen);
+        for (size_t j = plen; j < n; j++)
+            p[j] = (uint8_t)rnd();
+        int flips = how == 3 ? 0 : 1 + (int)(rnd() % 4);
+        for (int k = 0; k < flips && n > 0; k++) {
+            size_t at = (size_t)(rnd() % n);
+            uint64_t r = rnd();
+            if (r & 1)
+                p[at] ^= (uint8_t)(1u << ((r >> 1) % 8)); /* one bit */
+            else
+                p[at] = (uint8_t)(r >> 8); /* one byte */
+        }
+        if (how == 3) {
+            /* an interesting byte at a random place */
+            static const uint8_t special[] = {0xc1, 0xdd, 0xdf, 0xdb, 0xc6, 0xc9, 0xff, 0x00, 0x7f, 0x80, 0x9f};
+            p[rnd() % n] = special[rnd() % sizeof special];
+        }
+        if (decode_sane(p, n) == 0)
+            ok++;
+        free(p);
+    }
+    assert_true(ok > 0); /* some single-bit changes leave a valid message */
+    for (int i = 0; i < 6; i++)
+        ps_buf_free(&frames[i]);
+}
+
+/* Random well-formed maps of known keys with values of random types: exercise
+ * every field's type check. */
+static void mp_random_value(mpw *w, int depth)
+{
+    static const float f4[4] = {1, 2, 3, 4};
+    switch (rnd() % (depth < 3 ? 14 : 12)) {
+    case 0: mp_uint(w, rnd() % 200); break;
+    case 1: mp_uint(w, rnd()); break;
+    case 2: mp_int(w, -(int64_t)(rnd() % 1000) - 1); break;
+    case 3: mp_f64(w, (double)(rnd() % 100) / 7.0); break;
+    case 4: mp_f32(w, 0.5f); break;
+    case 5: mp_nil(w); break;
+    case 6: mp_bool(w, (int)(rnd() & 1)); break;
+    case 7: mp_str(w, (const char *[]){"worker", "admin", "asgd", "x", "", "sixteen-chars-xx"}[rnd() % 6]); break;
+    case 8: mp_bin(w, f4, (size_t)(rnd() % 17), (uint8_t)(0xc4 + rnd() % 3)); break;
+    case 9: mp_u8(w, 0xd4), mp_u8(w, 1), mp_u8(w, 2); break;
+    case 10: mp_array(w, 2), mp_uint(w, rnd() % 4), mp_uint(w, rnd() % 4); break;
+    case 11: mp_uint(w, rnd() % 17); break;
+    case 12: {
+        uint32_t k = (uint32_t)(rnd() % 4);
+        mp_array(w, k);
+        for (uint32_t i = 0; i < k; i++)
+            mp_random_value(w, depth + 1);
+        break;
+    }
+    default: {
+        uint32_t k = (uint32_t)(rnd() % 3);
+        mp_map(w, k);
+        for (uint32_t i = 0; i < k; i++)
+            mp_str(w, "k"), mp_random_value(w, depth + 1);
+        break;
+    }
+    }
+}
+
+static void test_random_messages(void **state)
+{
+    (void)state;
+    rng_state = 777;
+    mpw *w = mpw_new();
+    unsigned ok = 0;
+    for (int i = 0; i < 20000; i++) {
+        w->n = 0;
+        uint32_t n = 1 + (uint32_t)(rnd() % 8);
+        mp_map(w, n);
+        mp_str(w, "t"), mp_uint(w, rnd() % 18);
+        for (uint32_t k = 1; k < n; k++) {
+            if (rnd() % 3 == 0)
+                mp_field(w, 1u << (rnd() % NFIELDS)); /* a valid field */
+            else {
+                mp_str(w, field_names[rnd() % NFIELDS]);
+                mp_random_value(w, 1);
+            }
+        }
+        uint8_t *p = heapdup(w->b, w->n);
+        if (decode_sane(p, w->n) == 0)
+            ok++;
+        free(p);
+    }
+    assert_true(ok > 0);
+    free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_frame_header_need_more),
+        cmocka_unit_test(test_frame_header_zero_and_limits),
+        cmocka_unit_test(test_frame_put_len_big_endian),
+        cmocka_unit_test(test_scan_accepts_every_type),
+        cmocka_unit_test(test_scan_types_agree_with_unpacker),
+        cmocka_unit_test(test_scan_rejects_reserved_byte),
+        cmocka_unit_test(test_scan_truncation_push),
+        cmocka_unit_test(test_scan_truncation_hello),
+        cmocka_unit_test(test_scan_trailing_bytes),
+        cmocka_unit_test(test_scan_huge_declared_counts),
+        cmocka_unit_test(test_scan_lengths_beyond_the_end),
+        cmocka_unit_test(test_scan_depth),
+        cmocka_unit_test(test_scan_max_objects),
+        cmocka_unit_test(test_scan_error_buffer),
+        cmocka_unit_test(test_round_trip_each_type),
+        cmocka_unit_test(test_round_trip_all_fields),
+        cmocka_unit_test(test_encode_alignment),
+        cmocka_unit_test(test_encode_header_only),
+        cmocka_unit_test(test_encode_errors),
+        cmocka_unit_test(test_decode_misaligned_data),
+        cmocka_unit_test(test_decode_misaligned_payload),
+        cmocka_unit_test(test_decode_every_field_accepted),
+        cmocka_unit_test(test_decode_missing_required),
+        cmocka_unit_test(test_decode_type_errors),
+        cmocka_unit_test(test_decode_field_errors),
+        cmocka_unit_test(test_decode_hello_errors),
+        cmocka_unit_test(test_decode_failure_leaves_message_defined),
+        cmocka_unit_test(test_layout_add_limits),
+        cmocka_unit_test(test_layout_fingerprint),
+        cmocka_unit_test(test_layout_equal),
+        cmocka_unit_test(test_layout_describe),
+        cmocka_unit_test(test_error_names),
+        cmocka_unit_test(test_type_and_role_names),
+        cmocka_unit_test(test_random_garbage),
+        cmocka_unit_test(test_mutated_frames),
+        cmocka_unit_test(test_random_messages),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,263 @@
+/* layer_conv2d.c - 2-D convolution as im2col + OpenBLAS sgemm.
+ *
+ * For one sample with input (C, H, W) and K = C*kh*kw, P = OH*OW, im2col
+ * unrolls the input into col [K, P]: row (c, i, j) holds, for every output
+ * position, the input pixel the kernel tap (c, i, j) reads there (zero where
+ * it falls in the padding). Then, with W [OC, K] row-major (PyTorch's
+ * [OC, C, kh, kw] read flat):
+ *   forward   Y[OC,P]  = W[OC,K] * col[K,P]          (+ b broadcast first)
+ *   backward  dW[OC,K] += dY[OC,P] * col^T[P,K]       (summed over samples)
+ *             dcol[K,P] = W^T[K,OC] * dY[OC,P], then col2im adds dcol back
+ *             onto the input positions it came from: dX
+ *             db[OC]    = sums of dY over positions and samples
+ * The products go sample by sample: the output of one sample is then already
+ * in CHW order, and one im2col buffer of K x P floats, which for the
+ * reference CNN fits in L2, serves every sample. The backward recomputes
+ * im2col rather than keeping the whole batch's columns from the forward: a
+ * column buffer rebuilt in cache is cheaper than a batch of them streamed
+ * through memory. When the input gradient is not wanted (the first layer),
+ * the dcol product and col2im are skipped. A 1x1 convolution with stride 1
+ * and no padding needs no im2col at all: col is the input itself. */
+#include "layer.h"
+
+#include "proto/errors.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct conv2d {
+    ps_layer base;
+    int ic, ih, iw;        /* input channels, height, width */
+    int oc, oh, ow;        /* output channels, height, width */
+    int kh, kw;            /* kernel height, width */
+    int stride, pad;       /* step and zero border, both axes */
+    int K;                 /* ic * kh * kw: rows of col, columns of W */
+    int P;                 /* oh * ow: output positions */
+    float *col;            /* K x P im2col scratch; NULL when col is the input (1x1) */
+    int lo[PS_CONV_MAX_K]; /* per kernel column j: first ox whose input column is inside */
+    int hi[PS_CONV_MAX_K]; /* per kernel column j: one past the last such ox */
+} conv2d;
+
+static void conv_init(ps_layer *l, ps_rng *rng)
+{
+    conv2d *cv = (conv2d *)l;
+    const size_t nw = (size_t)cv->oc * (size_t)cv->K;
+    const double std = sqrt(2.0 / cv->K);
+    float *w = l->params;
+    for (size_t i = 0; i < nw; i++)
+        w[i] = (float)(std * ps_rng_normal(rng));
+    memset(w + nw, 0, (size_t)cv->oc * sizeof(float));
+}
+
+/* Unrolls one sample's input img [ic, ih, iw] into col [K, P]. */
+static void im2col(const conv2d *cv, const float *img, float *col)
+{
+    const int ih = cv->ih, iw = cv->iw, oh = cv->oh, ow = cv->ow, s = cv->stride, pad = cv->pad;
+    float *d = col;
+    for (int c = 0; c < cv->ic; c++) {
+        const float *plane = img + (size_t)c * ih * iw;
+        for (int i = 0; i < cv->kh; i++) {
+            for (int j = 0; j < cv->kw; j++) {
+                const int lo = cv->lo[j], hi = cv->hi[j], off = j - pad;
+                for (int oy = 0; oy < oh; oy++, d += ow) {
+                    const int y = oy * s - pad + i;
+                    if (y < 0 || y >= ih) {
+                        memset(d, 0, (size_t)ow * sizeof(float));
+                        continue;
+                    }
+                    const float *row = plane + (size_t)y * iw;
+                    for (int ox = 0; ox < lo; ox++)
+                        d[ox] = 0.0f;
+                    if (s == 1) {
+                        const float *src = row + lo + off;
+                        for (int ox = lo; ox < hi; ox++)
+                            d[ox] = *src++;
+                    } else {
+                        for (int ox = lo; ox < hi; ox++)
+                            d[ox] = row[ox * s + off];
+                    }
+                    for (int ox = hi; ox < ow; ox++)
+                        d[ox] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* The adjoint of im2col: img [ic, ih, iw] := the sum, over every col entry,
+ * of the entry added onto the input pixel it was copied from. */
+static void col2im(const conv2d *cv, const float *col, float *img)
+{
+    const int ih = cv->ih, iw = cv->iw, oh = cv->oh, ow = cv->ow, s = cv->stride, pad = cv->pad;
+    const float *d = col;
+    memset(img, 0, (size_t)cv->ic * ih * iw * sizeof(float));
+    for (int c = 0; c < cv->ic; c++) {
+        float *plane = img + (size_t)c * ih * iw;
+        for (int i = 0; i < cv->kh; i++) {
+            for (int j = 0; j < cv->kw; j++) {
+                const int lo = cv->lo[j], hi = cv->hi[j], off = j - pad;
+                for (int oy = 0; oy < oh; oy++, d += ow) {
+                    const int y = oy * s - pad + i;
+                    if (y < 0 || y >= ih)
+                        continue;
+                    float *row = plane + (size_t)y * iw;
+                    if (s == 1) {
+                        float *dst = row + lo + off;
+                        for (int ox = lo; ox < hi; ox++)
+                            *dst++ += d[ox];
+                    } else {
+                        for (int ox = lo; ox < hi; ox++)
+                            row[ox * s + off] += d[ox];
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void conv_forward(ps_layer *l, const float *in, float *out, int batch, int training)
+{
+    (void)training;
+    conv2d *cv = (conv2d *)l;
+    const int K = cv->K, P = cv->P, OC = cv->oc;
+    const size_t in_n = ps_shape_size(l->in), out_n = (size_t)OC * P;
+    const float *w = l->params, *b = l->params + (size_t)OC * K;
+    for (int r = 0; r < batch; r++) {
+        const float *x = in + (size_t)r * in_n;
+        float *y = out + (size_t)r * out_n;
+        const float *col = x;
+        if (cv->col != NULL) {
+            im2col(cv, x, cv->col);
+            col = cv->col;
+        }
+        for (int o = 0; o < OC; o++) {
+            float *yo = y + (size_t)o * P;
+            const float bo = b[o];
+            for (int p = 0; p < P; p++)
+                yo[p] = bo;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, P, K, 1.0f, w, K, col, P, 1.0f, y, P);
+    }
+}
+
+static void conv_backward(ps_layer *l, const float *in, const float *out, const float *dout, float *din, int batch)
+{
+    (void)out;
+    conv2d *cv = (conv2d *)l;
+    const int K = cv->K, P = cv->P, OC = cv->oc;
+    const size_t in_n = ps_shape_size(l->in), out_n = (size_t)OC * P;
+    const float *w = l->params;
+    float *dw = l->grads, *db = l->grads + (size_t)OC * K;
+
+    memset(db, 0, (size_t)OC * sizeof(float));
+    for (int r = 0; r < batch; r++) {
+        const float *x = in + (size_t)r * in_n;
+        const float *g = dout + (size_t)r * out_n;
+        const float *col = x;
+        if (cv->col != NULL) {
+            im2col(cv, x, cv->col);
+            col = cv->col;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, K, P, 1.0f, g, P, col, P, r ? 1.0f : 0.0f, dw, K);
+        for (int o = 0; o < OC; o++) {
+            const float *go = g + (size_t)o * P;
+            float s = 0.0f;
+            for (int p = 0; p < P; p++)
+                s += go[p];
+            db[o] += s;
+        }
+        if (din == NULL)
+            continue;
+        float *dx = din + (size_t)r * in_n;
+        if (cv->col == NULL) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, OC, 1.0f, w, K, g, P, 0.0f, dx, P);
+        } else {
+            /* col has served dW; it now takes dcol. */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, OC, 1.0f, w, K, g, P, 0.0f, cv->col, P);
+            col2im(cv, cv->col, dx);
+        }
+    }
+}
+
+static void conv_destroy(ps_layer *l)
+{
+    conv2d *cv = (conv2d *)l;
+    free(cv->col);
+    free(cv);
+}
+
+static const ps_layer_ops conv_ops = {
+    .kind = "conv2d",
+    .init = conv_init,
+    .reseed = NULL,
+    .forward = conv_forward,
+    .backward = conv_backward,
+    .destroy = conv_destroy,
+};
+
+int ps_layer_conv2d_create(const char *name, ps_shape in, int out_c, int kh, int kw, int stride, int pad,
+                           int max_batch, ps_layer **out)
+{
+    *out = NULL;
+    const long lim = 1L << 24;
+    if (in.c < 1 || in.h < 1 || in.w < 1 || (long)ps_shape_size(in) > lim || out_c < 1 || out_c > lim || kh < 1 ||
+        kw < 1 || kw > PS_CONV_MAX_K || kh > PS_CONV_MAX_K || stride < 1 || pad < 0 || pad >= PS_CONV_MAX_K ||
+        max_batch < 1)
+        return PS_EINVAL;
+    const int ph = in.h + 2 * pad, pw = in.w + 2 * pad;
+    if (kh > ph || kw > pw)
+        return PS_EINVAL;
+    const int oh = (ph - kh) / stride + 1, ow = (pw - kw) / stride + 1;
+    const long K = (long)in.c * kh * kw, P = (long)oh * ow;
+    if (K > lim || P > lim || (long)out_c * P > lim || (long)out_c * K > lim || K * P > (1L << 28))
+        return PS_EINVAL;
+
+    conv2d *cv = calloc(1, sizeof(*cv));
+    if (cv == NULL)
+        return PS_ENOMEM;
+    ps_shape os = {out_c, oh, ow};
+    ps_layer_base_init(&cv->base, &conv_ops, name, in, os, max_batch);
+    cv->ic = in.c;
+    cv->ih = in.h;
+    cv->iw = in.w;
+    cv->oc = out_c;
+    cv->oh = oh;
+    cv->ow = ow;
+    cv->kh = kh;
+    cv->kw = kw;
+    cv->stride = stride;
+    cv->pad = pad;
+    cv->K = (int)K;
+    cv->P = (int)P;
+    for (int j = 0; j < kw; j++) {
+        /* ox is inside when 0 <= ox*stride + off < iw. */
+        const int off = j - pad;
+        int lo = off < 0 ? (-off + stride - 1) / stride : 0;
+        int hi = in.w - 1 - off >= 0 ? (in.w - 1 - off) / stride + 1 : 0;
+        if (hi > ow)
+            hi = ow;
+        if (lo > hi)
+            lo = hi;
+        cv->lo[j] = lo;
+        cv->hi[j] = hi;
+    }
+    uint32_t wdims[4] = {(uint32_t)out_c, (uint32_t)in.c, (uint32_t)kh, (uint32_t)kw};
+    uint32_t bdims[1] = {(uint32_t)out_c};
+    if (ps_layer_add_tensor(&cv->base, "weight", 4, wdims) != PS_OK ||
+        ps_layer_add_tensor(&cv->base, "bias", 1, bdims) != PS_OK) {
+        free(cv);
+        return PS_EINVAL;
+    }
+    const int pointwise = kh == 1 && kw == 1 && stride == 1 && pad == 0;
+    if (!pointwise) {
+        cv->col = ps_falloc((size_t)K * (size_t)P);
+        if (cv->col == NULL) {
+            free(cv);
+            return PS_ENOMEM;
+        }
+    }
+    *out = &cv->base;
+    return PS_OK;
+}

@@ -1,0 +1,332 @@
+/* session.c - a worker's connection to psd (see session.h). */
+#include "session.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+
+/* largest tensor chunk in one frame, in floats (4 MiB) */
+#define CHUNK_FLOATS (1u << 20)
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *ps_session_error(const ps_session *ss)
+{
+    return ps_client_error(&ss->cl);
+}
+
+int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t nshards, ps_model *model,
+                    uint64_t seed, int timeout_ms, int reconnect_ms)
+{
+    memset(ss, 0, sizeof *ss);
+    ps_client_init(&ss->cl);
+    pthread_mutex_init(&ss->lock, NULL);
+    pthread_cond_init(&ss->wake, NULL);
+    ss->cl.send_lock = &ss->lock;
+    ss->server = server;
+    ss->shard = shard;
+    ss->nshards = nshards;
+    ss->model = model;
+    ss->seed = seed;
+    ss->timeout_ms = timeout_ms;
+    ss->reconnect_ms = reconnect_ms;
+    return ps_model_layout(model, &ss->layout);
+}
+
+/* ---- heartbeats ----------------------------------------------------------- */
+
+static void *hb_main(void *arg)
+{
+    ps_session *ss = arg;
+    pthread_mutex_lock(&ss->lock);
+    while (!ss->hb_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + ss->hb_interval_ms * 1000000ull;
+        until.tv_sec += (time_t)(ns / 1000000000ull);
+        until.tv_nsec = (long)(ns % 1000000000ull);
+        int rc = pthread_cond_timedwait(&ss->wake, &ss->lock, &until);
+        if (ss->hb_stop)
+            break;
+        if (rc == ETIMEDOUT && ss->cl.fd >= 0) {
+            ps_msg m;
+            ps_msg_init(&m, PS_MSG_HEARTBEAT);
+            /* the lock is ours already: send without taking it again */
+            pthread_mutex_t *l = ss->cl.send_lock;
+            ss->cl.send_lock = NULL;
+            ps_client_send_noreply(&ss->cl, &m);
+            ss->cl.send_lock = l;
+        }
+    }
+    pthread_mutex_unlock(&ss->lock);
+    return NULL;
+}
+
+static void hb_stop(ps_session *ss)
+{
+    if (!ss->hb_running)
+        return;
+    pthread_mutex_lock(&ss->lock);
+    ss->hb_stop = 1;
+    pthread_cond_signal(&ss->wake);
+    pthread_mutex_unlock(&ss->lock);
+    pthread_join(ss->hb_thread, NULL);
+    ss->hb_running = 0;
+    ss->hb_stop = 0;
+}
+
+static void hb_start(ps_session *ss)
+{
+    if (ss->hb_running || ss->hb_interval_ms == 0)
+        return;
+    if (pthread_create(&ss->hb_thread, NULL, hb_main, ss) == 0)
+        ss->hb_running = 1;
+    else
+        PS_LOG(PS_LOG_WARN, "cannot start the heartbeat thread; psd may declare this worker dead when it is idle");
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last). A
+ * push psd dropped because its round had closed is counted, not an error. */
+static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_t n, uint64_t base)
+{
+    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
+        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
+        ps_msg m, r;
+        ps_msg_init(&m, type);
+        m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
+        m.off = off;
+        m.data = values + off;
+        m.ndata = len;
+        m.fin = off + len == n;
+        m.base = base;
+        int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+        if (rc == PS_EREMOTE && ss->cl.remote_code == -PS_ESTALE) {
+            ss->dropped += m.fin;
+            continue;
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Pulls the whole model at version >= min into the model's parameters. */
+static int pull_all(ps_session *ss, uint64_t min)
+{
+    float *params = ps_model_params(ss->model);
+    size_t n = ps_model_nparams(ss->model);
+    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
+        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_PULL);
+        m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+        m.off = off;
+        m.len = len;
+        m.min = min;
+        int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
+            return PS_EMALFORMED;
+        memcpy(params + off, r.data, len * sizeof(float));
+        ss->version = r.mver;
+        min = r.mver; /* later chunks at the same version or newer */
+    }
+    ss->have_params = 1;
+    return 0;
+}
+
+int ps_session_step(ps_session *ss)
+{
+    size_t n = ps_model_nparams(ss->model);
+    const float *grads = ps_model_grads(ss->model);
+    uint64_t min = ss->bsp ? ss->version + 1 : 0;
+    if (n <= CHUNK_FLOATS) {
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_PUSHPULL);
+        m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+        m.base = ss->version;
+        m.data = grads;
+        m.ndata = n;
+        m.plen = n;
+        m.min = min;
+        int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
+            return PS_EMALFORMED;
+        if (ss->bsp && r.mver > ss->version + 1)
+            ss->dropped++; /* the round closed without our push */
+        memcpy(ps_model_params(ss->model), r.data, n * sizeof(float));
+        ss->version = r.mver;
+        return 0;
+    }
+    int rc = send_chunks(ss, PS_MSG_PUSH, grads, n, ss->version);
+    if (rc != 0)
+        return rc;
+    return pull_all(ss, min);
+}
+
+int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, double acc, double tloss,
+                      uint64_t samples, double rate)
+{
+    ps_msg m, r;
+    ps_msg_init(&m, PS_MSG_REPORT);
+    m.has = PS_F_EPOCH | PS_F_LOSS | PS_F_SAMPLES | PS_F_RATE;
+    m.epoch = epoch;
+    m.loss = loss;
+    m.samples = samples;
+    m.rate = rate;
+    if (has_acc) {
+        m.has |= PS_F_ACC | PS_F_TLOSS;
+        m.acc = acc;
+        m.tloss = tloss;
+    }
+    return ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+}
+
+/* ---- connecting ----------------------------------------------------------- */
+
+int ps_session_open(ps_session *ss)
+{
+    ps_msg m, r;
+    hb_stop(ss);
+    pthread_mutex_lock(&ss->lock);
+    int rc = ps_client_connect(&ss->cl, ss->server, 10000);
+    pthread_mutex_unlock(&ss->lock);
+    if (rc != 0)
+        return rc;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_WORKER;
+    m.shard = ss->shard;
+    m.nshards = ss->nshards;
+    m.layout = &ss->layout;
+    m.fp = ps_layout_fingerprint(&ss->layout);
+    rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    if (rc != 0)
+        return rc;
+    if (r.type != PS_MSG_WELCOME) {
+        snprintf(ss->cl.err, sizeof ss->cl.err, "psd answered hello with %s", ps_msg_type_name(r.type));
+        return PS_EMALFORMED;
+    }
+    snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
+    ss->bsp = strcmp(r.mode, "bsp") == 0;
+    ss->version = r.mver;
+    uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
+    ss->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
+    if (r.need_init) {
+        /* psd holds no values: offer ours (the latest we pulled, or a
+         * seeded start) */
+        if (!ss->have_params)
+            ps_model_init_params(ss->model, ss->seed);
+        else
+            PS_LOG(PS_LOG_WARN, "psd has no model (restarted without a checkpoint?): giving it ours");
+        rc = send_chunks(ss, PS_MSG_INIT, ps_model_params(ss->model), ps_model_nparams(ss->model), 0);
+        if (rc != 0)
+            return rc;
+    }
+    rc = pull_all(ss, 0);
+    if (rc != 0)
+        return rc;
+    hb_start(ss);
+    return 0;
+}
+
+int ps_session_recoverable(const ps_session *ss, int rc)
+{
+    switch (rc) {
+    case PS_ECLOSED:
+    case PS_EIO:
+    case PS_ECONNECT:
+    case PS_ETIMEOUT:
+        return 1;
+    case PS_EREMOTE:
+        /* psd shutting down; our old connection not yet noticed gone; the
+         * worker giving initial values left before finishing */
+        return ss->cl.remote_code == -PS_ESHUTDOWN || ss->cl.remote_code == -PS_ESHARD ||
+               ss->cl.remote_code == -PS_ENOT_READY;
+    default:
+        return 0;
+    }
+}
+
+int ps_session_reconnect(ps_session *ss)
+{
+    int64_t start = mono_ms(), deadline = start + ss->reconnect_ms;
+    uint64_t delay = 100;
+    unsigned seed = (unsigned)(ss->shard * 2654435761u) ^ (unsigned)start;
+    char first[256];
+    snprintf(first, sizeof first, "%.200s", ps_session_error(ss));
+    PS_LOG(PS_LOG_WARN, "lost psd at %s (%s); reconnecting for up to %d s", ss->server, first,
+           ss->reconnect_ms / 1000);
+    hb_stop(ss);
+    pthread_mutex_lock(&ss->lock);
+    ps_client_close(&ss->cl);
+    pthread_mutex_unlock(&ss->lock);
+    for (int attempt = 1;; attempt++) {
+        /* full jitter: sleep a random time in [delay/2, delay] */
+        uint64_t sleep_ms = delay / 2 + (uint64_t)rand_r(&seed) % (delay / 2 + 1);
+        int64_t now = mono_ms();
+        if (now + (int64_t)sleep_ms > deadline)
+            sleep_ms = deadline > now ? (uint64_t)(deadline - now) : 0;
+        struct timespec ts = {(time_t)(sleep_ms / 1000), (long)(sleep_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        int rc = ps_session_open(ss);
+        if (rc == 0) {
+            ss->reconnects++;
+            PS_LOG(PS_LOG_INFO, "reconnected to psd at %s after %.1f s (attempt %d): mode %s, model version %" PRIu64,
+                   ss->server, (double)(mono_ms() - start) / 1e3, attempt, ss->mode, ss->version);
+            return 0;
+        }
+        pthread_mutex_lock(&ss->lock);
+        ps_client_close(&ss->cl);
+        pthread_mutex_unlock(&ss->lock);
+        if (!ps_session_recoverable(ss, rc))
+            return rc;
+        if (mono_ms() >= deadline) {
+            snprintf(ss->cl.err, sizeof ss->cl.err,
+                     "psd at %s unreachable for %.0f s (%s); giving up (see --reconnect-timeout)", ss->server,
+                     (double)(mono_ms() - start) / 1e3, first);
+            return PS_ETIMEOUT;
+        }
+        delay = delay * 2 > 5000 ? 5000 : delay * 2;
+    }
+}
+
+void ps_session_close(ps_session *ss)
+{
+    hb_stop(ss);
+    if (ss->cl.fd >= 0) {
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_client_call(&ss->cl, &m, &r, 5000);
+    }
+    pthread_mutex_lock(&ss->lock);
+    ps_client_close(&ss->cl);
+    pthread_mutex_unlock(&ss->lock);
+}
+
+void ps_session_free(ps_session *ss)
+{
+    hb_stop(ss);
+    ss->cl.send_lock = NULL;
+    ps_client_free(&ss->cl);
+    pthread_mutex_destroy(&ss->lock);
+    pthread_cond_destroy(&ss->wake);
+}

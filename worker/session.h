@@ -1,0 +1,74 @@
+/* session.h - a worker's connection to psd: handshake, initial values,
+ * pushes and pulls (chunked for big models), a heartbeat thread, and
+ * reconnecting with exponential backoff and jitter when psd goes away.
+ *
+ * The training loop calls ps_session_step() once per batch; when it returns
+ * an error that ps_session_recoverable() accepts, the loop calls
+ * ps_session_reconnect() and carries on with the parameters it gets back. */
+#ifndef PS_SESSION_H
+#define PS_SESSION_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common/client.h"
+#include "model.h"
+
+typedef struct ps_session {
+    ps_client cl;
+    pthread_mutex_t lock;    /* the client's send lock */
+    pthread_cond_t wake;     /* wakes the heartbeat thread */
+    pthread_t hb_thread;
+    int hb_running, hb_stop;
+    uint64_t hb_interval_ms; /* a third of psd's heartbeat_timeout */
+    /* what the worker is */
+    const char *server;
+    uint32_t shard, nshards;
+    ps_model *model;
+    ps_layout layout;
+    uint64_t seed;
+    int timeout_ms;          /* per request */
+    int reconnect_ms;        /* give up reconnecting after this long */
+    /* what psd said */
+    char mode[16];
+    int bsp;                 /* pulls wait for the round the push went into */
+    uint64_t version;        /* model version of the parameters we hold */
+    uint64_t reconnects;
+    uint64_t dropped;        /* our pushes psd dropped (BSP round closed) */
+    int have_params;         /* we hold parameters worth offering as init */
+} ps_session;
+
+/* Fills ss from the model and options; no connection yet. */
+int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t nshards, ps_model *model,
+                    uint64_t seed, int timeout_ms, int reconnect_ms);
+void ps_session_free(ps_session *ss);
+
+/* Connects, says hello, sends initial values if psd asks (seeded values the
+ * first time, the parameters we hold after that), pulls the model and
+ * starts the heartbeat thread. Returns 0 or a negative code; the reason is
+ * in ps_session_error(). */
+int ps_session_open(ps_session *ss);
+
+/* Pushes the model's gradients and pulls the parameters back into the
+ * model (BSP: at the version after the round). */
+int ps_session_step(ps_session *ss);
+
+/* Reports epoch statistics to psd. */
+int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, double acc, double tloss,
+                      uint64_t samples, double rate);
+
+/* True when rc means the connection is gone or psd is restarting, so
+ * reconnecting may help; false for errors that would repeat (a layout
+ * psd does not hold, a bad shard, a protocol version). */
+int ps_session_recoverable(const ps_session *ss, int rc);
+
+/* Reconnects with exponential backoff (100 ms doubling to 5 s, with
+ * jitter) until it works or reconnect_ms have passed. */
+int ps_session_reconnect(ps_session *ss);
+
+/* Says bye and closes. */
+void ps_session_close(ps_session *ss);
+
+const char *ps_session_error(const ps_session *ss);
+
+#endif
