@@ -152,7 +152,10 @@ int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
 static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
 {
     while (iovcnt > 0) {
-        ssize_t n = writev(c->fd, iov, iovcnt);
+        /* MSG_NOSIGNAL: a peer that went away is an error to handle, not
+         * a SIGPIPE that kills the process */
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        ssize_t n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
                 continue;

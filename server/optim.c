@@ -6,7 +6,9 @@
  * gcc's -O2 only vectorises a loop when no scalar iterations are left
  * over (its "very cheap" cost model), so each kind's body is an inline
  * function of one element that RUN() calls in blocks of BLOCK elements,
- * a trip count the vectoriser accepts, and then on the remainder.
+ * a trip count the vectoriser accepts, and then on the remainder. Check
+ * with -fopt-info-vec-optimized: every *_loop function should report
+ * "loop vectorized".
  *
  * The adam and adagrad bodies call sqrtf. Unless this file is compiled
  * with -fno-math-errno, gcc guards every sqrtf with a branch to the libm
@@ -257,7 +259,8 @@ static inline void adam_at(float *restrict w, const float *restrict g, float *re
     w[i] = wi - c.lr * mi / (sqrtf(vi) / c.bc2s + c.eps);
 }
 
-static inline void adagrad_at(float *restrict w, const float *restrict g, float *restrict sum, coef c, size_t i)
+static inline void adagrad_at(float *restrict w, const float *restrict g, float *restrict sum, coef c,
+                              size_t i)
 {
     float d = c.s * g[i] + c.wd * w[i];
     float si = sum[i] + d * d;
@@ -278,8 +281,46 @@ static inline void adagrad_at(float *restrict w, const float *restrict g, float 
             body(__VA_ARGS__, i_);                                                                 \
     } while (0)
 
-void srv_optim_apply(srv_optim *o, float *restrict w, const float *restrict g, uint64_t off, uint64_t n,
-                     uint64_t version)
+/* The loops, one per kind. Their restrict parameters are what tells gcc
+ * that w, g and the state do not overlap; gcc 12 forgets that when it
+ * inlines them into srv_optim_apply() and then leaves them scalar, hence
+ * NOINLINE (one call per update: the call costs nothing). */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
+NOINLINE static void sgd_loop(float *restrict w, const float *restrict g, size_t n, coef c)
+{
+    RUN(n, sgd_at, w, g, c);
+}
+
+NOINLINE static void sgd_momentum_loop(float *restrict w, const float *restrict g, float *restrict v,
+                                       size_t n, coef c)
+{
+    RUN(n, sgd_momentum_at, w, g, v, c);
+}
+
+NOINLINE static void sgd_nesterov_loop(float *restrict w, const float *restrict g, float *restrict v,
+                                       size_t n, coef c)
+{
+    RUN(n, sgd_nesterov_at, w, g, v, c);
+}
+
+NOINLINE static void adam_loop(float *restrict w, const float *restrict g, float *restrict m,
+                               float *restrict v, size_t n, coef c)
+{
+    RUN(n, adam_at, w, g, m, v, c);
+}
+
+NOINLINE static void adagrad_loop(float *restrict w, const float *restrict g, float *restrict sum, size_t n,
+                                  coef c)
+{
+    RUN(n, adagrad_at, w, g, sum, c);
+}
+
+void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version)
 {
     assert(off <= o->n && n <= o->n - off);
     size_t len = (size_t)n;
@@ -290,15 +331,12 @@ void srv_optim_apply(srv_optim *o, float *restrict w, const float *restrict g, u
 
     switch (o->kind) {
     case PS_OPTIMIZER_SGD:
-        if (o->velocity && o->momentum > 0) {
-            float *restrict v = o->velocity + off;
-            if (o->nesterov)
-                RUN(len, sgd_nesterov_at, w, g, v, c);
-            else
-                RUN(len, sgd_momentum_at, w, g, v, c);
-        } else {
-            RUN(len, sgd_at, w, g, c);
-        }
+        if (o->velocity && o->momentum > 0 && o->nesterov)
+            sgd_nesterov_loop(w, g, o->velocity + off, len, c);
+        else if (o->velocity && o->momentum > 0)
+            sgd_momentum_loop(w, g, o->velocity + off, len, c);
+        else
+            sgd_loop(w, g, len, c);
         break;
     case PS_OPTIMIZER_ADAM:
     case PS_OPTIMIZER_ADAMW: {
@@ -312,15 +350,12 @@ void srv_optim_apply(srv_optim *o, float *restrict w, const float *restrict g, u
             c.decay = (float)(1.0 - lr * o->weight_decay);
             c.wd = 0.0f;
         }
-        float *restrict m = o->exp_avg + off, *restrict v = o->exp_avg_sq + off;
-        RUN(len, adam_at, w, g, m, v, c);
+        adam_loop(w, g, o->exp_avg + off, o->exp_avg_sq + off, len, c);
         break;
     }
-    case PS_OPTIMIZER_ADAGRAD: {
-        float *restrict sum = o->sum + off;
-        RUN(len, adagrad_at, w, g, sum, c);
+    case PS_OPTIMIZER_ADAGRAD:
+        adagrad_loop(w, g, o->sum + off, len, c);
         break;
-    }
     default:
         assert(!"unknown optimizer kind");
     }

@@ -61,7 +61,8 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     ku64(pk, "parameters", params);
     ku64(pk, "bytes", params * 4);
     ku64(pk, "optimizer_state_bytes", s->model.has_layout ? srv_optim_state_bytes(&s->model.opt) : 0);
-    kstr(pk, "optimizer", "sgd");
+    kstr(pk, "optimizer",
+         s->model.has_layout ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
     key(pk, "initialized");
     if (s->model.initialized)
         msgpack_pack_true(pk);

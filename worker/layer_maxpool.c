@@ -27,30 +27,27 @@ static void pool_forward(ps_layer *l, const float *in, float *out, int batch, in
     for (int r = 0; r < batch; r++) {
         const float *x = in + (size_t)r * in_n;
         float *y = out + (size_t)r * out_n;
-        int32_t *a = mp->arg + (size_t)r * out_n;
+        int32_t *am = mp->arg + (size_t)r * out_n; /* argmax of each output */
         for (int c = 0; c < C; c++) {
             const int32_t base = (int32_t)c * H * W;
             for (int oy = 0; oy < OH; oy++) {
                 const int32_t top = base + (int32_t)(oy * k) * W;
                 if (k == 2) {
+                    /* Branch-free: which element wins is data, not a
+                     * pattern a branch predictor can learn. Strict
+                     * comparisons keep the first maximum. */
+                    const float *r0 = x + top, *r1 = r0 + W;
                     for (int ox = 0; ox < OW; ox++) {
-                        int32_t i = top + 2 * ox, best = i;
-                        float m = x[i];
-                        if (x[i + 1] > m) {
-                            m = x[i + 1];
-                            best = i + 1;
-                        }
-                        if (x[i + W] > m) {
-                            m = x[i + W];
-                            best = i + W;
-                        }
-                        if (x[i + W + 1] > m) {
-                            m = x[i + W + 1];
-                            best = i + W + 1;
-                        }
-                        *y++ = m;
-                        *a++ = best;
+                        const float v00 = r0[2 * ox], v01 = r0[2 * ox + 1];
+                        const float v10 = r1[2 * ox], v11 = r1[2 * ox + 1];
+                        const int right0 = v01 > v00, right1 = v11 > v10;
+                        const float m0 = right0 ? v01 : v00, m1 = right1 ? v11 : v10;
+                        const int low = m1 > m0;
+                        y[ox] = low ? m1 : m0;
+                        am[ox] = top + 2 * ox + (low ? W + right1 : right0);
                     }
+                    y += OW;
+                    am += OW;
                     continue;
                 }
                 for (int ox = 0; ox < OW; ox++) {
@@ -65,7 +62,7 @@ static void pool_forward(ps_layer *l, const float *in, float *out, int batch, in
                             }
                         }
                     *y++ = m;
-                    *a++ = best;
+                    *am++ = best;
                 }
             }
         }

@@ -17,7 +17,8 @@ repository:
     --psd PATH --psworker PATH --psctl PATH --data DIR
     PSD_BIN, PSWORKER_BIN, PSCTL_BIN, PSD_DATA_DIR
 
-Test scripts call harness.parse_args() first; the options it does not know
+PSD_TEST_KEEP=1 keeps each test's directory (logs, port file) for a look
+afterwards. Test scripts call harness.parse_args() first; the options it does not know
 are left for unittest.
 """
 
@@ -283,7 +284,10 @@ class Cluster:
             for p in self.procs:
                 sys.stderr.write("\n--- %s (exit %s): %s\n--- stderr tail:\n%s" %
                                  (p.name, p.p.returncode, " ".join(p.argv), tail(p.err_path, 25)))
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("PSD_TEST_KEEP"):
+            sys.stderr.write("%s: kept %s (PSD_TEST_KEEP)\n" % (self.name, self.dir))
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
         return False
 
     def psd(self, **kw):
