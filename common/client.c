@@ -263,10 +263,12 @@ int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
         return cfail(c, rc, "%s: undecodable reply from psd: %s", c->server, derr);
     if (out->type == PS_MSG_ERROR) {
         c->remote_code = out->code;
+        /* codes travel positive; ps_errname takes either sign, so no negation
+         * (a peer's INT32_MIN must not overflow) */
         if (out->text_len)
             return cfail(c, PS_EREMOTE, "psd refused: %.*s [%s]", (int)out->text_len, out->text,
-                         ps_errname(-out->code));
-        return cfail(c, PS_EREMOTE, "psd refused: %s [%s]", ps_strerror(-out->code), ps_errname(-out->code));
+                         ps_errname(out->code));
+        return cfail(c, PS_EREMOTE, "psd refused: %s [%s]", ps_strerror(out->code), ps_errname(out->code));
     }
     return 0;
 }

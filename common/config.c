@@ -138,7 +138,7 @@ static const ps_config_option options[] = {
      .hi = 1000,
      .help = "Checkpoints kept in state_dir; older ones are deleted."},
     {.name = "max_frame", .type = PS_CT_SIZE, .def = "64M", AT(max_frame), .lo = 4096,
-     .hi = INT64_C(2147483648),
+     .hi = INT64_C(2147483647),
      .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "
              "a bigger frame is told so and disconnected. It must hold the largest push "
              "or pull reply, so raise it for big models."},

@@ -67,17 +67,24 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         send_params(c, id, off, len);
         return;
     }
+    if (c->nparked >= SRV_PARKED_MAX) {
+        srv_send_error(c, id, PS_ELIMIT, 0, "more than %d pulls already waiting on this connection",
+                       SRV_PARKED_MAX);
+        return;
+    }
     srv_parked *p = malloc(sizeof *p);
     if (!p) {
         srv_send_error(c, id, PS_ENOMEM, 0, "out of memory parking a pull");
         return;
     }
     *p = (srv_parked){.id = id, .min = min, .off = off, .len = len};
-    /* append, so replies leave in request order */
+    /* append, so replies leave in request order (the list is short: at
+     * most SRV_PARKED_MAX) */
     srv_parked **tail = &c->parked;
     while (*tail)
         tail = &(*tail)->next;
     *tail = p;
+    c->nparked++;
 }
 
 void srv_conn_answer_parked(srv_conn *c)
@@ -90,6 +97,7 @@ void srv_conn_answer_parked(srv_conn *c)
             continue;
         }
         *pp = p->next;
+        c->nparked--;
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
         send_params(c, p->id, p->off, p->len);
@@ -135,6 +143,7 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
         c->parked = p->next;
         free(p);
     }
+    c->nparked = 0;
     if (s->init_owner == c) {
         s->init_owner = NULL;
         if (!s->model.initialized) {

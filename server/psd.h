@@ -91,6 +91,8 @@ extern const srv_policy_ops srv_policy_ssp;
 
 /* ---- connections --------------------------------------------------------- */
 
+#define SRV_PARKED_MAX 64 /* pulls one connection may have waiting */
+
 /* A pull waiting for a model version (BSP) or for the initial values. */
 typedef struct srv_parked {
     uint64_t id, min, off, len;
@@ -108,6 +110,7 @@ struct srv_conn {
     size_t rlen, rcap;
     msgpack_zone zone;       /* unpack zone, cleared per message */
     srv_parked *parked;      /* pulls waiting for a version */
+    uint32_t nparked;        /* entries in parked, at most SRV_PARKED_MAX */
     int closing;             /* uv_close called or about to be */
     int close_after_write;   /* close once queued writes are flushed */
     char close_reason[96];   /* why psd closes it, for the worker's record */

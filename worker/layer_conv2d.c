@@ -9,7 +9,7 @@
  *   backward  dW[OC,K] += dY[OC,P] * col^T[P,K]       (summed over samples)
  *             dcol[K,P] = W^T[K,OC] * dY[OC,P], then col2im adds dcol back
  *             onto the input positions it came from: dX
- *             db[OC]    = sums of dY over positions and samples
+ *             db[OC]   += dY[OC,P] * ones[P]
  * The products go sample by sample: the output of one sample is then already
  * in CHW order, and one im2col buffer of K x P floats, which for the
  * reference CNN fits in L2, serves every sample. The backward recomputes
@@ -36,8 +36,13 @@ typedef struct conv2d {
     int K;                 /* ic * kh * kw: rows of col, columns of W */
     int P;                 /* oh * ow: output positions */
     float *col;            /* K x P im2col scratch; NULL when col is the input (1x1) */
-    int lo[PS_CONV_MAX_K]; /* per kernel column j: first ox whose input column is inside */
-    int hi[PS_CONV_MAX_K]; /* per kernel column j: one past the last such ox */
+    float *ones;           /* P ones: db is dY times this */
+    float *gt;             /* P x OC: one sample's dY transposed, when dwt is used */
+    float *dwt;            /* K x OC: dW transposed, summed over the batch; or NULL */
+    int lo[PS_CONV_MAX_K];  /* per kernel column j: first ox whose input column is inside */
+    int hi[PS_CONV_MAX_K];  /* per kernel column j: one past the last such ox */
+    int ylo[PS_CONV_MAX_K]; /* per kernel row i: first oy whose input row is inside */
+    int yhi[PS_CONV_MAX_K]; /* per kernel row i: one past the last such oy */
 } conv2d;
 
 static void conv_init(ps_layer *l, ps_rng *rng)
@@ -51,73 +56,70 @@ static void conv_init(ps_layer *l, ps_rng *rng)
     memset(w + nw, 0, (size_t)cv->oc * sizeof(float));
 }
 
-/* Runs of ow floats are short (8 and 24 in the reference CNN), too short
- * for memcpy calls and not vectorised by -O2, so the copies and adds below
- * move four floats at a time through a GCC/Clang generic vector, which the
- * compiler maps to SSE, NEON or scalars. */
+/* The rows of an im2col block are short runs (8 and 24 floats in the
+ * reference CNN). Copied run by run, GCC turns each run into a memcpy call,
+ * which costs more than the copy; so blocks go four columns at a time down
+ * all the rows, each step a fixed 16-byte move the compiler inlines (the adds
+ * through a GCC/Clang generic vector, mapped to SSE, NEON or scalars). */
 typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
 
-static inline void run_copy(float *restrict d, const float *restrict s, int n)
+/* d[r*dld + x] = s[r*sld + x] for r < rows, x < n. */
+static inline void block_copy(float *restrict d, int dld, const float *restrict s, int sld, int rows, int n)
 {
-    int i = 0;
-    for (; i + 4 <= n; i += 4)
-        memcpy(d + i, s + i, 4 * sizeof(float));
-    for (; i < n; i++)
-        d[i] = s[i];
+    int x = 0;
+    for (; x + 4 <= n; x += 4)
+        for (int r = 0; r < rows; r++)
+            memcpy(d + (size_t)r * dld + x, s + (size_t)r * sld + x, 4 * sizeof(float));
+    for (; x < n; x++)
+        for (int r = 0; r < rows; r++)
+            d[(size_t)r * dld + x] = s[(size_t)r * sld + x];
 }
 
-static inline void run_add(float *restrict d, const float *restrict s, int n)
+/* d[r*dld + x] += s[r*sld + x] for r < rows, x < n. */
+static inline void block_add(float *restrict d, int dld, const float *restrict s, int sld, int rows, int n)
 {
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        v4f a, b;
-        memcpy(&a, d + i, sizeof(a));
-        memcpy(&b, s + i, sizeof(b));
-        a += b;
-        memcpy(d + i, &a, sizeof(a));
-    }
-    for (; i < n; i++)
-        d[i] += s[i];
+    int x = 0;
+    for (; x + 4 <= n; x += 4)
+        for (int r = 0; r < rows; r++) {
+            float *dp = d + (size_t)r * dld + x;
+            v4f a, b;
+            memcpy(&a, dp, sizeof(a));
+            memcpy(&b, s + (size_t)r * sld + x, sizeof(b));
+            a += b;
+            memcpy(dp, &a, sizeof(a));
+        }
+    for (; x < n; x++)
+        for (int r = 0; r < rows; r++)
+            d[(size_t)r * dld + x] += s[(size_t)r * sld + x];
 }
 
-/* Unrolls one sample's input img [ic, ih, iw] into col [K, P]. */
+/* Unrolls one sample's input img [ic, ih, iw] into col [K, P]: row (c, i, j)
+ * of col is the block of input rows ylo[i]..yhi[i] and columns lo[j]..hi[j]
+ * that tap (i, j) reads, zero around it where the tap falls on padding. */
 static void im2col(const conv2d *cv, const float *restrict img, float *restrict col)
 {
     const int ih = cv->ih, iw = cv->iw, oh = cv->oh, ow = cv->ow, s = cv->stride, pad = cv->pad;
+    const size_t P = (size_t)cv->P;
     float *d = col;
-    if (s == 1 && pad == 0) { /* every run is whole: no borders to test */
-        for (int c = 0; c < cv->ic; c++)
-            for (int i = 0; i < cv->kh; i++)
-                for (int j = 0; j < cv->kw; j++) {
-                    const float *src = img + ((size_t)c * ih + i) * iw + j;
-                    for (int oy = 0; oy < oh; oy++, d += ow, src += iw)
-                        run_copy(d, src, ow);
-                }
-        return;
-    }
     for (int c = 0; c < cv->ic; c++) {
         const float *plane = img + (size_t)c * ih * iw;
         for (int i = 0; i < cv->kh; i++) {
-            for (int j = 0; j < cv->kw; j++) {
-                const int lo = cv->lo[j], hi = cv->hi[j], off = j - pad;
-                for (int oy = 0; oy < oh; oy++, d += ow) {
-                    const int y = oy * s - pad + i;
-                    if (y < 0 || y >= ih) {
-                        memset(d, 0, (size_t)ow * sizeof(float));
-                        continue;
-                    }
-                    const float *row = plane + (size_t)y * iw;
-                    for (int ox = 0; ox < lo; ox++)
-                        d[ox] = 0.0f;
-                    if (s == 1) {
-                        run_copy(d + lo, row + lo + off, hi - lo);
-                    } else {
-                        for (int ox = lo; ox < hi; ox++)
-                            d[ox] = row[ox * s + off];
-                    }
-                    for (int ox = hi; ox < ow; ox++)
-                        d[ox] = 0.0f;
+            const int ylo = cv->ylo[i], yhi = cv->yhi[i];
+            for (int j = 0; j < cv->kw; j++, d += P) {
+                const int lo = cv->lo[j], hi = cv->hi[j];
+                if (ylo > 0 || yhi < oh || lo > 0 || hi < ow)
+                    memset(d, 0, P * sizeof(float));
+                if (ylo >= yhi || lo >= hi)
+                    continue;
+                const float *src = plane + (size_t)(ylo * s - pad + i) * iw + (lo * s - pad + j);
+                float *dst = d + (size_t)ylo * ow + lo;
+                if (s == 1) {
+                    block_copy(dst, ow, src, iw, yhi - ylo, hi - lo);
+                    continue;
                 }
+                for (int oy = 0; oy < yhi - ylo; oy++)
+                    for (int ox = 0; ox < hi - lo; ox++)
+                        dst[(size_t)oy * ow + ox] = src[(size_t)oy * s * iw + (size_t)ox * s];
             }
         }
     }
@@ -127,28 +129,42 @@ static void im2col(const conv2d *cv, const float *restrict img, float *restrict 
  * of the entry added onto the input pixel it was copied from. */
 static void col2im(const conv2d *cv, const float *restrict col, float *restrict img)
 {
-    const int ih = cv->ih, iw = cv->iw, oh = cv->oh, ow = cv->ow, s = cv->stride, pad = cv->pad;
+    const int ih = cv->ih, iw = cv->iw, ow = cv->ow, s = cv->stride, pad = cv->pad;
+    const size_t P = (size_t)cv->P;
     const float *d = col;
     memset(img, 0, (size_t)cv->ic * ih * iw * sizeof(float));
     for (int c = 0; c < cv->ic; c++) {
         float *plane = img + (size_t)c * ih * iw;
         for (int i = 0; i < cv->kh; i++) {
-            for (int j = 0; j < cv->kw; j++) {
-                const int lo = cv->lo[j], hi = cv->hi[j], off = j - pad;
-                for (int oy = 0; oy < oh; oy++, d += ow) {
-                    const int y = oy * s - pad + i;
-                    if (y < 0 || y >= ih)
-                        continue;
-                    float *row = plane + (size_t)y * iw;
-                    if (s == 1) {
-                        run_add(row + lo + off, d + lo, hi - lo);
-                    } else {
-                        for (int ox = lo; ox < hi; ox++)
-                            row[ox * s + off] += d[ox];
-                    }
+            const int ylo = cv->ylo[i], yhi = cv->yhi[i];
+            for (int j = 0; j < cv->kw; j++, d += P) {
+                const int lo = cv->lo[j], hi = cv->hi[j];
+                if (ylo >= yhi || lo >= hi)
+                    continue;
+                float *dst = plane + (size_t)(ylo * s - pad + i) * iw + (lo * s - pad + j);
+                const float *src = d + (size_t)ylo * ow + lo;
+                if (s == 1) {
+                    block_add(dst, iw, src, ow, yhi - ylo, hi - lo);
+                    continue;
                 }
+                for (int oy = 0; oy < yhi - ylo; oy++)
+                    for (int ox = 0; ox < hi - lo; ox++)
+                        dst[(size_t)oy * s * iw + (size_t)ox * s] += src[(size_t)oy * ow + ox];
             }
         }
+    }
+}
+
+/* y[OC, P] := b broadcast along each row. */
+static void fill_bias(float *restrict y, const float *restrict b, int OC, int P)
+{
+    for (int o = 0; o < OC; o++, y += P) {
+        const v4f bo = {b[o], b[o], b[o], b[o]};
+        int p = 0;
+        for (; p + 4 <= P; p += 4)
+            memcpy(y + p, &bo, sizeof(bo));
+        for (; p < P; p++)
+            y[p] = b[o];
     }
 }
 
@@ -167,12 +183,7 @@ static void conv_forward(ps_layer *l, const float *in, float *out, int batch, in
             im2col(cv, x, cv->col);
             col = cv->col;
         }
-        for (int o = 0; o < OC; o++) {
-            float *yo = y + (size_t)o * P;
-            const float bo = b[o];
-            for (int p = 0; p < P; p++)
-                yo[p] = bo;
-        }
+        fill_bias(y, b, OC, P);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, OC, P, K, 1.0f, w, K, col, P, 1.0f, y, P);
     }
 }
@@ -195,14 +206,18 @@ static void conv_backward(ps_layer *l, const float *in, const float *out, const 
             im2col(cv, x, cv->col);
             col = cv->col;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, K, P, 1.0f, g, P, col, P, r ? 1.0f : 0.0f, dw, K);
-        for (int o = 0; o < OC; o++) {
-            const float *go = g + (size_t)o * P;
-            float s = 0.0f;
-            for (int p = 0; p < P; p++)
-                s += go[p];
-            db[o] += s;
+        if (cv->dwt != NULL) {
+            /* dW^T[K,OC] += col[K,P] * dY^T[P,OC], dY^T made explicit. */
+            for (int o = 0; o < OC; o++)
+                for (int p = 0; p < P; p++)
+                    cv->gt[(size_t)p * OC + o] = g[(size_t)o * P + p];
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, K, OC, P, 1.0f, col, P, cv->gt, OC,
+                        r ? 1.0f : 0.0f, cv->dwt, OC);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, OC, K, P, 1.0f, g, P, col, P, r ? 1.0f : 0.0f, dw,
+                        K);
         }
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, P, 1.0f, g, P, cv->ones, 1, 1.0f, db, 1);
         if (din == NULL)
             continue;
         float *dx = din + (size_t)r * in_n;
@@ -214,13 +229,34 @@ static void conv_backward(ps_layer *l, const float *in, const float *out, const 
             col2im(cv, cv->col, dx);
         }
     }
+    if (cv->dwt != NULL)
+        for (int o = 0; o < OC; o++)
+            for (int k = 0; k < K; k++)
+                dw[(size_t)o * K + k] = cv->dwt[(size_t)k * OC + o];
 }
 
 static void conv_destroy(ps_layer *l)
 {
     conv2d *cv = (conv2d *)l;
     free(cv->col);
+    free(cv->ones);
+    free(cv->gt);
+    free(cv->dwt);
     free(cv);
+}
+
+/* The outputs o in [*lo, *hi) whose input o*stride + off lies in [0, n),
+ * clipped to [0, out). */
+static void inside(int off, int stride, int n, int out, int *lo, int *hi)
+{
+    int a = off < 0 ? (-off + stride - 1) / stride : 0;
+    int b = n - 1 - off >= 0 ? (n - 1 - off) / stride + 1 : 0;
+    if (b > out)
+        b = out;
+    if (a > b)
+        a = b;
+    *lo = a;
+    *hi = b;
 }
 
 static const ps_layer_ops conv_ops = {
@@ -266,18 +302,10 @@ int ps_layer_conv2d_create(const char *name, ps_shape in, int out_c, int kh, int
     cv->pad = pad;
     cv->K = (int)K;
     cv->P = (int)P;
-    for (int j = 0; j < kw; j++) {
-        /* ox is inside when 0 <= ox*stride + off < iw. */
-        const int off = j - pad;
-        int lo = off < 0 ? (-off + stride - 1) / stride : 0;
-        int hi = in.w - 1 - off >= 0 ? (in.w - 1 - off) / stride + 1 : 0;
-        if (hi > ow)
-            hi = ow;
-        if (lo > hi)
-            lo = hi;
-        cv->lo[j] = lo;
-        cv->hi[j] = hi;
-    }
+    for (int j = 0; j < kw; j++)
+        inside(j - pad, stride, in.w, ow, &cv->lo[j], &cv->hi[j]);
+    for (int i = 0; i < kh; i++)
+        inside(i - pad, stride, in.h, oh, &cv->ylo[i], &cv->yhi[i]);
     uint32_t wdims[4] = {(uint32_t)out_c, (uint32_t)in.c, (uint32_t)kh, (uint32_t)kw};
     uint32_t bdims[1] = {(uint32_t)out_c};
     if (ps_layer_add_tensor(&cv->base, "weight", 4, wdims) != PS_OK ||
@@ -286,13 +314,19 @@ int ps_layer_conv2d_create(const char *name, ps_shape in, int out_c, int kh, int
         return PS_EINVAL;
     }
     const int pointwise = kh == 1 && kw == 1 && stride == 1 && pad == 0;
-    if (!pointwise) {
+    cv->ones = ps_falloc((size_t)P);
+    if (!pointwise)
         cv->col = ps_falloc((size_t)K * (size_t)P);
-        if (cv->col == NULL) {
-            free(cv);
-            return PS_ENOMEM;
-        }
+    if (K > P) {
+        cv->gt = ps_falloc((size_t)P * (size_t)out_c);
+        cv->dwt = ps_falloc((size_t)K * (size_t)out_c);
     }
+    if (cv->ones == NULL || (!pointwise && cv->col == NULL) || (K > P && (cv->gt == NULL || cv->dwt == NULL))) {
+        conv_destroy(&cv->base);
+        return PS_ENOMEM;
+    }
+    for (long p = 0; p < P; p++)
+        cv->ones[p] = 1.0f;
     *out = &cv->base;
     return PS_OK;
 }

@@ -43,8 +43,8 @@ static void pool_forward(ps_layer *l, const float *in, float *out, int batch, in
                         const int right0 = v01 > v00, right1 = v11 > v10;
                         const float m0 = right0 ? v01 : v00, m1 = right1 ? v11 : v10;
                         const int low = m1 > m0;
-                        y[ox] = low ? m1 : m0;
-                        am[ox] = top + 2 * ox + (low ? W + right1 : right0);
+                        y[ox] = m1 > m0 ? m1 : m0;
+                        am[ox] = top + 2 * ox + right0 + low * (W + right1 - right0);
                     }
                     y += OW;
                     am += OW;

@@ -3,13 +3,29 @@
 
 #include "proto/errors.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* Four floats at a time through a GCC/Clang generic vector (SSE, NEON or
+ * scalars): the compare makes a mask, so no branch mispredicts on the sign
+ * pattern, which is noise. -O2 does not vectorise the plain loop. */
+typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
+typedef int32_t v4i __attribute__((vector_size(4 * sizeof(int32_t))));
 
 static void relu_forward(ps_layer *l, const float *in, float *out, int batch, int training)
 {
     (void)training;
     const size_t n = (size_t)batch * ps_shape_size(l->in);
-    for (size_t i = 0; i < n; i++)
+    const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v4f x;
+        memcpy(&x, in + i, sizeof(x));
+        x = (v4f)((v4i)x & (x > zero));
+        memcpy(out + i, &x, sizeof(x));
+    }
+    for (; i < n; i++)
         out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
@@ -21,7 +37,16 @@ static void relu_backward(ps_layer *l, const float *in, const float *out, const 
     if (din == NULL)
         return;
     const size_t n = (size_t)batch * ps_shape_size(l->in);
-    for (size_t i = 0; i < n; i++)
+    const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        v4f o, g;
+        memcpy(&o, out + i, sizeof(o));
+        memcpy(&g, dout + i, sizeof(g));
+        g = (v4f)((v4i)g & (o > zero));
+        memcpy(din + i, &g, sizeof(g));
+    }
+    for (; i < n; i++)
         din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }
 
