@@ -223,8 +223,9 @@ int main(int argc, char **argv)
         PS_LOG(PS_LOG_ERROR, "cannot write port file %s: %s", s->cfg.port_file, strerror(errno));
         return 1;
     }
-    PS_LOG(PS_LOG_INFO, "psd %s listening on %s:%d, mode %s, %d workers, optimizer sgd lr %g momentum %g",
-           PSD_VERSION, s->cfg.listen.host, s->port, s->policy->name, s->cfg.workers, s->cfg.lr, s->cfg.momentum);
+    PS_LOG(PS_LOG_INFO, "psd %s listening on %s:%d, mode %s, %d workers, optimizer %s lr %g", PSD_VERSION,
+           s->cfg.listen.host, s->port, s->policy->name, s->cfg.workers, srv_optim_kind_name(s->cfg.optimizer),
+           s->cfg.lr);
 
     uv_signal_init(s->loop, &s->sigint);
     uv_signal_init(s->loop, &s->sigterm);

@@ -67,6 +67,9 @@ typedef float v4f __attribute__((vector_size(4 * sizeof(float))));
 static inline void block_copy(float *restrict d, int dld, const float *restrict s, int sld, int rows, int n)
 {
     int x = 0;
+    for (; x + 8 <= n; x += 8)
+        for (int r = 0; r < rows; r++)
+            memcpy(d + (size_t)r * dld + x, s + (size_t)r * sld + x, 8 * sizeof(float));
     for (; x + 4 <= n; x += 4)
         for (int r = 0; r < rows; r++)
             memcpy(d + (size_t)r * dld + x, s + (size_t)r * sld + x, 4 * sizeof(float));

@@ -1,0 +1,217 @@
+#!/usr/bin/python3
+"""test_faults.py - psd keeps training through dead workers, stragglers and
+its own crash, and never loses the model.
+
+    test_faults.py [harness options] [unittest options]
+
+- A worker killed with kill -9 in mid-round: the BSP rounds go on with the
+  others, psd records the death (with shard and address) well within
+  heartbeat_timeout, and the others finish.
+- A SIGSTOPped straggler: with a backup worker, BSP rounds keep closing
+  without it; under SSP the others run at most staleness+1 clocks ahead of
+  it and then wait; a straggler silent past heartbeat_timeout is declared
+  dead, and rejoins at the current version when it resumes.
+- psd killed with kill -9 and started again on the same state directory:
+  it loads its newest checkpoint, the workers reconnect by themselves and
+  finish, the model version continues from the checkpoint, and at most one
+  checkpoint interval of updates is lost.
+- A truncated or corrupted newest checkpoint is reported and skipped for
+  the previous one.
+"""
+
+import glob
+import os
+import re
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+MODEL = "mlp:64"
+LIMIT = 12000
+TEST_LIMIT = 2000
+MIN_ACCURACY = 0.85
+
+
+def worker_row(st, shard):
+    for w in st["workers"]:
+        if w["shard"] == shard:
+            return w
+    return None
+
+
+def version(addr):
+    return harness.status(addr)["version"]
+
+
+class FaultTest(unittest.TestCase):
+    def finish(self, workers, timeout=120):
+        results = []
+        for w in workers:
+            rc, summary = w.result(timeout)
+            self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
+            self.assertIsNotNone(summary, "%s printed no JSON summary" % w.name)
+            results.append(summary)
+        return results
+
+    def test_worker_killed_in_bsp(self):
+        with harness.Cluster("psd-kill-worker") as cl:
+            psd = cl.psd(mode="bsp", workers=3, args=["--set", "heartbeat_timeout=3s"])
+            ws = [cl.worker(psd, k, 3, epochs=4, limit=LIMIT, model=MODEL) for k in range(3)]
+            harness.wait_until(lambda: version(psd.addr) >= 30, 60, "30 BSP rounds")
+            victim = ws[2]
+            os.kill(victim.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            victim.wait(10)
+            # psd notices the death and says so with shard and address
+            row = harness.wait_until(
+                lambda: (lambda r: r if r and r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                3, "psd to record shard 2 as lost")
+            noticed = time.monotonic() - killed_at
+            self.assertLess(noticed, 3.0, "death noticed after %.1f s, beyond heartbeat_timeout" % noticed)
+            self.assertRegex(row["address"], r"^127\.0\.0\.1:\d+$")
+            self.assertNotEqual(row["why"], "")
+            v = version(psd.addr)
+            harness.wait_until(lambda: version(psd.addr) > v + 5, 30, "rounds to close without the dead worker")
+            results = self.finish(ws[:2])
+            for r in results:
+                self.assertGreater(r["test_accuracy"], MIN_ACCURACY)
+            log = psd.stderr()
+            self.assertRegex(log, r"worker shard 2/3 \(127\.0\.0\.1:\d+\) lost")
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertGreaterEqual(harness.metric(samples, "psd_worker_deaths_total"), 1)
+            psd.stop()
+
+    def test_straggler_bsp_with_backup_worker(self):
+        with harness.Cluster("psd-backup") as cl:
+            psd = cl.psd(mode="bsp", workers=3, args=["--set", "backup_workers=1", "--set", "heartbeat_timeout=30s"])
+            ws = [cl.worker(psd, k, 3, epochs=3, limit=LIMIT, model=MODEL) for k in range(3)]
+            harness.wait_until(lambda: version(psd.addr) >= 20, 60, "20 BSP rounds")
+            os.kill(ws[2].pid, signal.SIGSTOP)
+            try:
+                v0, t0 = version(psd.addr), time.monotonic()
+                # rounds keep closing with two of three pushes
+                harness.wait_until(lambda: version(psd.addr) >= v0 + 50, 20,
+                                   "50 rounds to close while shard 2 is stopped")
+                rate = (version(psd.addr) - v0) / (time.monotonic() - t0)
+                self.assertGreater(rate, 10, "rounds per second with a stopped straggler")
+            finally:
+                os.kill(ws[2].pid, signal.SIGCONT)
+            self.finish(ws)
+            st = harness.status(psd.addr)
+            self.assertGreater(st["dropped_pushes"], 0, "the straggler's late pushes are dropped and counted")
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_dropped_pushes_total"), st["dropped_pushes"])
+            psd.stop()
+
+    def test_straggler_ssp_bound_and_heartbeat(self):
+        s_bound = 3
+        with harness.Cluster("psd-ssp") as cl:
+            psd = cl.psd(mode="ssp", workers=3,
+                         args=["--set", "staleness=%d" % s_bound, "--set", "heartbeat_timeout=4s"])
+            ws = [cl.worker(psd, k, 3, epochs=3, limit=LIMIT, model=MODEL) for k in range(3)]
+            harness.wait_until(lambda: all(worker_row(harness.status(psd.addr), k) for k in range(3)), 60,
+                               "all three workers to join")
+            harness.wait_until(lambda: version(psd.addr) >= 20, 60, "20 updates")
+            os.kill(ws[2].pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            try:
+                # while shard 2 is stopped and still counted live, the others
+                # may run at most staleness+1 clocks ahead of it, then wait
+                def held():
+                    st = harness.status(psd.addr)
+                    row = worker_row(st, 2)
+                    if row["state"] != "connected":
+                        return None
+                    others = [worker_row(st, k)["clock"] for k in (0, 1)]
+                    lead = max(others) - row["clock"]
+                    self.assertLessEqual(lead, s_bound + 1, "SSP bound broken: %r" % st["workers"])
+                    return st if all(c - row["clock"] == s_bound + 1 for c in others) else None
+
+                harness.wait_until(held, 3.5, "the others to wait at the staleness bound")
+                # silent past heartbeat_timeout: declared dead, the others go on
+                lost = harness.wait_until(
+                    lambda: (lambda r: r if r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                    8, "the stopped worker to be declared dead")
+                self.assertIn("silent", lost["why"])
+                self.assertLess(time.monotonic() - stopped_at, 4 + 3, "declared dead too late")
+                v = version(psd.addr)
+                harness.wait_until(lambda: version(psd.addr) > v + 20, 20, "the others to go on")
+            finally:
+                os.kill(ws[2].pid, signal.SIGCONT)
+            results = self.finish(ws)
+            self.assertGreaterEqual(results[2]["reconnects"], 1, "the resumed straggler rejoins")
+            self.assertRegex(psd.stderr(), r"worker shard 2/3 rejoined")
+            psd.stop()
+
+    def test_psd_killed_and_restarted(self):
+        port = harness.free_port()
+        interval = 1.0
+        with harness.Cluster("psd-crash") as cl:
+            state = os.path.join(cl.dir, "state")
+            args = ["--listen", "127.0.0.1:%d" % port, "--state-dir", state, "--set",
+                    "checkpoint_interval=%gs" % interval]
+            psd = cl.psd(mode="bsp", workers=2, args=args)
+            ws = [cl.worker(psd, k, 2, epochs=40, limit=LIMIT, model=MODEL, evaluate=False,
+                            args=["--reconnect-timeout", "60"]) for k in range(2)]
+            harness.wait_until(lambda: glob.glob(os.path.join(state, "ckpt-*.psdc")), 30, "a first checkpoint")
+            harness.wait_until(lambda: version(psd.addr) >= 100, 60, "100 rounds")
+            before = version(psd.addr)
+            self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
+            os.kill(psd.pid, signal.SIGKILL)
+            psd.wait(10)
+            psd2 = cl.psd(mode="bsp", workers=2, args=args, name="psd2")
+            log = harness.wait_until(lambda: re.search(r"loaded checkpoint \S+: model version (\d+)", psd2.stderr()),
+                                     10, "psd to report the checkpoint it loaded")
+            loaded = int(log.group(1))
+            self.assertLessEqual(loaded, before + 60)  # a few rounds may close between status and kill
+            lost = before - loaded
+            rps = 400  # generous upper bound of rounds per second for this job on two cores
+            self.assertLess(lost, rps * interval * 1.5, "lost %d versions, more than one interval" % lost)
+            harness.wait_until(lambda: version(psd2.addr) > loaded, 30, "training to resume after the restart")
+            results = self.finish(ws)
+            for r in results:
+                self.assertGreaterEqual(r["reconnects"], 1)
+                self.assertGreater(r["version"], loaded)
+                self.assertLess(r["train_loss"], 0.3)
+            psd2.stop()
+
+    def test_corrupt_checkpoints_are_skipped(self):
+        with harness.Cluster("psd-ckpt") as cl:
+            state = os.path.join(cl.dir, "state")
+            args = ["--state-dir", state, "--set", "checkpoint_interval=0"]
+            # three sessions, each ends with a checkpoint at shutdown
+            for i in range(3):
+                psd = cl.psd(mode="asgd", workers=1, args=args, name="psd%d" % i)
+                w = cl.worker(psd, 0, 1, epochs=1, limit=2000 * (i + 1), model=MODEL, evaluate=False)
+                self.finish([w])
+                psd.stop()
+            files = sorted(glob.glob(os.path.join(state, "ckpt-*.psdc")))
+            self.assertEqual(len(files), 3, files)
+            # truncate the newest, flip a byte in the middle one
+            with open(files[2], "r+b") as f:
+                f.truncate(os.path.getsize(files[2]) // 2)
+            with open(files[1], "r+b") as f:
+                f.seek(os.path.getsize(files[1]) // 2)
+                b = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([b[0] ^ 0x40]))
+            psd = cl.psd(mode="asgd", workers=1, args=args, name="psd-load")
+            log = psd.stderr()
+            self.assertRegex(log, re.escape(os.path.basename(files[2])) + r" is unusable: truncated")
+            self.assertRegex(log, re.escape(os.path.basename(files[1])) + r" is unusable: checksum mismatch")
+            m = re.search(r"loaded checkpoint (\S+): model version (\d+)", log)
+            self.assertIsNotNone(m, log)
+            self.assertEqual(os.path.basename(m.group(1)), os.path.basename(files[0]))
+            st = harness.status(psd.addr)
+            self.assertEqual(st["version"], int(m.group(2)))
+            self.assertTrue(st["initialized"])
+            psd.stop()
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main(verbosity=2)
