@@ -30,10 +30,23 @@ static void usage(FILE *f)
             "      --log-level LEVEL  debug, info, warn or error\n"
             "  -o, --set KEY=VALUE    set any configuration key (repeatable)\n"
             "      --print-config     print the resulting settings and exit\n"
+            "      --config-reference print every setting as a Markdown table (for the README)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
             "\n"
             "Signals: SIGINT or SIGTERM stop accepting, flush replies and exit 0.\n");
+}
+
+/* Every option as a Markdown table row: the README's configuration
+ * reference is this output, and a test keeps the two equal. */
+static void print_reference(FILE *f)
+{
+    size_t n;
+    const ps_config_option *o = ps_config_options(&n);
+    fprintf(f, "| key | default | reload | meaning |\n|---|---|---|---|\n");
+    for (size_t i = 0; i < n; i++)
+        fprintf(f, "| `%s` | `%s` | %s | %s |\n", o[i].name, o[i].def[0] ? o[i].def : "(empty)",
+                (o[i].flags & PS_CONF_RELOAD) ? "yes" : "no", o[i].help);
 }
 
 static int write_port_file(const char *path, int port)
@@ -120,13 +133,14 @@ int main(int argc, char **argv)
     const char *config_path = NULL;
     pending_set sets[128];
     int nsets = 0, print_config = 0;
-    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG };
+    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE };
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
         {"mode", required_argument, NULL, 'm'},       {"workers", required_argument, NULL, 'w'},
         {"state-dir", required_argument, NULL, 's'},  {"port-file", required_argument, NULL, OPT_PORT_FILE},
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"set", required_argument, NULL, 'o'},        {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
+        {"config-reference", no_argument, NULL, OPT_CONFIG_REFERENCE},
         {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -146,6 +160,9 @@ int main(int argc, char **argv)
         case 's': key = "state_dir"; break;
         case OPT_PORT_FILE: key = "port_file"; break;
         case OPT_LOG_LEVEL: key = "log_level"; break;
+        case OPT_CONFIG_REFERENCE:
+            print_reference(stdout);
+            return 0;
         case OPT_PRINT_CONFIG:
             print_config = 1;
             continue;

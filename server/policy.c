@@ -121,13 +121,22 @@ const srv_policy_ops srv_policy_asgd = {
 
 /* ---- SSP ----------------------------------------------------------------- */
 
-/* Smallest clock among connected workers; UINT64_MAX when there is none. */
+/* Smallest clock among the live workers; UINT64_MAX when there is none.
+ * Shards below M that have not joined yet count as live at clock 0, so the
+ * first worker to connect cannot run away before the others start (as BSP
+ * rounds wait for all M); a worker that left or died no longer counts. */
 static uint64_t ssp_min_clock(psd *s, const srv_worker *except)
 {
     uint64_t min = UINT64_MAX;
-    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-        srv_worker *w = s->workers[i];
-        if (w && w != except && w->state == SRV_W_CONNECTED && w->clock < min)
+    uint32_t m = (uint32_t)s->cfg.workers;
+    for (uint32_t i = 0; i < s->nworkers_cap || i < m; i++) {
+        srv_worker *w = i < s->nworkers_cap ? s->workers[i] : NULL;
+        if (!w) {
+            if (i < m)
+                min = 0;
+            continue;
+        }
+        if (w != except && w->state == SRV_W_CONNECTED && w->clock < min)
             min = w->clock;
     }
     return min;
@@ -156,11 +165,13 @@ static int ssp_pull_ready(psd *s, srv_conn *c, uint64_t min)
 
 static void ssp_joined(psd *s, srv_worker *w)
 {
-    /* A newcomer starts level with the slowest live worker, so it neither
-     * holds the others back nor runs ahead of the bound. */
+    /* A newcomer (or a worker back from the dead) starts level with the
+     * slowest live worker, so it does not hold the others back; and the
+     * others may have been waiting for it. */
     uint64_t slowest = ssp_min_clock(s, w);
     if (slowest != UINT64_MAX && w->clock < slowest)
         w->clock = slowest;
+    srv_answer_parked(s);
 }
 
 static void ssp_left(psd *s, srv_worker *w)

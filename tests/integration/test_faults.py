@@ -121,8 +121,11 @@ class FaultTest(unittest.TestCase):
             try:
                 # while shard 2 is stopped and still counted live, the others
                 # may run at most staleness+1 clocks ahead of it, then wait
+                last = {}
+
                 def held():
                     st = harness.status(psd.addr)
+                    last["st"] = st
                     row = worker_row(st, 2)
                     if row["state"] != "connected":
                         return None
@@ -131,7 +134,10 @@ class FaultTest(unittest.TestCase):
                     self.assertLessEqual(lead, s_bound + 1, "SSP bound broken: %r" % st["workers"])
                     return st if all(c - row["clock"] == s_bound + 1 for c in others) else None
 
-                harness.wait_until(held, 3.5, "the others to wait at the staleness bound")
+                try:
+                    harness.wait_until(held, 3.5, "the others to wait at the staleness bound")
+                except AssertionError as e:
+                    raise AssertionError("%s; last status: %r" % (e, last.get("st", {}).get("workers")))
                 # silent past heartbeat_timeout: declared dead, the others go on
                 lost = harness.wait_until(
                     lambda: (lambda r: r if r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
