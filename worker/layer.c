@@ -5,6 +5,7 @@
 #include "proto/errors.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,23 @@ float *ps_falloc(size_t n)
     if (p != NULL)
         memset(p, 0, bytes);
     return p;
+}
+
+void ps_init_fill(ps_init how, ps_rng *rng, float *w, size_t nw, float *b, size_t nb, int fan_in)
+{
+    assert(fan_in >= 1);
+    if (how == PS_INIT_TORCH) {
+        const double bound = 1.0 / sqrt((double)fan_in);
+        for (size_t i = 0; i < nw; i++)
+            w[i] = (float)(bound * (2.0 * ps_rng_uniform(rng) - 1.0));
+        for (size_t i = 0; i < nb; i++)
+            b[i] = (float)(bound * (2.0 * ps_rng_uniform(rng) - 1.0));
+        return;
+    }
+    const double std = sqrt(2.0 / fan_in);
+    for (size_t i = 0; i < nw; i++)
+        w[i] = (float)(std * ps_rng_normal(rng));
+    memset(b, 0, nb * sizeof(float));
 }
 
 void ps_layer_base_init(ps_layer *l, const ps_layer_ops *ops, const char *name, ps_shape in, ps_shape out,

@@ -65,12 +65,19 @@ typedef struct ps_layer_tensor {
 
 typedef struct ps_layer ps_layer;
 
+/* How a layer with weights draws its initial parameters. fan_in is the
+ * inputs one output sums over: in features (dense), in_c*kh*kw (conv). */
+typedef enum ps_init {
+    PS_INIT_HE = 0, /* weights N(0, 2/fan_in) (PyTorch's kaiming_normal_, relu gain, mode fan_in); biases 0 */
+    PS_INIT_TORCH   /* PyTorch's own default for nn.Linear and nn.Conv2d: weights U(-1/sqrt(fan_in),
+                     * 1/sqrt(fan_in)) (kaiming_uniform_ with a = sqrt(5)) and biases likewise */
+} ps_init;
+
 typedef struct ps_layer_ops {
     const char *kind; /* "dense", "relu", ... */
 
     /* Sets the layer's parameters to their initial values drawing from rng
-     * (e.g. He-normal weights, zero biases). NULL for layers without
-     * parameters. */
+     * as l->init says. NULL for layers without parameters. */
     void (*init)(ps_layer *l, ps_rng *rng);
 
     /* Reseeds the layer's own randomness (dropout masks). NULL for
@@ -100,6 +107,7 @@ struct ps_layer {
     char name[PS_LAYER_NAME_MAX + 1]; /* unique in the model; prefixes tensor names */
     ps_shape in, out;                 /* per-sample shapes */
     int max_batch;                    /* largest batch forward/backward accept */
+    ps_init init;                     /* how ops->init draws; PS_INIT_HE unless set */
     size_t nparams;                   /* length of the layer's slice; 0 if none */
     size_t offset;                    /* slice start in the model's flat vectors */
     float *params;                    /* = model params + offset; NULL if nparams == 0 */
@@ -124,6 +132,10 @@ void ps_layer_base_init(ps_layer *l, const ps_layer_ops *ops, const char *name, 
  * is too long. */
 int ps_layer_add_tensor(ps_layer *l, const char *suffix, uint32_t ndim, const uint32_t *dims);
 
+/* Fills nw weights w and nb biases b (in that order from rng) as how says,
+ * for outputs that sum over fan_in inputs. Used by the init hooks. */
+void ps_init_fill(ps_init how, ps_rng *rng, float *w, size_t nw, float *b, size_t nb, int fan_in);
+
 /* Allocates n floats aligned to 64 bytes, zeroed; NULL when out of memory.
  * Release with free(). */
 float *ps_falloc(size_t n);
@@ -133,8 +145,8 @@ float *ps_falloc(size_t n);
 
 /* Fully connected: y = x W^T + b with W [out_features, in_size] row-major
  * (PyTorch's nn.Linear convention) and b [out_features]. Tensors
- * "<name>.weight" then "<name>.bias". Init: W He-normal, std sqrt(2/in_size);
- * b zero. */
+ * "<name>.weight" then "<name>.bias". Init per l->init with fan_in in_size
+ * (by default W He-normal, std sqrt(2/in_size); b zero). */
 int ps_layer_dense_create(const char *name, ps_shape in, int out_features, int max_batch, ps_layer **out);
 
 /* Elementwise max(0, x); no parameters; output shape equals input shape. */
@@ -144,10 +156,12 @@ int ps_layer_relu_create(const char *name, ps_shape in, int max_batch, ps_layer 
  * shape (c, h, w) with out_c filters of kh x kw, moving by stride and reading
  * pad zeros beyond each border: output (out_c, (h + 2 pad - kh) / stride + 1,
  * (w + 2 pad - kw) / stride + 1). Tensors "<name>.weight" [out_c, c, kh, kw]
- * then "<name>.bias" [out_c]. Computed per sample as im2col + sgemm; the
- * im2col buffer (c*kh*kw x out_h*out_w floats) is the layer's only scratch.
- * Init: weights He-normal with fan_in = c*kh*kw (PyTorch's
- * kaiming_normal_(mode="fan_in", nonlinearity="relu")), biases zero.
+ * then "<name>.bias" [out_c]. Computed per sample as im2col + sgemm; its
+ * scratch, allocated here, is one im2col buffer (c*kh*kw x out_h*out_w
+ * floats) and a few buffers of the size of one sample's output or of W.
+ * Init per l->init with fan_in = c*kh*kw (by default He-normal weights, as
+ * PyTorch's kaiming_normal_(mode="fan_in", nonlinearity="relu"), zero
+ * biases).
  * PS_EINVAL when the kernel does not fit the padded input, for sizes below 1
  * (pad below 0), or kernel sides or pad beyond PS_CONV_MAX_K. */
 int ps_layer_conv2d_create(const char *name, ps_shape in, int out_c, int kh, int kw, int stride, int pad,

@@ -12,7 +12,6 @@
 #include "proto/errors.h"
 
 #include <cblas.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,11 +24,7 @@ static void dense_init(ps_layer *l, ps_rng *rng)
 {
     dense *d = (dense *)l;
     const size_t nw = (size_t)d->out_n * (size_t)d->in_n;
-    const double std = sqrt(2.0 / d->in_n);
-    float *w = l->params;
-    for (size_t i = 0; i < nw; i++)
-        w[i] = (float)(std * ps_rng_normal(rng));
-    memset(w + nw, 0, (size_t)d->out_n * sizeof(float));
+    ps_init_fill(l->init, rng, l->params, nw, l->params + nw, (size_t)d->out_n, d->in_n);
 }
 
 static void dense_forward(ps_layer *l, const float *in, float *out, int batch, int training)

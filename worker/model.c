@@ -22,6 +22,7 @@ typedef struct model_spec {
     int nhidden;                     /* mlp: entries used in hidden[] */
     int hidden[PS_MODEL_MAX_HIDDEN]; /* mlp: hidden sizes */
     float dropout;                   /* drop probability; 0 = no dropout layers */
+    ps_init init;                    /* how ps_model_init_params draws */
 } model_spec;
 
 struct ps_model {
@@ -30,6 +31,7 @@ struct ps_model {
     int in_dim;                       /* features per sample: ps_shape_size(in) */
     int n_out;                        /* head input size: classes or targets */
     int regression;                   /* the head is least squares */
+    ps_init init;                     /* given to every layer */
     int max_batch;                    /* largest batch */
     int nlayers;                      /* entries used in layers[] */
     int first;                        /* first layer with parameters: no backward before it */
@@ -202,9 +204,9 @@ static int parse_prob(const char *v, float *out)
  * to) for a model of kind s->kind. */
 static int parse_options(const char *spec, char *opts, model_spec *s, char *err, size_t errlen)
 {
-    int seen_dropout = 0;
+    int seen_dropout = 0, seen_init = 0;
     if (*opts == '\0') {
-        seterr(err, errlen, "bad model '%s': empty options after ':' (expected e.g. dropout=0.5)", spec);
+        seterr(err, errlen, "bad model '%s': empty options after ':' (expected e.g. init=torch)", spec);
         return PS_EINVAL;
     }
     for (char *item = opts; item != NULL;) {
@@ -213,7 +215,7 @@ static int parse_options(const char *spec, char *opts, model_spec *s, char *err,
             *next++ = '\0';
         char *eq = strchr(item, '=');
         if (eq == NULL || eq == item) {
-            seterr(err, errlen, "bad option '%s' in model '%s': expected name=value, e.g. dropout=0.5", item, spec);
+            seterr(err, errlen, "bad option '%s' in model '%s': expected name=value, e.g. init=torch", item, spec);
             return PS_EINVAL;
         }
         *eq = '\0';
@@ -232,8 +234,21 @@ static int parse_options(const char *spec, char *opts, model_spec *s, char *err,
                        value, spec);
                 return PS_EINVAL;
             }
+        } else if (strcmp(name, "init") == 0) {
+            if (seen_init++) {
+                seterr(err, errlen, "bad model '%s': init given twice", spec);
+                return PS_EINVAL;
+            }
+            if (strcmp(value, "he") == 0) {
+                s->init = PS_INIT_HE;
+            } else if (strcmp(value, "torch") == 0) {
+                s->init = PS_INIT_TORCH;
+            } else {
+                seterr(err, errlen, "bad init '%s' in model '%s': expected he or torch", value, spec);
+                return PS_EINVAL;
+            }
         } else {
-            seterr(err, errlen, "unknown option '%s' in model '%s': expected dropout=P", name, spec);
+            seterr(err, errlen, "unknown option '%s' in model '%s': expected dropout=P or init=he|torch", name, spec);
             return PS_EINVAL;
         }
         item = next;
@@ -301,13 +316,10 @@ static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
                s->kind == KIND_MLP ? "mlp:H1,H2,...[:options]" : "kind[:options]");
         return PS_EINVAL;
     }
-    if (nsect == next + 1) {
-        if (s->kind == KIND_SOFTMAX || s->kind == KIND_LINEAR) {
-            seterr(err, errlen, "bad model '%s': %s takes no sizes or options", spec, kind);
-            return PS_EINVAL;
-        }
+    /* The PyTorch example's network starts as PyTorch would start it. */
+    s->init = s->kind == KIND_CNN ? PS_INIT_TORCH : PS_INIT_HE;
+    if (nsect == next + 1)
         return parse_options(spec, sect[next], s, err, errlen);
-    }
     return PS_OK;
 }
 
@@ -392,6 +404,7 @@ static int finish(ps_model *m, char *err, size_t errlen)
     for (int i = 0; i < m->nlayers; i++) {
         ps_layer *l = m->layers[i];
         ps_layer_bind(l, m->params + l->offset, m->grads + l->offset);
+        l->init = m->init;
         m->act[i] = ps_falloc((size_t)m->max_batch * ps_shape_size(l->out));
         if (m->act[i] == NULL)
             goto nomem;
@@ -453,6 +466,7 @@ static int create(const char *spec, const model_spec *s, ps_shape in, int n_out,
     m->in_dim = (int)ps_shape_size(in);
     m->n_out = n_out;
     m->regression = s->kind == KIND_LINEAR;
+    m->init = s->init;
     m->max_batch = max_batch;
     rc = build(m, s);
     if (rc != PS_OK) {

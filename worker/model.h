@@ -20,14 +20,21 @@
  *                      cross-entropy; 21,840 parameters on 1x28x28 images
  *                      with 10 classes. Needs images of at least 16x16.
  *
- * Options (each at most once):
+ * Options (each at most once, comma-separated):
  *   dropout=P   mlp and cnn: inverted dropout with drop probability P,
  *               0 <= P < 1, while training. mlp: after every hidden relu;
  *               cnn: after the second conv block (on the 320 flattened
  *               features) and after fc1's relu. Default 0 (no dropout
  *               layers at all).
- * e.g. "cnn:dropout=0.5", "mlp:256,128:dropout=0.2". A malformed spec is
- * rejected with one line naming the bad part.
+ *   init=he|torch  how ps_model_init_params draws (see ps_init in layer.h):
+ *               he = He-normal weights, zero biases; torch = PyTorch's
+ *               default for nn.Linear/nn.Conv2d, weights and biases
+ *               U(+-1/sqrt(fan_in)). Default he, except torch for cnn, which
+ *               then starts as the PyTorch example does (and trains far
+ *               better with SGD at lr 0.05, momentum 0.9).
+ * e.g. "cnn:dropout=0.5", "mlp:256,128:dropout=0.2,init=torch",
+ * "softmax:init=torch". A malformed spec is rejected with one line naming the
+ * bad part.
  *
  * Layers are named fc1, fc2, ... (dense; tensors fc1.weight [out,in] and
  * fc1.bias [out]) and conv1, conv2 (tensors conv1.weight [out_c,in_c,kh,kw]
@@ -102,11 +109,11 @@ int ps_model_layout(const ps_model *m, ps_layout *out);
  * of every layer with parameters) into buf; always NUL-terminates. */
 void ps_model_describe(const ps_model *m, char *buf, size_t len);
 
-/* Sets every parameter to its initial value: He-normal weights (std
- * sqrt(2/fan_in), fan_in = in features for dense and in_c*kh*kw for conv, as
- * PyTorch's kaiming_normal_ with mode fan_in and a relu gain), zero biases,
- * drawn from xoshiro256** seeded by seed, so the same seed gives
- * bit-identical parameters on every machine. */
+/* Sets every parameter to its initial value as the spec's init option says
+ * (he: He-normal weights, std sqrt(2/fan_in), zero biases; torch: weights and
+ * biases uniform in +-1/sqrt(fan_in); fan_in = in features for dense and
+ * in_c*kh*kw for conv), drawn layer by layer from xoshiro256** seeded by
+ * seed, so the same seed gives bit-identical parameters on every machine. */
 void ps_model_init_params(ps_model *m, uint64_t seed);
 
 /* Reseeds stochastic layers (dropout masks); each dropout layer gets its own

@@ -1,6 +1,8 @@
-/* test_layers.c - every layer, the loss head and whole models against
- * central finite differences; model specs, layout and initialisation; and a
- * tiny training run that must reach 100% accuracy. */
+/* test_layers.c - the dense and relu layers, the softmax head and the
+ * softmax and mlp models against central finite differences; model specs and
+ * their options, layout and initialisation; and a tiny training run that
+ * must reach 100% accuracy. Convolution, pooling, dropout, least squares and
+ * the cnn and linear models are in test_conv.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,150 +21,12 @@
 #include "worker/model.h"
 #include "worker/rng.h"
 
+#include "gradcheck.h"
+
 #define IN 7
 #define HID 5
 #define CLASSES 4
 #define BATCH 3
-
-#define assert_msg_has(msg, needle)                                                                                \
-    do {                                                                                                           \
-        if (strstr((msg), (needle)) == NULL)                                                                       \
-            fail_msg("message \"%s\" lacks \"%s\"", (msg), (needle));                                             \
-    } while (0)
-
-/* ---- finite-difference machinery ---------------------------------------- */
-
-/* A scalar function of the float vector under test, evaluated in float by
- * the code under test and summed in double. */
-typedef double (*scalar_fn)(void *ctx);
-
-typedef struct check_stats {
-    size_t checked, skipped;
-    double max_err; /* largest |analytic - numeric| / (ATOL + RTOL * scale) seen */
-} check_stats;
-
-#define RTOL 1e-2
-#define ATOL 2e-4
-#define EPS1 1e-2f
-#define EPS2 5e-3f
-
-/* Central difference of f with respect to v[k] with step eps, dividing by the
- * step actually taken in float. */
-static double central(float *v, size_t k, float eps, scalar_fn f, void *ctx)
-{
-    const float keep = v[k];
-    const float hi = keep + eps, lo = keep - eps;
-    v[k] = hi;
-    double fp = f(ctx);
-    v[k] = lo;
-    double fm = f(ctx);
-    v[k] = keep;
-    return (fp - fm) / ((double)hi - (double)lo);
-}
-
-static int close_enough(double a, double b)
-{
-    return fabs(a - b) <= ATOL + RTOL * fmax(fabs(a), fabs(b));
-}
-
-/* Compares analytic[k] with the numerical derivative of f with respect to
- * v[k] for every k < n. Float central differences are exact up to rounding
- * for smooth functions; where a perturbation crosses a ReLU kink the two step
- * sizes disagree with each other, and such elements are skipped and counted
- * (the caller bounds how many may be). A wrong gradient agrees with neither
- * step, so it fails. */
-static void gradcheck(const char *what, float *v, const float *analytic, size_t n, scalar_fn f, void *ctx,
-                      check_stats *st)
-{
-    for (size_t k = 0; k < n; k++) {
-        double n1 = central(v, k, EPS1, f, ctx);
-        double n2 = central(v, k, EPS2, f, ctx);
-        if (!close_enough(n1, n2)) {
-            st->skipped++;
-            continue;
-        }
-        double a = analytic[k];
-        double e = fabs(a - n1) / (ATOL + RTOL * fmax(fabs(a), fabs(n1)));
-        if (e > st->max_err)
-            st->max_err = e;
-        if (e > 1.0)
-            fail_msg("%s[%zu]: analytic %.6g vs numeric %.6g (step %g) / %.6g (step %g)", what, k, a, n1,
-                     (double)EPS1, n2, (double)EPS2);
-        st->checked++;
-    }
-}
-
-static void fill_normal(ps_rng *r, float *v, size_t n, double scale)
-{
-    for (size_t i = 0; i < n; i++)
-        v[i] = (float)(scale * ps_rng_normal(r));
-}
-
-/* ---- single layers ------------------------------------------------------- */
-
-/* L = sum_i r_i * out_i for a layer's forward: dL/dout = r. */
-typedef struct layer_ctx {
-    ps_layer *l;
-    const float *x; /* may alias the vector being perturbed */
-    float *out;
-    const float *r;
-    int batch;
-} layer_ctx;
-
-static double layer_objective(void *p)
-{
-    layer_ctx *c = p;
-    c->l->ops->forward(c->l, c->x, c->out, c->batch, 1);
-    size_t n = (size_t)c->batch * ps_shape_size(c->l->out);
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)c->r[i] * c->out[i];
-    return s;
-}
-
-/* Runs forward and backward once, then checks the parameter and input
- * gradients numerically. */
-static void check_layer(ps_layer *l, float *x, int batch, ps_rng *rng, check_stats *st)
-{
-    const size_t nin = (size_t)batch * ps_shape_size(l->in), nout = (size_t)batch * ps_shape_size(l->out);
-    float *params = l->nparams ? ps_falloc(l->nparams) : NULL;
-    float *grads = l->nparams ? ps_falloc(l->nparams) : NULL;
-    float *out = ps_falloc(nout), *r = ps_falloc(nout), *din = ps_falloc(nin);
-    float *g_saved = l->nparams ? ps_falloc(l->nparams) : NULL;
-    assert_non_null(out);
-    assert_non_null(r);
-    assert_non_null(din);
-    ps_layer_bind(l, params, grads);
-    if (l->nparams) {
-        fill_normal(rng, params, l->nparams, 0.7);
-        memset(grads, 0x7f, l->nparams * sizeof(float)); /* backward must overwrite */
-    }
-    fill_normal(rng, r, nout, 1.0);
-
-    l->ops->forward(l, x, out, batch, 1);
-    l->ops->backward(l, x, out, r, din, batch);
-    if (l->nparams)
-        memcpy(g_saved, grads, l->nparams * sizeof(float));
-
-    layer_ctx c = {l, x, out, r, batch};
-    if (l->nparams)
-        gradcheck(l->name, params, g_saved, l->nparams, layer_objective, &c, st);
-    gradcheck("input", x, din, nin, layer_objective, &c, st);
-
-    /* din == NULL (first layer) computes the same parameter gradients. */
-    if (l->nparams) {
-        l->ops->forward(l, x, out, batch, 1);
-        l->ops->backward(l, x, out, r, NULL, batch);
-        for (size_t i = 0; i < l->nparams; i++)
-            assert_float_equal(grads[i], g_saved[i], 1e-6);
-    }
-    free(params);
-    free(grads);
-    free(out);
-    free(r);
-    free(din);
-    free(g_saved);
-}
 
 static void test_dense_grad(void **state)
 {
@@ -393,11 +257,13 @@ static void test_specs(void **state)
     struct {
         const char *spec, *msg;
     } bad[] = {
-        {"xyz", "unknown model 'xyz': expected softmax or mlp:H1,H2,..."},
-        {"", "unknown model '': expected softmax or mlp:H1,H2,..."},
+        {"xyz", "unknown model 'xyz': expected softmax, linear, mlp:H1,H2,... or cnn"},
+        {"", "unknown model '': expected softmax, linear, mlp:H1,H2,... or cnn"},
         {"softmax2", "unknown model 'softmax2'"},
         {"MLP:5", "unknown model 'MLP:5'"},
-        {"mlp", "unknown model 'mlp'"},
+        {"CNN", "unknown model 'CNN'"},
+        {":dropout=0.5", "unknown model ':dropout=0.5'"},
+        {"mlp", "bad model 'mlp': expected mlp:H1,H2,... with at least one hidden size"},
         {"mlp:", "expected mlp:H1,H2,... with at least one hidden size"},
         {"mlp:0", "bad hidden size '0' in model 'mlp:0'"},
         {"mlp:abc", "bad hidden size 'abc' in model 'mlp:abc'"},
@@ -408,6 +274,30 @@ static void test_specs(void **state)
         {"mlp:5x", "bad hidden size '5x'"},
         {"mlp:65537", "bad hidden size '65537'"},
         {"mlp:99999999999999999999", "bad hidden size '99999999999999999999'"},
+        /* options */
+        {"mlp:5:", "bad model 'mlp:5:': empty options after ':'"},
+        {"cnn:", "bad model 'cnn:': empty options after ':'"},
+        {"mlp:5:dropout=0.5:x", "bad model 'mlp:5:dropout=0.5:x': too many ':' sections"},
+        {"cnn:dropout=0.5:init=he", "too many ':' sections (expected kind[:options])"},
+        {"softmax:5", "bad option '5' in model 'softmax:5': expected name=value"},
+        {"cnn:dropout", "bad option 'dropout' in model 'cnn:dropout': expected name=value"},
+        {"cnn:=0.5", "bad option '=0.5'"},
+        {"cnn:dropout=0.5,", "bad option '' in model 'cnn:dropout=0.5,'"},
+        {"cnn:dropout=1", "bad dropout '1' in model 'cnn:dropout=1': expected a probability from 0 to below 1"},
+        {"cnn:dropout=", "bad dropout ''"},
+        {"cnn:dropout=-0.1", "bad dropout '-0.1'"},
+        {"cnn:dropout=0.5x", "bad dropout '0.5x'"},
+        {"cnn:dropout=nan", "bad dropout 'nan'"},
+        {"cnn:dropout=1e-1", "bad dropout '1e-1'"},
+        {"cnn:dropout= 0.5", "bad dropout ' 0.5'"},
+        {"cnn:dropout=0.99999999", "bad dropout '0.99999999'"},
+        {"cnn:dropout=0.5,dropout=0.2", "bad model 'cnn:dropout=0.5,dropout=0.2': dropout given twice"},
+        {"softmax:dropout=0.5", "bad model 'softmax:dropout=0.5': dropout applies to mlp and cnn models only"},
+        {"linear:dropout=0.1", "dropout applies to mlp and cnn models only"},
+        {"cnn:init=xavier", "bad init 'xavier' in model 'cnn:init=xavier': expected he or torch"},
+        {"cnn:init=he,init=torch", "init given twice"},
+        {"cnn:foo=1", "unknown option 'foo' in model 'cnn:foo=1': expected dropout=P or init=he|torch"},
+        {"mlp:5:Dropout=0.5", "unknown option 'Dropout'"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err[0] = '\0';
@@ -429,9 +319,30 @@ static void test_specs(void **state)
     assert_int_equal(ps_model_create("softmax", IN, CLASSES, 0, &m, err, sizeof(err)), PS_EINVAL);
     assert_int_equal(ps_model_create("xyz", IN, CLASSES, BATCH, &m, NULL, 0), PS_EINVAL);
 
+    char longspec[PS_MODEL_SPEC_MAX + 2];
+    memset(longspec, '1', sizeof(longspec));
+    memcpy(longspec, "mlp:", 4);
+    longspec[sizeof(longspec) - 1] = '\0';
+    assert_int_equal(ps_model_create(longspec, IN, CLASSES, BATCH, &m, err, sizeof(err)), PS_EINVAL);
+    assert_msg_has(err, "model spec too long: 256 characters, at most 255");
+    assert_int_equal(ps_model_create(NULL, IN, CLASSES, BATCH, &m, err, sizeof(err)), PS_EINVAL);
+    assert_msg_has(err, "no model given");
+
     assert_int_equal(ps_model_create("mlp:65536", IN, CLASSES, 1, &m, err, sizeof(err)), 0);
     ps_model_free(m);
     ps_model_free(NULL);
+
+    /* Well-formed options; dropout adds no parameters, dropout=0 no layers. */
+    const char *good[] = {"mlp:6,5:dropout=0.2", "mlp:6,5:dropout=0", "mlp:6,5:init=torch,dropout=.5",
+                          "mlp:6,5:dropout=0.25,init=he", "softmax:init=torch", "softmax:init=he"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        if (ps_model_create(good[i], IN, CLASSES, BATCH, &m, err, sizeof(err)) != 0)
+            fail_msg("%s: %s", good[i], err);
+        size_t want = strncmp(good[i], "mlp", 3) == 0 ? (size_t)(6 * IN + 6 + 5 * 6 + 5 + CLASSES * 5 + CLASSES)
+                                                      : (size_t)(CLASSES * IN + CLASSES);
+        assert_int_equal(ps_model_nparams(m), want);
+        ps_model_free(m);
+    }
 }
 
 static void test_layout(void **state)
@@ -517,6 +428,40 @@ static void test_init(void **state)
     }
     ps_model_free(a);
     ps_model_free(b);
+}
+
+/* init=torch: weights and biases uniform in +-1/sqrt(fan_in), as PyTorch's
+ * nn.Linear starts. */
+static void test_init_torch(void **state)
+{
+    (void)state;
+    ps_model *m;
+    char err[256];
+    static ps_layout lay;
+    assert_int_equal(ps_model_create("mlp:256:init=torch", 784, 10, 8, &m, err, sizeof(err)), 0);
+    ps_model_init_params(m, 5);
+    assert_int_equal(ps_model_layout(m, &lay), 0);
+    const float *p = ps_model_params(m);
+    for (uint32_t t = 0; t < lay.ntensors; t++) {
+        const ps_tensor_desc *d = &lay.t[t];
+        const uint32_t fan_in = d->ndim == 2 ? d->dims[1] : (t == 1 ? 784 : 256); /* a bias follows its weight */
+        const double bound = 1.0 / sqrt((double)fan_in);
+        double s = 0, sq = 0, big = 0;
+        for (uint64_t i = 0; i < d->count; i++) {
+            const double v = p[d->offset + i];
+            s += v;
+            sq += v * v;
+            big = fmax(big, fabs(v));
+        }
+        const double mean = s / (double)d->count, sd = sqrt(sq / (double)d->count - mean * mean);
+        if (big > bound)
+            fail_msg("%s: |value| %g above the bound %g", d->name, big, bound);
+        if (d->count >= 256 && (fabs(sd / (bound / sqrt(3.0)) - 1.0) > 0.1 || big < 0.9 * bound))
+            fail_msg("%s: sd %g, max %g; want sd %g, max near %g", d->name, sd, big, bound / sqrt(3.0), bound);
+        if (d->count < 256 && big == 0.0)
+            fail_msg("%s: all zero", d->name);
+    }
+    ps_model_free(m);
 }
 
 static void test_evaluate_chunks(void **state)
@@ -629,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_specs),
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_init),
+        cmocka_unit_test(test_init_torch),
         cmocka_unit_test(test_evaluate_chunks),
         cmocka_unit_test(test_sgd_learns),
     };
