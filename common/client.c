@@ -211,6 +211,12 @@ int ps_client_send_noreply(ps_client *c, ps_msg *m)
     return send_msg(c, m);
 }
 
+int ps_client_send_noreply_held(ps_client *c, ps_msg *m)
+{
+    m->has &= ~PS_F_ID;
+    return send_locked(c, m);
+}
+
 static int read_full(ps_client *c, uint8_t *dst, size_t len, int64_t deadline)
 {
     size_t got = 0;

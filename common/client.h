@@ -59,6 +59,10 @@ int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
 /* Sends m without a request id: psd sends no reply (heartbeats). */
 int ps_client_send_noreply(ps_client *c, ps_msg *m);
 
+/* The same for a caller that already holds *send_lock (a heartbeat thread
+ * that waits on a condition variable with it). */
+int ps_client_send_noreply_held(ps_client *c, ps_msg *m);
+
 /* send + recv; checks that the reply's id matches the request's. */
 int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
 

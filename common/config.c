@@ -52,6 +52,10 @@ static const ps_config_option options[] = {
      .help = "If set, psd writes the port it is bound to (a decimal number and a newline) "
              "to this file once it is listening. Scripts and tests use it with listen "
              "port 0."},
+    {.name = "metrics_listen", .type = PS_CT_STRING, .def = "", AT(metrics_listen),
+     .help = "Address host:port (IP literals; port 0 picks a free one) where psd serves its "
+             "metrics over HTTP for Prometheus: GET /metrics returns the same text as "
+             "`psctl metrics`. Empty: no HTTP endpoint."},
     {.name = "optimizer", .type = PS_CT_ENUM, .def = "sgd", AT(optimizer),
      .words = optimizer_words,
      .help = "Optimizer psd applies to pushed gradients: sgd (with momentum, optionally "
@@ -142,6 +146,16 @@ static const ps_config_option options[] = {
      .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "
              "a bigger frame is told so and disconnected. It must hold the largest push "
              "or pull reply, so raise it for big models."},
+    {.name = "max_params", .type = PS_CT_U64, .def = "268435456", AT(max_params), .lo = 1,
+     .hi = INT64_C(17179869184),
+     .help = "Largest model, in parameters (float32 each), that a worker's hello may declare; "
+             "psd allocates the model (and the optimizer state) when the first worker says "
+             "hello, so this bounds what one hello can make psd allocate. The default, 2^28, "
+             "is 1 GiB of parameters."},
+    {.name = "handshake_timeout", .type = PS_CT_DURATION, .def = "10s", AT(handshake_timeout),
+     .lo = 100, .hi = INT64_C(3600000), .flags = PS_CONF_RELOAD,
+     .help = "A connection that has not said hello this long after connecting is closed, so "
+             "idle or stray connections cannot hold connection slots."},
     {.name = "max_connections", .type = PS_CT_INT, .def = "1024", AT(max_connections),
      .lo = 1, .hi = 65536, .flags = PS_CONF_RELOAD,
      .help = "Most connections open at once (workers and admin tools together). Further "

@@ -54,6 +54,7 @@ typedef struct ps_config {
     int workers;                       /* M: pushes that close a BSP round */
     char state_dir[PS_CONFIG_PATH_MAX];/* checkpoints and state; "" = none */
     char port_file[PS_CONFIG_PATH_MAX];/* write the bound port here; "" = don't */
+    char metrics_listen[PS_CONFIG_HOST_MAX + 8]; /* HTTP /metrics address; "" = off */
     int optimizer;                     /* enum ps_optimizer_kind */
     double lr;                         /* learning rate */
     double momentum;                   /* SGD momentum */
@@ -76,6 +77,8 @@ typedef struct ps_config {
     uint64_t checkpoint_interval;      /* ms between checkpoints; 0 = only at shutdown */
     int checkpoint_keep;               /* checkpoints kept in state_dir */
     uint64_t max_frame;                /* largest accepted frame, bytes */
+    uint64_t max_params;               /* largest model a hello may declare */
+    uint64_t handshake_timeout;        /* ms a connection may take to say hello */
     int max_connections;               /* open connections at most */
     int log_level;                     /* enum ps_log_level (common/log.h) */
 } ps_config;

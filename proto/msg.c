@@ -56,6 +56,7 @@ static const char *const type_names[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_STATUS_REPLY] = "status_reply", [PS_MSG_METRICS] = "metrics",
     [PS_MSG_METRICS_REPLY] = "metrics_reply", [PS_MSG_REPORT] = "report",
     [PS_MSG_ERROR] = "error",     [PS_MSG_BYE] = "bye",
+    [PS_MSG_ADMIN] = "admin",
 };
 
 const char *ps_msg_type_name(uint32_t type)
@@ -223,6 +224,18 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         pack_u64(&pk, "samples", m->samples);
     if (has & PS_F_RATE)
         pack_f64(&pk, "rate", m->rate);
+    if (has & PS_F_CMD)
+        pack_strn(&pk, "cmd", m->cmd, strlen(m->cmd));
+    if (has & PS_F_ARGS) {
+        if (m->nargs > PS_ARGS_MAX)
+            return PS_ETOO_BIG;
+        pack_key(&pk, "args");
+        msgpack_pack_array(&pk, m->nargs);
+        for (uint32_t i = 0; i < m->nargs; i++) {
+            msgpack_pack_str(&pk, m->args[i].len);
+            msgpack_pack_str_body(&pk, m->args[i].p, m->args[i].len);
+        }
+    }
     if (body) {
         pack_key(&pk, "body");
         int rc = body(&pk, body_arg);
@@ -381,6 +394,8 @@ static uint32_t required_fields(uint32_t type)
         return PS_F_EPOCH;
     case PS_MSG_ERROR:
         return PS_F_CODE | PS_F_TEXT;
+    case PS_MSG_ADMIN:
+        return PS_F_CMD;
     default:
         return 0;
     }
@@ -391,7 +406,8 @@ static const char *field_name(uint32_t bit)
     static const char *const names[] = {"id",  "v",    "role", "shard", "layout", "fp",    "mode",
                                         "ver", "params", "init", "off", "len",    "data",  "fin",
                                         "min", "base", "poff", "plen", "code",   "text",  "body",
-                                        "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb"};
+                                        "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb",
+                                        "cmd", "args"};
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
         if (bit == (1u << i))
             return names[i];
@@ -544,6 +560,31 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
             m->text = o->via.str.ptr;
             m->text_len = o->via.str.size;
             bit_ = PS_F_TEXT;
+        }
+        else if (key_is(kv, "cmd")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > PS_CMD_MAX)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: cmd must be a string of 1..%d bytes", tname,
+                            PS_CMD_MAX);
+            memcpy(m->cmd, o->via.str.ptr, o->via.str.size);
+            m->cmd[o->via.str.size] = '\0';
+            bit_ = PS_F_CMD;
+        }
+        else if (key_is(kv, "args")) {
+            const msgpack_object *o = &kv->val;
+            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > PS_ARGS_MAX)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: args must be an array of at most %d strings", tname,
+                            PS_ARGS_MAX);
+            for (uint32_t j = 0; j < o->via.array.size; j++) {
+                const msgpack_object *a = &o->via.array.ptr[j];
+                if (a->type != MSGPACK_OBJECT_STR || a->via.str.size > PS_ARG_MAX)
+                    return fail(err, errlen, PS_EBAD_FIELD, "%s: args[%u] must be a string of at most %d bytes",
+                                tname, j, PS_ARG_MAX);
+                m->args[j].p = a->via.str.ptr;
+                m->args[j].len = a->via.str.size;
+            }
+            m->nargs = o->via.array.size;
+            bit_ = PS_F_ARGS;
         }
         else if (key_is(kv, "body")) {
             if (kv->val.type != MSGPACK_OBJECT_MAP)

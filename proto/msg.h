@@ -44,7 +44,8 @@ typedef enum ps_msg_type {
     PS_MSG_REPORT = 14,    /* worker -> psd: epoch, loss, accuracy; answered with OK */
     PS_MSG_ERROR = 15,     /* psd -> client: a code and a readable message */
     PS_MSG_BYE = 16,       /* either side: orderly goodbye */
-    PS_MSG_TYPE_MAX = 16
+    PS_MSG_ADMIN = 17,     /* admin -> psd: a command (cmd, args); answered with OK or ERROR */
+    PS_MSG_TYPE_MAX = 17
 } ps_msg_type;
 
 typedef enum ps_role { PS_ROLE_NONE = 0, PS_ROLE_WORKER = 1, PS_ROLE_ADMIN = 2 } ps_role;
@@ -80,9 +81,21 @@ enum {
     PS_F_WORKERS = 1u << 26,
     PS_F_RATE = 1u << 27,
     PS_F_HB = 1u << 28,      /* "hb": heartbeat timeout, ms (welcome) */
+    PS_F_CMD = 1u << 29,     /* "cmd": admin command name */
+    PS_F_ARGS = 1u << 30,    /* "args": admin command arguments */
 };
 
-/* One decoded (or to-be-encoded) message. Pointers (data, text, mode, body)
+#define PS_CMD_MAX 31        /* bytes in an admin command name */
+#define PS_ARGS_MAX 16       /* arguments of one admin command */
+#define PS_ARG_MAX 1024      /* bytes in one argument */
+
+/* A string that is not NUL-terminated (admin arguments). */
+typedef struct ps_str {
+    const char *p;
+    uint32_t len;
+} ps_str;
+
+/* One decoded (or to-be-encoded) message. Pointers (data, text, body, args)
  * point into the frame buffer or the unpack zone the decoder was given and
  * live as long as those; for encoding they point at the caller's memory. */
 typedef struct ps_msg {
@@ -115,6 +128,10 @@ typedef struct ps_msg {
     double rate;            /* "rate": samples per second */
     uint64_t samples;       /* "samples" */
     uint64_t hb;            /* "hb": psd's heartbeat timeout in ms */
+    char cmd[PS_CMD_MAX + 1]; /* "cmd": admin command, 1..PS_CMD_MAX bytes (NUL-terminated) */
+    ps_str args[PS_ARGS_MAX]; /* "args": admin arguments, nargs of them, each a
+                               * str of 0..PS_ARG_MAX bytes */
+    uint32_t nargs;
 } ps_msg;
 
 /* A growable byte buffer, used for encoding. */

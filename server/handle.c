@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "common/log.h"
 #include "common/vec.h"
 #include "proto/errors.h"
@@ -22,10 +23,9 @@ static void reply_ok(srv_conn *c, uint64_t id)
 
 /* ---- pulls ---------------------------------------------------------------- */
 
-static void send_params(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
+static void send_params(srv_conn *c, srv_snap *snap, uint64_t id, uint64_t off, uint64_t len)
 {
     psd *s = c->srv;
-    srv_snap *snap = s->model.cur;
     ps_msg r;
     ps_msg_init(&r, PS_MSG_PARAMS);
     r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
@@ -45,6 +45,8 @@ static void send_params(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
 static int pull_ready(srv_conn *c, uint64_t min)
 {
     psd *s = c->srv;
+    if (s->paused && c->role == PS_ROLE_WORKER)
+        return 0; /* ADMIN pause: held until resume */
     if (s->policy->pull_ready)
         return s->policy->pull_ready(s, c, min);
     return s->model.initialized && s->model.version >= min;
@@ -63,8 +65,12 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
                        (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
         return;
     }
+    if (c->pinned) {
+        send_params(c, c->pinned, id, off, len); /* ADMIN pin: that version, whatever min says */
+        return;
+    }
     if (pull_ready(c, min)) {
-        send_params(c, id, off, len);
+        send_params(c, s->model.cur, id, off, len);
         return;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
@@ -100,7 +106,7 @@ void srv_conn_answer_parked(srv_conn *c)
         c->nparked--;
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
-        send_params(c, p->id, p->off, p->len);
+        send_params(c, c->srv->model.cur, p->id, p->off, p->len);
         free(p);
     }
 }
@@ -144,6 +150,8 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
         free(p);
     }
     c->nparked = 0;
+    srv_snap_unref(c->pinned);
+    c->pinned = NULL;
     if (s->init_owner == c) {
         s->init_owner = NULL;
         if (!s->model.initialized) {
@@ -209,6 +217,13 @@ static void handle_hello(srv_conn *c, ps_msg *m)
                            s->workers[m->shard]->addr);
             return;
         }
+        if (!s->model.has_layout && m->layout->total > s->cfg.max_params) {
+            srv_send_error(c, m->id, PS_ELIMIT, 1,
+                           "a model of %llu parameters is over this psd's max_params (%llu); raise max_params "
+                           "in psd.conf if it is meant",
+                           (unsigned long long)m->layout->total, (unsigned long long)s->cfg.max_params);
+            return;
+        }
         if (!s->model.has_layout) {
             int rc = srv_model_set_layout(&s->model, m->layout, &s->cfg);
             if (rc != 0) {
@@ -272,6 +287,11 @@ static void handle_hello(srv_conn *c, ps_msg *m)
     if (s->model.has_layout) {
         r.has |= PS_F_FP;
         r.fp = s->model.fp;
+        if (c->role == PS_ROLE_ADMIN) {
+            /* an admin learns the tensors' names and shapes (psctl save) */
+            r.has |= PS_F_LAYOUT;
+            r.layout = &s->model.layout;
+        }
     }
     srv_send(c, &r, NULL);
 }
@@ -455,6 +475,14 @@ void srv_handle(srv_conn *c, ps_msg *m)
         ps_buf_free(&text);
         break;
     }
+    case PS_MSG_ADMIN:
+        if (c->role != PS_ROLE_ADMIN) {
+            srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "admin commands are for admin connections; this one is %s",
+                           ps_role_name((uint32_t)c->role));
+            break;
+        }
+        srv_handle_admin(c, m);
+        break;
     case PS_MSG_BYE:
         srv_conn_detach(c, SRV_W_LEFT, "said bye");
         reply_ok(c, m->id);

@@ -7,8 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "checkpoint.h"
 #include "common/log.h"
+#include "http.h"
+#include "notify.h"
 #include "proto/errors.h"
 #include "psd.h"
 
@@ -28,13 +31,30 @@ static void usage(FILE *f)
             "  -s, --state-dir DIR    directory for state and checkpoints\n"
             "      --port-file PATH   write the bound port to PATH once listening\n"
             "      --log-level LEVEL  debug, info, warn or error\n"
-            "  -o, --set KEY=VALUE    set any configuration key (repeatable)\n"
+            "  -o, --set KEY=VALUE    set any configuration key (repeatable), e.g.\n"
+            "                         --set lr=0.01 --set metrics_listen=127.0.0.1:9470\n"
             "      --print-config     print the resulting settings and exit\n"
             "      --config-reference print every setting as a Markdown table (for the README)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
             "\n"
-            "Signals: SIGINT or SIGTERM stop accepting, flush replies and exit 0.\n");
+            "psd runs in the foreground and logs to stderr. Under systemd (psd.service,\n"
+            "Type=notify) it reports READY=1 once it listens, a one-line STATUS= and\n"
+            "watchdog pings (WatchdogSec=).\n"
+            "\n"
+            "Signals:\n"
+            "  SIGINT, SIGTERM  stop accepting, answer waiting pulls with SHUTDOWN, write a\n"
+            "                   last checkpoint (with a state_dir) and exit 0\n"
+            "  SIGHUP           read the configuration file again and apply the settings\n"
+            "                   that may change at run time (lr, momentum, schedules,\n"
+            "                   log_level, ...; see conf/psd.conf); a file with a bad line\n"
+            "                   is refused and psd keeps its settings\n"
+            "\n"
+            "Exit status: 0 after SIGINT, SIGTERM or `psctl shutdown`; 1 when psd cannot\n"
+            "start (address in use, unusable state_dir) or its last checkpoint fails;\n"
+            "2 for a bad option or configuration.\n"
+            "\n"
+            "psctl (see psctl --help) shows and controls a running psd.\n");
 }
 
 /* Every option as a Markdown table row: the README's configuration
@@ -67,18 +87,33 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
+void srv_shutdown(psd *s, const char *why)
+{
+    if (s->stopping)
+        return;
+    PS_LOG(PS_LOG_INFO, "%s: stopping (model version %llu)", why, (unsigned long long)s->model.version);
+    srv_notify_stopping(s, why);
+    uv_signal_stop(&s->sigint);
+    uv_signal_stop(&s->sigterm);
+    uv_signal_stop(&s->sighup);
+    uv_close((uv_handle_t *)&s->sigint, NULL);
+    uv_close((uv_handle_t *)&s->sigterm, NULL);
+    uv_close((uv_handle_t *)&s->sighup, NULL);
+    uv_timer_stop(&s->tick);
+    uv_close((uv_handle_t *)&s->tick, NULL);
+    srv_http_stop(s);
+    srv_stop(s);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     psd *s = h->data;
-    PS_LOG(PS_LOG_INFO, "%s: stopping (model version %llu)", signum == SIGINT ? "SIGINT" : "SIGTERM",
-           (unsigned long long)s->model.version);
-    uv_signal_stop(&s->sigint);
-    uv_signal_stop(&s->sigterm);
-    uv_close((uv_handle_t *)&s->sigint, NULL);
-    uv_close((uv_handle_t *)&s->sigterm, NULL);
-    uv_timer_stop(&s->tick);
-    uv_close((uv_handle_t *)&s->tick, NULL);
-    srv_stop(s);
+    if (signum == SIGHUP) {
+        PS_LOG(PS_LOG_INFO, "SIGHUP: reloading %s", s->config_path[0] ? s->config_path : "(no configuration file)");
+        srv_reload(s);
+        return;
+    }
+    srv_shutdown(s, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
 /* Declares dead every connected worker silent for heartbeat_timeout. A
@@ -99,11 +134,26 @@ static void check_liveness(psd *s, uint64_t now)
     }
 }
 
+/* Closes connections that have not said hello within handshake_timeout. */
+static void check_handshakes(psd *s, uint64_t now)
+{
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->role == PS_ROLE_NONE && !c->closing && !c->close_after_write &&
+            now - c->connected_ms > s->cfg.handshake_timeout)
+            srv_send_error(c, 0, PS_ETIMEOUT, 1, "no hello within handshake_timeout (%.1f s)",
+                           (double)s->cfg.handshake_timeout / 1e3);
+    }
+}
+
 static void on_tick(uv_timer_t *t)
 {
     psd *s = t->data;
     uint64_t now = srv_now_ms();
     check_liveness(s, now);
+    check_handshakes(s, now);
+    srv_admin_tick(s);
+    srv_notify_tick(s, now);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
         if (now - last >= s->cfg.checkpoint_interval)
@@ -119,19 +169,14 @@ static void on_tick(uv_timer_t *t)
 }
 
 /* Options that map to configuration keys are collected and applied after the
- * file, so flags always win. */
-typedef struct pending_set {
-    const char *key;
-    const char *value;
-} pending_set;
-
+ * file, so flags always win (also over a reloaded file: s->cli_sets). */
 int main(int argc, char **argv)
 {
     static psd srv;
     psd *s = &srv;
     char err[1200];
     const char *config_path = NULL;
-    pending_set sets[128];
+    srv_setting sets[128];
     int nsets = 0, print_config = 0;
     enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE };
     static const struct option longopts[] = {
@@ -191,7 +236,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "psd: too many options\n");
             return 2;
         }
-        sets[nsets++] = (pending_set){key, optarg};
+        sets[nsets++] = (srv_setting){key, optarg};
     }
     if (optind < argc) {
         fprintf(stderr, "psd: unexpected argument '%s' (see psd --help)\n", argv[optind]);
@@ -211,6 +256,21 @@ int main(int argc, char **argv)
         ps_config_print(&s->cfg, stdout);
         return 0;
     }
+    if (s->cfg.metrics_listen[0]) {
+        char host[PS_CONFIG_HOST_MAX];
+        int port;
+        struct sockaddr_in6 sa;
+        if (ps_config_parse_hostport(s->cfg.metrics_listen, host, sizeof host, &port, err, sizeof err) != 0) {
+            fprintf(stderr, "psd: metrics_listen: %s\n", err);
+            return 2;
+        }
+        if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 && uv_ip6_addr(host, port, &sa) != 0) {
+            fprintf(stderr, "psd: metrics_listen: '%s' is not an IPv4 or IPv6 address\n", host);
+            return 2;
+        }
+    }
+    s->cli_sets = sets;
+    s->ncli_sets = nsets;
     if (config_path)
         snprintf(s->config_path, sizeof s->config_path, "%s", config_path);
     ps_log_set_level(s->cfg.log_level);
@@ -234,7 +294,20 @@ int main(int argc, char **argv)
         return 1;
     if (s->model.initialized)
         s->stats.init_ms = srv_now_ms();
-    if (srv_listen(s) != 0)
+    /* Signal handlers first: whoever sees the port file may signal psd at
+     * once, and a SIGTERM must then still mean a clean stop. (libuv runs
+     * the callbacks from the loop, after everything here is set up.) */
+    uv_signal_init(s->loop, &s->sigint);
+    uv_signal_init(s->loop, &s->sigterm);
+    uv_signal_init(s->loop, &s->sighup);
+    s->sigint.data = s->sigterm.data = s->sighup.data = s;
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sighup, on_signal, SIGHUP);
+    uv_timer_init(s->loop, &s->tick);
+    s->tick.data = s;
+    uv_timer_start(&s->tick, on_tick, 250, 250);
+    if (srv_listen(s) != 0 || srv_http_start(s) != 0)
         return 1;
     if (s->cfg.port_file[0] && write_port_file(s->cfg.port_file, s->port) != 0) {
         PS_LOG(PS_LOG_ERROR, "cannot write port file %s: %s", s->cfg.port_file, strerror(errno));
@@ -244,14 +317,7 @@ int main(int argc, char **argv)
            s->cfg.listen.host, s->port, s->policy->name, s->cfg.workers, srv_optim_kind_name(s->cfg.optimizer),
            s->cfg.lr);
 
-    uv_signal_init(s->loop, &s->sigint);
-    uv_signal_init(s->loop, &s->sigterm);
-    s->sigint.data = s->sigterm.data = s;
-    uv_signal_start(&s->sigint, on_signal, SIGINT);
-    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    uv_timer_init(s->loop, &s->tick);
-    s->tick.data = s;
-    uv_timer_start(&s->tick, on_tick, 250, 250);
+    srv_notify_ready(s);
 
     uv_run(s->loop, UV_RUN_DEFAULT);
 
@@ -259,6 +325,7 @@ int main(int argc, char **argv)
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
            (unsigned long long)s->stats.pushes);
     s->policy->destroy(s);
+    srv_admin_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         if (s->workers[i]) {
             free(s->workers[i]->slot);

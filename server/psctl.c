@@ -1,38 +1,78 @@
-/* psctl.c - the operator's view of a running psd. It speaks the same
- * protocol as the workers, with the admin role.
+/* psctl.c - the operator's view of a running psd, and its controls. It
+ * speaks the same protocol as the workers, with the admin role: STATUS and
+ * METRICS to read, ADMIN commands to act, PULL (from a pinned snapshot) to
+ * save the model as a safetensors file.
  *
- * Exit codes: 0 success, 1 psd answered with an error, 2 bad usage,
- * 3 psd not reachable (refused, unresolvable), 4 timed out. */
+ * Exit codes: 0 success, 1 psd answered with an error, 2 bad usage, 3 psd
+ * not reachable (refused, unresolvable), 4 timed out, 5 a local file could
+ * not be written (save). */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/client.h"
 #include "proto/errors.h"
 
-enum { EXIT_OK = 0, EXIT_REMOTE = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_TIMEOUT = 4 };
+enum { EXIT_OK = 0, EXIT_REMOTE = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_TIMEOUT = 4, EXIT_LOCAL = 5 };
+
+#define DEFAULT_TIMEOUT_MS 5000
+#define CHECKPOINT_TIMEOUT_MS 600000 /* writing a big model's checkpoint takes a while */
+#define SAVE_CHUNK (1u << 20)        /* floats per pull, as psworker pulls */
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: psctl [--server HOST:PORT] [--timeout MS] COMMAND [--json]\n"
+            "usage: psctl [options] COMMAND [ARGS]\n"
             "\n"
-            "Commands:\n"
-            "  status [--json]   mode, model version, rates and one row per worker\n"
-            "  metrics           Prometheus text exposition of psd's counters\n"
+            "Shows and controls a running psd.\n"
             "\n"
-            "Options:\n"
+            "Reading:\n"
+            "  status             mode, model version, rates, settings, one row per worker\n"
+            "  workers            every worker seen: state, why it left or was lost,\n"
+            "                     address, pushes, last report\n"
+            "  metrics            psd's counters in the Prometheus text format (the\n"
+            "                     same text psd serves at http://metrics_listen/metrics)\n"
+            "\n"
+            "Controlling:\n"
+            "  set KEY=VALUE...   change settings of the running psd, all or none: lr,\n"
+            "                     momentum, weight_decay, clip_norm, the lr schedule,\n"
+            "                     staleness_scale, dc_lambda, max_connections, log_level\n"
+            "                     (the ones conf/psd.conf marks reloadable). A later\n"
+            "                     reload (SIGHUP) or restart takes the file's values.\n"
+            "  pause              hold every worker's next pull until resume (workers\n"
+            "                     wait; pushes already sent are applied, nothing is lost)\n"
+            "  resume             let the workers go on\n"
+            "  checkpoint         write a checkpoint to psd's state_dir now and return\n"
+            "                     once it is written\n"
+            "  save PATH          write the model to PATH as a safetensors file (float32\n"
+            "                     tensors named as the workers name them, all of one\n"
+            "                     model version), readable with the safetensors package\n"
+            "                     or a few lines of NumPy\n"
+            "  shutdown           stop psd as SIGTERM does\n"
+            "\n"
+            "Options (before or after the command):\n"
             "  -s, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000)\n"
-            "  -t, --timeout MS        give up after MS milliseconds (default 5000)\n"
-            "  -j, --json              machine-readable output (status)\n"
+            "  -t, --timeout MS        give up on a reply after MS milliseconds (default\n"
+            "                          5000; checkpoint 600000)\n"
+            "  -j, --json              machine-readable output: one JSON document on stdout\n"
             "  -h, --help              this help\n"
             "\n"
-            "Exit codes: 0 ok, 1 psd refused the request, 2 usage error,\n"
-            "3 psd not reachable, 4 timed out.\n");
+            "Exit codes:\n"
+            "  0  done\n"
+            "  1  psd refused the request (the message says why)\n"
+            "  2  usage error\n"
+            "  3  psd not reachable (not running, wrong address)\n"
+            "  4  timed out waiting for psd\n"
+            "  5  a local file could not be written (save)\n");
 }
+
+/* ---- errors ------------------------------------------------------------------ */
 
 static int exit_code(int rc)
 {
@@ -48,6 +88,18 @@ static int exit_code(int rc)
     default:
         return EXIT_REMOTE;
     }
+}
+
+/* One line on stderr for a failed exchange with psd. */
+static int report(ps_client *c, int rc, int timeout)
+{
+    if (rc == PS_ETIMEOUT)
+        fprintf(stderr, "psctl: %s (nothing within %d ms; see --timeout)\n", ps_client_error(c), timeout);
+    else if (rc == PS_ECONNECT)
+        fprintf(stderr, "psctl: %s (is psd running there? see --server)\n", ps_client_error(c));
+    else
+        fprintf(stderr, "psctl: %s\n", ps_client_error(c));
+    return exit_code(rc);
 }
 
 /* ---- msgpack object helpers ----------------------------------------------- */
@@ -94,6 +146,12 @@ static const char *str(const msgpack_object *map, const char *key, char *buf, si
     return buf;
 }
 
+static int flag(const msgpack_object *map, const char *key)
+{
+    const msgpack_object *o = get(map, key);
+    return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
+}
+
 static void json_string(FILE *f, const char *s, size_t n)
 {
     fputc('"', f);
@@ -101,7 +159,7 @@ static void json_string(FILE *f, const char *s, size_t n)
         unsigned char ch = (unsigned char)s[i];
         if (ch == '"' || ch == '\\')
             fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
+        else if (ch < 0x20 || ch == 0x7f)
             fprintf(f, "\\u%04x", ch);
         else
             fputc(ch, f);
@@ -166,25 +224,16 @@ static void json(FILE *f, const msgpack_object *o)
     }
 }
 
-/* ---- commands --------------------------------------------------------------- */
+/* ---- printing ------------------------------------------------------------------ */
 
-static void print_status(const msgpack_object *b)
+static void print_worker_rows(const msgpack_object *ws, int with_why)
 {
-    char mode[32], listen[300], state[32], addr[80];
-    double params = num(b, "parameters");
-    printf("psd %s  mode %s  model version %.0f  uptime %.1f s\n", str(b, "listen", listen, sizeof listen),
-           str(b, "mode", mode, sizeof mode), num(b, "version"), num(b, "uptime"));
-    printf("parameters %.0f (%.2f MB), optimizer state %.2f MB\n", params, num(b, "bytes") / 1e6,
-           num(b, "optimizer_state_bytes") / 1e6);
-    printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", num(b, "pushes"),
-           num(b, "push_rate"), num(b, "pulls"), num(b, "pull_rate"), num(b, "rounds"), num(b, "connections"));
-    const msgpack_object *ws = get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
-    printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));
+    char state[32], addr[80], why[128];
     if (n == 0)
         return;
-    printf("  %-7s %-10s %-22s %8s %9s %5s %8s %8s %10s\n", "SHARD", "STATE", "ADDRESS", "PUSHES", "LAST SEEN",
-           "EPOCH", "LOSS", "ACCURACY", "SAMPLES/S");
+    printf("  %-7s %-10s %-22s %8s %9s %5s %8s %8s %10s%s\n", "SHARD", "STATE", "ADDRESS", "PUSHES", "LAST SEEN",
+           "EPOCH", "LOSS", "ACCURACY", "SAMPLES/S", with_why ? "  WHY" : "");
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *w = &ws->via.array.ptr[i];
         char shard[24], loss[16] = "-", acc[16] = "-";
@@ -193,16 +242,301 @@ static void print_status(const msgpack_object *b)
             snprintf(loss, sizeof loss, "%.4f", num(w, "loss"));
         if (!isnan(num(w, "accuracy")))
             snprintf(acc, sizeof acc, "%.2f%%", 100 * num(w, "accuracy"));
-        printf("  %-7s %-10s %-22s %8.0f %7.1f s %5.0f %8s %8s %10.0f\n", shard, str(w, "state", state, sizeof state),
-               str(w, "address", addr, sizeof addr), num(w, "pushes"), num(w, "last_seen"), num(w, "epoch"), loss,
-               acc, num(w, "samples_per_second"));
+        str(w, "why", why, sizeof why);
+        printf("  %-7s %-10s %-22s %8.0f %7.1f s %5.0f %8s %8s %10.0f%s%s\n", shard,
+               str(w, "state", state, sizeof state), str(w, "address", addr, sizeof addr), num(w, "pushes"),
+               num(w, "last_seen"), num(w, "epoch"), loss, acc, num(w, "samples_per_second"),
+               with_why && why[0] ? "  " : "", with_why ? why : "");
     }
 }
 
+static void print_status(const msgpack_object *b)
+{
+    char mode[32], listen[300], opt[32], metrics[300];
+    double params = num(b, "parameters");
+    printf("psd %s  mode %s  model version %.0f  uptime %.1f s%s\n", str(b, "listen", listen, sizeof listen),
+           str(b, "mode", mode, sizeof mode), num(b, "version"), num(b, "uptime"),
+           flag(b, "paused") ? "  PAUSED (psctl resume)" : "");
+    printf("parameters %.0f (%.2f MB), optimizer %s, state %.2f MB, lr %g (now %g)\n", params,
+           num(b, "bytes") / 1e6, str(b, "optimizer", opt, sizeof opt), num(b, "optimizer_state_bytes") / 1e6,
+           num(b, "lr"), num(b, "lr_current"));
+    printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", num(b, "pushes"),
+           num(b, "push_rate"), num(b, "pulls"), num(b, "pull_rate"), num(b, "rounds"), num(b, "connections"));
+    if (isnan(num(b, "checkpoint_version")))
+        printf("checkpoint: none yet");
+    else
+        printf("checkpoint: version %.0f, %.1f s ago", num(b, "checkpoint_version"), num(b, "checkpoint_age"));
+    str(b, "metrics_listen", metrics, sizeof metrics);
+    if (metrics[0] && strcmp(metrics, "-") != 0)
+        printf("  metrics: http://%s/metrics", metrics);
+    printf("\n");
+    const msgpack_object *ws = get(b, "workers");
+    uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
+    printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));
+    print_worker_rows(ws, 0);
+}
+
+static void print_workers(const msgpack_object *b)
+{
+    const msgpack_object *ws = get(b, "workers");
+    uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
+    if (n == 0) {
+        printf("no worker has connected yet (%.0f expected)\n", num(b, "workers_expected"));
+        return;
+    }
+    print_worker_rows(ws, 1);
+}
+
+/* ---- talking to psd --------------------------------------------------------------- */
+
+typedef struct session {
+    ps_client c;
+    int timeout;
+    ps_layout layout;   /* from the WELCOME, when psd has one */
+    int has_layout;
+    char mode[16];
+    uint64_t fp;
+} session;
+
+static int open_session(session *ss, const char *server)
+{
+    ps_msg m, r;
+    int rc = ps_client_connect(&ss->c, server, ss->timeout);
+    if (rc != 0)
+        return rc;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_VERSION | PS_F_ROLE;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_ADMIN;
+    rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+    if (rc != 0)
+        return rc;
+    if (r.type != PS_MSG_WELCOME) {
+        snprintf(ss->c.err, sizeof ss->c.err, "psd answered hello with %s", ps_msg_type_name(r.type));
+        return PS_EMALFORMED;
+    }
+    snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
+    if ((r.has & PS_F_LAYOUT) && r.layout) {
+        ss->layout = *r.layout;
+        ss->has_layout = 1;
+        ss->fp = r.fp;
+    }
+    return 0;
+}
+
+/* Sends ADMIN cmd with args and waits for its OK. */
+static int admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r)
+{
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_ADMIN);
+    m.has = PS_F_CMD;
+    snprintf(m.cmd, sizeof m.cmd, "%s", cmd);
+    if (nargs > 0) {
+        m.has |= PS_F_ARGS;
+        for (int i = 0; i < nargs; i++) {
+            m.args[i].p = args[i];
+            m.args[i].len = (uint32_t)strlen(args[i]);
+        }
+        m.nargs = (uint32_t)nargs;
+    }
+    int rc = ps_client_call(&ss->c, &m, r, ss->timeout);
+    if (rc == 0 && r->type != PS_MSG_OK) {
+        snprintf(ss->c.err, sizeof ss->c.err, "psd answered %s with %s", cmd, ps_msg_type_name(r->type));
+        return PS_EMALFORMED;
+    }
+    return rc;
+}
+
+/* ---- save: safetensors ------------------------------------------------------------------ */
+
+static int json_str_buf(ps_buf *b, const char *s)
+{
+    char tmp[8];
+    if (ps_buf_reserve(b, strlen(s) * 6 + 2) != 0)
+        return -1;
+    b->p[b->len++] = '"';
+    for (const char *p = s; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '"' || ch == '\\') {
+            b->p[b->len++] = '\\';
+            b->p[b->len++] = ch;
+        } else if (ch < 0x20 || ch == 0x7f) {
+            snprintf(tmp, sizeof tmp, "\\u%04x", ch);
+            memcpy(b->p + b->len, tmp, 6);
+            b->len += 6;
+        } else {
+            b->p[b->len++] = ch;
+        }
+    }
+    b->p[b->len++] = '"';
+    return 0;
+}
+
+static int bprintf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bprintf(ps_buf *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof tmp || ps_buf_reserve(b, (size_t)n) != 0)
+        return -1;
+    memcpy(b->p + b->len, tmp, (size_t)n);
+    b->len += (size_t)n;
+    return 0;
+}
+
+/* The safetensors header: 8 bytes of little-endian length N, then N bytes
+ * of JSON, padded with spaces so the data starts at a multiple of 8. */
+static int safetensors_header(const ps_layout *l, uint64_t version, const char *mode, uint64_t fp,
+                              const char *server, ps_buf *out)
+{
+    ps_buf j = {0};
+    int rc = 0;
+    rc |= bprintf(&j, "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"psd\",\"model_version\":\"%" PRIu64
+                      "\",\"mode\":",
+                  version);
+    rc |= json_str_buf(&j, mode);
+    rc |= bprintf(&j, ",\"layout_fingerprint\":\"0x%016" PRIx64 "\",\"server\":", fp);
+    rc |= json_str_buf(&j, server);
+    rc |= bprintf(&j, "}");
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        const ps_tensor_desc *t = &l->t[i];
+        rc |= bprintf(&j, ",");
+        rc |= json_str_buf(&j, t->name);
+        rc |= bprintf(&j, ":{\"dtype\":\"F32\",\"shape\":[");
+        for (uint32_t d = 0; d < t->ndim; d++)
+            rc |= bprintf(&j, "%s%" PRIu32, d ? "," : "", t->dims[d]);
+        rc |= bprintf(&j, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", t->offset * 4,
+                      (t->offset + t->count) * 4);
+    }
+    rc |= bprintf(&j, "}");
+    while (rc == 0 && (8 + j.len) % 8 != 0)
+        rc |= bprintf(&j, " ");
+    if (rc != 0 || ps_buf_reserve(out, 8 + j.len) != 0) {
+        ps_buf_free(&j);
+        return PS_ENOMEM;
+    }
+    uint64_t n = j.len;
+    for (int i = 0; i < 8; i++)
+        out->p[i] = (uint8_t)(n >> (8 * i));
+    memcpy(out->p + 8, j.p, j.len);
+    out->len = 8 + j.len;
+    ps_buf_free(&j);
+    return 0;
+}
+
+static int cmd_save(session *ss, const char *server, const char *path, int as_json)
+{
+    ps_msg r;
+    char tmp[4096];
+    ps_buf head = {0};
+    int rc;
+
+    if (!ss->has_layout) {
+        fprintf(stderr, "psctl: psd has no model yet: no worker has connected\n");
+        return EXIT_REMOTE;
+    }
+    const ps_layout *l = &ss->layout;
+    for (uint32_t i = 0; i < l->ntensors; i++)
+        for (uint32_t k = 0; k < i; k++)
+            if (strcmp(l->t[i].name, l->t[k].name) == 0) {
+                fprintf(stderr, "psctl: the model has two tensors named '%s'; a safetensors file cannot hold that\n",
+                        l->t[i].name);
+                return EXIT_REMOTE;
+            }
+    /* pin one version: every chunk comes from the same snapshot */
+    rc = admin(ss, "pin", NULL, 0, &r);
+    if (rc != 0)
+        return report(&ss->c, rc, ss->timeout);
+    uint64_t version = r.mver;
+    if (safetensors_header(l, version, ss->mode, ss->fp, server, &head) != 0) {
+        fprintf(stderr, "psctl: out of memory\n");
+        return EXIT_LOCAL;
+    }
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        fprintf(stderr, "psctl: path too long: %s\n", path);
+        ps_buf_free(&head);
+        return EXIT_USAGE;
+    }
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "psctl: cannot create %s: %s\n", tmp, strerror(errno));
+        ps_buf_free(&head);
+        return EXIT_LOCAL;
+    }
+    int status = EXIT_OK;
+    if (fwrite(head.p, 1, head.len, f) != head.len)
+        status = EXIT_LOCAL;
+    ps_buf_free(&head);
+    for (uint64_t off = 0; status == EXIT_OK && off < l->total; off += SAVE_CHUNK) {
+        uint64_t len = l->total - off < SAVE_CHUNK ? l->total - off : SAVE_CHUNK;
+        ps_msg m;
+        ps_msg_init(&m, PS_MSG_PULL);
+        m.has = PS_F_OFF | PS_F_LEN;
+        m.off = off;
+        m.len = len;
+        rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+        if (rc != 0) {
+            status = report(&ss->c, rc, ss->timeout);
+            break;
+        }
+        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len || r.mver != version) {
+            fprintf(stderr,
+                    "psctl: psd answered the pull of [%" PRIu64 ", %" PRIu64 ") with %s of %" PRIu64
+                    " values at version %" PRIu64 " (expected version %" PRIu64 ")\n",
+                    off, off + len, ps_msg_type_name(r.type), r.ndata, r.mver, version);
+            status = EXIT_REMOTE;
+            break;
+        }
+        if (fwrite(r.data, sizeof(float), len, f) != len)
+            status = EXIT_LOCAL;
+    }
+    if (status == EXIT_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
+        status = EXIT_LOCAL;
+    if (fclose(f) != 0 && status == EXIT_OK)
+        status = EXIT_LOCAL;
+    if (status == EXIT_OK && rename(tmp, path) != 0)
+        status = EXIT_LOCAL;
+    if (status == EXIT_LOCAL)
+        fprintf(stderr, "psctl: cannot write %s: %s\n", path, strerror(errno));
+    if (status != EXIT_OK) {
+        unlink(tmp);
+        return status;
+    }
+    admin(ss, "unpin", NULL, 0, &r);
+    if (as_json) {
+        printf("{\"path\": ");
+        json_string(stdout, path, strlen(path));
+        printf(", \"version\": %" PRIu64 ", \"parameters\": %" PRIu64 ", \"tensors\": %u, \"format\": "
+               "\"safetensors\"}\n",
+               version, l->total, l->ntensors);
+    } else {
+        printf("saved model version %" PRIu64 " (%u tensors, %" PRIu64 " parameters) to %s\n", version,
+               l->ntensors, l->total, path);
+    }
+    return EXIT_OK;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+typedef struct command {
+    const char *name;
+    int min_args, max_args;
+    const char *args;     /* for the usage line */
+} command;
+
+static const command commands[] = {
+    {"status", 0, 0, ""},        {"workers", 0, 0, ""},     {"metrics", 0, 0, ""},
+    {"set", 1, PS_ARGS_MAX, " KEY=VALUE..."}, {"pause", 0, 0, ""}, {"resume", 0, 0, ""},
+    {"checkpoint", 0, 0, ""},    {"save", 1, 1, " PATH"},   {"shutdown", 0, 0, ""},
+};
+
 int main(int argc, char **argv)
 {
-    const char *server = getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000";
-    int timeout = 5000, as_json = 0;
+    const char *server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000";
+    int timeout = -1, as_json = 0;
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 's'}, {"timeout", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},         {"help", no_argument, NULL, 'h'},
@@ -232,67 +566,117 @@ int main(int argc, char **argv)
             usage(stdout);
             return EXIT_OK;
         default:
-            usage(stderr);
+            fprintf(stderr, "psctl: see psctl --help\n");
             return EXIT_USAGE;
         }
     }
-    if (optind != argc - 1) {
-        fprintf(stderr, optind >= argc ? "psctl: no command given (try psctl --help)\n"
-                                       : "psctl: one command at a time (try psctl --help)\n");
+    if (optind >= argc) {
+        fprintf(stderr, "psctl: no command given (try psctl --help)\n");
         return EXIT_USAGE;
     }
-    const char *cmd = argv[optind];
-    uint32_t req_type;
-    if (strcmp(cmd, "status") == 0)
-        req_type = PS_MSG_STATUS;
-    else if (strcmp(cmd, "metrics") == 0)
-        req_type = PS_MSG_METRICS;
-    else {
-        fprintf(stderr, "psctl: unknown command '%s' (commands: status, metrics)\n", cmd);
+    const char *name = argv[optind];
+    char **args = argv + optind + 1;
+    int nargs = argc - optind - 1;
+    const command *cmd = NULL;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            cmd = &commands[i];
+    if (!cmd) {
+        fprintf(stderr,
+                "psctl: unknown command '%s' (commands: status, workers, metrics, set, pause, resume, checkpoint, "
+                "save, shutdown)\n",
+                name);
         return EXIT_USAGE;
+    }
+    if (nargs < cmd->min_args || nargs > cmd->max_args) {
+        fprintf(stderr, "psctl: %s takes %s (usage: psctl %s%s)\n", cmd->name,
+                cmd->max_args == 0 ? "no arguments" : cmd->min_args == cmd->max_args ? "one argument" : "arguments",
+                cmd->name, cmd->args);
+        return EXIT_USAGE;
+    }
+    if (strcmp(cmd->name, "set") == 0) {
+        for (int i = 0; i < nargs; i++) {
+            const char *eq = strchr(args[i], '=');
+            if (!eq || eq == args[i] || strlen(args[i]) > PS_ARG_MAX) {
+                fprintf(stderr, "psctl: set wants KEY=VALUE, got '%.100s'\n", args[i]);
+                return EXIT_USAGE;
+            }
+        }
+    }
+    if (timeout < 0)
+        timeout = strcmp(cmd->name, "checkpoint") == 0 ? CHECKPOINT_TIMEOUT_MS : DEFAULT_TIMEOUT_MS;
+
+    static session ss; /* holds a layout: too big for the stack */
+    ps_msg m, r;
+    ps_client_init(&ss.c);
+    ss.timeout = timeout;
+    int status = EXIT_OK;
+    int rc = open_session(&ss, server);
+    if (rc != 0) {
+        status = report(&ss.c, rc, timeout);
+        goto out;
     }
 
-    ps_client c;
-    ps_msg m, r;
-    ps_client_init(&c);
-    int rc = ps_client_connect(&c, server, timeout);
-    if (rc == 0) {
-        ps_msg_init(&m, PS_MSG_HELLO);
-        m.has = PS_F_VERSION | PS_F_ROLE;
-        m.proto = PS_PROTO_VERSION;
-        m.role = PS_ROLE_ADMIN;
-        rc = ps_client_call(&c, &m, &r, timeout);
-    }
-    if (rc == 0) {
-        ps_msg_init(&m, req_type);
-        rc = ps_client_call(&c, &m, &r, timeout);
-    }
-    if (rc != 0) {
-        fprintf(stderr, "psctl: %s\n", ps_client_error(&c));
-        ps_client_free(&c);
-        return exit_code(rc);
-    }
-    if (req_type == PS_MSG_STATUS) {
-        if (r.type != PS_MSG_STATUS_REPLY) {
+    if (strcmp(cmd->name, "status") == 0 || strcmp(cmd->name, "workers") == 0) {
+        ps_msg_init(&m, PS_MSG_STATUS);
+        rc = ps_client_call(&ss.c, &m, &r, timeout);
+        if (rc != 0) {
+            status = report(&ss.c, rc, timeout);
+        } else if (r.type != PS_MSG_STATUS_REPLY) {
             fprintf(stderr, "psctl: psd answered status with %s\n", ps_msg_type_name(r.type));
-            rc = PS_EMALFORMED;
-        } else if (as_json) {
-            json(stdout, r.body);
-            fputc('\n', stdout);
+            status = EXIT_REMOTE;
+        } else if (cmd->name[0] == 's') {
+            if (as_json) {
+                json(stdout, r.body);
+                fputc('\n', stdout);
+            } else {
+                print_status(r.body);
+            }
         } else {
-            print_status(r.body);
+            const msgpack_object *ws = get(r.body, "workers");
+            if (as_json) {
+                if (ws)
+                    json(stdout, ws);
+                else
+                    fputs("[]", stdout);
+                fputc('\n', stdout);
+            } else {
+                print_workers(r.body);
+            }
         }
-    } else {
-        if (r.type != PS_MSG_METRICS_REPLY) {
+    } else if (strcmp(cmd->name, "metrics") == 0) {
+        ps_msg_init(&m, PS_MSG_METRICS);
+        rc = ps_client_call(&ss.c, &m, &r, timeout);
+        if (rc != 0) {
+            status = report(&ss.c, rc, timeout);
+        } else if (r.type != PS_MSG_METRICS_REPLY) {
             fprintf(stderr, "psctl: psd answered metrics with %s\n", ps_msg_type_name(r.type));
-            rc = PS_EMALFORMED;
+            status = EXIT_REMOTE;
         } else {
             fwrite(r.text, 1, r.text_len, stdout);
         }
+    } else if (strcmp(cmd->name, "save") == 0) {
+        status = cmd_save(&ss, server, args[0], as_json);
+    } else {
+        /* set, pause, resume, checkpoint, shutdown: one ADMIN request */
+        rc = admin(&ss, cmd->name, args, nargs, &r);
+        if (rc != 0) {
+            status = report(&ss.c, rc, timeout);
+        } else if (as_json) {
+            printf("{\"ok\": true, \"command\": \"%s\", \"version\": %" PRIu64 ", \"message\": ", cmd->name, r.mver);
+            json_string(stdout, r.text ? r.text : "", r.text ? r.text_len : 0);
+            printf("}\n");
+        } else {
+            printf("%.*s\n", (int)r.text_len, r.text ? r.text : "");
+        }
+        if (rc == 0 && strcmp(cmd->name, "shutdown") == 0)
+            goto out; /* psd closes the connection itself */
     }
-    ps_msg_init(&m, PS_MSG_BYE);
-    if (rc == 0)
-        ps_client_send(&c, &m);
-    ps_client_free(&c);
-    return exit_code(rc);
+    if (status == EXIT_OK) {
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_client_send(&ss.c, &m);
+    }
+out:
+    ps_client_free(&ss.c);
+    return status;
 }

@@ -110,6 +110,8 @@ struct srv_conn {
     size_t rlen, rcap;
     msgpack_zone zone;       /* unpack zone, cleared per message */
     srv_parked *parked;      /* pulls waiting for a version */
+    srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
+                              * (ADMIN pin, psctl save); NULL = the current one */
     uint32_t nparked;        /* entries in parked, at most SRV_PARKED_MAX */
     int closing;             /* uv_close called or about to be */
     int close_after_write;   /* close once queued writes are flushed */
@@ -150,6 +152,15 @@ typedef struct srv_stats {
     double push_rate, pull_rate;
 } srv_stats;
 
+/* A setting from psd's command line (--listen, --set, ...); kept so that a
+ * reload applies them again over the file. key and value point into argv. */
+typedef struct srv_setting {
+    const char *key, *value;
+} srv_setting;
+
+struct srv_http;
+struct srv_ckpt_wait;
+
 struct psd {
     uv_loop_t *loop;
     ps_config cfg;
@@ -157,7 +168,12 @@ struct psd {
     uv_tcp_t listener;
     int listening;
     int port;                /* bound port */
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
+    const srv_setting *cli_sets; /* the command line's settings, in order */
+    int ncli_sets;
+    int paused;              /* ADMIN pause: workers' pulls are parked until resume */
+    struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;
     int stopping;
@@ -185,6 +201,12 @@ struct psd {
 /* ---- functions ----------------------------------------------------------- */
 
 uint64_t srv_now_ms(void);
+
+/* main.c */
+/* Stops psd as SIGTERM does: closes the signal handlers, the tick timer and
+ * the /metrics endpoint, tells systemd (STOPPING=1) and calls srv_stop();
+ * the loop then ends. Does nothing when psd is already stopping. */
+void srv_shutdown(psd *s, const char *why);
 
 /* net.c */
 int srv_listen(psd *s);

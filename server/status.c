@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "http.h"
 #include "proto/errors.h"
 #include "psd.h"
 
@@ -47,7 +48,15 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 21);
+    msgpack_pack_map(pk, 25);
+    kf64(pk, "lr", s->cfg.lr);
+    kf64(pk, "lr_current", s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+    key(pk, "paused");
+    if (s->paused)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    kstr(pk, "metrics_listen", srv_http_address(s));
     ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
     key(pk, "checkpoint_version");
     if (s->stats.checkpoint_ms)
@@ -197,6 +206,10 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_model_parameters", "gauge", "Parameters in the model.", "%" PRIu64,
            s->model.has_layout ? s->model.layout.total : 0);
     SIMPLE("psd_uptime_seconds", "gauge", "Seconds since psd started.", "%.3f", (double)(now - s->start_ms) / 1e3);
+    SIMPLE("psd_paused", "gauge", "1 while an admin has paused the workers (psctl pause), else 0.", "%d",
+           s->paused ? 1 : 0);
+    SIMPLE("psd_learning_rate", "gauge", "Learning rate of the next update (lr after the schedule).", "%.9g",
+           s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
 
     rc |= family(b, "psd_rejected_messages_total", "counter", "Messages refused with an error reply, by reason.");
     for (int code = 1; code < 32; code++) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "dataset.h"
@@ -33,6 +34,8 @@ typedef struct wopts {
     int threads;
     int timeout_ms;
     int reconnect_ms;
+    int quiet;               /* only errors and the final JSON */
+    int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
 static void usage(FILE *f)
@@ -42,8 +45,12 @@ static void usage(FILE *f)
             "\n"
             "Trains shard K of M of a data set against psd.\n"
             "\n"
-            "  -S, --server HOST:PORT  psd's address (default 127.0.0.1:7000)\n"
-            "  -k, --shard K/M         this worker's shard (default 0/1)\n"
+            "  -S, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000)\n"
+            "  -k, --shard K/M         this worker's shard (default 0/1), or `auto`: K and M\n"
+            "                          from the launcher: OMPI_COMM_WORLD_RANK and _SIZE\n"
+            "                          (mpirun), SLURM_PROCID and SLURM_NTASKS (srun), or\n"
+            "                          JOB_COMPLETION_INDEX and PSD_WORKERS (a Kubernetes\n"
+            "                          indexed Job)\n"
             "  -d, --dataset NAME      mnist or fashion-mnist (default mnist)\n"
             "  -D, --data DIR          data directory (default $PSD_DATA_DIR or ./data)\n"
             "  -M, --model SPEC        softmax or mlp:H1,H2,... (default mlp:256,128)\n"
@@ -57,7 +64,15 @@ static void usage(FILE *f)
             "      --timeout MS        give up on a reply after MS milliseconds (default 600000)\n"
             "      --reconnect-timeout S  when psd goes away, keep trying to reconnect for S\n"
             "                          seconds (default 60), with exponential backoff\n"
+            "  -q, --quiet             print only errors and the final JSON line\n"
             "  -h, --help              this help\n"
+            "\n"
+            "Progress goes to stderr: a live bar with the rate and the time left when\n"
+            "stderr is a terminal, one line per epoch otherwise.\n"
+            "\n"
+            "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
+            "unreachable past --reconnect-timeout, refused, missing data); 2 for a bad\n"
+            "option.\n"
             "\n"
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
@@ -69,6 +84,43 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* h:mm:ss or m:ss */
+static void format_eta(double secs, char *buf, size_t len)
+{
+    if (!(secs >= 0) || secs > 360000)
+        snprintf(buf, len, "--:--");
+    else if (secs >= 3600)
+        snprintf(buf, len, "%d:%02d:%02d", (int)secs / 3600, (int)secs / 60 % 60, (int)secs % 60);
+    else
+        snprintf(buf, len, "%d:%02d", (int)secs / 60, (int)secs % 60);
+}
+
+/* The live progress line on a terminal, rewritten in place: the epoch's
+ * share done, the rate over the job so far and the time the job has left. */
+static void progress_draw(const wopts *o, int epoch, size_t step, size_t steps, double epoch_loss, double job_s,
+                          uint64_t job_samples, size_t job_steps_done, size_t job_steps)
+{
+    char bar[25], eta[16];
+    double frac = steps ? (double)step / (double)steps : 1;
+    size_t fill = (size_t)(frac * (sizeof bar - 1) + 0.5);
+    for (size_t i = 0; i < sizeof bar - 1; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[sizeof bar - 1] = '\0';
+    double rate = job_s > 0 ? (double)job_samples / job_s : 0;
+    format_eta(job_steps_done ? job_s / (double)job_steps_done * (double)(job_steps - job_steps_done) : -1, eta,
+               sizeof eta);
+    fprintf(stderr, "\r%d/%d epoch %d/%d [%s] %3.0f%%  %.0f samples/s  ETA %s  loss %.4f\033[K", o->shard,
+            o->nshards, epoch, o->epochs, bar, 100 * frac, rate, eta, epoch_loss);
+    fflush(stderr);
+}
+
+/* Clears the progress line before ordinary output. */
+static void progress_clear(const wopts *o)
+{
+    if (o->progress)
+        fputs("\r\033[K", stderr);
 }
 
 static int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -96,6 +148,45 @@ static int parse_uint(const char *s, unsigned long long max, unsigned long long 
     return 0;
 }
 
+/* --shard auto: the shard from a launcher's environment. Returns 0, or -1
+ * with a message in err. */
+static int shard_from_env(int *k, int *m, char *err, size_t errlen)
+{
+    static const struct {
+        const char *index, *count, *launcher;
+    } launchers[] = {
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "Slurm"},
+        {"JOB_COMPLETION_INDEX", "PSD_WORKERS", "a Kubernetes indexed Job"},
+    };
+    for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
+        const char *ks = getenv(launchers[i].index), *ms = getenv(launchers[i].count);
+        unsigned long long a, b;
+        if (!ks || !*ks)
+            continue;
+        if (!ms || !*ms) {
+            snprintf(err, errlen, "--shard auto: %s is set (%s) but %s is not", launchers[i].index, ks,
+                     launchers[i].count);
+            return -1;
+        }
+        if (parse_uint(ks, 65535, &a) || parse_uint(ms, 65536, &b) || b == 0 || a >= b) {
+            snprintf(err, errlen, "--shard auto: %s=%s and %s=%s do not make a shard K of M with 0 <= K < M",
+                     launchers[i].index, ks, launchers[i].count, ms);
+            return -1;
+        }
+        *k = (int)a;
+        *m = (int)b;
+        PS_LOG(PS_LOG_DEBUG, "--shard auto: %d/%d from %s (%s, %s)", *k, *m, launchers[i].launcher,
+               launchers[i].index, launchers[i].count);
+        return 0;
+    }
+    snprintf(err, errlen,
+             "--shard auto: no launcher told this process its shard: set OMPI_COMM_WORLD_RANK and "
+             "OMPI_COMM_WORLD_SIZE (mpirun does), SLURM_PROCID and SLURM_NTASKS (srun does), or "
+             "JOB_COMPLETION_INDEX and PSD_WORKERS (Kubernetes indexed Job), or give --shard K/M");
+    return -1;
+}
+
 static int parse_shard(const char *s, int *k, int *m)
 {
     unsigned long long a, b;
@@ -114,7 +205,8 @@ static int parse_shard(const char *s, int *k, int *m)
 
 int main(int argc, char **argv)
 {
-    wopts o = {.server = "127.0.0.1:7000", .shard = 0, .nshards = 1, .dataset = "mnist",
+    wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
+               .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
                .timeout_ms = 600000, .reconnect_ms = 60000};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT };
@@ -127,19 +219,26 @@ int main(int argc, char **argv)
         {"seed", required_argument, NULL, O_SEED}, {"threads", required_argument, NULL, O_THREADS},
         {"timeout", required_argument, NULL, O_TIMEOUT}, {"help", no_argument, NULL, 'h'},
         {"reconnect-timeout", required_argument, NULL, O_RECONNECT},
+        {"quiet", no_argument, NULL, 'q'},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
     o.data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
     int opt;
     unsigned long long v;
-    while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eh", longopts, NULL)) != -1) {
+    char err[1024];
+    while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eqh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'S': o.server = optarg; break;
         case 'k':
-            if (parse_shard(optarg, &o.shard, &o.nshards) != 0)
-                return die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2", optarg);
+            if (strcmp(optarg, "auto") == 0) {
+                if (shard_from_env(&o.shard, &o.nshards, err, sizeof err) != 0)
+                    return die("%s", err);
+            } else if (parse_shard(optarg, &o.shard, &o.nshards) != 0) {
+                return die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2, or auto", optarg);
+            }
             break;
+        case 'q': o.quiet = 1; break;
         case 'd': o.dataset = optarg; break;
         case 'D': o.data_dir = optarg; break;
         case 'M': o.model = optarg; break;
@@ -194,9 +293,11 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         return die("unexpected argument '%s' (see psworker --help)", argv[optind]);
+    if (o.quiet)
+        ps_log_set_level(PS_LOG_ERROR);
+    o.progress = !o.quiet && isatty(STDERR_FILENO);
     openblas_set_num_threads(o.threads);
 
-    char err[1024];
     ps_dataset train_all = {0}, train = {0}, test = {0};
     ps_model *model = NULL;
     ps_session ss;
@@ -258,6 +359,7 @@ int main(int argc, char **argv)
 
     double train_time = 0, last_loss = 0, test_acc = -1, test_loss = 0;
     uint64_t samples = 0;
+    double job_t0 = now_s(), last_draw = 0;
     for (int epoch = 1; epoch <= o.epochs; epoch++) {
         ps_dataset_epoch_order(perm, train.n, o.seed, (uint32_t)o.shard, (uint64_t)epoch);
         double t0 = now_s(), loss_sum = 0;
@@ -270,6 +372,7 @@ int main(int argc, char **argv)
             ps_dataset_gather(&train, perm + start, cnt, bx, by);
             float loss = ps_model_train_step(model, bx, by, (int)cnt);
             if (!isfinite(loss)) {
+                progress_clear(&o);
                 fprintf(stderr, "psworker: loss became %f at epoch %d step %zu; lower the learning rate\n",
                         (double)loss, epoch, st);
                 goto out;
@@ -277,20 +380,33 @@ int main(int argc, char **argv)
             loss_sum += loss * (double)cnt;
             done += cnt;
             rc = ps_session_step(&ss);
-            if (rc != 0 && ps_session_recoverable(&ss, rc))
+            if (rc != 0 && ps_session_recoverable(&ss, rc)) {
+                progress_clear(&o);
                 rc = ps_session_reconnect(&ss);
+            }
             if (rc != 0) {
+                progress_clear(&o);
                 fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, ps_session_error(&ss));
                 goto out;
             }
+            double now = now_s();
+            if (o.progress && (now - last_draw >= 0.1 || st + 1 == steps)) {
+                last_draw = now;
+                progress_draw(&o, epoch, st + 1, steps, loss_sum / (double)done, now - job_t0, samples + done,
+                              (size_t)(epoch - 1) * steps + st + 1, steps * (size_t)o.epochs);
+            }
         }
+        progress_clear(&o);
         double dt = now_s() - t0;
         train_time += dt;
         samples += done;
         last_loss = loss_sum / (double)(done ? done : 1);
         double rate = (double)done / (dt > 0 ? dt : 1e-9);
-        if (o.eval) {
+        if (o.eval)
             ps_model_evaluate(model, test.x, test.y, test.n, &test_loss, &test_acc);
+        if (o.quiet) {
+            /* nothing: the final JSON line says it all */
+        } else if (o.eval) {
             fprintf(stderr,
                     "psworker %d/%d: epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.2f s  %.0f samples/s  "
                     "version %" PRIu64 "\n",

@@ -62,11 +62,9 @@ static void *hb_main(void *arg)
         if (rc == ETIMEDOUT && ss->cl.fd >= 0) {
             ps_msg m;
             ps_msg_init(&m, PS_MSG_HEARTBEAT);
-            /* the lock is ours already: send without taking it again */
-            pthread_mutex_t *l = ss->cl.send_lock;
-            ss->cl.send_lock = NULL;
-            ps_client_send_noreply(&ss->cl, &m);
-            ss->cl.send_lock = l;
+            /* the send lock is held (the condition wait returned with it), so
+             * no other frame can be half written: send without taking it */
+            ps_client_send_noreply_held(&ss->cl, &m);
         }
     }
     pthread_mutex_unlock(&ss->lock);

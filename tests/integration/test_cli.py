@@ -10,7 +10,9 @@ about the layout, while the worker that set the layout trains on.
 
 import os
 import re
+import signal
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +103,24 @@ class CliTest(unittest.TestCase):
             psd = cl.psd()
             self.refused([Paths.psd, "--listen", psd.addr], mentions=[str(psd.port)])
             psd.stop()
+
+    def test_psd_sigterm_as_soon_as_it_is_listening(self):
+        """The port file says psd is up; a SIGTERM sent the moment it appears
+        must still give the clean shutdown and exit 0. Today psd writes the
+        file before uv_signal_start(SIGTERM), so the default action kills
+        it (status -15) nearly every time."""
+        with harness.Cluster("psd-cli-sigterm") as cl:
+            for attempt in range(20):
+                port_file = os.path.join(cl.dir, "port%d" % attempt)
+                p = harness.Proc("psd%d" % attempt, [Paths.psd, "--listen", "127.0.0.1:0", "--port-file", port_file],
+                                 cl.dir)
+                cl.procs.append(p)
+                deadline = time.monotonic() + 15
+                while not os.path.exists(port_file):  # no sleep: the race is the point
+                    self.assertIsNone(p.p.poll(), "psd exited before listening")
+                    self.assertLess(time.monotonic(), deadline, "psd wrote no port file")
+                p.p.send_signal(signal.SIGTERM)
+                self.assertEqual(p.wait(15), 0, "attempt %d: psd's exit status after an early SIGTERM" % attempt)
 
     # ---- psctl ---------------------------------------------------------------
 

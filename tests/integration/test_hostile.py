@@ -25,14 +25,13 @@ import os
 import socket
 import struct
 import sys
-import time
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import (E_BAD_FIELD, E_BAD_TYPE, E_FORBIDDEN, E_LAYOUT, E_MALFORMED, E_NONFINITE,  # noqa: E402
+from harness import (E_BAD_FIELD, E_BAD_TYPE, E_FORBIDDEN, E_LAYOUT, E_LIMIT, E_MALFORMED, E_NONFINITE,  # noqa: E402
                      E_RANGE, E_SHARD, E_STATE, E_TOO_BIG, E_UNSUPPORTED, PROTO_VERSION, T_BYE, T_ERROR,
                      T_HEARTBEAT, T_HELLO, T_INIT, T_OK, T_PARAMS, T_PULL, T_PUSH, T_PUSHPULL, T_REPORT,
                      T_STATUS, T_STATUS_REPLY, T_WELCOME, RawClient, expect_error, floats, frame, pack)
@@ -59,7 +58,7 @@ class Attack:
         self.psd = psd
         self.addr = psd.addr
         self.errors = collections.Counter()
-        self.rss_max = psd.rss_kb()
+        self.rss_before = self.rss_max = psd.rss_kb()
         self.rnd = harness.seeded_random(test.id())
 
     def sample_rss(self):
@@ -124,8 +123,8 @@ class Attack:
                 try:
                     c.send_raw(data)
                     c.sock.shutdown(socket.SHUT_WR)
-                except (BrokenPipeError, ConnectionResetError):
-                    continue  # psd refused it already
+                except OSError:
+                    continue  # psd refused it already (broken pipe, reset)
                 frames = c.expect_closed(REPLY_TIMEOUT)
                 self.t.assertLessEqual(len(frames), 1, "random bytes %d: %r" % (i, frames))
                 for f in frames:
@@ -301,6 +300,23 @@ class Attack:
             self.t.assertEqual(c.expect_closed(REPLY_TIMEOUT), [], "psd closes after bye")
         self.sample_rss()
 
+    def parked_pulls(self):
+        """Pulls for a version that will never come wait in psd, but only so
+        many per connection; closing the connection drops them."""
+        with RawClient(self.addr, REPLY_TIMEOUT) as c:
+            c.hello_admin()
+            never = (1 << 64) - 1
+            c.send_raw(b"".join(frame(pack({"t": T_PULL, "id": 100 + i, "off": 0, "len": TOTAL, "min": never}))
+                                for i in range(80)))
+            r = c.heartbeat()
+            while r.get("t") == T_ERROR:  # the refused pulls' errors come first
+                expect_error(self.t, r, E_LIMIT, "too many parked pulls")
+                self.errors[E_LIMIT] += 1
+                r = c.recv_frame(REPLY_TIMEOUT)
+            self.t.assertEqual(r.get("t"), T_OK, r)
+            self.t.assertGreater(self.errors[E_LIMIT], 0, "psd parked 80 pulls on one connection")
+        self.sample_rss()
+
     def truncated_frames(self, conns=20):
         """Frames that never complete: the peer goes away mid-frame. Some
         declare 32 MiB after an admin hello, all at once."""
@@ -336,6 +352,13 @@ class Attack:
                 s.close()
 
 
+def _metrics_via(c):
+    """Metrics text over an open admin connection (psctl would need a slot)."""
+    r = c.request({"t": harness.T_METRICS})
+    assert r.get("t") == harness.T_METRICS_REPLY, r
+    return r["text"]
+
+
 def rejected(addr):
     samples, _ = harness.parse_prometheus(harness.metrics(addr))
     return {code: harness.metric(samples, "psd_rejected_messages_total", reason=reason)
@@ -344,7 +367,7 @@ def rejected(addr):
 
 class HostileTest(unittest.TestCase):
     def start_job(self, cl, mode):
-        psd = cl.psd(mode=mode, workers=2)
+        psd = cl.psd(mode=mode, workers=2, args=harness.ASGD_ARGS if mode == "asgd" else ())
         workers = [cl.worker(psd, k, 2, epochs=EPOCHS, batch=BATCH, limit=LIMIT, test_limit=TEST_LIMIT,
                              model=MODEL) for k in range(2)]
 
@@ -393,7 +416,6 @@ class HostileTest(unittest.TestCase):
             psd, workers = self.start_job(cl, "asgd")
             before = rejected(psd.addr)
             attack = Attack(self, psd)
-            attack.rss_before = attack.rss_max
             with RawClient(psd.addr, REPLY_TIMEOUT) as watcher:
                 watcher.hello_admin()
                 attack.random_bytes()
@@ -402,13 +424,14 @@ class HostileTest(unittest.TestCase):
                 attack.wrong_shape_after_hello()
                 attack.layout_mismatch()
                 attack.rogue_worker()
+                attack.parked_pulls()
                 attack.truncated_frames()
                 attack.idle_connections()
                 attack.alive(watcher, "a connection opened before the attack")
             overlapped = any(w.alive() for w in workers)
             self.finish_job(psd, workers, overlapped)
             for code in (E_MALFORMED, E_TOO_BIG, E_UNSUPPORTED, E_BAD_TYPE, E_BAD_FIELD, E_STATE, E_LAYOUT,
-                         E_RANGE, E_NONFINITE, E_SHARD, E_FORBIDDEN):
+                         E_RANGE, E_NONFINITE, E_SHARD, E_FORBIDDEN, E_LIMIT):
                 self.assertGreater(attack.errors[code], 0, "reason %s was exercised" % harness.REASONS[code])
             self.check_after(psd, attack, before)
             st = harness.status(psd.addr)
@@ -428,7 +451,6 @@ class HostileTest(unittest.TestCase):
             psd, workers = self.start_job(cl, "bsp")
             before = rejected(psd.addr)
             attack = Attack(self, psd)
-            attack.rss_before = attack.rss_max
             attack.random_bytes(rounds=30)
             attack.bad_lengths()
             attack.wrong_shape_before_hello()
@@ -447,22 +469,63 @@ class HostileTest(unittest.TestCase):
             self.assertEqual(sorted(w["shard"] for w in st["workers"]), [0, 1])
             psd.stop()
 
-    @unittest.expectedFailure  # BUG: psd sizes the model from the first hello with no bound (see the report)
+    def test_connection_limit(self):
+        """Past max_connections a new connection gets ERROR LIMIT and is
+        closed; the ones already open keep working, and a slot freed can be
+        used again."""
+        limit = 6
+        with harness.Cluster("psd-hostile-limit") as cl:
+            psd = cl.psd(args=("--set", "max_connections=%d" % limit))
+            clients = []
+
+            def admitted():
+                """A new admin connection, or None when psd refused it (a
+                connection closed just before may still hold its slot)."""
+                c = RawClient(psd.addr, REPLY_TIMEOUT)
+                try:
+                    r = c.request({"t": T_HELLO, "v": PROTO_VERSION, "role": "admin"})
+                    if r.get("t") == T_WELCOME:
+                        return c
+                    expect_error(self, r, E_LIMIT, "a refused connection")
+                except harness.Closed:
+                    pass
+                c.close()
+                return None
+
+            try:
+                for i in range(limit):
+                    clients.append(harness.wait_until(admitted, 10, "connection %d of %d" % (i + 1, limit)))
+                for extra in range(3):
+                    with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                        frames = c.expect_closed(REPLY_TIMEOUT)
+                        self.assertEqual(len(frames), 1, frames)
+                        expect_error(self, frames[0], E_LIMIT, "connection %d of %d" % (limit + 1 + extra, limit))
+                self.assertEqual(clients[0].heartbeat().get("t"), T_OK)
+                clients.pop().close()
+                clients.append(harness.wait_until(admitted, 10, "a freed connection slot to be usable"))
+                samples, _ = harness.parse_prometheus(_metrics_via(clients[0]))
+                self.assertGreaterEqual(harness.metric(samples, "psd_rejected_messages_total", reason="limit"), 3)
+            finally:
+                for c in clients:
+                    c.close()
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
-        """The first worker's hello fixes the layout, and psd allocates and
-        zeroes the whole model (plus the momentum buffer) for it at once. A
-        100-byte hello from anyone can ask for up to 2^34 floats (64 GiB).
-        Expected: psd refuses a model over a configured bound with an ERROR,
-        and its RSS does not jump. Here: 2^27 floats (512 MiB)."""
+        """The first worker's hello fixes the layout, and psd allocates the
+        whole model (plus the momentum buffer) for it at once, so a
+        100-byte hello could ask for up to 2^34 floats (64 GiB). psd refuses
+        a model over max_params (default 2^28) with a LIMIT error, and its
+        RSS does not jump. Here: 2^30 floats (4 GiB)."""
         with harness.Cluster("psd-hostile-huge") as cl:
             psd = cl.psd(mode="asgd", workers=1)
             rss0 = psd.rss_kb()
             with RawClient(psd.addr, 60) as c:
-                r = c.hello_worker([["w", [1 << 27]]], 0, 1)
+                r = c.hello_worker([["w", [1 << 30]]], 0, 1)
                 growth = psd.rss_kb() - rss0
                 c.close()
             try:
-                self.assertEqual(r.get("t"), T_ERROR, "psd accepted a 512 MiB model from one hello")
+                self.assertEqual(r.get("t"), T_ERROR, "psd accepted a 4 GiB model from one hello")
+                self.assertEqual(r.get("code"), harness.E_LIMIT)
                 self.assertLess(growth, RSS_SLACK_KB, "psd's RSS grew by %d KiB after one hello" % growth)
             finally:
                 psd.stop()

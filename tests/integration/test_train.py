@@ -37,7 +37,7 @@ class TrainTest(unittest.TestCase):
         mode = ARGS.mode
         bsp = mode == "bsp"
         with harness.Cluster("psd-train-" + mode) as cl:
-            psd = cl.psd(mode=mode, workers=2)
+            psd = cl.psd(mode=mode, workers=2, args=() if bsp else harness.ASGD_ARGS)
             workers = [cl.worker(psd, k, 2, epochs=EPOCHS, batch=BATCH, limit=LIMIT, test_limit=TEST_LIMIT,
                                  model=MODEL) for k in range(2)]
 
@@ -83,9 +83,10 @@ class TrainTest(unittest.TestCase):
             r = harness.psctl(psd.addr, "status")
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("mode " + mode, r.stdout)
-            for shard in ("0/2", "1/2"):
-                self.assertRegex(r.stdout, r"(?m)^\s+%s\s+\S+\s+127\.0\.0\.1:\d+" % re.escape(shard),
-                                 "text status lists shard %s:\n%s" % (shard, r.stdout))
+            for w in first["workers"]:
+                shard = "%d/2" % w["shard"]
+                self.assertRegex(r.stdout, r"(?m)^.*\b%s\b.*%s" % (re.escape(shard), re.escape(w["address"])),
+                                 "text status lists shard %s with its address:\n%s" % (shard, r.stdout))
 
             # -- when they are done ---------------------------------------------
             results = [w.result(timeout=240) for w in workers]
@@ -135,6 +136,27 @@ class TrainTest(unittest.TestCase):
                                  "a clean run rejects nothing (%s)" % reason)
 
             psd.stop()
+
+    def test_heartbeats_during_training(self):
+        """Workers send heartbeats every heartbeat_timeout/3 while they
+        train; with psd's shortest heartbeat_timeout (100 ms) that is many
+        heartbeats per job, and none may disturb a push. The race is a
+        matter of timing, so the job runs a few times."""
+        for attempt in range(5):
+            with harness.Cluster("psd-train-heartbeats") as cl:
+                psd = cl.psd(mode="asgd", workers=2,
+                             args=harness.ASGD_ARGS + ("--set", "heartbeat_timeout=100ms"))
+                workers = [cl.worker(psd, k, 2, epochs=EPOCHS, batch=BATCH, limit=LIMIT, model=MODEL,
+                                     evaluate=False, args=("--timeout", "10000", "--reconnect-timeout", "1"))
+                           for k in range(2)]
+                for k, w in enumerate(workers):
+                    rc, _ = w.result(timeout=120)
+                    self.assertEqual(rc, 0, "attempt %d, worker %d:\n%s" % (attempt, k, harness.tail(w.err_path, 5)))
+                samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+                for reason in harness.REASONS.values():
+                    self.assertEqual(harness.metric(samples, "psd_rejected_messages_total", reason=reason), 0,
+                                     "attempt %d: psd rejected a worker's message (%s)" % (attempt, reason))
+                psd.stop()
 
 
 if __name__ == "__main__":

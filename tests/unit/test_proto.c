@@ -776,6 +776,16 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_true(a->rate == b->rate);
     if (h & PS_F_HB)
         assert_int_equal(a->hb, b->hb);
+    if (h & PS_F_CMD)
+        assert_string_equal(a->cmd, b->cmd);
+    if (h & PS_F_ARGS) {
+        assert_int_equal(a->nargs, b->nargs);
+        for (uint32_t i = 0; i < a->nargs; i++) {
+            assert_int_equal(a->args[i].len, b->args[i].len);
+            if (a->args[i].len)
+                assert_memory_equal(a->args[i].p, b->args[i].p, a->args[i].len);
+        }
+    }
 }
 
 /* Encodes m (with the body callback for status replies), decodes the frame
@@ -947,6 +957,39 @@ static void test_round_trip_each_type(void **state)
     round_trip(&m);
     m.has = 0; /* no id at all */
     round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_ADMIN); /* a command without arguments */
+    m.has = PS_F_ID | PS_F_CMD;
+    m.id = 14;
+    snprintf(m.cmd, sizeof m.cmd, "pause");
+    round_trip(&m);
+    /* with arguments: empty, long, and the most there may be */
+    static char long_arg[PS_ARG_MAX + 1];
+    memset(long_arg, 'x', PS_ARG_MAX);
+    m.has |= PS_F_ARGS;
+    snprintf(m.cmd, sizeof m.cmd, "%s", "set-31-chars-long-command-name!"); /* the longest cmd */
+    assert_int_equal(strlen(m.cmd), PS_CMD_MAX);
+    m.nargs = PS_ARGS_MAX;
+    for (uint32_t i = 0; i < PS_ARGS_MAX; i++) {
+        m.args[i].p = i == 1 ? "" : i == 2 ? long_arg : "lr=0.01";
+        m.args[i].len = (uint32_t)strlen(m.args[i].p);
+    }
+    round_trip(&m);
+    m.nargs = 0; /* an empty array */
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_OK); /* an admin command's OK carries text */
+    m.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
+    m.id = 14, m.mver = 3, m.text = "lr: 0.05 -> 0.01", m.text_len = 16;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_WELCOME); /* to an admin: with the layout */
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT | PS_F_FP |
+            PS_F_HB | PS_F_LAYOUT;
+    m.id = 1, m.proto = PS_PROTO_VERSION, m.mver = 9, m.params = l.total, m.workers = 2, m.hb = 10000;
+    m.fp = ps_layout_fingerprint(&l), m.layout = &l;
+    snprintf(m.mode, sizeof m.mode, "asgd");
+    round_trip(&m);
 }
 
 /* One message carrying every field there is. */
@@ -960,7 +1003,7 @@ static void test_round_trip_all_fields(void **state)
     m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP | PS_F_MODE | PS_F_MVER |
             PS_F_PARAMS | PS_F_INIT | PS_F_OFF | PS_F_LEN | PS_F_DATA | PS_F_FIN | PS_F_MIN | PS_F_BASE |
             PS_F_POFF | PS_F_PLEN | PS_F_CODE | PS_F_TEXT | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES |
-            PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB;
+            PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB | PS_F_CMD | PS_F_ARGS;
     m.id = 0x123456789aULL, m.proto = 0xffffffffu, m.role = PS_ROLE_WORKER, m.shard = 65535, m.nshards = 65536;
     m.layout = &l, m.fp = ps_layout_fingerprint(&l);
     snprintf(m.mode, sizeof m.mode, "asgd");
@@ -968,6 +1011,8 @@ static void test_round_trip_all_fields(void **state)
     m.min = 5, m.base = 6, m.poff = 7, m.plen = 8, m.code = INT32_MAX, m.text = "", m.text_len = 0;
     m.epoch = UINT32_MAX, m.loss = -1.5, m.acc = 1.0, m.samples = 9, m.tloss = 2.5, m.workers = 10;
     m.rate = 1e9, m.hb = UINT64_MAX;
+    snprintf(m.cmd, sizeof m.cmd, "checkpoint");
+    m.nargs = 2, m.args[0] = (ps_str){"a", 1}, m.args[1] = (ps_str){"b=c", 3};
     round_trip(&m);
     /* and the status body next to it all */
     m.type = PS_MSG_STATUS_REPLY;
@@ -1175,17 +1220,19 @@ static void mp_field(mpw *w, uint32_t bit)
     case PS_F_WORKERS: mp_str(w, "workers"), mp_uint(w, 2); break;
     case PS_F_RATE: mp_str(w, "rate"), mp_f64(w, 100.0); break;
     case PS_F_HB: mp_str(w, "hb"), mp_uint(w, 30000); break;
+    case PS_F_CMD: mp_str(w, "cmd"), mp_str(w, "pause"); break;
+    case PS_F_ARGS: mp_str(w, "args"), mp_array(w, 2), mp_str(w, "lr=0.1"), mp_str(w, ""); break;
     default: fail_msg("no sample for field bit 0x%x", bit);
     }
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 29
+#define NFIELDS 31
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
                                              "min", "base",  "poff",  "plen",  "code",   "text",    "body",
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
-                                             "hb"};
+                                             "hb", "cmd", "args"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint32_t bits)
@@ -1213,6 +1260,7 @@ static const uint32_t required[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_METRICS_REPLY] = PS_F_TEXT,
     [PS_MSG_REPORT] = PS_F_EPOCH,
     [PS_MSG_ERROR] = PS_F_CODE | PS_F_TEXT,
+    [PS_MSG_ADMIN] = PS_F_CMD,
 };
 
 static void test_decode_every_field_accepted(void **state)
@@ -1306,7 +1354,7 @@ static void test_decode_type_errors(void **state)
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, 0);
     expect(w, &(badcase){"type 0", PS_EBAD_TYPE, "unknown message type 0"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, PS_MSG_TYPE_MAX + 1);
-    expect(w, &(badcase){"type 17", PS_EBAD_TYPE, "unknown message type 17"});
+    expect(w, &(badcase){"type 18", PS_EBAD_TYPE, "unknown message type 18"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, UINT64_MAX);
     expect(w, &(badcase){"type 2^64-1", PS_EBAD_TYPE, "18446744073709551615"});
 
@@ -1387,6 +1435,28 @@ static void test_decode_field_errors(void **state)
     expect(w, &(badcase){"text an int", PS_EBAD_FIELD, "text must be a string"});
     FIELD_IS("body", mp_array(w, 0));
     expect(w, &(badcase){"body an array", PS_EBAD_FIELD, "body must be a map"});
+    FIELD_IS("cmd", mp_str(w, ""));
+    expect(w, &(badcase){"cmd empty", PS_EBAD_FIELD, "cmd must be a string of 1..31 bytes"});
+    FIELD_IS("cmd", mp_str(w, "set-32-chars-long-command-name!!"));
+    expect(w, &(badcase){"cmd too long", PS_EBAD_FIELD, "cmd must be"});
+    FIELD_IS("cmd", mp_uint(w, 1));
+    expect(w, &(badcase){"cmd an int", PS_EBAD_FIELD, "cmd must be"});
+    FIELD_IS("cmd", mp_bin(w, "pause", 5, 0xc4));
+    expect(w, &(badcase){"cmd a bin", PS_EBAD_FIELD, "cmd must be"});
+    FIELD_IS("args", mp_str(w, "lr=0.1"));
+    expect(w, &(badcase){"args a string", PS_EBAD_FIELD, "args must be an array of at most 16 strings"});
+    FIELD_IS("args", mp_array(w, 2), mp_str(w, "a"), mp_uint(w, 1));
+    expect(w, &(badcase){"args with an int", PS_EBAD_FIELD, "args[1] must be a string"});
+    FIELD_IS("args", mp_array(w, 1), mp_nil(w));
+    expect(w, &(badcase){"args with nil", PS_EBAD_FIELD, "args[0]"});
+    FIELD_IS("args", mp_array(w, PS_ARGS_MAX + 1); for (int i = 0; i <= PS_ARGS_MAX; i++) mp_str(w, "a"));
+    expect(w, &(badcase){"17 args", PS_EBAD_FIELD, "at most 16"});
+    {
+        static char big[PS_ARG_MAX + 2];
+        memset(big, 'y', PS_ARG_MAX + 1);
+        FIELD_IS("args", mp_array(w, 1), mp_str(w, big));
+        expect(w, &(badcase){"an argument of 1025 bytes", PS_EBAD_FIELD, "at most 1024 bytes"});
+    }
     FIELD_IS("code", mp_str(w, "5"));
     expect(w, &(badcase){"code a string", PS_EBAD_FIELD, "code must be"});
     FIELD_IS("code", mp_uint(w, 1ULL << 31));
@@ -1819,7 +1889,7 @@ static void test_type_and_role_names(void **state)
     static const char *const names[] = {"?",      "hello",  "welcome",      "init",    "push",
                                         "pull",   "pushpull", "params",     "ok",      "heartbeat",
                                         "status", "status_reply", "metrics", "metrics_reply", "report",
-                                        "error",  "bye"};
+                                        "error",  "bye",    "admin"};
     for (uint32_t t = 0; t <= PS_MSG_TYPE_MAX; t++)
         assert_string_equal(ps_msg_type_name(t), names[t]);
     assert_string_equal(ps_msg_type_name(PS_MSG_TYPE_MAX + 1), "?");

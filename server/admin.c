@@ -1,0 +1,324 @@
+/* admin.c - run-time control of psd: the ADMIN commands psctl sends (set,
+ * pause, resume, pin, unpin, checkpoint, shutdown) and the configuration
+ * reload that SIGHUP and `psctl set` share (srv_config_apply). */
+#include "admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "common/log.h"
+#include "notify.h"
+#include "proto/errors.h"
+
+/* A `checkpoint` request waiting for its checkpoint. The connection is named
+ * by its number, so a connection that closes meanwhile is simply not found. */
+typedef struct srv_ckpt_wait {
+    uint64_t cid;                 /* srv_conn.cid of the requester */
+    uint64_t id;                  /* request id to answer */
+    uint64_t version;             /* answered once a checkpoint >= this is written */
+    uint64_t failures;            /* checkpoint_failures when it was asked */
+    struct srv_ckpt_wait *next;
+} srv_ckpt_wait;
+
+/* ---- configuration ---------------------------------------------------------- */
+
+/* Appends "name: was -> now" to the summary, ", "-separated. */
+static void append_change(char *buf, size_t len, const char *name, const char *was, const char *now)
+{
+    if (!buf || len == 0)
+        return;
+    size_t used = strlen(buf);
+    if (used >= len - 1)
+        return;
+    snprintf(buf + used, len - used, "%s%s: %s -> %s", used ? ", " : "", name, was, now);
+}
+
+int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *summary, size_t len)
+{
+    size_t n;
+    const ps_config_option *opts = ps_config_options(&n);
+    char was[PS_CONFIG_VALUE_MAX], now[PS_CONFIG_VALUE_MAX];
+    int changed = 0;
+    double dc_before = s->cfg.dc_lambda;
+
+    if (summary && len)
+        summary[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        const ps_config_option *o = &opts[i];
+        if (!ps_config_differs(&s->cfg, next, o))
+            continue;
+        ps_config_format(&s->cfg, o, was, sizeof was);
+        ps_config_format(next, o, now, sizeof now);
+        if (!(o->flags & PS_CONF_RELOAD)) {
+            PS_LOG(PS_LOG_WARN, "%s: %s: '%s' -> '%s' needs a restart; psd keeps '%s' until then", origin, o->name,
+                   was, now, was);
+            continue;
+        }
+        PS_LOG(PS_LOG_INFO, "%s: %s: %s -> %s", origin, o->name, was, now);
+        append_change(summary, len, o->name, was, now);
+        memcpy((char *)&s->cfg + o->offset, (const char *)next + o->offset, o->size);
+        changed++;
+    }
+    if (summary && len && !summary[0])
+        snprintf(summary, len, "no change");
+    if (!changed)
+        return 0;
+    if (s->model.has_layout)
+        srv_optim_configure(&s->model.opt, &s->cfg);
+    ps_log_set_level(s->cfg.log_level);
+    if (dc_before > 0 && s->cfg.dc_lambda <= 0) {
+        /* DC-ASGD off: the parameters each worker last pulled are no longer
+         * needed, and would otherwise pin old snapshots */
+        for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+            if (s->workers[i]) {
+                srv_snap_unref(s->workers[i]->base_snap);
+                s->workers[i]->base_snap = NULL;
+            }
+        }
+    }
+    return changed;
+}
+
+int srv_reload(psd *s)
+{
+    char err[1200];
+    ps_config next;
+
+    if (!s->config_path[0]) {
+        PS_LOG(PS_LOG_WARN, "reload: psd was started without --config; there is no file to read again");
+        return PS_EINVAL;
+    }
+    srv_notify_reloading(s);
+    ps_config_defaults(&next);
+    int rc = ps_config_load(&next, s->config_path, err, sizeof err);
+    for (int i = 0; rc == 0 && i < s->ncli_sets; i++)
+        rc = ps_config_set(&next, s->cli_sets[i].key, s->cli_sets[i].value, err, sizeof err);
+    if (rc != 0) {
+        PS_LOG(PS_LOG_ERROR, "reload refused, psd keeps its settings: %s", err);
+    } else {
+        int changed = srv_config_apply(s, &next, "reload", NULL, 0);
+        PS_LOG(PS_LOG_INFO, "reload of %s: %d setting%s changed", s->config_path, changed, changed == 1 ? "" : "s");
+    }
+    srv_notify_ready(s);
+    return rc;
+}
+
+/* ---- commands ------------------------------------------------------------------ */
+
+static void reply_ok(srv_conn *c, uint64_t id, const char *text)
+{
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
+    r.id = id;
+    r.mver = c->srv->model.version;
+    r.text = text;
+    r.text_len = (uint32_t)strlen(text);
+    srv_send(c, &r, NULL);
+}
+
+/* The reloadable option names, ", "-separated, for messages. */
+static void reloadable_names(char *buf, size_t len)
+{
+    size_t n;
+    const ps_config_option *opts = ps_config_options(&n);
+    buf[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        if (!(opts[i].flags & PS_CONF_RELOAD))
+            continue;
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, "%s%s", used ? ", " : "", opts[i].name);
+    }
+}
+
+/* set KEY=VALUE...: all or nothing. */
+static void cmd_set(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    ps_config next = s->cfg;
+    char key[128], value[PS_ARG_MAX + 1], err[600], names[600], summary[1024];
+
+    if (m->nargs == 0) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: give at least one KEY=VALUE");
+        return;
+    }
+    for (uint32_t i = 0; i < m->nargs; i++) {
+        const ps_str *a = &m->args[i];
+        const char *eq = memchr(a->p, '=', a->len);
+        size_t klen = eq ? (size_t)(eq - a->p) : 0;
+        if (!eq || klen == 0 || klen >= sizeof key) {
+            srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: '%.*s' is not KEY=VALUE", (int)(a->len > 80 ? 80 : a->len),
+                           a->p);
+            return;
+        }
+        memcpy(key, a->p, klen);
+        key[klen] = '\0';
+        size_t vlen = a->len - klen - 1;
+        memcpy(value, eq + 1, vlen);
+        value[vlen] = '\0';
+        const ps_config_option *o = ps_config_find(key);
+        if (o && !(o->flags & PS_CONF_RELOAD)) {
+            reloadable_names(names, sizeof names);
+            srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
+                           "set: %s cannot change while psd runs; change it in the configuration file and restart "
+                           "psd (run-time settings: %s)",
+                           o->name, names);
+            return;
+        }
+        if (ps_config_set(&next, key, value, err, sizeof err) != 0) {
+            srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
+            return;
+        }
+    }
+    srv_config_apply(s, &next, "psctl set", summary, sizeof summary);
+    reply_ok(c, m->id, summary);
+}
+
+static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
+{
+    psd *s = c->srv;
+    if (s->paused == pause) {
+        reply_ok(c, m->id, pause ? "already paused" : "not paused");
+        return;
+    }
+    s->paused = pause;
+    PS_LOG(PS_LOG_INFO, "%s by admin %s at model version %llu%s", pause ? "paused" : "resumed", c->addr,
+           (unsigned long long)s->model.version,
+           pause ? ": workers' pulls wait until resume; pushes already sent are applied" : "");
+    if (!pause)
+        srv_answer_parked(s);
+    reply_ok(c, m->id, pause ? "paused" : "resumed");
+}
+
+/* pin: this connection's pulls are answered from the current snapshot until
+ * unpin or the connection closes, so a client can read a big model in
+ * chunks that all belong to one version. */
+static void cmd_pin(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    char text[64];
+    if (!s->model.initialized) {
+        srv_send_error(c, m->id, PS_ENOT_READY, 0, "pin: the model has no values yet");
+        return;
+    }
+    srv_snap_unref(c->pinned);
+    c->pinned = srv_snap_ref(s->model.cur);
+    snprintf(text, sizeof text, "pinned version %llu", (unsigned long long)c->pinned->version);
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
+    r.id = m->id;
+    r.mver = c->pinned->version; /* the version pulls will get */
+    r.text = text;
+    r.text_len = (uint32_t)strlen(text);
+    srv_send(c, &r, NULL);
+}
+
+static void cmd_checkpoint(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    if (!s->cfg.state_dir[0]) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "checkpoint: psd keeps no checkpoints; start it with --state-dir DIR (or state_dir in its "
+                       "configuration file)");
+        return;
+    }
+    if (!s->model.initialized) {
+        srv_send_error(c, m->id, PS_ENOT_READY, 0, "checkpoint: the model has no values yet");
+        return;
+    }
+    srv_ckpt_wait *w = malloc(sizeof *w);
+    if (!w) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "checkpoint: out of memory");
+        return;
+    }
+    *w = (srv_ckpt_wait){.cid = c->cid, .id = m->id, .version = s->model.version,
+                         .failures = s->stats.checkpoint_failures, .next = s->ckpt_waits};
+    s->ckpt_waits = w;
+    PS_LOG(PS_LOG_INFO, "checkpoint of version %llu asked for by admin %s", (unsigned long long)w->version, c->addr);
+    srv_checkpoint_start(s, 1); /* no-op while one is being written; the tick retries */
+}
+
+static void cmd_shutdown(srv_conn *c, ps_msg *m)
+{
+    char why[96];
+    reply_ok(c, m->id, "shutting down");
+    c->close_after_write = 1; /* read nothing more from it */
+    snprintf(why, sizeof why, "shutdown asked for by admin %s", c->addr);
+    srv_shutdown(c->srv, why);
+}
+
+void srv_handle_admin(srv_conn *c, ps_msg *m)
+{
+    const char *cmd = m->cmd;
+    if (strcmp(cmd, "set") == 0)
+        cmd_set(c, m);
+    else if (strcmp(cmd, "pause") == 0)
+        cmd_pause(c, m, 1);
+    else if (strcmp(cmd, "resume") == 0)
+        cmd_pause(c, m, 0);
+    else if (strcmp(cmd, "pin") == 0)
+        cmd_pin(c, m);
+    else if (strcmp(cmd, "unpin") == 0) {
+        srv_snap_unref(c->pinned);
+        c->pinned = NULL;
+        reply_ok(c, m->id, "unpinned");
+    } else if (strcmp(cmd, "checkpoint") == 0)
+        cmd_checkpoint(c, m);
+    else if (strcmp(cmd, "shutdown") == 0)
+        cmd_shutdown(c, m);
+    else
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
+                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown)", cmd);
+}
+
+/* ---- checkpoint requests ------------------------------------------------------- */
+
+static srv_conn *conn_by_cid(psd *s, uint64_t cid)
+{
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->cid == cid)
+            return c->closing ? NULL : c;
+    return NULL;
+}
+
+void srv_admin_tick(psd *s)
+{
+    srv_ckpt_wait **pp = &s->ckpt_waits;
+    int restart = 0;
+    while (*pp) {
+        srv_ckpt_wait *w = *pp;
+        srv_conn *c = conn_by_cid(s, w->cid);
+        int done = s->stats.checkpoint_ms && s->stats.checkpoint_version >= w->version;
+        int failed = !done && s->stats.checkpoint_failures > w->failures && !s->checkpoint_busy;
+        if (c && !done && !failed) {
+            restart = 1;
+            pp = &w->next;
+            continue;
+        }
+        if (c && done) {
+            char text[PS_CONFIG_PATH_MAX + 64];
+            snprintf(text, sizeof text, "checkpoint of version %llu written to %s",
+                     (unsigned long long)s->stats.checkpoint_version, s->cfg.state_dir);
+            reply_ok(c, w->id, text);
+        } else if (c) {
+            srv_send_error(c, w->id, PS_EIO, 0, "checkpoint of version %llu failed; psd's log says why",
+                           (unsigned long long)w->version);
+        }
+        *pp = w->next;
+        free(w);
+    }
+    if (restart && !s->checkpoint_busy)
+        srv_checkpoint_start(s, 1);
+}
+
+void srv_admin_free(psd *s)
+{
+    while (s->ckpt_waits) {
+        srv_ckpt_wait *w = s->ckpt_waits;
+        s->ckpt_waits = w->next;
+        free(w);
+    }
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/python3
+"""test_ops_install.py - `cmake --install` and the programs' --help.
+
+    test_ops_install.py --build-dir DIR [harness options]
+
+- With --prefix /usr and DESTDIR: psd, psworker and psctl in usr/bin,
+  psd.conf and psworker.env in etc/psd, the units in systemd's unit
+  directory naming /usr/bin/psd and /etc/psd/psd.conf. A second install
+  keeps an administrator's edited psd.conf.
+- With --prefix <dir> (and DESTDIR): the configuration under <dir>/etc/psd
+  and the units naming <dir>/bin/psd.
+- psd, psworker and psctl answer --help with their whole usage, exit 0.
+"""
+
+import os
+import re
+import shutil
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import Paths  # noqa: E402
+
+ARGS = None
+
+
+def unit_dir(destdir, prefix):
+    """Where the units landed: systemd's own directory or lib/systemd/system
+    under the prefix (see systemd/CMakeLists.txt)."""
+    for root, _, files in os.walk(destdir):
+        if "psd.service" in files:
+            return root
+    raise AssertionError("no psd.service under %s" % destdir)
+
+
+class InstallTest(unittest.TestCase):
+    def install(self, destdir, prefix):
+        cmake = shutil.which("cmake")
+        env = dict(os.environ, DESTDIR=destdir)
+        r = harness.run([cmake, "--install", ARGS.build_dir, "--prefix", prefix], timeout=120, env=env)
+        self.assertEqual(r.returncode, 0, "cmake --install:\n%s%s" % (r.stdout, r.stderr))
+        return r.stdout
+
+    def test_install_usr(self):
+        with harness.Cluster("psd-install") as cl:
+            dest = os.path.join(cl.dir, "root")
+            self.install(dest, "/usr")
+            for prog in ("psd", "psworker", "psctl"):
+                path = os.path.join(dest, "usr", "bin", prog)
+                self.assertTrue(os.access(path, os.X_OK), path)
+            conf = os.path.join(dest, "etc", "psd", "psd.conf")
+            env = os.path.join(dest, "etc", "psd", "psworker.env")
+            with open(os.path.join(harness.ROOT, "conf", "psd.conf")) as f:
+                shipped = f.read()
+            with open(conf) as f:
+                self.assertEqual(f.read(), shipped)
+            self.assertTrue(os.path.isfile(env))
+            units = unit_dir(dest, "/usr")
+            with open(os.path.join(units, "psd.service")) as f:
+                text = f.read()
+            self.assertIn("ExecStart=/usr/bin/psd --config /etc/psd/psd.conf --state-dir ${STATE_DIRECTORY}", text)
+            with open(os.path.join(units, "psworker@.service")) as f:
+                text = f.read()
+            self.assertIn("EnvironmentFile=/etc/psd/psworker.env", text)
+            self.assertIn("ExecStart=/usr/bin/psworker --server ${PSD_SERVER} --shard %i/${PSD_WORKERS}", text)
+            self.assertNotRegex(text, r"@[A-Z_]+@")
+
+            # an administrator's settings survive the next install
+            with open(conf, "a") as f:
+                f.write("lr = 0.01\n")
+            out = self.install(dest, "/usr")
+            self.assertIn("Keeping", out)
+            with open(conf) as f:
+                self.assertTrue(f.read().endswith("lr = 0.01\n"))
+
+    def test_install_prefix(self):
+        with harness.Cluster("psd-install-prefix") as cl:
+            dest = os.path.join(cl.dir, "root")
+            prefix = os.path.join(cl.dir, "opt-psd")
+            self.install(dest, prefix)
+            self.assertTrue(os.access(os.path.join(dest + prefix, "bin", "psd"), os.X_OK))
+            self.assertTrue(os.path.isfile(os.path.join(dest + prefix, "etc", "psd", "psd.conf")))
+            with open(os.path.join(unit_dir(dest, prefix), "psd.service")) as f:
+                text = f.read()
+            self.assertIn("ExecStart=%s/bin/psd --config %s/etc/psd/psd.conf" % (prefix, prefix), text)
+
+    def test_help(self):
+        expect = {
+            Paths.psd: ("--config", "--listen", "--state-dir", "--set", "--print-config", "SIGHUP", "SIGTERM",
+                        "Exit status", "systemd"),
+            Paths.psworker: ("--server", "--shard", "auto", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                             "JOB_COMPLETION_INDEX", "--quiet", "--eval", "--reconnect-timeout", "Exit status",
+                             "PSD_SERVER", "JSON"),
+            Paths.psctl: ("status", "workers", "metrics", "set KEY=VALUE", "pause", "resume", "checkpoint",
+                          "save PATH", "shutdown", "--json", "--timeout", "Exit codes"),
+        }
+        for prog, words in expect.items():
+            r = harness.run([prog, "--help"])
+            self.assertEqual(r.returncode, 0, prog)
+            self.assertEqual(r.stderr, "", prog)
+            self.assertTrue(r.stdout.startswith("usage: " + os.path.basename(prog)), r.stdout)
+            for w in words:
+                self.assertIn(w, r.stdout, "%s --help should mention %s" % (os.path.basename(prog), w))
+            for line in r.stdout.splitlines():
+                self.assertLessEqual(len(line), 100, "%s --help: long line %r" % (prog, line))
+            self.assertIsNone(re.search(r"\t", r.stdout))
+
+
+if __name__ == "__main__":
+    ARGS = harness.parse_args(lambda p: p.add_argument("--build-dir", required=True))
+    unittest.main(verbosity=2)
