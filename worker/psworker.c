@@ -35,6 +35,9 @@ typedef struct wopts {
     int timeout_ms;
     int reconnect_ms;
     int quiet;               /* only errors and the final JSON */
+    int epoch_json;          /* a JSON line per epoch on stdout */
+    int no_shuffle;          /* visit samples in order (reproducibility tests) */
+    const char *save_params; /* write the final parameters here (raw float32) */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
@@ -53,7 +56,9 @@ static void usage(FILE *f)
             "                          indexed Job)\n"
             "  -d, --dataset NAME      mnist or fashion-mnist (default mnist)\n"
             "  -D, --data DIR          data directory (default $PSD_DATA_DIR or ./data)\n"
-            "  -M, --model SPEC        softmax or mlp:H1,H2,... (default mlp:256,128)\n"
+            "  -M, --model SPEC        softmax, linear, mlp:H1,H2,... or cnn, with options after a\n"
+            "                          colon: mlp:256,128:dropout=0.2, cnn:dropout=0.5,init=he\n"
+            "                          (default mlp:256,128)\n"
             "  -e, --epochs N          epochs (default 5)\n"
             "  -b, --batch B           samples per step on this worker (default 64)\n"
             "  -E, --eval              test-set accuracy after every epoch\n"
@@ -65,6 +70,10 @@ static void usage(FILE *f)
             "      --reconnect-timeout S  when psd goes away, keep trying to reconnect for S\n"
             "                          seconds (default 60), with exponential backoff\n"
             "  -q, --quiet             print only errors and the final JSON line\n"
+            "      --epoch-json        also print one JSON line per epoch on stdout (epoch,\n"
+            "                          train_seconds, wall_seconds, train_loss, test_accuracy, ...)\n"
+            "      --no-shuffle        visit the shard in order every epoch (for reproducibility tests)\n"
+            "      --save-params PATH  write the final parameters to PATH as raw little-endian float32\n"
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
@@ -209,7 +218,8 @@ int main(int argc, char **argv)
                .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
                .timeout_ms = 600000, .reconnect_ms = 60000};
-    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT };
+    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE,
+           O_SAVE_PARAMS };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -220,6 +230,9 @@ int main(int argc, char **argv)
         {"timeout", required_argument, NULL, O_TIMEOUT}, {"help", no_argument, NULL, 'h'},
         {"reconnect-timeout", required_argument, NULL, O_RECONNECT},
         {"quiet", no_argument, NULL, 'q'},
+        {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
+        {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
+        {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
@@ -239,6 +252,9 @@ int main(int argc, char **argv)
             }
             break;
         case 'q': o.quiet = 1; break;
+        case O_EPOCH_JSON: o.epoch_json = 1; break;
+        case O_NO_SHUFFLE: o.no_shuffle = 1; break;
+        case O_SAVE_PARAMS: o.save_params = optarg; break;
         case 'd': o.dataset = optarg; break;
         case 'D': o.data_dir = optarg; break;
         case 'M': o.model = optarg; break;
@@ -316,10 +332,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "psworker: %s\n", err);
         goto out;
     }
-    if (ps_model_create(o.model, train_all.dim, train_all.n_classes, o.batch, &model, err, sizeof err) != 0) {
+    if (ps_model_create_chw(o.model, 1, train_all.rows, train_all.cols, train_all.n_classes, o.batch, &model, err,
+                            sizeof err) != 0) {
         fprintf(stderr, "psworker: %s\n", err);
         goto out;
     }
+    /* every worker draws its own dropout masks */
+    ps_model_reseed(model, o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)o.shard + 1);
     size_t total_n = train_all.n;
     ps_dataset_free(&train_all);
 
@@ -361,7 +380,11 @@ int main(int argc, char **argv)
     uint64_t samples = 0;
     double job_t0 = now_s(), last_draw = 0;
     for (int epoch = 1; epoch <= o.epochs; epoch++) {
-        ps_dataset_epoch_order(perm, train.n, o.seed, (uint32_t)o.shard, (uint64_t)epoch);
+        if (o.no_shuffle)
+            for (size_t i = 0; i < train.n; i++)
+                perm[i] = i;
+        else
+            ps_dataset_epoch_order(perm, train.n, o.seed, (uint32_t)o.shard, (uint64_t)epoch);
         double t0 = now_s(), loss_sum = 0;
         size_t done = 0;
         for (size_t st = 0; st < steps; st++) {
@@ -415,6 +438,16 @@ int main(int argc, char **argv)
             fprintf(stderr, "psworker %d/%d: epoch %d/%d  loss %.4f  %.2f s  %.0f samples/s  version %" PRIu64 "\n",
                     o.shard, o.nshards, epoch, o.epochs, last_loss, dt, rate, ss.version);
         }
+        if (o.epoch_json) {
+            printf("{\"epoch\": %d, \"train_seconds\": %.4f, \"epoch_seconds\": %.4f, \"wall_seconds\": %.4f, "
+                   "\"train_loss\": %.6f, \"samples_per_second\": %.1f, \"version\": %" PRIu64 ", \"test_accuracy\": ",
+                   epoch, train_time, dt, now_s() - job_t0, last_loss, rate, ss.version);
+            if (o.eval)
+                printf("%.6f, \"test_loss\": %.6f}\n", test_acc, test_loss);
+            else
+                printf("null, \"test_loss\": null}\n");
+            fflush(stdout);
+        }
         rc = ps_session_report(&ss, (uint32_t)epoch, last_loss, o.eval, test_acc, test_loss, samples, rate);
         if (rc != 0 && ps_session_recoverable(&ss, rc))
             rc = ps_session_reconnect(&ss);
@@ -424,6 +457,14 @@ int main(int argc, char **argv)
         }
     }
     ps_session_close(&ss);
+    if (o.save_params) {
+        FILE *f = fopen(o.save_params, "wb");
+        size_t np = ps_model_nparams(model);
+        if (!f || fwrite(ps_model_params(model), sizeof(float), np, f) != np || fclose(f) != 0) {
+            fprintf(stderr, "psworker: cannot write %s: %s\n", o.save_params, strerror(errno));
+            goto out;
+        }
+    }
 
     printf("{\"epochs\": %d, \"train_loss\": %.6f, \"test_accuracy\": ", o.epochs, last_loss);
     if (o.eval)
