@@ -1,0 +1,172 @@
+#!/usr/bin/python3
+"""tta.py - time to accuracy: psd against PyTorch alone (a benchmark; it
+prints figures and asserts nothing).
+
+    bench/tta.py [--quick] [--only SUBSTRING] [--no-torch] [--out DIR]
+                 [--psd PATH --psworker PATH --psctl PATH --data DIR]
+
+For W1 (MLP 784-256-128-10) and W2 (the CNN) on MNIST and Fashion-MNIST,
+with 1 and 2 workers in ASGD and BSP, it runs psd and real psworkers on this
+machine and prints, per configuration: seconds per epoch, samples/s, test
+accuracy after every epoch, and the training wall time until the target
+accuracy was first reached. Training time excludes the test-set evaluation
+(worker 0 evaluates after every epoch; the clock stops meanwhile).
+PyTorch alone (bench/torch_ref.py, Debian's python3-torch) runs the same
+workload with the same optimizer settings in the same run, for the ratio.
+It writes DIR/tta.csv and DIR/tta.png (gnuplot), DIR defaulting to
+bench/out.
+"""
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import harness  # noqa: E402
+
+# The recommended settings (README): Adam with a cosine schedule over the
+# run, the learning rates of the reference measurements.
+WORKLOADS = {
+    "W1": {"model": "mlp:256,128", "torch": "w1", "lr": 1e-3, "epochs": 4},
+    "W2": {"model": "cnn", "torch": "w2", "lr": 2e-3, "epochs": 6},
+}
+TARGETS = {("W1", "mnist"): 0.980, ("W2", "mnist"): 0.990, ("W1", "fashion-mnist"): 0.895,
+           ("W2", "fashion-mnist"): 0.905}
+TRAIN_N = 60000
+BATCH = 64  # the global batch: each of M BSP workers takes BATCH / M
+
+
+def psd_run(wl, dataset, nworkers, mode, epochs, lr):
+    """One configuration; returns worker 0's per-epoch records."""
+    versions = epochs * -(-TRAIN_N // BATCH)
+    batch = BATCH // nworkers if mode == "bsp" else BATCH
+    args = ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "lr_schedule=cosine",
+            "--set", "lr_decay_versions=%d" % versions, "--set", "heartbeat_timeout=60s"]
+    with harness.Cluster("bench-tta") as cl:
+        psd = cl.psd(mode=mode, workers=nworkers, args=args)
+        ws = [cl.worker(psd, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
+                        model=WORKLOADS[wl]["model"], dataset=dataset, evaluate=(k == 0),
+                        args=["--epoch-json", "--quiet"]) for k in range(nworkers)]
+        for w in ws:
+            rc, _ = w.result(3600)
+            if rc != 0:
+                raise SystemExit("tta: %s failed:\n%s" % (w.name, harness.tail(w.err_path)))
+        psd.stop()
+        recs = [json.loads(l) for l in ws[0].stdout().splitlines() if l.startswith('{"epoch"')]
+        for r in recs:
+            r["samples_per_second"] = TRAIN_N / r["epoch_seconds"] if r["epoch_seconds"] > 0 else 0
+        return recs
+
+
+def torch_run(wl, dataset, epochs, lr, data):
+    argv = ["/usr/bin/python3", os.path.join(HERE, "torch_ref.py"), "--workload", WORKLOADS[wl]["torch"],
+            "--dataset", dataset, "--epochs", str(epochs), "--optimizer", "adam", "--lr", str(lr),
+            "--schedule", "cosine", "--batch", str(BATCH), "--threads", "2", "--data", data]
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=7200)
+    if r.returncode != 0:
+        print("  (PyTorch reference failed: %s)" % r.stderr.strip().splitlines()[-1:], flush=True)
+        return None
+    recs = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    prev = 0.0
+    for rec in recs:
+        rec["epoch_seconds"] = rec["train_seconds"] - prev
+        rec["samples_per_second"] = TRAIN_N / rec["epoch_seconds"] if rec["epoch_seconds"] > 0 else 0
+        prev = rec["train_seconds"]
+    return recs
+
+
+def time_to(recs, target):
+    for r in recs:
+        if r["test_accuracy"] is not None and r["test_accuracy"] >= target:
+            return r["train_seconds"], r["epoch"]
+    return None, None
+
+
+def main():
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--quick", action="store_true", help="W1 on MNIST only")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    a, rest = ap.parse_known_args()
+    sys.argv[1:] = rest
+    harness.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    have_torch = not a.no_torch and subprocess.run(["/usr/bin/python3", "-c", "import torch"],
+                                                    capture_output=True).returncode == 0
+    if not have_torch and not a.no_torch:
+        print("note: python3-torch is not installed (apt-get install python3-torch); no PyTorch column")
+    rows, series = [], []
+    header = "%-34s %7s %10s %s" % ("configuration", "s/epoch", "samples/s", "test accuracy per epoch -> time to target")
+    print(header)
+    print("-" * len(header))
+    for dataset in ("mnist", "fashion-mnist"):
+        for wl in ("W1", "W2"):
+            if a.quick and (wl, dataset) != ("W1", "mnist"):
+                continue
+            spec = WORKLOADS[wl]
+            target = TARGETS[(wl, dataset)]
+            configs = [("psd %s 1 worker" % "asgd", 1, "asgd"), ("psd asgd 2 workers", 2, "asgd"),
+                       ("psd bsp 1 worker", 1, "bsp"), ("psd bsp 2 workers", 2, "bsp")]
+            results = []
+            if have_torch:
+                results.append(("pytorch alone", torch_run(wl, dataset, spec["epochs"], spec["lr"], harness.Paths.data)))
+            for name, n, mode in configs:
+                label = "%s %s %s" % (wl, dataset, name)
+                if a.only and a.only not in label:
+                    continue
+                results.append((name, psd_run(wl, dataset, n, mode, spec["epochs"], spec["lr"])))
+            for name, recs in results:
+                if not recs:
+                    continue
+                label = "%s %s %s" % (wl, dataset, name)
+                t, e = time_to(recs, target)
+                mean_epoch = sum(r["epoch_seconds"] for r in recs) / len(recs)
+                accs = " ".join("%.2f" % (100 * r["test_accuracy"]) for r in recs)
+                tt = "%.1f s (epoch %d)" % (t, e) if t is not None else "not reached"
+                print("%-34s %7.2f %10.0f %s -> %.1f%%: %s" % (label, mean_epoch, TRAIN_N / mean_epoch, accs,
+                                                              100 * target, tt), flush=True)
+                for r in recs:
+                    rows.append({"workload": wl, "dataset": dataset, "config": name, "epoch": r["epoch"],
+                                 "train_seconds": r["train_seconds"], "epoch_seconds": r["epoch_seconds"],
+                                 "samples_per_second": round(r["samples_per_second"], 1),
+                                 "test_accuracy": r["test_accuracy"], "target": target,
+                                 "time_to_target": t if t is not None else ""})
+                series.append((label, [(r["train_seconds"], r["test_accuracy"]) for r in recs]))
+    csv_path = os.path.join(a.out, "tta.csv")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    print("wrote %s" % csv_path)
+    if shutil.which("gnuplot"):
+        dat = os.path.join(a.out, "tta.dat")
+        with open(dat, "w") as f:
+            for label, pts in series:
+                f.write('"%s"\n' % label)
+                for t, acc in pts:
+                    f.write("%g %g\n" % (t, 100 * acc))
+                f.write("\n\n")
+        png = os.path.join(a.out, "tta.png")
+        script = ('set terminal pngcairo size 1400,900; set output "%s"; set key outside right; '
+                  'set xlabel "training wall time (s)"; set ylabel "test accuracy (%%)"; set logscale x; '
+                  'set grid; set title "psd time to accuracy (2-core machine)"; '
+                  'plot for [i=0:%d] "%s" index i using 1:2 with linespoints title columnheader(1)'
+                  % (png, len(series) - 1, dat))
+        r = subprocess.run(["gnuplot", "-e", script], capture_output=True, text=True)
+        if r.returncode == 0:
+            print("wrote %s" % png)
+        else:
+            print("gnuplot failed: %s" % r.stderr.strip())
+    else:
+        print("note: gnuplot not installed (apt-get install gnuplot-nox); no plot")
+
+
+if __name__ == "__main__":
+    main()
