@@ -61,6 +61,16 @@ void ps_client_close(ps_client *c)
     c->fd = -1;
 }
 
+void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap)
+{
+    uint8_t *b = c->rbuf;
+    size_t n = c->rcap;
+    c->rbuf = *buf;
+    c->rcap = *cap;
+    *buf = b;
+    *cap = n;
+}
+
 const char *ps_client_error(const ps_client *c)
 {
     return c->err[0] ? c->err : "no error";

@@ -66,6 +66,13 @@ int ps_client_send_noreply_held(ps_client *c, ps_msg *m);
 /* send + recv; checks that the reply's id matches the request's. */
 int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
 
+/* Swaps the client's receive buffer with (*buf, *cap): afterwards the
+ * caller owns the buffer the last message was received into (its data
+ * stays valid), and the client receives into the one handed over (which may
+ * be NULL with cap 0; it grows as needed). For double-buffering pulled
+ * parameters without a copy. */
+void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap);
+
 /* The last error as one readable line. */
 const char *ps_client_error(const ps_client *c);
 

@@ -40,6 +40,8 @@ struct ps_model {
     ps_head *head;                    /* loss on the last layer's output; owned */
     size_t nparams;                   /* length of params and grads */
     float *params;                    /* flat parameters; layers point into it */
+    float *bound;                     /* parameters the layers use instead, owned by the caller
+                                       * (ps_model_bind_params); NULL: params */
     float *grads;                     /* flat gradients; layers point into it */
     float *act[MAX_LAYERS];           /* act[i]: output of layer i, max_batch rows */
     float *dbuf[2];                   /* ping-pong dL/d(activation), max_batch x widest */
@@ -526,7 +528,25 @@ size_t ps_model_nparams(const ps_model *m)
 
 float *ps_model_params(ps_model *m)
 {
-    return m->params;
+    return m->bound ? m->bound : m->params;
+}
+
+void ps_model_bind_params(ps_model *m, float *p)
+{
+    m->bound = p == m->params ? NULL : p;
+    float *base = ps_model_params(m);
+    for (int i = 0; i < m->nlayers; i++) {
+        ps_layer *l = m->layers[i];
+        ps_layer_bind(l, base + l->offset, m->grads + l->offset);
+    }
+}
+
+void ps_model_unbind_params(ps_model *m)
+{
+    if (m->bound) {
+        memcpy(m->params, m->bound, m->nparams * sizeof(float));
+        ps_model_bind_params(m, m->params);
+    }
 }
 
 float *ps_model_grads(ps_model *m)

@@ -92,6 +92,15 @@ size_t ps_model_nparams(const ps_model *m);
  * read and write it freely between steps (pulls land here). */
 float *ps_model_params(ps_model *m);
 
+/* Makes the layers read their parameters from p (nparams floats, at least
+ * float-aligned, owned by the caller, unchanged while the model computes)
+ * instead of the model's own vector: a worker points the model straight at
+ * the parameters it just received, without a copy. ps_model_params then
+ * returns p. Passing the model's own vector (or calling
+ * ps_model_unbind_params, which first copies p into it) goes back. */
+void ps_model_bind_params(ps_model *m, float *p);
+void ps_model_unbind_params(ps_model *m);
+
 /* The flat gradient vector, nparams floats, 64-byte aligned, written by each
  * ps_model_train_step. */
 float *ps_model_grads(ps_model *m);

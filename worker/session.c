@@ -124,6 +124,7 @@ static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_
 /* Pulls the whole model at version >= min into the model's parameters. */
 static int pull_all(ps_session *ss, uint64_t min)
 {
+    ps_model_unbind_params(ss->model);
     float *params = ps_model_params(ss->model);
     size_t n = ps_model_nparams(ss->model);
     for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
@@ -168,7 +169,11 @@ int ps_session_step(ps_session *ss)
             return PS_EMALFORMED;
         if (ss->bsp && r.mver > ss->version + 1)
             ss->dropped++; /* the round closed without our push */
-        memcpy(ps_model_params(ss->model), r.data, n * sizeof(float));
+        /* No copy: the model reads the parameters where they arrived, and
+         * that buffer leaves the client (which gets the previous one back)
+         * so no later receive can overwrite them. */
+        ps_model_bind_params(ss->model, (float *)(uintptr_t)r.data);
+        ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
         ss->version = r.mver;
         return 0;
     }
@@ -227,6 +232,7 @@ int ps_session_open(ps_session *ss)
     ss->version = r.mver;
     uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
     ss->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
+    ps_model_unbind_params(ss->model); /* the model's own vector from here on */
     if (r.need_init) {
         /* psd holds no values: offer ours (the latest we pulled, or a
          * seeded start) */
@@ -322,6 +328,9 @@ void ps_session_close(ps_session *ss)
 
 void ps_session_free(ps_session *ss)
 {
+    ps_model_unbind_params(ss->model);
+    free(ss->held);
+    ss->held = NULL;
     hb_stop(ss);
     ss->cl.send_lock = NULL;
     ps_client_free(&ss->cl);

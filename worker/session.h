@@ -36,6 +36,8 @@ typedef struct ps_session {
     uint64_t reconnects;
     uint64_t dropped;        /* our pushes psd dropped (BSP round closed) */
     int have_params;         /* we hold parameters worth offering as init */
+    uint8_t *held;           /* receive buffer the model's parameters point into */
+    size_t held_cap;
 } ps_session;
 
 /* Fills ss from the model and options; no connection yet. */
