@@ -42,6 +42,8 @@ struct ps_model {
     float *params;                    /* flat parameters; layers point into it */
     float *bound;                     /* parameters the layers use instead, owned by the caller
                                        * (ps_model_bind_params); NULL: params */
+    float *gbound;                    /* gradient vector the layers write instead
+                                       * (ps_model_bind_grads); NULL: grads */
     float *grads;                     /* flat gradients; layers point into it */
     float *act[MAX_LAYERS];           /* act[i]: output of layer i, max_batch rows */
     float *dbuf[2];                   /* ping-pong dL/d(activation), max_batch x widest */
@@ -531,14 +533,26 @@ float *ps_model_params(ps_model *m)
     return m->bound ? m->bound : m->params;
 }
 
+/* Points every layer at the current parameter and gradient vectors. */
+static void rebind(ps_model *m)
+{
+    float *p = ps_model_params(m), *g = ps_model_grads(m);
+    for (int i = 0; i < m->nlayers; i++) {
+        ps_layer *l = m->layers[i];
+        ps_layer_bind(l, p + l->offset, g + l->offset);
+    }
+}
+
 void ps_model_bind_params(ps_model *m, float *p)
 {
     m->bound = p == m->params ? NULL : p;
-    float *base = ps_model_params(m);
-    for (int i = 0; i < m->nlayers; i++) {
-        ps_layer *l = m->layers[i];
-        ps_layer_bind(l, base + l->offset, m->grads + l->offset);
-    }
+    rebind(m);
+}
+
+void ps_model_bind_grads(ps_model *m, float *g)
+{
+    m->gbound = g == m->grads ? NULL : g; /* NULL: the model's own */
+    rebind(m);
 }
 
 void ps_model_unbind_params(ps_model *m)
@@ -551,7 +565,7 @@ void ps_model_unbind_params(ps_model *m)
 
 float *ps_model_grads(ps_model *m)
 {
-    return m->grads;
+    return m->gbound ? m->gbound : m->grads;
 }
 
 int ps_model_max_batch(const ps_model *m)

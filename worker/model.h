@@ -101,6 +101,12 @@ float *ps_model_params(ps_model *m);
 void ps_model_bind_params(ps_model *m, float *p);
 void ps_model_unbind_params(ps_model *m);
 
+/* Makes train steps write their gradient to g (nparams floats, owned by the
+ * caller) instead of the model's own gradient vector, so the previous
+ * gradient can still be on its way to psd while the next one is computed.
+ * NULL goes back to the model's own vector. */
+void ps_model_bind_grads(ps_model *m, float *g);
+
 /* The flat gradient vector, nparams floats, 64-byte aligned, written by each
  * ps_model_train_step. */
 float *ps_model_grads(ps_model *m);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/log.h"
 #include "dataset.h"
 #include "model.h"
@@ -38,6 +39,8 @@ typedef struct wopts {
     int epoch_json;          /* a JSON line per epoch on stdout */
     int no_shuffle;          /* visit samples in order (reproducibility tests) */
     const char *save_params; /* write the final parameters here (raw float32) */
+    const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
+    int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
@@ -49,6 +52,8 @@ static void usage(FILE *f)
             "Trains shard K of M of a data set against psd.\n"
             "\n"
             "  -S, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000)\n"
+            "      --token-file PATH   the secret to prove to psd when it requires one (its\n"
+            "                          token_file; default $PSD_TOKEN_FILE); mode 600\n"
             "  -k, --shard K/M         this worker's shard (default 0/1), or `auto`: K and M\n"
             "                          from the launcher: OMPI_COMM_WORLD_RANK and _SIZE\n"
             "                          (mpirun), SLURM_PROCID and SLURM_NTASKS (srun), or\n"
@@ -74,6 +79,9 @@ static void usage(FILE *f)
             "                          train_seconds, wall_seconds, train_loss, test_accuracy, ...)\n"
             "      --no-shuffle        visit the shard in order every epoch (for reproducibility tests)\n"
             "      --save-params PATH  write the final parameters to PATH as raw little-endian float32\n"
+            "      --pipeline on|off|auto  compute the next gradient while the last one travels\n"
+            "                          (one step more staleness; default off); auto: on in asgd\n"
+            "                          and ssp for models of at most 2^20 parameters, off in bsp\n"
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
@@ -217,9 +225,9 @@ int main(int argc, char **argv)
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
                .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
-               .timeout_ms = 600000, .reconnect_ms = 60000};
+               .timeout_ms = 600000, .reconnect_ms = 60000, .pipeline = 0};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE,
-           O_SAVE_PARAMS };
+           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -233,10 +241,13 @@ int main(int argc, char **argv)
         {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
         {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
+        {"pipeline", required_argument, NULL, O_PIPELINE},
+        {"token-file", required_argument, NULL, O_TOKEN_FILE},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
     o.data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
+    o.token_file = getenv("PSD_TOKEN_FILE") && *getenv("PSD_TOKEN_FILE") ? getenv("PSD_TOKEN_FILE") : NULL;
     int opt;
     unsigned long long v;
     char err[1024];
@@ -255,6 +266,17 @@ int main(int argc, char **argv)
         case O_EPOCH_JSON: o.epoch_json = 1; break;
         case O_NO_SHUFFLE: o.no_shuffle = 1; break;
         case O_SAVE_PARAMS: o.save_params = optarg; break;
+        case O_TOKEN_FILE: o.token_file = optarg; break;
+        case O_PIPELINE:
+            if (strcmp(optarg, "on") == 0)
+                o.pipeline = 1;
+            else if (strcmp(optarg, "off") == 0)
+                o.pipeline = 0;
+            else if (strcmp(optarg, "auto") == 0)
+                o.pipeline = -1;
+            else
+                return die("bad --pipeline '%s': on, off or auto", optarg);
+            break;
         case 'd': o.dataset = optarg; break;
         case 'D': o.data_dir = optarg; break;
         case 'M': o.model = optarg; break;
@@ -309,6 +331,9 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         return die("unexpected argument '%s' (see psworker --help)", argv[optind]);
+    static ps_token token; /* the secret, when psd requires one */
+    if (o.token_file && ps_token_load(o.token_file, &token, err, sizeof err) != 0)
+        return die("%s", err);
     if (o.quiet)
         ps_log_set_level(PS_LOG_ERROR);
     o.progress = !o.quiet && isatty(STDERR_FILENO);
@@ -348,6 +373,8 @@ int main(int argc, char **argv)
     int layout_rc = ps_session_init(&ss, o.server, (uint32_t)o.shard, (uint32_t)o.nshards, model, o.seed,
                                     o.timeout_ms, o.reconnect_ms);
     session_ready = 1;
+    ss.token = token.b;
+    ss.token_len = token.len;
     if (layout_rc != 0) {
         fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");
         goto out;
@@ -358,6 +385,12 @@ int main(int argc, char **argv)
         goto out;
     }
     int bsp = ss.bsp;
+    if (o.pipeline == 1 || (o.pipeline == -1 && !bsp && ps_model_nparams(model) <= (1u << 20))) {
+        if (ps_session_set_pipeline(&ss, 1) != 0) {
+            fprintf(stderr, "psworker: --pipeline on needs asgd or ssp and a model of at most 2^20 parameters\n");
+            goto out;
+        }
+    }
     PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64,
            o.shard, o.nshards, desc, train.n, o.dataset, o.server, ss.mode, ss.version);
 
@@ -418,6 +451,14 @@ int main(int argc, char **argv)
                 progress_draw(&o, epoch, st + 1, steps, loss_sum / (double)done, now - job_t0, samples + done,
                               (size_t)(epoch - 1) * steps + st + 1, steps * (size_t)o.epochs);
             }
+        }
+        rc = ps_session_flush(&ss); /* the last step's parameters, for the evaluation */
+        if (rc != 0 && ps_session_recoverable(&ss, rc))
+            rc = ps_session_reconnect(&ss);
+        if (rc != 0) {
+            progress_clear(&o);
+            fprintf(stderr, "psworker: epoch %d: %s\n", epoch, ps_session_error(&ss));
+            goto out;
         }
         progress_clear(&o);
         double dt = now_s() - t0;

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "layer.h"
 #include "proto/errors.h"
 
 /* largest tensor chunk in one frame, in floats (4 MiB) */
@@ -148,33 +149,175 @@ static int pull_all(ps_session *ss, uint64_t min)
     return 0;
 }
 
+/* One PUSHPULL round trip of grads (n <= CHUNK_FLOATS) against base: on
+ * success *data and *version describe the parameters that came back, which
+ * live in the client's receive buffer until ps_session adopts them. Touches
+ * neither the model nor the session's version (it may run on the comm
+ * thread). */
+static int pushpull(ps_session *ss, const float *grads, size_t n, uint64_t base, uint64_t min, const float **data,
+                    uint64_t *version)
+{
+    ps_msg m, r;
+    ps_msg_init(&m, PS_MSG_PUSHPULL);
+    m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m.base = base;
+    m.data = grads;
+    m.ndata = n;
+    m.plen = n;
+    m.min = min;
+    int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    if (rc != 0)
+        return rc;
+    if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
+        return PS_EMALFORMED;
+    *data = r.data;
+    *version = r.mver;
+    return 0;
+}
+
+/* Makes the parameters that just arrived the model's: no copy, the model
+ * reads them where they landed, and that buffer leaves the client (which
+ * gets the previous one back) so no later receive can overwrite them. */
+static void adopt(ps_session *ss, const float *data, uint64_t version)
+{
+    if (ss->bsp && version > ss->version + 1)
+        ss->dropped++; /* the round closed without our push */
+    ps_model_bind_params(ss->model, (float *)(uintptr_t)data);
+    ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
+    ss->version = version;
+}
+
+/* ---- pipelining ------------------------------------------------------------ */
+
+static void *comm_main(void *arg)
+{
+    ps_session *ss = arg;
+    size_t n = ps_model_nparams(ss->model);
+    pthread_mutex_lock(&ss->comm_mu);
+    for (;;) {
+        while (!ss->comm_pending && !ss->comm_stop)
+            pthread_cond_wait(&ss->comm_cv, &ss->comm_mu);
+        if (ss->comm_stop)
+            break;
+        const float *g = ss->comm_grads;
+        uint64_t base = ss->version;
+        pthread_mutex_unlock(&ss->comm_mu);
+        const float *data = NULL;
+        uint64_t version = 0;
+        int rc = pushpull(ss, g, n, base, 0, &data, &version);
+        pthread_mutex_lock(&ss->comm_mu);
+        ss->comm_rc = rc;
+        ss->comm_data = data;
+        ss->comm_version = version;
+        ss->comm_pending = 0;
+        ss->comm_done = 1;
+        pthread_cond_broadcast(&ss->comm_cv);
+    }
+    pthread_mutex_unlock(&ss->comm_mu);
+    return NULL;
+}
+
+int ps_session_flush(ps_session *ss)
+{
+    if (!ss->comm_running)
+        return 0;
+    pthread_mutex_lock(&ss->comm_mu);
+    while (ss->comm_pending)
+        pthread_cond_wait(&ss->comm_cv, &ss->comm_mu);
+    int done = ss->comm_done, rc = ss->comm_rc;
+    ss->comm_done = 0;
+    ss->comm_rc = 0;
+    pthread_mutex_unlock(&ss->comm_mu);
+    if (done && rc == 0)
+        adopt(ss, ss->comm_data, ss->comm_version);
+    return rc;
+}
+
+static int pipeline_start(ps_session *ss)
+{
+    size_t n = ps_model_nparams(ss->model);
+    for (int i = 0; i < 2; i++) {
+        ss->gbuf[i] = ps_falloc(n);
+        if (!ss->gbuf[i])
+            return PS_ENOMEM;
+    }
+    pthread_mutex_init(&ss->comm_mu, NULL);
+    pthread_cond_init(&ss->comm_cv, NULL);
+    if (pthread_create(&ss->comm_thread, NULL, comm_main, ss) != 0) {
+        pthread_mutex_destroy(&ss->comm_mu);
+        pthread_cond_destroy(&ss->comm_cv);
+        return PS_ENOMEM;
+    }
+    ss->comm_running = 1;
+    ss->gcur = 0;
+    ps_model_bind_grads(ss->model, ss->gbuf[0]);
+    return 0;
+}
+
+static void pipeline_stop(ps_session *ss)
+{
+    if (!ss->comm_running)
+        return;
+    ps_session_flush(ss);
+    pthread_mutex_lock(&ss->comm_mu);
+    ss->comm_stop = 1;
+    pthread_cond_broadcast(&ss->comm_cv);
+    pthread_mutex_unlock(&ss->comm_mu);
+    pthread_join(ss->comm_thread, NULL);
+    pthread_mutex_destroy(&ss->comm_mu);
+    pthread_cond_destroy(&ss->comm_cv);
+    ss->comm_running = 0;
+    ps_model_bind_grads(ss->model, NULL);
+    free(ss->gbuf[0]);
+    free(ss->gbuf[1]);
+    ss->gbuf[0] = ss->gbuf[1] = NULL;
+}
+
+int ps_session_set_pipeline(ps_session *ss, int on)
+{
+    if (on && !ss->comm_running) {
+        if (ss->bsp || ps_model_nparams(ss->model) > CHUNK_FLOATS)
+            return PS_EINVAL;
+        return pipeline_start(ss);
+    }
+    if (!on)
+        pipeline_stop(ss);
+    return 0;
+}
+
+/* The pipelined step: waits for the previous gradient's round trip, adopts
+ * the parameters it brought, and sends the gradient just computed on the
+ * comm thread; the next gradient is computed meanwhile (on parameters one
+ * step stale). */
+static int step_pipelined(ps_session *ss)
+{
+    int rc = ps_session_flush(ss);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&ss->comm_mu);
+    ss->comm_grads = ss->gbuf[ss->gcur];
+    ss->comm_pending = 1;
+    pthread_cond_broadcast(&ss->comm_cv);
+    pthread_mutex_unlock(&ss->comm_mu);
+    ss->gcur ^= 1;
+    ps_model_bind_grads(ss->model, ss->gbuf[ss->gcur]);
+    return 0;
+}
+
 int ps_session_step(ps_session *ss)
 {
+    if (ss->comm_running)
+        return step_pipelined(ss);
     size_t n = ps_model_nparams(ss->model);
     const float *grads = ps_model_grads(ss->model);
     uint64_t min = ss->bsp ? ss->version + 1 : 0;
     if (n <= CHUNK_FLOATS) {
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_PUSHPULL);
-        m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
-        m.base = ss->version;
-        m.data = grads;
-        m.ndata = n;
-        m.plen = n;
-        m.min = min;
-        int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+        const float *data;
+        uint64_t version;
+        int rc = pushpull(ss, grads, n, ss->version, min, &data, &version);
         if (rc != 0)
             return rc;
-        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
-            return PS_EMALFORMED;
-        if (ss->bsp && r.mver > ss->version + 1)
-            ss->dropped++; /* the round closed without our push */
-        /* No copy: the model reads the parameters where they arrived, and
-         * that buffer leaves the client (which gets the previous one back)
-         * so no later receive can overwrite them. */
-        ps_model_bind_params(ss->model, (float *)(uintptr_t)r.data);
-        ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
-        ss->version = r.mver;
+        adopt(ss, data, version);
         return 0;
     }
     int rc = send_chunks(ss, PS_MSG_PUSH, grads, n, ss->version);
@@ -220,13 +363,9 @@ int ps_session_open(ps_session *ss)
     m.nshards = ss->nshards;
     m.layout = &ss->layout;
     m.fp = ps_layout_fingerprint(&ss->layout);
-    rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    rc = ps_client_hello(&ss->cl, &m, ss->token, ss->token_len, &r, ss->timeout_ms);
     if (rc != 0)
         return rc;
-    if (r.type != PS_MSG_WELCOME) {
-        snprintf(ss->cl.err, sizeof ss->cl.err, "psd answered hello with %s", ps_msg_type_name(r.type));
-        return PS_EMALFORMED;
-    }
     snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
     ss->bsp = strcmp(r.mode, "bsp") == 0;
     ss->version = r.mver;
@@ -271,6 +410,7 @@ int ps_session_recoverable(const ps_session *ss, int rc)
 
 int ps_session_reconnect(ps_session *ss)
 {
+    /* the comm thread is idle: ps_session_step returned its error */
     int64_t start = mono_ms(), deadline = start + ss->reconnect_ms;
     uint64_t delay = 100;
     unsigned seed = (unsigned)(ss->shard * 2654435761u) ^ (unsigned)start;
@@ -315,6 +455,7 @@ int ps_session_reconnect(ps_session *ss)
 
 void ps_session_close(ps_session *ss)
 {
+    pipeline_stop(ss);
     hb_stop(ss);
     if (ss->cl.fd >= 0) {
         ps_msg m, r;
@@ -328,6 +469,7 @@ void ps_session_close(ps_session *ss)
 
 void ps_session_free(ps_session *ss)
 {
+    pipeline_stop(ss);
     ps_model_unbind_params(ss->model);
     free(ss->held);
     ss->held = NULL;

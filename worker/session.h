@@ -28,6 +28,9 @@ typedef struct ps_session {
     ps_layout layout;
     uint64_t seed;
     int timeout_ms;          /* per request */
+    const uint8_t *token;    /* the secret proved to psd (--token-file); set
+                              * after ps_session_init; NULL: none */
+    size_t token_len;
     int reconnect_ms;        /* give up reconnecting after this long */
     /* what psd said */
     char mode[16];
@@ -38,6 +41,17 @@ typedef struct ps_session {
     int have_params;         /* we hold parameters worth offering as init */
     uint8_t *held;           /* receive buffer the model's parameters point into */
     size_t held_cap;
+    /* pipelining: the comm thread runs one step's push-and-pull while the
+     * training thread computes the next gradient */
+    int comm_running, comm_stop, comm_pending, comm_done, comm_rc;
+    pthread_t comm_thread;
+    pthread_mutex_t comm_mu;
+    pthread_cond_t comm_cv;
+    const float *comm_grads;  /* gradient on its way */
+    const float *comm_data;   /* parameters that came back (in the client's buffer) */
+    uint64_t comm_version;
+    float *gbuf[2];           /* gradients, alternately computed and sent */
+    int gcur;
 } ps_session;
 
 /* Fills ss from the model and options; no connection yet. */
@@ -54,6 +68,17 @@ int ps_session_open(ps_session *ss);
 /* Pushes the model's gradients and pulls the parameters back into the
  * model (BSP: at the version after the round). */
 int ps_session_step(ps_session *ss);
+
+/* Turns pipelining on or off: with it on, ps_session_step hands the
+ * gradient to a comm thread and returns at once, so the next gradient is
+ * computed while this one travels (on parameters one step stale). Only for
+ * asgd and ssp and models of at most 2^20 parameters (PS_EINVAL otherwise).
+ * Call after ps_session_open. */
+int ps_session_set_pipeline(ps_session *ss, int on);
+
+/* Waits for the step in flight (pipelining) and takes the parameters it
+ * brought; returns its error, if any. A no-op without pipelining. */
+int ps_session_flush(ps_session *ss);
 
 /* Reports epoch statistics to psd. */
 int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, double acc, double tloss,

@@ -137,6 +137,22 @@ class TrainTest(unittest.TestCase):
 
             psd.stop()
 
+    def test_pipelined_workers(self):
+        """--pipeline on: each worker computes the next gradient while the
+        last one travels (one step more staleness). Two such ASGD workers
+        with Adam still train well, the model version counts every push,
+        and the final summaries agree on it."""
+        with harness.Cluster("psd-train-pipeline") as cl:
+            psd = cl.psd(mode="asgd", workers=2, args=("--set", "optimizer=adam", "--set", "lr=0.001"))
+            workers = [cl.worker(psd, k, 2, epochs=2, batch=BATCH, limit=LIMIT, test_limit=TEST_LIMIT, model=MODEL,
+                                 args=("--pipeline", "on")) for k in range(2)]
+            for w in workers:
+                rc, summary = w.result(timeout=120)
+                self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+                self.assertGreater(summary["test_accuracy"], MIN_ACCURACY)
+            self.assertEqual(harness.status(psd.addr)["version"], harness.status(psd.addr)["pushes"])
+            psd.stop()
+
     def test_heartbeats_during_training(self):
         """Workers send heartbeats every heartbeat_timeout/3 while they
         train; with psd's shortest heartbeat_timeout (100 ms) that is many
