@@ -16,7 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "config.h"
+#include "log.h"
 #include "proto/errors.h"
 
 static int cfail(ps_client *c, int code, const char *fmt, ...)
@@ -301,4 +303,48 @@ int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms)
         return cfail(c, PS_EMALFORMED, "%s: reply to request %llu, expected %llu", c->server,
                      (unsigned long long)reply->id, (unsigned long long)req->id);
     return rc;
+}
+
+/* ---- the handshake ------------------------------------------------------ */
+
+int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
+                    int timeout_ms)
+{
+    int rc = ps_client_call(c, hello, welcome, timeout_ms);
+    if (rc != 0)
+        return rc;
+    if (welcome->type == PS_MSG_WELCOME) {
+        if (token_len)
+            PS_LOG(PS_LOG_DEBUG, "%s: psd requires no token; the one given is not used", c->server);
+        return 0;
+    }
+    if (welcome->type != PS_MSG_CHALLENGE)
+        return cfail(c, PS_EMALFORMED, "%s: psd answered hello with %s", c->server,
+                     ps_msg_type_name(welcome->type));
+    if (!token_len)
+        return cfail(c, PS_EAUTH, "%s: psd requires a token: pass --token-file (or set PSD_TOKEN_FILE)",
+                     c->server);
+    if (ps_auth_init() != 0)
+        return cfail(c, PS_EIO, "libsodium cannot start; cannot authenticate");
+
+    /* AUTH: our nonce and the proof, which binds what the hello claimed */
+    uint8_t nonce[PS_AUTH_NONCE_LEN], want[PS_AUTH_MAC_LEN];
+    memcpy(nonce, welcome->nonce, sizeof nonce); /* welcome is overwritten below */
+    ps_msg a;
+    ps_msg_init(&a, PS_MSG_AUTH);
+    a.has = PS_F_CNONCE | PS_F_PROOF;
+    ps_auth_random(a.cnonce, sizeof a.cnonce);
+    ps_auth_client_proof(token, token_len, nonce, a.cnonce, hello, a.proof);
+    rc = ps_client_call(c, &a, welcome, timeout_ms);
+    if (rc != 0)
+        return rc;
+    if (welcome->type != PS_MSG_WELCOME)
+        return cfail(c, PS_EMALFORMED, "%s: psd answered auth with %s", c->server, ps_msg_type_name(welcome->type));
+    /* psd must prove the secret too, or we talk to an impostor */
+    ps_auth_server_proof(token, token_len, a.cnonce, nonce, want);
+    if (!(welcome->has & PS_F_SPROOF) || !ps_auth_mac_equal(want, welcome->sproof))
+        return cfail(c, PS_EAUTH, "%s: psd accepted our token but could not prove it holds it: not the psd "
+                                  "we trust, or a different token",
+                     c->server);
+    return 0;
 }

@@ -66,6 +66,20 @@ int ps_client_send_noreply_held(ps_client *c, ps_msg *m);
 /* send + recv; checks that the reply's id matches the request's. */
 int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
 
+/* The handshake: sends hello (a HELLO the caller filled in) and returns
+ * psd's WELCOME in welcome (valid until the next receive). When psd
+ * requires a token it answers with a CHALLENGE instead, and this proves
+ * token[0..token_len) without sending it (AUTH, proto/PROTOCOL.md 7.1) and
+ * checks psd's proof in the WELCOME that follows. token may be NULL with
+ * token_len 0: a psd that asks for none is then fine, and one that does is
+ * PS_EAUTH ("psd requires a token: pass --token-file"); a token psd does not
+ * need is ignored. Returns 0, PS_EREMOTE for psd's ERROR (AUTH for a wrong
+ * token, LAYOUT, ...), PS_EAUTH when psd cannot prove it holds the token,
+ * PS_EMALFORMED for an unexpected reply, or an I/O code. Call it once per
+ * connection, right after ps_client_connect (and after every reconnect). */
+int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
+                    int timeout_ms);
+
 /* Swaps the client's receive buffer with (*buf, *cap): afterwards the
  * caller owns the buffer the last message was received into (its data
  * stays valid), and the client receives into the one handed over (which may

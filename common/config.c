@@ -27,6 +27,7 @@ static const char *const optimizer_words[] = {"sgd", "adam", "adamw", "adagrad",
 static const char *const schedule_words[] = {"constant", "step", "cosine", NULL};
 static const char *const sum_order_words[] = {"shard", "arrival", NULL};
 static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
+static const char *const nonfinite_words[] = {"reject", "clip", NULL};
 
 _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
                "log_level_words must follow enum ps_log_level");
@@ -56,6 +57,23 @@ static const ps_config_option options[] = {
      .help = "Address host:port (IP literals; port 0 picks a free one) where psd serves its "
              "metrics over HTTP for Prometheus: GET /metrics returns the same text as "
              "`psctl metrics`. Empty: no HTTP endpoint."},
+    {.name = "token_file", .type = PS_CT_STRING, .def = "", AT(token_file),
+     .help = "File holding the workers' shared secret: 16..1024 bytes (a trailing newline "
+             "is ignored), in a file the group and others cannot read (chmod 600), or psd "
+             "refuses to start. When set, every client must prove it knows the secret "
+             "(HMAC-SHA256 challenge-response; the secret never crosses the wire) before psd "
+             "accepts its hello; psworker and psctl read it with --token-file. Empty: no "
+             "authentication."},
+    {.name = "admin_token_file", .type = PS_CT_STRING, .def = "", AT(admin_token_file),
+     .help = "File holding the admins' secret (psctl), with the same rules as token_file, "
+             "which it needs. Empty: psctl may authenticate with the workers' secret, but "
+             "then only reads (status, workers, metrics); commands that change psd and "
+             "saving the model are refused."},
+    {.name = "allow_remote_without_token", .type = PS_CT_BOOL, .def = "no",
+     AT(allow_remote_without_token),
+     .help = "Protected mode: without token_file psd refuses to listen on any address but "
+             "loopback (127.0.0.0/8, ::1), since anyone who can reach it could read or "
+             "change the model. yes lifts that, for a network you trust."},
     {.name = "optimizer", .type = PS_CT_ENUM, .def = "sgd", AT(optimizer),
      .words = optimizer_words,
      .help = "Optimizer psd applies to pushed gradients: sgd (with momentum, optionally "
@@ -83,6 +101,13 @@ static const ps_config_option options[] = {
      .flags = PS_CONF_RELOAD,
      .help = "Clip each update's gradient to this L2 norm before the optimizer sees it. "
              "0 turns clipping off."},
+    {.name = "nonfinite", .type = PS_CT_ENUM, .def = "reject", AT(nonfinite),
+     .words = nonfinite_words, .flags = PS_CONF_RELOAD,
+     .help = "What psd does with a pushed gradient that holds NaN or infinity. reject "
+             "refuses the push (error NONFINITE) and leaves the model untouched. clip "
+             "sanitises it: NaN becomes 0, +-inf become +-FLT_MAX, and the push is then "
+             "scaled down to the L2 norm clip_norm (which must be above 0); each such push "
+             "is counted in psd_sanitized_pushes_total. Initial values are always rejected."},
     {.name = "lr_schedule", .type = PS_CT_ENUM, .def = "constant", AT(lr_schedule),
      .words = schedule_words, .flags = PS_CONF_RELOAD,
      .help = "How the learning rate changes with the model version (updates applied, so "
@@ -154,12 +179,24 @@ static const ps_config_option options[] = {
              "is 1 GiB of parameters."},
     {.name = "handshake_timeout", .type = PS_CT_DURATION, .def = "10s", AT(handshake_timeout),
      .lo = 100, .hi = INT64_C(3600000), .flags = PS_CONF_RELOAD,
-     .help = "A connection that has not said hello this long after connecting is closed, so "
-             "idle or stray connections cannot hold connection slots."},
+     .help = "A connection that has not said hello (and, when psd requires a token, answered "
+             "its challenge) this long after connecting is closed, so idle or stray "
+             "connections cannot hold connection slots."},
     {.name = "max_connections", .type = PS_CT_INT, .def = "1024", AT(max_connections),
      .lo = 1, .hi = 65536, .flags = PS_CONF_RELOAD,
      .help = "Most connections open at once (workers and admin tools together). Further "
              "connections are refused with an error."},
+    {.name = "max_output_buffer", .type = PS_CT_SIZE, .def = "256M", AT(max_output_buffer),
+     .lo = 65536, .hi = INT64_C(1099511627776), .flags = PS_CONF_RELOAD,
+     .help = "Most bytes of replies psd keeps queued for one connection that does not read "
+             "them. A client past it (it sends requests but stopped reading) is disconnected, "
+             "logged and counted in psd_disconnects_total{reason=\"output_buffer\"}. One "
+             "reply larger than the limit is still sent when nothing else is queued."},
+    {.name = "idle_timeout", .type = PS_CT_DURATION, .def = "5m", AT(idle_timeout), .lo = 0,
+     .hi = INT64_C(604800000), .flags = PS_CONF_RELOAD,
+     .help = "An admin connection (psctl) that sends nothing this long is closed, except while "
+             "psd owes it a reply (a waiting pull or checkpoint). 0: never. Workers are "
+             "governed by heartbeat_timeout instead."},
     {.name = "log_level", .type = PS_CT_ENUM, .def = "info", AT(log_level),
      .words = log_level_words, .flags = PS_CONF_RELOAD,
      .help = "Least important log records written to stderr: debug, info, warn or error."},

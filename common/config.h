@@ -38,6 +38,9 @@ enum ps_optimizer_kind {
 /* Values of ps_config.lr_schedule. */
 enum ps_lr_schedule { PS_LR_CONSTANT = 0, PS_LR_STEP = 1, PS_LR_COSINE = 2 };
 
+/* Values of ps_config.nonfinite. */
+enum ps_nonfinite { PS_NONFINITE_REJECT = 0, PS_NONFINITE_CLIP = 1 };
+
 /* Values of ps_config.bsp_sum_order. */
 enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
 
@@ -55,6 +58,9 @@ typedef struct ps_config {
     char state_dir[PS_CONFIG_PATH_MAX];/* checkpoints and state; "" = none */
     char port_file[PS_CONFIG_PATH_MAX];/* write the bound port here; "" = don't */
     char metrics_listen[PS_CONFIG_HOST_MAX + 8]; /* HTTP /metrics address; "" = off */
+    char token_file[PS_CONFIG_PATH_MAX];       /* the workers' secret; "" = no authentication */
+    char admin_token_file[PS_CONFIG_PATH_MAX]; /* the admins' secret; "" = admins read only */
+    bool allow_remote_without_token;   /* listen beyond loopback without token_file */
     int optimizer;                     /* enum ps_optimizer_kind */
     double lr;                         /* learning rate */
     double momentum;                   /* SGD momentum */
@@ -62,6 +68,7 @@ typedef struct ps_config {
     bool nesterov;                     /* Nesterov momentum (sgd) */
     double beta1, beta2, eps;          /* Adam/AdamW moments; eps also AdaGrad's */
     double clip_norm;                  /* clip each update's gradient to this L2 norm; 0 = off */
+    int nonfinite;                     /* enum ps_nonfinite: NaN/inf pushes refused or sanitised */
     int lr_schedule;                   /* enum ps_lr_schedule */
     uint64_t lr_step_size;             /* step: versions between decays */
     double lr_gamma;                   /* step: factor per decay */
@@ -80,6 +87,8 @@ typedef struct ps_config {
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */
     int max_connections;               /* open connections at most */
+    uint64_t max_output_buffer;        /* unsent reply bytes before a connection is cut */
+    uint64_t idle_timeout;             /* ms an admin connection may stay silent; 0 = off */
     int log_level;                     /* enum ps_log_level (common/log.h) */
 } ps_config;
 

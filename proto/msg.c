@@ -56,7 +56,8 @@ static const char *const type_names[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_STATUS_REPLY] = "status_reply", [PS_MSG_METRICS] = "metrics",
     [PS_MSG_METRICS_REPLY] = "metrics_reply", [PS_MSG_REPORT] = "report",
     [PS_MSG_ERROR] = "error",     [PS_MSG_BYE] = "bye",
-    [PS_MSG_ADMIN] = "admin",
+    [PS_MSG_ADMIN] = "admin",     [PS_MSG_CHALLENGE] = "challenge",
+    [PS_MSG_AUTH] = "auth",
 };
 
 const char *ps_msg_type_name(uint32_t type)
@@ -113,7 +114,14 @@ static void pack_strn(msgpack_packer *pk, const char *k, const char *s, size_t n
     msgpack_pack_str_body(pk, s, n);
 }
 
-static unsigned popcount32(uint32_t x)
+static void pack_binn(msgpack_packer *pk, const char *k, const uint8_t *p, size_t n)
+{
+    pack_key(pk, k);
+    msgpack_pack_bin(pk, n);
+    msgpack_pack_bin_body(pk, p, n);
+}
+
+static unsigned popcount64(uint64_t x)
 {
     unsigned n = 0;
     for (; x; x &= x - 1)
@@ -124,7 +132,7 @@ static unsigned popcount32(uint32_t x)
 int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn body, void *body_arg)
 {
     msgpack_packer pk;
-    uint32_t has = m->has & ~PS_F_BODY;
+    uint64_t has = m->has & ~(uint64_t)PS_F_BODY;
     if (body)
         has |= PS_F_BODY;
     uint64_t dbytes = (has & PS_F_DATA) ? m->ndata * 4 : 0;
@@ -138,7 +146,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
     msgpack_packer_init(&pk, out, buf_write);
 
     /* "t" always; "pad" goes with "data" */
-    unsigned nfields = 1 + popcount32(has) + ((has & PS_F_DATA) ? 1 : 0);
+    unsigned nfields = 1 + popcount64(has) + ((has & PS_F_DATA) ? 1 : 0);
     msgpack_pack_map(&pk, nfields);
     pack_u64(&pk, "t", m->type);
     if (has & PS_F_ID)
@@ -236,6 +244,14 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             msgpack_pack_str_body(&pk, m->args[i].p, m->args[i].len);
         }
     }
+    if (has & PS_F_NONCE)
+        pack_binn(&pk, "nonce", m->nonce, sizeof m->nonce);
+    if (has & PS_F_CNONCE)
+        pack_binn(&pk, "cnonce", m->cnonce, sizeof m->cnonce);
+    if (has & PS_F_PROOF)
+        pack_binn(&pk, "proof", m->proof, sizeof m->proof);
+    if (has & PS_F_SPROOF)
+        pack_binn(&pk, "sproof", m->sproof, sizeof m->sproof);
     if (body) {
         pack_key(&pk, "body");
         int rc = body(&pk, body_arg);
@@ -349,6 +365,9 @@ static int decode_layout(const msgpack_object *o, ps_layout *l, char *err, size_
         uint32_t d[PS_DIMS_MAX];
         if (name->size == 0 || name->size > PS_NAME_MAX)
             return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: name must have 1..%d bytes", i, PS_NAME_MAX);
+        /* a NUL would cut the name short in nbuf: "w\0x" must not pass as "w" */
+        if (memchr(name->ptr, '\0', name->size))
+            return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: name contains a NUL byte", i);
         if (dims->size == 0 || dims->size > PS_DIMS_MAX)
             return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: rank must be 1..%d", i, PS_DIMS_MAX);
         memcpy(nbuf, name->ptr, name->size);
@@ -369,7 +388,7 @@ static int decode_layout(const msgpack_object *o, ps_layout *l, char *err, size_
 }
 
 /* Fields each message type must carry. */
-static uint32_t required_fields(uint32_t type)
+static uint64_t required_fields(uint32_t type)
 {
     switch (type) {
     case PS_MSG_HELLO:
@@ -396,20 +415,25 @@ static uint32_t required_fields(uint32_t type)
         return PS_F_CODE | PS_F_TEXT;
     case PS_MSG_ADMIN:
         return PS_F_CMD;
+    case PS_MSG_CHALLENGE:
+        return PS_F_NONCE;
+    case PS_MSG_AUTH:
+        return PS_F_CNONCE | PS_F_PROOF;
     default:
         return 0;
     }
 }
 
-static const char *field_name(uint32_t bit)
+static const char *field_name(uint64_t bit)
 {
     static const char *const names[] = {"id",  "v",    "role", "shard", "layout", "fp",    "mode",
                                         "ver", "params", "init", "off", "len",    "data",  "fin",
                                         "min", "base", "poff", "plen", "code",   "text",  "body",
                                         "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb",
-                                        "cmd", "args"};
+                                        "cmd", "args", "nonce", "cnonce", "proof", "sproof"};
+    _Static_assert(sizeof names / sizeof names[0] == PS_F_COUNT, "a name for every PS_F_* bit");
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (bit == (1u << i))
+        if (bit == (1ull << i))
             return names[i];
     return "?";
 }
@@ -461,7 +485,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
 
     for (uint32_t i = 0; i < map->size; i++) {
         const msgpack_object_kv *kv = &map->ptr[i];
-        uint32_t bit_ = 0;
+        uint64_t bit_ = 0;
         if (kv->key.type != MSGPACK_OBJECT_STR)
             return fail(err, errlen, PS_EMALFORMED, "%s: map keys must be strings", tname);
         if (key_is(kv, "t") || key_is(kv, "pad")) {
@@ -507,8 +531,9 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         }
         else if (key_is(kv, "mode")) {
             const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size >= sizeof m->mode)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: mode must be a short string", tname);
+            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size >= sizeof m->mode ||
+                memchr(o->via.str.ptr, '\0', o->via.str.size))
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: mode must be a short string without NUL bytes", tname);
             memcpy(m->mode, o->via.str.ptr, o->via.str.size);
             m->mode[o->via.str.size] = '\0';
             bit_ = PS_F_MODE;
@@ -563,9 +588,10 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         }
         else if (key_is(kv, "cmd")) {
             const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > PS_CMD_MAX)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: cmd must be a string of 1..%d bytes", tname,
-                            PS_CMD_MAX);
+            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > PS_CMD_MAX ||
+                memchr(o->via.str.ptr, '\0', o->via.str.size))
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: cmd must be a string of 1..%d bytes without NUL bytes",
+                            tname, PS_CMD_MAX);
             memcpy(m->cmd, o->via.str.ptr, o->via.str.size);
             m->cmd[o->via.str.size] = '\0';
             bit_ = PS_F_CMD;
@@ -585,6 +611,25 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
             }
             m->nargs = o->via.array.size;
             bit_ = PS_F_ARGS;
+        }
+        else if (key_is(kv, "nonce") || key_is(kv, "cnonce") || key_is(kv, "proof") || key_is(kv, "sproof")) {
+            /* authentication: bins of exactly 32 bytes (PS_AUTH_NONCE_LEN =
+             * PS_AUTH_MAC_LEN), copied out of the frame */
+            const msgpack_object *o = &kv->val;
+            uint8_t *dst;
+            if (key_is(kv, "nonce"))
+                dst = m->nonce, bit_ = PS_F_NONCE;
+            else if (key_is(kv, "cnonce"))
+                dst = m->cnonce, bit_ = PS_F_CNONCE;
+            else if (key_is(kv, "proof"))
+                dst = m->proof, bit_ = PS_F_PROOF;
+            else
+                dst = m->sproof, bit_ = PS_F_SPROOF;
+            _Static_assert(PS_AUTH_NONCE_LEN == PS_AUTH_MAC_LEN, "one length for the four auth fields");
+            if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != PS_AUTH_NONCE_LEN)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a bin of %d bytes", tname,
+                            (int)kv->key.via.str.size, kv->key.via.str.ptr, PS_AUTH_NONCE_LEN);
+            memcpy(dst, o->via.bin.ptr, PS_AUTH_NONCE_LEN);
         }
         else if (key_is(kv, "body")) {
             if (kv->val.type != MSGPACK_OBJECT_MAP)
@@ -620,9 +665,9 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         m->has |= bit_;
     }
 
-    uint32_t need = required_fields(m->type);
+    uint64_t need = required_fields(m->type);
     if ((m->has & need) != need) {
-        uint32_t missing = need & ~m->has;
+        uint64_t missing = need & ~m->has;
         return fail(err, errlen, PS_EBAD_FIELD, "%s: missing field '%s'", tname, field_name(missing & -missing));
     }
     if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER && (m->has & (PS_F_SHARD | PS_F_LAYOUT)) !=

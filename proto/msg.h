@@ -45,12 +45,14 @@ typedef enum ps_msg_type {
     PS_MSG_ERROR = 15,     /* psd -> client: a code and a readable message */
     PS_MSG_BYE = 16,       /* either side: orderly goodbye */
     PS_MSG_ADMIN = 17,     /* admin -> psd: a command (cmd, args); answered with OK or ERROR */
-    PS_MSG_TYPE_MAX = 17
+    PS_MSG_CHALLENGE = 18, /* psd -> client: answers a hello when psd requires a token (nonce) */
+    PS_MSG_AUTH = 19,      /* client -> psd: proof of the token (cnonce, proof); answered with WELCOME */
+    PS_MSG_TYPE_MAX = 19
 } ps_msg_type;
 
 typedef enum ps_role { PS_ROLE_NONE = 0, PS_ROLE_WORKER = 1, PS_ROLE_ADMIN = 2 } ps_role;
 
-/* Presence bits for optional fields (ps_msg.has). */
+/* Presence bits for optional fields (ps_msg.has, 64 bits wide). */
 enum {
     PS_F_ID = 1u << 0,
     PS_F_VERSION = 1u << 1,  /* "v": protocol version (hello, welcome) */
@@ -84,6 +86,15 @@ enum {
     PS_F_CMD = 1u << 29,     /* "cmd": admin command name */
     PS_F_ARGS = 1u << 30,    /* "args": admin command arguments */
 };
+/* Bits 31 and up do not fit an enum constant (an int): plain macros. */
+#define PS_F_NONCE (1ull << 31)  /* "nonce": psd's challenge, PS_AUTH_NONCE_LEN bytes */
+#define PS_F_CNONCE (1ull << 32) /* "cnonce": the client's nonce (AUTH) */
+#define PS_F_PROOF (1ull << 33)  /* "proof": the client's HMAC (AUTH) */
+#define PS_F_SPROOF (1ull << 34) /* "sproof": psd's HMAC (WELCOME after AUTH) */
+#define PS_F_COUNT 35            /* fields in all: bits 0..PS_F_COUNT-1 */
+
+#define PS_AUTH_NONCE_LEN 32 /* bytes of "nonce" and "cnonce" */
+#define PS_AUTH_MAC_LEN 32   /* bytes of "proof" and "sproof" (HMAC-SHA256) */
 
 #define PS_CMD_MAX 31        /* bytes in an admin command name */
 #define PS_ARGS_MAX 16       /* arguments of one admin command */
@@ -100,7 +111,7 @@ typedef struct ps_str {
  * live as long as those; for encoding they point at the caller's memory. */
 typedef struct ps_msg {
     uint32_t type;          /* ps_msg_type */
-    uint32_t has;           /* PS_F_* bits of the fields present */
+    uint64_t has;           /* PS_F_* bits of the fields present */
     uint64_t id;            /* request id, echoed in the reply */
     uint32_t proto;         /* "v": protocol version */
     uint32_t role;          /* "role": ps_role */
@@ -132,6 +143,10 @@ typedef struct ps_msg {
     ps_str args[PS_ARGS_MAX]; /* "args": admin arguments, nargs of them, each a
                                * str of 0..PS_ARG_MAX bytes */
     uint32_t nargs;
+    uint8_t nonce[PS_AUTH_NONCE_LEN];  /* "nonce": psd's challenge (CHALLENGE) */
+    uint8_t cnonce[PS_AUTH_NONCE_LEN]; /* "cnonce": the client's nonce (AUTH) */
+    uint8_t proof[PS_AUTH_MAC_LEN];    /* "proof": HMAC by the client (AUTH) */
+    uint8_t sproof[PS_AUTH_MAC_LEN];   /* "sproof": HMAC by psd (WELCOME) */
 } ps_msg;
 
 /* A growable byte buffer, used for encoding. */

@@ -28,7 +28,7 @@ PACKAGES=(
     libopenblas-dev        # sgemm for the workers' dense and conv layers
     libcmocka-dev          # unit tests
     libinih-dev            # parser for conf/psd.conf
-    libsodium-dev          # constant-time compare and hashing for auth tokens
+    libsodium-dev          # token authentication: HMAC-SHA256, random nonces, constant-time compare
     libsystemd-dev         # sd_notify: Type=notify and the watchdog
     libhttp-parser-dev     # parses the requests of psd's /metrics HTTP endpoint
     zlib1g-dev             # reads the gzipped Fashion-MNIST files
@@ -39,6 +39,9 @@ PACKAGES=(
     python3-numpy          # reference computations in the tests
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
+    libopenmpi-dev         # psbench's MPI_Allreduce comparison (optional)
+    clang                  # tests only: builds the libFuzzer targets in fuzz/
+    libclang-rt-14-dev     # tests only: the libFuzzer and sanitizer runtimes for clang
 )
 
 # Packages that also count as present when their command is on PATH: a

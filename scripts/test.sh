@@ -4,7 +4,9 @@
 # psworker and psctl processes), then build again with AddressSanitizer and
 # UndefinedBehaviorSanitizer and run the suite once more.
 #
-# Environment: PSD_SKIP_SANITIZE=1 skips the sanitizer pass.
+# Last, a clang build in build-fuzz/ runs each libFuzzer target in fuzz/ for
+# 20 s. Environment: PSD_SKIP_SANITIZE=1 skips the sanitizer pass,
+# PSD_SKIP_FUZZ=1 the fuzz pass.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,5 +23,11 @@ if [ "${PSD_SKIP_SANITIZE:-0}" != 1 ]; then
     PSD_SANITIZE=1 scripts/setup.sh
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         ctest --test-dir build-asan --output-on-failure --timeout 900
+fi
+if [ "${PSD_SKIP_FUZZ:-0}" != 1 ]; then
+    echo "== fuzz targets, 20 s each (build-fuzz/)"
+    cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSD_FUZZ=ON >/dev/null
+    cmake --build build-fuzz --target fuzz_targets -j"$(nproc)"
+    ctest --test-dir build-fuzz -L fuzz -j2 --output-on-failure
 fi
 echo "== all tests passed in $(( $(date +%s) - start )) s"

@@ -35,6 +35,16 @@ static void append_change(char *buf, size_t len, const char *name, const char *w
     snprintf(buf + used, len - used, "%s%s: %s -> %s", used ? ", " : "", name, was, now);
 }
 
+int srv_config_check(const ps_config *c, char *err, size_t len)
+{
+    if (c->nonfinite == PS_NONFINITE_CLIP && !(c->clip_norm > 0)) {
+        snprintf(err, len, "nonfinite = clip needs clip_norm above 0: a sanitised push is scaled down to that "
+                           "norm (its infinities became +-FLT_MAX)");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
 int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *summary, size_t len)
 {
     size_t n;
@@ -95,6 +105,8 @@ int srv_reload(psd *s)
     int rc = ps_config_load(&next, s->config_path, err, sizeof err);
     for (int i = 0; rc == 0 && i < s->ncli_sets; i++)
         rc = ps_config_set(&next, s->cli_sets[i].key, s->cli_sets[i].value, err, sizeof err);
+    if (rc == 0)
+        rc = srv_config_check(&next, err, sizeof err);
     if (rc != 0) {
         PS_LOG(PS_LOG_ERROR, "reload refused, psd keeps its settings: %s", err);
     } else {
@@ -171,6 +183,10 @@ static void cmd_set(srv_conn *c, ps_msg *m)
             srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
             return;
         }
+    }
+    if (srv_config_check(&next, err, sizeof err) != 0) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
+        return;
     }
     srv_config_apply(s, &next, "psctl set", summary, sizeof summary);
     reply_ok(c, m->id, summary);
@@ -298,6 +314,8 @@ void srv_admin_tick(psd *s)
             pp = &w->next;
             continue;
         }
+        if (c)
+            c->last_msg_ms = srv_now_ms(); /* its idleness counts from the answer */
         if (c && done) {
             char text[PS_CONFIG_PATH_MAX + 64];
             snprintf(text, sizeof text, "checkpoint of version %llu written to %s",
@@ -312,6 +330,14 @@ void srv_admin_tick(psd *s)
     }
     if (restart && !s->checkpoint_busy)
         srv_checkpoint_start(s, 1);
+}
+
+int srv_admin_waiting(psd *s, uint64_t cid)
+{
+    for (srv_ckpt_wait *w = s->ckpt_waits; w; w = w->next)
+        if (w->cid == cid)
+            return 1;
+    return 0;
 }
 
 void srv_admin_free(psd *s)

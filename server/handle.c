@@ -1,6 +1,8 @@
 /* handle.c - one handler per message type. Each first checks that the
  * connection may send it (handshake done, role, model state), then acts and
  * queues exactly one reply (or parks a pull that will get one later). */
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +98,7 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
 void srv_conn_answer_parked(srv_conn *c)
 {
     srv_parked **pp = &c->parked;
-    while (*pp && !c->closing) {
+    while (!c->closing && *pp) { /* closing frees the list: test it first */
         srv_parked *p = *pp;
         if (!pull_ready(c, p->min)) {
             pp = &p->next;
@@ -104,6 +106,7 @@ void srv_conn_answer_parked(srv_conn *c)
         }
         *pp = p->next;
         c->nparked--;
+        c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
         send_params(c, c->srv->model.cur, p->id, p->off, p->len);
@@ -152,6 +155,7 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     c->nparked = 0;
     srv_snap_unref(c->pinned);
     c->pinned = NULL;
+    srv_auth_free(c);
     if (s->init_owner == c) {
         s->init_owner = NULL;
         if (!s->model.initialized) {
@@ -161,10 +165,13 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
             for (srv_conn *o = s->conns; o; o = o->next) {
                 if (o == c || o->closing || !o->parked)
                     continue;
-                for (srv_parked *p = o->parked; p; p = p->next)
+                /* the error may close o, which frees its list: step with care */
+                for (srv_parked *p = o->parked, *next; p && !o->closing; p = next) {
+                    next = p->next;
                     srv_send_error(o, p->id, PS_ENOT_READY, 1,
                                    "the worker initialising the model left; reconnect to be asked for initial "
                                    "values");
+                }
             }
         }
     }
@@ -189,7 +196,7 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
 
 /* ---- hello ------------------------------------------------------------------ */
 
-static void handle_hello(srv_conn *c, ps_msg *m)
+void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
 {
     psd *s = c->srv;
     int need_init = 0;
@@ -293,10 +300,65 @@ static void handle_hello(srv_conn *c, ps_msg *m)
             r.layout = &s->model.layout;
         }
     }
+    if (sproof) {
+        r.has |= PS_F_SPROOF; /* psd holds the secret too */
+        memcpy(r.sproof, sproof, sizeof r.sproof);
+    }
     srv_send(c, &r, NULL);
 }
 
+/* A hello: accepted at once, or, when psd requires a token, kept until the
+ * AUTH that answers its CHALLENGE (auth.c). Nothing of the job (shards,
+ * layout) is checked or told before that. */
+static void handle_hello(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    if (c->role != PS_ROLE_NONE) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "hello sent twice");
+        return;
+    }
+    if (m->proto != PS_PROTO_VERSION) {
+        srv_send_error(c, m->id, PS_EUNSUPPORTED, 1, "protocol version %u; this psd speaks version %u",
+                       m->proto, PS_PROTO_VERSION);
+        return;
+    }
+    if (s->token.len)
+        srv_auth_challenge(c, m);
+    else
+        srv_hello_accept(c, m, NULL);
+}
+
 /* ---- init, push, pull --------------------------------------------------------- */
+
+/* nonfinite = clip: NaN becomes 0, +-inf +-FLT_MAX, and the push is scaled
+ * down to the L2 norm clip_norm (> 0, checked at start and reload). In
+ * place: m->data points into the connection's receive buffer, which is
+ * writable (the decoder may already have moved the floats there to align
+ * them) and holds this frame only until its handler returns. The norm is
+ * taken in double, where FLT_MAX squared does not overflow. */
+static void sanitize_push(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    float *g = (float *)(uintptr_t)m->data;
+    size_t bad = 0;
+    for (uint64_t i = 0; i < m->ndata; i++) {
+        if (isnan(g[i]))
+            g[i] = 0.0f, bad++;
+        else if (isinf(g[i]))
+            g[i] = g[i] > 0 ? FLT_MAX : -FLT_MAX, bad++;
+    }
+    double norm = sqrt(ps_vec_sumsq(g, m->ndata));
+    if (norm > s->cfg.clip_norm) {
+        double f = s->cfg.clip_norm / norm;
+        for (uint64_t i = 0; i < m->ndata; i++)
+            g[i] = (float)(g[i] * f);
+    }
+    s->stats.sanitized_pushes++;
+    PS_LOG(PS_LOG_INFO, "conn %llu (%s): %s for [%llu, %llu) held %zu NaN or infinite values: sanitised "
+                        "(nonfinite = clip), norm %g -> %g",
+           (unsigned long long)c->cid, c->addr, ps_msg_type_name(m->type), (unsigned long long)m->off,
+           (unsigned long long)(m->off + m->ndata), bad, norm, norm > s->cfg.clip_norm ? s->cfg.clip_norm : norm);
+}
 
 static int check_data(srv_conn *c, ps_msg *m)
 {
@@ -309,6 +371,10 @@ static int check_data(srv_conn *c, ps_msg *m)
         return -1;
     }
     if (!ps_vec_all_finite(m->data, m->ndata)) {
+        if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
+            sanitize_push(c, m);
+            return 0;
+        }
         srv_send_error(c, m->id, PS_ENONFINITE, 0, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
                                                    "model is unchanged",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
@@ -415,6 +481,17 @@ static void handle_report(srv_conn *c, ps_msg *m)
 void srv_handle(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
+    c->last_msg_ms = srv_now_ms();
+    if (c->auth) {
+        /* a challenge is out: only its answer may come */
+        if (m->type == PS_MSG_AUTH)
+            srv_auth_answer(c, m);
+        else
+            srv_send_error(c, m->id, PS_EAUTH, 1, "psd requires a token: expected auth, the answer to its "
+                                                  "challenge, not %s",
+                           ps_msg_type_name(m->type));
+        return;
+    }
     if (c->role == PS_ROLE_NONE && m->type != PS_MSG_HELLO) {
         srv_send_error(c, m->id, PS_ESTATE, 1, "the first message must be hello, not %s",
                        ps_msg_type_name(m->type));
@@ -425,6 +502,15 @@ void srv_handle(srv_conn *c, ps_msg *m)
     if (worker_only && !c->worker) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
+        return;
+    }
+    if (c->admin_readonly && (m->type == PS_MSG_ADMIN || m->type == PS_MSG_PULL)) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
+                       "%s%s%s refused: this admin connection proved the workers' token and may only read "
+                       "(status, workers, metrics), because admin_token_file is not configured; set it in psd's "
+                       "configuration and use that token",
+                       m->type == PS_MSG_ADMIN ? "admin command '" : "pulling the model",
+                       m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");
         return;
     }
     switch (m->type) {
@@ -482,6 +568,10 @@ void srv_handle(srv_conn *c, ps_msg *m)
             break;
         }
         srv_handle_admin(c, m);
+        break;
+    case PS_MSG_AUTH:
+        srv_send_error(c, m->id, PS_ESTATE, 0, "auth without a challenge: %s",
+                       s->token.len ? "this connection is authenticated already" : "psd requires no token");
         break;
     case PS_MSG_BYE:
         srv_conn_detach(c, SRV_W_LEFT, "said bye");

@@ -1,4 +1,5 @@
 /* main.c - psd's life: options, configuration, the loop, signals, exit. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -141,9 +142,40 @@ static void check_handshakes(psd *s, uint64_t now)
         next = c->next;
         if (c->role == PS_ROLE_NONE && !c->closing && !c->close_after_write &&
             now - c->connected_ms > s->cfg.handshake_timeout)
-            srv_send_error(c, 0, PS_ETIMEOUT, 1, "no hello within handshake_timeout (%.1f s)",
+            srv_send_error(c, 0, PS_ETIMEOUT, 1, "%s within handshake_timeout (%.1f s)",
+                           c->auth ? "no auth (the answer to psd's challenge)" : "no hello",
                            (double)s->cfg.handshake_timeout / 1e3);
     }
+}
+
+/* Closes admin connections silent for idle_timeout, unless psd owes them a
+ * reply (a parked pull, a checkpoint). Workers have heartbeat_timeout. */
+static void check_idle(psd *s, uint64_t now)
+{
+    if (!s->cfg.idle_timeout)
+        return;
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->role != PS_ROLE_ADMIN || c->closing || c->close_after_write || c->parked ||
+            now - c->last_msg_ms <= s->cfg.idle_timeout || srv_admin_waiting(s, c->cid))
+            continue;
+        s->stats.disconnects_idle++;
+        srv_send_error(c, 0, PS_ETIMEOUT, 1, "silent for %.1f s, over idle_timeout (%.1f s)",
+                       (double)(now - c->last_msg_ms) / 1e3, (double)s->cfg.idle_timeout / 1e3);
+    }
+}
+
+/* Is host an address of this machine only: 127.0.0.0/8, ::1 (or
+ * ::ffff:127.x.y.z)? A host name is not: it could resolve to anything. */
+static int is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return 0;
 }
 
 static void on_tick(uv_timer_t *t)
@@ -152,6 +184,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t now = srv_now_ms();
     check_liveness(s, now);
     check_handshakes(s, now);
+    check_idle(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
@@ -283,6 +316,24 @@ int main(int argc, char **argv)
                 s->cfg.workers);
         return 2;
     }
+    if (srv_config_check(&s->cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    /* protected mode, as Redis's: no open door without a token */
+    if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token && !is_loopback(s->cfg.listen.host)) {
+        fprintf(stderr,
+                "psd: refusing to listen on %s:%d without a token (protected mode): anyone who can reach that "
+                "address could read and change the model. Set token_file (see conf/psd.conf), listen on a "
+                "loopback address (127.0.0.1, [::1]), or set allow_remote_without_token = yes on a network you "
+                "trust\n",
+                s->cfg.listen.host, s->cfg.listen.port);
+        return 2;
+    }
+    if (srv_auth_load(s, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
     s->policy = s->cfg.mode == PS_MODE_BSP   ? &srv_policy_bsp
                 : s->cfg.mode == PS_MODE_SSP ? &srv_policy_ssp
                                              : &srv_policy_asgd;
@@ -313,9 +364,12 @@ int main(int argc, char **argv)
         PS_LOG(PS_LOG_ERROR, "cannot write port file %s: %s", s->cfg.port_file, strerror(errno));
         return 1;
     }
-    PS_LOG(PS_LOG_INFO, "psd %s listening on %s:%d, mode %s, %d workers, optimizer %s lr %g", PSD_VERSION,
+    PS_LOG(PS_LOG_INFO, "psd %s listening on %s:%d, mode %s, %d workers, optimizer %s lr %g, %s", PSD_VERSION,
            s->cfg.listen.host, s->port, s->policy->name, s->cfg.workers, srv_optim_kind_name(s->cfg.optimizer),
-           s->cfg.lr);
+           s->cfg.lr,
+           !s->token.len           ? "no authentication"
+           : s->admin_token.len    ? "clients authenticate (worker and admin tokens)"
+                                   : "clients authenticate (one token; admins read only)");
 
     srv_notify_ready(s);
 
@@ -338,6 +392,8 @@ int main(int argc, char **argv)
     ps_buf_free(&s->enc);
     free(s->scratch);
     free(s->restored_clocks);
+    ps_token_clear(&s->token);
+    ps_token_clear(&s->admin_token);
     uv_loop_close(s->loop);
     return exit_code;
 }

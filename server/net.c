@@ -104,6 +104,23 @@ static void on_write(uv_write_t *req, int status)
         srv_conn_close(c);
 }
 
+/* Disconnects c when the replies queued for it pass max_output_buffer: it
+ * sends requests but stopped reading (Redis's client-output-buffer-limit).
+ * A reply of `last` bytes just queued alone over the limit is let through. */
+static void check_output(srv_conn *c, size_t last)
+{
+    psd *s = c->srv;
+    size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
+    if (queued <= s->cfg.max_output_buffer || queued <= last)
+        return;
+    s->stats.disconnects_output++;
+    PS_LOG(PS_LOG_WARN, "conn %llu (%s): %zu bytes of replies unsent, over max_output_buffer (%llu): the client "
+                        "does not read them; closing",
+           (unsigned long long)c->cid, c->addr, queued, (unsigned long long)s->cfg.max_output_buffer);
+    snprintf(c->close_reason, sizeof c->close_reason, "stopped reading its replies (over max_output_buffer)");
+    srv_conn_close(c);
+}
+
 void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap)
 {
     psd *s = c->srv;
@@ -146,7 +163,9 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap)
     if (rc != 0) {
         wreq_put(r);
         srv_conn_close(c);
+        return;
     }
+    check_output(c, s->enc.len + dlen);
 }
 
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
@@ -404,8 +423,11 @@ void srv_stop(psd *s)
             continue;
         if (c->parked) {
             /* pulls waiting for a version that will not come */
-            for (srv_parked *p = c->parked; p; p = p->next)
+            /* an error may close c (max_output_buffer), which frees the list */
+            for (srv_parked *p = c->parked, *pn; p && !c->closing; p = pn) {
+                pn = p->next;
                 srv_send_error(c, p->id, PS_ESHUTDOWN, 0, "psd is shutting down");
+            }
         }
         srv_conn_detach(c, SRV_W_LEFT, "psd shutting down");
         uv_read_stop((uv_stream_t *)&c->tcp);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/auth.h"
 #include "common/client.h"
 #include "proto/errors.h"
 
@@ -41,8 +42,9 @@ static void usage(FILE *f)
             "\n"
             "Controlling:\n"
             "  set KEY=VALUE...   change settings of the running psd, all or none: lr,\n"
-            "                     momentum, weight_decay, clip_norm, the lr schedule,\n"
-            "                     staleness_scale, dc_lambda, max_connections, log_level\n"
+            "                     momentum, weight_decay, clip_norm, nonfinite, the lr\n"
+            "                     schedule, staleness_scale, dc_lambda, the connection\n"
+            "                     limits and timeouts, log_level\n"
             "                     (the ones conf/psd.conf marks reloadable). A later\n"
             "                     reload (SIGHUP) or restart takes the file's values.\n"
             "  pause              hold every worker's next pull until resume (workers\n"
@@ -61,6 +63,10 @@ static void usage(FILE *f)
             "  -t, --timeout MS        give up on a reply after MS milliseconds (default\n"
             "                          5000; checkpoint 600000)\n"
             "  -j, --json              machine-readable output: one JSON document on stdout\n"
+            "  -T, --token-file PATH   the secret to prove to psd when it requires one\n"
+            "                          (default $PSD_TOKEN_FILE; mode 600): its\n"
+            "                          admin_token_file, or its token_file, which allows only\n"
+            "                          status, workers and metrics\n"
             "  -h, --help              this help\n"
             "\n"
             "Exit codes:\n"
@@ -292,6 +298,7 @@ static void print_workers(const msgpack_object *b)
 typedef struct session {
     ps_client c;
     int timeout;
+    ps_token token;     /* the secret, when psd requires one (len 0: none) */
     ps_layout layout;   /* from the WELCOME, when psd has one */
     int has_layout;
     char mode[16];
@@ -308,13 +315,9 @@ static int open_session(session *ss, const char *server)
     m.has = PS_F_VERSION | PS_F_ROLE;
     m.proto = PS_PROTO_VERSION;
     m.role = PS_ROLE_ADMIN;
-    rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+    rc = ps_client_hello(&ss->c, &m, ss->token.b, ss->token.len, &r, ss->timeout);
     if (rc != 0)
         return rc;
-    if (r.type != PS_MSG_WELCOME) {
-        snprintf(ss->c.err, sizeof ss->c.err, "psd answered hello with %s", ps_msg_type_name(r.type));
-        return PS_EMALFORMED;
-    }
     snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
     if ((r.has & PS_F_LAYOUT) && r.layout) {
         ss->layout = *r.layout;
@@ -536,15 +539,17 @@ static const command commands[] = {
 int main(int argc, char **argv)
 {
     const char *server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000";
+    const char *token_file = getenv("PSD_TOKEN_FILE") && *getenv("PSD_TOKEN_FILE") ? getenv("PSD_TOKEN_FILE") : NULL;
     int timeout = -1, as_json = 0;
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 's'}, {"timeout", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},         {"help", no_argument, NULL, 'h'},
+        {"token-file", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     int opt;
     /* options may come before or after the command ("status --json") */
-    while ((opt = getopt_long(argc, argv, "s:t:jh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "s:t:jhT:", longopts, NULL)) != -1) {
         switch (opt) {
         case 's':
             server = optarg;
@@ -561,6 +566,9 @@ int main(int argc, char **argv)
         }
         case 'j':
             as_json = 1;
+            break;
+        case 'T':
+            token_file = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -610,6 +618,12 @@ int main(int argc, char **argv)
     ps_msg m, r;
     ps_client_init(&ss.c);
     ss.timeout = timeout;
+    char terr[1536];
+    if (token_file && ps_token_load(token_file, &ss.token, terr, sizeof terr) != 0) {
+        fprintf(stderr, "psctl: %s\n", terr);
+        ps_client_free(&ss.c);
+        return EXIT_USAGE;
+    }
     int status = EXIT_OK;
     int rc = open_session(&ss, server);
     if (rc != 0) {
@@ -678,5 +692,6 @@ int main(int argc, char **argv)
     }
 out:
     ps_client_free(&ss.c);
+    ps_token_clear(&ss.token);
     return status;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/auth.h"
 #include "common/config.h"
 #include "proto/msg.h"
 #include "optim.h"
@@ -99,12 +100,17 @@ typedef struct srv_parked {
     struct srv_parked *next;
 } srv_parked;
 
+struct srv_auth; /* a hello waiting for the answer to its challenge (auth.c) */
+
 struct srv_conn {
     uv_tcp_t tcp;            /* must stay first: handle->data is not used */
     psd *srv;
     uint64_t cid;            /* connection number, for logs */
     char addr[64];
-    int role;                /* ps_role; PS_ROLE_NONE before hello */
+    int role;                /* ps_role; PS_ROLE_NONE until WELCOME */
+    struct srv_auth *auth;   /* CHALLENGE sent, AUTH awaited; NULL otherwise */
+    int admin_readonly;      /* admin that proved the workers' token (no
+                              * admin_token_file): status and metrics only */
     srv_worker *worker;      /* set for a worker after hello */
     uint8_t *rbuf;           /* read buffer: frames accumulate here */
     size_t rlen, rcap;
@@ -117,6 +123,7 @@ struct srv_conn {
     int close_after_write;   /* close once queued writes are flushed */
     char close_reason[96];   /* why psd closes it, for the worker's record */
     uint64_t connected_ms;
+    uint64_t last_msg_ms;    /* when its last message arrived (idle_timeout) */
     srv_conn *prev, *next;   /* psd.conns list */
 };
 
@@ -147,6 +154,9 @@ typedef struct srv_stats {
     uint64_t checkpoints, checkpoint_failures;
     uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
     uint64_t checkpoint_version;
+    uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
+    uint64_t disconnects_output;  /* connections cut over max_output_buffer */
+    uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
     /* rates, recomputed by the 1 s timer */
     uint64_t last_pushes, last_pulls;
     double push_rate, pull_rate;
@@ -165,6 +175,8 @@ struct psd {
     uv_loop_t *loop;
     ps_config cfg;
     char config_path[PS_CONFIG_PATH_MAX];
+    ps_token token;          /* the workers' secret (token_file); len 0 = none */
+    ps_token admin_token;    /* the admins' secret (admin_token_file); len 0 = none */
     uv_tcp_t listener;
     int listening;
     int port;                /* bound port */
@@ -223,12 +235,29 @@ void srv_conn_close(srv_conn *c);
 /* handle.c */
 /* Handles one decoded message from c. */
 void srv_handle(srv_conn *c, ps_msg *m);
+/* Accepts hello m on c (checked against the job: shard, layout, ...) and
+ * answers WELCOME, with sproof (PS_AUTH_MAC_LEN bytes) when it is not NULL,
+ * or a fatal ERROR. For a hello that needed no authentication, or whose
+ * AUTH has been verified. */
+void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof);
 /* Answers every parked pull whose version is now available. */
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
 void srv_conn_answer_parked(srv_conn *c);
 /* A connection is going away: detach it from its worker, drop its pulls. */
 void srv_conn_detach(srv_conn *c, int state, const char *why);
+
+/* auth.c */
+/* Reads token_file and admin_token_file into s->token and s->admin_token.
+ * Returns 0, or a negative PS_E* code with a message in err. */
+int srv_auth_load(psd *s, char *err, size_t errlen);
+/* psd requires a token: keeps hello m and answers CHALLENGE. */
+void srv_auth_challenge(srv_conn *c, ps_msg *m);
+/* AUTH m answers c's challenge: verifies it and accepts the kept hello, or
+ * sends a fatal ERROR AUTH. */
+void srv_auth_answer(srv_conn *c, ps_msg *m);
+/* Drops what c keeps for a challenge (when it closes). */
+void srv_auth_free(srv_conn *c);
 
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);

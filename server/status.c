@@ -248,6 +248,14 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_worker_deaths_total", "counter",
            "Workers lost: connection closed without bye, or silent past heartbeat_timeout.", "%" PRIu64,
            s->stats.worker_deaths);
+    SIMPLE("psd_sanitized_pushes_total", "counter",
+           "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
+           s->stats.sanitized_pushes);
+    rc |= family(b, "psd_disconnects_total", "counter",
+                 "Connections psd closed: a client that stopped reading its replies (output_buffer) or an admin "
+                 "silent past idle_timeout (idle).");
+    rc |= put(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
+    rc |= put(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,
            s->stats.checkpoint_failures);

@@ -23,6 +23,8 @@ are left for unittest.
 """
 
 import argparse
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -63,6 +65,9 @@ T_METRICS_REPLY = 13
 T_REPORT = 14
 T_ERROR = 15
 T_BYE = 16
+T_ADMIN = 17
+T_CHALLENGE = 18
+T_AUTH = 19
 
 # ERROR codes, as they travel (positive)
 E_MALFORMED = 1
@@ -78,6 +83,7 @@ E_STALE = 10
 E_DUPLICATE = 11
 E_SHARD = 12
 E_NOT_READY = 13
+E_AUTH = 14
 E_FORBIDDEN = 15
 E_LIMIT = 16
 
@@ -93,6 +99,7 @@ REASONS = {
     E_RANGE: "range",
     E_NONFINITE: "nonfinite",
     E_SHARD: "shard",
+    E_AUTH: "auth",
     E_FORBIDDEN: "forbidden",
     E_LIMIT: "limit",
 }
@@ -223,7 +230,7 @@ class Proc:
 class Psd(Proc):
     """psd on 127.0.0.1, port 0; .addr is "127.0.0.1:PORT" once started."""
 
-    def __init__(self, workdir, name="psd", mode="asgd", workers=2, args=(), start_timeout=15):
+    def __init__(self, workdir, name="psd", mode="asgd", workers=2, args=(), start_timeout=15, token=None):
         self.port_file = os.path.join(workdir, name + ".port")
         argv = [Paths.psd, "--listen", "127.0.0.1:0", "--port-file", self.port_file, "--mode", mode,
                 "--workers", str(workers)]
@@ -232,9 +239,10 @@ class Psd(Proc):
         port = wait_until(self._port, start_timeout, "%s to write its port file" % name)
         self.port = port
         self.addr = "127.0.0.1:%d" % port
-        # one answered hello shows psd is up and serving
+        # one answered hello shows psd is up and serving (with token: the
+        # bytes of a secret psd requires, for the challenge)
         with RawClient(self.addr, start_timeout) as c:
-            c.hello_admin()
+            c.hello_admin(token=token)
             c.request({"t": T_BYE})
             c.expect_closed()
 
@@ -471,6 +479,35 @@ def steps_per_epoch(limit, nshards, batch, bsp):
     return [ceil_div(ceil_div(limit - k, nshards), batch) for k in range(nshards)]
 
 
+# ---- authentication (proto/PROTOCOL.md 7.1) with Python's hmac, not libsodium ----
+
+
+def auth_proof(token, nonce, cnonce, hello):
+    """The client's proof for hello (a dict as sent): HMAC-SHA256 keyed with
+    the secret over "psd-auth-v1" || nonce || cnonce || role || the layout's
+    fingerprint (8 bytes LE, 0 without a layout) || shard k and m (4 bytes
+    LE each, 0 without a shard)."""
+    fp = layout_fingerprint(hello["layout"]) if "layout" in hello else 0
+    k, m = hello.get("shard", (0, 0))
+    msg = b"psd-auth-v1" + nonce + cnonce + hello["role"].encode() + struct.pack("<QII", fp, k, m)
+    return hmac.new(token, msg, hashlib.sha256).digest()
+
+
+def server_proof(token, cnonce, nonce):
+    """psd's proof in its WELCOME."""
+    return hmac.new(token, b"psd-auth-v1-server" + cnonce + nonce, hashlib.sha256).digest()
+
+
+def write_token(path, secret, mode=0o600):
+    """Writes secret (bytes) and a newline to path with mode; returns the
+    secret as psd reads it (without the newline)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret + b"\n")
+    os.chmod(path, mode)
+    return secret
+
+
 # ---- a raw protocol client ------------------------------------------------------
 
 
@@ -570,17 +607,35 @@ class RawClient:
             except Closed:
                 return frames
 
-    def hello_admin(self):
-        r = self.request({"t": T_HELLO, "v": PROTO_VERSION, "role": "admin"})
+    def hello_admin(self, token=None):
+        msg = {"t": T_HELLO, "v": PROTO_VERSION, "role": "admin"}
+        r = self.request(msg)
+        if token is not None:
+            r = self.authenticate(r, msg, token)
         if r.get("t") != T_WELCOME:
             raise AssertionError("admin hello answered with %r" % (r,))
         return r
 
-    def hello_worker(self, layout, shard, nshards, fp=True):
+    def hello_worker(self, layout, shard, nshards, fp=True, token=None):
         msg = {"t": T_HELLO, "v": PROTO_VERSION, "role": "worker", "shard": [shard, nshards], "layout": layout}
         if fp:
             msg["fp"] = layout_fingerprint(layout)
-        return self.request(msg)
+        r = self.request(msg)
+        if token is not None:
+            r = self.authenticate(r, msg, token)
+        return r
+
+    def authenticate(self, challenge, hello, token):
+        """Answers psd's CHALLENGE to hello with the proof of token (bytes)
+        and returns psd's reply; a WELCOME must carry psd's own proof."""
+        if challenge.get("t") != T_CHALLENGE:
+            raise AssertionError("hello answered with %r, not a challenge" % (challenge,))
+        cnonce = os.urandom(32)
+        r = self.request({"t": T_AUTH, "cnonce": cnonce,
+                          "proof": auth_proof(token, challenge["nonce"], cnonce, hello)})
+        if r.get("t") == T_WELCOME and r.get("sproof") != server_proof(token, cnonce, challenge["nonce"]):
+            raise AssertionError("psd's WELCOME does not prove the token: %r" % (r,))
+        return r
 
     def heartbeat(self):
         return self.request({"t": T_HEARTBEAT})

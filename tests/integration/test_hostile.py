@@ -153,6 +153,8 @@ class Attack:
             (E_BAD_TYPE, "type 0", {"t": 0}),
             (E_STATE, "push before hello", {"t": T_PUSH, "id": 5, "base": 0, "off": 0, "data": floats([1.0])}),
             (E_STATE, "heartbeat before hello", {"t": T_HEARTBEAT, "id": 6}),
+            (E_STATE, "auth before hello (psd sent no challenge)",
+             {"t": harness.T_AUTH, "id": 7, "cnonce": bytes(32), "proof": bytes(32)}),
             (E_UNSUPPORTED, "protocol version 2", {"t": T_HELLO, "v": 2, "role": "admin"}),
             (E_BAD_FIELD, "role root", {"t": T_HELLO, "v": PROTO_VERSION, "role": "root"}),
             (E_BAD_FIELD, "hello without role", {"t": T_HELLO, "v": PROTO_VERSION}),
@@ -203,6 +205,13 @@ class Attack:
             self.error(c, E_BAD_TYPE, "an ERROR from a client", {"t": T_ERROR, "id": 6, "code": 1, "text": "x"})
             self.error(c, E_BAD_FIELD, "a WELCOME from a client", {"t": T_WELCOME, "id": 7})
             self.error(c, E_STATE, "a second hello", {"t": T_HELLO, "id": 8, "v": PROTO_VERSION, "role": "admin"})
+            # this psd requires no token: it never challenges, and takes no answer
+            self.error(c, E_STATE, "an auth without a challenge",
+                       {"t": harness.T_AUTH, "id": 20, "cnonce": os.urandom(32), "proof": os.urandom(32)})
+            self.error(c, E_BAD_TYPE, "a challenge from a client", {"t": harness.T_CHALLENGE, "id": 21,
+                                                                   "nonce": bytes(32)})
+            self.error(c, E_BAD_FIELD, "an auth with a short proof",
+                       {"t": harness.T_AUTH, "id": 22, "cnonce": bytes(32), "proof": bytes(16)})
             self.error(c, E_FORBIDDEN, "a push from an admin",
                        {"t": T_PUSH, "id": 9, "base": 0, "off": 0, "data": floats([0.0])})
             self.error(c, E_FORBIDDEN, "an init from an admin",

@@ -713,7 +713,7 @@ static void check_same(const ps_msg *a, const ps_msg *b)
 {
     assert_int_equal(a->type, b->type);
     assert_int_equal(a->has, b->has);
-    uint32_t h = a->has;
+    uint64_t h = a->has;
     if (h & PS_F_ID)
         assert_int_equal(a->id, b->id);
     if (h & PS_F_VERSION)
@@ -778,6 +778,14 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_int_equal(a->hb, b->hb);
     if (h & PS_F_CMD)
         assert_string_equal(a->cmd, b->cmd);
+    if (h & PS_F_NONCE)
+        assert_memory_equal(a->nonce, b->nonce, PS_AUTH_NONCE_LEN);
+    if (h & PS_F_CNONCE)
+        assert_memory_equal(a->cnonce, b->cnonce, PS_AUTH_NONCE_LEN);
+    if (h & PS_F_PROOF)
+        assert_memory_equal(a->proof, b->proof, PS_AUTH_MAC_LEN);
+    if (h & PS_F_SPROOF)
+        assert_memory_equal(a->sproof, b->sproof, PS_AUTH_MAC_LEN);
     if (h & PS_F_ARGS) {
         assert_int_equal(a->nargs, b->nargs);
         for (uint32_t i = 0; i < a->nargs; i++) {
@@ -983,6 +991,29 @@ static void test_round_trip_each_type(void **state)
     m.id = 14, m.mver = 3, m.text = "lr: 0.05 -> 0.01", m.text_len = 16;
     round_trip(&m);
 
+    /* authentication (PROTOCOL.md 7.1): bins of 32 bytes of any value */
+    ps_msg_init(&m, PS_MSG_CHALLENGE);
+    m.has = PS_F_ID | PS_F_NONCE;
+    m.id = 1;
+    for (int i = 0; i < PS_AUTH_NONCE_LEN; i++)
+        m.nonce[i] = (uint8_t)(0xff - i);
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_AUTH);
+    m.has = PS_F_ID | PS_F_CNONCE | PS_F_PROOF;
+    m.id = 2;
+    for (int i = 0; i < PS_AUTH_NONCE_LEN; i++)
+        m.cnonce[i] = (uint8_t)i, m.proof[i] = (uint8_t)(i * 7 + 0xc1); /* 0xc1 is fine inside a bin */
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_WELCOME); /* after an AUTH: with psd's proof */
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT | PS_F_HB |
+            PS_F_SPROOF;
+    m.id = 2, m.proto = PS_PROTO_VERSION, m.mver = 0, m.params = 0, m.workers = 2, m.hb = 10000;
+    memset(m.sproof, 0xa5, sizeof m.sproof);
+    snprintf(m.mode, sizeof m.mode, "bsp");
+    round_trip(&m);
+
     ps_msg_init(&m, PS_MSG_WELCOME); /* to an admin: with the layout */
     m.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT | PS_F_FP |
             PS_F_HB | PS_F_LAYOUT;
@@ -1003,7 +1034,8 @@ static void test_round_trip_all_fields(void **state)
     m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP | PS_F_MODE | PS_F_MVER |
             PS_F_PARAMS | PS_F_INIT | PS_F_OFF | PS_F_LEN | PS_F_DATA | PS_F_FIN | PS_F_MIN | PS_F_BASE |
             PS_F_POFF | PS_F_PLEN | PS_F_CODE | PS_F_TEXT | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES |
-            PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB | PS_F_CMD | PS_F_ARGS;
+            PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB | PS_F_CMD | PS_F_ARGS | PS_F_NONCE | PS_F_CNONCE |
+            PS_F_PROOF | PS_F_SPROOF;
     m.id = 0x123456789aULL, m.proto = 0xffffffffu, m.role = PS_ROLE_WORKER, m.shard = 65535, m.nshards = 65536;
     m.layout = &l, m.fp = ps_layout_fingerprint(&l);
     snprintf(m.mode, sizeof m.mode, "asgd");
@@ -1013,6 +1045,8 @@ static void test_round_trip_all_fields(void **state)
     m.rate = 1e9, m.hb = UINT64_MAX;
     snprintf(m.cmd, sizeof m.cmd, "checkpoint");
     m.nargs = 2, m.args[0] = (ps_str){"a", 1}, m.args[1] = (ps_str){"b=c", 3};
+    memset(m.nonce, 1, sizeof m.nonce), memset(m.cnonce, 2, sizeof m.cnonce);
+    memset(m.proof, 3, sizeof m.proof), memset(m.sproof, 4, sizeof m.sproof);
     round_trip(&m);
     /* and the status body next to it all */
     m.type = PS_MSG_STATUS_REPLY;
@@ -1185,9 +1219,16 @@ static const ps_layout *field_layout(void)
 }
 
 /* Writes field `bit` with a valid value. */
-static void mp_field(mpw *w, uint32_t bit)
+static void mp_field(mpw *w, uint64_t bit)
 {
     static const float two[2] = {1, 2};
+    static const uint8_t b32[32] = {0xc1, 1, 2, 3};
+    if (bit == PS_F_NONCE || bit == PS_F_CNONCE || bit == PS_F_PROOF || bit == PS_F_SPROOF) {
+        /* 64-bit bits cannot be case labels of this switch on an int */
+        mp_str(w, bit == PS_F_NONCE ? "nonce" : bit == PS_F_CNONCE ? "cnonce" : bit == PS_F_PROOF ? "proof" : "sproof");
+        mp_bin(w, b32, sizeof b32, 0);
+        return;
+    }
     switch (bit) {
     case PS_F_ID: mp_str(w, "id"), mp_uint(w, 7); break;
     case PS_F_VERSION: mp_str(w, "v"), mp_uint(w, PS_PROTO_VERSION); break;
@@ -1222,33 +1263,34 @@ static void mp_field(mpw *w, uint32_t bit)
     case PS_F_HB: mp_str(w, "hb"), mp_uint(w, 30000); break;
     case PS_F_CMD: mp_str(w, "cmd"), mp_str(w, "pause"); break;
     case PS_F_ARGS: mp_str(w, "args"), mp_array(w, 2), mp_str(w, "lr=0.1"), mp_str(w, ""); break;
-    default: fail_msg("no sample for field bit 0x%x", bit);
+    default: fail_msg("no sample for field bit 0x%llx", (unsigned long long)bit);
     }
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 31
+#define NFIELDS 35
+_Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
                                              "min", "base",  "poff",  "plen",  "code",   "text",    "body",
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
-                                             "hb", "cmd", "args"};
+                                             "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
-static void mp_message(mpw *w, uint64_t type, uint32_t bits)
+static void mp_message(mpw *w, uint64_t type, uint64_t bits)
 {
     uint32_t n = 1;
-    for (uint32_t b = bits; b; b &= b - 1)
+    for (uint64_t b = bits; b; b &= b - 1)
         n++;
     mp_map(w, n);
     mp_str(w, "t"), mp_uint(w, type);
     for (unsigned i = 0; i < NFIELDS; i++)
-        if (bits & (1u << i))
-            mp_field(w, 1u << i);
+        if (bits & (1ull << i))
+            mp_field(w, 1ull << i);
 }
 
 /* The fields each type must carry, as PROTOCOL.md lists them. */
-static const uint32_t required[PS_MSG_TYPE_MAX + 1] = {
+static const uint64_t required[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_HELLO] = PS_F_VERSION | PS_F_ROLE,
     [PS_MSG_WELCOME] = PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS,
     [PS_MSG_INIT] = PS_F_OFF | PS_F_DATA,
@@ -1261,6 +1303,8 @@ static const uint32_t required[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_REPORT] = PS_F_EPOCH,
     [PS_MSG_ERROR] = PS_F_CODE | PS_F_TEXT,
     [PS_MSG_ADMIN] = PS_F_CMD,
+    [PS_MSG_CHALLENGE] = PS_F_NONCE,
+    [PS_MSG_AUTH] = PS_F_CNONCE | PS_F_PROOF,
 };
 
 static void test_decode_every_field_accepted(void **state)
@@ -1269,19 +1313,19 @@ static void test_decode_every_field_accepted(void **state)
     /* every field's sample value decodes, alone or all together */
     for (unsigned i = 0; i < NFIELDS; i++) {
         mpw *w = mpw_new();
-        mp_message(w, PS_MSG_HEARTBEAT, 1u << i);
+        mp_message(w, PS_MSG_HEARTBEAT, 1ull << i);
         ps_msg m;
         int rc = dec_copy(w, &m);
         if (rc != 0)
             fail_msg("field %s: %s", field_names[i], err);
-        assert_int_equal(m.has, 1u << i);
+        assert_int_equal(m.has, 1ull << i);
         free(w);
     }
     mpw *w = mpw_new();
-    mp_message(w, PS_MSG_HEARTBEAT, (1u << NFIELDS) - 1);
+    mp_message(w, PS_MSG_HEARTBEAT, (1ull << NFIELDS) - 1);
     ps_msg m;
     assert_int_equal(dec_copy(w, &m), 0);
-    assert_int_equal(m.has, (1u << NFIELDS) - 1);
+    assert_int_equal(m.has, (1ull << NFIELDS) - 1);
     free(w);
 }
 
@@ -1299,7 +1343,7 @@ static void test_decode_missing_required(void **state)
         assert_int_equal(m.type, type);
         /* each one left out */
         for (unsigned i = 0; i < NFIELDS; i++) {
-            uint32_t bit = 1u << i;
+            uint64_t bit = 1ull << i;
             if (!(required[type] & bit))
                 continue;
             w->n = 0;
@@ -1354,7 +1398,7 @@ static void test_decode_type_errors(void **state)
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, 0);
     expect(w, &(badcase){"type 0", PS_EBAD_TYPE, "unknown message type 0"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, PS_MSG_TYPE_MAX + 1);
-    expect(w, &(badcase){"type 18", PS_EBAD_TYPE, "unknown message type 18"});
+    expect(w, &(badcase){"type 20", PS_EBAD_TYPE, "unknown message type 20"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, UINT64_MAX);
     expect(w, &(badcase){"type 2^64-1", PS_EBAD_TYPE, "18446744073709551615"});
 
@@ -1469,6 +1513,17 @@ static void test_decode_field_errors(void **state)
     expect(w, &(badcase){"data 7 bytes", PS_EBAD_FIELD, "data has 7 bytes, not a multiple of 4"});
     FIELD_IS("data", mp_bin(w, two, 1, 0xc6));
     expect(w, &(badcase){"data 1 byte", PS_EBAD_FIELD, "not a multiple of 4"});
+    {
+        static const uint8_t b33[33];
+        FIELD_IS("nonce", mp_bin(w, b33, 31, 0));
+        expect(w, &(badcase){"nonce of 31 bytes", PS_EBAD_FIELD, "field 'nonce' must be a bin of 32 bytes"});
+        FIELD_IS("cnonce", mp_bin(w, b33, 33, 0));
+        expect(w, &(badcase){"cnonce of 33 bytes", PS_EBAD_FIELD, "'cnonce'"});
+        FIELD_IS("proof", mp_str(w, "0123456789abcdef0123456789abcdef"));
+        expect(w, &(badcase){"proof a string", PS_EBAD_FIELD, "'proof' must be a bin"});
+        FIELD_IS("sproof", mp_nil(w));
+        expect(w, &(badcase){"sproof nil", PS_EBAD_FIELD, "'sproof'"});
+    }
     FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 2), mp_uint(w, 2));
     expect(w, &(badcase){"shard k == m", PS_EBAD_FIELD, "shard must be [k, m]"});
     FIELD_IS("shard", mp_array(w, 2), mp_uint(w, 5), mp_uint(w, 2));
@@ -1889,7 +1944,7 @@ static void test_type_and_role_names(void **state)
     static const char *const names[] = {"?",      "hello",  "welcome",      "init",    "push",
                                         "pull",   "pushpull", "params",     "ok",      "heartbeat",
                                         "status", "status_reply", "metrics", "metrics_reply", "report",
-                                        "error",  "bye",    "admin"};
+                                        "error",  "bye",    "admin", "challenge", "auth"};
     for (uint32_t t = 0; t <= PS_MSG_TYPE_MAX; t++)
         assert_string_equal(ps_msg_type_name(t), names[t]);
     assert_string_equal(ps_msg_type_name(PS_MSG_TYPE_MAX + 1), "?");
@@ -1927,7 +1982,7 @@ static int decode_sane(uint8_t *p, size_t n)
         assert_true(err[0] != '\0');
     if (rc == 0) {
         assert_true(m.type >= 1 && m.type <= PS_MSG_TYPE_MAX);
-        uint32_t need = required[m.type];
+        uint64_t need = required[m.type];
         assert_int_equal(m.has & need, need);
         if (m.has & PS_F_DATA) {
             assert_true((const uint8_t *)m.data >= p);
@@ -2086,10 +2141,10 @@ static void test_random_messages(void **state)
         w->n = 0;
         uint32_t n = 1 + (uint32_t)(rnd() % 8);
         mp_map(w, n);
-        mp_str(w, "t"), mp_uint(w, rnd() % 18);
+        mp_str(w, "t"), mp_uint(w, rnd() % (PS_MSG_TYPE_MAX + 1));
         for (uint32_t k = 1; k < n; k++) {
             if (rnd() % 3 == 0)
-                mp_field(w, 1u << (rnd() % NFIELDS)); /* a valid field */
+                mp_field(w, 1ull << (rnd() % NFIELDS)); /* a valid field */
             else {
                 mp_str(w, field_names[rnd() % NFIELDS]);
                 mp_random_value(w, 1);

@@ -1,0 +1,1507 @@
+/* psbench.c - how close psd's push and pull come to the wire.
+ *
+ * For each (mode, S, K) cell psbench starts a fresh psd as a child process
+ * (127.0.0.1, port 0, --port-file), connects K simulated workers (threads,
+ * one ps_client each, hello as shards 0..K-1 of K with a layout of one
+ * tensor "w" of S floats), lets the worker psd asks for send the initial
+ * values, and then times round trips: push S floats + pull S floats, as
+ * psworker does (worker/session.c): one PUSHPULL for S <= 2^20, otherwise
+ * PUSH chunks of 2^20 floats (fin on the last) and then PULL chunks, each
+ * a request and its reply.
+ *
+ * Next to it, and with the same K client threads, it times the same bytes
+ * over plain TCP: a one-thread epoll server (a child process, like psd) that
+ * reads S floats from each client and writes S floats back, with no framing,
+ * no msgpack and no optimizer. That is the ceiling psd is compared with.
+ *
+ * It prints and writes (CSV, gnuplot PNG) per cell: payload GB/s (tensor
+ * bytes pushed + pulled per second, all workers together), round trips/s,
+ * p50 and p99 round-trip latency, the CPU psd used, psd's peak RSS (VmHWM)
+ * against the memory bound of the issue, and the ratio psd/ceiling. When
+ * bench/mpi_allreduce was built (Open MPI found), it also times
+ * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory and sets
+ * BSP rounds of 2 workers beside it.
+ *
+ * A benchmark, not a test: it reports figures and fails only when it cannot
+ * measure. See bench/README.md. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/client.h"
+#include "proto/errors.h"
+#include "proto/layout.h"
+#include "proto/msg.h"
+
+/* the largest tensor chunk psworker puts in one frame, in floats (4 MiB);
+ * --chunk changes it */
+#define CHUNK_FLOATS (1u << 20)
+#define CALL_TIMEOUT_MS (600 * 1000) /* one request; 100M floats stay far below it */
+#define CELL_GRACE_S 300.0           /* a cell this much over --seconds is stopped */
+#define MAX_LIST 16
+
+enum { MODE_ASGD, MODE_BSP, MODE_BSP_ARRIVAL, MODE_COUNT };
+static const char *const mode_names[MODE_COUNT] = {"asgd", "bsp", "bsp-arrival"};
+
+typedef struct opts {
+    char psd[PATH_MAX];          /* psd binary */
+    char mpi_prog[PATH_MAX];     /* mpi_allreduce binary; "" when not built */
+    uint64_t sizes[MAX_LIST];    /* S, floats */
+    int nsizes;
+    int workers[MAX_LIST];       /* K */
+    int nworkers;
+    int modes[MODE_COUNT];
+    int nmodes;
+    double seconds;              /* timed part of a cell */
+    uint64_t max_rounds;         /* per worker; 0 = no limit */
+    int warmup;                  /* untimed round trips per worker first */
+    uint64_t chunk;              /* floats per frame (psworker: CHUNK_FLOATS) */
+    int pipeline;                /* send all chunks of a push or pull before reading
+                                  * the replies (psworker waits for each) */
+    const char *out;             /* output directory */
+    int no_mpi, no_tcp, no_plot;
+    int probe;                   /* measure psd's loop lag (admin heartbeats) */
+    int verbose;
+} opts;
+
+/* ---- small helpers ------------------------------------------------------- */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "psbench: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(2);
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Directory of this executable (for the default --psd and mpi_allreduce). */
+static void exe_dir(char *out, size_t len)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        snprintf(out, len, ".");
+        return;
+    }
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    if (strlen(self) >= len)
+        snprintf(out, len, ".");
+    else
+        memcpy(out, self, strlen(self) + 1);
+}
+
+static double load1(void)
+{
+    double l = -1;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1;
+        fclose(f);
+    }
+    return l;
+}
+
+/* A "VmHWM:" style line of /proc/PID/status, in MiB; -1 if unknown. */
+static double proc_status_mib(pid_t pid, const char *key)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    double v = -1;
+    size_t kl = strlen(key);
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, kl) == 0 && line[kl] == ':') {
+            v = strtod(line + kl + 1, NULL) / 1024.0; /* kB */
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+/* CPU seconds (user + system) a process has used so far; -1 if unknown. */
+static double proc_cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *sorted, size_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return sorted[i < n ? i : n - 1];
+}
+
+/* ---- one cell: K workers against psd or the plain-TCP server ------------- */
+
+enum { SYS_PSD, SYS_TCP };
+
+typedef struct bench bench;
+
+typedef struct bworker {
+    bench *b;
+    int k;                  /* shard */
+    pthread_t th;
+    ps_client cl;
+    uint64_t version;       /* model version of the last pull */
+    float *params;          /* pulled parameters (chunked pulls copy here) */
+    uint8_t *held;          /* a PUSHPULL's reply buffer, kept as psworker does */
+    size_t held_cap;
+    double *lat;            /* seconds per timed round trip */
+    size_t nlat, lat_cap;
+    double t_end;           /* when its last timed round trip finished */
+    int rc;
+    char err[600];
+} bworker;
+
+struct bench {
+    int sys;                /* SYS_PSD or SYS_TCP */
+    int mode;               /* MODE_* (psd) */
+    int sync;               /* BSP: all workers stop after the same round */
+    uint64_t S;
+    int K;
+    char addr[64];          /* 127.0.0.1:port */
+    const float *grad;      /* shared, read-only gradient of S floats */
+    uint64_t max_rounds;
+    int warmup;
+    uint64_t chunk;         /* floats per frame */
+    int pipeline;           /* chunks without waiting for each reply */
+    pthread_barrier_t gate; /* K workers + main: set-up done, timing starts */
+    atomic_int stop;        /* main: the time is up */
+    _Atomic uint64_t stop_at; /* BSP: first round no worker starts */
+    atomic_int finished;    /* workers done */
+    atomic_int failed;
+    atomic_int probe_stop;  /* main: stop the loop-lag probe */
+    bworker *w;
+};
+
+static int wfail(bworker *w, int rc, const char *what)
+{
+    if (w->rc == 0) {
+        w->rc = rc ? rc : PS_EIO;
+        snprintf(w->err, sizeof w->err, "worker %d: %s: %s", w->k, what,
+                 w->b->sys == SYS_PSD ? ps_client_error(&w->cl) : strerror(errno));
+    }
+    atomic_store(&w->b->failed, 1);
+    return w->rc;
+}
+
+static int lat_push(bworker *w, double dt)
+{
+    if (w->nlat == w->lat_cap) {
+        size_t cap = w->lat_cap ? w->lat_cap * 2 : 1024;
+        double *p = realloc(w->lat, cap * sizeof *p);
+        if (!p)
+            return -1;
+        w->lat = p;
+        w->lat_cap = cap;
+    }
+    w->lat[w->nlat++] = dt;
+    return 0;
+}
+
+/* Sends values[0..n) as INIT or PUSH chunks, each a request and its OK,
+ * waiting for each OK before the next chunk as worker/session.c
+ * send_chunks does; with --pipeline all chunks go out first and the OKs
+ * are read after (psd answers a connection's requests in order). */
+static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint64_t n)
+{
+    uint64_t chunk = w->b->chunk, sent = 0;
+    const char *what = type == PS_MSG_INIT ? "init" : "push";
+    for (uint64_t off = 0; off < n; off += chunk) {
+        uint64_t len = n - off < chunk ? n - off : chunk;
+        ps_msg m, r;
+        ps_msg_init(&m, type);
+        m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
+        m.off = off;
+        m.data = values + off;
+        m.ndata = len;
+        m.fin = off + len == n;
+        m.base = w->version;
+        int rc = w->b->pipeline ? ps_client_send(&w->cl, &m) : ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        if (rc != 0)
+            return wfail(w, rc, what);
+        sent++;
+    }
+    for (uint64_t i = 0; w->b->pipeline && i < sent; i++) {
+        ps_msg r;
+        int rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
+        if (rc != 0)
+            return wfail(w, rc, what);
+        if (r.type != PS_MSG_OK)
+            return wfail(w, PS_EMALFORMED, "push: unexpected reply");
+    }
+    return 0;
+}
+
+/* Pulls all S floats at version >= min in chunks into w->params, as
+ * worker/session.c pull_all: a request per chunk, the next chunk asked for
+ * once this one arrived (with --pipeline: all asked for first), and a copy
+ * out of the client's receive buffer. */
+static int psd_pull_all(bworker *w, uint64_t min)
+{
+    uint64_t n = w->b->S, chunk = w->b->chunk;
+    int pipe = w->b->pipeline;
+    for (uint64_t off = 0; pipe && off < n; off += chunk) {
+        uint64_t len = n - off < chunk ? n - off : chunk;
+        ps_msg m;
+        ps_msg_init(&m, PS_MSG_PULL);
+        m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+        m.off = off;
+        m.len = len;
+        m.min = min;
+        int rc = ps_client_send(&w->cl, &m);
+        if (rc != 0)
+            return wfail(w, rc, "pull");
+    }
+    for (uint64_t off = 0; off < n; off += chunk) {
+        uint64_t len = n - off < chunk ? n - off : chunk;
+        ps_msg m, r;
+        int rc;
+        if (pipe) {
+            rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
+        } else {
+            ps_msg_init(&m, PS_MSG_PULL);
+            m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+            m.off = off;
+            m.len = len;
+            m.min = min;
+            rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        }
+        if (rc != 0)
+            return wfail(w, rc, "pull");
+        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
+            return wfail(w, PS_EMALFORMED, "pull: unexpected reply");
+        memcpy(w->params + off, r.data, len * sizeof(float));
+        w->version = r.mver;
+        min = r.mver;
+    }
+    return 0;
+}
+
+/* One psd round trip: push S floats and pull S floats. */
+static int psd_round_trip(bworker *w)
+{
+    bench *b = w->b;
+    uint64_t min = b->sync ? w->version + 1 : 0;
+    if (b->S <= b->chunk) {
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_PUSHPULL);
+        m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+        m.base = w->version;
+        m.data = b->grad;
+        m.ndata = b->S;
+        m.plen = b->S;
+        m.min = min;
+        int rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        if (rc != 0)
+            return wfail(w, rc, "pushpull");
+        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != b->S)
+            return wfail(w, PS_EMALFORMED, "pushpull: unexpected reply");
+        /* psworker keeps the reply where it arrived and receives the next
+         * one into the previous buffer: no copy */
+        ps_client_swap_rbuf(&w->cl, &w->held, &w->held_cap);
+        w->version = r.mver;
+        return 0;
+    }
+    int rc = psd_send_chunks(w, PS_MSG_PUSH, b->grad, b->S);
+    return rc != 0 ? rc : psd_pull_all(w, min);
+}
+
+/* Connects, says hello, sends the initial values if asked, pulls once. */
+static int psd_open(bworker *w)
+{
+    bench *b = w->b;
+    int rc = ps_client_connect(&w->cl, b->addr, 10000);
+    if (rc != 0)
+        return wfail(w, rc, "connect");
+    ps_layout l;
+    ps_layout_init(&l);
+    uint32_t dims[1] = {(uint32_t)b->S};
+    if (ps_layout_add(&l, "w", 1, dims) != 0)
+        return wfail(w, PS_EINVAL, "layout");
+    ps_msg m, r;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_WORKER;
+    m.shard = (uint32_t)w->k;
+    m.nshards = (uint32_t)b->K;
+    m.layout = &l;
+    m.fp = ps_layout_fingerprint(&l);
+    rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+    if (rc != 0)
+        return wfail(w, rc, "hello");
+    if (r.type != PS_MSG_WELCOME)
+        return wfail(w, PS_EMALFORMED, "hello: no welcome");
+    w->version = r.mver;
+    if (r.need_init) {
+        for (uint64_t i = 0; i < b->S; i++)
+            w->params[i] = 0.01f;
+        if ((rc = psd_send_chunks(w, PS_MSG_INIT, w->params, b->S)) != 0)
+            return rc;
+    }
+    return psd_pull_all(w, 0);
+}
+
+static int write_full(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n > 0) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int read_full(int fd, void *p, size_t n)
+{
+    char *c = p;
+    while (n > 0) {
+        ssize_t k = recv(fd, c, n, 0);
+        if (k == 0)
+            errno = ECONNRESET;
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        c += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* One plain-TCP round trip: S floats out, S floats back. */
+static int tcp_round_trip(bworker *w)
+{
+    size_t bytes = w->b->S * sizeof(float);
+    if (write_full(w->cl.fd, w->b->grad, bytes) != 0)
+        return wfail(w, PS_EIO, "tcp send");
+    if (read_full(w->cl.fd, w->params, bytes) != 0)
+        return wfail(w, PS_EIO, "tcp receive");
+    return 0;
+}
+
+/* Whether worker w should start round r (0-based, timed rounds only). In
+ * BSP every worker must do the same rounds or the last one never closes:
+ * the first worker to see the time up makes the round it is starting the
+ * last for everyone (no worker can be past it, since it has not pushed). */
+static int keep_going(bench *b, uint64_t r)
+{
+    if (atomic_load(&b->failed))
+        return 0;
+    if (b->max_rounds && r >= b->max_rounds)
+        return 0;
+    if (!b->sync)
+        return !atomic_load(&b->stop);
+    uint64_t at = atomic_load(&b->stop_at);
+    if (at == UINT64_MAX && atomic_load(&b->stop)) {
+        uint64_t want = r + 1;
+        if (atomic_compare_exchange_strong(&b->stop_at, &at, want))
+            at = want;
+    }
+    return r < at;
+}
+
+static void *worker_main(void *arg)
+{
+    bworker *w = arg;
+    bench *b = w->b;
+    int rc = 0;
+    if (b->sys == SYS_PSD) {
+        rc = psd_open(w);
+    } else if ((rc = ps_client_connect(&w->cl, b->addr, 10000)) != 0) {
+        wfail(w, rc, "connect");
+    }
+    for (int i = 0; rc == 0 && i < b->warmup; i++)
+        rc = b->sys == SYS_PSD ? psd_round_trip(w) : tcp_round_trip(w);
+    if (rc != 0)
+        ps_client_close(&w->cl); /* so psd's BSP rounds go on without us */
+    pthread_barrier_wait(&b->gate);
+    w->t_end = now_s();
+    for (uint64_t r = 0; rc == 0 && keep_going(b, r); r++) {
+        double t0 = now_s();
+        rc = b->sys == SYS_PSD ? psd_round_trip(w) : tcp_round_trip(w);
+        double t1 = now_s();
+        if (rc == 0) {
+            w->t_end = t1;
+            if (lat_push(w, t1 - t0) != 0)
+                rc = wfail(w, PS_ENOMEM, "latency record");
+        }
+    }
+    if (w->cl.fd >= 0 && b->sys == SYS_PSD && rc == 0) {
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_client_call(&w->cl, &m, &r, 5000);
+    }
+    ps_client_close(&w->cl);
+    atomic_fetch_add(&b->finished, 1);
+    return NULL;
+}
+
+typedef struct cell_result {
+    int ok;
+    uint64_t rts;           /* timed round trips, all workers */
+    double secs;            /* timed window */
+    double rt_per_s, gbps;  /* payload: 2 * S * 4 bytes per round trip */
+    double p50_ms, p99_ms, mean_ms;
+    double server_cpu;      /* CPU seconds of the server per second of the window */
+    double client_cpu;      /* the same for psbench's worker threads */
+    double hwm_mib, rss_mib; /* psd only */
+    double load;            /* 1-minute load average at the start */
+    double lag_p50_ms, lag_p99_ms, lag_max_ms; /* psd's answer to an admin heartbeat
+                                                * during the window: how long its
+                                                * loop is busy elsewhere */
+    char err[700];
+} cell_result;
+
+/* The loop-lag probe: an admin connection that sends a HEARTBEAT with an id
+ * every 10 ms while the workers are timed and records how long psd takes
+ * to answer. psd answers it at once unless its one loop thread is busy
+ * (reading, applying, copying), so the delays show how long it stalls. */
+typedef struct probe {
+    bench *b;
+    pthread_t th;
+    double *lat;
+    size_t n, cap;
+    int rc;
+} probe;
+
+static void *probe_main(void *arg)
+{
+    probe *p = arg;
+    ps_client cl;
+    ps_client_init(&cl);
+    ps_msg m, r;
+    p->rc = ps_client_connect(&cl, p->b->addr, 10000);
+    if (p->rc == 0) {
+        ps_msg_init(&m, PS_MSG_HELLO);
+        m.has = PS_F_VERSION | PS_F_ROLE;
+        m.proto = PS_PROTO_VERSION;
+        m.role = PS_ROLE_ADMIN;
+        p->rc = ps_client_call(&cl, &m, &r, 10000);
+    }
+    while (p->rc == 0 && !atomic_load(&p->b->probe_stop)) {
+        ps_msg_init(&m, PS_MSG_HEARTBEAT);
+        double t0 = now_s();
+        p->rc = ps_client_call(&cl, &m, &r, CALL_TIMEOUT_MS);
+        double dt = now_s() - t0;
+        if (p->rc != 0)
+            break;
+        if (p->n == p->cap) {
+            size_t cap = p->cap ? 2 * p->cap : 1024;
+            double *q = realloc(p->lat, cap * sizeof *q);
+            if (!q)
+                break;
+            p->lat = q;
+            p->cap = cap;
+        }
+        p->lat[p->n++] = dt;
+        sleep_s(0.01);
+    }
+    if (cl.fd >= 0) {
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_client_call(&cl, &m, &r, 5000);
+    }
+    ps_client_free(&cl);
+    return NULL;
+}
+
+/* Runs K worker threads against addr; server_pid's CPU use is measured. */
+static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *res)
+{
+    int K = b->K;
+    b->w = calloc((size_t)K, sizeof *b->w);
+    if (!b->w)
+        die("out of memory");
+    pthread_barrier_init(&b->gate, NULL, (unsigned)K + 1);
+    atomic_store(&b->stop, 0);
+    atomic_store(&b->stop_at, UINT64_MAX);
+    atomic_store(&b->finished, 0);
+    atomic_store(&b->failed, 0);
+    int started = 0;
+    for (int k = 0; k < K; k++) {
+        bworker *w = &b->w[k];
+        w->b = b;
+        w->k = k;
+        ps_client_init(&w->cl);
+        w->params = malloc(b->S * sizeof(float));
+        if (!w->params)
+            die("out of memory for %" PRIu64 " floats", b->S);
+        memset(w->params, 0, b->S * sizeof(float)); /* fault it in outside the timing */
+    }
+    for (int k = 0; k < K; k++) {
+        if (pthread_create(&b->w[k].th, NULL, worker_main, &b->w[k]) != 0)
+            die("cannot start worker threads");
+        started++;
+    }
+    pthread_barrier_wait(&b->gate);
+    double t0 = now_s();
+    double cpu0 = proc_cpu_s(server_pid);
+    probe pr = {.b = b};
+    int probing = b->sys == SYS_PSD && o->probe;
+    atomic_store(&b->probe_stop, 0);
+    if (probing && pthread_create(&pr.th, NULL, probe_main, &pr) != 0)
+        probing = 0;
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    double deadline = t0 + o->seconds + CELL_GRACE_S;
+    int killed = 0;
+    while (atomic_load(&b->finished) < K) {
+        double t = now_s();
+        if (t - t0 >= o->seconds)
+            atomic_store(&b->stop, 1);
+        if (t > deadline && !killed) {
+            /* a worker is stuck: kill the server so its calls fail */
+            snprintf(res->err, sizeof res->err, "cell ran %.0f s over its time; server killed", CELL_GRACE_S);
+            kill(server_pid, SIGKILL);
+            killed = 1;
+        }
+        sleep_s(0.005);
+    }
+    double cpu1 = proc_cpu_s(server_pid);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    atomic_store(&b->probe_stop, 1);
+    if (probing) {
+        pthread_join(pr.th, NULL);
+        qsort(pr.lat, pr.n, sizeof *pr.lat, cmp_double);
+        res->lag_p50_ms = 1e3 * pct(pr.lat, pr.n, 0.50);
+        res->lag_p99_ms = 1e3 * pct(pr.lat, pr.n, 0.99);
+        res->lag_max_ms = pr.n ? 1e3 * pr.lat[pr.n - 1] : NAN;
+        free(pr.lat);
+    } else {
+        res->lag_p50_ms = res->lag_p99_ms = res->lag_max_ms = NAN;
+    }
+    for (int k = 0; k < started; k++)
+        pthread_join(b->w[k].th, NULL);
+    pthread_barrier_destroy(&b->gate);
+
+    double t_end = t0;
+    size_t nlat = 0;
+    for (int k = 0; k < K; k++) {
+        bworker *w = &b->w[k];
+        if (w->rc != 0 && !res->err[0])
+            snprintf(res->err, sizeof res->err, "%s", w->err);
+        if (w->t_end > t_end)
+            t_end = w->t_end;
+        nlat += w->nlat;
+    }
+    double *all = malloc((nlat ? nlat : 1) * sizeof *all);
+    if (!all)
+        die("out of memory");
+    size_t j = 0;
+    double sum = 0;
+    for (int k = 0; k < K; k++) {
+        bworker *w = &b->w[k];
+        for (size_t i = 0; i < w->nlat; i++) {
+            all[j++] = w->lat[i];
+            sum += w->lat[i];
+        }
+    }
+    qsort(all, nlat, sizeof *all, cmp_double);
+    res->ok = res->err[0] == 0 && nlat > 0;
+    res->rts = nlat;
+    res->secs = t_end - t0;
+    if (res->secs > 0) {
+        res->rt_per_s = (double)nlat / res->secs;
+        res->gbps = res->rt_per_s * 2.0 * (double)b->S * sizeof(float) / 1e9;
+        if (cpu0 >= 0 && cpu1 >= 0)
+            res->server_cpu = (cpu1 - cpu0) / res->secs;
+        double cs = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
+        res->client_cpu = cs / res->secs;
+    }
+    res->p50_ms = 1e3 * pct(all, nlat, 0.50);
+    res->p99_ms = 1e3 * pct(all, nlat, 0.99);
+    res->mean_ms = nlat ? 1e3 * sum / (double)nlat : NAN;
+    free(all);
+    for (int k = 0; k < K; k++) {
+        bworker *w = &b->w[k];
+        ps_client_free(&w->cl);
+        free(w->params);
+        free(w->held);
+        free(w->lat);
+    }
+    free(b->w);
+    b->w = NULL;
+}
+
+/* ---- psd as a child process ---------------------------------------------- */
+
+/* Starts psd for a cell; returns its pid and sets *port, or -1 with err. */
+static pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *logpath, char *err, size_t errlen,
+                       int *port)
+{
+    char portfile[PATH_MAX], workers[16], maxp[48], order[48];
+    snprintf(portfile, sizeof portfile, "%s/psd.port", o->out);
+    unlink(portfile);
+    snprintf(workers, sizeof workers, "%d", K);
+    snprintf(maxp, sizeof maxp, "max_params=%" PRIu64, S > 268435456u ? S : (uint64_t)268435456u);
+    snprintf(order, sizeof order, "bsp_sum_order=%s", mode == MODE_BSP_ARRIVAL ? "arrival" : "shard");
+    const char *argv[] = {o->psd,
+                          "--listen", "127.0.0.1:0",
+                          "--port-file", portfile,
+                          "--mode", mode == MODE_ASGD ? "asgd" : "bsp",
+                          "--workers", workers,
+                          "--log-level", o->verbose ? "info" : "warn",
+                          "--set", maxp,
+                          "--set", "max_frame=64M",
+                          "--set", "optimizer=sgd",
+                          "--set", "momentum=0.9",
+                          "--set", "lr=1e-6",
+                          "--set", "heartbeat_timeout=1h",
+                          "--set", order,
+                          NULL};
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* no psd left behind if psbench dies */
+        if (getppid() != parent)
+            _exit(1);
+        int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(o->psd, (char *const *)argv);
+        fprintf(stderr, "psbench: cannot run %s: %s\n", o->psd, strerror(errno));
+        _exit(127);
+    }
+    double t0 = now_s();
+    for (;;) {
+        FILE *f = fopen(portfile, "r");
+        if (f) {
+            int p = 0;
+            int got = fscanf(f, "%d", &p) == 1 && p > 0;
+            fclose(f);
+            if (got) {
+                *port = p;
+                return pid;
+            }
+        }
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            snprintf(err, errlen, "psd exited before listening (see %.300s)", logpath);
+            return -1;
+        }
+        if (now_s() - t0 > 20) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            snprintf(err, errlen, "psd did not write its port file in 20 s (see %.300s)", logpath);
+            return -1;
+        }
+        sleep_s(0.01);
+    }
+}
+
+static void child_stop(pid_t pid)
+{
+    int st;
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 1000; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return;
+        sleep_s(0.01);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+}
+
+/* ---- the plain-TCP ceiling server ------------------------------------------ */
+
+typedef struct tconn {
+    int fd;
+    int writing;  /* 0: reading S floats, 1: writing S floats back */
+    size_t pos;
+    char *buf;    /* where this client's floats are read to */
+} tconn;
+
+/* The ceiling server: one thread, epoll, nonblocking sockets, as psd's
+ * loop; for each client it reads S floats into that client's buffer and
+ * writes S floats (one shared "model") back, forever. Runs in a child
+ * process until killed. */
+static void tcp_server_main(int lfd, uint64_t S, int K)
+{
+    size_t bytes = S * sizeof(float);
+    char *model = malloc(bytes);
+    tconn *cs = calloc((size_t)K + 1, sizeof *cs);
+    int ep = epoll_create1(0);
+    if (!model || !cs || ep < 0)
+        _exit(1);
+    memset(model, 1, bytes);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
+    int n = 0;
+    for (;;) {
+        struct epoll_event evs[64];
+        int ne = epoll_wait(ep, evs, 64, -1);
+        for (int i = 0; i < ne; i++) {
+            tconn *c = evs[i].data.ptr;
+            if (!c) {
+                int fd = accept(lfd, NULL, NULL);
+                if (fd >= 0)
+                    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+                if (fd < 0 || n > K) {
+                    if (fd >= 0)
+                        close(fd);
+                    continue;
+                }
+                int one = 1;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                c = &cs[n++];
+                c->fd = fd;
+                if (!(c->buf = malloc(bytes)))
+                    _exit(1);
+                memset(c->buf, 0, bytes);
+                struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+                epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
+                continue;
+            }
+            for (;;) {
+                ssize_t k;
+                if (!c->writing)
+                    k = recv(c->fd, c->buf + c->pos, bytes - c->pos, 0);
+                else
+                    k = send(c->fd, model + c->pos, bytes - c->pos, MSG_NOSIGNAL);
+                if (k == 0 && !c->writing) {
+                    epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+                    close(c->fd);
+                    c->fd = -1;
+                    break;
+                }
+                if (k < 0) {
+                    if (errno == EINTR)
+                        continue;
+                    if (errno != EAGAIN) {
+                        epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+                        close(c->fd);
+                        c->fd = -1;
+                    }
+                    break;
+                }
+                c->pos += (size_t)k;
+                if (c->pos < bytes)
+                    continue;
+                c->pos = 0;
+                c->writing = !c->writing;
+                struct epoll_event e = {.events = c->writing ? EPOLLOUT : EPOLLIN, .data.ptr = c};
+                epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
+            }
+        }
+    }
+}
+
+static pid_t tcp_server_start(uint64_t S, int K, int *port, char *err, size_t errlen)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(lfd, 64) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&a, &al) != 0) {
+        snprintf(err, errlen, "tcp server socket: %s", strerror(errno));
+        if (lfd >= 0)
+            close(lfd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        close(lfd);
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        tcp_server_main(lfd, S, K);
+        _exit(0);
+    }
+    close(lfd);
+    return pid;
+}
+
+/* ---- the grid ------------------------------------------------------------- */
+
+typedef struct row {
+    int mode;               /* -1: the TCP ceiling */
+    uint64_t S;
+    int K;
+    cell_result r;
+    double bound_mib;       /* the issue's bound (plus one accumulator for BSP) */
+} row;
+
+static double bound_mib(int mode, uint64_t S)
+{
+    /* 1.1 x (model + SGD momentum) + 64 MiB; BSP may add one model-sized
+     * accumulator */
+    double model = (double)S * sizeof(float) / 1048576.0;
+    return 1.1 * 2.0 * model + 64.0 + (mode == MODE_ASGD ? 0.0 : model);
+}
+
+static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, row *out)
+{
+    bench b = {0};
+    char err[700] = "";
+    char logpath[PATH_MAX];
+    int port = 0;
+    pid_t pid;
+    memset(out, 0, sizeof *out);
+    out->mode = sys == SYS_TCP ? -1 : mode;
+    out->S = S;
+    out->K = K;
+    out->bound_mib = bound_mib(mode, S);
+    out->r.load = load1();
+    b.sys = sys;
+    b.mode = mode;
+    b.sync = sys == SYS_PSD && mode != MODE_ASGD;
+    b.S = S;
+    b.K = K;
+    b.grad = grad;
+    b.max_rounds = o->max_rounds;
+    b.warmup = o->warmup;
+    b.chunk = o->chunk;
+    b.pipeline = o->pipeline;
+    if (sys == SYS_PSD) {
+        snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
+        pid = psd_start(o, mode, K, S, logpath, err, sizeof err, &port);
+    } else {
+        pid = tcp_server_start(S, K, &port, err, sizeof err);
+    }
+    if (pid < 0) {
+        snprintf(out->r.err, sizeof out->r.err, "%s", err);
+        return;
+    }
+    if (o->verbose || getenv("PSBENCH_SHOW_PID"))
+        fprintf(stderr, "psbench: %s %s S=%" PRIu64 " K=%d: server pid %d\n", sys == SYS_PSD ? "psd" : "tcp",
+                sys == SYS_PSD ? mode_names[mode] : "ceiling", S, K, (int)pid);
+    snprintf(b.addr, sizeof b.addr, "127.0.0.1:%d", port);
+    run_workers(&b, o, pid, &out->r);
+    if (sys == SYS_PSD) {
+        out->r.hwm_mib = proc_status_mib(pid, "VmHWM");
+        out->r.rss_mib = proc_status_mib(pid, "VmRSS");
+    }
+    child_stop(pid);
+}
+
+static const char *size_label(uint64_t S, char *buf, size_t len)
+{
+    if (S >= 1000000 && S % 1000000 == 0)
+        snprintf(buf, len, "%" PRIu64 "M", S / 1000000);
+    else
+        snprintf(buf, len, "%" PRIu64, S);
+    return buf;
+}
+
+static void print_header(void)
+{
+    printf("\n%-11s %6s %2s | %8s %7s %8s %8s %4s | %8s %7s %8s %8s | %5s %5s | %6s %6s | %7s %7s | %4s\n", "mode",
+           "floats", "K", "rt/s", "GB/s", "p50 ms", "p99 ms", "cpu", "rt/s", "GB/s", "p50 ms", "p99 ms", "GB/s",
+           "rt/s", "peak", "bound", "p99", "max", "load");
+    printf("%-11s %6s %2s | %-41s | %-35s | %-11s | %-13s | %-15s |\n", "", "", "", "psd", "plain TCP (ceiling)",
+           "psd/ceiling", "psd MiB", "psd lag ms");
+}
+
+static void print_row(const row *p, const row *t)
+{
+    char sl[32];
+    const cell_result *r = &p->r;
+    printf("%-11s %6s %2d | ", mode_names[p->mode], size_label(p->S, sl, sizeof sl), p->K);
+    if (r->ok)
+        printf("%8.1f %7.3f %8.2f %8.2f %4.2f | ", r->rt_per_s, r->gbps, r->p50_ms, r->p99_ms, r->server_cpu);
+    else
+        printf("%-41s | ", "failed");
+    if (t && t->r.ok)
+        printf("%8.1f %7.3f %8.2f %8.2f | ", t->r.rt_per_s, t->r.gbps, t->r.p50_ms, t->r.p99_ms);
+    else
+        printf("%-35s | ", t ? "failed" : "-");
+    if (r->ok && t && t->r.ok)
+        printf("%4.0f%% %4.0f%% | ", 100 * r->gbps / t->r.gbps, 100 * r->rt_per_s / t->r.rt_per_s);
+    else
+        printf("%11s | ", "-");
+    printf("%6.0f %6.0f%s| %7.1f %7.1f | %4.2f\n", r->hwm_mib, p->bound_mib, r->ok && r->hwm_mib > p->bound_mib ? "!" : " ",
+           r->lag_p99_ms, r->lag_max_ms, r->load);
+    if (!r->ok && r->err[0])
+        printf("    psd: %s\n", r->err);
+    if (t && !t->r.ok && t->r.err[0])
+        printf("    tcp: %s\n", t->r.err);
+    fflush(stdout);
+}
+
+static void csv_header(FILE *f)
+{
+    fprintf(f, "mode,floats,workers,ok,round_trips,seconds,rt_per_s,gb_per_s,p50_ms,p99_ms,mean_ms,psd_cpu,"
+               "client_cpu,tcp_rt_per_s,tcp_gb_per_s,tcp_p50_ms,tcp_p99_ms,tcp_mean_ms,tcp_server_cpu,"
+               "ratio_gb_per_s,ratio_rt_per_s,psd_peak_rss_mib,psd_rss_end_mib,bound_mib,within_bound,"
+               "lag_p50_ms,lag_p99_ms,lag_max_ms,load1\n");
+}
+
+static void csv_row(FILE *f, const row *p, const row *t)
+{
+    const cell_result *r = &p->r;
+    int tok = t && t->r.ok;
+    fprintf(f, "%s,%" PRIu64 ",%d,%d,%" PRIu64 ",%.4f,%.3f,%.5f,%.4f,%.4f,%.4f,%.3f,%.3f,", mode_names[p->mode], p->S,
+            p->K, r->ok, r->rts, r->secs, r->rt_per_s, r->gbps, r->p50_ms, r->p99_ms, r->mean_ms, r->server_cpu,
+            r->client_cpu);
+    if (tok)
+        fprintf(f, "%.3f,%.5f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,", t->r.rt_per_s, t->r.gbps, t->r.p50_ms, t->r.p99_ms,
+                t->r.mean_ms, t->r.server_cpu, r->ok ? r->gbps / t->r.gbps : NAN,
+                r->ok ? r->rt_per_s / t->r.rt_per_s : NAN);
+    else
+        fprintf(f, ",,,,,,,,");
+    fprintf(f, "%.1f,%.1f,%.1f,%d,%.3f,%.3f,%.3f,%.2f\n", r->hwm_mib, r->rss_mib, p->bound_mib,
+            r->ok && r->hwm_mib <= p->bound_mib, r->lag_p50_ms, r->lag_p99_ms, r->lag_max_ms, r->load);
+    fflush(f);
+}
+
+/* ---- MPI_Allreduce --------------------------------------------------------- */
+
+typedef struct mpi_res {
+    uint64_t S;
+    double mean_ms[2], p50_ms[2]; /* [0] tcp, [1] shared memory; NAN if not measured */
+} mpi_res;
+
+static void run_mpi(const opts *o, mpi_res *res, int n)
+{
+    static const char *const btl[2] = {"tcp,self", "vader,self"};
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < 2; t++)
+            res[i].mean_ms[t] = res[i].p50_ms[t] = NAN;
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    for (int t = 0; t < 2; t++) {
+        char cmd[4096];
+        int len = snprintf(cmd, sizeof cmd,
+                           "mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl %s "
+                           "--mca btl_tcp_if_include lo '%s' --seconds %g",
+                           btl[t], o->mpi_prog, o->seconds);
+        for (int i = 0; i < n && len < (int)sizeof cmd - 32; i++)
+            len += snprintf(cmd + len, sizeof cmd - (size_t)len, " %" PRIu64, res[i].S);
+        snprintf(cmd + len, sizeof cmd - (size_t)len, " 2>&1");
+        fprintf(stderr, "psbench: MPI_Allreduce over %s\n", t == 0 ? "TCP" : "shared memory");
+        FILE *p = popen(cmd, "r");
+        if (!p) {
+            fprintf(stderr, "psbench: cannot run mpirun: %s\n", strerror(errno));
+            return;
+        }
+        char line[1024];
+        while (fgets(line, sizeof line, p)) {
+            uint64_t S;
+            int iters;
+            double mean, p50, p99;
+            if (sscanf(line, "allreduce floats=%" SCNu64 " iters=%d mean_ms=%lf p50_ms=%lf p99_ms=%lf", &S, &iters,
+                       &mean, &p50, &p99) == 5) {
+                for (int i = 0; i < n; i++)
+                    if (res[i].S == S) {
+                        res[i].mean_ms[t] = mean;
+                        res[i].p50_ms[t] = p50;
+                    }
+            } else if (o->verbose || strstr(line, "rror")) {
+                fprintf(stderr, "mpirun: %s", line);
+            }
+        }
+        int st = pclose(p);
+        if (st != 0)
+            fprintf(stderr, "psbench: mpirun (%s) exited with status %d\n", btl[t], st);
+    }
+}
+
+/* ---- plot ------------------------------------------------------------------ */
+
+/* Writes psbench.dat (one gnuplot data block per series) and psbench.gp,
+ * and runs gnuplot when it is on PATH. */
+static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int ntcp)
+{
+    char dat[PATH_MAX], gp[PATH_MAX], png[PATH_MAX];
+    snprintf(dat, sizeof dat, "%s/psbench.dat", o->out);
+    snprintf(gp, sizeof gp, "%s/psbench.gp", o->out);
+    snprintf(png, sizeof png, "%s/psbench.png", o->out);
+    FILE *d = fopen(dat, "w"), *g = fopen(gp, "w");
+    if (!d || !g) {
+        fprintf(stderr, "psbench: cannot write %s or %s\n", dat, gp);
+        if (d)
+            fclose(d);
+        if (g)
+            fclose(g);
+        return;
+    }
+    /* blocks: for each K, the ceiling, then each mode: floats gb_per_s ratio */
+    int block = 0;
+    fprintf(g, "set terminal pngcairo size 1600,640 font 'sans,10'\nset output '%s'\n", png);
+    fprintf(g, "set datafile missing 'NaN'\nset logscale x\nset grid\nset key below maxrows 4 font 'sans,8'\n");
+    uint64_t smin = UINT64_MAX, smax = 0;
+    for (int i = 0; i < o->nsizes; i++) {
+        smin = o->sizes[i] < smin ? o->sizes[i] : smin;
+        smax = o->sizes[i] > smax ? o->sizes[i] : smax;
+    }
+    fprintf(g, "set xlabel 'model size S (float32)'\nset format x '10^{%%L}'\nset xrange [%g:%g]\n",
+            (double)smin / 2, (double)smax * 2);
+    fprintf(g, "set multiplot layout 1,%d title 'psbench: push+pull payload throughput, psd against plain TCP "
+               "(same machine, same run)'\n",
+            o->nmodes + (ntcp > 0));
+    char plots[MODE_COUNT + 1][8192];
+    int plen[MODE_COUNT + 1] = {0};
+    memset(plots, 0, sizeof plots);
+    static const int colors[] = {0x1f77b4, 0xd62728, 0x2ca02c, 0x9467bd, 0xff7f0e, 0x8c564b, 0xe377c2, 0x7f7f7f};
+    for (int wi = 0; wi < o->nworkers; wi++) {
+        int K = o->workers[wi];
+        int color = colors[wi % 8];
+        /* the ceiling */
+        fprintf(d, "# tcp K=%d\n", K);
+        int tpoints = 0;
+        for (int i = 0; i < ntcp; i++)
+            if (tcp[i].K == K && tcp[i].r.ok) {
+                fprintf(d, "%" PRIu64 " %.5f\n", tcp[i].S, tcp[i].r.gbps);
+                tpoints++;
+            }
+        if (!tpoints)
+            fprintf(d, "1 NaN\n"); /* keeps gnuplot's block numbering */
+        fprintf(d, "\n\n");
+        int tblock = block++;
+        for (int mi = 0; mi < o->nmodes; mi++) {
+            int mode = o->modes[mi];
+            fprintf(d, "# %s K=%d\n", mode_names[mode], K);
+            fprintf(d, "1 NaN NaN\n");
+            for (int i = 0; i < nrows; i++) {
+                const row *p = &rows[i];
+                if (p->mode != mode || p->K != K || !p->r.ok)
+                    continue;
+                double ratio = NAN;
+                for (int j = 0; j < ntcp; j++)
+                    if (tcp[j].S == p->S && tcp[j].K == K && tcp[j].r.ok)
+                        ratio = p->r.gbps / tcp[j].r.gbps;
+                if (isnan(ratio))
+                    fprintf(d, "%" PRIu64 " %.5f NaN\n", p->S, p->r.gbps);
+                else
+                    fprintf(d, "%" PRIu64 " %.5f %.4f\n", p->S, p->r.gbps, ratio);
+            }
+            fprintf(d, "\n\n");
+            int pb = block++;
+            plen[mi] += snprintf(plots[mi] + plen[mi], sizeof plots[mi] - (size_t)plen[mi],
+                                 "%s'%s' index %d using 1:2 with linespoints lw 2 pt 7 lc rgb '#%06x' title 'psd K=%d'",
+                                 plen[mi] ? ", " : "", dat, pb, color, K);
+            if (tpoints)
+                plen[mi] += snprintf(plots[mi] + plen[mi], sizeof plots[mi] - (size_t)plen[mi],
+                                     ", '%s' index %d using 1:2 with linespoints dt 2 pt 6 lc rgb '#%06x' "
+                                     "title 'TCP K=%d'",
+                                     dat, tblock, color, K);
+            plen[o->nmodes] +=
+                snprintf(plots[o->nmodes] + plen[o->nmodes], sizeof plots[o->nmodes] - (size_t)plen[o->nmodes],
+                         "%s'%s' index %d using 1:(100*$3) with linespoints lw 2 pt %d dt %d lc rgb '#%06x' "
+                         "title '%s K=%d'",
+                         plen[o->nmodes] ? ", " : "", dat, pb, 5 + 2 * mi, 1 + mi, color, mode_names[mode], K);
+        }
+    }
+    for (int mi = 0; mi < o->nmodes; mi++) {
+        fprintf(g, "set title '%s'\nset ylabel 'GB/s (pushed + pulled)'\nset yrange [0:*]\n",
+                mode_names[o->modes[mi]]);
+        fprintf(g, "plot %s\n", plen[mi] ? plots[mi] : "NaN notitle");
+    }
+    if (ntcp > 0) {
+        fprintf(g, "set title 'psd / plain TCP (GB/s)'\nset ylabel 'percent of the ceiling'\nset yrange [0:*]\n");
+        fprintf(g, "plot %s\n", plen[o->nmodes] ? plots[o->nmodes] : "NaN notitle");
+    }
+    fprintf(g, "unset multiplot\n");
+    fclose(d);
+    fclose(g);
+    if (o->no_plot)
+        return;
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "psbench: gnuplot not found; the plot script is %s\n", gp);
+        return;
+    }
+    char cmd[PATH_MAX + 32];
+    snprintf(cmd, sizeof cmd, "gnuplot '%s'", gp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "psbench: gnuplot failed on %s\n", gp);
+    else
+        printf("plot: %s\n", png);
+}
+
+/* ---- options --------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: psbench [options]\n"
+            "Times push+pull round trips of a dense model between K simulated workers and a real\n"
+            "psd, and the same bytes over plain TCP, and prints payload GB/s, round trips/s,\n"
+            "p50/p99 latency and psd's peak RSS per (mode, model size, workers).\n\n"
+            "  --psd PATH        psd to run (default: ../server/psd next to psbench)\n"
+            "  --sizes LIST      model sizes in floats, comma-separated; k, M suffixes\n"
+            "                    (default 235146,1M,10M,100M)\n"
+            "  --workers LIST    simulated workers K (default 1,2,4,8)\n"
+            "  --modes LIST      asgd, bsp (shard-order sums, psd's default), bsp-arrival\n"
+            "                    (default asgd,bsp,bsp-arrival)\n"
+            "  --seconds T       timed part of each cell (default 2); a cell runs at least one\n"
+            "                    round trip per worker however long it takes\n"
+            "  --rounds N        stop each worker after N timed round trips (default: no limit)\n"
+            "  --warmup N        untimed round trips per worker first (default 1)\n"
+            "  --out DIR         psbench.csv, mpi.csv, the plot and psd logs (default bench/out)\n"
+            "  --chunk N         floats per frame (default 1048576 = 2^20, psworker's); a model of\n"
+            "                    at most N floats travels as one PUSHPULL\n"
+            "  --pipeline        send every chunk of a push (or every pull request) before\n"
+            "                    reading the replies; psworker waits for each reply\n"
+            "  --no-tcp          skip the plain-TCP ceiling\n"
+            "  --no-mpi          skip the MPI_Allreduce comparison\n"
+            "  --no-plot         write the gnuplot script but do not run gnuplot\n"
+            "  --no-probe        do not measure psd's loop lag (an admin connection sending\n"
+            "                    a heartbeat every 10 ms during each psd cell)\n"
+            "  -v, --verbose     psd logs at info level; print server pids\n"
+            "  -h, --help        this help\n\n"
+            "PSBENCH_SHOW_PID=1 prints each server's pid (to attach perf).\n");
+}
+
+static uint64_t parse_size(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s)
+        die("bad size '%s'", s);
+    if (*end == 'k' || *end == 'K')
+        v *= 1e3, end++;
+    else if (*end == 'm' || *end == 'M')
+        v *= 1e6, end++;
+    else if (*end == 'g' || *end == 'G')
+        v *= 1e9, end++;
+    if (*end || v < 1 || v > 4294967295.0)
+        die("bad size '%s' (floats, 1 .. 2^32-1)", s);
+    return (uint64_t)v;
+}
+
+static int split(const char *arg, char items[][32], int max)
+{
+    int n = 0;
+    const char *p = arg;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (n == max)
+            die("too many items in '%s' (at most %d)", arg, max);
+        if (l == 0 || l >= 32)
+            die("bad list '%s'", arg);
+        memcpy(items[n], p, l);
+        items[n][l] = 0;
+        n++;
+        p += l;
+        if (*p == ',')
+            p++;
+    }
+    return n;
+}
+
+static void parse_opts(int argc, char **argv, opts *o)
+{
+    char items[MAX_LIST][32], dir[PATH_MAX - 64];
+    memset(o, 0, sizeof *o);
+    exe_dir(dir, sizeof dir);
+    snprintf(o->psd, sizeof o->psd, "%s/../server/psd", dir);
+    snprintf(o->mpi_prog, sizeof o->mpi_prog, "%s/mpi_allreduce", dir);
+    const uint64_t dsizes[] = {235146, 1000000, 10000000, 100000000};
+    const int dworkers[] = {1, 2, 4, 8};
+    memcpy(o->sizes, dsizes, sizeof dsizes);
+    o->nsizes = 4;
+    memcpy(o->workers, dworkers, sizeof dworkers);
+    o->nworkers = 4;
+    for (int m = 0; m < MODE_COUNT; m++)
+        o->modes[m] = m;
+    o->nmodes = MODE_COUNT;
+    o->seconds = 2;
+    o->warmup = 1;
+    o->chunk = CHUNK_FLOATS;
+    o->probe = 1;
+    o->out = "bench/out";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV()                                         \
+    do {                                                \
+        if (!v)                                         \
+            die("%s needs a value (see --help)", a);    \
+        i++;                                            \
+    } while (0)
+        if (strcmp(a, "--psd") == 0) {
+            NEEDV();
+            snprintf(o->psd, sizeof o->psd, "%s", v);
+        } else if (strcmp(a, "--sizes") == 0) {
+            NEEDV();
+            o->nsizes = split(v, items, MAX_LIST);
+            for (int k = 0; k < o->nsizes; k++)
+                o->sizes[k] = parse_size(items[k]);
+        } else if (strcmp(a, "--workers") == 0) {
+            NEEDV();
+            o->nworkers = split(v, items, MAX_LIST);
+            for (int k = 0; k < o->nworkers; k++) {
+                char *end;
+                long n = strtol(items[k], &end, 10);
+                if (*end || n < 1 || n > 256)
+                    die("bad worker count '%s' (1..256)", items[k]);
+                o->workers[k] = (int)n;
+            }
+        } else if (strcmp(a, "--modes") == 0) {
+            NEEDV();
+            int n = split(v, items, MAX_LIST);
+            o->nmodes = 0;
+            for (int k = 0; k < n; k++) {
+                int m = 0;
+                while (m < MODE_COUNT && strcmp(items[k], mode_names[m]) != 0)
+                    m++;
+                if (m == MODE_COUNT)
+                    die("unknown mode '%s' (asgd, bsp, bsp-arrival)", items[k]);
+                if (o->nmodes == MODE_COUNT)
+                    die("a mode named twice in '%s'", v);
+                o->modes[o->nmodes++] = m;
+            }
+        } else if (strcmp(a, "--seconds") == 0) {
+            NEEDV();
+            o->seconds = atof(v);
+            if (!(o->seconds > 0 && o->seconds <= 3600))
+                die("bad --seconds '%s' (0 .. 3600)", v);
+        } else if (strcmp(a, "--rounds") == 0) {
+            NEEDV();
+            o->max_rounds = strtoull(v, NULL, 10);
+        } else if (strcmp(a, "--warmup") == 0) {
+            NEEDV();
+            o->warmup = atoi(v);
+            if (o->warmup < 0)
+                die("bad --warmup '%s'", v);
+        } else if (strcmp(a, "--chunk") == 0) {
+            NEEDV();
+            o->chunk = parse_size(v);
+            if (o->chunk > (1u << 24))
+                die("bad --chunk '%s' (at most 16M floats: psd's max_frame is set to 64M)", v);
+        } else if (strcmp(a, "--pipeline") == 0) {
+            o->pipeline = 1;
+        } else if (strcmp(a, "--out") == 0) {
+            NEEDV();
+            o->out = v;
+        } else if (strcmp(a, "--no-tcp") == 0) {
+            o->no_tcp = 1;
+        } else if (strcmp(a, "--no-mpi") == 0) {
+            o->no_mpi = 1;
+        } else if (strcmp(a, "--no-probe") == 0) {
+            o->probe = 0;
+        } else if (strcmp(a, "--no-plot") == 0) {
+            o->no_plot = 1;
+        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            o->verbose = 1;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        } else {
+            usage(stderr);
+            die("unknown option '%s'", a);
+        }
+#undef NEEDV
+    }
+    if (access(o->psd, X_OK) != 0)
+        die("no psd at %s (build it, or give --psd PATH)", o->psd);
+    if (access(o->mpi_prog, X_OK) != 0)
+        o->mpi_prog[0] = 0;
+}
+
+/* ---- main ------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    opts o;
+    parse_opts(argc, argv, &o);
+    signal(SIGPIPE, SIG_IGN);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/logs", o.out);
+    if (mkdir_p(path) != 0)
+        die("cannot create %s: %s", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/psbench.csv", o.out);
+    FILE *csv = fopen(path, "w");
+    if (!csv)
+        die("cannot write %s: %s", path, strerror(errno));
+    csv_header(csv);
+
+    uint64_t smax = 0;
+    for (int i = 0; i < o.nsizes; i++)
+        smax = o.sizes[i] > smax ? o.sizes[i] : smax;
+    float *grad = malloc(smax * sizeof(float));
+    if (!grad)
+        die("out of memory for %" PRIu64 " floats", smax);
+    for (uint64_t i = 0; i < smax; i++) /* small, finite, not all equal */
+        grad[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
+
+    printf("psbench: psd %s, %ld CPUs, %.1f s per cell, warm-up %d, chunks of %" PRIu64 " floats%s\n", o.psd,
+           sysconf(_SC_NPROCESSORS_ONLN), o.seconds, o.warmup, o.chunk,
+           o.pipeline ? ", pipelined (not as psworker)" : " (as psworker)");
+    printf("GB/s: tensor bytes pushed + pulled (2 x S x 4 per round trip) per second, all workers together;\n"
+           "cpu: psd's CPU seconds per second; peak: psd's VmHWM (! over the bound); lag: how long psd took\n"
+           "to answer an admin heartbeat sent every 10 ms (its loop busy elsewhere); load: 1-min load average\n");
+    print_header();
+    int ncells = o.nsizes * o.nworkers;
+    row *rows = calloc((size_t)ncells * (size_t)o.nmodes, sizeof *rows);
+    row *tcp = calloc((size_t)ncells, sizeof *tcp);
+    if (!rows || !tcp)
+        die("out of memory");
+    int nrows = 0, ntcp = 0;
+    double t_all = now_s();
+    for (int si = 0; si < o.nsizes; si++) {
+        for (int wi = 0; wi < o.nworkers; wi++) {
+            uint64_t S = o.sizes[si];
+            int K = o.workers[wi];
+            row *t = NULL;
+            if (!o.no_tcp) {
+                t = &tcp[ntcp++];
+                run_cell(&o, SYS_TCP, MODE_ASGD, S, K, grad, t);
+            }
+            for (int mi = 0; mi < o.nmodes; mi++) {
+                row *p = &rows[nrows++];
+                run_cell(&o, SYS_PSD, o.modes[mi], S, K, grad, p);
+                print_row(p, t);
+                csv_row(csv, p, t);
+            }
+        }
+    }
+    fclose(csv);
+    free(grad);
+    printf("\n%d cells in %.0f s; CSV: %s/psbench.csv, psd logs: %s/logs/\n", nrows + ntcp, now_s() - t_all, o.out,
+           o.out);
+
+    /* BSP round of 2 workers against MPI_Allreduce of the same size */
+    int have_bsp = 0, have_k2 = 0;
+    for (int mi = 0; mi < o.nmodes; mi++)
+        have_bsp |= o.modes[mi] != MODE_ASGD;
+    for (int wi = 0; wi < o.nworkers; wi++)
+        have_k2 |= o.workers[wi] == 2;
+    if (o.no_mpi) {
+    } else if (!o.mpi_prog[0]) {
+        printf("\nMPI_Allreduce comparison skipped: bench/mpi_allreduce was not built (Open MPI not found at "
+               "build time)\n");
+    } else if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("\nMPI_Allreduce comparison skipped: mpirun not on PATH\n");
+    } else if (have_bsp && have_k2) {
+        mpi_res *mr = calloc((size_t)o.nsizes, sizeof *mr);
+        if (!mr)
+            die("out of memory");
+        for (int i = 0; i < o.nsizes; i++)
+            mr[i].S = o.sizes[i];
+        run_mpi(&o, mr, o.nsizes);
+        snprintf(path, sizeof path, "%s/mpi.csv", o.out);
+        FILE *mc = fopen(path, "w");
+        if (mc)
+            fprintf(mc, "floats,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,allreduce_shm_mean_ms,"
+                        "allreduce_shm_p50_ms,mode,bsp_round_mean_ms,bsp_round_p50_ms,ratio_bsp_to_tcp_mean\n");
+        printf("\nBSP round of 2 workers (push S + pull S each) against MPI_Allreduce of S floats on 2 ranks\n");
+        printf("%-12s %9s | %12s %12s | %12s %12s | %12s %12s | %9s\n", "mode", "floats", "round mean", "round p50",
+               "TCP mean", "TCP p50", "shm mean", "shm p50", "round/TCP");
+        for (int i = 0; i < nrows; i++) {
+            const row *p = &rows[i];
+            if (p->mode == MODE_ASGD || p->K != 2 || !p->r.ok)
+                continue;
+            const mpi_res *m = NULL;
+            for (int j = 0; j < o.nsizes; j++)
+                if (mr[j].S == p->S)
+                    m = &mr[j];
+            /* a round: both workers push and pull; round trips/s counts both */
+            double round_ms = 1e3 * 2.0 / p->r.rt_per_s;
+            char sl[32];
+            printf("%-12s %9s | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %8.2fx\n",
+                   mode_names[p->mode], size_label(p->S, sl, sizeof sl), round_ms, p->r.p50_ms, m->mean_ms[0],
+                   m->p50_ms[0], m->mean_ms[1], m->p50_ms[1], round_ms / m->mean_ms[0]);
+            if (mc)
+                fprintf(mc, "%" PRIu64 ",%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f\n", p->S, m->mean_ms[0], m->p50_ms[0],
+                        m->mean_ms[1], m->p50_ms[1], mode_names[p->mode], round_ms, p->r.p50_ms,
+                        round_ms / m->mean_ms[0]);
+        }
+        if (mc)
+            fclose(mc);
+        free(mr);
+    }
+    plot(&o, rows, nrows, tcp, ntcp);
+    free(rows);
+    free(tcp);
+    return 0;
+}

@@ -1,0 +1,160 @@
+/* fuzz_check.c - spec checks on decoded messages (see fuzz_check.h). */
+#include "fuzz_check.h"
+
+#include <string.h>
+
+#include "proto/errors.h"
+#include "proto/layout.h"
+#include "proto/ps_limits.h"
+
+static volatile uint8_t sink;
+
+void fuzz_touch(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint8_t x = 0;
+    for (size_t i = 0; i < n; i++)
+        x ^= b[i];
+    sink ^= x;
+}
+
+void fuzz_check_decode_error(int rc, const char *err, size_t errlen)
+{
+    FUZZ_CHECK(rc == PS_EMALFORMED || rc == PS_EBAD_TYPE || rc == PS_EBAD_FIELD || rc == PS_EUNSUPPORTED,
+               "unexpected code %d (%s)", rc, ps_errname(rc));
+    FUZZ_CHECK(memchr(err, '\0', errlen) != NULL, "reason not NUL-terminated");
+    FUZZ_CHECK(err[0] != '\0', "code %s without a reason", ps_errname(rc));
+}
+
+/* Fields each type must carry: proto/PROTOCOL.md section 5. */
+static uint32_t spec_required(uint32_t type)
+{
+    switch (type) {
+    case PS_MSG_HELLO: return PS_F_VERSION | PS_F_ROLE;
+    case PS_MSG_WELCOME: return PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS;
+    case PS_MSG_INIT: return PS_F_OFF | PS_F_DATA;
+    case PS_MSG_PUSH: return PS_F_BASE | PS_F_OFF | PS_F_DATA;
+    case PS_MSG_PULL: return PS_F_OFF | PS_F_LEN;
+    case PS_MSG_PUSHPULL: return PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN;
+    case PS_MSG_PARAMS: return PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    case PS_MSG_STATUS_REPLY: return PS_F_BODY;
+    case PS_MSG_METRICS_REPLY: return PS_F_TEXT;
+    case PS_MSG_REPORT: return PS_F_EPOCH;
+    case PS_MSG_ERROR: return PS_F_CODE | PS_F_TEXT;
+    case PS_MSG_ADMIN: return PS_F_CMD;
+    default: return 0;
+    }
+}
+
+/* The fingerprint as section 4.1 defines it, written again here. */
+static uint64_t spec_fingerprint(const ps_layout *l)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    char text[PS_NAME_MAX + 1 + PS_DIMS_MAX * 11 + 2];
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        const ps_tensor_desc *t = &l->t[i];
+        size_t n = (size_t)snprintf(text, sizeof text, "%s:", t->name);
+        for (uint32_t d = 0; d < t->ndim; d++)
+            n += (size_t)snprintf(text + n, sizeof text - n, d ? "x%u" : "%u", t->dims[d]);
+        n += (size_t)snprintf(text + n, sizeof text - n, ";");
+        for (size_t k = 0; k < n; k++) {
+            h ^= (uint8_t)text[k];
+            h *= 0x100000001b3ULL;
+        }
+    }
+    return h;
+}
+
+static void check_layout(const ps_layout *l)
+{
+    FUZZ_CHECK(l->ntensors >= 1 && l->ntensors <= PS_TENSORS_MAX, "%u tensors", l->ntensors);
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        const ps_tensor_desc *t = &l->t[i];
+        size_t n = strnlen(t->name, sizeof t->name);
+        FUZZ_CHECK(n >= 1 && n <= PS_NAME_MAX, "tensor %u: name of %zu bytes", i, n);
+        for (size_t k = 0; k < n; k++)
+            FUZZ_CHECK(t->name[k] >= 0x21 && t->name[k] <= 0x7e, "tensor %u: name byte 0x%02x", i,
+                       (unsigned)(uint8_t)t->name[k]);
+        FUZZ_CHECK(t->ndim >= 1 && t->ndim <= PS_DIMS_MAX, "tensor %u: rank %u", i, t->ndim);
+        uint64_t count = 1;
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            FUZZ_CHECK(t->dims[d] >= 1, "tensor %u: dimension %u is 0", i, d);
+            count *= t->dims[d]; /* <= 2^34 * 2^32 never happens: checked below per step */
+            FUZZ_CHECK(count <= PS_PARAMS_MAX, "tensor %u: more than 2^34 values", i);
+        }
+        FUZZ_CHECK(t->count == count && t->offset == off, "tensor %u: count %llu offset %llu", i,
+                   (unsigned long long)t->count, (unsigned long long)t->offset);
+        off += count;
+        FUZZ_CHECK(off <= PS_PARAMS_MAX, "layout of more than 2^34 values");
+    }
+    FUZZ_CHECK(l->total == off, "total %llu, tensors add up to %llu", (unsigned long long)l->total,
+               (unsigned long long)off);
+}
+
+void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
+{
+    FUZZ_CHECK(m->type >= 1 && m->type <= PS_MSG_TYPE_MAX, "type %u", m->type);
+    FUZZ_CHECK((m->has & (1u << 31)) == 0, "undefined presence bit");
+    uint32_t need = spec_required(m->type);
+    FUZZ_CHECK((m->has & need) == need, "%s without required fields (has %#x, needs %#x)",
+               ps_msg_type_name(m->type), m->has, need);
+    if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER)
+        FUZZ_CHECK((m->has & (PS_F_SHARD | PS_F_LAYOUT)) == (PS_F_SHARD | PS_F_LAYOUT),
+                   "worker hello without shard and layout");
+
+    /* absent fields keep their defaults */
+    if (!(m->has & PS_F_ID))
+        FUZZ_CHECK(m->id == 0, "id without the field");
+    if (!(m->has & PS_F_FIN))
+        FUZZ_CHECK(m->fin == 1, "fin defaults to true");
+    if (!(m->has & PS_F_DATA))
+        FUZZ_CHECK(m->data == NULL && m->ndata == 0, "data without the field");
+    FUZZ_CHECK(m->fin == 0 || m->fin == 1, "fin %d", m->fin);
+    FUZZ_CHECK(m->need_init == 0 || m->need_init == 1, "init %d", m->need_init);
+
+    if (m->has & PS_F_ROLE)
+        FUZZ_CHECK(m->role == PS_ROLE_WORKER || m->role == PS_ROLE_ADMIN, "role %u", m->role);
+    if (m->has & PS_F_SHARD)
+        FUZZ_CHECK(m->nshards >= 1 && m->nshards <= 65536 && m->shard < m->nshards, "shard [%u, %u]", m->shard,
+                   m->nshards);
+    if (m->has & PS_F_LAYOUT) {
+        FUZZ_CHECK(m->layout != NULL, "layout bit without a layout");
+        check_layout(m->layout);
+        if (m->has & PS_F_FP)
+            FUZZ_CHECK(m->fp == spec_fingerprint(m->layout), "fingerprint %#llx does not match the layout",
+                       (unsigned long long)m->fp);
+    }
+    if (m->has & PS_F_MODE) {
+        size_t n = strnlen(m->mode, sizeof m->mode);
+        FUZZ_CHECK(n >= 1 && n <= 15, "mode of %zu bytes", n);
+    }
+    if (m->has & PS_F_CMD) {
+        size_t n = strnlen(m->cmd, sizeof m->cmd);
+        FUZZ_CHECK(n >= 1 && n <= PS_CMD_MAX, "cmd of %zu bytes", n);
+    }
+    if (m->has & PS_F_ARGS) {
+        FUZZ_CHECK(m->nargs <= PS_ARGS_MAX, "%u args", m->nargs);
+        for (uint32_t i = 0; i < m->nargs; i++) {
+            FUZZ_CHECK(m->args[i].len <= PS_ARG_MAX, "args[%u] of %u bytes", i, m->args[i].len);
+            fuzz_touch(m->args[i].p, m->args[i].len);
+        }
+    } else {
+        FUZZ_CHECK(m->nargs == 0, "args without the field");
+    }
+    if (m->has & PS_F_TEXT)
+        fuzz_touch(m->text, m->text_len);
+    if (m->has & PS_F_BODY)
+        FUZZ_CHECK(m->body != NULL && m->body->type == MSGPACK_OBJECT_MAP, "body is not a map");
+    if (m->has & PS_F_DATA) {
+        /* section 3: aligned, in place (inside the frame), ndata * 4 bytes */
+        const uint8_t *d = (const uint8_t *)m->data;
+        FUZZ_CHECK(m->ndata <= len / 4, "%llu floats in a %zu-byte payload", (unsigned long long)m->ndata, len);
+        if (m->ndata > 0) {
+            FUZZ_CHECK((uintptr_t)d % PS_DATA_ALIGN == 0, "data at %p is not aligned", (const void *)d);
+            FUZZ_CHECK(d >= payload && d + m->ndata * 4 <= payload + len, "data is not inside the payload");
+            fuzz_touch(d, m->ndata * 4);
+        }
+    }
+    (void)ps_msg_type_name(m->type);
+}

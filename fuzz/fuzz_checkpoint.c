@@ -1,0 +1,123 @@
+/* fuzz_checkpoint.c - libFuzzer target: psd's checkpoint loader.
+ *
+ * Input: the bytes of a checkpoint file (format in server/checkpoint.h).
+ * The CRC-32 stored 8 bytes from the end is recomputed over the input
+ * before it is written, so that mutations reach the header parser instead
+ * of all stopping at the checksum; everything else (magic, format, header
+ * length, end marker) is left as the fuzzer made it.
+ *
+ * The file is written into a temporary state_dir under the name psd gives
+ * checkpoints, and loaded with srv_checkpoint_load, the function psd calls
+ * at start-up, into a zeroed psd whose configuration is the defaults with
+ * one of two optimizers (sgd with momentum: one state buffer; adam: two),
+ * so that both a matching and a mismatching optimizer state are read. A
+ * loaded model is checked for consistency and every value read, then
+ * freed.
+ *
+ * Built from server/checkpoint.c, model.c and optim.c as they are; the one
+ * function they need from the rest of psd, srv_now_ms (net.c), is below. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "fuzz_check.h"
+#include "server/checkpoint.h"
+#include "server/psd.h"
+
+static char dir[4096], file[4200];
+static ps_config defaults;
+static psd srv;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+uint64_t srv_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void cleanup(void)
+{
+    if (file[0])
+        unlink(file);
+    if (dir[0])
+        rmdir(dir);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/psd-fuzz-ckpt.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror(dir);
+        abort();
+    }
+    snprintf(file, sizeof file, "%s/ckpt-%020d.psdc", dir, 1);
+    atexit(cleanup);
+    ps_log_init("fuzz_checkpoint", PS_LOG_ERROR);
+    FILE *devnull = fopen("/dev/null", "w");
+    if (devnull)
+        ps_log_set_file(devnull); /* the loader logs every file it refuses */
+    ps_config_defaults(&defaults);
+    if (strlen(dir) >= sizeof defaults.state_dir)
+        abort();
+    strcpy(defaults.state_dir, dir);
+    return 0;
+}
+
+static void check_loaded(psd *s)
+{
+    srv_model *m = &s->model;
+    FUZZ_CHECK(m->has_layout && m->initialized && m->cur, "loaded model without layout or values");
+    FUZZ_CHECK(m->cur->n == m->layout.total, "%zu values for a layout of %llu", m->cur->n,
+               (unsigned long long)m->layout.total);
+    FUZZ_CHECK(m->cur->version == m->version, "snapshot version differs from the model's");
+    fuzz_touch(m->cur->w, m->cur->n * sizeof(float));
+    float *bufs[4];
+    size_t k = srv_optim_state_buffers(&m->opt, bufs, NULL, 4);
+    for (size_t i = 0; i < k && i < 4; i++)
+        fuzz_touch(bufs[i], m->layout.total * sizeof(float));
+    for (uint32_t i = 0; i < s->nrestored; i++)
+        fuzz_touch(&s->restored_clocks[i], sizeof s->restored_clocks[i]);
+    char desc[512];
+    ps_layout_describe(&m->layout, desc, sizeof desc);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    uint8_t *buf = malloc(size ? size : 1);
+    if (!buf)
+        abort();
+    memcpy(buf, data, size);
+    if (size >= 8) {
+        uint32_t crc = (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), buf, size - 8);
+        for (int i = 0; i < 4; i++)
+            buf[size - 8 + i] = (uint8_t)(crc >> (8 * i)); /* little-endian */
+    }
+    FILE *f = fopen(file, "wb");
+    if (!f || fwrite(buf, 1, size, f) != size || fclose(f) != 0)
+        abort();
+    free(buf);
+
+    static const int optimizers[] = {PS_OPTIMIZER_SGD, PS_OPTIMIZER_ADAM};
+    for (size_t i = 0; i < sizeof optimizers / sizeof optimizers[0]; i++) {
+        memset(&srv, 0, sizeof srv);
+        srv.cfg = defaults;
+        srv.cfg.optimizer = optimizers[i];
+        int rc = srv_checkpoint_load(&srv);
+        FUZZ_CHECK(rc == 0 || rc == 1, "srv_checkpoint_load returned %d", rc);
+        if (rc == 1)
+            check_loaded(&srv);
+        srv_model_free(&srv.model);
+        free(srv.restored_clocks);
+    }
+    return 0;
+}
