@@ -3,7 +3,7 @@
  * For each (mode, S, K) cell psbench starts a fresh psd as a child process
  * (127.0.0.1, port 0, --port-file), connects K simulated workers (threads,
  * one ps_client each, hello as shards 0..K-1 of K with a layout of one
- * tensor "w" of S floats), lets the worker psd asks for send the initial
+ * tensor "w" of S floats), lets the worker that psd asks send the initial
  * values, and then times round trips: push S floats + pull S floats, as
  * psworker does (worker/session.c): one PUSHPULL for S <= 2^20, otherwise
  * PUSH chunks of 2^20 floats (fin on the last) and then PULL chunks, each
@@ -17,7 +17,10 @@
  * It prints and writes (CSV, gnuplot PNG) per cell: payload GB/s (tensor
  * bytes pushed + pulled per second, all workers together), round trips/s,
  * p50 and p99 round-trip latency, the CPU psd used, psd's peak RSS (VmHWM)
- * against the memory bound of the issue, and the ratio psd/ceiling. When
+ * against the memory bound of the issue, the ratio psd/ceiling, and how
+ * long psd took to answer a probe's heartbeats meanwhile (its loop's
+ * stalls). --chunk and --pipeline depart from psworker's behaviour, to
+ * measure what a change of the worker would gain. When
  * bench/mpi_allreduce was built (Open MPI found), it also times
  * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory and sets
  * BSP rounds of 2 workers beside it.
@@ -31,7 +34,6 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -763,6 +765,7 @@ static pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *l
             fclose(f);
             if (got) {
                 *port = p;
+                unlink(portfile);
                 return pid;
             }
         }
@@ -1115,8 +1118,10 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
     }
     /* blocks: for each K, the ceiling, then each mode: floats gb_per_s ratio */
     int block = 0;
-    fprintf(g, "set terminal pngcairo size 1600,640 font 'sans,10'\nset output '%s'\n", png);
-    fprintf(g, "set datafile missing 'NaN'\nset logscale x\nset grid\nset key below maxrows 4 font 'sans,8'\n");
+    int nrow = ntcp > 0 ? 2 : 1;
+    fprintf(g, "set terminal pngcairo size %d,%d font 'sans,10'\nset output '%s'\n", 80 + 520 * o->nmodes,
+            60 + 440 * nrow, png);
+    fprintf(g, "set datafile missing 'NaN'\nset logscale x\nset grid\nset key top right opaque font 'sans,8'\n");
     uint64_t smin = UINT64_MAX, smax = 0;
     for (int i = 0; i < o->nsizes; i++) {
         smin = o->sizes[i] < smin ? o->sizes[i] : smin;
@@ -1124,11 +1129,12 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
     }
     fprintf(g, "set xlabel 'model size S (float32)'\nset format x '10^{%%L}'\nset xrange [%g:%g]\n",
             (double)smin / 2, (double)smax * 2);
-    fprintf(g, "set multiplot layout 1,%d title 'psbench: push+pull payload throughput, psd against plain TCP "
+    fprintf(g, "set multiplot layout %d,%d title 'psbench: push+pull payload throughput, psd against plain TCP "
                "(same machine, same run)'\n",
-            o->nmodes + (ntcp > 0));
-    char plots[MODE_COUNT + 1][8192];
-    int plen[MODE_COUNT + 1] = {0};
+            nrow, o->nmodes);
+    /* plots[mi]: GB/s of mode mi; plots[MODE_COUNT + mi]: its ratio */
+    char plots[2 * MODE_COUNT][8192];
+    int plen[2 * MODE_COUNT] = {0};
     memset(plots, 0, sizeof plots);
     static const int colors[] = {0x1f77b4, 0xd62728, 0x2ca02c, 0x9467bd, 0xff7f0e, 0x8c564b, 0xe377c2, 0x7f7f7f};
     for (int wi = 0; wi < o->nworkers; wi++) {
@@ -1173,11 +1179,11 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
                                      ", '%s' index %d using 1:2 with linespoints dt 2 pt 6 lc rgb '#%06x' "
                                      "title 'TCP K=%d'",
                                      dat, tblock, color, K);
-            plen[o->nmodes] +=
-                snprintf(plots[o->nmodes] + plen[o->nmodes], sizeof plots[o->nmodes] - (size_t)plen[o->nmodes],
-                         "%s'%s' index %d using 1:(100*$3) with linespoints lw 2 pt %d dt %d lc rgb '#%06x' "
-                         "title '%s K=%d'",
-                         plen[o->nmodes] ? ", " : "", dat, pb, 5 + 2 * mi, 1 + mi, color, mode_names[mode], K);
+            int ri = MODE_COUNT + mi;
+            plen[ri] += snprintf(plots[ri] + plen[ri], sizeof plots[ri] - (size_t)plen[ri],
+                                 "%s'%s' index %d using 1:(100*$3) with linespoints lw 2 pt 7 lc rgb '#%06x' "
+                                 "title 'K=%d'",
+                                 plen[ri] ? ", " : "", dat, pb, color, K);
         }
     }
     for (int mi = 0; mi < o->nmodes; mi++) {
@@ -1185,9 +1191,11 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
                 mode_names[o->modes[mi]]);
         fprintf(g, "plot %s\n", plen[mi] ? plots[mi] : "NaN notitle");
     }
-    if (ntcp > 0) {
-        fprintf(g, "set title 'psd / plain TCP (GB/s)'\nset ylabel 'percent of the ceiling'\nset yrange [0:*]\n");
-        fprintf(g, "plot %s\n", plen[o->nmodes] ? plots[o->nmodes] : "NaN notitle");
+    for (int mi = 0; ntcp > 0 && mi < o->nmodes; mi++) {
+        fprintf(g, "set title '%s: psd / plain TCP'\nset ylabel 'percent of the ceiling (GB/s)'\n"
+                   "set yrange [0:105<*]\n",
+                mode_names[o->modes[mi]]);
+        fprintf(g, "plot %s\n", plen[MODE_COUNT + mi] ? plots[MODE_COUNT + mi] : "NaN notitle");
     }
     fprintf(g, "unset multiplot\n");
     fclose(d);
@@ -1458,8 +1466,8 @@ int main(int argc, char **argv)
         have_k2 |= o.workers[wi] == 2;
     if (o.no_mpi) {
     } else if (!o.mpi_prog[0]) {
-        printf("\nMPI_Allreduce comparison skipped: bench/mpi_allreduce was not built (Open MPI not found at "
-               "build time)\n");
+        printf("\nMPI_Allreduce comparison skipped: no mpi_allreduce next to psbench (it is built where Open "
+               "MPI's development files are installed: libopenmpi-dev)\n");
     } else if (system("command -v mpirun >/dev/null 2>&1") != 0) {
         printf("\nMPI_Allreduce comparison skipped: mpirun not on PATH\n");
     } else if (have_bsp && have_k2) {

@@ -27,7 +27,7 @@ void fuzz_check_decode_error(int rc, const char *err, size_t errlen)
 }
 
 /* Fields each type must carry: proto/PROTOCOL.md section 5. */
-static uint32_t spec_required(uint32_t type)
+static uint64_t spec_required(uint32_t type)
 {
     switch (type) {
     case PS_MSG_HELLO: return PS_F_VERSION | PS_F_ROLE;
@@ -42,6 +42,8 @@ static uint32_t spec_required(uint32_t type)
     case PS_MSG_REPORT: return PS_F_EPOCH;
     case PS_MSG_ERROR: return PS_F_CODE | PS_F_TEXT;
     case PS_MSG_ADMIN: return PS_F_CMD;
+    case PS_MSG_CHALLENGE: return PS_F_NONCE;
+    case PS_MSG_AUTH: return PS_F_CNONCE | PS_F_PROOF;
     default: return 0;
     }
 }
@@ -95,10 +97,10 @@ static void check_layout(const ps_layout *l)
 void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
 {
     FUZZ_CHECK(m->type >= 1 && m->type <= PS_MSG_TYPE_MAX, "type %u", m->type);
-    FUZZ_CHECK((m->has & (1u << 31)) == 0, "undefined presence bit");
-    uint32_t need = spec_required(m->type);
-    FUZZ_CHECK((m->has & need) == need, "%s without required fields (has %#x, needs %#x)",
-               ps_msg_type_name(m->type), m->has, need);
+    FUZZ_CHECK((m->has >> PS_F_COUNT) == 0, "undefined presence bit");
+    uint64_t need = spec_required(m->type);
+    FUZZ_CHECK((m->has & need) == need, "%s without required fields (has %#llx, needs %#llx)",
+               ps_msg_type_name(m->type), (unsigned long long)m->has, (unsigned long long)need);
     if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER)
         FUZZ_CHECK((m->has & (PS_F_SHARD | PS_F_LAYOUT)) == (PS_F_SHARD | PS_F_LAYOUT),
                    "worker hello without shard and layout");

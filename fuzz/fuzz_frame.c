@@ -10,7 +10,8 @@
  * limits into one msgpack_zone that lives as long as the connection and is
  * cleared before every message, as psd does. As psd, a bad frame header
  * ends the stream, and so does anything but a version 1 HELLO before the
- * hello; after it a bad message costs only itself.
+ * hello; after it a bad message costs only itself. This is psd without a
+ * token_file: with one, the pre-hello limit would last until the AUTH.
  *
  * Every payload is copied into a heap block that ends exactly where the
  * payload ends, at the same offset modulo 4 as in the stream (so the

@@ -103,7 +103,8 @@ static int same_double(double a, double b)
 static void compare(const ps_msg *a, const ps_msg *b)
 {
     SAME(type);
-    FUZZ_CHECK(a->has == b->has, "presence bits %#x became %#x", a->has, b->has);
+    FUZZ_CHECK(a->has == b->has, "presence bits %#llx became %#llx", (unsigned long long)a->has,
+               (unsigned long long)b->has);
     SAME_IF(PS_F_ID, id);
     SAME_IF(PS_F_VERSION, proto);
     SAME_IF(PS_F_ROLE, role);
@@ -151,6 +152,14 @@ static void compare(const ps_msg *a, const ps_msg *b)
         FUZZ_CHECK(a->args[i].len == b->args[i].len &&
                        (a->args[i].len == 0 || memcmp(a->args[i].p, b->args[i].p, a->args[i].len) == 0),
                    "args[%u] changed", i);
+    if (a->has & PS_F_NONCE)
+        FUZZ_CHECK(memcmp(a->nonce, b->nonce, sizeof a->nonce) == 0, "nonce changed");
+    if (a->has & PS_F_CNONCE)
+        FUZZ_CHECK(memcmp(a->cnonce, b->cnonce, sizeof a->cnonce) == 0, "cnonce changed");
+    if (a->has & PS_F_PROOF)
+        FUZZ_CHECK(memcmp(a->proof, b->proof, sizeof a->proof) == 0, "proof changed");
+    if (a->has & PS_F_SPROOF)
+        FUZZ_CHECK(memcmp(a->sproof, b->sproof, sizeof a->sproof) == 0, "sproof changed");
     if (a->has & PS_F_BODY) {
         pack_object(&body1, a->body);
         pack_object(&body2, b->body);

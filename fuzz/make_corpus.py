@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
 (HELLO, WELCOME, INIT, PUSH, PULL, PUSHPULL, PARAMS, OK, HEARTBEAT, STATUS, STATUS_REPLY, METRICS,
- METRICS_REPLY, REPORT, ERROR, BYE, ADMIN) = range(1, 18)
+ METRICS_REPLY, REPORT, ERROR, BYE, ADMIN, CHALLENGE, AUTH) = range(1, 20)
 
 LAYOUT = [["w", [2, 3]], ["b", [3]]]
 
@@ -108,6 +108,10 @@ MESSAGES = {
     "bye": pack({"t": BYE, "id": 13}),
     "admin_set": pack({"t": ADMIN, "id": 14, "cmd": "set", "args": ["lr", "0.01"]}),
     "admin_checkpoint": pack({"t": ADMIN, "id": 15, "cmd": "checkpoint", "args": []}),
+    "challenge": pack({"t": CHALLENGE, "id": 1, "nonce": bytes(range(32))}),
+    "auth": pack({"t": AUTH, "id": 2, "cnonce": bytes(range(32, 64)), "proof": b"\xa5" * 32}),
+    "welcome_sproof": pack({"t": WELCOME, "id": 2, "v": 1, "mode": "asgd", "ver": 3, "params": 9,
+                            "sproof": b"\x5a" * 32}),
     "unknown_keys": pack({"t": PULL, "off": 0, "len": 1, "future": [1, {"a": None}], "pad": 7}),
     # malformed
     "bad_array32": b"\xdd\xff\xff\xff\xff",
@@ -116,7 +120,10 @@ MESSAGES = {
     "bad_not_map": pack([HELLO, 1]),
     "bad_int_key": pack({1: 2, "t": 9}),
     "bad_type0": pack({"t": 0}),
-    "bad_type18": pack({"t": 18}),
+    "bad_type20": pack({"t": 20}),
+    "bad_nonce_len": pack({"t": CHALLENGE, "nonce": b"\0" * 31}),
+    "bad_proof_str": pack({"t": AUTH, "cnonce": b"\0" * 32, "proof": "x" * 32}),
+    "bad_auth_no_proof": pack({"t": AUTH, "cnonce": b"\0" * 32}),
     "bad_type_str": pack({"t": "push"}),
     "bad_no_type": pack({"id": 1}),
     "bad_dup_field": b"\x83\xa1t\x09\xa2id\x01\xa2id\x02",
@@ -158,6 +165,7 @@ STREAMS = {
                             M["admin_checkpoint"], M["bye"]),
     "server_replies": stream(3, M["hello_admin"], M["welcome"], M["ok"], M["params"], M["status_reply"],
                              M["metrics_reply"], M["error"]),
+    "auth_handshake": stream(2, M["hello_worker"], M["auth"], M["pull"], M["bye"]),
     "bad_after_hello": stream(1, M["hello_worker"], M["bad_dup_field"], M["bad_data_len"], M["pull"]),
     "bad_before_hello": stream(2, M["bad_array32"], M["hello_admin"]),
     "push_before_hello": stream(2, M["push"], M["hello_worker"]),
