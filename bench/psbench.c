@@ -6,8 +6,8 @@
  * tensor "w" of S floats), lets the worker that psd asks send the initial
  * values, and then times round trips: push S floats + pull S floats, as
  * psworker does (worker/session.c): one PUSHPULL for S <= 2^20, otherwise
- * PUSH chunks of 2^20 floats (fin on the last) and then PULL chunks, each
- * a request and its reply.
+ * PUSH chunks of 2^20 floats (fin on the last) sent back to back, then PULL
+ * chunks with PS_PULL_WINDOW requests in flight.
  *
  * Next to it, and with the same K client threads, it times the same bytes
  * over plain TCP: a one-thread epoll server (a child process, like psd) that
@@ -19,7 +19,7 @@
  * p50 and p99 round-trip latency, the CPU psd used, psd's peak RSS (VmHWM)
  * against the memory bound of the issue, the ratio psd/ceiling, and how
  * long psd took to answer a probe's heartbeats meanwhile (its loop's
- * stalls). --chunk and --pipeline depart from psworker's behaviour, to
+ * stalls). --chunk and --pull-window depart from psworker's behaviour, to
  * measure what a change of the worker would gain. When
  * bench/mpi_allreduce was built (Open MPI found), it also times
  * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory and sets
@@ -57,7 +57,7 @@
 
 /* the largest tensor chunk psworker puts in one frame, in floats (4 MiB);
  * --chunk changes it */
-#define CHUNK_FLOATS (1u << 20)
+#define CHUNK_FLOATS PS_CHUNK_FLOATS
 #define CALL_TIMEOUT_MS (600 * 1000) /* one request; 100M floats stay far below it */
 #define CELL_GRACE_S 300.0           /* a cell this much over --seconds is stopped */
 #define MAX_LIST 16
@@ -78,8 +78,8 @@ typedef struct opts {
     uint64_t max_rounds;         /* per worker; 0 = no limit */
     int warmup;                  /* untimed round trips per worker first */
     uint64_t chunk;              /* floats per frame (psworker: CHUNK_FLOATS) */
-    int pipeline;                /* send all chunks of a push or pull before reading
-                                  * the replies (psworker waits for each) */
+    int window;                  /* chunk pulls in flight (psworker: PS_PULL_WINDOW);
+                                  * 0: every chunk request waits for its reply */
     const char *out;             /* output directory */
     int no_mpi, no_tcp, no_plot;
     int probe;                   /* measure psd's loop lag (admin heartbeats) */
@@ -244,7 +244,7 @@ struct bench {
     uint64_t max_rounds;
     int warmup;
     uint64_t chunk;         /* floats per frame */
-    int pipeline;           /* chunks without waiting for each reply */
+    int window;             /* chunk pulls in flight; 0: each request waits */
     pthread_barrier_t gate; /* K workers + main: set-up done, timing starts */
     atomic_int stop;        /* main: the time is up */
     _Atomic uint64_t stop_at; /* BSP: first round no worker starts */
@@ -279,13 +279,13 @@ static int lat_push(bworker *w, double dt)
     return 0;
 }
 
-/* Sends values[0..n) as INIT or PUSH chunks, each a request and its OK,
- * waiting for each OK before the next chunk as worker/session.c
- * send_chunks does; with --pipeline all chunks go out first and the OKs
- * are read after (psd answers a connection's requests in order). */
+/* Sends values[0..n) as INIT or PUSH chunks and reads their OKs: back to
+ * back and the OKs after (psd answers in order), as worker/session.c
+ * send_chunks does; with --pull-window 0 each chunk waits for its OK. */
 static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint64_t n)
 {
     uint64_t chunk = w->b->chunk, sent = 0;
+    int pipe = w->b->window > 0;
     const char *what = type == PS_MSG_INIT ? "init" : "push";
     for (uint64_t off = 0; off < n; off += chunk) {
         uint64_t len = n - off < chunk ? n - off : chunk;
@@ -297,12 +297,12 @@ static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint6
         m.ndata = len;
         m.fin = off + len == n;
         m.base = w->version;
-        int rc = w->b->pipeline ? ps_client_send(&w->cl, &m) : ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        int rc = pipe ? ps_client_send(&w->cl, &m) : ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
         if (rc != 0)
             return wfail(w, rc, what);
         sent++;
     }
-    for (uint64_t i = 0; w->b->pipeline && i < sent; i++) {
+    for (uint64_t i = 0; pipe && i < sent; i++) {
         ps_msg r;
         int rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
         if (rc != 0)
@@ -314,46 +314,38 @@ static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint6
 }
 
 /* Pulls all S floats at version >= min in chunks into w->params, as
- * worker/session.c pull_all: a request per chunk, the next chunk asked for
- * once this one arrived (with --pipeline: all asked for first), and a copy
- * out of the client's receive buffer. */
+ * worker/session.c pull_all: `window` chunk requests in flight (0: one,
+ * sent once the previous reply arrived), each reply copied out of the
+ * client's receive buffer. */
 static int psd_pull_all(bworker *w, uint64_t min)
 {
     uint64_t n = w->b->S, chunk = w->b->chunk;
-    int pipe = w->b->pipeline;
-    for (uint64_t off = 0; pipe && off < n; off += chunk) {
-        uint64_t len = n - off < chunk ? n - off : chunk;
-        ps_msg m;
-        ps_msg_init(&m, PS_MSG_PULL);
-        m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-        m.off = off;
-        m.len = len;
-        m.min = min;
-        int rc = ps_client_send(&w->cl, &m);
-        if (rc != 0)
-            return wfail(w, rc, "pull");
-    }
-    for (uint64_t off = 0; off < n; off += chunk) {
-        uint64_t len = n - off < chunk ? n - off : chunk;
-        ps_msg m, r;
-        int rc;
-        if (pipe) {
-            rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
-        } else {
+    uint64_t window = w->b->window > 0 ? (uint64_t)w->b->window : 1;
+    uint64_t asked = 0;
+    for (uint64_t off = 0; off < n;) {
+        while (asked < n && asked < off + window * chunk) {
+            uint64_t len = n - asked < chunk ? n - asked : chunk;
+            ps_msg m;
             ps_msg_init(&m, PS_MSG_PULL);
             m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-            m.off = off;
+            m.off = asked;
             m.len = len;
             m.min = min;
-            rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+            int rc = ps_client_send(&w->cl, &m);
+            if (rc != 0)
+                return wfail(w, rc, "pull");
+            asked += len;
         }
+        uint64_t len = n - off < chunk ? n - off : chunk;
+        ps_msg r;
+        int rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
         if (rc != 0)
             return wfail(w, rc, "pull");
         if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
             return wfail(w, PS_EMALFORMED, "pull: unexpected reply");
         memcpy(w->params + off, r.data, len * sizeof(float));
         w->version = r.mver;
-        min = r.mver;
+        off += len;
     }
     return 0;
 }
@@ -952,7 +944,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     b.max_rounds = o->max_rounds;
     b.warmup = o->warmup;
     b.chunk = o->chunk;
-    b.pipeline = o->pipeline;
+    b.window = o->window;
     if (sys == SYS_PSD) {
         snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
         pid = psd_start(o, mode, K, S, logpath, err, sizeof err, &port);
@@ -1236,8 +1228,8 @@ static void usage(FILE *f)
             "  --out DIR         psbench.csv, mpi.csv, the plot and psd logs (default bench/out)\n"
             "  --chunk N         floats per frame (default 1048576 = 2^20, psworker's); a model of\n"
             "                    at most N floats travels as one PUSHPULL\n"
-            "  --pipeline        send every chunk of a push (or every pull request) before\n"
-            "                    reading the replies; psworker waits for each reply\n"
+            "  --pull-window N   chunk pulls in flight (default 2, psworker's); 0: every chunk\n"
+            "                    request, push or pull, waits for its reply\n"
             "  --no-tcp          skip the plain-TCP ceiling\n"
             "  --no-mpi          skip the MPI_Allreduce comparison\n"
             "  --no-plot         write the gnuplot script but do not run gnuplot\n"
@@ -1305,6 +1297,7 @@ static void parse_opts(int argc, char **argv, opts *o)
     o->seconds = 2;
     o->warmup = 1;
     o->chunk = CHUNK_FLOATS;
+    o->window = PS_PULL_WINDOW;
     o->probe = 1;
     o->out = "bench/out";
     for (int i = 1; i < argc; i++) {
@@ -1366,8 +1359,11 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->chunk = parse_size(v);
             if (o->chunk > (1u << 24))
                 die("bad --chunk '%s' (at most 16M floats: psd's max_frame is set to 64M)", v);
-        } else if (strcmp(a, "--pipeline") == 0) {
-            o->pipeline = 1;
+        } else if (strcmp(a, "--pull-window") == 0) {
+            NEEDV();
+            o->window = atoi(v);
+            if (o->window < 0 || o->window > 64)
+                die("bad --pull-window '%s' (0..64)", v);
         } else if (strcmp(a, "--out") == 0) {
             NEEDV();
             o->out = v;
@@ -1424,7 +1420,7 @@ int main(int argc, char **argv)
 
     printf("psbench: psd %s, %ld CPUs, %.1f s per cell, warm-up %d, chunks of %" PRIu64 " floats%s\n", o.psd,
            sysconf(_SC_NPROCESSORS_ONLN), o.seconds, o.warmup, o.chunk,
-           o.pipeline ? ", pipelined (not as psworker)" : " (as psworker)");
+           o.window == PS_PULL_WINDOW ? " (as psworker)" : ", another pull window than psworker's");
     printf("GB/s: tensor bytes pushed + pulled (2 x S x 4 per round trip) per second, all workers together;\n"
            "cpu: psd's CPU seconds per second; peak: psd's VmHWM (! over the bound); lag: how long psd took\n"
            "to answer an admin heartbeat sent every 10 ms (its loop busy elsewhere); load: 1-min load average\n");

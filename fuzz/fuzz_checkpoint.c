@@ -76,11 +76,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static void check_loaded(psd *s)
 {
     srv_model *m = &s->model;
-    FUZZ_CHECK(m->has_layout && m->initialized && m->cur, "loaded model without layout or values");
-    FUZZ_CHECK(m->cur->n == m->layout.total, "%zu values for a layout of %llu", m->cur->n,
-               (unsigned long long)m->layout.total);
-    FUZZ_CHECK(m->cur->version == m->version, "snapshot version differs from the model's");
-    fuzz_touch(m->cur->w, m->cur->n * sizeof(float));
+    FUZZ_CHECK(m->has_layout && m->initialized && m->blk, "loaded model without layout or values");
+    size_t n = 0;
+    for (size_t i = 0; i < m->nblk; i++) {
+        FUZZ_CHECK(m->blk[i]->refs == 1, "block %zu shared after a load", i);
+        fuzz_touch(m->blk[i]->w, m->blk[i]->cap * sizeof(float));
+        n += m->blk[i]->cap;
+    }
+    FUZZ_CHECK(n == m->layout.total, "%zu values for a layout of %llu", n, (unsigned long long)m->layout.total);
     float *bufs[4];
     size_t k = srv_optim_state_buffers(&m->opt, bufs, NULL, 4);
     for (size_t i = 0; i < k && i < 4; i++)

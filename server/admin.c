@@ -219,8 +219,13 @@ static void cmd_pin(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "pin: the model has no values yet");
         return;
     }
+    srv_snap *snap = srv_snap_take(&s->model);
+    if (!snap) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "pin: out of memory");
+        return;
+    }
     srv_snap_unref(c->pinned);
-    c->pinned = srv_snap_ref(s->model.cur);
+    c->pinned = snap;
     snprintf(text, sizeof text, "pinned version %llu", (unsigned long long)c->pinned->version);
     ps_msg r;
     ps_msg_init(&r, PS_MSG_OK);

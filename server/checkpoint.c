@@ -142,7 +142,11 @@ static ckpt_job *job_new(psd *s)
     snprintf(j->dir, sizeof j->dir, "%s", s->cfg.state_dir);
     j->keep = s->cfg.checkpoint_keep;
     j->version = s->model.version;
-    j->snap = srv_snap_ref(s->model.cur);
+    j->snap = srv_snap_take(&s->model);
+    if (!j->snap) {
+        free(j);
+        return NULL;
+    }
     j->n = s->model.layout.total;
     j->nstate = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
     for (size_t i = 0; i < j->nstate; i++) {
@@ -268,8 +272,9 @@ static void job_run(ckpt_job *j)
     memcpy(head, CKPT_MAGIC, 8);
     put_u32(head + 8, CKPT_FORMAT);
     put_u32(head + 12, (uint32_t)j->header.len);
-    int bad = write_all(fd, head, sizeof head, &crc) || write_all(fd, j->header.p, j->header.len, &crc) ||
-              write_all(fd, j->snap->w, j->n * sizeof(float), &crc);
+    int bad = write_all(fd, head, sizeof head, &crc) || write_all(fd, j->header.p, j->header.len, &crc);
+    for (size_t i = 0; !bad && i < j->snap->nblk; i++)
+        bad = write_all(fd, j->snap->blk[i]->w, j->snap->blk[i]->cap * sizeof(float), &crc);
     for (size_t i = 0; !bad && i < j->nstate; i++)
         bad = write_all(fd, j->state[i], j->n * sizeof(float), &crc);
     put_u32(tail, (uint32_t)crc);
@@ -496,8 +501,11 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
         goto out;
     }
     const uint8_t *p = data + 16 + hlen;
-    memcpy(s->model.cur->w, p, n * sizeof(float));
-    p += n * sizeof(float);
+    for (size_t i = 0; i < s->model.nblk; i++) {
+        srv_blk *b = s->model.blk[i];
+        memcpy(b->w, p, b->cap * sizeof(float));
+        p += b->cap * sizeof(float);
+    }
     float *bufs[CKPT_MAX_STATE];
     const char *names[CKPT_MAX_STATE];
     size_t have = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
@@ -517,7 +525,6 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
                path, (int)opt->via.str.size, opt->via.str.ptr, srv_optim_name(&s->model.opt));
     }
     s->model.version = ver->via.u64;
-    s->model.cur->version = s->model.version;
     s->model.initialized = 1;
     free(s->restored_clocks);
     s->restored_clocks = NULL;

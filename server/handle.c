@@ -25,23 +25,35 @@ static void reply_ok(srv_conn *c, uint64_t id)
 
 /* ---- pulls ---------------------------------------------------------------- */
 
-static void send_params(srv_conn *c, srv_snap *snap, uint64_t id, uint64_t off, uint64_t len)
+/* Answers a pull with [off, off+len) of blocks blk at model version ver:
+ * the model's current blocks, or a pinned snapshot's. */
+static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t id, uint64_t off, uint64_t len)
 {
     psd *s = c->srv;
     ps_msg r;
     ps_msg_init(&r, PS_MSG_PARAMS);
     r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
     r.id = id;
-    r.mver = snap->version;
+    r.mver = ver;
     r.off = off;
-    r.data = snap->w + off;
     r.ndata = len;
     s->stats.pulls++;
-    if (c->worker && s->cfg.dc_lambda > 0 && s->cfg.mode == PS_MODE_ASGD && c->worker->base_snap != snap) {
-        srv_snap_unref(c->worker->base_snap);
-        c->worker->base_snap = srv_snap_ref(snap);
+    srv_worker *w = c->worker;
+    if (w && s->cfg.dc_lambda > 0 && s->cfg.mode == PS_MODE_ASGD && blk == s->model.blk &&
+        (!w->base_snap || w->base_snap->version != ver)) {
+        /* DC-ASGD: what this worker computes its next gradient against */
+        srv_snap *snap = srv_snap_take(&s->model);
+        if (snap) {
+            srv_snap_unref(w->base_snap);
+            w->base_snap = snap;
+        }
     }
-    srv_send(c, &r, snap);
+    srv_send(c, &r, blk);
+}
+
+static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
+{
+    send_params(c, c->srv->model.blk, c->srv->model.version, id, off, len);
 }
 
 static int pull_ready(srv_conn *c, uint64_t min)
@@ -68,11 +80,12 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         return;
     }
     if (c->pinned) {
-        send_params(c, c->pinned, id, off, len); /* ADMIN pin: that version, whatever min says */
+        /* ADMIN pin: that version, whatever min says */
+        send_params(c, c->pinned->blk, c->pinned->version, id, off, len);
         return;
     }
     if (pull_ready(c, min)) {
-        send_params(c, s->model.cur, id, off, len);
+        send_current(c, id, off, len);
         return;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
@@ -109,7 +122,7 @@ void srv_conn_answer_parked(srv_conn *c)
         c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
-        send_params(c, c->srv->model.cur, p->id, p->off, p->len);
+        send_current(c, p->id, p->off, p->len);
         free(p);
     }
 }
@@ -394,12 +407,16 @@ static void handle_init(srv_conn *c, ps_msg *m)
     }
     if (check_data(c, m) != 0)
         return;
-    float *w = srv_model_writable(&s->model);
-    if (!w) {
-        srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
-        return;
+    for (uint64_t done = 0; done < m->ndata;) {
+        srv_wseg seg;
+        if (srv_model_write_begin(&s->model, m->off + done, m->ndata - done, &seg) != 0) {
+            srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
+            return;
+        }
+        memcpy(seg.wo, m->data + done, seg.len * sizeof(float));
+        srv_model_write_end(&s->model, &seg);
+        done += seg.len;
     }
-    memcpy(w + m->off, m->data, m->ndata * sizeof(float));
     if (m->fin) {
         s->model.initialized = 1;
         s->init_owner = NULL;

@@ -2,6 +2,7 @@
  * buffer, queued writes that own their header and reference a snapshot for
  * tensor data, and closing through uv_close. */
 #include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,11 +16,16 @@
 #define RBUF_INITIAL (64 * 1024)
 #define WREQ_INLINE 160
 
-/* A queued write: owns its header bytes; tensor bytes come from snap. */
+#define WREQ_BLKS 4      /* block references held inline: a chunk spans at most 2 */
+
+/* A queued write: owns its header bytes; tensor bytes come from the model's
+ * blocks, referenced until the write is done. */
 typedef struct srv_wreq {
     uv_write_t req;
     srv_conn *c;
-    srv_snap *snap;
+    srv_blk **blk;           /* inline_blk or heap */
+    size_t nblk;
+    srv_blk *inline_blk[WREQ_BLKS];
     uint8_t *hdr;            /* inline_hdr or heap */
     uint8_t inline_hdr[WREQ_INLINE];
     struct srv_wreq *next_free;
@@ -36,15 +42,24 @@ static srv_wreq *wreq_get(void)
         wreq_free_count--;
         return r;
     }
-    return malloc(sizeof *r);
+    r = malloc(sizeof *r);
+    if (r) {
+        r->blk = r->inline_blk;
+        r->nblk = 0;
+    }
+    return r;
 }
 
 static void wreq_put(srv_wreq *r)
 {
     if (r->hdr != r->inline_hdr)
         free(r->hdr);
-    srv_snap_unref(r->snap);
-    r->snap = NULL;
+    for (size_t i = 0; i < r->nblk; i++)
+        srv_blk_unref(r->blk[i]);
+    if (r->blk != r->inline_blk)
+        free(r->blk);
+    r->blk = r->inline_blk;
+    r->nblk = 0;
     if (wreq_free_count >= 256) {
         free(r);
         return;
@@ -121,7 +136,7 @@ static void check_output(srv_conn *c, size_t last)
     srv_conn_close(c);
 }
 
-void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap)
+void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
 {
     psd *s = c->srv;
     size_t dlen = 0;
@@ -140,26 +155,52 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap)
         return;
     }
     r->c = c;
-    r->snap = NULL;
-    if (s->enc.len <= WREQ_INLINE) {
-        r->hdr = r->inline_hdr;
-    } else if (!(r->hdr = malloc(s->enc.len))) {
+    r->hdr = r->inline_hdr;
+    /* the data's pieces, one per block; the buffer list on the stack when short */
+    size_t npieces = 0;
+    if (dlen) {
+        assert(blk); /* data goes out from the blocks only */
+        uint64_t first = m->off >> SRV_BLK_SHIFT, last = (m->off + m->ndata - 1) >> SRV_BLK_SHIFT;
+        npieces = (size_t)(last - first + 1);
+    }
+    uv_buf_t small[1 + WREQ_BLKS], *bufs = small;
+    if (npieces > WREQ_BLKS) {
+        bufs = malloc((1 + npieces) * sizeof *bufs);
+        r->blk = malloc(npieces * sizeof *r->blk);
+        if (!bufs || !r->blk) {
+            if (bufs != small)
+                free(bufs);
+            if (!r->blk)
+                r->blk = r->inline_blk;
+            wreq_put(r);
+            srv_conn_close(c);
+            return;
+        }
+    }
+    if (s->enc.len > WREQ_INLINE && !(r->hdr = malloc(s->enc.len))) {
         r->hdr = r->inline_hdr;
         wreq_put(r);
+        if (bufs != small)
+            free(bufs);
         srv_conn_close(c);
         return;
     }
     memcpy(r->hdr, s->enc.p, s->enc.len);
-    uv_buf_t bufs[2];
-    unsigned nbufs = 1;
     bufs[0] = uv_buf_init((char *)r->hdr, (unsigned)s->enc.len);
-    if (dlen) {
-        r->snap = snap ? srv_snap_ref(snap) : NULL;
-        bufs[1] = uv_buf_init((char *)(uintptr_t)m->data, (unsigned)dlen);
-        nbufs = 2;
+    uint64_t off = m->off, left = dlen / sizeof(float);
+    for (size_t i = 0; i < npieces; i++) {
+        size_t len;
+        const float *p = srv_blocks_at(blk, off, left, &len);
+        r->blk[i] = srv_blk_ref(blk[off >> SRV_BLK_SHIFT]);
+        r->nblk = i + 1;
+        bufs[1 + i] = uv_buf_init((char *)(uintptr_t)p, (unsigned)(len * sizeof(float)));
+        off += len;
+        left -= len;
     }
     s->stats.bytes_out += s->enc.len + dlen;
-    rc = uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_write);
+    rc = uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, (unsigned)(1 + npieces), on_write);
+    if (bufs != small)
+        free(bufs);
     if (rc != 0) {
         wreq_put(r);
         srv_conn_close(c);
@@ -205,6 +246,13 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     srv_conn *c = (srv_conn *)h;
+    if (c->want_end > c->rlen) {
+        /* the rest of a big frame and no more: the next one then starts at
+         * the front of the buffer, aligned, and nothing is moved */
+        buf->base = (char *)c->rbuf + c->rlen;
+        buf->len = c->want_end - c->rlen;
+        return;
+    }
     if (c->rcap - c->rlen < 4096) {
         size_t cap = c->rcap ? c->rcap * 2 : RBUF_INITIAL;
         uint8_t *p = realloc(c->rbuf, cap);
@@ -234,10 +282,25 @@ static int ensure_cap(srv_conn *c, size_t need)
     return 0;
 }
 
+/* Frames of at least this size are read up to their end and no further
+ * (see on_alloc). */
+#define BIG_FRAME (64 * 1024)
+
+/* Moves rbuf[pos..rlen) to the front. */
+static void compact(srv_conn *c, size_t pos)
+{
+    if (pos > 0) {
+        memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
+        c->rlen -= pos;
+    }
+    c->rpos = 0;
+}
+
 static void process_frames(srv_conn *c)
 {
     psd *s = c->srv;
-    size_t pos = 0;
+    size_t pos = c->rpos;
+    c->want_end = 0;
     while (!c->closing && !c->close_after_write) {
         uint32_t plen = 0;
         uint32_t limit = c->role == PS_ROLE_NONE ? PS_FRAME_MAX_PREAUTH : (uint32_t)s->cfg.max_frame;
@@ -252,16 +315,18 @@ static void process_frames(srv_conn *c)
         }
         size_t flen = PS_FRAME_HDR + (size_t)plen;
         if (c->rlen - pos < flen) {
-            /* incomplete: move it to the front and make room for all of it */
-            if (pos > 0) {
-                memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
-                c->rlen -= pos;
-                pos = 0;
-            }
-            if (ensure_cap(c, flen) != 0) {
+            /* incomplete: it stays where it is when it fits there and starts
+             * float-aligned (its tensor is then aligned too); otherwise it
+             * moves to the front, and the buffer grows to hold all of it */
+            if (pos + flen > c->rcap || pos % PS_DATA_ALIGN != 0)
+                compact(c, pos), pos = 0;
+            if (ensure_cap(c, pos + flen) != 0) {
                 srv_send_error(c, 0, PS_ENOMEM, 1, "no memory for a %zu-byte frame", flen);
                 return;
             }
+            c->rpos = pos;
+            if (flen >= BIG_FRAME)
+                c->want_end = pos + flen;
             return;
         }
         ps_msg m;
@@ -282,10 +347,10 @@ static void process_frames(srv_conn *c)
     }
     if (c->closing)
         return;
-    if (pos > 0) {
-        memmove(c->rbuf, c->rbuf + pos, c->rlen - pos);
-        c->rlen -= pos;
-    }
+    if (pos == c->rlen)
+        c->rpos = c->rlen = 0;
+    else
+        compact(c, pos); /* a few bytes of the next header */
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)

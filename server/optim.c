@@ -206,140 +206,111 @@ static float clip_scale(const srv_optim *o, const float *g, size_t n)
 }
 
 /* Per-update constants, in float as the loops use them. */
-typedef struct coef {
-    float s;       /* clip scale */
-    float lr;      /* scheduled rate (adam: lr / bias correction 1) */
-    float wd;      /* coupled weight decay (0 for adamw) */
-    float mu;      /* sgd momentum */
-    float c1;      /* adam: 1 - beta1 */
-    float b2, c2;  /* adam: beta2, 1 - beta2 */
-    float bc2s;    /* adam: sqrt(1 - beta2^t) */
-    float decay;   /* adamw: 1 - lr*wd */
-    float eps;
-} coef;
+typedef srv_optim_step coef;
 
 /* The loop bodies, one element each, written in PyTorch's order of
- * operations. Arrays start at the range's offset; i indexes them. */
+ * operations: they read parameter i from wi and write it to wo (the same
+ * array for an update in place). Arrays start at the range's offset. */
 
-static inline void sgd_at(float *restrict w, const float *restrict g, coef c, size_t i)
+static inline void sgd_at(float *wo, const float *wi, const float *restrict g, coef c, size_t i)
 {
-    w[i] -= c.lr * (c.s * g[i] + c.wd * w[i]);
+    wo[i] = wi[i] - c.lr * (c.s * g[i] + c.wd * wi[i]);
 }
 
-static inline void sgd_momentum_at(float *restrict w, const float *restrict g, float *restrict v, coef c,
+static inline void sgd_momentum_at(float *wo, const float *wi, const float *restrict g, float *restrict v, coef c,
                                    size_t i)
 {
-    float d = c.s * g[i] + c.wd * w[i];
+    float d = c.s * g[i] + c.wd * wi[i];
     float vi = c.mu * v[i] + d;
     v[i] = vi;
-    w[i] -= c.lr * vi;
+    wo[i] = wi[i] - c.lr * vi;
 }
 
-static inline void sgd_nesterov_at(float *restrict w, const float *restrict g, float *restrict v, coef c,
+static inline void sgd_nesterov_at(float *wo, const float *wi, const float *restrict g, float *restrict v, coef c,
                                    size_t i)
 {
-    float d = c.s * g[i] + c.wd * w[i];
+    float d = c.s * g[i] + c.wd * wi[i];
     float vi = c.mu * v[i] + d;
     v[i] = vi;
-    w[i] -= c.lr * (d + c.mu * vi);
+    wo[i] = wi[i] - c.lr * (d + c.mu * vi);
 }
 
 /* adam and adamw: c.wd is 0 for adamw and c.decay 1 for adam, so one body
  * serves both (multiplying by 1 and adding 0 are exact). m moves towards d
  * as torch.lerp does for a weight 1-beta1 below 0.5. */
-static inline void adam_at(float *restrict w, const float *restrict g, float *restrict m, float *restrict v,
-                           coef c, size_t i)
+static inline void adam_at(float *wo, const float *wi, const float *restrict g, float *restrict m,
+                           float *restrict v, coef c, size_t i)
 {
-    float wi = w[i] * c.decay;
-    float d = c.s * g[i] + c.wd * wi;
+    float w = wi[i] * c.decay;
+    float d = c.s * g[i] + c.wd * w;
     float mi = m[i] + c.c1 * (d - m[i]);
     float vi = c.b2 * v[i] + c.c2 * d * d;
     m[i] = mi;
     v[i] = vi;
-    w[i] = wi - c.lr * mi / (sqrtf(vi) / c.bc2s + c.eps);
+    wo[i] = w - c.lr * mi / (sqrtf(vi) / c.bc2s + c.eps);
 }
 
-static inline void adagrad_at(float *restrict w, const float *restrict g, float *restrict sum, coef c,
+static inline void adagrad_at(float *wo, const float *wi, const float *restrict g, float *restrict sum, coef c,
                               size_t i)
 {
-    float d = c.s * g[i] + c.wd * w[i];
+    float d = c.s * g[i] + c.wd * wi[i];
     float si = sum[i] + d * d;
     sum[i] = si;
-    w[i] -= c.lr * d / (sqrtf(si) + c.eps);
+    wo[i] = wi[i] - c.lr * d / (sqrtf(si) + c.eps);
 }
 
 /* Calls body(args..., i) for i in [0, len): whole blocks first, through an
- * inner loop of constant trip count BLOCK that gcc -O2 vectorises, then
- * the elements left over. */
+ * inner loop of constant trip count BLOCK that the vectoriser takes, then
+ * the elements left over. At -O3 gcc would otherwise unroll the inner loop
+ * completely before vectorising and leave it scalar (4x slower for SGD):
+ * "GCC unroll 1" keeps it a loop. */
 #define RUN(len, body, ...)                                                                        \
     do {                                                                                           \
         size_t i_ = 0;                                                                             \
         for (; i_ + BLOCK <= (len); i_ += BLOCK)                                                   \
-            for (size_t j_ = i_; j_ < i_ + BLOCK; j_++)                                            \
+            _Pragma("GCC unroll 1") for (size_t j_ = i_; j_ < i_ + BLOCK; j_++)                    \
                 body(__VA_ARGS__, j_);                                                             \
         for (; i_ < (len); i_++)                                                                   \
             body(__VA_ARGS__, i_);                                                                 \
     } while (0)
 
-/* The loops, one per kind. Their restrict parameters are what tells gcc
- * that w, g and the state do not overlap; gcc 12 forgets that when it
- * inlines them into srv_optim_apply() and then leaves them scalar, hence
- * NOINLINE (one call per update: the call costs nothing). */
+/* The loops, two per kind: in place (w read and written) and out of place
+ * (wi read, wo written). Their restrict parameters are what tells gcc that
+ * the arrays do not overlap; gcc 12 forgets that when it inlines them into
+ * srv_optim_run() and then leaves them scalar, hence NOINLINE (one call
+ * per update: the call costs nothing). */
 #if defined(__GNUC__)
 #define NOINLINE __attribute__((noinline))
 #else
 #define NOINLINE
 #endif
 
-NOINLINE static void sgd_loop(float *restrict w, const float *restrict g, size_t n, coef c)
-{
-    RUN(n, sgd_at, w, g, c);
-}
+#define UNPAREN(...) __VA_ARGS__
+#define LOOPS(kind, params, args)                                                                   \
+    NOINLINE static void kind##_in(float *restrict w, UNPAREN params)                               \
+    {                                                                                               \
+        RUN(n, kind##_at, w, w, UNPAREN args);                                                      \
+    }                                                                                               \
+    NOINLINE static void kind##_oop(float *restrict wo, const float *restrict wi, UNPAREN params)   \
+    {                                                                                               \
+        RUN(n, kind##_at, wo, wi, UNPAREN args);                                                    \
+    }
 
-NOINLINE static void sgd_momentum_loop(float *restrict w, const float *restrict g, float *restrict v,
-                                       size_t n, coef c)
-{
-    RUN(n, sgd_momentum_at, w, g, v, c);
-}
+LOOPS(sgd, (const float *restrict g, size_t n, coef c), (g, c))
+LOOPS(sgd_momentum, (const float *restrict g, float *restrict v, size_t n, coef c), (g, v, c))
+LOOPS(sgd_nesterov, (const float *restrict g, float *restrict v, size_t n, coef c), (g, v, c))
+LOOPS(adam, (const float *restrict g, float *restrict m, float *restrict v, size_t n, coef c), (g, m, v, c))
+LOOPS(adagrad, (const float *restrict g, float *restrict sum, size_t n, coef c), (g, sum, c))
 
-NOINLINE static void sgd_nesterov_loop(float *restrict w, const float *restrict g, float *restrict v,
-                                       size_t n, coef c)
-{
-    RUN(n, sgd_nesterov_at, w, g, v, c);
-}
+/* kind's loop over wo/wi, in place when they are the same array */
+#define LOOP(kind, wo, wi, ...) ((wo) == (wi) ? kind##_in(wo, __VA_ARGS__) : kind##_oop(wo, wi, __VA_ARGS__))
 
-NOINLINE static void adam_loop(float *restrict w, const float *restrict g, float *restrict m,
-                               float *restrict v, size_t n, coef c)
+void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version)
 {
-    RUN(n, adam_at, w, g, m, v, c);
-}
-
-NOINLINE static void adagrad_loop(float *restrict w, const float *restrict g, float *restrict sum, size_t n,
-                                  coef c)
-{
-    RUN(n, adagrad_at, w, g, sum, c);
-}
-
-void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version)
-{
-    assert(off <= o->n && n <= o->n - off);
-    size_t len = (size_t)n;
     double lr = srv_optim_lr(o, version);
-    coef c = {.s = clip_scale(o, g, len), .lr = (float)lr, .wd = (float)o->weight_decay,
+    coef c = {.s = clip_scale(o, g, (size_t)n), .lr = (float)lr, .wd = (float)o->weight_decay,
               .mu = (float)o->momentum, .decay = 1.0f, .eps = (float)o->eps};
-    w += off;
-
-    switch (o->kind) {
-    case PS_OPTIMIZER_SGD:
-        if (o->velocity && o->momentum > 0 && o->nesterov)
-            sgd_nesterov_loop(w, g, o->velocity + off, len, c);
-        else if (o->velocity && o->momentum > 0)
-            sgd_momentum_loop(w, g, o->velocity + off, len, c);
-        else
-            sgd_loop(w, g, len, c);
-        break;
-    case PS_OPTIMIZER_ADAM:
-    case PS_OPTIMIZER_ADAMW: {
+    if (o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW) {
         double t = (double)version + 1.0;
         c.lr = (float)(lr / (1.0 - pow(o->beta1, t)));
         c.bc2s = (float)sqrt(1.0 - pow(o->beta2, t));
@@ -350,13 +321,40 @@ void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint6
             c.decay = (float)(1.0 - lr * o->weight_decay);
             c.wd = 0.0f;
         }
-        adam_loop(w, g, o->exp_avg + off, o->exp_avg_sq + off, len, c);
-        break;
     }
+    *st = c;
+}
+
+void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
+                   uint64_t off, uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    size_t len = (size_t)n;
+    coef c = *st;
+    switch (o->kind) {
+    case PS_OPTIMIZER_SGD:
+        if (o->velocity && o->momentum > 0 && o->nesterov)
+            LOOP(sgd_nesterov, wo, wi, g, o->velocity + off, len, c);
+        else if (o->velocity && o->momentum > 0)
+            LOOP(sgd_momentum, wo, wi, g, o->velocity + off, len, c);
+        else
+            LOOP(sgd, wo, wi, g, len, c);
+        break;
+    case PS_OPTIMIZER_ADAM:
+    case PS_OPTIMIZER_ADAMW:
+        LOOP(adam, wo, wi, g, o->exp_avg + off, o->exp_avg_sq + off, len, c);
+        break;
     case PS_OPTIMIZER_ADAGRAD:
-        adagrad_loop(w, g, o->sum + off, len, c);
+        LOOP(adagrad, wo, wi, g, o->sum + off, len, c);
         break;
     default:
         assert(!"unknown optimizer kind");
     }
+}
+
+void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version)
+{
+    srv_optim_step st;
+    srv_optim_begin(o, &st, g, n, version);
+    srv_optim_run(o, &st, w + off, w + off, g, off, n);
 }

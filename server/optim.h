@@ -118,4 +118,29 @@ double srv_optim_lr(const srv_optim *o, uint64_t version);
  * w or the state. off + n must not exceed the n given to init. */
 void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version);
 
+/* The same update in pieces, for parameters that are not one array (psd
+ * keeps them in blocks, see server/model.c): srv_optim_begin() fixes the
+ * update's constants (rate, clip factor over all of g[0..n)), then
+ * srv_optim_run() applies pieces of it. srv_optim_apply() is begin plus one
+ * run. */
+typedef struct srv_optim_step {
+    float s;       /* clip scale */
+    float lr;      /* scheduled rate (adam: lr / bias correction 1) */
+    float wd;      /* coupled weight decay (0 for adamw) */
+    float mu;      /* sgd momentum */
+    float c1;      /* adam: 1 - beta1 */
+    float b2, c2;  /* adam: beta2, 1 - beta2 */
+    float bc2s;    /* adam: sqrt(1 - beta2^t) */
+    float decay;   /* adamw: 1 - lr*wd */
+    float eps;
+} srv_optim_step;
+
+void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version);
+/* Applies g[0..n) to parameters [off, off+n): reads them from wi and writes
+ * the new values to wo. wi == wo updates in place; otherwise the two must
+ * not overlap (psd writes a fresh copy of a block that a reply still
+ * sends, without copying it first). wi and wo point at parameter off. */
+void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
+                   uint64_t off, uint64_t n);
+
 #endif

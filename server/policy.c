@@ -52,12 +52,8 @@ static float *scratch(psd *s)
 static int apply_now(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
                      int compensate, char *err, size_t errlen)
 {
-    float *wv = srv_model_writable(&s->model);
-    if (!wv) {
-        snprintf(err, errlen, "out of memory for a model snapshot");
-        return PS_ENOMEM;
-    }
-    uint64_t stale = s->model.version - base;
+    srv_model *m = &s->model;
+    uint64_t stale = m->version - base;
     int scale = compensate && s->cfg.staleness_scale && stale > 0;
     int dc = compensate && s->cfg.dc_lambda > 0 && w->base_snap && stale > 0;
     if (scale || dc) {
@@ -67,22 +63,35 @@ static int apply_now(psd *s, srv_worker *w, uint64_t base, uint64_t off, const f
             return PS_ENOMEM;
         }
         float k = scale ? 1.0f / (1.0f + (float)stale) : 1.0f;
-        if (dc) {
-            /* g + lambda * g * g * (w_now - w_base): a first-order Taylor
-             * correction of the gradient for the updates it missed */
-            const float lam = (float)s->cfg.dc_lambda;
-            const float *wb = w->base_snap->w + off, *wn = wv + off;
-            for (uint64_t i = 0; i < n; i++)
-                t[off + i] = k * (g[i] + lam * g[i] * g[i] * (wn[i] - wb[i]));
-        } else {
-            for (uint64_t i = 0; i < n; i++)
-                t[off + i] = k * g[i];
+        const float lam = (float)s->cfg.dc_lambda;
+        for (uint64_t done = 0; done < n;) {
+            size_t len;
+            const float *wn = srv_model_at(m, off + done, n - done, &len);
+            const float *gi = g + done;
+            float *ti = t + off + done;
+            if (dc) {
+                /* g + lambda * g * g * (w_now - w_base): a first-order Taylor
+                 * correction of the gradient for the updates it missed */
+                size_t blen;
+                const float *wb = srv_snap_at(w->base_snap, off + done, n - done, &blen);
+                for (size_t i = 0; i < len; i++)
+                    ti[i] = k * (gi[i] + lam * gi[i] * gi[i] * (wn[i] - wb[i]));
+            } else {
+                for (size_t i = 0; i < len; i++)
+                    ti[i] = k * gi[i];
+            }
+            done += len;
         }
         g = t + off;
     }
-    srv_optim_apply(&s->model.opt, wv, g, off, n, s->model.version);
+    srv_optim_step st;
+    srv_optim_begin(&m->opt, &st, g, n, m->version);
+    if (srv_model_apply(m, &st, g, off, n) != 0) {
+        snprintf(err, errlen, "out of memory for a copy of a model block");
+        return PS_ENOMEM;
+    }
     if (fin) {
-        srv_model_bump(&s->model);
+        srv_model_bump(m);
         w->clock++;
         srv_answer_parked(s);
     }
@@ -256,12 +265,14 @@ static void bsp_try_close(psd *s)
     float inv = 1.0f / (float)b->count;
     for (size_t j = 0; j < total; j++)
         b->acc[j] *= inv;
-    float *wv = srv_model_writable(&s->model);
-    if (!wv) {
-        PS_LOG(PS_LOG_ERROR, "out of memory copying the model; round %llu stays open", (unsigned long long)round);
-        return;
+    srv_optim_step st;
+    srv_optim_begin(&s->model.opt, &st, b->acc, total, s->model.version);
+    if (srv_model_apply(&s->model, &st, b->acc, 0, total) != 0) {
+        /* blocks before the failing one are applied: the round cannot be
+         * repeated; close it rather than apply them twice */
+        PS_LOG(PS_LOG_ERROR, "out of memory copying a model block: round %llu applied only in part",
+               (unsigned long long)round);
     }
-    srv_optim_apply(&s->model.opt, wv, b->acc, 0, total, s->model.version);
     srv_model_bump(&s->model);
     s->stats.rounds++;
     uint64_t now = srv_now_ms();

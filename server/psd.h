@@ -15,17 +15,35 @@
 typedef struct psd psd;
 typedef struct srv_conn srv_conn;
 
-/* ---- model: parameters as reference-counted snapshots ------------------ */
+/* ---- model: parameters in copy-on-write blocks ------------------------- */
 
-/* One consistent version of the parameters. A pull reply holds a reference
- * while its write is in flight; an update that finds the current snapshot
- * shared first copies it (copy-on-write), so a reply never sees a half-
- * applied update and no reply copies the model. */
+/* The parameters live in blocks of SRV_BLK_FLOATS floats (4 MiB, psworker's
+ * chunk size), each reference-counted. A reply that sends parameters holds
+ * references to the blocks it covers until its write is done; an update of
+ * a block that a reply still holds writes the new values into a fresh
+ * block (the optimizer reads the old one and writes the new, so nothing is
+ * copied first) and the reply goes on sending the old, consistent values.
+ * So no reply copies the model, and an update copies nothing but the part
+ * of a shared block outside its range. */
+#define SRV_BLK_SHIFT 20
+#define SRV_BLK_FLOATS ((uint64_t)1 << SRV_BLK_SHIFT)
+
+typedef struct srv_blk {
+    uint32_t refs;          /* the model's own reference counts as one */
+    size_t cap;             /* floats in w */
+    float *w;               /* 64-byte aligned */
+    struct srv_blk *next;   /* in the free pool */
+} srv_blk;
+
+/* A whole-model snapshot: references to every block of one version (psctl
+ * pin, checkpoints, DC-ASGD's base). Taking one costs a reference per
+ * block; the blocks are copied only as updates come. */
 typedef struct srv_snap {
-    uint32_t refs;    /* the model's own reference counts as one */
-    uint64_t version; /* model version these values belong to */
-    size_t n;         /* floats in w */
-    float *w;
+    uint32_t refs;
+    uint64_t version;   /* model version these values belong to */
+    size_t n;           /* floats */
+    size_t nblk;
+    srv_blk *blk[];
 } srv_snap;
 
 typedef struct srv_model {
@@ -33,10 +51,21 @@ typedef struct srv_model {
     int initialized;     /* initial values received */
     ps_layout layout;
     uint64_t fp;         /* fingerprint of layout */
-    srv_snap *cur;       /* current parameters; NULL before the layout */
+    size_t nblk;         /* blocks; 0 before the layout */
+    srv_blk **blk;       /* current parameters: block b holds [b*SRV_BLK_FLOATS, ...) */
     uint64_t version;    /* updates applied */
     srv_optim opt;
 } srv_model;
+
+/* A piece of an update that lies in one block: srv_model_write_begin()
+ * makes it; the update reads wi and writes wo (the same memory unless the
+ * block is shared), then srv_model_write_end() drops the old block. */
+typedef struct srv_wseg {
+    float *wo;
+    const float *wi;
+    size_t len;      /* floats from the requested offset in this block */
+    srv_blk *old;    /* the shared block replaced, or NULL */
+} srv_wseg;
 
 /* ---- workers ------------------------------------------------------------ */
 
@@ -113,7 +142,9 @@ struct srv_conn {
                               * admin_token_file): status and metrics only */
     srv_worker *worker;      /* set for a worker after hello */
     uint8_t *rbuf;           /* read buffer: frames accumulate here */
-    size_t rlen, rcap;
+    size_t rpos, rlen, rcap; /* unprocessed bytes are rbuf[rpos..rlen) */
+    size_t want_end;         /* a big frame is incomplete: it ends at rbuf[want_end]
+                              * and reads stop there (0: none) */
     msgpack_zone zone;       /* unpack zone, cleared per message */
     srv_parked *parked;      /* pulls waiting for a version */
     srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
@@ -223,10 +254,12 @@ void srv_shutdown(psd *s, const char *why);
 /* net.c */
 int srv_listen(psd *s);
 void srv_stop(psd *s);
-/* Queues one reply. When m has tensor data it is sent from snap (which
- * gains a reference until the write finishes) rather than copied; snap may
- * be NULL for other messages. On failure the connection is closed. */
-void srv_send(srv_conn *c, const ps_msg *m, srv_snap *snap);
+/* Queues one reply. When m has tensor data (PARAMS), the floats
+ * [m->off, m->off + m->ndata) are sent from the blocks blk (the model's or a
+ * snapshot's), which keep a reference until the write is done: nothing is
+ * copied. blk is NULL for other messages. On failure the connection is
+ * closed. */
+void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
 /* Queues an ERROR reply for request id; fatal closes after it is sent. */
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -261,14 +294,32 @@ void srv_auth_free(srv_conn *c);
 
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
-/* Returns the parameters for writing, copying the snapshot first when a
- * reply still holds it. NULL when out of memory. */
-float *srv_model_writable(srv_model *m);
+void srv_model_free(srv_model *m);
+/* Counts one applied update: version++. */
+void srv_model_bump(srv_model *m);
+/* The current values from parameter off on: a pointer and, in *len, how
+ * many of the n wanted follow it in the same block (at least 1). */
+const float *srv_model_at(const srv_model *m, uint64_t off, uint64_t n, size_t *len);
+/* Starts writing [off, off+n): fills seg for the part in off's block
+ * (seg->len floats), giving that block a fresh copy when a reply or a
+ * snapshot holds it. Returns 0 or PS_ENOMEM (nothing changed). */
+int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg);
+void srv_model_write_end(srv_model *m, srv_wseg *seg);
+/* Applies gradient g[0..n) to [off, off+n) with the optimizer, block by
+ * block (st from srv_optim_begin()). Returns 0, or PS_ENOMEM when a block
+ * could not be copied: the pieces before it are applied. */
+int srv_model_apply(srv_model *m, const srv_optim_step *st, const float *g, uint64_t off, uint64_t n);
+
+/* As srv_model_at, for any block array (the model's or a snapshot's). */
+const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len);
+srv_blk *srv_blk_ref(srv_blk *b);
+void srv_blk_unref(srv_blk *b);
+/* A snapshot of the current version; NULL when out of memory. */
+srv_snap *srv_snap_take(srv_model *m);
 srv_snap *srv_snap_ref(srv_snap *s);
 void srv_snap_unref(srv_snap *s);
-void srv_model_free(srv_model *m);
-/* Counts one applied update: version++ and tags the snapshot. */
-void srv_model_bump(srv_model *m);
+/* As srv_model_at, for a snapshot. */
+const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *len);
 
 /* status.c */
 int srv_pack_status(msgpack_packer *pk, void *arg);

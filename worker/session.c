@@ -13,7 +13,7 @@
 #include "proto/errors.h"
 
 /* largest tensor chunk in one frame, in floats (4 MiB) */
-#define CHUNK_FLOATS (1u << 20)
+#define CHUNK_FLOATS PS_CHUNK_FLOATS
 
 static int64_t mono_ms(void)
 {
@@ -97,13 +97,15 @@ static void hb_start(ps_session *ss)
 
 /* ---- requests ------------------------------------------------------------- */
 
-/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last). A
- * push psd dropped because its round had closed is counted, not an error. */
+/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last),
+ * back to back, and then reads their OKs (psd answers in order). A push psd
+ * dropped because its round had closed is counted, not an error. */
 static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_t n, uint64_t base)
 {
+    size_t sent = 0;
     for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
         size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
-        ps_msg m, r;
+        ps_msg m;
         ps_msg_init(&m, type);
         m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
         m.off = off;
@@ -111,39 +113,58 @@ static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_
         m.ndata = len;
         m.fin = off + len == n;
         m.base = base;
-        int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+        int rc = ps_client_send(&ss->cl, &m);
+        if (rc != 0)
+            return rc;
+        sent++;
+    }
+    for (size_t i = 0; i < sent; i++) {
+        ps_msg r;
+        int rc = ps_client_recv(&ss->cl, &r, ss->timeout_ms);
         if (rc == PS_EREMOTE && ss->cl.remote_code == -PS_ESTALE) {
-            ss->dropped += m.fin;
+            ss->dropped += i + 1 == sent; /* the fin chunk's answer counts the step */
             continue;
         }
         if (rc != 0)
             return rc;
+        if (r.type != PS_MSG_OK)
+            return PS_EMALFORMED;
     }
     return 0;
 }
 
-/* Pulls the whole model at version >= min into the model's parameters. */
+/* Pulls the whole model at version >= min into the model's parameters,
+ * PS_PULL_WINDOW chunk requests in flight. */
 static int pull_all(ps_session *ss, uint64_t min)
 {
     ps_model_unbind_params(ss->model);
     float *params = ps_model_params(ss->model);
     size_t n = ps_model_nparams(ss->model);
-    for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
+    size_t asked = 0; /* floats asked for */
+    for (size_t off = 0; off < n;) {
+        while (asked < n && asked < off + (size_t)PS_PULL_WINDOW * CHUNK_FLOATS) {
+            size_t len = n - asked < CHUNK_FLOATS ? n - asked : CHUNK_FLOATS;
+            ps_msg m;
+            ps_msg_init(&m, PS_MSG_PULL);
+            m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+            m.off = asked;
+            m.len = len;
+            m.min = min;
+            int rc = ps_client_send(&ss->cl, &m);
+            if (rc != 0)
+                return rc;
+            asked += len;
+        }
         size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_PULL);
-        m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-        m.off = off;
-        m.len = len;
-        m.min = min;
-        int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+        ps_msg r;
+        int rc = ps_client_recv(&ss->cl, &r, ss->timeout_ms);
         if (rc != 0)
             return rc;
         if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
             return PS_EMALFORMED;
         memcpy(params + off, r.data, len * sizeof(float));
         ss->version = r.mver;
-        min = r.mver; /* later chunks at the same version or newer */
+        off += len;
     }
     ss->have_params = 1;
     return 0;
