@@ -348,6 +348,8 @@ void srv_checkpoint_start(psd *s, int force)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
         return;
+    if (s->applying)
+        return; /* it writes the optimizer state: the next tick tries again */
     if (!force && s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
         return;
     ckpt_job *j = job_new(s);

@@ -441,6 +441,16 @@ static void handle_push(srv_conn *c, ps_msg *m)
     if (m->fin && m->base <= s->model.version)
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
     int rc = s->policy->push(s, c->worker, m->base, m->off, m->data, m->ndata, m->fin, err, sizeof err);
+    if (rc == SRV_PENDING) {
+        /* applied off the loop: srv_push_done() replies */
+        srv_apply *a = s->applying;
+        a->id = m->id;
+        a->type = m->type;
+        a->poff = m->poff;
+        a->plen = m->plen;
+        a->min = m->min;
+        return;
+    }
     if (rc == PS_ESTALE) {
         /* A push for a round that closed without it (backup workers): drop
          * it and count it; a pushpull still gets the current model so the
@@ -465,6 +475,21 @@ static void handle_push(srv_conn *c, ps_msg *m)
         do_pull(c, m->id, m->poff, m->plen, m->min);
     else
         reply_ok(c, m->id);
+}
+
+void srv_push_done(psd *s, const srv_apply *a)
+{
+    srv_conn *c = a->c;
+    if (a->fin) {
+        a->w->pushes++;
+        s->stats.pushes++;
+    }
+    if (c->closing)
+        return;
+    if (a->type == PS_MSG_PUSHPULL)
+        do_pull(c, a->id, a->poff, a->plen, a->min);
+    else
+        reply_ok(c, a->id);
 }
 
 static void handle_report(srv_conn *c, ps_msg *m)

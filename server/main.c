@@ -111,7 +111,10 @@ static void on_signal(uv_signal_t *h, int signum)
     psd *s = h->data;
     if (signum == SIGHUP) {
         PS_LOG(PS_LOG_INFO, "SIGHUP: reloading %s", s->config_path[0] ? s->config_path : "(no configuration file)");
-        srv_reload(s);
+        if (s->applying)
+            s->reload_pending = 1; /* after the update off the loop */
+        else
+            srv_reload(s);
         return;
     }
     srv_shutdown(s, signum == SIGINT ? "SIGINT" : "SIGTERM");

@@ -10,7 +10,7 @@
 
 /* Free blocks kept for reuse, in bytes: room for the blocks replies hold
  * while 8 workers pull (one chunk each) without holding on to much more. */
-#define POOL_MAX_BYTES ((size_t)32 << 20)
+#define POOL_MAX_BYTES ((size_t)16 << 20)
 
 static srv_blk *pool;
 static size_t pool_bytes;
@@ -40,6 +40,11 @@ static srv_blk *blk_new(size_t cap)
     b->refs = 1;
     b->cap = cap;
     return b;
+}
+
+srv_blk *srv_blk_fresh(size_t cap)
+{
+    return blk_new(cap);
 }
 
 srv_blk *srv_blk_ref(srv_blk *b)

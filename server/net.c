@@ -76,6 +76,13 @@ uint64_t srv_now_ms(void)
 
 /* ---- closing ------------------------------------------------------------ */
 
+void srv_conn_free(srv_conn *c)
+{
+    msgpack_zone_destroy(&c->zone);
+    free(c->rbuf);
+    free(c);
+}
+
 static void on_close(uv_handle_t *h)
 {
     srv_conn *c = (srv_conn *)h;
@@ -87,9 +94,11 @@ static void on_close(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
-    msgpack_zone_destroy(&c->zone);
-    free(c->rbuf);
-    free(c);
+    if (s->applying && s->applying->c == c) {
+        c->free_later = 1; /* the update still reads its receive buffer */
+        return;
+    }
+    srv_conn_free(c);
 }
 
 void srv_conn_close(srv_conn *c)
@@ -243,6 +252,8 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
 
 /* ---- reading ------------------------------------------------------------ */
 
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     srv_conn *c = (srv_conn *)h;
@@ -302,6 +313,14 @@ static void process_frames(srv_conn *c)
     size_t pos = c->rpos;
     c->want_end = 0;
     while (!c->closing && !c->close_after_write) {
+        if (s->applying) {
+            /* an update is applied off the loop: the rest waits, in place,
+             * and what the peer sends meanwhile waits in the kernel */
+            c->held = 1;
+            c->rpos = pos;
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            return;
+        }
         uint32_t plen = 0;
         uint32_t limit = c->role == PS_ROLE_NONE ? PS_FRAME_MAX_PREAUTH : (uint32_t)s->cfg.max_frame;
         int rc = ps_frame_header(c->rbuf + pos, c->rlen - pos, limit, &plen);
@@ -351,6 +370,21 @@ static void process_frames(srv_conn *c)
         c->rpos = c->rlen = 0;
     else
         compact(c, pos); /* a few bytes of the next header */
+}
+
+void srv_resume_held(psd *s, srv_conn *pusher)
+{
+    if (pusher && !pusher->closing)
+        uv_read_start((uv_stream_t *)&pusher->tcp, on_alloc, on_read);
+    for (srv_conn *c = s->conns, *next; c && !s->applying; c = next) {
+        next = c->next; /* process_frames may close c; it is freed later */
+        if (c->held && !c->closing) {
+            c->held = 0;
+            if (c != pusher)
+                uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+            process_frames(c);
+        }
+    }
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)

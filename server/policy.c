@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
+#include "admin.h"
 #include "psd.h"
 
 static int check_range(psd *s, uint64_t off, uint64_t n, char *err, size_t errlen)
@@ -44,6 +45,117 @@ static float *scratch(psd *s)
     if (!s->scratch)
         s->scratch = malloc(s->model.layout.total * sizeof(float));
     return s->scratch;
+}
+
+/* ---- updates applied off the loop ------------------------------------------
+ *
+ * An update of at least APPLY_OFF_LOOP_MIN floats (a few milliseconds of
+ * memory traffic) runs on libuv's thread pool, so that psd's loop goes on
+ * moving other workers' bytes meanwhile. It writes fresh blocks (the old
+ * ones keep serving replies queued before) which replace the model's when
+ * it is done; until then the loop handles no message (srv_apply). */
+#define APPLY_OFF_LOOP_MIN (PS_CHUNK_FLOATS / 2)
+
+static void apply_work(uv_work_t *req)
+{
+    srv_apply *a = req->data;
+    srv_optim *o = &a->s->model.opt;
+    uint64_t off = a->off, end = a->off + a->n;
+    for (size_t i = 0; i < a->nblk; i++) {
+        srv_blk *ob = a->old[i], *nb = a->fresh[i];
+        uint64_t start = (uint64_t)(a->first + i) << SRV_BLK_SHIFT;
+        size_t in = (size_t)(off - start);
+        size_t len = (size_t)((end < start + ob->cap ? end : start + ob->cap) - off);
+        memcpy(nb->w, ob->w, in * sizeof(float));
+        memcpy(nb->w + in + len, ob->w + in + len, (ob->cap - in - len) * sizeof(float));
+        srv_optim_run(o, &a->st, nb->w + in, ob->w + in, a->g + (off - a->off), off, len);
+        off += len;
+    }
+}
+
+static void apply_free(srv_apply *a)
+{
+    free(a->old);
+    free(a->fresh);
+    free(a);
+}
+
+static void apply_after(uv_work_t *req, int status)
+{
+    srv_apply *a = req->data;
+    psd *s = a->s;
+    srv_model *m = &s->model;
+    (void)status; /* work queued on a running loop is never cancelled */
+    for (size_t i = 0; i < a->nblk; i++) {
+        m->blk[a->first + i] = a->fresh[i];
+        srv_blk_unref(a->old[i]); /* the model's reference */
+    }
+    if (a->fin) {
+        srv_model_bump(m);
+        a->w->clock++;
+    }
+    s->applying = NULL;
+    srv_push_done(s, a);
+    srv_conn *pusher = a->c;
+    if (pusher->free_later) {
+        srv_conn_free(pusher);
+        pusher = NULL;
+    }
+    srv_resume_held(s, pusher);
+    if (a->fin)
+        srv_answer_parked(s);
+    if (s->reload_pending && !s->applying) {
+        s->reload_pending = 0;
+        srv_reload(s);
+    }
+    apply_free(a);
+}
+
+/* Starts the update of [off, off+n) by g off the loop; the caller's
+ * connection is the pusher. Returns 0, or -1 when it cannot (no memory:
+ * the caller applies it on the loop). */
+static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const float *g, uint64_t off,
+                          uint64_t n, int fin)
+{
+    srv_model *m = &s->model;
+    srv_apply *a = calloc(1, sizeof *a);
+    if (!a)
+        return -1;
+    a->first = (size_t)(off >> SRV_BLK_SHIFT);
+    a->nblk = (size_t)(((off + n - 1) >> SRV_BLK_SHIFT) - a->first + 1);
+    a->old = calloc(a->nblk, sizeof *a->old);
+    a->fresh = calloc(a->nblk, sizeof *a->fresh);
+    if (!a->old || !a->fresh) {
+        apply_free(a);
+        return -1;
+    }
+    for (size_t i = 0; i < a->nblk; i++) {
+        a->old[i] = m->blk[a->first + i];
+        if (!(a->fresh[i] = srv_blk_fresh(a->old[i]->cap))) {
+            for (size_t k = 0; k < i; k++)
+                srv_blk_unref(a->fresh[k]);
+            apply_free(a);
+            return -1;
+        }
+    }
+    a->s = s;
+    a->c = w->conn;
+    a->w = w;
+    a->st = *st;
+    a->g = g;
+    a->off = off;
+    a->n = n;
+    a->fin = fin;
+    a->req.data = a;
+    if (uv_queue_work(s->loop, &a->req, apply_work, apply_after) != 0) {
+        for (size_t i = 0; i < a->nblk; i++)
+            srv_blk_unref(a->fresh[i]);
+        apply_free(a);
+        return -1;
+    }
+    s->applying = a;
+    uv_read_stop((uv_stream_t *)&a->c->tcp); /* g lives in its receive buffer */
+    return 0;
 }
 
 /* Applies g to [off, off+n) now, as ASGD and SSP do; a fin chunk completes
@@ -86,6 +198,8 @@ static int apply_now(psd *s, srv_worker *w, uint64_t base, uint64_t off, const f
     }
     srv_optim_step st;
     srv_optim_begin(&m->opt, &st, g, n, m->version);
+    if (n >= APPLY_OFF_LOOP_MIN && apply_off_loop(s, w, &st, g, off, n, fin) == 0)
+        return SRV_PENDING;
     if (srv_model_apply(m, &st, g, off, n) != 0) {
         snprintf(err, errlen, "out of memory for a copy of a model block");
         return PS_ENOMEM;

@@ -151,6 +151,9 @@ struct srv_conn {
                               * (ADMIN pin, psctl save); NULL = the current one */
     uint32_t nparked;        /* entries in parked, at most SRV_PARKED_MAX */
     int closing;             /* uv_close called or about to be */
+    int held;                /* frames wait while an update is applied off the loop */
+    int free_later;          /* closed while its push is applied off the loop:
+                              * freed when that is done */
     int close_after_write;   /* close once queued writes are flushed */
     char close_reason[96];   /* why psd closes it, for the worker's record */
     uint64_t connected_ms;
@@ -202,6 +205,30 @@ typedef struct srv_setting {
 struct srv_http;
 struct srv_ckpt_wait;
 
+/* A push being applied off the loop thread (policy.c): while one is, psd
+ * goes on reading and writing every connection but handles no message, so
+ * nothing else touches the model or the optimizer; pulls answered meanwhile
+ * were queued before and send the blocks of the version before it. */
+typedef struct srv_apply {
+    uv_work_t req;
+    psd *s;
+    srv_conn *c;             /* the pushing connection; its reads stop */
+    srv_worker *w;
+    srv_optim_step st;
+    const float *g;          /* the gradient, in c's receive buffer */
+    uint64_t off, n;
+    int fin;
+    size_t first, nblk;      /* blocks touched */
+    srv_blk **old, **fresh;  /* the model's blocks and their new values */
+    /* the reply, filled in by handle.c */
+    uint64_t id, poff, plen, min;
+    uint32_t type;
+} srv_apply;
+
+/* A policy's push returns this when the update goes on off the loop: the
+ * reply is sent by srv_push_done(). */
+#define SRV_PENDING 1
+
 struct psd {
     uv_loop_t *loop;
     ps_config cfg;
@@ -236,6 +263,8 @@ struct psd {
     uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
+    srv_apply *applying;     /* a push applied off the loop; NULL: none */
+    int reload_pending;      /* SIGHUP came while applying: reload after */
     uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
     ps_layout scratch_layout; /* where a hello's layout is decoded */
@@ -264,6 +293,11 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 void srv_conn_close(srv_conn *c);
+/* Handles what held connections received while an update was applied off
+ * the loop, and lets the pushing one read again. */
+void srv_resume_held(psd *s, srv_conn *pusher);
+/* Frees a connection closed while its push was applied off the loop. */
+void srv_conn_free(srv_conn *c);
 
 /* handle.c */
 /* Handles one decoded message from c. */
@@ -273,6 +307,8 @@ void srv_handle(srv_conn *c, ps_msg *m);
  * or a fatal ERROR. For a hello that needed no authentication, or whose
  * AUTH has been verified. */
 void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof);
+/* The push of a applied off the loop is done: replies to it. */
+void srv_push_done(psd *s, const srv_apply *a);
 /* Answers every parked pull whose version is now available. */
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
@@ -312,6 +348,8 @@ int srv_model_apply(srv_model *m, const srv_optim_step *st, const float *g, uint
 
 /* As srv_model_at, for any block array (the model's or a snapshot's). */
 const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len);
+/* A block of cap floats, uninitialised, from the pool when it has one. */
+srv_blk *srv_blk_fresh(size_t cap);
 srv_blk *srv_blk_ref(srv_blk *b);
 void srv_blk_unref(srv_blk *b);
 /* A snapshot of the current version; NULL when out of memory. */
