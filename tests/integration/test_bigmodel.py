@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""test_bigmodel.py - a model of several 4 MiB blocks, pushed and pulled in
+chunks by raw protocol clients, against exact expectations.
+
+psd keeps the parameters in copy-on-write blocks of 2^20 floats and applies
+pushes of at least 2^19 floats on its thread pool into fresh blocks. These
+tests check that path's arithmetic (SGD at lr 0.5, which float32 computes
+exactly like numpy), that a pulled chunk never mixes two versions of a block
+while pushes of another worker are applied, that chunks across block edges
+land where they belong, that a NaN chunk leaves the model untouched, and
+that a worker closing its connection right after a big push neither loses
+that push nor upsets psd.
+"""
+
+import os
+import sys
+import threading
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import (E_NONFINITE, T_INIT, T_OK, T_PARAMS, T_PULL, T_PUSH, T_WELCOME,  # noqa: E402
+                     RawClient, expect_error)
+
+BLK = 1 << 20                   # psd's block and psworker's chunk, in floats
+TOTAL = 2 * BLK + BLK // 2      # three blocks, the last one short
+LAYOUT = [["w", [TOTAL]]]
+LR = np.float32(0.5)            # a power of two: lr * g is exact in float32
+TIMEOUT = 30.0
+
+
+def chunks(total, size=BLK, start=0):
+    """(offset, length) pieces of [start, total) of at most size floats."""
+    off = start
+    while off < total:
+        n = min(size, total - off)
+        yield off, n
+        off += n
+
+
+def grad(rng, n):
+    # multiples of 2^-10 in [-1, 1): w - 0.5 * g stays exact for |w| < 2^12
+    return (rng.integers(-1024, 1024, size=n) / 1024.0).astype("<f4")
+
+
+class Job:
+    """psd in ASGD with plain SGD at lr 0.5 and a worker that initialised the
+    model; expected values are kept in numpy."""
+
+    def __init__(self, cl, test):
+        self.t = test
+        self.psd = cl.psd(mode="asgd", workers=2,
+                          args=["--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0",
+                                "--set", "weight_decay=0", "--set", "heartbeat_timeout=600s"])
+        self.rng = np.random.default_rng(7)
+        self.w = (self.rng.integers(-4096, 4096, size=TOTAL) / 1024.0).astype("<f4")
+        self.version = 0
+        self.a = self.join(0, init=True)
+
+    def join(self, shard, init=False):
+        c = RawClient(self.psd.addr, TIMEOUT)
+        r = c.hello_worker(LAYOUT, shard, 2)
+        self.t.assertEqual(r.get("t"), T_WELCOME, r)
+        self.t.assertEqual(r.get("init"), init, r)
+        if init:
+            pieces = list(chunks(TOTAL))
+            for i, (off, n) in enumerate(pieces):
+                r = c.request({"t": T_INIT, "off": off, "data": self.w[off:off + n].tobytes(),
+                               "fin": i == len(pieces) - 1})
+                self.t.assertEqual(r.get("t"), T_OK, r)
+        return c
+
+    def push(self, c, g, off, fin=True):
+        r = c.request({"t": T_PUSH, "base": self.version, "off": off, "data": g.tobytes(), "fin": fin})
+        self.t.assertEqual(r.get("t"), T_OK, r)
+        self.w[off:off + len(g)] -= LR * g
+        if fin:
+            self.version += 1
+
+    def pull_all(self, c):
+        got = np.empty(TOTAL, dtype="<f4")
+        for off, n in chunks(TOTAL):
+            r = c.request({"t": T_PULL, "off": off, "len": n, "min": 0})
+            self.t.assertEqual(r.get("t"), T_PARAMS, r)
+            self.t.assertEqual((r["off"], len(r["data"])), (off, 4 * n))
+            got[off:off + n] = np.frombuffer(r["data"], dtype="<f4")
+        return got
+
+
+class BigModelTest(unittest.TestCase):
+    def test_chunks_across_block_edges_apply_exactly(self):
+        with harness.Cluster("psd-bigmodel") as cl:
+            job = Job(cl, self)
+            try:
+                np.testing.assert_array_equal(job.pull_all(job.a), job.w, "the initial values")
+                # chunks that start inside a block and cross into the next,
+                # big enough to be applied off psd's loop; fin on the last
+                pieces = list(chunks(TOTAL, BLK, start=BLK // 3))
+                for i, (off, n) in enumerate(pieces):
+                    job.push(job.a, grad(job.rng, n), off, fin=i == len(pieces) - 1)
+                # and a small one, applied on the loop
+                job.push(job.a, grad(job.rng, 1000), BLK - 500)
+                np.testing.assert_array_equal(job.pull_all(job.a), job.w, "after the pushes")
+                self.assertEqual(harness.status(job.psd.addr)["version"], job.version)
+            finally:
+                job.a.close()
+
+    def test_nan_chunk_leaves_the_model_untouched(self):
+        with harness.Cluster("psd-bigmodel-nan") as cl:
+            job = Job(cl, self)
+            try:
+                g = grad(job.rng, BLK)
+                g[BLK - 1] = np.nan
+                r = job.a.request({"t": T_PUSH, "base": 0, "off": BLK, "data": g.tobytes(), "fin": True})
+                expect_error(self, r, E_NONFINITE, "a NaN in a 2^20-float chunk")
+                np.testing.assert_array_equal(job.pull_all(job.a), job.w, "the model after a refused push")
+                self.assertEqual(harness.status(job.psd.addr)["version"], 0)
+            finally:
+                job.a.close()
+
+    def test_pulls_see_whole_blocks_while_another_worker_pushes(self):
+        """Worker A pushes whole-model steps with its chunks back to back
+        while worker B keeps two chunk pulls in flight, as psworker does.
+        Each chunk B gets is one block, and must hold that block's values
+        after some whole number of A's steps: never a block half updated."""
+        with harness.Cluster("psd-bigmodel-tear") as cl:
+            job = Job(cl, self)
+            b = job.join(1)
+            try:
+                steps = 6
+                history = [job.w.copy()]
+                gs = [grad(job.rng, TOTAL) for _ in range(steps)]
+                for g in gs:
+                    history.append(history[-1] - LR * g)
+                pieces = list(chunks(TOTAL))
+                seen, bad = set(), []
+
+                def puller():
+                    # every chunk of a round asked for at once, round after round, until
+                    # the last step is seen (or 200 rounds)
+                    for _ in range(200):
+                        for off, n in pieces:
+                            b.send_frame({"t": T_PULL, "id": b.next_id, "off": off, "len": n, "min": 0})
+                            b.next_id += 1
+                        for off, n in pieces:
+                            r = b.recv_frame()
+                            if r.get("t") != T_PARAMS:
+                                bad.append(r)
+                                return
+                            got = np.frombuffer(r["data"], dtype="<f4")
+                            match = [v for v in range(steps + 1) if np.array_equal(got, history[v][off:off + n])]
+                            if not match:
+                                bad.append("chunk at %d (version %d) is no whole step of its block" % (off, r["ver"]))
+                                return
+                            seen.add(match[0])
+                        if steps in seen:
+                            return
+
+                t = threading.Thread(target=puller)
+                t.start()
+                for s, g in enumerate(gs):
+                    for i, (off, n) in enumerate(pieces):
+                        job.a.send_frame({"t": T_PUSH, "id": 1000 + s * 10 + i, "base": s, "off": off,
+                                          "data": g[off:off + n].tobytes(), "fin": i == len(pieces) - 1})
+                t.join(60)
+                self.assertFalse(t.is_alive(), "the pulls did not finish")
+                self.assertEqual(bad, [])
+                self.assertIn(steps, seen)
+                sys.stderr.write("block versions seen by the pulls: %s\n" % sorted(seen))
+                for s in range(steps * len(pieces)):
+                    r = job.a.recv_frame()
+                    self.assertEqual(r.get("t"), T_OK, r)
+                np.testing.assert_array_equal(job.pull_all(b), history[-1], "the model after all steps")
+                self.assertEqual(harness.status(job.psd.addr)["version"], steps)
+            finally:
+                job.a.close()
+                b.close()
+
+    def test_worker_gone_right_after_a_big_push(self):
+        with harness.Cluster("psd-bigmodel-gone") as cl:
+            job = Job(cl, self)
+            g = grad(job.rng, BLK)
+            job.a.send_frame({"t": T_PUSH, "id": 77, "base": 0, "off": 0, "data": g.tobytes(), "fin": True})
+            job.a.close()
+            job.w[:BLK] -= LR * g
+            harness.wait_until(lambda: harness.status(job.psd.addr)["version"] == 1, 10, "the push applied")
+            with job.join(1) as c:
+                np.testing.assert_array_equal(job.pull_all(c), job.w, "the model after the worker left")
+            self.assertTrue(job.psd.alive())
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main(verbosity=2)
