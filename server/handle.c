@@ -129,6 +129,8 @@ void srv_conn_answer_parked(srv_conn *c)
 
 void srv_answer_parked(psd *s)
 {
+    if (s->applying)
+        return; /* the blocks are being written: the update's end answers them */
     for (srv_conn *c = s->conns; c; c = c->next)
         if (c->parked && !c->closing)
             srv_conn_answer_parked(c);

@@ -195,13 +195,14 @@ static double sumsq(const float *restrict g, size_t n)
     return s;
 }
 
-/* The factor clipping applies to g[0..n): min(1, clip_norm/(||g||+1e-6)),
- * as torch.nn.utils.clip_grad_norm_; 1 when clipping is off. */
-static float clip_scale(const srv_optim *o, const float *g, size_t n)
+/* The factor clipping applies to a gradient g whose sum of squares is ss:
+ * min(1, clip_norm/(||g||+1e-6)), as torch.nn.utils.clip_grad_norm_; 1
+ * when clipping is off. */
+static float clip_scale(const srv_optim *o, double ss)
 {
     if (!(o->clip_norm > 0))
         return 1.0f;
-    double c = o->clip_norm / (sqrt(sumsq(g, n)) + 1e-6);
+    double c = o->clip_norm / (sqrt(ss) + 1e-6);
     return c < 1.0 ? (float)c : 1.0f;
 }
 
@@ -307,8 +308,13 @@ LOOPS(adagrad, (const float *restrict g, float *restrict sum, size_t n, coef c),
 
 void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version)
 {
+    srv_optim_begin_sumsq(o, st, o->clip_norm > 0 ? sumsq(g, (size_t)n) : 0.0, version);
+}
+
+void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double ss, uint64_t version)
+{
     double lr = srv_optim_lr(o, version);
-    coef c = {.s = clip_scale(o, g, (size_t)n), .lr = (float)lr, .wd = (float)o->weight_decay,
+    coef c = {.s = clip_scale(o, ss), .lr = (float)lr, .wd = (float)o->weight_decay,
               .mu = (float)o->momentum, .decay = 1.0f, .eps = (float)o->eps};
     if (o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW) {
         double t = (double)version + 1.0;

@@ -136,6 +136,9 @@ typedef struct srv_optim_step {
 } srv_optim_step;
 
 void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version);
+/* As srv_optim_begin, given the gradient's sum of squares (clipping) rather
+ * than the gradient. */
+void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double sumsq, uint64_t version);
 /* Applies g[0..n) to parameters [off, off+n): reads them from wi and writes
  * the new values to wo. wi == wo updates in place; otherwise the two must
  * not overlap (psd writes a fresh copy of a block that a reply still

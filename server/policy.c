@@ -51,10 +51,85 @@ static float *scratch(psd *s)
  *
  * An update of at least APPLY_OFF_LOOP_MIN floats (a few milliseconds of
  * memory traffic) runs on libuv's thread pool, so that psd's loop goes on
- * moving other workers' bytes meanwhile. It writes fresh blocks (the old
- * ones keep serving replies queued before) which replace the model's when
- * it is done; until then the loop handles no message (srv_apply). */
+ * moving other workers' bytes meanwhile. Until it is done the loop handles
+ * no message and answers no pull (srv_apply), so no reply can take a new
+ * reference to a block: blocks that nothing else holds are updated in
+ * place, and those that replies queued before still send get fresh blocks,
+ * which replace the model's when the update is done. */
 #define APPLY_OFF_LOOP_MIN (PS_CHUNK_FLOATS / 2)
+
+/* floats of a round's mean made at a time (in L1, never a model-sized sum) */
+#define MEAN_PIECE 4096
+
+/* gr's gradient for parameters [off, off+n), n <= MEAN_PIECE, into out: the
+ * same float operations in the same order as summing whole arrays (first
+ * source, += each next, *= inv), so the result does not depend on the
+ * piece size. */
+static void round_mean(const srv_grad *gr, uint64_t off, size_t n, float *out)
+{
+    memcpy(out, gr->src[0] + off, n * sizeof(float));
+    for (unsigned k = 1; k < gr->nsrc; k++) {
+        const float *x = gr->src[k] + off;
+        for (size_t j = 0; j < n; j++)
+            out[j] += x[j];
+    }
+    for (size_t j = 0; j < n; j++)
+        out[j] *= gr->inv;
+}
+
+/* Applies gr's gradient to [off, off+len), which lies in one block: reads
+ * the parameters from wi, writes them to wo. base is the update's first
+ * parameter (a push's g starts there). */
+static void run_piece(srv_optim *o, const srv_optim_step *st, const srv_grad *gr, uint64_t base, float *wo,
+                      const float *wi, uint64_t off, size_t len)
+{
+    if (!gr->nsrc) {
+        srv_optim_run(o, st, wo, wi, gr->g + (off - base), off, len);
+        return;
+    }
+    float tmp[MEAN_PIECE];
+    for (size_t x = 0; x < len; x += MEAN_PIECE) {
+        size_t l = len - x < MEAN_PIECE ? len - x : MEAN_PIECE;
+        round_mean(gr, off + x, l, tmp);
+        if (gr->zero_src)
+            memset(gr->src[0] + off + x, 0, l * sizeof(float));
+        srv_optim_run(o, st, wo + x, wi + x, tmp, off + x, l);
+    }
+}
+
+/* The update's constants; for a round, the clip factor needs the norm of
+ * the mean, taken piece by piece when clipping is on. */
+static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
+{
+    if (!gr->nsrc || !(m->opt.clip_norm > 0)) {
+        srv_optim_begin(&m->opt, st, gr->nsrc ? NULL : gr->g, gr->nsrc ? 0 : n, m->version);
+        return;
+    }
+    float tmp[MEAN_PIECE];
+    double ss = 0;
+    for (uint64_t x = 0; x < n; x += MEAN_PIECE) {
+        size_t l = n - x < MEAN_PIECE ? (size_t)(n - x) : MEAN_PIECE;
+        round_mean(gr, off + x, l, tmp);
+        for (size_t j = 0; j < l; j++)
+            ss += (double)tmp[j] * tmp[j];
+    }
+    srv_optim_begin_sumsq(&m->opt, st, ss, m->version);
+}
+
+/* Applies the update on the loop. Returns 0, or PS_ENOMEM when a shared
+ * block could not be copied (the pieces before it are applied). */
+static int apply_sync(srv_model *m, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
+{
+    for (uint64_t done = 0; done < n;) {
+        srv_wseg seg;
+        if (srv_model_write_begin(m, off + done, n - done, &seg) != 0)
+            return PS_ENOMEM;
+        run_piece(&m->opt, st, gr, off, seg.wo, seg.wi, off + done, seg.len);
+        srv_model_write_end(m, &seg);
+        done += seg.len;
+    }
+    return 0;
+}
 
 static void apply_work(uv_work_t *req)
 {
@@ -66,9 +141,13 @@ static void apply_work(uv_work_t *req)
         uint64_t start = (uint64_t)(a->first + i) << SRV_BLK_SHIFT;
         size_t in = (size_t)(off - start);
         size_t len = (size_t)((end < start + ob->cap ? end : start + ob->cap) - off);
-        memcpy(nb->w, ob->w, in * sizeof(float));
-        memcpy(nb->w + in + len, ob->w + in + len, (ob->cap - in - len) * sizeof(float));
-        srv_optim_run(o, &a->st, nb->w + in, ob->w + in, a->g + (off - a->off), off, len);
+        if (nb) {
+            memcpy(nb->w, ob->w, in * sizeof(float));
+            memcpy(nb->w + in + len, ob->w + in + len, (ob->cap - in - len) * sizeof(float));
+        } else {
+            nb = ob; /* nobody else holds it: in place */
+        }
+        run_piece(o, &a->st, &a->grad, a->off, nb->w + in, ob->w + in, off, len);
         off += len;
     }
 }
@@ -77,8 +156,11 @@ static void apply_free(srv_apply *a)
 {
     free(a->old);
     free(a->fresh);
+    free(a->grad.src);
     free(a);
 }
+
+static void bsp_round_closed(psd *s);
 
 static void apply_after(uv_work_t *req, int status)
 {
@@ -87,10 +169,14 @@ static void apply_after(uv_work_t *req, int status)
     srv_model *m = &s->model;
     (void)status; /* work queued on a running loop is never cancelled */
     for (size_t i = 0; i < a->nblk; i++) {
-        m->blk[a->first + i] = a->fresh[i];
-        srv_blk_unref(a->old[i]); /* the model's reference */
+        if (a->fresh[i]) {
+            m->blk[a->first + i] = a->fresh[i];
+            srv_blk_unref(a->old[i]); /* the model's reference */
+        }
     }
-    if (a->fin) {
+    if (a->round) {
+        bsp_round_closed(s);
+    } else if (a->fin) {
         srv_model_bump(m);
         a->w->clock++;
     }
@@ -102,7 +188,7 @@ static void apply_after(uv_work_t *req, int status)
         pusher = NULL;
     }
     srv_resume_held(s, pusher);
-    if (a->fin)
+    if (a->fin || a->round)
         srv_answer_parked(s);
     if (s->reload_pending && !s->applying) {
         s->reload_pending = 0;
@@ -111,11 +197,12 @@ static void apply_after(uv_work_t *req, int status)
     apply_free(a);
 }
 
-/* Starts the update of [off, off+n) by g off the loop; the caller's
- * connection is the pusher. Returns 0, or -1 when it cannot (no memory:
- * the caller applies it on the loop). */
-static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const float *g, uint64_t off,
-                          uint64_t n, int fin)
+/* Starts the update of [off, off+n) by gr off the loop, for the push of
+ * worker w (whose connection then reads nothing until it is done). Takes
+ * gr->src. Returns 0, or -1 when it cannot (no memory: the caller applies
+ * it on the loop and still owns gr->src). */
+static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const srv_grad *gr, uint64_t off,
+                          uint64_t n, int fin, int round)
 {
     srv_model *m = &s->model;
     srv_apply *a = calloc(1, sizeof *a);
@@ -131,6 +218,8 @@ static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const
     }
     for (size_t i = 0; i < a->nblk; i++) {
         a->old[i] = m->blk[a->first + i];
+        if (a->old[i]->refs == 1)
+            continue; /* updated in place: no new reference can come meanwhile */
         if (!(a->fresh[i] = srv_blk_fresh(a->old[i]->cap))) {
             for (size_t k = 0; k < i; k++)
                 srv_blk_unref(a->fresh[k]);
@@ -142,19 +231,21 @@ static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const
     a->c = w->conn;
     a->w = w;
     a->st = *st;
-    a->g = g;
+    a->grad = *gr;
     a->off = off;
     a->n = n;
     a->fin = fin;
+    a->round = round;
     a->req.data = a;
     if (uv_queue_work(s->loop, &a->req, apply_work, apply_after) != 0) {
         for (size_t i = 0; i < a->nblk; i++)
             srv_blk_unref(a->fresh[i]);
+        a->grad.src = NULL;
         apply_free(a);
         return -1;
     }
     s->applying = a;
-    uv_read_stop((uv_stream_t *)&a->c->tcp); /* g lives in its receive buffer */
+    uv_read_stop((uv_stream_t *)&a->c->tcp); /* a push's g lives in its receive buffer */
     return 0;
 }
 
@@ -197,10 +288,11 @@ static int apply_now(psd *s, srv_worker *w, uint64_t base, uint64_t off, const f
         g = t + off;
     }
     srv_optim_step st;
-    srv_optim_begin(&m->opt, &st, g, n, m->version);
-    if (n >= APPLY_OFF_LOOP_MIN && apply_off_loop(s, w, &st, g, off, n, fin) == 0)
+    srv_grad gr = {.g = g};
+    begin_update(m, &st, &gr, off, n);
+    if (n >= APPLY_OFF_LOOP_MIN && w->conn && apply_off_loop(s, w, &st, &gr, off, n, fin, 0) == 0)
         return SRV_PENDING;
-    if (srv_model_apply(m, &st, g, off, n) != 0) {
+    if (apply_sync(m, &st, &gr, off, n) != 0) {
         snprintf(err, errlen, "out of memory for a copy of a model block");
         return PS_ENOMEM;
     }
@@ -315,7 +407,7 @@ const srv_policy_ops srv_policy_ssp = {
 /* ---- BSP ----------------------------------------------------------------- */
 
 typedef struct bsp_state {
-    float *acc;     /* the round's sum (arrival order) or scratch for it (shard order) */
+    float *acc;     /* the round's sum (arrival order only) */
     uint32_t count; /* complete pushes in the current round */
     uint64_t round_start_ms;
 } bsp_state;
@@ -341,9 +433,9 @@ static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
     bsp_state *b = s->policy_state;
     if (!b) {
         b = calloc(1, sizeof *b);
-        if (b)
+        if (b && s->cfg.bsp_sum_order == PS_BSP_SUM_ARRIVAL)
             b->acc = calloc(s->model.layout.total, sizeof(float));
-        if (!b || !b->acc) {
+        if (!b || (s->cfg.bsp_sum_order == PS_BSP_SUM_ARRIVAL && !b->acc)) {
             free(b);
             snprintf(err, errlen, "out of memory for the BSP accumulator");
             return NULL;
@@ -354,39 +446,11 @@ static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
     return b;
 }
 
-static void bsp_try_close(psd *s)
+/* The round's update is applied: a new version. */
+static void bsp_round_closed(psd *s)
 {
     bsp_state *b = s->policy_state;
-    if (!b || b->count == 0 || b->count < bsp_needed(s))
-        return;
-    size_t total = s->model.layout.total;
     uint64_t round = s->model.version;
-    if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
-        /* Sum in shard order so the result does not depend on arrival order. */
-        int first = 1;
-        for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-            srv_worker *w = s->workers[i];
-            if (!w || w->round != round || !w->round_fin || !w->slot)
-                continue;
-            if (first)
-                memcpy(b->acc, w->slot, total * sizeof(float));
-            else
-                for (size_t j = 0; j < total; j++)
-                    b->acc[j] += w->slot[j];
-            first = 0;
-        }
-    }
-    float inv = 1.0f / (float)b->count;
-    for (size_t j = 0; j < total; j++)
-        b->acc[j] *= inv;
-    srv_optim_step st;
-    srv_optim_begin(&s->model.opt, &st, b->acc, total, s->model.version);
-    if (srv_model_apply(&s->model, &st, b->acc, 0, total) != 0) {
-        /* blocks before the failing one are applied: the round cannot be
-         * repeated; close it rather than apply them twice */
-        PS_LOG(PS_LOG_ERROR, "out of memory copying a model block: round %llu applied only in part",
-               (unsigned long long)round);
-    }
     srv_model_bump(&s->model);
     s->stats.rounds++;
     uint64_t now = srv_now_ms();
@@ -395,9 +459,53 @@ static void bsp_try_close(psd *s)
            (unsigned long long)(now - b->round_start_ms));
     b->round_start_ms = now;
     b->count = 0;
-    if (s->cfg.bsp_sum_order == PS_BSP_SUM_ARRIVAL)
-        memset(b->acc, 0, total * sizeof(float));
+}
+
+/* Closes the round when enough pushes are in: applies their mean, made
+ * piece by piece from the shards' gradients in shard order (or from the
+ * arrival-order sum), never as a model-sized array. closer is the worker
+ * whose push completed the round (NULL when a membership change closes
+ * it): for a big model the update then runs off the loop and this returns
+ * SRV_PENDING (the closer's reply waits for it); otherwise 0. */
+static int bsp_try_close(psd *s, srv_worker *closer)
+{
+    bsp_state *b = s->policy_state;
+    if (!b || b->count == 0 || b->count < bsp_needed(s) || s->applying)
+        return 0;
+    size_t total = s->model.layout.total;
+    uint64_t round = s->model.version;
+    srv_grad gr = {.inv = 1.0f / (float)b->count};
+    gr.src = malloc((s->nworkers_cap + 1) * sizeof *gr.src);
+    if (!gr.src) {
+        PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
+        return 0;
+    }
+    if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
+        /* in shard order, so the result does not depend on arrival order */
+        for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+            srv_worker *w = s->workers[i];
+            if (w && w->round == round && w->round_fin && w->slot)
+                gr.src[gr.nsrc++] = w->slot;
+        }
+    } else {
+        gr.src[gr.nsrc++] = b->acc;
+        gr.zero_src = 1;
+    }
+    srv_optim_step st;
+    begin_update(&s->model, &st, &gr, 0, total);
+    if (closer && closer->conn && total >= APPLY_OFF_LOOP_MIN &&
+        apply_off_loop(s, closer, &st, &gr, 0, total, 1, 1) == 0)
+        return SRV_PENDING;
+    if (apply_sync(&s->model, &st, &gr, 0, total) != 0) {
+        /* blocks before the failing one are applied: the round cannot be
+         * repeated; close it rather than apply them twice */
+        PS_LOG(PS_LOG_ERROR, "out of memory copying a model block: round %llu applied only in part",
+               (unsigned long long)round);
+    }
+    free(gr.src);
+    bsp_round_closed(s);
     srv_answer_parked(s);
+    return 0;
 }
 
 static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
@@ -440,14 +548,14 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
         w->round_fin = 1;
         w->clock++;
         b->count++;
-        bsp_try_close(s);
+        return bsp_try_close(s, w);
     }
     return 0;
 }
 
 static void bsp_membership(psd *s, srv_worker *w)
 {
-    bsp_try_close(s);
+    bsp_try_close(s, NULL);
 }
 
 static void bsp_destroy(psd *s)

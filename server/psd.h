@@ -205,6 +205,19 @@ typedef struct srv_setting {
 struct srv_http;
 struct srv_ckpt_wait;
 
+/* The gradient of an update of [off, off+n): a push's floats, g[i] for
+ * parameter off+i; or, when nsrc > 0, a BSP round's mean, inv times the sum
+ * of src[0..nsrc)[off+i] in that order (whole-model arrays); zero_src
+ * clears src[0] where it was read (the arrival-order sum, ready for the
+ * next round). */
+typedef struct srv_grad {
+    const float *g;
+    float **src;
+    unsigned nsrc;
+    float inv;
+    int zero_src;
+} srv_grad;
+
 /* A push being applied off the loop thread (policy.c): while one is, psd
  * goes on reading and writing every connection but handles no message, so
  * nothing else touches the model or the optimizer; pulls answered meanwhile
@@ -215,9 +228,10 @@ typedef struct srv_apply {
     srv_conn *c;             /* the pushing connection; its reads stop */
     srv_worker *w;
     srv_optim_step st;
-    const float *g;          /* the gradient, in c's receive buffer */
+    srv_grad grad;           /* a push's floats (in c's receive buffer) or a round's mean */
     uint64_t off, n;
-    int fin;
+    int fin;                 /* the push's last chunk (asgd, ssp: a new version) */
+    int round;               /* the push closed a BSP round: its mean is applied */
     size_t first, nblk;      /* blocks touched */
     srv_blk **old, **fresh;  /* the model's blocks and their new values */
     /* the reply, filled in by handle.c */

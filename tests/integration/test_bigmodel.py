@@ -49,11 +49,11 @@ class Job:
     """psd in ASGD with plain SGD at lr 0.5 and a worker that initialised the
     model; expected values are kept in numpy."""
 
-    def __init__(self, cl, test):
+    def __init__(self, cl, test, mode="asgd", extra=()):
         self.t = test
-        self.psd = cl.psd(mode="asgd", workers=2,
+        self.psd = cl.psd(mode=mode, workers=2,
                           args=["--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0",
-                                "--set", "weight_decay=0", "--set", "heartbeat_timeout=600s"])
+                                "--set", "weight_decay=0", "--set", "heartbeat_timeout=600s"] + list(extra))
         self.rng = np.random.default_rng(7)
         self.w = (self.rng.integers(-4096, 4096, size=TOTAL) / 1024.0).astype("<f4")
         self.version = 0
@@ -177,6 +177,42 @@ class BigModelTest(unittest.TestCase):
             finally:
                 job.a.close()
                 b.close()
+
+    def bsp_rounds(self, order):
+        with harness.Cluster("psd-bigmodel-bsp-" + order) as cl:
+            job = Job(cl, self, mode="bsp", extra=["--set", "bsp_sum_order=" + order])
+            b = job.join(1)
+            try:
+                pieces = list(chunks(TOTAL))
+                for rnd in range(3):
+                    g = [grad(job.rng, TOTAL) for _ in range(2)]
+                    # worker 1 first, so arrival order differs from shard order
+                    for c, gk in ((b, g[1]), (job.a, g[0])):
+                        for i, (off, n) in enumerate(pieces):
+                            r = c.request({"t": T_PUSH, "base": rnd, "off": off, "data": gk[off:off + n].tobytes(),
+                                           "fin": i == len(pieces) - 1})
+                            self.assertEqual(r.get("t"), T_OK, r)
+                    mean = (g[0] + g[1]) * np.float32(0.5)  # float32, shard order
+                    job.w -= LR * mean
+                    got = np.empty(TOTAL, dtype="<f4")
+                    for off, n in pieces:
+                        r = b.request({"t": T_PULL, "off": off, "len": n, "min": rnd + 1})
+                        self.assertEqual(r.get("t"), T_PARAMS, r)
+                        self.assertEqual(r["ver"], rnd + 1)
+                        got[off:off + n] = np.frombuffer(r["data"], dtype="<f4")
+                    np.testing.assert_array_equal(got, job.w, "after round %d" % rnd)
+                st = harness.status(job.psd.addr)
+                self.assertEqual(st["version"], 3)
+            finally:
+                job.a.close()
+                b.close()
+
+    def test_bsp_rounds_apply_the_mean_exactly(self):
+        """A round's mean is made piece by piece and applied off the loop;
+        the result is that of summing whole arrays, in both sum orders (and
+        the arrival-order sum starts each round from zero)."""
+        self.bsp_rounds("shard")
+        self.bsp_rounds("arrival")
 
     def test_worker_gone_right_after_a_big_push(self):
         with harness.Cluster("psd-bigmodel-gone") as cl:
