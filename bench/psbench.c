@@ -315,8 +315,8 @@ static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint6
 
 /* Pulls all S floats at version >= min in chunks into w->params, as
  * worker/session.c pull_all: `window` chunk requests in flight (0: one,
- * sent once the previous reply arrived), each reply copied out of the
- * client's receive buffer. */
+ * sent once the previous reply arrived), each chunk's floats read straight
+ * into w->params (ps_client_recv_into). */
 static int psd_pull_all(bworker *w, uint64_t min)
 {
     uint64_t n = w->b->S, chunk = w->b->chunk;
@@ -338,12 +338,13 @@ static int psd_pull_all(bworker *w, uint64_t min)
         }
         uint64_t len = n - off < chunk ? n - off : chunk;
         ps_msg r;
-        int rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
+        int rc = ps_client_recv_into(&w->cl, &r, w->params + off, len, CALL_TIMEOUT_MS);
         if (rc != 0)
             return wfail(w, rc, "pull");
         if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
             return wfail(w, PS_EMALFORMED, "pull: unexpected reply");
-        memcpy(w->params + off, r.data, len * sizeof(float));
+        if (r.data != w->params + off) /* not read in place */
+            memcpy(w->params + off, r.data, len * sizeof(float));
         w->version = r.mver;
         off += len;
     }

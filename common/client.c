@@ -250,33 +250,26 @@ static int read_full(ps_client *c, uint8_t *dst, size_t len, int64_t deadline)
     return 0;
 }
 
-int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
+/* Room for len bytes in c->rbuf. */
+static int rbuf_reserve(ps_client *c, size_t len)
 {
-    uint8_t hdr[PS_FRAME_HDR];
-    uint32_t plen = 0;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    if (len <= c->rcap)
+        return 0;
+    uint8_t *p = realloc(c->rbuf, len);
+    if (!p)
+        return cfail(c, PS_ENOMEM, "out of memory for a %zu-byte frame", len);
+    c->rbuf = p;
+    c->rcap = len;
+    return 0;
+}
+
+/* Decodes c->rbuf[0..len) into out; an ERROR becomes PS_EREMOTE. */
+static int decode_reply(ps_client *c, size_t len, ps_msg *out)
+{
     char derr[256];
-    if (c->fd < 0)
-        return cfail(c, PS_ECLOSED, "not connected");
-    int rc = read_full(c, hdr, sizeof hdr, deadline);
-    if (rc != 0)
-        return rc;
-    rc = ps_frame_header(hdr, sizeof hdr, c->max_frame, &plen);
-    if (rc < 0)
-        return cfail(c, rc, "%s: bad frame from psd (length %u): %s", c->server, plen, ps_strerror(rc));
-    if (plen > c->rcap) {
-        uint8_t *p = realloc(c->rbuf, plen);
-        if (!p)
-            return cfail(c, PS_ENOMEM, "out of memory for a %u-byte frame", plen);
-        c->rbuf = p;
-        c->rcap = plen;
-    }
-    rc = read_full(c, c->rbuf, plen, deadline);
-    if (rc != 0)
-        return rc;
     msgpack_zone_clear(&c->zone);
     ps_scan_limits lim = {PS_MSG_DEPTH_MAX, 1u << 22};
-    rc = ps_msg_decode(c->rbuf, plen, &lim, &c->zone, out, &c->scratch_layout, derr, sizeof derr);
+    int rc = ps_msg_decode(c->rbuf, len, &lim, &c->zone, out, &c->scratch_layout, derr, sizeof derr);
     if (rc != 0)
         return cfail(c, rc, "%s: undecodable reply from psd: %s", c->server, derr);
     if (out->type == PS_MSG_ERROR) {
@@ -289,6 +282,55 @@ int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
         return cfail(c, PS_EREMOTE, "psd refused: %s [%s]", ps_strerror(out->code), ps_errname(out->code));
     }
     return 0;
+}
+
+int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms)
+{
+    uint8_t hdr[PS_FRAME_HDR];
+    uint32_t plen = 0;
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    if (c->fd < 0)
+        return cfail(c, PS_ECLOSED, "not connected");
+    int rc = read_full(c, hdr, sizeof hdr, deadline);
+    if (rc != 0)
+        return rc;
+    rc = ps_frame_header(hdr, sizeof hdr, c->max_frame, &plen);
+    if (rc < 0)
+        return cfail(c, rc, "%s: bad frame from psd (length %u): %s", c->server, plen, ps_strerror(rc));
+    size_t dbytes = dst ? n * sizeof(float) : 0;
+    size_t pre = plen; /* bytes read into rbuf first */
+    if (dbytes && plen > dbytes + 5)
+        pre = plen - dbytes;
+    if ((rc = rbuf_reserve(c, pre)) != 0 || (rc = read_full(c, c->rbuf, pre, deadline)) != 0)
+        return rc;
+    if (pre == plen)
+        return decode_reply(c, plen, out);
+    /* Is the frame n floats of "data" at its end (psd's PARAMS: "data" is
+     * the last field, a bin 32)? Then they go straight to dst, and the rest
+     * is decoded as if "data" were empty. */
+    uint8_t *t = c->rbuf + pre - 5;
+    uint32_t blen = (uint32_t)t[1] << 24 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 8 | t[4];
+    if (t[0] != 0xc6 || blen != dbytes) {
+        /* something else: read it all and decode it as usual */
+        if ((rc = rbuf_reserve(c, plen)) != 0 || (rc = read_full(c, c->rbuf + pre, plen - pre, deadline)) != 0)
+            return rc;
+        return decode_reply(c, plen, out);
+    }
+    if ((rc = read_full(c, (uint8_t *)dst, dbytes, deadline)) != 0)
+        return rc;
+    memset(t + 1, 0, 4);
+    if ((rc = decode_reply(c, pre, out)) != 0)
+        return rc;
+    if (!(out->has & PS_F_DATA) || out->ndata != 0)
+        return cfail(c, PS_EMALFORMED, "%s: reply with a tensor that is not its last field", c->server);
+    out->data = dst;
+    out->ndata = n;
+    return 0;
+}
+
+int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
+{
+    return ps_client_recv_into(c, out, NULL, 0, timeout_ms);
 }
 
 int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms)

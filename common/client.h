@@ -55,6 +55,11 @@ int ps_client_send(ps_client *c, ps_msg *m);
  * out. out (its data, text and body) is valid until the next receive. An
  * ERROR message is returned as PS_EREMOTE (out still holds it). */
 int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
+/* As ps_client_recv, for a reply expected to carry n floats of tensor data
+ * (PARAMS): when it does, they are read straight into dst (no copy from the
+ * receive buffer) and out->data points at dst. Any other reply (an ERROR,
+ * another length) is received as ps_client_recv does. */
+int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms);
 
 /* Sends m without a request id: psd sends no reply (heartbeats). */
 int ps_client_send_noreply(ps_client *c, ps_msg *m);

@@ -157,12 +157,13 @@ static int pull_all(ps_session *ss, uint64_t min)
         }
         size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
         ps_msg r;
-        int rc = ps_client_recv(&ss->cl, &r, ss->timeout_ms);
+        int rc = ps_client_recv_into(&ss->cl, &r, params + off, len, ss->timeout_ms);
         if (rc != 0)
             return rc;
         if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
             return PS_EMALFORMED;
-        memcpy(params + off, r.data, len * sizeof(float));
+        if (r.data != params + off) /* not read in place */
+            memcpy(params + off, r.data, len * sizeof(float));
         ss->version = r.mver;
         off += len;
     }
