@@ -372,16 +372,17 @@ static void process_frames(srv_conn *c)
         compact(c, pos); /* a few bytes of the next header */
 }
 
-void srv_resume_held(psd *s, srv_conn *pusher)
+void srv_resume_held(psd *s)
 {
-    if (pusher && !pusher->closing)
-        uv_read_start((uv_stream_t *)&pusher->tcp, on_alloc, on_read);
+    /* The pusher is held like the others (its reads stopped when its
+     * update started). When a frame starts another update, the
+     * connections not reached yet stay held, reads stopped, until that one
+     * is done. */
     for (srv_conn *c = s->conns, *next; c && !s->applying; c = next) {
         next = c->next; /* process_frames may close c; it is freed later */
         if (c->held && !c->closing) {
             c->held = 0;
-            if (c != pusher)
-                uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+            uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
             process_frames(c);
         }
     }

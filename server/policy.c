@@ -182,12 +182,9 @@ static void apply_after(uv_work_t *req, int status)
     }
     s->applying = NULL;
     srv_push_done(s, a);
-    srv_conn *pusher = a->c;
-    if (pusher->free_later) {
-        srv_conn_free(pusher);
-        pusher = NULL;
-    }
-    srv_resume_held(s, pusher);
+    if (a->c->free_later)
+        srv_conn_free(a->c);
+    srv_resume_held(s);
     if (a->fin || a->round)
         srv_answer_parked(s);
     if (s->reload_pending && !s->applying) {

@@ -308,8 +308,8 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
     __attribute__((format(printf, 5, 6)));
 void srv_conn_close(srv_conn *c);
 /* Handles what held connections received while an update was applied off
- * the loop, and lets the pushing one read again. */
-void srv_resume_held(psd *s, srv_conn *pusher);
+ * the loop, and lets them read again. */
+void srv_resume_held(psd *s);
 /* Frees a connection closed while its push was applied off the loop. */
 void srv_conn_free(srv_conn *c);
 

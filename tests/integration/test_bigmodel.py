@@ -13,6 +13,7 @@ that push nor upsets psd.
 """
 
 import os
+import re
 import sys
 import threading
 import unittest
@@ -213,6 +214,50 @@ class BigModelTest(unittest.TestCase):
         the arrival-order sum starts each round from zero)."""
         self.bsp_rounds("shard")
         self.bsp_rounds("arrival")
+
+    def test_two_pushers_memory_stays_bounded(self):
+        """Two workers push whole-model steps back to back at the same time
+        (each update off the loop holds the other's frames): every step is
+        applied, and psd's peak memory stays near the model's size."""
+        with harness.Cluster("psd-bigmodel-two") as cl:
+            job = Job(cl, self)
+            b = job.join(1)
+            steps, pieces = 12, list(chunks(TOTAL))
+            errors = []
+
+            def pusher(c, seed):
+                rng = np.random.default_rng(seed)
+                try:
+                    for st in range(steps):
+                        g = grad(rng, TOTAL)
+                        for i, (off, n) in enumerate(pieces):
+                            c.send_frame({"t": T_PUSH, "id": st * 10 + i, "base": 0, "off": off,
+                                          "data": g[off:off + n].tobytes(), "fin": i == len(pieces) - 1})
+                    for _ in range(steps * len(pieces)):
+                        r = c.recv_frame()
+                        if r.get("t") != T_OK:
+                            errors.append(r)
+                except Exception as e:  # reported below
+                    errors.append(repr(e))
+
+            ts = [threading.Thread(target=pusher, args=(c, k)) for k, c in enumerate((job.a, b))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(60)
+            try:
+                self.assertEqual(errors, [])
+                self.assertEqual(harness.status(job.psd.addr)["version"], 2 * steps)
+                with open("/proc/%d/status" % job.psd.pid) as f:
+                    hwm = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) // 1024
+                model = TOTAL * 4 >> 20
+                # the model, two receive buffers of a chunk, a few blocks
+                # held by replies or waiting in the pool, and the program
+                self.assertLess(hwm, model + 4 * 2 + 16 + 16 + 40,
+                                "psd's peak memory %d MiB for a %d MiB model" % (hwm, model))
+            finally:
+                job.a.close()
+                b.close()
 
     def test_worker_gone_right_after_a_big_push(self):
         with harness.Cluster("psd-bigmodel-gone") as cl:
