@@ -912,15 +912,17 @@ typedef struct row {
     uint64_t S;
     int K;
     cell_result r;
-    double bound_mib;       /* the bound (plus one accumulator for BSP) */
+    double bound_mib;       /* the bound, plus what BSP may add */
 } row;
 
-static double bound_mib(int mode, uint64_t S)
+static double bound_mib(int mode, uint64_t S, int K)
 {
     /* 1.1 x (model + SGD momentum) + 64 MiB; BSP may add one model-sized
-     * accumulator */
+     * accumulator (bsp-arrival), and deterministic summation (bsp: sums in
+     * shard order, whatever the arrival order) one gradient per worker */
     double model = (double)S * sizeof(float) / 1048576.0;
-    return 1.1 * 2.0 * model + 64.0 + (mode == MODE_ASGD ? 0.0 : model);
+    double extra = mode == MODE_ASGD ? 0.0 : mode == MODE_BSP ? K * model : model;
+    return 1.1 * 2.0 * model + 64.0 + extra;
 }
 
 static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, row *out)
@@ -934,7 +936,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     out->mode = sys == SYS_TCP ? -1 : mode;
     out->S = S;
     out->K = K;
-    out->bound_mib = bound_mib(mode, S);
+    out->bound_mib = bound_mib(mode, S, K);
     out->r.load = load1();
     b.sys = sys;
     b.mode = mode;
