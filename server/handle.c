@@ -56,6 +56,43 @@ static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
     send_params(c, c->srv->model.blk, c->srv->model.version, id, off, len);
 }
 
+/* Parked pulls come and go every BSP round: freed ones are kept for reuse
+ * (at most PARKED_SPARE), so parking allocates nothing in steady state. */
+#define PARKED_SPARE 256
+static srv_parked *parked_spare;
+static unsigned nparked_spare;
+
+static srv_parked *parked_get(void)
+{
+    srv_parked *p = parked_spare;
+    if (!p)
+        return malloc(sizeof *p);
+    parked_spare = p->next;
+    nparked_spare--;
+    return p;
+}
+
+static void parked_put(srv_parked *p)
+{
+    if (nparked_spare >= PARKED_SPARE) {
+        free(p);
+        return;
+    }
+    p->next = parked_spare;
+    parked_spare = p;
+    nparked_spare++;
+}
+
+void srv_parked_free_spare(void)
+{
+    while (parked_spare) {
+        srv_parked *p = parked_spare;
+        parked_spare = p->next;
+        free(p);
+    }
+    nparked_spare = 0;
+}
+
 static int pull_ready(srv_conn *c, uint64_t min)
 {
     psd *s = c->srv;
@@ -93,7 +130,7 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
                        SRV_PARKED_MAX);
         return;
     }
-    srv_parked *p = malloc(sizeof *p);
+    srv_parked *p = parked_get();
     if (!p) {
         srv_send_error(c, id, PS_ENOMEM, 0, "out of memory parking a pull");
         return;
@@ -123,7 +160,7 @@ void srv_conn_answer_parked(srv_conn *c)
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
         send_current(c, p->id, p->off, p->len);
-        free(p);
+        parked_put(p);
     }
 }
 
@@ -165,7 +202,7 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     while (c->parked) {
         srv_parked *p = c->parked;
         c->parked = p->next;
-        free(p);
+        parked_put(p);
     }
     c->nparked = 0;
     srv_snap_unref(c->pinned);

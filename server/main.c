@@ -382,6 +382,8 @@ int main(int argc, char **argv)
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
            (unsigned long long)s->stats.pushes);
     s->policy->destroy(s);
+    srv_apply_free(s);
+    srv_parked_free_spare();
     srv_admin_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         if (s->workers[i]) {
@@ -392,6 +394,7 @@ int main(int argc, char **argv)
     }
     free(s->workers);
     srv_model_free(&s->model);
+    srv_blk_pool_free();
     ps_buf_free(&s->enc);
     free(s->scratch);
     free(s->restored_clocks);

@@ -42,6 +42,17 @@ static srv_blk *blk_new(size_t cap)
     return b;
 }
 
+void srv_blk_pool_free(void)
+{
+    while (pool) {
+        srv_blk *b = pool;
+        pool = b->next;
+        free(b->w);
+        free(b);
+    }
+    pool_bytes = 0;
+}
+
 srv_blk *srv_blk_fresh(size_t cap)
 {
     return blk_new(cap);

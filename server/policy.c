@@ -152,12 +152,15 @@ static void apply_work(uv_work_t *req)
     }
 }
 
-static void apply_free(srv_apply *a)
+void srv_apply_free(psd *s)
 {
-    free(a->old);
-    free(a->fresh);
-    free(a->grad.src);
-    free(a);
+    srv_apply *a = s->apply_job;
+    if (a) {
+        free(a->old);
+        free(a->fresh);
+        free(a);
+        s->apply_job = NULL;
+    }
 }
 
 static void bsp_round_closed(psd *s);
@@ -191,36 +194,52 @@ static void apply_after(uv_work_t *req, int status)
         s->reload_pending = 0;
         srv_reload(s);
     }
-    apply_free(a);
+}
+
+/* The job for an update of nblk blocks: psd's one, grown when needed. */
+static srv_apply *apply_job(psd *s, size_t nblk)
+{
+    srv_apply *a = s->apply_job;
+    if (!a && !(a = s->apply_job = calloc(1, sizeof *a)))
+        return NULL;
+    if (a->cap < nblk) {
+        srv_blk **o = realloc(a->old, nblk * sizeof *o);
+        if (o)
+            a->old = o;
+        srv_blk **f = realloc(a->fresh, nblk * sizeof *f);
+        if (f)
+            a->fresh = f;
+        if (!o || !f)
+            return NULL;
+        a->cap = nblk;
+    }
+    return a;
 }
 
 /* Starts the update of [off, off+n) by gr off the loop, for the push of
- * worker w (whose connection then reads nothing until it is done). Takes
- * gr->src. Returns 0, or -1 when it cannot (no memory: the caller applies
- * it on the loop and still owns gr->src). */
+ * worker w (whose connection then reads nothing until it is done); gr's
+ * arrays must stay until then. Returns 0, or -1 when it cannot (no memory:
+ * the caller applies it on the loop). Allocates nothing in steady state:
+ * the job is kept, blocks come from the pool. */
 static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const srv_grad *gr, uint64_t off,
                           uint64_t n, int fin, int round)
 {
     srv_model *m = &s->model;
-    srv_apply *a = calloc(1, sizeof *a);
+    size_t first = (size_t)(off >> SRV_BLK_SHIFT);
+    size_t nblk = (size_t)(((off + n - 1) >> SRV_BLK_SHIFT) - first + 1);
+    srv_apply *a = apply_job(s, nblk);
     if (!a)
         return -1;
-    a->first = (size_t)(off >> SRV_BLK_SHIFT);
-    a->nblk = (size_t)(((off + n - 1) >> SRV_BLK_SHIFT) - a->first + 1);
-    a->old = calloc(a->nblk, sizeof *a->old);
-    a->fresh = calloc(a->nblk, sizeof *a->fresh);
-    if (!a->old || !a->fresh) {
-        apply_free(a);
-        return -1;
-    }
+    a->first = first;
+    a->nblk = nblk;
     for (size_t i = 0; i < a->nblk; i++) {
         a->old[i] = m->blk[a->first + i];
+        a->fresh[i] = NULL;
         if (a->old[i]->refs == 1)
             continue; /* updated in place: no new reference can come meanwhile */
         if (!(a->fresh[i] = srv_blk_fresh(a->old[i]->cap))) {
             for (size_t k = 0; k < i; k++)
                 srv_blk_unref(a->fresh[k]);
-            apply_free(a);
             return -1;
         }
     }
@@ -237,8 +256,6 @@ static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const
     if (uv_queue_work(s->loop, &a->req, apply_work, apply_after) != 0) {
         for (size_t i = 0; i < a->nblk; i++)
             srv_blk_unref(a->fresh[i]);
-        a->grad.src = NULL;
-        apply_free(a);
         return -1;
     }
     s->applying = a;
@@ -405,6 +422,8 @@ const srv_policy_ops srv_policy_ssp = {
 
 typedef struct bsp_state {
     float *acc;     /* the round's sum (arrival order only) */
+    float **src;    /* the gradients a round's mean sums, in order */
+    size_t src_cap;
     uint32_t count; /* complete pushes in the current round */
     uint64_t round_start_ms;
 } bsp_state;
@@ -472,11 +491,16 @@ static int bsp_try_close(psd *s, srv_worker *closer)
     size_t total = s->model.layout.total;
     uint64_t round = s->model.version;
     srv_grad gr = {.inv = 1.0f / (float)b->count};
-    gr.src = malloc((s->nworkers_cap + 1) * sizeof *gr.src);
-    if (!gr.src) {
-        PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
-        return 0;
+    if (b->src_cap < s->nworkers_cap + 1) {
+        float **p = realloc(b->src, (s->nworkers_cap + 1) * sizeof *p);
+        if (!p) {
+            PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
+            return 0;
+        }
+        b->src = p;
+        b->src_cap = s->nworkers_cap + 1;
     }
+    gr.src = b->src;
     if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
         /* in shard order, so the result does not depend on arrival order */
         for (uint32_t i = 0; i < s->nworkers_cap; i++) {
@@ -499,7 +523,6 @@ static int bsp_try_close(psd *s, srv_worker *closer)
         PS_LOG(PS_LOG_ERROR, "out of memory copying a model block: round %llu applied only in part",
                (unsigned long long)round);
     }
-    free(gr.src);
     bsp_round_closed(s);
     srv_answer_parked(s);
     return 0;
@@ -560,6 +583,7 @@ static void bsp_destroy(psd *s)
     bsp_state *b = s->policy_state;
     if (b) {
         free(b->acc);
+        free(b->src);
         free(b);
         s->policy_state = NULL;
     }

@@ -233,11 +233,16 @@ typedef struct srv_apply {
     int fin;                 /* the push's last chunk (asgd, ssp: a new version) */
     int round;               /* the push closed a BSP round: its mean is applied */
     size_t first, nblk;      /* blocks touched */
-    srv_blk **old, **fresh;  /* the model's blocks and their new values */
+    srv_blk **old, **fresh;  /* the model's blocks and their new values (NULL:
+                              * updated in place); room for cap of each */
+    size_t cap;
     /* the reply, filled in by handle.c */
     uint64_t id, poff, plen, min;
     uint32_t type;
 } srv_apply;
+
+/* Frees what updates off the loop keep between them (at exit). */
+void srv_apply_free(psd *s);
 
 /* A policy's push returns this when the update goes on off the loop: the
  * reply is sent by srv_push_done(). */
@@ -278,6 +283,7 @@ struct psd {
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
     srv_apply *applying;     /* a push applied off the loop; NULL: none */
+    srv_apply *apply_job;    /* kept for the next one: none allocates */
     int reload_pending;      /* SIGHUP came while applying: reload after */
     uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
@@ -323,6 +329,8 @@ void srv_handle(srv_conn *c, ps_msg *m);
 void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof);
 /* The push of a applied off the loop is done: replies to it. */
 void srv_push_done(psd *s, const srv_apply *a);
+/* Frees the parked-pull entries kept for reuse (at exit). */
+void srv_parked_free_spare(void);
 /* Answers every parked pull whose version is now available. */
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
@@ -362,6 +370,8 @@ int srv_model_apply(srv_model *m, const srv_optim_step *st, const float *g, uint
 
 /* As srv_model_at, for any block array (the model's or a snapshot's). */
 const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len);
+/* Frees the pool of free blocks (at exit). */
+void srv_blk_pool_free(void);
 /* A block of cap floats, uninitialised, from the pool when it has one. */
 srv_blk *srv_blk_fresh(size_t cap);
 srv_blk *srv_blk_ref(srv_blk *b);
