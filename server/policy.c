@@ -505,8 +505,8 @@ static int bsp_try_close(psd *s, srv_worker *closer)
         /* in shard order, so the result does not depend on arrival order */
         for (uint32_t i = 0; i < s->nworkers_cap; i++) {
             srv_worker *w = s->workers[i];
-            if (w && w->round == round && w->round_fin && w->slot)
-                gr.src[gr.nsrc++] = w->slot;
+            if (w && w->round == round && w->round_fin && (w->direct || w->slot))
+                gr.src[gr.nsrc++] = w->direct ? (float *)(uintptr_t)w->direct : w->slot;
         }
     } else {
         gr.src[gr.nsrc++] = b->acc;
@@ -550,7 +550,14 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
     if (!b)
         return PS_ENOMEM;
     size_t total = s->model.layout.total;
-    if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
+    w->direct = NULL;
+    /* the whole gradient in one frame, and it closes the round: the mean
+     * reads it where it arrived rather than from a copy in the slot */
+    int direct = s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD && fin && off == 0 && n == total && !s->applying &&
+                 b->count + 1 >= bsp_needed(s);
+    if (direct) {
+        w->direct = g;
+    } else if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
         if (!w->slot && !(w->slot = malloc(total * sizeof(float)))) {
             snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);
             return PS_ENOMEM;
@@ -568,7 +575,21 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
         w->round_fin = 1;
         w->clock++;
         b->count++;
-        return bsp_try_close(s, w);
+        rc = bsp_try_close(s, w);
+        if (w->direct && rc != SRV_PENDING && b->count > 0) {
+            /* the round stayed open (no memory to close it): keep a copy */
+            if (!w->slot && !(w->slot = malloc(total * sizeof(float)))) {
+                w->direct = NULL;
+                b->count--;
+                w->clock--;
+                w->round_fin = 0;
+                snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);
+                return PS_ENOMEM;
+            }
+            memcpy(w->slot, g, total * sizeof(float));
+        }
+        w->direct = NULL;
+        return rc;
     }
     return 0;
 }

@@ -90,6 +90,8 @@ typedef struct srv_worker {
     uint64_t round;          /* round this worker last pushed into */
     int round_fin;           /* its push for `round` is complete */
     float *slot;             /* its gradient for the round (shard-order sums) */
+    const float *direct;     /* instead of slot: the push that closes the round,
+                              * read where it arrived (its receive buffer) */
     /* DC-ASGD: the parameters this worker last pulled */
     srv_snap *base_snap;
 } srv_worker;
