@@ -38,6 +38,7 @@ typedef struct wopts {
     int quiet;               /* only errors and the final JSON */
     int epoch_json;          /* a JSON line per epoch on stdout */
     int no_shuffle;          /* visit samples in order (reproducibility tests) */
+    int fixed_shard;         /* --fixed-shard: never take over a dead worker's data */
     const char *save_params; /* write the final parameters here (raw float32) */
     const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
@@ -78,6 +79,9 @@ static void usage(FILE *f)
             "      --epoch-json        also print one JSON line per epoch on stdout (epoch,\n"
             "                          train_seconds, wall_seconds, train_loss, test_accuracy, ...)\n"
             "      --no-shuffle        visit the shard in order every epoch (for reproducibility tests)\n"
+            "      --fixed-shard       keep shard K of M for the whole run; by default, at the start of\n"
+            "                          each epoch the workers that psd still counts share the data of\n"
+            "                          those it declared lost (died and not back)\n"
             "      --save-params PATH  write the final parameters to PATH as raw little-endian float32\n"
             "      --pipeline on|off|auto  compute the next gradient while the last one travels\n"
             "                          (one step more staleness; default off); auto: on in asgd\n"
@@ -220,13 +224,55 @@ static int parse_shard(const char *s, int *k, int *m)
     return 0;
 }
 
+/* Elastic data: at the start of an epoch, asks psd which shards are still
+ * in the job and, when some were declared lost, takes slice rank of count
+ * of the training set instead of shard K of M, so the survivors still
+ * cover all of it. *part and *parts are the slice held now; on a change
+ * the set is loaded again and cut anew (train and *perm follow). Returns 0
+ * (also when psd cannot tell: the slice stays), or -1 with a message in
+ * err. */
+static int reshard(const wopts *o, ps_session *ss, ps_dataset *train, size_t **perm, int *part, int *parts,
+                   char *err, size_t errlen)
+{
+    uint32_t rank, count;
+    if (ps_session_live_shards(ss, &rank, &count) != 0) {
+        PS_LOG(PS_LOG_DEBUG, "cannot ask psd for the live shards (%s); keeping part %d of %d",
+               ps_session_error(ss), *part, *parts);
+        return 0;
+    }
+    if ((int)rank == *part && (int)count == *parts)
+        return 0;
+    ps_dataset all = {0}, slice = {0};
+    if (ps_dataset_load(o->data_dir, o->dataset, PS_SPLIT_TRAIN, o->limit, &all, err, errlen) != 0)
+        return -1;
+    int rc = ps_dataset_shard(&all, (int)rank, (int)count, &slice, err, errlen);
+    ps_dataset_free(&all);
+    if (rc != 0)
+        return -1;
+    size_t *p = realloc(*perm, slice.n * sizeof *p);
+    if (!p) {
+        ps_dataset_free(&slice);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    *perm = p;
+    PS_LOG(PS_LOG_INFO, "shard %d/%d: %u of %d shards are live: training on part %u of %u of the data (%zu samples, "
+                        "was part %d of %d)",
+           o->shard, o->nshards, count, o->nshards, rank, count, slice.n, *part, *parts);
+    ps_dataset_free(train);
+    *train = slice;
+    *part = (int)rank;
+    *parts = (int)count;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
                .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
                .timeout_ms = 600000, .reconnect_ms = 60000, .pipeline = 0};
-    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE,
+    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
            O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
@@ -240,6 +286,7 @@ int main(int argc, char **argv)
         {"quiet", no_argument, NULL, 'q'},
         {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
         {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
+        {"fixed-shard", no_argument, NULL, O_FIXED_SHARD},
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {"pipeline", required_argument, NULL, O_PIPELINE},
         {"token-file", required_argument, NULL, O_TOKEN_FILE},
@@ -265,6 +312,7 @@ int main(int argc, char **argv)
         case 'q': o.quiet = 1; break;
         case O_EPOCH_JSON: o.epoch_json = 1; break;
         case O_NO_SHUFFLE: o.no_shuffle = 1; break;
+        case O_FIXED_SHARD: o.fixed_shard = 1; break;
         case O_SAVE_PARAMS: o.save_params = optarg; break;
         case O_TOKEN_FILE: o.token_file = optarg; break;
         case O_PIPELINE:
@@ -397,7 +445,8 @@ int main(int argc, char **argv)
     /* In BSP every worker must take the same number of steps per epoch, or
      * the last rounds would wait for pushes that never come: derive it from
      * the smallest shard (the whole set divided by M, rounded down). */
-    size_t per_shard = bsp ? total_n / (size_t)o.nshards : train.n;
+    int part = o.shard, parts = o.nshards; /* the slice of the data held */
+    size_t per_shard = bsp ? total_n / (size_t)parts : train.n;
     if (per_shard == 0)
         per_shard = train.n;
     size_t steps = (per_shard + (size_t)o.batch - 1) / (size_t)o.batch;
@@ -413,6 +462,19 @@ int main(int argc, char **argv)
     uint64_t samples = 0;
     double job_t0 = now_s(), last_draw = 0;
     for (int epoch = 1; epoch <= o.epochs; epoch++) {
+        if (epoch > 1 && !o.fixed_shard && o.nshards > 1) {
+            int was = parts;
+            if (reshard(&o, &ss, &train, &perm, &part, &parts, err, sizeof err) != 0) {
+                fprintf(stderr, "psworker: %s\n", err);
+                goto out;
+            }
+            if (parts != was) {
+                per_shard = bsp ? total_n / (size_t)parts : train.n;
+                if (per_shard == 0)
+                    per_shard = train.n;
+                steps = (per_shard + (size_t)o.batch - 1) / (size_t)o.batch;
+            }
+        }
         if (o.no_shuffle)
             for (size_t i = 0; i < train.n; i++)
                 perm[i] = i;

@@ -366,6 +366,47 @@ int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, 
     return ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
 }
 
+/* The value of key k in msgpack map o, or NULL. */
+static const msgpack_object *map_get(const msgpack_object *o, const char *k)
+{
+    if (!o || o->type != MSGPACK_OBJECT_MAP)
+        return NULL;
+    size_t kl = strlen(k);
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == kl && !memcmp(kv->key.via.str.ptr, k, kl))
+            return &kv->val;
+    }
+    return NULL;
+}
+
+int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count)
+{
+    ps_msg m, r;
+    ps_msg_init(&m, PS_MSG_STATUS);
+    int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    if (rc != 0)
+        return rc;
+    const msgpack_object *ws = r.type == PS_MSG_STATUS_REPLY ? map_get(r.body, "workers") : NULL;
+    if (!ws || ws->type != MSGPACK_OBJECT_ARRAY)
+        return PS_EMALFORMED;
+    uint32_t lost = 0, lost_below = 0;
+    for (uint32_t i = 0; i < ws->via.array.size; i++) {
+        const msgpack_object *w = &ws->via.array.ptr[i];
+        const msgpack_object *sh = map_get(w, "shard"), *st = map_get(w, "state");
+        if (!sh || sh->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !st || st->type != MSGPACK_OBJECT_STR)
+            return PS_EMALFORMED;
+        if (sh->via.u64 >= ss->nshards || sh->via.u64 == ss->shard || st->via.str.size != 4 ||
+            memcmp(st->via.str.ptr, "lost", 4) != 0)
+            continue;
+        lost++; /* psd keeps one entry per shard */
+        lost_below += sh->via.u64 < ss->shard;
+    }
+    *count = ss->nshards - lost;
+    *rank = ss->shard - lost_below;
+    return 0;
+}
+
 /* ---- connecting ----------------------------------------------------------- */
 
 int ps_session_open(ps_session *ss)

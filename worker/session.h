@@ -84,6 +84,13 @@ int ps_session_flush(ps_session *ss);
 int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, double acc, double tloss,
                       uint64_t samples, double rate);
 
+/* The job's live shards, from psd's STATUS: shards 0..M-1 less those psd
+ * declared lost (a worker that died and has not come back; one that said
+ * bye or has not joined yet still counts). *rank is this worker's index
+ * among them, *count how many there are: taking slice *rank of *count of
+ * the data, the survivors of a dead worker share its data between them. */
+int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count);
+
 /* True when rc means the connection is gone or psd is restarting, so
  * reconnecting may help; false for errors that would repeat (a layout
  * psd does not hold, a bad shard, a protocol version). */

@@ -79,6 +79,10 @@ class FaultTest(unittest.TestCase):
             results = self.finish(ws[:2])
             for r in results:
                 self.assertGreater(r["test_accuracy"], MIN_ACCURACY)
+            # from the next epoch on, the two survivors share the dead
+            # worker's data: halves of the set instead of thirds
+            for k, w in enumerate(ws[:2]):
+                self.assertRegex(w.stderr(), r"shard %d/3: 2 of 3 shards are live: training on part %d of 2" % (k, k))
             log = psd.stderr()
             self.assertRegex(log, r"worker shard 2/3 \(127\.0\.0\.1:\d+\) lost")
             samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
