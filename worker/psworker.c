@@ -266,6 +266,34 @@ static int reshard(const wopts *o, ps_session *ss, ps_dataset *train, size_t **p
     return 0;
 }
 
+/* One training step on cnt samples. Above maxb (what the model was made
+ * for) it runs in pieces and sets the gradient to their mean weighted by
+ * size, which is the gradient of the whole batch; acc holds the sum (as
+ * many floats as the model has parameters). Returns the mean loss. */
+static float train_batch(ps_model *m, const float *x, const uint8_t *y, size_t dim, size_t cnt, size_t maxb,
+                         float *acc)
+{
+    if (cnt <= maxb)
+        return ps_model_train_step(m, x, y, (int)cnt);
+    size_t np = ps_model_nparams(m);
+    double loss = 0;
+    for (size_t s = 0; s < cnt; s += maxb) {
+        size_t k = cnt - s < maxb ? cnt - s : maxb;
+        float l = ps_model_train_step(m, x + s * dim, y + s, (int)k);
+        loss += (double)l * (double)k;
+        const float *g = ps_model_grads(m);
+        float wgt = (float)k / (float)cnt;
+        if (s == 0)
+            for (size_t i = 0; i < np; i++)
+                acc[i] = wgt * g[i];
+        else
+            for (size_t i = 0; i < np; i++)
+                acc[i] += wgt * g[i];
+    }
+    memcpy(ps_model_grads(m), acc, np * sizeof(float));
+    return (float)(loss / (double)cnt);
+}
+
 int main(int argc, char **argv)
 {
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
@@ -393,7 +421,7 @@ int main(int argc, char **argv)
     int session_ready = 0;
     int status = 1;
     size_t *perm = NULL;
-    float *bx = NULL;
+    float *bx = NULL, *gacc = NULL;
     uint8_t *by = NULL;
 
     if (ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TRAIN, o.limit, &train_all, err, sizeof err) != 0 ||
@@ -446,10 +474,11 @@ int main(int argc, char **argv)
      * the last rounds would wait for pushes that never come: derive it from
      * the smallest shard (the whole set divided by M, rounded down). */
     int part = o.shard, parts = o.nshards; /* the slice of the data held */
+    size_t batch = (size_t)o.batch;        /* samples per step */
     size_t per_shard = bsp ? total_n / (size_t)parts : train.n;
     if (per_shard == 0)
         per_shard = train.n;
-    size_t steps = (per_shard + (size_t)o.batch - 1) / (size_t)o.batch;
+    size_t steps = (per_shard + batch - 1) / batch;
     perm = malloc(train.n * sizeof *perm);
     bx = malloc((size_t)o.batch * (size_t)train.dim * sizeof *bx);
     by = malloc((size_t)o.batch);
@@ -472,7 +501,26 @@ int main(int argc, char **argv)
                 per_shard = bsp ? total_n / (size_t)parts : train.n;
                 if (per_shard == 0)
                     per_shard = train.n;
-                steps = (per_shard + (size_t)o.batch - 1) / (size_t)o.batch;
+                if (bsp) {
+                    /* the same global batch (B x M) and rounds per epoch as
+                     * the job started with: the maths of the undisturbed job */
+                    batch = ((size_t)o.batch * (size_t)o.nshards + (size_t)parts - 1) / (size_t)parts;
+                    float *nx = realloc(bx, batch * (size_t)train.dim * sizeof *nx);
+                    if (nx)
+                        bx = nx;
+                    uint8_t *ny = realloc(by, batch);
+                    if (ny)
+                        by = ny;
+                    if (!gacc && batch > (size_t)o.batch)
+                        gacc = malloc(ps_model_nparams(model) * sizeof *gacc);
+                    if (!nx || !ny || (batch > (size_t)o.batch && !gacc)) {
+                        fprintf(stderr, "psworker: out of memory\n");
+                        goto out;
+                    }
+                    PS_LOG(PS_LOG_INFO, "shard %d/%d: %zu samples per step, so that rounds still average %d x %d",
+                           o.shard, o.nshards, batch, o.nshards, o.batch);
+                }
+                steps = (per_shard + batch - 1) / batch;
             }
         }
         if (o.no_shuffle)
@@ -480,15 +528,15 @@ int main(int argc, char **argv)
                 perm[i] = i;
         else
             ps_dataset_epoch_order(perm, train.n, o.seed, (uint32_t)o.shard, (uint64_t)epoch);
-        double t0 = now_s(), loss_sum = 0;
+        double t0 = now_s(), loss_sum = 0, comm_s = 0;
         size_t done = 0;
         for (size_t st = 0; st < steps; st++) {
-            size_t start = st * (size_t)o.batch;
-            size_t cnt = per_shard - start < (size_t)o.batch ? per_shard - start : (size_t)o.batch;
+            size_t start = st * batch;
+            size_t cnt = per_shard - start < batch ? per_shard - start : batch;
             /* the shard may hold one sample more than per_shard: it waits for
              * the next epoch's order */
             ps_dataset_gather(&train, perm + start, cnt, bx, by);
-            float loss = ps_model_train_step(model, bx, by, (int)cnt);
+            float loss = train_batch(model, bx, by, (size_t)train.dim, cnt, (size_t)o.batch, gacc);
             if (!isfinite(loss)) {
                 progress_clear(&o);
                 fprintf(stderr, "psworker: loss became %f at epoch %d step %zu; lower the learning rate\n",
@@ -497,6 +545,7 @@ int main(int argc, char **argv)
             }
             loss_sum += loss * (double)cnt;
             done += cnt;
+            double tc = now_s();
             rc = ps_session_step(&ss);
             if (rc != 0 && ps_session_recoverable(&ss, rc)) {
                 progress_clear(&o);
@@ -508,13 +557,16 @@ int main(int argc, char **argv)
                 goto out;
             }
             double now = now_s();
+            comm_s += now - tc;
             if (o.progress && (now - last_draw >= 0.1 || st + 1 == steps)) {
                 last_draw = now;
                 progress_draw(&o, epoch, st + 1, steps, loss_sum / (double)done, now - job_t0, samples + done,
                               (size_t)(epoch - 1) * steps + st + 1, steps * (size_t)o.epochs);
             }
         }
+        double tf = now_s();
         rc = ps_session_flush(&ss); /* the last step's parameters, for the evaluation */
+        comm_s += now_s() - tf;
         if (rc != 0 && ps_session_recoverable(&ss, rc))
             rc = ps_session_reconnect(&ss);
         if (rc != 0) {
@@ -543,8 +595,9 @@ int main(int argc, char **argv)
         }
         if (o.epoch_json) {
             printf("{\"epoch\": %d, \"train_seconds\": %.4f, \"epoch_seconds\": %.4f, \"wall_seconds\": %.4f, "
-                   "\"train_loss\": %.6f, \"samples_per_second\": %.1f, \"version\": %" PRIu64 ", \"test_accuracy\": ",
-                   epoch, train_time, dt, now_s() - job_t0, last_loss, rate, ss.version);
+                   "\"comm_wait_seconds\": %.4f, \"train_loss\": %.6f, \"samples_per_second\": %.1f, \"version\": %" PRIu64
+                   ", \"test_accuracy\": ",
+                   epoch, train_time, dt, now_s() - job_t0, comm_s, last_loss, rate, ss.version);
             if (o.eval)
                 printf("%.6f, \"test_loss\": %.6f}\n", test_acc, test_loss);
             else
@@ -584,6 +637,7 @@ int main(int argc, char **argv)
 out:
     free(perm);
     free(bx);
+    free(gacc);
     free(by);
     if (session_ready)
         ps_session_free(&ss);
