@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# run-mnist.sh - the main job: set up, start psd, train two BSP workers on
-# MNIST on this machine, show progress and the operator's view, print the
-# final test accuracy and stop psd.
+# run-mnist.sh - the main job: set up, start psd, train two ASGD workers on
+# MNIST on this machine with the README's recommended W1 settings (Adam, lr
+# 2e-3, a cosine schedule over the run, batch 128 per worker), show progress
+# and the operator's view, print the final test accuracy and stop psd.
 #
 # Environment (all optional):
-#   PSD_EPOCHS=5  PSD_BATCH=64  PSD_MODEL=mlp:256,128  PSD_MODE=bsp
-#   PSD_LR=0.05   PSD_MOMENTUM=0.9  PSD_WORKERS=2  PSD_DATASET=mnist
+#   PSD_EPOCHS=5  PSD_BATCH=128  PSD_MODEL=mlp:256,128  PSD_MODE=asgd
+#   PSD_OPTIMIZER=adam  PSD_LR=0.002  PSD_SCHEDULE=cosine  PSD_MOMENTUM=0.9
+#   PSD_WORKERS=2  PSD_DATASET=mnist
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 EPOCHS="${PSD_EPOCHS:-5}"
-BATCH="${PSD_BATCH:-64}"
+BATCH="${PSD_BATCH:-128}"
 MODEL="${PSD_MODEL:-mlp:256,128}"
-MODE="${PSD_MODE:-bsp}"
-LR="${PSD_LR:-0.05}"
+MODE="${PSD_MODE:-asgd}"
+OPTIMIZER="${PSD_OPTIMIZER:-adam}"
+LR="${PSD_LR:-0.002}"
+SCHEDULE="${PSD_SCHEDULE:-cosine}"
 MOMENTUM="${PSD_MOMENTUM:-0.9}"
 WORKERS="${PSD_WORKERS:-2}"
 DATASET="${PSD_DATASET:-mnist}"
@@ -37,9 +41,16 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-echo "== starting psd ($MODE, $WORKERS workers, SGD lr $LR momentum $MOMENTUM)"
+# The schedule runs over the whole job: one model version per ASGD push, one
+# per BSP round (whose M pushes share one step).
+per_version=$BATCH
+[ "$MODE" = bsp ] && per_version=$((BATCH * WORKERS))
+VERSIONS=$((EPOCHS * ((60000 + per_version - 1) / per_version)))
+
+echo "== starting psd ($MODE, $WORKERS workers, $OPTIMIZER lr $LR, $SCHEDULE schedule over $VERSIONS versions)"
 "$BIN/server/psd" --listen 127.0.0.1:0 --port-file "$run/port" --mode "$MODE" --workers "$WORKERS" \
-    --set lr="$LR" --set momentum="$MOMENTUM" 2> >(sed -u 's/^/  psd | /' >&2) &
+    --set optimizer="$OPTIMIZER" --set lr="$LR" --set momentum="$MOMENTUM" --set lr_schedule="$SCHEDULE" \
+    --set lr_decay_versions="$VERSIONS" 2> >(sed -u 's/^/  psd | /' >&2) &
 psd_pid=$!
 for _ in $(seq 1 100); do
     [ -s "$run/port" ] && break
