@@ -681,6 +681,30 @@ float ps_model_train_step(ps_model *m, const float *x, const uint8_t *y, int bat
     return (float)train_step_targets(m, x, &t, batch);
 }
 
+float ps_model_train_step_pieces(ps_model *m, const float *x, const uint8_t *y, size_t n, float *acc)
+{
+    size_t maxb = (size_t)m->max_batch;
+    if (n <= maxb)
+        return ps_model_train_step(m, x, y, (int)n);
+    size_t np = ps_model_nparams(m);
+    double loss = 0;
+    for (size_t s = 0; s < n; s += maxb) {
+        size_t k = n - s < maxb ? n - s : maxb;
+        float l = ps_model_train_step(m, x + s * (size_t)m->in_dim, y + s, (int)k);
+        loss += (double)l * (double)k;
+        const float *g = ps_model_grads(m);
+        float wgt = (float)k / (float)n;
+        if (s == 0)
+            for (size_t i = 0; i < np; i++)
+                acc[i] = wgt * g[i];
+        else
+            for (size_t i = 0; i < np; i++)
+                acc[i] += wgt * g[i];
+    }
+    memcpy(ps_model_grads(m), acc, np * sizeof(float));
+    return (float)(loss / (double)n);
+}
+
 float ps_model_train_step_values(ps_model *m, const float *x, const float *y, int batch)
 {
     assert(m->regression);

@@ -153,6 +153,13 @@ int ps_model_is_regression(const ps_model *m);
  * classification). Dropout draws new masks on every step. */
 float ps_model_train_step(ps_model *m, const float *x, const uint8_t *y, int batch);
 
+/* As ps_model_train_step for a batch of any n >= 1 samples: above
+ * max_batch it runs in pieces of max_batch and sets the gradient to their
+ * mean weighted by size, the whole batch's gradient up to rounding; acc is
+ * scratch of ps_model_nparams() floats, used only then. (psworker, when
+ * survivors of a lost worker take larger steps.) Returns the mean loss. */
+float ps_model_train_step_pieces(ps_model *m, const float *x, const uint8_t *y, size_t n, float *acc);
+
 /* As ps_model_train_step for a regression model, with y batch * outputs
  * target values, row-major. Returns the mean over the batch of
  * 0.5 * ||y_hat - y||^2. Only for regression models. */

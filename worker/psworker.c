@@ -267,34 +267,6 @@ static int reshard(const wopts *o, ps_session *ss, ps_dataset *train, size_t **p
     return 0;
 }
 
-/* One training step on cnt samples. Above maxb (what the model was made
- * for) it runs in pieces and sets the gradient to their mean weighted by
- * size, which is the gradient of the whole batch; acc holds the sum (as
- * many floats as the model has parameters). Returns the mean loss. */
-static float train_batch(ps_model *m, const float *x, const uint8_t *y, size_t dim, size_t cnt, size_t maxb,
-                         float *acc)
-{
-    if (cnt <= maxb)
-        return ps_model_train_step(m, x, y, (int)cnt);
-    size_t np = ps_model_nparams(m);
-    double loss = 0;
-    for (size_t s = 0; s < cnt; s += maxb) {
-        size_t k = cnt - s < maxb ? cnt - s : maxb;
-        float l = ps_model_train_step(m, x + s * dim, y + s, (int)k);
-        loss += (double)l * (double)k;
-        const float *g = ps_model_grads(m);
-        float wgt = (float)k / (float)cnt;
-        if (s == 0)
-            for (size_t i = 0; i < np; i++)
-                acc[i] = wgt * g[i];
-        else
-            for (size_t i = 0; i < np; i++)
-                acc[i] += wgt * g[i];
-    }
-    memcpy(ps_model_grads(m), acc, np * sizeof(float));
-    return (float)(loss / (double)cnt);
-}
-
 int main(int argc, char **argv)
 {
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
@@ -537,7 +509,7 @@ int main(int argc, char **argv)
             /* the shard may hold one sample more than per_shard: it waits for
              * the next epoch's order */
             ps_dataset_gather(&train, perm + start, cnt, bx, by);
-            float loss = train_batch(model, bx, by, (size_t)train.dim, cnt, (size_t)o.batch, gacc);
+            float loss = ps_model_train_step_pieces(model, bx, by, cnt, gacc);
             if (!isfinite(loss)) {
                 progress_clear(&o);
                 fprintf(stderr, "psworker: loss became %f at epoch %d step %zu; lower the learning rate\n",

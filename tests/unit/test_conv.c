@@ -1111,6 +1111,49 @@ static void test_dropout_model(void **state)
 }
 
 /* Two classes of 28x28 images: the top half brighter, or the bottom half. */
+/* A batch larger than the model was made for, in pieces: the gradient of
+ * 96 samples as pieces of 64 and 32 equals (up to rounding) the gradient a
+ * model made for 96 computes in one pass, and so does the loss. */
+static void test_train_step_pieces(void **state)
+{
+    (void)state;
+    enum { N = 96, D = 20, C = 5 };
+    ps_rng rng;
+    ps_rng_seed(&rng, 80);
+    float x[N * D];
+    uint8_t y[N];
+    for (int i = 0; i < N; i++) {
+        y[i] = (uint8_t)(i % C);
+        for (int j = 0; j < D; j++)
+            x[i * D + j] = (float)ps_rng_normal(&rng);
+    }
+    ps_model *whole, *pieces;
+    char err[256];
+    assert_int_equal(ps_model_create("mlp:16", D, C, N, &whole, err, sizeof(err)), 0);
+    assert_int_equal(ps_model_create("mlp:16", D, C, 64, &pieces, err, sizeof(err)), 0);
+    ps_model_init_params(whole, 81);
+    const size_t np = ps_model_nparams(whole);
+    assert_int_equal(ps_model_nparams(pieces), np);
+    memcpy(ps_model_params(pieces), ps_model_params(whole), np * sizeof(float));
+    float *acc = malloc(np * sizeof(float));
+    float lw = ps_model_train_step(whole, x, y, N);
+    float lp = ps_model_train_step_pieces(pieces, x, y, N, acc);
+    assert_float_equal(lp, lw, 1e-5 * fabsf(lw) + 1e-6);
+    const float *gw = ps_model_grads(whole), *gp = ps_model_grads(pieces);
+    double gmax = 0;
+    for (size_t i = 0; i < np; i++)
+        gmax = fmax(gmax, fabs(gw[i]));
+    assert_true(gmax > 0);
+    for (size_t i = 0; i < np; i++)
+        assert_float_equal(gp[i], gw[i], 1e-5 * gmax);
+    /* and at or under max_batch it is the plain step */
+    float l64 = ps_model_train_step_pieces(pieces, x, y, 64, acc);
+    assert_float_equal(l64, ps_model_train_step(whole, x, y, 64), 1e-6);
+    free(acc);
+    ps_model_free(whole);
+    ps_model_free(pieces);
+}
+
 static void test_cnn_learns(void **state)
 {
     (void)state;
@@ -1172,6 +1215,7 @@ int main(void)
         cmocka_unit_test(test_dropout_model_grad),
         cmocka_unit_test(test_dropout_model),
         cmocka_unit_test(test_cnn_learns),
+        cmocka_unit_test(test_train_step_pieces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
