@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
-int ps_vec_all_finite(const float *x, size_t n)
+PS_MULTIVERSION int ps_vec_all_finite(const float *x, size_t n)
 {
     /* An IEEE float is NaN or infinite iff its exponent bits are all ones.
      * OR-reducing a mask over blocks keeps the loop branch-free. */

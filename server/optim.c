@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/vec.h"
 #include "proto/errors.h"
 
 #define BLOCK 16 /* elements per vectorised block: 4 SSE or 2 AVX vectors */
@@ -286,15 +287,9 @@ static inline void adagrad_at(float *wo, const float *wi, const float *restrict 
 #define NOINLINE
 #endif
 
-/* Each loop is also compiled for AVX2, chosen at load time on CPUs that
- * have it (an ifunc): twice the vector width, Adam's update about 1.9x
- * faster. The arithmetic is the same element by element (no FMA
- * contraction under -std=c11), so both versions give the same bits. */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define MULTIVERSION
-#endif
+/* Each loop is also compiled for AVX2 (PS_MULTIVERSION, common/vec.h):
+ * twice the vector width, Adam's update about 1.7x faster, same bits. */
+#define MULTIVERSION PS_MULTIVERSION
 
 #define UNPAREN(...) __VA_ARGS__
 #define LOOPS(kind, params, args)                                                                   \
