@@ -27,7 +27,8 @@ int ps_frame_header(const uint8_t *buf, size_t len, uint32_t max_payload, uint32
     return 1;
 }
 
-static int scan_fail(char *err, size_t errlen, size_t pos, const char *fmt, ...)
+__attribute__((format(printf, 4, 5))) static int scan_fail(char *err, size_t errlen, size_t pos, const char *fmt,
+                                                            ...)
 {
     if (errlen > 0) {
         va_list ap;

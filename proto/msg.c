@@ -298,7 +298,7 @@ int ps_msg_encode_full(const ps_msg *m, ps_buf *out)
 
 /* ---- decoding --------------------------------------------------------- */
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
 {
     if (errlen > 0) {
         va_list ap;
