@@ -319,36 +319,10 @@ static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint6
  * into w->params (ps_client_recv_into). */
 static int psd_pull_all(bworker *w, uint64_t min)
 {
-    uint64_t n = w->b->S, chunk = w->b->chunk;
-    uint64_t window = w->b->window > 0 ? (uint64_t)w->b->window : 1;
-    uint64_t asked = 0;
-    for (uint64_t off = 0; off < n;) {
-        while (asked < n && asked < off + window * chunk) {
-            uint64_t len = n - asked < chunk ? n - asked : chunk;
-            ps_msg m;
-            ps_msg_init(&m, PS_MSG_PULL);
-            m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-            m.off = asked;
-            m.len = len;
-            m.min = min;
-            int rc = ps_client_send(&w->cl, &m);
-            if (rc != 0)
-                return wfail(w, rc, "pull");
-            asked += len;
-        }
-        uint64_t len = n - off < chunk ? n - off : chunk;
-        ps_msg r;
-        int rc = ps_client_recv_into(&w->cl, &r, w->params + off, len, CALL_TIMEOUT_MS);
-        if (rc != 0)
-            return wfail(w, rc, "pull");
-        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
-            return wfail(w, PS_EMALFORMED, "pull: unexpected reply");
-        if (r.data != w->params + off) /* not read in place */
-            memcpy(w->params + off, r.data, len * sizeof(float));
-        w->version = r.mver;
-        off += len;
-    }
-    return 0;
+    unsigned window = w->b->window > 0 ? (unsigned)w->b->window : 1;
+    int rc = ps_client_pull_chunks(&w->cl, w->params, w->b->S, min, w->b->chunk, window, &w->version,
+                                   CALL_TIMEOUT_MS);
+    return rc == 0 ? 0 : wfail(w, rc, "pull");
 }
 
 /* One psd round trip: push S floats and pull S floats. */

@@ -333,6 +333,41 @@ int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
     return ps_client_recv_into(c, out, NULL, 0, timeout_ms);
 }
 
+int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t n, uint64_t min, uint64_t chunk, unsigned window,
+                          uint64_t *version, int timeout_ms)
+{
+    if (window < 1)
+        window = 1;
+    uint64_t asked = 0; /* floats asked for */
+    for (uint64_t off = 0; off < n;) {
+        while (asked < n && asked < off + (uint64_t)window * chunk) {
+            ps_msg m;
+            ps_msg_init(&m, PS_MSG_PULL);
+            m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+            m.off = asked;
+            m.len = n - asked < chunk ? n - asked : chunk;
+            m.min = min;
+            int rc = ps_client_send(c, &m);
+            if (rc != 0)
+                return rc;
+            asked += m.len;
+        }
+        uint64_t len = n - off < chunk ? n - off : chunk;
+        ps_msg r;
+        int rc = ps_client_recv_into(c, &r, dst + off, (size_t)len, timeout_ms);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
+            return cfail(c, PS_EMALFORMED, "%s: pull of [%llu, %llu): unexpected %s reply", c->server,
+                         (unsigned long long)off, (unsigned long long)(off + len), ps_msg_type_name(r.type));
+        if (r.data != dst + off) /* not read in place */
+            memcpy(dst + off, r.data, len * sizeof(float));
+        *version = r.mver;
+        off += len;
+    }
+    return 0;
+}
+
 int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms)
 {
     int rc = ps_client_send(c, req);

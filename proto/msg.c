@@ -296,6 +296,19 @@ int ps_msg_encode_full(const ps_msg *m, ps_buf *out)
     return 0;
 }
 
+const msgpack_object *ps_map_get(const msgpack_object *map, const char *key)
+{
+    if (!map || map->type != MSGPACK_OBJECT_MAP)
+        return NULL;
+    size_t n = strlen(key);
+    for (uint32_t i = 0; i < map->via.map.size; i++) {
+        const msgpack_object_kv *kv = &map->via.map.ptr[i];
+        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == n && !memcmp(kv->key.via.str.ptr, key, n))
+            return &kv->val;
+    }
+    return NULL;
+}
+
 /* ---- decoding --------------------------------------------------------- */
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code, const char *fmt, ...)

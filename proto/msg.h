@@ -179,6 +179,11 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
  * out). For clients and tests; servers use ps_msg_encode and scatter/gather. */
 int ps_msg_encode_full(const ps_msg *m, ps_buf *out);
 
+/* The value of string key `key` in msgpack map `map`, or NULL (also when
+ * map is NULL or not a map). For reading status bodies and checkpoint
+ * headers. */
+const msgpack_object *ps_map_get(const msgpack_object *map, const char *key);
+
 /* Decodes one frame payload (without the 4-byte prefix). Runs ps_scan with
  * lim first, then unpacks into zone (which the caller clears between
  * messages) and checks every field's type and the fields the message type

@@ -386,16 +386,6 @@ int srv_checkpoint_write_now(psd *s)
 
 /* ---- loading -------------------------------------------------------------- */
 
-static const msgpack_object *get(const msgpack_object *map, const char *key)
-{
-    size_t n = strlen(key);
-    for (uint32_t i = 0; i < map->via.map.size; i++) {
-        const msgpack_object_kv *kv = &map->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == n && !memcmp(kv->key.via.str.ptr, key, n))
-            return &kv->val;
-    }
-    return NULL;
-}
 
 /* Reads and checks one file; on success fills the model and clocks. */
 static int load_one(psd *s, const char *path, char *err, size_t errlen)
@@ -458,8 +448,9 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "bad header");
         goto out;
     }
-    const msgpack_object *ver = get(&h, "version"), *lay = get(&h, "layout"), *sta = get(&h, "state"),
-                         *opt = get(&h, "optimizer"), *clk = get(&h, "clocks");
+    const msgpack_object *ver = ps_map_get(&h, "version"), *lay = ps_map_get(&h, "layout");
+    const msgpack_object *sta = ps_map_get(&h, "state"), *opt = ps_map_get(&h, "optimizer");
+    const msgpack_object *clk = ps_map_get(&h, "clocks");
     if (!ver || ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !lay || lay->type != MSGPACK_OBJECT_ARRAY || !sta ||
         sta->type != MSGPACK_OBJECT_ARRAY || !opt || opt->type != MSGPACK_OBJECT_STR) {
         snprintf(err, errlen, "header lacks version, layout, optimizer or state");

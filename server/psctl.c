@@ -110,22 +110,10 @@ static int report(ps_client *c, int rc, int timeout)
 
 /* ---- msgpack object helpers ----------------------------------------------- */
 
-static const msgpack_object *get(const msgpack_object *map, const char *key)
-{
-    if (!map || map->type != MSGPACK_OBJECT_MAP)
-        return NULL;
-    size_t n = strlen(key);
-    for (uint32_t i = 0; i < map->via.map.size; i++) {
-        const msgpack_object_kv *kv = &map->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == n && !memcmp(kv->key.via.str.ptr, key, n))
-            return &kv->val;
-    }
-    return NULL;
-}
 
 static double num(const msgpack_object *map, const char *key)
 {
-    const msgpack_object *o = get(map, key);
+    const msgpack_object *o = ps_map_get(map, key);
     if (!o)
         return NAN;
     switch (o->type) {
@@ -143,7 +131,7 @@ static double num(const msgpack_object *map, const char *key)
 
 static const char *str(const msgpack_object *map, const char *key, char *buf, size_t len)
 {
-    const msgpack_object *o = get(map, key);
+    const msgpack_object *o = ps_map_get(map, key);
     if (!o || o->type != MSGPACK_OBJECT_STR) {
         snprintf(buf, len, "-");
     } else {
@@ -154,7 +142,7 @@ static const char *str(const msgpack_object *map, const char *key, char *buf, si
 
 static int flag(const msgpack_object *map, const char *key)
 {
-    const msgpack_object *o = get(map, key);
+    const msgpack_object *o = ps_map_get(map, key);
     return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
 }
 
@@ -276,7 +264,7 @@ static void print_status(const msgpack_object *b)
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("  metrics: http://%s/metrics", metrics);
     printf("\n");
-    const msgpack_object *ws = get(b, "workers");
+    const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));
     print_worker_rows(ws, 0);
@@ -284,7 +272,7 @@ static void print_status(const msgpack_object *b)
 
 static void print_workers(const msgpack_object *b)
 {
-    const msgpack_object *ws = get(b, "workers");
+    const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     if (n == 0) {
         printf("no worker has connected yet (%.0f expected)\n", num(b, "workers_expected"));
@@ -647,7 +635,7 @@ int main(int argc, char **argv)
                 print_status(r.body);
             }
         } else {
-            const msgpack_object *ws = get(r.body, "workers");
+            const msgpack_object *ws = ps_map_get(r.body, "workers");
             if (as_json) {
                 if (ws)
                     json(stdout, ws);

@@ -138,37 +138,11 @@ static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_
 static int pull_all(ps_session *ss, uint64_t min)
 {
     ps_model_unbind_params(ss->model);
-    float *params = ps_model_params(ss->model);
-    size_t n = ps_model_nparams(ss->model);
-    size_t asked = 0; /* floats asked for */
-    for (size_t off = 0; off < n;) {
-        while (asked < n && asked < off + (size_t)PS_PULL_WINDOW * CHUNK_FLOATS) {
-            size_t len = n - asked < CHUNK_FLOATS ? n - asked : CHUNK_FLOATS;
-            ps_msg m;
-            ps_msg_init(&m, PS_MSG_PULL);
-            m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-            m.off = asked;
-            m.len = len;
-            m.min = min;
-            int rc = ps_client_send(&ss->cl, &m);
-            if (rc != 0)
-                return rc;
-            asked += len;
-        }
-        size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
-        ps_msg r;
-        int rc = ps_client_recv_into(&ss->cl, &r, params + off, len, ss->timeout_ms);
-        if (rc != 0)
-            return rc;
-        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
-            return PS_EMALFORMED;
-        if (r.data != params + off) /* not read in place */
-            memcpy(params + off, r.data, len * sizeof(float));
-        ss->version = r.mver;
-        off += len;
-    }
-    ss->have_params = 1;
-    return 0;
+    int rc = ps_client_pull_chunks(&ss->cl, ps_model_params(ss->model), ps_model_nparams(ss->model), min,
+                                   CHUNK_FLOATS, PS_PULL_WINDOW, &ss->version, ss->timeout_ms);
+    if (rc == 0)
+        ss->have_params = 1;
+    return rc;
 }
 
 /* One PUSHPULL round trip of grads (n <= CHUNK_FLOATS) against base: on
@@ -366,20 +340,6 @@ int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, 
     return ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
 }
 
-/* The value of key k in msgpack map o, or NULL. */
-static const msgpack_object *map_get(const msgpack_object *o, const char *k)
-{
-    if (!o || o->type != MSGPACK_OBJECT_MAP)
-        return NULL;
-    size_t kl = strlen(k);
-    for (uint32_t i = 0; i < o->via.map.size; i++) {
-        const msgpack_object_kv *kv = &o->via.map.ptr[i];
-        if (kv->key.type == MSGPACK_OBJECT_STR && kv->key.via.str.size == kl && !memcmp(kv->key.via.str.ptr, k, kl))
-            return &kv->val;
-    }
-    return NULL;
-}
-
 int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count)
 {
     ps_msg m, r;
@@ -387,13 +347,13 @@ int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count)
     int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
     if (rc != 0)
         return rc;
-    const msgpack_object *ws = r.type == PS_MSG_STATUS_REPLY ? map_get(r.body, "workers") : NULL;
+    const msgpack_object *ws = r.type == PS_MSG_STATUS_REPLY ? ps_map_get(r.body, "workers") : NULL;
     if (!ws || ws->type != MSGPACK_OBJECT_ARRAY)
         return PS_EMALFORMED;
     uint32_t lost = 0, lost_below = 0;
     for (uint32_t i = 0; i < ws->via.array.size; i++) {
         const msgpack_object *w = &ws->via.array.ptr[i];
-        const msgpack_object *sh = map_get(w, "shard"), *st = map_get(w, "state");
+        const msgpack_object *sh = ps_map_get(w, "shard"), *st = ps_map_get(w, "state");
         if (!sh || sh->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !st || st->type != MSGPACK_OBJECT_STR)
             return PS_EMALFORMED;
         if (sh->via.u64 >= ss->nshards || sh->via.u64 == ss->shard || st->via.str.size != 4 ||

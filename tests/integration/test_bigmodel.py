@@ -262,6 +262,27 @@ class BigModelTest(unittest.TestCase):
                 job.a.close()
                 b.close()
 
+    def test_psworker_trains_a_chunked_model(self):
+        """psworker with a model over 2^20 parameters (mlp:1400, 1.1M): its
+        pushes go as chunks back to back, its pulls two chunks in flight
+        read straight into the parameters, psd applies them off the loop;
+        in ASGD and BSP it trains and every step is counted."""
+        for mode in ("asgd", "bsp"):
+            with harness.Cluster("psd-bigmodel-psworker-" + mode) as cl:
+                psd = cl.psd(mode=mode, workers=2,
+                             args=["--set", "optimizer=adam", "--set", "lr=1e-3", "--set", "max_frame=64M"])
+                ws = [cl.worker(psd, k, 2, epochs=2, batch=64, limit=1280, test_limit=1000, model="mlp:1400")
+                      for k in range(2)]
+                results = [w.result(120) for w in ws]
+                for w, (rc, summary) in zip(ws, results):
+                    self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
+                    self.assertGreater(summary["test_accuracy"], 0.6, "%s: %r" % (mode, summary))
+                st = harness.status(psd.addr)
+                self.assertEqual(st["parameters"], 784 * 1400 + 1400 + 1400 * 10 + 10)
+                steps = 2 * 10  # 2 epochs of 640 samples at batch 64, per worker
+                self.assertEqual(st["version"], steps if mode == "bsp" else 2 * steps, mode)
+                psd.stop()
+
     def test_worker_gone_right_after_a_big_push(self):
         with harness.Cluster("psd-bigmodel-gone") as cl:
             job = Job(cl, self)
