@@ -169,19 +169,6 @@ void srv_model_write_end(srv_model *m, srv_wseg *seg)
     seg->old = NULL;
 }
 
-int srv_model_apply(srv_model *m, const srv_optim_step *st, const float *g, uint64_t off, uint64_t n)
-{
-    for (uint64_t done = 0; done < n;) {
-        srv_wseg seg;
-        if (srv_model_write_begin(m, off + done, n - done, &seg) != 0)
-            return PS_ENOMEM;
-        srv_optim_run(&m->opt, st, seg.wo, seg.wi, g + done, off + done, seg.len);
-        srv_model_write_end(m, &seg);
-        done += seg.len;
-    }
-    return 0;
-}
-
 void srv_model_bump(srv_model *m)
 {
     m->version++;

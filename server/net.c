@@ -1,6 +1,7 @@
 /* net.c - psd's sockets: the listener, reading frames into a connection's
- * buffer, queued writes that own their header and reference a snapshot for
- * tensor data, and closing through uv_close. */
+ * buffer, queued writes that own their header and hold references to the
+ * model blocks their tensor data is sent from, and closing through
+ * uv_close. */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>

@@ -365,10 +365,6 @@ const float *srv_model_at(const srv_model *m, uint64_t off, uint64_t n, size_t *
  * snapshot holds it. Returns 0 or PS_ENOMEM (nothing changed). */
 int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg);
 void srv_model_write_end(srv_model *m, srv_wseg *seg);
-/* Applies gradient g[0..n) to [off, off+n) with the optimizer, block by
- * block (st from srv_optim_begin()). Returns 0, or PS_ENOMEM when a block
- * could not be copied: the pieces before it are applied. */
-int srv_model_apply(srv_model *m, const srv_optim_step *st, const float *g, uint64_t off, uint64_t n);
 
 /* As srv_model_at, for any block array (the model's or a snapshot's). */
 const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len);
