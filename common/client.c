@@ -20,6 +20,7 @@
 #include "config.h"
 #include "log.h"
 #include "proto/errors.h"
+#include "vec.h"
 
 static int cfail(ps_client *c, int code, const char *fmt, ...)
 {
@@ -52,6 +53,12 @@ void ps_client_free(ps_client *c)
     free(c->rbuf);
     c->rbuf = NULL;
     c->rcap = 0;
+    free(c->narrow);
+    c->narrow = NULL;
+    c->narrow_cap = 0;
+    free(c->wide);
+    c->wide = NULL;
+    c->wide_cap = 0;
     ps_buf_free(&c->wbuf);
     msgpack_zone_destroy(&c->zone);
 }
@@ -71,6 +78,29 @@ void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap)
     c->rcap = *cap;
     *buf = b;
     *cap = n;
+}
+
+void ps_client_swap_wide(ps_client *c, float **buf, size_t *cap)
+{
+    float *b = c->wide;
+    size_t n = c->wide_cap;
+    c->wide = *buf;
+    c->wide_cap = *cap;
+    *buf = b;
+    *cap = n;
+}
+
+/* Room for n values in *p (capacity *cap values, kept for reuse). */
+static int grow(ps_client *c, void **p, size_t *cap, size_t n, size_t esize)
+{
+    if (n <= *cap)
+        return 0;
+    void *q = realloc(*p, n * esize);
+    if (!q)
+        return cfail(c, PS_ENOMEM, "out of memory for %zu tensor values", n);
+    *p = q;
+    *cap = n;
+    return 0;
 }
 
 const char *ps_client_error(const ps_client *c)
@@ -191,10 +221,31 @@ static int send_locked(ps_client *c, ps_msg *m)
     size_t dlen = 0;
     if (c->fd < 0)
         return cfail(c, PS_ECLOSED, "not connected");
+    ps_msg nm;
+    if (c->wire_dt == PS_DT_BF16) {
+        int push = m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL;
+        if (m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) {
+            m->has |= PS_F_RDT;
+            m->rdt = PS_DT_BF16;
+        }
+        if (push && (m->has & PS_F_DATA) && m->dt == PS_DT_F32) {
+            /* the caller's m keeps its float32 data (it may send it again) */
+            int rc = grow(c, (void **)&c->narrow, &c->narrow_cap, (size_t)m->ndata, sizeof(uint16_t));
+            if (rc != 0)
+                return rc;
+            ps_bf16_from_f32(c->narrow, m->data, (size_t)m->ndata);
+            nm = *m;
+            nm.has |= PS_F_DT;
+            nm.dt = PS_DT_BF16;
+            nm.data16 = c->narrow;
+            nm.data = NULL;
+            m = &nm;
+        }
+    }
     int rc = ps_msg_encode(m, &c->wbuf, &dlen, NULL, NULL);
     if (rc != 0)
         return cfail(c, rc, "cannot encode %s: %s", ps_msg_type_name(m->type), ps_strerror(rc));
-    struct iovec iov[2] = {{c->wbuf.p, c->wbuf.len}, {(void *)(uintptr_t)m->data, dlen}};
+    struct iovec iov[2] = {{c->wbuf.p, c->wbuf.len}, {(void *)(uintptr_t)ps_msg_data_bytes(m), dlen}};
     return write_all(c, iov, dlen ? 2 : 1);
 }
 
@@ -263,8 +314,9 @@ static int rbuf_reserve(ps_client *c, size_t len)
     return 0;
 }
 
-/* Decodes c->rbuf[0..len) into out; an ERROR becomes PS_EREMOTE. */
-static int decode_reply(ps_client *c, size_t len, ps_msg *out)
+/* Decodes c->rbuf[0..len) into out; an ERROR becomes PS_EREMOTE.
+ * bfloat16 data is widened into c->wide when `widen` is set. */
+static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
 {
     char derr[256];
     msgpack_zone_clear(&c->zone);
@@ -272,6 +324,14 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out)
     int rc = ps_msg_decode(c->rbuf, len, &lim, &c->zone, out, &c->scratch_layout, derr, sizeof derr);
     if (rc != 0)
         return cfail(c, rc, "%s: undecodable reply from psd: %s", c->server, derr);
+    if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_BF16) {
+        if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0)
+            return rc;
+        ps_bf16_to_f32(c->wide, out->data16, (size_t)out->ndata);
+        out->data = c->wide;
+        out->data16 = NULL;
+        out->dt = PS_DT_F32;
+    }
     if (out->type == PS_MSG_ERROR) {
         c->remote_code = out->code;
         /* codes travel positive; ps_errname takes either sign, so no negation
@@ -297,14 +357,16 @@ int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int tim
     rc = ps_frame_header(hdr, sizeof hdr, c->max_frame, &plen);
     if (rc < 0)
         return cfail(c, rc, "%s: bad frame from psd (length %u): %s", c->server, plen, ps_strerror(rc));
-    size_t dbytes = dst ? n * sizeof(float) : 0;
+    /* a PARAMS reply of n values comes in the connection's wire type */
+    size_t esize = ps_dtype_size(c->wire_dt);
+    size_t dbytes = dst ? n * esize : 0;
     size_t pre = plen; /* bytes read into rbuf first */
     if (dbytes && plen > dbytes + 5)
         pre = plen - dbytes;
     if ((rc = rbuf_reserve(c, pre)) != 0 || (rc = read_full(c, c->rbuf, pre, deadline)) != 0)
         return rc;
     if (pre == plen)
-        return decode_reply(c, plen, out);
+        return decode_reply(c, plen, out, 1);
     /* Is the frame n floats of "data" at its end (psd's PARAMS: "data" is
      * the last field, a bin 32)? Then they go straight to dst, and the rest
      * is decoded as if "data" were empty. */
@@ -314,16 +376,29 @@ int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int tim
         /* something else: read it all and decode it as usual */
         if ((rc = rbuf_reserve(c, plen)) != 0 || (rc = read_full(c, c->rbuf + pre, plen - pre, deadline)) != 0)
             return rc;
-        return decode_reply(c, plen, out);
+        return decode_reply(c, plen, out, 1);
     }
-    if ((rc = read_full(c, (uint8_t *)dst, dbytes, deadline)) != 0)
-        return rc;
+    if (esize == sizeof(float)) {
+        if ((rc = read_full(c, (uint8_t *)dst, dbytes, deadline)) != 0)
+            return rc;
+    } else {
+        if ((rc = grow(c, (void **)&c->narrow, &c->narrow_cap, n, sizeof(uint16_t))) != 0 ||
+            (rc = read_full(c, (uint8_t *)c->narrow, dbytes, deadline)) != 0)
+            return rc;
+    }
     memset(t + 1, 0, 4);
-    if ((rc = decode_reply(c, pre, out)) != 0)
+    if ((rc = decode_reply(c, pre, out, 0)) != 0)
         return rc;
     if (!(out->has & PS_F_DATA) || out->ndata != 0)
         return cfail(c, PS_EMALFORMED, "%s: reply with a tensor that is not its last field", c->server);
+    if (out->dt != c->wire_dt)
+        return cfail(c, PS_EMALFORMED, "%s: parameters came as %s, asked for %s", c->server,
+                     ps_dtype_name(out->dt), ps_dtype_name(c->wire_dt));
+    if (esize != sizeof(float))
+        ps_bf16_to_f32(dst, c->narrow, n);
     out->data = dst;
+    out->data16 = NULL;
+    out->dt = PS_DT_F32;
     out->ndata = n;
     return 0;
 }

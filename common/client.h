@@ -30,6 +30,14 @@ typedef struct ps_client {
     ps_buf wbuf;              /* encode scratch */
     ps_layout scratch_layout; /* for replies that carry a layout */
     int32_t remote_code;      /* code of the last ERROR reply (positive) */
+    uint32_t wire_dt;         /* ps_dtype of pushed gradients and pulled
+                               * parameters (PUSH, PUSHPULL, PULL): PS_DT_F32
+                               * unless set after a WELCOME that offered another */
+    uint16_t *narrow;         /* gradients converted for sending, or parameters
+                               * read before widening (wire_dt bf16) */
+    size_t narrow_cap;        /* values */
+    float *wide;              /* a reply's bfloat16 data as float32 */
+    size_t wide_cap;          /* values */
     pthread_mutex_t *send_lock; /* when set, held around every send, so a heartbeat
                                  * thread may send too; the owner holds it
                                  * itself around connect and close */
@@ -48,12 +56,16 @@ int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms);
 void ps_client_close(ps_client *c);
 
 /* Sends m as one frame: assigns m->id (and sets PS_F_ID) from next_id
- * unless m already has one. Tensor bytes go straight from m->data. */
+ * unless m already has one. Tensor bytes go straight from m->data; with
+ * wire_dt bf16, a PUSH's or PUSHPULL's float32 data is converted first, and
+ * PULL and PUSHPULL ask for the reply in bfloat16 ("rdt"). */
 int ps_client_send(ps_client *c, ps_msg *m);
 
 /* Receives one frame within timeout_ms (-1: no limit) and decodes it into
  * out. out (its data, text and body) is valid until the next receive. An
- * ERROR message is returned as PS_EREMOTE (out still holds it). */
+ * ERROR message is returned as PS_EREMOTE (out still holds it). Tensor data
+ * that came as bfloat16 is widened into the client's `wide` buffer: out's
+ * data is always float32. */
 int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
 /* As ps_client_recv, for a reply expected to carry n floats of tensor data
  * (PARAMS): when it does, they are read straight into dst (no copy from the
@@ -98,6 +110,8 @@ int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t to
  * be NULL with cap 0; it grows as needed). For double-buffering pulled
  * parameters without a copy. */
 void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap);
+/* The same for the buffer that received bfloat16 data was widened into. */
+void ps_client_swap_wide(ps_client *c, float **buf, size_t *cap);
 
 /* The last error as one readable line. */
 const char *ps_client_error(const ps_client *c);

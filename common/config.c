@@ -171,6 +171,12 @@ static const ps_config_option options[] = {
      .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "
              "a bigger frame is told so and disconnected. It must hold the largest push "
              "or pull reply, so raise it for big models."},
+    {.name = "wire_bf16", .type = PS_CT_BOOL, .def = "yes", AT(wire_bf16),
+     .help = "Offer bfloat16 tensors on the wire: a client that asks for them (psworker "
+             "--wire bf16) then pushes gradients and receives parameters at 2 bytes a value "
+             "instead of 4, rounded to nearest even; psd converts them to float32 on "
+             "arrival and keeps the model, its optimizer state and its checkpoints in "
+             "float32. no: psd offers float32 only and refuses bfloat16 data."},
     {.name = "max_params", .type = PS_CT_U64, .def = "268435456", AT(max_params), .lo = 1,
      .hi = INT64_C(17179869184),
      .help = "Largest model, in parameters (float32 each), that a worker's hello may declare; "

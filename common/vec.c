@@ -42,3 +42,22 @@ double ps_vec_sumsq(const float *x, size_t n)
         s += (double)x[i] * x[i];
     return s;
 }
+
+PS_MULTIVERSION void ps_bf16_from_f32(uint16_t *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+        dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
+    }
+}
+
+PS_MULTIVERSION void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, 4);
+    }
+}

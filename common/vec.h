@@ -4,15 +4,25 @@
 #define PS_VEC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-/* Marks a hot loop to be compiled twice, for x86-64's baseline (SSE2) and
- * for AVX2, with the version picked once at load time (an ifunc) on CPUs
- * that have AVX2. Element-wise float arithmetic gives the same bits in both
- * (no FMA contraction under -std=c11). gcc on x86-64 Linux only. */
+/* Marks a hot loop to be compiled three times, for x86-64's baseline
+ * (SSE2), AVX2 and AVX-512, with the version picked once at load time (an
+ * ifunc) by what the CPU has. Element-wise float arithmetic gives the same
+ * bits in all three (no FMA contraction under -std=c11). gcc on x86-64
+ * Linux only. */
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
-#define PS_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#define PS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define PS_MULTIVERSION
+/* bfloat16 (the top 16 bits of a float32) for tensors on the wire.
+ * ps_bf16_from_f32 rounds to nearest, ties to even; NaN stays NaN (quiet),
+ * infinities stay infinite, and a finite value that rounds past the
+ * largest bfloat16 becomes infinite, as in every bfloat16 conversion.
+ * ps_bf16_to_f32 is exact. */
+void ps_bf16_from_f32(uint16_t *restrict dst, const float *restrict src, size_t n);
+void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n);
+
 #endif
 
 /* 1 when every x[i] is finite (no NaN, no infinity), else 0. */
@@ -26,5 +36,13 @@ void ps_vec_scale(float *x, float a, size_t n);
 
 /* sum of x[i]^2, accumulated in double */
 double ps_vec_sumsq(const float *x, size_t n);
+
+/* bfloat16 (the top 16 bits of a float32) for tensors on the wire.
+ * ps_bf16_from_f32 rounds to nearest, ties to even; NaN stays NaN (quiet),
+ * infinities stay infinite, and a finite value that rounds past the
+ * largest bfloat16 becomes infinite, as in every bfloat16 conversion.
+ * ps_bf16_to_f32 is exact. */
+void ps_bf16_from_f32(uint16_t *restrict dst, const float *restrict src, size_t n);
+void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n);
 
 #endif

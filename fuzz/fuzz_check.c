@@ -111,7 +111,10 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     if (!(m->has & PS_F_FIN))
         FUZZ_CHECK(m->fin == 1, "fin defaults to true");
     if (!(m->has & PS_F_DATA))
-        FUZZ_CHECK(m->data == NULL && m->ndata == 0, "data without the field");
+        FUZZ_CHECK(m->data == NULL && m->data16 == NULL && m->ndata == 0, "data without the field");
+    FUZZ_CHECK(m->dt <= PS_DT_MAX && m->rdt <= PS_DT_MAX, "element types %u, %u", m->dt, m->rdt);
+    if (!(m->has & PS_F_DT))
+        FUZZ_CHECK(m->dt == PS_DT_F32, "dt %u without the field", m->dt);
     FUZZ_CHECK(m->fin == 0 || m->fin == 1, "fin %d", m->fin);
     FUZZ_CHECK(m->need_init == 0 || m->need_init == 1, "init %d", m->need_init);
 
@@ -149,13 +152,16 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     if (m->has & PS_F_BODY)
         FUZZ_CHECK(m->body != NULL && m->body->type == MSGPACK_OBJECT_MAP, "body is not a map");
     if (m->has & PS_F_DATA) {
-        /* section 3: aligned, in place (inside the frame), ndata * 4 bytes */
-        const uint8_t *d = (const uint8_t *)m->data;
-        FUZZ_CHECK(m->ndata <= len / 4, "%llu floats in a %zu-byte payload", (unsigned long long)m->ndata, len);
+        /* section 3: aligned, in place (inside the frame), ndata elements
+         * of dt's size, through the pointer of dt's type only */
+        size_t es = ps_dtype_size(m->dt);
+        const uint8_t *d = ps_msg_data_bytes(m);
+        FUZZ_CHECK(m->dt == PS_DT_BF16 ? m->data == NULL : m->data16 == NULL, "data through the wrong pointer");
+        FUZZ_CHECK(m->ndata <= len / es, "%llu elements in a %zu-byte payload", (unsigned long long)m->ndata, len);
         if (m->ndata > 0) {
             FUZZ_CHECK((uintptr_t)d % PS_DATA_ALIGN == 0, "data at %p is not aligned", (const void *)d);
-            FUZZ_CHECK(d >= payload && d + m->ndata * 4 <= payload + len, "data is not inside the payload");
-            fuzz_touch(d, m->ndata * 4);
+            FUZZ_CHECK(d >= payload && d + m->ndata * es <= payload + len, "data is not inside the payload");
+            fuzz_touch(d, m->ndata * es);
         }
     }
     (void)ps_msg_type_name(m->type);

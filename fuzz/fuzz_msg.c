@@ -81,7 +81,7 @@ static void encode(const ps_msg *m, ps_buf *out)
         rc = ps_msg_encode(m, out, &dlen, pack_body, (void *)m);
         if (rc == 0 && dlen > 0) {
             FUZZ_CHECK(ps_buf_reserve(out, dlen) == 0, "out of memory");
-            memcpy(out->p + out->len, m->data, dlen);
+            memcpy(out->p + out->len, ps_msg_data_bytes(m), dlen);
             out->len += dlen;
         }
     } else {
@@ -145,6 +145,9 @@ static void compare(const ps_msg *a, const ps_msg *b)
         FUZZ_CHECK(same_double(a->rate, b->rate), "rate changed");
     SAME_IF(PS_F_SAMPLES, samples);
     SAME_IF(PS_F_HB, hb);
+    SAME_IF(PS_F_WIRE, wire);
+    SAME(dt);
+    SAME(rdt);
     if (a->has & PS_F_CMD)
         FUZZ_CHECK(strcmp(a->cmd, b->cmd) == 0, "cmd \"%s\" became \"%s\"", a->cmd, b->cmd);
     SAME(nargs);
@@ -166,7 +169,7 @@ static void compare(const ps_msg *a, const ps_msg *b)
         FUZZ_CHECK(body1.len == body2.len && memcmp(body1.p, body2.p, body1.len) == 0, "body changed");
     }
     if (a->has & PS_F_DATA)
-        FUZZ_CHECK(a->ndata == b->ndata && (a->ndata == 0 || memcmp(a->data, b->data, a->ndata * 4) == 0),
+        FUZZ_CHECK(a->ndata == b->ndata && (a->ndata == 0 || memcmp(ps_msg_data_bytes(a), ps_msg_data_bytes(b), a->ndata * ps_dtype_size(a->dt)) == 0),
                    "data changed (%llu floats, then %llu)", (unsigned long long)a->ndata,
                    (unsigned long long)b->ndata);
 }
@@ -233,7 +236,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                "frame of %zu bytes with length prefix %u", enc1.len, plen);
     size_t data_at = 0; /* frame offset of the tensor bytes */
     if (m1.has & PS_F_DATA) {
-        data_at = enc1.len - m1.ndata * 4;
+        data_at = enc1.len - m1.ndata * ps_dtype_size(m1.dt);
         FUZZ_CHECK(data_at % PS_DATA_ALIGN == 0, "our encoder put data at frame offset %zu", data_at);
     }
 
@@ -251,7 +254,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                ps_errname(rc));
     fuzz_check_msg(&m2, p2, plen);
     if ((m2.has & PS_F_DATA) && m2.ndata > 0)
-        FUZZ_CHECK((const uint8_t *)m2.data == p2 + (data_at - PS_FRAME_HDR), "aligned data was moved");
+        FUZZ_CHECK((const uint8_t *)ps_msg_data_bytes(&m2) == p2 + (data_at - PS_FRAME_HDR), "aligned data was moved");
     compare(&m1, &m2);
 
     /* and the same bytes once more */

@@ -79,6 +79,18 @@ const char *ps_role_name(uint32_t role)
     }
 }
 
+const char *ps_dtype_name(uint32_t dt)
+{
+    switch (dt) {
+    case PS_DT_F32:
+        return "f32";
+    case PS_DT_BF16:
+        return "bf16";
+    default:
+        return "?";
+    }
+}
+
 void ps_msg_init(ps_msg *m, uint32_t type)
 {
     memset(m, 0, sizeof *m);
@@ -135,7 +147,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
     uint64_t has = m->has & ~(uint64_t)PS_F_BODY;
     if (body)
         has |= PS_F_BODY;
-    uint64_t dbytes = (has & PS_F_DATA) ? m->ndata * 4 : 0;
+    uint64_t dbytes = (has & PS_F_DATA) ? m->ndata * ps_dtype_size(m->dt) : 0;
     if (dbytes > PS_FRAME_MAX_HARD)
         return PS_ETOO_BIG;
 
@@ -188,6 +200,12 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         pack_u64(&pk, "workers", m->workers);
     if (has & PS_F_HB)
         pack_u64(&pk, "hb", m->hb);
+    if (has & PS_F_WIRE)
+        pack_u64(&pk, "wire", m->wire);
+    if (has & PS_F_DT)
+        pack_u64(&pk, "dt", m->dt);
+    if (has & PS_F_RDT)
+        pack_u64(&pk, "rdt", m->rdt);
     if (has & PS_F_INIT) {
         pack_key(&pk, "init");
         if (m->need_init)
@@ -291,7 +309,7 @@ int ps_msg_encode_full(const ps_msg *m, ps_buf *out)
         return rc;
     if (ps_buf_reserve(out, dlen) != 0)
         return PS_ENOMEM;
-    memcpy(out->p + out->len, m->data, dlen);
+    memcpy(out->p + out->len, ps_msg_data_bytes(m), dlen);
     out->len += dlen;
     return 0;
 }
@@ -443,7 +461,8 @@ static const char *field_name(uint64_t bit)
                                         "ver", "params", "init", "off", "len",    "data",  "fin",
                                         "min", "base", "poff", "plen", "code",   "text",  "body",
                                         "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb",
-                                        "cmd", "args", "nonce", "cnonce", "proof", "sproof"};
+                                        "cmd", "args", "nonce", "cnonce", "proof", "sproof", "dt", "rdt",
+                                        "wire"};
     _Static_assert(sizeof names / sizeof names[0] == PS_F_COUNT, "a name for every PS_F_* bit");
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
         if (bit == (1ull << i))
@@ -495,6 +514,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         return fail(err, errlen, PS_EBAD_TYPE, "unknown message type %llu", (unsigned long long)type);
     m->type = (uint32_t)type;
     const char *tname = ps_msg_type_name(m->type);
+    const msgpack_object *bin = NULL; /* "data" */
 
     for (uint32_t i = 0; i < map->size; i++) {
         const msgpack_object_kv *kv = &map->ptr[i];
@@ -516,6 +536,21 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         U64_FIELD("plen", PS_F_PLEN, m->plen)
         U64_FIELD("samples", PS_F_SAMPLES, m->samples)
         U64_FIELD("hb", PS_F_HB, m->hb)
+        U64_FIELD("wire", PS_F_WIRE, m->wire)
+        else if (key_is(kv, "dt") || key_is(kv, "rdt")) {
+            uint64_t v;
+            if (get_u64(&kv->val, &v) != 0)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a non-negative integer", tname,
+                            (int)kv->key.via.str.size, kv->key.via.str.ptr);
+            if (v > PS_DT_MAX)
+                return fail(err, errlen, PS_EUNSUPPORTED, "%s: unknown tensor element type %llu in '%.*s' "
+                                                          "(0 float32, 1 bfloat16)",
+                            tname, (unsigned long long)v, (int)kv->key.via.str.size, kv->key.via.str.ptr);
+            if (key_is(kv, "dt"))
+                m->dt = (uint32_t)v, bit_ = PS_F_DT;
+            else
+                m->rdt = (uint32_t)v, bit_ = PS_F_RDT;
+        }
         F64_FIELD("loss", PS_F_LOSS, m->loss)
         F64_FIELD("acc", PS_F_ACC, m->acc)
         F64_FIELD("tloss", PS_F_TLOSS, m->tloss)
@@ -651,23 +686,13 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
             bit_ = PS_F_BODY;
         }
         else if (key_is(kv, "data")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_BIN)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (float32 little-endian bytes)",
+            /* checked and aligned below, once "dt" (anywhere in the map)
+             * has told the element size */
+            if (kv->val.type != MSGPACK_OBJECT_BIN)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (little-endian float32 or "
+                                                        "bfloat16 bytes)",
                             tname);
-            if (o->via.bin.size % 4 != 0)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: data has %u bytes, not a multiple of 4", tname,
-                            o->via.bin.size);
-            uint8_t *src = (uint8_t *)(uintptr_t)o->via.bin.ptr;
-            size_t mis = (uintptr_t)src % PS_DATA_ALIGN;
-            if (mis != 0) {
-                /* src - mis lies inside this bin's header and the key "data",
-                 * which are already parsed and referenced by nothing else. */
-                memmove(src - mis, src, o->via.bin.size);
-                src -= mis;
-            }
-            m->data = (const float *)(const void *)src;
-            m->ndata = o->via.bin.size / 4;
+            bin = &kv->val;
             bit_ = PS_F_DATA;
         }
         else {
@@ -676,6 +701,26 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         if (m->has & bit_)
             return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' appears twice", tname, field_name(bit_));
         m->has |= bit_;
+    }
+
+    if (bin) {
+        size_t esize = ps_dtype_size(m->dt);
+        if (bin->via.bin.size % esize != 0)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: data has %u bytes, not a multiple of %zu (%s)", tname,
+                        bin->via.bin.size, esize, ps_dtype_name(m->dt));
+        uint8_t *src = (uint8_t *)(uintptr_t)bin->via.bin.ptr;
+        size_t mis = (uintptr_t)src % PS_DATA_ALIGN;
+        if (mis != 0) {
+            /* src - mis lies inside this bin's header and the key "data",
+             * which are already parsed and referenced by nothing else. */
+            memmove(src - mis, src, bin->via.bin.size);
+            src -= mis;
+        }
+        if (m->dt == PS_DT_BF16)
+            m->data16 = (const uint16_t *)(const void *)src;
+        else
+            m->data = (const float *)(const void *)src;
+        m->ndata = bin->via.bin.size / esize;
     }
 
     uint64_t need = required_fields(m->type);

@@ -2,7 +2,8 @@
  *
  * A message is a msgpack map with short string keys ("t" type, "id" request
  * id, ...), described field by field in proto/PROTOCOL.md. Tensor data
- * travels as float32 little-endian bytes in a msgpack bin under the key "data",
+ * travels as float32 (or, when both ends agreed to, bfloat16) little-endian
+ * bytes in a msgpack bin under the key "data",
  * always the last key of the map, so that:
  *   - a sender writes the header it encoded here and then the float array
  *     itself (scatter/gather), with no copy of the tensor;
@@ -91,7 +92,26 @@ enum {
 #define PS_F_CNONCE (1ull << 32) /* "cnonce": the client's nonce (AUTH) */
 #define PS_F_PROOF (1ull << 33)  /* "proof": the client's HMAC (AUTH) */
 #define PS_F_SPROOF (1ull << 34) /* "sproof": psd's HMAC (WELCOME after AUTH) */
-#define PS_F_COUNT 35            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_DT (1ull << 35)     /* "dt": element type of "data" (ps_dtype; absent: f32) */
+#define PS_F_RDT (1ull << 36)    /* "rdt": element type wanted in the reply's data (pull, pushpull) */
+#define PS_F_WIRE (1ull << 37)   /* "wire": bit set of the ps_dtype values psd accepts (welcome) */
+#define PS_F_COUNT 38            /* fields in all: bits 0..PS_F_COUNT-1 */
+
+/* Element types of tensor data on the wire. f32 is always understood; a
+ * client uses another only after psd's WELCOME listed it in "wire". */
+typedef enum ps_dtype {
+    PS_DT_F32 = 0,  /* float32, little-endian */
+    PS_DT_BF16 = 1, /* bfloat16 (a float32's top 16 bits), little-endian */
+    PS_DT_MAX = 1
+} ps_dtype;
+#define PS_WIRE_BIT(dt) (1ull << (dt))
+
+/* Bytes per element of dtype dt. */
+static inline size_t ps_dtype_size(uint32_t dt)
+{
+    return dt == PS_DT_BF16 ? 2 : 4;
+}
+const char *ps_dtype_name(uint32_t dt);
 
 #define PS_AUTH_NONCE_LEN 32 /* bytes of "nonce" and "cnonce" */
 #define PS_AUTH_MAC_LEN 32   /* bytes of "proof" and "sproof" (HMAC-SHA256) */
@@ -124,8 +144,12 @@ typedef struct ps_msg {
     uint32_t workers;       /* "workers": M */
     int need_init;          /* "init" */
     uint64_t off, len;      /* "off", "len": key range, in elements */
-    const float *data;      /* "data": ndata float32 values */
+    const float *data;      /* "data": ndata float32 values (dt == PS_DT_F32) */
+    const uint16_t *data16; /* "data": ndata bfloat16 values (dt == PS_DT_BF16); data is NULL then */
     uint64_t ndata;
+    uint32_t dt;            /* "dt": ps_dtype of data (PS_DT_F32 when absent) */
+    uint32_t rdt;           /* "rdt": ps_dtype wanted for the reply's data */
+    uint64_t wire;          /* "wire": PS_WIRE_BIT()s of the dtypes psd accepts */
     int fin;                /* "fin": last chunk of this step (default 1) */
     uint64_t min;           /* "min": pull at model version >= min */
     uint64_t base;          /* "base": model version a push was computed on */
@@ -149,6 +173,12 @@ typedef struct ps_msg {
     uint8_t sproof[PS_AUTH_MAC_LEN];   /* "sproof": HMAC by psd (WELCOME) */
 } ps_msg;
 
+/* The first byte of m's tensor data, whichever its element type. */
+static inline const void *ps_msg_data_bytes(const ps_msg *m)
+{
+    return m->dt == PS_DT_BF16 ? (const void *)m->data16 : (const void *)m->data;
+}
+
 /* A growable byte buffer, used for encoding. */
 typedef struct ps_buf {
     uint8_t *p;
@@ -167,8 +197,8 @@ void ps_msg_init(ps_msg *m, uint32_t type);
 
 /* Encodes m as one frame into out (replacing its contents): the length prefix
  * and the msgpack map, EXCEPT the tensor bytes when m has PS_F_DATA: then
- * out ends with the bin header and the caller must send m->ndata*4 bytes of
- * m->data right after it. The length prefix already counts them.
+ * out ends with the bin header and the caller must send the m->ndata
+ * elements of m->data (m->data16 when m->dt is PS_DT_BF16) right after it. The length prefix already counts them.
  * *data_len (if not NULL) receives the number of tensor bytes to follow.
  * If `body` is given (status replies), it is called to pack the body map.
  * Returns 0 or PS_ENOMEM / PS_ETOO_BIG. */

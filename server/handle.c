@@ -27,12 +27,17 @@ static void reply_ok(srv_conn *c, uint64_t id)
 
 /* Answers a pull with [off, off+len) of blocks blk at model version ver:
  * the model's current blocks, or a pinned snapshot's. */
-static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t id, uint64_t off, uint64_t len)
+static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t id, uint64_t off, uint64_t len,
+                        uint32_t rdt)
 {
     psd *s = c->srv;
     ps_msg r;
     ps_msg_init(&r, PS_MSG_PARAMS);
     r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    if (rdt != PS_DT_F32) {
+        r.has |= PS_F_DT; /* srv_send converts from the blocks */
+        r.dt = rdt;
+    }
     r.id = id;
     r.mver = ver;
     r.off = off;
@@ -51,9 +56,9 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     srv_send(c, &r, blk);
 }
 
-static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len)
+static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint32_t rdt)
 {
-    send_params(c, c->srv->model.blk, c->srv->model.version, id, off, len);
+    send_params(c, c->srv->model.blk, c->srv->model.version, id, off, len, rdt);
 }
 
 /* Parked pulls come and go every BSP round: freed ones are kept for reuse
@@ -103,10 +108,16 @@ static int pull_ready(srv_conn *c, uint64_t min)
     return s->model.initialized && s->model.version >= min;
 }
 
-static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min)
+static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
+    if (rdt != PS_DT_F32 && !s->cfg.wire_bf16) {
+        srv_send_error(c, id, PS_EUNSUPPORTED, 0, "parameters as %s refused: this psd sends float32 only "
+                                                  "(wire_bf16 = no); its welcome did not offer %s",
+                       ps_dtype_name(rdt), ps_dtype_name(rdt));
+        return;
+    }
     if (!s->model.has_layout) {
         srv_send_error(c, id, PS_ENOT_READY, 0, "no model yet: the first worker has not said hello");
         return;
@@ -118,11 +129,11 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
     }
     if (c->pinned) {
         /* ADMIN pin: that version, whatever min says */
-        send_params(c, c->pinned->blk, c->pinned->version, id, off, len);
+        send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
         return;
     }
     if (pull_ready(c, min)) {
-        send_current(c, id, off, len);
+        send_current(c, id, off, len, rdt);
         return;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
@@ -135,7 +146,7 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         srv_send_error(c, id, PS_ENOMEM, 0, "out of memory parking a pull");
         return;
     }
-    *p = (srv_parked){.id = id, .min = min, .off = off, .len = len};
+    *p = (srv_parked){.id = id, .min = min, .off = off, .len = len, .rdt = rdt};
     /* append, so replies leave in request order (the list is short: at
      * most SRV_PARKED_MAX) */
     srv_parked **tail = &c->parked;
@@ -159,7 +170,7 @@ void srv_conn_answer_parked(srv_conn *c)
         c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
-        send_current(c, p->id, p->off, p->len);
+        send_current(c, p->id, p->off, p->len, p->rdt);
         parked_put(p);
     }
 }
@@ -343,6 +354,10 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
     r.need_init = need_init;
     r.has |= PS_F_HB;
     r.hb = s->cfg.heartbeat_timeout;
+    if (s->cfg.wire_bf16) {
+        r.has |= PS_F_WIRE;
+        r.wire = PS_WIRE_BIT(PS_DT_BF16);
+    }
     if (s->model.has_layout) {
         r.has |= PS_F_FP;
         r.fp = s->model.fp;
@@ -412,10 +427,41 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
            (unsigned long long)(m->off + m->ndata), bad, norm, norm > s->cfg.clip_norm ? s->cfg.clip_norm : norm);
 }
 
+/* bfloat16 data becomes float32 in the connection's own buffer, where m
+ * then points: everything after this sees float32 only. */
+static int widen(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    if (!s->cfg.wire_bf16) {
+        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0, "%s with bfloat16 data refused: this psd takes float32 only "
+                                                     "(wire_bf16 = no); its welcome did not offer bf16",
+                       ps_msg_type_name(m->type));
+        return -1;
+    }
+    if (c->wide_cap < m->ndata) {
+        /* bounded by max_frame (a frame of n values holds 2n bytes) */
+        float *p = realloc(c->wide, (size_t)m->ndata * sizeof(float));
+        if (!p) {
+            srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory to widen %llu bfloat16 values",
+                           (unsigned long long)m->ndata);
+            return -1;
+        }
+        c->wide = p;
+        c->wide_cap = (size_t)m->ndata;
+    }
+    ps_bf16_to_f32(c->wide, m->data16, (size_t)m->ndata);
+    m->data = c->wide;
+    m->data16 = NULL;
+    m->dt = PS_DT_F32;
+    return 0;
+}
+
 static int check_data(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
+    if (m->dt == PS_DT_BF16 && widen(c, m) != 0)
+        return -1;
     if (m->off > total || m->ndata > total - m->off || m->ndata == 0) {
         srv_send_error(c, m->id, PS_ERANGE, 0, "%s range [%llu, %llu) is outside the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
@@ -488,6 +534,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
         a->poff = m->poff;
         a->plen = m->plen;
         a->min = m->min;
+        a->rdt = m->rdt;
         return;
     }
     if (rc == PS_ESTALE) {
@@ -498,7 +545,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
             s->stats.dropped_pushes++;
         PS_LOG(PS_LOG_DEBUG, "shard %u: %s", c->worker->shard, err);
         if (m->type == PS_MSG_PUSHPULL) {
-            do_pull(c, m->id, m->poff, m->plen, m->min);
+            do_pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
             return;
         }
     }
@@ -511,7 +558,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
         s->stats.pushes++;
     }
     if (m->type == PS_MSG_PUSHPULL)
-        do_pull(c, m->id, m->poff, m->plen, m->min);
+        do_pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
     else
         reply_ok(c, m->id);
 }
@@ -526,7 +573,7 @@ void srv_push_done(psd *s, const srv_apply *a)
     if (c->closing)
         return;
     if (a->type == PS_MSG_PUSHPULL)
-        do_pull(c, a->id, a->poff, a->plen, a->min);
+        do_pull(c, a->id, a->poff, a->plen, a->min, a->rdt);
     else
         reply_ok(c, a->id);
 }
@@ -606,7 +653,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         handle_push(c, m);
         break;
     case PS_MSG_PULL:
-        do_pull(c, m->id, m->off, m->len, m->min);
+        do_pull(c, m->id, m->off, m->len, m->min, m->rdt);
         break;
     case PS_MSG_HEARTBEAT:
         /* without an id it is fire-and-forget, so a worker's heartbeat

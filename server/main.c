@@ -384,6 +384,7 @@ int main(int argc, char **argv)
     s->policy->destroy(s);
     srv_apply_free(s);
     srv_parked_free_spare();
+    srv_narrow_free_spare();
     srv_admin_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         if (s->workers[i]) {

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/vec.h"
 #include "proto/errors.h"
 #include "psd.h"
 
@@ -20,13 +21,15 @@
 #define WREQ_BLKS 4      /* block references held inline: a chunk spans at most 2 */
 
 /* A queued write: owns its header bytes; tensor bytes come from the model's
- * blocks, referenced until the write is done. */
+ * blocks, referenced until the write is done, or, for a reply in bfloat16,
+ * from a buffer they were converted into (owned until then). */
 typedef struct srv_wreq {
     uv_write_t req;
     srv_conn *c;
     srv_blk **blk;           /* inline_blk or heap */
     size_t nblk;
     srv_blk *inline_blk[WREQ_BLKS];
+    struct narrow *narrow;   /* bfloat16 data, or NULL */
     uint8_t *hdr;            /* inline_hdr or heap */
     uint8_t inline_hdr[WREQ_INLINE];
     struct srv_wreq *next_free;
@@ -34,6 +37,71 @@ typedef struct srv_wreq {
 
 static srv_wreq *wreq_free_list;
 static unsigned wreq_free_count;
+
+/* Buffers for parameters sent as bfloat16 (converted from the blocks, so a
+ * consistent snapshot like the blocks themselves). Kept for reuse, at most
+ * NARROW_SPARE of them: a worker has at most PS_PULL_WINDOW chunk replies in
+ * flight, so this many serve 8 workers without allocating, and they hold at
+ * most NARROW_SPARE * PS_CHUNK_FLOATS * 2 bytes (32 MiB). */
+#define NARROW_SPARE 16
+
+struct narrow {
+    size_t cap; /* values */
+    struct narrow *next;
+    uint16_t v[];
+};
+
+static struct narrow *narrow_free;
+static unsigned narrow_free_count;
+
+static struct narrow *narrow_get(size_t n)
+{
+    /* the first spare big enough, else a new one */
+    for (struct narrow **pp = &narrow_free; *pp; pp = &(*pp)->next) {
+        if ((*pp)->cap >= n) {
+            struct narrow *b = *pp;
+            *pp = b->next;
+            narrow_free_count--;
+            return b;
+        }
+    }
+    struct narrow *b = malloc(sizeof *b + n * sizeof(uint16_t));
+    if (b)
+        b->cap = n;
+    return b;
+}
+
+static void narrow_put(struct narrow *b)
+{
+    if (narrow_free_count >= NARROW_SPARE) {
+        /* full: keep the bigger ones */
+        struct narrow **small = &narrow_free;
+        for (struct narrow **pp = &narrow_free; *pp; pp = &(*pp)->next)
+            if ((*pp)->cap < (*small)->cap)
+                small = pp;
+        if ((*small)->cap >= b->cap) {
+            free(b);
+            return;
+        }
+        struct narrow *victim = *small;
+        *small = victim->next;
+        free(victim);
+        narrow_free_count--;
+    }
+    b->next = narrow_free;
+    narrow_free = b;
+    narrow_free_count++;
+}
+
+void srv_narrow_free_spare(void)
+{
+    while (narrow_free) {
+        struct narrow *b = narrow_free;
+        narrow_free = b->next;
+        free(b);
+    }
+    narrow_free_count = 0;
+}
 
 static srv_wreq *wreq_get(void)
 {
@@ -47,6 +115,7 @@ static srv_wreq *wreq_get(void)
     if (r) {
         r->blk = r->inline_blk;
         r->nblk = 0;
+        r->narrow = NULL;
     }
     return r;
 }
@@ -61,6 +130,9 @@ static void wreq_put(srv_wreq *r)
         free(r->blk);
     r->blk = r->inline_blk;
     r->nblk = 0;
+    if (r->narrow)
+        narrow_put(r->narrow);
+    r->narrow = NULL;
     if (wreq_free_count >= 256) {
         free(r);
         return;
@@ -80,6 +152,7 @@ uint64_t srv_now_ms(void)
 void srv_conn_free(srv_conn *c)
 {
     msgpack_zone_destroy(&c->zone);
+    free(c->wide);
     free(c->rbuf);
     free(c);
 }
@@ -171,7 +244,7 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     if (dlen) {
         assert(blk); /* data goes out from the blocks only */
         uint64_t first = m->off >> SRV_BLK_SHIFT, last = (m->off + m->ndata - 1) >> SRV_BLK_SHIFT;
-        npieces = (size_t)(last - first + 1);
+        npieces = m->dt == PS_DT_BF16 ? 1 : (size_t)(last - first + 1);
     }
     uv_buf_t small[1 + WREQ_BLKS], *bufs = small;
     if (npieces > WREQ_BLKS) {
@@ -197,8 +270,27 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     }
     memcpy(r->hdr, s->enc.p, s->enc.len);
     bufs[0] = uv_buf_init((char *)r->hdr, (unsigned)s->enc.len);
-    uint64_t off = m->off, left = dlen / sizeof(float);
-    for (size_t i = 0; i < npieces; i++) {
+    uint64_t off = m->off, left = m->ndata;
+    if (dlen && m->dt == PS_DT_BF16) {
+        /* converted now, from the blocks as they are: one piece */
+        if (!(r->narrow = narrow_get((size_t)m->ndata))) {
+            wreq_put(r);
+            if (bufs != small)
+                free(bufs);
+            srv_conn_close(c);
+            return;
+        }
+        for (uint16_t *dst = r->narrow->v; left > 0;) {
+            size_t len;
+            const float *p = srv_blocks_at(blk, off, left, &len);
+            ps_bf16_from_f32(dst, p, len);
+            dst += len;
+            off += len;
+            left -= len;
+        }
+        bufs[1] = uv_buf_init((char *)r->narrow->v, (unsigned)dlen);
+    }
+    for (size_t i = 0; i < npieces && !r->narrow; i++) {
         size_t len;
         const float *p = srv_blocks_at(blk, off, left, &len);
         r->blk[i] = srv_blk_ref(blk[off >> SRV_BLK_SHIFT]);

@@ -128,6 +128,7 @@ extern const srv_policy_ops srv_policy_ssp;
 /* A pull waiting for a model version (BSP) or for the initial values. */
 typedef struct srv_parked {
     uint64_t id, min, off, len;
+    uint32_t rdt;            /* ps_dtype of the reply's data */
     struct srv_parked *next;
 } srv_parked;
 
@@ -148,6 +149,9 @@ struct srv_conn {
     size_t want_end;         /* a big frame is incomplete: it ends at rbuf[want_end]
                               * and reads stop there (0: none) */
     msgpack_zone zone;       /* unpack zone, cleared per message */
+    float *wide;             /* bfloat16 data of its last push, as float32 (kept,
+                              * so converting allocates nothing in steady state) */
+    size_t wide_cap;         /* floats */
     srv_parked *parked;      /* pulls waiting for a version */
     srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
                               * (ADMIN pin, psctl save); NULL = the current one */
@@ -241,6 +245,7 @@ typedef struct srv_apply {
     /* the reply, filled in by handle.c */
     uint64_t id, poff, plen, min;
     uint32_t type;
+    uint32_t rdt;
 } srv_apply;
 
 /* Frees what updates off the loop keep between them (at exit). */
@@ -333,6 +338,7 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof);
 void srv_push_done(psd *s, const srv_apply *a);
 /* Frees the parked-pull entries kept for reuse (at exit). */
 void srv_parked_free_spare(void);
+void srv_narrow_free_spare(void); /* net.c: spare bfloat16 reply buffers */
 /* Answers every parked pull whose version is now available. */
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */

@@ -42,6 +42,7 @@ typedef struct wopts {
     const char *save_params; /* write the final parameters here (raw float32) */
     const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
+    uint32_t wire;           /* --wire: ps_dtype asked for on the wire */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
@@ -87,6 +88,10 @@ static void usage(FILE *f)
             "      --pipeline on|off|auto  compute the next gradient while the last one travels\n"
             "                          (one step more staleness; default off); auto: on in asgd\n"
             "                          and ssp for models of at most 2^20 parameters, off in bsp\n"
+            "      --wire f32|bf16     tensors on the wire: f32 (default), or bf16 to push gradients\n"
+            "                          and receive parameters at 2 bytes a value (half the bytes,\n"
+            "                          about 3 significant digits; psd keeps float32) when psd\n"
+            "                          offers it (wire_bf16), else f32 with a warning\n"
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
@@ -274,7 +279,7 @@ int main(int argc, char **argv)
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
                .timeout_ms = 600000, .reconnect_ms = 60000, .pipeline = 0};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE };
+           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -291,6 +296,7 @@ int main(int argc, char **argv)
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {"pipeline", required_argument, NULL, O_PIPELINE},
         {"token-file", required_argument, NULL, O_TOKEN_FILE},
+        {"wire", required_argument, NULL, O_WIRE},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
@@ -325,6 +331,14 @@ int main(int argc, char **argv)
                 o.pipeline = -1;
             else
                 return die("bad --pipeline '%s': on, off or auto", optarg);
+            break;
+        case O_WIRE:
+            if (strcmp(optarg, "f32") == 0)
+                o.wire = PS_DT_F32;
+            else if (strcmp(optarg, "bf16") == 0)
+                o.wire = PS_DT_BF16;
+            else
+                return die("bad --wire '%s': f32 or bf16", optarg);
             break;
         case 'd': o.dataset = optarg; break;
         case 'D': o.data_dir = optarg; break;
@@ -423,6 +437,7 @@ int main(int argc, char **argv)
                                     o.timeout_ms, o.reconnect_ms);
     session_ready = 1;
     ss.token = token.b;
+    ss.want_dt = o.wire;
     ss.token_len = token.len;
     if (layout_rc != 0) {
         fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");

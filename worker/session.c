@@ -179,7 +179,10 @@ static void adopt(ps_session *ss, const float *data, uint64_t version)
     if (ss->bsp && version > ss->version + 1)
         ss->dropped++; /* the round closed without our push */
     ps_model_bind_params(ss->model, (float *)(uintptr_t)data);
-    ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
+    if (data == ss->cl.wide)
+        ps_client_swap_wide(&ss->cl, &ss->held_wide, &ss->held_wide_cap);
+    else
+        ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
     ss->version = version;
 }
 
@@ -386,9 +389,17 @@ int ps_session_open(ps_session *ss)
     m.nshards = ss->nshards;
     m.layout = &ss->layout;
     m.fp = ps_layout_fingerprint(&ss->layout);
+    ss->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     rc = ps_client_hello(&ss->cl, &m, ss->token, ss->token_len, &r, ss->timeout_ms);
     if (rc != 0)
         return rc;
+    if (ss->want_dt != PS_DT_F32) {
+        if ((r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(ss->want_dt)))
+            ss->cl.wire_dt = ss->want_dt;
+        else
+            PS_LOG(PS_LOG_WARN, "psd at %s does not offer %s tensors (wire_bf16 = no, or an older psd): "
+                                "sending float32", ss->server, ps_dtype_name(ss->want_dt));
+    }
     snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
     ss->bsp = strcmp(r.mode, "bsp") == 0;
     ss->version = r.mver;
@@ -496,6 +507,8 @@ void ps_session_free(ps_session *ss)
     ps_model_unbind_params(ss->model);
     free(ss->held);
     ss->held = NULL;
+    free(ss->held_wide);
+    ss->held_wide = NULL;
     hb_stop(ss);
     ss->cl.send_lock = NULL;
     ps_client_free(&ss->cl);

@@ -41,6 +41,9 @@ typedef struct ps_session {
     int have_params;         /* we hold parameters worth offering as init */
     uint8_t *held;           /* receive buffer the model's parameters point into */
     size_t held_cap;
+    float *held_wide;        /* or the widened bfloat16 buffer they point into */
+    size_t held_wide_cap;
+    uint32_t want_dt;        /* wire type asked for (--wire); psd's welcome decides */
     /* pipelining: the comm thread runs one step's push-and-pull while the
      * training thread computes the next gradient */
     int comm_running, comm_stop, comm_pending, comm_done, comm_rc;

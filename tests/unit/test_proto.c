@@ -1223,6 +1223,12 @@ static void mp_field(mpw *w, uint64_t bit)
 {
     static const float two[2] = {1, 2};
     static const uint8_t b32[32] = {0xc1, 1, 2, 3};
+    if (bit == PS_F_DT || bit == PS_F_RDT || bit == PS_F_WIRE) {
+        /* dt 0 (f32) keeps the sample data's meaning */
+        mp_str(w, bit == PS_F_DT ? "dt" : bit == PS_F_RDT ? "rdt" : "wire");
+        mp_uint(w, bit == PS_F_DT ? PS_DT_F32 : bit == PS_F_RDT ? PS_DT_BF16 : PS_WIRE_BIT(PS_DT_BF16));
+        return;
+    }
     if (bit == PS_F_NONCE || bit == PS_F_CNONCE || bit == PS_F_PROOF || bit == PS_F_SPROOF) {
         /* 64-bit bits cannot be case labels of this switch on an int */
         mp_str(w, bit == PS_F_NONCE ? "nonce" : bit == PS_F_CNONCE ? "cnonce" : bit == PS_F_PROOF ? "proof" : "sproof");
@@ -1268,13 +1274,14 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 35
+#define NFIELDS 38
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
                                              "min", "base",  "poff",  "plen",  "code",   "text",    "body",
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
-                                             "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof"};
+                                             "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
+                                             "dt", "rdt", "wire"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
@@ -1974,7 +1981,7 @@ static int decode_sane(uint8_t *p, size_t n)
     ps_msg m;
     memset(&m, 0, sizeof m);
     int rc = dec_inplace(p, n, &m);
-    if (rc != 0 && rc != PS_EMALFORMED && rc != PS_EBAD_TYPE && rc != PS_EBAD_FIELD)
+    if (rc != 0 && rc != PS_EMALFORMED && rc != PS_EBAD_TYPE && rc != PS_EBAD_FIELD && rc != PS_EUNSUPPORTED)
         fail_msg("decode returned %d on %zu bytes", rc, n);
     if (memchr(err, '\0', sizeof err) == NULL)
         fail_msg("error message not terminated");
