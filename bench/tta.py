@@ -35,14 +35,13 @@ import harness  # noqa: E402
 # The recommended settings (README, "Recommended settings"): Adam with a
 # cosine schedule over the run, per workload and data set. batch is the
 # samples per model version: each ASGD worker's batch, and a BSP round's
-# (split over its M workers). W1 takes batch 128: at 64 the round trips,
-# not the arithmetic, set the pace of 2 ASGD workers on 2 cores.
+# (split over its M workers).
 WORKLOADS = {
     "W1": {"model": "mlp:256,128", "torch": "w1"},
     "W2": {"model": "cnn", "torch": "w2"},
 }
 SETTINGS = {
-    ("W1", "mnist"): {"batch": 128, "lr": 2e-3, "epochs": 5},
+    ("W1", "mnist"): {"batch": 64, "lr": 2e-3, "epochs": 4},
     ("W2", "mnist"): {"batch": 64, "lr": 2e-3, "epochs": 6},
     ("W1", "fashion-mnist"): {"batch": 128, "lr": 1e-3, "epochs": 20},
     ("W2", "fashion-mnist"): {"batch": 64, "lr": 2e-3, "epochs": 10},
@@ -52,7 +51,7 @@ TARGETS = {("W1", "mnist"): 0.980, ("W2", "mnist"): 0.990, ("W1", "fashion-mnist
 TRAIN_N = 60000
 
 
-def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch):
+def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32"):
     """One configuration; returns worker 0's per-epoch records."""
     versions = epochs * -(-TRAIN_N // batch)
     if mode == "bsp":
@@ -63,7 +62,8 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch):
         psd = cl.psd(mode=mode, workers=nworkers, args=args)
         ws = [cl.worker(psd, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
                         model=WORKLOADS[wl]["model"], dataset=dataset, evaluate=(k == 0),
-                        args=["--epoch-json", "--quiet", "--pipeline", "off"]) for k in range(nworkers)]
+                        args=["--epoch-json", "--quiet", "--pipeline", "off", "--wire", wire])
+              for k in range(nworkers)]
         for w in ws:
             rc, _ = w.result(3600)
             if rc != 0:
@@ -114,7 +114,7 @@ def main():
     if not have_torch and not a.no_torch:
         print("note: python3-torch is not installed (apt-get install python3-torch); no PyTorch column")
     rows, series = [], []
-    header = "%-34s %7s %6s %10s %s" % ("configuration", "s/epoch", "wait", "samples/s",
+    header = "%-39s %7s %6s %10s %s" % ("configuration", "s/epoch", "wait", "samples/s",
                                         "test accuracy per epoch -> time to target")
     print(header)
     print("-" * len(header))
@@ -124,17 +124,20 @@ def main():
                 continue
             spec = SETTINGS[(wl, dataset)]
             target = TARGETS[(wl, dataset)]
-            configs = [("psd %s 1 worker" % "asgd", 1, "asgd"), ("psd asgd 2 workers", 2, "asgd"),
-                       ("psd bsp 1 worker", 1, "bsp"), ("psd bsp 2 workers", 2, "bsp")]
+            configs = [("psd asgd 1 worker", 1, "asgd", "f32"), ("psd asgd 2 workers", 2, "asgd", "f32"),
+                       ("psd bsp 1 worker", 1, "bsp", "f32"), ("psd bsp 2 workers", 2, "bsp", "f32")]
+            if wl == "W1":
+                # the accuracy effect of bfloat16 on the wire (psworker --wire bf16)
+                configs += [("psd asgd 2 workers bf16", 2, "asgd", "bf16"), ("psd bsp 2 workers bf16", 2, "bsp", "bf16")]
             results = []
             if have_torch:
                 results.append(("pytorch alone", torch_run(wl, dataset, spec["epochs"], spec["lr"], spec["batch"],
                                                           harness.Paths.data)))
-            for name, n, mode in configs:
+            for name, n, mode, wire in configs:
                 label = "%s %s %s" % (wl, dataset, name)
                 if a.only and a.only not in label:
                     continue
-                results.append((name, psd_run(wl, dataset, n, mode, spec["epochs"], spec["lr"], spec["batch"])))
+                results.append((name, psd_run(wl, dataset, n, mode, spec["epochs"], spec["lr"], spec["batch"], wire)))
             for name, recs in results:
                 if not recs:
                     continue
@@ -145,7 +148,7 @@ def main():
                 wait = "%6.2f" % (sum(waits) / len(waits)) if waits else "%6s" % "-"
                 accs = " ".join("%.2f" % (100 * r["test_accuracy"]) for r in recs)
                 tt = "%.1f s (epoch %d)" % (t, e) if t is not None else "not reached"
-                print("%-34s %7.2f %s %10.0f %s -> %.1f%%: %s" % (label, mean_epoch, wait, TRAIN_N / mean_epoch,
+                print("%-39s %7.2f %s %10.0f %s -> %.1f%%: %s" % (label, mean_epoch, wait, TRAIN_N / mean_epoch,
                                                                  accs, 100 * target, tt), flush=True)
                 for r in recs:
                     rows.append({"workload": wl, "dataset": dataset, "config": name, "epoch": r["epoch"],
@@ -157,7 +160,7 @@ def main():
                 series.append((label, [(r["train_seconds"], r["test_accuracy"]) for r in recs]))
             times = {name: time_to(recs, target)[0] for name, recs in results if recs}
             if times.get("pytorch alone") and times.get("psd asgd 2 workers"):
-                print("%-34s psd asgd 2 workers reach %.1f%% in %.2f of PyTorch's time" %
+                print("%-39s psd asgd 2 workers reach %.1f%% in %.2f of PyTorch's time" %
                       ("%s %s" % (wl, dataset), 100 * target, times["psd asgd 2 workers"] / times["pytorch alone"]),
                       flush=True)
     csv_path = os.path.join(a.out, "tta.csv")

@@ -42,14 +42,24 @@ static unsigned wreq_free_count;
  * consistent snapshot like the blocks themselves). Kept for reuse, at most
  * NARROW_SPARE of them: a worker has at most PS_PULL_WINDOW chunk replies in
  * flight, so this many serve 8 workers without allocating, and they hold at
- * most NARROW_SPARE * PS_CHUNK_FLOATS * 2 bytes (32 MiB). */
+ * most NARROW_SPARE * PS_CHUNK_FLOATS * 2 bytes (32 MiB).
+ *
+ * The last one converted is also kept as `narrow_last`, with what it holds (model
+ * version, range, first block): the next reply of the same values (every
+ * worker's at the end of a BSP round) shares it, reference-counted, instead
+ * of converting again. */
 #define NARROW_SPARE 16
 
 struct narrow {
-    size_t cap; /* values */
+    size_t cap;         /* values */
+    unsigned refs;      /* queued writes, and `narrow_last` */
+    uint64_t ver, off, n;
+    const srv_blk *blk; /* the first block it was converted from */
     struct narrow *next;
     uint16_t v[];
 };
+
+static struct narrow *narrow_last;
 
 static struct narrow *narrow_free;
 static unsigned narrow_free_count;
@@ -73,6 +83,8 @@ static struct narrow *narrow_get(size_t n)
 
 static void narrow_put(struct narrow *b)
 {
+    if (--b->refs > 0)
+        return;
     if (narrow_free_count >= NARROW_SPARE) {
         /* full: keep the bigger ones */
         struct narrow **small = &narrow_free;
@@ -93,8 +105,39 @@ static void narrow_put(struct narrow *b)
     narrow_free_count++;
 }
 
+/* m's data (m->ndata values from m->off of blocks blk) as bfloat16, with a
+ * reference for the caller; NULL when out of memory. */
+static struct narrow *narrow_of(const ps_msg *m, srv_blk *const *blk)
+{
+    const srv_blk *first = blk[m->off >> SRV_BLK_SHIFT];
+    if (narrow_last && narrow_last->ver == m->mver && narrow_last->off == m->off && narrow_last->n == m->ndata && narrow_last->blk == first) {
+        narrow_last->refs++;
+        return narrow_last;
+    }
+    struct narrow *b = narrow_get((size_t)m->ndata);
+    if (!b)
+        return NULL;
+    uint64_t off = m->off, left = m->ndata;
+    for (uint16_t *dst = b->v; left > 0;) {
+        size_t len;
+        const float *p = srv_blocks_at(blk, off, left, &len);
+        ps_bf16_from_f32(dst, p, len);
+        dst += len;
+        off += len;
+        left -= len;
+    }
+    *b = (struct narrow){.cap = b->cap, .refs = 2, .ver = m->mver, .off = m->off, .n = m->ndata, .blk = first};
+    if (narrow_last)
+        narrow_put(narrow_last);
+    narrow_last = b;
+    return b;
+}
+
 void srv_narrow_free_spare(void)
 {
+    if (narrow_last)
+        narrow_put(narrow_last);
+    narrow_last = NULL;
     while (narrow_free) {
         struct narrow *b = narrow_free;
         narrow_free = b->next;
@@ -273,20 +316,12 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     uint64_t off = m->off, left = m->ndata;
     if (dlen && m->dt == PS_DT_BF16) {
         /* converted now, from the blocks as they are: one piece */
-        if (!(r->narrow = narrow_get((size_t)m->ndata))) {
+        if (!(r->narrow = narrow_of(m, blk))) {
             wreq_put(r);
             if (bufs != small)
                 free(bufs);
             srv_conn_close(c);
             return;
-        }
-        for (uint16_t *dst = r->narrow->v; left > 0;) {
-            size_t len;
-            const float *p = srv_blocks_at(blk, off, left, &len);
-            ps_bf16_from_f32(dst, p, len);
-            dst += len;
-            off += len;
-            left -= len;
         }
         bufs[1] = uv_buf_init((char *)r->narrow->v, (unsigned)dlen);
     }

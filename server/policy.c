@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/vec.h"
 #include "proto/errors.h"
 #include "admin.h"
 #include "psd.h"
@@ -65,7 +66,7 @@ static float *scratch(psd *s)
  * same float operations in the same order as summing whole arrays (first
  * source, += each next, *= inv), so the result does not depend on the
  * piece size. */
-static void round_mean(const srv_grad *gr, uint64_t off, size_t n, float *out)
+PS_MULTIVERSION static void round_mean(const srv_grad *gr, uint64_t off, size_t n, float *restrict out)
 {
     memcpy(out, gr->src[0] + off, n * sizeof(float));
     for (unsigned k = 1; k < gr->nsrc; k++) {
