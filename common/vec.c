@@ -54,6 +54,17 @@ PS_MULTIVERSION void ps_bf16_from_f32(uint16_t *restrict dst, const float *restr
     }
 }
 
+PS_MULTIVERSION int ps_bf16_to_f32_finite(float *restrict dst, const uint16_t *restrict src, size_t n)
+{
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+        memcpy(&dst[i], &u, 4);
+    }
+    return !bad;
+}
+
 PS_MULTIVERSION void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n)
 {
     for (size_t i = 0; i < n; i++) {

@@ -15,14 +15,6 @@
 #define PS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define PS_MULTIVERSION
-/* bfloat16 (the top 16 bits of a float32) for tensors on the wire.
- * ps_bf16_from_f32 rounds to nearest, ties to even; NaN stays NaN (quiet),
- * infinities stay infinite, and a finite value that rounds past the
- * largest bfloat16 becomes infinite, as in every bfloat16 conversion.
- * ps_bf16_to_f32 is exact. */
-void ps_bf16_from_f32(uint16_t *restrict dst, const float *restrict src, size_t n);
-void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n);
-
 #endif
 
 /* 1 when every x[i] is finite (no NaN, no infinity), else 0. */
@@ -44,5 +36,7 @@ double ps_vec_sumsq(const float *x, size_t n);
  * ps_bf16_to_f32 is exact. */
 void ps_bf16_from_f32(uint16_t *restrict dst, const float *restrict src, size_t n);
 void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n);
+/* ps_bf16_to_f32, and 1 when every value is finite (else 0), in one pass. */
+int ps_bf16_to_f32_finite(float *restrict dst, const uint16_t *restrict src, size_t n);
 
 #endif

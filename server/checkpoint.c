@@ -497,6 +497,7 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
     for (size_t i = 0; i < s->model.nblk; i++) {
         srv_blk *b = s->model.blk[i];
         memcpy(b->w, p, b->cap * sizeof(float));
+        s->model.stamp++;
         p += b->cap * sizeof(float);
     }
     float *bufs[CKPT_MAX_STATE];

@@ -108,16 +108,23 @@ static int pull_ready(srv_conn *c, uint64_t min)
     return s->model.initialized && s->model.version >= min;
 }
 
+/* 0 when psd may answer in element type rdt; else sends UNSUPPORTED. */
+static int check_rdt(srv_conn *c, uint64_t id, uint32_t rdt)
+{
+    if (rdt == PS_DT_F32 || c->srv->cfg.wire_bf16)
+        return 0;
+    srv_send_error(c, id, PS_EUNSUPPORTED, 0, "parameters as %s refused: this psd sends float32 only "
+                                              "(wire_bf16 = no); its welcome did not offer %s; nothing was changed",
+                   ps_dtype_name(rdt), ps_dtype_name(rdt));
+    return -1;
+}
+
 static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
-    if (rdt != PS_DT_F32 && !s->cfg.wire_bf16) {
-        srv_send_error(c, id, PS_EUNSUPPORTED, 0, "parameters as %s refused: this psd sends float32 only "
-                                                  "(wire_bf16 = no); its welcome did not offer %s",
-                       ps_dtype_name(rdt), ps_dtype_name(rdt));
+    if (check_rdt(c, id, rdt) != 0)
         return;
-    }
     if (!s->model.has_layout) {
         srv_send_error(c, id, PS_ENOT_READY, 0, "no model yet: the first worker has not said hello");
         return;
@@ -428,8 +435,9 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
 }
 
 /* bfloat16 data becomes float32 in the connection's own buffer, where m
- * then points: everything after this sees float32 only. */
-static int widen(srv_conn *c, ps_msg *m)
+ * then points: everything after this sees float32 only. *finite tells
+ * whether every value is finite (checked on the way). */
+static int widen(srv_conn *c, ps_msg *m, int *finite)
 {
     psd *s = c->srv;
     if (!s->cfg.wire_bf16) {
@@ -449,7 +457,7 @@ static int widen(srv_conn *c, ps_msg *m)
         c->wide = p;
         c->wide_cap = (size_t)m->ndata;
     }
-    ps_bf16_to_f32(c->wide, m->data16, (size_t)m->ndata);
+    *finite = ps_bf16_to_f32_finite(c->wide, m->data16, (size_t)m->ndata);
     m->data = c->wide;
     m->data16 = NULL;
     m->dt = PS_DT_F32;
@@ -460,7 +468,8 @@ static int check_data(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
-    if (m->dt == PS_DT_BF16 && widen(c, m) != 0)
+    int finite = -1; /* not known yet */
+    if (m->dt == PS_DT_BF16 && widen(c, m, &finite) != 0)
         return -1;
     if (m->off > total || m->ndata > total - m->off || m->ndata == 0) {
         srv_send_error(c, m->id, PS_ERANGE, 0, "%s range [%llu, %llu) is outside the model's %llu parameters",
@@ -468,7 +477,9 @@ static int check_data(srv_conn *c, ps_msg *m)
                        (unsigned long long)(m->off + m->ndata), (unsigned long long)total);
         return -1;
     }
-    if (!ps_vec_all_finite(m->data, m->ndata)) {
+    if (finite < 0)
+        finite = ps_vec_all_finite(m->data, m->ndata);
+    if (!finite) {
         if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
             sanitize_push(c, m);
             return 0;
@@ -521,11 +532,19 @@ static void handle_push(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "push before the model has its initial values");
         return;
     }
-    if (check_data(c, m) != 0)
+    /* a pushpull's reply type is checked before its push is applied */
+    if ((m->type == PS_MSG_PUSHPULL && check_rdt(c, m->id, m->rdt) != 0) || check_data(c, m) != 0)
         return;
     if (m->fin && m->base <= s->model.version)
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
+    if (m->data == c->wide) {
+        /* widened from bfloat16: the policy may keep the buffer (bsp) */
+        s->push_buf = &c->wide;
+        s->push_buf_cap = &c->wide_cap;
+    }
     int rc = s->policy->push(s, c->worker, m->base, m->off, m->data, m->ndata, m->fin, err, sizeof err);
+    s->push_buf = NULL;
+    s->push_buf_cap = NULL;
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_done() replies */
         srv_apply *a = s->applying;

@@ -164,7 +164,7 @@ int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg)
 
 void srv_model_write_end(srv_model *m, srv_wseg *seg)
 {
-    (void)m;
+    m->stamp++;
     srv_blk_unref(seg->old);
     seg->old = NULL;
 }

@@ -53,7 +53,7 @@ static unsigned wreq_free_count;
 struct narrow {
     size_t cap;         /* values */
     unsigned refs;      /* queued writes, and `narrow_last` */
-    uint64_t ver, off, n;
+    uint64_t stamp, ver, off, n; /* the model's stamp when converted, and m's */
     const srv_blk *blk; /* the first block it was converted from */
     struct narrow *next;
     uint16_t v[];
@@ -106,11 +106,15 @@ static void narrow_put(struct narrow *b)
 }
 
 /* m's data (m->ndata values from m->off of blocks blk) as bfloat16, with a
- * reference for the caller; NULL when out of memory. */
-static struct narrow *narrow_of(const ps_msg *m, srv_blk *const *blk)
+ * reference for the caller; NULL when out of memory. The last conversion
+ * is reused when nothing was written to the model since (its stamp) and it
+ * holds the same range of the same blocks at the same version. */
+static struct narrow *narrow_of(const psd *s, const ps_msg *m, srv_blk *const *blk)
 {
     const srv_blk *first = blk[m->off >> SRV_BLK_SHIFT];
-    if (narrow_last && narrow_last->ver == m->mver && narrow_last->off == m->off && narrow_last->n == m->ndata && narrow_last->blk == first) {
+    struct narrow *l = narrow_last;
+    if (l && l->stamp == s->model.stamp && l->ver == m->mver && l->off == m->off && l->n == m->ndata &&
+        l->blk == first) {
         narrow_last->refs++;
         return narrow_last;
     }
@@ -126,7 +130,8 @@ static struct narrow *narrow_of(const ps_msg *m, srv_blk *const *blk)
         off += len;
         left -= len;
     }
-    *b = (struct narrow){.cap = b->cap, .refs = 2, .ver = m->mver, .off = m->off, .n = m->ndata, .blk = first};
+    *b = (struct narrow){.cap = b->cap, .refs = 2, .stamp = s->model.stamp, .ver = m->mver, .off = m->off,
+                         .n = m->ndata, .blk = first};
     if (narrow_last)
         narrow_put(narrow_last);
     narrow_last = b;
@@ -316,7 +321,7 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     uint64_t off = m->off, left = m->ndata;
     if (dlen && m->dt == PS_DT_BF16) {
         /* converted now, from the blocks as they are: one piece */
-        if (!(r->narrow = narrow_of(m, blk))) {
+        if (!(r->narrow = narrow_of(s, m, blk))) {
             wreq_put(r);
             if (bufs != small)
                 free(bufs);

@@ -172,6 +172,7 @@ static void apply_after(uv_work_t *req, int status)
     psd *s = a->s;
     srv_model *m = &s->model;
     (void)status; /* work queued on a running loop is never cancelled */
+    m->stamp++;
     for (size_t i = 0; i < a->nblk; i++) {
         if (a->fresh[i]) {
             m->blk[a->first + i] = a->fresh[i];
@@ -558,6 +559,15 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
                  b->count + 1 >= bsp_needed(s);
     if (direct) {
         w->direct = g;
+    } else if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD && off == 0 && n == total && s->push_buf &&
+               *s->push_buf == g) {
+        /* the whole gradient, widened from bfloat16 into the connection's
+         * buffer: that buffer becomes the slot, and the connection gets
+         * the old slot (total floats, or none) to widen its next push into */
+        float *old = w->slot;
+        w->slot = *s->push_buf;
+        *s->push_buf = old;
+        *s->push_buf_cap = old ? total : 0;
     } else if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
         if (!w->slot && !(w->slot = malloc(total * sizeof(float)))) {
             snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);

@@ -54,6 +54,9 @@ typedef struct srv_model {
     size_t nblk;         /* blocks; 0 before the layout */
     srv_blk **blk;       /* current parameters: block b holds [b*SRV_BLK_FLOATS, ...) */
     uint64_t version;    /* updates applied */
+    uint64_t stamp;      /* bumped by every write to the blocks, a push
+                          * chunk without fin (no new version) too: what a
+                          * cache of their values is keyed on */
     srv_optim opt;
 } srv_model;
 
@@ -294,6 +297,12 @@ struct psd {
     int reload_pending;      /* SIGHUP came while applying: reload after */
     uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
+    float **push_buf;        /* while a policy handles a push whose data psd
+                              * widened from bfloat16: the connection's buffer
+                              * holding it, which the policy may take in
+                              * exchange for another (or NULL) of at least
+                              * *push_buf_cap floats; NULL otherwise */
+    size_t *push_buf_cap;
     ps_layout scratch_layout; /* where a hello's layout is decoded */
 };
 

@@ -529,6 +529,42 @@ def floats(values):
     return np.asarray(values, dtype="<f4").tobytes()
 
 
+# ---- bfloat16 tensors ("dt" 1), computed with numpy, not common/vec.c ----------
+
+DT_F32 = 0
+DT_BF16 = 1
+
+
+def wire_bit(dt):
+    """The bit of element type dt in a WELCOME's "wire"."""
+    return 1 << dt
+
+
+def bf16_bits(values):
+    """float32 values as bfloat16 bit patterns (uint16): the top 16 bits of
+    each float32, rounded to nearest with ties to even; a NaN keeps its top
+    bits with the quiet bit (0x0040) set; infinities stay infinite and a
+    finite value that rounds past the largest bfloat16 becomes infinite."""
+    import numpy as np
+    u = np.ascontiguousarray(values, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype("<u2")
+
+
+def bf16_bytes(values):
+    """float32 values as "data" carries them with "dt": 1 (little-endian
+    bfloat16, 2 bytes each)."""
+    return bf16_bits(values).tobytes()
+
+
+def bf16_widen(data):
+    """bfloat16 bytes (or uint16 bit patterns) as float32: exact."""
+    import numpy as np
+    h = np.frombuffer(data, dtype="<u2") if isinstance(data, (bytes, bytearray)) else np.asarray(data, "<u2")
+    return (h.astype("<u4") << 16).view("<f4")
+
+
 class RawClient:
     """One TCP connection to psd, spoken to frame by frame. Every receive has
     a timeout, so a psd that hangs fails the test instead of stalling it."""

@@ -1,5 +1,6 @@
 /* test_proto.c - the wire code in proto/: frame header, structure scan,
- * encode/decode of every message, decode errors, layouts, error names, and
+ * encode/decode of every message (float32 and bfloat16 tensors), decode
+ * errors, layouts, error names, and
  * random input fed to the decoder.
  *
  * Hostile and hand-made frames are built with the small msgpack writer below
@@ -742,10 +743,20 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_int_equal(a->off, b->off);
     if (h & PS_F_LEN)
         assert_int_equal(a->len, b->len);
+    assert_int_equal(a->dt, b->dt); /* f32 when absent */
+    if (h & PS_F_RDT)
+        assert_int_equal(a->rdt, b->rdt);
+    if (h & PS_F_WIRE)
+        assert_int_equal(a->wire, b->wire);
     if (h & PS_F_DATA) {
         assert_int_equal(a->ndata, b->ndata);
+        /* through the pointer of the element type only */
+        if (b->dt == PS_DT_BF16)
+            assert_null(b->data);
+        else
+            assert_null(b->data16);
         if (a->ndata)
-            assert_memory_equal(a->data, b->data, a->ndata * sizeof(float));
+            assert_memory_equal(ps_msg_data_bytes(a), ps_msg_data_bytes(b), a->ndata * ps_dtype_size(a->dt));
     }
     assert_int_equal(a->fin, b->fin); /* 1 when absent */
     if (h & PS_F_MIN)
@@ -805,7 +816,7 @@ static void round_trip(const ps_msg *m)
     size_t dlen = 0;
     ps_body_fn body = m->type == PS_MSG_STATUS_REPLY ? pack_body : NULL;
     assert_int_equal(ps_msg_encode(m, &out, &dlen, body, NULL), 0);
-    assert_int_equal(dlen, (m->has & PS_F_DATA) ? m->ndata * 4 : 0);
+    assert_int_equal(dlen, (m->has & PS_F_DATA) ? m->ndata * ps_dtype_size(m->dt) : 0);
     if (dlen) {
         /* the header ends with a bin32 header for the tensor bytes, at an
          * aligned offset of the frame */
@@ -813,7 +824,7 @@ static void round_trip(const ps_msg *m)
         assert_int_equal(out.p[out.len - 5], 0xc6);
         assert_int_equal(out.len % PS_DATA_ALIGN, 0);
         assert_int_equal(ps_buf_reserve(&out, dlen), 0);
-        memcpy(out.p + out.len, m->data, dlen);
+        memcpy(out.p + out.len, ps_msg_data_bytes(m), dlen);
         out.len += dlen;
     }
     uint32_t plen = 0;
@@ -844,10 +855,11 @@ static void round_trip(const ps_msg *m)
     if (m->has & PS_F_DATA) {
         /* in place, no copy: the tensor is the last dlen bytes of the
          * payload (msgpack-c points an empty bin at its length field) */
+        const uint8_t *dd = ps_msg_data_bytes(&d);
         if (dlen)
-            assert_ptr_equal((const uint8_t *)d.data, payload + plen - dlen);
-        assert_true((const uint8_t *)d.data >= payload && (const uint8_t *)d.data <= payload + plen);
-        assert_int_equal((uintptr_t)d.data % PS_DATA_ALIGN, 0);
+            assert_ptr_equal(dd, payload + plen - dlen);
+        assert_true(dd >= payload && dd <= payload + plen);
+        assert_int_equal((uintptr_t)dd % PS_DATA_ALIGN, 0);
     }
     /* an aligned frame is not written to */
     assert_memory_equal(payload, copy, plen);
@@ -1035,7 +1047,7 @@ static void test_round_trip_all_fields(void **state)
             PS_F_PARAMS | PS_F_INIT | PS_F_OFF | PS_F_LEN | PS_F_DATA | PS_F_FIN | PS_F_MIN | PS_F_BASE |
             PS_F_POFF | PS_F_PLEN | PS_F_CODE | PS_F_TEXT | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES |
             PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB | PS_F_CMD | PS_F_ARGS | PS_F_NONCE | PS_F_CNONCE |
-            PS_F_PROOF | PS_F_SPROOF;
+            PS_F_PROOF | PS_F_SPROOF | PS_F_DT | PS_F_RDT | PS_F_WIRE;
     m.id = 0x123456789aULL, m.proto = 0xffffffffu, m.role = PS_ROLE_WORKER, m.shard = 65535, m.nshards = 65536;
     m.layout = &l, m.fp = ps_layout_fingerprint(&l);
     snprintf(m.mode, sizeof m.mode, "asgd");
@@ -1047,6 +1059,9 @@ static void test_round_trip_all_fields(void **state)
     m.nargs = 2, m.args[0] = (ps_str){"a", 1}, m.args[1] = (ps_str){"b=c", 3};
     memset(m.nonce, 1, sizeof m.nonce), memset(m.cnonce, 2, sizeof m.cnonce);
     memset(m.proof, 3, sizeof m.proof), memset(m.sproof, 4, sizeof m.sproof);
+    static const uint16_t halves[3] = {0x3f80, 0xc020, 0x7fc0};
+    m.dt = PS_DT_BF16, m.data = NULL, m.data16 = halves, m.rdt = PS_DT_BF16;
+    m.wire = PS_WIRE_BIT(PS_DT_F32) | PS_WIRE_BIT(PS_DT_BF16);
     round_trip(&m);
     /* and the status body next to it all */
     m.type = PS_MSG_STATUS_REPLY;
@@ -2166,6 +2181,297 @@ static void test_random_messages(void **state)
     free(w);
 }
 
+/* ---- bfloat16 tensors ("dt", "rdt", "wire") -------------------------------------- */
+
+/* bfloat16 bit patterns: 1.0, -2.5, a tie's result, 0x7fc0 (NaN), -0, a
+ * denormal, the largest finite, inf; 7 of them, 14 bytes (not a multiple of
+ * 4, so a decoder that assumed float32 would refuse them). */
+static const uint16_t half[7] = {0x3f80, 0xc020, 0x3f82, 0x7fc0, 0x8000, 0x0001, 0x7f7f};
+
+static void test_round_trip_bf16(void **state)
+{
+    (void)state;
+    ps_msg m;
+
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_FIN | PS_F_DT;
+    m.id = 3, m.base = 9, m.off = 11, m.dt = PS_DT_BF16, m.data16 = half, m.ndata = 7, m.fin = 0;
+    round_trip(&m);
+    m.ndata = 1; /* 2 bytes */
+    round_trip(&m);
+    m.ndata = 0;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_INIT);
+    m.has = PS_F_ID | PS_F_OFF | PS_F_DATA | PS_F_DT;
+    m.id = 1, m.off = 0, m.dt = PS_DT_BF16, m.data16 = half + 1, m.ndata = 6;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PUSHPULL);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_DT | PS_F_RDT | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m.id = 5, m.base = 10, m.off = 1, m.dt = PS_DT_BF16, m.data16 = half, m.ndata = 5;
+    m.rdt = PS_DT_BF16, m.poff = 0, m.plen = 7, m.min = 11;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PULL);
+    m.has = PS_F_ID | PS_F_OFF | PS_F_LEN | PS_F_MIN | PS_F_RDT;
+    m.id = 4, m.off = 2, m.len = 1ULL << 20, m.min = 1, m.rdt = PS_DT_BF16;
+    round_trip(&m);
+    m.rdt = PS_DT_F32; /* said explicitly */
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_PARAMS);
+    m.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA | PS_F_DT;
+    m.id = 6, m.mver = 12, m.off = 0, m.dt = PS_DT_BF16, m.data16 = half, m.ndata = 7;
+    round_trip(&m);
+
+    /* "dt": 0 said explicitly is float32 */
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_DT;
+    m.id = 7, m.base = 0, m.off = 0, m.dt = PS_DT_F32, m.data = tensor, m.ndata = 7;
+    round_trip(&m);
+
+    ps_msg_init(&m, PS_MSG_WELCOME);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT | PS_F_HB |
+            PS_F_WIRE;
+    m.id = 1, m.proto = PS_PROTO_VERSION, m.mver = 0, m.params = 10, m.workers = 2, m.hb = 10000;
+    m.wire = PS_WIRE_BIT(PS_DT_BF16);
+    snprintf(m.mode, sizeof m.mode, "asgd");
+    round_trip(&m);
+    m.wire = UINT64_MAX; /* bits of element types not known yet travel too */
+    round_trip(&m);
+
+    /* ids and bases of every length before the tensor: it lands aligned */
+    static const uint64_t ids[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 1ULL << 32, UINT64_MAX};
+    for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+        for (uint64_t base = 0; base < 300; base += 97) {
+            for (uint64_t n = 1; n <= 7; n += 3) {
+                ps_msg_init(&m, PS_MSG_PUSH);
+                m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_DT;
+                m.id = ids[i], m.base = base, m.off = ids[i], m.dt = PS_DT_BF16, m.data16 = half, m.ndata = n;
+                round_trip(&m);
+            }
+        }
+    }
+}
+
+/* The bytes of a bfloat16 PUSH: "dt": 1 in the map, the tensor in a bin32 of
+ * 2 bytes a value at the end, counted by the length prefix; decoded in
+ * place, data16 points at them. */
+static void test_encode_bf16_bytes(void **state)
+{
+    (void)state;
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_DT;
+    m.id = 1, m.base = 2, m.off = 3, m.dt = PS_DT_BF16, m.data16 = half, m.ndata = 3;
+    ps_buf out = {0};
+    size_t dlen = 0;
+    assert_int_equal(ps_msg_encode(&m, &out, &dlen, NULL, NULL), 0);
+    assert_int_equal(dlen, 6);
+    uint32_t plen = 0;
+    assert_int_equal(ps_frame_header(out.p, out.len, UINT32_MAX, &plen), 1);
+    assert_int_equal(plen, out.len - PS_FRAME_HDR + 6);
+    const uint8_t bin32[5] = {0xc6, 0, 0, 0, 6};
+    assert_memory_equal(out.p + out.len - 5, bin32, 5);
+    const uint8_t dt1[4] = {0xa2, 'd', 't', 1};
+    int found = 0;
+    for (size_t i = 0; i + sizeof dt1 <= out.len; i++)
+        found |= memcmp(out.p + i, dt1, sizeof dt1) == 0;
+    assert_true(found);
+    /* the whole frame, from ps_msg_encode_full: the values little-endian */
+    ps_buf full = {0};
+    assert_int_equal(ps_msg_encode_full(&m, &full), 0);
+    assert_int_equal(full.len, out.len + 6);
+    const uint8_t le[6] = {0x80, 0x3f, 0x20, 0xc0, 0x82, 0x3f};
+    assert_memory_equal(full.p + out.len, le, 6);
+    ps_msg d;
+    uint8_t *payload = full.p + PS_FRAME_HDR;
+    assert_int_equal(dec_inplace(payload, plen, &d), 0);
+    assert_int_equal(d.dt, PS_DT_BF16);
+    assert_true(d.has & PS_F_DT);
+    assert_int_equal(d.ndata, 3);
+    assert_null(d.data);
+    assert_ptr_equal((const uint8_t *)d.data16, payload + plen - 6);
+    assert_int_equal((uintptr_t)d.data16 % PS_DATA_ALIGN, 0);
+    assert_int_equal(d.data16[0], 0x3f80);
+    assert_int_equal(d.data16[1], 0xc020);
+    assert_int_equal(d.data16[2], 0x3f82);
+    assert_ptr_equal(ps_msg_data_bytes(&d), d.data16);
+    ps_buf_free(&full);
+    ps_buf_free(&out);
+    /* the element sizes and names */
+    assert_int_equal(ps_dtype_size(PS_DT_F32), 4);
+    assert_int_equal(ps_dtype_size(PS_DT_BF16), 2);
+    assert_string_equal(ps_dtype_name(PS_DT_F32), "f32");
+    assert_string_equal(ps_dtype_name(PS_DT_BF16), "bf16");
+    assert_int_equal(PS_WIRE_BIT(PS_DT_BF16), 2);
+}
+
+/* A PUSH map built by hand: "dt" (value written by dt_fn, or none) before
+ * or after "data" (nbytes of bytes, bin format fmt), and a field "x" of k
+ * bytes to move the tensor to every alignment. */
+static void bf16_push(mpw *w, int dt, int dt_after, const void *bytes, size_t nbytes, uint8_t fmt, size_t k)
+{
+    w->n = PS_FRAME_HDR;
+    mp_map(w, 6 + (dt >= 0));
+    mp_str(w, "t"), mp_uint(w, PS_MSG_PUSH);
+    mp_str(w, "id"), mp_uint(w, 300);
+    mp_str(w, "base"), mp_uint(w, 2);
+    mp_str(w, "off"), mp_uint(w, 1);
+    mp_str(w, "x"), mp_strn(w, "abc", k);
+    if (dt >= 0 && !dt_after)
+        mp_str(w, "dt"), mp_uint(w, (uint64_t)dt);
+    mp_str(w, "data"), mp_bin(w, bytes, nbytes, fmt);
+    if (dt >= 0 && dt_after)
+        mp_str(w, "dt"), mp_uint(w, (uint64_t)dt);
+    ps_frame_put_len(w->b, (uint32_t)(w->n - PS_FRAME_HDR));
+}
+
+/* Decodes the frame in w (in a heap block of exactly its payload). */
+static int dec_frame(const mpw *w, ps_msg *m, uint8_t **payload)
+{
+    *payload = heapdup(w->b + PS_FRAME_HDR, w->n - PS_FRAME_HDR);
+    return dec_inplace(*payload, w->n - PS_FRAME_HDR, m);
+}
+
+/* bfloat16 data at every misalignment, "dt" before or after it: aligned
+ * in place, the right count, the values intact, through data16 only. */
+static void test_decode_bf16_data(void **state)
+{
+    (void)state;
+    int seen[PS_DATA_ALIGN] = {0};
+    static const uint8_t fmts[] = {0xc4, 0xc5, 0xc6};
+    for (size_t f = 0; f < sizeof fmts; f++) {
+        for (size_t k = 0; k < 4; k++) {
+            for (int after = 0; after <= 1; after++) {
+                for (size_t n = 1; n <= 7; n += 2) {
+                    mpw *w = mpw_new();
+                    bf16_push(w, PS_DT_BF16, after, half, n * 2, fmts[f], k);
+                    size_t data_at = after ? w->n - 4 - n * 2 : w->n - n * 2; /* "dt": 1 is 4 bytes */
+                    seen[data_at % PS_DATA_ALIGN] = 1;
+                    ps_msg m;
+                    uint8_t *payload;
+                    int rc = dec_frame(w, &m, &payload);
+                    if (rc != 0)
+                        fail_msg("fmt 0x%02x, k %zu, dt after %d, n %zu: %s", fmts[f], k, after, n, err);
+                    assert_int_equal(m.type, PS_MSG_PUSH);
+                    assert_int_equal(m.dt, PS_DT_BF16);
+                    assert_true(m.has & PS_F_DT);
+                    assert_true(m.has & PS_F_DATA);
+                    assert_int_equal(m.ndata, n);
+                    assert_null(m.data);
+                    assert_non_null(m.data16);
+                    assert_int_equal((uintptr_t)m.data16 % PS_DATA_ALIGN, 0);
+                    assert_true((const uint8_t *)m.data16 >= payload);
+                    assert_true((const uint8_t *)(m.data16 + n) <= payload + (w->n - PS_FRAME_HDR));
+                    assert_memory_equal(m.data16, half, n * 2);
+                    assert_int_equal(m.base, 2);
+                    assert_int_equal(m.off, 1);
+                    free(payload);
+                    free(w);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < PS_DATA_ALIGN; i++)
+        if (!seen[i])
+            fail_msg("no case put the tensor at offset %d mod %d", i, PS_DATA_ALIGN);
+}
+
+static void expect_frame(mpw *w, const badcase *c)
+{
+    ps_msg m;
+    uint8_t *payload;
+    int rc = dec_frame(w, &m, &payload);
+    free(payload);
+    if (rc != c->code)
+        fail_msg("%s: decode returned %d (%s), expected %d; message: %s", c->what, rc, ps_errname(rc), c->code,
+                 err);
+    assert_msg_has(err, c->needle);
+}
+
+static void test_decode_bf16_errors(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new();
+    static const uint8_t bytes[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+    /* a byte count that is no whole number of elements */
+    bf16_push(w, PS_DT_BF16, 0, bytes, 7, 0, 0);
+    expect_frame(w, &(badcase){"bf16, 7 bytes", PS_EBAD_FIELD, "data has 7 bytes, not a multiple of 2"});
+    assert_msg_has(err, "bf16");
+    bf16_push(w, PS_DT_BF16, 1, bytes, 7, 0xc6, 1);
+    expect_frame(w, &(badcase){"bf16 (dt after data), 7 bytes", PS_EBAD_FIELD, "data has 7 bytes"});
+    bf16_push(w, PS_DT_BF16, 0, bytes, 1, 0, 2);
+    expect_frame(w, &(badcase){"bf16, 1 byte", PS_EBAD_FIELD, "data has 1 bytes, not a multiple of 2"});
+    /* 6 bytes are 3 bfloat16 but no whole float32 */
+    bf16_push(w, PS_DT_F32, 0, bytes, 6, 0, 0);
+    expect_frame(w, &(badcase){"explicit f32, 6 bytes", PS_EBAD_FIELD, "data has 6 bytes, not a multiple of 4"});
+    bf16_push(w, -1, 0, bytes, 6, 0, 0);
+    expect_frame(w, &(badcase){"no dt, 6 bytes", PS_EBAD_FIELD, "not a multiple of 4"});
+    /* element types this protocol does not know */
+    bf16_push(w, 2, 0, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 2", PS_EUNSUPPORTED, "unknown tensor element type 2 in 'dt'"});
+    bf16_push(w, 2, 1, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 2 after data", PS_EUNSUPPORTED, "'dt'"});
+    bf16_push(w, 255, 0, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 255", PS_EUNSUPPORTED, "255"});
+    w->n = 0;
+
+#define FIELD_IS(type, key, ...)                                                                                  \
+    do {                                                                                                           \
+        mp_map(w, 3);                                                                                              \
+        mp_str(w, "t"), mp_uint(w, type);                                                                         \
+        mp_str(w, "id"), mp_uint(w, 1);                                                                           \
+        mp_str(w, key);                                                                                            \
+        __VA_ARGS__;                                                                                               \
+    } while (0)
+
+    FIELD_IS(PS_MSG_PULL, "rdt", mp_uint(w, 2));
+    expect(w, &(badcase){"rdt 2", PS_EUNSUPPORTED, "unknown tensor element type 2 in 'rdt'"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_uint(w, UINT64_MAX));
+    expect(w, &(badcase){"dt 2^64-1", PS_EUNSUPPORTED, "18446744073709551615"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_int(w, -1));
+    expect(w, &(badcase){"dt negative", PS_EBAD_FIELD, "field 'dt' must be a non-negative integer"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_str(w, "bf16"));
+    expect(w, &(badcase){"dt a string", PS_EBAD_FIELD, "'dt'"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_f64(w, 1.0));
+    expect(w, &(badcase){"dt a float", PS_EBAD_FIELD, "'dt'"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "rdt", mp_bool(w, 1));
+    expect(w, &(badcase){"rdt a bool", PS_EBAD_FIELD, "field 'rdt' must be a non-negative integer"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "rdt", mp_nil(w));
+    expect(w, &(badcase){"rdt nil", PS_EBAD_FIELD, "'rdt'"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "wire", mp_str(w, "bf16"));
+    expect(w, &(badcase){"wire a string", PS_EBAD_FIELD, "'wire'"});
+    FIELD_IS(PS_MSG_HEARTBEAT, "wire", mp_int(w, -2));
+    expect(w, &(badcase){"wire negative", PS_EBAD_FIELD, "'wire'"});
+#undef FIELD_IS
+
+    mp_map(w, 3), mp_str(w, "t"), mp_uint(w, PS_MSG_PULL), mp_field(w, PS_F_DT), mp_field(w, PS_F_DT);
+    expect(w, &(badcase){"dt twice", PS_EBAD_FIELD, "field 'dt' appears twice"});
+    mp_map(w, 3), mp_str(w, "t"), mp_uint(w, PS_MSG_PULL), mp_field(w, PS_F_RDT), mp_field(w, PS_F_RDT);
+    expect(w, &(badcase){"rdt twice", PS_EBAD_FIELD, "field 'rdt' appears twice"});
+    mp_map(w, 3), mp_str(w, "t"), mp_uint(w, PS_MSG_WELCOME), mp_field(w, PS_F_WIRE), mp_field(w, PS_F_WIRE);
+    expect(w, &(badcase){"wire twice", PS_EBAD_FIELD, "field 'wire' appears twice"});
+
+    /* "dt" and "rdt" side by side are two fields, not one twice */
+    ps_msg m;
+    mp_map(w, 3), mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT), mp_field(w, PS_F_DT), mp_field(w, PS_F_RDT);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.dt, PS_DT_F32);
+    assert_int_equal(m.rdt, PS_DT_BF16);
+    assert_int_equal(m.has & (PS_F_DT | PS_F_RDT), PS_F_DT | PS_F_RDT);
+    w->n = 0;
+    /* absent, they are float32 */
+    mp_map(w, 1), mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.dt, PS_DT_F32);
+    assert_int_equal(m.rdt, PS_DT_F32);
+    assert_int_equal(m.has & (PS_F_DT | PS_F_RDT | PS_F_WIRE), 0);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2205,6 +2511,10 @@ int main(void)
         cmocka_unit_test(test_random_garbage),
         cmocka_unit_test(test_mutated_frames),
         cmocka_unit_test(test_random_messages),
+        cmocka_unit_test(test_round_trip_bf16),
+        cmocka_unit_test(test_encode_bf16_bytes),
+        cmocka_unit_test(test_decode_bf16_data),
+        cmocka_unit_test(test_decode_bf16_errors),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
