@@ -7,23 +7,28 @@
  * values, and then times round trips: push S floats + pull S floats, as
  * psworker does (worker/session.c): one PUSHPULL for S <= 2^20, otherwise
  * PUSH chunks of 2^20 floats (fin on the last) sent back to back, then PULL
- * chunks with PS_PULL_WINDOW requests in flight.
+ * chunks with PS_PULL_WINDOW requests in flight. With --wire bf16 the
+ * workers ask for bfloat16 tensors, as psworker --wire bf16 does: psd must
+ * offer them in its welcome, and then pushes and pulls carry 2 bytes a
+ * value instead of 4 (the client library converts).
  *
  * Next to it, and with the same K client threads, it times the same bytes
  * over plain TCP: a one-thread epoll server (a child process, like psd) that
- * reads S floats from each client and writes S floats back, with no framing,
- * no msgpack and no optimizer. That is the ceiling psd is compared with.
+ * reads S values from each client and writes S values back (4 bytes each,
+ * 2 with --wire bf16), with no framing, no msgpack, no conversion and no
+ * optimizer. That is the ceiling psd is compared with.
  *
  * It prints and writes (CSV, gnuplot PNG) per cell: payload GB/s (tensor
- * bytes pushed + pulled per second, all workers together), round trips/s,
- * p50 and p99 round-trip latency, the CPU psd used, psd's peak RSS (VmHWM)
- * against the memory bound of the issue, the ratio psd/ceiling, and how
- * long psd took to answer a probe's heartbeats meanwhile (its loop's
- * stalls). --chunk and --pull-window depart from psworker's behaviour, to
+ * bytes pushed + pulled per second as sent on the wire, all workers
+ * together), round trips/s, p50 and p99 round-trip latency, the CPU psd
+ * used, psd's peak RSS (VmHWM) against the memory bound of the issue, the
+ * ratio psd/ceiling, and how long psd took to answer a probe's heartbeats
+ * meanwhile (its loop's stalls). --chunk and --pull-window depart from psworker's behaviour, to
  * measure what a change of the worker would gain. When
  * bench/mpi_allreduce was built (Open MPI found), it also times
- * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory and sets
- * BSP rounds of 2 workers beside it.
+ * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory (float32
+ * whatever --wire says: MPI has no bfloat16 sum) and sets BSP rounds of 2
+ * workers beside it.
  *
  * A benchmark, not a test: it reports figures and fails only when it cannot
  * measure. See bench/README.md. */
@@ -83,6 +88,7 @@ typedef struct opts {
     const char *out;             /* output directory */
     int no_mpi, no_tcp, no_plot;
     int probe;                   /* measure psd's loop lag (admin heartbeats) */
+    uint32_t wire;               /* --wire: ps_dtype of tensors on psd's wire */
     int verbose;
 } opts;
 
@@ -226,6 +232,8 @@ typedef struct bworker {
     float *params;          /* pulled parameters (chunked pulls copy here) */
     uint8_t *held;          /* a PUSHPULL's reply buffer, kept as psworker does */
     size_t held_cap;
+    float *held_wide;       /* or its bfloat16 data widened (--wire bf16) */
+    size_t held_wide_cap;
     double *lat;            /* seconds per timed round trip */
     size_t nlat, lat_cap;
     double t_end;           /* when its last timed round trip finished */
@@ -245,6 +253,10 @@ struct bench {
     int warmup;
     uint64_t chunk;         /* floats per frame */
     int window;             /* chunk pulls in flight; 0: each request waits */
+    uint32_t wire;          /* ps_dtype asked for on the wire (psd); the
+                             * ceiling moves values of its size */
+    size_t vbytes;          /* bytes per value on the wire: 4, or 2 for bf16 */
+    atomic_int wire_refused; /* psd's welcome did not offer `wire` */
     pthread_barrier_t gate; /* K workers + main: set-up done, timing starts */
     atomic_int stop;        /* main: the time is up */
     _Atomic uint64_t stop_at; /* BSP: first round no worker starts */
@@ -344,9 +356,13 @@ static int psd_round_trip(bworker *w)
             return wfail(w, rc, "pushpull");
         if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != b->S)
             return wfail(w, PS_EMALFORMED, "pushpull: unexpected reply");
-        /* psworker keeps the reply where it arrived and receives the next
-         * one into the previous buffer: no copy */
-        ps_client_swap_rbuf(&w->cl, &w->held, &w->held_cap);
+        /* psworker keeps the reply where it arrived (or, bfloat16, where
+         * the client widened it) and receives the next one into the
+         * previous buffer: no copy */
+        if (r.data == w->cl.wide)
+            ps_client_swap_wide(&w->cl, &w->held_wide, &w->held_wide_cap);
+        else
+            ps_client_swap_rbuf(&w->cl, &w->held, &w->held_cap);
         w->version = r.mver;
         return 0;
     }
@@ -354,7 +370,9 @@ static int psd_round_trip(bworker *w)
     return rc != 0 ? rc : psd_pull_all(w, min);
 }
 
-/* Connects, says hello, sends the initial values if asked, pulls once. */
+/* Connects, says hello, takes the wire type asked for if psd's welcome
+ * offers it (a psd that does not fails the cell: the figures would be
+ * float32 ones), sends the initial values if asked, pulls once. */
 static int psd_open(bworker *w)
 {
     bench *b = w->b;
@@ -375,11 +393,27 @@ static int psd_open(bworker *w)
     m.nshards = (uint32_t)b->K;
     m.layout = &l;
     m.fp = ps_layout_fingerprint(&l);
+    w->cl.wire_dt = PS_DT_F32; /* until the welcome offers more */
     rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
     if (rc != 0)
         return wfail(w, rc, "hello");
     if (r.type != PS_MSG_WELCOME)
         return wfail(w, PS_EMALFORMED, "hello: no welcome");
+    if (b->wire != PS_DT_F32) {
+        if (!(r.has & PS_F_WIRE) || !(r.wire & PS_WIRE_BIT(b->wire))) {
+            atomic_store(&b->wire_refused, 1);
+            if (w->rc == 0) {
+                w->rc = PS_EINVAL;
+                snprintf(w->err, sizeof w->err,
+                         "worker %d: psd does not offer %s tensors on the wire (its welcome's \"wire\" is %s: "
+                         "wire_bf16 = no, or a psd older than the bfloat16 wire)",
+                         w->k, ps_dtype_name(b->wire), (r.has & PS_F_WIRE) ? "without it" : "absent");
+            }
+            atomic_store(&b->failed, 1);
+            return w->rc;
+        }
+        w->cl.wire_dt = b->wire; /* pushes narrowed, pulls asked for (rdt) and widened */
+    }
     w->version = r.mver;
     if (r.need_init) {
         for (uint64_t i = 0; i < b->S; i++)
@@ -424,10 +458,12 @@ static int read_full(int fd, void *p, size_t n)
     return 0;
 }
 
-/* One plain-TCP round trip: S floats out, S floats back. */
+/* One plain-TCP round trip: S values out, S values back, at the size psd's
+ * wire gives them (4 bytes, 2 with --wire bf16); the bytes are the
+ * gradient's and land in the parameters' buffer, unconverted. */
 static int tcp_round_trip(bworker *w)
 {
-    size_t bytes = w->b->S * sizeof(float);
+    size_t bytes = w->b->S * w->b->vbytes;
     if (write_full(w->cl.fd, w->b->grad, bytes) != 0)
         return wfail(w, PS_EIO, "tcp send");
     if (read_full(w->cl.fd, w->params, bytes) != 0)
@@ -496,7 +532,7 @@ typedef struct cell_result {
     int ok;
     uint64_t rts;           /* timed round trips, all workers */
     double secs;            /* timed window */
-    double rt_per_s, gbps;  /* payload: 2 * S * 4 bytes per round trip */
+    double rt_per_s, gbps;  /* payload on the wire: 2 * S * vbytes bytes per round trip */
     double p50_ms, p99_ms, mean_ms;
     double server_cpu;      /* CPU seconds of the server per second of the window */
     double client_cpu;      /* the same for psbench's worker threads */
@@ -505,6 +541,7 @@ typedef struct cell_result {
     double lag_p50_ms, lag_p99_ms, lag_max_ms; /* psd's answer to an admin heartbeat
                                                 * during the window: how long its
                                                 * loop is busy elsewhere */
+    int wire_refused;       /* psd did not offer the wire type asked for */
     char err[700];
 } cell_result;
 
@@ -572,6 +609,7 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
     atomic_store(&b->stop_at, UINT64_MAX);
     atomic_store(&b->finished, 0);
     atomic_store(&b->failed, 0);
+    atomic_store(&b->wire_refused, 0);
     int started = 0;
     for (int k = 0; k < K; k++) {
         bworker *w = &b->w[k];
@@ -657,7 +695,7 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
     res->secs = t_end - t0;
     if (res->secs > 0) {
         res->rt_per_s = (double)nlat / res->secs;
-        res->gbps = res->rt_per_s * 2.0 * (double)b->S * sizeof(float) / 1e9;
+        res->gbps = res->rt_per_s * 2.0 * (double)b->S * (double)b->vbytes / 1e9;
         if (cpu0 >= 0 && cpu1 >= 0)
             res->server_cpu = (cpu1 - cpu0) / res->secs;
         double cs = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
@@ -666,12 +704,14 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
     res->p50_ms = 1e3 * pct(all, nlat, 0.50);
     res->p99_ms = 1e3 * pct(all, nlat, 0.99);
     res->mean_ms = nlat ? 1e3 * sum / (double)nlat : NAN;
+    res->wire_refused = atomic_load(&b->wire_refused);
     free(all);
     for (int k = 0; k < K; k++) {
         bworker *w = &b->w[k];
         ps_client_free(&w->cl);
         free(w->params);
         free(w->held);
+        free(w->held_wide);
         free(w->lat);
     }
     free(b->w);
@@ -768,18 +808,18 @@ static void child_stop(pid_t pid)
 
 typedef struct tconn {
     int fd;
-    int writing;  /* 0: reading S floats, 1: writing S floats back */
+    int writing;  /* 0: reading S values, 1: writing S values back */
     size_t pos;
-    char *buf;    /* where this client's floats are read to */
+    char *buf;    /* where this client's values are read to */
 } tconn;
 
 /* The ceiling server: one thread, epoll, nonblocking sockets, as psd's
- * loop; for each client it reads S floats into that client's buffer and
- * writes S floats (one shared "model") back, forever. Runs in a child
- * process until killed. */
-static void tcp_server_main(int lfd, uint64_t S, int K)
+ * loop; for each client it reads S values of vbytes bytes into that
+ * client's buffer and writes S values (one shared "model") back, forever.
+ * Runs in a child process until killed. */
+static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K)
 {
-    size_t bytes = S * sizeof(float);
+    size_t bytes = S * vbytes;
     char *model = malloc(bytes);
     tconn *cs = calloc((size_t)K + 1, sizeof *cs);
     int ep = epoll_create1(0);
@@ -848,7 +888,7 @@ static void tcp_server_main(int lfd, uint64_t S, int K)
     }
 }
 
-static pid_t tcp_server_start(uint64_t S, int K, int *port, char *err, size_t errlen)
+static pid_t tcp_server_start(uint64_t S, size_t vbytes, int K, int *port, char *err, size_t errlen)
 {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -872,7 +912,7 @@ static pid_t tcp_server_start(uint64_t S, int K, int *port, char *err, size_t er
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(1);
-        tcp_server_main(lfd, S, K);
+        tcp_server_main(lfd, S, vbytes, K);
         _exit(0);
     }
     close(lfd);
@@ -885,6 +925,7 @@ typedef struct row {
     int mode;               /* -1: the TCP ceiling */
     uint64_t S;
     int K;
+    uint32_t wire;          /* ps_dtype on the wire (the ceiling: of the same size) */
     cell_result r;
     double bound_mib;       /* the issue's bound, plus what BSP may add */
 } row;
@@ -910,6 +951,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     out->mode = sys == SYS_TCP ? -1 : mode;
     out->S = S;
     out->K = K;
+    out->wire = o->wire;
     out->bound_mib = bound_mib(mode, S, K);
     out->r.load = load1();
     b.sys = sys;
@@ -922,11 +964,13 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     b.warmup = o->warmup;
     b.chunk = o->chunk;
     b.window = o->window;
+    b.wire = o->wire;
+    b.vbytes = ps_dtype_size(o->wire);
     if (sys == SYS_PSD) {
         snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
         pid = psd_start(o, mode, K, S, logpath, err, sizeof err, &port);
     } else {
-        pid = tcp_server_start(S, K, &port, err, sizeof err);
+        pid = tcp_server_start(S, b.vbytes, K, &port, err, sizeof err);
     }
     if (pid < 0) {
         snprintf(out->r.err, sizeof out->r.err, "%s", err);
@@ -953,12 +997,15 @@ static const char *size_label(uint64_t S, char *buf, size_t len)
     return buf;
 }
 
-static void print_header(void)
+static void print_header(uint32_t wire)
 {
+    char psd_label[48], tcp_label[48];
+    snprintf(psd_label, sizeof psd_label, "psd, %s on the wire", ps_dtype_name(wire));
+    snprintf(tcp_label, sizeof tcp_label, "plain TCP (ceiling), %zu B a value", ps_dtype_size(wire));
     printf("\n%-11s %6s %2s | %8s %7s %8s %8s %4s | %8s %7s %8s %8s | %5s %5s | %6s %6s | %7s %7s | %4s\n", "mode",
            "floats", "K", "rt/s", "GB/s", "p50 ms", "p99 ms", "cpu", "rt/s", "GB/s", "p50 ms", "p99 ms", "GB/s",
            "rt/s", "peak", "bound", "p99", "max", "load");
-    printf("%-11s %6s %2s | %-41s | %-35s | %-11s | %-13s | %-15s |\n", "", "", "", "psd", "plain TCP (ceiling)",
+    printf("%-11s %6s %2s | %-41s | %-35s | %-11s | %-13s | %-15s |\n", "", "", "", psd_label, tcp_label,
            "psd/ceiling", "psd MiB", "psd lag ms");
 }
 
@@ -993,7 +1040,7 @@ static void csv_header(FILE *f)
     fprintf(f, "mode,floats,workers,ok,round_trips,seconds,rt_per_s,gb_per_s,p50_ms,p99_ms,mean_ms,psd_cpu,"
                "client_cpu,tcp_rt_per_s,tcp_gb_per_s,tcp_p50_ms,tcp_p99_ms,tcp_mean_ms,tcp_server_cpu,"
                "ratio_gb_per_s,ratio_rt_per_s,psd_peak_rss_mib,psd_rss_end_mib,bound_mib,within_bound,"
-               "lag_p50_ms,lag_p99_ms,lag_max_ms,load1\n");
+               "lag_p50_ms,lag_p99_ms,lag_max_ms,load1,wire\n");
 }
 
 static void csv_row(FILE *f, const row *p, const row *t)
@@ -1009,8 +1056,9 @@ static void csv_row(FILE *f, const row *p, const row *t)
                 r->ok ? r->rt_per_s / t->r.rt_per_s : NAN);
     else
         fprintf(f, ",,,,,,,,");
-    fprintf(f, "%.1f,%.1f,%.1f,%d,%.3f,%.3f,%.3f,%.2f\n", r->hwm_mib, r->rss_mib, p->bound_mib,
-            r->ok && r->hwm_mib <= p->bound_mib, r->lag_p50_ms, r->lag_p99_ms, r->lag_max_ms, r->load);
+    fprintf(f, "%.1f,%.1f,%.1f,%d,%.3f,%.3f,%.3f,%.2f,%s\n", r->hwm_mib, r->rss_mib, p->bound_mib,
+            r->ok && r->hwm_mib <= p->bound_mib, r->lag_p50_ms, r->lag_p99_ms, r->lag_max_ms, r->load,
+            ps_dtype_name(p->wire));
     fflush(f);
 }
 
@@ -1096,11 +1144,11 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
         smin = o->sizes[i] < smin ? o->sizes[i] : smin;
         smax = o->sizes[i] > smax ? o->sizes[i] : smax;
     }
-    fprintf(g, "set xlabel 'model size S (float32)'\nset format x '10^{%%L}'\nset xrange [%g:%g]\n",
+    fprintf(g, "set xlabel 'model size S (values)'\nset format x '10^{%%L}'\nset xrange [%g:%g]\n",
             (double)smin / 2, (double)smax * 2);
-    fprintf(g, "set multiplot layout %d,%d title 'psbench: push+pull payload throughput, psd against plain TCP "
-               "(same machine, same run)'\n",
-            nrow, o->nmodes);
+    fprintf(g, "set multiplot layout %d,%d title 'psbench: push+pull payload throughput (%s, %zu bytes a value), "
+               "psd against plain TCP (same machine, same run)'\n",
+            nrow, o->nmodes, ps_dtype_name(o->wire), ps_dtype_size(o->wire));
     /* plots[mi]: GB/s of mode mi; plots[MODE_COUNT + mi]: its ratio */
     char plots[2 * MODE_COUNT][8192];
     int plen[2 * MODE_COUNT] = {0};
@@ -1156,8 +1204,9 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
         }
     }
     for (int mi = 0; mi < o->nmodes; mi++) {
-        fprintf(g, "set title '%s'\nset ylabel 'GB/s (pushed + pulled)'\nset yrange [0:*]\n",
-                mode_names[o->modes[mi]]);
+        fprintf(g, "set title '%s, %s on the wire'\nset ylabel 'GB/s on the wire (pushed + pulled)'\n"
+                   "set yrange [0:*]\n",
+                mode_names[o->modes[mi]], ps_dtype_name(o->wire));
         fprintf(g, "plot %s\n", plen[mi] ? plots[mi] : "NaN notitle");
     }
     for (int mi = 0; ntcp > 0 && mi < o->nmodes; mi++) {
@@ -1190,8 +1239,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: psbench [options]\n"
             "Times push+pull round trips of a dense model between K simulated workers and a real\n"
-            "psd, and the same bytes over plain TCP, and prints payload GB/s, round trips/s,\n"
-            "p50/p99 latency and psd's peak RSS per (mode, model size, workers).\n\n"
+            "psd, and the same bytes over plain TCP, and prints payload GB/s (tensor bytes as\n"
+            "sent on the wire), round trips/s, p50/p99 latency and psd's peak RSS per (mode,\n"
+            "model size, workers).\n\n"
             "  --psd PATH        psd to run (default: ../server/psd next to psbench)\n"
             "  --sizes LIST      model sizes in floats, comma-separated; k, M suffixes\n"
             "                    (default 235146,1M,10M,100M)\n"
@@ -1207,6 +1257,10 @@ static void usage(FILE *f)
             "                    at most N floats travels as one PUSHPULL\n"
             "  --pull-window N   chunk pulls in flight (default 2, psworker's); 0: every chunk\n"
             "                    request, push or pull, waits for its reply\n"
+            "  --wire f32|bf16   tensors on psd's wire (default f32); bf16: the workers ask for\n"
+            "                    bfloat16 as psworker --wire bf16 does (psd must offer it, else\n"
+            "                    psbench fails), GB/s counts 2 bytes a value and the plain-TCP\n"
+            "                    ceiling moves 2 bytes a value too; MPI_Allreduce stays float32\n"
             "  --no-tcp          skip the plain-TCP ceiling\n"
             "  --no-mpi          skip the MPI_Allreduce comparison\n"
             "  --no-plot         write the gnuplot script but do not run gnuplot\n"
@@ -1276,6 +1330,7 @@ static void parse_opts(int argc, char **argv, opts *o)
     o->chunk = CHUNK_FLOATS;
     o->window = PS_PULL_WINDOW;
     o->probe = 1;
+    o->wire = PS_DT_F32;
     o->out = "bench/out";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1341,6 +1396,14 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->window = atoi(v);
             if (o->window < 0 || o->window > 64)
                 die("bad --pull-window '%s' (0..64)", v);
+        } else if (strcmp(a, "--wire") == 0) {
+            NEEDV();
+            if (strcmp(v, "f32") == 0)
+                o->wire = PS_DT_F32;
+            else if (strcmp(v, "bf16") == 0)
+                o->wire = PS_DT_BF16;
+            else
+                die("bad --wire '%s' (f32 or bf16)", v);
         } else if (strcmp(a, "--out") == 0) {
             NEEDV();
             o->out = v;
@@ -1395,13 +1458,18 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < smax; i++) /* small, finite, not all equal */
         grad[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
 
-    printf("psbench: psd %s, %ld CPUs, %.1f s per cell, warm-up %d, chunks of %" PRIu64 " floats%s\n", o.psd,
-           sysconf(_SC_NPROCESSORS_ONLN), o.seconds, o.warmup, o.chunk,
-           o.window == PS_PULL_WINDOW ? " (as psworker)" : ", another pull window than psworker's");
-    printf("GB/s: tensor bytes pushed + pulled (2 x S x 4 per round trip) per second, all workers together;\n"
+    size_t vb = ps_dtype_size(o.wire);
+    printf("psbench: psd %s, %ld CPUs, %.1f s per cell, warm-up %d, chunks of %" PRIu64 " floats%s, wire %s\n",
+           o.psd, sysconf(_SC_NPROCESSORS_ONLN), o.seconds, o.warmup, o.chunk,
+           o.window == PS_PULL_WINDOW ? " (as psworker)" : ", another pull window than psworker's",
+           ps_dtype_name(o.wire));
+    printf("GB/s: tensor bytes pushed + pulled as sent on the wire (%s: 2 x S x %zu per round trip) per second,\n"
+           "all workers together; the plain-TCP ceiling moves the same bytes (S x %zu each way%s);\n"
            "cpu: psd's CPU seconds per second; peak: psd's VmHWM (! over the bound); lag: how long psd took\n"
-           "to answer an admin heartbeat sent every 10 ms (its loop busy elsewhere); load: 1-min load average\n");
-    print_header();
+           "to answer an admin heartbeat sent every 10 ms (its loop busy elsewhere); load: 1-min load average\n",
+           ps_dtype_name(o.wire), vb, vb,
+           o.wire == PS_DT_F32 ? "" : ", no conversion");
+    print_header(o.wire);
     int ncells = o.nsizes * o.nworkers;
     row *rows = calloc((size_t)ncells * (size_t)o.nmodes, sizeof *rows);
     row *tcp = calloc((size_t)ncells, sizeof *tcp);
@@ -1423,6 +1491,8 @@ int main(int argc, char **argv)
                 run_cell(&o, SYS_PSD, o.modes[mi], S, K, grad, p);
                 print_row(p, t);
                 csv_row(csv, p, t);
+                if (p->r.wire_refused)
+                    die("--wire %s: %s", ps_dtype_name(o.wire), p->r.err);
             }
         }
     }
@@ -1455,12 +1525,14 @@ int main(int argc, char **argv)
         if (mc)
             fprintf(mc, "floats,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,allreduce_shm_mean_ms,"
                         "allreduce_shm_p50_ms,mode,bsp_round_mean_ms,bsp_round_p50_ms,ratio_bsp_to_tcp_mean,"
-                        "ratio_bsp_to_tcp_p50\n");
-        printf("\nBSP round of 2 workers (push S + pull S each) against MPI_Allreduce of S floats on 2 ranks\n");
+                        "ratio_bsp_to_tcp_p50,wire\n");
+        printf("\nBSP round of 2 workers (push S + pull S each, %s on psd's wire: %zu bytes a value) against\n"
+               "MPI_Allreduce of S float32 on 2 ranks (4 bytes a value: MPI has no bfloat16 sum)\n",
+               ps_dtype_name(o.wire), vb);
         printf("(round/TCP: the ratio of the means and of the medians; the median is the one to read when either\n"
                " side had outliers)\n");
-        printf("%-12s %9s | %12s %12s | %12s %12s | %12s %12s | %9s %9s\n", "mode", "floats", "round mean", "round p50",
-               "TCP mean", "TCP p50", "shm mean", "shm p50", "mean", "p50");
+        printf("%-12s %4s %9s | %12s %12s | %12s %12s | %12s %12s | %9s %9s\n", "mode", "wire", "floats",
+               "round mean", "round p50", "TCP mean", "TCP p50", "shm mean", "shm p50", "mean", "p50");
         for (int i = 0; i < nrows; i++) {
             const row *p = &rows[i];
             if (p->mode == MODE_ASGD || p->K != 2 || !p->r.ok)
@@ -1472,13 +1544,13 @@ int main(int argc, char **argv)
             /* a round: both workers push and pull; round trips/s counts both */
             double round_ms = 1e3 * 2.0 / p->r.rt_per_s;
             char sl[32];
-            printf("%-12s %9s | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %8.2fx %8.2fx\n",
-                   mode_names[p->mode], size_label(p->S, sl, sizeof sl), round_ms, p->r.p50_ms, m->mean_ms[0],
+            printf("%-12s %4s %9s | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %8.2fx %8.2fx\n",
+                   mode_names[p->mode], ps_dtype_name(p->wire), size_label(p->S, sl, sizeof sl), round_ms, p->r.p50_ms, m->mean_ms[0],
                    m->p50_ms[0], m->mean_ms[1], m->p50_ms[1], round_ms / m->mean_ms[0], p->r.p50_ms / m->p50_ms[0]);
             if (mc)
-                fprintf(mc, "%" PRIu64 ",%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f\n", p->S, m->mean_ms[0],
+                fprintf(mc, "%" PRIu64 ",%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f,%s\n", p->S, m->mean_ms[0],
                         m->p50_ms[0], m->mean_ms[1], m->p50_ms[1], mode_names[p->mode], round_ms, p->r.p50_ms,
-                        round_ms / m->mean_ms[0], p->r.p50_ms / m->p50_ms[0]);
+                        round_ms / m->mean_ms[0], p->r.p50_ms / m->p50_ms[0], ps_dtype_name(p->wire));
         }
         if (mc)
             fclose(mc);
