@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # run-mnist.sh - the main job: set up, start psd, train two ASGD workers on
 # MNIST on this machine with the README's recommended W1 settings (Adam, lr
-# 2e-3, a cosine schedule over the run, batch 128 per worker), show progress
+# 2e-3, a cosine schedule over the run, batch 64 per worker), show progress
 # and the operator's view, print the final test accuracy and stop psd.
 #
 # Environment (all optional):
-#   PSD_EPOCHS=5  PSD_BATCH=128  PSD_MODEL=mlp:256,128  PSD_MODE=asgd
+#   PSD_EPOCHS=4  PSD_BATCH=64  PSD_MODEL=mlp:256,128  PSD_MODE=asgd
 #   PSD_OPTIMIZER=adam  PSD_LR=0.002  PSD_SCHEDULE=cosine  PSD_MOMENTUM=0.9
 #   PSD_WORKERS=2  PSD_DATASET=mnist
 set -euo pipefail
@@ -13,8 +13,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-EPOCHS="${PSD_EPOCHS:-5}"
-BATCH="${PSD_BATCH:-128}"
+EPOCHS="${PSD_EPOCHS:-4}"
+BATCH="${PSD_BATCH:-64}"
 MODEL="${PSD_MODEL:-mlp:256,128}"
 MODE="${PSD_MODE:-asgd}"
 OPTIMIZER="${PSD_OPTIMIZER:-adam}"
