@@ -94,6 +94,13 @@ MESSAGES = {
     "pushpull": ours({"t": PUSHPULL, "id": 6, "base": 1, "off": 0, "poff": 0, "plen": 9, "min": 2},
                      floats(*[0.1] * 9)),
     "params": ours({"t": PARAMS, "id": 8, "ver": 4, "off": 0}, floats(0.125, 2.0)),
+    # bfloat16 tensors ("dt": 1, 2 bytes a value) and the reply type ("rdt")
+    "push_bf16": ours({"t": PUSH, "id": 10, "base": 3, "off": 0, "dt": 1}, b"\x00\x3f\xa0\xbf\x40\x40"),
+    "pushpull_bf16": ours({"t": PUSHPULL, "id": 11, "base": 1, "off": 0, "poff": 0, "plen": 3, "dt": 1, "rdt": 1},
+                          b"\xcd\x3d" * 3),
+    "params_bf16": ours({"t": PARAMS, "id": 12, "ver": 4, "off": 0, "dt": 1}, b"\x00\x3e\x00\x40"),
+    "pull_bf16": pack({"t": PULL, "id": 13, "off": 0, "len": 9, "rdt": 1}),
+    "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 2}),
     "ok": pack({"t": OK, "id": 7, "ver": 5, "text": "checkpoint written"}),
     "heartbeat": pack({"t": HEARTBEAT}),
     "status": pack({"t": STATUS, "id": 9}),
