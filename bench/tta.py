@@ -157,7 +157,7 @@ def main():
                                  "comm_wait_seconds": r.get("comm_wait_seconds", ""),
                                  "test_accuracy": r["test_accuracy"], "target": target,
                                  "time_to_target": t if t is not None else ""})
-                series.append((label, [(r["train_seconds"], r["test_accuracy"]) for r in recs]))
+                series.append(("%s %s" % (wl, dataset), name, [(r["train_seconds"], r["test_accuracy"]) for r in recs]))
             times = {name: time_to(recs, target)[0] for name, recs in results if recs}
             if times.get("pytorch alone") and times.get("psd asgd 2 workers"):
                 print("%-39s psd asgd 2 workers reach %.1f%% in %.2f of PyTorch's time" %
@@ -169,27 +169,45 @@ def main():
         w.writeheader()
         w.writerows(rows)
     print("wrote %s" % csv_path)
-    if shutil.which("gnuplot"):
-        dat = os.path.join(a.out, "tta.dat")
-        with open(dat, "w") as f:
-            for label, pts in series:
-                f.write('"%s"\n' % label)
+    plot(series, a.out)
+
+
+def plot(series, out):
+    """tta.png: one panel per workload and data set, accuracy against
+    training time, a line per configuration. series: (panel, name, points)."""
+    if not shutil.which("gnuplot"):
+        print("note: gnuplot not installed (apt-get install gnuplot-nox); no plot")
+        return
+    panels = []
+    for panel, _, _ in series:
+        if panel not in panels:
+            panels.append(panel)
+    dat = os.path.join(out, "tta.dat")
+    cmds = ['set terminal pngcairo size 1600,1100', 'set output "%s"' % os.path.join(out, "tta.png"),
+            'set multiplot layout %d,%d title "psd time to accuracy (2-core machine)"'
+            % ((len(panels) + 1) // 2, 2 if len(panels) > 1 else 1)]
+    index = 0
+    with open(dat, "w") as f:
+        for panel in panels:
+            first = index
+            for p, name, pts in series:
+                if p != panel:
+                    continue
+                f.write('"%s"\n' % name)
                 for t, acc in pts:
                     f.write("%g %g\n" % (t, 100 * acc))
                 f.write("\n\n")
-        png = os.path.join(a.out, "tta.png")
-        script = ('set terminal pngcairo size 1400,900; set output "%s"; set key outside right; '
-                  'set xlabel "training wall time (s)"; set ylabel "test accuracy (%%)"; set logscale x; '
-                  'set grid; set title "psd time to accuracy (2-core machine)"; '
-                  'plot for [i=0:%d] "%s" index i using 1:2 with linespoints title columnheader(1)'
-                  % (png, len(series) - 1, dat))
-        r = subprocess.run(["gnuplot", "-e", script], capture_output=True, text=True)
-        if r.returncode == 0:
-            print("wrote %s" % png)
-        else:
-            print("gnuplot failed: %s" % r.stderr.strip())
+                index += 1
+            cmds += ['set title "%s"' % panel, 'set key bottom right', 'set xlabel "training wall time (s)"',
+                     'set ylabel "test accuracy (%)"', 'set logscale x', 'set grid',
+                     'plot for [i=%d:%d] "%s" index i using 1:2 with linespoints lw 2 title columnheader(1)'
+                     % (first, index - 1, dat)]
+    cmds.append("unset multiplot")
+    r = subprocess.run(["gnuplot", "-e", "; ".join(cmds)], capture_output=True, text=True)
+    if r.returncode == 0:
+        print("wrote %s" % os.path.join(out, "tta.png"))
     else:
-        print("note: gnuplot not installed (apt-get install gnuplot-nox); no plot")
+        print("gnuplot failed: %s" % r.stderr.strip())
 
 
 if __name__ == "__main__":
