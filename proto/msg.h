@@ -198,7 +198,8 @@ void ps_msg_init(ps_msg *m, uint32_t type);
 /* Encodes m as one frame into out (replacing its contents): the length prefix
  * and the msgpack map, EXCEPT the tensor bytes when m has PS_F_DATA: then
  * out ends with the bin header and the caller must send the m->ndata
- * elements of m->data (m->data16 when m->dt is PS_DT_BF16) right after it. The length prefix already counts them.
+ * elements of m->data (m->data16 when m->dt is PS_DT_BF16) right after it.
+ * The length prefix already counts them.
  * *data_len (if not NULL) receives the number of tensor bytes to follow.
  * If `body` is given (status replies), it is called to pack the body map.
  * Returns 0 or PS_ENOMEM / PS_ETOO_BIG. */

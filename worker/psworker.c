@@ -103,7 +103,8 @@ static void usage(FILE *f)
             "\n"
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
-            "samples_per_second, version, mode, shard.\n");
+            "samples_per_second, version, mode, shard, model, reconnects,\n"
+            "dropped_pushes, wire (the tensor type psd agreed to: f32 or bf16).\n");
 }
 
 static double now_s(void)
@@ -617,9 +618,9 @@ int main(int argc, char **argv)
         printf("null, \"test_loss\": null");
     printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
            ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
-           ", \"dropped_pushes\": %" PRIu64 "}\n",
+           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\"}\n",
            train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), ss.version, ss.mode,
-           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped);
+           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped, ps_dtype_name(ss.cl.wire_dt));
     fflush(stdout);
     status = 0;
 out:

@@ -34,6 +34,10 @@ MODEL = "mlp:64"
 LIMIT = 12000
 TEST_LIMIT = 2000
 MIN_ACCURACY = 0.85
+# The straggler tests stop a worker once the job is under way and then need
+# the others to go on for dozens of rounds: a job of 3 epochs (about 190
+# rounds, half a second here) could end before the stop took effect.
+STRAGGLER_EPOCHS = 20
 
 
 def worker_row(st, shard):
@@ -92,7 +96,7 @@ class FaultTest(unittest.TestCase):
     def test_straggler_bsp_with_backup_worker(self):
         with harness.Cluster("psd-backup") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=["--set", "backup_workers=1", "--set", "heartbeat_timeout=30s"])
-            ws = [cl.worker(psd, k, 3, epochs=3, limit=LIMIT, model=MODEL) for k in range(3)]
+            ws = [cl.worker(psd, k, 3, epochs=STRAGGLER_EPOCHS, limit=LIMIT, model=MODEL) for k in range(3)]
             harness.wait_until(lambda: version(psd.addr) >= 20, 60, "20 BSP rounds")
             os.kill(ws[2].pid, signal.SIGSTOP)
             try:
@@ -116,7 +120,7 @@ class FaultTest(unittest.TestCase):
         with harness.Cluster("psd-ssp") as cl:
             psd = cl.psd(mode="ssp", workers=3,
                          args=["--set", "staleness=%d" % s_bound, "--set", "heartbeat_timeout=4s"])
-            ws = [cl.worker(psd, k, 3, epochs=3, limit=LIMIT, model=MODEL) for k in range(3)]
+            ws = [cl.worker(psd, k, 3, epochs=STRAGGLER_EPOCHS, limit=LIMIT, model=MODEL) for k in range(3)]
             harness.wait_until(lambda: all(worker_row(harness.status(psd.addr), k) for k in range(3)), 60,
                                "all three workers to join")
             harness.wait_until(lambda: version(psd.addr) >= 20, 60, "20 updates")

@@ -464,13 +464,14 @@ class WireTrainTest(unittest.TestCase):
             psd = cl.psd(mode=mode, workers=2, args=w1_psd_args(mode, limit, epochs) + list(psd_args))
             ws = [cl.worker(psd, k, 2, epochs=epochs, batch=BATCH, limit=limit, test_limit=TEST_LIMIT, model=MODEL,
                             args=["--wire", wire] + list(worker_args)) for k in range(2)]
-            out = {"acc": [], "stderr": []}
+            out = {"acc": [], "stderr": [], "wire": []}
             for w in ws:
                 rc, summary = w.result(120)
                 self.assertEqual(rc, 0, "%s %s: %s failed:\n%s" % (mode, wire, w.name, harness.tail(w.err_path)))
                 self.assertIsNotNone(summary, "%s printed no summary" % w.name)
                 self.assertEqual(summary["epochs"], epochs)
                 out["acc"].append(summary["test_accuracy"])
+                out["wire"].append(summary["wire"])
                 out["stderr"].append(w.stderr())
             st = harness.status(psd.addr)
             samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
@@ -494,6 +495,9 @@ class WireTrainTest(unittest.TestCase):
             self.assertEqual(set(run["rejected"].values()), {0}, "%s %s: %r" % (mode, name, run["rejected"]))
         for err in bf16["stderr"]:
             self.assertNotIn("does not offer", err, "psd offers bf16, yet psworker fell back")
+        # each summary says what the wire carried
+        self.assertEqual(f32["wire"], ["f32", "f32"])
+        self.assertEqual(bf16["wire"], ["bf16", "bf16"])
         # the same job: as many pushes
         self.assertEqual(bf16["pushes"], f32["pushes"], mode)
         if mode == "bsp":
@@ -530,6 +534,7 @@ class WireTrainTest(unittest.TestCase):
         for acc, err in zip(run["acc"], run["stderr"]):
             self.assertGreater(acc, 0.85, "fallen back to f32: accuracy %s" % run["acc"])
             self.assertRegex(err, r"WARN.*does not offer bf16", "psworker's stderr lacks the warning:\n" + err)
+        self.assertEqual(run["wire"], ["f32", "f32"], "the summaries say float32 after the fallback")
         # psworker never sent bf16 (nothing refused) and pushed float32
         self.assertEqual(set(run["rejected"].values()), {0}, run["rejected"])
         self.assertGreaterEqual(run["in"], 4 * PARAMS * run["pushes"])
