@@ -139,6 +139,10 @@ out:
     return rc;
 }
 
+/* The seed of the deal of samples to shards: a constant, so that workers
+ * started with different --seed values still split the set disjointly. */
+#define SHARD_SEED 0x5eedda7a5e7ULL
+
 int ps_dataset_shard(const ps_dataset *src, int k, int m, ps_dataset *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
@@ -154,16 +158,22 @@ int ps_dataset_shard(const ps_dataset *src, int k, int m, ps_dataset *out, char 
     size_t dim = (size_t)src->dim;
     out->x = malloc(n * dim * sizeof(float));
     out->y = malloc(n);
-    if (out->x == NULL || out->y == NULL) {
+    size_t *deal = malloc(src->n * sizeof *deal);
+    if (out->x == NULL || out->y == NULL || deal == NULL) {
+        free(deal);
         ps_dataset_free(out);
         seterr(err, errlen, "out of memory for shard %d of %d (%zu samples)", k, m, n);
         return PS_ENOMEM;
     }
+    ps_rng r;
+    ps_rng_seed3(&r, SHARD_SEED, src->n, 0);
+    ps_rng_permutation(&r, deal, src->n);
     size_t j = 0;
-    for (size_t i = (size_t)k; i < src->n; i += (size_t)m, j++) {
-        memcpy(out->x + j * dim, src->x + i * dim, dim * sizeof(float));
-        out->y[j] = src->y[i];
+    for (size_t pos = (size_t)k; pos < src->n; pos += (size_t)m, j++) {
+        memcpy(out->x + j * dim, src->x + deal[pos] * dim, dim * sizeof(float));
+        out->y[j] = src->y[deal[pos]];
     }
+    free(deal);
     assert(j == n);
     out->n = n;
     out->dim = src->dim;

@@ -42,13 +42,19 @@ int ps_dataset_load(const char *dir, const char *name, ps_split split, size_t li
 /* Releases a data set's memory and empties it; NULL-safe, idempotent. */
 void ps_dataset_free(ps_dataset *d);
 
-/* Fills *out with shard k of m of src: a COPY of the samples whose index i
- * satisfies i % m == k, in their original order. Interleaving rather than
- * contiguous blocks keeps every shard's class mix close to the whole set's
- * even when the file is sorted, and shard sizes differ by at most one. A copy
- * rather than a view so the shard owns contiguous rows and src can be freed.
- * Returns 0, PS_EINVAL (with a message) when m < 1, k is outside [0, m) or the
- * shard would be empty, or PS_ENOMEM. */
+/* Fills *out with shard k of m of src: a COPY of the samples at positions
+ * k, k + m, k + 2m, ... of a fixed permutation of 0..n-1 (drawn from one
+ * constant seed and n, so every worker draws the same one whatever its
+ * --seed), in that order. Shard sizes differ by at most one (shard k holds
+ * ceil((n - k) / m)), and every shard's mix is the whole set's even when the
+ * file is sorted by class or alternates between sources: MNIST's training
+ * file alternates its two writer populations, so shard 1 of 2 of a plain
+ * i % m split held only one of them. Since the permutation does not depend
+ * on m, step i of the M shards at batch B/M visits, together, exactly the
+ * samples that step i of shard 0 of 1 at batch B visits (when neither
+ * shuffles). A copy rather than a view so the shard owns contiguous rows and
+ * src can be freed. Returns 0, PS_EINVAL (with a message) when m < 1, k is
+ * outside [0, m) or the shard would be empty, or PS_ENOMEM. */
 int ps_dataset_shard(const ps_dataset *src, int k, int m, ps_dataset *out, char *err, size_t errlen);
 
 /* Fills perm[0..n) with the order in which to visit n samples in one epoch:

@@ -2,8 +2,9 @@
 """test_maths.py - BSP with M workers is the same maths as one process.
 
 With the samples visited in order (--no-shuffle), worker k of M at batch
-B/M sees, at step i, exactly the samples of global batch i that have index
-k modulo M, so the mean of the M pushes is the mean gradient of the global
+B/M sees, at step i, exactly the samples of global batch i that are dealt
+to shard k (every M-th of the one fixed dealing order, which does not depend
+on M), so the mean of the M pushes is the mean gradient of the global
 batch of B. A BSP job of 2 workers at batch 32 must therefore follow the
 trajectory of 1 worker at batch 64 up to float rounding; and since BSP sums
 in shard order, running the 2-worker job twice gives bit-for-bit the same

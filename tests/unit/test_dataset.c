@@ -239,31 +239,83 @@ static void make_set(ps_dataset *d, size_t n, int dim)
     }
 }
 
+/* A file that alternates between two sources (MNIST's training file
+ * alternates its two writer populations) or is sorted by class still gives
+ * every shard a fair part of each: a plain i % m split gave shard 1 of 2
+ * only the odd samples. */
+static void test_shard_mix(void **state)
+{
+    (void)state;
+    ps_dataset all, s;
+    char err[256] = "";
+    make_set(&all, 6000, 1);
+    for (size_t i = 0; i < all.n; i++)
+        all.y[i] = (uint8_t)(i % 2); /* the source, alternating */
+    for (int m = 2; m <= 4; m += 2)
+        for (int k = 0; k < m; k++) {
+            assert_int_equal(ps_dataset_shard(&all, k, m, &s, err, sizeof(err)), 0);
+            size_t odd = 0;
+            for (size_t j = 0; j < s.n; j++)
+                odd += s.y[j];
+            /* about half; binomial spread is about sqrt(n) / 2 */
+            assert_in_range(odd, s.n / 2 - s.n / 20, s.n / 2 + s.n / 20);
+            ps_dataset_free(&s);
+        }
+    for (size_t i = 0; i < all.n; i++)
+        all.y[i] = (uint8_t)(i * 10 / all.n); /* sorted by class */
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(ps_dataset_shard(&all, k, 3, &s, err, sizeof(err)), 0);
+        size_t count[10] = {0};
+        for (size_t j = 0; j < s.n; j++)
+            count[s.y[j]]++;
+        for (int c = 0; c < 10; c++)
+            assert_in_range(count[c], 200 - 40, 200 + 40);
+        ps_dataset_free(&s);
+    }
+    ps_dataset_free(&all);
+}
+
 static void test_shard(void **state)
 {
     (void)state;
     ps_dataset all, s;
     char err[256] = "";
     make_set(&all, 11, 3);
+    /* shard 0 of 1: the whole set, each sample once, in the dealing order */
+    ps_dataset whole;
+    int seen[11] = {0};
+    assert_int_equal(ps_dataset_shard(&all, 0, 1, &whole, err, sizeof(err)), 0);
+    assert_int_equal(whole.n, 11);
+    for (size_t j = 0; j < 11; j++) {
+        size_t i = (size_t)whole.x[j * 3]; /* make_set's row i starts with i */
+        assert_true(i < 11);
+        seen[i]++;
+        assert_int_equal(whole.y[j], all.y[i]);
+        assert_memory_equal(whole.x + j * 3, all.x + i * 3, 3 * sizeof(float));
+    }
+    for (int i = 0; i < 11; i++)
+        assert_int_equal(seen[i], 1);
+    /* shard k of 3: every third sample of that order from k, so the shards
+     * are disjoint, cover the set, and step i of the three together is step
+     * i of the whole at three times the batch */
     size_t total = 0;
     for (int k = 0; k < 3; k++) {
         assert_int_equal(ps_dataset_shard(&all, k, 3, &s, err, sizeof(err)), 0);
         assert_int_equal(s.n, k < 2 ? 4 : 3); /* 11 = 4 + 4 + 3 */
         assert_int_equal(s.dim, 3);
         for (size_t j = 0; j < s.n; j++) {
-            size_t i = (size_t)k + 3 * j;
-            assert_int_equal(s.y[j], all.y[i]);
-            assert_memory_equal(s.x + j * 3, all.x + i * 3, 3 * sizeof(float));
+            assert_int_equal(s.y[j], whole.y[(size_t)k + 3 * j]);
+            assert_memory_equal(s.x + j * 3, whole.x + ((size_t)k + 3 * j) * 3, 3 * sizeof(float));
         }
         total += s.n;
         ps_dataset_free(&s);
     }
     assert_int_equal(total, 11);
-
+    /* every worker deals the same */
     assert_int_equal(ps_dataset_shard(&all, 0, 1, &s, err, sizeof(err)), 0);
-    assert_int_equal(s.n, 11);
-    assert_memory_equal(s.x, all.x, 11 * 3 * sizeof(float));
+    assert_memory_equal(s.x, whole.x, 11 * 3 * sizeof(float));
     ps_dataset_free(&s);
+    ps_dataset_free(&whole);
 
     assert_int_equal(ps_dataset_shard(&all, 3, 3, &s, err, sizeof(err)), PS_EINVAL);
     assert_msg_has(err, "bad shard 3 of 3");
@@ -392,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_count_mismatch),
         cmocka_unit_test(test_shard),
+        cmocka_unit_test(test_shard_mix),
         cmocka_unit_test(test_epoch_order),
         cmocka_unit_test(test_gather),
         cmocka_unit_test(test_rng),
