@@ -117,10 +117,8 @@ def psd_crash(epochs, interval=5.0):
 
 
 def main():
-    quick = "--quick" in sys.argv
-    if quick:
-        sys.argv.remove("--quick")
-    harness.parse_args()
+    quick = harness.parse_args(lambda ap: ap.add_argument("--quick", action="store_true", help="fewer epochs"),
+                               program_doc=__doc__).quick
     epochs = 2 if quick else 5
     print("== 1. one of 3 workers SIGSTOPped for 10 s: samples/s of the other two")
     for name, mode, extra in (("bsp", "bsp", []), ("bsp, 1 backup worker", "bsp", ["--set", "backup_workers=1"]),

@@ -19,14 +19,12 @@ It writes DIR/tta.csv and DIR/tta.png (gnuplot), DIR defaulting to
 bench/out.
 """
 
-import argparse
 import csv
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
@@ -100,14 +98,13 @@ def time_to(recs, target):
 
 
 def main():
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--quick", action="store_true", help="W1 on MNIST only")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--no-torch", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
-    a, rest = ap.parse_known_args()
-    sys.argv[1:] = rest
-    harness.parse_args()
+    def options(ap):
+        ap.add_argument("--quick", action="store_true", help="W1 on MNIST only")
+        ap.add_argument("--only", default="", help="only the configurations whose name contains this")
+        ap.add_argument("--no-torch", action="store_true", help="no PyTorch column")
+        ap.add_argument("--out", default=os.path.join(HERE, "out"), help="where tta.csv and tta.png go")
+
+    a = harness.parse_args(options, program_doc=__doc__)
     os.makedirs(a.out, exist_ok=True)
     have_torch = not a.no_torch and subprocess.run(["/usr/bin/python3", "-c", "import torch"],
                                                     capture_output=True).returncode == 0

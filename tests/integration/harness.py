@@ -121,18 +121,24 @@ class Paths:
     data = os.environ.get("PSD_DATA_DIR", os.path.join(ROOT, "data"))
 
 
-def parse_args(extra=None):
+def parse_args(extra=None, program_doc=None):
     """Reads the harness's options (and those extra(parser) adds) from
     sys.argv, leaves the rest in sys.argv for unittest, and returns the
-    parsed namespace."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--psd")
-    p.add_argument("--psworker")
-    p.add_argument("--psctl")
-    p.add_argument("--data")
+    parsed namespace. A program that is not a unittest (a benchmark) passes
+    its docstring as program_doc: then --help prints it and an unknown
+    option is an error."""
+    p = argparse.ArgumentParser(add_help=program_doc is not None, description=program_doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--psd", help="the psd to run (default: the build's)")
+    p.add_argument("--psworker", help="the psworker to run")
+    p.add_argument("--psctl", help="the psctl to run")
+    p.add_argument("--data", help="the data directory (default: the project's data/)")
     if extra:
         extra(p)
-    args, rest = p.parse_known_args(sys.argv[1:])
+    if program_doc is not None:
+        args, rest = p.parse_args(sys.argv[1:]), []
+    else:
+        args, rest = p.parse_known_args(sys.argv[1:])
     for name in ("psd", "psworker", "psctl", "data"):
         if getattr(args, name):
             setattr(Paths, name, os.path.abspath(getattr(args, name)))
