@@ -456,8 +456,9 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64,
-           o.shard, o.nshards, desc, train.n, o.dataset, o.server, ss.mode, ss.version);
+    PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64
+                        ", OpenBLAS %s kernels",
+           o.shard, o.nshards, desc, train.n, o.dataset, o.server, ss.mode, ss.version, openblas_get_corename());
 
     /* In BSP every worker must take the same number of steps per epoch, or
      * the last rounds would wait for pushes that never come: derive it from
