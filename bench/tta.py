@@ -111,6 +111,9 @@ def main():
     if not have_torch and not a.no_torch:
         print("note: python3-torch is not installed (apt-get install python3-torch); no PyTorch column")
     rows, series = [], []
+    # PyTorch and psworker load the same OpenBLAS, which takes its kernels
+    # from OPENBLAS_CORETYPE when set (see the README's recommended settings)
+    print("OpenBLAS kernels: %s" % (os.environ.get("OPENBLAS_CORETYPE") or "the CPU's own choice"))
     header = "%-39s %7s %6s %10s %s" % ("configuration", "s/epoch", "wait", "samples/s",
                                         "test accuracy per epoch -> time to target")
     print(header)
