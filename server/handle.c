@@ -139,7 +139,14 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
         return;
     }
-    if (pull_ready(c, min)) {
+    /* an earlier pull for this version or an older one still waits: this
+     * one waits behind it, so that their replies leave in request order
+     * (it may be ready already when the earlier one's version has just
+     * come and the waiting pulls are about to be answered) */
+    int behind = 0;
+    for (const srv_parked *p = c->parked; p && !behind; p = p->next)
+        behind = p->min <= min;
+    if (!behind && pull_ready(c, min)) {
         send_current(c, id, off, len, rdt);
         return;
     }
@@ -161,6 +168,8 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         tail = &(*tail)->next;
     *tail = p;
     c->nparked++;
+    if (behind && !s->applying)
+        srv_conn_answer_parked(c);
 }
 
 void srv_conn_answer_parked(srv_conn *c)

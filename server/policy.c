@@ -189,9 +189,11 @@ static void apply_after(uv_work_t *req, int status)
     srv_push_done(s, a);
     if (a->c->free_later)
         srv_conn_free(a->c);
-    srv_resume_held(s);
+    /* the pulls that waited for this update first, then the frames held
+     * meanwhile (their pulls come after) */
     if (a->fin || a->round)
         srv_answer_parked(s);
+    srv_resume_held(s);
     if (s->reload_pending && !s->applying) {
         s->reload_pending = 0;
         srv_reload(s);
