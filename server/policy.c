@@ -65,17 +65,32 @@ static float *scratch(psd *s)
 /* gr's gradient for parameters [off, off+n), n <= MEAN_PIECE, into out: the
  * same float operations in the same order as summing whole arrays (first
  * source, += each next, *= inv), so the result does not depend on the
- * piece size. */
+ * piece size; one pass over the sources for the usual 1 or 2 of them. */
 PS_MULTIVERSION static void round_mean(const srv_grad *gr, uint64_t off, size_t n, float *restrict out)
 {
-    memcpy(out, gr->src[0] + off, n * sizeof(float));
-    for (unsigned k = 1; k < gr->nsrc; k++) {
+    const float inv = gr->inv;
+    const float *x0 = gr->src[0] + off;
+    if (gr->nsrc == 1) {
+        for (size_t j = 0; j < n; j++)
+            out[j] = x0[j] * inv;
+        return;
+    }
+    const float *x1 = gr->src[1] + off;
+    if (gr->nsrc == 2) {
+        for (size_t j = 0; j < n; j++)
+            out[j] = (x0[j] + x1[j]) * inv;
+        return;
+    }
+    for (size_t j = 0; j < n; j++)
+        out[j] = x0[j] + x1[j];
+    for (unsigned k = 2; k + 1 < gr->nsrc; k++) {
         const float *x = gr->src[k] + off;
         for (size_t j = 0; j < n; j++)
             out[j] += x[j];
     }
+    const float *xl = gr->src[gr->nsrc - 1] + off;
     for (size_t j = 0; j < n; j++)
-        out[j] *= gr->inv;
+        out[j] = (out[j] + xl[j]) * inv;
 }
 
 /* Applies gr's gradient to [off, off+len), which lies in one block: reads
