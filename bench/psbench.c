@@ -219,7 +219,7 @@ static double pct(const double *sorted, size_t n, double p)
 
 /* ---- one cell: K workers against psd or the plain-TCP server ------------- */
 
-enum { SYS_PSD, SYS_TCP };
+enum { SYS_PSD, SYS_TCP, SYS_TCP_STAR }; /* psd, the plain-TCP ceiling, its BSP round */
 
 typedef struct bench bench;
 
@@ -809,15 +809,39 @@ static void child_stop(pid_t pid)
 typedef struct tconn {
     int fd;
     int writing;  /* 0: reading S values, 1: writing S values back */
+    int parked;   /* star: read all S values, waits for the other clients */
     size_t pos;
     char *buf;    /* where this client's values are read to */
 } tconn;
 
+/* Star rounds: when every live client has sent its values, all of them
+ * are written back; returns the clients still parked (parked, or 0). */
+static int star_release(int ep, tconn *cs, int n, int parked)
+{
+    int live = 0;
+    for (int i = 0; i < n; i++)
+        live += cs[i].fd >= 0;
+    if (parked < live)
+        return parked;
+    for (int i = 0; i < n; i++) {
+        if (cs[i].fd < 0 || !cs[i].parked)
+            continue;
+        cs[i].parked = 0;
+        cs[i].writing = 1;
+        struct epoll_event e = {.events = EPOLLOUT, .data.ptr = &cs[i]};
+        epoll_ctl(ep, EPOLL_CTL_MOD, cs[i].fd, &e);
+    }
+    return 0;
+}
+
 /* The ceiling server: one thread, epoll, nonblocking sockets, as psd's
  * loop; for each client it reads S values of vbytes bytes into that
  * client's buffer and writes S values (one shared "model") back, forever.
- * Runs in a child process until killed. */
-static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K)
+ * With star set it does a BSP round's traffic instead: it writes back only
+ * once every connected client has sent its S values (no sum, no update),
+ * the least any central server does for a round. Runs in a child process
+ * until killed. */
+static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K, int star)
 {
     size_t bytes = S * vbytes;
     char *model = malloc(bytes);
@@ -828,7 +852,7 @@ static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K)
     memset(model, 1, bytes);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
     epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
-    int n = 0;
+    int n = 0, parked = 0;
     for (;;) {
         struct epoll_event evs[64];
         int ne = epoll_wait(ep, evs, 64, -1);
@@ -852,6 +876,16 @@ static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K)
                 memset(c->buf, 0, bytes);
                 struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
                 epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
+                continue;
+            }
+            if (c->parked) { /* only EPOLLHUP or EPOLLERR come while parked */
+                epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+                close(c->fd);
+                c->fd = -1;
+                c->parked = 0;
+                parked--;
+                if (parked > 0)
+                    parked = star_release(ep, cs, n, parked);
                 continue;
             }
             for (;;) {
@@ -880,15 +914,24 @@ static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K)
                 if (c->pos < bytes)
                     continue;
                 c->pos = 0;
+                if (star && !c->writing) {
+                    struct epoll_event e = {.events = 0, .data.ptr = c};
+                    epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
+                    c->parked = 1;
+                    parked++;
+                    break;
+                }
                 c->writing = !c->writing;
                 struct epoll_event e = {.events = c->writing ? EPOLLOUT : EPOLLIN, .data.ptr = c};
                 epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &e);
             }
+            if (star && parked > 0 && n >= K)
+                parked = star_release(ep, cs, n, parked);
         }
     }
 }
 
-static pid_t tcp_server_start(uint64_t S, size_t vbytes, int K, int *port, char *err, size_t errlen)
+static pid_t tcp_server_start(uint64_t S, size_t vbytes, int K, int star, int *port, char *err, size_t errlen)
 {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -912,7 +955,7 @@ static pid_t tcp_server_start(uint64_t S, size_t vbytes, int K, int *port, char 
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(1);
-        tcp_server_main(lfd, S, vbytes, K);
+        tcp_server_main(lfd, S, vbytes, K, star);
         _exit(0);
     }
     close(lfd);
@@ -948,7 +991,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     int port = 0;
     pid_t pid;
     memset(out, 0, sizeof *out);
-    out->mode = sys == SYS_TCP ? -1 : mode;
+    out->mode = sys == SYS_PSD ? mode : -1;
     out->S = S;
     out->K = K;
     out->wire = o->wire;
@@ -956,7 +999,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     out->r.load = load1();
     b.sys = sys;
     b.mode = mode;
-    b.sync = sys == SYS_PSD && mode != MODE_ASGD;
+    b.sync = (sys == SYS_PSD && mode != MODE_ASGD) || sys == SYS_TCP_STAR;
     b.S = S;
     b.K = K;
     b.grad = grad;
@@ -970,7 +1013,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
         snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
         pid = psd_start(o, mode, K, S, logpath, err, sizeof err, &port);
     } else {
-        pid = tcp_server_start(S, b.vbytes, K, &port, err, sizeof err);
+        pid = tcp_server_start(S, b.vbytes, K, sys == SYS_TCP_STAR, &port, err, sizeof err);
     }
     if (pid < 0) {
         snprintf(out->r.err, sizeof out->r.err, "%s", err);
@@ -978,7 +1021,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     }
     if (o->verbose || getenv("PSBENCH_SHOW_PID"))
         fprintf(stderr, "psbench: %s %s S=%" PRIu64 " K=%d: server pid %d\n", sys == SYS_PSD ? "psd" : "tcp",
-                sys == SYS_PSD ? mode_names[mode] : "ceiling", S, K, (int)pid);
+                sys == SYS_PSD ? mode_names[mode] : sys == SYS_TCP ? "ceiling" : "star round", S, K, (int)pid);
     snprintf(b.addr, sizeof b.addr, "127.0.0.1:%d", port);
     run_workers(&b, o, pid, &out->r);
     if (sys == SYS_PSD) {
@@ -1432,6 +1475,95 @@ static void parse_opts(int argc, char **argv, opts *o)
         o->mpi_prog[0] = 0;
 }
 
+/* ---- BSP rounds of 2 workers ------------------------------------------------ */
+
+/* Prints (and writes to mpi.csv) each BSP row of 2 workers beside the
+ * plain-TCP star round of the same size (the server writes back once both
+ * clients sent their S values: the traffic of a round with no framing, no
+ * sum and no update) and beside MPI_Allreduce of S float32 on 2 ranks, over
+ * TCP and over shared memory, where Open MPI is present. */
+static void compare_rounds(const opts *o, const row *rows, int nrows, const float *grad)
+{
+    size_t vb = ps_dtype_size(o->wire);
+    row *star = calloc((size_t)o->nsizes, sizeof *star);
+    mpi_res *mr = calloc((size_t)o->nsizes, sizeof *mr);
+    if (!star || !mr)
+        die("out of memory");
+    for (int i = 0; i < o->nsizes; i++) {
+        mr[i].S = o->sizes[i];
+        if (!o->no_tcp)
+            run_cell(o, SYS_TCP_STAR, MODE_BSP, o->sizes[i], 2, grad, &star[i]);
+    }
+    int have_mpi = 0;
+    if (o->no_mpi) {
+    } else if (!o->mpi_prog[0]) {
+        printf("\nMPI_Allreduce comparison skipped: no mpi_allreduce next to psbench (it is built where Open "
+               "MPI's development files are installed: libopenmpi-dev)\n");
+    } else if (system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("\nMPI_Allreduce comparison skipped: mpirun not on PATH\n");
+    } else {
+        run_mpi(o, mr, o->nsizes);
+        have_mpi = 1;
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/mpi.csv", o->out);
+    FILE *mc = fopen(path, "w");
+    if (mc)
+        fprintf(mc, "floats,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,allreduce_shm_mean_ms,"
+                    "allreduce_shm_p50_ms,mode,bsp_round_mean_ms,bsp_round_p50_ms,ratio_bsp_to_tcp_mean,"
+                    "ratio_bsp_to_tcp_p50,wire,star_round_mean_ms,star_round_p50_ms,ratio_bsp_to_star_p50,"
+                    "ratio_star_to_tcp_p50,psd_cpu_ms_per_round,star_cpu_ms_per_round\n");
+    printf("\nBSP round of 2 workers (push S + pull S each, %s on psd's wire: %zu bytes a value) against\n"
+           "star: the same bytes over plain TCP, the server writing back once both clients sent theirs\n"
+           "(no framing, no sum, no update: the least a central server does for a round), and\n"
+           "MPI_Allreduce of S float32 on 2 ranks (4 bytes a value: MPI has no bfloat16 sum)\n",
+           ps_dtype_name(o->wire), vb);
+    printf("(the ratios are of the medians, the one to read when either side had outliers; psd/TCP also\n"
+           " of the means)\n");
+    printf("(cpu: the server's CPU time per round: psd's, and the star server's)\n");
+    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %9s\n", "mode", "wire",
+           "floats", "round", "round", "psd cpu", "star", "star", "star cpu", "MPI TCP", "MPI TCP", "MPI shm",
+           "MPI shm", "psd/", "psd/TCP", "psd/TCP", "star/");
+    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %9s\n", "", "", "",
+           "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "mean ms", "p50 ms", "star p50",
+           "mean", "p50", "TCP p50");
+    for (int i = 0; i < nrows; i++) {
+        const row *p = &rows[i];
+        if (p->mode == MODE_ASGD || p->K != 2 || !p->r.ok)
+            continue;
+        const mpi_res *m = NULL;
+        const row *t = NULL;
+        for (int j = 0; j < o->nsizes; j++)
+            if (mr[j].S == p->S) {
+                m = have_mpi ? &mr[j] : NULL;
+                t = star[j].r.ok ? &star[j] : NULL;
+            }
+        /* a round: both workers push and pull; round trips/s counts both */
+        double round_ms = 1e3 * 2.0 / p->r.rt_per_s;
+        double star_ms = t ? 1e3 * 2.0 / t->r.rt_per_s : NAN, star_p50 = t ? t->r.p50_ms : NAN;
+        double tcp_mean = m ? m->mean_ms[0] : NAN, tcp_p50 = m ? m->p50_ms[0] : NAN;
+        char sl[32];
+        printf("%-12s %4s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx %8.2fx "
+               "%8.2fx %8.2fx\n",
+               mode_names[p->mode], ps_dtype_name(p->wire), size_label(p->S, sl, sizeof sl), round_ms, p->r.p50_ms,
+               p->r.server_cpu * round_ms, star_ms, star_p50, t ? t->r.server_cpu * star_ms : NAN, tcp_mean, tcp_p50, m ? m->mean_ms[1] : NAN, m ? m->p50_ms[1] : NAN,
+               p->r.p50_ms / star_p50, round_ms / tcp_mean, p->r.p50_ms / tcp_p50, star_p50 / tcp_p50);
+        if (mc)
+            fprintf(mc, "%" PRIu64 ",%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", p->S,
+                    tcp_mean, tcp_p50, m ? m->mean_ms[1] : NAN, m ? m->p50_ms[1] : NAN, mode_names[p->mode], round_ms,
+                    p->r.p50_ms, round_ms / tcp_mean, p->r.p50_ms / tcp_p50, ps_dtype_name(p->wire), star_ms, star_p50,
+                    p->r.p50_ms / star_p50, star_p50 / tcp_p50, p->r.server_cpu * round_ms,
+                    t ? t->r.server_cpu * star_ms : NAN);
+    }
+    for (int j = 0; j < o->nsizes; j++)
+        if (!o->no_tcp && !star[j].r.ok)
+            printf("    star round at %" PRIu64 " floats failed: %s\n", star[j].S, star[j].r.err);
+    if (mc)
+        fclose(mc);
+    free(mr);
+    free(star);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -1497,65 +1629,19 @@ int main(int argc, char **argv)
         }
     }
     fclose(csv);
-    free(grad);
     printf("\n%d cells in %.0f s; CSV: %s/psbench.csv, psd logs: %s/logs/\n", nrows + ntcp, now_s() - t_all, o.out,
            o.out);
 
-    /* BSP round of 2 workers against MPI_Allreduce of the same size */
+    /* BSP rounds of 2 workers against the least any central server does
+     * for one (the plain-TCP star round) and against MPI_Allreduce */
     int have_bsp = 0, have_k2 = 0;
     for (int mi = 0; mi < o.nmodes; mi++)
         have_bsp |= o.modes[mi] != MODE_ASGD;
     for (int wi = 0; wi < o.nworkers; wi++)
         have_k2 |= o.workers[wi] == 2;
-    if (o.no_mpi) {
-    } else if (!o.mpi_prog[0]) {
-        printf("\nMPI_Allreduce comparison skipped: no mpi_allreduce next to psbench (it is built where Open "
-               "MPI's development files are installed: libopenmpi-dev)\n");
-    } else if (system("command -v mpirun >/dev/null 2>&1") != 0) {
-        printf("\nMPI_Allreduce comparison skipped: mpirun not on PATH\n");
-    } else if (have_bsp && have_k2) {
-        mpi_res *mr = calloc((size_t)o.nsizes, sizeof *mr);
-        if (!mr)
-            die("out of memory");
-        for (int i = 0; i < o.nsizes; i++)
-            mr[i].S = o.sizes[i];
-        run_mpi(&o, mr, o.nsizes);
-        snprintf(path, sizeof path, "%s/mpi.csv", o.out);
-        FILE *mc = fopen(path, "w");
-        if (mc)
-            fprintf(mc, "floats,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,allreduce_shm_mean_ms,"
-                        "allreduce_shm_p50_ms,mode,bsp_round_mean_ms,bsp_round_p50_ms,ratio_bsp_to_tcp_mean,"
-                        "ratio_bsp_to_tcp_p50,wire\n");
-        printf("\nBSP round of 2 workers (push S + pull S each, %s on psd's wire: %zu bytes a value) against\n"
-               "MPI_Allreduce of S float32 on 2 ranks (4 bytes a value: MPI has no bfloat16 sum)\n",
-               ps_dtype_name(o.wire), vb);
-        printf("(round/TCP: the ratio of the means and of the medians; the median is the one to read when either\n"
-               " side had outliers)\n");
-        printf("%-12s %4s %9s | %12s %12s | %12s %12s | %12s %12s | %9s %9s\n", "mode", "wire", "floats",
-               "round mean", "round p50", "TCP mean", "TCP p50", "shm mean", "shm p50", "mean", "p50");
-        for (int i = 0; i < nrows; i++) {
-            const row *p = &rows[i];
-            if (p->mode == MODE_ASGD || p->K != 2 || !p->r.ok)
-                continue;
-            const mpi_res *m = NULL;
-            for (int j = 0; j < o.nsizes; j++)
-                if (mr[j].S == p->S)
-                    m = &mr[j];
-            /* a round: both workers push and pull; round trips/s counts both */
-            double round_ms = 1e3 * 2.0 / p->r.rt_per_s;
-            char sl[32];
-            printf("%-12s %4s %9s | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %9.3f ms %9.3f ms | %8.2fx %8.2fx\n",
-                   mode_names[p->mode], ps_dtype_name(p->wire), size_label(p->S, sl, sizeof sl), round_ms, p->r.p50_ms, m->mean_ms[0],
-                   m->p50_ms[0], m->mean_ms[1], m->p50_ms[1], round_ms / m->mean_ms[0], p->r.p50_ms / m->p50_ms[0]);
-            if (mc)
-                fprintf(mc, "%" PRIu64 ",%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f,%s\n", p->S, m->mean_ms[0],
-                        m->p50_ms[0], m->mean_ms[1], m->p50_ms[1], mode_names[p->mode], round_ms, p->r.p50_ms,
-                        round_ms / m->mean_ms[0], p->r.p50_ms / m->p50_ms[0], ps_dtype_name(p->wire));
-        }
-        if (mc)
-            fclose(mc);
-        free(mr);
-    }
+    if (have_bsp && have_k2)
+        compare_rounds(&o, rows, nrows, grad);
+    free(grad);
     plot(&o, rows, nrows, tcp, ntcp);
     free(rows);
     free(tcp);
