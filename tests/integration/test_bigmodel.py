@@ -9,13 +9,16 @@ exactly like numpy), that a pulled chunk never mixes two versions of a block
 while pushes of another worker are applied, that chunks across block edges
 land where they belong, that a NaN chunk leaves the model untouched, and
 that a worker closing its connection right after a big push neither loses
-that push nor upsets psd.
+that push nor upsets psd, and that a worker's chunk pulls are answered in
+request order when the first waits for a BSP round and the next arrive while
+its update runs.
 """
 
 import os
 import re
 import sys
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -217,6 +220,59 @@ class BigModelTest(unittest.TestCase):
         the arrival-order sum starts each round from zero)."""
         self.bsp_rounds("shard")
         self.bsp_rounds("arrival")
+
+    def test_bsp_pulls_answered_in_request_order(self):
+        """A worker's chunk pulls are answered in the order it sent them,
+        even when the first waits for the round (parked) and the next ones
+        arrive while the round's update is applied off the loop (held):
+        when the update ends, the parked pull goes first. Worker B pushes,
+        asks for chunk 0 of the next version, then worker A's push closes
+        the round and B asks for chunks 1 and 2 a moment later, the delay
+        varied over rounds so that some land while the update runs."""
+        with harness.Cluster("psd-bigmodel-order") as cl:
+            job = Job(cl, self, mode="bsp")
+            b = job.join(1)
+            try:
+                pieces = list(chunks(TOTAL))
+                for rnd, delay in enumerate((0, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.008, 0.012)):
+                    g = [grad(job.rng, TOTAL) for _ in range(2)]
+                    for i, (off, n) in enumerate(pieces):
+                        r = b.request({"t": T_PUSH, "base": rnd, "off": off, "data": g[1][off:off + n].tobytes(),
+                                       "fin": i == len(pieces) - 1})
+                        self.assertEqual(r.get("t"), T_OK, r)
+                    ids = []
+
+                    def pull(k):
+                        off, n = pieces[k]
+                        ids.append(b.next_id)
+                        b.send_frame({"t": T_PULL, "id": b.next_id, "off": off, "len": n, "min": rnd + 1})
+                        b.next_id += 1
+
+                    pull(0)
+                    for i, (off, n) in enumerate(pieces[:-1]):
+                        r = job.a.request({"t": T_PUSH, "base": rnd, "off": off, "data": g[0][off:off + n].tobytes(),
+                                           "fin": False})
+                        self.assertEqual(r.get("t"), T_OK, r)
+                    off, n = pieces[-1]
+                    job.a.send_frame({"t": T_PUSH, "id": 9000 + rnd, "base": rnd, "off": off,
+                                      "data": g[0][off:off + n].tobytes(), "fin": True})
+                    time.sleep(delay)
+                    for k in range(1, len(pieces)):
+                        pull(k)
+                    r = job.a.recv_frame()
+                    self.assertEqual((r.get("t"), r.get("id")), (T_OK, 9000 + rnd), r)
+                    job.w -= LR * ((g[0] + g[1]) * np.float32(0.5))
+                    for k, (off, n) in enumerate(pieces):
+                        r = b.recv_frame()
+                        self.assertEqual(r.get("t"), T_PARAMS, r)
+                        self.assertEqual((r.get("id"), r.get("off"), r.get("ver")), (ids[k], off, rnd + 1),
+                                         "round %d (pulls %.1f ms after the closing push): reply %d of %d "
+                                         "out of order" % (rnd, delay * 1e3, k + 1, len(pieces)))
+                        np.testing.assert_array_equal(np.frombuffer(r["data"], dtype="<f4"), job.w[off:off + n])
+                self.assertEqual(harness.status(job.psd.addr)["version"], 8)
+            finally:
+                job.a.close()
+                b.close()
 
     def test_two_pushers_memory_stays_bounded(self):
         """Two workers push whole-model steps back to back at the same time
