@@ -388,7 +388,7 @@ int main(int argc, char **argv)
     srv_admin_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         if (s->workers[i]) {
-            free(s->workers[i]->slot);
+            srv_worker_free_round(s->workers[i]);
             srv_snap_unref(s->workers[i]->base_snap);
         }
         free(s->workers[i]);

@@ -493,7 +493,18 @@ static void process_frames(srv_conn *c)
              * the connection is established; before hello it ends it. */
             srv_send_error(c, m.has & PS_F_ID ? m.id : 0, rc, c->role == PS_ROLE_NONE, "%s", err);
         } else {
+            c->frame_end = pos + flen;
             srv_handle(c, &m);
+            if (c->rbuf_given) {
+                /* the handler kept the buffer, and no byte followed the
+                 * frame in it: go on in the one it gave back, empty (held
+                 * like the others when the frame started an update) */
+                c->rbuf_given = 0;
+                pos = 0;
+                if (s->applying)
+                    continue;
+                break;
+            }
         }
         pos += flen;
     }
@@ -503,6 +514,20 @@ static void process_frames(srv_conn *c)
         c->rpos = c->rlen = 0;
     else
         compact(c, pos); /* a few bytes of the next header */
+}
+
+int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out)
+{
+    const uint8_t *d = data;
+    if (c->frame_end != c->rlen || c->rbuf_given || !c->rbuf || d < c->rbuf || d >= c->rbuf + c->rlen)
+        return -1;
+    out->mem = c->rbuf;
+    out->cap = c->rcap;
+    c->rbuf = repl.mem;
+    c->rcap = repl.mem ? repl.cap : 0;
+    c->rpos = c->rlen = c->want_end = c->frame_end = 0;
+    c->rbuf_given = 1;
+    return 0;
 }
 
 void srv_resume_held(psd *s)

@@ -61,36 +61,62 @@ static float *scratch(psd *s)
 
 /* floats of a round's mean made at a time (in L1, never a model-sized sum) */
 #define MEAN_PIECE 4096
+/* sources of a mean whose pointers round_mean keeps on its stack; more use
+ * the round's own array (srv_grad.xs) */
+#define MEAN_SOURCES_ON_STACK 16
 
-/* gr's gradient for parameters [off, off+n), n <= MEAN_PIECE, into out: the
- * same float operations in the same order as summing whole arrays (first
- * source, += each next, *= inv), so the result does not depend on the
- * piece size; one pass over the sources for the usual 1 or 2 of them. */
-PS_MULTIVERSION static void round_mean(const srv_grad *gr, uint64_t off, size_t n, float *restrict out)
+/* The mean of nsrc gradients x[k][0..n) into out: the same float
+ * operations in the same order as summing whole arrays (first source, +=
+ * each next, *= inv), so the result does not depend on the piece size; one
+ * pass over the sources for the usual 1 or 2 of them. */
+PS_MULTIVERSION static void mean_of(const float *const *x, unsigned nsrc, float inv, size_t n, float *restrict out)
 {
-    const float inv = gr->inv;
-    const float *x0 = gr->src[0] + off;
-    if (gr->nsrc == 1) {
+    const float *x0 = x[0];
+    if (nsrc == 1) {
         for (size_t j = 0; j < n; j++)
             out[j] = x0[j] * inv;
         return;
     }
-    const float *x1 = gr->src[1] + off;
-    if (gr->nsrc == 2) {
+    const float *x1 = x[1];
+    if (nsrc == 2) {
         for (size_t j = 0; j < n; j++)
             out[j] = (x0[j] + x1[j]) * inv;
         return;
     }
     for (size_t j = 0; j < n; j++)
         out[j] = x0[j] + x1[j];
-    for (unsigned k = 2; k + 1 < gr->nsrc; k++) {
-        const float *x = gr->src[k] + off;
+    for (unsigned k = 2; k + 1 < nsrc; k++) {
+        const float *xk = x[k];
         for (size_t j = 0; j < n; j++)
-            out[j] += x[j];
+            out[j] += xk[j];
     }
-    const float *xl = gr->src[gr->nsrc - 1] + off;
+    const float *xl = x[nsrc - 1];
     for (size_t j = 0; j < n; j++)
         out[j] = (out[j] + xl[j]) * inv;
+}
+
+/* gr's gradient for parameters [off, off+n), n <= MEAN_PIECE and within
+ * one block, into out: each source read where that block of it is. */
+static void round_mean(const srv_grad *gr, uint64_t off, size_t n, float *out)
+{
+    const float *x[MEAN_SOURCES_ON_STACK];
+    const float **xs = gr->nsrc <= MEAN_SOURCES_ON_STACK ? x : gr->xs;
+    size_t b = (size_t)(off >> SRV_BLK_SHIFT);
+    uint64_t in = off - ((uint64_t)b << SRV_BLK_SHIFT);
+    for (unsigned k = 0; k < gr->nsrc; k++) {
+        const float *at = gr->blk && gr->blk[k] ? gr->blk[k][b] : NULL;
+        xs[k] = at ? at + in : gr->src[k] + off;
+    }
+    mean_of(xs, gr->nsrc, gr->inv, n, out);
+}
+
+/* The length of a mean piece at off: at most MEAN_PIECE, len, and the rest
+ * of off's block. */
+static size_t piece_len(uint64_t off, uint64_t len)
+{
+    uint64_t to_edge = SRV_BLK_FLOATS - (off & (SRV_BLK_FLOATS - 1));
+    uint64_t l = len < MEAN_PIECE ? len : MEAN_PIECE;
+    return (size_t)(l < to_edge ? l : to_edge);
 }
 
 /* Applies gr's gradient to [off, off+len), which lies in one block: reads
@@ -104,12 +130,13 @@ static void run_piece(srv_optim *o, const srv_optim_step *st, const srv_grad *gr
         return;
     }
     float tmp[MEAN_PIECE];
-    for (size_t x = 0; x < len; x += MEAN_PIECE) {
-        size_t l = len - x < MEAN_PIECE ? len - x : MEAN_PIECE;
+    for (size_t x = 0; x < len;) {
+        size_t l = piece_len(off + x, len - x);
         round_mean(gr, off + x, l, tmp);
         if (gr->zero_src)
             memset(gr->src[0] + off + x, 0, l * sizeof(float));
         srv_optim_run(o, st, wo + x, wi + x, tmp, off + x, l);
+        x += l;
     }
 }
 
@@ -123,11 +150,12 @@ static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, u
     }
     float tmp[MEAN_PIECE];
     double ss = 0;
-    for (uint64_t x = 0; x < n; x += MEAN_PIECE) {
-        size_t l = n - x < MEAN_PIECE ? (size_t)(n - x) : MEAN_PIECE;
+    for (uint64_t x = 0; x < n;) {
+        size_t l = piece_len(off + x, n - x);
         round_mean(gr, off + x, l, tmp);
         for (size_t j = 0; j < l; j++)
             ss += (double)tmp[j] * tmp[j];
+        x += l;
     }
     srv_optim_begin_sumsq(&m->opt, st, ss, m->version);
 }
@@ -442,6 +470,8 @@ const srv_policy_ops srv_policy_ssp = {
 typedef struct bsp_state {
     float *acc;     /* the round's sum (arrival order only) */
     float **src;    /* the gradients a round's mean sums, in order */
+    const float *const **blk; /* and their blocks kept apart (srv_grad.blk) */
+    const float **xs;
     size_t src_cap;
     uint32_t count; /* complete pushes in the current round */
     uint64_t round_start_ms;
@@ -481,6 +511,155 @@ static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
     return b;
 }
 
+/* ---- a worker's gradient for the round (shard-order sums) ----------------- */
+
+/* Room for w's kept blocks, once the model's block count is known. */
+static int kept_init(srv_worker *w, size_t nblk)
+{
+    if (w->nkept)
+        return 0;
+    w->kept = calloc(nblk, sizeof *w->kept);
+    w->kept_at = calloc(nblk, sizeof *w->kept_at);
+    w->spare = calloc(nblk + 1, sizeof *w->spare);
+    if (!w->kept || !w->kept_at || !w->spare) {
+        free(w->kept);
+        free(w->kept_at);
+        free(w->spare);
+        w->kept = NULL;
+        w->kept_at = NULL;
+        w->spare = NULL;
+        return -1;
+    }
+    w->nkept = nblk;
+    return 0;
+}
+
+static void spare_put(srv_worker *w, srv_rbuf r)
+{
+    if (!r.mem)
+        return;
+    if (w->nspare < w->nkept + 1)
+        w->spare[w->nspare++] = r;
+    else
+        free(r.mem);
+}
+
+/* Block i is no longer kept apart (its buffer becomes a spare). */
+static void kept_forget(srv_worker *w, size_t i)
+{
+    spare_put(w, w->kept[i]);
+    w->kept[i] = (srv_rbuf){0};
+    w->kept_at[i] = NULL;
+}
+
+/* A new round for w: the last round's blocks are applied, their buffers
+ * spares, and the slot's contents stale. */
+static void kept_release(srv_worker *w)
+{
+    for (size_t i = 0; i < w->nkept; i++)
+        kept_forget(w, i);
+    w->slot_clean = 0;
+}
+
+/* w->slot allocated, and with zero set, holding zeros wherever this round
+ * wrote nothing. */
+static int slot_ready(srv_worker *w, size_t total, int zero)
+{
+    if (!w->slot) {
+        if (!(w->slot = calloc(total, sizeof(float))))
+            return -1;
+        w->slot_clean = 1;
+    } else if (zero && !w->slot_clean) {
+        memset(w->slot, 0, total * sizeof(float));
+        w->slot_clean = 1;
+    }
+    return 0;
+}
+
+/* Before a round's mean: the slot is needed (zeros for what w did not
+ * push) unless every block is kept apart. */
+static int source_ready(srv_worker *w, size_t total)
+{
+    for (size_t i = 0; i < w->nkept; i++)
+        if (!w->kept_at[i])
+            return slot_ready(w, total, 1);
+    return w->nkept ? 0 : slot_ready(w, total, 1);
+}
+
+/* Keeps w's push of g for [off, off+n) until the round closes:
+ * - a whole model widened from bfloat16 into the connection's buffer:
+ *   that buffer becomes the slot, and the connection gets the old slot to
+ *   widen its next push into;
+ * - one whole block as float32 in the frame it arrived in: the receive
+ *   buffer is taken from the connection (a spare given in exchange), and
+ *   the block is read there when the round closes;
+ * - anything else is copied into the slot.
+ * So a worker pushing as psworker does (one frame a block) is never
+ * copied, and after the first rounds nothing is allocated. */
+static int keep_push(psd *s, srv_worker *w, uint64_t off, const float *g, uint64_t n)
+{
+    size_t total = s->model.layout.total;
+    size_t nblk = (size_t)((total + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
+    if (kept_init(w, nblk) != 0)
+        return -1;
+    int widened = s->push_buf && *s->push_buf == g;
+    if (widened && off == 0 && n == total) {
+        float *old = w->slot;
+        w->slot = *s->push_buf;
+        *s->push_buf = old;
+        *s->push_buf_cap = old ? total : 0;
+        for (size_t i = 0; i < nblk; i++)
+            kept_forget(w, i);
+        w->slot_clean = 1;
+        return 0;
+    }
+    size_t first = (size_t)(off >> SRV_BLK_SHIFT);
+    uint64_t start = (uint64_t)first << SRV_BLK_SHIFT;
+    uint64_t blen = total - start < SRV_BLK_FLOATS ? total - start : SRV_BLK_FLOATS;
+    if (!widened && off == start && n == blen && w->conn) {
+        srv_rbuf repl = w->nspare ? w->spare[--w->nspare] : (srv_rbuf){0};
+        srv_rbuf got;
+        if (srv_conn_give_rbuf(w->conn, g, repl, &got) == 0) {
+            kept_forget(w, first); /* the same block pushed twice: the last counts */
+            w->kept[first] = got;
+            w->kept_at[first] = g;
+            return 0;
+        }
+        spare_put(w, repl);
+    }
+    int whole = off == 0 && n == total;
+    if (slot_ready(w, total, !whole) != 0)
+        return -1;
+    size_t last = (size_t)((off + n - 1) >> SRV_BLK_SHIFT);
+    for (size_t i = first; i <= last; i++) {
+        if (!w->kept_at[i])
+            continue;
+        /* part of a kept block pushed again: the rest of it moves to the
+         * slot (a whole block is simply overwritten there) */
+        uint64_t bs = (uint64_t)i << SRV_BLK_SHIFT;
+        uint64_t bl = total - bs < SRV_BLK_FLOATS ? total - bs : SRV_BLK_FLOATS;
+        if (!(off <= bs && off + n >= bs + bl))
+            memcpy(w->slot + bs, w->kept_at[i], (size_t)bl * sizeof(float));
+        kept_forget(w, i);
+    }
+    memcpy(w->slot + off, g, (size_t)n * sizeof(float));
+    if (whole)
+        w->slot_clean = 1;
+    return 0;
+}
+
+void srv_worker_free_round(srv_worker *w)
+{
+    free(w->slot);
+    for (size_t i = 0; i < w->nkept; i++)
+        free(w->kept[i].mem);
+    for (size_t i = 0; i < w->nspare; i++)
+        free(w->spare[i].mem);
+    free(w->kept);
+    free(w->kept_at);
+    free(w->spare);
+}
+
 /* The round's update is applied: a new version. */
 static void bsp_round_closed(psd *s)
 {
@@ -511,23 +690,40 @@ static int bsp_try_close(psd *s, srv_worker *closer)
     uint64_t round = s->model.version;
     srv_grad gr = {.inv = 1.0f / (float)b->count};
     if (b->src_cap < s->nworkers_cap + 1) {
-        float **p = realloc(b->src, (s->nworkers_cap + 1) * sizeof *p);
-        if (!p) {
+        size_t cap = s->nworkers_cap + 1;
+        float **p = realloc(b->src, cap * sizeof *p);
+        if (p)
+            b->src = p;
+        const float *const **q = realloc(b->blk, cap * sizeof *q);
+        if (q)
+            b->blk = q;
+        const float **x = realloc(b->xs, cap * sizeof *x);
+        if (x)
+            b->xs = x;
+        if (!p || !q || !x) {
             PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
             return 0;
         }
-        b->src = p;
-        b->src_cap = s->nworkers_cap + 1;
+        b->src_cap = cap;
     }
     gr.src = b->src;
+    gr.blk = b->blk;
+    gr.xs = b->xs;
     if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
         /* in shard order, so the result does not depend on arrival order */
         for (uint32_t i = 0; i < s->nworkers_cap; i++) {
             srv_worker *w = s->workers[i];
-            if (w && w->round == round && w->round_fin && (w->direct || w->slot))
-                gr.src[gr.nsrc++] = w->direct ? (float *)(uintptr_t)w->direct : w->slot;
+            if (!w || w->round != round || !w->round_fin)
+                continue;
+            if (source_ready(w, total) != 0) {
+                PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
+                return 0;
+            }
+            b->blk[gr.nsrc] = w->nkept ? w->kept_at : NULL;
+            gr.src[gr.nsrc++] = w->slot;
         }
     } else {
+        b->blk[gr.nsrc] = NULL;
         gr.src[gr.nsrc++] = b->acc;
         gr.zero_src = 1;
     }
@@ -568,31 +764,13 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
     bsp_state *b = bsp_get(s, err, errlen);
     if (!b)
         return PS_ENOMEM;
-    size_t total = s->model.layout.total;
-    w->direct = NULL;
-    /* the whole gradient in one frame, and it closes the round: the mean
-     * reads it where it arrived rather than from a copy in the slot */
-    int direct = s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD && fin && off == 0 && n == total && !s->applying &&
-                 b->count + 1 >= bsp_needed(s);
-    if (direct) {
-        w->direct = g;
-    } else if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD && off == 0 && n == total && s->push_buf &&
-               *s->push_buf == g) {
-        /* the whole gradient, widened from bfloat16 into the connection's
-         * buffer: that buffer becomes the slot, and the connection gets
-         * the old slot (total floats, or none) to widen its next push into */
-        float *old = w->slot;
-        w->slot = *s->push_buf;
-        *s->push_buf = old;
-        *s->push_buf_cap = old ? total : 0;
-    } else if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
-        if (!w->slot && !(w->slot = malloc(total * sizeof(float)))) {
+    if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
+        if (w->round != round)
+            kept_release(w); /* the last round's are applied: spares now */
+        if (keep_push(s, w, off, g, n) != 0) {
             snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);
             return PS_ENOMEM;
         }
-        if (w->round != round && (off != 0 || n != total))
-            memset(w->slot, 0, total * sizeof(float));
-        memcpy(w->slot + off, g, n * sizeof(float));
     } else {
         for (uint64_t j = 0; j < n; j++)
             b->acc[off + j] += g[j];
@@ -603,21 +781,7 @@ static int bsp_push(psd *s, srv_worker *w, uint64_t base, uint64_t off, const fl
         w->round_fin = 1;
         w->clock++;
         b->count++;
-        rc = bsp_try_close(s, w);
-        if (w->direct && rc != SRV_PENDING && b->count > 0) {
-            /* the round stayed open (no memory to close it): keep a copy */
-            if (!w->slot && !(w->slot = malloc(total * sizeof(float)))) {
-                w->direct = NULL;
-                b->count--;
-                w->clock--;
-                w->round_fin = 0;
-                snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);
-                return PS_ENOMEM;
-            }
-            memcpy(w->slot, g, total * sizeof(float));
-        }
-        w->direct = NULL;
-        return rc;
+        return bsp_try_close(s, w);
     }
     return 0;
 }
@@ -633,6 +797,8 @@ static void bsp_destroy(psd *s)
     if (b) {
         free(b->acc);
         free(b->src);
+        free(b->blk);
+        free(b->xs);
         free(b);
         s->policy_state = NULL;
     }

@@ -75,6 +75,13 @@ typedef struct srv_wseg {
 enum srv_worker_state { SRV_W_CONNECTED, SRV_W_LEFT, SRV_W_LOST };
 
 /* One per shard ever seen; kept after the worker goes, for psctl. */
+/* A receive buffer handed between a connection and a worker's BSP
+ * gradient (see srv_worker.kept). */
+typedef struct srv_rbuf {
+    uint8_t *mem;
+    size_t cap;
+} srv_rbuf;
+
 typedef struct srv_worker {
     uint32_t shard, nshards;
     int state;               /* enum srv_worker_state */
@@ -92,9 +99,21 @@ typedef struct srv_worker {
     /* BSP */
     uint64_t round;          /* round this worker last pushed into */
     int round_fin;           /* its push for `round` is complete */
-    float *slot;             /* its gradient for the round (shard-order sums) */
-    const float *direct;     /* instead of slot: the push that closes the round,
-                              * read where it arrived (its receive buffer) */
+    float *slot;             /* its gradient for the round (shard-order sums):
+                              * what arrived in pieces other than whole blocks,
+                              * and zeros; NULL until needed */
+    int slot_clean;          /* slot holds zeros outside what this round wrote */
+    /* The blocks of this round's gradient that arrived each in one float32
+     * frame stay where they arrived: the receive buffer holding one is
+     * taken from the connection (which gets a spare in exchange), so a
+     * push is never copied. kept_at[b] points at block b's values in
+     * kept[b] (NULL: block b is in slot); spare holds buffers of rounds
+     * gone by, for the connection to read into next. */
+    srv_rbuf *kept;
+    const float **kept_at;
+    size_t nkept;            /* entries of kept and kept_at: the model's blocks */
+    srv_rbuf *spare;         /* up to nkept + 1 */
+    size_t nspare;
     /* DC-ASGD: the parameters this worker last pulled */
     srv_snap *base_snap;
 } srv_worker;
@@ -151,6 +170,8 @@ struct srv_conn {
     size_t rpos, rlen, rcap; /* unprocessed bytes are rbuf[rpos..rlen) */
     size_t want_end;         /* a big frame is incomplete: it ends at rbuf[want_end]
                               * and reads stop there (0: none) */
+    size_t frame_end;        /* the frame being handled ends at rbuf[frame_end] */
+    int rbuf_given;          /* its handler took rbuf (srv_conn_give_rbuf) */
     msgpack_zone zone;       /* unpack zone, cleared per message */
     float *wide;             /* bfloat16 data of its last push, as float32 (kept,
                               * so converting allocates nothing in steady state) */
@@ -222,6 +243,9 @@ struct srv_ckpt_wait;
 typedef struct srv_grad {
     const float *g;
     float **src;
+    const float *const *const *blk; /* per source, NULL or per block: where
+                                     * that block's values are instead of src */
+    const float **xs;               /* room for nsrc pointers (many sources) */
     unsigned nsrc;
     float inv;
     int zero_src;
@@ -253,6 +277,8 @@ typedef struct srv_apply {
 
 /* Frees what updates off the loop keep between them (at exit). */
 void srv_apply_free(psd *s);
+/* Frees what a worker keeps of its BSP gradients (at exit). */
+void srv_worker_free_round(srv_worker *w);
 
 /* A policy's push returns this when the update goes on off the loop: the
  * reply is sent by srv_push_done(). */
@@ -329,6 +355,13 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 void srv_conn_close(srv_conn *c);
+/* For the handler of a frame that ends the bytes read so far: hands the
+ * receive buffer holding it to the caller (*out) and gives the connection
+ * repl instead (mem NULL: it allocates when it reads next). data is where
+ * the handler will read the frame's contents (it must lie in the buffer).
+ * Returns 0, or -1 when more bytes follow the frame in the buffer or data
+ * lies elsewhere (nothing changes). */
+int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
 /* Handles what held connections received while an update was applied off
  * the loop, and lets them read again. */
 void srv_resume_held(psd *s);
