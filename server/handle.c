@@ -456,7 +456,7 @@ static int widen(srv_conn *c, ps_msg *m, int *finite)
         return -1;
     }
     if (c->wide_cap < m->ndata) {
-        /* bounded by max_frame (a frame of n values holds 2n bytes) */
+        /* bounded by the model's size (the range is checked first) */
         float *p = realloc(c->wide, (size_t)m->ndata * sizeof(float));
         if (!p) {
             srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory to widen %llu bfloat16 values",
@@ -478,14 +478,16 @@ static int check_data(srv_conn *c, ps_msg *m)
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
     int finite = -1; /* not known yet */
-    if (m->dt == PS_DT_BF16 && widen(c, m, &finite) != 0)
-        return -1;
     if (m->off > total || m->ndata > total - m->off || m->ndata == 0) {
         srv_send_error(c, m->id, PS_ERANGE, 0, "%s range [%llu, %llu) is outside the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
                        (unsigned long long)(m->off + m->ndata), (unsigned long long)total);
         return -1;
     }
+    /* widened only once the range is known to fit: the buffer then never
+     * grows beyond the model */
+    if (m->dt == PS_DT_BF16 && widen(c, m, &finite) != 0)
+        return -1;
     if (finite < 0)
         finite = ps_vec_all_finite(m->data, m->ndata);
     if (!finite) {
