@@ -90,6 +90,7 @@ typedef struct opts {
     int probe;                   /* measure psd's loop lag (admin heartbeats) */
     uint32_t wire;               /* --wire: ps_dtype of tensors on psd's wire */
     int verbose;
+    int round_reps;              /* repetitions of the BSP round comparison */
 } opts;
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -1306,6 +1307,9 @@ static void usage(FILE *f)
             "                    ceiling moves 2 bytes a value too; MPI_Allreduce stays float32\n"
             "  --no-tcp          skip the plain-TCP ceiling\n"
             "  --no-mpi          skip the MPI_Allreduce comparison\n"
+            "  --round-reps N    after the grid, BSP rounds of 2 workers, the star round and\n"
+            "                    MPI_Allreduce are measured back to back N times per size\n"
+            "                    (default 3; 0 skips it)\n"
             "  --no-plot         write the gnuplot script but do not run gnuplot\n"
             "  --no-probe        do not measure psd's loop lag (an admin connection sending\n"
             "                    a heartbeat every 10 ms during each psd cell)\n"
@@ -1369,6 +1373,7 @@ static void parse_opts(int argc, char **argv, opts *o)
         o->modes[m] = m;
     o->nmodes = MODE_COUNT;
     o->seconds = 2;
+    o->round_reps = 3;
     o->warmup = 1;
     o->chunk = CHUNK_FLOATS;
     o->window = PS_PULL_WINDOW;
@@ -1421,6 +1426,11 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->seconds = atof(v);
             if (!(o->seconds > 0 && o->seconds <= 3600))
                 die("bad --seconds '%s' (0 .. 3600)", v);
+        } else if (strcmp(a, "--round-reps") == 0) {
+            NEEDV();
+            o->round_reps = atoi(v);
+            if (o->round_reps < 0 || o->round_reps > 64)
+                die("bad --round-reps '%s' (0..64)", v);
         } else if (strcmp(a, "--rounds") == 0) {
             NEEDV();
             o->max_rounds = strtoull(v, NULL, 10);
@@ -1477,23 +1487,92 @@ static void parse_opts(int argc, char **argv, opts *o)
 
 /* ---- BSP rounds of 2 workers ------------------------------------------------ */
 
-/* Prints (and writes to mpi.csv) each BSP row of 2 workers beside the
- * plain-TCP star round of the same size (the server writes back once both
- * clients sent their S values: the traffic of a round with no framing, no
- * sum and no update) and beside MPI_Allreduce of S float32 on 2 ranks, over
- * TCP and over shared memory, where Open MPI is present. */
-static void compare_rounds(const opts *o, const row *rows, int nrows, const float *grad)
+/* One repetition of the round comparison at one size: psd's BSP rounds
+ * (each BSP mode of the grid), the star round and MPI_Allreduce, measured
+ * back to back so that they share the machine's state of the moment. */
+typedef struct round_rep {
+    double psd_p50[MODE_COUNT], psd_mean[MODE_COUNT], psd_cpu[MODE_COUNT]; /* ms; NAN: failed */
+    double star_p50, star_mean, star_cpu;
+    double tcp_p50, tcp_mean, shm_p50, shm_mean;
+} round_rep;
+
+static double median_of(double *v, int n)
 {
-    size_t vb = ps_dtype_size(o->wire);
-    row *star = calloc((size_t)o->nsizes, sizeof *star);
-    mpi_res *mr = calloc((size_t)o->nsizes, sizeof *mr);
-    if (!star || !mr)
-        die("out of memory");
-    for (int i = 0; i < o->nsizes; i++) {
-        mr[i].S = o->sizes[i];
-        if (!o->no_tcp)
-            run_cell(o, SYS_TCP_STAR, MODE_BSP, o->sizes[i], 2, grad, &star[i]);
+    double tmp[64];
+    int k = 0;
+    for (int i = 0; i < n && k < 64; i++)
+        if (!isnan(v[i]))
+            tmp[k++] = v[i];
+    if (k == 0)
+        return NAN;
+    qsort(tmp, (size_t)k, sizeof *tmp, cmp_double);
+    return k % 2 ? tmp[k / 2] : 0.5 * (tmp[k / 2 - 1] + tmp[k / 2]);
+}
+
+static void range_of(const double *v, int n, double *lo, double *hi)
+{
+    *lo = *hi = NAN;
+    for (int i = 0; i < n; i++) {
+        if (isnan(v[i]))
+            continue;
+        if (isnan(*lo) || v[i] < *lo)
+            *lo = v[i];
+        if (isnan(*hi) || v[i] > *hi)
+            *hi = v[i];
     }
+}
+
+static void round_cells(const opts *o, uint64_t S, const float *grad, int have_mpi, round_rep *rp)
+{
+    for (int m = 0; m < MODE_COUNT; m++)
+        rp->psd_p50[m] = rp->psd_mean[m] = rp->psd_cpu[m] = NAN;
+    for (int mi = 0; mi < o->nmodes; mi++) {
+        int m = o->modes[mi];
+        if (m == MODE_ASGD)
+            continue;
+        row r;
+        run_cell(o, SYS_PSD, m, S, 2, grad, &r);
+        if (!r.r.ok) {
+            fprintf(stderr, "psbench: %s round at %" PRIu64 " floats failed: %s\n", mode_names[m], S, r.r.err);
+            continue;
+        }
+        /* a round: both workers push and pull; round trips/s counts both */
+        rp->psd_mean[m] = 1e3 * 2.0 / r.r.rt_per_s;
+        rp->psd_p50[m] = r.r.p50_ms;
+        rp->psd_cpu[m] = r.r.server_cpu * rp->psd_mean[m];
+    }
+    rp->star_p50 = rp->star_mean = rp->star_cpu = NAN;
+    if (!o->no_tcp) {
+        row t;
+        run_cell(o, SYS_TCP_STAR, MODE_BSP, S, 2, grad, &t);
+        if (t.r.ok) {
+            rp->star_mean = 1e3 * 2.0 / t.r.rt_per_s;
+            rp->star_p50 = t.r.p50_ms;
+            rp->star_cpu = t.r.server_cpu * rp->star_mean;
+        } else {
+            fprintf(stderr, "psbench: star round at %" PRIu64 " floats failed: %s\n", S, t.r.err);
+        }
+    }
+    rp->tcp_p50 = rp->tcp_mean = rp->shm_p50 = rp->shm_mean = NAN;
+    if (have_mpi) {
+        mpi_res mr = {.S = S};
+        run_mpi(o, &mr, 1);
+        rp->tcp_mean = mr.mean_ms[0];
+        rp->tcp_p50 = mr.p50_ms[0];
+        rp->shm_mean = mr.mean_ms[1];
+        rp->shm_p50 = mr.p50_ms[1];
+    }
+}
+
+/* BSP rounds of 2 workers beside the plain-TCP star round of the same size
+ * (the server writes back once both clients sent their S values: the
+ * traffic of a round with no framing, no sum and no update) and beside
+ * MPI_Allreduce of S float32 on 2 ranks, over TCP and over shared memory,
+ * where Open MPI is present. This machine's speed drifts over minutes, so
+ * the three are measured back to back, --round-reps times per size, and
+ * the medians over repetitions are printed, with the range of psd/TCP. */
+static void compare_rounds(const opts *o, const float *grad)
+{
     int have_mpi = 0;
     if (o->no_mpi) {
     } else if (!o->mpi_prog[0]) {
@@ -1502,66 +1581,82 @@ static void compare_rounds(const opts *o, const row *rows, int nrows, const floa
     } else if (system("command -v mpirun >/dev/null 2>&1") != 0) {
         printf("\nMPI_Allreduce comparison skipped: mpirun not on PATH\n");
     } else {
-        run_mpi(o, mr, o->nsizes);
         have_mpi = 1;
     }
+    int R = o->round_reps;
+    round_rep *reps = calloc((size_t)o->nsizes * (size_t)R, sizeof *reps);
+    if (!reps)
+        die("out of memory");
+    for (int i = 0; i < o->nsizes; i++)
+        for (int r = 0; r < R; r++) {
+            fprintf(stderr, "psbench: BSP rounds at %" PRIu64 " floats, repetition %d of %d\n", o->sizes[i], r + 1,
+                    R);
+            round_cells(o, o->sizes[i], grad, have_mpi, &reps[i * R + r]);
+        }
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/mpi.csv", o->out);
     FILE *mc = fopen(path, "w");
     if (mc)
-        fprintf(mc, "floats,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,allreduce_shm_mean_ms,"
-                    "allreduce_shm_p50_ms,mode,bsp_round_mean_ms,bsp_round_p50_ms,ratio_bsp_to_tcp_mean,"
-                    "ratio_bsp_to_tcp_p50,wire,star_round_mean_ms,star_round_p50_ms,ratio_bsp_to_star_p50,"
-                    "ratio_star_to_tcp_p50,psd_cpu_ms_per_round,star_cpu_ms_per_round\n");
+        fprintf(mc, "floats,mode,rep,wire,bsp_round_mean_ms,bsp_round_p50_ms,psd_cpu_ms_per_round,star_round_mean_ms,"
+                    "star_round_p50_ms,star_cpu_ms_per_round,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,"
+                    "allreduce_shm_mean_ms,allreduce_shm_p50_ms,ratio_bsp_to_star_p50,ratio_bsp_to_tcp_mean,"
+                    "ratio_bsp_to_tcp_p50,ratio_star_to_tcp_p50\n");
+    size_t vb = ps_dtype_size(o->wire);
     printf("\nBSP round of 2 workers (push S + pull S each, %s on psd's wire: %zu bytes a value) against\n"
            "star: the same bytes over plain TCP, the server writing back once both clients sent theirs\n"
            "(no framing, no sum, no update: the least a central server does for a round), and\n"
-           "MPI_Allreduce of S float32 on 2 ranks (4 bytes a value: MPI has no bfloat16 sum)\n",
-           ps_dtype_name(o->wire), vb);
-    printf("(the ratios are of the medians, the one to read when either side had outliers; psd/TCP also\n"
-           " of the means)\n");
-    printf("(cpu: the server's CPU time per round: psd's, and the star server's)\n");
-    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %9s\n", "mode", "wire",
+           "MPI_Allreduce of S float32 on 2 ranks (4 bytes a value: MPI has no bfloat16 sum).\n"
+           "The three are measured back to back, %d times per size; figures are medians over the\n"
+           "repetitions, ratios the medians of each repetition's ratio (of p50s; psd/TCP also of means),\n"
+           "and the psd/TCP range its lowest and highest; cpu: the server's CPU time per round\n",
+           ps_dtype_name(o->wire), vb, R);
+    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s\n", "mode", "wire",
            "floats", "round", "round", "psd cpu", "star", "star", "star cpu", "MPI TCP", "MPI TCP", "MPI shm",
-           "MPI shm", "psd/", "psd/TCP", "psd/TCP", "star/");
-    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %9s\n", "", "", "",
+           "MPI shm", "psd/", "psd/TCP", "psd/TCP", "psd/TCP p50", "star/");
+    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s\n", "", "", "",
            "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "mean ms", "p50 ms", "star p50",
-           "mean", "p50", "TCP p50");
-    for (int i = 0; i < nrows; i++) {
-        const row *p = &rows[i];
-        if (p->mode == MODE_ASGD || p->K != 2 || !p->r.ok)
-            continue;
-        const mpi_res *m = NULL;
-        const row *t = NULL;
-        for (int j = 0; j < o->nsizes; j++)
-            if (mr[j].S == p->S) {
-                m = have_mpi ? &mr[j] : NULL;
-                t = star[j].r.ok ? &star[j] : NULL;
+           "mean", "p50", "range", "TCP p50");
+    for (int i = 0; i < o->nsizes; i++) {
+        for (int m = 0; m < MODE_COUNT; m++) {
+            int in_grid = 0;
+            for (int mi = 0; mi < o->nmodes; mi++)
+                in_grid |= o->modes[mi] == m;
+            if (m == MODE_ASGD || !in_grid)
+                continue;
+            double v[13][64];
+            for (int r = 0; r < R; r++) {
+                const round_rep *x = &reps[i * R + r];
+                double row_v[13] = {x->psd_mean[m], x->psd_p50[m], x->psd_cpu[m], x->star_mean, x->star_p50,
+                                    x->star_cpu, x->tcp_mean, x->tcp_p50, x->shm_mean, x->shm_p50,
+                                    x->psd_p50[m] / x->star_p50, x->psd_mean[m] / x->tcp_mean,
+                                    x->psd_p50[m] / x->tcp_p50};
+                for (int k = 0; k < 13; k++)
+                    v[k][r] = row_v[k];
+                if (mc)
+                    fprintf(mc, "%" PRIu64 ",%s,%d,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
+                                "%.4f,%.4f\n",
+                            o->sizes[i], mode_names[m], r + 1, ps_dtype_name(o->wire), row_v[0], row_v[1], row_v[2],
+                            row_v[3], row_v[4], row_v[5], row_v[6], row_v[7], row_v[8], row_v[9], row_v[10],
+                            row_v[11], row_v[12], x->star_p50 / x->tcp_p50);
             }
-        /* a round: both workers push and pull; round trips/s counts both */
-        double round_ms = 1e3 * 2.0 / p->r.rt_per_s;
-        double star_ms = t ? 1e3 * 2.0 / t->r.rt_per_s : NAN, star_p50 = t ? t->r.p50_ms : NAN;
-        double tcp_mean = m ? m->mean_ms[0] : NAN, tcp_p50 = m ? m->p50_ms[0] : NAN;
-        char sl[32];
-        printf("%-12s %4s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx %8.2fx "
-               "%8.2fx %8.2fx\n",
-               mode_names[p->mode], ps_dtype_name(p->wire), size_label(p->S, sl, sizeof sl), round_ms, p->r.p50_ms,
-               p->r.server_cpu * round_ms, star_ms, star_p50, t ? t->r.server_cpu * star_ms : NAN, tcp_mean, tcp_p50, m ? m->mean_ms[1] : NAN, m ? m->p50_ms[1] : NAN,
-               p->r.p50_ms / star_p50, round_ms / tcp_mean, p->r.p50_ms / tcp_p50, star_p50 / tcp_p50);
-        if (mc)
-            fprintf(mc, "%" PRIu64 ",%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", p->S,
-                    tcp_mean, tcp_p50, m ? m->mean_ms[1] : NAN, m ? m->p50_ms[1] : NAN, mode_names[p->mode], round_ms,
-                    p->r.p50_ms, round_ms / tcp_mean, p->r.p50_ms / tcp_p50, ps_dtype_name(p->wire), star_ms, star_p50,
-                    p->r.p50_ms / star_p50, star_p50 / tcp_p50, p->r.server_cpu * round_ms,
-                    t ? t->r.server_cpu * star_ms : NAN);
+            double md[13], star_tcp[64], lo, hi;
+            for (int k = 0; k < 13; k++)
+                md[k] = median_of(v[k], R);
+            for (int r = 0; r < R; r++)
+                star_tcp[r] = reps[i * R + r].star_p50 / reps[i * R + r].tcp_p50;
+            range_of(v[12], R, &lo, &hi);
+            char sl[32], rg[32];
+            snprintf(rg, sizeof rg, "%.2f-%.2fx", lo, hi);
+            printf("%-12s %4s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx "
+                   "%8.2fx %8.2fx %13s %8.2fx\n",
+                   mode_names[m], ps_dtype_name(o->wire), size_label(o->sizes[i], sl, sizeof sl), md[0], md[1], md[2],
+                   md[3], md[4], md[5], md[6], md[7], md[8], md[9], md[10], md[11], md[12], rg,
+                   median_of(star_tcp, R));
+        }
     }
-    for (int j = 0; j < o->nsizes; j++)
-        if (!o->no_tcp && !star[j].r.ok)
-            printf("    star round at %" PRIu64 " floats failed: %s\n", star[j].S, star[j].r.err);
     if (mc)
         fclose(mc);
-    free(mr);
-    free(star);
+    free(reps);
 }
 
 /* ---- main ------------------------------------------------------------------- */
@@ -1639,8 +1734,8 @@ int main(int argc, char **argv)
         have_bsp |= o.modes[mi] != MODE_ASGD;
     for (int wi = 0; wi < o.nworkers; wi++)
         have_k2 |= o.workers[wi] == 2;
-    if (have_bsp && have_k2)
-        compare_rounds(&o, rows, nrows, grad);
+    if (have_bsp && have_k2 && o.round_reps > 0)
+        compare_rounds(&o, grad);
     free(grad);
     plot(&o, rows, nrows, tcp, ntcp);
     free(rows);
