@@ -1506,7 +1506,7 @@ static double median_of(double *v, int n)
     if (k == 0)
         return NAN;
     qsort(tmp, (size_t)k, sizeof *tmp, cmp_double);
-    return k % 2 ? tmp[k / 2] : 0.5 * (tmp[k / 2 - 1] + tmp[k / 2]);
+    return pct(tmp, (size_t)k, 0.50);
 }
 
 static void range_of(const double *v, int n, double *lo, double *hi)

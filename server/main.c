@@ -207,13 +207,12 @@ static void on_tick(uv_timer_t *t)
     s->stats.last_pulls = s->stats.pulls;
 }
 
-/* Options that map to configuration keys are collected and applied after the
- * file, so flags always win (also over a reloaded file: s->cli_sets). */
 /* glibc serves allocations of 128 KiB and more with mmap at first, but
  * each free of one raises that threshold to its size, after which model
  * blocks and receive buffers come from the heap, where fragmentation keeps
  * freed ones resident (psbench, 235k floats, 8 workers, asgd: peak RSS
- * 43-84 MiB against 28-40 with the threshold fixed; the bound is 66). A
+ * 23-82 MiB, over the bound of 66 in 4 of 15 runs, against 22-46 MiB in 9
+ * runs with the threshold fixed). A
  * fixed threshold keeps them mmapped: freed memory goes back at once, and
  * steady state allocates nothing anyway (blocks are pooled). */
 static void malloc_setup(void)
@@ -223,6 +222,8 @@ static void malloc_setup(void)
 #endif
 }
 
+/* Options that map to configuration keys are collected and applied after the
+ * file, so flags always win (also over a reloaded file: s->cli_sets). */
 int main(int argc, char **argv)
 {
     static psd srv;

@@ -513,6 +513,13 @@ static bsp_state *bsp_get(psd *s, char *err, size_t errlen)
 
 /* ---- a worker's gradient for the round (shard-order sums) ----------------- */
 
+/* Floats in block i of a model of total. */
+static uint64_t block_len(size_t total, size_t i)
+{
+    uint64_t start = (uint64_t)i << SRV_BLK_SHIFT;
+    return total - start < SRV_BLK_FLOATS ? total - start : SRV_BLK_FLOATS;
+}
+
 /* Room for w's kept blocks, once the model's block count is known. */
 static int kept_init(srv_worker *w, size_t nblk)
 {
@@ -614,9 +621,7 @@ static int keep_push(psd *s, srv_worker *w, uint64_t off, const float *g, uint64
         return 0;
     }
     size_t first = (size_t)(off >> SRV_BLK_SHIFT);
-    uint64_t start = (uint64_t)first << SRV_BLK_SHIFT;
-    uint64_t blen = total - start < SRV_BLK_FLOATS ? total - start : SRV_BLK_FLOATS;
-    if (!widened && off == start && n == blen && w->conn) {
+    if (!widened && off == (uint64_t)first << SRV_BLK_SHIFT && n == block_len(total, first) && w->conn) {
         srv_rbuf repl = w->nspare ? w->spare[--w->nspare] : (srv_rbuf){0};
         srv_rbuf got;
         if (srv_conn_give_rbuf(w->conn, g, repl, &got) == 0) {
@@ -636,8 +641,7 @@ static int keep_push(psd *s, srv_worker *w, uint64_t off, const float *g, uint64
             continue;
         /* part of a kept block pushed again: the rest of it moves to the
          * slot (a whole block is simply overwritten there) */
-        uint64_t bs = (uint64_t)i << SRV_BLK_SHIFT;
-        uint64_t bl = total - bs < SRV_BLK_FLOATS ? total - bs : SRV_BLK_FLOATS;
+        uint64_t bs = (uint64_t)i << SRV_BLK_SHIFT, bl = block_len(total, i);
         if (!(off <= bs && off + n >= bs + bl))
             memcpy(w->slot + bs, w->kept_at[i], (size_t)bl * sizeof(float));
         kept_forget(w, i);

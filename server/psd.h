@@ -74,7 +74,6 @@ typedef struct srv_wseg {
 
 enum srv_worker_state { SRV_W_CONNECTED, SRV_W_LEFT, SRV_W_LOST };
 
-/* One per shard ever seen; kept after the worker goes, for psctl. */
 /* A receive buffer handed between a connection and a worker's BSP
  * gradient (see srv_worker.kept). */
 typedef struct srv_rbuf {
@@ -82,6 +81,7 @@ typedef struct srv_rbuf {
     size_t cap;
 } srv_rbuf;
 
+/* One per shard ever seen; kept after the worker goes, for psctl. */
 typedef struct srv_worker {
     uint32_t shard, nshards;
     int state;               /* enum srv_worker_state */
@@ -237,7 +237,9 @@ struct srv_ckpt_wait;
 
 /* The gradient of an update of [off, off+n): a push's floats, g[i] for
  * parameter off+i; or, when nsrc > 0, a BSP round's mean, inv times the sum
- * of src[0..nsrc)[off+i] in that order (whole-model arrays); zero_src
+ * of the nsrc sources in that order, source k's value of parameter j being
+ * blk[k][j's block][j's offset in it] where blk[k] and that entry are set,
+ * else src[k][j] (a whole-model array); zero_src
  * clears src[0] where it was read (the arrival-order sum, ready for the
  * next round). */
 typedef struct srv_grad {
