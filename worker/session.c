@@ -199,7 +199,7 @@ static void *comm_main(void *arg)
         if (ss->comm_stop)
             break;
         const float *g = ss->comm_grads;
-        uint64_t base = ss->version;
+        uint64_t base = ss->comm_base;
         pthread_mutex_unlock(&ss->comm_mu);
         const float *data = NULL;
         uint64_t version = 0;
@@ -290,11 +290,13 @@ int ps_session_set_pipeline(ps_session *ss, int on)
  * step stale). */
 static int step_pipelined(ps_session *ss)
 {
+    uint64_t base = ss->version; /* the gradient's: the flush adopts a newer model */
     int rc = ps_session_flush(ss);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&ss->comm_mu);
     ss->comm_grads = ss->gbuf[ss->gcur];
+    ss->comm_base = base;
     ss->comm_pending = 1;
     pthread_cond_broadcast(&ss->comm_cv);
     pthread_mutex_unlock(&ss->comm_mu);

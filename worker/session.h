@@ -51,6 +51,7 @@ typedef struct ps_session {
     pthread_mutex_t comm_mu;
     pthread_cond_t comm_cv;
     const float *comm_grads;  /* gradient on its way */
+    uint64_t comm_base;       /* the model version it was computed on */
     const float *comm_data;   /* parameters that came back (in the client's buffer) */
     uint64_t comm_version;
     float *gbuf[2];           /* gradients, alternately computed and sent */

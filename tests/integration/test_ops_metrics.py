@@ -88,11 +88,12 @@ class MetricsTest(unittest.TestCase):
                        for k in range(2)]
 
             def reported():
+                # both shards' first epoch reports: they arrive in either order
                 text = urllib.request.urlopen(url, timeout=10).read().decode()
-                return text if "psd_worker_test_accuracy_ratio{" in text and "psd_rounds_total 0\n" not in text \
-                    else None
+                shards = all('psd_worker_test_accuracy_ratio{shard="%d"}' % k in text for k in (0, 1))
+                return text if shards and "psd_rounds_total 0\n" not in text else None
 
-            harness.wait_until(reported, 90, "a scrape showing rounds and a worker's reported accuracy")
+            harness.wait_until(reported, 90, "a scrape showing rounds and both workers' reported accuracy")
             with urllib.request.urlopen(url, timeout=10) as r:
                 self.assertEqual(r.status, 200)
                 self.assertEqual(r.headers["Content-Type"], "text/plain; version=0.0.4; charset=utf-8")
@@ -108,7 +109,8 @@ class MetricsTest(unittest.TestCase):
             self.assertEqual(harness.metric(samples, "psd_workers", state="connected") +
                              harness.metric(samples, "psd_workers", state="left"), 2)
             self.assertIsNotNone(harness.metric(samples, "psd_rejected_messages_total", reason="malformed"))
-            self.assertIsNotNone(harness.metric(samples, "psd_worker_loss", shard="0"))
+            for k in ("0", "1"):
+                self.assertIsNotNone(harness.metric(samples, "psd_worker_loss", shard=k))
             self.assertEqual(harness.metric(samples, "psd_paused"), 0)
             self.assertEqual(harness.metric(samples, "psd_learning_rate"), 0.05)
             harness.promtool_check(self, body)

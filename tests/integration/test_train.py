@@ -141,16 +141,44 @@ class TrainTest(unittest.TestCase):
         """--pipeline on: each worker computes the next gradient while the
         last one travels (one step more staleness). Two such ASGD workers
         with Adam still train well, the model version counts every push,
-        and the final summaries agree on it."""
+        and the final summaries agree on it. Each worker's accuracy is that
+        of the model at the moment it finished, which one step more
+        staleness makes noisier (over 130 runs here: 0.87 to 0.95, mean
+        0.93; without pipelining 0.92 to 0.95), so the bar is on the mean of
+        the two, with a lower one for each."""
         with harness.Cluster("psd-train-pipeline") as cl:
             psd = cl.psd(mode="asgd", workers=2, args=("--set", "optimizer=adam", "--set", "lr=0.001"))
-            workers = [cl.worker(psd, k, 2, epochs=2, batch=BATCH, limit=LIMIT, test_limit=TEST_LIMIT, model=MODEL,
-                                 args=("--pipeline", "on")) for k in range(2)]
+            workers = [cl.worker(psd, k, 2, epochs=EPOCHS, batch=BATCH, limit=LIMIT, test_limit=TEST_LIMIT,
+                                 model=MODEL, args=("--pipeline", "on")) for k in range(2)]
+            accuracies = []
             for w in workers:
                 rc, summary = w.result(timeout=120)
                 self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
-                self.assertGreater(summary["test_accuracy"], MIN_ACCURACY)
+                self.assertGreater(summary["test_accuracy"], 0.75)
+                accuracies.append(summary["test_accuracy"])
+            self.assertGreater(sum(accuracies) / 2, MIN_ACCURACY)
             self.assertEqual(harness.status(psd.addr)["version"], harness.status(psd.addr)["pushes"])
+            psd.stop()
+
+    def test_pipelined_push_carries_its_gradients_version(self):
+        """A pipelined gradient was computed on the model before the one
+        its step adopts, and its push says so: with one worker every push is
+        one version stale except the first of each epoch (the epoch's
+        evaluation waits for the last round trip), which psd's staleness
+        histogram shows exactly."""
+        epochs = 2
+        with harness.Cluster("psd-train-pipeline-base") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "optimizer=adam", "--set", "lr=0.001"))
+            w = cl.worker(psd, 0, 1, epochs=epochs, batch=BATCH, limit=6400, test_limit=500, model="mlp:32",
+                          args=("--pipeline", "on"))
+            rc, summary = w.result(timeout=120)
+            self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            pushes = harness.metric(samples, "psd_pushes_total")
+            self.assertEqual(pushes, 6400 // BATCH * epochs)
+            self.assertEqual(harness.metric(samples, "psd_push_staleness_versions_bucket", le="0"), epochs)
+            self.assertEqual(harness.metric(samples, "psd_push_staleness_versions_bucket", le="1"), pushes)
+            self.assertEqual(harness.metric(samples, "psd_push_staleness_versions_sum"), pushes - epochs)
             psd.stop()
 
     def test_heartbeats_during_training(self):
