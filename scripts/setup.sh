@@ -16,6 +16,8 @@
 #                       PSD_SANITIZE=1); relative to the repository root
 #   PSD_SANITIZE=1      build with AddressSanitizer and UBSan
 #   PSD_SKIP_BUILD=1    stop after the packages and the data
+#   PSD_BENCH=1         also install what the benchmarks in bench/ use
+#                       (BENCH_PACKAGES below)
 set -euo pipefail
 
 # Debian packages the project needs, one per line with what it is for.
@@ -43,6 +45,15 @@ PACKAGES=(
     clang                  # tests only: builds the libFuzzer targets in fuzz/
     libclang-rt-14-dev     # tests only: the libFuzzer and sanitizer runtimes for clang
 )
+
+# Only with PSD_BENCH=1: the benchmarks' comparisons and plots.
+BENCH_PACKAGES=(
+    python3-torch          # bench/tta.py: PyTorch alone, the reference time to accuracy
+    gnuplot-nox            # bench/: the PNG plots of tta.py and psbench
+)
+if [ "${PSD_BENCH:-0}" = 1 ]; then
+    PACKAGES+=("${BENCH_PACKAGES[@]}")
+fi
 
 # Packages that also count as present when their command is on PATH: a
 # Node.js installed from elsewhere brings its own npm, and Debian's npm
