@@ -49,7 +49,7 @@ TARGETS = {("W1", "mnist"): 0.980, ("W2", "mnist"): 0.990, ("W1", "fashion-mnist
 TRAIN_N = 60000
 
 
-def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32"):
+def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"):
     """One configuration; returns worker 0's per-epoch records."""
     versions = epochs * -(-TRAIN_N // batch)
     if mode == "bsp":
@@ -60,7 +60,7 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32"):
         psd = cl.psd(mode=mode, workers=nworkers, args=args)
         ws = [cl.worker(psd, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
                         model=WORKLOADS[wl]["model"], dataset=dataset, evaluate=(k == 0),
-                        args=["--epoch-json", "--quiet", "--pipeline", "off", "--wire", wire])
+                        args=["--epoch-json", "--quiet", "--pipeline", "off", "--wire", wire, "--shm", shm])
               for k in range(nworkers)]
         for w in ws:
             rc, _ = w.result(3600)
@@ -124,20 +124,27 @@ def main():
                 continue
             spec = SETTINGS[(wl, dataset)]
             target = TARGETS[(wl, dataset)]
-            configs = [("psd asgd 1 worker", 1, "asgd", "f32"), ("psd asgd 2 workers", 2, "asgd", "f32"),
-                       ("psd bsp 1 worker", 1, "bsp", "f32"), ("psd bsp 2 workers", 2, "bsp", "f32")]
+            # (name, workers, mode, wire, shm): the workers share memory with
+            # psd (the default on one machine) unless the name says tcp
+            configs = [("psd asgd 1 worker", 1, "asgd", "f32", "on"), ("psd asgd 2 workers", 2, "asgd", "f32", "on"),
+                       ("psd bsp 1 worker", 1, "bsp", "f32", "on"), ("psd bsp 2 workers", 2, "bsp", "f32", "on")]
             if wl == "W1":
-                # the accuracy effect of bfloat16 on the wire (psworker --wire bf16)
-                configs += [("psd asgd 2 workers bf16", 2, "asgd", "bf16"), ("psd bsp 2 workers bf16", 2, "bsp", "bf16")]
+                # the same over loopback TCP (psworker --shm off), and the
+                # accuracy effect of bfloat16 on that wire (--wire bf16)
+                configs += [("psd asgd 2 workers tcp", 2, "asgd", "f32", "off"),
+                            ("psd bsp 2 workers tcp", 2, "bsp", "f32", "off"),
+                            ("psd asgd 2 workers tcp bf16", 2, "asgd", "bf16", "off"),
+                            ("psd bsp 2 workers tcp bf16", 2, "bsp", "bf16", "off")]
             results = []
             if have_torch:
                 results.append(("pytorch alone", torch_run(wl, dataset, spec["epochs"], spec["lr"], spec["batch"],
                                                           harness.Paths.data)))
-            for name, n, mode, wire in configs:
+            for name, n, mode, wire, shm in configs:
                 label = "%s %s %s" % (wl, dataset, name)
                 if a.only and a.only not in label:
                     continue
-                results.append((name, psd_run(wl, dataset, n, mode, spec["epochs"], spec["lr"], spec["batch"], wire)))
+                results.append((name, psd_run(wl, dataset, n, mode, spec["epochs"], spec["lr"], spec["batch"], wire,
+                                              shm)))
             for name, recs in results:
                 if not recs:
                     continue

@@ -224,7 +224,7 @@ static int send_locked(ps_client *c, ps_msg *m)
     ps_msg nm;
     if (c->wire_dt == PS_DT_BF16) {
         int push = m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL;
-        if (m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) {
+        if ((m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm) {
             m->has |= PS_F_RDT;
             m->rdt = PS_DT_BF16;
         }

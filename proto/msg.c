@@ -206,6 +206,19 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         pack_u64(&pk, "dt", m->dt);
     if (has & PS_F_RDT)
         pack_u64(&pk, "rdt", m->rdt);
+    if (has & PS_F_SHM) {
+        pack_key(&pk, "shm");
+        msgpack_pack_array(&pk, 2);
+        msgpack_pack_uint32(&pk, m->shm_pid);
+        msgpack_pack_uint32(&pk, m->shm_fd);
+    }
+    if (has & PS_F_INSHM) {
+        pack_key(&pk, "inshm");
+        if (m->inshm)
+            msgpack_pack_true(&pk);
+        else
+            msgpack_pack_false(&pk);
+    }
     if (has & PS_F_INIT) {
         pack_key(&pk, "init");
         if (m->need_init)
@@ -462,7 +475,7 @@ static const char *field_name(uint64_t bit)
                                         "min", "base", "poff", "plen", "code",   "text",  "body",
                                         "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb",
                                         "cmd", "args", "nonce", "cnonce", "proof", "sproof", "dt", "rdt",
-                                        "wire"};
+                                        "wire", "shm", "inshm"};
     _Static_assert(sizeof names / sizeof names[0] == PS_F_COUNT, "a name for every PS_F_* bit");
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
         if (bit == (1ull << i))
@@ -606,15 +619,29 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
             m->layout = layout_out;
             bit_ = PS_F_LAYOUT;
         }
-        else if (key_is(kv, "init") || key_is(kv, "fin")) {
+        else if (key_is(kv, "init") || key_is(kv, "fin") || key_is(kv, "inshm")) {
             int b;
             if (get_bool(&kv->val, &b) != 0)
                 return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a boolean", tname,
                             (int)kv->key.via.str.size, kv->key.via.str.ptr);
             if (key_is(kv, "init"))
                 m->need_init = b, bit_ = PS_F_INIT;
-            else
+            else if (key_is(kv, "fin"))
                 m->fin = b, bit_ = PS_F_FIN;
+            else
+                m->inshm = b, bit_ = PS_F_INSHM;
+        }
+        else if (key_is(kv, "shm")) {
+            const msgpack_object *o = &kv->val;
+            uint64_t pid, fd;
+            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &pid) ||
+                get_u64(&o->via.array.ptr[1], &fd) || pid == 0 || pid > INT32_MAX || fd > INT32_MAX)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: shm must be [pid, fd] with 0 < pid < 2^31 and "
+                                                        "fd < 2^31",
+                            tname);
+            m->shm_pid = (uint32_t)pid;
+            m->shm_fd = (uint32_t)fd;
+            bit_ = PS_F_SHM;
         }
         else if (key_is(kv, "code")) {
             const msgpack_object *o = &kv->val;
@@ -724,6 +751,12 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
     }
 
     uint64_t need = required_fields(m->type);
+    if ((m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_PARAMS) && m->inshm) {
+        /* the tensor is in the shared segment: "len" says how long */
+        if (m->has & PS_F_DATA)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: 'data' and 'inshm' together", tname);
+        need = (need & ~PS_F_DATA) | PS_F_LEN;
+    }
     if ((m->has & need) != need) {
         uint64_t missing = need & ~m->has;
         return fail(err, errlen, PS_EBAD_FIELD, "%s: missing field '%s'", tname, field_name(missing & -missing));

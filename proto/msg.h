@@ -95,7 +95,10 @@ enum {
 #define PS_F_DT (1ull << 35)     /* "dt": element type of "data" (ps_dtype; absent: f32) */
 #define PS_F_RDT (1ull << 36)    /* "rdt": element type wanted in the reply's data (pull, pushpull) */
 #define PS_F_WIRE (1ull << 37)   /* "wire": bit set of the ps_dtype values psd accepts (welcome) */
-#define PS_F_COUNT 38            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_SHM (1ull << 38)    /* "shm": [pid, fd] of the worker's shared-memory segment (hello) */
+#define PS_F_INSHM (1ull << 39)  /* "inshm": the tensor is in that segment, not in "data"
+                                  * (welcome: psd mapped it; pushpull, params) */
+#define PS_F_COUNT 40            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -150,6 +153,8 @@ typedef struct ps_msg {
     uint32_t dt;            /* "dt": ps_dtype of data (PS_DT_F32 when absent) */
     uint32_t rdt;           /* "rdt": ps_dtype wanted for the reply's data */
     uint64_t wire;          /* "wire": PS_WIRE_BIT()s of the dtypes psd accepts */
+    uint32_t shm_pid, shm_fd; /* "shm": a sealed memfd, as /proc/<pid>/fd/<fd> */
+    int inshm;              /* "inshm" */
     int fin;                /* "fin": last chunk of this step (default 1) */
     uint64_t min;           /* "min": pull at model version >= min */
     uint64_t base;          /* "base": model version a push was computed on */

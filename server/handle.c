@@ -34,7 +34,7 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     ps_msg r;
     ps_msg_init(&r, PS_MSG_PARAMS);
     r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
-    if (rdt != PS_DT_F32) {
+    if (rdt != PS_DT_F32 && rdt != SRV_RDT_SHM) {
         r.has |= PS_F_DT; /* srv_send converts from the blocks */
         r.dt = rdt;
     }
@@ -43,6 +43,21 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     r.off = off;
     r.ndata = len;
     s->stats.pulls++;
+    if (rdt == SRV_RDT_SHM) {
+        /* into the worker's segment, after its gradient half; the reply
+         * only says where */
+        float *dst = c->shm + c->shm_params + off;
+        for (uint64_t done = 0; done < len;) {
+            size_t n;
+            const float *src = srv_blocks_at(blk, off + done, len - done, &n);
+            memcpy(dst + done, src, n * sizeof(float));
+            done += n;
+        }
+        r.has = (r.has & ~(uint64_t)(PS_F_DATA | PS_F_DT)) | PS_F_LEN | PS_F_INSHM;
+        r.len = len;
+        r.inshm = 1;
+        r.ndata = 0;
+    }
     srv_worker *w = c->worker;
     if (w && s->cfg.dc_lambda > 0 && s->cfg.mode == PS_MODE_ASGD && blk == s->model.blk &&
         (!w->base_snap || w->base_snap->version != ver)) {
@@ -53,7 +68,7 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
             w->base_snap = snap;
         }
     }
-    srv_send(c, &r, blk);
+    srv_send(c, &r, rdt == SRV_RDT_SHM ? NULL : blk);
 }
 
 static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint32_t rdt)
@@ -111,7 +126,7 @@ static int pull_ready(srv_conn *c, uint64_t min)
 /* 0 when psd may answer in element type rdt; else sends UNSUPPORTED. */
 static int check_rdt(srv_conn *c, uint64_t id, uint32_t rdt)
 {
-    if (rdt == PS_DT_F32 || c->srv->cfg.wire_bf16)
+    if (rdt == PS_DT_F32 || rdt == SRV_RDT_SHM || c->srv->cfg.wire_bf16)
         return 0;
     srv_send_error(c, id, PS_EUNSUPPORTED, 0, "parameters as %s refused: this psd sends float32 only "
                                               "(wire_bf16 = no); its welcome did not offer %s; nothing was changed",
@@ -353,6 +368,16 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
         PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
                rejoin ? "rejoined" : "joined", c->addr, (unsigned long long)s->model.version);
         s->policy->worker_joined(s, w);
+        if (m->has & PS_F_SHM) {
+            char why[160];
+            if (srv_shm_attach(c, m->shm_pid, m->shm_fd, s->model.layout.total, why, sizeof why) == 0)
+                PS_LOG(PS_LOG_INFO, "shard %u (%s): tensors through shared memory (pid %u)", m->shard, c->addr,
+                       m->shm_pid);
+            else
+                PS_LOG(PS_LOG_INFO, "shard %u (%s): shared memory not used, tensors over TCP: %s", m->shard,
+                       c->addr, why);
+        }
+        w->shm = c->shm != NULL;
     } else {
         PS_LOG(PS_LOG_DEBUG, "conn %llu (%s): admin client", (unsigned long long)c->cid, c->addr);
     }
@@ -370,6 +395,10 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
     r.need_init = need_init;
     r.has |= PS_F_HB;
     r.hb = s->cfg.heartbeat_timeout;
+    if (c->shm) {
+        r.has |= PS_F_INSHM;
+        r.inshm = 1;
+    }
     if (s->cfg.wire_bf16) {
         r.has |= PS_F_WIRE;
         r.wire = PS_WIRE_BIT(PS_DT_BF16);
@@ -535,6 +564,50 @@ static void handle_init(srv_conn *c, ps_msg *m)
         srv_answer_parked(s);
 }
 
+/* A pushpull whose gradient is in the worker's segment: copied into the
+ * connection's own buffer first (the worker could change it while psd
+ * checks and applies it), where m then points as for a TCP push; the
+ * reply goes into the segment too (SRV_RDT_SHM). */
+static int push_from_shm(srv_conn *c, ps_msg *m)
+{
+    uint64_t n = c->shm_params;
+    if (!c->shm) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "%s with 'inshm' refused: this connection has no shared segment "
+                                               "(psd's welcome did not say inshm)",
+                       ps_msg_type_name(m->type));
+        return -1;
+    }
+    if (m->type != PS_MSG_PUSHPULL || m->rdt != PS_DT_F32) {
+        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0, "'inshm' is for pushpulls answered in float32, not a %s%s",
+                       ps_msg_type_name(m->type), m->type == PS_MSG_PUSHPULL ? " asking for bfloat16" : "");
+        return -1;
+    }
+    if (m->len == 0 || m->off > n || m->len > n - m->off ||
+        m->poff > n || m->plen > n - m->poff || m->plen == 0) {
+        srv_send_error(c, m->id, PS_ERANGE, 0, "%s with 'inshm': push [%llu, %llu) and pull [%llu, %llu) must "
+                                               "lie in the model's %llu parameters",
+                       ps_msg_type_name(m->type), (unsigned long long)m->off, (unsigned long long)(m->off + m->len),
+                       (unsigned long long)m->poff, (unsigned long long)(m->poff + m->plen), (unsigned long long)n);
+        return -1;
+    }
+    if (c->wide_cap < m->len) {
+        float *p = realloc(c->wide, (size_t)m->len * sizeof(float));
+        if (!p) {
+            srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory for a push of %llu values",
+                           (unsigned long long)m->len);
+            return -1;
+        }
+        c->wide = p;
+        c->wide_cap = (size_t)m->len;
+    }
+    memcpy(c->wide, c->shm + m->off, (size_t)m->len * sizeof(float));
+    m->data = c->wide;
+    m->ndata = m->len;
+    m->dt = PS_DT_F32;
+    m->rdt = SRV_RDT_SHM;
+    return 0;
+}
+
 static void handle_push(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
@@ -543,13 +616,16 @@ static void handle_push(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "push before the model has its initial values");
         return;
     }
+    if (m->inshm && push_from_shm(c, m) != 0)
+        return;
     /* a pushpull's reply type is checked before its push is applied */
     if ((m->type == PS_MSG_PUSHPULL && check_rdt(c, m->id, m->rdt) != 0) || check_data(c, m) != 0)
         return;
     if (m->fin && m->base <= s->model.version)
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
     if (m->data == c->wide) {
-        /* widened from bfloat16: the policy may keep the buffer (bsp) */
+        /* widened from bfloat16 or copied from shm: the policy may keep
+         * the buffer (bsp) */
         s->push_buf = &c->wide;
         s->push_buf_cap = &c->wide_cap;
     }

@@ -200,6 +200,7 @@ uint64_t srv_now_ms(void)
 void srv_conn_free(srv_conn *c)
 {
     msgpack_zone_destroy(&c->zone);
+    srv_shm_detach(c);
     free(c->wide);
     free(c->rbuf);
     free(c);

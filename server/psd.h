@@ -87,6 +87,7 @@ typedef struct srv_worker {
     int state;               /* enum srv_worker_state */
     srv_conn *conn;          /* NULL unless connected */
     char addr[64];           /* peer address of the last connection */
+    int shm;                 /* that connection's tensors go through shared memory */
     uint64_t pushes;         /* gradient steps pushed (fin chunks) */
     uint64_t joined_ms, last_seen_ms;
     int has_report;
@@ -173,9 +174,13 @@ struct srv_conn {
     size_t frame_end;        /* the frame being handled ends at rbuf[frame_end] */
     int rbuf_given;          /* its handler took rbuf (srv_conn_give_rbuf) */
     msgpack_zone zone;       /* unpack zone, cleared per message */
-    float *wide;             /* bfloat16 data of its last push, as float32 (kept,
-                              * so converting allocates nothing in steady state) */
+    float *wide;             /* bfloat16 data of its last push, as float32, or a
+                              * copy of one from shm (kept, so neither allocates
+                              * in steady state) */
     size_t wide_cap;         /* floats */
+    float *shm;              /* the worker's shared segment (shm.c): 2 x shm_params
+                              * floats, gradient then parameters; NULL: none */
+    uint64_t shm_params;
     srv_parked *parked;      /* pulls waiting for a version */
     srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
                               * (ADMIN pin, psctl save); NULL = the current one */
@@ -434,5 +439,18 @@ const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *le
 /* status.c */
 int srv_pack_status(msgpack_packer *pk, void *arg);
 int srv_metrics_text(psd *s, ps_buf *out);
+
+/* ---- shared memory with a local worker (shm.c) --------------------------- */
+
+/* Models up to this size may use it: one block, so a reply's copy into the
+ * segment is at most 4 MiB on the event loop. */
+#define SRV_SHM_MAX_PARAMS SRV_BLK_FLOATS
+/* An rdt value that never comes off the wire: answer into the segment. */
+#define SRV_RDT_SHM 0x100u
+
+/* Maps /proc/<pid>/fd/<fd> when it is a memfd sealed against shrinking and
+ * growing, of 2 x nparams floats; 0, or -1 with the reason in why. */
+int srv_shm_attach(srv_conn *c, uint32_t pid, uint32_t fd, uint64_t nparams, char *why, size_t whylen);
+void srv_shm_detach(srv_conn *c);
 
 #endif

@@ -92,13 +92,14 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         srv_worker *w = s->workers[i];
         if (!w)
             continue;
-        msgpack_pack_map(pk, 14);
+        msgpack_pack_map(pk, 15);
         ku64(pk, "shard", w->shard);
         ku64(pk, "clock", w->clock);
         kstr(pk, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
         ku64(pk, "shards", w->nshards);
         kstr(pk, "state", worker_states[w->state]);
         kstr(pk, "address", w->addr);
+        kstr(pk, "transport", w->shm ? "shm" : "tcp");
         ku64(pk, "pushes", w->pushes);
         kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
         ku64(pk, "epoch", w->epoch);

@@ -43,6 +43,7 @@ typedef struct wopts {
     const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
     uint32_t wire;           /* --wire: ps_dtype asked for on the wire */
+    int shm;                 /* --shm: offer psd shared memory */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
@@ -92,6 +93,11 @@ static void usage(FILE *f)
             "                          and receive parameters at 2 bytes a value (half the bytes,\n"
             "                          about 3 significant digits; psd keeps float32) when psd\n"
             "                          offers it (wire_bf16), else f32 with a warning\n"
+            "      --shm on|off        on (default): offer psd a shared-memory segment for the\n"
+            "                          tensors; a psd on this machine, of the same user, maps it\n"
+            "                          and pushes and pulls skip the TCP copies (models of at\n"
+            "                          most 2^20 parameters, not with --pipeline on); elsewhere\n"
+            "                          they go over TCP as ever\n"
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
@@ -104,7 +110,8 @@ static void usage(FILE *f)
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
             "samples_per_second, version, mode, shard, model, reconnects,\n"
-            "dropped_pushes, wire (the tensor type psd agreed to: f32 or bf16).\n");
+            "dropped_pushes, wire (the tensor type psd agreed to: f32 or bf16), shm\n"
+            "(true when the last connection's pushes and pulls went through shared memory).\n");
 }
 
 static double now_s(void)
@@ -278,9 +285,9 @@ int main(int argc, char **argv)
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
                .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
-               .timeout_ms = 600000, .reconnect_ms = 60000, .pipeline = 0};
+               .timeout_ms = 600000, .reconnect_ms = 60000, .pipeline = 0, .shm = 1};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE };
+           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -298,6 +305,7 @@ int main(int argc, char **argv)
         {"pipeline", required_argument, NULL, O_PIPELINE},
         {"token-file", required_argument, NULL, O_TOKEN_FILE},
         {"wire", required_argument, NULL, O_WIRE},
+        {"shm", required_argument, NULL, O_SHM},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
@@ -340,6 +348,14 @@ int main(int argc, char **argv)
                 o.wire = PS_DT_BF16;
             else
                 return die("bad --wire '%s': f32 or bf16", optarg);
+            break;
+        case O_SHM:
+            if (strcmp(optarg, "on") == 0)
+                o.shm = 1;
+            else if (strcmp(optarg, "off") == 0)
+                o.shm = 0;
+            else
+                return die("bad --shm '%s': on or off", optarg);
             break;
         case 'd': o.dataset = optarg; break;
         case 'D': o.data_dir = optarg; break;
@@ -439,6 +455,7 @@ int main(int argc, char **argv)
     session_ready = 1;
     ss.token = token.b;
     ss.want_dt = o.wire;
+    ss.want_shm = o.shm;
     ss.token_len = token.len;
     if (layout_rc != 0) {
         fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");
@@ -619,9 +636,10 @@ int main(int argc, char **argv)
         printf("null, \"test_loss\": null");
     printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
            ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
-           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\"}\n",
+           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s}\n",
            train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), ss.version, ss.mode,
-           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped, ps_dtype_name(ss.cl.wire_dt));
+           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped, ps_dtype_name(ss.cl.wire_dt),
+           ss.shm_ok ? "true" : "false");
     fflush(stdout);
     status = 0;
 out:

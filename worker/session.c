@@ -1,7 +1,11 @@
 /* session.c - a worker's connection to psd (see session.h). */
+#define _GNU_SOURCE /* memfd_create, F_ADD_SEALS */
 #include "session.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@ int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t
     pthread_mutex_init(&ss->lock, NULL);
     pthread_cond_init(&ss->wake, NULL);
     ss->cl.send_lock = &ss->lock;
+    ss->shm_fd = -1;
     ss->server = server;
     ss->shard = shard;
     ss->nshards = nshards;
@@ -145,6 +150,71 @@ static int pull_all(ps_session *ss, uint64_t min)
     return rc;
 }
 
+/* ---- shared memory --------------------------------------------------------- */
+
+/* The segment a psd on this machine can map instead of sending the tensors
+ * over loopback TCP (server/shm.c): a memfd of 2 x n floats, sealed so that
+ * it can neither shrink (psd would fault on the missing pages) nor grow.
+ * Made once; every connection offers the same one. */
+static int shm_create(ps_session *ss)
+{
+    size_t n = ps_model_nparams(ss->model), bytes = n * 2 * sizeof(float);
+    if (ss->shm)
+        return 0;
+    int fd = memfd_create("psworker", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    ss->shm_fd = fd;
+    ss->shm = p;
+    return 0;
+}
+
+static void shm_free(ps_session *ss)
+{
+    if (!ss->shm)
+        return;
+    ps_model_unbind_params(ss->model);
+    if (!ss->comm_running)
+        ps_model_bind_grads(ss->model, NULL);
+    munmap(ss->shm, ps_model_nparams(ss->model) * 2 * sizeof(float));
+    close(ss->shm_fd);
+    ss->shm = NULL;
+    ss->shm_fd = -1;
+    ss->shm_ok = 0;
+}
+
+/* One PUSHPULL round trip of grads through the segment: psd reads them
+ * there and answers with the parameters in its second half. */
+static int pushpull_shm(ps_session *ss, const float *grads, size_t n, uint64_t base, uint64_t min,
+                        const float **data, uint64_t *version)
+{
+    ps_msg m, r;
+    if (grads != ss->shm)
+        memcpy(ss->shm, grads, n * sizeof(float));
+    ps_msg_init(&m, PS_MSG_PUSHPULL);
+    m.has = PS_F_BASE | PS_F_OFF | PS_F_LEN | PS_F_INSHM | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m.base = base;
+    m.len = n;
+    m.inshm = 1;
+    m.plen = n;
+    m.min = min;
+    int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    if (rc != 0)
+        return rc;
+    if (r.type != PS_MSG_PARAMS || !r.inshm || r.off != 0 || r.len != n)
+        return PS_EMALFORMED;
+    *data = ss->shm + n;
+    *version = r.mver;
+    return 0;
+}
+
 /* One PUSHPULL round trip of grads (n <= CHUNK_FLOATS) against base: on
  * success *data and *version describe the parameters that came back, which
  * live in the client's receive buffer until ps_session adopts them. Touches
@@ -153,6 +223,8 @@ static int pull_all(ps_session *ss, uint64_t min)
 static int pushpull(ps_session *ss, const float *grads, size_t n, uint64_t base, uint64_t min, const float **data,
                     uint64_t *version)
 {
+    if (ss->shm_ok && !ss->comm_running)
+        return pushpull_shm(ss, grads, n, base, min, data, version);
     ps_msg m, r;
     ps_msg_init(&m, PS_MSG_PUSHPULL);
     m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
@@ -179,7 +251,9 @@ static void adopt(ps_session *ss, const float *data, uint64_t version)
     if (ss->bsp && version > ss->version + 1)
         ss->dropped++; /* the round closed without our push */
     ps_model_bind_params(ss->model, (float *)(uintptr_t)data);
-    if (data == ss->cl.wide)
+    if (ss->shm && data == ss->shm + ps_model_nparams(ss->model))
+        ; /* psd writes there only when asked, and the next step asks */
+    else if (data == ss->cl.wide)
         ps_client_swap_wide(&ss->cl, &ss->held_wide, &ss->held_wide_cap);
     else
         ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
@@ -392,9 +466,27 @@ int ps_session_open(ps_session *ss)
     m.layout = &ss->layout;
     m.fp = ps_layout_fingerprint(&ss->layout);
     ss->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
+    ps_model_unbind_params(ss->model); /* not in the segment, which psd may write */
+    ss->shm_ok = 0;
+    if (ss->want_shm && ps_model_nparams(ss->model) <= CHUNK_FLOATS && shm_create(ss) == 0) {
+        m.has |= PS_F_SHM;
+        m.shm_pid = (uint32_t)getpid();
+        m.shm_fd = (uint32_t)ss->shm_fd;
+    }
     rc = ps_client_hello(&ss->cl, &m, ss->token, ss->token_len, &r, ss->timeout_ms);
     if (rc != 0)
         return rc;
+    ss->shm_ok = ss->shm && (r.has & PS_F_INSHM) && r.inshm;
+    if (!ss->comm_running)
+        ps_model_bind_grads(ss->model, ss->shm_ok ? ss->shm : NULL);
+    if (ss->want_shm && !ss->shm_logged) {
+        ss->shm_logged = 1;
+        if (ss->shm_ok)
+            PS_LOG(PS_LOG_INFO, "tensors through shared memory with psd at %s", ss->server);
+        else
+            PS_LOG(PS_LOG_DEBUG, "tensors over TCP: psd at %s did not map our shared memory (another machine "
+                                 "or user; its log says why)", ss->server);
+    }
     if (ss->want_dt != PS_DT_F32) {
         if ((r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(ss->want_dt)))
             ss->cl.wire_dt = ss->want_dt;
@@ -506,6 +598,7 @@ void ps_session_close(ps_session *ss)
 void ps_session_free(ps_session *ss)
 {
     pipeline_stop(ss);
+    shm_free(ss);
     ps_model_unbind_params(ss->model);
     free(ss->held);
     ss->held = NULL;

@@ -44,6 +44,11 @@ typedef struct ps_session {
     float *held_wide;        /* or the widened bfloat16 buffer they point into */
     size_t held_wide_cap;
     uint32_t want_dt;        /* wire type asked for (--wire); psd's welcome decides */
+    int want_shm;            /* offer psd a shared segment (--shm on, the default) */
+    int shm_fd;              /* the sealed memfd; -1: none yet */
+    float *shm;              /* its mapping: n gradient floats, then n parameter floats */
+    int shm_ok;              /* psd mapped it: pushpulls go through it */
+    int shm_logged;
     /* pipelining: the comm thread runs one step's push-and-pull while the
      * training thread computes the next gradient */
     int comm_running, comm_stop, comm_pending, comm_done, comm_rc;

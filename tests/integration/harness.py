@@ -658,8 +658,9 @@ class RawClient:
             raise AssertionError("admin hello answered with %r" % (r,))
         return r
 
-    def hello_worker(self, layout, shard, nshards, fp=True, token=None):
+    def hello_worker(self, layout, shard, nshards, fp=True, token=None, **extra):
         msg = {"t": T_HELLO, "v": PROTO_VERSION, "role": "worker", "shard": [shard, nshards], "layout": layout}
+        msg.update(extra)
         if fp:
             msg["fp"] = layout_fingerprint(layout)
         r = self.request(msg)

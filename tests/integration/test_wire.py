@@ -458,12 +458,13 @@ def w1_psd_args(mode, limit, epochs):
 
 class WireTrainTest(unittest.TestCase):
     def train(self, mode, wire, psd_args=(), worker_args=(), limit=LIMIT, epochs=EPOCHS):
-        """Two psworkers with --wire wire; returns their results and psd's
-        counters afterwards."""
+        """Two psworkers with --wire wire over TCP (--shm off: the wire is
+        what these tests measure); returns their results and psd's counters
+        afterwards."""
         with harness.Cluster("psd-wire-%s-%s" % (mode, wire)) as cl:
             psd = cl.psd(mode=mode, workers=2, args=w1_psd_args(mode, limit, epochs) + list(psd_args))
             ws = [cl.worker(psd, k, 2, epochs=epochs, batch=BATCH, limit=limit, test_limit=TEST_LIMIT, model=MODEL,
-                            args=["--wire", wire] + list(worker_args)) for k in range(2)]
+                            args=["--wire", wire, "--shm", "off"] + list(worker_args)) for k in range(2)]
             out = {"acc": [], "stderr": [], "wire": []}
             for w in ws:
                 rc, summary = w.result(120)

@@ -1250,6 +1250,15 @@ static void mp_field(mpw *w, uint64_t bit)
         mp_bin(w, b32, sizeof b32, 0);
         return;
     }
+    if (bit == PS_F_SHM) {
+        mp_str(w, "shm"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 5);
+        return;
+    }
+    if (bit == PS_F_INSHM) {
+        /* false: true would stand in for "data" (see below) */
+        mp_str(w, "inshm"), mp_bool(w, 0);
+        return;
+    }
     switch (bit) {
     case PS_F_ID: mp_str(w, "id"), mp_uint(w, 7); break;
     case PS_F_VERSION: mp_str(w, "v"), mp_uint(w, PS_PROTO_VERSION); break;
@@ -1289,14 +1298,14 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 38
+#define NFIELDS 40
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
                                              "min", "base",  "poff",  "plen",  "code",   "text",    "body",
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
-                                             "dt", "rdt", "wire"};
+                                             "dt", "rdt", "wire", "shm", "inshm"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
@@ -1400,6 +1409,46 @@ static void expect(mpw *w, const badcase *c)
                  err);
     assert_msg_has(err, c->needle);
     w->n = 0;
+}
+
+/* "inshm": true stands in for "data" in a pushpull or params, which then
+ * need "len"; both together, or "shm" that is not [pid, fd], are errors. */
+static void test_decode_inshm(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new();
+    ps_msg m;
+    uint64_t pp = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_POFF | PS_F_PLEN;
+    mp_message(w, PS_MSG_PUSHPULL, pp | PS_F_LEN), mp_str(w, "inshm"), mp_bool(w, 1);
+    w->b[0]++; /* one more map entry */
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_true(m.inshm);
+    assert_int_equal(m.len, 2);
+    assert_int_equal(m.ndata, 0);
+    w->n = 0;
+    mp_message(w, PS_MSG_PUSHPULL, pp), mp_str(w, "inshm"), mp_bool(w, 1);
+    w->b[0]++;
+    expect(w, &(badcase){"inshm without len", PS_EBAD_FIELD, "missing field 'len'"});
+    mp_message(w, PS_MSG_PUSHPULL, pp | PS_F_LEN | PS_F_DATA), mp_str(w, "inshm"), mp_bool(w, 1);
+    w->b[0]++;
+    expect(w, &(badcase){"inshm and data", PS_EBAD_FIELD, "'data' and 'inshm' together"});
+    mp_message(w, PS_MSG_PARAMS, PS_F_MVER | PS_F_OFF | PS_F_LEN), mp_str(w, "inshm"), mp_bool(w, 1);
+    w->b[0]++;
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_true(m.inshm);
+    w->n = 0;
+    /* inshm false: data is required as ever */
+    mp_message(w, PS_MSG_PUSHPULL, pp | PS_F_LEN | PS_F_INSHM);
+    expect(w, &(badcase){"inshm false without data", PS_EBAD_FIELD, "missing field 'data'"});
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_array(w, 2), mp_uint(w, 0),
+        mp_uint(w, 3);
+    expect(w, &(badcase){"shm pid 0", PS_EBAD_FIELD, "shm must be [pid, fd]"});
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_str(w, "/dev/shm/x");
+    expect(w, &(badcase){"shm a path", PS_EBAD_FIELD, "shm must be [pid, fd]"});
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_array(w, 3), mp_uint(w, 1),
+        mp_uint(w, 3), mp_uint(w, 3);
+    expect(w, &(badcase){"shm of 3", PS_EBAD_FIELD, "shm must be [pid, fd]"});
+    free(w);
 }
 
 static void test_decode_type_errors(void **state)
@@ -2498,6 +2547,7 @@ int main(void)
         cmocka_unit_test(test_decode_misaligned_payload),
         cmocka_unit_test(test_decode_every_field_accepted),
         cmocka_unit_test(test_decode_missing_required),
+        cmocka_unit_test(test_decode_inshm),
         cmocka_unit_test(test_decode_type_errors),
         cmocka_unit_test(test_decode_field_errors),
         cmocka_unit_test(test_decode_hello_errors),
