@@ -32,6 +32,7 @@
  *
  * A benchmark, not a test: it reports figures and fails only when it cannot
  * measure. See bench/README.md. */
+#define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -47,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -235,6 +237,8 @@ typedef struct bworker {
     size_t held_cap;
     float *held_wide;       /* or its bfloat16 data widened (--wire bf16) */
     size_t held_wide_cap;
+    int shm_fd;             /* --shm rounds: the sealed memfd psd maps; -1: none */
+    float *shm;             /* its mapping: S gradient floats, then S parameters */
     double *lat;            /* seconds per timed round trip */
     size_t nlat, lat_cap;
     double t_end;           /* when its last timed round trip finished */
@@ -246,6 +250,8 @@ struct bench {
     int sys;                /* SYS_PSD or SYS_TCP */
     int mode;               /* MODE_* (psd) */
     int sync;               /* BSP: all workers stop after the same round */
+    int shm;                /* psd cells: the workers share memory with psd, as
+                             * psworker does on psd's machine (S <= 2^20) */
     uint64_t S;
     int K;
     char addr[64];          /* 127.0.0.1:port */
@@ -343,6 +349,24 @@ static int psd_round_trip(bworker *w)
 {
     bench *b = w->b;
     uint64_t min = b->sync ? w->version + 1 : 0;
+    if (w->shm) {
+        /* psworker computes its gradient in the segment: nothing to copy */
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_PUSHPULL);
+        m.has = PS_F_BASE | PS_F_OFF | PS_F_LEN | PS_F_INSHM | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+        m.base = w->version;
+        m.len = b->S;
+        m.inshm = 1;
+        m.plen = b->S;
+        m.min = min;
+        int rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        if (rc != 0)
+            return wfail(w, rc, "pushpull");
+        if (r.type != PS_MSG_PARAMS || !r.inshm || r.off != 0 || r.len != b->S)
+            return wfail(w, PS_EMALFORMED, "pushpull: unexpected reply");
+        w->version = r.mver;
+        return 0;
+    }
     if (b->S <= b->chunk) {
         ps_msg m, r;
         ps_msg_init(&m, PS_MSG_PUSHPULL);
@@ -395,11 +419,33 @@ static int psd_open(bworker *w)
     m.layout = &l;
     m.fp = ps_layout_fingerprint(&l);
     w->cl.wire_dt = PS_DT_F32; /* until the welcome offers more */
+    if (b->shm) {
+        /* as worker/session.c: a memfd of 2 x S floats, sealed */
+        size_t bytes = b->S * 2 * sizeof(float);
+        w->shm_fd = memfd_create("psbench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        void *p = MAP_FAILED;
+        if (w->shm_fd < 0 || ftruncate(w->shm_fd, (off_t)bytes) != 0 ||
+            fcntl(w->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+            (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, w->shm_fd, 0)) == MAP_FAILED)
+            return wfail(w, PS_EIO, "shared memory");
+        w->shm = p;
+        memcpy(w->shm, b->grad, b->S * sizeof(float));
+        memset(w->shm + b->S, 0, b->S * sizeof(float)); /* fault it in outside the timing */
+        m.has |= PS_F_SHM;
+        m.shm_pid = (uint32_t)getpid();
+        m.shm_fd = (uint32_t)w->shm_fd;
+    }
     rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
     if (rc != 0)
         return wfail(w, rc, "hello");
     if (r.type != PS_MSG_WELCOME)
         return wfail(w, PS_EMALFORMED, "hello: no welcome");
+    if (b->shm && !((r.has & PS_F_INSHM) && r.inshm)) {
+        w->rc = PS_EINVAL;
+        snprintf(w->err, sizeof w->err, "worker %d: psd did not map our shared memory (its log says why)", w->k);
+        atomic_store(&b->failed, 1);
+        return w->rc;
+    }
     if (b->wire != PS_DT_F32) {
         if (!(r.has & PS_F_WIRE) || !(r.wire & PS_WIRE_BIT(b->wire))) {
             atomic_store(&b->wire_refused, 1);
@@ -617,6 +663,7 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
         w->b = b;
         w->k = k;
         ps_client_init(&w->cl);
+        w->shm_fd = -1;
         w->params = malloc(b->S * sizeof(float));
         if (!w->params)
             die("out of memory for %" PRIu64 " floats", b->S);
@@ -710,6 +757,10 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
     for (int k = 0; k < K; k++) {
         bworker *w = &b->w[k];
         ps_client_free(&w->cl);
+        if (w->shm)
+            munmap(w->shm, b->S * 2 * sizeof(float));
+        if (w->shm_fd >= 0)
+            close(w->shm_fd);
         free(w->params);
         free(w->held);
         free(w->held_wide);
@@ -984,7 +1035,7 @@ static double bound_mib(int mode, uint64_t S, int K)
     return 1.1 * 2.0 * model + 64.0 + extra;
 }
 
-static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, row *out)
+static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, int shm, row *out)
 {
     bench b = {0};
     char err[700] = "";
@@ -1001,6 +1052,7 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     b.sys = sys;
     b.mode = mode;
     b.sync = (sys == SYS_PSD && mode != MODE_ASGD) || sys == SYS_TCP_STAR;
+    b.shm = shm && sys == SYS_PSD;
     b.S = S;
     b.K = K;
     b.grad = grad;
@@ -1487,11 +1539,15 @@ static void parse_opts(int argc, char **argv, opts *o)
 
 /* ---- BSP rounds of 2 workers ------------------------------------------------ */
 
+/* The largest model psd shares memory for (server/psd.h SRV_SHM_MAX_PARAMS). */
+#define SHM_MAX_FLOATS ((uint64_t)1 << 20)
+
 /* One repetition of the round comparison at one size: psd's BSP rounds
  * (each BSP mode of the grid), the star round and MPI_Allreduce, measured
  * back to back so that they share the machine's state of the moment. */
 typedef struct round_rep {
-    double psd_p50[MODE_COUNT], psd_mean[MODE_COUNT], psd_cpu[MODE_COUNT]; /* ms; NAN: failed */
+    /* [m][0]: over TCP, [m][1]: through shared memory (S <= 2^20); ms, NAN: failed or not run */
+    double psd_p50[MODE_COUNT][2], psd_mean[MODE_COUNT][2], psd_cpu[MODE_COUNT][2];
     double star_p50, star_mean, star_cpu;
     double tcp_p50, tcp_mean, shm_p50, shm_mean;
 } round_rep;
@@ -1525,26 +1581,32 @@ static void range_of(const double *v, int n, double *lo, double *hi)
 static void round_cells(const opts *o, uint64_t S, const float *grad, int have_mpi, round_rep *rp)
 {
     for (int m = 0; m < MODE_COUNT; m++)
-        rp->psd_p50[m] = rp->psd_mean[m] = rp->psd_cpu[m] = NAN;
+        for (int t = 0; t < 2; t++)
+            rp->psd_p50[m][t] = rp->psd_mean[m][t] = rp->psd_cpu[m][t] = NAN;
     for (int mi = 0; mi < o->nmodes; mi++) {
         int m = o->modes[mi];
         if (m == MODE_ASGD)
             continue;
-        row r;
-        run_cell(o, SYS_PSD, m, S, 2, grad, &r);
-        if (!r.r.ok) {
-            fprintf(stderr, "psbench: %s round at %" PRIu64 " floats failed: %s\n", mode_names[m], S, r.r.err);
-            continue;
+        for (int t = 0; t < 2; t++) {
+            if (t == 1 && (S > SHM_MAX_FLOATS || o->wire != PS_DT_F32))
+                continue; /* psd shares memory for models of one block, in float32 */
+            row r;
+            run_cell(o, SYS_PSD, m, S, 2, grad, t, &r);
+            if (!r.r.ok) {
+                fprintf(stderr, "psbench: %s round%s at %" PRIu64 " floats failed: %s\n", mode_names[m],
+                        t ? " through shared memory" : "", S, r.r.err);
+                continue;
+            }
+            /* a round: both workers push and pull; round trips/s counts both */
+            rp->psd_mean[m][t] = 1e3 * 2.0 / r.r.rt_per_s;
+            rp->psd_p50[m][t] = r.r.p50_ms;
+            rp->psd_cpu[m][t] = r.r.server_cpu * rp->psd_mean[m][t];
         }
-        /* a round: both workers push and pull; round trips/s counts both */
-        rp->psd_mean[m] = 1e3 * 2.0 / r.r.rt_per_s;
-        rp->psd_p50[m] = r.r.p50_ms;
-        rp->psd_cpu[m] = r.r.server_cpu * rp->psd_mean[m];
     }
     rp->star_p50 = rp->star_mean = rp->star_cpu = NAN;
     if (!o->no_tcp) {
         row t;
-        run_cell(o, SYS_TCP_STAR, MODE_BSP, S, 2, grad, &t);
+        run_cell(o, SYS_TCP_STAR, MODE_BSP, S, 2, grad, 0, &t);
         if (t.r.ok) {
             rp->star_mean = 1e3 * 2.0 / t.r.rt_per_s;
             rp->star_p50 = t.r.p50_ms;
@@ -1600,7 +1662,7 @@ static void compare_rounds(const opts *o, const float *grad)
         fprintf(mc, "floats,mode,rep,wire,bsp_round_mean_ms,bsp_round_p50_ms,psd_cpu_ms_per_round,star_round_mean_ms,"
                     "star_round_p50_ms,star_cpu_ms_per_round,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,"
                     "allreduce_shm_mean_ms,allreduce_shm_p50_ms,ratio_bsp_to_star_p50,ratio_bsp_to_tcp_mean,"
-                    "ratio_bsp_to_tcp_p50,ratio_star_to_tcp_p50\n");
+                    "ratio_bsp_to_tcp_p50,ratio_star_to_tcp_p50,ratio_bsp_to_shm_p50\n");
     size_t vb = ps_dtype_size(o->wire);
     printf("\nBSP round of 2 workers (push S + pull S each, %s on psd's wire: %zu bytes a value) against\n"
            "star: the same bytes over plain TCP, the server writing back once both clients sent theirs\n"
@@ -1608,14 +1670,17 @@ static void compare_rounds(const opts *o, const float *grad)
            "MPI_Allreduce of S float32 on 2 ranks (4 bytes a value: MPI has no bfloat16 sum).\n"
            "The three are measured back to back, %d times per size; figures are medians over the\n"
            "repetitions, ratios the medians of each repetition's ratio (of p50s; psd/TCP also of means),\n"
-           "and the psd/TCP range its lowest and highest; cpu: the server's CPU time per round\n",
+           "and the psd/TCP range its lowest and highest; cpu: the server's CPU time per round.\n"
+           "Rows with wire shm: the workers share memory with psd, as psworker does on psd's machine\n"
+           "(models up to 2^20 values): the tensors do not cross the socket, only a small frame does;\n"
+           "MPI's counterpart is its shared-memory transport (psd/shm: psd's round over MPI shm's)\n",
            ps_dtype_name(o->wire), vb, R);
-    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s\n", "mode", "wire",
+    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "mode", "wire",
            "floats", "round", "round", "psd cpu", "star", "star", "star cpu", "MPI TCP", "MPI TCP", "MPI shm",
-           "MPI shm", "psd/", "psd/TCP", "psd/TCP", "psd/TCP p50", "star/");
-    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s\n", "", "", "",
+           "MPI shm", "psd/", "psd/TCP", "psd/TCP", "psd/TCP p50", "star/", "psd/shm");
+    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "", "", "",
            "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "mean ms", "p50 ms", "star p50",
-           "mean", "p50", "range", "TCP p50");
+           "mean", "p50", "range", "TCP p50", "p50");
     for (int i = 0; i < o->nsizes; i++) {
         for (int m = 0; m < MODE_COUNT; m++) {
             int in_grid = 0;
@@ -1623,35 +1688,40 @@ static void compare_rounds(const opts *o, const float *grad)
                 in_grid |= o->modes[mi] == m;
             if (m == MODE_ASGD || !in_grid)
                 continue;
-            double v[13][64];
-            for (int r = 0; r < R; r++) {
-                const round_rep *x = &reps[i * R + r];
-                double row_v[13] = {x->psd_mean[m], x->psd_p50[m], x->psd_cpu[m], x->star_mean, x->star_p50,
-                                    x->star_cpu, x->tcp_mean, x->tcp_p50, x->shm_mean, x->shm_p50,
-                                    x->psd_p50[m] / x->star_p50, x->psd_mean[m] / x->tcp_mean,
-                                    x->psd_p50[m] / x->tcp_p50};
-                for (int k = 0; k < 13; k++)
-                    v[k][r] = row_v[k];
-                if (mc)
-                    fprintf(mc, "%" PRIu64 ",%s,%d,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
-                                "%.4f,%.4f\n",
-                            o->sizes[i], mode_names[m], r + 1, ps_dtype_name(o->wire), row_v[0], row_v[1], row_v[2],
-                            row_v[3], row_v[4], row_v[5], row_v[6], row_v[7], row_v[8], row_v[9], row_v[10],
-                            row_v[11], row_v[12], x->star_p50 / x->tcp_p50);
+            for (int t = 0; t < 2; t++) {
+                if (t == 1 && isnan(reps[i * R].psd_mean[m][1]) && isnan(reps[i * R + R - 1].psd_mean[m][1]))
+                    continue; /* not run at this size */
+                const char *wname = t ? "shm" : ps_dtype_name(o->wire);
+                double v[14][64];
+                for (int r = 0; r < R; r++) {
+                    const round_rep *x = &reps[i * R + r];
+                    double row_v[14] = {x->psd_mean[m][t], x->psd_p50[m][t], x->psd_cpu[m][t], x->star_mean,
+                                        x->star_p50, x->star_cpu, x->tcp_mean, x->tcp_p50, x->shm_mean, x->shm_p50,
+                                        x->psd_p50[m][t] / x->star_p50, x->psd_mean[m][t] / x->tcp_mean,
+                                        x->psd_p50[m][t] / x->tcp_p50, x->psd_p50[m][t] / x->shm_p50};
+                    for (int k = 0; k < 14; k++)
+                        v[k][r] = row_v[k];
+                    if (mc)
+                        fprintf(mc, "%" PRIu64 ",%s,%d,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
+                                    "%.4f,%.4f,%.4f\n",
+                                o->sizes[i], mode_names[m], r + 1, wname, row_v[0], row_v[1], row_v[2],
+                                row_v[3], row_v[4], row_v[5], row_v[6], row_v[7], row_v[8], row_v[9], row_v[10],
+                                row_v[11], row_v[12], x->star_p50 / x->tcp_p50, row_v[13]);
+                }
+                double md[14], star_tcp[64], lo, hi;
+                for (int k = 0; k < 14; k++)
+                    md[k] = median_of(v[k], R);
+                for (int r = 0; r < R; r++)
+                    star_tcp[r] = reps[i * R + r].star_p50 / reps[i * R + r].tcp_p50;
+                range_of(v[12], R, &lo, &hi);
+                char sl[32], rg[32];
+                snprintf(rg, sizeof rg, "%.2f-%.2fx", lo, hi);
+                printf("%-12s %4s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx "
+                       "%8.2fx %8.2fx %13s %8.2fx %8.2fx\n",
+                       mode_names[m], wname, size_label(o->sizes[i], sl, sizeof sl), md[0], md[1], md[2],
+                       md[3], md[4], md[5], md[6], md[7], md[8], md[9], md[10], md[11], md[12], rg,
+                       median_of(star_tcp, R), md[13]);
             }
-            double md[13], star_tcp[64], lo, hi;
-            for (int k = 0; k < 13; k++)
-                md[k] = median_of(v[k], R);
-            for (int r = 0; r < R; r++)
-                star_tcp[r] = reps[i * R + r].star_p50 / reps[i * R + r].tcp_p50;
-            range_of(v[12], R, &lo, &hi);
-            char sl[32], rg[32];
-            snprintf(rg, sizeof rg, "%.2f-%.2fx", lo, hi);
-            printf("%-12s %4s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx "
-                   "%8.2fx %8.2fx %13s %8.2fx\n",
-                   mode_names[m], ps_dtype_name(o->wire), size_label(o->sizes[i], sl, sizeof sl), md[0], md[1], md[2],
-                   md[3], md[4], md[5], md[6], md[7], md[8], md[9], md[10], md[11], md[12], rg,
-                   median_of(star_tcp, R));
         }
     }
     if (mc)
@@ -1711,11 +1781,11 @@ int main(int argc, char **argv)
             row *t = NULL;
             if (!o.no_tcp) {
                 t = &tcp[ntcp++];
-                run_cell(&o, SYS_TCP, MODE_ASGD, S, K, grad, t);
+                run_cell(&o, SYS_TCP, MODE_ASGD, S, K, grad, 0, t);
             }
             for (int mi = 0; mi < o.nmodes; mi++) {
                 row *p = &rows[nrows++];
-                run_cell(&o, SYS_PSD, o.modes[mi], S, K, grad, p);
+                run_cell(&o, SYS_PSD, o.modes[mi], S, K, grad, 0, p);
                 print_row(p, t);
                 csv_row(csv, p, t);
                 if (p->r.wire_refused)
