@@ -114,7 +114,7 @@ def main():
     # PyTorch and psworker load the same OpenBLAS, which takes its kernels
     # from OPENBLAS_CORETYPE when set (see the README's recommended settings)
     print("OpenBLAS kernels: %s" % (os.environ.get("OPENBLAS_CORETYPE") or "the CPU's own choice"))
-    header = "%-39s %7s %6s %10s %s" % ("configuration", "s/epoch", "wait", "samples/s",
+    header = "%-44s %7s %6s %10s %s" % ("configuration", "s/epoch", "wait", "samples/s",
                                         "test accuracy per epoch -> time to target")
     print(header)
     print("-" * len(header))
@@ -155,7 +155,7 @@ def main():
                 wait = "%6.2f" % (sum(waits) / len(waits)) if waits else "%6s" % "-"
                 accs = " ".join("%.2f" % (100 * r["test_accuracy"]) for r in recs)
                 tt = "%.1f s (epoch %d)" % (t, e) if t is not None else "not reached"
-                print("%-39s %7.2f %s %10.0f %s -> %.1f%%: %s" % (label, mean_epoch, wait, TRAIN_N / mean_epoch,
+                print("%-44s %7.2f %s %10.0f %s -> %.1f%%: %s" % (label, mean_epoch, wait, TRAIN_N / mean_epoch,
                                                                  accs, 100 * target, tt), flush=True)
                 for r in recs:
                     rows.append({"workload": wl, "dataset": dataset, "config": name, "epoch": r["epoch"],
@@ -167,7 +167,7 @@ def main():
                 series.append(("%s %s" % (wl, dataset), name, [(r["train_seconds"], r["test_accuracy"]) for r in recs]))
             times = {name: time_to(recs, target)[0] for name, recs in results if recs}
             if times.get("pytorch alone") and times.get("psd asgd 2 workers"):
-                print("%-39s psd asgd 2 workers reach %.1f%% in %.2f of PyTorch's time" %
+                print("%-44s psd asgd 2 workers reach %.1f%% in %.2f of PyTorch's time" %
                       ("%s %s" % (wl, dataset), 100 * target, times["psd asgd 2 workers"] / times["pytorch alone"]),
                       flush=True)
     csv_path = os.path.join(a.out, "tta.csv")
@@ -191,6 +191,8 @@ def plot(series, out):
             panels.append(panel)
     dat = os.path.join(out, "tta.dat")
     cmds = ['set terminal pngcairo size 1600,1100', 'set output "%s"' % os.path.join(out, "tta.png"),
+            # a ninth and tenth colour: past the default eight (the eighth is black) they repeat
+            'set linetype 9 lc rgb "#a0522d" pt 9', 'set linetype 10 lc rgb "#808080" pt 11',
             'set multiplot layout %d,%d title "psd time to accuracy (2-core machine)"'
             % ((len(panels) + 1) // 2, 2 if len(panels) > 1 else 1)]
     index = 0
