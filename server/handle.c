@@ -370,7 +370,9 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
         s->policy->worker_joined(s, w);
         if (m->has & PS_F_SHM) {
             char why[160];
-            if (srv_shm_attach(c, m->shm_pid, m->shm_fd, s->model.layout.total, why, sizeof why) == 0)
+            if (!c->same_host)
+                snprintf(why, sizeof why, "the worker is not on psd's machine");
+            if (c->same_host && srv_shm_attach(c, m->shm_pid, m->shm_fd, s->model.layout.total, why, sizeof why) == 0)
                 PS_LOG(PS_LOG_INFO, "shard %u (%s): tensors through shared memory (pid %u)", m->shard, c->addr,
                        m->shm_pid);
             else

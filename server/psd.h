@@ -162,6 +162,8 @@ struct srv_conn {
     psd *srv;
     uint64_t cid;            /* connection number, for logs */
     char addr[64];
+    int same_host;           /* the peer is on psd's machine: a loopback
+                              * address, or the connection's own local one */
     int role;                /* ps_role; PS_ROLE_NONE until WELCOME */
     struct srv_auth *auth;   /* CHALLENGE sent, AUTH awaited; NULL otherwise */
     int admin_readonly;      /* admin that proved the workers' token (no

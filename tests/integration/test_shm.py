@@ -15,11 +15,19 @@ pushpulls then carry the tensors in the segment instead of in the frame.
   TCP pull of the same version); a NaN written there is refused like a NaN
   in a frame; out-of-range and bfloat16 requests are refused; the
   connection keeps working after each.
+- A worker on another machine (a network namespace of our own, which sees
+  the same processes but reaches psd over a link of its own) cannot have
+  psd map a segment: psd refuses before it looks, while the same hello
+  from this machine, through the same address, is accepted. Needs root
+  and iproute2; skipped otherwise.
 """
 
 import fcntl
+import json
 import mmap
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -184,6 +192,71 @@ class ShmTest(unittest.TestCase):
             os.close(fd)
             samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
             self.assertGreater(harness.metric(samples, "psd_rejected_messages_total", reason="nonfinite"), 0)
+            psd.stop()
+
+
+# Run by /usr/bin/python3 in the namespace or here: says hello to psd at
+# argv[1] offering a good segment, prints whether psd took it.
+HELLO_FROM = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+import harness, test_shm
+fd = test_shm.memfd(test_shm.TOTAL * 2 * 4)
+with harness.RawClient(sys.argv[1], test_shm.REPLY_TIMEOUT) as c:
+    r = c.hello_worker(test_shm.LAYOUT, 0, 1, shm=[os.getpid(), fd])
+    if r.get("init"):
+        c.request({"t": harness.T_INIT, "off": 0, "data": bytes(test_shm.TOTAL * 4)})
+    c.request({"t": harness.T_BYE})
+print(json.dumps({"welcome": r.get("t") == harness.T_WELCOME, "inshm": r.get("inshm", False)}))
+"""
+
+
+class OtherHostTest(unittest.TestCase):
+    def setUp(self):
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            self.skipTest("needs root and iproute2 for a network namespace")
+        self.ns = "psdshm%d" % os.getpid()
+        self.veth = "psv%d" % (os.getpid() % 100000)
+        self.here, self.there = "10.213.7.1", "10.213.7.2"
+        steps = [["ip", "netns", "add", self.ns],
+                 ["ip", "link", "add", self.veth + "a", "type", "veth", "peer", "name", self.veth + "b"],
+                 ["ip", "link", "set", self.veth + "b", "netns", self.ns],
+                 ["ip", "addr", "add", self.here + "/30", "dev", self.veth + "a"],
+                 ["ip", "link", "set", self.veth + "a", "up"],
+                 ["ip", "netns", "exec", self.ns, "ip", "addr", "add", self.there + "/30", "dev", self.veth + "b"],
+                 ["ip", "netns", "exec", self.ns, "ip", "link", "set", self.veth + "b", "up"],
+                 ["ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up"]]
+        self.addCleanup(self._teardown)
+        for cmd in steps:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            if r.returncode != 0:
+                self.skipTest("cannot make a network namespace here: %s: %s" % (" ".join(cmd), r.stderr.strip()))
+
+    def _teardown(self):
+        subprocess.run(["ip", "link", "del", self.veth + "a"], capture_output=True, timeout=10)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, timeout=10)
+
+    def hello(self, addr, netns=None):
+        cmd = ["/usr/bin/python3", "-c", HELLO_FROM, addr, os.path.dirname(os.path.abspath(__file__))]
+        if netns:
+            cmd = ["ip", "netns", "exec", netns] + cmd
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def test_no_segment_from_another_machine(self):
+        with harness.Cluster("psd-shm-remote") as cl:
+            psd = cl.psd(mode="asgd", workers=1,
+                         args=("--listen", "0.0.0.0:0", "--set", "allow_remote_without_token=yes"))
+            addr = "%s:%d" % (self.here, psd.port)
+            # from this machine, through the link's address: psd maps it
+            self.assertEqual(self.hello(addr), {"welcome": True, "inshm": True})
+            # from the namespace: the same process table, another host to psd
+            self.assertEqual(self.hello(addr, netns=self.ns), {"welcome": True, "inshm": False})
+            harness.wait_until(lambda: "the worker is not on psd's machine" in psd.stderr(), 10,
+                               "psd to log why it refused the segment")
+            self.assertIn("(%s:" % self.there, psd.stderr())
+            self.assertEqual(psd.stderr().count("tensors through shared memory"), 1, psd.stderr())
             psd.stop()
 
 
