@@ -41,6 +41,7 @@ PACKAGES=(
     python3-numpy          # reference computations in the tests
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
+    iproute2               # tests only: a network namespace plays another host (test_shm)
     libopenmpi-dev         # psbench's MPI_Allreduce comparison (optional)
     clang                  # tests only: builds the libFuzzer targets in fuzz/
     libclang-rt-14-dev     # tests only: the libFuzzer and sanitizer runtimes for clang
