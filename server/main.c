@@ -193,6 +193,8 @@ static void on_tick(uv_timer_t *t)
     check_idle(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);
+    if (s->policy->tick)
+        s->policy->tick(s);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
         if (now - last >= s->cfg.checkpoint_interval)

@@ -169,6 +169,33 @@ void srv_model_write_end(srv_model *m, srv_wseg *seg)
     seg->old = NULL;
 }
 
+int srv_model_reserve(const srv_model *m, size_t first, size_t nblk, srv_blk **old, srv_blk **fresh)
+{
+    for (size_t i = 0; i < nblk; i++) {
+        old[i] = m->blk[first + i];
+        fresh[i] = NULL;
+        if (old[i]->refs == 1)
+            continue; /* updated in place: no new reference can come meanwhile */
+        if (!(fresh[i] = blk_new(old[i]->cap))) {
+            for (size_t k = 0; k < i; k++)
+                srv_blk_unref(fresh[k]);
+            return PS_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+void srv_model_install(srv_model *m, size_t first, size_t nblk, srv_blk *const *old, srv_blk *const *fresh)
+{
+    m->stamp++;
+    for (size_t i = 0; i < nblk; i++) {
+        if (fresh[i]) {
+            m->blk[first + i] = fresh[i];
+            srv_blk_unref(old[i]); /* the model's reference */
+        }
+    }
+}
+
 void srv_model_bump(srv_model *m)
 {
     m->version++;

@@ -9,6 +9,7 @@
  *         worker.
  * None knows about sockets: they change the model and call
  * srv_answer_parked() when a waiting pull may have become answerable. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,21 +161,6 @@ static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, u
     srv_optim_begin_sumsq(&m->opt, st, ss, m->version);
 }
 
-/* Applies the update on the loop. Returns 0, or PS_ENOMEM when a shared
- * block could not be copied (the pieces before it are applied). */
-static int apply_sync(srv_model *m, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
-{
-    for (uint64_t done = 0; done < n;) {
-        srv_wseg seg;
-        if (srv_model_write_begin(m, off + done, n - done, &seg) != 0)
-            return PS_ENOMEM;
-        run_piece(&m->opt, st, gr, off, seg.wo, seg.wi, off + done, seg.len);
-        srv_model_write_end(m, &seg);
-        done += seg.len;
-    }
-    return 0;
-}
-
 static void apply_work(uv_work_t *req)
 {
     srv_apply *a = req->data;
@@ -215,13 +201,7 @@ static void apply_after(uv_work_t *req, int status)
     psd *s = a->s;
     srv_model *m = &s->model;
     (void)status; /* work queued on a running loop is never cancelled */
-    m->stamp++;
-    for (size_t i = 0; i < a->nblk; i++) {
-        if (a->fresh[i]) {
-            m->blk[a->first + i] = a->fresh[i];
-            srv_blk_unref(a->old[i]); /* the model's reference */
-        }
-    }
+    srv_model_install(m, a->first, a->nblk, a->old, a->fresh);
     if (a->round) {
         bsp_round_closed(s);
     } else if (a->fin) {
@@ -263,43 +243,55 @@ static srv_apply *apply_job(psd *s, size_t nblk)
     return a;
 }
 
-/* Starts the update of [off, off+n) by gr off the loop, for the push of
- * worker w (whose connection then reads nothing until it is done); gr's
- * arrays must stay until then. Returns 0, or -1 when it cannot (no memory:
- * the caller applies it on the loop). Allocates nothing in steady state:
- * the job is kept, blocks come from the pool. */
-static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const srv_grad *gr, uint64_t off,
-                          uint64_t n, int fin, int round)
+/* psd's job for an update of [off, off+n) by gr, its blocks reserved
+ * (srv_model_reserve); NULL when memory is short, with nothing changed.
+ * Allocates nothing in steady state: the job is kept, blocks come from the
+ * pool. */
+static srv_apply *apply_prepare(psd *s, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
 {
-    srv_model *m = &s->model;
     size_t first = (size_t)(off >> SRV_BLK_SHIFT);
     size_t nblk = (size_t)(((off + n - 1) >> SRV_BLK_SHIFT) - first + 1);
     srv_apply *a = apply_job(s, nblk);
-    if (!a)
-        return -1;
+    if (!a || srv_model_reserve(&s->model, first, nblk, a->old, a->fresh) != 0)
+        return NULL;
     a->first = first;
     a->nblk = nblk;
-    for (size_t i = 0; i < a->nblk; i++) {
-        a->old[i] = m->blk[a->first + i];
-        a->fresh[i] = NULL;
-        if (a->old[i]->refs == 1)
-            continue; /* updated in place: no new reference can come meanwhile */
-        if (!(a->fresh[i] = srv_blk_fresh(a->old[i]->cap))) {
-            for (size_t k = 0; k < i; k++)
-                srv_blk_unref(a->fresh[k]);
-            return -1;
-        }
-    }
     a->s = s;
-    a->c = w->conn;
-    a->w = w;
     a->st = *st;
     a->grad = *gr;
     a->off = off;
     a->n = n;
+    a->req.data = a;
+    return a;
+}
+
+/* Applies the update on the loop, all or nothing: returns 0, or PS_ENOMEM
+ * when a shared block could not be copied (then nothing is applied). */
+static int apply_sync(psd *s, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
+{
+    assert(!s->applying); /* psd's one job is free: no message is handled meanwhile */
+    srv_apply *a = apply_prepare(s, st, gr, off, n);
+    if (!a)
+        return PS_ENOMEM;
+    apply_work(&a->req);
+    srv_model_install(&s->model, a->first, a->nblk, a->old, a->fresh);
+    return 0;
+}
+
+/* Starts the update of [off, off+n) by gr off the loop, for the push of
+ * worker w (whose connection then reads nothing until it is done); gr's
+ * arrays must stay until then. Returns 0, or -1 when it cannot (no memory:
+ * the caller applies it on the loop). */
+static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const srv_grad *gr, uint64_t off,
+                          uint64_t n, int fin, int round)
+{
+    srv_apply *a = apply_prepare(s, st, gr, off, n);
+    if (!a)
+        return -1;
+    a->c = w->conn;
+    a->w = w;
     a->fin = fin;
     a->round = round;
-    a->req.data = a;
     if (uv_queue_work(s->loop, &a->req, apply_work, apply_after) != 0) {
         for (size_t i = 0; i < a->nblk; i++)
             srv_blk_unref(a->fresh[i]);
@@ -353,7 +345,7 @@ static int apply_now(psd *s, srv_worker *w, uint64_t base, uint64_t off, const f
     begin_update(m, &st, &gr, off, n);
     if (n >= APPLY_OFF_LOOP_MIN && w->conn && apply_off_loop(s, w, &st, &gr, off, n, fin, 0) == 0)
         return SRV_PENDING;
-    if (apply_sync(m, &st, &gr, off, n) != 0) {
+    if (apply_sync(s, &st, &gr, off, n) != 0) {
         snprintf(err, errlen, "out of memory for a copy of a model block");
         return PS_ENOMEM;
     }
@@ -736,11 +728,11 @@ static int bsp_try_close(psd *s, srv_worker *closer)
     if (closer && closer->conn && total >= APPLY_OFF_LOOP_MIN &&
         apply_off_loop(s, closer, &st, &gr, 0, total, 1, 1) == 0)
         return SRV_PENDING;
-    if (apply_sync(&s->model, &st, &gr, 0, total) != 0) {
-        /* blocks before the failing one are applied: the round cannot be
-         * repeated; close it rather than apply them twice */
-        PS_LOG(PS_LOG_ERROR, "out of memory copying a model block: round %llu applied only in part",
+    if (apply_sync(s, &st, &gr, 0, total) != 0) {
+        /* nothing applied: the round stays open, tried again on psd's tick */
+        PS_LOG(PS_LOG_ERROR, "out of memory copying a model block closing round %llu; it stays open",
                (unsigned long long)round);
+        return 0;
     }
     bsp_round_closed(s);
     srv_answer_parked(s);
@@ -795,6 +787,12 @@ static void bsp_membership(psd *s, srv_worker *w)
     bsp_try_close(s, NULL);
 }
 
+/* A round that memory kept from closing (every push is in) closes here. */
+static void bsp_tick(psd *s)
+{
+    bsp_try_close(s, NULL);
+}
+
 static void bsp_destroy(psd *s)
 {
     bsp_state *b = s->policy_state;
@@ -814,5 +812,6 @@ const srv_policy_ops srv_policy_bsp = {
     .worker_left = bsp_membership,
     .worker_joined = bsp_membership,
     .pull_ready = NULL,
+    .tick = bsp_tick,
     .destroy = bsp_destroy,
 };

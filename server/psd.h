@@ -137,6 +137,9 @@ typedef struct srv_policy_ops {
     /* May a pull from c for version >= min be answered now? NULL: when the
      * model is initialised and at version >= min. */
     int (*pull_ready)(psd *s, srv_conn *c, uint64_t min);
+    /* psd's periodic tick (every 250 ms): retries what memory stopped.
+     * NULL: nothing to do. */
+    void (*tick)(psd *s);
     void (*destroy)(psd *s);
 } srv_policy_ops;
 
@@ -422,6 +425,15 @@ const float *srv_model_at(const srv_model *m, uint64_t off, uint64_t n, size_t *
  * snapshot holds it. Returns 0 or PS_ENOMEM (nothing changed). */
 int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg);
 void srv_model_write_end(srv_model *m, srv_wseg *seg);
+/* An update of blocks [first, first+nblk) in three steps, so that running
+ * out of memory changes nothing. srv_model_reserve() fills old[i] with the
+ * model's block first+i and fresh[i] with a new block for it when a reply
+ * or a snapshot shares it (NULL: the update may write it in place), and
+ * returns 0, or PS_ENOMEM with nothing held. The update then reads old and
+ * writes fresh (or old), copying what it leaves alone of a fresh block
+ * from old; srv_model_install() puts the fresh blocks in the model. */
+int srv_model_reserve(const srv_model *m, size_t first, size_t nblk, srv_blk **old, srv_blk **fresh);
+void srv_model_install(srv_model *m, size_t first, size_t nblk, srv_blk *const *old, srv_blk *const *fresh);
 
 /* As srv_model_at, for any block array (the model's or a snapshot's). */
 const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len);

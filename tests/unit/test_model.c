@@ -2,7 +2,9 @@
  * copy-on-write blocks. An update of a block that a reply or a snapshot
  * holds goes to a fresh block and leaves the held values as they were; the
  * update computed out of place equals the one in place bit for bit, for
- * every optimizer; ranges across block edges; freed blocks are reused. */
+ * every optimizer; ranges across block edges; freed blocks are reused; an
+ * update's fresh blocks are reserved all or none, so running out of memory
+ * leaves the model as it was. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +16,22 @@
 #include <string.h>
 
 #include "common/config.h"
+#include "proto/errors.h"
 #include "server/psd.h"
+
+/* aligned_alloc as model.c sees it (the test links with
+ * -Wl,--wrap=aligned_alloc): fails once allocs_left reaches 0; -1 never. */
+static int allocs_left = -1;
+void *__real_aligned_alloc(size_t align, size_t size);
+void *__wrap_aligned_alloc(size_t align, size_t size);
+void *__wrap_aligned_alloc(size_t align, size_t size)
+{
+    if (allocs_left == 0)
+        return NULL;
+    if (allocs_left > 0)
+        allocs_left--;
+    return __real_aligned_alloc(align, size);
+}
 
 /* two whole blocks and a short third */
 #define NB ((size_t)SRV_BLK_FLOATS)
@@ -214,12 +231,71 @@ static void test_only_touched_blocks_copied_and_reused(void **state)
     srv_model_free(&m);
 }
 
+/* An update's blocks are reserved all or none: when the second fresh
+ * block cannot be had, the first goes back to the pool and the model, its
+ * blocks and their references are as they were. Once reserved, install
+ * puts the fresh blocks in and leaves a reply's block to the reply. */
+static void test_reserve_all_or_nothing(void **state)
+{
+    (void)state;
+    ps_config cfg = cfg_for(PS_OPTIMIZER_SGD);
+    srv_model m;
+    setup_model(&m, &cfg);
+    srv_blk_pool_free(); /* every fresh block has to be allocated */
+    srv_snap *snap = srv_snap_take(&m);
+    assert_non_null(snap);
+    srv_blk *old[3], *fresh[3];
+    uint64_t stamp = m.stamp;
+
+    allocs_left = 1;
+    assert_int_equal(srv_model_reserve(&m, 0, 3, old, fresh), PS_ENOMEM);
+    allocs_left = -1;
+    for (int i = 0; i < 3; i++) {
+        assert_ptr_equal(m.blk[i], snap->blk[i]);
+        assert_int_equal(m.blk[i]->refs, 2);
+    }
+    assert_int_equal(m.stamp, stamp);
+    /* the block allocated before the failure is in the pool, not lost */
+    allocs_left = 0;
+    assert_int_equal(srv_model_reserve(&m, 0, 1, old, fresh), 0);
+    allocs_left = -1;
+    assert_ptr_equal(old[0], snap->blk[0]);
+    assert_non_null(fresh[0]);
+    srv_blk_unref(fresh[0]);
+
+    srv_snap_unref(snap);
+
+    /* blocks 1 and 2, of which a reply in flight holds only block 1: block
+     * 2 is written in place */
+    srv_blk *reply = srv_blk_ref(m.blk[1]), *held2 = m.blk[2];
+    assert_int_equal(srv_model_reserve(&m, 1, 2, old, fresh), 0);
+    assert_ptr_equal(old[0], reply);
+    assert_non_null(fresh[0]);
+    assert_ptr_equal(old[1], held2);
+    assert_null(fresh[1]);
+    memcpy(fresh[0]->w, old[0]->w, old[0]->cap * sizeof(float));
+    fresh[0]->w[5] = 42.0f;
+    float was = old[0]->w[5];
+    srv_model_install(&m, 1, 2, old, fresh);
+    assert_int_equal(m.stamp, stamp + 1);
+    assert_ptr_equal(m.blk[1], fresh[0]);
+    assert_ptr_equal(m.blk[2], held2);
+    assert_int_equal(reply->refs, 1); /* the reply's alone now, its values unchanged */
+    assert_true(reply->w[5] == was);
+    size_t len;
+    assert_true(*srv_model_at(&m, NB + 5, 1, &len) == 42.0f);
+    srv_blk_unref(reply);
+    srv_model_free(&m);
+    srv_blk_pool_free();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_at_splits_at_block_edges),
         cmocka_unit_test(test_out_of_place_equals_in_place),
         cmocka_unit_test(test_only_touched_blocks_copied_and_reused),
+        cmocka_unit_test(test_reserve_all_or_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
