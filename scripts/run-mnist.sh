@@ -75,7 +75,13 @@ for _ in $(seq 1 50); do
         grep -o '"state": "connected"' | wc -l || true)
     [ "$n" -ge "$WORKERS" ] && break
 done
-sleep 2
+# then until the first epoch's report (it carries the test accuracy), at
+# most 10 s: the recommended job trains an epoch in well under a second
+for _ in $(seq 1 200); do
+    "$BIN/server/psctl" --server "$SERVER" status --json 2>/dev/null | grep -q '"epoch": [1-9]' && break
+    kill -0 "${pids[0]}" 2>/dev/null || break
+    sleep 0.05
+done
 echo "== psctl status (while training)"
 "$BIN/server/psctl" --server "$SERVER" status || true
 
