@@ -59,6 +59,8 @@ static float *scratch(psd *s)
  * place, and those that replies queued before still send get fresh blocks,
  * which replace the model's when the update is done. */
 #define APPLY_OFF_LOOP_MIN (PS_CHUNK_FLOATS / 2)
+/* ... and one of at least this many, in two halves on two pool threads */
+#define APPLY_SPLIT_MIN PS_CHUNK_FLOATS
 
 /* floats of a round's mean made at a time (in L1, never a model-sized sum) */
 #define MEAN_PIECE 4096
@@ -161,25 +163,38 @@ static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, u
     srv_optim_begin_sumsq(&m->opt, st, ss, m->version);
 }
 
-static void apply_work(uv_work_t *req)
+/* Part of a's update: [lo, hi) of [off, off+n), block by block, from the
+ * old blocks into the fresh ones (or in place); with copy_rest, also the
+ * parts of fresh blocks the update leaves alone. */
+static void apply_range(srv_apply *a, uint64_t lo, uint64_t hi, int copy_rest)
 {
-    srv_apply *a = req->data;
     srv_optim *o = &a->s->model.opt;
-    uint64_t off = a->off, end = a->off + a->n;
+    uint64_t end = a->off + a->n;
     for (size_t i = 0; i < a->nblk; i++) {
         srv_blk *ob = a->old[i], *nb = a->fresh[i];
         uint64_t start = (uint64_t)(a->first + i) << SRV_BLK_SHIFT;
-        size_t in = (size_t)(off - start);
-        size_t len = (size_t)((end < start + ob->cap ? end : start + ob->cap) - off);
-        if (nb) {
-            memcpy(nb->w, ob->w, in * sizeof(float));
-            memcpy(nb->w + in + len, ob->w + in + len, (ob->cap - in - len) * sizeof(float));
-        } else {
-            nb = ob; /* nobody else holds it: in place */
+        uint64_t u0 = a->off > start ? a->off : start, u1 = end < start + ob->cap ? end : start + ob->cap;
+        if (nb && copy_rest) {
+            memcpy(nb->w, ob->w, (size_t)(u0 - start) * sizeof(float));
+            memcpy(nb->w + (u1 - start), ob->w + (u1 - start), (size_t)(start + ob->cap - u1) * sizeof(float));
         }
-        run_piece(o, &a->st, &a->grad, a->off, nb->w + in, ob->w + in, off, len);
-        off += len;
+        uint64_t p0 = lo > u0 ? lo : u0, p1 = hi < u1 ? hi : u1;
+        if (p0 >= p1)
+            continue;
+        float *w = nb ? nb->w : ob->w; /* nb NULL: nobody else holds it, in place */
+        run_piece(o, &a->st, &a->grad, a->off, w + (p0 - start), ob->w + (p0 - start), p0, (size_t)(p1 - p0));
     }
+}
+
+/* a->req does [off, split) and the rest of the fresh blocks; a->req2, when
+ * the update is split, [split, off+n). */
+static void apply_work(uv_work_t *req)
+{
+    srv_apply *a = req->data;
+    if (req == &a->req)
+        apply_range(a, a->off, a->split, 1);
+    else
+        apply_range(a, a->split, a->off + a->n, 0);
 }
 
 void srv_apply_free(psd *s)
@@ -201,6 +216,8 @@ static void apply_after(uv_work_t *req, int status)
     psd *s = a->s;
     srv_model *m = &s->model;
     (void)status; /* work queued on a running loop is never cancelled */
+    if (--a->parts > 0)
+        return; /* the other half is still running */
     srv_model_install(m, a->first, a->nblk, a->old, a->fresh);
     if (a->round) {
         bsp_round_closed(s);
@@ -261,7 +278,10 @@ static srv_apply *apply_prepare(psd *s, const srv_optim_step *st, const srv_grad
     a->grad = *gr;
     a->off = off;
     a->n = n;
+    a->split = off + n;
+    a->parts = 1;
     a->req.data = a;
+    a->req2.data = a;
     return a;
 }
 
@@ -292,6 +312,17 @@ static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const
     a->w = w;
     a->fin = fin;
     a->round = round;
+    if (n >= APPLY_SPLIT_MIN) {
+        /* two threads: a round's workers are waiting, and one thread does
+         * not use the memory bandwidth the cores have together */
+        a->split = off + n / 2;
+        a->parts = 2;
+        if (uv_queue_work(s->loop, &a->req2, apply_work, apply_after) != 0) {
+            a->split = off + n;
+            a->parts = 1;
+        }
+    }
+    /* fails only without a work callback: never after the first succeeded */
     if (uv_queue_work(s->loop, &a->req, apply_work, apply_after) != 0) {
         for (size_t i = 0; i < a->nblk; i++)
             srv_blk_unref(a->fresh[i]);

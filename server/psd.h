@@ -268,7 +268,10 @@ typedef struct srv_grad {
  * nothing else touches the model or the optimizer; pulls answered meanwhile
  * were queued before and send the blocks of the version before it. */
 typedef struct srv_apply {
-    uv_work_t req;
+    uv_work_t req;           /* [off, split) */
+    uv_work_t req2;          /* [split, off+n), when the update is split */
+    uint64_t split;
+    int parts;               /* halves still running */
     psd *s;
     srv_conn *c;             /* the pushing connection; its reads stop */
     srv_worker *w;
