@@ -59,7 +59,10 @@ void srv_notify_tick(psd *s, uint64_t now_ms)
     char line[sizeof last_status];
     status_line(s, line, sizeof line);
     if (strcmp(line, last_status) != 0) {
-        sd_notifyf(0, "STATUS=%s", line);
+        /* formatted here: sd_notifyf would allocate, every second of a job */
+        char msg[sizeof "STATUS=" + sizeof line];
+        snprintf(msg, sizeof msg, "STATUS=%s", line);
+        sd_notify(0, msg);
         snprintf(last_status, sizeof last_status, "%s", line);
         last_status_ms = now_ms;
     }
