@@ -312,9 +312,11 @@ static int apply_off_loop(psd *s, srv_worker *w, const srv_optim_step *st, const
     a->w = w;
     a->fin = fin;
     a->round = round;
-    if (n >= APPLY_SPLIT_MIN) {
+    if (n >= APPLY_SPLIT_MIN && gr->nsrc <= MEAN_SOURCES_ON_STACK) {
         /* two threads: a round's workers are waiting, and one thread does
-         * not use the memory bandwidth the cores have together */
+         * not use the memory bandwidth the cores have together (not with
+         * more sources than round_mean keeps on its stack: both halves
+         * would share gr->xs) */
         a->split = off + n / 2;
         a->parts = 2;
         if (uv_queue_work(s->loop, &a->req2, apply_work, apply_after) != 0) {
