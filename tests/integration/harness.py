@@ -86,6 +86,8 @@ E_NOT_READY = 13
 E_AUTH = 14
 E_FORBIDDEN = 15
 E_LIMIT = 16
+E_SHUTDOWN = 17
+E_NOMEM = 18
 
 # reason label of psd_rejected_messages_total for each code
 REASONS = {
@@ -236,12 +238,13 @@ class Proc:
 class Psd(Proc):
     """psd on 127.0.0.1, port 0; .addr is "127.0.0.1:PORT" once started."""
 
-    def __init__(self, workdir, name="psd", mode="asgd", workers=2, args=(), start_timeout=15, token=None):
+    def __init__(self, workdir, name="psd", mode="asgd", workers=2, args=(), start_timeout=15, token=None,
+                 env=None):
         self.port_file = os.path.join(workdir, name + ".port")
         argv = [Paths.psd, "--listen", "127.0.0.1:0", "--port-file", self.port_file, "--mode", mode,
                 "--workers", str(workers)]
         argv += list(args)
-        super().__init__(name, argv, workdir)
+        super().__init__(name, argv, workdir, env=env)
         port = wait_until(self._port, start_timeout, "%s to write its port file" % name)
         self.port = port
         self.addr = "127.0.0.1:%d" % port
