@@ -52,7 +52,12 @@ int srv_shm_attach(srv_conn *c, uint32_t pid, uint32_t fdnum, uint64_t nparams, 
         close(fd);
         return -1;
     }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes) {
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, whylen, "cannot stat %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != bytes) {
         snprintf(why, whylen, "%s holds %lld bytes, not 2 x %llu floats", path, (long long)st.st_size,
                  (unsigned long long)nparams);
         close(fd);
