@@ -106,3 +106,46 @@ void ps_layout_describe(const ps_layout *l, char *buf, size_t len)
         pos += (size_t)n;
     }
 }
+
+int ps_part_bounds(uint64_t P, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi)
+{
+    if (n == 0 || n > PS_PARTS_MAX || i >= n || P > PS_PARAMS_MAX)
+        return PS_EINVAL;
+    /* P <= 2^34 and n <= 64: P * i fits in 64 bits */
+    uint64_t a = i == 0 ? 0 : P * i / n / PS_PART_ALIGN * PS_PART_ALIGN;
+    uint64_t b = i + 1 == n ? P : P * (i + 1) / n / PS_PART_ALIGN * PS_PART_ALIGN;
+    if (b <= a)
+        return PS_EINVAL;
+    *lo = a;
+    *hi = b;
+    return 0;
+}
+
+int ps_layout_part(const ps_layout *l, uint32_t i, uint32_t n, ps_layout *out, uint64_t *lo, uint64_t *hi)
+{
+    uint64_t a, b;
+    int rc = ps_part_bounds(l->total, i, n, &a, &b);
+    if (rc != 0)
+        return rc;
+    ps_layout_init(out);
+    for (uint32_t k = 0; k < l->ntensors; k++) {
+        const ps_tensor_desc *t = &l->t[k];
+        uint64_t x = t->offset > a ? t->offset : a, y = t->offset + t->count < b ? t->offset + t->count : b;
+        if (x >= y)
+            continue;
+        if (x == t->offset && y == t->offset + t->count) {
+            rc = ps_layout_add(out, t->name, t->ndim, t->dims);
+        } else {
+            char name[PS_NAME_MAX + 2];
+            uint32_t len = (uint32_t)(y - x);
+            int w = snprintf(name, sizeof name, "%s[%llu:%llu]", t->name, (unsigned long long)(x - t->offset),
+                             (unsigned long long)(y - t->offset));
+            rc = w < 0 || (size_t)w > PS_NAME_MAX || y - x > UINT32_MAX ? PS_EINVAL : ps_layout_add(out, name, 1, &len);
+        }
+        if (rc != 0)
+            return rc;
+    }
+    *lo = a;
+    *hi = b;
+    return 0;
+}

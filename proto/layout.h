@@ -44,6 +44,30 @@ uint64_t ps_layout_fingerprint(const ps_layout *l);
 /* Returns 1 when a and b describe the same tensors in the same order. */
 int ps_layout_equal(const ps_layout *a, const ps_layout *b);
 
+/* ---- a model split over several psd instances ------------------------------
+ *
+ * A model may be served by n psd instances, each holding one contiguous part
+ * of the flat vector (proto/PROTOCOL.md 6.2). Part i of n is [lo, hi) with
+ * lo = floor(P * i / n) rounded down to a multiple of PS_PART_ALIGN values
+ * (hi likewise from i + 1; the last part ends at P), so every boundary falls
+ * on a 4 KiB page of float32 values. */
+#define PS_PART_ALIGN 1024u
+#define PS_PARTS_MAX 64u
+
+/* The range of part i of n of a P-value vector. Returns 0, or PS_EINVAL
+ * when n is 0 or over PS_PARTS_MAX, i >= n, or the split leaves a part
+ * empty (P too small for n parts). */
+int ps_part_bounds(uint64_t P, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi);
+
+/* The layout psd instance i of n holds: the tensors of l that lie inside
+ * part i whole, under their own names and dims, and the piece of a tensor
+ * the part cuts as a 1-dim tensor named "name[x:y]" (its elements x..y-1 in
+ * the tensor's flat order). Every instance gets a different layout, so psd's
+ * layout check refuses a worker that addresses the wrong part. Returns 0, or
+ * PS_EINVAL (ps_part_bounds refuses, or a piece's name would be over
+ * PS_NAME_MAX bytes). */
+int ps_layout_part(const ps_layout *l, uint32_t i, uint32_t n, ps_layout *out, uint64_t *lo, uint64_t *hi);
+
 /* Writes "name[d0,d1] ..." into buf for log messages; always NUL-terminates. */
 void ps_layout_describe(const ps_layout *l, char *buf, size_t len);
 
