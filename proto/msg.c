@@ -208,9 +208,13 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         pack_u64(&pk, "rdt", m->rdt);
     if (has & PS_F_SHM) {
         pack_key(&pk, "shm");
-        msgpack_pack_array(&pk, 2);
+        msgpack_pack_array(&pk, m->shm_at ? 4 : 2);
         msgpack_pack_uint32(&pk, m->shm_pid);
         msgpack_pack_uint32(&pk, m->shm_fd);
+        if (m->shm_at) {
+            msgpack_pack_uint64(&pk, m->shm_goff);
+            msgpack_pack_uint64(&pk, m->shm_poff);
+        }
     }
     if (has & PS_F_INSHM) {
         pack_key(&pk, "inshm");
@@ -633,14 +637,20 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         }
         else if (key_is(kv, "shm")) {
             const msgpack_object *o = &kv->val;
-            uint64_t pid, fd;
-            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &pid) ||
-                get_u64(&o->via.array.ptr[1], &fd) || pid == 0 || pid > INT32_MAX || fd > INT32_MAX)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: shm must be [pid, fd] with 0 < pid < 2^31 and "
-                                                        "fd < 2^31",
+            uint64_t pid, fd, goff = 0, poff = 0;
+            uint32_t n = o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
+            if ((n != 2 && n != 4) || get_u64(&o->via.array.ptr[0], &pid) || get_u64(&o->via.array.ptr[1], &fd) ||
+                pid == 0 || pid > INT32_MAX || fd > INT32_MAX ||
+                (n == 4 && (get_u64(&o->via.array.ptr[2], &goff) || get_u64(&o->via.array.ptr[3], &poff) ||
+                            goff > 2 * PS_PARAMS_MAX || poff > 2 * PS_PARAMS_MAX)))
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: shm must be [pid, fd] or [pid, fd, goff, poff] with "
+                                                        "0 < pid < 2^31, fd < 2^31 and offsets of at most 2^35",
                             tname);
             m->shm_pid = (uint32_t)pid;
             m->shm_fd = (uint32_t)fd;
+            m->shm_at = n == 4;
+            m->shm_goff = goff;
+            m->shm_poff = poff;
             bit_ = PS_F_SHM;
         }
         else if (key_is(kv, "code")) {

@@ -154,6 +154,9 @@ typedef struct ps_msg {
     uint32_t rdt;           /* "rdt": ps_dtype wanted for the reply's data */
     uint64_t wire;          /* "wire": PS_WIRE_BIT()s of the dtypes psd accepts */
     uint32_t shm_pid, shm_fd; /* "shm": a sealed memfd, as /proc/<pid>/fd/<fd> */
+    int shm_at;             /* "shm" has its 3rd and 4th elements: */
+    uint64_t shm_goff, shm_poff; /* where in it (in values) the gradient and the
+                             * parameters lie; without them 0 and the model's size */
     int inshm;              /* "inshm" */
     int fin;                /* "fin": last chunk of this step (default 1) */
     uint64_t min;           /* "min": pull at model version >= min */

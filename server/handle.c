@@ -46,7 +46,7 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     if (rdt == SRV_RDT_SHM) {
         /* into the worker's segment, after its gradient half; the reply
          * only says where */
-        float *dst = c->shm + c->shm_params + off;
+        float *dst = c->shm_out + off;
         for (uint64_t done = 0; done < len;) {
             size_t n;
             const float *src = srv_blocks_at(blk, off + done, len - done, &n);
@@ -372,7 +372,7 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
             char why[160];
             if (!c->same_host)
                 snprintf(why, sizeof why, "the worker is not on psd's machine");
-            if (c->same_host && srv_shm_attach(c, m->shm_pid, m->shm_fd, s->model.layout.total, why, sizeof why) == 0)
+            if (c->same_host && srv_shm_attach(c, m, s->model.layout.total, why, sizeof why) == 0)
                 PS_LOG(PS_LOG_INFO, "shard %u (%s): tensors through shared memory (pid %u)", m->shard, c->addr,
                        m->shm_pid);
             else

@@ -183,9 +183,12 @@ struct srv_conn {
                               * copy of one from shm (kept, so neither allocates
                               * in steady state) */
     size_t wide_cap;         /* floats */
-    float *shm;              /* the worker's shared segment (shm.c): 2 x shm_params
-                              * floats, gradient then parameters; NULL: none */
+    float *shm;              /* the worker's shared segment (shm.c): its
+                              * gradient's shm_params floats; NULL: none */
+    float *shm_out;          /* where psd writes the parameters it answers with */
     uint64_t shm_params;
+    void *shm_map[2];        /* the two mappings they lie in */
+    size_t shm_maplen[2];
     srv_parked *parked;      /* pulls waiting for a version */
     srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
                               * (ADMIN pin, psctl save); NULL = the current one */
@@ -465,9 +468,12 @@ int srv_metrics_text(psd *s, ps_buf *out);
 /* An rdt value that never comes off the wire: answer into the segment. */
 #define SRV_RDT_SHM 0x100u
 
-/* Maps /proc/<pid>/fd/<fd> when it is a memfd sealed against shrinking and
- * growing, of 2 x nparams floats; 0, or -1 with the reason in why. */
-int srv_shm_attach(srv_conn *c, uint32_t pid, uint32_t fd, uint64_t nparams, char *why, size_t whylen);
+/* Maps the segment a worker's hello offers (m's "shm": /proc/<pid>/fd/<fd>)
+ * when it is a memfd sealed against shrinking and growing that holds the
+ * gradient and the parameters, nparams floats each, where the hello says
+ * (by default [0, nparams) and [nparams, 2 nparams) of a memfd of exactly
+ * that size). 0, or -1 with the reason in why. */
+int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen);
 void srv_shm_detach(srv_conn *c);
 
 #endif

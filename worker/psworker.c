@@ -54,7 +54,9 @@ static void usage(FILE *f)
             "\n"
             "Trains shard K of M of a data set against psd.\n"
             "\n"
-            "  -S, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000)\n"
+            "  -S, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000);\n"
+            "                          HOST:PORT,HOST:PORT,...: a model split over that many psd,\n"
+            "                          one part each, in order (every worker lists them alike)\n"
             "      --token-file PATH   the secret to prove to psd when it requires one (its\n"
             "                          token_file; default $PSD_TOKEN_FILE); mode 600\n"
             "  -k, --shard K/M         this worker's shard (default 0/1), or `auto`: K and M\n"
@@ -88,7 +90,8 @@ static void usage(FILE *f)
             "      --save-params PATH  write the final parameters to PATH as raw little-endian float32\n"
             "      --pipeline on|off|auto  compute the next gradient while the last one travels\n"
             "                          (one step more staleness; default off); auto: on in asgd\n"
-            "                          and ssp for models of at most 2^20 parameters, off in bsp\n"
+            "                          and ssp for models of at most 2^20 parameters on one psd,\n"
+            "                          off in bsp\n"
             "      --wire f32|bf16     tensors on the wire: f32 (default), or bf16 to push gradients\n"
             "                          and receive parameters at 2 bytes a value (half the bytes,\n"
             "                          about 3 significant digits; psd keeps float32) when psd\n"
@@ -96,7 +99,8 @@ static void usage(FILE *f)
             "      --shm on|off        on (default): offer psd a shared-memory segment for the\n"
             "                          tensors; a psd on this machine, of the same user, maps it\n"
             "                          and pushes and pulls skip the TCP copies (models of at\n"
-            "                          most 2^20 parameters, not with --pipeline on); elsewhere\n"
+            "                          most 2^20 parameters, or 2^20 per psd, not with --pipeline\n"
+            "                          on); elsewhere\n"
             "                          they go over TCP as ever\n"
             "  -h, --help              this help\n"
             "\n"
@@ -458,7 +462,7 @@ int main(int argc, char **argv)
     ss.want_shm = o.shm;
     ss.token_len = token.len;
     if (layout_rc != 0) {
-        fprintf(stderr, "psworker: model layout does not fit the protocol's limits\n");
+        fprintf(stderr, "psworker: %s\n", ps_session_error(&ss));
         goto out;
     }
     int rc = ps_session_open(&ss);
@@ -467,9 +471,10 @@ int main(int argc, char **argv)
         goto out;
     }
     int bsp = ss.bsp;
-    if (o.pipeline == 1 || (o.pipeline == -1 && !bsp && ps_model_nparams(model) <= (1u << 20))) {
+    if (o.pipeline == 1 || (o.pipeline == -1 && !bsp && ps_model_nparams(model) <= (1u << 20) && ss.nlinks == 1)) {
         if (ps_session_set_pipeline(&ss, 1) != 0) {
-            fprintf(stderr, "psworker: --pipeline on needs asgd or ssp and a model of at most 2^20 parameters\n");
+            fprintf(stderr, "psworker: --pipeline on needs asgd or ssp, a model of at most 2^20 parameters and one "
+                            "psd\n");
             goto out;
         }
     }
@@ -636,10 +641,10 @@ int main(int argc, char **argv)
         printf("null, \"test_loss\": null");
     printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
            ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
-           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s}\n",
+           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s, \"servers\": %u}\n",
            train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), ss.version, ss.mode,
-           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped, ps_dtype_name(ss.cl.wire_dt),
-           ss.shm_ok ? "true" : "false");
+           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped, ps_dtype_name(ss.links[0].cl.wire_dt),
+           ss.shm_ok ? "true" : "false", ss.nlinks);
     fflush(stdout);
     status = 0;
 out:

@@ -3,6 +3,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -28,17 +29,69 @@ static int64_t mono_ms(void)
 
 const char *ps_session_error(const ps_session *ss)
 {
-    return ps_client_error(&ss->cl);
+    if (ss->err[0] || !ss->links)
+        return ss->err;
+    return ps_client_error(&ss->links[ss->err_link].cl);
+}
+
+__attribute__((format(printf, 2, 3)))
+static int serr(ps_session *ss, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ss->err, sizeof ss->err, fmt, ap);
+    va_end(ap);
+    return PS_EINVAL;
+}
+
+/* Splits "host:port,host:port,..." into links, part i on the i-th, each
+ * with the layout of its part. */
+static int links_make(ps_session *ss, const char *server)
+{
+    uint32_t n = 1;
+    for (const char *p = server; *p; p++)
+        n += *p == ',';
+    if (n > PS_PARTS_MAX)
+        return serr(ss, "--server lists %u psd; at most %u may share a model", n, PS_PARTS_MAX);
+    ss->links = calloc(n, sizeof *ss->links);
+    if (!ss->links)
+        return serr(ss, "out of memory");
+    ps_layout whole;
+    if (ps_model_layout(ss->model, &whole) != 0)
+        return serr(ss, "the model's layout does not fit the protocol's limits");
+    const char *p = server;
+    for (uint32_t i = 0; i < n; i++) {
+        ps_link *ln = &ss->links[i];
+        size_t len = strcspn(p, ",");
+        ps_client_init(&ln->cl);
+        pthread_mutex_init(&ln->lock, NULL);
+        pthread_cond_init(&ln->wake, NULL);
+        ln->cl.send_lock = &ln->lock;
+        ss->nlinks = i + 1;
+        if (len == 0 || len >= sizeof ln->server)
+            return serr(ss, "--server: psd %u of %u in \"%.200s\" is %s", i + 1, n, server,
+                        len ? "too long" : "empty");
+        memcpy(ln->server, p, len);
+        ln->server[len] = '\0';
+        p += len + (p[len] == ',');
+        ln->part = i;
+        if (n == 1) {
+            ln->layout = whole;
+            ln->lo = 0;
+            ln->hi = whole.total;
+        } else if (ps_layout_part(&whole, i, n, &ln->layout, &ln->lo, &ln->hi) != 0) {
+            return serr(ss, "the model's %llu parameters cannot be split over %u psd (each part is a multiple of "
+                            "%u values, and a cut tensor's name must fit in %d bytes)",
+                        (unsigned long long)whole.total, n, PS_PART_ALIGN, PS_NAME_MAX);
+        }
+    }
+    return 0;
 }
 
 int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t nshards, ps_model *model,
                     uint64_t seed, int timeout_ms, int reconnect_ms)
 {
     memset(ss, 0, sizeof *ss);
-    ps_client_init(&ss->cl);
-    pthread_mutex_init(&ss->lock, NULL);
-    pthread_cond_init(&ss->wake, NULL);
-    ss->cl.send_lock = &ss->lock;
     ss->shm_fd = -1;
     ss->server = server;
     ss->shard = shard;
@@ -47,14 +100,21 @@ int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t
     ss->seed = seed;
     ss->timeout_ms = timeout_ms;
     ss->reconnect_ms = reconnect_ms;
-    return ps_model_layout(model, &ss->layout);
+    return links_make(ss, server);
+}
+
+/* Sets the link ss->err_link to i and returns rc: the error to tell. */
+static int lfail(ps_session *ss, uint32_t i, int rc)
+{
+    ss->err_link = i;
+    return rc;
 }
 
 /* ---- heartbeats ----------------------------------------------------------- */
 
 static void *hb_main(void *arg)
 {
-    ps_session *ss = arg;
+    ps_link *ss = arg;
     pthread_mutex_lock(&ss->lock);
     while (!ss->hb_stop) {
         struct timespec until;
@@ -77,7 +137,7 @@ static void *hb_main(void *arg)
     return NULL;
 }
 
-static void hb_stop(ps_session *ss)
+static void hb_stop(ps_link *ss)
 {
     if (!ss->hb_running)
         return;
@@ -90,7 +150,7 @@ static void hb_stop(ps_session *ss)
     ss->hb_stop = 0;
 }
 
-static void hb_start(ps_session *ss)
+static void hb_start(ps_link *ss)
 {
     if (ss->hb_running || ss->hb_interval_ms == 0)
         return;
@@ -102,12 +162,12 @@ static void hb_start(ps_session *ss)
 
 /* ---- requests ------------------------------------------------------------- */
 
-/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last),
- * back to back, and then reads their OKs (psd answers in order). A push psd
- * dropped because its round had closed is counted, not an error. */
-static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_t n, uint64_t base)
+/* Sends values[0..n) as chunks of type INIT or PUSH (fin on the last) to
+ * ln's psd, back to back, without reading the OKs: *sent says how many
+ * chunks went. Offsets are ln's part's own (psd holds just that part). */
+static int chunks_out(ps_link *ln, uint32_t type, const float *values, size_t n, uint64_t base, size_t *sent)
 {
-    size_t sent = 0;
+    *sent = 0;
     for (size_t off = 0; off < n; off += CHUNK_FLOATS) {
         size_t len = n - off < CHUNK_FLOATS ? n - off : CHUNK_FLOATS;
         ps_msg m;
@@ -118,16 +178,25 @@ static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_
         m.ndata = len;
         m.fin = off + len == n;
         m.base = base;
-        int rc = ps_client_send(&ss->cl, &m);
+        int rc = ps_client_send(&ln->cl, &m);
         if (rc != 0)
             return rc;
-        sent++;
+        (*sent)++;
     }
+    return 0;
+}
+
+/* Reads the OKs of `sent` chunks (psd answers in order). A push psd
+ * dropped because its round had closed is counted (*dropped, once per
+ * step), not an error. */
+static int chunks_acks(ps_link *ln, size_t sent, int timeout_ms, uint64_t *dropped)
+{
     for (size_t i = 0; i < sent; i++) {
         ps_msg r;
-        int rc = ps_client_recv(&ss->cl, &r, ss->timeout_ms);
-        if (rc == PS_EREMOTE && ss->cl.remote_code == -PS_ESTALE) {
-            ss->dropped += i + 1 == sent; /* the fin chunk's answer counts the step */
+        int rc = ps_client_recv(&ln->cl, &r, timeout_ms);
+        if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_ESTALE) {
+            if (dropped)
+                *dropped += i + 1 == sent; /* the fin chunk's answer counts the step */
             continue;
         }
         if (rc != 0)
@@ -138,24 +207,42 @@ static int send_chunks(ps_session *ss, uint32_t type, const float *values, size_
     return 0;
 }
 
-/* Pulls the whole model at version >= min into the model's parameters,
+static int send_chunks(ps_session *ss, ps_link *ln, uint32_t type, const float *values, size_t n, uint64_t base)
+{
+    size_t sent;
+    int rc = chunks_out(ln, type, values, n, base, &sent);
+    return rc != 0 ? rc : chunks_acks(ln, sent, ss->timeout_ms, type == PS_MSG_PUSH ? &ss->dropped : NULL);
+}
+
+/* Pulls ln's part at version >= min into dst (its first value), with
  * PS_PULL_WINDOW chunk requests in flight. */
+static int pull_part(ps_session *ss, ps_link *ln, float *dst, uint64_t min)
+{
+    return ps_client_pull_chunks(&ln->cl, dst, ln->hi - ln->lo, min, CHUNK_FLOATS, PS_PULL_WINDOW, &ln->version,
+                                 ss->timeout_ms);
+}
+
+/* One psd: pulls the whole model at version >= min into the model's own
+ * parameters. */
 static int pull_all(ps_session *ss, uint64_t min)
 {
     ps_model_unbind_params(ss->model);
-    int rc = ps_client_pull_chunks(&ss->cl, ps_model_params(ss->model), ps_model_nparams(ss->model), min,
-                                   CHUNK_FLOATS, PS_PULL_WINDOW, &ss->version, ss->timeout_ms);
-    if (rc == 0)
+    int rc = pull_part(ss, &ss->links[0], ps_model_params(ss->model), min);
+    if (rc == 0) {
         ss->have_params = 1;
+        ss->version = ss->links[0].version;
+    }
     return rc;
 }
 
 /* ---- shared memory --------------------------------------------------------- */
 
 /* The segment a psd on this machine can map instead of sending the tensors
- * over loopback TCP (server/shm.c): a memfd of 2 x n floats, sealed so that
- * it can neither shrink (psd would fault on the missing pages) nor grow.
- * Made once; every connection offers the same one. */
+ * over loopback TCP (server/shm.c): a memfd of 2 x n floats (n: the whole
+ * model's parameters), gradient then parameters, sealed so that it can
+ * neither shrink (psd would fault on the missing pages) nor grow. Made
+ * once; every connection offers the same one, and a psd holding one part
+ * of the model maps that part of both halves. */
 static int shm_create(ps_session *ss)
 {
     size_t n = ps_model_nparams(ss->model), bytes = n * 2 * sizeof(float);
@@ -190,57 +277,68 @@ static void shm_free(ps_session *ss)
     ss->shm_ok = 0;
 }
 
-/* One PUSHPULL round trip of grads through the segment: psd reads them
- * there and answers with the parameters in its second half. */
-static int pushpull_shm(ps_session *ss, const float *grads, size_t n, uint64_t base, uint64_t min,
-                        const float **data, uint64_t *version)
+/* Sends ln's part of the gradient as a PUSHPULL that pulls the part back
+ * at version >= min: through the segment when ln's psd mapped it (the
+ * gradient must be there already), else with grads[lo, hi) as data. */
+static int pushpull_send(ps_session *ss, ps_link *ln, const float *grads, uint64_t base, uint64_t min)
 {
-    ps_msg m, r;
-    if (grads != ss->shm)
-        memcpy(ss->shm, grads, n * sizeof(float));
+    size_t n = ln->hi - ln->lo;
+    ps_msg m;
     ps_msg_init(&m, PS_MSG_PUSHPULL);
-    m.has = PS_F_BASE | PS_F_OFF | PS_F_LEN | PS_F_INSHM | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m.has = PS_F_BASE | PS_F_OFF | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
     m.base = base;
-    m.len = n;
-    m.inshm = 1;
     m.plen = n;
     m.min = min;
-    int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
-    if (rc != 0)
-        return rc;
-    if (r.type != PS_MSG_PARAMS || !r.inshm || r.off != 0 || r.len != n)
-        return PS_EMALFORMED;
-    *data = ss->shm + n;
+    if (ln->shm_ok && !ss->comm_running) {
+        if (grads != ss->shm)
+            memcpy(ss->shm + ln->lo, grads + ln->lo, n * sizeof(float));
+        m.has |= PS_F_LEN | PS_F_INSHM;
+        m.len = n;
+        m.inshm = 1;
+    } else {
+        m.has |= PS_F_DATA;
+        m.data = grads + ln->lo;
+        m.ndata = n;
+    }
+    return ps_client_send(&ln->cl, &m);
+}
+
+/* Reads the answer to pushpull_send: *data and *version describe the
+ * parameters that came back. Through the segment they are in its second
+ * half; over TCP they are read straight into dst when it is not NULL, and
+ * otherwise stay in the client's receive buffer until ps_session adopts
+ * them. Touches neither the model nor the session's version (it may run on
+ * the comm thread). */
+static int pushpull_recv(ps_session *ss, ps_link *ln, float *dst, const float **data, uint64_t *version)
+{
+    size_t n = ln->hi - ln->lo;
+    ps_msg r;
+    if (ln->shm_ok && !ss->comm_running) {
+        int rc = ps_client_recv(&ln->cl, &r, ss->timeout_ms);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || !r.inshm || r.off != 0 || r.len != n)
+            return PS_EMALFORMED;
+        *data = ss->shm + ps_model_nparams(ss->model) + ln->lo;
+    } else {
+        int rc = ps_client_recv_into(&ln->cl, &r, dst, dst ? n : 0, ss->timeout_ms);
+        if (rc != 0)
+            return rc;
+        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
+            return PS_EMALFORMED;
+        *data = r.data;
+    }
     *version = r.mver;
     return 0;
 }
 
-/* One PUSHPULL round trip of grads (n <= CHUNK_FLOATS) against base: on
- * success *data and *version describe the parameters that came back, which
- * live in the client's receive buffer until ps_session adopts them. Touches
- * neither the model nor the session's version (it may run on the comm
- * thread). */
-static int pushpull(ps_session *ss, const float *grads, size_t n, uint64_t base, uint64_t min, const float **data,
+/* One PUSHPULL round trip of one psd's whole model (n <= CHUNK_FLOATS). */
+static int pushpull(ps_session *ss, const float *grads, uint64_t base, uint64_t min, const float **data,
                     uint64_t *version)
 {
-    if (ss->shm_ok && !ss->comm_running)
-        return pushpull_shm(ss, grads, n, base, min, data, version);
-    ps_msg m, r;
-    ps_msg_init(&m, PS_MSG_PUSHPULL);
-    m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
-    m.base = base;
-    m.data = grads;
-    m.ndata = n;
-    m.plen = n;
-    m.min = min;
-    int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
-    if (rc != 0)
-        return rc;
-    if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
-        return PS_EMALFORMED;
-    *data = r.data;
-    *version = r.mver;
-    return 0;
+    ps_link *ln = &ss->links[0];
+    int rc = pushpull_send(ss, ln, grads, base, min);
+    return rc != 0 ? rc : pushpull_recv(ss, ln, NULL, data, version);
 }
 
 /* Makes the parameters that just arrived the model's: no copy, the model
@@ -248,15 +346,17 @@ static int pushpull(ps_session *ss, const float *grads, size_t n, uint64_t base,
  * gets the previous one back) so no later receive can overwrite them. */
 static void adopt(ps_session *ss, const float *data, uint64_t version)
 {
+    ps_client *cl = &ss->links[0].cl;
     if (ss->bsp && version > ss->version + 1)
         ss->dropped++; /* the round closed without our push */
     ps_model_bind_params(ss->model, (float *)(uintptr_t)data);
     if (ss->shm && data == ss->shm + ps_model_nparams(ss->model))
         ; /* psd writes there only when asked, and the next step asks */
-    else if (data == ss->cl.wide)
-        ps_client_swap_wide(&ss->cl, &ss->held_wide, &ss->held_wide_cap);
+    else if (data == cl->wide)
+        ps_client_swap_wide(cl, &ss->held_wide, &ss->held_wide_cap);
     else
-        ps_client_swap_rbuf(&ss->cl, &ss->held, &ss->held_cap);
+        ps_client_swap_rbuf(cl, &ss->held, &ss->held_cap);
+    ss->links[0].version = version;
     ss->version = version;
 }
 
@@ -265,7 +365,6 @@ static void adopt(ps_session *ss, const float *data, uint64_t version)
 static void *comm_main(void *arg)
 {
     ps_session *ss = arg;
-    size_t n = ps_model_nparams(ss->model);
     pthread_mutex_lock(&ss->comm_mu);
     for (;;) {
         while (!ss->comm_pending && !ss->comm_stop)
@@ -277,7 +376,7 @@ static void *comm_main(void *arg)
         pthread_mutex_unlock(&ss->comm_mu);
         const float *data = NULL;
         uint64_t version = 0;
-        int rc = pushpull(ss, g, n, base, 0, &data, &version);
+        int rc = pushpull(ss, g, base, 0, &data, &version);
         pthread_mutex_lock(&ss->comm_mu);
         ss->comm_rc = rc;
         ss->comm_data = data;
@@ -303,7 +402,7 @@ int ps_session_flush(ps_session *ss)
     pthread_mutex_unlock(&ss->comm_mu);
     if (done && rc == 0)
         adopt(ss, ss->comm_data, ss->comm_version);
-    return rc;
+    return lfail(ss, 0, rc);
 }
 
 static int pipeline_start(ps_session *ss)
@@ -349,7 +448,7 @@ static void pipeline_stop(ps_session *ss)
 int ps_session_set_pipeline(ps_session *ss, int on)
 {
     if (on && !ss->comm_running) {
-        if (ss->bsp || ps_model_nparams(ss->model) > CHUNK_FLOATS)
+        if (ss->bsp || ps_model_nparams(ss->model) > CHUNK_FLOATS || ss->nlinks > 1)
             return PS_EINVAL;
         return pipeline_start(ss);
     }
@@ -379,62 +478,132 @@ static int step_pipelined(ps_session *ss)
     return 0;
 }
 
+/* A step with the model split over several psd: every part's push goes
+ * out before any answer is read, the psd on other machines (TCP) first,
+ * so that their bytes are on the wire while a psd on this machine handles
+ * its part; parts of at most 2^20 values as one PUSHPULL each, answered
+ * straight into the model's parameters; bigger ones as chunked pushes, and
+ * then chunked pulls. */
+static int step_parts(ps_session *ss)
+{
+    const float *grads = ps_model_grads(ss->model);
+    float *params = ps_model_params(ss->model);
+    uint64_t v0 = ss->links[0].version;
+    int small = 1;
+    for (uint32_t i = 0; i < ss->nlinks; i++)
+        small &= ss->links[i].hi - ss->links[i].lo <= CHUNK_FLOATS;
+    if (small) {
+        for (int shm = 0; shm < 2; shm++)
+            for (uint32_t i = 0; i < ss->nlinks; i++) {
+                ps_link *ln = &ss->links[i];
+                if (ln->shm_ok != shm)
+                    continue;
+                int rc = pushpull_send(ss, ln, grads, ln->version, ss->bsp ? ln->version + 1 : 0);
+                if (rc != 0)
+                    return lfail(ss, i, rc);
+            }
+        for (uint32_t i = 0; i < ss->nlinks; i++) {
+            ps_link *ln = &ss->links[i];
+            const float *data;
+            int rc = pushpull_recv(ss, ln, params + ln->lo, &data, &ln->version);
+            if (rc != 0)
+                return lfail(ss, i, rc);
+            if (data != params + ln->lo) /* not where it should be: never with the segment bound */
+                memcpy(params + ln->lo, data, (ln->hi - ln->lo) * sizeof(float));
+        }
+        if (ss->bsp && ss->links[0].version > v0 + 1)
+            ss->dropped++; /* the round closed without our push */
+    } else {
+        size_t sent[PS_PARTS_MAX];
+        for (uint32_t i = 0; i < ss->nlinks; i++) {
+            ps_link *ln = &ss->links[i];
+            int rc = chunks_out(ln, PS_MSG_PUSH, grads + ln->lo, ln->hi - ln->lo, ln->version, &sent[i]);
+            if (rc != 0)
+                return lfail(ss, i, rc);
+        }
+        for (uint32_t i = 0; i < ss->nlinks; i++) {
+            int rc = chunks_acks(&ss->links[i], sent[i], ss->timeout_ms, i == 0 ? &ss->dropped : NULL);
+            if (rc != 0)
+                return lfail(ss, i, rc);
+        }
+        for (uint32_t i = 0; i < ss->nlinks; i++) {
+            ps_link *ln = &ss->links[i];
+            int rc = pull_part(ss, ln, params + ln->lo, ss->bsp ? ln->version + 1 : 0);
+            if (rc != 0)
+                return lfail(ss, i, rc);
+        }
+    }
+    ss->version = ss->links[0].version;
+    return 0;
+}
+
 int ps_session_step(ps_session *ss)
 {
     if (ss->comm_running)
         return step_pipelined(ss);
+    if (ss->nlinks > 1)
+        return step_parts(ss);
     size_t n = ps_model_nparams(ss->model);
     const float *grads = ps_model_grads(ss->model);
     uint64_t min = ss->bsp ? ss->version + 1 : 0;
+    ss->err_link = 0;
     if (n <= CHUNK_FLOATS) {
         const float *data;
         uint64_t version;
-        int rc = pushpull(ss, grads, n, ss->version, min, &data, &version);
+        int rc = pushpull(ss, grads, ss->version, min, &data, &version);
         if (rc != 0)
             return rc;
         adopt(ss, data, version);
         return 0;
     }
-    int rc = send_chunks(ss, PS_MSG_PUSH, grads, n, ss->version);
+    int rc = send_chunks(ss, &ss->links[0], PS_MSG_PUSH, grads, n, ss->version);
     if (rc != 0)
         return rc;
     return pull_all(ss, min);
 }
 
+/* Every psd keeps the workers' reports, so each one's status shows the
+ * job's progress. */
 int ps_session_report(ps_session *ss, uint32_t epoch, double loss, int has_acc, double acc, double tloss,
                       uint64_t samples, double rate)
 {
-    ps_msg m, r;
-    ps_msg_init(&m, PS_MSG_REPORT);
-    m.has = PS_F_EPOCH | PS_F_LOSS | PS_F_SAMPLES | PS_F_RATE;
-    m.epoch = epoch;
-    m.loss = loss;
-    m.samples = samples;
-    m.rate = rate;
-    if (has_acc) {
-        m.has |= PS_F_ACC | PS_F_TLOSS;
-        m.acc = acc;
-        m.tloss = tloss;
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_REPORT);
+        m.has = PS_F_EPOCH | PS_F_LOSS | PS_F_SAMPLES | PS_F_RATE;
+        m.epoch = epoch;
+        m.loss = loss;
+        m.samples = samples;
+        m.rate = rate;
+        if (has_acc) {
+            m.has |= PS_F_ACC | PS_F_TLOSS;
+            m.acc = acc;
+            m.tloss = tloss;
+        }
+        int rc = ps_client_call(&ss->links[i].cl, &m, &r, ss->timeout_ms);
+        if (rc != 0)
+            return lfail(ss, i, rc);
     }
-    return ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    return 0;
 }
 
+/* From the first psd: every psd sees the same workers come and go. */
 int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count)
 {
     ps_msg m, r;
     ps_msg_init(&m, PS_MSG_STATUS);
-    int rc = ps_client_call(&ss->cl, &m, &r, ss->timeout_ms);
+    int rc = ps_client_call(&ss->links[0].cl, &m, &r, ss->timeout_ms);
     if (rc != 0)
-        return rc;
+        return lfail(ss, 0, rc);
     const msgpack_object *ws = r.type == PS_MSG_STATUS_REPLY ? ps_map_get(r.body, "workers") : NULL;
     if (!ws || ws->type != MSGPACK_OBJECT_ARRAY)
-        return PS_EMALFORMED;
+        return lfail(ss, 0, PS_EMALFORMED);
     uint32_t lost = 0, lost_below = 0;
     for (uint32_t i = 0; i < ws->via.array.size; i++) {
         const msgpack_object *w = &ws->via.array.ptr[i];
         const msgpack_object *sh = ps_map_get(w, "shard"), *st = ps_map_get(w, "state");
         if (!sh || sh->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !st || st->type != MSGPACK_OBJECT_STR)
-            return PS_EMALFORMED;
+            return lfail(ss, 0, PS_EMALFORMED);
         if (sh->via.u64 >= ss->nshards || sh->via.u64 == ss->shard || st->via.str.size != 4 ||
             memcmp(st->via.str.ptr, "lost", 4) != 0)
             continue;
@@ -448,13 +617,23 @@ int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count)
 
 /* ---- connecting ----------------------------------------------------------- */
 
-int ps_session_open(ps_session *ss)
+static void link_close(ps_link *ln)
+{
+    hb_stop(ln);
+    pthread_mutex_lock(&ln->lock);
+    ps_client_close(&ln->cl);
+    pthread_mutex_unlock(&ln->lock);
+}
+
+/* Connects ln and says hello, offering the segment when there is one;
+ * *need_init: this psd asks for initial values. */
+static int link_hello(ps_session *ss, ps_link *ln, int *need_init)
 {
     ps_msg m, r;
-    hb_stop(ss);
-    pthread_mutex_lock(&ss->lock);
-    int rc = ps_client_connect(&ss->cl, ss->server, 10000);
-    pthread_mutex_unlock(&ss->lock);
+    hb_stop(ln);
+    pthread_mutex_lock(&ln->lock);
+    int rc = ps_client_connect(&ln->cl, ln->server, 10000);
+    pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
     ps_msg_init(&m, PS_MSG_HELLO);
@@ -463,63 +642,122 @@ int ps_session_open(ps_session *ss)
     m.role = PS_ROLE_WORKER;
     m.shard = ss->shard;
     m.nshards = ss->nshards;
-    m.layout = &ss->layout;
-    m.fp = ps_layout_fingerprint(&ss->layout);
-    ss->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
-    ps_model_unbind_params(ss->model); /* not in the segment, which psd may write */
-    ss->shm_ok = 0;
-    if (ss->want_shm && ps_model_nparams(ss->model) <= CHUNK_FLOATS && shm_create(ss) == 0) {
+    m.layout = &ln->layout;
+    m.fp = ps_layout_fingerprint(&ln->layout);
+    ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
+    ln->shm_ok = 0;
+    if (ss->shm) {
         m.has |= PS_F_SHM;
         m.shm_pid = (uint32_t)getpid();
         m.shm_fd = (uint32_t)ss->shm_fd;
+        if (ss->nlinks > 1) {
+            /* this part of both halves: [lo, hi) and [n + lo, n + hi) */
+            m.shm_at = 1;
+            m.shm_goff = ln->lo;
+            m.shm_poff = ps_model_nparams(ss->model) + ln->lo;
+        }
     }
-    rc = ps_client_hello(&ss->cl, &m, ss->token, ss->token_len, &r, ss->timeout_ms);
+    rc = ps_client_hello(&ln->cl, &m, ss->token, ss->token_len, &r, ss->timeout_ms);
     if (rc != 0)
         return rc;
-    ss->shm_ok = ss->shm && (r.has & PS_F_INSHM) && r.inshm;
-    if (!ss->comm_running)
-        ps_model_bind_grads(ss->model, ss->shm_ok ? ss->shm : NULL);
+    ln->shm_ok = ss->shm && (r.has & PS_F_INSHM) && r.inshm;
     if (ss->want_shm && !ss->shm_logged) {
-        ss->shm_logged = 1;
-        if (ss->shm_ok)
-            PS_LOG(PS_LOG_INFO, "tensors through shared memory with psd at %s", ss->server);
+        if (ln->shm_ok)
+            PS_LOG(PS_LOG_INFO, "tensors through shared memory with psd at %s", ln->server);
         else
             PS_LOG(PS_LOG_DEBUG, "tensors over TCP: psd at %s did not map our shared memory (another machine "
-                                 "or user; its log says why)", ss->server);
+                                 "or user; its log says why)", ln->server);
     }
     if (ss->want_dt != PS_DT_F32) {
         if ((r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(ss->want_dt)))
-            ss->cl.wire_dt = ss->want_dt;
+            ln->cl.wire_dt = ss->want_dt;
         else
             PS_LOG(PS_LOG_WARN, "psd at %s does not offer %s tensors (wire_bf16 = no, or an older psd): "
-                                "sending float32", ss->server, ps_dtype_name(ss->want_dt));
+                                "sending float32", ln->server, ps_dtype_name(ss->want_dt));
     }
-    snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
-    ss->bsp = strcmp(r.mode, "bsp") == 0;
-    ss->version = r.mver;
+    snprintf(ln->mode, sizeof ln->mode, "%s", r.mode);
+    ln->version = r.mver;
+    *need_init = r.need_init;
     uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
-    ss->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
-    ps_model_unbind_params(ss->model); /* the model's own vector from here on */
-    if (r.need_init) {
+    ln->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
+    return 0;
+}
+
+int ps_session_open(ps_session *ss)
+{
+    int need_init[PS_PARTS_MAX] = {0}, fresh[PS_PARTS_MAX] = {0}, any_init = 0;
+    size_t n = ps_model_nparams(ss->model);
+    ss->err[0] = '\0';
+    ps_model_unbind_params(ss->model); /* not in the segment, which psd may write */
+    /* a segment when every part can use it (one block each) */
+    int small = 1;
+    for (uint32_t i = 0; i < ss->nlinks; i++)
+        small &= ss->links[i].hi - ss->links[i].lo <= CHUNK_FLOATS;
+    if (ss->want_shm && small && !ss->shm && shm_create(ss) != 0)
+        PS_LOG(PS_LOG_DEBUG, "no shared-memory segment (%s): tensors over TCP", strerror(errno));
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_link *ln = &ss->links[i];
+        if (ln->cl.fd >= 0)
+            continue;
+        int rc = link_hello(ss, ln, &need_init[i]);
+        if (rc != 0)
+            return lfail(ss, i, rc);
+        fresh[i] = 1;
+        any_init |= need_init[i];
+    }
+    ss->shm_logged |= ss->want_shm;
+    ss->shm_ok = 0;
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_link *ln = &ss->links[i];
+        ss->shm_ok |= ln->shm_ok;
+        if (strcmp(ln->mode, ss->links[0].mode) != 0) {
+            link_close(ln);
+            serr(ss, "psd at %s runs %s but psd at %s runs %s: every psd holding a part of the model must run "
+                     "the same mode", ss->links[0].server, ss->links[0].mode, ln->server, ln->mode);
+            return PS_EINVAL;
+        }
+    }
+    snprintf(ss->mode, sizeof ss->mode, "%s", ss->links[0].mode);
+    ss->bsp = strcmp(ss->mode, "bsp") == 0;
+    if (!ss->comm_running)
+        ps_model_bind_grads(ss->model, ss->shm_ok ? ss->shm : NULL);
+    /* the model's own vector from here on */
+    float *params = ps_model_params(ss->model);
+    if (any_init) {
         /* psd holds no values: offer ours (the latest we pulled, or a
          * seeded start) */
         if (!ss->have_params)
             ps_model_init_params(ss->model, ss->seed);
         else
             PS_LOG(PS_LOG_WARN, "psd has no model (restarted without a checkpoint?): giving it ours");
-        rc = send_chunks(ss, PS_MSG_INIT, ps_model_params(ss->model), ps_model_nparams(ss->model), 0);
-        if (rc != 0)
-            return rc;
     }
-    rc = pull_all(ss, 0);
-    if (rc != 0)
-        return rc;
-    hb_start(ss);
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_link *ln = &ss->links[i];
+        if (!fresh[i])
+            continue;
+        int rc = need_init[i] ? send_chunks(ss, ln, PS_MSG_INIT, params + ln->lo, ln->hi - ln->lo, 0) : 0;
+        if (rc == 0)
+            rc = pull_part(ss, ln, params + ln->lo, 0);
+        if (rc != 0)
+            return lfail(ss, i, rc);
+    }
+    ss->have_params = 1;
+    ss->version = ss->links[0].version;
+    if (ss->nlinks > 1 && ss->shm_ok) {
+        /* the parameters live in the segment's second half, where the psd
+         * on this machine answers its part and the others' are read */
+        memcpy(ss->shm + n, params, n * sizeof(float));
+        ps_model_bind_params(ss->model, ss->shm + n);
+    }
+    for (uint32_t i = 0; i < ss->nlinks; i++)
+        if (fresh[i])
+            hb_start(&ss->links[i]);
     return 0;
 }
 
 int ps_session_recoverable(const ps_session *ss, int rc)
 {
+    const ps_client *cl = &ss->links[ss->err_link].cl;
     switch (rc) {
     case PS_ECLOSED:
     case PS_EIO:
@@ -529,8 +767,8 @@ int ps_session_recoverable(const ps_session *ss, int rc)
     case PS_EREMOTE:
         /* psd shutting down; our old connection not yet noticed gone; the
          * worker giving initial values left before finishing */
-        return ss->cl.remote_code == -PS_ESHUTDOWN || ss->cl.remote_code == -PS_ESHARD ||
-               ss->cl.remote_code == -PS_ENOT_READY;
+        return cl->remote_code == -PS_ESHUTDOWN || cl->remote_code == -PS_ESHARD ||
+               cl->remote_code == -PS_ENOT_READY;
     default:
         return 0;
     }
@@ -542,14 +780,13 @@ int ps_session_reconnect(ps_session *ss)
     int64_t start = mono_ms(), deadline = start + ss->reconnect_ms;
     uint64_t delay = 100;
     unsigned seed = (unsigned)(ss->shard * 2654435761u) ^ (unsigned)start;
+    uint32_t li = ss->err_link;
+    ps_link *ln = &ss->links[li];
     char first[256];
     snprintf(first, sizeof first, "%.200s", ps_session_error(ss));
-    PS_LOG(PS_LOG_WARN, "lost psd at %s (%s); reconnecting for up to %d s", ss->server, first,
+    PS_LOG(PS_LOG_WARN, "lost psd at %s (%s); reconnecting for up to %d s", ln->server, first,
            ss->reconnect_ms / 1000);
-    hb_stop(ss);
-    pthread_mutex_lock(&ss->lock);
-    ps_client_close(&ss->cl);
-    pthread_mutex_unlock(&ss->lock);
+    link_close(ln);
     for (int attempt = 1;; attempt++) {
         /* full jitter: sleep a random time in [delay/2, delay] */
         uint64_t sleep_ms = delay / 2 + (uint64_t)rand_r(&seed) % (delay / 2 + 1);
@@ -563,17 +800,16 @@ int ps_session_reconnect(ps_session *ss)
         if (rc == 0) {
             ss->reconnects++;
             PS_LOG(PS_LOG_INFO, "reconnected to psd at %s after %.1f s (attempt %d): mode %s, model version %" PRIu64,
-                   ss->server, (double)(mono_ms() - start) / 1e3, attempt, ss->mode, ss->version);
+                   ln->server, (double)(mono_ms() - start) / 1e3, attempt, ss->mode, ln->version);
             return 0;
         }
-        pthread_mutex_lock(&ss->lock);
-        ps_client_close(&ss->cl);
-        pthread_mutex_unlock(&ss->lock);
+        /* open stops at the first link that fails; that one is closed again */
+        link_close(&ss->links[ss->err_link]);
         if (!ps_session_recoverable(ss, rc))
             return rc;
         if (mono_ms() >= deadline) {
-            snprintf(ss->cl.err, sizeof ss->cl.err,
-                     "psd at %s unreachable for %.0f s (%s); giving up (see --reconnect-timeout)", ss->server,
+            snprintf(ss->err, sizeof ss->err,
+                     "psd at %.280s unreachable for %.0f s (%.200s); giving up (see --reconnect-timeout)", ln->server,
                      (double)(mono_ms() - start) / 1e3, first);
             return PS_ETIMEOUT;
         }
@@ -584,29 +820,37 @@ int ps_session_reconnect(ps_session *ss)
 void ps_session_close(ps_session *ss)
 {
     pipeline_stop(ss);
-    hb_stop(ss);
-    if (ss->cl.fd >= 0) {
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_BYE);
-        ps_client_call(&ss->cl, &m, &r, 5000);
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_link *ln = &ss->links[i];
+        hb_stop(ln);
+        if (ln->cl.fd >= 0) {
+            ps_msg m, r;
+            ps_msg_init(&m, PS_MSG_BYE);
+            ps_client_call(&ln->cl, &m, &r, 5000);
+        }
+        link_close(ln);
     }
-    pthread_mutex_lock(&ss->lock);
-    ps_client_close(&ss->cl);
-    pthread_mutex_unlock(&ss->lock);
 }
 
 void ps_session_free(ps_session *ss)
 {
     pipeline_stop(ss);
-    shm_free(ss);
+    if (ss->links)
+        shm_free(ss);
     ps_model_unbind_params(ss->model);
     free(ss->held);
     ss->held = NULL;
     free(ss->held_wide);
     ss->held_wide = NULL;
-    hb_stop(ss);
-    ss->cl.send_lock = NULL;
-    ps_client_free(&ss->cl);
-    pthread_mutex_destroy(&ss->lock);
-    pthread_cond_destroy(&ss->wake);
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_link *ln = &ss->links[i];
+        hb_stop(ln);
+        ln->cl.send_lock = NULL;
+        ps_client_free(&ln->cl);
+        pthread_mutex_destroy(&ln->lock);
+        pthread_cond_destroy(&ln->wake);
+    }
+    free(ss->links);
+    ss->links = NULL;
+    ss->nlinks = 0;
 }

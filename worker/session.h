@@ -14,18 +14,32 @@
 #include "common/client.h"
 #include "model.h"
 
-typedef struct ps_session {
+/* One connection: to psd, or with a model split over several psd
+ * instances (--server A,B,...), to the one holding part `part`. */
+typedef struct ps_link {
     ps_client cl;
     pthread_mutex_t lock;    /* the client's send lock */
     pthread_cond_t wake;     /* wakes the heartbeat thread */
     pthread_t hb_thread;
     int hb_running, hb_stop;
-    uint64_t hb_interval_ms; /* a third of psd's heartbeat_timeout */
+    uint64_t hb_interval_ms; /* a third of this psd's heartbeat_timeout */
+    char server[300];        /* "host:port" */
+    uint32_t part;           /* which part of the model this psd holds */
+    uint64_t lo, hi;         /* that part: values [lo, hi) of the flat vector */
+    ps_layout layout;        /* its layout (the model's own with one psd) */
+    char mode[16];
+    uint64_t version;        /* version of this part's parameters we hold */
+    int shm_ok;              /* this psd mapped our segment */
+} ps_link;
+
+typedef struct ps_session {
+    ps_link *links;          /* one per psd, in part order */
+    uint32_t nlinks;
+    uint32_t err_link;       /* the link whose error ps_session_error tells */
     /* what the worker is */
-    const char *server;
+    const char *server;      /* as given: "host:port" or a comma-separated list */
     uint32_t shard, nshards;
     ps_model *model;
-    ps_layout layout;
     uint64_t seed;
     int timeout_ms;          /* per request */
     const uint8_t *token;    /* the secret proved to psd (--token-file); set
@@ -35,7 +49,8 @@ typedef struct ps_session {
     /* what psd said */
     char mode[16];
     int bsp;                 /* pulls wait for the round the push went into */
-    uint64_t version;        /* model version of the parameters we hold */
+    uint64_t version;        /* model version of the parameters we hold (of
+                              * the first part, with several psd) */
     uint64_t reconnects;
     uint64_t dropped;        /* our pushes psd dropped (BSP round closed) */
     int have_params;         /* we hold parameters worth offering as init */
@@ -47,7 +62,7 @@ typedef struct ps_session {
     int want_shm;            /* offer psd a shared segment (--shm on, the default) */
     int shm_fd;              /* the sealed memfd; -1: none yet */
     float *shm;              /* its mapping: n gradient floats, then n parameter floats */
-    int shm_ok;              /* psd mapped it: pushpulls go through it */
+    int shm_ok;              /* some psd mapped it: pushpulls go through it */
     int shm_logged;
     /* pipelining: the comm thread runs one step's push-and-pull while the
      * training thread computes the next gradient */
@@ -61,27 +76,38 @@ typedef struct ps_session {
     uint64_t comm_version;
     float *gbuf[2];           /* gradients, alternately computed and sent */
     int gcur;
+    char err[600];            /* a session-level error (ps_session_init, modes) */
 } ps_session;
 
-/* Fills ss from the model and options; no connection yet. */
+/* Fills ss from the model and options; no connection yet. server is
+ * "host:port", or "host:port,host:port,...": a model split over that many
+ * psd instances, part i (proto/layout.h ps_part_bounds) on the i-th.
+ * Returns 0, or PS_EINVAL with the reason in ps_session_error() (a bad
+ * list, a model too small for the split or whose layout does not fit the
+ * protocol). */
 int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t nshards, ps_model *model,
                     uint64_t seed, int timeout_ms, int reconnect_ms);
 void ps_session_free(ps_session *ss);
 
 /* Connects, says hello, sends initial values if psd asks (seeded values the
  * first time, the parameters we hold after that), pulls the model and
- * starts the heartbeat thread. Returns 0 or a negative code; the reason is
+ * starts the heartbeat thread; with several psd, each of those not
+ * connected (all of them the first time), and every psd must run the same
+ * mode. Returns 0 or a negative code; the reason is
  * in ps_session_error(). */
 int ps_session_open(ps_session *ss);
 
 /* Pushes the model's gradients and pulls the parameters back into the
- * model (BSP: at the version after the round). */
+ * model (BSP: at the version after the round). With several psd, every
+ * part's request is sent before any reply is read, so the parts travel
+ * and are applied at the same time. */
 int ps_session_step(ps_session *ss);
 
 /* Turns pipelining on or off: with it on, ps_session_step hands the
  * gradient to a comm thread and returns at once, so the next gradient is
  * computed while this one travels (on parameters one step stale). Only for
- * asgd and ssp and models of at most 2^20 parameters (PS_EINVAL otherwise).
+ * asgd and ssp, models of at most 2^20 parameters and one psd (PS_EINVAL
+ * otherwise).
  * Call after ps_session_open. */
 int ps_session_set_pipeline(ps_session *ss, int on);
 
@@ -106,7 +132,8 @@ int ps_session_live_shards(ps_session *ss, uint32_t *rank, uint32_t *count);
 int ps_session_recoverable(const ps_session *ss, int rc);
 
 /* Reconnects with exponential backoff (100 ms doubling to 5 s, with
- * jitter) until it works or reconnect_ms have passed. */
+ * jitter) until it works or reconnect_ms have passed: with several psd,
+ * only to the one whose connection failed. */
 int ps_session_reconnect(ps_session *ss);
 
 /* Says bye and closes. */
