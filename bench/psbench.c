@@ -28,7 +28,9 @@
  * bench/mpi_allreduce was built (Open MPI found), it also times
  * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory (float32
  * whatever --wire says: MPI has no bfloat16 sum) and sets BSP rounds of 2
- * workers beside it.
+ * workers beside it: with one psd, and with the model split over 2 psd
+ * instances (ps_part_bounds), each worker reaching one of them through
+ * shared memory, as when each machine runs a worker and a psd.
  *
  * A benchmark, not a test: it reports figures and fails only when it cannot
  * measure. See bench/README.md. */
@@ -226,19 +228,35 @@ enum { SYS_PSD, SYS_TCP, SYS_TCP_STAR }; /* psd, the plain-TCP ceiling, its BSP 
 
 typedef struct bench bench;
 
-typedef struct bworker {
-    bench *b;
-    int k;                  /* shard */
-    pthread_t th;
+/* A worker's connection to one psd, which holds the model's values
+ * [lo, lo + n): the whole model, or one part of a model split over several
+ * psd instances (then that psd's model is just its part, so offsets on this
+ * connection count from lo). The plain-TCP ceiling uses cl's socket only. */
+typedef struct plink {
     ps_client cl;
+    const char *addr;       /* 127.0.0.1:port */
+    int part;               /* which part (for messages); -1: the whole model */
+    uint64_t lo, n;
+    int use_shm;            /* its pushpulls go through a shared segment */
     uint64_t version;       /* model version of the last pull */
-    float *params;          /* pulled parameters (chunked pulls copy here) */
     uint8_t *held;          /* a PUSHPULL's reply buffer, kept as psworker does */
     size_t held_cap;
     float *held_wide;       /* or its bfloat16 data widened (--wire bf16) */
     size_t held_wide_cap;
-    int shm_fd;             /* --shm rounds: the sealed memfd psd maps; -1: none */
-    float *shm;             /* its mapping: S gradient floats, then S parameters */
+    int shm_fd;             /* the sealed memfd psd maps; -1: none */
+    float *shm;             /* its mapping: n gradient floats, then n parameters */
+} plink;
+
+#define MAX_LINKS 2
+
+typedef struct bworker {
+    bench *b;
+    int k;                  /* shard */
+    pthread_t th;
+    plink l[MAX_LINKS];     /* one psd, or a split model: l[0] the psd of part k
+                             * (on the worker's machine), l[1] the other one */
+    int nl;
+    float *params;          /* pulled parameters (chunked pulls copy here) */
     double *lat;            /* seconds per timed round trip */
     size_t nlat, lat_cap;
     double t_end;           /* when its last timed round trip finished */
@@ -254,7 +272,10 @@ struct bench {
                              * psworker does on psd's machine (S <= 2^20) */
     uint64_t S;
     int K;
-    char addr[64];          /* 127.0.0.1:port */
+    int nparts;             /* psd instances the model is split over: 1, or 2
+                             * (the round comparison's "2 parts" rows) */
+    uint64_t part_lo[MAX_LINKS], part_hi[MAX_LINKS]; /* part i: values [lo, hi) */
+    char addr[MAX_LINKS][64]; /* 127.0.0.1:port of the server, or of part i's psd */
     const float *grad;      /* shared, read-only gradient of S floats */
     uint64_t max_rounds;
     int warmup;
@@ -273,12 +294,17 @@ struct bench {
     bworker *w;
 };
 
-static int wfail(bworker *w, int rc, const char *what)
+/* Records the worker's first failure; the reason comes from l's client
+ * (psd) or errno (the plain-TCP ceiling). */
+static int wfail(bworker *w, const plink *l, int rc, const char *what)
 {
     if (w->rc == 0) {
+        char who[48] = "";
+        if (l->part >= 0)
+            snprintf(who, sizeof who, " (psd of part %d)", l->part);
         w->rc = rc ? rc : PS_EIO;
-        snprintf(w->err, sizeof w->err, "worker %d: %s: %s", w->k, what,
-                 w->b->sys == SYS_PSD ? ps_client_error(&w->cl) : strerror(errno));
+        snprintf(w->err, sizeof w->err, "worker %d%s: %s: %s", w->k, who, what,
+                 w->b->sys == SYS_PSD ? ps_client_error(&l->cl) : strerror(errno));
     }
     atomic_store(&w->b->failed, 1);
     return w->rc;
@@ -298,10 +324,11 @@ static int lat_push(bworker *w, double dt)
     return 0;
 }
 
-/* Sends values[0..n) as INIT or PUSH chunks and reads their OKs: back to
- * back and the OKs after (psd answers in order), as worker/session.c
- * send_chunks does; with --pull-window 0 each chunk waits for its OK. */
-static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint64_t n)
+/* Sends values[0..n) as INIT or PUSH chunks over l and reads their OKs:
+ * back to back and the OKs after (psd answers in order), as
+ * worker/session.c send_chunks does; with --pull-window 0 each chunk waits
+ * for its OK. */
+static int psd_send_chunks(bworker *w, plink *l, uint32_t type, const float *values, uint64_t n)
 {
     uint64_t chunk = w->b->chunk, sent = 0;
     int pipe = w->b->window > 0;
@@ -315,100 +342,134 @@ static int psd_send_chunks(bworker *w, uint32_t type, const float *values, uint6
         m.data = values + off;
         m.ndata = len;
         m.fin = off + len == n;
-        m.base = w->version;
-        int rc = pipe ? ps_client_send(&w->cl, &m) : ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        m.base = l->version;
+        int rc = pipe ? ps_client_send(&l->cl, &m) : ps_client_call(&l->cl, &m, &r, CALL_TIMEOUT_MS);
         if (rc != 0)
-            return wfail(w, rc, what);
+            return wfail(w, l, rc, what);
         sent++;
     }
     for (uint64_t i = 0; pipe && i < sent; i++) {
         ps_msg r;
-        int rc = ps_client_recv(&w->cl, &r, CALL_TIMEOUT_MS);
+        int rc = ps_client_recv(&l->cl, &r, CALL_TIMEOUT_MS);
         if (rc != 0)
-            return wfail(w, rc, what);
+            return wfail(w, l, rc, what);
         if (r.type != PS_MSG_OK)
-            return wfail(w, PS_EMALFORMED, "push: unexpected reply");
+            return wfail(w, l, PS_EMALFORMED, "push: unexpected reply");
     }
     return 0;
 }
 
-/* Pulls all S floats at version >= min in chunks into w->params, as
- * worker/session.c pull_all: `window` chunk requests in flight (0: one,
+/* Pulls l's n floats at version >= min in chunks into w->params + l->lo,
+ * as worker/session.c pull_all: `window` chunk requests in flight (0: one,
  * sent once the previous reply arrived), each chunk's floats read straight
  * into w->params (ps_client_recv_into). */
-static int psd_pull_all(bworker *w, uint64_t min)
+static int psd_pull_all(bworker *w, plink *l, uint64_t min)
 {
     unsigned window = w->b->window > 0 ? (unsigned)w->b->window : 1;
-    int rc = ps_client_pull_chunks(&w->cl, w->params, w->b->S, min, w->b->chunk, window, &w->version,
+    int rc = ps_client_pull_chunks(&l->cl, w->params + l->lo, l->n, min, w->b->chunk, window, &l->version,
                                    CALL_TIMEOUT_MS);
-    return rc == 0 ? 0 : wfail(w, rc, "pull");
+    return rc == 0 ? 0 : wfail(w, l, rc, "pull");
+}
+
+/* Fills m with the PUSHPULL of one round trip over l (l->n <= the chunk
+ * size, or l->use_shm): the gradient from the shared segment (psworker
+ * computes it there: nothing to copy) or from the shared read-only one. */
+static void pushpull_msg(const bworker *w, const plink *l, ps_msg *m)
+{
+    ps_msg_init(m, PS_MSG_PUSHPULL);
+    m->has = PS_F_BASE | PS_F_OFF | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
+    m->base = l->version;
+    m->plen = l->n;
+    m->min = w->b->sync ? l->version + 1 : 0; /* BSP: wait for the round to close */
+    if (l->use_shm) {
+        m->has |= PS_F_LEN | PS_F_INSHM;
+        m->len = l->n;
+        m->inshm = 1;
+    } else {
+        m->has |= PS_F_DATA;
+        m->data = w->b->grad + l->lo;
+        m->ndata = l->n;
+    }
+}
+
+/* Checks a PUSHPULL's reply over l and keeps it as psworker does. */
+static int pushpull_reply(bworker *w, plink *l, const ps_msg *r)
+{
+    if (l->use_shm) {
+        if (r->type != PS_MSG_PARAMS || !r->inshm || r->off != 0 || r->len != l->n)
+            return wfail(w, l, PS_EMALFORMED, "pushpull: unexpected reply");
+    } else {
+        if (r->type != PS_MSG_PARAMS || r->off != 0 || r->ndata != l->n)
+            return wfail(w, l, PS_EMALFORMED, "pushpull: unexpected reply");
+        /* psworker keeps the reply where it arrived (or, bfloat16, where
+         * the client widened it) and receives the next one into the
+         * previous buffer: no copy */
+        if (r->data == l->cl.wide)
+            ps_client_swap_wide(&l->cl, &l->held_wide, &l->held_wide_cap);
+        else
+            ps_client_swap_rbuf(&l->cl, &l->held, &l->held_cap);
+    }
+    l->version = r->mver;
+    return 0;
 }
 
 /* One psd round trip: push S floats and pull S floats. */
 static int psd_round_trip(bworker *w)
 {
     bench *b = w->b;
-    uint64_t min = b->sync ? w->version + 1 : 0;
-    if (w->shm) {
-        /* psworker computes its gradient in the segment: nothing to copy */
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_PUSHPULL);
-        m.has = PS_F_BASE | PS_F_OFF | PS_F_LEN | PS_F_INSHM | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
-        m.base = w->version;
-        m.len = b->S;
-        m.inshm = 1;
-        m.plen = b->S;
-        m.min = min;
-        int rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+    if (w->nl == MAX_LINKS) {
+        /* a model in two parts, as psworker with --server A,B: the request
+         * to the other machine's psd goes first, so its bytes are on the
+         * wire while the local one is handled, then both replies */
+        plink *loc = &w->l[0], *rem = &w->l[1];
+        ps_msg mr, ml, r;
+        pushpull_msg(w, rem, &mr);
+        int rc = ps_client_send(&rem->cl, &mr);
         if (rc != 0)
-            return wfail(w, rc, "pushpull");
-        if (r.type != PS_MSG_PARAMS || !r.inshm || r.off != 0 || r.len != b->S)
-            return wfail(w, PS_EMALFORMED, "pushpull: unexpected reply");
-        w->version = r.mver;
-        return 0;
+            return wfail(w, rem, rc, "pushpull");
+        pushpull_msg(w, loc, &ml);
+        if ((rc = ps_client_send(&loc->cl, &ml)) != 0)
+            return wfail(w, loc, rc, "pushpull");
+        if ((rc = ps_client_recv(&loc->cl, &r, CALL_TIMEOUT_MS)) != 0)
+            return wfail(w, loc, rc, "pushpull");
+        if ((r.has & PS_F_ID) && r.id != ml.id && r.id != 0)
+            return wfail(w, loc, PS_EMALFORMED, "pushpull: reply to another request");
+        if ((rc = pushpull_reply(w, loc, &r)) != 0)
+            return rc;
+        if ((rc = ps_client_recv(&rem->cl, &r, CALL_TIMEOUT_MS)) != 0)
+            return wfail(w, rem, rc, "pushpull");
+        if ((r.has & PS_F_ID) && r.id != mr.id && r.id != 0)
+            return wfail(w, rem, PS_EMALFORMED, "pushpull: reply to another request");
+        return pushpull_reply(w, rem, &r);
     }
-    if (b->S <= b->chunk) {
+    plink *l = &w->l[0];
+    if (l->use_shm || b->S <= b->chunk) {
         ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_PUSHPULL);
-        m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
-        m.base = w->version;
-        m.data = b->grad;
-        m.ndata = b->S;
-        m.plen = b->S;
-        m.min = min;
-        int rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+        pushpull_msg(w, l, &m);
+        int rc = ps_client_call(&l->cl, &m, &r, CALL_TIMEOUT_MS);
         if (rc != 0)
-            return wfail(w, rc, "pushpull");
-        if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != b->S)
-            return wfail(w, PS_EMALFORMED, "pushpull: unexpected reply");
-        /* psworker keeps the reply where it arrived (or, bfloat16, where
-         * the client widened it) and receives the next one into the
-         * previous buffer: no copy */
-        if (r.data == w->cl.wide)
-            ps_client_swap_wide(&w->cl, &w->held_wide, &w->held_wide_cap);
-        else
-            ps_client_swap_rbuf(&w->cl, &w->held, &w->held_cap);
-        w->version = r.mver;
-        return 0;
+            return wfail(w, l, rc, "pushpull");
+        return pushpull_reply(w, l, &r);
     }
-    int rc = psd_send_chunks(w, PS_MSG_PUSH, b->grad, b->S);
-    return rc != 0 ? rc : psd_pull_all(w, min);
+    int rc = psd_send_chunks(w, l, PS_MSG_PUSH, b->grad, b->S);
+    return rc != 0 ? rc : psd_pull_all(w, l, b->sync ? l->version + 1 : 0);
 }
 
-/* Connects, says hello, takes the wire type asked for if psd's welcome
- * offers it (a psd that does not fails the cell: the figures would be
- * float32 ones), sends the initial values if asked, pulls once. */
-static int psd_open(bworker *w)
+/* Connects l, says hello (a layout of one tensor "w" of l->n floats),
+ * takes the wire type asked for if psd's welcome offers it (a psd that does
+ * not fails the cell: the figures would be float32 ones), sends the initial
+ * values if asked, pulls once. */
+static int psd_open(bworker *w, plink *l)
 {
     bench *b = w->b;
-    int rc = ps_client_connect(&w->cl, b->addr, 10000);
+    int rc = ps_client_connect(&l->cl, l->addr, 10000);
     if (rc != 0)
-        return wfail(w, rc, "connect");
-    ps_layout l;
-    ps_layout_init(&l);
-    uint32_t dims[1] = {(uint32_t)b->S};
-    if (ps_layout_add(&l, "w", 1, dims) != 0)
-        return wfail(w, PS_EINVAL, "layout");
+        return wfail(w, l, rc, "connect");
+    ps_layout lay;
+    ps_layout_init(&lay);
+    uint32_t dims[1] = {(uint32_t)l->n};
+    if (ps_layout_add(&lay, "w", 1, dims) != 0)
+        return wfail(w, l, PS_EINVAL, "layout");
     ps_msg m, r;
     ps_msg_init(&m, PS_MSG_HELLO);
     m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
@@ -416,33 +477,34 @@ static int psd_open(bworker *w)
     m.role = PS_ROLE_WORKER;
     m.shard = (uint32_t)w->k;
     m.nshards = (uint32_t)b->K;
-    m.layout = &l;
-    m.fp = ps_layout_fingerprint(&l);
-    w->cl.wire_dt = PS_DT_F32; /* until the welcome offers more */
-    if (b->shm) {
-        /* as worker/session.c: a memfd of 2 x S floats, sealed */
-        size_t bytes = b->S * 2 * sizeof(float);
-        w->shm_fd = memfd_create("psbench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    m.layout = &lay;
+    m.fp = ps_layout_fingerprint(&lay);
+    l->cl.wire_dt = PS_DT_F32; /* until the welcome offers more */
+    if (l->use_shm) {
+        /* as worker/session.c: a memfd of 2 x n floats, sealed */
+        size_t bytes = l->n * 2 * sizeof(float);
+        l->shm_fd = memfd_create("psbench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         void *p = MAP_FAILED;
-        if (w->shm_fd < 0 || ftruncate(w->shm_fd, (off_t)bytes) != 0 ||
-            fcntl(w->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-            (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, w->shm_fd, 0)) == MAP_FAILED)
-            return wfail(w, PS_EIO, "shared memory");
-        w->shm = p;
-        memcpy(w->shm, b->grad, b->S * sizeof(float));
-        memset(w->shm + b->S, 0, b->S * sizeof(float)); /* fault it in outside the timing */
+        if (l->shm_fd < 0 || ftruncate(l->shm_fd, (off_t)bytes) != 0 ||
+            fcntl(l->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+            (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, l->shm_fd, 0)) == MAP_FAILED)
+            return wfail(w, l, PS_EIO, "shared memory");
+        l->shm = p;
+        memcpy(l->shm, b->grad + l->lo, l->n * sizeof(float));
+        memset(l->shm + l->n, 0, l->n * sizeof(float)); /* fault it in outside the timing */
         m.has |= PS_F_SHM;
         m.shm_pid = (uint32_t)getpid();
-        m.shm_fd = (uint32_t)w->shm_fd;
+        m.shm_fd = (uint32_t)l->shm_fd;
     }
-    rc = ps_client_call(&w->cl, &m, &r, CALL_TIMEOUT_MS);
+    rc = ps_client_call(&l->cl, &m, &r, CALL_TIMEOUT_MS);
     if (rc != 0)
-        return wfail(w, rc, "hello");
+        return wfail(w, l, rc, "hello");
     if (r.type != PS_MSG_WELCOME)
-        return wfail(w, PS_EMALFORMED, "hello: no welcome");
-    if (b->shm && !((r.has & PS_F_INSHM) && r.inshm)) {
+        return wfail(w, l, PS_EMALFORMED, "hello: no welcome");
+    if (l->use_shm && !((r.has & PS_F_INSHM) && r.inshm)) {
         w->rc = PS_EINVAL;
-        snprintf(w->err, sizeof w->err, "worker %d: psd did not map our shared memory (its log says why)", w->k);
+        snprintf(w->err, sizeof w->err, "worker %d: psd%s did not map our shared memory (its log says why)", w->k,
+                 l->part >= 0 ? " of the worker's own part" : "");
         atomic_store(&b->failed, 1);
         return w->rc;
     }
@@ -459,16 +521,16 @@ static int psd_open(bworker *w)
             atomic_store(&b->failed, 1);
             return w->rc;
         }
-        w->cl.wire_dt = b->wire; /* pushes narrowed, pulls asked for (rdt) and widened */
+        l->cl.wire_dt = b->wire; /* pushes narrowed, pulls asked for (rdt) and widened */
     }
-    w->version = r.mver;
+    l->version = r.mver;
     if (r.need_init) {
-        for (uint64_t i = 0; i < b->S; i++)
-            w->params[i] = 0.01f;
-        if ((rc = psd_send_chunks(w, PS_MSG_INIT, w->params, b->S)) != 0)
+        for (uint64_t i = 0; i < l->n; i++)
+            w->params[l->lo + i] = 0.01f;
+        if ((rc = psd_send_chunks(w, l, PS_MSG_INIT, w->params + l->lo, l->n)) != 0)
             return rc;
     }
-    return psd_pull_all(w, 0);
+    return psd_pull_all(w, l, 0);
 }
 
 static int write_full(int fd, const void *p, size_t n)
@@ -510,11 +572,12 @@ static int read_full(int fd, void *p, size_t n)
  * gradient's and land in the parameters' buffer, unconverted. */
 static int tcp_round_trip(bworker *w)
 {
+    plink *l = &w->l[0];
     size_t bytes = w->b->S * w->b->vbytes;
-    if (write_full(w->cl.fd, w->b->grad, bytes) != 0)
-        return wfail(w, PS_EIO, "tcp send");
-    if (read_full(w->cl.fd, w->params, bytes) != 0)
-        return wfail(w, PS_EIO, "tcp receive");
+    if (write_full(l->cl.fd, w->b->grad, bytes) != 0)
+        return wfail(w, l, PS_EIO, "tcp send");
+    if (read_full(l->cl.fd, w->params, bytes) != 0)
+        return wfail(w, l, PS_EIO, "tcp receive");
     return 0;
 }
 
@@ -545,14 +608,16 @@ static void *worker_main(void *arg)
     bench *b = w->b;
     int rc = 0;
     if (b->sys == SYS_PSD) {
-        rc = psd_open(w);
-    } else if ((rc = ps_client_connect(&w->cl, b->addr, 10000)) != 0) {
-        wfail(w, rc, "connect");
+        for (int i = 0; rc == 0 && i < w->nl; i++)
+            rc = psd_open(w, &w->l[i]);
+    } else if ((rc = ps_client_connect(&w->l[0].cl, w->l[0].addr, 10000)) != 0) {
+        wfail(w, &w->l[0], rc, "connect");
     }
     for (int i = 0; rc == 0 && i < b->warmup; i++)
         rc = b->sys == SYS_PSD ? psd_round_trip(w) : tcp_round_trip(w);
     if (rc != 0)
-        ps_client_close(&w->cl); /* so psd's BSP rounds go on without us */
+        for (int i = 0; i < w->nl; i++)
+            ps_client_close(&w->l[i].cl); /* so psd's BSP rounds go on without us */
     pthread_barrier_wait(&b->gate);
     w->t_end = now_s();
     for (uint64_t r = 0; rc == 0 && keep_going(b, r); r++) {
@@ -562,15 +627,18 @@ static void *worker_main(void *arg)
         if (rc == 0) {
             w->t_end = t1;
             if (lat_push(w, t1 - t0) != 0)
-                rc = wfail(w, PS_ENOMEM, "latency record");
+                rc = wfail(w, &w->l[0], PS_ENOMEM, "latency record");
         }
     }
-    if (w->cl.fd >= 0 && b->sys == SYS_PSD && rc == 0) {
-        ps_msg m, r;
-        ps_msg_init(&m, PS_MSG_BYE);
-        ps_client_call(&w->cl, &m, &r, 5000);
+    for (int i = 0; i < w->nl; i++) {
+        plink *l = &w->l[i];
+        if (l->cl.fd >= 0 && b->sys == SYS_PSD && rc == 0) {
+            ps_msg m, r;
+            ps_msg_init(&m, PS_MSG_BYE);
+            ps_client_call(&l->cl, &m, &r, 5000);
+        }
+        ps_client_close(&l->cl);
     }
-    ps_client_close(&w->cl);
     atomic_fetch_add(&b->finished, 1);
     return NULL;
 }
@@ -610,7 +678,7 @@ static void *probe_main(void *arg)
     ps_client cl;
     ps_client_init(&cl);
     ps_msg m, r;
-    p->rc = ps_client_connect(&cl, p->b->addr, 10000);
+    p->rc = ps_client_connect(&cl, p->b->addr[0], 10000);
     if (p->rc == 0) {
         ps_msg_init(&m, PS_MSG_HELLO);
         m.has = PS_F_VERSION | PS_F_ROLE;
@@ -644,8 +712,23 @@ static void *probe_main(void *arg)
     return NULL;
 }
 
-/* Runs K worker threads against addr; server_pid's CPU use is measured. */
-static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *res)
+/* CPU seconds the servers pids[0..n) have used so far, together; -1 if unknown. */
+static double servers_cpu_s(const pid_t *pids, int n)
+{
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        double c = proc_cpu_s(pids[i]);
+        if (c < 0)
+            return -1;
+        sum += c;
+    }
+    return sum;
+}
+
+/* Runs K worker threads against b->addr (a model in 2 parts: each worker
+ * against both psd, its own part's first); the CPU use of the servers
+ * pids[0..npids) is measured, together. */
+static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, cell_result *res)
 {
     int K = b->K;
     b->w = calloc((size_t)K, sizeof *b->w);
@@ -662,8 +745,20 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
         bworker *w = &b->w[k];
         w->b = b;
         w->k = k;
-        ps_client_init(&w->cl);
-        w->shm_fd = -1;
+        w->nl = b->nparts;
+        for (int i = 0; i < w->nl; i++) {
+            /* l[0]: the part on the worker's machine (shard k's, part k),
+             * shared memory in shm cells; l[1]: the other part, over TCP */
+            int part = b->nparts == 1 ? 0 : (k + i) % b->nparts;
+            plink *l = &w->l[i];
+            ps_client_init(&l->cl);
+            l->addr = b->addr[part];
+            l->part = b->nparts == 1 ? -1 : part;
+            l->lo = b->part_lo[part];
+            l->n = b->part_hi[part] - b->part_lo[part];
+            l->use_shm = b->shm && i == 0;
+            l->shm_fd = -1;
+        }
         w->params = malloc(b->S * sizeof(float));
         if (!w->params)
             die("out of memory for %" PRIu64 " floats", b->S);
@@ -676,9 +771,9 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
     }
     pthread_barrier_wait(&b->gate);
     double t0 = now_s();
-    double cpu0 = proc_cpu_s(server_pid);
+    double cpu0 = servers_cpu_s(pids, npids);
     probe pr = {.b = b};
-    int probing = b->sys == SYS_PSD && o->probe;
+    int probing = b->sys == SYS_PSD && b->nparts == 1 && o->probe;
     atomic_store(&b->probe_stop, 0);
     if (probing && pthread_create(&pr.th, NULL, probe_main, &pr) != 0)
         probing = 0;
@@ -693,12 +788,13 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
         if (t > deadline && !killed) {
             /* a worker is stuck: kill the server so its calls fail */
             snprintf(res->err, sizeof res->err, "cell ran %.0f s over its time; server killed", CELL_GRACE_S);
-            kill(server_pid, SIGKILL);
+            for (int i = 0; i < npids; i++)
+                kill(pids[i], SIGKILL);
             killed = 1;
         }
         sleep_s(0.005);
     }
-    double cpu1 = proc_cpu_s(server_pid);
+    double cpu1 = servers_cpu_s(pids, npids);
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
     atomic_store(&b->probe_stop, 1);
     if (probing) {
@@ -756,14 +852,17 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
     free(all);
     for (int k = 0; k < K; k++) {
         bworker *w = &b->w[k];
-        ps_client_free(&w->cl);
-        if (w->shm)
-            munmap(w->shm, b->S * 2 * sizeof(float));
-        if (w->shm_fd >= 0)
-            close(w->shm_fd);
+        for (int i = 0; i < w->nl; i++) {
+            plink *l = &w->l[i];
+            ps_client_free(&l->cl);
+            if (l->shm)
+                munmap(l->shm, l->n * 2 * sizeof(float));
+            if (l->shm_fd >= 0)
+                close(l->shm_fd);
+            free(l->held);
+            free(l->held_wide);
+        }
         free(w->params);
-        free(w->held);
-        free(w->held_wide);
         free(w->lat);
     }
     free(b->w);
@@ -772,12 +871,21 @@ static void run_workers(bench *b, const opts *o, pid_t server_pid, cell_result *
 
 /* ---- psd as a child process ---------------------------------------------- */
 
-/* Starts psd for a cell; returns its pid and sets *port, or -1 with err. */
+/* Starts psd for a cell, with a model of S floats; returns its pid and sets
+ * *port, or -1 with err. Its port file is named after its log (X.log:
+ * X.port), so psd instances running at once, as the parts of a split
+ * model do, never share one. */
 static pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *logpath, char *err, size_t errlen,
                        int *port)
 {
     char portfile[PATH_MAX], workers[16], maxp[48], order[48];
-    snprintf(portfile, sizeof portfile, "%s/psd.port", o->out);
+    size_t ll = strlen(logpath);
+    if (ll > 4 && strcmp(logpath + ll - 4, ".log") == 0)
+        ll -= 4;
+    if (snprintf(portfile, sizeof portfile, "%.*s.port", (int)ll, logpath) >= (int)sizeof portfile) {
+        snprintf(err, errlen, "path too long: %.300s", logpath);
+        return -1;
+    }
     unlink(portfile);
     snprintf(workers, sizeof workers, "%d", K);
     snprintf(maxp, sizeof maxp, "max_params=%" PRIu64, S > 268435456u ? S : (uint64_t)268435456u);
@@ -1035,13 +1143,19 @@ static double bound_mib(int mode, uint64_t S, int K)
     return 1.1 * 2.0 * model + 64.0 + extra;
 }
 
-static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, int shm, row *out)
+/* One cell. nparts 2 (psd only): the model is split over 2 psd instances,
+ * each started with its part (ps_part_bounds) as its whole model, and each
+ * worker connects to both, its own part's psd first (through shared memory
+ * when shm is set). */
+static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, int shm,
+                           int nparts, row *out)
 {
     bench b = {0};
     char err[700] = "";
     char logpath[PATH_MAX];
     int port = 0;
-    pid_t pid;
+    pid_t pid[MAX_LINKS] = {-1, -1};
+    int npid = 0;
     memset(out, 0, sizeof *out);
     out->mode = sys == SYS_PSD ? mode : -1;
     out->S = S;
@@ -1055,6 +1169,16 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     b.shm = shm && sys == SYS_PSD;
     b.S = S;
     b.K = K;
+    b.nparts = sys == SYS_PSD ? nparts : 1;
+    for (int i = 0; i < b.nparts; i++) {
+        if (b.nparts == 1) {
+            b.part_lo[0] = 0;
+            b.part_hi[0] = S;
+        } else if (ps_part_bounds(S, (uint32_t)i, (uint32_t)b.nparts, &b.part_lo[i], &b.part_hi[i]) != 0) {
+            snprintf(out->r.err, sizeof out->r.err, "%" PRIu64 " floats do not split into %d parts", S, b.nparts);
+            return;
+        }
+    }
     b.grad = grad;
     b.max_rounds = o->max_rounds;
     b.warmup = o->warmup;
@@ -1062,26 +1186,48 @@ static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const 
     b.window = o->window;
     b.wire = o->wire;
     b.vbytes = ps_dtype_size(o->wire);
-    if (sys == SYS_PSD) {
-        snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
-        pid = psd_start(o, mode, K, S, logpath, err, sizeof err, &port);
-    } else {
-        pid = tcp_server_start(S, b.vbytes, K, sys == SYS_TCP_STAR, &port, err, sizeof err);
+    for (int i = 0; i < b.nparts; i++) {
+        char part[32] = "";
+        if (b.nparts > 1)
+            snprintf(part, sizeof part, " part %d of %d", i, b.nparts);
+        if (sys == SYS_PSD && b.nparts == 1) {
+            snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
+            pid[i] = psd_start(o, mode, K, S, logpath, err, sizeof err, &port);
+        } else if (sys == SYS_PSD) {
+            snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d-part%dof%d.log", o->out,
+                     mode_names[mode], S, K, i, b.nparts);
+            pid[i] = psd_start(o, mode, K, b.part_hi[i] - b.part_lo[i], logpath, err, sizeof err, &port);
+        } else {
+            pid[i] = tcp_server_start(S, b.vbytes, K, sys == SYS_TCP_STAR, &port, err, sizeof err);
+        }
+        if (pid[i] < 0) {
+            if (b.nparts > 1)
+                snprintf(out->r.err, sizeof out->r.err, "psd of%s: %.600s", part, err);
+            else
+                snprintf(out->r.err, sizeof out->r.err, "%s", err);
+            while (npid > 0)
+                child_stop(pid[--npid]);
+            return;
+        }
+        npid++;
+        if (o->verbose || getenv("PSBENCH_SHOW_PID"))
+            fprintf(stderr, "psbench: %s %s S=%" PRIu64 " K=%d%s: server pid %d\n", sys == SYS_PSD ? "psd" : "tcp",
+                    sys == SYS_PSD ? mode_names[mode] : sys == SYS_TCP ? "ceiling" : "star round", S, K, part,
+                    (int)pid[i]);
+        snprintf(b.addr[i], sizeof b.addr[i], "127.0.0.1:%d", port);
     }
-    if (pid < 0) {
-        snprintf(out->r.err, sizeof out->r.err, "%s", err);
-        return;
+    run_workers(&b, o, pid, npid, &out->r);
+    if (sys == SYS_PSD && b.nparts == 1) {
+        out->r.hwm_mib = proc_status_mib(pid[0], "VmHWM");
+        out->r.rss_mib = proc_status_mib(pid[0], "VmRSS");
     }
-    if (o->verbose || getenv("PSBENCH_SHOW_PID"))
-        fprintf(stderr, "psbench: %s %s S=%" PRIu64 " K=%d: server pid %d\n", sys == SYS_PSD ? "psd" : "tcp",
-                sys == SYS_PSD ? mode_names[mode] : sys == SYS_TCP ? "ceiling" : "star round", S, K, (int)pid);
-    snprintf(b.addr, sizeof b.addr, "127.0.0.1:%d", port);
-    run_workers(&b, o, pid, &out->r);
-    if (sys == SYS_PSD) {
-        out->r.hwm_mib = proc_status_mib(pid, "VmHWM");
-        out->r.rss_mib = proc_status_mib(pid, "VmRSS");
-    }
-    child_stop(pid);
+    for (int i = 0; i < npid; i++)
+        child_stop(pid[i]);
+}
+
+static void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, int shm, row *out)
+{
+    run_cell_parts(o, sys, mode, S, K, grad, shm, 1, out);
 }
 
 static const char *size_label(uint64_t S, char *buf, size_t len)
@@ -1359,8 +1505,9 @@ static void usage(FILE *f)
             "                    ceiling moves 2 bytes a value too; MPI_Allreduce stays float32\n"
             "  --no-tcp          skip the plain-TCP ceiling\n"
             "  --no-mpi          skip the MPI_Allreduce comparison\n"
-            "  --round-reps N    after the grid, BSP rounds of 2 workers, the star round and\n"
-            "                    MPI_Allreduce are measured back to back N times per size\n"
+            "  --round-reps N    after the grid, BSP rounds of 2 workers (one psd; in float32 up\n"
+            "                    to 2^21 floats also the model in 2 parts on 2 psd), the star\n"
+            "                    round and MPI_Allreduce are measured back to back N times per size\n"
             "                    (default 3; 0 skips it)\n"
             "  --no-plot         write the gnuplot script but do not run gnuplot\n"
             "  --no-probe        do not measure psd's loop lag (an admin connection sending\n"
@@ -1542,12 +1689,45 @@ static void parse_opts(int argc, char **argv, opts *o)
 /* The largest model psd shares memory for (server/psd.h SRV_SHM_MAX_PARAMS). */
 #define SHM_MAX_FLOATS ((uint64_t)1 << 20)
 
+/* How psd's rounds run in the round comparison: one psd over TCP, or through
+ * shared memory (S <= 2^20); the model in 2 parts on 2 psd instances, each
+ * worker reaching its own part's psd through shared memory and the other's
+ * over TCP, or both over TCP (each part <= 2^20 and the chunk size, so one
+ * PUSHPULL per part). The names are the `wire` column's. */
+enum { RW_TCP, RW_SHM, RW_2P_SHM, RW_2P_TCP, RW_COUNT };
+static const char *const rw_what[RW_COUNT] = {"", " through shared memory",
+                                              " of a model in 2 parts (shared memory + TCP)",
+                                              " of a model in 2 parts (TCP)"};
+
+static const char *rw_name(const opts *o, int t)
+{
+    static const char *const names[RW_COUNT] = {NULL, "shm", "2p-shm", "2p-tcp"};
+    return t == RW_TCP ? ps_dtype_name(o->wire) : names[t];
+}
+
+/* Whether the rounds of kind t run at S floats. */
+static int rw_runs(const opts *o, uint64_t S, int t)
+{
+    if (t == RW_TCP)
+        return 1;
+    if (o->wire != PS_DT_F32)
+        return 0; /* psd shares memory in float32; the split rows are float32 like MPI's */
+    if (t == RW_SHM)
+        return S <= SHM_MAX_FLOATS; /* psd shares memory for models of one block */
+    for (uint32_t i = 0; i < 2; i++) {
+        uint64_t lo, hi;
+        if (ps_part_bounds(S, i, 2, &lo, &hi) != 0 || hi - lo > SHM_MAX_FLOATS || hi - lo > o->chunk)
+            return 0;
+    }
+    return 1;
+}
+
 /* One repetition of the round comparison at one size: psd's BSP rounds
  * (each BSP mode of the grid), the star round and MPI_Allreduce, measured
  * back to back so that they share the machine's state of the moment. */
 typedef struct round_rep {
-    /* [m][0]: over TCP, [m][1]: through shared memory (S <= 2^20); ms, NAN: failed or not run */
-    double psd_p50[MODE_COUNT][2], psd_mean[MODE_COUNT][2], psd_cpu[MODE_COUNT][2];
+    /* [m][RW_*]; ms, NAN: failed or not run */
+    double psd_p50[MODE_COUNT][RW_COUNT], psd_mean[MODE_COUNT][RW_COUNT], psd_cpu[MODE_COUNT][RW_COUNT];
     double star_p50, star_mean, star_cpu;
     double tcp_p50, tcp_mean, shm_p50, shm_mean;
 } round_rep;
@@ -1581,20 +1761,21 @@ static void range_of(const double *v, int n, double *lo, double *hi)
 static void round_cells(const opts *o, uint64_t S, const float *grad, int have_mpi, round_rep *rp)
 {
     for (int m = 0; m < MODE_COUNT; m++)
-        for (int t = 0; t < 2; t++)
+        for (int t = 0; t < RW_COUNT; t++)
             rp->psd_p50[m][t] = rp->psd_mean[m][t] = rp->psd_cpu[m][t] = NAN;
     for (int mi = 0; mi < o->nmodes; mi++) {
         int m = o->modes[mi];
         if (m == MODE_ASGD)
             continue;
-        for (int t = 0; t < 2; t++) {
-            if (t == 1 && (S > SHM_MAX_FLOATS || o->wire != PS_DT_F32))
-                continue; /* psd shares memory for models of one block, in float32 */
+        for (int t = 0; t < RW_COUNT; t++) {
+            if (!rw_runs(o, S, t))
+                continue;
             row r;
-            run_cell(o, SYS_PSD, m, S, 2, grad, t, &r);
+            run_cell_parts(o, SYS_PSD, m, S, 2, grad, t == RW_SHM || t == RW_2P_SHM,
+                           t == RW_2P_SHM || t == RW_2P_TCP ? 2 : 1, &r);
             if (!r.r.ok) {
-                fprintf(stderr, "psbench: %s round%s at %" PRIu64 " floats failed: %s\n", mode_names[m],
-                        t ? " through shared memory" : "", S, r.r.err);
+                fprintf(stderr, "psbench: %s round%s at %" PRIu64 " floats failed: %s\n", mode_names[m], rw_what[t],
+                        S, r.r.err);
                 continue;
             }
             /* a round: both workers push and pull; round trips/s counts both */
@@ -1673,12 +1854,16 @@ static void compare_rounds(const opts *o, const float *grad)
            "and the psd/TCP range its lowest and highest; cpu: the server's CPU time per round.\n"
            "Rows with wire shm: the workers share memory with psd, as psworker does on psd's machine\n"
            "(models up to 2^20 values): the tensors do not cross the socket, only a small frame does;\n"
-           "MPI's counterpart is its shared-memory transport (psd/shm: psd's round over MPI shm's)\n",
+           "MPI's counterpart is its shared-memory transport (psd/shm: psd's round over MPI shm's).\n"
+           "Rows 2p-shm and 2p-tcp (float32, parts up to 2^20 values): the model in 2 parts on 2 psd\n"
+           "instances, as servers colocated with the workers: each worker reaches its own part's psd\n"
+           "through shared memory (2p-shm; 2p-tcp: over TCP) and the other part's over TCP, so its TCP\n"
+           "traffic is half the model each way, as MPI's reduce-scatter + allgather; psd cpu: both psd.\n",
            ps_dtype_name(o->wire), vb, R);
-    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "mode", "wire",
+    printf("%-12s %6s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "mode", "wire",
            "floats", "round", "round", "psd cpu", "star", "star", "star cpu", "MPI TCP", "MPI TCP", "MPI shm",
            "MPI shm", "psd/", "psd/TCP", "psd/TCP", "psd/TCP p50", "star/", "psd/shm");
-    printf("%-12s %4s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "", "", "",
+    printf("%-12s %6s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "", "", "",
            "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "ms", "mean ms", "p50 ms", "mean ms", "p50 ms", "star p50",
            "mean", "p50", "range", "TCP p50", "p50");
     for (int i = 0; i < o->nsizes; i++) {
@@ -1688,10 +1873,13 @@ static void compare_rounds(const opts *o, const float *grad)
                 in_grid |= o->modes[mi] == m;
             if (m == MODE_ASGD || !in_grid)
                 continue;
-            for (int t = 0; t < 2; t++) {
-                if (t == 1 && isnan(reps[i * R].psd_mean[m][1]) && isnan(reps[i * R + R - 1].psd_mean[m][1]))
-                    continue; /* not run at this size */
-                const char *wname = t ? "shm" : ps_dtype_name(o->wire);
+            for (int t = 0; t < RW_COUNT; t++) {
+                int any = 0;
+                for (int r = 0; r < R; r++)
+                    any |= !isnan(reps[i * R + r].psd_mean[m][t]);
+                if (t != RW_TCP && !any)
+                    continue; /* not run at this size, or failed every time */
+                const char *wname = rw_name(o, t);
                 double v[14][64];
                 for (int r = 0; r < R; r++) {
                     const round_rep *x = &reps[i * R + r];
@@ -1716,7 +1904,7 @@ static void compare_rounds(const opts *o, const float *grad)
                 range_of(v[12], R, &lo, &hi);
                 char sl[32], rg[32];
                 snprintf(rg, sizeof rg, "%.2f-%.2fx", lo, hi);
-                printf("%-12s %4s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx "
+                printf("%-12s %6s %9s | %9.3f %9.3f %9.3f | %9.3f %9.3f %9.3f | %9.3f %9.3f | %9.3f %9.3f | %8.2fx "
                        "%8.2fx %8.2fx %13s %8.2fx %8.2fx\n",
                        mode_names[m], wname, size_label(o->sizes[i], sl, sizeof sl), md[0], md[1], md[2],
                        md[3], md[4], md[5], md[6], md[7], md[8], md[9], md[10], md[11], md[12], rg,
