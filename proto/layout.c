@@ -109,13 +109,11 @@ void ps_layout_describe(const ps_layout *l, char *buf, size_t len)
 
 int ps_part_bounds(uint64_t P, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi)
 {
-    if (n == 0 || n > PS_PARTS_MAX || i >= n || P > PS_PARAMS_MAX)
+    if (n == 0 || n > PS_PARTS_MAX || i >= n || P > PS_PARAMS_MAX || (n > 1 && P < (uint64_t)n * PS_PART_ALIGN))
         return PS_EINVAL;
     /* P <= 2^34 and n <= 64: P * i fits in 64 bits */
     uint64_t a = i == 0 ? 0 : P * i / n / PS_PART_ALIGN * PS_PART_ALIGN;
     uint64_t b = i + 1 == n ? P : P * (i + 1) / n / PS_PART_ALIGN * PS_PART_ALIGN;
-    if (b <= a)
-        return PS_EINVAL;
     *lo = a;
     *hi = b;
     return 0;

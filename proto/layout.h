@@ -55,8 +55,8 @@ int ps_layout_equal(const ps_layout *a, const ps_layout *b);
 #define PS_PARTS_MAX 64u
 
 /* The range of part i of n of a P-value vector. Returns 0, or PS_EINVAL
- * when n is 0 or over PS_PARTS_MAX, i >= n, or the split leaves a part
- * empty (P too small for n parts). */
+ * when n is 0 or over PS_PARTS_MAX, i >= n, or P is below n x
+ * PS_PART_ALIGN (n > 1), which every part's size must reach. */
 int ps_part_bounds(uint64_t P, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi);
 
 /* The layout psd instance i of n holds: the tensors of l that lie inside

@@ -80,8 +80,8 @@ static int links_make(ps_session *ss, const char *server)
             ln->lo = 0;
             ln->hi = whole.total;
         } else if (ps_layout_part(&whole, i, n, &ln->layout, &ln->lo, &ln->hi) != 0) {
-            return serr(ss, "the model's %llu parameters cannot be split over %u psd (each part is a multiple of "
-                            "%u values, and a cut tensor's name must fit in %d bytes)",
+            return serr(ss, "the model's %llu parameters cannot be split over %u psd (a part needs at least %u "
+                            "values, and the name of a cut tensor with its range must fit in %d bytes)",
                         (unsigned long long)whole.total, n, PS_PART_ALIGN, PS_NAME_MAX);
         }
     }
@@ -478,6 +478,22 @@ static int step_pipelined(ps_session *ss)
     return 0;
 }
 
+static void link_close(ps_link *ln);
+
+/* Keeps the first error of a step with several psd (the one to reconnect
+ * for) and closes link i when its stream may be out of step: the step goes
+ * on reading the other links' replies, so that each link left open has
+ * nothing outstanding, and ps_session_open reconnects the closed ones. */
+static void part_fail(ps_session *ss, uint32_t i, int rc, int *first)
+{
+    if (*first == 0) {
+        *first = rc;
+        ss->err_link = i;
+    }
+    if (rc != PS_EREMOTE || i != ss->err_link)
+        link_close(&ss->links[i]);
+}
+
 /* A step with the model split over several psd: every part's push goes
  * out before any answer is read, the psd on other machines (TCP) first,
  * so that their bytes are on the wire while a psd on this machine handles
@@ -489,50 +505,52 @@ static int step_parts(ps_session *ss)
     const float *grads = ps_model_grads(ss->model);
     float *params = ps_model_params(ss->model);
     uint64_t v0 = ss->links[0].version;
-    int small = 1;
+    size_t sent[PS_PARTS_MAX] = {0};
+    int first = 0, small = 1;
     for (uint32_t i = 0; i < ss->nlinks; i++)
         small &= ss->links[i].hi - ss->links[i].lo <= CHUNK_FLOATS;
-    if (small) {
-        for (int shm = 0; shm < 2; shm++)
-            for (uint32_t i = 0; i < ss->nlinks; i++) {
-                ps_link *ln = &ss->links[i];
-                if (ln->shm_ok != shm)
-                    continue;
-                int rc = pushpull_send(ss, ln, grads, ln->version, ss->bsp ? ln->version + 1 : 0);
-                if (rc != 0)
-                    return lfail(ss, i, rc);
-            }
-        for (uint32_t i = 0; i < ss->nlinks; i++) {
+    for (int shm = 0; shm < 2; shm++)
+        for (uint32_t i = 0; i < ss->nlinks && !first; i++) {
             ps_link *ln = &ss->links[i];
+            if (small && ln->shm_ok != shm)
+                continue;
+            if (!small && shm)
+                break;
+            int rc = small ? pushpull_send(ss, ln, grads, ln->version, ss->bsp ? ln->version + 1 : 0)
+                           : chunks_out(ln, PS_MSG_PUSH, grads + ln->lo, ln->hi - ln->lo, ln->version, &sent[i]);
+            if (rc != 0)
+                part_fail(ss, i, rc, &first);
+            else if (small)
+                sent[i] = 1;
+        }
+    for (uint32_t i = 0; i < ss->nlinks; i++) {
+        ps_link *ln = &ss->links[i];
+        if (!sent[i])
+            continue;
+        int rc;
+        if (small) {
             const float *data;
-            int rc = pushpull_recv(ss, ln, params + ln->lo, &data, &ln->version);
-            if (rc != 0)
-                return lfail(ss, i, rc);
-            if (data != params + ln->lo) /* not where it should be: never with the segment bound */
+            rc = pushpull_recv(ss, ln, params + ln->lo, &data, &ln->version);
+            if (rc == 0 && data != params + ln->lo) /* not where it should be: never with the segment bound */
                 memcpy(params + ln->lo, data, (ln->hi - ln->lo) * sizeof(float));
+        } else {
+            rc = chunks_acks(ln, sent[i], ss->timeout_ms, i == 0 ? &ss->dropped : NULL);
         }
-        if (ss->bsp && ss->links[0].version > v0 + 1)
-            ss->dropped++; /* the round closed without our push */
-    } else {
-        size_t sent[PS_PARTS_MAX];
-        for (uint32_t i = 0; i < ss->nlinks; i++) {
-            ps_link *ln = &ss->links[i];
-            int rc = chunks_out(ln, PS_MSG_PUSH, grads + ln->lo, ln->hi - ln->lo, ln->version, &sent[i]);
-            if (rc != 0)
-                return lfail(ss, i, rc);
-        }
-        for (uint32_t i = 0; i < ss->nlinks; i++) {
-            int rc = chunks_acks(&ss->links[i], sent[i], ss->timeout_ms, i == 0 ? &ss->dropped : NULL);
-            if (rc != 0)
-                return lfail(ss, i, rc);
-        }
-        for (uint32_t i = 0; i < ss->nlinks; i++) {
-            ps_link *ln = &ss->links[i];
-            int rc = pull_part(ss, ln, params + ln->lo, ss->bsp ? ln->version + 1 : 0);
-            if (rc != 0)
-                return lfail(ss, i, rc);
+        if (rc != 0)
+            part_fail(ss, i, rc, &first);
+    }
+    for (uint32_t i = 0; i < ss->nlinks && !small && !first; i++) {
+        ps_link *ln = &ss->links[i];
+        int rc = pull_part(ss, ln, params + ln->lo, ss->bsp ? ln->version + 1 : 0);
+        if (rc != 0) {
+            part_fail(ss, i, rc, &first);
+            link_close(ln); /* chunk pulls of its window may be outstanding */
         }
     }
+    if (first)
+        return first;
+    if (small && ss->bsp && ss->links[0].version > v0 + 1)
+        ss->dropped++; /* the round closed without our push */
     ss->version = ss->links[0].version;
     return 0;
 }

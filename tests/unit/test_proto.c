@@ -1448,7 +1448,41 @@ static void test_decode_inshm(void **state)
     mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_array(w, 3), mp_uint(w, 1),
         mp_uint(w, 3), mp_uint(w, 3);
     expect(w, &(badcase){"shm of 3", PS_EBAD_FIELD, "shm must be [pid, fd]"});
+    /* [pid, fd, goff, poff] (test_round_trip_shm): offsets of at most 2^35 */
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_array(w, 4), mp_uint(w, 77),
+        mp_uint(w, 3), mp_uint(w, 0), mp_uint(w, (1ull << 35) + 1);
+    expect(w, &(badcase){"shm offset past 2^35", PS_EBAD_FIELD, "[pid, fd, goff, poff]"});
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_array(w, 4), mp_uint(w, 77),
+        mp_uint(w, 3), mp_int(w, -1), mp_uint(w, 5);
+    expect(w, &(badcase){"shm offset negative", PS_EBAD_FIELD, "[pid, fd, goff, poff]"});
     free(w);
+}
+
+/* Our encoder writes "shm" as [pid, fd], or with the offsets when shm_at,
+ * and decodes to the same. */
+static void test_round_trip_shm(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    for (int at = 0; at < 2; at++) {
+        ps_msg m, d;
+        ps_msg_init(&m, PS_MSG_HELLO);
+        m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_SHM;
+        m.id = 1, m.proto = 1, m.role = PS_ROLE_WORKER, m.shard = 0, m.nshards = 2, m.layout = &l;
+        m.shm_pid = 4242, m.shm_fd = 9, m.shm_at = at, m.shm_goff = 1u << 20, m.shm_poff = 3u << 20;
+        ps_buf out = {0};
+        assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+        uint8_t *p = heapdup(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+        assert_int_equal(dec_inplace(p, out.len - PS_FRAME_HDR, &d), 0);
+        assert_int_equal(d.shm_pid, 4242);
+        assert_int_equal(d.shm_fd, 9);
+        assert_int_equal(d.shm_at, at);
+        assert_int_equal(d.shm_goff, at ? 1u << 20 : 0);
+        assert_int_equal(d.shm_poff, at ? 3u << 20 : 0);
+        free(p);
+        ps_buf_free(&out);
+    }
 }
 
 static void test_decode_type_errors(void **state)
@@ -1938,6 +1972,93 @@ static void test_layout_equal(void **state)
     ps_layout_add(&b, "w", 2, (const uint32_t[]){2, 3});
     assert_false(ps_layout_equal(&a, &b));
     assert_false(ps_layout_equal(&b, &a));
+}
+
+/* The split of a model over n psd: parts tile [0, P) in order, every
+ * inner boundary a multiple of PS_PART_ALIGN, sizes within one alignment
+ * step of P/n; too small a model or too many parts is refused. */
+static void test_part_bounds(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {2048, 50890, 235146, 1u << 20, 3u << 20, 100000000ull, 1ull << 34};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+        for (uint32_t n = 1; n <= 8; n++) {
+            uint64_t P = sizes[k], prev = 0;
+            if (P / n < PS_PART_ALIGN)
+                continue;
+            for (uint32_t i = 0; i < n; i++) {
+                uint64_t lo, hi;
+                assert_int_equal(ps_part_bounds(P, i, n, &lo, &hi), 0);
+                assert_int_equal(lo, prev);
+                assert_true(hi > lo);
+                assert_int_equal(lo % PS_PART_ALIGN, 0);
+                assert_true(i + 1 == n ? hi == P : hi % PS_PART_ALIGN == 0);
+                assert_true(hi - lo + PS_PART_ALIGN >= P / n && hi - lo <= P / n + 2 * PS_PART_ALIGN);
+                prev = hi;
+            }
+            assert_int_equal(prev, P);
+        }
+    uint64_t lo = 7, hi = 7;
+    assert_int_equal(ps_part_bounds(235146, 0, 1, &lo, &hi), 0);
+    assert_int_equal(lo, 0);
+    assert_int_equal(hi, 235146);
+    assert_int_equal(ps_part_bounds(235146, 1, 2, &lo, &hi), 0);
+    assert_int_equal(lo, 116736); /* 117573 rounded down to 1024s */
+    assert_int_equal(hi, 235146);
+    /* under 1024 values a part: refused for every part alike */
+    assert_int_equal(ps_part_bounds(2047, 0, 2, &lo, &hi), PS_EINVAL);
+    assert_int_equal(ps_part_bounds(2047, 1, 2, &lo, &hi), PS_EINVAL);
+    assert_int_equal(ps_part_bounds(2048, 0, 2, &lo, &hi), 0);
+    assert_int_equal(hi, 1024);
+    assert_int_equal(ps_part_bounds(1 << 20, 2, 2, &lo, &hi), PS_EINVAL);
+    assert_int_equal(ps_part_bounds(1 << 20, 0, 0, &lo, &hi), PS_EINVAL);
+    assert_int_equal(ps_part_bounds(1ull << 30, 0, PS_PARTS_MAX + 1, &lo, &hi), PS_EINVAL);
+}
+
+/* Each part's layout: whole tensors keep name and dims, a cut one becomes
+ * "name[x:y]" of y - x values; the parts' layouts together cover the model
+ * and differ from each other (psd's layout check tells parts apart). */
+static void test_layout_part(void **state)
+{
+    (void)state;
+    ps_layout l, a, b;
+    ps_layout_init(&l);
+    assert_int_equal(ps_layout_add(&l, "fc1.weight", 2, (const uint32_t[]){64, 784}), 0);
+    assert_int_equal(ps_layout_add(&l, "fc1.bias", 1, (const uint32_t[]){64}), 0);
+    assert_int_equal(ps_layout_add(&l, "fc2.weight", 2, (const uint32_t[]){10, 64}), 0);
+    assert_int_equal(ps_layout_add(&l, "fc2.bias", 1, (const uint32_t[]){10}), 0);
+    uint64_t lo, hi;
+    assert_int_equal(ps_layout_part(&l, 0, 2, &a, &lo, &hi), 0);
+    assert_int_equal(lo, 0);
+    assert_int_equal(hi, 24576);
+    assert_int_equal(a.ntensors, 1);
+    assert_string_equal(a.t[0].name, "fc1.weight[0:24576]");
+    assert_int_equal(a.t[0].ndim, 1);
+    assert_int_equal(a.total, 24576);
+    assert_int_equal(ps_layout_part(&l, 1, 2, &b, &lo, &hi), 0);
+    assert_int_equal(lo, 24576);
+    assert_int_equal(hi, l.total);
+    assert_int_equal(b.ntensors, 4);
+    assert_string_equal(b.t[0].name, "fc1.weight[24576:50176]");
+    assert_int_equal(b.t[0].count, 50176 - 24576);
+    assert_string_equal(b.t[1].name, "fc1.bias");
+    assert_string_equal(b.t[2].name, "fc2.weight");
+    assert_int_equal(b.t[2].ndim, 2);
+    assert_int_equal(b.t[2].dims[0], 10);
+    assert_int_equal(a.total + b.total, l.total);
+    assert_false(ps_layout_equal(&a, &b));
+    /* one part: the model's own layout */
+    assert_int_equal(ps_layout_part(&l, 0, 1, &a, &lo, &hi), 0);
+    assert_true(ps_layout_equal(&a, &l));
+    /* a cut tensor whose name leaves no room for the range */
+    char longname[PS_NAME_MAX + 1];
+    memset(longname, 'x', PS_NAME_MAX);
+    longname[PS_NAME_MAX] = '\0';
+    ps_layout_init(&l);
+    assert_int_equal(ps_layout_add(&l, longname, 1, (const uint32_t[]){4096}), 0);
+    assert_int_equal(ps_layout_part(&l, 0, 2, &a, &lo, &hi), PS_EINVAL);
+    /* too small to split */
+    assert_int_equal(ps_layout_part(&l, 0, 8, &a, &lo, &hi), PS_EINVAL);
 }
 
 static void test_layout_describe(void **state)
@@ -2556,6 +2677,9 @@ int main(void)
         cmocka_unit_test(test_layout_fingerprint),
         cmocka_unit_test(test_layout_equal),
         cmocka_unit_test(test_layout_describe),
+        cmocka_unit_test(test_part_bounds),
+        cmocka_unit_test(test_layout_part),
+        cmocka_unit_test(test_round_trip_shm),
         cmocka_unit_test(test_error_names),
         cmocka_unit_test(test_type_and_role_names),
         cmocka_unit_test(test_random_garbage),

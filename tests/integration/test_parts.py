@@ -1,0 +1,211 @@
+#!/usr/bin/python3
+"""test_parts.py - a model split over several psd instances.
+
+psworker --server A,B,... sends psd i part i of the flat parameter vector
+(proto/PROTOCOL.md 6.2); every psd is an ordinary psd whose model is its
+part.
+
+- BSP over 2 psd ends bit for bit where the same job on one psd ends, through
+  shared memory and over TCP; each psd holds its part (sizes, names of the
+  cut tensor), both see both workers, the parts' versions move together.
+- ASGD over 3 psd: one is killed and restarted on its address without a
+  checkpoint; the workers reconnect to that one only (the others never lose
+  them), give it their values of its part, and the job finishes trained.
+- Mistakes get one readable line and a non-zero exit: an empty entry in
+  the list, a model too small for that many parts, psd in different modes,
+  a worker that lists the psd in another order than the job (psd's layout
+  check refuses the foreign part).
+- A raw client's segment with offsets ("shm": [pid, fd, goff, poff]): psd
+  reads the gradient and writes the parameters where it says; overlapping
+  ranges and ranges past the file's end are refused with the reason in the
+  log, and the connection works on over TCP.
+"""
+
+import fcntl
+import mmap
+import os
+import signal
+import sys
+import types
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import T_BYE, T_INIT, T_OK, T_PARAMS, T_PUSHPULL, T_WELCOME, RawClient  # noqa: E402
+
+MODEL = "mlp:64"  # 50,890 values: parts [0, 24576) and [24576, 50890)
+PARTS_2 = (24576, 50890 - 24576)
+REPLY_TIMEOUT = 10.0
+
+
+def servers(*psds):
+    """What cl.worker needs of a psd: the address list of all of them."""
+    return types.SimpleNamespace(addr=",".join(p.addr for p in psds))
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def memfd(nbytes):
+    fd = os.memfd_create("test-parts", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+class PartsTest(unittest.TestCase):
+    def run_bsp(self, name, nparts, shm):
+        with harness.Cluster(name) as cl:
+            psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i) for i in range(nparts)]
+            ws = [cl.worker(servers(*psds), k, 2, epochs=2, limit=4000, test_limit=1000, model=MODEL,
+                            args=("--shm", shm)) for k in range(2)]
+            out = []
+            for w in ws:
+                rc, summary = w.result(timeout=120)
+                self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+                self.assertEqual(summary["servers"], nparts)
+                self.assertIs(summary["shm"], shm == "on", summary)
+                self.assertEqual(summary["dropped_pushes"], 0)
+                out.append((summary["version"], summary["train_loss"], summary["test_loss"],
+                            summary["test_accuracy"]))
+            sts = [harness.status(p.addr) for p in psds]
+            for p in psds:
+                p.stop()
+            return out, sts, [p.stderr() for p in psds]
+
+    def test_bsp_split_equals_one_psd(self):
+        one, _, _ = self.run_bsp("psd-parts-one", 1, "on")
+        self.assertGreater(one[0][3], 0.8)
+        for shm in ("on", "off"):
+            two, sts, logs = self.run_bsp("psd-parts-two-" + shm, 2, shm)
+            # BSP sums in shard order and the optimizer works value by value:
+            # the split changes nothing, to the last bit
+            self.assertEqual(two, one, "2 psd (shm %s) against 1" % shm)
+            self.assertEqual(tuple(st["parameters"] for st in sts), PARTS_2)
+            self.assertEqual(sts[0]["version"], sts[1]["version"])
+            self.assertEqual(sts[0]["version"], one[0][0])
+            for st in sts:
+                self.assertEqual(sorted(w["shard"] for w in st["workers"]), [0, 1])
+                self.assertEqual({w["transport"] for w in st["workers"]}, {"shm" if shm == "on" else "tcp"})
+            self.assertIn("fc1.weight[0:24576][24576]", logs[0])
+            self.assertIn("fc1.weight[24576:50176][25600] fc1.bias[64] fc2.weight[10,64] fc2.bias[10]", logs[1])
+
+    def test_asgd_one_of_three_restarted(self):
+        ports = [harness.free_port() for _ in range(3)]
+        with harness.Cluster("psd-parts-restart") as cl:
+            def start(i, name):
+                return cl.psd(mode="asgd", workers=2, name=name,
+                              args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
+            psds = [start(i, "psd%d" % i) for i in range(3)]
+            ws = [cl.worker(servers(*psds), k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
+                            args=("--reconnect-timeout", "60")) for k in range(2)]
+            harness.wait_until(lambda: harness.status(psds[1].addr)["version"] >= 200, 60, "200 updates")
+            self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
+            os.kill(psds[1].pid, signal.SIGKILL)
+            psds[1].wait(10)
+            again = start(1, "psd1-again")
+            harness.wait_until(lambda: harness.status(again.addr)["version"] >= 100, 60,
+                               "training to go on with the restarted psd")
+            for w in ws:
+                rc, summary = w.result(timeout=300)
+                self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+                self.assertEqual(summary["reconnects"], 1, summary)
+                self.assertGreater(summary["test_accuracy"], 0.8, summary)
+                err = read(w.err_path)
+                self.assertIn("lost psd at %s" % again.addr, err)
+                self.assertNotIn("lost psd at %s" % psds[0].addr, err)
+                self.assertNotIn("lost psd at %s" % psds[2].addr, err)
+            self.assertRegex(again.stderr(), r"model initialised by shard [01]")
+            for p in (psds[0], psds[2]):
+                st = harness.status(p.addr)
+                self.assertEqual([w["state"] for w in st["workers"]], ["left", "left"], st)
+                self.assertNotIn("rejoined", p.stderr())
+            for p in (psds[0], again, psds[2]):
+                p.stop()
+
+    def test_mistakes_are_refused(self):
+        with harness.Cluster("psd-parts-mistakes") as cl:
+            a = cl.psd(mode="asgd", workers=2, name="a")
+            b = cl.psd(mode="bsp", workers=2, name="b")
+            c = cl.psd(mode="asgd", workers=2, name="c")
+
+            def refused(server, text, model=MODEL):
+                w = cl.worker(types.SimpleNamespace(addr=server), 0, 2, epochs=1, limit=500, model=model)
+                rc, _ = w.result(timeout=60)
+                err = read(w.err_path)
+                self.assertNotEqual(rc, 0, err)
+                self.assertIn(text, err)
+                self.assertLess(len([l for l in err.splitlines() if l.startswith("psworker:")]), 3, err)
+
+            refused(a.addr + ",", "is empty")
+            refused(",".join([a.addr] * 7), "cannot be split over 7 psd", model="mlp:8")
+            refused(",".join([a.addr] * 65), "at most 64 may share a model")
+            refused(a.addr + "," + b.addr, "must run the same mode")
+            # the job's order is a, c; a worker that lists c first sends a
+            # the second part's layout, which psd refuses
+            w = cl.worker(servers(a, c), 0, 2, epochs=1, limit=500, model=MODEL)
+            self.assertEqual(w.result(timeout=60)[0], 0, harness.tail(w.err_path, 5))
+            refused(c.addr + "," + a.addr, "layout")
+            for p in (a, b, c):
+                p.stop()
+
+    def test_segment_with_offsets(self):
+        layout = [["w", [1000]], ["b", [24]]]
+        total = harness.layout_size(layout)
+        with harness.Cluster("psd-parts-shm") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "lr=0.5", "--set", "momentum=0",
+                                                        "--set", "optimizer=sgd"))
+            pid = os.getpid()
+            # a worker's segment for a model of 3 x total values: this psd
+            # holds the middle part, so its gradient is at [total, 2 total)
+            # and its parameters at [3 total + total, ...)
+            nvals = 6 * total
+            fd = memfd(nvals * 4)
+            seg = mmap.mmap(fd, nvals * 4)
+            vals = np.frombuffer(seg, dtype="<f4", count=nvals)
+            goff, poff = total, 4 * total
+            init = np.linspace(-1, 1, total, dtype="<f4")
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                r = c.hello_worker(layout, 0, 1, shm=[pid, fd, goff, poff])
+                self.assertEqual(r.get("t"), T_WELCOME, r)
+                self.assertIs(r.get("inshm"), True, r)
+                self.assertEqual(c.request({"t": T_INIT, "off": 0, "data": init.tobytes()}).get("t"), T_OK)
+                vals[:] = 7.0
+                vals[goff:goff + total] = 1.0
+                r = c.request({"t": T_PUSHPULL, "base": 0, "off": 0, "len": total, "inshm": True, "poff": 0,
+                               "plen": total})
+                self.assertEqual((r.get("t"), r.get("inshm"), r.get("len")), (T_PARAMS, True, total), r)
+                np.testing.assert_array_equal(vals[poff:poff + total], init - np.float32(0.5))
+                # nothing else in the segment was touched
+                self.assertTrue((vals[:goff] == 7).all() and (vals[goff + total:poff] == 7).all() and
+                                (vals[poff + total:] == 7).all())
+                self.assertEqual(c.request({"t": T_BYE}).get("t"), T_OK)
+                c.expect_closed(REPLY_TIMEOUT)
+
+            def refused(offsets, why):
+                with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                    r = c.hello_worker(layout, 0, 1, shm=[pid, fd] + offsets)
+                    self.assertEqual(r.get("t"), T_WELCOME, r)
+                    self.assertNotIn("inshm", r, why)
+                    r = c.request({"t": T_PUSHPULL, "base": r["ver"], "off": 0, "data": np.zeros(total, "<f4")
+                                   .tobytes(), "poff": 0, "plen": total})
+                    self.assertEqual(r.get("t"), T_PARAMS, "the connection works on over TCP (%s)" % why)
+                    self.assertEqual(c.request({"t": T_BYE}).get("t"), T_OK)
+                    c.expect_closed(REPLY_TIMEOUT)
+                harness.wait_until(lambda: why in psd.stderr(), 10, "psd to log why: %s" % why)
+
+            refused([0, total // 2], "overlap")
+            refused([0, nvals - total + 1], "fewer than the %d floats" % (nvals + 1))
+            del vals
+            seg.close()
+            os.close(fd)
+            psd.stop()
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main()
