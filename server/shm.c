@@ -8,7 +8,10 @@
  * it is a memfd with those seals and of that size, and says so in the
  * welcome ("inshm"). Anything else (another machine, another user, a
  * regular file, a segment that could shrink under psd and fault it) leaves
- * the connection on TCP, with the reason in the log.
+ * the connection on TCP, with the reason in the log. A hello may also
+ * place the two halves elsewhere in a larger segment ("shm": [pid, fd,
+ * goff, poff]: a worker whose model is split over several psd gives each
+ * its part of one segment); psd then maps just those two ranges.
  *
  * The worker writes its gradient there and sends a pushpull with "inshm";
  * psd copies the gradient out before it checks it (the worker could change
