@@ -1,7 +1,9 @@
 /* layout.c - building, comparing and fingerprinting model layouts. */
 #include "layout.h"
 
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "errors.h"
@@ -136,14 +138,126 @@ int ps_layout_part(const ps_layout *l, uint32_t i, uint32_t n, ps_layout *out, u
         } else {
             char name[PS_NAME_MAX + 2];
             uint32_t len = (uint32_t)(y - x);
-            int w = snprintf(name, sizeof name, "%s[%llu:%llu]", t->name, (unsigned long long)(x - t->offset),
-                             (unsigned long long)(y - t->offset));
-            rc = w < 0 || (size_t)w > PS_NAME_MAX || y - x > UINT32_MAX ? PS_EINVAL : ps_layout_add(out, name, 1, &len);
+            size_t w = (size_t)snprintf(name, sizeof name, "%s(", t->name);
+            for (uint32_t d = 0; d < t->ndim && w < sizeof name; d++)
+                w += (size_t)snprintf(name + w, sizeof name - w, d ? "x%u" : "%u", t->dims[d]);
+            if (w < sizeof name)
+                w += (size_t)snprintf(name + w, sizeof name - w, ")[%llu:%llu]", (unsigned long long)(x - t->offset),
+                                      (unsigned long long)(y - t->offset));
+            rc = w > PS_NAME_MAX || y - x > UINT32_MAX ? PS_EINVAL : ps_layout_add(out, name, 1, &len);
         }
         if (rc != 0)
             return rc;
     }
     *lo = a;
     *hi = b;
+    return 0;
+}
+
+/* Reads a piece's name "name(d0xd1...)[x:y]" into base, dims and the
+ * range; 0, or -1 when the name is not of that form. */
+static int parse_piece(const ps_tensor_desc *t, char *base, uint32_t *ndim, uint32_t *dims, uint64_t *x,
+                       uint64_t *y)
+{
+    const char *s = t->name, *open = strrchr(s, '(');
+    if (t->ndim != 1 || !open || open == s)
+        return -1;
+    const char *p = open + 1;
+    char *end;
+    *ndim = 0;
+    for (;;) {
+        if (*p < '0' || *p > '9' || *ndim == PS_DIMS_MAX)
+            return -1;
+        unsigned long long d = strtoull(p, &end, 10);
+        if (d == 0 || d > UINT32_MAX)
+            return -1;
+        dims[(*ndim)++] = (uint32_t)d;
+        p = end;
+        if (*p == 'x')
+            p++;
+        else if (*p == ')')
+            break;
+        else
+            return -1;
+    }
+    if (p[1] != '[' || p[2] < '0' || p[2] > '9')
+        return -1;
+    *x = strtoull(p + 2, &end, 10);
+    if (*end != ':' || end[1] < '0' || end[1] > '9')
+        return -1;
+    *y = strtoull(end + 1, &end, 10);
+    if (end[0] != ']' || end[1] != '\0' || *y <= *x || *y - *x != t->count)
+        return -1;
+    memcpy(base, s, (size_t)(open - s));
+    base[open - s] = '\0';
+    return 0;
+}
+
+__attribute__((format(printf, 3, 4)))
+static int join_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return PS_EINVAL;
+}
+
+int ps_layout_join(const ps_layout *const *parts, uint32_t n, ps_layout *out, char *err, size_t errlen)
+{
+    char base[PS_NAME_MAX + 1] = "", pbase[PS_NAME_MAX + 1];
+    uint32_t dims[PS_DIMS_MAX], pdims[PS_DIMS_MAX], ndim = 0, pndim;
+    uint64_t count = 0, have = 0, x, y;
+    int open = 0;
+    ps_layout_init(out);
+    if (n == 0 || n > PS_PARTS_MAX)
+        return join_fail(err, errlen, "%u parts: 1 to %u may hold a model", n, PS_PARTS_MAX);
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < parts[i]->ntensors; k++) {
+            const ps_tensor_desc *t = &parts[i]->t[k];
+            int rc;
+            if (parse_piece(t, pbase, &pndim, pdims, &x, &y) == 0) {
+                uint64_t c = 1;
+                for (uint32_t d = 0; d < pndim; d++)
+                    c *= pdims[d];
+                if (!open) {
+                    if (x != 0)
+                        return join_fail(err, errlen, "part %u begins with %s, whose values before %llu no part "
+                                                      "holds", i + 1, t->name, (unsigned long long)x);
+                    memcpy(base, pbase, sizeof base);
+                    memcpy(dims, pdims, sizeof dims);
+                    ndim = pndim;
+                    count = c;
+                    open = 1;
+                } else if (strcmp(base, pbase) != 0 || ndim != pndim ||
+                           memcmp(dims, pdims, ndim * sizeof dims[0]) != 0 || x != have) {
+                    return join_fail(err, errlen, "part %u goes on with %s where the rest of %s from value %llu "
+                                                  "should be", i + 1, t->name, base, (unsigned long long)have);
+                }
+                if (y > count)
+                    return join_fail(err, errlen, "%s ends past its tensor's %llu values", t->name,
+                                     (unsigned long long)count);
+                have = y;
+                if (have < count)
+                    continue;
+                open = 0;
+                rc = ps_layout_add(out, base, ndim, dims);
+            } else {
+                if (open)
+                    return join_fail(err, errlen, "part %u goes on with %s where the rest of %s from value %llu "
+                                                  "should be", i + 1, t->name, base, (unsigned long long)have);
+                rc = ps_layout_add(out, t->name, t->ndim, t->dims);
+            }
+            if (rc != 0)
+                return join_fail(err, errlen, "the joined layout does not fit the protocol's limits");
+        }
+    if (open)
+        return join_fail(err, errlen, "no part holds the rest of %s from value %llu", base, (unsigned long long)have);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t lo, hi;
+        if (ps_part_bounds(out->total, i, n, &lo, &hi) != 0 || hi - lo != parts[i]->total)
+            return join_fail(err, errlen, "part %u holds %llu values, not part %u of %u of a model of %llu values",
+                             i + 1, (unsigned long long)parts[i]->total, i + 1, n, (unsigned long long)out->total);
+    }
     return 0;
 }

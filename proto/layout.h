@@ -61,12 +61,20 @@ int ps_part_bounds(uint64_t P, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *h
 
 /* The layout psd instance i of n holds: the tensors of l that lie inside
  * part i whole, under their own names and dims, and the piece of a tensor
- * the part cuts as a 1-dim tensor named "name[x:y]" (its elements x..y-1 in
- * the tensor's flat order). Every instance gets a different layout, so psd's
+ * the part cuts as a 1-dim tensor named "name(d0xd1...)[x:y]": elements
+ * x..y-1, in flat order, of the tensor `name` of dims d0 x d1 x ... (so the
+ * parts together tell the whole layout: ps_layout_join). Every instance gets a different layout, so psd's
  * layout check refuses a worker that addresses the wrong part. Returns 0, or
  * PS_EINVAL (ps_part_bounds refuses, or a piece's name would be over
  * PS_NAME_MAX bytes). */
 int ps_layout_part(const ps_layout *l, uint32_t i, uint32_t n, ps_layout *out, uint64_t *lo, uint64_t *hi);
+
+/* The whole model's layout from its n parts' layouts, in part order (what
+ * ps_layout_part made of it): cut tensors joined again under their names
+ * and dims. Returns 0, or PS_EINVAL with the reason in err when the parts
+ * do not fit together (a part missing, repeated or out of order, a piece
+ * that does not continue the last). */
+int ps_layout_join(const ps_layout *const *parts, uint32_t n, ps_layout *out, char *err, size_t errlen);
 
 /* Writes "name[d0,d1] ..." into buf for log messages; always NUL-terminates. */
 void ps_layout_describe(const ps_layout *l, char *buf, size_t len);

@@ -59,7 +59,10 @@ static void usage(FILE *f)
             "  shutdown           stop psd as SIGTERM does\n"
             "\n"
             "Options (before or after the command):\n"
-            "  -s, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000)\n"
+            "  -s, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000);\n"
+            "                          HOST:PORT,HOST:PORT,...: the psd of a model split over\n"
+            "                          several, in part order: each command goes to each psd in\n"
+            "                          turn (--json: an array), and save joins their parts\n"
             "  -t, --timeout MS        give up on a reply after MS milliseconds (default\n"
             "                          5000; checkpoint 600000)\n"
             "  -j, --json              machine-readable output: one JSON document on stdout\n"
@@ -381,7 +384,7 @@ static int bprintf(ps_buf *b, const char *fmt, ...)
 /* The safetensors header: 8 bytes of little-endian length N, then N bytes
  * of JSON, padded with spaces so the data starts at a multiple of 8. */
 static int safetensors_header(const ps_layout *l, uint64_t version, const char *mode, uint64_t fp,
-                              const char *server, ps_buf *out)
+                              const char *server, const char *part_versions, ps_buf *out)
 {
     ps_buf j = {0};
     int rc = 0;
@@ -391,6 +394,11 @@ static int safetensors_header(const ps_layout *l, uint64_t version, const char *
     rc |= json_str_buf(&j, mode);
     rc |= bprintf(&j, ",\"layout_fingerprint\":\"0x%016" PRIx64 "\",\"server\":", fp);
     rc |= json_str_buf(&j, server);
+    if (part_versions) {
+        /* a split model: each psd's pinned version, in part order */
+        rc |= bprintf(&j, ",\"part_versions\":");
+        rc |= json_str_buf(&j, part_versions);
+    }
     rc |= bprintf(&j, "}");
     for (uint32_t i = 0; i < l->ntensors; i++) {
         const ps_tensor_desc *t = &l->t[i];
@@ -418,71 +426,63 @@ static int safetensors_header(const ps_layout *l, uint64_t version, const char *
     return 0;
 }
 
-static int cmd_save(session *ss, const char *server, const char *path, int as_json)
+/* Checks that a safetensors file can hold layout l (no name twice). */
+static int save_names_ok(const ps_layout *l)
 {
-    ps_msg r;
-    char tmp[4096];
-    ps_buf head = {0};
-    int rc;
-
-    if (!ss->has_layout) {
-        fprintf(stderr, "psctl: psd has no model yet: no worker has connected\n");
-        return EXIT_REMOTE;
-    }
-    const ps_layout *l = &ss->layout;
     for (uint32_t i = 0; i < l->ntensors; i++)
         for (uint32_t k = 0; k < i; k++)
             if (strcmp(l->t[i].name, l->t[k].name) == 0) {
                 fprintf(stderr, "psctl: the model has two tensors named '%s'; a safetensors file cannot hold that\n",
                         l->t[i].name);
-                return EXIT_REMOTE;
+                return -1;
             }
-    /* pin one version: every chunk comes from the same snapshot */
-    rc = admin(ss, "pin", NULL, 0, &r);
-    if (rc != 0)
-        return report(&ss->c, rc, ss->timeout);
-    uint64_t version = r.mver;
-    if (safetensors_header(l, version, ss->mode, ss->fp, server, &head) != 0) {
-        fprintf(stderr, "psctl: out of memory\n");
-        return EXIT_LOCAL;
-    }
+    return 0;
+}
+
+/* Writes head and then the values of every session's model, in order (the
+ * parts of a split model, or the one model), pulled from their pinned
+ * snapshots at versions[i], to path (through path.tmp, renamed once whole).
+ * Returns an exit code; the reason is on stderr. */
+static int save_write(session *ss, uint32_t n, const uint64_t *versions, const ps_buf *head, const char *path)
+{
+    char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
         fprintf(stderr, "psctl: path too long: %s\n", path);
-        ps_buf_free(&head);
         return EXIT_USAGE;
     }
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         fprintf(stderr, "psctl: cannot create %s: %s\n", tmp, strerror(errno));
-        ps_buf_free(&head);
         return EXIT_LOCAL;
     }
     int status = EXIT_OK;
-    if (fwrite(head.p, 1, head.len, f) != head.len)
+    if (fwrite(head->p, 1, head->len, f) != head->len)
         status = EXIT_LOCAL;
-    ps_buf_free(&head);
-    for (uint64_t off = 0; status == EXIT_OK && off < l->total; off += SAVE_CHUNK) {
-        uint64_t len = l->total - off < SAVE_CHUNK ? l->total - off : SAVE_CHUNK;
-        ps_msg m;
-        ps_msg_init(&m, PS_MSG_PULL);
-        m.has = PS_F_OFF | PS_F_LEN;
-        m.off = off;
-        m.len = len;
-        rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
-        if (rc != 0) {
-            status = report(&ss->c, rc, ss->timeout);
-            break;
+    for (uint32_t i = 0; i < n && status == EXIT_OK; i++) {
+        const ps_layout *l = &ss[i].layout;
+        for (uint64_t off = 0; status == EXIT_OK && off < l->total; off += SAVE_CHUNK) {
+            uint64_t len = l->total - off < SAVE_CHUNK ? l->total - off : SAVE_CHUNK;
+            ps_msg m, r;
+            ps_msg_init(&m, PS_MSG_PULL);
+            m.has = PS_F_OFF | PS_F_LEN;
+            m.off = off;
+            m.len = len;
+            int rc = ps_client_call(&ss[i].c, &m, &r, ss[i].timeout);
+            if (rc != 0) {
+                status = report(&ss[i].c, rc, ss[i].timeout);
+                break;
+            }
+            if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len || r.mver != versions[i]) {
+                fprintf(stderr,
+                        "psctl: psd answered the pull of [%" PRIu64 ", %" PRIu64 ") with %s of %" PRIu64
+                        " values at version %" PRIu64 " (expected version %" PRIu64 ")\n",
+                        off, off + len, ps_msg_type_name(r.type), r.ndata, r.mver, versions[i]);
+                status = EXIT_REMOTE;
+                break;
+            }
+            if (fwrite(r.data, sizeof(float), len, f) != len)
+                status = EXIT_LOCAL;
         }
-        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len || r.mver != version) {
-            fprintf(stderr,
-                    "psctl: psd answered the pull of [%" PRIu64 ", %" PRIu64 ") with %s of %" PRIu64
-                    " values at version %" PRIu64 " (expected version %" PRIu64 ")\n",
-                    off, off + len, ps_msg_type_name(r.type), r.ndata, r.mver, version);
-            status = EXIT_REMOTE;
-            break;
-        }
-        if (fwrite(r.data, sizeof(float), len, f) != len)
-            status = EXIT_LOCAL;
     }
     if (status == EXIT_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
         status = EXIT_LOCAL;
@@ -492,22 +492,132 @@ static int cmd_save(session *ss, const char *server, const char *path, int as_js
         status = EXIT_LOCAL;
     if (status == EXIT_LOCAL)
         fprintf(stderr, "psctl: cannot write %s: %s\n", path, strerror(errno));
-    if (status != EXIT_OK) {
+    if (status != EXIT_OK)
         unlink(tmp);
-        return status;
-    }
-    admin(ss, "unpin", NULL, 0, &r);
+    return status;
+}
+
+static void save_done(const char *path, uint64_t version, const ps_layout *l, uint32_t n, int as_json)
+{
     if (as_json) {
         printf("{\"path\": ");
         json_string(stdout, path, strlen(path));
         printf(", \"version\": %" PRIu64 ", \"parameters\": %" PRIu64 ", \"tensors\": %u, \"format\": "
-               "\"safetensors\"}\n",
-               version, l->total, l->ntensors);
+               "\"safetensors\", \"servers\": %u}\n",
+               version, l->total, l->ntensors, n);
     } else {
-        printf("saved model version %" PRIu64 " (%u tensors, %" PRIu64 " parameters) to %s\n", version,
-               l->ntensors, l->total, path);
+        printf("saved model version %" PRIu64 " (%u tensors, %" PRIu64 " parameters%s) to %s\n", version,
+               l->ntensors, l->total, n > 1 ? ", from its parts" : "", path);
     }
+}
+
+static int cmd_save(session *ss, const char *server, const char *path, int as_json)
+{
+    ps_msg r;
+    ps_buf head = {0};
+    if (!ss->has_layout) {
+        fprintf(stderr, "psctl: psd has no model yet: no worker has connected\n");
+        return EXIT_REMOTE;
+    }
+    const ps_layout *l = &ss->layout;
+    if (save_names_ok(l) != 0)
+        return EXIT_REMOTE;
+    /* pin one version: every chunk comes from the same snapshot */
+    int rc = admin(ss, "pin", NULL, 0, &r);
+    if (rc != 0)
+        return report(&ss->c, rc, ss->timeout);
+    uint64_t version = r.mver;
+    if (safetensors_header(l, version, ss->mode, ss->fp, server, NULL, &head) != 0) {
+        fprintf(stderr, "psctl: out of memory\n");
+        return EXIT_LOCAL;
+    }
+    int status = save_write(ss, 1, &version, &head, path);
+    ps_buf_free(&head);
+    if (status != EXIT_OK)
+        return status;
+    admin(ss, "unpin", NULL, 0, &r);
+    save_done(path, version, l, 1, as_json);
     return EXIT_OK;
+}
+
+/* save from a model split over n psd (proto/PROTOCOL.md 6.2): their part
+ * layouts joined into the model's (cut tensors whole again), each psd's
+ * snapshot pinned, and the parts' values written one after the other,
+ * which is the model's flat vector. Each psd pins its own version: for one
+ * version of the whole model, pause the job first (psctl pause). */
+static int cmd_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout,
+                          const char *path, int as_json)
+{
+    static ps_layout whole;
+    const ps_layout *parts[PS_PARTS_MAX];
+    uint64_t versions[PS_PARTS_MAX];
+    char err[512], pv[PS_PARTS_MAX * 21 + 1] = "";
+    ps_msg r;
+    int status = EXIT_OK;
+    uint32_t opened = 0;
+    for (; opened < n && status == EXIT_OK; opened++) {
+        session *s = &ss[opened];
+        ps_client_init(&s->c);
+        s->timeout = timeout;
+        s->token = *token;
+        int rc = open_session(s, list[opened]);
+        if (rc != 0) {
+            status = report(&s->c, rc, timeout);
+        } else if (!s->has_layout) {
+            fprintf(stderr, "psctl: psd at %s has no model yet: no worker has connected\n", list[opened]);
+            status = EXIT_REMOTE;
+        } else if (opened > 0 && strcmp(s->mode, ss[0].mode) != 0) {
+            fprintf(stderr, "psctl: psd at %s runs %s, psd at %s %s: not parts of one job\n", list[0], ss[0].mode,
+                    list[opened], s->mode);
+            status = EXIT_REMOTE;
+        }
+        parts[opened] = &s->layout;
+    }
+    if (status == EXIT_OK && ps_layout_join(parts, n, &whole, err, sizeof err) != 0) {
+        fprintf(stderr, "psctl: these psd do not hold the parts of one model in this order (%s); list them as the "
+                        "workers' --server does\n", err);
+        status = EXIT_REMOTE;
+    }
+    if (status == EXIT_OK && save_names_ok(&whole) != 0)
+        status = EXIT_REMOTE;
+    uint32_t pinned = 0;
+    for (; pinned < n && status == EXIT_OK; pinned++) {
+        int rc = admin(&ss[pinned], "pin", NULL, 0, &r);
+        if (rc != 0) {
+            status = report(&ss[pinned].c, rc, timeout);
+            break;
+        }
+        versions[pinned] = r.mver;
+        size_t len = strlen(pv);
+        snprintf(pv + len, sizeof pv - len, "%s%" PRIu64, pinned ? "," : "", r.mver);
+    }
+    if (status == EXIT_OK) {
+        ps_buf head = {0};
+        char servers[PS_PARTS_MAX * 301];
+        size_t len = 0;
+        for (uint32_t i = 0; i < n; i++)
+            len += (size_t)snprintf(servers + len, sizeof servers - len, "%s%s", i ? "," : "", list[i]);
+        if (safetensors_header(&whole, versions[0], ss[0].mode, ps_layout_fingerprint(&whole), servers, pv, &head) !=
+            0) {
+            fprintf(stderr, "psctl: out of memory\n");
+            status = EXIT_LOCAL;
+        } else {
+            status = save_write(ss, n, versions, &head, path);
+        }
+        ps_buf_free(&head);
+    }
+    for (uint32_t i = 0; i < opened; i++) {
+        if (i < pinned && status == EXIT_OK)
+            admin(&ss[i], "unpin", NULL, 0, &r);
+        ps_msg m;
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_client_send(&ss[i].c, &m);
+        ps_client_free(&ss[i].c);
+        ps_token_clear(&ss[i].token);
+    }
+    if (status == EXIT_OK)
+        save_done(path, versions[0], &whole, n, as_json);
+    return status;
 }
 
 /* ---- main ------------------------------------------------------------------------------ */
@@ -523,6 +633,81 @@ static const command commands[] = {
     {"set", 1, PS_ARGS_MAX, " KEY=VALUE..."}, {"pause", 0, 0, ""}, {"resume", 0, 0, ""},
     {"checkpoint", 0, 0, ""},    {"save", 1, 1, " PATH"},   {"shutdown", 0, 0, ""},
 };
+
+/* Runs cmd against the psd at server (one of a split model's, or the
+ * only one); ss->c initialised, timeout and token set. */
+static int run_one(const command *cmd, session *ss, const char *server, char **args, int nargs, int as_json)
+{
+    ps_msg m, r;
+    int status = EXIT_OK, timeout = ss->timeout;
+    int rc = open_session(ss, server);
+    if (rc != 0) {
+        status = report(&ss->c, rc, timeout);
+        goto out;
+    }
+
+    if (strcmp(cmd->name, "status") == 0 || strcmp(cmd->name, "workers") == 0) {
+        ps_msg_init(&m, PS_MSG_STATUS);
+        rc = ps_client_call(&ss->c, &m, &r, timeout);
+        if (rc != 0) {
+            status = report(&ss->c, rc, timeout);
+        } else if (r.type != PS_MSG_STATUS_REPLY) {
+            fprintf(stderr, "psctl: psd answered status with %s\n", ps_msg_type_name(r.type));
+            status = EXIT_REMOTE;
+        } else if (cmd->name[0] == 's') {
+            if (as_json) {
+                json(stdout, r.body);
+                fputc('\n', stdout);
+            } else {
+                print_status(r.body);
+            }
+        } else {
+            const msgpack_object *ws = ps_map_get(r.body, "workers");
+            if (as_json) {
+                if (ws)
+                    json(stdout, ws);
+                else
+                    fputs("[]", stdout);
+                fputc('\n', stdout);
+            } else {
+                print_workers(r.body);
+            }
+        }
+    } else if (strcmp(cmd->name, "metrics") == 0) {
+        ps_msg_init(&m, PS_MSG_METRICS);
+        rc = ps_client_call(&ss->c, &m, &r, timeout);
+        if (rc != 0) {
+            status = report(&ss->c, rc, timeout);
+        } else if (r.type != PS_MSG_METRICS_REPLY) {
+            fprintf(stderr, "psctl: psd answered metrics with %s\n", ps_msg_type_name(r.type));
+            status = EXIT_REMOTE;
+        } else {
+            fwrite(r.text, 1, r.text_len, stdout);
+        }
+    } else if (strcmp(cmd->name, "save") == 0) {
+        status = cmd_save(ss, server, args[0], as_json);
+    } else {
+        /* set, pause, resume, checkpoint, shutdown: one ADMIN request */
+        rc = admin(ss, cmd->name, args, nargs, &r);
+        if (rc != 0) {
+            status = report(&ss->c, rc, timeout);
+        } else if (as_json) {
+            printf("{\"ok\": true, \"command\": \"%s\", \"version\": %" PRIu64 ", \"message\": ", cmd->name, r.mver);
+            json_string(stdout, r.text ? r.text : "", r.text ? r.text_len : 0);
+            printf("}\n");
+        } else {
+            printf("%.*s\n", (int)r.text_len, r.text ? r.text : "");
+        }
+        if (rc == 0 && strcmp(cmd->name, "shutdown") == 0)
+            goto out; /* psd closes the connection itself */
+    }
+    if (status == EXIT_OK) {
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_client_send(&ss->c, &m);
+    }
+out:
+    return status;
+}
 
 int main(int argc, char **argv)
 {
@@ -602,84 +787,55 @@ int main(int argc, char **argv)
     if (timeout < 0)
         timeout = strcmp(cmd->name, "checkpoint") == 0 ? CHECKPOINT_TIMEOUT_MS : DEFAULT_TIMEOUT_MS;
 
-    static session ss; /* holds a layout: too big for the stack */
-    ps_msg m, r;
-    ps_client_init(&ss.c);
-    ss.timeout = timeout;
+    /* "host:port" or a list, one psd per part of a split model */
+    static char list[PS_PARTS_MAX][300];
+    uint32_t n = 0;
+    for (const char *p = server;; n++) {
+        size_t len = strcspn(p, ",");
+        if (n == PS_PARTS_MAX || len == 0 || len >= sizeof list[0]) {
+            fprintf(stderr, "psctl: bad --server '%.200s': HOST:PORT, or HOST:PORT,HOST:PORT,... (at most %u) for "
+                            "a model split over several psd\n", server, PS_PARTS_MAX);
+            return EXIT_USAGE;
+        }
+        memcpy(list[n], p, len);
+        list[n][len] = '\0';
+        if (!p[len]) {
+            n++;
+            break;
+        }
+        p += len + 1;
+    }
+    static session ss[PS_PARTS_MAX]; /* each holds a layout: too big for the stack */
+    ps_token token = {0};
     char terr[1536];
-    if (token_file && ps_token_load(token_file, &ss.token, terr, sizeof terr) != 0) {
+    if (token_file && ps_token_load(token_file, &token, terr, sizeof terr) != 0) {
         fprintf(stderr, "psctl: %s\n", terr);
-        ps_client_free(&ss.c);
         return EXIT_USAGE;
     }
     int status = EXIT_OK;
-    int rc = open_session(&ss, server);
-    if (rc != 0) {
-        status = report(&ss.c, rc, timeout);
-        goto out;
-    }
-
-    if (strcmp(cmd->name, "status") == 0 || strcmp(cmd->name, "workers") == 0) {
-        ps_msg_init(&m, PS_MSG_STATUS);
-        rc = ps_client_call(&ss.c, &m, &r, timeout);
-        if (rc != 0) {
-            status = report(&ss.c, rc, timeout);
-        } else if (r.type != PS_MSG_STATUS_REPLY) {
-            fprintf(stderr, "psctl: psd answered status with %s\n", ps_msg_type_name(r.type));
-            status = EXIT_REMOTE;
-        } else if (cmd->name[0] == 's') {
-            if (as_json) {
-                json(stdout, r.body);
-                fputc('\n', stdout);
-            } else {
-                print_status(r.body);
-            }
-        } else {
-            const msgpack_object *ws = ps_map_get(r.body, "workers");
-            if (as_json) {
-                if (ws)
-                    json(stdout, ws);
-                else
-                    fputs("[]", stdout);
-                fputc('\n', stdout);
-            } else {
-                print_workers(r.body);
-            }
-        }
-    } else if (strcmp(cmd->name, "metrics") == 0) {
-        ps_msg_init(&m, PS_MSG_METRICS);
-        rc = ps_client_call(&ss.c, &m, &r, timeout);
-        if (rc != 0) {
-            status = report(&ss.c, rc, timeout);
-        } else if (r.type != PS_MSG_METRICS_REPLY) {
-            fprintf(stderr, "psctl: psd answered metrics with %s\n", ps_msg_type_name(r.type));
-            status = EXIT_REMOTE;
-        } else {
-            fwrite(r.text, 1, r.text_len, stdout);
-        }
-    } else if (strcmp(cmd->name, "save") == 0) {
-        status = cmd_save(&ss, server, args[0], as_json);
+    if (n > 1 && strcmp(cmd->name, "save") == 0) {
+        status = cmd_save_parts(ss, list, n, &token, timeout, args[0], as_json);
     } else {
-        /* set, pause, resume, checkpoint, shutdown: one ADMIN request */
-        rc = admin(&ss, cmd->name, args, nargs, &r);
-        if (rc != 0) {
-            status = report(&ss.c, rc, timeout);
-        } else if (as_json) {
-            printf("{\"ok\": true, \"command\": \"%s\", \"version\": %" PRIu64 ", \"message\": ", cmd->name, r.mver);
-            json_string(stdout, r.text ? r.text : "", r.text ? r.text_len : 0);
-            printf("}\n");
-        } else {
-            printf("%.*s\n", (int)r.text_len, r.text ? r.text : "");
+        /* every other command goes to each psd in turn: a header line
+         * before each one's text, a JSON array of their documents */
+        if (n > 1 && as_json && cmd->name[0] != 'm')
+            printf("[");
+        for (uint32_t i = 0; i < n && status == EXIT_OK; i++) {
+            if (n > 1 && as_json && cmd->name[0] != 'm' && i > 0)
+                printf(",");
+            else if (n > 1 && (!as_json || cmd->name[0] == 'm'))
+                printf("%s== psd %s (part %u of %u)\n", cmd->name[0] == 'm' ? "# " : (i ? "\n" : ""), list[i],
+                       i + 1, n);
+            ps_client_init(&ss[i].c);
+            ss[i].timeout = timeout;
+            ss[i].token = token;
+            status = run_one(cmd, &ss[i], list[i], args, nargs, as_json);
+            ps_client_free(&ss[i].c);
+            ps_token_clear(&ss[i].token);
         }
-        if (rc == 0 && strcmp(cmd->name, "shutdown") == 0)
-            goto out; /* psd closes the connection itself */
+        if (n > 1 && as_json && cmd->name[0] != 'm' && status == EXIT_OK)
+            printf("]\n");
     }
-    if (status == EXIT_OK) {
-        ps_msg_init(&m, PS_MSG_BYE);
-        ps_client_send(&ss.c, &m);
-    }
-out:
-    ps_client_free(&ss.c);
-    ps_token_clear(&ss.token);
+    ps_token_clear(&token);
     return status;
 }

@@ -463,6 +463,27 @@ def mlp_layout(hidden, inputs=784, classes=10):
     return layout
 
 
+def read_safetensors(path):
+    """A safetensors reader from the format's description: u64 header length,
+    JSON header, raw little-endian data. Returns (metadata, {name: array})."""
+    import numpy as np
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    assert (8 + n) % 8 == 0, "data should start 8-aligned"
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    meta = header.pop("__metadata__", {})
+    tensors, end = {}, 0
+    for name, t in header.items():
+        assert t["dtype"] == "F32", t
+        b, e = t["data_offsets"]
+        tensors[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(t["shape"])
+        end = max(end, e)
+    assert end == len(data), "the data is entirely indexed"
+    return meta, tensors
+
+
 def layout_size(layout):
     return sum(math.prod(dims) for _, dims in layout)
 

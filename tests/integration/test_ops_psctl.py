@@ -23,7 +23,6 @@
 import json
 import os
 import socket
-import struct
 import sys
 import threading
 import time
@@ -33,31 +32,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import Paths  # noqa: E402
+from harness import Paths, read_safetensors  # noqa: E402
 
 T_ADMIN = 17
 HIDDEN = (32,)
 MODEL = "mlp:32"
-
-
-def read_safetensors(path):
-    """A safetensors reader from the format's description: u64 header length,
-    JSON header, raw little-endian data. Returns (metadata, {name: array})."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    assert (8 + n) % 8 == 0, "data should start 8-aligned"
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    meta = header.pop("__metadata__", {})
-    tensors, end = {}, 0
-    for name, t in header.items():
-        assert t["dtype"] == "F32", t
-        b, e = t["data_offsets"]
-        tensors[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(t["shape"])
-        end = max(end, e)
-    assert end == len(data), "the data is entirely indexed"
-    return meta, tensors
 
 
 def pull_all(c, total, chunk=1 << 20):

@@ -22,6 +22,7 @@ part.
 """
 
 import fcntl
+import json
 import mmap
 import os
 import signal
@@ -73,15 +74,29 @@ class PartsTest(unittest.TestCase):
                 out.append((summary["version"], summary["train_loss"], summary["test_loss"],
                             summary["test_accuracy"]))
             sts = [harness.status(p.addr) for p in psds]
+            # the whole model, from its parts when split
+            path = os.path.join(cl.dir, "model.safetensors")
+            r = harness.psctl(",".join(p.addr for p in psds), "save", path, "--json")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["servers"], nparts)
+            meta, tensors = harness.read_safetensors(path)
+            if nparts > 1:
+                self.assertEqual(meta["part_versions"], ",".join(str(st["version"]) for st in sts))
+            # psctl status of every psd, one after the other
+            r = harness.psctl(",".join(p.addr for p in psds), "status")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.count("== psd "), nparts if nparts > 1 else 0)
             for p in psds:
                 p.stop()
-            return out, sts, [p.stderr() for p in psds]
+            return out, sts, [p.stderr() for p in psds], tensors
 
     def test_bsp_split_equals_one_psd(self):
-        one, _, _ = self.run_bsp("psd-parts-one", 1, "on")
+        one, _, _, model = self.run_bsp("psd-parts-one", 1, "on")
+        self.assertEqual(sorted(model), ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"])
+        self.assertEqual(model["fc1.weight"].shape, (64, 784))
         self.assertGreater(one[0][3], 0.8)
         for shm in ("on", "off"):
-            two, sts, logs = self.run_bsp("psd-parts-two-" + shm, 2, shm)
+            two, sts, logs, saved = self.run_bsp("psd-parts-two-" + shm, 2, shm)
             # BSP sums in shard order and the optimizer works value by value:
             # the split changes nothing, to the last bit
             self.assertEqual(two, one, "2 psd (shm %s) against 1" % shm)
@@ -91,8 +106,14 @@ class PartsTest(unittest.TestCase):
             for st in sts:
                 self.assertEqual(sorted(w["shard"] for w in st["workers"]), [0, 1])
                 self.assertEqual({w["transport"] for w in st["workers"]}, {"shm" if shm == "on" else "tcp"})
-            self.assertIn("fc1.weight[0:24576][24576]", logs[0])
-            self.assertIn("fc1.weight[24576:50176][25600] fc1.bias[64] fc2.weight[10,64] fc2.bias[10]", logs[1])
+            self.assertIn("fc1.weight(64x784)[0:24576][24576]", logs[0])
+            self.assertIn("fc1.weight(64x784)[24576:50176][25600] fc1.bias[64] fc2.weight[10,64] fc2.bias[10]",
+                          logs[1])
+            # psctl save joins the parts into the model one psd saves
+            self.assertEqual(sorted(saved), sorted(model))
+            for name in model:
+                self.assertEqual(saved[name].shape, model[name].shape, name)
+                np.testing.assert_array_equal(saved[name], model[name], name)
 
     def test_asgd_one_of_three_restarted(self):
         ports = [harness.free_port() for _ in range(3)]
@@ -150,6 +171,18 @@ class PartsTest(unittest.TestCase):
             w = cl.worker(servers(a, c), 0, 2, epochs=1, limit=500, model=MODEL)
             self.assertEqual(w.result(timeout=60)[0], 0, harness.tail(w.err_path, 5))
             refused(c.addr + "," + a.addr, "layout")
+            # psctl save from psd that are not the job's parts in its order
+            for order in ((c, a), (a, a), (a, c, a)):
+                r = harness.psctl(",".join(p.addr for p in order), "save", os.path.join(cl.dir, "m.safetensors"))
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertIn("do not hold the parts of one model in this order", r.stderr)
+                self.assertFalse(os.path.exists(os.path.join(cl.dir, "m.safetensors")))
+            r = harness.psctl(a.addr + "," + b.addr, "save", os.path.join(cl.dir, "m.safetensors"))
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("psctl:", r.stderr)
+            r = harness.psctl(a.addr + ",", "status")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("bad --server", r.stderr)
             for p in (a, b, c):
                 p.stop()
 

@@ -2016,8 +2016,9 @@ static void test_part_bounds(void **state)
 }
 
 /* Each part's layout: whole tensors keep name and dims, a cut one becomes
- * "name[x:y]" of y - x values; the parts' layouts together cover the model
- * and differ from each other (psd's layout check tells parts apart). */
+ * "name(dims)[x:y]" of y - x values; the parts' layouts together cover the
+ * model and differ from each other (psd's layout check tells parts apart),
+ * and ps_layout_join makes the model's layout of them again. */
 static void test_layout_part(void **state)
 {
     (void)state;
@@ -2032,14 +2033,14 @@ static void test_layout_part(void **state)
     assert_int_equal(lo, 0);
     assert_int_equal(hi, 24576);
     assert_int_equal(a.ntensors, 1);
-    assert_string_equal(a.t[0].name, "fc1.weight[0:24576]");
+    assert_string_equal(a.t[0].name, "fc1.weight(64x784)[0:24576]");
     assert_int_equal(a.t[0].ndim, 1);
     assert_int_equal(a.total, 24576);
     assert_int_equal(ps_layout_part(&l, 1, 2, &b, &lo, &hi), 0);
     assert_int_equal(lo, 24576);
     assert_int_equal(hi, l.total);
     assert_int_equal(b.ntensors, 4);
-    assert_string_equal(b.t[0].name, "fc1.weight[24576:50176]");
+    assert_string_equal(b.t[0].name, "fc1.weight(64x784)[24576:50176]");
     assert_int_equal(b.t[0].count, 50176 - 24576);
     assert_string_equal(b.t[1].name, "fc1.bias");
     assert_string_equal(b.t[2].name, "fc2.weight");
@@ -2047,6 +2048,42 @@ static void test_layout_part(void **state)
     assert_int_equal(b.t[2].dims[0], 10);
     assert_int_equal(a.total + b.total, l.total);
     assert_false(ps_layout_equal(&a, &b));
+    /* joined again, in part order; refused out of order or with one missing */
+    static ps_layout j;
+    char jerr[256];
+    const ps_layout *ab[2] = {&a, &b}, *ba[2] = {&b, &a}, *aa[2] = {&a, &a};
+    assert_int_equal(ps_layout_join(ab, 2, &j, jerr, sizeof jerr), 0);
+    assert_true(ps_layout_equal(&j, &l));
+    assert_int_equal(ps_layout_join(ba, 2, &j, jerr, sizeof jerr), PS_EINVAL);
+    assert_non_null(strstr(jerr, "fc1.weight(64x784)[24576:50176]"));
+    assert_int_equal(ps_layout_join(aa, 2, &j, jerr, sizeof jerr), PS_EINVAL);
+    assert_non_null(strstr(jerr, "the rest of fc1.weight from value 24576"));
+    assert_int_equal(ps_layout_join(ab, 1, &j, jerr, sizeof jerr), PS_EINVAL);
+    assert_non_null(strstr(jerr, "no part holds the rest of fc1.weight"));
+    assert_int_equal(ps_layout_join(ab + 1, 1, &j, jerr, sizeof jerr), PS_EINVAL);
+    assert_non_null(strstr(jerr, "values before 24576"));
+    /* many tensors, many parts: every split joins back */
+    ps_layout big;
+    ps_layout_init(&big);
+    for (uint32_t k = 0; k < 40; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "layer%u.w", k);
+        assert_int_equal(ps_layout_add(&big, name, 3, (const uint32_t[]){k % 7 + 1, 33, 2 + k * 13}), 0);
+    }
+    for (uint32_t n = 1; n <= 9; n++) {
+        static ps_layout part[9];
+        const ps_layout *pp[9];
+        for (uint32_t i = 0; i < n; i++) {
+            assert_int_equal(ps_layout_part(&big, i, n, &part[i], &lo, &hi), 0);
+            pp[i] = &part[i];
+        }
+        assert_int_equal(ps_layout_join(pp, n, &j, jerr, sizeof jerr), 0);
+        assert_true(ps_layout_equal(&j, &big));
+        if (n > 2) { /* a part left out: the sizes tell */
+            pp[1] = &part[2];
+            assert_int_equal(ps_layout_join(pp, n - 1, &j, jerr, sizeof jerr), PS_EINVAL);
+        }
+    }
     /* one part: the model's own layout */
     assert_int_equal(ps_layout_part(&l, 0, 1, &a, &lo, &hi), 0);
     assert_true(ps_layout_equal(&a, &l));
