@@ -634,6 +634,22 @@ static const command commands[] = {
     {"checkpoint", 0, 0, ""},    {"save", 1, 1, " PATH"},   {"shutdown", 0, 0, ""},
 };
 
+/* Sends a request of type `type` (no fields) and checks the reply is of
+ * type `want`; an exit code, the reason on stderr. */
+static int ask(session *ss, uint32_t type, uint32_t want, const char *what, ps_msg *r)
+{
+    ps_msg m;
+    ps_msg_init(&m, type);
+    int rc = ps_client_call(&ss->c, &m, r, ss->timeout);
+    if (rc != 0)
+        return report(&ss->c, rc, ss->timeout);
+    if (r->type != want) {
+        fprintf(stderr, "psctl: psd answered %s with %s\n", what, ps_msg_type_name(r->type));
+        return EXIT_REMOTE;
+    }
+    return EXIT_OK;
+}
+
 /* Runs cmd against the psd at server (one of a split model's, or the
  * only one); ss->c initialised, timeout and token set. */
 static int run_one(const command *cmd, session *ss, const char *server, char **args, int nargs, int as_json)
@@ -647,13 +663,8 @@ static int run_one(const command *cmd, session *ss, const char *server, char **a
     }
 
     if (strcmp(cmd->name, "status") == 0 || strcmp(cmd->name, "workers") == 0) {
-        ps_msg_init(&m, PS_MSG_STATUS);
-        rc = ps_client_call(&ss->c, &m, &r, timeout);
-        if (rc != 0) {
-            status = report(&ss->c, rc, timeout);
-        } else if (r.type != PS_MSG_STATUS_REPLY) {
-            fprintf(stderr, "psctl: psd answered status with %s\n", ps_msg_type_name(r.type));
-            status = EXIT_REMOTE;
+        status = ask(ss, PS_MSG_STATUS, PS_MSG_STATUS_REPLY, "status", &r);
+        if (status != EXIT_OK) {
         } else if (cmd->name[0] == 's') {
             if (as_json) {
                 json(stdout, r.body);
@@ -674,16 +685,9 @@ static int run_one(const command *cmd, session *ss, const char *server, char **a
             }
         }
     } else if (strcmp(cmd->name, "metrics") == 0) {
-        ps_msg_init(&m, PS_MSG_METRICS);
-        rc = ps_client_call(&ss->c, &m, &r, timeout);
-        if (rc != 0) {
-            status = report(&ss->c, rc, timeout);
-        } else if (r.type != PS_MSG_METRICS_REPLY) {
-            fprintf(stderr, "psctl: psd answered metrics with %s\n", ps_msg_type_name(r.type));
-            status = EXIT_REMOTE;
-        } else {
+        status = ask(ss, PS_MSG_METRICS, PS_MSG_METRICS_REPLY, "metrics", &r);
+        if (status == EXIT_OK)
             fwrite(r.text, 1, r.text_len, stdout);
-        }
     } else if (strcmp(cmd->name, "save") == 0) {
         status = cmd_save(ss, server, args[0], as_json);
     } else {
