@@ -6,7 +6,8 @@ prints figures and asserts nothing).
                  [--psd PATH --psworker PATH --psctl PATH --data DIR]
 
 For W1 (MLP 784-256-128-10) and W2 (the CNN) on MNIST and Fashion-MNIST,
-with 1 and 2 workers in ASGD and BSP, it runs psd and real psworkers on this
+with 1 and 2 workers in ASGD and BSP (W1 also over TCP, with bfloat16 on
+the wire, and with the model split over 2 psd), it runs psd and real psworkers on this
 machine and prints, per configuration: seconds per epoch, the part of it
 worker 0 spent waiting on psd ("wait": push, pull and, in BSP, the round),
 samples/s, test accuracy after every epoch, and the training wall time
@@ -25,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
@@ -49,16 +51,18 @@ TARGETS = {("W1", "mnist"): 0.980, ("W2", "mnist"): 0.990, ("W1", "fashion-mnist
 TRAIN_N = 60000
 
 
-def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"):
-    """One configuration; returns worker 0's per-epoch records."""
+def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on", parts=1):
+    """One configuration; returns worker 0's per-epoch records. parts > 1:
+    the model split over that many psd (psworker --server A,B,...)."""
     versions = epochs * -(-TRAIN_N // batch)
     if mode == "bsp":
         batch //= nworkers
     args = ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "lr_schedule=cosine",
             "--set", "lr_decay_versions=%d" % versions, "--set", "heartbeat_timeout=60s"]
     with harness.Cluster("bench-tta") as cl:
-        psd = cl.psd(mode=mode, workers=nworkers, args=args)
-        ws = [cl.worker(psd, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
+        psds = [cl.psd(mode=mode, workers=nworkers, args=args, name="psd%d" % i) for i in range(parts)]
+        servers = types.SimpleNamespace(addr=",".join(p.addr for p in psds))
+        ws = [cl.worker(servers, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
                         model=WORKLOADS[wl]["model"], dataset=dataset, evaluate=(k == 0),
                         args=["--epoch-json", "--quiet", "--pipeline", "off", "--wire", wire, "--shm", shm])
               for k in range(nworkers)]
@@ -66,7 +70,8 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"
             rc, _ = w.result(3600)
             if rc != 0:
                 raise SystemExit("tta: %s failed:\n%s" % (w.name, harness.tail(w.err_path)))
-        psd.stop()
+        for p in psds:
+            p.stop()
         recs = [json.loads(l) for l in ws[0].stdout().splitlines() if l.startswith('{"epoch"')]
         for r in recs:
             r["samples_per_second"] = TRAIN_N / r["epoch_seconds"] if r["epoch_seconds"] > 0 else 0
@@ -124,8 +129,9 @@ def main():
                 continue
             spec = SETTINGS[(wl, dataset)]
             target = TARGETS[(wl, dataset)]
-            # (name, workers, mode, wire, shm): the workers share memory with
-            # psd (the default on one machine) unless the name says tcp
+            # (name, workers, mode, wire, shm[, psd]): the workers share memory
+            # with psd (the default on one machine) unless the name says tcp;
+            # "2 psd": the model split over two psd instances
             configs = [("psd asgd 1 worker", 1, "asgd", "f32", "on"), ("psd asgd 2 workers", 2, "asgd", "f32", "on"),
                        ("psd bsp 1 worker", 1, "bsp", "f32", "on"), ("psd bsp 2 workers", 2, "bsp", "f32", "on")]
             if wl == "W1":
@@ -134,17 +140,19 @@ def main():
                 configs += [("psd asgd 2 workers tcp", 2, "asgd", "f32", "off"),
                             ("psd bsp 2 workers tcp", 2, "bsp", "f32", "off"),
                             ("psd asgd 2 workers tcp bf16", 2, "asgd", "bf16", "off"),
-                            ("psd bsp 2 workers tcp bf16", 2, "bsp", "bf16", "off")]
+                            ("psd bsp 2 workers tcp bf16", 2, "bsp", "bf16", "off"),
+                            ("psd asgd 2 workers 2 psd", 2, "asgd", "f32", "on", 2),
+                            ("psd bsp 2 workers 2 psd", 2, "bsp", "f32", "on", 2)]
             results = []
             if have_torch:
                 results.append(("pytorch alone", torch_run(wl, dataset, spec["epochs"], spec["lr"], spec["batch"],
                                                           harness.Paths.data)))
-            for name, n, mode, wire, shm in configs:
+            for name, n, mode, wire, shm, *parts in configs:
                 label = "%s %s %s" % (wl, dataset, name)
                 if a.only and a.only not in label:
                     continue
                 results.append((name, psd_run(wl, dataset, n, mode, spec["epochs"], spec["lr"], spec["batch"], wire,
-                                              shm)))
+                                              shm, parts[0] if parts else 1)))
             for name, recs in results:
                 if not recs:
                     continue
