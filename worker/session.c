@@ -74,12 +74,8 @@ static int links_make(ps_session *ss, const char *server)
         memcpy(ln->server, p, len);
         ln->server[len] = '\0';
         p += len + (p[len] == ',');
-        ln->part = i;
-        if (n == 1) {
-            ln->layout = whole;
-            ln->lo = 0;
-            ln->hi = whole.total;
-        } else if (ps_layout_part(&whole, i, n, &ln->layout, &ln->lo, &ln->hi) != 0) {
+        /* one psd: its part is the model, under the model's own layout */
+        if (ps_layout_part(&whole, i, n, &ln->layout, &ln->lo, &ln->hi) != 0) {
             return serr(ss, "the model's %llu parameters cannot be split over %u psd (a part needs at least %u "
                             "values, and the name of a cut tensor with its range must fit in %d bytes)",
                         (unsigned long long)whole.total, n, PS_PART_ALIGN, PS_NAME_MAX);
@@ -93,7 +89,6 @@ int ps_session_init(ps_session *ss, const char *server, uint32_t shard, uint32_t
 {
     memset(ss, 0, sizeof *ss);
     ss->shm_fd = -1;
-    ss->server = server;
     ss->shard = shard;
     ss->nshards = nshards;
     ss->model = model;
@@ -114,48 +109,48 @@ static int lfail(ps_session *ss, uint32_t i, int rc)
 
 static void *hb_main(void *arg)
 {
-    ps_link *ss = arg;
-    pthread_mutex_lock(&ss->lock);
-    while (!ss->hb_stop) {
+    ps_link *ln = arg;
+    pthread_mutex_lock(&ln->lock);
+    while (!ln->hb_stop) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
-        uint64_t ns = (uint64_t)until.tv_nsec + ss->hb_interval_ms * 1000000ull;
+        uint64_t ns = (uint64_t)until.tv_nsec + ln->hb_interval_ms * 1000000ull;
         until.tv_sec += (time_t)(ns / 1000000000ull);
         until.tv_nsec = (long)(ns % 1000000000ull);
-        int rc = pthread_cond_timedwait(&ss->wake, &ss->lock, &until);
-        if (ss->hb_stop)
+        int rc = pthread_cond_timedwait(&ln->wake, &ln->lock, &until);
+        if (ln->hb_stop)
             break;
-        if (rc == ETIMEDOUT && ss->cl.fd >= 0) {
+        if (rc == ETIMEDOUT && ln->cl.fd >= 0) {
             ps_msg m;
             ps_msg_init(&m, PS_MSG_HEARTBEAT);
             /* the send lock is held (the condition wait returned with it), so
              * no other frame can be half written: send without taking it */
-            ps_client_send_noreply_held(&ss->cl, &m);
+            ps_client_send_noreply_held(&ln->cl, &m);
         }
     }
-    pthread_mutex_unlock(&ss->lock);
+    pthread_mutex_unlock(&ln->lock);
     return NULL;
 }
 
-static void hb_stop(ps_link *ss)
+static void hb_stop(ps_link *ln)
 {
-    if (!ss->hb_running)
+    if (!ln->hb_running)
         return;
-    pthread_mutex_lock(&ss->lock);
-    ss->hb_stop = 1;
-    pthread_cond_signal(&ss->wake);
-    pthread_mutex_unlock(&ss->lock);
-    pthread_join(ss->hb_thread, NULL);
-    ss->hb_running = 0;
-    ss->hb_stop = 0;
+    pthread_mutex_lock(&ln->lock);
+    ln->hb_stop = 1;
+    pthread_cond_signal(&ln->wake);
+    pthread_mutex_unlock(&ln->lock);
+    pthread_join(ln->hb_thread, NULL);
+    ln->hb_running = 0;
+    ln->hb_stop = 0;
 }
 
-static void hb_start(ps_link *ss)
+static void hb_start(ps_link *ln)
 {
-    if (ss->hb_running || ss->hb_interval_ms == 0)
+    if (ln->hb_running || ln->hb_interval_ms == 0)
         return;
-    if (pthread_create(&ss->hb_thread, NULL, hb_main, ss) == 0)
-        ss->hb_running = 1;
+    if (pthread_create(&ln->hb_thread, NULL, hb_main, ln) == 0)
+        ln->hb_running = 1;
     else
         PS_LOG(PS_LOG_WARN, "cannot start the heartbeat thread; psd may declare this worker dead when it is idle");
 }
@@ -701,6 +696,18 @@ static int link_hello(ps_session *ss, ps_link *ln, int *need_init)
     return 0;
 }
 
+/* A failed open closes every link it connected (fresh[i]), so the next
+ * attempt says hello, sends initial values and pulls on each of them
+ * again, rather than finding a link open that never got its part; then
+ * returns rc, the error of link i. */
+static int open_fail(ps_session *ss, const int *fresh, uint32_t i, int rc)
+{
+    for (uint32_t k = 0; k < ss->nlinks; k++)
+        if (fresh[k])
+            link_close(&ss->links[k]);
+    return lfail(ss, i, rc);
+}
+
 int ps_session_open(ps_session *ss)
 {
     int need_init[PS_PARTS_MAX] = {0}, fresh[PS_PARTS_MAX] = {0}, any_init = 0;
@@ -717,10 +724,10 @@ int ps_session_open(ps_session *ss)
         ps_link *ln = &ss->links[i];
         if (ln->cl.fd >= 0)
             continue;
+        fresh[i] = 1;
         int rc = link_hello(ss, ln, &need_init[i]);
         if (rc != 0)
-            return lfail(ss, i, rc);
-        fresh[i] = 1;
+            return open_fail(ss, fresh, i, rc);
         any_init |= need_init[i];
     }
     ss->shm_logged |= ss->want_shm;
@@ -729,10 +736,9 @@ int ps_session_open(ps_session *ss)
         ps_link *ln = &ss->links[i];
         ss->shm_ok |= ln->shm_ok;
         if (strcmp(ln->mode, ss->links[0].mode) != 0) {
-            link_close(ln);
             serr(ss, "psd at %s runs %s but psd at %s runs %s: every psd holding a part of the model must run "
                      "the same mode", ss->links[0].server, ss->links[0].mode, ln->server, ln->mode);
-            return PS_EINVAL;
+            return open_fail(ss, fresh, i, PS_EINVAL);
         }
     }
     snprintf(ss->mode, sizeof ss->mode, "%s", ss->links[0].mode);
@@ -757,7 +763,7 @@ int ps_session_open(ps_session *ss)
         if (rc == 0)
             rc = pull_part(ss, ln, params + ln->lo, 0);
         if (rc != 0)
-            return lfail(ss, i, rc);
+            return open_fail(ss, fresh, i, rc);
     }
     ss->have_params = 1;
     ss->version = ss->links[0].version;

@@ -15,7 +15,8 @@
 #include "model.h"
 
 /* One connection: to psd, or with a model split over several psd
- * instances (--server A,B,...), to the one holding part `part`. */
+ * instances (--server A,B,...), to the one holding its part [lo, hi)
+ * (links[i] holds part i). */
 typedef struct ps_link {
     ps_client cl;
     pthread_mutex_t lock;    /* the client's send lock */
@@ -24,7 +25,6 @@ typedef struct ps_link {
     int hb_running, hb_stop;
     uint64_t hb_interval_ms; /* a third of this psd's heartbeat_timeout */
     char server[300];        /* "host:port" */
-    uint32_t part;           /* which part of the model this psd holds */
     uint64_t lo, hi;         /* that part: values [lo, hi) of the flat vector */
     ps_layout layout;        /* its layout (the model's own with one psd) */
     char mode[16];
@@ -37,7 +37,6 @@ typedef struct ps_session {
     uint32_t nlinks;
     uint32_t err_link;       /* the link whose error ps_session_error tells */
     /* what the worker is */
-    const char *server;      /* as given: "host:port" or a comma-separated list */
     uint32_t shard, nshards;
     ps_model *model;
     uint64_t seed;

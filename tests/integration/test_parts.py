@@ -27,6 +27,7 @@ import mmap
 import os
 import signal
 import sys
+import time
 import types
 import unittest
 
@@ -146,6 +147,45 @@ class PartsTest(unittest.TestCase):
                 self.assertEqual([w["state"] for w in st["workers"]], ["left", "left"], st)
                 self.assertNotIn("rejoined", p.stderr())
             for p in (psds[0], again, psds[2]):
+                p.stop()
+
+    def test_two_of_three_lost_one_back_late(self):
+        """Two psd die together; one comes back at once, the other 2.5 s
+        later. A worker's reconnect attempts meanwhile reach the first and
+        fail on the second: each such attempt must close the first again,
+        so that the attempt that succeeds gives it its initial values and
+        pulls its part (a link left open from a failed attempt never would,
+        and its psd would wait for initial values for ever)."""
+        ports = [harness.free_port() for _ in range(3)]
+        with harness.Cluster("psd-parts-two-lost") as cl:
+            def start(i, name):
+                return cl.psd(mode="asgd", workers=2, name=name,
+                              args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
+            psds = [start(i, "psd%d" % i) for i in range(3)]
+            ws = [cl.worker(servers(*psds), k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
+                            args=("--reconnect-timeout", "60")) for k in range(2)]
+            harness.wait_until(lambda: harness.status(psds[2].addr)["version"] >= 200, 60, "200 updates")
+            self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
+            for p in psds[1:]:
+                os.kill(p.pid, signal.SIGKILL)
+            for p in psds[1:]:
+                p.wait(10)
+            first = start(1, "psd1-again")
+            time.sleep(2.5)
+            self.assertTrue(all(w.alive() for w in ws))
+            second = start(2, "psd2-again")
+            for p in (first, second):
+                harness.wait_until(lambda: harness.status(p.addr)["version"] >= 100, 60,
+                                   "training to go on with both restarted psd")
+            for w in ws:
+                rc, summary = w.result(timeout=300)
+                self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+                self.assertGreater(summary["test_accuracy"], 0.8, summary)
+            for p in (first, second):
+                self.assertRegex(p.stderr(), r"model initialised by shard [01]")
+                # no worker pushed to it while it still waited for them
+                self.assertNotIn("before the model has its initial values", p.stderr())
+            for p in (psds[0], first, second):
                 p.stop()
 
     def test_mistakes_are_refused(self):
