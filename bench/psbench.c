@@ -1447,13 +1447,13 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
     }
     for (int mi = 0; mi < o->nmodes; mi++) {
         fprintf(g, "set title '%s, %s on the wire'\nset ylabel 'GB/s on the wire (pushed + pulled)'\n"
-                   "set yrange [0:*]\n",
+                   "set yrange [0:*]\nset key top right\n",
                 mode_names[o->modes[mi]], ps_dtype_name(o->wire));
         fprintf(g, "plot %s\n", plen[mi] ? plots[mi] : "NaN notitle");
     }
     for (int mi = 0; ntcp > 0 && mi < o->nmodes; mi++) {
         fprintf(g, "set title '%s: psd / plain TCP'\nset ylabel 'percent of the ceiling (GB/s)'\n"
-                   "set yrange [0:105<*]\n",
+                   "set yrange [0:105<*]\nset key bottom right\n",
                 mode_names[o->modes[mi]]);
         fprintf(g, "plot %s\n", plen[MODE_COUNT + mi] ? plots[MODE_COUNT + mi] : "NaN notitle");
     }
