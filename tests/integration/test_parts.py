@@ -116,17 +116,25 @@ class PartsTest(unittest.TestCase):
                 self.assertEqual(saved[name].shape, model[name].shape, name)
                 np.testing.assert_array_equal(saved[name], model[name], name)
 
-    def test_asgd_one_of_three_restarted(self):
+    def three_training(self, cl):
+        """Three psd in ASGD on fixed ports (a restarted one takes its
+        predecessor's) and 2 workers over them, after 200 updates; returns
+        start(i, name), which starts psd i again, the psd and the workers."""
         ports = [harness.free_port() for _ in range(3)]
+
+        def start(i, name):
+            return cl.psd(mode="asgd", workers=2, name=name,
+                          args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
+        psds = [start(i, "psd%d" % i) for i in range(3)]
+        ws = [cl.worker(servers(*psds), k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
+                        args=("--reconnect-timeout", "60")) for k in range(2)]
+        harness.wait_until(lambda: harness.status(psds[0].addr)["version"] >= 200, 60, "200 updates")
+        self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
+        return start, psds, ws
+
+    def test_asgd_one_of_three_restarted(self):
         with harness.Cluster("psd-parts-restart") as cl:
-            def start(i, name):
-                return cl.psd(mode="asgd", workers=2, name=name,
-                              args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
-            psds = [start(i, "psd%d" % i) for i in range(3)]
-            ws = [cl.worker(servers(*psds), k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
-                            args=("--reconnect-timeout", "60")) for k in range(2)]
-            harness.wait_until(lambda: harness.status(psds[1].addr)["version"] >= 200, 60, "200 updates")
-            self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
+            start, psds, ws = self.three_training(cl)
             os.kill(psds[1].pid, signal.SIGKILL)
             psds[1].wait(10)
             again = start(1, "psd1-again")
@@ -156,16 +164,8 @@ class PartsTest(unittest.TestCase):
         so that the attempt that succeeds gives it its initial values and
         pulls its part (a link left open from a failed attempt never would,
         and its psd would wait for initial values for ever)."""
-        ports = [harness.free_port() for _ in range(3)]
         with harness.Cluster("psd-parts-two-lost") as cl:
-            def start(i, name):
-                return cl.psd(mode="asgd", workers=2, name=name,
-                              args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
-            psds = [start(i, "psd%d" % i) for i in range(3)]
-            ws = [cl.worker(servers(*psds), k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
-                            args=("--reconnect-timeout", "60")) for k in range(2)]
-            harness.wait_until(lambda: harness.status(psds[2].addr)["version"] >= 200, 60, "200 updates")
-            self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
+            start, psds, ws = self.three_training(cl)
             for p in psds[1:]:
                 os.kill(p.pid, signal.SIGKILL)
             for p in psds[1:]:
