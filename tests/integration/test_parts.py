@@ -132,20 +132,29 @@ class PartsTest(unittest.TestCase):
         self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
         return start, psds, ws
 
+    def finish(self, ws, restarted):
+        """Waits for 100 updates on each restarted psd and for the workers
+        to end well (above 80% accuracy); returns their summaries and
+        stderr."""
+        for p in restarted:
+            harness.wait_until(lambda: harness.status(p.addr)["version"] >= 100, 60,
+                               "training to go on with the restarted psd")
+        ends = []
+        for w in ws:
+            rc, summary = w.result(timeout=300)
+            self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+            self.assertGreater(summary["test_accuracy"], 0.8, summary)
+            ends.append((summary, read(w.err_path)))
+        return ends
+
     def test_asgd_one_of_three_restarted(self):
         with harness.Cluster("psd-parts-restart") as cl:
             start, psds, ws = self.three_training(cl)
             os.kill(psds[1].pid, signal.SIGKILL)
             psds[1].wait(10)
             again = start(1, "psd1-again")
-            harness.wait_until(lambda: harness.status(again.addr)["version"] >= 100, 60,
-                               "training to go on with the restarted psd")
-            for w in ws:
-                rc, summary = w.result(timeout=300)
-                self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
+            for summary, err in self.finish(ws, [again]):
                 self.assertEqual(summary["reconnects"], 1, summary)
-                self.assertGreater(summary["test_accuracy"], 0.8, summary)
-                err = read(w.err_path)
                 self.assertIn("lost psd at %s" % again.addr, err)
                 self.assertNotIn("lost psd at %s" % psds[0].addr, err)
                 self.assertNotIn("lost psd at %s" % psds[2].addr, err)
@@ -174,13 +183,7 @@ class PartsTest(unittest.TestCase):
             time.sleep(2.5)
             self.assertTrue(all(w.alive() for w in ws))
             second = start(2, "psd2-again")
-            for p in (first, second):
-                harness.wait_until(lambda: harness.status(p.addr)["version"] >= 100, 60,
-                                   "training to go on with both restarted psd")
-            for w in ws:
-                rc, summary = w.result(timeout=300)
-                self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
-                self.assertGreater(summary["test_accuracy"], 0.8, summary)
+            self.finish(ws, [first, second])
             for p in (first, second):
                 self.assertRegex(p.stderr(), r"model initialised by shard [01]")
                 # no worker pushed to it while it still waited for them
