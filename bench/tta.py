@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
@@ -61,8 +60,7 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"
             "--set", "lr_decay_versions=%d" % versions, "--set", "heartbeat_timeout=60s"]
     with harness.Cluster("bench-tta") as cl:
         psds = [cl.psd(mode=mode, workers=nworkers, args=args, name="psd%d" % i) for i in range(parts)]
-        servers = types.SimpleNamespace(addr=",".join(p.addr for p in psds))
-        ws = [cl.worker(servers, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
+        ws = [cl.worker(psds, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
                         model=WORKLOADS[wl]["model"], dataset=dataset, evaluate=(k == 0),
                         args=["--epoch-json", "--quiet", "--pipeline", "off", "--wire", wire, "--shm", shm])
               for k in range(nworkers)]

@@ -329,7 +329,16 @@ class Cluster:
 
     def worker(self, psd, shard, nshards, epochs=2, batch=64, limit=6000, test_limit=2000, model="mlp:64",
                dataset="mnist", evaluate=True, args=(), name=None):
-        argv = [Paths.psworker, "--server", psd.addr, "--shard", "%d/%d" % (shard, nshards), "--epochs",
+        """A psworker of shard/nshards. psd: a Psd, a list of them (a model
+        split over several psd, in part order) or an address as given to
+        --server."""
+        if isinstance(psd, str):
+            addr = psd
+        elif isinstance(psd, (list, tuple)):
+            addr = ",".join(p.addr for p in psd)
+        else:
+            addr = psd.addr
+        argv = [Paths.psworker, "--server", addr, "--shard", "%d/%d" % (shard, nshards), "--epochs",
                 str(epochs), "--batch", str(batch), "--limit", str(limit), "--test-limit", str(test_limit),
                 "--data", Paths.data, "--dataset", dataset, "--model", model] + list(args)
         if evaluate:

@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 import time
-import types
 import unittest
 
 import numpy as np
@@ -40,11 +39,6 @@ from harness import T_BYE, T_INIT, T_OK, T_PARAMS, T_PUSHPULL, T_WELCOME, RawCli
 MODEL = "mlp:64"  # 50,890 values: parts [0, 24576) and [24576, 50890)
 PARTS_2 = (24576, 50890 - 24576)
 REPLY_TIMEOUT = 10.0
-
-
-def servers(*psds):
-    """What cl.worker needs of a psd: the address list of all of them."""
-    return types.SimpleNamespace(addr=",".join(p.addr for p in psds))
 
 
 def read(path):
@@ -63,7 +57,7 @@ class PartsTest(unittest.TestCase):
     def run_bsp(self, name, nparts, shm):
         with harness.Cluster(name) as cl:
             psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i) for i in range(nparts)]
-            ws = [cl.worker(servers(*psds), k, 2, epochs=2, limit=4000, test_limit=1000, model=MODEL,
+            ws = [cl.worker(psds, k, 2, epochs=2, limit=4000, test_limit=1000, model=MODEL,
                             args=("--shm", shm)) for k in range(2)]
             out = []
             for w in ws:
@@ -126,7 +120,7 @@ class PartsTest(unittest.TestCase):
             return cl.psd(mode="asgd", workers=2, name=name,
                           args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
         psds = [start(i, "psd%d" % i) for i in range(3)]
-        ws = [cl.worker(servers(*psds), k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
+        ws = [cl.worker(psds, k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
                         args=("--reconnect-timeout", "60")) for k in range(2)]
         harness.wait_until(lambda: harness.status(psds[0].addr)["version"] >= 200, 60, "200 updates")
         self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
@@ -198,7 +192,7 @@ class PartsTest(unittest.TestCase):
             c = cl.psd(mode="asgd", workers=2, name="c")
 
             def refused(server, text, model=MODEL):
-                w = cl.worker(types.SimpleNamespace(addr=server), 0, 2, epochs=1, limit=500, model=model)
+                w = cl.worker(server, 0, 2, epochs=1, limit=500, model=model)
                 rc, _ = w.result(timeout=60)
                 err = read(w.err_path)
                 self.assertNotEqual(rc, 0, err)
@@ -211,7 +205,7 @@ class PartsTest(unittest.TestCase):
             refused(a.addr + "," + b.addr, "must run the same mode")
             # the job's order is a, c; a worker that lists c first sends a
             # the second part's layout, which psd refuses
-            w = cl.worker(servers(a, c), 0, 2, epochs=1, limit=500, model=MODEL)
+            w = cl.worker([a, c], 0, 2, epochs=1, limit=500, model=MODEL)
             self.assertEqual(w.result(timeout=60)[0], 0, harness.tail(w.err_path, 5))
             refused(c.addr + "," + a.addr, "layout")
             # psctl save from psd that are not the job's parts in its order
