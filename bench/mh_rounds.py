@@ -1,0 +1,211 @@
+#!/usr/bin/python3
+"""mh_rounds.py - one simulated worker's BSP rounds against psd, for bench/multihost.py.
+
+    bench/mh_rounds.py --server A:P[,B:P,...] --shard K/M --size S --rounds R
+                       [--warmup W] [--order parts|stagger] [--local I]
+
+A worker written from proto/PROTOCOL.md with Python's msgpack (not psd's
+own client library), doing what psworker does each BSP step with a model of
+S float32 values split over the listed psd (one psd: the whole model):
+
+- part i of n is [lo_i, lo_i+1) as section 6.2 defines it, and psd i holds a
+  model of one tensor "w" of that part's size;
+- hello as shard K of M to every psd; the worker psd asks sends the initial
+  values (INIT chunks of at most 2^20 values); every worker pulls once;
+- a round: a part of at most 2^20 values goes as one PUSHPULL (base v,
+  min v + 1); every part's request is sent before any reply is read, the psd
+  on other hosts first and the one on this host (--local) last, then the
+  replies are read in part order, as psworker's step over several psd does
+  (worker/session.c). A bigger part (one central psd at 4M values) goes as
+  PUSH chunks of 2^20 values sent back to back, their OKs, then PULL chunks
+  with two requests in flight, as psworker's chunked step does.
+
+--order stagger sends worker K's parts starting at part K+1 (wrapping), so
+that no psd receives from every worker at once: a what-if for the send
+order, not psworker's behaviour.
+
+Prints one JSON object on stdout: the round times (seconds) after the
+warm-up rounds, and the timestamps (CLOCK_MONOTONIC, shared by every
+namespace of the machine) at which each timed round started and each part's
+reply arrived, for a per-round trace.
+"""
+
+import argparse
+import json
+import socket
+import struct
+import sys
+import time
+
+import msgpack
+import numpy as np
+
+HELLO, WELCOME, INIT, PUSH, PULL, PUSHPULL, PARAMS, OK, ERROR, BYE = 1, 2, 3, 4, 5, 6, 7, 8, 15, 16
+CHUNK = 1 << 20  # values per frame, as psworker (PS_CHUNK_FLOATS)
+PULL_WINDOW = 2  # chunk pulls in flight (PS_PULL_WINDOW)
+
+
+def part_bounds(p, n):
+    """[lo_0, ..., lo_n] of PROTOCOL.md section 6.2."""
+    lo = [0] + [(p * i // n) // 1024 * 1024 for i in range(1, n)] + [p]
+    if p < 1024 * n:
+        sys.exit("mh_rounds: %d values cannot be split over %d psd" % (p, n))
+    return lo
+
+
+class Link:
+    """One connection to the psd of one part."""
+
+    def __init__(self, addr, shard, nshards, n):
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=600)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.n = n
+        self.buf = bytearray(4 * n + 4096)
+        self.next_id = 1
+        self.send({"t": HELLO, "v": 1, "role": "worker", "shard": [shard, nshards], "layout": [["w", [n]]]})
+        w = self.recv()
+        if w["t"] != WELCOME:
+            sys.exit("mh_rounds: %s answered hello with type %d" % (addr, w["t"]))
+        self.init = w.get("init", False)
+        self.version = w["ver"]
+
+    def send(self, msg, data=None):
+        """Sends msg, with data (bytes-like) as its "data" bin, without copying data."""
+        msg["id"] = self.next_id
+        self.next_id += 1
+        if data is None:
+            body = msgpack.packb(msg, use_bin_type=True)
+            self.sock.sendall(struct.pack(">I", len(body)) + body)
+            return
+        head = msgpack.packb(msg, use_bin_type=True)
+        # one more map entry: "data" as a bin32 after the fields packed above
+        nkeys = len(msg) + 1
+        assert head[0] & 0xF0 == 0x80 and nkeys < 16, "a fixmap of fields"
+        data = memoryview(data).cast("B")
+        head = bytes([0x80 | nkeys]) + head[1:] + msgpack.packb("data") + b"\xc6" + struct.pack(">I", len(data))
+        self.sock.sendall(struct.pack(">I", len(head) + len(data)) + head)
+        self.sock.sendall(data)
+
+    def recv_exact(self, n):
+        if n > len(self.buf):
+            self.buf = bytearray(n)
+        view = memoryview(self.buf)[:n]
+        got = 0
+        while got < n:
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionError("psd closed the connection")
+            got += k
+        return view
+
+    def recv(self):
+        (n,) = struct.unpack(">I", bytes(self.recv_exact(4)))
+        msg = msgpack.unpackb(self.recv_exact(n), raw=False)
+        if msg["t"] == ERROR:
+            sys.exit("mh_rounds: psd refused request %s: [%d] %s" % (msg.get("id"), msg["code"], msg["text"]))
+        return msg
+
+
+def params_into(link, msg, dst):
+    """Copies a PARAMS reply's values into dst[msg.off - ...]."""
+    vals = np.frombuffer(msg["data"], dtype="<f4")
+    dst[msg["off"]:msg["off"] + len(vals)] = vals
+    return msg["ver"]
+
+
+def init_or_wait(links, params, bounds):
+    for i, ln in enumerate(links):
+        if ln.init:
+            part = params[bounds[i]:bounds[i + 1]]
+            for off in range(0, ln.n, CHUNK):
+                end = min(ln.n, off + CHUNK)
+                ln.send({"t": INIT, "off": off, "fin": end == ln.n}, part[off:end])
+                if ln.recv()["t"] != OK:
+                    sys.exit("mh_rounds: INIT not acknowledged")
+    for i, ln in enumerate(links):
+        part = params[bounds[i]:bounds[i + 1]]
+        for off in range(0, ln.n, CHUNK):
+            ln.send({"t": PULL, "off": off, "len": min(CHUNK, ln.n - off)})
+            ln.version = params_into(ln, ln.recv(), part)
+
+
+def chunked_send(ln, grad):
+    for off in range(0, ln.n, CHUNK):
+        end = min(ln.n, off + CHUNK)
+        ln.send({"t": PUSH, "base": ln.version, "off": off, "fin": end == ln.n}, grad[off:end])
+
+
+def chunked_finish(ln, part):
+    for _ in range(0, ln.n, CHUNK):
+        if ln.recv()["t"] != OK:
+            sys.exit("mh_rounds: PUSH not acknowledged")
+    offs = list(range(0, ln.n, CHUNK))
+    sent = 0
+    for k in range(len(offs)):
+        while sent < len(offs) and sent < k + PULL_WINDOW:
+            ln.send({"t": PULL, "off": offs[sent], "len": min(CHUNK, ln.n - offs[sent]), "min": ln.version + 1})
+            sent += 1
+        v = params_into(ln, ln.recv(), part)
+    ln.version = v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--shard", required=True)
+    ap.add_argument("--size", type=int, required=True)
+    ap.add_argument("--rounds", type=int, required=True)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--order", choices=("parts", "stagger"), default="parts")
+    ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
+    a = ap.parse_args()
+    k, m = (int(x) for x in a.shard.split("/"))
+    addrs = a.server.split(",")
+    bounds = part_bounds(a.size, len(addrs))
+    links = [Link(addr, k, m, bounds[i + 1] - bounds[i]) for i, addr in enumerate(addrs)]
+    rng = np.random.default_rng(k + 1)
+    params = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.01)
+    grad = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.001)
+    init_or_wait(links, params, bounds)
+
+    n = len(links)
+    order = list(range(n))
+    if a.order == "stagger":
+        order = [(k + 1 + j) % n for j in range(n)]
+    if 0 <= a.local < n:  # the psd on this host last: the remote bytes go out first
+        order.remove(a.local)
+        order.append(a.local)
+    times, starts, replies = [], [], []
+    for r in range(a.warmup + a.rounds):
+        t0 = time.monotonic()
+        for i in order:
+            ln = links[i]
+            g = grad[bounds[i]:bounds[i + 1]]
+            if ln.n <= CHUNK:
+                ln.send({"t": PUSHPULL, "base": ln.version, "off": 0, "poff": 0, "plen": ln.n,
+                         "min": ln.version + 1}, g)
+            else:
+                chunked_send(ln, g)
+        got = [0.0] * n
+        for i in range(n):
+            ln = links[i]
+            part = params[bounds[i]:bounds[i + 1]]
+            if ln.n <= CHUNK:
+                ln.version = params_into(ln, ln.recv(), part)
+            else:
+                chunked_finish(ln, part)
+            got[i] = time.monotonic()
+        if r >= a.warmup:
+            times.append(got[-1] - t0 if n == 1 else max(got) - t0)
+            starts.append(t0)
+            replies.append(got)
+    for ln in links:
+        ln.send({"t": BYE})
+        ln.sock.close()
+    print(json.dumps({"shard": k, "times": times, "starts": starts, "replies": replies,
+                      "versions": [ln.version for ln in links]}))
+
+
+if __name__ == "__main__":
+    main()
