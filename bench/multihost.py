@@ -397,7 +397,8 @@ class Bench:
         # the epoch's training time (psworker --epoch-json), the slowest worker's
         secs = max(ln["train_seconds"] for r in res for ln in r["_lines"] if "train_seconds" in ln)
         return {"trainer": "psd split", "mbit": mbit, "seconds": secs,
-                "test_accuracy": res[0]["test_accuracy"], "version": res[0]["version"]}
+                "test_accuracy": res[0]["test_accuracy"], "version": res[0]["version"],
+                "shm": [r.get("shm") for r in res]}
 
     def train_ddp(self, mbit):
         h = self.workers

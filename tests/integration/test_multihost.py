@@ -1,0 +1,132 @@
+#!/usr/bin/python3
+"""test_multihost.py - a short run of bench/multihost.py, and that it leaves nothing behind.
+
+Needs root, `ip netns` and tc (iproute2): skipped with a note otherwise.
+
+- A small grid (16,384 floats, links at 100 Mbit/s, central psd, split psd
+  and, with python3-torch, gloo; no training) runs to the end: every row is
+  printed and written to multihost.json, every psd worker took the rounds
+  asked, the link check moves no more than the shaped rate (tbf is in place
+  in both directions) and a good part of it, and the run's namespaces are
+  gone afterwards.
+- Interrupted by SIGINT while its psd and workers run, it exits 130 and
+  removes its namespaces and every process it started in them.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import Paths  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BENCH = os.path.join(ROOT, "bench", "multihost.py")
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def why_not():
+    if os.geteuid() != 0:
+        return "not root: network namespaces and tc need root"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "no ip or tc (Debian package iproute2)"
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "`ip netns` is unavailable here: %s" % r.stderr.strip()
+    return None
+
+
+def namespaces(prefix):
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    return [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(prefix)]
+
+
+def has_torch():
+    return subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode == 0
+
+
+@unittest.skipIf(why_not(), why_not())
+class MultihostTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="psd-multihost-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def argv(self, *extra):
+        build = os.path.dirname(os.path.dirname(Paths.psd))
+        return [PY, BENCH, "--build", build, "--data", Paths.data, "--out", self.dir] + list(extra)
+
+    def test_small_grid(self):
+        placements = "central,split,gloo" if has_torch() else "central,split"
+        p = subprocess.Popen(self.argv("--sizes", "16384", "--rates", "100", "--placements", placements,
+                                       "--train", "none", "--budget", "1", "--max-rounds", "20", "--deadline", "120"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = p.communicate(timeout=150)
+        self.assertEqual(p.returncode, 0, "multihost.py failed:\n%s\n%s" % (out, err))
+        self.assertEqual(namespaces("psmh%d-" % p.pid), [], "the run removed its namespaces")
+        with open(os.path.join(self.dir, "multihost", "multihost.json")) as f:
+            res = json.load(f)
+        cells = {c["placement"]: c for c in res["cells"]}
+        self.assertEqual(sorted(cells), sorted(placements.split(",")))
+        for name, c in cells.items():
+            self.assertEqual((c["size"], c["mbit"]), (16384, 100))
+            self.assertGreaterEqual(c["rounds"], 3)
+            self.assertGreater(c["p50_ms"], 0)
+            self.assertRegex(out, r"(?m)^%s\s+16,384\s+100\s" % name)
+        # split and ring move 1.5 x 64 KiB each way per worker, central 4 x
+        self.assertAlmostEqual(cells["split"]["limit_ms"], 2 * 3 / 4 * 4 * 16384 * 8 / 100e6 * 1e3, places=3)
+        self.assertAlmostEqual(cells["central"]["limit_ms"], 4 * 4 * 16384 * 8 / 100e6 * 1e3, places=3)
+        self.assertIn("trace", cells["split"])
+        goodput = res["link_mbit"]["100"]
+        self.assertLessEqual(goodput, 110, "tbf holds a stream to its 100 Mbit/s")
+        self.assertGreater(goodput, 20, "a shaped link still carries a stream")
+
+    def test_interrupted_run_cleans_up(self):
+        p = subprocess.Popen(self.argv("--sizes", "1M", "--rates", "100", "--placements", "split",
+                                       "--train", "none", "--budget", "60", "--deadline", "120"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        prefix = "psmh%d-" % p.pid
+        try:
+            # wait until the split cell runs: 4 psd and 4 workers in the namespaces
+            def busy():
+                pids = []
+                for ns in namespaces(prefix):
+                    r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+                    pids += r.stdout.split()
+                return pids if len(pids) >= 8 else None
+
+            pids = harness.wait_until(busy, 60, "psd and the workers running in the run's namespaces", interval=0.2)
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 130, err)
+        self.assertIn("interrupted; cleaning up", err)
+        self.assertEqual(namespaces(prefix), [])
+        for pid in pids:
+            self.assertFalse(self.pid_in_run(pid), "process %s of the run still runs" % pid)
+
+    def pid_in_run(self, pid):
+        """True when process pid is still one of the run's (its command line
+        names the round driver or a port file in our directory), not a new
+        process that reused the number."""
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        return "mh_rounds.py" in cmd or self.dir in cmd
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main()
