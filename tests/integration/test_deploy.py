@@ -1,0 +1,406 @@
+#!/usr/bin/python3
+"""test_deploy.py - deploy/: the Kubernetes manifests, the container recipe, the Slurm script.
+
+- deploy/k8s passes `kubectl apply -f deploy/k8s --dry-run=client` (kubectl from
+  Debian's kubernetes-client, or any kubectl on PATH; skipped without one).
+  A client-side dry run still asks an API server which kinds exist (its
+  discovery documents) and for the live object it would patch, so the test
+  answers those from a stub on 127.0.0.1: the discovery of the core, apps
+  and batch groups, and 404 for every object (nothing exists yet). No
+  cluster and no other network is involved, and the stub answers nothing
+  that changes what kubectl prints.
+- What the objects say must agree: the workers' --server list is the
+  StatefulSet's pod names through the headless Service, in part order; the
+  ports of psd.conf, the containers, the Service and the probes; the
+  workers count of psd.conf with the Job's completions and PSD_WORKERS; the
+  token Secret of the README command with the volumes; the state volume
+  with state_dir. psd accepts the ConfigMap's psd.conf and psworker knows
+  every option of the Job's command.
+- deploy/Containerfile builds with packages scripts/setup.sh installs, and
+  its runtime stage holds every package the built programs' libraries come
+  from (ldd, dpkg -S, apt-cache depends on this machine).
+- deploy/slurm/psd-job.sbatch runs a whole job on this machine under stand-ins
+  for srun and scontrol (one node, 127.0.0.1): psd part up, the worker
+  trains, psctl saves the model, psd shuts down.
+"""
+
+import http.server
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import Paths  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+K8S = os.path.join(ROOT, "deploy", "k8s")
+NAMESPACE = "psd-test"
+
+# Discovery documents of the groups the manifests use: kind, plural name,
+# whether namespaced.
+RESOURCES = {
+    "v1": [("ConfigMap", "configmaps", True), ("Service", "services", True), ("Secret", "secrets", True),
+           ("PersistentVolumeClaim", "persistentvolumeclaims", True), ("Pod", "pods", True),
+           ("Namespace", "namespaces", False)],
+    "apps/v1": [("StatefulSet", "statefulsets", True)],
+    "batch/v1": [("Job", "jobs", True)],
+}
+
+
+class StubApi(http.server.BaseHTTPRequestHandler):
+    """Discovery for RESOURCES; 404 NotFound for everything else."""
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, code, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?")[0].rstrip("/")
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        if path == "/api":
+            return self.reply(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+        if path == "/apis":
+            groups = [{"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": "v1"}],
+                       "preferredVersion": {"groupVersion": gv, "version": "v1"}} for gv in RESOURCES if "/" in gv]
+            return self.reply(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        for gv, kinds in RESOURCES.items():
+            if path == ("/api/" if gv == "v1" else "/apis/") + gv:
+                return self.reply(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
+                                        "resources": [{"name": plural, "singularName": kind.lower(),
+                                                       "namespaced": ns, "kind": kind, "verbs": verbs}
+                                                      for kind, plural, ns in kinds]})
+        self.reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                         "message": "%s not found" % path, "code": 404})
+
+
+def read(*parts):
+    with open(os.path.join(ROOT, *parts)) as f:
+        return f.read()
+
+
+def find_kubectl():
+    return shutil.which("kubectl")
+
+
+@unittest.skipUnless(find_kubectl(), "no kubectl (Debian package kubernetes-client): the manifests are not checked")
+class KubernetesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="psd-deploy-")
+        cls.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubApi)
+        cls.thread = threading.Thread(target=cls.server.serve_forever, daemon=True)
+        cls.thread.start()
+        cls.kubeconfig = os.path.join(cls.dir, "kubeconfig")
+        with open(cls.kubeconfig, "w") as f:
+            json.dump({"apiVersion": "v1", "kind": "Config", "current-context": "stub",
+                       "clusters": [{"name": "stub", "cluster": {"server": "http://127.0.0.1:%d" %
+                                                                 cls.server.server_address[1]}}],
+                       "contexts": [{"name": "stub", "context": {"cluster": "stub", "namespace": NAMESPACE}}],
+                       "users": []}, f)
+        r = cls.kubectl("apply", "--dry-run=client", "--validate=false", "-f", K8S, "-o", "json")
+        if r.returncode != 0:
+            raise AssertionError("kubectl apply --dry-run=client -f deploy/k8s failed:\n" + r.stderr)
+        doc = json.loads(r.stdout)
+        cls.objects = doc["items"] if doc.get("kind") == "List" else [doc]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.shutdown()
+        cls.server.server_close()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def kubectl(cls, *args):
+        env = dict(os.environ, KUBECONFIG=cls.kubeconfig)
+        return subprocess.run([find_kubectl(), "--cache-dir", os.path.join(cls.dir, "cache")] + list(args),
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    def obj(self, kind, name):
+        found = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]
+        self.assertEqual(len(found), 1, "%s %s in deploy/k8s (have: %s)" % (
+            kind, name, [(o["kind"], o["metadata"]["name"]) for o in self.objects]))
+        return found[0]
+
+    def conf(self):
+        text = self.obj("ConfigMap", "psd-config")["data"]["psd.conf"]
+        out = {}
+        for line in text.splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                k, v = (x.strip() for x in line.split("=", 1))
+                out[k] = v
+        return text, out
+
+    def container(self, pod_spec, name):
+        return next(c for c in pod_spec["containers"] if c["name"] == name)
+
+    def test_dry_run_creates_every_object(self):
+        r = self.kubectl("apply", "--dry-run=client", "--validate=false", "-f", K8S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = sorted(r.stdout.split("\n"))
+        self.assertEqual([ln for ln in lines if ln], sorted([
+            "configmap/psd-config created (dry run)", "service/psd created (dry run)",
+            "statefulset.apps/psd created (dry run)", "job.batch/psworker created (dry run)"]))
+        for o in self.objects:
+            self.assertEqual(o["metadata"]["namespace"], NAMESPACE, "every object is namespaced")
+            self.assertEqual(o["metadata"]["labels"].get("app.kubernetes.io/part-of"), "psd")
+
+    def test_workers_list_the_statefulset_pods_in_part_order(self):
+        sts = self.obj("StatefulSet", "psd")
+        svc = self.obj("Service", "psd")
+        job = self.obj("Job", "psworker")
+        _, conf = self.conf()
+        self.assertEqual(svc["spec"]["clusterIP"], "None", "a headless Service: one DNS name per psd pod")
+        self.assertEqual(sts["spec"]["serviceName"], svc["metadata"]["name"])
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        for k, v in svc["spec"]["selector"].items():
+            self.assertEqual(labels.get(k), v, "the Service selects the psd pods")
+        self.assertEqual(sts["spec"]["selector"]["matchLabels"].items() <= labels.items(), True)
+        parts = sts["spec"]["replicas"]
+        port = int(conf["listen"].rsplit(":", 1)[1])
+        env = {e["name"]: e.get("value") for e in self.container(job["spec"]["template"]["spec"], "psworker")["env"]}
+        want = ",".join("%s-%d.%s:%d" % (sts["metadata"]["name"], i, svc["metadata"]["name"], port)
+                        for i in range(parts))
+        self.assertEqual(env["PSD_SERVER"], want)
+        svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+        self.assertEqual(svc_ports["psd"]["port"], port)
+
+    def test_worker_count_agrees(self):
+        job = self.obj("Job", "psworker")
+        _, conf = self.conf()
+        m = int(conf["workers"])
+        self.assertEqual(conf["mode"], "bsp")
+        self.assertEqual(job["spec"]["completionMode"], "Indexed", "JOB_COMPLETION_INDEX is set only for indexed Jobs")
+        self.assertEqual(job["spec"]["completions"], m)
+        self.assertEqual(job["spec"]["parallelism"], m, "a BSP round waits for all M workers")
+        c = self.container(job["spec"]["template"]["spec"], "psworker")
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        self.assertEqual(int(env["PSD_WORKERS"]), m)
+        cmd = c["command"]
+        self.assertEqual(cmd[cmd.index("--shard") + 1], "auto")
+
+    def test_ports_probes_and_volumes_agree(self):
+        sts = self.obj("StatefulSet", "psd")
+        svc = self.obj("Service", "psd")
+        _, conf = self.conf()
+        spec = sts["spec"]["template"]["spec"]
+        c = self.container(spec, "psd")
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        self.assertEqual(ports["psd"], int(conf["listen"].rsplit(":", 1)[1]))
+        self.assertEqual(ports["metrics"], int(conf["metrics_listen"].rsplit(":", 1)[1]))
+        for p in svc["spec"]["ports"]:
+            self.assertIn(p["targetPort"], ports, "the Service's target port is a named container port")
+        live = c["livenessProbe"]["httpGet"]
+        self.assertEqual(live["path"], "/metrics")
+        self.assertEqual(ports[live["port"]], ports["metrics"])
+        self.assertIn(c["readinessProbe"]["tcpSocket"]["port"], ports)
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        # psd.conf from the ConfigMap where --config reads it
+        cfg = c["command"][c["command"].index("--config") + 1]
+        vols = {v["name"]: v for v in spec["volumes"]}
+        self.assertEqual(vols["config"]["configMap"]["name"], "psd-config")
+        self.assertEqual(os.path.join(mounts["config"], "psd.conf"), cfg)
+        # the state directory on the claim template's volume
+        claims = [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]]
+        self.assertEqual(claims, ["state"])
+        self.assertTrue(conf["state_dir"].startswith(mounts["state"]), "state_dir on the PersistentVolume")
+        # the token files where the init containers put them: psd gets both,
+        # the workers only theirs
+        for key in ("token_file", "admin_token_file"):
+            self.assertEqual(os.path.dirname(conf[key]), mounts["token"])
+        job_spec = self.obj("Job", "psworker")["spec"]["template"]["spec"]
+        for pod, keys in ((spec, ("token_file", "admin_token_file")), (job_spec, ("token_file",))):
+            cmd = pod["initContainers"][0]["command"]
+            self.assertEqual(cmd[:2], ["install", "-m"])
+            self.assertEqual(cmd[2], "600", "psd and psworker refuse a token others may read")
+            self.assertEqual(cmd[cmd.index("-t") + 1], mounts["token"])
+            sources = [os.path.basename(a) for a in cmd[cmd.index("-t") + 2:]]
+            self.assertEqual(sources, [os.path.basename(conf[k]) for k in keys])
+            self.assertEqual({v["name"]: v for v in pod["volumes"]}["token"]["emptyDir"].get("medium"), "Memory")
+        env = {e["name"]: e.get("value") for e in
+               self.container(self.obj("Job", "psworker")["spec"]["template"]["spec"], "psworker")["env"]}
+        self.assertEqual(env["PSD_TOKEN_FILE"], conf["token_file"])
+
+    def test_token_secret_of_the_readme_command(self):
+        readme = read("README.md")
+        m = re.search(r"kubectl create secret generic (\S+)((?: --from-file=[\w-]+=\S+)+)", readme)
+        self.assertIsNotNone(m, "README gives the command that makes the token Secret")
+        name = m.group(1)
+        keys = re.findall(r"--from-file=([\w-]+)=", m.group(2))
+        args = []
+        for key in keys:
+            path = os.path.join(self.dir, key)
+            with open(path, "w") as f:
+                f.write(key * 8 + "\n")
+            args.append("--from-file=%s=%s" % (key, path))
+        r = self.kubectl("create", "secret", "generic", name, *args, "--dry-run=client", "-o", "json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        secret = json.loads(r.stdout)
+        for kind, name_ in (("StatefulSet", "psd"), ("Job", "psworker")):
+            pod = self.obj(kind, name_)["spec"]["template"]["spec"]
+            vols = {v["name"]: v for v in pod["volumes"]}
+            self.assertEqual(vols["token-secret"]["secret"]["secretName"], name)
+            init = pod["initContainers"][0]
+            mount = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}["token-secret"]
+            cmd = init["command"]
+            for src in cmd[cmd.index("-t") + 2:]:
+                self.assertEqual(os.path.dirname(src), mount)
+                self.assertIn(os.path.basename(src), secret["data"], "the Secret has the key the pod copies")
+
+    def test_psd_accepts_the_config(self):
+        text, conf = self.conf()
+        path = os.path.join(self.dir, "psd.conf")
+        with open(path, "w") as f:
+            f.write(text)
+        r = subprocess.run([Paths.psd, "--config", path, "--print-config"], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for key in ("mode", "workers", "listen", "metrics_listen", "state_dir", "token_file", "admin_token_file"):
+            self.assertRegex(r.stdout, r"(?m)^%s\s*=\s*%s\s*$" % (key, re.escape(conf[key])))
+
+    def test_psworker_knows_the_jobs_options(self):
+        job = self.obj("Job", "psworker")
+        cmd = self.container(job["spec"]["template"]["spec"], "psworker")["command"]
+        self.assertEqual(cmd[0], "psworker")
+        helptext = subprocess.run([Paths.psworker, "--help"], capture_output=True, text=True, timeout=30).stdout
+        for opt in (a for a in cmd[1:] if a.startswith("--")):
+            self.assertIn(opt, helptext, "psworker --help lists %s" % opt)
+        self.assertIn("JOB_COMPLETION_INDEX", helptext + read("README.md"))
+
+
+def setup_packages():
+    text = read("scripts", "setup.sh")
+    block = re.search(r"^PACKAGES=\((.*?)^\)", text, re.S | re.M).group(1)
+    return {ln.split("#")[0].strip() for ln in block.splitlines() if ln.split("#")[0].strip()}
+
+
+def containerfile_stages():
+    """The package lists of the Containerfile's apt-get install lines, per stage."""
+    text = read("deploy", "Containerfile").replace("\\\n", " ")
+    stages = []
+    for line in text.splitlines():
+        if line.startswith("FROM "):
+            stages.append({"from": line.split()[1], "packages": set()})
+        m = re.search(r"apt-get install -y --no-install-recommends\s+(.*?)(&&|$)", line)
+        if m:
+            stages[-1]["packages"] |= set(m.group(1).split())
+    return text, stages
+
+
+class ContainerfileTest(unittest.TestCase):
+    def test_debian_12_and_setup_packages(self):
+        text, stages = containerfile_stages()
+        self.assertEqual([s["from"].split(" ")[0] for s in stages], ["debian:12", "debian:12"])
+        build = stages[0]["packages"]
+        missing = build - setup_packages()
+        self.assertFalse(missing, "the build stage installs packages scripts/setup.sh does not: %s" % missing)
+        # every library cmake requires: its -dev package is in the build stage
+        cmake = read("CMakeLists.txt") + read("server", "CMakeLists.txt")
+        for module, pkg in (("libuv", "libuv1-dev"), ("msgpack", "libmsgpack-dev"), ("inih", "libinih-dev"),
+                            ("openblas", "libopenblas-dev"), ("zlib", "zlib1g-dev"), ("libsodium", "libsodium-dev"),
+                            ("http_parser", "libhttp-parser-dev")):
+            self.assertIn(module, cmake)
+            self.assertIn(pkg, build)
+        # the sources the build needs: every directory CMakeLists.txt adds
+        for sub in re.findall(r"^add_subdirectory\((\w+)\)", read("CMakeLists.txt"), re.M):
+            self.assertRegex(text, r"(?m)^COPY %s %s$" % (sub, sub), "the image copies %s/" % sub)
+
+    @unittest.skipUnless(shutil.which("dpkg") and shutil.which("apt-cache") and shutil.which("ldd"),
+                         "not a Debian machine (dpkg, apt-cache, ldd)")
+    def test_runtime_stage_holds_the_programs_libraries(self):
+        _, stages = containerfile_stages()
+        runtime = stages[1]["packages"]
+        r = subprocess.run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests",
+                            "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances"] + sorted(runtime),
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        closure = set(runtime)
+        for line in r.stdout.splitlines():
+            m = re.match(r"\s+(?:\|)?(?:Pre)?Depends: <?([\w.+-]+)>?", line)
+            if m:
+                closure.add(m.group(1))
+            elif line and not line.startswith(" "):
+                closure.add(line.strip().strip("<>"))
+        for prog in (Paths.psd, Paths.psworker, Paths.psctl):
+            out = subprocess.run(["ldd", prog], capture_output=True, text=True, timeout=30).stdout
+            for lib in re.findall(r"=> (/\S+)", out):
+                if "asan" in lib or "ubsan" in lib:
+                    continue  # a sanitizer build
+                real = os.path.realpath(lib)
+                owner = None
+                for path in (lib, real):
+                    q = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True, timeout=30)
+                    if q.returncode == 0:
+                        owner = q.stdout.split(":")[0].split(",")[0].strip()
+                        break
+                if owner is None:
+                    continue  # not from a package: alternatives links resolve above, or a local build
+                self.assertIn(owner, closure, "%s needs %s from %s, which the image's runtime stage lacks" %
+                              (os.path.basename(prog), lib, owner))
+
+
+class SlurmTest(unittest.TestCase):
+    """The sbatch script end to end, one node, under stand-ins for srun and scontrol."""
+
+    def test_one_node_job(self):
+        script = os.path.join(ROOT, "deploy", "slurm", "psd-job.sbatch")
+        r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        text = read("deploy", "slurm", "psd-job.sbatch")
+        self.assertIn("#SBATCH --ntasks-per-node=1", text)
+        with tempfile.TemporaryDirectory(prefix="psd-slurm-") as d:
+            bindir = os.path.join(d, "bin")
+            os.mkdir(bindir)
+            # srun: runs its command once per task (one node: one task), with
+            # the variables Slurm sets; options before the command are skipped
+            srun = os.path.join(bindir, "srun")
+            with open(srun, "w") as f:
+                f.write("#!/bin/bash\nwhile [ $# -gt 0 ] && [ \"${1#-}\" != \"$1\" ]; do shift; done\n"
+                        "echo \"srun $*\" >> \"$SRUN_LOG\"\n"
+                        "SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_NODEID=0 SLURMD_NODENAME=127.0.0.1 exec \"$@\"\n")
+            scontrol = os.path.join(bindir, "scontrol")
+            with open(scontrol, "w") as f:
+                f.write("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo 127.0.0.1\n")
+            for p in (srun, scontrol):
+                os.chmod(p, 0o755)
+            env = dict(os.environ, PATH="%s:%s:%s:%s" % (bindir, os.path.dirname(Paths.psd),
+                                                          os.path.dirname(Paths.psworker), os.environ["PATH"]),
+                       SLURM_JOB_ID="42", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="1",
+                       SLURM_SUBMIT_DIR=d, SRUN_LOG=os.path.join(d, "srun.log"), PSD_PORT=str(harness.free_port()),
+                       PSD_DATA_DIR=Paths.data,
+                       PSD_WORKER_ARGS="--epochs 1 --limit 2000 --test-limit 500 --model mlp:32 --eval")
+            r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=120, env=env, cwd=d)
+            self.assertEqual(r.returncode, 0, "sbatch script failed:\n%s\n%s" % (r.stdout, r.stderr))
+            job = os.path.join(d, "psd-job-42")
+            tok = os.path.join(job, "token")
+            self.assertEqual(stat.S_IMODE(os.stat(tok).st_mode), 0o600)
+            summary = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+            self.assertEqual(len(summary), 1, r.stdout)
+            self.assertEqual(summary[0]["mode"], "bsp")
+            self.assertGreater(summary[0]["test_accuracy"], 0.5)
+            self.assertTrue(os.path.getsize(os.path.join(job, "model.safetensors")) > 4 * 784 * 32)
+            with open(os.path.join(d, "srun.log")) as f:
+                log = f.read()
+            self.assertIn("psd --listen", log)
+            self.assertIn("psworker --shard auto", log)
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main()
