@@ -268,7 +268,7 @@ static void cmd_shutdown(srv_conn *c, ps_msg *m)
     reply_ok(c, m->id, "shutting down");
     c->close_after_write = 1; /* read nothing more from it */
     snprintf(why, sizeof why, "shutdown asked for by admin %s", c->addr);
-    srv_shutdown(c->srv, why);
+    c->srv->shutdown(c->srv, why);
 }
 
 void srv_handle_admin(srv_conn *c, ps_msg *m)

@@ -91,7 +91,9 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
-void srv_shutdown(psd *s, const char *why)
+/* psd's stop (psd.shutdown): see psd.h. Does nothing when psd is already
+ * stopping. */
+static void srv_shutdown(psd *s, const char *why)
 {
     if (s->stopping)
         return;
@@ -334,6 +336,7 @@ int main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
     s->loop = uv_default_loop();
+    s->shutdown = srv_shutdown;
     s->start_ms = srv_now_ms();
     if (s->cfg.mode == PS_MODE_BSP && s->cfg.backup_workers >= s->cfg.workers) {
         fprintf(stderr, "psd: backup_workers (%d) must be less than workers (%d)\n", s->cfg.backup_workers,

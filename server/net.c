@@ -190,11 +190,6 @@ static void wreq_put(srv_wreq *r)
     wreq_free_count++;
 }
 
-uint64_t srv_now_ms(void)
-{
-    return uv_hrtime() / 1000000;
-}
-
 /* ---- closing ------------------------------------------------------------ */
 
 void srv_conn_free(srv_conn *c)

@@ -348,17 +348,18 @@ struct psd {
                               * *push_buf_cap floats; NULL otherwise */
     size_t *push_buf_cap;
     ps_layout scratch_layout; /* where a hello's layout is decoded */
+    /* Registered by main(): stops psd as SIGTERM does (closes the signal
+     * handlers, the tick timer and the /metrics endpoint, tells systemd and
+     * stops the connections; the loop then ends). ADMIN shutdown calls it,
+     * so that no file below main() calls up into it. */
+    void (*shutdown)(psd *s, const char *why);
 };
 
 /* ---- functions ----------------------------------------------------------- */
 
+/* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
+ * (srv_hist_init, srv_hist_observe above) */
 uint64_t srv_now_ms(void);
-
-/* main.c */
-/* Stops psd as SIGTERM does: closes the signal handlers, the tick timer and
- * the /metrics endpoint, tells systemd (STOPPING=1) and calls srv_stop();
- * the loop then ends. Does nothing when psd is already stopping. */
-void srv_shutdown(psd *s, const char *why);
 
 /* net.c */
 int srv_listen(psd *s);

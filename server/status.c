@@ -124,25 +124,6 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     return 0;
 }
 
-/* ---- histograms -------------------------------------------------------------- */
-
-void srv_hist_init(srv_hist *h, const double *bounds, unsigned n)
-{
-    memset(h, 0, sizeof *h);
-    h->n = n > SRV_HIST_MAX ? SRV_HIST_MAX : n;
-    memcpy(h->bounds, bounds, h->n * sizeof *bounds);
-}
-
-void srv_hist_observe(srv_hist *h, double v)
-{
-    unsigned i = 0;
-    while (i < h->n && v > h->bounds[i])
-        i++;
-    h->counts[i]++;
-    h->total++;
-    h->sum += v;
-}
-
 /* ---- Prometheus text ------------------------------------------------------ */
 
 static int put(ps_buf *b, const char *fmt, ...)
