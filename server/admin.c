@@ -10,6 +10,7 @@
 #include "checkpoint.h"
 #include "common/log.h"
 #include "notify.h"
+#include "policy.h"
 #include "proto/errors.h"
 
 /* A `checkpoint` request waiting for its checkpoint. The connection is named
@@ -51,7 +52,6 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
     const ps_config_option *opts = ps_config_options(&n);
     char was[PS_CONFIG_VALUE_MAX], now[PS_CONFIG_VALUE_MAX];
     int changed = 0;
-    double dc_before = s->cfg.dc_lambda;
 
     if (summary && len)
         summary[0] = '\0';
@@ -78,16 +78,8 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
     if (s->model.has_layout)
         srv_optim_configure(&s->model.opt, &s->cfg);
     ps_log_set_level(s->cfg.log_level);
-    if (dc_before > 0 && s->cfg.dc_lambda <= 0) {
-        /* DC-ASGD off: the parameters each worker last pulled are no longer
-         * needed, and would otherwise pin old snapshots */
-        for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-            if (s->workers[i]) {
-                srv_snap_unref(s->workers[i]->base_snap);
-                s->workers[i]->base_snap = NULL;
-            }
-        }
-    }
+    if (s->policy && s->policy->reconfigured)
+        s->policy->reconfigured(s); /* e.g. DC-ASGD off: its snapshots go */
     return changed;
 }
 

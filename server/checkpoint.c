@@ -1,5 +1,7 @@
 /* checkpoint.c - writing and loading checkpoints (see checkpoint.h). */
 #include "checkpoint.h"
+#include "policy.h"
+#include "update.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -348,7 +350,7 @@ void srv_checkpoint_start(psd *s, int force)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
         return;
-    if (s->applying)
+    if (srv_update_busy(s))
         return; /* it writes the optimizer state: the next tick tries again */
     if (!force && s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
         return;

@@ -10,8 +10,32 @@
 #include "admin.h"
 #include "common/log.h"
 #include "common/vec.h"
+#include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "update.h"
+
+/* The one range check of a message: [off, off+n) non-empty and inside a
+ * model of total parameters. */
+static int range_ok(uint64_t total, uint64_t off, uint64_t n)
+{
+    return n > 0 && off <= total && n <= total - off;
+}
+
+/* c->wide holds at least n floats (grown when needed; bounded by the
+ * model's size, as every caller checks the range first). 0, or -1 when out
+ * of memory (c->wide unchanged). */
+static int wide_reserve(srv_conn *c, uint64_t n)
+{
+    if (c->wide_cap >= n)
+        return 0;
+    float *p = realloc(c->wide, (size_t)n * sizeof(float));
+    if (!p)
+        return -1;
+    c->wide = p;
+    c->wide_cap = (size_t)n;
+    return 0;
+}
 
 static void reply_ok(srv_conn *c, uint64_t id)
 {
@@ -58,16 +82,8 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
         r.inshm = 1;
         r.ndata = 0;
     }
-    srv_worker *w = c->worker;
-    if (w && s->cfg.dc_lambda > 0 && s->cfg.mode == PS_MODE_ASGD && blk == s->model.blk &&
-        (!w->base_snap || w->base_snap->version != ver)) {
-        /* DC-ASGD: what this worker computes its next gradient against */
-        srv_snap *snap = srv_snap_take(&s->model);
-        if (snap) {
-            srv_snap_unref(w->base_snap);
-            w->base_snap = snap;
-        }
-    }
+    if (c->worker && blk == s->model.blk && s->policy->pulled)
+        s->policy->pulled(s, c->worker, ver); /* DC-ASGD keeps what it was sent */
     srv_send(c, &r, rdt == SRV_RDT_SHM ? NULL : blk);
 }
 
@@ -119,7 +135,7 @@ static int pull_ready(srv_conn *c, uint64_t min)
     if (s->paused && c->role == PS_ROLE_WORKER)
         return 0; /* ADMIN pause: held until resume */
     if (s->policy->pull_ready)
-        return s->policy->pull_ready(s, c, min);
+        return s->policy->pull_ready(s, c->worker, min);
     return s->model.initialized && s->model.version >= min;
 }
 
@@ -144,7 +160,7 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         srv_send_error(c, id, PS_ENOT_READY, 0, "no model yet: the first worker has not said hello");
         return;
     }
-    if (len == 0 || off > total || len > total - off) {
+    if (!range_ok(total, off, len)) {
         srv_send_error(c, id, PS_ERANGE, 0, "pull range [%llu, %llu) is outside the model's %llu parameters",
                        (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
         return;
@@ -183,7 +199,7 @@ static void do_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64
         tail = &(*tail)->next;
     *tail = p;
     c->nparked++;
-    if (behind && !s->applying)
+    if (behind && !srv_update_busy(s))
         srv_conn_answer_parked(c);
 }
 
@@ -208,7 +224,7 @@ void srv_conn_answer_parked(srv_conn *c)
 
 void srv_answer_parked(psd *s)
 {
-    if (s->applying)
+    if (srv_update_busy(s))
         return; /* the blocks are being written: the update's end answers them */
     for (srv_conn *c = s->conns; c; c = c->next)
         if (c->parked && !c->closing)
@@ -232,8 +248,6 @@ static srv_worker *worker_slot(psd *s, uint32_t shard)
     }
     if (!s->workers[shard]) {
         s->workers[shard] = calloc(1, sizeof(srv_worker));
-        if (s->workers[shard])
-            s->workers[shard]->round = UINT64_MAX;
     }
     return s->workers[shard];
 }
@@ -276,8 +290,6 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     w->conn = NULL;
     w->state = state;
     snprintf(w->why, sizeof w->why, "%s", why);
-    srv_snap_unref(w->base_snap);
-    w->base_snap = NULL;
     if (state == SRV_W_LEFT)
         s->stats.worker_leaves++;
     else
@@ -285,7 +297,8 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     PS_LOG(state == SRV_W_LEFT ? PS_LOG_INFO : PS_LOG_WARN, "worker shard %u/%u (%s) %s: %s; %llu pushes, clock %llu",
            w->shard, w->nshards, w->addr, state == SRV_W_LEFT ? "left" : "lost", why,
            (unsigned long long)w->pushes, (unsigned long long)w->clock);
-    s->policy->worker_left(s, w);
+    if (s->policy->worker_left(s, w) == SRV_WAKE)
+        srv_answer_parked(s);
 }
 
 /* ---- hello ------------------------------------------------------------------ */
@@ -367,7 +380,8 @@ void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof)
         s->nshards = m->nshards;
         PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
                rejoin ? "rejoined" : "joined", c->addr, (unsigned long long)s->model.version);
-        s->policy->worker_joined(s, w);
+        if (s->policy->worker_joined(s, w) == SRV_WAKE)
+            srv_answer_parked(s);
         if (m->has & PS_F_SHM) {
             char why[160];
             if (!c->same_host)
@@ -486,16 +500,10 @@ static int widen(srv_conn *c, ps_msg *m, int *finite)
                        ps_msg_type_name(m->type));
         return -1;
     }
-    if (c->wide_cap < m->ndata) {
-        /* bounded by the model's size (the range is checked first) */
-        float *p = realloc(c->wide, (size_t)m->ndata * sizeof(float));
-        if (!p) {
-            srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory to widen %llu bfloat16 values",
-                           (unsigned long long)m->ndata);
-            return -1;
-        }
-        c->wide = p;
-        c->wide_cap = (size_t)m->ndata;
+    if (wide_reserve(c, m->ndata) != 0) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory to widen %llu bfloat16 values",
+                       (unsigned long long)m->ndata);
+        return -1;
     }
     *finite = ps_bf16_to_f32_finite(c->wide, m->data16, (size_t)m->ndata);
     m->data = c->wide;
@@ -509,7 +517,7 @@ static int check_data(srv_conn *c, ps_msg *m)
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
     int finite = -1; /* not known yet */
-    if (m->off > total || m->ndata > total - m->off || m->ndata == 0) {
+    if (!range_ok(total, m->off, m->ndata)) {
         srv_send_error(c, m->id, PS_ERANGE, 0, "%s range [%llu, %llu) is outside the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
                        (unsigned long long)(m->off + m->ndata), (unsigned long long)total);
@@ -584,23 +592,16 @@ static int push_from_shm(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type), m->type == PS_MSG_PUSHPULL ? " asking for bfloat16" : "");
         return -1;
     }
-    if (m->len == 0 || m->off > n || m->len > n - m->off ||
-        m->poff > n || m->plen > n - m->poff || m->plen == 0) {
+    if (!range_ok(n, m->off, m->len) || !range_ok(n, m->poff, m->plen)) {
         srv_send_error(c, m->id, PS_ERANGE, 0, "%s with 'inshm': push [%llu, %llu) and pull [%llu, %llu) must "
                                                "lie in the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off, (unsigned long long)(m->off + m->len),
                        (unsigned long long)m->poff, (unsigned long long)(m->poff + m->plen), (unsigned long long)n);
         return -1;
     }
-    if (c->wide_cap < m->len) {
-        float *p = realloc(c->wide, (size_t)m->len * sizeof(float));
-        if (!p) {
-            srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory for a push of %llu values",
-                           (unsigned long long)m->len);
-            return -1;
-        }
-        c->wide = p;
-        c->wide_cap = (size_t)m->len;
+    if (wide_reserve(c, m->len) != 0) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory for a push of %llu values", (unsigned long long)m->len);
+        return -1;
     }
     memcpy(c->wide, c->shm + m->off, (size_t)m->len * sizeof(float));
     m->data = c->wide;
@@ -623,26 +624,29 @@ static void handle_push(srv_conn *c, ps_msg *m)
     /* a pushpull's reply type is checked before its push is applied */
     if ((m->type == PS_MSG_PUSHPULL && check_rdt(c, m->id, m->rdt) != 0) || check_data(c, m) != 0)
         return;
-    if (m->fin && m->base <= s->model.version)
+    if (m->base > s->model.version) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "base version %llu is ahead of the model (%llu)",
+                       (unsigned long long)m->base, (unsigned long long)s->model.version);
+        return;
+    }
+    if (m->fin)
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
+    /* checked: in range, float32, finite (or sanitised), base not ahead */
+    srv_push p = {.base = m->base, .off = m->off, .n = m->ndata, .g = m->data, .fin = m->fin, .conn = c,
+                  .may_defer = 1};
     if (m->data == c->wide) {
         /* widened from bfloat16 or copied from shm: the policy may keep
          * the buffer (bsp) */
-        s->push_buf = &c->wide;
-        s->push_buf_cap = &c->wide_cap;
+        p.own = &c->wide;
+        p.own_cap = &c->wide_cap;
     }
-    int rc = s->policy->push(s, c->worker, m->base, m->off, m->data, m->ndata, m->fin, err, sizeof err);
-    s->push_buf = NULL;
-    s->push_buf_cap = NULL;
+    int rc = s->policy->push(s, c->worker, &p, err, sizeof err);
     if (rc == SRV_PENDING) {
-        /* applied off the loop: srv_push_done() replies */
-        srv_apply *a = s->applying;
-        a->id = m->id;
-        a->type = m->type;
-        a->poff = m->poff;
-        a->plen = m->plen;
-        a->min = m->min;
-        a->rdt = m->rdt;
+        /* applied off the loop: srv_push_finished() replies; the gradient
+         * lives in c's receive buffer, so c reads nothing meanwhile */
+        s->push_wait = (srv_push_wait){.c = c, .id = m->id, .type = m->type, .poff = m->poff, .plen = m->plen,
+                                       .min = m->min, .rdt = m->rdt};
+        uv_read_stop((uv_stream_t *)&c->tcp);
         return;
     }
     if (rc == PS_ESTALE) {
@@ -657,10 +661,12 @@ static void handle_push(srv_conn *c, ps_msg *m)
             return;
         }
     }
-    if (rc != 0) {
+    if (rc < 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
     }
+    if (rc == SRV_WAKE)
+        srv_answer_parked(s); /* a new version: the pulls waiting for it first */
     if (m->fin) {
         c->worker->pushes++;
         s->stats.pushes++;
@@ -671,19 +677,23 @@ static void handle_push(srv_conn *c, ps_msg *m)
         reply_ok(c, m->id);
 }
 
-void srv_push_done(psd *s, const srv_apply *a)
+srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
 {
-    srv_conn *c = a->c;
-    if (a->fin) {
-        a->w->pushes++;
+    const srv_push_wait a = s->push_wait;
+    srv_conn *c = a.c;
+    s->push_wait.c = NULL;
+    *wake = s->policy->applied(s, tag) == SRV_WAKE;
+    if (tag->fin) {
+        tag->w->pushes++;
         s->stats.pushes++;
     }
     if (c->closing)
-        return;
-    if (a->type == PS_MSG_PUSHPULL)
-        do_pull(c, a->id, a->poff, a->plen, a->min, a->rdt);
+        return c;
+    if (a.type == PS_MSG_PUSHPULL)
+        do_pull(c, a.id, a.poff, a.plen, a.min, a.rdt);
     else
-        reply_ok(c, a->id);
+        reply_ok(c, a.id);
+    return c;
 }
 
 static void handle_report(srv_conn *c, ps_msg *m)

@@ -16,8 +16,10 @@
 #include "common/log.h"
 #include "http.h"
 #include "notify.h"
+#include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "update.h"
 
 static void usage(FILE *f)
 {
@@ -116,7 +118,7 @@ static void on_signal(uv_signal_t *h, int signum)
     psd *s = h->data;
     if (signum == SIGHUP) {
         PS_LOG(PS_LOG_INFO, "SIGHUP: reloading %s", s->config_path[0] ? s->config_path : "(no configuration file)");
-        if (s->applying)
+        if (srv_update_busy(s))
             s->reload_pending = 1; /* after the update off the loop */
         else
             srv_reload(s);
@@ -195,8 +197,8 @@ static void on_tick(uv_timer_t *t)
     check_idle(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);
-    if (s->policy->tick)
-        s->policy->tick(s);
+    if (s->policy->tick && s->policy->tick(s) == SRV_WAKE)
+        srv_answer_parked(s);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
         if (now - last >= s->cfg.checkpoint_interval)
@@ -361,9 +363,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    s->policy = s->cfg.mode == PS_MODE_BSP   ? &srv_policy_bsp
-                : s->cfg.mode == PS_MODE_SSP ? &srv_policy_ssp
-                                             : &srv_policy_asgd;
+    s->policy = srv_policy_for(&s->cfg);
+    s->clock = srv_now_ms;
     static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
     static const double round_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
     srv_hist_init(&s->stats.staleness, staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]);
@@ -406,22 +407,17 @@ int main(int argc, char **argv)
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
            (unsigned long long)s->stats.pushes);
     s->policy->destroy(s);
-    srv_apply_free(s);
+    srv_update_free(s);
     srv_parked_free_spare();
     srv_narrow_free_spare();
     srv_admin_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-        if (s->workers[i]) {
-            srv_worker_free_round(s->workers[i]);
-            srv_snap_unref(s->workers[i]->base_snap);
-        }
         free(s->workers[i]);
     }
     free(s->workers);
     srv_model_free(&s->model);
     srv_blk_pool_free();
     ps_buf_free(&s->enc);
-    free(s->scratch);
     free(s->restored_clocks);
     ps_token_clear(&s->token);
     ps_token_clear(&s->admin_token);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "http.h"
+#include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
 
