@@ -228,6 +228,7 @@ void srv_conn_close(srv_conn *c)
         return;
     c->closing = 1;
     srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
+    srv_auth_free(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->tcp, on_close);
 }

@@ -331,28 +331,59 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* The one range check of a message: [off, off+n) non-empty and inside a
+ * model of total parameters. */
+static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
+{
+    return n > 0 && off <= total && n <= total - off;
+}
+
 /* handle.c */
 /* Handles one decoded message from c. */
 void srv_handle(srv_conn *c, ps_msg *m);
-/* Accepts hello m on c (checked against the job: shard, layout, ...) and
- * answers WELCOME, with sproof (PS_AUTH_MAC_LEN bytes) when it is not NULL,
- * or a fatal ERROR. For a hello that needed no authentication, or whose
- * AUTH has been verified. */
-void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof);
 /* The update of the push psd.push_wait waits for is installed: the
  * policy finishes it (version, clock, round) and the push is answered.
  * Returns the pushing connection (closed meanwhile, maybe: the caller
  * frees it then), and sets *wake when parked pulls may now be answered. */
 srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake);
-/* Frees the parked-pull entries kept for reuse (at exit). */
-void srv_parked_free_spare(void);
-void srv_narrow_free_spare(void); /* net.c: spare bfloat16 reply buffers */
+
+/* hello.c: a connection's membership */
+/* The checks of a hello that need nothing of the job: not a second one,
+ * the protocol version. 0, or a negative PS_E* code with err filled. */
+int srv_hello_precheck(const srv_conn *c, const ps_msg *m, char *err, size_t errlen);
+/* Every check of hello m on c against the job (shard, BSP's worker count,
+ * max_params, layout), changing nothing. 0, or a code with err filled. */
+int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen);
+/* Joins a checked hello: fixes the layout (the first worker's), registers
+ * the worker and tells the policy (answering the pulls that woke), maps a
+ * shared segment offered; sets c's role. *need_init: c is to send the
+ * initial values. 0, or a code with err filled. */
+int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size_t errlen);
+/* Queues the WELCOME to a joined hello of request id, with sproof
+ * (PS_AUTH_MAC_LEN bytes) when it is not NULL. */
+void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *sproof);
+/* check, join, welcome: for a hello that needed no authentication, or
+ * whose AUTH has been verified. A refusal is answered with an ERROR (fatal
+ * but for a second hello). */
+void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof);
+/* A connection is going away: detach it from its worker (telling the
+ * policy), drop its pulls. */
+void srv_conn_detach(srv_conn *c, int state, const char *why);
+
+/* pull.c: pulls and parked pulls */
+/* A pull of [off, off+len) for version >= min, answered in element type
+ * rdt: answered now, parked, or refused with an ERROR. */
+void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt);
+/* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
+int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
 /* Answers every parked pull whose version is now available. */
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
 void srv_conn_answer_parked(srv_conn *c);
-/* A connection is going away: detach it from its worker, drop its pulls. */
-void srv_conn_detach(srv_conn *c, int state, const char *why);
+/* Drops c's parked pulls and pinned snapshot (it goes away). */
+void srv_pulls_drop(srv_conn *c);
+/* Frees the parked-pull entries kept for reuse (at exit). */
+void srv_parked_free_spare(void);
 
 /* auth.c */
 /* Reads token_file and admin_token_file into s->token and s->admin_token.

@@ -24,7 +24,9 @@ LAYERS = [
     ("update", ["update.c"]),
     ("policy", ["policy.c"]),
     ("report", ["status.c", "notify.c", "checkpoint.c", "http.c"]),
-    ("dispatch", ["reply.c", "hello.c", "auth.c", "handle.c", "admin.c"]),
+    ("answer", ["reply.c", "pull.c"]),
+    ("session", ["hello.c", "auth.c"]),
+    ("dispatch", ["handle.c", "admin.c"]),
     ("connection", ["net.c"]),
     ("main", ["main.c"]),
 ]
