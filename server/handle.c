@@ -59,7 +59,7 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
         else if (isinf(g[i]))
             g[i] = g[i] > 0 ? FLT_MAX : -FLT_MAX, bad++;
     }
-    double norm = sqrt(ps_vec_sumsq(g, m->ndata));
+    double norm = sqrt(srv_sumsq_of(g, (size_t)m->ndata));
     if (norm > s->cfg.clip_norm) {
         double f = s->cfg.clip_norm / norm;
         for (uint64_t i = 0; i < m->ndata; i++)

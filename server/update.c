@@ -137,15 +137,14 @@ static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, u
         return;
     }
     float tmp[MEAN_PIECE];
-    double ss = 0;
+    srv_sumsq ss = {{0}, 0};
     for (uint64_t x = 0; x < n;) {
         size_t l = piece_len(off + x, n - x);
         round_mean(gr, off + x, l, tmp);
-        for (size_t j = 0; j < l; j++)
-            ss += (double)tmp[j] * tmp[j];
+        srv_sumsq_add(&ss, tmp, l);
         x += l;
     }
-    srv_optim_begin_sumsq(&m->opt, st, ss, m->version);
+    srv_optim_begin_sumsq(&m->opt, st, srv_sumsq_total(&ss), m->version);
 }
 
 /* Part of a's update: [lo, hi) of [off, off+n), block by block, from the
