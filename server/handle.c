@@ -75,19 +75,19 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
 /* bfloat16 data becomes float32 in the connection's own buffer, where m
  * then points: everything after this sees float32 only. *finite tells
  * whether every value is finite (checked on the way). */
-static int widen(srv_conn *c, ps_msg *m, int *finite)
+static int widen(srv_conn *c, ps_msg *m, int *finite, char *err, size_t errlen)
 {
     psd *s = c->srv;
     if (!s->cfg.wire_bf16) {
-        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0, "%s with bfloat16 data refused: this psd takes float32 only "
+        snprintf(err, errlen, "%s with bfloat16 data refused: this psd takes float32 only "
                                                      "(wire_bf16 = no); its welcome did not offer bf16",
                        ps_msg_type_name(m->type));
-        return -1;
+        return PS_EUNSUPPORTED;
     }
     if (wide_reserve(c, m->ndata) != 0) {
-        srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory to widen %llu bfloat16 values",
+        snprintf(err, errlen, "no memory to widen %llu bfloat16 values",
                        (unsigned long long)m->ndata);
-        return -1;
+        return PS_ENOMEM;
     }
     *finite = ps_bf16_to_f32_finite(c->wide, m->data16, (size_t)m->ndata);
     m->data = c->wide;
@@ -96,21 +96,26 @@ static int widen(srv_conn *c, ps_msg *m, int *finite)
     return 0;
 }
 
-static int check_data(srv_conn *c, ps_msg *m)
+/* The checks of an INIT's or a push's data, once, before anything acts on
+ * it: the range, the element type (bfloat16 widened), finiteness
+ * (sanitised with nonfinite = clip, for pushes). 0, or a negative PS_E*
+ * code with err filled. */
+static int check_data(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
     int finite = -1; /* not known yet */
     if (!srv_range_ok(total, m->off, m->ndata)) {
-        srv_send_error(c, m->id, PS_ERANGE, 0, "%s range [%llu, %llu) is outside the model's %llu parameters",
+        snprintf(err, errlen, "%s range [%llu, %llu) is outside the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
                        (unsigned long long)(m->off + m->ndata), (unsigned long long)total);
-        return -1;
+        return PS_ERANGE;
     }
     /* widened only once the range is known to fit: the buffer then never
      * grows beyond the model */
-    if (m->dt == PS_DT_BF16 && widen(c, m, &finite) != 0)
-        return -1;
+    int rc = m->dt == PS_DT_BF16 ? widen(c, m, &finite, err, errlen) : 0;
+    if (rc != 0)
+        return rc;
     if (finite < 0)
         finite = ps_vec_all_finite(m->data, m->ndata);
     if (!finite) {
@@ -118,11 +123,11 @@ static int check_data(srv_conn *c, ps_msg *m)
             sanitize_push(c, m);
             return 0;
         }
-        srv_send_error(c, m->id, PS_ENONFINITE, 0, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
+        snprintf(err, errlen, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
                                                    "model is unchanged",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
                        (unsigned long long)(m->off + m->ndata));
-        return -1;
+        return PS_ENONFINITE;
     }
     return 0;
 }
@@ -135,8 +140,12 @@ static void handle_init(srv_conn *c, ps_msg *m)
                        s->model.initialized ? "the model already has its values" : "another worker is initialising it");
         return;
     }
-    if (check_data(c, m) != 0)
+    char err[512];
+    int rc = check_data(c, m, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
+    }
     for (uint64_t done = 0; done < m->ndata;) {
         srv_wseg seg;
         if (srv_model_write_begin(&s->model, m->off + done, m->ndata - done, &seg) != 0) {
@@ -162,30 +171,30 @@ static void handle_init(srv_conn *c, ps_msg *m)
  * connection's own buffer first (the worker could change it while psd
  * checks and applies it), where m then points as for a TCP push; the
  * reply goes into the segment too (SRV_RDT_SHM). */
-static int push_from_shm(srv_conn *c, ps_msg *m)
+static int push_from_shm(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 {
     uint64_t n = c->shm_params;
     if (!c->shm) {
-        srv_send_error(c, m->id, PS_ESTATE, 0, "%s with 'inshm' refused: this connection has no shared segment "
+        snprintf(err, errlen, "%s with 'inshm' refused: this connection has no shared segment "
                                                "(psd's welcome did not say inshm)",
                        ps_msg_type_name(m->type));
-        return -1;
+        return PS_ESTATE;
     }
     if (m->type != PS_MSG_PUSHPULL || m->rdt != PS_DT_F32) {
-        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0, "'inshm' is for pushpulls answered in float32, not a %s%s",
+        snprintf(err, errlen, "'inshm' is for pushpulls answered in float32, not a %s%s",
                        ps_msg_type_name(m->type), m->type == PS_MSG_PUSHPULL ? " asking for bfloat16" : "");
-        return -1;
+        return PS_EUNSUPPORTED;
     }
     if (!srv_range_ok(n, m->off, m->len) || !srv_range_ok(n, m->poff, m->plen)) {
-        srv_send_error(c, m->id, PS_ERANGE, 0, "%s with 'inshm': push [%llu, %llu) and pull [%llu, %llu) must "
+        snprintf(err, errlen, "%s with 'inshm': push [%llu, %llu) and pull [%llu, %llu) must "
                                                "lie in the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off, (unsigned long long)(m->off + m->len),
                        (unsigned long long)m->poff, (unsigned long long)(m->poff + m->plen), (unsigned long long)n);
-        return -1;
+        return PS_ERANGE;
     }
     if (wide_reserve(c, m->len) != 0) {
-        srv_send_error(c, m->id, PS_ENOMEM, 0, "no memory for a push of %llu values", (unsigned long long)m->len);
-        return -1;
+        snprintf(err, errlen, "no memory for a push of %llu values", (unsigned long long)m->len);
+        return PS_ENOMEM;
     }
     memcpy(c->wide, c->shm + m->off, (size_t)m->len * sizeof(float));
     m->data = c->wide;
@@ -198,23 +207,25 @@ static int push_from_shm(srv_conn *c, ps_msg *m)
 static void handle_push(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
-    char err[256];
+    char err[512];
     if (!s->model.initialized) {
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "push before the model has its initial values");
         return;
     }
-    if (m->inshm && push_from_shm(c, m) != 0)
+    int rc = m->inshm ? push_from_shm(c, m, err, sizeof err) : 0;
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
-    /* a pushpull's reply type is checked before its push is applied */
-    if (m->type == PS_MSG_PUSHPULL) {
-        int rc = srv_pull_check_rdt(s, m->rdt, err, sizeof err);
-        if (rc != 0) {
-            srv_send_error(c, m->id, rc, 0, "%s", err);
-            return;
-        }
     }
-    if (check_data(c, m) != 0)
+    /* a pushpull's reply type is checked before its push is applied */
+    if (m->type == PS_MSG_PUSHPULL)
+        rc = srv_pull_check_rdt(s, m->rdt, err, sizeof err);
+    if (rc == 0)
+        rc = check_data(c, m, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
+    }
     if (m->base > s->model.version) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "base version %llu is ahead of the model (%llu)",
                        (unsigned long long)m->base, (unsigned long long)s->model.version);
@@ -231,7 +242,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
         p.own = &c->wide;
         p.own_cap = &c->wide_cap;
     }
-    int rc = s->policy->push(s, c->worker, &p, err, sizeof err);
+    rc = s->policy->push(s, c->worker, &p, err, sizeof err);
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_finished() replies; the gradient
          * lives in c's receive buffer, so c reads nothing meanwhile */
@@ -355,7 +366,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         /* accepted at once, or, when psd requires a token, kept until the
          * AUTH that answers its CHALLENGE (auth.c); nothing of the job
          * (shards, layout) is checked or told before that */
-        char err[256];
+        char err[512];
         int rc = srv_hello_precheck(c, m, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
