@@ -176,17 +176,8 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         msgpack_pack_uint32(&pk, m->nshards);
     }
     if (has & PS_F_LAYOUT) {
-        const ps_layout *l = m->layout;
         pack_key(&pk, "layout");
-        msgpack_pack_array(&pk, l->ntensors);
-        for (uint32_t i = 0; i < l->ntensors; i++) {
-            msgpack_pack_array(&pk, 2);
-            msgpack_pack_str(&pk, strlen(l->t[i].name));
-            msgpack_pack_str_body(&pk, l->t[i].name, strlen(l->t[i].name));
-            msgpack_pack_array(&pk, l->t[i].ndim);
-            for (uint32_t d = 0; d < l->t[i].ndim; d++)
-                msgpack_pack_uint32(&pk, l->t[i].dims[d]);
-        }
+        ps_layout_pack(&pk, m->layout);
     }
     if (has & PS_F_FP)
         pack_u64(&pk, "fp", m->fp);
@@ -397,7 +388,20 @@ static int key_is(const msgpack_object_kv *kv, const char *k)
     return kv->key.via.str.size == n && memcmp(kv->key.via.str.ptr, k, n) == 0;
 }
 
-static int decode_layout(const msgpack_object *o, ps_layout *l, char *err, size_t errlen)
+void ps_layout_pack(msgpack_packer *pk, const ps_layout *l)
+{
+    msgpack_pack_array(pk, l->ntensors);
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_str(pk, strlen(l->t[i].name));
+        msgpack_pack_str_body(pk, l->t[i].name, strlen(l->t[i].name));
+        msgpack_pack_array(pk, l->t[i].ndim);
+        for (uint32_t d = 0; d < l->t[i].ndim; d++)
+            msgpack_pack_uint32(pk, l->t[i].dims[d]);
+    }
+}
+
+int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t errlen)
 {
     if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 || o->via.array.size > PS_TENSORS_MAX)
         return fail(err, errlen, PS_EBAD_FIELD, "layout: expected an array of 1..%d tensors", PS_TENSORS_MAX);
@@ -617,7 +621,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         else if (key_is(kv, "layout")) {
             if (!layout_out)
                 return fail(err, errlen, PS_EBAD_FIELD, "%s: unexpected field 'layout'", tname);
-            rc = decode_layout(&kv->val, layout_out, err, errlen);
+            rc = ps_layout_unpack(&kv->val, layout_out, err, errlen);
             if (rc != 0)
                 return rc;
             m->layout = layout_out;
