@@ -36,16 +36,6 @@ static void append_change(char *buf, size_t len, const char *name, const char *w
     snprintf(buf + used, len - used, "%s%s: %s -> %s", used ? ", " : "", name, was, now);
 }
 
-int srv_config_check(const ps_config *c, char *err, size_t len)
-{
-    if (c->nonfinite == PS_NONFINITE_CLIP && !(c->clip_norm > 0)) {
-        snprintf(err, len, "nonfinite = clip needs clip_norm above 0: a sanitised push is scaled down to that "
-                           "norm (its infinities became +-FLT_MAX)");
-        return PS_EINVAL;
-    }
-    return 0;
-}
-
 int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *summary, size_t len)
 {
     size_t n;
@@ -98,7 +88,7 @@ int srv_reload(psd *s)
     for (int i = 0; rc == 0 && i < s->ncli_sets; i++)
         rc = ps_config_set(&next, s->cli_sets[i].key, s->cli_sets[i].value, err, sizeof err);
     if (rc == 0)
-        rc = srv_config_check(&next, err, sizeof err);
+        rc = srv_config_check(&next, NULL, err, sizeof err);
     if (rc != 0) {
         PS_LOG(PS_LOG_ERROR, "reload refused, psd keeps its settings: %s", err);
     } else {
@@ -176,7 +166,7 @@ static void cmd_set(srv_conn *c, ps_msg *m)
             return;
         }
     }
-    if (srv_config_check(&next, err, sizeof err) != 0) {
+    if (srv_config_check(&next, NULL, err, sizeof err) != 0) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
         return;
     }

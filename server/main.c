@@ -39,7 +39,7 @@ static void usage(FILE *f)
             "      --log-level LEVEL  debug, info, warn or error\n"
             "  -o, --set KEY=VALUE    set any configuration key (repeatable), e.g.\n"
             "                         --set lr=0.01 --set metrics_listen=127.0.0.1:9470\n"
-            "      --print-config     print the resulting settings and exit\n"
+            "      --print-config     check and print the resulting settings and exit\n"
             "      --config-reference print every setting as a Markdown table (for the README)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
@@ -313,22 +313,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (srv_config_check(&s->cfg, &s->settings, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
     if (print_config) {
         ps_config_print(&s->cfg, stdout);
         return 0;
-    }
-    if (s->cfg.metrics_listen[0]) {
-        char host[PS_CONFIG_HOST_MAX];
-        int port;
-        struct sockaddr_in6 sa;
-        if (ps_config_parse_hostport(s->cfg.metrics_listen, host, sizeof host, &port, err, sizeof err) != 0) {
-            fprintf(stderr, "psd: metrics_listen: %s\n", err);
-            return 2;
-        }
-        if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 && uv_ip6_addr(host, port, &sa) != 0) {
-            fprintf(stderr, "psd: metrics_listen: '%s' is not an IPv4 or IPv6 address\n", host);
-            return 2;
-        }
     }
     s->cli_sets = sets;
     s->ncli_sets = nsets;
@@ -340,15 +331,6 @@ int main(int argc, char **argv)
     s->loop = uv_default_loop();
     s->shutdown = srv_shutdown;
     s->start_ms = srv_now_ms();
-    if (s->cfg.mode == PS_MODE_BSP && s->cfg.backup_workers >= s->cfg.workers) {
-        fprintf(stderr, "psd: backup_workers (%d) must be less than workers (%d)\n", s->cfg.backup_workers,
-                s->cfg.workers);
-        return 2;
-    }
-    if (srv_config_check(&s->cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "psd: %s\n", err);
-        return 2;
-    }
     /* protected mode, as Redis's: no open door without a token */
     if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token && !is_loopback(s->cfg.listen.host)) {
         fprintf(stderr,

@@ -216,6 +216,14 @@ typedef struct srv_stats {
     double push_rate, pull_rate;
 } srv_stats;
 
+/* What srv_config_check() parses of the settings, kept so that nothing
+ * parses it again. */
+typedef struct srv_settings {
+    char metrics_host[PS_CONFIG_HOST_MAX]; /* metrics_listen's host; "" = off */
+    int metrics_port;
+    struct sockaddr_storage metrics_addr;  /* and as an address */
+} srv_settings;
+
 /* A setting from psd's command line (--listen, --set, ...); kept so that a
  * reload applies them again over the file. key and value point into argv. */
 typedef struct srv_setting {
@@ -261,6 +269,7 @@ struct psd {
     int ncli_sets;
     int paused;              /* ADMIN pause: workers' pulls are parked until resume */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    srv_settings settings;   /* what the start's srv_config_check parsed */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;
@@ -300,6 +309,15 @@ struct psd {
 };
 
 /* ---- functions ----------------------------------------------------------- */
+
+/* settings.c */
+/* Checks the settings that depend on each other or need more than their
+ * syntax (metrics_listen an IPv4 or IPv6 address; in BSP, backup_workers
+ * below workers; nonfinite = clip needs clip_norm > 0): at start, by
+ * --print-config, at a reload and on `psctl set` alike. Returns 0, filling
+ * out (may be NULL) with what it parsed, or PS_EINVAL with a message in
+ * err. */
+int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
 
 /* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
  * (srv_hist_init, srv_hist_observe above) */

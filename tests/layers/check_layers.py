@@ -20,7 +20,7 @@ import sys
 
 # bottom to top; a file may use its own layer and those below it
 LAYERS = [
-    ("store", ["stats.c", "model.c", "optim.c", "shm.c"]),
+    ("store", ["stats.c", "settings.c", "model.c", "optim.c", "shm.c"]),
     ("update", ["update.c"]),
     ("policy", ["policy.c"]),
     ("report", ["status.c", "notify.c", "checkpoint.c", "http.c"]),
