@@ -12,6 +12,7 @@
 #include "notify.h"
 #include "policy.h"
 #include "proto/errors.h"
+#include "reply.h"
 
 /* A `checkpoint` request waiting for its checkpoint. The connection is named
  * by its number, so a connection that closes meanwhile is simply not found. */

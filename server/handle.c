@@ -10,9 +10,13 @@
 #include "admin.h"
 #include "common/log.h"
 #include "common/vec.h"
+#include "handle.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
+#include "status.h"
 #include "update.h"
 
 /* c->wide holds at least n floats (grown when needed; bounded by the

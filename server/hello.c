@@ -10,6 +10,8 @@
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
 
 /* ---- membership ------------------------------------------------------------ */
 

@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
+#include "status.h"
 
 #define DRAIN_MS 2000
 

@@ -15,10 +15,13 @@
 #include "checkpoint.h"
 #include "common/log.h"
 #include "http.h"
+#include "net.h"
 #include "notify.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
 #include "update.h"
 
 static void usage(FILE *f)

@@ -13,8 +13,13 @@
 #include "admin.h"
 #include "common/log.h"
 #include "common/vec.h"
+#include "handle.h"
+#include "net.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
+#include "status.h"
 #include "update.h"
 
 #define RBUF_INITIAL (64 * 1024)

@@ -1,6 +1,10 @@
 /* psd.h - psd's state: the server, its connections, workers, model and
- * consistency policy. Everything here is owned by the one libuv loop thread;
- * nothing is locked. */
+ * consistency policy, the types every layer shares; and the functions of
+ * the bottom layer, the store (stats.c, settings.c, model.c, shm.c). Each
+ * layer above declares its own in its header (update.h, policy.h,
+ * status.h, reply.h, session.h, handle.h, admin.h, net.h; docs/DESIGN.md).
+ * Everything here is owned by the one libuv loop thread; nothing is
+ * locked. */
 #ifndef PSD_H
 #define PSD_H
 
@@ -323,97 +327,12 @@ int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t le
  * (srv_hist_init, srv_hist_observe above) */
 uint64_t srv_now_ms(void);
 
-/* net.c: the connection layer */
-/* Registers net.c's functions in s->io and its done callback with the
- * update engine; then listens. */
-int srv_listen(psd *s);
-void srv_stop(psd *s);
-void srv_conn_close(srv_conn *c);
-/* For the handler of a frame that ends the bytes read so far: hands the
- * receive buffer holding it to the caller (*out) and gives the connection
- * repl instead (mem NULL: it allocates when it reads next). data is where
- * the handler will read the frame's contents (it must lie in the buffer).
- * Returns 0, or -1 when more bytes follow the frame in the buffer or data
- * lies elsewhere (nothing changes). Reached through s->io->give_rbuf. */
-int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
-void srv_narrow_free_spare(void); /* spare bfloat16 reply buffers (at exit) */
-
-/* reply.c: the replies of the dispatch layer, through s->io */
-/* Queues one reply. When m has tensor data (PARAMS), the floats
- * [m->off, m->off + m->ndata) are sent from the blocks blk (the model's or a
- * snapshot's), which keep a reference until the write is done: nothing is
- * copied. blk is NULL for other messages. On failure the connection is
- * closed. */
-void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
-/* Queues an ERROR reply for request id; fatal closes after it is sent. */
-void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
 /* The one range check of a message: [off, off+n) non-empty and inside a
  * model of total parameters. */
 static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
 {
     return n > 0 && off <= total && n <= total - off;
 }
-
-/* handle.c */
-/* Handles one decoded message from c. */
-void srv_handle(srv_conn *c, ps_msg *m);
-/* The update of the push psd.push_wait waits for is installed: the
- * policy finishes it (version, clock, round) and the push is answered.
- * Returns the pushing connection (closed meanwhile, maybe: the caller
- * frees it then), and sets *wake when parked pulls may now be answered. */
-srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake);
-
-/* hello.c: a connection's membership */
-/* The checks of a hello that need nothing of the job: not a second one,
- * the protocol version. 0, or a negative PS_E* code with err filled. */
-int srv_hello_precheck(const srv_conn *c, const ps_msg *m, char *err, size_t errlen);
-/* Every check of hello m on c against the job (shard, BSP's worker count,
- * max_params, layout), changing nothing. 0, or a code with err filled. */
-int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen);
-/* Joins a checked hello: fixes the layout (the first worker's), registers
- * the worker and tells the policy (answering the pulls that woke), maps a
- * shared segment offered; sets c's role. *need_init: c is to send the
- * initial values. 0, or a code with err filled. */
-int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size_t errlen);
-/* Queues the WELCOME to a joined hello of request id, with sproof
- * (PS_AUTH_MAC_LEN bytes) when it is not NULL. */
-void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *sproof);
-/* check, join, welcome: for a hello that needed no authentication, or
- * whose AUTH has been verified. A refusal is answered with an ERROR (fatal
- * but for a second hello). */
-void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof);
-/* A connection is going away: detach it from its worker (telling the
- * policy), drop its pulls. */
-void srv_conn_detach(srv_conn *c, int state, const char *why);
-
-/* pull.c: pulls and parked pulls */
-/* A pull of [off, off+len) for version >= min, answered in element type
- * rdt: answered now, parked, or refused with an ERROR. */
-void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt);
-/* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
-int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
-/* Answers every parked pull whose version is now available. */
-void srv_answer_parked(psd *s);
-/* Answers c's parked pulls that can be answered. */
-void srv_conn_answer_parked(srv_conn *c);
-/* Drops c's parked pulls and pinned snapshot (it goes away). */
-void srv_pulls_drop(srv_conn *c);
-/* Frees the parked-pull entries kept for reuse (at exit). */
-void srv_parked_free_spare(void);
-
-/* auth.c */
-/* Reads token_file and admin_token_file into s->token and s->admin_token.
- * Returns 0, or a negative PS_E* code with a message in err. */
-int srv_auth_load(psd *s, char *err, size_t errlen);
-/* psd requires a token: keeps hello m and answers CHALLENGE. */
-void srv_auth_challenge(srv_conn *c, ps_msg *m);
-/* AUTH m answers c's challenge: verifies it and accepts the kept hello, or
- * sends a fatal ERROR AUTH. */
-void srv_auth_answer(srv_conn *c, ps_msg *m);
-/* Drops what c keeps for a challenge (when it closes). */
-void srv_auth_free(srv_conn *c);
 
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
@@ -452,10 +371,6 @@ srv_snap *srv_snap_ref(srv_snap *s);
 void srv_snap_unref(srv_snap *s);
 /* As srv_model_at, for a snapshot. */
 const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *len);
-
-/* status.c */
-int srv_pack_status(msgpack_packer *pk, void *arg);
-int srv_metrics_text(psd *s, ps_buf *out);
 
 /* ---- shared memory with a local worker (shm.c) --------------------------- */
 

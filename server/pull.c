@@ -9,6 +9,7 @@
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
 #include "update.h"
 
 /* ---- pulls ---------------------------------------------------------------- */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "psd.h"
+#include "reply.h"
 
 void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
 {

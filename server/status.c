@@ -9,6 +9,7 @@
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "status.h"
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 

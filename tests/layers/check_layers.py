@@ -31,16 +31,21 @@ LAYERS = [
     ("main", ["main.c"]),
 ]
 # headers: the layer whose functions they declare. psd.h holds the types
-# every layer shares (and the declarations of several): anyone may include it.
+# every layer shares and the store layer's functions: anyone may include it.
 HEADERS = {
     "psd.h": "store",
     "optim.h": "store",
     "update.h": "update",
     "policy.h": "policy",
+    "status.h": "report",
     "checkpoint.h": "report",
     "notify.h": "report",
     "http.h": "report",
+    "reply.h": "answer",
+    "session.h": "session",
+    "handle.h": "dispatch",
     "admin.h": "dispatch",
+    "net.h": "connection",
 }
 NOT_IN_PSD = {"psctl.c"}
 

@@ -24,8 +24,10 @@
 #include "common/config.h"
 #include "proto/errors.h"
 #include "proto/frame.h"
+#include "server/net.h"
 #include "server/policy.h"
 #include "server/psd.h"
+#include "server/reply.h"
 #include "server/update.h"
 
 typedef struct peer {

@@ -21,6 +21,8 @@
 #include "proto/errors.h"
 #include "server/policy.h"
 #include "server/psd.h"
+#include "server/reply.h"
+#include "server/session.h"
 
 /* ---- the fake connection layer ------------------------------------------------ */
 
