@@ -23,6 +23,7 @@
 #include "server/psd.h"
 #include "server/reply.h"
 #include "server/session.h"
+#include "server/update.h"
 
 /* ---- the fake connection layer ------------------------------------------------ */
 
@@ -104,6 +105,7 @@ static void free_psd(psd *s)
     for (uint32_t i = 0; i < s->nworkers_cap; i++)
         free(s->workers[i]);
     free(s->workers);
+    srv_update_free(s);
     srv_model_free(&s->model);
     srv_parked_free_spare();
     srv_blk_pool_free();
