@@ -10,7 +10,9 @@
 #include "checkpoint.h"
 #include "common/log.h"
 #include "notify.h"
+#include "policy.h"
 #include "proto/errors.h"
+#include "reply.h"
 
 /* A `checkpoint` request waiting for its checkpoint. The connection is named
  * by its number, so a connection that closes meanwhile is simply not found. */
@@ -35,23 +37,12 @@ static void append_change(char *buf, size_t len, const char *name, const char *w
     snprintf(buf + used, len - used, "%s%s: %s -> %s", used ? ", " : "", name, was, now);
 }
 
-int srv_config_check(const ps_config *c, char *err, size_t len)
-{
-    if (c->nonfinite == PS_NONFINITE_CLIP && !(c->clip_norm > 0)) {
-        snprintf(err, len, "nonfinite = clip needs clip_norm above 0: a sanitised push is scaled down to that "
-                           "norm (its infinities became +-FLT_MAX)");
-        return PS_EINVAL;
-    }
-    return 0;
-}
-
 int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *summary, size_t len)
 {
     size_t n;
     const ps_config_option *opts = ps_config_options(&n);
     char was[PS_CONFIG_VALUE_MAX], now[PS_CONFIG_VALUE_MAX];
     int changed = 0;
-    double dc_before = s->cfg.dc_lambda;
 
     if (summary && len)
         summary[0] = '\0';
@@ -78,16 +69,8 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
     if (s->model.has_layout)
         srv_optim_configure(&s->model.opt, &s->cfg);
     ps_log_set_level(s->cfg.log_level);
-    if (dc_before > 0 && s->cfg.dc_lambda <= 0) {
-        /* DC-ASGD off: the parameters each worker last pulled are no longer
-         * needed, and would otherwise pin old snapshots */
-        for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-            if (s->workers[i]) {
-                srv_snap_unref(s->workers[i]->base_snap);
-                s->workers[i]->base_snap = NULL;
-            }
-        }
-    }
+    if (s->policy && s->policy->reconfigured)
+        s->policy->reconfigured(s); /* e.g. DC-ASGD off: its snapshots go */
     return changed;
 }
 
@@ -106,7 +89,7 @@ int srv_reload(psd *s)
     for (int i = 0; rc == 0 && i < s->ncli_sets; i++)
         rc = ps_config_set(&next, s->cli_sets[i].key, s->cli_sets[i].value, err, sizeof err);
     if (rc == 0)
-        rc = srv_config_check(&next, err, sizeof err);
+        rc = srv_config_check(&next, NULL, err, sizeof err);
     if (rc != 0) {
         PS_LOG(PS_LOG_ERROR, "reload refused, psd keeps its settings: %s", err);
     } else {
@@ -184,7 +167,7 @@ static void cmd_set(srv_conn *c, ps_msg *m)
             return;
         }
     }
-    if (srv_config_check(&next, err, sizeof err) != 0) {
+    if (srv_config_check(&next, NULL, err, sizeof err) != 0) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
         return;
     }
@@ -268,7 +251,7 @@ static void cmd_shutdown(srv_conn *c, ps_msg *m)
     reply_ok(c, m->id, "shutting down");
     c->close_after_write = 1; /* read nothing more from it */
     snprintf(why, sizeof why, "shutdown asked for by admin %s", c->addr);
-    srv_shutdown(c->srv, why);
+    c->srv->shutdown(c->srv, why);
 }
 
 void srv_handle_admin(srv_conn *c, ps_msg *m)

@@ -19,6 +19,7 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
+#include "status.h"
 
 #define DRAIN_MS 2000
 
@@ -356,21 +357,13 @@ static void on_listener_closed(uv_handle_t *handle)
 
 int srv_http_start(psd *s)
 {
-    char host[PS_CONFIG_HOST_MAX], err[512];
+    /* metrics_listen as srv_config_check parsed it at start */
+    const char *host = s->settings.metrics_host;
     int port;
-    struct sockaddr_storage addr;
+    struct sockaddr_storage addr = s->settings.metrics_addr;
 
-    if (!s->cfg.metrics_listen[0])
+    if (!s->cfg.metrics_listen[0] || !host[0])
         return 0;
-    if (ps_config_parse_hostport(s->cfg.metrics_listen, host, sizeof host, &port, err, sizeof err) != 0) {
-        PS_LOG(PS_LOG_ERROR, "metrics_listen: %s", err);
-        return PS_EINVAL;
-    }
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
-        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
-        PS_LOG(PS_LOG_ERROR, "metrics_listen: '%s' is not an IPv4 or IPv6 address", host);
-        return PS_EINVAL;
-    }
     struct srv_http *h = calloc(1, sizeof *h);
     if (!h)
         return PS_ENOMEM;

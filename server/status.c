@@ -6,8 +6,10 @@
 #include <string.h>
 
 #include "http.h"
+#include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "status.h"
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 
@@ -122,25 +124,6 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         kf64(pk, "samples_per_second", w->rate);
     }
     return 0;
-}
-
-/* ---- histograms -------------------------------------------------------------- */
-
-void srv_hist_init(srv_hist *h, const double *bounds, unsigned n)
-{
-    memset(h, 0, sizeof *h);
-    h->n = n > SRV_HIST_MAX ? SRV_HIST_MAX : n;
-    memcpy(h->bounds, bounds, h->n * sizeof *bounds);
-}
-
-void srv_hist_observe(srv_hist *h, double v)
-{
-    unsigned i = 0;
-    while (i < h->n && v > h->bounds[i])
-        i++;
-    h->counts[i]++;
-    h->total++;
-    h->sum += v;
 }
 
 /* ---- Prometheus text ------------------------------------------------------ */
