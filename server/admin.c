@@ -46,6 +46,14 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
 
     if (summary && len)
         summary[0] = '\0';
+    if (s->model.initialized && srv_optim_settings_differ(&s->cfg, next)) {
+        char why[96];
+        snprintf(why, sizeof why, "before %s changes the optimizer's settings", origin);
+        if (!srv_checkpoint_at_rest(s, why))
+            PS_LOG(PS_LOG_WARN, "%s: no checkpoint of version %llu before the optimizer's settings change: one is "
+                                "being written or an update is running",
+                   origin, (unsigned long long)s->model.version);
+    }
     for (size_t i = 0; i < n; i++) {
         const ps_config_option *o = &opts[i];
         if (!ps_config_differs(&s->cfg, next, o))
@@ -188,6 +196,8 @@ static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
            pause ? ": workers' pulls wait until resume; pushes already sent are applied" : "");
     if (!pause)
         srv_answer_parked(s);
+    else
+        srv_checkpoint_at_rest(s, "psd is paused"); /* pushes applied later: the tick writes them too */
     reply_ok(c, m->id, pause ? "paused" : "resumed");
 }
 

@@ -360,6 +360,37 @@ void srv_checkpoint_start(psd *s, int force)
     s->checkpoint_busy = 1;
 }
 
+int srv_work_stopped(const psd *s)
+{
+    if (s->stats.worker_joins == 0)
+        return 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->state == SRV_W_CONNECTED)
+            return 0;
+    return 1;
+}
+
+int srv_checkpoint_at_rest(psd *s, const char *why)
+{
+    if (!s->cfg.state_dir[0] || !s->model.initialized)
+        return 1;
+    if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+        return 1; /* an unchanged model is not written twice */
+    if (s->checkpoint_busy || srv_update_busy(s))
+        return 0;
+    PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 ": %s", s->model.version, why);
+    srv_checkpoint_start(s, 0);
+    return 1;
+}
+
+void srv_checkpoint_rest_tick(psd *s)
+{
+    if (s->paused)
+        srv_checkpoint_at_rest(s, "psd is paused");
+    else if (srv_work_stopped(s))
+        srv_checkpoint_at_rest(s, "the last worker left");
+}
+
 int srv_checkpoint_write_now(psd *s)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized)

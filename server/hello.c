@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "common/log.h"
 #include "policy.h"
 #include "proto/errors.h"
@@ -32,6 +33,24 @@ static srv_worker *worker_slot(psd *s, uint32_t shard)
         s->workers[shard] = calloc(1, sizeof(srv_worker));
     }
     return s->workers[shard];
+}
+
+/* Every worker has gone: the model is written to the state dir now (not
+ * at the next checkpoint_interval, which a short job never reaches), or,
+ * without one, psd says once where the model is and how to keep it. */
+static void last_worker_left(psd *s)
+{
+    if (s->cfg.state_dir[0]) {
+        srv_checkpoint_at_rest(s, "the last worker left"); /* the tick retries if it cannot start now */
+        return;
+    }
+    if (s->said_memory_only || !s->model.initialized)
+        return;
+    s->said_memory_only = 1;
+    PS_LOG(PS_LOG_WARN, "every worker has left: the model (version %llu) exists only in memory and is lost when "
+                        "psd stops; keep it with `psctl save FILE.safetensors`, or start psd with --state-dir DIR "
+                        "(state_dir) to have it checkpointed",
+           (unsigned long long)s->model.version);
 }
 
 void srv_conn_detach(srv_conn *c, int state, const char *why)
@@ -73,6 +92,8 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
            (unsigned long long)w->pushes, (unsigned long long)w->clock);
     if (s->policy->worker_left(s, w) == SRV_WAKE)
         srv_answer_parked(s);
+    if (!s->stopping && srv_work_stopped(s))
+        last_worker_left(s);
 }
 
 /* ---- hello ------------------------------------------------------------------ */

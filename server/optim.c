@@ -125,6 +125,14 @@ void srv_optim_configure(srv_optim *o, const ps_config *cfg)
     }
 }
 
+int srv_optim_settings_differ(const ps_config *a, const ps_config *b)
+{
+    return a->lr != b->lr || a->momentum != b->momentum || a->weight_decay != b->weight_decay ||
+           a->clip_norm != b->clip_norm || a->lr_schedule != b->lr_schedule || a->lr_step_size != b->lr_step_size ||
+           a->lr_gamma != b->lr_gamma || a->lr_decay_versions != b->lr_decay_versions || a->lr_min != b->lr_min ||
+           a->warmup_versions != b->warmup_versions;
+}
+
 size_t srv_optim_state_bytes(const srv_optim *o)
 {
     size_t bufs = (o->velocity != NULL) + (o->exp_avg != NULL) + (o->exp_avg_sq != NULL) + (o->sum != NULL);

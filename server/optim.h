@@ -85,6 +85,10 @@ void srv_optim_free(srv_optim *o);
  * warning and goes on without momentum. */
 void srv_optim_configure(srv_optim *o, const ps_config *cfg);
 
+/* 1 when a and b differ in a setting srv_optim_configure() reads (the
+ * rate, its schedule, momentum, weight decay, clipping), else 0. */
+int srv_optim_settings_differ(const ps_config *a, const ps_config *b);
+
 /* Bytes of optimizer state (for status and memory accounting). */
 size_t srv_optim_state_bytes(const srv_optim *o);
 

@@ -249,24 +249,27 @@ static void print_worker_rows(const msgpack_object *ws, int with_why)
 
 static void print_status(const msgpack_object *b)
 {
-    char mode[32], listen[300], opt[32], metrics[300];
+    char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
     double params = num(b, "parameters");
-    printf("psd %s  mode %s  model version %.0f  uptime %.1f s%s\n", str(b, "listen", listen, sizeof listen),
-           str(b, "mode", mode, sizeof mode), num(b, "version"), num(b, "uptime"),
+    /* what a crash would lose: the newest checkpoint beside the model's version */
+    if (!flag(b, "state_dir"))
+        snprintf(ckpt, sizeof ckpt, "no checkpoints: no state dir");
+    else if (isnan(num(b, "checkpoint_version")))
+        snprintf(ckpt, sizeof ckpt, "checkpoint: none yet");
+    else
+        snprintf(ckpt, sizeof ckpt, "checkpoint: version %.0f, %.1f s ago", num(b, "checkpoint_version"),
+                 num(b, "checkpoint_age"));
+    printf("psd %s  mode %s  model version %.0f (%s)  uptime %.1f s%s\n", str(b, "listen", listen, sizeof listen),
+           str(b, "mode", mode, sizeof mode), num(b, "version"), ckpt, num(b, "uptime"),
            flag(b, "paused") ? "  PAUSED (psctl resume)" : "");
     printf("parameters %.0f (%.2f MB), optimizer %s, state %.2f MB, lr %g (now %g)\n", params,
            num(b, "bytes") / 1e6, str(b, "optimizer", opt, sizeof opt), num(b, "optimizer_state_bytes") / 1e6,
            num(b, "lr"), num(b, "lr_current"));
     printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", num(b, "pushes"),
            num(b, "push_rate"), num(b, "pulls"), num(b, "pull_rate"), num(b, "rounds"), num(b, "connections"));
-    if (isnan(num(b, "checkpoint_version")))
-        printf("checkpoint: none yet");
-    else
-        printf("checkpoint: version %.0f, %.1f s ago", num(b, "checkpoint_version"), num(b, "checkpoint_age"));
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
-        printf("  metrics: http://%s/metrics", metrics);
-    printf("\n");
+        printf("metrics: http://%s/metrics\n", metrics);
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));

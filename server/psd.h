@@ -272,6 +272,7 @@ struct psd {
     const srv_setting *cli_sets; /* the command line's settings, in order */
     int ncli_sets;
     int paused;              /* ADMIN pause: workers' pulls are parked until resume */
+    int said_memory_only;    /* the "model exists only in memory" warning was logged */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
     srv_settings settings;   /* what the start's srv_config_check parsed */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */

@@ -50,7 +50,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 25);
+    msgpack_pack_map(pk, 26);
     kf64(pk, "lr", s->cfg.lr);
     kf64(pk, "lr_current", s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
     key(pk, "paused");
@@ -65,6 +65,11 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         msgpack_pack_uint64(pk, s->stats.checkpoint_version);
     else
         msgpack_pack_nil(pk);
+    key(pk, "state_dir");
+    if (s->cfg.state_dir[0])
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
     kf64(pk, "checkpoint_age", s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1000.0 : -1.0);
     ku64(pk, "heartbeat_timeout_ms", s->cfg.heartbeat_timeout);
     kstr(pk, "mode", s->policy->name);
