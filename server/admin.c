@@ -9,6 +9,7 @@
 
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "notify.h"
 #include "proto/errors.h"
 
@@ -290,9 +291,12 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
         cmd_checkpoint(c, m);
     else if (strcmp(cmd, "shutdown") == 0)
         cmd_shutdown(c, m);
+    else if (strcmp(cmd, "history") == 0)
+        srv_dash_admin_history(c, m);
     else
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
-                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown)", cmd);
+                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown, "
+                       "history)", cmd);
 }
 
 /* ---- checkpoint requests ------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include "admin.h"
 #include "common/log.h"
 #include "common/vec.h"
+#include "dashboard.h"
 #include "proto/errors.h"
 #include "psd.h"
 
@@ -623,8 +624,10 @@ static void handle_push(srv_conn *c, ps_msg *m)
     /* a pushpull's reply type is checked before its push is applied */
     if ((m->type == PS_MSG_PUSHPULL && check_rdt(c, m->id, m->rdt) != 0) || check_data(c, m) != 0)
         return;
-    if (m->fin && m->base <= s->model.version)
+    if (m->fin && m->base <= s->model.version) {
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
+        c->worker->staleness = s->model.version - m->base;
+    }
     if (m->data == c->wide) {
         /* widened from bfloat16 or copied from shm: the policy may keep
          * the buffer (bsp) */
@@ -689,6 +692,9 @@ void srv_push_done(psd *s, const srv_apply *a)
 static void handle_report(srv_conn *c, ps_msg *m)
 {
     srv_worker *w = c->worker;
+    /* psworker reports every second too (loss since its last report, the
+     * epochs done so far): only the report that ends an epoch is logged */
+    int level = m->epoch != w->epoch || (m->has & PS_F_ACC) ? PS_LOG_INFO : PS_LOG_DEBUG;
     w->has_report = 1;
     w->epoch = m->epoch;
     if (m->has & PS_F_LOSS)
@@ -704,11 +710,12 @@ static void handle_report(srv_conn *c, ps_msg *m)
     if (m->has & PS_F_RATE)
         w->rate = m->rate;
     if (m->has & PS_F_ACC)
-        PS_LOG(PS_LOG_INFO, "shard %u/%u epoch %u: loss %.4f, test accuracy %.2f%%, %.0f samples/s", w->shard,
+        PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, test accuracy %.2f%%, %.0f samples/s", w->shard,
                w->nshards, w->epoch, w->loss, 100.0 * w->acc, w->rate);
     else
-        PS_LOG(PS_LOG_INFO, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
+        PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
                w->loss, w->rate);
+    srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0);
     reply_ok(c, m->id);
 }
 
@@ -740,7 +747,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return;
     }
-    if (c->admin_readonly && (m->type == PS_MSG_ADMIN || m->type == PS_MSG_PULL)) {
+    if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") != 0) || m->type == PS_MSG_PULL)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "%s%s%s refused: this admin connection proved the workers' token and may only read "
                        "(status, workers, metrics), because admin_token_file is not configured; set it in psd's "

@@ -14,6 +14,7 @@
 #include "admin.h"
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "http.h"
 #include "notify.h"
 #include "proto/errors.h"
@@ -191,6 +192,7 @@ static void on_tick(uv_timer_t *t)
     check_liveness(s, now);
     check_handshakes(s, now);
     check_idle(s, now);
+    srv_dash_tick(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);
     if (s->policy->tick)
@@ -407,6 +409,7 @@ int main(int argc, char **argv)
     srv_parked_free_spare();
     srv_narrow_free_spare();
     srv_admin_free(s);
+    srv_dash_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         if (s->workers[i]) {
             srv_worker_free_round(s->workers[i]);

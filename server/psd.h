@@ -96,6 +96,7 @@ typedef struct srv_worker {
     int has_acc;
     uint64_t samples;
     uint64_t clock;          /* SSP clock: steps pushed, counted from the job's start */
+    uint64_t staleness;      /* versions between its last push's base and the model */
     char why[96];            /* why it left or was declared dead */
     /* BSP */
     uint64_t round;          /* round this worker last pushed into */
@@ -316,6 +317,7 @@ struct psd {
     int ncli_sets;
     int paused;              /* ADMIN pause: workers' pulls are parked until resume */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;

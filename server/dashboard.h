@@ -1,0 +1,63 @@
+/* dashboard.h - the run as a page: what psd records of it over time (a
+ * srv_history filled from psd's state), the read-only JSON endpoints and
+ * the page's files that the HTTP listener serves, the access rule for
+ * them, and the ADMIN `history` command behind `psctl history`.
+ *
+ * Owned by the loop thread (psd.dash). Events are noticed by comparing
+ * psd's state on every 250 ms tick with what the last tick saw (worker
+ * joins, leaves and losses, checkpoints, pause and resume, settings), so
+ * the code that makes them needs no hook; reports are recorded as they
+ * arrive (srv_dash_report). */
+#ifndef SRV_DASHBOARD_H
+#define SRV_DASHBOARD_H
+
+#include "psd.h"
+
+/* One HTTP request as http.c read it. Strings are NUL-terminated; header
+ * values are "" when absent. */
+typedef struct srv_http_req {
+    const char *path;         /* without the query */
+    const char *query;        /* after '?', or "" */
+    const char *authorization;
+    const char *cookie;
+    int head;                 /* HEAD: the same headers, no body */
+} srv_http_req;
+
+/* The response to send. body is owned by the response (ps_buf_free). */
+typedef struct srv_http_resp {
+    int code;
+    const char *reason;
+    const char *ctype;
+    char extra[512];          /* more header lines, each ending in \r\n */
+    ps_buf body;
+} srv_http_resp;
+
+/* Called from psd's 250 ms tick: notes events, and once a second samples
+ * psd's rates, learning rate and round durations. Allocates the history
+ * on first use (a failure is logged once and the dashboard stays empty). */
+void srv_dash_tick(psd *s, uint64_t now);
+
+/* Worker w's REPORT was just taken into w (loss, samples, rate, and with
+ * has_acc its test accuracy and loss): records it. */
+void srv_dash_report(psd *s, const srv_worker *w, int has_acc);
+
+/* Frees the history (at exit). */
+void srv_dash_free(psd *s);
+
+/* May this request read psd over HTTP? Always when psd has no token_file;
+ * else it must show the workers' or the admins' secret (Authorization:
+ * Bearer SECRET, or ?token=SECRET, which also sets a cookie) or the read
+ * cookie that psd derived from it. Returns 1, or 0 after filling r with
+ * the 401 to send. */
+int srv_dash_authorized(psd *s, const srv_http_req *q, srv_http_resp *r);
+
+/* Answers a GET or HEAD of any path but /metrics: the page and its files
+ * from web_root, /api/job, /api/history, or 404. Fills r (never fails: an
+ * error is a response too). */
+void srv_dash_serve(psd *s, const srv_http_req *q, srv_http_resp *r);
+
+/* ADMIN history [json|csv|table]: answers c with OK whose text is the
+ * history in that form (default table), or an ERROR. */
+void srv_dash_admin_history(srv_conn *c, const ps_msg *m);
+
+#endif
