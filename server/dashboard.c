@@ -342,6 +342,17 @@ int srv_dash_authorized(psd *s, const srv_http_req *q, srv_http_resp *r)
             sodium_bin2hex(hex, sizeof hex, d->cookie[which], 32);
             snprintf(r->extra, sizeof r->extra, "Set-Cookie: psd_read=%s; Path=/; HttpOnly; SameSite=Strict\r\n",
                      hex);
+            if (strcmp(q->path, "/") == 0 || strcmp(q->path, "/index.html") == 0) {
+                /* the page again without the secret in the address bar (and history) */
+                size_t used = strlen(r->extra);
+                snprintf(r->extra + used, sizeof r->extra - used, "Location: /\r\n");
+                r->code = 303;
+                r->reason = "See Other";
+                r->ctype = "text/plain; charset=utf-8";
+                r->body.len = 0;
+                srv_json_raw(&r->body, "see /\n");
+                return 0;
+            }
         }
         return 1;
     }
@@ -357,15 +368,21 @@ int srv_dash_authorized(psd *s, const srv_http_req *q, srv_http_resp *r)
     static const char msg[] =
         "401 unauthorized: psd requires its token for HTTP too. Open the page as http://ADDRESS/?token=SECRET "
         "(SECRET: the contents of psd's token_file), or send the header Authorization: Bearer SECRET.\n";
+    /* a browser asking for the page gets a form that asks for the token */
+    static const char page[] =
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>psd: token needed</title>"
+        "<link rel=\"icon\" href=\"data:,\"></head><body style=\"font-family:sans-serif;margin:2em\">"
+        "<h1>401: psd needs its token</h1><p>This psd has a token_file: show its contents (the workers' or the "
+        "admins' secret) to see the dashboard. The page then keeps a cookie derived from it, not the secret.</p>"
+        "<form method=\"get\" action=\"/\"><input type=\"password\" name=\"token\" size=\"40\" "
+        "autocomplete=\"off\"> <button>open</button></form></body></html>\n";
+    int html = strcmp(q->path, "/") == 0 || strcmp(q->path, "/index.html") == 0;
     r->code = 401;
     r->reason = "Unauthorized";
-    r->ctype = "text/plain; charset=utf-8";
+    r->ctype = html ? "text/html; charset=utf-8" : "text/plain; charset=utf-8";
     snprintf(r->extra, sizeof r->extra, "WWW-Authenticate: Bearer realm=\"psd\"\r\n");
-    ps_buf_reserve(&r->body, sizeof msg);
-    if (r->body.p) {
-        memcpy(r->body.p, msg, sizeof msg - 1);
-        r->body.len = sizeof msg - 1;
-    }
+    r->body.len = 0;
+    srv_json_raw(&r->body, html ? page : msg);
     return 0;
 }
 

@@ -46,9 +46,12 @@ void srv_dash_free(psd *s);
 
 /* May this request read psd over HTTP? Always when psd has no token_file;
  * else it must show the workers' or the admins' secret (Authorization:
- * Bearer SECRET, or ?token=SECRET, which also sets a cookie) or the read
- * cookie that psd derived from it. Returns 1, or 0 after filling r with
- * the 401 to send. */
+ * Bearer SECRET, or ?token=SECRET) or the read cookie psd derives from a
+ * secret (HMAC-SHA256(secret, "psd-http-read-v1") in hex), which a
+ * ?token= sets. Returns 1 (r may then hold a Set-Cookie line in extra), or
+ * 0 after filling r with the response to send instead: 401 (an HTML form
+ * asking for the token when the page was asked for), or 303 to / after a
+ * page request with ?token=, so the secret leaves the address bar. */
 int srv_dash_authorized(psd *s, const srv_http_req *q, srv_http_resp *r);
 
 /* Answers a GET or HEAD of any path but /metrics: the page and its files

@@ -110,11 +110,13 @@ class Browser:
                 return msg.get("result", {})
             self._event(msg)
 
-    def navigate(self, url, timeout=30):
-        """Opens url and waits until its document has loaded."""
+    def navigate(self, url, timeout=30, lands=None):
+        """Opens url and waits until the document at lands (default: url;
+        another after a redirect) has loaded."""
+        lands = lands or url
         self.call("Page.navigate", url=url)
-        self.wait_for("document.readyState === 'complete' && location.href === %s" % json.dumps(url), timeout,
-                      "the page %s to load" % url)
+        self.wait_for("document.readyState === 'complete' && location.href === %s" % json.dumps(lands), timeout,
+                      "the page %s to load" % lands)
 
     def evaluate(self, expression):
         """The value of a JavaScript expression in the page (JSON-able)."""

@@ -35,7 +35,6 @@ import harness  # noqa: E402
 from harness import Cluster, Paths  # noqa: E402
 
 ARGS = None
-EPOCHS = 16
 
 try:
     import browser
@@ -90,9 +89,7 @@ class Dashboard(unittest.TestCase):
         os.environ["PSD_REPORT_INTERVAL"] = "0.2"
         try:
             extra = ["--token-file", token_file] if token_file else []
-            # the cnn on 4000 samples: about a second an epoch, long enough
-            # to watch
-            return [cl.worker(psd, k, 2, epochs=epochs, limit=4000, test_limit=500, model="cnn", args=extra)
+            return [cl.worker(psd, k, 2, epochs=epochs, limit=4000, test_limit=500, model="mlp:128", args=extra)
                     for k in range(2)]
         finally:
             del os.environ["PSD_REPORT_INTERVAL"]
@@ -101,7 +98,9 @@ class Dashboard(unittest.TestCase):
     def test_page_in_browser(self):
         with Cluster("psd-dashboard") as cl:
             psd, base = self.start(cl)
-            ws = self.workers(cl, psd, epochs=EPOCHS)
+            # workers that would train far longer than the test looks: it
+            # ends them itself once it has seen the page at work
+            ws = self.workers(cl, psd, epochs=100000)
             # train until each worker has reported a good many times
             harness.wait_until(lambda: all(w["samples"] > 0 for w in harness.status(psd.addr)["workers"])
                                and len(harness.status(psd.addr)["workers"]) == 2, 60, "both workers to report")
@@ -130,18 +129,19 @@ class Dashboard(unittest.TestCase):
                     self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
                 for w in ws:
-                    rc, summary = w.result(120)
-                    self.assertEqual(rc, 0, w.stderr())
+                    w.kill()
                 # the job is over: a reload shows the whole run
+                harness.wait_until(lambda: all(w["state"] == "lost" for w in harness.status(psd.addr)["workers"]),
+                                   30, "psd to see both workers gone")
                 b.navigate(base + "/?reload")
                 end = b.wait_for("(() => { const s = %s; return s.rows.length === 2 && "
-                                 "s.rows.every(r => r.state === 'left') && "
+                                 "s.rows.every(r => r.state === 'lost') && "
                                  "Object.values(s.loss).every(n => n > 10) && s.events.length >= 4 && s })()"
                                  % DOM_STATE, 30, "the finished run after a reload")
                 self.assertEqual(end["events"].count("joined"), 2, end["events"])
-                self.assertEqual(end["events"].count("left"), 2, end["events"])
+                self.assertEqual(end["events"].count("lost"), 2, end["events"])
                 self.assertEqual(sorted(end["acc"]), ["worker 0", "worker 1"])
-                self.assertTrue(all(n == EPOCHS for n in end["acc"].values()), end["acc"])  # an evaluation per epoch
+                self.assertTrue(all(n >= 1 for n in end["acc"].values()), end["acc"])  # an evaluation per epoch
                 b.call("Runtime.evaluate", expression="0")  # collect the last events
                 self.assertEqual(b.errors, [], "the page met errors")
                 self.assertTrue(b.requests, "the page made requests")
@@ -155,7 +155,7 @@ class Dashboard(unittest.TestCase):
             self.assertEqual(hdrs["Content-Type"], "application/json")
             job = json.loads(body)
             self.assertEqual(job["mode"], "asgd")
-            self.assertEqual([w["state"] for w in job["workers"]], ["left", "left"])
+            self.assertEqual([w["state"] for w in job["workers"]], ["lost", "lost"])
             self.assertEqual(len(job["lr_curve"]["version"]), len(job["lr_curve"]["lr"]))
             self.assertEqual(sum(job["staleness"]["counts"]), job["pushes"])
             code, _, body = http_get(base + "/api/history")
@@ -168,8 +168,8 @@ class Dashboard(unittest.TestCase):
                 self.assertEqual(len(tr["t"]), len(tr["loss"]))
                 self.assertEqual(tr["t"], sorted(tr["t"]))
                 self.assertEqual(tr["version"], sorted(tr["version"]))
-                self.assertEqual(len(w["eval"]["accuracy"]), EPOCHS)
-                self.assertGreater(w["eval"]["accuracy"][-1], 0.85)
+                self.assertEqual(len(w["eval"]["accuracy"]), len(w["eval"]["t"]))
+                self.assertGreater(w["eval"]["accuracy"][-1], 0.8)
             self.assertGreater(max(hist["psd"]["pushes_per_second"]), 0)
 
             r = harness.psctl(psd.addr, "history", "--json")
@@ -207,7 +207,7 @@ class Dashboard(unittest.TestCase):
             json.loads(body)
             code, _, _ = http_get(base + "/metrics", {"Authorization": "Bearer " + secret})
             self.assertEqual(code, 200)
-            code, hdrs, _ = http_get(base + "/?token=" + secret)
+            code, hdrs, _ = http_get(base + "/api/job?token=" + secret)
             self.assertEqual(code, 200)
             cookie = hdrs["Set-Cookie"].split(";")[0]
             self.assertTrue(cookie.startswith("psd_read="), cookie)
@@ -226,14 +226,25 @@ class Dashboard(unittest.TestCase):
                 return
             ws = self.workers(cl, psd, epochs=2, token_file=tf)
             with browser.Browser(cl.dir) as b:
+                # without the token: a form asking for it; filled in, the
+                # page comes back without the secret in its address
                 b.navigate(base + "/")
-                text = b.evaluate("document.body.innerText")
-                self.assertIn("401", text)
-                b.errors.clear()  # the 401 of the page itself is logged as an error
-                b.navigate(base + "/?token=" + secret)
+                self.assertIn("401", b.evaluate("document.body.innerText"))
+                b.evaluate("document.querySelector('input[name=token]').value = %s" % json.dumps(secret))
+                b.evaluate("document.querySelector('form').submit(), 1")
+                b.wait_for("location.href === %s && document.readyState === 'complete' && "
+                           "document.getElementById('workers') !== null" % json.dumps(base + "/"), 30,
+                           "the page after the form")
                 b.wait_for("(() => { const s = %s; return s.rows.length === 2 && s.version !== '\u2013' && s })()"
                            % DOM_STATE, 60, "the page with the token")
-                self.assertEqual(b.errors, [])
+                cookies = b.call("Network.getCookies", urls=[base + "/"])["cookies"]
+                self.assertEqual([c["name"] for c in cookies], ["psd_read"])
+                self.assertNotIn(secret, cookies[0]["value"])
+                self.assertTrue(cookies[0]["httpOnly"])
+                # the one error: the 401 of the first visit
+                others = [e for e in b.errors if not ("401" in e and e.endswith(base + "/"))]
+                self.assertEqual(others, [])
+                self.assertFalse(any(secret in u for u in b.requests if "token=" not in u))
             for w in ws:
                 rc, _ = w.result(120)
                 self.assertEqual(rc, 0, w.stderr())
