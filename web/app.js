@@ -234,7 +234,7 @@
       scales: { x: { time: false } },
       axes: [timeAxis, Object.assign({ size: 70, values: (u, v) => v.map(fmt) }, yaxis || {})],
       series: [{ label: "time", value: (u, v) => duration(v) }]
-        .concat(columns.map((c, i) => line(labels[i], colors[i], { value: (u, v) => fmt(v) }))),
+        .concat(columns.map((c, i) => line(labels[i], colors[i], { value: (u, v) => fmt(v), dash: i ? [5, 3] : [] }))),
       plugins: [eventLines()],
     }), [p.t].concat(columns.map((c) => p[c])), points);
   }
@@ -285,6 +285,7 @@
       ["#188038", "#d01884"], (v) => (v === null ? "–" : bytes(v)));
     const ms = (v) => (v === null ? "–" : sig(1000 * v) + " ms");
     psdChart("chart-rounds", ["round_seconds_p50", "round_seconds_p99"], ["p50", "p99"], ["#1a73e8", "#b00020"], ms);
+    $("rounds-note").textContent = job.rounds ? "" : " (none: " + job.mode + " has no rounds)";
     stalenessChart();
     lrChart();
     renderEvents();
