@@ -19,8 +19,8 @@ each, and how many /api requests the page made. Note that Chromium itself
 
 shot: W2 (the CNN, 6 epochs, recommended settings) with 2 ASGD workers,
 psd writing a checkpoint every 5 s; the page is opened at the start and a
-screenshot saved (default bench/out/dashboard.png) once worker 0 has
-reported its fifth epoch.
+screenshot saved (default bench/out/dashboard.png, scaled to 0.7) once the
+model is four fifths through the run.
 
 web_root defaults to build/webroot beside this repository.
 """
@@ -30,6 +30,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
@@ -61,6 +62,28 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu(root):
+    """CPU seconds of a process and all its descendants (Chromium's
+    renderer, GPU and utility processes)."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    total, todo = 0.0, [root]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_seconds(p)
+        except (OSError, IndexError, ValueError):
+            pass
+        todo += [c for c, pp in parent.items() if pp == p]
+    return total
+
+
 def cost(a):
     with harness.Cluster("bench-dashboard") as cl:
         psd = cl.psd(mode="asgd", workers=2, args=psd_args(a.web_root, 64, 2e-3, a.epochs))
@@ -74,6 +97,7 @@ def cost(a):
             state = {}          # epoch -> page open during it
             skip = {1}          # epochs left out: the first, and the first after each switch
             cpu_at = {0: cpu_seconds(psd.pid)}
+            chrome_at = {0: (time.monotonic(), tree_cpu(b.p.pid))}
             api = {True: 0, False: 0}
             seen = 0
             while True:
@@ -82,6 +106,7 @@ def cost(a):
                     e = r["epoch"]
                     state[e] = page_open
                     cpu_at[e] = cpu_seconds(psd.pid)
+                    chrome_at[e] = (time.monotonic(), tree_cpu(b.p.pid))
                     if e % a.phase == 0 and e < a.epochs:
                         before = len(b.requests)
                         b.call("Runtime.evaluate", expression="0")  # collect the page's requests so far
@@ -99,8 +124,17 @@ def cost(a):
             rc, summary = w.result(600)
             if rc != 0:
                 raise SystemExit("dashboard: %s failed:\n%s" % (w.name, harness.tail(w.err_path)))
+        # what one request of the page costs psd, on this run's whole history
+        per_req = {}
+        for path in ("api/job", "api/history"):
+            n, size = 200, 0
+            c0 = cpu_seconds(psd.pid)
+            for _ in range(n):
+                with urllib.request.urlopen(url + path, timeout=10) as r:
+                    size = len(r.read())
+            per_req[path] = ((cpu_seconds(psd.pid) - c0) / n, size)
         psd.stop()
-    recs = {r["epoch"]: r for r in epoch_records(ws[0])}
+        recs = {r["epoch"]: r for r in epoch_records(ws[0])}
     print("W1, 2 ASGD workers, %d epochs; the page switches every %d epochs of worker 0" % (a.epochs, a.phase))
     print("%-6s %-6s %9s %12s" % ("epoch", "page", "s/epoch", "psd CPU s"))
     by = {True: [], False: []}
@@ -117,14 +151,27 @@ def cost(a):
     for st in (False, True):
         v = by[st]
         if len(v) >= 2:
-            print("page %-6s: %2d epochs, %.3f s/epoch mean (median %.3f, sd %.3f, %.3f-%.3f), psd CPU %.3f s/epoch"
-                  % ("open" if st else "closed", len(v), statistics.mean(v), statistics.median(v),
-                     statistics.stdev(v), min(v), max(v), statistics.mean(cpu[st])))
+            q = statistics.quantiles(v, n=4)
+            print("page %-6s: %2d epochs, s/epoch mean %.3f, median %.3f, lower quartile %.3f, sd %.3f, %.3f-%.3f; "
+                  "psd CPU %.3f s/epoch" % ("open" if st else "closed", len(v), statistics.mean(v),
+                                             statistics.median(v), q[0], statistics.stdev(v), min(v), max(v),
+                                             statistics.mean(cpu[st])))
     if len(by[True]) >= 2 and len(by[False]) >= 2:
         d = statistics.mean(by[True]) / statistics.mean(by[False]) - 1
-        print("open vs closed: %+.1f%% seconds per epoch (medians %+.1f%%)" %
-              (100 * d, 100 * (statistics.median(by[True]) / statistics.median(by[False]) - 1)))
+        print("open vs closed: %+.1f%% seconds per epoch (medians %+.1f%%, lower quartiles %+.1f%%); psd CPU %+.1f%%"
+              % (100 * d, 100 * (statistics.median(by[True]) / statistics.median(by[False]) - 1),
+                 100 * (statistics.quantiles(by[True], n=4)[0] / statistics.quantiles(by[False], n=4)[0] - 1),
+                 100 * (statistics.mean(cpu[True]) / statistics.mean(cpu[False]) - 1)))
     print("requests to /api/ while open: %d in all" % api_total)
+    for st in (False, True):
+        # Chromium's CPU over the epochs of each state, as a share of one core
+        es = [e for e in state if state[e] == st and e - 1 in chrome_at and e in chrome_at]
+        wall = sum(chrome_at[e][0] - chrome_at[e - 1][0] for e in es)
+        c = sum(chrome_at[e][1] - chrome_at[e - 1][1] for e in es)
+        if wall > 0:
+            print("Chromium with the page %s: %.1f%% of a core" % ("open" if st else "closed", 100 * c / wall))
+    for path, (c, size) in per_req.items():
+        print("GET /%s after the run: %d bytes, %.3f ms of psd's CPU each (200 requests)" % (path, size, 1e3 * c))
 
 
 def shot(a):
@@ -139,10 +186,11 @@ def shot(a):
             b.navigate(url)
             ws = [cl.worker(psd, k, 2, epochs=epochs, batch=64, limit=0, test_limit=0, model="cnn",
                             args=["--pipeline", "off"]) for k in range(2)]
-            harness.wait_until(lambda: any(w["epoch"] >= 5 for w in harness.status(psd.addr)["workers"]), 900,
-                               "worker 0's fifth epoch", interval=0.5)
+            total = 2 * epochs * -(-TRAIN_N // 2 // 64)
+            harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 0.8 * total, 900,
+                               "four fifths of the run", interval=0.5)
             time.sleep(2.5)  # the page's next history refresh
-            size = b.screenshot(a.png)
+            size = b.screenshot(a.png, scale=0.7)
             print("screenshot: %s (%d bytes); page errors: %s" % (a.png, size, b.errors or "none"))
         for w in ws:
             rc, summary = w.result(900)

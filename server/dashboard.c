@@ -233,7 +233,7 @@ void srv_dash_tick(psd *s, uint64_t now)
         sample(s, d, now);
 }
 
-void srv_dash_report(psd *s, const srv_worker *w, int has_acc)
+void srv_dash_report(psd *s, const srv_worker *w, int has_acc, int epoch_end)
 {
     struct srv_dash *d = dash_get(s);
     if (!d)
@@ -243,7 +243,10 @@ void srv_dash_report(psd *s, const srv_worker *w, int has_acc)
         return;
     double t = since_start(s, srv_now_ms());
     double tr[3] = {w->loss, w->rate, (double)w->samples};
-    srv_series_add(&wh->train, t, s->model.version, tr);
+    if (!epoch_end)
+        wh->interval_reports = 1;
+    if (!epoch_end || !wh->interval_reports)
+        srv_series_add(&wh->train, t, s->model.version, tr);
     if (has_acc) {
         double ev[2] = {w->acc, w->tloss};
         srv_series_add(&wh->eval, t, s->model.version, ev);

@@ -38,8 +38,13 @@ typedef struct srv_http_resp {
 void srv_dash_tick(psd *s, uint64_t now);
 
 /* Worker w's REPORT was just taken into w (loss, samples, rate, and with
- * has_acc its test accuracy and loss): records it. */
-void srv_dash_report(psd *s, const srv_worker *w, int has_acc);
+ * has_acc its test accuracy and loss): records it. epoch_end: the report
+ * of an epoch (its loss is the epoch's mean), not one within it (the mean
+ * since the previous report). A worker's epoch reports go into its loss
+ * series only while it sends no others, which would say the same at a
+ * finer grain (an epoch's mean beside them draws a step at every epoch's
+ * end). */
+void srv_dash_report(psd *s, const srv_worker *w, int has_acc, int epoch_end);
 
 /* Frees the history (at exit). */
 void srv_dash_free(psd *s);

@@ -694,7 +694,8 @@ static void handle_report(srv_conn *c, ps_msg *m)
     srv_worker *w = c->worker;
     /* psworker reports every second too (loss since its last report, the
      * epochs done so far): only the report that ends an epoch is logged */
-    int level = m->epoch != w->epoch || (m->has & PS_F_ACC) ? PS_LOG_INFO : PS_LOG_DEBUG;
+    int epoch_end = m->epoch != w->epoch || (m->has & PS_F_ACC);
+    int level = epoch_end ? PS_LOG_INFO : PS_LOG_DEBUG;
     w->has_report = 1;
     w->epoch = m->epoch;
     if (m->has & PS_F_LOSS)
@@ -715,7 +716,7 @@ static void handle_report(srv_conn *c, ps_msg *m)
     else
         PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
                w->loss, w->rate);
-    srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0);
+    srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0, epoch_end);
     reply_ok(c, m->id);
 }
 

@@ -69,6 +69,7 @@ typedef struct srv_event {
  * samples) and those with a test evaluation (accuracy, test_loss). */
 typedef struct srv_worker_hist {
     uint32_t shard;
+    int interval_reports;        /* it reports within epochs (dashboard.c) */
     srv_series train;
     srv_series eval;
 } srv_worker_hist;

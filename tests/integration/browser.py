@@ -138,9 +138,12 @@ class Browser:
             time.sleep(0.1)
         raise AssertionError("timed out after %.0f s waiting for %s (last value %r)" % (timeout, what, last))
 
-    def screenshot(self, path):
-        """Saves a PNG of the whole page to path; returns its size in bytes."""
-        r = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+    def screenshot(self, path, scale=1.0):
+        """Saves a PNG of the whole page to path, its pixels scaled by
+        scale; returns its size in bytes."""
+        w, h = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        r = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                      clip={"x": 0, "y": 0, "width": w, "height": h, "scale": scale})
         data = base64.b64decode(r["data"])
         with open(path, "wb") as f:
             f.write(data)
