@@ -523,12 +523,13 @@ static int job_json(psd *s, ps_buf *b)
     b->len -= 2; /* the last ", " */
     rc |= srv_json_raw(b, "}, \"lr_curve\": {\"version\": [");
     uint64_t hz = lr_horizon(s);
-    for (unsigned i = 0; s->model.has_layout && i < LR_CURVE_POINTS; i++)
-        rc |= srv_json_printf(b, "%s%" PRIu64, i ? ", " : "", hz * i / (LR_CURVE_POINTS - 1));
+    uint64_t np = hz + 1 < LR_CURVE_POINTS ? hz + 1 : LR_CURVE_POINTS; /* distinct versions */
+    for (uint64_t i = 0; s->model.has_layout && i < np; i++)
+        rc |= srv_json_printf(b, "%s%" PRIu64, i ? ", " : "", hz * i / (np - 1));
     rc |= srv_json_raw(b, "], \"lr\": [");
-    for (unsigned i = 0; s->model.has_layout && i < LR_CURVE_POINTS; i++) {
+    for (uint64_t i = 0; s->model.has_layout && i < np; i++) {
         rc |= srv_json_raw(b, i ? ", " : "");
-        rc |= srv_json_num(b, srv_optim_lr(&s->model.opt, hz * i / (LR_CURVE_POINTS - 1)));
+        rc |= srv_json_num(b, srv_optim_lr(&s->model.opt, hz * i / (np - 1)));
     }
     rc |= srv_json_raw(b, "]}, ");
     rc |= kv_u64(b, "version", s->model.version);
