@@ -109,29 +109,6 @@ void srv_dash_free(psd *s)
 
 /* ---- recording ---------------------------------------------------------------- */
 
-/* The q-quantile of the observations in buckets cnt[0..n] (upper bounds
- * bounds[0..n), the last bucket +Inf), interpolated linearly inside its
- * bucket as Prometheus's histogram_quantile does; NaN without any. */
-static double bucket_quantile(const double *bounds, unsigned n, const uint64_t *cnt, double q)
-{
-    uint64_t total = 0;
-    for (unsigned i = 0; i <= n; i++)
-        total += cnt[i];
-    if (total == 0)
-        return NAN;
-    double rank = q * (double)total, cum = 0;
-    for (unsigned i = 0; i <= n; i++) {
-        if (cum + (double)cnt[i] >= rank && cnt[i] > 0) {
-            if (i == n)
-                return n ? bounds[n - 1] : NAN; /* past the last bound: that bound */
-            double lo = i ? bounds[i - 1] : 0, hi = bounds[i];
-            return lo + (hi - lo) * (rank - cum) / (double)cnt[i];
-        }
-        cum += (double)cnt[i];
-    }
-    return n ? bounds[n - 1] : NAN;
-}
-
 static void sample(psd *s, struct srv_dash *d, uint64_t now)
 {
     double dt = (double)(now - d->last_sample_ms) / 1e3;
@@ -147,8 +124,8 @@ static void sample(psd *s, struct srv_dash *d, uint64_t now)
     v[SRV_H_BYTES_IN] = (double)(s->stats.bytes_in - d->bytes_in) / dt;
     v[SRV_H_BYTES_OUT] = (double)(s->stats.bytes_out - d->bytes_out) / dt;
     v[SRV_H_LR] = s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr;
-    v[SRV_H_ROUND_P50] = bucket_quantile(rh->bounds, rh->n, delta, 0.5);
-    v[SRV_H_ROUND_P99] = bucket_quantile(rh->bounds, rh->n, delta, 0.99);
+    v[SRV_H_ROUND_P50] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.5);
+    v[SRV_H_ROUND_P99] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.99);
     srv_series_add(&d->h->psd, since_start(s, now), s->model.version, v);
     d->pushes = s->stats.pushes;
     d->pulls = s->stats.pulls;

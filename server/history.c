@@ -192,6 +192,26 @@ void srv_history_event(srv_history *h, double t, uint64_t version, const char *k
     va_end(ap);
 }
 
+/* ---- quantiles of bucket counts ------------------------------------------------- */
+
+double srv_bucket_quantile(const double *bounds, unsigned n, const uint64_t *cnt, double q)
+{
+    uint64_t total = 0;
+    for (unsigned i = 0; i <= n; i++)
+        total += cnt[i];
+    if (total == 0)
+        return NAN;
+    double rank = q * (double)total, cum = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (cnt[i] > 0 && cum + (double)cnt[i] >= rank) {
+            double lo = i ? bounds[i - 1] : 0, hi = bounds[i];
+            return lo + (hi - lo) * (rank - cum) / (double)cnt[i];
+        }
+        cum += (double)cnt[i];
+    }
+    return n ? bounds[n - 1] : NAN;
+}
+
 /* ---- JSON ---------------------------------------------------------------------- */
 
 int srv_json_printf(ps_buf *b, const char *fmt, ...)

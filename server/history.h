@@ -98,6 +98,13 @@ srv_worker_hist *srv_history_worker(srv_history *h, uint32_t shard);
 void srv_history_event(srv_history *h, double t, uint64_t version, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* The q-quantile (0..1) of the observations counted in buckets cnt[0..n]:
+ * bucket i < n holds those up to bounds[i] (ascending, the first from 0),
+ * bucket n those past bounds[n-1]. Interpolated linearly inside the
+ * bucket, as Prometheus's histogram_quantile does; a quantile in the last
+ * bucket is bounds[n-1]. NaN when there are no observations. */
+double srv_bucket_quantile(const double *bounds, unsigned n, const uint64_t *cnt, double q);
+
 /* The formats of srv_history_write. */
 enum { SRV_HFMT_JSON, SRV_HFMT_CSV, SRV_HFMT_TABLE };
 

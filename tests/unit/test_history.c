@@ -191,13 +191,34 @@ static void test_write(void **state)
     srv_history_free(h);
 }
 
+/* Quantiles of a histogram's bucket counts, as histogram_quantile. */
+static void test_bucket_quantile(void **state)
+{
+    (void)state;
+    const double bounds[] = {0.001, 0.01, 0.1};
+    uint64_t none[4] = {0, 0, 0, 0};
+    assert_true(isnan(srv_bucket_quantile(bounds, 3, none, 0.5)));
+    /* 10 observations in (0.001, 0.01]: the median halfway through it */
+    uint64_t one[4] = {0, 10, 0, 0};
+    assert_true(fabs(srv_bucket_quantile(bounds, 3, one, 0.5) - 0.0055) < 1e-12);
+    assert_true(fabs(srv_bucket_quantile(bounds, 3, one, 0.99) - (0.001 + 0.009 * 0.99)) < 1e-12);
+    /* 90 fast ones and 10 past the last bound: p50 in the first bucket,
+     * p99 at the last bound */
+    uint64_t tail[4] = {90, 0, 0, 10};
+    assert_true(fabs(srv_bucket_quantile(bounds, 3, tail, 0.5) - 0.001 * 50 / 90) < 1e-12);
+    assert_true(srv_bucket_quantile(bounds, 3, tail, 0.99) == 0.1);
+    /* empty buckets between are skipped */
+    uint64_t gap[4] = {1, 0, 1, 0};
+    assert_true(fabs(srv_bucket_quantile(bounds, 3, gap, 1.0) - 0.1) < 1e-12);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_series_fills),   cmocka_unit_test(test_series_thins),
         cmocka_unit_test(test_series_missing), cmocka_unit_test(test_series_bad_columns),
         cmocka_unit_test(test_events_ring),    cmocka_unit_test(test_workers),
-        cmocka_unit_test(test_write),
+        cmocka_unit_test(test_write),          cmocka_unit_test(test_bucket_quantile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
