@@ -748,10 +748,11 @@ void srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return;
     }
-    if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") != 0) || m->type == PS_MSG_PULL)) {
+    int reads = m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") == 0; /* ADMIN history only reads */
+    if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && !reads) || m->type == PS_MSG_PULL)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "%s%s%s refused: this admin connection proved the workers' token and may only read "
-                       "(status, workers, metrics), because admin_token_file is not configured; set it in psd's "
+                       "(status, workers, metrics, history), because admin_token_file is not configured; set it in psd's "
                        "configuration and use that token",
                        m->type == PS_MSG_ADMIN ? "admin command '" : "pulling the model",
                        m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");
