@@ -22,7 +22,7 @@ psd writing a checkpoint every 5 s; the page is opened at the start and a
 screenshot saved (default bench/out/dashboard.png, scaled to 0.7) once the
 model is four fifths through the run.
 
-web_root defaults to build/webroot beside this repository.
+psd serves the page from its own ../share/psd/web unless --web-root DIR.
 """
 
 import json
@@ -43,8 +43,8 @@ TRAIN_N = 60000
 def psd_args(web_root, batch, lr, epochs):
     versions = epochs * -(-TRAIN_N // batch)
     return ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "lr_schedule=cosine",
-            "--set", "lr_decay_versions=%d" % versions, "--set", "metrics_listen=127.0.0.1:0",
-            "--set", "web_root=" + web_root]
+            "--set", "lr_decay_versions=%d" % versions, "--set", "metrics_listen=127.0.0.1:0"] + \
+        (["--set", "web_root=" + os.path.abspath(web_root)] if web_root else [])
 
 
 def dashboard_url(psd):
@@ -204,10 +204,9 @@ def main():
         ap.add_argument("--epochs", type=int, default=60)
         ap.add_argument("--phase", type=int, default=6)
         ap.add_argument("--png", default=os.path.join(HERE, "out", "dashboard.png"))
-        ap.add_argument("--web-root", default=os.path.join(HERE, "..", "build", "webroot"))
+        ap.add_argument("--web-root", help="the page's files (default: psd's own)")
 
     a = harness.parse_args(options, program_doc=__doc__)
-    a.web_root = os.path.abspath(a.web_root)
     os.makedirs(os.path.dirname(os.path.abspath(a.png)), exist_ok=True)
     if a.what == "cost":
         cost(a)

@@ -211,8 +211,9 @@ static const ps_config_option options[] = {
      .help = "Least important log records written to stderr: debug, info, warn or error."},
     {.name = "web_root", .type = PS_CT_STRING, .def = "", AT(web_root),
      .help = "Directory holding the dashboard's page (index.html, app.js, style.css) and "
-             "uPlot (uplot/), which psd serves on metrics_listen. Empty: where `cmake "
-             "--install` put them (PREFIX/share/psd/web)."},
+             "uPlot (uplot/), which psd serves on metrics_listen. Empty: ../share/psd/web "
+             "from the directory of the psd program, where `cmake --install` puts them "
+             "(PREFIX/share/psd/web) and the build copies them (build/share/psd/web)."},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

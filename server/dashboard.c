@@ -390,12 +390,38 @@ static const struct {
     {"/uplot/uPlot.min.css", "uplot/uPlot.min.css", "text/css; charset=utf-8"},
 };
 
-/* Reads web_root/file into r's body (files are small; read on the loop). */
+/* Where the page's files are: web_root when set; else ../share/psd/web
+ * from the directory of psd's executable, where `cmake --install` puts them
+ * (PREFIX/bin/psd) and the build copies them (<build>/server/psd), when it
+ * exists; else the install directory the build was configured for. */
+static const char *web_dir(const psd *s)
+{
+    static char found[PS_CONFIG_PATH_MAX];
+    static int looked;
+    if (s->cfg.web_root[0])
+        return s->cfg.web_root;
+    if (!looked) {
+        looked = 1;
+        char exe[PS_CONFIG_PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n > 0 ? n : 0] = '\0';
+        char *slash = strrchr(exe, '/');
+        struct stat st;
+        if (slash) {
+            *slash = '\0';
+            if ((size_t)snprintf(found, sizeof found, "%s/../share/psd/web", exe) >= sizeof found ||
+                stat(found, &st) != 0 || !S_ISDIR(st.st_mode))
+                found[0] = '\0';
+        }
+    }
+    return found[0] ? found : PSD_WEB_DIR;
+}
+
+/* Reads web_dir()/file into r's body (files are small; read on the loop). */
 static void serve_file(psd *s, const char *file, const char *ctype, srv_http_resp *r)
 {
     char path[PS_CONFIG_PATH_MAX + 64];
-    const char *root = s->cfg.web_root[0] ? s->cfg.web_root : PSD_WEB_DIR;
-    snprintf(path, sizeof path, "%s/%s", root, file);
+    snprintf(path, sizeof path, "%s/%s", web_dir(s), file);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > WEB_FILE_MAX) {

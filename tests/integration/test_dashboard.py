@@ -75,7 +75,9 @@ class Dashboard(unittest.TestCase):
     def start(self, cl, token_file=None, secret=None):
         """psd in asgd for 2 workers with the dashboard on a loopback port;
         returns it and the dashboard's base URL."""
-        args = ["--set", "metrics_listen=127.0.0.1:0", "--set", "web_root=" + ARGS.web_root, "--set", "lr=0.02"]
+        args = ["--set", "metrics_listen=127.0.0.1:0", "--set", "lr=0.02"]
+        if ARGS.web_root:
+            args += ["--set", "web_root=" + ARGS.web_root]
         if token_file:
             args += ["--set", "token_file=" + token_file]
         psd = cl.psd(mode="asgd", workers=2, args=args, token=secret)
@@ -259,7 +261,7 @@ class Dashboard(unittest.TestCase):
 
 
 def extra_args(p):
-    p.add_argument("--web-root", required=True, help="the dashboard's files (the build's webroot)")
+    p.add_argument("--web-root", help="the dashboard's files (default: psd's own, ../share/psd/web from it)")
     p.add_argument("--out", required=True, help="where to save the screenshot")
 
 
