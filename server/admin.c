@@ -201,6 +201,7 @@ static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
         return;
     }
     s->paused = pause;
+    srv_dash_notice(s); /* a pause and resume within a tick are two events */
     PS_LOG(PS_LOG_INFO, "%s by admin %s at model version %llu%s", pause ? "paused" : "resumed", c->addr,
            (unsigned long long)s->model.version,
            pause ? ": workers' pulls wait until resume; pushes already sent are applied" : "");

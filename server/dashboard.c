@@ -184,11 +184,9 @@ static void note_settings(psd *s, struct srv_dash *d, uint64_t now)
     d->cfg = s->cfg;
 }
 
-void srv_dash_tick(psd *s, uint64_t now)
+/* Notes what changed since the last look as events. */
+static void note_events(psd *s, struct srv_dash *d, uint64_t now)
 {
-    struct srv_dash *d = dash_get(s);
-    if (!d)
-        return;
     note_workers(s, d, now);
     if (s->paused != d->paused) {
         srv_history_event(d->h, since_start(s, now), s->model.version, s->paused ? "paused" : "resumed",
@@ -206,6 +204,21 @@ void srv_dash_tick(psd *s, uint64_t now)
         d->checkpoint_failures = s->stats.checkpoint_failures;
     }
     note_settings(s, d, now);
+}
+
+void srv_dash_notice(psd *s)
+{
+    struct srv_dash *d = dash_get(s);
+    if (d)
+        note_events(s, d, srv_now_ms());
+}
+
+void srv_dash_tick(psd *s, uint64_t now)
+{
+    struct srv_dash *d = dash_get(s);
+    if (!d)
+        return;
+    note_events(s, d, now);
     if (now - d->last_sample_ms >= SAMPLE_MS)
         sample(s, d, now);
 }

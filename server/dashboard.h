@@ -6,8 +6,9 @@
  * Owned by the loop thread (psd.dash). Events are noticed by comparing
  * psd's state on every 250 ms tick with what the last tick saw (worker
  * joins, leaves and losses, checkpoints, pause and resume, settings), so
- * the code that makes them needs no hook; reports are recorded as they
- * arrive (srv_dash_report). */
+ * the code that makes them needs no hook but where a state can flip and
+ * flip back within a tick (pause and resume: srv_dash_notice); reports are
+ * recorded as they arrive (srv_dash_report). */
 #ifndef SRV_DASHBOARD_H
 #define SRV_DASHBOARD_H
 
@@ -36,6 +37,10 @@ typedef struct srv_http_resp {
  * psd's rates, learning rate and round durations. Allocates the history
  * on first use (a failure is logged once and the dashboard stays empty). */
 void srv_dash_tick(psd *s, uint64_t now);
+
+/* Notes events now rather than at the next tick: for a state that may
+ * change and change back within one (ADMIN pause, resume). */
+void srv_dash_notice(psd *s);
 
 /* Worker w's REPORT was just taken into w (loss, samples, rate, and with
  * has_acc its test accuracy and loss): records it. epoch_end: the report

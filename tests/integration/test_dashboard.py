@@ -73,9 +73,11 @@ def version_of(text):
 
 class Dashboard(unittest.TestCase):
     def start(self, cl, token_file=None, secret=None):
-        """psd in asgd for 2 workers with the dashboard on a loopback port;
-        returns it and the dashboard's base URL."""
-        args = ["--set", "metrics_listen=127.0.0.1:0", "--set", "lr=0.02"]
+        """psd in asgd for 2 workers with the dashboard on a loopback port
+        and a state_dir; returns it and the dashboard's base URL."""
+        os.makedirs(os.path.join(cl.dir, "state"), exist_ok=True)
+        args = ["--set", "metrics_listen=127.0.0.1:0", "--set", "lr=0.02", "--state-dir",
+                os.path.join(cl.dir, "state")]
         if ARGS.web_root:
             args += ["--set", "web_root=" + ARGS.web_root]
         if token_file:
@@ -130,6 +132,10 @@ class Dashboard(unittest.TestCase):
                 with open(shot, "rb") as f:
                     self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
+                # events: a setting, a pause and resume within one tick, a checkpoint
+                for cmd in (["set", "lr=0.015"], ["pause"], ["resume"], ["checkpoint"]):
+                    r = harness.psctl(psd.addr, *cmd)
+                    self.assertEqual(r.returncode, 0, r.stderr)
                 for w in ws:
                     w.kill()
                 # the job is over: a reload shows the whole run
@@ -138,10 +144,13 @@ class Dashboard(unittest.TestCase):
                 b.navigate(base + "/?reload")
                 end = b.wait_for("(() => { const s = %s; return s.rows.length === 2 && "
                                  "s.rows.every(r => r.state === 'lost') && "
-                                 "Object.values(s.loss).every(n => n > 10) && s.events.length >= 4 && s })()"
+                                 "Object.values(s.loss).every(n => n > 10) && s.events.length >= 8 && s })()"
                                  % DOM_STATE, 30, "the finished run after a reload")
                 self.assertEqual(end["events"].count("joined"), 2, end["events"])
                 self.assertEqual(end["events"].count("lost"), 2, end["events"])
+                for kind in ("settings", "paused", "resumed", "checkpoint"):
+                    self.assertIn(kind, end["events"])
+                self.assertIn("lr: 0.02 -> 0.015", b.evaluate("document.getElementById('events').innerText"))
                 self.assertEqual(sorted(end["acc"]), ["worker 0", "worker 1"])
                 self.assertTrue(all(n >= 1 for n in end["acc"].values()), end["acc"])  # an evaluation per epoch
                 b.call("Runtime.evaluate", expression="0")  # collect the last events
