@@ -281,7 +281,7 @@ static long query_param(const char *query, const char *key, uint8_t *out, size_t
             size_t n = 0;
             for (size_t i = klen + 1; i < len; i++) {
                 int c = (unsigned char)p[i];
-                if (c == '%' && i + 2 < len + 1 && hexval(p[i + 1]) >= 0 && hexval(p[i + 2]) >= 0) {
+                if (c == '%' && i + 2 < len && hexval(p[i + 1]) >= 0 && hexval(p[i + 2]) >= 0) {
                     c = hexval(p[i + 1]) * 16 + hexval(p[i + 2]);
                     i += 2;
                 } else if (c == '+') {
