@@ -9,6 +9,7 @@
 
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "notify.h"
 #include "policy.h"
 #include "proto/errors.h"
@@ -191,6 +192,7 @@ static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
         return;
     }
     s->paused = pause;
+    srv_dash_notice(s); /* a pause and resume within a tick are two events */
     PS_LOG(PS_LOG_INFO, "%s by admin %s at model version %llu%s", pause ? "paused" : "resumed", c->addr,
            (unsigned long long)s->model.version,
            pause ? ": workers' pulls wait until resume; pushes already sent are applied" : "");
@@ -199,6 +201,27 @@ static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
     else
         srv_checkpoint_at_rest(s, "psd is paused"); /* pushes applied later: the tick writes them too */
     reply_ok(c, m->id, pause ? "paused" : "resumed");
+}
+
+/* history [json|csv|table]: what the dashboard shows, as text. */
+static void cmd_history(srv_conn *c, ps_msg *m)
+{
+    char err[160];
+    ps_buf text = {0};
+    int rc = srv_dash_history_text(c->srv, m, &text, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
+    r.id = m->id;
+    r.mver = c->srv->model.version;
+    r.text = (const char *)text.p;
+    r.text_len = (uint32_t)text.len;
+    srv_send(c, &r, NULL);
+    ps_buf_free(&text);
 }
 
 /* pin: this connection's pulls are answered from the current snapshot until
@@ -283,9 +306,12 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
         cmd_checkpoint(c, m);
     else if (strcmp(cmd, "shutdown") == 0)
         cmd_shutdown(c, m);
+    else if (strcmp(cmd, "history") == 0)
+        cmd_history(c, m);
     else
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
-                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown)", cmd);
+                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown, "
+                       "history)", cmd);
 }
 
 /* ---- checkpoint requests ------------------------------------------------------- */

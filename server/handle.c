@@ -12,6 +12,7 @@
 #include "common/vec.h"
 #include "handle.h"
 #include "policy.h"
+#include "dashboard.h"
 #include "proto/errors.h"
 #include "psd.h"
 #include "reply.h"
@@ -235,8 +236,10 @@ static void handle_push(srv_conn *c, ps_msg *m)
                        (unsigned long long)m->base, (unsigned long long)s->model.version);
         return;
     }
-    if (m->fin)
+    if (m->fin) {
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
+        c->worker->staleness = s->model.version - m->base;
+    }
     /* checked: in range, float32, finite (or sanitised), base not ahead */
     srv_push p = {.base = m->base, .off = m->off, .n = m->ndata, .g = m->data, .fin = m->fin, .conn = c,
                   .may_defer = 1};
@@ -305,6 +308,10 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
 static void handle_report(srv_conn *c, ps_msg *m)
 {
     srv_worker *w = c->worker;
+    /* psworker reports every second too (loss since its last report, the
+     * epochs done so far): only the report that ends an epoch is logged */
+    int epoch_end = m->epoch != w->epoch || (m->has & PS_F_ACC);
+    int level = epoch_end ? PS_LOG_INFO : PS_LOG_DEBUG;
     w->has_report = 1;
     w->epoch = m->epoch;
     if (m->has & PS_F_LOSS)
@@ -320,11 +327,12 @@ static void handle_report(srv_conn *c, ps_msg *m)
     if (m->has & PS_F_RATE)
         w->rate = m->rate;
     if (m->has & PS_F_ACC)
-        PS_LOG(PS_LOG_INFO, "shard %u/%u epoch %u: loss %.4f, test accuracy %.2f%%, %.0f samples/s", w->shard,
+        PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, test accuracy %.2f%%, %.0f samples/s", w->shard,
                w->nshards, w->epoch, w->loss, 100.0 * w->acc, w->rate);
     else
-        PS_LOG(PS_LOG_INFO, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
+        PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
                w->loss, w->rate);
+    srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0, epoch_end);
     reply_ok(c, m->id);
 }
 
@@ -356,10 +364,11 @@ void srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return;
     }
-    if (c->admin_readonly && (m->type == PS_MSG_ADMIN || m->type == PS_MSG_PULL)) {
+    int reads = m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") == 0; /* ADMIN history only reads */
+    if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && !reads) || m->type == PS_MSG_PULL)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "%s%s%s refused: this admin connection proved the workers' token and may only read "
-                       "(status, workers, metrics), because admin_token_file is not configured; set it in psd's "
+                       "(status, workers, metrics, history), because admin_token_file is not configured; set it in psd's "
                        "configuration and use that token",
                        m->type == PS_MSG_ADMIN ? "admin command '" : "pulling the model",
                        m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");

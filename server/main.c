@@ -14,6 +14,7 @@
 #include "admin.h"
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "http.h"
 #include "net.h"
 #include "notify.h"
@@ -198,6 +199,7 @@ static void on_tick(uv_timer_t *t)
     check_liveness(s, now);
     check_handshakes(s, now);
     check_idle(s, now);
+    srv_dash_tick(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);
     if (s->policy->tick && s->policy->tick(s) == SRV_WAKE)
@@ -397,6 +399,7 @@ int main(int argc, char **argv)
     srv_parked_free_spare();
     srv_narrow_free_spare();
     srv_admin_free(s);
+    srv_dash_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -100,6 +100,7 @@ typedef struct srv_worker {
     int has_acc;
     uint64_t samples;
     uint64_t clock;          /* SSP clock: steps pushed, counted from the job's start */
+    uint64_t staleness;      /* versions between its last push's base and the model */
     char why[96];            /* why it left or was declared dead */
 } srv_worker;
 
@@ -275,6 +276,7 @@ struct psd {
     int said_memory_only;    /* the "model exists only in memory" warning was logged */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
     srv_settings settings;   /* what the start's srv_config_check parsed */
+    struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;

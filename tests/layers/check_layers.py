@@ -20,10 +20,10 @@ import sys
 
 # bottom to top; a file may use its own layer and those below it
 LAYERS = [
-    ("store", ["stats.c", "settings.c", "model.c", "optim.c", "shm.c"]),
+    ("store", ["stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c"]),
     ("update", ["update.c"]),
     ("policy", ["policy.c"]),
-    ("report", ["status.c", "notify.c", "checkpoint.c", "http.c"]),
+    ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "http.c"]),
     ("answer", ["reply.c", "pull.c"]),
     ("session", ["hello.c", "auth.c"]),
     ("dispatch", ["handle.c", "admin.c"]),
@@ -35,12 +35,14 @@ LAYERS = [
 HEADERS = {
     "psd.h": "store",
     "optim.h": "store",
+    "history.h": "store",
     "update.h": "update",
     "policy.h": "policy",
     "status.h": "report",
     "checkpoint.h": "report",
     "notify.h": "report",
     "http.h": "report",
+    "dashboard.h": "report",
     "reply.h": "answer",
     "session.h": "session",
     "handle.h": "dispatch",
