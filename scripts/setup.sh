@@ -11,7 +11,8 @@
 #   5. configures and builds with cmake.
 #
 # Every step is skipped when its result is already in place, so running it
-# again is cheap. Run it from anywhere.
+# again is cheap. Run it from anywhere. `setup.sh uplot` runs step 4 alone
+# (deploy/Containerfile does, to build the dashboard into the image).
 #
 # Environment:
 #   PSD_BUILD_DIR=dir   build directory (default: build, or build-asan with
@@ -283,6 +284,10 @@ case "${1:-}" in
         exit 0
         ;;
     "") ;;
+    uplot)
+        step_uplot
+        exit 0
+        ;;
     *) die "unknown argument '$1' (see $0 --help)" ;;
 esac
 
