@@ -8,14 +8,16 @@ same job (a benchmark: it prints figures and asserts nothing).
 
 W1 (mlp:256,128) on MNIST with 2 workers and the README's recommended
 settings (Adam, lr 2e-3, batch 64), one psd per run, A and B alternating so
-that the machine's load falls on both alike. Per run: the workers' mean
-training seconds per epoch and the part of it spent waiting on psd; at the
-end the median of each binary and the ratio B/A.
+that the machine's load falls on both alike (in ABBA order). Per run: the workers' mean
+training seconds per epoch, the part of it spent waiting on psd, and the
+workers' CPU seconds per epoch; at the end the median of each binary and
+the ratios B/A.
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 
@@ -30,6 +32,7 @@ def run(psworker, mode, epochs, shm):
         psd = cl.psd(mode=mode, workers=2, args=["--set", "optimizer=adam", "--set", "lr=2e-3",
                                                  "--set", "heartbeat_timeout=60s"])
         procs = []
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         for k in range(2):
             argv = [psworker, "--server", psd.addr, "--shard", "%d/2" % k, "--data", harness.Paths.data,
                     "--model", "mlp:256,128", "--epochs", str(epochs), "--batch", str(batch), "--quiet",
@@ -42,7 +45,11 @@ def run(psworker, mode, epochs, shm):
             rows = [json.loads(line) for line in p.stdout().splitlines() if line.startswith("{\"epoch\"")]
             secs.append(sum(r["epoch_seconds"] for r in rows) / len(rows))
             waits.append(sum(r["comm_wait_seconds"] for r in rows) / len(rows))
-        return statistics.mean(secs), statistics.mean(waits)
+        # the workers' CPU time (psd, still running, is not counted): far
+        # less sensitive than wall time to other load on the machine
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / 2 / epochs
+        return statistics.mean(secs), statistics.mean(waits), cpu
 
 
 def main():
@@ -62,14 +69,18 @@ def main():
         harness.Paths.data = os.path.abspath(args.data)
     args.a, args.b = os.path.abspath(args.a), os.path.abspath(args.b)
     res = {"A": [], "B": []}
+    cpu = {"A": [], "B": []}
     for i in range(args.reps):
-        for name, binary in (("A", args.a), ("B", args.b)):
-            s, w = run(binary, args.mode, args.epochs, args.shm)
+        for name, binary in (("A", args.a), ("B", args.b)) if i % 2 == 0 else (("B", args.b), ("A", args.a)):
+            s, w, c = run(binary, args.mode, args.epochs, args.shm)
             res[name].append(s)
-            print("rep %d %s: %.3f s/epoch (waiting on psd %.3f s)" % (i + 1, name, s, w), flush=True)
+            cpu[name].append(c)
+            print("rep %d %s: %.3f s/epoch (waiting on psd %.3f s), worker CPU %.3f s/epoch" % (i + 1, name, s, w, c),
+                  flush=True)
     ma, mb = statistics.median(res["A"]), statistics.median(res["B"])
-    print("W1 %s shm %s, 2 workers: median A %.3f s/epoch, B %.3f s/epoch, B/A %.3f" %
-          (args.mode, args.shm, ma, mb, mb / ma))
+    ca, cb = statistics.median(cpu["A"]), statistics.median(cpu["B"])
+    print("W1 %s shm %s, 2 workers: median A %.3f s/epoch, B %.3f s/epoch, B/A %.3f; worker CPU A %.3f, B %.3f "
+          "s/epoch, B/A %.3f" % (args.mode, args.shm, ma, mb, mb / ma, ca, cb, cb / ca))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,23 @@ class Net(nn.Module):
         return F.log_softmax(self.fc2(x), dim=1)
 
 
+class W1(nn.Module):
+    """psworker's mlp:256,128 (784-256-128-10), the same tensor names, shapes
+    and order (fc1.weight [256, 784], fc1.bias, ...), so a C psworker and
+    this script can train one model together."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 256), nn.Linear(256, 128), nn.Linear(128, 10)
+        for fc in (self.fc1, self.fc2, self.fc3):  # He initialisation, as psworker's
+            nn.init.kaiming_normal_(fc.weight, nonlinearity="relu")
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x.flatten(1)))
+        return F.log_softmax(self.fc3(F.relu(self.fc2(x))), dim=1)
+
+
 def idx(path):
     for p in (path, path + ".gz"):
         if os.path.exists(p):
@@ -93,6 +110,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--wire", default="f32", choices=("f32", "bf16"))
+    ap.add_argument("--model", default="cnn", choices=("cnn", "w1"),
+                    help="cnn: the network above; w1: psworker's mlp:256,128, to train beside psworkers")
     ap.add_argument("--overlap", action="store_true",
                     help="push and pull on the library's thread while the next batch is prepared")
     args = ap.parse_args()
@@ -100,7 +119,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)                 # the same initial model on every worker
-    model = Net()
+    model = Net() if args.model == "cnn" else W1()
     ps = psd.torch.Worker(model, server=args.server, shard=shard, wire=args.wire)
     k, m = ps.client.shard
     torch.manual_seed(args.seed * 1000 + k)      # but its own dropout masks
@@ -108,14 +127,16 @@ def main():
     n_all = len(x)
     x, y = x[k::m], y[k::m]
     tx, ty = load(args.data, "t10k", args.test_limit)
-    steps = (n_all // m) // args.batch           # alike on every worker (a bsp round wants each)
+    # as psworker: ceil((N / M) / batch) steps, alike on every worker (a bsp
+    # round wants a push from each), the last one maybe smaller
+    steps = -(-(n_all // m) // args.batch)
     epochs = []
     for epoch in range(1, args.epochs + 1):
         t0 = time.monotonic()
         order = torch.randperm(len(x))
         loss_sum = 0.0
         for s in range(steps):
-            i = order[s * args.batch:(s + 1) * args.batch]
+            i = order[s * args.batch:min((s + 1) * args.batch, n_all // m)]
             xb, yb = x[i], y[i]
             if args.overlap and s:
                 ps.step_wait()
@@ -127,12 +148,13 @@ def main():
             else:
                 ps.step()                        # gradients to psd, its parameters back
             loss_sum += loss.item()
+        samples = n_all // m
         if args.overlap:
             ps.step_wait()
         secs = time.monotonic() - t0
         acc, tloss = evaluate(model, tx, ty)
-        ps.report(epoch, loss_sum / steps, accuracy=acc, test_loss=tloss, samples=epoch * steps * args.batch,
-                  rate=steps * args.batch / secs)
+        ps.report(epoch, loss_sum / steps, accuracy=acc, test_loss=tloss, samples=epoch * samples,
+                  rate=samples / secs)
         epochs.append(secs)
         print(json.dumps({"epoch": epoch, "epoch_seconds": round(secs, 3), "train_loss": round(loss_sum / steps, 5),
                           "test_accuracy": acc, "version": ps.version}), flush=True)
