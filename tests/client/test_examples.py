@@ -138,6 +138,31 @@ def test_interop_psworker_and_torch_bsp(cluster):
     assert abs(co["test_accuracy"] - to["test_accuracy"]) < 0.01  # the same model, evaluated alike
 
 
+def test_torch_workers_survive_psd_kill(cluster):
+    """kill -9 of psd in the middle of a two-PyTorch-worker job, psd started
+    again on the same port with its state dir: the workers reconnect by
+    themselves and finish at normal accuracy."""
+    pytest.importorskip("torch")
+    state = os.path.join(cluster.dir, "state")
+    os.mkdir(state)
+    args = ["--set", "optimizer=adam", "--set", "lr=0.002", "--state-dir", state, "--set", "checkpoint_interval=1s"]
+    psd = cluster.psd(mode="asgd", workers=2, args=args)
+    procs = [harness.Proc("k%d" % k, torch_argv(psd, "--shard", "%d/2" % k, "--epochs", "3"), cluster.dir,
+                          env=example_env()) for k in range(2)]
+    harness.wait_until(lambda: '"epoch": 1' in procs[0].stdout(), 120, "worker 0's first epoch")
+    harness.wait_until(lambda: any(f.startswith("ckpt-") and f.endswith(".psdc") for f in os.listdir(state)), 30, "a checkpoint")
+    psd.p.kill()
+    psd.p.wait()
+    cluster.psd(mode="asgd", workers=2, name="psd-again", args=args + ["--listen", "127.0.0.1:%d" % psd.port])
+    outs = []
+    for p in procs:
+        assert p.wait(240) == 0, p.stderr()
+        outs.append(last_json(p.stdout()))
+    assert all(o["reconnects"] >= 1 for o in outs), outs
+    for o in outs:
+        assert o["test_accuracy"] >= 0.85, o
+
+
 def test_torch_example_torchrun_env_overlap(cluster):
     pytest.importorskip("torch")
     psd = cluster.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=0.002"])
