@@ -134,29 +134,36 @@ def main():
     for epoch in range(1, args.epochs + 1):
         t0 = time.monotonic()
         order = torch.randperm(len(x))
-        loss_sum = 0.0
+        loss_sum, comm = 0.0, 0.0             # comm: seconds inside the library (and waiting on psd)
         for s in range(steps):
             i = order[s * args.batch:min((s + 1) * args.batch, n_all // m)]
             xb, yb = x[i], y[i]
             if args.overlap and s:
+                tc = time.monotonic()
                 ps.step_wait()
+                comm += time.monotonic() - tc
             ps.zero_grad()
             loss = F.nll_loss(model(xb), yb)
             loss.backward()
+            tc = time.monotonic()
             if args.overlap:
                 ps.step_start()
             else:
                 ps.step()                        # gradients to psd, its parameters back
+            comm += time.monotonic() - tc
             loss_sum += loss.item()
         samples = n_all // m
         if args.overlap:
+            tc = time.monotonic()
             ps.step_wait()
+            comm += time.monotonic() - tc
         secs = time.monotonic() - t0
         acc, tloss = evaluate(model, tx, ty)
         ps.report(epoch, loss_sum / steps, accuracy=acc, test_loss=tloss, samples=epoch * samples,
                   rate=samples / secs)
         epochs.append(secs)
-        print(json.dumps({"epoch": epoch, "epoch_seconds": round(secs, 3), "train_loss": round(loss_sum / steps, 5),
+        print(json.dumps({"epoch": epoch, "epoch_seconds": round(secs, 3), "library_seconds": round(comm, 3),
+                          "train_loss": round(loss_sum / steps, 5),
                           "test_accuracy": acc, "version": ps.version}), flush=True)
     print(json.dumps({"shard": "%d/%d" % (k, m), "mode": ps.mode, "epochs": args.epochs, "test_accuracy": acc,
                       "test_loss": tloss, "seconds_per_epoch": round(sum(epochs) / len(epochs), 3),

@@ -77,8 +77,10 @@ def test_c_example_installed_with_pkg_config(cluster):
     deps = subprocess.run(["pkg-config", "--static", "--libs", "psclient"], env=env, capture_output=True,
                           text=True, check=True).stdout.split()
     deps = [d for d in deps if d not in ("-lpsclient",) and not d.startswith("-L" + prefix)]
-    r = subprocess.run([cc, "-std=c11", src, "-o", static] + cflags + [os.path.join(libdir, "libpsclient.a")] + deps,
-                       capture_output=True, text=True)
+    # a sanitizer build's archive holds instrumented objects: link the runtimes too
+    san = ["-fsanitize=address,undefined"] if os.environ.get("PSD_SANITIZE") == "1" else []
+    r = subprocess.run([cc, "-std=c11", src, "-o", static] + cflags + [os.path.join(libdir, "libpsclient.a")] + deps +
+                       san, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "libpsclient" not in subprocess.run(["readelf", "-d", static], capture_output=True, text=True).stdout
     psd = cluster.psd(mode="asgd", workers=2)
