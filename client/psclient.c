@@ -391,12 +391,49 @@ static int shm_create(psc_client *c)
 /* Splits the server list into links, part i on the i-th, each with the
  * layout of its part; makes the vectors (in a segment when every part fits
  * one PUSHPULL). */
+static int make_links(psc_client *c);
+
+/* Frees the links and vectors make_links made (the connections closed). */
+static void unmake_links(psc_client *c)
+{
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        ln->cl.send_lock = NULL;
+        ps_client_free(&ln->cl);
+        pthread_mutex_destroy(&ln->lock);
+        pthread_cond_destroy(&ln->wake);
+    }
+    free(c->links);
+    c->links = NULL;
+    c->nlinks = 0;
+    c->err_link = 0;
+    if (c->shm) {
+        munmap(c->shm, (size_t)c->layout.total * 2 * sizeof(float));
+        close(c->shm_fd);
+        c->shm = NULL;
+        c->shm_fd = -1;
+    }
+    free(c->own);
+    c->own = NULL;
+    c->params = c->grads = NULL;
+}
+
+/* Fixes the layout; a failure leaves nothing made, so the caller may
+ * change the option at fault and try again. */
 static int fix_layout(psc_client *c)
 {
     if (c->fixed)
         return 0;
     if (c->layout.ntensors == 0)
         return fail(c, PSC_ESTATE, "no tensors declared: psc_add_tensor first");
+    int rc = make_links(c);
+    if (rc != 0)
+        unmake_links(c);
+    return rc;
+}
+
+static int make_links(psc_client *c)
+{
     uint32_t n = 1;
     for (const char *p = c->servers; *p; p++)
         n += *p == ',';
@@ -1354,19 +1391,7 @@ void psc_free(psc_client *c)
     if (!c)
         return;
     psc_close(c);
-    for (uint32_t i = 0; i < c->nlinks; i++) {
-        psc_link *ln = &c->links[i];
-        ln->cl.send_lock = NULL;
-        ps_client_free(&ln->cl);
-        pthread_mutex_destroy(&ln->lock);
-        pthread_cond_destroy(&ln->wake);
-    }
-    free(c->links);
-    if (c->shm) {
-        munmap(c->shm, (size_t)c->layout.total * 2 * sizeof(float));
-        close(c->shm_fd);
-    }
-    free(c->own);
+    unmake_links(c);
     ps_token_clear(&c->token);
     pthread_mutex_destroy(&c->async_mu);
     pthread_cond_destroy(&c->async_cv);

@@ -405,6 +405,17 @@ static void test_mistakes(void **state)
     assert_int_equal(psc_connect(u), PSC_ECONNECT);
     assert_non_null(strstr(psc_errmsg(u), addr));
     psc_free(u);
+    /* a bad list of psd is told when the layout is fixed, and may be mended */
+    psc_client *r = psc_new();
+    assert_int_equal(psc_set(r, "server", "127.0.0.1:1,,127.0.0.1:2"), 0);
+    uint64_t big[1] = {4096};
+    assert_int_equal(psc_add_tensor(r, "v", 1, big), 0);
+    assert_null(psc_params(r));
+    assert_non_null(strstr(psc_errmsg(r), "empty"));
+    assert_int_equal(psc_set(r, "server", "127.0.0.1:1,127.0.0.1:2"), 0);
+    assert_non_null(psc_params(r));
+    assert_int_equal(psc_servers(r), 2);
+    psc_free(r);
     /* psd holding another layout */
     psd_proc p = {0};
     psd_start(&p, "asgd", 2, 0, NULL);

@@ -147,12 +147,14 @@ def test_torch_workers_survive_psd_kill(cluster):
     pytest.importorskip("torch")
     state = os.path.join(cluster.dir, "state")
     os.mkdir(state)
-    args = ["--set", "optimizer=adam", "--set", "lr=0.002", "--state-dir", state, "--set", "checkpoint_interval=1s"]
+    args = ["--set", "optimizer=adam", "--set", "lr=0.002", "--state-dir", state]
     psd = cluster.psd(mode="asgd", workers=2, args=args)
-    procs = [harness.Proc("k%d" % k, torch_argv(psd, "--shard", "%d/2" % k, "--epochs", "3"), cluster.dir,
+    procs = [harness.Proc("k%d" % k, torch_argv(psd, "--shard", "%d/2" % k, "--epochs", "8"), cluster.dir,
                           env=example_env()) for k in range(2)]
     harness.wait_until(lambda: '"epoch": 1' in procs[0].stdout(), 120, "worker 0's first epoch")
-    harness.wait_until(lambda: any(f.startswith("ckpt-") and f.endswith(".psdc") for f in os.listdir(state)), 30, "a checkpoint")
+    r = harness.psctl(psd.addr, "checkpoint")               # returns once it is written
+    assert r.returncode == 0, r.stderr
+    assert '"epoch": 8' not in procs[0].stdout() + procs[1].stdout()
     psd.p.kill()
     psd.p.wait()
     cluster.psd(mode="asgd", workers=2, name="psd-again", args=args + ["--listen", "127.0.0.1:%d" % psd.port])
