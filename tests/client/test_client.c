@@ -28,6 +28,18 @@
 
 static const char *psd_bin, *work_dir;
 
+/* every psd started, killed at exit too: a failed assertion leaves its
+ * test without reaching psd_kill */
+static pid_t started[64];
+static int nstarted;
+
+static void kill_started(void)
+{
+    for (int i = 0; i < nstarted; i++)
+        if (started[i] > 0 && kill(started[i], SIGKILL) == 0)
+            waitpid(started[i], NULL, 0);
+}
+
 typedef struct psd_proc {
     pid_t pid;
     int port;
@@ -89,6 +101,8 @@ static void psd_start(psd_proc *p, const char *mode, int workers, int port, ...)
         execv(psd_bin, argv);
         _exit(127);
     }
+    if (nstarted < 64)
+        started[nstarted++] = p->pid;
     for (double t0 = now_s(); now_s() - t0 < 15;) {
         FILE *f = fopen(port_file, "r");
         int got = 0;
@@ -371,6 +385,49 @@ static void test_wait_and_reconnect(void **state)
     psd_kill(&p);
 }
 
+/* psd at its connection limit answers LIMIT: psc_connect retries with
+ * backoff and gets in once a place is free. */
+typedef struct {
+    psc_client *c;
+} close_arg;
+
+static void *close_later(void *arg)
+{
+    usleep(700000);
+    psc_close(((close_arg *)arg)->c);
+    return NULL;
+}
+
+static void test_limit_retried(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, "max_connections=1", NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_connect(a), 0);
+    close_arg ca = {a};
+    pthread_t th;
+    double t0 = now_s();
+    assert_int_equal(pthread_create(&th, NULL, close_later, &ca), 0);
+    assert_int_equal(psc_connect(b), 0); /* LIMIT until a leaves */
+    assert_true(now_s() - t0 >= 0.6);
+    pthread_join(th, NULL);
+    assert_int_equal(psc_pull(b), 0);
+    psc_free(a);
+    psc_free(b);
+    /* with no wait allowed, LIMIT is the answer */
+    psd_kill(&p);
+    psd_start(&p, "asgd", 2, 0, "max_connections=1", NULL);
+    a = client(p.addr, "0/2");
+    b = client(p.addr, "1/2");
+    assert_int_equal(psc_set(b, "connect_s", "0"), 0);
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), PSC_ELIMIT);
+    assert_non_null(strstr(psc_errmsg(b), "max_connections"));
+    psc_free(a);
+    psc_free(b);
+    psd_kill(&p);
+}
+
 /* Mistakes get a code and a message, never a crash; the client survives. */
 static void test_mistakes(void **state)
 {
@@ -453,10 +510,12 @@ int main(int argc, char **argv)
     unsetenv("PSD_SERVER");
     unsetenv("PSD_TOKEN_FILE");
     signal(SIGPIPE, SIG_IGN);
+    atexit(kill_started);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_and_pushpull), cmocka_unit_test(test_ranges_bind_wire),
         cmocka_unit_test(test_bsp_async),         cmocka_unit_test(test_split),
-        cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_mistakes),
+        cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
+        cmocka_unit_test(test_mistakes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
