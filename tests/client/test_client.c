@@ -126,6 +126,9 @@ static void psd_kill(psd_proc *p)
     if (p->pid > 0) {
         kill(p->pid, SIGKILL);
         waitpid(p->pid, NULL, 0);
+        for (int i = 0; i < nstarted; i++)
+            if (started[i] == p->pid)
+                started[i] = 0; /* reaped: its pid may be another process's now */
         p->pid = 0;
     }
 }
