@@ -1,8 +1,9 @@
 """Loads libpsclient and declares its functions for ctypes.
 
 Where from, in order: $PSD_CLIENT_LIBRARY (the build tree's tests set it),
-the path an installation recorded in _installed.py, then the dynamic
-linker's own search ("libpsclient.so.1": /usr/lib, ldconfig, LD_LIBRARY_PATH).
+the path an installation recorded in _installed.py, the dynamic linker's
+own search ("libpsclient.so.1": /usr/lib, ldconfig, LD_LIBRARY_PATH), and
+last, for a package used from the source tree, build/client/ beside it.
 """
 
 import ctypes
@@ -22,6 +23,8 @@ def _candidates():
     except ImportError:
         pass
     yield _SONAME
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "..", "..", "build", "client", _SONAME)
 
 
 def _load():
