@@ -8,6 +8,7 @@
 
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -90,6 +91,7 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     PS_LOG(state == SRV_W_LEFT ? PS_LOG_INFO : PS_LOG_WARN, "worker shard %u/%u (%s) %s: %s; %llu pushes, clock %llu",
            w->shard, w->nshards, w->addr, state == SRV_W_LEFT ? "left" : "lost", why,
            (unsigned long long)w->pushes, (unsigned long long)w->clock);
+    srv_dash_notice(s); /* a worker may leave and rejoin within a tick: two events */
     if (s->policy->worker_left(s, w) == SRV_WAKE)
         srv_answer_parked(s);
     if (!s->stopping && srv_work_stopped(s))
@@ -187,6 +189,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     s->nshards = m->nshards;
     PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
            rejoin ? "rejoined" : "joined", c->addr, (unsigned long long)s->model.version);
+    srv_dash_notice(s);
     if (s->policy->worker_joined(s, w) == SRV_WAKE)
         srv_answer_parked(s);
     if (m->has & PS_F_SHM) {
