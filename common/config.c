@@ -139,8 +139,8 @@ static const ps_config_option options[] = {
      .help = "How a bsp round sums its pushes. shard adds them in shard order, so a run "
              "gives bit-for-bit the same model whatever order pushes arrive in; it keeps "
              "every push of the round until the round closes. arrival adds each push to "
-             "one accumulator as it comes: less memory, but float rounding then depends on "
-             "arrival order."},
+             "one accumulator when its last chunk is in: less memory, but float rounding "
+             "then depends on arrival order."},
     {.name = "backup_workers", .type = PS_CT_INT, .def = "0", AT(backup_workers), .lo = 0,
      .hi = 4095,
      .help = "bsp: close a round after the first M - backup_workers pushes (Chen et al., "
