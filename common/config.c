@@ -110,7 +110,12 @@ static const ps_config_option options[] = {
              "refuses the push (error NONFINITE) and leaves the model untouched. clip "
              "sanitises it: NaN becomes 0, +-inf become +-FLT_MAX, and the push is then "
              "scaled down to the L2 norm clip_norm (which must be above 0); each such push "
-             "is counted in psd_sanitized_pushes_total. Initial values are always rejected."},
+             "is counted in psd_sanitized_pushes_total. Initial values are always rejected. "
+             "The same holds for an update whose result would not be finite (finite "
+             "pushes overflowing a parameter or the optimizer's state): reject refuses it "
+             "(NONFINITE; a BSP round closes without its update), clip applies it with "
+             "those results made finite the same way; counted in "
+             "psd_nonfinite_updates_total and psd_clipped_updates_total."},
     {.name = "lr_schedule", .type = PS_CT_ENUM, .def = "constant", AT(lr_schedule),
      .words = schedule_words, .flags = PS_CONF_RELOAD,
      .help = "How the learning rate changes with the model version (updates applied, so "

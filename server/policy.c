@@ -113,6 +113,11 @@ static int apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, c
     int rc = srv_update_apply(s, &gr, off, n, p->may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
         return SRV_PENDING;
+    if (rc == PS_ENONFINITE) {
+        snprintf(err, errlen, "applying this gradient to [%llu, %llu) would make parameters infinite or NaN; "
+                 "refused, the model unchanged", (unsigned long long)off, (unsigned long long)(off + n));
+        return rc;
+    }
     if (rc != 0) {
         snprintf(err, errlen, "out of memory for a copy of a model block");
         return PS_ENOMEM;
@@ -679,6 +684,16 @@ static int bsp_try_close(psd *s, srv_worker *closer, int may_defer)
     int rc = srv_update_apply(s, &gr, 0, total, closer && may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
         return SRV_PENDING;
+    if (rc == PS_ENONFINITE) {
+        /* the round's mean would overflow the model: the round closes
+         * with the model unchanged (update.c logged and counted it) */
+        PS_LOG(PS_LOG_ERROR, "round %llu closed without its update: its mean would make parameters infinite or NaN",
+               (unsigned long long)round);
+        if (b->acc)
+            memset(b->acc, 0, total * sizeof(float));
+        bsp_round_closed(s);
+        return SRV_WAKE;
+    }
     if (rc != 0) {
         /* nothing applied: the round stays open, tried again on psd's tick */
         PS_LOG(PS_LOG_ERROR, "out of memory copying a model block closing round %llu; it stays open",

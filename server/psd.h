@@ -214,6 +214,8 @@ typedef struct srv_stats {
     uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
     uint64_t checkpoint_version;
     uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
+    uint64_t nonfinite_updates;   /* updates refused: their result was not finite */
+    uint64_t clipped_updates;     /* updates whose non-finite results were made finite */
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
     /* rates, recomputed by the 1 s timer */

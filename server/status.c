@@ -240,6 +240,13 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_sanitized_pushes_total", "counter",
            "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
            s->stats.sanitized_pushes);
+    SIMPLE("psd_nonfinite_updates_total", "counter",
+           "Updates whose result would have made parameters or optimizer state infinite or NaN: refused "
+           "(nonfinite = reject).",
+           "%" PRIu64, s->stats.nonfinite_updates);
+    SIMPLE("psd_clipped_updates_total", "counter",
+           "Updates whose infinite or NaN results were made finite (nonfinite = clip).", "%" PRIu64,
+           s->stats.clipped_updates);
     rc |= family(b, "psd_disconnects_total", "counter",
                  "Connections psd closed: a client that stopped reading its replies (output_buffer) or an admin "
                  "silent past idle_timeout (idle).");
