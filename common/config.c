@@ -35,8 +35,10 @@ _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_L
 static const ps_config_option options[] = {
     {.name = "listen", .type = PS_CT_HOSTPORT, .def = "127.0.0.1:7000", AT(listen),
      .help = "TCP address psd listens on, as host:port: an IPv4 address, an IPv6 address "
-             "in brackets ([::1]:7000) or a host name. Port 0 lets the kernel pick a free "
-             "port; see port_file to learn which."},
+             "in brackets ([::1]:7000) or a host name, resolved at start (its first IPv4 "
+             "address, else its first IPv6 one; without token_file it must be a loopback "
+             "address, as localhost is). Port 0 lets the kernel pick a free port; see "
+             "port_file to learn which."},
     {.name = "mode", .type = PS_CT_ENUM, .def = "asgd", AT(mode), .words = mode_words,
      .help = "Consistency mode. asgd applies every push as it arrives and answers pulls "
              "with the newest parameters. bsp collects one push from each of the workers, "

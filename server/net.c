@@ -700,15 +700,15 @@ int srv_listen(psd *s)
 {
     s->io = &net_io;
     srv_update_init(s, on_update_done);
-    struct sockaddr_storage addr;
+    /* listen, resolved at start (main: srv_listen_resolve), or here */
+    struct sockaddr_storage addr = s->settings.listen_addr;
     const char *host = s->cfg.listen.host;
     int port = s->cfg.listen.port;
-    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
-    if (rc != 0)
-        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+    char err[512];
+    int rc = addr.ss_family ? 0 : srv_listen_resolve(host, port, &addr, err, sizeof err);
     if (rc != 0) {
-        PS_LOG(PS_LOG_ERROR, "listen: '%s' is not an IPv4 or IPv6 address", host);
-        return PS_EINVAL;
+        PS_LOG(PS_LOG_ERROR, "%s", err);
+        return rc;
     }
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;

@@ -229,6 +229,7 @@ typedef struct srv_settings {
     char metrics_host[PS_CONFIG_HOST_MAX]; /* metrics_listen's host; "" = off */
     int metrics_port;
     struct sockaddr_storage metrics_addr;  /* and as an address */
+    struct sockaddr_storage listen_addr;   /* listen, resolved at start (srv_listen_resolve) */
 } srv_settings;
 
 /* A setting from psd's command line (--listen, --set, ...); kept so that a
@@ -327,6 +328,18 @@ struct psd {
  * out (may be NULL) with what it parsed, or PS_EINVAL with a message in
  * err. */
 int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
+
+/* The address to listen on for host (an IPv4 or IPv6 literal, or a host
+ * name resolved with getaddrinfo: its first IPv4 address, else its first
+ * IPv6 one) and port: 0, or PS_EINVAL with the reason in err. */
+int srv_listen_resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t len);
+
+/* 1 when a is an address of this machine only: 127.0.0.0/8, ::1,
+ * ::ffff:127.x.y.z. */
+int srv_addr_is_loopback(const struct sockaddr_storage *a);
+
+/* a's address as text (no port). */
+void srv_addr_name(const struct sockaddr_storage *a, char *buf, size_t len);
 
 /* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
  * (srv_hist_init, srv_hist_observe above) */
