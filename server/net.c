@@ -491,6 +491,13 @@ static void process_frames(srv_conn *c)
         s->stats.bytes_in += flen;
         rc = ps_msg_decode(c->rbuf + pos + PS_FRAME_HDR, plen, &lim, &c->zone, &m, &s->scratch_layout, err,
                            sizeof err);
+        if (rc != 0 && ps_msg_from_server_only(m.type)) {
+            /* a message only psd sends: its type is what is wrong, not
+             * the fields it lacks (PROTOCOL.md section 5) */
+            rc = PS_EBAD_TYPE;
+            snprintf(err, sizeof err, "psd does not accept %s messages (only psd sends them)",
+                     ps_msg_type_name(m.type));
+        }
         if (rc != 0) {
             /* The framing is intact, so a bad message costs only itself once
              * the connection is established; before hello it ends it. */

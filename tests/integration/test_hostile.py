@@ -203,7 +203,12 @@ class Attack:
             self.error(c, E_BAD_TYPE, "unknown type", {"t": 99, "id": 4})
             self.error(c, E_BAD_TYPE, "an OK from a client", {"t": T_OK, "id": 5})
             self.error(c, E_BAD_TYPE, "an ERROR from a client", {"t": T_ERROR, "id": 6, "code": 1, "text": "x"})
-            self.error(c, E_BAD_FIELD, "a WELCOME from a client", {"t": T_WELCOME, "id": 7})
+            # server-only types are BAD_TYPE whatever their fields (issue 15, 11)
+            self.error(c, E_BAD_TYPE, "a WELCOME from a client", {"t": T_WELCOME, "id": 7})
+            self.error(c, E_BAD_TYPE, "a STATUS_REPLY from a client", {"t": T_STATUS_REPLY, "id": 8})
+            self.error(c, E_BAD_TYPE, "a STATUS_REPLY with a body", {"t": T_STATUS_REPLY, "id": 9, "body": {}})
+            self.error(c, E_BAD_TYPE, "a PARAMS without fields", {"t": harness.T_PARAMS, "id": 10})
+            self.error(c, E_BAD_TYPE, "a METRICS_REPLY without text", {"t": harness.T_METRICS_REPLY, "id": 11})
             self.error(c, E_STATE, "a second hello", {"t": T_HELLO, "id": 8, "v": PROTO_VERSION, "role": "admin"})
             # this psd requires no token: it never challenges, and takes no answer
             self.error(c, E_STATE, "an auth without a challenge",
