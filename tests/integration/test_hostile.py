@@ -22,6 +22,7 @@ not join, and must still close exactly the expected number of rounds.
 
 import collections
 import os
+import re
 import socket
 import struct
 import sys
@@ -323,12 +324,18 @@ class Attack:
             c.send_raw(b"".join(frame(pack({"t": T_PULL, "id": 100 + i, "off": 0, "len": TOTAL, "min": never}))
                                 for i in range(80)))
             r = c.heartbeat()
+            refused = 0
             while r.get("t") == T_ERROR:  # the refused pulls' errors come first
                 expect_error(self.t, r, E_LIMIT, "too many parked pulls")
                 self.errors[E_LIMIT] += 1
+                refused += 1
                 r = c.recv_frame(REPLY_TIMEOUT)
             self.t.assertEqual(r.get("t"), T_OK, r)
-            self.t.assertGreater(self.errors[E_LIMIT], 0, "psd parked 80 pulls on one connection")
+            # exactly the documented number was parked (PROTOCOL.md, PULL)
+            with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
+                m = re.search(r"may have at most (\d+) pulls parked at once", f.read())
+            self.t.assertIsNotNone(m, "PROTOCOL.md does not give the limit of parked pulls per connection")
+            self.t.assertEqual(80 - refused, int(m.group(1)), "pulls parked on one connection")
         self.sample_rss()
 
     def truncated_frames(self, conns=20):
