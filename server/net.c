@@ -232,6 +232,9 @@ void srv_conn_close(srv_conn *c)
     if (c->closing)
         return;
     c->closing = 1;
+    if (c->err_quiet)
+        PS_LOG(PS_LOG_INFO, "conn %llu (%s): %u more errors on this connection were not logged",
+               (unsigned long long)c->cid, c->addr, c->err_quiet);
     srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
     srv_auth_free(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
@@ -359,17 +362,50 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
 
 /* psd.io->send_error: logs and counts the error, queues the ERROR reply and,
  * when fatal, closes c once it is written. */
+/* Errors that only a broken or hostile client gets: counted per
+ * connection, which is closed at SRV_PROTO_ERRORS_MAX. */
+static int is_protocol_error(int code)
+{
+    return code == PS_EMALFORMED || code == PS_EBAD_TYPE || code == PS_EBAD_FIELD || code == PS_ESTATE ||
+           code == PS_EFORBIDDEN;
+}
+
+/* "; N more errors not logged" when some were left out since the last line. */
+static void quiet_note(srv_conn *c, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (c->err_quiet)
+        snprintf(buf, len, " (%u more errors on this connection not logged before this one)", c->err_quiet);
+}
+
 static void net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text)
 {
     psd *s = c->srv;
     unsigned idx = (unsigned)(-code);
     if (idx < sizeof s->stats.rejected / sizeof s->stats.rejected[0])
         s->stats.rejected[idx]++;
-    char who[32] = "";
-    if (c->worker)
-        snprintf(who, sizeof who, ", shard %u/%u", c->worker->shard, c->worker->nshards);
-    PS_LOG(fatal ? PS_LOG_WARN : PS_LOG_INFO, "conn %llu (%s%s): %s: %s%s", (unsigned long long)c->cid, c->addr,
-           who, ps_errname(code), text, fatal ? "; closing" : "");
+    const char *why = "";
+    if (is_protocol_error(code) && ++c->proto_errors >= SRV_PROTO_ERRORS_MAX && !fatal) {
+        fatal = 1;
+        why = " (too many protocol errors)";
+        snprintf(c->close_reason, sizeof c->close_reason, "%d protocol errors", SRV_PROTO_ERRORS_MAX);
+    }
+    /* the first lines for a connection, then one a second: a client
+     * sending bad frames in a loop must not fill the log */
+    uint64_t now = srv_now_ms();
+    if (fatal || c->err_lines < SRV_ERR_LINES_FREE || now - c->err_line_ms >= 1000) {
+        char who[32] = "", quiet[96];
+        if (c->worker)
+            snprintf(who, sizeof who, ", shard %u/%u", c->worker->shard, c->worker->nshards);
+        quiet_note(c, quiet, sizeof quiet);
+        PS_LOG(fatal ? PS_LOG_WARN : PS_LOG_INFO, "conn %llu (%s%s): %s: %s%s%s%s", (unsigned long long)c->cid,
+               c->addr, who, ps_errname(code), text, fatal ? "; closing" : "", why, quiet);
+        c->err_lines++;
+        c->err_line_ms = now;
+        c->err_quiet = 0;
+    } else {
+        c->err_quiet++;
+    }
     ps_msg m;
     ps_msg_init(&m, PS_MSG_ERROR);
     m.has = PS_F_ID | PS_F_CODE | PS_F_TEXT;

@@ -132,6 +132,11 @@ struct srv_policy_ops; /* policy.h */
 /* ---- connections --------------------------------------------------------- */
 
 #define SRV_PARKED_MAX 64 /* pulls one connection may have waiting */
+/* protocol errors after which psd closes a connection (PROTOCOL.md) */
+#define SRV_PROTO_ERRORS_MAX 100
+/* error lines logged for one connection before they are rate limited to
+ * one a second (with the count of those left out) */
+#define SRV_ERR_LINES_FREE 10
 
 /* A pull waiting for a model version (BSP) or for the initial values. */
 typedef struct srv_parked {
@@ -183,6 +188,12 @@ struct srv_conn {
     char close_reason[96];   /* why psd closes it, for the worker's record */
     uint64_t connected_ms;
     uint64_t last_msg_ms;    /* when its last message arrived (idle_timeout) */
+    uint32_t proto_errors;   /* errors of a broken or hostile client (net.c:
+                              * MALFORMED, BAD_TYPE, BAD_FIELD, STATE,
+                              * FORBIDDEN); closed at SRV_PROTO_ERRORS_MAX */
+    uint32_t err_lines;      /* error log lines written for it */
+    uint32_t err_quiet;      /* errors not logged since the last line */
+    uint64_t err_line_ms;    /* when the last one was written */
     srv_conn *prev, *next;   /* psd.conns list */
 };
 

@@ -531,6 +531,32 @@ class HostileTest(unittest.TestCase):
                     c.close()
             psd.stop()
 
+    def test_bad_frames_close_the_connection_and_are_not_all_logged(self):
+        """A client that sends five-byte bad frames in a loop gets an ERROR
+        for each up to the documented number of protocol errors, then psd
+        closes the connection; its log holds a bounded number of lines for
+        it, saying how many were left out (issue 15, 7)."""
+        with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
+            m = re.search(r"after (\d+) protocol errors", f.read())
+        self.assertIsNotNone(m, "PROTOCOL.md does not say after how many protocol errors psd closes")
+        most = int(m.group(1))
+        with harness.Cluster("psd-hostile-errors") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                c.hello_admin()
+                c.send_raw(frame(b"\xc1") * (3 * most))
+                frames = c.expect_closed(REPLY_TIMEOUT)
+            self.assertEqual(len(frames), most, "ERROR replies before psd closed the connection")
+            self.assertTrue(all(f.get("code") == E_MALFORMED for f in frames), frames[:3])
+            harness.wait_until(lambda: "too many protocol errors" in psd.stderr(), 10,
+                               "psd to log why it closed the connection")
+            lines = [ln for ln in psd.stderr().splitlines() if "MALFORMED" in ln]
+            self.assertLess(len(lines), 20, "psd logged %d lines for %d bad frames" % (len(lines), most))
+            self.assertRegex(psd.stderr(), r"\d+ more errors on this connection not logged")
+            # and psd serves on
+            self.assertTrue(harness.status(psd.addr)["version"] == 0)
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
         """The first worker's hello fixes the layout, and psd allocates the
         whole model (plus the momentum buffer) for it at once, so a
