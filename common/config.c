@@ -181,6 +181,14 @@ static const ps_config_option options[] = {
      .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "
              "a bigger frame is told so and disconnected. It must hold the largest push "
              "or pull reply, so raise it for big models."},
+    {.name = "max_receive_memory", .type = PS_CT_SIZE, .def = "1G", AT(max_receive_memory),
+     .lo = 65536, .hi = INT64_C(1099511627776),
+     .help = "Most bytes the receive buffers of all connections may hold together (units "
+             "K, M, G). A frame is read whole into its connection's buffer, so a client "
+             "announcing a big frame and sending all but its last byte pins that much; a "
+             "connection whose frame would take the total past this limit gets the error "
+             "LIMIT and is closed (a worker reconnects). It should hold max_frame for each "
+             "worker sending big frames at once."},
     {.name = "wire_bf16", .type = PS_CT_BOOL, .def = "yes", AT(wire_bf16),
      .help = "Offer bfloat16 tensors on the wire: a client that asks for them (psworker "
              "--wire bf16) then pushes gradients and receives parameters at 2 bytes a value "

@@ -84,6 +84,7 @@ typedef struct ps_config {
     uint64_t checkpoint_interval;      /* ms between checkpoints; 0 = only at shutdown */
     int checkpoint_keep;               /* checkpoints kept in state_dir */
     uint64_t max_frame;                /* largest accepted frame, bytes */
+    uint64_t max_receive_memory;       /* all connections' receive buffers together, bytes */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */

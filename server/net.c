@@ -205,6 +205,7 @@ static void conn_free(srv_conn *c)
     msgpack_zone_destroy(&c->zone);
     srv_shm_detach(c);
     free(c->wide);
+    c->srv->rbuf_bytes -= c->rcap;
     free(c->rbuf);
     free(c);
 }
@@ -445,6 +446,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
             return;
         }
         c->rbuf = p;
+        c->srv->rbuf_bytes += cap - c->rcap;
         c->rcap = cap;
     }
     buf->base = (char *)c->rbuf + c->rlen;
@@ -452,15 +454,20 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 /* Makes room for a whole frame of `need` bytes; bounded by the frame limit
- * checked before. */
+ * checked before, and all connections' buffers by max_receive_memory:
+ * PS_ELIMIT when they would pass it, PS_ENOMEM without memory. */
 static int ensure_cap(srv_conn *c, size_t need)
 {
+    psd *s = c->srv;
     if (c->rcap >= need)
         return 0;
+    if (s->rbuf_bytes - c->rcap + need > s->cfg.max_receive_memory)
+        return PS_ELIMIT;
     uint8_t *p = realloc(c->rbuf, need);
     if (!p)
         return PS_ENOMEM;
     c->rbuf = p;
+    s->rbuf_bytes += need - c->rcap;
     c->rcap = need;
     return 0;
 }
@@ -511,7 +518,17 @@ static void process_frames(srv_conn *c)
              * moves to the front, and the buffer grows to hold all of it */
             if (pos + flen > c->rcap || pos % PS_DATA_ALIGN != 0)
                 compact(c, pos), pos = 0;
-            if (ensure_cap(c, pos + flen) != 0) {
+            rc = ensure_cap(c, pos + flen);
+            if (rc == PS_ELIMIT) {
+                snprintf(c->close_reason, sizeof c->close_reason, "receive buffers full (max_receive_memory)");
+                srv_send_error(c, 0, PS_ELIMIT, 1,
+                               "a %zu-byte frame would take psd's receive buffers past max_receive_memory (%llu "
+                               "bytes, %llu in use); try again later",
+                               flen, (unsigned long long)s->cfg.max_receive_memory,
+                               (unsigned long long)s->rbuf_bytes);
+                return;
+            }
+            if (rc != 0) {
                 srv_send_error(c, 0, PS_ENOMEM, 1, "no memory for a %zu-byte frame", flen);
                 return;
             }
@@ -570,7 +587,9 @@ int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *o
     out->mem = c->rbuf;
     out->cap = c->rcap;
     c->rbuf = repl.mem;
+    c->srv->rbuf_bytes -= c->rcap; /* the policy holds that one now */
     c->rcap = repl.mem ? repl.cap : 0;
+    c->srv->rbuf_bytes += c->rcap;
     c->rpos = c->rlen = c->want_end = c->frame_end = 0;
     c->rbuf_given = 1;
     return 0;

@@ -298,6 +298,8 @@ struct psd {
     uint64_t start_ms;
     srv_conn *conns;
     uint32_t nconns;
+    uint64_t rbuf_bytes;     /* connections' receive buffers together (net.c;
+                              * bounded by max_receive_memory) */
     uint64_t next_cid;
     srv_worker **workers;    /* indexed by shard; size nworkers_cap */
     uint32_t nworkers_cap;

@@ -557,6 +557,45 @@ class HostileTest(unittest.TestCase):
             self.assertTrue(harness.status(psd.addr)["version"] == 0)
             psd.stop()
 
+    def test_unfinished_frames_are_bounded_in_total(self):
+        """Connections that each announce a big frame and send all but its
+        last byte pin a receive buffer each; together they may hold at most
+        max_receive_memory: the connection that would pass it gets LIMIT and
+        is closed, the others are untouched, and psd serves on (issue 15, 5)."""
+        with harness.Cluster("psd-hostile-frames") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "max_receive_memory=8M", "--set", "max_frame=4M"))
+            rss0 = psd.rss_kb()
+            size = 3 << 20
+            body = b"\x81\xa1t\x05" + b"\x00" * (size - 4)  # never completed
+            held, refused = [], []
+            for i in range(4):
+                c = RawClient(psd.addr, REPLY_TIMEOUT)
+                c.hello_admin()
+                c.send_raw(struct.pack(">I", size) + body[:-1])
+                held.append(c)
+            # each hello's reply was read; what psd says now is about the frames
+            for i, c in enumerate(held):
+                try:
+                    frames = c.expect_closed(1.0)
+                except socket.timeout:
+                    continue  # still open: its frame is held
+                refused.append(i)
+                self.assertEqual([f.get("code") for f in frames], [E_LIMIT], frames)
+                self.assertIn("max_receive_memory", frames[0].get("text", ""))
+            self.assertEqual(refused, [2, 3], "connections refused for their unfinished frames")
+            growth = psd.rss_kb() - rss0
+            self.assertLess(growth, 8 * 1024 + RSS_SLACK_KB, "psd's RSS grew by %d KiB" % growth)
+            self.assertIn("version", harness.status(psd.addr))
+            for c in held:
+                c.close()
+            # the memory is free again once they are gone
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                c.hello_admin()
+                c.send_raw(struct.pack(">I", size) + body[:-1])
+                with self.assertRaises(socket.timeout):
+                    c.expect_closed(1.0)
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
         """The first worker's hello fixes the layout, and psd allocates the
         whole model (plus the momentum buffer) for it at once, so a
