@@ -210,6 +210,13 @@ static const ps_config_option options[] = {
      .lo = 1, .hi = 65536, .flags = PS_CONF_RELOAD,
      .help = "Most connections open at once (workers and admin tools together). Further "
              "connections are refused with an error."},
+    {.name = "max_handshakes", .type = PS_CT_INT, .def = "64", AT(max_handshakes), .lo = 1, .hi = 65536,
+     .flags = PS_CONF_RELOAD,
+     .help = "Most connections at once that have not finished their handshake (hello, and "
+             "the token's challenge). A new connection past it is let in and the oldest "
+             "unfinished one closed (error LIMIT), so clients that connect and say nothing "
+             "hold few slots, cannot keep a worker from connecting, and a worker that "
+             "completes its hello at once is never the one closed."},
     {.name = "max_output_buffer", .type = PS_CT_SIZE, .def = "256M", AT(max_output_buffer),
      .lo = 65536, .hi = INT64_C(1099511627776), .flags = PS_CONF_RELOAD,
      .help = "Most bytes of replies psd keeps queued for one connection that does not read "

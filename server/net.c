@@ -725,7 +725,28 @@ static void on_connection(uv_stream_t *server, int status)
     s->stats.connections++;
     uv_tcp_nodelay(&c->tcp, 1);
     PS_LOG(PS_LOG_DEBUG, "conn %llu: accepted from %s", (unsigned long long)c->cid, c->addr);
-    if (s->nconns > (uint32_t)s->cfg.max_connections) {
+    /* connections still in their handshake: at most max_handshakes, the
+     * oldest making way for the new one */
+    int waiting = 0;
+    srv_conn *oldest = NULL;
+    for (srv_conn *o = c->next; o; o = o->next)
+        if (o->role == PS_ROLE_NONE && !o->closing && !o->close_after_write) {
+            waiting++;
+            oldest = o; /* the list runs from the newest to the oldest */
+        }
+    if (oldest && waiting >= s->cfg.max_handshakes) {
+        snprintf(oldest->close_reason, sizeof oldest->close_reason, "handshake not finished (max_handshakes)");
+        srv_send_error(oldest, 0, PS_ELIMIT, 1,
+                       "closed to make room: %d connections had not finished their handshake (max_handshakes = "
+                       "%d) and this was the oldest",
+                       waiting, s->cfg.max_handshakes);
+    }
+    /* open connections, not counting those psd is closing (their close
+     * completes on a later turn of the loop) */
+    uint32_t open = 1;
+    for (srv_conn *o = c->next; o; o = o->next)
+        open += !o->closing && !o->close_after_write;
+    if (open > (uint32_t)s->cfg.max_connections) {
         srv_send_error(c, 0, PS_ELIMIT, 1, "too many connections (max_connections = %d)", s->cfg.max_connections);
         return;
     }

@@ -50,7 +50,7 @@ class DocsTest(unittest.TestCase):
         """Each server file that answers LIMIT has its cause in PROTOCOL.md's
         error table; a new use fails here until it is documented."""
         causes = {"net.c": "max_connections", "hello.c": "max_params", "pull.c": "parked pull"}
-        also = ["max_receive_memory"]  # net.c's other LIMIT
+        also = ["max_receive_memory", "max_handshakes"]  # net.c's other LIMITs
         server = os.path.join(harness.ROOT, "server")
         users = set()
         for name in sorted(os.listdir(server)):

@@ -596,6 +596,33 @@ class HostileTest(unittest.TestCase):
                     c.expect_closed(1.0)
             psd.stop()
 
+    def test_silent_connections_cannot_keep_workers_out(self):
+        """Connections that never say hello hold at most max_handshakes
+        slots: past it the oldest is closed with LIMIT, so with every
+        connection slot once taken by silent ones a worker still joins
+        (issue 15, 6)."""
+        with harness.Cluster("psd-hostile-handshakes") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "max_connections=10", "--set", "max_handshakes=3"))
+            silent = []
+            try:
+                for i in range(10):
+                    c = RawClient(psd.addr, REPLY_TIMEOUT)
+                    silent.append(c)  # accepted in the order they connect
+                # the oldest seven were closed to make room, with LIMIT
+                for i, c in enumerate(silent[:7]):
+                    frames = c.expect_closed(REPLY_TIMEOUT)
+                    self.assertEqual([f.get("code") for f in frames], [E_LIMIT], "silent connection %d" % i)
+                    self.assertIn("max_handshakes", frames[0].get("text", ""))
+                # a worker joins and works
+                with RawClient(psd.addr, REPLY_TIMEOUT) as w:
+                    r = w.hello_worker(LAYOUT, 0, 1)
+                    self.assertEqual(r.get("t"), T_WELCOME, r)
+                    self.assertEqual(w.heartbeat().get("t"), T_OK)
+            finally:
+                for c in silent:
+                    c.close()
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
         """The first worker's hello fixes the layout, and psd allocates the
         whole model (plus the momentum buffer) for it at once, so a
