@@ -195,12 +195,15 @@ static const ps_config_option options[] = {
              "instead of 4, rounded to nearest even; psd converts them to float32 on "
              "arrival and keeps the model, its optimizer state and its checkpoints in "
              "float32. no: psd offers float32 only and refuses bfloat16 data."},
-    {.name = "max_params", .type = PS_CT_U64, .def = "268435456", AT(max_params), .lo = 1,
+    {.name = "max_params", .type = PS_CT_U64, .def = "1073741824", AT(max_params), .lo = 1,
      .hi = INT64_C(17179869184),
-     .help = "Largest model, in parameters (float32 each), that a worker's hello may declare; "
-             "psd allocates the model (and the optimizer state) when the first worker says "
-             "hello, so this bounds what one hello can make psd allocate. The default, 2^28, "
-             "is 1 GiB of parameters."},
+     .help = "Largest model, in parameters (float32 each), that a worker's hello may declare. "
+             "The first worker's hello proposes the layout; psd allocates the model and the "
+             "optimizer state only when that worker sends its initial values (INIT), and "
+             "forgets the layout if every worker leaves before, so a hello alone costs "
+             "nothing. The default, 2^30, is 4 GiB of parameters: with Adam's two moments "
+             "12 GiB, which leaves a 24 GiB machine room for a BSP round's kept pushes of "
+             "two workers."},
     {.name = "handshake_timeout", .type = PS_CT_DURATION, .def = "10s", AT(handshake_timeout),
      .lo = 100, .hi = INT64_C(3600000), .flags = PS_CONF_RELOAD,
      .help = "A connection that has not said hello (and, when psd requires a token, answered "

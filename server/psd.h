@@ -368,6 +368,17 @@ static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
 void srv_model_free(srv_model *m);
+
+/* A worker's hello proposes l: it becomes the model's layout (has_layout)
+ * but nothing is allocated until srv_model_commit(), at the first INIT, so
+ * a hello alone commits no memory. */
+void srv_model_propose(srv_model *m, const ps_layout *l);
+/* Allocates a proposed layout's parameters (zeros) and optimizer state,
+ * once: 0, or PS_ENOMEM (nothing allocated). */
+int srv_model_commit(srv_model *m, const ps_config *cfg);
+/* Forgets a layout that was never initialised (its proposer left before
+ * INIT): memory freed, has_layout 0, so the next hello proposes again. */
+void srv_model_release(srv_model *m);
 /* Counts one applied update: version++. */
 void srv_model_bump(srv_model *m);
 /* The current values from parameter off on: a pointer and, in *len, how

@@ -623,21 +623,42 @@ class HostileTest(unittest.TestCase):
                     c.close()
             psd.stop()
 
+    def test_a_hello_without_init_leaves_nothing(self):
+        """A hello proposes the layout but takes no memory, and a client
+        that leaves before INIT leaves nothing: psd's RSS does not grow and
+        the next worker may bring another layout (issue 15, 4)."""
+        with harness.Cluster("psd-hostile-noinit") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            rss0 = psd.rss_kb()
+            with RawClient(psd.addr, 60) as c:
+                r = c.hello_worker([["w", [1 << 26]]], 0, 1)  # 256 MiB of parameters
+                self.assertEqual(r.get("t"), T_WELCOME, r)
+                self.assertIs(r.get("init"), True, r)
+                growth = psd.rss_kb() - rss0
+                self.assertLess(growth, RSS_SLACK_KB, "psd's RSS grew by %d KiB after a hello" % growth)
+                self.assertEqual(c.request({"t": harness.T_BYE}).get("t"), T_OK)
+            harness.wait_until(lambda: "is released" in psd.stderr(), 10, "psd to release the layout")
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                r = c.hello_worker(LAYOUT, 0, 1)
+                self.assertEqual(r.get("t"), T_WELCOME, "a worker with another layout: %r" % r)
+                self.assertIs(r.get("init"), True, r)
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
         """The first worker's hello fixes the layout, and psd allocates the
         whole model (plus the momentum buffer) for it at once, so a
         100-byte hello could ask for up to 2^34 floats (64 GiB). psd refuses
-        a model over max_params (default 2^28) with a LIMIT error, and its
-        RSS does not jump. Here: 2^30 floats (4 GiB)."""
+        a model over max_params (default 2^30) with a LIMIT error, and its
+        RSS does not jump. Here: 2^31 floats (8 GiB)."""
         with harness.Cluster("psd-hostile-huge") as cl:
             psd = cl.psd(mode="asgd", workers=1)
             rss0 = psd.rss_kb()
             with RawClient(psd.addr, 60) as c:
-                r = c.hello_worker([["w", [1 << 30]]], 0, 1)
+                r = c.hello_worker([["w", [1 << 31]]], 0, 1)
                 growth = psd.rss_kb() - rss0
                 c.close()
             try:
-                self.assertEqual(r.get("t"), T_ERROR, "psd accepted a 4 GiB model from one hello")
+                self.assertEqual(r.get("t"), T_ERROR, "psd accepted an 8 GiB model from one hello")
                 self.assertEqual(r.get("code"), harness.E_LIMIT)
                 self.assertLess(growth, RSS_SLACK_KB, "psd's RSS grew by %d KiB after one hello" % growth)
             finally:
