@@ -589,9 +589,14 @@ static void fold_into(bsp_state *b, bsp_shard *w)
             size_t blk = (size_t)(j >> SRV_BLK_SHIFT);
             uint64_t bs = (uint64_t)blk << SRV_BLK_SHIFT;
             uint64_t end = bs + SRV_BLK_FLOATS < w->rg[r].hi ? bs + SRV_BLK_FLOATS : w->rg[r].hi;
-            const float *g = w->nkept && w->kept_at[blk] ? w->kept_at[blk] - bs : w->slot;
-            for (; j < end; j++)
-                b->acc[j] += g[j];
+            if (w->nkept && w->kept_at[blk]) {
+                const float *g = w->kept_at[blk];
+                for (; j < end; j++)
+                    b->acc[j] += g[j - bs];
+            } else {
+                for (; j < end; j++)
+                    b->acc[j] += w->slot[j];
+            }
         }
 }
 
