@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/vec.h"
 #include "handle.h"
+#include "http.h"
 #include "net.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -486,6 +487,47 @@ static void compact(srv_conn *c, size_t pos)
     c->rpos = 0;
 }
 
+/* 1 when buf starts like an HTTP request line (a browser or curl pointed
+ * at the protocol port: "GET " read as a frame length is 1195725856). */
+static int looks_like_http(const uint8_t *buf, size_t len)
+{
+    static const char *const methods[] = {"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS "};
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        size_t n = strlen(methods[i]);
+        if (len >= 4 && memcmp(buf, methods[i], len < n ? len : n) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Answers an HTTP request on the protocol port in HTTP, saying what the
+ * port is and where the metrics are, logs it, and closes. */
+static void answer_http(srv_conn *c)
+{
+    psd *s = c->srv;
+    const char *metrics = srv_http_address(s);
+    char where[160], body[512], resp[768];
+    if (metrics[0])
+        snprintf(where, sizeof where, "psd serves its metrics at http://%s/metrics and its dashboard at http://%s/",
+                 metrics, metrics);
+    else
+        snprintf(where, sizeof where, "psd serves no HTTP: set metrics_listen (e.g. 127.0.0.1:9100) for its metrics "
+                                      "and dashboard");
+    snprintf(body, sizeof body,
+             "This is psd's protocol port: it speaks length-prefixed msgpack frames (proto/PROTOCOL.md), not "
+             "HTTP.\n%s.\n", where);
+    int n = snprintf(resp, sizeof resp,
+                     "HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     strlen(body), body);
+    PS_LOG(PS_LOG_INFO, "conn %llu (%s): an HTTP request on the protocol port; %s", (unsigned long long)c->cid,
+           c->addr, where);
+    uv_buf_t b = uv_buf_init(resp, (unsigned)(n < (int)sizeof resp ? n : (int)sizeof resp - 1));
+    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1); /* a fresh socket takes it; best effort */
+    snprintf(c->close_reason, sizeof c->close_reason, "an HTTP request on the protocol port");
+    srv_conn_close(c);
+}
+
 static void process_frames(srv_conn *c)
 {
     psd *s = c->srv;
@@ -505,6 +547,10 @@ static void process_frames(srv_conn *c)
         int rc = ps_frame_header(c->rbuf + pos, c->rlen - pos, limit, &plen);
         if (rc == 0)
             break;
+        if (rc < 0 && c->role == PS_ROLE_NONE && pos == 0 && looks_like_http(c->rbuf, c->rlen)) {
+            answer_http(c);
+            return;
+        }
         if (rc < 0) {
             srv_send_error(c, 0, rc, 1, "frame length %u is %s (limit %u bytes%s)", plen,
                            rc == PS_ETOO_BIG ? "over the limit" : "invalid", limit,

@@ -644,6 +644,37 @@ class HostileTest(unittest.TestCase):
                 self.assertIs(r.get("init"), True, r)
             psd.stop()
 
+    def test_http_request_on_the_protocol_port(self):
+        """A browser or curl pointed at psd's protocol port gets an HTTP
+        answer saying what the port is and where the metrics are, and psd
+        logs the same (it used to log TOO_BIG: frame length 1195725856)."""
+        def ask(psd):
+            host, port = psd.addr.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                data = b""
+                while True:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return data.decode()
+                    data += chunk
+
+        with harness.Cluster("psd-hostile-http") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "metrics_listen=127.0.0.1:0"))
+            metrics = harness.status(psd.addr)["metrics_listen"]
+            text = ask(psd)
+            self.assertTrue(text.startswith("HTTP/1.0 400"), text)
+            self.assertIn("protocol port", text)
+            self.assertIn("http://%s/metrics" % metrics, text)
+            harness.wait_until(lambda: "an HTTP request on the protocol port" in psd.stderr(), 10, "psd's log line")
+            self.assertNotIn("1195725856", psd.stderr())
+            psd.stop()
+            psd = cl.psd(mode="asgd", workers=1, name="psd-nometrics")
+            text = ask(psd)
+            self.assertIn("set metrics_listen", text)
+            self.assertIn("version", harness.status(psd.addr))
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
         """The first worker's hello fixes the layout, and psd allocates the
         whole model (plus the momentum buffer) for it at once, so a
