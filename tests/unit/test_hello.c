@@ -19,6 +19,7 @@
 
 #include "common/config.h"
 #include "proto/errors.h"
+#include "server/dashboard.h"
 #include "server/policy.h"
 #include "server/psd.h"
 #include "server/reply.h"
@@ -106,6 +107,7 @@ static void free_psd(psd *s)
         free(s->workers[i]);
     free(s->workers);
     srv_update_free(s);
+    srv_dash_free(s); /* a join or leave tells the dashboard, which then exists */
     srv_model_free(&s->model);
     srv_parked_free_spare();
     srv_blk_pool_free();
