@@ -24,7 +24,7 @@ chance (10%). --set passes a psd setting on top of the defaults, to show
 that the test fails on other settings: the earlier defaults
 (--set optimizer=sgd --set lr=0.05 --set momentum=0.9 --set
 warmup_versions=0) fail all three tests; --set warmup_versions=0 alone
-failed test_cnn_async in 2 of 3 repetitions.
+failed test_cnn_async in 3 of 6 repetitions.
 """
 
 import os
@@ -72,10 +72,11 @@ class DefaultsTest(unittest.TestCase):
             psd.stop()
 
     def test_mlp_four_workers(self):
-        # a clean run ends at 0.86-0.91 on this subset
+        # a clean run ends at 0.73-0.92 on this subset (the lowest with the
+        # machine busy); the failure was a loss that became NaN
         for mode in ("asgd", "ssp"):
             for seed in (1, 2):
-                self.job("mlp:256,128", mode, 4, seed, 0.75)
+                self.job("mlp:256,128", mode, 4, seed, 0.5)
 
     def test_linear_every_mode(self):
         # least squares on one-hot targets learns slowly, and a BSP round of 4
@@ -83,15 +84,15 @@ class DefaultsTest(unittest.TestCase):
         # 0.54-0.76 after the epoch; chance is 0.10
         for mode in ("asgd", "bsp", "ssp"):
             for nworkers in (2, 4):
-                self.job("linear", mode, nworkers, 1, 0.4, limit=0)
+                self.job("linear", mode, nworkers, 1, 0.3, limit=0)
 
     def test_cnn_async(self):
-        # 0.90-0.95 on this subset; the failure was a run stuck at chance,
-        # in a few runs of ten, so each case runs with three seeds
+        # 0.79-0.96 on this subset; the failure was a run stuck at chance
+        # (0.10-0.12), in a few runs of ten, so each case runs with three seeds
         for mode in ("asgd", "ssp"):
             for nworkers in (2, 4):
                 for seed in (1, 2, 3):
-                    self.job("cnn", mode, nworkers, seed, 0.6)
+                    self.job("cnn", mode, nworkers, seed, 0.5)
 
 if __name__ == "__main__":
     ARGS = harness.parse_args(lambda p: p.add_argument("--set", action="append", default=[], dest="sets",
