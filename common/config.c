@@ -54,9 +54,12 @@ static const ps_config_option options[] = {
              "to this file once it is listening. Scripts and tests use it with listen "
              "port 0."},
     {.name = "metrics_listen", .type = PS_CT_STRING, .def = "", AT(metrics_listen),
-     .help = "Address host:port (IP literals; port 0 picks a free one) where psd serves its "
-             "metrics over HTTP for Prometheus: GET /metrics returns the same text as "
-             "`psctl metrics`. Empty: no HTTP endpoint."},
+     .help = "Address host:port (IP literals; port 0 picks a free one) where psd serves over "
+             "HTTP its metrics for Prometheus (GET /metrics: the same text as `psctl "
+             "metrics`) and its dashboard (GET /: a live page of the run; /api/job, "
+             "/api/history: its JSON). Read-only; with token_file every request needs the "
+             "token. Without token_file only a loopback address is allowed (protected mode, "
+             "see allow_remote_without_token). Empty: no HTTP endpoint."},
     {.name = "token_file", .type = PS_CT_STRING, .def = "", AT(token_file),
      .help = "File holding the workers' shared secret: 16..1024 bytes (a trailing newline "
              "is ignored), in a file the group and others cannot read (chmod 600), or psd "
@@ -211,6 +214,11 @@ static const ps_config_option options[] = {
     {.name = "log_level", .type = PS_CT_ENUM, .def = "info", AT(log_level),
      .words = log_level_words, .flags = PS_CONF_RELOAD,
      .help = "Least important log records written to stderr: debug, info, warn or error."},
+    {.name = "web_root", .type = PS_CT_STRING, .def = "", AT(web_root),
+     .help = "Directory holding the dashboard's page (index.html, app.js, style.css) and "
+             "uPlot (uplot/), which psd serves on metrics_listen. Empty: ../share/psd/web "
+             "from the directory of the psd program, where `cmake --install` puts them "
+             "(PREFIX/share/psd/web) and the build copies them (build/share/psd/web)."},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

@@ -91,6 +91,7 @@ typedef struct ps_config {
     uint64_t max_output_buffer;        /* unsent reply bytes before a connection is cut */
     uint64_t idle_timeout;             /* ms an admin connection may stay silent; 0 = off */
     int log_level;                     /* enum ps_log_level (common/log.h) */
+    char web_root[PS_CONFIG_PATH_MAX]; /* the dashboard's files; "" = where installed */
 } ps_config;
 
 typedef enum ps_config_type {

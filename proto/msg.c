@@ -98,6 +98,103 @@ void ps_msg_init(ps_msg *m, uint32_t type)
     m->fin = 1;
 }
 
+/* ---- the fields ------------------------------------------------------------ */
+
+/* Every field of every message, once: its key on the wire, its PS_F_* bit,
+ * how it is coded and where it lands in ps_msg. The table drives the
+ * encoder (in this order, which is the order of the keys on the wire), the
+ * decoder and the names in error messages; "t" (the type) and "pad" (which
+ * aligns "data") are not fields. */
+enum field_kind {
+    FK_U64,    /* uint64_t, a non-negative integer */
+    FK_U32,    /* uint32_t, an integer 0..2^32-1 */
+    FK_F64,    /* double, any number */
+    FK_BOOL,   /* int, true/false */
+    FK_DTYPE,  /* uint32_t, a ps_dtype */
+    FK_NAME,   /* char[size], a string of 1..size-1 bytes without NUL */
+    FK_BIN,    /* uint8_t[size], a bin of exactly size bytes */
+    FK_ROLE,   /* uint32_t ps_role, as "worker" or "admin" */
+    FK_CODE,   /* int32_t, any 32-bit integer */
+    FK_TEXT,   /* text and text_len, a string pointing into the frame */
+    FK_SHARD,  /* shard and nshards, [k, m] */
+    FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
+    FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
+    FK_ARGS,   /* args and nargs, an array of strings */
+    FK_BODY,   /* body, a map (packed by the caller's callback) */
+    FK_DATA,   /* data or data16 and ndata, a bin after "pad" */
+};
+
+typedef struct field {
+    const char *key;
+    uint64_t bit;
+    enum field_kind kind;
+    size_t off;        /* offsetof(ps_msg, ...) of the value, for the plain kinds */
+    size_t size;       /* FK_NAME, FK_BIN: bytes of the array */
+    const char *bad;   /* FK_NAME: what the error says it must be */
+} field;
+
+#define F(key, bit, kind, member) {key, bit, kind, offsetof(ps_msg, member), sizeof(((ps_msg *)0)->member), NULL}
+#define FS(key, bit, kind) {key, bit, kind, 0, 0, NULL}
+
+static const field fields[] = {
+    F("id", PS_F_ID, FK_U64, id),
+    F("v", PS_F_VERSION, FK_U32, proto),
+    F("role", PS_F_ROLE, FK_ROLE, role),
+    FS("shard", PS_F_SHARD, FK_SHARD),
+    FS("layout", PS_F_LAYOUT, FK_LAYOUT),
+    F("fp", PS_F_FP, FK_U64, fp),
+    {"mode", PS_F_MODE, FK_NAME, offsetof(ps_msg, mode), sizeof(((ps_msg *)0)->mode),
+     "mode must be a short string without NUL bytes"},
+    F("ver", PS_F_MVER, FK_U64, mver),
+    F("params", PS_F_PARAMS, FK_U64, params),
+    F("workers", PS_F_WORKERS, FK_U32, workers),
+    F("hb", PS_F_HB, FK_U64, hb),
+    F("wire", PS_F_WIRE, FK_U64, wire),
+    F("dt", PS_F_DT, FK_DTYPE, dt),
+    F("rdt", PS_F_RDT, FK_DTYPE, rdt),
+    FS("shm", PS_F_SHM, FK_SHM),
+    F("inshm", PS_F_INSHM, FK_BOOL, inshm),
+    F("init", PS_F_INIT, FK_BOOL, need_init),
+    F("base", PS_F_BASE, FK_U64, base),
+    F("min", PS_F_MIN, FK_U64, min),
+    F("off", PS_F_OFF, FK_U64, off),
+    F("len", PS_F_LEN, FK_U64, len),
+    F("poff", PS_F_POFF, FK_U64, poff),
+    F("plen", PS_F_PLEN, FK_U64, plen),
+    F("fin", PS_F_FIN, FK_BOOL, fin),
+    F("code", PS_F_CODE, FK_CODE, code),
+    FS("text", PS_F_TEXT, FK_TEXT),
+    F("epoch", PS_F_EPOCH, FK_U32, epoch),
+    F("loss", PS_F_LOSS, FK_F64, loss),
+    F("acc", PS_F_ACC, FK_F64, acc),
+    F("tloss", PS_F_TLOSS, FK_F64, tloss),
+    F("samples", PS_F_SAMPLES, FK_U64, samples),
+    F("rate", PS_F_RATE, FK_F64, rate),
+    {"cmd", PS_F_CMD, FK_NAME, offsetof(ps_msg, cmd), sizeof(((ps_msg *)0)->cmd),
+     "cmd must be a string of 1..31 bytes without NUL bytes"},
+    FS("args", PS_F_ARGS, FK_ARGS),
+    F("nonce", PS_F_NONCE, FK_BIN, nonce),
+    F("cnonce", PS_F_CNONCE, FK_BIN, cnonce),
+    F("proof", PS_F_PROOF, FK_BIN, proof),
+    F("sproof", PS_F_SPROOF, FK_BIN, sproof),
+    FS("body", PS_F_BODY, FK_BODY),
+    FS("data", PS_F_DATA, FK_DATA),
+};
+#define NFIELDS (sizeof fields / sizeof fields[0])
+_Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
+_Static_assert(PS_CMD_MAX == 31, "cmd's error text says 1..31 bytes");
+
+#define AT(m, f, type) ((type *)(void *)((char *)(m) + (f)->off))
+#define AT_C(m, f, type) ((const type *)(const void *)((const char *)(m) + (f)->off))
+
+static const char *field_name(uint64_t bit)
+{
+    for (size_t i = 0; i < NFIELDS; i++)
+        if (fields[i].bit == bit)
+            return fields[i].key;
+    return "?";
+}
+
 /* ---- encoding --------------------------------------------------------- */
 
 static void pack_key(msgpack_packer *pk, const char *k)
@@ -161,137 +258,86 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
     unsigned nfields = 1 + popcount64(has) + ((has & PS_F_DATA) ? 1 : 0);
     msgpack_pack_map(&pk, nfields);
     pack_u64(&pk, "t", m->type);
-    if (has & PS_F_ID)
-        pack_u64(&pk, "id", m->id);
-    if (has & PS_F_VERSION)
-        pack_u64(&pk, "v", m->proto);
-    if (has & PS_F_ROLE) {
-        const char *r = ps_role_name(m->role);
-        pack_strn(&pk, "role", r, strlen(r));
-    }
-    if (has & PS_F_SHARD) {
-        pack_key(&pk, "shard");
-        msgpack_pack_array(&pk, 2);
-        msgpack_pack_uint32(&pk, m->shard);
-        msgpack_pack_uint32(&pk, m->nshards);
-    }
-    if (has & PS_F_LAYOUT) {
-        const ps_layout *l = m->layout;
-        pack_key(&pk, "layout");
-        msgpack_pack_array(&pk, l->ntensors);
-        for (uint32_t i = 0; i < l->ntensors; i++) {
+    for (size_t i = 0; i < NFIELDS; i++) {
+        const field *f = &fields[i];
+        if (!(has & f->bit) || f->kind == FK_DATA)
+            continue; /* data goes last, below */
+        switch (f->kind) {
+        case FK_U64:
+            pack_u64(&pk, f->key, *AT_C(m, f, uint64_t));
+            break;
+        case FK_U32:
+        case FK_DTYPE:
+            pack_u64(&pk, f->key, *AT_C(m, f, uint32_t));
+            break;
+        case FK_F64:
+            pack_f64(&pk, f->key, *AT_C(m, f, double));
+            break;
+        case FK_BOOL:
+            pack_key(&pk, f->key);
+            if (*AT_C(m, f, int))
+                msgpack_pack_true(&pk);
+            else
+                msgpack_pack_false(&pk);
+            break;
+        case FK_NAME:
+            pack_strn(&pk, f->key, AT_C(m, f, char), strlen(AT_C(m, f, char)));
+            break;
+        case FK_BIN:
+            pack_binn(&pk, f->key, AT_C(m, f, uint8_t), f->size);
+            break;
+        case FK_ROLE: {
+            const char *r = ps_role_name(m->role);
+            pack_strn(&pk, f->key, r, strlen(r));
+            break;
+        }
+        case FK_CODE:
+            pack_key(&pk, f->key);
+            msgpack_pack_int32(&pk, m->code);
+            break;
+        case FK_TEXT:
+            pack_strn(&pk, f->key, m->text ? m->text : "", m->text ? m->text_len : 0);
+            break;
+        case FK_SHARD:
+            pack_key(&pk, f->key);
             msgpack_pack_array(&pk, 2);
-            msgpack_pack_str(&pk, strlen(l->t[i].name));
-            msgpack_pack_str_body(&pk, l->t[i].name, strlen(l->t[i].name));
-            msgpack_pack_array(&pk, l->t[i].ndim);
-            for (uint32_t d = 0; d < l->t[i].ndim; d++)
-                msgpack_pack_uint32(&pk, l->t[i].dims[d]);
+            msgpack_pack_uint32(&pk, m->shard);
+            msgpack_pack_uint32(&pk, m->nshards);
+            break;
+        case FK_LAYOUT:
+            pack_key(&pk, f->key);
+            ps_layout_pack(&pk, m->layout);
+            break;
+        case FK_SHM:
+            pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, m->shm_at ? 4 : 2);
+            msgpack_pack_uint32(&pk, m->shm_pid);
+            msgpack_pack_uint32(&pk, m->shm_fd);
+            if (m->shm_at) {
+                msgpack_pack_uint64(&pk, m->shm_goff);
+                msgpack_pack_uint64(&pk, m->shm_poff);
+            }
+            break;
+        case FK_ARGS:
+            if (m->nargs > PS_ARGS_MAX)
+                return PS_ETOO_BIG;
+            pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, m->nargs);
+            for (uint32_t j = 0; j < m->nargs; j++) {
+                msgpack_pack_str(&pk, m->args[j].len);
+                msgpack_pack_str_body(&pk, m->args[j].p, m->args[j].len);
+            }
+            break;
+        case FK_BODY: {
+            pack_key(&pk, f->key);
+            int rc = body(&pk, body_arg);
+            if (rc != 0)
+                return rc;
+            break;
         }
-    }
-    if (has & PS_F_FP)
-        pack_u64(&pk, "fp", m->fp);
-    if (has & PS_F_MODE)
-        pack_strn(&pk, "mode", m->mode, strlen(m->mode));
-    if (has & PS_F_MVER)
-        pack_u64(&pk, "ver", m->mver);
-    if (has & PS_F_PARAMS)
-        pack_u64(&pk, "params", m->params);
-    if (has & PS_F_WORKERS)
-        pack_u64(&pk, "workers", m->workers);
-    if (has & PS_F_HB)
-        pack_u64(&pk, "hb", m->hb);
-    if (has & PS_F_WIRE)
-        pack_u64(&pk, "wire", m->wire);
-    if (has & PS_F_DT)
-        pack_u64(&pk, "dt", m->dt);
-    if (has & PS_F_RDT)
-        pack_u64(&pk, "rdt", m->rdt);
-    if (has & PS_F_SHM) {
-        pack_key(&pk, "shm");
-        msgpack_pack_array(&pk, m->shm_at ? 4 : 2);
-        msgpack_pack_uint32(&pk, m->shm_pid);
-        msgpack_pack_uint32(&pk, m->shm_fd);
-        if (m->shm_at) {
-            msgpack_pack_uint64(&pk, m->shm_goff);
-            msgpack_pack_uint64(&pk, m->shm_poff);
+        case FK_DATA:
+            break;
         }
-    }
-    if (has & PS_F_INSHM) {
-        pack_key(&pk, "inshm");
-        if (m->inshm)
-            msgpack_pack_true(&pk);
-        else
-            msgpack_pack_false(&pk);
-    }
-    if (has & PS_F_INIT) {
-        pack_key(&pk, "init");
-        if (m->need_init)
-            msgpack_pack_true(&pk);
-        else
-            msgpack_pack_false(&pk);
-    }
-    if (has & PS_F_BASE)
-        pack_u64(&pk, "base", m->base);
-    if (has & PS_F_MIN)
-        pack_u64(&pk, "min", m->min);
-    if (has & PS_F_OFF)
-        pack_u64(&pk, "off", m->off);
-    if (has & PS_F_LEN)
-        pack_u64(&pk, "len", m->len);
-    if (has & PS_F_POFF)
-        pack_u64(&pk, "poff", m->poff);
-    if (has & PS_F_PLEN)
-        pack_u64(&pk, "plen", m->plen);
-    if (has & PS_F_FIN) {
-        pack_key(&pk, "fin");
-        if (m->fin)
-            msgpack_pack_true(&pk);
-        else
-            msgpack_pack_false(&pk);
-    }
-    if (has & PS_F_CODE) {
-        pack_key(&pk, "code");
-        msgpack_pack_int32(&pk, m->code);
-    }
-    if (has & PS_F_TEXT)
-        pack_strn(&pk, "text", m->text ? m->text : "", m->text ? m->text_len : 0);
-    if (has & PS_F_EPOCH)
-        pack_u64(&pk, "epoch", m->epoch);
-    if (has & PS_F_LOSS)
-        pack_f64(&pk, "loss", m->loss);
-    if (has & PS_F_ACC)
-        pack_f64(&pk, "acc", m->acc);
-    if (has & PS_F_TLOSS)
-        pack_f64(&pk, "tloss", m->tloss);
-    if (has & PS_F_SAMPLES)
-        pack_u64(&pk, "samples", m->samples);
-    if (has & PS_F_RATE)
-        pack_f64(&pk, "rate", m->rate);
-    if (has & PS_F_CMD)
-        pack_strn(&pk, "cmd", m->cmd, strlen(m->cmd));
-    if (has & PS_F_ARGS) {
-        if (m->nargs > PS_ARGS_MAX)
-            return PS_ETOO_BIG;
-        pack_key(&pk, "args");
-        msgpack_pack_array(&pk, m->nargs);
-        for (uint32_t i = 0; i < m->nargs; i++) {
-            msgpack_pack_str(&pk, m->args[i].len);
-            msgpack_pack_str_body(&pk, m->args[i].p, m->args[i].len);
-        }
-    }
-    if (has & PS_F_NONCE)
-        pack_binn(&pk, "nonce", m->nonce, sizeof m->nonce);
-    if (has & PS_F_CNONCE)
-        pack_binn(&pk, "cnonce", m->cnonce, sizeof m->cnonce);
-    if (has & PS_F_PROOF)
-        pack_binn(&pk, "proof", m->proof, sizeof m->proof);
-    if (has & PS_F_SPROOF)
-        pack_binn(&pk, "sproof", m->sproof, sizeof m->sproof);
-    if (body) {
-        pack_key(&pk, "body");
-        int rc = body(&pk, body_arg);
-        if (rc != 0)
-            return rc;
     }
     if (has & PS_F_DATA) {
         /* "pad" (4 bytes) + bin8 (2 + k bytes) + "data" (5) + bin32 header (5) */
@@ -397,7 +443,20 @@ static int key_is(const msgpack_object_kv *kv, const char *k)
     return kv->key.via.str.size == n && memcmp(kv->key.via.str.ptr, k, n) == 0;
 }
 
-static int decode_layout(const msgpack_object *o, ps_layout *l, char *err, size_t errlen)
+void ps_layout_pack(msgpack_packer *pk, const ps_layout *l)
+{
+    msgpack_pack_array(pk, l->ntensors);
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_str(pk, strlen(l->t[i].name));
+        msgpack_pack_str_body(pk, l->t[i].name, strlen(l->t[i].name));
+        msgpack_pack_array(pk, l->t[i].ndim);
+        for (uint32_t d = 0; d < l->t[i].ndim; d++)
+            msgpack_pack_uint32(pk, l->t[i].dims[d]);
+    }
+}
+
+int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t errlen)
 {
     if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 || o->via.array.size > PS_TENSORS_MAX)
         return fail(err, errlen, PS_EBAD_FIELD, "layout: expected an array of 1..%d tensors", PS_TENSORS_MAX);
@@ -472,36 +531,146 @@ static uint64_t required_fields(uint32_t type)
     }
 }
 
-static const char *field_name(uint64_t bit)
+/* Decodes kv's value as field f into m. Returns 0 or a code with err. */
+static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, ps_layout *layout_out,
+                        const msgpack_object **bin, const char *tname, char *err, size_t errlen)
 {
-    static const char *const names[] = {"id",  "v",    "role", "shard", "layout", "fp",    "mode",
-                                        "ver", "params", "init", "off", "len",    "data",  "fin",
-                                        "min", "base", "poff", "plen", "code",   "text",  "body",
-                                        "epoch", "loss", "acc", "samples", "tloss", "workers", "rate", "hb",
-                                        "cmd", "args", "nonce", "cnonce", "proof", "sproof", "dt", "rdt",
-                                        "wire", "shm", "inshm"};
-    _Static_assert(sizeof names / sizeof names[0] == PS_F_COUNT, "a name for every PS_F_* bit");
-    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (bit == (1ull << i))
-            return names[i];
-    return "?";
+    const msgpack_object *o = &kv->val;
+    switch (f->kind) {
+    case FK_U64: {
+        uint64_t v;
+        if (get_u64(o, &v) != 0)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a non-negative integer", tname, f->key);
+        *AT(m, f, uint64_t) = v;
+        return 0;
+    }
+    case FK_U32: {
+        uint64_t v;
+        if (get_u64(o, &v) != 0 || v > UINT32_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be an integer 0..2^32-1", tname, f->key);
+        *AT(m, f, uint32_t) = (uint32_t)v;
+        return 0;
+    }
+    case FK_DTYPE: {
+        uint64_t v;
+        if (get_u64(o, &v) != 0)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a non-negative integer", tname, f->key);
+        if (v > PS_DT_MAX)
+            return fail(err, errlen, PS_EUNSUPPORTED, "%s: unknown tensor element type %llu in '%s' "
+                                                      "(0 float32, 1 bfloat16)",
+                        tname, (unsigned long long)v, f->key);
+        *AT(m, f, uint32_t) = (uint32_t)v;
+        return 0;
+    }
+    case FK_F64:
+        if (get_f64(o, AT(m, f, double)) != 0)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a number", tname, f->key);
+        return 0;
+    case FK_BOOL:
+        if (get_bool(o, AT(m, f, int)) != 0)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a boolean", tname, f->key);
+        return 0;
+    case FK_NAME:
+        if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size >= f->size ||
+            memchr(o->via.str.ptr, '\0', o->via.str.size))
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: %s", tname, f->bad);
+        memcpy(AT(m, f, char), o->via.str.ptr, o->via.str.size);
+        AT(m, f, char)[o->via.str.size] = '\0';
+        return 0;
+    case FK_BIN:
+        /* authentication: bins of exactly 32 bytes, copied out of the frame */
+        if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != f->size)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a bin of %zu bytes", tname, f->key,
+                        f->size);
+        memcpy(AT(m, f, uint8_t), o->via.bin.ptr, f->size);
+        return 0;
+    case FK_ROLE:
+        if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == 6 && !memcmp(o->via.str.ptr, "worker", 6))
+            m->role = PS_ROLE_WORKER;
+        else if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == 5 && !memcmp(o->via.str.ptr, "admin", 5))
+            m->role = PS_ROLE_ADMIN;
+        else
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: role must be \"worker\" or \"admin\"", tname);
+        return 0;
+    case FK_CODE:
+        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
+            m->code = (int32_t)o->via.u64;
+        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
+            m->code = (int32_t)o->via.i64;
+        else
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: code must be a 32-bit integer", tname);
+        return 0;
+    case FK_TEXT:
+        if (o->type != MSGPACK_OBJECT_STR)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: text must be a string", tname);
+        m->text = o->via.str.ptr;
+        m->text_len = o->via.str.size;
+        return 0;
+    case FK_SHARD: {
+        uint64_t k, n;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &k) ||
+            get_u64(&o->via.array.ptr[1], &n) || n == 0 || n > 65536 || k >= n)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: shard must be [k, m] with 0 <= k < m <= 65536", tname);
+        m->shard = (uint32_t)k;
+        m->nshards = (uint32_t)n;
+        return 0;
+    }
+    case FK_LAYOUT: {
+        if (!layout_out)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: unexpected field 'layout'", tname);
+        int rc = ps_layout_unpack(o, layout_out, err, errlen);
+        if (rc != 0)
+            return rc;
+        m->layout = layout_out;
+        return 0;
+    }
+    case FK_SHM: {
+        uint64_t pid, fd, goff = 0, poff = 0;
+        uint32_t n = o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
+        if ((n != 2 && n != 4) || get_u64(&o->via.array.ptr[0], &pid) || get_u64(&o->via.array.ptr[1], &fd) ||
+            pid == 0 || pid > INT32_MAX || fd > INT32_MAX ||
+            (n == 4 && (get_u64(&o->via.array.ptr[2], &goff) || get_u64(&o->via.array.ptr[3], &poff) ||
+                        goff > 2 * PS_PARAMS_MAX || poff > 2 * PS_PARAMS_MAX)))
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: shm must be [pid, fd] or [pid, fd, goff, poff] with "
+                                                    "0 < pid < 2^31, fd < 2^31 and offsets of at most 2^35",
+                        tname);
+        m->shm_pid = (uint32_t)pid;
+        m->shm_fd = (uint32_t)fd;
+        m->shm_at = n == 4;
+        m->shm_goff = goff;
+        m->shm_poff = poff;
+        return 0;
+    }
+    case FK_ARGS:
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > PS_ARGS_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: args must be an array of at most %d strings", tname,
+                        PS_ARGS_MAX);
+        for (uint32_t j = 0; j < o->via.array.size; j++) {
+            const msgpack_object *a = &o->via.array.ptr[j];
+            if (a->type != MSGPACK_OBJECT_STR || a->via.str.size > PS_ARG_MAX)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: args[%u] must be a string of at most %d bytes", tname,
+                            j, PS_ARG_MAX);
+            m->args[j].p = a->via.str.ptr;
+            m->args[j].len = a->via.str.size;
+        }
+        m->nargs = o->via.array.size;
+        return 0;
+    case FK_BODY:
+        if (o->type != MSGPACK_OBJECT_MAP)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: body must be a map", tname);
+        m->body = o;
+        return 0;
+    case FK_DATA:
+        /* checked and aligned by the caller, once "dt" (anywhere in the
+         * map) has told the element size */
+        if (o->type != MSGPACK_OBJECT_BIN)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (little-endian float32 or bfloat16 bytes)",
+                        tname);
+        *bin = o;
+        return 0;
+    }
+    return 0;
 }
-
-#define U64_FIELD(key, bit, dst)                                                          \
-    else if (key_is(kv, key)) {                                                           \
-        uint64_t v_;                                                                      \
-        if (get_u64(&kv->val, &v_) != 0)                                                  \
-            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a non-negative integer", \
-                        tname, key);                                                      \
-        dst = v_;                                                                         \
-        bit_ = bit;                                                                       \
-    }
-#define F64_FIELD(key, bit, dst)                                                          \
-    else if (key_is(kv, key)) {                                                           \
-        if (get_f64(&kv->val, &dst) != 0)                                                 \
-            return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a number", tname, key); \
-        bit_ = bit;                                                                       \
-    }
 
 int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpack_zone *zone, ps_msg *m,
                   ps_layout *layout_out, char *err, size_t errlen)
@@ -541,200 +710,16 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         if (key_is(kv, "t") || key_is(kv, "pad")) {
             continue;
         }
-        U64_FIELD("id", PS_F_ID, m->id)
-        U64_FIELD("ver", PS_F_MVER, m->mver)
-        U64_FIELD("fp", PS_F_FP, m->fp)
-        U64_FIELD("params", PS_F_PARAMS, m->params)
-        U64_FIELD("off", PS_F_OFF, m->off)
-        U64_FIELD("len", PS_F_LEN, m->len)
-        U64_FIELD("min", PS_F_MIN, m->min)
-        U64_FIELD("base", PS_F_BASE, m->base)
-        U64_FIELD("poff", PS_F_POFF, m->poff)
-        U64_FIELD("plen", PS_F_PLEN, m->plen)
-        U64_FIELD("samples", PS_F_SAMPLES, m->samples)
-        U64_FIELD("hb", PS_F_HB, m->hb)
-        U64_FIELD("wire", PS_F_WIRE, m->wire)
-        else if (key_is(kv, "dt") || key_is(kv, "rdt")) {
-            uint64_t v;
-            if (get_u64(&kv->val, &v) != 0)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a non-negative integer", tname,
-                            (int)kv->key.via.str.size, kv->key.via.str.ptr);
-            if (v > PS_DT_MAX)
-                return fail(err, errlen, PS_EUNSUPPORTED, "%s: unknown tensor element type %llu in '%.*s' "
-                                                          "(0 float32, 1 bfloat16)",
-                            tname, (unsigned long long)v, (int)kv->key.via.str.size, kv->key.via.str.ptr);
-            if (key_is(kv, "dt"))
-                m->dt = (uint32_t)v, bit_ = PS_F_DT;
-            else
-                m->rdt = (uint32_t)v, bit_ = PS_F_RDT;
-        }
-        F64_FIELD("loss", PS_F_LOSS, m->loss)
-        F64_FIELD("acc", PS_F_ACC, m->acc)
-        F64_FIELD("tloss", PS_F_TLOSS, m->tloss)
-        F64_FIELD("rate", PS_F_RATE, m->rate)
-        else if (key_is(kv, "v") || key_is(kv, "epoch") || key_is(kv, "workers")) {
-            uint64_t v;
-            if (get_u64(&kv->val, &v) != 0 || v > UINT32_MAX)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be an integer 0..2^32-1", tname,
-                            (int)kv->key.via.str.size, kv->key.via.str.ptr);
-            if (key_is(kv, "v"))
-                m->proto = (uint32_t)v, bit_ = PS_F_VERSION;
-            else if (key_is(kv, "epoch"))
-                m->epoch = (uint32_t)v, bit_ = PS_F_EPOCH;
-            else
-                m->workers = (uint32_t)v, bit_ = PS_F_WORKERS;
-        }
-        else if (key_is(kv, "role")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == 6 && !memcmp(o->via.str.ptr, "worker", 6))
-                m->role = PS_ROLE_WORKER;
-            else if (o->type == MSGPACK_OBJECT_STR && o->via.str.size == 5 && !memcmp(o->via.str.ptr, "admin", 5))
-                m->role = PS_ROLE_ADMIN;
-            else
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: role must be \"worker\" or \"admin\"", tname);
-            bit_ = PS_F_ROLE;
-        }
-        else if (key_is(kv, "mode")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size >= sizeof m->mode ||
-                memchr(o->via.str.ptr, '\0', o->via.str.size))
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: mode must be a short string without NUL bytes", tname);
-            memcpy(m->mode, o->via.str.ptr, o->via.str.size);
-            m->mode[o->via.str.size] = '\0';
-            bit_ = PS_F_MODE;
-        }
-        else if (key_is(kv, "shard")) {
-            const msgpack_object *o = &kv->val;
-            uint64_t k, n;
-            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &k) ||
-                get_u64(&o->via.array.ptr[1], &n) || n == 0 || n > 65536 || k >= n)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: shard must be [k, m] with 0 <= k < m <= 65536",
-                            tname);
-            m->shard = (uint32_t)k;
-            m->nshards = (uint32_t)n;
-            bit_ = PS_F_SHARD;
-        }
-        else if (key_is(kv, "layout")) {
-            if (!layout_out)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: unexpected field 'layout'", tname);
-            rc = decode_layout(&kv->val, layout_out, err, errlen);
-            if (rc != 0)
-                return rc;
-            m->layout = layout_out;
-            bit_ = PS_F_LAYOUT;
-        }
-        else if (key_is(kv, "init") || key_is(kv, "fin") || key_is(kv, "inshm")) {
-            int b;
-            if (get_bool(&kv->val, &b) != 0)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a boolean", tname,
-                            (int)kv->key.via.str.size, kv->key.via.str.ptr);
-            if (key_is(kv, "init"))
-                m->need_init = b, bit_ = PS_F_INIT;
-            else if (key_is(kv, "fin"))
-                m->fin = b, bit_ = PS_F_FIN;
-            else
-                m->inshm = b, bit_ = PS_F_INSHM;
-        }
-        else if (key_is(kv, "shm")) {
-            const msgpack_object *o = &kv->val;
-            uint64_t pid, fd, goff = 0, poff = 0;
-            uint32_t n = o->type == MSGPACK_OBJECT_ARRAY ? o->via.array.size : 0;
-            if ((n != 2 && n != 4) || get_u64(&o->via.array.ptr[0], &pid) || get_u64(&o->via.array.ptr[1], &fd) ||
-                pid == 0 || pid > INT32_MAX || fd > INT32_MAX ||
-                (n == 4 && (get_u64(&o->via.array.ptr[2], &goff) || get_u64(&o->via.array.ptr[3], &poff) ||
-                            goff > 2 * PS_PARAMS_MAX || poff > 2 * PS_PARAMS_MAX)))
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: shm must be [pid, fd] or [pid, fd, goff, poff] with "
-                                                        "0 < pid < 2^31, fd < 2^31 and offsets of at most 2^35",
-                            tname);
-            m->shm_pid = (uint32_t)pid;
-            m->shm_fd = (uint32_t)fd;
-            m->shm_at = n == 4;
-            m->shm_goff = goff;
-            m->shm_poff = poff;
-            bit_ = PS_F_SHM;
-        }
-        else if (key_is(kv, "code")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 <= INT32_MAX)
-                m->code = (int32_t)o->via.u64;
-            else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
-                m->code = (int32_t)o->via.i64;
-            else
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: code must be a 32-bit integer", tname);
-            bit_ = PS_F_CODE;
-        }
-        else if (key_is(kv, "text")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_STR)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: text must be a string", tname);
-            m->text = o->via.str.ptr;
-            m->text_len = o->via.str.size;
-            bit_ = PS_F_TEXT;
-        }
-        else if (key_is(kv, "cmd")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > PS_CMD_MAX ||
-                memchr(o->via.str.ptr, '\0', o->via.str.size))
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: cmd must be a string of 1..%d bytes without NUL bytes",
-                            tname, PS_CMD_MAX);
-            memcpy(m->cmd, o->via.str.ptr, o->via.str.size);
-            m->cmd[o->via.str.size] = '\0';
-            bit_ = PS_F_CMD;
-        }
-        else if (key_is(kv, "args")) {
-            const msgpack_object *o = &kv->val;
-            if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > PS_ARGS_MAX)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: args must be an array of at most %d strings", tname,
-                            PS_ARGS_MAX);
-            for (uint32_t j = 0; j < o->via.array.size; j++) {
-                const msgpack_object *a = &o->via.array.ptr[j];
-                if (a->type != MSGPACK_OBJECT_STR || a->via.str.size > PS_ARG_MAX)
-                    return fail(err, errlen, PS_EBAD_FIELD, "%s: args[%u] must be a string of at most %d bytes",
-                                tname, j, PS_ARG_MAX);
-                m->args[j].p = a->via.str.ptr;
-                m->args[j].len = a->via.str.size;
-            }
-            m->nargs = o->via.array.size;
-            bit_ = PS_F_ARGS;
-        }
-        else if (key_is(kv, "nonce") || key_is(kv, "cnonce") || key_is(kv, "proof") || key_is(kv, "sproof")) {
-            /* authentication: bins of exactly 32 bytes (PS_AUTH_NONCE_LEN =
-             * PS_AUTH_MAC_LEN), copied out of the frame */
-            const msgpack_object *o = &kv->val;
-            uint8_t *dst;
-            if (key_is(kv, "nonce"))
-                dst = m->nonce, bit_ = PS_F_NONCE;
-            else if (key_is(kv, "cnonce"))
-                dst = m->cnonce, bit_ = PS_F_CNONCE;
-            else if (key_is(kv, "proof"))
-                dst = m->proof, bit_ = PS_F_PROOF;
-            else
-                dst = m->sproof, bit_ = PS_F_SPROOF;
-            _Static_assert(PS_AUTH_NONCE_LEN == PS_AUTH_MAC_LEN, "one length for the four auth fields");
-            if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != PS_AUTH_NONCE_LEN)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%.*s' must be a bin of %d bytes", tname,
-                            (int)kv->key.via.str.size, kv->key.via.str.ptr, PS_AUTH_NONCE_LEN);
-            memcpy(dst, o->via.bin.ptr, PS_AUTH_NONCE_LEN);
-        }
-        else if (key_is(kv, "body")) {
-            if (kv->val.type != MSGPACK_OBJECT_MAP)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: body must be a map", tname);
-            m->body = &kv->val;
-            bit_ = PS_F_BODY;
-        }
-        else if (key_is(kv, "data")) {
-            /* checked and aligned below, once "dt" (anywhere in the map)
-             * has told the element size */
-            if (kv->val.type != MSGPACK_OBJECT_BIN)
-                return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (little-endian float32 or "
-                                                        "bfloat16 bytes)",
-                            tname);
-            bin = &kv->val;
-            bit_ = PS_F_DATA;
-        }
-        else {
+        const field *f = NULL;
+        for (size_t j = 0; j < NFIELDS && !f; j++)
+            if (key_is(kv, fields[j].key))
+                f = &fields[j];
+        if (!f)
             continue; /* unknown keys are ignored, for forward compatibility */
-        }
+        rc = decode_field(f, kv, m, layout_out, &bin, tname, err, errlen);
+        if (rc != 0)
+            return rc;
+        bit_ = f->bit;
         if (m->has & bit_)
             return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' appears twice", tname, field_name(bit_));
         m->has |= bit_;

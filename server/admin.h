@@ -22,11 +22,6 @@ void srv_admin_tick(psd *s);
 /* 1 when the connection numbered cid waits for a `checkpoint` reply. */
 int srv_admin_waiting(psd *s, uint64_t cid);
 
-/* Checks the settings that depend on each other and that psd checks at
- * start, at a reload and on `psctl set` alike (nonfinite = clip needs
- * clip_norm > 0). Returns 0, or PS_EINVAL with a message in err. */
-int srv_config_check(const ps_config *c, char *err, size_t len);
-
 /* Drops every pending `checkpoint` request without a reply (at exit). */
 void srv_admin_free(psd *s);
 

@@ -12,6 +12,8 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
 
 /* A hello waiting for the answer to its challenge. */
 typedef struct srv_auth {

@@ -1,5 +1,7 @@
 /* checkpoint.c - writing and loading checkpoints (see checkpoint.h). */
 #include "checkpoint.h"
+#include "policy.h"
+#include "update.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -75,15 +77,7 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
     pk_key(&pk, "params");
     msgpack_pack_uint64(&pk, l->total);
     pk_key(&pk, "layout");
-    msgpack_pack_array(&pk, l->ntensors);
-    for (uint32_t i = 0; i < l->ntensors; i++) {
-        msgpack_pack_array(&pk, 2);
-        msgpack_pack_str(&pk, strlen(l->t[i].name));
-        msgpack_pack_str_body(&pk, l->t[i].name, strlen(l->t[i].name));
-        msgpack_pack_array(&pk, l->t[i].ndim);
-        for (uint32_t d = 0; d < l->t[i].ndim; d++)
-            msgpack_pack_uint32(&pk, l->t[i].dims[d]);
-    }
+    ps_layout_pack(&pk, l);
     pk_str(&pk, "optimizer", srv_optim_name(&s->model.opt));
     pk_key(&pk, "settings");
     msgpack_pack_map(&pk, 6);
@@ -348,7 +342,7 @@ void srv_checkpoint_start(psd *s, int force)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
         return;
-    if (s->applying)
+    if (srv_update_busy(s))
         return; /* it writes the optimizer state: the next tick tries again */
     if (!force && s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
         return;
@@ -364,6 +358,37 @@ void srv_checkpoint_start(psd *s, int force)
         return;
     }
     s->checkpoint_busy = 1;
+}
+
+int srv_work_stopped(const psd *s)
+{
+    if (s->stats.worker_joins == 0)
+        return 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->state == SRV_W_CONNECTED)
+            return 0;
+    return 1;
+}
+
+int srv_checkpoint_at_rest(psd *s, const char *why)
+{
+    if (!s->cfg.state_dir[0] || !s->model.initialized)
+        return 1;
+    if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+        return 1; /* an unchanged model is not written twice */
+    if (s->checkpoint_busy || srv_update_busy(s))
+        return 0;
+    PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 ": %s", s->model.version, why);
+    srv_checkpoint_start(s, 0);
+    return 1;
+}
+
+void srv_checkpoint_rest_tick(psd *s)
+{
+    if (s->paused)
+        srv_checkpoint_at_rest(s, "psd is paused");
+    else if (srv_work_stopped(s))
+        srv_checkpoint_at_rest(s, "the last worker left");
 }
 
 int srv_checkpoint_write_now(psd *s)
@@ -457,27 +482,10 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
         goto out;
     }
     ps_layout *l = &s->scratch_layout;
-    ps_layout_init(l);
-    for (uint32_t i = 0; i < lay->via.array.size; i++) {
-        const msgpack_object *t = &lay->via.array.ptr[i];
-        char name[PS_NAME_MAX + 1];
-        uint32_t dims[PS_DIMS_MAX];
-        if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size != 2 || t->via.array.ptr[0].type != MSGPACK_OBJECT_STR ||
-            t->via.array.ptr[0].via.str.size > PS_NAME_MAX || t->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY ||
-            t->via.array.ptr[1].via.array.size > PS_DIMS_MAX) {
-            snprintf(err, errlen, "bad layout entry %u", i);
-            goto out;
-        }
-        memcpy(name, t->via.array.ptr[0].via.str.ptr, t->via.array.ptr[0].via.str.size);
-        name[t->via.array.ptr[0].via.str.size] = '\0';
-        const msgpack_object_array *d = &t->via.array.ptr[1].via.array;
-        for (uint32_t k = 0; k < d->size; k++)
-            dims[k] = d->ptr[k].type == MSGPACK_OBJECT_POSITIVE_INTEGER && d->ptr[k].via.u64 <= UINT32_MAX
-                          ? (uint32_t)d->ptr[k].via.u64 : 0;
-        if (ps_layout_add(l, name, d->size, dims) != 0) {
-            snprintf(err, errlen, "bad layout entry %u (%s)", i, name);
-            goto out;
-        }
+    char lerr[256];
+    if (ps_layout_unpack(lay, l, lerr, sizeof lerr) != 0) {
+        snprintf(err, errlen, "bad layout: %s", lerr);
+        goto out;
     }
     size_t n = l->total, nstate = sta->via.array.size;
     if (nstate > CKPT_MAX_STATE || size != 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8) {

@@ -23,6 +23,25 @@
  * being written, or the version is already saved (unless force). */
 void srv_checkpoint_start(psd *s, int force);
 
+/* The work has stopped (why: "the last worker left", "psd is paused", or
+ * "before psctl set changes the optimizer's settings"): starts a checkpoint
+ * of the current version in the pool unless that version is already
+ * written, with a log line naming why. Returns 1 when one was started or
+ * none is needed, 0 when it could not start now (one is being written, or
+ * an update runs off the loop): the caller's tick calls again. Without a
+ * state_dir it does nothing and returns 1. */
+int srv_checkpoint_at_rest(psd *s, const char *why);
+
+/* Called on psd's tick: while the work is at rest (psd paused, or every
+ * worker that joined has left or been lost) and the model has changed since
+ * the newest checkpoint, writes one (pushes applied after a pause or a
+ * last worker's late push are caught too). */
+void srv_checkpoint_rest_tick(psd *s);
+
+/* 1 when no worker is connected though some joined (the job's work has
+ * stopped), else 0. */
+int srv_work_stopped(const psd *s);
+
 /* Writes a checkpoint now, on the calling thread (at shutdown). Returns 0 or
  * a negative PS_E* code (logged). */
 int srv_checkpoint_write_now(psd *s);

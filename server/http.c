@@ -18,7 +18,9 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "dashboard.h"
 #include "proto/errors.h"
+#include "status.h"
 
 #define DRAIN_MS 2000
 
@@ -37,6 +39,12 @@ typedef struct http_conn {
     size_t url_len;
     int url_too_long;
     int headers_done;             /* the parser saw the end of the headers */
+    char hname[32];               /* the header being read, lower case ("" past 31 bytes) */
+    size_t hname_len;
+    int in_value;                 /* the parser is in a header's value */
+    char authorization[SRV_HTTP_HEADER_MAX + 1]; /* "" when absent or too long */
+    char cookie[SRV_HTTP_HEADER_MAX + 1];
+    size_t auth_len, cookie_len;
     int complete;                 /* the parser saw the whole request */
     char peer[64];
     char *wbuf;                   /* the response, until the write callback */
@@ -151,7 +159,7 @@ static void on_written(uv_write_t *req, int status)
 static void respond(http_conn *hc, int code, const char *reason, const char *ctype, const char *extra,
                     const char *body, size_t body_len, int send_body)
 {
-    char head[512];
+    char head[1024];
     int n = snprintf(head, sizeof head,
                      "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n"
                      "Cache-Control: no-store\r\n\r\n",
@@ -188,36 +196,52 @@ static void respond_text(http_conn *hc, int code, const char *reason, const char
     respond(hc, code, reason, "text/plain; charset=utf-8", extra, text, strlen(text), !head);
 }
 
-/* The whole request is in: route it. */
+/* The whole request is in: route it. /metrics is answered here, anything
+ * else by the dashboard (dashboard.c); with a token configured, every path
+ * needs it. */
 static void serve(http_conn *hc)
 {
     struct srv_http *h = hc->h;
     struct http_parser_url u;
-    const char *path = "";
-    size_t plen = 0;
+    char path[SRV_HTTP_URL_MAX + 1] = "/", query[SRV_HTTP_URL_MAX + 1] = "";
 
     http_parser_url_init(&u);
-    if (http_parser_parse_url(hc->url, hc->url_len, 0, &u) == 0 && (u.field_set & (1 << UF_PATH))) {
-        path = hc->url + u.field_data[UF_PATH].off;
-        plen = u.field_data[UF_PATH].len;
-    }
-    if (plen != 8 || memcmp(path, "/metrics", 8) != 0) {
-        respond_text(hc, 404, "Not Found", "", "not found: psd serves its metrics at /metrics\n");
-        return;
+    if (http_parser_parse_url(hc->url, hc->url_len, 0, &u) == 0) {
+        if (u.field_set & (1 << UF_PATH))
+            snprintf(path, sizeof path, "%.*s", (int)u.field_data[UF_PATH].len, hc->url + u.field_data[UF_PATH].off);
+        if (u.field_set & (1 << UF_QUERY))
+            snprintf(query, sizeof query, "%.*s", (int)u.field_data[UF_QUERY].len,
+                     hc->url + u.field_data[UF_QUERY].off);
     }
     if (hc->parser.method != HTTP_GET && hc->parser.method != HTTP_HEAD) {
-        respond_text(hc, 405, "Method Not Allowed", "Allow: GET, HEAD\r\n", "method not allowed: use GET\n");
+        respond_text(hc, 405, "Method Not Allowed", "Allow: GET, HEAD\r\n",
+                     "method not allowed: psd's HTTP endpoints are read-only; use GET\n");
         return;
     }
-    ps_buf text = {0};
-    if (srv_metrics_text(h->s, &text) != 0) {
+    int head = hc->parser.method == HTTP_HEAD;
+    srv_http_req q = {.path = path, .query = query, .authorization = hc->authorization, .cookie = hc->cookie,
+                      .head = head};
+    srv_http_resp r = {.code = 500, .reason = "Internal Server Error", .ctype = "text/plain; charset=utf-8"};
+    if (!srv_dash_authorized(h->s, &q, &r)) {
+        respond(hc, r.code, r.reason, r.ctype, r.extra, (const char *)r.body.p, r.body.len, !head);
+        ps_buf_free(&r.body);
+        return;
+    }
+    if (strcmp(path, "/metrics") == 0) {
+        ps_buf text = {0};
+        if (srv_metrics_text(h->s, &text) != 0) {
+            ps_buf_free(&text);
+            respond_text(hc, 500, "Internal Server Error", "", "out of memory\n");
+            return;
+        }
+        respond(hc, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", r.extra, (const char *)text.p,
+                text.len, !head);
         ps_buf_free(&text);
-        respond_text(hc, 500, "Internal Server Error", "", "out of memory\n");
         return;
     }
-    respond(hc, 200, "OK", "text/plain; version=0.0.4; charset=utf-8", "", (const char *)text.p, text.len,
-            hc->parser.method != HTTP_HEAD);
-    ps_buf_free(&text);
+    srv_dash_serve(h->s, &q, &r);
+    respond(hc, r.code, r.reason, r.ctype, r.extra, (const char *)r.body.p, r.body.len, !head);
+    ps_buf_free(&r.body);
 }
 
 /* ---- parsing ----------------------------------------------------------------- */
@@ -232,6 +256,55 @@ static int on_url(http_parser *p, const char *at, size_t len)
     memcpy(hc->url + hc->url_len, at, len);
     hc->url_len += len;
     hc->url[hc->url_len] = '\0';
+    return 0;
+}
+
+/* Keeps the Authorization and Cookie headers (others are ignored); a value
+ * longer than SRV_HTTP_HEADER_MAX is dropped whole. */
+static int on_header_field(http_parser *p, const char *at, size_t len)
+{
+    http_conn *hc = p->data;
+    if (hc->in_value) {
+        hc->in_value = 0;
+        hc->hname_len = 0;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (hc->hname_len < sizeof hc->hname - 1) {
+            char ch = at[i];
+            hc->hname[hc->hname_len] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+        }
+        hc->hname_len++;
+    }
+    hc->hname[hc->hname_len < sizeof hc->hname ? hc->hname_len : 0] = '\0';
+    return 0;
+}
+
+static void header_append(char *buf, size_t *blen, const char *at, size_t len)
+{
+    if (*blen > SRV_HTTP_HEADER_MAX)
+        return; /* already too long */
+    if (*blen + len > SRV_HTTP_HEADER_MAX) {
+        *blen = SRV_HTTP_HEADER_MAX + 1;
+        buf[0] = '\0';
+        return;
+    }
+    memcpy(buf + *blen, at, len);
+    *blen += len;
+    buf[*blen] = '\0';
+}
+
+static int on_header_value(http_parser *p, const char *at, size_t len)
+{
+    http_conn *hc = p->data;
+    if (!hc->in_value) {
+        hc->in_value = 1;
+        if (hc->hname_len >= sizeof hc->hname)
+            hc->hname[0] = '\0';
+    }
+    if (strcmp(hc->hname, "authorization") == 0)
+        header_append(hc->authorization, &hc->auth_len, at, len);
+    else if (strcmp(hc->hname, "cookie") == 0)
+        header_append(hc->cookie, &hc->cookie_len, at, len);
     return 0;
 }
 
@@ -347,6 +420,16 @@ static void on_connection(uv_stream_t *server, int status)
     uv_read_start((uv_stream_t *)&hc->tcp, on_alloc, on_read);
 }
 
+/* Is the address one of this machine only: 127.0.0.0/8 or ::1 (or
+ * ::ffff:127.x.y.z)? */
+static int is_loopback(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+}
+
 static void on_listener_closed(uv_handle_t *handle)
 {
     struct srv_http *h = handle->data;
@@ -356,19 +439,19 @@ static void on_listener_closed(uv_handle_t *handle)
 
 int srv_http_start(psd *s)
 {
-    char host[PS_CONFIG_HOST_MAX], err[512];
+    /* metrics_listen as srv_config_check parsed it at start */
+    const char *host = s->settings.metrics_host;
     int port;
-    struct sockaddr_storage addr;
+    struct sockaddr_storage addr = s->settings.metrics_addr;
 
-    if (!s->cfg.metrics_listen[0])
+    if (!s->cfg.metrics_listen[0] || !host[0])
         return 0;
-    if (ps_config_parse_hostport(s->cfg.metrics_listen, host, sizeof host, &port, err, sizeof err) != 0) {
-        PS_LOG(PS_LOG_ERROR, "metrics_listen: %s", err);
-        return PS_EINVAL;
-    }
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&addr) != 0 &&
-        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr) != 0) {
-        PS_LOG(PS_LOG_ERROR, "metrics_listen: '%s' is not an IPv4 or IPv6 address", host);
+    if (!s->token.len && !s->cfg.allow_remote_without_token && !is_loopback(&addr)) {
+        PS_LOG(PS_LOG_ERROR,
+               "refusing to serve HTTP on %s without a token (protected mode): anyone who can reach that address "
+               "could watch the job. Set token_file, use a loopback address (127.0.0.1, [::1]), or set "
+               "allow_remote_without_token = yes on a network you trust",
+               s->cfg.metrics_listen);
         return PS_EINVAL;
     }
     struct srv_http *h = calloc(1, sizeof *h);
@@ -377,6 +460,8 @@ int srv_http_start(psd *s)
     h->s = s;
     http_parser_settings_init(&h->settings);
     h->settings.on_url = on_url;
+    h->settings.on_header_field = on_header_field;
+    h->settings.on_header_value = on_header_value;
     h->settings.on_headers_complete = on_headers_complete;
     h->settings.on_message_complete = on_message_complete;
     uv_tcp_init(s->loop, &h->listener);

@@ -10,6 +10,7 @@
 #define SRV_HTTP_URL_MAX 1024      /* bytes of request target */
 #define SRV_HTTP_IDLE_MS 10000     /* a request must be complete this soon */
 #define SRV_HTTP_CONNS_MAX 64      /* HTTP connections open at once */
+#define SRV_HTTP_HEADER_MAX 2100   /* bytes of an Authorization or Cookie value kept */
 
 /* Starts listening on s->cfg.metrics_listen ("host:port", IP literals; port
  * 0 picks a free one) unless it is empty. Returns 0 (also when off) or a

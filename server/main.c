@@ -14,10 +14,16 @@
 #include "admin.h"
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "http.h"
+#include "net.h"
 #include "notify.h"
+#include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
+#include "update.h"
 
 static void usage(FILE *f)
 {
@@ -37,7 +43,7 @@ static void usage(FILE *f)
             "      --log-level LEVEL  debug, info, warn or error\n"
             "  -o, --set KEY=VALUE    set any configuration key (repeatable), e.g.\n"
             "                         --set lr=0.01 --set metrics_listen=127.0.0.1:9470\n"
-            "      --print-config     print the resulting settings and exit\n"
+            "      --print-config     check and print the resulting settings and exit\n"
             "      --config-reference print every setting as a Markdown table (for the README)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
@@ -91,7 +97,9 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
-void srv_shutdown(psd *s, const char *why)
+/* psd's stop (psd.shutdown): see psd.h. Does nothing when psd is already
+ * stopping. */
+static void srv_shutdown(psd *s, const char *why)
 {
     if (s->stopping)
         return;
@@ -114,7 +122,7 @@ static void on_signal(uv_signal_t *h, int signum)
     psd *s = h->data;
     if (signum == SIGHUP) {
         PS_LOG(PS_LOG_INFO, "SIGHUP: reloading %s", s->config_path[0] ? s->config_path : "(no configuration file)");
-        if (s->applying)
+        if (srv_update_busy(s))
             s->reload_pending = 1; /* after the update off the loop */
         else
             srv_reload(s);
@@ -191,10 +199,12 @@ static void on_tick(uv_timer_t *t)
     check_liveness(s, now);
     check_handshakes(s, now);
     check_idle(s, now);
+    srv_dash_tick(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);
-    if (s->policy->tick)
-        s->policy->tick(s);
+    if (s->policy->tick && s->policy->tick(s) == SRV_WAKE)
+        srv_answer_parked(s);
+    srv_checkpoint_rest_tick(s);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
         if (now - last >= s->cfg.checkpoint_interval)
@@ -309,22 +319,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (srv_config_check(&s->cfg, &s->settings, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
     if (print_config) {
         ps_config_print(&s->cfg, stdout);
         return 0;
-    }
-    if (s->cfg.metrics_listen[0]) {
-        char host[PS_CONFIG_HOST_MAX];
-        int port;
-        struct sockaddr_in6 sa;
-        if (ps_config_parse_hostport(s->cfg.metrics_listen, host, sizeof host, &port, err, sizeof err) != 0) {
-            fprintf(stderr, "psd: metrics_listen: %s\n", err);
-            return 2;
-        }
-        if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 && uv_ip6_addr(host, port, &sa) != 0) {
-            fprintf(stderr, "psd: metrics_listen: '%s' is not an IPv4 or IPv6 address\n", host);
-            return 2;
-        }
     }
     s->cli_sets = sets;
     s->ncli_sets = nsets;
@@ -334,16 +335,8 @@ int main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
     s->loop = uv_default_loop();
+    s->shutdown = srv_shutdown;
     s->start_ms = srv_now_ms();
-    if (s->cfg.mode == PS_MODE_BSP && s->cfg.backup_workers >= s->cfg.workers) {
-        fprintf(stderr, "psd: backup_workers (%d) must be less than workers (%d)\n", s->cfg.backup_workers,
-                s->cfg.workers);
-        return 2;
-    }
-    if (srv_config_check(&s->cfg, err, sizeof err) != 0) {
-        fprintf(stderr, "psd: %s\n", err);
-        return 2;
-    }
     /* protected mode, as Redis's: no open door without a token */
     if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token && !is_loopback(s->cfg.listen.host)) {
         fprintf(stderr,
@@ -358,9 +351,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    s->policy = s->cfg.mode == PS_MODE_BSP   ? &srv_policy_bsp
-                : s->cfg.mode == PS_MODE_SSP ? &srv_policy_ssp
-                                             : &srv_policy_asgd;
+    s->policy = srv_policy_for(&s->cfg);
+    s->clock = srv_now_ms;
     static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
     static const double round_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
     srv_hist_init(&s->stats.staleness, staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]);
@@ -403,22 +395,18 @@ int main(int argc, char **argv)
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
            (unsigned long long)s->stats.pushes);
     s->policy->destroy(s);
-    srv_apply_free(s);
+    srv_update_free(s);
     srv_parked_free_spare();
     srv_narrow_free_spare();
     srv_admin_free(s);
+    srv_dash_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-        if (s->workers[i]) {
-            srv_worker_free_round(s->workers[i]);
-            srv_snap_unref(s->workers[i]->base_snap);
-        }
         free(s->workers[i]);
     }
     free(s->workers);
     srv_model_free(&s->model);
     srv_blk_pool_free();
     ps_buf_free(&s->enc);
-    free(s->scratch);
     free(s->restored_clocks);
     ps_token_clear(&s->token);
     ps_token_clear(&s->admin_token);

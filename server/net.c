@@ -10,10 +10,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "common/log.h"
 #include "common/vec.h"
+#include "handle.h"
+#include "net.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "reply.h"
+#include "session.h"
+#include "status.h"
+#include "update.h"
 
 #define RBUF_INITIAL (64 * 1024)
 #define WREQ_INLINE 160
@@ -190,14 +197,10 @@ static void wreq_put(srv_wreq *r)
     wreq_free_count++;
 }
 
-uint64_t srv_now_ms(void)
-{
-    return uv_hrtime() / 1000000;
-}
-
 /* ---- closing ------------------------------------------------------------ */
 
-void srv_conn_free(srv_conn *c)
+/* Frees a connection (its handle closed). */
+static void conn_free(srv_conn *c)
 {
     msgpack_zone_destroy(&c->zone);
     srv_shm_detach(c);
@@ -217,11 +220,11 @@ static void on_close(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
-    if (s->applying && s->applying->c == c) {
+    if (srv_update_busy(s) && s->push_wait.c == c) {
         c->free_later = 1; /* the update still reads its receive buffer */
         return;
     }
-    srv_conn_free(c);
+    conn_free(c);
 }
 
 void srv_conn_close(srv_conn *c)
@@ -230,6 +233,7 @@ void srv_conn_close(srv_conn *c)
         return;
     c->closing = 1;
     srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
+    srv_auth_free(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
     uv_close((uv_handle_t *)&c->tcp, on_close);
 }
@@ -268,7 +272,8 @@ static void check_output(srv_conn *c, size_t last)
     srv_conn_close(c);
 }
 
-void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
+/* psd.io->send: see srv_send (psd.h). */
+static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
 {
     psd *s = c->srv;
     size_t dlen = 0;
@@ -352,13 +357,10 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     check_output(c, s->enc.len + dlen);
 }
 
-void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+/* psd.io->send_error: logs and counts the error, queues the ERROR reply and,
+ * when fatal, closes c once it is written. */
+static void net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text)
 {
-    char text[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     psd *s = c->srv;
     unsigned idx = (unsigned)(-code);
     if (idx < sizeof s->stats.rejected / sizeof s->stats.rejected[0])
@@ -375,7 +377,7 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
     m.code = -code;
     m.text = text;
     m.text_len = (uint32_t)strlen(text);
-    srv_send(c, &m, NULL);
+    net_send(c, &m, NULL);
     if (fatal && !c->closing) {
         c->close_after_write = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);
@@ -447,7 +449,7 @@ static void process_frames(srv_conn *c)
     size_t pos = c->rpos;
     c->want_end = 0;
     while (!c->closing && !c->close_after_write) {
-        if (s->applying) {
+        if (srv_update_busy(s)) {
             /* an update is applied off the loop: the rest waits, in place,
              * and what the peer sends meanwhile waits in the kernel */
             c->held = 1;
@@ -502,7 +504,7 @@ static void process_frames(srv_conn *c)
                  * like the others when the frame started an update) */
                 c->rbuf_given = 0;
                 pos = 0;
-                if (s->applying)
+                if (srv_update_busy(s))
                     continue;
                 break;
             }
@@ -531,13 +533,15 @@ int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *o
     return 0;
 }
 
-void srv_resume_held(psd *s)
+/* Handles what held connections received while an update was applied off
+ * the loop, and lets them read again. */
+static void resume_held(psd *s)
 {
     /* The pusher is held like the others (its reads stopped when its
      * update started). When a frame starts another update, the
      * connections not reached yet stay held, reads stopped, until that one
      * is done. */
-    for (srv_conn *c = s->conns, *next; c && !s->applying; c = next) {
+    for (srv_conn *c = s->conns, *next; c && !srv_update_busy(s); c = next) {
         next = c->next; /* process_frames may close c; it is freed later */
         if (c->held && !c->closing) {
             c->held = 0;
@@ -666,8 +670,36 @@ static void on_connection(uv_stream_t *server, int status)
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
+/* The update engine's done callback: an update run off the loop is
+ * installed. The policy finishes it and the push is answered
+ * (srv_push_finished), the pulls that waited for it are answered first,
+ * then the frames held meanwhile (their pulls come after); a SIGHUP that
+ * came meanwhile is applied last. */
+static void on_update_done(psd *s, const srv_update_tag *tag)
+{
+    int wake = 0;
+    srv_conn *c = srv_push_finished(s, tag, &wake);
+    if (c->free_later)
+        conn_free(c);
+    if (wake)
+        srv_answer_parked(s);
+    resume_held(s);
+    if (s->reload_pending && !srv_update_busy(s)) {
+        s->reload_pending = 0;
+        srv_reload(s);
+    }
+}
+
+static const srv_io net_io = {
+    .send = net_send,
+    .send_error = net_send_error,
+    .give_rbuf = srv_conn_give_rbuf,
+};
+
 int srv_listen(psd *s)
 {
+    s->io = &net_io;
+    srv_update_init(s, on_update_done);
     struct sockaddr_storage addr;
     const char *host = s->cfg.listen.host;
     int port = s->cfg.listen.port;

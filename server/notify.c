@@ -2,6 +2,7 @@
  * little state it keeps (watchdog interval, last status line) is static:
  * there is one psd per process and it runs on the loop thread. */
 #include "notify.h"
+#include "policy.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -125,6 +125,14 @@ void srv_optim_configure(srv_optim *o, const ps_config *cfg)
     }
 }
 
+int srv_optim_settings_differ(const ps_config *a, const ps_config *b)
+{
+    return a->lr != b->lr || a->momentum != b->momentum || a->weight_decay != b->weight_decay ||
+           a->clip_norm != b->clip_norm || a->lr_schedule != b->lr_schedule || a->lr_step_size != b->lr_step_size ||
+           a->lr_gamma != b->lr_gamma || a->lr_decay_versions != b->lr_decay_versions || a->lr_min != b->lr_min ||
+           a->warmup_versions != b->warmup_versions;
+}
+
 size_t srv_optim_state_bytes(const srv_optim *o)
 {
     size_t bufs = (o->velocity != NULL) + (o->exp_avg != NULL) + (o->exp_avg_sq != NULL) + (o->sum != NULL);
@@ -180,20 +188,38 @@ double srv_optim_lr(const srv_optim *o, uint64_t version)
     }
 }
 
-/* Sum of g[i]^2 in double, in BLOCK partial sums so that it vectorises. */
-static double sumsq(const float *restrict g, size_t n)
+/* ---- the sum of squares ---------------------------------------------------- */
+
+void srv_sumsq_add(srv_sumsq *s, const float *restrict x, size_t n)
 {
-    double acc[BLOCK] = {0};
-    size_t nb = n - n % BLOCK;
-    for (size_t i = 0; i < nb; i += BLOCK)
-        for (size_t j = 0; j < BLOCK; j++)
-            acc[j] += (double)g[i + j] * g[i + j];
-    double s = 0;
-    for (size_t i = nb; i < n; i++)
-        s += (double)g[i] * g[i];
-    for (size_t j = 0; j < BLOCK; j++)
-        s += acc[j];
-    return s;
+    size_t i = 0;
+    /* up to a multiple of SRV_SUMSQ_LANES of the stream's index */
+    for (; i < n && (s->n + i) % SRV_SUMSQ_LANES; i++)
+        s->lane[(s->n + i) % SRV_SUMSQ_LANES] += (double)x[i] * x[i];
+    double acc[SRV_SUMSQ_LANES];
+    memcpy(acc, s->lane, sizeof acc);
+    for (; i + SRV_SUMSQ_LANES <= n; i += SRV_SUMSQ_LANES)
+        for (size_t j = 0; j < SRV_SUMSQ_LANES; j++)
+            acc[j] += (double)x[i + j] * x[i + j];
+    for (size_t j = 0; i < n; i++, j++)
+        acc[j] += (double)x[i] * x[i];
+    memcpy(s->lane, acc, sizeof acc);
+    s->n += n;
+}
+
+double srv_sumsq_total(const srv_sumsq *s)
+{
+    double t = 0;
+    for (size_t j = 0; j < SRV_SUMSQ_LANES; j++)
+        t += s->lane[j];
+    return t;
+}
+
+double srv_sumsq_of(const float *x, size_t n)
+{
+    srv_sumsq s = {{0}, 0};
+    srv_sumsq_add(&s, x, n);
+    return srv_sumsq_total(&s);
 }
 
 /* The factor clipping applies to a gradient g whose sum of squares is ss:
@@ -314,7 +340,7 @@ LOOPS(adagrad, (const float *restrict g, float *restrict sum, size_t n, coef c),
 
 void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version)
 {
-    srv_optim_begin_sumsq(o, st, o->clip_norm > 0 ? sumsq(g, (size_t)n) : 0.0, version);
+    srv_optim_begin_sumsq(o, st, o->clip_norm > 0 ? srv_sumsq_of(g, (size_t)n) : 0.0, version);
 }
 
 void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double ss, uint64_t version)

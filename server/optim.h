@@ -85,6 +85,10 @@ void srv_optim_free(srv_optim *o);
  * warning and goes on without momentum. */
 void srv_optim_configure(srv_optim *o, const ps_config *cfg);
 
+/* 1 when a and b differ in a setting srv_optim_configure() reads (the
+ * rate, its schedule, momentum, weight decay, clipping), else 0. */
+int srv_optim_settings_differ(const ps_config *a, const ps_config *b);
+
 /* Bytes of optimizer state (for status and memory accounting). */
 size_t srv_optim_state_bytes(const srv_optim *o);
 
@@ -145,5 +149,21 @@ void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double sumsq,
  * sends, without copying it first). wi and wo point at parameter off. */
 void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
                    uint64_t off, uint64_t n);
+
+/* The one sum of squares psd takes (a push's norm for clipping, a BSP
+ * round's mean, a sanitised push): in double, value k of the stream added
+ * to partial sum k mod SRV_SUMSQ_LANES (in the order the values come),
+ * the partial sums then added in order 0, 1, ..., 15. So the result does
+ * not depend on the pieces the values come in (a round's mean is made
+ * piece by piece) nor on the instruction set, and the loop vectorises. */
+#define SRV_SUMSQ_LANES 16
+typedef struct srv_sumsq {
+    double lane[SRV_SUMSQ_LANES];
+    size_t n; /* values added so far */
+} srv_sumsq;
+void srv_sumsq_add(srv_sumsq *s, const float *x, size_t n);
+double srv_sumsq_total(const srv_sumsq *s);
+/* The sum of squares of x[0..n) alone. */
+double srv_sumsq_of(const float *x, size_t n);
 
 #endif

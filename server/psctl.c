@@ -39,6 +39,11 @@ static void usage(FILE *f)
             "                     address, pushes, last report\n"
             "  metrics            psd's counters in the Prometheus text format (the\n"
             "                     same text psd serves at http://metrics_listen/metrics)\n"
+            "  history            what psd recorded of the run: its rates, learning\n"
+            "                     rate and round times each second, every worker's\n"
+            "                     reported loss and accuracy, and the events (joins,\n"
+            "                     losses, checkpoints, pauses, settings); --json or\n"
+            "                     --csv (one row per value) for programs\n"
             "\n"
             "Controlling:\n"
             "  set KEY=VALUE...   change settings of the running psd, all or none: lr,\n"
@@ -66,10 +71,11 @@ static void usage(FILE *f)
             "  -t, --timeout MS        give up on a reply after MS milliseconds (default\n"
             "                          5000; checkpoint 600000)\n"
             "  -j, --json              machine-readable output: one JSON document on stdout\n"
+            "      --csv               history as CSV: series,shard,t,version,column,value\n"
             "  -T, --token-file PATH   the secret to prove to psd when it requires one\n"
             "                          (default $PSD_TOKEN_FILE; mode 600): its\n"
             "                          admin_token_file, or its token_file, which allows only\n"
-            "                          status, workers and metrics\n"
+            "                          status, workers, metrics and history\n"
             "  -h, --help              this help\n"
             "\n"
             "Exit codes:\n"
@@ -249,24 +255,27 @@ static void print_worker_rows(const msgpack_object *ws, int with_why)
 
 static void print_status(const msgpack_object *b)
 {
-    char mode[32], listen[300], opt[32], metrics[300];
+    char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
     double params = num(b, "parameters");
-    printf("psd %s  mode %s  model version %.0f  uptime %.1f s%s\n", str(b, "listen", listen, sizeof listen),
-           str(b, "mode", mode, sizeof mode), num(b, "version"), num(b, "uptime"),
+    /* what a crash would lose: the newest checkpoint beside the model's version */
+    if (!flag(b, "state_dir"))
+        snprintf(ckpt, sizeof ckpt, "no checkpoints: no state dir");
+    else if (isnan(num(b, "checkpoint_version")))
+        snprintf(ckpt, sizeof ckpt, "checkpoint: none yet");
+    else
+        snprintf(ckpt, sizeof ckpt, "checkpoint: version %.0f, %.1f s ago", num(b, "checkpoint_version"),
+                 num(b, "checkpoint_age"));
+    printf("psd %s  mode %s  model version %.0f (%s)  uptime %.1f s%s\n", str(b, "listen", listen, sizeof listen),
+           str(b, "mode", mode, sizeof mode), num(b, "version"), ckpt, num(b, "uptime"),
            flag(b, "paused") ? "  PAUSED (psctl resume)" : "");
     printf("parameters %.0f (%.2f MB), optimizer %s, state %.2f MB, lr %g (now %g)\n", params,
            num(b, "bytes") / 1e6, str(b, "optimizer", opt, sizeof opt), num(b, "optimizer_state_bytes") / 1e6,
            num(b, "lr"), num(b, "lr_current"));
     printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", num(b, "pushes"),
            num(b, "push_rate"), num(b, "pulls"), num(b, "pull_rate"), num(b, "rounds"), num(b, "connections"));
-    if (isnan(num(b, "checkpoint_version")))
-        printf("checkpoint: none yet");
-    else
-        printf("checkpoint: version %.0f, %.1f s ago", num(b, "checkpoint_version"), num(b, "checkpoint_age"));
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
-        printf("  metrics: http://%s/metrics", metrics);
-    printf("\n");
+        printf("metrics: http://%s/metrics\n", metrics);
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));
@@ -632,7 +641,10 @@ static const command commands[] = {
     {"status", 0, 0, ""},        {"workers", 0, 0, ""},     {"metrics", 0, 0, ""},
     {"set", 1, PS_ARGS_MAX, " KEY=VALUE..."}, {"pause", 0, 0, ""}, {"resume", 0, 0, ""},
     {"checkpoint", 0, 0, ""},    {"save", 1, 1, " PATH"},   {"shutdown", 0, 0, ""},
+    {"history", 0, 0, ""},
 };
+
+static int history_csv; /* --csv: `history` as CSV */
 
 /* Sends a request of type `type` (no fields) and checks the reply is of
  * type `want`; an exit code, the reason on stderr. */
@@ -690,6 +702,14 @@ static int run_one(const command *cmd, session *ss, const char *server, char **a
             fwrite(r.text, 1, r.text_len, stdout);
     } else if (strcmp(cmd->name, "save") == 0) {
         status = cmd_save(ss, server, args[0], as_json);
+    } else if (strcmp(cmd->name, "history") == 0) {
+        /* psd writes the history in the form asked for */
+        char *form[1] = {as_json ? "json" : history_csv ? "csv" : "table"};
+        rc = admin(ss, "history", form, 1, &r);
+        if (rc != 0)
+            status = report(&ss->c, rc, timeout);
+        else
+            fwrite(r.text, 1, r.text_len, stdout);
     } else {
         /* set, pause, resume, checkpoint, shutdown: one ADMIN request */
         rc = admin(ss, cmd->name, args, nargs, &r);
@@ -722,11 +742,12 @@ int main(int argc, char **argv)
         {"server", required_argument, NULL, 's'}, {"timeout", required_argument, NULL, 't'},
         {"json", no_argument, NULL, 'j'},         {"help", no_argument, NULL, 'h'},
         {"token-file", required_argument, NULL, 'T'},
+        {"csv", no_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
     int opt;
     /* options may come before or after the command ("status --json") */
-    while ((opt = getopt_long(argc, argv, "s:t:jhT:", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "s:t:jhT:C", longopts, NULL)) != -1) {
         switch (opt) {
         case 's':
             server = optarg;
@@ -746,6 +767,9 @@ int main(int argc, char **argv)
             break;
         case 'T':
             token_file = optarg;
+            break;
+        case 'C':
+            history_csv = 1;
             break;
         case 'h':
             usage(stdout);
@@ -769,7 +793,7 @@ int main(int argc, char **argv)
     if (!cmd) {
         fprintf(stderr,
                 "psctl: unknown command '%s' (commands: status, workers, metrics, set, pause, resume, checkpoint, "
-                "save, shutdown)\n",
+                "save, shutdown, history)\n",
                 name);
         return EXIT_USAGE;
     }

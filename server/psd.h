@@ -1,6 +1,10 @@
 /* psd.h - psd's state: the server, its connections, workers, model and
- * consistency policy. Everything here is owned by the one libuv loop thread;
- * nothing is locked. */
+ * consistency policy, the types every layer shares; and the functions of
+ * the bottom layer, the store (stats.c, settings.c, model.c, shm.c). Each
+ * layer above declares its own in its header (update.h, policy.h,
+ * status.h, reply.h, session.h, handle.h, admin.h, net.h; docs/DESIGN.md).
+ * Everything here is owned by the one libuv loop thread; nothing is
+ * locked. */
 #ifndef PSD_H
 #define PSD_H
 
@@ -74,8 +78,8 @@ typedef struct srv_wseg {
 
 enum srv_worker_state { SRV_W_CONNECTED, SRV_W_LEFT, SRV_W_LOST };
 
-/* A receive buffer handed between a connection and a worker's BSP
- * gradient (see srv_worker.kept). */
+/* A receive buffer handed between a connection and the BSP policy, which
+ * keeps a worker's gradient where it arrived until the round closes. */
 typedef struct srv_rbuf {
     uint8_t *mem;
     size_t cap;
@@ -96,56 +100,34 @@ typedef struct srv_worker {
     int has_acc;
     uint64_t samples;
     uint64_t clock;          /* SSP clock: steps pushed, counted from the job's start */
+    uint64_t staleness;      /* versions between its last push's base and the model */
     char why[96];            /* why it left or was declared dead */
-    /* BSP */
-    uint64_t round;          /* round this worker last pushed into */
-    int round_fin;           /* its push for `round` is complete */
-    float *slot;             /* its gradient for the round (shard-order sums):
-                              * what arrived in pieces other than whole blocks,
-                              * and zeros; NULL until needed */
-    int slot_clean;          /* slot holds zeros outside what this round wrote */
-    /* The blocks of this round's gradient that arrived each in one float32
-     * frame stay where they arrived: the receive buffer holding one is
-     * taken from the connection (which gets a spare in exchange), so a
-     * push is never copied. kept_at[b] points at block b's values in
-     * kept[b] (NULL: block b is in slot); spare holds buffers of rounds
-     * gone by, for the connection to read into next. */
-    srv_rbuf *kept;
-    const float **kept_at;
-    size_t nkept;            /* entries of kept and kept_at: the model's blocks */
-    srv_rbuf *spare;         /* up to nkept + 1 */
-    size_t nspare;
-    /* DC-ASGD: the parameters this worker last pulled */
-    srv_snap *base_snap;
 } srv_worker;
 
-/* ---- consistency policies ----------------------------------------------- */
+/* ---- the update engine's state (update.c owns it) ------------------------ */
 
-/* A consistency mode. It decides when pushes are applied and rounds close;
- * it knows nothing of sockets. */
-typedef struct srv_policy_ops {
-    const char *name;
-    /* A push chunk from worker w for range [off, off+n) against version base.
-     * Returns 0 when accepted (applied or kept for the round), or a negative
-     * PS_E* code (nothing was changed) with err filled. */
-    int (*push)(psd *s, srv_worker *w, uint64_t base, uint64_t off, const float *g, uint64_t n, int fin,
-                char *err, size_t errlen);
-    /* w left (bye, closed, declared dead). */
-    void (*worker_left)(psd *s, srv_worker *w);
-    /* w (re)joined. */
-    void (*worker_joined)(psd *s, srv_worker *w);
-    /* May a pull from c for version >= min be answered now? NULL: when the
-     * model is initialised and at version >= min. */
-    int (*pull_ready)(psd *s, srv_conn *c, uint64_t min);
-    /* psd's periodic tick (every 250 ms): retries what memory stopped.
-     * NULL: nothing to do. */
-    void (*tick)(psd *s);
-    void (*destroy)(psd *s);
-} srv_policy_ops;
+/* What a caller of srv_update_apply() gets back in the done callback of an
+ * update that ran off the loop: the policy's own tag. */
+typedef struct srv_update_tag {
+    srv_worker *w;   /* the worker whose push started it */
+    int fin;         /* the push's last chunk: a new version */
+    int round;       /* the push closed a BSP round: its mean was applied */
+} srv_update_tag;
 
-extern const srv_policy_ops srv_policy_asgd;
-extern const srv_policy_ops srv_policy_bsp;
-extern const srv_policy_ops srv_policy_ssp;
+/* Called on the loop once an update run off the loop is installed; the
+ * connection layer registers it (srv_update_init). */
+typedef void (*srv_update_done_cb)(psd *s, const srv_update_tag *tag);
+
+typedef struct srv_update_job srv_update_job; /* update.c */
+
+typedef struct srv_updater {
+    srv_update_job *running;  /* an update applied off the loop; NULL: none.
+                               * While one runs psd handles no message. */
+    srv_update_job *job;      /* kept for the next one: none allocates */
+    srv_update_done_cb done;  /* registered by the connection layer */
+} srv_updater;
+
+struct srv_policy_ops; /* policy.h */
 
 /* ---- connections --------------------------------------------------------- */
 
@@ -239,6 +221,14 @@ typedef struct srv_stats {
     double push_rate, pull_rate;
 } srv_stats;
 
+/* What srv_config_check() parses of the settings, kept so that nothing
+ * parses it again. */
+typedef struct srv_settings {
+    char metrics_host[PS_CONFIG_HOST_MAX]; /* metrics_listen's host; "" = off */
+    int metrics_port;
+    struct sockaddr_storage metrics_addr;  /* and as an address */
+} srv_settings;
+
 /* A setting from psd's command line (--listen, --set, ...); kept so that a
  * reload applies them again over the file. key and value point into argv. */
 typedef struct srv_setting {
@@ -248,59 +238,27 @@ typedef struct srv_setting {
 struct srv_http;
 struct srv_ckpt_wait;
 
-/* The gradient of an update of [off, off+n): a push's floats, g[i] for
- * parameter off+i; or, when nsrc > 0, a BSP round's mean, inv times the sum
- * of the nsrc sources in that order, source k's value of parameter j being
- * blk[k][j's block][j's offset in it] where blk[k] and that entry are set,
- * else src[k][j] (a whole-model array); zero_src
- * clears src[0] where it was read (the arrival-order sum, ready for the
- * next round). */
-typedef struct srv_grad {
-    const float *g;
-    float **src;
-    const float *const *const *blk; /* per source, NULL or per block: where
-                                     * that block's values are instead of src */
-    const float **xs;               /* room for nsrc pointers (many sources) */
-    unsigned nsrc;
-    float inv;
-    int zero_src;
-} srv_grad;
-
-/* A push being applied off the loop thread (policy.c): while one is, psd
- * goes on reading and writing every connection but handles no message, so
- * nothing else touches the model or the optimizer; pulls answered meanwhile
- * were queued before and send the blocks of the version before it. */
-typedef struct srv_apply {
-    uv_work_t req;           /* [off, split) */
-    uv_work_t req2;          /* [split, off+n), when the update is split */
-    uint64_t split;
-    int parts;               /* halves still running */
-    psd *s;
-    srv_conn *c;             /* the pushing connection; its reads stop */
-    srv_worker *w;
-    srv_optim_step st;
-    srv_grad grad;           /* a push's floats (in c's receive buffer) or a round's mean */
-    uint64_t off, n;
-    int fin;                 /* the push's last chunk (asgd, ssp: a new version) */
-    int round;               /* the push closed a BSP round: its mean is applied */
-    size_t first, nblk;      /* blocks touched */
-    srv_blk **old, **fresh;  /* the model's blocks and their new values (NULL:
-                              * updated in place); room for cap of each */
-    size_t cap;
-    /* the reply, filled in by handle.c */
+/* The reply a push owes while its update runs off the loop (handle.c owns
+ * it): sent by srv_push_finished() once the update is installed. */
+typedef struct srv_push_wait {
+    srv_conn *c;             /* the pushing connection (its receive buffer
+                              * holds the gradient); NULL: none */
     uint64_t id, poff, plen, min;
     uint32_t type;
     uint32_t rdt;
-} srv_apply;
+} srv_push_wait;
 
-/* Frees what updates off the loop keep between them (at exit). */
-void srv_apply_free(psd *s);
-/* Frees what a worker keeps of its BSP gradients (at exit). */
-void srv_worker_free_round(srv_worker *w);
-
-/* A policy's push returns this when the update goes on off the loop: the
- * reply is sent by srv_push_done(). */
-#define SRV_PENDING 1
+/* What the connection layer (net.c) lends the layers below it, registered
+ * in psd.io when psd starts (tests register fakes): sending replies and
+ * taking a receive buffer off a connection. */
+typedef struct srv_io {
+    /* Queues one reply (see srv_send). */
+    void (*send)(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
+    /* Queues an ERROR reply with text; fatal closes after it is sent. */
+    void (*send_error)(srv_conn *c, uint64_t id, int code, int fatal, const char *text);
+    /* See srv_conn_give_rbuf. */
+    int (*give_rbuf)(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
+} srv_io;
 
 struct psd {
     uv_loop_t *loop;
@@ -315,7 +273,10 @@ struct psd {
     const srv_setting *cli_sets; /* the command line's settings, in order */
     int ncli_sets;
     int paused;              /* ADMIN pause: workers' pulls are parked until resume */
+    int said_memory_only;    /* the "model exists only in memory" warning was logged */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    srv_settings settings;   /* what the start's srv_config_check parsed */
+    struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;
@@ -329,94 +290,52 @@ struct psd {
     uint32_t nshards;        /* m announced by workers (0 until the first) */
     srv_conn *init_owner;    /* the worker asked to send initial values */
     srv_model model;
-    const srv_policy_ops *policy;
-    void *policy_state;
+    const struct srv_policy_ops *policy;
+    void *policy_state;      /* the policy's own (policy.c): BSP rounds and
+                              * kept gradients, DC-ASGD's base snapshots */
+    uint64_t (*clock)(void); /* the policies' clock, milliseconds: srv_now_ms
+                              * (a test's fake); NULL = srv_now_ms */
+    const srv_io *io;        /* the connection layer's send and receive-buffer
+                              * functions (net.c's, or a test's) */
     srv_stats stats;
-    float *scratch;          /* model-sized scratch for transformed gradients */
     uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
-    srv_apply *applying;     /* a push applied off the loop; NULL: none */
-    srv_apply *apply_job;    /* kept for the next one: none allocates */
+    srv_updater upd;         /* the update engine (update.c) */
+    srv_push_wait push_wait; /* the reply a push owes while its update runs off
+                              * the loop (handle.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
     uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
-    float **push_buf;        /* while a policy handles a push whose data psd
-                              * widened from bfloat16: the connection's buffer
-                              * holding it, which the policy may take in
-                              * exchange for another (or NULL) of at least
-                              * *push_buf_cap floats; NULL otherwise */
-    size_t *push_buf_cap;
     ps_layout scratch_layout; /* where a hello's layout is decoded */
+    /* Registered by main(): stops psd as SIGTERM does (closes the signal
+     * handlers, the tick timer and the /metrics endpoint, tells systemd and
+     * stops the connections; the loop then ends). ADMIN shutdown calls it,
+     * so that no file below main() calls up into it. */
+    void (*shutdown)(psd *s, const char *why);
 };
 
 /* ---- functions ----------------------------------------------------------- */
 
+/* settings.c */
+/* Checks the settings that depend on each other or need more than their
+ * syntax (metrics_listen an IPv4 or IPv6 address; in BSP, backup_workers
+ * below workers; nonfinite = clip needs clip_norm > 0): at start, by
+ * --print-config, at a reload and on `psctl set` alike. Returns 0, filling
+ * out (may be NULL) with what it parsed, or PS_EINVAL with a message in
+ * err. */
+int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
+
+/* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
+ * (srv_hist_init, srv_hist_observe above) */
 uint64_t srv_now_ms(void);
 
-/* main.c */
-/* Stops psd as SIGTERM does: closes the signal handlers, the tick timer and
- * the /metrics endpoint, tells systemd (STOPPING=1) and calls srv_stop();
- * the loop then ends. Does nothing when psd is already stopping. */
-void srv_shutdown(psd *s, const char *why);
-
-/* net.c */
-int srv_listen(psd *s);
-void srv_stop(psd *s);
-/* Queues one reply. When m has tensor data (PARAMS), the floats
- * [m->off, m->off + m->ndata) are sent from the blocks blk (the model's or a
- * snapshot's), which keep a reference until the write is done: nothing is
- * copied. blk is NULL for other messages. On failure the connection is
- * closed. */
-void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
-/* Queues an ERROR reply for request id; fatal closes after it is sent. */
-void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-void srv_conn_close(srv_conn *c);
-/* For the handler of a frame that ends the bytes read so far: hands the
- * receive buffer holding it to the caller (*out) and gives the connection
- * repl instead (mem NULL: it allocates when it reads next). data is where
- * the handler will read the frame's contents (it must lie in the buffer).
- * Returns 0, or -1 when more bytes follow the frame in the buffer or data
- * lies elsewhere (nothing changes). */
-int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
-/* Handles what held connections received while an update was applied off
- * the loop, and lets them read again. */
-void srv_resume_held(psd *s);
-/* Frees a connection closed while its push was applied off the loop. */
-void srv_conn_free(srv_conn *c);
-
-/* handle.c */
-/* Handles one decoded message from c. */
-void srv_handle(srv_conn *c, ps_msg *m);
-/* Accepts hello m on c (checked against the job: shard, layout, ...) and
- * answers WELCOME, with sproof (PS_AUTH_MAC_LEN bytes) when it is not NULL,
- * or a fatal ERROR. For a hello that needed no authentication, or whose
- * AUTH has been verified. */
-void srv_hello_accept(srv_conn *c, ps_msg *m, const uint8_t *sproof);
-/* The push of a applied off the loop is done: replies to it. */
-void srv_push_done(psd *s, const srv_apply *a);
-/* Frees the parked-pull entries kept for reuse (at exit). */
-void srv_parked_free_spare(void);
-void srv_narrow_free_spare(void); /* net.c: spare bfloat16 reply buffers */
-/* Answers every parked pull whose version is now available. */
-void srv_answer_parked(psd *s);
-/* Answers c's parked pulls that can be answered. */
-void srv_conn_answer_parked(srv_conn *c);
-/* A connection is going away: detach it from its worker, drop its pulls. */
-void srv_conn_detach(srv_conn *c, int state, const char *why);
-
-/* auth.c */
-/* Reads token_file and admin_token_file into s->token and s->admin_token.
- * Returns 0, or a negative PS_E* code with a message in err. */
-int srv_auth_load(psd *s, char *err, size_t errlen);
-/* psd requires a token: keeps hello m and answers CHALLENGE. */
-void srv_auth_challenge(srv_conn *c, ps_msg *m);
-/* AUTH m answers c's challenge: verifies it and accepts the kept hello, or
- * sends a fatal ERROR AUTH. */
-void srv_auth_answer(srv_conn *c, ps_msg *m);
-/* Drops what c keeps for a challenge (when it closes). */
-void srv_auth_free(srv_conn *c);
+/* The one range check of a message: [off, off+n) non-empty and inside a
+ * model of total parameters. */
+static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
+{
+    return n > 0 && off <= total && n <= total - off;
+}
 
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
@@ -455,10 +374,6 @@ srv_snap *srv_snap_ref(srv_snap *s);
 void srv_snap_unref(srv_snap *s);
 /* As srv_model_at, for a snapshot. */
 const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *len);
-
-/* status.c */
-int srv_pack_status(msgpack_packer *pk, void *arg);
-int srv_metrics_text(psd *s, ps_buf *out);
 
 /* ---- shared memory with a local worker (shm.c) --------------------------- */
 

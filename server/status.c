@@ -6,8 +6,10 @@
 #include <string.h>
 
 #include "http.h"
+#include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
+#include "status.h"
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 
@@ -48,7 +50,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 25);
+    msgpack_pack_map(pk, 26);
     kf64(pk, "lr", s->cfg.lr);
     kf64(pk, "lr_current", s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
     key(pk, "paused");
@@ -63,6 +65,11 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         msgpack_pack_uint64(pk, s->stats.checkpoint_version);
     else
         msgpack_pack_nil(pk);
+    key(pk, "state_dir");
+    if (s->cfg.state_dir[0])
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
     kf64(pk, "checkpoint_age", s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1000.0 : -1.0);
     ku64(pk, "heartbeat_timeout_ms", s->cfg.heartbeat_timeout);
     kstr(pk, "mode", s->policy->name);
@@ -122,25 +129,6 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         kf64(pk, "samples_per_second", w->rate);
     }
     return 0;
-}
-
-/* ---- histograms -------------------------------------------------------------- */
-
-void srv_hist_init(srv_hist *h, const double *bounds, unsigned n)
-{
-    memset(h, 0, sizeof *h);
-    h->n = n > SRV_HIST_MAX ? SRV_HIST_MAX : n;
-    memcpy(h->bounds, bounds, h->n * sizeof *bounds);
-}
-
-void srv_hist_observe(srv_hist *h, double v)
-{
-    unsigned i = 0;
-    while (i < h->n && v > h->bounds[i])
-        i++;
-    h->counts[i]++;
-    h->total++;
-    h->sum += v;
 }
 
 /* ---- Prometheus text ------------------------------------------------------ */

@@ -105,7 +105,8 @@ static void usage(FILE *f)
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
-            "stderr is a terminal, one line per epoch otherwise.\n"
+            "stderr is a terminal, one line per epoch otherwise. psd hears of it after\n"
+            "every epoch and every $PSD_REPORT_INTERVAL seconds (default 1; 0: epochs only).\n"
             "\n"
             "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
             "unreachable past --reconnect-timeout, refused, missing data); 2 for a bad\n"
@@ -282,6 +283,50 @@ static int reshard(const wopts *o, ps_session *ss, ps_dataset *train, size_t **p
     *part = (int)rank;
     *parts = (int)count;
     return 0;
+}
+
+/* Between the epochs' reports psd hears of the training every
+ * $PSD_REPORT_INTERVAL seconds (default 1; 0: at epoch ends only), for its
+ * dashboard: a REPORT of the epochs done, the mean loss of the steps since
+ * the last report (or since the epoch began), the samples trained so far
+ * and their rate since the last report. Called after every step with the
+ * epoch's running sums; keeps its marks in statics (one session per
+ * process). A pipelined step in flight is waited for first: the REPORT
+ * shares its connection. Returns 0 or the session's error. */
+static int report_progress(ps_session *ss, int epoch, double loss_sum, size_t done, uint64_t samples_before)
+{
+    static double every = -1, last_t, mark_loss;
+    static size_t mark_done;
+    static uint64_t mark_total;
+    double now = now_s();
+    uint64_t total = samples_before + done;
+    if (every < 0) {
+        const char *e = getenv("PSD_REPORT_INTERVAL");
+        char *end = NULL;
+        every = e && *e ? strtod(e, &end) : 1.0;
+        if (!(every >= 0 && every <= 86400) || (end && *end)) {
+            PS_LOG(PS_LOG_WARN, "PSD_REPORT_INTERVAL='%s' is not 0..86400 seconds; reporting every second", e);
+            every = 1.0;
+        }
+        last_t = now;
+        mark_total = total;
+    }
+    if (done < mark_done) /* a new epoch: its sums started again */
+        mark_done = 0, mark_loss = 0;
+    if (every == 0 || now - last_t < every || done == mark_done)
+        return 0;
+    double loss = (loss_sum - mark_loss) / (double)(done - mark_done);
+    double rate = (double)(total - mark_total) / (now - last_t);
+    last_t = now;
+    mark_done = done;
+    mark_loss = loss_sum;
+    mark_total = total;
+    int rc = ps_session_flush(ss);
+    if (rc == 0)
+        rc = ps_session_report(ss, (uint32_t)(epoch - 1), loss, 0, 0, 0, total, rate);
+    if (rc != 0 && ps_session_recoverable(ss, rc))
+        rc = ps_session_reconnect(ss);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -570,6 +615,11 @@ int main(int argc, char **argv)
             }
             double now = now_s();
             comm_s += now - tc;
+            if (report_progress(&ss, epoch, loss_sum, done, samples) != 0) {
+                progress_clear(&o);
+                fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", epoch, ps_session_error(&ss));
+                goto out;
+            }
             if (o.progress && (now - last_draw >= 0.1 || st + 1 == steps)) {
                 last_draw = now;
                 progress_draw(&o, epoch, st + 1, steps, loss_sum / (double)done, now - job_t0, samples + done,

@@ -56,6 +56,9 @@ class InstallTest(unittest.TestCase):
             with open(conf) as f:
                 self.assertEqual(f.read(), shipped)
             self.assertTrue(os.path.isfile(env))
+            # the dashboard's page and uPlot, where psd looks: ../share/psd/web from /usr/bin
+            for f in ("index.html", "app.js", "style.css", "uplot/uPlot.iife.min.js", "uplot/uPlot.min.css"):
+                self.assertTrue(os.path.isfile(os.path.join(dest, "usr", "share", "psd", "web", f)), f)
             units = unit_dir(dest, "/usr")
             with open(os.path.join(units, "psd.service")) as f:
                 text = f.read()

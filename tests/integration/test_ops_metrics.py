@@ -7,9 +7,11 @@
   pushes, pulls, bytes, rounds, rejected messages by reason, workers by
   state, model version, staleness and round-duration histograms,
   checkpoint age, the loss and accuracy the workers report.
-- HEAD gets the headers only; other paths 404; other methods 405 with
-  Allow; a request over 8 KiB 431 (headers) or 413 (body); a target over 1 KiB 414; garbage 400; a request that does not
-  finish within the idle timeout 408; every response closes the connection.
+- HEAD gets the headers only; / is the dashboard (test_dashboard.py),
+  other paths 404; other methods 405 with Allow; a request over 8 KiB 431
+  (headers) or 413 (body); a target over 1 KiB 414; garbage 400; a request
+  that does not finish within the idle timeout 408; every response closes
+  the connection.
 - Off by default (status shows no metrics address); a bad metrics_listen
   is refused at start with exit 2.
 """
@@ -126,8 +128,10 @@ class MetricsTest(unittest.TestCase):
             self.assertIn(b"Connection: close", head)
             r = raw_http(maddr, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")
             self.assertEqual(status_line(r), "HTTP/1.1 200 OK", "a query string is fine")
+            with urllib.request.urlopen("http://%s/" % maddr, timeout=10) as page:
+                self.assertEqual(page.headers["Content-Type"], "text/html; charset=utf-8", "/ is the dashboard")
             with self.assertRaises(urllib.error.HTTPError) as e:
-                urllib.request.urlopen("http://%s/" % maddr, timeout=10)
+                urllib.request.urlopen("http://%s/nothing" % maddr, timeout=10)
             self.assertEqual(e.exception.code, 404)
             with self.assertRaises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen("http://%s/metricsx" % maddr, timeout=10)

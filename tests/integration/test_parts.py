@@ -122,7 +122,14 @@ class PartsTest(unittest.TestCase):
         psds = [start(i, "psd%d" % i) for i in range(3)]
         ws = [cl.worker(psds, k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
                         args=("--reconnect-timeout", "60")) for k in range(2)]
-        harness.wait_until(lambda: harness.status(psds[0].addr)["version"] >= 200, 60, "200 updates")
+        # both workers on every psd (one alone soon makes the 200 updates
+        # when the other is slow to start, and would then first meet a psd
+        # restarted before it came)
+        def both_training():
+            sts = [harness.status(p.addr) for p in psds]
+            return sts[0]["version"] >= 200 and all(
+                sorted(w["shard"] for w in st["workers"] if w["state"] == "connected") == [0, 1] for st in sts)
+        harness.wait_until(both_training, 60, "200 updates with both workers on every psd")
         self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
         return start, psds, ws
 

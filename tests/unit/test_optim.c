@@ -489,6 +489,40 @@ static void test_weight_decay_coupled_vs_decoupled(void **state)
     srv_optim_free(&a);
 }
 
+/* ---- the sum of squares ----------------------------------------------------- */
+
+/* srv_sumsq: value k into partial sum k mod 16, partial sums added in
+ * order; so any split into pieces gives the same bits as one call. */
+static void test_sumsq_one_order(void **state)
+{
+    enum { M = 1000 };
+    float x[M];
+    uint32_t r = 12345;
+    for (size_t i = 0; i < M; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = (float)((int32_t)r) / 3.0e8f;
+    }
+    double lane[SRV_SUMSQ_LANES] = {0}, want = 0;
+    for (size_t i = 0; i < M; i++)
+        lane[i % SRV_SUMSQ_LANES] += (double)x[i] * x[i];
+    for (size_t j = 0; j < SRV_SUMSQ_LANES; j++)
+        want += lane[j];
+    double one = srv_sumsq_of(x, M);
+    assert_memory_equal(&one, &want, sizeof want);
+    const size_t pieces[][4] = {{1, 15, 16, 968}, {7, 100, 3, 890}, {999, 1, 0, 0}, {16, 16, 17, 951}};
+    for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
+        srv_sumsq s = {{0}, 0};
+        size_t at = 0;
+        for (size_t k = 0; k < 4; k++) {
+            srv_sumsq_add(&s, x + at, pieces[p][k]);
+            at += pieces[p][k];
+        }
+        assert_int_equal(at, M);
+        double got = srv_sumsq_total(&s);
+        assert_memory_equal(&got, &want, sizeof want);
+    }
+}
+
 /* ---- clipping ------------------------------------------------------------- */
 
 /* Read-only (in .rodata): writing to it would crash the test. */
@@ -867,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_adam_step_is_version),
         cmocka_unit_test(test_pytorch_values),
         cmocka_unit_test(test_weight_decay_coupled_vs_decoupled),
+        cmocka_unit_test(test_sumsq_one_order),
         cmocka_unit_test(test_clip_above),
         cmocka_unit_test(test_clip_below),
         cmocka_unit_test(test_clip_per_call),

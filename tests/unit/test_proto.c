@@ -1916,6 +1916,37 @@ static void test_layout_add_limits(void **state)
 
 /* The fingerprint is pinned: a change of the hash or of its canonical text
  * changes the wire and must be noticed. */
+/* The layout's msgpack form, shared by the hello and psd's checkpoints:
+ * packed and unpacked back it is the same layout; a bad entry is refused. */
+static void test_layout_pack_unpack(void **state)
+{
+    ps_layout l, back;
+    ps_layout_init(&l);
+    uint32_t d1[2] = {64, 784}, d2[1] = {64};
+    assert_int_equal(ps_layout_add(&l, "fc1.weight", 2, d1), 0);
+    assert_int_equal(ps_layout_add(&l, "fc1.bias", 1, d2), 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    ps_layout_pack(&pk, &l);
+    msgpack_zone z;
+    msgpack_zone_init(&z, 1024);
+    msgpack_object o;
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack(sb.data, sb.size, &off, &z, &o), MSGPACK_UNPACK_SUCCESS);
+    char lerr[256];
+    assert_int_equal(ps_layout_unpack(&o, &back, lerr, sizeof lerr), 0);
+    assert_true(ps_layout_equal(&l, &back));
+    assert_int_equal(back.total, 64 * 784 + 64);
+    /* a rank of 0 is refused with the entry named */
+    o.via.array.ptr[1].via.array.ptr[1].via.array.size = 0;
+    assert_int_equal(ps_layout_unpack(&o, &back, lerr, sizeof lerr), PS_EBAD_FIELD);
+    assert_non_null(strstr(lerr, "layout[1]"));
+    msgpack_zone_destroy(&z);
+    msgpack_sbuffer_destroy(&sb);
+}
+
 static void test_layout_fingerprint(void **state)
 {
     (void)state;
@@ -2711,6 +2742,7 @@ int main(void)
         cmocka_unit_test(test_decode_hello_errors),
         cmocka_unit_test(test_decode_failure_leaves_message_defined),
         cmocka_unit_test(test_layout_add_limits),
+        cmocka_unit_test(test_layout_pack_unpack),
         cmocka_unit_test(test_layout_fingerprint),
         cmocka_unit_test(test_layout_equal),
         cmocka_unit_test(test_layout_describe),

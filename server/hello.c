@@ -1,0 +1,260 @@
+/* hello.c - a connection's membership: its hello, in three steps (check
+ * it against the job, join it: the layout, the worker's record, the
+ * policy, shared memory; and the WELCOME), and its leaving
+ * (srv_conn_detach). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "common/log.h"
+#include "policy.h"
+#include "proto/errors.h"
+#include "psd.h"
+#include "reply.h"
+#include "session.h"
+
+/* ---- membership ------------------------------------------------------------ */
+
+static srv_worker *worker_slot(psd *s, uint32_t shard)
+{
+    if (shard >= s->nworkers_cap) {
+        uint32_t cap = s->nworkers_cap ? s->nworkers_cap : 8;
+        while (cap <= shard)
+            cap *= 2;
+        srv_worker **w = realloc(s->workers, cap * sizeof *w);
+        if (!w)
+            return NULL;
+        memset(w + s->nworkers_cap, 0, (cap - s->nworkers_cap) * sizeof *w);
+        s->workers = w;
+        s->nworkers_cap = cap;
+    }
+    if (!s->workers[shard]) {
+        s->workers[shard] = calloc(1, sizeof(srv_worker));
+    }
+    return s->workers[shard];
+}
+
+/* Every worker has gone: the model is written to the state dir now (not
+ * at the next checkpoint_interval, which a short job never reaches), or,
+ * without one, psd says once where the model is and how to keep it. */
+static void last_worker_left(psd *s)
+{
+    if (s->cfg.state_dir[0]) {
+        srv_checkpoint_at_rest(s, "the last worker left"); /* the tick retries if it cannot start now */
+        return;
+    }
+    if (s->said_memory_only || !s->model.initialized)
+        return;
+    s->said_memory_only = 1;
+    PS_LOG(PS_LOG_WARN, "every worker has left: the model (version %llu) exists only in memory and is lost when "
+                        "psd stops; keep it with `psctl save FILE.safetensors`, or start psd with --state-dir DIR "
+                        "(state_dir) to have it checkpointed",
+           (unsigned long long)s->model.version);
+}
+
+void srv_conn_detach(srv_conn *c, int state, const char *why)
+{
+    psd *s = c->srv;
+    srv_pulls_drop(c);
+    if (s->init_owner == c) {
+        s->init_owner = NULL;
+        if (!s->model.initialized) {
+            PS_LOG(PS_LOG_WARN, "the worker sending the initial values (%s) left before finishing; the next "
+                                "worker to connect will be asked for them", c->addr);
+            /* workers already waiting cannot be asked: tell them to reconnect */
+            for (srv_conn *o = s->conns; o; o = o->next) {
+                if (o == c || o->closing || !o->parked)
+                    continue;
+                /* the error may close o, which frees its list: step with care */
+                for (srv_parked *p = o->parked, *next; p && !o->closing; p = next) {
+                    next = p->next;
+                    srv_send_error(o, p->id, PS_ENOT_READY, 1,
+                                   "the worker initialising the model left; reconnect to be asked for initial "
+                                   "values");
+                }
+            }
+        }
+    }
+    srv_worker *w = c->worker;
+    if (!w)
+        return;
+    c->worker = NULL;
+    w->conn = NULL;
+    w->state = state;
+    snprintf(w->why, sizeof w->why, "%s", why);
+    if (state == SRV_W_LEFT)
+        s->stats.worker_leaves++;
+    else
+        s->stats.worker_deaths++;
+    PS_LOG(state == SRV_W_LEFT ? PS_LOG_INFO : PS_LOG_WARN, "worker shard %u/%u (%s) %s: %s; %llu pushes, clock %llu",
+           w->shard, w->nshards, w->addr, state == SRV_W_LEFT ? "left" : "lost", why,
+           (unsigned long long)w->pushes, (unsigned long long)w->clock);
+    if (s->policy->worker_left(s, w) == SRV_WAKE)
+        srv_answer_parked(s);
+    if (!s->stopping && srv_work_stopped(s))
+        last_worker_left(s);
+}
+
+/* ---- hello ------------------------------------------------------------------ */
+
+int srv_hello_precheck(const srv_conn *c, const ps_msg *m, char *err, size_t errlen)
+{
+    if (c->role != PS_ROLE_NONE) {
+        snprintf(err, errlen, "hello sent twice");
+        return PS_ESTATE;
+    }
+    if (m->proto != PS_PROTO_VERSION) {
+        snprintf(err, errlen, "protocol version %u; this psd speaks version %u", m->proto, PS_PROTO_VERSION);
+        return PS_EUNSUPPORTED;
+    }
+    return 0;
+}
+
+int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen)
+{
+    int rc = srv_hello_precheck(c, m, err, errlen);
+    if (rc != 0 || m->role != PS_ROLE_WORKER)
+        return rc;
+    if (s->cfg.mode == PS_MODE_BSP && m->nshards != (uint32_t)s->cfg.workers) {
+        snprintf(err, errlen, "shard %u/%u: this psd runs BSP rounds of %d workers; start workers with --shard K/%d",
+                 m->shard, m->nshards, s->cfg.workers, s->cfg.workers);
+        return PS_ESHARD;
+    }
+    if (m->shard < s->nworkers_cap && s->workers[m->shard] && s->workers[m->shard]->state == SRV_W_CONNECTED) {
+        snprintf(err, errlen, "shard %u is already connected from %s", m->shard, s->workers[m->shard]->addr);
+        return PS_ESHARD;
+    }
+    if (!s->model.has_layout && m->layout->total > s->cfg.max_params) {
+        snprintf(err, errlen,
+                 "a model of %llu parameters is over this psd's max_params (%llu); raise max_params in psd.conf if "
+                 "it is meant",
+                 (unsigned long long)m->layout->total, (unsigned long long)s->cfg.max_params);
+        return PS_ELIMIT;
+    }
+    if (s->model.has_layout && !ps_layout_equal(&s->model.layout, m->layout)) {
+        char mine[512], theirs[512];
+        ps_layout_describe(&s->model.layout, mine, sizeof mine);
+        ps_layout_describe(m->layout, theirs, sizeof theirs);
+        snprintf(err, errlen, "model layout mismatch: psd holds %llu parameters (%s), this worker has %llu (%s)",
+                 (unsigned long long)s->model.layout.total, mine, (unsigned long long)m->layout->total, theirs);
+        return PS_ELAYOUT;
+    }
+    return 0;
+}
+
+int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    *need_init = 0;
+    if (m->role != PS_ROLE_WORKER) {
+        PS_LOG(PS_LOG_DEBUG, "conn %llu (%s): admin client", (unsigned long long)c->cid, c->addr);
+        c->role = m->role;
+        return 0;
+    }
+    if (!s->model.has_layout) {
+        int rc = srv_model_set_layout(&s->model, m->layout, &s->cfg);
+        if (rc != 0) {
+            snprintf(err, errlen, "cannot hold a model of %llu parameters: %s", (unsigned long long)m->layout->total,
+                     ps_strerror(rc));
+            return rc;
+        }
+        char mine[512];
+        ps_layout_describe(&s->model.layout, mine, sizeof mine);
+        PS_LOG(PS_LOG_INFO, "model layout from shard %u (%s): %llu parameters: %s", m->shard, c->addr,
+               (unsigned long long)s->model.layout.total, mine);
+    }
+    if (!s->model.initialized && !s->init_owner) {
+        s->init_owner = c;
+        *need_init = 1;
+    }
+    srv_worker *w = worker_slot(s, m->shard);
+    if (!w) {
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
+    int rejoin = w->joined_ms != 0;
+    if (!rejoin && m->shard < s->nrestored)
+        w->clock = s->restored_clocks[m->shard];
+    s->stats.worker_joins++;
+    w->shard = m->shard;
+    w->nshards = m->nshards;
+    w->state = SRV_W_CONNECTED;
+    w->conn = c;
+    snprintf(w->addr, sizeof w->addr, "%s", c->addr);
+    w->joined_ms = w->last_seen_ms = srv_now_ms();
+    c->worker = w;
+    s->nshards = m->nshards;
+    PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
+           rejoin ? "rejoined" : "joined", c->addr, (unsigned long long)s->model.version);
+    if (s->policy->worker_joined(s, w) == SRV_WAKE)
+        srv_answer_parked(s);
+    if (m->has & PS_F_SHM) {
+        char why[160];
+        if (!c->same_host)
+            snprintf(why, sizeof why, "the worker is not on psd's machine");
+        if (c->same_host && srv_shm_attach(c, m, s->model.layout.total, why, sizeof why) == 0)
+            PS_LOG(PS_LOG_INFO, "shard %u (%s): tensors through shared memory (pid %u)", m->shard, c->addr,
+                   m->shm_pid);
+        else
+            PS_LOG(PS_LOG_INFO, "shard %u (%s): shared memory not used, tensors over TCP: %s", m->shard, c->addr,
+                   why);
+    }
+    w->shm = c->shm != NULL;
+    c->role = m->role;
+    return 0;
+}
+
+void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *sproof)
+{
+    psd *s = c->srv;
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_WELCOME);
+    r.has = PS_F_ID | PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS | PS_F_WORKERS | PS_F_INIT;
+    r.id = id;
+    r.proto = PS_PROTO_VERSION;
+    snprintf(r.mode, sizeof r.mode, "%s", s->policy->name);
+    r.mver = s->model.version;
+    r.params = s->model.has_layout ? s->model.layout.total : 0;
+    r.workers = (uint32_t)s->cfg.workers;
+    r.need_init = need_init;
+    r.has |= PS_F_HB;
+    r.hb = s->cfg.heartbeat_timeout;
+    if (c->shm) {
+        r.has |= PS_F_INSHM;
+        r.inshm = 1;
+    }
+    if (s->cfg.wire_bf16) {
+        r.has |= PS_F_WIRE;
+        r.wire = PS_WIRE_BIT(PS_DT_BF16);
+    }
+    if (s->model.has_layout) {
+        r.has |= PS_F_FP;
+        r.fp = s->model.fp;
+        if (c->role == PS_ROLE_ADMIN) {
+            /* an admin learns the tensors' names and shapes (psctl save) */
+            r.has |= PS_F_LAYOUT;
+            r.layout = &s->model.layout;
+        }
+    }
+    if (sproof) {
+        r.has |= PS_F_SPROOF; /* psd holds the secret too */
+        memcpy(r.sproof, sproof, sizeof r.sproof);
+    }
+    srv_send(c, &r, NULL);
+}
+
+void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof)
+{
+    char err[1200];
+    int need_init;
+    int rc = srv_hello_check(c->srv, c, m, err, sizeof err);
+    if (rc == 0)
+        rc = srv_hello_join(c, m, &need_init, err, sizeof err);
+    if (rc != 0) {
+        /* a second hello costs only itself; any other refusal ends the connection */
+        srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
+        return;
+    }
+    srv_hello_welcome(c, m->id, need_init, sproof);
+}

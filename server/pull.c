@@ -1,0 +1,212 @@
+/* pull.c - pulls: answering one from the model's blocks (or a pinned
+ * snapshot, or into a worker's shared segment), parking one until the
+ * version it asks for is there, and answering the parked ones when the
+ * policy says a new version or a change of members may allow it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy.h"
+#include "proto/errors.h"
+#include "psd.h"
+#include "reply.h"
+#include "update.h"
+
+/* ---- pulls ---------------------------------------------------------------- */
+
+/* Answers a pull with [off, off+len) of blocks blk at model version ver:
+ * the model's current blocks, or a pinned snapshot's. */
+static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t id, uint64_t off, uint64_t len,
+                        uint32_t rdt)
+{
+    psd *s = c->srv;
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_PARAMS);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    if (rdt != PS_DT_F32 && rdt != SRV_RDT_SHM) {
+        r.has |= PS_F_DT; /* srv_send converts from the blocks */
+        r.dt = rdt;
+    }
+    r.id = id;
+    r.mver = ver;
+    r.off = off;
+    r.ndata = len;
+    s->stats.pulls++;
+    if (rdt == SRV_RDT_SHM) {
+        /* into the worker's segment, after its gradient half; the reply
+         * only says where */
+        float *dst = c->shm_out + off;
+        for (uint64_t done = 0; done < len;) {
+            size_t n;
+            const float *src = srv_blocks_at(blk, off + done, len - done, &n);
+            memcpy(dst + done, src, n * sizeof(float));
+            done += n;
+        }
+        r.has = (r.has & ~(uint64_t)(PS_F_DATA | PS_F_DT)) | PS_F_LEN | PS_F_INSHM;
+        r.len = len;
+        r.inshm = 1;
+        r.ndata = 0;
+    }
+    if (c->worker && blk == s->model.blk && s->policy->pulled)
+        s->policy->pulled(s, c->worker, ver); /* DC-ASGD keeps what it was sent */
+    srv_send(c, &r, rdt == SRV_RDT_SHM ? NULL : blk);
+}
+
+static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint32_t rdt)
+{
+    send_params(c, c->srv->model.blk, c->srv->model.version, id, off, len, rdt);
+}
+
+/* Parked pulls come and go every BSP round: freed ones are kept for reuse
+ * (at most PARKED_SPARE), so parking allocates nothing in steady state. */
+#define PARKED_SPARE 256
+static srv_parked *parked_spare;
+static unsigned nparked_spare;
+
+static srv_parked *parked_get(void)
+{
+    srv_parked *p = parked_spare;
+    if (!p)
+        return malloc(sizeof *p);
+    parked_spare = p->next;
+    nparked_spare--;
+    return p;
+}
+
+static void parked_put(srv_parked *p)
+{
+    if (nparked_spare >= PARKED_SPARE) {
+        free(p);
+        return;
+    }
+    p->next = parked_spare;
+    parked_spare = p;
+    nparked_spare++;
+}
+
+void srv_parked_free_spare(void)
+{
+    while (parked_spare) {
+        srv_parked *p = parked_spare;
+        parked_spare = p->next;
+        free(p);
+    }
+    nparked_spare = 0;
+}
+
+static int pull_ready(srv_conn *c, uint64_t min)
+{
+    psd *s = c->srv;
+    if (s->paused && c->role == PS_ROLE_WORKER)
+        return 0; /* ADMIN pause: held until resume */
+    if (s->policy->pull_ready)
+        return s->policy->pull_ready(s, c->worker, min);
+    return s->model.initialized && s->model.version >= min;
+}
+
+int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen)
+{
+    if (rdt == PS_DT_F32 || rdt == SRV_RDT_SHM || s->cfg.wire_bf16)
+        return 0;
+    snprintf(err, errlen, "parameters as %s refused: this psd sends float32 only (wire_bf16 = no); its welcome "
+                          "did not offer %s; nothing was changed",
+             ps_dtype_name(rdt), ps_dtype_name(rdt));
+    return PS_EUNSUPPORTED;
+}
+
+void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt)
+{
+    psd *s = c->srv;
+    uint64_t total = s->model.layout.total;
+    char err[256];
+    int rc = srv_pull_check_rdt(s, rdt, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, id, rc, 0, "%s", err);
+        return;
+    }
+    if (!s->model.has_layout) {
+        srv_send_error(c, id, PS_ENOT_READY, 0, "no model yet: the first worker has not said hello");
+        return;
+    }
+    if (!srv_range_ok(total, off, len)) {
+        srv_send_error(c, id, PS_ERANGE, 0, "pull range [%llu, %llu) is outside the model's %llu parameters",
+                       (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
+        return;
+    }
+    if (c->pinned) {
+        /* ADMIN pin: that version, whatever min says */
+        send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
+        return;
+    }
+    /* an earlier pull for this version or an older one still waits: this
+     * one waits behind it, so that their replies leave in request order
+     * (it may be ready already when the earlier one's version has just
+     * come and the waiting pulls are about to be answered) */
+    int behind = 0;
+    for (const srv_parked *p = c->parked; p && !behind; p = p->next)
+        behind = p->min <= min;
+    if (!behind && pull_ready(c, min)) {
+        send_current(c, id, off, len, rdt);
+        return;
+    }
+    if (c->nparked >= SRV_PARKED_MAX) {
+        srv_send_error(c, id, PS_ELIMIT, 0, "more than %d pulls already waiting on this connection",
+                       SRV_PARKED_MAX);
+        return;
+    }
+    srv_parked *p = parked_get();
+    if (!p) {
+        srv_send_error(c, id, PS_ENOMEM, 0, "out of memory parking a pull");
+        return;
+    }
+    *p = (srv_parked){.id = id, .min = min, .off = off, .len = len, .rdt = rdt};
+    /* append, so replies leave in request order (the list is short: at
+     * most SRV_PARKED_MAX) */
+    srv_parked **tail = &c->parked;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = p;
+    c->nparked++;
+    if (behind && !srv_update_busy(s))
+        srv_conn_answer_parked(c);
+}
+
+void srv_conn_answer_parked(srv_conn *c)
+{
+    srv_parked **pp = &c->parked;
+    while (!c->closing && *pp) { /* closing frees the list: test it first */
+        srv_parked *p = *pp;
+        if (!pull_ready(c, p->min)) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        c->nparked--;
+        c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
+        if (c->worker)
+            c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
+        send_current(c, p->id, p->off, p->len, p->rdt);
+        parked_put(p);
+    }
+}
+
+void srv_answer_parked(psd *s)
+{
+    if (srv_update_busy(s))
+        return; /* the blocks are being written: the update's end answers them */
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->parked && !c->closing)
+            srv_conn_answer_parked(c);
+}
+
+void srv_pulls_drop(srv_conn *c)
+{
+    while (c->parked) {
+        srv_parked *p = c->parked;
+        c->parked = p->next;
+        parked_put(p);
+    }
+    c->nparked = 0;
+    srv_snap_unref(c->pinned);
+    c->pinned = NULL;
+}

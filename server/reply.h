@@ -1,0 +1,34 @@
+/* reply.h - the answer layer: replies through the connection layer's
+ * registered functions (reply.c) and pulls, parked or answered (pull.c). */
+#ifndef SRV_REPLY_H
+#define SRV_REPLY_H
+
+#include "psd.h"
+
+/* reply.c: the replies of the dispatch layer, through s->io */
+/* Queues one reply. When m has tensor data (PARAMS), the floats
+ * [m->off, m->off + m->ndata) are sent from the blocks blk (the model's or a
+ * snapshot's), which keep a reference until the write is done: nothing is
+ * copied. blk is NULL for other messages. On failure the connection is
+ * closed. */
+void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
+/* Queues an ERROR reply for request id; fatal closes after it is sent. */
+void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* pull.c: pulls and parked pulls */
+/* A pull of [off, off+len) for version >= min, answered in element type
+ * rdt: answered now, parked, or refused with an ERROR. */
+void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt);
+/* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
+int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
+/* Answers every parked pull whose version is now available. */
+void srv_answer_parked(psd *s);
+/* Answers c's parked pulls that can be answered. */
+void srv_conn_answer_parked(srv_conn *c);
+/* Drops c's parked pulls and pinned snapshot (it goes away). */
+void srv_pulls_drop(srv_conn *c);
+/* Frees the parked-pull entries kept for reuse (at exit). */
+void srv_parked_free_spare(void);
+
+#endif

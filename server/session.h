@@ -1,0 +1,43 @@
+/* session.h - the session layer: a connection's membership (hello.c: the
+ * hello in three steps, leaving) and the token challenge (auth.c). */
+#ifndef SRV_SESSION_H
+#define SRV_SESSION_H
+
+#include "psd.h"
+
+/* hello.c: a connection's membership */
+/* The checks of a hello that need nothing of the job: not a second one,
+ * the protocol version. 0, or a negative PS_E* code with err filled. */
+int srv_hello_precheck(const srv_conn *c, const ps_msg *m, char *err, size_t errlen);
+/* Every check of hello m on c against the job (shard, BSP's worker count,
+ * max_params, layout), changing nothing. 0, or a code with err filled. */
+int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen);
+/* Joins a checked hello: fixes the layout (the first worker's), registers
+ * the worker and tells the policy (answering the pulls that woke), maps a
+ * shared segment offered; sets c's role. *need_init: c is to send the
+ * initial values. 0, or a code with err filled. */
+int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size_t errlen);
+/* Queues the WELCOME to a joined hello of request id, with sproof
+ * (PS_AUTH_MAC_LEN bytes) when it is not NULL. */
+void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *sproof);
+/* check, join, welcome: for a hello that needed no authentication, or
+ * whose AUTH has been verified. A refusal is answered with an ERROR (fatal
+ * but for a second hello). */
+void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof);
+/* A connection is going away: detach it from its worker (telling the
+ * policy), drop its pulls. */
+void srv_conn_detach(srv_conn *c, int state, const char *why);
+
+/* auth.c */
+/* Reads token_file and admin_token_file into s->token and s->admin_token.
+ * Returns 0, or a negative PS_E* code with a message in err. */
+int srv_auth_load(psd *s, char *err, size_t errlen);
+/* psd requires a token: keeps hello m and answers CHALLENGE. */
+void srv_auth_challenge(srv_conn *c, ps_msg *m);
+/* AUTH m answers c's challenge: verifies it and accepts the kept hello, or
+ * sends a fatal ERROR AUTH. */
+void srv_auth_answer(srv_conn *c, ps_msg *m);
+/* Drops what c keeps for a challenge (when it closes). */
+void srv_auth_free(srv_conn *c);
+
+#endif

@@ -1,0 +1,42 @@
+/* settings.c - the checks of psd's settings that look at more than one
+ * option, or at more than an option's syntax: one function, used at
+ * start, by --print-config, at a SIGHUP reload and on `psctl set`, so that
+ * psd refuses the same settings wherever they come from. What it parses
+ * (the metrics endpoint's address) it hands back, so nothing parses it
+ * again. */
+#include <stdio.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "psd.h"
+
+int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len)
+{
+    srv_settings parsed;
+    memset(&parsed, 0, sizeof parsed);
+    if (c->metrics_listen[0]) {
+        char perr[512];
+        if (ps_config_parse_hostport(c->metrics_listen, parsed.metrics_host, sizeof parsed.metrics_host,
+                                     &parsed.metrics_port, perr, sizeof perr) != 0) {
+            snprintf(err, len, "metrics_listen: %s", perr);
+            return PS_EINVAL;
+        }
+        if (uv_ip4_addr(parsed.metrics_host, parsed.metrics_port, (struct sockaddr_in *)&parsed.metrics_addr) != 0 &&
+            uv_ip6_addr(parsed.metrics_host, parsed.metrics_port, (struct sockaddr_in6 *)&parsed.metrics_addr) != 0) {
+            snprintf(err, len, "metrics_listen: '%s' is not an IPv4 or IPv6 address", parsed.metrics_host);
+            return PS_EINVAL;
+        }
+    }
+    if (c->mode == PS_MODE_BSP && c->backup_workers >= c->workers) {
+        snprintf(err, len, "backup_workers (%d) must be less than workers (%d)", c->backup_workers, c->workers);
+        return PS_EINVAL;
+    }
+    if (c->nonfinite == PS_NONFINITE_CLIP && !(c->clip_norm > 0)) {
+        snprintf(err, len, "nonfinite = clip needs clip_norm above 0: a sanitised push is scaled down to that "
+                           "norm (its infinities became +-FLT_MAX)");
+        return PS_EINVAL;
+    }
+    if (out)
+        *out = parsed;
+    return 0;
+}
