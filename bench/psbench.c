@@ -366,7 +366,7 @@ static int psd_send_chunks(bworker *w, plink *l, uint32_t type, const float *val
 static int psd_pull_all(bworker *w, plink *l, uint64_t min)
 {
     unsigned window = w->b->window > 0 ? (unsigned)w->b->window : 1;
-    int rc = ps_client_pull_chunks(&l->cl, w->params + l->lo, l->n, min, w->b->chunk, window, &l->version,
+    int rc = ps_client_pull_chunks(&l->cl, w->params + l->lo, 0, l->n, min, w->b->chunk, window, &l->version,
                                    CALL_TIMEOUT_MS);
     return rc == 0 ? 0 : wfail(w, l, rc, "pull");
 }

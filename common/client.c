@@ -408,8 +408,8 @@ int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
     return ps_client_recv_into(c, out, NULL, 0, timeout_ms);
 }
 
-int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t n, uint64_t min, uint64_t chunk, unsigned window,
-                          uint64_t *version, int timeout_ms)
+int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t base, uint64_t n, uint64_t min, uint64_t chunk,
+                          unsigned window, uint64_t *version, int timeout_ms)
 {
     if (window < 1)
         window = 1;
@@ -419,7 +419,7 @@ int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t n, uint64_t min, ui
             ps_msg m;
             ps_msg_init(&m, PS_MSG_PULL);
             m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
-            m.off = asked;
+            m.off = base + asked;
             m.len = n - asked < chunk ? n - asked : chunk;
             m.min = min;
             int rc = ps_client_send(c, &m);
@@ -432,9 +432,10 @@ int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t n, uint64_t min, ui
         int rc = ps_client_recv_into(c, &r, dst + off, (size_t)len, timeout_ms);
         if (rc != 0)
             return rc;
-        if (r.type != PS_MSG_PARAMS || r.off != off || r.ndata != len)
+        if (r.type != PS_MSG_PARAMS || r.off != base + off || r.ndata != len)
             return cfail(c, PS_EMALFORMED, "%s: pull of [%llu, %llu): unexpected %s reply", c->server,
-                         (unsigned long long)off, (unsigned long long)(off + len), ps_msg_type_name(r.type));
+                         (unsigned long long)(base + off), (unsigned long long)(base + off + len),
+                         ps_msg_type_name(r.type));
         if (r.data != dst + off) /* not read in place */
             memcpy(dst + off, r.data, len * sizeof(float));
         *version = r.mver;

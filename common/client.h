@@ -1,4 +1,5 @@
-/* client.h - a blocking connection to psd, for psworker and psctl.
+/* client.h - a blocking connection to psd, for libpsclient (client/), psctl
+ * and psbench's raw-protocol measurements.
  *
  * One ps_client is one TCP connection: connect with a deadline, the hello
  * handshake, request ids, and send/receive of whole frames. Tensor data is
@@ -73,12 +74,13 @@ int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
  * another length) is received as ps_client_recv does. */
 int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms);
 
-/* Pulls parameters [0, n) at version >= min into dst, as PULLs of at most
- * `chunk` floats with `window` of them in flight (the next chunk is on the
- * wire while this one is read), each read straight into dst. *version is
- * the version of the last chunk. psworker's and psbench's chunked pulls. */
-int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t n, uint64_t min, uint64_t chunk, unsigned window,
-                          uint64_t *version, int timeout_ms);
+/* Pulls parameters [base, base + n) at version >= min into dst[0, n), as
+ * PULLs of at most `chunk` floats with `window` of them in flight (the next
+ * chunk is on the wire while this one is read), each read straight into
+ * dst. *version is the version of the last chunk. libpsclient's and
+ * psbench's chunked pulls. */
+int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t base, uint64_t n, uint64_t min, uint64_t chunk,
+                          unsigned window, uint64_t *version, int timeout_ms);
 
 /* Sends m without a request id: psd sends no reply (heartbeats). */
 int ps_client_send_noreply(ps_client *c, ps_msg *m);

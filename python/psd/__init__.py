@@ -1,0 +1,319 @@
+"""psd: train your own model through the psd parameter server.
+
+A binding over libpsclient (the C client library, include/psd/client.h)
+with ctypes: the parameters and gradients are NumPy arrays that are the
+library's own vectors (or yours, bound with Client.bind), so a push or a
+pull moves no data through Python, and every call that waits on the
+network releases the GIL (ctypes does, around each library call).
+
+    import psd
+    c = psd.Client([("w", (784, 10)), ("b", (10,))], server="127.0.0.1:7000", shard="0/2")
+    c.params[:] = initial_values       # the model, if this worker is the first
+    c.connect()
+    for x, y in batches:
+        c.grads[:] = gradient(c.tensor("w"), c.tensor("b"), x, y)
+        c.pushpull()                   # c.params now holds psd's new values
+
+psd.torch wraps a torch.nn.Module the same way (see psd/torch.py).
+"""
+
+import ctypes
+import os
+
+import numpy as np
+
+from ._lib import lib, PSC_CODES
+
+__all__ = ["Client", "PsdError", "error_name", "strerror", "__version__"]
+
+__version__ = lib.psc_version_string().decode()
+
+
+def strerror(code):
+    """A short description of a libpsclient error code."""
+    return lib.psc_strerror(int(code)).decode()
+
+
+def error_name(code):
+    """The symbolic name of a libpsclient error code ("ELAYOUT"), or "E?"."""
+    return PSC_CODES.get(-abs(int(code)), "E?")
+
+
+class PsdError(Exception):
+    """A libpsclient call failed: .code (negative), .name ("ELAYOUT", ...)
+    and the library's one-line message."""
+
+    def __init__(self, code, message):
+        self.code = code
+        self.name = error_name(code)
+        super().__init__("%s [%s]" % (message, self.name))
+
+
+_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "wire", "shm", "reconnect",
+            "log")
+
+
+def _opt_text(value):
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+class Client:
+    """One worker's connection to psd (or to several psd sharing the model).
+
+    tensors: the layout, a list of (name, shape) pairs or a dict of them in
+    order; every worker of a job declares the same. Keyword options are
+    libpsclient's (docs/client.md): server ("host:port" or
+    "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
+    and Kubernetes environments), token_file, timeout_ms, reconnect_s,
+    connect_s, wire ("f32"/"bf16"), shm (bool), reconnect (bool), log.
+    connect=True connects at once (after init, when given, was copied into
+    the parameters).
+
+    Not thread-safe: one thread at a time per Client (the library's own
+    threads send heartbeats while you compute).
+    """
+
+    def __init__(self, tensors, connect=False, init=None, **options):
+        self._c = None
+        self._bound = (None, None)
+        c = lib.psc_new()
+        if not c:
+            raise MemoryError("psc_new: out of memory")
+        self._c = c
+        for key, value in options.items():
+            if key not in _OPTIONS:
+                raise TypeError("unknown option %r (one of %s)" % (key, ", ".join(_OPTIONS)))
+            if value is None:
+                continue
+            self._check(lib.psc_set(c, key.encode(), _opt_text(value).encode()))
+        items = tensors.items() if isinstance(tensors, dict) else tensors
+        for item in items:
+            try:
+                name, shape = item
+            except (TypeError, ValueError):
+                raise TypeError("a tensor is a (name, shape) pair, not %r" % (item,)) from None
+            if isinstance(shape, int):
+                shape = (shape,)
+            shape = tuple(int(d) for d in shape)
+            dims = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
+            self._check(lib.psc_add_tensor(c, str(name).encode(), len(shape), dims))
+        self._shapes = {}
+        self._offsets = {}
+        for i in range(lib.psc_tensor_count(c)):
+            name = ctypes.c_char_p()
+            ndim = ctypes.c_uint32()
+            dims = (ctypes.c_uint64 * 6)()
+            off = ctypes.c_uint64()
+            cnt = ctypes.c_uint64()
+            lib.psc_tensor_info(c, i, ctypes.byref(name), ctypes.byref(ndim), dims, ctypes.byref(off),
+                                ctypes.byref(cnt))
+            key = name.value.decode()
+            self._shapes[key] = tuple(dims[k] for k in range(ndim.value))
+            self._offsets[key] = (off.value, cnt.value)
+        self.size = int(lib.psc_size(c))
+        self._own_params = self._wrap(lib.psc_params(c))
+        self._own_grads = self._wrap(lib.psc_grads(c))
+        self.params, self.grads = self._own_params, self._own_grads
+        if init is not None:
+            self.params[:] = np.asarray(init, dtype=np.float32).reshape(-1)
+        if connect:
+            self.connect()
+
+    # ---- plumbing ---------------------------------------------------------
+
+    def _handle(self):
+        if self._c is None:
+            raise PsdError(-6, "the client is freed")
+        return self._c
+
+    def _check(self, rc):
+        if rc != 0:
+            raise PsdError(rc, lib.psc_errmsg(self._c).decode(errors="replace"))
+        return rc
+
+    def _wrap(self, ptr):
+        if not ptr:
+            self._check(-6 if self.size == 0 else -18)
+        buf = (ctypes.c_float * self.size).from_address(ptr)
+        buf._owner = self  # the array keeps the client, and so its memory, alive
+        return np.frombuffer(buf, dtype=np.float32)
+
+    # ---- layout and buffers ----------------------------------------------
+
+    @property
+    def tensors(self):
+        """{name: shape} in layout order."""
+        return dict(self._shapes)
+
+    def offset(self, name):
+        """(offset, count) of tensor name in the flat vectors."""
+        try:
+            return self._offsets[name]
+        except KeyError:
+            raise KeyError("no tensor called %r (the layout has %s)" % (name, ", ".join(self._shapes))) from None
+
+    def tensor(self, name):
+        """Tensor name of the parameters: a view, shaped."""
+        off, cnt = self.offset(name)
+        return self.params[off:off + cnt].reshape(self._shapes[name])
+
+    def grad(self, name):
+        """Tensor name of the gradients: a view, shaped (write into it)."""
+        off, cnt = self.offset(name)
+        return self.grads[off:off + cnt].reshape(self._shapes[name])
+
+    @staticmethod
+    def _vector(a, what, n):
+        if not isinstance(a, np.ndarray):
+            raise TypeError("%s must be a numpy.ndarray, not %s" % (what, type(a).__name__))
+        if a.dtype != np.float32:
+            raise TypeError("%s must be float32, not %s" % (what, a.dtype))
+        if not a.flags.c_contiguous:
+            raise ValueError("%s must be C-contiguous (use numpy.ascontiguousarray)" % what)
+        if not a.flags.writeable:
+            raise ValueError("%s must be writeable" % what)
+        if a.size != n:
+            raise ValueError("%s has %d values (shape %s), the model %d" % (what, a.size, a.shape, n))
+        return a.ctypes.data
+
+    def bind(self, params=None, grads=None):
+        """Makes pulls write into params and pushes read from grads (float32,
+        C-contiguous arrays of size values, any shape), with no copy; None
+        takes the library's own vector again. The arrays are kept alive by
+        the client while bound."""
+        pp = self._vector(params, "params", self.size) if params is not None else None
+        gp = self._vector(grads, "grads", self.size) if grads is not None else None
+        if params is not None and grads is not None and pp == gp:
+            raise ValueError("params and grads must be different arrays")
+        self._check(lib.psc_bind(self._handle(), pp, gp))
+        self._bound = (params, grads)
+        flat = lambda a: a if a.ndim == 1 else a.reshape(-1)  # noqa: E731 (a view: contiguous)
+        self.params = flat(params) if params is not None else self._own_params
+        self.grads = flat(grads) if grads is not None else self._own_grads
+
+    # ---- connecting and training -----------------------------------------
+
+    def connect(self):
+        """Connects (waiting for psd up to connect_s); the parameters as they
+        are become the model when psd has none, else psd's values replace them."""
+        self._check(lib.psc_connect(self._handle()))
+
+    def pushpull(self):
+        """Pushes the gradients, pulls the new parameters (bsp: after the round)."""
+        self._check(lib.psc_pushpull(self._handle()))
+
+    def push(self):
+        self._check(lib.psc_push(self._handle()))
+
+    def pull(self):
+        self._check(lib.psc_pull(self._handle()))
+
+    def _range(self, fn, off, length):
+        if int(off) < 0 or int(length) <= 0:
+            raise ValueError("a range needs off >= 0 and length >= 1, not (%d, %d)" % (off, length))
+        self._check(fn(self._handle(), int(off), int(length)))
+
+    def push_range(self, off, length):
+        self._range(lib.psc_push_range, off, length)
+
+    def pull_range(self, off, length):
+        self._range(lib.psc_pull_range, off, length)
+
+    def push_tensor(self, name):
+        self.offset(name)
+        self._check(lib.psc_push_tensor(self._handle(), name.encode()))
+
+    def pull_tensor(self, name):
+        self.offset(name)
+        self._check(lib.psc_pull_tensor(self._handle(), name.encode()))
+
+    def pushpull_start(self, base=None):
+        """pushpull on the library's thread; compute on other memory, then wait().
+        base: the model version the gradient was computed on, if older."""
+        if base is not None:
+            self._check(lib.psc_set_base(self._handle(), int(base)))
+        self._check(lib.psc_pushpull_start(self._handle()))
+
+    def wait(self):
+        self._check(lib.psc_wait(self._handle()))
+
+    def poll(self):
+        """True when the step started by pushpull_start is done."""
+        return bool(lib.psc_poll(self._handle()))
+
+    def report(self, epoch, loss, accuracy=None, test_loss=0.0, samples=0, rate=0.0):
+        """Tells psd this worker's progress (psctl status shows it)."""
+        acc = -1.0 if accuracy is None else float(accuracy)
+        self._check(lib.psc_report(self._handle(), int(epoch), float(loss), acc, float(test_loss), int(samples),
+                                   float(rate)))
+
+    def live_shards(self):
+        """(rank, count): this worker among the shards psd still counts."""
+        r, n = ctypes.c_uint32(), ctypes.c_uint32()
+        self._check(lib.psc_live_shards(self._handle(), ctypes.byref(r), ctypes.byref(n)))
+        return r.value, n.value
+
+    def reconnect(self):
+        self._check(lib.psc_reconnect(self._handle()))
+
+    # ---- what psd said -----------------------------------------------------
+
+    @property
+    def mode(self):
+        return lib.psc_mode(self._handle()).decode()
+
+    @property
+    def version(self):
+        return int(lib.psc_model_version(self._handle()))
+
+    @property
+    def shard(self):
+        k, m = ctypes.c_uint32(), ctypes.c_uint32()
+        lib.psc_shard(self._handle(), ctypes.byref(k), ctypes.byref(m))
+        return k.value, m.value
+
+    @property
+    def servers(self):
+        return int(lib.psc_servers(self._handle()))
+
+    @property
+    def wire(self):
+        return lib.psc_wire(self._handle()).decode()
+
+    @property
+    def shm(self):
+        return bool(lib.psc_shm(self._handle()))
+
+    @property
+    def reconnects(self):
+        return int(lib.psc_reconnects(self._handle()))
+
+    @property
+    def lost_steps(self):
+        return int(lib.psc_lost_steps(self._handle()))
+
+    @property
+    def dropped(self):
+        return int(lib.psc_dropped(self._handle()))
+
+    # ---- closing -----------------------------------------------------------
+
+    def close(self):
+        """Says goodbye to psd. The arrays stay readable until the client is
+        garbage; calls that talk to psd raise PsdError ESTATE."""
+        if self._c is not None:
+            lib.psc_close(self._c)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        c, self._c = getattr(self, "_c", None), None
+        if c:
+            lib.psc_free(c)

@@ -1,0 +1,526 @@
+/* test_client.c - libpsclient's public API (include/psd/client.h) against a
+ * real psd, started by each test on a free port of 127.0.0.1 and killed at
+ * its end. psd runs plain SGD with lr 0.5 and no momentum, so every
+ * expected value is exact: init - 0.5 x gradient (x the mean in bsp).
+ *
+ *   test_client PSD_BINARY WORK_DIR */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "psd/client.h"
+
+static const char *psd_bin, *work_dir;
+
+/* every psd started, killed at exit too: a failed assertion leaves its
+ * test without reaching psd_kill */
+static pid_t started[64];
+static int nstarted;
+
+static void kill_started(void)
+{
+    for (int i = 0; i < nstarted; i++)
+        if (started[i] > 0 && kill(started[i], SIGKILL) == 0)
+            waitpid(started[i], NULL, 0);
+}
+
+typedef struct psd_proc {
+    pid_t pid;
+    int port;
+    char addr[64];
+    char dir[512];
+} psd_proc;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Starts psd on 127.0.0.1:port (0: any free one) in mode, with extra
+ * "--set" settings (NULL-terminated), and waits for its port file. */
+static void psd_start(psd_proc *p, const char *mode, int workers, int port, ...)
+{
+    static int seq;
+    char *argv[40];
+    int n = 0;
+    char listen[64], wk[16], port_file[600];
+    if (!p->dir[0]) {
+        snprintf(p->dir, sizeof p->dir, "%s/psd-%d-%d", work_dir, (int)getpid(), seq++);
+        mkdir(p->dir, 0700);
+    }
+    snprintf(port_file, sizeof port_file, "%s/port", p->dir);
+    unlink(port_file);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(wk, sizeof wk, "%d", workers);
+    argv[n++] = (char *)psd_bin;
+    argv[n++] = "--listen";
+    argv[n++] = listen;
+    argv[n++] = "--port-file";
+    argv[n++] = port_file;
+    argv[n++] = "--mode";
+    argv[n++] = (char *)mode;
+    argv[n++] = "--workers";
+    argv[n++] = wk;
+    argv[n++] = "--log-level";
+    argv[n++] = "warn";
+    argv[n++] = "--set";
+    argv[n++] = "optimizer=sgd";
+    argv[n++] = "--set";
+    argv[n++] = "lr=0.5";
+    argv[n++] = "--set";
+    argv[n++] = "momentum=0";
+    argv[n++] = "--set";
+    argv[n++] = "warmup_versions=0";
+    va_list ap;
+    va_start(ap, port);
+    for (const char *s; (s = va_arg(ap, const char *)) != NULL && n < 38;) {
+        argv[n++] = "--set";
+        argv[n++] = (char *)s;
+    }
+    va_end(ap);
+    argv[n] = NULL;
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        execv(psd_bin, argv);
+        _exit(127);
+    }
+    if (nstarted < 64)
+        started[nstarted++] = p->pid;
+    for (double t0 = now_s(); now_s() - t0 < 15;) {
+        FILE *f = fopen(port_file, "r");
+        int got = 0;
+        if (f) {
+            got = fscanf(f, "%d", &p->port) == 1;
+            fclose(f);
+        }
+        if (got) {
+            snprintf(p->addr, sizeof p->addr, "127.0.0.1:%d", p->port);
+            return;
+        }
+        int st;
+        assert_int_equal(waitpid(p->pid, &st, WNOHANG), 0); /* psd still running */
+        usleep(10000);
+    }
+    fail_msg("psd did not write its port file within 15 s");
+}
+
+static void psd_kill(psd_proc *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        for (int i = 0; i < nstarted; i++)
+            if (started[i] == p->pid)
+                started[i] = 0; /* reaped: its pid may be another process's now */
+        p->pid = 0;
+    }
+}
+
+/* A port nothing listens on (bound, then closed). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A client of the two-tensor model w[ROWS x 3], b[3] for shard k of m. */
+#define ROWS 400
+#define NVAL (ROWS * 3 + 3)
+static psc_client *client(const char *servers, const char *shard)
+{
+    psc_client *c = psc_new();
+    assert_non_null(c);
+    assert_int_equal(psc_set(c, "server", servers), 0);
+    assert_int_equal(psc_set(c, "shard", shard), 0);
+    assert_int_equal(psc_set(c, "connect_s", "5"), 0);
+    assert_int_equal(psc_set(c, "timeout_ms", "20000"), 0);
+    uint64_t w[2] = {ROWS, 3}, b[1] = {3};
+    assert_int_equal(psc_add_tensor(c, "w", 2, w), 0);
+    assert_int_equal(psc_add_tensor(c, "b", 1, b), 0);
+    return c;
+}
+
+static float init_value(size_t i)
+{
+    return (float)(i % 17) * 0.25f - 2.0f;
+}
+
+/* ---- tests --------------------------------------------------------------- */
+
+/* The first worker's values become the model; the second pulls them. A
+ * pushpull applies -lr x gradient exactly, and both see it. */
+static void test_init_and_pushpull(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_size(a), NVAL);
+    float *pa = psc_params(a), *ga = psc_grads(a);
+    assert_non_null(pa);
+    for (size_t i = 0; i < NVAL; i++)
+        pa[i] = init_value(i);
+    assert_int_equal(psc_connect(a), 0);
+    assert_string_equal(psc_mode(a), "asgd");
+    assert_int_equal(psc_shm(a), 1); /* psd on this machine maps the segment */
+    float *pb = psc_params(b);
+    for (size_t i = 0; i < NVAL; i++)
+        pb[i] = 99; /* not these: psd has a model already */
+    assert_int_equal(psc_connect(b), 0);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(pb[i] == init_value(i));
+    for (size_t i = 0; i < NVAL; i++)
+        ga[i] = (float)(i % 3);
+    assert_int_equal(psc_pushpull(a), 0);
+    assert_int_equal(psc_model_version(a), 1);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(pa[i] == init_value(i) - 0.5f * (float)(i % 3));
+    assert_int_equal(psc_pull(b), 0);
+    assert_memory_equal(pa, pb, NVAL * sizeof(float));
+    assert_int_equal(psc_report(a, 1, 0.5, 0.9, 0.4, 1000, 123.0), 0);
+    assert_int_equal(psc_report(b, 1, 0.5, -1, 0, 1000, 123.0), 0);
+    uint32_t rank, count;
+    assert_int_equal(psc_live_shards(b, &rank, &count), 0);
+    assert_int_equal(rank, 1);
+    assert_int_equal(count, 2);
+    psc_free(a);
+    psc_free(b);
+    psd_kill(&p);
+}
+
+/* Named tensors and key ranges move only their values; the caller's own
+ * vectors (psc_bind) work as the library's do; TCP (shm off) and bfloat16
+ * give the same model. */
+static void test_ranges_bind_wire(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_set(b, "shm", "off"), 0);
+    assert_int_equal(psc_set(b, "wire", "bf16"), 0);
+    float *mine = calloc(NVAL, sizeof(float)), *myg = calloc(NVAL, sizeof(float));
+    for (size_t i = 0; i < NVAL; i++)
+        mine[i] = 1.0f;
+    assert_int_equal(psc_bind(a, mine, myg), 0);
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), 0);
+    assert_int_equal(psc_shm(b), 0);
+    assert_string_equal(psc_wire(b), "bf16");
+    float *pb = psc_params(b), *gb = psc_grads(b);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(pb[i] == 1.0f); /* 1.0 is exact in bfloat16 */
+    /* b pushes only tensor b (values ROWS*3 .. +3) */
+    for (size_t i = 0; i < NVAL; i++)
+        gb[i] = 1.0f;
+    assert_int_equal(psc_push_tensor(b, "b"), 0);
+    assert_int_equal(psc_pull(a), 0);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(mine[i] == (i >= ROWS * 3 ? 0.5f : 1.0f));
+    /* a pushes the range [10, 20) of w from its own gradient vector */
+    for (size_t i = 0; i < NVAL; i++)
+        myg[i] = 2.0f;
+    assert_int_equal(psc_push_range(a, 10, 10), 0);
+    assert_int_equal(psc_pull_tensor(b, "w"), 0);
+    for (size_t i = 0; i < ROWS * 3; i++)
+        assert_true(pb[i] == (i >= 10 && i < 20 ? 0.0f : 1.0f));
+    assert_int_equal(psc_pull_range(b, ROWS * 3, 3), 0);
+    assert_true(pb[ROWS * 3] == 0.5f);
+    /* bad ranges and names: refused by the library, the client still works */
+    assert_int_equal(psc_push_range(a, NVAL - 1, 2), PSC_ERANGE);
+    assert_non_null(strstr(psc_errmsg(a), "not inside"));
+    assert_int_equal(psc_pull_range(a, 0, 0), PSC_ERANGE);
+    assert_int_equal(psc_pull_tensor(a, "nope"), PSC_ENOTFOUND);
+    assert_int_equal(psc_pull(a), 0);
+    psc_free(a);
+    psc_free(b);
+    free(mine);
+    free(myg);
+    psd_kill(&p);
+}
+
+/* BSP with the asynchronous form: both workers start their step, neither
+ * finishes before the other's push closes the round; the model moves by
+ * the mean gradient. While a step is in flight other calls are refused. */
+static void test_bsp_async(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "bsp", 2, 0, NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), 0);
+    assert_string_equal(psc_mode(b), "bsp");
+    float *ga = psc_grads(a), *gb = psc_grads(b);
+    for (size_t i = 0; i < NVAL; i++) {
+        ga[i] = 1.0f;
+        gb[i] = 3.0f;
+    }
+    assert_int_equal(psc_pushpull_start(a), 0);
+    assert_int_equal(psc_pull(a), PSC_EBUSY);
+    assert_int_equal(psc_bind(a, NULL, NULL), PSC_EBUSY);
+    assert_int_equal(psc_pushpull_start(a), PSC_EBUSY);
+    usleep(200000);
+    assert_int_equal(psc_poll(a), 0); /* the round waits for b */
+    assert_int_equal(psc_pushpull_start(b), 0);
+    assert_int_equal(psc_wait(a), 0);
+    assert_int_equal(psc_wait(b), 0);
+    assert_int_equal(psc_poll(a), 1);
+    assert_int_equal(psc_wait(a), 0); /* nothing in flight */
+    assert_int_equal(psc_model_version(a), 1);
+    float *pa = psc_params(a), *pb = psc_params(b);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(pa[i] == -1.0f && pb[i] == -1.0f); /* 0 - 0.5 x mean(1, 3) */
+    psc_free(a);
+    psc_free(b);
+    psd_kill(&p);
+}
+
+/* A model split over two psd: the parts go to their psd, and a worker
+ * joining later pulls both. */
+static void test_split(void **state)
+{
+    psd_proc p1 = {0}, p2 = {0};
+    psd_start(&p1, "asgd", 2, 0, NULL);
+    psd_start(&p2, "asgd", 2, 0, NULL);
+    char servers[200];
+    snprintf(servers, sizeof servers, "%s,%s", p1.addr, p2.addr);
+    psc_client *c = psc_new();
+    assert_int_equal(psc_set(c, "server", servers), 0);
+    assert_int_equal(psc_set(c, "shard", "0/2"), 0);
+    uint64_t d[1] = {5000};
+    assert_int_equal(psc_add_tensor(c, "v", 1, d), 0);
+    float *pc = psc_params(c), *gc = psc_grads(c);
+    for (size_t i = 0; i < 5000; i++) {
+        pc[i] = (float)i;
+        gc[i] = 2.0f;
+    }
+    assert_int_equal(psc_connect(c), 0);
+    assert_int_equal(psc_servers(c), 2);
+    assert_int_equal(psc_pushpull(c), 0);
+    psc_client *o = psc_new();
+    assert_int_equal(psc_set(o, "server", servers), 0);
+    assert_int_equal(psc_set(o, "shard", "1/2"), 0);
+    assert_int_equal(psc_add_tensor(o, "v", 1, d), 0);
+    assert_int_equal(psc_connect(o), 0);
+    float *po = psc_params(o);
+    for (size_t i = 0; i < 5000; i++)
+        assert_true(po[i] == (float)i - 1.0f && pc[i] == po[i]);
+    /* a range across the two parts' boundary */
+    assert_int_equal(psc_push_range(c, 2000, 2000), 0);
+    assert_int_equal(psc_pull(o), 0);
+    for (size_t i = 0; i < 5000; i++)
+        assert_true(po[i] == (float)i - (i >= 2000 && i < 4000 ? 2.0f : 1.0f));
+    psc_free(c);
+    psc_free(o);
+    psd_kill(&p1);
+    psd_kill(&p2);
+}
+
+/* A worker started before psd waits for it; killed and restarted (without
+ * its state), psd gets the worker's parameters back and training goes on. */
+typedef struct {
+    psc_client *c;
+    int rc;
+} connect_arg;
+
+static void *connect_thread(void *arg)
+{
+    connect_arg *ca = arg;
+    ca->rc = psc_connect(ca->c);
+    return NULL;
+}
+
+static void test_wait_and_reconnect(void **state)
+{
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    psc_client *c = client(addr, "0/1");
+    assert_int_equal(psc_set(c, "connect_s", "20"), 0);
+    assert_int_equal(psc_set(c, "reconnect_s", "20"), 0);
+    float *pc = psc_params(c), *gc = psc_grads(c);
+    for (size_t i = 0; i < NVAL; i++)
+        pc[i] = 4.0f;
+    connect_arg ca = {c, -999};
+    pthread_t th;
+    double t0 = now_s();
+    assert_int_equal(pthread_create(&th, NULL, connect_thread, &ca), 0);
+    usleep(500000);
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 1, port, NULL);
+    pthread_join(th, NULL);
+    assert_int_equal(ca.rc, 0);
+    assert_true(now_s() - t0 >= 0.45);
+    for (size_t i = 0; i < NVAL; i++)
+        gc[i] = 1.0f;
+    assert_int_equal(psc_pushpull(c), 0);
+    assert_true(pc[0] == 3.5f);
+    psd_kill(&p);
+    psd_start(&p, "asgd", 1, port, NULL);
+    assert_int_equal(psc_pushpull(c), 0); /* lost with the old psd, then reconnected */
+    assert_int_equal(psc_reconnects(c), 1);
+    assert_int_equal(psc_lost_steps(c), 1);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(pc[i] == 3.5f); /* the new psd took our values */
+    assert_int_equal(psc_pushpull(c), 0);
+    assert_true(pc[0] == 3.0f);
+    psc_free(c);
+    psd_kill(&p);
+}
+
+/* psd at its connection limit answers LIMIT: psc_connect retries with
+ * backoff and gets in once a place is free. */
+typedef struct {
+    psc_client *c;
+} close_arg;
+
+static void *close_later(void *arg)
+{
+    usleep(700000);
+    psc_close(((close_arg *)arg)->c);
+    return NULL;
+}
+
+static void test_limit_retried(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, "max_connections=1", NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_connect(a), 0);
+    close_arg ca = {a};
+    pthread_t th;
+    double t0 = now_s();
+    assert_int_equal(pthread_create(&th, NULL, close_later, &ca), 0);
+    assert_int_equal(psc_connect(b), 0); /* LIMIT until a leaves */
+    assert_true(now_s() - t0 >= 0.6);
+    pthread_join(th, NULL);
+    assert_int_equal(psc_pull(b), 0);
+    psc_free(a);
+    psc_free(b);
+    /* with no wait allowed, LIMIT is the answer */
+    psd_kill(&p);
+    psd_start(&p, "asgd", 2, 0, "max_connections=1", NULL);
+    a = client(p.addr, "0/2");
+    b = client(p.addr, "1/2");
+    assert_int_equal(psc_set(b, "connect_s", "0"), 0);
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), PSC_ELIMIT);
+    assert_non_null(strstr(psc_errmsg(b), "max_connections"));
+    psc_free(a);
+    psc_free(b);
+    psd_kill(&p);
+}
+
+/* Mistakes get a code and a message, never a crash; the client survives. */
+static void test_mistakes(void **state)
+{
+    psc_client *c = psc_new();
+    assert_int_equal(psc_set(c, "colour", "blue"), PSC_EINVAL);
+    assert_non_null(strstr(psc_errmsg(c), "colour"));
+    assert_int_equal(psc_set(c, "shard", "3/2"), PSC_EINVAL);
+    assert_int_equal(psc_set(c, "wire", "f64"), PSC_EINVAL);
+    assert_int_equal(psc_set(c, "timeout_ms", "0"), PSC_EINVAL);
+    assert_int_equal(psc_set(c, NULL, "x"), PSC_EINVAL);
+    assert_int_equal(psc_set(c, "token_file", "/nonexistent/token"), PSC_EINVAL);
+    assert_non_null(strstr(psc_errmsg(c), "/nonexistent/token"));
+    uint64_t d0[1] = {0}, d[2] = {2, 2};
+    assert_int_equal(psc_add_tensor(c, "x", 1, d0), PSC_EINVAL);
+    assert_int_equal(psc_add_tensor(c, "", 1, d), PSC_EINVAL);
+    assert_int_equal(psc_add_tensor(c, "x", 7, d), PSC_EINVAL);
+    assert_null(psc_params(c)); /* no tensors: no vectors */
+    assert_int_equal(psc_connect(c), PSC_ESTATE);
+    assert_int_equal(psc_add_tensor(c, "x", 2, d), 0);
+    assert_int_equal(psc_add_tensor(c, "x", 2, d), PSC_EINVAL); /* twice */
+    assert_int_equal(psc_pushpull(c), PSC_ESTATE);             /* not connected */
+    assert_non_null(strstr(psc_errmsg(c), "psc_connect first"));
+    assert_non_null(psc_params(c));
+    assert_int_equal(psc_add_tensor(c, "y", 2, d), PSC_ESTATE); /* layout fixed */
+    int port = free_port();
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    psc_client *u = psc_new();
+    assert_int_equal(psc_set(u, "server", addr), 0);
+    assert_int_equal(psc_set(u, "connect_s", "0"), 0);
+    assert_int_equal(psc_add_tensor(u, "x", 2, d), 0);
+    assert_int_equal(psc_connect(u), PSC_ECONNECT);
+    assert_non_null(strstr(psc_errmsg(u), addr));
+    psc_free(u);
+    /* a bad list of psd is told when the layout is fixed, and may be mended */
+    psc_client *r = psc_new();
+    assert_int_equal(psc_set(r, "server", "127.0.0.1:1,,127.0.0.1:2"), 0);
+    uint64_t big[1] = {4096};
+    assert_int_equal(psc_add_tensor(r, "v", 1, big), 0);
+    assert_null(psc_params(r));
+    assert_non_null(strstr(psc_errmsg(r), "empty"));
+    assert_int_equal(psc_set(r, "server", "127.0.0.1:1,127.0.0.1:2"), 0);
+    assert_non_null(psc_params(r));
+    assert_int_equal(psc_servers(r), 2);
+    psc_free(r);
+    /* psd holding another layout */
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, NULL);
+    psc_client *a = client(p.addr, "0/2");
+    assert_int_equal(psc_connect(a), 0);
+    psc_client *z = psc_new();
+    assert_int_equal(psc_set(z, "server", p.addr), 0);
+    assert_int_equal(psc_set(z, "shard", "1/2"), 0);
+    assert_int_equal(psc_add_tensor(z, "x", 2, d), 0);
+    assert_int_equal(psc_connect(z), PSC_ELAYOUT);
+    psc_free(z);
+    psc_close(a);
+    assert_int_equal(psc_pull(a), PSC_ESTATE);
+    assert_non_null(strstr(psc_errmsg(a), "closed"));
+    psc_close(a); /* twice is fine */
+    psc_free(a);
+    psc_free(c);
+    psc_free(NULL);
+    for (int code = 0; code >= -30; code--)
+        assert_non_null(psc_strerror(code));
+    assert_string_equal(psc_version_string(), "1.0.0");
+    psd_kill(&p);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: test_client PSD_BINARY WORK_DIR\n");
+        return 2;
+    }
+    psd_bin = argv[1];
+    work_dir = argv[2];
+    mkdir(work_dir, 0700);
+    setenv("PSD_LOG_LEVEL", "error", 1);
+    unsetenv("PSD_SERVER");
+    unsetenv("PSD_TOKEN_FILE");
+    signal(SIGPIPE, SIG_IGN);
+    atexit(kill_started);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init_and_pushpull), cmocka_unit_test(test_ranges_bind_wire),
+        cmocka_unit_test(test_bsp_async),         cmocka_unit_test(test_split),
+        cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
+        cmocka_unit_test(test_mistakes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

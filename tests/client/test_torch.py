@@ -1,0 +1,144 @@
+"""test_torch.py - psd.torch against a real psd (ctest: client_torch).
+
+psd runs plain SGD at lr 0.5 without momentum, so after a step every
+parameter must be exactly p - 0.5 x grad (x the mean over workers in bsp).
+"""
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import harness  # noqa: E402
+
+import psd  # noqa: E402
+import psd.torch  # noqa: E402
+
+SGD = ("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--set", "warmup_versions=0",
+       "--log-level", "warn")
+
+
+@pytest.fixture
+def cluster():
+    with harness.Cluster("psd-torch") as cl:
+        yield cl
+
+
+def net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 4))
+
+
+def data(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(16, 20, generator=g), torch.randint(0, 4, (16,), generator=g)
+
+
+def test_views_and_one_step(cluster):
+    p = cluster.psd(mode="asgd", workers=2, args=SGD)
+    model = net()
+    before = {n: t.detach().clone() for n, t in model.named_parameters()}
+    w = psd.torch.Worker(model, server=p.addr, shard="0/2")
+    assert w.mode == "asgd" and w.client.shm
+    names = [n for n, _ in model.named_parameters()]
+    assert list(w.client.tensors) == names
+    base = w.flat_params.data_ptr()
+    for (n, t), g in zip(model.named_parameters(), w._grad_views):
+        off, cnt = w.client.offset(n)
+        assert t.data_ptr() == base + 4 * off                 # a view of the library's vector
+        assert t.grad.data_ptr() == w.flat_grads.data_ptr() + 4 * off
+        assert torch.equal(t.detach(), before[n])             # our values became psd's model
+    x, y = data(1)
+    w.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    grads = {n: t.grad.clone() for n, t in model.named_parameters()}
+    ptrs = [t.data_ptr() for t in model.parameters()]
+    w.step()
+    assert [t.data_ptr() for t in model.parameters()] == ptrs  # updated in place
+    for n, t in model.named_parameters():
+        assert torch.equal(t.detach(), before[n] - 0.5 * grads[n]), n
+    assert w.version == 1
+    # a second worker with other initial values gets the model
+    other = net(seed=7)
+    w2 = psd.torch.Worker(other, server=p.addr, shard="1/2")
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert torch.equal(a.detach(), b.detach())
+    # a gradient replaced (set to None, or a new tensor) still goes out
+    w2.zero_grad()
+    for t in other.parameters():
+        t.grad = None
+    nn.functional.cross_entropy(other(x), y).backward()
+    g2 = {n: t.grad.clone() for n, t in other.named_parameters()}
+    now = {n: t.detach().clone() for n, t in other.named_parameters()}
+    w2.step()
+    for n, t in other.named_parameters():
+        assert torch.equal(t.detach(), now[n] - 0.5 * g2[n]), n
+    w.close()
+    w2.close()
+
+
+def test_bsp_two_workers_mean(cluster):
+    p = cluster.psd(mode="bsp", workers=2, args=SGD)
+    models = [net(), net()]
+    workers = [psd.torch.Worker(m, server=p.addr, shard="%d/2" % k) for k, m in enumerate(models)]
+    start = [t.detach().clone() for t in models[0].parameters()]
+    grads = []
+    for k, (m, w) in enumerate(zip(models, workers)):
+        w.zero_grad()
+        x, y = data(10 + k)
+        nn.functional.cross_entropy(m(x), y).backward()
+        grads.append([t.grad.clone() for t in m.parameters()])
+    workers[0].step_start()                                   # waits for the round
+    time.sleep(0.2)
+    assert not workers[0].client.poll()
+    workers[1].step()
+    workers[0].step_wait()
+    for m in models:
+        for t, s, g0, g1 in zip(m.parameters(), start, grads[0], grads[1]):
+            assert torch.allclose(t.detach(), s - 0.5 * (g0 + g1) / 2, atol=1e-6)
+    assert workers[0].version == workers[1].version == 1
+
+
+def test_split_and_ssp(cluster):
+    p1 = cluster.psd(mode="ssp", workers=1, name="psd1", args=SGD)
+    p2 = cluster.psd(mode="ssp", workers=1, name="psd2", args=SGD)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 10))  # 4810 values: two parts
+    start = [t.detach().clone() for t in model.parameters()]
+    w = psd.torch.Worker(model, server="%s,%s" % (p1.addr, p2.addr), shard="0/1")
+    assert w.client.servers == 2 and w.mode == "ssp"
+    w.zero_grad()
+    model(torch.ones(3, 64)).sum().backward()
+    grads = [t.grad.clone() for t in model.parameters()]
+    w.step()
+    for t, s, g in zip(model.parameters(), start, grads):
+        assert torch.equal(t.detach(), s - 0.5 * g)
+
+
+def test_heartbeats_while_computing(cluster):
+    """psd's heartbeat timeout is 1 s; the model 'computes' for 2.5 s between
+    steps, and psd still counts the worker (no reconnect needed)."""
+    p = cluster.psd(mode="asgd", workers=1, args=SGD + ("--set", "heartbeat_timeout=1s"))
+    model = net()
+    w = psd.torch.Worker(model, server=p.addr, shard="0/1", reconnect=False)
+    w.zero_grad()
+    time.sleep(2.5)
+    w.step()                     # reconnect off: a connection psd had closed would raise here
+    st = harness.status(p.addr)
+    assert [x["state"] for x in st["workers"]] != ["lost"], st
+    assert w.client.reconnects == 0 and w.version == 1
+
+
+def test_bad_modules():
+    with pytest.raises(TypeError):
+        psd.torch.Worker("not a module", connect=False)
+    with pytest.raises(ValueError):
+        psd.torch.Worker(nn.ReLU(), connect=False)
+    with pytest.raises(TypeError, match="float32"):
+        psd.torch.Worker(nn.Linear(3, 3).double(), connect=False)
