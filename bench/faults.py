@@ -39,10 +39,11 @@ def pushes_of(st, shards):
 
 def straggler(mode, extra, epochs, batch=64):
     with harness.Cluster("bench-straggler") as cl:
-        # Adam at 1e-3 trains in every mode; SGD at the BSP default (lr 0.05,
-        # momentum 0.9) diverges when 3 workers apply their pushes one by one
+        # Adam at 1e-3 trains in every mode; SGD at lr 0.05 and momentum 0.9
+        # (psd's defaults until the AdaGrad ones) diverges when 3 workers apply
+        # their pushes one by one. No warm-up, as when the figures were taken.
         psd = cl.psd(mode=mode, workers=3, args=["--set", "heartbeat_timeout=60s", "--set", "optimizer=adam",
-                                                 "--set", "lr=0.001"] + extra)
+                                                 "--set", "lr=0.001", "--set", "warmup_versions=0"] + extra)
         ws = [cl.worker(psd, k, 3, epochs=epochs, batch=batch, limit=0, model=MODEL, evaluate=False,
                         test_limit=0) for k in range(3)]
         harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 200, 120, "warm-up")

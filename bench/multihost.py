@@ -383,7 +383,7 @@ class Bench:
             for i in range(h):
                 psds.append(self.start_psd(i, self.name("train-psd%d" % i),
                                            ["--set", "optimizer=adam", "--set", "lr=2e-3",
-                                            "--set", "heartbeat_timeout=60s"]))
+                                            "--set", "warmup_versions=0", "--set", "heartbeat_timeout=60s"]))
             servers = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h))
             ws = [self.m.spawn(k, [self.worker_bin, "--server", servers, "--shard", "%d/%d" % (k, h),
                                    "--data", self.a.data, "--model", "mlp:256,128", "--epochs", "1",

@@ -57,7 +57,8 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"
     if mode == "bsp":
         batch //= nworkers
     args = ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "lr_schedule=cosine",
-            "--set", "lr_decay_versions=%d" % versions, "--set", "heartbeat_timeout=60s"]
+            "--set", "lr_decay_versions=%d" % versions, "--set", "warmup_versions=0",
+            "--set", "heartbeat_timeout=60s"]
     with harness.Cluster("bench-tta") as cl:
         psds = [cl.psd(mode=mode, workers=nworkers, args=args, name="psd%d" % i) for i in range(parts)]
         ws = [cl.worker(psds, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,

@@ -79,12 +79,14 @@ static const ps_config_option options[] = {
      .help = "Protected mode: without token_file psd refuses to listen on any address but "
              "loopback (127.0.0.0/8, ::1), since anyone who can reach it could read or "
              "change the model. yes lifts that, for a network you trust."},
-    {.name = "optimizer", .type = PS_CT_ENUM, .def = "sgd", AT(optimizer),
+    {.name = "optimizer", .type = PS_CT_ENUM, .def = "adagrad", AT(optimizer),
      .words = optimizer_words,
      .help = "Optimizer psd applies to pushed gradients: sgd (with momentum, optionally "
              "Nesterov, and weight decay), adam, adamw (Adam with decoupled weight decay) "
-             "or adagrad. Its state (momentum, moments) lives in psd."},
-    {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.05", AT(lr), .dmin = 0, .dmax = 1e3,
+             "or adagrad. Its state (momentum, moments) lives in psd. The default, adagrad at "
+             "lr 0.02, trains every psworker model in every mode with up to 4 workers, "
+             "however stale their gradients; set lr with the optimizer (adam about 0.001)."},
+    {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.02", AT(lr), .dmin = 0, .dmax = 1e3,
      .flags = PS_CONF_RELOAD,
      .help = "Learning rate: the step size of each update."},
     {.name = "momentum", .type = PS_CT_DOUBLE, .def = "0.9", AT(momentum), .dmin = 0,
@@ -137,10 +139,13 @@ static const ps_config_option options[] = {
     {.name = "lr_min", .type = PS_CT_DOUBLE, .def = "0", AT(lr_min), .dmin = 0, .dmax = 1e3,
      .flags = PS_CONF_RELOAD,
      .help = "cosine schedule: the lowest learning rate."},
-    {.name = "warmup_versions", .type = PS_CT_U64, .def = "0", AT(warmup_versions), .lo = 0,
+    {.name = "warmup_versions", .type = PS_CT_U64, .def = "100", AT(warmup_versions), .lo = 0,
      .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
      .help = "Raise the learning rate linearly from lr/warmup_versions to lr over the first "
-             "warmup_versions versions. 0 turns warm-up off."},
+             "warmup_versions versions. 0 turns warm-up off. The default keeps the first "
+             "steps small while several workers' gradients are computed on the same initial "
+             "model (without it, adagrad's first steps of lr per value could leave the cnn "
+             "at chance)."},
     {.name = "bsp_sum_order", .type = PS_CT_ENUM, .def = "shard", AT(bsp_sum_order),
      .words = sum_order_words,
      .help = "How a bsp round sums its pushes. shard adds them in shard order, so a run "

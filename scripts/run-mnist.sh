@@ -50,7 +50,7 @@ VERSIONS=$((EPOCHS * ((60000 + per_version - 1) / per_version)))
 echo "== starting psd ($MODE, $WORKERS workers, $OPTIMIZER lr $LR, $SCHEDULE schedule over $VERSIONS versions)"
 "$BIN/server/psd" --listen 127.0.0.1:0 --port-file "$run/port" --mode "$MODE" --workers "$WORKERS" \
     --set optimizer="$OPTIMIZER" --set lr="$LR" --set momentum="$MOMENTUM" --set lr_schedule="$SCHEDULE" \
-    --set lr_decay_versions="$VERSIONS" 2> >(sed -u 's/^/  psd | /' >&2) &
+    --set lr_decay_versions="$VERSIONS" --set warmup_versions=0 2> >(sed -u 's/^/  psd | /' >&2) &
 psd_pid=$!
 for _ in $(seq 1 100); do
     [ -s "$run/port" ] && break

@@ -87,6 +87,8 @@ static void psd_start(psd_proc *p, const char *mode, int workers, int port, ...)
     argv[n++] = "lr=0.5";
     argv[n++] = "--set";
     argv[n++] = "momentum=0";
+    argv[n++] = "--set";
+    argv[n++] = "warmup_versions=0";
     va_list ap;
     va_start(ap, port);
     for (const char *s; (s = va_arg(ap, const char *)) != NULL && n < 38;) {

@@ -20,7 +20,8 @@ import harness  # noqa: E402
 import psd  # noqa: E402
 import psd.torch  # noqa: E402
 
-SGD = ("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--log-level", "warn")
+SGD = ("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--set", "warmup_versions=0",
+       "--log-level", "warn")
 
 
 @pytest.fixture

@@ -415,7 +415,8 @@ class AuthTest(unittest.TestCase):
         lr, clip = 0.05, 1.0
         with harness.Cluster("psd-auth-clip") as cl:
             psd = cl.psd(workers=1, args=("--set", "nonfinite=clip", "--set", "clip_norm=%g" % clip,
-                                          "--set", "lr=%g" % lr, "--set", "momentum=0"))
+                                          "--set", "lr=%g" % lr, "--set", "momentum=0",
+                                          "--set", "optimizer=sgd", "--set", "warmup_versions=0"))
             with RawClient(psd.addr, REPLY_TIMEOUT) as w:
                 r = w.hello_worker(LAYOUT, 0, 1)
                 self.assertIs(r["init"], True)

@@ -57,7 +57,8 @@ class Job:
         self.t = test
         self.psd = cl.psd(mode=mode, workers=2,
                           args=["--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0",
-                                "--set", "weight_decay=0", "--set", "heartbeat_timeout=600s"] + list(extra))
+                                "--set", "weight_decay=0", "--set", "warmup_versions=0",
+                                "--set", "heartbeat_timeout=600s"] + list(extra))
         self.rng = np.random.default_rng(7)
         self.w = (self.rng.integers(-4096, 4096, size=TOTAL) / 1024.0).astype("<f4")
         self.version = 0

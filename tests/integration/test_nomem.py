@@ -45,7 +45,8 @@ class NomemTest(unittest.TestCase):
                    ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0")
         # plain SGD at lr 0.5: w - 0.5 * g is exact in float32 for these values
         return cl.psd(mode=mode, workers=workers, env=env,
-                      args=("--set", "lr=0.5", "--set", "momentum=0", "--set", "checkpoint_interval=0"))
+                      args=("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0",
+                            "--set", "warmup_versions=0", "--set", "checkpoint_interval=0"))
 
     def memory(self, available, spare=0):
         """available: as usual; else spare more block allocations, then none."""

@@ -114,7 +114,7 @@ class MetricsTest(unittest.TestCase):
             for k in ("0", "1"):
                 self.assertIsNotNone(harness.metric(samples, "psd_worker_loss", shard=k))
             self.assertEqual(harness.metric(samples, "psd_paused"), 0)
-            self.assertEqual(harness.metric(samples, "psd_learning_rate"), 0.05)
+            self.assertEqual(harness.metric(samples, "psd_learning_rate"), 0.02)
             harness.promtool_check(self, body)
             # the same families as psctl metrics
             _, ptypes = harness.parse_prometheus(harness.metrics(psd.addr))

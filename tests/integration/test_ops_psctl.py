@@ -152,7 +152,8 @@ class PsctlTest(unittest.TestCase):
     def test_push_applied_while_paused(self):
         layout = [["w", [4]]]
         with harness.Cluster("psd-psctl-pause") as cl:
-            psd = cl.psd(mode="asgd", workers=1, args=["--set", "momentum=0", "--set", "lr=0.5"])
+            psd = cl.psd(mode="asgd", workers=1, args=["--set", "optimizer=sgd", "--set", "momentum=0",
+                                                       "--set", "lr=0.5", "--set", "warmup_versions=0"])
             with harness.RawClient(psd.addr) as w:
                 self.assertEqual(w.hello_worker(layout, 0, 1)["t"], harness.T_WELCOME)
                 self.assertEqual(w.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0] * 4)})["t"],
@@ -186,20 +187,20 @@ class PsctlTest(unittest.TestCase):
     def test_set(self):
         with harness.Cluster("psd-psctl-set") as cl:
             psd = cl.psd(mode="asgd", workers=1)
-            self.assertEqual(self.psctl_ok(psd.addr, "set", "lr=0.02").strip(), "lr: 0.05 -> 0.02")
-            self.assertEqual(harness.status(psd.addr)["lr"], 0.02)
-            out = json.loads(self.psctl_ok(psd.addr, "set", "lr=0.02", "--json"))
+            self.assertEqual(self.psctl_ok(psd.addr, "set", "lr=0.01").strip(), "lr: 0.02 -> 0.01")
+            self.assertEqual(harness.status(psd.addr)["lr"], 0.01)
+            out = json.loads(self.psctl_ok(psd.addr, "set", "lr=0.01", "--json"))
             self.assertEqual(out["message"], "no change")
             self.psctl_ok(psd.addr, "set", "lr_schedule=step", "lr_gamma=0.5", "log_level=debug")
             st = harness.status(psd.addr)
-            self.assertEqual(st["lr"], 0.02)
+            self.assertEqual(st["lr"], 0.01)
             self.assertIn("psctl set: lr_schedule: constant -> step", psd.stderr())
             self.psctl_fails(psd.addr, 1, "set", "lrr=0.1", mentions=["lrr", "did you mean 'lr'"])
             self.psctl_fails(psd.addr, 1, "set", "mode=bsp", mentions=["mode cannot change while psd runs",
                                                                          "restart"])
             self.psctl_fails(psd.addr, 1, "set", "lr=fast", mentions=["lr", "not a number"])
             self.psctl_fails(psd.addr, 1, "set", "lr=0.1", "momentum=2", mentions=["momentum"])
-            self.assertEqual(harness.status(psd.addr)["lr"], 0.02, "all or nothing")
+            self.assertEqual(harness.status(psd.addr)["lr"], 0.01, "all or nothing")
             self.psctl_fails(psd.addr, 2, "set", "lr", mentions=["KEY=VALUE"])
             self.psctl_fails(psd.addr, 2, "set", mentions=["set"])
             # without a state_dir there are no checkpoints; without a model nothing to save
@@ -211,7 +212,8 @@ class PsctlTest(unittest.TestCase):
         n = (1 << 20) + 123456  # two pulls of at most 2^20 values
         layout = [["big.weight", [n - 10]], ["big.bias", [10]]]
         with harness.Cluster("psd-psctl-save") as cl:
-            psd = cl.psd(mode="asgd", workers=1, args=["--set", "momentum=0", "--set", "lr=0.001"])
+            psd = cl.psd(mode="asgd", workers=1, args=["--set", "optimizer=sgd", "--set", "momentum=0",
+                                                       "--set", "lr=0.001", "--set", "warmup_versions=0"])
             stop = threading.Event()
             pushes = [0]
             with harness.RawClient(psd.addr, timeout=30) as w:

@@ -235,7 +235,7 @@ class PartsTest(unittest.TestCase):
         total = harness.layout_size(layout)
         with harness.Cluster("psd-parts-shm") as cl:
             psd = cl.psd(mode="asgd", workers=1, args=("--set", "lr=0.5", "--set", "momentum=0",
-                                                        "--set", "optimizer=sgd"))
+                                                        "--set", "optimizer=sgd", "--set", "warmup_versions=0"))
             pid = os.getpid()
             # a worker's segment for a model of 3 x total values: this psd
             # holds the middle part, so its gradient is at [total, 2 total)

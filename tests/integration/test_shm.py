@@ -95,7 +95,8 @@ class ShmTest(unittest.TestCase):
 
     def test_segments_psd_must_refuse(self):
         with harness.Cluster("psd-shm-hostile") as cl:
-            psd = cl.psd(mode="asgd", workers=1, args=("--set", "lr=0.5", "--set", "momentum=0"))
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "optimizer=sgd", "--set", "lr=0.5",
+                                                       "--set", "momentum=0", "--set", "warmup_versions=0"))
             pid = os.getpid()
             nbytes = TOTAL * 2 * 4
             init = np.linspace(-1, 1, TOTAL, dtype="<f4")

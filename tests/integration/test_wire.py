@@ -40,7 +40,7 @@ BLK = 1 << 20  # psd's block, psworker's chunk (floats)
 LR = np.float32(0.5)
 SMALL = [["fc.weight", [10, 77]], ["fc.bias", [10]]]  # 780 values: no multiple of any vector width
 SGD = ["--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--set", "weight_decay=0",
-       "--set", "heartbeat_timeout=600s"]
+       "--set", "warmup_versions=0", "--set", "heartbeat_timeout=600s"]
 
 
 class Job:
@@ -453,7 +453,7 @@ def w1_psd_args(mode, limit, epochs):
     steps = (limit // 2 + BATCH - 1) // BATCH * epochs
     versions = steps if mode == "bsp" else 2 * steps
     return ["--set", "optimizer=adam", "--set", "lr=2e-3", "--set", "lr_schedule=cosine",
-            "--set", "lr_decay_versions=%d" % versions]
+            "--set", "lr_decay_versions=%d" % versions, "--set", "warmup_versions=0"]
 
 
 class WireTrainTest(unittest.TestCase):

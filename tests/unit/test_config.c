@@ -79,8 +79,8 @@ static void test_defaults(void **state)
     assert_int_equal(c.workers, 2);
     assert_string_equal(c.state_dir, "");
     assert_string_equal(c.port_file, "");
-    assert_int_equal(c.optimizer, PS_OPTIMIZER_SGD);
-    assert_true(c.lr == 0.05);
+    assert_int_equal(c.optimizer, PS_OPTIMIZER_ADAGRAD);
+    assert_true(c.lr == 0.02);
     assert_true(c.momentum == 0.9);
     assert_true(c.weight_decay == 0.0);
     assert_int_equal(c.bsp_sum_order, PS_BSP_SUM_SHARD);

@@ -41,7 +41,8 @@ static void set(psd *s, const char *key, const char *value)
     assert_int_equal(ps_config_set(&s->cfg, key, value, err, sizeof err), 0);
 }
 
-/* A psd of n parameters (all 0, initialised), plain SGD with lr 1 (w -= g),
+/* A psd of n parameters (all 0, initialised), plain SGD with lr 1 and no
+ * warm-up (w -= g),
  * nworkers connected workers, mode and settings given as KEY=VALUE pairs
  * ending with NULL. */
 static psd *make_psd(uint64_t n, uint32_t nworkers, ...)
@@ -52,6 +53,7 @@ static psd *make_psd(uint64_t n, uint32_t nworkers, ...)
     set(s, "optimizer", "sgd");
     set(s, "momentum", "0");
     set(s, "lr", "1");
+    set(s, "warmup_versions", "0");
     va_list ap;
     va_start(ap, nworkers);
     for (const char *kv; (kv = va_arg(ap, const char *));) {
