@@ -1,0 +1,75 @@
+#!/usr/bin/python3
+"""test_lifecycle.py - psd and its workers as launchers start and stop them.
+
+- SIGTERM or SIGINT to a psworker (systemctl stop, scancel, pod deletion,
+  Ctrl-C) makes it finish its step, say bye with the reason and exit with
+  128 + the signal; psd shows the worker as left ("stopped by SIGTERM" in
+  psctl status and its log), not lost. In bsp two workers stopped together
+  both leave cleanly (the round of one does not wait for the other).
+"""
+
+import os
+import signal
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+
+def shard_row(st, k):
+    rows = [w for w in st["workers"] if w["shard"] == k]
+    return rows[0] if rows else None
+
+
+class SignalTest(unittest.TestCase):
+    def stop_worker(self, mode, sig, args=()):
+        nw = 2 if mode == "bsp" else 1
+        with harness.Cluster("psd-signal") as cl:
+            psd = cl.psd(mode=mode, workers=nw)
+            ws = [cl.worker(psd, k, nw, epochs=200, limit=3000, test_limit=200, model="mlp:32", args=args)
+                  for k in range(nw)]
+
+            def pushing():
+                st = harness.status(psd.addr)
+                return all((shard_row(st, k) or {}).get("pushes", 0) >= 5 for k in range(nw))
+
+            harness.wait_until(pushing, 60, "the workers to push")
+            for w in ws:
+                w.p.send_signal(sig)
+            name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
+            for w in ws:
+                rc = w.wait(30)
+                self.assertEqual(rc, 128 + sig, "%s exit status\n%s" % (w.name, w.stderr()))
+                self.assertIn("stopped by %s" % name, w.stderr())
+            st = harness.status(psd.addr)
+            for k in range(nw):
+                row = shard_row(st, k)
+                self.assertEqual(row["state"], "left", row)
+                self.assertEqual(row["why"], "stopped by %s" % name, row)
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_worker_leaves_total"), nw)
+            self.assertEqual(harness.metric(samples, "psd_worker_deaths_total"), 0)
+            r = harness.psctl(psd.addr, "workers")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("stopped by %s" % name, r.stdout)
+            psd.stop()
+            log = psd.stderr()
+            for k in range(nw):
+                self.assertIn("worker shard %d/%d" % (k, nw), log)
+            self.assertEqual(log.count("left: stopped by %s" % name), nw, log)
+            self.assertNotIn(" lost: ", log)
+
+    def test_sigterm_asgd(self):
+        self.stop_worker("asgd", signal.SIGTERM)
+
+    def test_sigint_asgd_pipelined(self):
+        self.stop_worker("asgd", signal.SIGINT, args=("--pipeline", "on"))
+
+    def test_sigterm_bsp(self):
+        self.stop_worker("bsp", signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main(argv=sys.argv[:1], verbosity=2)
