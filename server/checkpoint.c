@@ -312,10 +312,14 @@ static void job_finish(psd *s, ckpt_job *j)
         s->stats.checkpoints++;
         s->stats.checkpoint_ms = srv_now_ms();
         s->stats.checkpoint_version = j->version;
+        s->stats.checkpoint_error[0] = '\0';
         PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s/ckpt-%020" PRIu64 ".psdc in %.3f s",
                j->version, j->dir, j->version, j->seconds);
     } else {
         s->stats.checkpoint_failures++;
+        size_t n = strnlen(j->err, sizeof s->stats.checkpoint_error - 1); /* cut, for the ADMIN reply */
+        memcpy(s->stats.checkpoint_error, j->err, n);
+        s->stats.checkpoint_error[n] = '\0';
         PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
     }
 }
@@ -349,6 +353,7 @@ void srv_checkpoint_start(psd *s, int force)
     ckpt_job *j = job_new(s);
     if (!j) {
         s->stats.checkpoint_failures++;
+        snprintf(s->stats.checkpoint_error, sizeof s->stats.checkpoint_error, "out of memory");
         PS_LOG(PS_LOG_ERROR, "checkpoint: out of memory");
         return;
     }

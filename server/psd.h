@@ -213,6 +213,7 @@ typedef struct srv_stats {
     uint64_t checkpoints, checkpoint_failures;
     uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
     uint64_t checkpoint_version;
+    char checkpoint_error[300]; /* why the last failed checkpoint failed ("" after a success) */
     uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */

@@ -6,6 +6,9 @@
   128 + the signal; psd shows the worker as left ("stopped by SIGTERM" in
   psctl status and its log), not lost. In bsp two workers stopped together
   both leave cleanly (the round of one does not wait for the other).
+- psctl: a mistyped command gets "did you mean"; --json with metrics is a
+  usage error, not text; a failed `psctl checkpoint` says why (the
+  checkpoint writer's error), not only that psd's log does.
 """
 
 import os
@@ -68,6 +71,47 @@ class SignalTest(unittest.TestCase):
 
     def test_sigterm_bsp(self):
         self.stop_worker("bsp", signal.SIGTERM)
+
+
+class PsctlTest(unittest.TestCase):
+    def test_usage(self):
+        r = harness.run([harness.Paths.psctl, "stauts"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("did you mean 'status'?", r.stderr)
+        r = harness.run([harness.Paths.psctl, "chekpoint"])
+        self.assertIn("did you mean 'checkpoint'?", r.stderr)
+        r = harness.run([harness.Paths.psctl, "frobnicate"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertNotIn("did you mean", r.stderr)
+        with harness.Cluster("psd-psctl") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            for argv in (["--json", "metrics"], ["metrics", "--json"]):
+                r = harness.psctl(psd.addr, *argv)
+                self.assertEqual(r.returncode, 2, r.stdout)
+                self.assertEqual(r.stdout, "")
+                self.assertIn("--json does not apply to metrics", r.stderr)
+            self.assertEqual(harness.psctl(psd.addr, "metrics").returncode, 0)
+            psd.stop()
+
+    def test_checkpoint_failure_says_why(self):
+        with harness.Cluster("psd-ckptfail") as cl:
+            state = os.path.join(cl.dir, "state")
+            psd = cl.psd(mode="asgd", workers=1, args=("--state-dir", state))
+            w = cl.worker(psd, 0, 1, epochs=200, limit=3000, test_limit=200, model="mlp:32")
+            harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 5, 60, "training to start")
+            r = harness.psctl(psd.addr, "checkpoint")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            # the state dir becomes a file: the next checkpoint cannot be written
+            os.rename(state, state + ".moved")
+            with open(state, "w") as f:
+                f.write("not a directory\n")
+            r = harness.psctl(psd.addr, "checkpoint")
+            self.assertEqual(r.returncode, 1, r.stdout)
+            self.assertIn("failed: cannot create", r.stderr)
+            self.assertIn("Not a directory", r.stderr)
+            self.assertNotIn("log says why", r.stderr)
+            w.kill()
+            psd.p.kill()
 
 
 if __name__ == "__main__":
