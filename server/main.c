@@ -323,20 +323,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    if (print_config) {
-        ps_config_print(&s->cfg, stdout);
-        return 0;
-    }
-    s->cli_sets = sets;
-    s->ncli_sets = nsets;
-    if (config_path)
-        snprintf(s->config_path, sizeof s->config_path, "%s", config_path);
-    ps_log_set_level(s->cfg.log_level);
-
-    signal(SIGPIPE, SIG_IGN);
-    s->loop = uv_default_loop();
-    s->shutdown = srv_shutdown;
-    s->start_ms = srv_now_ms();
+    /* everything psd refuses to start with is refused here, before
+     * --print-config prints: protected mode, the token files, state_dir */
     /* protected mode, as Redis's: no open door without a token */
     if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token && !is_loopback(s->cfg.listen.host)) {
         fprintf(stderr,
@@ -351,6 +339,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
+    if (srv_state_dir_check(s->cfg.state_dir, !print_config, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 1;
+    }
+    if (print_config) {
+        ps_config_print(&s->cfg, stdout);
+        return 0;
+    }
+    s->cli_sets = sets;
+    s->ncli_sets = nsets;
+    if (config_path)
+        snprintf(s->config_path, sizeof s->config_path, "%s", config_path);
+    ps_log_set_level(s->cfg.log_level);
+
+    signal(SIGPIPE, SIG_IGN);
+    s->loop = uv_default_loop();
+    s->shutdown = srv_shutdown;
+    s->start_ms = srv_now_ms();
     s->policy = srv_policy_for(&s->cfg);
     s->clock = srv_now_ms;
     static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};

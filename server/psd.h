@@ -321,11 +321,19 @@ struct psd {
 /* settings.c */
 /* Checks the settings that depend on each other or need more than their
  * syntax (metrics_listen an IPv4 or IPv6 address; in BSP, backup_workers
- * below workers; nonfinite = clip needs clip_norm > 0): at start, by
+ * below workers; nonfinite = clip needs clip_norm > 0; nesterov needs
+ * momentum > 0 with sgd): at start, by
  * --print-config, at a reload and on `psctl set` alike. Returns 0, filling
  * out (may be NULL) with what it parsed, or PS_EINVAL with a message in
  * err. */
 int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
+
+/* Checks that psd can write checkpoints to dir ("" passes): a directory
+ * it can create a file in, created when missing (and removed again after
+ * the check with !create, for --print-config). At start, before anything
+ * else, so that a bad state_dir stops psd at once and not at its first
+ * checkpoint. Returns 0 or PS_EIO with a message in err. */
+int srv_state_dir_check(const char *dir, int create, char *err, size_t len);
 
 /* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
  * (srv_hist_init, srv_hist_observe above) */

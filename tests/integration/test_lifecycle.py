@@ -9,10 +9,15 @@
 - psctl: a mistyped command gets "did you mean"; --json with metrics is a
   usage error, not text; a failed `psctl checkpoint` says why (the
   checkpoint writer's error), not only that psd's log does.
+- psd refuses at start, and --print-config exits non-zero for, what it
+  would otherwise find late or refuse later: a state_dir it cannot write
+  (a file, below a file, a directory it may not write in), nesterov with
+  momentum 0 (also on `psctl set`), protected mode, a missing token file.
 """
 
 import os
 import signal
+import subprocess
 import sys
 import unittest
 
@@ -112,6 +117,65 @@ class PsctlTest(unittest.TestCase):
             self.assertNotIn("log says why", r.stderr)
             w.kill()
             psd.p.kill()
+
+
+class StartChecksTest(unittest.TestCase):
+    def psd(self, *args, timeout=20):
+        return harness.run([harness.Paths.psd, "--listen", "127.0.0.1:0"] + list(args), timeout=timeout)
+
+    def refused(self, args, code, text):
+        """psd with args is refused, by --print-config and at start alike."""
+        r = self.psd("--print-config", *args)
+        self.assertEqual(r.returncode, code, "--print-config %s: %s%s" % (args, r.stdout, r.stderr))
+        self.assertIn(text, r.stderr)
+        self.assertEqual(r.stdout, "")
+        try:
+            r = self.psd(*args, timeout=10)
+        except subprocess.TimeoutExpired:
+            self.fail("psd started with %s" % (args,))
+        self.assertEqual(r.returncode, code, "%s: %s" % (args, r.stderr))
+        self.assertIn(text, r.stderr)
+
+    def test_state_dir(self):
+        with harness.Cluster("psd-startchecks") as cl:
+            afile = os.path.join(cl.dir, "afile")
+            with open(afile, "w") as f:
+                f.write("x\n")
+            self.refused(["--state-dir", afile], 1, "is not a directory")
+            self.refused(["--state-dir", os.path.join(afile, "state")], 1, "Not a directory")
+            if os.geteuid() == 0:
+                locked = "/proc"  # no one may create files there, not even root
+            else:
+                locked = os.path.join(cl.dir, "locked")
+                os.mkdir(locked, 0o500)
+            self.refused(["--state-dir", locked], 1, "cannot be written (checkpoints would fail)")
+            # a missing state dir is fine: --print-config leaves none behind,
+            # a start creates it
+            fresh = os.path.join(cl.dir, "fresh")
+            r = self.psd("--print-config", "--state-dir", fresh)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertFalse(os.path.exists(fresh))
+            psd = cl.psd(args=("--state-dir", fresh))
+            self.assertTrue(os.path.isdir(fresh))
+            self.assertEqual(os.listdir(fresh), [])
+            psd.stop()
+
+    def test_nesterov_without_momentum(self):
+        self.refused(["--set", "nesterov=yes", "--set", "momentum=0"], 2, "nesterov = yes needs momentum above 0")
+        r = self.psd("--print-config", "--set", "nesterov=yes", "--set", "momentum=0", "--set", "optimizer=adam")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with harness.Cluster("psd-nesterov") as cl:
+            psd = cl.psd(args=("--set", "nesterov=yes", "--set", "momentum=0.9"))
+            r = harness.psctl(psd.addr, "set", "momentum=0")
+            self.assertEqual(r.returncode, 1, r.stdout)
+            self.assertIn("nesterov = yes needs momentum above 0", r.stderr)
+            self.assertEqual(harness.psctl(psd.addr, "set", "momentum=0.5").returncode, 0)
+            psd.stop()
+
+    def test_print_config_refuses_what_start_refuses(self):
+        self.refused(["--listen", "0.0.0.0:0"], 2, "protected mode")
+        with harness.Cluster("psd-printcfg") as cl:
+            self.refused(["--set", "token_file=" + os.path.join(cl.dir, "missing")], 2, "cannot open: No such file")
 
 
 if __name__ == "__main__":
