@@ -591,6 +591,8 @@ int srv_checkpoint_load(psd *s)
                    s->model.version, s->model.layout.total, desc);
             s->stats.checkpoint_ms = srv_now_ms();
             s->stats.checkpoint_version = s->model.version;
+            snprintf(s->resumed_from, sizeof s->resumed_from, "%s", path);
+            s->resumed_version = s->model.version;
             loaded = 1;
         } else {
             PS_LOG(PS_LOG_ERROR, "checkpoint %s is unusable: %s; trying an older one", path, err);
@@ -600,4 +602,55 @@ int srv_checkpoint_load(psd *s)
         PS_LOG(PS_LOG_WARN, "no valid checkpoint in %s: starting without a model", s->cfg.state_dir);
     free(vers);
     return loaded;
+}
+
+int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char *err, size_t errlen)
+{
+    aside[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "--fresh: cannot read state_dir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int moved = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ckpt-", 5) != 0)
+            continue; /* checkpoints and their unfinished .tmp files only */
+        if (!aside[0]) {
+            /* one dated subfolder per start, never one that exists */
+            time_t now = time(NULL);
+            struct tm tm;
+            char stamp[32];
+            gmtime_r(&now, &tm);
+            strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+            for (int i = 0; i < 100; i++) {
+                if (i == 0)
+                    snprintf(aside, asidelen, "%s/set-aside-%s", dir, stamp);
+                else
+                    snprintf(aside, asidelen, "%s/set-aside-%s-%d", dir, stamp, i);
+                if (mkdir(aside, 0750) == 0 || errno != EEXIST)
+                    break;
+            }
+            struct stat st;
+            if (stat(aside, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                snprintf(err, errlen, "--fresh: cannot create %s: %s", aside, strerror(errno));
+                closedir(d);
+                return -1;
+            }
+        }
+        char from[PS_CONFIG_PATH_MAX + 300], to[PS_CONFIG_PATH_MAX + 400];
+        snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", aside, e->d_name);
+        if (rename(from, to) != 0) {
+            snprintf(err, errlen, "--fresh: cannot move %s to %s: %s", from, aside, strerror(errno));
+            closedir(d);
+            return -1;
+        }
+        moved++;
+    }
+    closedir(d);
+    return moved;
 }

@@ -274,6 +274,11 @@ static void print_status(const msgpack_object *b)
            num(b, "lr"), num(b, "lr_current"));
     printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", num(b, "pushes"),
            num(b, "push_rate"), num(b, "pulls"), num(b, "pull_rate"), num(b, "rounds"), num(b, "connections"));
+    char resumed[1200];
+    const msgpack_object *rf = ps_map_get(b, "resumed_from");
+    if (rf && rf->type == MSGPACK_OBJECT_STR && str(b, "resumed_from", resumed, sizeof resumed)[0])
+        printf("model resumed at start from version %.0f in %s (psd --fresh begins anew)\n",
+               num(b, "resumed_version"), resumed);
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);

@@ -300,6 +300,8 @@ struct psd {
                               * functions (net.c's, or a test's) */
     srv_stats stats;
     uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
+    char resumed_from[PS_CONFIG_PATH_MAX + 64]; /* the checkpoint the model came from at start; "" = none */
+    uint64_t resumed_version; /* its model version */
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
     srv_updater upd;         /* the update engine (update.c) */

@@ -13,8 +13,12 @@
   would otherwise find late or refuse later: a state_dir it cannot write
   (a file, below a file, a directory it may not write in), nesterov with
   momentum 0 (also on `psctl set`), protected mode, a missing token file.
+- A psd that takes its model from a checkpoint says so (log and psctl
+  status: "resuming model version N from FILE"); --fresh moves the
+  checkpoints into a dated subfolder (deleting nothing) and starts anew.
 """
 
+import glob
 import os
 import signal
 import subprocess
@@ -176,6 +180,57 @@ class StartChecksTest(unittest.TestCase):
         self.refused(["--listen", "0.0.0.0:0"], 2, "protected mode")
         with harness.Cluster("psd-printcfg") as cl:
             self.refused(["--set", "token_file=" + os.path.join(cl.dir, "missing")], 2, "cannot open: No such file")
+
+
+class FreshTest(unittest.TestCase):
+    def test_resume_is_said_and_fresh_sets_aside(self):
+        with harness.Cluster("psd-fresh") as cl:
+            state = os.path.join(cl.dir, "state")
+            psd = cl.psd(name="psd1", mode="asgd", workers=1, args=("--state-dir", state))
+            self.assertIsNone(harness.status(psd.addr)["resumed_from"])
+            w = cl.worker(psd, 0, 1, epochs=1, limit=2000, test_limit=200, model="mlp:16")
+            rc, summary = w.result(60)
+            self.assertEqual(rc, 0, w.stderr())
+            psd.stop()
+            self.assertNotIn("resuming model version", psd.stderr())
+            ckpts = sorted(glob.glob(os.path.join(state, "ckpt-*.psdc")))
+            self.assertTrue(ckpts, os.listdir(state))
+            newest = ckpts[-1]
+            version = int(os.path.basename(newest)[5:25])
+
+            psd = cl.psd(name="psd2", mode="asgd", workers=1, args=("--state-dir", state))
+            st = harness.status(psd.addr)
+            self.assertEqual(st["resumed_from"], newest)
+            self.assertEqual(st["resumed_version"], version)
+            self.assertEqual(st["version"], version)
+            r = harness.psctl(psd.addr, "status")
+            self.assertIn("model resumed at start from version %d in %s (psd --fresh begins anew)" %
+                          (version, newest), r.stdout)
+            psd.stop()
+            self.assertIn("resuming model version %d from %s; start with --fresh to begin anew" % (version, newest),
+                          psd.stderr())
+
+            before = sorted(os.listdir(state))
+            psd = cl.psd(name="psd3", mode="asgd", workers=1, args=("--state-dir", state, "--fresh"))
+            st = harness.status(psd.addr)
+            self.assertIsNone(st["resumed_from"])
+            self.assertEqual(st["version"], 0)
+            psd.stop()
+            log = psd.stderr()
+            self.assertNotIn("resuming model version", log)
+            asides = glob.glob(os.path.join(state, "set-aside-*"))
+            self.assertEqual(len(asides), 1, os.listdir(state))
+            self.assertRegex(os.path.basename(asides[0]), r"^set-aside-\d{8}T\d{6}Z$")
+            self.assertEqual(sorted(os.listdir(asides[0])), [f for f in before if f.startswith("ckpt-")])
+            self.assertEqual(glob.glob(os.path.join(state, "ckpt-*")), [])
+            self.assertIn("--fresh: moved %d checkpoint file" % len(ckpts), log)
+            self.assertIn("nothing deleted", log)
+
+            # the next start has nothing to resume, and the set-aside files stay
+            psd = cl.psd(name="psd4", mode="asgd", workers=1, args=("--state-dir", state))
+            self.assertIsNone(harness.status(psd.addr)["resumed_from"])
+            psd.stop()
+            self.assertEqual(sorted(os.listdir(asides[0])), [f for f in before if f.startswith("ckpt-")])
 
 
 if __name__ == "__main__":
