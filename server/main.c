@@ -331,9 +331,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    /* everything psd refuses to start with is refused here, before
-     * --print-config prints: protected mode, the token files, state_dir */
-    /* protected mode, as Redis's: no open door without a token */
+    /* protected mode, as Redis's: no open door without a token (a check of
+     * the settings: --print-config refuses it too) */
     if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token && !is_loopback(s->cfg.listen.host)) {
         fprintf(stderr,
                 "psd: refusing to listen on %s:%d without a token (protected mode): anyone who can reach that "
@@ -343,17 +342,20 @@ int main(int argc, char **argv)
                 s->cfg.listen.host, s->cfg.listen.port);
         return 2;
     }
+    /* --print-config checks settings, not this machine's files: the
+     * configuration may be meant for another (a container, a cluster) */
+    if (print_config) {
+        ps_config_print(&s->cfg, stdout);
+        return 0;
+    }
     if (srv_auth_load(s, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    if (srv_state_dir_check(s->cfg.state_dir, !print_config, err, sizeof err) != 0) {
+    /* before anything else: not at the first checkpoint */
+    if (srv_state_dir_check(s->cfg.state_dir, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
         return 1;
-    }
-    if (print_config) {
-        ps_config_print(&s->cfg, stdout);
-        return 0;
     }
     s->cli_sets = sets;
     s->ncli_sets = nsets;

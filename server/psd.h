@@ -331,11 +331,11 @@ struct psd {
 int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
 
 /* Checks that psd can write checkpoints to dir ("" passes): a directory
- * it can create a file in, created when missing (and removed again after
- * the check with !create, for --print-config). At start, before anything
+ * it can create a file in, created when missing. At start, before anything
  * else, so that a bad state_dir stops psd at once and not at its first
- * checkpoint. Returns 0 or PS_EIO with a message in err. */
-int srv_state_dir_check(const char *dir, int create, char *err, size_t len);
+ * checkpoint (not by --print-config, which checks settings, not this
+ * machine's files). Returns 0 or PS_EIO with a message in err. */
+int srv_state_dir_check(const char *dir, char *err, size_t len);
 
 /* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
  * (srv_hist_init, srv_hist_observe above) */

@@ -50,12 +50,11 @@ int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t le
     return 0;
 }
 
-int srv_state_dir_check(const char *dir, int create, char *err, size_t len)
+int srv_state_dir_check(const char *dir, char *err, size_t len)
 {
     if (!dir[0])
         return 0;
     struct stat st;
-    int made = 0;
     if (stat(dir, &st) != 0) {
         if (errno != ENOENT) {
             snprintf(err, len, "state_dir %s: %s", dir, strerror(errno));
@@ -65,7 +64,6 @@ int srv_state_dir_check(const char *dir, int create, char *err, size_t len)
             snprintf(err, len, "cannot create state_dir %s: %s", dir, strerror(errno));
             return PS_EIO;
         }
-        made = 1;
     } else if (!S_ISDIR(st.st_mode)) {
         snprintf(err, len, "state_dir %s is not a directory", dir);
         return PS_EIO;
@@ -74,15 +72,11 @@ int srv_state_dir_check(const char *dir, int create, char *err, size_t len)
     char probe[PS_CONFIG_PATH_MAX + 64];
     snprintf(probe, sizeof probe, "%s/.psd-write-test-%ld", dir, (long)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    int rc = 0;
     if (fd < 0) {
         snprintf(err, len, "state_dir %s cannot be written (checkpoints would fail): %s", dir, strerror(errno));
-        rc = PS_EIO;
-    } else {
-        close(fd);
-        unlink(probe);
+        return PS_EIO;
     }
-    if (made && !create)
-        rmdir(dir); /* --print-config leaves no trace */
-    return rc;
+    close(fd);
+    unlink(probe);
+    return 0;
 }
