@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -80,6 +81,12 @@ struct psc_client {
     pthread_mutex_t async_mu;
     pthread_cond_t async_cv;
     int async_running, async_stop, async_pending, async_rc;
+    /* psc_progress: what was trained since the last periodic REPORT */
+    int64_t report_ms;       /* option report_s; 0: no periodic reports */
+    int64_t prog_last_ms;    /* when the last one went (0: none yet) */
+    double prog_loss;        /* sum of the losses since then */
+    uint64_t prog_n;         /* samples since then */
+    uint64_t prog_total;     /* samples told of in all */
     char err[700];           /* a client-level error; empty: the link's */
 };
 
@@ -165,6 +172,10 @@ psc_client *psc_new(void)
     c->want_shm = 1;
     c->auto_reconnect = 1;
     c->shm_fd = -1;
+    c->report_ms = 1000;
+    s = getenv("PSD_REPORT_INTERVAL");
+    if (s && *s && psc_set(c, "report_s", s) != 0)
+        PS_LOG(PS_LOG_WARN, "PSD_REPORT_INTERVAL='%s' is not 0..86400 seconds; reporting every second", s);
     ps_layout_init(&c->layout);
     pthread_mutex_init(&c->async_mu, NULL);
     pthread_cond_init(&c->async_cv, NULL);
@@ -243,6 +254,14 @@ int psc_set(psc_client *c, const char *key, const char *value)
         ps_log_set_level(level);
         return 0;
     }
+    if (strcmp(key, "report_s") == 0) { /* may change at any time */
+        char *end = NULL;
+        double s = strtod(value, &end);
+        if (!*value || *end || !(s >= 0 && s <= 86400))
+            return fail(c, PSC_EINVAL, "bad report_s '%.100s': 0..86400 seconds (0: no periodic reports)", value);
+        c->report_ms = (int64_t)(s * 1000.0 + 0.5);
+        return 0;
+    }
     if (c->connected || c->closed)
         return fail(c, PSC_ESTATE, "psc_set %.60s: only before psc_connect", key);
     if (strcmp(key, "server") == 0) {
@@ -296,7 +315,7 @@ int psc_set(psc_client *c, const char *key, const char *value)
         return onoff(c, key, value, &c->auto_reconnect);
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, wire, shm, reconnect, log)", key);
+                                   "connect_s, report_s, wire, shm, reconnect, log)", key);
     }
     return 0;
 }
@@ -1263,6 +1282,29 @@ int psc_report(psc_client *c, uint32_t epoch, double loss, double acc, double te
         }
     }
     return rc;
+}
+
+int psc_progress(psc_client *c, uint32_t epoch, double loss_sum, uint64_t n)
+{
+    if (!isfinite(loss_sum))
+        return fail(c, PSC_EINVAL, "psc_progress: the loss sum is %g, not a finite number", loss_sum);
+    c->prog_loss += loss_sum;
+    c->prog_n += n;
+    c->prog_total += n;
+    int64_t now = mono_ms();
+    if (!c->prog_last_ms)
+        c->prog_last_ms = now; /* the first interval starts with the first step told of */
+    if (!c->report_ms || now - c->prog_last_ms < c->report_ms || !c->prog_n)
+        return 0;
+    int rc = psc_wait(c); /* a step in flight shares the connection */
+    if (rc != 0)
+        return rc;
+    double loss = c->prog_loss / (double)c->prog_n;
+    double rate = (double)c->prog_n * 1000.0 / (double)(now - c->prog_last_ms);
+    c->prog_last_ms = now;
+    c->prog_loss = 0;
+    c->prog_n = 0;
+    return psc_report(c, epoch, loss, -1, 0, c->prog_total, rate);
 }
 
 /* From the first psd: every psd sees the same workers come and go. */

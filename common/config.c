@@ -35,8 +35,10 @@ _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_L
 static const ps_config_option options[] = {
     {.name = "listen", .type = PS_CT_HOSTPORT, .def = "127.0.0.1:7000", AT(listen),
      .help = "TCP address psd listens on, as host:port: an IPv4 address, an IPv6 address "
-             "in brackets ([::1]:7000) or a host name. Port 0 lets the kernel pick a free "
-             "port; see port_file to learn which."},
+             "in brackets ([::1]:7000) or a host name, resolved at start (its first IPv4 "
+             "address, else its first IPv6 one; without token_file it must be a loopback "
+             "address, as localhost is). Port 0 lets the kernel pick a free port; see "
+             "port_file to learn which."},
     {.name = "mode", .type = PS_CT_ENUM, .def = "asgd", AT(mode), .words = mode_words,
      .help = "Consistency mode. asgd applies every push as it arrives and answers pulls "
              "with the newest parameters. bsp collects one push from each of the workers, "
@@ -110,7 +112,12 @@ static const ps_config_option options[] = {
              "refuses the push (error NONFINITE) and leaves the model untouched. clip "
              "sanitises it: NaN becomes 0, +-inf become +-FLT_MAX, and the push is then "
              "scaled down to the L2 norm clip_norm (which must be above 0); each such push "
-             "is counted in psd_sanitized_pushes_total. Initial values are always rejected."},
+             "is counted in psd_sanitized_pushes_total. Initial values are always rejected. "
+             "The same holds for an update whose result would not be finite (finite "
+             "pushes overflowing a parameter or the optimizer's state): reject refuses it "
+             "(NONFINITE; a BSP round closes without its update), clip applies it with "
+             "those results made finite the same way; counted in "
+             "psd_nonfinite_updates_total and psd_clipped_updates_total."},
     {.name = "lr_schedule", .type = PS_CT_ENUM, .def = "constant", AT(lr_schedule),
      .words = schedule_words, .flags = PS_CONF_RELOAD,
      .help = "How the learning rate changes with the model version (updates applied, so "
@@ -139,8 +146,8 @@ static const ps_config_option options[] = {
      .help = "How a bsp round sums its pushes. shard adds them in shard order, so a run "
              "gives bit-for-bit the same model whatever order pushes arrive in; it keeps "
              "every push of the round until the round closes. arrival adds each push to "
-             "one accumulator as it comes: less memory, but float rounding then depends on "
-             "arrival order."},
+             "one accumulator when its last chunk is in: less memory, but float rounding "
+             "then depends on arrival order."},
     {.name = "backup_workers", .type = PS_CT_INT, .def = "0", AT(backup_workers), .lo = 0,
      .hi = 4095,
      .help = "bsp: close a round after the first M - backup_workers pushes (Chen et al., "
@@ -174,18 +181,29 @@ static const ps_config_option options[] = {
      .help = "Largest frame psd accepts, in bytes (units K, M, G). A peer that announces "
              "a bigger frame is told so and disconnected. It must hold the largest push "
              "or pull reply, so raise it for big models."},
+    {.name = "max_receive_memory", .type = PS_CT_SIZE, .def = "1G", AT(max_receive_memory),
+     .lo = 65536, .hi = INT64_C(1099511627776),
+     .help = "Most bytes the receive buffers of all connections may hold together (units "
+             "K, M, G). A frame is read whole into its connection's buffer, so a client "
+             "announcing a big frame and sending all but its last byte pins that much; a "
+             "connection whose frame would take the total past this limit gets the error "
+             "LIMIT and is closed (a worker reconnects). It should hold max_frame for each "
+             "worker sending big frames at once."},
     {.name = "wire_bf16", .type = PS_CT_BOOL, .def = "yes", AT(wire_bf16),
      .help = "Offer bfloat16 tensors on the wire: a client that asks for them (psworker "
              "--wire bf16) then pushes gradients and receives parameters at 2 bytes a value "
              "instead of 4, rounded to nearest even; psd converts them to float32 on "
              "arrival and keeps the model, its optimizer state and its checkpoints in "
              "float32. no: psd offers float32 only and refuses bfloat16 data."},
-    {.name = "max_params", .type = PS_CT_U64, .def = "268435456", AT(max_params), .lo = 1,
+    {.name = "max_params", .type = PS_CT_U64, .def = "1073741824", AT(max_params), .lo = 1,
      .hi = INT64_C(17179869184),
-     .help = "Largest model, in parameters (float32 each), that a worker's hello may declare; "
-             "psd allocates the model (and the optimizer state) when the first worker says "
-             "hello, so this bounds what one hello can make psd allocate. The default, 2^28, "
-             "is 1 GiB of parameters."},
+     .help = "Largest model, in parameters (float32 each), that a worker's hello may declare. "
+             "The first worker's hello proposes the layout; psd allocates the model and the "
+             "optimizer state only when that worker sends its initial values (INIT), and "
+             "forgets the layout if every worker leaves before, so a hello alone costs "
+             "nothing. The default, 2^30, is 4 GiB of parameters: with Adam's two moments "
+             "12 GiB, which leaves a 24 GiB machine room for a BSP round's kept pushes of "
+             "two workers."},
     {.name = "handshake_timeout", .type = PS_CT_DURATION, .def = "10s", AT(handshake_timeout),
      .lo = 100, .hi = INT64_C(3600000), .flags = PS_CONF_RELOAD,
      .help = "A connection that has not said hello (and, when psd requires a token, answered "
@@ -195,6 +213,13 @@ static const ps_config_option options[] = {
      .lo = 1, .hi = 65536, .flags = PS_CONF_RELOAD,
      .help = "Most connections open at once (workers and admin tools together). Further "
              "connections are refused with an error."},
+    {.name = "max_handshakes", .type = PS_CT_INT, .def = "64", AT(max_handshakes), .lo = 1, .hi = 65536,
+     .flags = PS_CONF_RELOAD,
+     .help = "Most connections at once that have not finished their handshake (hello, and "
+             "the token's challenge). A new connection past it is let in and the oldest "
+             "unfinished one closed (error LIMIT), so clients that connect and say nothing "
+             "hold few slots, cannot keep a worker from connecting, and a worker that "
+             "completes its hello at once is never the one closed."},
     {.name = "max_output_buffer", .type = PS_CT_SIZE, .def = "256M", AT(max_output_buffer),
      .lo = 65536, .hi = INT64_C(1099511627776), .flags = PS_CONF_RELOAD,
      .help = "Most bytes of replies psd keeps queued for one connection that does not read "

@@ -84,10 +84,12 @@ typedef struct ps_config {
     uint64_t checkpoint_interval;      /* ms between checkpoints; 0 = only at shutdown */
     int checkpoint_keep;               /* checkpoints kept in state_dir */
     uint64_t max_frame;                /* largest accepted frame, bytes */
+    uint64_t max_receive_memory;       /* all connections' receive buffers together, bytes */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */
     int max_connections;               /* open connections at most */
+    int max_handshakes;                /* of them, connections still in their handshake */
     uint64_t max_output_buffer;        /* unsent reply bytes before a connection is cut */
     uint64_t idle_timeout;             /* ms an admin connection may stay silent; 0 = off */
     int log_level;                     /* enum ps_log_level (common/log.h) */

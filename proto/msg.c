@@ -494,6 +494,22 @@ int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t er
     return 0;
 }
 
+int ps_msg_from_server_only(uint32_t type)
+{
+    switch (type) {
+    case PS_MSG_WELCOME:
+    case PS_MSG_PARAMS:
+    case PS_MSG_OK:
+    case PS_MSG_STATUS_REPLY:
+    case PS_MSG_METRICS_REPLY:
+    case PS_MSG_ERROR:
+    case PS_MSG_CHALLENGE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Fields each message type must carry. */
 static uint64_t required_fields(uint32_t type)
 {

@@ -196,6 +196,11 @@ typedef struct ps_buf {
 void ps_buf_free(ps_buf *b);
 int ps_buf_reserve(ps_buf *b, size_t extra);
 
+/* 1 when only psd sends messages of this type (WELCOME, PARAMS, OK,
+ * STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE): psd answers one from a
+ * client with BAD_TYPE, whatever its fields. */
+int ps_msg_from_server_only(uint32_t type);
+
 /* Name of a message type for logs ("push"); "?" if unknown. */
 const char *ps_msg_type_name(uint32_t type);
 const char *ps_role_name(uint32_t role);

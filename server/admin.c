@@ -75,7 +75,7 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
         snprintf(summary, len, "no change");
     if (!changed)
         return 0;
-    if (s->model.has_layout)
+    if (s->model.nblk) /* the optimizer exists once the model is committed */
         srv_optim_configure(&s->model.opt, &s->cfg);
     ps_log_set_level(s->cfg.log_level);
     if (s->policy && s->policy->reconfigured)

@@ -201,6 +201,43 @@ static int is_ckpt_name(const char *name, uint64_t *version)
     return 1;
 }
 
+/* A checkpoint being written: ckpt-<20 digits>.psdc.tmp. */
+static int is_ckpt_tmp_name(const char *name)
+{
+    uint64_t v;
+    char base[32];
+    size_t n = strlen(name);
+    if (n != 5 + 20 + 5 + 4 || strcmp(name + 30, ".tmp") != 0)
+        return 0;
+    memcpy(base, name, 30);
+    base[30] = 0;
+    return is_ckpt_name(base, &v);
+}
+
+/* Removes the checkpoints a psd killed while writing them left behind
+ * (at start, before any write of this psd's own), each with a log line. */
+static void remove_leftovers(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_ckpt_tmp_name(e->d_name))
+            continue;
+        char path[PS_CONFIG_PATH_MAX + 64];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        long long size = stat(path, &st) == 0 ? (long long)st.st_size : -1;
+        if (unlink(path) == 0)
+            PS_LOG(PS_LOG_INFO, "removed %s (%lld bytes): a checkpoint whose writing was interrupted", path, size);
+        else
+            PS_LOG(PS_LOG_WARN, "cannot remove %s, a checkpoint whose writing was interrupted: %s", path,
+                   strerror(errno));
+    }
+    closedir(d);
+}
+
 static int cmp_desc(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -578,6 +615,7 @@ int srv_checkpoint_load(psd *s)
         PS_LOG(PS_LOG_ERROR, "state_dir %s is not a directory", s->cfg.state_dir);
         return PS_EIO;
     }
+    remove_leftovers(s->cfg.state_dir);
     uint64_t *vers;
     size_t nv = list_versions(s->cfg.state_dir, &vers);
     int loaded = 0;

@@ -49,6 +49,8 @@ int srv_checkpoint_write_now(psd *s);
 /* Loads the newest valid checkpoint from state_dir into s->model (layout,
  * parameters, optimizer state, version) and the saved worker clocks;
  * corrupt or truncated files are reported and skipped for older ones.
+ * First removes, with a log line each, the ckpt-N.psdc.tmp files a psd
+ * killed while writing a checkpoint left behind.
  * Returns 1 when one was loaded, 0 when there was none, negative on a
  * state_dir that cannot be used. */
 int srv_checkpoint_load(psd *s);

@@ -124,7 +124,7 @@ static void sample(psd *s, struct srv_dash *d, uint64_t now)
     v[SRV_H_PULLS] = (double)(s->stats.pulls - d->pulls) / dt;
     v[SRV_H_BYTES_IN] = (double)(s->stats.bytes_in - d->bytes_in) / dt;
     v[SRV_H_BYTES_OUT] = (double)(s->stats.bytes_out - d->bytes_out) / dt;
-    v[SRV_H_LR] = s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr;
+    v[SRV_H_LR] = s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr;
     v[SRV_H_ROUND_P50] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.5);
     v[SRV_H_ROUND_P99] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.99);
     srv_series_add(&d->h->psd, since_start(s, now), s->model.version, v);
@@ -527,9 +527,9 @@ static int job_json(psd *s, ps_buf *b)
     int rc = srv_json_raw(b, "{");
     rc |= kv_str(b, "mode", s->policy->name);
     rc |= kv_str(b, "optimizer",
-                 s->model.has_layout ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
+                 s->model.nblk ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
     rc |= kv_num(b, "lr", s->cfg.lr);
-    rc |= kv_num(b, "lr_current", s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+    rc |= kv_num(b, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
     rc |= srv_json_raw(b, "\"schedule\": {");
     rc |= setting(b, s, "lr_schedule");
     rc |= setting(b, s, "warmup_versions");
@@ -541,10 +541,10 @@ static int job_json(psd *s, ps_buf *b)
     rc |= srv_json_raw(b, "}, \"lr_curve\": {\"version\": [");
     uint64_t hz = lr_horizon(s);
     uint64_t np = hz + 1 < LR_CURVE_POINTS ? hz + 1 : LR_CURVE_POINTS; /* distinct versions */
-    for (uint64_t i = 0; s->model.has_layout && i < np; i++)
+    for (uint64_t i = 0; s->model.nblk && i < np; i++)
         rc |= srv_json_printf(b, "%s%" PRIu64, i ? ", " : "", hz * i / (np - 1));
     rc |= srv_json_raw(b, "], \"lr\": [");
-    for (uint64_t i = 0; s->model.has_layout && i < np; i++) {
+    for (uint64_t i = 0; s->model.nblk && i < np; i++) {
         rc |= srv_json_raw(b, i ? ", " : "");
         rc |= srv_json_num(b, srv_optim_lr(&s->model.opt, hz * i / (np - 1)));
     }

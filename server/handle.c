@@ -151,6 +151,12 @@ static void handle_init(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
     }
+    /* the hello proposed the layout; its memory is taken now */
+    if (srv_model_commit(&s->model, &s->cfg) != 0) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "cannot hold a model of %llu parameters: out of memory",
+                       (unsigned long long)s->model.layout.total);
+        return;
+    }
     for (uint64_t done = 0; done < m->ndata;) {
         srv_wseg seg;
         if (srv_model_write_begin(&s->model, m->off + done, m->ndata - done, &seg) != 0) {

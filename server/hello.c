@@ -8,6 +8,7 @@
 
 #include "checkpoint.h"
 #include "common/log.h"
+#include "dashboard.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -90,8 +91,22 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     PS_LOG(state == SRV_W_LEFT ? PS_LOG_INFO : PS_LOG_WARN, "worker shard %u/%u (%s) %s: %s; %llu pushes, clock %llu",
            w->shard, w->nshards, w->addr, state == SRV_W_LEFT ? "left" : "lost", why,
            (unsigned long long)w->pushes, (unsigned long long)w->clock);
+    srv_dash_notice(s); /* a worker may leave and rejoin within a tick: two events */
     if (s->policy->worker_left(s, w) == SRV_WAKE)
         srv_answer_parked(s);
+    if (s->model.has_layout && !s->model.initialized) {
+        int connected = 0;
+        for (uint32_t i = 0; i < s->nworkers_cap && !connected; i++)
+            connected = s->workers[i] && s->workers[i]->state == SRV_W_CONNECTED;
+        if (!connected) {
+            /* nobody holds the layout and it has no values: the next
+             * worker's hello proposes one again */
+            PS_LOG(PS_LOG_INFO, "no worker left before the model got its initial values: its layout (%llu "
+                                "parameters) is released",
+                   (unsigned long long)s->model.layout.total);
+            srv_model_release(&s->model);
+        }
+    }
     if (!s->stopping && srv_work_stopped(s))
         last_worker_left(s);
 }
@@ -153,12 +168,9 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         return 0;
     }
     if (!s->model.has_layout) {
-        int rc = srv_model_set_layout(&s->model, m->layout, &s->cfg);
-        if (rc != 0) {
-            snprintf(err, errlen, "cannot hold a model of %llu parameters: %s", (unsigned long long)m->layout->total,
-                     ps_strerror(rc));
-            return rc;
-        }
+        /* proposed: memory is taken at INIT, and a proposer that leaves
+         * before it leaves nothing (srv_conn_detach) */
+        srv_model_propose(&s->model, m->layout);
         char mine[512];
         ps_layout_describe(&s->model.layout, mine, sizeof mine);
         PS_LOG(PS_LOG_INFO, "model layout from shard %u (%s): %llu parameters: %s", m->shard, c->addr,
@@ -187,6 +199,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     s->nshards = m->nshards;
     PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
            rejoin ? "rejoined" : "joined", c->addr, (unsigned long long)s->model.version);
+    srv_dash_notice(s);
     if (s->policy->worker_joined(s, w) == SRV_WAKE)
         srv_answer_parked(s);
     if (m->has & PS_F_SHM) {

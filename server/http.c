@@ -420,16 +420,6 @@ static void on_connection(uv_stream_t *server, int status)
     uv_read_start((uv_stream_t *)&hc->tcp, on_alloc, on_read);
 }
 
-/* Is the address one of this machine only: 127.0.0.0/8 or ::1 (or
- * ::ffff:127.x.y.z)? */
-static int is_loopback(const struct sockaddr_storage *a)
-{
-    if (a->ss_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
-    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
-    return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
-}
-
 static void on_listener_closed(uv_handle_t *handle)
 {
     struct srv_http *h = handle->data;
@@ -446,7 +436,7 @@ int srv_http_start(psd *s)
 
     if (!s->cfg.metrics_listen[0] || !host[0])
         return 0;
-    if (!s->token.len && !s->cfg.allow_remote_without_token && !is_loopback(&addr)) {
+    if (!s->token.len && !s->cfg.allow_remote_without_token && !srv_addr_is_loopback(&addr)) {
         PS_LOG(PS_LOG_ERROR,
                "refusing to serve HTTP on %s without a token (protected mode): anyone who can reach that address "
                "could watch the job. Set token_file, use a loopback address (127.0.0.1, [::1]), or set "

@@ -183,19 +183,6 @@ static void check_idle(psd *s, uint64_t now)
     }
 }
 
-/* Is host an address of this machine only: 127.0.0.0/8, ::1 (or
- * ::ffff:127.x.y.z)? A host name is not: it could resolve to anything. */
-static int is_loopback(const char *host)
-{
-    struct in_addr a4;
-    struct in6_addr a6;
-    if (inet_pton(AF_INET, host, &a4) == 1)
-        return (ntohl(a4.s_addr) >> 24) == 127;
-    if (inet_pton(AF_INET6, host, &a6) == 1)
-        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
-    return 0;
-}
-
 static void on_tick(uv_timer_t *t)
 {
     psd *s = t->data;
@@ -331,15 +318,28 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    /* protected mode, as Redis's: no open door without a token (a check of
-     * the settings: --print-config refuses it too) */
-    if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token && !is_loopback(s->cfg.listen.host)) {
+    /* protected mode, as Redis's: no open door without a token. A check of
+     * the settings, so --print-config makes it too; a host name that does
+     * not resolve here may be meant for another machine: only a start
+     * refuses it. */
+    struct sockaddr_storage listen_addr;
+    int resolved = srv_listen_resolve(s->cfg.listen.host, s->cfg.listen.port, &listen_addr, err, sizeof err) == 0;
+    if (!resolved && !print_config) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    if (resolved && !s->cfg.token_file[0] && !s->cfg.allow_remote_without_token &&
+        !srv_addr_is_loopback(&listen_addr)) {
+        char meant[INET6_ADDRSTRLEN + 320] = "", ip[INET6_ADDRSTRLEN];
+        srv_addr_name(&listen_addr, ip, sizeof ip);
+        if (strcmp(ip, s->cfg.listen.host) != 0)
+            snprintf(meant, sizeof meant, " (%.255s resolves to %s, not a loopback address)", s->cfg.listen.host, ip);
         fprintf(stderr,
-                "psd: refusing to listen on %s:%d without a token (protected mode): anyone who can reach that "
+                "psd: refusing to listen on %s:%d%s without a token (protected mode): anyone who can reach that "
                 "address could read and change the model. Set token_file (see conf/psd.conf), listen on a "
-                "loopback address (127.0.0.1, [::1]), or set allow_remote_without_token = yes on a network you "
-                "trust\n",
-                s->cfg.listen.host, s->cfg.listen.port);
+                "loopback address (127.0.0.1, [::1], localhost), or set allow_remote_without_token = yes on a "
+                "network you trust\n",
+                s->cfg.listen.host, s->cfg.listen.port, meant);
         return 2;
     }
     /* --print-config checks settings, not this machine's files: the
@@ -348,6 +348,7 @@ int main(int argc, char **argv)
         ps_config_print(&s->cfg, stdout);
         return 0;
     }
+    s->settings.listen_addr = listen_addr;
     if (srv_auth_load(s, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
         return 2;

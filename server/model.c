@@ -122,6 +122,33 @@ int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
     return 0;
 }
 
+void srv_model_propose(srv_model *m, const ps_layout *l)
+{
+    m->layout = *l;
+    m->fp = ps_layout_fingerprint(l);
+    m->has_layout = 1;
+    m->initialized = 0;
+    m->version = 0;
+}
+
+int srv_model_commit(srv_model *m, const ps_config *cfg)
+{
+    if (m->blk)
+        return 0;
+    ps_layout l = m->layout;
+    return srv_model_set_layout(m, &l, cfg);
+}
+
+void srv_model_release(srv_model *m)
+{
+    srv_model_free(m);
+    m->has_layout = 0;
+    m->initialized = 0;
+    m->version = 0;
+    m->fp = 0;
+    ps_layout_init(&m->layout);
+}
+
 const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len)
 {
     const srv_blk *b = blk[off >> SRV_BLK_SHIFT];

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/vec.h"
 #include "handle.h"
+#include "http.h"
 #include "net.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -205,6 +206,7 @@ static void conn_free(srv_conn *c)
     msgpack_zone_destroy(&c->zone);
     srv_shm_detach(c);
     free(c->wide);
+    c->srv->rbuf_bytes -= c->rcap;
     free(c->rbuf);
     free(c);
 }
@@ -232,6 +234,9 @@ void srv_conn_close(srv_conn *c)
     if (c->closing)
         return;
     c->closing = 1;
+    if (c->err_quiet)
+        PS_LOG(PS_LOG_INFO, "conn %llu (%s): %u more errors on this connection were not logged",
+               (unsigned long long)c->cid, c->addr, c->err_quiet);
     srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
     srv_auth_free(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
@@ -359,17 +364,50 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
 
 /* psd.io->send_error: logs and counts the error, queues the ERROR reply and,
  * when fatal, closes c once it is written. */
+/* Errors that only a broken or hostile client gets: counted per
+ * connection, which is closed at SRV_PROTO_ERRORS_MAX. */
+static int is_protocol_error(int code)
+{
+    return code == PS_EMALFORMED || code == PS_EBAD_TYPE || code == PS_EBAD_FIELD || code == PS_ESTATE ||
+           code == PS_EFORBIDDEN;
+}
+
+/* "; N more errors not logged" when some were left out since the last line. */
+static void quiet_note(srv_conn *c, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (c->err_quiet)
+        snprintf(buf, len, " (%u more errors on this connection not logged before this one)", c->err_quiet);
+}
+
 static void net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text)
 {
     psd *s = c->srv;
     unsigned idx = (unsigned)(-code);
     if (idx < sizeof s->stats.rejected / sizeof s->stats.rejected[0])
         s->stats.rejected[idx]++;
-    char who[32] = "";
-    if (c->worker)
-        snprintf(who, sizeof who, ", shard %u/%u", c->worker->shard, c->worker->nshards);
-    PS_LOG(fatal ? PS_LOG_WARN : PS_LOG_INFO, "conn %llu (%s%s): %s: %s%s", (unsigned long long)c->cid, c->addr,
-           who, ps_errname(code), text, fatal ? "; closing" : "");
+    const char *why = "";
+    if (is_protocol_error(code) && ++c->proto_errors >= SRV_PROTO_ERRORS_MAX && !fatal) {
+        fatal = 1;
+        why = " (too many protocol errors)";
+        snprintf(c->close_reason, sizeof c->close_reason, "%d protocol errors", SRV_PROTO_ERRORS_MAX);
+    }
+    /* the first lines for a connection, then one a second: a client
+     * sending bad frames in a loop must not fill the log */
+    uint64_t now = srv_now_ms();
+    if (fatal || c->err_lines < SRV_ERR_LINES_FREE || now - c->err_line_ms >= 1000) {
+        char who[32] = "", quiet[96];
+        if (c->worker)
+            snprintf(who, sizeof who, ", shard %u/%u", c->worker->shard, c->worker->nshards);
+        quiet_note(c, quiet, sizeof quiet);
+        PS_LOG(fatal ? PS_LOG_WARN : PS_LOG_INFO, "conn %llu (%s%s): %s: %s%s%s%s", (unsigned long long)c->cid,
+               c->addr, who, ps_errname(code), text, fatal ? "; closing" : "", why, quiet);
+        c->err_lines++;
+        c->err_line_ms = now;
+        c->err_quiet = 0;
+    } else {
+        c->err_quiet++;
+    }
     ps_msg m;
     ps_msg_init(&m, PS_MSG_ERROR);
     m.has = PS_F_ID | PS_F_CODE | PS_F_TEXT;
@@ -409,6 +447,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
             return;
         }
         c->rbuf = p;
+        c->srv->rbuf_bytes += cap - c->rcap;
         c->rcap = cap;
     }
     buf->base = (char *)c->rbuf + c->rlen;
@@ -416,15 +455,20 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 /* Makes room for a whole frame of `need` bytes; bounded by the frame limit
- * checked before. */
+ * checked before, and all connections' buffers by max_receive_memory:
+ * PS_ELIMIT when they would pass it, PS_ENOMEM without memory. */
 static int ensure_cap(srv_conn *c, size_t need)
 {
+    psd *s = c->srv;
     if (c->rcap >= need)
         return 0;
+    if (s->rbuf_bytes - c->rcap + need > s->cfg.max_receive_memory)
+        return PS_ELIMIT;
     uint8_t *p = realloc(c->rbuf, need);
     if (!p)
         return PS_ENOMEM;
     c->rbuf = p;
+    s->rbuf_bytes += need - c->rcap;
     c->rcap = need;
     return 0;
 }
@@ -441,6 +485,47 @@ static void compact(srv_conn *c, size_t pos)
         c->rlen -= pos;
     }
     c->rpos = 0;
+}
+
+/* 1 when buf starts like an HTTP request line (a browser or curl pointed
+ * at the protocol port: "GET " read as a frame length is 1195725856). */
+static int looks_like_http(const uint8_t *buf, size_t len)
+{
+    static const char *const methods[] = {"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS "};
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        size_t n = strlen(methods[i]);
+        if (len >= 4 && memcmp(buf, methods[i], len < n ? len : n) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Answers an HTTP request on the protocol port in HTTP, saying what the
+ * port is and where the metrics are, logs it, and closes. */
+static void answer_http(srv_conn *c)
+{
+    psd *s = c->srv;
+    const char *metrics = srv_http_address(s);
+    char where[160], body[512], resp[768];
+    if (metrics[0])
+        snprintf(where, sizeof where, "psd serves its metrics at http://%s/metrics and its dashboard at http://%s/",
+                 metrics, metrics);
+    else
+        snprintf(where, sizeof where, "psd serves no HTTP: set metrics_listen (e.g. 127.0.0.1:9100) for its metrics "
+                                      "and dashboard");
+    snprintf(body, sizeof body,
+             "This is psd's protocol port: it speaks length-prefixed msgpack frames (proto/PROTOCOL.md), not "
+             "HTTP.\n%s.\n", where);
+    int n = snprintf(resp, sizeof resp,
+                     "HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+                     strlen(body), body);
+    PS_LOG(PS_LOG_INFO, "conn %llu (%s): an HTTP request on the protocol port; %s", (unsigned long long)c->cid,
+           c->addr, where);
+    uv_buf_t b = uv_buf_init(resp, (unsigned)(n < (int)sizeof resp ? n : (int)sizeof resp - 1));
+    (void)uv_try_write((uv_stream_t *)&c->tcp, &b, 1); /* a fresh socket takes it; best effort */
+    snprintf(c->close_reason, sizeof c->close_reason, "an HTTP request on the protocol port");
+    srv_conn_close(c);
 }
 
 static void process_frames(srv_conn *c)
@@ -462,6 +547,10 @@ static void process_frames(srv_conn *c)
         int rc = ps_frame_header(c->rbuf + pos, c->rlen - pos, limit, &plen);
         if (rc == 0)
             break;
+        if (rc < 0 && c->role == PS_ROLE_NONE && pos == 0 && looks_like_http(c->rbuf, c->rlen)) {
+            answer_http(c);
+            return;
+        }
         if (rc < 0) {
             srv_send_error(c, 0, rc, 1, "frame length %u is %s (limit %u bytes%s)", plen,
                            rc == PS_ETOO_BIG ? "over the limit" : "invalid", limit,
@@ -475,7 +564,17 @@ static void process_frames(srv_conn *c)
              * moves to the front, and the buffer grows to hold all of it */
             if (pos + flen > c->rcap || pos % PS_DATA_ALIGN != 0)
                 compact(c, pos), pos = 0;
-            if (ensure_cap(c, pos + flen) != 0) {
+            rc = ensure_cap(c, pos + flen);
+            if (rc == PS_ELIMIT) {
+                snprintf(c->close_reason, sizeof c->close_reason, "receive buffers full (max_receive_memory)");
+                srv_send_error(c, 0, PS_ELIMIT, 1,
+                               "a %zu-byte frame would take psd's receive buffers past max_receive_memory (%llu "
+                               "bytes, %llu in use); try again later",
+                               flen, (unsigned long long)s->cfg.max_receive_memory,
+                               (unsigned long long)s->rbuf_bytes);
+                return;
+            }
+            if (rc != 0) {
                 srv_send_error(c, 0, PS_ENOMEM, 1, "no memory for a %zu-byte frame", flen);
                 return;
             }
@@ -491,6 +590,13 @@ static void process_frames(srv_conn *c)
         s->stats.bytes_in += flen;
         rc = ps_msg_decode(c->rbuf + pos + PS_FRAME_HDR, plen, &lim, &c->zone, &m, &s->scratch_layout, err,
                            sizeof err);
+        if (rc != 0 && ps_msg_from_server_only(m.type)) {
+            /* a message only psd sends: its type is what is wrong, not
+             * the fields it lacks (PROTOCOL.md section 5) */
+            rc = PS_EBAD_TYPE;
+            snprintf(err, sizeof err, "psd does not accept %s messages (only psd sends them)",
+                     ps_msg_type_name(m.type));
+        }
         if (rc != 0) {
             /* The framing is intact, so a bad message costs only itself once
              * the connection is established; before hello it ends it. */
@@ -527,7 +633,9 @@ int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *o
     out->mem = c->rbuf;
     out->cap = c->rcap;
     c->rbuf = repl.mem;
+    c->srv->rbuf_bytes -= c->rcap; /* the policy holds that one now */
     c->rcap = repl.mem ? repl.cap : 0;
+    c->srv->rbuf_bytes += c->rcap;
     c->rpos = c->rlen = c->want_end = c->frame_end = 0;
     c->rbuf_given = 1;
     return 0;
@@ -663,7 +771,28 @@ static void on_connection(uv_stream_t *server, int status)
     s->stats.connections++;
     uv_tcp_nodelay(&c->tcp, 1);
     PS_LOG(PS_LOG_DEBUG, "conn %llu: accepted from %s", (unsigned long long)c->cid, c->addr);
-    if (s->nconns > (uint32_t)s->cfg.max_connections) {
+    /* connections still in their handshake: at most max_handshakes, the
+     * oldest making way for the new one */
+    int waiting = 0;
+    srv_conn *oldest = NULL;
+    for (srv_conn *o = c->next; o; o = o->next)
+        if (o->role == PS_ROLE_NONE && !o->closing && !o->close_after_write) {
+            waiting++;
+            oldest = o; /* the list runs from the newest to the oldest */
+        }
+    if (oldest && waiting >= s->cfg.max_handshakes) {
+        snprintf(oldest->close_reason, sizeof oldest->close_reason, "handshake not finished (max_handshakes)");
+        srv_send_error(oldest, 0, PS_ELIMIT, 1,
+                       "closed to make room: %d connections had not finished their handshake (max_handshakes = "
+                       "%d) and this was the oldest",
+                       waiting, s->cfg.max_handshakes);
+    }
+    /* open connections, not counting those psd is closing (their close
+     * completes on a later turn of the loop) */
+    uint32_t open = 1;
+    for (srv_conn *o = c->next; o; o = o->next)
+        open += !o->closing && !o->close_after_write;
+    if (open > (uint32_t)s->cfg.max_connections) {
         srv_send_error(c, 0, PS_ELIMIT, 1, "too many connections (max_connections = %d)", s->cfg.max_connections);
         return;
     }
@@ -700,15 +829,15 @@ int srv_listen(psd *s)
 {
     s->io = &net_io;
     srv_update_init(s, on_update_done);
-    struct sockaddr_storage addr;
+    /* listen, resolved at start (main: srv_listen_resolve), or here */
+    struct sockaddr_storage addr = s->settings.listen_addr;
     const char *host = s->cfg.listen.host;
     int port = s->cfg.listen.port;
-    int rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
-    if (rc != 0)
-        rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+    char err[512];
+    int rc = addr.ss_family ? 0 : srv_listen_resolve(host, port, &addr, err, sizeof err);
     if (rc != 0) {
-        PS_LOG(PS_LOG_ERROR, "listen: '%s' is not an IPv4 or IPv6 address", host);
-        return PS_EINVAL;
+        PS_LOG(PS_LOG_ERROR, "%s", err);
+        return rc;
     }
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;

@@ -20,6 +20,7 @@
 #include "optim.h"
 
 #include <assert.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,31 +364,97 @@ void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double ss, ui
     *st = c;
 }
 
-void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
-                   uint64_t off, uint64_t n)
+/* The kind's loop over [0, len) with the state arrays given: s1 the
+ * momentum, first moment or sum (NULL: none), s2 the second moment. */
+static void run_on(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len, float *s1,
+                   float *s2)
 {
-    assert(off <= o->n && n <= o->n - off);
-    size_t len = (size_t)n;
-    coef c = *st;
     switch (o->kind) {
     case PS_OPTIMIZER_SGD:
-        if (o->velocity && o->momentum > 0 && o->nesterov)
-            LOOP(sgd_nesterov, wo, wi, g, o->velocity + off, len, c);
-        else if (o->velocity && o->momentum > 0)
-            LOOP(sgd_momentum, wo, wi, g, o->velocity + off, len, c);
+        if (s1 && o->momentum > 0 && o->nesterov)
+            LOOP(sgd_nesterov, wo, wi, g, s1, len, c);
+        else if (s1 && o->momentum > 0)
+            LOOP(sgd_momentum, wo, wi, g, s1, len, c);
         else
             LOOP(sgd, wo, wi, g, len, c);
         break;
     case PS_OPTIMIZER_ADAM:
     case PS_OPTIMIZER_ADAMW:
-        LOOP(adam, wo, wi, g, o->exp_avg + off, o->exp_avg_sq + off, len, c);
+        LOOP(adam, wo, wi, g, s1, s2, len, c);
         break;
     case PS_OPTIMIZER_ADAGRAD:
-        LOOP(adagrad, wo, wi, g, o->sum + off, len, c);
+        LOOP(adagrad, wo, wi, g, s1, len, c);
         break;
     default:
         assert(!"unknown optimizer kind");
     }
+}
+
+/* The state arrays run_on() takes, for o's kind. */
+static float *state1(const srv_optim *o)
+{
+    return o->kind == PS_OPTIMIZER_SGD ? o->velocity : o->kind == PS_OPTIMIZER_ADAGRAD ? o->sum : o->exp_avg;
+}
+
+static float *state2(const srv_optim *o)
+{
+    return o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW ? o->exp_avg_sq : NULL;
+}
+
+void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
+                   uint64_t off, uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    float *s1 = state1(o), *s2 = state2(o);
+    run_on(o, *st, wo, wi, g, (size_t)n, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL);
+}
+
+/* floats srv_optim_finite() works on at a time, on its stack */
+#define TRIAL_PIECE 1024
+
+int srv_optim_finite(const srv_optim *o, const srv_optim_step *st, const float *wi, const float *g, uint64_t off,
+                     uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    float tw[TRIAL_PIECE], t1[TRIAL_PIECE], t2[TRIAL_PIECE];
+    const float *s1 = state1(o), *s2 = state2(o);
+    for (uint64_t x = 0; x < n;) {
+        size_t l = n - x < TRIAL_PIECE ? (size_t)(n - x) : TRIAL_PIECE;
+        if (s1)
+            memcpy(t1, s1 + off + x, l * sizeof(float));
+        if (s2)
+            memcpy(t2, s2 + off + x, l * sizeof(float));
+        /* the same loop the update runs, writing to the copies */
+        run_on(o, *st, tw, wi + x, g + x, l, s1 ? t1 : NULL, s2 ? t2 : NULL);
+        if (!ps_vec_all_finite(tw, l) || (s1 && !ps_vec_all_finite(t1, l)) || (s2 && !ps_vec_all_finite(t2, l)))
+            return 0;
+        x += l;
+    }
+    return 1;
+}
+
+/* x[0..n) made finite: NaN 0, +-inf +-FLT_MAX; the count changed. */
+static size_t make_finite(float *x, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            x[i] = isnan(x[i]) ? 0.0f : x[i] > 0 ? FLT_MAX : -FLT_MAX;
+            k++;
+        }
+    return k;
+}
+
+size_t srv_optim_make_finite(srv_optim *o, float *w, uint64_t off, uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    float *s1 = state1(o), *s2 = state2(o);
+    size_t k = make_finite(w, (size_t)n);
+    if (s1)
+        k += make_finite(s1 + off, (size_t)n);
+    if (s2)
+        k += make_finite(s2 + off, (size_t)n);
+    return k;
 }
 
 void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version)

@@ -150,6 +150,19 @@ void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double sumsq,
 void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
                    uint64_t off, uint64_t n);
 
+/* 1 when applying g[0..n) to parameters [off, off+n) (read from wi) would
+ * leave every parameter and every value of the optimizer's state finite,
+ * else 0: the same loop as srv_optim_run() on copies of the state, so the
+ * answer holds bit for bit. Writes nothing. */
+int srv_optim_finite(const srv_optim *o, const srv_optim_step *st, const float *wi, const float *g, uint64_t off,
+                     uint64_t n);
+
+/* After an update that srv_optim_finite() found would not be finite, under
+ * nonfinite = clip: makes w[0..n) (parameters off..off+n) and the same
+ * range of the state finite again, NaN becoming 0 and +-inf +-FLT_MAX.
+ * Returns the count of values changed. */
+size_t srv_optim_make_finite(srv_optim *o, float *w, uint64_t off, uint64_t n);
+
 /* The one sum of squares psd takes (a push's norm for clipping, a BSP
  * round's mean, a sanitised push): in double, value k of the stream added
  * to partial sum k mod SRV_SUMSQ_LANES (in the order the values come),

@@ -113,6 +113,11 @@ static int apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, c
     int rc = srv_update_apply(s, &gr, off, n, p->may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
         return SRV_PENDING;
+    if (rc == PS_ENONFINITE) {
+        snprintf(err, errlen, "applying this gradient to [%llu, %llu) would make parameters infinite or NaN; "
+                 "refused, the model unchanged", (unsigned long long)off, (unsigned long long)(off + n));
+        return rc;
+    }
     if (rc != 0) {
         snprintf(err, errlen, "out of memory for a copy of a model block");
         return PS_ENOMEM;
@@ -307,11 +312,20 @@ typedef struct bsp_shard {
     size_t nkept;            /* entries of kept and kept_at: the model's blocks */
     srv_rbuf *spare;         /* up to nkept + 1 */
     size_t nspare;
+    /* the ranges this round's push has covered so far, sorted, disjoint,
+     * adjacent ones merged (one range for a push sent in order): a range
+     * pushed twice in one round is refused */
+    struct bsp_range {
+        uint64_t lo, hi;
+    } *rg;
+    size_t nrg, rg_cap;
 } bsp_shard;
 
 /* BSP's own state: the round, and each shard's gradient kept for it. */
 typedef struct bsp_state {
-    float *acc;     /* the round's sum (arrival order only) */
+    float *acc;     /* the round's sum of complete pushes (arrival order
+                     * only): a push's chunks are kept apart until its fin
+                     * chunk, so one that never finishes leaves no trace */
     bsp_shard **sh; /* per shard, NULL until it pushes */
     uint32_t nsh;
     float **src;    /* the gradients a round's mean sums, in order */
@@ -490,7 +504,6 @@ static int keep_push(psd *s, bsp_shard *w, const srv_push *p)
         srv_rbuf repl = w->nspare ? w->spare[--w->nspare] : (srv_rbuf){0};
         srv_rbuf got;
         if (s->io->give_rbuf(p->conn, g, repl, &got) == 0) {
-            kept_forget(w, first); /* the same block pushed twice: the last counts */
             w->kept[first] = got;
             w->kept_at[first] = g;
             return 0;
@@ -500,27 +513,98 @@ static int keep_push(psd *s, bsp_shard *w, const srv_push *p)
     int whole = off == 0 && n == total;
     if (slot_ready(w, total, !whole) != 0)
         return -1;
-    size_t last = (size_t)((off + n - 1) >> SRV_BLK_SHIFT);
-    for (size_t i = first; i <= last; i++) {
-        if (!w->kept_at[i])
-            continue;
-        /* part of a kept block pushed again: the rest of it moves to the
-         * slot (a whole block is simply overwritten there) */
-        uint64_t bs = (uint64_t)i << SRV_BLK_SHIFT, bl = block_len(total, i);
-        if (!(off <= bs && off + n >= bs + bl))
-            memcpy(w->slot + bs, w->kept_at[i], (size_t)bl * sizeof(float));
-        kept_forget(w, i);
-    }
+    /* no block of [off, off+n) is kept apart: bsp_push refuses a range
+     * pushed twice in a round */
     memcpy(w->slot + off, g, (size_t)n * sizeof(float));
     if (whole)
         w->slot_clean = 1;
     return 0;
 }
 
+/* ---- the ranges of a round's push ---------------------------------------- */
+
+/* 0 when [off, off+n) overlaps no range w pushed this round, else
+ * PS_EDUPLICATE with the overlapping range in *dup. */
+static int range_check(const bsp_shard *w, uint64_t off, uint64_t n, struct bsp_range *dup)
+{
+    for (size_t i = 0; i < w->nrg; i++)
+        if (off < w->rg[i].hi && w->rg[i].lo < off + n) {
+            *dup = w->rg[i];
+            return PS_EDUPLICATE;
+        }
+    return 0;
+}
+
+/* Records [off, off+n) (checked by range_check) as pushed this round;
+ * -1 when out of memory. */
+static int range_add(bsp_shard *w, uint64_t off, uint64_t n)
+{
+    uint64_t lo = off, hi = off + n;
+    size_t at = 0;
+    while (at < w->nrg && w->rg[at].hi < lo)
+        at++;
+    /* at: the first range that ends at or after lo; merge with the ranges it touches */
+    if (at < w->nrg && w->rg[at].hi == lo) {
+        w->rg[at].hi = hi;
+        if (at + 1 < w->nrg && w->rg[at + 1].lo == hi) {
+            w->rg[at].hi = w->rg[at + 1].hi;
+            memmove(w->rg + at + 1, w->rg + at + 2, (w->nrg - at - 2) * sizeof *w->rg);
+            w->nrg--;
+        }
+        return 0;
+    }
+    if (at < w->nrg && w->rg[at].lo == hi) {
+        w->rg[at].lo = lo;
+        return 0;
+    }
+    if (w->nrg == w->rg_cap) {
+        size_t cap = w->rg_cap ? 2 * w->rg_cap : 4;
+        struct bsp_range *r = realloc(w->rg, cap * sizeof *r);
+        if (!r)
+            return -1;
+        w->rg = r;
+        w->rg_cap = cap;
+    }
+    memmove(w->rg + at + 1, w->rg + at, (w->nrg - at) * sizeof *w->rg);
+    w->rg[at] = (struct bsp_range){lo, hi};
+    w->nrg++;
+    return 0;
+}
+
+/* w starts a round, or its unfinished push is dropped: nothing of it stays. */
+static void shard_reset(bsp_shard *w, uint64_t round)
+{
+    kept_release(w);
+    w->nrg = 0;
+    w->round = round;
+    w->round_fin = 0;
+}
+
+/* Arrival order: w's push is complete; adds what it kept (the ranges it
+ * pushed, from its kept blocks or its slot) to the round's sum. */
+static void fold_into(bsp_state *b, bsp_shard *w)
+{
+    for (size_t r = 0; r < w->nrg; r++)
+        for (uint64_t j = w->rg[r].lo; j < w->rg[r].hi;) {
+            size_t blk = (size_t)(j >> SRV_BLK_SHIFT);
+            uint64_t bs = (uint64_t)blk << SRV_BLK_SHIFT;
+            uint64_t end = bs + SRV_BLK_FLOATS < w->rg[r].hi ? bs + SRV_BLK_FLOATS : w->rg[r].hi;
+            if (w->nkept && w->kept_at[blk]) {
+                const float *g = w->kept_at[blk];
+                for (; j < end; j++)
+                    b->acc[j] += g[j - bs];
+            } else {
+                for (; j < end; j++)
+                    b->acc[j] += w->slot[j];
+            }
+        }
+}
+
 static void shard_free(bsp_shard *w)
 {
     if (!w)
         return;
+    free(w->rg);
     free(w->slot);
     for (size_t i = 0; i < w->nkept; i++)
         free(w->kept[i].mem);
@@ -605,6 +689,16 @@ static int bsp_try_close(psd *s, srv_worker *closer, int may_defer)
     int rc = srv_update_apply(s, &gr, 0, total, closer && may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
         return SRV_PENDING;
+    if (rc == PS_ENONFINITE) {
+        /* the round's mean would overflow the model: the round closes
+         * with the model unchanged (update.c logged and counted it) */
+        PS_LOG(PS_LOG_ERROR, "round %llu closed without its update: its mean would make parameters infinite or NaN",
+               (unsigned long long)round);
+        if (b->acc)
+            memset(b->acc, 0, total * sizeof(float));
+        bsp_round_closed(s);
+        return SRV_WAKE;
+    }
     if (rc != 0) {
         /* nothing applied: the round stays open, tried again on psd's tick */
         PS_LOG(PS_LOG_ERROR, "out of memory copying a model block closing round %llu; it stays open",
@@ -635,19 +729,32 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
         snprintf(err, errlen, "shard %u already pushed for round %llu", w->shard, (unsigned long long)round);
         return PS_EDUPLICATE;
     }
-    if (s->cfg.bsp_sum_order == PS_BSP_SUM_SHARD) {
-        if (sh->round != round)
-            kept_release(sh); /* the last round's are applied: spares now */
-        if (keep_push(s, sh, p) != 0) {
+    if (sh->round != round)
+        shard_reset(sh, round); /* the last round's are applied, or were dropped */
+    struct bsp_range dup;
+    if (range_check(sh, p->off, p->n, &dup) != 0) {
+        snprintf(err, errlen,
+                 "shard %u pushed [%llu, %llu) twice in round %llu (it already sent [%llu, %llu)); a push counts "
+                 "once per round",
+                 w->shard, (unsigned long long)p->off, (unsigned long long)(p->off + p->n),
+                 (unsigned long long)round, (unsigned long long)dup.lo, (unsigned long long)dup.hi);
+        return PS_EDUPLICATE;
+    }
+    int arrival = s->cfg.bsp_sum_order == PS_BSP_SUM_ARRIVAL;
+    if (arrival && p->fin && sh->nrg == 0) {
+        /* the whole push in one message: straight into the sum */
+        for (uint64_t j = 0; j < p->n; j++)
+            b->acc[p->off + j] += p->g[j];
+    } else {
+        if (range_add(sh, p->off, p->n) != 0 || keep_push(s, sh, p) != 0) {
             snprintf(err, errlen, "out of memory for shard %u's gradient", w->shard);
             return PS_ENOMEM;
         }
-    } else {
-        for (uint64_t j = 0; j < p->n; j++)
-            b->acc[p->off + j] += p->g[j];
+        if (arrival && p->fin) {
+            fold_into(b, sh);
+            kept_release(sh);
+        }
     }
-    sh->round = round;
-    sh->round_fin = 0;
     if (p->fin) {
         sh->round_fin = 1;
         w->clock++;
@@ -663,8 +770,24 @@ static int bsp_applied(psd *s, const srv_update_tag *tag)
     return SRV_WAKE;
 }
 
-static int bsp_membership(psd *s, srv_worker *w)
+static int bsp_joined(psd *s, srv_worker *w)
 {
+    return bsp_try_close(s, NULL, 0);
+}
+
+/* A worker that leaves or is lost in the middle of its push: what it sent
+ * of it is dropped (it never counted), and the round may close without it. */
+static int bsp_left(psd *s, srv_worker *w)
+{
+    bsp_state *b = s->policy_state;
+    if (b && w->shard < b->nsh && b->sh[w->shard]) {
+        bsp_shard *sh = b->sh[w->shard];
+        if (sh->round == s->model.version && !sh->round_fin && sh->nrg) {
+            PS_LOG(PS_LOG_INFO, "shard %u's unfinished push for round %llu dropped", w->shard,
+                   (unsigned long long)sh->round);
+            shard_reset(sh, UINT64_MAX);
+        }
+    }
     return bsp_try_close(s, NULL, 0);
 }
 
@@ -694,8 +817,8 @@ const srv_policy_ops srv_policy_bsp = {
     .name = "bsp",
     .push = bsp_push,
     .applied = bsp_applied,
-    .worker_left = bsp_membership,
-    .worker_joined = bsp_membership,
+    .worker_left = bsp_left,
+    .worker_joined = bsp_joined,
     .pull_ready = NULL,
     .tick = bsp_tick,
     .destroy = bsp_destroy,

@@ -132,6 +132,11 @@ struct srv_policy_ops; /* policy.h */
 /* ---- connections --------------------------------------------------------- */
 
 #define SRV_PARKED_MAX 64 /* pulls one connection may have waiting */
+/* protocol errors after which psd closes a connection (PROTOCOL.md) */
+#define SRV_PROTO_ERRORS_MAX 100
+/* error lines logged for one connection before they are rate limited to
+ * one a second (with the count of those left out) */
+#define SRV_ERR_LINES_FREE 10
 
 /* A pull waiting for a model version (BSP) or for the initial values. */
 typedef struct srv_parked {
@@ -183,6 +188,12 @@ struct srv_conn {
     char close_reason[96];   /* why psd closes it, for the worker's record */
     uint64_t connected_ms;
     uint64_t last_msg_ms;    /* when its last message arrived (idle_timeout) */
+    uint32_t proto_errors;   /* errors of a broken or hostile client (net.c:
+                              * MALFORMED, BAD_TYPE, BAD_FIELD, STATE,
+                              * FORBIDDEN); closed at SRV_PROTO_ERRORS_MAX */
+    uint32_t err_lines;      /* error log lines written for it */
+    uint32_t err_quiet;      /* errors not logged since the last line */
+    uint64_t err_line_ms;    /* when the last one was written */
     srv_conn *prev, *next;   /* psd.conns list */
 };
 
@@ -215,6 +226,8 @@ typedef struct srv_stats {
     uint64_t checkpoint_version;
     char checkpoint_error[300]; /* why the last failed checkpoint failed ("" after a success) */
     uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
+    uint64_t nonfinite_updates;   /* updates refused: their result was not finite */
+    uint64_t clipped_updates;     /* updates whose non-finite results were made finite */
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
     /* rates, recomputed by the 1 s timer */
@@ -228,6 +241,7 @@ typedef struct srv_settings {
     char metrics_host[PS_CONFIG_HOST_MAX]; /* metrics_listen's host; "" = off */
     int metrics_port;
     struct sockaddr_storage metrics_addr;  /* and as an address */
+    struct sockaddr_storage listen_addr;   /* listen, resolved at start (srv_listen_resolve) */
 } srv_settings;
 
 /* A setting from psd's command line (--listen, --set, ...); kept so that a
@@ -285,6 +299,8 @@ struct psd {
     uint64_t start_ms;
     srv_conn *conns;
     uint32_t nconns;
+    uint64_t rbuf_bytes;     /* connections' receive buffers together (net.c;
+                              * bounded by max_receive_memory) */
     uint64_t next_cid;
     srv_worker **workers;    /* indexed by shard; size nworkers_cap */
     uint32_t nworkers_cap;
@@ -337,6 +353,18 @@ int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t le
  * machine's files). Returns 0 or PS_EIO with a message in err. */
 int srv_state_dir_check(const char *dir, char *err, size_t len);
 
+/* The address to listen on for host (an IPv4 or IPv6 literal, or a host
+ * name resolved with getaddrinfo: its first IPv4 address, else its first
+ * IPv6 one) and port: 0, or PS_EINVAL with the reason in err. */
+int srv_listen_resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t len);
+
+/* 1 when a is an address of this machine only: 127.0.0.0/8, ::1,
+ * ::ffff:127.x.y.z. */
+int srv_addr_is_loopback(const struct sockaddr_storage *a);
+
+/* a's address as text (no port). */
+void srv_addr_name(const struct sockaddr_storage *a, char *buf, size_t len);
+
 /* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
  * (srv_hist_init, srv_hist_observe above) */
 uint64_t srv_now_ms(void);
@@ -351,6 +379,17 @@ static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
 /* model.c */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
 void srv_model_free(srv_model *m);
+
+/* A worker's hello proposes l: it becomes the model's layout (has_layout)
+ * but nothing is allocated until srv_model_commit(), at the first INIT, so
+ * a hello alone commits no memory. */
+void srv_model_propose(srv_model *m, const ps_layout *l);
+/* Allocates a proposed layout's parameters (zeros) and optimizer state,
+ * once: 0, or PS_ENOMEM (nothing allocated). */
+int srv_model_commit(srv_model *m, const ps_config *cfg);
+/* Forgets a layout that was never initialised (its proposer left before
+ * INIT): memory freed, has_layout 0, so the next hello proposes again. */
+void srv_model_release(srv_model *m);
 /* Counts one applied update: version++. */
 void srv_model_bump(srv_model *m);
 /* The current values from parameter off on: a pointer and, in *len, how

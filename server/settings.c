@@ -6,8 +6,10 @@
  * again. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,4 +81,57 @@ int srv_state_dir_check(const char *dir, char *err, size_t len)
     close(fd);
     unlink(probe);
     return 0;
+}
+
+int srv_listen_resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t len)
+{
+    memset(out, 0, sizeof *out);
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)out) == 0 ||
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)out) == 0)
+        return 0;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, len, "listen: cannot resolve '%s': %s", host, gai_strerror(rc));
+        return PS_EINVAL;
+    }
+    const struct addrinfo *pick = NULL;
+    for (const struct addrinfo *a = res; a; a = a->ai_next)
+        if ((a->ai_family == AF_INET && (!pick || pick->ai_family != AF_INET)) ||
+            (a->ai_family == AF_INET6 && !pick))
+            pick = a;
+    if (!pick) {
+        freeaddrinfo(res);
+        snprintf(err, len, "listen: '%s' has no IPv4 or IPv6 address", host);
+        return PS_EINVAL;
+    }
+    memcpy(out, pick->ai_addr, pick->ai_addrlen);
+    if (pick->ai_family == AF_INET)
+        ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
+    else
+        ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
+    freeaddrinfo(res);
+    return 0;
+}
+
+int srv_addr_is_loopback(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    if (a->ss_family != AF_INET6)
+        return 0;
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+}
+
+void srv_addr_name(const struct sockaddr_storage *a, char *buf, size_t len)
+{
+    if (a->ss_family == AF_INET)
+        uv_ip4_name((const struct sockaddr_in *)a, buf, len);
+    else if (a->ss_family == AF_INET6)
+        uv_ip6_name((const struct sockaddr_in6 *)a, buf, len);
+    else
+        snprintf(buf, len, "?");
 }

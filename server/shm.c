@@ -5,8 +5,10 @@
  * growing, of 2 x P floats (P: the model's parameters): [0, P) for its
  * gradient, [P, 2P) for the parameters psd answers with. Its hello names
  * the memfd as [pid, fd]; psd opens /proc/<pid>/fd/<fd> and maps it when
- * it is a memfd with those seals and of that size, and says so in the
- * welcome ("inshm"). Anything else (another machine, another user, a
+ * pid is the process at the other end of the connection (its file table
+ * holds the connection's peer socket: a client cannot name another
+ * process's memfd), the file is a memfd, with those seals and of that
+ * size, and says so in the welcome ("inshm"). Anything else (another machine, another user, a
  * regular file, a segment that could shrink under psd and fault it) leaves
  * the connection on TCP, with the reason in the log. A hello may also
  * place the two halves elsewhere in a larger segment ("shm": [pid, fd,
@@ -23,7 +25,11 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,6 +50,100 @@ static float *map_range(int fd, uint64_t off, uint64_t n, void **map, size_t *ma
     return (float *)(void *)((char *)p + (off * sizeof(float) - start));
 }
 
+/* ---- is pid the peer? ------------------------------------------------------ */
+
+/* An address as /proc/net/tcp{,6} prints it ("0100007F:1F90": the address's
+ * 32-bit words in host order, then the port); an IPv4-mapped IPv6 address
+ * as IPv4 (*v6 0). 0 when sa is neither family. */
+static int proc_net_addr(const struct sockaddr_storage *sa, char *out, size_t len, int *v6)
+{
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)sa;
+        snprintf(out, len, "%08X:%04X", (unsigned)a->sin_addr.s_addr, (unsigned)ntohs(a->sin_port));
+        *v6 = 0;
+        return 1;
+    }
+    if (sa->ss_family != AF_INET6)
+        return 0;
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
+    uint32_t w[4];
+    memcpy(w, &a->sin6_addr, sizeof w);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+        snprintf(out, len, "%08X:%04X", (unsigned)w[3], (unsigned)ntohs(a->sin6_port));
+        *v6 = 0;
+    } else {
+        snprintf(out, len, "%08X%08X%08X%08X:%04X", (unsigned)w[0], (unsigned)w[1], (unsigned)w[2], (unsigned)w[3],
+                 (unsigned)ntohs(a->sin6_port));
+        *v6 = 1;
+    }
+    return 1;
+}
+
+/* The inode of the socket at the other end of c (on this machine: its
+ * local address is c's peer address and the other way round), from
+ * /proc/net/tcp or tcp6; 0 when not found. */
+static unsigned long peer_socket_inode(srv_conn *c)
+{
+    struct sockaddr_storage self, peer;
+    int sl = sizeof self, pl = sizeof peer, v6a, v6b;
+    char want_local[64], want_rem[64];
+    if (uv_tcp_getsockname(&c->tcp, (struct sockaddr *)&self, &sl) != 0 ||
+        uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &pl) != 0 ||
+        !proc_net_addr(&peer, want_local, sizeof want_local, &v6a) ||
+        !proc_net_addr(&self, want_rem, sizeof want_rem, &v6b) || v6a != v6b)
+        return 0;
+    FILE *f = fopen(v6a ? "/proc/net/tcp6" : "/proc/net/tcp", "r");
+    if (!f)
+        return 0;
+    char line[512];
+    unsigned long found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        char local[64], rem[64];
+        unsigned long inode;
+        /* sl local rem st tx:rx tr:when retrnsmt uid timeout inode */
+        if (sscanf(line, " %*s %63s %63s %*s %*s %*s %*s %*s %*s %lu", local, rem, &inode) == 3 &&
+            strcmp(local, want_local) == 0 && strcmp(rem, want_rem) == 0)
+            found = inode;
+    }
+    fclose(f);
+    return found;
+}
+
+/* 0 when process pid holds the socket at the other end of c (the
+ * connection comes from that process), else -1 with the reason. SO_PEERCRED
+ * tells nothing on TCP, so the peer's socket is looked up by its addresses
+ * and pid's file table searched for it. */
+static int peer_is(srv_conn *c, unsigned pid, char *why, size_t whylen)
+{
+    unsigned long ino = peer_socket_inode(c);
+    if (!ino) {
+        snprintf(why, whylen, "the socket at the other end of this connection is not found on psd's machine");
+        return -1;
+    }
+    char dir[64], want[64];
+    snprintf(dir, sizeof dir, "/proc/%u/fd", pid);
+    snprintf(want, sizeof want, "socket:[%lu]", ino);
+    DIR *d = opendir(dir);
+    if (!d) {
+        snprintf(why, whylen, "cannot read %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int ok = 0;
+    for (struct dirent *e; !ok && (e = readdir(d));) {
+        char path[320], link[64];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            ok = strcmp(link, want) == 0;
+        }
+    }
+    closedir(d);
+    if (!ok)
+        snprintf(why, whylen, "pid %u named in the hello is not the process at the other end of the connection", pid);
+    return ok ? 0 : -1;
+}
+
 int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen)
 {
     char path[64];
@@ -59,10 +159,23 @@ int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, si
                  (unsigned long long)nparams);
         return -1;
     }
+    if (peer_is(c, m->shm_pid, why, whylen) != 0)
+        return -1;
     snprintf(path, sizeof path, "/proc/%u/fd/%u", m->shm_pid, m->shm_fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    /* what the file is, before its seals: a tmpfs or hugetlbfs file has
+     * seals too (F_SEAL_SEAL), and is still no memfd. The link of a memfd
+     * reads "/memfd:NAME (deleted)". */
+    char target[80];
+    ssize_t tl = readlink(path, target, sizeof target - 1);
+    target[tl > 0 ? tl : 0] = 0;
+    if (strncmp(target, "/memfd:", 7) != 0) {
+        snprintf(why, whylen, "%s is not a memfd (%s)", path, tl > 0 ? target : strerror(errno));
+        close(fd);
         return -1;
     }
     int seals = fcntl(fd, F_GET_SEALS);

@@ -62,7 +62,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     else
         msgpack_pack_nil(pk);
     kf64(pk, "lr", s->cfg.lr);
-    kf64(pk, "lr_current", s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+    kf64(pk, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
     key(pk, "paused");
     if (s->paused)
         msgpack_pack_true(pk);
@@ -86,9 +86,9 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     ku64(pk, "version", s->model.version);
     ku64(pk, "parameters", params);
     ku64(pk, "bytes", params * 4);
-    ku64(pk, "optimizer_state_bytes", s->model.has_layout ? srv_optim_state_bytes(&s->model.opt) : 0);
+    ku64(pk, "optimizer_state_bytes", s->model.nblk ? srv_optim_state_bytes(&s->model.opt) : 0);
     kstr(pk, "optimizer",
-         s->model.has_layout ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
+         s->model.nblk ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
     key(pk, "initialized");
     if (s->model.initialized)
         msgpack_pack_true(pk);
@@ -208,7 +208,7 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_paused", "gauge", "1 while an admin has paused the workers (psctl pause), else 0.", "%d",
            s->paused ? 1 : 0);
     SIMPLE("psd_learning_rate", "gauge", "Learning rate of the next update (lr after the schedule).", "%.9g",
-           s->model.has_layout ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+           s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
 
     rc |= family(b, "psd_rejected_messages_total", "counter", "Messages refused with an error reply, by reason.");
     for (int code = 1; code < 32; code++) {
@@ -250,6 +250,13 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_sanitized_pushes_total", "counter",
            "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
            s->stats.sanitized_pushes);
+    SIMPLE("psd_nonfinite_updates_total", "counter",
+           "Updates whose result would have made parameters or optimizer state infinite or NaN: refused "
+           "(nonfinite = reject).",
+           "%" PRIu64, s->stats.nonfinite_updates);
+    SIMPLE("psd_clipped_updates_total", "counter",
+           "Updates whose infinite or NaN results were made finite (nonfinite = clip).", "%" PRIu64,
+           s->stats.clipped_updates);
     rc |= family(b, "psd_disconnects_total", "counter",
                  "Connections psd closed: a client that stopped reading its replies (output_buffer) or an admin "
                  "silent past idle_timeout (idle).");

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/vec.h"
 #include "proto/errors.h"
 #include "update.h"
@@ -32,6 +33,8 @@ struct srv_update_job {
                               * updated in place); room for cap of each */
     size_t cap;
     srv_update_tag tag;      /* the caller's, handed back to the done callback */
+    int make_finite;         /* nonfinite = clip: results made finite (on the loop only) */
+    size_t made_finite;      /* values that were not */
 };
 
 /* ---- updates applied off the loop ------------------------------------------
@@ -167,6 +170,8 @@ static void apply_range(srv_update_job *a, uint64_t lo, uint64_t hi, int copy_re
             continue;
         float *w = nb ? nb->w : ob->w; /* nb NULL: nobody else holds it, in place */
         run_piece(o, &a->st, &a->grad, a->off, w + (p0 - start), ob->w + (p0 - start), p0, (size_t)(p1 - p0));
+        if (a->make_finite)
+            a->made_finite += srv_optim_make_finite(o, w + (p0 - start), p0, p1 - p0);
     }
 }
 
@@ -246,20 +251,27 @@ static srv_update_job *apply_prepare(psd *s, const srv_optim_step *st, const srv
     a->n = n;
     a->split = off + n;
     a->parts = 1;
+    a->make_finite = 0;
+    a->made_finite = 0;
     a->req.data = a;
     a->req2.data = a;
     return a;
 }
 
 /* Applies the update on the loop, all or nothing: returns 0, or PS_ENOMEM
- * when a shared block could not be copied (then nothing is applied). */
-static int apply_sync(psd *s, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
+ * when a shared block could not be copied (then nothing is applied). With
+ * make_finite, every result that is not finite is made so; *made counts
+ * them. */
+static int apply_sync(psd *s, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n,
+                      int make_finite, size_t *made)
 {
     assert(!s->upd.running); /* psd's one job is free: no message is handled meanwhile */
     srv_update_job *a = apply_prepare(s, st, gr, off, n);
     if (!a)
         return PS_ENOMEM;
+    a->make_finite = make_finite;
     apply_work(&a->req);
+    *made = a->made_finite;
     srv_model_install(&s->model, a->first, a->nblk, a->old, a->fresh);
     return 0;
 }
@@ -296,6 +308,31 @@ static int apply_off_loop(psd *s, const srv_optim_step *st, const srv_grad *gr, 
     return 0;
 }
 
+/* ---- results that would not be finite ------------------------------------- */
+
+/* 1 when applying gr to [off, off+n) with st leaves every parameter and
+ * the optimizer's state finite: the update run on copies, piece by piece,
+ * before anything is written (finite pushes can still overflow a float:
+ * three pushes of -3.4e38 with lr 0.5). */
+static int update_finite(srv_model *m, const srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
+{
+    float tmp[MEAN_PIECE];
+    for (uint64_t x = 0; x < n;) {
+        size_t l = piece_len(off + x, n - x), got;
+        const float *wi = srv_model_at(m, off + x, l, &got);
+        assert(got == l); /* a piece lies within one block */
+        const float *g = gr->g + x;
+        if (gr->nsrc) {
+            round_mean(gr, off + x, l, tmp);
+            g = tmp;
+        }
+        if (!srv_optim_finite(&m->opt, st, wi, g, off + x, l))
+            return 0;
+        x += l;
+    }
+    return 1;
+}
+
 /* ---- the entry point ------------------------------------------------------ */
 
 void srv_update_init(psd *s, srv_update_done_cb done)
@@ -313,7 +350,26 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
     assert(!s->upd.running);
     srv_optim_step st;
     begin_update(&s->model, &st, gr, off, n);
-    if (tag && s->upd.done && n >= APPLY_OFF_LOOP_MIN && apply_off_loop(s, &st, gr, off, n, tag) == 0)
+    int clip = 0;
+    if (!update_finite(&s->model, &st, gr, off, n)) {
+        if (s->cfg.nonfinite != PS_NONFINITE_CLIP) {
+            s->stats.nonfinite_updates++;
+            PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) would make parameters or optimizer state infinite or "
+                                "NaN: refused, the model unchanged (nonfinite = reject)",
+                   (unsigned long long)off, (unsigned long long)(off + n));
+            return PS_ENONFINITE;
+        }
+        clip = 1; /* applied on the loop, its results made finite */
+    }
+    if (!clip && tag && s->upd.done && n >= APPLY_OFF_LOOP_MIN && apply_off_loop(s, &st, gr, off, n, tag) == 0)
         return SRV_PENDING;
-    return apply_sync(s, &st, gr, off, n);
+    size_t made = 0;
+    int rc = apply_sync(s, &st, gr, off, n, clip, &made);
+    if (rc == 0 && clip) {
+        s->stats.clipped_updates++;
+        PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) made %zu values infinite or NaN: made finite "
+                            "(nonfinite = clip: NaN 0, +-inf +-FLT_MAX)",
+               (unsigned long long)off, (unsigned long long)(off + n), made);
+    }
+    return rc;
 }

@@ -44,7 +44,11 @@ void srv_update_init(psd *s, srv_update_done_cb done);
  * stay until the done callback is called with *tag; until then
  * srv_update_busy() is 1 and psd must handle no message. Otherwise it is
  * applied now: returns 0, or PS_ENOMEM when a shared block could not be
- * copied (nothing changed). Must not be called while busy. */
+ * copied (nothing changed). An update whose result would not be finite
+ * (a parameter or a value of the optimizer's state overflowing, though the
+ * gradient is finite) is refused with PS_ENONFINITE, nothing changed, or
+ * with nonfinite = clip applied on the loop with those values made finite;
+ * either is logged and counted (psd.stats). Must not be called while busy. */
 int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const srv_update_tag *tag);
 
 /* 1 while an update runs off the loop. */

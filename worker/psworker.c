@@ -236,49 +236,6 @@ static int reshard(const wopts *o, psc_client *pc, ps_dataset *train, size_t **p
     return 0;
 }
 
-/* Between the epochs' reports psd hears of the training every
- * $PSD_REPORT_INTERVAL seconds (default 1; 0: at epoch ends only), for its
- * dashboard: a REPORT of the epochs done, the mean loss of the steps since
- * the last report (or since the epoch began), the samples trained so far
- * and their rate since the last report. Called after every step with the
- * epoch's running sums; keeps its marks in statics (one client per
- * process). A pipelined step in flight is waited for first (psc_wait; the
- * caller's own psc_wait then returns at once): the REPORT shares its
- * connection. Returns 0 or the library's error code. */
-static int report_progress(psc_client *pc, int epoch, double loss_sum, size_t done, uint64_t samples_before)
-{
-    static double every = -1, last_t, mark_loss;
-    static size_t mark_done;
-    static uint64_t mark_total;
-    double now = now_s();
-    uint64_t total = samples_before + done;
-    if (every < 0) {
-        const char *e = getenv("PSD_REPORT_INTERVAL");
-        char *end = NULL;
-        every = e && *e ? strtod(e, &end) : 1.0;
-        if (!(every >= 0 && every <= 86400) || (end && *end)) {
-            PS_LOG(PS_LOG_WARN, "PSD_REPORT_INTERVAL='%s' is not 0..86400 seconds; reporting every second", e);
-            every = 1.0;
-        }
-        last_t = now;
-        mark_total = total;
-    }
-    if (done < mark_done) /* a new epoch: its sums started again */
-        mark_done = 0, mark_loss = 0;
-    if (every == 0 || now - last_t < every || done == mark_done)
-        return 0;
-    double loss = (loss_sum - mark_loss) / (double)(done - mark_done);
-    double rate = (double)(total - mark_total) / (now - last_t);
-    last_t = now;
-    mark_done = done;
-    mark_loss = loss_sum;
-    mark_total = total;
-    int rc = psc_wait(pc);
-    if (rc == 0)
-        rc = psc_report(pc, (uint32_t)(epoch - 1), loss, -1, 0, total, rate); /* reconnects inside */
-    return rc;
-}
-
 /* SIGTERM or SIGINT received: the handler only records it; the training
  * loop looks between steps, says bye to psd with the reason and exits
  * 128 + the signal (143 for SIGTERM), as a process killed by it would. */
@@ -682,7 +639,9 @@ int main(int argc, char **argv)
             }
             double now = now_s();
             comm_s += now - tc;
-            if (report_progress(pc, epoch, loss_sum, done, samples) != 0) {
+            /* psd hears of the training every report_s seconds
+             * ($PSD_REPORT_INTERVAL, default 1), not only at epoch ends */
+            if (psc_progress(pc, (uint32_t)(epoch - 1), (double)loss * (double)cnt, cnt) != 0) {
                 progress_clear(&o);
                 fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", epoch, psc_errmsg(pc));
                 goto out;

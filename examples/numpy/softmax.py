@@ -73,12 +73,14 @@ def main():
             z -= z.max(axis=1, keepdims=True)
             p = np.exp(z)
             p /= p.sum(axis=1, keepdims=True)
-            loss_sum += -np.log(p[np.arange(len(i)), y[i]] + 1e-12).mean()
+            step_loss = -np.log(p[np.arange(len(i)), y[i]] + 1e-12).mean()
+            loss_sum += step_loss
             p[np.arange(len(i)), y[i]] -= 1.0
             p /= len(i)
             np.matmul(x[i].T, p, out=gW)         # the gradient, straight into the pushed vector
             gb[:] = p.sum(axis=0)
             ps.pushpull()
+            ps.progress(epoch - 1, step_loss * len(i), len(i))  # psd hears of it every second
         acc = float(((tx @ W + b).argmax(axis=1) == ty).mean())
         ps.report(epoch, loss_sum / steps, accuracy=acc, samples=epoch * steps * args.batch)
         print("worker %d/%d: epoch %d loss %.4f test accuracy %.4f" % (k, m, epoch, loss_sum / steps, acc),

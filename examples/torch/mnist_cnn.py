@@ -150,8 +150,9 @@ def main():
                 ps.step_start()
             else:
                 ps.step()                        # gradients to psd, its parameters back
-            comm += time.monotonic() - tc
             loss_sum += loss.item()
+            ps.progress(epoch - 1, loss.item() * len(yb), len(yb))  # psd hears of it every second
+            comm += time.monotonic() - tc
         samples = n_all // m
         if args.overlap:
             tc = time.monotonic()

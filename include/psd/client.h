@@ -119,9 +119,11 @@ PSC_API psc_client *psc_new(void);
  *                offers it (else f32, with a warning)
  *   shm          "on" or "off": offer psd a shared-memory segment
  *   reconnect    "on" or "off": push and pull reconnect by themselves
+ *   report_s     seconds between psc_progress's reports to psd (default 1,
+ *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log
  *                lines on stderr (process-wide)
- * Before psc_connect only, except "log". Returns 0, PSC_EINVAL (an unknown
+ * Before psc_connect only, except "log" and "report_s". Returns 0, PSC_EINVAL (an unknown
  * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
 PSC_API int psc_set(psc_client *c, const char *key, const char *value);
 
@@ -238,6 +240,17 @@ PSC_API int psc_poll(psc_client *c);
  * measured), samples trained so far and samples per second. */
 PSC_API int psc_report(psc_client *c, uint32_t epoch, double loss, double acc, double test_loss, uint64_t samples,
                        double rate);
+
+/* Tells the library of training done since the last call: n samples
+ * whose losses sum to loss_sum, in the job's epoch `epoch` (epochs done,
+ * from 0). Every report_s seconds it sends psd a report of the mean loss
+ * over the samples since the previous one, the samples told of so far and
+ * their rate, so psctl and psd's dashboard follow the training within an
+ * epoch; call it after every step (nothing is sent when none is due). A
+ * step started by psc_pushpull_start is waited for before a report goes
+ * (its result is returned here then; the next psc_wait returns 0).
+ * Returns 0 or a code (PSC_EINVAL for a loss sum that is not finite). */
+PSC_API int psc_progress(psc_client *c, uint32_t epoch, double loss_sum, uint64_t n);
 
 /* The job's live shards from psd: shards 0..M-1 less those psd declared
  * lost. *rank is this worker's index among them, *count how many. */

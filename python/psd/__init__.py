@@ -49,7 +49,7 @@ class PsdError(Exception):
         super().__init__("%s [%s]" % (message, self.name))
 
 
-_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "wire", "shm", "reconnect",
+_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "shm", "reconnect",
             "log")
 
 
@@ -248,6 +248,13 @@ class Client:
         acc = -1.0 if accuracy is None else float(accuracy)
         self._check(lib.psc_report(self._handle(), int(epoch), float(loss), acc, float(test_loss), int(samples),
                                    float(rate)))
+
+    def progress(self, epoch, loss_sum, n):
+        """After a step: n samples whose losses sum to loss_sum, in epoch
+        `epoch` (epochs done). Every report_s seconds (option, default 1)
+        the library tells psd the mean loss since its last report, for
+        psctl and the dashboard."""
+        self._check(lib.psc_progress(self._handle(), int(epoch), float(loss_sum), int(n)))
 
     def live_shards(self):
         """(rank, count): this worker among the shards psd still counts."""

@@ -77,6 +77,7 @@ for name, res, args in [
     ("psc_wait", _i, [_c]),
     ("psc_poll", _i, [_c]),
     ("psc_report", _i, [_c, _u32, _d, _d, _d, _u64, _d]),
+    ("psc_progress", _i, [_c, _u32, _d, _u64]),
     ("psc_live_shards", _i, [_c, ctypes.POINTER(_u32), ctypes.POINTER(_u32)]),
     ("psc_reconnect", _i, [_c]),
     ("psc_mode", _s, [_c]),

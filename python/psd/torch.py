@@ -140,6 +140,10 @@ class Worker:
         self.client.pull()
         self._after_pull()
 
+    def progress(self, epoch, loss_sum, n):
+        """After a step: see psd.Client.progress (psd hears of the loss every report_s seconds)."""
+        self.client.progress(epoch, loss_sum, n)
+
     def report(self, epoch, loss, accuracy=None, test_loss=0.0, samples=0, rate=0.0):
         self.client.report(epoch, loss, accuracy, test_loss, samples, rate)
 

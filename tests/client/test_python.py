@@ -206,3 +206,30 @@ def test_reconnect_after_kill(cluster):
     assert np.array_equal(a.params, before)          # the new psd took our values
     a.pushpull()
     assert np.array_equal(a.params, before - 0.5)
+
+
+def test_progress_reports_every_report_s(cluster):
+    """progress() sends psd the mean loss of the samples since its last
+    report once report_s has passed, and nothing before."""
+    p = start(cluster, workers=1)
+    a = client(p.addr, "0/1", report_s="0.3", connect=True)
+
+    def row():
+        return [w for w in harness.status(p.addr)["workers"] if w["shard"] == 0][0]
+
+    a.progress(0, 2.0 * 10, 10)            # starts the interval: nothing is due
+    a.pushpull()
+    a.progress(0, 4.0 * 10, 10)
+    assert row()["loss"] is None, "no report before report_s has passed"
+    time.sleep(0.35)
+    a.progress(0, 6.0 * 10, 10)            # due: the mean of the 30 samples
+    assert row()["loss"] == pytest.approx(4.0)
+    a.progress(0, 9.0 * 5, 5)              # a new interval
+    time.sleep(0.35)
+    a.progress(0, 1.0 * 5, 5)
+    assert row()["loss"] == pytest.approx(5.0)
+    with pytest.raises(psd.PsdError, match="not a finite number"):
+        a.progress(0, float("nan"), 1)
+    with pytest.raises(psd.PsdError, match="report_s"):
+        client(p.addr, "0/1", report_s="-1")
+    a.close()

@@ -313,6 +313,24 @@ class AuthTest(unittest.TestCase):
             err = start_fails(self, cl, ("--listen", "0.0.0.0:0"), "allow_remote_without_token")
             self.assertIn("protected mode", err)
             start_fails(self, cl, ("--listen", "[::]:0"), "allow_remote_without_token")
+            # a host name is resolved: localhost is loopback and needs no
+            # token (issue 15, 10); a name that does not resolve says so
+            psd = cl.psd(name="localhost", args=("--listen", "localhost:0"))
+            self.assertEqual(ctl(psd.addr, None, "status").returncode, 0)
+            psd.stop()
+            start_fails(self, cl, ("--listen", "no-such-host.invalid:0"), "cannot resolve 'no-such-host.invalid'")
+            # a name of a non-loopback address is refused, saying which
+            # address it meant (when this machine's name is one)
+            name = socket.gethostname()
+            try:
+                addrs = [a[4][0] for a in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)]
+            except OSError:
+                addrs = []
+            v4 = [a for a in addrs if ":" not in a]
+            meant = (v4 or addrs or [None])[0]
+            if meant and not (meant.startswith("127.") or meant == "::1"):
+                err = start_fails(self, cl, ("--listen", name + ":0"), "%s resolves to %s" % (name, meant))
+                self.assertIn("protected mode", err)
             # allowed explicitly; reached through 127.0.0.1 only
             psd = cl.psd(name="open", args=("--listen", "0.0.0.0:0", "--set", "allow_remote_without_token=yes"))
             self.assertEqual(ctl(psd.addr, None, "status").returncode, 0)

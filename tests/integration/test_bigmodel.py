@@ -214,11 +214,12 @@ class BigModelTest(unittest.TestCase):
                 job.a.close()
                 b.close()
 
-    def test_bsp_pushes_again_within_a_round_overwrite(self):
+    def test_bsp_pushes_again_within_a_round_are_refused(self):
         """psd keeps a block that arrives whole in its own frame where it
-        arrived (no copy) and copies anything else into the worker's slot:
-        a range pushed again before the round closes must still replace
-        just that range, whichever way either push was kept, and a block a
+        arrived (no copy) and copies anything else into the worker's slot;
+        a push may come in pieces of any ranges, in any order, but a range
+        pushed again before the round closes is refused with DUPLICATE and
+        changes nothing, whichever way either push was kept; a block a
         worker does not push counts as zeros."""
         with harness.Cluster("psd-bigmodel-again") as cl:
             job = Job(cl, self, mode="bsp")
@@ -228,25 +229,28 @@ class BigModelTest(unittest.TestCase):
                 for rnd in range(3):
                     g = [grad(job.rng, TOTAL) for _ in range(2)]
                     got = [np.zeros(TOTAL, dtype="<f4") for _ in range(2)]
-                    # worker 1: block 0 whole, then a part of it again, then block 1 in
-                    # two pieces, then block 0 whole again in round 1; block 2 only in
-                    # round 2 (else zeros)
+                    # worker 1: block 0 whole, a part of it again (refused), block 1
+                    # in two pieces (the second last), block 0 whole again in
+                    # round 1 (refused); block 2 only in round 2 (else zeros)
                     extra = grad(job.rng, TOTAL)
-                    plan1 = [(0, BLK, g[1]), (1000, 5000, extra), (BLK, BLK // 2, g[1]),
-                             (BLK + BLK // 2, BLK // 2, g[1])]
+                    plan1 = [(0, BLK, g[1], False), (1000, 5000, extra, True), (BLK, BLK // 2, g[1], False)]
                     if rnd == 1:
-                        plan1.append((0, BLK, extra))
+                        plan1.append((0, BLK, extra, True))
                     if rnd == 2:
-                        plan1.append((2 * BLK, BLK // 2, g[1]))
-                    plan0 = [(off, n, g[0]) for off, n in pieces]
+                        plan1.append((2 * BLK, BLK // 2, g[1], False))
+                    plan1.append((BLK + BLK // 2, BLK // 2, g[1], False))
+                    plan0 = [(off, n, g[0], False) for off, n in pieces[::-1]]  # last piece first
                     if rnd == 0:
-                        plan0.insert(1, (BLK - 10, 20, extra))  # across the edge of blocks 0 and 1
+                        plan0.insert(2, (BLK - 10, 20, extra, True))  # across the edge of blocks 0 and 1
                     for c, plan, k in ((b, plan1, 1), (job.a, plan0, 0)):
-                        for i, (off, n, src) in enumerate(plan):
+                        for i, (off, n, src, dup) in enumerate(plan):
                             r = c.request({"t": T_PUSH, "base": rnd, "off": off, "data": src[off:off + n].tobytes(),
                                            "fin": i == len(plan) - 1})
-                            self.assertEqual(r.get("t"), T_OK, r)
-                            got[k][off:off + n] = src[off:off + n]
+                            if dup:
+                                self.assertEqual((r.get("t"), r.get("code")), (harness.T_ERROR, harness.E_DUPLICATE), r)
+                            else:
+                                self.assertEqual(r.get("t"), T_OK, r)
+                                got[k][off:off + n] = src[off:off + n]
                     job.w -= LR * ((got[0] + got[1]) * np.float32(0.5))
                     np.testing.assert_array_equal(job.pull_all(b), job.w, "after round %d" % rnd)
             finally:

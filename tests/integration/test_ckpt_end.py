@@ -18,6 +18,8 @@ the job, so the timer never fires:
   model exists only in memory and how to keep it.
 - `psctl status` shows the newest checkpoint's version and age beside the
   model's version.
+- The ckpt-N.psdc.tmp files a kill -9 during a write leaves are removed at
+  start, each with a log line.
 """
 
 import os
@@ -129,6 +131,30 @@ class CheckpointAtEndTest(unittest.TestCase):
             self.assertRegex(log, r"exists only in memory.*psctl save.*state.dir")
             r = harness.psctl(psd.addr, "status")
             self.assertRegex(r.stdout, r"model version \d+ \(no checkpoints: no state dir\)")
+            psd.stop()
+
+    def test_interrupted_writes_are_removed_at_start(self):
+        """What a kill -9 during a checkpoint write leaves (ckpt-N.psdc.tmp)
+        is removed when psd starts on that state dir, with a log line per
+        file; files that are not psd's own stay (issue 15, 9)."""
+        with harness.Cluster("psd-ckpt-tmp") as cl:
+            state = os.path.join(cl.dir, "state")
+            os.mkdir(state)
+            left = ["ckpt-%020d.psdc.tmp" % v for v in (7, 12, 13)]
+            for name in left:
+                with open(os.path.join(state, name), "wb") as f:
+                    f.write(b"PSDC" + b"\0" * 4096)
+            keep = ["notes.tmp", "ckpt-12.psdc.tmp", "ckpt-%020d.psdc.tmp.old" % 5]
+            for name in keep:
+                with open(os.path.join(state, name), "wb") as f:
+                    f.write(b"x")
+            psd = cl.psd(mode="asgd", workers=1, args=["--state-dir", state] + list(harness.ASGD_ARGS))
+            for name in left:
+                harness.wait_until(lambda: re.search(r"removed \S*%s \(4100 bytes\): a checkpoint whose writing "
+                                                     r"was interrupted" % re.escape(name), psd.stderr()),
+                                   10, "psd to log the removal of %s" % name)
+            self.assertEqual(sorted(os.listdir(state)), sorted(keep))
+            self.assertIn("version", harness.status(psd.addr))
             psd.stop()
 
 

@@ -7,7 +7,8 @@
 - every metric family psd exports appears in README.md's metrics table;
 - every key of the option table appears in conf/psd.conf with its default
   (the unit test test_config checks the same from C; this checks the file a
-  user reads against the binary a user runs).
+  user reads against the binary a user runs);
+- every place psd answers LIMIT is named in PROTOCOL.md's row for LIMIT.
 """
 
 import os
@@ -44,6 +45,25 @@ class DocsTest(unittest.TestCase):
             default = "" if default == "(empty)" else default
             self.assertRegex(conf, r"(?m)^# %s =%s$" % (re.escape(key), (" " + re.escape(default)) if default else ""),
                              "conf/psd.conf lacks '# %s = %s'" % (key, default))
+
+    def test_every_limit_is_documented(self):
+        """Each server file that answers LIMIT has its cause in PROTOCOL.md's
+        error table; a new use fails here until it is documented."""
+        causes = {"net.c": "max_connections", "hello.c": "max_params", "pull.c": "parked pull"}
+        also = ["max_receive_memory", "max_handshakes"]  # net.c's other LIMITs
+        server = os.path.join(harness.ROOT, "server")
+        users = set()
+        for name in sorted(os.listdir(server)):
+            if name.endswith(".c") and name != "psctl.c":
+                with open(os.path.join(server, name)) as f:
+                    if "PS_ELIMIT" in f.read():
+                        users.add(name)
+        self.assertEqual(users, set(causes), "files answering LIMIT: document the new ones in PROTOCOL.md")
+        with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
+            row = re.search(r"^\| 16 \| LIMIT \|.*$", f.read(), re.M)
+        self.assertIsNotNone(row)
+        for cause in list(causes.values()) + also:
+            self.assertIn(cause, row.group(0), "LIMIT for %s is not in PROTOCOL.md's error table" % cause)
 
     def test_metrics_are_documented(self):
         with harness.Cluster("psd-docs") as cl:

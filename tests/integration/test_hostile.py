@@ -22,6 +22,7 @@ not join, and must still close exactly the expected number of rounds.
 
 import collections
 import os
+import re
 import socket
 import struct
 import sys
@@ -203,7 +204,12 @@ class Attack:
             self.error(c, E_BAD_TYPE, "unknown type", {"t": 99, "id": 4})
             self.error(c, E_BAD_TYPE, "an OK from a client", {"t": T_OK, "id": 5})
             self.error(c, E_BAD_TYPE, "an ERROR from a client", {"t": T_ERROR, "id": 6, "code": 1, "text": "x"})
-            self.error(c, E_BAD_FIELD, "a WELCOME from a client", {"t": T_WELCOME, "id": 7})
+            # server-only types are BAD_TYPE whatever their fields (issue 15, 11)
+            self.error(c, E_BAD_TYPE, "a WELCOME from a client", {"t": T_WELCOME, "id": 7})
+            self.error(c, E_BAD_TYPE, "a STATUS_REPLY from a client", {"t": T_STATUS_REPLY, "id": 8})
+            self.error(c, E_BAD_TYPE, "a STATUS_REPLY with a body", {"t": T_STATUS_REPLY, "id": 9, "body": {}})
+            self.error(c, E_BAD_TYPE, "a PARAMS without fields", {"t": harness.T_PARAMS, "id": 10})
+            self.error(c, E_BAD_TYPE, "a METRICS_REPLY without text", {"t": harness.T_METRICS_REPLY, "id": 11})
             self.error(c, E_STATE, "a second hello", {"t": T_HELLO, "id": 8, "v": PROTO_VERSION, "role": "admin"})
             # this psd requires no token: it never challenges, and takes no answer
             self.error(c, E_STATE, "an auth without a challenge",
@@ -318,12 +324,18 @@ class Attack:
             c.send_raw(b"".join(frame(pack({"t": T_PULL, "id": 100 + i, "off": 0, "len": TOTAL, "min": never}))
                                 for i in range(80)))
             r = c.heartbeat()
+            refused = 0
             while r.get("t") == T_ERROR:  # the refused pulls' errors come first
                 expect_error(self.t, r, E_LIMIT, "too many parked pulls")
                 self.errors[E_LIMIT] += 1
+                refused += 1
                 r = c.recv_frame(REPLY_TIMEOUT)
             self.t.assertEqual(r.get("t"), T_OK, r)
-            self.t.assertGreater(self.errors[E_LIMIT], 0, "psd parked 80 pulls on one connection")
+            # exactly the documented number was parked (PROTOCOL.md, PULL)
+            with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
+                m = re.search(r"may have at most (\d+) pulls parked at once", f.read())
+            self.t.assertIsNotNone(m, "PROTOCOL.md does not give the limit of parked pulls per connection")
+            self.t.assertEqual(80 - refused, int(m.group(1)), "pulls parked on one connection")
         self.sample_rss()
 
     def truncated_frames(self, conns=20):
@@ -519,21 +531,165 @@ class HostileTest(unittest.TestCase):
                     c.close()
             psd.stop()
 
+    def test_bad_frames_close_the_connection_and_are_not_all_logged(self):
+        """A client that sends five-byte bad frames in a loop gets an ERROR
+        for each up to the documented number of protocol errors, then psd
+        closes the connection; its log holds a bounded number of lines for
+        it, saying how many were left out (issue 15, 7)."""
+        with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
+            m = re.search(r"after (\d+) protocol errors", f.read())
+        self.assertIsNotNone(m, "PROTOCOL.md does not say after how many protocol errors psd closes")
+        most = int(m.group(1))
+        with harness.Cluster("psd-hostile-errors") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                c.hello_admin()
+                c.send_raw(frame(b"\xc1") * (3 * most))
+                frames = c.expect_closed(REPLY_TIMEOUT)
+            self.assertEqual(len(frames), most, "ERROR replies before psd closed the connection")
+            self.assertTrue(all(f.get("code") == E_MALFORMED for f in frames), frames[:3])
+            harness.wait_until(lambda: "too many protocol errors" in psd.stderr(), 10,
+                               "psd to log why it closed the connection")
+            lines = [ln for ln in psd.stderr().splitlines() if "MALFORMED" in ln]
+            self.assertLess(len(lines), 20, "psd logged %d lines for %d bad frames" % (len(lines), most))
+            self.assertRegex(psd.stderr(), r"\d+ more errors on this connection not logged")
+            # and psd serves on
+            self.assertTrue(harness.status(psd.addr)["version"] == 0)
+            psd.stop()
+
+    def test_unfinished_frames_are_bounded_in_total(self):
+        """Connections that each announce a big frame and send all but its
+        last byte pin a receive buffer each; together they may hold at most
+        max_receive_memory: the connection that would pass it gets LIMIT and
+        is closed, the others are untouched, and psd serves on (issue 15, 5)."""
+        with harness.Cluster("psd-hostile-frames") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "max_receive_memory=8M", "--set", "max_frame=4M"))
+            rss0 = psd.rss_kb()
+            size = 3 << 20
+            body = b"\x81\xa1t\x05" + b"\x00" * (size - 4)  # never completed
+            held, refused = [], []
+            for i in range(4):
+                c = RawClient(psd.addr, REPLY_TIMEOUT)
+                c.hello_admin()
+                c.send_raw(struct.pack(">I", size) + body[:-1])
+                held.append(c)
+            # each hello's reply was read; what psd says now is about the frames
+            for i, c in enumerate(held):
+                try:
+                    frames = c.expect_closed(1.0)
+                except socket.timeout:
+                    continue  # still open: its frame is held
+                refused.append(i)
+                self.assertEqual([f.get("code") for f in frames], [E_LIMIT], frames)
+                self.assertIn("max_receive_memory", frames[0].get("text", ""))
+            self.assertEqual(refused, [2, 3], "connections refused for their unfinished frames")
+            growth = psd.rss_kb() - rss0
+            self.assertLess(growth, 8 * 1024 + RSS_SLACK_KB, "psd's RSS grew by %d KiB" % growth)
+            self.assertIn("version", harness.status(psd.addr))
+            for c in held:
+                c.close()
+            # the memory is free again once they are gone
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                c.hello_admin()
+                c.send_raw(struct.pack(">I", size) + body[:-1])
+                with self.assertRaises(socket.timeout):
+                    c.expect_closed(1.0)
+            psd.stop()
+
+    def test_silent_connections_cannot_keep_workers_out(self):
+        """Connections that never say hello hold at most max_handshakes
+        slots: past it the oldest is closed with LIMIT, so with every
+        connection slot once taken by silent ones a worker still joins
+        (issue 15, 6)."""
+        with harness.Cluster("psd-hostile-handshakes") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "max_connections=10", "--set", "max_handshakes=3"))
+            silent = []
+            try:
+                for i in range(10):
+                    c = RawClient(psd.addr, REPLY_TIMEOUT)
+                    silent.append(c)  # accepted in the order they connect
+                # the oldest seven were closed to make room, with LIMIT
+                for i, c in enumerate(silent[:7]):
+                    frames = c.expect_closed(REPLY_TIMEOUT)
+                    self.assertEqual([f.get("code") for f in frames], [E_LIMIT], "silent connection %d" % i)
+                    self.assertIn("max_handshakes", frames[0].get("text", ""))
+                # a worker joins and works
+                with RawClient(psd.addr, REPLY_TIMEOUT) as w:
+                    r = w.hello_worker(LAYOUT, 0, 1)
+                    self.assertEqual(r.get("t"), T_WELCOME, r)
+                    self.assertEqual(w.heartbeat().get("t"), T_OK)
+            finally:
+                for c in silent:
+                    c.close()
+            psd.stop()
+
+    def test_a_hello_without_init_leaves_nothing(self):
+        """A hello proposes the layout but takes no memory, and a client
+        that leaves before INIT leaves nothing: psd's RSS does not grow and
+        the next worker may bring another layout (issue 15, 4)."""
+        with harness.Cluster("psd-hostile-noinit") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            rss0 = psd.rss_kb()
+            with RawClient(psd.addr, 60) as c:
+                r = c.hello_worker([["w", [1 << 26]]], 0, 1)  # 256 MiB of parameters
+                self.assertEqual(r.get("t"), T_WELCOME, r)
+                self.assertIs(r.get("init"), True, r)
+                growth = psd.rss_kb() - rss0
+                self.assertLess(growth, RSS_SLACK_KB, "psd's RSS grew by %d KiB after a hello" % growth)
+                self.assertEqual(c.request({"t": harness.T_BYE}).get("t"), T_OK)
+            harness.wait_until(lambda: "is released" in psd.stderr(), 10, "psd to release the layout")
+            with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                r = c.hello_worker(LAYOUT, 0, 1)
+                self.assertEqual(r.get("t"), T_WELCOME, "a worker with another layout: %r" % r)
+                self.assertIs(r.get("init"), True, r)
+            psd.stop()
+
+    def test_http_request_on_the_protocol_port(self):
+        """A browser or curl pointed at psd's protocol port gets an HTTP
+        answer saying what the port is and where the metrics are, and psd
+        logs the same (it used to log TOO_BIG: frame length 1195725856)."""
+        def ask(psd):
+            host, port = psd.addr.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=REPLY_TIMEOUT) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                data = b""
+                while True:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        return data.decode()
+                    data += chunk
+
+        with harness.Cluster("psd-hostile-http") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "metrics_listen=127.0.0.1:0"))
+            metrics = harness.status(psd.addr)["metrics_listen"]
+            text = ask(psd)
+            self.assertTrue(text.startswith("HTTP/1.0 400"), text)
+            self.assertIn("protocol port", text)
+            self.assertIn("http://%s/metrics" % metrics, text)
+            harness.wait_until(lambda: "an HTTP request on the protocol port" in psd.stderr(), 10, "psd's log line")
+            self.assertNotIn("1195725856", psd.stderr())
+            psd.stop()
+            psd = cl.psd(mode="asgd", workers=1, name="psd-nometrics")
+            text = ask(psd)
+            self.assertIn("set metrics_listen", text)
+            self.assertIn("version", harness.status(psd.addr))
+            psd.stop()
+
     def test_first_hello_cannot_make_psd_allocate_a_huge_model(self):
         """The first worker's hello fixes the layout, and psd allocates the
         whole model (plus the momentum buffer) for it at once, so a
         100-byte hello could ask for up to 2^34 floats (64 GiB). psd refuses
-        a model over max_params (default 2^28) with a LIMIT error, and its
-        RSS does not jump. Here: 2^30 floats (4 GiB)."""
+        a model over max_params (default 2^30) with a LIMIT error, and its
+        RSS does not jump. Here: 2^31 floats (8 GiB)."""
         with harness.Cluster("psd-hostile-huge") as cl:
             psd = cl.psd(mode="asgd", workers=1)
             rss0 = psd.rss_kb()
             with RawClient(psd.addr, 60) as c:
-                r = c.hello_worker([["w", [1 << 30]]], 0, 1)
+                r = c.hello_worker([["w", [1 << 31]]], 0, 1)
                 growth = psd.rss_kb() - rss0
                 c.close()
             try:
-                self.assertEqual(r.get("t"), T_ERROR, "psd accepted a 4 GiB model from one hello")
+                self.assertEqual(r.get("t"), T_ERROR, "psd accepted an 8 GiB model from one hello")
                 self.assertEqual(r.get("code"), harness.E_LIMIT)
                 self.assertLess(growth, RSS_SLACK_KB, "psd's RSS grew by %d KiB after one hello" % growth)
             finally:

@@ -8,8 +8,9 @@ pushpulls then carry the tensors in the segment instead of in the frame.
 - Real workers: two of them train through shared memory (their summaries,
   psctl's workers and psd's log say so), and a BSP job with the same seed
   ends bit for bit where the same job over TCP (--shm off) ends.
-- A raw client (Python's msgpack, its own memfd): a regular file, an
-  unsealed memfd and one of the wrong size are refused with the reason in
+- A raw client (Python's msgpack, its own memfd): a regular file, a file
+  of a tmpfs, another process's good memfd, an unsealed memfd and one of
+  the wrong size are refused with the reason in
   psd's log and the connection stays on TCP, where "inshm" is an error; a
   good segment carries a gradient in and the parameters out (equal to a
   TCP pull of the same version); a NaN written there is refused like a NaN
@@ -120,6 +121,41 @@ class ShmTest(unittest.TestCase):
             with tempfile.TemporaryFile(dir=cl.dir) as f:
                 f.truncate(nbytes)
                 refused(f.fileno(), "is not a memfd")
+            # a file of a tmpfs (seals of its own: F_SEAL_SEAL) is no memfd
+            # either, whatever the file system of the test's directory
+            if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+                with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="psd-test-shm-") as f:
+                    f.truncate(nbytes)
+                    refused(f.fileno(), "/dev/shm/psd-test-shm-")
+                    self.assertNotIn("%d/fd/%d is a memfd not sealed" % (pid, f.fileno()), psd.stderr())
+            # another process's memfd, good in every other way: psd maps
+            # only a segment of the process at the other end of the
+            # connection (issue 15, 8)
+            other = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import os, fcntl, sys\n"
+                 "fd = os.memfd_create('victim', os.MFD_ALLOW_SEALING)\n"
+                 "os.ftruncate(fd, %d)\n"
+                 "fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)\n"
+                 "print(os.getpid(), fd, flush=True)\n"
+                 "sys.stdin.read()\n" % nbytes],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                opid, ofd = map(int, other.stdout.readline().split())
+                with RawClient(psd.addr, REPLY_TIMEOUT) as c:
+                    r = c.hello_worker(LAYOUT, 0, 1, shm=[opid, ofd])
+                    self.assertEqual(r.get("t"), T_WELCOME, r)
+                    self.assertNotIn("inshm", r, "psd mapped another process's memfd")
+                    if r.get("init"):
+                        r = c.request({"t": T_INIT, "off": 0, "data": init.tobytes()})
+                        self.assertEqual(r.get("t"), T_OK, r)
+                    self.assertEqual(c.request({"t": T_BYE}).get("t"), T_OK)
+                why = "pid %d named in the hello is not the process at the other end of the connection" % opid
+                harness.wait_until(lambda: why in psd.stderr(), 10, "psd to log why: %s" % why)
+            finally:
+                other.stdin.close()
+                other.stdout.close()
+                other.wait(10)
             fd = memfd(nbytes, seals=0)
             refused(fd, "is a memfd not sealed against shrinking and growing")
             os.close(fd)

@@ -255,6 +255,8 @@ static void test_leaving_tells_the_policy(void **state)
     srv_hello_accept(a, &m, NULL);
     m = hello(PS_ROLE_WORKER, 1, 2, &l);
     srv_hello_accept(b, &m, NULL);
+    assert_int_equal(s->model.nblk, 0); /* a hello commits no memory */
+    assert_int_equal(srv_model_commit(&s->model, &s->cfg), 0); /* as INIT does */
     s->model.initialized = 1;
     s->init_owner = NULL;
     float g[4] = {1, 1, 1, 1};
@@ -273,6 +275,30 @@ static void test_leaving_tells_the_policy(void **state)
     free_psd(s);
 }
 
+/* A hello proposes the layout without taking memory; when every worker
+ * has left before INIT the layout is forgotten, and another is accepted
+ * (issue 15, 4). */
+static void test_layout_released_when_no_one_initialised_it(void **state)
+{
+    psd *s = make_psd("asgd", "2");
+    ps_layout big = layout_of(512), other = layout_of(8);
+    srv_conn *a = conn(s, "a:1");
+    ps_msg m = hello(PS_ROLE_WORKER, 0, 1, &big);
+    srv_hello_accept(a, &m, NULL);
+    assert_true(s->model.has_layout);
+    assert_int_equal(s->model.layout.total, 512);
+    assert_int_equal(s->model.nblk, 0);
+    assert_null(s->model.blk);
+    srv_conn_detach(a, SRV_W_LEFT, "bye");
+    assert_false(s->model.has_layout);
+    srv_conn *b = conn(s, "b:1");
+    m = hello(PS_ROLE_WORKER, 0, 1, &other);
+    srv_hello_accept(b, &m, NULL);
+    assert_non_null(b->worker); /* accepted: no layout mismatch */
+    assert_int_equal(s->model.layout.total, 8);
+    free_psd(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_admin_learns_the_layout),
         cmocka_unit_test(test_leaving_tells_the_policy),
+        cmocka_unit_test(test_layout_released_when_no_one_initialised_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -290,6 +292,162 @@ static void test_bsp_partial_pushes_sum_in_shard_order(void **state)
     free_psd(s);
 }
 
+/* A push of g into [off, off+n) from shard. */
+static int push_range(psd *s, uint32_t shard, uint64_t base, uint64_t off, uint64_t n, float g, int fin)
+{
+    float v[64];
+    assert_true(n <= 64);
+    for (uint64_t i = 0; i < n; i++)
+        v[i] = g;
+    char err[256] = "";
+    srv_push p = {.base = base, .off = off, .n = n, .g = v, .fin = fin};
+    return s->policy->push(s, s->workers[shard], &p, err, sizeof err);
+}
+
+/* A worker that sends part of its push and vanishes leaves no trace: the
+ * round closes with the others' mean, in either sum order (issue 15, 1). */
+static void vanished_push_leaves_no_trace(const char *order)
+{
+    psd *s = make_psd(8, 3, "mode=bsp", "workers=3", order, NULL);
+    assert_int_equal(push_range(s, 2, 0, 0, 4, 100.0f, 0), 0); /* half, not fin */
+    assert_int_equal(push_all(s, 0, 0, 1.0f, 1), 0);
+    assert_int_equal(push_all(s, 1, 0, 3.0f, 1), 0);
+    assert_int_equal(lose(s, 2), SRV_WAKE);
+    assert_int_equal(s->model.version, 1);
+    for (int i = 0; i < 8; i++)
+        assert_true(param(s, i) == -2.0f); /* (1 + 3) / 2, nothing of shard 2 */
+    /* and the next round sums only what is pushed in it */
+    assert_int_equal(push_all(s, 0, 1, 1.0f, 1), 0);
+    assert_int_equal(push_all(s, 1, 1, 1.0f, 1), SRV_WAKE);
+    assert_true(param(s, 0) == -3.0f);
+    free_psd(s);
+}
+
+static void test_bsp_vanished_push_shard_order(void **state)
+{
+    vanished_push_leaves_no_trace("bsp_sum_order=shard");
+}
+
+static void test_bsp_vanished_push_arrival_order(void **state)
+{
+    vanished_push_leaves_no_trace("bsp_sum_order=arrival");
+}
+
+/* The whole gradient pushed with fin false several times, then with fin
+ * true: the second push is refused DUPLICATE and the round applies
+ * (gA + gB) / 2 (issue 15, 2); chunks of different ranges are one push. */
+static void push_counts_once(const char *order)
+{
+    psd *s = make_psd(8, 2, "mode=bsp", "workers=2", order, NULL);
+    assert_int_equal(push_all(s, 1, 0, 4.0f, 0), 0);
+    assert_int_equal(push_all(s, 1, 0, 4.0f, 0), PS_EDUPLICATE);
+    assert_int_equal(push_all(s, 1, 0, 4.0f, 1), PS_EDUPLICATE);
+    assert_int_equal(push_range(s, 1, 0, 2, 3, 4.0f, 1), PS_EDUPLICATE); /* overlaps [0, 8) */
+    /* shard 0 in chunks out of order: one push */
+    assert_int_equal(push_range(s, 0, 0, 4, 4, 2.0f, 0), 0);
+    assert_int_equal(push_range(s, 0, 0, 0, 2, 2.0f, 0), 0);
+    assert_int_equal(push_range(s, 0, 0, 3, 2, 2.0f, 0), PS_EDUPLICATE); /* 4 again */
+    assert_int_equal(push_range(s, 0, 0, 2, 2, 2.0f, 1), 0);
+    assert_int_equal(s->model.version, 0); /* shard 1's push never finished */
+    assert_int_equal(lose(s, 1), SRV_WAKE); /* and is dropped when it goes */
+    for (int i = 0; i < 8; i++)
+        assert_true(param(s, i) == -2.0f);
+    free_psd(s);
+
+    s = make_psd(8, 2, "mode=bsp", "workers=2", order, NULL);
+    assert_int_equal(push_range(s, 1, 0, 0, 4, 4.0f, 0), 0);
+    assert_int_equal(push_range(s, 1, 0, 0, 4, 4.0f, 0), PS_EDUPLICATE);
+    assert_int_equal(push_range(s, 1, 0, 4, 4, 4.0f, 1), 0);
+    assert_int_equal(push_all(s, 1, 0, 4.0f, 1), PS_EDUPLICATE); /* after fin too */
+    assert_int_equal(push_all(s, 0, 0, 2.0f, 1), SRV_WAKE);
+    for (int i = 0; i < 8; i++)
+        assert_true(param(s, i) == -3.0f); /* (2 + 4) / 2, shard 1 counted once */
+    free_psd(s);
+}
+
+static void test_bsp_push_counts_once_shard_order(void **state)
+{
+    push_counts_once("bsp_sum_order=shard");
+}
+
+static void test_bsp_push_counts_once_arrival_order(void **state)
+{
+    push_counts_once("bsp_sum_order=arrival");
+}
+
+/* ---- updates whose result is not finite (issue 15, 3) --------------------- */
+
+/* Three finite pushes of -3.4e38 at lr 0.5: the third would make w infinite
+ * and is refused, the model untouched, counted. */
+static void test_asgd_refuses_an_update_to_infinity(void **state)
+{
+    psd *s = make_psd(8, 1, "mode=asgd", "lr=0.5", NULL);
+    assert_int_equal(push_all(s, 0, 0, -3.4e38f, 1), SRV_WAKE);
+    assert_int_equal(push_all(s, 0, 1, -3.4e38f, 1), SRV_WAKE);
+    assert_true(param(s, 0) == 3.4e38f);
+    assert_int_equal(push_all(s, 0, 2, -3.4e38f, 1), PS_ENONFINITE);
+    assert_int_equal(s->model.version, 2);
+    for (int i = 0; i < 8; i++)
+        assert_true(param(s, i) == 3.4e38f);
+    assert_int_equal(s->stats.nonfinite_updates, 1);
+    free_psd(s);
+}
+
+/* The same in a BSP round: the round closes with the model unchanged. */
+static void test_bsp_round_to_infinity_leaves_the_model(void **state)
+{
+    psd *s = make_psd(8, 2, "mode=bsp", "workers=2", NULL); /* lr 1: w += 1.7e38 a round */
+    for (uint64_t r = 0; r < 3; r++) {
+        assert_int_equal(push_all(s, 0, r, -1.7e38f, 1), 0);
+        assert_int_equal(push_all(s, 1, r, -1.7e38f, 1), SRV_WAKE);
+    }
+    assert_int_equal(s->model.version, 3);
+    assert_true(param(s, 7) == 3.4e38f);
+    assert_int_equal(s->stats.nonfinite_updates, 1);
+    free_psd(s);
+}
+
+/* Momentum state overflowing refuses the update too; under
+ * nonfinite = clip the update is applied with its results made finite. */
+static void overflow_by_decay(const char *nonfinite, int clip)
+{
+    /* w <- w - 1000 (g + w) = -999 w for g = 0: |w| grows 999 times a push */
+    psd *s = make_psd(8, 1, "mode=asgd", "lr=1000", "weight_decay=1", "clip_norm=1e9", nonfinite, NULL);
+    assert_int_equal(push_all(s, 0, 0, 1.0f, 1), SRV_WAKE);
+    int rc;
+    float before;
+    uint64_t v;
+    do {
+        before = param(s, 0);
+        v = s->model.version;
+        rc = push_all(s, 0, v, 0.0f, 1);
+    } while (rc == SRV_WAKE && v < 40 && s->stats.clipped_updates == 0);
+    if (clip) {
+        assert_int_equal(rc, SRV_WAKE);
+        assert_int_equal(s->stats.clipped_updates, 1);
+        assert_int_equal(s->stats.nonfinite_updates, 0);
+        assert_true(param(s, 0) == (before > 0 ? -FLT_MAX : FLT_MAX));
+        assert_int_equal(s->model.version, v + 1);
+    } else {
+        assert_int_equal(rc, PS_ENONFINITE);
+        assert_true(param(s, 0) == before);
+        assert_true(isfinite(before) && fabsf(before) > 1e35f);
+        assert_int_equal(s->model.version, v);
+        assert_int_equal(s->stats.nonfinite_updates, 1);
+    }
+    free_psd(s);
+}
+
+static void test_nonfinite_reject_by_decay(void **state)
+{
+    overflow_by_decay("nonfinite=reject", 0);
+}
+
+static void test_nonfinite_clip_makes_finite(void **state)
+{
+    overflow_by_decay("nonfinite=clip", 1);
+}
+
 /* ---- SSP ----------------------------------------------------------------- */
 
 static void test_ssp_bounds(void **state)
@@ -401,6 +559,14 @@ int main(void)
         cmocka_unit_test(test_bsp_lost_before_any_push_closes_nothing),
         cmocka_unit_test(test_bsp_takes_an_offered_buffer),
         cmocka_unit_test(test_bsp_partial_pushes_sum_in_shard_order),
+        cmocka_unit_test(test_bsp_vanished_push_shard_order),
+        cmocka_unit_test(test_bsp_vanished_push_arrival_order),
+        cmocka_unit_test(test_bsp_push_counts_once_shard_order),
+        cmocka_unit_test(test_bsp_push_counts_once_arrival_order),
+        cmocka_unit_test(test_asgd_refuses_an_update_to_infinity),
+        cmocka_unit_test(test_bsp_round_to_infinity_leaves_the_model),
+        cmocka_unit_test(test_nonfinite_reject_by_decay),
+        cmocka_unit_test(test_nonfinite_clip_makes_finite),
         cmocka_unit_test(test_ssp_bounds),
         cmocka_unit_test(test_ssp_workers_not_joined_count_at_zero),
         cmocka_unit_test(test_ssp_lost_and_joined),
