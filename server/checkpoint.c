@@ -644,7 +644,9 @@ int srv_checkpoint_load(psd *s)
 
 int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char *err, size_t errlen)
 {
-    aside[0] = '\0';
+    char sub[PS_CONFIG_PATH_MAX + 64] = ""; /* the dated subfolder, once made */
+    if (asidelen)
+        aside[0] = '\0';
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT)
@@ -657,7 +659,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, "ckpt-", 5) != 0)
             continue; /* checkpoints and their unfinished .tmp files only */
-        if (!aside[0]) {
+        if (!sub[0]) {
             /* one dated subfolder per start, never one that exists */
             time_t now = time(NULL);
             struct tm tm;
@@ -666,29 +668,34 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
             strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
             for (int i = 0; i < 100; i++) {
                 if (i == 0)
-                    snprintf(aside, asidelen, "%s/set-aside-%s", dir, stamp);
+                    snprintf(sub, sizeof sub, "%s/set-aside-%s", dir, stamp);
                 else
-                    snprintf(aside, asidelen, "%s/set-aside-%s-%d", dir, stamp, i);
-                if (mkdir(aside, 0750) == 0 || errno != EEXIST)
+                    snprintf(sub, sizeof sub, "%s/set-aside-%s-%d", dir, stamp, i);
+                if (mkdir(sub, 0750) == 0 || errno != EEXIST)
                     break;
             }
             struct stat st;
-            if (stat(aside, &st) != 0 || !S_ISDIR(st.st_mode)) {
-                snprintf(err, errlen, "--fresh: cannot create %s: %s", aside, strerror(errno));
+            if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                snprintf(err, errlen, "--fresh: cannot create %s: %s", sub, strerror(errno));
                 closedir(d);
                 return -1;
             }
         }
         char from[PS_CONFIG_PATH_MAX + 300], to[PS_CONFIG_PATH_MAX + 400];
         snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
-        snprintf(to, sizeof to, "%s/%s", aside, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
         if (rename(from, to) != 0) {
-            snprintf(err, errlen, "--fresh: cannot move %s to %s: %s", from, aside, strerror(errno));
+            snprintf(err, errlen, "--fresh: cannot move %s to %s: %s", from, sub, strerror(errno));
             closedir(d);
             return -1;
         }
         moved++;
     }
     closedir(d);
+    if (asidelen) {
+        size_t n = strnlen(sub, asidelen - 1);
+        memcpy(aside, sub, n);
+        aside[n] = '\0';
+    }
     return moved;
 }
