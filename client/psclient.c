@@ -99,7 +99,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.0.0";
+    return "1.1.0";
 }
 
 const char *psc_strerror(int code)
@@ -1411,15 +1411,28 @@ uint64_t psc_dropped(const psc_client *c)
 
 void psc_close(psc_client *c)
 {
+    psc_leave(c, NULL);
+}
+
+void psc_leave(psc_client *c, const char *reason)
+{
     if (!c || c->closed)
         return;
     async_stop(c);
+    size_t rlen = reason ? strlen(reason) : 0;
+    if (rlen > 200)
+        rlen = 200; /* psd keeps a line; the rest would be cut there */
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         hb_stop(ln);
         if (ln->cl.fd >= 0) {
             ps_msg m, r;
             ps_msg_init(&m, PS_MSG_BYE);
+            if (rlen) {
+                m.has |= PS_F_TEXT;
+                m.text = reason;
+                m.text_len = (uint32_t)rlen;
+            }
             ps_client_call(&ln->cl, &m, &r, 5000);
         }
         link_close(ln);

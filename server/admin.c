@@ -346,8 +346,9 @@ void srv_admin_tick(psd *s)
                      (unsigned long long)s->stats.checkpoint_version, s->cfg.state_dir);
             reply_ok(c, w->id, text);
         } else if (c) {
-            srv_send_error(c, w->id, PS_EIO, 0, "checkpoint of version %llu failed; psd's log says why",
-                           (unsigned long long)w->version);
+            srv_send_error(c, w->id, PS_EIO, 0, "checkpoint of version %llu failed: %s",
+                           (unsigned long long)w->version,
+                           s->stats.checkpoint_error[0] ? s->stats.checkpoint_error : "see psd's log");
         }
         *pp = w->next;
         free(w);

@@ -349,10 +349,14 @@ static void job_finish(psd *s, ckpt_job *j)
         s->stats.checkpoints++;
         s->stats.checkpoint_ms = srv_now_ms();
         s->stats.checkpoint_version = j->version;
+        s->stats.checkpoint_error[0] = '\0';
         PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s/ckpt-%020" PRIu64 ".psdc in %.3f s",
                j->version, j->dir, j->version, j->seconds);
     } else {
         s->stats.checkpoint_failures++;
+        size_t n = strnlen(j->err, sizeof s->stats.checkpoint_error - 1); /* cut, for the ADMIN reply */
+        memcpy(s->stats.checkpoint_error, j->err, n);
+        s->stats.checkpoint_error[n] = '\0';
         PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
     }
 }
@@ -386,6 +390,7 @@ void srv_checkpoint_start(psd *s, int force)
     ckpt_job *j = job_new(s);
     if (!j) {
         s->stats.checkpoint_failures++;
+        snprintf(s->stats.checkpoint_error, sizeof s->stats.checkpoint_error, "out of memory");
         PS_LOG(PS_LOG_ERROR, "checkpoint: out of memory");
         return;
     }
@@ -624,6 +629,8 @@ int srv_checkpoint_load(psd *s)
                    s->model.version, s->model.layout.total, desc);
             s->stats.checkpoint_ms = srv_now_ms();
             s->stats.checkpoint_version = s->model.version;
+            snprintf(s->resumed_from, sizeof s->resumed_from, "%s", path);
+            s->resumed_version = s->model.version;
             loaded = 1;
         } else {
             PS_LOG(PS_LOG_ERROR, "checkpoint %s is unusable: %s; trying an older one", path, err);
@@ -633,4 +640,62 @@ int srv_checkpoint_load(psd *s)
         PS_LOG(PS_LOG_WARN, "no valid checkpoint in %s: starting without a model", s->cfg.state_dir);
     free(vers);
     return loaded;
+}
+
+int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char *err, size_t errlen)
+{
+    char sub[PS_CONFIG_PATH_MAX + 64] = ""; /* the dated subfolder, once made */
+    if (asidelen)
+        aside[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "--fresh: cannot read state_dir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    int moved = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ckpt-", 5) != 0)
+            continue; /* checkpoints and their unfinished .tmp files only */
+        if (!sub[0]) {
+            /* one dated subfolder per start, never one that exists */
+            time_t now = time(NULL);
+            struct tm tm;
+            char stamp[32];
+            gmtime_r(&now, &tm);
+            strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+            for (int i = 0; i < 100; i++) {
+                if (i == 0)
+                    snprintf(sub, sizeof sub, "%s/set-aside-%s", dir, stamp);
+                else
+                    snprintf(sub, sizeof sub, "%s/set-aside-%s-%d", dir, stamp, i);
+                if (mkdir(sub, 0750) == 0 || errno != EEXIST)
+                    break;
+            }
+            struct stat st;
+            if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                snprintf(err, errlen, "--fresh: cannot create %s: %s", sub, strerror(errno));
+                closedir(d);
+                return -1;
+            }
+        }
+        char from[PS_CONFIG_PATH_MAX + 300], to[PS_CONFIG_PATH_MAX + 400];
+        snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
+        if (rename(from, to) != 0) {
+            snprintf(err, errlen, "--fresh: cannot move %s to %s: %s", from, sub, strerror(errno));
+            closedir(d);
+            return -1;
+        }
+        moved++;
+    }
+    closedir(d);
+    if (asidelen) {
+        size_t n = strnlen(sub, asidelen - 1);
+        memcpy(aside, sub, n);
+        aside[n] = '\0';
+    }
+    return moved;
 }

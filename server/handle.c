@@ -452,7 +452,17 @@ void srv_handle(srv_conn *c, ps_msg *m)
                        s->token.len ? "this connection is authenticated already" : "psd requires no token");
         break;
     case PS_MSG_BYE:
-        srv_conn_detach(c, SRV_W_LEFT, "said bye");
+    {
+        /* the worker's reason (optional text), printable bytes only */
+        char why[96] = "said bye";
+        if ((m->has & PS_F_TEXT) && m->text_len) {
+            size_t n = m->text_len < sizeof why - 1 ? m->text_len : sizeof why - 1;
+            for (size_t i = 0; i < n; i++)
+                why[i] = m->text[i] >= 0x20 && m->text[i] < 0x7f ? m->text[i] : '?';
+            why[n] = '\0';
+        }
+        srv_conn_detach(c, SRV_W_LEFT, why);
+    }
         reply_ok(c, m->id);
         c->close_after_write = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);

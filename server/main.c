@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -44,6 +45,9 @@ static void usage(FILE *f)
             "  -o, --set KEY=VALUE    set any configuration key (repeatable), e.g.\n"
             "                         --set lr=0.01 --set metrics_listen=127.0.0.1:9470\n"
             "      --print-config     check and print the resulting settings and exit\n"
+            "      --fresh            do not resume from state_dir's checkpoints: move\n"
+            "                         them into a dated subfolder of it (set-aside-...;\n"
+            "                         nothing is deleted) and start without a model\n"
             "      --config-reference print every setting as a Markdown table (for the README)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
@@ -231,8 +235,8 @@ int main(int argc, char **argv)
     char err[1200];
     const char *config_path = NULL;
     srv_setting sets[128];
-    int nsets = 0, print_config = 0;
-    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE };
+    int nsets = 0, print_config = 0, fresh = 0;
+    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE, OPT_FRESH };
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
         {"mode", required_argument, NULL, 'm'},       {"workers", required_argument, NULL, 'w'},
@@ -240,6 +244,7 @@ int main(int argc, char **argv)
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"set", required_argument, NULL, 'o'},        {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
         {"config-reference", no_argument, NULL, OPT_CONFIG_REFERENCE},
+        {"fresh", no_argument, NULL, OPT_FRESH},
         {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -264,6 +269,9 @@ int main(int argc, char **argv)
             return 0;
         case OPT_PRINT_CONFIG:
             print_config = 1;
+            continue;
+        case OPT_FRESH:
+            fresh = 1;
             continue;
         case 'o': {
             char *eq = strchr(optarg, '=');
@@ -310,9 +318,45 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
+    /* protected mode, as Redis's: no open door without a token. A check of
+     * the settings, so --print-config makes it too; a host name that does
+     * not resolve here may be meant for another machine: only a start
+     * refuses it. */
+    struct sockaddr_storage listen_addr;
+    int resolved = srv_listen_resolve(s->cfg.listen.host, s->cfg.listen.port, &listen_addr, err, sizeof err) == 0;
+    if (!resolved && !print_config) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    if (resolved && !s->cfg.token_file[0] && !s->cfg.allow_remote_without_token &&
+        !srv_addr_is_loopback(&listen_addr)) {
+        char meant[INET6_ADDRSTRLEN + 320] = "", ip[INET6_ADDRSTRLEN];
+        srv_addr_name(&listen_addr, ip, sizeof ip);
+        if (strcmp(ip, s->cfg.listen.host) != 0)
+            snprintf(meant, sizeof meant, " (%.255s resolves to %s, not a loopback address)", s->cfg.listen.host, ip);
+        fprintf(stderr,
+                "psd: refusing to listen on %s:%d%s without a token (protected mode): anyone who can reach that "
+                "address could read and change the model. Set token_file (see conf/psd.conf), listen on a "
+                "loopback address (127.0.0.1, [::1], localhost), or set allow_remote_without_token = yes on a "
+                "network you trust\n",
+                s->cfg.listen.host, s->cfg.listen.port, meant);
+        return 2;
+    }
+    /* --print-config checks settings, not this machine's files: the
+     * configuration may be meant for another (a container, a cluster) */
     if (print_config) {
         ps_config_print(&s->cfg, stdout);
         return 0;
+    }
+    s->settings.listen_addr = listen_addr;
+    if (srv_auth_load(s, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 2;
+    }
+    /* before anything else: not at the first checkpoint */
+    if (srv_state_dir_check(s->cfg.state_dir, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: %s\n", err);
+        return 1;
     }
     s->cli_sets = sets;
     s->ncli_sets = nsets;
@@ -324,37 +368,31 @@ int main(int argc, char **argv)
     s->loop = uv_default_loop();
     s->shutdown = srv_shutdown;
     s->start_ms = srv_now_ms();
-    if (srv_listen_resolve(s->cfg.listen.host, s->cfg.listen.port, &s->settings.listen_addr, err, sizeof err) != 0) {
-        fprintf(stderr, "psd: %s\n", err);
-        return 2;
-    }
-    /* protected mode, as Redis's: no open door without a token */
-    if (!s->cfg.token_file[0] && !s->cfg.allow_remote_without_token &&
-        !srv_addr_is_loopback(&s->settings.listen_addr)) {
-        char meant[INET6_ADDRSTRLEN + 320] = "", ip[INET6_ADDRSTRLEN];
-        srv_addr_name(&s->settings.listen_addr, ip, sizeof ip);
-        if (strcmp(ip, s->cfg.listen.host) != 0)
-            snprintf(meant, sizeof meant, " (%.255s resolves to %s, not a loopback address)", s->cfg.listen.host, ip);
-        fprintf(stderr,
-                "psd: refusing to listen on %s:%d%s without a token (protected mode): anyone who can reach that "
-                "address could read and change the model. Set token_file (see conf/psd.conf), listen on a "
-                "loopback address (127.0.0.1, [::1], localhost), or set allow_remote_without_token = yes on a "
-                "network you trust\n",
-                s->cfg.listen.host, s->cfg.listen.port, meant);
-        return 2;
-    }
-    if (srv_auth_load(s, err, sizeof err) != 0) {
-        fprintf(stderr, "psd: %s\n", err);
-        return 2;
-    }
     s->policy = srv_policy_for(&s->cfg);
     s->clock = srv_now_ms;
     static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
     static const double round_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
     srv_hist_init(&s->stats.staleness, staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]);
     srv_hist_init(&s->stats.round_seconds, round_bounds, sizeof round_bounds / sizeof round_bounds[0]);
+    if (fresh && s->cfg.state_dir[0]) {
+        char aside[PS_CONFIG_PATH_MAX + 64];
+        int n = srv_checkpoint_set_aside(s->cfg.state_dir, aside, sizeof aside, err, sizeof err);
+        if (n < 0) {
+            PS_LOG(PS_LOG_ERROR, "%s", err);
+            return 1;
+        }
+        if (n > 0)
+            PS_LOG(PS_LOG_INFO, "--fresh: moved %d checkpoint file%s of %s aside into %s (nothing deleted); "
+                                "starting without a model",
+                   n, n == 1 ? "" : "s", s->cfg.state_dir, aside);
+        else
+            PS_LOG(PS_LOG_INFO, "--fresh: no checkpoints in %s; starting without a model", s->cfg.state_dir);
+    }
     if (srv_checkpoint_load(s) < 0)
         return 1;
+    if (s->resumed_from[0])
+        PS_LOG(PS_LOG_INFO, "resuming model version %" PRIu64 " from %s; start with --fresh to begin anew",
+               s->resumed_version, s->resumed_from);
     if (s->model.initialized)
         s->stats.init_ms = srv_now_ms();
     /* Signal handlers first: whoever sees the port file may signal psd at

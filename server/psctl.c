@@ -71,6 +71,7 @@ static void usage(FILE *f)
             "  -t, --timeout MS        give up on a reply after MS milliseconds (default\n"
             "                          5000; checkpoint 600000)\n"
             "  -j, --json              machine-readable output: one JSON document on stdout\n"
+            "                          (not for metrics, which is Prometheus text already)\n"
             "      --csv               history as CSV: series,shard,t,version,column,value\n"
             "  -T, --token-file PATH   the secret to prove to psd when it requires one\n"
             "                          (default $PSD_TOKEN_FILE; mode 600): its\n"
@@ -273,6 +274,11 @@ static void print_status(const msgpack_object *b)
            num(b, "lr"), num(b, "lr_current"));
     printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", num(b, "pushes"),
            num(b, "push_rate"), num(b, "pulls"), num(b, "pull_rate"), num(b, "rounds"), num(b, "connections"));
+    char resumed[1200];
+    const msgpack_object *rf = ps_map_get(b, "resumed_from");
+    if (rf && rf->type == MSGPACK_OBJECT_STR && str(b, "resumed_from", resumed, sizeof resumed)[0])
+        printf("model resumed at start from version %.0f in %s (psd --fresh begins anew)\n",
+               num(b, "resumed_version"), resumed);
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);
@@ -646,6 +652,52 @@ static const command commands[] = {
 
 static int history_csv; /* --csv: `history` as CSV */
 
+/* Edit distance with adjacent transpositions counting one ("stauts" is one
+ * from "status"), for the "did you mean" of an unknown command. Words are
+ * short: longer ones are simply far. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    enum { W = 32 };
+    size_t n = strlen(a), m = strlen(b);
+    if (n >= W || m >= W)
+        return W;
+    size_t d[W][W];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = j;
+    for (size_t i = 1; i <= n; i++) {
+        for (size_t j = 1; j <= m; j++) {
+            size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            size_t v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v)
+                v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v)
+                v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    }
+    return d[n][m];
+}
+
+/* The command name closest to `name` (at most 2 edits, and fewer than
+ * half its letters), or NULL. */
+static const char *closest_command(const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        size_t dist = edit_distance(name, commands[i].name);
+        if (dist < best_d && dist * 2 < strlen(commands[i].name)) {
+            best_d = dist;
+            best = commands[i].name;
+        }
+    }
+    return best;
+}
+
 /* Sends a request of type `type` (no fields) and checks the reply is of
  * type `want`; an exit code, the reason on stderr. */
 static int ask(session *ss, uint32_t type, uint32_t want, const char *what, ps_msg *r)
@@ -791,10 +843,19 @@ int main(int argc, char **argv)
         if (strcmp(name, commands[i].name) == 0)
             cmd = &commands[i];
     if (!cmd) {
+        const char *near = closest_command(name);
+        char hint[64] = "";
+        if (near)
+            snprintf(hint, sizeof hint, "did you mean '%s'? ", near);
         fprintf(stderr,
-                "psctl: unknown command '%s' (commands: status, workers, metrics, set, pause, resume, checkpoint, "
+                "psctl: unknown command '%s' (%scommands: status, workers, metrics, set, pause, resume, checkpoint, "
                 "save, shutdown, history)\n",
-                name);
+                name, hint);
+        return EXIT_USAGE;
+    }
+    if (as_json && strcmp(cmd->name, "metrics") == 0) {
+        fprintf(stderr, "psctl: --json does not apply to metrics, which is Prometheus text; `psctl status --json` "
+                        "has psd's figures as JSON\n");
         return EXIT_USAGE;
     }
     if (nargs < cmd->min_args || nargs > cmd->max_args) {

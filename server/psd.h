@@ -224,6 +224,7 @@ typedef struct srv_stats {
     uint64_t checkpoints, checkpoint_failures;
     uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
     uint64_t checkpoint_version;
+    char checkpoint_error[300]; /* why the last failed checkpoint failed ("" after a success) */
     uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
     uint64_t nonfinite_updates;   /* updates refused: their result was not finite */
     uint64_t clipped_updates;     /* updates whose non-finite results were made finite */
@@ -315,6 +316,8 @@ struct psd {
                               * functions (net.c's, or a test's) */
     srv_stats stats;
     uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
+    char resumed_from[PS_CONFIG_PATH_MAX + 64]; /* the checkpoint the model came from at start; "" = none */
+    uint64_t resumed_version; /* its model version */
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
     srv_updater upd;         /* the update engine (update.c) */
@@ -336,11 +339,19 @@ struct psd {
 /* settings.c */
 /* Checks the settings that depend on each other or need more than their
  * syntax (metrics_listen an IPv4 or IPv6 address; in BSP, backup_workers
- * below workers; nonfinite = clip needs clip_norm > 0): at start, by
+ * below workers; nonfinite = clip needs clip_norm > 0; nesterov needs
+ * momentum > 0 with sgd): at start, by
  * --print-config, at a reload and on `psctl set` alike. Returns 0, filling
  * out (may be NULL) with what it parsed, or PS_EINVAL with a message in
  * err. */
 int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
+
+/* Checks that psd can write checkpoints to dir ("" passes): a directory
+ * it can create a file in, created when missing. At start, before anything
+ * else, so that a bad state_dir stops psd at once and not at its first
+ * checkpoint (not by --print-config, which checks settings, not this
+ * machine's files). Returns 0 or PS_EIO with a message in err. */
+int srv_state_dir_check(const char *dir, char *err, size_t len);
 
 /* The address to listen on for host (an IPv4 or IPv6 literal, or a host
  * name resolved with getaddrinfo: its first IPv4 address, else its first

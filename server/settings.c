@@ -4,10 +4,14 @@
  * psd refuses the same settings wherever they come from. What it parses
  * (the metrics endpoint's address) it hands back, so nothing parses it
  * again. */
+#include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "proto/errors.h"
 #include "psd.h"
@@ -38,8 +42,44 @@ int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t le
                            "norm (its infinities became +-FLT_MAX)");
         return PS_EINVAL;
     }
+    if (c->optimizer == PS_OPTIMIZER_SGD && c->nesterov && !(c->momentum > 0)) {
+        snprintf(err, len, "nesterov = yes needs momentum above 0 (Nesterov momentum with none is plain sgd): set "
+                           "momentum, or nesterov = no");
+        return PS_EINVAL;
+    }
     if (out)
         *out = parsed;
+    return 0;
+}
+
+int srv_state_dir_check(const char *dir, char *err, size_t len)
+{
+    if (!dir[0])
+        return 0;
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno != ENOENT) {
+            snprintf(err, len, "state_dir %s: %s", dir, strerror(errno));
+            return PS_EIO;
+        }
+        if (mkdir(dir, 0750) != 0) {
+            snprintf(err, len, "cannot create state_dir %s: %s", dir, strerror(errno));
+            return PS_EIO;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, len, "state_dir %s is not a directory", dir);
+        return PS_EIO;
+    }
+    /* write access is what checkpoints need: try it, as they will */
+    char probe[PS_CONFIG_PATH_MAX + 64];
+    snprintf(probe, sizeof probe, "%s/.psd-write-test-%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, len, "state_dir %s cannot be written (checkpoints would fail): %s", dir, strerror(errno));
+        return PS_EIO;
+    }
+    close(fd);
+    unlink(probe);
     return 0;
 }
 

@@ -50,7 +50,17 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 26);
+    msgpack_pack_map(pk, 28);
+    key(pk, "resumed_from"); /* the checkpoint the model came from at start */
+    if (s->resumed_from[0])
+        msgpack_pack_str_with_body(pk, s->resumed_from, strlen(s->resumed_from));
+    else
+        msgpack_pack_nil(pk);
+    key(pk, "resumed_version");
+    if (s->resumed_from[0])
+        msgpack_pack_uint64(pk, s->resumed_version);
+    else
+        msgpack_pack_nil(pk);
     kf64(pk, "lr", s->cfg.lr);
     kf64(pk, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
     key(pk, "paused");

@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,7 +115,8 @@ static void usage(FILE *f)
             "\n"
             "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
             "unreachable past --reconnect-timeout, refused, missing data); 2 for a bad\n"
-            "option.\n"
+            "option; 143 (130) after SIGTERM (SIGINT): the worker finishes its step,\n"
+            "says bye to psd (which shows it as left, not lost) and exits.\n"
             "\n"
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
@@ -232,6 +234,42 @@ static int reshard(const wopts *o, psc_client *pc, ps_dataset *train, size_t **p
     *part = (int)rank;
     *parts = (int)count;
     return 0;
+}
+
+/* SIGTERM or SIGINT received: the handler only records it; the training
+ * loop looks between steps, says bye to psd with the reason and exits
+ * 128 + the signal (143 for SIGTERM), as a process killed by it would. */
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig)
+{
+    g_stop_signal = sig;
+}
+
+static void install_stop_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    /* no SA_RESTART (the library retries its own EINTRs); SA_RESETHAND: a
+     * second signal kills at once, for a person who does not want to wait */
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* Leaves psd with the signal as the reason; returns the exit status. */
+static int stop_on_signal(psc_client *pc, int shard, int nshards, int epoch, size_t step)
+{
+    int sig = (int)g_stop_signal;
+    const char *name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal";
+    char why[64];
+    snprintf(why, sizeof why, "stopped by %s", name);
+    psc_leave(pc, why); /* waits for a pipelined step in flight */
+    fprintf(stderr, "psworker %d/%d: %s at epoch %d step %zu: left psd; exiting with %d\n", shard, nshards, why,
+            epoch, step, 128 + sig);
+    return 128 + sig;
 }
 
 int main(int argc, char **argv)
@@ -454,9 +492,14 @@ int main(int argc, char **argv)
     memcpy(lib_params, ps_model_params(model), np * sizeof(float));
     ps_model_bind_params(model, lib_params);
     ps_model_bind_grads(model, lib_grads);
+    install_stop_handlers();
     int rc = psc_connect(pc);
     if (rc != 0) {
         fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
+        goto out;
+    }
+    if (g_stop_signal) {
+        status = stop_on_signal(pc, o.shard, o.nshards, 0, 0);
         goto out;
     }
     int bsp = strcmp(psc_mode(pc), "bsp") == 0;
@@ -547,6 +590,11 @@ int main(int argc, char **argv)
         double t0 = now_s(), loss_sum = 0, comm_s = 0;
         size_t done = 0;
         for (size_t st = 0; st < steps; st++) {
+            if (g_stop_signal) {
+                progress_clear(&o);
+                status = stop_on_signal(pc, o.shard, o.nshards, epoch, st);
+                goto out;
+            }
             size_t start = st * batch;
             size_t cnt = per_shard - start < batch ? per_shard - start : batch;
             /* the shard may hold one sample more than per_shard: it waits for

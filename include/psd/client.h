@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 0
+#define PSC_VERSION_MINOR 1
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -177,6 +177,11 @@ PSC_API int psc_connect(psc_client *c);
 /* Says goodbye to every psd and closes (waiting for a step in flight). The
  * client cannot connect again; psc_free it. Safe to call twice. */
 PSC_API void psc_close(psc_client *c);
+
+/* psc_close with the reason psd shows for this worker ("left: REASON" in
+ * its log and psctl status), such as "stopped by SIGTERM". reason may be
+ * NULL or "" (then the same as psc_close); at most 200 bytes are sent. */
+PSC_API void psc_leave(psc_client *c, const char *reason);
 
 /* Closes if needed and frees everything; NULL-safe. The library's vectors
  * are gone afterwards. */
