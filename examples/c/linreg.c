@@ -6,8 +6,8 @@
  *   ./linreg 127.0.0.1:7000 0/1 200      # server, shard K/M, steps
  *
  * against psd with plain SGD (psd --set optimizer=sgd --set lr=0.05
- * --set warmup_versions=0): psd's default, AdaGrad, moves each weight by
- * at most about lr a step, too slowly for these few steps.
+ * --set momentum=0 --set warmup_versions=0): psd's default, AdaGrad, moves
+ * each weight by at most about lr a step, too slowly for these few steps.
  *
  * It prints the loss before and after, and exits 1 unless training cut it
  * by at least 10x. */

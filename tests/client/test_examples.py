@@ -28,10 +28,12 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 # psd's settings for the examples (as their headers suggest), without the
 # default warm-up: these short jobs were measured without it
 ADAM = ("--set", "optimizer=adam", "--set", "lr=0.002", "--set", "warmup_versions=0")
-# linreg moves its weights by up to 1.5 in 300 steps: plain SGD with
-# momentum, which psd's AdaGrad default (steps of at most about lr each)
-# cannot do in so few
-LINREG = ("--set", "optimizer=sgd", "--set", "lr=0.05", "--set", "momentum=0.9", "--set", "warmup_versions=0")
+# linreg moves its weights by up to 1.5 in 300 steps: plain SGD, which
+# psd's AdaGrad default (steps of at most about lr each) cannot match in so
+# few; without momentum, since two ASGD workers' stale gradients and
+# momentum 0.9 left the last batch's loss at 1.2 of 5.1 in 2 of 3 runs
+# (the example wants a 10x cut)
+LINREG = ("--set", "optimizer=sgd", "--set", "lr=0.05", "--set", "momentum=0", "--set", "warmup_versions=0")
 
 
 @pytest.fixture

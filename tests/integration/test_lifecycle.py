@@ -167,11 +167,13 @@ class StartChecksTest(unittest.TestCase):
             psd.stop()
 
     def test_nesterov_without_momentum(self):
-        self.refused(["--set", "nesterov=yes", "--set", "momentum=0"], 2, "nesterov = yes needs momentum above 0")
+        # nesterov is sgd's (psd's default optimizer is adagrad)
+        self.refused(["--set", "optimizer=sgd", "--set", "nesterov=yes", "--set", "momentum=0"], 2,
+                     "nesterov = yes needs momentum above 0")
         r = self.psd("--print-config", "--set", "nesterov=yes", "--set", "momentum=0", "--set", "optimizer=adam")
         self.assertEqual(r.returncode, 0, r.stderr)
         with harness.Cluster("psd-nesterov") as cl:
-            psd = cl.psd(args=("--set", "nesterov=yes", "--set", "momentum=0.9"))
+            psd = cl.psd(args=("--set", "optimizer=sgd", "--set", "nesterov=yes", "--set", "momentum=0.9"))
             r = harness.psctl(psd.addr, "set", "momentum=0")
             self.assertEqual(r.returncode, 1, r.stdout)
             self.assertIn("nesterov = yes needs momentum above 0", r.stderr)
