@@ -76,7 +76,10 @@ def status_line(resp):
 class MetricsTest(unittest.TestCase):
     def test_scrape_while_training(self):
         with harness.Cluster("psd-metrics") as cl:
-            psd = cl.psd(mode="bsp", workers=2, args=["--set", "metrics_listen=127.0.0.1:0"])
+            # no warm-up: psd_learning_rate is then the lr setting itself, whatever
+            # version the scrape comes at (the default warms up over 100)
+            psd = cl.psd(mode="bsp", workers=2, args=["--set", "metrics_listen=127.0.0.1:0", "--set",
+                                                      "warmup_versions=0"])
             maddr = harness.status(psd.addr)["metrics_listen"]
             self.assertRegex(maddr, r"^127\.0\.0\.1:\d+$")
             url = "http://%s/metrics" % maddr
