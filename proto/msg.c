@@ -35,6 +35,25 @@ int ps_buf_reserve(ps_buf *b, size_t extra)
     return 0;
 }
 
+int ps_buf_printf(ps_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_start(ap, fmt);
+        int n = vsnprintf((char *)b->p + b->len, room, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return PS_EIO;
+        if ((size_t)n < room) {
+            b->len += (size_t)n;
+            return 0;
+        }
+        if (ps_buf_reserve(b, (size_t)n + 1) != 0)
+            return PS_ENOMEM;
+    }
+}
+
 static int buf_write(void *data, const char *buf, size_t len)
 {
     ps_buf *b = data;

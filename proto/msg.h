@@ -195,6 +195,9 @@ typedef struct ps_buf {
 
 void ps_buf_free(ps_buf *b);
 int ps_buf_reserve(ps_buf *b, size_t extra);
+/* Appends printf-formatted text (no terminating NUL counted in len),
+ * growing the buffer as needed. 0, PS_ENOMEM or PS_EIO (a bad format). */
+int ps_buf_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* 1 when only psd sends messages of this type (WELCOME, PARAMS, OK,
  * STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE): psd answers one from a

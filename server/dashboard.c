@@ -477,22 +477,22 @@ static void serve_file(psd *s, const char *file, const char *ctype, srv_http_res
 
 static int kv_str(ps_buf *b, const char *k, const char *v)
 {
-    return srv_json_printf(b, "\"%s\": ", k) | srv_json_str(b, v) | srv_json_raw(b, ", ");
+    return ps_buf_printf(b, "\"%s\": ", k) | srv_json_str(b, v) | srv_json_raw(b, ", ");
 }
 
 static int kv_num(ps_buf *b, const char *k, double v)
 {
-    return srv_json_printf(b, "\"%s\": ", k) | srv_json_num(b, v) | srv_json_raw(b, ", ");
+    return ps_buf_printf(b, "\"%s\": ", k) | srv_json_num(b, v) | srv_json_raw(b, ", ");
 }
 
 static int kv_u64(ps_buf *b, const char *k, uint64_t v)
 {
-    return srv_json_printf(b, "\"%s\": %" PRIu64 ", ", k, v);
+    return ps_buf_printf(b, "\"%s\": %" PRIu64 ", ", k, v);
 }
 
 static int kv_bool(ps_buf *b, const char *k, int v)
 {
-    return srv_json_printf(b, "\"%s\": %s, ", k, v ? "true" : "false");
+    return ps_buf_printf(b, "\"%s\": %s, ", k, v ? "true" : "false");
 }
 
 /* Where the learning-rate curve ends: past the schedule's own length, and
@@ -542,7 +542,7 @@ static int job_json(psd *s, ps_buf *b)
     uint64_t hz = lr_horizon(s);
     uint64_t np = hz + 1 < LR_CURVE_POINTS ? hz + 1 : LR_CURVE_POINTS; /* distinct versions */
     for (uint64_t i = 0; s->model.nblk && i < np; i++)
-        rc |= srv_json_printf(b, "%s%" PRIu64, i ? ", " : "", hz * i / (np - 1));
+        rc |= ps_buf_printf(b, "%s%" PRIu64, i ? ", " : "", hz * i / (np - 1));
     rc |= srv_json_raw(b, "], \"lr\": [");
     for (uint64_t i = 0; s->model.nblk && i < np; i++) {
         rc |= srv_json_raw(b, i ? ", " : "");
@@ -562,10 +562,10 @@ static int job_json(psd *s, ps_buf *b)
     const srv_hist *st = &s->stats.staleness;
     rc |= srv_json_raw(b, "\"staleness\": {\"bounds\": [");
     for (unsigned i = 0; i < st->n; i++)
-        rc |= srv_json_printf(b, "%s%g", i ? ", " : "", st->bounds[i]);
+        rc |= ps_buf_printf(b, "%s%g", i ? ", " : "", st->bounds[i]);
     rc |= srv_json_raw(b, "], \"counts\": [");
     for (unsigned i = 0; i <= st->n; i++)
-        rc |= srv_json_printf(b, "%s%" PRIu64, i ? ", " : "", st->counts[i]);
+        rc |= ps_buf_printf(b, "%s%" PRIu64, i ? ", " : "", st->counts[i]);
     rc |= srv_json_raw(b, "]}, \"workers\": [");
     int first = 1;
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
@@ -587,7 +587,7 @@ static int job_json(psd *s, ps_buf *b)
         rc |= kv_num(b, "loss", w->has_report ? w->loss : NAN);
         rc |= kv_num(b, "accuracy", w->has_acc ? w->acc : NAN);
         rc |= kv_u64(b, "staleness", w->staleness);
-        rc |= srv_json_printf(b, "\"last_seen\": %.3f}", (double)(now - w->last_seen_ms) / 1e3);
+        rc |= ps_buf_printf(b, "\"last_seen\": %.3f}", (double)(now - w->last_seen_ms) / 1e3);
     }
     return rc | srv_json_raw(b, "]}\n");
 }

@@ -214,25 +214,6 @@ double srv_bucket_quantile(const double *bounds, unsigned n, const uint64_t *cnt
 
 /* ---- JSON ---------------------------------------------------------------------- */
 
-int srv_json_printf(ps_buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    for (;;) {
-        size_t room = b->cap - b->len;
-        va_start(ap, fmt);
-        int n = vsnprintf((char *)b->p + b->len, room, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return PS_EIO;
-        if ((size_t)n < room) {
-            b->len += (size_t)n;
-            return 0;
-        }
-        if (ps_buf_reserve(b, (size_t)n + 1) != 0)
-            return PS_ENOMEM;
-    }
-}
-
 int srv_json_raw(ps_buf *b, const char *s)
 {
     size_t n = strlen(s);
@@ -248,25 +229,25 @@ int srv_json_str(ps_buf *b, const char *s)
     int rc = srv_json_raw(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\')
-            rc |= srv_json_printf(b, "\\%c", *p);
+            rc |= ps_buf_printf(b, "\\%c", *p);
         else if (*p < 0x20)
-            rc |= srv_json_printf(b, "\\u%04x", *p);
+            rc |= ps_buf_printf(b, "\\u%04x", *p);
         else if (*p >= 0x80)
             rc |= srv_json_raw(b, "?"); /* texts are ASCII; anything else is not shown */
         else
-            rc |= srv_json_printf(b, "%c", *p);
+            rc |= ps_buf_printf(b, "%c", *p);
     }
     return rc | srv_json_raw(b, "\"");
 }
 
 int srv_json_num(ps_buf *b, double v)
 {
-    return isfinite(v) ? srv_json_printf(b, "%.6g", v) : srv_json_raw(b, "null");
+    return isfinite(v) ? ps_buf_printf(b, "%.6g", v) : srv_json_raw(b, "null");
 }
 
 int srv_json_fixed(ps_buf *b, double v)
 {
-    return isfinite(v) ? srv_json_printf(b, "%.3f", v) : srv_json_raw(b, "null");
+    return isfinite(v) ? ps_buf_printf(b, "%.3f", v) : srv_json_raw(b, "null");
 }
 
 static int series_json(ps_buf *b, const srv_series *s)
@@ -274,7 +255,7 @@ static int series_json(ps_buf *b, const srv_series *s)
     unsigned n = srv_series_count(s);
     double t, vals[SRV_SERIES_COLS_MAX];
     uint64_t ver;
-    int rc = srv_json_printf(b, "{\"stride\": %u, \"t\": [", s->stride);
+    int rc = ps_buf_printf(b, "{\"stride\": %u, \"t\": [", s->stride);
     for (unsigned i = 0; i < n; i++) {
         srv_series_get(s, i, &t, &ver, vals);
         rc |= srv_json_raw(b, i ? ", " : "");
@@ -283,11 +264,11 @@ static int series_json(ps_buf *b, const srv_series *s)
     rc |= srv_json_raw(b, "], \"version\": [");
     for (unsigned i = 0; i < n; i++) {
         srv_series_get(s, i, &t, &ver, vals);
-        rc |= srv_json_printf(b, "%s%" PRIu64, i ? ", " : "", ver);
+        rc |= ps_buf_printf(b, "%s%" PRIu64, i ? ", " : "", ver);
     }
     rc |= srv_json_raw(b, "]");
     for (unsigned c = 0; c < s->ncols; c++) {
-        rc |= srv_json_printf(b, ", \"%s\": [", s->cols[c]);
+        rc |= ps_buf_printf(b, ", \"%s\": [", s->cols[c]);
         for (unsigned i = 0; i < n; i++) {
             srv_series_get(s, i, &t, &ver, vals);
             rc |= srv_json_raw(b, i ? ", " : "");
@@ -305,7 +286,7 @@ static const srv_event *event_at(const srv_history *h, unsigned i)
 
 static int history_json(const srv_history *h, ps_buf *b)
 {
-    int rc = srv_json_printf(b, "{\"points_max\": %u, \"events_max\": %u, \"events_dropped\": %" PRIu64 ", \"psd\": ",
+    int rc = ps_buf_printf(b, "{\"points_max\": %u, \"events_max\": %u, \"events_dropped\": %" PRIu64 ", \"psd\": ",
                              SRV_SERIES_POINTS, SRV_EVENTS_MAX, h->events_dropped);
     rc |= series_json(b, &h->psd);
     rc |= srv_json_raw(b, ", \"workers\": [");
@@ -314,7 +295,7 @@ static int history_json(const srv_history *h, ps_buf *b)
         const srv_worker_hist *w = h->w[i];
         if (!w)
             continue;
-        rc |= srv_json_printf(b, "%s{\"shard\": %u, \"train\": ", first ? "" : ", ", w->shard);
+        rc |= ps_buf_printf(b, "%s{\"shard\": %u, \"train\": ", first ? "" : ", ", w->shard);
         rc |= series_json(b, &w->train);
         rc |= srv_json_raw(b, ", \"eval\": ");
         rc |= series_json(b, &w->eval);
@@ -326,7 +307,7 @@ static int history_json(const srv_history *h, ps_buf *b)
         const srv_event *e = event_at(h, i);
         rc |= srv_json_raw(b, i ? ", {\"t\": " : "{\"t\": ");
         rc |= srv_json_fixed(b, e->t);
-        rc |= srv_json_printf(b, ", \"version\": %" PRIu64 ", \"kind\": ", e->version);
+        rc |= ps_buf_printf(b, ", \"version\": %" PRIu64 ", \"kind\": ", e->version);
         rc |= srv_json_str(b, e->kind);
         rc |= srv_json_raw(b, ", \"text\": ");
         rc |= srv_json_str(b, e->text);
@@ -342,8 +323,8 @@ static int row(ps_buf *b, int table, const char *series, const char *shard, doub
                const char *what, const char *value)
 {
     if (table)
-        return srv_json_printf(b, "%-6s %5s %10.3f %9" PRIu64 "  %-20s %s\n", series, shard, t, ver, what, value);
-    return srv_json_printf(b, "%s,%s,%.3f,%" PRIu64 ",%s,%s\n", series, shard, t, ver, what, value);
+        return ps_buf_printf(b, "%-6s %5s %10.3f %9" PRIu64 "  %-20s %s\n", series, shard, t, ver, what, value);
+    return ps_buf_printf(b, "%s,%s,%.3f,%" PRIu64 ",%s,%s\n", series, shard, t, ver, what, value);
 }
 
 static int series_rows(ps_buf *b, int table, const char *name, const char *shard, const srv_series *s)
@@ -370,7 +351,7 @@ static int history_rows(const srv_history *h, int table, ps_buf *b)
     int rc = 0;
     char shard[16], text[2 * SRV_EVENT_TEXT + 3];
     if (table)
-        rc |= srv_json_printf(b, "%-6s %5s %10s %9s  %-20s %s\n", "series", "shard", "t", "version", "column",
+        rc |= ps_buf_printf(b, "%-6s %5s %10s %9s  %-20s %s\n", "series", "shard", "t", "version", "column",
                               "value");
     else
         rc |= srv_json_raw(b, "series,shard,t,version,column,value\n");

@@ -124,7 +124,6 @@ int srv_history_write(const srv_history *h, int fmt, ps_buf *out);
 
 /* Each appends to b and returns 0 or PS_ENOMEM. */
 int srv_json_raw(ps_buf *b, const char *s);
-int srv_json_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A string literal with JSON escapes; bytes past ASCII become "?" (the
  * texts psd writes are ASCII). */
 int srv_json_str(ps_buf *b, const char *s);

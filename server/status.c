@@ -143,28 +143,9 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
 
 /* ---- Prometheus text ------------------------------------------------------ */
 
-static int put(ps_buf *b, const char *fmt, ...)
-{
-    va_list ap;
-    for (;;) {
-        size_t room = b->cap - b->len;
-        va_start(ap, fmt);
-        int n = vsnprintf((char *)b->p + b->len, room, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return PS_EIO;
-        if ((size_t)n < room) {
-            b->len += (size_t)n;
-            return 0;
-        }
-        if (ps_buf_reserve(b, (size_t)n + 1) != 0)
-            return PS_ENOMEM;
-    }
-}
-
 static int family(ps_buf *b, const char *name, const char *type, const char *help)
 {
-    return put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    return ps_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static int hist_text(ps_buf *b, const char *name, const char *help, const srv_hist *h)
@@ -173,10 +154,10 @@ static int hist_text(ps_buf *b, const char *name, const char *help, const srv_hi
     uint64_t cum = 0;
     for (unsigned i = 0; i < h->n; i++) {
         cum += h->counts[i];
-        rc |= put(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, h->bounds[i], cum);
+        rc |= ps_buf_printf(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, h->bounds[i], cum);
     }
-    rc |= put(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->total);
-    rc |= put(b, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, h->sum, name, h->total);
+    rc |= ps_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->total);
+    rc |= ps_buf_printf(b, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, h->sum, name, h->total);
     return rc;
 }
 
@@ -189,7 +170,7 @@ int srv_metrics_text(psd *s, ps_buf *b)
 #define SIMPLE(name, type, help, fmt, val)                   \
     do {                                                     \
         rc |= family(b, name, type, help);                   \
-        rc |= put(b, "%s " fmt "\n", name, val);             \
+        rc |= ps_buf_printf(b, "%s " fmt "\n", name, val);             \
     } while (0)
     SIMPLE("psd_pushes_total", "counter", "Gradient pushes accepted (one per worker step).", "%" PRIu64,
            s->stats.pushes);
@@ -220,7 +201,7 @@ int srv_metrics_text(psd *s, ps_buf *b)
         for (; name[i] && i < sizeof lower - 1; i++)
             lower[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] + 32 : name[i]);
         lower[i] = '\0';
-        rc |= put(b, "psd_rejected_messages_total{reason=\"%s\"} %" PRIu64 "\n", lower, s->stats.rejected[code]);
+        rc |= ps_buf_printf(b, "psd_rejected_messages_total{reason=\"%s\"} %" PRIu64 "\n", lower, s->stats.rejected[code]);
     }
 
     uint32_t counts[3] = {0, 0, 0};
@@ -229,16 +210,16 @@ int srv_metrics_text(psd *s, ps_buf *b)
             counts[s->workers[i]->state]++;
     rc |= family(b, "psd_workers", "gauge", "Workers by state.");
     for (int st = 0; st < 3; st++)
-        rc |= put(b, "psd_workers{state=\"%s\"} %u\n", worker_states[st], counts[st]);
+        rc |= ps_buf_printf(b, "psd_workers{state=\"%s\"} %u\n", worker_states[st], counts[st]);
 
     rc |= family(b, "psd_worker_loss", "gauge", "Last training loss a worker reported.");
     for (uint32_t i = 0; i < s->nworkers_cap; i++)
         if (s->workers[i] && s->workers[i]->has_report)
-            rc |= put(b, "psd_worker_loss{shard=\"%u\"} %.6g\n", i, s->workers[i]->loss);
+            rc |= ps_buf_printf(b, "psd_worker_loss{shard=\"%u\"} %.6g\n", i, s->workers[i]->loss);
     rc |= family(b, "psd_worker_test_accuracy_ratio", "gauge", "Last test accuracy a worker reported (0..1).");
     for (uint32_t i = 0; i < s->nworkers_cap; i++)
         if (s->workers[i] && s->workers[i]->has_acc)
-            rc |= put(b, "psd_worker_test_accuracy_ratio{shard=\"%u\"} %.6g\n", i, s->workers[i]->acc);
+            rc |= ps_buf_printf(b, "psd_worker_test_accuracy_ratio{shard=\"%u\"} %.6g\n", i, s->workers[i]->acc);
     SIMPLE("psd_dropped_pushes_total", "counter", "Pushes dropped because their BSP round had closed.",
            "%" PRIu64, s->stats.dropped_pushes);
     SIMPLE("psd_worker_joins_total", "counter", "Workers that joined or rejoined.", "%" PRIu64,
@@ -260,14 +241,14 @@ int srv_metrics_text(psd *s, ps_buf *b)
     rc |= family(b, "psd_disconnects_total", "counter",
                  "Connections psd closed: a client that stopped reading its replies (output_buffer) or an admin "
                  "silent past idle_timeout (idle).");
-    rc |= put(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
-    rc |= put(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
+    rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
+    rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,
            s->stats.checkpoint_failures);
     rc |= family(b, "psd_checkpoint_age_seconds", "gauge",
                  "Seconds since the last checkpoint was written (-1: none yet).");
-    rc |= put(b, "psd_checkpoint_age_seconds %.3f\n",
+    rc |= ps_buf_printf(b, "psd_checkpoint_age_seconds %.3f\n",
               s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1e3 : -1.0);
     rc |= hist_text(b, "psd_push_staleness_versions", "Model versions applied between a push's base and its arrival.",
                     &s->stats.staleness);
