@@ -190,6 +190,7 @@ static void on_tick(uv_timer_t *t)
     check_liveness(s, now);
     check_handshakes(s, now);
     check_idle(s, now);
+    srv_linger_tick(s, now);
     srv_dash_tick(s, now);
     srv_admin_tick(s);
     srv_notify_tick(s, now);

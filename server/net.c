@@ -229,6 +229,65 @@ static void on_close(uv_handle_t *h)
     conn_free(c);
 }
 
+/* ---- lingering close ----------------------------------------------------
+ * A connection closed for an error may still be sending (the rest of a
+ * frame psd refused). Closing a socket with unread bytes makes the kernel
+ * send a reset, and the peer may then lose the ERROR psd just wrote. So
+ * psd shuts down its side once the ERROR is written and reads, discarding,
+ * until the peer closes or SRV_LINGER_MS pass (nginx's lingering_close).
+ * The connection is detached and its receive buffer freed first: it holds
+ * no worker, no memory and no connection slot while it lingers. */
+
+static void discard_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    static char sink[64 * 1024];
+    (void)h, (void)suggested;
+    buf->base = sink;
+    buf->len = sizeof sink;
+}
+
+static void on_linger_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    (void)buf;
+    if (nread < 0 && !uv_is_closing((uv_handle_t *)st))
+        uv_close((uv_handle_t *)st, on_close);
+}
+
+static void on_linger_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status; /* the peer may be gone already: reading then ends it */
+    free(req);
+}
+
+static void linger(srv_conn *c)
+{
+    psd *s = c->srv;
+    if (!(srv_update_busy(s) && s->push_wait.c == c)) {
+        s->rbuf_bytes -= c->rcap;
+        free(c->rbuf);
+        c->rbuf = NULL;
+        c->rcap = c->rlen = c->rpos = 0;
+    }
+    uv_shutdown_t *req = malloc(sizeof *req);
+    if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_linger_shutdown) != 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, discard_alloc, on_linger_read) != 0) {
+        free(req);
+        uv_read_stop((uv_stream_t *)&c->tcp);
+        uv_close((uv_handle_t *)&c->tcp, on_close);
+        return;
+    }
+    c->linger_until_ms = srv_now_ms() + SRV_LINGER_MS;
+}
+
+void srv_linger_tick(psd *s, uint64_t now)
+{
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->linger && c->closing && now >= c->linger_until_ms && !uv_is_closing((uv_handle_t *)&c->tcp)) {
+            uv_read_stop((uv_stream_t *)&c->tcp);
+            uv_close((uv_handle_t *)&c->tcp, on_close);
+        }
+}
+
 void srv_conn_close(srv_conn *c)
 {
     if (c->closing)
@@ -240,6 +299,10 @@ void srv_conn_close(srv_conn *c)
     srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
     srv_auth_free(c);
     uv_read_stop((uv_stream_t *)&c->tcp);
+    if (c->linger && !c->srv->stopping) {
+        linger(c);
+        return;
+    }
     uv_close((uv_handle_t *)&c->tcp, on_close);
 }
 
@@ -418,6 +481,7 @@ static void net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const 
     net_send(c, &m, NULL);
     if (fatal && !c->closing) {
         c->close_after_write = 1;
+        c->linger = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);
         if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
             srv_conn_close(c);
@@ -878,8 +942,13 @@ void srv_stop(psd *s)
     }
     for (srv_conn *c = s->conns, *next; c; c = next) {
         next = c->next;
-        if (c->closing)
+        if (c->closing) {
+            if (c->linger && !uv_is_closing((uv_handle_t *)&c->tcp)) {
+                uv_read_stop((uv_stream_t *)&c->tcp);
+                uv_close((uv_handle_t *)&c->tcp, on_close);
+            }
             continue;
+        }
         if (c->parked) {
             /* pulls waiting for a version that will not come */
             /* an error may close c (max_output_buffer), which frees the list */

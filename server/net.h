@@ -10,6 +10,8 @@
 int srv_listen(psd *s);
 void srv_stop(psd *s);
 void srv_conn_close(srv_conn *c);
+/* Closes the lingering connections whose SRV_LINGER_MS have passed (the tick). */
+void srv_linger_tick(psd *s, uint64_t now);
 /* For the handler of a frame that ends the bytes read so far: hands the
  * receive buffer holding it to the caller (*out) and gives the connection
  * repl instead (mem NULL: it allocates when it reads next). data is where

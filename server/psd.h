@@ -134,6 +134,9 @@ struct srv_policy_ops; /* policy.h */
 #define SRV_PARKED_MAX 64 /* pulls one connection may have waiting */
 /* protocol errors after which psd closes a connection (PROTOCOL.md) */
 #define SRV_PROTO_ERRORS_MAX 100
+/* how long a connection closed for an error is read (and discarded) after
+ * psd's side is shut down, so its ERROR is not lost to a reset */
+#define SRV_LINGER_MS 2000
 /* error lines logged for one connection before they are rate limited to
  * one a second (with the count of those left out) */
 #define SRV_ERR_LINES_FREE 10
@@ -185,6 +188,11 @@ struct srv_conn {
     int free_later;          /* closed while its push is applied off the loop:
                               * freed when that is done */
     int close_after_write;   /* close once queued writes are flushed */
+    int linger;              /* closed for an error: psd shuts down its side
+                              * and reads (discarding) until the peer closes
+                              * or SRV_LINGER_MS pass, so the peer reads the
+                              * ERROR instead of a reset (net.c) */
+    uint64_t linger_until_ms;
     char close_reason[96];   /* why psd closes it, for the worker's record */
     uint64_t connected_ms;
     uint64_t last_msg_ms;    /* when its last message arrived (idle_timeout) */
