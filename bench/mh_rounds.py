@@ -22,7 +22,11 @@ S float32 values split over the listed psd (one psd: the whole model):
 
 --order stagger sends worker K's parts starting at part K+1 (wrapping), so
 that no psd receives from every worker at once: a what-if for the send
-order, not psworker's behaviour.
+order, not psworker's behaviour. --order pieces:P takes the servers as
+hosts of P psd each (host h's at h*P .. h*P+P-1, each a piece of the host's
+part that closes its rounds on its own) and sends piece 0 of the other
+hosts, from host K+1 on, then piece 1, ..., this host's pieces last: a
+what-if for pieces inside one psd.
 
 Prints one JSON object on stdout: the round times (seconds) after the
 warm-up rounds, and the timestamps (CLOCK_MONOTONIC, shared by every
@@ -157,7 +161,7 @@ def main():
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--order", choices=("parts", "stagger"), default="parts")
+    ap.add_argument("--order", default="parts", help="parts, stagger or pieces:P")
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
     a = ap.parse_args()
     k, m = (int(x) for x in a.shard.split("/"))
@@ -173,6 +177,16 @@ def main():
     order = list(range(n))
     if a.order == "stagger":
         order = [(k + 1 + j) % n for j in range(n)]
+    if a.order.startswith("pieces:"):
+        # P psd per host, host h's pieces at h*P .. h*P+P-1: piece q of the
+        # hosts k+1, k+2, ... before piece q+1 of any, this host's last
+        p = int(a.order.split(":")[1])
+        h = n // p
+        if p < 1 or h * p != n:
+            sys.exit("mh_rounds: %d servers are not hosts of %d pieces" % (n, p))
+        order = [((k + j) % h) * p + q for q in range(p) for j in range(1, h)] + [k * p + q for q in range(p)]
+    elif a.order != "parts" and a.order != "stagger":
+        sys.exit("mh_rounds: bad --order '%s'" % a.order)
     if 0 <= a.local < n:  # the psd on this host last: the remote bytes go out first
         order.remove(a.local)
         order.append(a.local)

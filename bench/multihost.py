@@ -29,6 +29,10 @@ A cell is a placement, a model of S float32 values and a link rate:
            with its own host's part last, as psworker does.
 - stagger: split, but worker k sends to parts k+1, k+2, ... first (a
            what-if: no psd receives from every worker at once).
+- pieces:  a what-if for key-range pieces that close their rounds on their
+           own: --pieces psd on each worker host, each holding a piece of
+           the host's part; worker k sends piece 0 of hosts k+1, k+2, ...,
+           then piece 1, ..., its own host's pieces last.
 - gloo:    torch.distributed.all_reduce (gloo, ring) of S floats on 4 ranks.
 - mpi:     MPI_Allreduce of S floats, 4 ranks, one orted per host namespace
            (mpirun's rsh agent is `ip netns exec`), TCP only.
@@ -77,6 +81,7 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 SUBNET = "10.213.7"
 PORT = 7000
 RANK_PORT = 29500
+PIECE_PORT = 7100  # the pieces placement: psd q of a host on PIECE_PORT + q
 
 
 class Deadline(Exception):
@@ -104,6 +109,7 @@ class Machine:
         self.procs = []
         self.verbose = verbose
         self.made = []
+        self.sysctls = []  # KEY=VALUE set in every host's namespace (--sysctl)
 
     def ip(self, i):
         return "%s.%d" % (SUBNET, i + 1)
@@ -128,6 +134,8 @@ class Machine:
             self.sh("ip", "-n", ns, "addr", "add", self.ip(i) + "/24", "dev", "eth0")
             self.sh("ip", "-n", ns, "link", "set", "eth0", "up")
             self.sh("ip", "-n", ns, "link", "set", "lo", "up")
+            for kv in self.sysctls:
+                self.sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", kv)
 
     def shape(self, mbit):
         """tbf at mbit Mbit/s on both ends of every host's veth pair."""
@@ -256,11 +264,11 @@ class Bench:
         self.n += 1
         return "%03d-%s" % (self.n, what)
 
-    def start_psd(self, host, tag, args):
+    def start_psd(self, host, tag, args, port=PORT):
         pf = os.path.join(self.m.out, "%s.port" % tag)
         if os.path.exists(pf):
             os.unlink(pf)
-        argv = [self.psd_bin, "--listen", "%s:%d" % (self.m.ip(host), PORT), "--port-file", pf,
+        argv = [self.psd_bin, "--listen", "%s:%d" % (self.m.ip(host), port), "--port-file", pf,
                 "--mode", "bsp", "--workers", str(self.workers), "--log-level", "warn",
                 "--set", "allow_remote_without_token=yes"] + args
         p = self.m.spawn(host, argv, tag)
@@ -293,13 +301,22 @@ class Bench:
             if placement == "central":
                 psds.append(self.start_psd(h, self.name("psd-central"), self.psd_args(size)))
                 servers, local = "%s:%d" % (self.m.ip(h), PORT), [-1] * h
+            elif placement == "pieces":
+                p = self.a.pieces
+                n = h * p
+                bounds = [0] + [(size * i // n) // 1024 * 1024 for i in range(1, n)] + [size]
+                for i in range(n):
+                    psds.append(self.start_psd(i // p, self.name("psd-piece%d" % i),
+                                               self.psd_args(bounds[i + 1] - bounds[i]), PIECE_PORT + i % p))
+                servers = ",".join("%s:%d" % (self.m.ip(i // p), PIECE_PORT + i % p) for i in range(n))
+                local = [-1] * h
             else:
                 bounds = [0] + [(size * i // h) // 1024 * 1024 for i in range(1, h)] + [size]
                 for i in range(h):
                     psds.append(self.start_psd(i, self.name("psd-part%d" % i),
                                                self.psd_args(bounds[i + 1] - bounds[i])))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
-            order = "stagger" if placement == "stagger" else "parts"
+            order = {"stagger": "stagger", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])],
@@ -445,7 +462,7 @@ def report(cells, trains, link):
     for size, mbit in keys:
         row = {c["placement"]: c for c in cells if c["size"] == size and c["mbit"] == mbit}
         gloo = row.get("gloo", {}).get("p50_ms")
-        for pl in ("central", "split", "stagger", "gloo", "mpi"):
+        for pl in ("central", "split", "stagger", "pieces", "gloo", "mpi"):
             c = row.get(pl)
             if not c:
                 continue
@@ -531,6 +548,9 @@ def main():
     ap.add_argument("--sizes", default="235146,4M", help="model sizes in floats (k, M: 2^10, 2^20)")
     ap.add_argument("--rates", default="1000,100", help="link rates, Mbit/s")
     ap.add_argument("--placements", default="central,split,stagger,gloo,mpi")
+    ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")
+    ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                    help="a sysctl set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0")
     ap.add_argument("--train", default="split,ddp", help="W1 runs: split, ddp, or none")
     ap.add_argument("--train-rates", default=None, help="rates for W1 (default: --rates)")
     ap.add_argument("--train-limit", type=int, default=0, help="W1 on the first N training samples (0: all)")
@@ -557,7 +577,7 @@ def main():
     trainers = [t for t in a.train.split(",") if t and t != "none"]
     train_rates = [int(r) for r in (a.train_rates or a.rates).split(",") if r]
     for p in placements:
-        if p not in ("central", "split", "stagger", "gloo", "mpi"):
+        if p not in ("central", "split", "stagger", "pieces", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
         if t not in ("split", "ddp"):
@@ -580,6 +600,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     nhosts = 5 if "central" in placements else 4
     m = Machine(nhosts, out, verbose=a.verbose)
+    m.sysctls = a.sysctl
 
     def on_term(signum, frame):
         raise KeyboardInterrupt("signal %d" % signum)
