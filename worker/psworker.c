@@ -361,12 +361,12 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
         goto out;
     }
     double job_t0 = now_s(), t0 = job_t0, loss_sum = 0, comm_s = 0;
-    size_t done = 0;
+    size_t done = 0, steps = 0; /* samples and steps in this epoch */
     uint64_t cur = 0;
     int in_epoch = 0;
     for (;;) {
         if (g_stop_signal) {
-            status = stop_on_signal(pc, o->shard, o->nshards, (int)cur + 1, done);
+            status = stop_on_signal(pc, o->shard, o->nshards, (int)cur + 1, steps);
             goto out;
         }
         uint64_t e = 0, lo = 0, hi = 0;
@@ -393,7 +393,7 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
             in_epoch = 1;
             t0 = now_s();
             loss_sum = comm_s = 0;
-            done = 0;
+            done = steps = 0;
         }
         size_t cnt = (size_t)(hi - lo);
         float loss = 0;
@@ -410,6 +410,7 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
         }
         loss_sum += (double)loss * (double)cnt;
         done += cnt;
+        steps++;
         double tc = now_s();
         if (psc_pushpull(pc) != 0) {
             fprintf(stderr, "psworker: round %" PRIu64 ": %s\n", psc_model_version(pc), psc_errmsg(pc));
