@@ -117,10 +117,11 @@ class PlanTest(unittest.TestCase):
             st = harness.status(psd.addr)
             # the worker that pulled last holds psd's final model
             last = max(results, key=lambda r: r["version"])
+            lost = len(re.findall(r"worker shard \d+/3 \S+ lost", psd.stderr()))
             sys.stderr.write("\n%s job, seed %d: psd's model version %d (the plan's rounds: %d), its test accuracy "
-                             "%.2f%%, %.2f s/epoch (shard 0 training: %.2f s/epoch)\n" %
+                             "%.2f%%, %.2f s/epoch (shard 0 training: %.2f s/epoch), workers declared lost: %d\n" %
                              ("cut" if cut else "undisturbed", seed, st["version"], rounds,
-                              100 * last["test_accuracy"], seconds / EPOCHS, results[0]["seconds"] / EPOCHS))
+                              100 * last["test_accuracy"], seconds / EPOCHS, results[0]["seconds"] / EPOCHS, lost))
             # nothing after the plan's last round: the version is the plan's
             # rounds, every worker stopped there, psd says done (collected,
             # so that --no-plan still prints both jobs' figures)
