@@ -296,6 +296,7 @@ static int plan_epoch_done(const wopts *o, psc_client *pc, ps_model *model, cons
     int epoch = (int)e + 1;
     if (o->eval)
         ps_model_evaluate(model, test->x, test->y, test->n, &res->test_loss, &res->test_acc);
+    progress_clear(o);
     if (o->quiet) {
         /* the final JSON line says it all */
     } else if (o->eval) {
@@ -360,12 +361,14 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
         fprintf(stderr, "psworker: out of memory\n");
         goto out;
     }
-    double job_t0 = now_s(), t0 = job_t0, loss_sum = 0, comm_s = 0;
+    double job_t0 = now_s(), t0 = job_t0, loss_sum = 0, comm_s = 0, last_draw = 0;
     size_t done = 0, steps = 0; /* samples and steps in this epoch */
+    uint64_t per_epoch = (samples + gbatch - 1) / gbatch;
     uint64_t cur = 0;
     int in_epoch = 0;
     for (;;) {
         if (g_stop_signal) {
+            progress_clear(o);
             status = stop_on_signal(pc, o->shard, o->nshards, (int)cur + 1, steps);
             goto out;
         }
@@ -404,6 +407,7 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
             memset(ps_model_grads(model), 0, np * sizeof(float)); /* a round too small to share */
         }
         if (!isfinite(loss)) {
+            progress_clear(o);
             fprintf(stderr, "psworker: loss became %f in round %" PRIu64 "; lower the learning rate\n", (double)loss,
                     psc_model_version(pc));
             goto out;
@@ -413,11 +417,22 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
         steps++;
         double tc = now_s();
         if (psc_pushpull(pc) != 0) {
+            progress_clear(o);
             fprintf(stderr, "psworker: round %" PRIu64 ": %s\n", psc_model_version(pc), psc_errmsg(pc));
             goto out;
         }
-        comm_s += now_s() - tc;
+        double now = now_s();
+        comm_s += now - tc;
+        uint64_t v = psc_model_version(pc); /* rounds of the plan closed */
+        if (o->progress && now - last_draw >= 0.1) {
+            last_draw = now;
+            uint64_t in_epoch_done = v - cur * per_epoch < per_epoch ? v - cur * per_epoch : per_epoch;
+            progress_draw(o, (int)cur + 1, (size_t)in_epoch_done, (size_t)per_epoch,
+                          loss_sum / (double)(done ? done : 1), now - job_t0, res->samples + done, (size_t)v,
+                          (size_t)(per_epoch * epochs));
+        }
         if (cnt && psc_progress(pc, (uint32_t)cur, (double)loss * (double)cnt, cnt) != 0) {
+            progress_clear(o);
             fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", (int)cur + 1, psc_errmsg(pc));
             goto out;
         }
