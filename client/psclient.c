@@ -44,6 +44,8 @@ typedef struct psc_link {
     char mode[16];
     uint64_t version;        /* version of this part's parameters we hold */
     int shm_ok;              /* this psd mapped our segment */
+    int has_plan;            /* its WELCOME told the job's plan: */
+    ps_plan plan;
 } psc_link;
 
 struct psc_client {
@@ -56,6 +58,8 @@ struct psc_client {
     uint32_t want_dt;        /* wire type asked for; psd's welcome decides */
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
+    int want_plan;           /* psc_plan_set: the plan the hello proposes */
+    ps_plan plan;
     /* the model */
     ps_layout layout;        /* the whole model's */
     int fixed;               /* layout fixed: links and buffers made */
@@ -99,7 +103,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.1.0";
+    return "1.2.0";
 }
 
 const char *psc_strerror(int code)
@@ -786,6 +790,8 @@ static int do_pushpull(psc_client *c)
         return first;
     if (small && c->bsp && c->links[0].version > v0 + 1)
         c->dropped++; /* the round closed without our push */
+    else if (small && c->bsp && c->links[0].cl.done && c->links[0].version == v0)
+        c->dropped++; /* a push after the plan's last round */
     c->version = c->links[0].version;
     c->pushed = 0;
     return 0;
@@ -863,6 +869,10 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     m.nshards = c->nshards;
     m.layout = &ln->layout;
     m.fp = ps_layout_fingerprint(&ln->layout);
+    if (c->want_plan) {
+        m.has |= PS_F_PLAN;
+        m.plan = c->plan;
+    }
     ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     ln->shm_ok = 0;
     if (c->shm) {
@@ -896,6 +906,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     }
     snprintf(ln->mode, sizeof ln->mode, "%s", r.mode);
     ln->version = r.mver;
+    ln->has_plan = (r.has & PS_F_PLAN) != 0;
+    ln->plan = r.plan;
+    ln->cl.has_slice = ln->cl.done = 0; /* until this connection's first PARAMS */
     *need_init = r.need_init;
     uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
     ln->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
@@ -1336,6 +1349,64 @@ int psc_live_shards(psc_client *c, uint32_t *rank, uint32_t *count)
     *count = c->nshards - lost;
     *rank = c->shard - lost_below;
     return 0;
+}
+
+/* ---- a BSP job's plan ----------------------------------------------------- */
+
+int psc_plan_set(psc_client *c, uint64_t epochs, uint64_t samples, uint64_t batch, uint64_t seed)
+{
+    if (c->connected || c->closed)
+        return fail(c, PSC_ESTATE, "psc_plan_set: only before psc_connect");
+    if (epochs < 1 || epochs > PS_PLAN_EPOCHS_MAX || samples < 1 || samples > PS_PLAN_SAMPLES_MAX || batch < 1 ||
+        batch > samples)
+        return fail(c, PSC_EINVAL, "psc_plan_set: need 1 <= epochs <= 2^20, 1 <= samples <= 2^40 and 1 <= batch <= "
+                                   "samples (got %llu, %llu, %llu)",
+                    (unsigned long long)epochs, (unsigned long long)samples, (unsigned long long)batch);
+    c->plan = (ps_plan){.epochs = epochs, .samples = samples, .batch = batch, .seed = seed};
+    c->want_plan = 1;
+    return 0;
+}
+
+/* The plan and the slices are the first psd's: with a model split over
+ * several, each counts the same rounds. */
+int psc_plan(const psc_client *c, uint64_t *epochs, uint64_t *samples, uint64_t *batch, uint64_t *seed)
+{
+    if (!c->links || !c->links[0].has_plan)
+        return 0;
+    const ps_plan *p = &c->links[0].plan;
+    if (epochs)
+        *epochs = p->epochs;
+    if (samples)
+        *samples = p->samples;
+    if (batch)
+        *batch = p->batch;
+    if (seed)
+        *seed = p->seed;
+    return 1;
+}
+
+int psc_plan_slice(const psc_client *c, uint64_t *epoch, uint64_t *lo, uint64_t *hi, uint32_t *rank,
+                   uint32_t *count)
+{
+    if (!c->links || !c->links[0].has_plan || !c->links[0].cl.has_slice)
+        return 0;
+    const ps_slice *s = &c->links[0].cl.slice;
+    if (epoch)
+        *epoch = s->epoch;
+    if (lo)
+        *lo = s->lo;
+    if (hi)
+        *hi = s->hi;
+    if (rank)
+        *rank = s->rank;
+    if (count)
+        *count = s->count;
+    return 1;
+}
+
+int psc_plan_done(const psc_client *c)
+{
+    return c->links && c->links[0].has_plan && c->links[0].cl.done;
 }
 
 int psc_reconnect(psc_client *c)

@@ -324,6 +324,11 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
     int rc = ps_msg_decode(c->rbuf, len, &lim, &c->zone, out, &c->scratch_layout, derr, sizeof derr);
     if (rc != 0)
         return cfail(c, rc, "%s: undecodable reply from psd: %s", c->server, derr);
+    if (out->type == PS_MSG_PARAMS) {
+        c->has_slice = (out->has & PS_F_SLICE) != 0;
+        c->slice = out->slice;
+        c->done = (out->has & PS_F_DONE) && out->done;
+    }
     if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_BF16) {
         if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0)
             return rc;

@@ -42,6 +42,9 @@ typedef struct ps_client {
     pthread_mutex_t *send_lock; /* when set, held around every send, so a heartbeat
                                  * thread may send too; the owner holds it
                                  * itself around connect and close */
+    int has_slice;            /* the last PARAMS received carried "slice": */
+    ps_slice slice;           /* it (a BSP job's plan: the round it opened) */
+    int done;                 /* the last PARAMS said "done": the plan is over */
     char err[512];            /* last error, for people */
 } ps_client;
 

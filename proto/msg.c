@@ -138,6 +138,8 @@ enum field_kind {
     FK_SHARD,  /* shard and nshards, [k, m] */
     FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
     FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
+    FK_PLAN,   /* plan, [epochs, samples, batch, seed] */
+    FK_SLICE,  /* slice, [epoch, lo, hi, rank, count] */
     FK_ARGS,   /* args and nargs, an array of strings */
     FK_BODY,   /* body, a map (packed by the caller's callback) */
     FK_DATA,   /* data or data16 and ndata, a bin after "pad" */
@@ -174,6 +176,9 @@ static const field fields[] = {
     FS("shm", PS_F_SHM, FK_SHM),
     F("inshm", PS_F_INSHM, FK_BOOL, inshm),
     F("init", PS_F_INIT, FK_BOOL, need_init),
+    FS("plan", PS_F_PLAN, FK_PLAN),
+    FS("slice", PS_F_SLICE, FK_SLICE),
+    F("done", PS_F_DONE, FK_BOOL, done),
     F("base", PS_F_BASE, FK_U64, base),
     F("min", PS_F_MIN, FK_U64, min),
     F("off", PS_F_OFF, FK_U64, off),
@@ -336,6 +341,23 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
                 msgpack_pack_uint64(&pk, m->shm_goff);
                 msgpack_pack_uint64(&pk, m->shm_poff);
             }
+            break;
+        case FK_PLAN:
+            pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 4);
+            msgpack_pack_uint64(&pk, m->plan.epochs);
+            msgpack_pack_uint64(&pk, m->plan.samples);
+            msgpack_pack_uint64(&pk, m->plan.batch);
+            msgpack_pack_uint64(&pk, m->plan.seed);
+            break;
+        case FK_SLICE:
+            pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 5);
+            msgpack_pack_uint64(&pk, m->slice.epoch);
+            msgpack_pack_uint64(&pk, m->slice.lo);
+            msgpack_pack_uint64(&pk, m->slice.hi);
+            msgpack_pack_uint32(&pk, m->slice.rank);
+            msgpack_pack_uint32(&pk, m->slice.count);
             break;
         case FK_ARGS:
             if (m->nargs > PS_ARGS_MAX)
@@ -674,6 +696,31 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         m->shm_at = n == 4;
         m->shm_goff = goff;
         m->shm_poff = poff;
+        return 0;
+    }
+    case FK_PLAN: {
+        uint64_t v[4];
+        int ok = o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 4;
+        for (uint32_t j = 0; ok && j < 4; j++)
+            ok = get_u64(&o->via.array.ptr[j], &v[j]) == 0;
+        if (!ok || v[0] == 0 || v[0] > PS_PLAN_EPOCHS_MAX || v[1] == 0 || v[1] > PS_PLAN_SAMPLES_MAX || v[2] == 0 ||
+            v[2] > v[1])
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: plan must be [epochs, samples, batch, seed] with 1 <= epochs "
+                                                    "<= 2^20, 1 <= samples <= 2^40 and 1 <= batch <= samples",
+                        tname);
+        m->plan = (ps_plan){.epochs = v[0], .samples = v[1], .batch = v[2], .seed = v[3]};
+        return 0;
+    }
+    case FK_SLICE: {
+        uint64_t v[5];
+        int ok = o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 5;
+        for (uint32_t j = 0; ok && j < 5; j++)
+            ok = get_u64(&o->via.array.ptr[j], &v[j]) == 0;
+        if (!ok || v[1] > v[2] || v[2] > PS_PLAN_SAMPLES_MAX || v[4] == 0 || v[4] > 65536 || v[3] >= v[4])
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: slice must be [epoch, lo, hi, rank, count] with lo <= hi <= "
+                                                    "2^40 and rank < count <= 65536",
+                        tname);
+        m->slice = (ps_slice){.epoch = v[0], .lo = v[1], .hi = v[2], .rank = (uint32_t)v[3], .count = (uint32_t)v[4]};
         return 0;
     }
     case FK_ARGS:

@@ -98,7 +98,10 @@ enum {
 #define PS_F_SHM (1ull << 38)    /* "shm": [pid, fd] of the worker's shared-memory segment (hello) */
 #define PS_F_INSHM (1ull << 39)  /* "inshm": the tensor is in that segment, not in "data"
                                   * (welcome: psd mapped it; pushpull, params) */
-#define PS_F_COUNT 40            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_PLAN (1ull << 40)   /* "plan": the job's plan (hello, welcome; ps_plan) */
+#define PS_F_SLICE (1ull << 41)  /* "slice": the samples of the round a PARAMS opens (ps_slice) */
+#define PS_F_DONE (1ull << 42)   /* "done": the plan's last round is over (params) */
+#define PS_F_COUNT 43            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -122,6 +125,26 @@ const char *ps_dtype_name(uint32_t dt);
 #define PS_CMD_MAX 31        /* bytes in an admin command name */
 #define PS_ARGS_MAX 16       /* arguments of one admin command */
 #define PS_ARG_MAX 1024      /* bytes in one argument */
+
+/* A BSP job's plan (PROTOCOL.md 8, "The plan"): `epochs` passes over
+ * `samples` training samples, `batch` of them (the global batch) per
+ * round, in an order seeded by `seed` and the epoch. */
+typedef struct ps_plan {
+    uint64_t epochs;   /* 1..PS_PLAN_EPOCHS_MAX */
+    uint64_t samples;  /* 1..PS_PLAN_SAMPLES_MAX */
+    uint64_t batch;    /* 1..samples */
+    uint64_t seed;     /* any */
+} ps_plan;
+#define PS_PLAN_EPOCHS_MAX (1ull << 20)
+#define PS_PLAN_SAMPLES_MAX (1ull << 40)
+
+/* The samples a worker trains in the round a PARAMS opens: positions
+ * [lo, hi) of epoch `epoch`'s order, its part `rank` of `count`. */
+typedef struct ps_slice {
+    uint64_t epoch;    /* from 0 */
+    uint64_t lo, hi;   /* lo <= hi <= the plan's samples */
+    uint32_t rank, count; /* rank < count <= 65536 */
+} ps_slice;
 
 /* A string that is not NUL-terminated (admin arguments). */
 typedef struct ps_str {
@@ -179,6 +202,9 @@ typedef struct ps_msg {
     uint8_t cnonce[PS_AUTH_NONCE_LEN]; /* "cnonce": the client's nonce (AUTH) */
     uint8_t proof[PS_AUTH_MAC_LEN];    /* "proof": HMAC by the client (AUTH) */
     uint8_t sproof[PS_AUTH_MAC_LEN];   /* "sproof": HMAC by psd (WELCOME) */
+    ps_plan plan;           /* "plan": [epochs, samples, batch, seed] */
+    ps_slice slice;         /* "slice": [epoch, lo, hi, rank, count] */
+    int done;               /* "done" */
 } ps_msg;
 
 /* The first byte of m's tensor data, whichever its element type. */

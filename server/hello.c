@@ -105,6 +105,7 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
                                 "parameters) is released",
                    (unsigned long long)s->model.layout.total);
             srv_model_release(&s->model);
+            srv_plan_clear(&s->plan); /* it was for that model */
         }
     }
     if (!s->stopping && srv_work_stopped(s))
@@ -180,6 +181,23 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         s->init_owner = c;
         *need_init = 1;
     }
+    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP) {
+        const ps_plan *p = &m->plan, *q = &s->plan.p;
+        if (!s->plan.set) {
+            srv_plan_fix(&s->plan, p);
+            PS_LOG(PS_LOG_INFO, "plan from shard %u: %llu epochs of %llu samples, %llu per round (%llu rounds an "
+                                "epoch, %llu in all), seed %llu",
+                   m->shard, (unsigned long long)p->epochs, (unsigned long long)p->samples,
+                   (unsigned long long)p->batch, (unsigned long long)s->plan.per_epoch,
+                   (unsigned long long)s->plan.rounds, (unsigned long long)p->seed);
+        } else if (memcmp(p, q, sizeof *p) != 0) {
+            PS_LOG(PS_LOG_WARN, "shard %u's plan (%llu epochs, %llu samples, %llu per round, seed %llu) is not the "
+                                "job's (%llu, %llu, %llu, seed %llu): the job's stands, and the worker is told it",
+                   m->shard, (unsigned long long)p->epochs, (unsigned long long)p->samples,
+                   (unsigned long long)p->batch, (unsigned long long)p->seed, (unsigned long long)q->epochs,
+                   (unsigned long long)q->samples, (unsigned long long)q->batch, (unsigned long long)q->seed);
+        }
+    }
     srv_worker *w = worker_slot(s, m->shard);
     if (!w) {
         snprintf(err, errlen, "out of memory");
@@ -249,6 +267,10 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
             r.has |= PS_F_LAYOUT;
             r.layout = &s->model.layout;
         }
+    }
+    if (s->plan.set) {
+        r.has |= PS_F_PLAN; /* the job's, which the worker follows */
+        r.plan = s->plan.p;
     }
     if (sproof) {
         r.has |= PS_F_SPROOF; /* psd holds the secret too */

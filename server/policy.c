@@ -340,6 +340,19 @@ typedef struct bsp_state {
  * that joined once and left or died), less the backup workers; at least 1. */
 static uint32_t bsp_needed(psd *s)
 {
+    if (srv_plan_active(s)) {
+        /* the round's members still in the job (the plan's), and those
+         * gone after their push was complete: it counts */
+        uint32_t live = srv_plan_needed(s), b = (uint32_t)s->cfg.backup_workers;
+        const bsp_state *st = s->policy_state;
+        for (uint32_t i = 0; st && i < st->nsh; i++) {
+            const bsp_shard *sh = st->sh[i];
+            const srv_worker *w = i < s->nworkers_cap ? s->workers[i] : NULL;
+            if (sh && sh->round == s->model.version && sh->round_fin && w && w->state != SRV_W_CONNECTED)
+                live++;
+        }
+        return live > b ? live - b : 1;
+    }
     uint32_t gone = 0;
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         srv_worker *w = s->workers[i];
@@ -629,6 +642,19 @@ static void bsp_round_closed(psd *s)
            (unsigned long long)(now - b->round_start_ms));
     b->round_start_ms = now;
     b->count = 0;
+    if (srv_plan_active(s)) {
+        /* who trains the next round is fixed now, as its pulls are answered */
+        if (srv_plan_open(s) != 0)
+            PS_LOG(PS_LOG_ERROR, "out of memory fixing round %llu's workers; every worker trains it",
+                   (unsigned long long)s->model.version);
+        if (srv_plan_done(s) && !s->plan.said_done) {
+            s->plan.said_done = 1;
+            PS_LOG(PS_LOG_INFO, "plan: round %llu, the last of %llu epochs, closed: the job is done (model version "
+                                "%llu); pushes from now on are dropped",
+                   (unsigned long long)round, (unsigned long long)s->plan.p.epochs,
+                   (unsigned long long)s->model.version);
+        }
+    }
 }
 
 /* Closes the round when enough pushes are in: applies their mean, made
@@ -717,6 +743,18 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
                  (unsigned long long)p->base, (unsigned long long)round);
         return PS_ESTALE;
     }
+    if (srv_plan_active(s)) {
+        if (srv_plan_done(s)) {
+            snprintf(err, errlen, "push for round %llu after the plan's last round (%llu) closed: the job is done; "
+                     "dropped", (unsigned long long)p->base, (unsigned long long)(s->plan.rounds - 1));
+            return PS_ESTALE;
+        }
+        if (!srv_plan_member(s, w)) {
+            snprintf(err, errlen, "shard %u joined after round %llu was handed out; it trains from the next round "
+                     "on; dropped", w->shard, (unsigned long long)round);
+            return PS_ESTALE;
+        }
+    }
     bsp_state *b = bsp_get(s, err, errlen);
     if (!b)
         return PS_ENOMEM;
@@ -791,6 +829,29 @@ static int bsp_left(psd *s, srv_worker *w)
     return bsp_try_close(s, NULL, 0);
 }
 
+/* Without a plan as the default: the model initialised and at min. With
+ * one a worker's pull waits while the worker has no part in the current
+ * round (it joined after the round was handed out) or has already pushed
+ * its part (it reconnected after its push): it is answered with the next
+ * round, so a round never gets a share twice. Once the plan is done every
+ * pull is answered (its reply says done). */
+static int bsp_pull_ready(psd *s, const srv_worker *w, uint64_t min)
+{
+    if (!s->model.initialized)
+        return 0;
+    if (w && srv_plan_active(s)) {
+        if (srv_plan_done(s))
+            return 1;
+        if (!srv_plan_member(s, w))
+            return 0;
+        bsp_state *b = s->policy_state;
+        const bsp_shard *sh = b && w->shard < b->nsh ? b->sh[w->shard] : NULL;
+        if (sh && sh->round == s->model.version && sh->round_fin)
+            return 0;
+    }
+    return s->model.version >= min;
+}
+
 /* A round that memory kept from closing (every push is in) closes here. */
 static int bsp_tick(psd *s)
 {
@@ -819,7 +880,7 @@ const srv_policy_ops srv_policy_bsp = {
     .applied = bsp_applied,
     .worker_left = bsp_left,
     .worker_joined = bsp_joined,
-    .pull_ready = NULL,
+    .pull_ready = bsp_pull_ready,
     .tick = bsp_tick,
     .destroy = bsp_destroy,
 };

@@ -129,6 +129,24 @@ typedef struct srv_updater {
 
 struct srv_policy_ops; /* policy.h */
 
+/* ---- the job's plan (plan.c owns it) ------------------------------------ */
+
+/* A BSP job's plan, fixed by the first worker's hello that carries one
+ * (PROTOCOL.md 8, "The plan"): from it and the model version psd derives
+ * which samples each round trains and who trains them, and when the job is
+ * done. Unset (set 0) psd runs BSP as protocol version 1 always did. */
+typedef struct srv_plan {
+    int set;                 /* a hello fixed it */
+    ps_plan p;
+    uint64_t per_epoch;      /* rounds in one epoch: ceil(samples / batch) */
+    uint64_t rounds;         /* rounds in the plan: epochs * per_epoch */
+    uint64_t round;          /* the round `members` belong to; UINT64_MAX: none yet */
+    uint32_t *members;       /* the shards that train that round, ascending */
+    uint32_t nmembers, cap;
+    uint32_t last_nmembers;  /* the round before's, for the log */
+    int said_done;           /* the end of the plan was logged */
+} srv_plan;
+
 /* ---- connections --------------------------------------------------------- */
 
 #define SRV_PARKED_MAX 64 /* pulls one connection may have waiting */
@@ -315,6 +333,7 @@ struct psd {
     uint32_t nshards;        /* m announced by workers (0 until the first) */
     srv_conn *init_owner;    /* the worker asked to send initial values */
     srv_model model;
+    srv_plan plan;           /* the job's plan (BSP; plan.c) */
     const struct srv_policy_ops *policy;
     void *policy_state;      /* the policy's own (policy.c): BSP rounds and
                               * kept gradients, DC-ASGD's base snapshots */
@@ -432,6 +451,38 @@ srv_snap *srv_snap_ref(srv_snap *s);
 void srv_snap_unref(srv_snap *s);
 /* As srv_model_at, for a snapshot. */
 const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *len);
+
+/* ---- the job's plan (plan.c) ---------------------------------------------- */
+
+/* Fixes the plan p (checked by the decoder): rounds per epoch and in all.
+ * The caller makes sure it is not set yet. */
+void srv_plan_fix(srv_plan *pl, const ps_plan *p);
+/* Forgets the plan (the model it was for is released; at exit). */
+void srv_plan_clear(srv_plan *pl);
+/* The plan rules the rounds: one is fixed, psd runs BSP and the model has
+ * its initial values. */
+int srv_plan_active(const psd *s);
+/* Every round of an active plan has closed: the model version is at or
+ * past the plan's last round. */
+int srv_plan_done(const psd *s);
+/* Fixes the current round's members (below) now if they are not: the BSP
+ * policy calls it as a round closes. 0, or -1 when out of memory. */
+int srv_plan_open(psd *s);
+/* The shards that train the current round (version v): fixed the first
+ * time the round is asked about (psd's policy asks as the round before
+ * closes) as shards 0..M-1 less those that joined and then left or were
+ * lost. Fixed anew only when none of them is still in the job (all gone
+ * or not joined), so a worker that joins mid-round trains from the next
+ * round on and nobody's share of a round changes after it was handed out.
+ * Returns 1 when shard w is one of them (also when memory ran out: then
+ * nobody is left out), else 0. */
+int srv_plan_member(psd *s, const srv_worker *w);
+/* Pushes that close the current round of an active plan: its members that
+ * are still in the job (connected, or not joined yet). */
+uint32_t srv_plan_needed(psd *s);
+/* Worker w's samples of round ver, the current one, in *out: 1 when it
+ * trains that round (a member, the plan not done), else 0. */
+int srv_plan_slice(psd *s, const srv_worker *w, uint64_t ver, ps_slice *out);
 
 /* ---- shared memory with a local worker (shm.c) --------------------------- */
 

@@ -31,6 +31,15 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     r.mver = ver;
     r.off = off;
     r.ndata = len;
+    if (c->worker && blk == s->model.blk && srv_plan_active(s)) {
+        /* the reply that opens a round tells the worker its part of it */
+        if (srv_plan_done(s)) {
+            r.has |= PS_F_DONE;
+            r.done = 1;
+        } else if (srv_plan_slice(s, c->worker, ver, &r.slice)) {
+            r.has |= PS_F_SLICE;
+        }
+    }
     s->stats.pulls++;
     if (rdt == SRV_RDT_SHM) {
         /* into the worker's segment, after its gradient half; the reply

@@ -50,7 +50,28 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 28);
+    msgpack_pack_map(pk, 29);
+    key(pk, "plan"); /* the job's plan and where it stands (BSP) */
+    if (s->plan.set && s->cfg.mode == PS_MODE_BSP) {
+        const srv_plan *pl = &s->plan;
+        uint64_t r = s->model.version < pl->rounds ? s->model.version : pl->rounds;
+        msgpack_pack_map(pk, 9);
+        ku64(pk, "epochs", pl->p.epochs);
+        ku64(pk, "samples", pl->p.samples);
+        ku64(pk, "batch", pl->p.batch);
+        ku64(pk, "seed", pl->p.seed);
+        ku64(pk, "rounds", pl->rounds);
+        ku64(pk, "rounds_per_epoch", pl->per_epoch);
+        ku64(pk, "epoch", r / pl->per_epoch);
+        ku64(pk, "round_workers", pl->round == s->model.version ? pl->nmembers : 0);
+        key(pk, "done");
+        if (srv_plan_done(s))
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+    } else {
+        msgpack_pack_nil(pk);
+    }
     key(pk, "resumed_from"); /* the checkpoint the model came from at start */
     if (s->resumed_from[0])
         msgpack_pack_str_with_body(pk, s->resumed_from, strlen(s->resumed_from));

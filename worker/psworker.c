@@ -42,6 +42,7 @@ typedef struct wopts {
     int epoch_json;          /* a JSON line per epoch on stdout */
     int no_shuffle;          /* visit samples in order (reproducibility tests) */
     int fixed_shard;         /* --fixed-shard: never take over a dead worker's data */
+    int no_plan;             /* --no-plan: in bsp, count epochs and steps ourselves */
     const char *save_params; /* write the final parameters here (raw float32) */
     const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
@@ -92,6 +93,11 @@ static void usage(FILE *f)
             "      --fixed-shard       keep shard K of M for the whole run; by default, at the start of\n"
             "                          each epoch the workers that psd still counts share the data of\n"
             "                          those it declared lost (died and not back)\n"
+            "      --no-plan           in bsp, count epochs and steps on this worker as psd version 1\n"
+            "                          did; by default the workers propose psd a plan (the epochs,\n"
+            "                          the training set's size, B x M samples a round, the seed) and\n"
+            "                          psd tells each worker which samples to train every round, and\n"
+            "                          when the job is done (see README, \"A job by psd's plan\")\n"
             "      --save-params PATH  write the final parameters to PATH as raw little-endian float32\n"
             "      --pipeline on|off|auto  compute the next gradient while the last one travels\n"
             "                          (one step more staleness; default off); auto: on in asgd\n"
@@ -272,6 +278,176 @@ static int stop_on_signal(psc_client *pc, int shard, int nshards, int epoch, siz
     return 128 + sig;
 }
 
+/* What a planned job's training leaves for the summary. */
+typedef struct plan_result {
+    double train_time, last_loss, test_acc, test_loss;
+    uint64_t samples;
+} plan_result;
+
+/* An epoch of a planned job is over (the next round is another epoch's,
+ * or the job is done): evaluates, prints, reports it to psd. */
+static int plan_epoch_done(const wopts *o, psc_client *pc, ps_model *model, const ps_dataset *test, uint64_t e,
+                           double dt, double loss_sum, size_t done, double comm_s, double job_t0, plan_result *res)
+{
+    res->train_time += dt;
+    res->samples += done;
+    res->last_loss = loss_sum / (double)(done ? done : 1);
+    double rate = (double)done / (dt > 0 ? dt : 1e-9);
+    int epoch = (int)e + 1;
+    if (o->eval)
+        ps_model_evaluate(model, test->x, test->y, test->n, &res->test_loss, &res->test_acc);
+    progress_clear(o);
+    if (o->quiet) {
+        /* the final JSON line says it all */
+    } else if (o->eval) {
+        fprintf(stderr,
+                "psworker %d/%d: epoch %d/%d  loss %.4f  test accuracy %.2f%%  %.2f s  %.0f samples/s  version %" PRIu64
+                " (psd's plan)\n",
+                o->shard, o->nshards, epoch, o->epochs, res->last_loss, 100 * res->test_acc, dt, rate,
+                psc_model_version(pc));
+    } else {
+        fprintf(stderr, "psworker %d/%d: epoch %d/%d  loss %.4f  %.2f s  %.0f samples/s  version %" PRIu64
+                        " (psd's plan)\n",
+                o->shard, o->nshards, epoch, o->epochs, res->last_loss, dt, rate, psc_model_version(pc));
+    }
+    if (o->epoch_json) {
+        printf("{\"epoch\": %d, \"train_seconds\": %.4f, \"epoch_seconds\": %.4f, \"wall_seconds\": %.4f, "
+               "\"comm_wait_seconds\": %.4f, \"train_loss\": %.6f, \"samples_per_second\": %.1f, \"version\": %" PRIu64
+               ", \"test_accuracy\": ",
+               epoch, res->train_time, dt, now_s() - job_t0, comm_s, res->last_loss, rate, psc_model_version(pc));
+        if (o->eval)
+            printf("%.6f, \"test_loss\": %.6f}\n", res->test_acc, res->test_loss);
+        else
+            printf("null, \"test_loss\": null}\n");
+        fflush(stdout);
+    }
+    if (psc_report(pc, (uint32_t)epoch, res->last_loss, o->eval ? res->test_acc : -1, res->test_loss, res->samples,
+                   rate) != 0) {
+        fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, psc_errmsg(pc));
+        return -1;
+    }
+    return 0;
+}
+
+/* A BSP job by psd's plan: every pull that opens a round says which
+ * samples of the whole training set (all) this worker trains in it,
+ * positions [lo, hi) of the epoch's order, which every worker draws alike
+ * from the job's seed; a worker that was cut off and comes back learns the
+ * round from its first pull; when psd says done the final model is in psd
+ * and the worker stops. o->epochs becomes the job's. Returns 0, 1 (a
+ * failure, said on stderr) or 128 + a stop signal. */
+static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dataset *all, const ps_dataset *test,
+                         plan_result *res)
+{
+    uint64_t epochs, samples, gbatch, seed;
+    psc_plan(pc, &epochs, &samples, &gbatch, &seed);
+    if (samples != all->n) {
+        fprintf(stderr, "psworker: psd runs a plan over %" PRIu64 " training samples, this worker holds %zu (another "
+                        "--dataset or --limit than the first worker's?)\n",
+                samples, all->n);
+        return 1;
+    }
+    o->epochs = (int)epochs;
+    PS_LOG(PS_LOG_INFO, "shard %d/%d: psd's plan: %" PRIu64 " epochs of %" PRIu64 " samples, %" PRIu64
+                        " a round (seed %" PRIu64 ")",
+           o->shard, o->nshards, epochs, samples, gbatch, seed);
+    size_t np = ps_model_nparams(model);
+    size_t *perm = malloc(all->n * sizeof *perm);
+    float *bx = malloc((size_t)gbatch * (size_t)all->dim * sizeof *bx);
+    uint8_t *by = malloc((size_t)gbatch);
+    float *gacc = malloc(np * sizeof *gacc);
+    int status = 1;
+    if (!perm || !bx || !by || !gacc) {
+        fprintf(stderr, "psworker: out of memory\n");
+        goto out;
+    }
+    double job_t0 = now_s(), t0 = job_t0, loss_sum = 0, comm_s = 0, last_draw = 0;
+    size_t done = 0, steps = 0; /* samples and steps in this epoch */
+    uint64_t per_epoch = (samples + gbatch - 1) / gbatch;
+    uint64_t cur = 0;
+    int in_epoch = 0;
+    for (;;) {
+        if (g_stop_signal) {
+            progress_clear(o);
+            status = stop_on_signal(pc, o->shard, o->nshards, (int)cur + 1, steps);
+            goto out;
+        }
+        uint64_t e = 0, lo = 0, hi = 0;
+        int fin = psc_plan_done(pc);
+        if (!fin && !psc_plan_slice(pc, &e, &lo, &hi, NULL, NULL)) {
+            fprintf(stderr, "psworker: psd runs a plan but gave this worker no part of round %" PRIu64 "\n",
+                    psc_model_version(pc));
+            goto out;
+        }
+        if (in_epoch && (fin || e != cur)) {
+            if (plan_epoch_done(o, pc, model, test, cur, now_s() - t0, loss_sum, done, comm_s, job_t0, res) != 0)
+                goto out;
+            in_epoch = 0;
+        }
+        if (fin)
+            break;
+        if (!in_epoch) {
+            if (o->no_shuffle)
+                for (size_t i = 0; i < all->n; i++)
+                    perm[i] = i;
+            else
+                ps_dataset_epoch_order(perm, all->n, seed, 0, e); /* the same on every worker */
+            cur = e;
+            in_epoch = 1;
+            t0 = now_s();
+            loss_sum = comm_s = 0;
+            done = steps = 0;
+        }
+        size_t cnt = (size_t)(hi - lo);
+        float loss = 0;
+        if (cnt) {
+            ps_dataset_gather(all, perm + lo, cnt, bx, by);
+            loss = ps_model_train_step_pieces(model, bx, by, cnt, gacc);
+        } else {
+            memset(ps_model_grads(model), 0, np * sizeof(float)); /* a round too small to share */
+        }
+        if (!isfinite(loss)) {
+            progress_clear(o);
+            fprintf(stderr, "psworker: loss became %f in round %" PRIu64 "; lower the learning rate\n", (double)loss,
+                    psc_model_version(pc));
+            goto out;
+        }
+        loss_sum += (double)loss * (double)cnt;
+        done += cnt;
+        steps++;
+        double tc = now_s();
+        if (psc_pushpull(pc) != 0) {
+            progress_clear(o);
+            fprintf(stderr, "psworker: round %" PRIu64 ": %s\n", psc_model_version(pc), psc_errmsg(pc));
+            goto out;
+        }
+        double now = now_s();
+        comm_s += now - tc;
+        uint64_t v = psc_model_version(pc); /* rounds of the plan closed */
+        if (o->progress && now - last_draw >= 0.1) {
+            last_draw = now;
+            uint64_t in_epoch_done = v - cur * per_epoch < per_epoch ? v - cur * per_epoch : per_epoch;
+            progress_draw(o, (int)cur + 1, (size_t)in_epoch_done, (size_t)per_epoch,
+                          loss_sum / (double)(done ? done : 1), now - job_t0, res->samples + done, (size_t)v,
+                          (size_t)(per_epoch * epochs));
+        }
+        if (cnt && psc_progress(pc, (uint32_t)cur, (double)loss * (double)cnt, cnt) != 0) {
+            progress_clear(o);
+            fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", (int)cur + 1, psc_errmsg(pc));
+            goto out;
+        }
+    }
+    PS_LOG(PS_LOG_INFO, "shard %d/%d: psd says the plan is done at model version %" PRIu64, o->shard, o->nshards,
+           psc_model_version(pc));
+    status = 0;
+out:
+    free(perm);
+    free(bx);
+    free(by);
+    free(gacc);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
@@ -280,7 +456,7 @@ int main(int argc, char **argv)
                .timeout_ms = 600000, .reconnect_ms = 60000, .connect_ms = 10000, .pipeline = 0, .shm = 1,
                .wire = "f32"};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT };
+           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT, O_NO_PLAN };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -295,6 +471,7 @@ int main(int argc, char **argv)
         {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
         {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
         {"fixed-shard", no_argument, NULL, O_FIXED_SHARD},
+        {"no-plan", no_argument, NULL, O_NO_PLAN},
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {"pipeline", required_argument, NULL, O_PIPELINE},
         {"token-file", required_argument, NULL, O_TOKEN_FILE},
@@ -316,6 +493,7 @@ int main(int argc, char **argv)
         case O_EPOCH_JSON: o.epoch_json = 1; break;
         case O_NO_SHUFFLE: o.no_shuffle = 1; break;
         case O_FIXED_SHARD: o.fixed_shard = 1; break;
+        case O_NO_PLAN: o.no_plan = 1; break;
         case O_SAVE_PARAMS: o.save_params = optarg; break;
         case O_TOKEN_FILE: o.token_file = optarg; break;
         case O_PIPELINE:
@@ -460,7 +638,15 @@ int main(int argc, char **argv)
     /* every worker draws its own dropout masks */
     ps_model_reseed(model, o.seed * 0x9e3779b97f4a7c15ULL + (uint64_t)o.shard + 1);
     size_t total_n = train_all.n;
-    ps_dataset_free(&train_all);
+    /* the whole training set stays until psd has said whether it runs the
+     * job by a plan (which hands out samples from all of it) */
+    if (!o.no_plan) {
+        uint64_t gb = (uint64_t)o.batch * (uint64_t)o.nshards;
+        if (psc_plan_set(pc, (uint64_t)o.epochs, total_n, gb < total_n ? gb : total_n, o.seed) != 0) {
+            fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
+            goto out;
+        }
+    }
 
     char desc[256];
     ps_model_describe(model, desc, sizeof desc);
@@ -503,6 +689,9 @@ int main(int argc, char **argv)
         goto out;
     }
     int bsp = strcmp(psc_mode(pc), "bsp") == 0;
+    int planned = bsp && psc_plan(pc, NULL, NULL, NULL, NULL);
+    if (!planned)
+        ps_dataset_free(&train_all);
     if (o.pipeline == 1 || (o.pipeline == -1 && !bsp && np <= (1u << 20) && psc_servers(pc) == 1)) {
         if (bsp || np > (1u << 20) || psc_servers(pc) != 1) {
             fprintf(stderr, "psworker: --pipeline on needs asgd or ssp, a model of at most 2^20 parameters and one "
@@ -549,6 +738,16 @@ int main(int argc, char **argv)
     double train_time = 0, last_loss = 0, test_acc = -1, test_loss = 0;
     uint64_t samples = 0;
     double job_t0 = now_s(), last_draw = 0;
+    if (planned) {
+        plan_result res = {.test_acc = -1};
+        status = train_planned(&o, pc, model, &train_all, &test, &res);
+        if (status != 0)
+            goto out;
+        status = 1;
+        train_time = res.train_time, last_loss = res.last_loss, test_acc = res.test_acc, test_loss = res.test_loss;
+        samples = res.samples;
+        goto trained;
+    }
     for (int epoch = 1; epoch <= o.epochs; epoch++) {
         if (epoch > 1 && !o.fixed_shard && o.nshards > 1) {
             int was = parts;
@@ -702,6 +901,7 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+trained:
     psc_close(pc);
     if (o.save_params) {
         FILE *f = fopen(o.save_params, "wb");

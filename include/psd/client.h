@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 1
+#define PSC_VERSION_MINOR 2
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -255,6 +255,37 @@ PSC_API int psc_progress(psc_client *c, uint32_t epoch, double loss_sum, uint64_
 /* The job's live shards from psd: shards 0..M-1 less those psd declared
  * lost. *rank is this worker's index among them, *count how many. */
 PSC_API int psc_live_shards(psc_client *c, uint32_t *rank, uint32_t *count);
+
+/* ---- a BSP job's plan (docs/client.md, "A job by psd's plan") ------------- */
+
+/* Declares the job's plan before psc_connect: `epochs` passes over a
+ * training set of `samples` samples, `batch` of them (the global batch,
+ * all workers together) in each BSP round, in an order every worker
+ * derives from `seed` and the epoch. psd takes the first worker's plan
+ * and from then on tells each worker, with every pull that opens a round,
+ * which samples it trains (psc_plan_slice) and when the job is done
+ * (psc_plan_done). 1 <= epochs <= 2^20, 1 <= samples <= 2^40,
+ * 1 <= batch <= samples. Returns 0, PSC_EINVAL or PSC_ESTATE (connected). */
+PSC_API int psc_plan_set(psc_client *c, uint64_t epochs, uint64_t samples, uint64_t batch, uint64_t seed);
+
+/* 1 when the job runs by a plan (the first psd's WELCOME told it: BSP,
+ * and some worker declared one), with it in the arguments that are not
+ * NULL; 0 otherwise (count your own epochs and steps then). The job's plan
+ * may differ from the one this worker declared: the first worker's wins. */
+PSC_API int psc_plan(const psc_client *c, uint64_t *epochs, uint64_t *samples, uint64_t *batch, uint64_t *seed);
+
+/* This worker's part of the round the last pull (psc_connect, psc_pull,
+ * psc_pushpull) opened: positions [*lo, *hi) of epoch *epoch's order of
+ * the training set (epochs from 0), as part *rank of *count. Returns 1
+ * with them filled (NULL arguments skipped; hi may equal lo: nothing to
+ * train, push a zero gradient), or 0 when psd said no part (no plan, or
+ * the plan is done). */
+PSC_API int psc_plan_slice(const psc_client *c, uint64_t *epoch, uint64_t *lo, uint64_t *hi, uint32_t *rank,
+                           uint32_t *count);
+
+/* 1 once psd said the plan's last round has closed: stop training (the
+ * final model is in psd); 0 otherwise. */
+PSC_API int psc_plan_done(const psc_client *c);
 
 /* Reconnects now (as a failed call would with "reconnect" on). */
 PSC_API int psc_reconnect(psc_client *c);

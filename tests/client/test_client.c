@@ -297,6 +297,57 @@ static void test_bsp_async(void **state)
     psd_kill(&p);
 }
 
+/* A BSP job by its plan: the first worker's plan is the job's and the
+ * second learns it; each pull that opens a round tells each its part of the
+ * round's global batch; after the last round both hear done and a further
+ * step changes nothing. */
+static void test_plan(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "bsp", 2, 0, NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_plan_set(a, 0, 10, 4, 1), PSC_EINVAL);
+    assert_int_equal(psc_plan_set(a, 1, 10, 11, 1), PSC_EINVAL);
+    assert_int_equal(psc_plan_set(a, 2, 10, 4, 7), 0); /* rounds of 4, 4, 2 samples: 6 */
+    assert_int_equal(psc_plan_set(b, 9, 99, 9, 9), 0); /* not the job's: a's came first */
+    assert_int_equal(psc_plan(a, NULL, NULL, NULL, NULL), 0); /* not connected */
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), 0);
+    assert_int_equal(psc_plan_set(a, 2, 10, 4, 7), PSC_ESTATE);
+    uint64_t e, n, bt, seed;
+    assert_int_equal(psc_plan(b, &e, &n, &bt, &seed), 1);
+    assert_true(e == 2 && n == 10 && bt == 4 && seed == 7);
+    uint64_t ep, lo, hi;
+    uint32_t rank, count;
+    assert_int_equal(psc_plan_slice(a, &ep, &lo, &hi, &rank, &count), 1);
+    assert_true(ep == 0 && lo == 0 && hi == 2 && rank == 0 && count == 2);
+    assert_int_equal(psc_plan_slice(b, &ep, &lo, &hi, &rank, &count), 1);
+    assert_true(ep == 0 && lo == 2 && hi == 4 && rank == 1 && count == 2);
+    static const uint64_t want_lo[] = {4, 8, 0, 4, 8};
+    for (int r = 0; r < 6; r++) {
+        assert_false(psc_plan_done(a));
+        assert_int_equal(psc_pushpull_start(a), 0);
+        assert_int_equal(psc_pushpull(b), 0);
+        assert_int_equal(psc_wait(a), 0);
+        assert_int_equal(psc_model_version(a), r + 1);
+        if (r < 5) {
+            uint64_t len = want_lo[r] == 8 ? 2 : 4;
+            assert_int_equal(psc_plan_slice(b, &ep, &lo, &hi, &rank, &count), 1);
+            assert_true(ep == (uint64_t)(r + 1) / 3 && lo == want_lo[r] + len / 2 && hi == want_lo[r] + len);
+        }
+    }
+    assert_true(psc_plan_done(a) && psc_plan_done(b));
+    assert_int_equal(psc_plan_slice(a, NULL, NULL, NULL, NULL, NULL), 0);
+    /* a step past the plan: dropped, answered at once, the model stays */
+    assert_int_equal(psc_pushpull(a), 0);
+    assert_int_equal(psc_model_version(a), 6);
+    assert_int_equal(psc_dropped(a), 1);
+    assert_true(psc_plan_done(a));
+    psc_free(a);
+    psc_free(b);
+    psd_kill(&p);
+}
+
 /* A model split over two psd: the parts go to their psd, and a worker
  * joining later pulls both. */
 static void test_split(void **state)
@@ -498,7 +549,7 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.1.0");
+    assert_string_equal(psc_version_string(), "1.2.0");
     psd_kill(&p);
 }
 
@@ -520,7 +571,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_init_and_pushpull), cmocka_unit_test(test_ranges_bind_wire),
         cmocka_unit_test(test_bsp_async),         cmocka_unit_test(test_split),
         cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
-        cmocka_unit_test(test_mistakes),
+        cmocka_unit_test(test_mistakes),          cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

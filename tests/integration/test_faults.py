@@ -6,7 +6,8 @@ its own crash, and never loses the model.
 
 - A worker killed with kill -9 in mid-round: the BSP rounds go on with the
   others, psd records the death (with shard and address) well within
-  heartbeat_timeout, and the others finish.
+  heartbeat_timeout, and the others finish, sharing its data: by psd's
+  plan from the next round, or (psworker --no-plan) from the next epoch.
 - A SIGSTOPped straggler: with a backup worker, BSP rounds keep closing
   without it; under SSP the others run at most staleness+1 clocks ahead of
   it and then wait; a straggler silent past heartbeat_timeout is declared
@@ -62,9 +63,16 @@ class FaultTest(unittest.TestCase):
         return results
 
     def test_worker_killed_in_bsp(self):
+        self.worker_killed_in_bsp(plan=True)
+
+    def test_worker_killed_in_bsp_without_plan(self):
+        self.worker_killed_in_bsp(plan=False)
+
+    def worker_killed_in_bsp(self, plan):
         with harness.Cluster("psd-kill-worker") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=["--set", "heartbeat_timeout=3s"])
-            ws = [cl.worker(psd, k, 3, epochs=4, limit=LIMIT, model=MODEL) for k in range(3)]
+            ws = [cl.worker(psd, k, 3, epochs=4, limit=LIMIT, model=MODEL, args=[] if plan else ["--no-plan"])
+                  for k in range(3)]
             harness.wait_until(lambda: version(psd.addr) >= 30, 60, "30 BSP rounds")
             victim = ws[2]
             os.kill(victim.pid, signal.SIGKILL)
@@ -83,11 +91,17 @@ class FaultTest(unittest.TestCase):
             results = self.finish(ws[:2])
             for r in results:
                 self.assertGreater(r["test_accuracy"], MIN_ACCURACY)
-            # from the next epoch on, the two survivors share the dead
-            # worker's data: halves of the set instead of thirds
-            for k, w in enumerate(ws[:2]):
-                self.assertRegex(w.stderr(), r"shard %d/3: 2 of 3 shards are live: training on part %d of 2" % (k, k))
             log = psd.stderr()
+            if plan:
+                # from the next round on, psd's plan gives the two survivors
+                # halves of each round's global batch instead of thirds
+                self.assertRegex(log, r"plan: round \d+ \(epoch \d+\) is trained by 2 of 3 workers, 96 samples each")
+            else:
+                # from the next epoch on, the two survivors share the dead
+                # worker's data: halves of the set instead of thirds
+                for k, w in enumerate(ws[:2]):
+                    self.assertRegex(w.stderr(),
+                                     r"shard %d/3: 2 of 3 shards are live: training on part %d of 2" % (k, k))
             self.assertRegex(log, r"worker shard 2/3 \(127\.0\.0\.1:\d+\) lost")
             samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
             self.assertGreaterEqual(harness.metric(samples, "psd_worker_deaths_total"), 1)

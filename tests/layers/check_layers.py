@@ -20,7 +20,7 @@ import sys
 
 # bottom to top; a file may use its own layer and those below it
 LAYERS = [
-    ("store", ["stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c"]),
+    ("store", ["stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c", "plan.c"]),
     ("update", ["update.c"]),
     ("policy", ["policy.c"]),
     ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "http.c"]),

@@ -748,6 +748,12 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_int_equal(a->rdt, b->rdt);
     if (h & PS_F_WIRE)
         assert_int_equal(a->wire, b->wire);
+    if (h & PS_F_PLAN)
+        assert_memory_equal(&a->plan, &b->plan, sizeof a->plan);
+    if (h & PS_F_SLICE)
+        assert_memory_equal(&a->slice, &b->slice, sizeof a->slice);
+    if (h & PS_F_DONE)
+        assert_int_equal(a->done, b->done);
     if (h & PS_F_DATA) {
         assert_int_equal(a->ndata, b->ndata);
         /* through the pointer of the element type only */
@@ -1047,7 +1053,10 @@ static void test_round_trip_all_fields(void **state)
             PS_F_PARAMS | PS_F_INIT | PS_F_OFF | PS_F_LEN | PS_F_DATA | PS_F_FIN | PS_F_MIN | PS_F_BASE |
             PS_F_POFF | PS_F_PLEN | PS_F_CODE | PS_F_TEXT | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES |
             PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB | PS_F_CMD | PS_F_ARGS | PS_F_NONCE | PS_F_CNONCE |
-            PS_F_PROOF | PS_F_SPROOF | PS_F_DT | PS_F_RDT | PS_F_WIRE;
+            PS_F_PROOF | PS_F_SPROOF | PS_F_DT | PS_F_RDT | PS_F_WIRE | PS_F_PLAN | PS_F_SLICE | PS_F_DONE;
+    m.plan = (ps_plan){.epochs = PS_PLAN_EPOCHS_MAX, .samples = PS_PLAN_SAMPLES_MAX, .batch = 192, .seed = UINT64_MAX};
+    m.slice = (ps_slice){.epoch = UINT64_MAX, .lo = 5, .hi = PS_PLAN_SAMPLES_MAX, .rank = 65535, .count = 65536};
+    m.done = 1;
     m.id = 0x123456789aULL, m.proto = 0xffffffffu, m.role = PS_ROLE_WORKER, m.shard = 65535, m.nshards = 65536;
     m.layout = &l, m.fp = ps_layout_fingerprint(&l);
     snprintf(m.mode, sizeof m.mode, "asgd");
@@ -1254,6 +1263,19 @@ static void mp_field(mpw *w, uint64_t bit)
         mp_str(w, "shm"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 5);
         return;
     }
+    if (bit == PS_F_PLAN) {
+        mp_str(w, "plan"), mp_array(w, 4), mp_uint(w, 2), mp_uint(w, 600), mp_uint(w, 192), mp_uint(w, 7);
+        return;
+    }
+    if (bit == PS_F_SLICE) {
+        mp_str(w, "slice"), mp_array(w, 5), mp_uint(w, 1), mp_uint(w, 192), mp_uint(w, 256), mp_uint(w, 1),
+            mp_uint(w, 3);
+        return;
+    }
+    if (bit == PS_F_DONE) {
+        mp_str(w, "done"), mp_bool(w, 1);
+        return;
+    }
     if (bit == PS_F_INSHM) {
         /* false: true would stand in for "data" (see below) */
         mp_str(w, "inshm"), mp_bool(w, 0);
@@ -1298,14 +1320,14 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 40
+#define NFIELDS 43
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
                                              "min", "base",  "poff",  "plen",  "code",   "text",    "body",
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
-                                             "dt", "rdt", "wire", "shm", "inshm"};
+                                             "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
@@ -1455,6 +1477,33 @@ static void test_decode_inshm(void **state)
     mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "shm"), mp_array(w, 4), mp_uint(w, 77),
         mp_uint(w, 3), mp_int(w, -1), mp_uint(w, 5);
     expect(w, &(badcase){"shm offset negative", PS_EBAD_FIELD, "[pid, fd, goff, poff]"});
+    /* the plan: [epochs, samples, batch, seed], each in its bounds */
+    static const uint64_t bad_plans[][4] = {
+        {0, 600, 64, 1}, {(1ull << 20) + 1, 600, 64, 1}, {1, 0, 1, 1}, {1, (1ull << 40) + 1, 1, 1},
+        {1, 600, 0, 1}, {1, 600, 601, 1},
+    };
+    for (size_t i = 0; i < sizeof bad_plans / sizeof bad_plans[0]; i++) {
+        mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "plan"), mp_array(w, 4);
+        for (int j = 0; j < 4; j++)
+            mp_uint(w, bad_plans[i][j]);
+        expect(w, &(badcase){"plan out of bounds", PS_EBAD_FIELD, "plan must be [epochs, samples, batch, seed]"});
+    }
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "plan"), mp_array(w, 3), mp_uint(w, 1),
+        mp_uint(w, 2), mp_uint(w, 1);
+    expect(w, &(badcase){"plan of 3", PS_EBAD_FIELD, "plan must be [epochs, samples, batch, seed]"});
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "plan"), mp_array(w, 4), mp_uint(w, 1),
+        mp_uint(w, 2), mp_uint(w, 1), mp_int(w, -1);
+    expect(w, &(badcase){"plan seed negative", PS_EBAD_FIELD, "plan must be [epochs, samples, batch, seed]"});
+    /* the slice: [epoch, lo, hi, rank, count], lo <= hi, rank < count */
+    static const uint64_t bad_slices[][5] = {
+        {0, 5, 4, 0, 1}, {0, 0, (1ull << 40) + 1, 0, 1}, {0, 0, 1, 1, 1}, {0, 0, 1, 0, 0}, {0, 0, 1, 0, 65537},
+    };
+    for (size_t i = 0; i < sizeof bad_slices / sizeof bad_slices[0]; i++) {
+        mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "slice"), mp_array(w, 5);
+        for (int j = 0; j < 5; j++)
+            mp_uint(w, bad_slices[i][j]);
+        expect(w, &(badcase){"slice out of bounds", PS_EBAD_FIELD, "slice must be [epoch, lo, hi, rank, count]"});
+    }
     free(w);
 }
 
