@@ -196,6 +196,7 @@ static void on_tick(uv_timer_t *t)
     srv_notify_tick(s, now);
     if (s->policy->tick && s->policy->tick(s) == SRV_WAKE)
         srv_answer_parked(s);
+    srv_join_tick(s, now);
     srv_checkpoint_rest_tick(s);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;

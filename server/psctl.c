@@ -285,6 +285,19 @@ static void print_status(const msgpack_object *b)
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));
+    const msgpack_object *wf = ps_map_get(b, "waiting_for");
+    if (wf && wf->type == MSGPACK_OBJECT_ARRAY && wf->via.array.size) {
+        printf("waiting for shard%s", wf->via.array.size == 1 ? "" : "s");
+        for (uint32_t i = 0; i < wf->via.array.size; i++)
+            if (wf->via.array.ptr[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+                printf("%s %llu/%.0f", i ? "," : "", (unsigned long long)wf->via.array.ptr[i].via.u64,
+                       num(b, "workers_expected"));
+        double limit = num(b, "join_timeout");
+        if (limit > 0)
+            printf(" (never joined) for %.0f s; join_timeout %.0f s\n", num(b, "join_wait"), limit);
+        else
+            printf(" (never joined) for %.0f s; join_timeout 0: waiting for ever\n", num(b, "join_wait"));
+    }
     print_worker_rows(ws, 0);
 }
 

@@ -304,6 +304,9 @@ struct psd {
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;
     int stopping;
+    uint64_t join_since_ms;  /* since when psd waits for shards that never
+                              * joined (srv_join_tick, hello.c); 0: none */
+    uint64_t join_warned_ms; /* its last "waits for" log line (hello.c) */
     uint64_t start_ms;
     srv_conn *conns;
     uint32_t nconns;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "http.h"
+#include "join.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -50,7 +51,16 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 28);
+    msgpack_pack_map(pk, 31);
+    /* the shards psd waits for (bsp, ssp: never joined), and how long */
+    uint32_t miss[64];
+    uint32_t nmiss = srv_join_missing(s, miss, 64);
+    key(pk, "waiting_for");
+    msgpack_pack_array(pk, nmiss < 64 ? nmiss : 64);
+    for (uint32_t i = 0; i < nmiss && i < 64; i++)
+        msgpack_pack_uint32(pk, miss[i]);
+    kf64(pk, "join_wait", (double)srv_join_waited(s, now) / 1000.0);
+    kf64(pk, "join_timeout", (double)s->cfg.join_timeout / 1000.0);
     key(pk, "resumed_from"); /* the checkpoint the model came from at start */
     if (s->resumed_from[0])
         msgpack_pack_str_with_body(pk, s->resumed_from, strlen(s->resumed_from));

@@ -22,7 +22,7 @@ import sys
 LAYERS = [
     ("store", ["stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c"]),
     ("update", ["update.c"]),
-    ("policy", ["policy.c"]),
+    ("policy", ["policy.c", "join.c"]),
     ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "http.c"]),
     ("answer", ["reply.c", "pull.c"]),
     ("session", ["hello.c", "auth.c"]),
@@ -38,6 +38,7 @@ HEADERS = {
     "history.h": "store",
     "update.h": "update",
     "policy.h": "policy",
+    "join.h": "policy",
     "status.h": "report",
     "checkpoint.h": "report",
     "notify.h": "report",
