@@ -548,6 +548,7 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
         srv_blk *b = s->model.blk[i];
         memcpy(b->w, p, b->cap * sizeof(float));
         s->model.stamp++;
+        s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
         p += b->cap * sizeof(float);
     }
     float *bufs[CKPT_MAX_STATE];

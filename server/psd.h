@@ -62,6 +62,15 @@ typedef struct srv_model {
                           * chunk without fin (no new version) too: what a
                           * cache of their values is keyed on */
     srv_optim opt;
+    /* Upper bounds of |value| over the parameters (bound_w) and the
+     * optimizer's state buffers 1 and 2 (srv_optim_state_buffers' order),
+     * kept by the update engine from what its updates write (update.c).
+     * bound_ok: 1 they hold; 0 not measured since values came from
+     * elsewhere (set_layout, srv_model_write_end, a checkpoint: whoever
+     * writes blocks or state outside the engine clears it); -1 measured and
+     * of no use (a negative sum of squares). */
+    int bound_ok;
+    float bound_w, bound_s1, bound_s2;
 } srv_model;
 
 /* A piece of an update that lies in one block: srv_model_write_begin()
