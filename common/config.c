@@ -52,6 +52,12 @@ static const ps_config_option options[] = {
     {.name = "state_dir", .type = PS_CT_STRING, .def = "", AT(state_dir),
      .help = "Directory for checkpoints and other state psd keeps across restarts. Empty "
              "means none: the model lives in memory only."},
+    {.name = "init_from", .type = PS_CT_STRING, .def = "", AT(init_from),
+     .help = "A safetensors file (as `psctl save` writes it: float32 tensors) psd takes its "
+             "model from at start: the layout the workers' hellos must match and the values "
+             "they pull instead of initialising (the optimizer's state starts fresh, the "
+             "version at 0). A state_dir holding a checkpoint conflicts with it: psd refuses "
+             "to start unless --fresh sets the checkpoints aside. Empty: none."},
     {.name = "port_file", .type = PS_CT_STRING, .def = "", AT(port_file),
      .help = "If set, psd writes the port it is bound to (a decimal number and a newline) "
              "to this file once it is listening. Scripts and tests use it with listen "

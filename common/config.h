@@ -59,6 +59,7 @@ typedef struct ps_config {
     int mode;                          /* enum ps_mode */
     int workers;                       /* M: pushes that close a BSP round */
     char state_dir[PS_CONFIG_PATH_MAX];/* checkpoints and state; "" = none */
+    char init_from[PS_CONFIG_PATH_MAX];/* start from this safetensors file; "" = none */
     char port_file[PS_CONFIG_PATH_MAX];/* write the bound port here; "" = don't */
     char metrics_listen[PS_CONFIG_HOST_MAX + 8]; /* HTTP /metrics address; "" = off */
     char token_file[PS_CONFIG_PATH_MAX];       /* the workers' secret; "" = no authentication */

@@ -266,8 +266,18 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
         char mine[512], theirs[512];
         ps_layout_describe(&s->model.layout, mine, sizeof mine);
         ps_layout_describe(m->layout, theirs, sizeof theirs);
-        snprintf(err, errlen, "model layout mismatch: psd holds %llu parameters (%s), this worker has %llu (%s)",
-                 (unsigned long long)s->model.layout.total, mine, (unsigned long long)m->layout->total, theirs);
+        /* where psd's layout comes from says what to change */
+        char from[PS_CONFIG_PATH_MAX + 160];
+        if (s->model_file[0])
+            snprintf(from, sizeof from, "from %s (init_from; start psd without it, or the workers with that model)",
+                     s->model_file);
+        else if (s->resumed_from[0])
+            snprintf(from, sizeof from, "from the checkpoint %s (start psd with --fresh to begin anew)",
+                     s->resumed_from);
+        else
+            snprintf(from, sizeof from, "from the first worker's hello");
+        snprintf(err, errlen, "model layout mismatch: psd holds %llu parameters (%s) %s; this worker has %llu (%s)",
+                 (unsigned long long)s->model.layout.total, mine, from, (unsigned long long)m->layout->total, theirs);
         return PS_ELAYOUT;
     }
     return 0;

@@ -279,6 +279,9 @@ static void print_status(const msgpack_object *b)
     if (rf && rf->type == MSGPACK_OBJECT_STR && str(b, "resumed_from", resumed, sizeof resumed)[0])
         printf("model resumed at start from version %.0f in %s (psd --fresh begins anew)\n",
                num(b, "resumed_version"), resumed);
+    const msgpack_object *inf = ps_map_get(b, "init_from");
+    if (inf && inf->type == MSGPACK_OBJECT_STR && str(b, "init_from", resumed, sizeof resumed)[0])
+        printf("model from %s at start (init_from)\n", resumed);
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);

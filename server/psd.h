@@ -338,6 +338,8 @@ struct psd {
     uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
     char resumed_from[PS_CONFIG_PATH_MAX + 64]; /* the checkpoint the model came from at start; "" = none */
     uint64_t resumed_version; /* its model version */
+    char model_file[PS_CONFIG_PATH_MAX]; /* the safetensors file the model came
+                              * from at start (init_from); "" = none */
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
     srv_updater upd;         /* the update engine (update.c) */

@@ -51,7 +51,12 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 31);
+    msgpack_pack_map(pk, 32);
+    key(pk, "init_from"); /* the safetensors file the model came from at start */
+    if (s->model_file[0])
+        msgpack_pack_str_with_body(pk, s->model_file, strlen(s->model_file));
+    else
+        msgpack_pack_nil(pk);
     /* the shards psd waits for (bsp, ssp: never joined), and how long */
     uint32_t miss[64];
     uint32_t nmiss = srv_join_missing(s, miss, 64);
