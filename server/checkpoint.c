@@ -652,7 +652,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
     if (!d) {
         if (errno == ENOENT)
             return 0;
-        snprintf(err, errlen, "--fresh: cannot read state_dir %s: %s", dir, strerror(errno));
+        snprintf(err, errlen, "cannot read state_dir %s: %s", dir, strerror(errno));
         return -1;
     }
     int moved = 0;
@@ -677,7 +677,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
             }
             struct stat st;
             if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) {
-                snprintf(err, errlen, "--fresh: cannot create %s: %s", sub, strerror(errno));
+                snprintf(err, errlen, "cannot create %s: %s", sub, strerror(errno));
                 closedir(d);
                 return -1;
             }
@@ -686,7 +686,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
         snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
         snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
         if (rename(from, to) != 0) {
-            snprintf(err, errlen, "--fresh: cannot move %s to %s: %s", from, sub, strerror(errno));
+            snprintf(err, errlen, "cannot move %s to %s: %s", from, sub, strerror(errno));
             closedir(d);
             return -1;
         }

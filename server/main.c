@@ -386,7 +386,7 @@ int main(int argc, char **argv)
         char aside[PS_CONFIG_PATH_MAX + 64];
         int n = srv_checkpoint_set_aside(s->cfg.state_dir, aside, sizeof aside, err, sizeof err);
         if (n < 0) {
-            PS_LOG(PS_LOG_ERROR, "%s", err);
+            PS_LOG(PS_LOG_ERROR, "--fresh: %s", err);
             return 1;
         }
         if (n > 0)
