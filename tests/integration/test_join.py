@@ -10,10 +10,16 @@ psd runs bsp rounds of 3 workers and only shards 0 and 1 start:
   second epoch, and both finish;
 - join_timeout_action = stop: both workers get an ERROR naming shard 2/3
   and exit non-zero with it; psd logs it, stays up and keeps the model.
+- psworker on a terminal (a pty here) shows on its progress line that its
+  step waits for psd, and for how long.
 """
 
 import os
+import pty
+import select
+import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +92,35 @@ class JoinTimeoutTest(unittest.TestCase):
             self.assertTrue(harness.read_safetensors(saved))
             psd.stop()
             self.assertIn("join_timeout (4 s): shard 2/3 never joined; stopping the job", psd.stderr())
+
+    def test_progress_line_shows_the_wait(self):
+        with harness.Cluster("psd-join-tty") as cl:
+            psd = cl.psd(mode="bsp", workers=2, args=("--set", "join_timeout=60s"))
+            master, slave = pty.openpty()
+            argv = [harness.Paths.psworker, "--server", psd.addr, "--shard", "0/2", "--epochs", "1", "--limit",
+                    "1000", "--data", harness.Paths.data, "--model", "mlp:32"]
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+            os.close(slave)
+            seen = b""
+            try:
+                deadline = time.monotonic() + 30
+                while b"for psd (psctl status says for whom)" not in seen and time.monotonic() < deadline:
+                    ready, _, _ = select.select([master], [], [], 1.0)
+                    if ready:
+                        try:
+                            seen += os.read(master, 4096)
+                        except OSError:
+                            break
+                # psd names the shard the worker's round waits for
+                self.assertEqual(harness.status(psd.addr)["waiting_for"], [1])
+            finally:
+                p.kill()
+                p.wait(10)
+                os.close(master)
+            text = seen.decode(errors="replace")
+            self.assertIn("0/2 epoch 1/1 [", text)
+            self.assertRegex(text, r"waiting [0-9]+ s for psd \(psctl status says for whom\)")
+            psd.stop()
 
 
 if __name__ == "__main__":
