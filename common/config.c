@@ -28,6 +28,7 @@ static const char *const schedule_words[] = {"constant", "step", "cosine", NULL}
 static const char *const sum_order_words[] = {"shard", "arrival", NULL};
 static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
 static const char *const nonfinite_words[] = {"reject", "clip", NULL};
+static const char *const join_action_words[] = {"continue", "stop", NULL};
 
 _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
                "log_level_words must follow enum ps_log_level");
@@ -51,6 +52,12 @@ static const ps_config_option options[] = {
     {.name = "state_dir", .type = PS_CT_STRING, .def = "", AT(state_dir),
      .help = "Directory for checkpoints and other state psd keeps across restarts. Empty "
              "means none: the model lives in memory only."},
+    {.name = "init_from", .type = PS_CT_STRING, .def = "", AT(init_from),
+     .help = "A safetensors file (as `psctl save` writes it: float32 tensors) psd takes its "
+             "model from at start: the layout the workers' hellos must match and the values "
+             "they pull instead of initialising (the optimizer's state starts fresh, the "
+             "version at 0). A state_dir holding a checkpoint conflicts with it: psd refuses "
+             "to start unless --fresh sets the checkpoints aside. Empty: none."},
     {.name = "port_file", .type = PS_CT_STRING, .def = "", AT(port_file),
      .help = "If set, psd writes the port it is bound to (a decimal number and a newline) "
              "to this file once it is listening. Scripts and tests use it with listen "
@@ -174,6 +181,20 @@ static const ps_config_option options[] = {
      .lo = 100, .hi = INT64_C(86400000),
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "
              "logged, its connection closed, and bsp rounds go on without it."},
+    {.name = "join_timeout", .type = PS_CT_DURATION, .def = "2m", AT(join_timeout), .lo = 0,
+     .hi = INT64_C(604800000), .flags = PS_CONF_RELOAD,
+     .help = "bsp and ssp: how long psd waits, from the first worker's join, for shards "
+             "0..workers-1 that have not joined yet (their rounds and clocks wait for "
+             "them). While it waits psd logs every 30 s which shards it waits for, and "
+             "psctl status shows them; once this passes, join_timeout_action says what "
+             "happens. 0: wait for ever (the log lines still repeat)."},
+    {.name = "join_timeout_action", .type = PS_CT_ENUM, .def = "continue", AT(join_timeout_action),
+     .words = join_action_words, .flags = PS_CONF_RELOAD,
+     .help = "What psd does when join_timeout passes with shards missing. continue goes on "
+             "with the workers present: each missing shard is declared lost, as a worker "
+             "that died, so rounds close without it and the workers share its data from "
+             "their next epoch. stop ends the job: each connected worker gets an error "
+             "(TIMEOUT) naming the missing shards and exits; psd stays up with the model."},
     {.name = "checkpoint_interval", .type = PS_CT_DURATION, .def = "30s", AT(checkpoint_interval),
      .lo = 0, .hi = INT64_C(604800000),
      .help = "Time between checkpoints written to state_dir (parameters, optimizer state, "

@@ -44,6 +44,9 @@ enum ps_nonfinite { PS_NONFINITE_REJECT = 0, PS_NONFINITE_CLIP = 1 };
 /* Values of ps_config.bsp_sum_order. */
 enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
 
+/* Values of ps_config.join_timeout_action. */
+enum ps_join_action { PS_JOIN_CONTINUE = 0, PS_JOIN_STOP = 1 };
+
 /* A parsed "host:port". host is an IPv4 or IPv6 literal (without brackets)
  * or a host name; port 0 asks the kernel for a free port. */
 typedef struct ps_hostport {
@@ -56,6 +59,7 @@ typedef struct ps_config {
     int mode;                          /* enum ps_mode */
     int workers;                       /* M: pushes that close a BSP round */
     char state_dir[PS_CONFIG_PATH_MAX];/* checkpoints and state; "" = none */
+    char init_from[PS_CONFIG_PATH_MAX];/* start from this safetensors file; "" = none */
     char port_file[PS_CONFIG_PATH_MAX];/* write the bound port here; "" = don't */
     char metrics_listen[PS_CONFIG_HOST_MAX + 8]; /* HTTP /metrics address; "" = off */
     char token_file[PS_CONFIG_PATH_MAX];       /* the workers' secret; "" = no authentication */
@@ -81,6 +85,8 @@ typedef struct ps_config {
     bool staleness_scale;              /* asgd: scale a push's step by 1/(1+staleness) */
     double dc_lambda;                  /* asgd: DC-ASGD delay compensation; 0 = off */
     uint64_t heartbeat_timeout;        /* ms of silence before a worker is dead */
+    uint64_t join_timeout;             /* ms to wait for shards that never joined; 0 = for ever */
+    int join_timeout_action;           /* enum ps_join_action */
     uint64_t checkpoint_interval;      /* ms between checkpoints; 0 = only at shutdown */
     int checkpoint_keep;               /* checkpoints kept in state_dir */
     uint64_t max_frame;                /* largest accepted frame, bytes */

@@ -23,6 +23,27 @@ PS_MULTIVERSION int ps_vec_all_finite(const float *x, size_t n)
     return 1;
 }
 
+/* |x| as the bits of a float: NaN's are above +inf's, which are above
+ * every finite magnitude's, so an unsigned maximum orders them as wanted */
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+PS_MULTIVERSION float ps_vec_maxabs(const float *x, size_t n)
+{
+    uint32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u &= 0x7fffffffu;
+        mx = u > mx ? u : mx;
+    }
+    return from_bits(mx);
+}
+
 void ps_vec_axpy(float *restrict y, float a, const float *restrict x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -52,6 +73,18 @@ PS_MULTIVERSION void ps_bf16_from_f32(uint16_t *restrict dst, const float *restr
         uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
         dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
     }
+}
+
+PS_MULTIVERSION float ps_bf16_to_f32_maxabs(float *restrict dst, const uint16_t *restrict src, size_t n)
+{
+    uint32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        uint32_t a = u & 0x7fffffffu;
+        mx = a > mx ? a : mx;
+        memcpy(&dst[i], &u, 4);
+    }
+    return from_bits(mx);
 }
 
 PS_MULTIVERSION int ps_bf16_to_f32_finite(float *restrict dst, const uint16_t *restrict src, size_t n)

@@ -20,6 +20,11 @@
 /* 1 when every x[i] is finite (no NaN, no infinity), else 0. */
 int ps_vec_all_finite(const float *x, size_t n);
 
+/* The largest |x[i]| (0 for n = 0): +inf when some x[i] is infinite and
+ * NaN when some is NaN, so the result is finite exactly when every x[i]
+ * is. One branch-free pass (the maximum of the magnitudes' bits). */
+float ps_vec_maxabs(const float *x, size_t n);
+
 /* y[i] += a * x[i] */
 void ps_vec_axpy(float *restrict y, float a, const float *restrict x, size_t n);
 
@@ -36,6 +41,10 @@ double ps_vec_sumsq(const float *x, size_t n);
  * ps_bf16_to_f32 is exact. */
 void ps_bf16_from_f32(uint16_t *restrict dst, const float *restrict src, size_t n);
 void ps_bf16_to_f32(float *restrict dst, const uint16_t *restrict src, size_t n);
+/* ps_bf16_to_f32, returning the largest |value| as ps_vec_maxabs does
+ * (finite exactly when every value is), in one pass. */
+float ps_bf16_to_f32_maxabs(float *restrict dst, const uint16_t *restrict src, size_t n);
+
 /* ps_bf16_to_f32, and 1 when every value is finite (else 0), in one pass. */
 int ps_bf16_to_f32_finite(float *restrict dst, const uint16_t *restrict src, size_t n);
 

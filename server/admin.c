@@ -14,6 +14,7 @@
 #include "policy.h"
 #include "proto/errors.h"
 #include "reply.h"
+#include "session.h"
 
 /* A `checkpoint` request waiting for its checkpoint. The connection is named
  * by its number, so a connection that closes meanwhile is simply not found. */
@@ -278,6 +279,105 @@ static void cmd_checkpoint(srv_conn *c, ps_msg *m)
     srv_checkpoint_start(s, 1); /* no-op while one is being written; the tick retries */
 }
 
+/* reset [force]: start fresh. The state dir's checkpoints are set aside (as
+ * psd --fresh does) and the model dropped with everything that belongs to
+ * its job (the policy's state, the workers' records, where the model came
+ * from), so the next worker to connect proposes the layout and
+ * initialises it. Refused while workers are connected (they would go on
+ * training a model psd no longer holds) unless forced: then each is told
+ * with an ERROR (STATE: not one to retry) and disconnected. Refused while
+ * a checkpoint is being written, which would put the old model back. */
+static void cmd_reset(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    int force = m->nargs == 1 && m->args[0].len == 5 && memcmp(m->args[0].p, "force", 5) == 0;
+    if (m->nargs > 1 || (m->nargs == 1 && !force)) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "reset takes no argument, or \"force\"");
+        return;
+    }
+    char names[256] = "";
+    uint32_t connected = 0;
+    size_t used = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        const srv_worker *w = s->workers[i];
+        if (!w || w->state != SRV_W_CONNECTED)
+            continue;
+        if (connected++ < 8 && used < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%u/%u", used ? ", " : "", w->shard,
+                                     w->nshards);
+    }
+    if (connected && !force) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "reset refused: %u worker%s connected (shard%s %s%s), which would go on training a model "
+                       "psd no longer holds; stop %s first, or `psctl reset --force` to disconnect %s",
+                       connected, connected == 1 ? " is" : "s are", connected == 1 ? "" : "s", names,
+                       connected > 8 ? ", ..." : "", connected == 1 ? "it" : "them", connected == 1 ? "it" : "them");
+        return;
+    }
+    if (s->checkpoint_busy) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "reset refused: a checkpoint is being written (it would put the model back in the state "
+                       "dir); try again in a moment");
+        return;
+    }
+    char aside[PS_CONFIG_PATH_MAX + 64] = "", err[PS_CONFIG_PATH_MAX * 2 + 400];
+    int moved = 0;
+    if (s->cfg.state_dir[0] &&
+        (moved = srv_checkpoint_set_aside(s->cfg.state_dir, aside, sizeof aside, err, sizeof err)) < 0) {
+        srv_send_error(c, m->id, PS_EIO, 0, "reset refused, nothing changed: %s", err);
+        return;
+    }
+    uint64_t version = s->model.version;
+    int had = s->model.has_layout;
+    char why[96];
+    snprintf(why, sizeof why, "model reset by admin %.60s", c->addr);
+    /* forced: the workers go, their pulls first, so that nothing answers
+     * them; the model before them, so that the last one's leaving writes
+     * no checkpoint of it */
+    for (srv_conn *o = s->conns; o; o = o->next)
+        if (o->worker && !o->closing)
+            srv_pulls_drop(o);
+    s->policy->destroy(s); /* rounds, kept gradients, DC-ASGD's snapshots: made anew */
+    srv_model_release(&s->model);
+    for (srv_conn *o = s->conns, *next; o; o = next) {
+        next = o->next;
+        if (!o->worker || o->closing)
+            continue;
+        srv_conn_detach(o, SRV_W_LEFT, why);
+        srv_send_error(o, 0, PS_ESTATE, 1, "the model was reset by an admin (psctl reset --force): psd starts "
+                                           "fresh; start the job again");
+    }
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        free(s->workers[i]);
+        s->workers[i] = NULL;
+    }
+    s->nshards = 0;
+    s->init_owner = NULL;
+    free(s->restored_clocks);
+    s->restored_clocks = NULL;
+    s->nrestored = 0;
+    s->resumed_from[0] = '\0';
+    s->resumed_version = 0;
+    s->model_file[0] = '\0';
+    s->said_memory_only = 0;
+    s->stats.init_ms = 0;
+    s->stats.checkpoint_ms = 0; /* the new model's first checkpoint is written */
+    s->stats.checkpoint_version = 0;
+    srv_dash_notice(s);
+    char text[PS_CONFIG_PATH_MAX + 300], was[64] = "no model to drop", ckpts[PS_CONFIG_PATH_MAX + 120] = "",
+                                         gone[64] = "";
+    if (had)
+        snprintf(was, sizeof was, "model version %llu dropped", (unsigned long long)version);
+    if (moved > 0)
+        snprintf(ckpts, sizeof ckpts, "; %d checkpoint file%s set aside in %s", moved, moved == 1 ? "" : "s",
+                 aside);
+    if (connected)
+        snprintf(gone, sizeof gone, "; %u worker%s disconnected", connected, connected == 1 ? "" : "s");
+    snprintf(text, sizeof text, "%s%s%s; the next worker to connect initialises the model", was, ckpts, gone);
+    PS_LOG(PS_LOG_INFO, "reset by admin %s: %s", c->addr, text);
+    reply_ok(c, m->id, text);
+}
+
 static void cmd_shutdown(srv_conn *c, ps_msg *m)
 {
     char why[96];
@@ -306,12 +406,14 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
         cmd_checkpoint(c, m);
     else if (strcmp(cmd, "shutdown") == 0)
         cmd_shutdown(c, m);
+    else if (strcmp(cmd, "reset") == 0)
+        cmd_reset(c, m);
     else if (strcmp(cmd, "history") == 0)
         cmd_history(c, m);
     else
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
                        "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown, "
-                       "history)", cmd);
+                       "history, reset)", cmd);
 }
 
 /* ---- checkpoint requests ------------------------------------------------------- */

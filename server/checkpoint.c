@@ -548,6 +548,7 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
         srv_blk *b = s->model.blk[i];
         memcpy(b->w, p, b->cap * sizeof(float));
         s->model.stamp++;
+        s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
         p += b->cap * sizeof(float);
     }
     float *bufs[CKPT_MAX_STATE];
@@ -651,7 +652,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
     if (!d) {
         if (errno == ENOENT)
             return 0;
-        snprintf(err, errlen, "--fresh: cannot read state_dir %s: %s", dir, strerror(errno));
+        snprintf(err, errlen, "cannot read state_dir %s: %s", dir, strerror(errno));
         return -1;
     }
     int moved = 0;
@@ -676,7 +677,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
             }
             struct stat st;
             if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) {
-                snprintf(err, errlen, "--fresh: cannot create %s: %s", sub, strerror(errno));
+                snprintf(err, errlen, "cannot create %s: %s", sub, strerror(errno));
                 closedir(d);
                 return -1;
             }
@@ -685,7 +686,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
         snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
         snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
         if (rename(from, to) != 0) {
-            snprintf(err, errlen, "--fresh: cannot move %s to %s: %s", from, sub, strerror(errno));
+            snprintf(err, errlen, "cannot move %s to %s: %s", from, sub, strerror(errno));
             closedir(d);
             return -1;
         }

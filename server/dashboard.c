@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "history.h"
+#include "join.h"
 #include "policy.h"
 #include "proto/errors.h"
 
@@ -559,6 +560,13 @@ static int job_json(psd *s, ps_buf *b)
     rc |= kv_num(b, "push_rate", s->stats.push_rate);
     rc |= kv_u64(b, "rounds", s->stats.rounds);
     rc |= kv_u64(b, "checkpoints", s->stats.checkpoints);
+    uint32_t miss[64];
+    uint32_t nmiss = srv_join_missing(s, miss, 64);
+    rc |= srv_json_raw(b, "\"waiting_for\": [");
+    for (uint32_t i = 0; i < nmiss && i < 64; i++)
+        rc |= ps_buf_printf(b, "%s%u", i ? ", " : "", miss[i]);
+    rc |= srv_json_raw(b, "], ");
+    rc |= kv_num(b, "join_wait", (double)srv_join_waited(s, now) / 1e3);
     const srv_hist *st = &s->stats.staleness;
     rc |= srv_json_raw(b, "\"staleness\": {\"bounds\": [");
     for (unsigned i = 0; i < st->n; i++)

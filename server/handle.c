@@ -78,9 +78,9 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
 }
 
 /* bfloat16 data becomes float32 in the connection's own buffer, where m
- * then points: everything after this sees float32 only. *finite tells
- * whether every value is finite (checked on the way). */
-static int widen(srv_conn *c, ps_msg *m, int *finite, char *err, size_t errlen)
+ * then points: everything after this sees float32 only. *maxabs gets the
+ * largest |value| (not finite when some value is not; taken on the way). */
+static int widen(srv_conn *c, ps_msg *m, float *maxabs, char *err, size_t errlen)
 {
     psd *s = c->srv;
     if (!s->cfg.wire_bf16) {
@@ -94,7 +94,7 @@ static int widen(srv_conn *c, ps_msg *m, int *finite, char *err, size_t errlen)
                        (unsigned long long)m->ndata);
         return PS_ENOMEM;
     }
-    *finite = ps_bf16_to_f32_finite(c->wide, m->data16, (size_t)m->ndata);
+    *maxabs = ps_bf16_to_f32_maxabs(c->wide, m->data16, (size_t)m->ndata);
     m->data = c->wide;
     m->data16 = NULL;
     m->dt = PS_DT_F32;
@@ -103,13 +103,17 @@ static int widen(srv_conn *c, ps_msg *m, int *finite, char *err, size_t errlen)
 
 /* The checks of an INIT's or a push's data, once, before anything acts on
  * it: the range, the element type (bfloat16 widened), finiteness
- * (sanitised with nonfinite = clip, for pushes). 0, or a negative PS_E*
- * code with err filled. */
-static int check_data(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+ * (sanitised with nonfinite = clip, for pushes). 0, with the largest
+ * |value| in *gmax (-1 when not known: sanitised), or a negative PS_E*
+ * code with err filled. The one pass over the data that finds whether it
+ * is finite finds its largest magnitude too, from which the update engine
+ * may know an update stays finite without trying it (update.h). */
+static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t errlen)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
-    int finite = -1; /* not known yet */
+    float mx = NAN; /* not known yet */
+    *gmax = -1;
     if (!srv_range_ok(total, m->off, m->ndata)) {
         snprintf(err, errlen, "%s range [%llu, %llu) is outside the model's %llu parameters",
                        ps_msg_type_name(m->type), (unsigned long long)m->off,
@@ -118,12 +122,13 @@ static int check_data(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     }
     /* widened only once the range is known to fit: the buffer then never
      * grows beyond the model */
-    int rc = m->dt == PS_DT_BF16 ? widen(c, m, &finite, err, errlen) : 0;
+    int bf16 = m->dt == PS_DT_BF16;
+    int rc = bf16 ? widen(c, m, &mx, err, errlen) : 0;
     if (rc != 0)
         return rc;
-    if (finite < 0)
-        finite = ps_vec_all_finite(m->data, m->ndata);
-    if (!finite) {
+    if (!bf16)
+        mx = ps_vec_maxabs(m->data, m->ndata);
+    if (!isfinite(mx)) {
         if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
             sanitize_push(c, m);
             return 0;
@@ -134,6 +139,7 @@ static int check_data(srv_conn *c, ps_msg *m, char *err, size_t errlen)
                        (unsigned long long)(m->off + m->ndata));
         return PS_ENONFINITE;
     }
+    *gmax = mx;
     return 0;
 }
 
@@ -146,7 +152,8 @@ static void handle_init(srv_conn *c, ps_msg *m)
         return;
     }
     char err[512];
-    int rc = check_data(c, m, err, sizeof err);
+    float gmax;
+    int rc = check_data(c, m, &gmax, err, sizeof err);
     if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
@@ -231,8 +238,9 @@ static void handle_push(srv_conn *c, ps_msg *m)
     /* a pushpull's reply type is checked before its push is applied */
     if (m->type == PS_MSG_PUSHPULL)
         rc = srv_pull_check_rdt(s, m->rdt, err, sizeof err);
+    float gmax = -1;
     if (rc == 0)
-        rc = check_data(c, m, err, sizeof err);
+        rc = check_data(c, m, &gmax, err, sizeof err);
     if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
@@ -248,7 +256,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
     }
     /* checked: in range, float32, finite (or sanitised), base not ahead */
     srv_push p = {.base = m->base, .off = m->off, .n = m->ndata, .g = m->data, .fin = m->fin, .conn = c,
-                  .may_defer = 1};
+                  .may_defer = 1, .has_gmax = gmax >= 0, .gmax = gmax};
     if (m->data == c->wide) {
         /* widened from bfloat16 or copied from shm: the policy may keep
          * the buffer (bsp) */

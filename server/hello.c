@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "common/log.h"
 #include "dashboard.h"
+#include "join.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -112,6 +113,120 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
         last_worker_left(s);
 }
 
+void srv_worker_never_joined(psd *s, uint32_t shard, const char *why)
+{
+    srv_worker *w = worker_slot(s, shard);
+    if (!w) {
+        PS_LOG(PS_LOG_ERROR, "out of memory recording shard %u as lost; it is still waited for", shard);
+        return;
+    }
+    w->shard = shard;
+    w->nshards = (uint32_t)s->cfg.workers;
+    w->state = SRV_W_LOST;
+    w->last_seen_ms = srv_now_ms();
+    snprintf(w->addr, sizeof w->addr, "-");
+    snprintf(w->why, sizeof w->why, "%s", why);
+    s->stats.worker_deaths++;
+    PS_LOG(PS_LOG_WARN, "worker shard %u/%u lost: %s", w->shard, w->nshards, why);
+    srv_dash_notice(s);
+    if (s->policy->worker_left(s, w) == SRV_WAKE)
+        srv_answer_parked(s);
+}
+
+/* ---- shards that never join (bsp, ssp) ------------------------------------- */
+
+/* continue: every missing shard is declared lost, as a worker that died. */
+static void go_on(psd *s)
+{
+    char why[96];
+    snprintf(why, sizeof why, "never joined within join_timeout (%.0f s)", (double)s->cfg.join_timeout / 1e3);
+    uint32_t m = (uint32_t)s->cfg.workers;
+    for (uint32_t i = 0; i < m; i++)
+        if (i >= s->nworkers_cap || !s->workers[i])
+            srv_worker_never_joined(s, i, why);
+}
+
+/* stop: every connected worker is told why, with an ERROR that ends its
+ * connection, and recorded as left. Their waiting pulls are dropped first,
+ * so that a round their leaving closes answers none of them; psd keeps
+ * the model (and writes it to its state dir once the last has left). */
+static void stop_job(psd *s, const char *names)
+{
+    char why[96], text[400];
+    snprintf(why, sizeof why, "job stopped: %.60s never joined", names);
+    snprintf(text, sizeof text,
+             "the job stopped: %s never joined within join_timeout (%.0f s) and join_timeout_action is stop; "
+             "start every worker of the job, or set join_timeout_action = continue to go on without the missing "
+             "ones",
+             names, (double)s->cfg.join_timeout / 1e3);
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->worker && !c->closing)
+            srv_pulls_drop(c);
+    for (srv_conn *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (!c->worker || c->closing)
+            continue;
+        srv_conn_detach(c, SRV_W_LEFT, why);
+        /* id 0: it ends the connection rather than answers one request */
+        srv_send_error(c, 0, PS_ETIMEOUT, 1, "%s", text);
+    }
+}
+
+void srv_join_tick(psd *s, uint64_t now)
+{
+    uint32_t miss[1];
+    uint32_t n = srv_join_missing(s, miss, 1);
+    if (n == 0) {
+        s->join_since_ms = 0;
+        s->join_warned_ms = 0;
+        return;
+    }
+    if (!s->join_since_ms) {
+        s->join_since_ms = now;
+        return;
+    }
+    char names[200];
+    srv_join_describe(s, names, sizeof names);
+    uint64_t waited = now - s->join_since_ms, limit = s->cfg.join_timeout;
+    uint32_t here = srv_join_present(s), m = (uint32_t)s->cfg.workers;
+    int bsp = s->cfg.mode == PS_MODE_BSP;
+    if (limit && waited >= limit) {
+        s->join_since_ms = 0;
+        s->join_warned_ms = 0;
+        if (s->cfg.join_timeout_action == PS_JOIN_STOP) {
+            PS_LOG(PS_LOG_ERROR, "join_timeout (%.0f s): %s never joined; stopping the job "
+                                 "(join_timeout_action = stop): %u worker%s told and disconnected; psd keeps "
+                                 "the model",
+                   (double)limit / 1e3, names, here, here == 1 ? "" : "s");
+            stop_job(s, names);
+        } else {
+            PS_LOG(PS_LOG_WARN, "join_timeout (%.0f s): %s never joined; going on with %u of %u workers "
+                                "(join_timeout_action = continue): the missing shards are declared lost and "
+                                "their data shared by the others from their next epoch",
+                   (double)limit / 1e3, names, here, m);
+            go_on(s);
+        }
+        return;
+    }
+    uint64_t first = limit && limit / 2 < SRV_JOIN_WARN_FIRST_MS ? limit / 2 : SRV_JOIN_WARN_FIRST_MS;
+    if (s->join_warned_ms ? now - s->join_warned_ms < SRV_JOIN_WARN_MS : waited < first)
+        return;
+    s->join_warned_ms = now;
+    char then[160];
+    if (limit)
+        snprintf(then, sizeof then, "in %.0f s (join_timeout) psd %s", (double)(limit - waited) / 1e3,
+                 s->cfg.join_timeout_action == PS_JOIN_STOP ? "stops the job" : "goes on without it");
+    else
+        snprintf(then, sizeof then, "join_timeout is 0: psd waits for ever");
+    if (bsp)
+        PS_LOG(PS_LOG_WARN, "BSP round %llu waits for %s (never joined): %u of %u workers present, waiting %.0f s; %s",
+               (unsigned long long)s->model.version, names, here, m, (double)waited / 1e3, then);
+    else
+        PS_LOG(PS_LOG_WARN, "SSP waits for %s (never joined; no worker runs more than staleness %d clocks ahead of "
+                            "it): %u of %u workers present, waiting %.0f s; %s",
+               names, s->cfg.staleness, here, m, (double)waited / 1e3, then);
+}
+
 /* ---- hello ------------------------------------------------------------------ */
 
 int srv_hello_precheck(const srv_conn *c, const ps_msg *m, char *err, size_t errlen)
@@ -152,8 +267,18 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
         char mine[512], theirs[512];
         ps_layout_describe(&s->model.layout, mine, sizeof mine);
         ps_layout_describe(m->layout, theirs, sizeof theirs);
-        snprintf(err, errlen, "model layout mismatch: psd holds %llu parameters (%s), this worker has %llu (%s)",
-                 (unsigned long long)s->model.layout.total, mine, (unsigned long long)m->layout->total, theirs);
+        /* where psd's layout comes from says what to change */
+        char from[PS_CONFIG_PATH_MAX + 160];
+        if (s->model_file[0])
+            snprintf(from, sizeof from, "from %s (init_from; start psd without it, or the workers with that model)",
+                     s->model_file);
+        else if (s->resumed_from[0])
+            snprintf(from, sizeof from, "from the checkpoint %s (start psd with --fresh to begin anew)",
+                     s->resumed_from);
+        else
+            snprintf(from, sizeof from, "from the first worker's hello");
+        snprintf(err, errlen, "model layout mismatch: psd holds %llu parameters (%s) %s; this worker has %llu (%s)",
+                 (unsigned long long)s->model.layout.total, mine, from, (unsigned long long)m->layout->total, theirs);
         return PS_ELAYOUT;
     }
     return 0;

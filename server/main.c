@@ -23,6 +23,7 @@
 #include "proto/errors.h"
 #include "psd.h"
 #include "reply.h"
+#include "safetensors.h"
 #include "session.h"
 #include "update.h"
 
@@ -48,6 +49,10 @@ static void usage(FILE *f)
             "      --fresh            do not resume from state_dir's checkpoints: move\n"
             "                         them into a dated subfolder of it (set-aside-...;\n"
             "                         nothing is deleted) and start without a model\n"
+            "      --init-from FILE   start from the model in FILE, a safetensors file as\n"
+            "                         `psctl save` writes it (init_from): its layout and\n"
+            "                         values; refused when state_dir holds a checkpoint,\n"
+            "                         unless with --fresh\n"
             "      --config-reference print every setting as a Markdown table (for the README)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
@@ -196,6 +201,7 @@ static void on_tick(uv_timer_t *t)
     srv_notify_tick(s, now);
     if (s->policy->tick && s->policy->tick(s) == SRV_WAKE)
         srv_answer_parked(s);
+    srv_join_tick(s, now);
     srv_checkpoint_rest_tick(s);
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
@@ -237,7 +243,7 @@ int main(int argc, char **argv)
     const char *config_path = NULL;
     srv_setting sets[128];
     int nsets = 0, print_config = 0, fresh = 0;
-    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE, OPT_FRESH };
+    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE, OPT_FRESH, OPT_INIT_FROM };
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
         {"mode", required_argument, NULL, 'm'},       {"workers", required_argument, NULL, 'w'},
@@ -245,7 +251,7 @@ int main(int argc, char **argv)
         {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
         {"set", required_argument, NULL, 'o'},        {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
         {"config-reference", no_argument, NULL, OPT_CONFIG_REFERENCE},
-        {"fresh", no_argument, NULL, OPT_FRESH},
+        {"fresh", no_argument, NULL, OPT_FRESH},      {"init-from", required_argument, NULL, OPT_INIT_FROM},
         {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -265,6 +271,7 @@ int main(int argc, char **argv)
         case 's': key = "state_dir"; break;
         case OPT_PORT_FILE: key = "port_file"; break;
         case OPT_LOG_LEVEL: key = "log_level"; break;
+        case OPT_INIT_FROM: key = "init_from"; break;
         case OPT_CONFIG_REFERENCE:
             print_reference(stdout);
             return 0;
@@ -379,7 +386,7 @@ int main(int argc, char **argv)
         char aside[PS_CONFIG_PATH_MAX + 64];
         int n = srv_checkpoint_set_aside(s->cfg.state_dir, aside, sizeof aside, err, sizeof err);
         if (n < 0) {
-            PS_LOG(PS_LOG_ERROR, "%s", err);
+            PS_LOG(PS_LOG_ERROR, "--fresh: %s", err);
             return 1;
         }
         if (n > 0)
@@ -391,6 +398,24 @@ int main(int argc, char **argv)
     }
     if (srv_checkpoint_load(s) < 0)
         return 1;
+    if (s->resumed_from[0] && s->cfg.init_from[0]) {
+        PS_LOG(PS_LOG_ERROR, "init_from %s, but the state dir %s holds a checkpoint (%s, model version %" PRIu64
+                             "), which psd would resume: start with --fresh to set the checkpoints aside and begin "
+                             "from %s, or without init_from to resume the checkpoint",
+               s->cfg.init_from, s->cfg.state_dir, s->resumed_from, s->resumed_version, s->cfg.init_from);
+        return 1;
+    }
+    if (s->cfg.init_from[0]) {
+        if (srv_safetensors_load(s, s->cfg.init_from, err, sizeof err) != 0) {
+            PS_LOG(PS_LOG_ERROR, "%s", err);
+            return 1;
+        }
+        char desc[512];
+        ps_layout_describe(&s->model.layout, desc, sizeof desc);
+        PS_LOG(PS_LOG_INFO, "model from %s (init_from): %u tensors, %" PRIu64 " parameters: %s; workers pull "
+                            "these values instead of initialising, from version 0 with a fresh optimizer state",
+               s->model_file, s->model.layout.ntensors, s->model.layout.total, desc);
+    }
     if (s->resumed_from[0])
         PS_LOG(PS_LOG_INFO, "resuming model version %" PRIu64 " from %s; start with --fresh to begin anew",
                s->resumed_version, s->resumed_from);

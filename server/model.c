@@ -119,6 +119,7 @@ int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
     m->has_layout = 1;
     m->initialized = 0;
     m->version = 0;
+    m->bound_ok = 0;
     return 0;
 }
 
@@ -192,6 +193,7 @@ int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg)
 void srv_model_write_end(srv_model *m, srv_wseg *seg)
 {
     m->stamp++;
+    m->bound_ok = 0; /* written from outside the update engine */
     srv_blk_unref(seg->old);
     seg->old = NULL;
 }

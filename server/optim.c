@@ -433,6 +433,57 @@ int srv_optim_finite(const srv_optim *o, const srv_optim_step *st, const float *
     return 1;
 }
 
+/* What srv_optim_surely_finite() lets magnitudes reach: 8 orders of
+ * magnitude below FLT_MAX (3.4e38), far more than float rounding of a few
+ * operations can add. */
+#define SURE_MAX 1e30
+
+int srv_optim_surely_finite(const srv_optim *o, const srv_optim_step *c, double gmax, double wmax, double s1max,
+                            double s2max)
+{
+    if (!(gmax >= 0 && gmax <= SURE_MAX && wmax >= 0 && wmax <= SURE_MAX && s1max >= 0 && s1max <= SURE_MAX &&
+          s2max >= 0 && s2max <= SURE_MAX))
+        return 0;
+    double s = fabs((double)c->s), lr = fabs((double)c->lr), wd = fabs((double)c->wd), mu = fabs((double)c->mu);
+    double eps = (double)c->eps, top; /* top: the largest magnitude of any value the loop makes */
+    switch (o->kind) {
+    case PS_OPTIMIZER_SGD: {
+        /* d = s*g + wd*w; v = mu*v + d; w - lr*v or w - lr*(d + mu*v) */
+        double d = s * gmax + wd * wmax, v = mu * s1max + d;
+        top = fmax(v, wmax + lr * (d + mu * v));
+        break;
+    }
+    case PS_OPTIMIZER_ADAM:
+    case PS_OPTIMIZER_ADAMW: {
+        /* w = w*decay; d = s*g + wd*w; m += c1*(d - m); v = b2*v + c2*d*d;
+         * w - lr*m/(sqrt(v)/bc2s + eps), that quotient at most |m|/eps */
+        if (!(eps > 0) || !(c->bc2s > 0))
+            return 0;
+        double w = wmax * fabs((double)c->decay), d = s * gmax + wd * w;
+        if (d > 1e15)
+            return 0; /* d*d */
+        double m = s1max + fabs((double)c->c1) * (d + s1max);
+        double v = fabs((double)c->b2) * s2max + fabs((double)c->c2) * d * d;
+        top = fmax(fmax(m, v), fmax(sqrt(v) / (double)c->bc2s, w + lr * m / eps));
+        break;
+    }
+    case PS_OPTIMIZER_ADAGRAD: {
+        /* d = s*g + wd*w; sum += d*d; w - lr*d/(sqrt(sum) + eps), that
+         * quotient below 1 since sum >= d*d (and at most |d|/eps) */
+        if (!(eps > 0))
+            return 0;
+        double d = s * gmax + wd * wmax;
+        if (d > 1e15)
+            return 0;
+        top = fmax(s1max + d * d, wmax + lr * fmin(2.0, d / eps));
+        break;
+    }
+    default:
+        return 0;
+    }
+    return top * 1.01 < SURE_MAX;
+}
+
 /* x[0..n) made finite: NaN 0, +-inf +-FLT_MAX; the count changed. */
 static size_t make_finite(float *x, size_t n)
 {

@@ -157,6 +157,16 @@ void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const floa
 int srv_optim_finite(const srv_optim *o, const srv_optim_step *st, const float *wi, const float *g, uint64_t off,
                      uint64_t n);
 
+/* 1 when applying st with any gradient of values within [-gmax, gmax] to
+ * parameters within [-wmax, wmax] and state buffers (as
+ * srv_optim_state_buffers orders them) within [-s1max, s1max] and
+ * [-s2max, s2max] surely leaves every result finite: bounds of every
+ * intermediate value of the kind's formula, taken in double with room for
+ * float rounding, stay far below FLT_MAX. 0 when it cannot tell (huge
+ * magnitudes, eps 0, whose 0/0 is NaN): then ask srv_optim_finite(). A
+ * few operations, no pass over memory. */
+int srv_optim_surely_finite(const srv_optim *o, const srv_optim_step *st, double gmax, double wmax, double s1max,
+                            double s2max);
 /* After an update that srv_optim_finite() found would not be finite, under
  * nonfinite = clip: makes w[0..n) (parameters off..off+n) and the same
  * range of the state finite again, NaN becoming 0 and +-inf +-FLT_MAX.

@@ -108,7 +108,8 @@ static int apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, c
         }
         g = t + off;
     }
-    srv_grad gr = {.g = g};
+    /* scaling by k <= 1 keeps the push's bound; DC-ASGD's correction has none */
+    srv_grad gr = {.g = g, .has_gmax = p->has_gmax && !dc, .gmax = p->gmax};
     srv_update_tag tag = {.w = w, .fin = p->fin};
     int rc = srv_update_apply(s, &gr, off, n, p->may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
@@ -334,6 +335,8 @@ typedef struct bsp_state {
     size_t src_cap;
     uint32_t count; /* complete pushes in the current round */
     uint64_t round_start_ms;
+    float gmax;     /* the largest |value| of this round's pushes so far */
+    int gmax_unknown; /* one of them came without it */
 } bsp_state;
 
 /* Pushes that close a round: the workers that are not gone (M less those
@@ -642,6 +645,8 @@ static void bsp_round_closed(psd *s)
            (unsigned long long)(now - b->round_start_ms));
     b->round_start_ms = now;
     b->count = 0;
+    b->gmax = 0;
+    b->gmax_unknown = 0;
     if (srv_plan_active(s)) {
         /* who trains the next round is fixed now, as its pulls are answered */
         if (srv_plan_open(s) != 0)
@@ -711,6 +716,9 @@ static int bsp_try_close(psd *s, srv_worker *closer, int may_defer)
         gr.src[gr.nsrc++] = b->acc;
         gr.zero_src = 1;
     }
+    /* the mean's values lie within its sources' */
+    gr.has_gmax = !b->gmax_unknown;
+    gr.gmax = b->gmax;
     srv_update_tag tag = {.w = closer, .fin = 1, .round = 1};
     int rc = srv_update_apply(s, &gr, 0, total, closer && may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
@@ -793,6 +801,10 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
             kept_release(sh);
         }
     }
+    if (!p->has_gmax)
+        b->gmax_unknown = 1;
+    else if (p->gmax > b->gmax)
+        b->gmax = p->gmax;
     if (p->fin) {
         sh->round_fin = 1;
         w->clock++;

@@ -27,6 +27,8 @@ typedef struct srv_push {
     uint64_t off, n;   /* the range, inside the model */
     const float *g;    /* n float32 values */
     int fin;           /* the step's last chunk */
+    int has_gmax;      /* gmax is known */
+    float gmax;        /* the largest |g[i]| (dispatch finds it with finiteness) */
     /* Where g lies, for a policy that keeps it until a round closes (BSP in
      * shard order) instead of copying it: */
     float **own;       /* g is *own, a buffer of *own_cap floats the policy may

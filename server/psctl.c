@@ -62,6 +62,12 @@ static void usage(FILE *f)
             "                     model version), readable with the safetensors package\n"
             "                     or a few lines of NumPy\n"
             "  shutdown           stop psd as SIGTERM does\n"
+            "  reset              start fresh: psd sets the checkpoints in its state_dir\n"
+            "                     aside (as psd --fresh does: into a dated subfolder,\n"
+            "                     nothing deleted) and drops the model, so the next worker\n"
+            "                     to connect initialises it; refused while workers are\n"
+            "                     connected, unless --force (they are disconnected and\n"
+            "                     exit with an error)\n"
             "\n"
             "Options (before or after the command):\n"
             "  -s, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000);\n"
@@ -73,6 +79,7 @@ static void usage(FILE *f)
             "  -j, --json              machine-readable output: one JSON document on stdout\n"
             "                          (not for metrics, which is Prometheus text already)\n"
             "      --csv               history as CSV: series,shard,t,version,column,value\n"
+            "      --force             reset even while workers are connected\n"
             "  -T, --token-file PATH   the secret to prove to psd when it requires one\n"
             "                          (default $PSD_TOKEN_FILE; mode 600): its\n"
             "                          admin_token_file, or its token_file, which allows only\n"
@@ -279,12 +286,28 @@ static void print_status(const msgpack_object *b)
     if (rf && rf->type == MSGPACK_OBJECT_STR && str(b, "resumed_from", resumed, sizeof resumed)[0])
         printf("model resumed at start from version %.0f in %s (psd --fresh begins anew)\n",
                num(b, "resumed_version"), resumed);
+    const msgpack_object *inf = ps_map_get(b, "init_from");
+    if (inf && inf->type == MSGPACK_OBJECT_STR && str(b, "init_from", resumed, sizeof resumed)[0])
+        printf("model from %s at start (init_from)\n", resumed);
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));
+    const msgpack_object *wf = ps_map_get(b, "waiting_for");
+    if (wf && wf->type == MSGPACK_OBJECT_ARRAY && wf->via.array.size) {
+        printf("waiting for shard%s", wf->via.array.size == 1 ? "" : "s");
+        for (uint32_t i = 0; i < wf->via.array.size; i++)
+            if (wf->via.array.ptr[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+                printf("%s %llu/%.0f", i ? "," : "", (unsigned long long)wf->via.array.ptr[i].via.u64,
+                       num(b, "workers_expected"));
+        double limit = num(b, "join_timeout");
+        if (limit > 0)
+            printf(" (never joined) for %.0f s; join_timeout %.0f s\n", num(b, "join_wait"), limit);
+        else
+            printf(" (never joined) for %.0f s; join_timeout 0: waiting for ever\n", num(b, "join_wait"));
+    }
     print_worker_rows(ws, 0);
 }
 
@@ -647,10 +670,11 @@ static const command commands[] = {
     {"status", 0, 0, ""},        {"workers", 0, 0, ""},     {"metrics", 0, 0, ""},
     {"set", 1, PS_ARGS_MAX, " KEY=VALUE..."}, {"pause", 0, 0, ""}, {"resume", 0, 0, ""},
     {"checkpoint", 0, 0, ""},    {"save", 1, 1, " PATH"},   {"shutdown", 0, 0, ""},
-    {"history", 0, 0, ""},
+    {"history", 0, 0, ""},       {"reset", 0, 0, ""},
 };
 
 static int history_csv; /* --csv: `history` as CSV */
+static int force;       /* --force: `reset` with workers connected */
 
 /* Edit distance with adjacent transpositions counting one ("stauts" is one
  * from "status"), for the "did you mean" of an unknown command. Words are
@@ -763,8 +787,12 @@ static int run_one(const command *cmd, session *ss, const char *server, char **a
         else
             fwrite(r.text, 1, r.text_len, stdout);
     } else {
-        /* set, pause, resume, checkpoint, shutdown: one ADMIN request */
-        rc = admin(ss, cmd->name, args, nargs, &r);
+        /* set, pause, resume, checkpoint, shutdown, reset: one ADMIN request */
+        char *forced[1] = {"force"};
+        if (strcmp(cmd->name, "reset") == 0 && force)
+            rc = admin(ss, cmd->name, forced, 1, &r);
+        else
+            rc = admin(ss, cmd->name, args, nargs, &r);
         if (rc != 0) {
             status = report(&ss->c, rc, timeout);
         } else if (as_json) {
@@ -795,11 +823,12 @@ int main(int argc, char **argv)
         {"json", no_argument, NULL, 'j'},         {"help", no_argument, NULL, 'h'},
         {"token-file", required_argument, NULL, 'T'},
         {"csv", no_argument, NULL, 'C'},
+        {"force", no_argument, NULL, 'F'},
         {NULL, 0, NULL, 0},
     };
     int opt;
     /* options may come before or after the command ("status --json") */
-    while ((opt = getopt_long(argc, argv, "s:t:jhT:C", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "s:t:jhT:CF", longopts, NULL)) != -1) {
         switch (opt) {
         case 's':
             server = optarg;
@@ -822,6 +851,9 @@ int main(int argc, char **argv)
             break;
         case 'C':
             history_csv = 1;
+            break;
+        case 'F':
+            force = 1;
             break;
         case 'h':
             usage(stdout);
@@ -849,13 +881,17 @@ int main(int argc, char **argv)
             snprintf(hint, sizeof hint, "did you mean '%s'? ", near);
         fprintf(stderr,
                 "psctl: unknown command '%s' (%scommands: status, workers, metrics, set, pause, resume, checkpoint, "
-                "save, shutdown, history)\n",
+                "save, shutdown, history, reset)\n",
                 name, hint);
         return EXIT_USAGE;
     }
     if (as_json && strcmp(cmd->name, "metrics") == 0) {
         fprintf(stderr, "psctl: --json does not apply to metrics, which is Prometheus text; `psctl status --json` "
                         "has psd's figures as JSON\n");
+        return EXIT_USAGE;
+    }
+    if (force && strcmp(cmd->name, "reset") != 0) {
+        fprintf(stderr, "psctl: --force applies to reset only\n");
         return EXIT_USAGE;
     }
     if (nargs < cmd->min_args || nargs > cmd->max_args) {

@@ -62,6 +62,15 @@ typedef struct srv_model {
                           * chunk without fin (no new version) too: what a
                           * cache of their values is keyed on */
     srv_optim opt;
+    /* Upper bounds of |value| over the parameters (bound_w) and the
+     * optimizer's state buffers 1 and 2 (srv_optim_state_buffers' order),
+     * kept by the update engine from what its updates write (update.c).
+     * bound_ok: 1 they hold; 0 not measured since values came from
+     * elsewhere (set_layout, srv_model_write_end, a checkpoint: whoever
+     * writes blocks or state outside the engine clears it); -1 measured and
+     * of no use (a negative sum of squares). */
+    int bound_ok;
+    float bound_w, bound_s1, bound_s2;
 } srv_model;
 
 /* A piece of an update that lies in one block: srv_model_write_begin()
@@ -322,6 +331,9 @@ struct psd {
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     uint64_t last_rate_ms;
     int stopping;
+    uint64_t join_since_ms;  /* since when psd waits for shards that never
+                              * joined (srv_join_tick, hello.c); 0: none */
+    uint64_t join_warned_ms; /* its last "waits for" log line (hello.c) */
     uint64_t start_ms;
     srv_conn *conns;
     uint32_t nconns;
@@ -345,6 +357,8 @@ struct psd {
     uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
     char resumed_from[PS_CONFIG_PATH_MAX + 64]; /* the checkpoint the model came from at start; "" = none */
     uint64_t resumed_version; /* its model version */
+    char model_file[PS_CONFIG_PATH_MAX]; /* the safetensors file the model came
+                              * from at start (init_from); "" = none */
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint is being written in the pool */
     srv_updater upd;         /* the update engine (update.c) */

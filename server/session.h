@@ -28,6 +28,16 @@ void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof);
  * policy), drop its pulls. */
 void srv_conn_detach(srv_conn *c, int state, const char *why);
 
+/* Shard shard (below M) never joined within join_timeout: it is recorded
+ * as a lost worker with the reason why, and the policy told, exactly as
+ * for a worker that died (its data is then shared by the others). */
+void srv_worker_never_joined(psd *s, uint32_t shard, const char *why);
+
+/* On psd's tick: starts the wait when shards are missing (join.h), logs
+ * whom it waits for every SRV_JOIN_WARN_MS, and at join_timeout declares
+ * the missing shards lost (continue) or stops the job (stop). */
+void srv_join_tick(psd *s, uint64_t now);
+
 /* auth.c */
 /* Reads token_file and admin_token_file into s->token and s->admin_token.
  * Returns 0, or a negative PS_E* code with a message in err. */

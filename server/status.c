@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "http.h"
+#include "join.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -50,8 +51,22 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 29);
-    key(pk, "plan"); /* the job's plan and where it stands (BSP) */
+    msgpack_pack_map(pk, 33);
+    key(pk, "init_from"); /* the safetensors file the model came from at start */
+    if (s->model_file[0])
+        msgpack_pack_str_with_body(pk, s->model_file, strlen(s->model_file));
+    else
+        msgpack_pack_nil(pk);
+    /* the shards psd waits for (bsp, ssp: never joined), and how long */
+    uint32_t miss[64];
+    uint32_t nmiss = srv_join_missing(s, miss, 64);
+    key(pk, "waiting_for");
+    msgpack_pack_array(pk, nmiss < 64 ? nmiss : 64);
+    for (uint32_t i = 0; i < nmiss && i < 64; i++)
+        msgpack_pack_uint32(pk, miss[i]);
+    kf64(pk, "join_wait", (double)srv_join_waited(s, now) / 1000.0);
+    kf64(pk, "join_timeout", (double)s->cfg.join_timeout / 1000.0);
+        key(pk, "plan"); /* the job's plan and where it stands (BSP) */
     if (s->plan.set && s->cfg.mode == PS_MODE_BSP) {
         const srv_plan *pl = &s->plan;
         uint64_t r = s->model.version < pl->rounds ? s->model.version : pl->rounds;

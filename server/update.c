@@ -8,6 +8,7 @@
  * connection layer registered (srv_update_init). It knows nothing of
  * policies, connections or replies. */
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,7 @@ struct srv_update_job {
     uv_work_t req2;          /* [split, off+n), when the update is split */
     uint64_t split;
     int parts;               /* halves still running */
+    int parts_total;         /* halves it runs in (1 or 2) */
     psd *s;
     srv_optim_step st;
     srv_grad grad;           /* a push's floats (in its receive buffer) or a round's mean */
@@ -35,6 +37,10 @@ struct srv_update_job {
     srv_update_tag tag;      /* the caller's, handed back to the done callback */
     int make_finite;         /* nonfinite = clip: results made finite (on the loop only) */
     size_t made_finite;      /* values that were not */
+    float *st1, *st2;        /* the optimizer's state buffers (NULL: none) */
+    struct mags {
+        float w, s1, s2;     /* the largest |value| written: parameters, state */
+    } mag[2];                /* per part (a->req, a->req2) */
 };
 
 /* ---- updates applied off the loop ------------------------------------------
@@ -110,23 +116,45 @@ static size_t piece_len(uint64_t off, uint64_t len)
     return (size_t)(l < to_edge ? l : to_edge);
 }
 
+/* The largest magnitudes among n values written at parameter off: the
+ * parameters at w, the state buffers at the same offset. */
+static void measure(struct mags *mg, const float *w, const float *st1, const float *st2, uint64_t off, size_t n)
+{
+    float x = ps_vec_maxabs(w, n);
+    mg->w = x > mg->w || x != x ? x : mg->w; /* a NaN stays */
+    if (st1) {
+        x = ps_vec_maxabs(st1 + off, n);
+        mg->s1 = x > mg->s1 || x != x ? x : mg->s1;
+    }
+    if (st2) {
+        x = ps_vec_maxabs(st2 + off, n);
+        mg->s2 = x > mg->s2 || x != x ? x : mg->s2;
+    }
+}
+
 /* Applies gr's gradient to [off, off+len), which lies in one block: reads
  * the parameters from wi, writes them to wo. base is the update's first
- * parameter (a push's g starts there). */
-static void run_piece(srv_optim *o, const srv_optim_step *st, const srv_grad *gr, uint64_t base, float *wo,
-                      const float *wi, uint64_t off, size_t len)
+ * parameter (a push's g starts there). In pieces that stay in the L1
+ * cache, each measured (into mg) right after the optimizer wrote it: the
+ * bounds the engine keeps cost no pass over memory of their own. */
+static void run_piece(srv_update_job *a, struct mags *mg, float *wo, const float *wi, uint64_t off, size_t len)
 {
-    if (!gr->nsrc) {
-        srv_optim_run(o, st, wo, wi, gr->g + (off - base), off, len);
-        return;
-    }
+    srv_optim *o = &a->s->model.opt;
+    const srv_grad *gr = &a->grad;
     float tmp[MEAN_PIECE];
     for (size_t x = 0; x < len;) {
         size_t l = piece_len(off + x, len - x);
-        round_mean(gr, off + x, l, tmp);
-        if (gr->zero_src)
-            memset(gr->src[0] + off + x, 0, l * sizeof(float));
-        srv_optim_run(o, st, wo + x, wi + x, tmp, off + x, l);
+        const float *g = gr->g + (off + x - a->off);
+        if (gr->nsrc) {
+            round_mean(gr, off + x, l, tmp);
+            if (gr->zero_src)
+                memset(gr->src[0] + off + x, 0, l * sizeof(float));
+            g = tmp;
+        }
+        srv_optim_run(o, &a->st, wo + x, wi + x, g, off + x, l);
+        if (a->make_finite)
+            a->made_finite += srv_optim_make_finite(o, wo + x, off + x, l);
+        measure(mg, wo + x, a->st1, a->st2, off + x, l);
         x += l;
     }
 }
@@ -152,10 +180,9 @@ static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, u
 
 /* Part of a's update: [lo, hi) of [off, off+n), block by block, from the
  * old blocks into the fresh ones (or in place); with copy_rest, also the
- * parts of fresh blocks the update leaves alone. */
-static void apply_range(srv_update_job *a, uint64_t lo, uint64_t hi, int copy_rest)
+ * parts of fresh blocks the update leaves alone. mg: the part's magnitudes. */
+static void apply_range(srv_update_job *a, uint64_t lo, uint64_t hi, int copy_rest, struct mags *mg)
 {
-    srv_optim *o = &a->s->model.opt;
     uint64_t end = a->off + a->n;
     for (size_t i = 0; i < a->nblk; i++) {
         srv_blk *ob = a->old[i], *nb = a->fresh[i];
@@ -169,9 +196,7 @@ static void apply_range(srv_update_job *a, uint64_t lo, uint64_t hi, int copy_re
         if (p0 >= p1)
             continue;
         float *w = nb ? nb->w : ob->w; /* nb NULL: nobody else holds it, in place */
-        run_piece(o, &a->st, &a->grad, a->off, w + (p0 - start), ob->w + (p0 - start), p0, (size_t)(p1 - p0));
-        if (a->make_finite)
-            a->made_finite += srv_optim_make_finite(o, w + (p0 - start), p0, p1 - p0);
+        run_piece(a, mg, w + (p0 - start), ob->w + (p0 - start), p0, (size_t)(p1 - p0));
     }
 }
 
@@ -181,9 +206,24 @@ static void apply_work(uv_work_t *req)
 {
     srv_update_job *a = req->data;
     if (req == &a->req)
-        apply_range(a, a->off, a->split, 1);
+        apply_range(a, a->off, a->split, 1, &a->mag[0]);
     else
-        apply_range(a, a->split, a->off + a->n, 0);
+        apply_range(a, a->split, a->off + a->n, 0, &a->mag[1]);
+}
+
+/* The magnitudes a's update wrote widen the model's bounds: the values
+ * outside its range are as before, so a bound only grows (a NaN, from
+ * nonfinite = clip's inf - inf, makes them unusable until measured). */
+static void bounds_widen(srv_model *m, const srv_update_job *a)
+{
+    for (int i = 0; i < a->parts_total; i++) {
+        const struct mags *g = &a->mag[i];
+        if (g->w != g->w || g->s1 != g->s1 || g->s2 != g->s2)
+            m->bound_ok = 0;
+        m->bound_w = g->w > m->bound_w ? g->w : m->bound_w;
+        m->bound_s1 = g->s1 > m->bound_s1 ? g->s1 : m->bound_s1;
+        m->bound_s2 = g->s2 > m->bound_s2 ? g->s2 : m->bound_s2;
+    }
 }
 
 void srv_update_free(psd *s)
@@ -207,6 +247,7 @@ static void apply_after(uv_work_t *req, int status)
     if (--a->parts > 0)
         return; /* the other half is still running */
     srv_model_install(&s->model, a->first, a->nblk, a->old, a->fresh);
+    bounds_widen(&s->model, a);
     s->upd.running = NULL;
     s->upd.done(s, &a->tag);
 }
@@ -250,9 +291,14 @@ static srv_update_job *apply_prepare(psd *s, const srv_optim_step *st, const srv
     a->off = off;
     a->n = n;
     a->split = off + n;
-    a->parts = 1;
+    a->parts = a->parts_total = 1;
     a->make_finite = 0;
     a->made_finite = 0;
+    memset(a->mag, 0, sizeof a->mag);
+    float *bufs[2] = {NULL, NULL};
+    srv_optim_state_buffers(&s->model.opt, bufs, NULL, 2);
+    a->st1 = bufs[0];
+    a->st2 = bufs[1];
     a->req.data = a;
     a->req2.data = a;
     return a;
@@ -273,6 +319,7 @@ static int apply_sync(psd *s, const srv_optim_step *st, const srv_grad *gr, uint
     apply_work(&a->req);
     *made = a->made_finite;
     srv_model_install(&s->model, a->first, a->nblk, a->old, a->fresh);
+    bounds_widen(&s->model, a);
     return 0;
 }
 
@@ -292,10 +339,10 @@ static int apply_off_loop(psd *s, const srv_optim_step *st, const srv_grad *gr, 
          * more sources than round_mean keeps on its stack: both halves
          * would share gr->xs) */
         a->split = off + n / 2;
-        a->parts = 2;
+        a->parts = a->parts_total = 2;
         if (uv_queue_work(s->loop, &a->req2, apply_work, apply_after) != 0) {
             a->split = off + n;
-            a->parts = 1;
+            a->parts = a->parts_total = 1;
         }
     }
     /* fails only without a work callback: never after the first succeeded */
@@ -345,13 +392,52 @@ int srv_update_busy(const psd *s)
     return s->upd.running != NULL;
 }
 
+/* The model's bounds measured: one pass over the parameters and the
+ * state, on the loop, once after values came from outside the engine (the
+ * initial values, a checkpoint); the engine's updates keep them from then
+ * on. Unusable (-1) when a sum of squares is negative (a checkpoint's). */
+static void bounds_measure(srv_model *m)
+{
+    float w = 0;
+    for (size_t i = 0; i < m->nblk; i++) {
+        float x = ps_vec_maxabs(m->blk[i]->w, m->blk[i]->cap);
+        w = x > w ? x : w;
+    }
+    float *bufs[2] = {NULL, NULL};
+    size_t nb = srv_optim_state_buffers(&m->opt, bufs, NULL, 2);
+    float sm[2] = {0, 0};
+    int ok = isfinite(w);
+    for (size_t k = 0; k < nb && k < 2; k++) {
+        sm[k] = ps_vec_maxabs(bufs[k], m->opt.n);
+        ok &= isfinite(sm[k]);
+    }
+    /* adam's second moment and adagrad's sum go under a square root */
+    float *sq = m->opt.kind == PS_OPTIMIZER_ADAGRAD ? bufs[0] : m->opt.kind == PS_OPTIMIZER_SGD ? NULL : bufs[1];
+    for (size_t i = 0; sq && ok && i < m->opt.n; i++)
+        ok = sq[i] >= 0;
+    m->bound_w = w;
+    m->bound_s1 = sm[0];
+    m->bound_s2 = sm[1];
+    m->bound_ok = ok ? 1 : -1;
+}
+
 int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const srv_update_tag *tag)
 {
     assert(!s->upd.running);
+    srv_model *m = &s->model;
     srv_optim_step st;
-    begin_update(&s->model, &st, gr, off, n);
+    begin_update(m, &st, gr, off, n);
+    if (m->bound_ok == 0)
+        bounds_measure(m);
+    /* Finite pushes can still overflow a parameter or the state. Where the
+     * bounds of the gradient, the parameters and the state show that no
+     * value can come near FLT_MAX, the update is applied at once (its pass,
+     * on the thread pool for a big one, widens the bounds); otherwise it is
+     * first tried on copies here, and refused or clipped. */
+    int sure = gr->has_gmax && m->bound_ok == 1 &&
+               srv_optim_surely_finite(&m->opt, &st, gr->gmax, m->bound_w, m->bound_s1, m->bound_s2);
     int clip = 0;
-    if (!update_finite(&s->model, &st, gr, off, n)) {
+    if (!sure && !update_finite(m, &st, gr, off, n)) {
         if (s->cfg.nonfinite != PS_NONFINITE_CLIP) {
             s->stats.nonfinite_updates++;
             PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) would make parameters or optimizer state infinite or "

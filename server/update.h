@@ -25,6 +25,11 @@ typedef struct srv_grad {
     unsigned nsrc;
     float inv;
     int zero_src;
+    /* An upper bound of every |g[i]| (or of every value of every source),
+     * when has_gmax: with it the engine may know the update stays finite
+     * without trying it first. Without it the update is tried. */
+    int has_gmax;
+    float gmax;
 } srv_grad;
 
 /* srv_update_apply() returns this when the update goes on off the loop. */
@@ -48,7 +53,12 @@ void srv_update_init(psd *s, srv_update_done_cb done);
  * (a parameter or a value of the optimizer's state overflowing, though the
  * gradient is finite) is refused with PS_ENONFINITE, nothing changed, or
  * with nonfinite = clip applied on the loop with those values made finite;
- * either is logged and counted (psd.stats). Must not be called while busy. */
+ * either is logged and counted (psd.stats). To know, the engine keeps
+ * bounds of the model's magnitudes (srv_model.bound_*), widened by each
+ * update's own pass (on the pool for a big one) and measured once after
+ * values come from elsewhere; with gr's gmax they show most updates cannot
+ * overflow (srv_optim_surely_finite), and only the others are first tried
+ * on copies, on the loop. Must not be called while busy. */
 int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const srv_update_tag *tag);
 
 /* 1 while an update runs off the loop. */

@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -116,7 +117,9 @@ static void usage(FILE *f)
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
-            "stderr is a terminal, one line per epoch otherwise. psd hears of it after\n"
+            "stderr is a terminal (with \"waiting N s for psd\" while a step waits for psd\n"
+            "longer than 2 s: a BSP round waiting for a worker, a pause; psctl status says\n"
+            "for whom), one line per epoch otherwise. psd hears of it after\n"
             "every epoch and every $PSD_REPORT_INTERVAL seconds (default 1; 0: epochs only).\n"
             "\n"
             "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
@@ -137,6 +140,14 @@ static double now_s(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+/* The live progress line, shared with the thread that adds a long wait
+ * for psd to it (wait_watch). */
+static struct {
+    pthread_mutex_t lock; /* held around every write of the line */
+    char line[256];       /* the line as last drawn; "" after a clear */
+    double since;         /* when the current step's exchange with psd began; 0: none */
+} g_wait = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* h:mm:ss or m:ss */
 static void format_eta(double secs, char *buf, size_t len)
@@ -163,16 +174,58 @@ static void progress_draw(const wopts *o, int epoch, size_t step, size_t steps, 
     double rate = job_s > 0 ? (double)job_samples / job_s : 0;
     format_eta(job_steps_done ? job_s / (double)job_steps_done * (double)(job_steps - job_steps_done) : -1, eta,
                sizeof eta);
-    fprintf(stderr, "\r%d/%d epoch %d/%d [%s] %3.0f%%  %.0f samples/s  ETA %s  loss %.4f\033[K", o->shard,
-            o->nshards, epoch, o->epochs, bar, 100 * frac, rate, eta, epoch_loss);
+    char loss[32] = "-"; /* none before the epoch's first step */
+    if (!isnan(epoch_loss))
+        snprintf(loss, sizeof loss, "%.4f", epoch_loss);
+    pthread_mutex_lock(&g_wait.lock);
+    snprintf(g_wait.line, sizeof g_wait.line, "%d/%d epoch %d/%d [%s] %3.0f%%  %.0f samples/s  ETA %s  loss %s",
+             o->shard, o->nshards, epoch, o->epochs, bar, 100 * frac, rate, eta, loss);
+    fprintf(stderr, "\r%s\033[K", g_wait.line);
     fflush(stderr);
+    pthread_mutex_unlock(&g_wait.lock);
 }
 
 /* Clears the progress line before ordinary output. */
 static void progress_clear(const wopts *o)
 {
-    if (o->progress)
+    if (o->progress) {
+        pthread_mutex_lock(&g_wait.lock);
+        g_wait.line[0] = '\0';
         fputs("\r\033[K", stderr);
+        pthread_mutex_unlock(&g_wait.lock);
+    }
+}
+
+/* A step's exchange with psd begins (1) or ends (0). */
+static void step_waits(const wopts *o, int begins)
+{
+    if (!o->progress)
+        return;
+    pthread_mutex_lock(&g_wait.lock);
+    g_wait.since = begins ? now_s() : 0;
+    pthread_mutex_unlock(&g_wait.lock);
+}
+
+/* The progress line's watcher: once a second, while one step has waited
+ * for psd over WAIT_SHOW_S, the line says so (how long, and where to see
+ * for whom: psd's `psctl status` and log name the shards a round waits
+ * for). Detached; it only reads the clock and writes the line. */
+#define WAIT_SHOW_S 2.0
+static void *wait_watch(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&g_wait.lock);
+        double t = now_s() - g_wait.since;
+        if (g_wait.since > 0 && t > WAIT_SHOW_S && g_wait.line[0]) {
+            fprintf(stderr, "\r%s  waiting %.0f s for psd (psctl status says for whom)\033[K", g_wait.line, t);
+            fflush(stderr);
+        }
+        pthread_mutex_unlock(&g_wait.lock);
+    }
+    return NULL;
 }
 
 static int die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -609,6 +662,9 @@ int main(int argc, char **argv)
         psc_set(pc, "log", "error");
     }
     o.progress = !o.quiet && isatty(STDERR_FILENO);
+    pthread_t watcher;
+    if (o.progress && pthread_create(&watcher, NULL, wait_watch, NULL) == 0)
+        pthread_detach(watcher);
     openblas_set_num_threads(o.threads);
 
     ps_dataset train_all = {0}, train = {0}, test = {0};
@@ -787,6 +843,9 @@ int main(int argc, char **argv)
         else
             ps_dataset_epoch_order(perm, train.n, o.seed, (uint32_t)o.shard, (uint64_t)epoch);
         double t0 = now_s(), loss_sum = 0, comm_s = 0;
+        if (o.progress) /* drawn before the first step, which may wait for psd */
+            progress_draw(&o, epoch, 0, steps, NAN, t0 - job_t0, samples, (size_t)(epoch - 1) * steps,
+                          steps * (size_t)o.epochs);
         size_t done = 0;
         for (size_t st = 0; st < steps; st++) {
             if (g_stop_signal) {
@@ -813,7 +872,9 @@ int main(int argc, char **argv)
                 /* pipelined: take the last step's parameters, send this
                  * gradient (the answer lands in the vectors the model just
                  * used) and compute the next one on the fresh ones */
+                step_waits(&o, 1);
                 rc = inflight ? psc_wait(pc) : 0;
+                step_waits(&o, 0);
                 if (inflight) {
                     pver[cur ^ 1] = psc_model_version(pc);
                 } else {
@@ -829,7 +890,9 @@ int main(int argc, char **argv)
                     ps_model_bind_grads(model, gbuf[cur]);
                 }
             } else {
+                step_waits(&o, 1);
                 rc = psc_pushpull(pc);
+                step_waits(&o, 0);
             }
             if (rc != 0) {
                 progress_clear(&o);

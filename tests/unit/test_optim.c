@@ -885,6 +885,78 @@ static void test_chunks_share_step(void **state)
     }
 }
 
+
+/* ---- knowing an update stays finite without trying it --------------------- */
+
+/* srv_optim_surely_finite() never answers 1 where srv_optim_finite() (the
+ * update tried on copies) finds a result that is not finite: over every
+ * kind, magnitudes of the gradient, parameters and state from 1e-3 to
+ * 3e38, rates, weight decay, momentum and eps (0 too). And it answers 1
+ * for the magnitudes training has, so the engine can skip the trial. */
+static void test_surely_finite(void **state)
+{
+    const double mags[] = {0, 1e-3, 1, 1e3, 1e12, 1e15, 1e18, 1e25, 1e29, 1e30, 1e31, 1e36, 3.4e38};
+    const size_t nm = sizeof mags / sizeof mags[0];
+    struct {
+        int kind;
+        double lr, wd, mu, eps;
+        int nesterov;
+    } cases[] = {
+        {PS_OPTIMIZER_SGD, 0.5, 0, 0, 1e-8, 0},       {PS_OPTIMIZER_SGD, 1000, 1, 0, 1e-8, 0},
+        {PS_OPTIMIZER_SGD, 0.1, 1e-4, 0.9, 1e-8, 0},  {PS_OPTIMIZER_SGD, 10, 0.5, 0.99, 1e-8, 1},
+        {PS_OPTIMIZER_ADAM, 1e-3, 0, 0, 1e-8, 0},     {PS_OPTIMIZER_ADAM, 10, 0.1, 0, 1e-12, 0},
+        {PS_OPTIMIZER_ADAM, 1e-3, 0, 0, 0, 0},        {PS_OPTIMIZER_ADAMW, 0.1, 0.5, 0, 1e-8, 0},
+        {PS_OPTIMIZER_ADAGRAD, 0.02, 0, 0, 1e-8, 0},  {PS_OPTIMIZER_ADAGRAD, 100, 2, 0, 1e-10, 0},
+        {PS_OPTIMIZER_ADAGRAD, 0.02, 0, 0, 0, 0},
+    };
+    int said_sure = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ps_config c = cfg_for(cases[k].kind);
+        c.lr = cases[k].lr;
+        c.weight_decay = cases[k].wd;
+        c.momentum = cases[k].mu;
+        c.nesterov = cases[k].nesterov;
+        c.eps = cases[k].eps;
+        srv_optim o;
+        assert_int_equal(srv_optim_init(&o, &c, 4), 0);
+        float *bufs[2] = {NULL, NULL};
+        size_t nb = srv_optim_state_buffers(&o, bufs, NULL, 2);
+        for (size_t gi = 0; gi < nm; gi++)
+            for (size_t wi = 0; wi < nm; wi++)
+                for (size_t si = 0; si < nm; si++)
+                    for (int version = 0; version < 100; version += 99) {
+                        /* both signs, and the largest magnitudes where they count */
+                        float g[4] = {(float)mags[gi], -(float)mags[gi], (float)mags[gi], 0};
+                        float w[4] = {(float)mags[wi], -(float)mags[wi], -(float)mags[wi], (float)mags[wi]};
+                        /* momentum and a first moment take either sign; what goes
+                         * under a square root (adagrad's sum, adam's second
+                         * moment) is never negative (the engine checks a
+                         * checkpoint's) */
+                        int signed1 = cases[k].kind == PS_OPTIMIZER_SGD || cases[k].kind == PS_OPTIMIZER_ADAM ||
+                                      cases[k].kind == PS_OPTIMIZER_ADAMW;
+                        for (size_t b = 0; b < nb; b++)
+                            for (int i = 0; i < 4; i++)
+                                bufs[b][i] = (float)mags[si] * (b == 0 && signed1 && i % 2 ? -1.0f : 1.0f);
+                        srv_optim_step st;
+                        srv_optim_begin(&o, &st, g, 4, (uint64_t)version);
+                        int sure = srv_optim_surely_finite(&o, &st, mags[gi], mags[wi], nb > 0 ? mags[si] : 0,
+                                                           nb > 1 ? mags[si] : 0);
+                        int finite = srv_optim_finite(&o, &st, w, g, 0, 4);
+                        if (sure && !finite)
+                            fail_msg("kind %d case %zu: |g| %g, |w| %g, |state| %g, version %d: surely finite, "
+                                     "but the trial is not", cases[k].kind, k, mags[gi], mags[wi], mags[si],
+                                     version);
+                        said_sure += sure;
+                        if (cases[k].eps > 0 && mags[gi] <= 1e3 && mags[wi] <= 1e3 && mags[si] <= 1e3)
+                            assert_true(sure); /* what training has: no trial */
+                        if (cases[k].eps == 0 && cases[k].kind != PS_OPTIMIZER_SGD)
+                            assert_false(sure); /* 0/0 is NaN: only the trial can tell */
+                    }
+        srv_optim_free(&o);
+    }
+    assert_true(said_sure > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -913,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_configure_momentum),
         cmocka_unit_test(test_range_offsets),
         cmocka_unit_test(test_chunks_share_step),
+        cmocka_unit_test(test_surely_finite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -394,6 +394,32 @@ static void test_round_trip_error(void **state)
     free(x), free(y), free(h);
 }
 
+/* ps_vec_maxabs and ps_bf16_to_f32_maxabs: the largest magnitude, +inf
+ * when a value is infinite, NaN when one is NaN (whichever comes first),
+ * at every position of a vector long enough for the vectorised loop. */
+static void test_maxabs(void **state)
+{
+    enum { L = 77 };
+    float x[L] = {0}, y[L];
+    uint16_t h[L];
+    assert_true(ps_vec_maxabs(x, 0) == 0.0f);
+    for (size_t at = 0; at < L; at++) {
+        for (size_t i = 0; i < L; i++)
+            x[i] = (float)((int)(i % 7) - 3) * 0.25f; /* |x| <= 0.75 */
+        x[at] = -2.5f;
+        assert_true(ps_vec_maxabs(x, L) == 2.5f);
+        ps_bf16_from_f32(h, x, L);
+        assert_true(ps_bf16_to_f32_maxabs(y, h, L) == 2.5f);
+        assert_memory_equal(x, y, sizeof x); /* these values are exact in bfloat16 */
+        x[(at * 5) % L] = -INFINITY;
+        assert_true(isinf(ps_vec_maxabs(x, L)));
+        x[(at * 3) % L] = NAN;
+        assert_true(isnan(ps_vec_maxabs(x, L))); /* a NaN's bits lie above inf's */
+        ps_bf16_from_f32(h, x, L);
+        assert_false(isfinite(ps_bf16_to_f32_maxabs(y, h, L)));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -401,6 +427,7 @@ int main(void)
         cmocka_unit_test(test_widen_exhaustive),
         cmocka_unit_test(test_lengths_and_offsets),
         cmocka_unit_test(test_round_trip_error),
+        cmocka_unit_test(test_maxabs),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
