@@ -12,7 +12,7 @@
 #include <uv.h>
 
 #include "common/auth.h"
-#include "common/config.h"
+#include "config.h"
 #include "proto/msg.h"
 #include "optim.h"
 

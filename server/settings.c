@@ -22,7 +22,7 @@ int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t le
     memset(&parsed, 0, sizeof parsed);
     if (c->metrics_listen[0]) {
         char perr[512];
-        if (ps_config_parse_hostport(c->metrics_listen, parsed.metrics_host, sizeof parsed.metrics_host,
+        if (ps_hostport_parse(c->metrics_listen, parsed.metrics_host, sizeof parsed.metrics_host,
                                      &parsed.metrics_port, perr, sizeof perr) != 0) {
             snprintf(err, len, "metrics_listen: %s", perr);
             return PS_EINVAL;

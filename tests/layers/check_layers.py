@@ -20,7 +20,7 @@ import sys
 
 # bottom to top; a file may use its own layer and those below it
 LAYERS = [
-    ("store", ["stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c"]),
+    ("store", ["config.c", "stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c"]),
     ("update", ["update.c"]),
     ("policy", ["policy.c"]),
     ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "http.c"]),
@@ -34,6 +34,7 @@ LAYERS = [
 # every layer shares and the store layer's functions: anyone may include it.
 HEADERS = {
     "psd.h": "store",
+    "config.h": "store",
     "optim.h": "store",
     "history.h": "store",
     "update.h": "update",

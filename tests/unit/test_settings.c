@@ -13,7 +13,7 @@
 #include <netinet/in.h>
 #include <string.h>
 
-#include "common/config.h"
+#include "server/config.h"
 #include "proto/errors.h"
 #include "server/psd.h"
 

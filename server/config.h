@@ -20,7 +20,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define PS_CONFIG_HOST_MAX 256     /* host name or address, NUL included */
+#include "common/hostport.h"
+
+#define PS_CONFIG_HOST_MAX PS_HOSTPORT_HOST_MAX /* host name or address, NUL included */
 #define PS_CONFIG_PATH_MAX 1024    /* path options, NUL included */
 #define PS_CONFIG_VALUE_MAX 1100   /* enough for any formatted value */
 
@@ -43,13 +45,6 @@ enum ps_nonfinite { PS_NONFINITE_REJECT = 0, PS_NONFINITE_CLIP = 1 };
 
 /* Values of ps_config.bsp_sum_order. */
 enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
-
-/* A parsed "host:port". host is an IPv4 or IPv6 literal (without brackets)
- * or a host name; port 0 asks the kernel for a free port. */
-typedef struct ps_hostport {
-    char host[PS_CONFIG_HOST_MAX];
-    int port;                          /* 0..65535 */
-} ps_hostport;
 
 typedef struct ps_config {
     ps_hostport listen;                /* address psd listens on */
@@ -163,12 +158,6 @@ void ps_config_print(const ps_config *c, FILE *f);
 
 /* True when option o differs between a and b. */
 bool ps_config_differs(const ps_config *a, const ps_config *b, const ps_config_option *o);
-
-/* Parse "host:port": "127.0.0.1:7000", "[::1]:7000", "example.org:7000".
- * host gets the host without brackets. Port must be 0..65535. Returns 0 or
- * PS_EINVAL with a message in err. */
-int ps_config_parse_hostport(const char *s, char *host, size_t hostlen, int *port,
-                             char *err, size_t errlen);
 
 /* "64M" -> 67108864. A non-negative integer with an optional unit K, M, G
  * or T (powers of 1024, any case, optionally followed by "B" or "iB").
