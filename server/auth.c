@@ -25,11 +25,7 @@ typedef struct srv_auth {
 int srv_auth_load(psd *s, char *err, size_t errlen)
 {
     int rc;
-    if (s->cfg.admin_token_file[0] && !s->cfg.token_file[0]) {
-        snprintf(err, errlen, "admin_token_file is set but token_file is not: set token_file too (the workers' "
-                              "secret); authentication is on only with it");
-        return PS_EINVAL;
-    }
+    /* admin_token_file without token_file: refused by srv_config_check */
     if (!s->cfg.token_file[0])
         return 0;
     if (ps_auth_init() != 0) {

@@ -29,8 +29,9 @@ void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof);
 void srv_conn_detach(srv_conn *c, int state, const char *why);
 
 /* auth.c */
-/* Reads token_file and admin_token_file into s->token and s->admin_token.
- * Returns 0, or a negative PS_E* code with a message in err. */
+/* Reads token_file and admin_token_file into s->token and s->admin_token
+ * (that the second needs the first is srv_config_check's). Returns 0, or a
+ * negative PS_E* code with a message in err. */
 int srv_auth_load(psd *s, char *err, size_t errlen);
 /* psd requires a token: keeps hello m and answers CHALLENGE. */
 void srv_auth_challenge(srv_conn *c, ps_msg *m);
