@@ -465,6 +465,7 @@ int srv_http_start(psd *s)
     port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
                                             : ((struct sockaddr_in6 *)&bound)->sin6_port);
     snprintf(h->addr, sizeof h->addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    snprintf(s->http_addr, sizeof s->http_addr, "%s", h->addr);
     h->listening = 1;
     s->http = h;
     PS_LOG(PS_LOG_INFO, "metrics at http://%s/metrics", h->addr);
@@ -473,7 +474,7 @@ int srv_http_start(psd *s)
 
 const char *srv_http_address(const psd *s)
 {
-    return s->http ? s->http->addr : "";
+    return s->http_addr;
 }
 
 void srv_http_stop(psd *s)
@@ -482,6 +483,7 @@ void srv_http_stop(psd *s)
     if (!h)
         return;
     s->http = NULL;
+    s->http_addr[0] = '\0';
     h->stopped = 1;
     for (http_conn *hc = h->conns; hc; hc = hc->next)
         conn_close(hc);

@@ -298,6 +298,8 @@ struct psd {
     int paused;              /* ADMIN pause: workers' pulls are parked until resume */
     int said_memory_only;    /* the "model exists only in memory" warning was logged */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    char http_addr[300];     /* its bound "host:port", "" when off: written by the
+                              * connection layer (http.c), read by status.c */
     srv_settings settings;   /* what the start's srv_config_check parsed */
     struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */

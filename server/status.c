@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "http.h"
 #include "policy.h"
 #include "proto/errors.h"
 #include "psd.h"
@@ -68,7 +67,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);
-    kstr(pk, "metrics_listen", srv_http_address(s));
+    kstr(pk, "metrics_listen", s->http_addr); /* http.c, a layer above, writes it */
     ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
     key(pk, "checkpoint_version");
     if (s->stats.checkpoint_ms)
