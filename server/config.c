@@ -1,8 +1,10 @@
 /* config.c - the option table and everything driven by it; see config.h.
  *
  * To add an option: a field in struct ps_config, a row in options[] below,
- * and a commented-out entry with its default in conf/psd.conf. Nothing else
- * needs to know. */
+ * and a commented-out entry with its default in conf/psd.conf. The row's
+ * validate hook defaults to its type's; give it an apply hook (settings.c)
+ * if it may change while psd runs, and put what it must agree with other
+ * options in srv_config_check (settings.c). Nothing else needs to know. */
 #include "config.h"
 
 #include <ctype.h>
