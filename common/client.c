@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "auth.h"
-#include "config.h"
+#include "hostport.h"
 #include "log.h"
 #include "proto/errors.h"
 #include "vec.h"
@@ -130,14 +130,14 @@ static int wait_fd(ps_client *c, short events, int64_t deadline)
 
 int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
 {
-    char host[PS_CONFIG_HOST_MAX], perr[256], port_s[16];
+    char host[PS_HOSTPORT_HOST_MAX], perr[256], port_s[16];
     int port;
     struct addrinfo hints = {0}, *res = NULL;
     int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 
     ps_client_close(c);
     snprintf(c->server, sizeof c->server, "%s", hostport);
-    if (ps_config_parse_hostport(hostport, host, sizeof host, &port, perr, sizeof perr) != 0)
+    if (ps_hostport_parse(hostport, host, sizeof host, &port, perr, sizeof perr) != 0)
         return cfail(c, PS_EINVAL, "bad server address '%s': %s", hostport, perr);
     if (port == 0)
         return cfail(c, PS_EINVAL, "bad server address '%s': port 0", hostport);

@@ -24,7 +24,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "common/config.h"
+#include "server/config.h"
 #include "common/log.h"
 #include "fuzz_check.h"
 #include "server/checkpoint.h"

@@ -3,6 +3,7 @@
  * reload that SIGHUP and `psctl set` share (srv_config_apply). */
 #include "admin.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,9 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
 {
     size_t n;
     const ps_config_option *opts = ps_config_options(&n);
-    char was[PS_CONFIG_VALUE_MAX], now[PS_CONFIG_VALUE_MAX];
+    char was[PS_CONFIG_VALUE_MAX], now[PS_CONFIG_VALUE_MAX], err[600] = "";
+    ps_config_apply_fn hooks[64];
+    size_t nhooks = 0;
     int changed = 0;
 
     if (summary && len)
@@ -56,31 +59,59 @@ int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *su
                                 "being written or an update is running",
                    origin, (unsigned long long)s->model.version);
     }
+    ps_config old = s->cfg;
     for (size_t i = 0; i < n; i++) {
         const ps_config_option *o = &opts[i];
         if (!ps_config_differs(&s->cfg, next, o))
             continue;
         ps_config_format(&s->cfg, o, was, sizeof was);
         ps_config_format(next, o, now, sizeof now);
-        if (!(o->flags & PS_CONF_RELOAD)) {
+        if (!ps_config_reloadable(o)) {
             PS_LOG(PS_LOG_WARN, "%s: %s: '%s' -> '%s' needs a restart; psd keeps '%s' until then", origin, o->name,
                    was, now, was);
             continue;
         }
-        PS_LOG(PS_LOG_INFO, "%s: %s: %s -> %s", origin, o->name, was, now);
-        append_change(summary, len, o->name, was, now);
         memcpy((char *)&s->cfg + o->offset, (const char *)next + o->offset, o->size);
         changed++;
+        size_t k = 0;
+        while (k < nhooks && hooks[k] != o->apply)
+            k++;
+        if (k == nhooks) {
+            assert(nhooks < sizeof hooks / sizeof hooks[0]);
+            hooks[nhooks++] = o->apply;
+        }
+    }
+    /* each hook once, after every new value is in place */
+    int tell_policy = 0;
+    for (size_t k = 0; k < nhooks; k++) {
+        int rc = hooks[k](s, err, sizeof err);
+        if (rc >= 0) {
+            tell_policy |= rc == PS_CONFIG_TELL_POLICY;
+            continue;
+        }
+        PS_LOG(PS_LOG_ERROR, "%s refused, psd keeps its settings: %s", origin, err);
+        s->cfg = old;
+        for (size_t j = 0; j <= k; j++) {
+            char ignored[64];
+            hooks[j](s, ignored, sizeof ignored);
+        }
+        if (summary && len)
+            snprintf(summary, len, "%s", err);
+        return rc;
+    }
+    if (tell_policy && s->policy && s->policy->reconfigured)
+        s->policy->reconfigured(s); /* e.g. DC-ASGD off: its snapshots go */
+    for (size_t i = 0; i < n; i++) {
+        const ps_config_option *o = &opts[i];
+        if (!ps_config_reloadable(o) || !ps_config_differs(&old, &s->cfg, o))
+            continue;
+        ps_config_format(&old, o, was, sizeof was);
+        ps_config_format(&s->cfg, o, now, sizeof now);
+        PS_LOG(PS_LOG_INFO, "%s: %s: %s -> %s", origin, o->name, was, now);
+        append_change(summary, len, o->name, was, now);
     }
     if (summary && len && !summary[0])
         snprintf(summary, len, "no change");
-    if (!changed)
-        return 0;
-    if (s->model.nblk) /* the optimizer exists once the model is committed */
-        srv_optim_configure(&s->model.opt, &s->cfg);
-    ps_log_set_level(s->cfg.log_level);
-    if (s->policy && s->policy->reconfigured)
-        s->policy->reconfigured(s); /* e.g. DC-ASGD off: its snapshots go */
     return changed;
 }
 
@@ -99,12 +130,16 @@ int srv_reload(psd *s)
     for (int i = 0; rc == 0 && i < s->ncli_sets; i++)
         rc = ps_config_set(&next, s->cli_sets[i].key, s->cli_sets[i].value, err, sizeof err);
     if (rc == 0)
-        rc = srv_config_check(&next, NULL, err, sizeof err);
+        rc = srv_config_check(&next, SRV_CHECK_RUN, NULL, err, sizeof err);
     if (rc != 0) {
         PS_LOG(PS_LOG_ERROR, "reload refused, psd keeps its settings: %s", err);
     } else {
         int changed = srv_config_apply(s, &next, "reload", NULL, 0);
-        PS_LOG(PS_LOG_INFO, "reload of %s: %d setting%s changed", s->config_path, changed, changed == 1 ? "" : "s");
+        if (changed >= 0)
+            PS_LOG(PS_LOG_INFO, "reload of %s: %d setting%s changed", s->config_path, changed,
+                   changed == 1 ? "" : "s");
+        else
+            rc = changed;
     }
     srv_notify_ready(s);
     return rc;
@@ -131,7 +166,7 @@ static void reloadable_names(char *buf, size_t len)
     const ps_config_option *opts = ps_config_options(&n);
     buf[0] = '\0';
     for (size_t i = 0; i < n; i++) {
-        if (!(opts[i].flags & PS_CONF_RELOAD))
+        if (!ps_config_reloadable(&opts[i]))
             continue;
         size_t used = strlen(buf);
         snprintf(buf + used, len - used, "%s%s", used ? ", " : "", opts[i].name);
@@ -164,7 +199,7 @@ static void cmd_set(srv_conn *c, ps_msg *m)
         memcpy(value, eq + 1, vlen);
         value[vlen] = '\0';
         const ps_config_option *o = ps_config_find(key);
-        if (o && !(o->flags & PS_CONF_RELOAD)) {
+        if (o && !ps_config_reloadable(o)) {
             reloadable_names(names, sizeof names);
             srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
                            "set: %s cannot change while psd runs; change it in the configuration file and restart "
@@ -177,11 +212,14 @@ static void cmd_set(srv_conn *c, ps_msg *m)
             return;
         }
     }
-    if (srv_config_check(&next, NULL, err, sizeof err) != 0) {
+    if (srv_config_check(&next, SRV_CHECK_RUN, NULL, err, sizeof err) != 0) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", err);
         return;
     }
-    srv_config_apply(s, &next, "psctl set", summary, sizeof summary);
+    if (srv_config_apply(s, &next, "psctl set", summary, sizeof summary) < 0) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", summary);
+        return;
+    }
     reply_ok(c, m->id, summary);
 }
 

@@ -26,19 +26,25 @@ int srv_admin_waiting(psd *s, uint64_t cid);
 void srv_admin_free(psd *s);
 
 /* Makes next the running configuration, as far as it may change at run
- * time: every option flagged PS_CONF_RELOAD that differs is copied into
- * s->cfg and logged ("<origin>: lr: 0.05 -> 0.01"), then handed on (the
- * optimizer's settings, the log level; the rest is read where it is used).
- * An option that differs and is not reloadable is only logged as needing a
- * restart, and s->cfg keeps its value. summary (may be NULL) receives the
- * changes as "lr: 0.05 -> 0.01, clip_norm: 0 -> 5", or "no change".
- * Returns the number of reloadable options changed. */
+ * time. next must have passed srv_config_check (SRV_CHECK_RUN). Every
+ * option with an apply hook (config.h) that differs is copied into s->cfg;
+ * then each distinct hook of those options runs once (the optimizer takes
+ * its settings again, the policy is told, the log level is set; options
+ * read where they are used need nothing) and the changes are logged
+ * ("<origin>: lr: 0.05 -> 0.01"). An option that differs and has no apply
+ * hook is only logged as needing a restart, and s->cfg keeps its value.
+ * summary (may be NULL) receives the changes as "lr: 0.05 -> 0.01,
+ * clip_norm: 0 -> 5", or "no change". Returns the number of options
+ * changed; or, when a hook refuses, a negative PS_E* code with the reason
+ * in summary, s->cfg back as it was and the hooks that ran run again on
+ * it. */
 int srv_config_apply(psd *s, const ps_config *next, const char *origin, char *summary, size_t len);
 
 /* SIGHUP: reads the configuration file again (defaults, then the file, then
  * the command line's settings, which still win) and applies it with
- * srv_config_apply(). A file that cannot be read or has a bad line is
- * logged and nothing changes. Returns 0 or a negative PS_E* code. */
+ * srv_config_apply(). A file that cannot be read, has a bad line or fails
+ * the cross-check (srv_config_check) is logged and nothing changes.
+ * Returns 0 or a negative PS_E* code. */
 int srv_reload(psd *s);
 
 #endif

@@ -25,11 +25,7 @@ typedef struct srv_auth {
 int srv_auth_load(psd *s, char *err, size_t errlen)
 {
     int rc;
-    if (s->cfg.admin_token_file[0] && !s->cfg.token_file[0]) {
-        snprintf(err, errlen, "admin_token_file is set but token_file is not: set token_file too (the workers' "
-                              "secret); authentication is on only with it");
-        return PS_EINVAL;
-    }
+    /* admin_token_file without token_file: refused by srv_config_check */
     if (!s->cfg.token_file[0])
         return 0;
     if (ps_auth_init() != 0) {
@@ -64,7 +60,7 @@ void srv_auth_free(srv_conn *c)
     c->auth = NULL;
 }
 
-void srv_auth_challenge(srv_conn *c, ps_msg *m)
+int srv_auth_challenge(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 {
     srv_auth *a = calloc(1, sizeof *a);
     if (a && (m->has & PS_F_LAYOUT)) {
@@ -75,8 +71,8 @@ void srv_auth_challenge(srv_conn *c, ps_msg *m)
             free(a), a = NULL;
     }
     if (!a) {
-        srv_send_error(c, m->id, PS_ENOMEM, 1, "out of memory");
-        return;
+        snprintf(err, errlen, "out of memory");
+        return PS_ENOMEM;
     }
     a->hello = *m;
     a->hello.layout = a->layout;
@@ -94,9 +90,10 @@ void srv_auth_challenge(srv_conn *c, ps_msg *m)
     PS_LOG(PS_LOG_DEBUG, "conn %llu (%s): challenge for a %s hello", (unsigned long long)c->cid, c->addr,
            ps_role_name(m->role));
     srv_send(c, &r, NULL);
+    return 0;
 }
 
-void srv_auth_answer(srv_conn *c, ps_msg *m)
+int srv_auth_answer(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 {
     psd *s = c->srv;
     srv_auth *a = c->auth;
@@ -112,11 +109,11 @@ void srv_auth_answer(srv_conn *c, ps_msg *m)
     }
     ps_auth_client_proof(key->b, key->len, a->nonce, m->cnonce, &a->hello, want);
     if (!ps_auth_mac_equal(want, m->proof)) {
-        srv_send_error(c, m->id, PS_EAUTH, 1,
-                       "authentication failed for role %s: wrong token (the proof does not match psd's %s; check "
-                       "--token-file)",
-                       ps_role_name(a->hello.role), key == &s->admin_token ? "admin_token_file" : "token_file");
-        return;
+        snprintf(err, errlen,
+                 "authentication failed for role %s: wrong token (the proof does not match psd's %s; check "
+                 "--token-file)",
+                 ps_role_name(a->hello.role), key == &s->admin_token ? "admin_token_file" : "token_file");
+        return PS_EAUTH;
     }
     ps_auth_server_proof(key->b, key->len, m->cnonce, a->nonce, sproof);
     c->admin_readonly = readonly;
@@ -128,4 +125,5 @@ void srv_auth_answer(srv_conn *c, ps_msg *m)
     srv_hello_accept(c, &hello, sproof);
     free(a->layout);  /* only now: hello.layout is a->layout */
     free(a);
+    return 0;
 }

@@ -653,7 +653,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
         if (errno == ENOENT)
             return 0;
         snprintf(err, errlen, "cannot read state_dir %s: %s", dir, strerror(errno));
-        return -1;
+        return PS_EIO;
     }
     int moved = 0;
     struct dirent *e;
@@ -679,7 +679,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
             if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) {
                 snprintf(err, errlen, "cannot create %s: %s", sub, strerror(errno));
                 closedir(d);
-                return -1;
+                return PS_EIO;
             }
         }
         char from[PS_CONFIG_PATH_MAX + 300], to[PS_CONFIG_PATH_MAX + 400];
@@ -688,7 +688,7 @@ int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char
         if (rename(from, to) != 0) {
             snprintf(err, errlen, "cannot move %s to %s: %s", from, sub, strerror(errno));
             closedir(d);
-            return -1;
+            return PS_EIO;
         }
         moved++;
     }

@@ -57,8 +57,8 @@ int srv_checkpoint_load(psd *s);
 
 /* --fresh: moves the checkpoints in dir (ckpt-* files) into a new dated
  * subfolder, dir/set-aside-YYYYMMDDTHHMMSSZ, written to aside; nothing is
- * deleted. Returns how many were moved (0: none, aside stays ""), or -1
- * with a message in err. */
+ * deleted. Returns how many were moved (0: none, aside stays ""), or
+ * PS_EIO with a message in err. */
 int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char *err, size_t errlen);
 
 #endif

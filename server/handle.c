@@ -45,6 +45,15 @@ static void reply_ok(srv_conn *c, uint64_t id)
     srv_send(c, &r, NULL);
 }
 
+/* A pull, answered now or parked by the answer layer, or refused here. */
+static void pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt)
+{
+    char err[256];
+    int rc = srv_pull(c, id, off, len, min, rdt, err, sizeof err);
+    if (rc != 0)
+        srv_send_error(c, id, rc, 0, "%s", err);
+}
+
 /* ---- init, push, pull --------------------------------------------------------- */
 
 /* nonfinite = clip: NaN becomes 0, +-inf +-FLT_MAX, and the push is scaled
@@ -280,7 +289,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
             s->stats.dropped_pushes++;
         PS_LOG(PS_LOG_DEBUG, "shard %u: %s", c->worker->shard, err);
         if (m->type == PS_MSG_PUSHPULL) {
-            srv_pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
+            pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
             return;
         }
     }
@@ -295,7 +304,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
         s->stats.pushes++;
     }
     if (m->type == PS_MSG_PUSHPULL)
-        srv_pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
+        pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
     else
         reply_ok(c, m->id);
 }
@@ -313,7 +322,7 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     if (c->closing)
         return c;
     if (a.type == PS_MSG_PUSHPULL)
-        srv_pull(c, a.id, a.poff, a.plen, a.min, a.rdt);
+        pull(c, a.id, a.poff, a.plen, a.min, a.rdt);
     else
         reply_ok(c, a.id);
     return c;
@@ -358,9 +367,11 @@ void srv_handle(srv_conn *c, ps_msg *m)
     c->last_msg_ms = srv_now_ms();
     if (c->auth) {
         /* a challenge is out: only its answer may come */
-        if (m->type == PS_MSG_AUTH)
-            srv_auth_answer(c, m);
-        else
+        char err[512];
+        int rc = m->type == PS_MSG_AUTH ? srv_auth_answer(c, m, err, sizeof err) : 0;
+        if (rc != 0)
+            srv_send_error(c, m->id, rc, 1, "%s", err);
+        else if (m->type != PS_MSG_AUTH)
             srv_send_error(c, m->id, PS_EAUTH, 1, "psd requires a token: expected auth, the answer to its "
                                                   "challenge, not %s",
                            ps_msg_type_name(m->type));
@@ -397,9 +408,9 @@ void srv_handle(srv_conn *c, ps_msg *m)
         int rc = srv_hello_precheck(c, m, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
-        else if (s->token.len)
-            srv_auth_challenge(c, m);
-        else
+        else if (s->token.len && (rc = srv_auth_challenge(c, m, err, sizeof err)) != 0)
+            srv_send_error(c, m->id, rc, 1, "%s", err);
+        else if (!s->token.len)
             srv_hello_accept(c, m, NULL);
         break;
     }
@@ -411,7 +422,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         handle_push(c, m);
         break;
     case PS_MSG_PULL:
-        srv_pull(c, m->id, m->off, m->len, m->min, m->rdt);
+        pull(c, m->id, m->off, m->len, m->min, m->rdt);
         break;
     case PS_MSG_HEARTBEAT:
         /* without an id it is fire-and-forget, so a worker's heartbeat

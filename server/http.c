@@ -429,21 +429,14 @@ static void on_listener_closed(uv_handle_t *handle)
 
 int srv_http_start(psd *s)
 {
-    /* metrics_listen as srv_config_check parsed it at start */
+    /* metrics_listen as srv_config_check parsed and checked it at start */
     const char *host = s->settings.metrics_host;
     int port;
     struct sockaddr_storage addr = s->settings.metrics_addr;
 
     if (!s->cfg.metrics_listen[0] || !host[0])
         return 0;
-    if (!s->token.len && !s->cfg.allow_remote_without_token && !srv_addr_is_loopback(&addr)) {
-        PS_LOG(PS_LOG_ERROR,
-               "refusing to serve HTTP on %s without a token (protected mode): anyone who can reach that address "
-               "could watch the job. Set token_file, use a loopback address (127.0.0.1, [::1]), or set "
-               "allow_remote_without_token = yes on a network you trust",
-               s->cfg.metrics_listen);
-        return PS_EINVAL;
-    }
+    /* protected mode (no token: loopback only) is srv_config_check's */
     struct srv_http *h = calloc(1, sizeof *h);
     if (!h)
         return PS_ENOMEM;
@@ -472,6 +465,7 @@ int srv_http_start(psd *s)
     port = ntohs(bound.ss_family == AF_INET ? ((struct sockaddr_in *)&bound)->sin_port
                                             : ((struct sockaddr_in6 *)&bound)->sin6_port);
     snprintf(h->addr, sizeof h->addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    snprintf(s->http_addr, sizeof s->http_addr, "%s", h->addr);
     h->listening = 1;
     s->http = h;
     PS_LOG(PS_LOG_INFO, "metrics at http://%s/metrics", h->addr);
@@ -480,7 +474,7 @@ int srv_http_start(psd *s)
 
 const char *srv_http_address(const psd *s)
 {
-    return s->http ? s->http->addr : "";
+    return s->http_addr;
 }
 
 void srv_http_stop(psd *s)
@@ -489,6 +483,7 @@ void srv_http_stop(psd *s)
     if (!h)
         return;
     s->http = NULL;
+    s->http_addr[0] = '\0';
     h->stopped = 1;
     for (http_conn *hc = h->conns; hc; hc = hc->next)
         conn_close(hc);

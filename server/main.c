@@ -85,7 +85,7 @@ static void print_reference(FILE *f)
     fprintf(f, "| key | default | reload | meaning |\n|---|---|---|---|\n");
     for (size_t i = 0; i < n; i++)
         fprintf(f, "| `%s` | `%s` | %s | %s |\n", o[i].name, o[i].def[0] ? o[i].def : "(empty)",
-                (o[i].flags & PS_CONF_RELOAD) ? "yes" : "no", o[i].help);
+                ps_config_reloadable(&o[i]) ? "yes" : "no", o[i].help);
 }
 
 static int write_port_file(const char *path, int port)
@@ -322,41 +322,19 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (srv_config_check(&s->cfg, &s->settings, err, sizeof err) != 0) {
+    /* the one cross-check, as a reload and `psctl set` make it; --print-config
+     * checks settings, not this machine's files (token files and state_dir
+     * are read below, at start only): the configuration may be meant for
+     * another machine (a container, a cluster) */
+    if (srv_config_check(&s->cfg, print_config ? SRV_CHECK_PRINT : SRV_CHECK_START, &s->settings, err,
+                         sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
         return 2;
     }
-    /* protected mode, as Redis's: no open door without a token. A check of
-     * the settings, so --print-config makes it too; a host name that does
-     * not resolve here may be meant for another machine: only a start
-     * refuses it. */
-    struct sockaddr_storage listen_addr;
-    int resolved = srv_listen_resolve(s->cfg.listen.host, s->cfg.listen.port, &listen_addr, err, sizeof err) == 0;
-    if (!resolved && !print_config) {
-        fprintf(stderr, "psd: %s\n", err);
-        return 2;
-    }
-    if (resolved && !s->cfg.token_file[0] && !s->cfg.allow_remote_without_token &&
-        !srv_addr_is_loopback(&listen_addr)) {
-        char meant[INET6_ADDRSTRLEN + 320] = "", ip[INET6_ADDRSTRLEN];
-        srv_addr_name(&listen_addr, ip, sizeof ip);
-        if (strcmp(ip, s->cfg.listen.host) != 0)
-            snprintf(meant, sizeof meant, " (%.255s resolves to %s, not a loopback address)", s->cfg.listen.host, ip);
-        fprintf(stderr,
-                "psd: refusing to listen on %s:%d%s without a token (protected mode): anyone who can reach that "
-                "address could read and change the model. Set token_file (see conf/psd.conf), listen on a "
-                "loopback address (127.0.0.1, [::1], localhost), or set allow_remote_without_token = yes on a "
-                "network you trust\n",
-                s->cfg.listen.host, s->cfg.listen.port, meant);
-        return 2;
-    }
-    /* --print-config checks settings, not this machine's files: the
-     * configuration may be meant for another (a container, a cluster) */
     if (print_config) {
         ps_config_print(&s->cfg, stdout);
         return 0;
     }
-    s->settings.listen_addr = listen_addr;
     if (srv_auth_load(s, err, sizeof err) != 0) {
         fprintf(stderr, "psd: %s\n", err);
         return 2;

@@ -12,7 +12,7 @@
 #include <uv.h>
 
 #include "common/auth.h"
-#include "common/config.h"
+#include "config.h"
 #include "proto/msg.h"
 #include "optim.h"
 
@@ -270,13 +270,13 @@ typedef struct srv_stats {
     double push_rate, pull_rate;
 } srv_stats;
 
-/* What srv_config_check() parses of the settings, kept so that nothing
- * parses it again. */
+/* What srv_config_check() parses of the settings, kept from the start's
+ * check so that nothing parses or resolves it again. */
 typedef struct srv_settings {
     char metrics_host[PS_CONFIG_HOST_MAX]; /* metrics_listen's host; "" = off */
     int metrics_port;
     struct sockaddr_storage metrics_addr;  /* and as an address */
-    struct sockaddr_storage listen_addr;   /* listen, resolved at start (srv_listen_resolve) */
+    struct sockaddr_storage listen_addr;   /* listen, resolved (ss_family 0: not resolved) */
 } srv_settings;
 
 /* A setting from psd's command line (--listen, --set, ...); kept so that a
@@ -325,6 +325,8 @@ struct psd {
     int paused;              /* ADMIN pause: workers' pulls are parked until resume */
     int said_memory_only;    /* the "model exists only in memory" warning was logged */
     struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    char http_addr[300];     /* its bound "host:port", "" when off: written by the
+                              * connection layer (http.c), read by status.c */
     srv_settings settings;   /* what the start's srv_config_check parsed */
     struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
@@ -377,15 +379,29 @@ struct psd {
 
 /* ---- functions ----------------------------------------------------------- */
 
-/* settings.c */
-/* Checks the settings that depend on each other or need more than their
- * syntax (metrics_listen an IPv4 or IPv6 address; in BSP, backup_workers
- * below workers; nonfinite = clip needs clip_norm > 0; nesterov needs
- * momentum > 0 with sgd): at start, by
- * --print-config, at a reload and on `psctl set` alike. Returns 0, filling
- * out (may be NULL) with what it parsed, or PS_EINVAL with a message in
- * err. */
-int srv_config_check(const ps_config *c, srv_settings *out, char *err, size_t len);
+/* settings.c (and config.c's table hooks, declared in config.h) */
+
+/* When srv_config_check runs: what it may look at beyond the settings. */
+typedef enum srv_check_when {
+    SRV_CHECK_START,  /* psd starting: listen's host name must resolve */
+    SRV_CHECK_PRINT,  /* --print-config: a host name that does not resolve here passes
+                       * (it may be meant for another machine) */
+    SRV_CHECK_RUN,    /* a reload or `psctl set` while psd runs: listen is not
+                       * resolved again (it cannot change at run time) */
+} srv_check_when;
+
+/* The one cross-check of psd's settings: what depends on more than one
+ * option or on more than an option's syntax. metrics_listen an IPv4 or IPv6
+ * address (parsed here, handed back in out); in BSP, backup_workers below
+ * workers; nonfinite = clip needs clip_norm > 0; nesterov needs momentum >
+ * 0 with sgd; admin_token_file needs token_file; protected mode: without
+ * token_file and allow_remote_without_token, listen and metrics_listen
+ * must be loopback addresses. The same at start, by --print-config, at a
+ * reload and on `psctl set` (when says which). Looks at no file: the token
+ * files and state_dir are read at start only (srv_auth_load,
+ * srv_state_dir_check). Returns 0, filling out (may be NULL), or PS_EINVAL
+ * with a message in err and out untouched. */
+int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len);
 
 /* Checks that psd can write checkpoints to dir ("" passes): a directory
  * it can create a file in, created when missing. At start, before anything

@@ -123,29 +123,27 @@ int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen)
     return PS_EUNSUPPORTED;
 }
 
-void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt)
+int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt, char *err,
+             size_t errlen)
 {
     psd *s = c->srv;
     uint64_t total = s->model.layout.total;
-    char err[256];
-    int rc = srv_pull_check_rdt(s, rdt, err, sizeof err);
-    if (rc != 0) {
-        srv_send_error(c, id, rc, 0, "%s", err);
-        return;
-    }
+    int rc = srv_pull_check_rdt(s, rdt, err, errlen);
+    if (rc != 0)
+        return rc;
     if (!s->model.has_layout) {
-        srv_send_error(c, id, PS_ENOT_READY, 0, "no model yet: the first worker has not said hello");
-        return;
+        snprintf(err, errlen, "no model yet: the first worker has not said hello");
+        return PS_ENOT_READY;
     }
     if (!srv_range_ok(total, off, len)) {
-        srv_send_error(c, id, PS_ERANGE, 0, "pull range [%llu, %llu) is outside the model's %llu parameters",
-                       (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
-        return;
+        snprintf(err, errlen, "pull range [%llu, %llu) is outside the model's %llu parameters",
+                 (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
+        return PS_ERANGE;
     }
     if (c->pinned) {
         /* ADMIN pin: that version, whatever min says */
         send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
-        return;
+        return 0;
     }
     /* an earlier pull for this version or an older one still waits: this
      * one waits behind it, so that their replies leave in request order
@@ -156,17 +154,16 @@ void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min
         behind = p->min <= min;
     if (!behind && pull_ready(c, min)) {
         send_current(c, id, off, len, rdt);
-        return;
+        return 0;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
-        srv_send_error(c, id, PS_ELIMIT, 0, "more than %d pulls already waiting on this connection",
-                       SRV_PARKED_MAX);
-        return;
+        snprintf(err, errlen, "more than %d pulls already waiting on this connection", SRV_PARKED_MAX);
+        return PS_ELIMIT;
     }
     srv_parked *p = parked_get();
     if (!p) {
-        srv_send_error(c, id, PS_ENOMEM, 0, "out of memory parking a pull");
-        return;
+        snprintf(err, errlen, "out of memory parking a pull");
+        return PS_ENOMEM;
     }
     *p = (srv_parked){.id = id, .min = min, .off = off, .len = len, .rdt = rdt};
     /* append, so replies leave in request order (the list is short: at
@@ -178,6 +175,7 @@ void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min
     c->nparked++;
     if (behind && !srv_update_busy(s))
         srv_conn_answer_parked(c);
+    return 0;
 }
 
 void srv_conn_answer_parked(srv_conn *c)

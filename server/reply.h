@@ -18,8 +18,10 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
 
 /* pull.c: pulls and parked pulls */
 /* A pull of [off, off+len) for version >= min, answered in element type
- * rdt: answered now, parked, or refused with an ERROR. */
-void srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt);
+ * rdt: answered now or parked (0), or refused: a negative PS_E* code with
+ * err filled and nothing sent (the dispatch layer sends the ERROR). */
+int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt, char *err,
+             size_t errlen);
 /* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
 int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
 /* Answers every parked pull whose version is now available. */

@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "http.h"
 #include "join.h"
 #include "policy.h"
 #include "proto/errors.h"
@@ -104,7 +103,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);
-    kstr(pk, "metrics_listen", srv_http_address(s));
+    kstr(pk, "metrics_listen", s->http_addr); /* http.c, a layer above, writes it */
     ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
     key(pk, "checkpoint_version");
     if (s->stats.checkpoint_ms)

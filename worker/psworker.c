@@ -469,21 +469,24 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
         done += cnt;
         steps++;
         double tc = now_s();
-        if (psc_pushpull(pc) != 0) {
+        if (o->progress && tc - last_draw >= 0.1) {
+            /* the line the wait watcher extends while this round waits */
+            last_draw = tc;
+            uint64_t v0 = psc_model_version(pc);
+            uint64_t at = v0 - cur * per_epoch < per_epoch ? v0 - cur * per_epoch : per_epoch;
+            progress_draw(o, (int)cur + 1, (size_t)at, (size_t)per_epoch, loss_sum / (double)(done ? done : 1),
+                          tc - job_t0, res->samples + done, (size_t)v0, (size_t)(per_epoch * epochs));
+        }
+        step_waits(o, 1);
+        int prc = psc_pushpull(pc);
+        step_waits(o, 0);
+        if (prc != 0) {
             progress_clear(o);
             fprintf(stderr, "psworker: round %" PRIu64 ": %s\n", psc_model_version(pc), psc_errmsg(pc));
             goto out;
         }
         double now = now_s();
         comm_s += now - tc;
-        uint64_t v = psc_model_version(pc); /* rounds of the plan closed */
-        if (o->progress && now - last_draw >= 0.1) {
-            last_draw = now;
-            uint64_t in_epoch_done = v - cur * per_epoch < per_epoch ? v - cur * per_epoch : per_epoch;
-            progress_draw(o, (int)cur + 1, (size_t)in_epoch_done, (size_t)per_epoch,
-                          loss_sum / (double)(done ? done : 1), now - job_t0, res->samples + done, (size_t)v,
-                          (size_t)(per_epoch * epochs));
-        }
         if (cnt && psc_progress(pc, (uint32_t)cur, (double)loss * (double)cnt, cnt) != 0) {
             progress_clear(o);
             fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", (int)cur + 1, psc_errmsg(pc));
@@ -501,9 +504,12 @@ out:
     return status;
 }
 
-int main(int argc, char **argv)
+/* Reads the command line (and the environment's defaults) into *o. Returns
+ * -1 to go on, or the exit status to leave with: 0 after --help, 2 for a
+ * bad option (said on stderr). */
+static int parse_options(int argc, char **argv, wopts *o)
 {
-    wopts o = {.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
+    *o = (wopts){.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
                .shard = 0, .nshards = 1, .dataset = "mnist",
                .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
                .timeout_ms = 600000, .reconnect_ms = 60000, .connect_ms = 10000, .pipeline = 0, .shm = 1,
@@ -533,93 +539,92 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
-    o.data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
-    o.token_file = getenv("PSD_TOKEN_FILE") && *getenv("PSD_TOKEN_FILE") ? getenv("PSD_TOKEN_FILE") : NULL;
+    o->data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
+    o->token_file = getenv("PSD_TOKEN_FILE") && *getenv("PSD_TOKEN_FILE") ? getenv("PSD_TOKEN_FILE") : NULL;
     int opt;
     unsigned long long v;
-    char err[1024];
     while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eqh", longopts, NULL)) != -1) {
         switch (opt) {
-        case 'S': o.server = optarg; break;
-        case 'k': o.shard_arg = optarg; break;
-        case 'q': o.quiet = 1; break;
-        case O_EPOCH_JSON: o.epoch_json = 1; break;
-        case O_NO_SHUFFLE: o.no_shuffle = 1; break;
-        case O_FIXED_SHARD: o.fixed_shard = 1; break;
-        case O_NO_PLAN: o.no_plan = 1; break;
-        case O_SAVE_PARAMS: o.save_params = optarg; break;
-        case O_TOKEN_FILE: o.token_file = optarg; break;
+        case 'S': o->server = optarg; break;
+        case 'k': o->shard_arg = optarg; break;
+        case 'q': o->quiet = 1; break;
+        case O_EPOCH_JSON: o->epoch_json = 1; break;
+        case O_NO_SHUFFLE: o->no_shuffle = 1; break;
+        case O_FIXED_SHARD: o->fixed_shard = 1; break;
+        case O_NO_PLAN: o->no_plan = 1; break;
+        case O_SAVE_PARAMS: o->save_params = optarg; break;
+        case O_TOKEN_FILE: o->token_file = optarg; break;
         case O_PIPELINE:
             if (strcmp(optarg, "on") == 0)
-                o.pipeline = 1;
+                o->pipeline = 1;
             else if (strcmp(optarg, "off") == 0)
-                o.pipeline = 0;
+                o->pipeline = 0;
             else if (strcmp(optarg, "auto") == 0)
-                o.pipeline = -1;
+                o->pipeline = -1;
             else
                 return die("bad --pipeline '%s': on, off or auto", optarg);
             break;
         case O_WIRE:
             if (strcmp(optarg, "f32") != 0 && strcmp(optarg, "bf16") != 0)
                 return die("bad --wire '%s': f32 or bf16", optarg);
-            o.wire = optarg;
+            o->wire = optarg;
             break;
         case O_SHM:
             if (strcmp(optarg, "on") == 0)
-                o.shm = 1;
+                o->shm = 1;
             else if (strcmp(optarg, "off") == 0)
-                o.shm = 0;
+                o->shm = 0;
             else
                 return die("bad --shm '%s': on or off", optarg);
             break;
-        case 'd': o.dataset = optarg; break;
-        case 'D': o.data_dir = optarg; break;
-        case 'M': o.model = optarg; break;
+        case 'd': o->dataset = optarg; break;
+        case 'D': o->data_dir = optarg; break;
+        case 'M': o->model = optarg; break;
         case 'e':
             if (parse_uint(optarg, 100000, &v) || v == 0)
                 return die("bad --epochs '%s': expected 1..100000", optarg);
-            o.epochs = (int)v;
+            o->epochs = (int)v;
             break;
         case 'b':
             if (parse_uint(optarg, PS_MODEL_MAX_BATCH, &v) || v == 0)
                 return die("bad --batch '%s': expected 1..65536", optarg);
-            o.batch = (int)v;
+            o->batch = (int)v;
             break;
-        case 'E': o.eval = 1; break;
+        case 'E': o->eval = 1; break;
         case O_LIMIT:
             if (parse_uint(optarg, SIZE_MAX, &v))
                 return die("bad --limit '%s'", optarg);
-            o.limit = (size_t)v;
+            o->limit = (size_t)v;
             break;
         case O_TEST_LIMIT:
             if (parse_uint(optarg, SIZE_MAX, &v))
                 return die("bad --test-limit '%s'", optarg);
-            o.test_limit = (size_t)v;
+            o->test_limit = (size_t)v;
             break;
         case O_SEED:
             if (parse_uint(optarg, UINT64_MAX, &v))
                 return die("bad --seed '%s'", optarg);
-            o.seed = v;
+            o->seed = v;
             break;
         case O_THREADS:
             if (parse_uint(optarg, 256, &v) || v == 0)
                 return die("bad --threads '%s': expected 1..256", optarg);
-            o.threads = (int)v;
+            o->threads = (int)v;
             break;
         case O_TIMEOUT:
             if (parse_uint(optarg, 86400000, &v) || v == 0)
                 return die("bad --timeout '%s': milliseconds", optarg);
-            o.timeout_ms = (int)v;
+            o->timeout_ms = (int)v;
             break;
         case O_RECONNECT:
             if (parse_uint(optarg, 86400, &v))
                 return die("bad --reconnect-timeout '%s': seconds, 0..86400", optarg);
-            o.reconnect_ms = (int)v * 1000;
+            o->reconnect_ms = (int)v * 1000;
             break;
         case O_CONNECT:
             if (parse_uint(optarg, 86400, &v))
                 return die("bad --connect-timeout '%s': seconds, 0..86400", optarg);
-            o.connect_ms = (int)v * 1000;
+            o->connect_ms = (int)v * 1000;
             break;
         case 'h':
             usage(stdout);
@@ -631,36 +636,76 @@ int main(int argc, char **argv)
     }
     if (optind < argc)
         return die("unexpected argument '%s' (see psworker --help)", argv[optind]);
-    /* the connection to psd: libpsclient, configured from the options */
+    return -1;
+}
+
+/* The connection to psd: a libpsclient client configured from the options
+ * (o->shard and o->nshards take the shard it parsed). Returns 0 with *out
+ * set, or the exit status to leave with (2: a bad option, said on stderr). */
+static int client_new(wopts *o, psc_client **out)
+{
     psc_client *pc = psc_new();
     if (!pc)
         return die("out of memory");
     char num[32];
-    if (o.shard_arg && psc_set(pc, "shard", o.shard_arg) != 0) {
-        if (strcmp(o.shard_arg, "auto") == 0)
+    if (o->shard_arg && psc_set(pc, "shard", o->shard_arg) != 0) {
+        if (strcmp(o->shard_arg, "auto") == 0)
             die("--%s", psc_errmsg(pc));
         else
-            die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2, or auto", o.shard_arg);
+            die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2, or auto", o->shard_arg);
         psc_free(pc);
         return 2;
     }
     uint32_t shard_k, shard_m;
     psc_shard(pc, &shard_k, &shard_m);
-    o.shard = (int)shard_k;
-    o.nshards = (int)shard_m;
-    if (psc_set(pc, "server", o.server) != 0 || psc_set(pc, "token_file", o.token_file ? o.token_file : "") != 0 ||
-        psc_set(pc, "wire", o.wire) != 0 || psc_set(pc, "shm", o.shm ? "on" : "off") != 0 ||
-        (snprintf(num, sizeof num, "%d", o.timeout_ms), psc_set(pc, "timeout_ms", num)) != 0 ||
-        (snprintf(num, sizeof num, "%d", o.reconnect_ms / 1000), psc_set(pc, "reconnect_s", num)) != 0 ||
-        (snprintf(num, sizeof num, "%d", o.connect_ms / 1000), psc_set(pc, "connect_s", num)) != 0) {
+    o->shard = (int)shard_k;
+    o->nshards = (int)shard_m;
+    if (psc_set(pc, "server", o->server) != 0 || psc_set(pc, "token_file", o->token_file ? o->token_file : "") != 0 ||
+        psc_set(pc, "wire", o->wire) != 0 || psc_set(pc, "shm", o->shm ? "on" : "off") != 0 ||
+        (snprintf(num, sizeof num, "%d", o->timeout_ms), psc_set(pc, "timeout_ms", num)) != 0 ||
+        (snprintf(num, sizeof num, "%d", o->reconnect_ms / 1000), psc_set(pc, "reconnect_s", num)) != 0 ||
+        (snprintf(num, sizeof num, "%d", o->connect_ms / 1000), psc_set(pc, "connect_s", num)) != 0) {
         die("%s", psc_errmsg(pc));
         psc_free(pc);
         return 2;
     }
-    if (o.quiet) {
+    if (o->quiet) {
         ps_log_set_level(PS_LOG_ERROR);
         psc_set(pc, "log", "error");
     }
+    *out = pc;
+    return 0;
+}
+
+/* The last line on stdout: the JSON summary of the run (see usage()). */
+static void print_summary(const wopts *o, psc_client *pc, double last_loss, double test_acc, double test_loss,
+                          double train_time, uint64_t samples)
+{
+    printf("{\"epochs\": %d, \"train_loss\": %.6f, \"test_accuracy\": ", o->epochs, last_loss);
+    if (o->eval)
+        printf("%.6f, \"test_loss\": %.6f", test_acc, test_loss);
+    else
+        printf("null, \"test_loss\": null");
+    printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
+           ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
+           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s, \"servers\": %u}\n",
+           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), psc_model_version(pc),
+           psc_mode(pc), o->shard, o->nshards, o->model, psc_reconnects(pc), psc_dropped(pc), psc_wire(pc),
+           psc_shm(pc) ? "true" : "false", psc_servers(pc));
+}
+
+int main(int argc, char **argv)
+{
+    wopts o;
+    int status = parse_options(argc, argv, &o);
+    if (status >= 0)
+        return status;
+    char err[1024];
+    /* the connection to psd: libpsclient, configured from the options */
+    psc_client *pc = NULL;
+    status = client_new(&o, &pc);
+    if (status != 0)
+        return status;
     o.progress = !o.quiet && isatty(STDERR_FILENO);
     pthread_t watcher;
     if (o.progress && pthread_create(&watcher, NULL, wait_watch, NULL) == 0)
@@ -669,7 +714,7 @@ int main(int argc, char **argv)
 
     ps_dataset train_all = {0}, train = {0}, test = {0};
     ps_model *model = NULL;
-    int status = 1;
+    status = 1;
     size_t *perm = NULL;
     float *bx = NULL, *gacc = NULL;
     uint8_t *by = NULL;
@@ -974,17 +1019,7 @@ trained:
         }
     }
 
-    printf("{\"epochs\": %d, \"train_loss\": %.6f, \"test_accuracy\": ", o.epochs, last_loss);
-    if (o.eval)
-        printf("%.6f, \"test_loss\": %.6f", test_acc, test_loss);
-    else
-        printf("null, \"test_loss\": null");
-    printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
-           ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
-           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s, \"servers\": %u}\n",
-           train_time, samples, (double)samples / (train_time > 0 ? train_time : 1e-9), psc_model_version(pc),
-           psc_mode(pc), o.shard, o.nshards, o.model, psc_reconnects(pc), psc_dropped(pc), psc_wire(pc),
-           psc_shm(pc) ? "true" : "false", psc_servers(pc));
+    print_summary(&o, pc, last_loss, test_acc, test_loss, train_time, samples);
     fflush(stdout);
     status = 0;
 out:

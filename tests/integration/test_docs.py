@@ -2,7 +2,7 @@
 """test_docs.py - the documentation says what the programs do.
 
 - README.md's configuration reference is exactly `psd --config-reference`
-  (the option table in common/config.c), so no key, default or meaning can
+  (the option table in server/config.c), so no key, default or meaning can
   drift;
 - every metric family psd exports appears in README.md's metrics table;
 - every key of the option table appears in conf/psd.conf with its default

@@ -32,10 +32,11 @@ def shard_row(st, k):
 
 
 class JoinTimeoutTest(unittest.TestCase):
-    def start(self, cl, action, timeout="4s"):
+    def start(self, cl, action, timeout="4s", wargs=()):
         psd = cl.psd(mode="bsp", workers=3,
                      args=("--set", "join_timeout=" + timeout, "--set", "join_timeout_action=" + action))
-        ws = [cl.worker(psd, k, 3, epochs=2, limit=1500, test_limit=200, model="mlp:32") for k in (0, 1)]
+        ws = [cl.worker(psd, k, 3, epochs=2, limit=1500, test_limit=200, model="mlp:32", args=wargs)
+              for k in (0, 1)]
         # both present, the round waits for shard 2: psd says so
         def waiting():
             st = harness.status(psd.addr)
@@ -51,14 +52,27 @@ class JoinTimeoutTest(unittest.TestCase):
         return psd, ws
 
     def test_continue(self):
+        """psd's plan (psworker's default in bsp): once shard 2 is declared
+        lost, each round's global batch goes to the two present."""
+        self.check_continue(planned=True)
+
+    def test_continue_without_plan(self):
+        """Workers that count their own epochs (--no-plan): from their next
+        epoch the two share shard 2's data."""
+        self.check_continue(planned=False)
+
+    def check_continue(self, planned):
         with harness.Cluster("psd-join-continue") as cl:
-            psd, ws = self.start(cl, "continue")
+            psd, ws = self.start(cl, "continue", wargs=() if planned else ("--no-plan",))
             for w in ws:
                 rc, summary = w.result(120)
                 self.assertEqual(rc, 0, w.stderr())
                 self.assertEqual(summary["epochs"], 2)
-                # from the second epoch the two share shard 2's data
-                self.assertIn("2 of 3 shards are live", w.stderr())
+                if not planned:
+                    self.assertIn("2 of 3 shards are live", w.stderr())
+            if planned:
+                harness.wait_until(lambda: "is trained by 2 of 3 workers, 96 samples each" in psd.stderr(), 10,
+                                   "psd's plan to give the rounds after the timeout to the 2 present")
             st = harness.status(psd.addr)
             row = shard_row(st, 2)
             self.assertEqual(row["state"], "lost", row)

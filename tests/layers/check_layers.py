@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """check_layers.py - psd's calls go one way: fails when a file of server/
 includes the header of a layer above it or calls a function defined in a
-layer above it (docs/DESIGN.md, "Layers").
+layer above it, or when two files call each other (docs/DESIGN.md,
+"Layers").
 
 usage: check_layers.py SERVER_DIR LIBPSDCORE.a [NM]
 
@@ -20,20 +21,21 @@ import sys
 
 # bottom to top; a file may use its own layer and those below it
 LAYERS = [
-    ("store", ["stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c", "plan.c"]),
+    ("store", ["config.c", "stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c", "plan.c"]),
     ("update", ["update.c"]),
     ("policy", ["policy.c", "join.c"]),
-    ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "safetensors.c", "http.c"]),
+    ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "safetensors.c"]),
     ("answer", ["reply.c", "pull.c"]),
     ("session", ["hello.c", "auth.c"]),
     ("dispatch", ["handle.c", "admin.c"]),
-    ("connection", ["net.c"]),
+    ("connection", ["net.c", "http.c"]),
     ("main", ["main.c"]),
 ]
 # headers: the layer whose functions they declare. psd.h holds the types
 # every layer shares and the store layer's functions: anyone may include it.
 HEADERS = {
     "psd.h": "store",
+    "config.h": "store",
     "optim.h": "store",
     "history.h": "store",
     "update.h": "update",
@@ -43,7 +45,7 @@ HEADERS = {
     "checkpoint.h": "report",
     "safetensors.h": "report",
     "notify.h": "report",
-    "http.h": "report",
+    "http.h": "connection",
     "dashboard.h": "report",
     "reply.h": "answer",
     "session.h": "session",
@@ -92,6 +94,14 @@ def include_edges(server_dir):
     return edges
 
 
+def mutual(edges):
+    """Two files of one layer that call each other: one of them belongs a
+    layer below the other."""
+    pairs = {(a, b) for a, b, _ in edges}
+    return [f"{a} <-> {b}: call each other; put one a layer below the other"
+            for a, b in sorted(pairs) if a < b and (b, a) in pairs]
+
+
 def symbol_edges(lib, nm):
     out = subprocess.run([nm, "-A", lib], capture_output=True, text=True, check=True).stdout
     defs, undef = {}, []
@@ -119,6 +129,8 @@ def self_test():
     assert upward([("new.c", "model.c", "calls x")]), "a file without a layer not caught"
     assert not upward([("net.c", "handle.c", "calls srv_handle"), ("handle.c", "auth.c", "calls")]), \
         "a downward or same-layer call was refused"
+    assert mutual([("status.c", "http.c", "calls"), ("http.c", "status.c", "calls")]), "a call pair not caught"
+    assert not mutual([("http.c", "status.c", "calls")]), "a one-way call was refused"
 
 
 def main():
@@ -132,7 +144,7 @@ def main():
                if f.endswith(".c") and f not in NOT_IN_PSD and f not in LAYER_OF]
     bad = [f"{f}: not in the layer table of {sys.argv[0]}: give it a layer" for f in missing]
     inc, sym = include_edges(server_dir), symbol_edges(lib, nm)
-    bad += upward(inc) + upward(sym)
+    bad += upward(inc) + upward(sym) + mutual(sym)
     for b in bad:
         print("layers: " + b, file=sys.stderr)
     if bad:

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/config.h"
+#include "server/config.h"
 #include "common/log.h"
 #include "proto/errors.h"
 
@@ -385,25 +385,25 @@ static void test_hostport(void **state)
     char host[PS_CONFIG_HOST_MAX], err[512];
     int port = -1;
 
-    assert_int_equal(ps_config_parse_hostport("127.0.0.1:7000", host, sizeof host, &port, err,
+    assert_int_equal(ps_hostport_parse("127.0.0.1:7000", host, sizeof host, &port, err,
                                               sizeof err), 0);
     assert_string_equal(host, "127.0.0.1");
     assert_int_equal(port, 7000);
-    assert_int_equal(ps_config_parse_hostport("[::1]:0", host, sizeof host, &port, err,
+    assert_int_equal(ps_hostport_parse("[::1]:0", host, sizeof host, &port, err,
                                               sizeof err), 0);
     assert_string_equal(host, "::1");
     assert_int_equal(port, 0);
-    assert_int_equal(ps_config_parse_hostport("[fe80::1:2]:65535", host, sizeof host, &port,
+    assert_int_equal(ps_hostport_parse("[fe80::1:2]:65535", host, sizeof host, &port,
                                               err, sizeof err), 0);
     assert_string_equal(host, "fe80::1:2");
     assert_int_equal(port, 65535);
-    assert_int_equal(ps_config_parse_hostport("localhost:80", host, sizeof host, &port, err,
+    assert_int_equal(ps_hostport_parse("localhost:80", host, sizeof host, &port, err,
                                               sizeof err), 0);
     assert_string_equal(host, "localhost");
-    assert_int_equal(ps_config_parse_hostport("ps-1.example.org:7000", host, sizeof host,
+    assert_int_equal(ps_hostport_parse("ps-1.example.org:7000", host, sizeof host,
                                               &port, err, sizeof err), 0);
     assert_string_equal(host, "ps-1.example.org");
-    assert_int_equal(ps_config_parse_hostport("0.0.0.0:7000", host, sizeof host, &port, err,
+    assert_int_equal(ps_hostport_parse("0.0.0.0:7000", host, sizeof host, &port, err,
                                               sizeof err), 0);
 
     static const char *const bad[] = {
@@ -430,22 +430,22 @@ static void test_hostport(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';
-        if (ps_config_parse_hostport(bad[i], host, sizeof host, &port, err, sizeof err) == 0)
+        if (ps_hostport_parse(bad[i], host, sizeof host, &port, err, sizeof err) == 0)
             fail_msg("'%s' was accepted", bad[i]);
         assert_true(strlen(err) > 0);
     }
 
     /* A few messages in full. */
-    ps_config_parse_hostport("127.0.0.1", host, sizeof host, &port, err, sizeof err);
+    ps_hostport_parse("127.0.0.1", host, sizeof host, &port, err, sizeof err);
     assert_string_equal(err, "'127.0.0.1' has no port; write host:port, e.g. 127.0.0.1:7000");
-    ps_config_parse_hostport("::1:7000", host, sizeof host, &port, err, sizeof err);
+    ps_hostport_parse("::1:7000", host, sizeof host, &port, err, sizeof err);
     assert_string_equal(err, "'::1:7000': an IPv6 address needs brackets, e.g. [::1]:7000");
-    ps_config_parse_hostport("h:65536", host, sizeof host, &port, err, sizeof err);
+    ps_hostport_parse("h:65536", host, sizeof host, &port, err, sizeof err);
     assert_string_equal(err, "'h:65536': port 65536 is out of range 0..65535");
 
     /* Host buffer too small for the host. */
     char small[4];
-    assert_int_equal(ps_config_parse_hostport("localhost:1", small, sizeof small, &port, err,
+    assert_int_equal(ps_hostport_parse("localhost:1", small, sizeof small, &port, err,
                                               sizeof err), PS_EINVAL);
 
     /* Through the table, with the key in front, and formatted back. */

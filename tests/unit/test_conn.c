@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/config.h"
+#include "server/config.h"
 #include "proto/errors.h"
 #include "proto/frame.h"
 #include "server/net.h"

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/config.h"
+#include "server/config.h"
 #include "proto/errors.h"
 #include "server/dashboard.h"
 #include "server/policy.h"

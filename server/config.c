@@ -1,11 +1,12 @@
 /* config.c - the option table and everything driven by it; see config.h.
  *
  * To add an option: a field in struct ps_config, a row in options[] below,
- * and a commented-out entry with its default in conf/psd.conf. Nothing else
- * needs to know. */
+ * and a commented-out entry with its default in conf/psd.conf. The row's
+ * validate hook defaults to its type's; give it an apply hook (settings.c)
+ * if it may change while psd runs, and put what it must agree with other
+ * options in srv_config_check (settings.c). Nothing else needs to know. */
 #include "config.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -16,7 +17,7 @@
 
 #include <ini.h>
 
-#include "log.h"
+#include "common/log.h"
 #include "proto/errors.h"
 
 /* Where a row's value lands: offset and size of the field. */
@@ -63,6 +64,7 @@ static const ps_config_option options[] = {
              "to this file once it is listening. Scripts and tests use it with listen "
              "port 0."},
     {.name = "metrics_listen", .type = PS_CT_STRING, .def = "", AT(metrics_listen),
+     .validate = srv_validate_metrics_listen,
      .help = "Address host:port (IP literals; port 0 picks a free one) where psd serves over "
              "HTTP its metrics for Prometheus (GET /metrics: the same text as `psctl "
              "metrics`) and its dashboard (GET /: a live page of the run; /api/job, "
@@ -94,13 +96,13 @@ static const ps_config_option options[] = {
              "lr 0.02, trains every psworker model in every mode with up to 4 workers, "
              "however stale their gradients; set lr with the optimizer (adam about 0.001)."},
     {.name = "lr", .type = PS_CT_DOUBLE, .def = "0.02", AT(lr), .dmin = 0, .dmax = 1e3,
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_optimizer,
      .help = "Learning rate: the step size of each update."},
     {.name = "momentum", .type = PS_CT_DOUBLE, .def = "0.9", AT(momentum), .dmin = 0,
-     .dmax = 0.999999, .flags = PS_CONF_RELOAD,
+     .dmax = 0.999999, .apply = srv_apply_optimizer,
      .help = "SGD momentum, 0 to just under 1. 0 turns momentum off."},
     {.name = "weight_decay", .type = PS_CT_DOUBLE, .def = "0", AT(weight_decay), .dmin = 0,
-     .dmax = 1, .flags = PS_CONF_RELOAD,
+     .dmax = 1, .apply = srv_apply_optimizer,
      .help = "L2 weight decay: plain SGD updates w <- w - lr*(g + weight_decay*w). "
              "0 turns it off."},
     {.name = "nesterov", .type = PS_CT_BOOL, .def = "no", AT(nesterov),
@@ -112,11 +114,11 @@ static const ps_config_option options[] = {
     {.name = "eps", .type = PS_CT_DOUBLE, .def = "1e-08", AT(eps), .dmin = 0, .dmax = 1,
      .help = "Adam, AdamW and AdaGrad: the term added to the denominator for stability."},
     {.name = "clip_norm", .type = PS_CT_DOUBLE, .def = "0", AT(clip_norm), .dmin = 0, .dmax = 1e9,
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_optimizer,
      .help = "Clip each update's gradient to this L2 norm before the optimizer sees it. "
              "0 turns clipping off."},
     {.name = "nonfinite", .type = PS_CT_ENUM, .def = "reject", AT(nonfinite),
-     .words = nonfinite_words, .flags = PS_CONF_RELOAD,
+     .words = nonfinite_words, .apply = srv_apply_read_when_used,
      .help = "What psd does with a pushed gradient that holds NaN or infinity. reject "
              "refuses the push (error NONFINITE) and leaves the model untouched. clip "
              "sanitises it: NaN becomes 0, +-inf become +-FLT_MAX, and the push is then "
@@ -128,26 +130,26 @@ static const ps_config_option options[] = {
              "those results made finite the same way; counted in "
              "psd_nonfinite_updates_total and psd_clipped_updates_total."},
     {.name = "lr_schedule", .type = PS_CT_ENUM, .def = "constant", AT(lr_schedule),
-     .words = schedule_words, .flags = PS_CONF_RELOAD,
+     .words = schedule_words, .apply = srv_apply_optimizer,
      .help = "How the learning rate changes with the model version (updates applied, so "
              "it works the same in every mode): constant; step (multiply by lr_gamma every "
              "lr_step_size versions); cosine (from lr down to lr_min over "
              "lr_decay_versions). A linear warm-up (warmup_versions) may precede either."},
     {.name = "lr_step_size", .type = PS_CT_U64, .def = "1000", AT(lr_step_size), .lo = 1,
-     .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
+     .hi = INT64_MAX, .apply = srv_apply_optimizer,
      .help = "step schedule: versions between two decays."},
     {.name = "lr_gamma", .type = PS_CT_DOUBLE, .def = "0.1", AT(lr_gamma), .dmin = 0, .dmax = 1,
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_optimizer,
      .help = "step schedule: factor applied to the learning rate at each decay."},
     {.name = "lr_decay_versions", .type = PS_CT_U64, .def = "10000", AT(lr_decay_versions), .lo = 1,
-     .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
+     .hi = INT64_MAX, .apply = srv_apply_optimizer,
      .help = "cosine schedule: versions (after warm-up) over which the rate falls from lr "
              "to lr_min; it stays at lr_min after."},
     {.name = "lr_min", .type = PS_CT_DOUBLE, .def = "0", AT(lr_min), .dmin = 0, .dmax = 1e3,
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_optimizer,
      .help = "cosine schedule: the lowest learning rate."},
     {.name = "warmup_versions", .type = PS_CT_U64, .def = "100", AT(warmup_versions), .lo = 0,
-     .hi = INT64_MAX, .flags = PS_CONF_RELOAD,
+     .hi = INT64_MAX, .apply = srv_apply_optimizer,
      .help = "Raise the learning rate linearly from lr/warmup_versions to lr over the first "
              "warmup_versions versions. 0 turns warm-up off. The default keeps the first "
              "steps small while several workers' gradients are computed on the same initial "
@@ -169,11 +171,11 @@ static const ps_config_option options[] = {
      .help = "ssp: how many clocks (pushes) a worker may run ahead of the slowest live "
              "worker before its pulls wait."},
     {.name = "staleness_scale", .type = PS_CT_BOOL, .def = "no", AT(staleness_scale),
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_policy,
      .help = "asgd: divide a push's step by 1 + its staleness (model versions between the "
              "version it was computed on and now)."},
     {.name = "dc_lambda", .type = PS_CT_DOUBLE, .def = "0", AT(dc_lambda), .dmin = 0, .dmax = 100,
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_policy,
      .help = "asgd: delay compensation of DC-ASGD (Zheng et al., 2017): a stale gradient g "
              "becomes g + dc_lambda * g * g * (w_now - w_base). 0 turns it off. Costs one "
              "model-sized copy per worker."},
@@ -182,14 +184,14 @@ static const ps_config_option options[] = {
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "
              "logged, its connection closed, and bsp rounds go on without it."},
     {.name = "join_timeout", .type = PS_CT_DURATION, .def = "2m", AT(join_timeout), .lo = 0,
-     .hi = INT64_C(604800000), .flags = PS_CONF_RELOAD,
+     .hi = INT64_C(604800000), .apply = srv_apply_read_when_used,
      .help = "bsp and ssp: how long psd waits, from the first worker's join, for shards "
              "0..workers-1 that have not joined yet (their rounds and clocks wait for "
              "them). While it waits psd logs every 30 s which shards it waits for, and "
              "psctl status shows them; once this passes, join_timeout_action says what "
              "happens. 0: wait for ever (the log lines still repeat)."},
     {.name = "join_timeout_action", .type = PS_CT_ENUM, .def = "continue", AT(join_timeout_action),
-     .words = join_action_words, .flags = PS_CONF_RELOAD,
+     .words = join_action_words, .apply = srv_apply_read_when_used,
      .help = "What psd does when join_timeout passes with shards missing. continue goes on "
              "with the workers present: each missing shard is declared lost, as a worker "
              "that died, so rounds close without it and the workers share its data from "
@@ -231,34 +233,34 @@ static const ps_config_option options[] = {
              "12 GiB, which leaves a 24 GiB machine room for a BSP round's kept pushes of "
              "two workers."},
     {.name = "handshake_timeout", .type = PS_CT_DURATION, .def = "10s", AT(handshake_timeout),
-     .lo = 100, .hi = INT64_C(3600000), .flags = PS_CONF_RELOAD,
+     .lo = 100, .hi = INT64_C(3600000), .apply = srv_apply_read_when_used,
      .help = "A connection that has not said hello (and, when psd requires a token, answered "
              "its challenge) this long after connecting is closed, so idle or stray "
              "connections cannot hold connection slots."},
     {.name = "max_connections", .type = PS_CT_INT, .def = "1024", AT(max_connections),
-     .lo = 1, .hi = 65536, .flags = PS_CONF_RELOAD,
+     .lo = 1, .hi = 65536, .apply = srv_apply_read_when_used,
      .help = "Most connections open at once (workers and admin tools together). Further "
              "connections are refused with an error."},
     {.name = "max_handshakes", .type = PS_CT_INT, .def = "64", AT(max_handshakes), .lo = 1, .hi = 65536,
-     .flags = PS_CONF_RELOAD,
+     .apply = srv_apply_read_when_used,
      .help = "Most connections at once that have not finished their handshake (hello, and "
              "the token's challenge). A new connection past it is let in and the oldest "
              "unfinished one closed (error LIMIT), so clients that connect and say nothing "
              "hold few slots, cannot keep a worker from connecting, and a worker that "
              "completes its hello at once is never the one closed."},
     {.name = "max_output_buffer", .type = PS_CT_SIZE, .def = "256M", AT(max_output_buffer),
-     .lo = 65536, .hi = INT64_C(1099511627776), .flags = PS_CONF_RELOAD,
+     .lo = 65536, .hi = INT64_C(1099511627776), .apply = srv_apply_read_when_used,
      .help = "Most bytes of replies psd keeps queued for one connection that does not read "
              "them. A client past it (it sends requests but stopped reading) is disconnected, "
              "logged and counted in psd_disconnects_total{reason=\"output_buffer\"}. One "
              "reply larger than the limit is still sent when nothing else is queued."},
     {.name = "idle_timeout", .type = PS_CT_DURATION, .def = "5m", AT(idle_timeout), .lo = 0,
-     .hi = INT64_C(604800000), .flags = PS_CONF_RELOAD,
+     .hi = INT64_C(604800000), .apply = srv_apply_read_when_used,
      .help = "An admin connection (psctl) that sends nothing this long is closed, except while "
              "psd owes it a reply (a waiting pull or checkpoint). 0: never. Workers are "
              "governed by heartbeat_timeout instead."},
     {.name = "log_level", .type = PS_CT_ENUM, .def = "info", AT(log_level),
-     .words = log_level_words, .flags = PS_CONF_RELOAD,
+     .words = log_level_words, .apply = srv_apply_log_level,
      .help = "Least important log records written to stderr: debug, info, warn or error."},
     {.name = "web_root", .type = PS_CT_STRING, .def = "", AT(web_root),
      .help = "Directory holding the dashboard's page (index.html, app.js, style.css) and "
@@ -486,118 +488,6 @@ int ps_config_parse_duration(const char *s, uint64_t *ms)
     return PS_EINVAL;
 }
 
-/* Is s a host name: labels of letters, digits, '-' and '_' separated by
- * dots, each 1..63 long, 253 at most in all? */
-static bool valid_hostname(const char *s)
-{
-    size_t len = strlen(s), label = 0;
-
-    if (len == 0 || len > 253)
-        return false;
-    for (const char *p = s; *p; p++) {
-        if (*p == '.') {
-            if (label == 0 || p[-1] == '-')
-                return false;
-            label = 0;
-        } else if (isalnum((unsigned char)*p) || *p == '_' || (*p == '-' && label > 0)) {
-            if (++label > 63)
-                return false;
-        } else {
-            return false;
-        }
-    }
-    return label > 0 && s[len - 1] != '-';
-}
-
-int ps_config_parse_hostport(const char *s, char *host, size_t hostlen, int *port,
-                             char *err, size_t errlen)
-{
-    char h[PS_CONFIG_HOST_MAX];
-    const char *port_s;
-    size_t hlen;
-
-    if (!s || !*s) {
-        set_err(err, errlen, "empty address; write host:port, e.g. 127.0.0.1:7000");
-        return PS_EINVAL;
-    }
-    if (s[0] == '[') {
-        const char *close = strchr(s, ']');
-        if (!close) {
-            set_err(err, errlen, "'%.300s' has no closing ']'", s);
-            return PS_EINVAL;
-        }
-        if (close[1] != ':') {
-            set_err(err, errlen, "'%.300s' has no port; write [address]:port, e.g. [::1]:7000", s);
-            return PS_EINVAL;
-        }
-        hlen = (size_t)(close - s - 1);
-        if (hlen >= sizeof h) {
-            set_err(err, errlen, "'%.300s': address too long", s);
-            return PS_EINVAL;
-        }
-        memcpy(h, s + 1, hlen);
-        h[hlen] = '\0';
-        unsigned char buf[16];
-        if (inet_pton(AF_INET6, h, buf) != 1) {
-            set_err(err, errlen, "'%.300s' is not an IPv6 address", h);
-            return PS_EINVAL;
-        }
-        port_s = close + 2;
-    } else {
-        const char *colon = strrchr(s, ':');
-        if (!colon) {
-            set_err(err, errlen, "'%.300s' has no port; write host:port, e.g. 127.0.0.1:7000", s);
-            return PS_EINVAL;
-        }
-        if (memchr(s, ':', (size_t)(colon - s))) {
-            set_err(err, errlen,
-                    "'%.300s': an IPv6 address needs brackets, e.g. [::1]:7000", s);
-            return PS_EINVAL;
-        }
-        hlen = (size_t)(colon - s);
-        if (hlen == 0) {
-            set_err(err, errlen,
-                    "'%.300s' has no host; write e.g. 0.0.0.0:7000 for every interface", s);
-            return PS_EINVAL;
-        }
-        if (hlen >= sizeof h) {
-            set_err(err, errlen, "'%.300s': host name too long", s);
-            return PS_EINVAL;
-        }
-        memcpy(h, s, hlen);
-        h[hlen] = '\0';
-        if (strspn(h, "0123456789.") == hlen) {
-            unsigned char buf[4];
-            if (inet_pton(AF_INET, h, buf) != 1) {
-                set_err(err, errlen, "'%.300s' is not an IPv4 address", h);
-                return PS_EINVAL;
-            }
-        } else if (!valid_hostname(h)) {
-            set_err(err, errlen, "'%.300s' is not a valid host name", h);
-            return PS_EINVAL;
-        }
-        port_s = colon + 1;
-    }
-
-    size_t plen = strlen(port_s);
-    if (plen == 0 || plen > 5 || strspn(port_s, "0123456789") != plen) {
-        set_err(err, errlen, "'%.300s': port '%.32s' is not a number 0..65535", s, port_s);
-        return PS_EINVAL;
-    }
-    long p = strtol(port_s, NULL, 10);
-    if (p > 65535) {
-        set_err(err, errlen, "'%.300s': port %ld is out of range 0..65535", s, p);
-        return PS_EINVAL;
-    }
-    if (hlen >= hostlen) {
-        set_err(err, errlen, "'%.300s': host name too long", s);
-        return PS_EINVAL;
-    }
-    memcpy(host, h, hlen + 1);
-    *port = (int)p;
-    return 0;
-}
-
 /* ---- formatting ---- */
 
 /* Shortest %g text that reads back as exactly v, without an exponent for
@@ -724,140 +614,168 @@ bool ps_config_differs(const ps_config *a, const ps_config *b, const ps_config_o
 
 /* ---- setting ---- */
 
-/* Parse text (already trimmed) for option o; on success copy the value into
- * the field. On error the field is untouched. */
-static int set_option(ps_config *c, const ps_config_option *o, const char *text, char *err,
-                      size_t errlen)
-{
-    char *field = (char *)c + o->offset;
-    char lo[32], hi[32];
-    bool overflow;
+/* The types' validate hooks (see ps_config_validate_fn): text, already
+ * trimmed, parsed and checked against the row's bounds, then copied into
+ * field. On error the field is untouched. */
 
-    switch (o->type) {
-    case PS_CT_BOOL: {
-        bool v;
-        if (parse_bool(text, &v) != 0) {
-            set_err(err, errlen, "%s: '%.64s' is not a boolean (use yes or no)", o->name, text);
-            return PS_EINVAL;
-        }
-        memcpy(field, &v, sizeof v);
-        return 0;
-    }
-    case PS_CT_INT: {
-        int64_t v;
-        if (parse_int64(text, &v, &overflow) != 0) {
-            set_err(err, errlen, "%s: '%.64s' is not an integer", o->name, text);
-            return PS_EINVAL;
-        }
-        if (overflow || v < o->lo || v > o->hi) {
-            set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text,
-                    (long long)o->lo, (long long)o->hi);
-            return PS_EINVAL;
-        }
-        int iv = (int)v;
-        memcpy(field, &iv, sizeof iv);
-        return 0;
-    }
-    case PS_CT_U64: {
-        uint64_t v;
-        if (parse_uint64(text, &v, &overflow) != 0) {
-            set_err(err, errlen, "%s: '%.64s' is not a non-negative integer", o->name, text);
-            return PS_EINVAL;
-        }
-        if (overflow || v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
-            set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text,
-                    (long long)o->lo, (long long)o->hi);
-            return PS_EINVAL;
-        }
-        memcpy(field, &v, sizeof v);
-        return 0;
-    }
-    case PS_CT_DOUBLE: {
-        double v;
-        if (parse_double(text, &v) != 0) {
-            set_err(err, errlen, "%s: '%.64s' is not a number", o->name, text);
-            return PS_EINVAL;
-        }
-        if (!isfinite(v)) {
-            set_err(err, errlen, "%s: '%.64s' is not a finite number", o->name, text);
-            return PS_EINVAL;
-        }
-        if (v < o->dmin || v > o->dmax) {
-            format_double(o->dmin, lo, sizeof lo);
-            format_double(o->dmax, hi, sizeof hi);
-            set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
-            return PS_EINVAL;
-        }
-        memcpy(field, &v, sizeof v);
-        return 0;
-    }
-    case PS_CT_ENUM: {
-        for (int i = 0; o->words[i]; i++) {
-            if (strcasecmp(text, o->words[i]) == 0) {
-                memcpy(field, &i, sizeof i);
-                return 0;
-            }
-        }
-        char list[256] = "";
-        for (int i = 0; o->words[i]; i++) {
-            if (i > 0)
-                strncat(list, ", ", sizeof list - strlen(list) - 1);
-            strncat(list, o->words[i], sizeof list - strlen(list) - 1);
-        }
-        set_err(err, errlen, "%s: '%.64s' is not one of %s", o->name, text, list);
+static int validate_bool(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    bool v;
+    if (parse_bool(text, &v) != 0) {
+        set_err(err, errlen, "%s: '%.64s' is not a boolean (use yes or no)", o->name, text);
         return PS_EINVAL;
     }
-    case PS_CT_STRING: {
-        size_t n = strlen(text);
-        if (n >= o->size) {
-            set_err(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n,
-                    o->size - 1);
-            return PS_EINVAL;
-        }
-        memset(field, 0, o->size);
-        memcpy(field, text, n);
-        return 0;
+    memcpy(field, &v, sizeof v);
+    return 0;
+}
+
+static int validate_int(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    int64_t v;
+    bool overflow;
+    if (parse_int64(text, &v, &overflow) != 0) {
+        set_err(err, errlen, "%s: '%.64s' is not an integer", o->name, text);
+        return PS_EINVAL;
     }
-    case PS_CT_SIZE:
-    case PS_CT_DURATION: {
-        uint64_t v;
-        int rc = o->type == PS_CT_SIZE ? ps_config_parse_size(text, &v)
-                                       : ps_config_parse_duration(text, &v);
-        if (rc != 0) {
-            if (o->type == PS_CT_SIZE)
-                set_err(err, errlen,
-                        "%s: '%.64s' is not a size (a whole number of bytes with an "
-                        "optional unit K, M, G or T)", o->name, text);
-            else
-                set_err(err, errlen,
-                        "%s: '%.64s' is not a duration (a number with a unit ms, s, m or h)",
-                        o->name, text);
-            return PS_EINVAL;
-        }
-        if (v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
-            format_bound(o, o->lo, lo, sizeof lo);
-            format_bound(o, o->hi, hi, sizeof hi);
-            set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
-            return PS_EINVAL;
-        }
-        memcpy(field, &v, sizeof v);
-        return 0;
+    if (overflow || v < o->lo || v > o->hi) {
+        set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
+                (long long)o->hi);
+        return PS_EINVAL;
     }
-    case PS_CT_HOSTPORT: {
-        ps_hostport hp;
-        char msg[512];
-        memset(&hp, 0, sizeof hp);
-        if (ps_config_parse_hostport(text, hp.host, sizeof hp.host, &hp.port, msg,
-                                     sizeof msg) != 0) {
-            set_err(err, errlen, "%s: %s", o->name, msg);
-            return PS_EINVAL;
+    int iv = (int)v;
+    memcpy(field, &iv, sizeof iv);
+    return 0;
+}
+
+static int validate_u64(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    uint64_t v;
+    bool overflow;
+    if (parse_uint64(text, &v, &overflow) != 0) {
+        set_err(err, errlen, "%s: '%.64s' is not a non-negative integer", o->name, text);
+        return PS_EINVAL;
+    }
+    if (overflow || v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
+        set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
+                (long long)o->hi);
+        return PS_EINVAL;
+    }
+    memcpy(field, &v, sizeof v);
+    return 0;
+}
+
+static int validate_double(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    double v;
+    char lo[32], hi[32];
+    if (parse_double(text, &v) != 0) {
+        set_err(err, errlen, "%s: '%.64s' is not a number", o->name, text);
+        return PS_EINVAL;
+    }
+    if (!isfinite(v)) {
+        set_err(err, errlen, "%s: '%.64s' is not a finite number", o->name, text);
+        return PS_EINVAL;
+    }
+    if (v < o->dmin || v > o->dmax) {
+        format_double(o->dmin, lo, sizeof lo);
+        format_double(o->dmax, hi, sizeof hi);
+        set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
+        return PS_EINVAL;
+    }
+    memcpy(field, &v, sizeof v);
+    return 0;
+}
+
+static int validate_enum(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    for (int i = 0; o->words[i]; i++) {
+        if (strcasecmp(text, o->words[i]) == 0) {
+            memcpy(field, &i, sizeof i);
+            return 0;
         }
-        memcpy(field, &hp, sizeof hp);
-        return 0;
     }
+    char list[256] = "";
+    for (int i = 0; o->words[i]; i++) {
+        if (i > 0)
+            strncat(list, ", ", sizeof list - strlen(list) - 1);
+        strncat(list, o->words[i], sizeof list - strlen(list) - 1);
     }
-    set_err(err, errlen, "%s: option of unknown type", o->name);
+    set_err(err, errlen, "%s: '%.64s' is not one of %s", o->name, text, list);
     return PS_EINVAL;
+}
+
+static int validate_string(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    size_t n = strlen(text);
+    if (n >= o->size) {
+        set_err(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n, o->size - 1);
+        return PS_EINVAL;
+    }
+    memset(field, 0, o->size);
+    memcpy(field, text, n);
+    return 0;
+}
+
+/* SIZE and DURATION: a number with a unit, in lo..hi. */
+static int validate_units(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    uint64_t v;
+    char lo[32], hi[32];
+    int rc = o->type == PS_CT_SIZE ? ps_config_parse_size(text, &v) : ps_config_parse_duration(text, &v);
+    if (rc != 0) {
+        if (o->type == PS_CT_SIZE)
+            set_err(err, errlen,
+                    "%s: '%.64s' is not a size (a whole number of bytes with an "
+                    "optional unit K, M, G or T)", o->name, text);
+        else
+            set_err(err, errlen, "%s: '%.64s' is not a duration (a number with a unit ms, s, m or h)", o->name,
+                    text);
+        return PS_EINVAL;
+    }
+    if (v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
+        format_bound(o, o->lo, lo, sizeof lo);
+        format_bound(o, o->hi, hi, sizeof hi);
+        set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
+        return PS_EINVAL;
+    }
+    memcpy(field, &v, sizeof v);
+    return 0;
+}
+
+static int validate_hostport(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
+{
+    ps_hostport hp;
+    char msg[512];
+    memset(&hp, 0, sizeof hp);
+    if (ps_hostport_parse(text, hp.host, sizeof hp.host, &hp.port, msg, sizeof msg) != 0) {
+        set_err(err, errlen, "%s: %s", o->name, msg);
+        return PS_EINVAL;
+    }
+    memcpy(field, &hp, sizeof hp);
+    return 0;
+}
+
+ps_config_validate_fn ps_config_validator(const ps_config_option *o)
+{
+    if (o->validate)
+        return o->validate;
+    switch (o->type) {
+    case PS_CT_BOOL: return validate_bool;
+    case PS_CT_INT: return validate_int;
+    case PS_CT_U64: return validate_u64;
+    case PS_CT_DOUBLE: return validate_double;
+    case PS_CT_ENUM: return validate_enum;
+    case PS_CT_STRING: return validate_string;
+    case PS_CT_SIZE:
+    case PS_CT_DURATION: return validate_units;
+    case PS_CT_HOSTPORT: return validate_hostport;
+    }
+    return NULL;
+}
+
+int ps_config_reloadable(const ps_config_option *o)
+{
+    return o->apply != NULL;
 }
 
 int ps_config_set(ps_config *c, const char *key, const char *value, char *err, size_t errlen)
@@ -889,7 +807,12 @@ int ps_config_set(ps_config *c, const char *key, const char *value, char *err, s
     }
     memcpy(text, value, n);
     text[n] = '\0';
-    return set_option(c, o, text, err, errlen);
+    ps_config_validate_fn validate = ps_config_validator(o);
+    if (!validate) {
+        set_err(err, errlen, "%s: option of unknown type", o->name);
+        return PS_EINVAL;
+    }
+    return validate(o, text, (char *)c + o->offset, err, errlen);
 }
 
 void ps_config_defaults(ps_config *c)

@@ -2,8 +2,9 @@
  *
  * struct ps_config holds one field per option. config.c has one table with
  * one row per option (name, type, bounds, default as text, where it lands in
- * ps_config, a paragraph of help, whether it may change at run time); every
- * function here is driven by that table, so adding an option is adding a
+ * ps_config, a paragraph of help, and two hooks: validate (parse and range)
+ * and apply (what a change at run time does; none: it needs a restart));
+ * every function here is driven by that table, so adding an option is adding a
  * field and a row (and a paragraph in conf/psd.conf, which a unit test
  * checks).
  *
@@ -20,7 +21,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define PS_CONFIG_HOST_MAX 256     /* host name or address, NUL included */
+#include "common/hostport.h"
+
+#define PS_CONFIG_HOST_MAX PS_HOSTPORT_HOST_MAX /* host name or address, NUL included */
 #define PS_CONFIG_PATH_MAX 1024    /* path options, NUL included */
 #define PS_CONFIG_VALUE_MAX 1100   /* enough for any formatted value */
 
@@ -46,13 +49,6 @@ enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
 
 /* Values of ps_config.join_timeout_action. */
 enum ps_join_action { PS_JOIN_CONTINUE = 0, PS_JOIN_STOP = 1 };
-
-/* A parsed "host:port". host is an IPv4 or IPv6 literal (without brackets)
- * or a host name; port 0 asks the kernel for a free port. */
-typedef struct ps_hostport {
-    char host[PS_CONFIG_HOST_MAX];
-    int port;                          /* 0..65535 */
-} ps_hostport;
 
 typedef struct ps_config {
     ps_hostport listen;                /* address psd listens on */
@@ -114,8 +110,28 @@ typedef enum ps_config_type {
     PS_CT_HOSTPORT,    /* ps_hostport */
 } ps_config_type;
 
-/* Option flags. */
-#define PS_CONF_RELOAD 0x1   /* may change at run time (SIGHUP reload) */
+struct psd;
+struct ps_config_option;
+
+/* A row's validate hook: parses text (trimmed) as option o's value, checks
+ * its range, and stores it in field (o->size bytes of a ps_config). Returns
+ * 0, or PS_EINVAL with a message naming the option in err, field then
+ * untouched. A row without one uses its type's (ps_config_validator). */
+typedef int (*ps_config_validate_fn)(const struct ps_config_option *o, const char *text, void *field, char *err,
+                                     size_t errlen);
+
+/* A row's apply hook: what psd does when the option changes while it runs
+ * (a SIGHUP reload, `psctl set`). It is called after every changed value
+ * is in s->cfg and after the one cross-check (srv_config_check) passed,
+ * once per distinct hook however many of its options changed. Returns 0;
+ * PS_CONFIG_TELL_POLICY when the consistency policy must be told (a layer
+ * above the table's: the caller tells it, s->policy->reconfigured); or a
+ * negative PS_E* code with a message in err: the caller then puts the old
+ * settings back. A row without one (NULL) cannot change while psd
+ * runs: a reload keeps its old value and says a restart is needed, `psctl
+ * set` refuses it. */
+typedef int (*ps_config_apply_fn)(struct psd *s, char *err, size_t errlen);
+#define PS_CONFIG_TELL_POLICY 1
 
 /* One row of the option table. */
 typedef struct ps_config_option {
@@ -127,9 +143,34 @@ typedef struct ps_config_option {
     int64_t lo, hi;                /* bounds for INT, U64, SIZE, DURATION */
     double dmin, dmax;             /* bounds for DOUBLE */
     const char *const *words;      /* ENUM: the words, NULL-terminated */
-    unsigned flags;                /* PS_CONF_* */
+    ps_config_validate_fn validate;/* parse and range; NULL: the type's */
+    ps_config_apply_fn apply;      /* a change at run time; NULL: needs a restart */
     const char *help;              /* one paragraph */
 } ps_config_option;
+
+/* The hooks of the table that look beyond one value's syntax; settings.c
+ * (psd's store layer) defines them. */
+/* metrics_listen: empty, or host:port with an IPv4 or IPv6 literal. */
+int srv_validate_metrics_listen(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen);
+/* The optimizer's run-time settings (lr, momentum, weight_decay,
+ * clip_norm, the schedule): the optimizer takes them again
+ * (srv_optim_configure), so the schedule goes on from the model's version
+ * with the new values. */
+int srv_apply_optimizer(struct psd *s, char *err, size_t errlen);
+/* dc_lambda, staleness_scale: the policy is to be told (DC-ASGD off drops
+ * its base snapshots): returns PS_CONFIG_TELL_POLICY. */
+int srv_apply_policy(struct psd *s, char *err, size_t errlen);
+/* log_level: the logger's level. */
+int srv_apply_log_level(struct psd *s, char *err, size_t errlen);
+/* Options psd reads where it uses them (limits, timeouts, nonfinite):
+ * nothing to redo; the next use sees the new value. */
+int srv_apply_read_when_used(struct psd *s, char *err, size_t errlen);
+
+/* The validate hook of a row: its own, or its type's. */
+ps_config_validate_fn ps_config_validator(const ps_config_option *o);
+
+/* 1 when option o may change while psd runs (it has an apply hook). */
+int ps_config_reloadable(const ps_config_option *o);
 
 /* The table, in the order psd --print-config shows it. *count gets the
  * number of rows. The array is static and never changes. */
@@ -169,12 +210,6 @@ void ps_config_print(const ps_config *c, FILE *f);
 
 /* True when option o differs between a and b. */
 bool ps_config_differs(const ps_config *a, const ps_config *b, const ps_config_option *o);
-
-/* Parse "host:port": "127.0.0.1:7000", "[::1]:7000", "example.org:7000".
- * host gets the host without brackets. Port must be 0..65535. Returns 0 or
- * PS_EINVAL with a message in err. */
-int ps_config_parse_hostport(const char *s, char *host, size_t hostlen, int *port,
-                             char *err, size_t errlen);
 
 /* "64M" -> 67108864. A non-negative integer with an optional unit K, M, G
  * or T (powers of 1024, any case, optionally followed by "B" or "iB").

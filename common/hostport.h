@@ -1,0 +1,25 @@
+/* hostport.h - "host:port" addresses as psd's options and the clients'
+ * command lines write them. Parsing only: no name is resolved here.
+ *
+ * ps_hostport_parse returns 0 or PS_EINVAL (proto/errors.h) with a message
+ * for a person in err (which may be NULL). */
+#ifndef PS_HOSTPORT_H
+#define PS_HOSTPORT_H
+
+#include <stddef.h>
+
+#define PS_HOSTPORT_HOST_MAX 256   /* host name or address, NUL included */
+
+/* A parsed "host:port". host is an IPv4 or IPv6 literal (without brackets)
+ * or a host name; port 0 asks the kernel for a free port. */
+typedef struct ps_hostport {
+    char host[PS_HOSTPORT_HOST_MAX];
+    int port;                          /* 0..65535 */
+} ps_hostport;
+
+/* Parse "host:port": "127.0.0.1:7000", "[::1]:7000", "example.org:7000".
+ * host gets the host without brackets (hostlen bytes at most, NUL
+ * included). Port must be 0..65535. */
+int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char *err, size_t errlen);
+
+#endif
