@@ -122,8 +122,8 @@ int srv_auth_answer(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     ps_msg hello = a->hello;
     hello.id = m->id; /* WELCOME answers this AUTH */
     c->auth = NULL;   /* a is ours now: accepting may close c */
-    srv_hello_accept(c, &hello, sproof);
-    free(a->layout);  /* only now: hello.layout is a->layout */
+    int rc = srv_hello_accept(c, &hello, sproof, err, errlen);
+    free(a->layout); /* only now: hello.layout is a->layout */
     free(a);
-    return 0;
+    return rc;
 }

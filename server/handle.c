@@ -367,7 +367,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
     c->last_msg_ms = srv_now_ms();
     if (c->auth) {
         /* a challenge is out: only its answer may come */
-        char err[512];
+        char err[1200];
         int rc = m->type == PS_MSG_AUTH ? srv_auth_answer(c, m, err, sizeof err) : 0;
         if (rc != 0)
             srv_send_error(c, m->id, rc, 1, "%s", err);
@@ -404,14 +404,13 @@ void srv_handle(srv_conn *c, ps_msg *m)
         /* accepted at once, or, when psd requires a token, kept until the
          * AUTH that answers its CHALLENGE (auth.c); nothing of the job
          * (shards, layout) is checked or told before that */
-        char err[512];
+        char err[1200];
         int rc = srv_hello_precheck(c, m, err, sizeof err);
+        if (rc == 0)
+            rc = s->token.len ? srv_auth_challenge(c, m, err, sizeof err) : srv_hello_accept(c, m, NULL, err, sizeof err);
+        /* a second hello costs only itself; any other refusal ends the connection */
         if (rc != 0)
             srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
-        else if (s->token.len && (rc = srv_auth_challenge(c, m, err, sizeof err)) != 0)
-            srv_send_error(c, m->id, rc, 1, "%s", err);
-        else if (!s->token.len)
-            srv_hello_accept(c, m, NULL);
         break;
     }
     case PS_MSG_INIT:

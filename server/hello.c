@@ -404,17 +404,14 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     srv_send(c, &r, NULL);
 }
 
-void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof)
+int srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof, char *err, size_t errlen)
 {
-    char err[1200];
     int need_init;
-    int rc = srv_hello_check(c->srv, c, m, err, sizeof err);
+    int rc = srv_hello_check(c->srv, c, m, err, errlen);
     if (rc == 0)
-        rc = srv_hello_join(c, m, &need_init, err, sizeof err);
-    if (rc != 0) {
-        /* a second hello costs only itself; any other refusal ends the connection */
-        srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
-        return;
-    }
+        rc = srv_hello_join(c, m, &need_init, err, errlen);
+    if (rc != 0)
+        return rc;
     srv_hello_welcome(c, m->id, need_init, sproof);
+    return 0;
 }

@@ -21,9 +21,10 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
  * (PS_AUTH_MAC_LEN bytes) when it is not NULL. */
 void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *sproof);
 /* check, join, welcome: for a hello that needed no authentication, or
- * whose AUTH has been verified. A refusal is answered with an ERROR (fatal
- * but for a second hello). */
-void srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof);
+ * whose AUTH has been verified. Returns 0 with the WELCOME queued, or the
+ * check's or join's PS_E* code with err filled and nothing sent (the caller
+ * sends the ERROR: fatal but for PS_ESTATE, a second hello). */
+int srv_hello_accept(srv_conn *c, const ps_msg *m, const uint8_t *sproof, char *err, size_t errlen);
 /* A connection is going away: detach it from its worker (telling the
  * policy), drop its pulls. */
 void srv_conn_detach(srv_conn *c, int state, const char *why);
@@ -47,8 +48,9 @@ int srv_auth_load(psd *s, char *err, size_t errlen);
  * or PS_ENOMEM with err filled and nothing sent. */
 int srv_auth_challenge(srv_conn *c, ps_msg *m, char *err, size_t errlen);
 /* AUTH m answers c's challenge: verifies it and accepts the kept hello
- * (srv_hello_accept), returning 0; or returns PS_EAUTH with err filled and
- * nothing sent (the caller ends the connection with that ERROR). */
+ * (srv_hello_accept), returning 0; or returns PS_EAUTH, or the hello's
+ * refusal, with err filled and nothing sent (the caller ends the
+ * connection with that ERROR). */
 int srv_auth_answer(srv_conn *c, ps_msg *m, char *err, size_t errlen);
 /* Drops what c keeps for a challenge (when it closes). */
 void srv_auth_free(srv_conn *c);

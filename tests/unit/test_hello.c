@@ -140,14 +140,25 @@ static ps_msg hello(uint32_t role, uint32_t shard, uint32_t nshards, ps_layout *
     return m;
 }
 
-static void expect_error(int code, int fatal, const char *part)
+/* A hello accepted: 0, and the WELCOME is what was sent. */
+static void accept_ok(srv_conn *c, const ps_msg *m)
 {
-    assert_int_equal(sent.type, PS_MSG_ERROR);
-    assert_int_equal(sent.id, 7);
-    assert_int_equal(sent.code, code);
-    assert_int_equal(sent.fatal, fatal);
-    if (!strstr(sent.text, part))
-        fail_msg("error text '%s' lacks '%s'", sent.text, part);
+    char err[1200] = "";
+    int rc = srv_hello_accept(c, m, NULL, err, sizeof err);
+    if (rc != 0)
+        fail_msg("hello refused (%d): %s", rc, err);
+}
+
+/* A hello refused: the code, a text saying part, and nothing sent (the
+ * dispatch layer sends the ERROR). */
+static void expect_refused(srv_conn *c, const ps_msg *m, int code, const char *part)
+{
+    char err[1200] = "";
+    int before = sent.n;
+    assert_int_equal(srv_hello_accept(c, m, NULL, err, sizeof err), code);
+    assert_int_equal(sent.n, before);
+    if (!strstr(err, part))
+        fail_msg("refusal '%s' lacks '%s'", err, part);
 }
 
 /* ---- tests --------------------------------------------------------------------- */
@@ -158,7 +169,7 @@ static void test_first_worker_fixes_the_layout(void **state)
     ps_layout l = layout_of(100);
     srv_conn *a = conn(s, "a:1"), *b = conn(s, "b:1");
     ps_msg m = hello(PS_ROLE_WORKER, 0, 2, &l);
-    srv_hello_accept(a, &m, NULL);
+    accept_ok(a, &m);
     assert_int_equal(sent.n, 1);
     assert_int_equal(sent.type, PS_MSG_WELCOME);
     assert_int_equal(sent.id, 7);
@@ -174,7 +185,7 @@ static void test_first_worker_fixes_the_layout(void **state)
     assert_int_equal(s->stats.worker_joins, 1);
     /* the second is not asked again */
     m = hello(PS_ROLE_WORKER, 1, 2, &l);
-    srv_hello_accept(b, &m, NULL);
+    accept_ok(b, &m);
     assert_int_equal(sent.type, PS_MSG_WELCOME);
     assert_int_equal(sent.need_init, 0);
     assert_int_equal(s->stats.worker_joins, 2);
@@ -190,36 +201,30 @@ static void test_refusals(void **state)
     ps_msg m = hello(PS_ROLE_WORKER, 0, 2, &big);
     char err[512];
     assert_int_equal(srv_hello_check(s, a, &m, err, sizeof err), PS_ELIMIT);
-    srv_hello_accept(a, &m, NULL);
-    expect_error(PS_ELIMIT, 1, "max_params");
+    expect_refused(a, &m, PS_ELIMIT, "max_params");
     assert_false(s->model.has_layout);
     assert_int_equal(a->role, PS_ROLE_NONE);
     /* BSP rounds of 2 workers: a worker of 3 is refused */
     srv_conn *b = conn(s, "b:1");
     m = hello(PS_ROLE_WORKER, 0, 3, &l);
-    srv_hello_accept(b, &m, NULL);
-    expect_error(PS_ESHARD, 1, "BSP rounds of 2 workers");
+    expect_refused(b, &m, PS_ESHARD, "BSP rounds of 2 workers");
     /* another protocol version */
     srv_conn *c = conn(s, "c:1");
     m = hello(PS_ROLE_WORKER, 0, 2, &l);
     m.proto = PS_PROTO_VERSION + 1;
-    srv_hello_accept(c, &m, NULL);
-    expect_error(PS_EUNSUPPORTED, 1, "protocol version");
+    expect_refused(c, &m, PS_EUNSUPPORTED, "protocol version");
     /* one joins; the same shard again, and another layout, are refused */
     srv_conn *d = conn(s, "d:1"), *e = conn(s, "e:1"), *f = conn(s, "f:1");
     m = hello(PS_ROLE_WORKER, 0, 2, &l);
-    srv_hello_accept(d, &m, NULL);
+    accept_ok(d, &m);
     assert_int_equal(sent.type, PS_MSG_WELCOME);
-    srv_hello_accept(e, &m, NULL);
-    expect_error(PS_ESHARD, 1, "already connected from d:1");
+    expect_refused(e, &m, PS_ESHARD, "already connected from d:1");
     m = hello(PS_ROLE_WORKER, 1, 2, &other);
-    srv_hello_accept(f, &m, NULL);
-    expect_error(PS_ELAYOUT, 1, "layout mismatch");
+    expect_refused(f, &m, PS_ELAYOUT, "layout mismatch");
     assert_null(f->worker);
     /* a second hello costs only itself */
     m = hello(PS_ROLE_WORKER, 0, 2, &l);
-    srv_hello_accept(d, &m, NULL);
-    expect_error(PS_ESTATE, 0, "hello sent twice");
+    expect_refused(d, &m, PS_ESTATE, "hello sent twice");
     assert_int_equal(s->stats.worker_joins, 1);
     free_psd(s);
 }
@@ -230,18 +235,18 @@ static void test_admin_learns_the_layout(void **state)
     ps_layout l = layout_of(10);
     srv_conn *adm = conn(s, "adm:1"), *w = conn(s, "w:1");
     ps_msg m = hello(PS_ROLE_ADMIN, 0, 0, NULL);
-    srv_hello_accept(adm, &m, NULL);
+    accept_ok(adm, &m);
     assert_int_equal(sent.type, PS_MSG_WELCOME);
     assert_int_equal(sent.params, 0); /* no model yet */
     assert_false(sent.has_layout);
     assert_int_equal(adm->role, PS_ROLE_ADMIN);
     assert_null(adm->worker);
     m = hello(PS_ROLE_WORKER, 0, 1, &l);
-    srv_hello_accept(w, &m, NULL);
+    accept_ok(w, &m);
     assert_false(sent.has_layout); /* a worker has its own */
     srv_conn *adm2 = conn(s, "adm:2");
     m = hello(PS_ROLE_ADMIN, 0, 0, NULL);
-    srv_hello_accept(adm2, &m, NULL);
+    accept_ok(adm2, &m);
     assert_true(sent.has_layout);
     assert_int_equal(sent.params, 10);
     free_psd(s);
@@ -254,9 +259,9 @@ static void test_leaving_tells_the_policy(void **state)
     ps_layout l = layout_of(4);
     srv_conn *a = conn(s, "a:1"), *b = conn(s, "b:1");
     ps_msg m = hello(PS_ROLE_WORKER, 0, 2, &l);
-    srv_hello_accept(a, &m, NULL);
+    accept_ok(a, &m);
     m = hello(PS_ROLE_WORKER, 1, 2, &l);
-    srv_hello_accept(b, &m, NULL);
+    accept_ok(b, &m);
     assert_int_equal(s->model.nblk, 0); /* a hello commits no memory */
     assert_int_equal(srv_model_commit(&s->model, &s->cfg), 0); /* as INIT does */
     s->model.initialized = 1;
@@ -286,7 +291,7 @@ static void test_layout_released_when_no_one_initialised_it(void **state)
     ps_layout big = layout_of(512), other = layout_of(8);
     srv_conn *a = conn(s, "a:1");
     ps_msg m = hello(PS_ROLE_WORKER, 0, 1, &big);
-    srv_hello_accept(a, &m, NULL);
+    accept_ok(a, &m);
     assert_true(s->model.has_layout);
     assert_int_equal(s->model.layout.total, 512);
     assert_int_equal(s->model.nblk, 0);
@@ -295,7 +300,7 @@ static void test_layout_released_when_no_one_initialised_it(void **state)
     assert_false(s->model.has_layout);
     srv_conn *b = conn(s, "b:1");
     m = hello(PS_ROLE_WORKER, 0, 1, &other);
-    srv_hello_accept(b, &m, NULL);
+    accept_ok(b, &m);
     assert_non_null(b->worker); /* accepted: no layout mismatch */
     assert_int_equal(s->model.layout.total, 8);
     free_psd(s);

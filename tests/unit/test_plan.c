@@ -162,7 +162,9 @@ static srv_conn *join(psd *s, uint32_t k, uint32_t m, const ps_plan *p)
         h.has |= PS_F_PLAN;
         h.plan = *p;
     }
-    srv_hello_accept(c, &h, NULL);
+    char err[1200] = "";
+    if (srv_hello_accept(c, &h, NULL, err, sizeof err) != 0)
+        fail_msg("hello refused: %s", err);
     assert_int_equal(reply_of(c)->type, PS_MSG_WELCOME);
     if (!s->model.initialized) {
         assert_int_equal(srv_model_commit(&s->model, &s->cfg), 0);
