@@ -3,15 +3,21 @@
 and against a torch.distributed.rpc parameter server (a benchmark: it prints
 figures and asserts nothing).
 
-    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--only psd,alone,rpc,w1]
+    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000]
+                      [--only alone,alone1,psd,pipe,rpc,w1,w1pipe]
                       [--psd PATH] [--data DIR]
 
-Rows, all in one run, same model, same settings (Adam, lr 2e-3, batch 64
-per worker, MNIST normalised alike):
+Rows, all in one run, same model, same settings (Adam, lr 2e-3 falling
+along a cosine to 0 over the run's updates, no warm-up, batch 64 per
+worker, MNIST normalised alike):
 - alone: examples/torch/mnist_cnn.py's CNN trained by PyTorch in one
-  process (2 intra-op threads: the machine's two cores);
+  process (2 intra-op threads: the machine's two cores); alone1: the same
+  with 1 thread (on a loaded machine the faster of the two; the ratio is
+  taken to the faster);
 - psd: the same script, 2 workers (1 thread each) through psd (asgd,
-  Adam lr 2e-3 on psd);
+  Adam on psd, the cosine over epochs x 2 x ceil(30000/64) versions:
+  as many updates as alone makes); pipe: the same with --pipeline (each
+  step's round trip overlaps the next batch's computation);
 - rpc: the parameter server of PyTorch's tutorial "Implementing a Parameter
   Server Using Distributed RPC Framework", written after its structure: a
   parameter-server process holds the model, each of 2 trainers runs the
@@ -19,8 +25,9 @@ per worker, MNIST normalised alike):
   autograd, and a DistributedOptimizer (Adam, lr 2e-3) steps the
   parameters on the server. It is slow, so it trains --rpc-limit samples
   and its time per epoch is scaled to 60000;
-- w1: W1 (psworker's mlp:256,128) with 2 PyTorch workers through psd: the
-  share of the epoch spent inside libpsclient (push, pull, waiting on psd).
+- w1, w1pipe: W1 (psworker's mlp:256,128) with 2 PyTorch workers through
+  psd, without and with --pipeline: the share of the epoch spent inside
+  libpsclient (push, pull, waiting on psd; the script times those calls).
 Per row: seconds per epoch (training only), test accuracy after the last
 epoch; at the end the ratios the issue asks for.
 """
@@ -65,14 +72,15 @@ def rows_of(text):
 # ---- PyTorch alone --------------------------------------------------------
 
 
-def alone(args):
+def alone(args, threads=2):
     import torch
     import torch.nn.functional as F
     import mnist_cnn
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(1)
     model = mnist_cnn.Net()
     opt = torch.optim.Adam(model.parameters(), lr=LR)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * -(-60000 // BATCH))
     x, y = mnist_cnn.load(args.data, "train", None)
     tx, ty = mnist_cnn.load(args.data, "t10k", None)
     secs = []
@@ -84,24 +92,32 @@ def alone(args):
             opt.zero_grad()
             F.nll_loss(model(x[i]), y[i]).backward()
             opt.step()
+            sched.step()
         secs.append(time.monotonic() - t0)
         acc, _ = mnist_cnn.evaluate(model, tx, ty)
-        print("  alone epoch %d: %.2f s, test accuracy %.4f" % (epoch + 1, secs[-1], acc), flush=True)
+        print("  alone (%d threads) epoch %d: %.2f s, test accuracy %.4f" % (threads, epoch + 1, secs[-1], acc),
+              flush=True)
     return statistics.mean(secs), acc
 
 
 # ---- through psd ------------------------------------------------------------
 
 
-def through_psd(args, model="cnn", epochs=None, limit=None):
+def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
     epochs = epochs or args.epochs
+    versions = epochs * 2 * -(-30000 // BATCH)
     with harness.Cluster("psd-torch-bench") as cl:
         psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % LR,
+                                                   "--set", "lr_schedule=cosine", "--set", "lr_min=0",
+                                                   "--set", "lr_decay_versions=%d" % versions,
+                                                   "--set", "warmup_versions=0",
                                                    "--set", "heartbeat_timeout=60s", "--log-level", "warn"])
         argv = [PY, SCRIPT, "--server", psd.addr, "--data", args.data, "--epochs", str(epochs), "--batch",
                 str(BATCH), "--model", model]
         if limit:
             argv += ["--limit", str(limit)]
+        if pipeline:
+            argv += ["--pipeline"]
         procs = [harness.Proc("w%d" % k, argv + ["--shard", "%d/2" % k], cl.dir, env=env()) for k in range(2)]
         out = []
         for p in procs:
@@ -111,8 +127,8 @@ def through_psd(args, model="cnn", epochs=None, limit=None):
     secs = [statistics.mean(r["epoch_seconds"] for r in rows) for rows in out]
     lib = [statistics.mean(r["library_seconds"] for r in rows) for rows in out]
     for e in range(epochs):
-        print("  psd (%s) epoch %d: %.2f s, library %.2f s, test accuracy %.4f" %
-              (model, e + 1, out[0][e]["epoch_seconds"], out[0][e]["library_seconds"], out[0][e]["test_accuracy"]),
+        print("  psd (%s%s) epoch %d: %.2f s, library %.2f s, test accuracy %.4f" %
+              (model, ", pipeline" if pipeline else "", e + 1, out[0][e]["epoch_seconds"], out[0][e]["library_seconds"], out[0][e]["test_accuracy"]),
               flush=True)
     return statistics.mean(secs), statistics.mean(out[k][-1]["test_accuracy"] for k in range(2)), \
         statistics.mean(lib)
@@ -242,7 +258,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rpc-limit", type=int, default=6000)
     ap.add_argument("--rpc-epochs", type=int, default=1)
-    ap.add_argument("--only", default="alone,psd,rpc,w1")
+    ap.add_argument("--only", default="alone,alone1,psd,pipe,rpc,w1,w1pipe")
     ap.add_argument("--psd")
     ap.add_argument("--data")
     args = ap.parse_args()
@@ -253,24 +269,34 @@ def main():
     res = {}
     if "alone" in only:
         res["alone"] = alone(args)
+    if "alone1" in only:
+        res["alone1"] = alone(args, threads=1)
     if "psd" in only:
         res["psd"] = through_psd(args)
+    if "pipe" in only:
+        res["pipe"] = through_psd(args, pipeline=True)
     if "rpc" in only:
         res["rpc"] = rpc_ps(args)
     if "w1" in only:
         res["w1"] = through_psd(args, model="w1", epochs=2)
+    if "w1pipe" in only:
+        res["w1pipe"] = through_psd(args, model="w1", epochs=2, pipeline=True)
     print()
     print("| setup | s/epoch | test accuracy |")
     print("|---|---|---|")
     for k, v in res.items():
         print("| %s | %.2f | %.4f |" % (k, v[0], v[1]))
-    if "alone" in res and "psd" in res:
-        print("psd (2 workers) / PyTorch alone, time per epoch: %.2f" % (res["psd"][0] / res["alone"][0]))
-    if "rpc" in res and "psd" in res:
-        print("psd (2 workers) / torch.distributed.rpc PS, time per epoch: %.3f" % (res["psd"][0] / res["rpc"][0]))
-    if "w1" in res:
-        print("W1, 2 PyTorch workers: %.3f s of %.3f s per epoch inside libpsclient (%.1f%%)" %
-              (res["w1"][2], res["w1"][0], 100 * res["w1"][2] / res["w1"][0]))
+    best = min((res[k] for k in ("alone", "alone1") if k in res), default=None, key=lambda v: v[0])
+    for row in ("psd", "pipe"):
+        if best and row in res:
+            print("%s (2 workers) / PyTorch alone (the faster row), time per epoch: %.2f" %
+                  (row, res[row][0] / best[0]))
+        if "rpc" in res and row in res:
+            print("%s (2 workers) / torch.distributed.rpc PS, time per epoch: %.3f" % (row, res[row][0] / res["rpc"][0]))
+    for row in ("w1", "w1pipe"):
+        if row in res:
+            print("%s, 2 PyTorch workers: %.3f s of %.3f s per epoch inside libpsclient (%.1f%%)" %
+                  (row, res[row][2], res[row][0], 100 * res[row][2] / res[row][0]))
 
 
 if __name__ == "__main__":
