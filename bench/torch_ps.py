@@ -103,6 +103,13 @@ def alone(args, threads=2):
 # ---- through psd ------------------------------------------------------------
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds process pid has used (Linux /proc)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
     epochs = epochs or args.epochs
     versions = epochs * 2 * -(-30000 // BATCH)
@@ -124,7 +131,11 @@ def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
             if p.wait(3600) != 0:
                 sys.exit("torch_ps: a psd worker failed:\n" + p.stderr())
             out.append(rows_of(p.stdout()))
+        psd_cpu = cpu_seconds(psd.p.pid)
     secs = [statistics.mean(r["epoch_seconds"] for r in rows) for rows in out]
+    wcpu = statistics.mean(r["cpu_seconds"] for rows in out for r in rows)
+    print("  psd (%s%s): per epoch, psd used %.3f CPU s (its whole life / epochs), each worker %.3f CPU s" %
+          (model, ", pipeline" if pipeline else "", psd_cpu / epochs, wcpu), flush=True)
     lib = [statistics.mean(r["library_seconds"] for r in rows) for rows in out]
     for e in range(epochs):
         print("  psd (%s%s) epoch %d: %.2f s, library %.2f s, test accuracy %.4f" %

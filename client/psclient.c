@@ -676,8 +676,8 @@ static int chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops
 /* Pulls the link's values [off, off + n) at version >= min into dst. */
 static int pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64_t n, uint64_t min)
 {
-    return ps_client_pull_chunks(&ln->cl, dst, off, n, min, c->chunk, c->pull_window ? c->pull_window : 1, &ln->version,
-                                 c->timeout_ms);
+    unsigned window = c->pull_window ? c->pull_window : 1;
+    return ps_client_pull_chunks(&ln->cl, dst, off, n, min, c->chunk, window, &ln->version, c->timeout_ms);
 }
 
 /* The model version a push to ln says its gradient was computed on. */
@@ -768,7 +768,7 @@ static int do_pushpull(psc_client *c)
     size_t sent[PS_PARTS_MAX] = {0};
     int first = 0, small = 1;
     for (uint32_t i = 0; i < c->nlinks; i++)
-        small &= c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* a segment has room for a part */
+        small &= c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
     for (int shm = 0; shm < 2; shm++)
         for (uint32_t i = 0; i < c->nlinks && !first; i++) {
             psc_link *ln = &c->links[i];

@@ -133,7 +133,7 @@ def main():
     steps = -(-(n_all // m) // args.batch)
     epochs = []
     for epoch in range(1, args.epochs + 1):
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         order = torch.randperm(len(x))
         loss_sum, comm = 0.0, 0.0             # comm: seconds inside the library (and waiting on psd)
         for s in range(steps):
@@ -152,12 +152,13 @@ def main():
         tc = time.monotonic()
         ps.finish()                              # a pipelined step in flight: the newest parameters
         comm += time.monotonic() - tc
-        secs = time.monotonic() - t0
+        secs, cpu = time.monotonic() - t0, time.process_time() - c0
         acc, tloss = evaluate(model, tx, ty)
         ps.report(epoch, loss_sum / steps, accuracy=acc, test_loss=tloss, samples=epoch * samples,
                   rate=samples / secs)
         epochs.append(secs)
         print(json.dumps({"epoch": epoch, "epoch_seconds": round(secs, 3), "library_seconds": round(comm, 3),
+                          "cpu_seconds": round(cpu, 3),
                           "train_loss": round(loss_sum / steps, 5),
                           "test_accuracy": acc, "version": ps.version}), flush=True)
     print(json.dumps({"shard": "%d/%d" % (k, m), "mode": ps.mode, "epochs": args.epochs, "test_accuracy": acc,
