@@ -171,8 +171,8 @@ class Worker:
         cur, other = self._cur, 1 - self._cur
         if self._inflight:
             # the step before: its answer is in the other pair's parameters
-            self.client.wait()
             self._inflight = False
+            self.client.wait()
             other_version = self.client.version
         else:
             self._pairs[other][0].copy_(self._pairs[cur][0])
@@ -189,8 +189,8 @@ class Worker:
         (the newest) in the module; nothing to do otherwise."""
         if not self._inflight:
             return
-        self.client.wait()
         self._inflight = False
+        self.client.wait()
         done = 1 - self._cur
         self._pairs[self._cur][0].copy_(self._pairs[done][0])
         self._cur_version = self.client.version
@@ -200,10 +200,13 @@ class Worker:
         step_wait() the module's parameters and gradients must not be used."""
         self.finish()
         self._before_push()
+        if self.pipeline:
+            self.client.bind(*self._pair_np[self._cur])  # the module's pair, both ways
         self.client.pushpull_start()
 
     def step_wait(self):
         self.client.wait()
+        self._cur_version = self.client.version
         self._after_pull()
 
     def pull(self):

@@ -175,8 +175,17 @@ def test_pipeline_steps_on_the_step_before(cluster):
     # the module's views moved to the other pair and back, psd saw 3 pushes
     # each with its true base version (no drop: ASGD applies them all)
     assert harness.status(p.addr)["version"] == 3
+    # the explicit asynchronous step works on the module's pair too
+    w.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    g4 = [t.grad.clone() for t in model.parameters()]
+    w.step_start()
+    w.step_wait()
+    p4 = [a - 0.5 * g for a, g in zip(p3, g4)]
+    for a, t in zip(p4, model.parameters()):
+        assert torch.allclose(a, t.detach(), atol=1e-6)
     w.pull()
-    for a, t in zip(p3, model.parameters()):
+    for a, t in zip(p4, model.parameters()):
         assert torch.allclose(a, t.detach(), atol=1e-6)
     w.close(reason="pipeline test done")              # waits for psd's OK to the BYE
     rows = harness.status(p.addr)["workers"]
