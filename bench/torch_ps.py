@@ -3,11 +3,11 @@
 and against a torch.distributed.rpc parameter server (a benchmark: it prints
 figures and asserts nothing).
 
-    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000]
+    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--lr 2e-3]
                       [--only alone,alone1,psd,pipe,rpc,w1,w1pipe]
                       [--psd PATH] [--data DIR]
 
-Rows, all in one run, same model, same settings (Adam, lr 2e-3 falling
+Rows, all in one run, same model, same settings (Adam, lr --lr falling
 along a cosine to 0 over the run's updates, no warm-up, batch 64 per
 worker, MNIST normalised alike):
 - alone: examples/torch/mnist_cnn.py's CNN trained by PyTorch in one
@@ -22,7 +22,7 @@ worker, MNIST normalised alike):
   Server Using Distributed RPC Framework", written after its structure: a
   parameter-server process holds the model, each of 2 trainers runs the
   model's forward on it through rpc_sync, backward with distributed
-  autograd, and a DistributedOptimizer (Adam, lr 2e-3) steps the
+  autograd, and a DistributedOptimizer (Adam, lr --lr, constant) steps the
   parameters on the server. It is slow, so it trains --rpc-limit samples
   and its time per epoch is scaled to 60000;
 - w1, w1pipe: W1 (psworker's mlp:256,128) with 2 PyTorch workers through
@@ -52,7 +52,6 @@ import harness  # noqa: E402
 
 PY = "/usr/bin/python3"
 SCRIPT = os.path.join(ROOT, "examples", "torch", "mnist_cnn.py")
-LR = 2e-3
 BATCH = 64
 
 
@@ -79,7 +78,7 @@ def alone(args, threads=2):
     torch.set_num_threads(threads)
     torch.manual_seed(1)
     model = mnist_cnn.Net()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * -(-60000 // BATCH))
     x, y = mnist_cnn.load(args.data, "train", None)
     tx, ty = mnist_cnn.load(args.data, "t10k", None)
@@ -114,7 +113,7 @@ def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
     epochs = epochs or args.epochs
     versions = epochs * 2 * -(-30000 // BATCH)
     with harness.Cluster("psd-torch-bench") as cl:
-        psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % LR,
+        psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % args.lr,
                                                    "--set", "lr_schedule=cosine", "--set", "lr_min=0",
                                                    "--set", "lr_decay_versions=%d" % versions,
                                                    "--set", "warmup_versions=0",
@@ -248,7 +247,7 @@ def rpc_ps(args):
                  GLOO_SOCKET_IFNAME="lo")
         procs = [harness.Proc("rpc%d" % r, [PY, code, str(r), "3", args.data, str(args.rpc_epochs),
                                              os.path.join(ROOT, "examples", "torch"), str(args.rpc_limit),
-                                             str(BATCH), str(LR)], cl.dir, env=e) for r in range(3)]
+                                             str(BATCH), str(args.lr)], cl.dir, env=e) for r in range(3)]
         for p in procs:
             if p.wait(3600) != 0:
                 sys.exit("torch_ps: an rpc process failed:\n" + p.stderr())
@@ -269,6 +268,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rpc-limit", type=int, default=6000)
     ap.add_argument("--rpc-epochs", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate, every row (default 2e-3)")
     ap.add_argument("--only", default="alone,alone1,psd,pipe,rpc,w1,w1pipe")
     ap.add_argument("--psd")
     ap.add_argument("--data")
