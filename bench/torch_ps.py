@@ -3,13 +3,13 @@
 and against a torch.distributed.rpc parameter server (a benchmark: it prints
 figures and asserts nothing).
 
-    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--lr 2e-3]
+    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--lr 2e-3] [--batch 64] [--reps 1]
                       [--only alone,alone1,psd,pipe,rpc,w1,w1pipe]
                       [--psd PATH] [--data DIR]
 
 Rows, all in one run, same model, same settings (Adam, lr --lr falling
-along a cosine to 0 over the run's updates, no warm-up, batch 64 per
-worker, MNIST normalised alike):
+along a cosine to 0 over the run's updates, no warm-up, batch --batch
+(64) per worker, MNIST normalised alike):
 - alone: examples/torch/mnist_cnn.py's CNN trained by PyTorch in one
   process (2 intra-op threads: the machine's two cores); alone1: the same
   with 1 thread (on a loaded machine the faster of the two; the ratio is
@@ -29,7 +29,10 @@ worker, MNIST normalised alike):
   psd, without and with --pipeline: the share of the epoch spent inside
   libpsclient (push, pull, waiting on psd; the script times those calls).
 Per row: seconds per epoch (training only), test accuracy after the last
-epoch; at the end the ratios the issue asks for.
+epoch; at the end the ratios the issue asks for. --reps N runs the rows in
+turn N times: the table shows medians and each repetition, a ratio is the
+median of the repetitions' own ratios (rows run minutes apart at most, so
+a load that comes and goes on a shared machine touches both sides).
 """
 
 import argparse
@@ -52,7 +55,6 @@ import harness  # noqa: E402
 
 PY = "/usr/bin/python3"
 SCRIPT = os.path.join(ROOT, "examples", "torch", "mnist_cnn.py")
-BATCH = 64
 
 
 def env():
@@ -79,15 +81,15 @@ def alone(args, threads=2):
     torch.manual_seed(1)
     model = mnist_cnn.Net()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * -(-60000 // BATCH))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * -(-60000 // args.batch))
     x, y = mnist_cnn.load(args.data, "train", None)
     tx, ty = mnist_cnn.load(args.data, "t10k", None)
     secs = []
     for epoch in range(args.epochs):
         t0 = time.monotonic()
         order = torch.randperm(len(x))
-        for s in range(-(-len(x) // BATCH)):
-            i = order[s * BATCH:(s + 1) * BATCH]
+        for s in range(-(-len(x) // args.batch)):
+            i = order[s * args.batch:(s + 1) * args.batch]
             opt.zero_grad()
             F.nll_loss(model(x[i]), y[i]).backward()
             opt.step()
@@ -111,7 +113,7 @@ def cpu_seconds(pid):
 
 def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
     epochs = epochs or args.epochs
-    versions = epochs * 2 * -(-30000 // BATCH)
+    versions = epochs * 2 * -(-30000 // args.batch)
     with harness.Cluster("psd-torch-bench") as cl:
         psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % args.lr,
                                                    "--set", "lr_schedule=cosine", "--set", "lr_min=0",
@@ -119,7 +121,7 @@ def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
                                                    "--set", "warmup_versions=0",
                                                    "--set", "heartbeat_timeout=60s", "--log-level", "warn"])
         argv = [PY, SCRIPT, "--server", psd.addr, "--data", args.data, "--epochs", str(epochs), "--batch",
-                str(BATCH), "--model", model]
+                str(args.batch), "--model", model]
         if limit:
             argv += ["--limit", str(limit)]
         if pipeline:
@@ -247,7 +249,7 @@ def rpc_ps(args):
                  GLOO_SOCKET_IFNAME="lo")
         procs = [harness.Proc("rpc%d" % r, [PY, code, str(r), "3", args.data, str(args.rpc_epochs),
                                              os.path.join(ROOT, "examples", "torch"), str(args.rpc_limit),
-                                             str(BATCH), str(args.lr)], cl.dir, env=e) for r in range(3)]
+                                             str(args.batch), str(args.lr)], cl.dir, env=e) for r in range(3)]
         for p in procs:
             if p.wait(3600) != 0:
                 sys.exit("torch_ps: an rpc process failed:\n" + p.stderr())
@@ -268,6 +270,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rpc-limit", type=int, default=6000)
     ap.add_argument("--rpc-epochs", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=1, help="run the rows in turn this many times (medians)")
+    ap.add_argument("--batch", type=int, default=64, help="samples a step, per worker (alone: a step)")
     ap.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate, every row (default 2e-3)")
     ap.add_argument("--only", default="alone,alone1,psd,pipe,rpc,w1,w1pipe")
     ap.add_argument("--psd")
@@ -277,38 +281,47 @@ def main():
         harness.Paths.psd = os.path.abspath(args.psd)
     args.data = os.path.abspath(args.data or harness.Paths.data)
     only = args.only.split(",")
-    res = {}
-    if "alone" in only:
-        res["alone"] = alone(args)
-    if "alone1" in only:
-        res["alone1"] = alone(args, threads=1)
-    if "psd" in only:
-        res["psd"] = through_psd(args)
-    if "pipe" in only:
-        res["pipe"] = through_psd(args, pipeline=True)
-    if "rpc" in only:
-        res["rpc"] = rpc_ps(args)
-    if "w1" in only:
-        res["w1"] = through_psd(args, model="w1", epochs=2)
-    if "w1pipe" in only:
-        res["w1pipe"] = through_psd(args, model="w1", epochs=2, pipeline=True)
+    runs = {"alone": lambda: alone(args), "alone1": lambda: alone(args, threads=1),
+            "psd": lambda: through_psd(args), "pipe": lambda: through_psd(args, pipeline=True),
+            "rpc": lambda: rpc_ps(args), "w1": lambda: through_psd(args, model="w1", epochs=2),
+            "w1pipe": lambda: through_psd(args, model="w1", epochs=2, pipeline=True)}
+    unknown = [k for k in only if k not in runs]
+    if unknown:
+        sys.exit("torch_ps: unknown rows %s (of %s)" % (", ".join(unknown), ", ".join(runs)))
+    order = [k for k in runs if k in only]
+    reps = []                                   # one {row: result} per repetition, rows in turn
+    for r in range(args.reps):
+        if args.reps > 1:
+            print("repetition %d of %d" % (r + 1, args.reps), flush=True)
+        reps.append({k: runs[k]() for k in order})
     print()
-    print("| setup | s/epoch | test accuracy |")
-    print("|---|---|---|")
-    for k, v in res.items():
-        print("| %s | %.2f | %.4f |" % (k, v[0], v[1]))
-    best = min((res[k] for k in ("alone", "alone1") if k in res), default=None, key=lambda v: v[0])
+    print("| setup | s/epoch (median) | each repetition | test accuracy (of the median run) |")
+    print("|---|---|---|---|")
+    res = {}
+    for k in order:
+        runs_k = sorted((rep[k] for rep in reps), key=lambda v: v[0])
+        res[k] = runs_k[(len(runs_k) - 1) // 2]
+        print("| %s | %.2f | %s | %.4f |" % (k, res[k][0], ", ".join("%.2f" % rep[k][0] for rep in reps), res[k][1]))
+
+    def ratio(num, den):
+        """The median over repetitions of num's time / den's (rows run close together), and each."""
+        each = [rep[num][0] / den(rep)[0] for rep in reps]
+        return statistics.median(each), ", ".join("%.3f" % x for x in each)
+
+    alones = [k for k in ("alone", "alone1") if k in order]
     for row in ("psd", "pipe"):
-        if best and row in res:
-            print("%s (2 workers) / PyTorch alone (the faster row), time per epoch: %.2f" %
-                  (row, res[row][0] / best[0]))
+        if alones and row in res:
+            print("%s (2 workers) / PyTorch alone (the faster row of the repetition), time per epoch: %.3f (%s)" %
+                  ((row,) + ratio(row, lambda rep: min((rep[k] for k in alones), key=lambda v: v[0]))))
         if "rpc" in res and row in res:
-            print("%s (2 workers) / torch.distributed.rpc PS, time per epoch: %.3f" % (row, res[row][0] / res["rpc"][0]))
+            print("%s (2 workers) / torch.distributed.rpc PS, time per epoch: %.3f (%s)" %
+                  ((row,) + ratio(row, lambda rep: rep["rpc"])))
     for row in ("w1", "w1pipe"):
         if row in res:
-            print("%s, 2 PyTorch workers: %.3f s of %.3f s per epoch inside libpsclient (%.1f%%)" %
-                  (row, res[row][2], res[row][0], 100 * res[row][2] / res[row][0]))
-
+            shares = [rep[row][2] / rep[row][0] for rep in reps]
+            print("%s, 2 PyTorch workers: %.3f s of %.3f s per epoch inside libpsclient (%.1f%%; each: %s)" %
+                  (row, res[row][2], res[row][0], 100 * statistics.median(shares),
+                   ", ".join("%.1f%%" % (100 * x) for x in shares)))
 
 if __name__ == "__main__":
     main()
