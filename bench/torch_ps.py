@@ -26,7 +26,8 @@ along a cosine to 0 over the run's updates, no warm-up, batch --batch
   parameters on the server. It is slow, so it trains --rpc-limit samples
   and its time per epoch is scaled to 60000;
 - w1, w1pipe: W1 (psworker's mlp:256,128) with 2 PyTorch workers through
-  psd, without and with --pipeline: the share of the epoch spent inside
+  psd, without and with --pipeline, 2 epochs at batch 64 (W1's own
+  recommended settings, whatever --batch says): the share of the epoch spent inside
   libpsclient (push, pull, waiting on psd; the script times those calls).
 Per row: seconds per epoch (training only), test accuracy after the last
 epoch; at the end the ratios the issue asks for. --reps N runs the rows in
@@ -111,9 +112,10 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
+def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False, batch=None):
     epochs = epochs or args.epochs
-    versions = epochs * 2 * -(-30000 // args.batch)
+    batch = batch or args.batch
+    versions = epochs * 2 * -(-30000 // batch)
     with harness.Cluster("psd-torch-bench") as cl:
         psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % args.lr,
                                                    "--set", "lr_schedule=cosine", "--set", "lr_min=0",
@@ -121,7 +123,7 @@ def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False):
                                                    "--set", "warmup_versions=0",
                                                    "--set", "heartbeat_timeout=60s", "--log-level", "warn"])
         argv = [PY, SCRIPT, "--server", psd.addr, "--data", args.data, "--epochs", str(epochs), "--batch",
-                str(args.batch), "--model", model]
+                str(batch), "--model", model]
         if limit:
             argv += ["--limit", str(limit)]
         if pipeline:
@@ -283,8 +285,8 @@ def main():
     only = args.only.split(",")
     runs = {"alone": lambda: alone(args), "alone1": lambda: alone(args, threads=1),
             "psd": lambda: through_psd(args), "pipe": lambda: through_psd(args, pipeline=True),
-            "rpc": lambda: rpc_ps(args), "w1": lambda: through_psd(args, model="w1", epochs=2),
-            "w1pipe": lambda: through_psd(args, model="w1", epochs=2, pipeline=True)}
+            "rpc": lambda: rpc_ps(args), "w1": lambda: through_psd(args, model="w1", epochs=2, batch=64),
+            "w1pipe": lambda: through_psd(args, model="w1", epochs=2, pipeline=True, batch=64)}
     unknown = [k for k in only if k not in runs]
     if unknown:
         sys.exit("torch_ps: unknown rows %s (of %s)" % (", ".join(unknown), ", ".join(runs)))
