@@ -12,6 +12,8 @@ torchrun-style variables (RANK, WORLD_SIZE; torchrun --nproc_per_node 2 ...).
 
 psd holds the model and its optimizer, e.g.
     psd --mode asgd --workers 2 --set optimizer=adam --set lr=0.002
+(the README's recommended settings, 99.0% in 20 epochs: lr 0.001 along a
+cosine over 37520 versions, no warm-up, --batch 32 --epochs 20 --pipeline)
 The last line on stdout is a JSON summary (test accuracy, seconds per epoch).
 """
 
