@@ -29,9 +29,9 @@ version). The module's parameters and gradients alternate between two
 pairs of flat vectors the worker allocates, bound to the library in
 turn, so the library copies (in C, on its own thread, while the module
 computes) the gradient into psd's shared segment and the parameters out
-of it. finish()
-waits for the step in flight (pull(), report() and close() call it), so
-the module holds the newest parameters there, e.g. before evaluating.
+of it. finish() waits for the step in flight (pull(), report() and
+close() call it), so the module holds the newest parameters there, e.g.
+before evaluating.
 
 CUDA: a module on a GPU keeps its parameters there; the flat vectors stay
 in host memory, pinned when CUDA is available, and step() copies the
@@ -136,6 +136,7 @@ class Worker:
         self.client.connect()
         self._after_pull()
         if self.pipeline and self.client.mode == "bsp":
+            self.client.close(reason="pipeline=True in a bsp job")
             raise ValueError("pipeline=True is for asgd and ssp: a bsp round wants the gradient of its own "
                              "parameters (psd runs bsp)")
         self._cur_version = self.client.version

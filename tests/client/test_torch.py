@@ -196,3 +196,5 @@ def test_pipeline_refuses_bsp(cluster):
     p = cluster.psd(mode="bsp", workers=1, args=SGD)
     with pytest.raises(ValueError, match="asgd and ssp"):
         psd.torch.Worker(net(), server=p.addr, shard="0/1", pipeline=True)
+    rows = harness.status(p.addr)["workers"]                  # it left, saying why
+    assert [(x["state"], x["why"]) for x in rows] == [("left", "pipeline=True in a bsp job")], rows
