@@ -2,15 +2,16 @@
  *
  * For each (mode, S, K) cell psbench starts a fresh psd as a child process
  * (127.0.0.1, port 0, --port-file), connects K simulated workers (threads,
- * one ps_client each, hello as shards 0..K-1 of K with a layout of one
- * tensor "w" of S floats), lets the worker that psd asks send the initial
- * values, and then times round trips: push S floats + pull S floats, as
- * psworker does (worker/session.c): one PUSHPULL for S <= 2^20, otherwise
+ * one libpsclient client each, through the public API of
+ * include/psd/client.h only: shards 0..K-1 of K with a layout of one
+ * tensor "w" of S floats; the first worker's values become the model),
+ * and then times round trips: push S floats + pull S floats with
+ * psc_pushpull, as psworker does: one PUSHPULL for S <= 2^20, otherwise
  * PUSH chunks of 2^20 floats (fin on the last) sent back to back, then PULL
- * chunks with PS_PULL_WINDOW requests in flight. With --wire bf16 the
- * workers ask for bfloat16 tensors, as psworker --wire bf16 does: psd must
- * offer them in its welcome, and then pushes and pulls carry 2 bytes a
- * value instead of 4 (the client library converts).
+ * chunks with 2 requests in flight (the library's defaults). With --wire
+ * bf16 the workers ask for bfloat16 tensors, as psworker --wire bf16 does:
+ * psd must offer them in its welcome, and then pushes and pulls carry 2
+ * bytes a value instead of 4 (the client library converts).
  *
  * Next to it, and with the same K client threads, it times the same bytes
  * over plain TCP: a one-thread epoll server (a child process, like psd) that
@@ -23,14 +24,16 @@
  * together), round trips/s, p50 and p99 round-trip latency, the CPU psd
  * used, psd's peak RSS (VmHWM) against the memory bound of the issue, the
  * ratio psd/ceiling, and how long psd took to answer a probe's heartbeats
- * meanwhile (its loop's stalls). --chunk and --pull-window depart from psworker's behaviour, to
+ * meanwhile (its loop's stalls). --chunk and --pull-window (the library's
+ * options chunk and pull_window) depart from psworker's behaviour, to
  * measure what a change of the worker would gain. When
  * bench/mpi_allreduce was built (Open MPI found), it also times
  * MPI_Allreduce of S floats on 2 ranks over TCP and shared memory (float32
  * whatever --wire says: MPI has no bfloat16 sum) and sets BSP rounds of 2
  * workers beside it: with one psd, and with the model split over 2 psd
- * instances (ps_part_bounds), each worker reaching one of them through
- * shared memory, as when each machine runs a worker and a psd.
+ * instances (the library's split), each worker reaching them through
+ * shared memory (libpsclient offers its segment to every psd of the
+ * list, so on this one machine both parts go through it).
  *
  * A benchmark, not a test: it reports figures and fails only when it cannot
  * measure. See bench/README.md. */
@@ -59,14 +62,28 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/client.h"
-#include "proto/errors.h"
-#include "proto/layout.h"
-#include "proto/msg.h"
+#include <arpa/inet.h>
+#include <sys/time.h>
+
+#include "psd/client.h"
 
 /* the largest tensor chunk psworker puts in one frame, in floats (4 MiB);
  * --chunk changes it */
-#define CHUNK_FLOATS PS_CHUNK_FLOATS
+#define CHUNK_FLOATS ((uint64_t)1 << 20)
+#define PULL_WINDOW 2                /* libpsclient's default pull_window */
+
+/* tensors on psd's wire (option wire) */
+enum { WIRE_F32, WIRE_BF16 };
+
+static const char *wire_name(int wire)
+{
+    return wire == WIRE_BF16 ? "bf16" : "f32";
+}
+
+static size_t wire_size(int wire)
+{
+    return wire == WIRE_BF16 ? 2 : 4;
+}
 #define CALL_TIMEOUT_MS (600 * 1000) /* one request; 100M floats stay far below it */
 #define CELL_GRACE_S 300.0           /* a cell this much over --seconds is stopped */
 #define MAX_LIST 16
@@ -87,12 +104,12 @@ typedef struct opts {
     uint64_t max_rounds;         /* per worker; 0 = no limit */
     int warmup;                  /* untimed round trips per worker first */
     uint64_t chunk;              /* floats per frame (psworker: CHUNK_FLOATS) */
-    int window;                  /* chunk pulls in flight (psworker: PS_PULL_WINDOW);
+    int window;                  /* chunk pulls in flight (psworker: PULL_WINDOW);
                                   * 0: every chunk request waits for its reply */
     const char *out;             /* output directory */
     int no_mpi, no_tcp, no_plot;
     int probe;                   /* measure psd's loop lag (admin heartbeats) */
-    uint32_t wire;               /* --wire: ps_dtype of tensors on psd's wire */
+    int wire;                    /* --wire: WIRE_* of tensors on psd's wire */
     int verbose;
     int round_reps;              /* repetitions of the BSP round comparison */
 } opts;
@@ -228,35 +245,15 @@ enum { SYS_PSD, SYS_TCP, SYS_TCP_STAR }; /* psd, the plain-TCP ceiling, its BSP 
 
 typedef struct bench bench;
 
-/* A worker's connection to one psd, which holds the model's values
- * [lo, lo + n): the whole model, or one part of a model split over several
- * psd instances (then that psd's model is just its part, so offsets on this
- * connection count from lo). The plain-TCP ceiling uses cl's socket only. */
-typedef struct plink {
-    ps_client cl;
-    const char *addr;       /* 127.0.0.1:port */
-    int part;               /* which part (for messages); -1: the whole model */
-    uint64_t lo, n;
-    int use_shm;            /* its pushpulls go through a shared segment */
-    uint64_t version;       /* model version of the last pull */
-    uint8_t *held;          /* a PUSHPULL's reply buffer, kept as psworker does */
-    size_t held_cap;
-    float *held_wide;       /* or its bfloat16 data widened (--wire bf16) */
-    size_t held_wide_cap;
-    int shm_fd;             /* the sealed memfd psd maps; -1: none */
-    float *shm;             /* its mapping: n gradient floats, then n parameters */
-} plink;
-
 #define MAX_LINKS 2
 
 typedef struct bworker {
     bench *b;
     int k;                  /* shard */
     pthread_t th;
-    plink l[MAX_LINKS];     /* one psd, or a split model: l[0] the psd of part k
-                             * (on the worker's machine), l[1] the other one */
-    int nl;
-    float *params;          /* pulled parameters (chunked pulls copy here) */
+    psc_client *pc;         /* psd: the worker's libpsclient client (NULL: ceiling) */
+    int fd;                 /* the plain-TCP ceiling: its socket; -1: none */
+    float *params;          /* the ceiling: where the values sent back land */
     double *lat;            /* seconds per timed round trip */
     size_t nlat, lat_cap;
     double t_end;           /* when its last timed round trip finished */
@@ -274,15 +271,15 @@ struct bench {
     int K;
     int nparts;             /* psd instances the model is split over: 1, or 2
                              * (the round comparison's "2 parts" rows) */
-    uint64_t part_lo[MAX_LINKS], part_hi[MAX_LINKS]; /* part i: values [lo, hi) */
     char addr[MAX_LINKS][64]; /* 127.0.0.1:port of the server, or of part i's psd */
     const float *grad;      /* shared, read-only gradient of S floats */
     uint64_t max_rounds;
     int warmup;
     uint64_t chunk;         /* floats per frame */
     int window;             /* chunk pulls in flight; 0: each request waits */
-    uint32_t wire;          /* ps_dtype asked for on the wire (psd); the
+    int wire;               /* WIRE_* asked for on the wire (psd); the
                              * ceiling moves values of its size */
+    int verbose;            /* the library logs at info level (else warn) */
     size_t vbytes;          /* bytes per value on the wire: 4, or 2 for bf16 */
     atomic_int wire_refused; /* psd's welcome did not offer `wire` */
     pthread_barrier_t gate; /* K workers + main: set-up done, timing starts */
@@ -294,17 +291,30 @@ struct bench {
     bworker *w;
 };
 
-/* Records the worker's first failure; the reason comes from l's client
- * (psd) or errno (the plain-TCP ceiling). */
-static int wfail(bworker *w, const plink *l, int rc, const char *what)
+/* Records the worker's first failure: rc, a PSC_E* code, and the reason
+ * from its client (psd) or errno (the plain-TCP ceiling). */
+static int wfail(bworker *w, int rc, const char *what)
 {
     if (w->rc == 0) {
-        char who[48] = "";
-        if (l->part >= 0)
-            snprintf(who, sizeof who, " (psd of part %d)", l->part);
-        w->rc = rc ? rc : PS_EIO;
-        snprintf(w->err, sizeof w->err, "worker %d%s: %s: %s", w->k, who, what,
-                 w->b->sys == SYS_PSD ? ps_client_error(&l->cl) : strerror(errno));
+        w->rc = rc ? rc : PSC_EIO;
+        snprintf(w->err, sizeof w->err, "worker %d: %s: %s", w->k, what,
+                 w->b->sys == SYS_PSD ? psc_errmsg(w->pc) : strerror(errno));
+    }
+    atomic_store(&w->b->failed, 1);
+    return w->rc;
+}
+
+/* The same with a reason of psbench's own. */
+__attribute__((format(printf, 3, 4)))
+static int wfailf(bworker *w, int rc, const char *fmt, ...)
+{
+    if (w->rc == 0) {
+        va_list ap;
+        int n = snprintf(w->err, sizeof w->err, "worker %d: ", w->k);
+        va_start(ap, fmt);
+        vsnprintf(w->err + n, sizeof w->err - (size_t)n, fmt, ap);
+        va_end(ap);
+        w->rc = rc;
     }
     atomic_store(&w->b->failed, 1);
     return w->rc;
@@ -324,213 +334,81 @@ static int lat_push(bworker *w, double dt)
     return 0;
 }
 
-/* Sends values[0..n) as INIT or PUSH chunks over l and reads their OKs:
- * back to back and the OKs after (psd answers in order), as
- * worker/session.c send_chunks does; with --pull-window 0 each chunk waits
- * for its OK. */
-static int psd_send_chunks(bworker *w, plink *l, uint32_t type, const float *values, uint64_t n)
-{
-    uint64_t chunk = w->b->chunk, sent = 0;
-    int pipe = w->b->window > 0;
-    const char *what = type == PS_MSG_INIT ? "init" : "push";
-    for (uint64_t off = 0; off < n; off += chunk) {
-        uint64_t len = n - off < chunk ? n - off : chunk;
-        ps_msg m, r;
-        ps_msg_init(&m, type);
-        m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
-        m.off = off;
-        m.data = values + off;
-        m.ndata = len;
-        m.fin = off + len == n;
-        m.base = l->version;
-        int rc = pipe ? ps_client_send(&l->cl, &m) : ps_client_call(&l->cl, &m, &r, CALL_TIMEOUT_MS);
-        if (rc != 0)
-            return wfail(w, l, rc, what);
-        sent++;
-    }
-    for (uint64_t i = 0; pipe && i < sent; i++) {
-        ps_msg r;
-        int rc = ps_client_recv(&l->cl, &r, CALL_TIMEOUT_MS);
-        if (rc != 0)
-            return wfail(w, l, rc, what);
-        if (r.type != PS_MSG_OK)
-            return wfail(w, l, PS_EMALFORMED, "push: unexpected reply");
-    }
-    return 0;
-}
-
-/* Pulls l's n floats at version >= min in chunks into w->params + l->lo,
- * as worker/session.c pull_all: `window` chunk requests in flight (0: one,
- * sent once the previous reply arrived), each chunk's floats read straight
- * into w->params (ps_client_recv_into). */
-static int psd_pull_all(bworker *w, plink *l, uint64_t min)
-{
-    unsigned window = w->b->window > 0 ? (unsigned)w->b->window : 1;
-    int rc = ps_client_pull_chunks(&l->cl, w->params + l->lo, 0, l->n, min, w->b->chunk, window, &l->version,
-                                   CALL_TIMEOUT_MS);
-    return rc == 0 ? 0 : wfail(w, l, rc, "pull");
-}
-
-/* Fills m with the PUSHPULL of one round trip over l (l->n <= the chunk
- * size, or l->use_shm): the gradient from the shared segment (psworker
- * computes it there: nothing to copy) or from the shared read-only one. */
-static void pushpull_msg(const bworker *w, const plink *l, ps_msg *m)
-{
-    ps_msg_init(m, PS_MSG_PUSHPULL);
-    m->has = PS_F_BASE | PS_F_OFF | PS_F_POFF | PS_F_PLEN | PS_F_MIN;
-    m->base = l->version;
-    m->plen = l->n;
-    m->min = w->b->sync ? l->version + 1 : 0; /* BSP: wait for the round to close */
-    if (l->use_shm) {
-        m->has |= PS_F_LEN | PS_F_INSHM;
-        m->len = l->n;
-        m->inshm = 1;
-    } else {
-        m->has |= PS_F_DATA;
-        m->data = w->b->grad + l->lo;
-        m->ndata = l->n;
-    }
-}
-
-/* Checks a PUSHPULL's reply over l and keeps it as psworker does. */
-static int pushpull_reply(bworker *w, plink *l, const ps_msg *r)
-{
-    if (l->use_shm) {
-        if (r->type != PS_MSG_PARAMS || !r->inshm || r->off != 0 || r->len != l->n)
-            return wfail(w, l, PS_EMALFORMED, "pushpull: unexpected reply");
-    } else {
-        if (r->type != PS_MSG_PARAMS || r->off != 0 || r->ndata != l->n)
-            return wfail(w, l, PS_EMALFORMED, "pushpull: unexpected reply");
-        /* psworker keeps the reply where it arrived (or, bfloat16, where
-         * the client widened it) and receives the next one into the
-         * previous buffer: no copy */
-        if (r->data == l->cl.wide)
-            ps_client_swap_wide(&l->cl, &l->held_wide, &l->held_wide_cap);
-        else
-            ps_client_swap_rbuf(&l->cl, &l->held, &l->held_cap);
-    }
-    l->version = r->mver;
-    return 0;
-}
-
-/* One psd round trip: push S floats and pull S floats. */
+/* One psd round trip: push S floats and pull S floats, as psworker does:
+ * psc_pushpull, which sends one PUSHPULL for a part of at most the chunk
+ * size (or through the shared segment), else PUSH chunks back to back and
+ * then PULL chunks with the pull window in flight; with a model in 2
+ * parts the request to each psd goes out before either answer is read. */
 static int psd_round_trip(bworker *w)
 {
-    bench *b = w->b;
-    if (w->nl == MAX_LINKS) {
-        /* a model in two parts, as psworker with --server A,B: the request
-         * to the other machine's psd goes first, so its bytes are on the
-         * wire while the local one is handled, then both replies */
-        plink *loc = &w->l[0], *rem = &w->l[1];
-        ps_msg mr, ml, r;
-        pushpull_msg(w, rem, &mr);
-        int rc = ps_client_send(&rem->cl, &mr);
-        if (rc != 0)
-            return wfail(w, rem, rc, "pushpull");
-        pushpull_msg(w, loc, &ml);
-        if ((rc = ps_client_send(&loc->cl, &ml)) != 0)
-            return wfail(w, loc, rc, "pushpull");
-        if ((rc = ps_client_recv(&loc->cl, &r, CALL_TIMEOUT_MS)) != 0)
-            return wfail(w, loc, rc, "pushpull");
-        if ((r.has & PS_F_ID) && r.id != ml.id && r.id != 0)
-            return wfail(w, loc, PS_EMALFORMED, "pushpull: reply to another request");
-        if ((rc = pushpull_reply(w, loc, &r)) != 0)
-            return rc;
-        if ((rc = ps_client_recv(&rem->cl, &r, CALL_TIMEOUT_MS)) != 0)
-            return wfail(w, rem, rc, "pushpull");
-        if ((r.has & PS_F_ID) && r.id != mr.id && r.id != 0)
-            return wfail(w, rem, PS_EMALFORMED, "pushpull: reply to another request");
-        return pushpull_reply(w, rem, &r);
-    }
-    plink *l = &w->l[0];
-    if (l->use_shm || b->S <= b->chunk) {
-        ps_msg m, r;
-        pushpull_msg(w, l, &m);
-        int rc = ps_client_call(&l->cl, &m, &r, CALL_TIMEOUT_MS);
-        if (rc != 0)
-            return wfail(w, l, rc, "pushpull");
-        return pushpull_reply(w, l, &r);
-    }
-    int rc = psd_send_chunks(w, l, PS_MSG_PUSH, b->grad, b->S);
-    return rc != 0 ? rc : psd_pull_all(w, l, b->sync ? l->version + 1 : 0);
+    int rc = psc_pushpull(w->pc);
+    return rc == 0 ? 0 : wfail(w, rc, "pushpull");
 }
 
-/* Connects l, says hello (a layout of one tensor "w" of l->n floats),
- * takes the wire type asked for if psd's welcome offers it (a psd that does
- * not fails the cell: the figures would be float32 ones), sends the initial
- * values if asked, pulls once. */
-static int psd_open(bworker *w, plink *l)
+/* The worker's client: a layout of one tensor "w" of S floats, shard k of
+ * K, the wire type, shared memory and the chunking of the cell, and no
+ * reconnects (a lost psd fails the cell); its gradient vector holds the
+ * cell's gradient (in the shared segment when there is one: psworker
+ * computes it there, nothing to copy per round trip). It connects (the
+ * first worker's 0.01s become the model, the others pull it) and checks
+ * that psd gave the wire type and the shared memory asked for: figures of
+ * another kind would be mislabelled. */
+static int psd_open(bworker *w)
 {
     bench *b = w->b;
-    int rc = ps_client_connect(&l->cl, l->addr, 10000);
+    char v[160];
+    w->pc = psc_new();
+    if (!w->pc)
+        return wfailf(w, PSC_ENOMEM, "out of memory");
+    if (b->nparts == 1)
+        snprintf(v, sizeof v, "%s", b->addr[0]);
+    else
+        snprintf(v, sizeof v, "%s,%s", b->addr[0], b->addr[1]);
+    int rc = psc_set(w->pc, "server", v);
+    if (rc == 0)
+        rc = psc_set(w->pc, "log", b->verbose ? "info" : "warn");
+    snprintf(v, sizeof v, "%d/%d", w->k, b->K);
+    if (rc == 0)
+        rc = psc_set(w->pc, "shard", v);
+    snprintf(v, sizeof v, "%" PRIu64, b->chunk);
+    if (rc == 0)
+        rc = psc_set(w->pc, "chunk", v);
+    snprintf(v, sizeof v, "%d", b->window);
+    if (rc == 0)
+        rc = psc_set(w->pc, "pull_window", v);
+    if (rc == 0)
+        rc = psc_set(w->pc, "wire", wire_name(b->wire));
+    if (rc == 0)
+        rc = psc_set(w->pc, "shm", b->shm ? "on" : "off");
+    if (rc == 0)
+        rc = psc_set(w->pc, "reconnect", "off");
+    if (rc == 0)
+        rc = psc_set(w->pc, "connect_s", "10");
+    snprintf(v, sizeof v, "%d", CALL_TIMEOUT_MS);
+    if (rc == 0)
+        rc = psc_set(w->pc, "timeout_ms", v);
+    uint64_t dims[1] = {b->S};
+    if (rc == 0)
+        rc = psc_add_tensor(w->pc, "w", 1, dims);
     if (rc != 0)
-        return wfail(w, l, rc, "connect");
-    ps_layout lay;
-    ps_layout_init(&lay);
-    uint32_t dims[1] = {(uint32_t)l->n};
-    if (ps_layout_add(&lay, "w", 1, dims) != 0)
-        return wfail(w, l, PS_EINVAL, "layout");
-    ps_msg m, r;
-    ps_msg_init(&m, PS_MSG_HELLO);
-    m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
-    m.proto = PS_PROTO_VERSION;
-    m.role = PS_ROLE_WORKER;
-    m.shard = (uint32_t)w->k;
-    m.nshards = (uint32_t)b->K;
-    m.layout = &lay;
-    m.fp = ps_layout_fingerprint(&lay);
-    l->cl.wire_dt = PS_DT_F32; /* until the welcome offers more */
-    if (l->use_shm) {
-        /* as worker/session.c: a memfd of 2 x n floats, sealed */
-        size_t bytes = l->n * 2 * sizeof(float);
-        l->shm_fd = memfd_create("psbench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        void *p = MAP_FAILED;
-        if (l->shm_fd < 0 || ftruncate(l->shm_fd, (off_t)bytes) != 0 ||
-            fcntl(l->shm_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-            (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, l->shm_fd, 0)) == MAP_FAILED)
-            return wfail(w, l, PS_EIO, "shared memory");
-        l->shm = p;
-        memcpy(l->shm, b->grad + l->lo, l->n * sizeof(float));
-        memset(l->shm + l->n, 0, l->n * sizeof(float)); /* fault it in outside the timing */
-        m.has |= PS_F_SHM;
-        m.shm_pid = (uint32_t)getpid();
-        m.shm_fd = (uint32_t)l->shm_fd;
+        return wfail(w, rc, "options");
+    float *params = psc_params(w->pc), *grads = psc_grads(w->pc);
+    if (!params || !grads)
+        return wfail(w, PSC_ENOMEM, "vectors");
+    for (uint64_t i = 0; i < b->S; i++)
+        params[i] = 0.01f;
+    memcpy(grads, b->grad, b->S * sizeof(float));
+    if ((rc = psc_connect(w->pc)) != 0)
+        return wfail(w, rc, "connect");
+    if (b->shm && !psc_shm(w->pc))
+        return wfailf(w, PSC_EINVAL, "psd did not map our shared memory (its log says why)");
+    if (strcmp(psc_wire(w->pc), wire_name(b->wire)) != 0) {
+        atomic_store(&b->wire_refused, 1);
+        return wfailf(w, PSC_EINVAL,
+                      "psd does not offer %s tensors on the wire (wire_bf16 = no, or a psd older than the "
+                      "bfloat16 wire)", wire_name(b->wire));
     }
-    rc = ps_client_call(&l->cl, &m, &r, CALL_TIMEOUT_MS);
-    if (rc != 0)
-        return wfail(w, l, rc, "hello");
-    if (r.type != PS_MSG_WELCOME)
-        return wfail(w, l, PS_EMALFORMED, "hello: no welcome");
-    if (l->use_shm && !((r.has & PS_F_INSHM) && r.inshm)) {
-        w->rc = PS_EINVAL;
-        snprintf(w->err, sizeof w->err, "worker %d: psd%s did not map our shared memory (its log says why)", w->k,
-                 l->part >= 0 ? " of the worker's own part" : "");
-        atomic_store(&b->failed, 1);
-        return w->rc;
-    }
-    if (b->wire != PS_DT_F32) {
-        if (!(r.has & PS_F_WIRE) || !(r.wire & PS_WIRE_BIT(b->wire))) {
-            atomic_store(&b->wire_refused, 1);
-            if (w->rc == 0) {
-                w->rc = PS_EINVAL;
-                snprintf(w->err, sizeof w->err,
-                         "worker %d: psd does not offer %s tensors on the wire (its welcome's \"wire\" is %s: "
-                         "wire_bf16 = no, or a psd older than the bfloat16 wire)",
-                         w->k, ps_dtype_name(b->wire), (r.has & PS_F_WIRE) ? "without it" : "absent");
-            }
-            atomic_store(&b->failed, 1);
-            return w->rc;
-        }
-        l->cl.wire_dt = b->wire; /* pushes narrowed, pulls asked for (rdt) and widened */
-    }
-    l->version = r.mver;
-    if (r.need_init) {
-        for (uint64_t i = 0; i < l->n; i++)
-            w->params[l->lo + i] = 0.01f;
-        if ((rc = psd_send_chunks(w, l, PS_MSG_INIT, w->params + l->lo, l->n)) != 0)
-            return rc;
-    }
-    return psd_pull_all(w, l, 0);
+    return 0;
 }
 
 static int write_full(int fd, const void *p, size_t n)
@@ -567,17 +445,46 @@ static int read_full(int fd, void *p, size_t n)
     return 0;
 }
 
+/* A TCP connection to "127.0.0.1:port", with TCP_NODELAY; -1 with errno. */
+static int tcp_connect(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    char host[64];
+    if (!colon || (size_t)(colon - addr) >= sizeof host) {
+        errno = EINVAL;
+        return -1;
+    }
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = '\0';
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        errno = EINVAL;
+        return -1;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
 /* One plain-TCP round trip: S values out, S values back, at the size psd's
  * wire gives them (4 bytes, 2 with --wire bf16); the bytes are the
  * gradient's and land in the parameters' buffer, unconverted. */
 static int tcp_round_trip(bworker *w)
 {
-    plink *l = &w->l[0];
     size_t bytes = w->b->S * w->b->vbytes;
-    if (write_full(l->cl.fd, w->b->grad, bytes) != 0)
-        return wfail(w, l, PS_EIO, "tcp send");
-    if (read_full(l->cl.fd, w->params, bytes) != 0)
-        return wfail(w, l, PS_EIO, "tcp receive");
+    if (write_full(w->fd, w->b->grad, bytes) != 0)
+        return wfail(w, PSC_EIO, "tcp send");
+    if (read_full(w->fd, w->params, bytes) != 0)
+        return wfail(w, PSC_EIO, "tcp receive");
     return 0;
 }
 
@@ -608,16 +515,14 @@ static void *worker_main(void *arg)
     bench *b = w->b;
     int rc = 0;
     if (b->sys == SYS_PSD) {
-        for (int i = 0; rc == 0 && i < w->nl; i++)
-            rc = psd_open(w, &w->l[i]);
-    } else if ((rc = ps_client_connect(&w->l[0].cl, w->l[0].addr, 10000)) != 0) {
-        wfail(w, &w->l[0], rc, "connect");
+        rc = psd_open(w);
+    } else if ((w->fd = tcp_connect(b->addr[0])) < 0) {
+        rc = wfail(w, PSC_ECONNECT, "connect");
     }
     for (int i = 0; rc == 0 && i < b->warmup; i++)
         rc = b->sys == SYS_PSD ? psd_round_trip(w) : tcp_round_trip(w);
-    if (rc != 0)
-        for (int i = 0; i < w->nl; i++)
-            ps_client_close(&w->l[i].cl); /* so psd's BSP rounds go on without us */
+    if (rc != 0 && w->pc)
+        psc_close(w->pc); /* so psd's BSP rounds go on without us */
     pthread_barrier_wait(&b->gate);
     w->t_end = now_s();
     for (uint64_t r = 0; rc == 0 && keep_going(b, r); r++) {
@@ -627,17 +532,14 @@ static void *worker_main(void *arg)
         if (rc == 0) {
             w->t_end = t1;
             if (lat_push(w, t1 - t0) != 0)
-                rc = wfail(w, &w->l[0], PS_ENOMEM, "latency record");
+                rc = wfailf(w, PSC_ENOMEM, "out of memory for the latency record");
         }
     }
-    for (int i = 0; i < w->nl; i++) {
-        plink *l = &w->l[i];
-        if (l->cl.fd >= 0 && b->sys == SYS_PSD && rc == 0) {
-            ps_msg m, r;
-            ps_msg_init(&m, PS_MSG_BYE);
-            ps_client_call(&l->cl, &m, &r, 5000);
-        }
-        ps_client_close(&l->cl);
+    if (w->pc)
+        psc_close(w->pc); /* a BYE to every psd */
+    if (w->fd >= 0) {
+        close(w->fd);
+        w->fd = -1;
     }
     atomic_fetch_add(&b->finished, 1);
     return NULL;
@@ -663,7 +565,10 @@ typedef struct cell_result {
 /* The loop-lag probe: an admin connection that sends a HEARTBEAT with an id
  * every 10 ms while the workers are timed and records how long psd takes
  * to answer. psd answers it at once unless its one loop thread is busy
- * (reading, applying, copying), so the delays show how long it stalls. */
+ * (reading, applying, copying), so the delays show how long it stalls.
+ * libpsclient speaks for workers only, so the probe writes its three kinds
+ * of frame itself, as proto/PROTOCOL.md gives them (sections 1, 3, 5): a
+ * 4-byte big-endian length, then a msgpack map whose first key is "t". */
 typedef struct probe {
     bench *b;
     pthread_t th;
@@ -672,24 +577,50 @@ typedef struct probe {
     int rc;
 } probe;
 
+enum { PT_HELLO = 1, PT_WELCOME = 2, PT_OK = 8, PT_HEARTBEAT = 9, PT_BYE = 16 };
+
+/* Sends {"t": type, "id": id} (HELLO: {"t": 1, "v": 1, "role": "admin"})
+ * and reads the answer, which must be of type `want`: 0 or -1. */
+static int probe_call(int fd, int type, uint32_t id, int want)
+{
+    uint8_t f[32], *q = f + 4;
+    if (type == PT_HELLO) {
+        static const uint8_t hello[] = {0x83, 0xa1, 't', PT_HELLO, 0xa1, 'v', 1,
+                                        0xa4, 'r', 'o', 'l', 'e', 0xa5, 'a', 'd', 'm', 'i', 'n'};
+        memcpy(q, hello, sizeof hello);
+        q += sizeof hello;
+    } else {
+        const uint8_t head[] = {0x82, 0xa1, 't', (uint8_t)type, 0xa2, 'i', 'd', 0xce};
+        memcpy(q, head, sizeof head);
+        q += sizeof head;
+        for (int s = 24; s >= 0; s -= 8)
+            *q++ = (uint8_t)(id >> s);
+    }
+    uint32_t len = (uint32_t)(q - f - 4);
+    f[0] = 0, f[1] = 0, f[2] = (uint8_t)(len >> 8), f[3] = (uint8_t)len;
+    if (write_full(fd, f, (size_t)(q - f)) != 0)
+        return -1;
+    uint8_t hdr[4], body[4096];
+    if (read_full(fd, hdr, 4) != 0)
+        return -1;
+    uint32_t n = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+    if (n < 4 || n > sizeof body || read_full(fd, body, n) != 0)
+        return -1;
+    /* psd's encoder writes "t" first: a map header, then a1 74 <type> */
+    return (body[0] & 0xf0) == 0x80 && body[1] == 0xa1 && body[2] == 't' && body[3] == want ? 0 : -1;
+}
+
 static void *probe_main(void *arg)
 {
     probe *p = arg;
-    ps_client cl;
-    ps_client_init(&cl);
-    ps_msg m, r;
-    p->rc = ps_client_connect(&cl, p->b->addr[0], 10000);
-    if (p->rc == 0) {
-        ps_msg_init(&m, PS_MSG_HELLO);
-        m.has = PS_F_VERSION | PS_F_ROLE;
-        m.proto = PS_PROTO_VERSION;
-        m.role = PS_ROLE_ADMIN;
-        p->rc = ps_client_call(&cl, &m, &r, 10000);
-    }
+    struct timeval tv = {CALL_TIMEOUT_MS / 1000, 0};
+    uint32_t id = 1;
+    int fd = tcp_connect(p->b->addr[0]);
+    p->rc = fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+            probe_call(fd, PT_HELLO, 0, PT_WELCOME) != 0;
     while (p->rc == 0 && !atomic_load(&p->b->probe_stop)) {
-        ps_msg_init(&m, PS_MSG_HEARTBEAT);
         double t0 = now_s();
-        p->rc = ps_client_call(&cl, &m, &r, CALL_TIMEOUT_MS);
+        p->rc = probe_call(fd, PT_HEARTBEAT, id++, PT_OK);
         double dt = now_s() - t0;
         if (p->rc != 0)
             break;
@@ -704,11 +635,10 @@ static void *probe_main(void *arg)
         p->lat[p->n++] = dt;
         sleep_s(0.01);
     }
-    if (cl.fd >= 0) {
-        ps_msg_init(&m, PS_MSG_BYE);
-        ps_client_call(&cl, &m, &r, 5000);
+    if (fd >= 0) {
+        probe_call(fd, PT_BYE, id, PT_OK);
+        close(fd);
     }
-    ps_client_free(&cl);
     return NULL;
 }
 
@@ -726,7 +656,7 @@ static double servers_cpu_s(const pid_t *pids, int n)
 }
 
 /* Runs K worker threads against b->addr (a model in 2 parts: each worker
- * against both psd, its own part's first); the CPU use of the servers
+ * against both psd); the CPU use of the servers
  * pids[0..npids) is measured, together. */
 static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, cell_result *res)
 {
@@ -745,20 +675,9 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
         bworker *w = &b->w[k];
         w->b = b;
         w->k = k;
-        w->nl = b->nparts;
-        for (int i = 0; i < w->nl; i++) {
-            /* l[0]: the part on the worker's machine (shard k's, part k),
-             * shared memory in shm cells; l[1]: the other part, over TCP */
-            int part = b->nparts == 1 ? 0 : (k + i) % b->nparts;
-            plink *l = &w->l[i];
-            ps_client_init(&l->cl);
-            l->addr = b->addr[part];
-            l->part = b->nparts == 1 ? -1 : part;
-            l->lo = b->part_lo[part];
-            l->n = b->part_hi[part] - b->part_lo[part];
-            l->use_shm = b->shm && i == 0;
-            l->shm_fd = -1;
-        }
+        w->fd = -1;
+        if (b->sys == SYS_PSD)
+            continue; /* the library's vectors: psd_open */
         w->params = malloc(b->S * sizeof(float));
         if (!w->params)
             die("out of memory for %" PRIu64 " floats", b->S);
@@ -852,16 +771,7 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
     free(all);
     for (int k = 0; k < K; k++) {
         bworker *w = &b->w[k];
-        for (int i = 0; i < w->nl; i++) {
-            plink *l = &w->l[i];
-            ps_client_free(&l->cl);
-            if (l->shm)
-                munmap(l->shm, l->n * 2 * sizeof(float));
-            if (l->shm_fd >= 0)
-                close(l->shm_fd);
-            free(l->held);
-            free(l->held_wide);
-        }
+        psc_free(w->pc);
         free(w->params);
         free(w->lat);
     }
@@ -1128,7 +1038,7 @@ typedef struct row {
     int mode;               /* -1: the TCP ceiling */
     uint64_t S;
     int K;
-    uint32_t wire;          /* ps_dtype on the wire (the ceiling: of the same size) */
+    int wire;               /* WIRE_* on the wire (the ceiling: of the same size) */
     cell_result r;
     double bound_mib;       /* the issue's bound, plus what BSP may add */
 } row;
@@ -1143,10 +1053,21 @@ static double bound_mib(int mode, uint64_t S, int K)
     return 1.1 * 2.0 * model + 64.0 + extra;
 }
 
+/* Part i of n of a model of S values, [*lo, *hi), as the workers split it
+ * (proto/PROTOCOL.md 6.2: inner boundaries at multiples of 1024 values);
+ * -1 when S is under 1024 x n. */
+static int part_bounds(uint64_t S, uint32_t i, uint32_t n, uint64_t *lo, uint64_t *hi)
+{
+    if (n == 0 || i >= n || S < (uint64_t)n * 1024)
+        return -1;
+    *lo = i == 0 ? 0 : S * i / n / 1024 * 1024;
+    *hi = i + 1 == n ? S : S * (i + 1) / n / 1024 * 1024;
+    return 0;
+}
+
 /* One cell. nparts 2 (psd only): the model is split over 2 psd instances,
- * each started with its part (ps_part_bounds) as its whole model, and each
- * worker connects to both, its own part's psd first (through shared memory
- * when shm is set). */
+ * each started for its part, and each worker's client lists both (through
+ * shared memory with both when shm is set). */
 static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, int shm,
                            int nparts, row *out)
 {
@@ -1170,11 +1091,9 @@ static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, 
     b.S = S;
     b.K = K;
     b.nparts = sys == SYS_PSD ? nparts : 1;
-    for (int i = 0; i < b.nparts; i++) {
-        if (b.nparts == 1) {
-            b.part_lo[0] = 0;
-            b.part_hi[0] = S;
-        } else if (ps_part_bounds(S, (uint32_t)i, (uint32_t)b.nparts, &b.part_lo[i], &b.part_hi[i]) != 0) {
+    uint64_t part_lo[MAX_LINKS] = {0}, part_hi[MAX_LINKS] = {S};
+    for (int i = 0; i < b.nparts && b.nparts > 1; i++) {
+        if (part_bounds(S, (uint32_t)i, (uint32_t)b.nparts, &part_lo[i], &part_hi[i]) != 0) {
             snprintf(out->r.err, sizeof out->r.err, "%" PRIu64 " floats do not split into %d parts", S, b.nparts);
             return;
         }
@@ -1185,7 +1104,8 @@ static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, 
     b.chunk = o->chunk;
     b.window = o->window;
     b.wire = o->wire;
-    b.vbytes = ps_dtype_size(o->wire);
+    b.verbose = o->verbose;
+    b.vbytes = wire_size(o->wire);
     for (int i = 0; i < b.nparts; i++) {
         char part[32] = "";
         if (b.nparts > 1)
@@ -1196,7 +1116,7 @@ static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, 
         } else if (sys == SYS_PSD) {
             snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d-part%dof%d.log", o->out,
                      mode_names[mode], S, K, i, b.nparts);
-            pid[i] = psd_start(o, mode, K, b.part_hi[i] - b.part_lo[i], logpath, err, sizeof err, &port);
+            pid[i] = psd_start(o, mode, K, part_hi[i] - part_lo[i], logpath, err, sizeof err, &port);
         } else {
             pid[i] = tcp_server_start(S, b.vbytes, K, sys == SYS_TCP_STAR, &port, err, sizeof err);
         }
@@ -1242,8 +1162,8 @@ static const char *size_label(uint64_t S, char *buf, size_t len)
 static void print_header(uint32_t wire)
 {
     char psd_label[48], tcp_label[48];
-    snprintf(psd_label, sizeof psd_label, "psd, %s on the wire", ps_dtype_name(wire));
-    snprintf(tcp_label, sizeof tcp_label, "plain TCP (ceiling), %zu B a value", ps_dtype_size(wire));
+    snprintf(psd_label, sizeof psd_label, "psd, %s on the wire", wire_name(wire));
+    snprintf(tcp_label, sizeof tcp_label, "plain TCP (ceiling), %zu B a value", wire_size(wire));
     printf("\n%-11s %6s %2s | %8s %7s %8s %8s %4s | %8s %7s %8s %8s | %5s %5s | %6s %6s | %7s %7s | %4s\n", "mode",
            "floats", "K", "rt/s", "GB/s", "p50 ms", "p99 ms", "cpu", "rt/s", "GB/s", "p50 ms", "p99 ms", "GB/s",
            "rt/s", "peak", "bound", "p99", "max", "load");
@@ -1300,7 +1220,7 @@ static void csv_row(FILE *f, const row *p, const row *t)
         fprintf(f, ",,,,,,,,");
     fprintf(f, "%.1f,%.1f,%.1f,%d,%.3f,%.3f,%.3f,%.2f,%s\n", r->hwm_mib, r->rss_mib, p->bound_mib,
             r->ok && r->hwm_mib <= p->bound_mib, r->lag_p50_ms, r->lag_p99_ms, r->lag_max_ms, r->load,
-            ps_dtype_name(p->wire));
+            wire_name(p->wire));
     fflush(f);
 }
 
@@ -1390,7 +1310,7 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
             (double)smin / 2, (double)smax * 2);
     fprintf(g, "set multiplot layout %d,%d title 'psbench: push+pull payload throughput (%s, %zu bytes a value), "
                "psd against plain TCP (same machine, same run)'\n",
-            nrow, o->nmodes, ps_dtype_name(o->wire), ps_dtype_size(o->wire));
+            nrow, o->nmodes, wire_name(o->wire), wire_size(o->wire));
     /* plots[mi]: GB/s of mode mi; plots[MODE_COUNT + mi]: its ratio */
     char plots[2 * MODE_COUNT][8192];
     int plen[2 * MODE_COUNT] = {0};
@@ -1448,7 +1368,7 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
     for (int mi = 0; mi < o->nmodes; mi++) {
         fprintf(g, "set title '%s, %s on the wire'\nset ylabel 'GB/s on the wire (pushed + pulled)'\n"
                    "set yrange [0:*]\nset key top right\n",
-                mode_names[o->modes[mi]], ps_dtype_name(o->wire));
+                mode_names[o->modes[mi]], wire_name(o->wire));
         fprintf(g, "plot %s\n", plen[mi] ? plots[mi] : "NaN notitle");
     }
     for (int mi = 0; ntcp > 0 && mi < o->nmodes; mi++) {
@@ -1575,9 +1495,9 @@ static void parse_opts(int argc, char **argv, opts *o)
     o->round_reps = 3;
     o->warmup = 1;
     o->chunk = CHUNK_FLOATS;
-    o->window = PS_PULL_WINDOW;
+    o->window = PULL_WINDOW;
     o->probe = 1;
-    o->wire = PS_DT_F32;
+    o->wire = WIRE_F32;
     o->out = "bench/out";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -1641,8 +1561,8 @@ static void parse_opts(int argc, char **argv, opts *o)
         } else if (strcmp(a, "--chunk") == 0) {
             NEEDV();
             o->chunk = parse_size(v);
-            if (o->chunk > (1u << 24))
-                die("bad --chunk '%s' (at most 16M floats: psd's max_frame is set to 64M)", v);
+            if (o->chunk < 1024 || o->chunk > (1u << 24))
+                die("bad --chunk '%s' (1k to 16M floats: the library's bounds; psd's max_frame is set to 64M)", v);
         } else if (strcmp(a, "--pull-window") == 0) {
             NEEDV();
             o->window = atoi(v);
@@ -1651,9 +1571,9 @@ static void parse_opts(int argc, char **argv, opts *o)
         } else if (strcmp(a, "--wire") == 0) {
             NEEDV();
             if (strcmp(v, "f32") == 0)
-                o->wire = PS_DT_F32;
+                o->wire = WIRE_F32;
             else if (strcmp(v, "bf16") == 0)
-                o->wire = PS_DT_BF16;
+                o->wire = WIRE_BF16;
             else
                 die("bad --wire '%s' (f32 or bf16)", v);
         } else if (strcmp(a, "--out") == 0) {
@@ -1691,18 +1611,19 @@ static void parse_opts(int argc, char **argv, opts *o)
 
 /* How psd's rounds run in the round comparison: one psd over TCP, or through
  * shared memory (S <= 2^20); the model in 2 parts on 2 psd instances, each
- * worker reaching its own part's psd through shared memory and the other's
- * over TCP, or both over TCP (each part <= 2^20 and the chunk size, so one
- * PUSHPULL per part). The names are the `wire` column's. */
+ * worker reaching both through shared memory (libpsclient offers its
+ * segment to every psd; on one machine each maps it), or both over TCP
+ * (each part <= 2^20 and the chunk size, so one PUSHPULL per part). The
+ * names are the `wire` column's. */
 enum { RW_TCP, RW_SHM, RW_2P_SHM, RW_2P_TCP, RW_COUNT };
 static const char *const rw_what[RW_COUNT] = {"", " through shared memory",
-                                              " of a model in 2 parts (shared memory + TCP)",
+                                              " of a model in 2 parts (shared memory)",
                                               " of a model in 2 parts (TCP)"};
 
 static const char *rw_name(const opts *o, int t)
 {
     static const char *const names[RW_COUNT] = {NULL, "shm", "2p-shm", "2p-tcp"};
-    return t == RW_TCP ? ps_dtype_name(o->wire) : names[t];
+    return t == RW_TCP ? wire_name(o->wire) : names[t];
 }
 
 /* Whether the rounds of kind t run at S floats. */
@@ -1710,13 +1631,13 @@ static int rw_runs(const opts *o, uint64_t S, int t)
 {
     if (t == RW_TCP)
         return 1;
-    if (o->wire != PS_DT_F32)
+    if (o->wire != WIRE_F32)
         return 0; /* psd shares memory in float32; the split rows are float32 like MPI's */
     if (t == RW_SHM)
         return S <= SHM_MAX_FLOATS; /* psd shares memory for models of one block */
     for (uint32_t i = 0; i < 2; i++) {
         uint64_t lo, hi;
-        if (ps_part_bounds(S, i, 2, &lo, &hi) != 0 || hi - lo > SHM_MAX_FLOATS || hi - lo > o->chunk)
+        if (part_bounds(S, i, 2, &lo, &hi) != 0 || hi - lo > SHM_MAX_FLOATS || hi - lo > o->chunk)
             return 0;
     }
     return 1;
@@ -1844,7 +1765,7 @@ static void compare_rounds(const opts *o, const float *grad)
                     "star_round_p50_ms,star_cpu_ms_per_round,allreduce_tcp_mean_ms,allreduce_tcp_p50_ms,"
                     "allreduce_shm_mean_ms,allreduce_shm_p50_ms,ratio_bsp_to_star_p50,ratio_bsp_to_tcp_mean,"
                     "ratio_bsp_to_tcp_p50,ratio_star_to_tcp_p50,ratio_bsp_to_shm_p50\n");
-    size_t vb = ps_dtype_size(o->wire);
+    size_t vb = wire_size(o->wire);
     printf("\nBSP round of 2 workers (push S + pull S each, %s on psd's wire: %zu bytes a value) against\n"
            "star: the same bytes over plain TCP, the server writing back once both clients sent theirs\n"
            "(no framing, no sum, no update: the least a central server does for a round), and\n"
@@ -1856,10 +1777,10 @@ static void compare_rounds(const opts *o, const float *grad)
            "(models up to 2^20 values): the tensors do not cross the socket, only a small frame does;\n"
            "MPI's counterpart is its shared-memory transport (psd/shm: psd's round over MPI shm's).\n"
            "Rows 2p-shm and 2p-tcp (float32, parts up to 2^20 values): the model in 2 parts on 2 psd\n"
-           "instances, as servers colocated with the workers: each worker reaches its own part's psd\n"
-           "through shared memory (2p-shm; 2p-tcp: over TCP) and the other part's over TCP, so its TCP\n"
-           "traffic is half the model each way, as MPI's reduce-scatter + allgather; psd cpu: both psd.\n",
-           ps_dtype_name(o->wire), vb, R);
+           "instances: each worker reaches both through shared memory (2p-shm: the library offers its\n"
+           "segment to every psd, and on this machine each maps it) or both over TCP (2p-tcp: half the\n"
+           "model each way to each psd, as MPI's reduce-scatter + allgather); psd cpu: both psd.\n",
+           wire_name(o->wire), vb, R);
     printf("%-12s %6s %9s | %9s %9s %9s | %9s %9s %9s | %9s %9s | %9s %9s | %9s %9s %9s %13s %9s %9s\n", "mode", "wire",
            "floats", "round", "round", "psd cpu", "star", "star", "star cpu", "MPI TCP", "MPI TCP", "MPI shm",
            "MPI shm", "psd/", "psd/TCP", "psd/TCP", "psd/TCP p50", "star/", "psd/shm");
@@ -1943,17 +1864,17 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < smax; i++) /* small, finite, not all equal */
         grad[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
 
-    size_t vb = ps_dtype_size(o.wire);
+    size_t vb = wire_size(o.wire);
     printf("psbench: psd %s, %ld CPUs, %.1f s per cell, warm-up %d, chunks of %" PRIu64 " floats%s, wire %s\n",
            o.psd, sysconf(_SC_NPROCESSORS_ONLN), o.seconds, o.warmup, o.chunk,
-           o.window == PS_PULL_WINDOW ? " (as psworker)" : ", another pull window than psworker's",
-           ps_dtype_name(o.wire));
+           o.window == PULL_WINDOW ? " (as psworker)" : ", another pull window than psworker's",
+           wire_name(o.wire));
     printf("GB/s: tensor bytes pushed + pulled as sent on the wire (%s: 2 x S x %zu per round trip) per second,\n"
            "all workers together; the plain-TCP ceiling moves the same bytes (S x %zu each way%s);\n"
            "cpu: psd's CPU seconds per second; peak: psd's VmHWM (! over the bound); lag: how long psd took\n"
            "to answer an admin heartbeat sent every 10 ms (its loop busy elsewhere); load: 1-min load average\n",
-           ps_dtype_name(o.wire), vb, vb,
-           o.wire == PS_DT_F32 ? "" : ", no conversion");
+           wire_name(o.wire), vb, vb,
+           o.wire == WIRE_F32 ? "" : ", no conversion");
     print_header(o.wire);
     int ncells = o.nsizes * o.nworkers;
     row *rows = calloc((size_t)ncells * (size_t)o.nmodes, sizeof *rows);
@@ -1977,7 +1898,7 @@ int main(int argc, char **argv)
                 print_row(p, t);
                 csv_row(csv, p, t);
                 if (p->r.wire_refused)
-                    die("--wire %s: %s", ps_dtype_name(o.wire), p->r.err);
+                    die("--wire %s: %s", wire_name(o.wire), p->r.err);
             }
         }
     }

@@ -3,26 +3,37 @@
 and against a torch.distributed.rpc parameter server (a benchmark: it prints
 figures and asserts nothing).
 
-    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--only psd,alone,rpc,w1]
+    bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--lr 2e-3] [--batch 64] [--reps 1]
+                      [--only alone,alone1,psd,pipe,rpc,w1,w1pipe]
                       [--psd PATH] [--data DIR]
 
-Rows, all in one run, same model, same settings (Adam, lr 2e-3, batch 64
-per worker, MNIST normalised alike):
+Rows, all in one run, same model, same settings (Adam, lr --lr falling
+along a cosine to 0 over the run's updates, no warm-up, batch --batch
+(64) per worker, MNIST normalised alike):
 - alone: examples/torch/mnist_cnn.py's CNN trained by PyTorch in one
-  process (2 intra-op threads: the machine's two cores);
+  process (2 intra-op threads: the machine's two cores); alone1: the same
+  with 1 thread (on a loaded machine the faster of the two; the ratio is
+  taken to the faster);
 - psd: the same script, 2 workers (1 thread each) through psd (asgd,
-  Adam lr 2e-3 on psd);
+  Adam on psd, the cosine over epochs x 2 x ceil(30000/64) versions:
+  as many updates as alone makes); pipe: the same with --pipeline (each
+  step's round trip overlaps the next batch's computation);
 - rpc: the parameter server of PyTorch's tutorial "Implementing a Parameter
   Server Using Distributed RPC Framework", written after its structure: a
   parameter-server process holds the model, each of 2 trainers runs the
   model's forward on it through rpc_sync, backward with distributed
-  autograd, and a DistributedOptimizer (Adam, lr 2e-3) steps the
+  autograd, and a DistributedOptimizer (Adam, lr --lr, constant) steps the
   parameters on the server. It is slow, so it trains --rpc-limit samples
   and its time per epoch is scaled to 60000;
-- w1: W1 (psworker's mlp:256,128) with 2 PyTorch workers through psd: the
-  share of the epoch spent inside libpsclient (push, pull, waiting on psd).
+- w1, w1pipe: W1 (psworker's mlp:256,128) with 2 PyTorch workers through
+  psd, without and with --pipeline, 2 epochs at batch 64 (W1's own
+  recommended settings, whatever --batch says): the share of the epoch spent inside
+  libpsclient (push, pull, waiting on psd; the script times those calls).
 Per row: seconds per epoch (training only), test accuracy after the last
-epoch; at the end the ratios the issue asks for.
+epoch; at the end the ratios the issue asks for. --reps N runs the rows in
+turn N times: the table shows medians and each repetition, a ratio is the
+median of the repetitions' own ratios (rows run minutes apart at most, so
+a load that comes and goes on a shared machine touches both sides).
 """
 
 import argparse
@@ -45,8 +56,6 @@ import harness  # noqa: E402
 
 PY = "/usr/bin/python3"
 SCRIPT = os.path.join(ROOT, "examples", "torch", "mnist_cnn.py")
-LR = 2e-3
-BATCH = 64
 
 
 def env():
@@ -65,54 +74,75 @@ def rows_of(text):
 # ---- PyTorch alone --------------------------------------------------------
 
 
-def alone(args):
+def alone(args, threads=2):
     import torch
     import torch.nn.functional as F
     import mnist_cnn
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(1)
     model = mnist_cnn.Net()
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * -(-60000 // args.batch))
     x, y = mnist_cnn.load(args.data, "train", None)
     tx, ty = mnist_cnn.load(args.data, "t10k", None)
     secs = []
     for epoch in range(args.epochs):
         t0 = time.monotonic()
         order = torch.randperm(len(x))
-        for s in range(-(-len(x) // BATCH)):
-            i = order[s * BATCH:(s + 1) * BATCH]
+        for s in range(-(-len(x) // args.batch)):
+            i = order[s * args.batch:(s + 1) * args.batch]
             opt.zero_grad()
             F.nll_loss(model(x[i]), y[i]).backward()
             opt.step()
+            sched.step()
         secs.append(time.monotonic() - t0)
         acc, _ = mnist_cnn.evaluate(model, tx, ty)
-        print("  alone epoch %d: %.2f s, test accuracy %.4f" % (epoch + 1, secs[-1], acc), flush=True)
+        print("  alone (%d threads) epoch %d: %.2f s, test accuracy %.4f" % (threads, epoch + 1, secs[-1], acc),
+              flush=True)
     return statistics.mean(secs), acc
 
 
 # ---- through psd ------------------------------------------------------------
 
 
-def through_psd(args, model="cnn", epochs=None, limit=None):
+def cpu_seconds(pid):
+    """User + system CPU seconds process pid has used (Linux /proc)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False, batch=None):
     epochs = epochs or args.epochs
+    batch = batch or args.batch
+    versions = epochs * 2 * -(-30000 // batch)
     with harness.Cluster("psd-torch-bench") as cl:
-        psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % LR,
+        psd = cl.psd(mode="asgd", workers=2, args=["--set", "optimizer=adam", "--set", "lr=%g" % args.lr,
+                                                   "--set", "lr_schedule=cosine", "--set", "lr_min=0",
+                                                   "--set", "lr_decay_versions=%d" % versions,
+                                                   "--set", "warmup_versions=0",
                                                    "--set", "heartbeat_timeout=60s", "--log-level", "warn"])
         argv = [PY, SCRIPT, "--server", psd.addr, "--data", args.data, "--epochs", str(epochs), "--batch",
-                str(BATCH), "--model", model]
+                str(batch), "--model", model]
         if limit:
             argv += ["--limit", str(limit)]
+        if pipeline:
+            argv += ["--pipeline"]
         procs = [harness.Proc("w%d" % k, argv + ["--shard", "%d/2" % k], cl.dir, env=env()) for k in range(2)]
         out = []
         for p in procs:
             if p.wait(3600) != 0:
                 sys.exit("torch_ps: a psd worker failed:\n" + p.stderr())
             out.append(rows_of(p.stdout()))
+        psd_cpu = cpu_seconds(psd.p.pid)
     secs = [statistics.mean(r["epoch_seconds"] for r in rows) for rows in out]
+    wcpu = statistics.mean(r["cpu_seconds"] for rows in out for r in rows)
+    print("  psd (%s%s): per epoch, psd used %.3f CPU s (its whole life / epochs), each worker %.3f CPU s" %
+          (model, ", pipeline" if pipeline else "", psd_cpu / epochs, wcpu), flush=True)
     lib = [statistics.mean(r["library_seconds"] for r in rows) for rows in out]
     for e in range(epochs):
-        print("  psd (%s) epoch %d: %.2f s, library %.2f s, test accuracy %.4f" %
-              (model, e + 1, out[0][e]["epoch_seconds"], out[0][e]["library_seconds"], out[0][e]["test_accuracy"]),
+        print("  psd (%s%s) epoch %d: %.2f s, library %.2f s, test accuracy %.4f" %
+              (model, ", pipeline" if pipeline else "", e + 1, out[0][e]["epoch_seconds"], out[0][e]["library_seconds"], out[0][e]["test_accuracy"]),
               flush=True)
     return statistics.mean(secs), statistics.mean(out[k][-1]["test_accuracy"] for k in range(2)), \
         statistics.mean(lib)
@@ -221,7 +251,7 @@ def rpc_ps(args):
                  GLOO_SOCKET_IFNAME="lo")
         procs = [harness.Proc("rpc%d" % r, [PY, code, str(r), "3", args.data, str(args.rpc_epochs),
                                              os.path.join(ROOT, "examples", "torch"), str(args.rpc_limit),
-                                             str(BATCH), str(LR)], cl.dir, env=e) for r in range(3)]
+                                             str(args.batch), str(args.lr)], cl.dir, env=e) for r in range(3)]
         for p in procs:
             if p.wait(3600) != 0:
                 sys.exit("torch_ps: an rpc process failed:\n" + p.stderr())
@@ -242,7 +272,10 @@ def main():
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rpc-limit", type=int, default=6000)
     ap.add_argument("--rpc-epochs", type=int, default=1)
-    ap.add_argument("--only", default="alone,psd,rpc,w1")
+    ap.add_argument("--reps", type=int, default=1, help="run the rows in turn this many times (medians)")
+    ap.add_argument("--batch", type=int, default=64, help="samples a step, per worker (alone: a step)")
+    ap.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate, every row (default 2e-3)")
+    ap.add_argument("--only", default="alone,alone1,psd,pipe,rpc,w1,w1pipe")
     ap.add_argument("--psd")
     ap.add_argument("--data")
     args = ap.parse_args()
@@ -250,28 +283,47 @@ def main():
         harness.Paths.psd = os.path.abspath(args.psd)
     args.data = os.path.abspath(args.data or harness.Paths.data)
     only = args.only.split(",")
-    res = {}
-    if "alone" in only:
-        res["alone"] = alone(args)
-    if "psd" in only:
-        res["psd"] = through_psd(args)
-    if "rpc" in only:
-        res["rpc"] = rpc_ps(args)
-    if "w1" in only:
-        res["w1"] = through_psd(args, model="w1", epochs=2)
+    runs = {"alone": lambda: alone(args), "alone1": lambda: alone(args, threads=1),
+            "psd": lambda: through_psd(args), "pipe": lambda: through_psd(args, pipeline=True),
+            "rpc": lambda: rpc_ps(args), "w1": lambda: through_psd(args, model="w1", epochs=2, batch=64),
+            "w1pipe": lambda: through_psd(args, model="w1", epochs=2, pipeline=True, batch=64)}
+    unknown = [k for k in only if k not in runs]
+    if unknown:
+        sys.exit("torch_ps: unknown rows %s (of %s)" % (", ".join(unknown), ", ".join(runs)))
+    order = [k for k in runs if k in only]
+    reps = []                                   # one {row: result} per repetition, rows in turn
+    for r in range(args.reps):
+        if args.reps > 1:
+            print("repetition %d of %d" % (r + 1, args.reps), flush=True)
+        reps.append({k: runs[k]() for k in order})
     print()
-    print("| setup | s/epoch | test accuracy |")
-    print("|---|---|---|")
-    for k, v in res.items():
-        print("| %s | %.2f | %.4f |" % (k, v[0], v[1]))
-    if "alone" in res and "psd" in res:
-        print("psd (2 workers) / PyTorch alone, time per epoch: %.2f" % (res["psd"][0] / res["alone"][0]))
-    if "rpc" in res and "psd" in res:
-        print("psd (2 workers) / torch.distributed.rpc PS, time per epoch: %.3f" % (res["psd"][0] / res["rpc"][0]))
-    if "w1" in res:
-        print("W1, 2 PyTorch workers: %.3f s of %.3f s per epoch inside libpsclient (%.1f%%)" %
-              (res["w1"][2], res["w1"][0], 100 * res["w1"][2] / res["w1"][0]))
+    print("| setup | s/epoch (median) | each repetition | test accuracy (of the median run) |")
+    print("|---|---|---|---|")
+    res = {}
+    for k in order:
+        runs_k = sorted((rep[k] for rep in reps), key=lambda v: v[0])
+        res[k] = runs_k[(len(runs_k) - 1) // 2]
+        print("| %s | %.2f | %s | %.4f |" % (k, res[k][0], ", ".join("%.2f" % rep[k][0] for rep in reps), res[k][1]))
 
+    def ratio(num, den):
+        """The median over repetitions of num's time / den's (rows run close together), and each."""
+        each = [rep[num][0] / den(rep)[0] for rep in reps]
+        return statistics.median(each), ", ".join("%.3f" % x for x in each)
+
+    alones = [k for k in ("alone", "alone1") if k in order]
+    for row in ("psd", "pipe"):
+        if alones and row in res:
+            print("%s (2 workers) / PyTorch alone (the faster row of the repetition), time per epoch: %.3f (%s)" %
+                  ((row,) + ratio(row, lambda rep: min((rep[k] for k in alones), key=lambda v: v[0]))))
+        if "rpc" in res and row in res:
+            print("%s (2 workers) / torch.distributed.rpc PS, time per epoch: %.3f (%s)" %
+                  ((row,) + ratio(row, lambda rep: rep["rpc"])))
+    for row in ("w1", "w1pipe"):
+        if row in res:
+            shares = [rep[row][2] / rep[row][0] for rep in reps]
+            print("%s, 2 PyTorch workers: %.3f s of %.3f s per epoch inside libpsclient (%.1f%%; each: %s)" %
+                  (row, res[row][2], res[row][0], 100 * statistics.median(shares),
+                   ", ".join("%.1f%%" % (100 * x) for x in shares)))
 
 if __name__ == "__main__":
     main()

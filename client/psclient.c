@@ -60,6 +60,8 @@ struct psc_client {
     int auto_reconnect;
     int want_plan;           /* psc_plan_set: the plan the hello proposes */
     ps_plan plan;
+    uint64_t chunk;          /* floats per frame of a chunked push or pull */
+    unsigned pull_window;    /* chunk pulls in flight; 0: every chunk request waits */
     /* the model */
     ps_layout layout;        /* the whole model's */
     int fixed;               /* layout fixed: links and buffers made */
@@ -175,6 +177,8 @@ psc_client *psc_new(void)
     c->want_dt = PS_DT_F32;
     c->want_shm = 1;
     c->auto_reconnect = 1;
+    c->chunk = CHUNK_FLOATS;
+    c->pull_window = PS_PULL_WINDOW;
     c->shm_fd = -1;
     c->report_ms = 1000;
     s = getenv("PSD_REPORT_INTERVAL");
@@ -317,9 +321,17 @@ int psc_set(psc_client *c, const char *key, const char *value)
         return onoff(c, key, value, &c->want_shm);
     } else if (strcmp(key, "reconnect") == 0) {
         return onoff(c, key, value, &c->auto_reconnect);
+    } else if (strcmp(key, "chunk") == 0) {
+        if (parse_u64(value, 1u << 24, &v) || v < 1024)
+            return fail(c, PSC_EINVAL, "bad chunk '%.100s': 1024..16777216 floats a frame", value);
+        c->chunk = v;
+    } else if (strcmp(key, "pull_window") == 0) {
+        if (parse_u64(value, 64, &v))
+            return fail(c, PSC_EINVAL, "bad pull_window '%.100s': 0..64 chunk requests in flight", value);
+        c->pull_window = (unsigned)v;
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, report_s, wire, shm, reconnect, log)", key);
+                                   "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, log)", key);
     }
     return 0;
 }
@@ -618,12 +630,14 @@ static void link_close(psc_link *ln)
 /* Sends values[0..n) for the link's values [off, off + n) as chunks of type
  * INIT or PUSH (fin on the last), back back, without reading the OKs:
  * *sent counts the chunks that went. */
-static int chunks_out(psc_link *ln, uint32_t type, const float *values, uint64_t off, size_t n, uint64_t base,
-                      size_t *sent)
+static int chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops);
+
+static int chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *values, uint64_t off, size_t n,
+                      uint64_t base, size_t *sent)
 {
     *sent = 0;
-    for (size_t k = 0; k < n; k += CHUNK_FLOATS) {
-        size_t len = n - k < CHUNK_FLOATS ? n - k : CHUNK_FLOATS;
+    for (size_t k = 0; k < n; k += c->chunk) {
+        size_t len = n - k < c->chunk ? n - k : c->chunk;
         ps_msg m;
         ps_msg_init(&m, type);
         m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
@@ -633,9 +647,12 @@ static int chunks_out(psc_link *ln, uint32_t type, const float *values, uint64_t
         m.fin = k + len == n;
         m.base = base;
         int rc = ps_client_send(&ln->cl, &m);
+        if (rc == 0 && c->pull_window == 0) /* option pull_window 0: each chunk waits for its OK */
+            rc = chunks_acks(c, ln, 1, type == PS_MSG_PUSH && ln == c->links);
+        else if (rc == 0)
+            (*sent)++;
         if (rc != 0)
             return rc;
-        (*sent)++;
     }
     return 0;
 }
@@ -663,8 +680,8 @@ static int chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops
 /* Pulls the link's values [off, off + n) at version >= min into dst. */
 static int pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64_t n, uint64_t min)
 {
-    return ps_client_pull_chunks(&ln->cl, dst, off, n, min, CHUNK_FLOATS, PS_PULL_WINDOW, &ln->version,
-                                 c->timeout_ms);
+    unsigned window = c->pull_window ? c->pull_window : 1;
+    return ps_client_pull_chunks(&ln->cl, dst, off, n, min, c->chunk, window, &ln->version, c->timeout_ms);
 }
 
 /* The model version a push to ln says its gradient was computed on. */
@@ -755,7 +772,7 @@ static int do_pushpull(psc_client *c)
     size_t sent[PS_PARTS_MAX] = {0};
     int first = 0, small = 1;
     for (uint32_t i = 0; i < c->nlinks; i++)
-        small &= c->links[i].hi - c->links[i].lo <= CHUNK_FLOATS;
+        small &= c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
     for (int shm = 0; shm < 2; shm++)
         for (uint32_t i = 0; i < c->nlinks && !first; i++) {
             psc_link *ln = &c->links[i];
@@ -764,7 +781,7 @@ static int do_pushpull(psc_client *c)
             if (!small && shm)
                 break;
             int rc = small ? pushpull_send(c, ln, c->bsp ? ln->version + 1 : 0)
-                           : chunks_out(ln, PS_MSG_PUSH, c->grads + ln->lo, 0, ln->hi - ln->lo, push_base(c, ln),
+                           : chunks_out(c, ln, PS_MSG_PUSH, c->grads + ln->lo, 0, ln->hi - ln->lo, push_base(c, ln),
                                         &sent[i]);
             if (rc != 0)
                 part_fail(c, i, rc, &first);
@@ -808,7 +825,7 @@ static int do_push(psc_client *c, uint64_t off, uint64_t len)
         uint64_t a = off > ln->lo ? off : ln->lo, b = off + len < ln->hi ? off + len : ln->hi;
         if (a >= b)
             continue;
-        int rc = chunks_out(ln, PS_MSG_PUSH, c->grads + a, a - ln->lo, (size_t)(b - a), push_base(c, ln), &sent[i]);
+        int rc = chunks_out(c, ln, PS_MSG_PUSH, c->grads + a, a - ln->lo, (size_t)(b - a), push_base(c, ln), &sent[i]);
         if (rc != 0)
             part_fail(c, i, rc, &first);
     }
@@ -963,7 +980,7 @@ static int do_open(psc_client *c)
         if (need_init[i] && c->connected)
             PS_LOG(PS_LOG_WARN, "psd at %s has no model (restarted without its state?): giving it ours", ln->server);
         size_t sent = 0;
-        int rc = need_init[i] ? chunks_out(ln, PS_MSG_INIT, c->params + ln->lo, 0, ln->hi - ln->lo, 0, &sent) : 0;
+        int rc = need_init[i] ? chunks_out(c, ln, PS_MSG_INIT, c->params + ln->lo, 0, ln->hi - ln->lo, 0, &sent) : 0;
         if (rc == 0)
             rc = chunks_acks(c, ln, sent, 0);
         if (rc == 0)

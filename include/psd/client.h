@@ -119,6 +119,11 @@ PSC_API psc_client *psc_new(void);
  *                offers it (else f32, with a warning)
  *   shm          "on" or "off": offer psd a shared-memory segment
  *   reconnect    "on" or "off": push and pull reconnect by themselves
+ *   chunk        floats a frame of a chunked push or pull (1024 .. 2^24,
+ *                default 2^20); a part of the model up to this size goes
+ *                as one PUSHPULL. psd refuses frames over its max_frame
+ *   pull_window  chunk pulls in flight (0 .. 64, default 2); 0: every
+ *                chunk request, push or pull, waits for its reply
  *   report_s     seconds between psc_progress's reports to psd (default 1,
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log

@@ -307,17 +307,25 @@ class Client:
 
     # ---- closing -----------------------------------------------------------
 
-    def close(self):
-        """Says goodbye to psd. The arrays stay readable until the client is
-        garbage; calls that talk to psd raise PsdError ESTATE."""
+    def close(self, reason=None):
+        """Says goodbye to psd (BYE). reason, a short text such as "stopped
+        by SIGTERM", is what psd shows for this worker: "left: REASON" in
+        its log and the WHY column of psctl status (printable ASCII, cut
+        at 95 bytes there; without it "said bye"). The arrays stay readable
+        until the client is garbage; calls that talk to psd raise PsdError
+        ESTATE. A second close does nothing."""
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError("reason must be a str, not %s" % type(reason).__name__)
+        if reason is not None and "\0" in reason:
+            raise ValueError("reason must not hold a NUL character")
         if self._c is not None:
-            lib.psc_close(self._c)
+            lib.psc_leave(self._c, reason.encode("utf-8", errors="replace") if reason else None)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        self.close(reason=None if exc[0] is None else "%s in the worker" % exc[0].__name__)
         return False
 
     def __del__(self):

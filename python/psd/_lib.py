@@ -64,6 +64,7 @@ for name, res, args in [
     ("psc_bind", _i, [_c, _c, _c]),
     ("psc_connect", _i, [_c]),
     ("psc_close", None, [_c]),
+    ("psc_leave", None, [_c, _s]),
     ("psc_free", None, [_c]),
     ("psc_pushpull", _i, [_c]),
     ("psc_push", _i, [_c]),

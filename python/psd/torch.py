@@ -19,6 +19,20 @@ named_parameters(), in order: every worker of a job must build the same
 module. Heartbeats go on from the library's own thread while the model
 computes.
 
+Pipelining (Worker(..., pipeline=True), for ASGD and SSP): step() sends
+the gradient on the library's thread and returns at once, and the next
+batch computes on the parameters of the step before while it travels
+(the next step() waits for it first). The step's round trip to psd then
+overlaps the next forward and backward pass instead of following it; each
+gradient is one step staler than without (psd hears its true base
+version). The module's parameters and gradients alternate between two
+pairs of flat vectors the worker allocates, bound to the library in
+turn, so the library copies (in C, on its own thread, while the module
+computes) the gradient into psd's shared segment and the parameters out
+of it. finish() waits for the step in flight (pull(), report() and
+close() call it), so the module holds the newest parameters there, e.g.
+before evaluating.
+
 CUDA: a module on a GPU keeps its parameters there; the flat vectors stay
 in host memory, pinned when CUDA is available, and step() copies the
 gradients down and the parameters back up (asynchronous copies from pinned
@@ -41,9 +55,11 @@ class Worker:
     is the first to reach psd they become the job's model, otherwise psd's
     values replace them. options go to psd.Client (server, shard,
     token_file, wire, shm, timeout_ms, reconnect_s, connect_s, ...).
+    pipeline: True overlaps each step's round trip with the next batch's
+    computation (ASGD and SSP, parameters on the CPU: see above).
     """
 
-    def __init__(self, module, connect=True, **options):
+    def __init__(self, module, connect=True, pipeline=False, **options):
         if not isinstance(module, torch.nn.Module):
             raise TypeError("psd.torch.Worker wraps a torch.nn.Module, not %s" % type(module).__name__)
         self.module = module
@@ -71,15 +87,31 @@ class Worker:
             self._dev_params = self.flat_params.to(self.device)
             self._dev_grads = torch.zeros_like(self._dev_params)
             self._host_pinned = torch.cuda.is_available()
+        self.pipeline = bool(pipeline)
+        if self.pipeline and self.cuda:
+            raise ValueError("pipeline=True needs the module's parameters on the CPU")
+        # the pairs of flat vectors the module computes on: the library's
+        # own, or (pipeline) two pairs of the worker's, bound in turn; not
+        # the library's own then, which are psd's shared segment: psd
+        # writes a step's answer there while the module computes
+        self._pairs = [(self.flat_params, self.flat_grads)]
+        if self.pipeline:
+            self._pairs = [(self.flat_params.clone(), torch.zeros_like(self.flat_grads)),
+                           (torch.empty_like(self.flat_params), torch.zeros_like(self.flat_grads))]
+            self._pair_np = [(a.numpy(), g.numpy()) for a, g in self._pairs]
+            self.client.bind(*self._pair_np[0])  # connect's initial values and first pull
+        self._cur = 0            # the pair the module computes on
+        self._cur_version = 0    # the model version of that pair's parameters
+        self._inflight = False
         self._views()
         if connect:
             self.connect()
 
     def _views(self):
         """Points every parameter's .data and .grad at its slice of the flat
-        vectors (on the device for CUDA)."""
-        params = self._dev_params if self.cuda else self.flat_params
-        grads = self._dev_grads if self.cuda else self.flat_grads
+        vectors (on the device for CUDA; of the current pair)."""
+        params = self._dev_params if self.cuda else self._pairs[self._cur][0]
+        grads = self._dev_grads if self.cuda else self._pairs[self._cur][1]
         self._grad_views = []
         for n, p in self._params:
             off, cnt = self.client.offset(n)
@@ -103,6 +135,11 @@ class Worker:
         """Connects and gets the model (our parameters if psd has none)."""
         self.client.connect()
         self._after_pull()
+        if self.pipeline and self.client.mode == "bsp":
+            self.client.close(reason="pipeline=True in a bsp job")
+            raise ValueError("pipeline=True is for asgd and ssp: a bsp round wants the gradient of its own "
+                             "parameters (psd runs bsp)")
+        self._cur_version = self.client.version
 
     def _after_pull(self):
         if self.cuda:
@@ -115,29 +152,71 @@ class Worker:
 
     def zero_grad(self):
         """Zeroes the gradients in place (they stay views)."""
-        (self._dev_grads if self.cuda else self.flat_grads).zero_()
+        (self._dev_grads if self.cuda else self._pairs[self._cur][1]).zero_()
         self._gather_stray_grads()
 
     def step(self):
         """After loss.backward(): pushes the gradients and brings psd's new
-        parameters into the module (bsp: after the round closes)."""
+        parameters into the module (bsp: after the round closes). With
+        pipeline=True: sends them and returns at once; the module then holds
+        the parameters of the step before (see the module's notes)."""
+        if self.pipeline:
+            self._pipelined_step()
+            return
         self._before_push()
         self.client.pushpull()
         self._after_pull()
 
+    def _pipelined_step(self):
+        self._gather_stray_grads()
+        cur, other = self._cur, 1 - self._cur
+        if self._inflight:
+            # the step before: its answer is in the other pair's parameters
+            self._inflight = False
+            self.client.wait()
+            other_version = self.client.version
+        else:
+            self._pairs[other][0].copy_(self._pairs[cur][0])
+            other_version = self._cur_version
+        # the answer lands in the pair this gradient was computed on
+        self.client.bind(*self._pair_np[cur])
+        self.client.pushpull_start(base=self._cur_version)
+        self._inflight = True
+        self._cur, self._cur_version = other, other_version
+        self._views()
+
+    def finish(self):
+        """Waits for a pipelined step in flight and puts its parameters
+        (the newest) in the module; nothing to do otherwise."""
+        if not self._inflight:
+            return
+        self._inflight = False
+        self.client.wait()
+        done = 1 - self._cur
+        self._pairs[self._cur][0].copy_(self._pairs[done][0])
+        self._cur_version = self.client.version
+
     def step_start(self):
         """step() on the library's thread: returns at once. Until
         step_wait() the module's parameters and gradients must not be used."""
+        self.finish()
         self._before_push()
+        if self.pipeline:
+            self.client.bind(*self._pair_np[self._cur])  # the module's pair, both ways
         self.client.pushpull_start()
 
     def step_wait(self):
         self.client.wait()
+        self._cur_version = self.client.version
         self._after_pull()
 
     def pull(self):
         """Brings psd's newest parameters (e.g. before evaluating)."""
+        self.finish()
+        if self.pipeline:
+            self.client.bind(*self._pair_np[self._cur])  # pull into the module's pair
         self.client.pull()
+        self._cur_version = self.client.version
         self._after_pull()
 
     def progress(self, epoch, loss_sum, n):
@@ -145,6 +224,7 @@ class Worker:
         self.client.progress(epoch, loss_sum, n)
 
     def report(self, epoch, loss, accuracy=None, test_loss=0.0, samples=0, rate=0.0):
+        self.finish()
         self.client.report(epoch, loss, accuracy, test_loss, samples, rate)
 
     @property
@@ -155,5 +235,10 @@ class Worker:
     def mode(self):
         return self.client.mode
 
-    def close(self):
-        self.client.close()
+    def close(self, reason=None):
+        """Says goodbye to psd (after a step in flight); reason, if given,
+        is what psd shows for this worker (psctl status)."""
+        try:
+            self.finish()
+        finally:
+            self.client.close(reason=reason)

@@ -484,6 +484,51 @@ static void test_limit_retried(void **state)
     psd_kill(&p);
 }
 
+/* Options chunk and pull_window: the model's 1203 values over TCP in
+ * chunks of 1024 (two pushes, two pulls), with each chunk request waiting
+ * for its reply (window 0) and with 3 in flight, and through the segment
+ * (one PUSHPULL whatever the chunk): every value exact after each step. */
+static void test_chunk_options(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 3, 0, NULL);
+    psc_client *cs[3];
+    const char *windows[3] = {"0", "3", "2"};
+    for (int k = 0; k < 3; k++) {
+        char shard[8];
+        snprintf(shard, sizeof shard, "%d/3", k);
+        cs[k] = client(p.addr, shard);
+        assert_int_equal(psc_set(cs[k], "chunk", "1024"), 0);
+        assert_int_equal(psc_set(cs[k], "pull_window", windows[k]), 0);
+        assert_int_equal(psc_set(cs[k], "shm", k == 2 ? "on" : "off"), 0);
+        float *pk = psc_params(cs[k]);
+        for (size_t i = 0; i < NVAL; i++)
+            pk[i] = init_value(i);
+        assert_int_equal(psc_connect(cs[k]), 0);
+        assert_int_equal(psc_shm(cs[k]), k == 2);
+    }
+    float want[NVAL];
+    for (size_t i = 0; i < NVAL; i++)
+        want[i] = init_value(i);
+    for (int step = 0; step < 6; step++) {
+        psc_client *c = cs[step % 3];
+        float *g = psc_grads(c), *w = psc_params(c);
+        for (size_t i = 0; i < NVAL; i++) {
+            g[i] = (float)((i + (size_t)step) % 5) - 2.0f;
+            want[i] -= 0.5f * g[i];
+        }
+        assert_int_equal(step % 2 ? psc_pushpull(c) : psc_push(c), 0);
+        if (step % 2 == 0)
+            assert_int_equal(psc_pull(c), 0);
+        for (size_t i = 0; i < NVAL; i++)
+            assert_true(w[i] == want[i]);
+    }
+    assert_int_equal(psc_model_version(cs[2]), 6);
+    for (int k = 0; k < 3; k++)
+        psc_free(cs[k]);
+    psd_kill(&p);
+}
+
 /* Mistakes get a code and a message, never a crash; the client survives. */
 static void test_mistakes(void **state)
 {
@@ -493,6 +538,9 @@ static void test_mistakes(void **state)
     assert_int_equal(psc_set(c, "shard", "3/2"), PSC_EINVAL);
     assert_int_equal(psc_set(c, "wire", "f64"), PSC_EINVAL);
     assert_int_equal(psc_set(c, "timeout_ms", "0"), PSC_EINVAL);
+    assert_int_equal(psc_set(c, "chunk", "1000"), PSC_EINVAL);
+    assert_non_null(strstr(psc_errmsg(c), "1024..16777216"));
+    assert_int_equal(psc_set(c, "pull_window", "65"), PSC_EINVAL);
     assert_int_equal(psc_set(c, NULL, "x"), PSC_EINVAL);
     assert_int_equal(psc_set(c, "token_file", "/nonexistent/token"), PSC_EINVAL);
     assert_non_null(strstr(psc_errmsg(c), "/nonexistent/token"));
@@ -571,7 +619,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_init_and_pushpull), cmocka_unit_test(test_ranges_bind_wire),
         cmocka_unit_test(test_bsp_async),         cmocka_unit_test(test_split),
         cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
-        cmocka_unit_test(test_mistakes),          cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_chunk_options),     cmocka_unit_test(test_mistakes),
+        cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,7 @@ against a real psd, on small subsets of MNIST (ctest: client_examples).
   static), two workers of it training together;
 - examples/numpy/softmax.py with two workers;
 - examples/torch/mnist_cnn.py with two workers in BSP, by hand and with
-  torchrun-style variables (RANK, WORLD_SIZE), and in ASGD with --overlap.
+  torchrun-style variables (RANK, WORLD_SIZE), and in ASGD with --pipeline.
 """
 
 import glob
@@ -176,7 +176,7 @@ def test_torch_workers_survive_psd_kill(cluster):
         assert o["test_accuracy"] >= 0.85, o
 
 
-def test_torch_example_torchrun_env_overlap(cluster):
+def test_torch_example_torchrun_env_pipeline(cluster):
     pytest.importorskip("torch")
     psd = cluster.psd(mode="asgd", workers=2, args=ADAM)
     procs = []
@@ -184,7 +184,7 @@ def test_torch_example_torchrun_env_overlap(cluster):
         env = dict(example_env(), RANK=str(k), WORLD_SIZE="2", LOCAL_RANK=str(k))
         # two epochs: after one (47 ASGD steps a worker) test accuracy ranged
         # down to 0.70 here, below what the check needs to mean anything
-        procs.append(harness.Proc("t%d" % k, torch_argv(psd, "--epochs", "2", "--overlap"), cluster.dir, env=env))
+        procs.append(harness.Proc("t%d" % k, torch_argv(psd, "--epochs", "2", "--pipeline"), cluster.dir, env=env))
     outs = []
     for p in procs:
         assert p.wait(240) == 0, p.stderr()

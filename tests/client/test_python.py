@@ -234,3 +234,34 @@ def test_progress_reports_every_report_s(cluster):
     with pytest.raises(psd.PsdError, match="report_s"):
         client(p.addr, "0/1", report_s="-1")
     a.close()
+
+
+def test_close_reason_reaches_psd(cluster):
+    """close(reason=...) sends the reason in BYE's text: psd shows it as the
+    worker's why (psctl status), printable ASCII, cut at 95 bytes; without
+    one psd says "said bye"; a worker leaving a `with` block on an
+    exception names it."""
+    p = start(cluster, workers=4)
+    a = client(p.addr, "0/4", connect=True)
+    b = client(p.addr, "1/4", connect=True)
+    c = client(p.addr, "2/4", connect=True)
+    with pytest.raises(TypeError, match="str"):
+        a.close(reason=b"bytes")
+    with pytest.raises(ValueError, match="NUL"):
+        a.close(reason="a\0b")
+    a.pushpull()                                   # still open after the refusals
+    a.close(reason="finished: 3 epochs, accuracy 0.97")
+    a.close(reason="twice")                        # nothing more goes out
+    b.close(reason="caf\u00e9 " + "x" * 300)       # not ASCII, and too long
+    c.close()
+    with pytest.raises(RuntimeError):
+        with client(p.addr, "3/4", connect=True):
+            raise RuntimeError("the model failed")
+    rows = {w["shard"]: w for w in harness.status(p.addr)["workers"]}
+    assert rows[0]["state"] == "left" and rows[0]["why"] == "finished: 3 epochs, accuracy 0.97", rows[0]
+    assert rows[1]["why"].startswith("caf?? xxx") and len(rows[1]["why"]) == 95, rows[1]
+    assert rows[2]["why"] == "said bye", rows[2]
+    assert rows[3]["why"] == "RuntimeError in the worker", rows[3]
+    with pytest.raises(psd.PsdError, match="closed") as e:
+        a.pushpull()
+    assert e.value.name == "ESTATE"

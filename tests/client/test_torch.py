@@ -142,3 +142,59 @@ def test_bad_modules():
         psd.torch.Worker(nn.ReLU(), connect=False)
     with pytest.raises(TypeError, match="float32"):
         psd.torch.Worker(nn.Linear(3, 3).double(), connect=False)
+
+
+def test_pipeline_steps_on_the_step_before(cluster):
+    """pipeline=True: step() returns with the gradient in flight and the
+    module on the parameters of the step before; finish() brings the
+    newest. With plain SGD at lr 0.5 and one worker every value is exact:
+    g1 and g2 are both computed on p0, g3 on p1 = p0 - 0.5 g1."""
+    p = cluster.psd(mode="asgd", workers=1, args=SGD)
+    model = net()
+    p0 = [t.detach().clone() for t in model.parameters()]
+    w = psd.torch.Worker(model, server=p.addr, shard="0/1", pipeline=True)
+    grads, seen = [], []
+    for s in range(3):
+        seen.append([t.detach().clone() for t in model.parameters()])
+        w.zero_grad()
+        x, y = data(20 + s)
+        nn.functional.cross_entropy(model(x), y).backward()
+        grads.append([t.grad.clone() for t in model.parameters()])
+        w.step()
+    p1 = [a - 0.5 * g for a, g in zip(p0, grads[0])]
+    p2 = [a - 0.5 * g for a, g in zip(p1, grads[1])]
+    p3 = [a - 0.5 * g for a, g in zip(p2, grads[2])]
+    for want, got in ((p0, seen[0]), (p0, seen[1]), (p1, seen[2])):
+        for a, b in zip(want, got):
+            assert torch.allclose(a, b, atol=1e-6)
+    assert w._inflight
+    w.finish()
+    assert not w._inflight and w.version == 3
+    for a, t in zip(p3, model.parameters()):
+        assert torch.allclose(a, t.detach(), atol=1e-6)
+    # the module's views moved to the other pair and back, psd saw 3 pushes
+    # each with its true base version (no drop: ASGD applies them all)
+    assert harness.status(p.addr)["version"] == 3
+    # the explicit asynchronous step works on the module's pair too
+    w.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    g4 = [t.grad.clone() for t in model.parameters()]
+    w.step_start()
+    w.step_wait()
+    p4 = [a - 0.5 * g for a, g in zip(p3, g4)]
+    for a, t in zip(p4, model.parameters()):
+        assert torch.allclose(a, t.detach(), atol=1e-6)
+    w.pull()
+    for a, t in zip(p4, model.parameters()):
+        assert torch.allclose(a, t.detach(), atol=1e-6)
+    w.close(reason="pipeline test done")              # waits for psd's OK to the BYE
+    rows = harness.status(p.addr)["workers"]
+    assert [(x["state"], x["why"]) for x in rows] == [("left", "pipeline test done")], rows
+
+
+def test_pipeline_refuses_bsp(cluster):
+    p = cluster.psd(mode="bsp", workers=1, args=SGD)
+    with pytest.raises(ValueError, match="asgd and ssp"):
+        psd.torch.Worker(net(), server=p.addr, shard="0/1", pipeline=True)
+    rows = harness.status(p.addr)["workers"]                  # it left, saying why
+    assert [(x["state"], x["why"]) for x in rows] == [("left", "pipeline=True in a bsp job")], rows
