@@ -261,6 +261,43 @@ static void print_worker_rows(const msgpack_object *ws, int with_why)
     }
 }
 
+/* The plan line of psctl status: where a BSP job run by a plan stands
+ * (proto/PROTOCOL.md section 8, "The plan"); nothing when psd has none.
+ * Rounds are counted from 1 here: round v + 1 is the one model version v
+ * trains, so the last is "round R of R". */
+static void print_plan(const msgpack_object *b)
+{
+    const msgpack_object *pl = ps_map_get(b, "plan");
+    if (!pl || pl->type != MSGPACK_OBJECT_MAP)
+        return;
+    double rounds = num(pl, "rounds"), per_epoch = num(pl, "rounds_per_epoch"), epochs = num(pl, "epochs");
+    double samples = num(pl, "samples"), batch = num(pl, "batch"), v = num(b, "version");
+    if (flag(pl, "done")) {
+        printf("plan: done at round %.0f (%.0f epochs of %.0f samples, %.0f a round)\n", rounds, epochs, samples,
+               batch);
+        return;
+    }
+    if (!(per_epoch >= 1) || !(v >= 0) || !(rounds >= 1)) {
+        printf("plan: %.0f epochs of %.0f samples, %.0f a round\n", epochs, samples, batch);
+        return;
+    }
+    printf("plan: epoch %.0f/%.0f, round %.0f of %.0f, ", num(pl, "epoch") + 1, epochs, v + 1, rounds);
+    double n = num(pl, "round_workers");
+    if (!(n >= 1)) {
+        printf("the round not handed out yet (%.0f samples a round)\n", batch);
+        return;
+    }
+    /* the round's samples, fewer in an epoch's last round, split as psd
+     * splits them: parts differ by one sample at most */
+    double i = fmod(v, per_epoch), left = samples - i * batch;
+    double len = left < batch ? left : batch;
+    double lo = floor(len / n), hi = ceil(len / n);
+    if (lo == hi)
+        printf("%.0f worker%s a round (%.0f samples each)\n", n, n == 1 ? "" : "s", lo);
+    else
+        printf("%.0f workers a round (%.0f-%.0f samples each)\n", n, lo, hi);
+}
+
 static void print_status(const msgpack_object *b)
 {
     char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
@@ -292,6 +329,7 @@ static void print_status(const msgpack_object *b)
     str(b, "metrics_listen", metrics, sizeof metrics);
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);
+    print_plan(b);
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));

@@ -104,8 +104,14 @@ class PlanTest(unittest.TestCase):
                                        "shard 2 to be declared lost")
                     time.sleep(max(0.0, LONG_CUT_S - (time.monotonic() - cut_at)))  # the cut itself
                     done_in_cut = (harness.status(psd.addr)["plan"] or {}).get("done")
+                    text = harness.psctl(psd.addr, "status").stdout
                 finally:
                     os.kill(ws[2].pid, signal.SIGCONT)
+                # psctl's plan line while shard 2 is out: the other two share the rounds
+                if not done_in_cut:
+                    self.assertRegex(text, r"plan: epoch [1-%d]/%d, round \d+ of %d, (2 workers a round \(\d+ "
+                                           r"samples each\)|the round not handed out yet)|plan: done at round %d "
+                                     % (EPOCHS, EPOCHS, rounds, rounds))
                 notes.append("the job %s during the 15 s cut" % ("ended" if done_in_cut else "went on"))
             results = []
             for w in ws:
@@ -133,6 +139,9 @@ class PlanTest(unittest.TestCase):
                     self.problems.append("%s job, seed %d: %s" % ("cut" if cut else "undisturbed", seed, what))
 
             check(st["version"] == rounds, "psd's model version %d, not the plan's %d rounds" % (st["version"], rounds))
+            text = harness.psctl(psd.addr, "status").stdout
+            check("plan: done at round %d (%d epochs of %d samples, %d a round)" % (rounds, EPOCHS, LIMIT, 3 * BATCH)
+                  in text, "psctl status shows no plan line for the finished job:\n%s" % text)
             check(st["rounds"] == rounds, "psd closed %d rounds, not %d" % (st["rounds"], rounds))
             check(plan.get("done") is True and plan.get("rounds") == rounds, "psd's status plan: %r" % st["plan"])
             check(all(r["version"] == rounds for r in results),
