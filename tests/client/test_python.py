@@ -265,3 +265,178 @@ def test_close_reason_reaches_psd(cluster):
     with pytest.raises(psd.PsdError, match="closed") as e:
         a.pushpull()
     assert e.value.name == "ESTATE"
+
+
+# ---- a BSP job by psd's plan --------------------------------------------------
+
+PLAN_LAYOUT = [("w", (5,)), ("b", (1,))]
+PLAN_N = 6
+
+
+def regression(samples, seed=3):
+    """A small synthetic linear regression: x (samples, 5), y = x w* + b*."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, (samples, 5)).astype(np.float32)
+    y = (x @ np.array([1, -2, 0.5, 3, -1], dtype=np.float32) + 0.25).astype(np.float32)
+    return x, y
+
+
+def slice_gradient(params, x, y, idx):
+    """The mean gradient of 0.5 (x w + b - y)^2 over the samples idx; zero
+    when idx is empty (a round too small to share)."""
+    g = np.zeros(PLAN_N, dtype=np.float32)
+    if len(idx):
+        r = x[idx] @ params[:5] + params[5] - y[idx]
+        g[:5] = x[idx].T @ r / len(idx)
+        g[5] = r.mean()
+    return g
+
+
+def planned_worker(c, x, y, log):
+    """Trains c by the job's plan to its end, logging (version, slice,
+    indices) of every round; the worker's thread."""
+    for idx in c.plan_batches(len(x)):
+        log.append((c.version, c.plan_slice(), idx.copy()))
+        c.grads[:] = slice_gradient(c.params, x, y, idx)
+        c.pushpull()
+
+
+def run_threads(*targets, timeout=60):
+    errors = []
+
+    def wrap(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: B902 (reported below)
+            errors.append(e)
+    ts = [threading.Thread(target=wrap, args=(fn,), daemon=True) for fn in targets]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+        assert not t.is_alive(), "a worker thread did not finish in %d s" % timeout
+    if errors:
+        raise errors[0]
+
+
+def test_epoch_order_is_psworkers_permutation():
+    # psworker's orders (its C shuffle, ps_dataset_epoch_order with shard 0)
+    # for (samples, seed, epoch) = (10, 1, 0), (1000, 7, 3) and (60000, 42, 2), pinned
+    assert list(psd.epoch_order(10, 1, 0)) == [9, 2, 3, 1, 8, 0, 4, 5, 7, 6]
+    o = psd.epoch_order(1000, 7, 3)
+    assert list(o[:8]) == [968, 914, 220, 114, 229, 757, 626, 832]
+    assert list(psd.epoch_order(60000, 42, 2)[-5:]) == [8160, 49807, 7981, 12849, 42387]
+    assert o.dtype == np.int64 and sorted(o) == list(range(1000))
+    assert not np.array_equal(o, psd.epoch_order(1000, 7, 4))    # another epoch, another order
+    assert not np.array_equal(o, psd.epoch_order(1000, 8, 3))    # another seed
+    assert list(psd.epoch_order(0, 1, 0)) == [] and list(psd.epoch_order(1, 1, 0)) == [0]
+    with pytest.raises(ValueError, match="samples"):
+        psd.epoch_order(-1, 1, 0)
+
+
+def test_plan_bad_calls_raise():
+    c = psd.Client(PLAN_LAYOUT, connect_s=0)
+    assert c.plan() is None and c.plan_slice() is None and not c.plan_done()   # not connected
+    with pytest.raises(psd.PsdError) as e:
+        c.plan_set(0, 10, 5)
+    assert e.value.name == "EINVAL" and "epochs" in str(e.value)
+    with pytest.raises(psd.PsdError, match="batch"):
+        c.plan_set(1, 10, 11)                     # a global batch larger than the training set
+    with pytest.raises(TypeError, match="samples must be an int"):
+        c.plan_set(1, 10.0, 5)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        c.plan_set(1, 10, 5, -1)
+    with pytest.raises(psd.PsdError, match="no plan"):
+        next(c.plan_batches())
+
+
+def test_plan_two_workers_end_at_the_last_round(cluster):
+    samples, batch, epochs, seed = 49, 8, 2, 11   # 7 rounds an epoch, the last of 1 sample
+    rounds = epochs * -(-samples // batch)
+    p = start(cluster, mode="bsp", workers=2)
+    x, y = regression(samples)
+    a = client(p.addr, "0/2", layout=PLAN_LAYOUT)
+    b = client(p.addr, "1/2", layout=PLAN_LAYOUT)
+    with pytest.raises(psd.PsdError, match="no plan"):
+        next(a.plan_batches())                    # not connected: no plan yet
+    a.plan_set(epochs, samples, batch, seed)
+    b.plan_set(9, samples, 4, 99)                 # the first worker's plan wins
+    init = np.zeros(PLAN_N, dtype=np.float32)
+    a.params[:] = init
+    logs = ([], [])
+    run_threads(lambda: (a.connect(), planned_worker(a, x, y, logs[0])),
+                lambda: (time.sleep(0.2), b.connect(), planned_worker(b, x, y, logs[1])))
+    job = psd.Plan(epochs, samples, batch, seed)
+    assert a.plan() == job and b.plan() == job and job.rounds == rounds
+    for c in (a, b):
+        assert c.plan_done() and c.plan_slice() is None and c.version == rounds
+    # both trained every round, their slices disjoint and together the round's global batch
+    assert [v for v, _, _ in logs[0]] == list(range(rounds)) == [v for v, _, _ in logs[1]]
+    model = init.copy()
+    for (v, s0, i0), (_, s1, i1) in zip(*logs):
+        e, i = divmod(v, job.rounds_per_epoch)
+        lo, hi = i * batch, min(samples, (i + 1) * batch)
+        assert (s0.epoch, s0.rank, s0.count, s1.epoch, s1.rank, s1.count) == (e, 0, 2, e, 1, 2)
+        assert (s0.lo, s0.hi, s1.lo, s1.hi) == (lo, lo + (hi - lo) // 2, lo + (hi - lo) // 2, hi)
+        order = psd.epoch_order(samples, seed, e)
+        assert not set(i0) & set(i1)
+        assert sorted(np.concatenate([i0, i1])) == sorted(order[lo:hi])
+        # psd's BSP round: the mean of the two pushes, SGD at lr 0.5
+        model -= 0.5 * (slice_gradient(model, x, y, i0) + slice_gradient(model, x, y, i1)) / 2
+    assert len(logs[0][-1][2]) == 0 and len(logs[1][-1][2]) == 1   # one sample for two workers
+    assert np.allclose(a.params, model, atol=1e-5) and np.array_equal(a.params, b.params)
+    loss = lambda w: float(np.mean((x @ w[:5] + w[5] - y) ** 2))  # noqa: E731
+    assert loss(model) < 0.2 * loss(init)
+    # after the end a pushpull answers at once, done, and the push is dropped
+    a.grads[:] = 1.0
+    a.pushpull()
+    assert a.plan_done() and a.version == rounds and a.dropped >= 1
+    assert list(a.plan_batches()) == []
+    with pytest.raises(psd.PsdError) as e:
+        a.plan_set(1, 10, 5)                      # connected: too late to propose one
+    assert e.value.name == "ESTATE"
+    st = harness.psctl(p.addr, "status")
+    assert st.returncode == 0 and "plan: done at round %d " % rounds in st.stdout, st.stdout
+
+
+def test_plan_late_worker_gets_the_current_round(cluster):
+    samples, batch, epochs, seed = 40, 8, 3, 5    # 5 rounds an epoch
+    rounds = epochs * 5
+    p = start(cluster, mode="bsp", workers=2)
+    x, y = regression(samples)
+    a, b = client(p.addr, "0/2", layout=PLAN_LAYOUT), client(p.addr, "1/2", layout=PLAN_LAYOUT)
+    for c in (a, b):
+        c.plan_set(epochs, samples, batch, seed)
+    run_threads(a.connect, lambda: (time.sleep(0.2), b.connect()))
+    ia, ib = a.plan_batches(samples), b.plan_batches(samples)
+    for _ in range(3):                            # rounds 0..2 together
+        for it, c in ((ia, a), (ib, b)):
+            idx = next(it)
+            c.grads[:] = slice_gradient(c.params, x, y, idx)
+        run_threads(a.pushpull, b.pushpull)
+    assert a.version == 3 and a.plan_slice().count == 2
+    b.close()                                     # round 3 is a's alone now
+    a.grads[:] = slice_gradient(a.params, x, y, next(ia))
+    a.pushpull()
+    assert a.version == 4 and a.plan_slice() == psd.Slice(0, 32, 40, 0, 1)  # the whole batch
+    st = harness.psctl(p.addr, "status")
+    assert "plan: epoch 1/3, round 5 of 15, 1 worker a round (8 samples each)" in st.stdout, st.stdout
+    # shard 1 comes back (restarted, with a plan of its own): its first pull
+    # waits for the next round, and then it learns where the job stands
+    late = client(p.addr, "1/2", layout=PLAN_LAYOUT)
+    late.plan_set(1, 10, 10, 0)
+    idx = next(ia)
+    with pytest.raises(psd.PsdError, match="round 4 is still open"):
+        next(ia)                                  # a second batch, round 4 not pushed yet
+    ia = a.plan_batches(samples)                  # the generator ended with the error
+    assert np.array_equal(next(ia), idx)
+    a.grads[:] = slice_gradient(a.params, x, y, idx)
+    run_threads(late.connect, lambda: (time.sleep(0.3), a.pushpull()))
+    assert late.version == a.version == 5
+    assert late.plan() == psd.Plan(epochs, samples, batch, seed)    # the job's, not its own
+    assert late.plan_slice() == psd.Slice(1, 4, 8, 1, 2)          # epoch 1's first round, its half
+    assert a.plan_slice() == psd.Slice(1, 0, 4, 0, 2)
+    logs = ([], [])
+    run_threads(lambda: planned_worker(a, x, y, logs[0]), lambda: planned_worker(late, x, y, logs[1]))
+    assert a.version == late.version == rounds and a.plan_done() and late.plan_done()
+    assert [v for v, _, _ in logs[0]] == [v for v, _, _ in logs[1]] == list(range(5, rounds))
