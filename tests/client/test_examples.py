@@ -4,7 +4,7 @@ against a real psd, on small subsets of MNIST (ctest: client_examples).
 - examples/c/linreg.c built against libpsclient installed by
   `cmake --install` into a staging prefix, with pkg-config (shared and
   static), two workers of it training together;
-- examples/numpy/softmax.py with two workers;
+- examples/numpy/softmax.py with two workers, on their own and by psd's plan;
 - examples/torch/mnist_cnn.py with two workers in BSP, by hand and with
   torchrun-style variables (RANK, WORLD_SIZE), and in ASGD with --pipeline.
 """
@@ -115,6 +115,23 @@ def test_numpy_example(cluster):
                                         "--test-limit", "1000"], env=example_env())
     for o in outs:
         assert o["mode"] == "asgd" and o["test_accuracy"] >= 0.75, o  # chance: 0.10
+
+
+def test_numpy_example_by_psds_plan(cluster):
+    """Two softmax.py --plan workers in BSP end together at the plan's last
+    round; psctl status says the plan is done there."""
+    psd = cluster.psd(mode="bsp", workers=2, args=ADAM)
+    script = os.path.join(ROOT, "examples", "numpy", "softmax.py")
+    outs = run_pair(cluster, lambda k: [PY, script, "--server", psd.addr, "--shard", "%d/2" % k, "--data",
+                                        harness.Paths.data, "--epochs", "2", "--limit", "6000",
+                                        "--test-limit", "1000", "--batch", "32", "--plan", "--seed", "4"],
+                    env=example_env())
+    rounds = 2 * -(-6000 // 64)                   # a global batch of 2 x 32
+    for o in outs:
+        assert o["mode"] == "bsp" and o["plan_done"] and o["version"] == rounds, o
+        assert o["test_accuracy"] >= 0.75, o      # chance: 0.10
+    st = harness.psctl(psd.addr, "status")
+    assert "plan: done at round %d " % rounds in st.stdout, st.stdout
 
 
 def torch_argv(psd, *extra):
