@@ -38,6 +38,19 @@ in host memory, pinned when CUDA is available, and step() copies the
 gradients down and the parameters back up (asynchronous copies from pinned
 memory). Tested on CPU only in this project's suite.
 
+A BSP job by psd's plan (docs/client.md): make the worker with
+connect=False, propose the plan through its client, and train the samples
+psd hands out until the plan is done:
+
+    ps = psd.torch.Worker(model, connect=False, server=..., shard="auto")
+    ps.client.plan_set(epochs=5, samples=len(dataset), batch=192, seed=1)
+    ps.connect()
+    for idx in ps.client.plan_batches(len(dataset)):   # numpy indices
+        ps.zero_grad()
+        x, y = collate(dataset, idx)
+        F.nll_loss(model(x), y).backward()
+        ps.step()
+
 ASGD, BSP and SSP, one psd or a model split over several
 (server="host:port,host:port"), the wire type and every other option are
 those of psd.Client (docs/client.md).

@@ -106,6 +106,33 @@ def test_bsp_two_workers_mean(cluster):
     assert workers[0].version == workers[1].version == 1
 
 
+def test_bsp_by_psds_plan(cluster):
+    """A psd.torch.Worker made with connect=False follows psd's plan
+    through its client: one worker trains every round's whole global batch
+    of the plan's order and stops at the plan's last round."""
+    p = cluster.psd(mode="bsp", workers=1, args=SGD)
+    model = net()
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(21, 20, generator=g), torch.randint(0, 4, (21,), generator=g)
+    w = psd.torch.Worker(model, connect=False, server=p.addr, shard="0/1")
+    w.client.plan_set(2, 21, 5, 9)               # 5 rounds an epoch, the last of 1 sample
+    w.connect()
+    seen = []
+    for idx in w.client.plan_batches(len(x)):
+        sl = w.client.plan_slice()
+        assert (sl.rank, sl.count) == (0, 1)
+        seen.append((sl.epoch, list(idx)))
+        w.zero_grad()
+        nn.functional.cross_entropy(model(x[torch.from_numpy(idx)]), y[torch.from_numpy(idx)]).backward()
+        w.step()
+    assert w.client.plan_done() and w.version == 10
+    for e in (0, 1):
+        order = list(psd.epoch_order(21, 9, e))
+        assert [i for ep, idx in seen if ep == e for i in idx] == order    # each epoch: the whole order
+        assert [len(idx) for ep, idx in seen if ep == e] == [5, 5, 5, 5, 1]
+    w.close()
+
+
 def test_split_and_ssp(cluster):
     p1 = cluster.psd(mode="ssp", workers=1, name="psd1", args=SGD)
     p2 = cluster.psd(mode="ssp", workers=1, name="psd2", args=SGD)
