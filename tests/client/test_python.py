@@ -359,6 +359,8 @@ def test_plan_two_workers_end_at_the_last_round(cluster):
     b = client(p.addr, "1/2", layout=PLAN_LAYOUT)
     with pytest.raises(psd.PsdError, match="no plan"):
         next(a.plan_batches())                    # not connected: no plan yet
+    st = harness.psctl(p.addr, "status")
+    assert st.returncode == 0 and "workers: 0 seen" in st.stdout and "plan:" not in st.stdout, st.stdout
     a.plan_set(epochs, samples, batch, seed)
     b.plan_set(9, samples, 4, 99)                 # the first worker's plan wins
     init = np.zeros(PLAN_N, dtype=np.float32)
