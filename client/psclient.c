@@ -93,6 +93,10 @@ struct psc_client {
     double prog_loss;        /* sum of the losses since then */
     uint64_t prog_n;         /* samples since then */
     uint64_t prog_total;     /* samples told of in all */
+    /* psc_waiting_for: what psd last said the current step waits for,
+     * written by the thread that receives (on_wait), read by any */
+    pthread_mutex_t wait_mu;
+    char waiting[256];       /* "" when psd said nothing since the step began */
     char err[700];           /* a client-level error; empty: the link's */
 };
 
@@ -105,7 +109,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.2.0";
+    return "1.3.0";
 }
 
 const char *psc_strerror(int code)
@@ -187,6 +191,7 @@ psc_client *psc_new(void)
     ps_layout_init(&c->layout);
     pthread_mutex_init(&c->async_mu, NULL);
     pthread_cond_init(&c->async_cv, NULL);
+    pthread_mutex_init(&c->wait_mu, NULL);
     return c;
 }
 
@@ -423,6 +428,8 @@ static int shm_create(psc_client *c)
     return 0;
 }
 
+static void on_wait(void *arg, const char *text, size_t len);
+
 /* Splits the server list into links, part i on the i-th, each with the
  * layout of its part; makes the vectors (in a segment when every part fits
  * one PUSHPULL). */
@@ -486,6 +493,8 @@ static int make_links(psc_client *c)
         pthread_mutex_init(&ln->lock, NULL);
         pthread_cond_init(&ln->wake, NULL);
         ln->cl.send_lock = &ln->lock;
+        ln->cl.on_wait = on_wait;
+        ln->cl.on_wait_arg = c;
         c->nlinks = i + 1;
         if (len == 0 || len >= sizeof ln->server)
             return fail(c, PSC_EINVAL, "server: psd %u of %u in \"%.200s\" is %s", i + 1, n, c->servers,
@@ -567,6 +576,48 @@ int psc_bind(psc_client *c, float *params, float *grads)
     return 0;
 }
 
+/* ---- what a step waits for --------------------------------------------------- */
+
+/* ps_client's on_wait: psd told, answering a heartbeat, what a parked
+ * pull of ours waits for. Runs on the thread receiving the step's reply. */
+static void on_wait(void *arg, const char *text, size_t len)
+{
+    psc_client *c = arg;
+    pthread_mutex_lock(&c->wait_mu);
+    if (len >= sizeof c->waiting)
+        len = sizeof c->waiting - 1;
+    memcpy(c->waiting, text, len);
+    c->waiting[len] = '\0';
+    /* a peer's text is for people: no control characters on a terminal */
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)c->waiting[i] < 0x20 || c->waiting[i] == 0x7f)
+            c->waiting[i] = ' ';
+    pthread_mutex_unlock(&c->wait_mu);
+}
+
+/* A step begins or ends: what psd said of the last one no longer holds. */
+static void waiting_clear(psc_client *c)
+{
+    pthread_mutex_lock(&c->wait_mu);
+    c->waiting[0] = '\0';
+    pthread_mutex_unlock(&c->wait_mu);
+}
+
+size_t psc_waiting_for(psc_client *c, char *buf, size_t len)
+{
+    if (!c) {
+        if (len)
+            buf[0] = '\0';
+        return 0;
+    }
+    pthread_mutex_lock(&c->wait_mu);
+    size_t n = strlen(c->waiting);
+    if (len)
+        snprintf(buf, len, "%s", c->waiting);
+    pthread_mutex_unlock(&c->wait_mu);
+    return n;
+}
+
 /* ---- heartbeats ----------------------------------------------------------- */
 
 static void *hb_main(void *arg)
@@ -585,6 +636,10 @@ static void *hb_main(void *arg)
         if (rc == ETIMEDOUT && ln->cl.fd >= 0) {
             ps_msg m;
             ps_msg_init(&m, PS_MSG_HEARTBEAT);
+            /* psd answers this only while one of our pulls is parked,
+             * telling what it waits for (on_wait) */
+            m.has = PS_F_WAIT;
+            m.wait = 1;
             /* the send lock is held (the condition wait returned with it), so
              * no other frame can be half written: send without taking it */
             ps_client_send_noreply_held(&ln->cl, &m);
@@ -1086,6 +1141,7 @@ int psc_connect(psc_client *c)
     if (rc != 0)
         return rc;
     rc = open_retry(c, c->connect_ms, NULL);
+    waiting_clear(c); /* its pull may have waited */
     if (rc == 0)
         c->connected = 1;
     return rc;
@@ -1121,7 +1177,17 @@ enum op { OP_PUSHPULL, OP_PUSH, OP_PULL };
 
 /* Runs one operation; a lost connection is reconnected (the step is then
  * lost) when the option says so. */
+static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
+
 static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
+{
+    waiting_clear(c);
+    int rc = run_step(c, op, off, len);
+    waiting_clear(c);
+    return rc;
+}
+
+static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     int rc = op == OP_PUSHPULL ? do_pushpull(c) : op == OP_PUSH ? do_push(c, off, len) : do_pull(c, off, len);
     if (op != OP_PULL)
@@ -1538,5 +1604,6 @@ void psc_free(psc_client *c)
     ps_token_clear(&c->token);
     pthread_mutex_destroy(&c->async_mu);
     pthread_cond_destroy(&c->async_cv);
+    pthread_mutex_destroy(&c->wait_mu);
     free(c);
 }

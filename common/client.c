@@ -349,11 +349,11 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
     return 0;
 }
 
-int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms)
+/* One frame of ps_client_recv_into, by deadline. */
+static int recv_one(ps_client *c, ps_msg *out, float *dst, size_t n, int64_t deadline)
 {
     uint8_t hdr[PS_FRAME_HDR];
     uint32_t plen = 0;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
     if (c->fd < 0)
         return cfail(c, PS_ECLOSED, "not connected");
     int rc = read_full(c, hdr, sizeof hdr, deadline);
@@ -406,6 +406,25 @@ int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int tim
     out->dt = PS_DT_F32;
     out->ndata = n;
     return 0;
+}
+
+/* A wait notice: psd's OK to a heartbeat that asked "wait" (PROTOCOL.md,
+ * HEARTBEAT). No reply to a request of ours carries "wait". */
+static int is_wait_notice(const ps_msg *m)
+{
+    return m->type == PS_MSG_OK && (m->has & PS_F_WAIT) && m->wait;
+}
+
+int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms)
+{
+    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    for (;;) {
+        int rc = recv_one(c, out, dst, n, deadline);
+        if (rc != 0 || !is_wait_notice(out))
+            return rc;
+        if (c->on_wait)
+            c->on_wait(c->on_wait_arg, out->text ? out->text : "", out->text ? out->text_len : 0);
+    }
 }
 
 int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)

@@ -45,6 +45,13 @@ typedef struct ps_client {
     int has_slice;            /* the last PARAMS received carried "slice": */
     ps_slice slice;           /* it (a BSP job's plan: the round it opened) */
     int done;                 /* the last PARAMS said "done": the plan is over */
+    /* psd's answer to a heartbeat that asked "wait" (an OK with "wait"):
+     * what a parked pull waits for. Every receive consumes such an OK
+     * without returning it, calls on_wait (when set) with its text (not
+     * NUL-terminated; valid during the call only) from the receiving
+     * thread, and reads on. */
+    void (*on_wait)(void *arg, const char *text, size_t len);
+    void *on_wait_arg;
     char err[512];            /* last error, for people */
 } ps_client;
 
@@ -66,7 +73,7 @@ void ps_client_close(ps_client *c);
 int ps_client_send(ps_client *c, ps_msg *m);
 
 /* Receives one frame within timeout_ms (-1: no limit) and decodes it into
- * out. out (its data, text and body) is valid until the next receive. An
+ * out (psd's wait notices are consumed on the way, see on_wait). out (its data, text and body) is valid until the next receive. An
  * ERROR message is returned as PS_EREMOTE (out still holds it). Tensor data
  * that came as bfloat16 is widened into the client's `wide` buffer: out's
  * data is always float32. */

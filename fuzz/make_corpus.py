@@ -103,6 +103,9 @@ MESSAGES = {
     "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 2}),
     "ok": pack({"t": OK, "id": 7, "ver": 5, "text": "checkpoint written"}),
     "heartbeat": pack({"t": HEARTBEAT}),
+    # a heartbeat asking what the worker's parked pull waits for, and psd's answer
+    "heartbeat_wait": pack({"t": HEARTBEAT, "wait": True}),
+    "ok_wait": pack({"t": OK, "id": 0, "ver": 3, "wait": True, "text": "round 3 waits for shard 2/3 (never joined)"}),
     "status": pack({"t": STATUS, "id": 9}),
     "status_reply": pack({"t": STATUS_REPLY, "id": 9, "body": BODY}),
     "metrics": pack({"t": METRICS, "id": 10}),

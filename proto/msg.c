@@ -179,6 +179,7 @@ static const field fields[] = {
     FS("plan", PS_F_PLAN, FK_PLAN),
     FS("slice", PS_F_SLICE, FK_SLICE),
     F("done", PS_F_DONE, FK_BOOL, done),
+    F("wait", PS_F_WAIT, FK_BOOL, wait),
     F("base", PS_F_BASE, FK_U64, base),
     F("min", PS_F_MIN, FK_U64, min),
     F("off", PS_F_OFF, FK_U64, off),

@@ -101,7 +101,9 @@ enum {
 #define PS_F_PLAN (1ull << 40)   /* "plan": the job's plan (hello, welcome; ps_plan) */
 #define PS_F_SLICE (1ull << 41)  /* "slice": the samples of the round a PARAMS opens (ps_slice) */
 #define PS_F_DONE (1ull << 42)   /* "done": the plan's last round is over (params) */
-#define PS_F_COUNT 43            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_WAIT (1ull << 43)   /* "wait": heartbeat: tell me what my parked pull waits for;
+                                  * OK: this one tells it, in "text" (PROTOCOL.md HEARTBEAT) */
+#define PS_F_COUNT 44            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -205,6 +207,7 @@ typedef struct ps_msg {
     ps_plan plan;           /* "plan": [epochs, samples, batch, seed] */
     ps_slice slice;         /* "slice": [epoch, lo, hi, rank, count] */
     int done;               /* "done" */
+    int wait;               /* "wait" */
 } ps_msg;
 
 /* The first byte of m's tensor data, whichever its element type. */

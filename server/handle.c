@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/vec.h"
 #include "handle.h"
+#include "join.h"
 #include "policy.h"
 #include "dashboard.h"
 #include "proto/errors.h"
@@ -42,6 +43,32 @@ static void reply_ok(srv_conn *c, uint64_t id)
     r.has = PS_F_ID | PS_F_MVER;
     r.id = id;
     r.mver = c->srv->model.version;
+    srv_send(c, &r, NULL);
+}
+
+/* HEARTBEAT. Without an id it is fire-and-forget, so a worker's heartbeat
+ * thread never has a reply to read, except that one asking with "wait"
+ * while one of the worker's pulls is parked is told what that pull waits
+ * for: an OK with "wait" and "text" (id 0 for a heartbeat without one),
+ * which the worker reads among the replies it is waiting for. */
+static void handle_heartbeat(srv_conn *c, ps_msg *m)
+{
+    char why[240];
+    int tell = (m->has & PS_F_WAIT) && m->wait && c->worker && c->parked &&
+               srv_wait_describe(c->srv, c->worker, why, sizeof why);
+    if (!tell) {
+        if (m->has & PS_F_ID)
+            reply_ok(c, m->id);
+        return;
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_WAIT | PS_F_TEXT;
+    r.id = (m->has & PS_F_ID) ? m->id : 0;
+    r.mver = c->srv->model.version;
+    r.wait = 1;
+    r.text = why;
+    r.text_len = (uint32_t)strlen(why);
     srv_send(c, &r, NULL);
 }
 
@@ -424,10 +451,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         pull(c, m->id, m->off, m->len, m->min, m->rdt);
         break;
     case PS_MSG_HEARTBEAT:
-        /* without an id it is fire-and-forget, so a worker's heartbeat
-         * thread never has a reply to read */
-        if (m->has & PS_F_ID)
-            reply_ok(c, m->id);
+        handle_heartbeat(c, m);
         break;
     case PS_MSG_REPORT:
         handle_report(c, m);

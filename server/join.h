@@ -23,6 +23,15 @@ uint32_t srv_join_missing(const psd *s, uint32_t *out, uint32_t max);
  * shards srv_join_missing returns, for a message. */
 void srv_join_describe(const psd *s, char *buf, size_t len);
 
+/* What a pull of worker w (NULL: an admin) that psd has parked waits
+ * for, one line for people ("round 3 waits for shard 2/3 (never joined)",
+ * "round 3 waits for shard 1/3 (has not pushed)", "clock 7 waits for shard
+ * 0/2 (more than 2 clocks behind)", "psd is paused (psctl resume)", "the
+ * initial values ..."), written to buf (truncated to len). Returns 1, or 0
+ * with buf "" when psd has nothing to say (asgd with the model ready: its
+ * pulls do not wait). Reads only (the policy's unpushed hook). */
+int srv_wait_describe(psd *s, const srv_worker *w, char *buf, size_t len);
+
 /* Milliseconds psd has waited for the missing shards (0: it waits for none). */
 uint64_t srv_join_waited(const psd *s, uint64_t now);
 

@@ -864,6 +864,24 @@ static int bsp_pull_ready(psd *s, const srv_worker *w, uint64_t min)
     return s->model.version >= min;
 }
 
+static uint32_t bsp_unpushed(psd *s, uint32_t *out, uint32_t max)
+{
+    const bsp_state *b = s->policy_state;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        srv_worker *w = s->workers[i];
+        if (!w || w->state != SRV_W_CONNECTED || (srv_plan_active(s) && !srv_plan_member(s, w)))
+            continue;
+        const bsp_shard *sh = b && i < b->nsh ? b->sh[i] : NULL;
+        if (sh && sh->round == s->model.version && sh->round_fin)
+            continue;
+        if (n < max)
+            out[n] = i;
+        n++;
+    }
+    return n;
+}
+
 /* A round that memory kept from closing (every push is in) closes here. */
 static int bsp_tick(psd *s)
 {
@@ -893,6 +911,7 @@ const srv_policy_ops srv_policy_bsp = {
     .worker_left = bsp_left,
     .worker_joined = bsp_joined,
     .pull_ready = bsp_pull_ready,
+    .unpushed = bsp_unpushed,
     .tick = bsp_tick,
     .destroy = bsp_destroy,
 };

@@ -65,6 +65,12 @@ typedef struct srv_policy_ops {
     /* psd's periodic tick (every 250 ms): retries what memory stopped.
      * SRV_WAKE or 0. NULL: nothing to do. */
     int (*tick)(psd *s);
+    /* The shards whose push the current round still waits for (bsp: the
+     * connected workers, with a plan the round's members, without a
+     * complete push for it): fills out with the first max, in shard
+     * order, and returns how many there are. NULL: the policy has no
+     * rounds. */
+    uint32_t (*unpushed)(psd *s, uint32_t *out, uint32_t max);
     /* Frees the policy's state (at exit). */
     void (*destroy)(psd *s);
 } srv_policy_ops;

@@ -117,9 +117,10 @@ static void usage(FILE *f)
             "  -h, --help              this help\n"
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
-            "stderr is a terminal (with \"waiting N s for psd\" while a step waits for psd\n"
-            "longer than 2 s: a BSP round waiting for a worker, a pause; psctl status says\n"
-            "for whom), one line per epoch otherwise. psd hears of it after\n"
+            "stderr is a terminal (with \"waiting N s for psd: round 3 waits for shard 2/3\n"
+            "(never joined)\" while a step waits for psd longer than 2 s: a BSP round\n"
+            "waiting for a worker, a pause; as psd tells it, or until it has, \"psctl\n"
+            "status says for whom\"), one line per epoch otherwise. psd hears of it after\n"
             "every epoch and every $PSD_REPORT_INTERVAL seconds (default 1; 0: epochs only).\n"
             "\n"
             "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
@@ -147,6 +148,7 @@ static struct {
     pthread_mutex_t lock; /* held around every write of the line */
     char line[256];       /* the line as last drawn; "" after a clear */
     double since;         /* when the current step's exchange with psd began; 0: none */
+    psc_client *pc;       /* asked what the step waits for (psc_waiting_for) */
 } g_wait = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* h:mm:ss or m:ss */
@@ -207,9 +209,12 @@ static void step_waits(const wopts *o, int begins)
 }
 
 /* The progress line's watcher: once a second, while one step has waited
- * for psd over WAIT_SHOW_S, the line says so (how long, and where to see
- * for whom: psd's `psctl status` and log name the shards a round waits
- * for). Detached; it only reads the clock and writes the line. */
+ * for psd over WAIT_SHOW_S, the line says so: how long, and for whom as
+ * psd told the library (psc_waiting_for: "round 0 waits for shard 2/3
+ * (never joined)"), or until psd has said, where to see it (psd's `psctl
+ * status` and log name the shards a round waits for). Detached; it only
+ * reads the clock and the library's copy of psd's words, and writes the
+ * line. */
 #define WAIT_SHOW_S 2.0
 static void *wait_watch(void *arg)
 {
@@ -220,7 +225,11 @@ static void *wait_watch(void *arg)
         pthread_mutex_lock(&g_wait.lock);
         double t = now_s() - g_wait.since;
         if (g_wait.since > 0 && t > WAIT_SHOW_S && g_wait.line[0]) {
-            fprintf(stderr, "\r%s  waiting %.0f s for psd (psctl status says for whom)\033[K", g_wait.line, t);
+            char why[256];
+            if (g_wait.pc && psc_waiting_for(g_wait.pc, why, sizeof why) > 0)
+                fprintf(stderr, "\r%s  waiting %.0f s for psd: %s\033[K", g_wait.line, t, why);
+            else
+                fprintf(stderr, "\r%s  waiting %.0f s for psd (psctl status says for whom)\033[K", g_wait.line, t);
             fflush(stderr);
         }
         pthread_mutex_unlock(&g_wait.lock);
@@ -707,6 +716,7 @@ int main(int argc, char **argv)
     if (status != 0)
         return status;
     o.progress = !o.quiet && isatty(STDERR_FILENO);
+    g_wait.pc = pc; /* set before the watcher starts, cleared before psc_free */
     pthread_t watcher;
     if (o.progress && pthread_create(&watcher, NULL, wait_watch, NULL) == 0)
         pthread_detach(watcher);
@@ -1027,6 +1037,9 @@ out:
     free(bx);
     free(gacc);
     free(by);
+    pthread_mutex_lock(&g_wait.lock); /* the watcher asks it no more */
+    g_wait.pc = NULL;
+    pthread_mutex_unlock(&g_wait.lock);
     psc_free(pc); /* before the model: its vectors may be the library's */
     ps_model_free(model);
     for (int i = 0; i < 2; i++) {

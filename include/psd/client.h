@@ -21,7 +21,8 @@
  * client must not overlap); different clients are independent. The
  * library runs its own threads per client (a heartbeat thread per psd,
  * and one for psc_pushpull_start), which never call back into the caller.
- * psc_strerror and psc_version_string may be called from any thread.
+ * psc_strerror, psc_version_string, and psc_waiting_for on a client in
+ * use, may be called from any thread.
  *
  * BUFFERS. The parameters and gradients are two flat float32 vectors of
  * psc_size() values. By default the library owns both (psc_params(),
@@ -51,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 2
+#define PSC_VERSION_MINOR 3
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -306,6 +307,22 @@ PSC_API int psc_shm(const psc_client *c);                /* 1: tensors go throug
 PSC_API uint64_t psc_reconnects(const psc_client *c);
 PSC_API uint64_t psc_lost_steps(const psc_client *c);    /* steps lost to reconnects */
 PSC_API uint64_t psc_dropped(const psc_client *c);       /* pushes psd dropped (bsp round closed) */
+
+/* What psd last said the step in flight waits for, for people: "round 3
+ * waits for shard 2/3 (never joined)", "round 3 waits for shard 1/3 (has
+ * not pushed)", "clock 7 waits for shard 0/2 (more than 2 clocks behind)",
+ * "psd is paused (psctl resume)" (since 1.3). psd tells it (a psd that
+ * knows the heartbeat's "wait") in answer to the library's heartbeats while one
+ * of this worker's pulls is parked, so it arrives a heartbeat interval (a
+ * third of psd's heartbeat_timeout) or less after the wait began. Copies
+ * it, NUL-terminated and truncated to len - 1 bytes, into buf (nothing when
+ * len is 0) and returns its length; returns 0 with buf "" when there is
+ * nothing to tell: no step in flight, the step did not wait, psd has not
+ * said yet, or an older psd. With several psd, the last one that spoke.
+ * Unlike the other calls it may be called from any thread, also while
+ * another one is inside a step on c (psworker's progress line does); the
+ * text is the caller's copy, so nothing to free or keep alive. */
+PSC_API size_t psc_waiting_for(psc_client *c, char *buf, size_t len);
 
 /* The last error on c, one line for people ("no error" when none). */
 PSC_API const char *psc_errmsg(const psc_client *c);

@@ -297,6 +297,61 @@ static void test_bsp_async(void **state)
     psd_kill(&p);
 }
 
+/* Waits up to 10 s for psc_waiting_for(c) to be want; fails with what it
+ * said last. */
+static void expect_waiting_for(psc_client *c, const char *want)
+{
+    char buf[256] = "";
+    for (double t0 = now_s(); now_s() - t0 < 10; usleep(20000))
+        if (psc_waiting_for(c, buf, sizeof buf) == strlen(want) && strcmp(buf, want) == 0)
+            return;
+    fail_msg("psc_waiting_for said \"%s\", expected \"%s\"", buf, want);
+}
+
+/* A BSP worker whose round waits learns from psd, through its heartbeats,
+ * whom it waits for: a shard that never joined, one that has not pushed;
+ * from another thread while the step is in flight. Nothing before a step
+ * and after it. */
+static void test_waiting_for(void **state)
+{
+    psd_proc p = {0};
+    /* heartbeats every 100 ms */
+    psd_start(&p, "bsp", 3, 0, "heartbeat_timeout=300ms", "join_timeout=60s", NULL);
+    psc_client *a = client(p.addr, "0/3"), *b = client(p.addr, "1/3");
+    char buf[256] = "x";
+    assert_int_equal(psc_waiting_for(a, buf, sizeof buf), 0); /* not connected */
+    assert_string_equal(buf, "");
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), 0);
+    assert_int_equal(psc_waiting_for(a, buf, sizeof buf), 0);
+    assert_int_equal(psc_pushpull_start(a), 0);
+    expect_waiting_for(a, "round 0 waits for shard 2/3 (never joined) and shard 1/3 (has not pushed)");
+    assert_int_equal(psc_poll(a), 0);
+    assert_int_equal(psc_pushpull_start(b), 0);
+    expect_waiting_for(a, "round 0 waits for shard 2/3 (never joined)");
+    expect_waiting_for(b, "round 0 waits for shard 2/3 (never joined)");
+    /* a short buffer gets the text's start; the length is the whole */
+    char small[6];
+    assert_int_equal(psc_waiting_for(a, small, sizeof small), strlen("round 0 waits for shard 2/3 (never joined)"));
+    assert_string_equal(small, "round");
+    assert_int_equal(psc_waiting_for(a, NULL, 0), strlen("round 0 waits for shard 2/3 (never joined)"));
+    /* the third joins and pushes: the round closes, nothing is awaited */
+    psc_client *c = client(p.addr, "2/3");
+    assert_int_equal(psc_connect(c), 0);
+    assert_int_equal(psc_pushpull(c), 0);
+    assert_int_equal(psc_wait(a), 0);
+    assert_int_equal(psc_wait(b), 0);
+    assert_int_equal(psc_model_version(a), 1);
+    assert_int_equal(psc_waiting_for(a, buf, sizeof buf), 0);
+    assert_string_equal(buf, "");
+    assert_int_equal(psc_waiting_for(b, buf, sizeof buf), 0);
+    assert_int_equal(psc_waiting_for(NULL, buf, sizeof buf), 0);
+    psc_free(a);
+    psc_free(b);
+    psc_free(c);
+    psd_kill(&p);
+}
+
 /* A BSP job by its plan: the first worker's plan is the job's and the
  * second learns it; each pull that opens a round tells each its part of the
  * round's global batch; after the last round both hear done and a further
@@ -597,7 +652,7 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.2.0");
+    assert_string_equal(psc_version_string(), "1.3.0");
     psd_kill(&p);
 }
 
@@ -620,7 +675,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bsp_async),         cmocka_unit_test(test_split),
         cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
         cmocka_unit_test(test_chunk_options),     cmocka_unit_test(test_mistakes),
-        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan),              cmocka_unit_test(test_waiting_for),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -118,7 +118,9 @@ class JoinTimeoutTest(unittest.TestCase):
             seen = b""
             try:
                 deadline = time.monotonic() + 30
-                while b"for psd (psctl status says for whom)" not in seen and time.monotonic() < deadline:
+                # psd tells the worker whom its round waits for in answer to
+                # a heartbeat (every third of heartbeat_timeout, 10 s here)
+                while b"waits for shard 1/2" not in seen and time.monotonic() < deadline:
                     ready, _, _ = select.select([master], [], [], 1.0)
                     if ready:
                         try:
@@ -133,7 +135,7 @@ class JoinTimeoutTest(unittest.TestCase):
                 os.close(master)
             text = seen.decode(errors="replace")
             self.assertIn("0/2 epoch 1/1 [", text)
-            self.assertRegex(text, r"waiting [0-9]+ s for psd \(psctl status says for whom\)")
+            self.assertRegex(text, r"waiting [0-9]+ s for psd: round 0 waits for shard 1/2 \(never joined\)")
             psd.stop()
 
 

@@ -7,7 +7,8 @@
  * late one, closes a round a lost worker left open, keeps a whole-model
  * buffer it is offered (handing back its old one) and times the round with
  * psd's clock; SSP answers a pull only within `staleness` clocks of the
- * slowest live worker. The engine applies a big update off the loop and
+ * slowest live worker; a waiting worker is told whom it waits for
+ * (server/join.c, from the policies' state). The engine applies a big update off the loop and
  * hands it back through its done callback. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "server/config.h"
+#include "server/join.h"
 #include "proto/errors.h"
 #include "server/policy.h"
 #include "server/psd.h"
@@ -128,6 +130,20 @@ static int lose(psd *s, uint32_t shard)
 {
     s->workers[shard]->state = SRV_W_LOST;
     return s->policy->worker_left(s, s->workers[shard]);
+}
+
+/* What a waiting worker's heartbeat is told (server/join.c). */
+static void expect_wait(psd *s, uint32_t shard, const char *want)
+{
+    char buf[240];
+    int rc = srv_wait_describe(s, s->workers[shard], buf, sizeof buf);
+    if (!want) {
+        assert_int_equal(rc, 0);
+        assert_string_equal(buf, "");
+        return;
+    }
+    assert_int_equal(rc, 1);
+    assert_string_equal(buf, want);
 }
 
 /* ---- ASGD ---------------------------------------------------------------- */
@@ -450,6 +466,46 @@ static void test_nonfinite_clip_makes_finite(void **state)
     overflow_by_decay("nonfinite=clip", 1);
 }
 
+/* A BSP round names the shards that never joined and those that have not
+ * pushed; SSP the shards too far behind; a pause and the initial values
+ * say so; ASGD's pulls do not wait. */
+static void test_wait_describe(void **state)
+{
+    psd *s = make_psd(8, 3, "mode=bsp", "workers=4", NULL); /* shard 3 never joined */
+    expect_wait(s, 0, "round 0 waits for shard 3/4 (never joined) and shards 0/4, 1/4, 2/4 (have not pushed)");
+    assert_int_equal(push_all(s, 0, 0, 1.0f, 1), 0);
+    assert_int_equal(push_all(s, 2, 0, 1.0f, 0), 0); /* not its last chunk: not pushed yet */
+    expect_wait(s, 0, "round 0 waits for shard 3/4 (never joined) and shards 1/4, 2/4 (have not pushed)");
+    assert_int_equal(push_all(s, 1, 0, 1.0f, 1), 0);
+    lose(s, 2); /* gone: no longer waited for */
+    expect_wait(s, 1, "round 0 waits for shard 3/4 (never joined)");
+    s->paused = 1;
+    expect_wait(s, 1, "psd is paused (psctl resume)");
+    s->paused = 0;
+    s->model.initialized = 0;
+    expect_wait(s, 1, "the initial values (the first worker sends them)");
+    free_psd(s);
+
+    s = make_psd(8, 2, "mode=bsp", "workers=2", NULL);
+    assert_int_equal(push_all(s, 1, 0, 1.0f, 1), 0);
+    expect_wait(s, 1, "round 0 waits for shard 0/2 (has not pushed)");
+    assert_int_equal(push_all(s, 0, 0, 1.0f, 1), SRV_WAKE);
+    expect_wait(s, 1, "round 1 waits for shards 0/2, 1/2 (have not pushed)");
+    free_psd(s);
+
+    s = make_psd(8, 3, "mode=ssp", "workers=3", "staleness=1", NULL);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(push_all(s, 0, (uint64_t)i, 1.0f, 1), SRV_WAKE);
+    assert_int_equal(push_all(s, 2, 3, 1.0f, 1), SRV_WAKE);
+    assert_int_equal(push_all(s, 2, 4, 1.0f, 1), SRV_WAKE);
+    expect_wait(s, 0, "clock 3 waits for shard 1/3 (more than 1 clock behind)");
+    free_psd(s);
+
+    s = make_psd(8, 2, "mode=asgd", NULL);
+    expect_wait(s, 0, NULL);
+    free_psd(s);
+}
+
 /* ---- SSP ----------------------------------------------------------------- */
 
 static void test_ssp_bounds(void **state)
@@ -573,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_ssp_workers_not_joined_count_at_zero),
         cmocka_unit_test(test_ssp_lost_and_joined),
         cmocka_unit_test(test_update_off_the_loop),
+        cmocka_unit_test(test_wait_describe),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     srv_blk_pool_free();

@@ -754,6 +754,8 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_memory_equal(&a->slice, &b->slice, sizeof a->slice);
     if (h & PS_F_DONE)
         assert_int_equal(a->done, b->done);
+    if (h & PS_F_WAIT)
+        assert_int_equal(a->wait, b->wait);
     if (h & PS_F_DATA) {
         assert_int_equal(a->ndata, b->ndata);
         /* through the pointer of the element type only */
@@ -1053,10 +1055,12 @@ static void test_round_trip_all_fields(void **state)
             PS_F_PARAMS | PS_F_INIT | PS_F_OFF | PS_F_LEN | PS_F_DATA | PS_F_FIN | PS_F_MIN | PS_F_BASE |
             PS_F_POFF | PS_F_PLEN | PS_F_CODE | PS_F_TEXT | PS_F_EPOCH | PS_F_LOSS | PS_F_ACC | PS_F_SAMPLES |
             PS_F_TLOSS | PS_F_WORKERS | PS_F_RATE | PS_F_HB | PS_F_CMD | PS_F_ARGS | PS_F_NONCE | PS_F_CNONCE |
-            PS_F_PROOF | PS_F_SPROOF | PS_F_DT | PS_F_RDT | PS_F_WIRE | PS_F_PLAN | PS_F_SLICE | PS_F_DONE;
+            PS_F_PROOF | PS_F_SPROOF | PS_F_DT | PS_F_RDT | PS_F_WIRE | PS_F_PLAN | PS_F_SLICE | PS_F_DONE |
+            PS_F_WAIT;
     m.plan = (ps_plan){.epochs = PS_PLAN_EPOCHS_MAX, .samples = PS_PLAN_SAMPLES_MAX, .batch = 192, .seed = UINT64_MAX};
     m.slice = (ps_slice){.epoch = UINT64_MAX, .lo = 5, .hi = PS_PLAN_SAMPLES_MAX, .rank = 65535, .count = 65536};
     m.done = 1;
+    m.wait = 1;
     m.id = 0x123456789aULL, m.proto = 0xffffffffu, m.role = PS_ROLE_WORKER, m.shard = 65535, m.nshards = 65536;
     m.layout = &l, m.fp = ps_layout_fingerprint(&l);
     snprintf(m.mode, sizeof m.mode, "asgd");
@@ -1272,8 +1276,8 @@ static void mp_field(mpw *w, uint64_t bit)
             mp_uint(w, 3);
         return;
     }
-    if (bit == PS_F_DONE) {
-        mp_str(w, "done"), mp_bool(w, 1);
+    if (bit == PS_F_DONE || bit == PS_F_WAIT) {
+        mp_str(w, bit == PS_F_DONE ? "done" : "wait"), mp_bool(w, 1);
         return;
     }
     if (bit == PS_F_INSHM) {
@@ -1320,14 +1324,15 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 43
+#define NFIELDS 44
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
                                              "min", "base",  "poff",  "plen",  "code",   "text",    "body",
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
-                                             "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done"};
+                                             "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
+                                             "wait"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
@@ -1534,6 +1539,67 @@ static void test_round_trip_shm(void **state)
     }
 }
 
+/* "wait" (PROTOCOL.md, HEARTBEAT): a heartbeat asking what its parked pull
+ * waits for, and psd's OK that tells it in "text", through our encoder and
+ * as another encoder writes them. */
+static void test_wait_field(void **state)
+{
+    (void)state;
+    static const char why[] = "round 3 waits for shard 2/3 (never joined)";
+    ps_msg m, d;
+    ps_buf out = {0};
+    /* the heartbeat: no id (no reply unless a pull is parked) */
+    ps_msg_init(&m, PS_MSG_HEARTBEAT);
+    m.has = PS_F_WAIT;
+    m.wait = 1;
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    uint8_t *p = heapdup(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+    assert_int_equal(dec_inplace(p, out.len - PS_FRAME_HDR, &d), 0);
+    assert_int_equal(d.type, PS_MSG_HEARTBEAT);
+    assert_int_equal(d.has, PS_F_WAIT);
+    assert_int_equal(d.wait, 1);
+    free(p);
+    /* psd's answer: OK, id 0, with the text */
+    out.len = 0;
+    ps_msg_init(&m, PS_MSG_OK);
+    m.has = PS_F_ID | PS_F_MVER | PS_F_WAIT | PS_F_TEXT;
+    m.id = 0, m.mver = 3, m.wait = 1, m.text = why, m.text_len = (uint32_t)strlen(why);
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    p = heapdup(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+    assert_int_equal(dec_inplace(p, out.len - PS_FRAME_HDR, &d), 0);
+    assert_int_equal(d.type, PS_MSG_OK);
+    assert_int_equal(d.has, PS_F_ID | PS_F_MVER | PS_F_WAIT | PS_F_TEXT);
+    assert_int_equal(d.id, 0);
+    assert_int_equal(d.wait, 1);
+    assert_int_equal(d.text_len, strlen(why));
+    assert_memory_equal(d.text, why, strlen(why));
+    free(p);
+    ps_buf_free(&out);
+    /* written by hand, keys in another order, "wait" false */
+    mpw *w = mpw_new();
+    mp_map(w, 4);
+    mp_str(w, "text"), mp_str(w, why);
+    mp_str(w, "wait"), mp_bool(w, 0);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_OK);
+    mp_str(w, "id"), mp_uint(w, 9);
+    p = heapdup(w->b, w->n);
+    assert_int_equal(dec_inplace(p, w->n, &d), 0);
+    assert_int_equal(d.type, PS_MSG_OK);
+    assert_true(d.has & PS_F_WAIT);
+    assert_int_equal(d.wait, 0);
+    assert_int_equal(d.id, 9);
+    assert_memory_equal(d.text, why, strlen(why));
+    free(p);
+    /* twice is refused like any field */
+    w->n = 0;
+    mp_map(w, 3);
+    mp_str(w, "t"), mp_uint(w, PS_MSG_HEARTBEAT);
+    mp_str(w, "wait"), mp_bool(w, 1);
+    mp_str(w, "wait"), mp_bool(w, 1);
+    expect(w, &(badcase){"wait twice", PS_EBAD_FIELD, "field 'wait' appears twice"});
+    free(w);
+}
+
 static void test_decode_type_errors(void **state)
 {
     (void)state;
@@ -1613,6 +1679,10 @@ static void test_decode_field_errors(void **state)
     expect(w, &(badcase){"epoch negative", PS_EBAD_FIELD, "'epoch'"});
     FIELD_IS("workers", mp_str(w, "2"));
     expect(w, &(badcase){"workers a string", PS_EBAD_FIELD, "'workers'"});
+    FIELD_IS("wait", mp_uint(w, 1));
+    expect(w, &(badcase){"wait an int", PS_EBAD_FIELD, "'wait' must be a boolean"});
+    FIELD_IS("wait", mp_str(w, "yes"));
+    expect(w, &(badcase){"wait a string", PS_EBAD_FIELD, "'wait'"});
     FIELD_IS("fin", mp_uint(w, 1));
     expect(w, &(badcase){"fin an int", PS_EBAD_FIELD, "'fin' must be a boolean"});
     FIELD_IS("init", mp_nil(w));
@@ -2786,6 +2856,7 @@ int main(void)
         cmocka_unit_test(test_decode_every_field_accepted),
         cmocka_unit_test(test_decode_missing_required),
         cmocka_unit_test(test_decode_inshm),
+        cmocka_unit_test(test_wait_field),
         cmocka_unit_test(test_decode_type_errors),
         cmocka_unit_test(test_decode_field_errors),
         cmocka_unit_test(test_decode_hello_errors),
