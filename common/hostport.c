@@ -10,24 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "proto/errors.h"
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Is s a host name: labels of letters, digits, '-' and '_' separated by
  * dots, each 1..63 long, 253 at most in all? */
@@ -59,51 +43,51 @@ int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char
     size_t hlen;
 
     if (!s || !*s) {
-        set_err(err, errlen, "empty address; write host:port, e.g. 127.0.0.1:7000");
+        ps_errf(err, errlen, "empty address; write host:port, e.g. 127.0.0.1:7000");
         return PS_EINVAL;
     }
     if (s[0] == '[') {
         const char *close = strchr(s, ']');
         if (!close) {
-            set_err(err, errlen, "'%.300s' has no closing ']'", s);
+            ps_errf(err, errlen, "'%.300s' has no closing ']'", s);
             return PS_EINVAL;
         }
         if (close[1] != ':') {
-            set_err(err, errlen, "'%.300s' has no port; write [address]:port, e.g. [::1]:7000", s);
+            ps_errf(err, errlen, "'%.300s' has no port; write [address]:port, e.g. [::1]:7000", s);
             return PS_EINVAL;
         }
         hlen = (size_t)(close - s - 1);
         if (hlen >= sizeof h) {
-            set_err(err, errlen, "'%.300s': address too long", s);
+            ps_errf(err, errlen, "'%.300s': address too long", s);
             return PS_EINVAL;
         }
         memcpy(h, s + 1, hlen);
         h[hlen] = '\0';
         unsigned char buf[16];
         if (inet_pton(AF_INET6, h, buf) != 1) {
-            set_err(err, errlen, "'%.300s' is not an IPv6 address", h);
+            ps_errf(err, errlen, "'%.300s' is not an IPv6 address", h);
             return PS_EINVAL;
         }
         port_s = close + 2;
     } else {
         const char *colon = strrchr(s, ':');
         if (!colon) {
-            set_err(err, errlen, "'%.300s' has no port; write host:port, e.g. 127.0.0.1:7000", s);
+            ps_errf(err, errlen, "'%.300s' has no port; write host:port, e.g. 127.0.0.1:7000", s);
             return PS_EINVAL;
         }
         if (memchr(s, ':', (size_t)(colon - s))) {
-            set_err(err, errlen,
+            ps_errf(err, errlen,
                     "'%.300s': an IPv6 address needs brackets, e.g. [::1]:7000", s);
             return PS_EINVAL;
         }
         hlen = (size_t)(colon - s);
         if (hlen == 0) {
-            set_err(err, errlen,
+            ps_errf(err, errlen,
                     "'%.300s' has no host; write e.g. 0.0.0.0:7000 for every interface", s);
             return PS_EINVAL;
         }
         if (hlen >= sizeof h) {
-            set_err(err, errlen, "'%.300s': host name too long", s);
+            ps_errf(err, errlen, "'%.300s': host name too long", s);
             return PS_EINVAL;
         }
         memcpy(h, s, hlen);
@@ -111,11 +95,11 @@ int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char
         if (strspn(h, "0123456789.") == hlen) {
             unsigned char buf[4];
             if (inet_pton(AF_INET, h, buf) != 1) {
-                set_err(err, errlen, "'%.300s' is not an IPv4 address", h);
+                ps_errf(err, errlen, "'%.300s' is not an IPv4 address", h);
                 return PS_EINVAL;
             }
         } else if (!valid_hostname(h)) {
-            set_err(err, errlen, "'%.300s' is not a valid host name", h);
+            ps_errf(err, errlen, "'%.300s' is not a valid host name", h);
             return PS_EINVAL;
         }
         port_s = colon + 1;
@@ -123,16 +107,16 @@ int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char
 
     size_t plen = strlen(port_s);
     if (plen == 0 || plen > 5 || strspn(port_s, "0123456789") != plen) {
-        set_err(err, errlen, "'%.300s': port '%.32s' is not a number 0..65535", s, port_s);
+        ps_errf(err, errlen, "'%.300s': port '%.32s' is not a number 0..65535", s, port_s);
         return PS_EINVAL;
     }
     long p = strtol(port_s, NULL, 10);
     if (p > 65535) {
-        set_err(err, errlen, "'%.300s': port %ld is out of range 0..65535", s, p);
+        ps_errf(err, errlen, "'%.300s': port %ld is out of range 0..65535", s, p);
         return PS_EINVAL;
     }
     if (hlen >= hostlen) {
-        set_err(err, errlen, "'%.300s': host name too long", s);
+        ps_errf(err, errlen, "'%.300s': host name too long", s);
         return PS_EINVAL;
     }
     memcpy(host, h, hlen + 1);

@@ -137,3 +137,13 @@ void ps_log_write(int level, const char *fmt, ...)
     fflush(f);
     errno = saved_errno;
 }
+
+void ps_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}

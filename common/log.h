@@ -74,4 +74,13 @@ void ps_log_write(int level, const char *fmt, ...)
 #endif
     ;
 
+/* The message of a refusal, into the caller's buffer (the one error
+ * convention: a PS_E* code returned with its text in err); nothing when
+ * err is NULL or errlen is 0. */
+void ps_errf(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 #endif

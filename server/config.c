@@ -271,23 +271,6 @@ static const ps_config_option options[] = {
 
 #define N_OPTIONS (sizeof options / sizeof options[0])
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 const ps_config_option *ps_config_options(size_t *count)
 {
     if (count)
@@ -364,9 +347,9 @@ static void unknown_key(const char *key, char *err, size_t errlen)
         }
     }
     if (best)
-        set_err(err, errlen, "unknown key '%.64s' (did you mean '%s'?)", key, best);
+        ps_errf(err, errlen, "unknown key '%.64s' (did you mean '%s'?)", key, best);
     else
-        set_err(err, errlen, "unknown key '%.64s'", key);
+        ps_errf(err, errlen, "unknown key '%.64s'", key);
 }
 
 /* ---- value parsers: text -> number, 0 or PS_EINVAL, no messages ---- */
@@ -622,7 +605,7 @@ static int validate_bool(const ps_config_option *o, const char *text, void *fiel
 {
     bool v;
     if (parse_bool(text, &v) != 0) {
-        set_err(err, errlen, "%s: '%.64s' is not a boolean (use yes or no)", o->name, text);
+        ps_errf(err, errlen, "%s: '%.64s' is not a boolean (use yes or no)", o->name, text);
         return PS_EINVAL;
     }
     memcpy(field, &v, sizeof v);
@@ -634,11 +617,11 @@ static int validate_int(const ps_config_option *o, const char *text, void *field
     int64_t v;
     bool overflow;
     if (parse_int64(text, &v, &overflow) != 0) {
-        set_err(err, errlen, "%s: '%.64s' is not an integer", o->name, text);
+        ps_errf(err, errlen, "%s: '%.64s' is not an integer", o->name, text);
         return PS_EINVAL;
     }
     if (overflow || v < o->lo || v > o->hi) {
-        set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
+        ps_errf(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
                 (long long)o->hi);
         return PS_EINVAL;
     }
@@ -652,11 +635,11 @@ static int validate_u64(const ps_config_option *o, const char *text, void *field
     uint64_t v;
     bool overflow;
     if (parse_uint64(text, &v, &overflow) != 0) {
-        set_err(err, errlen, "%s: '%.64s' is not a non-negative integer", o->name, text);
+        ps_errf(err, errlen, "%s: '%.64s' is not a non-negative integer", o->name, text);
         return PS_EINVAL;
     }
     if (overflow || v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
-        set_err(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
+        ps_errf(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
                 (long long)o->hi);
         return PS_EINVAL;
     }
@@ -669,17 +652,17 @@ static int validate_double(const ps_config_option *o, const char *text, void *fi
     double v;
     char lo[32], hi[32];
     if (parse_double(text, &v) != 0) {
-        set_err(err, errlen, "%s: '%.64s' is not a number", o->name, text);
+        ps_errf(err, errlen, "%s: '%.64s' is not a number", o->name, text);
         return PS_EINVAL;
     }
     if (!isfinite(v)) {
-        set_err(err, errlen, "%s: '%.64s' is not a finite number", o->name, text);
+        ps_errf(err, errlen, "%s: '%.64s' is not a finite number", o->name, text);
         return PS_EINVAL;
     }
     if (v < o->dmin || v > o->dmax) {
         format_double(o->dmin, lo, sizeof lo);
         format_double(o->dmax, hi, sizeof hi);
-        set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
+        ps_errf(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
         return PS_EINVAL;
     }
     memcpy(field, &v, sizeof v);
@@ -700,7 +683,7 @@ static int validate_enum(const ps_config_option *o, const char *text, void *fiel
             strncat(list, ", ", sizeof list - strlen(list) - 1);
         strncat(list, o->words[i], sizeof list - strlen(list) - 1);
     }
-    set_err(err, errlen, "%s: '%.64s' is not one of %s", o->name, text, list);
+    ps_errf(err, errlen, "%s: '%.64s' is not one of %s", o->name, text, list);
     return PS_EINVAL;
 }
 
@@ -708,7 +691,7 @@ static int validate_string(const ps_config_option *o, const char *text, void *fi
 {
     size_t n = strlen(text);
     if (n >= o->size) {
-        set_err(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n, o->size - 1);
+        ps_errf(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n, o->size - 1);
         return PS_EINVAL;
     }
     memset(field, 0, o->size);
@@ -724,18 +707,18 @@ static int validate_units(const ps_config_option *o, const char *text, void *fie
     int rc = o->type == PS_CT_SIZE ? ps_config_parse_size(text, &v) : ps_config_parse_duration(text, &v);
     if (rc != 0) {
         if (o->type == PS_CT_SIZE)
-            set_err(err, errlen,
+            ps_errf(err, errlen,
                     "%s: '%.64s' is not a size (a whole number of bytes with an "
                     "optional unit K, M, G or T)", o->name, text);
         else
-            set_err(err, errlen, "%s: '%.64s' is not a duration (a number with a unit ms, s, m or h)", o->name,
+            ps_errf(err, errlen, "%s: '%.64s' is not a duration (a number with a unit ms, s, m or h)", o->name,
                     text);
         return PS_EINVAL;
     }
     if (v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
         format_bound(o, o->lo, lo, sizeof lo);
         format_bound(o, o->hi, hi, sizeof hi);
-        set_err(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
+        ps_errf(err, errlen, "%s: %.64s is out of range %s..%s", o->name, text, lo, hi);
         return PS_EINVAL;
     }
     memcpy(field, &v, sizeof v);
@@ -748,7 +731,7 @@ static int validate_hostport(const ps_config_option *o, const char *text, void *
     char msg[512];
     memset(&hp, 0, sizeof hp);
     if (ps_hostport_parse(text, hp.host, sizeof hp.host, &hp.port, msg, sizeof msg) != 0) {
-        set_err(err, errlen, "%s: %s", o->name, msg);
+        ps_errf(err, errlen, "%s: %s", o->name, msg);
         return PS_EINVAL;
     }
     memcpy(field, &hp, sizeof hp);
@@ -783,7 +766,7 @@ int ps_config_set(ps_config *c, const char *key, const char *value, char *err, s
     char text[PS_CONFIG_PATH_MAX + 64];
 
     if (!key) {
-        set_err(err, errlen, "missing key");
+        ps_errf(err, errlen, "missing key");
         return PS_EINVAL;
     }
     const ps_config_option *o = ps_config_find(key);
@@ -801,7 +784,7 @@ int ps_config_set(ps_config *c, const char *key, const char *value, char *err, s
     while (n > 0 && isspace((unsigned char)value[n - 1]))
         n--;
     if (n >= sizeof text) {
-        set_err(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n,
+        ps_errf(err, errlen, "%s: value is %zu bytes long, the limit is %zu", o->name, n,
                 sizeof text - 1);
         return PS_EINVAL;
     }
@@ -809,7 +792,7 @@ int ps_config_set(ps_config *c, const char *key, const char *value, char *err, s
     text[n] = '\0';
     ps_config_validate_fn validate = ps_config_validator(o);
     if (!validate) {
-        set_err(err, errlen, "%s: option of unknown type", o->name);
+        ps_errf(err, errlen, "%s: option of unknown type", o->name);
         return PS_EINVAL;
     }
     return validate(o, text, (char *)c + o->offset, err, errlen);
@@ -899,43 +882,43 @@ int ps_config_load(ps_config *c, const char *path, char *err, size_t errlen)
 
     lc = calloc(1, sizeof *lc);
     if (!lc) {
-        set_err(err, errlen, "%s: out of memory", path);
+        ps_errf(err, errlen, "%s: out of memory", path);
         return PS_ENOMEM;
     }
     lc->path = path;
     lc->cfg = *c;
     lc->f = fopen(path, "r");
     if (!lc->f) {
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        ps_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         rc = PS_EIO;
         goto out;
     }
 
     int syntax_line = ini_parse_stream(load_read_line, lc, load_handler, lc);
     if (ferror(lc->f)) {
-        set_err(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        ps_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
         rc = PS_EIO;
         goto out;
     }
     if (syntax_line < 0) {
-        set_err(err, errlen, "%s: cannot parse (inih error %d)", path, syntax_line);
+        ps_errf(err, errlen, "%s: cannot parse (inih error %d)", path, syntax_line);
         rc = PS_EIO;
         goto out;
     }
     if (syntax_line > 0 && (lc->err_line == 0 || syntax_line < lc->err_line)) {
-        set_err(err, errlen,
+        ps_errf(err, errlen,
                 "%s:%d: syntax error: expected 'key = value', '[section]' or a comment", path,
                 syntax_line);
         rc = PS_EINVAL;
         goto out;
     }
     if (lc->err_line) {
-        set_err(err, errlen, "%s:%d: %s", path, lc->err_line, lc->err);
+        ps_errf(err, errlen, "%s:%d: %s", path, lc->err_line, lc->err);
         rc = PS_EINVAL;
         goto out;
     }
     if (lc->too_long) {
-        set_err(err, errlen, "%s:%d: line too long (at most %d characters)", path,
+        ps_errf(err, errlen, "%s:%d: line too long (at most %d characters)", path,
                 lc->lineno, lc->max_line - 2);
         rc = PS_EINVAL;
         goto out;
