@@ -235,13 +235,29 @@ static void on_close(uv_handle_t *h)
  * send a reset, and the peer may then lose the ERROR psd just wrote. So
  * psd shuts down its side once the ERROR is written and reads, discarding,
  * until the peer closes or SRV_LINGER_MS pass (nginx's lingering_close).
- * The connection is detached and its receive buffer freed first: it holds
- * no worker, no memory and no connection slot while it lingers. */
+ * The connection is detached first, so it holds no worker and no
+ * connection slot while it lingers; its receive buffer goes at its first
+ * read or tick, off the stack of the handler that refused it (which may
+ * still hold pointers into it). */
+
+/* Frees a lingering connection's receive buffer, unless the update running
+ * off the loop still reads it (conn_free frees it then). */
+static void linger_release(srv_conn *c)
+{
+    psd *s = c->srv;
+    if (!c->rbuf || (srv_update_busy(s) && s->push_wait.c == c))
+        return;
+    s->rbuf_bytes -= c->rcap;
+    free(c->rbuf);
+    c->rbuf = NULL;
+    c->rcap = c->rlen = c->rpos = 0;
+}
 
 static void discard_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     static char sink[64 * 1024];
-    (void)h, (void)suggested;
+    (void)suggested;
+    linger_release((srv_conn *)h);
     buf->base = sink;
     buf->len = sizeof sink;
 }
@@ -261,13 +277,6 @@ static void on_linger_shutdown(uv_shutdown_t *req, int status)
 
 static void linger(srv_conn *c)
 {
-    psd *s = c->srv;
-    if (!(srv_update_busy(s) && s->push_wait.c == c)) {
-        s->rbuf_bytes -= c->rcap;
-        free(c->rbuf);
-        c->rbuf = NULL;
-        c->rcap = c->rlen = c->rpos = 0;
-    }
     uv_shutdown_t *req = malloc(sizeof *req);
     if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_linger_shutdown) != 0 ||
         uv_read_start((uv_stream_t *)&c->tcp, discard_alloc, on_linger_read) != 0) {
@@ -281,11 +290,15 @@ static void linger(srv_conn *c)
 
 void srv_linger_tick(psd *s, uint64_t now)
 {
-    for (srv_conn *c = s->conns; c; c = c->next)
-        if (c->linger && c->closing && now >= c->linger_until_ms && !uv_is_closing((uv_handle_t *)&c->tcp)) {
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        if (!c->linger || !c->closing || uv_is_closing((uv_handle_t *)&c->tcp))
+            continue;
+        linger_release(c);
+        if (now >= c->linger_until_ms) {
             uv_read_stop((uv_stream_t *)&c->tcp);
             uv_close((uv_handle_t *)&c->tcp, on_close);
         }
+    }
 }
 
 void srv_conn_close(srv_conn *c)
