@@ -28,6 +28,15 @@ part that closes its rounds on its own) and sends piece 0 of the other
 hosts, from host K+1 on, then piece 1, ..., this host's pieces last: a
 what-if for pieces inside one psd.
 
+--order sched moves a round as a ring moves its bytes, one flow per link
+direction at a time: the psd on this host first (no link), then a PUSH to
+part K+1, K+2, ... in turn, each begun only when the one before has left
+this host but for TCP_NOTSENT_LOWAT bytes; then a PULL (min v + 1) from
+part K-1, K-2, ... in turn, each sent when the reply before it is in, this
+host's last. Every psd closes its round at the end of the push steps (its
+last push comes from the worker whose third step it is), and in step s of
+either phase every host sends to one host and receives from one.
+
 Prints one JSON object on stdout: the round times (seconds) after the
 warm-up rounds, and the timestamps (CLOCK_MONOTONIC, shared by every
 namespace of the machine) at which each timed round started and each part's
@@ -57,13 +66,19 @@ def part_bounds(p, n):
     return lo
 
 
+TCP_NOTSENT_LOWAT = 25  # linux/tcp.h
+LOWAT = 64 << 10  # --order sched: a send returns with at most this much not yet sent
+
+
 class Link:
     """One connection to the psd of one part."""
 
-    def __init__(self, addr, shard, nshards, n):
+    def __init__(self, addr, shard, nshards, n, lowat=0):
         host, port = addr.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=600)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if lowat:
+            self.sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, lowat)
         self.n = n
         self.buf = bytearray(4 * n + 4096)
         self.next_id = 1
@@ -161,13 +176,14 @@ def main():
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--order", default="parts", help="parts, stagger or pieces:P")
+    ap.add_argument("--order", default="parts", help="parts, stagger, pieces:P or sched")
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
     a = ap.parse_args()
     k, m = (int(x) for x in a.shard.split("/"))
     addrs = a.server.split(",")
     bounds = part_bounds(a.size, len(addrs))
-    links = [Link(addr, k, m, bounds[i + 1] - bounds[i]) for i, addr in enumerate(addrs)]
+    sched = a.order == "sched"
+    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], LOWAT if sched else 0) for i, addr in enumerate(addrs)]
     rng = np.random.default_rng(k + 1)
     params = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.01)
     grad = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.001)
@@ -185,15 +201,32 @@ def main():
         if p < 1 or h * p != n:
             sys.exit("mh_rounds: %d servers are not hosts of %d pieces" % (n, p))
         order = [((k + j) % h) * p + q for q in range(p) for j in range(1, h)] + [k * p + q for q in range(p)]
-    elif a.order != "parts" and a.order != "stagger":
+    elif a.order not in ("parts", "stagger", "sched"):
         sys.exit("mh_rounds: bad --order '%s'" % a.order)
     if 0 <= a.local < n:  # the psd on this host last: the remote bytes go out first
         order.remove(a.local)
         order.append(a.local)
+    if sched:
+        if a.local < 0 or n != m or bounds[-1] // n > CHUNK:
+            sys.exit("mh_rounds: --order sched takes one part of at most 2^20 values per worker host")
+        push_order = [a.local] + [(a.local + j) % n for j in range(1, n)]
+        pull_order = [(a.local - j) % n for j in range(1, n)] + [a.local]
     times, starts, replies = [], [], []
     for r in range(a.warmup + a.rounds):
         t0 = time.monotonic()
-        for i in order:
+        got = [0.0] * n
+        if sched:
+            for i in push_order:
+                ln = links[i]
+                ln.send({"t": PUSH, "base": ln.version, "off": 0, "fin": True}, grad[bounds[i]:bounds[i + 1]])
+            for i in pull_order:
+                ln = links[i]
+                if ln.recv()["t"] != OK:
+                    sys.exit("mh_rounds: PUSH not acknowledged")
+                ln.send({"t": PULL, "off": 0, "len": ln.n, "min": ln.version + 1})
+                ln.version = params_into(ln, ln.recv(), params[bounds[i]:bounds[i + 1]])
+                got[i] = time.monotonic()
+        for i in [] if sched else order:
             ln = links[i]
             g = grad[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:
@@ -201,8 +234,7 @@ def main():
                          "min": ln.version + 1}, g)
             else:
                 chunked_send(ln, g)
-        got = [0.0] * n
-        for i in range(n):
+        for i in [] if sched else range(n):
             ln = links[i]
             part = params[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:

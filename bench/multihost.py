@@ -316,7 +316,7 @@ class Bench:
                     psds.append(self.start_psd(i, self.name("psd-part%d" % i),
                                                self.psd_args(bounds[i + 1] - bounds[i])))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
-            order = {"stagger": "stagger", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
+            order = {"stagger": "stagger", "sched": "sched", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])],
@@ -325,6 +325,8 @@ class Bench:
         finally:
             for p in psds:
                 self.m.stop(p)
+        with open(os.path.join(self.m.out, self.name("trace-%s-%d-%d" % (placement, size, mbit)) + ".json"), "w") as f:
+            json.dump([{k: v for k, v in r.items() if k != "_lines"} for r in res], f)
         times = [t for r in res for t in r["times"]]
         cell = {"placement": placement, "size": size, "mbit": mbit, "rounds": rounds, "limit_ms": limit * 1e3,
                 "p50_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3}
@@ -462,7 +464,7 @@ def report(cells, trains, link):
     for size, mbit in keys:
         row = {c["placement"]: c for c in cells if c["size"] == size and c["mbit"] == mbit}
         gloo = row.get("gloo", {}).get("p50_ms")
-        for pl in ("central", "split", "stagger", "pieces", "gloo", "mpi"):
+        for pl in ("central", "split", "stagger", "pieces", "sched", "gloo", "mpi"):
             c = row.get(pl)
             if not c:
                 continue
@@ -577,7 +579,7 @@ def main():
     trainers = [t for t in a.train.split(",") if t and t != "none"]
     train_rates = [int(r) for r in (a.train_rates or a.rates).split(",") if r]
     for p in placements:
-        if p not in ("central", "split", "stagger", "pieces", "gloo", "mpi"):
+        if p not in ("central", "split", "stagger", "pieces", "sched", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
         if t not in ("split", "ddp"):

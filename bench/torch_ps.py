@@ -4,7 +4,7 @@ and against a torch.distributed.rpc parameter server (a benchmark: it prints
 figures and asserts nothing).
 
     bench/torch_ps.py [--epochs 6] [--rpc-limit 6000] [--lr 2e-3] [--batch 64] [--reps 1]
-                      [--only alone,alone1,psd,pipe,rpc,w1,w1pipe]
+                      [--only alone,alone1,psd,pipe,rpc,w1,w1pipe] [--w1-batch 64]
                       [--psd PATH] [--data DIR]
 
 Rows, all in one run, same model, same settings (Adam, lr --lr falling
@@ -26,8 +26,8 @@ along a cosine to 0 over the run's updates, no warm-up, batch --batch
   parameters on the server. It is slow, so it trains --rpc-limit samples
   and its time per epoch is scaled to 60000;
 - w1, w1pipe: W1 (psworker's mlp:256,128) with 2 PyTorch workers through
-  psd, without and with --pipeline, 2 epochs at batch 64 (W1's own
-  recommended settings, whatever --batch says): the share of the epoch spent inside
+  psd, without and with --pipeline, 2 epochs at batch --w1-batch (64,
+  W1's own recommended settings, whatever --batch says): the share of the epoch spent inside
   libpsclient (push, pull, waiting on psd; the script times those calls).
 Per row: seconds per epoch (training only), test accuracy after the last
 epoch; at the end the ratios the issue asks for. --reps N runs the rows in
@@ -275,6 +275,7 @@ def main():
     ap.add_argument("--reps", type=int, default=1, help="run the rows in turn this many times (medians)")
     ap.add_argument("--batch", type=int, default=64, help="samples a step, per worker (alone: a step)")
     ap.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate, every row (default 2e-3)")
+    ap.add_argument("--w1-batch", type=int, default=64, help="the w1 rows' batch per worker (default 64)")
     ap.add_argument("--only", default="alone,alone1,psd,pipe,rpc,w1,w1pipe")
     ap.add_argument("--psd")
     ap.add_argument("--data")
@@ -285,8 +286,8 @@ def main():
     only = args.only.split(",")
     runs = {"alone": lambda: alone(args), "alone1": lambda: alone(args, threads=1),
             "psd": lambda: through_psd(args), "pipe": lambda: through_psd(args, pipeline=True),
-            "rpc": lambda: rpc_ps(args), "w1": lambda: through_psd(args, model="w1", epochs=2, batch=64),
-            "w1pipe": lambda: through_psd(args, model="w1", epochs=2, pipeline=True, batch=64)}
+            "rpc": lambda: rpc_ps(args), "w1": lambda: through_psd(args, model="w1", epochs=2, batch=args.w1_batch),
+            "w1pipe": lambda: through_psd(args, model="w1", epochs=2, pipeline=True, batch=args.w1_batch)}
     unknown = [k for k in only if k not in runs]
     if unknown:
         sys.exit("torch_ps: unknown rows %s (of %s)" % (", ".join(unknown), ", ".join(runs)))
