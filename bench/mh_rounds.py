@@ -15,14 +15,14 @@ S float32 values split over the listed psd (one psd: the whole model):
 - a round: a part of at most 2^20 values goes as one PUSHPULL (base v,
   min v + 1); every part's request is sent before any reply is read, the psd
   on other hosts first and the one on this host (--local) last, then the
-  replies are read in part order, as psworker's step over several psd does
-  (worker/session.c). A bigger part (one central psd at 4M values) goes as
+  replies are read in part order, as psworker's step over several psd did
+  up to libpsclient 1.3.0. A bigger part (one central psd at 4M values) goes as
   PUSH chunks of 2^20 values sent back to back, their OKs, then PULL chunks
   with two requests in flight, as psworker's chunked step does.
 
 --order stagger sends worker K's parts starting at part K+1 (wrapping), so
-that no psd receives from every worker at once: a what-if for the send
-order, not psworker's behaviour. --order pieces:P takes the servers as
+that no psd receives from every worker at once: libpsclient's order since
+1.3.1 (psworker's). --order pieces:P takes the servers as
 hosts of P psd each (host h's at h*P .. h*P+P-1, each a piece of the host's
 part that closes its rounds on its own) and sends piece 0 of the other
 hosts, from host K+1 on, then piece 1, ..., this host's pieces last: a

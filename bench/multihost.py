@@ -26,9 +26,11 @@ A cell is a placement, a model of S float32 values and a link rate:
            host; each worker reaches its own host's psd on the host's own
            address (no link) and the 3 others over the links, sending
            every part's request before it reads a reply, in part order
-           with its own host's part last, as psworker does.
-- stagger: split, but worker k sends to parts k+1, k+2, ... first (a
-           what-if: no psd receives from every worker at once).
+           with its own host's part last (psworker's order up to libpsclient
+           1.3.0).
+- stagger: split, but worker k sends to parts k+1, k+2, ... first, so no
+           psd receives from every worker at once: libpsclient's order
+           since 1.3.1 (psworker's).
 - pieces:  a what-if for key-range pieces that close their rounds on their
            own: --pieces psd on each worker host, each holding a piece of
            the host's part; worker k sends piece 0 of hosts k+1, k+2, ...,
@@ -148,6 +150,18 @@ class Machine:
             for where, dev in ((self.sw, "h%d" % i), (ns, "eth0")):
                 self.sh("tc", "-n", where, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "%dmbit" % mbit,
                         "burst", str(burst), "latency", "50ms")
+
+    def drops(self):
+        """Packets the links' tbf queues have dropped so far (both ends of every link)."""
+        n = 0
+        for i, ns in enumerate(self.hosts):
+            for where, dev in ((self.sw, "h%d" % i), (ns, "eth0")):
+                r = self.sh("tc", "-s", "-j", "-n", where, "qdisc", "show", "dev", dev, check=False)
+                try:
+                    n += sum(q.get("drops", 0) for q in json.loads(r.stdout or "[]"))
+                except ValueError:
+                    pass
+        return n
 
     def spawn(self, host, argv, name, env=None):
         """Starts argv in host's namespace (its own process group); stdout is
@@ -471,9 +485,9 @@ def report(cells, trains, link):
             if "skipped" in c:
                 lines.append("%-9s %11s %5d  skipped: %s" % (pl, fmt_size(size), mbit, c["skipped"]))
                 continue
-            note = ""
+            note = "%d drops; " % c["drops"] if "drops" in c else ""
             if "trace" in c:
-                note = "workers start %.1f ms apart, parts close %.1f ms apart" % (
+                note += "workers start %.1f ms apart, parts close %.1f ms apart" % (
                     c["trace"]["start_spread_ms"], c["trace"]["close_spread_ms"])
             lines.append("%-9s %11s %5d %8.1f / %6.1f %9.1f %8s %8s  %s" % (
                 pl, fmt_size(size), mbit, c["p50_ms"], c["mean_ms"], c["limit_ms"],
@@ -620,8 +634,10 @@ def main():
             for size in sizes if mbit in rates else []:
                 for pl in placements:
                     print("multihost: %s, %s floats, %d Mbit/s" % (pl, fmt_size(size), mbit), file=sys.stderr)
+                    d0 = m.drops()
                     c = (b.gloo_cell(size, mbit) if pl == "gloo" else b.mpi_cell(size, mbit) if pl == "mpi"
                          else b.psd_cell(pl, size, mbit))
+                    c["drops"] = m.drops() - d0
                     cells.append(c)
             for t in trainers if mbit in train_rates else []:
                 print("multihost: W1 %s, %d Mbit/s" % (t, mbit), file=sys.stderr)

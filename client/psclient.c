@@ -109,7 +109,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.3.0";
+    return "1.3.1";
 }
 
 const char *psc_strerror(int code)
@@ -816,11 +816,29 @@ static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
         link_close(&c->links[i]);
 }
 
+/* The part a step sends to first: the one after the part whose psd is on
+ * this machine (answering through shared memory), or after this worker's
+ * shard number when none or several are. Worker k of a model split over
+ * psd co-located with the workers so starts at part k+1 and no psd
+ * receives every worker's push at once (BytePS's staggered order; measured
+ * in bench/README.md, multihost.py). */
+static uint32_t first_part(const psc_client *c)
+{
+    uint32_t local = c->nlinks, nlocal = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if (c->links[i].shm_ok) {
+            local = i;
+            nlocal++;
+        }
+    return nlocal == 1 ? (local + 1) % c->nlinks : (c->shard + 1) % c->nlinks;
+}
+
 /* A whole-model step: every part's push goes out before any answer is
- * read, the psd on other machines (TCP) first, so their bytes are on the
- * wire while a psd on this machine handles its part; parts of at most
- * 2^20 values as one PUSHPULL each, answered straight into the parameter
- * vector; bigger ones as chunked pushes, then chunked pulls. */
+ * read, from first_part on, the psd on other machines (TCP) first, so
+ * their bytes are on the wire while a psd on this machine handles its
+ * part; parts of at most 2^20 values as one PUSHPULL each, answered
+ * straight into the parameter vector; bigger ones as chunked pushes, then
+ * chunked pulls. */
 static int do_pushpull(psc_client *c)
 {
     uint64_t v0 = c->links[0].version;
@@ -828,8 +846,10 @@ static int do_pushpull(psc_client *c)
     int first = 0, small = 1;
     for (uint32_t i = 0; i < c->nlinks; i++)
         small &= c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
+    uint32_t start = first_part(c);
     for (int shm = 0; shm < 2; shm++)
-        for (uint32_t i = 0; i < c->nlinks && !first; i++) {
+        for (uint32_t j = 0; j < c->nlinks && !first; j++) {
+            uint32_t i = (start + j) % c->nlinks;
             psc_link *ln = &c->links[i];
             if (small && ln->shm_ok != shm)
                 continue;
