@@ -330,7 +330,7 @@ class Bench:
                     psds.append(self.start_psd(i, self.name("psd-part%d" % i),
                                                self.psd_args(bounds[i + 1] - bounds[i])))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
-            order = {"stagger": "stagger", "sched": "sched", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
+            order = {"stagger": "stagger", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])],
@@ -478,7 +478,7 @@ def report(cells, trains, link):
     for size, mbit in keys:
         row = {c["placement"]: c for c in cells if c["size"] == size and c["mbit"] == mbit}
         gloo = row.get("gloo", {}).get("p50_ms")
-        for pl in ("central", "split", "stagger", "pieces", "sched", "gloo", "mpi"):
+        for pl in ("central", "split", "stagger", "pieces", "sched", "lockstep", "gloo", "mpi"):
             c = row.get(pl)
             if not c:
                 continue
@@ -593,7 +593,7 @@ def main():
     trainers = [t for t in a.train.split(",") if t and t != "none"]
     train_rates = [int(r) for r in (a.train_rates or a.rates).split(",") if r]
     for p in placements:
-        if p not in ("central", "split", "stagger", "pieces", "sched", "gloo", "mpi"):
+        if p not in ("central", "split", "stagger", "pieces", "sched", "lockstep", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
         if t not in ("split", "ddp"):
