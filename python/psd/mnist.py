@@ -17,6 +17,7 @@ program (the examples turn the error into their own message).
 """
 
 import gzip
+import math
 import os
 import zlib
 
@@ -57,7 +58,7 @@ def read_idx(path):
     if len(data) < head:
         raise MnistError("%s is truncated: %d bytes, its header alone takes %d" % (p, len(data), head))
     dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    want = head + int(np.prod(dims, dtype=np.int64))
+    want = head + math.prod(dims)
     if len(data) != want:
         raise MnistError("%s is %s: %d bytes where its header (%s) says %d" %
                          (p, "truncated" if len(data) < want else "longer than its header says", len(data),
