@@ -23,7 +23,9 @@ own epochs and steps (docs/client.md, "A job by psd's plan"):
         c.grads[:] = gradient(c.params, x[idx], y[idx])
         c.pushpull()                     # ends after the plan's last round
 
-psd.torch wraps a torch.nn.Module the same way (see psd/torch.py).
+psd.torch wraps a torch.nn.Module the same way (see psd/torch.py);
+psd.mnist loads MNIST and Fashion-MNIST from their IDX files, normalised
+as psworker does (see psd/mnist.py).
 """
 
 import ctypes
@@ -33,8 +35,9 @@ import numpy as np
 
 from ._lib import lib, PSC_CODES
 from .plan import Plan, Slice, epoch_order
+from . import mnist
 
-__all__ = ["Client", "PsdError", "Plan", "Slice", "epoch_order", "error_name", "strerror", "__version__"]
+__all__ = ["Client", "PsdError", "Plan", "Slice", "epoch_order", "error_name", "strerror", "mnist", "__version__"]
 
 __version__ = lib.psc_version_string().decode()
 
