@@ -46,6 +46,11 @@ host's part whole; then PULL chunks (min v + 1), two in flight per part,
 read from the parts in turn, so each psd's replies to the workers and each
 worker's replies from the psd advance chunk by chunk together.
 
+--barrier DIR (a what-if, not something a worker can do across machines)
+starts each round only when every worker has ended the one before, through
+files in DIR that all the namespaces see: rounds with the workers' start
+skew taken out.
+
 Prints one JSON object on stdout: the round times (seconds) after the
 warm-up rounds, and the timestamps (CLOCK_MONOTONIC, shared by every
 namespace of the machine) at which each timed round started and each part's
@@ -54,6 +59,7 @@ reply arrived, for a per-round trace.
 
 import argparse
 import json
+import os
 import socket
 import struct
 import sys
@@ -187,6 +193,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--order", default="parts", help="parts, stagger, pieces:P or sched")
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
+    ap.add_argument("--barrier", help="what-if: a directory the workers share; a round starts when every worker has "
+                    "ended the one before (files in it: an ideal barrier outside the links)")
     ap.add_argument("--slice", type=int, default=16384, help="--order lockstep: values per chunk")
     a = ap.parse_args()
     k, m = (int(x) for x in a.shard.split("/"))
@@ -229,6 +237,10 @@ def main():
         sl = a.slice
     times, starts, replies = [], [], []
     for r in range(a.warmup + a.rounds):
+        if a.barrier:
+            open(os.path.join(a.barrier, "r%d-w%d" % (r, k)), "w").close()
+            while sum(os.path.exists(os.path.join(a.barrier, "r%d-w%d" % (r, j))) for j in range(m)) < m:
+                time.sleep(0.0002)
         t0 = time.monotonic()
         got = [0.0] * n
         if sched:

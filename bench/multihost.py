@@ -330,10 +330,15 @@ class Bench:
                     psds.append(self.start_psd(i, self.name("psd-part%d" % i),
                                                self.psd_args(bounds[i + 1] - bounds[i])))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
+            barrier = []
+            if self.a.ideal_barrier:
+                bdir = os.path.join(self.m.out, self.name("barrier"))
+                os.makedirs(bdir)
+                barrier = ["--barrier", bdir]
             order = {"stagger": "stagger", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
-                                   str(warm), "--order", order, "--local", str(local[k])],
+                                   str(warm), "--order", order, "--local", str(local[k])] + barrier,
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
             res = wait_all(ws, min(self.left(), 60 + (rounds + warm) * max(limit, 0.05) * 20), placement)
         finally:
@@ -346,6 +351,8 @@ class Bench:
                 "p50_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3}
         if placement != "central":
             cell["trace"] = trace(res)
+        if barrier:
+            cell["ideal_barrier"] = True
         return cell
 
     def psd_args(self, n):
@@ -486,6 +493,8 @@ def report(cells, trains, link):
                 lines.append("%-9s %11s %5d  skipped: %s" % (pl, fmt_size(size), mbit, c["skipped"]))
                 continue
             note = "%d drops; " % c["drops"] if "drops" in c else ""
+            if c.get("ideal_barrier"):
+                note = "ideal barrier; " + note
             if "trace" in c:
                 note += "workers start %.1f ms apart, parts close %.1f ms apart" % (
                     c["trace"]["start_spread_ms"], c["trace"]["close_spread_ms"])
@@ -564,6 +573,8 @@ def main():
     ap.add_argument("--sizes", default="235146,4M", help="model sizes in floats (k, M: 2^10, 2^20)")
     ap.add_argument("--rates", default="1000,100", help="link rates, Mbit/s")
     ap.add_argument("--placements", default="central,split,stagger,gloo,mpi")
+    ap.add_argument("--ideal-barrier", action="store_true",
+                    help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")
     ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
                     help="a sysctl set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0")
