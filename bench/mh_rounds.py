@@ -88,9 +88,11 @@ LOWAT = 16 << 10  # --order sched and lockstep: a send returns with at most this
 class Link:
     """One connection to the psd of one part."""
 
-    def __init__(self, addr, shard, nshards, n, lowat=0):
+    def __init__(self, addr, shard, nshards, n, lowat=0, sndbuf=0):
         host, port = addr.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=600)
+        if sndbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if lowat:
             self.sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, lowat)
@@ -195,6 +197,7 @@ def main():
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
     ap.add_argument("--barrier", help="what-if: a directory the workers share; a round starts when every worker has "
                     "ended the one before (files in it: an ideal barrier outside the links)")
+    ap.add_argument("--send-buffer", type=int, default=0, help="SO_SNDBUF of each connection (0: the kernel's)")
     ap.add_argument("--slice", type=int, default=16384, help="--order lockstep: values per chunk")
     a = ap.parse_args()
     k, m = (int(x) for x in a.shard.split("/"))
@@ -202,7 +205,7 @@ def main():
     bounds = part_bounds(a.size, len(addrs))
     sched = a.order == "sched"
     lockstep = a.order == "lockstep"
-    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], LOWAT if sched or lockstep else 0) for i, addr in enumerate(addrs)]
+    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], LOWAT if sched or lockstep else 0, a.send_buffer) for i, addr in enumerate(addrs)]
     rng = np.random.default_rng(k + 1)
     params = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.01)
     grad = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.001)

@@ -338,7 +338,8 @@ class Bench:
             order = {"stagger": "stagger", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
-                                   str(warm), "--order", order, "--local", str(local[k])] + barrier,
+                                   str(warm), "--order", order, "--local", str(local[k])] + barrier
+                               + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else []),
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
             res = wait_all(ws, min(self.left(), 60 + (rounds + warm) * max(limit, 0.05) * 20), placement)
         finally:
@@ -357,7 +358,11 @@ class Bench:
 
     def psd_args(self, n):
         return ["--set", "optimizer=sgd", "--set", "lr=1e-6", "--set", "momentum=0.9",
-                "--set", "heartbeat_timeout=1h", "--set", "max_params=%d" % max(n, 1 << 20)]
+                "--set", "heartbeat_timeout=1h", "--set", "max_params=%d" % max(n, 1 << 20)] + self.sndbuf_set()
+
+    def sndbuf_set(self):
+        """--send-buffer: psd's send_buffer setting."""
+        return ["--set", "send_buffer=%d" % self.a.send_buffer] if self.a.send_buffer else []
 
     def gloo_cell(self, size, mbit):
         h = self.workers
@@ -423,12 +428,14 @@ class Bench:
             for i in range(h):
                 psds.append(self.start_psd(i, self.name("train-psd%d" % i),
                                            ["--set", "optimizer=adam", "--set", "lr=2e-3",
-                                            "--set", "warmup_versions=0", "--set", "heartbeat_timeout=60s"]))
+                                            "--set", "warmup_versions=0", "--set", "heartbeat_timeout=60s"]
+                                           + self.sndbuf_set()))
             servers = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h))
             ws = [self.m.spawn(k, [self.worker_bin, "--server", servers, "--shard", "%d/%d" % (k, h),
                                    "--data", self.a.data, "--model", "mlp:256,128", "--epochs", "1",
                                    "--batch", "64", "--eval", "--quiet", "--epoch-json",
-                                   "--limit", str(self.a.train_limit)],
+                                   "--limit", str(self.a.train_limit)]
+                                  + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else []),
                                self.name("train-w%d" % k)) for k in range(h)]
             res = wait_all(ws, min(self.left(), self.a.train_timeout), "psworker W1")
         finally:
@@ -573,6 +580,8 @@ def main():
     ap.add_argument("--sizes", default="235146,4M", help="model sizes in floats (k, M: 2^10, 2^20)")
     ap.add_argument("--rates", default="1000,100", help="link rates, Mbit/s")
     ap.add_argument("--placements", default="central,split,stagger,gloo,mpi")
+    ap.add_argument("--send-buffer", type=int, default=0,
+                    help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
     ap.add_argument("--ideal-barrier", action="store_true",
                     help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +63,7 @@ struct psc_client {
     ps_plan plan;
     uint64_t chunk;          /* floats per frame of a chunked push or pull */
     unsigned pull_window;    /* chunk pulls in flight; 0: every chunk request waits */
+    int send_buffer;         /* SO_SNDBUF of each connection; 0: the kernel's */
     /* the model */
     ps_layout layout;        /* the whole model's */
     int fixed;               /* layout fixed: links and buffers made */
@@ -334,9 +336,16 @@ int psc_set(psc_client *c, const char *key, const char *value)
         if (parse_u64(value, 64, &v))
             return fail(c, PSC_EINVAL, "bad pull_window '%.100s': 0..64 chunk requests in flight", value);
         c->pull_window = (unsigned)v;
+    } else if (strcmp(key, "send_buffer") == 0) {
+        if (parse_u64(value, 1u << 28, &v) || (v > 0 && v < 4096))
+            return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
+                        value);
+        c->send_buffer = (int)v;
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, log)", key);
+                                   "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, send_buffer, "
+                                   "log)",
+                    key);
     }
     return 0;
 }
@@ -953,6 +962,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
+    if (c->send_buffer && setsockopt(ln->cl.fd, SOL_SOCKET, SO_SNDBUF, &c->send_buffer, sizeof c->send_buffer) != 0)
+        PS_LOG(PS_LOG_WARN, "%s: cannot set the send buffer to %d bytes: %s", ln->server, c->send_buffer,
+               strerror(errno));
     ps_msg_init(&m, PS_MSG_HELLO);
     m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
     m.proto = PS_PROTO_VERSION;

@@ -63,7 +63,7 @@ class PsdError(Exception):
 
 
 _OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "shm", "reconnect",
-            "log")
+            "send_buffer", "log")
 
 
 def _opt_text(value):
