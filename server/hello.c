@@ -113,6 +113,22 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
         last_worker_left(s);
 }
 
+void srv_worker_out_restored(psd *s, uint32_t shard, const char *why)
+{
+    srv_worker *w = worker_slot(s, shard);
+    if (!w) {
+        PS_LOG(PS_LOG_ERROR, "out of memory recording shard %u as out of the job; it is waited for", shard);
+        return;
+    }
+    w->shard = shard;
+    w->nshards = (uint32_t)s->cfg.workers;
+    w->state = SRV_W_LOST;
+    w->last_seen_ms = srv_now_ms();
+    snprintf(w->addr, sizeof w->addr, "-");
+    snprintf(w->why, sizeof w->why, "%s", why);
+    PS_LOG(PS_LOG_INFO, "worker shard %u/%u is not waited for: %s; it may join again", w->shard, w->nshards, why);
+}
+
 void srv_worker_never_joined(psd *s, uint32_t shard, const char *why)
 {
     srv_worker *w = worker_slot(s, shard);
