@@ -1,31 +1,32 @@
 #!/usr/bin/python3
 """test_plan_split.py - a planned BSP job over a model split on 2 psd, with
-one worker's link to the second psd cut while the first still sees it.
+one worker's link to one psd cut while the other still sees it.
 
     test_plan_split.py [harness options] [unittest options]
 
 Three workers train by psd's plan over psd 0 and psd 1 (proto/PROTOCOL.md
-6.2). Shard 2 reaches psd 1 through a TCP relay of this test's; the relay
-stops forwarding (both ways, the connection stays open) for longer than
-heartbeat_timeout and then goes on, so psd 1 declares shard 2 lost while
-psd 0 keeps it (its heartbeats go on there, and its pull is parked).
+6.2). Shard 2 reaches psd c (1, then 0) through a TCP relay of this test's;
+the relay stops forwarding (both ways, the connection stays open) for
+longer than heartbeat_timeout and then goes on, so psd c declares shard 2
+lost while the other psd keeps it (its heartbeats go on there).
 
 This pins what happens today, as PROTOCOL.md 8 ("The plan", a model split
 over several psd) tells it: each psd fixes its own rounds' workers, so
 
-- during the cut psd 0's round k waits for shard 2's push, which shard 2's
-  step does not send (it waits for psd 1), while psd 1 closes round k
-  without shard 2 and opens k + 1 without it;
-- when the link is back shard 2 rejoins psd 1 during round k + 1, of which
+- the psd that kept shard 2 waits in round k for its push, which shard 2's
+  step does not send while it waits for psd c; psd c closes round k without
+  it and opens k + 1 without it;
+- when the link is back shard 2 rejoins psd c during round k + 1, of which
   it has no part there, so its pull is parked until round k + 2 opens on
-  psd 1; round k + 1 on psd 1 waits for shards 0 and 1, which wait for
-  psd 0's round k, which waits for shard 2: the job stands still, and
-  stays so (checked for STALL_S seconds);
+  psd c; round k + 1 on psd c waits for shards 0 and 1, which wait for the
+  other psd's round k, which waits for shard 2: the job stands still, and
+  stays so (watched for STALL_S seconds);
 - ending shard 2 (here: SIGKILL; psctl has no command to drop one worker)
-  ends it on both psd: psd 0's round k closes without it, and the other
-  two train on to the plan's last round on both parts, with the same
-  workers in every round from then on. Rounds whose workers differed
-  between the parts before that are counted and printed.
+  ends it: the other psd closes round k without it, and shards 0 and 1
+  train on to the plan's last round on both parts, with the same pushes in
+  every round from k on; at most the round the cut fell in was closed with
+  shard 2's push on one part and without it on the other (counted from
+  psd's debug log and printed).
 """
 
 import os
@@ -150,51 +151,57 @@ def members_at(changes, r):
 
 
 class PlanSplitTest(unittest.TestCase):
-    def test_worker_cut_from_one_part_stalls_the_job(self):
+    def cut_one_part(self, c):
+        """Shard 2's link to psd c (0 or 1) is cut; the other psd, o, keeps
+        it. Returns nothing; asserts the standstill and the end."""
+        o = 1 - c
         gb = 3 * BATCH
         rounds = rounds_in_plan(EPOCHS, LIMIT, gb)
         with harness.Cluster("psd-plan-split") as cl:
             # debug: psd logs how many pushes each round closed with
             args = ["--set", "heartbeat_timeout=%gs" % HB, "--log-level", "debug"]
             psds = [cl.psd(mode="bsp", workers=3, name="psd%d" % i, args=args) for i in range(2)]
-            relay = Relay(psds[1].addr)
+            relay = Relay(psds[c].addr)
             try:
-                servers = ["%s,%s" % (psds[0].addr, psds[1].addr)] * 2 + ["%s,%s" % (psds[0].addr, relay.addr)]
+                direct = [p.addr for p in psds]
+                via = list(direct)
+                via[c] = relay.addr
+                servers = [",".join(direct)] * 2 + [",".join(via)]
                 ws = [cl.worker(servers[k], k, 3, epochs=EPOCHS, batch=BATCH, limit=LIMIT, model=MODEL,
                                 evaluate=False, args=["--reconnect-timeout", "60"]) for k in range(3)]
-                harness.wait_until(lambda: harness.status(psds[1].addr)["version"] >= rounds // 4, 60,
+                harness.wait_until(lambda: harness.status(psds[c].addr)["version"] >= rounds // 4, 60,
                                    "a quarter of the plan's rounds")
                 self.assertTrue(all(w.alive() for w in ws), "the job ended before the cut")
                 relay.cut()
                 t0 = time.monotonic()
                 try:
-                    harness.wait_until(lambda: re.search(r"worker shard 2/3 \S+ lost", psds[1].stderr()),
-                                       10 + HB, "psd 1 to declare shard 2 lost")
-                    st0 = harness.status(psds[0].addr)
-                    self.assertEqual([w["state"] for w in st0["workers"] if w["shard"] == 2], ["connected"],
-                                     "psd 0 lost shard 2 too")
+                    harness.wait_until(lambda: re.search(r"worker shard 2/3 \S+ lost", psds[c].stderr()),
+                                       10 + HB, "psd %d to declare shard 2 lost" % c)
+                    sto = harness.status(psds[o].addr)
+                    self.assertEqual([w["state"] for w in sto["workers"] if w["shard"] == 2], ["connected"],
+                                     "psd %d lost shard 2 too" % o)
                     time.sleep(max(0.0, CUT_S - (time.monotonic() - t0)))
                 finally:
                     relay.heal()
                 back = harness.wait_until(
                     lambda: re.search(r"worker shard 2/3 rejoined from \S+ at model version (\d+)",
-                                      psds[1].stderr()), 30, "shard 2 to rejoin psd 1")
-                # the standstill: neither part moves, psd 1 one round ahead
+                                      psds[c].stderr()), 30, "shard 2 to rejoin psd %d" % c)
+                # the standstill: neither part moves, the cut one a round ahead
                 vs = [harness.status(p.addr)["version"] for p in psds]
                 time.sleep(STALL_S)
                 sts = [harness.status(p.addr) for p in psds]
                 self.assertEqual([st["version"] for st in sts], vs, "the job moved on: no standstill")
-                k = vs[0]
-                self.assertEqual(vs[1], k + 1, "psd 1 is not one round ahead of psd 0: %r" % vs)
+                k = vs[o]
+                self.assertEqual(vs[c], k + 1, "psd %d is not one round ahead of psd %d: %r" % (c, o, vs))
                 self.assertEqual(int(back.group(1)), k + 1, back.group(0))
                 pushes = [{w["shard"]: (w["state"], w["pushes"]) for w in st["workers"]} for st in sts]
-                # psd 0: shards 0 and 1 pushed round k, shard 2 (connected) did not
-                self.assertEqual(pushes[0], {0: ("connected", k + 1), 1: ("connected", k + 1),
-                                             2: ("connected", k)}, pushes[0])
-                # psd 1: nobody pushed round k + 1, shard 2 is back
-                self.assertEqual({sh: st for sh, (st, _) in pushes[1].items()},
-                                 {0: "connected", 1: "connected", 2: "connected"}, pushes[1])
-                self.assertEqual([pushes[1][sh][1] for sh in (0, 1)], [k + 1, k + 1], pushes[1])
+                # psd o: shards 0 and 1 pushed round k, shard 2 (connected) did not
+                self.assertEqual(pushes[o], {0: ("connected", k + 1), 1: ("connected", k + 1),
+                                             2: ("connected", k)}, pushes[o])
+                # psd c: shard 2 is back, nobody pushed round k + 1
+                self.assertEqual({sh: st for sh, (st, _) in pushes[c].items()},
+                                 {0: "connected", 1: "connected", 2: "connected"}, pushes[c])
+                self.assertEqual([pushes[c][sh][1] for sh in (0, 1)], [k + 1, k + 1], pushes[c])
                 self.assertTrue(all(w.alive() for w in ws))
                 # ending shard 2 ends the standstill
                 ws[2].kill()
@@ -210,11 +217,12 @@ class PlanSplitTest(unittest.TestCase):
             changes = [members_log(log) for log in logs]
             counted = [pushes_log(log) for log in logs]
             differ = [r for r in range(rounds) if counted[0].get(r) != counted[1].get(r)]
-            sys.stderr.write("\nplan of %d rounds; the job stood still with psd 0 at round %d and psd 1 at %d "
-                             "for %.0f s, until shard 2 was killed; workers per part (from round, workers): "
-                             "psd 0 %r, psd 1 %r; rounds closed with another number of pushes on each part: "
-                             "%r\n" % (rounds, k, k + 1, STALL_S, changes[0], changes[1],
-                                       [(r, counted[0].get(r), counted[1].get(r)) for r in differ]))
+            sys.stderr.write("\nshard 2 cut from psd %d: plan of %d rounds; the job stood still with psd %d at "
+                             "round %d and psd %d at %d for %.0f s, until shard 2 was killed; workers per part "
+                             "(from round, workers): psd 0 %r, psd 1 %r; rounds closed with another number of "
+                             "pushes on each part (round, psd 0's, psd 1's): %r\n" %
+                             (c, rounds, o, k, c, k + 1, STALL_S, changes[0], changes[1],
+                              [(r, counted[0].get(r), counted[1].get(r)) for r in differ]))
             self.assertEqual(sorted(counted[0]), list(range(rounds)))
             self.assertEqual(sorted(counted[1]), list(range(rounds)))
             # the job ends at the plan's last round on both parts
@@ -223,16 +231,22 @@ class PlanSplitTest(unittest.TestCase):
                 self.assertTrue(st["plan"]["done"], st["plan"])
             for r in results:
                 self.assertEqual(r["version"], rounds)
-            # from the round after the standstill on, the same workers on both
-            self.assertEqual(changes[0][-1], (k + 1, 2), changes[0])
-            self.assertEqual(members_at(changes[1], k + 1), 2, changes[1])
-            # the only round whose pushes may differ is the one the cut fell
-            # in (shard 2's push of it may have reached psd 0 and not psd 1)
+            # from round k on, the same two workers' pushes on both parts; the
+            # only round that may differ is the one the cut fell in (shard
+            # 2's push of it may have reached one part and not the other)
+            self.assertEqual(changes[o][-1], (k + 1, 2), changes[o])
+            self.assertEqual(members_at(changes[c], k + 1), 2, changes[c])
+            self.assertTrue(all(counted[0][r] == counted[1][r] == 2 for r in range(k, rounds)))
             self.assertTrue(all(r < k for r in differ), differ)
             self.assertLessEqual(len(differ), 1, differ)
-            self.assertTrue(all(counted[0][r] == counted[1][r] == 2 for r in range(k, rounds)))
             for p in psds:
                 p.stop()
+
+    def test_worker_cut_from_the_second_part_stalls_the_job(self):
+        self.cut_one_part(1)
+
+    def test_worker_cut_from_the_first_part_stalls_the_job(self):
+        self.cut_one_part(0)
 
 
 if __name__ == "__main__":
