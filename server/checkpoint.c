@@ -1,7 +1,6 @@
 /* checkpoint.c - writing and loading checkpoints (see checkpoint.h). */
 #include "checkpoint.h"
 #include "policy.h"
-#include "session.h"
 #include "update.h"
 
 #include <dirent.h>
@@ -523,6 +522,31 @@ static int read_plan(const msgpack_object *o, ps_plan *p, uint32_t *out, uint32_
     return 0;
 }
 
+/* The loaded checkpoint held the plan p: fixes it and says where the job
+ * stands; keeps the nout shards in out, which had left the job or been
+ * lost when it was written, for the session layer to record as lost at
+ * start (the next rounds are then shared by the others, as before the
+ * restart; each may rejoin). When every shard was out the job had
+ * stopped, and all are waited for again. */
+static void restore_plan(psd *s, const ps_plan *p, const uint32_t *out, uint32_t nout)
+{
+    srv_plan_clear(&s->plan);
+    const srv_plan *pl = &s->plan;
+    uint64_t r = s->model.version;
+    uint64_t per_epoch = (p->samples + p->batch - 1) / p->batch;
+    int keep = s->cfg.mode == PS_MODE_BSP && nout < (uint32_t)s->cfg.workers && r < p->epochs * per_epoch;
+    if (srv_plan_restore(&s->plan, p, out, keep ? nout : 0) != 0)
+        PS_LOG(PS_LOG_ERROR, "out of memory keeping the %u shards out of the job: they are waited for", nout);
+    PS_LOG(PS_LOG_INFO, "plan restored from the checkpoint: %llu epochs of %llu samples, %llu per round, seed %llu: "
+                        "round %llu of %llu%s",
+           (unsigned long long)pl->p.epochs, (unsigned long long)pl->p.samples, (unsigned long long)pl->p.batch,
+           (unsigned long long)pl->p.seed, (unsigned long long)(r < pl->rounds ? r : pl->rounds),
+           (unsigned long long)pl->rounds, r >= pl->rounds ? " (the job is done)" : "");
+    if (s->cfg.mode != PS_MODE_BSP)
+        PS_LOG(PS_LOG_INFO, "psd runs %s: the plan is kept (in the next checkpoints) but rules nothing",
+               s->policy->name);
+}
+
 /* Reads and checks one file; on success fills the model and clocks, and
  * the plan with the shards out of it (*nout of them, in out, below max). */
 static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint32_t *nout, char *err, size_t errlen)
@@ -648,7 +672,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         ps_plan pp;
         char perr[160];
         if (read_plan(plan, &pp, out, max, nout, perr, sizeof perr) == 0)
-            srv_plan_fix(&s->plan, &pp);
+            restore_plan(s, &pp, out, *nout);
         else
             PS_LOG(PS_LOG_WARN, "checkpoint %s: its plan is unusable (%s): loaded without it; the next worker's "
                                 "hello that carries a plan fixes one",
@@ -682,33 +706,6 @@ out:
     fclose(f);
     msgpack_zone_destroy(&zone);
     return rc;
-}
-
-/* The loaded checkpoint held the plan: says where the job stands and
- * records the nout shards in out, which had left the job or been lost when
- * it was written, as lost (not waited for: the next rounds are shared by
- * the others, as before the restart; each may rejoin). When every shard
- * was out the job had stopped, and all are waited for again. */
-static void restore_plan(psd *s, const uint32_t *out, uint32_t nout)
-{
-    const srv_plan *pl = &s->plan;
-    uint64_t r = s->model.version;
-    PS_LOG(PS_LOG_INFO, "plan restored from the checkpoint: %llu epochs of %llu samples, %llu per round, seed %llu: "
-                        "round %llu of %llu%s",
-           (unsigned long long)pl->p.epochs, (unsigned long long)pl->p.samples, (unsigned long long)pl->p.batch,
-           (unsigned long long)pl->p.seed, (unsigned long long)(r < pl->rounds ? r : pl->rounds),
-           (unsigned long long)pl->rounds, r >= pl->rounds ? " (the job is done)" : "");
-    if (s->cfg.mode != PS_MODE_BSP) {
-        PS_LOG(PS_LOG_INFO, "psd runs %s: the plan is kept (in the next checkpoints) but rules nothing",
-               s->policy->name);
-        return;
-    }
-    if (nout == 0 || nout >= (uint32_t)s->cfg.workers || r >= pl->rounds)
-        return;
-    char why[96];
-    snprintf(why, sizeof why, "out of the job at the checkpoint of version %llu", (unsigned long long)r);
-    for (uint32_t i = 0; i < nout; i++)
-        srv_worker_out_restored(s, out[i], why);
 }
 
 int srv_checkpoint_load(psd *s)
@@ -750,8 +747,6 @@ int srv_checkpoint_load(psd *s)
             snprintf(s->resumed_from, sizeof s->resumed_from, "%s", path);
             s->resumed_version = s->model.version;
             loaded = 1;
-            if (s->plan.set)
-                restore_plan(s, out, nout);
         } else {
             PS_LOG(PS_LOG_ERROR, "checkpoint %s is unusable: %s; trying an older one", path, err);
         }

@@ -50,9 +50,10 @@ int srv_checkpoint_write_now(psd *s);
 
 /* Loads the newest valid checkpoint from state_dir into s->model (layout,
  * parameters, optimizer state, version) and the saved worker clocks, and
- * its plan into s->plan with the shards that were out of it recorded as
- * lost (a checkpoint without a plan leaves none; one with an unusable plan
- * is loaded without it, with a warning);
+ * its plan into s->plan with the shards that were out of its job in
+ * s->plan.out, for the caller to record as lost (srv_workers_out_restored,
+ * session.h) before any connection; a checkpoint without a plan leaves
+ * none, and one with an unusable plan is loaded without it, with a warning;
  * corrupt or truncated files are reported and skipped for older ones.
  * First removes, with a log line each, the ckpt-N.psdc.tmp files a psd
  * killed while writing a checkpoint left behind.

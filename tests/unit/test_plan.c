@@ -451,6 +451,7 @@ static void test_checkpoint_keeps_the_plan(void **state)
     psd *t = make_psd("3");
     set_state_dir(t, dir);
     assert_int_equal(srv_checkpoint_load(t), 1);
+    srv_workers_out_restored(t); /* as main() does */
     assert_int_equal(t->model.version, 1);
     assert_true(t->plan.set);
     assert_memory_equal(&t->plan.p, &p, sizeof p);
@@ -486,6 +487,7 @@ static void test_checkpoint_keeps_the_plan(void **state)
     psd *v = make_psd("2");
     set_state_dir(v, dir);
     assert_int_equal(srv_checkpoint_load(v), 1);
+    srv_workers_out_restored(v);
     assert_int_equal(v->model.version, 1);
     assert_false(v->plan.set);
     assert_int_equal(v->nworkers_cap, 0);
