@@ -138,6 +138,7 @@ static void free_psd(psd *s)
     srv_dash_free(s);
     srv_model_free(&s->model);
     srv_plan_clear(&s->plan);
+    free(s->restored_clocks); /* a checkpoint's (test_checkpoint_keeps_the_plan) */
     srv_parked_free_spare();
     srv_blk_pool_free();
     free(s);
