@@ -14,23 +14,18 @@ workers' CPU seconds per epoch; at the end the median of each binary and
 the ratios B/A.
 """
 
-import argparse
-import json
 import os
 import resource
 import statistics
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-import harness  # noqa: E402
+import benchlib
+from benchlib import harness
 
 
 def run(psworker, mode, epochs, shm):
     with harness.Cluster("psd-ab") as cl:
         batch = 64 if mode == "asgd" else 32
-        psd = cl.psd(mode=mode, workers=2, args=["--set", "optimizer=adam", "--set", "lr=2e-3",
-                                                 "--set", "heartbeat_timeout=60s"])
+        psd = cl.psd(mode=mode, workers=2, args=benchlib.adam(2e-3))
         procs = []
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         for k in range(2):
@@ -39,10 +34,8 @@ def run(psworker, mode, epochs, shm):
                     "--epoch-json", "--shm", shm]
             procs.append(harness.Proc("w%d" % k, argv, cl.dir))
         secs, waits = [], []
-        for p in procs:
-            if p.wait(600) != 0:
-                sys.exit("ab_psworker: %s failed:\n%s" % (p.name, p.stderr()))
-            rows = [json.loads(line) for line in p.stdout().splitlines() if line.startswith("{\"epoch\"")]
+        for out in benchlib.wait_all(procs, 600, "ab_psworker"):
+            rows = benchlib.json_lines(out, '{"epoch"')
             secs.append(sum(r["epoch_seconds"] for r in rows) / len(rows))
             waits.append(sum(r["comm_wait_seconds"] for r in rows) / len(rows))
         # the workers' CPU time (psd, still running, is not counted): far
@@ -53,20 +46,14 @@ def run(psworker, mode, epochs, shm):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", required=True, help="psworker A (e.g. the previous build)")
-    ap.add_argument("--b", required=True, help="psworker B")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--mode", default="asgd", choices=("asgd", "bsp"))
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--shm", default="on", choices=("on", "off"))
-    ap.add_argument("--psd")
-    ap.add_argument("--data")
-    args = ap.parse_args()
-    if args.psd:
-        harness.Paths.psd = os.path.abspath(args.psd)
-    if args.data:
-        harness.Paths.data = os.path.abspath(args.data)
+    def options(ap):
+        ap.add_argument("--a", required=True, help="psworker A (e.g. the previous build)")
+        ap.add_argument("--b", required=True, help="psworker B")
+        ap.add_argument("--reps", type=int, default=3)
+        ap.add_argument("--mode", default="asgd", choices=("asgd", "bsp"))
+        ap.add_argument("--epochs", type=int, default=1)
+        ap.add_argument("--shm", default="on", choices=("on", "off"))
+    args = harness.parse_args(options, program_doc=__doc__)
     args.a, args.b = os.path.abspath(args.a), os.path.abspath(args.b)
     res = {"A": [], "B": []}
     cpu = {"A": [], "B": []}

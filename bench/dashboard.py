@@ -25,17 +25,16 @@ model is four fifths through the run.
 psd serves the page from its own ../share/psd/web unless --web-root DIR.
 """
 
-import json
 import os
 import statistics
-import sys
 import time
 import urllib.request
 
+import benchlib
+import browser  # tests/integration's, on the path benchlib sets
+from benchlib import harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-import browser  # noqa: E402
-import harness  # noqa: E402
 
 TRAIN_N = 60000
 
@@ -52,7 +51,7 @@ def dashboard_url(psd):
 
 
 def epoch_records(w):
-    return [json.loads(l) for l in w.stdout().splitlines() if l.startswith('{"epoch"')]
+    return benchlib.json_lines(w.stdout(), '{"epoch"')
 
 
 def cpu_seconds(pid):

@@ -13,60 +13,35 @@ on psd). Prints each job's test accuracy after the last epoch (the whole
 test set, both workers hold the same model) and the difference.
 """
 
-import argparse
-import json
 import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, ".."))
-sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-import harness  # noqa: E402
+import benchlib
+from benchlib import harness
 
-PY = "/usr/bin/python3"
-SCRIPT = os.path.join(ROOT, "examples", "torch", "mnist_cnn.py")
-
-
-def last_json(text):
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")][-1]
+SCRIPT = os.path.join(benchlib.ROOT, "examples", "torch", "mnist_cnn.py")
 
 
 def job(epochs, torch_worker):
     with harness.Cluster("psd-interop") as cl:
         versions = epochs * -(-30000 // 32)
-        psd = cl.psd(mode="bsp", workers=2, args=["--set", "optimizer=adam", "--set", "lr=2e-3",
-                                                  "--set", "lr_schedule=cosine",
-                                                  "--set", "lr_decay_versions=%d" % versions,
-                                                  "--set", "heartbeat_timeout=60s", "--log-level", "warn"])
+        psd = cl.psd(mode="bsp", workers=2, args=benchlib.adam(2e-3, cosine_versions=versions) +
+                     ["--log-level", "warn"])
         procs = [cl.worker(psd, 0, 2, epochs=epochs, batch=32, limit=60000, test_limit=10000, model="mlp:256,128")]
         if torch_worker:
-            env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-            env.setdefault("PSD_CLIENT_LIBRARY", os.path.join(ROOT, "build", "client", "libpsclient.so.1"))
-            procs.append(harness.Proc("torch", [PY, SCRIPT, "--model", "w1", "--server", psd.addr, "--shard", "1/2",
-                                                "--data", harness.Paths.data, "--epochs", str(epochs),
-                                                "--batch", "32"], cl.dir, env=env))
+            argv = [benchlib.PY, SCRIPT, "--model", "w1", "--server", psd.addr, "--shard", "1/2",
+                    "--data", harness.Paths.data, "--epochs", str(epochs), "--batch", "32"]
+            procs.append(harness.Proc("torch", argv, cl.dir, env=benchlib.python_env()))
         else:
             procs.append(cl.worker(psd, 1, 2, epochs=epochs, batch=32, limit=60000, test_limit=10000,
                                    model="mlp:256,128"))
-        out = []
-        for p in procs:
-            if p.wait(1800) != 0:
-                sys.exit("interop_w1: %s failed:\n%s" % (p.name, p.stderr()))
-            out.append(last_json(p.stdout()))
-        return out
+        return [benchlib.json_lines(out)[-1] for out in benchlib.wait_all(procs, 1800, "interop_w1")]
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--psd")
-    ap.add_argument("--data")
-    args = ap.parse_args()
-    if args.psd:
-        harness.Paths.psd = os.path.abspath(args.psd)
-    if args.data:
-        harness.Paths.data = os.path.abspath(args.data)
+    def options(ap):
+        ap.add_argument("--epochs", type=int, default=4)
+        ap.add_argument("--reps", type=int, default=1)
+    args = harness.parse_args(options, program_doc=__doc__)
     for rep in range(args.reps):
         two_c = job(args.epochs, False)
         mixed = job(args.epochs, True)

@@ -15,14 +15,14 @@ S float32 values split over the listed psd (one psd: the whole model):
 - a round: a part of at most 2^20 values goes as one PUSHPULL (base v,
   min v + 1); every part's request is sent before any reply is read, the psd
   on other hosts first and the one on this host (--local) last, then the
-  replies are read in part order, as psworker's step over several psd does
-  (worker/session.c). A bigger part (one central psd at 4M values) goes as
+  replies are read in part order, as psworker's step over several psd did
+  up to libpsclient 1.3.0. A bigger part (one central psd at 4M values) goes as
   PUSH chunks of 2^20 values sent back to back, their OKs, then PULL chunks
   with two requests in flight, as psworker's chunked step does.
 
 --order stagger sends worker K's parts starting at part K+1 (wrapping), so
-that no psd receives from every worker at once: a what-if for the send
-order, not psworker's behaviour. --order pieces:P takes the servers as
+that no psd receives from every worker at once: libpsclient's order since
+1.3.1 (psworker's). --order pieces:P takes the servers as
 hosts of P psd each (host h's at h*P .. h*P+P-1, each a piece of the host's
 part that closes its rounds on its own) and sends piece 0 of the other
 hosts, from host K+1 on, then piece 1, ..., this host's pieces last: a
@@ -37,6 +37,20 @@ host's last. Every psd closes its round at the end of the push steps (its
 last push comes from the worker whose third step it is), and in step s of
 either phase every host sends to one host and receives from one.
 
+--order lockstep keeps every flow of a round at the same pace, in the
+application, not leaving it to TCP: the gradient goes as PUSH chunks of
+--slice values (the last with fin), one chunk to each other host's part in
+turn (k+1, k+2, ...; each socket holds at most TCP_NOTSENT_LOWAT unsent
+bytes, so a send returns when the chunk is nearly on the wire), this
+host's part whole; then PULL chunks (min v + 1), two in flight per part,
+read from the parts in turn, so each psd's replies to the workers and each
+worker's replies from the psd advance chunk by chunk together.
+
+--barrier DIR (a what-if, not something a worker can do across machines)
+starts each round only when every worker has ended the one before, through
+files in DIR that all the namespaces see: rounds with the workers' start
+skew taken out.
+
 Prints one JSON object on stdout: the round times (seconds) after the
 warm-up rounds, and the timestamps (CLOCK_MONOTONIC, shared by every
 namespace of the machine) at which each timed round started and each part's
@@ -45,6 +59,7 @@ reply arrived, for a per-round trace.
 
 import argparse
 import json
+import os
 import socket
 import struct
 import sys
@@ -67,15 +82,17 @@ def part_bounds(p, n):
 
 
 TCP_NOTSENT_LOWAT = 25  # linux/tcp.h
-LOWAT = 64 << 10  # --order sched: a send returns with at most this much not yet sent
+LOWAT = 16 << 10  # --order sched and lockstep: a send returns with at most this much not yet sent
 
 
 class Link:
     """One connection to the psd of one part."""
 
-    def __init__(self, addr, shard, nshards, n, lowat=0):
+    def __init__(self, addr, shard, nshards, n, lowat=0, sndbuf=0):
         host, port = addr.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=600)
+        if sndbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if lowat:
             self.sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, lowat)
@@ -178,12 +195,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--order", default="parts", help="parts, stagger, pieces:P or sched")
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
+    ap.add_argument("--barrier", help="what-if: a directory the workers share; a round starts when every worker has "
+                    "ended the one before (files in it: an ideal barrier outside the links)")
+    ap.add_argument("--send-buffer", type=int, default=0, help="SO_SNDBUF of each connection (0: the kernel's)")
+    ap.add_argument("--slice", type=int, default=16384, help="--order lockstep: values per chunk")
     a = ap.parse_args()
     k, m = (int(x) for x in a.shard.split("/"))
     addrs = a.server.split(",")
     bounds = part_bounds(a.size, len(addrs))
     sched = a.order == "sched"
-    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], LOWAT if sched else 0) for i, addr in enumerate(addrs)]
+    lockstep = a.order == "lockstep"
+    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], LOWAT if sched or lockstep else 0, a.send_buffer) for i, addr in enumerate(addrs)]
     rng = np.random.default_rng(k + 1)
     params = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.01)
     grad = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.001)
@@ -201,7 +223,7 @@ def main():
         if p < 1 or h * p != n:
             sys.exit("mh_rounds: %d servers are not hosts of %d pieces" % (n, p))
         order = [((k + j) % h) * p + q for q in range(p) for j in range(1, h)] + [k * p + q for q in range(p)]
-    elif a.order not in ("parts", "stagger", "sched"):
+    elif a.order not in ("parts", "stagger", "sched", "lockstep"):
         sys.exit("mh_rounds: bad --order '%s'" % a.order)
     if 0 <= a.local < n:  # the psd on this host last: the remote bytes go out first
         order.remove(a.local)
@@ -211,8 +233,17 @@ def main():
             sys.exit("mh_rounds: --order sched takes one part of at most 2^20 values per worker host")
         push_order = [a.local] + [(a.local + j) % n for j in range(1, n)]
         pull_order = [(a.local - j) % n for j in range(1, n)] + [a.local]
+    if lockstep:
+        if a.local < 0 or n != m:
+            sys.exit("mh_rounds: --order lockstep takes one part per worker host")
+        remote = [(a.local + j) % n for j in range(1, n)]
+        sl = a.slice
     times, starts, replies = [], [], []
     for r in range(a.warmup + a.rounds):
+        if a.barrier:
+            open(os.path.join(a.barrier, "r%d-w%d" % (r, k)), "w").close()
+            while sum(os.path.exists(os.path.join(a.barrier, "r%d-w%d" % (r, j))) for j in range(m)) < m:
+                time.sleep(0.0002)
         t0 = time.monotonic()
         got = [0.0] * n
         if sched:
@@ -226,7 +257,50 @@ def main():
                 ln.send({"t": PULL, "off": 0, "len": ln.n, "min": ln.version + 1})
                 ln.version = params_into(ln, ln.recv(), params[bounds[i]:bounds[i + 1]])
                 got[i] = time.monotonic()
-        for i in [] if sched else order:
+        if lockstep:
+            loc = links[a.local]
+            loc.send({"t": PUSH, "base": loc.version, "off": 0, "fin": True},
+                     grad[bounds[a.local]:bounds[a.local + 1]])
+            nok = [0] * n
+            nok[a.local] = 1
+            top = max(links[i].n for i in remote)
+            for off in range(0, top, sl):
+                for i in remote:
+                    ln = links[i]
+                    if off < ln.n:
+                        end = min(ln.n, off + sl)
+                        ln.send({"t": PUSH, "base": ln.version, "off": off, "fin": end == ln.n},
+                                grad[bounds[i] + off:bounds[i] + end])
+                        nok[i] += 1
+            for i in range(n):
+                for _ in range(nok[i]):
+                    if links[i].recv()["t"] != OK:
+                        sys.exit("mh_rounds: PUSH not acknowledged")
+            nxt = [0] * n   # next offset to ask for, per part
+            left = [0] * n  # chunks asked for, not yet read
+            for i in remote + [a.local]:
+                ln = links[i]
+                while left[i] < PULL_WINDOW and nxt[i] < ln.n:
+                    ln.send({"t": PULL, "off": nxt[i], "len": min(sl, ln.n - nxt[i]), "min": ln.version + 1})
+                    nxt[i] += sl
+                    left[i] += 1
+            newv = [links[i].version for i in range(n)]
+            while any(left):
+                for i in remote + [a.local]:
+                    if not left[i]:
+                        continue
+                    ln = links[i]
+                    newv[i] = params_into(ln, ln.recv(), params[bounds[i]:bounds[i + 1]])
+                    left[i] -= 1
+                    if nxt[i] < ln.n:
+                        ln.send({"t": PULL, "off": nxt[i], "len": min(sl, ln.n - nxt[i]), "min": ln.version + 1})
+                        nxt[i] += sl
+                        left[i] += 1
+                    elif not left[i]:
+                        got[i] = time.monotonic()
+            for i in range(n):
+                links[i].version = newv[i]
+        for i in [] if sched or lockstep else order:
             ln = links[i]
             g = grad[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:
@@ -234,7 +308,7 @@ def main():
                          "min": ln.version + 1}, g)
             else:
                 chunked_send(ln, g)
-        for i in [] if sched else range(n):
+        for i in [] if sched or lockstep else range(n):
             ln = links[i]
             part = params[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:

@@ -26,9 +26,11 @@ A cell is a placement, a model of S float32 values and a link rate:
            host; each worker reaches its own host's psd on the host's own
            address (no link) and the 3 others over the links, sending
            every part's request before it reads a reply, in part order
-           with its own host's part last, as psworker does.
-- stagger: split, but worker k sends to parts k+1, k+2, ... first (a
-           what-if: no psd receives from every worker at once).
+           with its own host's part last (psworker's order up to libpsclient
+           1.3.0).
+- stagger: split, but worker k sends to parts k+1, k+2, ... first, so no
+           psd receives from every worker at once: libpsclient's order
+           since 1.3.1 (psworker's).
 - pieces:  a what-if for key-range pieces that close their rounds on their
            own: --pieces psd on each worker host, each holding a piece of
            the host's part; worker k sends piece 0 of hosts k+1, k+2, ...,
@@ -148,6 +150,18 @@ class Machine:
             for where, dev in ((self.sw, "h%d" % i), (ns, "eth0")):
                 self.sh("tc", "-n", where, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "%dmbit" % mbit,
                         "burst", str(burst), "latency", "50ms")
+
+    def drops(self):
+        """Packets the links' tbf queues have dropped so far (both ends of every link)."""
+        n = 0
+        for i, ns in enumerate(self.hosts):
+            for where, dev in ((self.sw, "h%d" % i), (ns, "eth0")):
+                r = self.sh("tc", "-s", "-j", "-n", where, "qdisc", "show", "dev", dev, check=False)
+                try:
+                    n += sum(q.get("drops", 0) for q in json.loads(r.stdout or "[]"))
+                except ValueError:
+                    pass
+        return n
 
     def spawn(self, host, argv, name, env=None):
         """Starts argv in host's namespace (its own process group); stdout is
@@ -316,10 +330,16 @@ class Bench:
                     psds.append(self.start_psd(i, self.name("psd-part%d" % i),
                                                self.psd_args(bounds[i + 1] - bounds[i])))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
-            order = {"stagger": "stagger", "sched": "sched", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
+            barrier = []
+            if self.a.ideal_barrier:
+                bdir = os.path.join(self.m.out, self.name("barrier"))
+                os.makedirs(bdir)
+                barrier = ["--barrier", bdir]
+            order = {"stagger": "stagger", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
-                                   str(warm), "--order", order, "--local", str(local[k])],
+                                   str(warm), "--order", order, "--local", str(local[k])] + barrier
+                               + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else []),
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
             res = wait_all(ws, min(self.left(), 60 + (rounds + warm) * max(limit, 0.05) * 20), placement)
         finally:
@@ -332,11 +352,17 @@ class Bench:
                 "p50_ms": statistics.median(times) * 1e3, "mean_ms": statistics.fmean(times) * 1e3}
         if placement != "central":
             cell["trace"] = trace(res)
+        if barrier:
+            cell["ideal_barrier"] = True
         return cell
 
     def psd_args(self, n):
         return ["--set", "optimizer=sgd", "--set", "lr=1e-6", "--set", "momentum=0.9",
-                "--set", "heartbeat_timeout=1h", "--set", "max_params=%d" % max(n, 1 << 20)]
+                "--set", "heartbeat_timeout=1h", "--set", "max_params=%d" % max(n, 1 << 20)] + self.sndbuf_set()
+
+    def sndbuf_set(self):
+        """--send-buffer: psd's send_buffer setting."""
+        return ["--set", "send_buffer=%d" % self.a.send_buffer] if self.a.send_buffer else []
 
     def gloo_cell(self, size, mbit):
         h = self.workers
@@ -402,12 +428,14 @@ class Bench:
             for i in range(h):
                 psds.append(self.start_psd(i, self.name("train-psd%d" % i),
                                            ["--set", "optimizer=adam", "--set", "lr=2e-3",
-                                            "--set", "warmup_versions=0", "--set", "heartbeat_timeout=60s"]))
+                                            "--set", "warmup_versions=0", "--set", "heartbeat_timeout=60s"]
+                                           + self.sndbuf_set()))
             servers = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h))
             ws = [self.m.spawn(k, [self.worker_bin, "--server", servers, "--shard", "%d/%d" % (k, h),
                                    "--data", self.a.data, "--model", "mlp:256,128", "--epochs", "1",
                                    "--batch", "64", "--eval", "--quiet", "--epoch-json",
-                                   "--limit", str(self.a.train_limit)],
+                                   "--limit", str(self.a.train_limit)]
+                                  + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else []),
                                self.name("train-w%d" % k)) for k in range(h)]
             res = wait_all(ws, min(self.left(), self.a.train_timeout), "psworker W1")
         finally:
@@ -464,16 +492,18 @@ def report(cells, trains, link):
     for size, mbit in keys:
         row = {c["placement"]: c for c in cells if c["size"] == size and c["mbit"] == mbit}
         gloo = row.get("gloo", {}).get("p50_ms")
-        for pl in ("central", "split", "stagger", "pieces", "sched", "gloo", "mpi"):
+        for pl in ("central", "split", "stagger", "pieces", "sched", "lockstep", "gloo", "mpi"):
             c = row.get(pl)
             if not c:
                 continue
             if "skipped" in c:
                 lines.append("%-9s %11s %5d  skipped: %s" % (pl, fmt_size(size), mbit, c["skipped"]))
                 continue
-            note = ""
+            note = "%d drops; " % c["drops"] if "drops" in c else ""
+            if c.get("ideal_barrier"):
+                note = "ideal barrier; " + note
             if "trace" in c:
-                note = "workers start %.1f ms apart, parts close %.1f ms apart" % (
+                note += "workers start %.1f ms apart, parts close %.1f ms apart" % (
                     c["trace"]["start_spread_ms"], c["trace"]["close_spread_ms"])
             lines.append("%-9s %11s %5d %8.1f / %6.1f %9.1f %8s %8s  %s" % (
                 pl, fmt_size(size), mbit, c["p50_ms"], c["mean_ms"], c["limit_ms"],
@@ -550,6 +580,10 @@ def main():
     ap.add_argument("--sizes", default="235146,4M", help="model sizes in floats (k, M: 2^10, 2^20)")
     ap.add_argument("--rates", default="1000,100", help="link rates, Mbit/s")
     ap.add_argument("--placements", default="central,split,stagger,gloo,mpi")
+    ap.add_argument("--send-buffer", type=int, default=0,
+                    help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
+    ap.add_argument("--ideal-barrier", action="store_true",
+                    help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")
     ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
                     help="a sysctl set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0")
@@ -579,7 +613,7 @@ def main():
     trainers = [t for t in a.train.split(",") if t and t != "none"]
     train_rates = [int(r) for r in (a.train_rates or a.rates).split(",") if r]
     for p in placements:
-        if p not in ("central", "split", "stagger", "pieces", "sched", "gloo", "mpi"):
+        if p not in ("central", "split", "stagger", "pieces", "sched", "lockstep", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
         if t not in ("split", "ddp"):
@@ -620,8 +654,10 @@ def main():
             for size in sizes if mbit in rates else []:
                 for pl in placements:
                     print("multihost: %s, %s floats, %d Mbit/s" % (pl, fmt_size(size), mbit), file=sys.stderr)
+                    d0 = m.drops()
                     c = (b.gloo_cell(size, mbit) if pl == "gloo" else b.mpi_cell(size, mbit) if pl == "mpi"
                          else b.psd_cell(pl, size, mbit))
+                    c["drops"] = m.drops() - d0
                     cells.append(c)
             for t in trainers if mbit in train_rates else []:
                 print("multihost: W1 %s, %d Mbit/s" % (t, mbit), file=sys.stderr)

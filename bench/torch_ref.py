@@ -9,11 +9,12 @@ in one process, for the time-to-accuracy benchmark (bench/tta.py).
 Prints one JSON line per epoch: epoch, train_seconds (training only, the
 evaluation excluded), test_accuracy, test_loss, train_loss. Uses Debian's
 python3-torch (PyTorch 1.13 on OpenBLAS) and reads the same IDX files as
-psworker, normalised the same way.
+psworker, normalised the same way, with the package psd's loader (psd.mnist,
+from python/ beside this folder: it needs the built libpsclient, which the
+package loads).
 """
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -25,32 +26,23 @@ import time
 # cores W1 then took 5 s per epoch instead of 1. One OpenBLAS thread per
 # PyTorch thread is the tuned setting; it must be set before OpenBLAS loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-STATS = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
-
-
-def idx(path):
-    for p in (path, path + ".gz"):
-        if os.path.exists(p):
-            op = gzip.open if p.endswith(".gz") else open
-            with op(p, "rb") as f:
-                data = f.read()
-            ndim = data[3]
-            dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-    sys.exit("torch_ref: %s is missing (run scripts/setup.sh)" % path)
+from psd import mnist  # noqa: E402
 
 
 def load(data, name, split):
-    mean, std = STATS[name]
-    x = idx(os.path.join(data, name, "%s-images-idx3-ubyte" % split)).astype(np.float32) / 255.0
-    y = idx(os.path.join(data, name, "%s-labels-idx1-ubyte" % split)).astype(np.int64)
-    return torch.from_numpy((x - mean) / std).unsqueeze(1), torch.from_numpy(y)
+    """The data set name's split as tensors: images [N, 1, 28, 28], normalised
+    as psworker does (psd.mnist), and labels."""
+    try:
+        x, y = mnist.load(data, split, dataset=name)
+    except mnist.MnistError as e:
+        sys.exit("torch_ref: %s (run scripts/setup.sh)" % e)
+    return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y)
 
 
 class W1(nn.Module):
@@ -84,7 +76,7 @@ class W2(nn.Module):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", choices=("w1", "w2"), default="w1")
-    ap.add_argument("--dataset", choices=tuple(STATS), default="mnist")
+    ap.add_argument("--dataset", choices=tuple(mnist.STATS), default="mnist")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     ap.add_argument("--lr", type=float, default=1e-3)

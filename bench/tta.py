@@ -21,15 +21,14 @@ bench/out.
 """
 
 import csv
-import json
 import os
 import shutil
 import subprocess
-import sys
+
+import benchlib
+from benchlib import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
-import harness  # noqa: E402
 
 # The recommended settings (README, "Recommended settings"): Adam with a
 # cosine schedule over the run, per workload and data set. batch is the
@@ -56,9 +55,7 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"
     versions = epochs * -(-TRAIN_N // batch)
     if mode == "bsp":
         batch //= nworkers
-    args = ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "lr_schedule=cosine",
-            "--set", "lr_decay_versions=%d" % versions, "--set", "warmup_versions=0",
-            "--set", "heartbeat_timeout=60s"]
+    args = benchlib.adam(lr, cosine_versions=versions, warmup_versions=0)
     with harness.Cluster("bench-tta") as cl:
         psds = [cl.psd(mode=mode, workers=nworkers, args=args, name="psd%d" % i) for i in range(parts)]
         ws = [cl.worker(psds, k, nworkers, epochs=epochs, batch=batch, limit=0, test_limit=0,
@@ -71,7 +68,7 @@ def psd_run(wl, dataset, nworkers, mode, epochs, lr, batch, wire="f32", shm="on"
                 raise SystemExit("tta: %s failed:\n%s" % (w.name, harness.tail(w.err_path)))
         for p in psds:
             p.stop()
-        recs = [json.loads(l) for l in ws[0].stdout().splitlines() if l.startswith('{"epoch"')]
+        recs = benchlib.json_lines(ws[0].stdout(), '{"epoch"')
         for r in recs:
             r["samples_per_second"] = TRAIN_N / r["epoch_seconds"] if r["epoch_seconds"] > 0 else 0
         return recs
@@ -85,7 +82,7 @@ def torch_run(wl, dataset, epochs, lr, batch, data):
     if r.returncode != 0:
         print("  (PyTorch reference failed: %s)" % r.stderr.strip().splitlines()[-1:], flush=True)
         return None
-    recs = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    recs = benchlib.json_lines(r.stdout)
     prev = 0.0
     for rec in recs:
         rec["epoch_seconds"] = rec["train_seconds"] - prev

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +63,7 @@ struct psc_client {
     ps_plan plan;
     uint64_t chunk;          /* floats per frame of a chunked push or pull */
     unsigned pull_window;    /* chunk pulls in flight; 0: every chunk request waits */
+    int send_buffer;         /* SO_SNDBUF of each connection; 0: the kernel's */
     /* the model */
     ps_layout layout;        /* the whole model's */
     int fixed;               /* layout fixed: links and buffers made */
@@ -109,7 +111,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.3.0";
+    return "1.3.1";
 }
 
 const char *psc_strerror(int code)
@@ -334,9 +336,16 @@ int psc_set(psc_client *c, const char *key, const char *value)
         if (parse_u64(value, 64, &v))
             return fail(c, PSC_EINVAL, "bad pull_window '%.100s': 0..64 chunk requests in flight", value);
         c->pull_window = (unsigned)v;
+    } else if (strcmp(key, "send_buffer") == 0) {
+        if (parse_u64(value, 1u << 28, &v) || (v > 0 && v < 4096))
+            return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
+                        value);
+        c->send_buffer = (int)v;
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, log)", key);
+                                   "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, send_buffer, "
+                                   "log)",
+                    key);
     }
     return 0;
 }
@@ -816,11 +825,29 @@ static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
         link_close(&c->links[i]);
 }
 
+/* The part a step sends to first: the one after the part whose psd is on
+ * this machine (answering through shared memory), or after this worker's
+ * shard number when none or several are. Worker k of a model split over
+ * psd co-located with the workers so starts at part k+1 and no psd
+ * receives every worker's push at once (BytePS's staggered order; measured
+ * in bench/README.md, multihost.py). */
+static uint32_t first_part(const psc_client *c)
+{
+    uint32_t local = c->nlinks, nlocal = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if (c->links[i].shm_ok) {
+            local = i;
+            nlocal++;
+        }
+    return nlocal == 1 ? (local + 1) % c->nlinks : (c->shard + 1) % c->nlinks;
+}
+
 /* A whole-model step: every part's push goes out before any answer is
- * read, the psd on other machines (TCP) first, so their bytes are on the
- * wire while a psd on this machine handles its part; parts of at most
- * 2^20 values as one PUSHPULL each, answered straight into the parameter
- * vector; bigger ones as chunked pushes, then chunked pulls. */
+ * read, from first_part on, the psd on other machines (TCP) first, so
+ * their bytes are on the wire while a psd on this machine handles its
+ * part; parts of at most 2^20 values as one PUSHPULL each, answered
+ * straight into the parameter vector; bigger ones as chunked pushes, then
+ * chunked pulls. */
 static int do_pushpull(psc_client *c)
 {
     uint64_t v0 = c->links[0].version;
@@ -828,8 +855,10 @@ static int do_pushpull(psc_client *c)
     int first = 0, small = 1;
     for (uint32_t i = 0; i < c->nlinks; i++)
         small &= c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
+    uint32_t start = first_part(c);
     for (int shm = 0; shm < 2; shm++)
-        for (uint32_t i = 0; i < c->nlinks && !first; i++) {
+        for (uint32_t j = 0; j < c->nlinks && !first; j++) {
+            uint32_t i = (start + j) % c->nlinks;
             psc_link *ln = &c->links[i];
             if (small && ln->shm_ok != shm)
                 continue;
@@ -933,6 +962,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
+    if (c->send_buffer && setsockopt(ln->cl.fd, SOL_SOCKET, SO_SNDBUF, &c->send_buffer, sizeof c->send_buffer) != 0)
+        PS_LOG(PS_LOG_WARN, "%s: cannot set the send buffer to %d bytes: %s", ln->server, c->send_buffer,
+               strerror(errno));
     ps_msg_init(&m, PS_MSG_HELLO);
     m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
     m.proto = PS_PROTO_VERSION;

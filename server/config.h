@@ -93,6 +93,7 @@ typedef struct ps_config {
     int max_connections;               /* open connections at most */
     int max_handshakes;                /* of them, connections still in their handshake */
     uint64_t max_output_buffer;        /* unsent reply bytes before a connection is cut */
+    uint64_t send_buffer;              /* SO_SNDBUF of each connection; 0 = the kernel's autotuning */
     uint64_t idle_timeout;             /* ms an admin connection may stay silent; 0 = off */
     int log_level;                     /* enum ps_log_level (common/log.h) */
     char web_root[PS_CONFIG_PATH_MAX]; /* the dashboard's files; "" = where installed */

@@ -847,6 +847,12 @@ static void on_connection(uv_stream_t *server, int status)
     s->nconns++;
     s->stats.connections++;
     uv_tcp_nodelay(&c->tcp, 1);
+    if (s->cfg.send_buffer) {
+        int v = (int)s->cfg.send_buffer;
+        if (uv_send_buffer_size((uv_handle_t *)&c->tcp, &v) != 0)
+            PS_LOG(PS_LOG_WARN, "conn %llu (%s): cannot set its send buffer to %llu bytes", (unsigned long long)c->cid,
+                   c->addr, (unsigned long long)s->cfg.send_buffer);
+    }
     PS_LOG(PS_LOG_DEBUG, "conn %llu: accepted from %s", (unsigned long long)c->cid, c->addr);
     /* connections still in their handshake: at most max_handshakes, the
      * oldest making way for the new one */

@@ -20,7 +20,6 @@ stands, and ends every worker at the plan's last round.
 """
 
 import argparse
-import gzip
 import json
 import os
 import time
@@ -28,24 +27,16 @@ import time
 import numpy as np
 
 import psd
-
-
-def idx(path):
-    """An IDX file (optionally .gz) as a NumPy array."""
-    for p in (path, path + ".gz"):
-        if os.path.exists(p):
-            with (gzip.open if p.endswith(".gz") else open)(p, "rb") as f:
-                data = f.read()
-            ndim = data[3]
-            dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-    raise SystemExit("softmax.py: %s is missing" % path)
+from psd import mnist
 
 
 def load(data, split, limit):
-    x = idx(os.path.join(data, "mnist", "%s-images-idx3-ubyte" % split))[:limit]
-    y = idx(os.path.join(data, "mnist", "%s-labels-idx1-ubyte" % split))[:limit]
-    return (x.reshape(len(x), -1).astype(np.float32) / 255.0 - 0.1307) / 0.3081, y.astype(np.int64)
+    """MNIST from data/mnist: rows of 784 normalised pixels, and the labels."""
+    try:
+        x, y = mnist.load(data, split, limit)
+    except mnist.MnistError as e:
+        raise SystemExit("softmax.py: %s" % e)
+    return x.reshape(len(x), -1), y
 
 
 def softmax_step(W, b, gW, gb, x, y):

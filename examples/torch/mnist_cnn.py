@@ -18,19 +18,18 @@ The last line on stdout is a JSON summary (test accuracy, seconds per epoch).
 """
 
 import argparse
-import gzip
 import json
 import os
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import psd.torch  # noqa: E402
+from psd import mnist  # noqa: E402
 
 LAUNCHERS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK", "JOB_COMPLETION_INDEX")
 
@@ -72,22 +71,13 @@ class W1(nn.Module):
         return F.log_softmax(self.fc3(F.relu(self.fc2(x))), dim=1)
 
 
-def idx(path):
-    for p in (path, path + ".gz"):
-        if os.path.exists(p):
-            with (gzip.open if p.endswith(".gz") else open)(p, "rb") as f:
-                data = f.read()
-            ndim = data[3]
-            dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-            return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
-    raise SystemExit("mnist_cnn.py: %s is missing" % path)
-
-
 def load(data, split, limit):
-    x = idx(os.path.join(data, "mnist", "%s-images-idx3-ubyte" % split))[:limit]
-    y = idx(os.path.join(data, "mnist", "%s-labels-idx1-ubyte" % split))[:limit]
-    x = (torch.from_numpy(x.astype(np.float32) / 255.0) - 0.1307) / 0.3081
-    return x.unsqueeze(1), torch.from_numpy(y.astype(np.int64))
+    """MNIST from data/mnist as tensors: images [N, 1, 28, 28] normalised, labels."""
+    try:
+        x, y = mnist.load(data, split, limit)
+    except mnist.MnistError as e:
+        raise SystemExit("mnist_cnn.py: %s" % e)
+    return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y)
 
 
 def evaluate(model, tx, ty):

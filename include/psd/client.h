@@ -53,7 +53,7 @@ extern "C" {
 
 #define PSC_VERSION_MAJOR 1
 #define PSC_VERSION_MINOR 3
-#define PSC_VERSION_PATCH 0
+#define PSC_VERSION_PATCH 1
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
  * section 10): psd answers a request with them, and psc_errmsg() then

@@ -23,7 +23,9 @@ own epochs and steps (docs/client.md, "A job by psd's plan"):
         c.grads[:] = gradient(c.params, x[idx], y[idx])
         c.pushpull()                     # ends after the plan's last round
 
-psd.torch wraps a torch.nn.Module the same way (see psd/torch.py).
+psd.torch wraps a torch.nn.Module the same way (see psd/torch.py);
+psd.mnist loads MNIST and Fashion-MNIST from their IDX files, normalised
+as psworker does (see psd/mnist.py).
 """
 
 import ctypes
@@ -34,9 +36,10 @@ import numpy as np
 
 from ._lib import lib, PSC_CODES
 from .plan import Plan, Slice, epoch_order
+from . import mnist
 from .wait import WaitNotice
 
-__all__ = ["Client", "PsdError", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "strerror",
+__all__ = ["Client", "PsdError", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "strerror", "mnist",
            "__version__"]
 
 __version__ = lib.psc_version_string().decode()
@@ -63,7 +66,7 @@ class PsdError(Exception):
 
 
 _OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "shm", "reconnect",
-            "log")
+            "send_buffer", "log")
 
 
 def _opt_text(value):

@@ -10,6 +10,8 @@ psd runs plain SGD at lr 0.5 without momentum, so expected values are exact.
 
 import ctypes
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
@@ -178,6 +180,39 @@ def test_gil_released_while_waiting(cluster):
     t.join(10)
     assert done and a.version == b.version == 1
     assert np.all(a.params == -1.0) and np.all(b.params == -1.0)
+
+
+def send_buffers(port):
+    """{(local port, peer port): the kernel's send buffer in bytes} of the
+    established TCP connections to or from `port` (ss's skmem `tb`)."""
+    r = subprocess.run(["ss", "-tmnH", "state", "established", "( sport = :%d or dport = :%d )" % (port, port)],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    out, key = {}, None
+    for line in r.stdout.splitlines():
+        m = re.search(r"(\S+):(\d+)\s+(\S+):(\d+)", line)
+        if m:
+            key = (int(m.group(2)), int(m.group(4)))
+        t = re.search(r"skmem:\(.*\btb(\d+)", line)
+        if t and key:
+            out[key] = int(t.group(1))
+    return out
+
+
+def test_send_buffer_caps_both_ends(cluster):
+    # psd's send_buffer and the library's option set SO_SNDBUF, which the
+    # kernel doubles for its bookkeeping; without them it autotunes from
+    # tcp_wmem's default (16 KiB, growing)
+    p = start(cluster, args=("--set", "send_buffer=96K"))
+    port = int(p.addr.rsplit(":", 1)[1])
+    a = client(p.addr, "0/2", shm=False, send_buffer=65536, connect=True)
+    a.grads[:] = 1.0
+    a.pushpull()
+    bufs = send_buffers(port)
+    assert sorted(bufs.values()) == [2 * 65536, 2 * 96 * 1024], bufs
+    with pytest.raises(psd.PsdError, match="send_buffer"):
+        client(p.addr, "1/2", send_buffer=100)
+    a.close()
 
 
 def test_split_model(cluster):
