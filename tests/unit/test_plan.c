@@ -494,6 +494,37 @@ static void test_checkpoint_keeps_the_plan(void **state)
     assert_int_equal(v->nworkers_cap, 0);
     free_psd(v);
     rm_state(dir);
+
+    /* a finished job whose workers all left: restored done, nobody
+     * recorded as out; a worker that comes now hears done at once */
+    psd *f = make_psd("2");
+    ps_plan two = {.epochs = 2, .samples = 4, .batch = 4, .seed = 1}; /* 2 rounds */
+    srv_conn *g = join(f, 0, 2, &two), *h = join(f, 1, 2, &two);
+    pull(g, 1, 0, N, 0, PS_DT_F32);
+    pull(h, 1, 0, N, 0, PS_DT_F32);
+    for (uint64_t r = 0; r < 2; r++) {
+        assert_true(step(f, g, r) >= 0);
+        assert_true(step(f, h, r) >= 0);
+    }
+    assert_true(srv_plan_done(f));
+    srv_conn_detach(g, SRV_W_LEFT, "said bye");
+    srv_conn_detach(h, SRV_W_LEFT, "said bye");
+    g->closing = h->closing = 1;
+    set_state_dir(f, dir); /* only now: the last worker's leaving would write it in the (absent) loop's pool */
+    assert_int_equal(srv_checkpoint_write_now(f), 0);
+    free_psd(f);
+    psd *d = make_psd("2");
+    set_state_dir(d, dir);
+    assert_int_equal(srv_checkpoint_load(d), 1);
+    srv_workers_out_restored(d);
+    assert_true(d->plan.set && srv_plan_done(d));
+    assert_int_equal(d->nworkers_cap, 0);
+    srv_conn *late = join(d, 1, 2, NULL);
+    pull(late, 1, 0, N, 0, PS_DT_F32);
+    assert_int_equal(reply_of(late)->type, PS_MSG_PARAMS);
+    assert_true(reply_of(late)->done);
+    free_psd(d);
+    rm_state(dir);
 }
 
 int main(void)
