@@ -377,6 +377,7 @@ static void cmd_reset(srv_conn *c, ps_msg *m)
             srv_pulls_drop(o);
     s->policy->destroy(s); /* rounds, kept gradients, DC-ASGD's snapshots: made anew */
     srv_model_release(&s->model);
+    srv_plan_clear(&s->plan); /* the job's: the next worker's hello proposes one again */
     for (srv_conn *o = s->conns, *next; o; o = next) {
         next = o->next;
         if (!o->worker || o->closing)

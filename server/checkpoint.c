@@ -63,13 +63,39 @@ static int buf_write_cb(void *data, const char *p, size_t len)
     return 0;
 }
 
+/* "plan": the job's plan (plan.c) and who is out of it: {epochs, samples,
+ * batch, seed, out: [shards below M that joined and then left or were
+ * lost]}. The round is the checkpoint's version. */
+static void pack_plan(msgpack_packer *pk, const psd *s)
+{
+    const ps_plan *p = &s->plan.p;
+    uint32_t m = (uint32_t)s->cfg.workers, nout = 0;
+    for (uint32_t i = 0; i < m && i < s->nworkers_cap; i++)
+        nout += s->workers[i] && s->workers[i]->state != SRV_W_CONNECTED;
+    pk_key(pk, "plan");
+    msgpack_pack_map(pk, 5);
+    pk_key(pk, "epochs");
+    msgpack_pack_uint64(pk, p->epochs);
+    pk_key(pk, "samples");
+    msgpack_pack_uint64(pk, p->samples);
+    pk_key(pk, "batch");
+    msgpack_pack_uint64(pk, p->batch);
+    pk_key(pk, "seed");
+    msgpack_pack_uint64(pk, p->seed);
+    pk_key(pk, "out");
+    msgpack_pack_array(pk, nout);
+    for (uint32_t i = 0; i < m && i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->state != SRV_W_CONNECTED)
+            msgpack_pack_uint32(pk, i);
+}
+
 static int build_header(psd *s, ckpt_job *j, const char *const *names)
 {
     msgpack_packer pk;
     msgpack_packer_init(&pk, &j->header, buf_write_cb);
     const ps_layout *l = &s->model.layout;
     const ps_config *c = &s->cfg;
-    msgpack_pack_map(&pk, 8);
+    msgpack_pack_map(&pk, s->plan.set ? 9 : 8);
     pk_key(&pk, "version");
     msgpack_pack_uint64(&pk, j->version);
     pk_key(&pk, "created");
@@ -112,6 +138,8 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
         msgpack_pack_uint32(&pk, i);
         msgpack_pack_uint64(&pk, s->workers[i]->clock);
     }
+    if (s->plan.set)
+        pack_plan(&pk, s);
     return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
 }
 
@@ -454,8 +482,74 @@ int srv_checkpoint_write_now(psd *s)
 /* ---- loading -------------------------------------------------------------- */
 
 
-/* Reads and checks one file; on success fills the model and clocks. */
-static int load_one(psd *s, const char *path, char *err, size_t errlen)
+static int get_u64(const msgpack_object *map, const char *key, uint64_t *v)
+{
+    const msgpack_object *o = ps_map_get(map, key);
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return -1;
+    *v = o->via.u64;
+    return 0;
+}
+
+/* Reads a checkpoint's "plan" (pack_plan) into *p and the shards out of
+ * the job into out (those below max, at most max of them, *nout). 0, or
+ * -1 with err filled when it is not one psd wrote. */
+static int read_plan(const msgpack_object *o, ps_plan *p, uint32_t *out, uint32_t max, uint32_t *nout, char *err,
+                     size_t errlen)
+{
+    *nout = 0;
+    const msgpack_object *x = o->type == MSGPACK_OBJECT_MAP ? ps_map_get(o, "out") : NULL;
+    if (o->type != MSGPACK_OBJECT_MAP || get_u64(o, "epochs", &p->epochs) || get_u64(o, "samples", &p->samples) ||
+        get_u64(o, "batch", &p->batch) || get_u64(o, "seed", &p->seed) || !x || x->type != MSGPACK_OBJECT_ARRAY) {
+        snprintf(err, errlen, "not a map of epochs, samples, batch, seed and out");
+        return -1;
+    }
+    if (p->epochs < 1 || p->epochs > PS_PLAN_EPOCHS_MAX || p->samples < 1 || p->samples > PS_PLAN_SAMPLES_MAX ||
+        p->batch < 1 || p->batch > p->samples) {
+        snprintf(err, errlen, "%llu epochs of %llu samples, %llu per round: out of bounds",
+                 (unsigned long long)p->epochs, (unsigned long long)p->samples, (unsigned long long)p->batch);
+        return -1;
+    }
+    for (uint32_t i = 0; i < x->via.array.size; i++) {
+        const msgpack_object *e = &x->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            snprintf(err, errlen, "out holds a %s, not a shard", e->type == MSGPACK_OBJECT_STR ? "string" : "non-integer");
+            return -1;
+        }
+        if (e->via.u64 < max && *nout < max)
+            out[(*nout)++] = (uint32_t)e->via.u64;
+    }
+    return 0;
+}
+
+/* The loaded checkpoint held the plan p: fixes it and says where the job
+ * stands; keeps the nout shards in out, which had left the job or been
+ * lost when it was written, for the session layer to record as lost at
+ * start (the next rounds are then shared by the others, as before the
+ * restart; each may rejoin). When every shard was out the job had
+ * stopped, and all are waited for again. */
+static void restore_plan(psd *s, const ps_plan *p, const uint32_t *out, uint32_t nout)
+{
+    srv_plan_clear(&s->plan);
+    const srv_plan *pl = &s->plan;
+    uint64_t r = s->model.version;
+    uint64_t per_epoch = (p->samples + p->batch - 1) / p->batch;
+    int keep = s->cfg.mode == PS_MODE_BSP && nout < (uint32_t)s->cfg.workers && r < p->epochs * per_epoch;
+    if (srv_plan_restore(&s->plan, p, out, keep ? nout : 0) != 0)
+        PS_LOG(PS_LOG_ERROR, "out of memory keeping the %u shards out of the job: they are waited for", nout);
+    PS_LOG(PS_LOG_INFO, "plan restored from the checkpoint: %llu epochs of %llu samples, %llu per round, seed %llu: "
+                        "round %llu of %llu%s",
+           (unsigned long long)pl->p.epochs, (unsigned long long)pl->p.samples, (unsigned long long)pl->p.batch,
+           (unsigned long long)pl->p.seed, (unsigned long long)(r < pl->rounds ? r : pl->rounds),
+           (unsigned long long)pl->rounds, r >= pl->rounds ? " (the job is done)" : "");
+    if (s->cfg.mode != PS_MODE_BSP)
+        PS_LOG(PS_LOG_INFO, "psd runs %s: the plan is kept (in the next checkpoints) but rules nothing",
+               s->policy->name);
+}
+
+/* Reads and checks one file; on success fills the model and clocks, and
+ * the plan with the shards out of it (*nout of them, in out, below max). */
+static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint32_t *nout, char *err, size_t errlen)
 {
     int rc = PS_EMALFORMED;
     uint8_t *data = NULL;
@@ -571,6 +665,19 @@ static int load_one(psd *s, const char *path, char *err, size_t errlen)
     }
     s->model.version = ver->via.u64;
     s->model.initialized = 1;
+    srv_plan_clear(&s->plan);
+    *nout = 0;
+    const msgpack_object *plan = ps_map_get(&h, "plan");
+    if (plan) {
+        ps_plan pp;
+        char perr[160];
+        if (read_plan(plan, &pp, out, max, nout, perr, sizeof perr) == 0)
+            restore_plan(s, &pp, out, *nout);
+        else
+            PS_LOG(PS_LOG_WARN, "checkpoint %s: its plan is unusable (%s): loaded without it; the next worker's "
+                                "hello that carries a plan fixes one",
+                   path, perr);
+    }
     free(s->restored_clocks);
     s->restored_clocks = NULL;
     s->nrestored = 0;
@@ -620,10 +727,17 @@ int srv_checkpoint_load(psd *s)
     uint64_t *vers;
     size_t nv = list_versions(s->cfg.state_dir, &vers);
     int loaded = 0;
+    uint32_t m = (uint32_t)s->cfg.workers, nout = 0;
+    uint32_t *out = malloc((m ? m : 1) * sizeof *out);
+    if (!out) {
+        free(vers);
+        PS_LOG(PS_LOG_ERROR, "out of memory loading a checkpoint");
+        return PS_ENOMEM;
+    }
     for (size_t i = 0; i < nv && !loaded; i++) {
         char path[PS_CONFIG_PATH_MAX + 64], err[512];
         ckpt_path(path, sizeof path, s->cfg.state_dir, vers[i], "");
-        if (load_one(s, path, err, sizeof err) == 0) {
+        if (load_one(s, path, out, m, &nout, err, sizeof err) == 0) {
             char desc[512];
             ps_layout_describe(&s->model.layout, desc, sizeof desc);
             PS_LOG(PS_LOG_INFO, "loaded checkpoint %s: model version %" PRIu64 ", %" PRIu64 " parameters (%s)", path,
@@ -639,6 +753,7 @@ int srv_checkpoint_load(psd *s)
     }
     if (nv > 0 && !loaded)
         PS_LOG(PS_LOG_WARN, "no valid checkpoint in %s: starting without a model", s->cfg.state_dir);
+    free(out);
     free(vers);
     return loaded;
 }

@@ -1,13 +1,15 @@
 /* checkpoint.h - the model survives psd: atomic, checksummed checkpoints of
- * parameters, optimizer state, model version, worker clocks and optimizer
- * settings in state_dir, and loading the newest valid one at start.
+ * parameters, optimizer state, model version, worker clocks, optimizer
+ * settings and a BSP job's plan in state_dir, and loading the newest valid
+ * one at start.
  *
  * File format (version 1), all integers little-endian:
  *   0   8 bytes  magic "PSDCKPT1"
  *   8   u32      format version (1)
  *   12  u32      H, length of the header
  *   16  H bytes  header: one msgpack map (see checkpoint.c: version, layout,
- *                optimizer and its settings, state buffer names, clocks)
+ *                optimizer and its settings, state buffer names, clocks;
+ *                "plan" when the job has one, absent in older files)
  *   ..  P floats parameters, then P floats per optimizer state buffer
  *   end u32      CRC-32 (zlib) of every byte before it, then "PSDE"
  * Files are named ckpt-<version, 20 digits>.psdc, written to a temporary
@@ -47,7 +49,11 @@ int srv_work_stopped(const psd *s);
 int srv_checkpoint_write_now(psd *s);
 
 /* Loads the newest valid checkpoint from state_dir into s->model (layout,
- * parameters, optimizer state, version) and the saved worker clocks;
+ * parameters, optimizer state, version) and the saved worker clocks, and
+ * its plan into s->plan with the shards that were out of its job in
+ * s->plan.out, for the caller to record as lost (srv_workers_out_restored,
+ * session.h) before any connection; a checkpoint without a plan leaves
+ * none, and one with an unusable plan is loaded without it, with a warning;
  * corrupt or truncated files are reported and skipped for older ones.
  * First removes, with a log line each, the ckpt-N.psdc.tmp files a psd
  * killed while writing a checkpoint left behind.

@@ -113,6 +113,32 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
         last_worker_left(s);
 }
 
+void srv_workers_out_restored(psd *s)
+{
+    srv_plan *pl = &s->plan;
+    char why[96];
+    snprintf(why, sizeof why, "out of the job at the checkpoint of version %llu",
+             (unsigned long long)s->model.version);
+    for (uint32_t i = 0; i < pl->nout; i++) {
+        srv_worker *w = worker_slot(s, pl->out[i]);
+        if (!w) {
+            PS_LOG(PS_LOG_ERROR, "out of memory recording shard %u as out of the job; it is waited for", pl->out[i]);
+            continue;
+        }
+        w->shard = pl->out[i];
+        w->nshards = (uint32_t)s->cfg.workers;
+        w->state = SRV_W_LOST;
+        w->last_seen_ms = srv_now_ms();
+        snprintf(w->addr, sizeof w->addr, "-");
+        snprintf(w->why, sizeof w->why, "%s", why);
+        PS_LOG(PS_LOG_INFO, "worker shard %u/%u is not waited for: %s; it may join again", w->shard, w->nshards,
+               why);
+    }
+    free(pl->out);
+    pl->out = NULL;
+    pl->nout = 0;
+}
+
 void srv_worker_never_joined(psd *s, uint32_t shard, const char *why)
 {
     srv_worker *w = worker_slot(s, shard);

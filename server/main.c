@@ -376,6 +376,7 @@ int main(int argc, char **argv)
     }
     if (srv_checkpoint_load(s) < 0)
         return 1;
+    srv_workers_out_restored(s); /* a restored plan's shards that were out of its job */
     if (s->resumed_from[0] && s->cfg.init_from[0]) {
         PS_LOG(PS_LOG_ERROR, "init_from %s, but the state dir %s holds a checkpoint (%s, model version %" PRIu64
                              "), which psd would resume: start with --fresh to set the checkpoints aside and begin "

@@ -20,8 +20,22 @@ void srv_plan_fix(srv_plan *pl, const ps_plan *p)
     pl->rounds = p->epochs * pl->per_epoch; /* <= 2^20 * 2^40 */
 }
 
+int srv_plan_restore(srv_plan *pl, const ps_plan *p, const uint32_t *out, uint32_t nout)
+{
+    srv_plan_fix(pl, p);
+    if (nout == 0)
+        return 0;
+    pl->out = malloc(nout * sizeof *pl->out);
+    if (!pl->out)
+        return -1;
+    memcpy(pl->out, out, nout * sizeof *out);
+    pl->nout = nout;
+    return 0;
+}
+
 void srv_plan_clear(srv_plan *pl)
 {
+    free(pl->out);
     free(pl->members);
     memset(pl, 0, sizeof *pl);
     pl->round = UINT64_MAX;

@@ -154,6 +154,10 @@ typedef struct srv_plan {
     uint32_t nmembers, cap;
     uint32_t last_nmembers;  /* the round before's, for the log */
     int said_done;           /* the end of the plan was logged */
+    uint32_t *out;           /* shards out of the job at the checkpoint the plan
+                              * was restored from, to record as lost at start
+                              * (srv_workers_out_restored); then NULL */
+    uint32_t nout;
 } srv_plan;
 
 /* ---- connections --------------------------------------------------------- */
@@ -489,6 +493,10 @@ const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *le
 void srv_plan_fix(srv_plan *pl, const ps_plan *p);
 /* Forgets the plan (the model it was for is released; at exit). */
 void srv_plan_clear(srv_plan *pl);
+/* Fixes the plan p read from a checkpoint, with the nout shards in out
+ * that were out of its job then (copied into pl->out). Returns 0, or -1
+ * out of memory (the plan is fixed, the list empty). */
+int srv_plan_restore(srv_plan *pl, const ps_plan *p, const uint32_t *out, uint32_t nout);
 /* The plan rules the rounds: one is fixed, psd runs BSP and the model has
  * its initial values. */
 int srv_plan_active(const psd *s);

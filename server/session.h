@@ -34,6 +34,13 @@ void srv_conn_detach(srv_conn *c, int state, const char *why);
  * for a worker that died (its data is then shared by the others). */
 void srv_worker_never_joined(psd *s, uint32_t shard, const char *why);
 
+/* At start, after a checkpoint's plan was restored (srv_checkpoint_load):
+ * records the shards that had left its job or been lost when it was
+ * written (s->plan.out) as lost, so the rounds do not wait for them (no
+ * policy runs yet); each may join again. Out of memory a shard is logged
+ * and waited for. Empties the list. */
+void srv_workers_out_restored(psd *s);
+
 /* On psd's tick: starts the wait when shards are missing (join.h), logs
  * whom it waits for every SRV_JOIN_WARN_MS, and at join_timeout declares
  * the missing shards lost (continue) or stops the job (stop). */

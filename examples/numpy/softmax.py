@@ -110,6 +110,9 @@ def main():
     tx, ty = load(args.data, "t10k", args.test_limit)
     rng = np.random.default_rng(1)
     ps.tensor("W")[:] = rng.normal(0, 0.01, (784, 10))  # the initial model, if we are first
+    # a step that waits for psd over 2 s says so on stderr, and for whom
+    # ("worker 0/2: waiting 12 s for psd: round 0 waits for shard 1/2 (never joined)")
+    notice = psd.WaitNotice(ps, prefix="worker %d/%d: " % (k, m))
     if args.plan:
         # the whole training set on every worker: psd says which samples
         ps.plan_set(args.epochs, n_all, args.batch * m, args.seed)
@@ -117,7 +120,8 @@ def main():
         if ps.plan() is None:
             raise SystemExit("softmax.py: --plan needs psd in bsp (psd runs %s)" % ps.mode)
         t0 = time.monotonic()
-        acc = planned(ps, args, x, y, tx, ty)
+        with notice:
+            acc = planned(ps, args, x, y, tx, ty)
         print(json.dumps({"shard": "%d/%d" % (k, m), "epochs": ps.plan().epochs, "test_accuracy": acc,
                           "version": ps.version, "mode": ps.mode, "plan_done": ps.plan_done(),
                           "seconds": round(time.monotonic() - t0, 3)}))
@@ -129,6 +133,7 @@ def main():
     gW, gb = ps.grad("W"), ps.grad("b")
     steps = (n_all // m) // args.batch          # alike on every worker (a bsp round wants each)
     t0 = time.monotonic()
+    notice.start()
     for epoch in range(1, args.epochs + 1):
         order = np.random.default_rng(epoch * 1000 + k).permutation(len(x))
         loss_sum = 0.0
@@ -142,6 +147,7 @@ def main():
         ps.report(epoch, loss_sum / steps, accuracy=acc, samples=epoch * steps * args.batch)
         print("worker %d/%d: epoch %d loss %.4f test accuracy %.4f" % (k, m, epoch, loss_sum / steps, acc),
               flush=True)
+    notice.stop()
     print(json.dumps({"shard": "%d/%d" % (k, m), "epochs": args.epochs, "test_accuracy": acc,
                       "version": ps.version, "mode": ps.mode, "seconds": round(time.monotonic() - t0, 3)}))
     ps.close()

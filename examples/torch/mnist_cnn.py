@@ -113,7 +113,10 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)                 # the same initial model on every worker
     model = Net() if args.model == "cnn" else W1()
-    ps = psd.torch.Worker(model, server=args.server, shard=shard, wire=args.wire, pipeline=args.pipeline)
+    # wait_notice: a step that waits for psd over 2 s says so on stderr, and for
+    # whom ("worker 0/2: waiting 12 s for psd: round 0 waits for shard 1/2 (never joined)")
+    ps = psd.torch.Worker(model, server=args.server, shard=shard, wire=args.wire, pipeline=args.pipeline,
+                          wait_notice=True)
     k, m = ps.client.shard
     torch.manual_seed(args.seed * 1000 + k)      # but its own dropout masks
     x, y = load(args.data, "train", args.limit)

@@ -30,14 +30,17 @@ as psworker does (see psd/mnist.py).
 
 import ctypes
 import os
+import time
 
 import numpy as np
 
 from ._lib import lib, PSC_CODES
 from .plan import Plan, Slice, epoch_order
 from . import mnist
+from .wait import WaitNotice
 
-__all__ = ["Client", "PsdError", "Plan", "Slice", "epoch_order", "error_name", "strerror", "mnist", "__version__"]
+__all__ = ["Client", "PsdError", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "strerror", "mnist",
+           "__version__"]
 
 __version__ = lib.psc_version_string().decode()
 
@@ -91,6 +94,7 @@ class Client:
     def __init__(self, tensors, connect=False, init=None, **options):
         self._c = None
         self._bound = (None, None)
+        self._since = None  # time.monotonic() when the step in flight began (waited())
         c = lib.psc_new()
         if not c:
             raise MemoryError("psc_new: out of memory")
@@ -213,15 +217,24 @@ class Client:
         are become the model when psd has none, else psd's values replace them."""
         self._check(lib.psc_connect(self._handle()))
 
+    def _step(self, fn):
+        """Runs a step of the library, timed for waited()."""
+        h = self._handle()
+        self._since = time.monotonic()
+        try:
+            self._check(fn(h))
+        finally:
+            self._since = None
+
     def pushpull(self):
         """Pushes the gradients, pulls the new parameters (bsp: after the round)."""
-        self._check(lib.psc_pushpull(self._handle()))
+        self._step(lib.psc_pushpull)
 
     def push(self):
-        self._check(lib.psc_push(self._handle()))
+        self._step(lib.psc_push)
 
     def pull(self):
-        self._check(lib.psc_pull(self._handle()))
+        self._step(lib.psc_pull)
 
     def _range(self, fn, off, length):
         if int(off) < 0 or int(length) <= 0:
@@ -248,13 +261,46 @@ class Client:
         if base is not None:
             self._check(lib.psc_set_base(self._handle(), int(base)))
         self._check(lib.psc_pushpull_start(self._handle()))
+        self._since = time.monotonic()
 
     def wait(self):
-        self._check(lib.psc_wait(self._handle()))
+        try:
+            self._check(lib.psc_wait(self._handle()))
+        finally:
+            self._since = None
 
     def poll(self):
         """True when the step started by pushpull_start is done."""
-        return bool(lib.psc_poll(self._handle()))
+        done = bool(lib.psc_poll(self._handle()))
+        if done:
+            self._since = None
+        return done
+
+    def waiting_for(self):
+        """What psd said the step in flight waits for, e.g. "round 0 waits
+        for shard 1/2 (never joined)" or "psd is paused (psctl resume)"
+        (proto/PROTOCOL.md, HEARTBEAT), or None: no step in flight, it has
+        not waited (psd answers the library's heartbeats a third of its
+        heartbeat_timeout or less after the wait began), or an older psd.
+        With several psd, the last one that spoke. Unlike the other calls
+        it may be made from another thread while one is inside a step
+        (psd.WaitNotice does)."""
+        h = self._handle()
+        buf = ctypes.create_string_buffer(256)
+        n = lib.psc_waiting_for(h, buf, len(buf))
+        if n == 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            n = lib.psc_waiting_for(h, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") or None
+
+    def waited(self):
+        """Seconds the step in flight (pushpull, push, pull, or one started
+        by pushpull_start) has been going on; 0.0 without one. May be
+        called from another thread, as waiting_for()."""
+        since = self._since
+        return time.monotonic() - since if since is not None else 0.0
 
     def report(self, epoch, loss, accuracy=None, test_loss=0.0, samples=0, rate=0.0):
         """Tells psd this worker's progress (psctl status shows it)."""

@@ -84,6 +84,7 @@ for name, res, args in [
     ("psc_plan", _i, [_c] + [ctypes.POINTER(_u64)] * 4),
     ("psc_plan_slice", _i, [_c] + [ctypes.POINTER(_u64)] * 3 + [ctypes.POINTER(_u32)] * 2),
     ("psc_plan_done", _i, [_c]),
+    ("psc_waiting_for", ctypes.c_size_t, [_c, ctypes.c_void_p, ctypes.c_size_t]),
     ("psc_reconnect", _i, [_c]),
     ("psc_mode", _s, [_c]),
     ("psc_model_version", _u64, [_c]),

@@ -56,6 +56,8 @@ ASGD, BSP and SSP, one psd or a model split over several
 those of psd.Client (docs/client.md).
 """
 
+import sys
+
 import torch
 
 import psd as _psd
@@ -70,9 +72,14 @@ class Worker:
     token_file, wire, shm, timeout_ms, reconnect_s, connect_s, ...).
     pipeline: True overlaps each step's round trip with the next batch's
     computation (ASGD and SSP, parameters on the CPU: see above).
+    wait_notice: while a step has waited for psd over 2 s, say on stderr
+    how long and for whom, as psworker's progress line does ("worker 0/2:
+    waiting 12 s for psd: round 0 waits for shard 1/2 (never joined)",
+    psd.WaitNotice); None (the default) does when stderr is a terminal,
+    True always, False never.
     """
 
-    def __init__(self, module, connect=True, pipeline=False, **options):
+    def __init__(self, module, connect=True, pipeline=False, wait_notice=None, **options):
         if not isinstance(module, torch.nn.Module):
             raise TypeError("psd.torch.Worker wraps a torch.nn.Module, not %s" % type(module).__name__)
         self.module = module
@@ -117,6 +124,9 @@ class Worker:
         self._cur_version = 0    # the model version of that pair's parameters
         self._inflight = False
         self._views()
+        if wait_notice is None:
+            wait_notice = sys.stderr is not None and sys.stderr.isatty()
+        self._notice = _psd.WaitNotice(self.client) if wait_notice else None
         if connect:
             self.connect()
 
@@ -153,6 +163,10 @@ class Worker:
             raise ValueError("pipeline=True is for asgd and ssp: a bsp round wants the gradient of its own "
                              "parameters (psd runs bsp)")
         self._cur_version = self.client.version
+        if self._notice is not None:
+            k, m = self.client.shard
+            self._notice.prefix = "worker %d/%d: " % (k, m)
+            self._notice.start()
 
     def _after_pull(self):
         if self.cuda:
@@ -254,4 +268,6 @@ class Worker:
         try:
             self.finish()
         finally:
+            if self._notice is not None:
+                self._notice.stop()
             self.client.close(reason=reason)

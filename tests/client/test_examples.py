@@ -12,6 +12,7 @@ against a real psd, on small subsets of MNIST (ctest: client_examples).
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -132,6 +133,33 @@ def test_numpy_example_by_psds_plan(cluster):
         assert o["test_accuracy"] >= 0.75, o      # chance: 0.10
     st = harness.psctl(psd.addr, "status")
     assert "plan: done at round %d " % rounds in st.stdout, st.stdout
+
+
+def test_numpy_example_says_whom_a_round_waits_for(cluster):
+    """softmax.py --plan whose partner starts late: its round waits, and its
+    stderr says for whom as psworker's progress line does (psd.WaitNotice);
+    then both end at the plan's last round."""
+    psd = cluster.psd(mode="bsp", workers=2, args=ADAM + ("--set", "heartbeat_timeout=1s"))
+    script = os.path.join(ROOT, "examples", "numpy", "softmax.py")
+
+    def argv(k):
+        return [PY, script, "--server", psd.addr, "--shard", "%d/2" % k, "--data", harness.Paths.data,
+                "--epochs", "1", "--limit", "2000", "--test-limit", "500", "--batch", "32", "--plan"]
+
+    w0 = harness.Proc("w0", argv(0), cluster.dir, env=example_env())
+    cluster.procs.append(w0)  # killed when the test fails
+    line = harness.wait_until(lambda: re.search(r"worker 0/2: waiting (\d+) s for psd: round 0 waits for shard "
+                                                r"1/2 \(never joined\)", w0.stderr()), 60,
+                              "softmax.py to say whom its round waits for")
+    assert int(line.group(1)) >= 2, line.group(0)
+    w1 = harness.Proc("w1", argv(1), cluster.dir, env=example_env())
+    cluster.procs.append(w1)
+    rounds = -(-2000 // 64)
+    for p in (w0, w1):
+        rc = p.wait(120)
+        assert rc == 0, "%s exited %d:\n%s%s" % (p.name, rc, p.stdout(), p.stderr())
+        o = last_json(p.stdout())
+        assert o["plan_done"] and o["version"] == rounds, o
 
 
 def torch_argv(psd, *extra):

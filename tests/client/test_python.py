@@ -477,3 +477,58 @@ def test_plan_late_worker_gets_the_current_round(cluster):
     run_threads(lambda: planned_worker(a, x, y, logs[0]), lambda: planned_worker(late, x, y, logs[1]))
     assert a.version == late.version == rounds and a.plan_done() and late.plan_done()
     assert [v for v, _, _ in logs[0]] == [v for v, _, _ in logs[1]] == list(range(5, rounds))
+
+
+class _Lines:
+    """A stream that is not a terminal: WaitNotice writes whole lines."""
+
+    def __init__(self):
+        self.text = ""
+        self.lock = threading.Lock()
+
+    def write(self, s):
+        with self.lock:
+            self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def test_waiting_for_names_the_shard_a_round_waits_for(cluster):
+    """A BSP step of shard 0 waits for shard 1, which has not joined: the
+    client hears from psd whom the round waits for, WaitNotice writes it as
+    psworker's progress line does, and both are quiet once the round closed."""
+    p = start(cluster, mode="bsp", args=("--set", "heartbeat_timeout=1s", "--set", "join_timeout=60s"))
+    a = client(p.addr, "0/2", connect=True)
+    assert a.waiting_for() is None and a.waited() == 0.0  # no step in flight
+    a.grads[:] = 1.0
+    out = _Lines()
+    notice = psd.WaitNotice(a, prefix="worker 0/2: ", after=0.5, stream=out, tick=0.1)
+    with notice:
+        t = threading.Thread(target=a.pushpull)
+        t.start()
+        try:
+            want = "round 0 waits for shard 1/2 (never joined)"
+            deadline = time.monotonic() + 10
+            while a.waiting_for() != want and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert a.waiting_for() == want
+            assert a.waited() > 0
+            deadline = time.monotonic() + 10
+            while "waits for" not in out.text and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert "worker 0/2: waiting " in out.text
+            assert " s for psd: " + want + "\n" in out.text, out.text
+            assert notice.line().startswith("worker 0/2: waiting ")
+        finally:
+            b = client(p.addr, "1/2", connect=True)
+            b.grads[:] = 3.0
+            b.pushpull()
+            t.join(10)
+    assert not t.is_alive() and a.version == 1
+    assert a.waiting_for() is None and a.waited() == 0.0 and notice.line() is None
+    lines = out.text.splitlines()
+    assert lines and all(line.startswith("worker 0/2: waiting ") for line in lines), lines

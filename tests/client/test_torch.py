@@ -225,3 +225,54 @@ def test_pipeline_refuses_bsp(cluster):
         psd.torch.Worker(net(), server=p.addr, shard="0/1", pipeline=True)
     rows = harness.status(p.addr)["workers"]                  # it left, saying why
     assert [(x["state"], x["why"]) for x in rows] == [("left", "pipeline=True in a bsp job")], rows
+
+
+class _Stderr:
+    """sys.stderr for a test: not a terminal, so WaitNotice writes lines."""
+
+    def __init__(self):
+        self.text = ""
+        self.lock = threading.Lock()
+
+    def write(self, s):
+        with self.lock:
+            self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
+
+
+def test_wait_notice_says_whom_the_step_waits_for(cluster, monkeypatch):
+    """wait_notice=True: a BSP step that waits for a shard that has not
+    joined says so on stderr as psworker's progress line does; the default
+    (stderr not a terminal) and wait_notice=False say nothing."""
+    p = cluster.psd(mode="bsp", workers=2, args=SGD + ("--set", "heartbeat_timeout=1s"))
+    err = _Stderr()
+    monkeypatch.setattr(sys, "stderr", err)
+    m0 = net()
+    w0 = psd.torch.Worker(m0, server=p.addr, shard="0/2", wait_notice=True)
+    assert psd.torch.Worker(net(), connect=False, server=p.addr, shard="1/2")._notice is None
+    assert psd.torch.Worker(net(), connect=False, server=p.addr, shard="1/2", wait_notice=False)._notice is None
+    w0._notice.after = 0.5
+    w0.zero_grad()
+    x, y = data(3)
+    nn.functional.cross_entropy(m0(x), y).backward()
+    w0.step_start()
+    try:
+        want = "worker 0/2: waiting "
+        deadline = time.monotonic() + 15
+        while "round 0 waits for shard 1/2 (never joined)" not in err.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert " s for psd: round 0 waits for shard 1/2 (never joined)\n" in err.text, err.text
+        assert all(line.startswith(want) for line in err.text.splitlines()), err.text
+    finally:
+        w1 = psd.torch.Worker(net(), server=p.addr, shard="1/2", wait_notice=False)
+        w1.zero_grad()
+        w1.step()
+        w0.step_wait()
+    assert w0.version == w1.version == 1 and w0.client.waiting_for() is None
+    w0.close()
+    assert w0._notice._thread is None                           # stopped with the worker

@@ -5,6 +5,7 @@
 - `--force`: the worker gets an error and exits non-zero, the checkpoints
   are set aside into a dated subfolder of the state dir (nothing deleted),
   the model is dropped, and the next worker initialises a new one;
+- a BSP job's plan goes with the model: the next job's worker fixes its own;
 - with nothing connected and no model it says there was none; --force with
   another command is a usage error.
 """
@@ -69,6 +70,26 @@ class ResetTest(unittest.TestCase):
             log = psd.stderr()
             self.assertEqual(log.count("model initialised by shard 0"), 2, log)
             self.assertIn("reset by admin", log)
+
+    def test_reset_drops_the_plan(self):
+        """A BSP job by psd's plan, reset with --force: the plan goes with
+        the model, and the next job's first worker fixes its own."""
+        with harness.Cluster("psd-reset-plan") as cl:
+            psd = cl.psd(mode="bsp", workers=1)
+            w = cl.worker(psd, 0, 1, epochs=500, limit=3000, test_limit=200, model="mlp:32")
+            harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 5, 60, "training to start")
+            self.assertEqual(harness.status(psd.addr)["plan"]["samples"], 3000)
+            r = harness.psctl(psd.addr, "reset", "--force")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertNotEqual(w.wait(30), 0)
+            self.assertIsNone(harness.status(psd.addr)["plan"])
+            w2 = cl.worker(psd, 0, 1, epochs=2, limit=500, test_limit=100, model="mlp:16")
+            rc, summary = w2.result(120)
+            self.assertEqual(rc, 0, w2.stderr())
+            plan = harness.status(psd.addr)["plan"]
+            self.assertEqual((plan["epochs"], plan["samples"], plan["done"]), (2, 500, True), plan)
+            self.assertEqual(summary["version"], plan["rounds"])
+            psd.stop()
 
     def test_nothing_to_drop(self):
         with harness.Cluster("psd-reset-empty") as cl:

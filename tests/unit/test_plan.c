@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include "server/checkpoint.h"
 #include "server/config.h"
 #include "proto/errors.h"
 #include "server/dashboard.h"
@@ -134,6 +138,7 @@ static void free_psd(psd *s)
     srv_dash_free(s);
     srv_model_free(&s->model);
     srv_plan_clear(&s->plan);
+    free(s->restored_clocks); /* a checkpoint's (test_checkpoint_keeps_the_plan) */
     srv_parked_free_spare();
     srv_blk_pool_free();
     free(s);
@@ -396,6 +401,132 @@ static void test_without_a_plan_as_before(void **state)
     free_psd(s);
 }
 
+/* Removes dir's checkpoints and dir (a directory of this test's, in the
+ * working directory ctest runs it in). */
+static void rm_state(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char path[512];
+        if (strncmp(e->d_name, "ckpt-", 5) != 0)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void set_state_dir(psd *s, const char *dir)
+{
+    char err[256];
+    assert_int_equal(ps_config_set(&s->cfg, "state_dir", dir, err, sizeof err), 0);
+}
+
+/* A checkpoint holds the plan and the shards out of it: a psd started from
+ * it has the plan before any hello, goes on at the checkpoint's round, and
+ * does not wait for a shard that was lost before; a checkpoint without a
+ * plan restores none. */
+static void test_checkpoint_keeps_the_plan(void **state)
+{
+    const char *dir = "test_plan.state";
+    rm_state(dir);
+    psd *s = make_psd("3");
+    set_state_dir(s, dir);
+    ps_plan p = {.epochs = 10, .samples = 600, .batch = 6, .seed = 1};
+    srv_conn *c[3];
+    for (uint32_t k = 0; k < 3; k++) {
+        c[k] = join(s, k, 3, &p);
+        pull(c[k], 1, 0, N, 0, PS_DT_F32);
+    }
+    for (uint32_t k = 0; k < 3; k++)
+        assert_true(step(s, c[k], 0) >= 0);
+    assert_int_equal(s->model.version, 1);
+    lose(c[2]);
+    assert_int_equal(srv_checkpoint_write_now(s), 0);
+    free_psd(s);
+
+    psd *t = make_psd("3");
+    set_state_dir(t, dir);
+    assert_int_equal(srv_checkpoint_load(t), 1);
+    srv_workers_out_restored(t); /* as main() does */
+    assert_int_equal(t->model.version, 1);
+    assert_true(t->plan.set);
+    assert_memory_equal(&t->plan.p, &p, sizeof p);
+    assert_int_equal(t->plan.rounds, 1000);
+    assert_true(srv_plan_active(t));
+    assert_true(t->nworkers_cap > 2 && t->workers[2] && t->workers[2]->state == SRV_W_LOST);
+    assert_true(!t->workers[0] && !t->workers[1]); /* in the job: waited for */
+    /* the workers come back without a plan of their own: round 1 is the
+     * two's, 3 samples each, as it was before the restart */
+    srv_conn *a = join(t, 0, 3, NULL), *b = join(t, 1, 3, NULL);
+    assert_true(got[0].has_plan && got[1].has_plan);
+    assert_memory_equal(&got[0].plan, &p, sizeof p);
+    pull(a, 1, 0, N, 0, PS_DT_F32);
+    pull(b, 1, 0, N, 0, PS_DT_F32);
+    expect_slice(a, 1, 0, 6, 9, 0, 2);
+    expect_slice(b, 1, 0, 9, 12, 1, 2);
+    assert_true(step(t, a, 1) >= 0);
+    assert_true(step(t, b, 1) >= 0);
+    assert_int_equal(t->model.version, 2); /* not held for shard 2 */
+    free_psd(t);
+    rm_state(dir);
+
+    /* a job without a plan writes none, and its checkpoint restores none */
+    psd *u = make_psd("2");
+    set_state_dir(u, dir);
+    srv_conn *x = join(u, 0, 2, NULL), *y = join(u, 1, 2, NULL);
+    pull(x, 1, 0, N, 0, PS_DT_F32);
+    pull(y, 1, 0, N, 0, PS_DT_F32);
+    assert_true(step(u, x, 0) >= 0);
+    assert_true(step(u, y, 0) >= 0);
+    assert_int_equal(srv_checkpoint_write_now(u), 0);
+    free_psd(u);
+    psd *v = make_psd("2");
+    set_state_dir(v, dir);
+    assert_int_equal(srv_checkpoint_load(v), 1);
+    srv_workers_out_restored(v);
+    assert_int_equal(v->model.version, 1);
+    assert_false(v->plan.set);
+    assert_int_equal(v->nworkers_cap, 0);
+    free_psd(v);
+    rm_state(dir);
+
+    /* a finished job whose workers all left: restored done, nobody
+     * recorded as out; a worker that comes now hears done at once */
+    psd *f = make_psd("2");
+    ps_plan two = {.epochs = 2, .samples = 4, .batch = 4, .seed = 1}; /* 2 rounds */
+    srv_conn *g = join(f, 0, 2, &two), *h = join(f, 1, 2, &two);
+    pull(g, 1, 0, N, 0, PS_DT_F32);
+    pull(h, 1, 0, N, 0, PS_DT_F32);
+    for (uint64_t r = 0; r < 2; r++) {
+        assert_true(step(f, g, r) >= 0);
+        assert_true(step(f, h, r) >= 0);
+    }
+    assert_true(srv_plan_done(f));
+    srv_conn_detach(g, SRV_W_LEFT, "said bye");
+    srv_conn_detach(h, SRV_W_LEFT, "said bye");
+    g->closing = h->closing = 1;
+    set_state_dir(f, dir); /* only now: the last worker's leaving would write it in the (absent) loop's pool */
+    assert_int_equal(srv_checkpoint_write_now(f), 0);
+    free_psd(f);
+    psd *d = make_psd("2");
+    set_state_dir(d, dir);
+    assert_int_equal(srv_checkpoint_load(d), 1);
+    srv_workers_out_restored(d);
+    assert_true(d->plan.set && srv_plan_done(d));
+    assert_int_equal(d->nworkers_cap, 0);
+    srv_conn *late = join(d, 1, 2, NULL);
+    pull(late, 1, 0, N, 0, PS_DT_F32);
+    assert_int_equal(reply_of(late)->type, PS_MSG_PARAMS);
+    assert_true(reply_of(late)->done);
+    free_psd(d);
+    rm_state(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -406,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_pushed_then_reconnected_waits),
         cmocka_unit_test(test_done_after_the_last_round),
         cmocka_unit_test(test_without_a_plan_as_before),
+        cmocka_unit_test(test_checkpoint_keeps_the_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
