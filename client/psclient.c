@@ -1186,6 +1186,19 @@ static int reconnect(psc_client *c)
     PS_LOG(PS_LOG_WARN, "lost psd at %s (%s); reconnecting for up to %d s", c->links[c->err_link].server, first,
            c->reconnect_ms / 1000);
     link_close(&c->links[c->err_link]);
+    if (c->nlinks > 1 && c->bsp && c->links[0].has_plan) {
+        /* A planned BSP job over several psd: the psd this worker lost may
+         * have declared it lost and gone on without it, while the others
+         * kept it and wait for its push, which it would send only after
+         * that psd's next round (a worker that comes back waits for one),
+         * which waits for the others: a standstill. Leaving every psd and
+         * saying hello to all again puts it out of every part's round, so
+         * each takes it back at its next round (PROTOCOL.md 8, "The plan"). */
+        PS_LOG(PS_LOG_INFO, "a planned bsp job over %u psd: leaving every part's round, to rejoin each at its next",
+               c->nlinks);
+        for (uint32_t i = 0; i < c->nlinks; i++)
+            link_close(&c->links[i]);
+    }
     int rc = open_retry(c, c->reconnect_ms, first);
     if (rc == 0)
         c->reconnects++;

@@ -10,23 +10,19 @@ the relay stops forwarding (both ways, the connection stays open) for
 longer than heartbeat_timeout and then goes on, so psd c declares shard 2
 lost while the other psd keeps it (its heartbeats go on there).
 
-This pins what happens today, as PROTOCOL.md 8 ("The plan", a model split
-over several psd) tells it: each psd fixes its own rounds' workers, so
+Each psd fixes its own rounds' workers; the client takes the slices from
+the first. Before libpsclient left every part when it lost one, this job
+stood still once the link was back (PROTOCOL.md 8 tells how); now:
 
-- the psd that kept shard 2 waits in round k for its push, which shard 2's
-  step does not send while it waits for psd c; psd c closes round k without
-  it and opens k + 1 without it;
-- when the link is back shard 2 rejoins psd c during round k + 1, of which
-  it has no part there, so its pull is parked until round k + 2 opens on
-  psd c; round k + 1 on psd c waits for shards 0 and 1, which wait for the
-  other psd's round k, which waits for shard 2: the job stands still, and
-  stays so (watched for STALL_S seconds);
-- ending shard 2 (here: SIGKILL; psctl has no command to drop one worker)
-  ends it: the other psd closes round k without it, and shards 0 and 1
-  train on to the plan's last round on both parts, with the same pushes in
-  every round from k on; at most the round the cut fell in was closed with
-  shard 2's push on one part and without it on the other (counted from
-  psd's debug log and printed).
+- psd c declares shard 2 lost and goes on without it; the other psd waits
+  for its push;
+- when the link is back shard 2's step fails on psd c, and the library
+  leaves every psd and says hello to each again, so the other psd closes
+  its round without it too, and each part takes it back at its next round;
+- every worker then trains to the plan's last round on both parts; a
+  round may count shard 2's push on one part and not on the other only
+  where its workers change (the round shard 2 is lost in, or rejoins at:
+  each psd fixes a round's membership on its own).
 """
 
 import os
@@ -47,7 +43,6 @@ BATCH = 16          # per worker: a global batch of 3 x 16
 MODEL = "mlp:64"    # 50,890 values: parts [0, 24576) and [24576, 50890)
 HB = 1.0            # heartbeat_timeout, seconds
 CUT_S = 3.0
-STALL_S = 5.0       # how long the standstill is watched
 
 
 class Relay:
@@ -142,18 +137,10 @@ def pushes_log(log):
     return {int(r): int(n) for r, n in re.findall(r"round (\d+) closed with (\d+) pushes", log)}
 
 
-def members_at(changes, r):
-    n = None
-    for at, k in changes:
-        if at <= r:
-            n = k
-    return n
-
-
 class PlanSplitTest(unittest.TestCase):
     def cut_one_part(self, c):
         """Shard 2's link to psd c (0 or 1) is cut; the other psd, o, keeps
-        it. Returns nothing; asserts the standstill and the end."""
+        it. Asserts that the job goes on and how it ends."""
         o = 1 - c
         gb = 3 * BATCH
         rounds = rounds_in_plan(EPOCHS, LIMIT, gb)
@@ -186,27 +173,12 @@ class PlanSplitTest(unittest.TestCase):
                 back = harness.wait_until(
                     lambda: re.search(r"worker shard 2/3 rejoined from \S+ at model version (\d+)",
                                       psds[c].stderr()), 30, "shard 2 to rejoin psd %d" % c)
-                # the standstill: neither part moves, the cut one a round ahead
-                vs = [harness.status(p.addr)["version"] for p in psds]
-                time.sleep(STALL_S)
-                sts = [harness.status(p.addr) for p in psds]
-                self.assertEqual([st["version"] for st in sts], vs, "the job moved on: no standstill")
-                k = vs[o]
-                self.assertEqual(vs[c], k + 1, "psd %d is not one round ahead of psd %d: %r" % (c, o, vs))
-                self.assertEqual(int(back.group(1)), k + 1, back.group(0))
-                pushes = [{w["shard"]: (w["state"], w["pushes"]) for w in st["workers"]} for st in sts]
-                # psd o: shards 0 and 1 pushed round k, shard 2 (connected) did not
-                self.assertEqual(pushes[o], {0: ("connected", k + 1), 1: ("connected", k + 1),
-                                             2: ("connected", k)}, pushes[o])
-                # psd c: shard 2 is back, nobody pushed round k + 1
-                self.assertEqual({sh: st for sh, (st, _) in pushes[c].items()},
-                                 {0: "connected", 1: "connected", 2: "connected"}, pushes[c])
-                self.assertEqual([pushes[c][sh][1] for sh in (0, 1)], [k + 1, k + 1], pushes[c])
-                self.assertTrue(all(w.alive() for w in ws))
-                # ending shard 2 ends the standstill
-                ws[2].kill()
+                # shard 2 left psd o too and said hello again: both parts take
+                # it back at their next round, and the job goes on
+                harness.wait_until(lambda: re.search(r"worker shard 2/3 rejoined", psds[o].stderr()), 30,
+                                   "shard 2 to leave and rejoin psd %d" % o)
                 results = []
-                for w in ws[:2]:
+                for w in ws:
                     rc, summary = w.result(180)
                     self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
                     results.append(summary)
@@ -217,35 +189,37 @@ class PlanSplitTest(unittest.TestCase):
             changes = [members_log(log) for log in logs]
             counted = [pushes_log(log) for log in logs]
             differ = [r for r in range(rounds) if counted[0].get(r) != counted[1].get(r)]
-            sys.stderr.write("\nshard 2 cut from psd %d: plan of %d rounds; the job stood still with psd %d at "
-                             "round %d and psd %d at %d for %.0f s, until shard 2 was killed; workers per part "
-                             "(from round, workers): psd 0 %r, psd 1 %r; rounds closed with another number of "
-                             "pushes on each part (round, psd 0's, psd 1's): %r\n" %
-                             (c, rounds, o, k, c, k + 1, STALL_S, changes[0], changes[1],
+            sys.stderr.write("\nshard 2 cut from psd %d: plan of %d rounds; workers per part (from round, "
+                             "workers): psd 0 %r, psd 1 %r; rounds closed with another number of pushes on each "
+                             "part (round, psd 0's, psd 1's): %r\n" %
+                             (c, rounds, changes[0], changes[1],
                               [(r, counted[0].get(r), counted[1].get(r)) for r in differ]))
             self.assertEqual(sorted(counted[0]), list(range(rounds)))
             self.assertEqual(sorted(counted[1]), list(range(rounds)))
-            # the job ends at the plan's last round on both parts
+            # the job ends at the plan's last round on both parts, every worker with it
             for st in sts:
                 self.assertEqual(st["version"], rounds)
                 self.assertTrue(st["plan"]["done"], st["plan"])
             for r in results:
                 self.assertEqual(r["version"], rounds)
-            # from round k on, the same two workers' pushes on both parts; the
-            # only round that may differ is the one the cut fell in (shard
-            # 2's push of it may have reached one part and not the other)
-            self.assertEqual(changes[o][-1], (k + 1, 2), changes[o])
-            self.assertEqual(members_at(changes[c], k + 1), 2, changes[c])
-            self.assertTrue(all(counted[0][r] == counted[1][r] == 2 for r in range(k, rounds)))
-            self.assertTrue(all(r < k for r in differ), differ)
-            self.assertLessEqual(len(differ), 1, differ)
+            # both parts went on without shard 2 (which said hello to both
+            # again, above; whether it trains again before the job's end
+            # depends on how fast the others finish it); a round
+            # counts another number of pushes on the two parts only beside
+            # a change of its workers (the round shard 2 was lost in, or
+            # rejoined at, whose membership each psd fixes on its own)
+            for ch in changes:
+                self.assertIn(2, [n for _, n in ch], changes)
+            moves = {r for ch in changes for r, _ in ch[1:]}
+            self.assertTrue(all(r in moves or r + 1 in moves for r in differ), (differ, changes))
+            self.assertLessEqual(len(differ), len(moves), (differ, changes))
             for p in psds:
                 p.stop()
 
-    def test_worker_cut_from_the_second_part_stalls_the_job(self):
+    def test_worker_cut_from_the_second_part(self):
         self.cut_one_part(1)
 
-    def test_worker_cut_from_the_first_part_stalls_the_job(self):
+    def test_worker_cut_from_the_first_part(self):
         self.cut_one_part(0)
 
 
