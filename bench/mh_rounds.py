@@ -198,6 +198,7 @@ def main():
     ap.add_argument("--barrier", help="what-if: a directory the workers share; a round starts when every worker has "
                     "ended the one before (files in it: an ideal barrier outside the links)")
     ap.add_argument("--send-buffer", type=int, default=0, help="SO_SNDBUF of each connection (0: the kernel's)")
+    ap.add_argument("--window", type=int, default=PULL_WINDOW, help="--order lockstep: chunk pulls in flight per part")
     ap.add_argument("--slice", type=int, default=16384, help="--order lockstep: values per chunk")
     a = ap.parse_args()
     k, m = (int(x) for x in a.shard.split("/"))
@@ -280,7 +281,7 @@ def main():
             left = [0] * n  # chunks asked for, not yet read
             for i in remote + [a.local]:
                 ln = links[i]
-                while left[i] < PULL_WINDOW and nxt[i] < ln.n:
+                while left[i] < a.window and nxt[i] < ln.n:
                     ln.send({"t": PULL, "off": nxt[i], "len": min(sl, ln.n - nxt[i]), "min": ln.version + 1})
                     nxt[i] += sl
                     left[i] += 1

@@ -339,7 +339,9 @@ class Bench:
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])] + barrier
-                               + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else []),
+                               + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
+                               + (["--slice", str(self.a.slice), "--window", str(self.a.window)]
+                                  if placement == "lockstep" else []),
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
             res = wait_all(ws, min(self.left(), 60 + (rounds + warm) * max(limit, 0.05) * 20), placement)
         finally:
@@ -435,7 +437,9 @@ class Bench:
                                    "--data", self.a.data, "--model", "mlp:256,128", "--epochs", "1",
                                    "--batch", "64", "--eval", "--quiet", "--epoch-json",
                                    "--limit", str(self.a.train_limit)]
-                                  + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else []),
+                                  + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
+                               + (["--slice", str(self.a.slice), "--window", str(self.a.window)]
+                                  if placement == "lockstep" else []),
                                self.name("train-w%d" % k)) for k in range(h)]
             res = wait_all(ws, min(self.left(), self.a.train_timeout), "psworker W1")
         finally:
@@ -582,6 +586,8 @@ def main():
     ap.add_argument("--placements", default="central,split,stagger,gloo,mpi")
     ap.add_argument("--send-buffer", type=int, default=0,
                     help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
+    ap.add_argument("--slice", type=int, default=16384, help="the lockstep placement: values a chunk")
+    ap.add_argument("--window", type=int, default=2, help="the lockstep placement: chunk pulls in flight per part")
     ap.add_argument("--ideal-barrier", action="store_true",
                     help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")
