@@ -479,24 +479,6 @@ def test_plan_late_worker_gets_the_current_round(cluster):
     assert [v for v, _, _ in logs[0]] == [v for v, _, _ in logs[1]] == list(range(5, rounds))
 
 
-class _Lines:
-    """A stream that is not a terminal: WaitNotice writes whole lines."""
-
-    def __init__(self):
-        self.text = ""
-        self.lock = threading.Lock()
-
-    def write(self, s):
-        with self.lock:
-            self.text += s
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return False
-
-
 def test_waiting_for_names_the_shard_a_round_waits_for(cluster):
     """A BSP step of shard 0 waits for shard 1, which has not joined: the
     client hears from psd whom the round waits for, WaitNotice writes it as
@@ -505,7 +487,7 @@ def test_waiting_for_names_the_shard_a_round_waits_for(cluster):
     a = client(p.addr, "0/2", connect=True)
     assert a.waiting_for() is None and a.waited() == 0.0  # no step in flight
     a.grads[:] = 1.0
-    out = _Lines()
+    out = harness.LineStream()
     notice = psd.WaitNotice(a, prefix="worker 0/2: ", after=0.5, stream=out, tick=0.1)
     with notice:
         t = threading.Thread(target=a.pushpull)

@@ -6,7 +6,6 @@ parameter must be exactly p - 0.5 x grad (x the mean over workers in bsp).
 
 import os
 import sys
-import threading
 import time
 
 import numpy as np
@@ -227,30 +226,12 @@ def test_pipeline_refuses_bsp(cluster):
     assert [(x["state"], x["why"]) for x in rows] == [("left", "pipeline=True in a bsp job")], rows
 
 
-class _Stderr:
-    """sys.stderr for a test: not a terminal, so WaitNotice writes lines."""
-
-    def __init__(self):
-        self.text = ""
-        self.lock = threading.Lock()
-
-    def write(self, s):
-        with self.lock:
-            self.text += s
-
-    def flush(self):
-        pass
-
-    def isatty(self):
-        return False
-
-
 def test_wait_notice_says_whom_the_step_waits_for(cluster, monkeypatch):
     """wait_notice=True: a BSP step that waits for a shard that has not
     joined says so on stderr as psworker's progress line does; the default
     (stderr not a terminal) and wait_notice=False say nothing."""
     p = cluster.psd(mode="bsp", workers=2, args=SGD + ("--set", "heartbeat_timeout=1s"))
-    err = _Stderr()
+    err = harness.LineStream()
     monkeypatch.setattr(sys, "stderr", err)
     m0 = net()
     w0 = psd.torch.Worker(m0, server=p.addr, shard="0/2", wait_notice=True)

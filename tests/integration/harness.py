@@ -37,6 +37,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import msgpack
@@ -167,6 +168,26 @@ def wait_until(pred, timeout, what, interval=0.02):
         if time.monotonic() > deadline:
             raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
         time.sleep(interval)
+
+
+class LineStream:
+    """A text stream for a test to hand out as stdout or stderr: not a
+    terminal (so what writes progress writes whole lines), thread-safe,
+    everything written kept in .text."""
+
+    def __init__(self):
+        self.text = ""
+        self.lock = threading.Lock()
+
+    def write(self, s):
+        with self.lock:
+            self.text += s
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return False
 
 
 def tail(path, lines=40):
