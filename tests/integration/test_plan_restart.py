@@ -20,6 +20,7 @@ trained are those rounds' (plus at most the round k each had in hand at
 the kill, whose push was dropped).
 """
 
+import contextlib
 import glob
 import os
 import re
@@ -70,6 +71,26 @@ def steady_version(addr, timeout=5.0):
 
 
 class PlanRestartTest(unittest.TestCase):
+    @contextlib.contextmanager
+    def frozen(self, ws):
+        """The workers stopped (SIGSTOP) within the block, so the version
+        psd has reached is known; let go (SIGCONT) at its end."""
+        for w in ws:
+            os.kill(w.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for w in ws:
+                os.kill(w.pid, signal.SIGCONT)
+
+    def kill_at_rest(self, psd, rounds):
+        """kill -9 of psd once its version stands still (below the plan's
+        end); returns that version."""
+        k = steady_version(psd.addr)
+        self.assertLess(k, rounds, "the job reached its end before psd could be killed")
+        os.kill(psd.pid, signal.SIGKILL)
+        psd.wait(10)
+        return k
     def test_planned_job_survives_kill_of_psd(self):
         port = harness.free_port()
         gb = 2 * BATCH
@@ -89,13 +110,8 @@ class PlanRestartTest(unittest.TestCase):
             harness.wait_until(lambda: [v for v in ckpt_versions() if v > 0], 60, "a checkpoint of a trained round")
             self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
             # freeze the job, so that the version psd has reached at the kill is known
-            for w in ws:
-                os.kill(w.pid, signal.SIGSTOP)
-            try:
-                k = steady_version(psd.addr)
-                self.assertLess(k, rounds, "the job reached its end before psd could be killed")
-                os.kill(psd.pid, signal.SIGKILL)
-                psd.wait(10)
+            with self.frozen(ws):
+                k = self.kill_at_rest(psd, rounds)
                 psd2 = cl.psd(mode="bsp", workers=2, args=args, name="psd2")
                 loaded = harness.wait_until(
                     lambda: re.search(r"loaded checkpoint \S+: model version (\d+)", psd2.stderr()), 10,
@@ -112,9 +128,6 @@ class PlanRestartTest(unittest.TestCase):
                 self.assertFalse(plan["done"])
                 self.assertRegex(psd2.stderr(), r"plan restored from the checkpoint: %d epochs of %d samples, %d per "
                                                 r"round, seed \d+: round %d of %d" % (EPOCHS, LIMIT, gb, c, rounds))
-            finally:
-                for w in ws:
-                    os.kill(w.pid, signal.SIGCONT)
             results = []
             for w in ws:
                 rc, summary = w.result(240)
@@ -176,21 +189,13 @@ class PlanRestartTest(unittest.TestCase):
                                "a checkpoint after shard 2 was lost")
             live = ws[:2]
             self.assertTrue(all(w.alive() for w in live), "the job ended before psd could be killed")
-            for w in live:
-                os.kill(w.pid, signal.SIGSTOP)
-            try:
-                k = steady_version(psd.addr)
-                self.assertLess(k, rounds, "the job reached its end before psd could be killed")
-                os.kill(psd.pid, signal.SIGKILL)
-                psd.wait(10)
+            with self.frozen(live):
+                k = self.kill_at_rest(psd, rounds)
                 psd2 = cl.psd(mode="bsp", workers=3, args=args, name="psd2")
                 self.assertRegex(psd2.stderr(), r"worker shard 2/3 is not waited for: out of the job at the "
                                                 r"checkpoint of version \d+")
                 shard2 = [w for w in harness.status(psd2.addr)["workers"] if w["shard"] == 2]
                 self.assertEqual([w["state"] for w in shard2], ["lost"], shard2)
-            finally:
-                for w in live:
-                    os.kill(w.pid, signal.SIGCONT)
             t0 = time.monotonic()
             for w in live:
                 rc, summary = w.result(240)
