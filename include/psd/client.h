@@ -125,6 +125,9 @@ PSC_API psc_client *psc_new(void);
  *                as one PUSHPULL. psd refuses frames over its max_frame
  *   pull_window  chunk pulls in flight (0 .. 64, default 2); 0: every
  *                chunk request, push or pull, waits for its reply
+ *   send_buffer  each connection's kernel send buffer in bytes (SO_SNDBUF;
+ *                0, the default: the kernel sizes it, or 4096 .. 2^28), for
+ *                links whose short queues a step's flows overflow (1.3.1)
  *   report_s     seconds between psc_progress's reports to psd (default 1,
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log
