@@ -195,6 +195,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--order", default="parts", help="parts, stagger, pieces:P or sched")
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
+    ap.add_argument("--barrier-psd", help="what-if: host:port of a psd holding 1024 values; after each round's "
+                    "replies the worker does a BSP PUSHPULL of them there, so the next round starts when every "
+                    "worker has its replies (a barrier through psd, counted in the round's time)")
     ap.add_argument("--barrier", help="what-if: a directory the workers share; a round starts when every worker has "
                     "ended the one before (files in it: an ideal barrier outside the links)")
     ap.add_argument("--send-buffer", type=int, default=0, help="SO_SNDBUF of each connection (0: the kernel's)")
@@ -211,6 +214,11 @@ def main():
     params = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.01)
     grad = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.001)
     init_or_wait(links, params, bounds)
+    bl = None
+    if a.barrier_psd:
+        bl = Link(a.barrier_psd, k, m, 1024)
+        zeros = np.zeros(1024, dtype=np.float32)
+        init_or_wait([bl], zeros.copy(), [0, 1024])
 
     n = len(links)
     order = list(range(n))
@@ -317,11 +325,16 @@ def main():
             else:
                 chunked_finish(ln, part)
             got[i] = time.monotonic()
+        if bl:
+            bl.send({"t": PUSHPULL, "base": bl.version, "off": 0, "poff": 0, "plen": 1024, "min": bl.version + 1},
+                    zeros)
+            bl.version = bl.recv()["ver"]
+            got = [time.monotonic()] * n
         if r >= a.warmup:
             times.append(got[-1] - t0 if n == 1 else max(got) - t0)
             starts.append(t0)
             replies.append(got)
-    for ln in links:
+    for ln in links + ([bl] if bl else []):
         ln.send({"t": BYE})
         ln.sock.close()
     print(json.dumps({"shard": k, "times": times, "starts": starts, "replies": replies,

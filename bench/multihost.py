@@ -83,6 +83,7 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 SUBNET = "10.213.7"
 PORT = 7000
 RANK_PORT = 29500
+BARRIER_PORT = 7090  # --psd-barrier: the barrier's psd on h0
 PIECE_PORT = 7100  # the pieces placement: psd q of a host on PIECE_PORT + q
 
 
@@ -331,6 +332,9 @@ class Bench:
                                                self.psd_args(bounds[i + 1] - bounds[i])))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
             barrier = []
+            if self.a.psd_barrier and placement != "central":
+                psds.append(self.start_psd(0, self.name("psd-barrier"), self.psd_args(1024), BARRIER_PORT))
+                barrier = ["--barrier-psd", "%s:%d" % (self.m.ip(0), BARRIER_PORT)]
             if self.a.ideal_barrier:
                 bdir = os.path.join(self.m.out, self.name("barrier"))
                 os.makedirs(bdir)
@@ -355,7 +359,7 @@ class Bench:
         if placement != "central":
             cell["trace"] = trace(res)
         if barrier:
-            cell["ideal_barrier"] = True
+            cell["ideal_barrier" if self.a.ideal_barrier else "psd_barrier"] = True
         return cell
 
     def psd_args(self, n):
@@ -506,6 +510,8 @@ def report(cells, trains, link):
             note = "%d drops; " % c["drops"] if "drops" in c else ""
             if c.get("ideal_barrier"):
                 note = "ideal barrier; " + note
+            if c.get("psd_barrier"):
+                note = "psd barrier; " + note
             if "trace" in c:
                 note += "workers start %.1f ms apart, parts close %.1f ms apart" % (
                     c["trace"]["start_spread_ms"], c["trace"]["close_spread_ms"])
@@ -588,6 +594,9 @@ def main():
                     help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
     ap.add_argument("--slice", type=int, default=16384, help="the lockstep placement: values a chunk")
     ap.add_argument("--window", type=int, default=2, help="the lockstep placement: chunk pulls in flight per part")
+    ap.add_argument("--psd-barrier", action="store_true",
+                    help="what-if: after each round the workers meet in a BSP round of 1024 values on one more psd "
+                         "(on h0), counted in the round's time")
     ap.add_argument("--ideal-barrier", action="store_true",
                     help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")
