@@ -47,7 +47,7 @@ PACKAGES=(
     python3-torch          # psd.torch and its example (PyTorch on OpenBLAS); bench/tta.py's reference
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
-    iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links
+    iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links, ss reads sockets' buffers (test_python)
     kubernetes-client      # tests only: kubectl's client-side dry run of deploy/k8s (test_deploy)
     libopenmpi-dev         # psbench's MPI_Allreduce comparison (optional)
     clang                  # tests only: builds the libFuzzer targets in fuzz/

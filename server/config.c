@@ -256,11 +256,12 @@ static const ps_config_option options[] = {
              "reply larger than the limit is still sent when nothing else is queued."},
     {.name = "send_buffer", .type = PS_CT_SIZE, .def = "0", AT(send_buffer), .lo = 0,
      .hi = INT64_C(268435456), .apply = srv_apply_read_when_used,
-     .help = "The kernel's send buffer of each worker connection (SO_SNDBUF; units K, M). 0: "
+     .help = "The kernel's send buffer of each connection (SO_SNDBUF; units K, M; the kernel "
+             "doubles it for its bookkeeping). 0: "
              "the kernel sizes it (its autotuning, up to net.ipv4.tcp_wmem's maximum). On "
              "links whose queues are short (a switch's shallow buffers, a shaped link), a "
              "psd answering several workers at once can overflow them and lose packets; a "
-             "cap such as 128K bounds what each reply puts in flight (bench/README.md, "
+             "cap such as 64K bounds what each reply puts in flight (bench/README.md, "
              "multihost.py, measures it). New connections take a reloaded value."},
     {.name = "idle_timeout", .type = PS_CT_DURATION, .def = "5m", AT(idle_timeout), .lo = 0,
      .hi = INT64_C(604800000), .apply = srv_apply_read_when_used,

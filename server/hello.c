@@ -113,6 +113,24 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
         last_worker_left(s);
 }
 
+/* Shard's record, as a worker lost for `why` that has no connection;
+ * NULL (logged) out of memory: the shard is then still waited for. */
+static srv_worker *record_lost(psd *s, uint32_t shard, const char *why)
+{
+    srv_worker *w = worker_slot(s, shard);
+    if (!w) {
+        PS_LOG(PS_LOG_ERROR, "out of memory recording shard %u as lost; it is still waited for", shard);
+        return NULL;
+    }
+    w->shard = shard;
+    w->nshards = (uint32_t)s->cfg.workers;
+    w->state = SRV_W_LOST;
+    w->last_seen_ms = srv_now_ms();
+    snprintf(w->addr, sizeof w->addr, "-");
+    snprintf(w->why, sizeof w->why, "%s", why);
+    return w;
+}
+
 void srv_workers_out_restored(psd *s)
 {
     srv_plan *pl = &s->plan;
@@ -120,19 +138,10 @@ void srv_workers_out_restored(psd *s)
     snprintf(why, sizeof why, "out of the job at the checkpoint of version %llu",
              (unsigned long long)s->model.version);
     for (uint32_t i = 0; i < pl->nout; i++) {
-        srv_worker *w = worker_slot(s, pl->out[i]);
-        if (!w) {
-            PS_LOG(PS_LOG_ERROR, "out of memory recording shard %u as out of the job; it is waited for", pl->out[i]);
-            continue;
-        }
-        w->shard = pl->out[i];
-        w->nshards = (uint32_t)s->cfg.workers;
-        w->state = SRV_W_LOST;
-        w->last_seen_ms = srv_now_ms();
-        snprintf(w->addr, sizeof w->addr, "-");
-        snprintf(w->why, sizeof w->why, "%s", why);
-        PS_LOG(PS_LOG_INFO, "worker shard %u/%u is not waited for: %s; it may join again", w->shard, w->nshards,
-               why);
+        const srv_worker *w = record_lost(s, pl->out[i], why);
+        if (w)
+            PS_LOG(PS_LOG_INFO, "worker shard %u/%u is not waited for: %s; it may join again", w->shard,
+                   w->nshards, why);
     }
     free(pl->out);
     pl->out = NULL;
@@ -141,17 +150,9 @@ void srv_workers_out_restored(psd *s)
 
 void srv_worker_never_joined(psd *s, uint32_t shard, const char *why)
 {
-    srv_worker *w = worker_slot(s, shard);
-    if (!w) {
-        PS_LOG(PS_LOG_ERROR, "out of memory recording shard %u as lost; it is still waited for", shard);
+    srv_worker *w = record_lost(s, shard, why);
+    if (!w)
         return;
-    }
-    w->shard = shard;
-    w->nshards = (uint32_t)s->cfg.workers;
-    w->state = SRV_W_LOST;
-    w->last_seen_ms = srv_now_ms();
-    snprintf(w->addr, sizeof w->addr, "-");
-    snprintf(w->why, sizeof w->why, "%s", why);
     s->stats.worker_deaths++;
     PS_LOG(PS_LOG_WARN, "worker shard %u/%u lost: %s", w->shard, w->nshards, why);
     srv_dash_notice(s);

@@ -110,7 +110,7 @@ static void usage(FILE *f)
             "                          about 3 significant digits; psd keeps float32) when psd\n"
             "                          offers it (wire_bf16), else f32 with a warning\n"
             "      --send-buffer BYTES each connection's kernel send buffer (SO_SNDBUF); default:\n"
-            "                          the kernel sizes it. A cap such as 131072 keeps a step's\n"
+            "                          the kernel sizes it. A cap such as 65536 keeps a step's\n"
             "                          pushes to several psd from overflowing short link queues\n"
             "      --shm on|off        on (default): offer psd a shared-memory segment for the\n"
             "                          tensors; a psd on this machine, of the same user, maps it\n"
