@@ -68,7 +68,7 @@ import time
 import msgpack
 import numpy as np
 
-HELLO, WELCOME, INIT, PUSH, PULL, PUSHPULL, PARAMS, OK, ERROR, BYE = 1, 2, 3, 4, 5, 6, 7, 8, 15, 16
+HELLO, WELCOME, INIT, PUSH, PULL, PUSHPULL, PARAMS, OK, ERROR, BYE, BARRIER = 1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 20
 CHUNK = 1 << 20  # values per frame, as psworker (PS_CHUNK_FLOATS)
 PULL_WINDOW = 2  # chunk pulls in flight (PS_PULL_WINDOW)
 
@@ -195,12 +195,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--order", default="parts", help="parts, stagger, pieces:P or sched")
     ap.add_argument("--local", type=int, default=-1, help="the part whose psd is on this host")
-    ap.add_argument("--barrier-psd", help="what-if: host:port of a psd holding 1024 values; after each round's "
-                    "replies the worker does a BSP PUSHPULL of them there, so the next round starts when every "
-                    "worker has its replies (a barrier through psd, counted in the round's time)")
+    ap.add_argument("--psd-barrier", action="store_true",
+                    help="end each round with a BARRIER on part 0's psd (PROTOCOL.md), as libpsclient does since "
+                         "1.4: the next round starts when every worker has its replies (counted in the round's time)")
     ap.add_argument("--barrier", help="what-if: a directory the workers share; a round starts when every worker has "
                     "ended the one before (files in it: an ideal barrier outside the links)")
     ap.add_argument("--send-buffer", type=int, default=0, help="SO_SNDBUF of each connection (0: the kernel's)")
+    ap.add_argument("--lowat", type=int, default=0, help="TCP_NOTSENT_LOWAT of each connection (0: the order's "
+                    "default): a send returns when at most this much is unsent, so the pushes leave one by one")
     ap.add_argument("--window", type=int, default=PULL_WINDOW, help="--order lockstep: chunk pulls in flight per part")
     ap.add_argument("--slice", type=int, default=16384, help="--order lockstep: values per chunk")
     a = ap.parse_args()
@@ -209,17 +211,12 @@ def main():
     bounds = part_bounds(a.size, len(addrs))
     sched = a.order == "sched"
     lockstep = a.order == "lockstep"
-    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], LOWAT if sched or lockstep else 0, a.send_buffer) for i, addr in enumerate(addrs)]
+    lowat = a.lowat or (LOWAT if sched or lockstep else 0)
+    links = [Link(addr, k, m, bounds[i + 1] - bounds[i], lowat, a.send_buffer) for i, addr in enumerate(addrs)]
     rng = np.random.default_rng(k + 1)
     params = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.01)
     grad = rng.standard_normal(a.size, dtype=np.float32) * np.float32(0.001)
     init_or_wait(links, params, bounds)
-    bl = None
-    if a.barrier_psd:
-        bl = Link(a.barrier_psd, k, m, 1024)
-        zeros = np.zeros(1024, dtype=np.float32)
-        init_or_wait([bl], zeros.copy(), [0, 1024])
-
     n = len(links)
     order = list(range(n))
     if a.order == "stagger":
@@ -325,16 +322,16 @@ def main():
             else:
                 chunked_finish(ln, part)
             got[i] = time.monotonic()
-        if bl:
-            bl.send({"t": PUSHPULL, "base": bl.version, "off": 0, "poff": 0, "plen": 1024, "min": bl.version + 1},
-                    zeros)
-            bl.version = bl.recv()["ver"]
+        if a.psd_barrier:
+            links[0].send({"t": BARRIER, "ver": links[0].version})
+            if links[0].recv()["t"] != OK:
+                sys.exit("mh_rounds: BARRIER not answered with OK")
             got = [time.monotonic()] * n
         if r >= a.warmup:
             times.append(got[-1] - t0 if n == 1 else max(got) - t0)
             starts.append(t0)
             replies.append(got)
-    for ln in links + ([bl] if bl else []):
+    for ln in links:
         ln.send({"t": BYE})
         ln.sock.close()
     print(json.dumps({"shard": k, "times": times, "starts": starts, "replies": replies,

@@ -83,7 +83,6 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 SUBNET = "10.213.7"
 PORT = 7000
 RANK_PORT = 29500
-BARRIER_PORT = 7090  # --psd-barrier: the barrier's psd on h0
 PIECE_PORT = 7100  # the pieces placement: psd q of a host on PIECE_PORT + q
 
 
@@ -333,8 +332,7 @@ class Bench:
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
             barrier = []
             if self.a.psd_barrier and placement != "central":
-                psds.append(self.start_psd(0, self.name("psd-barrier"), self.psd_args(1024), BARRIER_PORT))
-                barrier = ["--barrier-psd", "%s:%d" % (self.m.ip(0), BARRIER_PORT)]
+                barrier = ["--psd-barrier"]
             if self.a.ideal_barrier:
                 bdir = os.path.join(self.m.out, self.name("barrier"))
                 os.makedirs(bdir)
@@ -344,6 +342,7 @@ class Bench:
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])] + barrier
                                + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
+                               + (["--lowat", str(self.a.lowat)] if self.a.lowat else [])
                                + (["--slice", str(self.a.slice), "--window", str(self.a.window)]
                                   if placement == "lockstep" else []),
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
@@ -367,8 +366,9 @@ class Bench:
                 "--set", "heartbeat_timeout=1h", "--set", "max_params=%d" % max(n, 1 << 20)] + self.sndbuf_set()
 
     def sndbuf_set(self):
-        """--send-buffer: psd's send_buffer setting."""
-        return ["--set", "send_buffer=%d" % self.a.send_buffer] if self.a.send_buffer else []
+        """--send-buffer: psd's send_buffer setting; --psd-set's settings."""
+        return (["--set", "send_buffer=%d" % self.a.send_buffer] if self.a.send_buffer else []) + \
+            [x for kv in self.a.psd_set for x in ("--set", kv)]
 
     def gloo_cell(self, size, mbit):
         h = self.workers
@@ -442,8 +442,7 @@ class Bench:
                                    "--batch", "64", "--eval", "--quiet", "--epoch-json",
                                    "--limit", str(self.a.train_limit)]
                                   + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
-                               + (["--slice", str(self.a.slice), "--window", str(self.a.window)]
-                                  if placement == "lockstep" else []),
+                                  + self.a.worker_arg,
                                self.name("train-w%d" % k)) for k in range(h)]
             res = wait_all(ws, min(self.left(), self.a.train_timeout), "psworker W1")
         finally:
@@ -592,11 +591,19 @@ def main():
     ap.add_argument("--placements", default="central,split,stagger,gloo,mpi")
     ap.add_argument("--send-buffer", type=int, default=0,
                     help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
+    ap.add_argument("--psd-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting for every psd the bench starts, e.g. pace_replies=yes")
+    ap.add_argument("--lowat", type=int, default=0,
+                    help="bytes: mh_rounds.py's TCP_NOTSENT_LOWAT on every connection (a send returns when at "
+                         "most this much is unsent, so a worker's pushes leave one after another)")
     ap.add_argument("--slice", type=int, default=16384, help="the lockstep placement: values a chunk")
     ap.add_argument("--window", type=int, default=2, help="the lockstep placement: chunk pulls in flight per part")
     ap.add_argument("--psd-barrier", action="store_true",
-                    help="what-if: after each round the workers meet in a BSP round of 1024 values on one more psd "
-                         "(on h0), counted in the round's time")
+                    help="the psd placements' workers end each round with a BARRIER on part 0's psd (PROTOCOL.md; "
+                         "libpsclient 1.4 does it, so psworker's W1 runs always have it unless --worker-arg "
+                         "--barrier=off), counted in the round's time")
+    ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="an argument for every psworker of the W1 runs, e.g. --barrier=off")
     ap.add_argument("--ideal-barrier", action="store_true",
                     help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")

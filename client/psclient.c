@@ -64,6 +64,11 @@ struct psc_client {
     uint64_t chunk;          /* floats per frame of a chunked push or pull */
     unsigned pull_window;    /* chunk pulls in flight; 0: every chunk request waits */
     int send_buffer;         /* SO_SNDBUF of each connection; 0: the kernel's */
+    int barrier;             /* option barrier: BSP steps over a split model end
+                              * at a BARRIER on part 0's psd */
+    int barrier_refused;     /* that psd does not know BARRIER (before 1.4) */
+    int barrier_in;          /* this connection to part 0 takes part (it sent a
+                              * BARRIER for a version, not withdrawn since) */
     /* the model */
     ps_layout layout;        /* the whole model's */
     int fixed;               /* layout fixed: links and buffers made */
@@ -111,7 +116,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.3.1";
+    return "1.4.0";
 }
 
 const char *psc_strerror(int code)
@@ -185,6 +190,7 @@ psc_client *psc_new(void)
     c->auto_reconnect = 1;
     c->chunk = CHUNK_FLOATS;
     c->pull_window = PS_PULL_WINDOW;
+    c->barrier = 1;
     c->shm_fd = -1;
     c->report_ms = 1000;
     s = getenv("PSD_REPORT_INTERVAL");
@@ -341,10 +347,12 @@ int psc_set(psc_client *c, const char *key, const char *value)
             return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
                         value);
         c->send_buffer = (int)v;
+    } else if (strcmp(key, "barrier") == 0) {
+        return onoff(c, key, value, &c->barrier);
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
                                    "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, send_buffer, "
-                                   "log)",
+                                   "barrier, log)",
                     key);
     }
     return 0;
@@ -842,6 +850,45 @@ static uint32_t first_part(const psc_client *c)
     return nlocal == 1 ? (local + 1) % c->nlinks : (c->shard + 1) % c->nlinks;
 }
 
+/* Ends a whole-model BSP step over a split model: a BARRIER on part 0's
+ * psd, answered once every worker has this version, so that all start
+ * their next round together (PROTOCOL.md, BARRIER; measured in
+ * bench/README.md). When the parts' versions differ (a part closed a round
+ * without this worker, around a loss or a rejoin) the worker withdraws
+ * instead (version 0): its next step may wait for a part whose round needs
+ * the others' next pushes, so they must not wait for it. A psd that does
+ * not know BARRIER is not asked again. */
+static int barrier(psc_client *c)
+{
+    if (!c->barrier || c->barrier_refused || !c->bsp || c->nlinks < 2)
+        return 0;
+    psc_link *ln = &c->links[0];
+    int in_step = 1;
+    for (uint32_t i = 1; i < c->nlinks; i++)
+        in_step &= c->links[i].version == ln->version;
+    if (!in_step && !c->barrier_in)
+        return 0; /* not taking part: nothing to say */
+    ps_msg m, r;
+    ps_msg_init(&m, PS_MSG_BARRIER);
+    m.has = PS_F_MVER;
+    m.mver = in_step ? ln->version : 0;
+    int rc = ps_client_call(&ln->cl, &m, &r, c->timeout_ms);
+    if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_EBAD_TYPE) {
+        PS_LOG(PS_LOG_INFO, "%s: psd does not know barrier (an older psd); steps go on without it", ln->server);
+        c->barrier_refused = 1;
+        return 0;
+    }
+    if (rc == 0 && r.type != PS_MSG_OK)
+        rc = PS_EMALFORMED;
+    if (rc != 0) {
+        int first = 0;
+        part_fail(c, 0, rc, &first);
+        return first;
+    }
+    c->barrier_in = in_step;
+    return 0;
+}
+
 /* A whole-model step: every part's push goes out before any answer is
  * read, from first_part on, the psd on other machines (TCP) first, so
  * their bytes are on the wire while a psd on this machine handles its
@@ -895,7 +942,7 @@ static int do_pushpull(psc_client *c)
         c->dropped++; /* a push after the plan's last round */
     c->version = c->links[0].version;
     c->pushed = 0;
-    return 0;
+    return barrier(c);
 }
 
 /* Pushes values [off, off + len) of the gradient to every psd whose part
@@ -979,6 +1026,8 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     }
     ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     ln->shm_ok = 0;
+    if (ln == &c->links[0])
+        c->barrier_in = 0; /* a new connection takes part from its first BARRIER */
     if (c->shm) {
         m.has |= PS_F_SHM;
         m.shm_pid = (uint32_t)getpid();

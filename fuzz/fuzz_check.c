@@ -44,6 +44,7 @@ static uint64_t spec_required(uint32_t type)
     case PS_MSG_ADMIN: return PS_F_CMD;
     case PS_MSG_CHALLENGE: return PS_F_NONCE;
     case PS_MSG_AUTH: return PS_F_CNONCE | PS_F_PROOF;
+    case PS_MSG_BARRIER: return PS_F_MVER;
     default: return 0;
     }
 }

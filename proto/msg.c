@@ -76,7 +76,7 @@ static const char *const type_names[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_METRICS_REPLY] = "metrics_reply", [PS_MSG_REPORT] = "report",
     [PS_MSG_ERROR] = "error",     [PS_MSG_BYE] = "bye",
     [PS_MSG_ADMIN] = "admin",     [PS_MSG_CHALLENGE] = "challenge",
-    [PS_MSG_AUTH] = "auth",
+    [PS_MSG_AUTH] = "auth", [PS_MSG_BARRIER] = "barrier",
 };
 
 const char *ps_msg_type_name(uint32_t type)
@@ -584,6 +584,8 @@ static uint64_t required_fields(uint32_t type)
         return PS_F_NONCE;
     case PS_MSG_AUTH:
         return PS_F_CNONCE | PS_F_PROOF;
+    case PS_MSG_BARRIER:
+        return PS_F_MVER;
     default:
         return 0;
     }

@@ -48,7 +48,8 @@ typedef enum ps_msg_type {
     PS_MSG_ADMIN = 17,     /* admin -> psd: a command (cmd, args); answered with OK or ERROR */
     PS_MSG_CHALLENGE = 18, /* psd -> client: answers a hello when psd requires a token (nonce) */
     PS_MSG_AUTH = 19,      /* client -> psd: proof of the token (cnonce, proof); answered with WELCOME */
-    PS_MSG_TYPE_MAX = 19
+    PS_MSG_BARRIER = 20,   /* worker -> psd: I have version ver; OK once every worker taking part has (BSP) */
+    PS_MSG_TYPE_MAX = 20
 } ps_msg_type;
 
 typedef enum ps_role { PS_ROLE_NONE = 0, PS_ROLE_WORKER = 1, PS_ROLE_ADMIN = 2 } ps_role;

@@ -410,7 +410,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         return;
     }
     int worker_only = m->type == PS_MSG_INIT || m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL ||
-                      m->type == PS_MSG_REPORT;
+                      m->type == PS_MSG_REPORT || m->type == PS_MSG_BARRIER;
     if (worker_only && !c->worker) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
@@ -456,6 +456,13 @@ void srv_handle(srv_conn *c, ps_msg *m)
     case PS_MSG_REPORT:
         handle_report(c, m);
         break;
+    case PS_MSG_BARRIER: {
+        char err[200];
+        int rc = srv_barrier(c, m->id, m->mver, err, sizeof err);
+        if (rc != 0)
+            srv_send_error(c, m->id, rc, 0, "%s", err);
+        break;
+    }
     case PS_MSG_STATUS: {
         ps_msg r;
         ps_msg_init(&r, PS_MSG_STATUS_REPLY);

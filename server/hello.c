@@ -59,6 +59,8 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
 {
     psd *s = c->srv;
     srv_pulls_drop(c);
+    if (c->barrier_ver)
+        srv_barrier_leave(c); /* the others no longer wait for it */
     if (s->init_owner == c) {
         s->init_owner = NULL;
         if (!s->model.initialized) {

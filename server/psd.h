@@ -233,6 +233,10 @@ struct srv_conn {
     uint32_t err_lines;      /* error log lines written for it */
     uint32_t err_quiet;      /* errors not logged since the last line */
     uint64_t err_line_ms;    /* when the last one was written */
+    uint64_t barrier_ver;    /* the highest version its BARRIERs named; 0: it
+                              * does not take part (barrier.c) */
+    uint64_t barrier_id;     /* the parked BARRIER's id */
+    int barrier_parked;      /* a BARRIER waits for the others */
     srv_conn *prev, *next;   /* psd.conns list */
 };
 
@@ -269,6 +273,7 @@ typedef struct srv_stats {
     uint64_t clipped_updates;     /* updates whose non-finite results were made finite */
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
+    uint64_t barriers;            /* BARRIERs answered (barrier.c) */
     /* rates, recomputed by the 1 s timer */
     uint64_t last_pushes, last_pulls;
     double push_rate, pull_rate;

@@ -33,4 +33,15 @@ void srv_pulls_drop(srv_conn *c);
 /* Frees the parked-pull entries kept for reuse (at exit). */
 void srv_parked_free_spare(void);
 
+/* BARRIER (barrier.c): worker c has reached model version ver and waits,
+ * in BSP, until every worker taking part in barriers has (ver 0: c stops
+ * taking part); answered now or parked (0), or refused with err (a second
+ * one while one waits). */
+int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen);
+/* Answers the parked barriers every worker taking part has reached. */
+void srv_barrier_release(psd *s);
+/* c stops taking part (its worker left or it closes): its own parked
+ * barrier is dropped, the others' may go. */
+void srv_barrier_leave(srv_conn *c);
+
 #endif

@@ -278,6 +278,9 @@ int srv_metrics_text(psd *s, ps_buf *b)
                  "silent past idle_timeout (idle).");
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
+    SIMPLE("psd_barriers_total", "counter",
+           "BARRIERs answered: steps at which a worker of a BSP job over a split model waited for the others.",
+           "%" PRIu64, s->stats.barriers);
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,
            s->stats.checkpoint_failures);

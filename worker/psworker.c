@@ -50,6 +50,7 @@ typedef struct wopts {
     const char *wire;        /* --wire: f32 or bf16 */
     int shm;                 /* --shm: offer psd shared memory */
     const char *send_buffer; /* --send-buffer: each connection's SO_SNDBUF (libpsclient's option) */
+    const char *barrier;     /* --barrier on|off (libpsclient's option) */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
@@ -112,6 +113,9 @@ static void usage(FILE *f)
             "      --send-buffer BYTES each connection's kernel send buffer (SO_SNDBUF); default:\n"
             "                          the kernel sizes it. A cap such as 65536 keeps a step's\n"
             "                          pushes to several psd from overflowing short link queues\n"
+            "      --barrier on|off    on (default): a bsp step over a split model ends at a\n"
+            "                          barrier on the first psd, so that every worker starts its\n"
+            "                          next round together (libpsclient's barrier option)\n"
             "      --shm on|off        on (default): offer psd a shared-memory segment for the\n"
             "                          tensors; a psd on this machine, of the same user, maps it\n"
             "                          and pushes and pulls skip the TCP copies (models of at\n"
@@ -528,7 +532,8 @@ static int parse_options(int argc, char **argv, wopts *o)
                .timeout_ms = 600000, .reconnect_ms = 60000, .connect_ms = 10000, .pipeline = 0, .shm = 1,
                .wire = "f32"};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT, O_NO_PLAN, O_SEND_BUFFER };
+           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT, O_NO_PLAN, O_SEND_BUFFER,
+           O_BARRIER };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -550,6 +555,7 @@ static int parse_options(int argc, char **argv, wopts *o)
         {"wire", required_argument, NULL, O_WIRE},
         {"shm", required_argument, NULL, O_SHM},
         {"send-buffer", required_argument, NULL, O_SEND_BUFFER},
+        {"barrier", required_argument, NULL, O_BARRIER},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
@@ -579,6 +585,7 @@ static int parse_options(int argc, char **argv, wopts *o)
                 return die("bad --pipeline '%s': on, off or auto", optarg);
             break;
         case O_SEND_BUFFER: o->send_buffer = optarg; break;
+        case O_BARRIER: o->barrier = optarg; break;
         case O_WIRE:
             if (strcmp(optarg, "f32") != 0 && strcmp(optarg, "bf16") != 0)
                 return die("bad --wire '%s': f32 or bf16", optarg);
@@ -680,7 +687,8 @@ static int client_new(wopts *o, psc_client **out)
         (snprintf(num, sizeof num, "%d", o->timeout_ms), psc_set(pc, "timeout_ms", num)) != 0 ||
         (snprintf(num, sizeof num, "%d", o->reconnect_ms / 1000), psc_set(pc, "reconnect_s", num)) != 0 ||
         (snprintf(num, sizeof num, "%d", o->connect_ms / 1000), psc_set(pc, "connect_s", num)) != 0 ||
-        (o->send_buffer && psc_set(pc, "send_buffer", o->send_buffer) != 0)) {
+        (o->send_buffer && psc_set(pc, "send_buffer", o->send_buffer) != 0) ||
+        (o->barrier && psc_set(pc, "barrier", o->barrier) != 0)) {
         die("%s", psc_errmsg(pc));
         psc_free(pc);
         return 2;

@@ -66,7 +66,7 @@ class PsdError(Exception):
 
 
 _OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "shm", "reconnect",
-            "send_buffer", "log")
+            "send_buffer", "barrier", "log")
 
 
 def _opt_text(value):
@@ -83,7 +83,9 @@ class Client:
     libpsclient's (docs/client.md): server ("host:port" or
     "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
     and Kubernetes environments), token_file, timeout_ms, reconnect_s,
-    connect_s, wire ("f32"/"bf16"), shm (bool), reconnect (bool), log.
+    connect_s, wire ("f32"/"bf16"), shm (bool), reconnect (bool), send_buffer,
+    barrier (bool: a BSP step over a split model ends at a BARRIER on the
+    first psd; on by default), log.
     connect=True connects at once (after init, when given, was copied into
     the parameters).
 

@@ -69,6 +69,7 @@ T_BYE = 16
 T_ADMIN = 17
 T_CHALLENGE = 18
 T_AUTH = 19
+T_BARRIER = 20
 
 # ERROR codes, as they travel (positive)
 E_MALFORMED = 1

@@ -25,7 +25,7 @@ LAYERS = [
     ("update", ["update.c"]),
     ("policy", ["policy.c", "join.c"]),
     ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "safetensors.c"]),
-    ("answer", ["reply.c", "pull.c"]),
+    ("answer", ["reply.c", "pull.c", "barrier.c"]),
     ("session", ["hello.c", "auth.c"]),
     ("dispatch", ["handle.c", "admin.c"]),
     ("connection", ["net.c", "http.c"]),

@@ -1363,6 +1363,7 @@ static const uint64_t required[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_ADMIN] = PS_F_CMD,
     [PS_MSG_CHALLENGE] = PS_F_NONCE,
     [PS_MSG_AUTH] = PS_F_CNONCE | PS_F_PROOF,
+    [PS_MSG_BARRIER] = PS_F_MVER,
 };
 
 static void test_decode_every_field_accepted(void **state)
@@ -1618,7 +1619,7 @@ static void test_decode_type_errors(void **state)
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, 0);
     expect(w, &(badcase){"type 0", PS_EBAD_TYPE, "unknown message type 0"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, PS_MSG_TYPE_MAX + 1);
-    expect(w, &(badcase){"type 20", PS_EBAD_TYPE, "unknown message type 20"});
+    expect(w, &(badcase){"type 21", PS_EBAD_TYPE, "unknown message type 21"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, UINT64_MAX);
     expect(w, &(badcase){"type 2^64-1", PS_EBAD_TYPE, "18446744073709551615"});
 
@@ -2323,7 +2324,7 @@ static void test_type_and_role_names(void **state)
     static const char *const names[] = {"?",      "hello",  "welcome",      "init",    "push",
                                         "pull",   "pushpull", "params",     "ok",      "heartbeat",
                                         "status", "status_reply", "metrics", "metrics_reply", "report",
-                                        "error",  "bye",    "admin", "challenge", "auth"};
+                                        "error",  "bye",    "admin", "challenge", "auth", "barrier"};
     for (uint32_t t = 0; t <= PS_MSG_TYPE_MAX; t++)
         assert_string_equal(ps_msg_type_name(t), names[t]);
     assert_string_equal(ps_msg_type_name(PS_MSG_TYPE_MAX + 1), "?");

@@ -1,0 +1,88 @@
+/* barrier.c - BARRIER: a worker of a BSP job waits there until every
+ * worker that uses barriers has reached the same model version.
+ *
+ * Over a model split between several psd, a worker starts its next round
+ * as soon as the last of its parts answers. The workers then start their
+ * rounds apart, and the early ones' pushes share the links with the
+ * replies the late ones still wait for, which keeps the late ones late
+ * (bench/README.md, multihost.py). libpsclient sends a BARRIER to the psd
+ * of part 0 after each whole-model step of such a job, so every worker
+ * starts the next round when the last one has its replies.
+ *
+ * A connection takes part from its first BARRIER on (clients that never
+ * send one are never waited for), and stops when it goes away, its worker
+ * leaves, or it sends one for version 0 (a worker whose parts are out of
+ * step, which must not be waited for). A parked BARRIER for version v is
+ * answered once every worker taking part, but for backup_workers of them,
+ * has sent one for v or later. In ASGD and SSP there are no rounds to line
+ * up: the OK comes at once. */
+#include <stdio.h>
+
+#include "proto/errors.h"
+#include "psd.h"
+#include "reply.h"
+
+/* Whether a barrier for version v may go: fewer than backup_workers + 1
+ * workers taking part are below v (with backup workers, a BSP round does
+ * not wait for the slowest b either). */
+static int may_go(const psd *s, uint64_t v)
+{
+    uint32_t behind = 0;
+    for (const srv_conn *c = s->conns; c; c = c->next)
+        behind += c->worker && !c->closing && c->barrier_ver && c->barrier_ver < v;
+    return behind <= (uint32_t)s->cfg.backup_workers;
+}
+
+static void answer(srv_conn *c, uint64_t id)
+{
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER;
+    r.id = id;
+    r.mver = c->srv->model.version;
+    c->srv->stats.barriers++;
+    srv_send(c, &r, NULL);
+}
+
+int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    if (c->barrier_parked) {
+        snprintf(err, errlen, "a barrier (id %llu) already waits on this connection",
+                 (unsigned long long)c->barrier_id);
+        return PS_ESTATE;
+    }
+    if (ver == 0) {
+        /* "do not wait for me": its parts are out of step (PROTOCOL.md) */
+        c->barrier_ver = 0;
+        answer(c, id);
+        srv_barrier_release(s);
+        return 0;
+    }
+    if (s->cfg.mode != PS_MODE_BSP) {
+        answer(c, id);
+        return 0;
+    }
+    if (ver > c->barrier_ver)
+        c->barrier_ver = ver;
+    c->barrier_id = id;
+    c->barrier_parked = 1;
+    srv_barrier_release(s);
+    return 0;
+}
+
+void srv_barrier_release(psd *s)
+{
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->barrier_parked && !c->closing && may_go(s, c->barrier_ver)) {
+            c->barrier_parked = 0;
+            answer(c, c->barrier_id);
+        }
+}
+
+void srv_barrier_leave(srv_conn *c)
+{
+    c->barrier_parked = 0;
+    c->barrier_ver = 0;
+    srv_barrier_release(c->srv);
+}

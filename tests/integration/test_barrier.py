@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""test_barrier.py - BARRIER (proto/PROTOCOL.md, section 5).
+
+Raw workers, written from the protocol with Python's msgpack:
+
+- BSP: a BARRIER waits until every worker taking part (every connection
+  that has sent one) has sent one for the same version or a later one; the
+  first one to take part waits for nobody; a worker that never sends one
+  is not waited for; a barrier for a later
+  version waits while one for an earlier one goes.
+- A worker that goes away (its connection closed, or BYE) stops holding
+  the others back; a worker that comes back takes part from its own first
+  BARRIER on.
+- ver 0 withdraws (a worker whose parts are out of step): answered at
+  once, and the others no longer wait for it until its next BARRIER.
+- Mistakes cost only themselves: a second BARRIER while one waits (STATE,
+  the first still answered), a missing ver (BAD_FIELD), an admin's
+  (FORBIDDEN).
+- With backup_workers = b, a barrier does not wait for the slowest b.
+- ASGD and SSP answer at once.
+
+psworker over a model split on 2 psd in BSP (libpsclient 1.4): every step
+ends at a BARRIER on the first psd (psd_barriers_total = workers x steps
+there, 0 on the second), none with --barrier off, and the job trains the
+same either way (the same final version, both workers exit 0).
+"""
+
+import os
+import socket
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import (E_BAD_FIELD, E_FORBIDDEN, E_STATE, T_BARRIER, T_BYE, T_OK, RawClient,  # noqa: E402
+                     expect_error)
+
+LAYOUT = [["w", [1024]]]
+QUIET = 0.4  # seconds in which a parked BARRIER must not be answered
+
+
+def hello(addr, shard, nshards):
+    c = RawClient(addr, 10.0)
+    r = c.hello_worker(LAYOUT, shard, nshards)
+    if r.get("t") != harness.T_WELCOME:
+        raise AssertionError("hello answered with %r" % (r,))
+    return c
+
+
+def barrier(c, ver, id_):
+    c.send_frame({"t": T_BARRIER, "id": id_, "ver": ver})
+
+
+class BarrierTest(unittest.TestCase):
+    def ok(self, c, id_, what):
+        r = c.recv_frame(10.0)
+        self.assertEqual(r.get("t"), T_OK, "%s: %r" % (what, r))
+        self.assertEqual(r.get("id"), id_, what)
+        self.assertIn("ver", r, what)
+
+    def quiet(self, c, what):
+        with self.assertRaises(socket.timeout, msg="%s: answered too early" % what):
+            r = c.recv_frame(QUIET)
+            raise AssertionError("%s: got %r" % (what, r))
+
+    def test_bsp_barrier(self):
+        with harness.Cluster("test-barrier") as cl:
+            psd = cl.psd(mode="bsp", workers=3)
+            a, b, c = (hello(psd.addr, k, 3) for k in range(3))
+            # the first to take part waits for nobody; c never sends a
+            # BARRIER, so it is not waited for
+            r = a.request({"t": T_BARRIER, "ver": 1, "id": 100})
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 100), "a alone taking part")
+            r = b.request({"t": T_BARRIER, "ver": 1, "id": 100})
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 100), "b like a")
+            barrier(a, 5, 1)
+            self.quiet(a, "a's barrier with b not there yet")
+            barrier(b, 5, 1)
+            self.ok(b, 1, "b reaches 5")
+            self.ok(a, 1, "a released by b")
+            # a later version waits while an earlier one goes
+            barrier(b, 7, 2)
+            barrier(a, 6, 2)
+            self.ok(a, 2, "a's 6: b is at 7")
+            self.quiet(b, "b's 7 with a at 6")
+            barrier(a, 7, 3)
+            got = {}
+            for who, conn in (("a", a), ("b", b)):
+                r = conn.recv_frame(10.0)
+                got[who] = (r.get("t"), r.get("id"))
+            self.assertEqual(got, {"a": (T_OK, 3), "b": (T_OK, 2)})
+            # a second one while one waits: STATE, and the first still goes
+            barrier(a, 8, 4)
+            self.quiet(a, "a's 8 with b at 7")
+            barrier(a, 9, 5)
+            expect_error(self, a.recv_frame(10.0), E_STATE, "second barrier")
+            # b goes away: a's barrier no longer waits for it
+            b.close()
+            self.ok(a, 4, "a released when b's connection closed")
+            # b's shard back: it takes part from its own first barrier on
+            b2 = hello(psd.addr, 1, 3)
+            barrier(a, 9, 6)
+            self.ok(a, 6, "a alone taking part")
+            barrier(b2, 9, 1)
+            self.ok(b2, 1, "b2 at 9 like a")
+            barrier(b2, 10, 2)
+            self.quiet(b2, "b2's 10 with a at 9")
+            # ver 0: "do not wait for me" (a worker whose parts are out of step)
+            r = a.request({"t": T_BARRIER, "ver": 0, "id": 7})
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 7), "a withdraws")
+            self.ok(b2, 2, "b2 released when a withdrew")
+            barrier(b2, 11, 3)
+            self.ok(b2, 3, "b2 alone taking part")
+            barrier(a, 12, 8)
+            self.quiet(a, "a back, b2 at 11")
+            barrier(b2, 12, 4)
+            self.ok(b2, 4, "b2 at 12")
+            self.ok(a, 8, "a released by b2")
+            barrier(b2, 13, 5)
+            a.send_frame({"t": T_BYE, "id": 9})
+            self.ok(a, 9, "a's bye")
+            self.ok(b2, 5, "b2 released when a said bye")
+            # mistakes cost only themselves
+            expect_error(self, b2.request({"t": T_BARRIER}), E_BAD_FIELD, "no ver")
+            with RawClient(psd.addr, 10.0) as adm:
+                adm.hello_admin()
+                expect_error(self, adm.request({"t": T_BARRIER, "ver": 1}), E_FORBIDDEN, "admin's barrier")
+            r = b2.request({"t": T_BARRIER, "ver": 14})
+            self.assertEqual(r.get("t"), T_OK, "b2 alone after the mistakes: %r" % (r,))
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_barriers_total"), 17)
+            for conn in (b2, c):
+                conn.close()
+            psd.stop()
+
+    def test_backup_workers(self):
+        # a BSP round does not wait for the slowest backup_workers: nor
+        # does a barrier
+        with harness.Cluster("test-barrier-backup") as cl:
+            psd = cl.psd(mode="bsp", workers=3, args=["--set", "backup_workers=1"])
+            ws = [hello(psd.addr, k, 3) for k in range(3)]
+            for w in ws:
+                r = w.request({"t": T_BARRIER, "ver": 1})
+                self.assertEqual(r.get("t"), T_OK, r)
+            barrier(ws[0], 2, 10)
+            self.quiet(ws[0], "two behind")
+            barrier(ws[1], 2, 10)
+            self.ok(ws[0], 10, "one behind: a backup worker")
+            self.ok(ws[1], 10, "one behind: a backup worker")
+            barrier(ws[2], 2, 10)
+            self.ok(ws[2], 10, "none behind")
+            for w in ws:
+                w.close()
+            psd.stop()
+
+    def test_asgd_ssp_answer_at_once(self):
+        with harness.Cluster("test-barrier-asgd") as cl:
+            for mode in ("asgd", "ssp"):
+                psd = cl.psd(mode=mode, workers=2, name="psd-" + mode)
+                a = hello(psd.addr, 0, 2)
+                b = hello(psd.addr, 1, 2)  # connected, never sends one
+                for ver in (3, 2, 1):
+                    r = a.request({"t": T_BARRIER, "ver": ver})
+                    self.assertEqual(r.get("t"), T_OK, "%s: %r" % (mode, r))
+                a.close()
+                b.close()
+                psd.stop()
+
+    def test_psworker_split(self):
+        versions = {}
+        for flag in ("on", "off"):
+            with harness.Cluster("test-barrier-split") as cl:
+                psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i) for i in range(2)]
+                ws = [cl.worker(psds, k, 2, epochs=1, limit=2000, test_limit=500, model="mlp:64",
+                                args=["--barrier", flag, "--shm", "off", "--seed", "3"]) for k in range(2)]
+                results = [w.result(120) for w in ws]
+                for rc, summary in results:
+                    self.assertEqual(rc, 0, "--barrier %s: a worker failed" % flag)
+                    self.assertIsNotNone(summary)
+                steps = results[0][1]["version"]
+                self.assertEqual(steps, harness.steps_per_epoch(2000, 2, 64, True))
+                versions[flag] = steps
+                counts = []
+                for p in psds:
+                    samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+                    counts.append(harness.metric(samples, "psd_barriers_total"))
+                self.assertEqual(counts, [2 * steps, 0] if flag == "on" else [0, 0], "--barrier %s" % flag)
+                for p in psds:
+                    p.stop()
+        self.assertEqual(versions["on"], versions["off"])
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main()
