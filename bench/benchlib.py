@@ -25,7 +25,7 @@ PY = "/usr/bin/python3"
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import harness  # noqa: E402
 
-__all__ = ["PY", "ROOT", "adam", "harness", "json_lines", "python_env", "wait_all"]
+__all__ = ["PY", "ROOT", "adam", "cpu_seconds", "harness", "json_lines", "python_env", "wait_all"]
 
 
 def adam(lr, cosine_versions=None, warmup_versions=None):
@@ -69,3 +69,10 @@ def wait_all(procs, timeout, program):
             sys.exit("%s: %s failed:\n%s" % (program, p.name, p.stderr()))
         out.append(p.stdout())
     return out
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds process pid has used (Linux /proc)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

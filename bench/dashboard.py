@@ -32,7 +32,7 @@ import urllib.request
 
 import benchlib
 import browser  # tests/integration's, on the path benchlib sets
-from benchlib import harness
+from benchlib import cpu_seconds, harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -52,13 +52,6 @@ def dashboard_url(psd):
 
 def epoch_records(w):
     return benchlib.json_lines(w.stdout(), '{"epoch"')
-
-
-def cpu_seconds(pid):
-    """utime + stime of a process, in seconds."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu(root):

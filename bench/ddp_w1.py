@@ -32,7 +32,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from torch_ref import W1, load  # noqa: E402
+from torch_ref import W1, evaluate, load  # noqa: E402
 
 
 def main():
@@ -73,10 +73,7 @@ def main():
         seconds.append(time.monotonic() - t0)
     acc = None
     if a.rank == 0:
-        model.eval()
-        with torch.no_grad():
-            out = torch.cat([model(xte[i:i + 1000]) for i in range(0, len(xte), 1000)])
-            acc = (out.argmax(1) == yte).float().mean().item()
+        acc = evaluate(model, xte, yte)[0]
     dist.destroy_process_group()
     print(json.dumps({"rank": a.rank, "train_seconds": seconds, "test_accuracy": acc, "steps": steps}))
 

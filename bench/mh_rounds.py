@@ -21,8 +21,9 @@ S float32 values split over the listed psd (one psd: the whole model):
   with two requests in flight, as psworker's chunked step does.
 
 --order stagger sends worker K's parts starting at part K+1 (wrapping), so
-that no psd receives from every worker at once: libpsclient's order since
-1.3.1 (psworker's). --order pieces:P takes the servers as
+that no psd receives from every worker at once, and reads the replies in
+that order: libpsclient's order since 1.3.1 (reading since 1.4;
+psworker's). --order pieces:P takes the servers as
 hosts of P psd each (host h's at h*P .. h*P+P-1, each a piece of the host's
 part that closes its rounds on its own) and sends piece 0 of the other
 hosts, from host K+1 on, then piece 1, ..., this host's pieces last: a
@@ -314,7 +315,7 @@ def main():
                          "min": ln.version + 1}, g)
             else:
                 chunked_send(ln, g)
-        for i in [] if sched or lockstep else range(n):
+        for i in [] if sched or lockstep else (order if a.order == "stagger" else range(n)):
             ln = links[i]
             part = params[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:
@@ -322,13 +323,14 @@ def main():
             else:
                 chunked_finish(ln, part)
             got[i] = time.monotonic()
+        end = got[-1] if n == 1 else max(got)
         if a.psd_barrier:
             links[0].send({"t": BARRIER, "ver": links[0].version})
             if links[0].recv()["t"] != OK:
                 sys.exit("mh_rounds: BARRIER not answered with OK")
-            got = [time.monotonic()] * n
+            end = time.monotonic()
         if r >= a.warmup:
-            times.append(got[-1] - t0 if n == 1 else max(got) - t0)
+            times.append(end - t0)
             starts.append(t0)
             replies.append(got)
     for ln in links:

@@ -29,8 +29,11 @@ A cell is a placement, a model of S float32 values and a link rate:
            with its own host's part last (psworker's order up to libpsclient
            1.3.0).
 - stagger: split, but worker k sends to parts k+1, k+2, ... first, so no
-           psd receives from every worker at once: libpsclient's order
-           since 1.3.1 (psworker's).
+           psd receives from every worker at once, and reads the replies
+           in that order: libpsclient's order since 1.3.1 (the reading
+           order since 1.4; psworker's). With --psd-barrier every round
+           ends with a BARRIER on part 0's psd, as libpsclient 1.4 does
+           (PROTOCOL.md section 5).
 - pieces:  a what-if for key-range pieces that close their rounds on their
            own: --pieces psd on each worker host, each holding a piece of
            the host's part; worker k sends piece 0 of hosts k+1, k+2, ...,
@@ -486,8 +489,20 @@ def fmt_size(s):
     return "{:,}".format(s)
 
 
-def report(cells, trains, link):
+def congestion_control():
+    """The TCP congestion control a new namespace starts with (the
+    machine's default: Debian's is cubic; --sysctl may change it)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def report(cells, trains, link, sysctls=()):
     lines = []
+    cc = [kv.split("=", 1)[1] for kv in sysctls if kv.startswith("net.ipv4.tcp_congestion_control=")]
+    lines.append("TCP congestion control: %s" % (cc[-1] if cc else congestion_control()))
     for mbit, goodput in link.items():
         lines.append("link check at %d Mbit/s: one TCP stream h0 -> h1 moved %.0f Mbit/s" % (mbit, goodput))
     keys = sorted({(c["size"], c["mbit"]) for c in cells}, key=lambda k: (-k[1], k[0]))
@@ -608,7 +623,9 @@ def main():
                     help="what-if: the psd placements' workers start each round together (mh_rounds.py --barrier)")
     ap.add_argument("--pieces", type=int, default=4, help="psd per host in the pieces placement (a what-if)")
     ap.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
-                    help="a sysctl set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0")
+                    help="a sysctl set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0; "
+                         "net.ipv4.tcp_congestion_control takes only what net.ipv4.tcp_allowed_congestion_control "
+                         "lists there (the kernel's rule for namespaces)")
     ap.add_argument("--train", default="split,ddp", help="W1 runs: split, ddp, or none")
     ap.add_argument("--train-rates", default=None, help="rates for W1 (default: --rates)")
     ap.add_argument("--train-limit", type=int, default=0, help="W1 on the first N training samples (0: all)")
@@ -693,7 +710,7 @@ def main():
     finally:
         m.cleanup()
     if cells or trains:
-        print(report(cells, trains, link))
+        print(report(cells, trains, link, a.sysctl))
         with open(os.path.join(out, "multihost.json"), "w") as f:
             json.dump({"cells": cells, "train": trains, "link_mbit": link,
                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)

@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("PSD_CLIENT_LIBRARY", os.path.join(ROOT, "build", "client", "libpsclient.so.1"))
 import harness  # noqa: E402
+from benchlib import cpu_seconds  # noqa: E402
 
 PY = "/usr/bin/python3"
 SCRIPT = os.path.join(ROOT, "examples", "torch", "mnist_cnn.py")
@@ -103,13 +104,6 @@ def alone(args, threads=2):
 
 
 # ---- through psd ------------------------------------------------------------
-
-
-def cpu_seconds(pid):
-    """User + system CPU seconds process pid has used (Linux /proc)."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def through_psd(args, model="cnn", epochs=None, limit=None, pipeline=False, batch=None):

@@ -45,6 +45,14 @@ def load(data, name, split):
     return torch.from_numpy(x).unsqueeze(1), torch.from_numpy(y)
 
 
+def evaluate(model, xte, yte):
+    """model's test accuracy and mean loss on (xte, yte), in batches of 1000."""
+    model.eval()
+    with torch.no_grad():
+        out = torch.cat([model(xte[i:i + 1000]) for i in range(0, len(xte), 1000)])
+    return (out.argmax(1) == yte).float().mean().item(), F.cross_entropy(out, yte).item()
+
+
 class W1(nn.Module):
     def __init__(self):
         super().__init__()
@@ -116,11 +124,7 @@ def main():
                 sched.step()
             loss_sum += loss.item() * len(idxs)
         train_time += time.perf_counter() - t0
-        model.eval()
-        with torch.no_grad():
-            out = torch.cat([model(xte[i:i + 1000]) for i in range(0, len(xte), 1000)])
-            acc = (out.argmax(1) == yte).float().mean().item()
-            tl = F.cross_entropy(out, yte).item()
+        acc, tl = evaluate(model, xte, yte)
         print(json.dumps({"epoch": epoch, "train_seconds": round(train_time, 4), "test_accuracy": acc,
                           "test_loss": tl, "train_loss": loss_sum / len(xtr)}), flush=True)
 

@@ -919,14 +919,20 @@ static int do_pushpull(psc_client *c)
             else if (small)
                 sent[i] = 1;
         }
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    /* the replies in the same order: psd p's replies then go to its
+     * workers one after another (each worker reads a different part
+     * first), not all at once to the one every worker reads first (a
+     * reply not being read stalls on the worker's receive window) */
+    for (uint32_t j = 0; j < c->nlinks; j++) {
+        uint32_t i = (start + j) % c->nlinks;
         if (!sent[i])
             continue;
         int rc = small ? pushpull_recv(c, &c->links[i]) : chunks_acks(c, &c->links[i], sent[i], i == 0);
         if (rc != 0)
             part_fail(c, i, rc, &first);
     }
-    for (uint32_t i = 0; i < c->nlinks && !small && !first; i++) {
+    for (uint32_t j = 0; j < c->nlinks && !small && !first; j++) {
+        uint32_t i = (start + j) % c->nlinks;
         psc_link *ln = &c->links[i];
         int rc = pull_part(c, ln, c->params + ln->lo, 0, ln->hi - ln->lo, c->bsp ? ln->version + 1 : 0);
         if (rc != 0) {
