@@ -35,13 +35,8 @@ static int may_go(const psd *s, uint64_t v)
 
 static void answer(srv_conn *c, uint64_t id)
 {
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_OK);
-    r.has = PS_F_ID | PS_F_MVER;
-    r.id = id;
-    r.mver = c->srv->model.version;
     c->srv->stats.barriers++;
-    srv_send(c, &r, NULL);
+    srv_send_ok(c, id);
 }
 
 int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen)
@@ -69,6 +64,27 @@ int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen
     c->barrier_parked = 1;
     srv_barrier_release(s);
     return 0;
+}
+
+int srv_barrier_describe(const srv_conn *c, char *out, size_t len)
+{
+    if (!c->barrier_parked)
+        return 0;
+    size_t n = (size_t)snprintf(out, len, "barrier at version %llu waits for",
+                                (unsigned long long)c->barrier_ver);
+    int named = 0;
+    for (const srv_conn *o = c->srv->conns; o && n < len; o = o->next) {
+        if (!o->worker || o->closing || !o->barrier_ver || o->barrier_ver >= c->barrier_ver)
+            continue;
+        if (named == 3) {
+            n += (size_t)snprintf(out + n, len - n, ", ...");
+            break;
+        }
+        n += (size_t)snprintf(out + n, len - n, "%s shard %u/%u (at version %llu)", named ? "," : "",
+                              o->worker->shard, o->worker->nshards, (unsigned long long)o->barrier_ver);
+        named++;
+    }
+    return named > 0;
 }
 
 void srv_barrier_release(psd *s)

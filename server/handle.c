@@ -36,16 +36,6 @@ static int wide_reserve(srv_conn *c, uint64_t n)
     return 0;
 }
 
-static void reply_ok(srv_conn *c, uint64_t id)
-{
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_OK);
-    r.has = PS_F_ID | PS_F_MVER;
-    r.id = id;
-    r.mver = c->srv->model.version;
-    srv_send(c, &r, NULL);
-}
-
 /* HEARTBEAT. Without an id it is fire-and-forget, so a worker's heartbeat
  * thread never has a reply to read, except that one asking with "wait"
  * while one of the worker's pulls is parked is told what that pull waits
@@ -54,11 +44,12 @@ static void reply_ok(srv_conn *c, uint64_t id)
 static void handle_heartbeat(srv_conn *c, ps_msg *m)
 {
     char why[240];
-    int tell = (m->has & PS_F_WAIT) && m->wait && c->worker && c->parked &&
-               srv_wait_describe(c->srv, c->worker, why, sizeof why);
+    int tell = (m->has & PS_F_WAIT) && m->wait && c->worker &&
+               ((c->parked && srv_wait_describe(c->srv, c->worker, why, sizeof why)) ||
+                srv_barrier_describe(c, why, sizeof why));
     if (!tell) {
         if (m->has & PS_F_ID)
-            reply_ok(c, m->id);
+            srv_send_ok(c, m->id);
         return;
     }
     ps_msg r;
@@ -216,7 +207,7 @@ static void handle_init(srv_conn *c, ps_msg *m)
         s->stats.init_ms = srv_now_ms();
         PS_LOG(PS_LOG_INFO, "model initialised by shard %u (%s)", c->worker->shard, c->addr);
     }
-    reply_ok(c, m->id);
+    srv_send_ok(c, m->id);
     if (m->fin)
         srv_answer_parked(s);
 }
@@ -333,7 +324,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
     if (m->type == PS_MSG_PUSHPULL)
         pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
     else
-        reply_ok(c, m->id);
+        srv_send_ok(c, m->id);
 }
 
 srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
@@ -351,7 +342,7 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     if (a.type == PS_MSG_PUSHPULL)
         pull(c, a.id, a.poff, a.plen, a.min, a.rdt);
     else
-        reply_ok(c, a.id);
+        srv_send_ok(c, a.id);
     return c;
 }
 
@@ -383,7 +374,7 @@ static void handle_report(srv_conn *c, ps_msg *m)
         PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
                w->loss, w->rate);
     srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0, epoch_end);
-    reply_ok(c, m->id);
+    srv_send_ok(c, m->id);
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
@@ -512,7 +503,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         }
         srv_conn_detach(c, SRV_W_LEFT, why);
     }
-        reply_ok(c, m->id);
+        srv_send_ok(c, m->id);
         c->close_after_write = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);
         break;

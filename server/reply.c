@@ -22,3 +22,13 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
     va_end(ap);
     c->srv->io->send_error(c, id, code, fatal, text);
 }
+
+void srv_send_ok(srv_conn *c, uint64_t id)
+{
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER;
+    r.id = id;
+    r.mver = c->srv->model.version;
+    srv_send(c, &r, NULL);
+}

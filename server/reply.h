@@ -15,6 +15,8 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
 /* Queues an ERROR reply for request id; fatal closes after it is sent. */
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* Answers request id with an OK carrying the model's version. */
+void srv_send_ok(srv_conn *c, uint64_t id);
 
 /* pull.c: pulls and parked pulls */
 /* A pull of [off, off+len) for version >= min, answered in element type
@@ -38,6 +40,10 @@ void srv_parked_free_spare(void);
  * taking part); answered now or parked (0), or refused with err (a second
  * one while one waits). */
 int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen);
+/* What c's parked barrier waits for ("barrier at version 12 waits for
+ * shard 2/3 (at version 11)"), for HEARTBEAT's wait notice; 0 when none
+ * is parked or it waits for nobody. */
+int srv_barrier_describe(const srv_conn *c, char *out, size_t len);
 /* Answers the parked barriers every worker taking part has reached. */
 void srv_barrier_release(psd *s);
 /* c stops taking part (its worker left or it closes): its own parked

@@ -17,6 +17,7 @@ Raw workers, written from the protocol with Python's msgpack:
   the first still answered), a missing ver (BAD_FIELD), an admin's
   (FORBIDDEN).
 - With backup_workers = b, a barrier does not wait for the slowest b.
+- A HEARTBEAT with wait, while a BARRIER waits, is told whom it waits for.
 - ASGD and SSP answer at once.
 
 psworker over a model split on 2 psd in BSP (libpsclient 1.4): every step
@@ -32,7 +33,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import (E_BAD_FIELD, E_FORBIDDEN, E_STATE, T_BARRIER, T_BYE, T_OK, RawClient,  # noqa: E402
+from harness import (E_BAD_FIELD, E_FORBIDDEN, E_STATE, T_BARRIER, T_BYE, T_HEARTBEAT, T_OK, RawClient,  # noqa: E402
                      expect_error)
 
 LAYOUT = [["w", [1024]]]
@@ -63,6 +64,19 @@ class BarrierTest(unittest.TestCase):
             r = c.recv_frame(QUIET)
             raise AssertionError("%s: got %r" % (what, r))
 
+    def meet(self, first, id1, second, id2, ver, what, notice=None):
+        """first's barrier for ver waits until second's comes; then both go.
+        notice: what a HEARTBEAT with wait is told meanwhile."""
+        barrier(first, ver, id1)
+        self.quiet(first, what + ": alone")
+        if notice:
+            r = first.request({"t": T_HEARTBEAT, "wait": True})
+            self.assertEqual((r.get("t"), r.get("wait")), (T_OK, True), r)
+            self.assertEqual(r.get("text"), notice)
+        barrier(second, ver, id2)
+        self.ok(second, id2, what)
+        self.ok(first, id1, what)
+
     def test_bsp_barrier(self):
         with harness.Cluster("test-barrier") as cl:
             psd = cl.psd(mode="bsp", workers=3)
@@ -73,11 +87,8 @@ class BarrierTest(unittest.TestCase):
             self.assertEqual((r.get("t"), r.get("id")), (T_OK, 100), "a alone taking part")
             r = b.request({"t": T_BARRIER, "ver": 1, "id": 100})
             self.assertEqual((r.get("t"), r.get("id")), (T_OK, 100), "b like a")
-            barrier(a, 5, 1)
-            self.quiet(a, "a's barrier with b not there yet")
-            barrier(b, 5, 1)
-            self.ok(b, 1, "b reaches 5")
-            self.ok(a, 1, "a released by b")
+            self.meet(a, 1, b, 1, 5, "a waits for b at 5",
+                      notice="barrier at version 5 waits for shard 1/3 (at version 1)")
             # a later version waits while an earlier one goes
             barrier(b, 7, 2)
             barrier(a, 6, 2)
@@ -111,11 +122,7 @@ class BarrierTest(unittest.TestCase):
             self.ok(b2, 2, "b2 released when a withdrew")
             barrier(b2, 11, 3)
             self.ok(b2, 3, "b2 alone taking part")
-            barrier(a, 12, 8)
-            self.quiet(a, "a back, b2 at 11")
-            barrier(b2, 12, 4)
-            self.ok(b2, 4, "b2 at 12")
-            self.ok(a, 8, "a released by b2")
+            self.meet(a, 8, b2, 4, 12, "a back, waits for b2 at 12")
             barrier(b2, 13, 5)
             a.send_frame({"t": T_BYE, "id": 9})
             self.ok(a, 9, "a's bye")
