@@ -315,7 +315,7 @@ def main():
                          "min": ln.version + 1}, g)
             else:
                 chunked_send(ln, g)
-        for i in [] if sched or lockstep else (order if a.order == "stagger" else range(n)):
+        for i in [] if sched or lockstep else (order if a.order == "stagger" or a.order.startswith("pieces:") else range(n)):
             ln = links[i]
             part = params[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:
