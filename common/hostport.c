@@ -1,14 +1,18 @@
 /* hostport.c - "host:port" parsing, for psd's listen options and the
- * clients' --connect; see hostport.h. */
+ * clients' --connect, and whether a connection's two ends share a
+ * machine; see hostport.h. */
 #include "hostport.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
 #include <ctype.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "common/log.h"
 #include "proto/errors.h"
@@ -122,4 +126,38 @@ int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char
     memcpy(host, h, hlen + 1);
     *port = (int)p;
     return 0;
+}
+
+/* The IP address of sa, in a form that compares equal for equal
+ * addresses (an IPv4-mapped IPv6 address as IPv4). Returns 0 when sa is
+ * neither IPv4 nor IPv6. */
+static int ip_of(const struct sockaddr_storage *sa, uint8_t out[16], int *v4)
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (sa->ss_family == AF_INET) {
+        memcpy(out, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        *v4 = 1;
+        return 1;
+    }
+    if (sa->ss_family != AF_INET6)
+        return 0;
+    const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+    *v4 = memcmp(a, mapped, sizeof mapped) == 0;
+    memcpy(out, *v4 ? a + 12 : a, *v4 ? 4 : 16);
+    return 1;
+}
+
+int ps_sock_same_host(int fd)
+{
+    struct sockaddr_storage peer, self;
+    socklen_t pl = sizeof peer, sl = sizeof self;
+    int pv4, sv4;
+    uint8_t pa[16], sa[16];
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 || getsockname(fd, (struct sockaddr *)&self, &sl) != 0 ||
+        !ip_of(&peer, pa, &pv4) || !ip_of(&self, sa, &sv4))
+        return 0;
+    static const uint8_t v6_loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    if (pv4 ? pa[0] == 127 : memcmp(pa, v6_loopback, 16) == 0)
+        return 1;
+    return pv4 == sv4 && memcmp(pa, sa, pv4 ? 4 : 16) == 0;
 }

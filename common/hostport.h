@@ -22,4 +22,10 @@ typedef struct ps_hostport {
  * included). Port must be 0..65535. */
 int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char *err, size_t errlen);
 
+/* Whether the peer of connected TCP socket fd runs on this machine: its
+ * address is a loopback one, or the very address the socket has here (a
+ * connection from this host to one of its own interfaces). 0 also when
+ * either address cannot be read. */
+int ps_sock_same_host(int fd);
+
 #endif

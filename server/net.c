@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "admin.h"
+#include "common/hostport.h"
 #include "common/log.h"
 #include "common/vec.h"
 #include "handle.h"
@@ -779,42 +780,13 @@ static void peer_name(uv_tcp_t *t, char *out, size_t len)
     snprintf(out, len, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
 }
 
-/* The IP address of sa, in a form that compares equal for equal
- * addresses (an IPv4-mapped IPv6 address as IPv4). Returns 0 when sa is
- * neither IPv4 nor IPv6. */
-static int ip_of(const struct sockaddr_storage *sa, uint8_t out[16], int *v4)
-{
-    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    if (sa->ss_family == AF_INET) {
-        memcpy(out, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-        *v4 = 1;
-        return 1;
-    }
-    if (sa->ss_family != AF_INET6)
-        return 0;
-    const uint8_t *a = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
-    *v4 = memcmp(a, mapped, sizeof mapped) == 0;
-    memcpy(out, *v4 ? a + 12 : a, *v4 ? 4 : 16);
-    return 1;
-}
-
-/* Whether the peer of t runs on this machine: its address is a loopback
- * one, or the very address it reached psd on (a connection from this host
- * to one of its own interfaces). Only such a peer can share memory with
- * psd; for any other, a hello naming a process would name one of ours. */
+/* Whether the peer of t runs on this machine (ps_sock_same_host). Only such
+ * a peer can share memory with psd; for any other, a hello naming a
+ * process would name one of ours. */
 static int peer_same_host(uv_tcp_t *t)
 {
-    struct sockaddr_storage peer, self;
-    int pl = sizeof peer, sl = sizeof self, pv4, sv4;
-    uint8_t pa[16], sa[16];
-    if (uv_tcp_getpeername(t, (struct sockaddr *)&peer, &pl) != 0 ||
-        uv_tcp_getsockname(t, (struct sockaddr *)&self, &sl) != 0 || !ip_of(&peer, pa, &pv4) ||
-        !ip_of(&self, sa, &sv4))
-        return 0;
-    static const uint8_t v6_loopback[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
-    if (pv4 ? pa[0] == 127 : memcmp(pa, v6_loopback, 16) == 0)
-        return 1;
-    return pv4 == sv4 && memcmp(pa, sa, pv4 ? 4 : 16) == 0;
+    uv_os_fd_t fd;
+    return uv_fileno((uv_handle_t *)t, &fd) == 0 && ps_sock_same_host(fd);
 }
 
 static void on_connection(uv_stream_t *server, int status)

@@ -128,9 +128,10 @@ PSC_API psc_client *psc_new(void);
  *   send_buffer  each connection's kernel send buffer in bytes (SO_SNDBUF;
  *                0, the default: the kernel sizes it, or 4096 .. 2^28), for
  *                links whose short queues a step's flows overflow (1.3.1)
- *   barrier      "on" (the default) or "off": a BSP step over a split model
- *                ends at a BARRIER on part 0's psd, so that every worker
- *                starts its next round when the last has its replies (1.4)
+ *   barrier      "auto" (the default), "on" or "off": a BSP step over a
+ *                split model ends at a BARRIER on part 0's psd, so that
+ *                every worker starts its next round when the last has its
+ *                replies; auto: when a part's psd is on another machine (1.4)
  *   report_s     seconds between psc_progress's reports to psd (default 1,
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log

@@ -84,8 +84,9 @@ class Client:
     "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
     and Kubernetes environments), token_file, timeout_ms, reconnect_s,
     connect_s, wire ("f32"/"bf16"), shm (bool), reconnect (bool), send_buffer,
-    barrier (bool: a BSP step over a split model ends at a BARRIER on the
-    first psd; on by default), log.
+    barrier ("auto", or a bool: a BSP step over a split model ends at a
+    BARRIER on the first psd; auto, the default: when a psd is on another
+    machine), log.
     connect=True connects at once (after init, when given, was copied into
     the parameters).
 

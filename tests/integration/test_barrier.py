@@ -20,10 +20,12 @@ Raw workers, written from the protocol with Python's msgpack:
 - A HEARTBEAT with wait, while a BARRIER waits, is told whom it waits for.
 - ASGD and SSP answer at once.
 
-psworker over a model split on 2 psd in BSP (libpsclient 1.4): every step
-ends at a BARRIER on the first psd (psd_barriers_total = workers x steps
-there, 0 on the second), none with --barrier off, and the job trains the
-same either way (the same final version, both workers exit 0).
+psworker over a model split on 2 psd in BSP (libpsclient 1.4): with
+--barrier on every step ends at a BARRIER on the first psd
+(psd_barriers_total = workers x steps there, 0 on the second), none with
+--barrier off, nor with auto (the default) when every psd is on this
+machine, and the job trains the same either way (the same final version,
+both workers exit 0).
 """
 
 import os
@@ -175,7 +177,7 @@ class BarrierTest(unittest.TestCase):
 
     def test_psworker_split(self):
         versions = {}
-        for flag in ("on", "off"):
+        for flag in ("on", "off", "auto"):
             with harness.Cluster("test-barrier-split") as cl:
                 psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i) for i in range(2)]
                 ws = [cl.worker(psds, k, 2, epochs=1, limit=2000, test_limit=500, model="mlp:64",
@@ -191,10 +193,12 @@ class BarrierTest(unittest.TestCase):
                 for p in psds:
                     samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
                     counts.append(harness.metric(samples, "psd_barriers_total"))
+                # auto: every psd here is on this machine, so no barrier
                 self.assertEqual(counts, [2 * steps, 0] if flag == "on" else [0, 0], "--barrier %s" % flag)
                 for p in psds:
                     p.stop()
         self.assertEqual(versions["on"], versions["off"])
+        self.assertEqual(versions["on"], versions["auto"])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@ stood still once the link was back (PROTOCOL.md 8 tells how); now:
 - when the link is back shard 2's step fails on psd c, and the library
   leaves every psd and says hello to each again, so the other psd closes
   its round without it too, and each part takes it back at its next round;
+- the workers end each step with a BARRIER on psd 0 (--barrier on, as
+  between machines): shard 2, whose parts are then a round apart,
+  withdraws from it instead of holding the others back (without that the
+  job stood still again);
 - every worker then trains to the plan's last round on both parts; a
   round may count shard 2's push on one part and not on the other only
   where its workers change (the round shard 2 is lost in, or rejoins at:
@@ -155,7 +159,8 @@ class PlanSplitTest(unittest.TestCase):
                 via[c] = relay.addr
                 servers = [",".join(direct)] * 2 + [",".join(via)]
                 ws = [cl.worker(servers[k], k, 3, epochs=EPOCHS, batch=BATCH, limit=LIMIT, model=MODEL,
-                                evaluate=False, args=["--reconnect-timeout", "60"]) for k in range(3)]
+                                evaluate=False, args=["--reconnect-timeout", "60", "--barrier", "on"])
+                  for k in range(3)]
                 harness.wait_until(lambda: harness.status(psds[c].addr)["version"] >= rounds // 4, 60,
                                    "a quarter of the plan's rounds")
                 self.assertTrue(all(w.alive() for w in ws), "the job ended before the cut")
