@@ -20,7 +20,8 @@ whole grid):
 
 Each must end with every worker's exit status 0 (psworker stops with an
 error when its loss is not finite) and worker 0's test accuracy far above
-chance (10%). --set passes a psd setting on top of the defaults, to show
+chance (10%); worker 0 starts once psd has seen the others, so that it
+never trains and evaluates alone. --set passes a psd setting on top of the defaults, to show
 that the test fails on other settings: the earlier defaults
 (--set optimizer=sgd --set lr=0.05 --set momentum=0.9 --set
 warmup_versions=0) fail all three tests; --set warmup_versions=0 alone
@@ -48,8 +49,15 @@ class DefaultsTest(unittest.TestCase):
             args += ["--set", kv]
         with harness.Cluster("psd-defaults") as cl:
             psd = cl.psd(mode=mode, workers=nworkers, args=args)
-            ws = []
-            for k in range(nworkers):
+            ws = [None] * nworkers
+            # worker 0, which evaluates at the end of its epoch, starts once
+            # psd has seen every other worker: started first, on a slow
+            # machine (the sanitizer build) it could finish its epoch alone
+            # and evaluate a model that only its own steps trained
+            for k in list(range(1, nworkers)) + [0]:
+                if k == 0:
+                    harness.wait_until(lambda: len(harness.status(psd.addr)["workers"]) >= nworkers - 1, 60,
+                                       "the other workers to join")
                 argv = [harness.Paths.psworker, "--server", psd.addr, "--shard", "%d/%d" % (k, nworkers),
                         "--seed", str(seed), "--data", harness.Paths.data, "--epochs", "1", "--model", model,
                         "--limit", str(limit), "--test-limit", str(TEST_LIMIT), "--quiet"]
@@ -57,7 +65,7 @@ class DefaultsTest(unittest.TestCase):
                     argv.append("--eval")
                 w = harness.Worker("worker%d" % k, argv, cl.dir)
                 cl.procs.append(w)
-                ws.append(w)
+                ws[k] = w
             what = "%s, %d %s worker(s), seed %d" % (model, nworkers, mode, seed)
             for w in ws:
                 rc, summary = w.result(120)
