@@ -70,6 +70,8 @@ struct psc_client {
                               * at a BARRIER on part 0's psd: 1 on, 0 off,
                               * -1 auto (when a part is on another machine) */
     int barrier_refused;     /* that psd does not know BARRIER (before 1.4) */
+    int step_in;             /* the step's pushes went in before it failed (at its
+                              * BARRIER): its gradient is not lost */
     int barrier_in;          /* this connection to part 0 takes part (it sent a
                               * BARRIER for a version, not withdrawn since) */
     /* the model */
@@ -962,6 +964,7 @@ static int do_pushpull(psc_client *c)
         c->dropped++; /* a push after the plan's last round */
     c->version = c->links[0].version;
     c->pushed = 0;
+    c->step_in = 1;
     return barrier(c);
 }
 
@@ -1304,6 +1307,7 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 
 static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
+    c->step_in = 0;
     int rc = op == OP_PUSHPULL ? do_pushpull(c) : op == OP_PUSH ? do_push(c, off, len) : do_pull(c, off, len);
     if (op != OP_PULL)
         c->has_base = 0;
@@ -1311,7 +1315,7 @@ static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
         return 0;
     if (c->auto_reconnect && recoverable(c, rc)) {
         rc = reconnect(c);
-        if (rc == 0 && op != OP_PULL)
+        if (rc == 0 && op != OP_PULL && !c->step_in)
             c->lost++;
         if (rc == 0 && op == OP_PULL)
             rc = do_pull(c, off, len); /* the open pulled the parts it reconnected; this is the rest */

@@ -22,15 +22,32 @@
 #include "psd.h"
 #include "reply.h"
 
-/* Whether a barrier for version v may go: fewer than backup_workers + 1
- * workers taking part are below v (with backup workers, a BSP round does
- * not wait for the slowest b either). */
-static int may_go(const psd *s, uint64_t v)
+/* The highest version a parked barrier may have to go: the (b+1)-th
+ * lowest version among the workers taking part, b = backup_workers (a
+ * barrier for v goes when at most b of them are below v, as a BSP round
+ * does not wait for the slowest b either); UINT64_MAX when fewer take
+ * part. One pass per distinct version, at most b+1 passes. */
+static uint64_t threshold(const psd *s)
 {
-    uint32_t behind = 0;
-    for (const srv_conn *c = s->conns; c; c = c->next)
-        behind += c->worker && !c->closing && c->barrier_ver && c->barrier_ver < v;
-    return behind <= (uint32_t)s->cfg.backup_workers;
+    uint64_t below = 0; /* versions up to it are counted */
+    uint32_t counted = 0, k = (uint32_t)s->cfg.backup_workers + 1;
+    while (counted < k) {
+        uint64_t low = UINT64_MAX;
+        uint32_t n = 0;
+        for (const srv_conn *c = s->conns; c; c = c->next) {
+            uint64_t v = c->worker && !c->closing ? c->barrier_ver : 0;
+            if (v <= below)
+                continue; /* not taking part (0), or counted */
+            if (v < low)
+                low = v, n = 0;
+            n += v == low;
+        }
+        if (!n)
+            return UINT64_MAX;
+        counted += n;
+        below = low;
+    }
+    return below;
 }
 
 static void answer(srv_conn *c, uint64_t id)
@@ -89,8 +106,9 @@ int srv_barrier_describe(const srv_conn *c, char *out, size_t len)
 
 void srv_barrier_release(psd *s)
 {
+    uint64_t t = threshold(s);
     for (srv_conn *c = s->conns; c; c = c->next)
-        if (c->barrier_parked && !c->closing && may_go(s, c->barrier_ver)) {
+        if (c->barrier_parked && !c->closing && c->barrier_ver <= t) {
             c->barrier_parked = 0;
             answer(c, c->barrier_id);
         }

@@ -372,6 +372,19 @@ class Cluster:
         return w
 
 
+def finish(test, workers, timeout=120):
+    """Waits for every worker; asserts each exited 0 with a JSON summary
+    (the worker's stderr tail in the message otherwise) and returns the
+    summaries in order."""
+    results = []
+    for w in workers:
+        rc, summary = w.result(timeout)
+        test.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, tail(w.err_path)))
+        test.assertIsNotNone(summary, "%s printed no JSON summary" % w.name)
+        results.append(summary)
+    return results
+
+
 def run(argv, timeout=30, **kw):
     """Runs a short program to completion with a time limit; returns the
     CompletedProcess with text stdout and stderr."""

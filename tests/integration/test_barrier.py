@@ -182,11 +182,7 @@ class BarrierTest(unittest.TestCase):
                 psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i) for i in range(2)]
                 ws = [cl.worker(psds, k, 2, epochs=1, limit=2000, test_limit=500, model="mlp:64",
                                 args=["--barrier", flag, "--shm", "off", "--seed", "3"]) for k in range(2)]
-                results = [w.result(120) for w in ws]
-                for rc, summary in results:
-                    self.assertEqual(rc, 0, "--barrier %s: a worker failed" % flag)
-                    self.assertIsNotNone(summary)
-                steps = results[0][1]["version"]
+                steps = harness.finish(self, ws)[0]["version"]
                 self.assertEqual(steps, harness.steps_per_epoch(2000, 2, 64, True))
                 versions[flag] = steps
                 counts = []

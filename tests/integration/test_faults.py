@@ -54,13 +54,7 @@ def version(addr):
 
 class FaultTest(unittest.TestCase):
     def finish(self, workers, timeout=120):
-        results = []
-        for w in workers:
-            rc, summary = w.result(timeout)
-            self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
-            self.assertIsNotNone(summary, "%s printed no JSON summary" % w.name)
-            results.append(summary)
-        return results
+        return harness.finish(self, workers, timeout)
 
     def test_worker_killed_in_bsp(self):
         self.worker_killed_in_bsp(plan=True)

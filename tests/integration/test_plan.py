@@ -113,12 +113,7 @@ class PlanTest(unittest.TestCase):
                 finally:
                     os.kill(ws[2].pid, signal.SIGCONT)
                 notes.append("the job %s during the 15 s cut" % ("ended" if done_in_cut else "went on"))
-            results = []
-            for w in ws:
-                rc, summary = w.result(300)
-                self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
-                self.assertIsNotNone(summary, "%s printed no JSON summary" % w.name)
-                results.append(summary)
+            results = harness.finish(self, ws, 300)
             seconds = time.monotonic() - t0
             st = harness.status(psd.addr)
             # the worker that pulled last holds psd's final model

@@ -91,6 +91,7 @@ class PlanRestartTest(unittest.TestCase):
         os.kill(psd.pid, signal.SIGKILL)
         psd.wait(10)
         return k
+
     def test_planned_job_survives_kill_of_psd(self):
         port = harness.free_port()
         gb = 2 * BATCH
@@ -128,12 +129,7 @@ class PlanRestartTest(unittest.TestCase):
                 self.assertFalse(plan["done"])
                 self.assertRegex(psd2.stderr(), r"plan restored from the checkpoint: %d epochs of %d samples, %d per "
                                                 r"round, seed \d+: round %d of %d" % (EPOCHS, LIMIT, gb, c, rounds))
-            results = []
-            for w in ws:
-                rc, summary = w.result(240)
-                self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
-                self.assertIsNotNone(summary, "%s printed no JSON summary" % w.name)
-                results.append(summary)
+            results = harness.finish(self, ws, 240)
             st = harness.status(psd2.addr)
             log = psd2.stderr()
             lost = k - c
@@ -197,9 +193,7 @@ class PlanRestartTest(unittest.TestCase):
                 shard2 = [w for w in harness.status(psd2.addr)["workers"] if w["shard"] == 2]
                 self.assertEqual([w["state"] for w in shard2], ["lost"], shard2)
             t0 = time.monotonic()
-            for w in live:
-                rc, summary = w.result(240)
-                self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
+            for summary in harness.finish(self, live, 240):
                 self.assertEqual(summary["version"], rounds)
             took = time.monotonic() - t0
             log = psd2.stderr()

@@ -182,11 +182,7 @@ class PlanSplitTest(unittest.TestCase):
                 # it back at their next round, and the job goes on
                 harness.wait_until(lambda: re.search(r"worker shard 2/3 rejoined", psds[o].stderr()), 30,
                                    "shard 2 to leave and rejoin psd %d" % o)
-                results = []
-                for w in ws:
-                    rc, summary = w.result(180)
-                    self.assertEqual(rc, 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
-                    results.append(summary)
+                results = harness.finish(self, ws, 180)
                 sts = [harness.status(p.addr) for p in psds]
                 logs = [p.stderr() for p in psds]
             finally:

@@ -426,6 +426,17 @@ static void set_state_dir(psd *s, const char *dir)
     assert_int_equal(ps_config_set(&s->cfg, "state_dir", dir, err, sizeof err), 0);
 }
 
+/* A psd of `workers` workers started from dir's newest checkpoint, as
+ * main() starts one. */
+static psd *restarted(const char *dir, const char *workers)
+{
+    psd *s = make_psd(workers);
+    set_state_dir(s, dir);
+    assert_int_equal(srv_checkpoint_load(s), 1);
+    srv_workers_out_restored(s);
+    return s;
+}
+
 /* A checkpoint holds the plan and the shards out of it: a psd started from
  * it has the plan before any hello, goes on at the checkpoint's round, and
  * does not wait for a shard that was lost before; a checkpoint without a
@@ -449,10 +460,7 @@ static void test_checkpoint_keeps_the_plan(void **state)
     assert_int_equal(srv_checkpoint_write_now(s), 0);
     free_psd(s);
 
-    psd *t = make_psd("3");
-    set_state_dir(t, dir);
-    assert_int_equal(srv_checkpoint_load(t), 1);
-    srv_workers_out_restored(t); /* as main() does */
+    psd *t = restarted(dir, "3");
     assert_int_equal(t->model.version, 1);
     assert_true(t->plan.set);
     assert_memory_equal(&t->plan.p, &p, sizeof p);
@@ -485,10 +493,7 @@ static void test_checkpoint_keeps_the_plan(void **state)
     assert_true(step(u, y, 0) >= 0);
     assert_int_equal(srv_checkpoint_write_now(u), 0);
     free_psd(u);
-    psd *v = make_psd("2");
-    set_state_dir(v, dir);
-    assert_int_equal(srv_checkpoint_load(v), 1);
-    srv_workers_out_restored(v);
+    psd *v = restarted(dir, "2");
     assert_int_equal(v->model.version, 1);
     assert_false(v->plan.set);
     assert_int_equal(v->nworkers_cap, 0);
@@ -513,10 +518,7 @@ static void test_checkpoint_keeps_the_plan(void **state)
     set_state_dir(f, dir); /* only now: the last worker's leaving would write it in the (absent) loop's pool */
     assert_int_equal(srv_checkpoint_write_now(f), 0);
     free_psd(f);
-    psd *d = make_psd("2");
-    set_state_dir(d, dir);
-    assert_int_equal(srv_checkpoint_load(d), 1);
-    srv_workers_out_restored(d);
+    psd *d = restarted(dir, "2");
     assert_true(d->plan.set && srv_plan_done(d));
     assert_int_equal(d->nworkers_cap, 0);
     srv_conn *late = join(d, 1, 2, NULL);
