@@ -61,6 +61,7 @@ reply arrived, for a per-round trace.
 import argparse
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -187,6 +188,105 @@ def chunked_finish(ln, part):
     ln.version = v
 
 
+def frame_bytes(msg, data):
+    """The frame Link.send would write for msg and data, as (head, data)."""
+    head = msgpack.packb(msg, use_bin_type=True)
+    nkeys = len(msg) + 1
+    data = memoryview(data).cast("B")
+    head = bytes([0x80 | nkeys]) + head[1:] + msgpack.packb("data") + b"\xc6" + struct.pack(">I", len(data))
+    return struct.pack(">I", len(head) + len(data)) + head, data
+
+
+def concurrent_round(links, order, grad, params, bounds, piece=0):
+    """--order concurrent: every part's requests written at once, each socket
+    taking what it can when it can (non-blocking, poll), and each reply read
+    as its bytes arrive, whichever part they come from: no part's flow waits
+    for another's. With piece > 0 (psd's bsp_piece), a part's gradient goes
+    as PUSH chunks of piece values and its values come back as PULLs of the
+    same ranges (min v + 1), which psd answers as each piece closes.
+    Returns each part's reply time."""
+    n = len(links)
+    out, inb, want, got, newv = {}, {}, {}, [0.0] * n, {}
+    for i in order:
+        ln = links[i]
+        g = grad[bounds[i]:bounds[i + 1]]
+        frames = []
+        if not piece or piece >= ln.n:
+            frames.append(({"t": PUSHPULL, "base": ln.version, "off": 0, "poff": 0, "plen": ln.n,
+                            "min": ln.version + 1}, g))
+        else:
+            # each piece's PULL right behind its PUSH: psd parks it until
+            # the piece closes, while the next pieces arrive
+            for off in range(0, ln.n, piece):
+                end = min(ln.n, off + piece)
+                frames.append(({"t": PUSH, "base": ln.version, "off": off, "fin": end == ln.n}, g[off:end]))
+                frames.append(({"t": PULL, "off": off, "len": end - off, "min": ln.version + 1}, None))
+        out[i] = []
+        for msg, data in frames:
+            msg["id"] = ln.next_id
+            ln.next_id += 1
+            if data is None:
+                body = msgpack.packb(msg, use_bin_type=True)
+                out[i].append(memoryview(struct.pack(">I", len(body)) + body))
+            else:
+                head, data = frame_bytes(msg, data)
+                out[i] += [memoryview(head), data]
+        want[i] = len(frames)
+        inb[i] = [bytearray(4), 0, None]  # buffer, bytes in, frame length
+        ln.sock.setblocking(False)
+    poll = select.poll()
+    fd = {links[i].sock.fileno(): i for i in order}
+    for i in order:
+        poll.register(links[i].sock, select.POLLIN | select.POLLOUT)
+    left = set(order)
+    while left:
+        for f, ev in poll.poll(600000):
+            i = fd[f]
+            ln = links[i]
+            if ev & select.POLLOUT and out[i]:
+                while out[i]:
+                    try:
+                        k = ln.sock.send(out[i][0])
+                    except BlockingIOError:
+                        break
+                    out[i][0] = out[i][0][k:]
+                    if not len(out[i][0]):
+                        out[i].pop(0)
+                if not out[i]:
+                    poll.modify(ln.sock, select.POLLIN)
+            if ev & (select.POLLIN | select.POLLERR | select.POLLHUP):
+                b = inb[i]
+                while i in left:
+                    need = (4 if b[2] is None else b[2]) - b[1]
+                    try:
+                        k = ln.sock.recv_into(memoryview(b[0])[b[1]:], need)
+                    except BlockingIOError:
+                        break
+                    if k == 0:
+                        raise ConnectionError("psd closed the connection")
+                    b[1] += k
+                    if b[2] is None and b[1] == 4:
+                        (b[2],) = struct.unpack(">I", bytes(b[0]))
+                        b[0], b[1] = bytearray(b[2]), 0
+                    elif b[2] is not None and b[1] == b[2]:
+                        msg = msgpack.unpackb(b[0], raw=False)
+                        b[0], b[1], b[2] = bytearray(4), 0, None
+                        if msg["t"] == ERROR:
+                            sys.exit("mh_rounds: psd refused: [%d] %s" % (msg["code"], msg["text"]))
+                        if msg["t"] == PARAMS:
+                            newv[i] = params_into(ln, msg, params[bounds[i]:bounds[i + 1]])
+                        want[i] -= 1
+                        if not want[i]:
+                            ln.version = newv[i]
+                            got[i] = time.monotonic()
+                            left.discard(i)
+                            poll.unregister(ln.sock)
+    for i in order:
+        links[i].sock.setblocking(True)
+        links[i].sock.settimeout(600)
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True)
@@ -204,6 +304,8 @@ def main():
     ap.add_argument("--send-buffer", type=int, default=0, help="SO_SNDBUF of each connection (0: the kernel's)")
     ap.add_argument("--lowat", type=int, default=0, help="TCP_NOTSENT_LOWAT of each connection (0: the order's "
                     "default): a send returns when at most this much is unsent, so the pushes leave one by one")
+    ap.add_argument("--piece", type=int, default=0, help="--order concurrent: psd's bsp_piece; push and pull each "
+                    "part in pieces of this many values")
     ap.add_argument("--window", type=int, default=PULL_WINDOW, help="--order lockstep: chunk pulls in flight per part")
     ap.add_argument("--slice", type=int, default=16384, help="--order lockstep: values per chunk")
     a = ap.parse_args()
@@ -230,6 +332,8 @@ def main():
         if p < 1 or h * p != n:
             sys.exit("mh_rounds: %d servers are not hosts of %d pieces" % (n, p))
         order = [((k + j) % h) * p + q for q in range(p) for j in range(1, h)] + [k * p + q for q in range(p)]
+    elif a.order == "concurrent":
+        order = [(k + 1 + j) % n for j in range(n)]
     elif a.order not in ("parts", "stagger", "sched", "lockstep"):
         sys.exit("mh_rounds: bad --order '%s'" % a.order)
     if 0 <= a.local < n:  # the psd on this host last: the remote bytes go out first
@@ -307,7 +411,9 @@ def main():
                         got[i] = time.monotonic()
             for i in range(n):
                 links[i].version = newv[i]
-        for i in [] if sched or lockstep else order:
+        if a.order == "concurrent":
+            got = concurrent_round(links, order, grad, params, bounds, a.piece)
+        for i in [] if sched or lockstep or a.order == "concurrent" else order:
             ln = links[i]
             g = grad[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:
@@ -315,7 +421,7 @@ def main():
                          "min": ln.version + 1}, g)
             else:
                 chunked_send(ln, g)
-        for i in [] if sched or lockstep else (order if a.order == "stagger" or a.order.startswith("pieces:") else range(n)):
+        for i in [] if sched or lockstep or a.order == "concurrent" else (order if a.order == "stagger" or a.order.startswith("pieces:") else range(n)):
             ln = links[i]
             part = params[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:

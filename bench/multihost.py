@@ -340,12 +340,13 @@ class Bench:
                 bdir = os.path.join(self.m.out, self.name("barrier"))
                 os.makedirs(bdir)
                 barrier = ["--barrier", bdir]
-            order = {"stagger": "stagger", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
+            order = {"stagger": "stagger", "concurrent": "concurrent", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])] + barrier
                                + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
                                + (["--lowat", str(self.a.lowat)] if self.a.lowat else [])
+                               + (["--piece", str(self.a.piece)] if self.a.piece and placement == "concurrent" else [])
                                + (["--slice", str(self.a.slice), "--window", str(self.a.window)]
                                   if placement == "lockstep" else []),
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
@@ -514,7 +515,7 @@ def report(cells, trains, link, sysctls=()):
     for size, mbit in keys:
         row = {c["placement"]: c for c in cells if c["size"] == size and c["mbit"] == mbit}
         gloo = row.get("gloo", {}).get("p50_ms")
-        for pl in ("central", "split", "stagger", "pieces", "sched", "lockstep", "gloo", "mpi"):
+        for pl in ("central", "split", "stagger", "concurrent", "pieces", "sched", "lockstep", "gloo", "mpi"):
             c = row.get(pl)
             if not c:
                 continue
@@ -608,6 +609,9 @@ def main():
                     help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
     ap.add_argument("--psd-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a setting for every psd the bench starts, e.g. pace_replies=yes")
+    ap.add_argument("--piece", type=int, default=0,
+                    help="the concurrent placement: psd's bsp_piece, and its workers push and pull in pieces of "
+                         "this many values")
     ap.add_argument("--lowat", type=int, default=0,
                     help="bytes: mh_rounds.py's TCP_NOTSENT_LOWAT on every connection (a send returns when at "
                          "most this much is unsent, so a worker's pushes leave one after another)")
@@ -652,7 +656,7 @@ def main():
     trainers = [t for t in a.train.split(",") if t and t != "none"]
     train_rates = [int(r) for r in (a.train_rates or a.rates).split(",") if r]
     for p in placements:
-        if p not in ("central", "split", "stagger", "pieces", "sched", "lockstep", "gloo", "mpi"):
+        if p not in ("central", "split", "stagger", "concurrent", "pieces", "sched", "lockstep", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
         if t not in ("split", "ddp"):

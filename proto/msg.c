@@ -170,6 +170,7 @@ static const field fields[] = {
     F("params", PS_F_PARAMS, FK_U64, params),
     F("workers", PS_F_WORKERS, FK_U32, workers),
     F("hb", PS_F_HB, FK_U64, hb),
+    F("piece", PS_F_PIECE, FK_U64, piece),
     F("wire", PS_F_WIRE, FK_U64, wire),
     F("dt", PS_F_DT, FK_DTYPE, dt),
     F("rdt", PS_F_RDT, FK_DTYPE, rdt),

@@ -104,7 +104,9 @@ enum {
 #define PS_F_DONE (1ull << 42)   /* "done": the plan's last round is over (params) */
 #define PS_F_WAIT (1ull << 43)   /* "wait": heartbeat: tell me what my parked pull waits for;
                                   * OK: this one tells it, in "text" (PROTOCOL.md HEARTBEAT) */
-#define PS_F_COUNT 44            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_PIECE (1ull << 44)  /* "piece": values a piece of a BSP round that closes piece
+                                  * by piece (welcome; PROTOCOL.md section 8) */
+#define PS_F_COUNT 45            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -197,6 +199,7 @@ typedef struct ps_msg {
     double rate;            /* "rate": samples per second */
     uint64_t samples;       /* "samples" */
     uint64_t hb;            /* "hb": psd's heartbeat timeout in ms */
+    uint64_t piece;         /* "piece": values a piece of a BSP round (welcome) */
     char cmd[PS_CMD_MAX + 1]; /* "cmd": admin command, 1..PS_CMD_MAX bytes (NUL-terminated) */
     ps_str args[PS_ARGS_MAX]; /* "args": admin arguments, nargs of them, each a
                                * str of 0..PS_ARG_MAX bytes */

@@ -274,7 +274,8 @@ static void cmd_pin(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "pin: the model has no values yet");
         return;
     }
-    srv_snap *snap = srv_snap_take(&s->model);
+    srv_snap *base = s->policy->round_base ? s->policy->round_base(s) : NULL;
+    srv_snap *snap = base ? srv_snap_ref(base) : srv_snap_take(&s->model); /* one version, not a round's pieces */
     if (!snap) {
         srv_send_error(c, m->id, PS_ENOMEM, 0, "pin: out of memory");
         return;

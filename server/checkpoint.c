@@ -407,11 +407,19 @@ static void on_after_work(uv_work_t *req, int status)
     job_free(j);
 }
 
+/* A BSP round closing piece by piece has applied some of its pieces: the
+ * parameters and the optimizer's state are then of two versions, and a
+ * checkpoint waits for the round to close. */
+static int mid_round(psd *s)
+{
+    return s->policy->round_base && s->policy->round_base(s);
+}
+
 void srv_checkpoint_start(psd *s, int force)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
         return;
-    if (srv_update_busy(s))
+    if (srv_update_busy(s) || mid_round(s))
         return; /* it writes the optimizer state: the next tick tries again */
     if (!force && s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
         return;
@@ -446,7 +454,7 @@ int srv_checkpoint_at_rest(psd *s, const char *why)
         return 1;
     if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
         return 1; /* an unchanged model is not written twice */
-    if (s->checkpoint_busy || srv_update_busy(s))
+    if (s->checkpoint_busy || srv_update_busy(s) || mid_round(s))
         return 0;
     PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 ": %s", s->model.version, why);
     srv_checkpoint_start(s, 0);
@@ -467,6 +475,9 @@ int srv_checkpoint_write_now(psd *s)
         return 0;
     if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
         return 0;
+    if (mid_round(s))
+        PS_LOG(PS_LOG_WARN, "final checkpoint: round %" PRIu64 " had applied some of its pieces; they are written "
+               "with it, and the round, done again, applies them a second time", s->model.version);
     ckpt_job *j = job_new(s);
     if (!j) {
         PS_LOG(PS_LOG_ERROR, "final checkpoint: out of memory");

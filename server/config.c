@@ -167,6 +167,14 @@ static const ps_config_option options[] = {
      .help = "bsp: close a round after the first M - backup_workers pushes (Chen et al., "
              "2016); pushes that arrive for a round already closed are dropped and "
              "counted. Must be less than workers."},
+    {.name = "bsp_piece", .type = PS_CT_U64, .def = "0", AT(bsp_piece), .lo = 0, .hi = INT64_MAX,
+     .apply = srv_apply_read_when_used,
+     .help = "bsp: close each round piece by piece, a piece being this many values ([0, n), "
+             "[n, 2n), ...): a piece's mean is applied as soon as every worker's push covers "
+             "it, and a pull of version r + 1 whose range lies in closed pieces is answered "
+             "then, while the rest of the round still arrives, so replies and pushes share "
+             "the links (BytePS's partitions). Taken only with bsp_sum_order = shard, "
+             "backup_workers = 0, clip_norm = 0 and no plan; 0: the whole model at once."},
     {.name = "staleness", .type = PS_CT_INT, .def = "3", AT(staleness), .lo = 0, .hi = 1000000,
      .help = "ssp: how many clocks (pushes) a worker may run ahead of the slowest live "
              "worker before its pulls wait."},

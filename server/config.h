@@ -77,6 +77,8 @@ typedef struct ps_config {
     uint64_t warmup_versions;          /* linear warm-up from 0 to lr */
     int bsp_sum_order;                 /* enum ps_bsp_sum_order */
     int backup_workers;                /* bsp: a round closes after M - b pushes */
+    uint64_t bsp_piece;                /* bsp: values a piece of a round that closes piece by
+                                        * piece; 0 = the whole model at once */
     int staleness;                     /* ssp: clocks a worker may run ahead */
     bool staleness_scale;              /* asgd: scale a push's step by 1/(1+staleness) */
     double dc_lambda;                  /* asgd: DC-ASGD delay compensation; 0 = off */

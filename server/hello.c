@@ -405,6 +405,8 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     r.need_init = need_init;
     r.has |= PS_F_HB;
     r.hb = s->cfg.heartbeat_timeout;
+    if (s->policy->piece && (r.piece = s->policy->piece(s)) != 0)
+        r.has |= PS_F_PIECE;
     if (c->shm) {
         r.has |= PS_F_INSHM;
         r.inshm = 1;

@@ -335,6 +335,15 @@ typedef struct bsp_state {
     size_t src_cap;
     uint32_t count; /* complete pushes in the current round */
     uint64_t round_start_ms;
+    /* A round closing piece by piece (bsp_piece; pieces_on): piece p is
+     * [p * piece, (p + 1) * piece); pcount[p] counts the shards whose push
+     * covers it, pclosed[p] says its mean is applied. Valid for round
+     * pround only. */
+    uint64_t piece, pround;
+    size_t npieces, nclosed, pcap;
+    uint32_t *pcount;
+    uint8_t *pclosed;
+    srv_snap *base; /* the version before the round's first piece closed */
     float gmax;     /* the largest |value| of this round's pushes so far */
     int gmax_unknown; /* one of them came without it */
 } bsp_state;
@@ -632,6 +641,137 @@ static void shard_free(bsp_shard *w)
     free(w);
 }
 
+/* ---- pieces: a round that closes piece by piece -------------------------- */
+
+/* The rounds close piece by piece: bsp_piece is set and nothing needs the
+ * whole round's mean at once (backup workers decide per round who counts,
+ * clip_norm clips the whole mean, a plan hands out the next round as it
+ * opens, the arrival-order sum has no push apart before its fin). */
+static int pieces_on(const psd *s)
+{
+    const ps_config *c = &s->cfg;
+    return c->bsp_piece > 0 && c->bsp_piece < s->model.layout.total && c->bsp_sum_order == PS_BSP_SUM_SHARD &&
+           c->backup_workers == 0 && !(c->clip_norm > 0) && !srv_plan_active(s);
+}
+
+/* 1 when w's push of the round covers [lo, hi) (its ranges are merged). */
+static int covers(const bsp_shard *w, uint64_t lo, uint64_t hi)
+{
+    for (size_t i = 0; i < w->nrg; i++)
+        if (w->rg[i].lo <= lo && hi <= w->rg[i].hi)
+            return 1;
+    return 0;
+}
+
+static uint64_t piece_hi(const bsp_state *b, size_t p, size_t total)
+{
+    uint64_t hi = (uint64_t)(p + 1) * b->piece;
+    return hi < total ? hi : total;
+}
+
+/* The pieces of the current round, counted from none (its first push);
+ * -1 when out of memory (the round then closes whole). */
+static int pieces_begin(psd *s, bsp_state *b)
+{
+    uint64_t round = s->model.version;
+    if (b->pround == round && b->npieces)
+        return 0;
+    size_t total = s->model.layout.total;
+    b->npieces = 0;
+    b->nclosed = 0;
+    b->pround = round;
+    if (!pieces_on(s))
+        return 0;
+    uint64_t piece = s->cfg.bsp_piece;
+    size_t n = (size_t)((total + piece - 1) / piece);
+    if (n > b->pcap) {
+        uint32_t *c = realloc(b->pcount, n * sizeof *c);
+        if (c)
+            b->pcount = c;
+        uint8_t *d = realloc(b->pclosed, n);
+        if (d)
+            b->pclosed = d;
+        if (!c || !d)
+            return -1;
+        b->pcap = n;
+    }
+    memset(b->pcount, 0, n * sizeof *b->pcount);
+    memset(b->pclosed, 0, n);
+    b->piece = piece;
+    b->npieces = n;
+    return 0;
+}
+
+/* Counts the pieces of [off, off+n) that w's push now covers whole. */
+static void pieces_note(bsp_state *b, const bsp_shard *w, uint64_t off, uint64_t n, size_t total)
+{
+    if (!b->npieces || !n)
+        return;
+    for (size_t p = (size_t)(off / b->piece); p <= (size_t)((off + n - 1) / b->piece); p++)
+        if (!b->pclosed[p] && covers(w, (uint64_t)p * b->piece, piece_hi(b, p, total)))
+            b->pcount[p]++;
+}
+
+/* Counts every piece again (a shard's unfinished push was dropped). */
+static void pieces_recount(psd *s, bsp_state *b)
+{
+    size_t total = s->model.layout.total;
+    for (size_t p = 0; p < b->npieces; p++) {
+        if (b->pclosed[p])
+            continue;
+        b->pcount[p] = 0;
+        for (uint32_t i = 0; i < b->nsh; i++) {
+            const bsp_shard *w = b->sh[i];
+            if (w && w->round == s->model.version && covers(w, (uint64_t)p * b->piece, piece_hi(b, p, total)))
+                b->pcount[p]++;
+        }
+    }
+}
+
+static int sources_room(bsp_state *b);
+
+/* Applies the mean of the pieces every needed push covers, each over the
+ * shards that pushed it (in shard order). SRV_WAKE when one closed. */
+static int pieces_close(psd *s, bsp_state *b)
+{
+    if (!b->npieces || b->pround != s->model.version || srv_update_busy(s) || sources_room(b) != 0)
+        return 0;
+    size_t total = s->model.layout.total;
+    uint32_t needed = bsp_needed(s);
+    int woke = 0;
+    for (size_t p = 0; p < b->npieces; p++) {
+        if (b->pclosed[p] || b->pcount[p] < needed)
+            continue;
+        uint64_t lo = (uint64_t)p * b->piece, hi = piece_hi(b, p, total);
+        srv_grad gr = {.src = b->src, .blk = b->blk, .xs = b->xs, .has_gmax = !b->gmax_unknown, .gmax = b->gmax};
+        for (uint32_t i = 0; i < b->nsh; i++) {
+            bsp_shard *w = b->sh[i];
+            if (!w || w->round != s->model.version || !covers(w, lo, hi))
+                continue;
+            if (source_ready(w, total) != 0)
+                return woke;
+            b->blk[gr.nsrc] = w->nkept ? w->kept_at : NULL;
+            gr.src[gr.nsrc++] = w->slot;
+        }
+        if (!gr.nsrc)
+            continue;
+        if (!b->base && !(b->base = srv_snap_take(&s->model)))
+            return woke; /* out of memory: the round closes whole */
+        gr.inv = 1.0f / (float)gr.nsrc;
+        int rc = srv_update_apply(s, &gr, lo, hi - lo, NULL);
+        if (rc == PS_ENONFINITE)
+            PS_LOG(PS_LOG_ERROR, "round %llu: piece [%llu, %llu) closed without its update: its mean would make "
+                   "parameters infinite or NaN", (unsigned long long)s->model.version, (unsigned long long)lo,
+                   (unsigned long long)hi);
+        else if (rc != 0)
+            return woke; /* out of memory: the round's close applies it */
+        b->pclosed[p] = 1;
+        b->nclosed++;
+        woke = SRV_WAKE;
+    }
+    return woke;
+}
+
 /* The round's update is applied: a new version. */
 static void bsp_round_closed(psd *s)
 {
@@ -645,6 +785,8 @@ static void bsp_round_closed(psd *s)
            (unsigned long long)(now - b->round_start_ms));
     b->round_start_ms = now;
     b->count = 0;
+    srv_snap_unref(b->base);
+    b->base = NULL;
     b->gmax = 0;
     b->gmax_unknown = 0;
     if (srv_plan_active(s)) {
@@ -660,6 +802,28 @@ static void bsp_round_closed(psd *s)
                    (unsigned long long)s->model.version);
         }
     }
+}
+
+/* Room in b->src, blk and xs for every shard's gradient; -1 when out of
+ * memory. */
+static int sources_room(bsp_state *b)
+{
+    if (b->src_cap >= b->nsh + 1)
+        return 0;
+    size_t cap = b->nsh + 1;
+    float **p = realloc(b->src, cap * sizeof *p);
+    if (p)
+        b->src = p;
+    const float *const **q = realloc(b->blk, cap * sizeof *q);
+    if (q)
+        b->blk = q;
+    const float **x = realloc(b->xs, cap * sizeof *x);
+    if (x)
+        b->xs = x;
+    if (!p || !q || !x)
+        return -1;
+    b->src_cap = cap;
+    return 0;
 }
 
 /* Closes the round when enough pushes are in: applies their mean, made
@@ -678,22 +842,9 @@ static int bsp_try_close(psd *s, srv_worker *closer, int may_defer)
     size_t total = s->model.layout.total;
     uint64_t round = s->model.version;
     srv_grad gr = {.inv = 1.0f / (float)b->count};
-    if (b->src_cap < b->nsh + 1) {
-        size_t cap = b->nsh + 1;
-        float **p = realloc(b->src, cap * sizeof *p);
-        if (p)
-            b->src = p;
-        const float *const **q = realloc(b->blk, cap * sizeof *q);
-        if (q)
-            b->blk = q;
-        const float **x = realloc(b->xs, cap * sizeof *x);
-        if (x)
-            b->xs = x;
-        if (!p || !q || !x) {
-            PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
-            return 0;
-        }
-        b->src_cap = cap;
+    if (sources_room(b) != 0) {
+        PS_LOG(PS_LOG_ERROR, "out of memory closing round %llu; it stays open", (unsigned long long)round);
+        return 0;
     }
     gr.src = b->src;
     gr.blk = b->blk;
@@ -719,6 +870,24 @@ static int bsp_try_close(psd *s, srv_worker *closer, int may_defer)
     /* the mean's values lie within its sources' */
     gr.has_gmax = !b->gmax_unknown;
     gr.gmax = b->gmax;
+    if (b->npieces && b->pround == round && b->nclosed) {
+        /* closing piece by piece: the pieces still open, with every push */
+        for (size_t p = 0; p < b->npieces; p++) {
+            if (b->pclosed[p])
+                continue;
+            uint64_t lo = (uint64_t)p * b->piece, hi = piece_hi(b, p, total);
+            int rc = srv_update_apply(s, &gr, lo, hi - lo, NULL);
+            if (rc != 0 && rc != PS_ENONFINITE) {
+                PS_LOG(PS_LOG_ERROR, "out of memory copying a model block closing round %llu; it stays open",
+                       (unsigned long long)round);
+                return 0;
+            }
+            b->pclosed[p] = 1;
+            b->nclosed++;
+        }
+        bsp_round_closed(s);
+        return SRV_WAKE;
+    }
     srv_update_tag tag = {.w = closer, .fin = 1, .round = 1};
     int rc = srv_update_apply(s, &gr, 0, total, closer && may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
@@ -777,6 +946,8 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
     }
     if (sh->round != round)
         shard_reset(sh, round); /* the last round's are applied, or were dropped */
+    if (pieces_begin(s, b) != 0)
+        PS_LOG(PS_LOG_WARN, "out of memory for round %llu's pieces; it closes whole", (unsigned long long)round);
     struct bsp_range dup;
     if (range_check(sh, p->off, p->n, &dup) != 0) {
         snprintf(err, errlen,
@@ -805,13 +976,17 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
         b->gmax_unknown = 1;
     else if (p->gmax > b->gmax)
         b->gmax = p->gmax;
+    if (b->npieces && !(arrival && p->fin && sh->nrg == 0))
+        pieces_note(b, sh, p->off, p->n, s->model.layout.total);
     if (p->fin) {
         sh->round_fin = 1;
         w->clock++;
         b->count++;
-        return bsp_try_close(s, w, p->may_defer);
+        int rc = bsp_try_close(s, w, p->may_defer);
+        if (rc != 0)
+            return rc;
     }
-    return 0;
+    return pieces_close(s, b);
 }
 
 static int bsp_applied(psd *s, const srv_update_tag *tag)
@@ -836,9 +1011,12 @@ static int bsp_left(psd *s, srv_worker *w)
             PS_LOG(PS_LOG_INFO, "shard %u's unfinished push for round %llu dropped", w->shard,
                    (unsigned long long)sh->round);
             shard_reset(sh, UINT64_MAX);
+            if (b->npieces && b->pround == s->model.version)
+                pieces_recount(s, b);
         }
     }
-    return bsp_try_close(s, NULL, 0);
+    int rc = bsp_try_close(s, NULL, 0);
+    return rc || !b ? rc : pieces_close(s, b);
 }
 
 /* Without a plan as the default: the model initialised and at min. With
@@ -862,6 +1040,28 @@ static int bsp_pull_ready(psd *s, const srv_worker *w, uint64_t min)
             return 0;
     }
     return s->model.version >= min;
+}
+
+static uint64_t bsp_range_version(psd *s, uint64_t off, uint64_t len)
+{
+    const bsp_state *b = s->policy_state;
+    if (!b || !b->nclosed || b->pround != s->model.version || !len)
+        return 0;
+    for (size_t p = (size_t)(off / b->piece); p <= (size_t)((off + len - 1) / b->piece); p++)
+        if (!b->pclosed[p])
+            return 0;
+    return s->model.version + 1;
+}
+
+static srv_snap *bsp_round_base(psd *s)
+{
+    const bsp_state *b = s->policy_state;
+    return b ? b->base : NULL;
+}
+
+static uint64_t bsp_piece(const psd *s)
+{
+    return pieces_on(s) ? s->cfg.bsp_piece : 0;
 }
 
 static uint32_t bsp_unpushed(psd *s, uint32_t *out, uint32_t max)
@@ -899,6 +1099,9 @@ static void bsp_destroy(psd *s)
         free(b->src);
         free(b->blk);
         free(b->xs);
+        free(b->pcount);
+        free(b->pclosed);
+        srv_snap_unref(b->base);
         free(b);
         s->policy_state = NULL;
     }
@@ -911,6 +1114,9 @@ const srv_policy_ops srv_policy_bsp = {
     .worker_left = bsp_left,
     .worker_joined = bsp_joined,
     .pull_ready = bsp_pull_ready,
+    .range_version = bsp_range_version,
+    .round_base = bsp_round_base,
+    .piece = bsp_piece,
     .unpushed = bsp_unpushed,
     .tick = bsp_tick,
     .destroy = bsp_destroy,

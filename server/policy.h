@@ -58,6 +58,20 @@ typedef struct srv_policy_ops {
     /* May a pull by worker w (NULL: an admin) for version >= min be
      * answered now? NULL: when the model is initialised and at version >= min. */
     int (*pull_ready)(psd *s, const srv_worker *w, uint64_t min);
+    /* The version values [off, off+len) are at when it is above the
+     * model's: a BSP round closing piece by piece (bsp_piece) has applied
+     * its mean to every piece the range touches, so a pull for version + 1
+     * of that range may be answered before the round closes. 0 otherwise.
+     * NULL: never. */
+    uint64_t (*range_version)(psd *s, uint64_t off, uint64_t len);
+    /* While such a round has applied some of its pieces (the model's values
+     * are then of two versions): the snapshot of the version before them,
+     * what a pull of the current version, a pin and a checkpoint read.
+     * NULL otherwise. NULL: never. */
+    srv_snap *(*round_base)(psd *s);
+    /* Values a piece of a round closing piece by piece (WELCOME "piece"),
+     * 0 when rounds close whole. NULL: never. */
+    uint64_t (*piece)(const psd *s);
     /* w is sent the current parameters, of version ver. NULL: nothing. */
     void (*pulled)(psd *s, srv_worker *w, uint64_t ver);
     /* The settings changed (reload, psctl set). NULL: nothing. */

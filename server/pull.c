@@ -31,7 +31,7 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     r.mver = ver;
     r.off = off;
     r.ndata = len;
-    if (c->worker && blk == s->model.blk && srv_plan_active(s)) {
+    if (c->worker && blk == s->model.blk && ver == s->model.version && srv_plan_active(s)) {
         /* the reply that opens a round tells the worker its part of it */
         if (srv_plan_done(s)) {
             r.has |= PS_F_DONE;
@@ -61,9 +61,16 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
     srv_send(c, &r, rdt == SRV_RDT_SHM ? NULL : blk);
 }
 
-static void send_current(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint32_t rdt)
+/* Answers with the model's current values, of version ver: the model's, or
+ * above it for a range whose pieces of a BSP round are all closed. */
+static void send_current(srv_conn *c, uint64_t ver, uint64_t id, uint64_t off, uint64_t len, uint32_t rdt)
 {
-    send_params(c, c->srv->model.blk, c->srv->model.version, id, off, len, rdt);
+    psd *s = c->srv;
+    srv_snap *base = s->policy->round_base ? s->policy->round_base(s) : NULL;
+    if (base && ver == base->version)
+        send_params(c, base->blk, ver, id, off, len, rdt); /* not the pieces closed since */
+    else
+        send_params(c, s->model.blk, ver, id, off, len, rdt);
 }
 
 /* Parked pulls come and go every BSP round: freed ones are kept for reuse
@@ -103,14 +110,23 @@ void srv_parked_free_spare(void)
     nparked_spare = 0;
 }
 
-static int pull_ready(srv_conn *c, uint64_t min)
+/* May a pull of [off, off+len) for version >= min be answered now? Then
+ * *ver is the version its values are at. */
+static int pull_ready(srv_conn *c, uint64_t min, uint64_t off, uint64_t len, uint64_t *ver)
 {
     psd *s = c->srv;
     if (s->paused && c->role == PS_ROLE_WORKER)
         return 0; /* ADMIN pause: held until resume */
-    if (s->policy->pull_ready)
-        return s->policy->pull_ready(s, c->worker, min);
-    return s->model.initialized && s->model.version >= min;
+    *ver = s->model.version;
+    if (s->policy->pull_ready ? s->policy->pull_ready(s, c->worker, min)
+                              : s->model.initialized && s->model.version >= min)
+        return 1;
+    if (c->worker && s->policy->range_version && min == s->model.version + 1 &&
+        s->policy->range_version(s, off, len) >= min) {
+        *ver = min; /* a round closing piece by piece has closed these */
+        return 1;
+    }
+    return 0;
 }
 
 int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen)
@@ -150,10 +166,11 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
      * (it may be ready already when the earlier one's version has just
      * come and the waiting pulls are about to be answered) */
     int behind = 0;
+    uint64_t ver;
     for (const srv_parked *p = c->parked; p && !behind; p = p->next)
         behind = p->min <= min;
-    if (!behind && pull_ready(c, min)) {
-        send_current(c, id, off, len, rdt);
+    if (!behind && pull_ready(c, min, off, len, &ver)) {
+        send_current(c, ver, id, off, len, rdt);
         return 0;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
@@ -181,9 +198,14 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
 void srv_conn_answer_parked(srv_conn *c)
 {
     srv_parked **pp = &c->parked;
+    uint64_t held = UINT64_MAX; /* the lowest min of a pull left waiting */
     while (!c->closing && *pp) { /* closing frees the list: test it first */
         srv_parked *p = *pp;
-        if (!pull_ready(c, p->min)) {
+        uint64_t ver;
+        /* a pull behind one for the same version or an older one that
+         * waits, waits too: replies leave in request order */
+        if (p->min >= held || !pull_ready(c, p->min, p->off, p->len, &ver)) {
+            held = p->min < held ? p->min : held;
             pp = &p->next;
             continue;
         }
@@ -192,7 +214,7 @@ void srv_conn_answer_parked(srv_conn *c)
         c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
-        send_current(c, p->id, p->off, p->len, p->rdt);
+        send_current(c, ver, p->id, p->off, p->len, p->rdt);
         parked_put(p);
     }
 }

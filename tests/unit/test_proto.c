@@ -1276,6 +1276,10 @@ static void mp_field(mpw *w, uint64_t bit)
             mp_uint(w, 3);
         return;
     }
+    if (bit == PS_F_PIECE) {
+        mp_str(w, "piece"), mp_uint(w, 65536);
+        return;
+    }
     if (bit == PS_F_DONE || bit == PS_F_WAIT) {
         mp_str(w, bit == PS_F_DONE ? "done" : "wait"), mp_bool(w, 1);
         return;
@@ -1324,7 +1328,7 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 44
+#define NFIELDS 45
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
@@ -1332,7 +1336,7 @@ static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
                                              "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
-                                             "wait"};
+                                             "wait", "piece"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
