@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -49,6 +50,8 @@ typedef struct psc_link {
     int remote;              /* this psd is on another machine (ps_sock_same_host) */
     int has_plan;            /* its WELCOME told the job's plan: */
     ps_plan plan;
+    uint64_t piece;          /* its BSP rounds close in pieces of this many values
+                              * (WELCOME "piece"); 0: whole */
 } psc_link;
 
 struct psc_client {
@@ -69,6 +72,9 @@ struct psc_client {
     int barrier;             /* option barrier: BSP steps over a split model end
                               * at a BARRIER on part 0's psd: 1 on, 0 off,
                               * -1 auto (when a part is on another machine) */
+    int pieces;              /* option pieces: a BSP step sends a part in its psd's
+                              * pieces (WELCOME "piece"): 1 on, 0 off, -1 auto (a
+                              * part on another machine) */
     int barrier_refused;     /* that psd does not know BARRIER (before 1.4) */
     int step_in;             /* the step's pushes went in before it failed (at its
                               * BARRIER): its gradient is not lost */
@@ -121,7 +127,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.4.0";
+    return "1.5.0";
 }
 
 const char *psc_strerror(int code)
@@ -196,6 +202,7 @@ psc_client *psc_new(void)
     c->chunk = CHUNK_FLOATS;
     c->pull_window = PS_PULL_WINDOW;
     c->barrier = -1;
+    c->pieces = -1;
     c->shm_fd = -1;
     c->report_ms = 1000;
     s = getenv("PSD_REPORT_INTERVAL");
@@ -359,10 +366,17 @@ int psc_set(psc_client *c, const char *key, const char *value)
             c->barrier = value[1] == 'n';
         else
             return fail(c, PSC_EINVAL, "bad barrier '%.100s': auto, on or off", value);
+    } else if (strcmp(key, "pieces") == 0) {
+        if (strcmp(value, "auto") == 0)
+            c->pieces = -1;
+        else if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0)
+            c->pieces = value[1] == 'n';
+        else
+            return fail(c, PSC_EINVAL, "bad pieces '%.100s': auto, on or off", value);
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
                                    "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, send_buffer, "
-                                   "barrier, log)",
+                                   "barrier, pieces, log)",
                     key);
     }
     return 0;
@@ -905,6 +919,149 @@ static int barrier(psc_client *c)
     return 0;
 }
 
+/* ---- a BSP step in pieces ------------------------------------------------- */
+
+/* A part that a step sends in pieces: its psd closes BSP rounds piece by
+ * piece (PROTOCOL.md, "Rounds in pieces") and answers over TCP, and option
+ * pieces is on, or auto and the psd is on another machine (on this one no
+ * link is shared and the pieces only cost). */
+static int pieced(const psc_client *c, const psc_link *ln)
+{
+    return c->bsp && c->pieces && (c->pieces > 0 || ln->remote) && ln->piece && !ln->shm_ok && ln->cl.fd >= 0 &&
+           ln->piece <= c->chunk && ln->hi - ln->lo > ln->piece;
+}
+
+/* The sending half of a step in pieces, on a thread of its own while the
+ * caller reads: piece q of every pieced part (from first_part on), each
+ * PUSH followed by the PULL of its range, then piece q + 1, so each psd
+ * answers a piece as soon as every worker has pushed it. */
+typedef struct pieces_job {
+    psc_client *c;
+    uint32_t start;
+    int on[PS_PARTS_MAX];       /* the part goes in pieces (pieced at the start) */
+    uint64_t ver[PS_PARTS_MAX]; /* each part's version at the step's start */
+    int rc[PS_PARTS_MAX];       /* a part's send error */
+    int rrc[PS_PARTS_MAX];      /* a part's receive error (its link is closed only
+                                 * once the sending thread is done) */
+} pieces_job;
+
+static void *pieces_send(void *arg)
+{
+    pieces_job *j = arg;
+    psc_client *c = j->c;
+    for (uint64_t q = 0, more = 1; more; q++) {
+        more = 0;
+        for (uint32_t k = 0; k < c->nlinks; k++) {
+            uint32_t i = (j->start + k) % c->nlinks;
+            psc_link *ln = &c->links[i];
+            uint64_t n = ln->hi - ln->lo, off = q * ln->piece;
+            if (!j->on[i] || j->rc[i] || off >= n)
+                continue;
+            more = 1;
+            uint64_t len = n - off < ln->piece ? n - off : ln->piece;
+            ps_msg m;
+            ps_msg_init(&m, PS_MSG_PUSH);
+            m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | PS_F_BASE;
+            m.off = off;
+            m.data = c->grads + ln->lo + off;
+            m.ndata = len;
+            m.fin = off + len == n;
+            m.base = j->ver[i];
+            int rc = ps_client_send(&ln->cl, &m);
+            if (rc == 0) {
+                ps_msg_init(&m, PS_MSG_PULL);
+                m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
+                m.off = off;
+                m.len = len;
+                m.min = j->ver[i] + 1;
+                rc = ps_client_send(&ln->cl, &m);
+            }
+            j->rc[i] = rc;
+        }
+    }
+    return NULL;
+}
+
+/* Reads the answers of the pieced parts as they come, whichever part they
+ * come from (a part not read would stall its psd's replies on this
+ * worker's receive window): each piece's OK and its values, straight into
+ * the parameter vector. A part's slice of the plan is the one its last
+ * answer that had one said. */
+static void pieces_recv(psc_client *c, pieces_job *j)
+{
+    uint64_t acks[PS_PARTS_MAX] = {0}, vals[PS_PARTS_MAX] = {0}, np[PS_PARTS_MAX] = {0};
+    uint64_t ver[PS_PARTS_MAX] = {0};
+    int has_slice[PS_PARTS_MAX] = {0}, done[PS_PARTS_MAX] = {0}, live[PS_PARTS_MAX] = {0};
+    ps_slice slice[PS_PARTS_MAX];
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if ((live[i] = j->on[i])) {
+            uint64_t n = c->links[i].hi - c->links[i].lo;
+            np[i] = (n + c->links[i].piece - 1) / c->links[i].piece;
+            ver[i] = j->ver[i];
+        }
+    for (;;) {
+        struct pollfd pf[PS_PARTS_MAX];
+        uint32_t at[PS_PARTS_MAX], npf = 0;
+        for (uint32_t i = 0; i < c->nlinks; i++)
+            if (live[i] && (acks[i] < np[i] || vals[i] < np[i])) {
+                pf[npf] = (struct pollfd){.fd = c->links[i].cl.fd, .events = POLLIN};
+                at[npf++] = i;
+            }
+        if (!npf)
+            break;
+        int k = poll(pf, npf, c->timeout_ms > 0 ? c->timeout_ms : -1);
+        if (k < 0 && errno == EINTR)
+            continue;
+        for (uint32_t f = 0; f < npf; f++) {
+            uint32_t i = at[f];
+            psc_link *ln = &c->links[i];
+            int rc = 0;
+            if (k == 0)
+                rc = PS_ETIMEOUT;
+            else if (k < 0)
+                rc = PS_ECLOSED;
+            else if (!pf[f].revents)
+                continue;
+            ps_msg r;
+            if (rc == 0)
+                rc = ps_client_recv(&ln->cl, &r, c->timeout_ms);
+            if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_ESTALE) {
+                acks[i]++; /* its round closed without this push: dropped, the pull answers */
+                c->dropped += acks[i] == np[i];
+                continue;
+            }
+            if (rc == 0 && r.type == PS_MSG_OK && acks[i] < np[i]) {
+                acks[i]++;
+                continue;
+            }
+            if (rc == 0 && (r.type != PS_MSG_PARAMS || r.off % ln->piece || r.off + r.ndata > ln->hi - ln->lo))
+                rc = PS_EMALFORMED;
+            if (rc != 0) {
+                j->rrc[i] = rc;
+                live[i] = 0;
+                continue;
+            }
+            memcpy(c->params + ln->lo + r.off, r.data, r.ndata * sizeof(float));
+            vals[i]++;
+            ver[i] = r.mver > ver[i] ? r.mver : ver[i];
+            if (ln->cl.has_slice) {
+                has_slice[i] = 1;
+                slice[i] = ln->cl.slice;
+            }
+            done[i] |= ln->cl.done;
+        }
+    }
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if (np[i] && live[i]) {
+            psc_link *ln = &c->links[i];
+            ln->version = ver[i];
+            ln->cl.has_slice = has_slice[i];
+            if (has_slice[i])
+                ln->cl.slice = slice[i];
+            ln->cl.done = done[i];
+        }
+}
+
 /* A whole-model step: every part's push goes out before any answer is
  * read, from first_part on, the psd on other machines (TCP) first, so
  * their bytes are on the wire while a psd on this machine handles its
@@ -915,14 +1072,32 @@ static int do_pushpull(psc_client *c)
 {
     uint64_t v0 = c->links[0].version;
     size_t sent[PS_PARTS_MAX] = {0};
-    int first = 0, small = 1;
-    for (uint32_t i = 0; i < c->nlinks; i++)
-        small &= c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
+    int first = 0, small = 1, npieced = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        int p = pieced(c, &c->links[i]);
+        npieced += p;
+        small &= p || c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
+    }
     uint32_t start = first_part(c);
+    /* the parts in pieces first: their sends on a thread, read below */
+    pieces_job pj = {.c = c, .start = start};
+    pthread_t sender;
+    int sending = 0;
+    if (npieced) {
+        for (uint32_t i = 0; i < c->nlinks; i++) {
+            pj.on[i] = pieced(c, &c->links[i]);
+            pj.ver[i] = c->links[i].version;
+        }
+        if (pthread_create(&sender, NULL, pieces_send, &pj) != 0)
+            return lfail(c, 0, PS_ENOMEM);
+        sending = 1;
+    }
     for (int shm = 0; shm < 2; shm++)
         for (uint32_t j = 0; j < c->nlinks && !first; j++) {
             uint32_t i = (start + j) % c->nlinks;
             psc_link *ln = &c->links[i];
+            if (pj.on[i])
+                continue;
             if (small && ln->shm_ok != shm)
                 continue;
             if (!small && shm)
@@ -935,6 +1110,13 @@ static int do_pushpull(psc_client *c)
             else if (small)
                 sent[i] = 1;
         }
+    if (sending) {
+        pieces_recv(c, &pj);
+        pthread_join(sender, NULL);
+        for (uint32_t i = 0; i < c->nlinks; i++)
+            if (pj.rc[i] != 0 || pj.rrc[i] != 0)
+                part_fail(c, i, pj.rc[i] ? pj.rc[i] : pj.rrc[i], &first);
+    }
     /* the replies in the same order: psd p's replies then go to its
      * workers one after another (each worker reads a different part
      * first), not all at once to the one every worker reads first (a
@@ -950,6 +1132,8 @@ static int do_pushpull(psc_client *c)
     for (uint32_t j = 0; j < c->nlinks && !small && !first; j++) {
         uint32_t i = (start + j) % c->nlinks;
         psc_link *ln = &c->links[i];
+        if (pj.on[i])
+            continue;
         int rc = pull_part(c, ln, c->params + ln->lo, 0, ln->hi - ln->lo, c->bsp ? ln->version + 1 : 0);
         if (rc != 0) {
             part_fail(c, i, rc, &first);
@@ -1085,6 +1269,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     ln->version = r.mver;
     ln->has_plan = (r.has & PS_F_PLAN) != 0;
     ln->plan = r.plan;
+    ln->piece = (r.has & PS_F_PIECE) ? r.piece : 0;
     ln->cl.has_slice = ln->cl.done = 0; /* until this connection's first PARAMS */
     *need_init = r.need_init;
     uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;

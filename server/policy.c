@@ -767,6 +767,7 @@ static int pieces_close(psd *s, bsp_state *b)
             return woke; /* out of memory: the round's close applies it */
         b->pclosed[p] = 1;
         b->nclosed++;
+        s->stats.early_pieces++;
         woke = SRV_WAKE;
     }
     return woke;

@@ -274,6 +274,7 @@ typedef struct srv_stats {
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
     uint64_t barriers;            /* BARRIERs answered (barrier.c) */
+    uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
     /* rates, recomputed by the 1 s timer */
     uint64_t last_pushes, last_pulls;
     double push_rate, pull_rate;

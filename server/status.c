@@ -278,6 +278,8 @@ int srv_metrics_text(psd *s, ps_buf *b)
                  "silent past idle_timeout (idle).");
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
+    SIMPLE("psd_bsp_early_pieces_total", "counter",
+           "BSP round pieces (bsp_piece) applied before their round closed.", "%" PRIu64, s->stats.early_pieces);
     SIMPLE("psd_barriers_total", "counter",
            "BARRIERs answered: steps at which a worker of a BSP job over a split model waited for the others.",
            "%" PRIu64, s->stats.barriers);

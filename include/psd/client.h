@@ -132,6 +132,12 @@ PSC_API psc_client *psc_new(void);
  *                split model ends at a BARRIER on part 0's psd, so that
  *                every worker starts its next round when the last has its
  *                replies; auto: when a part's psd is on another machine (1.4)
+ *   pieces       "auto" (the default), "on" or "off": a BSP step sends a
+ *                part whose psd closes rounds in pieces (its WELCOME says
+ *                "piece") as each piece's PUSH and PULL, and reads every
+ *                part's answers as they come, so a piece's values travel
+ *                while the next pieces are pushed; auto: when that psd is
+ *                on another machine (1.5)
  *   report_s     seconds between psc_progress's reports to psd (default 1,
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log

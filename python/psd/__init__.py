@@ -66,7 +66,7 @@ class PsdError(Exception):
 
 
 _OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "shm", "reconnect",
-            "send_buffer", "barrier", "log")
+            "send_buffer", "barrier", "pieces", "log")
 
 
 def _opt_text(value):
@@ -86,7 +86,9 @@ class Client:
     connect_s, wire ("f32"/"bf16"), shm (bool), reconnect (bool), send_buffer,
     barrier ("auto", or a bool: a BSP step over a split model ends at a
     BARRIER on the first psd; auto, the default: when a psd is on another
-    machine), log.
+    machine), pieces ("auto", or a bool: a BSP step sends a part whose psd
+    closes rounds in pieces piece by piece; auto, the default: when that psd
+    is on another machine), log.
     connect=True connects at once (after init, when given, was copied into
     the parameters).
 

@@ -652,7 +652,7 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.4.0");
+    assert_string_equal(psc_version_string(), "1.5.0");
     psd_kill(&p);
 }
 

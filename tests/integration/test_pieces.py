@@ -17,6 +17,10 @@ Raw workers, written from the protocol with Python's msgpack, on a model of
   closing rounds whole gives for the same pushes.
 - A worker lost in the middle of its push: what it sent is dropped, and
   the pieces and the round close with the others' pushes.
+
+psworker over a model split on 2 psd (libpsclient 1.5, --pieces on: each
+piece's PUSH and PULL, every psd's answers read as they come) ends bit for
+bit where --pieces off ends, and pieces closed before their rounds did.
 """
 
 import os
@@ -150,6 +154,37 @@ class PiecesTest(unittest.TestCase):
             a.close()
             samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
             self.assertEqual(harness.metric(samples, "psd_rounds_total"), 2)
+            # piece 0 of each round, before its round closed
+            self.assertEqual(harness.metric(samples, "psd_bsp_early_pieces_total"), 2)
+
+    def test_psworker_pieces(self):
+        # psworker over a model split on 2 psd (libpsclient's pieces option:
+        # auto takes pieces only from a psd on another machine) ends bit for
+        # bit where it ends without them
+        models, early = {}, {}
+        for flag in ("on", "off"):
+            with harness.Cluster("test-pieces-split") as cl:
+                psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i, args=["--set", "bsp_piece=4096"])
+                        for i in range(2)]
+                ws = [cl.worker(psds, k, 2, epochs=1, limit=2000, test_limit=500, model="mlp:64",
+                                args=["--pieces", flag, "--shm", "off", "--seed", "3", "--no-plan"])
+                      for k in range(2)]
+                steps = harness.finish(self, ws)[0]["version"]
+                self.assertEqual(steps, harness.steps_per_epoch(2000, 2, 64, True))
+                parts, early[flag] = [], 0
+                for p in psds:
+                    samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+                    early[flag] += harness.metric(samples, "psd_bsp_early_pieces_total")
+                    with RawClient(p.addr, 10.0) as adm:
+                        st = adm.hello_admin()
+                        r = adm.request({"t": T_PULL, "off": 0, "len": st["params"]})
+                        self.assertEqual((r.get("t"), r.get("ver")), (T_PARAMS, steps), r.get("text"))
+                        parts.append(np.frombuffer(r["data"], dtype="<f4"))
+                    p.stop()
+                models[flag] = np.concatenate(parts)
+        self.assertGreater(early["on"], steps, "pieces closed before their rounds")
+        self.assertEqual(early["off"], 0)
+        np.testing.assert_array_equal(models["on"], models["off"])
 
 
 if __name__ == "__main__":
