@@ -359,20 +359,15 @@ int psc_set(psc_client *c, const char *key, const char *value)
             return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
                         value);
         c->send_buffer = (int)v;
-    } else if (strcmp(key, "barrier") == 0) {
+    } else if (strcmp(key, "barrier") == 0 || strcmp(key, "pieces") == 0) {
+        /* auto (-1), on (1) or off (0) */
+        int *opt = key[0] == 'b' ? &c->barrier : &c->pieces;
         if (strcmp(value, "auto") == 0)
-            c->barrier = -1;
+            *opt = -1;
         else if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0)
-            c->barrier = value[1] == 'n';
+            *opt = value[1] == 'n';
         else
-            return fail(c, PSC_EINVAL, "bad barrier '%.100s': auto, on or off", value);
-    } else if (strcmp(key, "pieces") == 0) {
-        if (strcmp(value, "auto") == 0)
-            c->pieces = -1;
-        else if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0)
-            c->pieces = value[1] == 'n';
-        else
-            return fail(c, PSC_EINVAL, "bad pieces '%.100s': auto, on or off", value);
+            return fail(c, PSC_EINVAL, "bad %s '%.100s': auto, on or off", key, value);
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
                                    "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, send_buffer, "
@@ -1027,7 +1022,7 @@ static void pieces_recv(psc_client *c, pieces_job *j)
                 rc = ps_client_recv(&ln->cl, &r, c->timeout_ms);
             if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_ESTALE) {
                 acks[i]++; /* its round closed without this push: dropped, the pull answers */
-                c->dropped += acks[i] == np[i];
+                c->dropped += i == 0 && acks[i] == np[i]; /* a step counts once, by part 0's fin */
                 continue;
             }
             if (rc == 0 && r.type == PS_MSG_OK && acks[i] < np[i]) {

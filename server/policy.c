@@ -730,16 +730,18 @@ static void pieces_recount(psd *s, bsp_state *b)
 
 static int sources_room(bsp_state *b);
 
-/* Applies the mean of the pieces every needed push covers, each over the
- * shards that pushed it (in shard order). SRV_WAKE when one closed. */
-static int pieces_close(psd *s, bsp_state *b)
+/* Applies the mean of the pieces of [off, off+n) (a push's range; the whole
+ * model when the workers needed changed) that every needed push covers,
+ * each over the shards that pushed it (in shard order). SRV_WAKE when one
+ * closed. */
+static int pieces_close(psd *s, bsp_state *b, uint64_t off, uint64_t n)
 {
-    if (!b->npieces || b->pround != s->model.version || srv_update_busy(s) || sources_room(b) != 0)
+    if (!b->npieces || !n || b->pround != s->model.version || srv_update_busy(s) || sources_room(b) != 0)
         return 0;
     size_t total = s->model.layout.total;
     uint32_t needed = bsp_needed(s);
     int woke = 0;
-    for (size_t p = 0; p < b->npieces; p++) {
+    for (size_t p = (size_t)(off / b->piece); p <= (size_t)((off + n - 1) / b->piece); p++) {
         if (b->pclosed[p] || b->pcount[p] < needed)
             continue;
         uint64_t lo = (uint64_t)p * b->piece, hi = piece_hi(b, p, total);
@@ -977,8 +979,7 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
         b->gmax_unknown = 1;
     else if (p->gmax > b->gmax)
         b->gmax = p->gmax;
-    if (b->npieces && !(arrival && p->fin && sh->nrg == 0))
-        pieces_note(b, sh, p->off, p->n, s->model.layout.total);
+    pieces_note(b, sh, p->off, p->n, s->model.layout.total); /* pieces: shard order, so never the arrival path */
     if (p->fin) {
         sh->round_fin = 1;
         w->clock++;
@@ -987,7 +988,7 @@ static int bsp_push(psd *s, srv_worker *w, const srv_push *p, char *err, size_t 
         if (rc != 0)
             return rc;
     }
-    return pieces_close(s, b);
+    return pieces_close(s, b, p->off, p->n);
 }
 
 static int bsp_applied(psd *s, const srv_update_tag *tag)
@@ -1017,7 +1018,7 @@ static int bsp_left(psd *s, srv_worker *w)
         }
     }
     int rc = bsp_try_close(s, NULL, 0);
-    return rc || !b ? rc : pieces_close(s, b);
+    return rc || !b ? rc : pieces_close(s, b, 0, s->model.layout.total);
 }
 
 /* Without a plan as the default: the model initialised and at min. With
