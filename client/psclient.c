@@ -62,6 +62,8 @@ struct psc_client {
     char token_path[1024];
     int timeout_ms, reconnect_ms, connect_ms;
     uint32_t want_dt;        /* wire type asked for; psd's welcome decides */
+    int skip_zeros;          /* option skip_zeros: float32 pushes leave +0.0 out
+                              * when psd offers it (default on) */
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
     int want_plan;           /* psc_plan_set: the plan the hello proposes */
@@ -127,7 +129,7 @@ static int64_t mono_ms(void)
 
 const char *psc_version_string(void)
 {
-    return "1.5.0";
+    return "1.6.0";
 }
 
 const char *psc_strerror(int code)
@@ -197,6 +199,7 @@ psc_client *psc_new(void)
     c->reconnect_ms = 60000;
     c->connect_ms = 30000;
     c->want_dt = PS_DT_F32;
+    c->skip_zeros = 1;
     c->want_shm = 1;
     c->auto_reconnect = 1;
     c->chunk = CHUNK_FLOATS;
@@ -340,6 +343,8 @@ int psc_set(psc_client *c, const char *key, const char *value)
             c->want_dt = PS_DT_BF16;
         else
             return fail(c, PSC_EINVAL, "bad wire '%.100s': f32 or bf16", value);
+    } else if (strcmp(key, "skip_zeros") == 0) {
+        return onoff(c, key, value, &c->skip_zeros);
     } else if (strcmp(key, "shm") == 0) {
         if (c->fixed)
             return fail(c, PSC_ESTATE, "psc_set shm: only before the layout is fixed");
@@ -370,8 +375,8 @@ int psc_set(psc_client *c, const char *key, const char *value)
             return fail(c, PSC_EINVAL, "bad %s '%.100s': auto, on or off", key, value);
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, report_s, wire, shm, reconnect, chunk, pull_window, send_buffer, "
-                                   "barrier, pieces, log)",
+                                   "connect_s, report_s, wire, skip_zeros, shm, reconnect, chunk, pull_window, "
+                                   "send_buffer, barrier, pieces, log)",
                     key);
     }
     return 0;
@@ -1260,6 +1265,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
             PS_LOG(PS_LOG_WARN, "psd at %s does not offer %s tensors (wire_bf16 = no, or an older psd): "
                                 "sending float32", ln->server, ps_dtype_name(c->want_dt));
     }
+    /* float32 pushes without their zeros: bit for bit the same values */
+    ln->cl.skip_zeros = c->skip_zeros && ln->cl.wire_dt == PS_DT_F32 && (r.has & PS_F_WIRE) &&
+                        (r.wire & PS_WIRE_BIT(PS_DT_F32Z));
     snprintf(ln->mode, sizeof ln->mode, "%s", r.mode);
     ln->version = r.mver;
     ln->has_plan = (r.has & PS_F_PLAN) != 0;

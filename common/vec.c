@@ -105,3 +105,52 @@ PS_MULTIVERSION void ps_bf16_to_f32(float *restrict dst, const uint16_t *restric
         memcpy(&dst[i], &u, 4);
     }
 }
+
+PS_MULTIVERSION size_t ps_f32z_count_zeros(const float *x, size_t n)
+{
+    size_t z = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        z += u == 0;
+    }
+    return z;
+}
+
+/* Branch-free: every value is written at vals[nz] and kept by counting
+ * it (vals has room for n). Expanding goes a byte of the bitmap at a
+ * time: a byte of zeros (8 zero values) or of ones (8 stored values) is
+ * the common case in gradients, and is one store or one copy. */
+size_t ps_f32z_pack(uint8_t *restrict mask, float *restrict vals, const float *restrict src, size_t n)
+{
+    size_t nz = 0;
+    memset(mask, 0, (n + 31) / 32 * 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], 4);
+        uint32_t keep = u != 0;
+        vals[nz] = src[i];
+        nz += keep;
+        mask[i / 8] |= (uint8_t)(keep << (i % 8));
+    }
+    return nz;
+}
+
+void ps_f32z_expand(float *restrict dst, const uint8_t *restrict mask, const float *restrict vals, size_t n)
+{
+    size_t k = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned b = mask[i / 8];
+        if (b == 0) {
+            memset(dst + i, 0, 8 * sizeof(float));
+        } else if (b == 0xffu) {
+            memcpy(dst + i, vals + k, 8 * sizeof(float));
+            k += 8;
+        } else {
+            for (unsigned j = 0; j < 8; j++)
+                dst[i + j] = (b >> j) & 1u ? vals[k++] : 0.0f;
+        }
+    }
+    for (; i < n; i++)
+        dst[i] = (mask[i / 8] >> (i % 8)) & 1u ? vals[k++] : 0.0f;
+}

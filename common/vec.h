@@ -48,4 +48,16 @@ float ps_bf16_to_f32_maxabs(float *restrict dst, const uint16_t *restrict src, s
 /* ps_bf16_to_f32, and 1 when every value is finite (else 0), in one pass. */
 int ps_bf16_to_f32_finite(float *restrict dst, const uint16_t *restrict src, size_t n);
 
+/* float32 with its zeros left out (PS_DT_F32Z on the wire): a bitmap of
+ * n bits (bit i of mask[i / 8]: src[i] is not +0.0), padded with zero
+ * bytes to a multiple of 4, then the values whose bit is set, in order.
+ * ps_f32z_pack writes both and returns how many values it stored; vals
+ * must have room for n. Only the bits of +0.0 are left out: -0.0, NaN and
+ * everything else travel, so expanding gives back src bit for bit.
+ * ps_f32z_expand writes all n values; mask must count as many set bits
+ * as vals holds (proto's decoder checks a received one). */
+size_t ps_f32z_count_zeros(const float *x, size_t n); /* the values ps_f32z_pack leaves out */
+size_t ps_f32z_pack(uint8_t *restrict mask, float *restrict vals, const float *restrict src, size_t n);
+void ps_f32z_expand(float *restrict dst, const uint8_t *restrict mask, const float *restrict vals, size_t n);
+
 #endif

@@ -112,7 +112,8 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     if (!(m->has & PS_F_FIN))
         FUZZ_CHECK(m->fin == 1, "fin defaults to true");
     if (!(m->has & PS_F_DATA))
-        FUZZ_CHECK(m->data == NULL && m->data16 == NULL && m->ndata == 0, "data without the field");
+        FUZZ_CHECK(m->data == NULL && m->data16 == NULL && m->zmask == NULL && m->ndata == 0,
+                   "data without the field");
     FUZZ_CHECK(m->dt <= PS_DT_MAX && m->rdt <= PS_DT_MAX, "element types %u, %u", m->dt, m->rdt);
     if (!(m->has & PS_F_DT))
         FUZZ_CHECK(m->dt == PS_DT_F32, "dt %u without the field", m->dt);
@@ -154,15 +155,31 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
         FUZZ_CHECK(m->body != NULL && m->body->type == MSGPACK_OBJECT_MAP, "body is not a map");
     if (m->has & PS_F_DATA) {
         /* section 3: aligned, in place (inside the frame), ndata elements
-         * of dt's size, through the pointer of dt's type only */
-        size_t es = ps_dtype_size(m->dt);
+         * of dt's size (f32z: the bitmap and its values), through the
+         * pointer of dt's type only */
+        uint64_t dl = ps_msg_data_len(m);
         const uint8_t *d = ps_msg_data_bytes(m);
-        FUZZ_CHECK(m->dt == PS_DT_BF16 ? m->data == NULL : m->data16 == NULL, "data through the wrong pointer");
-        FUZZ_CHECK(m->ndata <= len / es, "%llu elements in a %zu-byte payload", (unsigned long long)m->ndata, len);
-        if (m->ndata > 0) {
+        FUZZ_CHECK((m->dt == PS_DT_F32 || m->data == NULL) && (m->dt == PS_DT_BF16 || m->data16 == NULL) &&
+                       (m->dt == PS_DT_F32Z) == (m->zmask != NULL),
+                   "data through the wrong pointer");
+        FUZZ_CHECK(dl <= len, "%llu data bytes in a %zu-byte payload", (unsigned long long)dl, len);
+        if (m->dt == PS_DT_F32Z) {
+            /* the decoder counted the bitmap: as many bits set as values
+             * follow, none past ndata */
+            uint64_t set = 0, past = 0;
+            for (uint64_t i = 0; i < ps_f32z_mask_bytes(m->ndata) * 8; i++) {
+                unsigned bit = (m->zmask[i / 8] >> (i % 8)) & 1u;
+                set += bit;
+                past += i >= m->ndata ? bit : 0;
+            }
+            FUZZ_CHECK(set == m->nz && past == 0 && m->nz <= m->ndata, "f32z: %llu bits set (%llu past %llu) for %llu values",
+                       (unsigned long long)set, (unsigned long long)past, (unsigned long long)m->ndata,
+                       (unsigned long long)m->nz);
+        }
+        if (dl > 0) {
             FUZZ_CHECK((uintptr_t)d % PS_DATA_ALIGN == 0, "data at %p is not aligned", (const void *)d);
-            FUZZ_CHECK(d >= payload && d + m->ndata * es <= payload + len, "data is not inside the payload");
-            fuzz_touch(d, m->ndata * es);
+            FUZZ_CHECK(d >= payload && d + dl <= payload + len, "data is not inside the payload");
+            fuzz_touch(d, dl);
         }
     }
     (void)ps_msg_type_name(m->type);

@@ -169,7 +169,9 @@ static void compare(const ps_msg *a, const ps_msg *b)
         FUZZ_CHECK(body1.len == body2.len && memcmp(body1.p, body2.p, body1.len) == 0, "body changed");
     }
     if (a->has & PS_F_DATA)
-        FUZZ_CHECK(a->ndata == b->ndata && (a->ndata == 0 || memcmp(ps_msg_data_bytes(a), ps_msg_data_bytes(b), a->ndata * ps_dtype_size(a->dt)) == 0),
+        FUZZ_CHECK(a->ndata == b->ndata && a->nz == b->nz &&
+                       (ps_msg_data_len(a) == 0 ||
+                        memcmp(ps_msg_data_bytes(a), ps_msg_data_bytes(b), ps_msg_data_len(a)) == 0),
                    "data changed (%llu floats, then %llu)", (unsigned long long)a->ndata,
                    (unsigned long long)b->ndata);
 }
@@ -236,7 +238,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                "frame of %zu bytes with length prefix %u", enc1.len, plen);
     size_t data_at = 0; /* frame offset of the tensor bytes */
     if (m1.has & PS_F_DATA) {
-        data_at = enc1.len - m1.ndata * ps_dtype_size(m1.dt);
+        data_at = enc1.len - ps_msg_data_len(&m1);
         FUZZ_CHECK(data_at % PS_DATA_ALIGN == 0, "our encoder put data at frame offset %zu", data_at);
     }
 
@@ -253,7 +255,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(rc == 0, "our own encoding of a %s does not decode: %s (%s)", ps_msg_type_name(m1.type), err,
                ps_errname(rc));
     fuzz_check_msg(&m2, p2, plen);
-    if ((m2.has & PS_F_DATA) && m2.ndata > 0)
+    if ((m2.has & PS_F_DATA) && ps_msg_data_len(&m2) > 0)
         FUZZ_CHECK((const uint8_t *)ps_msg_data_bytes(&m2) == p2 + (data_at - PS_FRAME_HDR), "aligned data was moved");
     compare(&m1, &m2);
 

@@ -100,7 +100,18 @@ MESSAGES = {
                           b"\xcd\x3d" * 3),
     "params_bf16": ours({"t": PARAMS, "id": 12, "ver": 4, "off": 0, "dt": 1}, b"\x00\x3e\x00\x40"),
     "pull_bf16": pack({"t": PULL, "id": 13, "off": 0, "len": 9, "rdt": 1}),
-    "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 2}),
+    # float32 without its zeros ("dt": 2): a bitmap of "len" bits in whole
+    # 32-bit words, then the values whose bit is set (here 2 of 9, 1 and 8)
+    "push_f32z": ours({"t": PUSH, "id": 14, "base": 3, "off": 0, "len": 9, "dt": 2},
+                      b"\x02\x01\x00\x00" + floats(0.5, -2.0)),
+    "pushpull_f32z": ours({"t": PUSHPULL, "id": 15, "base": 1, "off": 0, "poff": 0, "plen": 9, "len": 40, "dt": 2},
+                          b"\xff\x00\x00\x00\x00\x00\x00\x00" + floats(*[0.25] * 8)),
+    "bad_f32z_count": ours({"t": PUSH, "id": 16, "base": 3, "off": 0, "len": 9, "dt": 2},
+                           b"\x03\x01\x00\x00" + floats(0.5, -2.0)),
+    "bad_f32z_past_len": ours({"t": PUSH, "id": 17, "base": 3, "off": 0, "len": 9, "dt": 2},
+                              b"\x00\x06\x00\x00" + floats(0.5, -2.0)),
+    "bad_f32z_no_len": ours({"t": PUSH, "id": 18, "base": 3, "off": 0, "dt": 2}, b"\x01\x00\x00\x00" + floats(1.0)),
+    "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 6}),
     "ok": pack({"t": OK, "id": 7, "ver": 5, "text": "checkpoint written"}),
     "heartbeat": pack({"t": HEARTBEAT}),
     # a heartbeat asking what the worker's parked pull waits for, and psd's answer

@@ -105,6 +105,8 @@ const char *ps_dtype_name(uint32_t dt)
         return "f32";
     case PS_DT_BF16:
         return "bf16";
+    case PS_DT_F32Z:
+        return "f32z";
     default:
         return "?";
     }
@@ -270,7 +272,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
     uint64_t has = m->has & ~(uint64_t)PS_F_BODY;
     if (body)
         has |= PS_F_BODY;
-    uint64_t dbytes = (has & PS_F_DATA) ? m->ndata * ps_dtype_size(m->dt) : 0;
+    uint64_t dbytes = (has & PS_F_DATA) ? ps_msg_data_len(m) : 0;
     if (dbytes > PS_FRAME_MAX_HARD)
         return PS_ETOO_BIG;
 
@@ -618,7 +620,7 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
             return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a non-negative integer", tname, f->key);
         if (v > PS_DT_MAX)
             return fail(err, errlen, PS_EUNSUPPORTED, "%s: unknown tensor element type %llu in '%s' "
-                                                      "(0 float32, 1 bfloat16)",
+                                                      "(0 float32, 1 bfloat16, 2 float32 without zeros)",
                         tname, (unsigned long long)v, f->key);
         *AT(m, f, uint32_t) = (uint32_t)v;
         return 0;
@@ -750,11 +752,51 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         /* checked and aligned by the caller, once "dt" (anywhere in the
          * map) has told the element size */
         if (o->type != MSGPACK_OBJECT_BIN)
-            return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (little-endian float32 or bfloat16 bytes)",
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: data must be bin (little-endian float32, bfloat16 or "
+                                                    "zero-bitmap bytes)",
                         tname);
         *bin = o;
         return 0;
     }
+    return 0;
+}
+
+/* "data" of dt PS_DT_F32Z (src, size bytes, aligned): "len" values, as a
+ * bitmap of ps_f32z_mask_bytes(len) bytes whose bits past len are 0, then
+ * one float32 for each bit set. The bitmap is counted here, once, so that
+ * whoever expands it may trust it. */
+static int check_f32z(ps_msg *m, const uint8_t *src, size_t size, const char *tname, char *err, size_t errlen)
+{
+    if (!(m->has & PS_F_LEN))
+        return fail(err, errlen, PS_EBAD_FIELD, "%s: data without zeros (dt 2) needs 'len', the values it covers",
+                    tname);
+    uint64_t n = m->len, mb = ps_f32z_mask_bytes(n);
+    if (n > PS_FRAME_MAX_HARD * 8ull || size < mb || (size - mb) % 4 != 0)
+        return fail(err, errlen, PS_EBAD_FIELD,
+                    "%s: data without zeros has %zu bytes: not a bitmap of %llu bytes (len %llu) and whole float32 "
+                    "values",
+                    tname, size, (unsigned long long)(n > PS_FRAME_MAX_HARD * 8ull ? 0 : mb), (unsigned long long)n);
+    /* bits past n: the rest of byte n / 8, then whole bytes */
+    int tail = (n % 8 != 0 && (src[n / 8] >> (n % 8)) != 0);
+    for (uint64_t i = (n + 7) / 8; i < mb && !tail; i++)
+        tail = src[i] != 0;
+    if (tail)
+        return fail(err, errlen, PS_EBAD_FIELD, "%s: data without zeros: bitmap bits past len %llu are set", tname,
+                    (unsigned long long)n);
+    uint64_t set = 0; /* a popcount does not care about byte order */
+    for (uint64_t i = 0; i < mb; i += 4) {
+        uint32_t w;
+        memcpy(&w, src + i, 4);
+        set += (uint64_t)__builtin_popcount(w);
+    }
+    uint64_t nz = (size - mb) / 4;
+    if (set != nz)
+        return fail(err, errlen, PS_EBAD_FIELD,
+                    "%s: data without zeros: its bitmap marks %llu values but %llu follow", tname,
+                    (unsigned long long)set, (unsigned long long)nz);
+    m->zmask = src;
+    m->nz = nz;
+    m->ndata = n;
     return 0;
 }
 
@@ -813,7 +855,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
 
     if (bin) {
         size_t esize = ps_dtype_size(m->dt);
-        if (bin->via.bin.size % esize != 0)
+        if (m->dt != PS_DT_F32Z && bin->via.bin.size % esize != 0)
             return fail(err, errlen, PS_EBAD_FIELD, "%s: data has %u bytes, not a multiple of %zu (%s)", tname,
                         bin->via.bin.size, esize, ps_dtype_name(m->dt));
         uint8_t *src = (uint8_t *)(uintptr_t)bin->via.bin.ptr;
@@ -824,11 +866,19 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
             memmove(src - mis, src, bin->via.bin.size);
             src -= mis;
         }
-        if (m->dt == PS_DT_BF16)
+        if (m->dt == PS_DT_F32Z) {
+            rc = check_f32z(m, src, bin->via.bin.size, tname, err, errlen);
+            if (rc != 0)
+                return rc;
+        } else if (m->dt == PS_DT_BF16) {
             m->data16 = (const uint16_t *)(const void *)src;
-        else
+        } else {
             m->data = (const float *)(const void *)src;
-        m->ndata = bin->via.bin.size / esize;
+        }
+        if (m->dt != PS_DT_F32Z)
+            m->ndata = bin->via.bin.size / esize;
+    } else if ((m->has & PS_F_DT) && m->dt == PS_DT_F32Z) {
+        return fail(err, errlen, PS_EBAD_FIELD, "%s: 'dt' 2 (float32 without zeros) needs 'data'", tname);
     }
 
     uint64_t need = required_fields(m->type);

@@ -113,14 +113,25 @@ enum {
 typedef enum ps_dtype {
     PS_DT_F32 = 0,  /* float32, little-endian */
     PS_DT_BF16 = 1, /* bfloat16 (a float32's top 16 bits), little-endian */
-    PS_DT_MAX = 1
+    PS_DT_F32Z = 2, /* float32 with its zeros left out: a bitmap of the "len"
+                     * values, then the ones that are not +0.0 (sent to psd
+                     * only; PROTOCOL.md section 3) */
+    PS_DT_MAX = 2
 } ps_dtype;
 #define PS_WIRE_BIT(dt) (1ull << (dt))
 
-/* Bytes per element of dtype dt. */
+/* Bytes per element of dtype dt (per stored value for PS_DT_F32Z). */
 static inline size_t ps_dtype_size(uint32_t dt)
 {
     return dt == PS_DT_BF16 ? 2 : 4;
+}
+
+/* Bytes of the bitmap of n values in PS_DT_F32Z data: a bit per value,
+ * rounded up to whole 32-bit words so that the values after it stay
+ * aligned to 4. */
+static inline uint64_t ps_f32z_mask_bytes(uint64_t n)
+{
+    return (n + 31) / 32 * 4;
 }
 const char *ps_dtype_name(uint32_t dt);
 
@@ -177,6 +188,10 @@ typedef struct ps_msg {
     uint64_t off, len;      /* "off", "len": key range, in elements */
     const float *data;      /* "data": ndata float32 values (dt == PS_DT_F32) */
     const uint16_t *data16; /* "data": ndata bfloat16 values (dt == PS_DT_BF16); data is NULL then */
+    const uint8_t *zmask;   /* "data" with dt == PS_DT_F32Z: the bitmap of ndata values (bit i of
+                             * byte i / 8 set: value i is stored), then nz float32 values;
+                             * data and data16 are NULL then */
+    uint64_t nz;            /* values stored after zmask (its bits set) */
     uint64_t ndata;
     uint32_t dt;            /* "dt": ps_dtype of data (PS_DT_F32 when absent) */
     uint32_t rdt;           /* "rdt": ps_dtype wanted for the reply's data */
@@ -217,7 +232,17 @@ typedef struct ps_msg {
 /* The first byte of m's tensor data, whichever its element type. */
 static inline const void *ps_msg_data_bytes(const ps_msg *m)
 {
+    if (m->dt == PS_DT_F32Z)
+        return m->zmask;
     return m->dt == PS_DT_BF16 ? (const void *)m->data16 : (const void *)m->data;
+}
+
+/* The bytes of m's tensor data on the wire, whichever its element type. */
+static inline uint64_t ps_msg_data_len(const ps_msg *m)
+{
+    if (m->dt == PS_DT_F32Z)
+        return ps_f32z_mask_bytes(m->ndata) + m->nz * 4;
+    return m->ndata * ps_dtype_size(m->dt);
 }
 
 /* A growable byte buffer, used for encoding. */

@@ -128,6 +128,24 @@ static int widen(srv_conn *c, ps_msg *m, float *maxabs, char *err, size_t errlen
     return 0;
 }
 
+/* float32 without its zeros (dt f32z; the decoder checked its bitmap)
+ * becomes whole float32 in the connection's own buffer, as widen does. */
+static int expand(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+{
+    if (wide_reserve(c, m->ndata) != 0) {
+        snprintf(err, errlen, "no memory to expand %llu values sent without their zeros",
+                 (unsigned long long)m->ndata);
+        return PS_ENOMEM;
+    }
+    ps_f32z_expand(c->wide, m->zmask, (const float *)(const void *)(m->zmask + ps_f32z_mask_bytes(m->ndata)),
+                   (size_t)m->ndata);
+    m->data = c->wide;
+    m->zmask = NULL;
+    m->nz = 0;
+    m->dt = PS_DT_F32;
+    return 0;
+}
+
 /* The checks of an INIT's or a push's data, once, before anything acts on
  * it: the range, the element type (bfloat16 widened), finiteness
  * (sanitised with nonfinite = clip, for pushes). 0, with the largest
@@ -150,7 +168,8 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     /* widened only once the range is known to fit: the buffer then never
      * grows beyond the model */
     int bf16 = m->dt == PS_DT_BF16;
-    int rc = bf16 ? widen(c, m, &mx, err, errlen) : 0;
+    uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0; /* counted once accepted */
+    int rc = bf16 ? widen(c, m, &mx, err, errlen) : m->dt == PS_DT_F32Z ? expand(c, m, err, errlen) : 0;
     if (rc != 0)
         return rc;
     if (!bf16)
@@ -158,6 +177,7 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     if (!isfinite(mx)) {
         if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
             sanitize_push(c, m);
+            s->stats.zeros_elided += left_out;
             return 0;
         }
         snprintf(err, errlen, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
@@ -167,6 +187,7 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
         return PS_ENONFINITE;
     }
     *gmax = mx;
+    s->stats.zeros_elided += left_out;
     return 0;
 }
 

@@ -275,6 +275,7 @@ typedef struct srv_stats {
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
     uint64_t barriers;            /* BARRIERs answered (barrier.c) */
     uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
+    uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle.c) */
     /* rates, recomputed by the 1 s timer */
     uint64_t last_pushes, last_pulls;
     double push_rate, pull_rate;

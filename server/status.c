@@ -263,6 +263,9 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_worker_deaths_total", "counter",
            "Workers lost: connection closed without bye, or silent past heartbeat_timeout.", "%" PRIu64,
            s->stats.worker_deaths);
+    SIMPLE("psd_wire_zeros_elided_total", "counter",
+           "Values received as zeros left out of the data (float32 without zeros, dt 2): never on the wire.",
+           "%" PRIu64, s->stats.zeros_elided);
     SIMPLE("psd_sanitized_pushes_total", "counter",
            "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
            s->stats.sanitized_pushes);

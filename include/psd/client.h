@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 4
+#define PSC_VERSION_MINOR 6
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -118,6 +118,10 @@ PSC_API psc_client *psc_new(void);
  *   connect_s    at psc_connect, wait this long for psd to come up (0 .. 86400)
  *   wire         "f32", or "bf16": 2 bytes a value on the wire when psd
  *                offers it (else f32, with a warning)
+ *   skip_zeros   "on" (the default) or "off": float32 pushes leave their
+ *                +0.0 values out (a bitmap marks the rest) when psd offers
+ *                it and that saves a sixteenth of the bytes or more; psd
+ *                gets the same values bit for bit (1.6)
  *   shm          "on" or "off": offer psd a shared-memory segment
  *   reconnect    "on" or "off": push and pull reconnect by themselves
  *   chunk        floats a frame of a chunked push or pull (1024 .. 2^24,

@@ -608,6 +608,7 @@ def floats(values):
 
 DT_F32 = 0
 DT_BF16 = 1
+DT_F32Z = 2  # float32 without its zeros: a bitmap, then the values (PROTOCOL.md section 3)
 
 
 def wire_bit(dt):

@@ -759,12 +759,15 @@ static void check_same(const ps_msg *a, const ps_msg *b)
     if (h & PS_F_DATA) {
         assert_int_equal(a->ndata, b->ndata);
         /* through the pointer of the element type only */
-        if (b->dt == PS_DT_BF16)
+        if (b->dt != PS_DT_F32)
             assert_null(b->data);
-        else
+        if (b->dt != PS_DT_BF16)
             assert_null(b->data16);
-        if (a->ndata)
-            assert_memory_equal(ps_msg_data_bytes(a), ps_msg_data_bytes(b), a->ndata * ps_dtype_size(a->dt));
+        if (b->dt != PS_DT_F32Z)
+            assert_null(b->zmask);
+        assert_int_equal(a->nz, b->nz);
+        if (ps_msg_data_len(a))
+            assert_memory_equal(ps_msg_data_bytes(a), ps_msg_data_bytes(b), ps_msg_data_len(a));
     }
     assert_int_equal(a->fin, b->fin); /* 1 when absent */
     if (h & PS_F_MIN)
@@ -824,7 +827,7 @@ static void round_trip(const ps_msg *m)
     size_t dlen = 0;
     ps_body_fn body = m->type == PS_MSG_STATUS_REPLY ? pack_body : NULL;
     assert_int_equal(ps_msg_encode(m, &out, &dlen, body, NULL), 0);
-    assert_int_equal(dlen, (m->has & PS_F_DATA) ? m->ndata * ps_dtype_size(m->dt) : 0);
+    assert_int_equal(dlen, (m->has & PS_F_DATA) ? ps_msg_data_len(m) : 0);
     if (dlen) {
         /* the header ends with a bin32 header for the tensor bytes, at an
          * aligned offset of the frame */
@@ -2670,6 +2673,91 @@ static void test_encode_bf16_bytes(void **state)
     assert_int_equal(PS_WIRE_BIT(PS_DT_BF16), 2);
 }
 
+/* float32 without its zeros (dt 2): a PUSH of 40 values, 3 of them stored,
+ * round-trips with its bitmap and values in place (aligned, the bitmap two
+ * whole words); a bitmap that counts another number of values than follow,
+ * one with bits past len, one too short, and dt 2 without len or without
+ * data are BAD_FIELD; dt 3 is UNSUPPORTED. */
+static void test_f32z(void **state)
+{
+    (void)state;
+    static const float three[3] = {1.5f, -0.0f, 3.0f};
+    union {
+        uint8_t b[8 + 12];
+        uint32_t align;
+    } z = {{0}};
+    z.b[0] = 0x01, z.b[2] = 0x10, z.b[4] = 0x80; /* values 0, 20 and 39 */
+    memcpy(z.b + 8, three, sizeof three);
+    assert_int_equal(ps_f32z_mask_bytes(40), 8);
+    assert_int_equal(ps_f32z_mask_bytes(32), 4);
+    assert_int_equal(ps_f32z_mask_bytes(0), 0);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_PUSH);
+    m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_DT | PS_F_LEN;
+    m.id = 7, m.base = 2, m.off = 5, m.dt = PS_DT_F32Z, m.len = 40, m.ndata = 40, m.zmask = z.b, m.nz = 3;
+    assert_int_equal(ps_msg_data_len(&m), 20);
+    assert_ptr_equal(ps_msg_data_bytes(&m), z.b);
+    round_trip(&m);
+    ps_buf full = {0};
+    assert_int_equal(ps_msg_encode_full(&m, &full), 0);
+    uint32_t plen = full.len - PS_FRAME_HDR;
+    uint8_t *payload = heapdup(full.p + PS_FRAME_HDR, plen);
+    ps_msg d;
+    assert_int_equal(dec_inplace(payload, plen, &d), 0);
+    assert_int_equal(d.dt, PS_DT_F32Z);
+    assert_int_equal(d.ndata, 40);
+    assert_int_equal(d.nz, 3);
+    assert_null(d.data);
+    assert_null(d.data16);
+    assert_ptr_equal(d.zmask, payload + plen - 20);
+    assert_memory_equal(d.zmask + 8, three, sizeof three);
+    free(payload);
+    assert_string_equal(ps_dtype_name(PS_DT_F32Z), "f32z");
+    assert_int_equal(PS_WIRE_BIT(PS_DT_F32Z), 4);
+
+    /* the faults, each from the good frame: the count, bits past len, a
+     * short bitmap, no len, no data */
+    struct {
+        uint64_t len;
+        uint8_t b2, b4;
+        size_t nbytes;
+        uint64_t drop;
+    } bad[] = {
+        {40, 0x30, 0x80, 20, 0},         /* 4 bits set, 3 values */
+        {39, 0x10, 0x80, 20, 0},         /* bit 39 past len 39 */
+        {40, 0x10, 0x00, 20, 0},         /* 2 bits set, 3 values */
+        {200, 0x10, 0x80, 20, 0},        /* len 200 needs a 28-byte bitmap */
+        {40, 0x10, 0x80, 20, PS_F_LEN},  /* no len */
+        {40, 0x10, 0x80, 20, PS_F_DATA}, /* dt 2 but no data */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ps_msg b = m;
+        z.b[2] = bad[i].b2, z.b[4] = bad[i].b4;
+        b.len = bad[i].len;
+        b.has &= ~bad[i].drop;
+        /* encoded with the good count, so that the bytes are what is wrong */
+        ps_buf out = {0};
+        assert_int_equal(ps_msg_encode_full(&b, &out), 0);
+        uint8_t *p = heapdup(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+        int rc = dec_inplace(p, out.len - PS_FRAME_HDR, &d);
+        if (rc != PS_EBAD_FIELD)
+            fail_msg("case %zu: %d: %s", i, rc, err);
+        assert_non_null(strstr(err, "push"));
+        free(p);
+        ps_buf_free(&out);
+    }
+    z.b[2] = 0x10, z.b[4] = 0x80;
+    m.dt = 3; /* unknown */
+    ps_buf out = {0};
+    m.has &= ~(uint64_t)PS_F_DATA;
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    uint8_t *p = heapdup(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+    assert_int_equal(dec_inplace(p, out.len - PS_FRAME_HDR, &d), PS_EUNSUPPORTED);
+    free(p);
+    ps_buf_free(&out);
+    ps_buf_free(&full);
+}
+
 /* A PUSH map built by hand: "dt" (value written by dt_fn, or none) before
  * or after "data" (nbytes of bytes, bin format fmt), and a field "x" of k
  * bytes to move the tensor to every alignment. */
@@ -2773,10 +2861,13 @@ static void test_decode_bf16_errors(void **state)
     bf16_push(w, -1, 0, bytes, 6, 0, 0);
     expect_frame(w, &(badcase){"no dt, 6 bytes", PS_EBAD_FIELD, "not a multiple of 4"});
     /* element types this protocol does not know */
-    bf16_push(w, 2, 0, bytes, 8, 0, 0);
-    expect_frame(w, &(badcase){"dt 2", PS_EUNSUPPORTED, "unknown tensor element type 2 in 'dt'"});
-    bf16_push(w, 2, 1, bytes, 8, 0, 0);
-    expect_frame(w, &(badcase){"dt 2 after data", PS_EUNSUPPORTED, "'dt'"});
+    bf16_push(w, 3, 0, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 3", PS_EUNSUPPORTED, "unknown tensor element type 3 in 'dt'"});
+    bf16_push(w, 3, 1, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 3 after data", PS_EUNSUPPORTED, "'dt'"});
+    /* float32 without zeros says in len how many values its bitmap covers */
+    bf16_push(w, PS_DT_F32Z, 0, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 2 without len", PS_EBAD_FIELD, "needs 'len'"});
     bf16_push(w, 255, 0, bytes, 8, 0, 0);
     expect_frame(w, &(badcase){"dt 255", PS_EUNSUPPORTED, "255"});
     w->n = 0;
@@ -2790,8 +2881,8 @@ static void test_decode_bf16_errors(void **state)
         __VA_ARGS__;                                                                                               \
     } while (0)
 
-    FIELD_IS(PS_MSG_PULL, "rdt", mp_uint(w, 2));
-    expect(w, &(badcase){"rdt 2", PS_EUNSUPPORTED, "unknown tensor element type 2 in 'rdt'"});
+    FIELD_IS(PS_MSG_PULL, "rdt", mp_uint(w, 3));
+    expect(w, &(badcase){"rdt 3", PS_EUNSUPPORTED, "unknown tensor element type 3 in 'rdt'"});
     FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_uint(w, UINT64_MAX));
     expect(w, &(badcase){"dt 2^64-1", PS_EUNSUPPORTED, "18446744073709551615"});
     FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_int(w, -1));
@@ -2881,6 +2972,7 @@ int main(void)
         cmocka_unit_test(test_random_messages),
         cmocka_unit_test(test_round_trip_bf16),
         cmocka_unit_test(test_encode_bf16_bytes),
+        cmocka_unit_test(test_f32z),
         cmocka_unit_test(test_decode_bf16_data),
         cmocka_unit_test(test_decode_bf16_errors),
     };

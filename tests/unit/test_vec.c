@@ -420,6 +420,52 @@ static void test_maxabs(void **state)
     }
 }
 
+/* float32 without its zeros: pack then expand gives the values back bit
+ * for bit, at every length around the bitmap's bytes and words, with runs
+ * of zeros and of values (whole bitmap bytes of each), -0.0 and NaN (which
+ * travel), and the bitmap counts exactly the values stored, its padding 0. */
+static void test_f32z(void **state)
+{
+    (void)state;
+    enum { L = 300 };
+    static float x[L], y[L], vals[L];
+    static uint8_t mask[(L + 31) / 32 * 4];
+    uint32_t seed = 12345;
+    for (size_t n = 0; n <= L; n += n < 80 ? 1 : 37) {
+        for (int pattern = 0; pattern < 4; pattern++) {
+            for (size_t i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                int zero = pattern == 0 ? 1 : pattern == 1 ? 0 : pattern == 2 ? (seed >> 16) % 3 != 0 : (i / 19) % 2;
+                x[i] = zero ? 0.0f : (float)((int)(seed >> 20) % 200 - 100) / 7.0f;
+            }
+            if (n > 5) {
+                x[n / 2] = -0.0f;
+                x[n - 1] = NAN;
+            }
+            memset(mask, 0xa5, sizeof mask);
+            memset(y, 0x5a, sizeof y);
+            size_t nz = ps_f32z_pack(mask, vals, x, n);
+            assert_int_equal(ps_f32z_count_zeros(x, n), n - nz);
+            size_t want = 0, bits = 0;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &x[i], 4);
+                want += u != 0;
+            }
+            for (size_t i = 0; i < (n + 31) / 32 * 32; i++)
+                bits += (mask[i / 8] >> (i % 8)) & 1u;
+            assert_int_equal(nz, want);
+            assert_int_equal(bits, want); /* none past n */
+            ps_f32z_expand(y, mask, vals, n);
+            if (n)
+                assert_memory_equal(x, y, n * sizeof(float));
+            assert_true(n == 0 || y[n - 1] == y[n - 1] || isnan(x[n - 1]));
+            if (n > 5)
+                assert_true(signbit(y[n / 2]) && y[n / 2] == 0.0f);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_lengths_and_offsets),
         cmocka_unit_test(test_round_trip_error),
         cmocka_unit_test(test_maxabs),
+        cmocka_unit_test(test_f32z),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
