@@ -64,6 +64,8 @@ struct psc_client {
     uint32_t want_dt;        /* wire type asked for; psd's welcome decides */
     int skip_zeros;          /* option skip_zeros: float32 pushes leave +0.0 out
                               * when psd offers it (default on) */
+    int compress;            /* option compress: float32 pushes as zstd frames,
+                              * auto (-1: to a psd on another machine), on, off */
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
     int want_plan;           /* psc_plan_set: the plan the hello proposes */
@@ -200,6 +202,7 @@ psc_client *psc_new(void)
     c->connect_ms = 30000;
     c->want_dt = PS_DT_F32;
     c->skip_zeros = 1;
+    c->compress = -1;
     c->want_shm = 1;
     c->auto_reconnect = 1;
     c->chunk = CHUNK_FLOATS;
@@ -364,9 +367,9 @@ int psc_set(psc_client *c, const char *key, const char *value)
             return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
                         value);
         c->send_buffer = (int)v;
-    } else if (strcmp(key, "barrier") == 0 || strcmp(key, "pieces") == 0) {
+    } else if (strcmp(key, "barrier") == 0 || strcmp(key, "pieces") == 0 || strcmp(key, "compress") == 0) {
         /* auto (-1), on (1) or off (0) */
-        int *opt = key[0] == 'b' ? &c->barrier : &c->pieces;
+        int *opt = key[0] == 'b' ? &c->barrier : key[0] == 'p' ? &c->pieces : &c->compress;
         if (strcmp(value, "auto") == 0)
             *opt = -1;
         else if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0)
@@ -375,8 +378,8 @@ int psc_set(psc_client *c, const char *key, const char *value)
             return fail(c, PSC_EINVAL, "bad %s '%.100s': auto, on or off", key, value);
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, report_s, wire, skip_zeros, shm, reconnect, chunk, pull_window, "
-                                   "send_buffer, barrier, pieces, log)",
+                                   "connect_s, report_s, wire, skip_zeros, compress, shm, reconnect, chunk, "
+                                   "pull_window, send_buffer, barrier, pieces, log)",
                     key);
     }
     return 0;
@@ -1268,6 +1271,10 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     /* float32 pushes without their zeros: bit for bit the same values */
     ln->cl.skip_zeros = c->skip_zeros && ln->cl.wire_dt == PS_DT_F32 && (r.has & PS_F_WIRE) &&
                         (r.wire & PS_WIRE_BIT(PS_DT_F32Z));
+    /* and compressed, where the link is slower than the compressor: by
+     * default only to a psd on another machine */
+    ln->cl.compress = (c->compress > 0 || (c->compress < 0 && ln->remote)) && ln->cl.wire_dt == PS_DT_F32 &&
+                      (r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(PS_DT_F32ZSTD));
     snprintf(ln->mode, sizeof ln->mode, "%s", r.mode);
     ln->version = r.mver;
     ln->has_plan = (r.has & PS_F_PLAN) != 0;

@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "auth.h"
 #include "hostport.h"
@@ -59,6 +60,8 @@ void ps_client_free(ps_client *c)
     free(c->zbuf);
     c->zbuf = NULL;
     c->zbuf_cap = 0;
+    ZSTD_freeCCtx(c->zcctx);
+    c->zcctx = NULL;
     free(c->wide);
     c->wide = NULL;
     c->wide_cap = 0;
@@ -219,15 +222,58 @@ static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
     return 0;
 }
 
+/* 1 when m's tensor may be sent packed: float32 data of an INIT, PUSH or
+ * PUSHPULL of at least min values. */
+static int packable(const ps_msg *m, uint64_t min)
+{
+    int tensor = m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_INIT;
+    return tensor && (m->has & PS_F_DATA) && m->dt == PS_DT_F32 && m->ndata >= min;
+}
+
+/* *nm: *o with its data replaced by zbuf's bytes of type dt; *m then
+ * points at nm. The caller's message keeps its data (it may send it
+ * again). */
+static void packed_msg(ps_client *c, ps_msg **m, ps_msg *nm, uint32_t dt, size_t bytes)
+{
+    *nm = **m;
+    nm->has |= PS_F_DT | PS_F_LEN;
+    nm->dt = dt;
+    nm->len = nm->ndata;
+    nm->packed = c->zbuf;
+    nm->packed_len = bytes;
+    nm->data = NULL;
+    *m = nm;
+}
+
+/* *m's float32 data as one zstd frame (PS_DT_F32ZSTD), into *nm, when
+ * that saves a sixteenth of its bytes or more. Level 1: about 600 MB/s
+ * for a gradient, which halves to two thirds of its bytes where inputs
+ * repeat a value (standardised blank pixels) or zeros. */
+static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
+{
+    if (!packable(*m, 1024))
+        return 0;
+    size_t raw = (size_t)(*m)->ndata * sizeof(float), cap = ZSTD_compressBound(raw);
+    int rc = grow(c, (void **)&c->zbuf, &c->zbuf_cap, cap, 1);
+    if (rc != 0)
+        return rc;
+    if (!c->zcctx && !(c->zcctx = ZSTD_createCCtx()))
+        return cfail(c, PS_ENOMEM, "out of memory for a compressor");
+    size_t got = ZSTD_compressCCtx(c->zcctx, c->zbuf, cap, (*m)->data, raw, 1);
+    if (ZSTD_isError(got))
+        return cfail(c, PS_EIO, "cannot compress %zu bytes: %s", raw, ZSTD_getErrorName(got));
+    if (got * 16 <= raw * 15)
+        packed_msg(c, m, nm, PS_DT_F32ZSTD, got);
+    return 0;
+}
+
 /* *m's float32 data without its zeros (PS_DT_F32Z), into *nm, when that
- * saves a sixteenth of its bytes or more; *m then points at nm. The
- * caller's message keeps its data (it may send it again). */
+ * saves a sixteenth of its bytes or more. */
 static int without_zeros(ps_client *c, ps_msg **m, ps_msg *nm)
 {
-    const ps_msg *o = *m;
-    int tensor = o->type == PS_MSG_PUSH || o->type == PS_MSG_PUSHPULL || o->type == PS_MSG_INIT;
-    if (!tensor || !(o->has & PS_F_DATA) || o->dt != PS_DT_F32 || o->ndata < 64)
+    if (!packable(*m, 64))
         return 0;
+    const ps_msg *o = *m;
     size_t n = (size_t)o->ndata, mb = (size_t)ps_f32z_mask_bytes(n);
     /* a read-only count first: a dense gradient costs no packing */
     if ((mb + (n - ps_f32z_count_zeros(o->data, n)) * 4) * 16 > n * 4 * 15)
@@ -236,14 +282,8 @@ static int without_zeros(ps_client *c, ps_msg **m, ps_msg *nm)
     if (rc != 0)
         return rc;
     size_t nz = ps_f32z_pack(c->zbuf, (float *)(void *)(c->zbuf + mb), o->data, n);
-    *nm = *o;
-    nm->has |= PS_F_DT | PS_F_LEN;
-    nm->dt = PS_DT_F32Z;
-    nm->len = n;
-    nm->zmask = c->zbuf;
+    packed_msg(c, m, nm, PS_DT_F32Z, mb + nz * 4);
     nm->nz = nz;
-    nm->data = NULL;
-    *m = nm;
     return 0;
 }
 
@@ -273,7 +313,10 @@ static int send_locked(ps_client *c, ps_msg *m)
             m = &nm;
         }
     }
-    int rc = c->skip_zeros ? without_zeros(c, &m, &nm) : 0;
+    ps_msg *orig = m;
+    int rc = c->compress ? compressed(c, &m, &nm) : 0;
+    if (rc == 0 && m == orig && c->skip_zeros)
+        rc = without_zeros(c, &m, &nm);
     if (rc != 0)
         return rc;
     rc = ps_msg_encode(m, &c->wbuf, &dlen, NULL, NULL);

@@ -41,7 +41,12 @@ typedef struct ps_client {
                                * owner wants it: ps_client_send then leaves +0.0
                                * values out of float32 pushes when that saves a
                                * sixteenth of the bytes or more (0 after init) */
-    uint8_t *zbuf;            /* such a push's bitmap and values */
+    int compress;             /* psd offered compressed float32 (dt zstd) and the owner
+                               * wants it: float32 pushes go as one zstd frame when
+                               * that saves a sixteenth of the bytes or more (tried
+                               * before skip_zeros; 0 after init) */
+    struct ZSTD_CCtx_s *zcctx; /* made at the first compressed push */
+    uint8_t *zbuf;            /* such a push's bitmap and values, or its frame */
     size_t zbuf_cap;          /* bytes */
     float *wide;              /* a reply's bfloat16 data as float32 */
     size_t wide_cap;          /* values */
@@ -75,8 +80,9 @@ void ps_client_close(ps_client *c);
 /* Sends m as one frame: assigns m->id (and sets PS_F_ID) from next_id
  * unless m already has one. Tensor bytes go straight from m->data; with
  * wire_dt bf16, a PUSH's or PUSHPULL's float32 data is converted first, and
- * PULL and PUSHPULL ask for the reply in bfloat16 ("rdt"); with skip_zeros,
- * float32 data of an INIT, PUSH or PUSHPULL may go without its zeros. */
+ * PULL and PUSHPULL ask for the reply in bfloat16 ("rdt"); with compress or
+ * skip_zeros, float32 data of an INIT, PUSH or PUSHPULL may go compressed or
+ * without its zeros. */
 int ps_client_send(ps_client *c, ps_msg *m);
 
 /* Receives one frame within timeout_ms (-1: no limit) and decodes it into

@@ -112,7 +112,7 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     if (!(m->has & PS_F_FIN))
         FUZZ_CHECK(m->fin == 1, "fin defaults to true");
     if (!(m->has & PS_F_DATA))
-        FUZZ_CHECK(m->data == NULL && m->data16 == NULL && m->zmask == NULL && m->ndata == 0,
+        FUZZ_CHECK(m->data == NULL && m->data16 == NULL && m->packed == NULL && m->ndata == 0,
                    "data without the field");
     FUZZ_CHECK(m->dt <= PS_DT_MAX && m->rdt <= PS_DT_MAX, "element types %u, %u", m->dt, m->rdt);
     if (!(m->has & PS_F_DT))
@@ -160,7 +160,7 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
         uint64_t dl = ps_msg_data_len(m);
         const uint8_t *d = ps_msg_data_bytes(m);
         FUZZ_CHECK((m->dt == PS_DT_F32 || m->data == NULL) && (m->dt == PS_DT_BF16 || m->data16 == NULL) &&
-                       (m->dt == PS_DT_F32Z) == (m->zmask != NULL),
+                       ps_dtype_packed(m->dt) == (m->packed != NULL),
                    "data through the wrong pointer");
         FUZZ_CHECK(dl <= len, "%llu data bytes in a %zu-byte payload", (unsigned long long)dl, len);
         if (m->dt == PS_DT_F32Z) {
@@ -168,7 +168,7 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
              * follow, none past ndata */
             uint64_t set = 0, past = 0;
             for (uint64_t i = 0; i < ps_f32z_mask_bytes(m->ndata) * 8; i++) {
-                unsigned bit = (m->zmask[i / 8] >> (i % 8)) & 1u;
+                unsigned bit = (m->packed[i / 8] >> (i % 8)) & 1u;
                 set += bit;
                 past += i >= m->ndata ? bit : 0;
             }

@@ -110,8 +110,13 @@ MESSAGES = {
                            b"\x03\x01\x00\x00" + floats(0.5, -2.0)),
     "bad_f32z_past_len": ours({"t": PUSH, "id": 17, "base": 3, "off": 0, "len": 9, "dt": 2},
                               b"\x00\x06\x00\x00" + floats(0.5, -2.0)),
+    # compressed float32 ("dt": 3): one zstd frame of "len" values (not
+    # checked by the decoder; psd decompresses it)
+    "push_zstd": ours({"t": PUSH, "id": 19, "base": 3, "off": 0, "len": 2, "dt": 3},
+                      bytes.fromhex("28b52ffd20084100000000003f000000c0")),  # [0.5, -2.0]
+    "bad_zstd_no_len": ours({"t": PUSH, "id": 20, "base": 3, "off": 0, "dt": 3}, b"\x28\xb5\x2f\xfd"),
     "bad_f32z_no_len": ours({"t": PUSH, "id": 18, "base": 3, "off": 0, "dt": 2}, b"\x01\x00\x00\x00" + floats(1.0)),
-    "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 6}),
+    "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 14}),
     "ok": pack({"t": OK, "id": 7, "ver": 5, "text": "checkpoint written"}),
     "heartbeat": pack({"t": HEARTBEAT}),
     # a heartbeat asking what the worker's parked pull waits for, and psd's answer

@@ -107,6 +107,8 @@ const char *ps_dtype_name(uint32_t dt)
         return "bf16";
     case PS_DT_F32Z:
         return "f32z";
+    case PS_DT_F32ZSTD:
+        return "zstd";
     default:
         return "?";
     }
@@ -620,7 +622,7 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
             return fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' must be a non-negative integer", tname, f->key);
         if (v > PS_DT_MAX)
             return fail(err, errlen, PS_EUNSUPPORTED, "%s: unknown tensor element type %llu in '%s' "
-                                                      "(0 float32, 1 bfloat16, 2 float32 without zeros)",
+                                                      "(0 float32, 1 bfloat16, 2 float32 without zeros, 3 zstd)",
                         tname, (unsigned long long)v, f->key);
         *AT(m, f, uint32_t) = (uint32_t)v;
         return 0;
@@ -794,7 +796,8 @@ static int check_f32z(ps_msg *m, const uint8_t *src, size_t size, const char *tn
         return fail(err, errlen, PS_EBAD_FIELD,
                     "%s: data without zeros: its bitmap marks %llu values but %llu follow", tname,
                     (unsigned long long)set, (unsigned long long)nz);
-    m->zmask = src;
+    m->packed = src;
+    m->packed_len = size;
     m->nz = nz;
     m->ndata = n;
     return 0;
@@ -855,7 +858,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
 
     if (bin) {
         size_t esize = ps_dtype_size(m->dt);
-        if (m->dt != PS_DT_F32Z && bin->via.bin.size % esize != 0)
+        if (!ps_dtype_packed(m->dt) && bin->via.bin.size % esize != 0)
             return fail(err, errlen, PS_EBAD_FIELD, "%s: data has %u bytes, not a multiple of %zu (%s)", tname,
                         bin->via.bin.size, esize, ps_dtype_name(m->dt));
         uint8_t *src = (uint8_t *)(uintptr_t)bin->via.bin.ptr;
@@ -870,15 +873,25 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
             rc = check_f32z(m, src, bin->via.bin.size, tname, err, errlen);
             if (rc != 0)
                 return rc;
+        } else if (m->dt == PS_DT_F32ZSTD) {
+            /* the frame is psd's to check as it decompresses it (handle.c);
+             * here only that it says how many values it holds */
+            if (!(m->has & PS_F_LEN))
+                return fail(err, errlen, PS_EBAD_FIELD,
+                            "%s: compressed data (dt 3) needs 'len', the values it holds", tname);
+            m->packed = src;
+            m->packed_len = bin->via.bin.size;
+            m->ndata = m->len;
         } else if (m->dt == PS_DT_BF16) {
             m->data16 = (const uint16_t *)(const void *)src;
         } else {
             m->data = (const float *)(const void *)src;
         }
-        if (m->dt != PS_DT_F32Z)
+        if (!ps_dtype_packed(m->dt))
             m->ndata = bin->via.bin.size / esize;
-    } else if ((m->has & PS_F_DT) && m->dt == PS_DT_F32Z) {
-        return fail(err, errlen, PS_EBAD_FIELD, "%s: 'dt' 2 (float32 without zeros) needs 'data'", tname);
+    } else if ((m->has & PS_F_DT) && ps_dtype_packed(m->dt)) {
+        return fail(err, errlen, PS_EBAD_FIELD, "%s: 'dt' %u (%s) needs 'data'", tname, m->dt,
+                    ps_dtype_name(m->dt));
     }
 
     uint64_t need = required_fields(m->type);

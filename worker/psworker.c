@@ -53,6 +53,7 @@ typedef struct wopts {
     const char *barrier;     /* --barrier on|off (libpsclient's option) */
     const char *pieces;      /* --pieces auto|on|off (libpsclient's option) */
     const char *skip_zeros;  /* --skip-zeros on|off (libpsclient's option) */
+    const char *compress;    /* --compress auto|on|off (libpsclient's option) */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 
@@ -126,6 +127,9 @@ static void usage(FILE *f)
             "      --skip-zeros on|off on (default): float32 pushes leave their zeros out (a\n"
             "                          bitmap marks the values sent) when psd offers it and it\n"
             "                          saves bytes; psd gets the same values bit for bit\n"
+            "      --compress auto|on|off  float32 pushes as zstd frames (lossless) when psd\n"
+            "                          offers it and it saves bytes; auto (default): to a psd on\n"
+            "                          another machine (libpsclient's compress option)\n"
             "      --shm on|off        on (default): offer psd a shared-memory segment for the\n"
             "                          tensors; a psd on this machine, of the same user, maps it\n"
             "                          and pushes and pulls skip the TCP copies (models of at\n"
@@ -543,7 +547,7 @@ static int parse_options(int argc, char **argv, wopts *o)
                .wire = "f32"};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
            O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT, O_NO_PLAN, O_SEND_BUFFER,
-           O_BARRIER, O_PIECES, O_SKIP_ZEROS };
+           O_BARRIER, O_PIECES, O_SKIP_ZEROS, O_COMPRESS };
     static const struct option longopts[] = {
         {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
@@ -568,6 +572,7 @@ static int parse_options(int argc, char **argv, wopts *o)
         {"barrier", required_argument, NULL, O_BARRIER},
         {"pieces", required_argument, NULL, O_PIECES},
         {"skip-zeros", required_argument, NULL, O_SKIP_ZEROS},
+        {"compress", required_argument, NULL, O_COMPRESS},
         {NULL, 0, NULL, 0},
     };
     ps_log_init("psworker", PS_LOG_INFO);
@@ -600,6 +605,7 @@ static int parse_options(int argc, char **argv, wopts *o)
         case O_BARRIER: o->barrier = optarg; break;
         case O_PIECES: o->pieces = optarg; break;
         case O_SKIP_ZEROS: o->skip_zeros = optarg; break;
+        case O_COMPRESS: o->compress = optarg; break;
         case O_WIRE:
             if (strcmp(optarg, "f32") != 0 && strcmp(optarg, "bf16") != 0)
                 return die("bad --wire '%s': f32 or bf16", optarg);
@@ -704,7 +710,8 @@ static int client_new(wopts *o, psc_client **out)
         (o->send_buffer && psc_set(pc, "send_buffer", o->send_buffer) != 0) ||
         (o->barrier && psc_set(pc, "barrier", o->barrier) != 0) ||
         (o->pieces && psc_set(pc, "pieces", o->pieces) != 0) ||
-        (o->skip_zeros && psc_set(pc, "skip_zeros", o->skip_zeros) != 0)) {
+        (o->skip_zeros && psc_set(pc, "skip_zeros", o->skip_zeros) != 0) ||
+        (o->compress && psc_set(pc, "compress", o->compress) != 0)) {
         die("%s", psc_errmsg(pc));
         psc_free(pc);
         return 2;

@@ -122,6 +122,10 @@ PSC_API psc_client *psc_new(void);
  *                +0.0 values out (a bitmap marks the rest) when psd offers
  *                it and that saves a sixteenth of the bytes or more; psd
  *                gets the same values bit for bit (1.6)
+ *   compress     "auto" (the default), "on" or "off": float32 pushes go as
+ *                one zstd frame (level 1) when psd offers it and that saves
+ *                a sixteenth of the bytes or more; psd gets the same values
+ *                bit for bit; auto: to a psd on another machine (1.6)
  *   shm          "on" or "off": offer psd a shared-memory segment
  *   reconnect    "on" or "off": push and pull reconnect by themselves
  *   chunk        floats a frame of a chunked push or pull (1024 .. 2^24,

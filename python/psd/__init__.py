@@ -65,7 +65,7 @@ class PsdError(Exception):
         super().__init__("%s [%s]" % (message, self.name))
 
 
-_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "skip_zeros", "shm", "reconnect",
+_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "skip_zeros", "compress", "shm", "reconnect",
             "send_buffer", "barrier", "pieces", "log")
 
 
@@ -84,7 +84,9 @@ class Client:
     "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
     and Kubernetes environments), token_file, timeout_ms, reconnect_s,
     connect_s, wire ("f32"/"bf16"), skip_zeros (bool: float32 pushes leave
-    their zeros out when psd offers it; default True), shm (bool), reconnect (bool), send_buffer,
+    their zeros out when psd offers it; default True), compress ("auto", or a
+    bool: float32 pushes as zstd frames; auto, the default: to a psd on
+    another machine), shm (bool), reconnect (bool), send_buffer,
     barrier ("auto", or a bool: a BSP step over a split model ends at a
     BARRIER on the first psd; auto, the default: when a psd is on another
     machine), pieces ("auto", or a bool: a BSP step sends a part whose psd

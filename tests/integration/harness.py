@@ -609,6 +609,7 @@ def floats(values):
 DT_F32 = 0
 DT_BF16 = 1
 DT_F32Z = 2  # float32 without its zeros: a bitmap, then the values (PROTOCOL.md section 3)
+DT_F32ZSTD = 3  # float32 compressed: one zstd frame of the values (section 3)
 
 
 def wire_bit(dt):

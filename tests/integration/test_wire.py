@@ -134,8 +134,8 @@ class WireRawTest(unittest.TestCase):
         with harness.Cluster("psd-wire-welcome") as cl:
             job = Job(cl, self)
             job.close()
-            self.assertEqual(job.welcome.get("wire"), harness.wire_bit(DT_BF16) | harness.wire_bit(harness.DT_F32Z),
-                             job.welcome)
+            self.assertEqual(job.welcome.get("wire"), harness.wire_bit(DT_BF16) | harness.wire_bit(harness.DT_F32Z) |
+                             harness.wire_bit(harness.DT_F32ZSTD), job.welcome)
         with harness.Cluster("psd-wire-welcome-off") as cl:
             job = Job(cl, self, extra=["--set", "wire_bf16=no"])
             job.close()
@@ -230,8 +230,8 @@ class WireRawTest(unittest.TestCase):
                 job.check_bf16_params(r, 0, n, before, "a pull after the odd-length push")
 
                 # an element type psd does not know: UNSUPPORTED, not fatal
-                r = job.a.request({"t": T_PUSH, "base": 0, "off": 0, "dt": 3, "data": g})
-                expect_error(self, r, E_UNSUPPORTED, "dt 3")
+                r = job.a.request({"t": T_PUSH, "base": 0, "off": 0, "dt": 4, "data": g})
+                expect_error(self, r, E_UNSUPPORTED, "dt 4")
                 r = job.a.request({"t": T_PULL, "off": 0, "len": n, "min": 0, "rdt": 7})
                 expect_error(self, r, E_UNSUPPORTED, "rdt 7")
                 # out of range, once widened
@@ -460,13 +460,13 @@ def w1_psd_args(mode, limit, epochs):
 class WireTrainTest(unittest.TestCase):
     def train(self, mode, wire, psd_args=(), worker_args=(), limit=LIMIT, epochs=EPOCHS):
         """Two psworkers with --wire wire over TCP (--shm off: the wire is
-        what these tests measure; --skip-zeros off: float32 is every value's
-        4 bytes, test_zeros.py measures leaving zeros out); returns their
+        what these tests measure; --skip-zeros and --compress off: float32 is
+        every value's 4 bytes, test_packed.py measures packing it); returns their
         results and psd's counters afterwards."""
         with harness.Cluster("psd-wire-%s-%s" % (mode, wire)) as cl:
             psd = cl.psd(mode=mode, workers=2, args=w1_psd_args(mode, limit, epochs) + list(psd_args))
             ws = [cl.worker(psd, k, 2, epochs=epochs, batch=BATCH, limit=limit, test_limit=TEST_LIMIT, model=MODEL,
-                            args=["--wire", wire, "--shm", "off", "--skip-zeros", "off"] + list(worker_args))
+                            args=["--wire", wire, "--shm", "off", "--skip-zeros", "off", "--compress", "off"] + list(worker_args))
                   for k in range(2)]
             out = {"acc": [], "stderr": [], "wire": []}
             for w in ws:

@@ -763,9 +763,10 @@ static void check_same(const ps_msg *a, const ps_msg *b)
             assert_null(b->data);
         if (b->dt != PS_DT_BF16)
             assert_null(b->data16);
-        if (b->dt != PS_DT_F32Z)
-            assert_null(b->zmask);
+        if (!ps_dtype_packed(b->dt))
+            assert_null(b->packed);
         assert_int_equal(a->nz, b->nz);
+        assert_int_equal(ps_msg_data_len(a), ps_msg_data_len(b));
         if (ps_msg_data_len(a))
             assert_memory_equal(ps_msg_data_bytes(a), ps_msg_data_bytes(b), ps_msg_data_len(a));
     }
@@ -2694,7 +2695,7 @@ static void test_f32z(void **state)
     ps_msg m;
     ps_msg_init(&m, PS_MSG_PUSH);
     m.has = PS_F_ID | PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_DT | PS_F_LEN;
-    m.id = 7, m.base = 2, m.off = 5, m.dt = PS_DT_F32Z, m.len = 40, m.ndata = 40, m.zmask = z.b, m.nz = 3;
+    m.id = 7, m.base = 2, m.off = 5, m.dt = PS_DT_F32Z, m.len = 40, m.ndata = 40, m.packed = z.b, m.packed_len = 20, m.nz = 3;
     assert_int_equal(ps_msg_data_len(&m), 20);
     assert_ptr_equal(ps_msg_data_bytes(&m), z.b);
     round_trip(&m);
@@ -2709,10 +2710,21 @@ static void test_f32z(void **state)
     assert_int_equal(d.nz, 3);
     assert_null(d.data);
     assert_null(d.data16);
-    assert_ptr_equal(d.zmask, payload + plen - 20);
-    assert_memory_equal(d.zmask + 8, three, sizeof three);
+    assert_ptr_equal(d.packed, payload + plen - 20);
+    assert_memory_equal(d.packed + 8, three, sizeof three);
     free(payload);
     assert_string_equal(ps_dtype_name(PS_DT_F32Z), "f32z");
+    assert_string_equal(ps_dtype_name(PS_DT_F32ZSTD), "zstd");
+    assert_int_equal(PS_WIRE_BIT(PS_DT_F32ZSTD), 8);
+    /* compressed (dt 3): any bytes, "len" values; the frame is psd's to
+     * check, so it round-trips as it is, in place */
+    {
+        static const uint8_t frame[7] = {0x28, 0xb5, 0x2f, 0xfd, 1, 2, 3};
+        ps_msg zm = m;
+        zm.dt = PS_DT_F32ZSTD, zm.len = zm.ndata = 1000, zm.packed = frame, zm.packed_len = 7, zm.nz = 0;
+        assert_int_equal(ps_msg_data_len(&zm), 7);
+        round_trip(&zm);
+    }
     assert_int_equal(PS_WIRE_BIT(PS_DT_F32Z), 4);
 
     /* the faults, each from the good frame: the count, bits past len, a
@@ -2747,7 +2759,7 @@ static void test_f32z(void **state)
         ps_buf_free(&out);
     }
     z.b[2] = 0x10, z.b[4] = 0x80;
-    m.dt = 3; /* unknown */
+    m.dt = 4; /* unknown */
     ps_buf out = {0};
     m.has &= ~(uint64_t)PS_F_DATA;
     assert_int_equal(ps_msg_encode_full(&m, &out), 0);
@@ -2861,10 +2873,12 @@ static void test_decode_bf16_errors(void **state)
     bf16_push(w, -1, 0, bytes, 6, 0, 0);
     expect_frame(w, &(badcase){"no dt, 6 bytes", PS_EBAD_FIELD, "not a multiple of 4"});
     /* element types this protocol does not know */
-    bf16_push(w, 3, 0, bytes, 8, 0, 0);
-    expect_frame(w, &(badcase){"dt 3", PS_EUNSUPPORTED, "unknown tensor element type 3 in 'dt'"});
-    bf16_push(w, 3, 1, bytes, 8, 0, 0);
-    expect_frame(w, &(badcase){"dt 3 after data", PS_EUNSUPPORTED, "'dt'"});
+    bf16_push(w, 4, 0, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 4", PS_EUNSUPPORTED, "unknown tensor element type 4 in 'dt'"});
+    bf16_push(w, 4, 1, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 4 after data", PS_EUNSUPPORTED, "'dt'"});
+    bf16_push(w, PS_DT_F32ZSTD, 0, bytes, 8, 0, 0);
+    expect_frame(w, &(badcase){"dt 3 without len", PS_EBAD_FIELD, "needs 'len'"});
     /* float32 without zeros says in len how many values its bitmap covers */
     bf16_push(w, PS_DT_F32Z, 0, bytes, 8, 0, 0);
     expect_frame(w, &(badcase){"dt 2 without len", PS_EBAD_FIELD, "needs 'len'"});
@@ -2881,8 +2895,8 @@ static void test_decode_bf16_errors(void **state)
         __VA_ARGS__;                                                                                               \
     } while (0)
 
-    FIELD_IS(PS_MSG_PULL, "rdt", mp_uint(w, 3));
-    expect(w, &(badcase){"rdt 3", PS_EUNSUPPORTED, "unknown tensor element type 3 in 'rdt'"});
+    FIELD_IS(PS_MSG_PULL, "rdt", mp_uint(w, 4));
+    expect(w, &(badcase){"rdt 4", PS_EUNSUPPORTED, "unknown tensor element type 4 in 'rdt'"});
     FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_uint(w, UINT64_MAX));
     expect(w, &(badcase){"dt 2^64-1", PS_EUNSUPPORTED, "18446744073709551615"});
     FIELD_IS(PS_MSG_HEARTBEAT, "dt", mp_int(w, -1));
