@@ -20,6 +20,13 @@ S float32 values split over the listed psd (one psd: the whole model):
   PUSH chunks of 2^20 values sent back to back, their OKs, then PULL chunks
   with two requests in flight, as psworker's chunked step does.
 
+--order concurrent writes every part's requests at once on non-blocking
+sockets and reads each reply as it arrives; with --piece N (psd's
+bsp_piece) each part goes as a PUSH and a PULL per piece. --order rr does
+what libpsclient 1.5's pieces option does: a sending thread writes piece 0
+of parts K+1, K+2, ..., then piece 1 of each, ..., with blocking sends, and
+the main thread reads every part's replies as they come.
+
 --order stagger sends worker K's parts starting at part K+1 (wrapping), so
 that no psd receives from every worker at once, and reads the replies in
 that order: libpsclient's order since 1.3.1 (reading since 1.4;
@@ -65,6 +72,7 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
 
 import msgpack
@@ -197,16 +205,21 @@ def frame_bytes(msg, data):
     return struct.pack(">I", len(head) + len(data)) + head, data
 
 
-def concurrent_round(links, order, grad, params, bounds, piece=0):
+def concurrent_round(links, order, grad, params, bounds, piece=0, rr=False):
     """--order concurrent: every part's requests written at once, each socket
     taking what it can when it can (non-blocking, poll), and each reply read
     as its bytes arrive, whichever part they come from: no part's flow waits
     for another's. With piece > 0 (psd's bsp_piece), a part's gradient goes
     as PUSH chunks of piece values and its values come back as PULLs of the
     same ranges (min v + 1), which psd answers as each piece closes.
+    rr (--order rr, libpsclient's way): a sending thread writes piece 0 of
+    every part in the order, then piece 1 of every part, ..., each with
+    blocking sends (the send buffer paces them), so every psd receives a
+    worker's pieces at the same pace, while this thread reads the replies.
     Returns each part's reply time."""
     n = len(links)
     out, inb, want, got, newv = {}, {}, {}, [0.0] * n, {}
+    units = {}  # rr: each part's sends, a piece's PUSH and PULL (or a PUSHPULL) apiece
     for i in order:
         ln = links[i]
         g = grad[bounds[i]:bounds[i + 1]]
@@ -221,23 +234,44 @@ def concurrent_round(links, order, grad, params, bounds, piece=0):
                 end = min(ln.n, off + piece)
                 frames.append(({"t": PUSH, "base": ln.version, "off": off, "fin": end == ln.n}, g[off:end]))
                 frames.append(({"t": PULL, "off": off, "len": end - off, "min": ln.version + 1}, None))
-        out[i] = []
+        out[i], units[i] = [], []
         for msg, data in frames:
             msg["id"] = ln.next_id
             ln.next_id += 1
             if data is None:
                 body = msgpack.packb(msg, use_bin_type=True)
                 out[i].append(memoryview(struct.pack(">I", len(body)) + body))
+                units[i][-1].append(out[i][-1])
             else:
                 head, data = frame_bytes(msg, data)
                 out[i] += [memoryview(head), data]
+                units[i].append([out[i][-2], out[i][-1]])
         want[i] = len(frames)
         inb[i] = [bytearray(4), 0, None]  # buffer, bytes in, frame length
-        ln.sock.setblocking(False)
+        if not rr:
+            ln.sock.setblocking(False)
+    sender = None
+    if rr:
+        seq = [(i, units[i][q]) for q in range(max(len(units[i]) for i in order))
+               for i in order if q < len(units[i])]
+        failed = []
+
+        def send_all():
+            try:
+                for i, bufs in seq:
+                    for b in bufs:
+                        links[i].sock.sendall(b)
+            except OSError as e:
+                failed.append(e)
+
+        for i in order:
+            out[i] = []
+        sender = threading.Thread(target=send_all, daemon=True)
+        sender.start()
     poll = select.poll()
     fd = {links[i].sock.fileno(): i for i in order}
     for i in order:
-        poll.register(links[i].sock, select.POLLIN | select.POLLOUT)
+        poll.register(links[i].sock, select.POLLIN | (0 if rr else select.POLLOUT))
     left = set(order)
     while left:
         for f, ev in poll.poll(600000):
@@ -281,6 +315,12 @@ def concurrent_round(links, order, grad, params, bounds, piece=0):
                             got[i] = time.monotonic()
                             left.discard(i)
                             poll.unregister(ln.sock)
+                    if rr:
+                        break  # a blocking socket: one read per POLLIN, which comes again while bytes wait
+    if sender:
+        sender.join()
+        if failed:
+            raise failed[0]
     for i in order:
         links[i].sock.setblocking(True)
         links[i].sock.settimeout(600)
@@ -332,9 +372,9 @@ def main():
         if p < 1 or h * p != n:
             sys.exit("mh_rounds: %d servers are not hosts of %d pieces" % (n, p))
         order = [((k + j) % h) * p + q for q in range(p) for j in range(1, h)] + [k * p + q for q in range(p)]
-    elif a.order == "concurrent":
+    elif a.order in ("concurrent", "rr"):
         order = [(k + 1 + j) % n for j in range(n)]
-    elif a.order not in ("parts", "stagger", "sched", "lockstep"):
+    elif a.order not in ("parts", "stagger", "sched", "lockstep", "rr"):
         sys.exit("mh_rounds: bad --order '%s'" % a.order)
     if 0 <= a.local < n:  # the psd on this host last: the remote bytes go out first
         order.remove(a.local)
@@ -411,9 +451,9 @@ def main():
                         got[i] = time.monotonic()
             for i in range(n):
                 links[i].version = newv[i]
-        if a.order == "concurrent":
-            got = concurrent_round(links, order, grad, params, bounds, a.piece)
-        for i in [] if sched or lockstep or a.order == "concurrent" else order:
+        if a.order in ("concurrent", "rr"):
+            got = concurrent_round(links, order, grad, params, bounds, a.piece, a.order == "rr")
+        for i in [] if sched or lockstep or a.order in ("concurrent", "rr") else order:
             ln = links[i]
             g = grad[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:
@@ -421,7 +461,7 @@ def main():
                          "min": ln.version + 1}, g)
             else:
                 chunked_send(ln, g)
-        for i in [] if sched or lockstep or a.order == "concurrent" else (order if a.order == "stagger" or a.order.startswith("pieces:") else range(n)):
+        for i in [] if sched or lockstep or a.order in ("concurrent", "rr") else (order if a.order == "stagger" or a.order.startswith("pieces:") else range(n)):
             ln = links[i]
             part = params[bounds[i]:bounds[i + 1]]
             if ln.n <= CHUNK:

@@ -34,6 +34,13 @@ A cell is a placement, a model of S float32 values and a link rate:
            order since 1.4; psworker's). With --psd-barrier every round
            ends with a BARRIER on part 0's psd, as libpsclient 1.4 does
            (PROTOCOL.md section 5).
+- concurrent: split, every part's requests written at once (non-blocking
+           sockets) and each reply read as it arrives; with --piece N, psd's
+           bsp_piece is N and each part goes as a PUSH and a PULL per piece.
+- rr:      split with --piece N as libpsclient's pieces option sends it: a
+           sending thread writes piece 0 of parts k+1, k+2, ..., then piece
+           1 of each, ..., with blocking sends (the send buffer paces them),
+           while the worker reads every part's replies as they come.
 - pieces:  a what-if for key-range pieces that close their rounds on their
            own: --pieces psd on each worker host, each holding a piece of
            the host's part; worker k sends piece 0 of hosts k+1, k+2, ...,
@@ -307,8 +314,22 @@ class Bench:
         est = max(limit_s * 1.5, 0.002)
         return int(max(3, min(self.a.max_rounds, self.a.budget / est)))
 
+    def piece_for(self, size):
+        """--piece's value for a model of size floats (0: none)."""
+        spec = self.a.piece
+        if ":" not in spec:
+            return parse_size(spec)
+        for item in spec.split(","):
+            s, n = item.split(":")
+            if parse_size(s) == size:
+                return parse_size(n)
+        return 0
+
     def psd_cell(self, placement, size, mbit):
         h = self.workers
+        piece = self.piece_for(size) if placement in ("concurrent", "rr") else 0
+        # the pieces' psd close rounds in pieces of that size
+        pset = ["--set", "bsp_piece=%d" % piece] if piece else []
         frac = h if placement == "central" else 2 * (h - 1) / h
         limit = frac * 4 * size * 8 / (mbit * 1e6)
         rounds = self.rounds_for(limit)
@@ -331,7 +352,7 @@ class Bench:
                 bounds = [0] + [(size * i // h) // 1024 * 1024 for i in range(1, h)] + [size]
                 for i in range(h):
                     psds.append(self.start_psd(i, self.name("psd-part%d" % i),
-                                               self.psd_args(bounds[i + 1] - bounds[i])))
+                                               self.psd_args(bounds[i + 1] - bounds[i]) + pset))
                 servers, local = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h)), list(range(h))
             barrier = []
             if self.a.psd_barrier and placement != "central":
@@ -340,13 +361,13 @@ class Bench:
                 bdir = os.path.join(self.m.out, self.name("barrier"))
                 os.makedirs(bdir)
                 barrier = ["--barrier", bdir]
-            order = {"stagger": "stagger", "concurrent": "concurrent", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
+            order = {"stagger": "stagger", "concurrent": "concurrent", "rr": "rr", "sched": "sched", "lockstep": "lockstep", "pieces": "pieces:%d" % self.a.pieces}.get(placement, "parts")
             ws = [self.m.spawn(k, [PY, os.path.join(BENCH, "mh_rounds.py"), "--server", servers, "--shard",
                                    "%d/%d" % (k, h), "--size", str(size), "--rounds", str(rounds), "--warmup",
                                    str(warm), "--order", order, "--local", str(local[k])] + barrier
                                + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
                                + (["--lowat", str(self.a.lowat)] if self.a.lowat else [])
-                               + (["--piece", str(self.a.piece)] if self.a.piece and placement == "concurrent" else [])
+                               + (["--piece", str(piece)] if piece else [])
                                + (["--slice", str(self.a.slice), "--window", str(self.a.window)]
                                   if placement == "lockstep" else []),
                                self.name("rounds-%s-w%d" % (placement, k))) for k in range(h)]
@@ -515,7 +536,7 @@ def report(cells, trains, link, sysctls=()):
     for size, mbit in keys:
         row = {c["placement"]: c for c in cells if c["size"] == size and c["mbit"] == mbit}
         gloo = row.get("gloo", {}).get("p50_ms")
-        for pl in ("central", "split", "stagger", "concurrent", "pieces", "sched", "lockstep", "gloo", "mpi"):
+        for pl in ("central", "split", "stagger", "concurrent", "rr", "pieces", "sched", "lockstep", "gloo", "mpi"):
             c = row.get(pl)
             if not c:
                 continue
@@ -609,9 +630,9 @@ def main():
                     help="bytes: psd's send_buffer setting, psworker's --send-buffer and mh_rounds.py's (SO_SNDBUF)")
     ap.add_argument("--psd-set", action="append", default=[], metavar="KEY=VALUE",
                     help="a setting for every psd the bench starts, e.g. pace_replies=yes")
-    ap.add_argument("--piece", type=int, default=0,
-                    help="the concurrent placement: psd's bsp_piece, and its workers push and pull in pieces of "
-                         "this many values")
+    ap.add_argument("--piece", default="0",
+                    help="the concurrent and rr placements: psd's bsp_piece, and their workers push and pull in pieces of "
+                         "this many values; N, or SIZE:N,SIZE:N,... for a piece size per model size")
     ap.add_argument("--lowat", type=int, default=0,
                     help="bytes: mh_rounds.py's TCP_NOTSENT_LOWAT on every connection (a send returns when at "
                          "most this much is unsent, so a worker's pushes leave one after another)")
@@ -656,7 +677,7 @@ def main():
     trainers = [t for t in a.train.split(",") if t and t != "none"]
     train_rates = [int(r) for r in (a.train_rates or a.rates).split(",") if r]
     for p in placements:
-        if p not in ("central", "split", "stagger", "concurrent", "pieces", "sched", "lockstep", "gloo", "mpi"):
+        if p not in ("central", "split", "stagger", "concurrent", "rr", "pieces", "sched", "lockstep", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
         if t not in ("split", "ddp"):

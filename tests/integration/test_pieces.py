@@ -160,21 +160,24 @@ class PiecesTest(unittest.TestCase):
     def test_psworker_pieces(self):
         # psworker over a model split on 2 psd (libpsclient's pieces option:
         # auto takes pieces only from a psd on another machine) ends bit for
-        # bit where it ends without them
-        models, early = {}, {}
+        # bit where it ends without them, with its pieces compressed or not
+        models, early, zstd = {}, {}, {}
         for flag in ("on", "off"):
             with harness.Cluster("test-pieces-split") as cl:
                 psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i, args=["--set", "bsp_piece=4096"])
                         for i in range(2)]
                 ws = [cl.worker(psds, k, 2, epochs=1, limit=2000, test_limit=500, model="mlp:64",
-                                args=["--pieces", flag, "--shm", "off", "--seed", "3", "--no-plan"])
+                                args=["--pieces", flag, "--shm", "off", "--seed", "3", "--no-plan",
+                                      # each piece compressed (dt 3) with pieces on: the same values
+                                      "--compress", flag])
                       for k in range(2)]
                 steps = harness.finish(self, ws)[0]["version"]
                 self.assertEqual(steps, harness.steps_per_epoch(2000, 2, 64, True))
-                parts, early[flag] = [], 0
+                parts, early[flag], zstd[flag] = [], 0, 0
                 for p in psds:
                     samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
                     early[flag] += harness.metric(samples, "psd_bsp_early_pieces_total")
+                    zstd[flag] += harness.metric(samples, "psd_wire_zstd_received_bytes_total")
                     with RawClient(p.addr, 10.0) as adm:
                         st = adm.hello_admin()
                         r = adm.request({"t": T_PULL, "off": 0, "len": st["params"]})
@@ -183,6 +186,8 @@ class PiecesTest(unittest.TestCase):
                     p.stop()
                 models[flag] = np.concatenate(parts)
         self.assertGreater(early["on"], steps, "pieces closed before their rounds")
+        self.assertGreater(zstd["on"], 0, "the pieces went compressed")
+        self.assertEqual(zstd["off"], 0)
         self.assertEqual(early["off"], 0)
         np.testing.assert_array_equal(models["on"], models["off"])
 
