@@ -62,6 +62,8 @@ void ps_client_free(ps_client *c)
     c->zbuf_cap = 0;
     ZSTD_freeCCtx(c->zcctx);
     c->zcctx = NULL;
+    ZSTD_freeDCtx(c->zdctx);
+    c->zdctx = NULL;
     free(c->wide);
     c->wide = NULL;
     c->wide_cap = 0;
@@ -313,6 +315,13 @@ static int send_locked(ps_client *c, ps_msg *m)
             m = &nm;
         }
     }
+    if (c->compress && (m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm &&
+        !(m->has & PS_F_RDT)) {
+        /* the parameters back compressed too, when that saves (else psd
+         * answers in float32) */
+        m->has |= PS_F_RDT;
+        m->rdt = PS_DT_F32ZSTD;
+    }
     ps_msg *orig = m;
     int rc = c->compress ? compressed(c, &m, &nm) : 0;
     if (rc == 0 && m == orig && c->skip_zeros)
@@ -405,6 +414,25 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
         c->has_slice = (out->has & PS_F_SLICE) != 0;
         c->slice = out->slice;
         c->done = (out->has & PS_F_DONE) && out->done;
+    }
+    if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_F32ZSTD) {
+        /* compressed parameters (asked for with rdt 3): exactly ndata
+         * float32 values in one frame, into the wide buffer */
+        size_t want = (size_t)out->ndata * sizeof(float);
+        if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0)
+            return rc;
+        if (!c->zdctx && !(c->zdctx = ZSTD_createDCtx()))
+            return cfail(c, PS_ENOMEM, "out of memory for a decompressor");
+        size_t got = ZSTD_getFrameContentSize(out->packed, (size_t)out->packed_len) == want
+                         ? ZSTD_decompressDCtx(c->zdctx, c->wide, want, out->packed, (size_t)out->packed_len)
+                         : 0;
+        if (ZSTD_isError(got) || got != want)
+            return cfail(c, PS_EMALFORMED, "%s: compressed parameters that are not %llu float32 values: %s",
+                         c->server, (unsigned long long)out->ndata,
+                         ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
+        out->data = c->wide;
+        out->packed = NULL;
+        out->dt = PS_DT_F32;
     }
     if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_BF16) {
         if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0)

@@ -44,8 +44,11 @@ typedef struct ps_client {
     int compress;             /* psd offered compressed float32 (dt zstd) and the owner
                                * wants it: float32 pushes go as one zstd frame when
                                * that saves a sixteenth of the bytes or more (tried
-                               * before skip_zeros; 0 after init) */
+                               * before skip_zeros), and PULL and PUSHPULL ask for
+                               * their parameters so (rdt 3; psd sends float32 when
+                               * that saves less); 0 after init */
     struct ZSTD_CCtx_s *zcctx; /* made at the first compressed push */
+    struct ZSTD_DCtx_s *zdctx; /* made at the first compressed reply */
     uint8_t *zbuf;            /* such a push's bitmap and values, or its frame */
     size_t zbuf_cap;          /* bytes */
     float *wide;              /* a reply's bfloat16 data as float32 */

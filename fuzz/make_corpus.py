@@ -114,6 +114,9 @@ MESSAGES = {
     # checked by the decoder; psd decompresses it)
     "push_zstd": ours({"t": PUSH, "id": 19, "base": 3, "off": 0, "len": 2, "dt": 3},
                       bytes.fromhex("28b52ffd20084100000000003f000000c0")),  # [0.5, -2.0]
+    "params_zstd": ours({"t": PARAMS, "id": 21, "ver": 4, "off": 0, "len": 2, "dt": 3},
+                        bytes.fromhex("28b52ffd20084100000000003f000000c0")),
+    "pull_zstd": pack({"t": PULL, "id": 22, "off": 0, "len": 9, "rdt": 3}),
     "bad_zstd_no_len": ours({"t": PUSH, "id": 20, "base": 3, "off": 0, "dt": 3}, b"\x28\xb5\x2f\xfd"),
     "bad_f32z_no_len": ours({"t": PUSH, "id": 18, "base": 3, "off": 0, "dt": 2}, b"\x01\x00\x00\x00" + floats(1.0)),
     "welcome_wire": pack({"t": WELCOME, "id": 1, "v": 1, "mode": "asgd", "ver": 0, "params": 9, "wire": 14}),

@@ -441,6 +441,7 @@ int main(int argc, char **argv)
     srv_admin_free(s);
     srv_dash_free(s);
     ZSTD_freeDCtx(s->zdctx);
+    ZSTD_freeCCtx(s->zcctx);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zstd.h>
 
 #include "admin.h"
 #include "common/hostport.h"
@@ -59,8 +60,12 @@ static unsigned wreq_free_count;
  * of converting again. */
 #define NARROW_SPARE 16
 
+/* A reply's values converted from the blocks: bfloat16, or one zstd frame
+ * of the float32 values (rdt 3), len bytes of v. */
 struct narrow {
-    size_t cap;         /* values */
+    size_t cap;         /* bytes */
+    size_t len;         /* bytes of v in use */
+    uint32_t dt;        /* PS_DT_BF16 or PS_DT_F32ZSTD */
     unsigned refs;      /* queued writes, and `narrow_last` */
     uint64_t stamp, ver, off, n; /* the model's stamp when converted, and m's */
     const srv_blk *blk; /* the first block it was converted from */
@@ -73,20 +78,20 @@ static struct narrow *narrow_last;
 static struct narrow *narrow_free;
 static unsigned narrow_free_count;
 
-static struct narrow *narrow_get(size_t n)
+static struct narrow *narrow_get(size_t bytes)
 {
     /* the first spare big enough, else a new one */
     for (struct narrow **pp = &narrow_free; *pp; pp = &(*pp)->next) {
-        if ((*pp)->cap >= n) {
+        if ((*pp)->cap >= bytes) {
             struct narrow *b = *pp;
             *pp = b->next;
             narrow_free_count--;
             return b;
         }
     }
-    struct narrow *b = malloc(sizeof *b + n * sizeof(uint16_t));
+    struct narrow *b = malloc(sizeof *b + bytes);
     if (b)
-        b->cap = n;
+        b->cap = bytes;
     return b;
 }
 
@@ -114,33 +119,75 @@ static void narrow_put(struct narrow *b)
     narrow_free_count++;
 }
 
-/* m's data (m->ndata values from m->off of blocks blk) as bfloat16, with a
- * reference for the caller; NULL when out of memory. The last conversion
- * is reused when nothing was written to the model since (its stamp) and it
- * holds the same range of the same blocks at the same version. */
-static struct narrow *narrow_of(const psd *s, const ps_msg *m, srv_blk *const *blk)
+/* m's values compressed into b: one zstd frame (level 1) that says its
+ * size, fed block by block. 0, or -1 when zstd fails (out of memory). */
+static int compress_into(psd *s, struct narrow *b, const ps_msg *m, srv_blk *const *blk)
+{
+    if (!s->zcctx && !(s->zcctx = ZSTD_createCCtx()))
+        return -1;
+    ZSTD_CCtx_reset(s->zcctx, ZSTD_reset_session_only);
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(s->zcctx, ZSTD_c_compressionLevel, 1)) ||
+        ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(s->zcctx, m->ndata * sizeof(float))))
+        return -1;
+    ZSTD_outBuffer out = {b->v, b->cap, 0};
+    uint64_t off = m->off, left = m->ndata;
+    size_t rc;
+    do {
+        size_t len = 0;
+        const float *p = left ? srv_blocks_at(blk, off, left, &len) : NULL;
+        off += len;
+        left -= len;
+        ZSTD_inBuffer in = {p, len * sizeof(float), 0};
+        /* the bound fits the whole frame: each call takes all its input */
+        rc = ZSTD_compressStream2(s->zcctx, &out, &in, left ? ZSTD_e_continue : ZSTD_e_end);
+        if (ZSTD_isError(rc) || in.pos != in.size)
+            return -1;
+    } while (left || rc != 0);
+    b->len = out.pos;
+    return 0;
+}
+
+/* m's data (m->ndata values from m->off of blocks blk) as m->dt says
+ * (bfloat16, or compressed), with a reference for the caller; NULL when
+ * out of memory. The last conversion is reused when nothing was written to
+ * the model since (its stamp) and it holds the same range of the same
+ * blocks at the same version in the same type: every worker's reply at the
+ * end of a BSP round is converted once. */
+static struct narrow *narrow_of(psd *s, const ps_msg *m, srv_blk *const *blk)
 {
     const srv_blk *first = blk[m->off >> SRV_BLK_SHIFT];
     struct narrow *l = narrow_last;
     if (l && l->stamp == s->model.stamp && l->ver == m->mver && l->off == m->off && l->n == m->ndata &&
-        l->blk == first) {
+        l->blk == first && l->dt == m->dt) {
         narrow_last->refs++;
         return narrow_last;
     }
-    struct narrow *b = narrow_get((size_t)m->ndata);
+    int zstd = m->dt == PS_DT_F32ZSTD;
+    struct narrow *b = narrow_get(zstd ? ZSTD_compressBound((size_t)m->ndata * sizeof(float))
+                                       : (size_t)m->ndata * sizeof(uint16_t));
     if (!b)
         return NULL;
-    uint64_t off = m->off, left = m->ndata;
-    for (uint16_t *dst = b->v; left > 0;) {
-        size_t len;
-        const float *p = srv_blocks_at(blk, off, left, &len);
-        ps_bf16_from_f32(dst, p, len);
-        dst += len;
-        off += len;
-        left -= len;
+    size_t bytes = (size_t)m->ndata * sizeof(uint16_t);
+    if (zstd) {
+        b->refs = 1;
+        if (compress_into(s, b, m, blk) != 0) {
+            narrow_put(b);
+            return NULL;
+        }
+        bytes = b->len;
+    } else {
+        uint64_t off = m->off, left = m->ndata;
+        for (uint16_t *dst = b->v; left > 0;) {
+            size_t len;
+            const float *p = srv_blocks_at(blk, off, left, &len);
+            ps_bf16_from_f32(dst, p, len);
+            dst += len;
+            off += len;
+            left -= len;
+        }
     }
-    *b = (struct narrow){.cap = b->cap, .refs = 2, .stamp = s->model.stamp, .ver = m->mver, .off = m->off,
-                         .n = m->ndata, .blk = first};
+    *b = (struct narrow){.cap = b->cap, .len = bytes, .dt = m->dt, .refs = 2, .stamp = s->model.stamp,
+                         .ver = m->mver, .off = m->off, .n = m->ndata, .blk = first};
     if (narrow_last)
         narrow_put(narrow_last);
     narrow_last = b;
@@ -361,18 +408,43 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     size_t dlen = 0;
     if (c->closing)
         return;
+    /* compressed values (rdt 3) are made first: their size is in the
+     * header. They go as float32 when that saves less than a sixteenth. */
+    struct narrow *z = NULL;
+    ps_msg zm;
+    if ((m->has & PS_F_DATA) && m->dt == PS_DT_F32ZSTD && m->ndata) {
+        if (!(z = narrow_of(s, m, blk))) {
+            srv_conn_close(c);
+            return;
+        }
+        zm = *m;
+        if (z->len * 16 <= zm.ndata * sizeof(float) * 15) {
+            zm.has |= PS_F_LEN;
+            zm.len = zm.ndata;
+            zm.packed = (const uint8_t *)z->v;
+            zm.packed_len = z->len;
+            s->stats.zstd_sent += z->len;
+            s->stats.zstd_sent_raw += zm.ndata * sizeof(float);
+        } else {
+            zm.has &= ~(uint64_t)PS_F_DT;
+            zm.dt = PS_DT_F32;
+            narrow_put(z);
+            z = NULL;
+        }
+        m = &zm;
+    }
     int rc = ps_msg_encode(m, &s->enc, &dlen, m->type == PS_MSG_STATUS_REPLY ? srv_pack_status : NULL, s);
-    if (rc != 0) {
-        PS_LOG(PS_LOG_ERROR, "conn %llu: cannot encode %s reply: %s", (unsigned long long)c->cid,
-               ps_msg_type_name(m->type), ps_strerror(rc));
-        srv_conn_close(c);
-        return;
-    }
-    srv_wreq *r = wreq_get();
+    srv_wreq *r = rc == 0 ? wreq_get() : NULL;
     if (!r) {
+        if (rc != 0)
+            PS_LOG(PS_LOG_ERROR, "conn %llu: cannot encode %s reply: %s", (unsigned long long)c->cid,
+                   ps_msg_type_name(m->type), ps_strerror(rc));
+        if (z)
+            narrow_put(z);
         srv_conn_close(c);
         return;
     }
+    r->narrow = z; /* wreq_put lets it go */
     r->c = c;
     r->hdr = r->inline_hdr;
     /* the data's pieces, one per block; the buffer list on the stack when short */
@@ -380,7 +452,7 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     if (dlen) {
         assert(blk); /* data goes out from the blocks only */
         uint64_t first = m->off >> SRV_BLK_SHIFT, last = (m->off + m->ndata - 1) >> SRV_BLK_SHIFT;
-        npieces = m->dt == PS_DT_BF16 ? 1 : (size_t)(last - first + 1);
+        npieces = m->dt == PS_DT_BF16 || z ? 1 : (size_t)(last - first + 1);
     }
     uv_buf_t small[1 + WREQ_BLKS], *bufs = small;
     if (npieces > WREQ_BLKS) {
@@ -416,8 +488,9 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
             srv_conn_close(c);
             return;
         }
-        bufs[1] = uv_buf_init((char *)r->narrow->v, (unsigned)dlen);
     }
+    if (dlen && r->narrow)
+        bufs[1] = uv_buf_init((char *)r->narrow->v, (unsigned)dlen);
     for (size_t i = 0; i < npieces && !r->narrow; i++) {
         size_t len;
         const float *p = srv_blocks_at(blk, off, left, &len);

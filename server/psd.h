@@ -277,6 +277,7 @@ typedef struct srv_stats {
     uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
     uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle.c) */
     uint64_t zstd_in, zstd_out;   /* compressed bytes received (dt zstd) and their float32 bytes */
+    uint64_t zstd_sent, zstd_sent_raw; /* compressed bytes sent (rdt zstd) and their float32 bytes */
     /* rates, recomputed by the 1 s timer */
     uint64_t last_pushes, last_pulls;
     double push_rate, pull_rate;
@@ -345,6 +346,7 @@ struct psd {
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
     struct ZSTD_DCtx_s *zdctx; /* decompresses dt-3 pushes (handle.c, on the loop);
                               * made at the first one */
+    struct ZSTD_CCtx_s *zcctx; /* compresses rdt-3 replies (net.c), likewise */
     uint64_t last_rate_ms;
     int stopping;
     uint64_t join_since_ms;  /* since when psd waits for shards that never

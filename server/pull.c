@@ -131,12 +131,13 @@ static int pull_ready(srv_conn *c, uint64_t min, uint64_t off, uint64_t len, uin
 
 int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen)
 {
-    if (ps_dtype_packed(rdt)) {
-        snprintf(err, errlen, "parameters as %s refused: that element type is for data sent to psd; ask for f32 "
-                              "(rdt 0) or bf16 (rdt 1); nothing was changed",
-                 ps_dtype_name(rdt));
+    if (rdt == PS_DT_F32Z) {
+        snprintf(err, errlen, "parameters as f32z refused: that element type is for data sent to psd; ask for f32 "
+                              "(rdt 0), bf16 (rdt 1) or zstd (rdt 3); nothing was changed");
         return PS_EUNSUPPORTED;
     }
+    if (rdt == PS_DT_F32ZSTD)
+        return 0;
     if (rdt == PS_DT_F32 || rdt == SRV_RDT_SHM || s->cfg.wire_bf16)
         return 0;
     snprintf(err, errlen, "parameters as %s refused: this psd sends float32 only (wire_bf16 = no); its welcome "

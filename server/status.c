@@ -272,6 +272,11 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_wire_zstd_float_bytes_total", "counter",
            "The float32 bytes those decompressed to: the ratio of the two is what compression saved.", "%" PRIu64,
            s->stats.zstd_out);
+    SIMPLE("psd_wire_zstd_sent_bytes_total", "counter",
+           "Bytes of compressed float32 parameters sent (rdt 3), as they went over the wire.", "%" PRIu64,
+           s->stats.zstd_sent);
+    SIMPLE("psd_wire_zstd_sent_float_bytes_total", "counter",
+           "The float32 bytes those were compressed from.", "%" PRIu64, s->stats.zstd_sent_raw);
     SIMPLE("psd_sanitized_pushes_total", "counter",
            "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
            s->stats.sanitized_pushes);

@@ -124,8 +124,9 @@ PSC_API psc_client *psc_new(void);
  *                gets the same values bit for bit (1.6)
  *   compress     "auto" (the default), "on" or "off": float32 pushes go as
  *                one zstd frame (level 1) when psd offers it and that saves
- *                a sixteenth of the bytes or more; psd gets the same values
- *                bit for bit; auto: to a psd on another machine (1.6)
+ *                a sixteenth of the bytes or more, and the parameters come
+ *                back so on the same terms; the same values bit for bit;
+ *                auto: with a psd on another machine (1.6)
  *   shm          "on" or "off": offer psd a shared-memory segment
  *   reconnect    "on" or "off": push and pull reconnect by themselves
  *   chunk        floats a frame of a chunked push or pull (1024 .. 2^24,

@@ -85,6 +85,18 @@ def zstd(raw, level=1):
     return out.raw[:n]
 
 
+_zstd.ZSTD_decompress.restype = ctypes.c_size_t
+_zstd.ZSTD_decompress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+
+
+def unzstd(frame, size):
+    """The size bytes one zstd frame holds (an AssertionError otherwise)."""
+    out = ctypes.create_string_buffer(size + 1)
+    n = _zstd.ZSTD_decompress(out, size + 1, frame, len(frame))
+    assert not _zstd.ZSTD_isError(n) and n == size, (n, size)
+    return out.raw[:n]
+
+
 def zeros_in(values):
     return int(np.count_nonzero(np.asarray(values, dtype="<f4").view("<u4") == 0))
 
@@ -123,7 +135,7 @@ class Raw(unittest.TestCase):
 
     def refused(self, c, dt, cases):
         """Each case's PUSH of element type dt is refused with its code and a
-        text that says so; the connection goes on; so is "rdt": dt."""
+        text that says so; the connection goes on."""
         for extra, code, needle in cases:
             msg = {"t": T_PUSH, "base": 0, "off": 0, "dt": dt}
             msg.update(extra)
@@ -131,9 +143,6 @@ class Raw(unittest.TestCase):
             expect_error(self, r, code, "%s: %r" % (needle, {k: v for k, v in extra.items() if k != "data"}))
             self.assertIn(needle, r.get("text", ""))
             self.assertEqual(c.heartbeat().get("t"), T_OK, "the connection goes on")
-        r = c.request({"t": T_PULL, "off": 0, "len": 8, "min": 0, "rdt": dt})
-        expect_error(self, r, E_UNSUPPORTED, "parameters as dt %d" % dt)
-        self.assertIn(("f32z", "zstd")[dt - DT_F32Z], r.get("text", ""))
 
 
 class ZerosRawTest(Raw):
@@ -205,6 +214,9 @@ class ZerosRawTest(Raw):
                 ({"len": 64, "data": good, "off": n - 10}, E_RANGE, "outside"),
             ]
             self.refused(c, DT_F32Z, cases)
+            r = c.request({"t": T_PULL, "off": 0, "len": 8, "min": 0, "rdt": DT_F32Z})
+            expect_error(self, r, E_UNSUPPORTED, "parameters without zeros")
+            self.assertIn("f32z", r.get("text", ""))
             np.testing.assert_array_equal(self.pull(c, n), w, "the model after the refused pushes")
             self.assertEqual(harness.status(psd.addr)["version"], 0)
             self.assertEqual(elided(psd.addr), 0, "nothing refused was counted")
@@ -245,6 +257,46 @@ class ZstdRawTest(Raw):
             self.assertEqual(harness.metric(samples, "psd_wire_zstd_received_bytes_total"), sent)
             self.assertEqual(harness.metric(samples, "psd_wire_zstd_float_bytes_total"), raw)
 
+    def test_parameters_compressed(self):
+        """A PULL or PUSHPULL with "rdt": 3 gets PARAMS with "dt": 3, "len"
+        and one zstd frame of the float32 values, when that saves a
+        sixteenth; values that do not compress come as float32."""
+        rng = np.random.default_rng(11)
+        n = harness.layout_size(LAYOUT)
+        with self.worker("psd-zstd-params") as (psd, c):
+            w = rng.standard_normal(n).astype("<f4")
+            w[::2] = np.float32(0.5)  # half the values one value: compresses
+            self.assertEqual(c.request({"t": T_INIT, "off": 0, "data": w.tobytes()}).get("t"), T_OK)
+            sent = 0
+            for off, cnt in ((0, n), (3, 401)):
+                r = c.request({"t": T_PULL, "off": off, "len": cnt, "min": 0, "rdt": DT_F32ZSTD})
+                self.assertEqual((r.get("t"), r.get("dt"), r.get("len"), r.get("off")),
+                                 (T_PARAMS, DT_F32ZSTD, cnt, off), {k: v for k, v in r.items() if k != "data"})
+                self.assertLess(len(r["data"]), 4 * cnt * 15 / 16)
+                self.assertEqual(unzstd(r["data"], 4 * cnt), w[off:off + cnt].tobytes())
+                sent += len(r["data"])
+            # a pushpull answered so
+            g = (rng.standard_normal(n) * 0.1).astype("<f4")
+            r = c.request({"t": T_PUSHPULL, "base": 0, "off": 0, "data": g.tobytes(), "poff": 0, "plen": n,
+                           "min": 1, "rdt": DT_F32ZSTD})
+            w -= LR * g
+            self.assertEqual((r.get("t"), r.get("dt"), r.get("ver")), (T_PARAMS, DT_F32ZSTD, 1))
+            self.assertEqual(unzstd(r["data"], 4 * n), w.tobytes())
+            sent += len(r["data"])
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_wire_zstd_sent_bytes_total"), sent)
+            self.assertEqual(harness.metric(samples, "psd_wire_zstd_sent_float_bytes_total"), 4 * (2 * n + 401))
+        # values that do not compress (random signs, exponents in a wide
+        # range and mantissas, all finite) come as float32
+        with self.worker("psd-zstd-params-raw") as (psd, c):
+            bits = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32) & np.uint32(0x807FFFFF)
+            bits |= rng.integers(64, 190, n, dtype=np.uint32) << np.uint32(23)
+            w = bits.view("<f4")
+            self.assertEqual(c.request({"t": T_INIT, "off": 0, "data": w.tobytes()}).get("t"), T_OK)
+            r = c.request({"t": T_PULL, "off": 0, "len": n, "min": 0, "rdt": DT_F32ZSTD})
+            self.assertEqual((r.get("t"), r.get("dt", 0)), (T_PARAMS, 0))
+            self.assertEqual(r["data"], w.tobytes())
+
     def test_bad_ones_are_refused(self):
         rng = np.random.default_rng(10)
         n = harness.layout_size(LAYOUT)
@@ -267,6 +319,8 @@ class ZstdRawTest(Raw):
                 ({"len": 1 << 40, "data": good}, E_RANGE, "outside"),              # never decompressed
             ]
             self.refused(c, DT_F32ZSTD, cases)
+            r = c.request({"t": T_PULL, "off": 0, "len": 8, "min": 0, "rdt": 4})
+            expect_error(self, r, E_UNSUPPORTED, "parameters as dt 4")
             np.testing.assert_array_equal(self.pull(c, n), w, "the model after the refused pushes")
             self.assertEqual(harness.status(psd.addr)["version"], 0)
             r = c.request({"t": T_PUSH, "base": 0, "off": 0, "len": 64, "dt": DT_F32ZSTD, "data": good})
@@ -287,6 +341,9 @@ def psworker_run(test, name, flag_args, batch, limit):
         run = {"steps": steps, "in": harness.metric(samples, "psd_received_bytes_total"),
                "elided": harness.metric(samples, "psd_wire_zeros_elided_total"),
                "zin": harness.metric(samples, "psd_wire_zstd_received_bytes_total"),
+               "out": harness.metric(samples, "psd_sent_bytes_total"),
+               "zsent": harness.metric(samples, "psd_wire_zstd_sent_bytes_total"),
+               "zsent_raw": harness.metric(samples, "psd_wire_zstd_sent_float_bytes_total"),
                "zout": harness.metric(samples, "psd_wire_zstd_float_bytes_total"),
                "pushes": harness.status(psd.addr)["pushes"]}
         with RawClient(psd.addr, 10.0) as adm:
@@ -312,6 +369,12 @@ class ZstdPsworkerTest(unittest.TestCase):
         self.assertEqual(on["zout"], 4 * on["params"] * (on["pushes"] + 1))
         self.assertLess(on["zin"], 0.8 * on["zout"])
         self.assertLess(on["in"], off["in"] - 0.9 * (on["zout"] - on["zin"]))
+        # and the parameters came back compressed, or as float32 where
+        # that saved less (the first pulls of the initial values)
+        self.assertEqual(off["zsent"], 0)
+        self.assertGreater(on["zsent_raw"], 0.5 * 4 * on["params"] * on["pushes"])
+        self.assertLess(on["zsent"], 0.97 * on["zsent_raw"])
+        self.assertLess(on["out"], off["out"] - 0.9 * (on["zsent_raw"] - on["zsent"]))
 
 
 class ZerosPsworkerTest(unittest.TestCase):
