@@ -51,6 +51,11 @@ typedef struct ps_client {
     struct ZSTD_DCtx_s *zdctx; /* made at the first compressed reply */
     uint8_t *zbuf;            /* such a push's bitmap and values, or its frame */
     size_t zbuf_cap;          /* bytes */
+    uint8_t *zshuf;           /* a push's values as byte planes, before compressing */
+    size_t zshuf_cap;         /* bytes */
+    uint8_t *zin;             /* a compressed reply's byte planes (the receiving side's:
+                               * one thread may send while another receives) */
+    size_t zin_cap;           /* bytes */
     float *wide;              /* a reply's bfloat16 data as float32 */
     size_t wide_cap;          /* values */
     pthread_mutex_t *send_lock; /* when set, held around every send, so a heartbeat

@@ -154,3 +154,27 @@ void ps_f32z_expand(float *restrict dst, const uint8_t *restrict mask, const flo
     for (; i < n; i++)
         dst[i] = (mask[i / 8] >> (i % 8)) & 1u ? vals[k++] : 0.0f;
 }
+
+/* Byte planes, as HDF5's and Blosc's shuffle filters lay floats out for a
+ * compressor: the exponents' bytes, which repeat, end up side by side. */
+void ps_shuffle4_at(uint8_t *restrict dst, size_t n, size_t at, const float *restrict src, size_t len)
+{
+    const uint8_t *s = (const uint8_t *)src;
+    for (size_t i = 0; i < len; i++) {
+        dst[at + i] = s[4 * i];
+        dst[n + at + i] = s[4 * i + 1];
+        dst[2 * n + at + i] = s[4 * i + 2];
+        dst[3 * n + at + i] = s[4 * i + 3];
+    }
+}
+
+void ps_unshuffle4(float *restrict dst, const uint8_t *restrict src, size_t n)
+{
+    uint8_t *d = (uint8_t *)dst;
+    for (size_t i = 0; i < n; i++) {
+        d[4 * i] = src[i];
+        d[4 * i + 1] = src[n + i];
+        d[4 * i + 2] = src[2 * n + i];
+        d[4 * i + 3] = src[3 * n + i];
+    }
+}

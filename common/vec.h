@@ -60,4 +60,13 @@ size_t ps_f32z_count_zeros(const float *x, size_t n); /* the values ps_f32z_pack
 size_t ps_f32z_pack(uint8_t *restrict mask, float *restrict vals, const float *restrict src, size_t n);
 void ps_f32z_expand(float *restrict dst, const uint8_t *restrict mask, const float *restrict vals, size_t n);
 
+/* float32 values as byte planes (compressed tensors on the wire, PS_DT_F32ZSTD):
+ * byte 0 (the lowest of the little-endian float) of every value, then byte 1
+ * of every value, then bytes 2, then bytes 3; 4 n bytes for n values.
+ * ps_shuffle4_at writes src's len values as values [at, at + len) of such
+ * a layout of n values (so a range can be laid out block by block);
+ * ps_unshuffle4 gives the n values back. */
+void ps_shuffle4_at(uint8_t *restrict dst, size_t n, size_t at, const float *restrict src, size_t len);
+void ps_unshuffle4(float *restrict dst, const uint8_t *restrict src, size_t n);
+
 #endif

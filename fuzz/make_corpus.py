@@ -110,12 +110,12 @@ MESSAGES = {
                            b"\x03\x01\x00\x00" + floats(0.5, -2.0)),
     "bad_f32z_past_len": ours({"t": PUSH, "id": 17, "base": 3, "off": 0, "len": 9, "dt": 2},
                               b"\x00\x06\x00\x00" + floats(0.5, -2.0)),
-    # compressed float32 ("dt": 3): one zstd frame of "len" values (not
+    # compressed float32 ("dt": 3): one zstd frame of "len" values' byte planes (not
     # checked by the decoder; psd decompresses it)
     "push_zstd": ours({"t": PUSH, "id": 19, "base": 3, "off": 0, "len": 2, "dt": 3},
-                      bytes.fromhex("28b52ffd20084100000000003f000000c0")),  # [0.5, -2.0]
+                      bytes.fromhex("28b52ffd20084100000000000000003fc0")),  # [0.5, -2.0]
     "params_zstd": ours({"t": PARAMS, "id": 21, "ver": 4, "off": 0, "len": 2, "dt": 3},
-                        bytes.fromhex("28b52ffd20084100000000003f000000c0")),
+                        bytes.fromhex("28b52ffd20084100000000000000003fc0")),
     "pull_zstd": pack({"t": PULL, "id": 22, "off": 0, "len": 9, "rdt": 3}),
     "bad_zstd_no_len": ours({"t": PUSH, "id": 20, "base": 3, "off": 0, "dt": 3}, b"\x28\xb5\x2f\xfd"),
     "bad_f32z_no_len": ours({"t": PUSH, "id": 18, "base": 3, "off": 0, "dt": 2}, b"\x01\x00\x00\x00" + floats(1.0)),

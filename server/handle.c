@@ -147,10 +147,23 @@ static int expand(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     return 0;
 }
 
+uint8_t *srv_zscratch(psd *s, size_t bytes)
+{
+    if (s->zscratch_cap < bytes) {
+        uint8_t *p = realloc(s->zscratch, bytes);
+        if (!p)
+            return NULL;
+        s->zscratch = p;
+        s->zscratch_cap = bytes;
+    }
+    return s->zscratch;
+}
+
 /* Compressed float32 (dt zstd) becomes float32 in the connection's own
  * buffer too: one whole zstd frame that says it holds exactly the
- * ndata values (the range is checked first, so a frame never makes psd
- * take more than the model's size), decompressed to exactly that. */
+ * ndata values' byte planes (the range is checked first, so a frame never
+ * makes psd take more than the model's size), decompressed to exactly
+ * that and put back together. */
 static int decompress(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 {
     psd *s = c->srv;
@@ -164,16 +177,18 @@ static int decompress(srv_conn *c, ps_msg *m, char *err, size_t errlen)
                  what, (unsigned long long)m->packed_len, (unsigned long long)m->ndata, (unsigned long long)want);
         return PS_EBAD_FIELD;
     }
-    if (wide_reserve(c, m->ndata) != 0 || (!s->zdctx && !(s->zdctx = ZSTD_createDCtx()))) {
+    uint8_t *planes = srv_zscratch(s, (size_t)want);
+    if (!planes || wide_reserve(c, m->ndata) != 0 || (!s->zdctx && !(s->zdctx = ZSTD_createDCtx()))) {
         snprintf(err, errlen, "no memory to decompress %llu values", (unsigned long long)m->ndata);
         return PS_ENOMEM;
     }
-    size_t got = ZSTD_decompressDCtx(s->zdctx, c->wide, (size_t)want, m->packed, (size_t)m->packed_len);
+    size_t got = ZSTD_decompressDCtx(s->zdctx, planes, (size_t)want, m->packed, (size_t)m->packed_len);
     if (ZSTD_isError(got) || got != want) {
         snprintf(err, errlen, "%s: compressed data (dt 3) does not decompress to its %llu float32 values: %s", what,
                  (unsigned long long)m->ndata, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
         return PS_EBAD_FIELD;
     }
+    ps_unshuffle4(c->wide, planes, (size_t)m->ndata);
     m->data = c->wide;
     m->packed = NULL;
     m->dt = PS_DT_F32;

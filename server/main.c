@@ -442,6 +442,7 @@ int main(int argc, char **argv)
     srv_dash_free(s);
     ZSTD_freeDCtx(s->zdctx);
     ZSTD_freeCCtx(s->zcctx);
+    free(s->zscratch);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -119,31 +119,27 @@ static void narrow_put(struct narrow *b)
     narrow_free_count++;
 }
 
-/* m's values compressed into b: one zstd frame (level 1) that says its
- * size, fed block by block. 0, or -1 when zstd fails (out of memory). */
+/* m's values compressed into b: one zstd frame (level 1) of their byte
+ * planes, laid out block by block in psd's scratch. 0, or -1 when out of
+ * memory. */
 static int compress_into(psd *s, struct narrow *b, const ps_msg *m, srv_blk *const *blk)
 {
-    if (!s->zcctx && !(s->zcctx = ZSTD_createCCtx()))
+    size_t n = (size_t)m->ndata, raw = n * sizeof(float);
+    uint8_t *planes = srv_zscratch(s, raw);
+    if (!planes || (!s->zcctx && !(s->zcctx = ZSTD_createCCtx())))
         return -1;
-    ZSTD_CCtx_reset(s->zcctx, ZSTD_reset_session_only);
-    if (ZSTD_isError(ZSTD_CCtx_setParameter(s->zcctx, ZSTD_c_compressionLevel, 1)) ||
-        ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(s->zcctx, m->ndata * sizeof(float))))
-        return -1;
-    ZSTD_outBuffer out = {b->v, b->cap, 0};
-    uint64_t off = m->off, left = m->ndata;
-    size_t rc;
-    do {
-        size_t len = 0;
-        const float *p = left ? srv_blocks_at(blk, off, left, &len) : NULL;
+    uint64_t off = m->off;
+    for (size_t at = 0; at < n;) {
+        size_t len;
+        const float *p = srv_blocks_at(blk, off, n - at, &len);
+        ps_shuffle4_at(planes, n, at, p, len);
+        at += len;
         off += len;
-        left -= len;
-        ZSTD_inBuffer in = {p, len * sizeof(float), 0};
-        /* the bound fits the whole frame: each call takes all its input */
-        rc = ZSTD_compressStream2(s->zcctx, &out, &in, left ? ZSTD_e_continue : ZSTD_e_end);
-        if (ZSTD_isError(rc) || in.pos != in.size)
-            return -1;
-    } while (left || rc != 0);
-    b->len = out.pos;
+    }
+    size_t got = ZSTD_compressCCtx(s->zcctx, b->v, b->cap, planes, raw, 1);
+    if (ZSTD_isError(got))
+        return -1;
+    b->len = got;
     return 0;
 }
 

@@ -27,7 +27,7 @@ Compressed, raw clients (zstd through ctypes on Debian's libzstd, not
 psd's code):
 
 - an INIT, PUSH and PUSHPULL with "dt": 3 (one zstd frame of the values'
-  bytes) are applied exactly as the float32 values; psd counts the bytes in
+  byte planes) are applied exactly as the float32 values; psd counts the bytes in
   and what they decompressed to;
 - a frame that says another size than "len", garbage, a cut frame, two
   frames, "dt": 3 without "len", a NaN, a range past the model's end and
@@ -76,8 +76,19 @@ _zstd.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_
 _zstd.ZSTD_isError.argtypes = [ctypes.c_size_t]
 
 
+def planes(raw):
+    """float32 bytes as byte planes: every value's byte 0, then byte 1, ..."""
+    return np.frombuffer(raw, dtype=np.uint8).reshape(-1, 4).T.tobytes()
+
+
+def unplanes(raw):
+    return np.frombuffer(raw, dtype=np.uint8).reshape(4, -1).T.tobytes()
+
+
 def zstd(raw, level=1):
-    """One zstd frame of raw (its content size in the header)."""
+    """The "data" of float32 bytes compressed: one zstd frame of their byte
+    planes (its content size in the header)."""
+    raw = planes(raw)
     cap = _zstd.ZSTD_compressBound(len(raw))
     out = ctypes.create_string_buffer(cap)
     n = _zstd.ZSTD_compress(out, cap, raw, len(raw), level)
@@ -90,11 +101,12 @@ _zstd.ZSTD_decompress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_cha
 
 
 def unzstd(frame, size):
-    """The size bytes one zstd frame holds (an AssertionError otherwise)."""
+    """The size float32 bytes one zstd frame of byte planes holds (an
+    AssertionError otherwise)."""
     out = ctypes.create_string_buffer(size + 1)
     n = _zstd.ZSTD_decompress(out, size + 1, frame, len(frame))
     assert not _zstd.ZSTD_isError(n) and n == size, (n, size)
-    return out.raw[:n]
+    return unplanes(out.raw[:n])
 
 
 def zeros_in(values):

@@ -466,6 +466,30 @@ static void test_f32z(void **state)
     }
 }
 
+/* Byte planes: byte k of value i at k n + i, laid out range by range,
+ * and back, bit for bit. */
+static void test_shuffle4(void **state)
+{
+    (void)state;
+    enum { N = 37 };
+    float x[N], y[N];
+    uint8_t planes[4 * N];
+    for (size_t i = 0; i < N; i++)
+        x[i] = (float)i * -1.75f + 0.3f;
+    x[5] = NAN;
+    x[6] = -0.0f;
+    ps_shuffle4_at(planes, N, 0, x, 10);
+    ps_shuffle4_at(planes, N, 10, x + 10, N - 10);
+    for (size_t i = 0; i < N; i++) {
+        uint8_t b[4];
+        memcpy(b, &x[i], 4);
+        for (size_t k = 0; k < 4; k++)
+            assert_int_equal(planes[k * N + i], b[k]);
+    }
+    ps_unshuffle4(y, planes, N);
+    assert_memory_equal(x, y, sizeof x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -475,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_error),
         cmocka_unit_test(test_maxabs),
         cmocka_unit_test(test_f32z),
+        cmocka_unit_test(test_shuffle4),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
