@@ -48,31 +48,22 @@ void ps_client_init(ps_client *c)
     msgpack_zone_init(&c->zone, 4096);
 }
 
+/* Frees a buffer and forgets its capacity. */
+#define DROP(p, cap) (free(p), (p) = NULL, (cap) = 0)
+
 void ps_client_free(ps_client *c)
 {
     ps_client_close(c);
-    free(c->rbuf);
-    c->rbuf = NULL;
-    c->rcap = 0;
-    free(c->narrow);
-    c->narrow = NULL;
-    c->narrow_cap = 0;
-    free(c->zbuf);
-    c->zbuf = NULL;
-    c->zbuf_cap = 0;
-    free(c->zshuf);
-    c->zshuf = NULL;
-    c->zshuf_cap = 0;
-    free(c->zin);
-    c->zin = NULL;
-    c->zin_cap = 0;
+    DROP(c->rbuf, c->rcap);
+    DROP(c->narrow, c->narrow_cap);
+    DROP(c->zbuf, c->zbuf_cap);
+    DROP(c->zshuf, c->zshuf_cap);
+    DROP(c->zin, c->zin_cap);
+    DROP(c->wide, c->wide_cap);
     ZSTD_freeCCtx(c->zcctx);
     c->zcctx = NULL;
     ZSTD_freeDCtx(c->zdctx);
     c->zdctx = NULL;
-    free(c->wide);
-    c->wide = NULL;
-    c->wide_cap = 0;
     ps_buf_free(&c->wbuf);
     msgpack_zone_destroy(&c->zone);
 }
