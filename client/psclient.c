@@ -1275,6 +1275,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
      * default only to a psd on another machine */
     ln->cl.compress = (c->compress > 0 || (c->compress < 0 && ln->remote)) && ln->cl.wire_dt == PS_DT_F32 &&
                       (r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(PS_DT_F32ZSTD));
+    ln->cl.zrest = 0;
     snprintf(ln->mode, sizeof ln->mode, "%s", r.mode);
     ln->version = r.mver;
     ln->has_plan = (r.has & PS_F_PLAN) != 0;

@@ -252,6 +252,10 @@ static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
 {
     if (!packable(*m, 1024))
         return 0;
+    if (c->zrest) {
+        c->zrest--;
+        return 0;
+    }
     size_t n = (size_t)(*m)->ndata, raw = n * sizeof(float), cap = ZSTD_compressBound(raw);
     int rc = grow(c, (void **)&c->zbuf, &c->zbuf_cap, cap, 1);
     if (rc == 0)
@@ -264,8 +268,13 @@ static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
     size_t got = ZSTD_compressCCtx(c->zcctx, c->zbuf, cap, c->zshuf, raw, 1);
     if (ZSTD_isError(got))
         return cfail(c, PS_EIO, "cannot compress %zu bytes: %s", raw, ZSTD_getErrorName(got));
-    if (got * 16 <= raw * 15)
+    if (got * 16 <= raw * 15) {
         packed_msg(c, m, nm, PS_DT_F32ZSTD, got);
+    } else {
+        c->zrest = PS_ZSTD_REST;
+        PS_LOG(PS_LOG_DEBUG, "%s: %zu bytes compress to %zu only: the next %d pushes go uncompressed", c->server,
+               raw, got, PS_ZSTD_REST);
+    }
     return 0;
 }
 
@@ -418,15 +427,17 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
     if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_F32ZSTD) {
         /* compressed parameters (asked for with rdt 3): exactly ndata
          * float32 values as byte planes in one frame, into the wide buffer */
-        size_t want = (size_t)out->ndata * sizeof(float);
-        if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0 ||
-            (rc = grow(c, (void **)&c->zin, &c->zin_cap, want, 1)) != 0)
-            return rc;
-        if (!c->zdctx && !(c->zdctx = ZSTD_createDCtx()))
-            return cfail(c, PS_ENOMEM, "out of memory for a decompressor");
-        size_t got = ZSTD_getFrameContentSize(out->packed, (size_t)out->packed_len) == want
-                         ? ZSTD_decompressDCtx(c->zdctx, c->zin, want, out->packed, (size_t)out->packed_len)
-                         : 0;
+        size_t want = (size_t)out->ndata * sizeof(float), got = 0;
+        /* the frame's own size first: nothing is allocated for a len that
+         * the frame does not hold */
+        if (ZSTD_getFrameContentSize(out->packed, (size_t)out->packed_len) == want) {
+            if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0 ||
+                (rc = grow(c, (void **)&c->zin, &c->zin_cap, want, 1)) != 0)
+                return rc;
+            if (!c->zdctx && !(c->zdctx = ZSTD_createDCtx()))
+                return cfail(c, PS_ENOMEM, "out of memory for a decompressor");
+            got = ZSTD_decompressDCtx(c->zdctx, c->zin, want, out->packed, (size_t)out->packed_len);
+        }
         if (ZSTD_isError(got) || got != want)
             return cfail(c, PS_EMALFORMED, "%s: compressed parameters that are not %llu float32 values: %s",
                          c->server, (unsigned long long)out->ndata,

@@ -47,6 +47,8 @@ typedef struct ps_client {
                                * before skip_zeros), and PULL and PUSHPULL ask for
                                * their parameters so (rdt 3; psd sends float32 when
                                * that saves less); 0 after init */
+    unsigned zrest;           /* compress: pushes still to send as they are after one
+                               * whose frame did not save a sixteenth (PS_ZSTD_REST) */
     struct ZSTD_CCtx_s *zcctx; /* made at the first compressed push */
     struct ZSTD_DCtx_s *zdctx; /* made at the first compressed reply */
     uint8_t *zbuf;            /* such a push's bitmap and values, or its frame */
@@ -73,6 +75,11 @@ typedef struct ps_client {
     void *on_wait_arg;
     char err[512];            /* last error, for people */
 } ps_client;
+
+/* After a push that compressing did not make a sixteenth smaller, this many
+ * go as they are before compressing is tried again: a tensor that does not
+ * compress does not cost a compressor's pass every push. */
+#define PS_ZSTD_REST 32
 
 /* Prepares c (no connection yet). Call ps_client_free when done. */
 void ps_client_init(ps_client *c);

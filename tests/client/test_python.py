@@ -97,6 +97,34 @@ def test_bind_own_arrays_tcp_bf16(cluster):
     assert a.params is mine
 
 
+def test_compress_rests_when_it_does_not_pay(cluster, capfd):
+    # compress on: pushes of random bits (which zstd cannot shrink by a
+    # sixteenth) go uncompressed, and libpsclient tries the compressor only
+    # on the first of every 33 (it rests 32); values that do shrink then go
+    # compressed again
+    p = start(cluster, workers=1)
+    a = client(p.addr, "0/1", shm=False, compress=True, log="debug")
+    a.connect()
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        # random signs, mantissas and exponents over a wide range, all finite
+        bits = rng.integers(0, 1 << 32, N, dtype=np.uint64).astype(np.uint32) & np.uint32(0x807FFFFF)
+        bits |= rng.integers(64, 190, N, dtype=np.uint32) << np.uint32(23)
+        a.grads[:] = bits.view(np.float32)
+        a.push()
+    tried = capfd.readouterr().err.count("the next 32 pushes go uncompressed")
+    samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+    # the initial values (zeros) went compressed; no push did
+    assert harness.metric(samples, "psd_wire_zstd_float_bytes_total") == 4 * N
+    assert tried == 2                                # pushes 1 and 34
+    for _ in range(40):
+        a.grads[:] = 0.25
+        a.push()
+    samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+    assert harness.metric(samples, "psd_wire_zstd_float_bytes_total") >= 4 * N * (1 + 40 - 32)
+    a.close()
+
+
 def test_bad_calls_raise(cluster):
     with pytest.raises(TypeError, match="colour"):
         psd.Client(LAYOUT, colour="blue")

@@ -459,7 +459,6 @@ static void test_f32z(void **state)
             ps_f32z_expand(y, mask, vals, n);
             if (n)
                 assert_memory_equal(x, y, n * sizeof(float));
-            assert_true(n == 0 || y[n - 1] == y[n - 1] || isnan(x[n - 1]));
             if (n > 5)
                 assert_true(signbit(y[n / 2]) && y[n / 2] == 0.0f);
         }
