@@ -1,6 +1,7 @@
 /* fuzz_check.c - spec checks on decoded messages (see fuzz_check.h). */
 #include "fuzz_check.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "proto/errors.h"
@@ -45,6 +46,11 @@ static uint64_t spec_required(uint32_t type)
     case PS_MSG_CHALLENGE: return PS_F_NONCE;
     case PS_MSG_AUTH: return PS_F_CNONCE | PS_F_PROOF;
     case PS_MSG_BARRIER: return PS_F_MVER;
+    case PS_MSG_TABLE: return PS_F_TAB | PS_F_DIM | PS_F_RINIT | PS_F_OPT;
+    case PS_MSG_TPULL: return PS_F_TAB | PS_F_KEYS;
+    case PS_MSG_TPUSH: return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
+    case PS_MSG_TPUSHPULL: return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA | PS_F_PKEYS;
+    case PS_MSG_ROWS: return PS_F_MVER | PS_F_DATA;
     default: return 0;
     }
 }
@@ -151,6 +157,34 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     }
     if (m->has & PS_F_TEXT)
         fuzz_touch(m->text, m->text_len);
+    /* tables (section 13): keys inside the payload, 1..65536 of them; hp
+     * names only known, finite values; rows float32 and within the limit */
+    const ps_keys *ks[2] = {(m->has & PS_F_KEYS) ? &m->keys : NULL, (m->has & PS_F_PKEYS) ? &m->pkeys : NULL};
+    for (int i = 0; i < 2; i++) {
+        if (!ks[i])
+            continue;
+        FUZZ_CHECK(ks[i]->n >= 1 && ks[i]->n <= PS_TABLE_KEYS_MAX, "%u keys", ks[i]->n);
+        FUZZ_CHECK(ks[i]->p >= payload && ks[i]->p + (size_t)ks[i]->n * 8 <= payload + len,
+                   "keys are not inside the payload");
+        fuzz_touch(ks[i]->p, (size_t)ks[i]->n * 8);
+    }
+    if (!(m->has & PS_F_KEYS))
+        FUZZ_CHECK(m->keys.n == 0 && m->keys.p == NULL, "keys without the field");
+    if (m->has & PS_F_HP) {
+        FUZZ_CHECK((m->hp.has >> PS_HP_COUNT) == 0, "hp bits %#x", m->hp.has);
+        for (int i = 0; i < PS_HP_COUNT; i++)
+            if (m->hp.has & (1u << i))
+                FUZZ_CHECK(isfinite(m->hp.v[i]), "hp %d not finite", i);
+    }
+    if (m->has & PS_F_TAB) {
+        size_t n = strnlen(m->tab, sizeof m->tab);
+        FUZZ_CHECK(n >= 1 && n <= PS_NAME_MAX, "tab of %zu bytes", n);
+    }
+    if (ps_msg_is_table(m->type)) {
+        FUZZ_CHECK(m->dt == PS_DT_F32 && m->rdt == PS_DT_F32, "table message with dt %u rdt %u", m->dt, m->rdt);
+        FUZZ_CHECK(m->ndata <= PS_TABLE_VALUES_MAX, "table message with %llu values",
+                   (unsigned long long)m->ndata);
+    }
     if (m->has & PS_F_BODY)
         FUZZ_CHECK(m->body != NULL && m->body->type == MSGPACK_OBJECT_MAP, "body is not a map");
     if (m->has & PS_F_DATA) {

@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
 
 (HELLO, WELCOME, INIT, PUSH, PULL, PUSHPULL, PARAMS, OK, HEARTBEAT, STATUS, STATUS_REPLY, METRICS,
- METRICS_REPLY, REPORT, ERROR, BYE, ADMIN, CHALLENGE, AUTH) = range(1, 20)
+ METRICS_REPLY, REPORT, ERROR, BYE, ADMIN, CHALLENGE, AUTH, BARRIER, TABLE, TPULL, TPUSH, TPUSHPULL,
+ ROWS) = range(1, 26)
 
 LAYOUT = [["w", [2, 3]], ["b", [3]]]
 
@@ -56,6 +57,11 @@ def ours(fields, data):
     k = -(4 + len(head) + 4 + 2 + 5 + 5) % 4
     return (head + pack("pad") + b"\xc4" + bytes([k]) + b"\0" * k + pack("data") + b"\xc6" +
             struct.pack(">I", len(data)) + data)
+
+
+def keys(*k):
+    """A "keys" bin: little-endian uint64 (PROTOCOL.md section 13.2)."""
+    return struct.pack("<%dQ" % len(k), *k)
 
 
 def frame(payload):
@@ -141,6 +147,25 @@ MESSAGES = {
     "auth": pack({"t": AUTH, "id": 2, "cnonce": bytes(range(32, 64)), "proof": b"\xa5" * 32}),
     "welcome_sproof": pack({"t": WELCOME, "id": 2, "v": 1, "mode": "asgd", "ver": 3, "params": 9,
                             "sproof": b"\x5a" * 32}),
+    # tables (section 13)
+    "table": pack({"t": TABLE, "id": 30, "tab": "user_id", "dim": 4, "rinit": "uniform", "scale": 0.05,
+                   "seed": 7, "opt": "adagrad", "hp": {"lr": 0.05, "eps": 1e-10, "iacc": 0.1}}),
+    "table_ftrl": pack({"t": TABLE, "tab": "ad", "dim": 1, "rinit": "zeros", "opt": "ftrl",
+                        "hp": {"lr": 0.1, "beta": 1, "l1": 0.5, "l2": 1.0}}),
+    "tpull": pack({"t": TPULL, "id": 31, "tab": "user_id", "keys": keys(0, 42, 2**64 - 1), "min": 2}),
+    "tpush": ours({"t": TPUSH, "id": 32, "tab": "user_id", "keys": keys(42, 7), "base": 3},
+                  floats(*[0.5] * 8)),
+    "tpush_unaligned": pack({"t": TPUSH, "data": floats(1, 2), "tab": "e", "keys": keys(1, 2), "base": 0}),
+    "tpushpull": ours({"t": TPUSHPULL, "id": 33, "tab": "user_id", "keys": keys(42), "base": 3,
+                       "pkeys": keys(5, 6, 7), "min": 4}, floats(0.25, -1, 2, 0)),
+    "rows": ours({"t": ROWS, "id": 33, "ver": 4}, floats(*range(12))),
+    "bad_keys_len": pack({"t": TPULL, "tab": "e", "keys": b"\0" * 12}),
+    "bad_keys_empty": pack({"t": TPULL, "tab": "e", "keys": b""}),
+    "bad_hp_unknown": pack({"t": TABLE, "tab": "e", "dim": 4, "rinit": "zeros", "opt": "sgd", "hp": {"mom": 0.9}}),
+    "bad_hp_str": pack({"t": TABLE, "tab": "e", "dim": 4, "rinit": "zeros", "opt": "sgd", "hp": {"lr": "0.1"}}),
+    "bad_tpush_bf16": ours({"t": TPUSH, "tab": "e", "keys": keys(1), "base": 0, "dt": 1}, b"\x80\x3f\x00\x40"),
+    "bad_tpull_rdt": pack({"t": TPULL, "tab": "e", "keys": keys(1), "rdt": 3}),
+    "bad_tpushpull_no_pkeys": ours({"t": TPUSHPULL, "tab": "e", "keys": keys(1), "base": 0}, floats(1.0)),
     "unknown_keys": pack({"t": PULL, "off": 0, "len": 1, "future": [1, {"a": None}], "pad": 7}),
     # malformed
     "bad_array32": b"\xdd\xff\xff\xff\xff",
@@ -149,7 +174,7 @@ MESSAGES = {
     "bad_not_map": pack([HELLO, 1]),
     "bad_int_key": pack({1: 2, "t": 9}),
     "bad_type0": pack({"t": 0}),
-    "bad_type20": pack({"t": 20}),
+    "bad_type26": pack({"t": 26}),
     "bad_nonce_len": pack({"t": CHALLENGE, "nonce": b"\0" * 31}),
     "bad_proof_str": pack({"t": AUTH, "cnonce": b"\0" * 32, "proof": "x" * 32}),
     "bad_auth_no_proof": pack({"t": AUTH, "cnonce": b"\0" * 32}),
@@ -197,6 +222,8 @@ STREAMS = {
     "auth_handshake": stream(2, M["hello_worker"], M["auth"], M["pull"], M["bye"]),
     "bad_after_hello": stream(1, M["hello_worker"], M["bad_dup_field"], M["bad_data_len"], M["pull"]),
     "bad_before_hello": stream(2, M["bad_array32"], M["hello_admin"]),
+    "table_session": stream(2, M["hello_worker"], M["table"], M["tpull"], M["tpush"], M["tpushpull"],
+                            M["bad_keys_len"], M["tpull"], M["bye"]),
     "push_before_hello": stream(2, M["push"], M["hello_worker"]),
     "unsupported_hello": stream(2, M["hello_v2"], M["status"]),
     "zero_length": stream(2, M["hello_admin"], tail=b"\0\0\0\0" + frame(M["status"])),

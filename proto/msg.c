@@ -1,6 +1,7 @@
 /* msg.c - encode and decode of every message (see msg.h, PROTOCOL.md). */
 #include "msg.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,9 @@ static const char *const type_names[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_ERROR] = "error",     [PS_MSG_BYE] = "bye",
     [PS_MSG_ADMIN] = "admin",     [PS_MSG_CHALLENGE] = "challenge",
     [PS_MSG_AUTH] = "auth", [PS_MSG_BARRIER] = "barrier",
+    [PS_MSG_TABLE] = "table",     [PS_MSG_TPULL] = "tpull",
+    [PS_MSG_TPUSH] = "tpush",     [PS_MSG_TPUSHPULL] = "tpushpull",
+    [PS_MSG_ROWS] = "rows",
 };
 
 const char *ps_msg_type_name(uint32_t type)
@@ -146,6 +150,8 @@ enum field_kind {
     FK_SLICE,  /* slice, [epoch, lo, hi, rank, count] */
     FK_ARGS,   /* args and nargs, an array of strings */
     FK_BODY,   /* body, a map (packed by the caller's callback) */
+    FK_KEYS,   /* ps_keys, a bin of 1..PS_TABLE_KEYS_MAX little-endian uint64 */
+    FK_HP,     /* ps_hp, a map of hyper-parameter names to finite numbers */
     FK_DATA,   /* data or data16 and ndata, a bin after "pad" */
 };
 
@@ -208,6 +214,18 @@ static const field fields[] = {
     F("proof", PS_F_PROOF, FK_BIN, proof),
     F("sproof", PS_F_SPROOF, FK_BIN, sproof),
     FS("body", PS_F_BODY, FK_BODY),
+    {"tab", PS_F_TAB, FK_NAME, offsetof(ps_msg, tab), sizeof(((ps_msg *)0)->tab),
+     "tab must be a table name of 1..63 bytes without NUL bytes"},
+    F("dim", PS_F_DIM, FK_U32, dim),
+    {"rinit", PS_F_RINIT, FK_NAME, offsetof(ps_msg, rinit), sizeof(((ps_msg *)0)->rinit),
+     "rinit must be \"zeros\", \"uniform\" or \"normal\""},
+    F("scale", PS_F_SCALE, FK_F64, scale),
+    F("seed", PS_F_SEED, FK_U64, seed),
+    {"opt", PS_F_OPT, FK_NAME, offsetof(ps_msg, opt), sizeof(((ps_msg *)0)->opt),
+     "opt must be \"sgd\", \"adagrad\", \"adam\" or \"ftrl\""},
+    F("hp", PS_F_HP, FK_HP, hp),
+    F("keys", PS_F_KEYS, FK_KEYS, keys),
+    F("pkeys", PS_F_PKEYS, FK_KEYS, pkeys),
     FS("data", PS_F_DATA, FK_DATA),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
@@ -382,6 +400,20 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
                 return rc;
             break;
         }
+        case FK_KEYS: {
+            const ps_keys *k = AT_C(m, f, ps_keys);
+            pack_binn(&pk, f->key, k->p, (size_t)k->n * 8);
+            break;
+        }
+        case FK_HP: {
+            const ps_hp *hp = AT_C(m, f, ps_hp);
+            pack_key(&pk, f->key);
+            msgpack_pack_map(&pk, popcount64(hp->has & ((1u << PS_HP_COUNT) - 1)));
+            for (uint32_t j = 0; j < PS_HP_COUNT; j++)
+                if (hp->has & (1u << j))
+                    pack_f64(&pk, ps_hp_name(j), hp->v[j]);
+            break;
+        }
         case FK_DATA:
             break;
         }
@@ -551,6 +583,7 @@ int ps_msg_from_server_only(uint32_t type)
     case PS_MSG_METRICS_REPLY:
     case PS_MSG_ERROR:
     case PS_MSG_CHALLENGE:
+    case PS_MSG_ROWS:
         return 1;
     default:
         return 0;
@@ -591,6 +624,16 @@ static uint64_t required_fields(uint32_t type)
         return PS_F_CNONCE | PS_F_PROOF;
     case PS_MSG_BARRIER:
         return PS_F_MVER;
+    case PS_MSG_TABLE:
+        return PS_F_TAB | PS_F_DIM | PS_F_RINIT | PS_F_OPT;
+    case PS_MSG_TPULL:
+        return PS_F_TAB | PS_F_KEYS;
+    case PS_MSG_TPUSH:
+        return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
+    case PS_MSG_TPUSHPULL:
+        return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA | PS_F_PKEYS;
+    case PS_MSG_ROWS:
+        return PS_F_MVER | PS_F_DATA;
     default:
         return 0;
     }
@@ -750,6 +793,44 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
             return fail(err, errlen, PS_EBAD_FIELD, "%s: body must be a map", tname);
         m->body = o;
         return 0;
+    case FK_KEYS: {
+        uint32_t n = o->type == MSGPACK_OBJECT_BIN ? o->via.bin.size : 0;
+        if (o->type != MSGPACK_OBJECT_BIN || n == 0 || n % 8 != 0)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: '%s' must be a bin of 1..%d little-endian uint64 keys "
+                                                    "(8 bytes each), not %s%u bytes",
+                        tname, f->key, PS_TABLE_KEYS_MAX, o->type == MSGPACK_OBJECT_BIN ? "" : "a non-bin of ",
+                        n);
+        if (n / 8 > PS_TABLE_KEYS_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: '%s' holds %u keys, more than %d in one message; send "
+                                                    "them in several",
+                        tname, f->key, n / 8, PS_TABLE_KEYS_MAX);
+        *AT(m, f, ps_keys) = (ps_keys){.p = (const uint8_t *)o->via.bin.ptr, .n = n / 8};
+        return 0;
+    }
+    case FK_HP: {
+        ps_hp *hp = AT(m, f, ps_hp);
+        if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size > PS_HP_COUNT)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: hp must be a map of at most %d hyper-parameters", tname,
+                        PS_HP_COUNT);
+        hp->has = 0;
+        for (uint32_t j = 0; j < o->via.map.size; j++) {
+            const msgpack_object_kv *e = &o->via.map.ptr[j];
+            int id = e->key.type == MSGPACK_OBJECT_STR ? ps_hp_lookup(e->key.via.str.ptr, e->key.via.str.size) : -1;
+            if (id < 0)
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: hp[%u]: unknown hyper-parameter (lr, eps, beta1, "
+                                                        "beta2, iacc, beta, l1 or l2)",
+                            tname, j);
+            if (hp->has & (1u << id))
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: hp '%s' appears twice", tname, ps_hp_name((uint32_t)id));
+            double v;
+            if (get_f64(&e->val, &v) != 0 || !isfinite(v))
+                return fail(err, errlen, PS_EBAD_FIELD, "%s: hp '%s' must be a finite number", tname,
+                            ps_hp_name((uint32_t)id));
+            hp->v[id] = v;
+            hp->has |= 1u << id;
+        }
+        return 0;
+    }
     case FK_DATA:
         /* checked and aligned by the caller, once "dt" (anywhere in the
          * map) has told the element size */
@@ -910,5 +991,17 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         return fail(err, errlen, PS_EBAD_FIELD, "hello: a worker must send 'shard' and 'layout'");
     if ((m->has & PS_F_LAYOUT) && (m->has & PS_F_FP) && m->fp != ps_layout_fingerprint(m->layout))
         return fail(err, errlen, PS_EBAD_FIELD, "hello: fingerprint does not match the layout sent");
+    if (ps_msg_is_table(m->type)) {
+        /* rows travel as float32 only today (PROTOCOL.md 13.2) */
+        if (m->dt != PS_DT_F32 || m->rdt != PS_DT_F32)
+            return fail(err, errlen, PS_EUNSUPPORTED, "%s: table rows travel as float32 only; '%s' %u (%s) is not "
+                                                      "supported in table messages",
+                        tname, m->dt != PS_DT_F32 ? "dt" : "rdt", m->dt != PS_DT_F32 ? m->dt : m->rdt,
+                        ps_dtype_name(m->dt != PS_DT_F32 ? m->dt : m->rdt));
+        if ((m->has & PS_F_DATA) && m->ndata > PS_TABLE_VALUES_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: %llu row values in one message, more than %u (16 MiB); "
+                                                    "send the keys in several",
+                        tname, (unsigned long long)m->ndata, PS_TABLE_VALUES_MAX);
+    }
     return 0;
 }

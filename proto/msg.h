@@ -23,6 +23,7 @@
 
 #include "frame.h"
 #include "layout.h"
+#include "table.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "psd's wire format carries little-endian float32 in place; this host is big-endian"
@@ -49,7 +50,12 @@ typedef enum ps_msg_type {
     PS_MSG_CHALLENGE = 18, /* psd -> client: answers a hello when psd requires a token (nonce) */
     PS_MSG_AUTH = 19,      /* client -> psd: proof of the token (cnonce, proof); answered with WELCOME */
     PS_MSG_BARRIER = 20,   /* worker -> psd: I have version ver; OK once every worker taking part has (BSP) */
-    PS_MSG_TYPE_MAX = 20
+    PS_MSG_TABLE = 21,     /* worker -> psd: declare an embedding table (PROTOCOL.md 13) */
+    PS_MSG_TPULL = 22,     /* client -> psd: rows of a table by key */
+    PS_MSG_TPUSH = 23,     /* worker -> psd: row gradients by key */
+    PS_MSG_TPUSHPULL = 24, /* worker -> psd: a tpush, then a tpull of other keys, in one round trip */
+    PS_MSG_ROWS = 25,      /* psd -> client: the rows a tpull or tpushpull asked for */
+    PS_MSG_TYPE_MAX = 25
 } ps_msg_type;
 
 typedef enum ps_role { PS_ROLE_NONE = 0, PS_ROLE_WORKER = 1, PS_ROLE_ADMIN = 2 } ps_role;
@@ -106,7 +112,17 @@ enum {
                                   * OK: this one tells it, in "text" (PROTOCOL.md HEARTBEAT) */
 #define PS_F_PIECE (1ull << 44)  /* "piece": values a piece of a BSP round that closes piece
                                   * by piece (welcome; PROTOCOL.md section 8) */
-#define PS_F_COUNT 45            /* fields in all: bits 0..PS_F_COUNT-1 */
+/* tables (PROTOCOL.md 13) */
+#define PS_F_TAB (1ull << 45)    /* "tab": a table's name */
+#define PS_F_DIM (1ull << 46)    /* "dim": values per row (table) */
+#define PS_F_RINIT (1ull << 47)  /* "rinit": row initializer name (table) */
+#define PS_F_SCALE (1ull << 48)  /* "scale": the initializer's bound or std (table) */
+#define PS_F_SEED (1ull << 49)   /* "seed": the table's seed (table) */
+#define PS_F_OPT (1ull << 50)    /* "opt": the table's optimizer name (table) */
+#define PS_F_HP (1ull << 51)     /* "hp": its hyper-parameters (table; ps_hp) */
+#define PS_F_KEYS (1ull << 52)   /* "keys": uint64 keys (tpull, tpush, tpushpull) */
+#define PS_F_PKEYS (1ull << 53)  /* "pkeys": the keys a tpushpull pulls */
+#define PS_F_COUNT 54            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -163,6 +179,13 @@ typedef struct ps_slice {
     uint64_t lo, hi;   /* lo <= hi <= the plan's samples */
     uint32_t rank, count; /* rank < count <= 65536 */
 } ps_slice;
+
+/* "keys" or "pkeys": n little-endian uint64 keys, 8 bytes each, maybe
+ * unaligned (read them with ps_key_at()); 1..PS_TABLE_KEYS_MAX of them. */
+typedef struct ps_keys {
+    const uint8_t *p;
+    uint32_t n;
+} ps_keys;
 
 /* A string that is not NUL-terminated (admin arguments). */
 typedef struct ps_str {
@@ -231,7 +254,22 @@ typedef struct ps_msg {
     ps_slice slice;         /* "slice": [epoch, lo, hi, rank, count] */
     int done;               /* "done" */
     int wait;               /* "wait" */
+    char tab[PS_NAME_MAX + 1]; /* "tab": a table's name, 1..63 bytes (NUL-terminated) */
+    uint32_t dim;           /* "dim": values per row */
+    char rinit[16];         /* "rinit": "zeros", "uniform" or "normal" (NUL-terminated) */
+    double scale;           /* "scale" */
+    uint64_t seed;          /* "seed" */
+    char opt[16];           /* "opt": "sgd", "adagrad", "adam" or "ftrl" (NUL-terminated) */
+    ps_hp hp;               /* "hp": the hyper-parameters sent */
+    ps_keys keys;           /* "keys" */
+    ps_keys pkeys;          /* "pkeys" */
 } ps_msg;
+
+/* 1 for the table messages (TABLE, TPULL, TPUSH, TPUSHPULL, ROWS). */
+static inline int ps_msg_is_table(uint32_t type)
+{
+    return type >= PS_MSG_TABLE && type <= PS_MSG_ROWS;
+}
 
 /* The first byte of m's tensor data, whichever its element type. */
 /* 1 for the element types whose data is not one value after another:
@@ -269,7 +307,7 @@ int ps_buf_reserve(ps_buf *b, size_t extra);
 int ps_buf_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* 1 when only psd sends messages of this type (WELCOME, PARAMS, OK,
- * STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE): psd answers one from a
+ * STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE, ROWS): psd answers one from a
  * client with BAD_TYPE, whatever its fields. */
 int ps_msg_from_server_only(uint32_t type);
 

@@ -585,6 +585,14 @@ void srv_handle(srv_conn *c, ps_msg *m)
         c->close_after_write = 1;
         uv_read_stop((uv_stream_t *)&c->tcp);
         break;
+    case PS_MSG_TABLE:
+    case PS_MSG_TPULL:
+    case PS_MSG_TPUSH:
+    case PS_MSG_TPUSHPULL:
+        /* PROTOCOL.md 13: decoded and checked, not served yet */
+        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0, "tables are not served by this psd yet (%s)",
+                       ps_msg_type_name(m->type));
+        break;
     default:
         srv_send_error(c, m->id, PS_EBAD_TYPE, 0, "psd does not accept %s messages", ps_msg_type_name(m->type));
         break;

@@ -70,6 +70,11 @@ T_ADMIN = 17
 T_CHALLENGE = 18
 T_AUTH = 19
 T_BARRIER = 20
+T_TABLE = 21
+T_TPULL = 22
+T_TPUSH = 23
+T_TPUSHPULL = 24
+T_ROWS = 25
 
 # ERROR codes, as they travel (positive)
 E_MALFORMED = 1

@@ -1288,6 +1288,28 @@ static void mp_field(mpw *w, uint64_t bit)
         mp_str(w, bit == PS_F_DONE ? "done" : "wait"), mp_bool(w, 1);
         return;
     }
+    if (bit == PS_F_TAB || bit == PS_F_RINIT || bit == PS_F_OPT) {
+        mp_str(w, bit == PS_F_TAB ? "tab" : bit == PS_F_RINIT ? "rinit" : "opt");
+        mp_str(w, bit == PS_F_TAB ? "emb" : bit == PS_F_RINIT ? "uniform" : "adagrad");
+        return;
+    }
+    if (bit == PS_F_DIM || bit == PS_F_SEED) {
+        mp_str(w, bit == PS_F_DIM ? "dim" : "seed"), mp_uint(w, bit == PS_F_DIM ? 2 : 7);
+        return;
+    }
+    if (bit == PS_F_SCALE) {
+        mp_str(w, "scale"), mp_f64(w, 0.05);
+        return;
+    }
+    if (bit == PS_F_HP) {
+        mp_str(w, "hp"), mp_map(w, 2), mp_str(w, "lr"), mp_f64(w, 0.1), mp_str(w, "eps"), mp_uint(w, 1);
+        return;
+    }
+    if (bit == PS_F_KEYS || bit == PS_F_PKEYS) {
+        static const uint8_t k8[8] = {42};
+        mp_str(w, bit == PS_F_KEYS ? "keys" : "pkeys"), mp_bin(w, k8, sizeof k8, 0);
+        return;
+    }
     if (bit == PS_F_INSHM) {
         /* false: true would stand in for "data" (see below) */
         mp_str(w, "inshm"), mp_bool(w, 0);
@@ -1332,7 +1354,7 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 45
+#define NFIELDS 54
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
@@ -1340,7 +1362,8 @@ static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard
                                              "epoch", "loss", "acc",  "samples", "tloss", "workers", "rate",
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
                                              "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
-                                             "wait", "piece"};
+                                             "wait", "piece", "tab", "dim", "rinit", "scale", "seed", "opt",
+                                             "hp", "keys", "pkeys"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
@@ -1372,6 +1395,11 @@ static const uint64_t required[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_CHALLENGE] = PS_F_NONCE,
     [PS_MSG_AUTH] = PS_F_CNONCE | PS_F_PROOF,
     [PS_MSG_BARRIER] = PS_F_MVER,
+    [PS_MSG_TABLE] = PS_F_TAB | PS_F_DIM | PS_F_RINIT | PS_F_OPT,
+    [PS_MSG_TPULL] = PS_F_TAB | PS_F_KEYS,
+    [PS_MSG_TPUSH] = PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA,
+    [PS_MSG_TPUSHPULL] = PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA | PS_F_PKEYS,
+    [PS_MSG_ROWS] = PS_F_MVER | PS_F_DATA,
 };
 
 static void test_decode_every_field_accepted(void **state)
@@ -1627,7 +1655,7 @@ static void test_decode_type_errors(void **state)
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, 0);
     expect(w, &(badcase){"type 0", PS_EBAD_TYPE, "unknown message type 0"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, PS_MSG_TYPE_MAX + 1);
-    expect(w, &(badcase){"type 21", PS_EBAD_TYPE, "unknown message type 21"});
+    expect(w, &(badcase){"type 26", PS_EBAD_TYPE, "unknown message type 26"});
     mp_map(w, 1), mp_str(w, "t"), mp_uint(w, UINT64_MAX);
     expect(w, &(badcase){"type 2^64-1", PS_EBAD_TYPE, "18446744073709551615"});
 
@@ -2332,7 +2360,8 @@ static void test_type_and_role_names(void **state)
     static const char *const names[] = {"?",      "hello",  "welcome",      "init",    "push",
                                         "pull",   "pushpull", "params",     "ok",      "heartbeat",
                                         "status", "status_reply", "metrics", "metrics_reply", "report",
-                                        "error",  "bye",    "admin", "challenge", "auth", "barrier"};
+                                        "error",  "bye",    "admin", "challenge", "auth", "barrier",
+                                        "table", "tpull", "tpush", "tpushpull", "rows"};
     for (uint32_t t = 0; t <= PS_MSG_TYPE_MAX; t++)
         assert_string_equal(ps_msg_type_name(t), names[t]);
     assert_string_equal(ps_msg_type_name(PS_MSG_TYPE_MAX + 1), "?");
