@@ -1,0 +1,34 @@
+/* sparse_optim.h - the optimizers of embedding tables (PROTOCOL.md 13.4):
+ * one step of SGD, AdaGrad, lazy Adam or FTRL-proximal on one row.
+ *
+ * A row is laid out as the row store keeps it (server/store/table.h): its
+ * dim weights, then its optimizer state, ps_topt_state_per_value(opt) x dim
+ * float32 values (adagrad: the accumulator; adam: m then v; ftrl: z then
+ * n), then, for adam, a uint32 step count. The functions know nothing of
+ * keys, tables or modes; they read and write one row. */
+#ifndef SRV_SPARSE_OPTIM_H
+#define SRV_SPARSE_OPTIM_H
+
+#include <stdint.h>
+
+#include "proto/table.h"
+
+/* Float32 slots of one row: weights, state and (adam) the step count. */
+uint32_t srv_sparse_row_floats(const ps_table_def *d);
+
+/* Writes a fresh row of key into row (srv_sparse_row_floats(d) values):
+ * its initial weights (PROTOCOL.md 13.3), its state at its start (0, or
+ * adagrad's iacc; ftrl's weights are 0 whatever rinit) and step 0. */
+void srv_sparse_row_new(const ps_table_def *d, uint64_t key, float *row);
+
+/* One step of d's optimizer on row with the gradient g (d->dim values),
+ * scaled by `scale` first (BSP's 1 / workers; 1 otherwise). Computes in
+ * double precision and stores float32. Returns 1 when every weight and
+ * state value of the row is finite afterwards, 0 when one is not (the
+ * caller then throws the row away: it works on a copy). */
+int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double scale);
+
+/* The step count of an adam row (0 for the other optimizers). */
+uint32_t srv_sparse_row_step(const ps_table_def *d, const float *row);
+
+#endif

@@ -1,0 +1,356 @@
+/* table.c - the row store of psd's embedding tables (see table.h). */
+#include "table.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "sparse_optim.h"
+
+#define SLOTS_MIN 1024u             /* a table's first slot array */
+#define BLOCK_BYTES_MAX (256u << 10) /* rows per block: as many as fit, a power of two, at least 1 */
+/* at most 5/8 of the slots in use: linear probing stays short */
+#define LOAD_NUM 5u
+#define LOAD_DEN 8u
+#define SLOT_BYTES (sizeof(uint64_t) + sizeof(uint32_t))
+
+struct srv_table {
+    ps_table_def def;
+    uint32_t row_floats;   /* weights, state, step: srv_sparse_row_floats */
+    uint32_t stride;       /* floats of one row in a block: its key (2) and row_floats */
+    uint64_t *skey;        /* slot i's key, when srow[i] != 0 */
+    uint32_t *srow;        /* slot i's row index + 1; 0: the slot is empty */
+    uint64_t cap;          /* slots: 0 or a power of two */
+    uint64_t rows;         /* rows stored, rows 0..rows-1 */
+    float **blocks;        /* row r lies in blocks[r >> shift], at (r & mask) x stride */
+    uint32_t nblocks, blocks_cap;
+    uint32_t shift;        /* rows per block: 1 << shift */
+    uint64_t bytes;        /* what this table takes: itself, slots, blocks, the block list */
+    uint64_t pulled, pushed;
+};
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static uint64_t block_bytes(const srv_table *t)
+{
+    return ((uint64_t)t->stride << t->shift) * sizeof(float);
+}
+
+uint64_t srv_table_row_bytes(const ps_table_def *d)
+{
+    /* the row with its key, and its slots at the highest load */
+    return (uint64_t)(srv_sparse_row_floats(d) + 2) * sizeof(float) + (SLOT_BYTES * LOAD_DEN + LOAD_NUM - 1) / LOAD_NUM;
+}
+
+void srv_tables_init(srv_tables *ts, uint64_t max_bytes)
+{
+    memset(ts, 0, sizeof *ts);
+    ts->max_bytes = max_bytes;
+}
+
+static void table_free(srv_table *t)
+{
+    if (!t)
+        return;
+    for (uint32_t b = 0; b < t->nblocks; b++)
+        free(t->blocks[b]);
+    free(t->blocks);
+    free(t->skey);
+    free(t->srow);
+    free(t);
+}
+
+void srv_tables_free(srv_tables *ts)
+{
+    for (uint32_t i = 0; i < ts->n; i++)
+        table_free(ts->t[i]);
+    free(ts->scratch);
+    free(ts->found);
+    memset(ts, 0, sizeof *ts);
+}
+
+int srv_tables_find(const srv_tables *ts, const char *name)
+{
+    for (uint32_t i = 0; i < ts->n; i++)
+        if (strcmp(ts->t[i]->def.name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+const ps_table_def *srv_tables_def(const srv_tables *ts, uint32_t i)
+{
+    return &ts->t[i]->def;
+}
+
+int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, char *err, size_t errlen)
+{
+    int at = srv_tables_find(ts, d->name);
+    if (at >= 0) {
+        const ps_table_def *held = &ts->t[at]->def;
+        if (!ps_table_def_same(held, d)) {
+            char a[256], b[256];
+            ps_table_def_text(d, a, sizeof a);
+            ps_table_def_text(held, b, sizeof b);
+            return fail(err, errlen, PS_ELAYOUT, "table '%s' declared as %s, but psd holds it as %s", d->name, a, b);
+        }
+        *idx = (uint32_t)at;
+        return 0;
+    }
+    if (ts->n >= PS_TABLES_MAX)
+        return fail(err, errlen, PS_ELIMIT, "table '%s': psd holds %d tables already, the most it takes", d->name,
+                    PS_TABLES_MAX);
+    srv_table *t = calloc(1, sizeof *t);
+    if (!t)
+        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory", d->name);
+    t->def = *d;
+    t->row_floats = srv_sparse_row_floats(d);
+    t->stride = t->row_floats + 2;
+    while (t->shift < 20 && ((uint64_t)t->stride << (t->shift + 1)) * sizeof(float) <= BLOCK_BYTES_MAX)
+        t->shift++;
+    t->bytes = sizeof *t;
+    ts->bytes += t->bytes;
+    *idx = ts->n;
+    ts->t[ts->n++] = t;
+    return 0;
+}
+
+static uint64_t slot_of(uint64_t key, uint64_t cap)
+{
+    return ps_mix64(key) & (cap - 1);
+}
+
+static float *row_at(const srv_table *t, uint64_t r)
+{
+    return t->blocks[r >> t->shift] + (r & ((1ull << t->shift) - 1)) * t->stride;
+}
+
+/* The stored row of key (its row_floats values, after its key), or NULL. */
+static float *lookup(const srv_table *t, uint64_t key)
+{
+    if (t->cap == 0)
+        return NULL;
+    for (uint64_t s = slot_of(key, t->cap);; s = (s + 1) & (t->cap - 1)) {
+        if (t->srow[s] == 0)
+            return NULL;
+        if (t->skey[s] == key)
+            return row_at(t, t->srow[s] - 1) + 2;
+    }
+}
+
+/* Puts key -> row index r into slots that have room (no key twice). */
+static void slot_put(uint64_t *skey, uint32_t *srow, uint64_t cap, uint64_t key, uint64_t r)
+{
+    uint64_t s = slot_of(key, cap);
+    while (srow[s] != 0)
+        s = (s + 1) & (cap - 1);
+    skey[s] = key;
+    srow[s] = (uint32_t)(r + 1);
+}
+
+/* What holding `rows` rows takes: slots, blocks and the block list, in the
+ * sizes srv_table grows them to. */
+static void plan_size(const srv_table *t, uint64_t rows, uint64_t *cap, uint32_t *nblocks, uint32_t *blocks_cap)
+{
+    uint64_t c = t->cap;
+    while (rows * LOAD_DEN > c * LOAD_NUM)
+        c = c ? 2 * c : SLOTS_MIN;
+    *cap = c;
+    uint64_t nb = (rows + (1ull << t->shift) - 1) >> t->shift;
+    *nblocks = (uint32_t)nb;
+    uint32_t bc = t->blocks_cap;
+    while (bc < nb)
+        bc = bc ? 2 * bc : 16;
+    *blocks_cap = bc;
+}
+
+static uint64_t size_of(const srv_table *t, uint64_t cap, uint32_t nblocks, uint32_t blocks_cap)
+{
+    return sizeof *t + cap * SLOT_BYTES + (uint64_t)nblocks * block_bytes(t) + (uint64_t)blocks_cap * sizeof(float *);
+}
+
+/* Makes room for `rows` rows: slots (rehashed into a larger array), blocks
+ * and the block list. Returns 0 or PS_ENOMEM, the table then unchanged but
+ * for capacity it kept. Updates t->bytes and ts->bytes. */
+static int reserve(srv_tables *ts, srv_table *t, uint64_t rows)
+{
+    uint64_t cap;
+    uint32_t nb, bc;
+    plan_size(t, rows, &cap, &nb, &bc);
+    if (bc > t->blocks_cap) {
+        float **b = realloc(t->blocks, sizeof *b * bc);
+        if (!b)
+            return PS_ENOMEM;
+        t->blocks = b;
+        t->blocks_cap = bc;
+    }
+    while (t->nblocks < nb) {
+        float *b = malloc(block_bytes(t));
+        if (!b)
+            return PS_ENOMEM;
+        t->blocks[t->nblocks++] = b;
+    }
+    if (cap > t->cap) {
+        uint64_t *sk = malloc(sizeof *sk * cap);
+        uint32_t *sr = calloc(cap, sizeof *sr);
+        if (!sk || !sr) {
+            free(sk);
+            free(sr);
+            return PS_ENOMEM;
+        }
+        for (uint64_t s = 0; s < t->cap; s++)
+            if (t->srow[s])
+                slot_put(sk, sr, cap, t->skey[s], t->srow[s] - 1);
+        free(t->skey);
+        free(t->srow);
+        t->skey = sk;
+        t->srow = sr;
+        t->cap = cap;
+    }
+    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap);
+    ts->bytes = ts->bytes - t->bytes + now;
+    t->bytes = now;
+    return 0;
+}
+
+/* Appends key's row (values: row_floats) as row t->rows; reserve() made room. */
+static void append(srv_table *t, uint64_t key, const float *values)
+{
+    uint64_t r = t->rows++;
+    float *p = row_at(t, r);
+    memcpy(p, &key, sizeof key);
+    memcpy(p + 2, values, sizeof(float) * t->row_floats);
+    slot_put(t->skey, t->srow, t->cap, key, r);
+}
+
+void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out)
+{
+    srv_table *t = ts->t[i];
+    const uint32_t dim = t->def.dim;
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t key = ps_key_at(keys, k);
+        const float *row = lookup(t, key);
+        if (row)
+            memcpy(out + (size_t)k * dim, row, sizeof(float) * dim);
+        else if (t->def.opt == PS_TOPT_FTRL)
+            memset(out + (size_t)k * dim, 0, sizeof(float) * dim);
+        else
+            ps_table_row_init(&t->def, key, out + (size_t)k * dim);
+    }
+    t->pulled += n;
+}
+
+static int grow_scratch(srv_tables *ts, size_t floats, size_t n)
+{
+    if (floats > ts->scratch_floats) {
+        float *p = realloc(ts->scratch, sizeof *p * floats);
+        if (!p)
+            return PS_ENOMEM;
+        ts->scratch = p;
+        ts->scratch_floats = floats;
+    }
+    if (n > ts->found_cap) {
+        float **f = realloc(ts->found, sizeof *f * n);
+        if (!f)
+            return PS_ENOMEM;
+        ts->found = f;
+        ts->found_cap = n;
+    }
+    return 0;
+}
+
+int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
+                    char *err, size_t errlen)
+{
+    srv_table *t = ts->t[i];
+    const ps_table_def *d = &t->def;
+    const uint32_t rf = t->row_floats;
+    if (grow_scratch(ts, (size_t)n * rf, n) != 0)
+        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+
+    /* 1. every key's new row, in scratch: the table is not touched yet */
+    uint64_t fresh = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t key = ps_key_at(keys, k);
+        float *row = ts->scratch + (size_t)k * rf;
+        ts->found[k] = lookup(t, key);
+        if (ts->found[k]) {
+            memcpy(row, ts->found[k], sizeof(float) * rf);
+        } else {
+            srv_sparse_row_new(d, key, row);
+            fresh++;
+        }
+        if (!srv_sparse_step(d, row, g + (size_t)k * d->dim, scale))
+            return fail(err, errlen, PS_ENONFINITE,
+                        "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
+                        "nothing was changed",
+                        d->name, (unsigned long long)key);
+    }
+
+    /* 2. room for the new rows, within max_table_memory */
+    if (fresh) {
+        if (t->rows + fresh > UINT32_MAX - 1)
+            return fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
+                        d->name, (unsigned long long)(t->rows + fresh));
+        uint64_t cap;
+        uint32_t nb, bc;
+        plan_size(t, t->rows + fresh, &cap, &nb, &bc);
+        uint64_t after = ts->bytes - t->bytes + size_of(t, cap, nb, bc);
+        if (after > ts->max_bytes)
+            return fail(err, errlen, PS_ELIMIT,
+                        "table '%s': %llu new rows would take psd's tables to %llu bytes, past max_table_memory (%llu "
+                        "bytes; the tables hold %llu now); raise max_table_memory or spread the table over more psd",
+                        d->name, (unsigned long long)fresh, (unsigned long long)after,
+                        (unsigned long long)ts->max_bytes, (unsigned long long)ts->bytes);
+        if (reserve(ts, t, t->rows + fresh) != 0)
+            return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
+                        d->name, (unsigned long long)fresh);
+    }
+
+    /* 3. write */
+    for (uint32_t k = 0; k < n; k++) {
+        const float *row = ts->scratch + (size_t)k * rf;
+        if (ts->found[k])
+            memcpy(ts->found[k], row, sizeof(float) * rf);
+        else
+            append(t, ps_key_at(keys, k), row);
+    }
+    t->pushed += n;
+    return 0;
+}
+
+void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st)
+{
+    const srv_table *t = ts->t[i];
+    st->rows = t->rows;
+    st->bytes = t->bytes;
+    st->rows_pulled = t->pulled;
+    st->rows_pushed = t->pushed;
+}
+
+const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key)
+{
+    return lookup(ts->t[i], key);
+}
+
+void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, const float *row, void *arg),
+                     void *arg)
+{
+    const srv_table *t = ts->t[i];
+    for (uint64_t r = 0; r < t->rows; r++) {
+        const float *p = row_at(t, r);
+        uint64_t key;
+        memcpy(&key, p, sizeof key);
+        fn(key, p + 2, arg);
+    }
+}

@@ -1,0 +1,98 @@
+/* table.h - psd's embedding tables: the row store (PROTOCOL.md 13).
+ *
+ * Owns every table psd holds, their rows and the rows' optimizer state, and
+ * the memory they take. A table is an open-addressing hash table (linear
+ * probing, a power-of-two number of slots, at most 5/8 full) from a uint64
+ * key to a row index, and the rows themselves in blocks of equal rows
+ * (weights, state and step side by side, sparse_optim.h), allocated as they
+ * fill and never moved, so a row pointer stays valid until the table is
+ * freed. A row is stored when a push first reaches its key; a pull of a key
+ * not stored answers the key's initial row and stores nothing.
+ *
+ * The memory of every table (slots, blocks, the table itself) is counted
+ * from its first row; a push whose new rows would take the sum over all
+ * tables past max_table_memory is refused before anything changes.
+ *
+ * Callers (the dispatch layer) hand in checked input: a known table, n keys
+ * with n x dim finite gradient values, no key twice in one push. The store
+ * checks what only it can: memory, and that an update leaves every value
+ * finite. A push either applies whole or changes nothing. */
+#ifndef SRV_TABLE_H
+#define SRV_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/table.h"
+
+typedef struct srv_table srv_table;
+
+/* Numbers of one table for status, metrics and the dashboard. */
+typedef struct srv_table_stats {
+    uint64_t rows;          /* rows stored */
+    uint64_t bytes;         /* memory the table takes: slots, row blocks, itself */
+    uint64_t rows_pulled;   /* rows answered to pulls, since psd started */
+    uint64_t rows_pushed;   /* row gradients applied, since psd started */
+} srv_table_stats;
+
+/* All tables of one psd. */
+typedef struct srv_tables {
+    srv_table *t[PS_TABLES_MAX]; /* declared tables, in declaration order */
+    uint32_t n;
+    uint64_t bytes;              /* memory of all tables together */
+    uint64_t max_bytes;          /* max_table_memory; 0: no tables may hold rows */
+    float *scratch;              /* a push's new rows, before they are written */
+    size_t scratch_floats;
+    float **found;               /* a push's stored rows (NULL: a new key), one per key */
+    size_t found_cap;
+} srv_tables;
+
+/* An empty set of tables holding at most max_bytes of rows. */
+void srv_tables_init(srv_tables *ts, uint64_t max_bytes);
+/* Frees every table and their rows. */
+void srv_tables_free(srv_tables *ts);
+
+/* Declares table d. A new name creates the table (index in *idx); a name
+ * psd holds must come with the same declaration (ps_table_def_same).
+ * Returns 0, PS_ELAYOUT (another declaration of the name; err gives both),
+ * PS_ELIMIT (PS_TABLES_MAX tables already) or PS_ENOMEM. */
+int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, char *err, size_t errlen);
+
+/* The index of table `name`, or -1. */
+int srv_tables_find(const srv_tables *ts, const char *name);
+
+/* Table i's declaration (i < ts->n). */
+const ps_table_def *srv_tables_def(const srv_tables *ts, uint32_t i);
+
+/* Writes the rows of the n keys of table i into out (n x dim floats, in the
+ * keys' order; keys may repeat): a stored row as it is, another key's
+ * initial row. keys is a "keys" bin (little-endian uint64, ps_key_at). */
+void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out);
+
+/* Applies the row gradients g (n x dim floats) of the n distinct keys of
+ * table i, each multiplied by scale, with the table's optimizer: rows not
+ * stored are created from their initial values first. Returns 0, or, with
+ * nothing changed: PS_ELIMIT (the new rows would pass max_table_memory;
+ * err names the table, the bytes and the setting), PS_ENONFINITE (an
+ * update would make a row or its state not finite; err names the key) or
+ * PS_ENOMEM. */
+int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
+                    char *err, size_t errlen);
+
+/* Table i's numbers. */
+void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st);
+
+/* The stored row of key in table i (weights, state and step as
+ * sparse_optim.h lays them out), or NULL. For checkpoints and tests. */
+const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key);
+
+/* Calls fn(key, row, arg) for every stored row of table i, in the order of
+ * their creation (row 0 first). For checkpoints and `psctl save`. */
+void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, const float *row, void *arg),
+                     void *arg);
+
+/* Bytes one row of d takes in the store (its floats and its slot share),
+ * for error messages and the docs. */
+uint64_t srv_table_row_bytes(const ps_table_def *d);
+
+#endif

@@ -1,0 +1,569 @@
+/* test_table.c - psd's row store (server/store/table.c) and its sparse
+ * optimizers (server/store/sparse_optim.c).
+ *
+ * The optimizers against references: PyTorch's Adagrad (sparse gradient,
+ * initial_accumulator_value), SparseAdam and SGD on an nn.Embedding(2, 3,
+ * sparse=True) over three steps (values printed by PyTorch 1.13 and pinned
+ * here), FTRL-proximal against a straightforward implementation of McMahan
+ * et al.'s Algorithm 1 in Python; and, through the store, long random runs
+ * against a plain reference written below (a list of rows, one optimizer
+ * step per pushed row, lazy Adam's step counted per row).
+ *
+ * The store: rows created on first push from (seed, key), pulls that store
+ * nothing, keys anywhere in 0..2^64-1 (0 and ~0 too), growth through many
+ * rehashes, memory counted and max_table_memory refusing a push whole,
+ * NONFINITE updates refused whole, declarations compared, the 65th table. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "proto/table.h"
+#include "server/store/sparse_optim.h"
+#include "server/store/table.h"
+
+#define assert_has(text, needle)                                                                                   \
+    do {                                                                                                           \
+        if (strstr((text), (needle)) == NULL)                                                                      \
+            fail_msg("\"%s\" lacks \"%s\"", (text), (needle));                                                    \
+    } while (0)
+
+static char err[512];
+
+static ps_table_def def(const char *name, uint32_t dim, const char *rinit, double scale, const char *opt,
+                        const ps_hp *hp)
+{
+    ps_table_def d;
+    if (ps_table_def_make(&d, name, dim, rinit, scale > 0, scale, 11, opt, hp, err, sizeof err) != 0)
+        fail_msg("def: %s", err);
+    return d;
+}
+
+static ps_hp hp1(int id, double v)
+{
+    ps_hp h = {0};
+    h.has = 1u << id;
+    h.v[id] = v;
+    return h;
+}
+
+static void keys_le(uint8_t *out, const uint64_t *k, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 8; b++)
+            out[8 * i + b] = (uint8_t)(k[i] >> (8 * b));
+}
+
+/* ---- optimizers against PyTorch and the paper ------------------------------------- */
+
+static const float W0[2][3] = {{0.5f, -0.25f, 0.125f}, {1.0f, 2.0f, -3.0f}};
+static const float G[3][2][3] = {{{0.1f, -0.2f, 0.3f}, {1.0f, 0.0f, -2.0f}},
+                                 {{-0.4f, 0.5f, 0.05f}, {0.3f, -0.7f, 1.5f}},
+                                 {{0.2f, 0.2f, -0.9f}, {-1.0f, 0.25f, 0.0f}}};
+
+/* Three steps of d's optimizer on the two rows W0; compares the weights. */
+static void three_steps(const ps_table_def *d, const float want[6], double tol)
+{
+    uint32_t nf = srv_sparse_row_floats(d);
+    float *row[2];
+    for (int r = 0; r < 2; r++) {
+        row[r] = calloc(nf, sizeof(float));
+        assert_non_null(row[r]);
+        srv_sparse_row_new(d, (uint64_t)r, row[r]);
+        if (d->opt != PS_TOPT_FTRL)
+            memcpy(row[r], W0[r], sizeof W0[r]);
+    }
+    for (int s = 0; s < 3; s++)
+        for (int r = 0; r < 2; r++)
+            assert_true(srv_sparse_step(d, row[r], G[s][r], 1.0));
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 3; j++) {
+            double got = row[r][j], w = want[3 * r + j];
+            if (fabs(got - w) > tol * (1.0 + fabs(w)))
+                fail_msg("%s: row %d value %d: %.9g, reference %.9g", ps_topt_name(d->opt), r, j, got, w);
+        }
+    if (d->opt == PS_TOPT_ADAM)
+        assert_int_equal(srv_sparse_row_step(d, row[0]), 3);
+    free(row[0]);
+    free(row[1]);
+}
+
+static void test_sgd_against_pytorch(void **state)
+{
+    (void)state;
+    ps_hp hp = hp1(PS_HP_LR, 0.1);
+    ps_table_def d = def("e", 3, "zeros", 0, "sgd", &hp);
+    static const float want[6] = {0.51000005f, -0.300000012f, 0.179999992f, 0.969999969f, 2.04499984f, -2.95000005f};
+    three_steps(&d, want, 1e-6);
+}
+
+static void test_adagrad_against_pytorch(void **state)
+{
+    (void)state;
+    ps_hp hp = {0};
+    hp.has = 1u << PS_HP_LR | 1u << PS_HP_EPS | 1u << PS_HP_IACC;
+    hp.v[PS_HP_LR] = 0.1, hp.v[PS_HP_EPS] = 1e-10, hp.v[PS_HP_IACC] = 0.5;
+    ps_table_def d = def("e", 3, "zeros", 0, "adagrad", &hp);
+    /* torch.optim.Adagrad(lr=0.1, eps=1e-10, initial_accumulator_value=0.5) */
+    static const float want[6] = {0.51112932f, -0.300990671f, 0.155443683f, 0.956695795f, 2.04598403f, -2.96345401f};
+    three_steps(&d, want, 1e-6);
+}
+
+static void test_adam_against_pytorch(void **state)
+{
+    (void)state;
+    ps_hp hp = hp1(PS_HP_LR, 0.01);
+    ps_table_def d = def("e", 3, "zeros", 0, "adam", &hp);
+    /* torch.optim.SparseAdam(lr=0.01): every row in every step, so its step
+     * count (per tensor) equals ours (per row) */
+    static const float want[6] = {0.4966968f, -0.249851584f, 0.11128246f, 0.981089354f, 2.01070857f, -2.98841619f};
+    three_steps(&d, want, 1e-6);
+}
+
+static void test_ftrl_against_reference(void **state)
+{
+    (void)state;
+    ps_hp hp = {0};
+    hp.has = 1u << PS_HP_LR | 1u << PS_HP_BETA | 1u << PS_HP_L1 | 1u << PS_HP_L2;
+    hp.v[PS_HP_LR] = 0.5, hp.v[PS_HP_BETA] = 1.0, hp.v[PS_HP_L1] = 0.1, hp.v[PS_HP_L2] = 0.2;
+    ps_table_def d = def("e", 3, "zeros", 0, "ftrl", &hp);
+    static const float want[6] = {0.00194974172f, -0.112805566f, 0.0814986117f,
+                                  -0.0878364777f, 0.0988536293f, 0.0981182796f};
+    three_steps(&d, want, 1e-5);
+    /* L1 keeps small weights at exactly 0 */
+    hp.v[PS_HP_L1] = 10.0;
+    d = def("e", 3, "zeros", 0, "ftrl", &hp);
+    float row[9];
+    srv_sparse_row_new(&d, 1, row);
+    for (int s = 0; s < 3; s++)
+        assert_true(srv_sparse_step(&d, row, G[s][0], 1.0));
+    for (int j = 0; j < 3; j++)
+        assert_true(row[j] == 0.0f);
+    assert_true(row[3] != 0.0f && row[6] > 0.0f); /* z and n moved */
+}
+
+/* An update that overflows is reported, whatever the optimizer. */
+static void test_step_overflow(void **state)
+{
+    (void)state;
+    static const char *const opts[] = {"sgd", "adagrad", "adam", "ftrl"};
+    const float huge[2] = {3e38f, -3e38f};
+    for (int o = 0; o < 4; o++) {
+        ps_hp hp = hp1(PS_HP_LR, 1e30);
+        ps_table_def d = def("e", 2, "zeros", 0, opts[o], &hp);
+        float row[8];
+        srv_sparse_row_new(&d, 1, row);
+        row[0] = 3e38f;
+        int ok = 1;
+        for (int s = 0; s < 3 && ok; s++)
+            ok = srv_sparse_step(&d, row, huge, 1.0);
+        if (ok)
+            fail_msg("%s: no overflow reported", opts[o]);
+    }
+}
+
+/* ---- the store against a plain reference ------------------------------------------- */
+
+/* The reference: rows in a list, found by a linear search. */
+typedef struct ref_row {
+    uint64_t key;
+    double w[8], a[8], b[8];
+    uint32_t t;
+} ref_row;
+
+typedef struct ref {
+    ref_row *r;
+    size_t n;
+} ref;
+
+static ref_row *ref_get(ref *rf, const ps_table_def *d, uint64_t key)
+{
+    for (size_t i = 0; i < rf->n; i++)
+        if (rf->r[i].key == key)
+            return &rf->r[i];
+    rf->r = realloc(rf->r, sizeof *rf->r * (rf->n + 1));
+    ref_row *x = &rf->r[rf->n++];
+    memset(x, 0, sizeof *x);
+    x->key = key;
+    float init[8];
+    ps_table_row_init(d, key, init);
+    for (uint32_t j = 0; j < d->dim; j++) {
+        x->w[j] = d->opt == PS_TOPT_FTRL ? 0.0 : init[j];
+        x->a[j] = d->opt == PS_TOPT_ADAGRAD ? d->hp[PS_HP_IACC] : 0.0;
+    }
+    return x;
+}
+
+/* One step, straight from PROTOCOL.md 13.4 (state kept in double). */
+static void ref_step(const ps_table_def *d, ref_row *x, const float *gf, double scale)
+{
+    const double lr = d->hp[PS_HP_LR];
+    x->t++;
+    for (uint32_t j = 0; j < d->dim; j++) {
+        double g = scale * gf[j];
+        switch (d->opt) {
+        case PS_TOPT_SGD:
+            x->w[j] -= lr * g;
+            break;
+        case PS_TOPT_ADAGRAD:
+            x->a[j] += g * g;
+            x->w[j] -= lr * g / (sqrt(x->a[j]) + d->hp[PS_HP_EPS]);
+            break;
+        case PS_TOPT_ADAM: {
+            double b1 = d->hp[PS_HP_BETA1], b2 = d->hp[PS_HP_BETA2];
+            x->a[j] = b1 * x->a[j] + (1 - b1) * g;
+            x->b[j] = b2 * x->b[j] + (1 - b2) * g * g;
+            double mhat = x->a[j] / (1 - pow(b1, x->t)), vhat = x->b[j] / (1 - pow(b2, x->t));
+            /* the same as lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps) but for
+             * where eps sits; eps is tiny next to sqrt(v) here */
+            x->w[j] -= lr * mhat / (sqrt(vhat) + d->hp[PS_HP_EPS] / sqrt(1 - pow(b2, x->t)));
+            break;
+        }
+        case PS_TOPT_FTRL: {
+            double alpha = lr, sigma = (sqrt(x->b[j] + g * g) - sqrt(x->b[j])) / alpha;
+            x->a[j] += g - sigma * x->w[j];
+            x->b[j] += g * g;
+            double z = x->a[j], l1 = d->hp[PS_HP_L1];
+            x->w[j] = fabs(z) <= l1 ? 0.0
+                                    : -(z - (z > 0 ? l1 : -l1)) / ((d->hp[PS_HP_BETA] + sqrt(x->b[j])) / alpha +
+                                                                   d->hp[PS_HP_L2]);
+            break;
+        }
+        }
+    }
+}
+
+static uint64_t rng = 0x1234567;
+static uint64_t rnd(void)
+{
+    rng += 0x9e3779b97f4a7c15ull;
+    return ps_mix64(rng);
+}
+
+/* 300 pushes of 1..24 distinct keys out of 64 (some 0, ~0, 2^63), with pulls
+ * between them, through the store and the reference: the rows agree. The
+ * step count of lazy Adam is the row's own. */
+static void random_run(const ps_table_def *d, double tol)
+{
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, d, &ti, err, sizeof err), 0);
+    ref rf = {0};
+    uint64_t pool[64];
+    for (int i = 0; i < 64; i++)
+        pool[i] = i == 0 ? 0 : i == 1 ? UINT64_MAX : i == 2 ? 1ull << 63 : rnd();
+    const uint32_t dim = d->dim;
+    for (int step = 0; step < 300; step++) {
+        uint32_t n = 1 + (uint32_t)(rnd() % 24);
+        uint64_t k[24];
+        int used[64] = {0};
+        for (uint32_t i = 0; i < n; i++) {
+            int p;
+            do
+                p = (int)(rnd() % 64);
+            while (used[p]);
+            used[p] = 1;
+            k[i] = pool[p];
+        }
+        uint8_t kb[24 * 8];
+        keys_le(kb, k, n);
+        float g[24 * 8];
+        for (uint32_t i = 0; i < n * dim; i++)
+            g[i] = (float)((double)(rnd() >> 11) * 0x1p-53 * 2.0 - 1.0);
+        double scale = step % 3 == 0 ? 0.5 : 1.0;
+        assert_int_equal(srv_tables_push(&ts, ti, kb, n, g, scale, err, sizeof err), 0);
+        for (uint32_t i = 0; i < n; i++)
+            ref_step(d, ref_get(&rf, d, k[i]), g + i * dim, scale);
+        /* pull every pool key: stored rows and initial ones */
+        uint8_t pb[64 * 8];
+        keys_le(pb, pool, 64);
+        float out[64 * 8];
+        srv_tables_pull(&ts, ti, pb, 64, out);
+        for (int i = 0; i < 64; i++) {
+            ref_row *x = NULL;
+            for (size_t r = 0; r < rf.n; r++)
+                if (rf.r[r].key == pool[i])
+                    x = &rf.r[r];
+            float init[8];
+            ps_table_row_init(d, pool[i], init);
+            for (uint32_t j = 0; j < dim; j++) {
+                double want = x ? x->w[j] : d->opt == PS_TOPT_FTRL ? 0.0 : init[j];
+                if (fabs(out[i * dim + j] - want) > tol * (1 + fabs(want)))
+                    fail_msg("%s step %d key %llx value %u: %.9g, reference %.9g", ps_topt_name(d->opt), step,
+                             (unsigned long long)pool[i], j, out[i * dim + j], want);
+            }
+            if (x && d->opt == PS_TOPT_ADAM)
+                assert_int_equal(srv_sparse_row_step(d, srv_tables_row(&ts, ti, pool[i])), x->t);
+        }
+    }
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, rf.n);
+    assert_true(st.rows_pulled == 300 * 64);
+    free(rf.r);
+    srv_tables_free(&ts);
+}
+
+static void test_store_against_reference(void **state)
+{
+    (void)state;
+    ps_hp hp = hp1(PS_HP_LR, 0.05);
+    ps_table_def d = def("s", 5, "uniform", 0.1, "sgd", &hp);
+    random_run(&d, 2e-5);
+    ps_hp ha = {0};
+    ha.has = 1u << PS_HP_LR | 1u << PS_HP_IACC;
+    ha.v[PS_HP_LR] = 0.05, ha.v[PS_HP_IACC] = 0.1;
+    d = def("a", 4, "normal", 0.01, "adagrad", &ha);
+    random_run(&d, 2e-5);
+    d = def("m", 8, "uniform", 0.5, "adam", &hp);
+    random_run(&d, 1e-4);
+    ps_hp hf = {0};
+    hf.has = 1u << PS_HP_LR | 1u << PS_HP_L1 | 1u << PS_HP_L2;
+    hf.v[PS_HP_LR] = 0.1, hf.v[PS_HP_L1] = 0.2, hf.v[PS_HP_L2] = 0.1;
+    d = def("f", 3, "zeros", 0, "ftrl", &hf);
+    random_run(&d, 1e-4);
+}
+
+/* ---- the store itself ---------------------------------------------------------------- */
+
+static void test_rows_created_on_push_only(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    ps_table_def d = def("e", 4, "uniform", 0.05, "sgd", NULL);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 0);
+    uint64_t before = ts.bytes;
+
+    uint64_t k[3] = {42, 42, 7}; /* a pull may repeat a key */
+    uint8_t kb[24];
+    keys_le(kb, k, 3);
+    float out[12], init[4];
+    srv_tables_pull(&ts, ti, kb, 3, out);
+    ps_table_row_init(&d, 42, init);
+    assert_memory_equal(out, init, sizeof init);
+    assert_memory_equal(out + 4, init, sizeof init);
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(ts.bytes, before);
+    assert_null(srv_tables_row(&ts, ti, 42));
+
+    const float g[4] = {1, 2, 3, 4};
+    assert_int_equal(srv_tables_push(&ts, ti, kb, 1, g, 1.0, err, sizeof err), 0);
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 1);
+    assert_true(ts.bytes > before);
+    assert_int_equal(st.bytes, ts.bytes);
+    const float *row = srv_tables_row(&ts, ti, 42);
+    assert_non_null(row);
+    for (int j = 0; j < 4; j++)
+        assert_true(row[j] == (float)((double)init[j] - 0.01 * g[j]));
+    srv_tables_pull(&ts, ti, kb, 3, out);
+    assert_memory_equal(out, row, 4 * sizeof(float));
+    assert_memory_equal(out + 4, row, 4 * sizeof(float));
+    ps_table_row_init(&d, 7, init);
+    assert_memory_equal(out + 8, init, sizeof init);
+    srv_tables_free(&ts);
+}
+
+static void count_row(uint64_t key, const float *row, void *arg)
+{
+    uint64_t *seen = arg;
+    assert_true(row[0] == (float)(key % 1000));
+    seen[0]++;
+    seen[1] ^= key;
+}
+
+/* 200,000 rows through many rehashes: every one found, `each` visits each
+ * once in creation order, memory counted close to what the rows take. */
+static void test_growth(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 32);
+    ps_hp hp = hp1(PS_HP_LR, 1.0);
+    ps_table_def d = def("big", 2, "zeros", 0, "sgd", &hp);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    enum { N = 200000, B = 4096 };
+    static uint8_t kb[B * 8];
+    static float g[B * 2];
+    uint64_t x = 0;
+    for (uint32_t base = 0; base < N; base += B) {
+        uint64_t k[B];
+        for (uint32_t i = 0; i < B && base + i < N; i++) {
+            k[i] = (uint64_t)(base + i) * 0x100000001b3ull; /* keys with low bits alike */
+            g[2 * i] = -(float)(k[i] % 1000);
+            g[2 * i + 1] = 1.0f;
+            x ^= k[i];
+        }
+        uint32_t n = base + B <= N ? B : N - base;
+        keys_le(kb, k, n);
+        assert_int_equal(srv_tables_push(&ts, ti, kb, n, g, 1.0, err, sizeof err), 0);
+    }
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, N);
+    for (uint32_t i = 0; i < N; i += 997) {
+        const float *row = srv_tables_row(&ts, ti, (uint64_t)i * 0x100000001b3ull);
+        assert_non_null(row);
+        assert_true(row[1] == -1.0f);
+    }
+    assert_null(srv_tables_row(&ts, ti, 3));
+    uint64_t seen[2] = {0, 0};
+    srv_tables_each(&ts, ti, count_row, seen);
+    assert_int_equal(seen[0], N);
+    assert_true(seen[1] == x);
+    /* 16 bytes of row (key and two floats) and 12 per slot at a load between
+     * 5/16 and 5/8: between 35 and 55 bytes a row, plus the last block */
+    double per_row = (double)st.bytes / N;
+    if (per_row < 30 || per_row > 60)
+        fail_msg("%.1f bytes a row", per_row);
+    srv_tables_free(&ts);
+}
+
+/* max_table_memory: a push whose new rows would pass it is refused whole;
+ * one that updates stored rows only still goes through; the limit counts
+ * every table together. */
+static void test_memory_limit(void **state)
+{
+    (void)state;
+    ps_table_def d = def("e", 16, "uniform", 0.05, "adagrad", NULL);
+    uint64_t row = srv_table_row_bytes(&d);
+    assert_int_equal(row, (uint64_t)(16 * 2 + 2) * 4 + 20); /* 136 + 12 x 8 / 5 rounded up */
+    srv_tables ts;
+    /* a table's first rows take a block of 1024 rows of 136 bytes and 1024
+     * slots of 12 bytes, about 152 KB: one table's fit, two tables' or two
+     * blocks do not */
+    srv_tables_init(&ts, 250u << 10);
+    uint32_t a, b;
+    assert_int_equal(srv_tables_declare(&ts, &d, &a, err, sizeof err), 0);
+    ps_table_def d2 = def("f", 16, "uniform", 0.05, "adagrad", NULL);
+    assert_int_equal(srv_tables_declare(&ts, &d2, &b, err, sizeof err), 0);
+
+    static uint8_t kb[1025 * 8];
+    static float g[1025 * 16];
+    for (int i = 0; i < 1025 * 16; i++)
+        g[i] = 0.5f;
+    static uint64_t k[1025];
+    for (int i = 0; i < 640; i++)
+        k[i] = (uint64_t)i;
+    keys_le(kb, k, 640);
+    assert_int_equal(srv_tables_push(&ts, a, kb, 640, g, 1.0, err, sizeof err), 0);
+    uint64_t used = ts.bytes;
+    /* table f's first block would pass the limit */
+    assert_int_equal(srv_tables_push(&ts, b, kb, 1, g, 1.0, err, sizeof err), PS_ELIMIT);
+    assert_has(err, "table 'f': 1 new rows would take psd's tables to");
+    assert_has(err, "past max_table_memory (256000 bytes");
+    srv_table_stats st;
+    srv_tables_stats(&ts, b, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(ts.bytes, used);
+    /* table e: 640 rows stored, 385 more need a second block: refused,
+     * nothing changed */
+    float before[16];
+    memcpy(before, srv_tables_row(&ts, a, 5), sizeof before);
+    for (int i = 0; i < 1025; i++)
+        k[i] = (uint64_t)i;
+    keys_le(kb, k, 1025);
+    int rc = srv_tables_push(&ts, a, kb, 1025, g, 1.0, err, sizeof err);
+    assert_int_equal(rc, PS_ELIMIT);
+    srv_tables_stats(&ts, a, &st);
+    assert_int_equal(st.rows, 640);
+    assert_memory_equal(srv_tables_row(&ts, a, 5), before, sizeof before);
+    /* stored rows only: fine */
+    assert_int_equal(srv_tables_push(&ts, a, kb, 640, g, 1.0, err, sizeof err), 0);
+    assert_memory_not_equal(srv_tables_row(&ts, a, 5), before, sizeof before);
+    assert_int_equal(ts.bytes, used);
+    srv_tables_free(&ts);
+}
+
+/* An update that would overflow changes nothing, not even the other rows
+ * of the push or the rows it would have created. */
+static void test_nonfinite_update_changes_nothing(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    ps_hp hp = hp1(PS_HP_LR, 1.0);
+    ps_table_def d = def("e", 2, "zeros", 0, "sgd", &hp);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    uint64_t k[3] = {1, 2, 3};
+    uint8_t kb[24];
+    keys_le(kb, k, 3);
+    const float big[6] = {-3e38f, 0, 1, 1, 1, 1};
+    assert_int_equal(srv_tables_push(&ts, ti, kb, 1, big, 1.0, err, sizeof err), 0); /* row 1 at 3e38 */
+    uint64_t bytes = ts.bytes;
+    assert_int_equal(srv_tables_push(&ts, ti, kb, 3, big, 1.0, err, sizeof err), PS_ENONFINITE);
+    assert_has(err, "key 1 would make its row");
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 1);
+    assert_int_equal(st.rows_pushed, 1);
+    assert_true(srv_tables_row(&ts, ti, 1)[0] == 3e38f);
+    assert_null(srv_tables_row(&ts, ti, 2));
+    assert_int_equal(ts.bytes, bytes);
+    srv_tables_free(&ts);
+}
+
+static void test_declare(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 20);
+    ps_table_def d = def("e", 4, "uniform", 0.05, "sgd", NULL);
+    uint32_t i, j;
+    assert_int_equal(srv_tables_declare(&ts, &d, &i, err, sizeof err), 0);
+    assert_int_equal(srv_tables_declare(&ts, &d, &j, err, sizeof err), 0);
+    assert_int_equal(i, j);
+    assert_int_equal(ts.n, 1);
+    ps_table_def other = def("e", 8, "uniform", 0.05, "sgd", NULL);
+    assert_int_equal(srv_tables_declare(&ts, &other, &j, err, sizeof err), PS_ELAYOUT);
+    assert_has(err, "table 'e' declared as dim 8, uniform(0.05), seed 11, sgd lr 0.01, but psd holds it as dim 4");
+    assert_int_equal(srv_tables_find(&ts, "e"), 0);
+    assert_int_equal(srv_tables_find(&ts, "x"), -1);
+    for (int n = 1; n < PS_TABLES_MAX; n++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", n);
+        ps_table_def t = def(name, 1, "zeros", 0, "sgd", NULL);
+        assert_int_equal(srv_tables_declare(&ts, &t, &j, err, sizeof err), 0);
+        assert_int_equal(j, (uint32_t)n);
+    }
+    ps_table_def t = def("one_more", 1, "zeros", 0, "sgd", NULL);
+    assert_int_equal(srv_tables_declare(&ts, &t, &j, err, sizeof err), PS_ELIMIT);
+    assert_has(err, "psd holds 64 tables already");
+    assert_string_equal(srv_tables_def(&ts, 3)->name, "t3");
+    srv_tables_free(&ts);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sgd_against_pytorch),
+        cmocka_unit_test(test_adagrad_against_pytorch),
+        cmocka_unit_test(test_adam_against_pytorch),
+        cmocka_unit_test(test_ftrl_against_reference),
+        cmocka_unit_test(test_step_overflow),
+        cmocka_unit_test(test_store_against_reference),
+        cmocka_unit_test(test_rows_created_on_push_only),
+        cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_nonfinite_update_changes_nothing),
+        cmocka_unit_test(test_declare),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
