@@ -225,6 +225,12 @@ static const ps_config_option options[] = {
              "connection whose frame would take the total past this limit gets the error "
              "LIMIT and is closed (a worker reconnects). It should hold max_frame for each "
              "worker sending big frames at once."},
+    {.name = "max_table_memory", .type = PS_CT_SIZE, .def = "4G", AT(max_table_memory), .lo = 65536,
+     .hi = INT64_C(17592186044416), .apply = srv_apply_read_when_used,
+     .help = "Most bytes the embedding tables' rows, their optimizer state and their hash "
+             "slots may take together (units K, M, G). A push whose new rows would pass it "
+             "is refused with LIMIT, naming the table, and changes nothing; rows already "
+             "stored keep being pulled and pushed. Lowering it keeps the rows there are."},
     {.name = "wire_bf16", .type = PS_CT_BOOL, .def = "yes", AT(wire_bf16),
      .help = "Offer bfloat16 tensors on the wire: a client that asks for them (psworker "
              "--wire bf16) then pushes gradients and receives parameters at 2 bytes a value "

@@ -89,6 +89,7 @@ typedef struct ps_config {
     int checkpoint_keep;               /* checkpoints kept in state_dir */
     uint64_t max_frame;                /* largest accepted frame, bytes */
     uint64_t max_receive_memory;       /* all connections' receive buffers together, bytes */
+    uint64_t max_table_memory;         /* all embedding tables' rows together, bytes */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */

@@ -15,6 +15,7 @@
 #include "join.h"
 #include "policy.h"
 #include "dashboard.h"
+#include "dispatch/handle_table.h"
 #include "proto/errors.h"
 #include "psd.h"
 #include "reply.h"
@@ -589,9 +590,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
     case PS_MSG_TPULL:
     case PS_MSG_TPUSH:
     case PS_MSG_TPUSHPULL:
-        /* PROTOCOL.md 13: decoded and checked, not served yet */
-        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0, "tables are not served by this psd yet (%s)",
-                       ps_msg_type_name(m->type));
+        srv_handle_table(c, m); /* dispatch/handle_table.c */
         break;
     default:
         srv_send_error(c, m->id, PS_EBAD_TYPE, 0, "psd does not accept %s messages", ps_msg_type_name(m->type));

@@ -448,6 +448,7 @@ int main(int argc, char **argv)
     }
     free(s->workers);
     srv_model_free(&s->model);
+    srv_tables_free(&s->tables);
     srv_plan_clear(&s->plan);
     srv_blk_pool_free();
     ps_buf_free(&s->enc);

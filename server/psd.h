@@ -15,6 +15,7 @@
 #include "config.h"
 #include "proto/msg.h"
 #include "optim.h"
+#include "store/table.h"
 
 typedef struct psd psd;
 typedef struct srv_conn srv_conn;
@@ -176,6 +177,10 @@ typedef struct srv_plan {
 typedef struct srv_parked {
     uint64_t id, min, off, len;
     uint32_t rdt;            /* ps_dtype of the reply's data */
+    uint32_t table;          /* a table pull (TPULL, TPUSHPULL): the table's index */
+    uint8_t *keys;           /* ... and a copy of its keys, nkeys of them, owned
+                              * here; NULL: a pull of the model's range off, len */
+    uint32_t nkeys;
     struct srv_parked *next;
 } srv_parked;
 
@@ -366,6 +371,7 @@ struct psd {
     uint32_t nshards;        /* m announced by workers (0 until the first) */
     srv_conn *init_owner;    /* the worker asked to send initial values */
     srv_model model;
+    srv_tables tables;       /* embedding tables (store/table.c) */
     srv_plan plan;           /* the job's plan (BSP; plan.c) */
     const struct srv_policy_ops *policy;
     void *policy_state;      /* the policy's own (policy.c): BSP rounds and

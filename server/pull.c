@@ -73,6 +73,59 @@ static void send_current(srv_conn *c, uint64_t ver, uint64_t id, uint64_t off, u
         send_params(c, s->model.blk, ver, id, off, len, rdt);
 }
 
+/* ---- table pulls (PROTOCOL.md 13) ------------------------------------------- */
+
+/* Answers a table pull: the rows of the n keys of table ti, at model
+ * version ver, as a ROWS. The rows are written into fresh blocks that the
+ * reply holds until it is sent. */
+static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n)
+{
+    psd *s = c->srv;
+    uint32_t dim = srv_tables_def(&s->tables, ti)->dim;
+    uint64_t total = (uint64_t)n * dim; /* at most PS_TABLE_VALUES_MAX */
+    size_t nblk = (size_t)((total + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
+    srv_blk *blk[PS_TABLE_VALUES_MAX / SRV_BLK_FLOATS + 1] = {0};
+    float *flat = NULL;
+    for (size_t b = 0; b < nblk; b++) {
+        uint64_t want = total - (b << SRV_BLK_SHIFT) < SRV_BLK_FLOATS ? total - (b << SRV_BLK_SHIFT) : SRV_BLK_FLOATS;
+        size_t cap = 1024; /* a power of two, so the block pool reuses them */
+        while (cap < want)
+            cap *= 2;
+        if (!(blk[b] = srv_blk_fresh(cap)))
+            goto nomem;
+    }
+    if (nblk == 1) {
+        srv_tables_pull(&s->tables, ti, keys, n, blk[0]->w);
+    } else {
+        /* rows may straddle blocks: through one flat buffer */
+        if (!(flat = malloc((size_t)total * sizeof(float))))
+            goto nomem;
+        srv_tables_pull(&s->tables, ti, keys, n, flat);
+        for (size_t b = 0; b < nblk; b++) {
+            uint64_t at = (uint64_t)b << SRV_BLK_SHIFT;
+            memcpy(blk[b]->w, flat + at, (size_t)(total - at < SRV_BLK_FLOATS ? total - at : SRV_BLK_FLOATS) *
+                                             sizeof(float));
+        }
+        free(flat);
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_ROWS);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_DATA;
+    r.id = id;
+    r.mver = ver;
+    r.off = 0; /* where the rows lie in blk; not sent */
+    r.ndata = total;
+    srv_send(c, &r, blk);
+    for (size_t b = 0; b < nblk; b++)
+        srv_blk_unref(blk[b]);
+    return;
+nomem:
+    for (size_t b = 0; b < nblk; b++)
+        srv_blk_unref(blk[b]);
+    srv_send_error(c, id, PS_ENOMEM, 0, "out of memory for the rows of %u keys of table '%s'", n,
+                   srv_tables_def(&s->tables, ti)->name);
+}
+
 /* Parked pulls come and go every BSP round: freed ones are kept for reuse
  * (at most PARKED_SPARE), so parking allocates nothing in steady state. */
 #define PARKED_SPARE 256
@@ -91,6 +144,8 @@ static srv_parked *parked_get(void)
 
 static void parked_put(srv_parked *p)
 {
+    free(p->keys);
+    p->keys = NULL;
     if (nparked_spare >= PARKED_SPARE) {
         free(p);
         return;
@@ -121,7 +176,7 @@ static int pull_ready(srv_conn *c, uint64_t min, uint64_t off, uint64_t len, uin
     if (s->policy->pull_ready ? s->policy->pull_ready(s, c->worker, min)
                               : s->model.initialized && s->model.version >= min)
         return 1;
-    if (c->worker && s->policy->range_version && min == s->model.version + 1 &&
+    if (c->worker && len && s->policy->range_version && min == s->model.version + 1 &&
         s->policy->range_version(s, off, len) >= min) {
         *ver = min; /* a round closing piece by piece has closed these */
         return 1;
@@ -202,6 +257,46 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
     return 0;
 }
 
+int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, char *err,
+              size_t errlen)
+{
+    /* as srv_pull: behind an earlier parked pull of this version or an
+     * older one, or parked until min is there (a pinned snapshot does not
+     * hold tables: their rows are the current ones) */
+    int behind = 0;
+    uint64_t ver;
+    for (const srv_parked *p = c->parked; p && !behind; p = p->next)
+        behind = p->min <= min;
+    if (!behind && (c->pinned || pull_ready(c, min, 0, 0, &ver))) {
+        send_rows(c, c->pinned ? c->srv->model.version : ver, id, ti, keys, n);
+        return 0;
+    }
+    if (c->nparked >= SRV_PARKED_MAX) {
+        snprintf(err, errlen, "more than %d pulls already waiting on this connection", SRV_PARKED_MAX);
+        return PS_ELIMIT;
+    }
+    srv_parked *p = parked_get();
+    uint8_t *copy = p ? malloc((size_t)n * 8) : NULL;
+    if (!copy) {
+        if (p) {
+            p->keys = NULL;
+            parked_put(p);
+        }
+        snprintf(err, errlen, "out of memory parking a pull of %u rows", n);
+        return PS_ENOMEM;
+    }
+    memcpy(copy, keys, (size_t)n * 8);
+    *p = (srv_parked){.id = id, .min = min, .table = ti, .keys = copy, .nkeys = n};
+    srv_parked **tail = &c->parked;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = p;
+    c->nparked++;
+    if (behind && !srv_update_busy(c->srv))
+        srv_conn_answer_parked(c);
+    return 0;
+}
+
 void srv_conn_answer_parked(srv_conn *c)
 {
     srv_parked **pp = &c->parked;
@@ -221,7 +316,10 @@ void srv_conn_answer_parked(srv_conn *c)
         c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
-        send_current(c, ver, p->id, p->off, p->len, p->rdt);
+        if (p->keys)
+            send_rows(c, ver, p->id, p->table, p->keys, p->nkeys);
+        else
+            send_current(c, ver, p->id, p->off, p->len, p->rdt);
         parked_put(p);
     }
 }

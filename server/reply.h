@@ -24,6 +24,12 @@ void srv_send_ok(srv_conn *c, uint64_t id);
  * err filled and nothing sent (the dispatch layer sends the ERROR). */
 int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt, char *err,
              size_t errlen);
+/* A pull of the rows of n keys of table ti (PROTOCOL.md 13) for version
+ * >= min: answered now with a ROWS or parked, keys copied (0), or refused
+ * (PS_ELIMIT: too many parked; PS_ENOMEM) with err filled and nothing
+ * sent. */
+int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, char *err,
+              size_t errlen);
 /* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
 int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
 /* Answers every parked pull whose version is now available. */

@@ -77,6 +77,7 @@ void srv_tables_free(srv_tables *ts)
         table_free(ts->t[i]);
     free(ts->scratch);
     free(ts->found);
+    free(ts->dupset);
     memset(ts, 0, sizeof *ts);
 }
 
@@ -326,6 +327,35 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
             append(t, ps_key_at(keys, k), row);
     }
     t->pushed += n;
+    return 0;
+}
+
+int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32_t *a, uint32_t *b)
+{
+    size_t cap = 16;
+    while (cap < 2 * (size_t)n)
+        cap *= 2;
+    if (cap > ts->dupset_cap) {
+        uint64_t *p = realloc(ts->dupset, sizeof *p * 2 * cap);
+        if (!p)
+            return PS_ENOMEM;
+        ts->dupset = p;
+        ts->dupset_cap = cap;
+    }
+    uint64_t *set = ts->dupset; /* pairs: key, position + 1 (0: empty) */
+    memset(set, 0, sizeof *set * 2 * cap);
+    for (uint32_t k = 0; k < n; k++) {
+        uint64_t key = ps_key_at(keys, k);
+        size_t s = (size_t)(ps_mix64(key) & (cap - 1));
+        for (; set[2 * s + 1] != 0; s = (s + 1) & (cap - 1))
+            if (set[2 * s] == key) {
+                *a = (uint32_t)(set[2 * s + 1] - 1);
+                *b = k;
+                return 1;
+            }
+        set[2 * s] = key;
+        set[2 * s + 1] = (uint64_t)k + 1;
+    }
     return 0;
 }
 

@@ -45,6 +45,8 @@ typedef struct srv_tables {
     size_t scratch_floats;
     float **found;               /* a push's stored rows (NULL: a new key), one per key */
     size_t found_cap;
+    uint64_t *dupset;            /* srv_tables_first_dup's hash set: key, position + 1 */
+    size_t dupset_cap;           /* entries (pairs) */
 } srv_tables;
 
 /* An empty set of tables holding at most max_bytes of rows. */
@@ -78,6 +80,12 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
  * PS_ENOMEM. */
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen);
+
+/* Finds a key that appears twice among the n keys (a push must not carry
+ * one: the dispatch layer checks with this). Returns 1 and the two
+ * positions (*a < *b) of the first repeat, 0 when all are distinct, or
+ * PS_ENOMEM. */
+int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32_t *a, uint32_t *b);
 
 /* Table i's numbers. */
 void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st);

@@ -1,20 +1,33 @@
 #!/usr/bin/python3
-"""test_tables.py - embedding tables on the wire (proto/PROTOCOL.md, section 13).
+"""test_tables.py - embedding tables (proto/PROTOCOL.md, section 13).
 
-Raw clients, written from the protocol with Python's msgpack, against the
-real psd:
+Raw clients, written from the protocol with Python's msgpack and NumPy,
+against the real psd:
 
-- Bad table messages are refused by the decoder with the code section 13
-  gives, and the connection goes on: "keys" of a length that is no multiple
-  of 8, empty, or over 65,536 keys (BAD_FIELD); an unknown or repeated
-  hyper-parameter, or one that is no number (BAD_FIELD); a TPUSHPULL
-  without "pkeys" (BAD_FIELD); bfloat16 rows or "rdt" other than 0
-  (UNSUPPORTED); more than 2^22 row values in one message (BAD_FIELD); a
-  ROWS from a client (BAD_TYPE).
-- This psd decodes well-formed TABLE, TPULL, TPUSH and TPUSHPULL but does
-  not serve tables yet: each gets UNSUPPORTED naming that, from a worker and
-  from an admin, the connection stays usable and the dense model is
-  untouched (a pull after them returns the values of before).
+- Rows: a TPULL of keys no push reached answers each key's initial row,
+  which this test computes from section 13.3's formula on its own (splitmix64
+  in Python integers), bit for bit for uniform and zeros; a pull stores
+  nothing. TPUSH applies AdaGrad as section 13.4 gives it (checked against
+  NumPy) to exactly the keys pushed; TPUSHPULL pushes and answers the rows of
+  other keys; keys 0 and 2^64-1 are keys like others.
+- Declarations: the same TABLE again is OK, from another worker too; a
+  different one is LAYOUT and leaves the connection open; bad ones (dim 0,
+  an unknown optimizer, a hyper-parameter the optimizer does not take, ftrl
+  with a uniform init) are BAD_FIELD; an admin's TABLE or TPUSH is
+  FORBIDDEN, its TPULL is answered; the 65th table is LIMIT.
+- Bad input changes nothing and psd goes on (a pull after each shows the
+  rows as they were): an unknown table (RANGE), a wrong row dimension, a key
+  twice in one push, a base ahead of the model (BAD_FIELD), a NaN row
+  gradient (NONFINITE), new rows past max_table_memory (LIMIT, naming the
+  table and the setting; a push of stored rows still goes through), and
+  frames the decoder refuses: keys of a length that is no multiple of 8,
+  empty, or over 65,536 keys, an unknown or non-numeric hyper-parameter, a
+  TPUSHPULL without pkeys, bfloat16 rows or rdt 3 (UNSUPPORTED), more than
+  2^22 row values, a ROWS from a client (BAD_TYPE).
+- A TPULL for a version not reached yet is parked and answered when a dense
+  push makes it.
+- BSP: table pushes are refused with UNSUPPORTED (not served in bsp yet),
+  pulls answered.
 """
 
 import os
@@ -22,13 +35,17 @@ import struct
 import sys
 import unittest
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import (E_BAD_FIELD, E_BAD_TYPE, E_UNSUPPORTED, T_INIT, T_OK, T_PARAMS, T_PULL, T_ROWS,  # noqa: E402
-                     T_TABLE, T_TPULL, T_TPUSH, T_TPUSHPULL, RawClient, expect_error)
+from harness import (E_BAD_FIELD, E_BAD_TYPE, E_FORBIDDEN, E_LAYOUT, E_LIMIT, E_NONFINITE, E_RANGE,  # noqa: E402
+                     E_UNSUPPORTED, T_INIT, T_OK, T_PARAMS, T_PULL, T_PUSH, T_ROWS, T_TABLE, T_TPULL, T_TPUSH,
+                     T_TPUSHPULL, RawClient, expect_error)
 
 LAYOUT = [["w", [4]]]
 TIMEOUT = 10.0
+M64 = (1 << 64) - 1
 
 
 def keys(*k):
@@ -39,73 +56,219 @@ def floats(*v):
     return struct.pack("<%df" % len(v), *v)
 
 
-TABLE = {"t": T_TABLE, "tab": "user_id", "dim": 2, "rinit": "uniform", "scale": 0.05, "seed": 7,
-         "opt": "adagrad", "hp": {"lr": 0.05}}
+def mix(z):
+    """splitmix64's finaliser (PROTOCOL.md 13.3)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
 
 
-class TablesOnTheWire(unittest.TestCase):
-    def alive(self, c, values, what):
-        """The connection still works and the dense model is as it was."""
-        r = c.request({"t": T_PULL, "off": 0, "len": 4})
-        self.assertEqual(r.get("t"), T_PARAMS, "%s: %r" % (what, r))
-        self.assertEqual(struct.unpack("<4f", r["data"]), values, what)
+def init_row(seed, key, rinit, scale, dim):
+    """A row's initial values, as section 13.3 defines them."""
+    x = mix(seed ^ mix(key))
+    u = [(mix((x + i * 0x9E3779B97F4A7C15) & M64) >> 11) * 2.0 ** -53 for i in range(1, dim + 1)]
+    if rinit == "zeros":
+        return np.zeros(dim, np.float32)
+    return np.array([scale * (2.0 * v - 1.0) for v in u], np.float32)
+
+
+TABLE = {"t": T_TABLE, "tab": "user_id", "dim": 3, "rinit": "uniform", "scale": 0.05, "seed": 7,
+         "opt": "adagrad", "hp": {"lr": 0.5, "iacc": 0.1}}
+
+
+class Tables(unittest.TestCase):
+    def ok(self, c, msg, what):
+        r = c.request(msg)
+        self.assertEqual(r.get("t"), T_OK, "%s: %r" % (what, r))
+        return r
 
     def refused(self, c, code, msg, what, needle):
         r = c.request(msg)
         expect_error(self, r, code, what)
         self.assertIn(needle, r["text"], what)
 
-    def test_bad_input_and_not_served(self):
+    def rows(self, c, tab, ks, dim, **extra):
+        r = c.request(dict({"t": T_TPULL, "tab": tab, "keys": keys(*ks)}, **extra))
+        self.assertEqual(r.get("t"), T_ROWS, r)
+        self.assertNotIn("off", r)
+        return np.frombuffer(r["data"], np.float32).reshape(len(ks), dim).copy()
+
+    def worker(self, psd, shard=0, nshards=1, init=True):
+        w = RawClient(psd.addr, TIMEOUT)
+        r = w.hello_worker(LAYOUT, shard, nshards)
+        self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+        if init and r.get("init"):
+            self.ok(w, {"t": T_INIT, "off": 0, "data": floats(0.5, -1.0, 2.0, 0.25)}, "init")
+        return w
+
+    def test_rows_pushes_and_bad_input(self):
         with harness.Cluster("test-tables") as cl:
-            psd = cl.psd(mode="asgd", workers=1)
-            with RawClient(psd.addr, TIMEOUT) as w:
-                r = w.hello_worker(LAYOUT, 0, 1)
-                self.assertEqual(r.get("t"), harness.T_WELCOME, r)
-                values = (0.5, -1.0, 2.0, 0.25)
-                r = w.request({"t": T_INIT, "off": 0, "data": floats(*values)})
-                self.assertEqual(r.get("t"), T_OK, r)
+            psd = cl.psd(mode="asgd", workers=2)
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            self.ok(w, TABLE, "declare again")
+            ks = [0, 42, M64, 1 << 63]
+            got = self.rows(w, "user_id", ks, 3)
+            for i, k in enumerate(ks):
+                self.assertEqual(got[i].tobytes(), init_row(7, k, "uniform", 0.05, 3).tobytes(), "initial row %x" % k)
+            self.assertEqual(harness.status(psd.addr).get("version"), 0)
 
-                bad = [
-                    (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": b"\0" * 12}, "12-byte keys",
-                     "'keys' must be a bin of 1..65536 little-endian uint64 keys"),
-                    (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": b""}, "no keys", "'keys' must be a bin"),
-                    (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": b"\0" * 8 * 65537}, "65537 keys",
-                     "65537 keys, more than 65536"),
-                    (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": "12345678"}, "keys as a str",
-                     "'keys' must be a bin"),
-                    (E_BAD_FIELD, dict(TABLE, hp={"momentum": 0.9}), "unknown hp", "unknown hyper-parameter"),
-                    (E_BAD_FIELD, dict(TABLE, hp={"lr": "0.1"}), "hp a str", "hp 'lr' must be a finite number"),
-                    (E_BAD_FIELD, dict(TABLE, hp={"lr": float("nan")}), "hp NaN", "hp 'lr' must be a finite number"),
-                    (E_BAD_FIELD, {k: v for k, v in TABLE.items() if k != "opt"}, "table without opt",
-                     "table: missing field 'opt'"),
-                    (E_BAD_FIELD, {"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(1), "base": 0,
-                                   "data": floats(1, 2)}, "tpushpull without pkeys", "missing field 'pkeys'"),
-                    (E_UNSUPPORTED, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0, "dt": 1,
-                                     "data": b"\x80\x3f\x00\x40"}, "bf16 rows", "float32 only"),
-                    (E_UNSUPPORTED, {"t": T_TPULL, "tab": "user_id", "keys": keys(1), "rdt": 3}, "rdt 3",
-                     "float32 only"),
-                    (E_BAD_FIELD, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
-                                   "data": b"\0" * 4 * ((1 << 22) + 1)}, "2^22 + 1 values",
-                     "4194305 row values in one message"),
-                    (E_BAD_TYPE, {"t": T_ROWS, "ver": 0, "data": floats(1)}, "rows from a client", "rows"),
-                ]
-                for code, msg, what, needle in bad:
-                    self.refused(w, code, msg, what, needle)
-                    self.alive(w, values, "after " + what)
+            # adagrad, section 13.4, in float64 then rounded as psd stores
+            g = np.array([[0.5, -1.0, 2.0], [0.25, 0.0, -3.0]], np.float32)
+            self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(42, M64), "base": 0, "data": g.tobytes()},
+                    "tpush")
+            want = got.copy()
+            acc = np.full((2, 3), 0.1, np.float64) + g.astype(np.float64) ** 2
+            acc = acc.astype(np.float32).astype(np.float64)
+            want[1:3] = (got[1:3].astype(np.float64) - 0.5 * g / (np.sqrt(acc) + 1e-10)).astype(np.float32)
+            after = self.rows(w, "user_id", ks, 3)
+            np.testing.assert_allclose(after, want, rtol=1e-6, atol=1e-7)
+            self.assertEqual(after[0].tobytes(), got[0].tobytes(), "key 0 was not pushed")
+            self.assertEqual(after[3].tobytes(), got[3].tobytes(), "key 2^63 was not pushed")
 
-                # well formed: not served yet
-                for msg in (TABLE, {"t": T_TPULL, "tab": "user_id", "keys": keys(1, 2)},
-                            {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0, "data": floats(1, 2)},
-                            {"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(1), "base": 0, "data": floats(1, 2),
-                             "pkeys": keys(3)}):
-                    what = "type %d" % msg["t"]
-                    self.refused(w, E_UNSUPPORTED, msg, what, "tables are not served by this psd yet")
-                    self.alive(w, values, "after " + what)
+            # tpushpull: push key 0, pull keys 5 and 42
+            r = w.request({"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(0), "base": 0,
+                           "data": floats(1, 1, 1), "pkeys": keys(5, 42)})
+            self.assertEqual(r.get("t"), T_ROWS, r)
+            pulled = np.frombuffer(r["data"], np.float32).reshape(2, 3)
+            self.assertEqual(pulled[0].tobytes(), init_row(7, 5, "uniform", 0.05, 3).tobytes())
+            self.assertEqual(pulled[1].tobytes(), after[1].tobytes())
+            now = self.rows(w, "user_id", ks, 3)
+            self.assertFalse(np.array_equal(now[0], after[0]), "key 0 was pushed")
+
+            # a second worker declares the same table and sees the same rows
+            w2 = self.worker(psd, 1, 2)
+            self.ok(w2, TABLE, "second worker declares")
+            np.testing.assert_array_equal(self.rows(w2, "user_id", ks, 3), now)
+
+            # declarations that differ or are bad
+            self.refused(w2, E_LAYOUT, dict(TABLE, dim=4), "another dim",
+                         "table 'user_id' declared as dim 4, uniform(0.05), seed 7, adagrad")
+            self.refused(w2, E_LAYOUT, dict(TABLE, hp={"lr": 0.25}), "another lr", "but psd holds it as")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", dim=0), "dim 0", "dim 0 is not in 1..1024")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", opt="rmsprop"), "unknown opt", "unknown opt")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", hp={"beta1": 0.9}), "foreign hp",
+                         "hp 'beta1' is not a hyper-parameter of adagrad")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", opt="ftrl", hp={}), "ftrl uniform",
+                         "must be zeros")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="a b"), "a name with a space", "printable ASCII")
+
+            # bad pushes: each changes nothing
+            bad = [
+                (E_RANGE, {"t": T_TPUSH, "tab": "item", "keys": keys(1), "base": 0, "data": floats(1, 2, 3)},
+                 "unknown table", "unknown table 'item'"),
+                (E_RANGE, {"t": T_TPULL, "tab": "item", "keys": keys(1)}, "pull of an unknown table",
+                 "unknown table 'item'"),
+                (E_BAD_FIELD, {"t": T_TPUSH, "tab": "user_id", "keys": keys(42, 0), "base": 0,
+                               "data": floats(1, 2, 3, 4)}, "wrong dim", "'data' holds 4 values for 2 keys"),
+                (E_BAD_FIELD, {"t": T_TPUSH, "tab": "user_id", "keys": keys(42, 0, 42), "base": 0,
+                               "data": floats(*[1] * 9)}, "a key twice", "key 42 appears twice (keys 0 and 2)"),
+                (E_BAD_FIELD, {"t": T_TPUSH, "tab": "user_id", "keys": keys(42), "base": 9,
+                               "data": floats(1, 2, 3)}, "base ahead", "base 9 is ahead of the model"),
+                (E_NONFINITE, {"t": T_TPUSH, "tab": "user_id", "keys": keys(42, 0), "base": 0,
+                               "data": floats(1, 2, 3, 4, float("nan"), 6)}, "NaN", "contain NaN or infinity"),
+                (E_NONFINITE, {"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(42), "base": 0,
+                               "data": floats(1, float("inf"), 3), "pkeys": keys(42)}, "inf in a tpushpull",
+                 "contain NaN or infinity"),
+                (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": b"\0" * 12}, "12-byte keys",
+                 "'keys' must be a bin of 1..65536 little-endian uint64 keys"),
+                (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": b""}, "no keys", "'keys' must be a bin"),
+                (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": b"\0" * 8 * 65537}, "65537 keys",
+                 "65537 keys, more than 65536"),
+                (E_BAD_FIELD, {"t": T_TPULL, "tab": "user_id", "keys": "12345678"}, "keys as a str",
+                 "'keys' must be a bin"),
+                (E_BAD_FIELD, dict(TABLE, hp={"momentum": 0.9}), "unknown hp", "unknown hyper-parameter"),
+                (E_BAD_FIELD, dict(TABLE, hp={"lr": "0.1"}), "hp a str", "hp 'lr' must be a finite number"),
+                (E_BAD_FIELD, {k: v for k, v in TABLE.items() if k != "opt"}, "table without opt",
+                 "table: missing field 'opt'"),
+                (E_BAD_FIELD, {"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(1), "base": 0,
+                               "data": floats(1, 2, 3)}, "tpushpull without pkeys", "missing field 'pkeys'"),
+                (E_UNSUPPORTED, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0, "dt": 1,
+                                 "data": b"\x80\x3f\x00\x40\x00\x40"}, "bf16 rows", "float32 only"),
+                (E_UNSUPPORTED, {"t": T_TPULL, "tab": "user_id", "keys": keys(1), "rdt": 3}, "rdt 3",
+                 "float32 only"),
+                (E_BAD_FIELD, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
+                               "data": b"\0" * 4 * ((1 << 22) + 1)}, "2^22 + 1 values",
+                 "4194305 row values in one message"),
+                (E_BAD_TYPE, {"t": T_ROWS, "ver": 0, "data": floats(1)}, "rows from a client", "rows"),
+            ]
+            for code, msg, what, needle in bad:
+                self.refused(w, code, msg, what, needle)
+                self.assertEqual(self.rows(w, "user_id", ks, 3).tobytes(), now.tobytes(), "after " + what)
+
+            # admins read rows, and only read
             with RawClient(psd.addr, TIMEOUT) as a:
                 a.hello_admin()
-                self.refused(a, E_UNSUPPORTED, {"t": T_TPULL, "tab": "user_id", "keys": keys(9)}, "admin tpull",
-                             "tables are not served by this psd yet")
-                self.alive(a, values, "admin after a tpull")
+                np.testing.assert_array_equal(self.rows(a, "user_id", ks, 3), now)
+                self.refused(a, E_FORBIDDEN, TABLE, "admin table", "is for workers")
+                self.refused(a, E_FORBIDDEN, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
+                                              "data": floats(1, 2, 3)}, "admin tpush", "is for workers")
+
+            # 64 tables at most
+            for i in range(63):
+                self.ok(w, dict(TABLE, tab="t%d" % i, dim=1), "table %d" % i)
+            self.refused(w, E_LIMIT, dict(TABLE, tab="one_more", dim=1), "65th table",
+                         "psd holds 64 tables already")
+            w.close()
+            w2.close()
+
+    def test_parked_pull(self):
+        """A TPULL for a version not reached yet waits for it."""
+        with harness.Cluster("test-tables-park") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            w = self.worker(psd)
+            self.ok(w, dict(TABLE, rinit="zeros", opt="sgd", hp={"lr": 1.0}), "declare")
+            w.send_frame({"t": T_TPULL, "id": 50, "tab": "user_id", "keys": keys(3), "min": 1})
+            self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(3), "base": 0, "data": floats(1, 2, 3)},
+                    "tpush while the pull waits")
+            r = w.request({"t": T_PUSH, "off": 0, "base": 0, "data": floats(0, 0, 0, 0), "id": 51})
+            self.assertEqual((r.get("t"), r.get("id")), (T_ROWS, 50), "the parked pull comes first: %r" % r)
+            self.assertEqual(r.get("ver"), 1)
+            self.assertEqual(np.frombuffer(r["data"], np.float32).tolist(), [-1.0, -2.0, -3.0])
+            r = w.recv_frame(TIMEOUT)
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 51), r)
+            w.close()
+
+    def test_max_table_memory(self):
+        """New rows past max_table_memory: LIMIT, nothing changed, stored
+        rows still pushed, another worker goes on."""
+        with harness.Cluster("test-tables-mem") as cl:
+            psd = cl.psd(mode="asgd", workers=2, args=("--set", "max_table_memory=256K"))
+            w = self.worker(psd)
+            tab = dict(TABLE, dim=16)
+            self.ok(w, tab, "declare")
+            # dim 16 adagrad: 136-byte rows in blocks of 1024 (139,264 bytes):
+            # the first block fits, a second one does not
+            first = list(range(1000))
+            g = np.full((1000, 16), 0.01, np.float32)
+            self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*first), "base": 0, "data": g.tobytes()},
+                    "1000 rows")
+            before = self.rows(w, "user_id", first[:5] + [5000], 16)
+            more = list(range(1000, 1100))
+            self.refused(w, E_LIMIT, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*(first[:5] + more)), "base": 0,
+                                      "data": np.full((105, 16), 1.0, np.float32).tobytes()},
+                         "past max_table_memory", "table 'user_id': 100 new rows would take psd's tables to")
+            np.testing.assert_array_equal(self.rows(w, "user_id", first[:5] + [5000], 16), before)
+            w2 = self.worker(psd, 1, 2)
+            self.ok(w2, tab, "second worker")
+            self.ok(w2, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*first[:5]), "base": 0,
+                         "data": np.full((5, 16), 1.0, np.float32).tobytes()}, "stored rows")
+            self.assertFalse(np.array_equal(self.rows(w, "user_id", first[:5], 16), before[:5]))
+            w.close()
+            w2.close()
+
+    def test_bsp_not_served_yet(self):
+        with harness.Cluster("test-tables-bsp") as cl:
+            psd = cl.psd(mode="bsp", workers=1)
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            self.refused(w, E_UNSUPPORTED, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
+                                            "data": floats(1, 2, 3)}, "bsp tpush", "not served by this psd yet")
+            got = self.rows(w, "user_id", [1], 3)
+            self.assertEqual(got[0].tobytes(), init_row(7, 1, "uniform", 0.05, 3).tobytes())
+            r = w.request({"t": T_PULL, "off": 0, "len": 4})
+            self.assertEqual(r.get("t"), T_PARAMS, r)
+            w.close()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ LAYERS = [
     ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "safetensors.c"]),
     ("answer", ["reply.c", "pull.c", "barrier.c"]),
     ("session", ["hello.c", "auth.c"]),
-    ("dispatch", ["handle.c", "admin.c"]),
+    ("dispatch", ["handle.c", "admin.c", "handle_table.c"]),
     ("connection", ["net.c", "http.c"]),
     ("main", ["main.c"]),
 ]

@@ -550,6 +550,32 @@ static void test_declare(void **state)
     srv_tables_free(&ts);
 }
 
+static void test_first_dup(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 20);
+    static uint64_t k[5000];
+    static uint8_t kb[5000 * 8];
+    for (int i = 0; i < 5000; i++)
+        k[i] = (uint64_t)i << 40; /* low bits alike */
+    keys_le(kb, k, 5000);
+    uint32_t a = 9, b = 9;
+    assert_int_equal(srv_tables_first_dup(&ts, kb, 5000, &a, &b), 0);
+    k[4321] = k[17];
+    keys_le(kb, k, 5000);
+    assert_int_equal(srv_tables_first_dup(&ts, kb, 5000, &a, &b), 1);
+    assert_int_equal(a, 17);
+    assert_int_equal(b, 4321);
+    uint64_t two[2] = {UINT64_MAX, UINT64_MAX};
+    keys_le(kb, two, 2);
+    assert_int_equal(srv_tables_first_dup(&ts, kb, 2, &a, &b), 1);
+    assert_int_equal(a, 0);
+    assert_int_equal(b, 1);
+    assert_int_equal(srv_tables_first_dup(&ts, kb, 1, &a, &b), 0);
+    srv_tables_free(&ts);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -564,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
         cmocka_unit_test(test_declare),
+        cmocka_unit_test(test_first_dup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

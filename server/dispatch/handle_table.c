@@ -1,0 +1,150 @@
+/* handle_table.c - TABLE, TPULL, TPUSH and TPUSHPULL (PROTOCOL.md 13): the
+ * edge where a table message is checked once (role, table, row dimension,
+ * distinct keys, base, finite gradients, the mode), before the row store
+ * (store/table.c) declares, applies or reads and the answer layer
+ * (pull.c) answers or parks a pull. */
+#include "handle_table.h"
+
+#include <stdio.h>
+
+#include "common/log.h"
+#include "common/vec.h"
+#include "proto/errors.h"
+#include "server/policy.h"
+#include "server/reply.h"
+
+static void handle_declare(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    char err[700];
+    ps_table_def d;
+    int rc = ps_table_def_make(&d, m->tab, m->dim, m->rinit, (m->has & PS_F_SCALE) != 0, m->scale,
+                               (m->has & PS_F_SEED) ? m->seed : 0, m->opt, (m->has & PS_F_HP) ? &m->hp : NULL, err,
+                               sizeof err);
+    uint32_t before = s->tables.n, ti;
+    if (rc == 0)
+        rc = srv_tables_declare(&s->tables, &d, &ti, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    if (s->tables.n > before) {
+        char text[300];
+        ps_table_def_text(&d, text, sizeof text);
+        PS_LOG(PS_LOG_INFO, "table '%s' declared by shard %u: %s", d.name, c->worker->shard, text);
+    }
+    srv_send_ok(c, m->id);
+}
+
+/* The index of m's table, or -1 with the error sent. */
+static int table_of(srv_conn *c, const ps_msg *m)
+{
+    int ti = srv_tables_find(&c->srv->tables, m->tab);
+    if (ti < 0)
+        srv_send_error(c, m->id, PS_ERANGE, 0,
+                       "%s: unknown table '%s' (declare it with a table message first; a psd restarted without "
+                       "its state dir holds no tables)",
+                       ps_msg_type_name(m->type), m->tab);
+    return ti;
+}
+
+/* Checks a push's rows: n x dim finite values for n distinct keys, base
+ * not ahead of the model. 0, or a code with err. */
+static int check_push(srv_conn *c, const ps_msg *m, uint32_t ti, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const ps_table_def *d = srv_tables_def(&s->tables, ti);
+    const char *t = ps_msg_type_name(m->type);
+    uint64_t want = (uint64_t)m->keys.n * d->dim;
+    if (m->ndata != want) {
+        snprintf(err, errlen, "%s: 'data' holds %llu values for %u keys of table '%s' (dim %u): %llu expected; "
+                              "nothing was changed",
+                 t, (unsigned long long)m->ndata, m->keys.n, d->name, d->dim, (unsigned long long)want);
+        return PS_EBAD_FIELD;
+    }
+    if (m->base > s->model.version) {
+        snprintf(err, errlen, "%s: base %llu is ahead of the model (version %llu)", t, (unsigned long long)m->base,
+                 (unsigned long long)s->model.version);
+        return PS_EBAD_FIELD;
+    }
+    if (!ps_vec_all_finite(m->data, (size_t)m->ndata)) {
+        snprintf(err, errlen, "%s: row gradients of table '%s' contain NaN or infinity; rejected, the table is "
+                              "unchanged",
+                 t, d->name);
+        return PS_ENONFINITE;
+    }
+    uint32_t a, b;
+    int dup = srv_tables_first_dup(&s->tables, m->keys.p, m->keys.n, &a, &b);
+    if (dup < 0) {
+        snprintf(err, errlen, "%s: out of memory checking %u keys", t, m->keys.n);
+        return PS_ENOMEM;
+    }
+    if (dup) {
+        snprintf(err, errlen, "%s: key %llu appears twice (keys %u and %u); sum a key's gradients before "
+                              "sending; nothing was changed",
+                 t, (unsigned long long)ps_key_at(m->keys.p, a), a, b);
+        return PS_EBAD_FIELD;
+    }
+    return 0;
+}
+
+static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
+{
+    psd *s = c->srv;
+    char err[700];
+    if (s->policy == &srv_policy_bsp) {
+        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0,
+                       "%s: table pushes in bsp mode are not served by this psd yet (asgd and ssp are); nothing "
+                       "was changed",
+                       ps_msg_type_name(m->type));
+        return;
+    }
+    int rc = check_push(c, m, ti, err, sizeof err);
+    if (rc == 0) {
+        /* asgd and ssp: applied as it arrives (PROTOCOL.md 13.5) */
+        s->tables.max_bytes = s->cfg.max_table_memory;
+        rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
+    }
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    if (m->type == PS_MSG_TPUSH) {
+        srv_send_ok(c, m->id);
+        return;
+    }
+    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, err, sizeof err);
+    if (rc != 0)
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+}
+
+void srv_handle_table(srv_conn *c, ps_msg *m)
+{
+    if (m->type != PS_MSG_TPULL && !c->worker) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
+                       ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
+        return;
+    }
+    if (c->admin_readonly) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
+                       "pulling rows refused: this admin connection proved the workers' token and may only read "
+                       "status, metrics and history, because admin_token_file is not configured");
+        return;
+    }
+    if (m->type == PS_MSG_TABLE) {
+        handle_declare(c, m);
+        return;
+    }
+    int ti = table_of(c, m);
+    if (ti < 0)
+        return;
+    if (m->type == PS_MSG_TPULL) {
+        char err[200];
+        int rc = srv_tpull(c, m->id, (uint32_t)ti, m->keys.p, m->keys.n, (m->has & PS_F_MIN) ? m->min : 0, err,
+                           sizeof err);
+        if (rc != 0)
+            srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    handle_push(c, m, (uint32_t)ti);
+}

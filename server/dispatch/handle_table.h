@@ -1,0 +1,14 @@
+/* handle_table.h - the dispatch layer's handlers of the table messages
+ * (handle_table.c; PROTOCOL.md 13). */
+#ifndef SRV_HANDLE_TABLE_H
+#define SRV_HANDLE_TABLE_H
+
+#include "server/psd.h"
+
+/* Handles a decoded TABLE, TPULL, TPUSH or TPUSHPULL from c, whose
+ * handshake is done: checks it (role, table, row dimension, keys, base,
+ * finiteness, the mode) and declares, answers, applies or parks; queues
+ * exactly one reply, now or (a parked pull) later. */
+void srv_handle_table(srv_conn *c, ps_msg *m);
+
+#endif
