@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "policy.h"
+#include "store/table_round.h"
 #include "update.h"
 
 static uint64_t now_ms(const psd *s)
@@ -344,6 +345,7 @@ typedef struct bsp_state {
     uint32_t *pcount;
     uint8_t *pclosed;
     srv_snap *base; /* the version before the round's first piece closed */
+    srv_tround tr;  /* the round's table pushes, applied as it closes */
     float gmax;     /* the largest |value| of this round's pushes so far */
     int gmax_unknown; /* one of them came without it */
 } bsp_state;
@@ -775,11 +777,40 @@ static int pieces_close(psd *s, bsp_state *b, uint64_t off, uint64_t n)
     return woke;
 }
 
+/* Applies the round's table pushes, summed in shard order over the shards
+ * whose step the round counted, scaled as the dense mean is (PROTOCOL.md
+ * 13.5). A table whose update is refused (memory, overflow) stays as it
+ * was: logged and counted. */
+static void bsp_tables_apply(psd *s, bsp_state *b, uint64_t round)
+{
+    if (b->tr.np == 0)
+        return;
+    uint32_t nin = 0, failed = 0;
+    uint32_t *in = malloc((b->nsh ? b->nsh : 1) * sizeof *in);
+    char err[700] = "";
+    for (uint32_t i = 0; in && i < b->nsh; i++)
+        if (b->sh[i] && b->sh[i]->round == round && b->sh[i]->round_fin)
+            in[nin++] = i;
+    s->tables.max_bytes = s->cfg.max_table_memory;
+    if (!in || srv_tround_apply(&b->tr, &s->tables, in, nin, b->count ? 1.0 / b->count : 1.0, &failed, err,
+                                sizeof err) != 0) {
+        PS_LOG(PS_LOG_ERROR, "round %llu closed without its table updates: out of memory", (unsigned long long)round);
+        srv_tround_clear(&b->tr);
+        s->stats.nonfinite_updates++;
+    } else if (failed) {
+        PS_LOG(PS_LOG_ERROR, "round %llu: %u table(s) left without the round's update: %s", (unsigned long long)round,
+               failed, err);
+        s->stats.nonfinite_updates += failed;
+    }
+    free(in);
+}
+
 /* The round's update is applied: a new version. */
 static void bsp_round_closed(psd *s)
 {
     bsp_state *b = s->policy_state;
     uint64_t round = s->model.version;
+    bsp_tables_apply(s, b, round);
     srv_model_bump(&s->model);
     s->stats.rounds++;
     uint64_t now = now_ms(s);
@@ -1016,6 +1047,8 @@ static int bsp_left(psd *s, srv_worker *w)
             if (b->npieces && b->pround == s->model.version)
                 pieces_recount(s, b);
         }
+        if (!(sh->round == s->model.version && sh->round_fin))
+            srv_tround_drop(&b->tr, w->shard); /* its table pushes go with its step */
     }
     int rc = bsp_try_close(s, NULL, 0);
     return rc || !b ? rc : pieces_close(s, b, 0, s->model.layout.total);
@@ -1085,6 +1118,42 @@ static uint32_t bsp_unpushed(psd *s, uint32_t *out, uint32_t max)
 }
 
 /* A round that memory kept from closing (every push is in) closes here. */
+static int bsp_tpush(psd *s, srv_worker *w, uint64_t base, uint32_t ti, const uint8_t *keys, uint32_t n,
+                     const float *g, char *err, size_t errlen)
+{
+    uint64_t round = s->model.version;
+    if (base < round) {
+        snprintf(err, errlen, "table push for round %llu arrived after it closed (round %llu is open); dropped",
+                 (unsigned long long)base, (unsigned long long)round);
+        return PS_ESTALE;
+    }
+    if (srv_plan_active(s) && (srv_plan_done(s) || !srv_plan_member(s, w))) {
+        snprintf(err, errlen, "table push for round %llu: %s; dropped", (unsigned long long)round,
+                 srv_plan_done(s) ? "the plan's last round closed" : "this shard trains from the next round on");
+        return PS_ESTALE;
+    }
+    bsp_state *b = bsp_get(s, err, errlen);
+    if (!b)
+        return PS_ENOMEM;
+    const bsp_shard *sh = w->shard < b->nsh ? b->sh[w->shard] : NULL;
+    if (sh && sh->round == round && sh->round_fin) {
+        snprintf(err, errlen, "shard %u completed its step of round %llu already: its table pushes must come "
+                              "before its last dense push; dropped",
+                 w->shard, (unsigned long long)round);
+        return PS_EDUPLICATE;
+    }
+    const ps_table_def *d = srv_tables_def(&s->tables, ti);
+    uint64_t dup = 0;
+    int rc = srv_tround_keep(&b->tr, w->shard, ti, keys, n, g, d->dim, &dup);
+    if (rc == PS_EDUPLICATE)
+        snprintf(err, errlen, "shard %u pushed key %llu of table '%s' twice in round %llu; a row counts once per "
+                              "round; nothing was kept",
+                 w->shard, (unsigned long long)dup, d->name, (unsigned long long)round);
+    else if (rc != 0)
+        snprintf(err, errlen, "out of memory keeping shard %u's table push", w->shard);
+    return rc;
+}
+
 static int bsp_tick(psd *s)
 {
     return bsp_try_close(s, NULL, 0);
@@ -1104,6 +1173,7 @@ static void bsp_destroy(psd *s)
         free(b->pcount);
         free(b->pclosed);
         srv_snap_unref(b->base);
+        srv_tround_free(&b->tr);
         free(b);
         s->policy_state = NULL;
     }
@@ -1122,6 +1192,7 @@ const srv_policy_ops srv_policy_bsp = {
     .unpushed = bsp_unpushed,
     .tick = bsp_tick,
     .destroy = bsp_destroy,
+    .tpush = bsp_tpush,
 };
 
 const srv_policy_ops *srv_policy_for(const ps_config *cfg)

@@ -87,6 +87,15 @@ typedef struct srv_policy_ops {
     uint32_t (*unpushed)(psd *s, uint32_t *out, uint32_t max);
     /* Frees the policy's state (at exit). */
     void (*destroy)(psd *s);
+    /* A table push from worker w (PROTOCOL.md 13.5), checked at dispatch:
+     * the n distinct keys (a "keys" bin) of table ti and their finite rows
+     * g, computed on version base. Returns 0 (kept: applied when the round
+     * closes, in shard order) or a negative PS_E* code with err, nothing
+     * kept (PS_ESTALE: its round closed; PS_EDUPLICATE: w completed its
+     * step, or pushed one of the keys already in the round). NULL: the
+     * policy has no rounds; the caller applies the push at once. */
+    int (*tpush)(psd *s, srv_worker *w, uint64_t base, uint32_t ti, const uint8_t *keys, uint32_t n,
+                 const float *g, char *err, size_t errlen);
 } srv_policy_ops;
 
 extern const srv_policy_ops srv_policy_asgd;

@@ -92,20 +92,20 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
 {
     psd *s = c->srv;
     char err[700];
-    if (s->policy == &srv_policy_bsp) {
-        srv_send_error(c, m->id, PS_EUNSUPPORTED, 0,
-                       "%s: table pushes in bsp mode are not served by this psd yet (asgd and ssp are); nothing "
-                       "was changed",
-                       ps_msg_type_name(m->type));
-        return;
-    }
     int rc = check_push(c, m, ti, err, sizeof err);
-    if (rc == 0) {
-        /* asgd and ssp: applied as it arrives (PROTOCOL.md 13.5) */
+    if (rc == 0 && s->policy->tpush) {
+        /* bsp: kept for the round, applied as it closes (PROTOCOL.md 13.5) */
+        rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
+    } else if (rc == 0) {
+        /* asgd and ssp: applied as it arrives */
         s->tables.max_bytes = s->cfg.max_table_memory;
         rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
     }
-    if (rc != 0) {
+    if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {
+        /* dropped, and the rows answered so the worker catches up */
+        s->stats.dropped_pushes++;
+        rc = 0;
+    } else if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
     }

@@ -26,8 +26,13 @@ against the real psd:
   2^22 row values, a ROWS from a client (BAD_TYPE).
 - A TPULL for a version not reached yet is parked and answered when a dense
   push makes it.
-- BSP: table pushes are refused with UNSUPPORTED (not served in bsp yet),
-  pulls answered.
+- BSP: a round's table pushes are kept and applied as it closes, each
+  key's rows summed over the workers in shard order and divided by the
+  round's pushes: the same rows bit for bit whatever the arrival order
+  (three orders, against NumPy's float32 sums in shard order); a pull for
+  the next version waits for the round; a key twice from one worker in a
+  round, or a table push after the worker's step, is DUPLICATE; a push for
+  a closed round is STALE (a TPUSHPULL's rows still come).
 """
 
 import os
@@ -257,18 +262,78 @@ class Tables(unittest.TestCase):
             w.close()
             w2.close()
 
-    def test_bsp_not_served_yet(self):
+    def bsp_round(self, order):
+        """One BSP round of 3 workers pushing rows of key 7 (and one key
+        each), in the given arrival order; returns the rows after it."""
         with harness.Cluster("test-tables-bsp") as cl:
-            psd = cl.psd(mode="bsp", workers=1)
-            w = self.worker(psd)
-            self.ok(w, TABLE, "declare")
-            self.refused(w, E_UNSUPPORTED, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
-                                            "data": floats(1, 2, 3)}, "bsp tpush", "not served by this psd yet")
-            got = self.rows(w, "user_id", [1], 3)
-            self.assertEqual(got[0].tobytes(), init_row(7, 1, "uniform", 0.05, 3).tobytes())
-            r = w.request({"t": T_PULL, "off": 0, "len": 4})
-            self.assertEqual(r.get("t"), T_PARAMS, r)
-            w.close()
+            psd = cl.psd(mode="bsp", workers=3)
+            ws = [self.worker(psd, k, 3) for k in range(3)]
+            tab = dict(TABLE, rinit="zeros", opt="sgd", hp={"lr": 1.0})
+            for w in ws:
+                self.ok(w, tab, "declare")
+            # a pull for the round's end waits for it
+            ws[0].send_frame({"t": T_TPULL, "id": 77, "tab": "user_id", "keys": keys(7, 100, 101, 102), "min": 1})
+            for k in order:
+                self.ok(ws[k], {"t": T_TPUSH, "tab": "user_id", "keys": keys(7, 100 + k), "base": 0,
+                                "data": self.g(k).tobytes()}, "shard %d's rows" % k)
+            # kept, not applied: the rows are still the initial ones
+            np.testing.assert_array_equal(self.rows(ws[1], "user_id", [7], 3), np.zeros((1, 3), np.float32))
+            # a key twice from one shard in a round
+            self.refused(ws[1], harness.E_DUPLICATE, {"t": T_TPUSH, "tab": "user_id", "keys": keys(7), "base": 0,
+                                                      "data": floats(1, 1, 1)}, "key 7 again",
+                         "pushed key 7 of table 'user_id' twice in round 0")
+            for k in order:
+                ws[k].send_frame({"t": T_PUSH, "id": 90, "off": 0, "base": 0, "data": floats(0, 0, 0, 0)})
+            r = ws[0].recv_frame(TIMEOUT)
+            while r.get("id") != 77:
+                self.assertEqual(r.get("t"), T_OK, r)
+                r = ws[0].recv_frame(TIMEOUT)
+            self.assertEqual((r.get("t"), r.get("ver")), (T_ROWS, 1), r)
+            got = np.frombuffer(r["data"], np.float32).reshape(4, 3).copy()
+            for k in (1, 2):
+                self.assertEqual(ws[k].recv_frame(TIMEOUT).get("t"), T_OK)
+            # a table push for the closed round: STALE; a tpushpull's rows come all the same
+            self.refused(ws[1], harness.E_STALE, {"t": T_TPUSH, "tab": "user_id", "keys": keys(7), "base": 0,
+                                                  "data": floats(1, 1, 1)}, "stale", "arrived after it closed")
+            r = ws[1].request({"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(7), "base": 0,
+                               "data": floats(1, 1, 1), "pkeys": keys(7)})
+            self.assertEqual(r.get("t"), T_ROWS, r)
+            self.assertEqual(r["data"], got[0].tobytes())
+            # after its step is complete, a worker's table push is refused
+            r = ws[2].request({"t": T_PUSH, "off": 0, "base": 1, "data": floats(0, 0, 0, 0)})
+            self.assertEqual(r.get("t"), T_OK, r)
+            self.refused(ws[2], harness.E_DUPLICATE, {"t": T_TPUSH, "tab": "user_id", "keys": keys(8), "base": 1,
+                                                      "data": floats(1, 1, 1)}, "after its step",
+                         "completed its step of round 1 already")
+            for w in ws:
+                w.close()
+            return got
+
+    @staticmethod
+    def g(k):
+        """Shard k's rows: for key 7 values whose float32 sum depends on the
+        order they are added in; for key 100 + k its own."""
+        v = [0.1 * (k + 1) * (1.0, 1 / 3, 1 / 7)[i] + 1e-3 * i for i in range(3)]
+        return np.array([v, [k + 1.0, 0.5, -0.5]], np.float32)
+
+    def test_bsp_rows_in_shard_order(self):
+        """BSP sums a key's rows over the round's workers in shard order, so
+        the rows do not depend on the arrival order, bit for bit."""
+        sum7 = np.zeros(3, np.float32)
+        for k in range(3):
+            sum7 = (sum7 + self.g(k)[0]).astype(np.float32)  # shard order, float32
+        want = np.zeros((4, 3), np.float32)
+        want[0] = (-(sum7.astype(np.float64) / 3)).astype(np.float32)  # sgd, lr 1, mean of 3
+        for k in range(3):
+            want[1 + k] = (-(self.g(k)[1].astype(np.float64) / 3)).astype(np.float32)
+        # arrival order would change these bits: a check that the test can fail
+        rev = np.zeros(3, np.float32)
+        for k in (2, 1, 0):
+            rev = (rev + self.g(k)[0]).astype(np.float32)
+        self.assertNotEqual(rev.tobytes(), sum7.tobytes())
+        for order in ((0, 1, 2), (2, 1, 0), (1, 2, 0)):
+            got = self.bsp_round(order)
+            self.assertEqual(got.tobytes(), want.tobytes(), "arrival order %r: %r, want %r" % (order, got, want))
 
 
 if __name__ == "__main__":

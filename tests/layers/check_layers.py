@@ -22,7 +22,7 @@ import sys
 # bottom to top; a file may use its own layer and those below it
 LAYERS = [
     ("store", ["config.c", "stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c", "plan.c",
-               "table.c", "sparse_optim.c"]),
+               "table.c", "table_round.c", "sparse_optim.c"]),
     ("update", ["update.c"]),
     ("policy", ["policy.c", "join.c"]),
     ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "safetensors.c"]),

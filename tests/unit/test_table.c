@@ -29,6 +29,7 @@
 #include "proto/table.h"
 #include "server/store/sparse_optim.h"
 #include "server/store/table.h"
+#include "server/store/table_round.h"
 
 #define assert_has(text, needle)                                                                                   \
     do {                                                                                                           \
@@ -576,6 +577,101 @@ static void test_first_dup(void **state)
     srv_tables_free(&ts);
 }
 
+/* A BSP round's table pushes: summed in shard order whatever the arrival
+ * order (bit for bit), divided by the pushes, one step per key; a key twice
+ * from one shard is DUPLICATE; a dropped shard's pushes and those of
+ * shards not taking part leave no trace. */
+static void round_run(const int *order, int norder, float *out)
+{
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    ps_hp hp = hp1(PS_HP_LR, 0.1);
+    ps_table_def d = def("e", 3, "uniform", 0.5, "adagrad", &hp);
+    ps_table_def d2 = def("f", 1, "zeros", 0, "sgd", NULL);
+    uint32_t ti, t2;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    assert_int_equal(srv_tables_declare(&ts, &d2, &t2, err, sizeof err), 0);
+    srv_tround r = {0};
+    /* shard s pushes keys {s, 10, 20} with rows 0.1 x (s + 1) x (1, 1/3, 1/7),
+     * values whose sums round differently in another order */
+    for (int o = 0; o < norder; o++) {
+        uint32_t s = (uint32_t)order[o];
+        uint64_t k[3] = {s, 10, 20};
+        uint8_t kb[24];
+        keys_le(kb, k, 3);
+        float g[9];
+        for (int i = 0; i < 9; i++)
+            g[i] = (float)(0.1 * (s + 1) * (i % 3 == 0 ? 1.0 : i % 3 == 1 ? 1.0 / 3 : 1.0 / 7) + 1e-3 * i);
+        uint64_t dup = 0;
+        assert_int_equal(srv_tround_keep(&r, s, ti, kb, 3, g, 3, &dup), 0);
+        /* the same key again from the same shard and table: refused */
+        assert_int_equal(srv_tround_keep(&r, s, ti, kb + 8, 1, g, 3, &dup), PS_EDUPLICATE);
+        assert_true(dup == 10);
+        /* the same key in another table: fine */
+        assert_int_equal(srv_tround_keep(&r, s, t2, kb + 8, 1, g, 1, &dup), 0);
+    }
+    /* shard 3 pushed and left; shard 4 pushed but does not take part */
+    uint64_t k9[1] = {10};
+    uint8_t kb9[8];
+    keys_le(kb9, k9, 1);
+    float big[3] = {100, 100, 100};
+    uint64_t dup;
+    assert_int_equal(srv_tround_keep(&r, 3, ti, kb9, 1, big, 3, &dup), 0);
+    assert_int_equal(srv_tround_keep(&r, 4, ti, kb9, 1, big, 3, &dup), 0);
+    srv_tround_drop(&r, 3);
+    assert_int_equal(srv_tround_keep(&r, 3, ti, kb9, 1, big, 3, &dup), 0); /* after the drop, anew */
+    srv_tround_drop(&r, 3);
+    static const uint32_t in[3] = {0, 1, 2};
+    uint32_t failed = 9;
+    assert_int_equal(srv_tround_apply(&r, &ts, in, 3, 1.0 / 3, &failed, err, sizeof err), 0);
+    assert_int_equal(failed, 0);
+    assert_int_equal(r.np, 0);
+    uint64_t pk[5] = {0, 1, 2, 10, 20};
+    uint8_t pb[40];
+    keys_le(pb, pk, 5);
+    srv_tables_pull(&ts, ti, pb, 5, out);
+    srv_tables_pull(&ts, t2, pb + 24, 1, out + 15);
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 5);
+    srv_tround_free(&r);
+    srv_tables_free(&ts);
+}
+
+static void test_round_shard_order(void **state)
+{
+    (void)state;
+    static const int orders[6][3] = {{0, 1, 2}, {2, 1, 0}, {1, 0, 2}, {2, 0, 1}, {0, 2, 1}, {1, 2, 0}};
+    float first[16], out[16];
+    round_run(orders[0], 3, first);
+    for (int o = 1; o < 6; o++) {
+        round_run(orders[o], 3, out);
+        assert_memory_equal(out, first, sizeof first);
+    }
+    /* the reference: key 10's sum in shard order, over 3, one adagrad step */
+    ps_hp hp = hp1(PS_HP_LR, 0.1);
+    ps_table_def d = def("e", 3, "uniform", 0.5, "adagrad", &hp);
+    float row[6], sum[3] = {0, 0, 0};
+    srv_sparse_row_new(&d, 10, row);
+    for (uint32_t s = 0; s < 3; s++)
+        for (int i = 0; i < 3; i++)
+            sum[i] += (float)(0.1 * (s + 1) * (i == 0 ? 1.0 : i == 1 ? 1.0 / 3 : 1.0 / 7) + 1e-3 * (3 + i));
+    assert_true(srv_sparse_step(&d, row, sum, 1.0 / 3));
+    assert_memory_equal(out + 9, row, 3 * sizeof(float));
+    /* key 1: shard 1's row alone, still over 3 */
+    srv_sparse_row_new(&d, 1, row);
+    float g1[3];
+    for (int i = 0; i < 3; i++)
+        g1[i] = (float)(0.1 * 2 * (i == 0 ? 1.0 : i == 1 ? 1.0 / 3 : 1.0 / 7) + 1e-3 * i);
+    assert_true(srv_sparse_step(&d, row, g1, 1.0 / 3));
+    assert_memory_equal(out + 3, row, 3 * sizeof(float));
+    /* table f, key 10: sgd of the three rows' first values over 3 */
+    float f = 0;
+    for (uint32_t s = 0; s < 3; s++)
+        f += (float)(0.1 * (s + 1));
+    assert_true(out[15] == (float)(0.0 - 0.01 * ((1.0 / 3) * f)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -591,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
         cmocka_unit_test(test_declare),
         cmocka_unit_test(test_first_dup),
+        cmocka_unit_test(test_round_shard_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
