@@ -237,7 +237,9 @@ STREAMS = {
 
 
 def checkpoint(layout, optimizer="sgd", state=("momentum",), clocks=((0, 5), (1, 4)), version=7,
-               values=None, header=None, magic=b"PSDCKPT1", fmt=1, end=b"PSDE", extra=b""):
+               values=None, header=None, magic=b"PSDCKPT1", fmt=1, end=b"PSDE", extra=b"", tables=None):
+    """tables: [(declaration map without rows/floats, floats a row, [keys])]:
+    format 2, the tables' keys and rows after the state."""
     n = 0
     for _, dims in layout:
         c = 1
@@ -250,14 +252,31 @@ def checkpoint(layout, optimizer="sgd", state=("momentum",), clocks=((0, 5), (1,
                        "settings": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.0, "beta1": 0.9,
                                     "beta2": 0.999, "mode": "asgd"},
                        "state": list(state), "clocks": [list(c) for c in clocks]})
+        if tables is not None:
+            h = msgpack.unpackb(header, raw=False)
+            h["tables"] = [dict(d, rows=len(ks), floats=f) for d, f, ks in tables]
+            header = pack(h)
+            fmt = 2
     body = magic + struct.pack("<II", fmt, len(header)) + header
     vals = values if values is not None else [0.01 * i for i in range(n)]
-    body += floats(*vals) + b"".join(floats(*[0.5] * n) for _ in state) + extra
+    body += floats(*vals) + b"".join(floats(*[0.5] * n) for _ in state)
+    for _, f, ks in tables or ():
+        body += keys(*ks) + floats(*[0.25 * i for i in range(len(ks) * f)])
+    body += extra
     return body + struct.pack("<I", zlib.crc32(body)) + end
 
 
 SMALL = [["w", [2, 2]], ["b", [2]]]
+EMB = {"name": "emb", "dim": 2, "rinit": "uniform", "scale": 0.05, "seed": 7, "opt": "adagrad",
+       "hp": {"lr": 0.01, "eps": 1e-10, "iacc": 0.0}}
+LIN = {"name": "lin", "dim": 1, "rinit": "zeros", "scale": 0.0, "seed": 0, "opt": "ftrl",
+       "hp": {"lr": 0.05, "beta": 1.0, "l1": 0.0, "l2": 0.0}}
 CHECKPOINTS = {
+    "tables": checkpoint(SMALL, tables=[(EMB, 4, [0, 42, 2**64 - 1]), (LIN, 3, [5])]),
+    "tables_empty": checkpoint(SMALL, tables=[(EMB, 4, [])]),
+    "bad_tables_dup_key": checkpoint(SMALL, tables=[(EMB, 4, [42, 42])]),
+    "bad_tables_floats": checkpoint(SMALL, tables=[(EMB, 5, [1])]),
+    "bad_tables_def": checkpoint(SMALL, tables=[(dict(EMB, dim=0), 0, [])]),
     "sgd_momentum": checkpoint(LAYOUT),
     "adam": checkpoint(SMALL, "adam", ("exp_avg", "exp_avg_sq")),
     "adagrad": checkpoint(SMALL, "adagrad", ("sum",), clocks=()),

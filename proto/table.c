@@ -65,6 +65,11 @@ uint32_t ps_topt_state_per_value(uint32_t opt)
     }
 }
 
+uint32_t ps_topt_hps(uint32_t opt)
+{
+    return opt < PS_TOPT_COUNT ? topt_hps[opt] : 0;
+}
+
 int ps_topt_has_step(uint32_t opt)
 {
     return opt == PS_TOPT_ADAM;

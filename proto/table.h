@@ -62,6 +62,8 @@ int ps_hp_lookup(const char *name, size_t len);
 /* Float32 values of optimizer state per row value for opt (0 sgd, 1 adagrad,
  * 2 adam and ftrl), and whether the row also keeps a step count (adam). */
 uint32_t ps_topt_state_per_value(uint32_t opt);
+/* The hyper-parameters opt takes, as bits (1 << ps_hp_id); 0 when unknown. */
+uint32_t ps_topt_hps(uint32_t opt);
 int ps_topt_has_step(uint32_t opt);
 
 /* Builds a checked declaration from a TABLE's fields: name, dim, the rinit

@@ -17,10 +17,12 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
+#include "store/sparse_optim.h"
 
 #define CKPT_MAGIC "PSDCKPT1"
 #define CKPT_END "PSDE"
-#define CKPT_FORMAT 1
+#define CKPT_FORMAT 1        /* a checkpoint without tables */
+#define CKPT_FORMAT_TABLES 2 /* one with tables: "tables" in the header, their rows after the state */
 #define CKPT_MAX_STATE 4
 #define CKPT_HEADER_MAX (4u << 20)
 
@@ -34,6 +36,16 @@ typedef struct ckpt_job {
     size_t n;
     float *state[CKPT_MAX_STATE]; /* copies of the optimizer state */
     size_t nstate;
+    /* the embedding tables' rows, copied on the loop: for table i, rows
+     * keys (little-endian uint64) and their row floats each */
+    struct ckpt_table {
+        uint64_t rows;
+        uint32_t floats;
+        uint8_t *keys;
+        float *data;
+    } tables[PS_TABLES_MAX];
+    uint32_t ntables;
+    uint64_t tables_stamp;    /* s->tables.stamp when they were copied */
     ps_buf header;
     int rc;
     char err[PS_CONFIG_PATH_MAX * 2 + 256];
@@ -89,13 +101,48 @@ static void pack_plan(msgpack_packer *pk, const psd *s)
             msgpack_pack_uint32(pk, i);
 }
 
+/* "tables": per table its declaration (PROTOCOL.md 13.1, defaults filled
+ * in), its row count and the floats of each row (weights, state, step). */
+static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
+{
+    pk_key(pk, "tables");
+    msgpack_pack_array(pk, j->ntables);
+    for (uint32_t i = 0; i < j->ntables; i++) {
+        const ps_table_def *d = srv_tables_def(&s->tables, i);
+        uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
+        for (uint32_t b = hps; b; b &= b - 1)
+            nhp++;
+        msgpack_pack_map(pk, 9);
+        pk_str(pk, "name", d->name);
+        pk_key(pk, "dim");
+        msgpack_pack_uint32(pk, d->dim);
+        pk_str(pk, "rinit", ps_rinit_name(d->rinit));
+        pk_key(pk, "scale");
+        msgpack_pack_double(pk, d->scale);
+        pk_key(pk, "seed");
+        msgpack_pack_uint64(pk, d->seed);
+        pk_str(pk, "opt", ps_topt_name(d->opt));
+        pk_key(pk, "hp");
+        msgpack_pack_map(pk, nhp);
+        for (uint32_t h = 0; h < PS_HP_COUNT; h++)
+            if (hps & (1u << h)) {
+                pk_key(pk, ps_hp_name(h));
+                msgpack_pack_double(pk, d->hp[h]);
+            }
+        pk_key(pk, "rows");
+        msgpack_pack_uint64(pk, j->tables[i].rows);
+        pk_key(pk, "floats");
+        msgpack_pack_uint32(pk, j->tables[i].floats);
+    }
+}
+
 static int build_header(psd *s, ckpt_job *j, const char *const *names)
 {
     msgpack_packer pk;
     msgpack_packer_init(&pk, &j->header, buf_write_cb);
     const ps_layout *l = &s->model.layout;
     const ps_config *c = &s->cfg;
-    msgpack_pack_map(&pk, s->plan.set ? 9 : 8);
+    msgpack_pack_map(&pk, 8 + (s->plan.set ? 1 : 0) + (j->ntables ? 1 : 0));
     pk_key(&pk, "version");
     msgpack_pack_uint64(&pk, j->version);
     pk_key(&pk, "created");
@@ -140,6 +187,8 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
     }
     if (s->plan.set)
         pack_plan(&pk, s);
+    if (j->ntables)
+        pack_tables(&pk, s, j);
     return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
 }
 
@@ -148,8 +197,48 @@ static void job_free(ckpt_job *j)
     srv_snap_unref(j->snap);
     for (size_t i = 0; i < j->nstate; i++)
         free(j->state[i]);
+    for (uint32_t i = 0; i < j->ntables; i++) {
+        free(j->tables[i].keys);
+        free(j->tables[i].data);
+    }
     ps_buf_free(&j->header);
     free(j);
+}
+
+/* srv_tables_each's callback: one row into the job's copy. */
+typedef struct table_copy {
+    struct ckpt_table *t;
+    uint64_t at;
+} table_copy;
+
+static void copy_row(uint64_t key, const float *row, void *arg)
+{
+    table_copy *c = arg;
+    for (int b = 0; b < 8; b++)
+        c->t->keys[8 * c->at + (uint64_t)b] = (uint8_t)(key >> (8 * b));
+    memcpy(c->t->data + c->at * c->t->floats, row, c->t->floats * sizeof(float));
+    c->at++;
+}
+
+/* Copies every table's rows into j (on the loop: the pool thread then
+ * writes them while the tables go on changing). 0 or -1 out of memory. */
+static int copy_tables(psd *s, ckpt_job *j)
+{
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        struct ckpt_table *t = &j->tables[i];
+        t->rows = st.rows;
+        t->floats = srv_sparse_row_floats(srv_tables_def(&s->tables, i));
+        t->keys = malloc(st.rows ? st.rows * 8 : 1);
+        t->data = malloc(st.rows ? st.rows * t->floats * sizeof(float) : 1);
+        j->ntables = i + 1;
+        if (!t->keys || !t->data)
+            return -1;
+        table_copy c = {t, 0};
+        srv_tables_each(&s->tables, i, copy_row, &c);
+    }
+    return 0;
 }
 
 /* Prepares a job on the loop thread; NULL when out of memory. */
@@ -164,6 +253,7 @@ static ckpt_job *job_new(psd *s)
     snprintf(j->dir, sizeof j->dir, "%s", s->cfg.state_dir);
     j->keep = s->cfg.checkpoint_keep;
     j->version = s->model.version;
+    j->tables_stamp = s->tables.stamp;
     j->snap = srv_snap_take(&s->model);
     if (!j->snap) {
         free(j);
@@ -180,7 +270,7 @@ static ckpt_job *job_new(psd *s)
         }
         memcpy(j->state[i], bufs[i], j->n * sizeof(float));
     }
-    if (build_header(s, j, names) != 0) {
+    if (copy_tables(s, j) != 0 || build_header(s, j, names) != 0) {
         job_free(j);
         return NULL;
     }
@@ -329,13 +419,16 @@ static void job_run(ckpt_job *j)
     uint8_t head[16], tail[8];
     uLong crc = crc32_z(0L, Z_NULL, 0);
     memcpy(head, CKPT_MAGIC, 8);
-    put_u32(head + 8, CKPT_FORMAT);
+    put_u32(head + 8, j->ntables ? CKPT_FORMAT_TABLES : CKPT_FORMAT);
     put_u32(head + 12, (uint32_t)j->header.len);
     int bad = write_all(fd, head, sizeof head, &crc) || write_all(fd, j->header.p, j->header.len, &crc);
     for (size_t i = 0; !bad && i < j->snap->nblk; i++)
         bad = write_all(fd, j->snap->blk[i]->w, j->snap->blk[i]->cap * sizeof(float), &crc);
     for (size_t i = 0; !bad && i < j->nstate; i++)
         bad = write_all(fd, j->state[i], j->n * sizeof(float), &crc);
+    for (uint32_t i = 0; !bad && i < j->ntables; i++)
+        bad = write_all(fd, j->tables[i].keys, j->tables[i].rows * 8, &crc) ||
+              write_all(fd, j->tables[i].data, j->tables[i].rows * j->tables[i].floats * sizeof(float), &crc);
     put_u32(tail, (uint32_t)crc);
     memcpy(tail + 4, CKPT_END, 4);
     uLong dummy = 0;
@@ -377,6 +470,7 @@ static void job_finish(psd *s, ckpt_job *j)
         s->stats.checkpoints++;
         s->stats.checkpoint_ms = srv_now_ms();
         s->stats.checkpoint_version = j->version;
+        s->stats.checkpoint_tables_stamp = j->tables_stamp;
         s->stats.checkpoint_error[0] = '\0';
         PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s/ckpt-%020" PRIu64 ".psdc in %.3f s",
                j->version, j->dir, j->version, j->seconds);
@@ -407,6 +501,14 @@ static void on_after_work(uv_work_t *req, int status)
     job_free(j);
 }
 
+/* The newest checkpoint holds the model's version and the tables as they
+ * are (a table push changes no version in asgd: the tables' stamp does). */
+static int saved(const psd *s)
+{
+    return s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version &&
+           s->stats.checkpoint_tables_stamp == s->tables.stamp;
+}
+
 /* A BSP round closing piece by piece has applied some of its pieces: the
  * parameters and the optimizer's state are then of two versions, and a
  * checkpoint waits for the round to close. */
@@ -421,7 +523,7 @@ void srv_checkpoint_start(psd *s, int force)
         return;
     if (srv_update_busy(s) || mid_round(s))
         return; /* it writes the optimizer state: the next tick tries again */
-    if (!force && s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+    if (!force && saved(s))
         return;
     ckpt_job *j = job_new(s);
     if (!j) {
@@ -452,7 +554,7 @@ int srv_checkpoint_at_rest(psd *s, const char *why)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized)
         return 1;
-    if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+    if (saved(s))
         return 1; /* an unchanged model is not written twice */
     if (s->checkpoint_busy || srv_update_busy(s) || mid_round(s))
         return 0;
@@ -473,7 +575,7 @@ int srv_checkpoint_write_now(psd *s)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized)
         return 0;
-    if (s->stats.checkpoint_ms && s->stats.checkpoint_version == s->model.version)
+    if (saved(s))
         return 0;
     if (mid_round(s))
         PS_LOG(PS_LOG_WARN, "final checkpoint: round %" PRIu64 " had applied some of its pieces; they are written "
@@ -558,11 +660,106 @@ static void restore_plan(psd *s, const ps_plan *p, const uint32_t *out, uint32_t
                s->policy->name);
 }
 
+/* A checkpoint's table, as its header says (pack_tables). */
+typedef struct ckpt_tdef {
+    ps_table_def def;
+    uint64_t rows;
+    uint32_t floats;
+} ckpt_tdef;
+
+/* A str field of map m into buf (NUL-terminated, 1..len-1 bytes); -1 when
+ * absent, not a str, too long or holding a NUL. */
+static int get_str(const msgpack_object *m, const char *key, char *buf, size_t len)
+{
+    const msgpack_object *o = ps_map_get(m, key);
+    if (!o || o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size >= len ||
+        memchr(o->via.str.ptr, 0, o->via.str.size))
+        return -1;
+    memcpy(buf, o->via.str.ptr, o->via.str.size);
+    buf[o->via.str.size] = '\0';
+    return 0;
+}
+
+static int get_f64(const msgpack_object *m, const char *key, double *v)
+{
+    const msgpack_object *o = ps_map_get(m, key);
+    if (!o || (o->type != MSGPACK_OBJECT_FLOAT64 && o->type != MSGPACK_OBJECT_FLOAT32))
+        return -1;
+    *v = o->via.f64;
+    return 0;
+}
+
+/* Reads a checkpoint's "tables" (pack_tables) into t (*nt of them) and the
+ * bytes their rows take after the state in *bytes, checked against `room`,
+ * the bytes the file has for them. 0, or -1 with err. */
+static int read_tables(const msgpack_object *o, ckpt_tdef *t, uint32_t *nt, uint64_t room, uint64_t *bytes,
+                       char *err, size_t errlen)
+{
+    *nt = 0;
+    *bytes = 0;
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > PS_TABLES_MAX) {
+        snprintf(err, errlen, "tables: not an array of at most %d tables", PS_TABLES_MAX);
+        return -1;
+    }
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *m = &o->via.array.ptr[i];
+        char name[PS_NAME_MAX + 1], rinit[16], opt[16], derr[300];
+        uint64_t dim, seed, floats;
+        double scale;
+        ps_hp hp = {0};
+        const msgpack_object *h = m->type == MSGPACK_OBJECT_MAP ? ps_map_get(m, "hp") : NULL;
+        if (m->type != MSGPACK_OBJECT_MAP || get_str(m, "name", name, sizeof name) || get_u64(m, "dim", &dim) ||
+            get_str(m, "rinit", rinit, sizeof rinit) || get_f64(m, "scale", &scale) || get_u64(m, "seed", &seed) ||
+            get_str(m, "opt", opt, sizeof opt) || get_u64(m, "rows", &t[i].rows) ||
+            get_u64(m, "floats", &floats) || !h || h->type != MSGPACK_OBJECT_MAP ||
+            h->via.map.size > PS_HP_COUNT) {
+            snprintf(err, errlen, "tables[%u]: not a map of name, dim, rinit, scale, seed, opt, hp, rows, floats", i);
+            return -1;
+        }
+        for (uint32_t k = 0; k < h->via.map.size; k++) {
+            const msgpack_object_kv *e = &h->via.map.ptr[k];
+            int id = e->key.type == MSGPACK_OBJECT_STR ? ps_hp_lookup(e->key.via.str.ptr, e->key.via.str.size) : -1;
+            if (id < 0 || (e->val.type != MSGPACK_OBJECT_FLOAT64 && e->val.type != MSGPACK_OBJECT_FLOAT32)) {
+                snprintf(err, errlen, "tables[%u] (%s): hp[%u] is not a hyper-parameter and a number", i, name, k);
+                return -1;
+            }
+            hp.has |= 1u << id;
+            hp.v[id] = e->val.via.f64;
+        }
+        int zeros = strcmp(rinit, "zeros") == 0;
+        if (ps_table_def_make(&t[i].def, name, dim, rinit, !zeros, scale, seed, opt, &hp, derr, sizeof derr) != 0) {
+            snprintf(err, errlen, "tables[%u]: %s", i, derr);
+            return -1;
+        }
+        for (uint32_t k = 0; k < i; k++)
+            if (strcmp(t[k].def.name, name) == 0) {
+                snprintf(err, errlen, "tables[%u]: table '%s' twice", i, name);
+                return -1;
+            }
+        if (floats != srv_sparse_row_floats(&t[i].def)) {
+            snprintf(err, errlen, "tables[%u] (%s): %llu floats a row, %u for its optimizer", i, name,
+                     (unsigned long long)floats, srv_sparse_row_floats(&t[i].def));
+            return -1;
+        }
+        t[i].floats = (uint32_t)floats;
+        uint64_t per = 8 + floats * sizeof(float);
+        if (t[i].rows > (room - *bytes) / per) {
+            snprintf(err, errlen, "tables[%u] (%s): %llu rows do not fit the file", i, name,
+                     (unsigned long long)t[i].rows);
+            return -1;
+        }
+        *bytes += t[i].rows * per;
+        *nt = i + 1;
+    }
+    return 0;
+}
+
 /* Reads and checks one file; on success fills the model and clocks, and
  * the plan with the shards out of it (*nout of them, in out, below max). */
 static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint32_t *nout, char *err, size_t errlen)
 {
     int rc = PS_EMALFORMED;
+    static ckpt_tdef tdefs[PS_TABLES_MAX]; /* on the loop, at start only */
     uint8_t *data = NULL;
     msgpack_zone zone;
     msgpack_zone_init(&zone, 4096);
@@ -589,8 +786,8 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         goto out;
     }
     uint32_t format = get_u32(data + 8), hlen = get_u32(data + 12);
-    if (format != CKPT_FORMAT) {
-        snprintf(err, errlen, "format version %u, this psd reads %d", format, CKPT_FORMAT);
+    if (format != CKPT_FORMAT && format != CKPT_FORMAT_TABLES) {
+        snprintf(err, errlen, "format version %u, this psd reads %d and %d", format, CKPT_FORMAT, CKPT_FORMAT_TABLES);
         goto out;
     }
     if (hlen > CKPT_HEADER_MAX || (size_t)hlen + 24 > size) {
@@ -635,9 +832,20 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         goto out;
     }
     size_t n = l->total, nstate = sta->via.array.size;
-    if (nstate > CKPT_MAX_STATE || size != 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8) {
-        snprintf(err, errlen, "truncated or padded: %zu bytes, expected %zu for %zu parameters", size,
-                 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8, n);
+    size_t dense = 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8;
+    const msgpack_object *tabs = ps_map_get(&h, "tables");
+    uint32_t nt = 0;
+    uint64_t tbytes = 0;
+    if ((format == CKPT_FORMAT_TABLES) != (tabs != NULL)) {
+        snprintf(err, errlen, "format %u %s tables", format, tabs ? "with" : "without");
+        goto out;
+    }
+    if (nstate <= CKPT_MAX_STATE && dense <= size && tabs &&
+        read_tables(tabs, tdefs, &nt, size - dense, &tbytes, err, errlen) != 0)
+        goto out;
+    if (nstate > CKPT_MAX_STATE || size != dense + tbytes) {
+        snprintf(err, errlen, "truncated or padded: %zu bytes, expected %zu for %zu parameters%s", size,
+                 dense + (size_t)tbytes, n, tabs ? " and the tables" : "");
         goto out;
     }
     /* install */
@@ -674,6 +882,26 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
                             "optimizer's state from zero",
                path, (int)opt->via.str.size, opt->via.str.ptr, srv_optim_name(&s->model.opt));
     }
+    /* the tables after the state: per table its keys, then its rows */
+    p = data + 16 + hlen + (1 + nstate) * n * sizeof(float);
+    srv_tables_free(&s->tables);
+    srv_tables_init(&s->tables, s->cfg.max_table_memory);
+    for (uint32_t i = 0; i < nt; i++) {
+        uint32_t ti;
+        const uint8_t *keys = p;
+        p += tdefs[i].rows * 8;
+        if (srv_tables_declare(&s->tables, &tdefs[i].def, &ti, err, errlen) != 0 ||
+            srv_tables_load(&s->tables, ti, keys, p, tdefs[i].rows, err, errlen) != 0) {
+            srv_tables_free(&s->tables);
+            rc = PS_EMALFORMED;
+            goto out;
+        }
+        p += tdefs[i].rows * tdefs[i].floats * sizeof(float);
+    }
+    if (s->tables.bytes > s->cfg.max_table_memory)
+        PS_LOG(PS_LOG_WARN, "checkpoint %s: its tables take %llu bytes, past max_table_memory (%llu): kept; no new "
+                            "rows fit until some memory is freed or the setting raised",
+               path, (unsigned long long)s->tables.bytes, (unsigned long long)s->cfg.max_table_memory);
     s->model.version = ver->via.u64;
     s->model.initialized = 1;
     srv_plan_clear(&s->plan);
@@ -751,10 +979,11 @@ int srv_checkpoint_load(psd *s)
         if (load_one(s, path, out, m, &nout, err, sizeof err) == 0) {
             char desc[512];
             ps_layout_describe(&s->model.layout, desc, sizeof desc);
-            PS_LOG(PS_LOG_INFO, "loaded checkpoint %s: model version %" PRIu64 ", %" PRIu64 " parameters (%s)", path,
-                   s->model.version, s->model.layout.total, desc);
+            PS_LOG(PS_LOG_INFO, "loaded checkpoint %s: model version %" PRIu64 ", %" PRIu64 " parameters (%s), %u tables",
+                   path, s->model.version, s->model.layout.total, desc, s->tables.n);
             s->stats.checkpoint_ms = srv_now_ms();
             s->stats.checkpoint_version = s->model.version;
+            s->stats.checkpoint_tables_stamp = s->tables.stamp;
             snprintf(s->resumed_from, sizeof s->resumed_from, "%s", path);
             s->resumed_version = s->model.version;
             loaded = 1;

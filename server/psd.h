@@ -272,6 +272,7 @@ typedef struct srv_stats {
     uint64_t checkpoints, checkpoint_failures;
     uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
     uint64_t checkpoint_version;
+    uint64_t checkpoint_tables_stamp; /* s->tables.stamp the last checkpoint holds */
     char checkpoint_error[300]; /* why the last failed checkpoint failed ("" after a success) */
     uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
     uint64_t nonfinite_updates;   /* updates refused: their result was not finite */

@@ -123,6 +123,7 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
     ts->bytes += t->bytes;
     *idx = ts->n;
     ts->t[ts->n++] = t;
+    ts->stamp++;
     return 0;
 }
 
@@ -327,6 +328,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
             append(t, ps_key_at(keys, k), row);
     }
     t->pushed += n;
+    ts->stamp++;
     return 0;
 }
 
@@ -355,6 +357,31 @@ int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32
             }
         set[2 * s] = key;
         set[2 * s + 1] = (uint64_t)k + 1;
+    }
+    return 0;
+}
+
+int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, uint64_t n, char *err,
+                    size_t errlen)
+{
+    srv_table *t = ts->t[i];
+    if (n > UINT32_MAX - 1 - t->rows)
+        return fail(err, errlen, PS_EMALFORMED, "table '%s': %llu rows, more than a table holds", t->def.name,
+                    (unsigned long long)n);
+    if (n && reserve(ts, t, t->rows + n) != 0)
+        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", t->def.name,
+                    (unsigned long long)n);
+    size_t rb = (size_t)t->row_floats * sizeof(float);
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t key = ps_key_at(keys, (size_t)k);
+        if (lookup(t, key))
+            return fail(err, errlen, PS_EMALFORMED, "table '%s': key %llu appears twice", t->def.name,
+                        (unsigned long long)key);
+        uint64_t r = t->rows++;
+        float *p = row_at(t, r);
+        memcpy(p, &key, sizeof key);
+        memcpy(p + 2, rows + (size_t)k * rb, rb);
+        slot_put(t->skey, t->srow, t->cap, key, r);
     }
     return 0;
 }

@@ -41,6 +41,7 @@ typedef struct srv_tables {
     uint32_t n;
     uint64_t bytes;              /* memory of all tables together */
     uint64_t max_bytes;          /* max_table_memory; 0: no tables may hold rows */
+    uint64_t stamp;              /* bumped by every change of a row or a declaration */
     float *scratch;              /* a push's new rows, before they are written */
     size_t scratch_floats;
     float **found;               /* a push's stored rows (NULL: a new key), one per key */
@@ -98,6 +99,16 @@ const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key);
  * their creation (row 0 first). For checkpoints and `psctl save`. */
 void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, const float *row, void *arg),
                      void *arg);
+
+/* Puts n rows read back from a checkpoint into table i, which must hold
+ * none of their keys: keys a "keys" bin, rows n x row floats (weights,
+ * state and step as sparse_optim.h lays them out; bytes, maybe unaligned),
+ * in the order they were created, so the table is laid out as it was.
+ * Counts their memory but does not refuse it (they were psd's rows).
+ * Returns 0, PS_EMALFORMED (a key twice; err names it) or PS_ENOMEM; on
+ * failure some rows may be in: the caller frees the tables. */
+int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, uint64_t n, char *err,
+                    size_t errlen);
 
 /* Bytes one row of d takes in the store (its floats and its slot share),
  * for error messages and the docs. */
