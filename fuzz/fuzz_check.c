@@ -47,7 +47,7 @@ static uint64_t spec_required(uint32_t type)
     case PS_MSG_AUTH: return PS_F_CNONCE | PS_F_PROOF;
     case PS_MSG_BARRIER: return PS_F_MVER;
     case PS_MSG_TABLE: return PS_F_TAB | PS_F_DIM | PS_F_RINIT | PS_F_OPT;
-    case PS_MSG_TPULL: return PS_F_TAB | PS_F_KEYS;
+    case PS_MSG_TPULL: return PS_F_TAB; /* and keys or len, one of them */
     case PS_MSG_TPUSH: return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
     case PS_MSG_TPUSHPULL: return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA | PS_F_PKEYS;
     case PS_MSG_ROWS: return PS_F_MVER | PS_F_DATA;
@@ -180,6 +180,8 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
         size_t n = strnlen(m->tab, sizeof m->tab);
         FUZZ_CHECK(n >= 1 && n <= PS_NAME_MAX, "tab of %zu bytes", n);
     }
+    if (m->type == PS_MSG_TPULL)
+        FUZZ_CHECK(!(m->has & PS_F_KEYS) != !(m->has & PS_F_LEN), "tpull with keys and len, or neither");
     if (ps_msg_is_table(m->type)) {
         FUZZ_CHECK(m->dt == PS_DT_F32 && m->rdt == PS_DT_F32, "table message with dt %u rdt %u", m->dt, m->rdt);
         FUZZ_CHECK(m->ndata <= PS_TABLE_VALUES_MAX, "table message with %llu values",

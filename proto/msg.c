@@ -627,7 +627,7 @@ static uint64_t required_fields(uint32_t type)
     case PS_MSG_TABLE:
         return PS_F_TAB | PS_F_DIM | PS_F_RINIT | PS_F_OPT;
     case PS_MSG_TPULL:
-        return PS_F_TAB | PS_F_KEYS;
+        return PS_F_TAB; /* and "keys" or "len": checked below */
     case PS_MSG_TPUSH:
         return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
     case PS_MSG_TPUSHPULL:
@@ -991,6 +991,10 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         return fail(err, errlen, PS_EBAD_FIELD, "hello: a worker must send 'shard' and 'layout'");
     if ((m->has & PS_F_LAYOUT) && (m->has & PS_F_FP) && m->fp != ps_layout_fingerprint(m->layout))
         return fail(err, errlen, PS_EBAD_FIELD, "hello: fingerprint does not match the layout sent");
+    if (m->type == PS_MSG_TPULL && !(m->has & PS_F_KEYS) == !(m->has & PS_F_LEN))
+        return fail(err, errlen, PS_EBAD_FIELD, "tpull: %s", (m->has & PS_F_KEYS) ? "'keys' and 'len' together: rows "
+                                                                                  "by key or by position, not both"
+                                                                                : "missing field 'keys'");
     if (ps_msg_is_table(m->type)) {
         /* rows travel as float32 only today (PROTOCOL.md 13.2) */
         if (m->dt != PS_DT_F32 || m->rdt != PS_DT_F32)

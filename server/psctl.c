@@ -459,8 +459,18 @@ static int bprintf(ps_buf *b, const char *fmt, ...)
 
 /* The safetensors header: 8 bytes of little-endian length N, then N bytes
  * of JSON, padded with spaces so the data starts at a multiple of 8. */
+/* An embedding table (PROTOCOL.md 13) as psctl save writes it: its rows,
+ * then its keys, after the model's values. */
+typedef struct save_table {
+    char name[PS_NAME_MAX + 1];
+    uint32_t dim;
+    uint64_t rows;   /* the rows psd held at the status: rows [0, rows) are saved */
+    ps_buf decl;     /* its declaration as JSON, for the file's metadata */
+} save_table;
+
 static int safetensors_header(const ps_layout *l, uint64_t version, const char *mode, uint64_t fp,
-                              const char *server, const char *part_versions, ps_buf *out)
+                              const char *server, const char *part_versions, const save_table *tabs, uint32_t ntabs,
+                              ps_buf *out)
 {
     ps_buf j = {0};
     int rc = 0;
@@ -475,6 +485,28 @@ static int safetensors_header(const ps_layout *l, uint64_t version, const char *
         rc |= bprintf(&j, ",\"part_versions\":");
         rc |= json_str_buf(&j, part_versions);
     }
+    if (ntabs) {
+        /* the tables' declarations, a JSON array as one string (metadata
+         * values are strings), for psd's init_from */
+        ps_buf a = {0};
+        rc |= bprintf(&a, "[");
+        for (uint32_t i = 0; i < ntabs; i++) {
+            rc |= bprintf(&a, i ? "," : "");
+            rc |= ps_buf_reserve(&a, tabs[i].decl.len + 1) != 0;
+            if (rc == 0) {
+                memcpy(a.p + a.len, tabs[i].decl.p, tabs[i].decl.len);
+                a.len += tabs[i].decl.len;
+            }
+        }
+        rc |= bprintf(&a, "]");
+        rc |= ps_buf_reserve(&a, 1) != 0;
+        if (rc == 0) {
+            a.p[a.len] = 0;
+            rc |= bprintf(&j, ",\"psd.tables\":");
+            rc |= json_str_buf(&j, (const char *)a.p);
+        }
+        ps_buf_free(&a);
+    }
     rc |= bprintf(&j, "}");
     for (uint32_t i = 0; i < l->ntensors; i++) {
         const ps_tensor_desc *t = &l->t[i];
@@ -485,6 +517,24 @@ static int safetensors_header(const ps_layout *l, uint64_t version, const char *
             rc |= bprintf(&j, "%s%" PRIu32, d ? "," : "", t->dims[d]);
         rc |= bprintf(&j, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", t->offset * 4,
                       (t->offset + t->count) * 4);
+    }
+    uint64_t at = l->total * 4;
+    for (uint32_t i = 0; i < ntabs; i++) {
+        const save_table *t = &tabs[i];
+        char name[PS_NAME_MAX + 32];
+        uint64_t rb = t->rows * t->dim * 4;
+        snprintf(name, sizeof name, "tables/%s/rows", t->name);
+        rc |= bprintf(&j, ",");
+        rc |= json_str_buf(&j, name);
+        rc |= bprintf(&j, ":{\"dtype\":\"F32\",\"shape\":[%" PRIu64 ",%" PRIu32 "],\"data_offsets\":[%" PRIu64
+                          ",%" PRIu64 "]}", t->rows, t->dim, at, at + rb);
+        at += rb;
+        snprintf(name, sizeof name, "tables/%s/keys", t->name);
+        rc |= bprintf(&j, ",");
+        rc |= json_str_buf(&j, name);
+        rc |= bprintf(&j, ":{\"dtype\":\"I64\",\"shape\":[%" PRIu64 "],\"data_offsets\":[%" PRIu64 ",%" PRIu64
+                          "]}", t->rows, at, at + t->rows * 8);
+        at += t->rows * 8;
     }
     rc |= bprintf(&j, "}");
     while (rc == 0 && (8 + j.len) % 8 != 0)
@@ -519,7 +569,131 @@ static int save_names_ok(const ps_layout *l)
  * parts of a split model, or the one model), pulled from their pinned
  * snapshots at versions[i], to path (through path.tmp, renamed once whole).
  * Returns an exit code; the reason is on stderr. */
-static int save_write(session *ss, uint32_t n, const uint64_t *versions, const ps_buf *head, const char *path)
+/* Writes the rows of each table, pulled by position (PROTOCOL.md 13.2),
+ * then its keys, to f. An exit code; the reason is on stderr. */
+static int save_tables(session *ss, const save_table *tabs, uint32_t ntabs, FILE *f)
+{
+    for (uint32_t i = 0; i < ntabs; i++) {
+        const save_table *t = &tabs[i];
+        uint8_t *keys = malloc(t->rows ? t->rows * 8 : 1);
+        if (!keys) {
+            fprintf(stderr, "psctl: out of memory for the keys of table '%s'\n", t->name);
+            return EXIT_LOCAL;
+        }
+        uint64_t page = PS_TABLE_VALUES_MAX / t->dim < PS_TABLE_KEYS_MAX ? PS_TABLE_VALUES_MAX / t->dim
+                                                                          : PS_TABLE_KEYS_MAX;
+        for (uint64_t off = 0; off < t->rows; off += page) {
+            uint64_t len = t->rows - off < page ? t->rows - off : page;
+            ps_msg m, r;
+            ps_msg_init(&m, PS_MSG_TPULL);
+            m.has = PS_F_TAB | PS_F_OFF | PS_F_LEN;
+            snprintf(m.tab, sizeof m.tab, "%s", t->name);
+            m.off = off;
+            m.len = len;
+            int rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+            if (rc != 0) {
+                free(keys);
+                return report(&ss->c, rc, ss->timeout);
+            }
+            if (r.type != PS_MSG_ROWS || !(r.has & PS_F_KEYS) || r.keys.n != len || r.ndata != len * t->dim) {
+                fprintf(stderr, "psctl: psd answered the pull of rows [%" PRIu64 ", %" PRIu64 ") of table '%s' with %s\n",
+                        off, off + len, t->name, ps_msg_type_name(r.type));
+                free(keys);
+                return EXIT_REMOTE;
+            }
+            memcpy(keys + off * 8, r.keys.p, len * 8);
+            if (fwrite(r.data, sizeof(float), len * t->dim, f) != len * t->dim) {
+                free(keys);
+                return EXIT_LOCAL;
+            }
+        }
+        size_t nk = (size_t)t->rows * 8;
+        int bad = fwrite(keys, 1, nk, f) != nk;
+        free(keys);
+        if (bad)
+            return EXIT_LOCAL;
+    }
+    return EXIT_OK;
+}
+
+/* The tables psd holds (STATUS "tables"), copied into *out (*n of them),
+ * each with its declaration as JSON. An exit code. */
+static int save_tables_list(session *ss, save_table **out, uint32_t *n)
+{
+    ps_msg m, r;
+    *out = NULL;
+    *n = 0;
+    ps_msg_init(&m, PS_MSG_STATUS);
+    int rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+    if (rc != 0)
+        return report(&ss->c, rc, ss->timeout);
+    const msgpack_object *tl = r.type == PS_MSG_STATUS_REPLY ? ps_map_get(r.body, "tables") : NULL;
+    if (!tl || tl->type != MSGPACK_OBJECT_ARRAY || tl->via.array.size == 0)
+        return EXIT_OK; /* no tables, or a psd from before them */
+    save_table *t = calloc(tl->via.array.size, sizeof *t);
+    if (!t) {
+        fprintf(stderr, "psctl: out of memory\n");
+        return EXIT_LOCAL;
+    }
+    int bad = 0;
+    for (uint32_t i = 0; i < tl->via.array.size && !bad; i++) {
+        const msgpack_object *e = &tl->via.array.ptr[i], *hp = ps_map_get(e, "hp");
+        char rinit[32], opt[32];
+        double dim = num(e, "dim"), rows = num(e, "rows"), seed = num(e, "seed"), scale = num(e, "scale");
+        const msgpack_object *seedo = ps_map_get(e, "seed");
+        str(e, "name", t[i].name, sizeof t[i].name);
+        str(e, "rinit", rinit, sizeof rinit);
+        str(e, "opt", opt, sizeof opt);
+        if (!(dim >= 1 && dim <= PS_TABLE_DIM_MAX) || !(rows >= 0) || isnan(seed) || !seedo ||
+            seedo->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !hp || hp->type != MSGPACK_OBJECT_MAP) {
+            fprintf(stderr, "psctl: psd's status describes table %u in a way this psctl does not know\n", i);
+            bad = 1;
+            break;
+        }
+        t[i].dim = (uint32_t)dim;
+        t[i].rows = (uint64_t)rows;
+        ps_buf *b = &t[i].decl;
+        bad |= bprintf(b, "{\"name\":");
+        bad |= json_str_buf(b, t[i].name);
+        bad |= bprintf(b, ",\"dim\":%u,\"rinit\":", t[i].dim);
+        bad |= json_str_buf(b, rinit);
+        bad |= bprintf(b, ",\"scale\":%.17g,\"seed\":%" PRIu64 ",\"opt\":", scale, seedo->via.u64);
+        bad |= json_str_buf(b, opt);
+        bad |= bprintf(b, ",\"hp\":{");
+        for (uint32_t k = 0; k < hp->via.map.size; k++) {
+            const msgpack_object_kv *kv = &hp->via.map.ptr[k];
+            char hn[32];
+            double v = kv->val.type == MSGPACK_OBJECT_FLOAT64 || kv->val.type == MSGPACK_OBJECT_FLOAT32 ? kv->val.via.f64
+                                                                                                       : NAN;
+            if (kv->key.type != MSGPACK_OBJECT_STR || !isfinite(v)) {
+                bad = 1;
+                break;
+            }
+            snprintf(hn, sizeof hn, "%.*s", (int)kv->key.via.str.size, kv->key.via.str.ptr);
+            bad |= bprintf(b, k ? "," : "");
+            bad |= json_str_buf(b, hn);
+            bad |= bprintf(b, ":%.17g", v);
+        }
+        bad |= bprintf(b, "}}");
+        *n = i + 1;
+    }
+    *out = t;
+    if (bad) {
+        fprintf(stderr, "psctl: cannot describe psd's tables\n");
+        return EXIT_REMOTE;
+    }
+    return EXIT_OK;
+}
+
+static void save_tables_free(save_table *t, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        ps_buf_free(&t[i].decl);
+    free(t);
+}
+
+static int save_write(session *ss, uint32_t n, const uint64_t *versions, const ps_buf *head, const char *path,
+                      const save_table *tabs, uint32_t ntabs)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
@@ -560,6 +734,8 @@ static int save_write(session *ss, uint32_t n, const uint64_t *versions, const p
                 status = EXIT_LOCAL;
         }
     }
+    if (status == EXIT_OK && ntabs)
+        status = save_tables(ss, tabs, ntabs, f);
     if (status == EXIT_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
         status = EXIT_LOCAL;
     if (fclose(f) != 0 && status == EXIT_OK)
@@ -573,17 +749,24 @@ static int save_write(session *ss, uint32_t n, const uint64_t *versions, const p
     return status;
 }
 
-static void save_done(const char *path, uint64_t version, const ps_layout *l, uint32_t n, int as_json)
+static void save_done(const char *path, uint64_t version, const ps_layout *l, uint32_t n, const save_table *tabs,
+                      uint32_t ntabs, int as_json)
 {
+    uint64_t rows = 0;
+    for (uint32_t i = 0; i < ntabs; i++)
+        rows += tabs[i].rows;
     if (as_json) {
         printf("{\"path\": ");
         json_string(stdout, path, strlen(path));
         printf(", \"version\": %" PRIu64 ", \"parameters\": %" PRIu64 ", \"tensors\": %u, \"format\": "
-               "\"safetensors\", \"servers\": %u}\n",
-               version, l->total, l->ntensors, n);
+               "\"safetensors\", \"servers\": %u, \"tables\": %u, \"rows\": %" PRIu64 "}\n",
+               version, l->total, l->ntensors, n, ntabs, rows);
     } else {
-        printf("saved model version %" PRIu64 " (%u tensors, %" PRIu64 " parameters%s) to %s\n", version,
-               l->ntensors, l->total, n > 1 ? ", from its parts" : "", path);
+        printf("saved model version %" PRIu64 " (%u tensors, %" PRIu64 " parameters%s", version, l->ntensors,
+               l->total, n > 1 ? ", from its parts" : "");
+        if (ntabs)
+            printf("; %u tables, %" PRIu64 " rows", ntabs, rows);
+        printf(") to %s\n", path);
     }
 }
 
@@ -598,22 +781,35 @@ static int cmd_save(session *ss, const char *server, const char *path, int as_js
     const ps_layout *l = &ss->layout;
     if (save_names_ok(l) != 0)
         return EXIT_REMOTE;
+    /* the tables and their rows now; a table's rows [0, rows) are saved,
+     * each as it is when its page is pulled (pause the job for one state) */
+    save_table *tabs;
+    uint32_t ntabs;
+    int status = save_tables_list(ss, &tabs, &ntabs);
+    if (status != EXIT_OK) {
+        save_tables_free(tabs, ntabs);
+        return status;
+    }
     /* pin one version: every chunk comes from the same snapshot */
     int rc = admin(ss, "pin", NULL, 0, &r);
-    if (rc != 0)
+    if (rc != 0) {
+        save_tables_free(tabs, ntabs);
         return report(&ss->c, rc, ss->timeout);
+    }
     uint64_t version = r.mver;
-    if (safetensors_header(l, version, ss->mode, ss->fp, server, NULL, &head) != 0) {
+    if (safetensors_header(l, version, ss->mode, ss->fp, server, NULL, tabs, ntabs, &head) != 0) {
         fprintf(stderr, "psctl: out of memory\n");
+        save_tables_free(tabs, ntabs);
         return EXIT_LOCAL;
     }
-    int status = save_write(ss, 1, &version, &head, path);
+    status = save_write(ss, 1, &version, &head, path, tabs, ntabs);
     ps_buf_free(&head);
-    if (status != EXIT_OK)
-        return status;
-    admin(ss, "unpin", NULL, 0, &r);
-    save_done(path, version, l, 1, as_json);
-    return EXIT_OK;
+    if (status == EXIT_OK) {
+        admin(ss, "unpin", NULL, 0, &r);
+        save_done(path, version, l, 1, tabs, ntabs, as_json);
+    }
+    save_tables_free(tabs, ntabs);
+    return status;
 }
 
 /* save from a model split over n psd (proto/PROTOCOL.md 6.2): their part
@@ -673,12 +869,12 @@ static int cmd_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_t
         size_t len = 0;
         for (uint32_t i = 0; i < n; i++)
             len += (size_t)snprintf(servers + len, sizeof servers - len, "%s%s", i ? "," : "", list[i]);
-        if (safetensors_header(&whole, versions[0], ss[0].mode, ps_layout_fingerprint(&whole), servers, pv, &head) !=
-            0) {
+        if (safetensors_header(&whole, versions[0], ss[0].mode, ps_layout_fingerprint(&whole), servers, pv, NULL, 0,
+                               &head) != 0) {
             fprintf(stderr, "psctl: out of memory\n");
             status = EXIT_LOCAL;
         } else {
-            status = save_write(ss, n, versions, &head, path);
+            status = save_write(ss, n, versions, &head, path, NULL, 0);
         }
         ps_buf_free(&head);
     }
@@ -692,7 +888,7 @@ static int cmd_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_t
         ps_token_clear(&ss[i].token);
     }
     if (status == EXIT_OK)
-        save_done(path, versions[0], &whole, n, as_json);
+        save_done(path, versions[0], &whole, n, NULL, 0, as_json);
     return status;
 }
 

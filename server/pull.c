@@ -126,6 +126,58 @@ nomem:
                    srv_tables_def(&s->tables, ti)->name);
 }
 
+int srv_tpull_at(srv_conn *c, uint64_t id, uint32_t ti, uint64_t off, uint64_t len, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const ps_table_def *d = srv_tables_def(&s->tables, ti);
+    srv_table_stats st;
+    srv_tables_stats(&s->tables, ti, &st);
+    if (len == 0 || off > st.rows || len > st.rows - off) {
+        snprintf(err, errlen, "tpull: rows [%llu, %llu) are outside table '%s''s %llu rows", (unsigned long long)off,
+                 (unsigned long long)(off + len), d->name, (unsigned long long)st.rows);
+        return PS_ERANGE;
+    }
+    if (len > PS_TABLE_KEYS_MAX || len * d->dim > PS_TABLE_VALUES_MAX) {
+        snprintf(err, errlen, "tpull: %llu rows of table '%s' (dim %u) in one message, more than %d rows or %u "
+                              "values; ask for fewer",
+                 (unsigned long long)len, d->name, d->dim, PS_TABLE_KEYS_MAX, PS_TABLE_VALUES_MAX);
+        return PS_EBAD_FIELD;
+    }
+    uint64_t total = len * d->dim;
+    size_t nblk = (size_t)((total + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
+    srv_blk *blk[PS_TABLE_VALUES_MAX / SRV_BLK_FLOATS + 1] = {0};
+    uint8_t *keys = malloc((size_t)len * 8);
+    float *flat = malloc((size_t)total * sizeof(float));
+    int ok = keys && flat;
+    for (size_t b = 0; ok && b < nblk; b++) {
+        uint64_t at = (uint64_t)b << SRV_BLK_SHIFT, want = total - at < SRV_BLK_FLOATS ? total - at : SRV_BLK_FLOATS;
+        ok = (blk[b] = srv_blk_fresh((size_t)want)) != NULL;
+    }
+    if (ok) {
+        srv_tables_rows_at(&s->tables, ti, off, (uint32_t)len, keys, flat);
+        for (size_t b = 0; b < nblk; b++)
+            memcpy(blk[b]->w, flat + ((uint64_t)b << SRV_BLK_SHIFT), blk[b]->cap * sizeof(float));
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_ROWS);
+        r.has = PS_F_ID | PS_F_MVER | PS_F_KEYS | PS_F_DATA;
+        r.id = id;
+        r.mver = s->model.version;
+        r.keys = (ps_keys){keys, (uint32_t)len};
+        r.off = 0;
+        r.ndata = total;
+        srv_send(c, &r, blk);
+    }
+    for (size_t b = 0; b < nblk; b++)
+        srv_blk_unref(blk[b]);
+    free(keys);
+    free(flat);
+    if (!ok) {
+        snprintf(err, errlen, "out of memory for %llu rows of table '%s'", (unsigned long long)len, d->name);
+        return PS_ENOMEM;
+    }
+    return 0;
+}
+
 /* Parked pulls come and go every BSP round: freed ones are kept for reuse
  * (at most PARKED_SPARE), so parking allocates nothing in steady state. */
 #define PARKED_SPARE 256

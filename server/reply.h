@@ -30,6 +30,11 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
  * sent. */
 int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, char *err,
               size_t errlen);
+/* A pull of table ti's stored rows [off, off+len) by position (creation
+ * order), answered at once with a ROWS that carries their keys too (0), or
+ * refused (PS_ERANGE: past the rows; PS_EBAD_FIELD: over the limits of one
+ * message; PS_ENOMEM) with err filled and nothing sent. */
+int srv_tpull_at(srv_conn *c, uint64_t id, uint32_t ti, uint64_t off, uint64_t len, char *err, size_t errlen);
 /* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
 int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
 /* Answers every parked pull whose version is now available. */

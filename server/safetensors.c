@@ -107,6 +107,157 @@ static int parse_tensor(const char *path, const char *name, const json_t *v, st_
     return 0;
 }
 
+/* ---- embedding tables (PROTOCOL.md 13) --------------------------------------- */
+
+/* A table in the file: its declaration (metadata "psd.tables") and its two
+ * tensors, "tables/NAME/rows" (F32 [R, dim]) and "tables/NAME/keys" (I64
+ * [R], the uint64 keys' bits). */
+typedef struct st_table {
+    ps_table_def def;
+    uint64_t rows;
+    uint64_t rbegin, rend, kbegin, kend; /* byte ranges within the data */
+    int have_rows, have_keys;
+} st_table;
+
+static int by_range(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Reads the metadata's "psd.tables" (a JSON array of declarations, as a
+ * string) into t (*nt). 0, or -1 with err. */
+static int parse_tables(const char *path, const json_t *meta, st_table *t, size_t *nt, char *err, size_t errlen)
+{
+    *nt = 0;
+    const json_t *v = json_is_object(meta) ? json_object_get(meta, "psd.tables") : NULL;
+    if (!v)
+        return 0;
+    json_error_t jerr;
+    json_t *a = json_is_string(v) ? json_loads(json_string_value(v), JSON_REJECT_DUPLICATES, &jerr) : NULL;
+    if (!json_is_array(a) || json_array_size(a) > PS_TABLES_MAX) {
+        snprintf(err, errlen, "%s: metadata psd.tables is not a JSON array of at most %d table declarations", path,
+                 PS_TABLES_MAX);
+        json_decref(a);
+        return -1;
+    }
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        const json_t *d = json_array_get(a, i), *hp = json_object_get(d, "hp");
+        const json_t *name = json_object_get(d, "name"), *rinit = json_object_get(d, "rinit"),
+                     *opt = json_object_get(d, "opt"), *scale = json_object_get(d, "scale");
+        uint64_t dim, seed;
+        ps_hp h = {0};
+        char derr[300];
+        if (!json_is_object(d) || !json_is_string(name) || !json_is_string(rinit) || !json_is_string(opt) ||
+            !json_is_number(scale) || json_u64(json_object_get(d, "dim"), &dim) != 0 ||
+            json_u64(json_object_get(d, "seed"), &seed) != 0 || !json_is_object(hp)) {
+            snprintf(err, errlen, "%s: metadata psd.tables[%zu] is not a declaration (name, dim, rinit, scale, seed, "
+                     "opt, hp)", path, i);
+            json_decref(a);
+            return -1;
+        }
+        const char *hk;
+        json_t *hv;
+        json_object_foreach((json_t *)hp, hk, hv)
+        {
+            int id = ps_hp_lookup(hk, strlen(hk));
+            if (id < 0 || !json_is_number(hv)) {
+                snprintf(err, errlen, "%s: metadata psd.tables[%zu]: hp '%.40s' is not a hyper-parameter with a "
+                         "number", path, i, hk);
+                json_decref(a);
+                return -1;
+            }
+            h.has |= 1u << id;
+            h.v[id] = json_number_value(hv);
+        }
+        int zeros = strcmp(json_string_value(rinit), "zeros") == 0;
+        if (ps_table_def_make(&t[i].def, json_string_value(name), dim, json_string_value(rinit), !zeros,
+                              json_number_value(scale), seed, json_string_value(opt), &h, derr, sizeof derr) != 0) {
+            snprintf(err, errlen, "%s: metadata psd.tables[%zu]: %s", path, i, derr);
+            json_decref(a);
+            return -1;
+        }
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(t[k].def.name, t[i].def.name) == 0) {
+                snprintf(err, errlen, "%s: metadata psd.tables declares table '%s' twice", path, t[i].def.name);
+                json_decref(a);
+                return -1;
+            }
+        *nt = i + 1;
+    }
+    json_decref(a);
+    return 0;
+}
+
+/* When `name` is a tensor of a declared table, fills that table's range
+ * from v and returns 1; 0 when it is no table's; -1 with err when it is
+ * one's but not as psctl save writes it. */
+static int table_tensor(const char *path, const char *name, const json_t *v, st_table *t, size_t nt, char *err,
+                        size_t errlen)
+{
+    for (size_t i = 0; i < nt; i++) {
+        size_t n = strlen(t[i].def.name);
+        if (strncmp(name, "tables/", 7) != 0 || strncmp(name + 7, t[i].def.name, n) != 0 || name[7 + n] != '/')
+            continue;
+        int rows = strcmp(name + 8 + n, "rows") == 0, keys = strcmp(name + 8 + n, "keys") == 0;
+        if (!rows && !keys)
+            continue;
+        const json_t *dtype = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+                     *offs = json_object_get(v, "data_offsets");
+        uint64_t r, d = 0, b, e;
+        if (!json_is_object(v) || !json_is_string(dtype) || strcmp(json_string_value(dtype), rows ? "F32" : "I64") ||
+            !json_is_array(shape) || json_array_size(shape) != (rows ? 2u : 1u) ||
+            json_u64(json_array_get(shape, 0), &r) || (rows && json_u64(json_array_get(shape, 1), &d)) ||
+            (rows && d != t[i].def.dim) || !json_is_array(offs) || json_array_size(offs) != 2 ||
+            json_u64(json_array_get(offs, 0), &b) || json_u64(json_array_get(offs, 1), &e) || e < b ||
+            r > (UINT64_MAX / 8) / PS_TABLE_DIM_MAX || e - b != r * (rows ? 4 * d : 8) ||
+            ((rows ? t[i].have_keys : t[i].have_rows) && r != t[i].rows)) {
+            snprintf(err, errlen, "%s: tensor '%.80s' is not table '%s''s %s as psctl save writes them (%s, [rows%s], "
+                     "data_offsets holding them, the same rows as its %s)", path, name, t[i].def.name,
+                     rows ? "rows" : "keys", rows ? "F32" : "I64", rows ? ", dim" : "", rows ? "keys" : "rows");
+            return -1;
+        }
+        t[i].rows = r;
+        if (rows) {
+            t[i].rbegin = b, t[i].rend = e, t[i].have_rows = 1;
+        } else {
+            t[i].kbegin = b, t[i].kend = e, t[i].have_keys = 1;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Reads the tables' rows and keys from the file into s->tables. 0, or a
+ * code with err (some tables may then be in: the caller frees them). */
+static int load_tables(psd *s, int fd, const char *path, uint64_t base, const st_table *t, size_t nt, char *err,
+                       size_t errlen)
+{
+    srv_tables_free(&s->tables);
+    srv_tables_init(&s->tables, s->cfg.max_table_memory);
+    for (size_t i = 0; i < nt; i++) {
+        uint32_t ti;
+        char e[400];
+        uint8_t *keys = malloc(t[i].rows ? t[i].rows * 8 : 1), *w = malloc(t[i].rend - t[i].rbegin + 1);
+        int rc = !keys || !w ? PS_ENOMEM : 0;
+        if (rc == 0 && (read_at(fd, keys, t[i].rows * 8, base + t[i].kbegin) != 0 ||
+                        read_at(fd, w, t[i].rend - t[i].rbegin, base + t[i].rbegin) != 0))
+            rc = PS_EIO;
+        if (rc == 0)
+            rc = srv_tables_declare(&s->tables, &t[i].def, &ti, e, sizeof e);
+        if (rc == 0)
+            rc = srv_tables_load_weights(&s->tables, ti, keys, w, t[i].rows, e, sizeof e);
+        free(keys);
+        free(w);
+        if (rc != 0) {
+            snprintf(err, errlen, "%s: table '%s': %s", path, t[i].def.name,
+                     rc == PS_ENOMEM ? "out of memory" : rc == PS_EIO ? "cannot read its rows" : e);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
 {
     int rc = PS_EINVAL;
@@ -151,8 +302,13 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                  root ? "not a JSON object" : "not JSON: ", root ? "" : jerr.text, root ? 0 : jerr.position, hlen);
         goto out;
     }
-    size_t nt = json_object_size(root) - (json_object_get(root, "__metadata__") != NULL);
-    if (nt == 0 || nt > PS_TENSORS_MAX) {
+    static st_table tabs[PS_TABLES_MAX]; /* at start only, on the loop */
+    size_t ntabs = 0;
+    memset(tabs, 0, sizeof tabs);
+    if (parse_tables(path, json_object_get(root, "__metadata__"), tabs, &ntabs, err, errlen) != 0)
+        goto out;
+    size_t nt = json_object_size(root) - (json_object_get(root, "__metadata__") != NULL) - 2 * ntabs;
+    if (json_object_size(root) < 2 * ntabs + 1 || nt == 0 || nt > PS_TENSORS_MAX) {
         snprintf(err, errlen, "%s: %zu tensors; psd takes 1 to %d", path, nt, PS_TENSORS_MAX);
         goto out;
     }
@@ -168,8 +324,21 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
     {
         if (strcmp(key, "__metadata__") == 0)
             continue;
+        int tab = table_tensor(path, key, val, tabs, ntabs, err, errlen);
+        if (tab < 0)
+            goto out;
+        if (tab)
+            continue;
+        if (k == nt) {
+            snprintf(err, errlen, "%s: a table declared in its metadata lacks its rows or keys tensor", path);
+            goto out;
+        }
         if (parse_tensor(path, key, val, &ts[k++], err, errlen) != 0)
             goto out;
+    }
+    if (k != nt) {
+        snprintf(err, errlen, "%s: a table declared in its metadata lacks its rows or keys tensor", path);
+        goto out;
     }
     /* the flat vector is the tensors in the order of their data, which
      * must cover it exactly */
@@ -192,6 +361,21 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
         }
     }
     uint64_t data = ts[nt - 1].end, have = size - 8 - hlen;
+    /* the tables' tensors after the model's, covering the rest exactly */
+    uint64_t ranges[2 * PS_TABLES_MAX][2];
+    for (size_t i = 0; i < ntabs; i++) {
+        ranges[2 * i][0] = tabs[i].rbegin, ranges[2 * i][1] = tabs[i].rend;
+        ranges[2 * i + 1][0] = tabs[i].kbegin, ranges[2 * i + 1][1] = tabs[i].kend;
+    }
+    qsort(ranges, 2 * ntabs, sizeof ranges[0], by_range);
+    for (size_t i = 0; i < 2 * ntabs; i++) {
+        if (ranges[i][0] != data) {
+            snprintf(err, errlen, "%s: the tables' tensors do not follow the model's values back to back (a gap or "
+                     "an overlap at byte %" PRIu64 " of the data): not a file psctl save wrote", path, data);
+            goto out;
+        }
+        data = ranges[i][1];
+    }
     if (have < data) {
         snprintf(err, errlen, "%s is truncated: its header describes %" PRIu64 " bytes of tensor data, the file "
                  "holds %" PRIu64, path, data, have);
@@ -234,6 +418,10 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                      "starts from finite values only", path, name, at);
             goto undo;
         }
+    }
+    if (ntabs && (rc = load_tables(s, fd, path, base, tabs, ntabs, err, errlen)) != 0) {
+        srv_tables_free(&s->tables);
+        goto undo;
     }
     s->model.initialized = 1;
     s->model.version = 0;

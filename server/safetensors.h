@@ -15,7 +15,11 @@
  * for what can be checked without the values: opened, long enough for
  * its header and the data the header describes and no longer, a header
  * that is JSON of safetensors' form, F32 tensors only, a layout psd can
- * hold (names, ranks, max_params). The values must be finite. Returns 0,
+ * hold (names, ranks, max_params). The values must be finite. Embedding
+ * tables declared in the metadata's "psd.tables" come back too, from their
+ * tensors "tables/NAME/rows" (F32) and "tables/NAME/keys" (I64), which
+ * follow the model's values: declared as the file says, their rows' state
+ * fresh (srv_tables_load_weights). Returns 0,
  * or a negative PS_E* code with a message naming the file in err (the
  * model then empty). At start, on a model that has no layout yet. */
 int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen);

@@ -50,7 +50,43 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 33);
+    msgpack_pack_map(pk, 34);
+    /* the embedding tables (PROTOCOL.md 13): declaration and numbers */
+    key(pk, "tables");
+    msgpack_pack_array(pk, s->tables.n);
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        const ps_table_def *d = srv_tables_def(&s->tables, i);
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        char text[300];
+        ps_table_def_text(d, text, sizeof text);
+        uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
+        for (uint32_t b = hps; b; b &= b - 1)
+            nhp++;
+        msgpack_pack_map(pk, 12);
+        msgpack_pack_str_with_body(pk, "name", 4);
+        msgpack_pack_str_with_body(pk, d->name, strlen(d->name));
+        ku64(pk, "dim", d->dim);
+        msgpack_pack_str_with_body(pk, "rinit", 5);
+        msgpack_pack_str_with_body(pk, ps_rinit_name(d->rinit), strlen(ps_rinit_name(d->rinit)));
+        kf64(pk, "scale", d->scale);
+        ku64(pk, "seed", d->seed);
+        msgpack_pack_str_with_body(pk, "opt", 3);
+        msgpack_pack_str_with_body(pk, ps_topt_name(d->opt), strlen(ps_topt_name(d->opt)));
+        key(pk, "hp");
+        msgpack_pack_map(pk, nhp);
+        for (uint32_t h = 0; h < PS_HP_COUNT; h++)
+            if (hps & (1u << h)) {
+                key(pk, ps_hp_name(h));
+                msgpack_pack_double(pk, d->hp[h]);
+            }
+        msgpack_pack_str_with_body(pk, "declared", 8);
+        msgpack_pack_str_with_body(pk, text, strlen(text));
+        ku64(pk, "rows", st.rows);
+        ku64(pk, "bytes", st.bytes);
+        ku64(pk, "rows_pulled", st.rows_pulled);
+        ku64(pk, "rows_pushed", st.rows_pushed);
+    }
     key(pk, "init_from"); /* the safetensors file the model came from at start */
     if (s->model_file[0])
         msgpack_pack_str_with_body(pk, s->model_file, strlen(s->model_file));

@@ -139,9 +139,10 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
     if (ti < 0)
         return;
     if (m->type == PS_MSG_TPULL) {
-        char err[200];
-        int rc = srv_tpull(c, m->id, (uint32_t)ti, m->keys.p, m->keys.n, (m->has & PS_F_MIN) ? m->min : 0, err,
-                           sizeof err);
+        char err[300];
+        int rc = (m->has & PS_F_LEN) ? srv_tpull_at(c, m->id, (uint32_t)ti, m->off, m->len, err, sizeof err)
+                                     : srv_tpull(c, m->id, (uint32_t)ti, m->keys.p, m->keys.n,
+                                                 (m->has & PS_F_MIN) ? m->min : 0, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, 0, "%s", err);
         return;

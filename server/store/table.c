@@ -1,6 +1,7 @@
 /* table.c - the row store of psd's embedding tables (see table.h). */
 #include "table.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -384,6 +385,48 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
         slot_put(t->skey, t->srow, t->cap, key, r);
     }
     return 0;
+}
+
+void srv_tables_rows_at(const srv_tables *ts, uint32_t i, uint64_t off, uint32_t len, uint8_t *keys, float *w)
+{
+    const srv_table *t = ts->t[i];
+    for (uint32_t k = 0; k < len; k++) {
+        const float *p = row_at(t, off + k);
+        memcpy(keys + 8 * (size_t)k, p, 8); /* stored little-endian, as the host */
+        memcpy(w + (size_t)k * t->def.dim, p + 2, t->def.dim * sizeof(float));
+    }
+}
+
+int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *w, uint64_t n,
+                            char *err, size_t errlen)
+{
+    srv_table *t = ts->t[i];
+    const ps_table_def *d = &t->def;
+    const uint32_t dim = d->dim, rf = t->row_floats;
+    float *rows = malloc((size_t)(n ? n : 1) * rf * sizeof(float));
+    if (!rows)
+        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", d->name, (unsigned long long)n);
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t key = ps_key_at(keys, (size_t)k);
+        float *row = rows + (size_t)k * rf;
+        srv_sparse_row_new(d, key, row);
+        memcpy(row, w + (size_t)k * dim * sizeof(float), dim * sizeof(float));
+        for (uint32_t j = 0; j < dim; j++) {
+            if (!isfinite(row[j])) {
+                free(rows);
+                return fail(err, errlen, PS_ENONFINITE, "table '%s': the row of key %llu holds NaN or infinity",
+                            d->name, (unsigned long long)key);
+            }
+            if (d->opt == PS_TOPT_FTRL && row[j] != 0.0f) {
+                /* with n = 0 the weight is -(z - sign(z) l1) / (beta / alpha + l2) */
+                double s = d->hp[PS_HP_BETA] / d->hp[PS_HP_LR] + d->hp[PS_HP_L2];
+                row[dim + j] = (float)(-(double)row[j] * s - copysign(d->hp[PS_HP_L1], row[j]));
+            }
+        }
+    }
+    int rc = srv_tables_load(ts, i, keys, (const uint8_t *)rows, n, err, errlen);
+    free(rows);
+    return rc;
 }
 
 void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st)

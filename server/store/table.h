@@ -88,6 +88,11 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
  * PS_ENOMEM. */
 int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32_t *a, uint32_t *b);
 
+/* Writes the keys (a "keys" bin, 8 bytes each) and weights (dim floats
+ * each) of the len stored rows of table i from position off on (rows in
+ * the order they were created); the caller checked off + len <= rows. */
+void srv_tables_rows_at(const srv_tables *ts, uint32_t i, uint64_t off, uint32_t len, uint8_t *keys, float *w);
+
 /* Table i's numbers. */
 void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st);
 
@@ -109,6 +114,16 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
  * failure some rows may be in: the caller frees the tables. */
 int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, uint64_t n, char *err,
                     size_t errlen);
+
+/* Puts n rows given by their weights alone (a file psctl save wrote, read
+ * by init_from) into table i, which holds none of their keys: each row's
+ * optimizer state starts as a new row's (adagrad's iacc, adam's zeros and
+ * step 0), except ftrl's z, set so that its weights are the ones given.
+ * keys a "keys" bin, w n x dim float32 (bytes, maybe unaligned). Returns
+ * 0, PS_ENONFINITE (a weight is NaN or infinite; err names the key),
+ * PS_EMALFORMED (a key twice) or PS_ENOMEM. */
+int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *w, uint64_t n,
+                            char *err, size_t errlen);
 
 /* Bytes one row of d takes in the store (its floats and its slot share),
  * for error messages and the docs. */

@@ -30,6 +30,10 @@ against the real psd:
   after kill -9 and a restart on the state dir the rows are there before any
   declaration, bit for bit, and pushing on gives the rows a psd that never
   stopped gives (adam's moments and per-row steps, ftrl's z and n).
+- psctl save writes each table's rows and keys as safetensors tensors with
+  the declarations in the metadata, which NumPy and PyTorch read; psd
+  --init-from that file starts with the same tables and rows; a file whose
+  table tensors do not match its metadata is refused.
 - BSP: a round's table pushes are kept and applied as it closes, each
   key's rows summed over the workers in shard order and divided by the
   round's pushes: the same rows bit for bit whatever the arrival order
@@ -39,6 +43,7 @@ against the real psd:
   a closed round is STALE (a TPUSHPULL's rows still come).
 """
 
+import json
 import os
 import struct
 import sys
@@ -403,6 +408,74 @@ class Tables(unittest.TestCase):
                 self.assertEqual(self.rows(r, t, probe[t], dims[t]).tobytes(), after[t].tobytes(),
                                  "%s after the restart and more pushes" % t)
             r.close()
+
+    def test_save_and_init_from(self):
+        """psctl save writes each table as two tensors, tables/NAME/rows
+        (F32 [rows, dim]) and tables/NAME/keys (I64, the keys' bits), with
+        the declarations in the metadata; NumPy and PyTorch read them; a psd
+        started with --init-from that file holds the same tables and rows
+        (ftrl's weights included), and a fresh optimizer state."""
+        import torch
+        with harness.Cluster("test-tables-save") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            w = self.worker(psd)
+            self.declare_both(w)
+            self.push_all(w, self.PUSHES, 0)
+            probe = {"emb": [1, 2, 3, 4, 5, 6, 9, 1 << 63], "lin": [5, 6, 7, 8]}
+            dims = {"emb": 4, "lin": 2}
+            before = {t: self.rows(w, t, probe[t], dims[t]) for t in probe}
+            path = os.path.join(cl.dir, "model.safetensors")
+            r = harness.psctl(psd.addr, "save", path)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("2 tables, 12 rows", r.stdout)
+            meta, tensors = harness.read_safetensors(path)
+            decl = json.loads(meta["psd.tables"])
+            self.assertEqual([d["name"] for d in decl], ["emb", "lin"])
+            self.assertEqual(decl[0]["hp"], {"lr": 0.01, "eps": 1e-08, "beta1": 0.9, "beta2": 0.999})
+            np.testing.assert_array_equal(tensors["w"], [0.5, -1.0, 2.0, 0.25])
+            for t in probe:
+                ks = tensors["tables/%s/keys" % t].view(np.uint64)
+                rows = tensors["tables/%s/rows" % t]
+                self.assertEqual(rows.shape, (len(ks), dims[t]))
+                self.assertEqual(sorted(ks.tolist()), sorted(k for k in probe[t] if k in ks.tolist()))
+                for i, k in enumerate(probe[t]):
+                    if k in ks.tolist():
+                        j = ks.tolist().index(k)
+                        self.assertEqual(rows[j].tobytes(), before[t][i].tobytes(), "%s key %d" % (t, k))
+                torch.from_numpy(rows.copy())  # PyTorch takes them as they are
+            self.assertEqual(tensors["tables/emb/keys"].dtype, np.int64)
+            self.refused(w, E_RANGE, {"t": T_TPULL, "tab": "emb", "off": 7, "len": 2}, "rows past the stored ones",
+                         "rows [7, 9) are outside table 'emb''s 8 rows")
+            r = w.request({"t": T_TPULL, "tab": "emb", "off": 7, "len": 1})
+            self.assertEqual((r.get("t"), r.get("keys")), (T_ROWS, tensors["tables/emb/keys"][7:].tobytes()), r)
+            self.assertLess(int(tensors["tables/emb/keys"].min()), 0, "key 2^63 reads negative as I64")
+            w.close()
+
+            psd2 = cl.psd(mode="asgd", workers=1, name="psd-from", args=("--init-from", path))
+            w = self.worker(psd2)
+            for t in probe:
+                self.assertEqual(self.rows(w, t, probe[t], dims[t]).tobytes(), before[t].tobytes(), t)
+            st = {t["name"]: t for t in harness.status(psd2.addr)["tables"]}
+            self.assertEqual((st["emb"]["rows"], st["lin"]["rows"]), (8, 4))
+            self.declare_both(w)  # the file's declarations: the same
+            # a fresh optimizer state: adam's first step from these rows
+            g = self.gradient(99, 1, 4)
+            self.ok(w, {"t": T_TPUSH, "tab": "emb", "keys": keys(1), "base": 0, "data": g.tobytes()}, "push")
+            got = self.rows(w, "emb", [1], 4)[0]
+            want = before["emb"][0].astype(np.float64) - 0.01 * g[0] / (np.abs(g[0]) + 1e-8)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            w.close()
+
+            # a file whose table tensors do not match its metadata is refused
+            bad = os.path.join(cl.dir, "bad.safetensors")
+            with open(path, "rb") as f:
+                blob = bytearray(f.read())
+            blob = blob.replace(b'"tables/lin/keys"', b'"tables/lin/kezs"')
+            with open(bad, "wb") as f:
+                f.write(blob)
+            r = harness.run([harness.Paths.psd, "--listen", "127.0.0.1:0", "--init-from", bad], timeout=30)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("lacks its rows or keys tensor", r.stderr)
 
 
 if __name__ == "__main__":

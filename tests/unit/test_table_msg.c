@@ -291,6 +291,38 @@ static void test_keys_errors(void **state)
     free(w.p);
 }
 
+/* TPULL: by key or by position (len, maybe off), not both, not neither. */
+static void test_tpull_by_position(void **state)
+{
+    (void)state;
+    uint8_t kb[8] = {1};
+    wr w = {0};
+    ps_msg m;
+    w_map(&w, 4);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPULL);
+    w_str(&w, "tab"), w_str(&w, "e");
+    w_str(&w, "off"), w_uint(&w, 100);
+    w_str(&w, "len"), w_uint(&w, 7);
+    assert_int_equal(dec(&w, &m, NULL), 0);
+    assert_true(m.off == 100 && m.len == 7 && !(m.has & PS_F_KEYS));
+    w.n = 0;
+    w_map(&w, 4);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPULL);
+    w_str(&w, "tab"), w_str(&w, "e");
+    w_str(&w, "keys"), w_bin(&w, kb, 8);
+    w_str(&w, "len"), w_uint(&w, 7);
+    assert_int_equal(dec(&w, &m, NULL), PS_EBAD_FIELD);
+    assert_has(err, "'keys' and 'len' together");
+    w.n = 0;
+    w_map(&w, 3);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPULL);
+    w_str(&w, "tab"), w_str(&w, "e");
+    w_str(&w, "off"), w_uint(&w, 0);
+    assert_int_equal(dec(&w, &m, NULL), PS_EBAD_FIELD);
+    assert_has(err, "tpull: missing field 'keys'");
+    free(w.p);
+}
+
 /* A TABLE with the given hp map writer. */
 static void table_msg(wr *w, void (*hp)(wr *))
 {
@@ -651,6 +683,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_decode_foreign_frame),
         cmocka_unit_test(test_keys_errors),
+        cmocka_unit_test(test_tpull_by_position),
         cmocka_unit_test(test_hp),
         cmocka_unit_test(test_float32_only),
         cmocka_unit_test(test_values_limit),
