@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 6
+#define PSC_VERSION_MINOR 7
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -314,6 +314,43 @@ PSC_API int psc_plan_slice(const psc_client *c, uint64_t *epoch, uint64_t *lo, u
 /* 1 once psd said the plan's last round has closed: stop training (the
  * final model is in psd); 0 otherwise. */
 PSC_API int psc_plan_done(const psc_client *c);
+
+/* ---- embedding tables (proto/PROTOCOL.md section 13) ---------------------- */
+/* Rows of `dim` floats addressed by arbitrary 64-bit keys, held by the
+ * first psd (--server's first address), each with its optimizer state
+ * there; a batch pulls and pushes only the rows it touches. Keys may repeat
+ * within a call: a pull fetches each distinct key once, a push sums a
+ * key's gradients (in the order they come) and sends each distinct key
+ * once. Calls are split into messages of at most 65,536 keys and 2^22
+ * values. */
+
+/* Declares table `name` (1..63 printable bytes) after psc_connect: rows
+ * of dim values (1..1024) starting as "zeros", "uniform" (from
+ * uniform(-scale, scale)) or "normal" (from normal(0, scale)), a function
+ * of (seed, key) alone; optimizer opt "sgd", "adagrad", "adam" (lazy, with
+ * per-row steps) or "ftrl"; hp its hyper-parameters as "lr=0.05,eps=1e-10"
+ * (keys lr, eps, beta1, beta2, iacc, beta, l1, l2; NULL or "": the
+ * defaults). Every worker declares a table the same way (psd refuses
+ * another declaration: PSC_ELAYOUT). Returns 0, PSC_EINVAL (a bad
+ * argument, said in psc_errmsg) or a code psd answered. (1.7) */
+PSC_API int psc_table(psc_client *c, const char *name, uint32_t dim, const char *init, double scale, uint64_t seed,
+                      const char *opt, const char *hp);
+
+/* Pulls the rows of keys[0..n) of table name into rows (n x dim floats):
+ * a key no push has reached yet gets its initial row. 0, PSC_ENOTFOUND
+ * (not declared here) or a code. (1.7) */
+PSC_API int psc_table_pull(psc_client *c, const char *name, const uint64_t *keys, size_t n, float *rows);
+
+/* Pushes row gradients grads (n x dim floats) for keys[0..n) of table
+ * name, computed on the model version of the parameters last pulled (in
+ * bsp: push them before the step's psc_pushpull, whose round applies
+ * them). 0, PSC_ENONFINITE (a gradient that is not finite: nothing sent)
+ * or a code. (1.7) */
+PSC_API int psc_table_push(psc_client *c, const char *name, const uint64_t *keys, size_t n, const float *grads);
+
+/* psc_table_push, then psc_table_pull of next[0..m) into rows. (1.7) */
+PSC_API int psc_table_pushpull(psc_client *c, const char *name, const uint64_t *keys, size_t n, const float *grads,
+                               const uint64_t *next, size_t m, float *rows);
 
 /* Reconnects now (as a failed call would with "reconnect" on). */
 PSC_API int psc_reconnect(psc_client *c);

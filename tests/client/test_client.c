@@ -652,10 +652,84 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.6.0");
+    assert_string_equal(psc_version_string(), "1.7.0");
     char macros[32]; /* the header's numbers say the same */
     snprintf(macros, sizeof macros, "%d.%d.%d", PSC_VERSION_MAJOR, PSC_VERSION_MINOR, PSC_VERSION_PATCH);
     assert_string_equal(psc_version_string(), macros);
+    psd_kill(&p);
+}
+
+/* Embedding tables (1.7): declared, pulled and pushed by key; a key twice
+ * in a call is pulled once and its gradients summed; calls of more keys
+ * than a message holds are split; a psd restarted without its state gets
+ * the tables declared again. */
+static void test_tables(void **state)
+{
+    int port = free_port();
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 1, port, NULL);
+    psc_client *c = client(p.addr, "0/1");
+    assert_int_equal(psc_set(c, "reconnect_s", "20"), 0);
+    assert_int_equal(psc_table(c, "emb", 3, "zeros", 0, 0, "sgd", "lr=0.5"), PSC_ESTATE);
+    assert_int_equal(psc_connect(c), 0);
+    assert_int_equal(psc_table(c, "emb", 3, "zeros", 0, 0, "sgd", "lr=0.5"), 0);
+    assert_int_equal(psc_table(c, "emb", 3, "zeros", 0, 0, "sgd", "lr=0.5"), 0); /* again: the same */
+    assert_int_equal(psc_table(c, "emb", 4, "zeros", 0, 0, "sgd", "lr=0.5"), PSC_ELAYOUT);
+    assert_non_null(strstr(psc_errmsg(c), "declared as dim 4"));
+    assert_int_equal(psc_table(c, "x", 3, "zeros", 0, 0, "sgd", "momentum=0.9"), PSC_EINVAL);
+    assert_non_null(strstr(psc_errmsg(c), "not 'momentum=0.9'"));
+    assert_int_equal(psc_table(c, "x", 3, "ones", 0, 0, "sgd", NULL), PSC_EINVAL);
+    assert_non_null(strstr(psc_errmsg(c), "unknown rinit 'ones'"));
+    assert_int_equal(psc_table(c, "x", 3, "uniform", 0.1, 0, "adagrad", "beta1=0.9"), PSC_EINVAL);
+    float rows[12];
+    uint64_t k[4] = {5, 7, 5, UINT64_MAX};
+    assert_int_equal(psc_table_pull(c, "nope", k, 4, rows), PSC_ENOTFOUND);
+    assert_int_equal(psc_table_pull(c, "emb", k, 4, rows), 0);
+    for (int i = 0; i < 12; i++)
+        assert_true(rows[i] == 0.0f);
+    const float g[9] = {1, 1, 1, 2, 2, 2, 3, 3, 3};
+    assert_int_equal(psc_table_push(c, "emb", k, 3, g), 0); /* key 5 twice: 1 + 3 */
+    uint64_t q[3] = {5, 7, 9};
+    assert_int_equal(psc_table_pull(c, "emb", q, 3, rows), 0);
+    for (int j = 0; j < 3; j++) {
+        assert_true(rows[j] == -2.0f);
+        assert_true(rows[3 + j] == -1.0f);
+        assert_true(rows[6 + j] == 0.0f);
+    }
+    const float bad[3] = {1, NAN, 1};
+    assert_int_equal(psc_table_push(c, "emb", q, 1, bad), PSC_ENONFINITE);
+    assert_int_equal(psc_table_pushpull(c, "emb", q + 2, 1, g, q, 3, rows), 0);
+    assert_true(rows[0] == -2.0f && rows[6] == -0.5f);
+
+    /* more keys than one message holds (65,536): split */
+    enum { N = 70000 };
+    uint64_t *kk = malloc(N * sizeof *kk);
+    float *gg = malloc(N * 3 * sizeof *gg), *rr = malloc(N * 3 * sizeof *rr);
+    assert_true(kk && gg && rr);
+    for (size_t i = 0; i < N; i++) {
+        kk[i] = 1000 + i * 0x9e3779b97f4a7c15ull;
+        for (int j = 0; j < 3; j++)
+            gg[3 * i + j] = (float)(i % 7);
+    }
+    assert_int_equal(psc_table_push(c, "emb", kk, N, gg), 0);
+    assert_int_equal(psc_table_pull(c, "emb", kk, N, rr), 0);
+    for (size_t i = 0; i < N; i++)
+        assert_true(rr[3 * i + 2] == -0.5f * (float)(i % 7));
+
+    /* psd restarted without its state: reconnected, the table declared again */
+    psd_kill(&p);
+    psd_start(&p, "asgd", 1, port, NULL);
+    assert_int_equal(psc_table_pull(c, "emb", q, 3, rows), 0);
+    for (int i = 0; i < 9; i++)
+        assert_true(rows[i] == 0.0f);
+    assert_int_equal(psc_reconnects(c), 1);
+    assert_int_equal(psc_table_push(c, "emb", q, 1, g), 0);
+    assert_int_equal(psc_table_pull(c, "emb", q, 1, rows), 0);
+    assert_true(rows[0] == -0.5f);
+    free(kk);
+    free(gg);
+    free(rr);
+    psc_free(c);
     psd_kill(&p);
 }
 
@@ -679,6 +753,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
         cmocka_unit_test(test_chunk_options),     cmocka_unit_test(test_mistakes),
         cmocka_unit_test(test_plan),              cmocka_unit_test(test_waiting_for),
+        cmocka_unit_test(test_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
