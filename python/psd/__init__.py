@@ -103,6 +103,7 @@ class Client:
         self._c = None
         self._bound = (None, None)
         self._since = None  # time.monotonic() when the step in flight began (waited())
+        self._tables = {}  # declared embedding tables: name -> dim
         c = lib.psc_new()
         if not c:
             raise MemoryError("psc_new: out of memory")
@@ -262,6 +263,69 @@ class Client:
     def pull_tensor(self, name):
         self.offset(name)
         self._check(lib.psc_pull_tensor(self._handle(), name.encode()))
+
+    # ---- embedding tables (proto/PROTOCOL.md section 13) -------------------
+
+    def table(self, name, dim, init="zeros", scale=0.0, seed=0, opt="adagrad", **hp):
+        """Declares embedding table name after connect(): rows of dim float32
+        values addressed by 64-bit keys, starting as "zeros", "uniform"
+        (uniform(-scale, scale)) or "normal" (normal(0, scale)), a function of
+        (seed, key) alone, updated by opt ("sgd", "adagrad", "adam": lazy,
+        per-row steps, "ftrl") with its hyper-parameters as keywords (lr, eps,
+        beta1, beta2, iacc, beta, l1, l2). Every worker declares it alike."""
+        text = ",".join("%s=%r" % (k, float(v)) for k, v in hp.items())
+        self._check(lib.psc_table(self._handle(), str(name).encode(), int(dim), str(init).encode(), float(scale),
+                                  int(seed), str(opt).encode(), text.encode()))
+        self._tables[str(name)] = int(dim)
+
+    def _table_dim(self, name):
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise KeyError("no table called %r (declare it with table() first)" % (name,)) from None
+
+    @staticmethod
+    def _keys(keys):
+        k = np.asarray(keys)
+        if k.dtype.kind not in "iu":
+            raise TypeError("keys must be integers, not %s" % k.dtype)
+        return np.ascontiguousarray(k.reshape(-1).astype(np.uint64, copy=False))
+
+    def _rows(self, a, n, dim, what):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.size != n * dim:
+            raise ValueError("%s has %d values for %d keys of dim %d" % (what, a.size, n, dim))
+        return a
+
+    def pull_rows(self, name, keys, out=None):
+        """The rows of keys (any integer array; repeats allowed) of table
+        name, as a float32 array of shape (len(keys), dim); into out when given."""
+        dim = self._table_dim(name)
+        k = self._keys(keys)
+        rows = np.empty((k.size, dim), np.float32) if out is None else out
+        self._rows(rows, k.size, dim, "out")
+        if not rows.flags.c_contiguous or rows.dtype != np.float32:
+            raise ValueError("out must be a C-contiguous float32 array")
+        self._check(lib.psc_table_pull(self._handle(), name.encode(), k.ctypes.data, k.size, rows.ctypes.data))
+        return rows
+
+    def push_rows(self, name, keys, grads):
+        """Pushes the row gradients grads ((len(keys), dim) float32) of keys
+        of table name; a key that repeats has its gradients summed."""
+        dim = self._table_dim(name)
+        k = self._keys(keys)
+        g = self._rows(grads, k.size, dim, "grads")
+        self._check(lib.psc_table_push(self._handle(), name.encode(), k.ctypes.data, k.size, g.ctypes.data))
+
+    def pushpull_rows(self, name, keys, grads, next_keys):
+        """push_rows(name, keys, grads), then pull_rows(name, next_keys)."""
+        dim = self._table_dim(name)
+        k, nk = self._keys(keys), self._keys(next_keys)
+        g = self._rows(grads, k.size, dim, "grads")
+        rows = np.empty((nk.size, dim), np.float32)
+        self._check(lib.psc_table_pushpull(self._handle(), name.encode(), k.ctypes.data, k.size, g.ctypes.data,
+                                           nk.ctypes.data, nk.size, rows.ctypes.data))
+        return rows
 
     def pushpull_start(self, base=None):
         """pushpull on the library's thread; compute on other memory, then wait().

@@ -542,3 +542,46 @@ def test_waiting_for_names_the_shard_a_round_waits_for(cluster):
     assert a.waiting_for() is None and a.waited() == 0.0 and notice.line() is None
     lines = out.text.splitlines()
     assert lines and all(line.startswith("worker 0/2: waiting ") for line in lines), lines
+
+
+def test_tables_numpy_keys_and_rows(cluster):
+    """psd.Client's tables (proto/PROTOCOL.md section 13): NumPy keys of any
+    integer type (int64 keys are the uint64 keys' bits), rows as float32
+    arrays; repeats pulled once and summed on push; the initial rows are
+    the same for two workers; AdaGrad as section 13.4 gives it."""
+    p = start(cluster)
+    a = client(p.addr, "0/2", connect=True)
+    b = client(p.addr, "1/2", connect=True)
+    with pytest.raises(KeyError):
+        a.pull_rows("emb", [1])
+    for c in (a, b):
+        c.table("emb", 4, init="uniform", scale=0.05, seed=11, opt="adagrad", lr=0.1)
+    with pytest.raises(psd.PsdError) as e:
+        b.table("emb", 4, init="uniform", scale=0.05, seed=11, opt="adagrad", lr=0.2)
+    assert e.value.code == -7 and "but psd holds it as" in str(e.value)  # ELAYOUT
+    with pytest.raises(psd.PsdError) as e:
+        a.table("x", 4, opt="adagrad", momentum=0.9)
+    assert "momentum" in str(e.value)
+    keys = np.array([3, -1, 3, 2**40], np.int64)  # -1: the key 2^64 - 1
+    r0 = a.pull_rows("emb", keys)
+    assert r0.shape == (4, 4) and r0.dtype == np.float32
+    assert np.array_equal(r0[0], r0[2]) and np.all(np.abs(r0) < 0.05)
+    assert np.array_equal(b.pull_rows("emb", np.array([2**64 - 1], np.uint64))[0], r0[1])
+    g = np.arange(16, dtype=np.float32).reshape(4, 4) / 10
+    a.push_rows("emb", keys, g)
+    got = b.pull_rows("emb", [3, 2**40, 7])
+    sum3 = g[0] + g[2]  # key 3 twice: summed
+    want3 = r0[0] - 0.1 * sum3 / (np.sqrt(sum3.astype(np.float64) ** 2) + 1e-10)
+    np.testing.assert_allclose(got[0], want3, rtol=1e-6)
+    np.testing.assert_allclose(got[1], r0[3] - 0.1 * np.sign(g[3]) * (g[3] != 0), rtol=1e-6)
+    nxt = a.pushpull_rows("emb", [7], np.ones((1, 4), np.float32), [7, 3])
+    assert nxt.shape == (2, 4) and np.array_equal(nxt[1], got[0])
+    assert not np.array_equal(nxt[0], got[2])
+    out = np.empty((2, 4), np.float32)
+    assert a.pull_rows("emb", [7, 3], out=out) is out and np.array_equal(out, nxt)
+    with pytest.raises(ValueError):
+        a.push_rows("emb", [1, 2], np.ones((3, 4), np.float32))
+    with pytest.raises(TypeError):
+        a.pull_rows("emb", [1.5])
+    a.close()
+    b.close()
