@@ -54,10 +54,29 @@ psd hands out until the plan is done:
 ASGD, BSP and SSP, one psd or a model split over several
 (server="host:port,host:port"), the wire type and every other option are
 those of psd.Client (docs/client.md).
+
+Embedding tables (proto/PROTOCOL.md section 13): psd.torch.Embedding and
+psd.torch.EmbeddingBag hold no parameters; their rows live in psd, addressed
+by 64-bit keys (hashed raw features: no vocabulary), each with its optimizer
+state there (the table's own optimizer, opt=...). A forward pass pulls the
+rows of the batch's distinct keys, one request per table; backward pushes
+their row gradients. Put them in the module the Worker wraps: the Worker
+declares their tables when it connects, and its step() then pushes the
+dense part (after the table rows, so a bsp round applies both):
+
+    class CTR(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = psd.torch.EmbeddingBag("ads", 16, mode="sum", opt="adagrad", lr=0.05)
+            self.top = torch.nn.Linear(16, 1)
+        def forward(self, keys, offsets):
+            return self.top(self.emb(keys, offsets))
+    ps = psd.torch.Worker(CTR(), server=..., shard="auto")
 """
 
 import sys
 
+import numpy as np
 import torch
 
 import psd as _psd
@@ -84,6 +103,7 @@ class Worker:
             raise TypeError("psd.torch.Worker wraps a torch.nn.Module, not %s" % type(module).__name__)
         self.module = module
         self._params = [(n, p) for n, p in module.named_parameters()]
+        self._has_tables = any(isinstance(m, _Table) for m in module.modules())
         if not self._params:
             raise ValueError("the module has no parameters to train")
         for n, p in self._params:
@@ -110,6 +130,9 @@ class Worker:
         self.pipeline = bool(pipeline)
         if self.pipeline and self.cuda:
             raise ValueError("pipeline=True needs the module's parameters on the CPU")
+        if self.pipeline and self._has_tables:
+            raise ValueError("pipeline=True is not for modules with psd.torch embedding tables: their rows are "
+                             "pushed in backward, while the step before would still be in flight")
         # the pairs of flat vectors the module computes on: the library's
         # own, or (pipeline) two pairs of the worker's, bound in turn; not
         # the library's own then, which are psd's shared segment: psd
@@ -155,8 +178,11 @@ class Worker:
                 p.grad = g
 
     def connect(self):
-        """Connects and gets the model (our parameters if psd has none)."""
+        """Connects and gets the model (our parameters if psd has none), and
+        declares the module's embedding tables."""
         self.client.connect()
+        if self._has_tables:
+            _attach_tables(self.module, self.client)
         self._after_pull()
         if self.pipeline and self.client.mode == "bsp":
             self.client.close(reason="pipeline=True in a bsp job")
@@ -271,3 +297,87 @@ class Worker:
             if self._notice is not None:
                 self._notice.stop()
             self.client.close(reason=reason)
+
+
+class _Table(torch.nn.Module):
+    """What Embedding and EmbeddingBag share: the table's declaration, the
+    client (set when the Worker connects, or by attach()), and a forward
+    pass's distinct keys and rows, whose gradient backward pushes."""
+
+    def __init__(self, name, embedding_dim, init="uniform", scale=None, seed=0, opt="adagrad", **hp):
+        super().__init__()
+        if int(embedding_dim) < 1:
+            raise ValueError("embedding_dim must be at least 1")
+        self.table = str(name)
+        self.embedding_dim = int(embedding_dim)
+        if scale is None:
+            scale = 1.0 / self.embedding_dim ** 0.5 if init == "uniform" else 1.0 if init == "normal" else 0.0
+        self._decl = dict(init=init, scale=float(scale), seed=int(seed), opt=opt, **hp)
+        self.client = None
+
+    def attach(self, client):
+        """Declares the table to psd through client (a connected psd.Client)."""
+        client.table(self.table, self.embedding_dim, **self._decl)
+        self.client = client
+
+    def _rows(self, keys):
+        """The rows of keys' distinct keys as a leaf tensor whose gradient
+        is pushed in backward, and each key's index among them."""
+        if self.client is None:
+            raise RuntimeError("table %r has no psd client: wrap the model in psd.torch.Worker (or call attach)"
+                               % self.table)
+        if keys.dtype not in (torch.int64, torch.int32):
+            raise TypeError("keys must be int64 or int32, not %s" % keys.dtype)
+        flat = keys.reshape(-1).to(torch.int64).cpu()
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        ukeys = uniq.numpy()
+        rows = torch.from_numpy(self.client.pull_rows(self.table, ukeys))
+        if not torch.is_grad_enabled():
+            return rows.to(keys.device), inverse.to(keys.device)
+        rows.requires_grad_(True)
+        client, table = self.client, self.table
+
+        def push(grad):
+            client.push_rows(table, ukeys, np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32))
+            return grad
+
+        rows.register_hook(push)
+        return rows.to(keys.device), inverse.to(keys.device)
+
+
+class Embedding(_Table):
+    """torch.nn.Embedding with its rows in psd table `name`: input holds
+    keys (any int64 values, hashed features), the output their rows,
+    shape input.shape + (embedding_dim,). init "uniform" (scale: the bound,
+    default 1/sqrt(dim)), "normal" (scale: the std, default 1) or "zeros";
+    opt and its hyper-parameters (lr=..., ...) as psd.Client.table."""
+
+    def forward(self, input):
+        rows, inverse = self._rows(input)
+        return torch.nn.functional.embedding(inverse.view(input.shape), rows)
+
+
+class EmbeddingBag(_Table):
+    """torch.nn.EmbeddingBag with its rows in psd table `name`: mode "sum"
+    or "mean" over each bag; input a 2-D tensor of keys (one bag a row), or
+    a 1-D tensor with offsets (the start of each bag, as PyTorch's)."""
+
+    def __init__(self, name, embedding_dim, mode="mean", **kw):
+        super().__init__(name, embedding_dim, **kw)
+        if mode not in ("sum", "mean"):
+            raise ValueError("mode must be 'sum' or 'mean', not %r" % (mode,))
+        self.mode = mode
+
+    def forward(self, input, offsets=None):
+        if input.dim() == 2 and offsets is not None:
+            raise ValueError("offsets go with a 1-D input only")
+        if input.dim() == 1 and offsets is None:
+            raise ValueError("a 1-D input needs offsets (the start of each bag)")
+        rows, inverse = self._rows(input)
+        return torch.nn.functional.embedding_bag(inverse.view(input.shape), rows, offsets, mode=self.mode)
+
+
+def _attach_tables(module, client):
+    for m in module.modules():
+        if isinstance(m, _Table):
+            m.attach(client)

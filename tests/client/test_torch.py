@@ -257,3 +257,86 @@ def test_wait_notice_says_whom_the_step_waits_for(cluster, monkeypatch):
     assert w0.version == w1.version == 1 and w0.client.waiting_for() is None
     w0.close()
     assert w0._notice._thread is None                           # stopped with the worker
+
+
+class CTR(nn.Module):
+    """A bag of ad keys and a single user key, their rows in psd, a dense head."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        self.ads = psd.torch.EmbeddingBag("ads", 4, mode="mean", init="uniform", scale=0.5, seed=3, opt="sgd",
+                                          lr=0.5)
+        self.user = psd.torch.Embedding("user", 4, init="normal", scale=0.3, seed=4, opt="sgd", lr=0.5)
+        torch.manual_seed(seed)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, ads, offsets, user):
+        return self.head(torch.cat([self.ads(ads, offsets), self.user(user)], 1)).squeeze(1)
+
+
+class Reference(nn.Module):
+    """The same model with its tables local: nn.EmbeddingBag and nn.Embedding."""
+
+    def __init__(self, ads_rows, user_rows, head):
+        super().__init__()
+        self.ads = nn.EmbeddingBag(ads_rows.shape[0], 4, mode="mean")
+        self.user = nn.Embedding(user_rows.shape[0], 4)
+        self.head = nn.Linear(8, 1)
+        with torch.no_grad():
+            self.ads.weight.copy_(ads_rows)
+            self.user.weight.copy_(user_rows)
+            self.head.load_state_dict(head.state_dict())
+
+    def forward(self, ads, offsets, user):
+        return self.head(torch.cat([self.ads(ads, offsets), self.user(user)], 1)).squeeze(1)
+
+
+def ctr_batch(step):
+    g = torch.Generator().manual_seed(100 + step)
+    lengths = torch.randint(1, 5, (8,), generator=g)
+    ads = torch.randint(0, 30, (int(lengths.sum()),), generator=g)  # repeats within and across bags
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+    user = torch.randint(0, 10, (8,), generator=g)
+    y = torch.randint(0, 2, (8,), generator=g).float()
+    return ads, offsets, user, y
+
+
+def test_embedding_tables_train_like_local_ones(cluster):
+    """psd.torch.EmbeddingBag (mean, offsets) and Embedding with their rows in
+    psd train as nn.EmbeddingBag and nn.Embedding do with SGD, with a dense
+    head through the Worker in the same step (ASGD, one worker, psd's SGD at
+    the same learning rate): after 6 steps the rows and the head agree."""
+    p = cluster.psd(mode="asgd", workers=1, args=SGD)
+    model = CTR()
+    ps = psd.torch.Worker(model, server=p.addr, shard="0/1", connect_s=5, timeout_ms=20000)
+    assert [n for n, _ in model.named_parameters()] == ["head.weight", "head.bias"]
+    ads_rows = torch.from_numpy(ps.client.pull_rows("ads", np.arange(30)))
+    user_rows = torch.from_numpy(ps.client.pull_rows("user", np.arange(10)))
+    ref = Reference(ads_rows, user_rows, model.head)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for step in range(6):
+        ads, offsets, user, y = ctr_batch(step)
+        ps.zero_grad()
+        loss = nn.functional.binary_cross_entropy_with_logits(model(ads, offsets, user), y)
+        loss.backward()  # pushes the rows' gradients
+        ps.step()        # pushes the head's, pulls it back
+        opt.zero_grad()
+        rloss = nn.functional.binary_cross_entropy_with_logits(ref(ads, offsets, user), y)
+        rloss.backward()
+        opt.step()
+        assert abs(loss.item() - rloss.item()) < 1e-5, step
+    np.testing.assert_allclose(ps.client.pull_rows("ads", np.arange(30)), ref.ads.weight.detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ps.client.pull_rows("user", np.arange(10)), ref.user.weight.detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.head.weight.detach().numpy(), ref.head.weight.detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+    # 2-D input: fixed-size bags; no_grad pulls and pushes nothing
+    with torch.no_grad():
+        out = model.ads(torch.tensor([[1, 2], [3, 3]]))
+    np.testing.assert_allclose(out.numpy(), ref.ads(torch.tensor([[1, 2], [3, 3]])).detach().numpy(), rtol=1e-5)
+    with pytest.raises(ValueError):
+        model.ads(torch.tensor([1, 2]))
+    with pytest.raises(ValueError):
+        psd.torch.Worker(CTR(), connect=False, pipeline=True, server=p.addr, shard="0/1")
+    ps.close()
