@@ -385,6 +385,9 @@ static void cmd_reset(srv_conn *c, ps_msg *m)
     for (srv_conn *o = s->conns; o; o = o->next)
         if (o->worker && !o->closing)
             srv_pulls_drop(o);
+        else if (!o->closing && o->parked) /* an admin's: answered, it waits for a version of no model */
+            srv_pulls_refuse(o, PS_ESTATE, "pull not answered: the model was reset by an admin (psctl reset); "
+                                           "its versions start again from 0");
     s->policy->destroy(s); /* rounds, kept gradients, DC-ASGD's snapshots: made anew */
     srv_model_release(&s->model);
     srv_plan_clear(&s->plan); /* the job's: the next worker's hello proposes one again */

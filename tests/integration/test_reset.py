@@ -12,7 +12,9 @@
   (issue 32): a reset --force as soon as its file appears (it was left
   unanswered), a reset while it waits for a BSP round closing piece by
   piece (ERROR STATE), a shutdown while it waits (ERROR SHUTDOWN before the
-  connection closes).
+  connection closes); an admin's parked pull gets ERROR STATE at a reset,
+  and a pinned admin's pulls are bounded by the pinned version's size, not
+  by the bigger model a reset let in (they read past the snapshot).
 """
 
 import glob
@@ -23,8 +25,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import (E_SHUTDOWN, E_STATE, T_ADMIN, T_ERROR, T_INIT, T_OK, T_PUSH, RawClient,  # noqa: E402
-                     expect_error)
+from harness import (E_RANGE, E_SHUTDOWN, E_STATE, T_ADMIN, T_ERROR, T_INIT, T_OK, T_PARAMS, T_PULL,  # noqa: E402
+                     T_PUSH, RawClient, expect_error)
 
 N, PIECE = 4096, 1024
 
@@ -165,6 +167,40 @@ class ResetTest(unittest.TestCase):
             expect_error(self, r, E_STATE, "checkpoint across a reset")
             self.assertIn("checkpoint of version 0 not written: the model was reset by admin", r["text"])
             for c in [a] + ws:
+                c.close()
+            psd.stop()
+
+    def test_admin_pulls_across_reset(self):
+        with harness.Cluster("psd-reset-pulls") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            w = RawClient(psd.addr, 10.0)
+            self.assertTrue(w.hello_worker([["w", [N]]], 0, 1).get("init"))
+            self.assertEqual(w.request({"t": T_INIT, "off": 0, "fin": True, "data": bytes(4 * N)}).get("t"), T_OK)
+            pinned, waiting = admin(psd.addr), admin(psd.addr)
+            self.assertEqual(pinned.request({"t": T_ADMIN, "cmd": "pin"}).get("t"), T_OK)
+            waiting.send_frame({"t": T_PULL, "id": 9, "off": 0, "len": N, "min": 1000})
+            with admin(psd.addr) as b:
+                self.assertEqual(b.request({"t": T_ADMIN, "cmd": "reset", "args": ["force"]}).get("t"), T_OK)
+            r = one_answer(self, waiting, 9, "the parked pull")
+            expect_error(self, r, E_STATE, "parked pull across a reset")
+            self.assertIn("the model was reset", r["text"])
+            # a model of 3 blocks of psd's (2^20 values each) where one was
+            big = 3 << 20
+            w.close()
+            w = RawClient(psd.addr, 30.0)
+            self.assertTrue(w.hello_worker([["w", [big]]], 0, 1).get("init"))
+            for off in range(0, big, 1 << 18):
+                r = w.request({"t": T_INIT, "off": off, "fin": off + (1 << 18) == big, "data": bytes(4 << 18)})
+                self.assertEqual(r.get("t"), T_OK, r)
+            r = pinned.request({"t": T_PULL, "off": (1 << 20) + 8, "len": 16})
+            expect_error(self, r, E_RANGE, "pinned pull past the pinned version")
+            self.assertIn("outside the pinned version's %d parameters" % N, r["text"])
+            r = pinned.request({"t": T_PULL, "off": 0, "len": N})
+            self.assertEqual((r.get("t"), r.get("ver"), len(r.get("data", b""))), (T_PARAMS, 0, 4 * N), r.get("text"))
+            self.assertEqual(pinned.request({"t": T_ADMIN, "cmd": "unpin"}).get("t"), T_OK)
+            r = pinned.request({"t": T_PULL, "off": (1 << 20) + 8, "len": 16})
+            self.assertEqual((r.get("t"), len(r.get("data", b""))), (T_PARAMS, 64), r.get("text"))
+            for c in (pinned, waiting, w):
                 c.close()
             psd.stop()
 
