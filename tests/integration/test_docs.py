@@ -98,4 +98,4 @@ class DocsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

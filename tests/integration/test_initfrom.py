@@ -222,4 +222,4 @@ class InitFromTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()
