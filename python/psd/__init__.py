@@ -31,10 +31,16 @@ as psworker does (see psd/mnist.py).
 import ctypes
 import os
 import signal
+import sys
 import threading
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:
+    raise ImportError("psd needs NumPy, which this Python (%s) cannot import (%s): on Debian install it with "
+                      "`apt-get install python3-numpy` and run Debian's /usr/bin/python3, or install numpy into "
+                      "this Python's environment" % (sys.executable, e)) from None
 
 from ._lib import lib, PSC_CODES
 from .plan import Plan, Slice, epoch_order
@@ -173,7 +179,7 @@ class Client:
         self.size = int(lib.psc_size(c))
         self._own_params = self._wrap(lib.psc_params(c))
         self._own_grads = self._wrap(lib.psc_grads(c))
-        self.params, self.grads = self._own_params, self._own_grads
+        self._params, self._grads = self._own_params, self._own_grads
         if init is not None:
             self.params[:] = np.asarray(init, dtype=np.float32).reshape(-1)
         if connect:
@@ -201,6 +207,31 @@ class Client:
         return np.frombuffer(buf, dtype=np.float32)
 
     # ---- layout and buffers ----------------------------------------------
+
+    @property
+    def params(self):
+        """The parameter vector (size float32 values) that pulls write:
+        the library's own, or the array given to bind(). Write into it
+        (c.params[:] = values); the attribute itself cannot be replaced."""
+        return self._params
+
+    @params.setter
+    def params(self, value):
+        raise AttributeError("Client.params cannot be replaced: it is the vector the library pulls into and "
+                             "psd's initial model comes from; copy into it (c.params[:] = values), or use your own "
+                             "array with c.bind(params=array)")
+
+    @property
+    def grads(self):
+        """The gradient vector (size float32 values) that pushes read:
+        the library's own, or the array given to bind(). Write into it
+        (c.grads[:] = gradient); the attribute itself cannot be replaced."""
+        return self._grads
+
+    @grads.setter
+    def grads(self, value):
+        raise AttributeError("Client.grads cannot be replaced: it is the vector the library pushes from; copy "
+                             "into it (c.grads[:] = gradient), or use your own array with c.bind(grads=array)")
 
     @property
     def tensors(self):
@@ -250,8 +281,8 @@ class Client:
         self._check(lib.psc_bind(self._handle(), pp, gp))
         self._bound = (params, grads)
         flat = lambda a: a if a.ndim == 1 else a.reshape(-1)  # noqa: E731 (a view: contiguous)
-        self.params = flat(params) if params is not None else self._own_params
-        self.grads = flat(grads) if grads is not None else self._own_grads
+        self._params = flat(params) if params is not None else self._own_params
+        self._grads = flat(grads) if grads is not None else self._own_grads
 
     # ---- connecting and training -----------------------------------------
 

@@ -618,3 +618,53 @@ def test_a_shard_taken_is_refused_at_once(cluster):
     assert time.monotonic() - t0 < 3
     assert e.value.name == "ESHARD" and "a shard of its own" in str(e.value) and "unreachable" not in str(e.value)
     a.close()
+
+
+def test_params_and_grads_cannot_be_replaced():
+    """Assigning Client.params or .grads would leave the library's vectors
+    behind (psd's initial model zeros, every push zeros): it is refused
+    with what to do, and copying into them works."""
+    c = psd.Client(LAYOUT, connect_s=1)
+    before = c.params
+    with pytest.raises(AttributeError, match=r"c\.params\[:\] = values.*c\.bind\(params=array\)"):
+        c.params = np.ones(N, dtype=np.float32)
+    with pytest.raises(AttributeError, match=r"c\.grads\[:\] = gradient.*c\.bind\(grads=array\)"):
+        c.grads = np.ones(N, dtype=np.float32)
+    assert c.params is before
+    c.params[:] = 2.0
+    assert float(c.tensor("b")[0]) == 2.0
+    mine = np.zeros(N, dtype=np.float32)
+    c.bind(params=mine)
+    assert c.params is mine
+    c.bind()
+    assert c.params is before
+
+
+def test_import_without_numpy_says_what_to_install():
+    child = "import sys\nsys.modules['numpy'] = None\nimport psd\n"
+    r = subprocess.run([PY, "-c", child], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: psd needs NumPy"), r.stderr
+    assert "apt-get install python3-numpy" in last, last
+
+
+def test_layout_mismatch_names_the_first_difference_whole(cluster):
+    """A worker whose model differs from psd's in one tensor deep in a long
+    layout hears which (place, name, both shapes), both parameter counts and
+    that `psctl reset` starts a new job, in a message that is not cut."""
+    p = start(cluster)
+    names = ["encoder.layers.%02d.self_attention.in_proj_weight" % i for i in range(30)]
+    mine = [(n, (8, 8)) for n in names]
+    theirs = list(mine)
+    theirs[17] = (names[17], (8, 9))
+    a = client(p.addr, "0/2", layout=mine, connect=True)
+    with pytest.raises(psd.PsdError) as e:
+        client(p.addr, "1/2", layout=theirs, connect=True)
+    msg = str(e.value)
+    assert e.value.name == "ELAYOUT"
+    assert ("model layout mismatch at tensor 17: psd holds %s[8,8], this worker has %s[8,9]" % (names[17], names[17])
+            in msg), msg
+    assert "psd: 1920 parameters in 30 tensors" in msg and "this worker: 1928 in 30" in msg, msg
+    assert "`psctl reset`" in msg and msg.endswith("psd's) [LAYOUT] [ELAYOUT]"), msg
+    a.close()
