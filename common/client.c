@@ -124,10 +124,16 @@ static int wait_fd(ps_client *c, short events, int64_t deadline)
                 return cfail(c, PS_ETIMEOUT, "%s: timed out waiting for psd", c->server);
             tmo = left > 60000 ? 60000 : (int)left;
         }
+        if (c->interrupted && __atomic_load_n(c->interrupted, __ATOMIC_RELAXED))
+            return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
         struct pollfd p = {.fd = c->fd, .events = events};
         int n = poll(&p, 1, tmo);
         if (n > 0)
             return 0;
+        if (n < 0 && errno == EINTR && c->interrupted) {
+            __atomic_store_n(c->interrupted, 1, __ATOMIC_RELAXED);
+            return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
+        }
         if (n < 0 && errno != EINTR)
             return cfail(c, PS_EIO, "%s: poll: %s", c->server, strerror(errno));
     }

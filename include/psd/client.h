@@ -85,7 +85,8 @@ enum {
     PSC_EINVAL = -23,      /* a bad argument; psc_errmsg says which */
     PSC_EREMOTE = -24,     /* psd refused with a code not listed above */
     PSC_EBUSY = -25,       /* a psc_pushpull_start is in flight: psc_wait first */
-    PSC_ENOTFOUND = -26    /* no tensor of that name */
+    PSC_ENOTFOUND = -26,   /* no tensor of that name */
+    PSC_EINTR = -27        /* a signal ended the wait (option interrupt on) */
 };
 
 typedef struct psc_client psc_client;
@@ -151,6 +152,14 @@ PSC_API psc_client *psc_new(void);
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log
  *                lines on stderr (process-wide)
+ *   interrupt    "on" or "off" (the default): with on, a signal whose
+ *                handler runs on the calling thread while a call waits
+ *                for psd (a BSP round, a pull, psc_connect's retries) ends
+ *                that call with PSC_EINTR; the library's own threads block
+ *                signals, so SIGINT and SIGTERM reach the caller's. Then
+ *                psc_leave (it says bye at once) or try the call again (the
+ *                library reconnects first: a wait ended mid-frame leaves
+ *                the connection unusable); psc_wait is not interrupted
  * Before psc_connect only, except "log" and "report_s". Returns 0, PSC_EINVAL (an unknown
  * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
 PSC_API int psc_set(psc_client *c, const char *key, const char *value);
