@@ -419,6 +419,24 @@ int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_
     return 0;
 }
 
+int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims, const char *rule,
+                   const char *dtype)
+{
+    int buf = rule ? ps_buf_parse(rule, strlen(rule)) : -1;
+    int sdt = dtype ? ps_save_dt_parse(dtype, strlen(dtype)) : PS_SAVE_F32;
+    if (buf < 0)
+        return fail(c, PSC_EINVAL, "buffer '%.63s': rule '%.40s': \"mean\" (psd keeps the mean of the workers' "
+                                   "values) or \"first\" (shard 0's)", name ? name : "", rule ? rule : "(null)");
+    if (sdt < 0)
+        return fail(c, PSC_EINVAL, "buffer '%.63s': dtype '%.40s': \"F32\", \"F64\", \"I64\" or \"I32\"",
+                    name ? name : "", dtype);
+    int rc = psc_add_tensor(c, name, ndim, dims);
+    if (rc != 0)
+        return rc;
+    ps_layout_set_buffer(&c->layout, (unsigned)buf, (unsigned)sdt);
+    return 0;
+}
+
 uint64_t psc_size(const psc_client *c)
 {
     return c->layout.total;

@@ -283,7 +283,9 @@ static void tensor_text(const ps_layout *l, uint32_t i, char *buf, size_t len)
     for (uint32_t d = 0; d < t->ndim && pos < len; d++)
         pos += (size_t)snprintf(buf + pos, len - pos, d ? ",%u" : "%u", t->dims[d]);
     if (pos < len)
-        snprintf(buf + pos, len - pos, "]");
+        pos += (size_t)snprintf(buf + pos, len - pos, "]");
+    if (t->buf && pos < len)
+        snprintf(buf + pos, len - pos, " (a buffer: %s, %s)", ps_buf_name(t->buf), ps_save_dt_name(t->save_dt));
 }
 
 /* The refusal of a worker whose layout is not psd's: the first tensor
@@ -298,7 +300,8 @@ static void layout_mismatch(const ps_layout *mine, const ps_layout *theirs, cons
     while (i < mine->ntensors && i < theirs->ntensors) {
         const ps_tensor_desc *x = &mine->t[i], *y = &theirs->t[i];
         if (x->ndim != y->ndim || strcmp(x->name, y->name) != 0 ||
-            memcmp(x->dims, y->dims, x->ndim * sizeof x->dims[0]) != 0)
+            memcmp(x->dims, y->dims, x->ndim * sizeof x->dims[0]) != 0 || x->buf != y->buf ||
+            x->save_dt != y->save_dt)
             break;
         i++;
     }

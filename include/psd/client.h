@@ -172,6 +172,22 @@ PSC_API int psc_set(psc_client *c, const char *key, const char *value);
  * psc_bind or psc_connect): PSC_ESTATE after. */
 PSC_API int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims);
 
+/* Appends a buffer: a tensor of the model that psd keeps (pulls bring it,
+ * checkpoints and `psctl save` hold it) but does not train, such as
+ * BatchNorm's running statistics. In a push, a buffer's place in the
+ * gradient vector holds the worker's current values of it (not a
+ * gradient), and psd combines them by rule: "mean" (a BSP round: the mean
+ * of the round's values; asgd and ssp: each push moves psd's values
+ * 1/workers of the way to its own) or "first" (shard 0's values; in a BSP
+ * round, the lowest shard's when psd keeps the pushes in shard order,
+ * its default, else the mean). dtype, NULL for "F32", is the dtype
+ * `psctl save` writes it as: "F32", "F64", "I64" (a counter such as
+ * num_batches_tracked) or "I32"; values travel as float32 (integers exact
+ * to 2^24). Otherwise as psc_add_tensor; the rule and dtype are part of
+ * the layout every worker declares alike. */
+PSC_API int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims, const char *rule,
+                           const char *dtype);
+
 /* Values in the flat vector (0 before any tensor). */
 PSC_API uint64_t psc_size(const psc_client *c);
 /* Tensors declared. */

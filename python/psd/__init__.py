@@ -114,7 +114,11 @@ class Client:
     """One worker's connection to psd (or to several psd sharing the model).
 
     tensors: the layout, a list of (name, shape) pairs or a dict of them in
-    order; every worker of a job declares the same. Keyword options are
+    order; every worker of a job declares the same. (name, shape, rule) or
+    (name, shape, rule, dtype) declares a buffer: a tensor psd keeps but
+    does not train, whose place in grads holds the worker's values at a
+    push, combined by rule "mean" or "first" (shard 0's); dtype ("F32",
+    "F64", "I64", "I32") is how `psctl save` writes it (docs/client.md). Keyword options are
     libpsclient's (docs/client.md): server ("host:port" or
     "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
     and Kubernetes environments), token_file, timeout_ms, reconnect_s,
@@ -153,16 +157,26 @@ class Client:
         if options.get("interrupt") is None:
             self._check(lib.psc_set(c, b"interrupt", b"on"))
         items = tensors.items() if isinstance(tensors, dict) else tensors
+        self._buffers = {}
         for item in items:
             try:
-                name, shape = item
+                name, shape, *buf = item
+                if len(buf) > 2:
+                    raise ValueError
             except (TypeError, ValueError):
-                raise TypeError("a tensor is a (name, shape) pair, not %r" % (item,)) from None
+                raise TypeError("a tensor is a (name, shape) pair, or (name, shape, rule[, dtype]) for a buffer, "
+                                "not %r" % (item,)) from None
             if isinstance(shape, int):
                 shape = (shape,)
             shape = tuple(int(d) for d in shape)
             dims = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
-            self._check(lib.psc_add_tensor(c, str(name).encode(), len(shape), dims))
+            if buf:
+                rule, dtype = buf[0], buf[1] if len(buf) > 1 else None
+                self._check(lib.psc_add_buffer(c, str(name).encode(), len(shape), dims, str(rule).encode(),
+                                               str(dtype).encode() if dtype is not None else None))
+                self._buffers[str(name)] = (str(rule), str(dtype or "F32"))
+            else:
+                self._check(lib.psc_add_tensor(c, str(name).encode(), len(shape), dims))
         self._shapes = {}
         self._offsets = {}
         for i in range(lib.psc_tensor_count(c)):
@@ -237,6 +251,12 @@ class Client:
     def tensors(self):
         """{name: shape} in layout order."""
         return dict(self._shapes)
+
+    @property
+    def buffers(self):
+        """{name: (rule, dtype)} of the layout's buffers (tensors psd keeps
+        but does not train: a push carries their values)."""
+        return dict(self._buffers)
 
     def offset(self, name):
         """(offset, count) of tensor name in the flat vectors."""

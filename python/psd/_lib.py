@@ -55,6 +55,7 @@ for name, res, args in [
     ("psc_new", _c, []),
     ("psc_set", _i, [_c, _s, _s]),
     ("psc_add_tensor", _i, [_c, _s, _u32, ctypes.POINTER(_u64)]),
+    ("psc_add_buffer", _i, [_c, _s, _u32, ctypes.POINTER(_u64), _s, _s]),
     ("psc_size", _u64, [_c]),
     ("psc_tensor_count", _u32, [_c]),
     ("psc_tensor_info", _i, [_c, _u32, ctypes.POINTER(_s), ctypes.POINTER(_u32), ctypes.POINTER(_u64),

@@ -668,3 +668,52 @@ def test_layout_mismatch_names_the_first_difference_whole(cluster):
     assert "psd: 1920 parameters in 30 tensors" in msg and "this worker: 1928 in 30" in msg, msg
     assert "`psctl reset`" in msg and msg.endswith("psd's) [LAYOUT] [ELAYOUT]"), msg
     a.close()
+
+
+# ---- buffers: tensors psd keeps but does not train --------------------------
+
+BUF_LAYOUT = [("w", (4,)), ("m", (3,), "mean"), ("f", (2,), "first", "I64")]
+
+
+def test_buffers_asgd_mean_and_first_saved_in_their_dtype(cluster):
+    """asgd: the optimizer leaves buffers alone; a "mean" buffer moves
+    1/workers of the way to each push's values, a "first" one takes shard
+    0's and ignores the others'; psctl save writes them under their names,
+    "first" as I64; a worker with another rule is another layout."""
+    p = start(cluster)
+    a = client(p.addr, "0/2", layout=BUF_LAYOUT)
+    assert a.buffers == {"m": ("mean", "F32"), "f": ("first", "I64")}
+    a.params[:] = [1, 1, 1, 1, 0, 0, 0, 5, 5]
+    a.connect()
+    b = client(p.addr, "1/2", layout=BUF_LAYOUT, connect=True)
+    a.grads[:] = [1, 1, 1, 1, 2, 2, 2, 9, 9]          # gradient, then the buffers' values
+    a.pushpull()
+    assert a.params.tolist() == [0.5] * 4 + [1.0] * 3 + [9.0] * 2
+    b.grads[:] = [1, 1, 1, 1, 4, 4, 4, 100, 100]
+    b.pushpull()
+    assert b.params.tolist() == [0.0] * 4 + [2.5] * 3 + [9.0] * 2
+    path = os.path.join(cluster.dir, "buf.safetensors")
+    r = harness.psctl(p.addr, "save", path)
+    assert r.returncode == 0, r.stderr
+    _, t = harness.read_safetensors(path)
+    assert list(t) == ["w", "m", "f"]
+    assert t["f"].dtype == np.int64 and t["f"].tolist() == [9, 9]
+    assert t["m"].dtype == np.float32 and t["m"].tolist() == [2.5] * 3
+    b.close()
+    with pytest.raises(psd.PsdError) as e:
+        client(p.addr, "1/2", layout=BUF_LAYOUT[:2] + [("f", (2,), "mean", "I64")], connect=True)
+    assert ("layout mismatch at tensor 2: psd holds f[2] (a buffer: first, I64), this worker has f[2] (a buffer: "
+            "mean, I64)") in str(e.value)
+
+
+def test_buffers_bsp_mean_and_first_of_the_round(cluster):
+    p = start(cluster, mode="bsp")
+    a = client(p.addr, "0/2", layout=BUF_LAYOUT)
+    a.params[:] = [1, 1, 1, 1, 0, 0, 0, 5, 5]
+    a.connect()
+    b = client(p.addr, "1/2", layout=BUF_LAYOUT, connect=True)
+    a.grads[:] = [1, 1, 1, 1, 2, 2, 2, 7, 7]
+    b.grads[:] = [3, 3, 3, 3, 4, 4, 4, 100, 100]
+    run_threads(a.pushpull, b.pushpull)
+    for c in (a, b):   # w - 0.5 * mean(1, 3); m the mean; f shard 0's
+        assert c.params.tolist() == [0.0] * 4 + [3.0] * 3 + [7.0] * 2, c.params

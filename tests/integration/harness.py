@@ -582,10 +582,11 @@ def read_safetensors(path):
     data = blob[8 + n:]
     meta = header.pop("__metadata__", {})
     tensors, end = {}, 0
+    dtypes = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "I32": "<i4"}  # psctl save writes buffers in their own
     for name, t in header.items():
-        assert t["dtype"] == "F32", t
+        assert t["dtype"] in dtypes, t
         b, e = t["data_offsets"]
-        tensors[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(t["shape"])
+        tensors[name] = np.frombuffer(data[b:e], dtype=dtypes[t["dtype"]]).reshape(t["shape"])
         end = max(end, e)
     assert end == len(data), "the data is entirely indexed"
     return meta, tensors
