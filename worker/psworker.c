@@ -23,9 +23,13 @@
 #include "psd/client.h"
 
 
+/* room for libpsclient's options (psc_option), a few to spare */
+#define LIB_OPTIONS_MAX 64
+
 typedef struct wopts {
-    const char *server;
-    int shard, nshards;
+    const char *lib[LIB_OPTIONS_MAX]; /* libpsclient's options as given, by their
+                                       * index in its table (psc_option); NULL: its default */
+    int shard, nshards;      /* the shard libpsclient parsed from option shard */
     const char *dataset;
     const char *data_dir;
     const char *model;
@@ -35,27 +39,94 @@ typedef struct wopts {
     size_t limit, test_limit;
     uint64_t seed;
     int threads;
-    int timeout_ms;
-    int reconnect_ms;
-    int connect_ms;          /* --connect-timeout: wait this long for psd at the start */
-    const char *shard_arg;   /* --shard as given: K/M or auto (libpsclient parses it) */
     int quiet;               /* only errors and the final JSON */
     int epoch_json;          /* a JSON line per epoch on stdout */
     int no_shuffle;          /* visit samples in order (reproducibility tests) */
     int fixed_shard;         /* --fixed-shard: never take over a dead worker's data */
     int no_plan;             /* --no-plan: in bsp, count epochs and steps ourselves */
     const char *save_params; /* write the final parameters here (raw float32) */
-    const char *token_file;  /* the secret psd asks for (--token-file, $PSD_TOKEN_FILE) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
-    const char *wire;        /* --wire: f32 or bf16 */
-    int shm;                 /* --shm: offer psd shared memory */
-    const char *send_buffer; /* --send-buffer: each connection's SO_SNDBUF (libpsclient's option) */
-    const char *barrier;     /* --barrier on|off (libpsclient's option) */
-    const char *pieces;      /* --pieces auto|on|off (libpsclient's option) */
-    const char *skip_zeros;  /* --skip-zeros on|off (libpsclient's option) */
-    const char *compress;    /* --compress auto|on|off (libpsclient's option) */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
+
+/* psworker's flags for libpsclient's options come from the library's table
+ * (psc_option): each option with a flag is --FLAG here, its help and
+ * default are the library's, and the value goes to psc_set unchanged. Only
+ * what psworker does differently is here: */
+static const struct {
+    const char *name; /* the option (psc_set key) */
+    char letter;      /* its short flag, 0: none */
+    const char *dflt; /* psworker's default where it differs from the library's */
+} lib_own[] = {
+    {"server", 'S', NULL},
+    {"shard", 'k', NULL},
+    {"connect_s", 0, "10"}, /* a worker started with psd need not wait 30 s for it */
+};
+
+/* The index of option name in libpsclient's table, or -1. */
+static int lib_index(const char *name)
+{
+    const psc_option_info *o;
+    for (unsigned i = 0; (o = psc_option(i)) != NULL; i++)
+        if (strcmp(o->name, name) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* Writes text from column 26, wrapped before column 90. */
+static void wrap(FILE *f, int col, const char *text)
+{
+    const int left = 26, width = 90;
+    while (*text) {
+        size_t n = strcspn(text, " ");
+        if (col > left && col + 1 + (int)n > width) {
+            fprintf(f, "\n%*s", left, "");
+            col = left;
+        } else if (col > left) {
+            fputc(' ', f);
+            col++;
+        }
+        fprintf(f, "%.*s", (int)n, text);
+        col += (int)n;
+        text += n;
+        while (*text == ' ')
+            text++;
+    }
+    fputc('\n', f);
+}
+
+/* The usage lines of the options libpsclient's table gives a flag. */
+static void lib_usage(FILE *f)
+{
+    const psc_option_info *o;
+    for (unsigned i = 0; (o = psc_option(i)) != NULL; i++) {
+        if (!o->flag)
+            continue;
+        char letter = 0;
+        const char *dflt = o->dflt;
+        for (size_t k = 0; k < sizeof lib_own / sizeof lib_own[0]; k++)
+            if (strcmp(lib_own[k].name, o->name) == 0) {
+                letter = lib_own[k].letter;
+                dflt = lib_own[k].dflt ? lib_own[k].dflt : dflt;
+            }
+        char head[80], text[1024];
+        if (letter)
+            snprintf(head, sizeof head, "  -%c, --%s %s", letter, o->flag, o->arg);
+        else
+            snprintf(head, sizeof head, "      --%s %s", o->flag, o->arg);
+        fputs(head, f);
+        int col = (int)strlen(head);
+        if (col >= 25) {
+            fprintf(f, "\n%26s", "");
+            col = 26;
+        } else {
+            fprintf(f, "%*s", 26 - col, "");
+            col = 26;
+        }
+        snprintf(text, sizeof text, "%s (default %s) [%s]", o->help, dflt, o->name);
+        wrap(f, col, text);
+    }
+}
 
 static void usage(FILE *f)
 {
@@ -64,16 +135,7 @@ static void usage(FILE *f)
             "\n"
             "Trains shard K of M of a data set against psd.\n"
             "\n"
-            "  -S, --server HOST:PORT  psd's address (default $PSD_SERVER or 127.0.0.1:7000);\n"
-            "                          HOST:PORT,HOST:PORT,...: a model split over that many psd,\n"
-            "                          one part each, in order (every worker lists them alike)\n"
-            "      --token-file PATH   the secret to prove to psd when it requires one (its\n"
-            "                          token_file; default $PSD_TOKEN_FILE); mode 600\n"
-            "  -k, --shard K/M         this worker's shard (default 0/1), or `auto`: K and M\n"
-            "                          from the launcher: OMPI_COMM_WORLD_RANK and _SIZE\n"
-            "                          (mpirun), SLURM_PROCID and SLURM_NTASKS (srun), RANK and\n"
-            "                          WORLD_SIZE (torchrun), or JOB_COMPLETION_INDEX and\n"
-            "                          PSD_WORKERS (a Kubernetes indexed Job)\n"
+            "Training:\n"
             "  -d, --dataset NAME      mnist or fashion-mnist (default mnist)\n"
             "  -D, --data DIR          data directory (default $PSD_DATA_DIR or ./data)\n"
             "  -M, --model SPEC        softmax, linear, mlp:H1,H2,... or cnn, with options after a\n"
@@ -86,11 +148,6 @@ static void usage(FILE *f)
             "      --test-limit N      use only the first N test samples\n"
             "      --seed S            seed for initial values and shuffling (default 1)\n"
             "      --threads T         OpenBLAS threads (default 1)\n"
-            "      --timeout MS        give up on a reply after MS milliseconds (default 600000)\n"
-            "      --reconnect-timeout S  when psd goes away, keep trying to reconnect for S\n"
-            "                          seconds (default 60), with exponential backoff\n"
-            "      --connect-timeout S  at the start, wait up to S seconds for psd to come up\n"
-            "                          (default 10), with the same backoff\n"
             "  -q, --quiet             print only errors and the final JSON line\n"
             "      --epoch-json        also print one JSON line per epoch on stdout (epoch,\n"
             "                          train_seconds, wall_seconds, comm_wait_seconds: time spent\n"
@@ -109,35 +166,11 @@ static void usage(FILE *f)
             "                          (one step more staleness; default off); auto: on in asgd\n"
             "                          and ssp for models of at most 2^20 parameters on one psd,\n"
             "                          off in bsp\n"
-            "      --wire f32|bf16     tensors on the wire: f32 (default), or bf16 to push gradients\n"
-            "                          and receive parameters at 2 bytes a value (half the bytes,\n"
-            "                          about 3 significant digits; psd keeps float32) when psd\n"
-            "                          offers it (wire_bf16), else f32 with a warning\n"
-            "      --send-buffer BYTES each connection's kernel send buffer (SO_SNDBUF); default:\n"
-            "                          the kernel sizes it. A cap such as 65536 keeps a step's\n"
-            "                          pushes to several psd from overflowing short link queues\n"
-            "      --barrier auto|on|off  a bsp step over a split model ends at a barrier on\n"
-            "                          the first psd, so that every worker starts its next round\n"
-            "                          together; auto (default): when a psd is on another machine\n"
-            "                          (libpsclient's barrier option)\n"
-            "      --pieces auto|on|off  a bsp step sends a part whose psd closes rounds in\n"
-            "                          pieces (bsp_piece) piece by piece, and reads every psd's\n"
-            "                          answers as they come; auto (default): when that psd is on\n"
-            "                          another machine (libpsclient's pieces option)\n"
-            "      --skip-zeros on|off on (default): float32 pushes leave their zeros out (a\n"
-            "                          bitmap marks the values sent) when psd offers it and it\n"
-            "                          saves bytes; psd gets the same values bit for bit\n"
-            "      --compress auto|on|off  float32 pushes and pulled parameters as zstd frames\n"
-            "                          (lossless) when psd offers it and it saves bytes; auto\n"
-            "                          (default): with a psd on another machine (libpsclient's\n"
-            "                          compress option)\n"
-            "      --shm on|off        on (default): offer psd a shared-memory segment for the\n"
-            "                          tensors; a psd on this machine, of the same user, maps it\n"
-            "                          and pushes and pulls skip the TCP copies (models of at\n"
-            "                          most 2^20 parameters, or 2^20 per psd, not with --pipeline\n"
-            "                          on); elsewhere\n"
-            "                          they go over TCP as ever\n"
             "  -h, --help              this help\n"
+            "\n"
+            "The connection to psd (libpsclient's options, its psc_set key in brackets):\n");
+    lib_usage(f);
+    fprintf(f,
             "\n"
             "Progress goes to stderr: a live bar with the rate and the time left when\n"
             "stderr is a terminal (with \"waiting N s for psd: round 3 waits for shard 2/3\n"
@@ -541,24 +574,17 @@ out:
  * bad option (said on stderr). */
 static int parse_options(int argc, char **argv, wopts *o)
 {
-    *o = (wopts){.server = getenv("PSD_SERVER") && *getenv("PSD_SERVER") ? getenv("PSD_SERVER") : "127.0.0.1:7000",
-               .shard = 0, .nshards = 1, .dataset = "mnist",
-               .model = "mlp:256,128", .epochs = 5, .batch = 64, .seed = 1, .threads = 1,
-               .timeout_ms = 600000, .reconnect_ms = 60000, .connect_ms = 10000, .pipeline = 0, .shm = 1,
-               .wire = "f32"};
-    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_TIMEOUT, O_RECONNECT, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_TOKEN_FILE, O_WIRE, O_SHM, O_CONNECT, O_NO_PLAN, O_SEND_BUFFER,
-           O_BARRIER, O_PIECES, O_SKIP_ZEROS, O_COMPRESS };
-    static const struct option longopts[] = {
-        {"server", required_argument, NULL, 'S'},  {"shard", required_argument, NULL, 'k'},
+    *o = (wopts){.shard = 0, .nshards = 1, .dataset = "mnist", .model = "mlp:256,128", .epochs = 5, .batch = 64,
+                 .seed = 1, .threads = 1, .pipeline = 0};
+    enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
+           O_SAVE_PARAMS, O_PIPELINE, O_NO_PLAN, O_LIB /* O_LIB + i: libpsclient's option i */ };
+    static const struct option own[] = {
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
         {"model", required_argument, NULL, 'M'},   {"epochs", required_argument, NULL, 'e'},
         {"batch", required_argument, NULL, 'b'},   {"eval", no_argument, NULL, 'E'},
         {"limit", required_argument, NULL, O_LIMIT}, {"test-limit", required_argument, NULL, O_TEST_LIMIT},
         {"seed", required_argument, NULL, O_SEED}, {"threads", required_argument, NULL, O_THREADS},
-        {"timeout", required_argument, NULL, O_TIMEOUT}, {"help", no_argument, NULL, 'h'},
-        {"reconnect-timeout", required_argument, NULL, O_RECONNECT},
-        {"connect-timeout", required_argument, NULL, O_CONNECT},
+        {"help", no_argument, NULL, 'h'},
         {"quiet", no_argument, NULL, 'q'},
         {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
         {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
@@ -566,32 +592,46 @@ static int parse_options(int argc, char **argv, wopts *o)
         {"no-plan", no_argument, NULL, O_NO_PLAN},
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {"pipeline", required_argument, NULL, O_PIPELINE},
-        {"token-file", required_argument, NULL, O_TOKEN_FILE},
-        {"wire", required_argument, NULL, O_WIRE},
-        {"shm", required_argument, NULL, O_SHM},
-        {"send-buffer", required_argument, NULL, O_SEND_BUFFER},
-        {"barrier", required_argument, NULL, O_BARRIER},
-        {"pieces", required_argument, NULL, O_PIECES},
-        {"skip-zeros", required_argument, NULL, O_SKIP_ZEROS},
-        {"compress", required_argument, NULL, O_COMPRESS},
-        {NULL, 0, NULL, 0},
     };
+    const size_t nown = sizeof own / sizeof own[0];
+    struct option longopts[sizeof own / sizeof own[0] + LIB_OPTIONS_MAX + 1];
+    memcpy(longopts, own, sizeof own);
+    size_t n = nown;
+    const psc_option_info *lo;
+    for (unsigned i = 0; (lo = psc_option(i)) != NULL; i++) {
+        if (i >= LIB_OPTIONS_MAX)
+            return die("libpsclient has more than %d options; rebuild psworker against it", LIB_OPTIONS_MAX);
+        if (lo->flag)
+            longopts[n++] = (struct option){lo->flag, required_argument, NULL, O_LIB + (int)i};
+    }
+    longopts[n] = (struct option){NULL, 0, NULL, 0};
+    /* psworker's own defaults of libpsclient's options */
+    for (size_t k = 0; k < sizeof lib_own / sizeof lib_own[0]; k++)
+        if (lib_own[k].dflt && lib_index(lib_own[k].name) >= 0)
+            o->lib[lib_index(lib_own[k].name)] = lib_own[k].dflt;
+    /* the token file from the environment is read at once, like --token-file
+     * (libpsclient alone would read it at connect) */
+    const char *token = getenv("PSD_TOKEN_FILE"), *server = getenv("PSD_SERVER");
+    o->lib[lib_index("token_file")] = token && *token ? token : "";
+    o->lib[lib_index("server")] = server && *server ? server : "127.0.0.1:7000"; /* as the library; for the log */
     ps_log_init("psworker", PS_LOG_INFO);
     o->data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
-    o->token_file = getenv("PSD_TOKEN_FILE") && *getenv("PSD_TOKEN_FILE") ? getenv("PSD_TOKEN_FILE") : NULL;
     int opt;
     unsigned long long v;
     while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eqh", longopts, NULL)) != -1) {
+        if (opt == 'S' || opt == 'k')
+            opt = O_LIB + lib_index(opt == 'S' ? "server" : "shard");
+        if (opt >= O_LIB && opt < O_LIB + LIB_OPTIONS_MAX) {
+            o->lib[opt - O_LIB] = optarg;
+            continue;
+        }
         switch (opt) {
-        case 'S': o->server = optarg; break;
-        case 'k': o->shard_arg = optarg; break;
         case 'q': o->quiet = 1; break;
         case O_EPOCH_JSON: o->epoch_json = 1; break;
         case O_NO_SHUFFLE: o->no_shuffle = 1; break;
         case O_FIXED_SHARD: o->fixed_shard = 1; break;
         case O_NO_PLAN: o->no_plan = 1; break;
         case O_SAVE_PARAMS: o->save_params = optarg; break;
-        case O_TOKEN_FILE: o->token_file = optarg; break;
         case O_PIPELINE:
             if (strcmp(optarg, "on") == 0)
                 o->pipeline = 1;
@@ -601,24 +641,6 @@ static int parse_options(int argc, char **argv, wopts *o)
                 o->pipeline = -1;
             else
                 return die("bad --pipeline '%s': on, off or auto", optarg);
-            break;
-        case O_SEND_BUFFER: o->send_buffer = optarg; break;
-        case O_BARRIER: o->barrier = optarg; break;
-        case O_PIECES: o->pieces = optarg; break;
-        case O_SKIP_ZEROS: o->skip_zeros = optarg; break;
-        case O_COMPRESS: o->compress = optarg; break;
-        case O_WIRE:
-            if (strcmp(optarg, "f32") != 0 && strcmp(optarg, "bf16") != 0)
-                return die("bad --wire '%s': f32 or bf16", optarg);
-            o->wire = optarg;
-            break;
-        case O_SHM:
-            if (strcmp(optarg, "on") == 0)
-                o->shm = 1;
-            else if (strcmp(optarg, "off") == 0)
-                o->shm = 0;
-            else
-                return die("bad --shm '%s': on or off", optarg);
             break;
         case 'd': o->dataset = optarg; break;
         case 'D': o->data_dir = optarg; break;
@@ -654,21 +676,6 @@ static int parse_options(int argc, char **argv, wopts *o)
                 return die("bad --threads '%s': expected 1..256", optarg);
             o->threads = (int)v;
             break;
-        case O_TIMEOUT:
-            if (parse_uint(optarg, 86400000, &v) || v == 0)
-                return die("bad --timeout '%s': milliseconds", optarg);
-            o->timeout_ms = (int)v;
-            break;
-        case O_RECONNECT:
-            if (parse_uint(optarg, 86400, &v))
-                return die("bad --reconnect-timeout '%s': seconds, 0..86400", optarg);
-            o->reconnect_ms = (int)v * 1000;
-            break;
-        case O_CONNECT:
-            if (parse_uint(optarg, 86400, &v))
-                return die("bad --connect-timeout '%s': seconds, 0..86400", optarg);
-            o->connect_ms = (int)v * 1000;
-            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -690,12 +697,20 @@ static int client_new(wopts *o, psc_client **out)
     psc_client *pc = psc_new();
     if (!pc)
         return die("out of memory");
-    char num[32];
-    if (o->shard_arg && psc_set(pc, "shard", o->shard_arg) != 0) {
-        if (strcmp(o->shard_arg, "auto") == 0)
-            die("--%s", psc_errmsg(pc));
+    const psc_option_info *lo;
+    for (unsigned i = 0; (lo = psc_option(i)) != NULL && i < LIB_OPTIONS_MAX; i++) {
+        if (!o->lib[i] || psc_set(pc, lo->name, o->lib[i]) == 0)
+            continue;
+        /* the library's words with the flag for the key: "bad wire 'x': f32
+         * or bf16" becomes "bad --wire 'x': ...", "shard auto: ..." "--shard auto: ..." */
+        const char *msg = psc_errmsg(pc), *flag = lo->flag ? lo->flag : lo->name;
+        size_t n = strlen(lo->name);
+        if (strncmp(msg, "bad ", 4) == 0 && strncmp(msg + 4, lo->name, n) == 0 && msg[4 + n] == ' ')
+            die("bad --%s%s", flag, msg + 4 + n);
+        else if (strncmp(msg, lo->name, n) == 0 && msg[n] == ' ')
+            die("--%s%s", flag, msg + n);
         else
-            die("bad --shard '%s': expected K/M with 0 <= K < M, e.g. 0/2, or auto", o->shard_arg);
+            die("%s", msg);
         psc_free(pc);
         return 2;
     }
@@ -703,20 +718,6 @@ static int client_new(wopts *o, psc_client **out)
     psc_shard(pc, &shard_k, &shard_m);
     o->shard = (int)shard_k;
     o->nshards = (int)shard_m;
-    if (psc_set(pc, "server", o->server) != 0 || psc_set(pc, "token_file", o->token_file ? o->token_file : "") != 0 ||
-        psc_set(pc, "wire", o->wire) != 0 || psc_set(pc, "shm", o->shm ? "on" : "off") != 0 ||
-        (snprintf(num, sizeof num, "%d", o->timeout_ms), psc_set(pc, "timeout_ms", num)) != 0 ||
-        (snprintf(num, sizeof num, "%d", o->reconnect_ms / 1000), psc_set(pc, "reconnect_s", num)) != 0 ||
-        (snprintf(num, sizeof num, "%d", o->connect_ms / 1000), psc_set(pc, "connect_s", num)) != 0 ||
-        (o->send_buffer && psc_set(pc, "send_buffer", o->send_buffer) != 0) ||
-        (o->barrier && psc_set(pc, "barrier", o->barrier) != 0) ||
-        (o->pieces && psc_set(pc, "pieces", o->pieces) != 0) ||
-        (o->skip_zeros && psc_set(pc, "skip_zeros", o->skip_zeros) != 0) ||
-        (o->compress && psc_set(pc, "compress", o->compress) != 0)) {
-        die("%s", psc_errmsg(pc));
-        psc_free(pc);
-        return 2;
-    }
     if (o->quiet) {
         ps_log_set_level(PS_LOG_ERROR);
         psc_set(pc, "log", "error");
@@ -865,7 +866,7 @@ int main(int argc, char **argv)
     }
     PS_LOG(PS_LOG_INFO, "shard %d/%d: %s, %zu training samples, %s at %s, mode %s, model version %" PRIu64
                         ", OpenBLAS %s kernels",
-           o.shard, o.nshards, desc, train.n, o.dataset, o.server, psc_mode(pc), psc_model_version(pc),
+           o.shard, o.nshards, desc, train.n, o.dataset, o.lib[lib_index("server")], psc_mode(pc), psc_model_version(pc),
            openblas_get_corename());
 
     /* In BSP every worker must take the same number of steps per epoch, or
