@@ -26,6 +26,7 @@
 #include "common/client.h"
 #include "common/hostport.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "proto/errors.h"
 #include "proto/layout.h"
 #include "proto/ps_limits.h"
@@ -224,19 +225,6 @@ psc_client *psc_new(void)
     return c;
 }
 
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* "auto": the shard from a launcher's environment. */
 static int shard_from_env(psc_client *c)
 {
@@ -257,7 +245,7 @@ static int shard_from_env(psc_client *c)
         if (!ms || !*ms)
             return fail(c, PSC_EINVAL, "shard auto: %s is set (%.40s) but %s is not", launchers[i].index, ks,
                         launchers[i].count);
-        if (parse_u64(ks, 65535, &a) || parse_u64(ms, 65536, &b) || b == 0 || a >= b)
+        if (ps_parse_u64(ks, 65535, &a) || ps_parse_u64(ms, 65536, &b) || b == 0 || a >= b)
             return fail(c, PSC_EINVAL, "shard auto: %s=%.40s and %s=%.40s do not make a shard K of M with 0 <= K < M",
                         launchers[i].index, ks, launchers[i].count, ms);
         c->shard = (uint32_t)a;
@@ -305,7 +293,7 @@ static int bad_value(psc_client *c, const opt_row *r, const char *value)
 static int set_uint(psc_client *c, const opt_row *r, const char *value)
 {
     uint64_t v;
-    if (parse_u64(value, r->hi, &v) || (v < r->lo && !(r->zero_ok && v == 0)))
+    if (ps_parse_u64(value, r->hi, &v) || (v < r->lo && !(r->zero_ok && v == 0)))
         return bad_value(c, r, value);
     v *= (uint64_t)r->scale;
     char *field = (char *)c + r->off;
@@ -360,7 +348,7 @@ static int set_shard(psc_client *c, const opt_row *r, const char *value)
         return bad_value(c, r, value);
     memcpy(k, value, (size_t)(slash - value));
     k[slash - value] = '\0';
-    if (parse_u64(k, 65535, &a) || parse_u64(slash + 1, 65536, &b) || b == 0 || a >= b)
+    if (ps_parse_u64(k, 65535, &a) || ps_parse_u64(slash + 1, 65536, &b) || b == 0 || a >= b)
         return bad_value(c, r, value);
     c->shard = (uint32_t)a;
     c->nshards = (uint32_t)b;

@@ -3,6 +3,7 @@
 #include "model.h"
 
 #include "layer.h"
+#include "common/log.h"
 #include "proto/errors.h"
 #include "rng.h"
 
@@ -48,17 +49,6 @@ struct ps_model {
     float *act[MAX_LAYERS];           /* act[i]: output of layer i, max_batch rows */
     float *dbuf[2];                   /* ping-pong dL/d(activation), max_batch x widest */
 };
-
-__attribute__((format(printf, 3, 4)))
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 void ps_model_free(ps_model *m)
 {
@@ -155,7 +145,7 @@ static int parse_hidden(const char *spec, const char *list, model_spec *s, char 
     const char *p = list;
     s->nhidden = 0;
     if (*p == '\0') {
-        seterr(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
+        ps_errf(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
         return PS_EINVAL;
     }
     for (;;) {
@@ -170,12 +160,12 @@ static int parse_hidden(const char *spec, const char *list, model_spec *s, char 
             const char *end = start;
             while (*end && *end != ',')
                 end++;
-            seterr(err, errlen, "bad hidden size '%.*s' in model '%s': expected a whole number from 1 to %d",
+            ps_errf(err, errlen, "bad hidden size '%.*s' in model '%s': expected a whole number from 1 to %d",
                    (int)(end - start), start, spec, PS_MODEL_MAX_WIDTH);
             return PS_EINVAL;
         }
         if (s->nhidden == PS_MODEL_MAX_HIDDEN) {
-            seterr(err, errlen, "bad model '%s': more than %d hidden layers", spec, PS_MODEL_MAX_HIDDEN);
+            ps_errf(err, errlen, "bad model '%s': more than %d hidden layers", spec, PS_MODEL_MAX_HIDDEN);
             return PS_EINVAL;
         }
         s->hidden[s->nhidden++] = (int)v;
@@ -210,7 +200,7 @@ static int parse_options(const char *spec, char *opts, model_spec *s, char *err,
 {
     int seen_dropout = 0, seen_init = 0;
     if (*opts == '\0') {
-        seterr(err, errlen, "bad model '%s': empty options after ':' (expected e.g. init=torch)", spec);
+        ps_errf(err, errlen, "bad model '%s': empty options after ':' (expected e.g. init=torch)", spec);
         return PS_EINVAL;
     }
     for (char *item = opts; item != NULL;) {
@@ -219,28 +209,28 @@ static int parse_options(const char *spec, char *opts, model_spec *s, char *err,
             *next++ = '\0';
         char *eq = strchr(item, '=');
         if (eq == NULL || eq == item) {
-            seterr(err, errlen, "bad option '%s' in model '%s': expected name=value, e.g. init=torch", item, spec);
+            ps_errf(err, errlen, "bad option '%s' in model '%s': expected name=value, e.g. init=torch", item, spec);
             return PS_EINVAL;
         }
         *eq = '\0';
         const char *name = item, *value = eq + 1;
         if (strcmp(name, "dropout") == 0) {
             if (s->kind != KIND_MLP && s->kind != KIND_CNN) {
-                seterr(err, errlen, "bad model '%s': dropout applies to mlp and cnn models only", spec);
+                ps_errf(err, errlen, "bad model '%s': dropout applies to mlp and cnn models only", spec);
                 return PS_EINVAL;
             }
             if (seen_dropout++) {
-                seterr(err, errlen, "bad model '%s': dropout given twice", spec);
+                ps_errf(err, errlen, "bad model '%s': dropout given twice", spec);
                 return PS_EINVAL;
             }
             if (parse_prob(value, &s->dropout) != 0) {
-                seterr(err, errlen, "bad dropout '%s' in model '%s': expected a probability from 0 to below 1, e.g. 0.5",
+                ps_errf(err, errlen, "bad dropout '%s' in model '%s': expected a probability from 0 to below 1, e.g. 0.5",
                        value, spec);
                 return PS_EINVAL;
             }
         } else if (strcmp(name, "init") == 0) {
             if (seen_init++) {
-                seterr(err, errlen, "bad model '%s': init given twice", spec);
+                ps_errf(err, errlen, "bad model '%s': init given twice", spec);
                 return PS_EINVAL;
             }
             if (strcmp(value, "he") == 0) {
@@ -248,11 +238,11 @@ static int parse_options(const char *spec, char *opts, model_spec *s, char *err,
             } else if (strcmp(value, "torch") == 0) {
                 s->init = PS_INIT_TORCH;
             } else {
-                seterr(err, errlen, "bad init '%s' in model '%s': expected he or torch", value, spec);
+                ps_errf(err, errlen, "bad init '%s' in model '%s': expected he or torch", value, spec);
                 return PS_EINVAL;
             }
         } else {
-            seterr(err, errlen, "unknown option '%s' in model '%s': expected dropout=P or init=he|torch", name, spec);
+            ps_errf(err, errlen, "unknown option '%s' in model '%s': expected dropout=P or init=he|torch", name, spec);
             return PS_EINVAL;
         }
         item = next;
@@ -267,12 +257,12 @@ static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
     char buf[PS_MODEL_SPEC_MAX + 1];
     memset(s, 0, sizeof(*s));
     if (spec == NULL) {
-        seterr(err, errlen, "no model given: %s", expected);
+        ps_errf(err, errlen, "no model given: %s", expected);
         return PS_EINVAL;
     }
     size_t n = strlen(spec);
     if (n > PS_MODEL_SPEC_MAX) {
-        seterr(err, errlen, "model spec too long: %zu characters, at most %d", n, PS_MODEL_SPEC_MAX);
+        ps_errf(err, errlen, "model spec too long: %zu characters, at most %d", n, PS_MODEL_SPEC_MAX);
         return PS_EINVAL;
     }
     memcpy(buf, spec, n + 1);
@@ -284,7 +274,7 @@ static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
         if (*c != ':')
             continue;
         if (nsect == 3) {
-            seterr(err, errlen, "bad model '%s': too many ':' sections (expected kind[:sizes][:options])", spec);
+            ps_errf(err, errlen, "bad model '%s': too many ':' sections (expected kind[:sizes][:options])", spec);
             return PS_EINVAL;
         }
         *c = '\0';
@@ -300,14 +290,14 @@ static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
     } else if (strcmp(kind, "cnn") == 0) {
         s->kind = KIND_CNN;
     } else {
-        seterr(err, errlen, "unknown model '%s': %s", spec, expected);
+        ps_errf(err, errlen, "unknown model '%s': %s", spec, expected);
         return PS_EINVAL;
     }
 
     int next = 1;
     if (s->kind == KIND_MLP) {
         if (nsect < 2) {
-            seterr(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
+            ps_errf(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
             return PS_EINVAL;
         }
         int rc = parse_hidden(spec, sect[1], s, err, errlen);
@@ -316,7 +306,7 @@ static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
         next = 2;
     }
     if (nsect > next + 1) {
-        seterr(err, errlen, "bad model '%s': too many ':' sections (expected %s)", spec,
+        ps_errf(err, errlen, "bad model '%s': too many ':' sections (expected %s)", spec,
                s->kind == KIND_MLP ? "mlp:H1,H2,...[:options]" : "kind[:options]");
         return PS_EINVAL;
     }
@@ -391,7 +381,7 @@ static int finish(ps_model *m, char *err, size_t errlen)
         if (l->nparams > 0 && m->first == m->nlayers)
             m->first = i;
         if (total > PS_MODEL_MAX_PARAMS) {
-            seterr(err, errlen, "model '%s' is too big: more than %u parameters", m->spec, PS_MODEL_MAX_PARAMS);
+            ps_errf(err, errlen, "model '%s' is too big: more than %u parameters", m->spec, PS_MODEL_MAX_PARAMS);
             return PS_EINVAL;
         }
         size_t w = ps_shape_size(l->out);
@@ -416,7 +406,7 @@ static int finish(ps_model *m, char *err, size_t errlen)
     ps_model_reseed(m, 0);
     return PS_OK;
 nomem:
-    seterr(err, errlen, "out of memory building model '%s' (%zu parameters, batch %d)", m->spec, total, m->max_batch);
+    ps_errf(err, errlen, "out of memory building model '%s' (%zu parameters, batch %d)", m->spec, total, m->max_batch);
     return PS_ENOMEM;
 }
 
@@ -433,22 +423,22 @@ static int check_sizes(const char *spec, const model_spec *s, int c, int h, int 
             snprintf(shape, sizeof(shape), "%d", c);
         else
             snprintf(shape, sizeof(shape), "%dx%dx%d", c, h, w);
-        seterr(err, errlen, "bad model sizes: %s inputs, batch %d (expected 1..%d inputs, batch 1..%d)", shape,
+        ps_errf(err, errlen, "bad model sizes: %s inputs, batch %d (expected 1..%d inputs, batch 1..%d)", shape,
                max_batch, PS_MODEL_MAX_IN, PS_MODEL_MAX_BATCH);
         return PS_EINVAL;
     }
     if (s->kind == KIND_LINEAR) {
         if (n_out < 1 || n_out > PS_MODEL_MAX_WIDTH) {
-            seterr(err, errlen, "bad model sizes: %d outputs for model '%s' (expected 1..%d)", n_out, spec,
+            ps_errf(err, errlen, "bad model sizes: %d outputs for model '%s' (expected 1..%d)", n_out, spec,
                    PS_MODEL_MAX_WIDTH);
             return PS_EINVAL;
         }
     } else if (n_out < 2 || n_out > 256) {
-        seterr(err, errlen, "bad model sizes: %d classes for model '%s' (expected 2..256)", n_out, spec);
+        ps_errf(err, errlen, "bad model sizes: %d classes for model '%s' (expected 2..256)", n_out, spec);
         return PS_EINVAL;
     }
     if (s->kind == KIND_CNN && (h < 16 || w < 16)) {
-        seterr(err, errlen, "model '%s' needs images of at least 16x16 pixels, not %dx%d", spec, h, w);
+        ps_errf(err, errlen, "model '%s' needs images of at least 16x16 pixels, not %dx%d", spec, h, w);
         return PS_EINVAL;
     }
     return PS_OK;
@@ -462,7 +452,7 @@ static int create(const char *spec, const model_spec *s, ps_shape in, int n_out,
         return rc;
     ps_model *m = calloc(1, sizeof(*m));
     if (m == NULL) {
-        seterr(err, errlen, "out of memory building model '%s'", spec);
+        ps_errf(err, errlen, "out of memory building model '%s'", spec);
         return PS_ENOMEM;
     }
     snprintf(m->spec, sizeof(m->spec), "%s", spec);
@@ -474,7 +464,7 @@ static int create(const char *spec, const model_spec *s, ps_shape in, int n_out,
     m->max_batch = max_batch;
     rc = build(m, s);
     if (rc != PS_OK) {
-        seterr(err, errlen, "cannot build model '%s': %s", spec,
+        ps_errf(err, errlen, "cannot build model '%s': %s", spec,
                rc == PS_ENOMEM ? "out of memory" : "a layer rejected its sizes");
         goto out;
     }
@@ -514,7 +504,7 @@ int ps_model_create(const char *spec, int in_dim, int n_classes, int max_batch, 
         while ((long)(side + 1) * (side + 1) <= in_dim)
             side++;
         if ((long)side * side != in_dim) {
-            seterr(err, errlen, "model '%s' needs square one-channel images, and %d inputs is not n*n pixels", spec,
+            ps_errf(err, errlen, "model '%s' needs square one-channel images, and %d inputs is not n*n pixels", spec,
                    in_dim);
             return PS_EINVAL;
         }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/parse.h"
 #include "dataset.h"
 #include "layer.h"
 #include "model.h"
@@ -303,19 +304,6 @@ static int die(const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     return 2;
-}
-
-static int parse_uint(const char *s, unsigned long long max, unsigned long long *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v > max)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* Elastic data: at the start of an epoch, asks psd which shards are still
@@ -617,7 +605,7 @@ static int parse_options(int argc, char **argv, wopts *o)
     ps_log_init("psworker", PS_LOG_INFO);
     o->data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
     int opt;
-    unsigned long long v;
+    uint64_t v;
     while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eqh", longopts, NULL)) != -1) {
         if (opt == 'S' || opt == 'k')
             opt = O_LIB + lib_index(opt == 'S' ? "server" : "shard");
@@ -646,33 +634,33 @@ static int parse_options(int argc, char **argv, wopts *o)
         case 'D': o->data_dir = optarg; break;
         case 'M': o->model = optarg; break;
         case 'e':
-            if (parse_uint(optarg, 100000, &v) || v == 0)
+            if (ps_parse_u64(optarg, 100000, &v) || v == 0)
                 return die("bad --epochs '%s': expected 1..100000", optarg);
             o->epochs = (int)v;
             break;
         case 'b':
-            if (parse_uint(optarg, PS_MODEL_MAX_BATCH, &v) || v == 0)
+            if (ps_parse_u64(optarg, PS_MODEL_MAX_BATCH, &v) || v == 0)
                 return die("bad --batch '%s': expected 1..65536", optarg);
             o->batch = (int)v;
             break;
         case 'E': o->eval = 1; break;
         case O_LIMIT:
-            if (parse_uint(optarg, SIZE_MAX, &v))
+            if (ps_parse_u64(optarg, SIZE_MAX, &v))
                 return die("bad --limit '%s'", optarg);
             o->limit = (size_t)v;
             break;
         case O_TEST_LIMIT:
-            if (parse_uint(optarg, SIZE_MAX, &v))
+            if (ps_parse_u64(optarg, SIZE_MAX, &v))
                 return die("bad --test-limit '%s'", optarg);
             o->test_limit = (size_t)v;
             break;
         case O_SEED:
-            if (parse_uint(optarg, UINT64_MAX, &v))
+            if (ps_parse_u64(optarg, UINT64_MAX, &v))
                 return die("bad --seed '%s'", optarg);
             o->seed = v;
             break;
         case O_THREADS:
-            if (parse_uint(optarg, 256, &v) || v == 0)
+            if (ps_parse_u64(optarg, 256, &v) || v == 0)
                 return die("bad --threads '%s': expected 1..256", optarg);
             o->threads = (int)v;
             break;
