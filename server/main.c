@@ -124,6 +124,7 @@ static void srv_shutdown(psd *s, const char *why)
     uv_timer_stop(&s->tick);
     uv_close((uv_handle_t *)&s->tick, NULL);
     srv_http_stop(s);
+    srv_admin_stop(s); /* before the connections are shut: one answer each */
     srv_stop(s);
 }
 

@@ -9,6 +9,9 @@
   (the unit test test_config checks the same from C; this checks the file a
   user reads against the binary a user runs);
 - every place psd answers LIMIT is named in PROTOCOL.md's row for LIMIT;
+- every range of message types PROTOCOL.md gives ("outside 1..N is
+  BAD_TYPE") ends at proto/msg.h's last type, and psd answers type N
+  otherwise than type N + 1 (BAD_TYPE).
 - every relative link in README.md, CONTRIBUTING.md and docs/*.md resolves:
   the file exists and a #anchor names a heading of it (GitHub's rule for
   heading anchors); the checker is itself tested on planted broken links;
@@ -132,6 +135,24 @@ class DocsTest(unittest.TestCase):
             default = "" if default == "(empty)" else default
             self.assertRegex(conf, r"(?m)^# %s =%s$" % (re.escape(key), (" " + re.escape(default)) if default else ""),
                              "conf/psd.conf lacks '# %s = %s'" % (key, default))
+
+    def test_message_type_range(self):
+        with open(os.path.join(harness.ROOT, "proto", "msg.h")) as f:
+            last = int(re.search(r"PS_MSG_TYPE_MAX = (\d+)", f.read()).group(1))
+        with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
+            doc = f.read()
+        ranges = re.findall(r"(?:type|`t`)[^\n|]{0,40}?\b1\.\.(\d+)", doc)
+        self.assertGreaterEqual(len(ranges), 3, "sections 3, 4 and 10 give the range of types")
+        self.assertEqual(set(int(n) for n in ranges), {last}, "PROTOCOL.md's message type ranges")
+        with harness.Cluster("psd-docs-types") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            with harness.RawClient(psd.addr, 10.0) as c:
+                self.assertEqual(c.hello_worker([["w", [4]]], 0, 1).get("t"), harness.T_WELCOME)
+                r = c.request({"t": last + 1, "id": 1})
+                harness.expect_error(self, r, harness.E_BAD_TYPE, "type %d" % (last + 1))
+                r = c.request({"t": last, "id": 2, "ver": 0})
+                self.assertNotEqual(r.get("code"), harness.E_BAD_TYPE, "type %d: %r" % (last, r))
+            psd.stop()
 
     def test_every_limit_is_documented(self):
         """Each server file that answers LIMIT has its cause in PROTOCOL.md's
