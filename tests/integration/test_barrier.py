@@ -251,4 +251,4 @@ class BarrierTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

@@ -403,4 +403,4 @@ class SlurmTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

@@ -227,4 +227,4 @@ class LinksTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

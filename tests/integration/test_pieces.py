@@ -224,4 +224,4 @@ class PiecesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

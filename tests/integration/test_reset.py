@@ -257,4 +257,4 @@ class ResetTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

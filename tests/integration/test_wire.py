@@ -546,4 +546,4 @@ class WireTrainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)
