@@ -217,6 +217,7 @@ static void on_tick(uv_timer_t *t)
     s->stats.pull_rate = (double)(s->stats.pulls - s->stats.last_pulls);
     s->stats.last_pushes = s->stats.pushes;
     s->stats.last_pulls = s->stats.pulls;
+    srv_tables_rates(&s->tables);
 }
 
 /* glibc serves allocations of 128 KiB and more with mmap at first, but

@@ -330,6 +330,16 @@ static void print_status(const msgpack_object *b)
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);
     print_plan(b);
+    /* embedding tables: one line each */
+    const msgpack_object *tl = ps_map_get(b, "tables");
+    for (uint32_t i = 0; tl && tl->type == MSGPACK_OBJECT_ARRAY && i < tl->via.array.size; i++) {
+        const msgpack_object *t = &tl->via.array.ptr[i];
+        char name[80], decl[300];
+        printf("table %s: %.0f rows, %.2f MB, pulled %.0f (%.0f/s), pushed %.0f (%.0f/s); %s\n",
+               str(t, "name", name, sizeof name), num(t, "rows"), num(t, "bytes") / 1e6, num(t, "rows_pulled"),
+               num(t, "rows_pulled_rate"), num(t, "rows_pushed"), num(t, "rows_pushed_rate"),
+               str(t, "declared", decl, sizeof decl));
+    }
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
     printf("workers: %u seen, %.0f expected\n", n, num(b, "workers_expected"));

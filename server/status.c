@@ -63,7 +63,9 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
         for (uint32_t b = hps; b; b &= b - 1)
             nhp++;
-        msgpack_pack_map(pk, 12);
+        msgpack_pack_map(pk, 14);
+        kf64(pk, "rows_pulled_rate", st.pull_rate);
+        kf64(pk, "rows_pushed_rate", st.push_rate);
         msgpack_pack_str_with_body(pk, "name", 4);
         msgpack_pack_str_with_body(pk, d->name, strlen(d->name));
         ku64(pk, "dim", d->dim);
@@ -328,6 +330,24 @@ int srv_metrics_text(psd *s, ps_buf *b)
                  "silent past idle_timeout (idle).");
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
+    /* embedding tables (PROTOCOL.md 13), one sample each */
+    static const char *const tfam[4][3] = {
+        {"psd_table_rows", "gauge", "Rows stored in the embedding table."},
+        {"psd_table_bytes", "gauge", "Memory of the embedding table: rows, their optimizer state, hash slots."},
+        {"psd_table_rows_pulled_total", "counter", "Rows of the embedding table answered to pulls."},
+        {"psd_table_rows_pushed_total", "counter", "Row gradients applied to the embedding table."},
+    };
+    for (int f = 0; f < 4; f++) {
+        rc |= family(b, tfam[f][0], tfam[f][1], tfam[f][2]);
+        for (uint32_t i = 0; i < s->tables.n; i++) {
+            srv_table_stats st;
+            srv_tables_stats(&s->tables, i, &st);
+            uint64_t v = f == 0 ? st.rows : f == 1 ? st.bytes : f == 2 ? st.rows_pulled : st.rows_pushed;
+            rc |= ps_buf_printf(b, "%s{table=\"%s\"} %" PRIu64 "\n", tfam[f][0], srv_tables_def(&s->tables, i)->name, v);
+        }
+    }
+    SIMPLE("psd_table_memory_limit_bytes", "gauge", "max_table_memory: the most all embedding tables may take.",
+           "%" PRIu64, s->cfg.max_table_memory);
     SIMPLE("psd_bsp_early_pieces_total", "counter",
            "BSP round pieces (bsp_piece) applied before their round closed.", "%" PRIu64, s->stats.early_pieces);
     SIMPLE("psd_barriers_total", "counter",

@@ -30,6 +30,8 @@ struct srv_table {
     uint32_t shift;        /* rows per block: 1 << shift */
     uint64_t bytes;        /* what this table takes: itself, slots, blocks, the block list */
     uint64_t pulled, pushed;
+    uint64_t last_pulled, last_pushed; /* at the last srv_tables_rates */
+    double pull_rate, push_rate;
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -429,9 +431,22 @@ int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, con
     return rc;
 }
 
+void srv_tables_rates(srv_tables *ts)
+{
+    for (uint32_t i = 0; i < ts->n; i++) {
+        srv_table *t = ts->t[i];
+        t->pull_rate = (double)(t->pulled - t->last_pulled);
+        t->push_rate = (double)(t->pushed - t->last_pushed);
+        t->last_pulled = t->pulled;
+        t->last_pushed = t->pushed;
+    }
+}
+
 void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st)
 {
     const srv_table *t = ts->t[i];
+    st->pull_rate = t->pull_rate;
+    st->push_rate = t->push_rate;
     st->rows = t->rows;
     st->bytes = t->bytes;
     st->rows_pulled = t->pulled;

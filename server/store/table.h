@@ -33,6 +33,7 @@ typedef struct srv_table_stats {
     uint64_t bytes;         /* memory the table takes: slots, row blocks, itself */
     uint64_t rows_pulled;   /* rows answered to pulls, since psd started */
     uint64_t rows_pushed;   /* row gradients applied, since psd started */
+    double pull_rate, push_rate; /* rows pulled and pushed per second, over the last second */
 } srv_table_stats;
 
 /* All tables of one psd. */
@@ -92,6 +93,10 @@ int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32
  * each) of the len stored rows of table i from position off on (rows in
  * the order they were created); the caller checked off + len <= rows. */
 void srv_tables_rows_at(const srv_tables *ts, uint32_t i, uint64_t off, uint32_t len, uint8_t *keys, float *w);
+
+/* Called once a second (psd's tick): each table's rows pulled and pushed
+ * in the second gone by become its rates. */
+void srv_tables_rates(srv_tables *ts);
 
 /* Table i's numbers. */
 void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st);

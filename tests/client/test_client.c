@@ -730,6 +730,9 @@ static void test_tables(void **state)
     free(gg);
     free(rr);
     psc_free(c);
+    psd_kill(&p);
+}
+
 /* ---- signals and refusals ------------------------------------------------- */
 
 static volatile sig_atomic_t got_signal;

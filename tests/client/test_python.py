@@ -586,6 +586,8 @@ def test_tables_numpy_keys_and_rows(cluster):
         a.pull_rows("emb", [1.5])
     a.close()
     b.close()
+
+
 # ---- signals, and what a first job meets -----------------------------------
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable

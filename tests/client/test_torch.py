@@ -340,6 +340,8 @@ def test_embedding_tables_train_like_local_ones(cluster):
     with pytest.raises(ValueError):
         psd.torch.Worker(CTR(), connect=False, pipeline=True, server=p.addr, shard="0/1")
     ps.close()
+
+
 # ---- buffers: BatchNorm's running statistics through psd ----------------------
 
 BN_WORKER = r"""

@@ -226,6 +226,37 @@ class Tables(unittest.TestCase):
             w.close()
             w2.close()
 
+    def test_status_and_metrics(self):
+        """Per table: rows, memory, rows pulled and pushed (and per second)
+        in psctl status, its JSON and the metrics."""
+        with harness.Cluster("test-tables-obs") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1, 2, 3), "base": 0,
+                        "data": floats(*[0.5] * 9)}, "push")
+            self.rows(w, "user_id", [1, 2, 3, 4], 3)
+            st = harness.status(psd.addr)["tables"]
+            self.assertEqual(len(st), 1)
+            t = st[0]
+            self.assertEqual((t["name"], t["dim"], t["rows"], t["rows_pulled"], t["rows_pushed"]),
+                             ("user_id", 3, 3, 4, 3))
+            self.assertEqual((t["rinit"], t["opt"], t["seed"], t["hp"]["lr"]), ("uniform", "adagrad", 7, 0.5))
+            self.assertGreater(t["bytes"], 3 * 6 * 4)
+            self.assertIn("rows_pulled_rate", t)
+            r = harness.psctl(psd.addr, "status")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertRegex(r.stdout, r"table user_id: 3 rows, [0-9.]+ MB, pulled 4 \([0-9]+/s\), pushed 3 "
+                                       r"\([0-9]+/s\); dim 3, uniform\(0.05\), seed 7, adagrad lr 0.5")
+            text = harness.metrics(psd.addr)
+            harness.promtool_check(self, text)
+            samples, _ = harness.parse_prometheus(text)
+            self.assertEqual(harness.metric(samples, "psd_table_rows", table="user_id"), 3)
+            self.assertEqual(harness.metric(samples, "psd_table_rows_pushed_total", table="user_id"), 3)
+            self.assertEqual(harness.metric(samples, "psd_table_rows_pulled_total", table="user_id"), 4)
+            self.assertEqual(harness.metric(samples, "psd_table_bytes", table="user_id"), t["bytes"])
+            w.close()
+
     def test_parked_pull(self):
         """A TPULL for a version not reached yet waits for it."""
         with harness.Cluster("test-tables-park") as cl:
