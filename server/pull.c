@@ -2,6 +2,7 @@
  * snapshot, or into a worker's shared segment), parking one until the
  * version it asks for is there, and answering the parked ones when the
  * policy says a new version or a change of members may allow it. */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,7 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
     uint64_t total = (uint64_t)n * dim; /* at most PS_TABLE_VALUES_MAX */
     size_t nblk = (size_t)((total + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
     srv_blk *blk[PS_TABLE_VALUES_MAX / SRV_BLK_FLOATS + 1] = {0};
+    assert(nblk <= sizeof blk / sizeof blk[0]); /* the dispatch layer checked n x dim */
     float *flat = NULL;
     for (size_t b = 0; b < nblk; b++) {
         uint64_t want = total - (b << SRV_BLK_SHIFT) < SRV_BLK_FLOATS ? total - (b << SRV_BLK_SHIFT) : SRV_BLK_FLOATS;

@@ -138,6 +138,17 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
     int ti = table_of(c, m);
     if (ti < 0)
         return;
+    /* the rows a pull answers fit one message (PROTOCOL.md 13.2) */
+    const ps_table_def *d = srv_tables_def(&c->srv->tables, (uint32_t)ti);
+    const ps_keys *pk = m->type == PS_MSG_TPUSHPULL ? &m->pkeys : m->type == PS_MSG_TPULL ? &m->keys : NULL;
+    if (pk && (uint64_t)pk->n * d->dim > PS_TABLE_VALUES_MAX) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
+                       "%s: the rows of %u keys of table '%s' (dim %u) are %llu values, more than %u in one "
+                       "message; ask for fewer keys; nothing was changed",
+                       ps_msg_type_name(m->type), pk->n, d->name, d->dim, (unsigned long long)pk->n * d->dim,
+                       PS_TABLE_VALUES_MAX);
+        return;
+    }
     if (m->type == PS_MSG_TPULL) {
         char err[300];
         int rc = (m->has & PS_F_LEN) ? srv_tpull_at(c, m->id, (uint32_t)ti, m->off, m->len, err, sizeof err)

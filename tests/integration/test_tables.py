@@ -218,8 +218,21 @@ class Tables(unittest.TestCase):
                 self.refused(a, E_FORBIDDEN, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
                                               "data": floats(1, 2, 3)}, "admin tpush", "is for workers")
 
+            # a pull's rows fit one message: 65,536 keys of dim 64 are 2^22 values, of dim 65 too many
+            self.ok(w, dict(TABLE, tab="wide", dim=65), "wide")
+            many = np.arange(65536, dtype=np.uint64).tobytes()
+            self.refused(w, E_BAD_FIELD, {"t": T_TPULL, "tab": "wide", "keys": many}, "rows over 2^22 values",
+                         "are 4259840 values, more than 4194304 in one message")
+            self.refused(w, E_BAD_FIELD, {"t": T_TPUSHPULL, "tab": "wide", "keys": keys(1), "base": 0,
+                                          "data": floats(*[0] * 65), "pkeys": many}, "pulled rows over 2^22 values",
+                         "more than 4194304 in one message")
+            self.assertEqual(self.rows(w, "wide", [1], 65)[0].tobytes(), init_row(7, 1, "uniform", 0.05, 65).tobytes(),
+                             "the refused tpushpull pushed nothing")
+            self.ok(w, dict(TABLE, tab="w64", dim=64, rinit="zeros"), "w64")
+            r = w.request({"t": T_TPULL, "tab": "w64", "keys": many}, timeout=60)
+            self.assertEqual((r.get("t"), len(r["data"])), (T_ROWS, 4 << 22))
             # 64 tables at most
-            for i in range(63):
+            for i in range(61):
                 self.ok(w, dict(TABLE, tab="t%d" % i, dim=1), "table %d" % i)
             self.refused(w, E_LIMIT, dict(TABLE, tab="one_more", dim=1), "65th table",
                          "psd holds 64 tables already")
