@@ -1148,6 +1148,14 @@ static int bsp_tpush(psd *s, srv_worker *w, uint64_t base, uint32_t ti, const ui
         return PS_EDUPLICATE;
     }
     const ps_table_def *d = srv_tables_def(&s->tables, ti);
+    uint64_t more = (uint64_t)n * (8 + d->dim * sizeof(float));
+    if (b->tr.bytes + more > s->cfg.max_table_memory) {
+        snprintf(err, errlen, "table '%s': round %llu's kept table pushes would take %llu bytes, past "
+                              "max_table_memory (%llu bytes); nothing was kept",
+                 d->name, (unsigned long long)round, (unsigned long long)(b->tr.bytes + more),
+                 (unsigned long long)s->cfg.max_table_memory);
+        return PS_ELIMIT;
+    }
     uint64_t dup = 0;
     int rc = srv_tround_keep(&b->tr, w->shard, ti, keys, n, g, d->dim, &dup);
     if (rc == PS_EDUPLICATE)

@@ -362,6 +362,26 @@ class Tables(unittest.TestCase):
                 w.close()
             return got
 
+    def test_bsp_kept_rows_bounded(self):
+        """A BSP round's kept table pushes count against max_table_memory: a
+        push that would pass it is LIMIT, nothing of it kept."""
+        with harness.Cluster("test-tables-bsp-mem") as cl:
+            psd = cl.psd(mode="bsp", workers=2, args=("--set", "max_table_memory=64K"))
+            w = self.worker(psd, 0, 2)
+            self.ok(w, dict(TABLE, dim=16), "declare")
+            # a kept row of dim 16: 8 + 64 bytes; 900 of them 64,800 bytes, 910 65,520
+            g = np.zeros((900, 16), np.float32)
+            self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*range(900)), "base": 0, "data": g.tobytes()},
+                    "900 rows")
+            self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*range(900, 910)), "base": 0,
+                        "data": g[:10].tobytes()}, "910")
+            self.refused(w, E_LIMIT, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*range(910, 920)), "base": 0,
+                                      "data": g[:10].tobytes()}, "920", "round 0's kept table pushes would take 66240")
+            # nothing of the refused push was kept: its keys may come again
+            self.refused(w, E_LIMIT, {"t": T_TPUSH, "tab": "user_id", "keys": keys(*range(910, 920)), "base": 0,
+                                      "data": g[:10].tobytes()}, "920 again", "would take 66240")
+            w.close()
+
     @staticmethod
     def g(k):
         """Shard k's rows: for key 7 values whose float32 sum depends on the
