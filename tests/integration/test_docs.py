@@ -160,7 +160,8 @@ class DocsTest(unittest.TestCase):
     def test_every_limit_is_documented(self):
         """Each server file that answers LIMIT has its cause in PROTOCOL.md's
         error table; a new use fails here until it is documented."""
-        causes = {"net.c": "max_connections", "hello.c": "max_params", "pull.c": "parked pull"}
+        causes = {"net.c": "max_connections", "hello.c": "max_params", "pull.c": "parked pull",
+                  "policy.c": "max_table_memory"}
         also = ["max_receive_memory", "max_handshakes"]  # net.c's other LIMITs
         server = os.path.join(harness.ROOT, "server")
         users = set()
