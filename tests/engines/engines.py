@@ -207,7 +207,7 @@ def make_package(build_dir, out):
     if not os.path.exists(config):
         raise Failure("no %s: configure the build first" % config)
     # dpkg-shlibdeps (dpkg-dev) computes the package's library dependencies
-    engines.apt_install(["dpkg-dev"])
+    apt_install(["dpkg-dev"])
     run([cpack, "--config", config, "-G", "DEB", "-B", out], 300, cwd=build_dir)
     debs = glob.glob(os.path.join(out, "psd_*.deb"))
     check(len(debs) == 1, "cpack made %s, not one psd_*.deb" % debs)

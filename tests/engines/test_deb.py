@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 
 import engines
-from engines import Failure, Skip, check, log, run
+from engines import Failure, check, log, run
 
 ARGS = engines.parse_args()
 SCRATCH = None

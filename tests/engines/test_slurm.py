@@ -44,7 +44,7 @@ import tempfile
 import time
 
 import engines
-from engines import Failure, Skip, check, log, run, wait_for
+from engines import Failure, check, log, run, wait_for
 
 ARGS = engines.parse_args()
 SCRATCH = None
