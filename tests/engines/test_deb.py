@@ -166,7 +166,7 @@ def body():
     check(re.search(r"^PYTHON /usr/lib/python3/dist-packages/psd/__init__.py [1-9]\d* True$", out, re.M),
           "the Python package did not train against psd")
     check("PSD_EXIT 0" in out, "psd did not exit 0 on SIGTERM")
-    check(re.search(r"^STATE .*\b%s\b.*checkpoint" % m.group(1), out, re.M),
+    check(re.search(r"^STATE -rw------- +1 +%s +%s .* ckpt-\d+\.psdc$" % (m.group(1), m.group(2)), out, re.M),
           "no checkpoint owned by psd in /var/lib/psd after SIGTERM")
 
     # remove keeps the administrator's psd.conf; purge removes everything
