@@ -177,8 +177,9 @@ def body():
     in_root(root, "apt-get purge -y -q psd", 300)
     r = in_root(root, "for p in /usr/bin/psd /usr/bin/psworker /usr/bin/psctl /etc/psd /var/lib/psd "
                       "/lib/systemd/system/psd.service /usr/share/psd /usr/lib/python3/dist-packages/psd "
-                      "/usr/include/psd; do [ -e $p ] && echo LEFT $p; done; "
-                      "ls /usr/lib/libpsclient* 2>/dev/null | sed 's/^/LEFT /'; "
+                      "/usr/include/psd; do if [ -e $p ]; then echo LEFT $p; fi; done; "
+                      "for p in /usr/lib/libpsclient* /usr/lib/*/libpsclient*; do "
+                      "if [ -e $p ]; then echo LEFT $p; fi; done; "
                       "dpkg-query -W -f='${Status}\n' psd 2>&1 || true", 60)
     check("LEFT" not in r.stdout, "apt-get purge left files:\n" + r.stdout)
     log("remove kept the edited psd.conf; purge left nothing")

@@ -99,7 +99,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
-KillWait=30
+KillWait=10
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=psd Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """.format(host=hostname, d=d, cpus=cpus, ctld_port=free_port(), slurmd_port=free_port()))
