@@ -12,6 +12,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,10 @@ struct psc_client {
                               * auto (-1: to a psd on another machine), on, off */
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
+    int interrupt;           /* option interrupt: a signal ends a wait (PSC_EINTR) */
+    int intr;                /* a signal interrupted a wait of this call (the links'
+                              * `interrupted`); cleared when a call begins */
+    int desync;              /* a wait was interrupted: the links may be mid-frame */
     int want_plan;           /* psc_plan_set: the plan the hello proposes */
     ps_plan plan;
     uint64_t chunk;          /* floats per frame of a chunked push or pull */
@@ -119,7 +124,9 @@ struct psc_client {
      * written by the thread that receives (on_wait), read by any */
     pthread_mutex_t wait_mu;
     char waiting[256];       /* "" when psd said nothing since the step began */
-    char err[700];           /* a client-level error; empty: the link's */
+    int quick;               /* the first attempt of psc_connect: a TCP connect gives
+                              * up after 1 s, so a wrong address is told at once */
+    char err[1200];          /* a client-level error; empty: the link's */
 };
 
 static int64_t mono_ms(void)
@@ -142,6 +149,7 @@ const char *psc_strerror(int code)
     case PSC_OK: return "no error";
     case PSC_EBUSY: return "a psc_pushpull_start is in flight (psc_wait first)";
     case PSC_ENOTFOUND: return "no tensor of that name";
+    case PSC_EINTR: return "interrupted by a signal";
     case PSC_ESTATE: return "not allowed in this state (not connected, closed, or the layout already fixed)";
     default: return ps_strerror(code);
     }
@@ -367,6 +375,8 @@ int psc_set(psc_client *c, const char *key, const char *value)
             return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
                         value);
         c->send_buffer = (int)v;
+    } else if (strcmp(key, "interrupt") == 0) {
+        return onoff(c, key, value, &c->interrupt);
     } else if (strcmp(key, "barrier") == 0 || strcmp(key, "pieces") == 0 || strcmp(key, "compress") == 0) {
         /* auto (-1), on (1) or off (0) */
         int *opt = key[0] == 'b' ? &c->barrier : key[0] == 'p' ? &c->pieces : &c->compress;
@@ -379,7 +389,7 @@ int psc_set(psc_client *c, const char *key, const char *value)
     } else {
         return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
                                    "connect_s, report_s, wire, skip_zeros, compress, shm, reconnect, chunk, "
-                                   "pull_window, send_buffer, barrier, pieces, log)",
+                                   "pull_window, send_buffer, barrier, pieces, interrupt, log)",
                     key);
     }
     return 0;
@@ -406,6 +416,24 @@ int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_
     if (rc != 0)
         return fail(c, PSC_EINVAL, "tensor '%.80s': %s (names of 1..%d printable bytes, at most %d tensors and "
                                    "2^34 values)", name, ps_strerror(rc), PS_NAME_MAX, PS_TENSORS_MAX);
+    return 0;
+}
+
+int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims, const char *rule,
+                   const char *dtype)
+{
+    int buf = rule ? ps_buf_parse(rule, strlen(rule)) : -1;
+    int sdt = dtype ? ps_save_dt_parse(dtype, strlen(dtype)) : PS_SAVE_F32;
+    if (buf < 0)
+        return fail(c, PSC_EINVAL, "buffer '%.63s': rule '%.40s': \"mean\" (psd keeps the mean of the workers' "
+                                   "values) or \"first\" (shard 0's)", name ? name : "", rule ? rule : "(null)");
+    if (sdt < 0)
+        return fail(c, PSC_EINVAL, "buffer '%.63s': dtype '%.40s': \"F32\", \"F64\", \"I64\" or \"I32\"",
+                    name ? name : "", dtype);
+    int rc = psc_add_tensor(c, name, ndim, dims);
+    if (rc != 0)
+        return rc;
+    ps_layout_set_buffer(&c->layout, (unsigned)buf, (unsigned)sdt);
     return 0;
 }
 
@@ -662,6 +690,19 @@ size_t psc_waiting_for(psc_client *c, char *buf, size_t len)
     return n;
 }
 
+/* A library thread: it blocks every signal, so that a process-directed
+ * one (SIGINT, SIGTERM) is handled by the caller's threads, whose waits
+ * it can end (option interrupt). */
+static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 /* ---- heartbeats ----------------------------------------------------------- */
 
 static void *hb_main(void *arg)
@@ -710,7 +751,7 @@ static void hb_start(psc_link *ln)
 {
     if (ln->hb_running || ln->hb_interval_ms == 0)
         return;
-    if (pthread_create(&ln->hb_thread, NULL, hb_main, ln) == 0)
+    if (start_thread(&ln->hb_thread, hb_main, ln) == 0)
         ln->hb_running = 1;
     else
         PS_LOG(PS_LOG_WARN, "cannot start the heartbeat thread; psd may declare this worker dead when it is idle");
@@ -856,7 +897,8 @@ static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
         c->err[0] = '\0';
         c->err_link = i;
     }
-    if (rc != PS_EREMOTE || i != c->err_link)
+    /* an interrupted wait keeps its links for the bye (c->desync) */
+    if ((rc != PS_EREMOTE || i != c->err_link) && rc != PS_CLIENT_EINTR)
         link_close(&c->links[i]);
 }
 
@@ -1091,7 +1133,7 @@ static int do_pushpull(psc_client *c)
             pj.on[i] = pieced(c, &c->links[i]);
             pj.ver[i] = c->links[i].version;
         }
-        if (pthread_create(&sender, NULL, pieces_send, &pj) != 0)
+        if (start_thread(&sender, pieces_send, &pj) != 0)
             return lfail(c, 0, PS_ENOMEM);
         sending = 1;
     }
@@ -1140,7 +1182,8 @@ static int do_pushpull(psc_client *c)
         int rc = pull_part(c, ln, c->params + ln->lo, 0, ln->hi - ln->lo, c->bsp ? ln->version + 1 : 0);
         if (rc != 0) {
             part_fail(c, i, rc, &first);
-            link_close(ln); /* chunk pulls of its window may be outstanding */
+            if (rc != PS_CLIENT_EINTR)
+                link_close(ln); /* chunk pulls of its window may be outstanding */
         }
     }
     if (first)
@@ -1195,7 +1238,8 @@ static int do_pull(psc_client *c, uint64_t off, uint64_t len)
         int rc = pull_part(c, ln, c->params + a, a - ln->lo, b - a, c->bsp && c->pushed ? ln->version + 1 : 0);
         if (rc != 0) {
             part_fail(c, i, rc, &first);
-            link_close(ln);
+            if (rc != PS_CLIENT_EINTR)
+                link_close(ln);
         }
     }
     if (first)
@@ -1214,8 +1258,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
 {
     ps_msg m, r;
     hb_stop(ln);
+    ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
     pthread_mutex_lock(&ln->lock);
-    int rc = ps_client_connect(&ln->cl, ln->server, 10000);
+    int rc = ps_client_connect(&ln->cl, ln->server, c->quick ? 1000 : 10000);
     pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
@@ -1235,6 +1280,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.has |= PS_F_PLAN;
         m.plan = c->plan;
     }
+    ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
     ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     ln->shm_ok = 0;
     if (ln == &c->links[0])
@@ -1367,7 +1413,10 @@ static int recoverable(const psc_client *c, int rc)
     case PS_EREMOTE:
         /* psd shutting down or full; our old connection not yet noticed
          * gone; the worker giving initial values left before finishing */
-        return cl->remote_code == -PS_ESHUTDOWN || cl->remote_code == -PS_ESHARD ||
+        /* a shard taken is our own old connection, not yet noticed gone,
+         * only when reconnecting: at the first connect it is another
+         * worker's, which retrying does not change */
+        return cl->remote_code == -PS_ESHUTDOWN || (cl->remote_code == -PS_ESHARD && c->connected) ||
                cl->remote_code == -PS_ENOT_READY || cl->remote_code == -PS_ELIMIT;
     default:
         return 0;
@@ -1378,17 +1427,41 @@ static int recoverable(const psc_client *c, int rc)
  * when it is one the header lists. */
 static int public_code(const psc_client *c, int rc)
 {
+    if (rc == PS_CLIENT_EINTR)
+        return PSC_EINTR;
     if (rc != PS_EREMOTE || !c->links)
         return rc;
     int32_t code = c->links[c->err_link].cl.remote_code; /* positive, as on the wire */
     return code >= 1 && code <= 23 ? -code : rc;
 }
 
-static void sleep_ms(uint64_t ms)
+/* A refusal that trying again cannot change: said at once, in words that
+ * say what to do. Returns the public code. */
+static int refused(psc_client *c, int rc)
+{
+    int code = public_code(c, rc);
+    if (code == PSC_ESHARD && !c->connected) {
+        char why[600];
+        snprintf(why, sizeof why, "%.590s", psc_errmsg(c));
+        return fail(c, code, "psd at %.280s refused shard %u/%u (%s); every worker of a job needs a shard of its "
+                             "own (--shard K/M, or auto under a launcher), and a worker that was just stopped holds "
+                             "its shard until psd notices (heartbeat_timeout); not retried",
+                    c->links[c->err_link].server, c->shard, c->nshards, why);
+    }
+    return code;
+}
+
+/* Sleeps ms; returns PS_CLIENT_EINTR when a signal ends it early and the
+ * option interrupt is on, else 0. */
+static int sleep_ms(psc_client *c, uint64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
+        if (c->interrupt) {
+            c->intr = 1;
+            return PS_CLIENT_EINTR;
+        }
+    return 0;
 }
 
 /* Opens until it works, with exponential backoff (100 ms doubling to 5 s,
@@ -1404,9 +1477,13 @@ static int open_retry(psc_client *c, int limit_ms, const char *first)
             int64_t now = mono_ms();
             if (now + (int64_t)ms > deadline)
                 ms = deadline > now ? (uint64_t)(deadline - now) : 0;
-            sleep_ms(ms);
+            if (sleep_ms(c, ms) != 0)
+                return fail(c, PSC_EINTR, "psc_%s: interrupted by a signal while waiting for psd at %.280s",
+                            c->connected ? "reconnect" : "connect", c->links[c->err_link].server);
         }
+        c->quick = attempt == 1 && !c->connected;
         int rc = do_open(c);
+        c->quick = 0;
         if (rc == 0) {
             if (c->connected)
                 PS_LOG(PS_LOG_INFO, "reconnected to psd at %s after %.1f s (attempt %d): mode %s, model version "
@@ -1416,7 +1493,7 @@ static int open_retry(psc_client *c, int limit_ms, const char *first)
         }
         uint32_t li = c->err_link;
         if (!recoverable(c, rc))
-            return public_code(c, rc);
+            return refused(c, rc);
         if (mono_ms() >= deadline) {
             char why[300];
             snprintf(why, sizeof why, "%.290s", first ? first : psc_errmsg(c));
@@ -1426,8 +1503,8 @@ static int open_retry(psc_client *c, int limit_ms, const char *first)
                         c->connected ? "reconnect_s" : "connect_s");
         }
         if (attempt == 1 && !c->connected)
-            PS_LOG(PS_LOG_DEBUG, "waiting for psd at %s (%s); trying for up to %d s", c->links[li].server,
-                   psc_errmsg(c), limit_ms / 1000);
+            PS_LOG(PS_LOG_INFO, "waiting for psd at %s (%s); trying for up to %d s (connect_s)",
+                   c->links[li].server, psc_errmsg(c), limit_ms / 1000);
         delay = delay * 2 > 5000 ? 5000 : delay * 2;
     }
 }
@@ -1441,6 +1518,7 @@ int psc_connect(psc_client *c)
     int rc = fix_layout(c);
     if (rc != 0)
         return rc;
+    c->intr = 0;
     rc = open_retry(c, c->connect_ms, NULL);
     waiting_clear(c); /* its pull may have waited */
     if (rc == 0)
@@ -1496,7 +1574,20 @@ static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
 static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     waiting_clear(c);
+    c->intr = 0;
+    if (c->desync) {
+        /* the last call's wait was interrupted, maybe mid-frame: these
+         * connections are unusable; new ones (the model pulled anew) */
+        for (uint32_t i = 0; i < c->nlinks; i++)
+            link_close(&c->links[i]);
+        int rc = open_retry(c, c->reconnect_ms, NULL);
+        if (rc != 0)
+            return rc;
+        c->desync = 0;
+    }
     int rc = run_step(c, op, off, len);
+    if (rc == PSC_EINTR)
+        c->desync = 1;
     waiting_clear(c);
     return rc;
 }
@@ -1618,7 +1709,7 @@ int psc_pushpull_start(psc_client *c)
     if (rc != 0)
         return rc;
     if (!c->async_running) {
-        if (pthread_create(&c->async_thread, NULL, async_main, c) != 0)
+        if (start_thread(&c->async_thread, async_main, c) != 0)
             return fail(c, PSC_ENOMEM, "cannot start the library's step thread");
         c->async_running = 1;
     }
@@ -1891,6 +1982,7 @@ void psc_leave(psc_client *c, const char *reason)
     size_t rlen = reason ? strlen(reason) : 0;
     if (rlen > 200)
         rlen = 200; /* psd keeps a line; the rest would be cut there */
+    c->intr = 0; /* the bye goes after an interrupted wait too */
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         hb_stop(ln);
@@ -1902,7 +1994,9 @@ void psc_leave(psc_client *c, const char *reason)
                 m.text = reason;
                 m.text_len = (uint32_t)rlen;
             }
-            ps_client_call(&ln->cl, &m, &r, 5000);
+            /* after an interrupted wait the reply may never be read
+             * (the connection is mid-frame): psd acts on the bye anyway */
+            ps_client_call(&ln->cl, &m, &r, c->desync ? 1000 : 5000);
         }
         link_close(ln);
     }

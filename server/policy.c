@@ -110,6 +110,9 @@ static int apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, c
     }
     /* scaling by k <= 1 keeps the push's bound; DC-ASGD's correction has none */
     srv_grad gr = {.g = g, .has_gmax = p->has_gmax && !dc, .gmax = p->gmax};
+    /* buffers take the push's own values, unscaled (update.h) */
+    gr.raw = p->g;
+    gr.from_first = w && w->shard == 0;
     srv_update_tag tag = {.w = w, .fin = p->fin};
     int rc = srv_update_apply(s, &gr, off, n, p->may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)
@@ -646,12 +649,14 @@ static void shard_free(bsp_shard *w)
 /* The rounds close piece by piece: bsp_piece is set and nothing needs the
  * whole round's mean at once (backup workers decide per round who counts,
  * clip_norm clips the whole mean, a plan hands out the next round as it
- * opens, the arrival-order sum has no push apart before its fin). */
+ * opens, the arrival-order sum has no push apart before its fin). A plan
+ * counts from the hello that brings it, before the model has values: the
+ * WELCOME (bsp_piece) says what the rounds will do. */
 static int pieces_on(const psd *s)
 {
     const ps_config *c = &s->cfg;
     return c->bsp_piece > 0 && c->bsp_piece < s->model.layout.total && c->bsp_sum_order == PS_BSP_SUM_SHARD &&
-           c->backup_workers == 0 && !(c->clip_norm > 0) && !srv_plan_active(s);
+           c->backup_workers == 0 && !(c->clip_norm > 0) && !s->plan.set;
 }
 
 /* 1 when w's push of the round covers [lo, hi) (its ranges are merged). */

@@ -30,6 +30,9 @@ int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
 void srv_conn_answer_parked(srv_conn *c);
+/* Answers each of c's parked pulls with an ERROR code and text, and
+ * forgets them (a reset drops the model they wait for). */
+void srv_pulls_refuse(srv_conn *c, int code, const char *text);
 /* Drops c's parked pulls and pinned snapshot (it goes away). */
 void srv_pulls_drop(srv_conn *c);
 /* Frees the parked-pull entries kept for reuse (at exit). */
@@ -37,8 +40,9 @@ void srv_parked_free_spare(void);
 
 /* BARRIER (barrier.c): worker c has reached model version ver and waits,
  * in BSP, until every worker taking part in barriers has (ver 0: c stops
- * taking part); answered now or parked (0), or refused with err (a second
- * one while one waits). */
+ * taking part); c then stands at ver, its latest. Answered now or parked
+ * (0), or refused with err: a second one while one waits (PS_ESTATE), a
+ * version above the model's plus one (PS_EBAD_FIELD). */
 int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen);
 /* What c's parked barrier waits for ("barrier at version 12 waits for
  * shard 2/3 (at version 11)"), for HEARTBEAT's wait notice; 0 when none

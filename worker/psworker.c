@@ -103,7 +103,7 @@ static void usage(FILE *f)
             "                          did; by default the workers propose psd a plan (the epochs,\n"
             "                          the training set's size, B x M samples a round, the seed) and\n"
             "                          psd tells each worker which samples to train every round, and\n"
-            "                          when the job is done (see README, \"A job by psd's plan\")\n"
+            "                          when the job is done (see docs/running.md, \"A job by psd's plan\")\n"
             "      --save-params PATH  write the final parameters to PATH as raw little-endian float32\n"
             "      --pipeline on|off|auto  compute the next gradient while the last one travels\n"
             "                          (one step more staleness; default off); auto: on in asgd\n"

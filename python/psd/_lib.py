@@ -55,6 +55,7 @@ for name, res, args in [
     ("psc_new", _c, []),
     ("psc_set", _i, [_c, _s, _s]),
     ("psc_add_tensor", _i, [_c, _s, _u32, ctypes.POINTER(_u64)]),
+    ("psc_add_buffer", _i, [_c, _s, _u32, ctypes.POINTER(_u64), _s, _s]),
     ("psc_size", _u64, [_c]),
     ("psc_tensor_count", _u32, [_c]),
     ("psc_tensor_info", _i, [_c, _u32, ctypes.POINTER(_s), ctypes.POINTER(_u32), ctypes.POINTER(_u64),
@@ -107,5 +108,5 @@ PSC_CODES = {
     -7: "ELAYOUT", -8: "ERANGE", -9: "ENONFINITE", -10: "ESTALE", -11: "EDUPLICATE", -12: "ESHARD",
     -13: "ENOT_READY", -14: "EAUTH", -15: "EFORBIDDEN", -16: "ELIMIT", -17: "ESHUTDOWN", -18: "ENOMEM",
     -19: "EIO", -20: "ECONNECT", -21: "ETIMEOUT", -22: "ECLOSED", -23: "EINVAL", -24: "EREMOTE", -25: "EBUSY",
-    -26: "ENOTFOUND",
+    -26: "ENOTFOUND", -27: "EINTR",
 }
