@@ -35,6 +35,30 @@ static ps_config defaults;
 static psd srv;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
+/* srv_tables_each's callback: counts rows and checks each key once. */
+static void count_row(uint64_t key, const float *row, void *arg)
+{
+    uint64_t *n = arg;
+    (void)row;
+    n[0]++;
+    n[1] ^= ps_mix64(key);
+}
+
+/* Loaded tables (PROTOCOL.md 13): every stored row found by its key, as
+ * many rows as the store counts, within the tables' limit of 64. */
+static void check_tables(const psd *s)
+{
+    FUZZ_CHECK(s->tables.n <= PS_TABLES_MAX, "%u tables", s->tables.n);
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        uint64_t n[2] = {0, 0};
+        srv_tables_each(&s->tables, i, count_row, n);
+        FUZZ_CHECK(n[0] == st.rows, "table %u: %llu rows visited, %llu counted", i, (unsigned long long)n[0],
+                   (unsigned long long)st.rows);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 uint64_t srv_now_ms(void)
@@ -117,9 +141,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         srv.cfg.optimizer = optimizers[i];
         int rc = srv_checkpoint_load(&srv);
         FUZZ_CHECK(rc == 0 || rc == 1, "srv_checkpoint_load returned %d", rc);
-        if (rc == 1)
+        if (rc == 1) {
             check_loaded(&srv);
+            check_tables(&srv);
+        }
         srv_model_free(&srv.model);
+        srv_tables_free(&srv.tables);
         free(srv.restored_clocks);
     }
     return 0;
