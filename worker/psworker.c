@@ -148,8 +148,9 @@ static void usage(FILE *f)
             "\n"
             "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
             "unreachable past --reconnect-timeout, refused, missing data); 2 for a bad\n"
-            "option; 143 (130) after SIGTERM (SIGINT): the worker finishes its step,\n"
-            "says bye to psd (which shows it as left, not lost) and exits.\n"
+            "option; 143 (130) after SIGTERM (SIGINT): the worker finishes its step\n"
+            "(a wait for psd ends at once), says bye to psd (which shows it as left,\n"
+            "not lost) and exits.\n"
             "\n"
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
@@ -514,6 +515,10 @@ static int train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dat
         step_waits(o, 0);
         if (prc != 0) {
             progress_clear(o);
+            if (prc == PSC_EINTR && g_stop_signal) { /* the signal ended the round's wait */
+                status = stop_on_signal(pc, o->shard, o->nshards, (int)cur + 1, steps);
+                goto out;
+            }
             fprintf(stderr, "psworker: round %" PRIu64 ": %s\n", psc_model_version(pc), psc_errmsg(pc));
             goto out;
         }
@@ -712,7 +717,8 @@ static int client_new(wopts *o, psc_client **out)
         (o->barrier && psc_set(pc, "barrier", o->barrier) != 0) ||
         (o->pieces && psc_set(pc, "pieces", o->pieces) != 0) ||
         (o->skip_zeros && psc_set(pc, "skip_zeros", o->skip_zeros) != 0) ||
-        (o->compress && psc_set(pc, "compress", o->compress) != 0)) {
+        (o->compress && psc_set(pc, "compress", o->compress) != 0) ||
+        psc_set(pc, "interrupt", "on") != 0) { /* SIGTERM, SIGINT end a wait for psd (stop_on_signal) */
         die("%s", psc_errmsg(pc));
         psc_free(pc);
         return 2;
@@ -830,7 +836,7 @@ int main(int argc, char **argv)
     ps_model_bind_grads(model, lib_grads);
     install_stop_handlers();
     int rc = psc_connect(pc);
-    if (rc != 0) {
+    if (rc != 0 && !(rc == PSC_EINTR && g_stop_signal)) {
         fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
         goto out;
     }
@@ -990,6 +996,10 @@ int main(int argc, char **argv)
             }
             if (rc != 0) {
                 progress_clear(&o);
+                if (rc == PSC_EINTR && g_stop_signal) { /* the signal ended the step's wait */
+                    status = stop_on_signal(pc, o.shard, o.nshards, epoch, st);
+                    goto out;
+                }
                 fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, psc_errmsg(pc));
                 goto out;
             }
