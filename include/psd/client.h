@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 6
+#define PSC_VERSION_MINOR 7
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -163,6 +163,24 @@ PSC_API psc_client *psc_new(void);
  * Before psc_connect only, except "log" and "report_s". Returns 0, PSC_EINVAL (an unknown
  * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
 PSC_API int psc_set(psc_client *c, const char *key, const char *value);
+
+/* One option of psc_set, as the library's one table of options holds it;
+ * programs built on the library take their settings from it (the Python
+ * package's keyword arguments, psworker's flags and their help). Fields may
+ * be added at the end. */
+typedef struct psc_option_info {
+    const char *name;   /* the key of psc_set (and the Python keyword) */
+    const char *flag;   /* the command-line flag of programs on the library
+                         * (psworker), without "--"; NULL: none has one */
+    const char *arg;    /* the value's form in a usage line: "MS", "auto|on|off" */
+    const char *values; /* what a value may be, as psc_set's error says it */
+    const char *dflt;   /* the default, in words */
+    const char *help;   /* what the option does, one sentence or a few */
+} psc_option_info;
+
+/* The i-th option (0, 1, ...), or NULL past the last (1.7). The strings are
+ * static; nothing is to be freed. */
+PSC_API const psc_option_info *psc_option(unsigned i);
 
 /* Appends a tensor to the layout: name (1..63 printable bytes), ndim
  * (1..6) dims each >= 1. Tensors follow each other in the flat vector in

@@ -28,6 +28,7 @@ psd.mnist loads MNIST and Fashion-MNIST from their IDX files, normalised
 as psworker does (see psd/mnist.py).
 """
 
+import collections
 import ctypes
 import os
 import signal
@@ -47,8 +48,8 @@ from .plan import Plan, Slice, epoch_order
 from . import mnist
 from .wait import WaitNotice
 
-__all__ = ["Client", "PsdError", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "strerror", "mnist",
-           "__version__"]
+__all__ = ["Client", "PsdError", "Option", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "options",
+           "strerror", "mnist", "__version__"]
 
 __version__ = lib.psc_version_string().decode()
 
@@ -73,8 +74,35 @@ class PsdError(Exception):
         super().__init__("%s [%s]" % (message, self.name))
 
 
-_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "skip_zeros", "compress", "shm", "reconnect",
-            "send_buffer", "barrier", "pieces", "interrupt", "log")
+# One of libpsclient's options: name (the keyword of Client), flag
+# (psworker's, without "--"; None: none), arg (the value's form), values
+# (what a value may be), default and help, as the library's table holds them.
+Option = collections.namedtuple("Option", ("name", "flag", "arg", "values", "default", "help"))
+
+
+def _read_options():
+    out = []
+    i = 0
+    while True:
+        p = lib.psc_option(i)
+        if not p:
+            return tuple(out)
+        o = p.contents
+        out.append(Option(*(None if v is None else v.decode() for v in
+                            (o.name, o.flag, o.arg, o.values, o.dflt, o.help))))
+        i += 1
+
+
+_OPTION_LIST = _read_options()
+# the keyword arguments of Client: the library's options, from its own table
+_OPTIONS = tuple(o.name for o in _OPTION_LIST)
+
+
+def options():
+    """libpsclient's options, in its table's order: Option tuples (name,
+    flag, arg, values, default, help). Client takes each name as a keyword
+    argument; a bool is sent as "on" or "off"."""
+    return _OPTION_LIST
 
 _EINTR = -27
 _stop_signal = [None]  # the name of the signal that stopped a wait ("SIGTERM"), when ours
@@ -118,21 +146,16 @@ class Client:
     (name, shape, rule, dtype) declares a buffer: a tensor psd keeps but
     does not train, whose place in grads holds the worker's values at a
     push, combined by rule "mean" or "first" (shard 0's); dtype ("F32",
-    "F64", "I64", "I32") is how `psctl save` writes it (docs/client.md). Keyword options are
-    libpsclient's (docs/client.md): server ("host:port" or
+    "F64", "I64", "I32") is how `psctl save` writes it (docs/client.md).
+    Keyword options are libpsclient's, every one of its table
+    (psd.options(), docs/client.md): server ("host:port" or
     "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
-    and Kubernetes environments), token_file, timeout_ms, reconnect_s,
-    connect_s, wire ("f32"/"bf16"), skip_zeros (bool: float32 pushes leave
-    their zeros out when psd offers it; default True), compress ("auto", or a
-    bool: float32 pushes as zstd frames; auto, the default: to a psd on
-    another machine), shm (bool), reconnect (bool), send_buffer,
-    barrier ("auto", or a bool: a BSP step over a split model ends at a
-    BARRIER on the first psd; auto, the default: when a psd is on another
-    machine), pieces ("auto", or a bool: a BSP step sends a part whose psd
-    closes rounds in pieces piece by piece; auto, the default: when that psd
-    is on another machine), interrupt (bool, default True: Ctrl-C or SIGTERM
+    and Kubernetes environments), token_file, timeout_ms, wire
+    ("f32"/"bf16"), shm (bool), compress ("auto" or a bool), chunk,
+    pull_window, interrupt (bool, default True here: Ctrl-C or SIGTERM
     while a call waits for psd ends it with KeyboardInterrupt and the client
-    says bye; False waits through signals), log.
+    says bye; False waits through signals), ...; a bool goes as "on" or
+    "off", None leaves the library's default.
     connect=True connects at once (after init, when given, was copied into
     the parameters).
 

@@ -49,11 +49,18 @@ _s = ctypes.c_char_p
 _f = ctypes.POINTER(ctypes.c_float)
 _d = ctypes.c_double
 
+
+class OptionInfo(ctypes.Structure):
+    """psc_option_info: one row of libpsclient's table of options."""
+    _fields_ = [("name", _s), ("flag", _s), ("arg", _s), ("values", _s), ("dflt", _s), ("help", _s)]
+
+
 for name, res, args in [
     ("psc_version_string", _s, []),
     ("psc_strerror", _s, [_i]),
     ("psc_new", _c, []),
     ("psc_set", _i, [_c, _s, _s]),
+    ("psc_option", ctypes.POINTER(OptionInfo), [ctypes.c_uint]),
     ("psc_add_tensor", _i, [_c, _s, _u32, ctypes.POINTER(_u64)]),
     ("psc_add_buffer", _i, [_c, _s, _u32, ctypes.POINTER(_u64), _s, _s]),
     ("psc_size", _u64, [_c]),

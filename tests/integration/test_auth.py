@@ -75,6 +75,11 @@ with harness.Cluster("psd-auth-nohosts") as cl:
     lib = os.path.join(os.path.dirname(os.path.dirname(harness.Paths.psd)), "client", "libpsclient.so")
     if os.path.exists(lib):
         env = dict(os.environ, PYTHONPATH=os.path.join(sys.argv[6], "python"), PSD_CLIENT_LIBRARY=lib)
+        # a sanitizer build's library in Debian's python3: its runtime first
+        deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout.split()
+        asan = [deps[i + 2] for i, d in enumerate(deps[:-2]) if d.startswith("libasan.so") and deps[i + 1] == "=>"]
+        if asan:
+            env.update(LD_PRELOAD=asan[0], ASAN_OPTIONS="detect_leaks=0")
         code = ("import psd; c = psd.Client([('w', (4,))], server='localhost:%s', shard='0/1'); "
                 "c.connect(); c.pull(); print(c.params.size); c.close()" % port)
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
