@@ -11,7 +11,7 @@ the wire, and with the model split over 2 psd), it runs psd and real psworkers o
 machine and prints, per configuration: seconds per epoch, the part of it
 worker 0 spent waiting on psd ("wait": push, pull and, in BSP, the round),
 samples/s, test accuracy after every epoch, and the training wall time
-until the target accuracy was first reached, with the settings of the
+until the target accuracy was first reached, with the settings of
 docs/settings.md's "Recommended settings" (SETTINGS below). Training time excludes the test-set evaluation
 (worker 0 evaluates after every epoch; the clock stops meanwhile).
 PyTorch alone (bench/torch_ref.py, Debian's python3-torch) runs the same

@@ -563,6 +563,17 @@ static int safetensors_header(const ps_layout *l, uint64_t version, const char *
         }
         ps_buf_free(&a);
     }
+    /* the buffers' rules, so that psd --init-from holds them as buffers */
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        char key[PS_NAME_MAX + 16];
+        if (!l->t[i].buf)
+            continue;
+        snprintf(key, sizeof key, "buffer:%s", l->t[i].name);
+        rc |= bprintf(&j, ",");
+        rc |= json_str_buf(&j, key);
+        rc |= bprintf(&j, ":");
+        rc |= json_str_buf(&j, ps_buf_name(l->t[i].buf));
+    }
     rc |= bprintf(&j, "}");
     uint64_t at = 0; /* bytes: a buffer may be 8 a value */
     for (uint32_t i = 0; i < l->ntensors; i++) {

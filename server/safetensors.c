@@ -40,6 +40,8 @@ typedef struct st_tensor {
     uint32_t ndim;
     uint32_t dims[PS_DIMS_MAX];
     uint64_t begin, end;   /* byte range within the data */
+    int sdt;               /* PS_SAVE_*: F32, or a buffer's F64, I64, I32 */
+    int rule;              /* PS_BUF_*: a buffer (__metadata__ "buffer:NAME") */
 } st_tensor;
 
 static int by_begin(const void *a, const void *b)
@@ -88,11 +90,15 @@ static int parse_tensor(const char *path, const char *name, const json_t *v, st_
                  "data_offsets [begin, end]", path, name);
         return -1;
     }
-    if (strcmp(json_string_value(dtype), "F32") != 0) {
-        snprintf(err, errlen, "%s: tensor '%.80s' has dtype %.16s; psd holds float32 only (F32): convert the file "
-                 "to float32 first", path, name, json_string_value(dtype));
+    const char *dt = json_string_value(dtype);
+    t->sdt = ps_save_dt_parse(dt, strlen(dt));
+    if (t->sdt < 0 || (t->sdt != PS_SAVE_F32 && !t->rule)) {
+        snprintf(err, errlen, "%s: tensor '%.80s' has dtype %.16s; psd holds float32 only (F32), but for buffers "
+                 "(__metadata__ \"buffer:%.80s\": \"mean\" or \"first\", as psctl save writes), which may be F64, "
+                 "I64 or I32: convert the file to float32 first", path, name, dt, name);
         return -1;
     }
+    size_t esize = t->sdt == PS_SAVE_F64 || t->sdt == PS_SAVE_I64 ? 8 : 4;
     size_t nd = json_array_size(shape);
     if (nd < 1 || nd > PS_DIMS_MAX) {
         snprintf(err, errlen, "%s: tensor '%.80s' has %zu dimensions; psd takes 1 to %d", path, name, nd,
@@ -113,9 +119,9 @@ static int parse_tensor(const char *path, const char *name, const json_t *v, st_
         count = count > UINT64_MAX / x ? UINT64_MAX : count * x;
     }
     if (json_u64(json_array_get(offs, 0), &t->begin) != 0 || json_u64(json_array_get(offs, 1), &t->end) != 0 ||
-        t->end < t->begin || count > (UINT64_MAX / 4) || t->end - t->begin != count * 4) {
+        t->end < t->begin || count > (UINT64_MAX / 8) || t->end - t->begin != count * esize) {
         snprintf(err, errlen, "%s: bad header: tensor '%.80s' has data_offsets that do not hold its %" PRIu64
-                 " float32 values", path, name, count);
+                 " %s values", path, name, count, dt);
         return -1;
     }
     return 0;
@@ -268,6 +274,60 @@ static int load_tables(psd *s, int fd, const char *path, uint64_t base, const st
                      rc == PS_ENOMEM ? "out of memory" : rc == PS_EIO ? "cannot read its rows" : e);
             return rc;
         }
+    }
+    return 0;
+}
+
+/* A tensor's rule from the file's __metadata__ ("buffer:NAME": "mean" or
+ * "first", as psctl save writes a buffer's): PS_BUF_NONE without one, -1
+ * for another value (err filled). */
+static int buffer_rule(const char *path, const json_t *meta, const char *name, char *err, size_t errlen)
+{
+    char key[PS_NAME_MAX + 16];
+    if (!json_is_object(meta) || strlen(name) > PS_NAME_MAX)
+        return PS_BUF_NONE;
+    snprintf(key, sizeof key, "buffer:%s", name);
+    const json_t *v = json_object_get(meta, key);
+    if (!v)
+        return PS_BUF_NONE;
+    int rule = json_is_string(v) ? ps_buf_parse(json_string_value(v), strlen(json_string_value(v))) : -1;
+    if (rule < 0)
+        snprintf(err, errlen, "%s: __metadata__ \"%s\" is not \"mean\" or \"first\"", path, key);
+    return rule;
+}
+
+/* Reads tensor t's values, of its dtype, from the file at base into the
+ * model's values [off, off + count) as float32. 0, or -1 (errno set). */
+static int read_converted(int fd, uint64_t base, const st_tensor *t, srv_model *m, uint64_t off, uint64_t count)
+{
+    enum { CHUNK = 8192 };
+    unsigned char raw[CHUNK * 8];
+    size_t esize = t->sdt == PS_SAVE_F64 || t->sdt == PS_SAVE_I64 ? 8 : 4;
+    for (uint64_t done = 0; done < count;) {
+        size_t n = count - done < CHUNK ? (size_t)(count - done) : CHUNK;
+        if (read_at(fd, raw, n * esize, base + t->begin + done * esize) != 0)
+            return -1;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t at = off + done + i;
+            float *w = &m->blk[at >> SRV_BLK_SHIFT]->w[at & (SRV_BLK_FLOATS - 1)];
+            const unsigned char *b = raw + i * esize;
+            if (t->sdt == PS_SAVE_F32) {
+                memcpy(w, b, 4);
+            } else if (t->sdt == PS_SAVE_F64) {
+                double d;
+                memcpy(&d, b, 8);
+                *w = (float)d;
+            } else if (t->sdt == PS_SAVE_I64) {
+                int64_t q;
+                memcpy(&q, b, 8);
+                *w = (float)q;
+            } else {
+                int32_t q;
+                memcpy(&q, b, 4);
+                *w = (float)q;
+            }
+        }
+        done += n;
     }
     return 0;
 }
@@ -448,6 +508,8 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
     size_t k = 0;
     const char *key;
     json_t *val;
+    const json_t *meta = json_object_get(root, "__metadata__");
+    int converted = 0; /* a buffer of another dtype than F32 */
     json_object_foreach(root, key, val)
     {
         if (strcmp(key, "__metadata__") == 0)
@@ -461,8 +523,10 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
             snprintf(err, errlen, "%s: a table declared in its metadata lacks its rows or keys tensor", path);
             goto out;
         }
-        if (parse_tensor(path, key, val, &ts[k++], err, errlen) != 0)
+        if ((ts[k].rule = buffer_rule(path, meta, key, err, errlen)) < 0 ||
+            parse_tensor(path, key, val, &ts[k], err, errlen) != 0)
             goto out;
+        converted |= ts[k++].sdt != PS_SAVE_F32;
     }
     if (k != nt) {
         snprintf(err, errlen, "%s: a table declared in its metadata lacks its rows or keys tensor", path);
@@ -481,7 +545,8 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                      ts[i].name, ts[i].begin, want);
             goto out;
         }
-        if (ps_layout_add(&l, ts[i].name, ts[i].ndim, ts[i].dims) != 0) {
+        if (ps_layout_add(&l, ts[i].name, ts[i].ndim, ts[i].dims) != 0 ||
+            (ts[i].rule && ps_layout_set_buffer(&l, (unsigned)ts[i].rule, (unsigned)ts[i].sdt) != 0)) {
             snprintf(err, errlen, "%s: tensor '%.80s' cannot be part of a psd layout (a name of 1 to %d printable "
                      "bytes, at most %d tensors, %d dimensions)", path, ts[i].name, PS_NAME_MAX, PS_TENSORS_MAX,
                      PS_DIMS_MAX);
@@ -525,10 +590,17 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
         goto out;
     }
     uint64_t base = 8 + hlen;
+    /* buffers of other dtypes: every tensor converted into the blocks */
+    for (size_t i = 0; converted && i < nt; i++)
+        if (read_converted(fd, base, &ts[i], &s->model, l.t[i].offset, l.t[i].count) != 0) {
+            snprintf(err, errlen, "%s: cannot read its data: %s", path, errno ? strerror(errno) : "file shrank");
+            rc = PS_EIO;
+            goto undo;
+        }
     for (size_t b = 0; b < s->model.nblk; b++) {
         srv_blk *blk = s->model.blk[b];
         uint64_t first = (uint64_t)b << SRV_BLK_SHIFT;
-        if (read_at(fd, blk->w, blk->cap * sizeof(float), base + first * 4) != 0) {
+        if (!converted && read_at(fd, blk->w, blk->cap * sizeof(float), base + first * 4) != 0) {
             snprintf(err, errlen, "%s: cannot read its data: %s", path, errno ? strerror(errno) : "file shrank");
             rc = PS_EIO;
             goto undo;

@@ -144,8 +144,9 @@ static void usage(FILE *f)
             "\n"
             "Exit status: 0 when every epoch is done; 1 when training fails (psd\n"
             "unreachable past --reconnect-timeout, refused, missing data); 2 for a bad\n"
-            "option; 143 (130) after SIGTERM (SIGINT): the worker finishes its step,\n"
-            "says bye to psd (which shows it as left, not lost) and exits.\n"
+            "option; 143 (130) after SIGTERM (SIGINT): the worker finishes its step\n"
+            "(a wait for psd ends at once), says bye to psd (which shows it as left,\n"
+            "not lost) and exits.\n"
             "\n"
             "The last line on stdout is a JSON object: epochs, train_loss,\n"
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
@@ -304,6 +305,8 @@ int pw_client_new(wopts *o, psc_client **out)
         psc_free(pc);
         return 2;
     }
+    /* SIGTERM and SIGINT end a wait for psd at once (pw_stop says bye) */
+    psc_set(pc, "interrupt", "on");
     uint32_t shard_k, shard_m;
     psc_shard(pc, &shard_k, &shard_m);
     o->shard = (int)shard_k;

@@ -97,7 +97,8 @@ static int job_setup(job *j)
     ps_model_bind_params(j->model, lib_params);
     ps_model_bind_grads(j->model, lib_grads);
     pw_stop_install();
-    if (psc_connect(pc) != 0) {
+    int crc = psc_connect(pc);
+    if (crc != 0 && !(crc == PSC_EINTR && pw_stop_signal)) {
         fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));
         return 1;
     }
@@ -325,8 +326,11 @@ static int train_epochs(job *j, double job_t0)
             loss_sum += loss * (double)cnt;
             done += cnt;
             double tc = pw_now();
-            if (exchange(j) != 0) {
+            int xrc = exchange(j);
+            if (xrc != 0) {
                 pw_progress_clear(o);
+                if (xrc == PSC_EINTR && pw_stop_signal) /* the signal ended the step's wait */
+                    return pw_stop(pc, o->shard, o->nshards, epoch, st);
                 fprintf(stderr, "psworker: epoch %d step %zu: %s\n", epoch, st, psc_errmsg(pc));
                 return 1;
             }

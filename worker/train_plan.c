@@ -105,6 +105,10 @@ int pw_train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dataset
         pw_step_waits(o, 0);
         if (prc != 0) {
             pw_progress_clear(o);
+            if (prc == PSC_EINTR && pw_stop_signal) { /* the signal ended the round's wait */
+                status = pw_stop(pc, o->shard, o->nshards, (int)cur + 1, steps);
+                goto out;
+            }
             fprintf(stderr, "psworker: round %" PRIu64 ": %s\n", psc_model_version(pc), psc_errmsg(pc));
             goto out;
         }

@@ -738,10 +738,18 @@ def test_buffers_asgd_mean_and_first_saved_in_their_dtype(cluster):
     path = os.path.join(cluster.dir, "buf.safetensors")
     r = harness.psctl(p.addr, "save", path)
     assert r.returncode == 0, r.stderr
-    _, t = harness.read_safetensors(path)
+    meta, t = harness.read_safetensors(path)
     assert list(t) == ["w", "m", "f"]
     assert t["f"].dtype == np.int64 and t["f"].tolist() == [9, 9]
     assert t["m"].dtype == np.float32 and t["m"].tolist() == [2.5] * 3
+    assert meta["buffer:m"] == "mean" and meta["buffer:f"] == "first" and "buffer:w" not in meta
+    # psd --init-from takes the file back: the same values, buffers as buffers
+    q = start(cluster, name="psd-from", args=("--init-from", path))
+    c = client(q.addr, "0/2", layout=BUF_LAYOUT, connect=True)
+    assert c.params.tolist() == [0.0] * 4 + [2.5] * 3 + [9.0] * 2
+    with pytest.raises(psd.PsdError, match="at tensor 1: psd holds m\\[3\\] \\(a buffer: mean, F32\\), this worker has m\\[3\\]"):
+        client(q.addr, "1/2", layout=[("w", (4,)), ("m", (3,)), ("f", (2,))], connect=True)
+    c.close()
     b.close()
     with pytest.raises(psd.PsdError) as e:
         client(p.addr, "1/2", layout=BUF_LAYOUT[:2] + [("f", (2,), "mean", "I64")], connect=True)

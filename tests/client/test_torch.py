@@ -430,6 +430,8 @@ def test_batchnorm_buffers_saved_and_loaded_strictly(cluster, mode, rule):
     tx, ty = mnist.load(datadir, "t10k", limit=2000, dataset="fashion-mnist")
     with torch.no_grad():
         acc = (model(torch.from_numpy(tx)).argmax(1) == torch.from_numpy(ty)).double().mean().item() * 100
+    print("batchnorm %s/%s: the saved model %.2f%%, the workers %s" % (mode, rule, acc,
+                                                                     ", ".join("%.2f%%" % o["acc"] for o in outs)))
     assert acc > 70, acc
     for o in outs:
         assert abs(acc - o["acc"]) <= 0.1, (acc, outs)

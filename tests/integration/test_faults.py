@@ -81,7 +81,11 @@ class FaultTest(unittest.TestCase):
             self.assertRegex(row["address"], r"^127\.0\.0\.1:\d+$")
             self.assertNotEqual(row["why"], "")
             v = version(psd.addr)
-            harness.wait_until(lambda: version(psd.addr) > v + 5, 30, "rounds to close without the dead worker")
+            # (on a loaded machine this poll can come late enough that the
+            # survivors have already finished the job: that counts too, and
+            # the log checks below still want rounds closed without shard 2)
+            harness.wait_until(lambda: not any(w.alive() for w in ws[:2]) or version(psd.addr) > v + 5, 30,
+                               "rounds to close without the dead worker")
             results = self.finish(ws[:2])
             for r in results:
                 self.assertGreater(r["test_accuracy"], MIN_ACCURACY)

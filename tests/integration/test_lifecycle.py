@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -81,6 +82,29 @@ class SignalTest(unittest.TestCase):
 
     def test_sigterm_bsp(self):
         self.stop_worker("bsp", signal.SIGTERM)
+
+    def test_signal_ends_a_round_that_waits_for_ever(self):
+        """A BSP round waits for a shard that never joins (join_timeout 0:
+        for ever): SIGTERM ends psworker's wait at once (the library's
+        interrupt option), and it leaves with the signal as its reason."""
+        with harness.Cluster("psd-signal-wait") as cl:
+            psd = cl.psd(mode="bsp", workers=2, args=("--set", "join_timeout=0", "--set", "heartbeat_timeout=1s"))
+            w = cl.worker(psd, 0, 2, epochs=1, limit=600, test_limit=100, model="mlp:16")
+
+            def waiting():
+                row = shard_row(harness.status(psd.addr), 0)
+                return row is not None and row.get("pushes", 0) >= 1
+
+            harness.wait_until(waiting, 60, "shard 0's first push (its round then waits for shard 1)")
+            t0 = time.monotonic()
+            w.p.send_signal(signal.SIGTERM)
+            rc = w.wait(30)
+            took = time.monotonic() - t0
+            self.assertEqual(rc, 128 + signal.SIGTERM, w.stderr())
+            self.assertLess(took, 1.0, "psworker took %.2f s after SIGTERM\n%s" % (took, w.stderr()))
+            self.assertIn("stopped by SIGTERM", w.stderr())
+            row = shard_row(harness.status(psd.addr), 0)
+            self.assertEqual((row["state"], row["why"]), ("left", "stopped by SIGTERM"), row)
 
 
 class PsctlTest(unittest.TestCase):

@@ -1,0 +1,206 @@
+/* internal.h - what libpsclient's files share and nobody else sees: the
+ * client and link structures, and the functions one file gives the others
+ * (psc__ names: hidden in the shared library, distinct in the static one).
+ * The public API is include/psd/client.h. */
+#ifndef PS_CLIENT_INTERNAL_H
+#define PS_CLIENT_INTERNAL_H
+
+#include "psd/client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/auth.h"
+#include "common/client.h"
+#include "common/hostport.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "proto/errors.h"
+#include "proto/layout.h"
+#include "proto/ps_limits.h"
+
+/* largest tensor chunk in one frame, in floats (4 MiB) */
+#define CHUNK_FLOATS PS_CHUNK_FLOATS
+
+/* One connection: to psd, or with a model split over several psd, to the
+ * one holding part [lo, hi) of the flat vector (links[i] holds part i). */
+typedef struct psc_link {
+    ps_client cl;
+    pthread_mutex_t lock;    /* the client's send lock */
+    pthread_cond_t wake;     /* wakes the heartbeat thread */
+    pthread_t hb_thread;
+    int hb_running, hb_stop;
+    uint64_t hb_interval_ms; /* a third of this psd's heartbeat_timeout */
+    char server[300];        /* "host:port" */
+    uint64_t lo, hi;         /* this part: values [lo, hi) of the flat vector */
+    ps_layout layout;        /* its layout (the model's own with one psd) */
+    char mode[16];
+    uint64_t version;        /* version of this part's parameters we hold */
+    int shm_ok;              /* this psd mapped our segment */
+    int remote;              /* this psd is on another machine (ps_sock_same_host) */
+    int has_plan;            /* its WELCOME told the job's plan: */
+    ps_plan plan;
+    uint64_t piece;          /* its BSP rounds close in pieces of this many values
+                              * (WELCOME "piece"); 0: whole */
+} psc_link;
+
+struct psc_client {
+    /* options */
+    char servers[4096];
+    uint32_t shard, nshards;
+    ps_token token;          /* the secret proved to psd; len 0: none */
+    char token_path[1024];
+    int timeout_ms, reconnect_ms, connect_ms;
+    uint32_t want_dt;        /* wire type asked for; psd's welcome decides */
+    int skip_zeros;          /* option skip_zeros: float32 pushes leave +0.0 out
+                              * when psd offers it (default on) */
+    int compress;            /* option compress: float32 pushes as zstd frames,
+                              * auto (-1: to a psd on another machine), on, off */
+    int want_shm;            /* offer psd a shared segment */
+    int auto_reconnect;
+    int interrupt;           /* option interrupt: a signal ends a wait (PSC_EINTR) */
+    int intr;                /* a signal interrupted a wait of this call (the links'
+                              * `interrupted`); cleared when a call begins */
+    int desync;              /* a wait was interrupted: the links may be mid-frame */
+    int want_plan;           /* psc_plan_set: the plan the hello proposes */
+    ps_plan plan;
+    uint64_t chunk;          /* floats per frame of a chunked push or pull */
+    unsigned pull_window;    /* chunk pulls in flight; 0: every chunk request waits */
+    int send_buffer;         /* SO_SNDBUF of each connection; 0: the kernel's */
+    int barrier;             /* option barrier: BSP steps over a split model end
+                              * at a BARRIER on part 0's psd: 1 on, 0 off,
+                              * -1 auto (when a part is on another machine) */
+    int pieces;              /* option pieces: a BSP step sends a part in its psd's
+                              * pieces (WELCOME "piece"): 1 on, 0 off, -1 auto (a
+                              * part on another machine) */
+    int barrier_refused;     /* that psd does not know BARRIER (before 1.4) */
+    int step_in;             /* the step's pushes went in before it failed (at its
+                              * BARRIER): its gradient is not lost */
+    int barrier_in;          /* this connection to part 0 takes part (it sent a
+                              * BARRIER for a version, not withdrawn since) */
+    /* the model */
+    ps_layout layout;        /* the whole model's */
+    int fixed;               /* layout fixed: links and buffers made */
+    psc_link *links;             /* one per psd, in part order */
+    uint32_t nlinks;
+    uint32_t err_link;       /* the link whose error psc_errmsg tells */
+    float *own;              /* without a segment: parameters then gradients */
+    int shm_fd;              /* the sealed memfd; -1: none */
+    float *shm;              /* its mapping: n gradient floats, then n parameter floats */
+    float *params, *grads;   /* bound vectors: the library's or the caller's */
+    /* what psd said */
+    int connected, closed;
+    char mode[16];
+    int bsp;
+    uint64_t version;        /* of the parameters we hold (first part's) */
+    int pushed;              /* a push went out since the last pull (bsp pulls wait for its round) */
+    int has_base;            /* psc_set_base: the next push's base is `base` */
+    uint64_t base;
+    int shm_ok, shm_logged;
+    uint64_t reconnects, lost, dropped;
+    /* the asynchronous step */
+    pthread_t async_thread;
+    pthread_mutex_t async_mu;
+    pthread_cond_t async_cv;
+    int async_running, async_stop, async_pending, async_rc;
+    /* psc_progress: what was trained since the last periodic REPORT */
+    int64_t report_ms;       /* option report_s; 0: no periodic reports */
+    int64_t prog_last_ms;    /* when the last one went (0: none yet) */
+    double prog_loss;        /* sum of the losses since then */
+    uint64_t prog_n;         /* samples since then */
+    uint64_t prog_total;     /* samples told of in all */
+    /* psc_waiting_for: what psd last said the current step waits for,
+     * written by the thread that receives (on_wait), read by any */
+    pthread_mutex_t wait_mu;
+    char waiting[256];       /* "" when psd said nothing since the step began */
+    /* embedding tables (PROTOCOL.md 13), all on the first psd: what this
+     * client declared (declared again to a psd that lost them), and the
+     * scratch its calls work in; table.c's */
+    struct psc_tab {
+        ps_table_def def;
+        ps_hp hp;            /* the hyper-parameters as given */
+    } *tabs;
+    uint32_t ntabs;
+    uint64_t *tk;            /* a call's distinct keys, in first-seen order */
+    uint32_t *tidx;          /* for each key of the call, its distinct key's index */
+    uint64_t *tmap;          /* hash map: key, index + 1 (pairs) */
+    float *trows;            /* rows of the distinct keys */
+    size_t tk_cap, tidx_cap, tmap_cap, trows_cap;
+    int quick;               /* the first attempt of psc_connect: a TCP connect gives
+                              * up after 1 s, so a wrong address is told at once */
+    char err[1200];          /* a client-level error; empty: the link's */
+};
+
+/* The sending half of a step in pieces, on a thread of its own while the
+ * caller reads: piece q of every pieced part (from first_part on), each
+ * PUSH followed by the PULL of its range, then piece q + 1, so each psd
+ * answers a piece as soon as every worker has pushed it. */
+typedef struct pieces_job {
+    psc_client *c;
+    uint32_t start;
+    int on[PS_PARTS_MAX];       /* the part goes in pieces (pieced at the start) */
+    uint64_t ver[PS_PARTS_MAX]; /* each part's version at the step's start */
+    int rc[PS_PARTS_MAX];       /* a part's send error */
+    int rrc[PS_PARTS_MAX];      /* a part's receive error (its link is closed only
+                                 * once the sending thread is done) */
+} pieces_job;
+
+enum op { OP_PUSHPULL, OP_PUSH, OP_PULL };
+
+/* ---- psclient.c ---- */
+int64_t psc__mono_ms(void);
+__attribute__((format(printf, 3, 4)))
+int psc__fail(psc_client *c, int code, const char *fmt, ...);
+int psc__lfail(psc_client *c, uint32_t i, int rc);
+
+/* ---- layout.c ---- */
+void psc__unmake_links(psc_client *c);
+int psc__fix_layout(psc_client *c);
+int psc__busy(psc_client *c);
+
+/* ---- link.c ---- */
+void psc__link_close(psc_link *ln);
+int psc__recoverable(const psc_client *c, int rc);
+int psc__public_code(const psc_client *c, int rc);
+int psc__open_retry(psc_client *c, int limit_ms, const char *first);
+int psc__reconnect(psc_client *c);
+
+/* ---- step.c ---- */
+int psc__chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *values, uint64_t off, size_t n,
+                    uint64_t base, size_t *sent);
+int psc__chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops);
+int psc__pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64_t n, uint64_t min);
+int psc__ready(psc_client *c, const char *what);
+uint64_t psc__push_base(const psc_client *c, const psc_link *ln);
+int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len);
+
+/* ---- pieces.c ---- */
+int psc__pieced(const psc_client *c, const psc_link *ln);
+void *psc__pieces_send(void *arg);
+void psc__pieces_recv(psc_client *c, pieces_job *j);
+
+/* ---- threads.c ---- */
+void psc__on_wait(void *arg, const char *text, size_t len);
+void psc__waiting_clear(psc_client *c);
+int psc__start_thread(pthread_t *t, void *(*fn)(void *), void *arg);
+void psc__hb_stop(psc_link *ln);
+void psc__hb_start(psc_link *ln);
+void psc__async_stop(psc_client *c);
+
+/* ---- table.c ---- */
+void psc__tables_free(psc_client *c);
+
+#endif

@@ -1,0 +1,254 @@
+/* layout.c - libpsclient: the model's layout and vectors: tensors declared, the layout fixed
+ * into one link per psd part, the shared segment, the library's or the caller's parameter and
+ * gradient vectors. */
+#define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
+#include "internal.h"
+
+int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims)
+{
+    uint32_t d[PS_DIMS_MAX];
+    if (c->fixed)
+        return psc__fail(c, PSC_ESTATE, "psc_add_tensor: the layout is fixed already (psc_params, psc_grads, psc_bind "
+                                   "or psc_connect was called)");
+    if (!name || !dims || ndim < 1 || ndim > PS_DIMS_MAX)
+        return psc__fail(c, PSC_EINVAL, "psc_add_tensor: a tensor needs a name and 1..%d dims", PS_DIMS_MAX);
+    for (uint32_t i = 0; i < ndim; i++) {
+        if (dims[i] < 1 || dims[i] > UINT32_MAX)
+            return psc__fail(c, PSC_EINVAL, "tensor '%.63s': dimension %u is %" PRIu64 " (1..%u)", name, i, dims[i],
+                        UINT32_MAX);
+        d[i] = (uint32_t)dims[i];
+    }
+    for (uint32_t i = 0; i < c->layout.ntensors; i++)
+        if (strcmp(c->layout.t[i].name, name) == 0)
+            return psc__fail(c, PSC_EINVAL, "tensor '%.63s' declared twice", name);
+    int rc = ps_layout_add(&c->layout, name, ndim, d);
+    if (rc != 0)
+        return psc__fail(c, PSC_EINVAL, "tensor '%.80s': %s (names of 1..%d printable bytes, at most %d tensors and "
+                                   "2^34 values)", name, ps_strerror(rc), PS_NAME_MAX, PS_TENSORS_MAX);
+    return 0;
+}
+
+int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims, const char *rule,
+                   const char *dtype)
+{
+    int buf = rule ? ps_buf_parse(rule, strlen(rule)) : -1;
+    int sdt = dtype ? ps_save_dt_parse(dtype, strlen(dtype)) : PS_SAVE_F32;
+    if (buf < 0)
+        return psc__fail(c, PSC_EINVAL, "buffer '%.63s': rule '%.40s': \"mean\" (psd keeps the mean of the workers' "
+                                   "values) or \"first\" (shard 0's)", name ? name : "", rule ? rule : "(null)");
+    if (sdt < 0)
+        return psc__fail(c, PSC_EINVAL, "buffer '%.63s': dtype '%.40s': \"F32\", \"F64\", \"I64\" or \"I32\"",
+                    name ? name : "", dtype);
+    int rc = psc_add_tensor(c, name, ndim, dims);
+    if (rc != 0)
+        return rc;
+    ps_layout_set_buffer(&c->layout, (unsigned)buf, (unsigned)sdt);
+    return 0;
+}
+
+uint64_t psc_size(const psc_client *c)
+{
+    return c->layout.total;
+}
+
+uint32_t psc_tensor_count(const psc_client *c)
+{
+    return c->layout.ntensors;
+}
+
+int psc_tensor_info(const psc_client *c, uint32_t i, const char **name, uint32_t *ndim, uint64_t *dims,
+                    uint64_t *offset, uint64_t *count)
+{
+    if (i >= c->layout.ntensors)
+        return PSC_ERANGE;
+    const ps_tensor_desc *t = &c->layout.t[i];
+    if (name)
+        *name = t->name;
+    if (ndim)
+        *ndim = t->ndim;
+    if (dims)
+        for (uint32_t k = 0; k < t->ndim; k++)
+            dims[k] = t->dims[k];
+    if (offset)
+        *offset = t->offset;
+    if (count)
+        *count = t->count;
+    return 0;
+}
+
+int psc_tensor_find(const psc_client *c, const char *name, uint64_t *offset, uint64_t *count)
+{
+    for (uint32_t i = 0; name && i < c->layout.ntensors; i++)
+        if (strcmp(c->layout.t[i].name, name) == 0)
+            return psc_tensor_info(c, i, NULL, NULL, NULL, offset, count);
+    return PSC_ENOTFOUND;
+}
+
+/* The segment a psd on this machine can map instead of sending the tensors
+ * over loopback TCP (PROTOCOL.md 6.1): a memfd of 2 x n floats, gradient
+ * then parameters, sealed so that it can neither shrink (psd would fault
+ * on the missing pages) nor grow. Every connection offers the same one; a
+ * psd holding one part maps that part of both halves. */
+static int shm_create(psc_client *c)
+{
+    size_t bytes = (size_t)c->layout.total * 2 * sizeof(float);
+    int fd = memfd_create("psclient", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    c->shm_fd = fd;
+    c->shm = p;
+    return 0;
+}
+
+/* Splits the server list into links, part i on the i-th, each with the
+ * layout of its part; makes the vectors (in a segment when every part fits
+ * one PUSHPULL). */
+static int make_links(psc_client *c);
+
+/* Frees the links and vectors make_links made (the connections closed). */
+void psc__unmake_links(psc_client *c)
+{
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        ln->cl.send_lock = NULL;
+        ps_client_free(&ln->cl);
+        pthread_mutex_destroy(&ln->lock);
+        pthread_cond_destroy(&ln->wake);
+    }
+    free(c->links);
+    c->links = NULL;
+    c->nlinks = 0;
+    c->err_link = 0;
+    if (c->shm) {
+        munmap(c->shm, (size_t)c->layout.total * 2 * sizeof(float));
+        close(c->shm_fd);
+        c->shm = NULL;
+        c->shm_fd = -1;
+    }
+    free(c->own);
+    c->own = NULL;
+    c->params = c->grads = NULL;
+}
+
+/* Fixes the layout; a failure leaves nothing made, so the caller may
+ * change the option at fault and try again. */
+int psc__fix_layout(psc_client *c)
+{
+    if (c->fixed)
+        return 0;
+    if (c->layout.ntensors == 0)
+        return psc__fail(c, PSC_ESTATE, "no tensors declared: psc_add_tensor first");
+    int rc = make_links(c);
+    if (rc != 0)
+        psc__unmake_links(c);
+    return rc;
+}
+
+static int make_links(psc_client *c)
+{
+    uint32_t n = 1;
+    for (const char *p = c->servers; *p; p++)
+        n += *p == ',';
+    if (n > PS_PARTS_MAX)
+        return psc__fail(c, PSC_EINVAL, "server lists %u psd; at most %u may share a model", n, PS_PARTS_MAX);
+    c->links = calloc(n, sizeof *c->links);
+    if (!c->links)
+        return psc__fail(c, PSC_ENOMEM, "out of memory");
+    const char *p = c->servers;
+    int small = 1;
+    for (uint32_t i = 0; i < n; i++) {
+        psc_link *ln = &c->links[i];
+        size_t len = strcspn(p, ",");
+        ps_client_init(&ln->cl);
+        pthread_mutex_init(&ln->lock, NULL);
+        pthread_cond_init(&ln->wake, NULL);
+        ln->cl.send_lock = &ln->lock;
+        ln->cl.on_wait = psc__on_wait;
+        ln->cl.on_wait_arg = c;
+        c->nlinks = i + 1;
+        if (len == 0 || len >= sizeof ln->server)
+            return psc__fail(c, PSC_EINVAL, "server: psd %u of %u in \"%.200s\" is %s", i + 1, n, c->servers,
+                        len ? "too long" : "empty");
+        memcpy(ln->server, p, len);
+        ln->server[len] = '\0';
+        p += len + (p[len] == ',');
+        if (ps_layout_part(&c->layout, i, n, &ln->layout, &ln->lo, &ln->hi) != 0)
+            return psc__fail(c, PSC_EINVAL, "the model's %llu values cannot be split over %u psd (a part needs at least "
+                                       "%u values, and the name of a cut tensor with its range must fit in %d bytes)",
+                        (unsigned long long)c->layout.total, n, PS_PART_ALIGN, PS_NAME_MAX);
+        small &= ln->hi - ln->lo <= CHUNK_FLOATS;
+    }
+    size_t total = (size_t)c->layout.total;
+    if (c->want_shm && small && shm_create(c) != 0)
+        PS_LOG(PS_LOG_DEBUG, "no shared-memory segment (%s): tensors over TCP", strerror(errno));
+    if (c->shm) {
+        c->grads = c->shm;
+        c->params = c->shm + total;
+    } else {
+        size_t bytes = (total * 2 * sizeof(float) + 63) / 64 * 64;
+        c->own = aligned_alloc(64, bytes);
+        if (!c->own)
+            return psc__fail(c, PSC_ENOMEM, "out of memory for %zu parameters", total);
+        memset(c->own, 0, bytes);
+        c->params = c->own;
+        c->grads = c->own + total;
+    }
+    if (c->token_path[0] && c->token.len == 0) {
+        char err[512];
+        if (ps_token_load(c->token_path, &c->token, err, sizeof err) != 0)
+            return psc__fail(c, PSC_EINVAL, "%s", err);
+    }
+    c->fixed = 1;
+    return 0;
+}
+
+static float *own_params(psc_client *c)
+{
+    return c->shm ? c->shm + c->layout.total : c->own;
+}
+
+static float *own_grads(psc_client *c)
+{
+    return c->shm ? c->shm : c->own + c->layout.total;
+}
+
+float *psc_params(psc_client *c)
+{
+    return psc__fix_layout(c) == 0 ? own_params(c) : NULL;
+}
+
+float *psc_grads(psc_client *c)
+{
+    return psc__fix_layout(c) == 0 ? own_grads(c) : NULL;
+}
+
+int psc__busy(psc_client *c)
+{
+    if (!c->async_running)
+        return 0;
+    pthread_mutex_lock(&c->async_mu);
+    int b = c->async_pending;
+    pthread_mutex_unlock(&c->async_mu);
+    return b;
+}
+
+int psc_bind(psc_client *c, float *params, float *grads)
+{
+    int rc = psc__fix_layout(c);
+    if (rc != 0)
+        return rc;
+    if (psc__busy(c))
+        return psc__fail(c, PSC_EBUSY, "psc_bind: a step is in flight (psc_wait first)");
+    if (params && params == grads)
+        return psc__fail(c, PSC_EINVAL, "psc_bind: parameters and gradients must be different vectors");
+    c->params = params ? params : own_params(c);
+    c->grads = grads ? grads : own_grads(c);
+    return 0;
+}

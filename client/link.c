@@ -1,0 +1,326 @@
+/* link.c - libpsclient: the links to psd: hello and welcome on each, opening them all with
+ * backoff and jitter, which errors a reconnect may cure, reconnecting. */
+#define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
+#include "internal.h"
+
+void psc__link_close(psc_link *ln)
+{
+    psc__hb_stop(ln);
+    pthread_mutex_lock(&ln->lock);
+    ps_client_close(&ln->cl);
+    pthread_mutex_unlock(&ln->lock);
+}
+
+/* Connects ln and says hello, offering the segment when there is one;
+ * *need_init: this psd asks for initial values. */
+static int link_hello(psc_client *c, psc_link *ln, int *need_init)
+{
+    ps_msg m, r;
+    psc__hb_stop(ln);
+    ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
+    pthread_mutex_lock(&ln->lock);
+    int rc = ps_client_connect(&ln->cl, ln->server, c->quick ? 1000 : 10000);
+    pthread_mutex_unlock(&ln->lock);
+    if (rc != 0)
+        return rc;
+    ln->remote = !ps_sock_same_host(ln->cl.fd);
+    if (c->send_buffer && setsockopt(ln->cl.fd, SOL_SOCKET, SO_SNDBUF, &c->send_buffer, sizeof c->send_buffer) != 0)
+        PS_LOG(PS_LOG_WARN, "%s: cannot set the send buffer to %d bytes: %s", ln->server, c->send_buffer,
+               strerror(errno));
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_WORKER;
+    m.shard = c->shard;
+    m.nshards = c->nshards;
+    m.layout = &ln->layout;
+    m.fp = ps_layout_fingerprint(&ln->layout);
+    if (c->want_plan) {
+        m.has |= PS_F_PLAN;
+        m.plan = c->plan;
+    }
+    ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
+    ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
+    ln->shm_ok = 0;
+    if (ln == &c->links[0])
+        c->barrier_in = 0; /* a new connection takes part from its first BARRIER */
+    if (c->shm) {
+        m.has |= PS_F_SHM;
+        m.shm_pid = (uint32_t)getpid();
+        m.shm_fd = (uint32_t)c->shm_fd;
+        if (c->nlinks > 1) {
+            /* this part of both halves: [lo, hi) and [n + lo, n + hi) */
+            m.shm_at = 1;
+            m.shm_goff = ln->lo;
+            m.shm_poff = c->layout.total + ln->lo;
+        }
+    }
+    rc = ps_client_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, c->timeout_ms);
+    if (rc != 0)
+        return rc;
+    ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
+    if (c->want_shm && !c->shm_logged) {
+        if (ln->shm_ok)
+            PS_LOG(PS_LOG_INFO, "tensors through shared memory with psd at %s", ln->server);
+        else
+            PS_LOG(PS_LOG_DEBUG, "tensors over TCP: psd at %s did not map our shared memory (another machine "
+                                 "or user; its log says why)", ln->server);
+    }
+    if (c->want_dt != PS_DT_F32) {
+        if ((r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(c->want_dt)))
+            ln->cl.wire_dt = c->want_dt;
+        else
+            PS_LOG(PS_LOG_WARN, "psd at %s does not offer %s tensors (wire_bf16 = no, or an older psd): "
+                                "sending float32", ln->server, ps_dtype_name(c->want_dt));
+    }
+    /* float32 pushes without their zeros: bit for bit the same values */
+    ln->cl.skip_zeros = c->skip_zeros && ln->cl.wire_dt == PS_DT_F32 && (r.has & PS_F_WIRE) &&
+                        (r.wire & PS_WIRE_BIT(PS_DT_F32Z));
+    /* and compressed, where the link is slower than the compressor: by
+     * default only to a psd on another machine */
+    ln->cl.compress = (c->compress > 0 || (c->compress < 0 && ln->remote)) && ln->cl.wire_dt == PS_DT_F32 &&
+                      (r.has & PS_F_WIRE) && (r.wire & PS_WIRE_BIT(PS_DT_F32ZSTD));
+    ln->cl.zrest = 0;
+    snprintf(ln->mode, sizeof ln->mode, "%s", r.mode);
+    ln->version = r.mver;
+    ln->has_plan = (r.has & PS_F_PLAN) != 0;
+    ln->plan = r.plan;
+    ln->piece = (r.has & PS_F_PIECE) ? r.piece : 0;
+    ln->cl.has_slice = ln->cl.done = 0; /* until this connection's first PARAMS */
+    *need_init = r.need_init;
+    uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
+    ln->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
+    return 0;
+}
+
+/* A failed open closes every link it connected (fresh[i]), so the next
+ * attempt says hello, sends initial values and pulls on each again. */
+static int open_fail(psc_client *c, const int *fresh, uint32_t i, int rc)
+{
+    for (uint32_t k = 0; k < c->nlinks; k++)
+        if (fresh[k])
+            psc__link_close(&c->links[k]);
+    if (c->err[0])
+        return rc;
+    return psc__lfail(c, i, rc);
+}
+
+/* Connects every link not connected, says hello, gives initial values to
+ * a psd that asks (the parameter vector as it is), pulls each fresh part
+ * and starts its heartbeats. */
+static int do_open(psc_client *c)
+{
+    int need_init[PS_PARTS_MAX] = {0}, fresh[PS_PARTS_MAX] = {0};
+    c->err[0] = '\0';
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        if (ln->cl.fd >= 0)
+            continue;
+        fresh[i] = 1;
+        int rc = link_hello(c, ln, &need_init[i]);
+        if (rc != 0)
+            return open_fail(c, fresh, i, rc);
+    }
+    c->shm_logged |= c->want_shm;
+    c->shm_ok = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        c->shm_ok |= ln->shm_ok;
+        if (strcmp(ln->mode, c->links[0].mode) != 0) {
+            psc__fail(c, PSC_EINVAL, "psd at %s runs %s but psd at %s runs %s: every psd holding a part of the model "
+                                "must run the same mode", c->links[0].server, c->links[0].mode, ln->server, ln->mode);
+            return open_fail(c, fresh, i, PSC_EINVAL);
+        }
+    }
+    snprintf(c->mode, sizeof c->mode, "%s", c->links[0].mode);
+    c->bsp = strcmp(c->mode, "bsp") == 0;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        if (!fresh[i])
+            continue;
+        if (need_init[i] && c->connected)
+            PS_LOG(PS_LOG_WARN, "psd at %s has no model (restarted without its state?): giving it ours", ln->server);
+        size_t sent = 0;
+        int rc = need_init[i] ? psc__chunks_out(c, ln, PS_MSG_INIT, c->params + ln->lo, 0, ln->hi - ln->lo, 0, &sent) : 0;
+        if (rc == 0)
+            rc = psc__chunks_acks(c, ln, sent, 0);
+        if (rc == 0)
+            rc = psc__pull_part(c, ln, c->params + ln->lo, 0, ln->hi - ln->lo, 0);
+        if (rc != 0)
+            return open_fail(c, fresh, i, rc);
+    }
+    c->version = c->links[0].version;
+    c->pushed = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if (fresh[i])
+            psc__hb_start(&c->links[i]);
+    return 0;
+}
+
+/* rc means the connection is gone, psd is restarting or full, so trying
+ * again may help; not errors that would repeat (a layout psd does not
+ * hold, a bad shard or token, a protocol version). */
+int psc__recoverable(const psc_client *c, int rc)
+{
+    const ps_client *cl = &c->links[c->err_link].cl;
+    switch (rc) {
+    case PS_ECLOSED:
+    case PS_EIO:
+    case PS_ECONNECT:
+    case PS_ETIMEOUT:
+        return 1;
+    case PS_EREMOTE:
+        /* psd shutting down or full; our old connection not yet noticed
+         * gone; the worker giving initial values left before finishing */
+        /* a shard taken is our own old connection, not yet noticed gone,
+         * only when reconnecting: at the first connect it is another
+         * worker's, which retrying does not change */
+        return cl->remote_code == -PS_ESHUTDOWN || (cl->remote_code == -PS_ESHARD && c->connected) ||
+               cl->remote_code == -PS_ENOT_READY || cl->remote_code == -PS_ELIMIT;
+    default:
+        return 0;
+    }
+}
+
+/* psd's own code for a refusal: PSC_EREMOTE becomes the code psd sent
+ * when it is one the header lists. */
+int psc__public_code(const psc_client *c, int rc)
+{
+    if (rc == PS_CLIENT_EINTR)
+        return PSC_EINTR;
+    if (rc != PS_EREMOTE || !c->links)
+        return rc;
+    int32_t code = c->links[c->err_link].cl.remote_code; /* positive, as on the wire */
+    return code >= 1 && code <= 23 ? -code : rc;
+}
+
+/* A refusal that trying again cannot change: said at once, in words that
+ * say what to do. Returns the public code. */
+static int refused(psc_client *c, int rc)
+{
+    int code = psc__public_code(c, rc);
+    if (code == PSC_ESHARD && !c->connected) {
+        char why[600];
+        snprintf(why, sizeof why, "%.590s", psc_errmsg(c));
+        return psc__fail(c, code, "psd at %.280s refused shard %u/%u (%s); every worker of a job needs a shard of its "
+                             "own (--shard K/M, or auto under a launcher), and a worker that was just stopped holds "
+                             "its shard until psd notices (heartbeat_timeout); not retried",
+                    c->links[c->err_link].server, c->shard, c->nshards, why);
+    }
+    return code;
+}
+
+/* Sleeps ms; returns PS_CLIENT_EINTR when a signal ends it early and the
+ * option interrupt is on, else 0. */
+static int sleep_ms(psc_client *c, uint64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        if (c->interrupt) {
+            c->intr = 1;
+            return PS_CLIENT_EINTR;
+        }
+    return 0;
+}
+
+/* Opens until it works, with exponential backoff (100 ms doubling to 5 s,
+ * full jitter) for up to limit_ms; what: "reconnect" or "connect". */
+int psc__open_retry(psc_client *c, int limit_ms, const char *first)
+{
+    int64_t start = psc__mono_ms(), deadline = start + limit_ms;
+    uint64_t delay = 100;
+    unsigned seed = (unsigned)(c->shard * 2654435761u) ^ (unsigned)start ^ (unsigned)getpid();
+    for (int attempt = 1;; attempt++) {
+        if (attempt > 1 || c->connected) {
+            uint64_t ms = delay / 2 + (uint64_t)rand_r(&seed) % (delay / 2 + 1);
+            int64_t now = psc__mono_ms();
+            if (now + (int64_t)ms > deadline)
+                ms = deadline > now ? (uint64_t)(deadline - now) : 0;
+            if (sleep_ms(c, ms) != 0)
+                return psc__fail(c, PSC_EINTR, "psc_%s: interrupted by a signal while waiting for psd at %.280s",
+                            c->connected ? "reconnect" : "connect", c->links[c->err_link].server);
+        }
+        c->quick = attempt == 1 && !c->connected;
+        int rc = do_open(c);
+        c->quick = 0;
+        if (rc == 0) {
+            if (c->connected)
+                PS_LOG(PS_LOG_INFO, "reconnected to psd at %s after %.1f s (attempt %d): mode %s, model version "
+                                    "%" PRIu64, c->links[c->err_link].server, (double)(psc__mono_ms() - start) / 1e3,
+                       attempt, c->mode, c->version);
+            return 0;
+        }
+        uint32_t li = c->err_link;
+        if (!psc__recoverable(c, rc))
+            return refused(c, rc);
+        if (psc__mono_ms() >= deadline) {
+            char why[300];
+            snprintf(why, sizeof why, "%.290s", first ? first : psc_errmsg(c));
+            return psc__fail(c, rc == PS_EREMOTE ? psc__public_code(c, rc) : (c->connected ? PSC_ETIMEOUT : rc),
+                        "psd at %.280s unreachable for %.0f s (%.300s); giving up (the %s limit)",
+                        c->links[li].server, (double)(psc__mono_ms() - start) / 1e3, why,
+                        c->connected ? "reconnect_s" : "connect_s");
+        }
+        if (attempt == 1 && !c->connected)
+            PS_LOG(PS_LOG_INFO, "waiting for psd at %s (%s); trying for up to %d s (connect_s)",
+                   c->links[li].server, psc_errmsg(c), limit_ms / 1000);
+        delay = delay * 2 > 5000 ? 5000 : delay * 2;
+    }
+}
+
+int psc_connect(psc_client *c)
+{
+    if (c->closed)
+        return psc__fail(c, PSC_ESTATE, "psc_connect: the client is closed");
+    if (c->connected)
+        return psc__fail(c, PSC_ESTATE, "psc_connect: already connected");
+    int rc = psc__fix_layout(c);
+    if (rc != 0)
+        return rc;
+    c->intr = 0;
+    rc = psc__open_retry(c, c->connect_ms, NULL);
+    psc__waiting_clear(c); /* its pull may have waited */
+    if (rc == 0)
+        c->connected = 1;
+    return rc;
+}
+
+int psc__reconnect(psc_client *c)
+{
+    char first[300];
+    snprintf(first, sizeof first, "%.290s", psc_errmsg(c));
+    PS_LOG(PS_LOG_WARN, "lost psd at %s (%s); reconnecting for up to %d s", c->links[c->err_link].server, first,
+           c->reconnect_ms / 1000);
+    psc__link_close(&c->links[c->err_link]);
+    if (c->nlinks > 1 && c->bsp && c->links[0].has_plan) {
+        /* A planned BSP job over several psd: the psd this worker lost may
+         * have declared it lost and gone on without it, while the others
+         * kept it and wait for its push, which it would send only after
+         * that psd's next round (a worker that comes back waits for one),
+         * which waits for the others: a standstill. Leaving every psd and
+         * saying hello to all again puts it out of every part's round, so
+         * each takes it back at its next round (PROTOCOL.md 8, "The plan"). */
+        PS_LOG(PS_LOG_INFO, "a planned bsp job over %u psd: leaving every part's round, to rejoin each at its next",
+               c->nlinks);
+        for (uint32_t i = 0; i < c->nlinks; i++)
+            psc__link_close(&c->links[i]);
+    }
+    int rc = psc__open_retry(c, c->reconnect_ms, first);
+    if (rc == 0)
+        c->reconnects++;
+    return rc;
+}
+
+int psc_reconnect(psc_client *c)
+{
+    int rc = psc__ready(c, "psc_reconnect");
+    if (rc != 0)
+        return rc;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        psc__link_close(&c->links[i]);
+    c->err_link = 0;
+    rc = psc__open_retry(c, c->reconnect_ms, "asked to reconnect");
+    if (rc == 0)
+        c->reconnects++;
+    return rc;
+}

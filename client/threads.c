@@ -1,0 +1,181 @@
+/* threads.c - libpsclient: the library's threads: one heartbeat thread per link, the
+ * asynchronous step's thread, stopping either, and what psd said a step waits for. */
+#define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
+#include "internal.h"
+
+/* ps_client's on_wait: psd told, answering a heartbeat, what a parked
+ * pull of ours waits for. Runs on the thread receiving the step's reply. */
+void psc__on_wait(void *arg, const char *text, size_t len)
+{
+    psc_client *c = arg;
+    pthread_mutex_lock(&c->wait_mu);
+    if (len >= sizeof c->waiting)
+        len = sizeof c->waiting - 1;
+    memcpy(c->waiting, text, len);
+    c->waiting[len] = '\0';
+    /* a peer's text is for people: no control characters on a terminal */
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)c->waiting[i] < 0x20 || c->waiting[i] == 0x7f)
+            c->waiting[i] = ' ';
+    pthread_mutex_unlock(&c->wait_mu);
+}
+
+/* A step begins or ends: what psd said of the last one no longer holds. */
+void psc__waiting_clear(psc_client *c)
+{
+    pthread_mutex_lock(&c->wait_mu);
+    c->waiting[0] = '\0';
+    pthread_mutex_unlock(&c->wait_mu);
+}
+
+size_t psc_waiting_for(psc_client *c, char *buf, size_t len)
+{
+    if (!c) {
+        if (len)
+            buf[0] = '\0';
+        return 0;
+    }
+    pthread_mutex_lock(&c->wait_mu);
+    size_t n = strlen(c->waiting);
+    if (len)
+        snprintf(buf, len, "%s", c->waiting);
+    pthread_mutex_unlock(&c->wait_mu);
+    return n;
+}
+
+/* A library thread: it blocks every signal, so that a process-directed
+ * one (SIGINT, SIGTERM) is handled by the caller's threads, whose waits
+ * it can end (option interrupt). */
+int psc__start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+static void *hb_main(void *arg)
+{
+    psc_link *ln = arg;
+    pthread_mutex_lock(&ln->lock);
+    while (!ln->hb_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        uint64_t ns = (uint64_t)until.tv_nsec + ln->hb_interval_ms * 1000000ull;
+        until.tv_sec += (time_t)(ns / 1000000000ull);
+        until.tv_nsec = (long)(ns % 1000000000ull);
+        int rc = pthread_cond_timedwait(&ln->wake, &ln->lock, &until);
+        if (ln->hb_stop)
+            break;
+        if (rc == ETIMEDOUT && ln->cl.fd >= 0) {
+            ps_msg m;
+            ps_msg_init(&m, PS_MSG_HEARTBEAT);
+            /* psd answers this only while one of our pulls is parked,
+             * telling what it waits for (on_wait) */
+            m.has = PS_F_WAIT;
+            m.wait = 1;
+            /* the send lock is held (the condition wait returned with it), so
+             * no other frame can be half written: send without taking it */
+            ps_client_send_noreply_held(&ln->cl, &m);
+        }
+    }
+    pthread_mutex_unlock(&ln->lock);
+    return NULL;
+}
+
+/* Stops a thread of the library that waits on cv under mu until *stop:
+ * sets *stop, wakes the thread and joins it; *running and *stop are 0 after.
+ * Nothing when *running is 0. */
+static void thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop, int *running)
+{
+    if (!*running)
+        return;
+    pthread_mutex_lock(mu);
+    *stop = 1;
+    pthread_cond_broadcast(cv);
+    pthread_mutex_unlock(mu);
+    pthread_join(th, NULL);
+    *running = 0;
+    *stop = 0;
+}
+
+void psc__hb_stop(psc_link *ln)
+{
+    thread_stop(ln->hb_thread, &ln->lock, &ln->wake, &ln->hb_stop, &ln->hb_running);
+}
+
+void psc__hb_start(psc_link *ln)
+{
+    if (ln->hb_running || ln->hb_interval_ms == 0)
+        return;
+    if (psc__start_thread(&ln->hb_thread, hb_main, ln) == 0)
+        ln->hb_running = 1;
+    else
+        PS_LOG(PS_LOG_WARN, "cannot start the heartbeat thread; psd may declare this worker dead when it is idle");
+}
+
+static void *async_main(void *arg)
+{
+    psc_client *c = arg;
+    pthread_mutex_lock(&c->async_mu);
+    for (;;) {
+        while (!c->async_pending && !c->async_stop)
+            pthread_cond_wait(&c->async_cv, &c->async_mu);
+        if (c->async_stop)
+            break;
+        pthread_mutex_unlock(&c->async_mu);
+        int rc = psc__run(c, OP_PUSHPULL, 0, c->layout.total);
+        pthread_mutex_lock(&c->async_mu);
+        c->async_rc = rc;
+        c->async_pending = 0;
+        pthread_cond_broadcast(&c->async_cv);
+    }
+    pthread_mutex_unlock(&c->async_mu);
+    return NULL;
+}
+
+int psc_pushpull_start(psc_client *c)
+{
+    int rc = psc__ready(c, "psc_pushpull_start");
+    if (rc != 0)
+        return rc;
+    if (!c->async_running) {
+        if (psc__start_thread(&c->async_thread, async_main, c) != 0)
+            return psc__fail(c, PSC_ENOMEM, "cannot start the library's step thread");
+        c->async_running = 1;
+    }
+    pthread_mutex_lock(&c->async_mu);
+    c->async_rc = 0;
+    c->async_pending = 1;
+    pthread_cond_broadcast(&c->async_cv);
+    pthread_mutex_unlock(&c->async_mu);
+    return 0;
+}
+
+int psc_wait(psc_client *c)
+{
+    if (!c->async_running)
+        return 0;
+    pthread_mutex_lock(&c->async_mu);
+    while (c->async_pending)
+        pthread_cond_wait(&c->async_cv, &c->async_mu);
+    int rc = c->async_rc;
+    c->async_rc = 0;
+    pthread_mutex_unlock(&c->async_mu);
+    return rc;
+}
+
+int psc_poll(psc_client *c)
+{
+    return !psc__busy(c);
+}
+
+void psc__async_stop(psc_client *c)
+{
+    if (!c->async_running)
+        return;
+    psc_wait(c); /* the step in flight first */
+    thread_stop(c->async_thread, &c->async_mu, &c->async_cv, &c->async_stop, &c->async_running);
+}
