@@ -9,6 +9,7 @@ psd runs plain SGD at lr 0.5 without momentum, so expected values are exact.
 """
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -755,6 +756,39 @@ def test_buffers_asgd_mean_and_first_saved_in_their_dtype(cluster):
         client(p.addr, "1/2", layout=BUF_LAYOUT[:2] + [("f", (2,), "mean", "I64")], connect=True)
     assert ("layout mismatch at tensor 2: psd holds f[2] (a buffer: first, I64), this worker has f[2] (a buffer: "
             "mean, I64)") in str(e.value)
+
+
+def test_buffers_and_tables_saved_together(cluster):
+    """A model with buffers and an embedding table: psctl save writes the
+    buffers in their dtypes with their "buffer:NAME" rules and the table's
+    rows and keys with its "psd.tables" declaration, in one file; psd
+    --init-from takes back both (buffers as buffers, the same rows)."""
+    p = start(cluster, workers=1)
+    a = client(p.addr, "0/1", layout=BUF_LAYOUT)
+    a.params[:] = [1, 1, 1, 1, 2, 2, 2, 7, 7]
+    a.connect()
+    a.table("emb", 3, init="uniform", scale=0.5, seed=5, opt="adagrad", lr=0.1)
+    keys = np.array([4, 2**63 + 1, 9], np.uint64)
+    a.push_rows("emb", keys, np.arange(9, dtype=np.float32).reshape(3, 3) - 4)
+    rows = a.pull_rows("emb", keys)
+    path = os.path.join(cluster.dir, "buf-tab.safetensors")
+    r = harness.psctl(p.addr, "save", path)
+    assert r.returncode == 0, r.stderr
+    meta, t = harness.read_safetensors(path)
+    assert list(t) == ["w", "m", "f", "tables/emb/rows", "tables/emb/keys"]
+    assert t["f"].dtype == np.int64 and t["f"].tolist() == [7, 7]
+    assert meta["buffer:m"] == "mean" and meta["buffer:f"] == "first"
+    assert [d["name"] for d in json.loads(meta["psd.tables"])] == ["emb"]
+    assert sorted(t["tables/emb/keys"].view(np.uint64).tolist()) == sorted(keys.tolist())
+    q = start(cluster, workers=1, name="psd-from", args=("--init-from", path))
+    c = client(q.addr, "0/1", layout=BUF_LAYOUT, connect=True)
+    assert c.params.tolist() == [1.0] * 4 + [2.0] * 3 + [7.0] * 2
+    c.table("emb", 3, init="uniform", scale=0.5, seed=5, opt="adagrad", lr=0.1)  # the file's declaration
+    assert c.pull_rows("emb", keys).tobytes() == rows.tobytes()
+    c.close()
+    with pytest.raises(psd.PsdError, match="a buffer: first, I64"):  # held as the file's buffer
+        client(q.addr, "0/1", layout=BUF_LAYOUT[:2] + [("f", (2,), "first")], connect=True)
+    a.close()
 
 
 def test_buffers_bsp_mean_and_first_of_the_round(cluster):
