@@ -13,20 +13,20 @@
 #include <zstd.h>
 #include <unistd.h>
 
-#include "admin.h"
-#include "checkpoint.h"
+#include "server/dispatch/admin.h"
+#include "server/report/checkpoint.h"
 #include "common/log.h"
-#include "dashboard.h"
-#include "http.h"
-#include "net.h"
-#include "notify.h"
-#include "policy.h"
+#include "server/report/dashboard.h"
+#include "server/connection/http.h"
+#include "server/connection/net.h"
+#include "server/report/notify.h"
+#include "server/policy/policy.h"
 #include "proto/errors.h"
-#include "psd.h"
-#include "reply.h"
-#include "safetensors.h"
-#include "session.h"
-#include "update.h"
+#include "server/store/psd.h"
+#include "server/answer/reply.h"
+#include "server/report/safetensors.h"
+#include "server/session/session.h"
+#include "server/update/update.h"
 
 static void usage(FILE *f)
 {

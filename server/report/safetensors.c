@@ -1,0 +1,253 @@
+/* safetensors.c - a model from a safetensors file (safetensors.h). The
+ * header's JSON is parsed with jansson; the values are read straight into
+ * the model's blocks, so the file is never held in memory whole. */
+#include "server/report/safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/vec.h"
+#include "proto/errors.h"
+
+/* safetensors' own limit on a header (its reference implementation's) */
+#define HEADER_MAX (100u << 20)
+
+/* A tensor as the header describes it. */
+typedef struct st_tensor {
+    const char *name;      /* points into the parsed header */
+    uint32_t ndim;
+    uint32_t dims[PS_DIMS_MAX];
+    uint64_t begin, end;   /* byte range within the data */
+} st_tensor;
+
+static int by_begin(const void *a, const void *b)
+{
+    const st_tensor *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Reads n bytes at off; 0, or -1 (errno set; 0 for a short read). */
+static int read_at(int fd, void *buf, size_t n, uint64_t off)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t got = pread(fd, p, n, (off_t)off);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = 0;
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+        off += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* A non-negative integer that fits; 0 or -1. */
+static int json_u64(const json_t *v, uint64_t *out)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return -1;
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+/* One tensor's entry of the header into t; 0, or -1 with err filled. */
+static int parse_tensor(const char *path, const char *name, const json_t *v, st_tensor *t, char *err, size_t errlen)
+{
+    const json_t *dtype = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+                 *offs = json_object_get(v, "data_offsets");
+    if (!json_is_object(v) || !json_is_string(dtype) || !json_is_array(shape) || !json_is_array(offs) ||
+        json_array_size(offs) != 2) {
+        snprintf(err, errlen, "%s: bad header: tensor '%.80s' lacks a dtype string, a shape array or "
+                 "data_offsets [begin, end]", path, name);
+        return -1;
+    }
+    if (strcmp(json_string_value(dtype), "F32") != 0) {
+        snprintf(err, errlen, "%s: tensor '%.80s' has dtype %.16s; psd holds float32 only (F32): convert the file "
+                 "to float32 first", path, name, json_string_value(dtype));
+        return -1;
+    }
+    size_t nd = json_array_size(shape);
+    if (nd < 1 || nd > PS_DIMS_MAX) {
+        snprintf(err, errlen, "%s: tensor '%.80s' has %zu dimensions; psd takes 1 to %d", path, name, nd,
+                 PS_DIMS_MAX);
+        return -1;
+    }
+    uint64_t count = 1;
+    t->name = name;
+    t->ndim = (uint32_t)nd;
+    for (size_t d = 0; d < nd; d++) {
+        uint64_t x;
+        if (json_u64(json_array_get(shape, d), &x) != 0 || x < 1 || x > UINT32_MAX) {
+            snprintf(err, errlen, "%s: tensor '%.80s': dimension %zu is not a whole number from 1 to %u", path, name,
+                     d, UINT32_MAX);
+            return -1;
+        }
+        t->dims[d] = (uint32_t)x;
+        count = count > UINT64_MAX / x ? UINT64_MAX : count * x;
+    }
+    if (json_u64(json_array_get(offs, 0), &t->begin) != 0 || json_u64(json_array_get(offs, 1), &t->end) != 0 ||
+        t->end < t->begin || count > (UINT64_MAX / 4) || t->end - t->begin != count * 4) {
+        snprintf(err, errlen, "%s: bad header: tensor '%.80s' has data_offsets that do not hold its %" PRIu64
+                 " float32 values", path, name, count);
+        return -1;
+    }
+    return 0;
+}
+
+int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
+{
+    int rc = PS_EINVAL;
+    char *head = NULL;
+    json_t *root = NULL;
+    st_tensor *ts = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, errlen, "init_from: cannot open %s: %s", path, strerror(errno));
+        return PS_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "init_from: %s is not a regular file", path);
+        goto out;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    uint8_t len8[8];
+    if (size < 8 || read_at(fd, len8, 8, 0) != 0) {
+        snprintf(err, errlen, "%s is truncated: %" PRIu64 " bytes, too short for a safetensors file (8 bytes of "
+                 "header length, the header, the data)", path, size);
+        goto out;
+    }
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    if (hlen < 2 || hlen > HEADER_MAX || hlen > size - 8) {
+        snprintf(err, errlen, "%s: bad header: its length field says %" PRIu64 " bytes, the file holds %" PRIu64
+                 " after it%s: truncated, or not a safetensors file", path, hlen, size - 8,
+                 hlen > HEADER_MAX ? " (and safetensors allows 100 MiB)" : "");
+        goto out;
+    }
+    if (!(head = malloc(hlen)) || read_at(fd, head, hlen, 8) != 0) {
+        snprintf(err, errlen, "%s: cannot read its header: %s", path, head ? strerror(errno) : "out of memory");
+        rc = head ? PS_EIO : PS_ENOMEM;
+        goto out;
+    }
+    json_error_t jerr;
+    root = json_loadb(head, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root || !json_is_object(root)) {
+        snprintf(err, errlen, "%s: bad header: %s%s (at byte %d of %" PRIu64 "): not a safetensors file", path,
+                 root ? "not a JSON object" : "not JSON: ", root ? "" : jerr.text, root ? 0 : jerr.position, hlen);
+        goto out;
+    }
+    size_t nt = json_object_size(root) - (json_object_get(root, "__metadata__") != NULL);
+    if (nt == 0 || nt > PS_TENSORS_MAX) {
+        snprintf(err, errlen, "%s: %zu tensors; psd takes 1 to %d", path, nt, PS_TENSORS_MAX);
+        goto out;
+    }
+    if (!(ts = calloc(nt, sizeof *ts))) {
+        snprintf(err, errlen, "%s: out of memory for its header", path);
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    size_t k = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val)
+    {
+        if (strcmp(key, "__metadata__") == 0)
+            continue;
+        if (parse_tensor(path, key, val, &ts[k++], err, errlen) != 0)
+            goto out;
+    }
+    /* the flat vector is the tensors in the order of their data, which
+     * must cover it exactly */
+    qsort(ts, nt, sizeof *ts, by_begin);
+    ps_layout l;
+    ps_layout_init(&l);
+    for (size_t i = 0; i < nt; i++) {
+        uint64_t want = i ? ts[i - 1].end : 0;
+        if (ts[i].begin != want) {
+            snprintf(err, errlen, "%s: tensor '%.80s' starts at byte %" PRIu64 " of the data, not at %" PRIu64
+                     " where the one before ends: a gap or an overlap, not a file psctl save wrote", path,
+                     ts[i].name, ts[i].begin, want);
+            goto out;
+        }
+        if (ps_layout_add(&l, ts[i].name, ts[i].ndim, ts[i].dims) != 0) {
+            snprintf(err, errlen, "%s: tensor '%.80s' cannot be part of a psd layout (a name of 1 to %d printable "
+                     "bytes, at most %d tensors, %d dimensions)", path, ts[i].name, PS_NAME_MAX, PS_TENSORS_MAX,
+                     PS_DIMS_MAX);
+            goto out;
+        }
+    }
+    uint64_t data = ts[nt - 1].end, have = size - 8 - hlen;
+    if (have < data) {
+        snprintf(err, errlen, "%s is truncated: its header describes %" PRIu64 " bytes of tensor data, the file "
+                 "holds %" PRIu64, path, data, have);
+        goto out;
+    }
+    if (have > data) {
+        snprintf(err, errlen, "%s has %" PRIu64 " bytes after its tensors' data: damaged, or not a file psctl "
+                 "save wrote", path, have - data);
+        goto out;
+    }
+    if (l.total > s->cfg.max_params) {
+        snprintf(err, errlen, "%s holds %" PRIu64 " parameters, over this psd's max_params (%" PRIu64 ")", path,
+                 l.total, s->cfg.max_params);
+        goto out;
+    }
+    if (srv_model_set_layout(&s->model, &l, &s->cfg) != 0) {
+        snprintf(err, errlen, "%s: out of memory for a model of %" PRIu64 " parameters", path, l.total);
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    uint64_t base = 8 + hlen;
+    for (size_t b = 0; b < s->model.nblk; b++) {
+        srv_blk *blk = s->model.blk[b];
+        uint64_t first = (uint64_t)b << SRV_BLK_SHIFT;
+        if (read_at(fd, blk->w, blk->cap * sizeof(float), base + first * 4) != 0) {
+            snprintf(err, errlen, "%s: cannot read its data: %s", path, errno ? strerror(errno) : "file shrank");
+            rc = PS_EIO;
+            goto undo;
+        }
+        if (!isfinite(ps_vec_maxabs(blk->w, blk->cap))) {
+            size_t i = 0;
+            while (i < blk->cap && isfinite(blk->w[i]))
+                i++;
+            uint64_t at = first + i;
+            const char *name = "?";
+            for (uint32_t t = 0; t < l.ntensors; t++)
+                if (at >= l.t[t].offset && at < l.t[t].offset + l.t[t].count)
+                    name = l.t[t].name;
+            snprintf(err, errlen, "%s: tensor '%s' holds NaN or infinity (value %" PRIu64 " of the model); psd "
+                     "starts from finite values only", path, name, at);
+            goto undo;
+        }
+    }
+    s->model.initialized = 1;
+    s->model.version = 0;
+    s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
+    s->model.stamp++;
+    snprintf(s->model_file, sizeof s->model_file, "%s", path);
+    rc = 0;
+    goto out;
+undo:
+    srv_model_release(&s->model);
+out:
+    free(ts);
+    json_decref(root);
+    free(head);
+    close(fd);
+    return rc;
+}
