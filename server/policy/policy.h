@@ -1,4 +1,4 @@
-/* policy.h - consistency policies (policy.c): asgd, bsp and ssp decide when
+/* policy.h - consistency policies (asgd.c, ssp.c, bsp.c; policy.c picks one): asgd, bsp and ssp decide when
  * a push is applied, when a round closes and when a pull may be answered.
  * They decide only: the input they get is checked at dispatch (range
  * within the model, float32, finite or sanitised, base version not ahead of
