@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zstd.h>
 #include <unistd.h>
 
 #include "server/dispatch/admin.h"
@@ -23,6 +22,7 @@
 #include "server/policy/policy.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"
+#include "server/store/scratch.h"
 #include "server/answer/reply.h"
 #include "server/report/safetensors.h"
 #include "server/session/session.h"
@@ -437,12 +437,10 @@ int main(int argc, char **argv)
     s->policy->destroy(s);
     srv_update_free(s);
     srv_parked_free_spare();
-    srv_narrow_free_spare();
+    srv_net_free_spare(s);
     srv_admin_free(s);
     srv_dash_free(s);
-    ZSTD_freeDCtx(s->zdctx);
-    ZSTD_freeCCtx(s->zcctx);
-    free(s->zscratch);
+    srv_codec_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -9,13 +9,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zstd.h>
 
 #include "server/dispatch/admin.h"
 #include "common/hostport.h"
 #include "common/log.h"
-#include "common/vec.h"
 #include "server/dispatch/handle.h"
+#include "server/connection/encode.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
 #include "proto/errors.h"
@@ -39,176 +38,24 @@ typedef struct srv_wreq {
     srv_blk **blk;           /* inline_blk or heap */
     size_t nblk;
     srv_blk *inline_blk[WREQ_BLKS];
-    struct narrow *narrow;   /* bfloat16 data, or NULL */
+    srv_narrow *narrow;      /* converted data (bfloat16, compressed), or NULL */
+    psd *srv;
     uint8_t *hdr;            /* inline_hdr or heap */
     uint8_t inline_hdr[WREQ_INLINE];
     struct srv_wreq *next_free;
 } srv_wreq;
 
-static srv_wreq *wreq_free_list;
-static unsigned wreq_free_count;
-
-/* Buffers for parameters sent as bfloat16 (converted from the blocks, so a
- * consistent snapshot like the blocks themselves). Kept for reuse, at most
- * NARROW_SPARE of them: a worker has at most PS_PULL_WINDOW chunk replies in
- * flight, so this many serve 8 workers without allocating, and they hold at
- * most NARROW_SPARE * PS_CHUNK_FLOATS * 2 bytes (32 MiB).
- *
- * The last one converted is also kept as `narrow_last`, with what it holds (model
- * version, range, first block): the next reply of the same values (every
- * worker's at the end of a BSP round) shares it, reference-counted, instead
- * of converting again. */
-#define NARROW_SPARE 16
-
-/* A reply's values converted from the blocks: bfloat16, or one zstd frame
- * of the float32 values (rdt 3), len bytes of v. */
-struct narrow {
-    size_t cap;         /* bytes */
-    size_t len;         /* bytes of v in use */
-    uint32_t dt;        /* PS_DT_BF16 or PS_DT_F32ZSTD */
-    unsigned refs;      /* queued writes, and `narrow_last` */
-    uint64_t stamp, ver, off, n; /* the model's stamp when converted, and m's */
-    const srv_blk *blk; /* the first block it was converted from */
-    struct narrow *next;
-    uint16_t v[];
-};
-
-static struct narrow *narrow_last;
-
-static struct narrow *narrow_free;
-static unsigned narrow_free_count;
-
-static struct narrow *narrow_get(size_t bytes)
+/* A write request from the pool in psd.out (encode.h), else a new one;
+ * NULL when out of memory. */
+static srv_wreq *wreq_get(psd *s)
 {
-    /* the first spare big enough, else a new one */
-    for (struct narrow **pp = &narrow_free; *pp; pp = &(*pp)->next) {
-        if ((*pp)->cap >= bytes) {
-            struct narrow *b = *pp;
-            *pp = b->next;
-            narrow_free_count--;
-            return b;
-        }
-    }
-    struct narrow *b = malloc(sizeof *b + bytes);
-    if (b)
-        b->cap = bytes;
-    return b;
-}
-
-static void narrow_put(struct narrow *b)
-{
-    if (--b->refs > 0)
-        return;
-    if (narrow_free_count >= NARROW_SPARE) {
-        /* full: keep the bigger ones */
-        struct narrow **small = &narrow_free;
-        for (struct narrow **pp = &narrow_free; *pp; pp = &(*pp)->next)
-            if ((*pp)->cap < (*small)->cap)
-                small = pp;
-        if ((*small)->cap >= b->cap) {
-            free(b);
-            return;
-        }
-        struct narrow *victim = *small;
-        *small = victim->next;
-        free(victim);
-        narrow_free_count--;
-    }
-    b->next = narrow_free;
-    narrow_free = b;
-    narrow_free_count++;
-}
-
-/* m's values compressed into b: one zstd frame (level 1) of their byte
- * planes, laid out block by block in psd's scratch. 0, or -1 when out of
- * memory. */
-static int compress_into(psd *s, struct narrow *b, const ps_msg *m, srv_blk *const *blk)
-{
-    size_t n = (size_t)m->ndata, raw = n * sizeof(float);
-    uint8_t *planes = srv_zscratch(s, raw);
-    if (!planes || (!s->zcctx && !(s->zcctx = ZSTD_createCCtx())))
-        return -1;
-    uint64_t off = m->off;
-    for (size_t at = 0; at < n;) {
-        size_t len;
-        const float *p = srv_blocks_at(blk, off, n - at, &len);
-        ps_shuffle4_at(planes, n, at, p, len);
-        at += len;
-        off += len;
-    }
-    size_t got = ZSTD_compressCCtx(s->zcctx, b->v, b->cap, planes, raw, 1);
-    if (ZSTD_isError(got))
-        return -1;
-    b->len = got;
-    return 0;
-}
-
-/* m's data (m->ndata values from m->off of blocks blk) as m->dt says
- * (bfloat16, or compressed), with a reference for the caller; NULL when
- * out of memory. The last conversion is reused when nothing was written to
- * the model since (its stamp) and it holds the same range of the same
- * blocks at the same version in the same type: every worker's reply at the
- * end of a BSP round is converted once. */
-static struct narrow *narrow_of(psd *s, const ps_msg *m, srv_blk *const *blk)
-{
-    const srv_blk *first = blk[m->off >> SRV_BLK_SHIFT];
-    struct narrow *l = narrow_last;
-    if (l && l->stamp == s->model.stamp && l->ver == m->mver && l->off == m->off && l->n == m->ndata &&
-        l->blk == first && l->dt == m->dt) {
-        narrow_last->refs++;
-        return narrow_last;
-    }
-    int zstd = m->dt == PS_DT_F32ZSTD;
-    struct narrow *b = narrow_get(zstd ? ZSTD_compressBound((size_t)m->ndata * sizeof(float))
-                                       : (size_t)m->ndata * sizeof(uint16_t));
-    if (!b)
+    srv_outbufs *o = srv_outbufs_get(s);
+    if (!o)
         return NULL;
-    size_t bytes = (size_t)m->ndata * sizeof(uint16_t);
-    if (zstd) {
-        b->refs = 1;
-        if (compress_into(s, b, m, blk) != 0) {
-            narrow_put(b);
-            return NULL;
-        }
-        bytes = b->len;
-    } else {
-        uint64_t off = m->off, left = m->ndata;
-        for (uint16_t *dst = b->v; left > 0;) {
-            size_t len;
-            const float *p = srv_blocks_at(blk, off, left, &len);
-            ps_bf16_from_f32(dst, p, len);
-            dst += len;
-            off += len;
-            left -= len;
-        }
-    }
-    *b = (struct narrow){.cap = b->cap, .len = bytes, .dt = m->dt, .refs = 2, .stamp = s->model.stamp,
-                         .ver = m->mver, .off = m->off, .n = m->ndata, .blk = first};
-    if (narrow_last)
-        narrow_put(narrow_last);
-    narrow_last = b;
-    return b;
-}
-
-void srv_narrow_free_spare(void)
-{
-    if (narrow_last)
-        narrow_put(narrow_last);
-    narrow_last = NULL;
-    while (narrow_free) {
-        struct narrow *b = narrow_free;
-        narrow_free = b->next;
-        free(b);
-    }
-    narrow_free_count = 0;
-}
-
-static srv_wreq *wreq_get(void)
-{
-    srv_wreq *r = wreq_free_list;
+    srv_wreq *r = o->wreq_free;
     if (r) {
-        wreq_free_list = r->next_free;
-        wreq_free_count--;
+        o->wreq_free = r->next_free;
+        o->wreq_free_count--;
         return r;
     }
     r = malloc(sizeof *r);
@@ -216,6 +63,7 @@ static srv_wreq *wreq_get(void)
         r->blk = r->inline_blk;
         r->nblk = 0;
         r->narrow = NULL;
+        r->srv = s;
     }
     return r;
 }
@@ -230,16 +78,28 @@ static void wreq_put(srv_wreq *r)
         free(r->blk);
     r->blk = r->inline_blk;
     r->nblk = 0;
+    srv_outbufs *o = r->srv->out; /* made by wreq_get */
     if (r->narrow)
-        narrow_put(r->narrow);
+        srv_narrow_put(o, r->narrow);
     r->narrow = NULL;
-    if (wreq_free_count >= 256) {
+    if (o->wreq_free_count >= 256) {
         free(r);
         return;
     }
-    r->next_free = wreq_free_list;
-    wreq_free_list = r;
-    wreq_free_count++;
+    r->next_free = o->wreq_free;
+    o->wreq_free = r;
+    o->wreq_free_count++;
+}
+
+void srv_net_free_spare(psd *s)
+{
+    srv_outbufs *o = s->out;
+    while (o && o->wreq_free) {
+        srv_wreq *r = o->wreq_free;
+        o->wreq_free = r->next_free;
+        free(r);
+    }
+    srv_outbufs_free(s);
 }
 
 /* ---- closing ------------------------------------------------------------ */
@@ -405,16 +265,16 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     if (c->closing)
         return;
     /* compressed values (rdt 3) are made first: their size is in the
-     * header. They go as float32 when that saves less than a sixteenth. */
-    struct narrow *z = NULL;
+     * header. They go as float32 when that is not worth it (ps_codec_worth). */
+    srv_narrow *z = NULL;
     ps_msg zm;
     if ((m->has & PS_F_DATA) && m->dt == PS_DT_F32ZSTD && m->ndata) {
-        if (!(z = narrow_of(s, m, blk))) {
+        if (!(z = srv_narrow_of(s, m, blk))) {
             srv_conn_close(c);
             return;
         }
         zm = *m;
-        if (z->len * 16 <= zm.ndata * sizeof(float) * 15) {
+        if (ps_codec_worth(z->len, zm.ndata * sizeof(float))) {
             zm.has |= PS_F_LEN;
             zm.len = zm.ndata;
             zm.packed = (const uint8_t *)z->v;
@@ -424,19 +284,19 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
         } else {
             zm.has &= ~(uint64_t)PS_F_DT;
             zm.dt = PS_DT_F32;
-            narrow_put(z);
+            srv_narrow_put(s->out, z);
             z = NULL;
         }
         m = &zm;
     }
     int rc = ps_msg_encode(m, &s->enc, &dlen, m->type == PS_MSG_STATUS_REPLY ? srv_pack_status : NULL, s);
-    srv_wreq *r = rc == 0 ? wreq_get() : NULL;
+    srv_wreq *r = rc == 0 ? wreq_get(s) : NULL;
     if (!r) {
         if (rc != 0)
             PS_LOG(PS_LOG_ERROR, "conn %llu: cannot encode %s reply: %s", (unsigned long long)c->cid,
                    ps_msg_type_name(m->type), ps_strerror(rc));
         if (z)
-            narrow_put(z);
+            srv_narrow_put(s->out, z);
         srv_conn_close(c);
         return;
     }
@@ -477,7 +337,7 @@ static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     uint64_t off = m->off, left = m->ndata;
     if (dlen && m->dt == PS_DT_BF16) {
         /* converted now, from the blocks as they are: one piece */
-        if (!(r->narrow = narrow_of(s, m, blk))) {
+        if (!(r->narrow = srv_narrow_of(s, m, blk))) {
             wreq_put(r);
             if (bufs != small)
                 free(bufs);

@@ -1,4 +1,5 @@
-/* net.h - the connection layer (net.c): psd's sockets, frames, queued writes, closing. */
+/* net.h - the connection layer (net.c): psd's sockets, frames, queued writes, closing;
+ * replies' tensors converted for the wire in encode.c. */
 #ifndef SRV_NET_H
 #define SRV_NET_H
 
@@ -19,6 +20,8 @@ void srv_linger_tick(psd *s, uint64_t now);
  * Returns 0, or -1 when more bytes follow the frame in the buffer or data
  * lies elsewhere (nothing changes). Reached through s->io->give_rbuf. */
 int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
-void srv_narrow_free_spare(void); /* spare bfloat16 reply buffers (at exit) */
+/* Frees the connection layer's pools in s->out: spare write requests and
+ * converted reply tensors (at exit). */
+void srv_net_free_spare(psd *s);
 
 #endif

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zstd.h>
 
 #include "server/dispatch/admin.h"
 #include "common/log.h"
@@ -17,6 +16,7 @@
 #include "server/report/dashboard.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"
+#include "server/store/scratch.h"
 #include "server/answer/reply.h"
 #include "server/session/session.h"
 #include "server/report/status.h"
@@ -105,94 +105,47 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
            (unsigned long long)(m->off + m->ndata), bad, norm, norm > s->cfg.clip_norm ? s->cfg.clip_norm : norm);
 }
 
-/* bfloat16 data becomes float32 in the connection's own buffer, where m
- * then points: everything after this sees float32 only. *maxabs gets the
- * largest |value| (not finite when some value is not; taken on the way). */
-static int widen(srv_conn *c, ps_msg *m, float *maxabs, char *err, size_t errlen)
-{
-    psd *s = c->srv;
-    if (!s->cfg.wire_bf16) {
-        snprintf(err, errlen, "%s with bfloat16 data refused: this psd takes float32 only "
-                                                     "(wire_bf16 = no); its welcome did not offer bf16",
-                       ps_msg_type_name(m->type));
-        return PS_EUNSUPPORTED;
-    }
-    if (wide_reserve(c, m->ndata) != 0) {
-        snprintf(err, errlen, "no memory to widen %llu bfloat16 values",
-                       (unsigned long long)m->ndata);
-        return PS_ENOMEM;
-    }
-    *maxabs = ps_bf16_to_f32_maxabs(c->wide, m->data16, (size_t)m->ndata);
-    m->data = c->wide;
-    m->data16 = NULL;
-    m->dt = PS_DT_F32;
-    return 0;
-}
-
-/* float32 without its zeros (dt f32z; the decoder checked its bitmap)
- * becomes whole float32 in the connection's own buffer, as widen does. */
-static int expand(srv_conn *c, ps_msg *m, char *err, size_t errlen)
-{
-    if (wide_reserve(c, m->ndata) != 0) {
-        snprintf(err, errlen, "no memory to expand %llu values sent without their zeros",
-                 (unsigned long long)m->ndata);
-        return PS_ENOMEM;
-    }
-    ps_f32z_expand(c->wide, m->packed, (const float *)(const void *)(m->packed + ps_f32z_mask_bytes(m->ndata)),
-                   (size_t)m->ndata);
-    m->data = c->wide;
-    m->packed = NULL;
-    m->nz = 0;
-    m->dt = PS_DT_F32;
-    return 0;
-}
-
-uint8_t *srv_zscratch(psd *s, size_t bytes)
-{
-    if (s->zscratch_cap < bytes) {
-        uint8_t *p = realloc(s->zscratch, bytes);
-        if (!p)
-            return NULL;
-        s->zscratch = p;
-        s->zscratch_cap = bytes;
-    }
-    return s->zscratch;
-}
-
-/* Compressed float32 (dt zstd) becomes float32 in the connection's own
- * buffer too: one whole zstd frame that says it holds exactly the
- * ndata values' byte planes (the range is checked first, so a frame never
- * makes psd take more than the model's size), decompressed to exactly
- * that and put back together. */
-static int decompress(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+/* A packed or bfloat16 tensor (dt 1, 2 or 3) becomes float32 in the
+ * connection's own buffer, where m then points: everything after this sees
+ * float32 only (proto's codec decodes every form). The range is checked
+ * first, so the buffer never grows beyond the model; a compressed frame
+ * must say it holds exactly the ndata values before anything is sized for
+ * them. *maxabs gets the largest |value| when the decoding found it
+ * (bfloat16: not finite when some value is not), else NAN. */
+static int decode_data(srv_conn *c, ps_msg *m, float *maxabs, char *err, size_t errlen)
 {
     psd *s = c->srv;
     const char *what = ps_msg_type_name(m->type);
-    uint64_t want = m->ndata * sizeof(float);
-    unsigned long long fsize = ZSTD_getFrameContentSize(m->packed, (size_t)m->packed_len);
-    size_t whole = ZSTD_findFrameCompressedSize(m->packed, (size_t)m->packed_len);
-    if (fsize != want || ZSTD_isError(whole) || whole != m->packed_len) {
-        snprintf(err, errlen, "%s: compressed data (dt 3) of %llu bytes is not one zstd frame that says it holds "
-                              "len %llu float32 values (%llu bytes)",
-                 what, (unsigned long long)m->packed_len, (unsigned long long)m->ndata, (unsigned long long)want);
-        return PS_EBAD_FIELD;
+    if (m->dt == PS_DT_BF16 && !s->cfg.wire_bf16) {
+        snprintf(err, errlen, "%s with bfloat16 data refused: this psd takes float32 only "
+                              "(wire_bf16 = no); its welcome did not offer bf16", what);
+        return PS_EUNSUPPORTED;
     }
-    uint8_t *planes = srv_zscratch(s, (size_t)want);
-    if (!planes || wide_reserve(c, m->ndata) != 0 || (!s->zdctx && !(s->zdctx = ZSTD_createDCtx()))) {
-        snprintf(err, errlen, "no memory to decompress %llu values", (unsigned long long)m->ndata);
+    uint8_t *planes = NULL;
+    if (m->dt == PS_DT_F32ZSTD) {
+        uint64_t want = m->ndata * sizeof(float);
+        if (ps_codec_zstd_check(m->packed, (size_t)m->packed_len, m->ndata) != 0) {
+            snprintf(err, errlen, "%s: compressed data (dt 3) of %llu bytes is not one zstd frame that says it "
+                                  "holds len %llu float32 values (%llu bytes)",
+                     what, (unsigned long long)m->packed_len, (unsigned long long)m->ndata,
+                     (unsigned long long)want);
+            return PS_EBAD_FIELD;
+        }
+        if (!(planes = srv_planes(s, (size_t)want))) {
+            snprintf(err, errlen, "no memory to decompress %llu values", (unsigned long long)m->ndata);
+            return PS_ENOMEM;
+        }
+    }
+    if (wide_reserve(c, m->ndata) != 0) {
+        snprintf(err, errlen, "no memory to decode %llu values of %s data", (unsigned long long)m->ndata,
+                 ps_dtype_name(m->dt));
         return PS_ENOMEM;
     }
-    size_t got = ZSTD_decompressDCtx(s->zdctx, planes, (size_t)want, m->packed, (size_t)m->packed_len);
-    if (ZSTD_isError(got) || got != want) {
-        snprintf(err, errlen, "%s: compressed data (dt 3) does not decompress to its %llu float32 values: %s", what,
-                 (unsigned long long)m->ndata, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "short");
-        return PS_EBAD_FIELD;
-    }
-    ps_unshuffle4(c->wide, planes, (size_t)m->ndata);
-    m->data = c->wide;
-    m->packed = NULL;
-    m->dt = PS_DT_F32;
-    return 0;
+    char cerr[160];
+    int rc = ps_codec_decode(srv_codec(s), m, c->wide, planes, maxabs, cerr, sizeof cerr);
+    if (rc != 0)
+        snprintf(err, errlen, "%s: %s", what, cerr);
+    return rc;
 }
 
 /* The checks of an INIT's or a push's data, once, before anything acts on
@@ -220,9 +173,7 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     /* counted once accepted */
     uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0;
     uint64_t zin = m->dt == PS_DT_F32ZSTD ? m->packed_len : 0, zout = zin ? m->ndata * sizeof(float) : 0;
-    int rc = bf16 ? widen(c, m, &mx, err, errlen)
-             : m->dt == PS_DT_F32Z ? expand(c, m, err, errlen)
-             : m->dt == PS_DT_F32ZSTD ? decompress(c, m, err, errlen) : 0;
+    int rc = m->dt != PS_DT_F32 ? decode_data(c, m, &mx, err, errlen) : 0;
     if (rc != 0)
         return rc;
     if (!bf16)

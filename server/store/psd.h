@@ -13,6 +13,7 @@
 
 #include "common/auth.h"
 #include "server/store/config.h"
+#include "proto/codec.h"
 #include "proto/msg.h"
 #include "server/store/optim.h"
 
@@ -344,12 +345,13 @@ struct psd {
     struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
     struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
     uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
-    struct ZSTD_DCtx_s *zdctx; /* decompresses dt-3 pushes (handle.c, on the loop);
-                              * made at the first one */
-    struct ZSTD_CCtx_s *zcctx; /* compresses rdt-3 replies (net.c), likewise */
-    uint8_t *zscratch;       /* byte planes of the values those two work on (on the
-                              * loop, one at a time; srv_zscratch) */
-    size_t zscratch_cap;     /* bytes */
+    struct srv_outbufs *out; /* the connection layer's pools (connection/encode.h):
+                              * spare write requests, reply tensors converted */
+    /* owned by store/scratch.c (srv_codec, srv_planes): */
+    ps_codec codec;          /* zstd's contexts: dt-3 pushes (dispatch) and rdt-3
+                              * replies (connection), on the loop; made at first use */
+    uint8_t *planes;         /* byte planes of the values those two work on */
+    size_t planes_cap;       /* bytes */
     uint64_t last_rate_ms;
     int stopping;
     uint64_t join_since_ms;  /* since when psd waits for shards that never
@@ -552,9 +554,5 @@ int srv_plan_slice(psd *s, const srv_worker *w, uint64_t ver, ps_slice *out);
  * that size). 0, or -1 with the reason in why. */
 int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen);
 void srv_shm_detach(srv_conn *c);
-
-/* s->zscratch with room for bytes (grown, kept), or NULL when out of
- * memory (handle.c). */
-uint8_t *srv_zscratch(psd *s, size_t bytes);
 
 #endif

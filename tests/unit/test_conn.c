@@ -72,7 +72,7 @@ static void stop(peer *p)
     srv_model_free(&s->model);
     ps_buf_free(&s->enc);
     srv_parked_free_spare();
-    srv_narrow_free_spare();
+    srv_net_free_spare(s);
     srv_blk_pool_free();
     free(s);
     free(p);
