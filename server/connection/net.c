@@ -1,7 +1,7 @@
-/* net.c - psd's sockets: the listener, reading frames into a connection's
- * buffer, queued writes that own their header and hold references to the
- * model blocks their tensor data is sent from, and closing through
- * uv_close. */
+/* net.c - psd's sockets: the listener, accepting, reading frames into a
+ * connection's buffer and handing each to dispatch, resuming connections
+ * held while an update ran off the loop, stopping. Writes are in write.c,
+ * closing in close.c, reply tensors' encoding in encode.c. */
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
@@ -11,425 +11,18 @@
 #include <string.h>
 
 #include "server/dispatch/admin.h"
-#include "common/hostport.h"
 #include "common/log.h"
 #include "server/dispatch/handle.h"
-#include "server/connection/encode.h"
+#include "server/connection/close.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
+#include "server/connection/write.h"
 #include "proto/errors.h"
-#include "server/store/psd.h"
 #include "server/answer/reply.h"
 #include "server/session/session.h"
-#include "server/report/status.h"
 #include "server/update/update.h"
 
 #define RBUF_INITIAL (64 * 1024)
-#define WREQ_INLINE 160
-
-#define WREQ_BLKS 4      /* block references held inline: a chunk spans at most 2 */
-
-/* A queued write: owns its header bytes; tensor bytes come from the model's
- * blocks, referenced until the write is done, or, for a reply in bfloat16,
- * from a buffer they were converted into (owned until then). */
-typedef struct srv_wreq {
-    uv_write_t req;
-    srv_conn *c;
-    srv_blk **blk;           /* inline_blk or heap */
-    size_t nblk;
-    srv_blk *inline_blk[WREQ_BLKS];
-    srv_narrow *narrow;      /* converted data (bfloat16, compressed), or NULL */
-    psd *srv;
-    uint8_t *hdr;            /* inline_hdr or heap */
-    uint8_t inline_hdr[WREQ_INLINE];
-    struct srv_wreq *next_free;
-} srv_wreq;
-
-/* A write request from the pool in psd.out (encode.h), else a new one;
- * NULL when out of memory. */
-static srv_wreq *wreq_get(psd *s)
-{
-    srv_outbufs *o = srv_outbufs_get(s);
-    if (!o)
-        return NULL;
-    srv_wreq *r = o->wreq_free;
-    if (r) {
-        o->wreq_free = r->next_free;
-        o->wreq_free_count--;
-        return r;
-    }
-    r = malloc(sizeof *r);
-    if (r) {
-        r->blk = r->inline_blk;
-        r->nblk = 0;
-        r->narrow = NULL;
-        r->srv = s;
-    }
-    return r;
-}
-
-static void wreq_put(srv_wreq *r)
-{
-    if (r->hdr != r->inline_hdr)
-        free(r->hdr);
-    for (size_t i = 0; i < r->nblk; i++)
-        srv_blk_unref(r->blk[i]);
-    if (r->blk != r->inline_blk)
-        free(r->blk);
-    r->blk = r->inline_blk;
-    r->nblk = 0;
-    srv_outbufs *o = r->srv->out; /* made by wreq_get */
-    if (r->narrow)
-        srv_narrow_put(o, r->narrow);
-    r->narrow = NULL;
-    if (o->wreq_free_count >= 256) {
-        free(r);
-        return;
-    }
-    r->next_free = o->wreq_free;
-    o->wreq_free = r;
-    o->wreq_free_count++;
-}
-
-void srv_net_free_spare(psd *s)
-{
-    srv_outbufs *o = s->out;
-    while (o && o->wreq_free) {
-        srv_wreq *r = o->wreq_free;
-        o->wreq_free = r->next_free;
-        free(r);
-    }
-    srv_outbufs_free(s);
-}
-
-/* ---- closing ------------------------------------------------------------ */
-
-/* Frees a connection (its handle closed). */
-static void conn_free(srv_conn *c)
-{
-    msgpack_zone_destroy(&c->zone);
-    srv_shm_detach(c);
-    free(c->wide);
-    c->srv->rbuf_bytes -= c->rcap;
-    free(c->rbuf);
-    free(c);
-}
-
-static void on_close(uv_handle_t *h)
-{
-    srv_conn *c = (srv_conn *)h;
-    psd *s = c->srv;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    s->nconns--;
-    if (srv_update_busy(s) && s->push_wait.c == c) {
-        c->free_later = 1; /* the update still reads its receive buffer */
-        return;
-    }
-    conn_free(c);
-}
-
-/* ---- lingering close ----------------------------------------------------
- * A connection closed for an error may still be sending (the rest of a
- * frame psd refused). Closing a socket with unread bytes makes the kernel
- * send a reset, and the peer may then lose the ERROR psd just wrote. So
- * psd shuts down its side once the ERROR is written and reads, discarding,
- * until the peer closes or SRV_LINGER_MS pass (nginx's lingering_close).
- * The connection is detached first, so it holds no worker and no
- * connection slot while it lingers; its receive buffer goes at its first
- * read or tick, off the stack of the handler that refused it (which may
- * still hold pointers into it). */
-
-/* Frees a lingering connection's receive buffer, unless the update running
- * off the loop still reads it (conn_free frees it then). */
-static void linger_release(srv_conn *c)
-{
-    psd *s = c->srv;
-    if (!c->rbuf || (srv_update_busy(s) && s->push_wait.c == c))
-        return;
-    s->rbuf_bytes -= c->rcap;
-    free(c->rbuf);
-    c->rbuf = NULL;
-    c->rcap = c->rlen = c->rpos = 0;
-}
-
-static void discard_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    static char sink[64 * 1024];
-    (void)suggested;
-    linger_release((srv_conn *)h);
-    buf->base = sink;
-    buf->len = sizeof sink;
-}
-
-static void on_linger_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
-{
-    (void)buf;
-    if (nread < 0 && !uv_is_closing((uv_handle_t *)st))
-        uv_close((uv_handle_t *)st, on_close);
-}
-
-static void on_linger_shutdown(uv_shutdown_t *req, int status)
-{
-    (void)status; /* the peer may be gone already: reading then ends it */
-    free(req);
-}
-
-static void linger(srv_conn *c)
-{
-    uv_shutdown_t *req = malloc(sizeof *req);
-    if (!req || uv_shutdown(req, (uv_stream_t *)&c->tcp, on_linger_shutdown) != 0 ||
-        uv_read_start((uv_stream_t *)&c->tcp, discard_alloc, on_linger_read) != 0) {
-        free(req);
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        uv_close((uv_handle_t *)&c->tcp, on_close);
-        return;
-    }
-    c->linger_until_ms = srv_now_ms() + SRV_LINGER_MS;
-}
-
-void srv_linger_tick(psd *s, uint64_t now)
-{
-    for (srv_conn *c = s->conns; c; c = c->next) {
-        if (!c->linger || !c->closing || uv_is_closing((uv_handle_t *)&c->tcp))
-            continue;
-        linger_release(c);
-        if (now >= c->linger_until_ms) {
-            uv_read_stop((uv_stream_t *)&c->tcp);
-            uv_close((uv_handle_t *)&c->tcp, on_close);
-        }
-    }
-}
-
-void srv_conn_close(srv_conn *c)
-{
-    if (c->closing)
-        return;
-    c->closing = 1;
-    if (c->err_quiet)
-        PS_LOG(PS_LOG_INFO, "conn %llu (%s): %u more errors on this connection were not logged",
-               (unsigned long long)c->cid, c->addr, c->err_quiet);
-    srv_conn_detach(c, SRV_W_LOST, c->close_reason[0] ? c->close_reason : "connection closed");
-    srv_auth_free(c);
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    if (c->linger && !c->srv->stopping) {
-        linger(c);
-        return;
-    }
-    uv_close((uv_handle_t *)&c->tcp, on_close);
-}
-
-/* ---- writing ------------------------------------------------------------ */
-
-static void on_write(uv_write_t *req, int status)
-{
-    srv_wreq *r = (srv_wreq *)req;
-    srv_conn *c = r->c;
-    wreq_put(r);
-    if (status < 0 && status != UV_ECANCELED && !c->closing) {
-        PS_LOG(PS_LOG_DEBUG, "conn %llu (%s): write failed: %s", (unsigned long long)c->cid, c->addr,
-               uv_strerror(status));
-        srv_conn_close(c);
-        return;
-    }
-    if (c->close_after_write && !c->closing && uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
-        srv_conn_close(c);
-}
-
-/* Disconnects c when the replies queued for it pass max_output_buffer: it
- * sends requests but stopped reading (Redis's client-output-buffer-limit).
- * A reply of `last` bytes just queued alone over the limit is let through. */
-static void check_output(srv_conn *c, size_t last)
-{
-    psd *s = c->srv;
-    size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
-    if (queued <= s->cfg.max_output_buffer || queued <= last)
-        return;
-    s->stats.disconnects_output++;
-    PS_LOG(PS_LOG_WARN, "conn %llu (%s): %zu bytes of replies unsent, over max_output_buffer (%llu): the client "
-                        "does not read them; closing",
-           (unsigned long long)c->cid, c->addr, queued, (unsigned long long)s->cfg.max_output_buffer);
-    snprintf(c->close_reason, sizeof c->close_reason, "stopped reading its replies (over max_output_buffer)");
-    srv_conn_close(c);
-}
-
-/* psd.io->send: see srv_send (psd.h). */
-static void net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
-{
-    psd *s = c->srv;
-    size_t dlen = 0;
-    if (c->closing)
-        return;
-    /* compressed values (rdt 3) are made first: their size is in the
-     * header. They go as float32 when that is not worth it (ps_codec_worth). */
-    srv_narrow *z = NULL;
-    ps_msg zm;
-    if ((m->has & PS_F_DATA) && m->dt == PS_DT_F32ZSTD && m->ndata) {
-        if (!(z = srv_narrow_of(s, m, blk))) {
-            srv_conn_close(c);
-            return;
-        }
-        zm = *m;
-        if (ps_codec_worth(z->len, zm.ndata * sizeof(float))) {
-            zm.has |= PS_F_LEN;
-            zm.len = zm.ndata;
-            zm.packed = (const uint8_t *)z->v;
-            zm.packed_len = z->len;
-            s->stats.zstd_sent += z->len;
-            s->stats.zstd_sent_raw += zm.ndata * sizeof(float);
-        } else {
-            zm.has &= ~(uint64_t)PS_F_DT;
-            zm.dt = PS_DT_F32;
-            srv_narrow_put(s->out, z);
-            z = NULL;
-        }
-        m = &zm;
-    }
-    int rc = ps_msg_encode(m, &s->enc, &dlen, m->type == PS_MSG_STATUS_REPLY ? srv_pack_status : NULL, s);
-    srv_wreq *r = rc == 0 ? wreq_get(s) : NULL;
-    if (!r) {
-        if (rc != 0)
-            PS_LOG(PS_LOG_ERROR, "conn %llu: cannot encode %s reply: %s", (unsigned long long)c->cid,
-                   ps_msg_type_name(m->type), ps_strerror(rc));
-        if (z)
-            srv_narrow_put(s->out, z);
-        srv_conn_close(c);
-        return;
-    }
-    r->narrow = z; /* wreq_put lets it go */
-    r->c = c;
-    r->hdr = r->inline_hdr;
-    /* the data's pieces, one per block; the buffer list on the stack when short */
-    size_t npieces = 0;
-    if (dlen) {
-        assert(blk); /* data goes out from the blocks only */
-        uint64_t first = m->off >> SRV_BLK_SHIFT, last = (m->off + m->ndata - 1) >> SRV_BLK_SHIFT;
-        npieces = m->dt == PS_DT_BF16 || z ? 1 : (size_t)(last - first + 1);
-    }
-    uv_buf_t small[1 + WREQ_BLKS], *bufs = small;
-    if (npieces > WREQ_BLKS) {
-        bufs = malloc((1 + npieces) * sizeof *bufs);
-        r->blk = malloc(npieces * sizeof *r->blk);
-        if (!bufs || !r->blk) {
-            if (bufs != small)
-                free(bufs);
-            if (!r->blk)
-                r->blk = r->inline_blk;
-            wreq_put(r);
-            srv_conn_close(c);
-            return;
-        }
-    }
-    if (s->enc.len > WREQ_INLINE && !(r->hdr = malloc(s->enc.len))) {
-        r->hdr = r->inline_hdr;
-        wreq_put(r);
-        if (bufs != small)
-            free(bufs);
-        srv_conn_close(c);
-        return;
-    }
-    memcpy(r->hdr, s->enc.p, s->enc.len);
-    bufs[0] = uv_buf_init((char *)r->hdr, (unsigned)s->enc.len);
-    uint64_t off = m->off, left = m->ndata;
-    if (dlen && m->dt == PS_DT_BF16) {
-        /* converted now, from the blocks as they are: one piece */
-        if (!(r->narrow = srv_narrow_of(s, m, blk))) {
-            wreq_put(r);
-            if (bufs != small)
-                free(bufs);
-            srv_conn_close(c);
-            return;
-        }
-    }
-    if (dlen && r->narrow)
-        bufs[1] = uv_buf_init((char *)r->narrow->v, (unsigned)dlen);
-    for (size_t i = 0; i < npieces && !r->narrow; i++) {
-        size_t len;
-        const float *p = srv_blocks_at(blk, off, left, &len);
-        r->blk[i] = srv_blk_ref(blk[off >> SRV_BLK_SHIFT]);
-        r->nblk = i + 1;
-        bufs[1 + i] = uv_buf_init((char *)(uintptr_t)p, (unsigned)(len * sizeof(float)));
-        off += len;
-        left -= len;
-    }
-    s->stats.bytes_out += s->enc.len + dlen;
-    rc = uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, (unsigned)(1 + npieces), on_write);
-    if (bufs != small)
-        free(bufs);
-    if (rc != 0) {
-        wreq_put(r);
-        srv_conn_close(c);
-        return;
-    }
-    check_output(c, s->enc.len + dlen);
-}
-
-/* psd.io->send_error: logs and counts the error, queues the ERROR reply and,
- * when fatal, closes c once it is written. */
-/* Errors that only a broken or hostile client gets: counted per
- * connection, which is closed at SRV_PROTO_ERRORS_MAX. */
-static int is_protocol_error(int code)
-{
-    return code == PS_EMALFORMED || code == PS_EBAD_TYPE || code == PS_EBAD_FIELD || code == PS_ESTATE ||
-           code == PS_EFORBIDDEN;
-}
-
-/* "; N more errors not logged" when some were left out since the last line. */
-static void quiet_note(srv_conn *c, char *buf, size_t len)
-{
-    buf[0] = 0;
-    if (c->err_quiet)
-        snprintf(buf, len, " (%u more errors on this connection not logged before this one)", c->err_quiet);
-}
-
-static void net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text)
-{
-    psd *s = c->srv;
-    unsigned idx = (unsigned)(-code);
-    if (idx < sizeof s->stats.rejected / sizeof s->stats.rejected[0])
-        s->stats.rejected[idx]++;
-    const char *why = "";
-    if (is_protocol_error(code) && ++c->proto_errors >= SRV_PROTO_ERRORS_MAX && !fatal) {
-        fatal = 1;
-        why = " (too many protocol errors)";
-        snprintf(c->close_reason, sizeof c->close_reason, "%d protocol errors", SRV_PROTO_ERRORS_MAX);
-    }
-    /* the first lines for a connection, then one a second: a client
-     * sending bad frames in a loop must not fill the log */
-    uint64_t now = srv_now_ms();
-    if (fatal || c->err_lines < SRV_ERR_LINES_FREE || now - c->err_line_ms >= 1000) {
-        char who[32] = "", quiet[96];
-        if (c->worker)
-            snprintf(who, sizeof who, ", shard %u/%u", c->worker->shard, c->worker->nshards);
-        quiet_note(c, quiet, sizeof quiet);
-        PS_LOG(fatal ? PS_LOG_WARN : PS_LOG_INFO, "conn %llu (%s%s): %s: %s%s%s%s", (unsigned long long)c->cid,
-               c->addr, who, ps_errname(code), text, fatal ? "; closing" : "", why, quiet);
-        c->err_lines++;
-        c->err_line_ms = now;
-        c->err_quiet = 0;
-    } else {
-        c->err_quiet++;
-    }
-    ps_msg m;
-    ps_msg_init(&m, PS_MSG_ERROR);
-    m.has = PS_F_ID | PS_F_CODE | PS_F_TEXT;
-    m.id = id;
-    m.code = -code;
-    m.text = text;
-    m.text_len = (uint32_t)strlen(text);
-    net_send(c, &m, NULL);
-    if (fatal && !c->closing) {
-        c->close_after_write = 1;
-        c->linger = 1;
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        if (uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) == 0)
-            srv_conn_close(c);
-    }
-}
 
 /* ---- reading ------------------------------------------------------------ */
 
@@ -610,7 +203,8 @@ static void process_frames(srv_conn *c)
             srv_send_error(c, m.has & PS_F_ID ? m.id : 0, rc, c->role == PS_ROLE_NONE, "%s", err);
         } else {
             c->frame_end = pos + flen;
-            srv_handle(c, &m);
+            if (srv_handle(c, &m) == SRV_STOP_READING)
+                uv_read_stop((uv_stream_t *)&c->tcp);
             if (c->rbuf_given) {
                 /* the handler kept the buffer, and no byte followed the
                  * frame in it: go on in the one it gave back, empty (held
@@ -793,7 +387,7 @@ static void on_update_done(psd *s, const srv_update_tag *tag)
     int wake = 0;
     srv_conn *c = srv_push_finished(s, tag, &wake);
     if (c->free_later)
-        conn_free(c);
+        srv_conn_free(c);
     if (wake)
         srv_answer_parked(s);
     resume_held(s);
@@ -804,8 +398,8 @@ static void on_update_done(psd *s, const srv_update_tag *tag)
 }
 
 static const srv_io net_io = {
-    .send = net_send,
-    .send_error = net_send_error,
+    .send = srv_net_send,
+    .send_error = srv_net_send_error,
     .give_rbuf = srv_conn_give_rbuf,
 };
 
@@ -865,7 +459,7 @@ void srv_stop(psd *s)
         if (c->closing) {
             if (c->linger && !uv_is_closing((uv_handle_t *)&c->tcp)) {
                 uv_read_stop((uv_stream_t *)&c->tcp);
-                uv_close((uv_handle_t *)&c->tcp, on_close);
+                uv_close((uv_handle_t *)&c->tcp, srv_conn_on_close);
             }
             continue;
         }

@@ -1,4 +1,4 @@
-/* net.h - the connection layer (net.c): psd's sockets, frames, queued writes, closing;
+/* net.h - the connection layer: psd's sockets, frames (net.c), queued writes (write.c), closing (close.c);
  * replies' tensors converted for the wire in encode.c. */
 #ifndef SRV_NET_H
 #define SRV_NET_H

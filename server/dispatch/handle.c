@@ -278,18 +278,18 @@ static int push_from_shm(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     return 0;
 }
 
-static void handle_push(srv_conn *c, ps_msg *m)
+static int handle_push(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     char err[512];
     if (!s->model.initialized) {
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "push before the model has its initial values");
-        return;
+        return 0;
     }
     int rc = m->inshm ? push_from_shm(c, m, err, sizeof err) : 0;
     if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
-        return;
+        return 0;
     }
     /* a pushpull's reply type is checked before its push is applied */
     if (m->type == PS_MSG_PUSHPULL)
@@ -299,12 +299,12 @@ static void handle_push(srv_conn *c, ps_msg *m)
         rc = check_data(c, m, &gmax, err, sizeof err);
     if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
-        return;
+        return 0;
     }
     if (m->base > s->model.version) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "base version %llu is ahead of the model (%llu)",
                        (unsigned long long)m->base, (unsigned long long)s->model.version);
-        return;
+        return 0;
     }
     if (m->fin) {
         srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
@@ -325,8 +325,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
          * lives in c's receive buffer, so c reads nothing meanwhile */
         s->push_wait = (srv_push_wait){.c = c, .id = m->id, .type = m->type, .poff = m->poff, .plen = m->plen,
                                        .min = m->min, .rdt = m->rdt};
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        return;
+        return SRV_STOP_READING;
     }
     if (rc == PS_ESTALE) {
         /* A push for a round that closed without it (backup workers): drop
@@ -337,12 +336,12 @@ static void handle_push(srv_conn *c, ps_msg *m)
         PS_LOG(PS_LOG_DEBUG, "shard %u: %s", c->worker->shard, err);
         if (m->type == PS_MSG_PUSHPULL) {
             pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
-            return;
+            return 0;
         }
     }
     if (rc < 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
-        return;
+        return 0;
     }
     if (rc == SRV_WAKE)
         srv_answer_parked(s); /* a new version: the pulls waiting for it first */
@@ -354,6 +353,7 @@ static void handle_push(srv_conn *c, ps_msg *m)
         pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
     else
         srv_send_ok(c, m->id);
+    return 0;
 }
 
 srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
@@ -408,7 +408,7 @@ static void handle_report(srv_conn *c, ps_msg *m)
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
-void srv_handle(srv_conn *c, ps_msg *m)
+int srv_handle(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     c->last_msg_ms = srv_now_ms();
@@ -422,19 +422,19 @@ void srv_handle(srv_conn *c, ps_msg *m)
             srv_send_error(c, m->id, PS_EAUTH, 1, "psd requires a token: expected auth, the answer to its "
                                                   "challenge, not %s",
                            ps_msg_type_name(m->type));
-        return;
+        return 0;
     }
     if (c->role == PS_ROLE_NONE && m->type != PS_MSG_HELLO) {
         srv_send_error(c, m->id, PS_ESTATE, 1, "the first message must be hello, not %s",
                        ps_msg_type_name(m->type));
-        return;
+        return 0;
     }
     int worker_only = m->type == PS_MSG_INIT || m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL ||
                       m->type == PS_MSG_REPORT || m->type == PS_MSG_BARRIER;
     if (worker_only && !c->worker) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
-        return;
+        return 0;
     }
     int reads = m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") == 0; /* ADMIN history only reads */
     if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && !reads) || m->type == PS_MSG_PULL)) {
@@ -444,7 +444,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
                        "configuration and use that token",
                        m->type == PS_MSG_ADMIN ? "admin command '" : "pulling the model",
                        m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");
-        return;
+        return 0;
     }
     switch (m->type) {
     case PS_MSG_HELLO: {
@@ -465,8 +465,7 @@ void srv_handle(srv_conn *c, ps_msg *m)
         break;
     case PS_MSG_PUSH:
     case PS_MSG_PUSHPULL:
-        handle_push(c, m);
-        break;
+        return handle_push(c, m);
     case PS_MSG_PULL:
         pull(c, m->id, m->off, m->len, m->min, m->rdt);
         break;
@@ -534,10 +533,10 @@ void srv_handle(srv_conn *c, ps_msg *m)
     }
         srv_send_ok(c, m->id);
         c->close_after_write = 1;
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        break;
+        return SRV_STOP_READING;
     default:
         srv_send_error(c, m->id, PS_EBAD_TYPE, 0, "psd does not accept %s messages", ps_msg_type_name(m->type));
         break;
     }
+    return 0;
 }

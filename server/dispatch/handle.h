@@ -5,8 +5,15 @@
 #include "server/store/psd.h"
 
 /* handle.c */
-/* Handles one decoded message from c. */
-void srv_handle(srv_conn *c, ps_msg *m);
+/* srv_handle's answer to the connection layer: read nothing more from c
+ * for now (a push whose update runs off the loop: its gradient lies in c's
+ * receive buffer until srv_push_finished; a BYE: c closes once its OK is
+ * written). The connection layer stops reading; dispatch never touches
+ * the socket. */
+#define SRV_STOP_READING 1
+
+/* Handles one decoded message from c. Returns 0 or SRV_STOP_READING. */
+int srv_handle(srv_conn *c, ps_msg *m);
 /* The update of the push psd.push_wait waits for is installed: the
  * policy finishes it (version, clock, round) and the push is answered.
  * Returns the pushing connection (closed meanwhile, maybe: the caller
