@@ -18,6 +18,7 @@
  * up: the OK comes at once. */
 #include <stdio.h>
 
+#include "server/answer/barrier.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"
 #include "server/answer/reply.h"

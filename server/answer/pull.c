@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/answer/pull.h"
 #include "server/policy/policy.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"

@@ -18,36 +18,8 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
 /* Answers request id with an OK carrying the model's version. */
 void srv_send_ok(srv_conn *c, uint64_t id);
 
-/* pull.c: pulls and parked pulls */
-/* A pull of [off, off+len) for version >= min, answered in element type
- * rdt: answered now or parked (0), or refused: a negative PS_E* code with
- * err filled and nothing sent (the dispatch layer sends the ERROR). */
-int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt, char *err,
-             size_t errlen);
-/* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
-int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
-/* Answers every parked pull whose version is now available. */
-void srv_answer_parked(psd *s);
-/* Answers c's parked pulls that can be answered. */
-void srv_conn_answer_parked(srv_conn *c);
-/* Drops c's parked pulls and pinned snapshot (it goes away). */
-void srv_pulls_drop(srv_conn *c);
-/* Frees the parked-pull entries kept for reuse (at exit). */
-void srv_parked_free_spare(void);
-
-/* BARRIER (barrier.c): worker c has reached model version ver and waits,
- * in BSP, until every worker taking part in barriers has (ver 0: c stops
- * taking part); answered now or parked (0), or refused with err (a second
- * one while one waits). */
-int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen);
-/* What c's parked barrier waits for ("barrier at version 12 waits for
- * shard 2/3 (at version 11)"), for HEARTBEAT's wait notice; 0 when none
- * is parked or it waits for nobody. */
-int srv_barrier_describe(const srv_conn *c, char *out, size_t len);
-/* Answers the parked barriers every worker taking part has reached. */
-void srv_barrier_release(psd *s);
-/* c stops taking part (its worker left or it closes): its own parked
- * barrier is dropped, the others' may go. */
-void srv_barrier_leave(srv_conn *c);
+/* the answer layer's other files */
+#include "server/answer/barrier.h"
+#include "server/answer/pull.h"
 
 #endif

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/session/auth.h"
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/session/hello.h"
 #include "server/report/checkpoint.h"
 #include "common/log.h"
 #include "server/report/dashboard.h"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/store/plan.h"
 #include "common/log.h"
 #include "server/store/psd.h"
 

@@ -400,53 +400,6 @@ struct psd {
 
 /* ---- functions ----------------------------------------------------------- */
 
-/* settings.c (and config.c's table hooks, declared in config.h) */
-
-/* When srv_config_check runs: what it may look at beyond the settings. */
-typedef enum srv_check_when {
-    SRV_CHECK_START,  /* psd starting: listen's host name must resolve */
-    SRV_CHECK_PRINT,  /* --print-config: a host name that does not resolve here passes
-                       * (it may be meant for another machine) */
-    SRV_CHECK_RUN,    /* a reload or `psctl set` while psd runs: listen is not
-                       * resolved again (it cannot change at run time) */
-} srv_check_when;
-
-/* The one cross-check of psd's settings: what depends on more than one
- * option or on more than an option's syntax. metrics_listen an IPv4 or IPv6
- * address (parsed here, handed back in out); in BSP, backup_workers below
- * workers; nonfinite = clip needs clip_norm > 0; nesterov needs momentum >
- * 0 with sgd; admin_token_file needs token_file; protected mode: without
- * token_file and allow_remote_without_token, listen and metrics_listen
- * must be loopback addresses. The same at start, by --print-config, at a
- * reload and on `psctl set` (when says which). Looks at no file: the token
- * files and state_dir are read at start only (srv_auth_load,
- * srv_state_dir_check). Returns 0, filling out (may be NULL), or PS_EINVAL
- * with a message in err and out untouched. */
-int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len);
-
-/* Checks that psd can write checkpoints to dir ("" passes): a directory
- * it can create a file in, created when missing. At start, before anything
- * else, so that a bad state_dir stops psd at once and not at its first
- * checkpoint (not by --print-config, which checks settings, not this
- * machine's files). Returns 0 or PS_EIO with a message in err. */
-int srv_state_dir_check(const char *dir, char *err, size_t len);
-
-/* The address to listen on for host (an IPv4 or IPv6 literal, or a host
- * name resolved with getaddrinfo: its first IPv4 address, else its first
- * IPv6 one) and port: 0, or PS_EINVAL with the reason in err. */
-int srv_listen_resolve(const char *host, int port, struct sockaddr_storage *out, char *err, size_t len);
-
-/* 1 when a is an address of this machine only: 127.0.0.0/8, ::1,
- * ::ffff:127.x.y.z. */
-int srv_addr_is_loopback(const struct sockaddr_storage *a);
-
-/* a's address as text (no port). */
-void srv_addr_name(const struct sockaddr_storage *a, char *buf, size_t len);
-
-/* stats.c: psd's clock (milliseconds of a monotonic clock); histograms
- * (srv_hist_init, srv_hist_observe above) */
-uint64_t srv_now_ms(void);
-
 /* The one range check of a message: [off, off+n) non-empty and inside a
  * model of total parameters. */
 static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
@@ -454,105 +407,12 @@ static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
     return n > 0 && off <= total && n <= total - off;
 }
 
-/* model.c */
-int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
-void srv_model_free(srv_model *m);
-
-/* A worker's hello proposes l: it becomes the model's layout (has_layout)
- * but nothing is allocated until srv_model_commit(), at the first INIT, so
- * a hello alone commits no memory. */
-void srv_model_propose(srv_model *m, const ps_layout *l);
-/* Allocates a proposed layout's parameters (zeros) and optimizer state,
- * once: 0, or PS_ENOMEM (nothing allocated). */
-int srv_model_commit(srv_model *m, const ps_config *cfg);
-/* Forgets a layout that was never initialised (its proposer left before
- * INIT): memory freed, has_layout 0, so the next hello proposes again. */
-void srv_model_release(srv_model *m);
-/* Counts one applied update: version++. */
-void srv_model_bump(srv_model *m);
-/* The current values from parameter off on: a pointer and, in *len, how
- * many of the n wanted follow it in the same block (at least 1). */
-const float *srv_model_at(const srv_model *m, uint64_t off, uint64_t n, size_t *len);
-/* Starts writing [off, off+n): fills seg for the part in off's block
- * (seg->len floats), giving that block a fresh copy when a reply or a
- * snapshot holds it. Returns 0 or PS_ENOMEM (nothing changed). */
-int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg);
-void srv_model_write_end(srv_model *m, srv_wseg *seg);
-/* An update of blocks [first, first+nblk) in three steps, so that running
- * out of memory changes nothing. srv_model_reserve() fills old[i] with the
- * model's block first+i and fresh[i] with a new block for it when a reply
- * or a snapshot shares it (NULL: the update may write it in place), and
- * returns 0, or PS_ENOMEM with nothing held. The update then reads old and
- * writes fresh (or old), copying what it leaves alone of a fresh block
- * from old; srv_model_install() puts the fresh blocks in the model. */
-int srv_model_reserve(const srv_model *m, size_t first, size_t nblk, srv_blk **old, srv_blk **fresh);
-void srv_model_install(srv_model *m, size_t first, size_t nblk, srv_blk *const *old, srv_blk *const *fresh);
-
-/* As srv_model_at, for any block array (the model's or a snapshot's). */
-const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len);
-/* Frees the pool of free blocks (at exit). */
-void srv_blk_pool_free(void);
-/* A block of cap floats, uninitialised, from the pool when it has one. */
-srv_blk *srv_blk_fresh(size_t cap);
-srv_blk *srv_blk_ref(srv_blk *b);
-void srv_blk_unref(srv_blk *b);
-/* A snapshot of the current version; NULL when out of memory. */
-srv_snap *srv_snap_take(srv_model *m);
-srv_snap *srv_snap_ref(srv_snap *s);
-void srv_snap_unref(srv_snap *s);
-/* As srv_model_at, for a snapshot. */
-const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *len);
-
-/* ---- the job's plan (plan.c) ---------------------------------------------- */
-
-/* Fixes the plan p (checked by the decoder): rounds per epoch and in all.
- * The caller makes sure it is not set yet. */
-void srv_plan_fix(srv_plan *pl, const ps_plan *p);
-/* Forgets the plan (the model it was for is released; at exit). */
-void srv_plan_clear(srv_plan *pl);
-/* Fixes the plan p read from a checkpoint, with the nout shards in out
- * that were out of its job then (copied into pl->out). Returns 0, or -1
- * out of memory (the plan is fixed, the list empty). */
-int srv_plan_restore(srv_plan *pl, const ps_plan *p, const uint32_t *out, uint32_t nout);
-/* The plan rules the rounds: one is fixed, psd runs BSP and the model has
- * its initial values. */
-int srv_plan_active(const psd *s);
-/* Every round of an active plan has closed: the model version is at or
- * past the plan's last round. */
-int srv_plan_done(const psd *s);
-/* Fixes the current round's members (below) now if they are not: the BSP
- * policy calls it as a round closes. 0, or -1 when out of memory. */
-int srv_plan_open(psd *s);
-/* The shards that train the current round (version v): fixed the first
- * time the round is asked about (psd's policy asks as the round before
- * closes) as shards 0..M-1 less those that joined and then left or were
- * lost. Fixed anew only when none of them is still in the job (all gone
- * or not joined), so a worker that joins mid-round trains from the next
- * round on and nobody's share of a round changes after it was handed out.
- * Returns 1 when shard w is one of them (also when memory ran out: then
- * nobody is left out), else 0. */
-int srv_plan_member(psd *s, const srv_worker *w);
-/* Pushes that close the current round of an active plan: its members that
- * are still in the job (connected, or not joined yet). */
-uint32_t srv_plan_needed(psd *s);
-/* Worker w's samples of round ver, the current one, in *out: 1 when it
- * trains that round (a member, the plan not done), else 0. */
-int srv_plan_slice(psd *s, const srv_worker *w, uint64_t ver, ps_slice *out);
-
-/* ---- shared memory with a local worker (shm.c) --------------------------- */
-
-/* Models up to this size may use it: one block, so a reply's copy into the
- * segment is at most 4 MiB on the event loop. */
-#define SRV_SHM_MAX_PARAMS SRV_BLK_FLOATS
-/* An rdt value that never comes off the wire: answer into the segment. */
-#define SRV_RDT_SHM 0x100u
-
-/* Maps the segment a worker's hello offers (m's "shm": /proc/<pid>/fd/<fd>)
- * when it is a memfd sealed against shrinking and growing that holds the
- * gradient and the parameters, nparams floats each, where the hello says
- * (by default [0, nparams) and [nparams, 2 nparams) of a memfd of exactly
- * that size). 0, or -1 with the reason in why. */
-int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen);
-void srv_shm_detach(srv_conn *c);
+/* Each store file's functions, in its own header (they need the types
+ * above, so they come last). */
+#include "server/store/model.h"
+#include "server/store/plan.h"
+#include "server/store/settings.h"
+#include "server/store/shm.h"
+#include "server/store/stats.h"
 
 #endif

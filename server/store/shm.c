@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "server/store/shm.h"
 #include "common/log.h"
 #include "server/store/psd.h"
 

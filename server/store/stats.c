@@ -2,6 +2,7 @@
  * of psd counts with, at the bottom so that any file may call them. */
 #include <string.h>
 
+#include "server/store/stats.h"
 #include "server/store/psd.h"
 
 uint64_t srv_now_ms(void)
