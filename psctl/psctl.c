@@ -18,6 +18,7 @@
 
 #include "common/auth.h"
 #include "common/client.h"
+#include "common/json.h"
 #include "proto/errors.h"
 
 enum { EXIT_OK = 0, EXIT_REMOTE = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_TIMEOUT = 4, EXIT_LOCAL = 5 };
@@ -165,17 +166,12 @@ static int flag(const msgpack_object *map, const char *key)
 
 static void json_string(FILE *f, const char *s, size_t n)
 {
-    fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20 || ch == 0x7f)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
+    ps_buf b = {0};
+    if (ps_json_str(&b, s, n, PS_JSON_UTF8) == 0)
+        fwrite(b.p, 1, b.len, f);
+    else
+        fputs("\"\"", f); /* out of memory: an empty string keeps the JSON whole */
+    ps_buf_free(&b);
 }
 
 /* Writes o as JSON. Maps with non-string keys do not occur in psd's replies;
@@ -421,25 +417,7 @@ static int admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r
 
 static int json_str_buf(ps_buf *b, const char *s)
 {
-    char tmp[8];
-    if (ps_buf_reserve(b, strlen(s) * 6 + 2) != 0)
-        return -1;
-    b->p[b->len++] = '"';
-    for (const char *p = s; *p; p++) {
-        unsigned char ch = (unsigned char)*p;
-        if (ch == '"' || ch == '\\') {
-            b->p[b->len++] = '\\';
-            b->p[b->len++] = ch;
-        } else if (ch < 0x20 || ch == 0x7f) {
-            snprintf(tmp, sizeof tmp, "\\u%04x", ch);
-            memcpy(b->p + b->len, tmp, 6);
-            b->len += 6;
-        } else {
-            b->p[b->len++] = ch;
-        }
-    }
-    b->p[b->len++] = '"';
-    return 0;
+    return ps_json_str(b, s, strlen(s), PS_JSON_UTF8);
 }
 
 static int bprintf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

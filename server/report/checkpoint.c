@@ -38,29 +38,6 @@ typedef struct ckpt_job {
     double seconds;
 } ckpt_job;
 
-static void pk_key(msgpack_packer *pk, const char *k)
-{
-    msgpack_pack_str(pk, strlen(k));
-    msgpack_pack_str_body(pk, k, strlen(k));
-}
-
-static void pk_str(msgpack_packer *pk, const char *k, const char *v)
-{
-    pk_key(pk, k);
-    msgpack_pack_str(pk, strlen(v));
-    msgpack_pack_str_body(pk, v, strlen(v));
-}
-
-static int buf_write_cb(void *data, const char *p, size_t len)
-{
-    ps_buf *b = data;
-    if (ps_buf_reserve(b, len) != 0)
-        return -1;
-    memcpy(b->p + b->len, p, len);
-    b->len += len;
-    return 0;
-}
-
 /* "plan": the job's plan (plan.c) and who is out of it: {epochs, samples,
  * batch, seed, out: [shards below M that joined and then left or were
  * lost]}. The round is the checkpoint's version. */
@@ -70,17 +47,17 @@ static void pack_plan(msgpack_packer *pk, const psd *s)
     uint32_t m = (uint32_t)s->cfg.workers, nout = 0;
     for (uint32_t i = 0; i < m && i < s->nworkers_cap; i++)
         nout += s->workers[i] && s->workers[i]->state != SRV_W_CONNECTED;
-    pk_key(pk, "plan");
+    ps_pack_key(pk, "plan");
     msgpack_pack_map(pk, 5);
-    pk_key(pk, "epochs");
+    ps_pack_key(pk, "epochs");
     msgpack_pack_uint64(pk, p->epochs);
-    pk_key(pk, "samples");
+    ps_pack_key(pk, "samples");
     msgpack_pack_uint64(pk, p->samples);
-    pk_key(pk, "batch");
+    ps_pack_key(pk, "batch");
     msgpack_pack_uint64(pk, p->batch);
-    pk_key(pk, "seed");
+    ps_pack_key(pk, "seed");
     msgpack_pack_uint64(pk, p->seed);
-    pk_key(pk, "out");
+    ps_pack_key(pk, "out");
     msgpack_pack_array(pk, nout);
     for (uint32_t i = 0; i < m && i < s->nworkers_cap; i++)
         if (s->workers[i] && s->workers[i]->state != SRV_W_CONNECTED)
@@ -90,41 +67,41 @@ static void pack_plan(msgpack_packer *pk, const psd *s)
 static int build_header(psd *s, ckpt_job *j, const char *const *names)
 {
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &j->header, buf_write_cb);
+    msgpack_packer_init(&pk, &j->header, ps_buf_write);
     const ps_layout *l = &s->model.layout;
     const ps_config *c = &s->cfg;
     msgpack_pack_map(&pk, s->plan.set ? 9 : 8);
-    pk_key(&pk, "version");
+    ps_pack_key(&pk, "version");
     msgpack_pack_uint64(&pk, j->version);
-    pk_key(&pk, "created");
+    ps_pack_key(&pk, "created");
     msgpack_pack_double(&pk, (double)time(NULL));
-    pk_key(&pk, "params");
+    ps_pack_key(&pk, "params");
     msgpack_pack_uint64(&pk, l->total);
-    pk_key(&pk, "layout");
+    ps_pack_key(&pk, "layout");
     ps_layout_pack(&pk, l);
-    pk_str(&pk, "optimizer", srv_optim_name(&s->model.opt));
-    pk_key(&pk, "settings");
+    ps_pack_kstr(&pk, "optimizer", srv_optim_name(&s->model.opt));
+    ps_pack_key(&pk, "settings");
     msgpack_pack_map(&pk, 6);
-    pk_key(&pk, "lr");
+    ps_pack_key(&pk, "lr");
     msgpack_pack_double(&pk, c->lr);
-    pk_key(&pk, "momentum");
+    ps_pack_key(&pk, "momentum");
     msgpack_pack_double(&pk, c->momentum);
-    pk_key(&pk, "weight_decay");
+    ps_pack_key(&pk, "weight_decay");
     msgpack_pack_double(&pk, c->weight_decay);
-    pk_key(&pk, "beta1");
+    ps_pack_key(&pk, "beta1");
     msgpack_pack_double(&pk, c->beta1);
-    pk_key(&pk, "beta2");
+    ps_pack_key(&pk, "beta2");
     msgpack_pack_double(&pk, c->beta2);
-    pk_key(&pk, "mode");
+    ps_pack_key(&pk, "mode");
     msgpack_pack_str(&pk, strlen(s->policy->name));
     msgpack_pack_str_body(&pk, s->policy->name, strlen(s->policy->name));
-    pk_key(&pk, "state");
+    ps_pack_key(&pk, "state");
     msgpack_pack_array(&pk, (uint32_t)j->nstate);
     for (size_t i = 0; i < j->nstate; i++) {
         msgpack_pack_str(&pk, strlen(names[i]));
         msgpack_pack_str_body(&pk, names[i], strlen(names[i]));
     }
-    pk_key(&pk, "clocks");
+    ps_pack_key(&pk, "clocks");
     uint32_t nw = 0;
     for (uint32_t i = 0; i < s->nworkers_cap; i++)
         nw += s->workers[i] != NULL;

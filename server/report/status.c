@@ -13,32 +13,6 @@
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 
-static void key(msgpack_packer *pk, const char *k)
-{
-    msgpack_pack_str(pk, strlen(k));
-    msgpack_pack_str_body(pk, k, strlen(k));
-}
-
-static void kstr(msgpack_packer *pk, const char *k, const char *v)
-{
-    key(pk, k);
-    msgpack_pack_str(pk, strlen(v));
-    msgpack_pack_str_body(pk, v, strlen(v));
-}
-
-static void ku64(msgpack_packer *pk, const char *k, uint64_t v)
-{
-    key(pk, k);
-    msgpack_pack_uint64(pk, v);
-}
-
-static void kf64(msgpack_packer *pk, const char *k, double v)
-{
-    key(pk, k);
-    msgpack_pack_double(pk, v);
-}
-
-
 int srv_pack_status(msgpack_packer *pk, void *arg)
 {
     psd *s = arg;
@@ -51,7 +25,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
     msgpack_pack_map(pk, 33);
-    key(pk, "init_from"); /* the safetensors file the model came from at start */
+    ps_pack_key(pk, "init_from"); /* the safetensors file the model came from at start */
     if (s->model_file[0])
         msgpack_pack_str_with_body(pk, s->model_file, strlen(s->model_file));
     else
@@ -59,26 +33,26 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     /* the shards psd waits for (bsp, ssp: never joined), and how long */
     uint32_t miss[64];
     uint32_t nmiss = srv_join_missing(s, miss, 64);
-    key(pk, "waiting_for");
+    ps_pack_key(pk, "waiting_for");
     msgpack_pack_array(pk, nmiss < 64 ? nmiss : 64);
     for (uint32_t i = 0; i < nmiss && i < 64; i++)
         msgpack_pack_uint32(pk, miss[i]);
-    kf64(pk, "join_wait", (double)srv_join_waited(s, now) / 1000.0);
-    kf64(pk, "join_timeout", (double)s->cfg.join_timeout / 1000.0);
-        key(pk, "plan"); /* the job's plan and where it stands (BSP) */
+    ps_pack_kf64(pk, "join_wait", (double)srv_join_waited(s, now) / 1000.0);
+    ps_pack_kf64(pk, "join_timeout", (double)s->cfg.join_timeout / 1000.0);
+        ps_pack_key(pk, "plan"); /* the job's plan and where it stands (BSP) */
     if (s->plan.set && s->cfg.mode == PS_MODE_BSP) {
         const srv_plan *pl = &s->plan;
         uint64_t r = s->model.version < pl->rounds ? s->model.version : pl->rounds;
         msgpack_pack_map(pk, 9);
-        ku64(pk, "epochs", pl->p.epochs);
-        ku64(pk, "samples", pl->p.samples);
-        ku64(pk, "batch", pl->p.batch);
-        ku64(pk, "seed", pl->p.seed);
-        ku64(pk, "rounds", pl->rounds);
-        ku64(pk, "rounds_per_epoch", pl->per_epoch);
-        ku64(pk, "epoch", r / pl->per_epoch);
-        ku64(pk, "round_workers", pl->round == s->model.version ? pl->nmembers : 0);
-        key(pk, "done");
+        ps_pack_ku64(pk, "epochs", pl->p.epochs);
+        ps_pack_ku64(pk, "samples", pl->p.samples);
+        ps_pack_ku64(pk, "batch", pl->p.batch);
+        ps_pack_ku64(pk, "seed", pl->p.seed);
+        ps_pack_ku64(pk, "rounds", pl->rounds);
+        ps_pack_ku64(pk, "rounds_per_epoch", pl->per_epoch);
+        ps_pack_ku64(pk, "epoch", r / pl->per_epoch);
+        ps_pack_ku64(pk, "round_workers", pl->round == s->model.version ? pl->nmembers : 0);
+        ps_pack_key(pk, "done");
         if (srv_plan_done(s))
             msgpack_pack_true(pk);
         else
@@ -86,92 +60,92 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     } else {
         msgpack_pack_nil(pk);
     }
-    key(pk, "resumed_from"); /* the checkpoint the model came from at start */
+    ps_pack_key(pk, "resumed_from"); /* the checkpoint the model came from at start */
     if (s->resumed_from[0])
         msgpack_pack_str_with_body(pk, s->resumed_from, strlen(s->resumed_from));
     else
         msgpack_pack_nil(pk);
-    key(pk, "resumed_version");
+    ps_pack_key(pk, "resumed_version");
     if (s->resumed_from[0])
         msgpack_pack_uint64(pk, s->resumed_version);
     else
         msgpack_pack_nil(pk);
-    kf64(pk, "lr", s->cfg.lr);
-    kf64(pk, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
-    key(pk, "paused");
+    ps_pack_kf64(pk, "lr", s->cfg.lr);
+    ps_pack_kf64(pk, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+    ps_pack_key(pk, "paused");
     if (s->paused)
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);
-    kstr(pk, "metrics_listen", s->http_addr); /* http.c, a layer above, writes it */
-    ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
-    key(pk, "checkpoint_version");
+    ps_pack_kstr(pk, "metrics_listen", s->http_addr); /* http.c, a layer above, writes it */
+    ps_pack_ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
+    ps_pack_key(pk, "checkpoint_version");
     if (s->stats.checkpoint_ms)
         msgpack_pack_uint64(pk, s->stats.checkpoint_version);
     else
         msgpack_pack_nil(pk);
-    key(pk, "state_dir");
+    ps_pack_key(pk, "state_dir");
     if (s->cfg.state_dir[0])
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);
-    kf64(pk, "checkpoint_age", s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1000.0 : -1.0);
-    ku64(pk, "heartbeat_timeout_ms", s->cfg.heartbeat_timeout);
-    kstr(pk, "mode", s->policy->name);
-    ku64(pk, "version", s->model.version);
-    ku64(pk, "parameters", params);
-    ku64(pk, "bytes", params * 4);
-    ku64(pk, "optimizer_state_bytes", s->model.nblk ? srv_optim_state_bytes(&s->model.opt) : 0);
-    kstr(pk, "optimizer",
+    ps_pack_kf64(pk, "checkpoint_age", s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1000.0 : -1.0);
+    ps_pack_ku64(pk, "heartbeat_timeout_ms", s->cfg.heartbeat_timeout);
+    ps_pack_kstr(pk, "mode", s->policy->name);
+    ps_pack_ku64(pk, "version", s->model.version);
+    ps_pack_ku64(pk, "parameters", params);
+    ps_pack_ku64(pk, "bytes", params * 4);
+    ps_pack_ku64(pk, "optimizer_state_bytes", s->model.nblk ? srv_optim_state_bytes(&s->model.opt) : 0);
+    ps_pack_kstr(pk, "optimizer",
          s->model.nblk ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
-    key(pk, "initialized");
+    ps_pack_key(pk, "initialized");
     if (s->model.initialized)
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);
-    kstr(pk, "listen", listen);
-    kf64(pk, "uptime", (double)(now - s->start_ms) / 1000.0);
-    ku64(pk, "workers_expected", (uint64_t)s->cfg.workers);
-    ku64(pk, "connections", s->nconns);
-    ku64(pk, "pushes", s->stats.pushes);
-    ku64(pk, "pulls", s->stats.pulls);
-    kf64(pk, "push_rate", s->stats.push_rate);
-    kf64(pk, "pull_rate", s->stats.pull_rate);
-    ku64(pk, "rounds", s->stats.rounds);
-    key(pk, "workers");
+    ps_pack_kstr(pk, "listen", listen);
+    ps_pack_kf64(pk, "uptime", (double)(now - s->start_ms) / 1000.0);
+    ps_pack_ku64(pk, "workers_expected", (uint64_t)s->cfg.workers);
+    ps_pack_ku64(pk, "connections", s->nconns);
+    ps_pack_ku64(pk, "pushes", s->stats.pushes);
+    ps_pack_ku64(pk, "pulls", s->stats.pulls);
+    ps_pack_kf64(pk, "push_rate", s->stats.push_rate);
+    ps_pack_kf64(pk, "pull_rate", s->stats.pull_rate);
+    ps_pack_ku64(pk, "rounds", s->stats.rounds);
+    ps_pack_key(pk, "workers");
     msgpack_pack_array(pk, nw);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         srv_worker *w = s->workers[i];
         if (!w)
             continue;
         msgpack_pack_map(pk, 15);
-        ku64(pk, "shard", w->shard);
-        ku64(pk, "clock", w->clock);
-        kstr(pk, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
-        ku64(pk, "shards", w->nshards);
-        kstr(pk, "state", worker_states[w->state]);
-        kstr(pk, "address", w->addr);
-        kstr(pk, "transport", w->shm ? "shm" : "tcp");
-        ku64(pk, "pushes", w->pushes);
-        kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
-        ku64(pk, "epoch", w->epoch);
-        key(pk, "loss");
+        ps_pack_ku64(pk, "shard", w->shard);
+        ps_pack_ku64(pk, "clock", w->clock);
+        ps_pack_kstr(pk, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
+        ps_pack_ku64(pk, "shards", w->nshards);
+        ps_pack_kstr(pk, "state", worker_states[w->state]);
+        ps_pack_kstr(pk, "address", w->addr);
+        ps_pack_kstr(pk, "transport", w->shm ? "shm" : "tcp");
+        ps_pack_ku64(pk, "pushes", w->pushes);
+        ps_pack_kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
+        ps_pack_ku64(pk, "epoch", w->epoch);
+        ps_pack_key(pk, "loss");
         if (w->has_report)
             msgpack_pack_double(pk, w->loss);
         else
             msgpack_pack_nil(pk);
-        key(pk, "accuracy");
+        ps_pack_key(pk, "accuracy");
         if (w->has_acc)
             msgpack_pack_double(pk, w->acc);
         else
             msgpack_pack_nil(pk);
-        key(pk, "test_loss");
+        ps_pack_key(pk, "test_loss");
         if (w->has_acc)
             msgpack_pack_double(pk, w->tloss);
         else
             msgpack_pack_nil(pk);
-        ku64(pk, "samples", w->samples);
-        kf64(pk, "samples_per_second", w->rate);
+        ps_pack_ku64(pk, "samples", w->samples);
+        ps_pack_kf64(pk, "samples_per_second", w->rate);
     }
     return 0;
 }

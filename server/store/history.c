@@ -1,5 +1,6 @@
 /* history.c - bounded time series and the event ring (see history.h), and
  * their JSON, CSV and table forms. */
+#include "common/json.h"
 #include "server/store/history.h"
 
 #include <inttypes.h>
@@ -226,18 +227,8 @@ int srv_json_raw(ps_buf *b, const char *s)
 
 int srv_json_str(ps_buf *b, const char *s)
 {
-    int rc = srv_json_raw(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            rc |= ps_buf_printf(b, "\\%c", *p);
-        else if (*p < 0x20)
-            rc |= ps_buf_printf(b, "\\u%04x", *p);
-        else if (*p >= 0x80)
-            rc |= srv_json_raw(b, "?"); /* texts are ASCII; anything else is not shown */
-        else
-            rc |= ps_buf_printf(b, "%c", *p);
-    }
-    return rc | srv_json_raw(b, "\"");
+    /* texts are ASCII; anything else is shown as '?' */
+    return ps_json_str(b, s, strlen(s), PS_JSON_ASCII);
 }
 
 int srv_json_num(ps_buf *b, double v)
