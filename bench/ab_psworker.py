@@ -6,8 +6,8 @@ same job (a benchmark: it prints figures and asserts nothing).
                          [--mode asgd|bsp] [--epochs 1] [--shm on|off]
                          [--psd PATH] [--data DIR]
 
-W1 (mlp:256,128) on MNIST with 2 workers and the README's recommended
-settings (Adam, lr 2e-3, batch 64), one psd per run, A and B alternating so
+W1 (mlp:256,128) on MNIST with 2 workers and the recommended
+settings of docs/settings.md (Adam, lr 2e-3, batch 64), one psd per run, A and B alternating so
 that the machine's load falls on both alike (in ABBA order). Per run: the workers' mean
 training seconds per epoch, the part of it spent waiting on psd, and the
 workers' CPU seconds per epoch; at the end the median of each binary and

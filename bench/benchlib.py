@@ -29,7 +29,7 @@ __all__ = ["PY", "ROOT", "adam", "cpu_seconds", "harness", "json_lines", "python
 
 
 def adam(lr, cosine_versions=None, warmup_versions=None):
-    """psd's options for the README's recommended optimizer: Adam at lr,
+    """psd's options for the recommended optimizer (docs/settings.md): Adam at lr,
     falling along a cosine over cosine_versions versions when given, with
     warmup_versions of warm-up when given (psd's default otherwise), and a
     heartbeat timeout of 60 s, so that a worker slowed by a loaded machine

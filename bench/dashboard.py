@@ -7,7 +7,7 @@ figures and asserts nothing).
     bench/dashboard.py shot [--png PATH]
                  [--psd PATH --psworker PATH --psctl PATH --data DIR --web-root DIR]
 
-cost: W1 (mlp:256,128, batch 64, the README's recommended settings) with 2
+cost: W1 (mlp:256,128, batch 64, the recommended settings of docs/settings.md) with 2
 ASGD workers on MNIST for N epochs (default 60) in one run, while headless
 Chromium on this machine alternates every P epochs (default 6) of worker 0
 between the dashboard (open and refreshing: /api/job every second,

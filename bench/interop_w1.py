@@ -7,7 +7,7 @@ figures and asserts nothing).
 
 W1 is psworker's mlp:256,128 (784-256-128-10); the PyTorch side is
 examples/torch/mnist_cnn.py --model w1, the same tensor names, shapes and
-order. Settings: the README's recommended ones for W1 on MNIST in BSP (a
+order. Settings: the recommended ones (docs/settings.md) for W1 on MNIST in BSP (a
 round of 2 x 32 samples, Adam lr 2e-3 with a cosine schedule over the run,
 on psd). Prints each job's test accuracy after the last epoch (the whole
 test set, both workers hold the same model) and the difference.

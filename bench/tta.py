@@ -12,7 +12,7 @@ machine and prints, per configuration: seconds per epoch, the part of it
 worker 0 spent waiting on psd ("wait": push, pull and, in BSP, the round),
 samples/s, test accuracy after every epoch, and the training wall time
 until the target accuracy was first reached, with the settings of the
-README's "Recommended settings" (SETTINGS below). Training time excludes the test-set evaluation
+docs/settings.md's "Recommended settings" (SETTINGS below). Training time excludes the test-set evaluation
 (worker 0 evaluates after every epoch; the clock stops meanwhile).
 PyTorch alone (bench/torch_ref.py, Debian's python3-torch) runs the same
 workload with the same optimizer settings in the same run, for the ratio.
@@ -30,7 +30,7 @@ from benchlib import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The recommended settings (README, "Recommended settings"): Adam with a
+# The recommended settings (docs/settings.md, "Recommended settings"): Adam with a
 # cosine schedule over the run, per workload and data set. batch is the
 # samples per model version: each ASGD worker's batch, and a BSP round's
 # (split over its M workers).
@@ -113,7 +113,7 @@ def main():
         print("note: python3-torch is not installed (apt-get install python3-torch); no PyTorch column")
     rows, series = [], []
     # PyTorch and psworker load the same OpenBLAS, which takes its kernels
-    # from OPENBLAS_CORETYPE when set (see the README's recommended settings)
+    # from OPENBLAS_CORETYPE when set (see the recommended settings in docs/settings.md)
     print("OpenBLAS kernels: %s" % (os.environ.get("OPENBLAS_CORETYPE") or "the CPU's own choice"))
     header = "%-44s %7s %6s %10s %s" % ("configuration", "s/epoch", "wait", "samples/s",
                                         "test accuracy per epoch -> time to target")

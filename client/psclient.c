@@ -11,7 +11,9 @@
 #include <inttypes.h>
 #include <math.h>
 #include <poll.h>
+#include <stddef.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 #include "common/client.h"
 #include "common/hostport.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "proto/errors.h"
 #include "proto/layout.h"
 #include "proto/ps_limits.h"
@@ -68,6 +71,10 @@ struct psc_client {
                               * auto (-1: to a psd on another machine), on, off */
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
+    int interrupt;           /* option interrupt: a signal ends a wait (PSC_EINTR) */
+    int intr;                /* a signal interrupted a wait of this call (the links'
+                              * `interrupted`); cleared when a call begins */
+    int desync;              /* a wait was interrupted: the links may be mid-frame */
     int want_plan;           /* psc_plan_set: the plan the hello proposes */
     ps_plan plan;
     uint64_t chunk;          /* floats per frame of a chunked push or pull */
@@ -119,7 +126,9 @@ struct psc_client {
      * written by the thread that receives (on_wait), read by any */
     pthread_mutex_t wait_mu;
     char waiting[256];       /* "" when psd said nothing since the step began */
-    char err[700];           /* a client-level error; empty: the link's */
+    int quick;               /* the first attempt of psc_connect: a TCP connect gives
+                              * up after 1 s, so a wrong address is told at once */
+    char err[1200];          /* a client-level error; empty: the link's */
 };
 
 static int64_t mono_ms(void)
@@ -129,9 +138,11 @@ static int64_t mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+#define PSC_STR_(x) #x
+#define PSC_STR(x) PSC_STR_(x)
 const char *psc_version_string(void)
 {
-    return "1.6.0";
+    return PSC_STR(PSC_VERSION_MAJOR) "." PSC_STR(PSC_VERSION_MINOR) "." PSC_STR(PSC_VERSION_PATCH);
 }
 
 const char *psc_strerror(int code)
@@ -142,6 +153,7 @@ const char *psc_strerror(int code)
     case PSC_OK: return "no error";
     case PSC_EBUSY: return "a psc_pushpull_start is in flight (psc_wait first)";
     case PSC_ENOTFOUND: return "no tensor of that name";
+    case PSC_EINTR: return "interrupted by a signal";
     case PSC_ESTATE: return "not allowed in this state (not connected, closed, or the layout already fixed)";
     default: return ps_strerror(code);
     }
@@ -221,19 +233,6 @@ psc_client *psc_new(void)
     return c;
 }
 
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-    char *end;
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* "auto": the shard from a launcher's environment. */
 static int shard_from_env(psc_client *c)
 {
@@ -254,7 +253,7 @@ static int shard_from_env(psc_client *c)
         if (!ms || !*ms)
             return fail(c, PSC_EINVAL, "shard auto: %s is set (%.40s) but %s is not", launchers[i].index, ks,
                         launchers[i].count);
-        if (parse_u64(ks, 65535, &a) || parse_u64(ms, 65536, &b) || b == 0 || a >= b)
+        if (ps_parse_u64(ks, 65535, &a) || ps_parse_u64(ms, 65536, &b) || b == 0 || a >= b)
             return fail(c, PSC_EINVAL, "shard auto: %s=%.40s and %s=%.40s do not make a shard K of M with 0 <= K < M",
                         launchers[i].index, ks, launchers[i].count, ms);
         c->shard = (uint32_t)a;
@@ -270,119 +269,245 @@ static int shard_from_env(psc_client *c)
                 "or give the shard as K/M");
 }
 
-static int onoff(psc_client *c, const char *key, const char *v, int *out)
+/* ---- options: one table row each ----
+ * The table below is the one list of libpsclient's options: psc_set looks a
+ * key up in it and lets its row check and store the value; psc_option hands
+ * the rows out, so the Python package takes its keyword arguments and
+ * psworker its flags and their help from it (tests/client/test_options.py
+ * checks both against it and against docs/client.md). */
+
+/* when an option may be set */
+enum { OPT_BEFORE_CONNECT, OPT_BEFORE_LAYOUT, OPT_ANY_TIME };
+/* how a number is stored */
+enum { OPT_INT, OPT_UNSIGNED, OPT_U64 };
+
+typedef struct opt_row opt_row;
+struct opt_row {
+    psc_option_info info;
+    int when;
+    int (*set)(psc_client *c, const opt_row *r, const char *value);
+    uint64_t lo, hi;  /* a number's bounds (set_uint); zero_ok: 0 too */
+    int zero_ok;
+    int scale;        /* stored value = value * scale */
+    size_t off;       /* the field in psc_client (set_uint, set_onoff, set_auto) */
+    int type;         /* OPT_INT ... (set_uint) */
+};
+
+static int bad_value(psc_client *c, const opt_row *r, const char *value)
 {
-    if (strcmp(v, "on") == 0)
-        *out = 1;
-    else if (strcmp(v, "off") == 0)
-        *out = 0;
+    return fail(c, PSC_EINVAL, "bad %s '%.100s': %s", r->info.name, value, r->info.values);
+}
+
+static int set_uint(psc_client *c, const opt_row *r, const char *value)
+{
+    uint64_t v;
+    if (ps_parse_u64(value, r->hi, &v) || (v < r->lo && !(r->zero_ok && v == 0)))
+        return bad_value(c, r, value);
+    v *= (uint64_t)r->scale;
+    char *field = (char *)c + r->off;
+    if (r->type == OPT_INT)
+        *(int *)(void *)field = (int)v;
+    else if (r->type == OPT_UNSIGNED)
+        *(unsigned *)(void *)field = (unsigned)v;
     else
-        return fail(c, PSC_EINVAL, "bad %s '%.100s': on or off", key, v);
+        *(uint64_t *)(void *)field = v;
     return 0;
+}
+
+/* "on" (1) or "off" (0) */
+static int set_onoff(psc_client *c, const opt_row *r, const char *value)
+{
+    int *field = (int *)(void *)((char *)c + r->off);
+    if (strcmp(value, "on") == 0)
+        *field = 1;
+    else if (strcmp(value, "off") == 0)
+        *field = 0;
+    else
+        return bad_value(c, r, value);
+    return 0;
+}
+
+/* "auto" (-1), "on" (1) or "off" (0) */
+static int set_auto(psc_client *c, const opt_row *r, const char *value)
+{
+    if (strcmp(value, "auto") == 0) {
+        *(int *)(void *)((char *)c + r->off) = -1;
+        return 0;
+    }
+    return set_onoff(c, r, value);
+}
+
+static int set_server(psc_client *c, const opt_row *r, const char *value)
+{
+    if (!*value || strlen(value) >= sizeof c->servers)
+        return bad_value(c, r, value);
+    snprintf(c->servers, sizeof c->servers, "%s", value);
+    return 0;
+}
+
+static int set_shard(psc_client *c, const opt_row *r, const char *value)
+{
+    if (strcmp(value, "auto") == 0)
+        return shard_from_env(c);
+    const char *slash = strchr(value, '/');
+    char k[32];
+    uint64_t a, b;
+    if (!slash || (size_t)(slash - value) >= sizeof k)
+        return bad_value(c, r, value);
+    memcpy(k, value, (size_t)(slash - value));
+    k[slash - value] = '\0';
+    if (ps_parse_u64(k, 65535, &a) || ps_parse_u64(slash + 1, 65536, &b) || b == 0 || a >= b)
+        return bad_value(c, r, value);
+    c->shard = (uint32_t)a;
+    c->nshards = (uint32_t)b;
+    return 0;
+}
+
+/* read now, so a bad file is told at once */
+static int set_token_file(psc_client *c, const opt_row *r, const char *value)
+{
+    (void)r;
+    char err[512];
+    ps_token_clear(&c->token);
+    c->token_path[0] = '\0';
+    if (*value && ps_token_load(value, &c->token, err, sizeof err) != 0)
+        return fail(c, PSC_EINVAL, "%s", err);
+    return 0;
+}
+
+static int set_wire(psc_client *c, const opt_row *r, const char *value)
+{
+    if (strcmp(value, "f32") == 0)
+        c->want_dt = PS_DT_F32;
+    else if (strcmp(value, "bf16") == 0)
+        c->want_dt = PS_DT_BF16;
+    else
+        return bad_value(c, r, value);
+    return 0;
+}
+
+static int set_report_s(psc_client *c, const opt_row *r, const char *value)
+{
+    char *end = NULL;
+    double s = strtod(value, &end);
+    if (!*value || *end || !(s >= 0 && s <= 86400))
+        return bad_value(c, r, value);
+    c->report_ms = (int64_t)(s * 1000.0 + 0.5);
+    return 0;
+}
+
+static int set_log(psc_client *c, const opt_row *r, const char *value)
+{
+    int level = ps_log_level_parse(value);
+    if (level < 0)
+        return bad_value(c, r, value);
+    ps_log_set_level(level);
+    return 0;
+}
+
+#define OPT_FIELD(f) offsetof(psc_client, f)
+static const opt_row options[] = {
+    {{"server", "server", "HOST:PORT", "host:port or host:port,host:port,...", "$PSD_SERVER, else 127.0.0.1:7000",
+      "psd's address; HOST:PORT,HOST:PORT,...: a model split over that many psd, one part each, in order (every "
+      "worker lists them alike)"},
+     OPT_BEFORE_LAYOUT, set_server, 0, 0, 0, 1, 0, 0},
+    {{"shard", "shard", "K/M", "K/M with 0 <= K < M, e.g. 0/2, or auto", "0/1",
+      "this worker's shard, or auto: K and M from the launcher: OMPI_COMM_WORLD_RANK and _SIZE (mpirun), PMI_RANK "
+      "and PMI_SIZE, SLURM_PROCID and SLURM_NTASKS (srun), RANK and WORLD_SIZE (torchrun), or JOB_COMPLETION_INDEX "
+      "and PSD_WORKERS (a Kubernetes indexed Job)"},
+     OPT_BEFORE_CONNECT, set_shard, 0, 0, 0, 1, 0, 0},
+    {{"token_file", "token-file", "PATH", "a file of 16..1024 bytes that only its owner may read", "$PSD_TOKEN_FILE",
+      "the secret to prove to psd when it requires one (its token_file), read at once; mode 600; empty: none"},
+     OPT_BEFORE_CONNECT, set_token_file, 0, 0, 0, 1, 0, 0},
+    {{"timeout_ms", "timeout", "MS", "1..86400000 milliseconds", "600000",
+      "give up on a reply after this many milliseconds"},
+     OPT_BEFORE_CONNECT, set_uint, 1, 86400000, 0, 1, OPT_FIELD(timeout_ms), OPT_INT},
+    {{"reconnect_s", "reconnect-timeout", "S", "0..86400 seconds", "60",
+      "when psd goes away, keep trying to reconnect for this many seconds, with exponential backoff and jitter"},
+     OPT_BEFORE_CONNECT, set_uint, 0, 86400, 0, 1000, OPT_FIELD(reconnect_ms), OPT_INT},
+    {{"connect_s", "connect-timeout", "S", "0..86400 seconds", "30",
+      "at the start, wait up to this many seconds for psd to come up, with the same backoff"},
+     OPT_BEFORE_CONNECT, set_uint, 0, 86400, 0, 1000, OPT_FIELD(connect_ms), OPT_INT},
+    {{"report_s", NULL, "S", "0..86400 seconds (0: no periodic reports)", "$PSD_REPORT_INTERVAL, else 1",
+      "seconds between the progress reports psc_progress sends psd (mean loss since the last one, samples, rate); "
+      "0: none; may change at any time"},
+     OPT_ANY_TIME, set_report_s, 0, 0, 0, 1, 0, 0},
+    {{"wire", "wire", "f32|bf16", "f32 or bf16", "f32",
+      "tensors on the wire: f32, or bf16 to push gradients and receive parameters at 2 bytes a value (half the "
+      "bytes, about 3 significant digits; psd keeps float32) when psd offers it (wire_bf16), else f32 with a "
+      "warning"},
+     OPT_BEFORE_CONNECT, set_wire, 0, 0, 0, 1, 0, 0},
+    {{"skip_zeros", "skip-zeros", "on|off", "on or off", "on",
+      "float32 pushes leave their zeros out (a bitmap marks the values sent) when psd offers it and that saves a "
+      "sixteenth of the bytes or more; psd gets the same values bit for bit"},
+     OPT_BEFORE_CONNECT, set_onoff, 0, 0, 0, 1, OPT_FIELD(skip_zeros), 0},
+    {{"compress", "compress", "auto|on|off", "auto, on or off", "auto",
+      "float32 pushes and pulled parameters as zstd frames (lossless) when psd offers it and that saves a "
+      "sixteenth of the bytes or more; auto: with a psd on another machine"},
+     OPT_BEFORE_CONNECT, set_auto, 0, 0, 0, 1, OPT_FIELD(compress), 0},
+    {{"shm", "shm", "on|off", "on or off", "on",
+      "offer psd a shared-memory segment for the tensors: a psd on this machine, of the same user, maps it and "
+      "pushes and pulls skip the TCP copies (models of at most 2^20 values, or 2^20 per psd; not with a step in "
+      "flight, psc_pushpull_start); elsewhere they go over TCP as ever"},
+     OPT_BEFORE_LAYOUT, set_onoff, 0, 0, 0, 1, OPT_FIELD(want_shm), 0},
+    {{"reconnect", NULL, "on|off", "on or off", "on",
+      "push and pull reconnect to a psd that went away by themselves"},
+     OPT_BEFORE_CONNECT, set_onoff, 0, 0, 0, 1, OPT_FIELD(auto_reconnect), 0},
+    {{"chunk", NULL, "N", "1024..16777216 floats a frame", "1048576",
+      "floats a frame of a chunked push or pull; a part of the model up to this size goes as one PUSHPULL; psd "
+      "refuses a frame over its max_frame"},
+     OPT_BEFORE_CONNECT, set_uint, 1024, 1u << 24, 0, 1, OPT_FIELD(chunk), OPT_U64},
+    {{"pull_window", NULL, "N", "0..64 chunk requests in flight", "2",
+      "chunk pulls in flight; 0: every chunk request, push or pull, waits for its reply"},
+     OPT_BEFORE_CONNECT, set_uint, 0, 64, 0, 1, OPT_FIELD(pull_window), OPT_UNSIGNED},
+    {{"send_buffer", "send-buffer", "BYTES", "0 (the kernel sizes it) or 4096..268435456 bytes", "0",
+      "each connection's kernel send buffer (SO_SNDBUF); 0: the kernel sizes it. A cap such as 65536 keeps a "
+      "step's pushes to several psd from overflowing short link queues"},
+     OPT_BEFORE_CONNECT, set_uint, 4096, 1u << 28, 1, 1, OPT_FIELD(send_buffer), OPT_INT},
+    {{"interrupt", NULL, "on|off", "on or off", "off",
+      "a signal handled while a call waits for psd ends the call with PSC_EINTR (the connection reconnects at "
+      "the next call); off: waits go on through signals; psc_wait is not interrupted"},
+     OPT_BEFORE_CONNECT, set_onoff, 0, 0, 0, 1, OPT_FIELD(interrupt), 0},
+    {{"barrier", "barrier", "auto|on|off", "auto, on or off", "auto",
+      "a bsp step over a split model ends at a barrier on the first psd, so that every worker starts its next "
+      "round together; auto: when a psd is on another machine"},
+     OPT_BEFORE_CONNECT, set_auto, 0, 0, 0, 1, OPT_FIELD(barrier), 0},
+    {{"pieces", "pieces", "auto|on|off", "auto, on or off", "auto",
+      "a bsp step sends a part whose psd closes rounds in pieces (bsp_piece) piece by piece, and reads every "
+      "psd's answers as they come; auto: when that psd is on another machine"},
+     OPT_BEFORE_CONNECT, set_auto, 0, 0, 0, 1, OPT_FIELD(pieces), 0},
+    {{"log", NULL, "LEVEL", "debug, info, warn or error", "$PSD_LOG_LEVEL, else info",
+      "the library's log lines on stderr (process-wide); may change at any time"},
+     OPT_ANY_TIME, set_log, 0, 0, 0, 1, 0, 0},
+};
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+const psc_option_info *psc_option(unsigned i)
+{
+    return i < NOPTIONS ? &options[i].info : NULL;
 }
 
 int psc_set(psc_client *c, const char *key, const char *value)
 {
-    uint64_t v;
     if (!c || !key || !value)
         return c ? fail(c, PSC_EINVAL, "psc_set: key and value must not be NULL") : PSC_EINVAL;
-    if (strcmp(key, "log") == 0) {
-        int level = ps_log_level_parse(value);
-        if (level < 0)
-            return fail(c, PSC_EINVAL, "bad log '%.100s': debug, info, warn or error", value);
-        ps_log_set_level(level);
-        return 0;
+    const opt_row *r = NULL;
+    for (size_t i = 0; i < NOPTIONS && !r; i++)
+        if (strcmp(key, options[i].info.name) == 0)
+            r = &options[i];
+    if (!r) {
+        char names[512] = "";
+        size_t n = 0;
+        for (size_t i = 0; i < NOPTIONS && n < sizeof names; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", options[i].info.name);
+        return fail(c, PSC_EINVAL, "unknown option '%.100s' (%s)", key, names);
     }
-    if (strcmp(key, "report_s") == 0) { /* may change at any time */
-        char *end = NULL;
-        double s = strtod(value, &end);
-        if (!*value || *end || !(s >= 0 && s <= 86400))
-            return fail(c, PSC_EINVAL, "bad report_s '%.100s': 0..86400 seconds (0: no periodic reports)", value);
-        c->report_ms = (int64_t)(s * 1000.0 + 0.5);
-        return 0;
-    }
-    if (c->connected || c->closed)
+    if (r->when != OPT_ANY_TIME && (c->connected || c->closed))
         return fail(c, PSC_ESTATE, "psc_set %.60s: only before psc_connect", key);
-    if (strcmp(key, "server") == 0) {
-        if (c->fixed)
-            return fail(c, PSC_ESTATE, "psc_set server: only before the layout is fixed (psc_params, psc_grads, "
-                                       "psc_bind, psc_connect)");
-        if (!*value || strlen(value) >= sizeof c->servers)
-            return fail(c, PSC_EINVAL, "bad server '%.100s': host:port or host:port,host:port,...", value);
-        snprintf(c->servers, sizeof c->servers, "%s", value);
-    } else if (strcmp(key, "shard") == 0) {
-        if (strcmp(value, "auto") == 0)
-            return shard_from_env(c);
-        const char *slash = strchr(value, '/');
-        char k[32];
-        uint64_t a, b;
-        if (!slash || (size_t)(slash - value) >= sizeof k)
-            return fail(c, PSC_EINVAL, "bad shard '%.100s': K/M with 0 <= K < M, e.g. 0/2, or auto", value);
-        memcpy(k, value, (size_t)(slash - value));
-        k[slash - value] = '\0';
-        if (parse_u64(k, 65535, &a) || parse_u64(slash + 1, 65536, &b) || b == 0 || a >= b)
-            return fail(c, PSC_EINVAL, "bad shard '%.100s': K/M with 0 <= K < M, e.g. 0/2, or auto", value);
-        c->shard = (uint32_t)a;
-        c->nshards = (uint32_t)b;
-    } else if (strcmp(key, "token_file") == 0) {
-        /* read now, so a bad file is told at once */
-        char err[512];
-        ps_token_clear(&c->token);
-        c->token_path[0] = '\0';
-        if (*value && ps_token_load(value, &c->token, err, sizeof err) != 0)
-            return fail(c, PSC_EINVAL, "%s", err);
-    } else if (strcmp(key, "timeout_ms") == 0) {
-        if (parse_u64(value, 86400000, &v) || v == 0)
-            return fail(c, PSC_EINVAL, "bad timeout_ms '%.100s': 1..86400000 milliseconds", value);
-        c->timeout_ms = (int)v;
-    } else if (strcmp(key, "reconnect_s") == 0 || strcmp(key, "connect_s") == 0) {
-        if (parse_u64(value, 86400, &v))
-            return fail(c, PSC_EINVAL, "bad %s '%.100s': 0..86400 seconds", key, value);
-        *(key[0] == 'r' ? &c->reconnect_ms : &c->connect_ms) = (int)v * 1000;
-    } else if (strcmp(key, "wire") == 0) {
-        if (strcmp(value, "f32") == 0)
-            c->want_dt = PS_DT_F32;
-        else if (strcmp(value, "bf16") == 0)
-            c->want_dt = PS_DT_BF16;
-        else
-            return fail(c, PSC_EINVAL, "bad wire '%.100s': f32 or bf16", value);
-    } else if (strcmp(key, "skip_zeros") == 0) {
-        return onoff(c, key, value, &c->skip_zeros);
-    } else if (strcmp(key, "shm") == 0) {
-        if (c->fixed)
-            return fail(c, PSC_ESTATE, "psc_set shm: only before the layout is fixed");
-        return onoff(c, key, value, &c->want_shm);
-    } else if (strcmp(key, "reconnect") == 0) {
-        return onoff(c, key, value, &c->auto_reconnect);
-    } else if (strcmp(key, "chunk") == 0) {
-        if (parse_u64(value, 1u << 24, &v) || v < 1024)
-            return fail(c, PSC_EINVAL, "bad chunk '%.100s': 1024..16777216 floats a frame", value);
-        c->chunk = v;
-    } else if (strcmp(key, "pull_window") == 0) {
-        if (parse_u64(value, 64, &v))
-            return fail(c, PSC_EINVAL, "bad pull_window '%.100s': 0..64 chunk requests in flight", value);
-        c->pull_window = (unsigned)v;
-    } else if (strcmp(key, "send_buffer") == 0) {
-        if (parse_u64(value, 1u << 28, &v) || (v > 0 && v < 4096))
-            return fail(c, PSC_EINVAL, "bad send_buffer '%.100s': 0 (the kernel sizes it) or 4096..268435456 bytes",
-                        value);
-        c->send_buffer = (int)v;
-    } else if (strcmp(key, "barrier") == 0 || strcmp(key, "pieces") == 0 || strcmp(key, "compress") == 0) {
-        /* auto (-1), on (1) or off (0) */
-        int *opt = key[0] == 'b' ? &c->barrier : key[0] == 'p' ? &c->pieces : &c->compress;
-        if (strcmp(value, "auto") == 0)
-            *opt = -1;
-        else if (strcmp(value, "on") == 0 || strcmp(value, "off") == 0)
-            *opt = value[1] == 'n';
-        else
-            return fail(c, PSC_EINVAL, "bad %s '%.100s': auto, on or off", key, value);
-    } else {
-        return fail(c, PSC_EINVAL, "unknown option '%.100s' (server, shard, token_file, timeout_ms, reconnect_s, "
-                                   "connect_s, report_s, wire, skip_zeros, compress, shm, reconnect, chunk, "
-                                   "pull_window, send_buffer, barrier, pieces, log)",
-                    key);
-    }
-    return 0;
+    if (r->when == OPT_BEFORE_LAYOUT && c->fixed)
+        return fail(c, PSC_ESTATE, "psc_set %s: only before the layout is fixed (psc_params, psc_grads, psc_bind, "
+                                   "psc_connect)", r->info.name);
+    return r->set(c, r, value);
 }
 
 int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims)
@@ -406,6 +531,24 @@ int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_
     if (rc != 0)
         return fail(c, PSC_EINVAL, "tensor '%.80s': %s (names of 1..%d printable bytes, at most %d tensors and "
                                    "2^34 values)", name, ps_strerror(rc), PS_NAME_MAX, PS_TENSORS_MAX);
+    return 0;
+}
+
+int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims, const char *rule,
+                   const char *dtype)
+{
+    int buf = rule ? ps_buf_parse(rule, strlen(rule)) : -1;
+    int sdt = dtype ? ps_save_dt_parse(dtype, strlen(dtype)) : PS_SAVE_F32;
+    if (buf < 0)
+        return fail(c, PSC_EINVAL, "buffer '%.63s': rule '%.40s': \"mean\" (psd keeps the mean of the workers' "
+                                   "values) or \"first\" (shard 0's)", name ? name : "", rule ? rule : "(null)");
+    if (sdt < 0)
+        return fail(c, PSC_EINVAL, "buffer '%.63s': dtype '%.40s': \"F32\", \"F64\", \"I64\" or \"I32\"",
+                    name ? name : "", dtype);
+    int rc = psc_add_tensor(c, name, ndim, dims);
+    if (rc != 0)
+        return rc;
+    ps_layout_set_buffer(&c->layout, (unsigned)buf, (unsigned)sdt);
     return 0;
 }
 
@@ -662,6 +805,19 @@ size_t psc_waiting_for(psc_client *c, char *buf, size_t len)
     return n;
 }
 
+/* A library thread: it blocks every signal, so that a process-directed
+ * one (SIGINT, SIGTERM) is handled by the caller's threads, whose waits
+ * it can end (option interrupt). */
+static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(t, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 /* ---- heartbeats ----------------------------------------------------------- */
 
 static void *hb_main(void *arg)
@@ -710,7 +866,7 @@ static void hb_start(psc_link *ln)
 {
     if (ln->hb_running || ln->hb_interval_ms == 0)
         return;
-    if (pthread_create(&ln->hb_thread, NULL, hb_main, ln) == 0)
+    if (start_thread(&ln->hb_thread, hb_main, ln) == 0)
         ln->hb_running = 1;
     else
         PS_LOG(PS_LOG_WARN, "cannot start the heartbeat thread; psd may declare this worker dead when it is idle");
@@ -856,7 +1012,8 @@ static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
         c->err[0] = '\0';
         c->err_link = i;
     }
-    if (rc != PS_EREMOTE || i != c->err_link)
+    /* an interrupted wait keeps its links for the bye (c->desync) */
+    if ((rc != PS_EREMOTE || i != c->err_link) && rc != PS_CLIENT_EINTR)
         link_close(&c->links[i]);
 }
 
@@ -1091,7 +1248,7 @@ static int do_pushpull(psc_client *c)
             pj.on[i] = pieced(c, &c->links[i]);
             pj.ver[i] = c->links[i].version;
         }
-        if (pthread_create(&sender, NULL, pieces_send, &pj) != 0)
+        if (start_thread(&sender, pieces_send, &pj) != 0)
             return lfail(c, 0, PS_ENOMEM);
         sending = 1;
     }
@@ -1140,7 +1297,8 @@ static int do_pushpull(psc_client *c)
         int rc = pull_part(c, ln, c->params + ln->lo, 0, ln->hi - ln->lo, c->bsp ? ln->version + 1 : 0);
         if (rc != 0) {
             part_fail(c, i, rc, &first);
-            link_close(ln); /* chunk pulls of its window may be outstanding */
+            if (rc != PS_CLIENT_EINTR)
+                link_close(ln); /* chunk pulls of its window may be outstanding */
         }
     }
     if (first)
@@ -1195,7 +1353,8 @@ static int do_pull(psc_client *c, uint64_t off, uint64_t len)
         int rc = pull_part(c, ln, c->params + a, a - ln->lo, b - a, c->bsp && c->pushed ? ln->version + 1 : 0);
         if (rc != 0) {
             part_fail(c, i, rc, &first);
-            link_close(ln);
+            if (rc != PS_CLIENT_EINTR)
+                link_close(ln);
         }
     }
     if (first)
@@ -1214,8 +1373,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
 {
     ps_msg m, r;
     hb_stop(ln);
+    ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
     pthread_mutex_lock(&ln->lock);
-    int rc = ps_client_connect(&ln->cl, ln->server, 10000);
+    int rc = ps_client_connect(&ln->cl, ln->server, c->quick ? 1000 : 10000);
     pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
@@ -1235,6 +1395,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.has |= PS_F_PLAN;
         m.plan = c->plan;
     }
+    ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
     ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     ln->shm_ok = 0;
     if (ln == &c->links[0])
@@ -1367,7 +1528,10 @@ static int recoverable(const psc_client *c, int rc)
     case PS_EREMOTE:
         /* psd shutting down or full; our old connection not yet noticed
          * gone; the worker giving initial values left before finishing */
-        return cl->remote_code == -PS_ESHUTDOWN || cl->remote_code == -PS_ESHARD ||
+        /* a shard taken is our own old connection, not yet noticed gone,
+         * only when reconnecting: at the first connect it is another
+         * worker's, which retrying does not change */
+        return cl->remote_code == -PS_ESHUTDOWN || (cl->remote_code == -PS_ESHARD && c->connected) ||
                cl->remote_code == -PS_ENOT_READY || cl->remote_code == -PS_ELIMIT;
     default:
         return 0;
@@ -1378,17 +1542,41 @@ static int recoverable(const psc_client *c, int rc)
  * when it is one the header lists. */
 static int public_code(const psc_client *c, int rc)
 {
+    if (rc == PS_CLIENT_EINTR)
+        return PSC_EINTR;
     if (rc != PS_EREMOTE || !c->links)
         return rc;
     int32_t code = c->links[c->err_link].cl.remote_code; /* positive, as on the wire */
     return code >= 1 && code <= 23 ? -code : rc;
 }
 
-static void sleep_ms(uint64_t ms)
+/* A refusal that trying again cannot change: said at once, in words that
+ * say what to do. Returns the public code. */
+static int refused(psc_client *c, int rc)
+{
+    int code = public_code(c, rc);
+    if (code == PSC_ESHARD && !c->connected) {
+        char why[600];
+        snprintf(why, sizeof why, "%.590s", psc_errmsg(c));
+        return fail(c, code, "psd at %.280s refused shard %u/%u (%s); every worker of a job needs a shard of its "
+                             "own (--shard K/M, or auto under a launcher), and a worker that was just stopped holds "
+                             "its shard until psd notices (heartbeat_timeout); not retried",
+                    c->links[c->err_link].server, c->shard, c->nshards, why);
+    }
+    return code;
+}
+
+/* Sleeps ms; returns PS_CLIENT_EINTR when a signal ends it early and the
+ * option interrupt is on, else 0. */
+static int sleep_ms(psc_client *c, uint64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
+        if (c->interrupt) {
+            c->intr = 1;
+            return PS_CLIENT_EINTR;
+        }
+    return 0;
 }
 
 /* Opens until it works, with exponential backoff (100 ms doubling to 5 s,
@@ -1404,9 +1592,13 @@ static int open_retry(psc_client *c, int limit_ms, const char *first)
             int64_t now = mono_ms();
             if (now + (int64_t)ms > deadline)
                 ms = deadline > now ? (uint64_t)(deadline - now) : 0;
-            sleep_ms(ms);
+            if (sleep_ms(c, ms) != 0)
+                return fail(c, PSC_EINTR, "psc_%s: interrupted by a signal while waiting for psd at %.280s",
+                            c->connected ? "reconnect" : "connect", c->links[c->err_link].server);
         }
+        c->quick = attempt == 1 && !c->connected;
         int rc = do_open(c);
+        c->quick = 0;
         if (rc == 0) {
             if (c->connected)
                 PS_LOG(PS_LOG_INFO, "reconnected to psd at %s after %.1f s (attempt %d): mode %s, model version "
@@ -1416,7 +1608,7 @@ static int open_retry(psc_client *c, int limit_ms, const char *first)
         }
         uint32_t li = c->err_link;
         if (!recoverable(c, rc))
-            return public_code(c, rc);
+            return refused(c, rc);
         if (mono_ms() >= deadline) {
             char why[300];
             snprintf(why, sizeof why, "%.290s", first ? first : psc_errmsg(c));
@@ -1426,8 +1618,8 @@ static int open_retry(psc_client *c, int limit_ms, const char *first)
                         c->connected ? "reconnect_s" : "connect_s");
         }
         if (attempt == 1 && !c->connected)
-            PS_LOG(PS_LOG_DEBUG, "waiting for psd at %s (%s); trying for up to %d s", c->links[li].server,
-                   psc_errmsg(c), limit_ms / 1000);
+            PS_LOG(PS_LOG_INFO, "waiting for psd at %s (%s); trying for up to %d s (connect_s)",
+                   c->links[li].server, psc_errmsg(c), limit_ms / 1000);
         delay = delay * 2 > 5000 ? 5000 : delay * 2;
     }
 }
@@ -1441,6 +1633,7 @@ int psc_connect(psc_client *c)
     int rc = fix_layout(c);
     if (rc != 0)
         return rc;
+    c->intr = 0;
     rc = open_retry(c, c->connect_ms, NULL);
     waiting_clear(c); /* its pull may have waited */
     if (rc == 0)
@@ -1496,7 +1689,20 @@ static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
 static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     waiting_clear(c);
+    c->intr = 0;
+    if (c->desync) {
+        /* the last call's wait was interrupted, maybe mid-frame: these
+         * connections are unusable; new ones (the model pulled anew) */
+        for (uint32_t i = 0; i < c->nlinks; i++)
+            link_close(&c->links[i]);
+        int rc = open_retry(c, c->reconnect_ms, NULL);
+        if (rc != 0)
+            return rc;
+        c->desync = 0;
+    }
     int rc = run_step(c, op, off, len);
+    if (rc == PSC_EINTR)
+        c->desync = 1;
     waiting_clear(c);
     return rc;
 }
@@ -1618,7 +1824,7 @@ int psc_pushpull_start(psc_client *c)
     if (rc != 0)
         return rc;
     if (!c->async_running) {
-        if (pthread_create(&c->async_thread, NULL, async_main, c) != 0)
+        if (start_thread(&c->async_thread, async_main, c) != 0)
             return fail(c, PSC_ENOMEM, "cannot start the library's step thread");
         c->async_running = 1;
     }
@@ -1891,6 +2097,7 @@ void psc_leave(psc_client *c, const char *reason)
     size_t rlen = reason ? strlen(reason) : 0;
     if (rlen > 200)
         rlen = 200; /* psd keeps a line; the rest would be cut there */
+    c->intr = 0; /* the bye goes after an interrupted wait too */
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         hb_stop(ln);
@@ -1902,7 +2109,9 @@ void psc_leave(psc_client *c, const char *reason)
                 m.text = reason;
                 m.text_len = (uint32_t)rlen;
             }
-            ps_client_call(&ln->cl, &m, &r, 5000);
+            /* after an interrupted wait the reply may never be read
+             * (the connection is mid-frame): psd acts on the bye anyway */
+            ps_client_call(&ln->cl, &m, &r, c->desync ? 1000 : 5000);
         }
         link_close(ln);
     }

@@ -119,13 +119,61 @@ static int wait_fd(ps_client *c, short events, int64_t deadline)
                 return cfail(c, PS_ETIMEOUT, "%s: timed out waiting for psd", c->server);
             tmo = left > 60000 ? 60000 : (int)left;
         }
+        if (c->interrupted && __atomic_load_n(c->interrupted, __ATOMIC_RELAXED))
+            return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
         struct pollfd p = {.fd = c->fd, .events = events};
         int n = poll(&p, 1, tmo);
         if (n > 0)
             return 0;
+        if (n < 0 && errno == EINTR && c->interrupted) {
+            __atomic_store_n(c->interrupted, 1, __ATOMIC_RELAXED);
+            return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
+        }
         if (n < 0 && errno != EINTR)
             return cfail(c, PS_EIO, "%s: poll: %s", c->server, strerror(errno));
     }
+}
+
+/* Tries each address of res in turn until one connects (c->fd then set,
+ * blocking). 0; PS_ECONNECT with *last_errno; or what waiting failed with
+ * (the deadline passed), which ends the attempts. */
+static int connect_any(ps_client *c, const struct addrinfo *res, int64_t deadline, int *last_errno)
+{
+    int rc = PS_ECONNECT;
+    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+        if (fd < 0) {
+            *last_errno = errno;
+            continue;
+        }
+        c->fd = fd;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            if (errno != EINPROGRESS) {
+                *last_errno = errno;
+                ps_client_close(c);
+                continue;
+            }
+            rc = wait_fd(c, POLLOUT, deadline);
+            if (rc != 0) {
+                ps_client_close(c);
+                return rc;
+            }
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            if (soerr != 0) {
+                *last_errno = soerr;
+                rc = PS_ECONNECT;
+                ps_client_close(c);
+                continue;
+            }
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        return 0;
+    }
+    return rc;
 }
 
 int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
@@ -144,47 +192,24 @@ int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
     snprintf(port_s, sizeof port_s, "%d", port);
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_family = AF_UNSPEC;
-    int gai = getaddrinfo(host, port_s, &hints, &res);
-    if (gai != 0)
-        return cfail(c, PS_ECONNECT, "cannot resolve '%s': %s", host, gai_strerror(gai));
-
-    int rc = PS_ECONNECT;
-    int last_errno = 0;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-        if (fd < 0) {
-            last_errno = errno;
-            continue;
-        }
-        c->fd = fd;
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-            if (errno != EINPROGRESS) {
-                last_errno = errno;
-                ps_client_close(c);
-                continue;
-            }
-            rc = wait_fd(c, POLLOUT, deadline);
-            if (rc != 0) {
-                ps_client_close(c);
-                break;
-            }
-            int soerr = 0;
-            socklen_t sl = sizeof soerr;
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-            if (soerr != 0) {
-                last_errno = soerr;
-                rc = PS_ECONNECT;
-                ps_client_close(c);
-                continue;
-            }
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-        rc = 0;
-        break;
+    /* localhost is loopback without the resolver (RFC 6761): 127.0.0.1,
+     * then ::1, as a resolver with the usual /etc/hosts answers */
+    const char *names[2] = {host, NULL};
+    if (ps_host_is_localhost(host)) {
+        names[0] = "127.0.0.1", names[1] = "::1";
+        hints.ai_flags = AI_NUMERICHOST;
     }
-    freeaddrinfo(res);
+    int rc = PS_ECONNECT, last_errno = 0, resolved = 0, gai = 0;
+    for (int i = 0; i < 2 && names[i] && rc == PS_ECONNECT; i++) {
+        gai = getaddrinfo(names[i], port_s, &hints, &res);
+        if (gai != 0)
+            continue;
+        resolved = 1;
+        rc = connect_any(c, res, deadline, &last_errno);
+        freeaddrinfo(res);
+    }
+    if (!resolved)
+        return cfail(c, PS_ECONNECT, "cannot resolve '%s': %s", host, gai_strerror(gai));
     if (rc == PS_ECONNECT)
         return cfail(c, rc, "cannot connect to psd at %s: %s", hostport,
                      last_errno ? strerror(last_errno) : "no address");

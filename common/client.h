@@ -75,8 +75,17 @@ typedef struct ps_client {
      * thread, and reads on. */
     void (*on_wait)(void *arg, const char *text, size_t len);
     void *on_wait_arg;
-    char err[512];            /* last error, for people */
+    int *interrupted;         /* NULL: waits go on through signals. Else (shared
+                               * by the owner's connections): a wait that a signal
+                               * interrupts (a handler ran) sets *interrupted, and
+                               * every wait ends with PS_CLIENT_EINTR while it is
+                               * set, until the owner clears it */
+    char err[1024];           /* last error, for people */
 } ps_client;
+
+/* Not a wire code: a wait ended by a signal (interrupted). The
+ * connection may then be in the middle of a frame: close it. */
+#define PS_CLIENT_EINTR (-100)
 
 /* After a push that compressing did not make a sixteenth smaller, this many
  * go as they are before compressing is tried again: a tensor that does not

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "common/log.h"
@@ -126,6 +127,17 @@ int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char
     memcpy(host, h, hlen + 1);
     *port = (int)p;
     return 0;
+}
+
+int ps_host_is_localhost(const char *host)
+{
+    static const char name[] = "localhost";
+    size_t n = strlen(host), k = sizeof name - 1;
+    if (n && host[n - 1] == '.')
+        n--;
+    if (n < k || strncasecmp(host + n - k, name, k) != 0)
+        return 0;
+    return n == k || host[n - k - 1] == '.';
 }
 
 /* The IP address of sa, in a form that compares equal for equal

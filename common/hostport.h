@@ -22,6 +22,13 @@ typedef struct ps_hostport {
  * included). Port must be 0..65535. */
 int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char *err, size_t errlen);
 
+/* 1 when host is `localhost` or a name under `.localhost` (any case, a
+ * final dot allowed): RFC 6761, section 6.3, makes those loopback, so psd
+ * and the clients take them as 127.0.0.1 (and ::1) without asking the
+ * resolver, which a machine without /etc/hosts (a minimal container)
+ * cannot answer for them. */
+int ps_host_is_localhost(const char *host);
+
 /* Whether the peer of connected TCP socket fd runs on this machine: its
  * address is a loopback one, or the very address the socket has here (a
  * connection from this host to one of its own interfaces). 0 also when

@@ -13,6 +13,50 @@ void ps_layout_init(ps_layout *l)
 {
     l->ntensors = 0;
     l->total = 0;
+    l->nbuf = 0;
+}
+
+static const char *const buf_names[] = {"", "mean", "first"};
+static const char *const save_names[] = {"F32", "F64", "I64", "I32"};
+
+const char *ps_buf_name(unsigned buf)
+{
+    return buf < 3 ? buf_names[buf] : "?";
+}
+
+const char *ps_save_dt_name(unsigned save_dt)
+{
+    return save_dt < 4 ? save_names[save_dt] : "?";
+}
+
+static int name_index(const char *const *names, int n, int from, const char *s, size_t len)
+{
+    for (int i = from; i < n; i++)
+        if (strlen(names[i]) == len && memcmp(names[i], s, len) == 0)
+            return i;
+    return -1;
+}
+
+int ps_buf_parse(const char *s, size_t len)
+{
+    return name_index(buf_names, 3, 1, s, len);
+}
+
+int ps_save_dt_parse(const char *s, size_t len)
+{
+    return name_index(save_names, 4, 0, s, len);
+}
+
+int ps_layout_set_buffer(ps_layout *l, unsigned buf, unsigned save_dt)
+{
+    if (l->ntensors == 0 || (buf != PS_BUF_MEAN && buf != PS_BUF_FIRST) || save_dt > PS_SAVE_I32)
+        return PS_EINVAL;
+    ps_tensor_desc *t = &l->t[l->ntensors - 1];
+    if (!t->buf)
+        l->nbuf++;
+    t->buf = (uint8_t)buf;
+    t->save_dt = (uint8_t)save_dt;
+    return 0;
 }
 
 int ps_layout_add(ps_layout *l, const char *name, uint32_t ndim, const uint32_t *dims)
@@ -40,6 +84,8 @@ int ps_layout_add(ps_layout *l, const char *name, uint32_t ndim, const uint32_t 
     memcpy(t->dims, dims, ndim * sizeof *dims);
     t->offset = l->total;
     t->count = count;
+    t->buf = PS_BUF_NONE;
+    t->save_dt = PS_SAVE_F32;
     l->total += count;
     return 0;
 }
@@ -66,6 +112,10 @@ uint64_t ps_layout_fingerprint(const ps_layout *l)
             int n = snprintf(num, sizeof num, d ? "x%u" : "%u", t->dims[d]);
             h = fnv1a(h, num, (size_t)n);
         }
+        if (t->buf) {
+            int n = snprintf(num, sizeof num, "@%s/%s", ps_buf_name(t->buf), ps_save_dt_name(t->save_dt));
+            h = fnv1a(h, num, (size_t)n);
+        }
         h = fnv1a(h, ";", 1);
     }
     return h;
@@ -78,7 +128,8 @@ int ps_layout_equal(const ps_layout *a, const ps_layout *b)
     for (uint32_t i = 0; i < a->ntensors; i++) {
         const ps_tensor_desc *x = &a->t[i], *y = &b->t[i];
         if (x->ndim != y->ndim || strcmp(x->name, y->name) != 0 ||
-            memcmp(x->dims, y->dims, x->ndim * sizeof x->dims[0]) != 0)
+            memcmp(x->dims, y->dims, x->ndim * sizeof x->dims[0]) != 0 || x->buf != y->buf ||
+            x->save_dt != y->save_dt)
             return 0;
     }
     return 1;
@@ -146,6 +197,8 @@ int ps_layout_part(const ps_layout *l, uint32_t i, uint32_t n, ps_layout *out, u
                                       (unsigned long long)(y - t->offset));
             rc = w > PS_NAME_MAX || y - x > UINT32_MAX ? PS_EINVAL : ps_layout_add(out, name, 1, &len);
         }
+        if (rc == 0 && t->buf)
+            rc = ps_layout_set_buffer(out, t->buf, t->save_dt);
         if (rc != 0)
             return rc;
     }
@@ -242,11 +295,15 @@ int ps_layout_join(const ps_layout *const *parts, uint32_t n, ps_layout *out, ch
                     continue;
                 open = 0;
                 rc = ps_layout_add(out, base, ndim, dims);
+                if (rc == 0 && t->buf)
+                    rc = ps_layout_set_buffer(out, t->buf, t->save_dt);
             } else {
                 if (open)
                     return join_fail(err, errlen, "part %u goes on with %s where the rest of %s from value %llu "
                                                   "should be", i + 1, t->name, base, (unsigned long long)have);
                 rc = ps_layout_add(out, t->name, t->ndim, t->dims);
+                if (rc == 0 && t->buf)
+                    rc = ps_layout_set_buffer(out, t->buf, t->save_dt);
             }
             if (rc != 0)
                 return join_fail(err, errlen, "the joined layout does not fit the protocol's limits");

@@ -15,18 +15,34 @@
 #define PS_DIMS_MAX 6      /* highest tensor rank */
 #define PS_TENSORS_MAX 256 /* most tensors in one layout */
 
+/* A buffer: a tensor of the model that the optimizer does not train
+ * (BatchNorm's running statistics). A push carries its values, not a
+ * gradient, and psd combines the workers' values by its rule. */
+enum {
+    PS_BUF_NONE = 0,  /* a parameter, trained */
+    PS_BUF_MEAN = 1,  /* "mean": the mean of the workers' values */
+    PS_BUF_FIRST = 2  /* "first": shard 0's values (a BSP round's lowest shard) */
+};
+
+/* The dtype a buffer is saved as (`psctl save`); its values travel and are
+ * held as float32 (integers exact up to 2^24). */
+enum { PS_SAVE_F32 = 0, PS_SAVE_F64, PS_SAVE_I64, PS_SAVE_I32 };
+
 typedef struct ps_tensor_desc {
     char name[PS_NAME_MAX + 1]; /* NUL-terminated, printable ASCII */
     uint32_t ndim;              /* 1..PS_DIMS_MAX */
     uint32_t dims[PS_DIMS_MAX]; /* each >= 1 */
     uint64_t offset;            /* first element in the flat vector */
     uint64_t count;             /* product of dims */
+    uint8_t buf;                /* PS_BUF_*: 0 for a parameter */
+    uint8_t save_dt;            /* PS_SAVE_*: a buffer's dtype in a saved file */
 } ps_tensor_desc;
 
 typedef struct ps_layout {
     uint32_t ntensors;
     ps_tensor_desc t[PS_TENSORS_MAX];
     uint64_t total; /* elements in the flat vector */
+    uint32_t nbuf;  /* tensors that are buffers */
 } ps_layout;
 
 /* Resets the layout to empty. */
@@ -38,10 +54,23 @@ void ps_layout_init(ps_layout *l);
  * total would exceed PS_PARAMS_MAX. */
 int ps_layout_add(ps_layout *l, const char *name, uint32_t ndim, const uint32_t *dims);
 
-/* 64-bit FNV-1a over "name:d0xd1...;" for every tensor, in order. */
+/* Makes the last tensor added a buffer with rule `buf` (PS_BUF_MEAN or
+ * PS_BUF_FIRST) saved as save_dt (PS_SAVE_*). Returns 0 or PS_EINVAL. */
+int ps_layout_set_buffer(ps_layout *l, unsigned buf, unsigned save_dt);
+
+/* The names on the wire: "mean", "first"; "F32", "F64", "I64", "I32".
+ * The parsers return the value, or -1 for a name not listed. */
+const char *ps_buf_name(unsigned buf);
+const char *ps_save_dt_name(unsigned save_dt);
+int ps_buf_parse(const char *s, size_t len);
+int ps_save_dt_parse(const char *s, size_t len);
+
+/* 64-bit FNV-1a over "name:d0xd1...;" for every tensor, in order (a
+ * buffer's adds "@rule/dtype" before the ";"). */
 uint64_t ps_layout_fingerprint(const ps_layout *l);
 
-/* Returns 1 when a and b describe the same tensors in the same order. */
+/* Returns 1 when a and b describe the same tensors in the same order
+ * (buffers with the same rule and dtype). */
 int ps_layout_equal(const ps_layout *a, const ps_layout *b);
 
 /* ---- a model split over several psd instances ------------------------------

@@ -502,12 +502,24 @@ void ps_layout_pack(msgpack_packer *pk, const ps_layout *l)
 {
     msgpack_pack_array(pk, l->ntensors);
     for (uint32_t i = 0; i < l->ntensors; i++) {
-        msgpack_pack_array(pk, 2);
-        msgpack_pack_str(pk, strlen(l->t[i].name));
-        msgpack_pack_str_body(pk, l->t[i].name, strlen(l->t[i].name));
-        msgpack_pack_array(pk, l->t[i].ndim);
-        for (uint32_t d = 0; d < l->t[i].ndim; d++)
-            msgpack_pack_uint32(pk, l->t[i].dims[d]);
+        const ps_tensor_desc *t = &l->t[i];
+        /* a buffer: [name, dims, rule] (+ dtype when not F32) */
+        msgpack_pack_array(pk, t->buf ? (t->save_dt ? 4 : 3) : 2);
+        msgpack_pack_str(pk, strlen(t->name));
+        msgpack_pack_str_body(pk, t->name, strlen(t->name));
+        msgpack_pack_array(pk, t->ndim);
+        for (uint32_t d = 0; d < t->ndim; d++)
+            msgpack_pack_uint32(pk, t->dims[d]);
+        if (t->buf) {
+            const char *r = ps_buf_name(t->buf);
+            msgpack_pack_str(pk, strlen(r));
+            msgpack_pack_str_body(pk, r, strlen(r));
+        }
+        if (t->buf && t->save_dt) {
+            const char *dt = ps_save_dt_name(t->save_dt);
+            msgpack_pack_str(pk, strlen(dt));
+            msgpack_pack_str_body(pk, dt, strlen(dt));
+        }
     }
 }
 
@@ -518,9 +530,10 @@ int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t er
     ps_layout_init(l);
     for (uint32_t i = 0; i < o->via.array.size; i++) {
         const msgpack_object *t = &o->via.array.ptr[i];
-        if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size != 2 ||
+        if (t->type != MSGPACK_OBJECT_ARRAY || t->via.array.size < 2 || t->via.array.size > 4 ||
             t->via.array.ptr[0].type != MSGPACK_OBJECT_STR || t->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY)
-            return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: expected [name, [dims...]]", i);
+            return fail(err, errlen, PS_EBAD_FIELD, "layout[%u]: expected [name, [dims...]] or, for a buffer, "
+                                                    "[name, [dims...], rule] or [name, [dims...], rule, dtype]", i);
         const msgpack_object_str *name = &t->via.array.ptr[0].via.str;
         const msgpack_object_array *dims = &t->via.array.ptr[1].via.array;
         char nbuf[PS_NAME_MAX + 1];
@@ -545,6 +558,18 @@ int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t er
             return fail(err, errlen, PS_EBAD_FIELD,
                         "layout[%u] (%s): invalid name (printable ASCII, no spaces) or too many parameters", i,
                         nbuf);
+        if (t->via.array.size > 2) {
+            const msgpack_object *r = &t->via.array.ptr[2], *dt = t->via.array.size > 3 ? &t->via.array.ptr[3] : NULL;
+            int rule = r->type == MSGPACK_OBJECT_STR ? ps_buf_parse(r->via.str.ptr, r->via.str.size) : -1;
+            int sdt = !dt ? PS_SAVE_F32 : dt->type == MSGPACK_OBJECT_STR ? ps_save_dt_parse(dt->via.str.ptr, dt->via.str.size) : -1;
+            if (rule < 0)
+                return fail(err, errlen, PS_EBAD_FIELD, "layout[%u] (%s): a buffer's rule is \"mean\" or \"first\"",
+                            i, nbuf);
+            if (sdt < 0)
+                return fail(err, errlen, PS_EBAD_FIELD,
+                            "layout[%u] (%s): a buffer's dtype is \"F32\", \"F64\", \"I64\" or \"I32\"", i, nbuf);
+            ps_layout_set_buffer(l, (unsigned)rule, (unsigned)sdt);
+        }
     }
     return 0;
 }

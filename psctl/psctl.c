@@ -59,9 +59,9 @@ static void usage(FILE *f)
             "  checkpoint         write a checkpoint to psd's state_dir now and return\n"
             "                     once it is written\n"
             "  save PATH          write the model to PATH as a safetensors file (float32\n"
-            "                     tensors named as the workers name them, all of one\n"
-            "                     model version), readable with the safetensors package\n"
-            "                     or a few lines of NumPy\n"
+            "                     tensors named as the workers name them, buffers in\n"
+            "                     their own dtype, all of one model version), readable\n"
+            "                     with the safetensors package or a few lines of NumPy\n"
             "  shutdown           stop psd as SIGTERM does\n"
             "  reset              start fresh: psd sets the checkpoints in its state_dir\n"
             "                     aside (as psd --fresh does: into a dated subfolder,\n"
@@ -435,6 +435,52 @@ static int bprintf(ps_buf *b, const char *fmt, ...)
     return 0;
 }
 
+/* Bytes a value of tensor t takes in the file: float32, or a buffer's
+ * own dtype (num_batches_tracked as I64), which load_state_dict(strict)
+ * wants back. */
+static size_t save_size(const ps_tensor_desc *t)
+{
+    return t->save_dt == PS_SAVE_F64 || t->save_dt == PS_SAVE_I64 ? 8 : 4;
+}
+
+/* Writes values [pos, pos+n) of the model (whole layout l) to f, each in
+ * its tensor's dtype (little-endian, as safetensors is; the machines psd
+ * runs on are). 0, or -1 when the write fails. */
+static int save_values(FILE *f, const ps_layout *l, uint64_t pos, const float *v, uint64_t n)
+{
+    uint32_t i = 0;
+    while (i < l->ntensors && l->t[i].offset + l->t[i].count <= pos)
+        i++;
+    for (uint64_t done = 0; done < n && i < l->ntensors; i++) {
+        const ps_tensor_desc *t = &l->t[i];
+        uint64_t end = t->offset + t->count < pos + n ? t->offset + t->count : pos + n;
+        uint64_t len = end - (pos + done);
+        const float *x = v + done;
+        if (t->save_dt == PS_SAVE_F32) {
+            if (fwrite(x, sizeof(float), len, f) != len)
+                return -1;
+        } else {
+            for (uint64_t k = 0; k < len; k++) {
+                unsigned char b[8];
+                if (t->save_dt == PS_SAVE_F64) {
+                    double d = x[k];
+                    memcpy(b, &d, 8);
+                } else if (t->save_dt == PS_SAVE_I64) {
+                    int64_t q = (int64_t)llrintf(x[k]);
+                    memcpy(b, &q, 8);
+                } else {
+                    int32_t q = (int32_t)lrintf(x[k]);
+                    memcpy(b, &q, 4);
+                }
+                if (fwrite(b, save_size(t), 1, f) != 1)
+                    return -1;
+            }
+        }
+        done += len;
+    }
+    return 0;
+}
+
 /* The safetensors header: 8 bytes of little-endian length N, then N bytes
  * of JSON, padded with spaces so the data starts at a multiple of 8. */
 static int safetensors_header(const ps_layout *l, uint64_t version, const char *mode, uint64_t fp,
@@ -454,15 +500,16 @@ static int safetensors_header(const ps_layout *l, uint64_t version, const char *
         rc |= json_str_buf(&j, part_versions);
     }
     rc |= bprintf(&j, "}");
+    uint64_t at = 0; /* bytes: a buffer may be 8 a value */
     for (uint32_t i = 0; i < l->ntensors; i++) {
         const ps_tensor_desc *t = &l->t[i];
         rc |= bprintf(&j, ",");
         rc |= json_str_buf(&j, t->name);
-        rc |= bprintf(&j, ":{\"dtype\":\"F32\",\"shape\":[");
+        rc |= bprintf(&j, ":{\"dtype\":\"%s\",\"shape\":[", ps_save_dt_name(t->save_dt));
         for (uint32_t d = 0; d < t->ndim; d++)
             rc |= bprintf(&j, "%s%" PRIu32, d ? "," : "", t->dims[d]);
-        rc |= bprintf(&j, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", t->offset * 4,
-                      (t->offset + t->count) * 4);
+        rc |= bprintf(&j, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", at, at + t->count * save_size(t));
+        at += t->count * save_size(t);
     }
     rc |= bprintf(&j, "}");
     while (rc == 0 && (8 + j.len) % 8 != 0)
@@ -497,8 +544,10 @@ static int save_names_ok(const ps_layout *l)
  * parts of a split model, or the one model), pulled from their pinned
  * snapshots at versions[i], to path (through path.tmp, renamed once whole).
  * Returns an exit code; the reason is on stderr. */
-static int save_write(session *ss, uint32_t n, const uint64_t *versions, const ps_buf *head, const char *path)
+static int save_write(session *ss, uint32_t n, const uint64_t *versions, const ps_buf *head, const char *path,
+                      const ps_layout *whole)
 {
+    uint64_t pos = 0; /* in the whole model */
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
         fprintf(stderr, "psctl: path too long: %s\n", path);
@@ -534,8 +583,9 @@ static int save_write(session *ss, uint32_t n, const uint64_t *versions, const p
                 status = EXIT_REMOTE;
                 break;
             }
-            if (fwrite(r.data, sizeof(float), len, f) != len)
+            if (save_values(f, whole, pos, r.data, len) != 0)
                 status = EXIT_LOCAL;
+            pos += len;
         }
     }
     if (status == EXIT_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
@@ -585,7 +635,7 @@ static int cmd_save(session *ss, const char *server, const char *path, int as_js
         fprintf(stderr, "psctl: out of memory\n");
         return EXIT_LOCAL;
     }
-    int status = save_write(ss, 1, &version, &head, path);
+    int status = save_write(ss, 1, &version, &head, path, l);
     ps_buf_free(&head);
     if (status != EXIT_OK)
         return status;
@@ -656,7 +706,7 @@ static int cmd_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_t
             fprintf(stderr, "psctl: out of memory\n");
             status = EXIT_LOCAL;
         } else {
-            status = save_write(ss, n, versions, &head, path);
+            status = save_write(ss, n, versions, &head, path, &whole);
         }
         ps_buf_free(&head);
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run-mnist.sh - the main job: set up, start psd, train two ASGD workers on
-# MNIST on this machine with the README's recommended W1 settings (Adam, lr
+# MNIST on this machine with the recommended W1 settings of docs/settings.md (Adam, lr
 # 2e-3, a cosine schedule over the run, batch 64 per worker), show progress
 # and the operator's view, print the final test accuracy and stop psd.
 #

@@ -7,6 +7,10 @@
 # Last, a clang build in build-fuzz/ runs each libFuzzer target in fuzz/ for
 # 20 s. Environment: PSD_SKIP_SANITIZE=1 skips the sanitizer pass,
 # PSD_SKIP_FUZZ=1 the fuzz pass.
+#
+# A test that needs what this machine cannot give (root, network
+# namespaces, tc, a browser, a tool) skips and says why; the last lines of
+# the output count and name every skip of each pass, pass or fail.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,13 +19,34 @@ cd "$ROOT"
 start=$(date +%s)
 scripts/setup.sh
 
+# the tests append `SKIPPED script: test: reason` lines here (harness.py,
+# tests/client/conftest.py); printed last, whatever the outcome
+skips_plain="$ROOT/build/skipped-tests.txt"
+skips_asan="$ROOT/build-asan/skipped-tests.txt"
+rm -f "$skips_plain" "$skips_asan"
+list_skips() {
+    local pass file n
+    for pass in plain asan; do
+        file="$skips_plain"
+        [ "$pass" = asan ] && file="$skips_asan"
+        [ -f "$file" ] || continue
+        n=$(sort -u "$file" | wc -l)
+        echo "== skipped ($pass build): $n test(s) or checks, for what this machine lacks"
+        sort -u "$file" | sed 's/^SKIPPED /   /'
+    done
+}
+trap list_skips EXIT
+
 echo "== tests (build/)"
-ctest --test-dir build --output-on-failure --timeout 600
+: >"$skips_plain"
+PSD_TEST_SKIPS="$skips_plain" ctest --test-dir build --output-on-failure --timeout 600
 
 if [ "${PSD_SKIP_SANITIZE:-0}" != 1 ]; then
     echo "== tests under AddressSanitizer + UBSan (build-asan/)"
     PSD_SANITIZE=1 scripts/setup.sh
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    : >"$skips_asan"
+    PSD_TEST_SKIPS="$skips_asan" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         ctest --test-dir build-asan --output-on-failure --timeout 900
 fi
 if [ "${PSD_SKIP_FUZZ:-0}" != 1 ]; then

@@ -54,7 +54,7 @@ static void usage(FILE *f)
             "                         `psctl save` writes it (init_from): its layout and\n"
             "                         values; refused when state_dir holds a checkpoint,\n"
             "                         unless with --fresh\n"
-            "      --config-reference print every setting as a Markdown table (for the README)\n"
+            "      --config-reference print every setting as a Markdown table (docs/configuration.md)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
             "\n"
@@ -77,7 +77,7 @@ static void usage(FILE *f)
             "psctl (see psctl --help) shows and controls a running psd.\n");
 }
 
-/* Every option as a Markdown table row: the README's configuration
+/* Every option as a Markdown table row: docs/configuration.md's configuration
  * reference is this output, and a test keeps the two equal. */
 static void print_reference(FILE *f)
 {
@@ -124,6 +124,7 @@ static void srv_shutdown(psd *s, const char *why)
     uv_timer_stop(&s->tick);
     uv_close((uv_handle_t *)&s->tick, NULL);
     srv_http_stop(s);
+    srv_admin_stop(s); /* before the connections are shut: one answer each */
     srv_stop(s);
 }
 

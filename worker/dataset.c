@@ -3,12 +3,12 @@
 #include "dataset.h"
 
 #include "idx.h"
+#include "common/log.h"
 #include "proto/errors.h"
 #include "rng.h"
 
 #include <assert.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,17 +26,6 @@ static const known_set known_sets[] = {
     {"fashion-mnist", 0.2860f, 0.3530f},
 };
 
-__attribute__((format(printf, 3, 4)))
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 void ps_dataset_free(ps_dataset *d)
 {
     if (d == NULL)
@@ -53,7 +42,7 @@ static int read_either(const char *dir, const char *name, const char *stem, uint
     char path[4096], gzpath[4100];
     int n = snprintf(path, sizeof(path), "%s/%s/%s", dir, name, stem);
     if (n < 0 || (size_t)n >= sizeof(path)) {
-        seterr(err, errlen, "%s/%s/%s: path too long", dir, name, stem);
+        ps_errf(err, errlen, "%s/%s/%s: path too long", dir, name, stem);
         return PS_EINVAL;
     }
     snprintf(gzpath, sizeof(gzpath), "%s.gz", path);
@@ -61,7 +50,7 @@ static int read_either(const char *dir, const char *name, const char *stem, uint
         return ps_idx_read(path, ndim, out, err, errlen);
     if (access(gzpath, F_OK) == 0 || errno != ENOENT)
         return ps_idx_read(gzpath, ndim, out, err, errlen);
-    seterr(err, errlen, "%s: missing (neither it nor %s.gz exists); run scripts/setup.sh to download the data sets",
+    ps_errf(err, errlen, "%s: missing (neither it nor %s.gz exists); run scripts/setup.sh to download the data sets",
            path, stem);
     return PS_EIO;
 }
@@ -78,7 +67,7 @@ int ps_dataset_load(const char *dir, const char *name, ps_split split, size_t li
         if (strcmp(name, known_sets[i].name) == 0)
             set = &known_sets[i];
     if (set == NULL) {
-        seterr(err, errlen, "unknown data set '%s': expected mnist or fashion-mnist", name);
+        ps_errf(err, errlen, "unknown data set '%s': expected mnist or fashion-mnist", name);
         return PS_EINVAL;
     }
     const char *prefix = split == PS_SPLIT_TRAIN ? "train" : "t10k";
@@ -94,14 +83,14 @@ int ps_dataset_load(const char *dir, const char *name, ps_split split, size_t li
         goto out;
 
     if (img.dims[0] != lab.dims[0]) {
-        seterr(err, errlen, "%s/%s: %s images file holds %u images but the labels file holds %u labels", dir, name,
+        ps_errf(err, errlen, "%s/%s: %s images file holds %u images but the labels file holds %u labels", dir, name,
                prefix, img.dims[0], lab.dims[0]);
         rc = PS_EMALFORMED;
         goto out;
     }
     for (size_t i = 0; i < lab.size; i++) {
         if (lab.data[i] >= N_CLASSES) {
-            seterr(err, errlen, "%s/%s/%s: label %u of sample %zu is outside 0..%d", dir, name, stem, lab.data[i], i,
+            ps_errf(err, errlen, "%s/%s/%s: label %u of sample %zu is outside 0..%d", dir, name, stem, lab.data[i], i,
                    N_CLASSES - 1);
             rc = PS_EMALFORMED;
             goto out;
@@ -115,7 +104,7 @@ int ps_dataset_load(const char *dir, const char *name, ps_split split, size_t li
     out->x = malloc(n * dim * sizeof(float));
     out->y = malloc(n);
     if (out->x == NULL || out->y == NULL) {
-        seterr(err, errlen, "%s/%s: out of memory for %zu samples of %zu features", dir, name, n, dim);
+        ps_errf(err, errlen, "%s/%s: out of memory for %zu samples of %zu features", dir, name, n, dim);
         rc = PS_ENOMEM;
         goto out;
     }
@@ -147,11 +136,11 @@ int ps_dataset_shard(const ps_dataset *src, int k, int m, ps_dataset *out, char 
 {
     memset(out, 0, sizeof(*out));
     if (m < 1 || k < 0 || k >= m) {
-        seterr(err, errlen, "bad shard %d of %d: expected 0 <= shard < shards", k, m);
+        ps_errf(err, errlen, "bad shard %d of %d: expected 0 <= shard < shards", k, m);
         return PS_EINVAL;
     }
     if ((size_t)k >= src->n) {
-        seterr(err, errlen, "shard %d of %d is empty: the data set holds only %zu samples", k, m, src->n);
+        ps_errf(err, errlen, "shard %d of %d is empty: the data set holds only %zu samples", k, m, src->n);
         return PS_EINVAL;
     }
     size_t n = (src->n - (size_t)k + (size_t)m - 1) / (size_t)m;
@@ -162,7 +151,7 @@ int ps_dataset_shard(const ps_dataset *src, int k, int m, ps_dataset *out, char 
     if (out->x == NULL || out->y == NULL || deal == NULL) {
         free(deal);
         ps_dataset_free(out);
-        seterr(err, errlen, "out of memory for shard %d of %d (%zu samples)", k, m, n);
+        ps_errf(err, errlen, "out of memory for shard %d of %d (%zu samples)", k, m, n);
         return PS_ENOMEM;
     }
     ps_rng r;

@@ -2,11 +2,11 @@
  * through unchanged, so one path reads both "x-ubyte" and "x-ubyte.gz". */
 #include "idx.h"
 
+#include "common/log.h"
 #include "proto/errors.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,17 +16,6 @@
 
 #define READ_CHUNK ((size_t)1 << 30) /* gzread takes an unsigned int length */
 #define FIRST_ALLOC ((size_t)1 << 20)
-
-__attribute__((format(printf, 3, 4)))
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* "60000 images of 28x28" or "60000 labels", for messages. */
 static void describe(const uint32_t *dims, uint32_t ndim, char *buf, size_t len)
@@ -86,7 +75,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
 
     memset(out, 0, sizeof(*out));
     if (ndim != 1 && ndim != 3) {
-        seterr(err, errlen, "%s: internal error: asked for an IDX file of %u dimensions", path, ndim);
+        ps_errf(err, errlen, "%s: internal error: asked for an IDX file of %u dimensions", path, ndim);
         return PS_EINVAL;
     }
     const uint32_t want_magic = ndim == 3 ? PS_IDX_MAGIC_IMAGES : PS_IDX_MAGIC_LABELS;
@@ -95,25 +84,25 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
-            seterr(err, errlen, "%s: missing (no such file); run scripts/setup.sh to download the data sets", path);
+            ps_errf(err, errlen, "%s: missing (no such file); run scripts/setup.sh to download the data sets", path);
         else
-            seterr(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+            ps_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return PS_EIO;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        seterr(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
+        ps_errf(err, errlen, "%s: cannot stat: %s", path, strerror(errno));
         rc = PS_EIO;
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
-        seterr(err, errlen, "%s: is a directory, expected an IDX file", path);
+        ps_errf(err, errlen, "%s: is a directory, expected an IDX file", path);
         rc = PS_EIO;
         goto out;
     }
     gz = gzdopen(fd, "rb");
     if (gz == NULL) {
-        seterr(err, errlen, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
+        ps_errf(err, errlen, "%s: cannot open: %s", path, errno ? strerror(errno) : "out of memory");
         rc = PS_EIO;
         goto out;
     }
@@ -124,38 +113,38 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     const size_t hdr_len = 4 + 4 * (size_t)ndim;
     long long got = read_full(gz, hdr, 4);
     if (got < 0) {
-        seterr(err, errlen, "%s: read error: %s", path, gz_message(gz));
+        ps_errf(err, errlen, "%s: read error: %s", path, gz_message(gz));
         rc = PS_EIO;
         goto out;
     }
     if (got < 4) {
-        seterr(err, errlen, "%s: truncated: file holds %lld bytes, too short for an IDX header", path, got);
+        ps_errf(err, errlen, "%s: truncated: file holds %lld bytes, too short for an IDX header", path, got);
         rc = PS_EMALFORMED;
         goto out;
     }
     uint32_t magic = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
     if (magic != want_magic) {
         if (hdr[0] == 0 && hdr[1] == 0 && hdr[2] == 0x08 && hdr[3] >= 1)
-            seterr(err, errlen, "%s: wrong IDX kind: magic 0x%08x has %u dimensions, expected 0x%08x (%s)",
+            ps_errf(err, errlen, "%s: wrong IDX kind: magic 0x%08x has %u dimensions, expected 0x%08x (%s)",
                    path, magic, hdr[3], want_magic, want_kind);
         else if (hdr[0] == 0 && hdr[1] == 0 && hdr[3] >= 1)
-            seterr(err, errlen,
+            ps_errf(err, errlen,
                    "%s: unsupported IDX element type 0x%02x (magic 0x%08x); only unsigned bytes (0x08) are read",
                    path, hdr[2], magic);
         else
-            seterr(err, errlen, "%s: not an IDX file: magic 0x%08x, expected 0x%08x (%s)", path, magic, want_magic,
+            ps_errf(err, errlen, "%s: not an IDX file: magic 0x%08x, expected 0x%08x (%s)", path, magic, want_magic,
                    want_kind);
         rc = PS_EMALFORMED;
         goto out;
     }
     got = read_full(gz, hdr + 4, hdr_len - 4);
     if (got < 0) {
-        seterr(err, errlen, "%s: read error: %s", path, gz_message(gz));
+        ps_errf(err, errlen, "%s: read error: %s", path, gz_message(gz));
         rc = PS_EIO;
         goto out;
     }
     if ((size_t)got < hdr_len - 4) {
-        seterr(err, errlen, "%s: truncated: header cut short after %lld of %zu bytes", path, 4 + got, hdr_len);
+        ps_errf(err, errlen, "%s: truncated: header cut short after %lld of %zu bytes", path, 4 + got, hdr_len);
         rc = PS_EMALFORMED;
         goto out;
     }
@@ -168,12 +157,12 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     /* Dimensions: nonzero and within the limits; the payload cannot overflow
      * size_t after these checks (2^24 * 2^12 * 2^12 = 2^48). */
     if (out->dims[0] == 0) {
-        seterr(err, errlen, "%s: bad dimensions: header declares 0 %s", path, ndim == 3 ? "images" : "labels");
+        ps_errf(err, errlen, "%s: bad dimensions: header declares 0 %s", path, ndim == 3 ? "images" : "labels");
         rc = PS_EMALFORMED;
         goto out;
     }
     if (out->dims[0] > PS_IDX_MAX_ITEMS) {
-        seterr(err, errlen, "%s: bad dimensions: header declares %u items, more than the limit of %u", path,
+        ps_errf(err, errlen, "%s: bad dimensions: header declares %u items, more than the limit of %u", path,
                out->dims[0], PS_IDX_MAX_ITEMS);
         rc = PS_ETOO_BIG;
         goto out;
@@ -181,13 +170,13 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     size_t size = out->dims[0];
     if (ndim == 3) {
         if (out->dims[1] == 0 || out->dims[2] == 0) {
-            seterr(err, errlen, "%s: bad dimensions: header declares images of %ux%u", path, out->dims[1],
+            ps_errf(err, errlen, "%s: bad dimensions: header declares images of %ux%u", path, out->dims[1],
                    out->dims[2]);
             rc = PS_EMALFORMED;
             goto out;
         }
         if (out->dims[1] > PS_IDX_MAX_SIDE || out->dims[2] > PS_IDX_MAX_SIDE) {
-            seterr(err, errlen, "%s: bad dimensions: header declares images of %ux%u, a side is over the limit of %u",
+            ps_errf(err, errlen, "%s: bad dimensions: header declares images of %ux%u, a side is over the limit of %u",
                    path, out->dims[1], out->dims[2], PS_IDX_MAX_SIDE);
             rc = PS_ETOO_BIG;
             goto out;
@@ -196,7 +185,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     }
     describe(out->dims, ndim, what, sizeof(what));
     if (size > PS_IDX_MAX_BYTES) {
-        seterr(err, errlen, "%s: bad dimensions: header declares %s, %zu bytes, over the limit of %zu", path, what,
+        ps_errf(err, errlen, "%s: bad dimensions: header declares %s, %zu bytes, over the limit of %zu", path, what,
                size, PS_IDX_MAX_BYTES);
         rc = PS_ETOO_BIG;
         goto out;
@@ -207,7 +196,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     if (gzdirect(gz) && S_ISREG(st.st_mode)) {
         size_t have = (size_t)st.st_size > hdr_len ? (size_t)st.st_size - hdr_len : 0;
         if (have < size) {
-            seterr(err, errlen, "%s: truncated: header declares %s but file holds %zu bytes of %s", path, what, have,
+            ps_errf(err, errlen, "%s: truncated: header declares %s but file holds %zu bytes of %s", path, what, have,
                    kind(ndim));
             rc = PS_EMALFORMED;
             goto out;
@@ -219,7 +208,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     size_t have = 0;
     data = malloc(cap);
     if (data == NULL) {
-        seterr(err, errlen, "%s: out of memory reading %s", path, what);
+        ps_errf(err, errlen, "%s: out of memory reading %s", path, what);
         rc = PS_ENOMEM;
         goto out;
     }
@@ -228,7 +217,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
             size_t ncap = cap * 2 < size ? cap * 2 : size;
             uint8_t *nd = realloc(data, ncap);
             if (nd == NULL) {
-                seterr(err, errlen, "%s: out of memory reading %s", path, what);
+                ps_errf(err, errlen, "%s: out of memory reading %s", path, what);
                 rc = PS_ENOMEM;
                 goto out;
             }
@@ -238,7 +227,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
         size_t want = cap - have;
         long long r = read_full(gz, data + have, want);
         if (r < 0) {
-            seterr(err, errlen, "%s: read error: %s", path, gz_message(gz));
+            ps_errf(err, errlen, "%s: read error: %s", path, gz_message(gz));
             rc = PS_EIO;
             goto out;
         }
@@ -247,7 +236,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
             break;
     }
     if (have < size) {
-        seterr(err, errlen, "%s: truncated: header declares %s but file holds %zu bytes of %s", path, what, have,
+        ps_errf(err, errlen, "%s: truncated: header declares %s but file holds %zu bytes of %s", path, what, have,
                kind(ndim));
         rc = PS_EMALFORMED;
         goto out;
@@ -259,7 +248,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
     for (;;) {
         long long r = read_full(gz, tail, sizeof(tail));
         if (r < 0) {
-            seterr(err, errlen, "%s: read error: %s", path, gz_message(gz));
+            ps_errf(err, errlen, "%s: read error: %s", path, gz_message(gz));
             rc = PS_EIO;
             goto out;
         }
@@ -268,7 +257,7 @@ int ps_idx_read(const char *path, uint32_t ndim, ps_idx *out, char *err, size_t 
             break;
     }
     if (extra > 0) {
-        seterr(err, errlen, "%s: %zu unexpected bytes after the %s the header declares", path, extra, what);
+        ps_errf(err, errlen, "%s: %zu unexpected bytes after the %s the header declares", path, extra, what);
         rc = PS_EMALFORMED;
         goto out;
     }

@@ -3,7 +3,9 @@
 #include "model.h"
 
 #include "layer.h"
+#include "common/log.h"
 #include "proto/errors.h"
+#include "model_spec.h"
 #include "rng.h"
 
 #include <assert.h>
@@ -13,17 +15,6 @@
 #include <string.h>
 
 #define MAX_LAYERS 128
-
-typedef enum model_kind { KIND_SOFTMAX, KIND_LINEAR, KIND_MLP, KIND_CNN } model_kind;
-
-/* A spec taken apart; see the grammar in model.h. */
-typedef struct model_spec {
-    model_kind kind;
-    int nhidden;                     /* mlp: entries used in hidden[] */
-    int hidden[PS_MODEL_MAX_HIDDEN]; /* mlp: hidden sizes */
-    float dropout;                   /* drop probability; 0 = no dropout layers */
-    ps_init init;                    /* how ps_model_init_params draws */
-} model_spec;
 
 struct ps_model {
     char spec[PS_MODEL_SPEC_MAX + 1]; /* as given, for describe */
@@ -48,17 +39,6 @@ struct ps_model {
     float *act[MAX_LAYERS];           /* act[i]: output of layer i, max_batch rows */
     float *dbuf[2];                   /* ping-pong dL/d(activation), max_batch x widest */
 };
-
-__attribute__((format(printf, 3, 4)))
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 void ps_model_free(ps_model *m)
 {
@@ -147,186 +127,6 @@ static int add_dropout(ps_model *m, float p)
     return push_layer(m, rc, l);
 }
 
-/* ---- spec parsing -------------------------------------------------------- */
-
-/* Parses the hidden sizes "H1,H2,..." (list, NUL-terminated) into s. */
-static int parse_hidden(const char *spec, const char *list, model_spec *s, char *err, size_t errlen)
-{
-    const char *p = list;
-    s->nhidden = 0;
-    if (*p == '\0') {
-        seterr(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
-        return PS_EINVAL;
-    }
-    for (;;) {
-        const char *start = p;
-        long v = 0;
-        while (*p >= '0' && *p <= '9') {
-            if (v <= PS_MODEL_MAX_WIDTH)
-                v = v * 10 + (*p - '0');
-            p++;
-        }
-        if (p == start || (*p != ',' && *p != '\0') || v < 1 || v > PS_MODEL_MAX_WIDTH) {
-            const char *end = start;
-            while (*end && *end != ',')
-                end++;
-            seterr(err, errlen, "bad hidden size '%.*s' in model '%s': expected a whole number from 1 to %d",
-                   (int)(end - start), start, spec, PS_MODEL_MAX_WIDTH);
-            return PS_EINVAL;
-        }
-        if (s->nhidden == PS_MODEL_MAX_HIDDEN) {
-            seterr(err, errlen, "bad model '%s': more than %d hidden layers", spec, PS_MODEL_MAX_HIDDEN);
-            return PS_EINVAL;
-        }
-        s->hidden[s->nhidden++] = (int)v;
-        if (*p == '\0')
-            return PS_OK;
-        p++; /* past ',' */
-    }
-}
-
-/* Parses a probability 0 <= p < 1 written as a plain decimal ("0.5", ".25",
- * "0"); returns 0 or -1. */
-static int parse_prob(const char *v, float *out)
-{
-    if (!((*v >= '0' && *v <= '9') || *v == '.'))
-        return -1; /* no sign, space, "nan", "inf" */
-    for (const char *c = v; *c; c++)
-        if (!((*c >= '0' && *c <= '9') || *c == '.'))
-            return -1; /* no exponent or hex either: keep specs plain */
-    char *end;
-    double d = strtod(v, &end);
-    if (end == v || *end != '\0' || !(d >= 0.0 && d < 1.0))
-        return -1;
-    *out = (float)d;
-    if (*out >= 1.0f) /* 0.99999999 rounds to 1 in float */
-        return -1;
-    return 0;
-}
-
-/* Parses the options "name=value,..." (opts, NUL-terminated, may be written
- * to) for a model of kind s->kind. */
-static int parse_options(const char *spec, char *opts, model_spec *s, char *err, size_t errlen)
-{
-    int seen_dropout = 0, seen_init = 0;
-    if (*opts == '\0') {
-        seterr(err, errlen, "bad model '%s': empty options after ':' (expected e.g. init=torch)", spec);
-        return PS_EINVAL;
-    }
-    for (char *item = opts; item != NULL;) {
-        char *next = strchr(item, ',');
-        if (next != NULL)
-            *next++ = '\0';
-        char *eq = strchr(item, '=');
-        if (eq == NULL || eq == item) {
-            seterr(err, errlen, "bad option '%s' in model '%s': expected name=value, e.g. init=torch", item, spec);
-            return PS_EINVAL;
-        }
-        *eq = '\0';
-        const char *name = item, *value = eq + 1;
-        if (strcmp(name, "dropout") == 0) {
-            if (s->kind != KIND_MLP && s->kind != KIND_CNN) {
-                seterr(err, errlen, "bad model '%s': dropout applies to mlp and cnn models only", spec);
-                return PS_EINVAL;
-            }
-            if (seen_dropout++) {
-                seterr(err, errlen, "bad model '%s': dropout given twice", spec);
-                return PS_EINVAL;
-            }
-            if (parse_prob(value, &s->dropout) != 0) {
-                seterr(err, errlen, "bad dropout '%s' in model '%s': expected a probability from 0 to below 1, e.g. 0.5",
-                       value, spec);
-                return PS_EINVAL;
-            }
-        } else if (strcmp(name, "init") == 0) {
-            if (seen_init++) {
-                seterr(err, errlen, "bad model '%s': init given twice", spec);
-                return PS_EINVAL;
-            }
-            if (strcmp(value, "he") == 0) {
-                s->init = PS_INIT_HE;
-            } else if (strcmp(value, "torch") == 0) {
-                s->init = PS_INIT_TORCH;
-            } else {
-                seterr(err, errlen, "bad init '%s' in model '%s': expected he or torch", value, spec);
-                return PS_EINVAL;
-            }
-        } else {
-            seterr(err, errlen, "unknown option '%s' in model '%s': expected dropout=P or init=he|torch", name, spec);
-            return PS_EINVAL;
-        }
-        item = next;
-    }
-    return PS_OK;
-}
-
-/* Takes spec apart into *s; returns 0 or PS_EINVAL with one line in err. */
-static int parse_spec(const char *spec, model_spec *s, char *err, size_t errlen)
-{
-    static const char expected[] = "expected softmax, linear, mlp:H1,H2,... or cnn";
-    char buf[PS_MODEL_SPEC_MAX + 1];
-    memset(s, 0, sizeof(*s));
-    if (spec == NULL) {
-        seterr(err, errlen, "no model given: %s", expected);
-        return PS_EINVAL;
-    }
-    size_t n = strlen(spec);
-    if (n > PS_MODEL_SPEC_MAX) {
-        seterr(err, errlen, "model spec too long: %zu characters, at most %d", n, PS_MODEL_SPEC_MAX);
-        return PS_EINVAL;
-    }
-    memcpy(buf, spec, n + 1);
-
-    /* Up to three ':'-separated sections: kind, then sizes and/or options. */
-    char *sect[3] = {buf, NULL, NULL};
-    int nsect = 1;
-    for (char *c = buf; *c; c++) {
-        if (*c != ':')
-            continue;
-        if (nsect == 3) {
-            seterr(err, errlen, "bad model '%s': too many ':' sections (expected kind[:sizes][:options])", spec);
-            return PS_EINVAL;
-        }
-        *c = '\0';
-        sect[nsect++] = c + 1;
-    }
-    const char *kind = sect[0];
-    if (strcmp(kind, "softmax") == 0) {
-        s->kind = KIND_SOFTMAX;
-    } else if (strcmp(kind, "linear") == 0) {
-        s->kind = KIND_LINEAR;
-    } else if (strcmp(kind, "mlp") == 0) {
-        s->kind = KIND_MLP;
-    } else if (strcmp(kind, "cnn") == 0) {
-        s->kind = KIND_CNN;
-    } else {
-        seterr(err, errlen, "unknown model '%s': %s", spec, expected);
-        return PS_EINVAL;
-    }
-
-    int next = 1;
-    if (s->kind == KIND_MLP) {
-        if (nsect < 2) {
-            seterr(err, errlen, "bad model '%s': expected mlp:H1,H2,... with at least one hidden size", spec);
-            return PS_EINVAL;
-        }
-        int rc = parse_hidden(spec, sect[1], s, err, errlen);
-        if (rc != PS_OK)
-            return rc;
-        next = 2;
-    }
-    if (nsect > next + 1) {
-        seterr(err, errlen, "bad model '%s': too many ':' sections (expected %s)", spec,
-               s->kind == KIND_MLP ? "mlp:H1,H2,...[:options]" : "kind[:options]");
-        return PS_EINVAL;
-    }
-    /* The PyTorch example's network starts as PyTorch would start it. */
-    s->init = s->kind == KIND_CNN ? PS_INIT_TORCH : PS_INIT_HE;
-    if (nsect == next + 1)
-        return parse_options(spec, sect[next], s, err, errlen);
-    return PS_OK;
-}
-
 /* ---- assembly ------------------------------------------------------------ */
 
 /* Appends the layers and head of the parsed spec s. */
@@ -391,7 +191,7 @@ static int finish(ps_model *m, char *err, size_t errlen)
         if (l->nparams > 0 && m->first == m->nlayers)
             m->first = i;
         if (total > PS_MODEL_MAX_PARAMS) {
-            seterr(err, errlen, "model '%s' is too big: more than %u parameters", m->spec, PS_MODEL_MAX_PARAMS);
+            ps_errf(err, errlen, "model '%s' is too big: more than %u parameters", m->spec, PS_MODEL_MAX_PARAMS);
             return PS_EINVAL;
         }
         size_t w = ps_shape_size(l->out);
@@ -416,7 +216,7 @@ static int finish(ps_model *m, char *err, size_t errlen)
     ps_model_reseed(m, 0);
     return PS_OK;
 nomem:
-    seterr(err, errlen, "out of memory building model '%s' (%zu parameters, batch %d)", m->spec, total, m->max_batch);
+    ps_errf(err, errlen, "out of memory building model '%s' (%zu parameters, batch %d)", m->spec, total, m->max_batch);
     return PS_ENOMEM;
 }
 
@@ -433,22 +233,22 @@ static int check_sizes(const char *spec, const model_spec *s, int c, int h, int 
             snprintf(shape, sizeof(shape), "%d", c);
         else
             snprintf(shape, sizeof(shape), "%dx%dx%d", c, h, w);
-        seterr(err, errlen, "bad model sizes: %s inputs, batch %d (expected 1..%d inputs, batch 1..%d)", shape,
+        ps_errf(err, errlen, "bad model sizes: %s inputs, batch %d (expected 1..%d inputs, batch 1..%d)", shape,
                max_batch, PS_MODEL_MAX_IN, PS_MODEL_MAX_BATCH);
         return PS_EINVAL;
     }
     if (s->kind == KIND_LINEAR) {
         if (n_out < 1 || n_out > PS_MODEL_MAX_WIDTH) {
-            seterr(err, errlen, "bad model sizes: %d outputs for model '%s' (expected 1..%d)", n_out, spec,
+            ps_errf(err, errlen, "bad model sizes: %d outputs for model '%s' (expected 1..%d)", n_out, spec,
                    PS_MODEL_MAX_WIDTH);
             return PS_EINVAL;
         }
     } else if (n_out < 2 || n_out > 256) {
-        seterr(err, errlen, "bad model sizes: %d classes for model '%s' (expected 2..256)", n_out, spec);
+        ps_errf(err, errlen, "bad model sizes: %d classes for model '%s' (expected 2..256)", n_out, spec);
         return PS_EINVAL;
     }
     if (s->kind == KIND_CNN && (h < 16 || w < 16)) {
-        seterr(err, errlen, "model '%s' needs images of at least 16x16 pixels, not %dx%d", spec, h, w);
+        ps_errf(err, errlen, "model '%s' needs images of at least 16x16 pixels, not %dx%d", spec, h, w);
         return PS_EINVAL;
     }
     return PS_OK;
@@ -462,7 +262,7 @@ static int create(const char *spec, const model_spec *s, ps_shape in, int n_out,
         return rc;
     ps_model *m = calloc(1, sizeof(*m));
     if (m == NULL) {
-        seterr(err, errlen, "out of memory building model '%s'", spec);
+        ps_errf(err, errlen, "out of memory building model '%s'", spec);
         return PS_ENOMEM;
     }
     snprintf(m->spec, sizeof(m->spec), "%s", spec);
@@ -474,7 +274,7 @@ static int create(const char *spec, const model_spec *s, ps_shape in, int n_out,
     m->max_batch = max_batch;
     rc = build(m, s);
     if (rc != PS_OK) {
-        seterr(err, errlen, "cannot build model '%s': %s", spec,
+        ps_errf(err, errlen, "cannot build model '%s': %s", spec,
                rc == PS_ENOMEM ? "out of memory" : "a layer rejected its sizes");
         goto out;
     }
@@ -493,7 +293,7 @@ int ps_model_create_chw(const char *spec, int c, int h, int w, int n_out, int ma
 {
     model_spec s;
     *out = NULL;
-    int rc = parse_spec(spec, &s, err, errlen);
+    int rc = ps_model_spec_parse(spec, &s, err, errlen);
     if (rc != PS_OK)
         return rc;
     ps_shape in = {c, h, w};
@@ -505,7 +305,7 @@ int ps_model_create(const char *spec, int in_dim, int n_classes, int max_batch, 
 {
     model_spec s;
     *out = NULL;
-    int rc = parse_spec(spec, &s, err, errlen);
+    int rc = ps_model_spec_parse(spec, &s, err, errlen);
     if (rc != PS_OK)
         return rc;
     ps_shape in = ps_shape_flat(in_dim);
@@ -514,7 +314,7 @@ int ps_model_create(const char *spec, int in_dim, int n_classes, int max_batch, 
         while ((long)(side + 1) * (side + 1) <= in_dim)
             side++;
         if ((long)side * side != in_dim) {
-            seterr(err, errlen, "model '%s' needs square one-channel images, and %d inputs is not n*n pixels", spec,
+            ps_errf(err, errlen, "model '%s' needs square one-channel images, and %d inputs is not n*n pixels", spec,
                    in_dim);
             return PS_EINVAL;
         }

@@ -12,7 +12,7 @@ torchrun-style variables (RANK, WORLD_SIZE; torchrun --nproc_per_node 2 ...).
 
 psd holds the model and its optimizer, e.g.
     psd --mode asgd --workers 2 --set optimizer=adam --set lr=0.002
-(the README's recommended settings, 99.04-99.11% in 15 epochs: lr 0.001
+(the recommended settings of docs/settings.md, 99.04-99.11% in 15 epochs: lr 0.001
 along a cosine over 56250 versions, no warm-up, --batch 16 --epochs 15)
 The last line on stdout is a JSON summary (test accuracy, seconds per epoch).
 """

@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 6
+#define PSC_VERSION_MINOR 7
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -85,7 +85,8 @@ enum {
     PSC_EINVAL = -23,      /* a bad argument; psc_errmsg says which */
     PSC_EREMOTE = -24,     /* psd refused with a code not listed above */
     PSC_EBUSY = -25,       /* a psc_pushpull_start is in flight: psc_wait first */
-    PSC_ENOTFOUND = -26    /* no tensor of that name */
+    PSC_ENOTFOUND = -26,   /* no tensor of that name */
+    PSC_EINTR = -27        /* a signal ended the wait (option interrupt on) */
 };
 
 typedef struct psc_client psc_client;
@@ -151,9 +152,35 @@ PSC_API psc_client *psc_new(void);
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log
  *                lines on stderr (process-wide)
+ *   interrupt    "on" or "off" (the default): with on, a signal whose
+ *                handler runs on the calling thread while a call waits
+ *                for psd (a BSP round, a pull, psc_connect's retries) ends
+ *                that call with PSC_EINTR; the library's own threads block
+ *                signals, so SIGINT and SIGTERM reach the caller's. Then
+ *                psc_leave (it says bye at once) or try the call again (the
+ *                library reconnects first: a wait ended mid-frame leaves
+ *                the connection unusable); psc_wait is not interrupted
  * Before psc_connect only, except "log" and "report_s". Returns 0, PSC_EINVAL (an unknown
  * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
 PSC_API int psc_set(psc_client *c, const char *key, const char *value);
+
+/* One option of psc_set, as the library's one table of options holds it;
+ * programs built on the library take their settings from it (the Python
+ * package's keyword arguments, psworker's flags and their help). Fields may
+ * be added at the end. */
+typedef struct psc_option_info {
+    const char *name;   /* the key of psc_set (and the Python keyword) */
+    const char *flag;   /* the command-line flag of programs on the library
+                         * (psworker), without "--"; NULL: none has one */
+    const char *arg;    /* the value's form in a usage line: "MS", "auto|on|off" */
+    const char *values; /* what a value may be, as psc_set's error says it */
+    const char *dflt;   /* the default, in words */
+    const char *help;   /* what the option does, one sentence or a few */
+} psc_option_info;
+
+/* The i-th option (0, 1, ...), or NULL past the last (1.7). The strings are
+ * static; nothing is to be freed. */
+PSC_API const psc_option_info *psc_option(unsigned i);
 
 /* Appends a tensor to the layout: name (1..63 printable bytes), ndim
  * (1..6) dims each >= 1. Tensors follow each other in the flat vector in
@@ -162,6 +189,22 @@ PSC_API int psc_set(psc_client *c, const char *key, const char *value);
  * Only before the layout is fixed (the first psc_params, psc_grads,
  * psc_bind or psc_connect): PSC_ESTATE after. */
 PSC_API int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims);
+
+/* Appends a buffer: a tensor of the model that psd keeps (pulls bring it,
+ * checkpoints and `psctl save` hold it) but does not train, such as
+ * BatchNorm's running statistics. In a push, a buffer's place in the
+ * gradient vector holds the worker's current values of it (not a
+ * gradient), and psd combines them by rule: "mean" (a BSP round: the mean
+ * of the round's values; asgd and ssp: each push moves psd's values
+ * 1/workers of the way to its own) or "first" (shard 0's values; in a BSP
+ * round, the lowest shard's when psd keeps the pushes in shard order,
+ * its default, else the mean). dtype, NULL for "F32", is the dtype
+ * `psctl save` writes it as: "F32", "F64", "I64" (a counter such as
+ * num_batches_tracked) or "I32"; values travel as float32 (integers exact
+ * to 2^24). Otherwise as psc_add_tensor; the rule and dtype are part of
+ * the layout every worker declares alike. */
+PSC_API int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims, const char *rule,
+                           const char *dtype);
 
 /* Values in the flat vector (0 before any tensor). */
 PSC_API uint64_t psc_size(const psc_client *c);

@@ -28,19 +28,28 @@ psd.mnist loads MNIST and Fashion-MNIST from their IDX files, normalised
 as psworker does (see psd/mnist.py).
 """
 
+import collections
 import ctypes
 import os
+import signal
+import sys
+import threading
 import time
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as e:
+    raise ImportError("psd needs NumPy, which this Python (%s) cannot import (%s): on Debian install it with "
+                      "`apt-get install python3-numpy` and run Debian's /usr/bin/python3, or install numpy into "
+                      "this Python's environment" % (sys.executable, e)) from None
 
 from ._lib import lib, PSC_CODES
 from .plan import Plan, Slice, epoch_order
 from . import mnist
 from .wait import WaitNotice
 
-__all__ = ["Client", "PsdError", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "strerror", "mnist",
-           "__version__"]
+__all__ = ["Client", "PsdError", "Option", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "options",
+           "strerror", "mnist", "__version__"]
 
 __version__ = lib.psc_version_string().decode()
 
@@ -65,8 +74,62 @@ class PsdError(Exception):
         super().__init__("%s [%s]" % (message, self.name))
 
 
-_OPTIONS = ("server", "shard", "token_file", "timeout_ms", "reconnect_s", "connect_s", "report_s", "wire", "skip_zeros", "compress", "shm", "reconnect",
-            "send_buffer", "barrier", "pieces", "log")
+# One of libpsclient's options: name (the keyword of Client), flag
+# (psworker's, without "--"; None: none), arg (the value's form), values
+# (what a value may be), default and help, as the library's table holds them.
+Option = collections.namedtuple("Option", ("name", "flag", "arg", "values", "default", "help"))
+
+
+def _read_options():
+    out = []
+    i = 0
+    while True:
+        p = lib.psc_option(i)
+        if not p:
+            return tuple(out)
+        o = p.contents
+        out.append(Option(*(None if v is None else v.decode() for v in
+                            (o.name, o.flag, o.arg, o.values, o.dflt, o.help))))
+        i += 1
+
+
+_OPTION_LIST = _read_options()
+# the keyword arguments of Client: the library's options, from its own table
+_OPTIONS = tuple(o.name for o in _OPTION_LIST)
+
+
+def options():
+    """libpsclient's options, in its table's order: Option tuples (name,
+    flag, arg, values, default, help). Client takes each name as a keyword
+    argument; a bool is sent as "on" or "off"."""
+    return _OPTION_LIST
+
+_EINTR = -27
+_stop_signal = [None]  # the name of the signal that stopped a wait ("SIGTERM"), when ours
+
+
+def _on_sigterm(signum, frame):
+    _stop_signal[0] = "SIGTERM"
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def _stop_on_sigterm():
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, when nobody chose
+    what it does (its handler is the default) and we are on the main
+    thread (the only one that may set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # an embedded interpreter without signals
+        pass
+
+
+def _run_signal_handlers():
+    """A library call ended by a signal (EINTR): run Python's handlers now
+    (SIGINT's raises KeyboardInterrupt) rather than at some later bytecode."""
+    ctypes.pythonapi.PyErr_CheckSignals()
 
 
 def _opt_text(value):
@@ -79,19 +142,20 @@ class Client:
     """One worker's connection to psd (or to several psd sharing the model).
 
     tensors: the layout, a list of (name, shape) pairs or a dict of them in
-    order; every worker of a job declares the same. Keyword options are
-    libpsclient's (docs/client.md): server ("host:port" or
+    order; every worker of a job declares the same. (name, shape, rule) or
+    (name, shape, rule, dtype) declares a buffer: a tensor psd keeps but
+    does not train, whose place in grads holds the worker's values at a
+    push, combined by rule "mean" or "first" (shard 0's); dtype ("F32",
+    "F64", "I64", "I32") is how `psctl save` writes it (docs/client.md).
+    Keyword options are libpsclient's, every one of its table
+    (psd.options(), docs/client.md): server ("host:port" or
     "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
-    and Kubernetes environments), token_file, timeout_ms, reconnect_s,
-    connect_s, wire ("f32"/"bf16"), skip_zeros (bool: float32 pushes leave
-    their zeros out when psd offers it; default True), compress ("auto", or a
-    bool: float32 pushes as zstd frames; auto, the default: to a psd on
-    another machine), shm (bool), reconnect (bool), send_buffer,
-    barrier ("auto", or a bool: a BSP step over a split model ends at a
-    BARRIER on the first psd; auto, the default: when a psd is on another
-    machine), pieces ("auto", or a bool: a BSP step sends a part whose psd
-    closes rounds in pieces piece by piece; auto, the default: when that psd
-    is on another machine), log.
+    and Kubernetes environments), token_file, timeout_ms, wire
+    ("f32"/"bf16"), shm (bool), compress ("auto" or a bool), chunk,
+    pull_window, interrupt (bool, default True here: Ctrl-C or SIGTERM
+    while a call waits for psd ends it with KeyboardInterrupt and the client
+    says bye; False waits through signals), ...; a bool goes as "on" or
+    "off", None leaves the library's default.
     connect=True connects at once (after init, when given, was copied into
     the parameters).
 
@@ -113,17 +177,29 @@ class Client:
             if value is None:
                 continue
             self._check(lib.psc_set(c, key.encode(), _opt_text(value).encode()))
+        if options.get("interrupt") is None:
+            self._check(lib.psc_set(c, b"interrupt", b"on"))
         items = tensors.items() if isinstance(tensors, dict) else tensors
+        self._buffers = {}
         for item in items:
             try:
-                name, shape = item
+                name, shape, *buf = item
+                if len(buf) > 2:
+                    raise ValueError
             except (TypeError, ValueError):
-                raise TypeError("a tensor is a (name, shape) pair, not %r" % (item,)) from None
+                raise TypeError("a tensor is a (name, shape) pair, or (name, shape, rule[, dtype]) for a buffer, "
+                                "not %r" % (item,)) from None
             if isinstance(shape, int):
                 shape = (shape,)
             shape = tuple(int(d) for d in shape)
             dims = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
-            self._check(lib.psc_add_tensor(c, str(name).encode(), len(shape), dims))
+            if buf:
+                rule, dtype = buf[0], buf[1] if len(buf) > 1 else None
+                self._check(lib.psc_add_buffer(c, str(name).encode(), len(shape), dims, str(rule).encode(),
+                                               str(dtype).encode() if dtype is not None else None))
+                self._buffers[str(name)] = (str(rule), str(dtype or "F32"))
+            else:
+                self._check(lib.psc_add_tensor(c, str(name).encode(), len(shape), dims))
         self._shapes = {}
         self._offsets = {}
         for i in range(lib.psc_tensor_count(c)):
@@ -140,7 +216,7 @@ class Client:
         self.size = int(lib.psc_size(c))
         self._own_params = self._wrap(lib.psc_params(c))
         self._own_grads = self._wrap(lib.psc_grads(c))
-        self.params, self.grads = self._own_params, self._own_grads
+        self._params, self._grads = self._own_params, self._own_grads
         if init is not None:
             self.params[:] = np.asarray(init, dtype=np.float32).reshape(-1)
         if connect:
@@ -154,6 +230,8 @@ class Client:
         return self._c
 
     def _check(self, rc):
+        if rc == _EINTR:
+            _run_signal_handlers()  # raises KeyboardInterrupt for Ctrl-C and SIGTERM
         if rc != 0:
             raise PsdError(rc, lib.psc_errmsg(self._c).decode(errors="replace"))
         return rc
@@ -168,9 +246,40 @@ class Client:
     # ---- layout and buffers ----------------------------------------------
 
     @property
+    def params(self):
+        """The parameter vector (size float32 values) that pulls write:
+        the library's own, or the array given to bind(). Write into it
+        (c.params[:] = values); the attribute itself cannot be replaced."""
+        return self._params
+
+    @params.setter
+    def params(self, value):
+        raise AttributeError("Client.params cannot be replaced: it is the vector the library pulls into and "
+                             "psd's initial model comes from; copy into it (c.params[:] = values), or use your own "
+                             "array with c.bind(params=array)")
+
+    @property
+    def grads(self):
+        """The gradient vector (size float32 values) that pushes read:
+        the library's own, or the array given to bind(). Write into it
+        (c.grads[:] = gradient); the attribute itself cannot be replaced."""
+        return self._grads
+
+    @grads.setter
+    def grads(self, value):
+        raise AttributeError("Client.grads cannot be replaced: it is the vector the library pushes from; copy "
+                             "into it (c.grads[:] = gradient), or use your own array with c.bind(grads=array)")
+
+    @property
     def tensors(self):
         """{name: shape} in layout order."""
         return dict(self._shapes)
+
+    @property
+    def buffers(self):
+        """{name: (rule, dtype)} of the layout's buffers (tensors psd keeps
+        but does not train: a push carries their values)."""
+        return dict(self._buffers)
 
     def offset(self, name):
         """(offset, count) of tensor name in the flat vectors."""
@@ -215,22 +324,37 @@ class Client:
         self._check(lib.psc_bind(self._handle(), pp, gp))
         self._bound = (params, grads)
         flat = lambda a: a if a.ndim == 1 else a.reshape(-1)  # noqa: E731 (a view: contiguous)
-        self.params = flat(params) if params is not None else self._own_params
-        self.grads = flat(grads) if grads is not None else self._own_grads
+        self._params = flat(params) if params is not None else self._own_params
+        self._grads = flat(grads) if grads is not None else self._own_grads
 
     # ---- connecting and training -----------------------------------------
 
     def connect(self):
         """Connects (waiting for psd up to connect_s); the parameters as they
-        are become the model when psd has none, else psd's values replace them."""
-        self._check(lib.psc_connect(self._handle()))
+        are become the model when psd has none, else psd's values replace them.
+        From here on SIGTERM raises KeyboardInterrupt as Ctrl-C does (when
+        its handler was the default), and either one, while a call waits
+        for psd, ends the wait at once: the client says bye to psd ("left:
+        stopped by SIGINT") and the KeyboardInterrupt goes on up."""
+        _stop_on_sigterm()
+        self._stopping(lambda: self._check(lib.psc_connect(self._handle())))
+
+    def _stopping(self, call):
+        """Runs call(); a KeyboardInterrupt (Ctrl-C, SIGTERM) during it says
+        bye to psd, with the signal as the reason, and goes on up."""
+        try:
+            return call()
+        except KeyboardInterrupt:
+            sig, _stop_signal[0] = _stop_signal[0] or "SIGINT", None
+            self.close(reason="stopped by %s" % sig)
+            raise
 
     def _step(self, fn):
         """Runs a step of the library, timed for waited()."""
         h = self._handle()
         self._since = time.monotonic()
         try:
-            self._check(fn(h))
+            self._stopping(lambda: self._check(fn(h)))
         finally:
             self._since = None
 

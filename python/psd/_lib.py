@@ -49,12 +49,20 @@ _s = ctypes.c_char_p
 _f = ctypes.POINTER(ctypes.c_float)
 _d = ctypes.c_double
 
+
+class OptionInfo(ctypes.Structure):
+    """psc_option_info: one row of libpsclient's table of options."""
+    _fields_ = [("name", _s), ("flag", _s), ("arg", _s), ("values", _s), ("dflt", _s), ("help", _s)]
+
+
 for name, res, args in [
     ("psc_version_string", _s, []),
     ("psc_strerror", _s, [_i]),
     ("psc_new", _c, []),
     ("psc_set", _i, [_c, _s, _s]),
+    ("psc_option", ctypes.POINTER(OptionInfo), [ctypes.c_uint]),
     ("psc_add_tensor", _i, [_c, _s, _u32, ctypes.POINTER(_u64)]),
+    ("psc_add_buffer", _i, [_c, _s, _u32, ctypes.POINTER(_u64), _s, _s]),
     ("psc_size", _u64, [_c]),
     ("psc_tensor_count", _u32, [_c]),
     ("psc_tensor_info", _i, [_c, _u32, ctypes.POINTER(_s), ctypes.POINTER(_u32), ctypes.POINTER(_u64),
@@ -107,5 +115,5 @@ PSC_CODES = {
     -7: "ELAYOUT", -8: "ERANGE", -9: "ENONFINITE", -10: "ESTALE", -11: "EDUPLICATE", -12: "ESHARD",
     -13: "ENOT_READY", -14: "EAUTH", -15: "EFORBIDDEN", -16: "ELIMIT", -17: "ESHUTDOWN", -18: "ENOMEM",
     -19: "EIO", -20: "ECONNECT", -21: "ETIMEOUT", -22: "ECLOSED", -23: "EINVAL", -24: "EREMOTE", -25: "EBUSY",
-    -26: "ENOTFOUND",
+    -26: "ENOTFOUND", -27: "EINTR",
 }

@@ -15,7 +15,9 @@ in the library either when psd runs on the same machine (the vectors are
 then the shared segment psd reads and writes). psd's server-side optimizer
 does the update (choose it in psd's configuration: optimizer, lr, ...), so
 no torch.optim optimizer is needed. The layout is the module's
-named_parameters(), in order: every worker of a job must build the same
+named_parameters(), in order, then its named_buffers() (buffers="mean" or
+"first": psd keeps them but does not train them; a step pushes their
+values and brings psd's back): every worker of a job must build the same
 module. Heartbeats go on from the library's own thread while the model
 computes.
 
@@ -62,6 +64,12 @@ import torch
 
 import psd as _psd
 
+# the dtype `psctl save` writes a buffer as, by the buffer's own (values
+# travel as float32: integers exact up to 2^24)
+_SAVE_DT = {torch.float32: "F32", torch.float16: "F32", torch.bfloat16: "F32", torch.float64: "F64",
+            torch.int64: "I64", torch.int32: "I32", torch.int16: "I32", torch.int8: "I32", torch.uint8: "I32",
+            torch.bool: "I32"}
+
 
 class Worker:
     """Binds module's parameters and gradients to a psd.Client and connects.
@@ -77,9 +85,19 @@ class Worker:
     waiting 12 s for psd: round 0 waits for shard 1/2 (never joined)",
     psd.WaitNotice); None (the default) does when stderr is a terminal,
     True always, False never.
+    buffers: what becomes of the module's buffers (BatchNorm's
+    running_mean, running_var, num_batches_tracked, any register_buffer):
+    "mean" (the default): psd keeps them with the model, untrained, and
+    sets them to the mean of the workers' values (a BSP round's mean; in
+    asgd each push moves them 1/workers of the way to its own); "first":
+    shard 0's values, as DistributedDataParallel's broadcast_buffers;
+    None: each worker keeps its own and psd knows nothing of them. With
+    "mean" or "first" psd's checkpoints and `psctl save` hold
+    them under the module's names (integers as I64), so the saved file
+    loads with load_state_dict(strict=True).
     """
 
-    def __init__(self, module, connect=True, pipeline=False, wait_notice=None, **options):
+    def __init__(self, module, connect=True, pipeline=False, wait_notice=None, buffers="mean", **options):
         if not isinstance(module, torch.nn.Module):
             raise TypeError("psd.torch.Worker wraps a torch.nn.Module, not %s" % type(module).__name__)
         self.module = module
@@ -89,7 +107,20 @@ class Worker:
         for n, p in self._params:
             if p.dtype != torch.float32:
                 raise TypeError("parameter %s is %s: psd trains float32 parameters (module.float())" % (n, p.dtype))
+        if buffers not in ("mean", "first", None):
+            raise ValueError("buffers must be \"mean\" (psd keeps the mean of the workers' buffers), \"first\" "
+                             "(shard 0's, as DistributedDataParallel's broadcast_buffers) or None (each worker "
+                             "keeps its own), not %r" % (buffers,))
+        self.buffers = buffers
+        # the module's buffers (BatchNorm's running statistics, ...): psd
+        # keeps them beside the parameters, untrained (module's notes)
+        self._bufs = [(n, b) for n, b in module.named_buffers()] if buffers else []
+        for n, b in self._bufs:
+            if _SAVE_DT.get(b.dtype) is None:
+                raise TypeError("buffer %s is %s: psd keeps float and integer buffers (or Worker(buffers=None))"
+                                % (n, b.dtype))
         layout = [(n, tuple(p.shape) if p.dim() else (1,)) for n, p in self._params]
+        layout += [(n, tuple(b.shape) if b.dim() else (1,), buffers, _SAVE_DT[b.dtype]) for n, b in self._bufs]
         self.client = _psd.Client(layout, **options)
         # the library's vectors, as tensors sharing their memory
         self.flat_params = torch.from_numpy(self.client.params)
@@ -99,9 +130,9 @@ class Worker:
         if any(p.device != self.device for _, p in self._params):
             raise ValueError("all parameters must be on one device")
         with torch.no_grad():
-            for n, p in self._params:
+            for n, p in self._params + self._bufs:
                 off, cnt = self.client.offset(n)
-                self.flat_params[off:off + cnt].copy_(p.detach().reshape(-1).cpu())
+                self.flat_params[off:off + cnt].copy_(p.detach().reshape(-1).cpu().to(torch.float32))
         if self.cuda:
             # device copies of the flat vectors; host ones pinned for fast copies
             self._dev_params = self.flat_params.to(self.device)
@@ -142,6 +173,30 @@ class Worker:
             g = grads[off:off + cnt].view(p.shape)
             p.grad = g
             self._grad_views.append(g)
+        for n, b in self._bufs:
+            if b.dtype == torch.float32:  # others are copied at each step
+                off, cnt = self.client.offset(n)
+                b.data = params[off:off + cnt].view(b.shape)
+
+    def _buffers_out(self, grads):
+        """A push carries the buffers' values in their places of the
+        gradient vector (psd combines them, buffers= rule)."""
+        with torch.no_grad():
+            for n, b in self._bufs:
+                off, cnt = self.client.offset(n)
+                grads[off:off + cnt].copy_(b.detach().reshape(-1).to(torch.float32))
+
+    def _buffers_in(self):
+        """psd's values of the buffers that are not views (integers, or
+        all on a GPU) into the module, after a pull."""
+        with torch.no_grad():
+            for n, b in self._bufs:
+                if b.dtype == torch.float32 and not self.cuda:
+                    continue  # a view: the pull wrote it
+                off, cnt = self.client.offset(n)
+                src = self.flat_params if self.cuda else self._pairs[self._cur][0]
+                v = src[off:off + cnt].view(b.shape)
+                b.copy_(v.round() if not b.dtype.is_floating_point else v)
 
     def _gather_stray_grads(self):
         """A parameter whose .grad something replaced (set_to_none, a new
@@ -171,11 +226,13 @@ class Worker:
     def _after_pull(self):
         if self.cuda:
             self._dev_params.copy_(self.flat_params, non_blocking=self._host_pinned)
+        self._buffers_in()
 
     def _before_push(self):
         self._gather_stray_grads()
         if self.cuda:
             self.flat_grads.copy_(self._dev_grads)
+        self._buffers_out(self.flat_grads if self.cuda else self._pairs[self._cur][1])
 
     def zero_grad(self):
         """Zeroes the gradients in place (they stay views)."""
@@ -197,6 +254,7 @@ class Worker:
     def _pipelined_step(self):
         self._gather_stray_grads()
         cur, other = self._cur, 1 - self._cur
+        self._buffers_out(self._pairs[cur][1])
         if self._inflight:
             # the step before: its answer is in the other pair's parameters
             self._inflight = False

@@ -12,10 +12,14 @@
  * A connection takes part from its first BARRIER on (clients that never
  * send one are never waited for), and stops when it goes away, its worker
  * leaves, or it sends one for version 0 (a worker whose parts are out of
- * step, which must not be waited for). A parked BARRIER for version v is
- * answered once every worker taking part, but for backup_workers of them,
- * has sent one for v or later. In ASGD and SSP there are no rounds to line
- * up: the OK comes at once. */
+ * step, which must not be waited for). Where a connection stands is its
+ * latest BARRIER's version, lower or higher than the one before. A parked
+ * BARRIER for version v is answered once every worker taking part, but for
+ * backup_workers of them, stands at v or later. A version above the
+ * model's plus one is refused: no reply of psd can have told a worker of
+ * it (a BSP round closing piece by piece answers pulls at r + 1 while the
+ * model is at r). In ASGD and SSP there are no rounds to line up: the OK
+ * comes at once. */
 #include <stdio.h>
 
 #include "server/answer/barrier.h"
@@ -65,6 +69,14 @@ int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen
                  (unsigned long long)c->barrier_id);
         return PS_ESTATE;
     }
+    if (ver > s->model.version && ver - s->model.version > 1) {
+        snprintf(err, errlen, "barrier for version %llu, but psd's model is at version %llu: a worker cannot have "
+                 "a version above %llu (the version of a PARAMS psd sent, at most the model's plus one); "
+                 "send the version of the last PARAMS, or 0 to withdraw",
+                 (unsigned long long)ver, (unsigned long long)s->model.version,
+                 (unsigned long long)s->model.version + 1);
+        return PS_EBAD_FIELD;
+    }
     if (ver == 0) {
         /* "do not wait for me": its parts are out of step (PROTOCOL.md) */
         c->barrier_ver = 0;
@@ -76,8 +88,7 @@ int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen
         answer(c, id);
         return 0;
     }
-    if (ver > c->barrier_ver)
-        c->barrier_ver = ver;
+    c->barrier_ver = ver; /* its latest, not the highest it ever sent */
     c->barrier_id = id;
     c->barrier_parked = 1;
     srv_barrier_release(s);

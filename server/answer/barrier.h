@@ -6,8 +6,9 @@
 
 /* BARRIER (barrier.c): worker c has reached model version ver and waits,
  * in BSP, until every worker taking part in barriers has (ver 0: c stops
- * taking part); answered now or parked (0), or refused with err (a second
- * one while one waits). */
+ * taking part); c then stands at ver, its latest. Answered now or parked
+ * (0), or refused with err: a second one while one waits (PS_ESTATE), a
+ * version above the model's plus one (PS_EBAD_FIELD). */
 int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen);
 /* What c's parked barrier waits for ("barrier at version 12 waits for
  * shard 2/3 (at version 11)"), for HEARTBEAT's wait notice; 0 when none

@@ -155,6 +155,17 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
     int rc = srv_pull_check_rdt(s, rdt, err, errlen);
     if (rc != 0)
         return rc;
+    if (c->pinned) {
+        /* ADMIN pin: that version, whatever min says, and its size (a
+         * reset may have put a model of another size in its place) */
+        if (!srv_range_ok(c->pinned->n, off, len)) {
+            snprintf(err, errlen, "pull range [%llu, %llu) is outside the pinned version's %llu parameters",
+                     (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)c->pinned->n);
+            return PS_ERANGE;
+        }
+        send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
+        return 0;
+    }
     if (!s->model.has_layout) {
         snprintf(err, errlen, "no model yet: the first worker has not said hello");
         return PS_ENOT_READY;
@@ -163,11 +174,6 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
         snprintf(err, errlen, "pull range [%llu, %llu) is outside the model's %llu parameters",
                  (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
         return PS_ERANGE;
-    }
-    if (c->pinned) {
-        /* ADMIN pin: that version, whatever min says */
-        send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
-        return 0;
     }
     /* an earlier pull for this version or an older one still waits: this
      * one waits behind it, so that their replies leave in request order
@@ -234,6 +240,19 @@ void srv_answer_parked(psd *s)
     for (srv_conn *c = s->conns; c; c = c->next)
         if (c->parked && !c->closing)
             srv_conn_answer_parked(c);
+}
+
+void srv_pulls_refuse(srv_conn *c, int code, const char *text)
+{
+    /* an error may close c (max_output_buffer), which frees the list */
+    while (c->parked && !c->closing) {
+        srv_parked *p = c->parked;
+        c->parked = p->next;
+        c->nparked--;
+        uint64_t id = p->id;
+        parked_put(p);
+        srv_send_error(c, id, code, 0, "%s", text);
+    }
 }
 
 void srv_pulls_drop(srv_conn *c)

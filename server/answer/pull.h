@@ -16,6 +16,9 @@ int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */
 void srv_conn_answer_parked(srv_conn *c);
+/* Answers each of c's parked pulls with an ERROR code and text, and
+ * forgets them (a reset drops the model they wait for). */
+void srv_pulls_refuse(srv_conn *c, int code, const char *text);
 /* Drops c's parked pulls and pinned snapshot (it goes away). */
 void srv_pulls_drop(srv_conn *c);
 /* Frees the parked-pull entries kept for reuse (at exit). */

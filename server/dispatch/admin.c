@@ -27,6 +27,8 @@ typedef struct srv_ckpt_wait {
     struct srv_ckpt_wait *next;
 } srv_ckpt_wait;
 
+static int ckpt_waits_answer(psd *s, int code, const char *why);
+
 /* ---- configuration ---------------------------------------------------------- */
 
 /* Appends "name: was -> now" to the summary, ", "-separated. */
@@ -370,12 +372,22 @@ static void cmd_reset(srv_conn *c, ps_msg *m)
     int had = s->model.has_layout;
     char why[96];
     snprintf(why, sizeof why, "model reset by admin %.60s", c->addr);
+    /* each `checkpoint` request waiting gets its answer now: the written
+     * ones OK (the reset has just set their file aside), the others an
+     * ERROR; after the reset, a checkpoint of the next model's version
+     * would answer them wrongly, or none ever would */
+    char ckwhy[160];
+    snprintf(ckwhy, sizeof ckwhy, "the model was reset by admin %.60s before it was written", c->addr);
+    ckpt_waits_answer(s, PS_ESTATE, ckwhy);
     /* forced: the workers go, their pulls first, so that nothing answers
      * them; the model before them, so that the last one's leaving writes
      * no checkpoint of it */
     for (srv_conn *o = s->conns; o; o = o->next)
         if (o->worker && !o->closing)
             srv_pulls_drop(o);
+        else if (!o->closing && o->parked) /* an admin's: answered, it waits for a version of no model */
+            srv_pulls_refuse(o, PS_ESTATE, "pull not answered: the model was reset by an admin (psctl reset); "
+                                           "its versions start again from 0");
     s->policy->destroy(s); /* rounds, kept gradients, DC-ASGD's snapshots: made anew */
     srv_model_release(&s->model);
     srv_plan_clear(&s->plan); /* the job's: the next worker's hello proposes one again */
@@ -466,17 +478,22 @@ static srv_conn *conn_by_cid(psd *s, uint64_t cid)
     return NULL;
 }
 
-void srv_admin_tick(psd *s)
+/* Answers the `checkpoint` requests whose checkpoint is written (OK) or
+ * has failed (ERROR IO) and forgets them; with code != 0 it answers every
+ * other one too, with an ERROR code saying why (a reset, a shutdown), so
+ * that none is left without its one answer. Returns 1 when requests still
+ * wait (code 0 only). */
+static int ckpt_waits_answer(psd *s, int code, const char *why)
 {
     srv_ckpt_wait **pp = &s->ckpt_waits;
-    int restart = 0;
+    int waiting = 0;
     while (*pp) {
         srv_ckpt_wait *w = *pp;
         srv_conn *c = conn_by_cid(s, w->cid);
         int done = s->stats.checkpoint_ms && s->stats.checkpoint_version >= w->version;
         int failed = !done && s->stats.checkpoint_failures > w->failures && !s->checkpoint_busy;
-        if (c && !done && !failed) {
-            restart = 1;
+        if (c && !done && !failed && !code) {
+            waiting = 1;
             pp = &w->next;
             continue;
         }
@@ -487,16 +504,29 @@ void srv_admin_tick(psd *s)
             snprintf(text, sizeof text, "checkpoint of version %llu written to %s",
                      (unsigned long long)s->stats.checkpoint_version, s->cfg.state_dir);
             reply_ok(c, w->id, text);
-        } else if (c) {
+        } else if (c && failed) {
             srv_send_error(c, w->id, PS_EIO, 0, "checkpoint of version %llu failed: %s",
                            (unsigned long long)w->version,
                            s->stats.checkpoint_error[0] ? s->stats.checkpoint_error : "see psd's log");
+        } else if (c) {
+            srv_send_error(c, w->id, code, 0, "checkpoint of version %llu not written: %s",
+                           (unsigned long long)w->version, why);
         }
         *pp = w->next;
         free(w);
     }
-    if (restart && !s->checkpoint_busy)
+    return waiting;
+}
+
+void srv_admin_tick(psd *s)
+{
+    if (ckpt_waits_answer(s, 0, NULL) && !s->checkpoint_busy)
         srv_checkpoint_start(s, 1);
+}
+
+void srv_admin_stop(psd *s)
+{
+    ckpt_waits_answer(s, PS_ESHUTDOWN, "psd is shutting down (it writes a last checkpoint as it exits)");
 }
 
 int srv_admin_waiting(psd *s, uint64_t cid)

@@ -11,13 +11,19 @@
 /* Handles one ADMIN message from an admin connection c: queues exactly one
  * reply (OK with a `text` for people, or ERROR), except for `checkpoint`,
  * whose reply is queued by srv_admin_tick() once the checkpoint is written
- * or has failed. The caller has checked that c is an admin. */
+ * or has failed, or by a `reset` (ERROR STATE when it comes first) or
+ * srv_admin_stop(). The caller has checked that c is an admin. */
 void srv_handle_admin(srv_conn *c, ps_msg *m);
 
 /* Answers `checkpoint` requests whose checkpoint is now written (or
  * failed), and starts the one they wait for when the pool was busy with an
  * older one. Called from psd's 250 ms tick. */
 void srv_admin_tick(psd *s);
+
+/* psd stops: every `checkpoint` request still waiting is answered now, OK
+ * when its checkpoint is written, else ERROR SHUTDOWN (the connections
+ * close next). Called before the connections are shut. */
+void srv_admin_stop(psd *s);
 
 /* 1 when the connection numbered cid waits for a `checkpoint` reply. */
 int srv_admin_waiting(psd *s, uint64_t cid);

@@ -85,6 +85,9 @@ int srv_apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, char
     }
     /* scaling by k <= 1 keeps the push's bound; DC-ASGD's correction has none */
     srv_grad gr = {.g = g, .has_gmax = p->has_gmax && !dc, .gmax = p->gmax};
+    /* buffers take the push's own values, unscaled (update.h) */
+    gr.raw = p->g;
+    gr.from_first = w && w->shard == 0;
     srv_update_tag tag = {.w = w, .fin = p->fin};
     int rc = srv_update_apply(s, &gr, off, n, p->may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)

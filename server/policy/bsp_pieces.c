@@ -12,12 +12,14 @@
 /* The rounds close piece by piece: bsp_piece is set and nothing needs the
  * whole round's mean at once (backup workers decide per round who counts,
  * clip_norm clips the whole mean, a plan hands out the next round as it
- * opens, the arrival-order sum has no push apart before its fin). */
+ * opens, the arrival-order sum has no push apart before its fin). A plan
+ * counts from the hello that brings it, before the model has values: the
+ * WELCOME (bsp_piece) says what the rounds will do. */
 int srv_bsp_pieces_on(const psd *s)
 {
     const ps_config *c = &s->cfg;
     return c->bsp_piece > 0 && c->bsp_piece < s->model.layout.total && c->bsp_sum_order == PS_BSP_SUM_SHARD &&
-           c->backup_workers == 0 && !(c->clip_norm > 0) && !srv_plan_active(s);
+           c->backup_workers == 0 && !(c->clip_norm > 0) && !s->plan.set;
 }
 
 uint64_t srv_bsp_piece_hi(const srv_bsp_state *b, size_t p, size_t total)

@@ -1,6 +1,12 @@
 /* safetensors.c - a model from a safetensors file (safetensors.h). The
- * header's JSON is parsed with jansson; the values are read straight into
- * the model's blocks, so the file is never held in memory whole. */
+ * header's JSON is first scanned from the file in small pieces, counting
+ * its entries, values and longest token, and refused beyond what a psd
+ * model needs; only then does jansson parse it, read from the file as it
+ * goes. So a header of millions of values is refused with memory that
+ * does not grow with it (jansson's tree of one costs about 14 times its
+ * text), and an accepted one costs about its size. The values are read
+ * straight into the model's blocks, so the file is never held in memory
+ * whole. */
 #include "server/report/safetensors.h"
 
 #include <errno.h>
@@ -19,6 +25,14 @@
 
 /* safetensors' own limit on a header (its reference implementation's) */
 #define HEADER_MAX (100u << 20)
+/* What a header psd takes may hold: JSON values and keys (a tensor's entry
+ * is 9 of them and its dimensions; the rest is room for __metadata__) and
+ * the length of one string or number (a name is at most PS_NAME_MAX;
+ * metadata strings may be longer). Each value costs jansson about 100
+ * bytes, a token about twice its length while it is read. */
+#define HEADER_TOKENS_MAX (1u << 16)
+#define HEADER_TOKEN_LEN_MAX (4u << 20)
+#define READ_CHUNK (64u << 10)
 
 /* A tensor as the header describes it. */
 typedef struct st_tensor {
@@ -107,10 +121,108 @@ static int parse_tensor(const char *path, const char *name, const json_t *v, st_
     return 0;
 }
 
+/* What scan_header counts. */
+typedef struct st_count {
+    uint64_t entries; /* keys of the top-level object */
+    uint64_t tokens;  /* strings (keys too), numbers, literals, objects, arrays */
+    uint64_t longest; /* bytes of the longest string or number */
+} st_count;
+
+/* Counts the header's [8, 8 + hlen) of fd in READ_CHUNK pieces, stopping
+ * as soon as a count passes its limit (entries: max_entries). Counting
+ * only: whether it is JSON is jansson's to say. 0, or -1 (errno set; 0
+ * for a short read). */
+static int scan_header(int fd, uint64_t hlen, uint64_t max_entries, st_count *n)
+{
+    char *buf = malloc(READ_CHUNK);
+    int depth = 0, in_str = 0, esc = 0, in_scalar = 0, rc = 0;
+    uint64_t run = 0;
+    *n = (st_count){0};
+    if (!buf) {
+        errno = ENOMEM;
+        return -1;
+    }
+    for (uint64_t off = 0; off < hlen && n->entries <= max_entries && n->tokens <= HEADER_TOKENS_MAX &&
+                           n->longest <= HEADER_TOKEN_LEN_MAX;) {
+        size_t len = hlen - off < READ_CHUNK ? (size_t)(hlen - off) : READ_CHUNK;
+        if (read_at(fd, buf, len, 8 + off) != 0) {
+            rc = -1;
+            break;
+        }
+        off += len;
+        for (size_t i = 0; i < len; i++) {
+            char ch = buf[i];
+            if (in_str) {
+                if (esc)
+                    esc = 0;
+                else if (ch == '\\')
+                    esc = 1;
+                else if (ch == '"')
+                    in_str = 0;
+                if (in_str && ++run > n->longest)
+                    n->longest = run;
+                continue;
+            }
+            if (in_scalar) {
+                if ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '-' ||
+                    ch == '+' || ch == '.') {
+                    if (++run > n->longest)
+                        n->longest = run;
+                    continue;
+                }
+                in_scalar = 0;
+            }
+            switch (ch) {
+            case '"':
+                in_str = 1, run = 0, n->tokens++;
+                break;
+            case '{':
+            case '[':
+                depth++, n->tokens++;
+                break;
+            case '}':
+            case ']':
+                depth--;
+                break;
+            case ':':
+                n->entries += depth == 1;
+                break;
+            case ' ':
+            case '\t':
+            case '\n':
+            case '\r':
+            case ',':
+                break;
+            default:
+                in_scalar = 1, run = 1, n->tokens++;
+                if (run > n->longest)
+                    n->longest = run;
+            }
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* jansson reads the header from the file through this. */
+typedef struct st_reader {
+    int fd;
+    uint64_t off, end; /* the next byte to read; the header's end */
+} st_reader;
+
+static size_t read_header(void *buffer, size_t buflen, void *data)
+{
+    st_reader *r = data;
+    size_t n = r->end - r->off < buflen ? (size_t)(r->end - r->off) : buflen;
+    if (n && read_at(r->fd, buffer, n, r->off) != 0)
+        return (size_t)-1;
+    r->off += n;
+    return n;
+}
+
 int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
 {
     int rc = PS_EINVAL;
-    char *head = NULL;
     json_t *root = NULL;
     st_tensor *ts = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -139,13 +251,29 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                  hlen > HEADER_MAX ? " (and safetensors allows 100 MiB)" : "");
         goto out;
     }
-    if (!(head = malloc(hlen)) || read_at(fd, head, hlen, 8) != 0) {
-        snprintf(err, errlen, "%s: cannot read its header: %s", path, head ? strerror(errno) : "out of memory");
-        rc = head ? PS_EIO : PS_ENOMEM;
+    /* counted before anything is built of it: one entry more than the
+     * tensors psd takes, for __metadata__ */
+    st_count cnt;
+    if (scan_header(fd, hlen, PS_TENSORS_MAX + 1, &cnt) != 0) {
+        snprintf(err, errlen, "%s: cannot read its header: %s", path, errno ? strerror(errno) : "file shrank");
+        rc = errno == ENOMEM ? PS_ENOMEM : PS_EIO;
+        goto out;
+    }
+    if (cnt.entries > PS_TENSORS_MAX + 1) {
+        snprintf(err, errlen, "%s: more than %d tensors in its header; psd takes 1 to %d", path, PS_TENSORS_MAX,
+                 PS_TENSORS_MAX);
+        goto out;
+    }
+    if (cnt.tokens > HEADER_TOKENS_MAX || cnt.longest > HEADER_TOKEN_LEN_MAX) {
+        snprintf(err, errlen, "%s: bad header: %s (psd's model has at most %d tensors of %d dimensions "
+                 "and names of %d bytes): not a model psd can hold", path,
+                 cnt.tokens > HEADER_TOKENS_MAX ? "more than 65536 JSON values" : "a string or number over 4 MiB",
+                 PS_TENSORS_MAX, PS_DIMS_MAX, PS_NAME_MAX);
         goto out;
     }
     json_error_t jerr;
-    root = json_loadb(head, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    st_reader reader = {.fd = fd, .off = 8, .end = 8 + hlen};
+    root = json_load_callback(read_header, &reader, JSON_REJECT_DUPLICATES, &jerr);
     if (!root || !json_is_object(root)) {
         snprintf(err, errlen, "%s: bad header: %s%s (at byte %d of %" PRIu64 "): not a safetensors file", path,
                  root ? "not a JSON object" : "not JSON: ", root ? "" : jerr.text, root ? 0 : jerr.position, hlen);
@@ -247,7 +375,6 @@ undo:
 out:
     free(ts);
     json_decref(root);
-    free(head);
     close(fd);
     return rc;
 }

@@ -272,6 +272,52 @@ int srv_hello_precheck(const srv_conn *c, const ps_msg *m, char *err, size_t err
     return 0;
 }
 
+/* One tensor as "name[d0,d1]", or "(none)" past the layout's end. */
+static void tensor_text(const ps_layout *l, uint32_t i, char *buf, size_t len)
+{
+    if (i >= l->ntensors) {
+        snprintf(buf, len, "(none: %u tensors)", l->ntensors);
+        return;
+    }
+    const ps_tensor_desc *t = &l->t[i];
+    size_t pos = (size_t)snprintf(buf, len, "%s[", t->name);
+    for (uint32_t d = 0; d < t->ndim && pos < len; d++)
+        pos += (size_t)snprintf(buf + pos, len - pos, d ? ",%u" : "%u", t->dims[d]);
+    if (pos < len)
+        pos += (size_t)snprintf(buf + pos, len - pos, "]");
+    if (t->buf && pos < len)
+        snprintf(buf + pos, len - pos, " (a buffer: %s, %s)", ps_buf_name(t->buf), ps_save_dt_name(t->save_dt));
+}
+
+/* The refusal of a worker whose layout is not psd's: the first tensor
+ * that differs (its place, psd's and the worker's), both parameter
+ * counts, where psd's layout came from, and what to do. Bounded whatever
+ * the layouts (a name is at most 63 bytes, a tensor 6 dims), so it is
+ * never cut: a whole list of both layouts was, in the middle of psd's. */
+static void layout_mismatch(const ps_layout *mine, const ps_layout *theirs, const char *from, char *err,
+                            size_t errlen)
+{
+    uint32_t i = 0;
+    while (i < mine->ntensors && i < theirs->ntensors) {
+        const ps_tensor_desc *x = &mine->t[i], *y = &theirs->t[i];
+        if (x->ndim != y->ndim || strcmp(x->name, y->name) != 0 ||
+            memcmp(x->dims, y->dims, x->ndim * sizeof x->dims[0]) != 0 || x->buf != y->buf ||
+            x->save_dt != y->save_dt)
+            break;
+        i++;
+    }
+    char a[160], b[160];
+    tensor_text(mine, i, a, sizeof a);
+    tensor_text(theirs, i, b, sizeof b);
+    snprintf(err, errlen,
+             "model layout mismatch at tensor %u: psd holds %s, this worker has %s (psd: %llu parameters in %u "
+             "tensors, %s; this worker: %llu in %u). Start this worker with psd's model, or, to train another "
+             "model on this psd, end the job: `psctl reset` (it sets the model aside and the next worker's becomes "
+             "psd's)",
+             i, a, b, (unsigned long long)mine->total, mine->ntensors, from, (unsigned long long)theirs->total,
+             theirs->ntensors);
+}
+
 int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen)
 {
     int rc = srv_hello_precheck(c, m, err, errlen);
@@ -294,21 +340,17 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
         return PS_ELIMIT;
     }
     if (s->model.has_layout && !ps_layout_equal(&s->model.layout, m->layout)) {
-        char mine[512], theirs[512];
-        ps_layout_describe(&s->model.layout, mine, sizeof mine);
-        ps_layout_describe(m->layout, theirs, sizeof theirs);
         /* where psd's layout comes from says what to change */
         char from[PS_CONFIG_PATH_MAX + 160];
         if (s->model_file[0])
-            snprintf(from, sizeof from, "from %s (init_from; start psd without it, or the workers with that model)",
+            snprintf(from, sizeof from, "from %.300s (init_from; start psd without it, or the workers with that model)",
                      s->model_file);
         else if (s->resumed_from[0])
-            snprintf(from, sizeof from, "from the checkpoint %s (start psd with --fresh to begin anew)",
+            snprintf(from, sizeof from, "from the checkpoint %.300s (start psd with --fresh to begin anew)",
                      s->resumed_from);
         else
-            snprintf(from, sizeof from, "from the first worker's hello");
-        snprintf(err, errlen, "model layout mismatch: psd holds %llu parameters (%s) %s; this worker has %llu (%s)",
-                 (unsigned long long)s->model.layout.total, mine, from, (unsigned long long)m->layout->total, theirs);
+            snprintf(from, sizeof from, "from the job's first worker");
+        layout_mismatch(&s->model.layout, m->layout, from, err, errlen);
         return PS_ELAYOUT;
     }
     return 0;

@@ -209,6 +209,8 @@ int srv_listen_resolve(const char *host, int port, struct sockaddr_storage *out,
     if (uv_ip4_addr(host, port, (struct sockaddr_in *)out) == 0 ||
         uv_ip6_addr(host, port, (struct sockaddr_in6 *)out) == 0)
         return 0;
+    if (ps_host_is_localhost(host)) /* loopback without the resolver (RFC 6761) */
+        return uv_ip4_addr("127.0.0.1", port, (struct sockaddr_in *)out) == 0 ? 0 : PS_EINVAL;
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_socktype = SOCK_STREAM;

@@ -132,6 +132,74 @@ static void measure(struct mags *mg, const float *w, const float *st1, const flo
     }
 }
 
+/* 1 when a buffer lies in parameters [off, off+len). */
+static int has_buffers(const ps_layout *l, uint64_t off, size_t len)
+{
+    for (uint32_t i = 0; i < l->ntensors; i++)
+        if (l->t[i].buf && l->t[i].offset < off + len && off < l->t[i].offset + l->t[i].count)
+            return 1;
+    return 0;
+}
+
+/* Zeroes v's values of buffers: v holds parameters [off, off+len). */
+static void zero_buffers(const ps_layout *l, uint64_t off, float *v, size_t len)
+{
+    for (uint32_t i = 0; i < l->ntensors && l->nbuf; i++) {
+        const ps_tensor_desc *t = &l->t[i];
+        uint64_t a = t->offset > off ? t->offset : off, b = t->offset + t->count < off + len ? t->offset + t->count
+                                                                                             : off + len;
+        if (t->buf && a < b)
+            memset(v + (a - off), 0, (size_t)(b - a) * sizeof(float));
+    }
+}
+
+/* The buffers among parameters [off, off+len), which the optimizer has
+ * just written to wo from wi: each takes its rule's value instead. g: the
+ * piece's gradient (a round's mean); a->grad says where a push's own
+ * values or a round's first source are. */
+static void set_buffers(srv_update_job *a, float *wo, const float *wi, const float *g, uint64_t off, size_t len)
+{
+    const ps_layout *l = &a->s->model.layout;
+    const srv_grad *gr = &a->grad;
+    float first[MEAN_PIECE];
+    int have_first = 0;
+    for (uint32_t i = 0; i < l->ntensors; i++) {
+        const ps_tensor_desc *t = &l->t[i];
+        uint64_t lo = t->offset > off ? t->offset : off, hi = t->offset + t->count < off + len ? t->offset + t->count
+                                                                                              : off + len;
+        if (!t->buf || lo >= hi)
+            continue;
+        size_t j0 = (size_t)(lo - off), j1 = (size_t)(hi - off);
+        if (gr->nsrc) {
+            /* a round: its mean, or its first source's values */
+            const float *v = g;
+            if (t->buf == PS_BUF_FIRST && !gr->zero_src) {
+                if (!have_first) {
+                    srv_grad one = *gr;
+                    one.nsrc = 1;
+                    one.inv = 1.0f;
+                    round_mean(&one, off, len, first);
+                    have_first = 1;
+                }
+                v = first;
+            }
+            memcpy(wo + j0, v + j0, (j1 - j0) * sizeof(float));
+            continue;
+        }
+        const float *v = (gr->raw ? gr->raw : gr->g) + (off - a->off);
+        if (t->buf == PS_BUF_FIRST) {
+            /* shard 0's values; the others' leave the buffer as it was */
+            memcpy(wo + j0, gr->from_first ? v + j0 : wi + j0, (j1 - j0) * sizeof(float));
+        } else {
+            /* a running mean of the workers' values: each push moves the
+             * buffer 1/workers of the way to its own */
+            float k = 1.0f / (float)(a->s->cfg.workers > 0 ? a->s->cfg.workers : 1);
+            for (size_t j = j0; j < j1; j++)
+                wo[j] = wi[j] + (v[j] - wi[j]) * k;
+        }
+    }
+}
+
 /* Applies gr's gradient to [off, off+len), which lies in one block: reads
  * the parameters from wi, writes them to wo. base is the update's first
  * parameter (a push's g starts there). In pieces that stay in the L1
@@ -141,7 +209,7 @@ static void run_piece(srv_update_job *a, struct mags *mg, float *wo, const float
 {
     srv_optim *o = &a->s->model.opt;
     const srv_grad *gr = &a->grad;
-    float tmp[MEAN_PIECE];
+    float tmp[MEAN_PIECE], old[MEAN_PIECE];
     for (size_t x = 0; x < len;) {
         size_t l = piece_len(off + x, len - x);
         const float *g = gr->g + (off + x - a->off);
@@ -151,18 +219,39 @@ static void run_piece(srv_update_job *a, struct mags *mg, float *wo, const float
                 memset(gr->src[0] + off + x, 0, l * sizeof(float));
             g = tmp;
         }
+        /* buffers here: their values before the optimizer (which may
+         * write in place) are what their rules start from */
+        int bufs = a->s->model.layout.nbuf && has_buffers(&a->s->model.layout, off + x, l);
+        if (bufs)
+            memcpy(old, wi + x, l * sizeof(float));
         srv_optim_run(o, &a->st, wo + x, wi + x, g, off + x, l);
         if (a->make_finite)
             a->made_finite += srv_optim_make_finite(o, wo + x, off + x, l);
+        if (bufs)
+            set_buffers(a, wo + x, old, g, off + x, l);
         measure(mg, wo + x, a->st1, a->st2, off + x, l);
         x += l;
     }
 }
 
 /* The update's constants; for a round, the clip factor needs the norm of
- * the mean, taken piece by piece when clipping is on. */
+ * the mean, taken piece by piece when clipping is on (and, with buffers,
+ * for a push too: a buffer's values are no gradient). */
 static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, uint64_t off, uint64_t n)
 {
+    if (!gr->nsrc && m->layout.nbuf && m->opt.clip_norm > 0) {
+        float tmp[MEAN_PIECE];
+        srv_sumsq ss = {{0}, 0};
+        for (uint64_t x = 0; x < n;) {
+            size_t l = piece_len(off + x, n - x);
+            memcpy(tmp, gr->g + x, l * sizeof(float));
+            zero_buffers(&m->layout, off + x, tmp, l);
+            srv_sumsq_add(&ss, tmp, l);
+            x += l;
+        }
+        srv_optim_begin_sumsq(&m->opt, st, srv_sumsq_total(&ss), m->version);
+        return;
+    }
     if (!gr->nsrc || !(m->opt.clip_norm > 0)) {
         srv_optim_begin(&m->opt, st, gr->nsrc ? NULL : gr->g, gr->nsrc ? 0 : n, m->version);
         return;
@@ -172,6 +261,7 @@ static void begin_update(srv_model *m, srv_optim_step *st, const srv_grad *gr, u
     for (uint64_t x = 0; x < n;) {
         size_t l = piece_len(off + x, n - x);
         round_mean(gr, off + x, l, tmp);
+        zero_buffers(&m->layout, off + x, tmp, l);
         srv_sumsq_add(&ss, tmp, l);
         x += l;
     }

@@ -30,6 +30,14 @@ typedef struct srv_grad {
      * without trying it first. Without it the update is tried. */
     int has_gmax;
     float gmax;
+    /* Buffers (layout tensors with a rule, PS_BUF_*): the optimizer leaves
+     * them, and they take the workers' values instead. A push's values as
+     * they came (before the policy scaled g; NULL: g itself), and whether
+     * it came from shard 0, whose values a "first" buffer takes; a round
+     * gives its mean to "mean" buffers, and its first source (the lowest
+     * shard, when the sources are kept in shard order) to "first" ones. */
+    const float *raw;
+    int from_first;
 } srv_grad;
 
 /* srv_update_apply() returns this when the update goes on off the loop. */

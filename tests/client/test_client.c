@@ -652,10 +652,122 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.6.0");
+    assert_string_equal(psc_version_string(), "1.7.0");
     char macros[32]; /* the header's numbers say the same */
     snprintf(macros, sizeof macros, "%d.%d.%d", PSC_VERSION_MAJOR, PSC_VERSION_MINOR, PSC_VERSION_PATCH);
     assert_string_equal(psc_version_string(), macros);
+    psd_kill(&p);
+}
+
+/* ---- signals and refusals ------------------------------------------------- */
+
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig)
+{
+    got_signal = sig;
+}
+
+typedef struct {
+    psc_client *c;
+    pthread_t target;
+    double sent_at;
+    const char *then;  /* when set: once the signal was handled, shard 1 of
+                        * psd `then` pushes, which closes the round */
+    int then_rc;
+} signal_arg;
+
+/* Once c's step waits (psd said for whom), sends SIGUSR1 to the target
+ * thread, as a terminal's Ctrl-C reaches a process's main thread. */
+static void *signal_when_waiting(void *arg)
+{
+    signal_arg *sa = arg;
+    char buf[256];
+    for (double t0 = now_s(); now_s() - t0 < 10 && psc_waiting_for(sa->c, buf, sizeof buf) == 0;)
+        usleep(10000);
+    sa->sent_at = now_s();
+    pthread_kill(sa->target, SIGUSR1);
+    if (sa->then) {
+        while (!got_signal && now_s() - sa->sent_at < 10)
+            usleep(1000);
+        psc_client *c = client(sa->then, "1/2");
+        sa->then_rc = psc_connect(c);
+        if (sa->then_rc == 0)
+            sa->then_rc = psc_pushpull(c);
+        psc_free(c);
+    }
+    return NULL;
+}
+
+/* With interrupt on, a signal handled while a BSP step waits for a shard
+ * that never joins ends the step at once with PSC_EINTR; psc_leave then
+ * says bye (psd frees the shard at once: another worker takes it). With
+ * interrupt off (the default) the step waits on through the signal. */
+static void test_interrupt(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "bsp", 2, 0, "heartbeat_timeout=300ms", "join_timeout=0", NULL);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART, as psworker and Python */
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    psc_client *a = client(p.addr, "0/2");
+    assert_int_equal(psc_set(a, "interrupt", "maybe"), PSC_EINVAL);
+    assert_int_equal(psc_set(a, "interrupt", "on"), 0);
+    assert_int_equal(psc_connect(a), 0);
+    signal_arg sg = {a, pthread_self(), 0, NULL, 0};
+    pthread_t th;
+    got_signal = 0;
+    assert_int_equal(pthread_create(&th, NULL, signal_when_waiting, &sg), 0);
+    assert_int_equal(psc_pushpull(a), PSC_EINTR);
+    double took = now_s() - sg.sent_at;
+    pthread_join(th, NULL);
+    assert_int_equal(got_signal, SIGUSR1);
+    assert_true(took < 1.0);
+    assert_non_null(strstr(psc_errmsg(a), "interrupted by a signal"));
+    assert_string_equal(psc_strerror(PSC_EINTR), "interrupted by a signal");
+    double t0 = now_s();
+    psc_leave(a, "stopped by SIGUSR1");
+    assert_true(now_s() - t0 < 2.0);
+    psc_free(a);
+    /* the bye freed shard 0: a new worker takes it (a refusal would be at once) */
+    psc_client *b = client(p.addr, "0/2");
+    assert_int_equal(psc_connect(b), 0);
+    /* interrupt off: the same signal does not end the wait; the round
+     * closes when shard 1 pushes */
+    signal_arg sg2 = {b, pthread_self(), 0, p.addr, -999};
+    got_signal = 0;
+    uint64_t v0 = psc_model_version(b);
+    assert_int_equal(pthread_create(&th, NULL, signal_when_waiting, &sg2), 0);
+    assert_int_equal(psc_pushpull(b), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(got_signal, SIGUSR1);
+    assert_int_equal(sg2.then_rc, 0);
+    assert_int_equal(psc_model_version(b), v0 + 1);
+    psc_free(b);
+    sigaction(SIGUSR1, &old, NULL);
+    psd_kill(&p);
+}
+
+/* A shard another worker holds is refused at once at psc_connect, not
+ * retried for connect_s as if psd were down; the message says what to do. */
+static void test_shard_taken_at_once(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "0/2");
+    assert_int_equal(psc_set(b, "connect_s", "30"), 0);
+    assert_int_equal(psc_connect(a), 0);
+    double t0 = now_s();
+    assert_int_equal(psc_connect(b), PSC_ESHARD);
+    assert_true(now_s() - t0 < 2.0);
+    assert_non_null(strstr(psc_errmsg(b), "shard 0 is already connected"));
+    assert_non_null(strstr(psc_errmsg(b), "a shard of its own"));
+    assert_null(strstr(psc_errmsg(b), "unreachable"));
+    psc_free(a);
+    psc_free(b);
     psd_kill(&p);
 }
 
@@ -679,6 +791,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
         cmocka_unit_test(test_chunk_options),     cmocka_unit_test(test_mistakes),
         cmocka_unit_test(test_plan),              cmocka_unit_test(test_waiting_for),
+        cmocka_unit_test(test_interrupt),         cmocka_unit_test(test_shard_taken_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

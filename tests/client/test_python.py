@@ -11,6 +11,7 @@ psd runs plain SGD at lr 0.5 without momentum, so expected values are exact.
 import ctypes
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -542,3 +543,177 @@ def test_waiting_for_names_the_shard_a_round_waits_for(cluster):
     assert a.waiting_for() is None and a.waited() == 0.0 and notice.line() is None
     lines = out.text.splitlines()
     assert lines and all(line.startswith("worker 0/2: waiting ") for line in lines), lines
+
+
+# ---- signals, and what a first job meets -----------------------------------
+
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+STEP_CHILD = r"""
+import sys, threading, time
+import psd
+c = psd.Client([("w", (4,))], server=sys.argv[1], shard="0/2", connect_s=5)
+c.connect()
+def watch():
+    while c.waited() < 0.3:
+        time.sleep(0.01)
+    print("waiting", flush=True)
+threading.Thread(target=watch, daemon=True).start()
+try:
+    c.pushpull()
+except KeyboardInterrupt as e:
+    print("KeyboardInterrupt %s" % e, flush=True)
+    sys.exit(3)
+print("step returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_a_bsp_wait_and_the_worker_says_bye(cluster, sig):
+    """Ctrl-C (SIGINT) or SIGTERM while a BSP step waits for a shard that
+    never joins (join_timeout 0: for ever) ends the step within a second
+    with KeyboardInterrupt, and the client says bye: psd shows the worker
+    as left, with the signal as the reason, not lost."""
+    p = start(cluster, mode="bsp", args=("--set", "join_timeout=0", "--set", "heartbeat_timeout=1s"))
+    w = harness.Proc("sig-child", [PY, "-c", STEP_CHILD, p.addr], cluster.dir, env=dict(os.environ))
+    harness.wait_until(lambda: "waiting" in w.stdout() or not w.alive(), 20, "the child's step to wait")
+    assert w.alive(), w.stderr()
+    t0 = time.monotonic()
+    w.p.send_signal(sig)
+    rc = w.wait(20)
+    took = time.monotonic() - t0
+    name = "SIGTERM" if sig == signal.SIGTERM else "SIGINT"
+    assert rc == 3, (rc, w.stdout(), w.stderr())
+    assert "KeyboardInterrupt" in w.stdout()
+    assert took < 1.0, "the step ended %.2f s after %s" % (took, name)
+    st = harness.status(p.addr)
+    row = [r for r in st["workers"] if r["shard"] == 0][0]
+    assert row["state"] == "left" and row["why"] == "stopped by %s" % name, row
+
+
+def test_a_wrong_address_is_said_at_once(cluster):
+    """psd not there: the client says on stderr at once that it waits for
+    psd at that address and for how long, not only after connect_s."""
+    port = harness.free_port()
+    child = "import psd\npsd.Client([('w', (4,))], server='127.0.0.1:%d', connect_s=20).connect()\n" % port
+    w = harness.Proc("addr-child", [PY, "-c", child], cluster.dir, env=dict(os.environ))
+    try:
+        t0 = time.monotonic()
+        line = harness.wait_until(lambda: [ln for ln in w.stderr().splitlines() if "waiting for psd" in ln], 5,
+                                  "the waiting line")
+        assert time.monotonic() - t0 < 3
+        assert "waiting for psd at 127.0.0.1:%d" % port in line[0], line
+        assert "trying for up to 20 s (connect_s)" in line[0], line
+        assert "Connection refused" in line[0], line
+    finally:
+        w.kill()
+
+
+def test_a_shard_taken_is_refused_at_once(cluster):
+    p = start(cluster)
+    a = client(p.addr, "0/2", connect=True)
+    t0 = time.monotonic()
+    with pytest.raises(psd.PsdError, match="shard 0 is already connected") as e:
+        client(p.addr, "0/2", connect_s=30, connect=True)
+    assert time.monotonic() - t0 < 3
+    assert e.value.name == "ESHARD" and "a shard of its own" in str(e.value) and "unreachable" not in str(e.value)
+    a.close()
+
+
+def test_params_and_grads_cannot_be_replaced():
+    """Assigning Client.params or .grads would leave the library's vectors
+    behind (psd's initial model zeros, every push zeros): it is refused
+    with what to do, and copying into them works."""
+    c = psd.Client(LAYOUT, connect_s=1)
+    before = c.params
+    with pytest.raises(AttributeError, match=r"c\.params\[:\] = values.*c\.bind\(params=array\)"):
+        c.params = np.ones(N, dtype=np.float32)
+    with pytest.raises(AttributeError, match=r"c\.grads\[:\] = gradient.*c\.bind\(grads=array\)"):
+        c.grads = np.ones(N, dtype=np.float32)
+    assert c.params is before
+    c.params[:] = 2.0
+    assert float(c.tensor("b")[0]) == 2.0
+    mine = np.zeros(N, dtype=np.float32)
+    c.bind(params=mine)
+    assert c.params is mine
+    c.bind()
+    assert c.params is before
+
+
+def test_import_without_numpy_says_what_to_install():
+    child = "import sys\nsys.modules['numpy'] = None\nimport psd\n"
+    r = subprocess.run([PY, "-c", child], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: psd needs NumPy"), r.stderr
+    assert "apt-get install python3-numpy" in last, last
+
+
+def test_layout_mismatch_names_the_first_difference_whole(cluster):
+    """A worker whose model differs from psd's in one tensor deep in a long
+    layout hears which (place, name, both shapes), both parameter counts and
+    that `psctl reset` starts a new job, in a message that is not cut."""
+    p = start(cluster)
+    names = ["encoder.layers.%02d.self_attention.in_proj_weight" % i for i in range(30)]
+    mine = [(n, (8, 8)) for n in names]
+    theirs = list(mine)
+    theirs[17] = (names[17], (8, 9))
+    a = client(p.addr, "0/2", layout=mine, connect=True)
+    with pytest.raises(psd.PsdError) as e:
+        client(p.addr, "1/2", layout=theirs, connect=True)
+    msg = str(e.value)
+    assert e.value.name == "ELAYOUT"
+    assert ("model layout mismatch at tensor 17: psd holds %s[8,8], this worker has %s[8,9]" % (names[17], names[17])
+            in msg), msg
+    assert "psd: 1920 parameters in 30 tensors" in msg and "this worker: 1928 in 30" in msg, msg
+    assert "`psctl reset`" in msg and msg.endswith("psd's) [LAYOUT] [ELAYOUT]"), msg
+    a.close()
+
+
+# ---- buffers: tensors psd keeps but does not train --------------------------
+
+BUF_LAYOUT = [("w", (4,)), ("m", (3,), "mean"), ("f", (2,), "first", "I64")]
+
+
+def test_buffers_asgd_mean_and_first_saved_in_their_dtype(cluster):
+    """asgd: the optimizer leaves buffers alone; a "mean" buffer moves
+    1/workers of the way to each push's values, a "first" one takes shard
+    0's and ignores the others'; psctl save writes them under their names,
+    "first" as I64; a worker with another rule is another layout."""
+    p = start(cluster)
+    a = client(p.addr, "0/2", layout=BUF_LAYOUT)
+    assert a.buffers == {"m": ("mean", "F32"), "f": ("first", "I64")}
+    a.params[:] = [1, 1, 1, 1, 0, 0, 0, 5, 5]
+    a.connect()
+    b = client(p.addr, "1/2", layout=BUF_LAYOUT, connect=True)
+    a.grads[:] = [1, 1, 1, 1, 2, 2, 2, 9, 9]          # gradient, then the buffers' values
+    a.pushpull()
+    assert a.params.tolist() == [0.5] * 4 + [1.0] * 3 + [9.0] * 2
+    b.grads[:] = [1, 1, 1, 1, 4, 4, 4, 100, 100]
+    b.pushpull()
+    assert b.params.tolist() == [0.0] * 4 + [2.5] * 3 + [9.0] * 2
+    path = os.path.join(cluster.dir, "buf.safetensors")
+    r = harness.psctl(p.addr, "save", path)
+    assert r.returncode == 0, r.stderr
+    _, t = harness.read_safetensors(path)
+    assert list(t) == ["w", "m", "f"]
+    assert t["f"].dtype == np.int64 and t["f"].tolist() == [9, 9]
+    assert t["m"].dtype == np.float32 and t["m"].tolist() == [2.5] * 3
+    b.close()
+    with pytest.raises(psd.PsdError) as e:
+        client(p.addr, "1/2", layout=BUF_LAYOUT[:2] + [("f", (2,), "mean", "I64")], connect=True)
+    assert ("layout mismatch at tensor 2: psd holds f[2] (a buffer: first, I64), this worker has f[2] (a buffer: "
+            "mean, I64)") in str(e.value)
+
+
+def test_buffers_bsp_mean_and_first_of_the_round(cluster):
+    p = start(cluster, mode="bsp")
+    a = client(p.addr, "0/2", layout=BUF_LAYOUT)
+    a.params[:] = [1, 1, 1, 1, 0, 0, 0, 5, 5]
+    a.connect()
+    b = client(p.addr, "1/2", layout=BUF_LAYOUT, connect=True)
+    a.grads[:] = [1, 1, 1, 1, 2, 2, 2, 7, 7]
+    b.grads[:] = [3, 3, 3, 3, 4, 4, 4, 100, 100]
+    run_threads(a.pushpull, b.pushpull)
+    for c in (a, b):   # w - 0.5 * mean(1, 3); m the mean; f shard 0's
+        assert c.params.tolist() == [0.0] * 4 + [3.0] * 3 + [7.0] * 2, c.params

@@ -257,3 +257,96 @@ def test_wait_notice_says_whom_the_step_waits_for(cluster, monkeypatch):
     assert w0.version == w1.version == 1 and w0.client.waiting_for() is None
     w0.close()
     assert w0._notice._thread is None                           # stopped with the worker
+
+
+# ---- buffers: BatchNorm's running statistics through psd ----------------------
+
+BN_WORKER = r"""
+import json, sys
+import torch, torch.nn as nn, torch.nn.functional as F
+import psd, psd.torch
+from psd import mnist
+addr, shard, datadir, rule = sys.argv[1:5]
+k = int(shard.split("/")[0])
+torch.manual_seed(0)
+model = nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+x, y = mnist.load(datadir, "train", limit=4000, dataset="fashion-mnist")
+tx, ty = mnist.load(datadir, "t10k", limit=2000, dataset="fashion-mnist")
+x, y, tx, ty = map(torch.from_numpy, (x, y, tx, ty))
+ps = psd.torch.Worker(model, server=addr, shard=shard, buffers=rule, wait_notice=False)
+mine = torch.arange(k, len(x), 2)
+g = torch.Generator().manual_seed(k)
+for epoch in range(2):
+    order = mine[torch.randperm(len(mine), generator=g)]
+    for i in range(0, len(order) - 63, 64):
+        idx = order[i:i + 64]
+        model.train()
+        ps.zero_grad()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        ps.step()
+print("trained", flush=True)
+sys.stdin.readline()   # every worker is done (and the test saved the model)
+ps.pull()
+model.eval()
+with torch.no_grad():
+    acc = (model(tx).argmax(1) == ty).double().mean().item() * 100
+bn = model[2]
+print(json.dumps({"acc": acc, "nbt": int(bn.num_batches_tracked), "mean": bn.running_mean.tolist()}), flush=True)
+ps.close()
+"""
+
+
+def bn_net():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
+
+
+@pytest.mark.parametrize("mode,rule", [("asgd", "mean"), ("bsp", "mean"), ("bsp", "first")])
+def test_batchnorm_buffers_saved_and_loaded_strictly(cluster, mode, rule):
+    """Two psd.torch workers train a module with BatchNorm: its running
+    statistics go through psd (not each worker's own), the file psctl save
+    writes loads with load_state_dict(strict=True), num_batches_tracked as
+    int64, and the loaded module scores what the workers' final evaluation
+    does."""
+    import json
+    import subprocess
+    from psd import mnist
+    p = cluster.psd(mode=mode, workers=2, args=("--set", "optimizer=adam", "--set", "lr=0.002", "--set",
+                                                 "warmup_versions=0", "--log-level", "warn"))
+    datadir = os.environ.get("PSD_DATA_DIR", os.path.join(harness.ROOT, "data"))
+    env = dict(os.environ)
+    ws = [subprocess.Popen(["/usr/bin/python3", "-c", BN_WORKER, p.addr, "%d/2" % k, datadir, rule],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                           cwd=cluster.dir) for k in range(2)]
+    try:
+        for w in ws:
+            line = w.stdout.readline()
+            assert line == "trained\n", (line, w.stderr.read() if w.poll() is not None else "")
+        path = os.path.join(cluster.dir, "bn.safetensors")
+        r = harness.psctl(p.addr, "save", path)
+        assert r.returncode == 0, r.stderr
+        outs = []
+        for w in ws:
+            w.stdin.write("\n")
+            w.stdin.flush()
+            outs.append(json.loads(w.stdout.readline()))
+            assert w.wait(60) == 0, w.stderr.read()
+    finally:
+        for w in ws:
+            if w.poll() is None:
+                w.kill()
+    _, t = harness.read_safetensors(path)
+    assert t["2.num_batches_tracked"].dtype == np.int64
+    model = bn_net()
+    model.load_state_dict({n: torch.from_numpy(np.array(a)) for n, a in t.items()}, strict=True)
+    assert model[2].num_batches_tracked.dtype == torch.int64
+    assert int(model[2].num_batches_tracked) == outs[0]["nbt"] == outs[1]["nbt"] > 0
+    # psd's statistics, the same on both workers: not the initial zeros
+    assert outs[0]["mean"] == outs[1]["mean"] == model[2].running_mean.tolist()
+    assert max(abs(v) for v in outs[0]["mean"]) > 0.01
+    model.eval()
+    tx, ty = mnist.load(datadir, "t10k", limit=2000, dataset="fashion-mnist")
+    with torch.no_grad():
+        acc = (model(torch.from_numpy(tx)).argmax(1) == torch.from_numpy(ty)).double().mean().item() * 100
+    assert acc > 70, acc
+    for o in outs:
+        assert abs(acc - o["acc"]) <= 0.1, (acc, outs)

@@ -19,7 +19,15 @@ repository:
 
 PSD_TEST_KEEP=1 keeps each test's directory (logs, port file) for a look
 afterwards. Test scripts call harness.parse_args() first; the options it does not know
-are left for unittest.
+are left for unittest, which harness.main() runs.
+
+A test that needs what the machine cannot give (root, network namespaces,
+tc, a browser, a tool) skips with a reason that names it. harness.main()
+prints each skip as `SKIPPED script: test: reason`, appends it to the file
+PSD_TEST_SKIPS names (scripts/test.sh lists them in its last lines), and
+exits 77 when every test of the script skipped, which ctest counts as a
+skipped test (SKIP_RETURN_CODE). A check skipped inside a test that
+otherwise runs is recorded with note_skip().
 """
 
 import argparse
@@ -39,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 
 import msgpack
 
@@ -152,6 +161,60 @@ def parse_args(extra=None, program_doc=None):
         if not os.access(prog, os.X_OK):
             sys.exit("harness: %s is not an executable; build first or pass its path" % prog)
     return args
+
+
+# ---- skips ------------------------------------------------------------------------
+
+SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE for these scripts (tests/integration/CMakeLists.txt)
+
+
+def _record_skip(line):
+    sys.stderr.write(line + "\n")
+    path = os.environ.get("PSD_TEST_SKIPS")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def _test_name(test):
+    return test.id().split(".", 1)[-1]
+
+
+def note_skip(test, reason):
+    """A check inside test that cannot run here, for reason (naming what is
+    missing): recorded as a skip, while the rest of the test runs."""
+    _record_skip("SKIPPED %s: %s (part): %s" % (os.path.basename(sys.argv[0]), _test_name(test), reason))
+
+
+def main(verbosity=1, argv=None):
+    """Runs the script's tests (unittest, with what parse_args left in
+    sys.argv) and exits: 1 when one failed, SKIP_EXIT when every one was
+    skipped, else 0. Each skip is recorded with its reason."""
+    prog = unittest.main(argv=argv, verbosity=verbosity, exit=False)
+    r = prog.result
+    for test, reason in r.skipped:
+        _record_skip("SKIPPED %s: %s: %s" % (os.path.basename(sys.argv[0]), _test_name(test), reason))
+    if not r.wasSuccessful():
+        sys.exit(1)
+    sys.exit(SKIP_EXIT if r.testsRun and len(r.skipped) == r.testsRun else 0)
+
+
+def why_no_netns():
+    """None when this process may make a network namespace (it makes one
+    and removes it), else the reason, naming what is missing."""
+    if os.geteuid() != 0:
+        return "not root: network namespaces need root"
+    if not shutil.which("ip"):
+        return "no ip (Debian package iproute2)"
+    name = "psdprobe%d" % os.getpid()
+    try:
+        r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "`ip netns add` did not finish in 10 s"
+    if r.returncode != 0:
+        return "cannot make a network namespace here (`ip netns add`: %s)" % (r.stderr.strip() or r.returncode)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+    return None
 
 
 # ---- waiting ------------------------------------------------------------------
@@ -481,11 +544,10 @@ def metric(samples, name, **labels):
 
 def promtool_check(test, text):
     """Runs `promtool check metrics` on text when promtool is installed;
-    otherwise prints a note and returns False."""
+    otherwise records the skip (note_skip) and returns False."""
     promtool = shutil.which("promtool")
     if not promtool:
-        sys.stderr.write("note: promtool not found (Debian package prometheus); "
-                         "skipping `promtool check metrics`\n")
+        note_skip(test, "`promtool check metrics`: promtool not found (Debian package prometheus)")
         return False
     r = subprocess.run([promtool, "check", "metrics"], input=text, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=30)
@@ -520,10 +582,11 @@ def read_safetensors(path):
     data = blob[8 + n:]
     meta = header.pop("__metadata__", {})
     tensors, end = {}, 0
+    dtypes = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "I32": "<i4"}  # psctl save writes buffers in their own
     for name, t in header.items():
-        assert t["dtype"] == "F32", t
+        assert t["dtype"] in dtypes, t
         b, e = t["data_offsets"]
-        tensors[name] = np.frombuffer(data[b:e], dtype="<f4").reshape(t["shape"])
+        tensors[name] = np.frombuffer(data[b:e], dtype=dtypes[t["dtype"]]).reshape(t["shape"])
         end = max(end, e)
     assert end == len(data), "the data is entirely indexed"
     return meta, tensors

@@ -16,6 +16,11 @@
 - Protected mode: psd will not listen beyond loopback without a token unless
   allow_remote_without_token says so (bound to 0.0.0.0 on port 0 only, and
   reached through 127.0.0.1).
+- `localhost` is loopback without the resolver (RFC 6761): in a private
+  mount namespace whose /etc/hosts is empty, so that the resolver cannot
+  name it, psd listens on localhost:0 and psctl and a Python client reach
+  it at localhost:PORT (issue 32: "cannot resolve 'localhost'"). Needs
+  root and unshare (util-linux); skipped, saying so, otherwise.
 - max_output_buffer: a client that pipelines pulls and never reads is
   disconnected while training goes on; idle_timeout closes a silent admin
   connection but not a worker, nor an admin waiting for a reply.
@@ -26,7 +31,9 @@
 import base64
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import unittest
 
@@ -42,6 +49,55 @@ REPLY_TIMEOUT = 10.0
 E_TIMEOUT = 21
 LAYOUT = harness.mlp_layout((64,))
 TOTAL = harness.layout_size(LAYOUT)
+
+
+# Run by test_localhost_without_resolver in a private mount namespace:
+# hides /etc/hosts, then psd listens on localhost and psctl and libpsclient
+# (through the Python package) reach it by that name. argv: the test
+# directory, psd, psctl, psworker, an empty file, the repository root.
+NO_HOSTS = r"""
+import os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import harness
+harness.Paths.psd, harness.Paths.psctl, harness.Paths.psworker = sys.argv[2:5]
+def named():
+    return subprocess.run(["getent", "hosts", "localhost"], capture_output=True).returncode == 0
+if os.path.exists("/etc/hosts") and named():
+    subprocess.run(["mount", "--bind", sys.argv[5], "/etc/hosts"], check=True)
+if named():
+    print("SKIP: the resolver names localhost without /etc/hosts (DNS or an NSS module answers)")
+    sys.exit(0)
+with harness.Cluster("psd-auth-nohosts") as cl:
+    psd = cl.psd(name="localhost", args=("--listen", "localhost:0"))
+    port = psd.addr.split(":")[1]
+    r = harness.psctl("localhost:" + port, "status")
+    print("psctl", r.returncode, r.stderr.strip())
+    lib = os.path.join(os.path.dirname(os.path.dirname(harness.Paths.psd)), "client", "libpsclient.so")
+    if os.path.exists(lib):
+        env = dict(os.environ, PYTHONPATH=os.path.join(sys.argv[6], "python"), PSD_CLIENT_LIBRARY=lib)
+        # a sanitizer build's library in Debian's python3: its runtime first
+        deps = subprocess.run(["ldd", lib], capture_output=True, text=True).stdout.split()
+        asan = [deps[i + 2] for i, d in enumerate(deps[:-2]) if d.startswith("libasan.so") and deps[i + 1] == "=>"]
+        if asan:
+            env.update(LD_PRELOAD=asan[0], ASAN_OPTIONS="detect_leaks=0")
+        code = ("import psd; c = psd.Client([('w', (4,))], server='localhost:%s', shard='0/1'); "
+                "c.connect(); c.pull(); print(c.params.size); c.close()" % port)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        print("python", r.returncode, (r.stdout + r.stderr).strip()[-300:])
+    psd.stop()
+"""
+
+
+def why_no_private_mounts():
+    if os.geteuid() != 0:
+        return "not root: hiding /etc/hosts needs a private mount namespace (root)"
+    if not shutil.which("unshare") or not shutil.which("getent"):
+        return "no unshare or getent (Debian packages util-linux, libc-bin)"
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True,
+                       timeout=10)
+    if r.returncode != 0:
+        return "cannot make a private mount namespace here (`unshare -m`: %s)" % r.stderr.strip()
+    return None
 
 
 def secret():
@@ -307,6 +363,31 @@ class AuthTest(unittest.TestCase):
             self.assertEqual(r.returncode, 2)
             self.assertIn("chmod 600", r.stderr)
 
+    def test_localhost_without_resolver(self):
+        # where the resolver cannot name localhost already (a container
+        # without /etc/hosts), as it is; elsewhere /etc/hosts is hidden
+        named = shutil.which("getent") is None or subprocess.run(
+            ["getent", "hosts", "localhost"], capture_output=True, timeout=30).returncode == 0
+        unshare = ["unshare", "-m", "--propagation", "private"] if named else []
+        why = why_no_private_mounts() if named else None
+        if why:
+            self.skipTest(why)
+        with harness.Cluster("psd-auth-nohosts-outer") as cl:
+            empty = os.path.join(cl.dir, "hosts")
+            open(empty, "w").close()
+            r = subprocess.run(unshare + [sys.executable, "-c", NO_HOSTS,
+                                os.path.dirname(os.path.abspath(__file__)), harness.Paths.psd, harness.Paths.psctl,
+                                harness.Paths.psworker, empty, harness.ROOT],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            if r.stdout.startswith("SKIP: "):
+                self.skipTest(r.stdout[6:].strip())
+            self.assertIn("psctl 0 ", r.stdout, r.stdout + r.stderr)
+            if "python " in r.stdout:
+                self.assertIn("python 0 4", r.stdout, r.stdout + r.stderr)
+            else:
+                harness.note_skip(self, "the Python client by localhost: no libpsclient.so beside psd's build")
+
     def test_protected_mode(self):
         with harness.Cluster("psd-auth-protected") as cl:
             self.tokens(cl)
@@ -451,4 +532,4 @@ class AuthTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

@@ -15,7 +15,11 @@ Raw workers, written from the protocol with Python's msgpack:
   once, and the others no longer wait for it until its next BARRIER.
 - Mistakes cost only themselves: a second BARRIER while one waits (STATE,
   the first still answered), a missing ver (BAD_FIELD), an admin's
-  (FORBIDDEN).
+  (FORBIDDEN), a ver above the model's version plus one (BAD_FIELD, not
+  parked).
+- A connection stands at its latest BARRIER, not the highest it sent: a
+  worker that goes back from 20 to 14 is released when the others reach
+  14 (issue 32: it waited for ever).
 - With backup_workers = b, a barrier does not wait for the slowest b.
 - A HEARTBEAT with wait, while a BARRIER waits, is told whom it waits for.
 - ASGD and SSP answer at once.
@@ -35,8 +39,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import (E_BAD_FIELD, E_FORBIDDEN, E_STATE, T_BARRIER, T_BYE, T_HEARTBEAT, T_OK, RawClient,  # noqa: E402
-                     expect_error)
+from harness import (E_BAD_FIELD, E_FORBIDDEN, E_STATE, T_BARRIER, T_BYE, T_HEARTBEAT, T_INIT, T_OK,  # noqa: E402
+                     T_PARAMS, T_PULL, T_PUSH, RawClient, expect_error)
 
 LAYOUT = [["w", [1024]]]
 QUIET = 0.4  # seconds in which a parked BARRIER must not be answered
@@ -52,6 +56,21 @@ def hello(addr, shard, nshards):
 
 def barrier(c, ver, id_):
     c.send_frame({"t": T_BARRIER, "id": id_, "ver": ver})
+
+
+def rounds(ws, n):
+    """ws[0] initialises the model and the BSP workers ws (all of the job)
+    push n rounds of zeros: the model is then at version n, so barriers up
+    to n + 1 are ones psd takes."""
+    size = LAYOUT[0][1][0]
+    r = ws[0].request({"t": T_INIT, "off": 0, "fin": True, "data": bytes(4 * size)})
+    assert r.get("t") == T_OK, r
+    for v in range(n):
+        for w in ws:
+            r = w.request({"t": T_PUSH, "base": v, "off": 0, "fin": True, "data": bytes(4 * size)})
+            assert r.get("t") == T_OK, r
+        r = ws[0].request({"t": T_PULL, "off": 0, "len": size, "min": v + 1})
+        assert (r.get("t"), r.get("ver")) == (T_PARAMS, v + 1), r
 
 
 class BarrierTest(unittest.TestCase):
@@ -83,6 +102,7 @@ class BarrierTest(unittest.TestCase):
         with harness.Cluster("test-barrier") as cl:
             psd = cl.psd(mode="bsp", workers=3)
             a, b, c = (hello(psd.addr, k, 3) for k in range(3))
+            rounds((a, b, c), 20)
             # the first to take part waits for nobody; c never sends a
             # BARRIER, so it is not waited for
             r = a.request({"t": T_BARRIER, "ver": 1, "id": 100})
@@ -134,6 +154,10 @@ class BarrierTest(unittest.TestCase):
             with RawClient(psd.addr, 10.0) as adm:
                 adm.hello_admin()
                 expect_error(self, adm.request({"t": T_BARRIER, "ver": 1}), E_FORBIDDEN, "admin's barrier")
+            for ver in (22, 2**64 - 1):
+                r = b2.request({"t": T_BARRIER, "ver": ver})
+                expect_error(self, r, E_BAD_FIELD, "ver %d with the model at 20" % ver)
+                self.assertIn("model is at version 20", r.get("text", ""), r)
             r = b2.request({"t": T_BARRIER, "ver": 14})
             self.assertEqual(r.get("t"), T_OK, "b2 alone after the mistakes: %r" % (r,))
             samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
@@ -142,12 +166,38 @@ class BarrierTest(unittest.TestCase):
                 conn.close()
             psd.stop()
 
+    def test_latest_barrier_counts(self):
+        """Issue 32's sequence: a worker's barrier is its latest request."""
+        with harness.Cluster("test-barrier-latest") as cl:
+            psd = cl.psd(mode="bsp", workers=2)
+            a, b = hello(psd.addr, 0, 2), hello(psd.addr, 1, 2)
+            rounds((a, b), 20)
+            # a version no reply can have carried is refused, not parked
+            r = a.request({"t": T_BARRIER, "ver": 2**64 - 1, "id": 1})
+            expect_error(self, r, E_BAD_FIELD, "ver 2^64-1")
+            self.assertIn("barrier for version 18446744073709551615", r.get("text", ""), r)
+            r = a.request({"t": T_BARRIER, "ver": 21, "id": 2})  # the model's plus one: taken
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 2), "a alone taking part at 21")
+            r = b.request({"t": T_BARRIER, "ver": 0, "id": 3})
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 3), "b withdraws")
+            r = b.request({"t": T_BARRIER, "ver": 13, "id": 4})
+            self.assertEqual((r.get("t"), r.get("id")), (T_OK, 4), "b's 13: a is at 21")
+            barrier(a, 14, 5)  # a goes back from 21 to 14
+            self.quiet(a, "a's 14 with b at 13")
+            barrier(b, 14, 6)
+            self.ok(b, 6, "b's 14")
+            self.ok(a, 5, "a's 14 once b is at 14")
+            a.close()
+            b.close()
+            psd.stop()
+
     def test_backup_workers(self):
         # a BSP round does not wait for the slowest backup_workers: nor
         # does a barrier
         with harness.Cluster("test-barrier-backup") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=["--set", "backup_workers=1"])
             ws = [hello(psd.addr, k, 3) for k in range(3)]
+            rounds(ws[:2], 1)  # two of three close a round
             for w in ws:
                 r = w.request({"t": T_BARRIER, "ver": 1})
                 self.assertEqual(r.get("t"), T_OK, r)
@@ -168,9 +218,11 @@ class BarrierTest(unittest.TestCase):
                 psd = cl.psd(mode=mode, workers=2, name="psd-" + mode)
                 a = hello(psd.addr, 0, 2)
                 b = hello(psd.addr, 1, 2)  # connected, never sends one
-                for ver in (3, 2, 1):
+                for ver in (1, 1):
                     r = a.request({"t": T_BARRIER, "ver": ver})
                     self.assertEqual(r.get("t"), T_OK, "%s: %r" % (mode, r))
+                # the model is at version 0: no reply can have said 2
+                expect_error(self, a.request({"t": T_BARRIER, "ver": 2}), E_BAD_FIELD, mode + " ver 2")
                 a.close()
                 b.close()
                 psd.stop()
@@ -199,4 +251,4 @@ class BarrierTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

@@ -160,4 +160,4 @@ class CheckpointAtEndTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

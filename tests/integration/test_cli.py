@@ -71,8 +71,14 @@ class CliTest(unittest.TestCase):
             self.refused([Paths.psworker, "--data", Paths.data, "--dataset", "cifar"], mentions=["cifar"])
 
     def test_worker_unreachable_server(self):
+        # the library says at once that it waits, then gives up: two lines
         addr = "127.0.0.1:%d" % harness.free_port()
-        self.refused(self.worker("--server", addr), mentions=[addr], timeout=60)
+        err = self.refused(self.worker("--server", addr), mentions=[addr], one_line=False, timeout=60)
+        lines = err.splitlines()
+        self.assertEqual(len(lines), 2, err)
+        self.assertIn("waiting for psd at %s (" % addr, lines[0])
+        self.assertRegex(lines[0], r"trying for up to \d+ s \(connect_s\)")
+        self.assertIn("unreachable for", lines[1])
         self.refused(self.worker("--server", "nowhere"), mentions=["nowhere"])
 
     # ---- psd -----------------------------------------------------------------
@@ -156,4 +162,4 @@ class CliTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

@@ -281,4 +281,4 @@ def extra_args(p):
 
 if __name__ == "__main__":
     ARGS = harness.parse_args(extra_args)
-    unittest.main()
+    harness.main()

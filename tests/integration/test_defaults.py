@@ -106,4 +106,4 @@ if __name__ == "__main__":
     ARGS = harness.parse_args(lambda p: p.add_argument("--set", action="append", default=[], dest="sets",
                                                        metavar="KEY=VALUE",
                                                        help="a psd setting on top of the defaults"))
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

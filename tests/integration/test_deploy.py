@@ -13,7 +13,7 @@
   StatefulSet's pod names through the headless Service, in part order; the
   ports of psd.conf, the containers, the Service and the probes; the
   workers count of psd.conf with the Job's completions and PSD_WORKERS; the
-  token Secret of the README command with the volumes; the state volume
+  token Secret of the documented command with the volumes; the state volume
   with state_dir. psd accepts the ConfigMap's psd.conf and psworker knows
   every option of the Job's command.
 - deploy/Containerfile builds with packages scripts/setup.sh installs, and
@@ -238,9 +238,9 @@ class KubernetesTest(unittest.TestCase):
         self.assertEqual(env["PSD_TOKEN_FILE"], conf["token_file"])
 
     def test_token_secret_of_the_readme_command(self):
-        readme = read("README.md")
+        readme = read("docs", "operations.md")
         m = re.search(r"kubectl create secret generic (\S+)((?: --from-file=[\w-]+=\S+)+)", readme)
-        self.assertIsNotNone(m, "README gives the command that makes the token Secret")
+        self.assertIsNotNone(m, "docs/operations.md gives the command that makes the token Secret")
         name = m.group(1)
         keys = re.findall(r"--from-file=([\w-]+)=", m.group(2))
         args = []
@@ -281,7 +281,7 @@ class KubernetesTest(unittest.TestCase):
         helptext = subprocess.run([Paths.psworker, "--help"], capture_output=True, text=True, timeout=30).stdout
         for opt in (a for a in cmd[1:] if a.startswith("--")):
             self.assertIn(opt, helptext, "psworker --help lists %s" % opt)
-        self.assertIn("JOB_COMPLETION_INDEX", helptext + read("README.md"))
+        self.assertIn("JOB_COMPLETION_INDEX", helptext + read("docs", "running.md"))
 
 
 def setup_packages():
@@ -403,4 +403,4 @@ class SlurmTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

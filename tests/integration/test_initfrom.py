@@ -10,11 +10,17 @@
   file, a truncated one, a header that is not safetensors' JSON and a
   dtype other than F32; and for a state dir holding a checkpoint unless
   --fresh is given (then it starts from the file).
+- Headers far beyond any psd model (300,000 tensors in 22 MB, 3 million
+  metadata values, one 40 MB string) are refused with a message, and
+  psd's peak RSS meanwhile (wait4's ru_maxrss) stays within the header's
+  size plus 64 MiB (issue 32: 320 MB for the first); so does one just
+  within the counts psd parses (65,400 values).
 """
 
 import json
 import os
 import struct
+import subprocess
 import sys
 import unittest
 
@@ -42,6 +48,26 @@ def first_loss(w):
         raise AssertionError("%s exited %d\n%s" % (w.name, rc, w.stderr()))
     lines = [json.loads(l) for l in w.stdout().splitlines() if l.startswith("{\"epoch\": 1,")]
     return lines[0]["train_loss"]
+
+
+# Writes a safetensors file (header only) far beyond any psd model: argv
+# [1] is the kind, [2] the path.
+HUGE_HEADER = r"""
+import struct, sys
+entry = '"t%d": {"dtype": "F32", "shape": [1], "data_offsets": [%d, %d]}'
+kind, path = sys.argv[1], sys.argv[2]
+if kind == "tensors":  # issue 32's: 300,000 tensors in 22 MB
+    h = "{" + ", ".join(entry % (i, 4 * i, 4 * i + 4) for i in range(300000)) + "}"
+elif kind == "values":  # a few tensors, 3 million metadata values
+    h = '{"__metadata__": {' + ", ".join('"k%d": "v"' % i for i in range(3000000)) + '}, ' + entry % (0, 0, 4) + "}"
+elif kind == "string":  # one metadata string of 40 MiB
+    h = '{"__metadata__": {"k": "' + "x" * (40 << 20) + '"}, ' + entry % (0, 0, 4) + "}"
+else:  # 65,400 values, the most psd parses, of the kind that costs jansson most
+    h = '{"__metadata__": {' + ", ".join('"k%d": {}' % i for i in range(32700)) + '}, ' + entry % (0, 0, 4) + "}}"
+h = h.encode()
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h)
+"""
 
 
 class InitFromTest(unittest.TestCase):
@@ -133,6 +159,48 @@ class InitFromTest(unittest.TestCase):
             err = self.start_fails("--init-from", p)
             self.assertIn("%s: tensor '%s' has dtype F16; psd holds float32 only (F32)" % (p, name), err)
 
+    def peak_refusing(self, path):
+        """psd --init-from path must refuse it: its stderr and peak RSS
+        (bytes), from wait4."""
+        p = subprocess.Popen([harness.Paths.psd, "--listen", "127.0.0.1:0", "--init-from", path],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        err = b""
+        try:
+            err = p.stderr.read()  # until psd exits and its end closes
+        finally:
+            p.stderr.close()
+            timer = __import__("threading").Timer(60, p.kill)
+            timer.start()
+            _, status, usage = os.wait4(p.pid, 0)
+            timer.cancel()
+            p.returncode = os.waitstatus_to_exitcode(status)
+        self.assertEqual(p.returncode, 1, err.decode(errors="replace"))
+        return err.decode(errors="replace"), usage.ru_maxrss * 1024
+
+    def test_huge_headers(self):
+        slack = max(0, int(os.environ.get("PSD_TEST_RSS_SLACK_MB", "50")) - 50)  # sanitizers' own
+        cases = {"tensors": "more than 256 tensors in its header; psd takes 1 to 256",
+                 "values": "bad header: more than 65536 JSON values",
+                 "string": "bad header: a string or number over 4 MiB",
+                 # just within the counts: jansson builds it all, then meets a stray }
+                 "objects": "bad header: not JSON"}
+        with harness.Cluster("psd-initfrom-huge") as cl:
+            for name, says in cases.items():
+                path = os.path.join(cl.dir, name + ".safetensors")
+                # written by another process: a child's ru_maxrss counts
+                # the memory of the process it was forked from
+                r = subprocess.run([sys.executable, "-c", HUGE_HEADER, name, path], capture_output=True, text=True,
+                                   timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                err, peak = self.peak_refusing(path)
+                size = os.path.getsize(path) - 8
+                self.assertLess(peak, size + ((64 + slack) << 20),
+                                "%s: %.1f MB header, psd's peak RSS %.1f MB" % (name, size / 1e6, peak / 1e6))
+                self.assertIn("%s: %s" % (path, says), err)
+                print("%s: %.1f MB header refused at a peak RSS of %.1f MB" % (name, size / 1e6, peak / 1e6),
+                      file=sys.stderr)
+                os.unlink(path)
+
     def test_checkpoint_conflicts(self):
         with harness.Cluster("psd-initfrom-ckpt") as cl:
             path = self.save_job(cl)
@@ -154,4 +222,4 @@ class InitFromTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

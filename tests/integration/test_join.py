@@ -141,4 +141,4 @@ class JoinTimeoutTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

@@ -240,4 +240,4 @@ class FreshTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    harness.main(argv=sys.argv[:1], verbosity=2)

@@ -62,4 +62,4 @@ class MathsTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

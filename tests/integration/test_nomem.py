@@ -138,4 +138,4 @@ if __name__ == "__main__":
     def extra(p):
         p.add_argument("--failalloc", required=True, help="the failalloc.so shim (built with the tests)")
     FAILALLOC = os.path.abspath(harness.parse_args(extra).failalloc)
-    unittest.main()
+    harness.main()

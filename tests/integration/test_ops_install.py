@@ -112,4 +112,4 @@ class InstallTest(unittest.TestCase):
 
 if __name__ == "__main__":
     ARGS = harness.parse_args(lambda p: p.add_argument("--build-dir", required=True))
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

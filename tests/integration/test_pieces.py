@@ -6,7 +6,9 @@ Raw workers, written from the protocol with Python's msgpack, on a model of
 4096 values in pieces of 1024:
 
 - WELCOME says "piece" when psd closes rounds piece by piece, and not when
-  bsp_piece is 0 or backup_workers rule it out.
+  bsp_piece is 0 or backup_workers rule it out, nor to a worker whose
+  HELLO brings the job's plan (a job with a plan closes its rounds whole;
+  issue 32: that WELCOME said piece) or that joins a job with one.
 - A piece's mean is applied once every worker's push covers it: a PULL of
   version r + 1 of that piece is answered (ver r + 1, the piece's new
   values) while the round is still open, and one of a piece still open
@@ -81,6 +83,34 @@ class PiecesTest(unittest.TestCase):
     def init(self, c, w0):
         r = c.request({"t": T_INIT, "off": 0, "fin": True, "data": f32(w0)})
         self.assertEqual(r.get("t"), T_OK, r)
+
+    def test_plan_has_no_pieces(self):
+        with harness.Cluster("test-pieces-plan") as cl:
+            psd = self.start(cl, "plan", ["--set", "bsp_piece=%d" % PIECE])
+            a = RawClient(psd.addr, 10.0)
+            r = a.hello_worker(LAYOUT, 0, 2, plan=[1, 10, 2, 0])
+            self.assertEqual((r.get("t"), r.get("init")), (T_WELCOME, True), r)
+            self.assertEqual(r.get("plan"), [1, 10, 2, 0], r)
+            self.assertNotIn("piece", r, "a worker bringing the plan is told no piece")
+            b = RawClient(psd.addr, 10.0)
+            r = b.hello_worker(LAYOUT, 1, 2)  # without a plan: the job's stands
+            self.assertEqual(r.get("plan"), [1, 10, 2, 0], r)
+            self.assertNotIn("piece", r, "a worker of a job with a plan is told no piece")
+            # and the rounds do close whole: round 0's pull of piece 0
+            # waits until both pushes are in whole
+            self.init(a, np.zeros(N, dtype="<f4"))
+            g = np.ones(N, dtype="<f4")
+            self.push(a, 0, 0, g, True)
+            self.push(b, 0, 0, g[:PIECE], False)
+            a.send_frame({"t": T_PULL, "id": 70, "off": 0, "len": PIECE, "min": 1})
+            with self.assertRaises(socket.timeout):
+                r = a.recv_frame(QUIET)
+                raise AssertionError("piece 0 answered before the round closed: %r" % (r,))
+            self.push(b, 0, PIECE, g[PIECE:], True)
+            self.params(a, "round 0 closed whole", 1, off=0)
+            a.close()
+            b.close()
+            psd.stop()
 
     def test_pieces(self):
         rng = np.random.default_rng(7)
@@ -194,4 +224,4 @@ class PiecesTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

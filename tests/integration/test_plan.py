@@ -178,4 +178,4 @@ if __name__ == "__main__":
     args = harness.parse_args(extra)
     SEEDS = list(range(1, args.seeds + 1))
     WORKER_ARGS = ["--no-plan"] if args.no_plan else []
-    unittest.main()
+    harness.main()

@@ -210,4 +210,4 @@ class PlanRestartTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

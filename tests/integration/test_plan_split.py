@@ -226,4 +226,4 @@ class PlanSplitTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

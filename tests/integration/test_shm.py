@@ -27,7 +27,6 @@ import fcntl
 import json
 import mmap
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -250,8 +249,9 @@ print(json.dumps({"welcome": r.get("t") == harness.T_WELCOME, "inshm": r.get("in
 
 class OtherHostTest(unittest.TestCase):
     def setUp(self):
-        if os.geteuid() != 0 or not shutil.which("ip"):
-            self.skipTest("needs root and iproute2 for a network namespace")
+        why = harness.why_no_netns()
+        if why:
+            self.skipTest(why)
         self.ns = "psdshm%d" % os.getpid()
         self.veth = "psv%d" % (os.getpid() % 100000)
         self.here, self.there = "10.213.7.1", "10.213.7.2"
@@ -299,4 +299,4 @@ class OtherHostTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main()
+    harness.main()

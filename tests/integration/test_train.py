@@ -205,4 +205,4 @@ class TrainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     ARGS = harness.parse_args(lambda p: p.add_argument("--mode", choices=("asgd", "bsp"), default="bsp"))
-    unittest.main()
+    harness.main()

@@ -450,7 +450,7 @@ MAX_GAP = 0.015      # bf16 may trail float32 by at most 1.5 points
 
 
 def w1_psd_args(mode, limit, epochs):
-    """W1's psd settings (README.md), the cosine over this job's versions."""
+    """W1's psd settings (docs/settings.md), the cosine over this job's versions."""
     steps = (limit // 2 + BATCH - 1) // BATCH * epochs
     versions = steps if mode == "bsp" else 2 * steps
     return ["--set", "optimizer=adam", "--set", "lr=2e-3", "--set", "lr_schedule=cosine",
@@ -546,4 +546,4 @@ class WireTrainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     harness.parse_args()
-    unittest.main(verbosity=2)
+    harness.main(verbosity=2)

@@ -380,6 +380,20 @@ static void test_bool(void **state)
     assert_false(c.staleness_scale); /* a refused value changes nothing */
 }
 
+/* RFC 6761 6.3: localhost and the names under .localhost are loopback,
+ * taken without the resolver; names that only look alike are not. */
+static void test_localhost_names(void **state)
+{
+    (void)state;
+    static const char *const yes[] = {"localhost", "LocalHost", "localhost.", "a.localhost", "ps-1.LOCALHOST."};
+    static const char *const no[] = {"", ".", "localhos", "mylocalhost", "localhost.example.org", "localhost..",
+                                     "127.0.0.1", "::1", "xlocalhost."};
+    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
+        assert_true(ps_host_is_localhost(yes[i]));
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        assert_false(ps_host_is_localhost(no[i]));
+}
+
 static void test_hostport(void **state)
 {
     char host[PS_CONFIG_HOST_MAX], err[512];
@@ -727,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_duration),
         cmocka_unit_test(test_bool),
         cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_localhost_names),
         cmocka_unit_test(test_unknown_key),
         cmocka_unit_test(test_print_and_differs),
         cmocka_unit_test(test_load_good),

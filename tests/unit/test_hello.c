@@ -220,7 +220,10 @@ static void test_refusals(void **state)
     assert_int_equal(sent.type, PS_MSG_WELCOME);
     expect_refused(e, &m, PS_ESHARD, "already connected from d:1");
     m = hello(PS_ROLE_WORKER, 1, 2, &other);
-    expect_refused(f, &m, PS_ELAYOUT, "layout mismatch");
+    expect_refused(f, &m, PS_ELAYOUT, "layout mismatch at tensor 0: psd holds w[100], this worker has w[50] "
+                                      "(psd: 100 parameters in 1 tensors, from the job's first worker; this worker: "
+                                      "50 in 1)");
+    expect_refused(f, &m, PS_ELAYOUT, "`psctl reset`");
     assert_null(f->worker);
     /* a second hello costs only itself */
     m = hello(PS_ROLE_WORKER, 0, 2, &l);

@@ -1912,8 +1912,14 @@ static void test_decode_hello_errors(void **state)
                mp_uint(l, 1), mp_array(l, 1), mp_uint(l, 1));
     BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"),
                mp_uint(l, 3));
-    BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 3), mp_str(l, "w"),
-               mp_array(l, 1), mp_uint(l, 3), mp_nil(l));
+    BAD_LAYOUT("layout[0] (w): a buffer's rule is \"mean\" or \"first\"", mp_array(l, 1), mp_array(l, 3),
+               mp_str(l, "w"), mp_array(l, 1), mp_uint(l, 3), mp_nil(l));
+    BAD_LAYOUT("layout[0] (w): a buffer's rule is \"mean\" or \"first\"", mp_array(l, 1), mp_array(l, 3),
+               mp_str(l, "w"), mp_array(l, 1), mp_uint(l, 3), mp_str(l, "median"));
+    BAD_LAYOUT("layout[0] (w): a buffer's dtype is \"F32\", \"F64\", \"I64\" or \"I32\"", mp_array(l, 1),
+               mp_array(l, 4), mp_str(l, "w"), mp_array(l, 1), mp_uint(l, 3), mp_str(l, "mean"), mp_str(l, "U8"));
+    BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 5), mp_str(l, "w"),
+               mp_array(l, 1), mp_uint(l, 3), mp_str(l, "mean"), mp_str(l, "I64"), mp_nil(l));
     BAD_LAYOUT("layout[0]: name must have 1..63 bytes", mp_array(l, 1), T1("", 1));
     BAD_LAYOUT("layout[0]: name must have 1..63 bytes", mp_array(l, 1),
                T1("a123456789b123456789c123456789d123456789e123456789f123456789xyzw", 1));
@@ -2053,6 +2059,14 @@ static void test_layout_pack_unpack(void **state)
     uint32_t d1[2] = {64, 784}, d2[1] = {64};
     assert_int_equal(ps_layout_add(&l, "fc1.weight", 2, d1), 0);
     assert_int_equal(ps_layout_add(&l, "fc1.bias", 1, d2), 0);
+    /* buffers: [name, dims, rule] and [name, dims, rule, dtype] */
+    assert_int_equal(ps_layout_add(&l, "bn.running_mean", 1, d2), 0);
+    assert_int_equal(ps_layout_set_buffer(&l, PS_BUF_MEAN, PS_SAVE_F32), 0);
+    uint32_t one[1] = {1};
+    assert_int_equal(ps_layout_add(&l, "bn.num_batches_tracked", 1, one), 0);
+    assert_int_equal(ps_layout_set_buffer(&l, PS_BUF_FIRST, PS_SAVE_I64), 0);
+    assert_int_equal(ps_layout_set_buffer(&l, 7, PS_SAVE_I64), PS_EINVAL);
+    assert_int_equal(l.nbuf, 2);
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
@@ -2066,7 +2080,32 @@ static void test_layout_pack_unpack(void **state)
     char lerr[256];
     assert_int_equal(ps_layout_unpack(&o, &back, lerr, sizeof lerr), 0);
     assert_true(ps_layout_equal(&l, &back));
-    assert_int_equal(back.total, 64 * 784 + 64);
+    assert_int_equal(back.total, 64 * 784 + 64 + 64 + 1);
+    assert_int_equal(back.nbuf, 2);
+    assert_int_equal(back.t[2].buf, PS_BUF_MEAN);
+    assert_int_equal(back.t[2].save_dt, PS_SAVE_F32);
+    assert_int_equal(back.t[3].buf, PS_BUF_FIRST);
+    assert_int_equal(back.t[3].save_dt, PS_SAVE_I64);
+    assert_int_equal(o.via.array.ptr[2].via.array.size, 3);
+    assert_int_equal(o.via.array.ptr[3].via.array.size, 4);
+    /* another rule or dtype is another layout, and another fingerprint */
+    ps_layout other = l;
+    other.t[3].buf = PS_BUF_MEAN;
+    assert_false(ps_layout_equal(&l, &other));
+    assert_true(ps_layout_fingerprint(&l) != ps_layout_fingerprint(&other));
+    other = l;
+    other.t[3].save_dt = PS_SAVE_F32;
+    assert_false(ps_layout_equal(&l, &other));
+    /* a model split in two keeps the buffers' rules in the parts, and the
+     * join gives them back */
+    ps_layout parts[2], joined;
+    const ps_layout *pp[2] = {&parts[0], &parts[1]};
+    uint64_t lo, hi;
+    assert_int_equal(ps_layout_part(&l, 0, 2, &parts[0], &lo, &hi), 0);
+    assert_int_equal(ps_layout_part(&l, 1, 2, &parts[1], &lo, &hi), 0);
+    assert_int_equal(parts[1].t[parts[1].ntensors - 1].buf, PS_BUF_FIRST);
+    assert_int_equal(ps_layout_join(pp, 2, &joined, lerr, sizeof lerr), 0);
+    assert_true(ps_layout_equal(&l, &joined));
     /* a rank of 0 is refused with the entry named */
     o.via.array.ptr[1].via.array.ptr[1].via.array.size = 0;
     assert_int_equal(ps_layout_unpack(&o, &back, lerr, sizeof lerr), PS_EBAD_FIELD);
