@@ -57,7 +57,7 @@ static uint64_t threshold(const psd *s)
 
 static void answer(srv_conn *c, uint64_t id)
 {
-    c->srv->stats.barriers++;
+    SRV_COUNT(c->srv, barriers, 1);
     srv_send_ok(c, id);
 }
 

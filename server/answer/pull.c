@@ -41,7 +41,7 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
             r.has |= PS_F_SLICE;
         }
     }
-    s->stats.pulls++;
+    SRV_COUNT(s, pulls, 1);
     if (rdt == SRV_RDT_SHM) {
         /* into the worker's segment, after its gradient half; the reply
          * only says where */

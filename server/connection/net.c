@@ -187,7 +187,7 @@ static void process_frames(srv_conn *c)
         char err[256];
         msgpack_zone_clear(&c->zone);
         ps_scan_limits lim = {PS_MSG_DEPTH_MAX, PS_MSG_OBJECTS_MAX};
-        s->stats.bytes_in += flen;
+        SRV_COUNT(s, bytes_in, flen);
         rc = ps_msg_decode(c->rbuf + pos + PS_FRAME_HDR, plen, &lim, &c->zone, &m, &s->scratch_layout, err,
                            sizeof err);
         if (rc != 0 && ps_msg_from_server_only(m.type)) {
@@ -340,7 +340,7 @@ static void on_connection(uv_stream_t *server, int status)
         s->conns->prev = c;
     s->conns = c;
     s->nconns++;
-    s->stats.connections++;
+    SRV_COUNT(s, connections, 1);
     uv_tcp_nodelay(&c->tcp, 1);
     if (s->cfg.send_buffer) {
         int v = (int)s->cfg.send_buffer;

@@ -121,7 +121,7 @@ static void check_output(srv_conn *c, size_t last)
     size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp);
     if (queued <= s->cfg.max_output_buffer || queued <= last)
         return;
-    s->stats.disconnects_output++;
+    SRV_COUNT(s, disconnects_output, 1);
     PS_LOG(PS_LOG_WARN, "conn %llu (%s): %zu bytes of replies unsent, over max_output_buffer (%llu): the client "
                         "does not read them; closing",
            (unsigned long long)c->cid, c->addr, queued, (unsigned long long)s->cfg.max_output_buffer);
@@ -151,8 +151,8 @@ void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
             zm.len = zm.ndata;
             zm.packed = (const uint8_t *)z->v;
             zm.packed_len = z->len;
-            s->stats.zstd_sent += z->len;
-            s->stats.zstd_sent_raw += zm.ndata * sizeof(float);
+            SRV_COUNT(s, zstd_sent, z->len);
+            SRV_COUNT(s, zstd_sent_raw, zm.ndata * sizeof(float));
         } else {
             zm.has &= ~(uint64_t)PS_F_DT;
             zm.dt = PS_DT_F32;
@@ -228,7 +228,7 @@ void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
         off += len;
         left -= len;
     }
-    s->stats.bytes_out += s->enc.len + dlen;
+    SRV_COUNT(s, bytes_out, s->enc.len + dlen);
     rc = uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, (unsigned)(1 + npieces), on_write);
     if (bufs != small)
         free(bufs);
@@ -261,9 +261,7 @@ static void quiet_note(srv_conn *c, char *buf, size_t len)
 void srv_net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text)
 {
     psd *s = c->srv;
-    unsigned idx = (unsigned)(-code);
-    if (idx < sizeof s->stats.rejected / sizeof s->stats.rejected[0])
-        s->stats.rejected[idx]++;
+    srv_stats_rejected(s, code);
     const char *why = "";
     if (is_protocol_error(code) && ++c->proto_errors >= SRV_PROTO_ERRORS_MAX && !fatal) {
         fatal = 1;

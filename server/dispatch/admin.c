@@ -412,9 +412,7 @@ static void cmd_reset(srv_conn *c, ps_msg *m)
     s->resumed_version = 0;
     s->model_file[0] = '\0';
     s->said_memory_only = 0;
-    s->stats.init_ms = 0;
-    s->stats.checkpoint_ms = 0; /* the new model's first checkpoint is written */
-    s->stats.checkpoint_version = 0;
+    srv_stats_model_reset(s); /* the new model's first checkpoint is written */
     srv_dash_notice(s);
     char text[PS_CONFIG_PATH_MAX + 300], was[64] = "no model to drop", ckpts[PS_CONFIG_PATH_MAX + 120] = "",
                                          gone[64] = "";

@@ -98,7 +98,7 @@ static void sanitize_push(srv_conn *c, ps_msg *m)
         for (uint64_t i = 0; i < m->ndata; i++)
             g[i] = (float)(g[i] * f);
     }
-    s->stats.sanitized_pushes++;
+    SRV_COUNT(s, sanitized_pushes, 1);
     PS_LOG(PS_LOG_INFO, "conn %llu (%s): %s for [%llu, %llu) held %zu NaN or infinite values: sanitised "
                         "(nonfinite = clip), norm %g -> %g",
            (unsigned long long)c->cid, c->addr, ps_msg_type_name(m->type), (unsigned long long)m->off,
@@ -181,9 +181,9 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     if (!isfinite(mx)) {
         if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
             sanitize_push(c, m);
-            s->stats.zeros_elided += left_out;
-            s->stats.zstd_in += zin;
-            s->stats.zstd_out += zout;
+            SRV_COUNT(s, zeros_elided, left_out);
+            SRV_COUNT(s, zstd_in, zin);
+            SRV_COUNT(s, zstd_out, zout);
             return 0;
         }
         snprintf(err, errlen, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
@@ -193,9 +193,9 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
         return PS_ENONFINITE;
     }
     *gmax = mx;
-    s->stats.zeros_elided += left_out;
-    s->stats.zstd_in += zin;
-    s->stats.zstd_out += zout;
+    SRV_COUNT(s, zeros_elided, left_out);
+    SRV_COUNT(s, zstd_in, zin);
+    SRV_COUNT(s, zstd_out, zout);
     return 0;
 }
 
@@ -233,7 +233,7 @@ static void handle_init(srv_conn *c, ps_msg *m)
     if (m->fin) {
         s->model.initialized = 1;
         s->init_owner = NULL;
-        s->stats.init_ms = srv_now_ms();
+        srv_stats_model_at(s, srv_now_ms());
         PS_LOG(PS_LOG_INFO, "model initialised by shard %u (%s)", c->worker->shard, c->addr);
     }
     srv_send_ok(c, m->id);
@@ -307,7 +307,7 @@ static int handle_push(srv_conn *c, ps_msg *m)
         return 0;
     }
     if (m->fin) {
-        srv_hist_observe(&s->stats.staleness, (double)(s->model.version - m->base));
+        srv_stats_observe(s, SRV_HIST_STALENESS, (double)(s->model.version - m->base));
         c->worker->staleness = s->model.version - m->base;
     }
     /* checked: in range, float32, finite (or sanitised), base not ahead */
@@ -332,7 +332,7 @@ static int handle_push(srv_conn *c, ps_msg *m)
          * it and count it; a pushpull still gets the current model so the
          * worker catches up. */
         if (m->fin)
-            s->stats.dropped_pushes++;
+            SRV_COUNT(s, dropped_pushes, 1);
         PS_LOG(PS_LOG_DEBUG, "shard %u: %s", c->worker->shard, err);
         if (m->type == PS_MSG_PUSHPULL) {
             pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
@@ -347,7 +347,7 @@ static int handle_push(srv_conn *c, ps_msg *m)
         srv_answer_parked(s); /* a new version: the pulls waiting for it first */
     if (m->fin) {
         c->worker->pushes++;
-        s->stats.pushes++;
+        SRV_COUNT(s, pushes, 1);
     }
     if (m->type == PS_MSG_PUSHPULL)
         pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
@@ -364,7 +364,7 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     *wake = s->policy->applied(s, tag) == SRV_WAKE;
     if (tag->fin) {
         tag->w->pushes++;
-        s->stats.pushes++;
+        SRV_COUNT(s, pushes, 1);
     }
     if (c->closing)
         return c;

@@ -89,9 +89,9 @@ static void bsp_round_closed(psd *s)
     srv_bsp_state *b = s->policy_state;
     uint64_t round = s->model.version;
     srv_model_bump(&s->model);
-    s->stats.rounds++;
+    SRV_COUNT(s, rounds, 1);
     uint64_t now = now_ms(s);
-    srv_hist_observe(&s->stats.round_seconds, (double)(now - b->round_start_ms) / 1000.0);
+    srv_stats_observe(s, SRV_HIST_ROUND_SECONDS, (double)(now - b->round_start_ms) / 1000.0);
     PS_LOG(PS_LOG_DEBUG, "round %llu closed with %u pushes in %llu ms", (unsigned long long)round, b->count,
            (unsigned long long)(now - b->round_start_ms));
     b->round_start_ms = now;

@@ -125,7 +125,7 @@ int srv_bsp_pieces_close(psd *s, srv_bsp_state *b, uint64_t off, uint64_t n, uin
             return woke; /* out of memory: the round's close applies it */
         b->pclosed[p] = 1;
         b->nclosed++;
-        s->stats.early_pieces++;
+        SRV_COUNT(s, early_pieces, 1);
         woke = SRV_WAKE;
     }
     return woke;

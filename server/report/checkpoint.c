@@ -246,17 +246,11 @@ static void job_run(ckpt_job *j)
 static void job_finish(psd *s, ckpt_job *j)
 {
     if (j->rc == 0) {
-        s->stats.checkpoints++;
-        s->stats.checkpoint_ms = srv_now_ms();
-        s->stats.checkpoint_version = j->version;
-        s->stats.checkpoint_error[0] = '\0';
+        srv_stats_checkpoint(s, j->version, NULL);
         PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s/ckpt-%020" PRIu64 ".psdc in %.3f s",
                j->version, j->dir, j->version, j->seconds);
     } else {
-        s->stats.checkpoint_failures++;
-        size_t n = strnlen(j->err, sizeof s->stats.checkpoint_error - 1); /* cut, for the ADMIN reply */
-        memcpy(s->stats.checkpoint_error, j->err, n);
-        s->stats.checkpoint_error[n] = '\0';
+        srv_stats_checkpoint(s, j->version, j->err);
         PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
     }
 }
@@ -297,8 +291,7 @@ void srv_checkpoint_start(psd *s, int force)
         return;
     ckpt_job *j = job_new(s);
     if (!j) {
-        s->stats.checkpoint_failures++;
-        snprintf(s->stats.checkpoint_error, sizeof s->stats.checkpoint_error, "out of memory");
+        srv_stats_checkpoint(s, 0, "out of memory");
         PS_LOG(PS_LOG_ERROR, "checkpoint: out of memory");
         return;
     }

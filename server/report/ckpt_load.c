@@ -285,8 +285,7 @@ int srv_checkpoint_load(psd *s)
             ps_layout_describe(&s->model.layout, desc, sizeof desc);
             PS_LOG(PS_LOG_INFO, "loaded checkpoint %s: model version %" PRIu64 ", %" PRIu64 " parameters (%s)", path,
                    s->model.version, s->model.layout.total, desc);
-            s->stats.checkpoint_ms = srv_now_ms();
-            s->stats.checkpoint_version = s->model.version;
+            srv_stats_checkpoint_loaded(s, s->model.version);
             snprintf(s->resumed_from, sizeof s->resumed_from, "%s", path);
             s->resumed_version = s->model.version;
             loaded = 1;

@@ -89,9 +89,9 @@ void srv_conn_detach(srv_conn *c, int state, const char *why)
     w->state = state;
     snprintf(w->why, sizeof w->why, "%s", why);
     if (state == SRV_W_LEFT)
-        s->stats.worker_leaves++;
+        SRV_COUNT(s, worker_leaves, 1);
     else
-        s->stats.worker_deaths++;
+        SRV_COUNT(s, worker_deaths, 1);
     PS_LOG(state == SRV_W_LEFT ? PS_LOG_INFO : PS_LOG_WARN, "worker shard %u/%u (%s) %s: %s; %llu pushes, clock %llu",
            w->shard, w->nshards, w->addr, state == SRV_W_LEFT ? "left" : "lost", why,
            (unsigned long long)w->pushes, (unsigned long long)w->clock);
@@ -156,7 +156,7 @@ void srv_worker_never_joined(psd *s, uint32_t shard, const char *why)
     srv_worker *w = record_lost(s, shard, why);
     if (!w)
         return;
-    s->stats.worker_deaths++;
+    SRV_COUNT(s, worker_deaths, 1);
     PS_LOG(PS_LOG_WARN, "worker shard %u/%u lost: %s", w->shard, w->nshards, why);
     srv_dash_notice(s);
     if (s->policy->worker_left(s, w) == SRV_WAKE)
@@ -403,7 +403,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     int rejoin = w->joined_ms != 0;
     if (!rejoin && m->shard < s->nrestored)
         w->clock = s->restored_clocks[m->shard];
-    s->stats.worker_joins++;
+    SRV_COUNT(s, worker_joins, 1);
     w->shard = m->shard;
     w->nshards = m->nshards;
     w->state = SRV_W_CONNECTED;

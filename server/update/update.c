@@ -529,7 +529,7 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
     int clip = 0;
     if (!sure && !update_finite(m, &st, gr, off, n)) {
         if (s->cfg.nonfinite != PS_NONFINITE_CLIP) {
-            s->stats.nonfinite_updates++;
+            SRV_COUNT(s, nonfinite_updates, 1);
             PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) would make parameters or optimizer state infinite or "
                                 "NaN: refused, the model unchanged (nonfinite = reject)",
                    (unsigned long long)off, (unsigned long long)(off + n));
@@ -542,7 +542,7 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
     size_t made = 0;
     int rc = apply_sync(s, &st, gr, off, n, clip, &made);
     if (rc == 0 && clip) {
-        s->stats.clipped_updates++;
+        SRV_COUNT(s, clipped_updates, 1);
         PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) made %zu values infinite or NaN: made finite "
                             "(nonfinite = clip: NaN 0, +-inf +-FLT_MAX)",
                (unsigned long long)off, (unsigned long long)(off + n), made);

@@ -25,6 +25,10 @@ how things travel back up.
 With --markdown it prints, instead of the one-line summary, the layer table
 and the figures that docs/DESIGN.md quotes (tests/layers/test_check_layers.py
 compares them).
+
+It also fails when a file writes state another file owns (OWNED below:
+psd.stats, written by store/stats.c alone through SRV_COUNT and the
+srv_stats_* functions).
 """
 import os
 import re
@@ -46,6 +50,14 @@ ORDER = [
 MAIN = "main"  # the layer of the files directly in server/
 
 RANK = {name: i for i, row in enumerate(ORDER) for name in row}
+
+# State written by its owner alone: (what, the owner's file, a pattern of a
+# write). Others read it, and change it through the owner's functions.
+OWNED = [
+    ("psd.stats", "store/stats.c",
+     r"stats\.[a-z_]+(\[[^]]*\])?\s*(\+\+|--|[-+*/|&^]?=(?!=))|(\+\+|--)\s*[a-z_]+(->|\.)stats\."
+     r"|srv_hist_(init|observe)\s*\(\s*&[a-z_]+(->[a-z_]+)*->stats\."),
+]
 
 
 def layer_of(path):
@@ -107,6 +119,23 @@ def include_edges(server_dir, files):
     return edges
 
 
+def foreign_writes(server_dir, files):
+    """Writes of owned state (OWNED) outside its owner's file."""
+    bad = []
+    for what, owner, pattern in OWNED:
+        rx = re.compile(pattern)
+        for f in files:
+            if f == owner or not f.endswith(".c"):
+                continue
+            with open(os.path.join(server_dir, f), encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    code = line.split("//")[0]
+                    if rx.search(code):
+                        bad.append(f"{f}:{n}: writes {what}, which {owner} owns: call its functions "
+                                   f"({line.strip()})")
+    return bad
+
+
 def mutual(edges):
     """Two files of one layer that call each other: one of them belongs a
     layer below the other."""
@@ -164,7 +193,7 @@ def analyse(server_dir, lib, nm):
                            "cannot tell them apart: rename one")
             by_base[base] = f
     inc, sym = include_edges(server_dir, files), symbol_edges(lib, nm, by_base)
-    bad += upward(inc) + upward(sym) + mutual(sym)
+    bad += upward(inc) + upward(sym) + mutual(sym) + foreign_writes(server_dir, files)
     return bad, files, inc, sym
 
 

@@ -7,9 +7,10 @@ Plants small trees of server/ layer folders in a temporary directory,
 compiles them into a static library with CC and AR, and runs
 check_layers.py on them: a downward tree passes; an upward include, an
 upward call, a call between the sibling layers report and answer, a file in
-a folder that is no layer and two sources of one name each fail with a
-message naming the files. With the real tree given, a copy of it with one
-upward include planted fails too, and docs/DESIGN.md's layer table and
+a folder that is no layer, two sources of one name and a write of
+psd.stats outside its owner each fail with a message naming the files. With the real tree given, a copy of it with one
+upward include and a write of psd.stats outside stats.c planted fails
+too, and docs/DESIGN.md's layer table and
 figures are what `check_layers.py --markdown` prints.
 """
 import os
@@ -118,6 +119,26 @@ class Planted(unittest.TestCase):
         self.assertIn("misc/extra.c: its folder is not a layer", r.stderr)
         self.assertIn("store/store.c and policy/store.c: two sources of one name", r.stderr)
 
+    def test_write_of_owned_state_fails(self):
+        t = self.base()
+        t["store/stats.c"] = "struct st { int pushes; } ; void st_count(struct st *s) { s->pushes++; }\n"
+        ok = dict(t)
+        # reads, comparisons and counting through the owner pass
+        ok["dispatch/handle.c"] += ("struct ps { struct { int pushes, rounds; } stats; };\n"
+                                    "int di_read(struct ps *s) { int x = s->stats.pushes; "
+                                    "return x <= 1 && s->stats.rounds != 2 && s->stats.pushes == 3; }\n")
+        self.assertEqual(run_check(self.server, self.tree(ok)).returncode, 0)
+        for write in ("s->stats.pushes++;", "s->stats.pushes += 2;", "s->stats.rounds = 0;", "++s->stats.rounds;",
+                      "s->stats.rejected[3]++;", "srv_hist_observe(&s->stats.staleness, 1.0);"):
+            t["dispatch/handle.c"] = self.base()["dispatch/handle.c"] + \
+                ("struct ps { struct { int pushes, rounds, rejected[4]; double staleness; } stats; };"
+                 " void srv_hist_observe(double *h, double v);\n"
+                 "void di_w(struct ps *s) { %s }\n" % write)
+            shutil.rmtree(self.server)
+            r = run_check(self.server, self.tree(t))
+            self.assertEqual(r.returncode, 1, write)
+            self.assertIn("dispatch/handle.c:5: writes psd.stats, which store/stats.c owns", r.stderr)
+
     def test_mutual_calls_fail(self):
         t = self.base()
         t["update/update.c"] += "int up_more(void) { return 2; }\n"
@@ -142,6 +163,11 @@ class RealTree(unittest.TestCase):
             r = run_check(copy, lib)
             self.assertEqual(r.returncode, 1)
             self.assertIn("store/model.c (store) -> dispatch/handle.h (dispatch): a layer above", r.stderr)
+            with open(os.path.join(copy, "answer", "pull.c"), "a") as f:
+                f.write("\nstatic void planted(psd *s) { s->stats.pulls += 1; }\n")
+            r = run_check(copy, lib)
+            self.assertEqual(r.returncode, 1)
+            self.assertRegex(r.stderr, r"answer/pull.c:\d+: writes psd.stats, which store/stats.c owns")
 
     def test_design_md_states_the_checks_figures(self):
         server, lib, design = REAL
