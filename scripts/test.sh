@@ -4,13 +4,17 @@
 # psworker and psctl processes), then build again with AddressSanitizer and
 # UndefinedBehaviorSanitizer and run the suite once more.
 #
-# Last, a clang build in build-fuzz/ runs each libFuzzer target in fuzz/ for
-# 20 s. Environment: PSD_SKIP_SANITIZE=1 skips the sanitizer pass,
-# PSD_SKIP_FUZZ=1 the fuzz pass.
+# Then a clang build in build-fuzz/ runs each libFuzzer target in fuzz/ for
+# 20 s. Last, the engine tests (tests/engines/, label engines) run psd for
+# real as a Debian package in a clean Debian 12 root, under a Slurm cluster
+# on this machine and as a podman image: they need root and Debian's mirror.
+# Environment: PSD_SKIP_SANITIZE=1 skips the sanitizer pass,
+# PSD_SKIP_FUZZ=1 the fuzz pass, PSD_SKIP_ENGINES=1 the engine tests.
 #
 # A test that needs what this machine cannot give (root, network
-# namespaces, tc, a browser, a tool) skips and says why; the last lines of
-# the output count and name every skip of each pass, pass or fail.
+# namespaces, tc, a browser, a tool, Debian's mirror) skips and says why;
+# the last lines of the output count and name every skip of each pass, pass
+# or fail.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,12 +27,14 @@ scripts/setup.sh
 # tests/client/conftest.py); printed last, whatever the outcome
 skips_plain="$ROOT/build/skipped-tests.txt"
 skips_asan="$ROOT/build-asan/skipped-tests.txt"
-rm -f "$skips_plain" "$skips_asan"
+skips_engines="$ROOT/build/skipped-engines.txt"
+rm -f "$skips_plain" "$skips_asan" "$skips_engines"
 list_skips() {
     local pass file n
-    for pass in plain asan; do
+    for pass in plain asan engines; do
         file="$skips_plain"
         [ "$pass" = asan ] && file="$skips_asan"
+        [ "$pass" = engines ] && file="$skips_engines"
         [ -f "$file" ] || continue
         n=$(sort -u "$file" | wc -l)
         echo "== skipped ($pass build): $n test(s) or checks, for what this machine lacks"
@@ -39,7 +45,7 @@ trap list_skips EXIT
 
 echo "== tests (build/)"
 : >"$skips_plain"
-PSD_TEST_SKIPS="$skips_plain" ctest --test-dir build --output-on-failure --timeout 600
+PSD_TEST_SKIPS="$skips_plain" ctest --test-dir build -LE engines --output-on-failure --timeout 600
 
 if [ "${PSD_SKIP_SANITIZE:-0}" != 1 ]; then
     echo "== tests under AddressSanitizer + UBSan (build-asan/)"
@@ -54,5 +60,10 @@ if [ "${PSD_SKIP_FUZZ:-0}" != 1 ]; then
     cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPSD_FUZZ=ON >/dev/null
     cmake --build build-fuzz --target fuzz_targets -j"$(nproc)"
     ctest --test-dir build-fuzz -L fuzz -j2 --output-on-failure
+fi
+if [ "${PSD_SKIP_ENGINES:-0}" != 1 ]; then
+    echo "== engines: the Debian package, Slurm, the container image (build/, label engines)"
+    : >"$skips_engines"
+    PSD_TEST_SKIPS="$skips_engines" ctest --test-dir build -L engines --output-on-failure --timeout 900
 fi
 echo "== all tests passed in $(( $(date +%s) - start )) s"

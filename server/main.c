@@ -128,6 +128,40 @@ static void srv_shutdown(psd *s, const char *why)
     srv_stop(s);
 }
 
+/* stop_grace: after a first SIGTERM or SIGINT with workers connected, psd
+ * serves on until they have left or this time (srv_now_ms) has come; the
+ * tick checks. 0: no grace running. */
+static uint64_t g_stop_deadline;
+static const char *g_stop_signal;
+static int g_stop_checkpointed; /* the grace's one checkpoint is started */
+
+static uint32_t workers_connected(const psd *s)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->state == SRV_W_CONNECTED)
+            n++;
+    return n;
+}
+
+static void stop_grace_tick(psd *s, uint64_t now)
+{
+    if (!g_stop_deadline || s->stopping)
+        return;
+    uint32_t n = workers_connected(s);
+    if (n == 0) {
+        PS_LOG(PS_LOG_INFO, "%s: every worker has left", g_stop_signal);
+    } else if (now >= g_stop_deadline) {
+        PS_LOG(PS_LOG_WARN, "%s: stop_grace over with %u worker%s still connected", g_stop_signal, n,
+               n == 1 ? "" : "s");
+    } else {
+        if (!g_stop_checkpointed) /* once, at the first round's end */
+            g_stop_checkpointed = srv_checkpoint_at_rest(s, g_stop_signal);
+        return;
+    }
+    srv_shutdown(s, g_stop_signal);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     psd *s = h->data;
@@ -139,7 +173,18 @@ static void on_signal(uv_signal_t *h, int signum)
             srv_reload(s);
         return;
     }
-    srv_shutdown(s, signum == SIGINT ? "SIGINT" : "SIGTERM");
+    const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
+    uint32_t n = workers_connected(s);
+    if (!g_stop_deadline && s->cfg.stop_grace && n > 0) {
+        g_stop_deadline = srv_now_ms() + s->cfg.stop_grace;
+        g_stop_signal = name;
+        PS_LOG(PS_LOG_INFO, "%s: waiting up to %.1f s (stop_grace) for %u connected worker%s to leave, then "
+               "stopping (model version %llu); a second signal stops at once", name,
+               (double)s->cfg.stop_grace / 1e3, n, n == 1 ? "" : "s", (unsigned long long)s->model.version);
+        g_stop_checkpointed = srv_checkpoint_at_rest(s, name);
+        return;
+    }
+    srv_shutdown(s, name);
 }
 
 /* Declares dead every connected worker silent for heartbeat_timeout. A
@@ -205,6 +250,9 @@ static void on_tick(uv_timer_t *t)
         srv_answer_parked(s);
     srv_join_tick(s, now);
     srv_checkpoint_rest_tick(s);
+    stop_grace_tick(s, now);
+    if (s->stopping)
+        return;
     if (s->cfg.checkpoint_interval && s->model.initialized) {
         uint64_t last = s->stats.checkpoint_ms ? s->stats.checkpoint_ms : s->stats.init_ms;
         if (now - last >= s->cfg.checkpoint_interval)

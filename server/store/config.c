@@ -193,6 +193,13 @@ static const ps_config_option options[] = {
      .lo = 100, .hi = INT64_C(86400000),
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "
              "logged, its connection closed, and bsp rounds go on without it."},
+    {.name = "stop_grace", .type = PS_CT_DURATION, .def = "0s", AT(stop_grace), .lo = 0,
+     .hi = INT64_C(3600000), .apply = srv_apply_read_when_used,
+     .help = "On SIGTERM or SIGINT with workers connected, psd writes a checkpoint (when "
+             "between rounds) and goes on serving for up to this long, so that workers "
+             "stopped by the same signal (a Slurm job's steps, a pod's containers) finish "
+             "their step and leave; it stops when the last one has left or the time is up. "
+             "A second signal stops it at once. 0: stop at once."},
     {.name = "join_timeout", .type = PS_CT_DURATION, .def = "2m", AT(join_timeout), .lo = 0,
      .hi = INT64_C(604800000), .apply = srv_apply_read_when_used,
      .help = "bsp and ssp: how long psd waits, from the first worker's join, for shards "

@@ -84,6 +84,7 @@ typedef struct ps_config {
     double dc_lambda;                  /* asgd: DC-ASGD delay compensation; 0 = off */
     uint64_t heartbeat_timeout;        /* ms of silence before a worker is dead */
     uint64_t join_timeout;             /* ms to wait for shards that never joined; 0 = for ever */
+    uint64_t stop_grace;               /* ms to serve after SIGTERM until the workers left; 0 = none */
     int join_timeout_action;           /* enum ps_join_action */
     uint64_t checkpoint_interval;      /* ms between checkpoints; 0 = only at shutdown */
     int checkpoint_keep;               /* checkpoints kept in state_dir */

@@ -1,0 +1,126 @@
+#!/usr/bin/python3
+"""test_stop_grace.py - psd's stop_grace: SIGTERM to psd and its workers at once.
+
+A Slurm job cancelled with `scancel --signal=TERM` (or a pod deleted) sends
+SIGTERM to psd and to every worker at the same moment.
+
+- With stop_grace, psd writes a checkpoint and serves on; the workers finish
+  their step and leave "stopped by SIGTERM" (exit 143); psd then stops at
+  once (long before stop_grace is over), exit 0, with the model checkpointed
+  at the version the workers reached. In bsp too, where a worker mid-round
+  needs psd to close that round before it can leave.
+- Without it (the default), psd stops at once: the workers are recorded as
+  left because psd shut down.
+- With stop_grace and a worker that does not leave (not signalled), psd
+  stops when the time is up; a second SIGTERM stops it at once.
+"""
+
+import os
+import re
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+
+def log_of(p):
+    with open(p.err_path, errors="replace") as f:
+        return f.read()
+
+
+def wait_log(p, pattern, timeout, what):
+    return harness.wait_until(lambda: re.search(pattern, log_of(p)), timeout, what)
+
+
+class StopGraceTest(unittest.TestCase):
+    def job(self, c, mode, grace, workers=2):
+        state = os.path.join(c.dir, "state")
+        args = ["--state-dir", state]
+        if grace is not None:
+            args += ["--set", "stop_grace=" + grace]
+        psd = c.psd(mode=mode, workers=workers, args=args)
+        ws = [c.worker(psd, k, workers, epochs=5000, limit=6000, evaluate=False) for k in range(workers)]
+
+        # every worker has joined (and so handles SIGTERM) and trains
+        def training():
+            st = harness.status(psd.addr)
+            joined = [w for w in st["workers"] if w["state"] == "connected"]
+            return len(joined) == workers and st["version"] >= 20
+        harness.wait_until(training, 60, "both workers training")
+        return psd, ws, state
+
+    def signal_all(self, psd, ws):
+        for p in [psd] + ws:
+            p.p.send_signal(signal.SIGTERM)
+
+    def check_left_by_sigterm(self, mode):
+        with harness.Cluster("psd-grace-" + mode) as c:
+            psd, ws, state = self.job(c, mode, "30s")
+            t0 = time.monotonic()
+            self.signal_all(psd, ws)
+            for w in ws:
+                self.assertEqual(w.wait(30), 143, "worker did not exit 143 after SIGTERM:\n" + harness.tail(w.err_path))
+            self.assertEqual(psd.wait(30), 0, harness.tail(psd.err_path))
+            took = time.monotonic() - t0
+            self.assertLess(took, 15, "psd waited %.1f s although every worker had left" % took)
+            text = log_of(psd)
+            # a worker quicker than psd to handle the signal may have left already
+            self.assertRegex(text, r"SIGTERM: waiting up to 30\.0 s \(stop_grace\) for [12] connected workers?")
+            left = re.findall(r"worker shard (\d)/2 \([^)]*\) left: stopped by SIGTERM", text)
+            self.assertEqual(sorted(left), ["0", "1"], text[-3000:])
+            self.assertIn("SIGTERM: every worker has left", text)
+            final = re.search(r"stopped at model version (\d+)", text)
+            self.assertIsNotNone(final, text[-2000:])
+            ckpt = re.findall(r"checkpoint of version (\d+) written", text)
+            self.assertTrue(ckpt and ckpt[-1] == final.group(1),
+                            "the last checkpoint (%s) is not the final model (%s)" % (ckpt, final.group(1)))
+            self.assertTrue(any(f.endswith(".psdc") for f in os.listdir(state)))
+
+    def test_bsp_workers_leave_by_sigterm(self):
+        self.check_left_by_sigterm("bsp")
+
+    def test_asgd_workers_leave_by_sigterm(self):
+        self.check_left_by_sigterm("asgd")
+
+    def test_default_stops_at_once(self):
+        with harness.Cluster("psd-grace-none") as c:
+            psd, ws, _ = self.job(c, "bsp", None)
+            self.signal_all(psd, ws)
+            self.assertEqual(psd.wait(30), 0, harness.tail(psd.err_path))
+            for w in ws:
+                w.kill()
+            text = log_of(psd)
+            self.assertNotIn("stop_grace", text)
+            self.assertRegex(text, r"left: psd shutting down")
+
+    def test_grace_runs_out_and_second_signal(self):
+        with harness.Cluster("psd-grace-out") as c:
+            # the workers are not signalled: they never leave
+            psd, ws, _ = self.job(c, "asgd", "2s")
+            t0 = time.monotonic()
+            psd.p.send_signal(signal.SIGTERM)
+            self.assertEqual(psd.wait(30), 0, harness.tail(psd.err_path))
+            took = time.monotonic() - t0
+            self.assertGreaterEqual(took, 1.9)
+            self.assertLess(took, 10)
+            self.assertRegex(log_of(psd), r"SIGTERM: stop_grace over with 2 workers still connected")
+            for w in ws:
+                w.kill()
+        with harness.Cluster("psd-grace-twice") as c:
+            psd, ws, _ = self.job(c, "asgd", "60s")
+            psd.p.send_signal(signal.SIGTERM)
+            wait_log(psd, r"stop_grace", 10, "psd's stop_grace line")
+            t0 = time.monotonic()
+            psd.p.send_signal(signal.SIGTERM)
+            self.assertEqual(psd.wait(30), 0, harness.tail(psd.err_path))
+            self.assertLess(time.monotonic() - t0, 10)
+            for w in ws:
+                w.kill()
+
+
+if __name__ == "__main__":
+    harness.parse_args()
+    unittest.main()
