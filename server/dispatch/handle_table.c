@@ -3,15 +3,17 @@
  * distinct keys, base, finite gradients, the mode), before the row store
  * (store/table.c) declares, applies or reads and the answer layer
  * (pull.c) answers or parks a pull. */
-#include "handle_table.h"
+#include "server/dispatch/handle_table.h"
 
 #include <stdio.h>
 
 #include "common/log.h"
 #include "common/vec.h"
 #include "proto/errors.h"
-#include "server/policy.h"
-#include "server/reply.h"
+#include "server/policy/policy.h"
+#include "server/answer/pull.h"
+#include "server/answer/reply.h"
+#include "server/store/stats.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)
 {
@@ -98,12 +100,12 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
-        s->tables.max_bytes = s->cfg.max_table_memory;
+        srv_tables_set_limit(&s->tables, s->cfg.max_table_memory);
         rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
     }
     if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {
         /* dropped, and the rows answered so the worker catches up */
-        s->stats.dropped_pushes++;
+        SRV_COUNT(s, dropped_pushes, 1);
         rc = 0;
     } else if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);

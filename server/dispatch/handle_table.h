@@ -3,7 +3,7 @@
 #ifndef SRV_HANDLE_TABLE_H
 #define SRV_HANDLE_TABLE_H
 
-#include "server/psd.h"
+#include "server/store/psd.h"
 
 /* Handles a decoded TABLE, TPULL, TPUSH or TPUSHPULL from c, whose
  * handshake is done: checks it (role, table, row dimension, keys, base,

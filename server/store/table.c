@@ -1,5 +1,5 @@
 /* table.c - the row store of psd's embedding tables (see table.h). */
-#include "table.h"
+#include "server/store/table.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "proto/errors.h"
-#include "sparse_optim.h"
+#include "server/store/sparse_optim.h"
 
 #define SLOTS_MIN 1024u             /* a table's first slot array */
 #define BLOCK_BYTES_MAX (256u << 10) /* rows per block: as many as fit, a power of two, at least 1 */
@@ -59,6 +59,11 @@ uint64_t srv_table_row_bytes(const ps_table_def *d)
 void srv_tables_init(srv_tables *ts, uint64_t max_bytes)
 {
     memset(ts, 0, sizeof *ts);
+    ts->max_bytes = max_bytes;
+}
+
+void srv_tables_set_limit(srv_tables *ts, uint64_t max_bytes)
+{
     ts->max_bytes = max_bytes;
 }
 

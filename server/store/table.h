@@ -53,6 +53,9 @@ typedef struct srv_tables {
 
 /* An empty set of tables holding at most max_bytes of rows. */
 void srv_tables_init(srv_tables *ts, uint64_t max_bytes);
+/* The most bytes the tables may hold from now on (max_table_memory, which
+ * a reload may change); rows already stored stay. */
+void srv_tables_set_limit(srv_tables *ts, uint64_t max_bytes);
 /* Frees every table and their rows. */
 void srv_tables_free(srv_tables *ts);
 

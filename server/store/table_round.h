@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "table.h"
+#include "server/store/table.h"
 
 typedef struct srv_tround_push srv_tround_push;
 
