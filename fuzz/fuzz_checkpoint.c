@@ -14,8 +14,8 @@
  * loaded model is checked for consistency and every value read, then
  * freed.
  *
- * Built from server/checkpoint.c, model.c and optim.c as they are; the one
- * function they need from the rest of psd, srv_now_ms (net.c), is below. */
+ * Built from psd's core as it is (report/ckpt_load.c, store/model.c,
+ * optim.c, table.c, stats.c: srv_now_ms is stats.c's now). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,13 +60,6 @@ static void check_tables(const psd *s)
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-uint64_t srv_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void cleanup(void)
 {
