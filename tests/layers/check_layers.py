@@ -28,7 +28,8 @@ compares them).
 
 It also fails when a file writes state another file owns (OWNED below:
 psd.stats, written by store/stats.c alone through SRV_COUNT and the
-srv_stats_* functions).
+srv_stats_* functions; psd.tables, the embedding tables, written by
+store/table.c alone through the srv_tables_* functions).
 """
 import os
 import re
@@ -57,6 +58,8 @@ OWNED = [
     ("psd.stats", "store/stats.c",
      r"stats\.[a-z_]+(\[[^]]*\])?\s*(\+\+|--|[-+*/|&^]?=(?!=))|(\+\+|--)\s*[a-z_]+(->|\.)stats\."
      r"|srv_hist_(init|observe)\s*\(\s*&[a-z_]+(->[a-z_]+)*->stats\."),
+    ("psd.tables", "store/table.c",
+     r"tables\.[a-z_]+(\[[^]]*\])?\s*(\+\+|--|[-+*/|&^]?=(?!=))|(\+\+|--)\s*[a-z_]+(->|\.)tables\."),
 ]
 
 

@@ -138,6 +138,19 @@ class Planted(unittest.TestCase):
             r = run_check(self.server, self.tree(t))
             self.assertEqual(r.returncode, 1, write)
             self.assertIn("dispatch/handle.c:5: writes psd.stats, which store/stats.c owns", r.stderr)
+        # the embedding tables: store/table.c's
+        for write in ("s->tables.max_bytes = 9;", "s->tables.n++;", "s->tables.bytes -= 4;"):
+            t["dispatch/handle.c"] = self.base()["dispatch/handle.c"] + \
+                ("struct ps { struct { unsigned long max_bytes, bytes; unsigned n; } tables; };\n"
+                 "void di_t(struct ps *s) { %s }\n" % write)
+            shutil.rmtree(self.server)
+            r = run_check(self.server, self.tree(t))
+            self.assertEqual(r.returncode, 1, write)
+            self.assertIn("dispatch/handle.c:5: writes psd.tables, which store/table.c owns", r.stderr)
+        ok["dispatch/handle.c"] += ("struct pt { struct { unsigned n; } tables; };\n"
+                                    "int di_n(struct pt *s) { return s->tables.n == 2; }\n")
+        shutil.rmtree(self.server)
+        self.assertEqual(run_check(self.server, self.tree(ok)).returncode, 0)
 
     def test_mutual_calls_fail(self):
         t = self.base()
