@@ -15,13 +15,11 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #include "auth.h"
 #include "hostport.h"
 #include "log.h"
 #include "proto/errors.h"
-#include "vec.h"
 
 static int cfail(ps_client *c, int code, const char *fmt, ...)
 {
@@ -60,10 +58,7 @@ void ps_client_free(ps_client *c)
     DROP(c->zshuf, c->zshuf_cap);
     DROP(c->zin, c->zin_cap);
     DROP(c->wide, c->wide_cap);
-    ZSTD_freeCCtx(c->zcctx);
-    c->zcctx = NULL;
-    ZSTD_freeDCtx(c->zdctx);
-    c->zdctx = NULL;
+    ps_codec_free(&c->codec);
     ps_buf_free(&c->wbuf);
     msgpack_zone_destroy(&c->zone);
 }
@@ -270,7 +265,7 @@ static void packed_msg(ps_client *c, ps_msg **m, ps_msg *nm, uint32_t dt, size_t
 }
 
 /* *m's float32 data as one zstd frame of its byte planes (PS_DT_F32ZSTD),
- * into *nm, when that saves a sixteenth of its bytes or more. Level 1:
+ * into *nm, when that is worth it (ps_codec_worth). Level 1:
  * about 600 MB/s for a gradient, which goes at about half its bytes where
  * inputs repeat a value (standardised blank pixels) or zeros. */
 static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
@@ -281,19 +276,18 @@ static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
         c->zrest--;
         return 0;
     }
-    size_t n = (size_t)(*m)->ndata, raw = n * sizeof(float), cap = ZSTD_compressBound(raw);
+    size_t n = (size_t)(*m)->ndata, raw = n * sizeof(float), cap = ps_codec_zstd_bound(n);
     int rc = grow(c, (void **)&c->zbuf, &c->zbuf_cap, cap, 1);
     if (rc == 0)
         rc = grow(c, (void **)&c->zshuf, &c->zshuf_cap, raw, 1);
     if (rc != 0)
         return rc;
-    if (!c->zcctx && !(c->zcctx = ZSTD_createCCtx()))
-        return cfail(c, PS_ENOMEM, "out of memory for a compressor");
-    ps_shuffle4_at(c->zshuf, n, 0, (*m)->data, n);
-    size_t got = ZSTD_compressCCtx(c->zcctx, c->zbuf, cap, c->zshuf, raw, 1);
-    if (ZSTD_isError(got))
-        return cfail(c, PS_EIO, "cannot compress %zu bytes: %s", raw, ZSTD_getErrorName(got));
-    if (got * 16 <= raw * 15) {
+    ps_codec_planes_put(c->zshuf, n, 0, (*m)->data, n);
+    size_t got;
+    char zerr[128];
+    if ((rc = ps_codec_zstd_encode(&c->codec, c->zbuf, cap, c->zshuf, n, &got, zerr, sizeof zerr)) != 0)
+        return cfail(c, rc, "%s", zerr);
+    if (ps_codec_worth(got, raw)) {
         packed_msg(c, m, nm, PS_DT_F32ZSTD, got);
     } else {
         c->zrest = PS_ZSTD_REST;
@@ -304,7 +298,7 @@ static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
 }
 
 /* *m's float32 data without its zeros (PS_DT_F32Z), into *nm, when that
- * saves a sixteenth of its bytes or more. */
+ * is worth it (ps_codec_worth). */
 static int without_zeros(ps_client *c, ps_msg **m, ps_msg *nm)
 {
     if (!packable(*m, 64))
@@ -312,13 +306,14 @@ static int without_zeros(ps_client *c, ps_msg **m, ps_msg *nm)
     const ps_msg *o = *m;
     size_t n = (size_t)o->ndata, mb = (size_t)ps_f32z_mask_bytes(n);
     /* a read-only count first: a dense gradient costs no packing */
-    if ((mb + (n - ps_f32z_count_zeros(o->data, n)) * 4) * 16 > n * 4 * 15)
+    if (!ps_codec_worth(ps_codec_f32z_size(o->data, n), n * sizeof(float)))
         return 0;
     int rc = grow(c, (void **)&c->zbuf, &c->zbuf_cap, mb + n * sizeof(float), 1);
     if (rc != 0)
         return rc;
-    size_t nz = ps_f32z_pack(c->zbuf, (float *)(void *)(c->zbuf + mb), o->data, n);
-    packed_msg(c, m, nm, PS_DT_F32Z, mb + nz * 4);
+    uint64_t nz;
+    size_t bytes = ps_codec_f32z_encode(c->zbuf, o->data, n, &nz);
+    packed_msg(c, m, nm, PS_DT_F32Z, bytes);
     nm->nz = nz;
     return 0;
 }
@@ -340,7 +335,7 @@ static int send_locked(ps_client *c, ps_msg *m)
             int rc = grow(c, (void **)&c->narrow, &c->narrow_cap, (size_t)m->ndata, sizeof(uint16_t));
             if (rc != 0)
                 return rc;
-            ps_bf16_from_f32(c->narrow, m->data, (size_t)m->ndata);
+            ps_codec_bf16_encode(c->narrow, m->data, (size_t)m->ndata);
             nm = *m;
             nm.has |= PS_F_DT;
             nm.dt = PS_DT_BF16;
@@ -449,36 +444,23 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
         c->slice = out->slice;
         c->done = (out->has & PS_F_DONE) && out->done;
     }
-    if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_F32ZSTD) {
-        /* compressed parameters (asked for with rdt 3): exactly ndata
-         * float32 values as byte planes in one frame, into the wide buffer */
-        size_t want = (size_t)out->ndata * sizeof(float), got = 0;
-        /* the frame's own size first: nothing is allocated for a len that
-         * the frame does not hold */
-        if (ZSTD_getFrameContentSize(out->packed, (size_t)out->packed_len) == want) {
-            if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0 ||
-                (rc = grow(c, (void **)&c->zin, &c->zin_cap, want, 1)) != 0)
-                return rc;
-            if (!c->zdctx && !(c->zdctx = ZSTD_createDCtx()))
-                return cfail(c, PS_ENOMEM, "out of memory for a decompressor");
-            got = ZSTD_decompressDCtx(c->zdctx, c->zin, want, out->packed, (size_t)out->packed_len);
-        }
-        if (ZSTD_isError(got) || got != want)
-            return cfail(c, PS_EMALFORMED, "%s: compressed parameters that are not %llu float32 values: %s",
-                         c->server, (unsigned long long)out->ndata,
-                         ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
-        ps_unshuffle4(c->wide, c->zin, (size_t)out->ndata);
-        out->data = c->wide;
-        out->packed = NULL;
-        out->dt = PS_DT_F32;
-    }
-    if (widen && (out->has & PS_F_DATA) && out->dt == PS_DT_BF16) {
-        if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0)
+    if (widen && (out->has & PS_F_DATA) && (out->dt == PS_DT_F32ZSTD || out->dt == PS_DT_BF16)) {
+        /* compressed parameters (asked for with rdt 3: exactly ndata
+         * float32 values as byte planes in one frame) or bfloat16 ones,
+         * into the wide buffer as float32. A frame's own size first:
+         * nothing is allocated for a len that the frame does not hold. */
+        int zstd = out->dt == PS_DT_F32ZSTD;
+        size_t want = (size_t)out->ndata * sizeof(float);
+        if (zstd && ps_codec_zstd_check(out->packed, (size_t)out->packed_len, out->ndata) != 0)
+            return cfail(c, PS_EMALFORMED, "%s: compressed parameters that are not one zstd frame of %llu float32 "
+                         "values", c->server, (unsigned long long)out->ndata);
+        if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0 ||
+            (zstd && (rc = grow(c, (void **)&c->zin, &c->zin_cap, want, 1)) != 0))
             return rc;
-        ps_bf16_to_f32(c->wide, out->data16, (size_t)out->ndata);
-        out->data = c->wide;
-        out->data16 = NULL;
-        out->dt = PS_DT_F32;
+        float mx;
+        char zerr[160];
+        if ((rc = ps_codec_decode(&c->codec, out, c->wide, c->zin, &mx, zerr, sizeof zerr)) != 0)
+            return cfail(c, rc == PS_ENOMEM ? rc : PS_EMALFORMED, "%s: parameters: %s", c->server, zerr);
     }
     if (out->type == PS_MSG_ERROR) {
         c->remote_code = out->code;
@@ -543,7 +525,7 @@ static int recv_one(ps_client *c, ps_msg *out, float *dst, size_t n, int64_t dea
         return cfail(c, PS_EMALFORMED, "%s: parameters came as %s, asked for %s", c->server,
                      ps_dtype_name(out->dt), ps_dtype_name(c->wire_dt));
     if (esize != sizeof(float))
-        ps_bf16_to_f32(dst, c->narrow, n);
+        ps_codec_bf16_decode(dst, c->narrow, n);
     out->data = dst;
     out->data16 = NULL;
     out->dt = PS_DT_F32;

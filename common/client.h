@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/codec.h"
 #include "proto/msg.h"
 
 typedef struct ps_client {
@@ -49,8 +50,9 @@ typedef struct ps_client {
                                * that saves less); 0 after init */
     unsigned zrest;           /* compress: pushes still to send as they are after one
                                * whose frame did not save a sixteenth (PS_ZSTD_REST) */
-    struct ZSTD_CCtx_s *zcctx; /* made at the first compressed push */
-    struct ZSTD_DCtx_s *zdctx; /* made at the first compressed reply */
+    ps_codec codec;           /* zstd's contexts (proto/codec.h): the compressor made at
+                               * the first compressed push, the decompressor at the
+                               * first compressed reply */
     uint8_t *zbuf;            /* such a push's bitmap and values, or its frame */
     size_t zbuf_cap;          /* bytes */
     uint8_t *zshuf;           /* a push's values as byte planes, before compressing */

@@ -24,11 +24,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "server/config.h"
+#include "server/store/config.h"
 #include "common/log.h"
 #include "fuzz_check.h"
-#include "server/checkpoint.h"
-#include "server/psd.h"
+#include "server/report/checkpoint.h"
+#include "server/store/psd.h"
 
 static char dir[4096], file[4200];
 static ps_config defaults;

@@ -46,16 +46,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static int buf_write(void *data, const char *p, size_t len)
-{
-    ps_buf *b = data;
-    if (ps_buf_reserve(b, len) != 0)
-        return -1;
-    memcpy(b->p + b->len, p, len);
-    b->len += len;
-    return 0;
-}
-
 /* ps_body_fn: writes the decoded status map back. */
 static int pack_body(msgpack_packer *pk, void *arg)
 {
@@ -68,7 +58,7 @@ static void pack_object(ps_buf *b, const msgpack_object *o)
 {
     msgpack_packer pk;
     b->len = 0;
-    msgpack_packer_init(&pk, b, buf_write);
+    msgpack_packer_init(&pk, b, ps_buf_write);
     FUZZ_CHECK(msgpack_pack_object(&pk, *o) == 0, "cannot pack the body");
 }
 

@@ -4,8 +4,9 @@
 The seeds are built with Python's msgpack package, an encoder other than the
 one under test: every message type, frames laid out the way psd's encoder lays
 them out ("pad" then "data" as a bin32, floats 4-aligned) and the way other
-encoders do, whole client sessions, checkpoint files, configuration files, and
-a few malformed inputs of each kind. Run it again after a protocol change:
+encoders do, whole client sessions, checkpoint files, configuration files, tensors
+in each wire form (zstd frames from the zstd program), and a few malformed
+inputs of each kind. Run it again after a protocol change:
 
     fuzz/make_corpus.py            # rewrites fuzz/corpus/*/seed-*
 
@@ -282,6 +283,54 @@ CONFIGS = {
 }
 
 
+# ---- tensors in their wire forms (fuzz_codec): a selector byte, then ------
+# float32 values (0), n and a zstd frame of byte planes made by the zstd
+# program (1), n and a bitmap with the values that are not +0.0 (2), or
+# bfloat16 values (3). -----------------------------------------------------
+
+def planes(vals):
+    raw = floats(*vals)
+    return bytes(raw[i + 4 * j] for i in range(4) for j in range(len(vals)))
+
+
+def zstd_frame(data):
+    """One zstd frame (level 1) with its content size, from the zstd program."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        return subprocess.run(["zstd", "-1", "-q", "-c", f.name], capture_output=True, check=True).stdout
+
+
+def f32z(vals):
+    n = len(vals)
+    mask = bytearray((n + 31) // 32 * 4)
+    kept = []
+    for i, v in enumerate(vals):
+        if struct.pack("<f", v) != b"\0\0\0\0":
+            mask[i // 8] |= 1 << (i % 8)
+            kept.append(v)
+    return struct.pack("<H", n) + bytes(mask) + floats(*kept)
+
+
+def codec_seeds():
+    grad = [0.0] * 40 + [0.5, -0.25, 1e-3, -0.0, float("inf"), float("nan"), 3.4e38, 1e-40] + [0.0] * 16
+    ramp = [i / 64.0 for i in range(256)]
+    return {
+        "floats_grad": b"\0" + floats(*grad),
+        "floats_ramp": b"\0" + floats(*ramp),
+        "floats_empty": b"\0",
+        "zstd_ramp": b"\1" + struct.pack("<H", len(ramp)) + zstd_frame(planes(ramp)),
+        "zstd_grad": b"\1" + struct.pack("<H", len(grad)) + zstd_frame(planes(grad)),
+        "zstd_wrong_n": b"\1" + struct.pack("<H", 255) + zstd_frame(planes(ramp)),
+        "zstd_two_frames": b"\1" + struct.pack("<H", 512) + zstd_frame(planes(ramp)) * 2,
+        "f32z_grad": b"\2" + f32z(grad),
+        "f32z_all_zero": b"\2" + f32z([0.0] * 70),
+        "bf16": b"\3" + struct.pack("<8H", 0x3f80, 0xbf80, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x8000, 0x7f7f),
+    }
+
+
 def write(target, seeds):
     d = os.path.join(CORPUS, target)
     os.makedirs(d, exist_ok=True)
@@ -300,6 +349,7 @@ def main():
     write("fuzz_frame", STREAMS)
     write("fuzz_checkpoint", CHECKPOINTS)
     write("fuzz_config", CONFIGS)
+    write("fuzz_codec", codec_seeds())
 
 
 if __name__ == "__main__":

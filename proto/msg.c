@@ -54,7 +54,7 @@ int ps_buf_printf(ps_buf *b, const char *fmt, ...)
     }
 }
 
-static int buf_write(void *data, const char *buf, size_t len)
+int ps_buf_write(void *data, const char *buf, size_t len)
 {
     ps_buf *b = data;
     if (ps_buf_reserve(b, len) != 0)
@@ -227,35 +227,43 @@ static const char *field_name(uint64_t bit)
 
 /* ---- encoding --------------------------------------------------------- */
 
-static void pack_key(msgpack_packer *pk, const char *k)
+void ps_pack_key(msgpack_packer *pk, const char *k)
 {
     size_t n = strlen(k);
     msgpack_pack_str(pk, n);
     msgpack_pack_str_body(pk, k, n);
 }
 
-static void pack_u64(msgpack_packer *pk, const char *k, uint64_t v)
+void ps_pack_ku64(msgpack_packer *pk, const char *k, uint64_t v)
 {
-    pack_key(pk, k);
+    ps_pack_key(pk, k);
     msgpack_pack_uint64(pk, v);
 }
 
-static void pack_f64(msgpack_packer *pk, const char *k, double v)
+void ps_pack_kf64(msgpack_packer *pk, const char *k, double v)
 {
-    pack_key(pk, k);
+    ps_pack_key(pk, k);
     msgpack_pack_double(pk, v);
+}
+
+void ps_pack_kstr(msgpack_packer *pk, const char *k, const char *v)
+{
+    size_t n = strlen(v);
+    ps_pack_key(pk, k);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, v, n);
 }
 
 static void pack_strn(msgpack_packer *pk, const char *k, const char *s, size_t n)
 {
-    pack_key(pk, k);
+    ps_pack_key(pk, k);
     msgpack_pack_str(pk, n);
     msgpack_pack_str_body(pk, s, n);
 }
 
 static void pack_binn(msgpack_packer *pk, const char *k, const uint8_t *p, size_t n)
 {
-    pack_key(pk, k);
+    ps_pack_key(pk, k);
     msgpack_pack_bin(pk, n);
     msgpack_pack_bin_body(pk, p, n);
 }
@@ -282,29 +290,29 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
     if (ps_buf_reserve(out, 256) != 0)
         return PS_ENOMEM;
     out->len = PS_FRAME_HDR;
-    msgpack_packer_init(&pk, out, buf_write);
+    msgpack_packer_init(&pk, out, ps_buf_write);
 
     /* "t" always; "pad" goes with "data" */
     unsigned nfields = 1 + popcount64(has) + ((has & PS_F_DATA) ? 1 : 0);
     msgpack_pack_map(&pk, nfields);
-    pack_u64(&pk, "t", m->type);
+    ps_pack_ku64(&pk, "t", m->type);
     for (size_t i = 0; i < NFIELDS; i++) {
         const field *f = &fields[i];
         if (!(has & f->bit) || f->kind == FK_DATA)
             continue; /* data goes last, below */
         switch (f->kind) {
         case FK_U64:
-            pack_u64(&pk, f->key, *AT_C(m, f, uint64_t));
+            ps_pack_ku64(&pk, f->key, *AT_C(m, f, uint64_t));
             break;
         case FK_U32:
         case FK_DTYPE:
-            pack_u64(&pk, f->key, *AT_C(m, f, uint32_t));
+            ps_pack_ku64(&pk, f->key, *AT_C(m, f, uint32_t));
             break;
         case FK_F64:
-            pack_f64(&pk, f->key, *AT_C(m, f, double));
+            ps_pack_kf64(&pk, f->key, *AT_C(m, f, double));
             break;
         case FK_BOOL:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             if (*AT_C(m, f, int))
                 msgpack_pack_true(&pk);
             else
@@ -322,24 +330,24 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             break;
         }
         case FK_CODE:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             msgpack_pack_int32(&pk, m->code);
             break;
         case FK_TEXT:
             pack_strn(&pk, f->key, m->text ? m->text : "", m->text ? m->text_len : 0);
             break;
         case FK_SHARD:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, 2);
             msgpack_pack_uint32(&pk, m->shard);
             msgpack_pack_uint32(&pk, m->nshards);
             break;
         case FK_LAYOUT:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             ps_layout_pack(&pk, m->layout);
             break;
         case FK_SHM:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, m->shm_at ? 4 : 2);
             msgpack_pack_uint32(&pk, m->shm_pid);
             msgpack_pack_uint32(&pk, m->shm_fd);
@@ -349,7 +357,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             }
             break;
         case FK_PLAN:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, 4);
             msgpack_pack_uint64(&pk, m->plan.epochs);
             msgpack_pack_uint64(&pk, m->plan.samples);
@@ -357,7 +365,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             msgpack_pack_uint64(&pk, m->plan.seed);
             break;
         case FK_SLICE:
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, 5);
             msgpack_pack_uint64(&pk, m->slice.epoch);
             msgpack_pack_uint64(&pk, m->slice.lo);
@@ -368,7 +376,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         case FK_ARGS:
             if (m->nargs > PS_ARGS_MAX)
                 return PS_ETOO_BIG;
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, m->nargs);
             for (uint32_t j = 0; j < m->nargs; j++) {
                 msgpack_pack_str(&pk, m->args[j].len);
@@ -376,7 +384,7 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             }
             break;
         case FK_BODY: {
-            pack_key(&pk, f->key);
+            ps_pack_key(&pk, f->key);
             int rc = body(&pk, body_arg);
             if (rc != 0)
                 return rc;
@@ -391,13 +399,13 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
         size_t start = out->len + 4 + 2 + 5 + 5;
         size_t k = (PS_DATA_ALIGN - start % PS_DATA_ALIGN) % PS_DATA_ALIGN;
         static const char zeros[PS_DATA_ALIGN] = {0};
-        pack_key(&pk, "pad");
+        ps_pack_key(&pk, "pad");
         msgpack_pack_bin(&pk, k);
         msgpack_pack_bin_body(&pk, zeros, k);
-        pack_key(&pk, "data");
+        ps_pack_key(&pk, "data");
         uint8_t h[5] = {0xc6, (uint8_t)(dbytes >> 24), (uint8_t)(dbytes >> 16), (uint8_t)(dbytes >> 8),
                         (uint8_t)dbytes};
-        if (buf_write(out, (const char *)h, 5) != 0)
+        if (ps_buf_write(out, (const char *)h, 5) != 0)
             return PS_ENOMEM;
     }
     if (out->len < PS_FRAME_HDR + 1 || out->len > out->cap)

@@ -267,6 +267,16 @@ int ps_buf_reserve(ps_buf *b, size_t extra);
 /* Appends printf-formatted text (no terminating NUL counted in len),
  * growing the buffer as needed. 0, PS_ENOMEM or PS_EIO (a bad format). */
 int ps_buf_printf(ps_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A msgpack_packer's write callback appending to the ps_buf in data: 0, or
+ * -1 when out of memory. */
+int ps_buf_write(void *data, const char *p, size_t len);
+
+/* Map entries for the encoders of psd's replies, checkpoints and the like:
+ * a key, and a key with its value. */
+void ps_pack_key(msgpack_packer *pk, const char *k);
+void ps_pack_kstr(msgpack_packer *pk, const char *k, const char *v);
+void ps_pack_ku64(msgpack_packer *pk, const char *k, uint64_t v);
+void ps_pack_kf64(msgpack_packer *pk, const char *k, double v);
 
 /* 1 when only psd sends messages of this type (WELCOME, PARAMS, OK,
  * STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE): psd answers one from a

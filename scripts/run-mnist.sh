@@ -71,19 +71,19 @@ done
 # The operator's view while the job runs.
 for _ in $(seq 1 50); do
     sleep 0.2
-    n=$("$BIN/server/psctl" --server "$SERVER" status --json 2>/dev/null |
+    n=$("$BIN/psctl/psctl" --server "$SERVER" status --json 2>/dev/null |
         grep -o '"state": "connected"' | wc -l || true)
     [ "$n" -ge "$WORKERS" ] && break
 done
 # then until the first epoch's report (it carries the test accuracy), at
 # most 10 s: the recommended job trains an epoch in well under a second
 for _ in $(seq 1 200); do
-    "$BIN/server/psctl" --server "$SERVER" status --json 2>/dev/null | grep -q '"epoch": [1-9]' && break
+    "$BIN/psctl/psctl" --server "$SERVER" status --json 2>/dev/null | grep -q '"epoch": [1-9]' && break
     kill -0 "${pids[0]}" 2>/dev/null || break
     sleep 0.05
 done
 echo "== psctl status (while training)"
-"$BIN/server/psctl" --server "$SERVER" status || true
+"$BIN/psctl/psctl" --server "$SERVER" status || true
 
 fail=0
 for i in "${!pids[@]}"; do
@@ -92,7 +92,7 @@ done
 [ "$fail" = 0 ] || exit 1
 
 echo "== psctl status (after training)"
-"$BIN/server/psctl" --server "$SERVER" status || true
+"$BIN/psctl/psctl" --server "$SERVER" status || true
 kill -TERM "$psd_pid"
 wait "$psd_pid" || { echo "psd exited with an error" >&2; exit 1; }
 psd_pid=""

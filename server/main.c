@@ -10,23 +10,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zstd.h>
 #include <unistd.h>
 
-#include "admin.h"
-#include "checkpoint.h"
+#include "server/dispatch/admin.h"
+#include "server/report/checkpoint.h"
 #include "common/log.h"
-#include "dashboard.h"
-#include "http.h"
-#include "net.h"
-#include "notify.h"
-#include "policy.h"
+#include "server/report/dashboard.h"
+#include "server/connection/http.h"
+#include "server/connection/net.h"
+#include "server/report/notify.h"
+#include "server/policy/policy.h"
 #include "proto/errors.h"
-#include "psd.h"
-#include "reply.h"
-#include "safetensors.h"
-#include "session.h"
-#include "update.h"
+#include "server/store/psd.h"
+#include "server/store/scratch.h"
+#include "server/answer/reply.h"
+#include "server/report/safetensors.h"
+#include "server/session/session.h"
+#include "server/update/update.h"
 
 static void usage(FILE *f)
 {
@@ -229,7 +229,7 @@ static void check_idle(psd *s, uint64_t now)
         if (c->role != PS_ROLE_ADMIN || c->closing || c->close_after_write || c->parked ||
             now - c->last_msg_ms <= s->cfg.idle_timeout || srv_admin_waiting(s, c->cid))
             continue;
-        s->stats.disconnects_idle++;
+        SRV_COUNT(s, disconnects_idle, 1);
         srv_send_error(c, 0, PS_ETIMEOUT, 1, "silent for %.1f s, over idle_timeout (%.1f s)",
                        (double)(now - c->last_msg_ms) / 1e3, (double)s->cfg.idle_timeout / 1e3);
     }
@@ -261,10 +261,7 @@ static void on_tick(uv_timer_t *t)
     if (now - s->last_rate_ms < 1000)
         return;
     s->last_rate_ms = now;
-    s->stats.push_rate = (double)(s->stats.pushes - s->stats.last_pushes);
-    s->stats.pull_rate = (double)(s->stats.pulls - s->stats.last_pulls);
-    s->stats.last_pushes = s->stats.pushes;
-    s->stats.last_pulls = s->stats.pulls;
+    srv_stats_rates(s);
 }
 
 /* glibc serves allocations of 128 KiB and more with mmap at first, but
@@ -406,10 +403,7 @@ int main(int argc, char **argv)
     s->start_ms = srv_now_ms();
     s->policy = srv_policy_for(&s->cfg);
     s->clock = srv_now_ms;
-    static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
-    static const double round_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-    srv_hist_init(&s->stats.staleness, staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]);
-    srv_hist_init(&s->stats.round_seconds, round_bounds, sizeof round_bounds / sizeof round_bounds[0]);
+    srv_stats_init(s);
     if (fresh && s->cfg.state_dir[0]) {
         char aside[PS_CONFIG_PATH_MAX + 64];
         int n = srv_checkpoint_set_aside(s->cfg.state_dir, aside, sizeof aside, err, sizeof err);
@@ -449,7 +443,7 @@ int main(int argc, char **argv)
         PS_LOG(PS_LOG_INFO, "resuming model version %" PRIu64 " from %s; start with --fresh to begin anew",
                s->resumed_version, s->resumed_from);
     if (s->model.initialized)
-        s->stats.init_ms = srv_now_ms();
+        srv_stats_model_at(s, srv_now_ms());
     /* Signal handlers first: whoever sees the port file may signal psd at
      * once, and a SIGTERM must then still mean a clean stop. (libuv runs
      * the callbacks from the loop, after everything here is set up.) */
@@ -486,12 +480,10 @@ int main(int argc, char **argv)
     s->policy->destroy(s);
     srv_update_free(s);
     srv_parked_free_spare();
-    srv_narrow_free_spare();
+    srv_net_free_spare(s);
     srv_admin_free(s);
     srv_dash_free(s);
-    ZSTD_freeDCtx(s->zdctx);
-    ZSTD_freeCCtx(s->zcctx);
-    free(s->zscratch);
+    srv_codec_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -56,8 +56,11 @@ def free_port():
         return s.getsockname()[1]
 
 
+PODMAN_ENV = None
+
+
 def podman(*args, timeout=120, check_rc=True, quiet=False):
-    return run(PODMAN + list(args), timeout, check=check_rc, quiet=quiet)
+    return run(PODMAN + list(args), timeout, check=check_rc, quiet=quiet, env=PODMAN_ENV)
 
 
 def ulimits():
@@ -127,6 +130,13 @@ def setup_podman():
               "--network-config-dir", os.path.join(SCRATCH, "net"), "--storage-driver", driver,
               "--cgroup-manager", "cgroupfs", "--runtime", "runc", "--events-backend", "file"]
     os.makedirs(os.path.join(SCRATCH, "net"))
+    # netavark (with aardvark-dns: the workers find psd by name), whatever
+    # CNI files the machine has
+    conf = os.path.join(SCRATCH, "containers.conf")
+    with open(conf, "w") as f:
+        f.write('[network]\nnetwork_backend = "netavark"\n')
+    global PODMAN_ENV
+    PODMAN_ENV = dict(os.environ, CONTAINERS_CONF=conf)
     log("podman storage driver %s" % driver)
 
 
@@ -325,10 +335,12 @@ def body():
 def cleanup():
     if PODMAN:
         names = [TAG + "-psd", TAG + "-w0", TAG + "-w1"]
-        subprocess.run(PODMAN + ["rm", "-f", "-t", "5"] + names, capture_output=True, timeout=120)
-        subprocess.run(PODMAN + ["network", "rm", "-f", NET], capture_output=True, timeout=60)
-        subprocess.run(PODMAN + ["volume", "rm", "-f", VOL], capture_output=True, timeout=60)
-        r = subprocess.run(PODMAN + ["system", "reset", "--force"], capture_output=True, text=True, timeout=300)
+        env = PODMAN_ENV
+        subprocess.run(PODMAN + ["rm", "-f", "-t", "5"] + names, capture_output=True, timeout=120, env=env)
+        subprocess.run(PODMAN + ["network", "rm", "-f", NET], capture_output=True, timeout=60, env=env)
+        subprocess.run(PODMAN + ["volume", "rm", "-f", VOL], capture_output=True, timeout=60, env=env)
+        r = subprocess.run(PODMAN + ["system", "reset", "--force"], capture_output=True, text=True, timeout=300,
+                           env=env)
         if r.returncode != 0:
             log("podman system reset: " + r.stderr.strip()[-300:])
     if FIREWALL:

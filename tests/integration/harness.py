@@ -131,7 +131,7 @@ ASGD_ARGS = ()
 class Paths:
     psd = os.environ.get("PSD_BIN", os.path.join(ROOT, "build", "server", "psd"))
     psworker = os.environ.get("PSWORKER_BIN", os.path.join(ROOT, "build", "worker", "psworker"))
-    psctl = os.environ.get("PSCTL_BIN", os.path.join(ROOT, "build", "server", "psctl"))
+    psctl = os.environ.get("PSCTL_BIN", os.path.join(ROOT, "build", "psctl", "psctl"))
     data = os.environ.get("PSD_DATA_DIR", os.path.join(ROOT, "data"))
 
 

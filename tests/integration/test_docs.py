@@ -161,11 +161,12 @@ class DocsTest(unittest.TestCase):
         also = ["max_receive_memory", "max_handshakes"]  # net.c's other LIMITs
         server = os.path.join(harness.ROOT, "server")
         users = set()
-        for name in sorted(os.listdir(server)):
-            if name.endswith(".c") and name != "psctl.c":
-                with open(os.path.join(server, name)) as f:
-                    if "PS_ELIMIT" in f.read():
-                        users.add(name)
+        for top, _, names in os.walk(server):
+            for name in sorted(names):
+                if name.endswith(".c"):
+                    with open(os.path.join(top, name)) as f:
+                        if "PS_ELIMIT" in f.read():
+                            users.add(name)
         self.assertEqual(users, set(causes), "files answering LIMIT: document the new ones in PROTOCOL.md")
         with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
             row = re.search(r"^\| 16 \| LIMIT \|.*$", f.read(), re.M)

@@ -1,97 +1,139 @@
 #!/usr/bin/env python3
 """check_layers.py - psd's calls go one way: fails when a file of server/
 includes the header of a layer above it or calls a function defined in a
-layer above it, or when two files call each other (docs/DESIGN.md,
-"Layers").
+layer above it (or in a sibling layer), or when two files call each other
+(docs/DESIGN.md, "Layers").
 
 usage: check_layers.py SERVER_DIR LIBPSDCORE.a [NM]
+       check_layers.py --markdown SERVER_DIR LIBPSDCORE.a [NM]
 
-The includes are read from the sources in SERVER_DIR, the calls from the
-symbols of the core library's objects (`nm`: what each object defines and
-what it leaves undefined). A call through a function pointer a layer above
-registered (psd.io, the update engine's done callback, psd.shutdown) is
-not a symbol reference, and is allowed: that is how things travel back up.
-Every .c file of server/ but psctl.c (a client program of its own) must be
-in LAYERS: a new file has to be given its place.
+A file's layer is the folder it lives in: server/store/model.c is in the
+store layer, server/main.c (directly in server/) in the layer main. ORDER
+below gives the layers bottom to top; layers in one row are siblings, which
+may not use each other. There is no other list of files: a new file takes
+the layer of the folder it is put in, and a folder that is not in ORDER is
+refused.
+
+The includes are read from the sources (`#include "server/LAYER/x.h"`), the
+calls from the symbols of the core library's objects (`nm`: what each object
+defines and what it leaves undefined; object files are named by the source's
+base name, so two sources of server/ may not share one). A call through a
+function pointer a layer above registered (psd.io, the update engine's done
+callback, psd.shutdown) is not a symbol reference, and is allowed: that is
+how things travel back up.
+
+With --markdown it prints, instead of the one-line summary, the layer table
+and the figures that docs/DESIGN.md quotes (tests/layers/test_check_layers.py
+compares them).
+
+It also fails when a file writes state another file owns (OWNED below:
+psd.stats, written by store/stats.c alone through SRV_COUNT and the
+srv_stats_* functions).
 """
 import os
 import re
 import subprocess
 import sys
 
-# bottom to top; a file may use its own layer and those below it
-LAYERS = [
-    ("store", ["config.c", "stats.c", "settings.c", "history.c", "model.c", "optim.c", "shm.c", "plan.c"]),
-    ("update", ["update.c"]),
-    ("policy", ["policy.c", "join.c"]),
-    ("report", ["status.c", "dashboard.c", "notify.c", "checkpoint.c", "safetensors.c"]),
-    ("answer", ["reply.c", "pull.c", "barrier.c"]),
-    ("session", ["hello.c", "auth.c"]),
-    ("dispatch", ["handle.c", "admin.c"]),
-    ("connection", ["net.c", "http.c"]),
-    ("main", ["main.c"]),
+# bottom to top; a file may use its own layer and the rows below its own.
+# Layers in one row are siblings: neither may use the other.
+ORDER = [
+    ["store"],
+    ["update"],
+    ["policy"],
+    ["report", "answer"],
+    ["session"],
+    ["dispatch"],
+    ["connection"],
+    ["main"],
 ]
-# headers: the layer whose functions they declare. psd.h holds the types
-# every layer shares and the store layer's functions: anyone may include it.
-HEADERS = {
-    "psd.h": "store",
-    "config.h": "store",
-    "optim.h": "store",
-    "history.h": "store",
-    "update.h": "update",
-    "policy.h": "policy",
-    "join.h": "policy",
-    "status.h": "report",
-    "checkpoint.h": "report",
-    "safetensors.h": "report",
-    "notify.h": "report",
-    "http.h": "connection",
-    "dashboard.h": "report",
-    "reply.h": "answer",
-    "session.h": "session",
-    "handle.h": "dispatch",
-    "admin.h": "dispatch",
-    "net.h": "connection",
-}
-NOT_IN_PSD = {"psctl.c"}
+MAIN = "main"  # the layer of the files directly in server/
 
-RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
-LAYER_OF = {f: name for name, files in LAYERS for f in files}
+RANK = {name: i for i, row in enumerate(ORDER) for name in row}
+
+# State written by its owner alone: (what, the owner's file, a pattern of a
+# write). Others read it, and change it through the owner's functions.
+OWNED = [
+    ("psd.stats", "store/stats.c",
+     r"stats\.[a-z_]+(\[[^]]*\])?\s*(\+\+|--|[-+*/|&^]?=(?!=))|(\+\+|--)\s*[a-z_]+(->|\.)stats\."
+     r"|srv_hist_(init|observe)\s*\(\s*&[a-z_]+(->[a-z_]+)*->stats\."),
+]
 
 
-def layer_of_file(f):
-    if f in LAYER_OF:
-        return LAYER_OF[f]
-    if f.endswith(".h"):
-        return HEADERS.get(f)
-    return None
+def layer_of(path):
+    """path relative to server/ ("store/model.c", "main.c") -> its layer,
+    or None for a folder that is not a layer."""
+    parts = path.split("/")
+    if len(parts) == 1:
+        return MAIN
+    return parts[0] if parts[0] in RANK and parts[0] != MAIN else None
+
+
+def may_use(la, lb):
+    return la == lb or RANK[lb] < RANK[la]
 
 
 def upward(edges):
-    """edges: (from_file, to_file, what). Returns the messages of those that
-    go up a layer, and of files that have no layer."""
+    """edges: (from_path, to_path, what), paths relative to server/.
+    Returns the messages of those that go up a layer or sideways to a
+    sibling, and of files in a folder that is not a layer."""
     bad = []
     for a, b, what in edges:
-        la, lb = layer_of_file(a), layer_of_file(b)
+        la, lb = layer_of(a), layer_of(b)
         if la is None or lb is None:
-            bad.append(f"{a if la is None else b}: not in the layer table of {sys.argv[0]}: give it a layer")
+            f = a if la is None else b
+            bad.append(f"{f}: its folder is not a layer (one of {', '.join(RANK)}); put it in one")
             continue
-        if RANK[lb] > RANK[la]:
-            bad.append(f"{a} ({la}) -> {b} ({lb}): {what}")
+        if not may_use(la, lb):
+            how = "a sibling layer" if RANK[la] == RANK[lb] else "a layer above"
+            bad.append(f"{a} ({la}) -> {b} ({lb}): {how}: {what}")
     return bad
 
 
-def include_edges(server_dir):
+def sources(server_dir):
+    """Every .c and .h file under server_dir, relative to it."""
+    out = []
+    for top, dirs, names in os.walk(server_dir):
+        dirs.sort()
+        for n in sorted(names):
+            if n.endswith((".c", ".h")):
+                out.append(os.path.relpath(os.path.join(top, n), server_dir).replace(os.sep, "/"))
+    return out
+
+
+def include_edges(server_dir, files):
     edges = []
-    for f in sorted(os.listdir(server_dir)):
-        if not f.endswith((".c", ".h")) or f in NOT_IN_PSD:
-            continue
+    for f in files:
         with open(os.path.join(server_dir, f), encoding="utf-8") as fh:
             for line in fh:
-                m = re.match(r'\s*#\s*include\s+"([^"/]+)"', line)
-                if m and os.path.exists(os.path.join(server_dir, m.group(1))):
-                    edges.append((f, m.group(1), f'#include "{m.group(1)}"'))
+                m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                if not m:
+                    continue
+                inc = m.group(1)
+                if inc.startswith("server/"):
+                    target = inc[len("server/"):]
+                else:  # relative to the including file
+                    target = os.path.normpath(os.path.join(os.path.dirname(f), inc)).replace(os.sep, "/")
+                if os.path.exists(os.path.join(server_dir, target)):
+                    edges.append((f, target, f'#include "{inc}"'))
     return edges
+
+
+def foreign_writes(server_dir, files):
+    """Writes of owned state (OWNED) outside its owner's file."""
+    bad = []
+    for what, owner, pattern in OWNED:
+        rx = re.compile(pattern)
+        for f in files:
+            if f == owner or not f.endswith(".c"):
+                continue
+            with open(os.path.join(server_dir, f), encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    code = line.split("//")[0]
+                    if rx.search(code):
+                        bad.append(f"{f}:{n}: writes {what}, which {owner} owns: call its functions "
+                                   f"({line.strip()})")
+    return bad
 
 
 def mutual(edges):
@@ -102,14 +144,16 @@ def mutual(edges):
             for a, b in sorted(pairs) if a < b and (b, a) in pairs]
 
 
-def symbol_edges(lib, nm):
+def symbol_edges(lib, nm, by_base):
     out = subprocess.run([nm, "-A", lib], capture_output=True, text=True, check=True).stdout
     defs, undef = {}, []
     for line in out.splitlines():
         # libpsdcore.a:net.c.o:0000000000000000 T srv_listen   /   ...:         U srv_handle
         head, _, rest = line.rpartition(":")
         obj = os.path.basename(head.split(":")[-1])
-        src = re.sub(r"\.o(bj)?$", "", obj)
+        src = by_base.get(re.sub(r"\.o(bj)?$", "", obj))
+        if src is None:
+            continue
         parts = rest.split()
         if len(parts) == 3 and parts[1] in "TDBRC":
             defs[parts[2]] = src
@@ -123,38 +167,74 @@ def symbol_edges(lib, nm):
 
 
 def self_test():
-    """The check itself: an upward call and an unknown file are caught."""
-    assert upward([("policy.c", "net.c", "calls srv_send")]), "policy -> net not caught"
-    assert upward([("update.c", "policy.h", "#include")]), "update including policy.h not caught"
-    assert upward([("new.c", "model.c", "calls x")]), "a file without a layer not caught"
-    assert not upward([("net.c", "handle.c", "calls srv_handle"), ("handle.c", "auth.c", "calls")]), \
-        "a downward or same-layer call was refused"
-    assert mutual([("status.c", "http.c", "calls"), ("http.c", "status.c", "calls")]), "a call pair not caught"
-    assert not mutual([("http.c", "status.c", "calls")]), "a one-way call was refused"
+    """The rules themselves: upward, sideways and unknown are caught."""
+    assert upward([("policy/policy.c", "connection/net.c", "calls srv_send")]), "policy -> connection not caught"
+    assert upward([("update/update.c", "policy/policy.h", "#include")]), "update including policy.h not caught"
+    assert upward([("report/status.c", "answer/reply.h", "#include")]), "report -> answer (siblings) not caught"
+    assert upward([("misc/new.c", "store/model.c", "calls x")]), "a file outside the layers not caught"
+    assert not upward([("connection/net.c", "dispatch/handle.c", "calls"), ("dispatch/handle.c", "session/auth.c", "calls"),
+                       ("main.c", "connection/net.h", "#include"), ("answer/pull.c", "answer/reply.h", "#include")]), \
+        "a downward or same-layer use was refused"
+    assert mutual([("report/status.c", "connection/http.c", "calls"), ("connection/http.c", "report/status.c", "calls")])
+    assert not mutual([("connection/http.c", "report/status.c", "calls")]), "a one-way call was refused"
 
 
-def main():
-    if len(sys.argv) < 3:
+def analyse(server_dir, lib, nm):
+    """-> (bad messages, files, include edges, call edges)"""
+    files = sources(server_dir)
+    bad = [f"{f}: its folder is not a layer (one of {', '.join(RANK)}); put it in one"
+           for f in files if layer_of(f) is None]
+    by_base = {}
+    for f in files:
+        if f.endswith(".c"):
+            base = os.path.basename(f)
+            if base in by_base:
+                bad.append(f"{f} and {by_base[base]}: two sources of one name; the library's objects "
+                           "cannot tell them apart: rename one")
+            by_base[base] = f
+    inc, sym = include_edges(server_dir, files), symbol_edges(lib, nm, by_base)
+    bad += upward(inc) + upward(sym) + mutual(sym) + foreign_writes(server_dir, files)
+    return bad, files, inc, sym
+
+
+def markdown(files, inc, sym):
+    """The layer table and figures docs/DESIGN.md quotes, from the tree."""
+    lines = ["| layer | folder | files |", "|---|---|---|"]
+    for row in reversed(ORDER):
+        for name in row:
+            folder = "server/" if name == MAIN else f"server/{name}/"
+            own = [os.path.basename(f) for f in files if layer_of(f) == name and f.endswith(".c")]
+            sib = f" (sibling of {', '.join(n for n in row if n != name)})" if len(row) > 1 else ""
+            lines.append(f"| {name}{sib} | `{folder}` | {', '.join(f'`{f}`' for f in own)} |")
+    lines.append("")
+    lines.append(f"{len(inc)} includes and {len(sym)} file-to-file calls, all one way down.")
+    return "\n".join(lines)
+
+
+def main(argv):
+    md = False
+    if argv and argv[0] == "--markdown":
+        md, argv = True, argv[1:]
+    if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    server_dir, lib = sys.argv[1], sys.argv[2]
-    nm = sys.argv[3] if len(sys.argv) > 3 else "nm"
+    server_dir, lib = argv[0], argv[1]
+    nm = argv[2] if len(argv) > 2 else "nm"
     self_test()
-    missing = [f for f in sorted(os.listdir(server_dir))
-               if f.endswith(".c") and f not in NOT_IN_PSD and f not in LAYER_OF]
-    bad = [f"{f}: not in the layer table of {sys.argv[0]}: give it a layer" for f in missing]
-    inc, sym = include_edges(server_dir), symbol_edges(lib, nm)
-    bad += upward(inc) + upward(sym) + mutual(sym)
+    bad, files, inc, sym = analyse(server_dir, lib, nm)
     for b in bad:
         print("layers: " + b, file=sys.stderr)
     if bad:
         print(f"layers: {len(bad)} call(s) or include(s) against the layer order (docs/DESIGN.md)",
               file=sys.stderr)
         return 1
-    print(f"layers: {len(inc)} includes and {len(sym)} file-to-file calls, all one way down "
-          f"({' < '.join(n for n, _ in LAYERS)})")
+    if md:
+        print(markdown(files, inc, sym))
+    else:
+        print(f"layers: {len(inc)} includes and {len(sym)} file-to-file calls, all one way down "
+              f"({' < '.join('{' + ', '.join(r) + '}' if len(r) > 1 else r[0] for r in ORDER)})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

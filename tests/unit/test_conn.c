@@ -21,14 +21,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/config.h"
+#include "server/store/config.h"
 #include "proto/errors.h"
 #include "proto/frame.h"
-#include "server/net.h"
-#include "server/policy.h"
-#include "server/psd.h"
-#include "server/reply.h"
-#include "server/update.h"
+#include "server/connection/net.h"
+#include "server/policy/policy.h"
+#include "server/store/psd.h"
+#include "server/answer/reply.h"
+#include "server/update/update.h"
 
 typedef struct peer {
     psd *s;
@@ -72,7 +72,7 @@ static void stop(peer *p)
     srv_model_free(&s->model);
     ps_buf_free(&s->enc);
     srv_parked_free_spare();
-    srv_narrow_free_spare();
+    srv_net_free_spare(s);
     srv_blk_pool_free();
     free(s);
     free(p);

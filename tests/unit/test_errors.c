@@ -18,11 +18,11 @@
 
 #include "common/auth.h"
 #include "proto/errors.h"
-#include "server/config.h"
-#include "server/policy.h"
-#include "server/psd.h"
-#include "server/reply.h"
-#include "server/session.h"
+#include "server/store/config.h"
+#include "server/policy/policy.h"
+#include "server/store/psd.h"
+#include "server/answer/reply.h"
+#include "server/session/session.h"
 
 static struct {
     int replies, errors; /* queued through psd.io */

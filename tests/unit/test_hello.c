@@ -17,14 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/config.h"
+#include "server/store/config.h"
 #include "proto/errors.h"
-#include "server/dashboard.h"
-#include "server/policy.h"
-#include "server/psd.h"
-#include "server/reply.h"
-#include "server/session.h"
-#include "server/update.h"
+#include "server/report/dashboard.h"
+#include "server/policy/policy.h"
+#include "server/store/psd.h"
+#include "server/answer/reply.h"
+#include "server/session/session.h"
+#include "server/update/update.h"
 
 /* ---- the fake connection layer ------------------------------------------------ */
 

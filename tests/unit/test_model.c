@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/config.h"
+#include "server/store/config.h"
 #include "proto/errors.h"
-#include "server/psd.h"
+#include "server/store/psd.h"
 
 /* aligned_alloc as model.c sees it (the test links with
  * -Wl,--wrap=aligned_alloc): fails once allocs_left reaches 0; -1 never. */

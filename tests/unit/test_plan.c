@@ -23,15 +23,15 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include "server/checkpoint.h"
-#include "server/config.h"
+#include "server/report/checkpoint.h"
+#include "server/store/config.h"
 #include "proto/errors.h"
-#include "server/dashboard.h"
-#include "server/policy.h"
-#include "server/psd.h"
-#include "server/reply.h"
-#include "server/session.h"
-#include "server/update.h"
+#include "server/report/dashboard.h"
+#include "server/policy/policy.h"
+#include "server/store/psd.h"
+#include "server/answer/reply.h"
+#include "server/session/session.h"
+#include "server/update/update.h"
 
 /* ---- the fake connection layer: the replies, per connection ------------------ */
 

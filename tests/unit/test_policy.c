@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/config.h"
-#include "server/join.h"
+#include "server/store/config.h"
+#include "server/policy/join.h"
 #include "proto/errors.h"
-#include "server/policy.h"
-#include "server/psd.h"
-#include "server/update.h"
+#include "server/policy/policy.h"
+#include "server/store/psd.h"
+#include "server/update/update.h"
 
 /* ---- a psd without sockets ------------------------------------------------- */
 

@@ -30,10 +30,10 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
-#include "server/admin.h"
-#include "server/config.h"
-#include "server/policy.h"
-#include "server/psd.h"
+#include "server/dispatch/admin.h"
+#include "server/store/config.h"
+#include "server/policy/policy.h"
+#include "server/store/psd.h"
 
 extern char **environ;
 

@@ -1,0 +1,268 @@
+/* pull.c - pulls: answering one from the model's blocks (or a pinned
+ * snapshot, or into a worker's shared segment), parking one until the
+ * version it asks for is there, and answering the parked ones when the
+ * policy says a new version or a change of members may allow it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/answer/pull.h"
+#include "server/policy/policy.h"
+#include "proto/errors.h"
+#include "server/store/psd.h"
+#include "server/answer/reply.h"
+#include "server/update/update.h"
+
+/* ---- pulls ---------------------------------------------------------------- */
+
+/* Answers a pull with [off, off+len) of blocks blk at model version ver:
+ * the model's current blocks, or a pinned snapshot's. */
+static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t id, uint64_t off, uint64_t len,
+                        uint32_t rdt)
+{
+    psd *s = c->srv;
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_PARAMS);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    if (rdt != PS_DT_F32 && rdt != SRV_RDT_SHM) {
+        r.has |= PS_F_DT; /* srv_send converts from the blocks */
+        r.dt = rdt;
+    }
+    r.id = id;
+    r.mver = ver;
+    r.off = off;
+    r.ndata = len;
+    if (c->worker && blk == s->model.blk && ver == s->model.version && srv_plan_active(s)) {
+        /* the reply that opens a round tells the worker its part of it */
+        if (srv_plan_done(s)) {
+            r.has |= PS_F_DONE;
+            r.done = 1;
+        } else if (srv_plan_slice(s, c->worker, ver, &r.slice)) {
+            r.has |= PS_F_SLICE;
+        }
+    }
+    SRV_COUNT(s, pulls, 1);
+    if (rdt == SRV_RDT_SHM) {
+        /* into the worker's segment, after its gradient half; the reply
+         * only says where */
+        float *dst = c->shm_out + off;
+        for (uint64_t done = 0; done < len;) {
+            size_t n;
+            const float *src = srv_blocks_at(blk, off + done, len - done, &n);
+            memcpy(dst + done, src, n * sizeof(float));
+            done += n;
+        }
+        r.has = (r.has & ~(uint64_t)(PS_F_DATA | PS_F_DT)) | PS_F_LEN | PS_F_INSHM;
+        r.len = len;
+        r.inshm = 1;
+        r.ndata = 0;
+    }
+    if (c->worker && blk == s->model.blk && s->policy->pulled)
+        s->policy->pulled(s, c->worker, ver); /* DC-ASGD keeps what it was sent */
+    srv_send(c, &r, rdt == SRV_RDT_SHM ? NULL : blk);
+}
+
+/* Answers with the model's current values, of version ver: the model's, or
+ * above it for a range whose pieces of a BSP round are all closed. */
+static void send_current(srv_conn *c, uint64_t ver, uint64_t id, uint64_t off, uint64_t len, uint32_t rdt)
+{
+    psd *s = c->srv;
+    srv_snap *base = s->policy->round_base ? s->policy->round_base(s) : NULL;
+    if (base && ver == base->version)
+        send_params(c, base->blk, ver, id, off, len, rdt); /* not the pieces closed since */
+    else
+        send_params(c, s->model.blk, ver, id, off, len, rdt);
+}
+
+/* Parked pulls come and go every BSP round: freed ones are kept for reuse
+ * (at most PARKED_SPARE), so parking allocates nothing in steady state. */
+#define PARKED_SPARE 256
+static srv_parked *parked_spare;
+static unsigned nparked_spare;
+
+static srv_parked *parked_get(void)
+{
+    srv_parked *p = parked_spare;
+    if (!p)
+        return malloc(sizeof *p);
+    parked_spare = p->next;
+    nparked_spare--;
+    return p;
+}
+
+static void parked_put(srv_parked *p)
+{
+    if (nparked_spare >= PARKED_SPARE) {
+        free(p);
+        return;
+    }
+    p->next = parked_spare;
+    parked_spare = p;
+    nparked_spare++;
+}
+
+void srv_parked_free_spare(void)
+{
+    while (parked_spare) {
+        srv_parked *p = parked_spare;
+        parked_spare = p->next;
+        free(p);
+    }
+    nparked_spare = 0;
+}
+
+/* May a pull of [off, off+len) for version >= min be answered now? Then
+ * *ver is the version its values are at. */
+static int pull_ready(srv_conn *c, uint64_t min, uint64_t off, uint64_t len, uint64_t *ver)
+{
+    psd *s = c->srv;
+    if (s->paused && c->role == PS_ROLE_WORKER)
+        return 0; /* ADMIN pause: held until resume */
+    *ver = s->model.version;
+    if (s->policy->pull_ready ? s->policy->pull_ready(s, c->worker, min)
+                              : s->model.initialized && s->model.version >= min)
+        return 1;
+    if (c->worker && s->policy->range_version && min == s->model.version + 1 &&
+        s->policy->range_version(s, off, len) >= min) {
+        *ver = min; /* a round closing piece by piece has closed these */
+        return 1;
+    }
+    return 0;
+}
+
+int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen)
+{
+    if (rdt == PS_DT_F32Z) {
+        snprintf(err, errlen, "parameters as f32z refused: that element type is for data sent to psd; ask for f32 "
+                              "(rdt 0), bf16 (rdt 1) or zstd (rdt 3); nothing was changed");
+        return PS_EUNSUPPORTED;
+    }
+    if (rdt == PS_DT_F32ZSTD)
+        return 0;
+    if (rdt == PS_DT_F32 || rdt == SRV_RDT_SHM || s->cfg.wire_bf16)
+        return 0;
+    snprintf(err, errlen, "parameters as %s refused: this psd sends float32 only (wire_bf16 = no); its welcome "
+                          "did not offer %s; nothing was changed",
+             ps_dtype_name(rdt), ps_dtype_name(rdt));
+    return PS_EUNSUPPORTED;
+}
+
+int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt, char *err,
+             size_t errlen)
+{
+    psd *s = c->srv;
+    uint64_t total = s->model.layout.total;
+    int rc = srv_pull_check_rdt(s, rdt, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (c->pinned) {
+        /* ADMIN pin: that version, whatever min says, and its size (a
+         * reset may have put a model of another size in its place) */
+        if (!srv_range_ok(c->pinned->n, off, len)) {
+            snprintf(err, errlen, "pull range [%llu, %llu) is outside the pinned version's %llu parameters",
+                     (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)c->pinned->n);
+            return PS_ERANGE;
+        }
+        send_params(c, c->pinned->blk, c->pinned->version, id, off, len, rdt);
+        return 0;
+    }
+    if (!s->model.has_layout) {
+        snprintf(err, errlen, "no model yet: the first worker has not said hello");
+        return PS_ENOT_READY;
+    }
+    if (!srv_range_ok(total, off, len)) {
+        snprintf(err, errlen, "pull range [%llu, %llu) is outside the model's %llu parameters",
+                 (unsigned long long)off, (unsigned long long)(off + len), (unsigned long long)total);
+        return PS_ERANGE;
+    }
+    /* an earlier pull for this version or an older one still waits: this
+     * one waits behind it, so that their replies leave in request order
+     * (it may be ready already when the earlier one's version has just
+     * come and the waiting pulls are about to be answered) */
+    int behind = 0;
+    uint64_t ver;
+    for (const srv_parked *p = c->parked; p && !behind; p = p->next)
+        behind = p->min <= min;
+    if (!behind && pull_ready(c, min, off, len, &ver)) {
+        send_current(c, ver, id, off, len, rdt);
+        return 0;
+    }
+    if (c->nparked >= SRV_PARKED_MAX) {
+        snprintf(err, errlen, "more than %d pulls already waiting on this connection", SRV_PARKED_MAX);
+        return PS_ELIMIT;
+    }
+    srv_parked *p = parked_get();
+    if (!p) {
+        snprintf(err, errlen, "out of memory parking a pull");
+        return PS_ENOMEM;
+    }
+    *p = (srv_parked){.id = id, .min = min, .off = off, .len = len, .rdt = rdt};
+    /* append, so replies leave in request order (the list is short: at
+     * most SRV_PARKED_MAX) */
+    srv_parked **tail = &c->parked;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = p;
+    c->nparked++;
+    if (behind && !srv_update_busy(s))
+        srv_conn_answer_parked(c);
+    return 0;
+}
+
+void srv_conn_answer_parked(srv_conn *c)
+{
+    srv_parked **pp = &c->parked;
+    uint64_t held = UINT64_MAX; /* the lowest min of a pull left waiting */
+    while (!c->closing && *pp) { /* closing frees the list: test it first */
+        srv_parked *p = *pp;
+        uint64_t ver;
+        /* a pull behind one for the same version or an older one that
+         * waits, waits too: replies leave in request order */
+        if (p->min >= held || !pull_ready(c, p->min, p->off, p->len, &ver)) {
+            held = p->min < held ? p->min : held;
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        c->nparked--;
+        c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
+        if (c->worker)
+            c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
+        send_current(c, ver, p->id, p->off, p->len, p->rdt);
+        parked_put(p);
+    }
+}
+
+void srv_answer_parked(psd *s)
+{
+    if (srv_update_busy(s))
+        return; /* the blocks are being written: the update's end answers them */
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->parked && !c->closing)
+            srv_conn_answer_parked(c);
+}
+
+void srv_pulls_refuse(srv_conn *c, int code, const char *text)
+{
+    /* an error may close c (max_output_buffer), which frees the list */
+    while (c->parked && !c->closing) {
+        srv_parked *p = c->parked;
+        c->parked = p->next;
+        c->nparked--;
+        uint64_t id = p->id;
+        parked_put(p);
+        srv_send_error(c, id, code, 0, "%s", text);
+    }
+}
+
+void srv_pulls_drop(srv_conn *c)
+{
+    while (c->parked) {
+        srv_parked *p = c->parked;
+        c->parked = p->next;
+        parked_put(p);
+    }
+    c->nparked = 0;
+    srv_snap_unref(c->pinned);
+    c->pinned = NULL;
+}

@@ -1,0 +1,27 @@
+/* pull.h - pulls: answered now, parked until their version, answered when a
+ * policy wakes them; pinned snapshots (pull.c). */
+#ifndef SRV_ANSWER_PULL_H
+#define SRV_ANSWER_PULL_H
+
+#include "server/store/psd.h"
+
+/* A pull of [off, off+len) for version >= min, answered in element type
+ * rdt: answered now or parked (0), or refused: a negative PS_E* code with
+ * err filled and nothing sent (the dispatch layer sends the ERROR). */
+int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt, char *err,
+             size_t errlen);
+/* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
+int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
+/* Answers every parked pull whose version is now available. */
+void srv_answer_parked(psd *s);
+/* Answers c's parked pulls that can be answered. */
+void srv_conn_answer_parked(srv_conn *c);
+/* Answers each of c's parked pulls with an ERROR code and text, and
+ * forgets them (a reset drops the model they wait for). */
+void srv_pulls_refuse(srv_conn *c, int code, const char *text);
+/* Drops c's parked pulls and pinned snapshot (it goes away). */
+void srv_pulls_drop(srv_conn *c);
+/* Frees the parked-pull entries kept for reuse (at exit). */
+void srv_parked_free_spare(void);
+
+#endif

@@ -1,0 +1,25 @@
+/* reply.h - the answer layer: replies through the connection layer's
+ * registered functions (reply.c) and pulls, parked or answered (pull.c). */
+#ifndef SRV_REPLY_H
+#define SRV_REPLY_H
+
+#include "server/store/psd.h"
+
+/* reply.c: the replies of the dispatch layer, through s->io */
+/* Queues one reply. When m has tensor data (PARAMS), the floats
+ * [m->off, m->off + m->ndata) are sent from the blocks blk (the model's or a
+ * snapshot's), which keep a reference until the write is done: nothing is
+ * copied. blk is NULL for other messages. On failure the connection is
+ * closed. */
+void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
+/* Queues an ERROR reply for request id; fatal closes after it is sent. */
+void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Answers request id with an OK carrying the model's version. */
+void srv_send_ok(srv_conn *c, uint64_t id);
+
+/* the answer layer's other files */
+#include "server/answer/barrier.h"
+#include "server/answer/pull.h"
+
+#endif

@@ -1,0 +1,27 @@
+/* net.h - the connection layer: psd's sockets, frames (net.c), queued writes (write.c), closing (close.c);
+ * replies' tensors converted for the wire in encode.c. */
+#ifndef SRV_NET_H
+#define SRV_NET_H
+
+#include "server/store/psd.h"
+
+/* net.c: the connection layer */
+/* Registers net.c's functions in s->io and its done callback with the
+ * update engine; then listens. */
+int srv_listen(psd *s);
+void srv_stop(psd *s);
+void srv_conn_close(srv_conn *c);
+/* Closes the lingering connections whose SRV_LINGER_MS have passed (the tick). */
+void srv_linger_tick(psd *s, uint64_t now);
+/* For the handler of a frame that ends the bytes read so far: hands the
+ * receive buffer holding it to the caller (*out) and gives the connection
+ * repl instead (mem NULL: it allocates when it reads next). data is where
+ * the handler will read the frame's contents (it must lie in the buffer).
+ * Returns 0, or -1 when more bytes follow the frame in the buffer or data
+ * lies elsewhere (nothing changes). Reached through s->io->give_rbuf. */
+int srv_conn_give_rbuf(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
+/* Frees the connection layer's pools in s->out: spare write requests and
+ * converted reply tensors (at exit). */
+void srv_net_free_spare(psd *s);
+
+#endif

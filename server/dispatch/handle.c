@@ -1,0 +1,542 @@
+/* handle.c - one handler per message type. Each first checks that the
+ * connection may send it (handshake done, role, model state), then acts and
+ * queues exactly one reply (or parks a pull that will get one later). */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/dispatch/admin.h"
+#include "common/log.h"
+#include "common/vec.h"
+#include "server/dispatch/handle.h"
+#include "server/policy/join.h"
+#include "server/policy/policy.h"
+#include "server/report/dashboard.h"
+#include "proto/errors.h"
+#include "server/store/psd.h"
+#include "server/store/scratch.h"
+#include "server/answer/reply.h"
+#include "server/session/session.h"
+#include "server/report/status.h"
+#include "server/update/update.h"
+
+/* c->wide holds at least n floats (grown when needed; bounded by the
+ * model's size, as every caller checks the range first). 0, or -1 when out
+ * of memory (c->wide unchanged). */
+static int wide_reserve(srv_conn *c, uint64_t n)
+{
+    if (c->wide_cap >= n)
+        return 0;
+    float *p = realloc(c->wide, (size_t)n * sizeof(float));
+    if (!p)
+        return -1;
+    c->wide = p;
+    c->wide_cap = (size_t)n;
+    return 0;
+}
+
+/* HEARTBEAT. Without an id it is fire-and-forget, so a worker's heartbeat
+ * thread never has a reply to read, except that one asking with "wait"
+ * while one of the worker's pulls is parked is told what that pull waits
+ * for: an OK with "wait" and "text" (id 0 for a heartbeat without one),
+ * which the worker reads among the replies it is waiting for. */
+static void handle_heartbeat(srv_conn *c, ps_msg *m)
+{
+    char why[240];
+    int tell = (m->has & PS_F_WAIT) && m->wait && c->worker &&
+               ((c->parked && srv_wait_describe(c->srv, c->worker, why, sizeof why)) ||
+                srv_barrier_describe(c, why, sizeof why));
+    if (!tell) {
+        if (m->has & PS_F_ID)
+            srv_send_ok(c, m->id);
+        return;
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_WAIT | PS_F_TEXT;
+    r.id = (m->has & PS_F_ID) ? m->id : 0;
+    r.mver = c->srv->model.version;
+    r.wait = 1;
+    r.text = why;
+    r.text_len = (uint32_t)strlen(why);
+    srv_send(c, &r, NULL);
+}
+
+/* A pull, answered now or parked by the answer layer, or refused here. */
+static void pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min, uint32_t rdt)
+{
+    char err[256];
+    int rc = srv_pull(c, id, off, len, min, rdt, err, sizeof err);
+    if (rc != 0)
+        srv_send_error(c, id, rc, 0, "%s", err);
+}
+
+/* ---- init, push, pull --------------------------------------------------------- */
+
+/* nonfinite = clip: NaN becomes 0, +-inf +-FLT_MAX, and the push is scaled
+ * down to the L2 norm clip_norm (> 0, checked at start and reload). In
+ * place: m->data points into the connection's receive buffer, which is
+ * writable (the decoder may already have moved the floats there to align
+ * them) and holds this frame only until its handler returns. The norm is
+ * taken in double, where FLT_MAX squared does not overflow. */
+static void sanitize_push(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    float *g = (float *)(uintptr_t)m->data;
+    size_t bad = 0;
+    for (uint64_t i = 0; i < m->ndata; i++) {
+        if (isnan(g[i]))
+            g[i] = 0.0f, bad++;
+        else if (isinf(g[i]))
+            g[i] = g[i] > 0 ? FLT_MAX : -FLT_MAX, bad++;
+    }
+    double norm = sqrt(srv_sumsq_of(g, (size_t)m->ndata));
+    if (norm > s->cfg.clip_norm) {
+        double f = s->cfg.clip_norm / norm;
+        for (uint64_t i = 0; i < m->ndata; i++)
+            g[i] = (float)(g[i] * f);
+    }
+    SRV_COUNT(s, sanitized_pushes, 1);
+    PS_LOG(PS_LOG_INFO, "conn %llu (%s): %s for [%llu, %llu) held %zu NaN or infinite values: sanitised "
+                        "(nonfinite = clip), norm %g -> %g",
+           (unsigned long long)c->cid, c->addr, ps_msg_type_name(m->type), (unsigned long long)m->off,
+           (unsigned long long)(m->off + m->ndata), bad, norm, norm > s->cfg.clip_norm ? s->cfg.clip_norm : norm);
+}
+
+/* A packed or bfloat16 tensor (dt 1, 2 or 3) becomes float32 in the
+ * connection's own buffer, where m then points: everything after this sees
+ * float32 only (proto's codec decodes every form). The range is checked
+ * first, so the buffer never grows beyond the model; a compressed frame
+ * must say it holds exactly the ndata values before anything is sized for
+ * them. *maxabs gets the largest |value| when the decoding found it
+ * (bfloat16: not finite when some value is not), else NAN. */
+static int decode_data(srv_conn *c, ps_msg *m, float *maxabs, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const char *what = ps_msg_type_name(m->type);
+    if (m->dt == PS_DT_BF16 && !s->cfg.wire_bf16) {
+        snprintf(err, errlen, "%s with bfloat16 data refused: this psd takes float32 only "
+                              "(wire_bf16 = no); its welcome did not offer bf16", what);
+        return PS_EUNSUPPORTED;
+    }
+    uint8_t *planes = NULL;
+    if (m->dt == PS_DT_F32ZSTD) {
+        uint64_t want = m->ndata * sizeof(float);
+        if (ps_codec_zstd_check(m->packed, (size_t)m->packed_len, m->ndata) != 0) {
+            snprintf(err, errlen, "%s: compressed data (dt 3) of %llu bytes is not one zstd frame that says it "
+                                  "holds len %llu float32 values (%llu bytes)",
+                     what, (unsigned long long)m->packed_len, (unsigned long long)m->ndata,
+                     (unsigned long long)want);
+            return PS_EBAD_FIELD;
+        }
+        if (!(planes = srv_planes(s, (size_t)want))) {
+            snprintf(err, errlen, "no memory to decompress %llu values", (unsigned long long)m->ndata);
+            return PS_ENOMEM;
+        }
+    }
+    if (wide_reserve(c, m->ndata) != 0) {
+        snprintf(err, errlen, "no memory to decode %llu values of %s data", (unsigned long long)m->ndata,
+                 ps_dtype_name(m->dt));
+        return PS_ENOMEM;
+    }
+    char cerr[160];
+    int rc = ps_codec_decode(srv_codec(s), m, c->wide, planes, maxabs, cerr, sizeof cerr);
+    if (rc != 0)
+        snprintf(err, errlen, "%s: %s", what, cerr);
+    return rc;
+}
+
+/* The checks of an INIT's or a push's data, once, before anything acts on
+ * it: the range, the element type (bfloat16 widened), finiteness
+ * (sanitised with nonfinite = clip, for pushes). 0, with the largest
+ * |value| in *gmax (-1 when not known: sanitised), or a negative PS_E*
+ * code with err filled. The one pass over the data that finds whether it
+ * is finite finds its largest magnitude too, from which the update engine
+ * may know an update stays finite without trying it (update.h). */
+static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    uint64_t total = s->model.layout.total;
+    float mx = NAN; /* not known yet */
+    *gmax = -1;
+    if (!srv_range_ok(total, m->off, m->ndata)) {
+        snprintf(err, errlen, "%s range [%llu, %llu) is outside the model's %llu parameters",
+                       ps_msg_type_name(m->type), (unsigned long long)m->off,
+                       (unsigned long long)(m->off + m->ndata), (unsigned long long)total);
+        return PS_ERANGE;
+    }
+    /* widened only once the range is known to fit: the buffer then never
+     * grows beyond the model */
+    int bf16 = m->dt == PS_DT_BF16;
+    /* counted once accepted */
+    uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0;
+    uint64_t zin = m->dt == PS_DT_F32ZSTD ? m->packed_len : 0, zout = zin ? m->ndata * sizeof(float) : 0;
+    int rc = m->dt != PS_DT_F32 ? decode_data(c, m, &mx, err, errlen) : 0;
+    if (rc != 0)
+        return rc;
+    if (!bf16)
+        mx = ps_vec_maxabs(m->data, m->ndata);
+    if (!isfinite(mx)) {
+        if (m->type != PS_MSG_INIT && s->cfg.nonfinite == PS_NONFINITE_CLIP) {
+            sanitize_push(c, m);
+            SRV_COUNT(s, zeros_elided, left_out);
+            SRV_COUNT(s, zstd_in, zin);
+            SRV_COUNT(s, zstd_out, zout);
+            return 0;
+        }
+        snprintf(err, errlen, "%s for [%llu, %llu) contains NaN or infinity; rejected, the "
+                                                   "model is unchanged",
+                       ps_msg_type_name(m->type), (unsigned long long)m->off,
+                       (unsigned long long)(m->off + m->ndata));
+        return PS_ENONFINITE;
+    }
+    *gmax = mx;
+    SRV_COUNT(s, zeros_elided, left_out);
+    SRV_COUNT(s, zstd_in, zin);
+    SRV_COUNT(s, zstd_out, zout);
+    return 0;
+}
+
+static void handle_init(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    if (s->model.initialized || s->init_owner != c) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "init refused: %s",
+                       s->model.initialized ? "the model already has its values" : "another worker is initialising it");
+        return;
+    }
+    char err[512];
+    float gmax;
+    int rc = check_data(c, m, &gmax, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return;
+    }
+    /* the hello proposed the layout; its memory is taken now */
+    if (srv_model_commit(&s->model, &s->cfg) != 0) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "cannot hold a model of %llu parameters: out of memory",
+                       (unsigned long long)s->model.layout.total);
+        return;
+    }
+    for (uint64_t done = 0; done < m->ndata;) {
+        srv_wseg seg;
+        if (srv_model_write_begin(&s->model, m->off + done, m->ndata - done, &seg) != 0) {
+            srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
+            return;
+        }
+        memcpy(seg.wo, m->data + done, seg.len * sizeof(float));
+        srv_model_write_end(&s->model, &seg);
+        done += seg.len;
+    }
+    if (m->fin) {
+        s->model.initialized = 1;
+        s->init_owner = NULL;
+        srv_stats_model_at(s, srv_now_ms());
+        PS_LOG(PS_LOG_INFO, "model initialised by shard %u (%s)", c->worker->shard, c->addr);
+    }
+    srv_send_ok(c, m->id);
+    if (m->fin)
+        srv_answer_parked(s);
+}
+
+/* A pushpull whose gradient is in the worker's segment: copied into the
+ * connection's own buffer first (the worker could change it while psd
+ * checks and applies it), where m then points as for a TCP push; the
+ * reply goes into the segment too (SRV_RDT_SHM). */
+static int push_from_shm(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+{
+    uint64_t n = c->shm_params;
+    if (!c->shm) {
+        snprintf(err, errlen, "%s with 'inshm' refused: this connection has no shared segment "
+                                               "(psd's welcome did not say inshm)",
+                       ps_msg_type_name(m->type));
+        return PS_ESTATE;
+    }
+    if (m->type != PS_MSG_PUSHPULL || m->rdt != PS_DT_F32) {
+        snprintf(err, errlen, "'inshm' is for pushpulls answered in float32, not a %s%s",
+                       ps_msg_type_name(m->type), m->type == PS_MSG_PUSHPULL ? " asking for bfloat16" : "");
+        return PS_EUNSUPPORTED;
+    }
+    if (!srv_range_ok(n, m->off, m->len) || !srv_range_ok(n, m->poff, m->plen)) {
+        snprintf(err, errlen, "%s with 'inshm': push [%llu, %llu) and pull [%llu, %llu) must "
+                                               "lie in the model's %llu parameters",
+                       ps_msg_type_name(m->type), (unsigned long long)m->off, (unsigned long long)(m->off + m->len),
+                       (unsigned long long)m->poff, (unsigned long long)(m->poff + m->plen), (unsigned long long)n);
+        return PS_ERANGE;
+    }
+    if (wide_reserve(c, m->len) != 0) {
+        snprintf(err, errlen, "no memory for a push of %llu values", (unsigned long long)m->len);
+        return PS_ENOMEM;
+    }
+    memcpy(c->wide, c->shm + m->off, (size_t)m->len * sizeof(float));
+    m->data = c->wide;
+    m->ndata = m->len;
+    m->dt = PS_DT_F32;
+    m->rdt = SRV_RDT_SHM;
+    return 0;
+}
+
+static int handle_push(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    char err[512];
+    if (!s->model.initialized) {
+        srv_send_error(c, m->id, PS_ENOT_READY, 0, "push before the model has its initial values");
+        return 0;
+    }
+    int rc = m->inshm ? push_from_shm(c, m, err, sizeof err) : 0;
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return 0;
+    }
+    /* a pushpull's reply type is checked before its push is applied */
+    if (m->type == PS_MSG_PUSHPULL)
+        rc = srv_pull_check_rdt(s, m->rdt, err, sizeof err);
+    float gmax = -1;
+    if (rc == 0)
+        rc = check_data(c, m, &gmax, err, sizeof err);
+    if (rc != 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return 0;
+    }
+    if (m->base > s->model.version) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "base version %llu is ahead of the model (%llu)",
+                       (unsigned long long)m->base, (unsigned long long)s->model.version);
+        return 0;
+    }
+    if (m->fin) {
+        srv_stats_observe(s, SRV_HIST_STALENESS, (double)(s->model.version - m->base));
+        c->worker->staleness = s->model.version - m->base;
+    }
+    /* checked: in range, float32, finite (or sanitised), base not ahead */
+    srv_push p = {.base = m->base, .off = m->off, .n = m->ndata, .g = m->data, .fin = m->fin, .conn = c,
+                  .may_defer = 1, .has_gmax = gmax >= 0, .gmax = gmax};
+    if (m->data == c->wide) {
+        /* widened from bfloat16 or copied from shm: the policy may keep
+         * the buffer (bsp) */
+        p.own = &c->wide;
+        p.own_cap = &c->wide_cap;
+    }
+    rc = s->policy->push(s, c->worker, &p, err, sizeof err);
+    if (rc == SRV_PENDING) {
+        /* applied off the loop: srv_push_finished() replies; the gradient
+         * lives in c's receive buffer, so c reads nothing meanwhile */
+        s->push_wait = (srv_push_wait){.c = c, .id = m->id, .type = m->type, .poff = m->poff, .plen = m->plen,
+                                       .min = m->min, .rdt = m->rdt};
+        return SRV_STOP_READING;
+    }
+    if (rc == PS_ESTALE) {
+        /* A push for a round that closed without it (backup workers): drop
+         * it and count it; a pushpull still gets the current model so the
+         * worker catches up. */
+        if (m->fin)
+            SRV_COUNT(s, dropped_pushes, 1);
+        PS_LOG(PS_LOG_DEBUG, "shard %u: %s", c->worker->shard, err);
+        if (m->type == PS_MSG_PUSHPULL) {
+            pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
+            return 0;
+        }
+    }
+    if (rc < 0) {
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+        return 0;
+    }
+    if (rc == SRV_WAKE)
+        srv_answer_parked(s); /* a new version: the pulls waiting for it first */
+    if (m->fin) {
+        c->worker->pushes++;
+        SRV_COUNT(s, pushes, 1);
+    }
+    if (m->type == PS_MSG_PUSHPULL)
+        pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
+    else
+        srv_send_ok(c, m->id);
+    return 0;
+}
+
+srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
+{
+    const srv_push_wait a = s->push_wait;
+    srv_conn *c = a.c;
+    s->push_wait.c = NULL;
+    *wake = s->policy->applied(s, tag) == SRV_WAKE;
+    if (tag->fin) {
+        tag->w->pushes++;
+        SRV_COUNT(s, pushes, 1);
+    }
+    if (c->closing)
+        return c;
+    if (a.type == PS_MSG_PUSHPULL)
+        pull(c, a.id, a.poff, a.plen, a.min, a.rdt);
+    else
+        srv_send_ok(c, a.id);
+    return c;
+}
+
+static void handle_report(srv_conn *c, ps_msg *m)
+{
+    srv_worker *w = c->worker;
+    /* psworker reports every second too (loss since its last report, the
+     * epochs done so far): only the report that ends an epoch is logged */
+    int epoch_end = m->epoch != w->epoch || (m->has & PS_F_ACC);
+    int level = epoch_end ? PS_LOG_INFO : PS_LOG_DEBUG;
+    w->has_report = 1;
+    w->epoch = m->epoch;
+    if (m->has & PS_F_LOSS)
+        w->loss = m->loss;
+    if (m->has & PS_F_ACC) {
+        w->acc = m->acc;
+        w->has_acc = 1;
+    }
+    if (m->has & PS_F_TLOSS)
+        w->tloss = m->tloss;
+    if (m->has & PS_F_SAMPLES)
+        w->samples = m->samples;
+    if (m->has & PS_F_RATE)
+        w->rate = m->rate;
+    if (m->has & PS_F_ACC)
+        PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, test accuracy %.2f%%, %.0f samples/s", w->shard,
+               w->nshards, w->epoch, w->loss, 100.0 * w->acc, w->rate);
+    else
+        PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
+               w->loss, w->rate);
+    srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0, epoch_end);
+    srv_send_ok(c, m->id);
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+int srv_handle(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    c->last_msg_ms = srv_now_ms();
+    if (c->auth) {
+        /* a challenge is out: only its answer may come */
+        char err[1200];
+        int rc = m->type == PS_MSG_AUTH ? srv_auth_answer(c, m, err, sizeof err) : 0;
+        if (rc != 0)
+            srv_send_error(c, m->id, rc, 1, "%s", err);
+        else if (m->type != PS_MSG_AUTH)
+            srv_send_error(c, m->id, PS_EAUTH, 1, "psd requires a token: expected auth, the answer to its "
+                                                  "challenge, not %s",
+                           ps_msg_type_name(m->type));
+        return 0;
+    }
+    if (c->role == PS_ROLE_NONE && m->type != PS_MSG_HELLO) {
+        srv_send_error(c, m->id, PS_ESTATE, 1, "the first message must be hello, not %s",
+                       ps_msg_type_name(m->type));
+        return 0;
+    }
+    int worker_only = m->type == PS_MSG_INIT || m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL ||
+                      m->type == PS_MSG_REPORT || m->type == PS_MSG_BARRIER;
+    if (worker_only && !c->worker) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
+                       ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
+        return 0;
+    }
+    int reads = m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") == 0; /* ADMIN history only reads */
+    if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && !reads) || m->type == PS_MSG_PULL)) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
+                       "%s%s%s refused: this admin connection proved the workers' token and may only read "
+                       "(status, workers, metrics, history), because admin_token_file is not configured; set it in psd's "
+                       "configuration and use that token",
+                       m->type == PS_MSG_ADMIN ? "admin command '" : "pulling the model",
+                       m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");
+        return 0;
+    }
+    switch (m->type) {
+    case PS_MSG_HELLO: {
+        /* accepted at once, or, when psd requires a token, kept until the
+         * AUTH that answers its CHALLENGE (auth.c); nothing of the job
+         * (shards, layout) is checked or told before that */
+        char err[1200];
+        int rc = srv_hello_precheck(c, m, err, sizeof err);
+        if (rc == 0)
+            rc = s->token.len ? srv_auth_challenge(c, m, err, sizeof err) : srv_hello_accept(c, m, NULL, err, sizeof err);
+        /* a second hello costs only itself; any other refusal ends the connection */
+        if (rc != 0)
+            srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
+        break;
+    }
+    case PS_MSG_INIT:
+        handle_init(c, m);
+        break;
+    case PS_MSG_PUSH:
+    case PS_MSG_PUSHPULL:
+        return handle_push(c, m);
+    case PS_MSG_PULL:
+        pull(c, m->id, m->off, m->len, m->min, m->rdt);
+        break;
+    case PS_MSG_HEARTBEAT:
+        handle_heartbeat(c, m);
+        break;
+    case PS_MSG_REPORT:
+        handle_report(c, m);
+        break;
+    case PS_MSG_BARRIER: {
+        char err[200];
+        int rc = srv_barrier(c, m->id, m->mver, err, sizeof err);
+        if (rc != 0)
+            srv_send_error(c, m->id, rc, 0, "%s", err);
+        break;
+    }
+    case PS_MSG_STATUS: {
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_STATUS_REPLY);
+        r.has = PS_F_ID;
+        r.id = m->id;
+        srv_send(c, &r, NULL);
+        break;
+    }
+    case PS_MSG_METRICS: {
+        ps_buf text = {0};
+        if (srv_metrics_text(s, &text) != 0) {
+            ps_buf_free(&text);
+            srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
+            break;
+        }
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_METRICS_REPLY);
+        r.has = PS_F_ID | PS_F_TEXT;
+        r.id = m->id;
+        r.text = (const char *)text.p;
+        r.text_len = (uint32_t)text.len;
+        srv_send(c, &r, NULL);
+        ps_buf_free(&text);
+        break;
+    }
+    case PS_MSG_ADMIN:
+        if (c->role != PS_ROLE_ADMIN) {
+            srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "admin commands are for admin connections; this one is %s",
+                           ps_role_name((uint32_t)c->role));
+            break;
+        }
+        srv_handle_admin(c, m);
+        break;
+    case PS_MSG_AUTH:
+        srv_send_error(c, m->id, PS_ESTATE, 0, "auth without a challenge: %s",
+                       s->token.len ? "this connection is authenticated already" : "psd requires no token");
+        break;
+    case PS_MSG_BYE:
+    {
+        /* the worker's reason (optional text), printable bytes only */
+        char why[96] = "said bye";
+        if ((m->has & PS_F_TEXT) && m->text_len) {
+            size_t n = m->text_len < sizeof why - 1 ? m->text_len : sizeof why - 1;
+            for (size_t i = 0; i < n; i++)
+                why[i] = m->text[i] >= 0x20 && m->text[i] < 0x7f ? m->text[i] : '?';
+            why[n] = '\0';
+        }
+        srv_conn_detach(c, SRV_W_LEFT, why);
+    }
+        srv_send_ok(c, m->id);
+        c->close_after_write = 1;
+        return SRV_STOP_READING;
+    default:
+        srv_send_error(c, m->id, PS_EBAD_TYPE, 0, "psd does not accept %s messages", ps_msg_type_name(m->type));
+        break;
+    }
+    return 0;
+}

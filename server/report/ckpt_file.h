@@ -1,0 +1,28 @@
+/* ckpt_file.h - a checkpoint's file format and the state dir's checkpoint
+ * files (ckpt_file.c), shared by writing (checkpoint.c) and loading
+ * (ckpt_load.c). Private to the report layer; the format is in
+ * checkpoint.h. */
+#ifndef SRV_REPORT_CKPT_FILE_H
+#define SRV_REPORT_CKPT_FILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_MAGIC "PSDCKPT1"
+#define CKPT_END "PSDE"
+#define CKPT_FORMAT 1
+#define CKPT_MAX_STATE 4
+#define CKPT_HEADER_MAX (4u << 20)
+
+
+void srv_ckpt_put_u32(uint8_t *p, uint32_t v);   /* little-endian */
+uint32_t srv_ckpt_get_u32(const uint8_t *p);
+/* Removes the checkpoints a psd killed while writing them left behind
+ * (at start, before any write of this psd's own), each with a log line. */
+void srv_ckpt_remove_leftovers(const char *dir);
+/* Lists checkpoint versions in dir, newest first. *out is malloc'd. */
+size_t srv_ckpt_list_versions(const char *dir, uint64_t **out);
+/* dir/ckpt-<version, 20 digits>.psdc<suffix> into buf. */
+void srv_ckpt_path(char *buf, size_t len, const char *dir, uint64_t version, const char *suffix);
+
+#endif

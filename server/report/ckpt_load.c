@@ -1,0 +1,359 @@
+/* ckpt_load.c - loading the newest checkpoint that reads whole at start
+ * (srv_checkpoint_load: its CRC, header, layout, optimizer state, clocks
+ * and plan), and setting checkpoints aside (--fresh). Owns nothing past
+ * the load. */
+#include "server/report/checkpoint.h"
+#include "server/report/ckpt_file.h"
+#include "server/policy/policy.h"
+#include "server/update/update.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+
+/* ---- loading -------------------------------------------------------------- */
+
+
+static int get_u64(const msgpack_object *map, const char *key, uint64_t *v)
+{
+    const msgpack_object *o = ps_map_get(map, key);
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return -1;
+    *v = o->via.u64;
+    return 0;
+}
+
+/* Reads a checkpoint's "plan" (pack_plan) into *p and the shards out of
+ * the job into out (those below max, at most max of them, *nout). 0, or
+ * -1 with err filled when it is not one psd wrote. */
+static int read_plan(const msgpack_object *o, ps_plan *p, uint32_t *out, uint32_t max, uint32_t *nout, char *err,
+                     size_t errlen)
+{
+    *nout = 0;
+    const msgpack_object *x = o->type == MSGPACK_OBJECT_MAP ? ps_map_get(o, "out") : NULL;
+    if (o->type != MSGPACK_OBJECT_MAP || get_u64(o, "epochs", &p->epochs) || get_u64(o, "samples", &p->samples) ||
+        get_u64(o, "batch", &p->batch) || get_u64(o, "seed", &p->seed) || !x || x->type != MSGPACK_OBJECT_ARRAY) {
+        snprintf(err, errlen, "not a map of epochs, samples, batch, seed and out");
+        return -1;
+    }
+    if (p->epochs < 1 || p->epochs > PS_PLAN_EPOCHS_MAX || p->samples < 1 || p->samples > PS_PLAN_SAMPLES_MAX ||
+        p->batch < 1 || p->batch > p->samples) {
+        snprintf(err, errlen, "%llu epochs of %llu samples, %llu per round: out of bounds",
+                 (unsigned long long)p->epochs, (unsigned long long)p->samples, (unsigned long long)p->batch);
+        return -1;
+    }
+    for (uint32_t i = 0; i < x->via.array.size; i++) {
+        const msgpack_object *e = &x->via.array.ptr[i];
+        if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            snprintf(err, errlen, "out holds a %s, not a shard", e->type == MSGPACK_OBJECT_STR ? "string" : "non-integer");
+            return -1;
+        }
+        if (e->via.u64 < max && *nout < max)
+            out[(*nout)++] = (uint32_t)e->via.u64;
+    }
+    return 0;
+}
+
+/* The loaded checkpoint held the plan p: fixes it and says where the job
+ * stands; keeps the nout shards in out, which had left the job or been
+ * lost when it was written, for the session layer to record as lost at
+ * start (the next rounds are then shared by the others, as before the
+ * restart; each may rejoin). When every shard was out the job had
+ * stopped, and all are waited for again. */
+static void restore_plan(psd *s, const ps_plan *p, const uint32_t *out, uint32_t nout)
+{
+    srv_plan_clear(&s->plan);
+    const srv_plan *pl = &s->plan;
+    uint64_t r = s->model.version;
+    uint64_t per_epoch = (p->samples + p->batch - 1) / p->batch;
+    int keep = s->cfg.mode == PS_MODE_BSP && nout < (uint32_t)s->cfg.workers && r < p->epochs * per_epoch;
+    if (srv_plan_restore(&s->plan, p, out, keep ? nout : 0) != 0)
+        PS_LOG(PS_LOG_ERROR, "out of memory keeping the %u shards out of the job: they are waited for", nout);
+    PS_LOG(PS_LOG_INFO, "plan restored from the checkpoint: %llu epochs of %llu samples, %llu per round, seed %llu: "
+                        "round %llu of %llu%s",
+           (unsigned long long)pl->p.epochs, (unsigned long long)pl->p.samples, (unsigned long long)pl->p.batch,
+           (unsigned long long)pl->p.seed, (unsigned long long)(r < pl->rounds ? r : pl->rounds),
+           (unsigned long long)pl->rounds, r >= pl->rounds ? " (the job is done)" : "");
+    if (s->cfg.mode != PS_MODE_BSP)
+        PS_LOG(PS_LOG_INFO, "psd runs %s: the plan is kept (in the next checkpoints) but rules nothing",
+               s->policy->name);
+}
+
+/* Reads and checks one file; on success fills the model and clocks, and
+ * the plan with the shards out of it (*nout of them, in out, below max). */
+static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint32_t *nout, char *err, size_t errlen)
+{
+    int rc = PS_EMALFORMED;
+    uint8_t *data = NULL;
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 4096);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open: %s", strerror(errno));
+        msgpack_zone_destroy(&zone);
+        return PS_EIO;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || st.st_size < 24) {
+        snprintf(err, errlen, "truncated (%lld bytes)", (long long)st.st_size);
+        goto out;
+    }
+    size_t size = (size_t)st.st_size;
+    data = malloc(size);
+    if (!data || fread(data, 1, size, f) != size) {
+        snprintf(err, errlen, "cannot read %zu bytes", size);
+        rc = PS_EIO;
+        goto out;
+    }
+    if (memcmp(data, CKPT_MAGIC, 8) != 0) {
+        snprintf(err, errlen, "not a psd checkpoint (bad magic)");
+        goto out;
+    }
+    uint32_t format = srv_ckpt_get_u32(data + 8), hlen = srv_ckpt_get_u32(data + 12);
+    if (format != CKPT_FORMAT) {
+        snprintf(err, errlen, "format version %u, this psd reads %d", format, CKPT_FORMAT);
+        goto out;
+    }
+    if (hlen > CKPT_HEADER_MAX || (size_t)hlen + 24 > size) {
+        snprintf(err, errlen, "truncated: header of %u bytes in a %zu-byte file", hlen, size);
+        goto out;
+    }
+    if (memcmp(data + size - 4, CKPT_END, 4) != 0) {
+        snprintf(err, errlen, "truncated: no end marker");
+        goto out;
+    }
+    uint32_t want = srv_ckpt_get_u32(data + size - 8);
+    uint32_t got = (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), data, size - 8);
+    if (want != got) {
+        snprintf(err, errlen, "checksum mismatch (stored %08x, computed %08x)", want, got);
+        goto out;
+    }
+    char serr[256];
+    ps_scan_limits lim = {PS_MSG_DEPTH_MAX, 1u << 20};
+    if (ps_scan(data + 16, hlen, &lim, serr, sizeof serr) != 0) {
+        snprintf(err, errlen, "bad header: %s", serr);
+        goto out;
+    }
+    msgpack_object h;
+    size_t off = 0;
+    if (msgpack_unpack((const char *)data + 16, hlen, &off, &zone, &h) != MSGPACK_UNPACK_SUCCESS ||
+        h.type != MSGPACK_OBJECT_MAP) {
+        snprintf(err, errlen, "bad header");
+        goto out;
+    }
+    const msgpack_object *ver = ps_map_get(&h, "version"), *lay = ps_map_get(&h, "layout");
+    const msgpack_object *sta = ps_map_get(&h, "state"), *opt = ps_map_get(&h, "optimizer");
+    const msgpack_object *clk = ps_map_get(&h, "clocks");
+    if (!ver || ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !lay || lay->type != MSGPACK_OBJECT_ARRAY || !sta ||
+        sta->type != MSGPACK_OBJECT_ARRAY || !opt || opt->type != MSGPACK_OBJECT_STR) {
+        snprintf(err, errlen, "header lacks version, layout, optimizer or state");
+        goto out;
+    }
+    ps_layout *l = &s->scratch_layout;
+    char lerr[256];
+    if (ps_layout_unpack(lay, l, lerr, sizeof lerr) != 0) {
+        snprintf(err, errlen, "bad layout: %s", lerr);
+        goto out;
+    }
+    size_t n = l->total, nstate = sta->via.array.size;
+    if (nstate > CKPT_MAX_STATE || size != 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8) {
+        snprintf(err, errlen, "truncated or padded: %zu bytes, expected %zu for %zu parameters", size,
+                 16 + (size_t)hlen + (1 + nstate) * n * sizeof(float) + 8, n);
+        goto out;
+    }
+    /* install */
+    srv_model_free(&s->model);
+    memset(&s->model, 0, sizeof s->model);
+    rc = srv_model_set_layout(&s->model, l, &s->cfg);
+    if (rc != 0) {
+        snprintf(err, errlen, "out of memory for %zu parameters", n);
+        goto out;
+    }
+    const uint8_t *p = data + 16 + hlen;
+    for (size_t i = 0; i < s->model.nblk; i++) {
+        srv_blk *b = s->model.blk[i];
+        memcpy(b->w, p, b->cap * sizeof(float));
+        s->model.stamp++;
+        s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
+        p += b->cap * sizeof(float);
+    }
+    float *bufs[CKPT_MAX_STATE];
+    const char *names[CKPT_MAX_STATE];
+    size_t have = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
+    int match = strlen(srv_optim_name(&s->model.opt)) == opt->via.str.size &&
+                !memcmp(srv_optim_name(&s->model.opt), opt->via.str.ptr, opt->via.str.size) && have == nstate;
+    for (size_t i = 0; match && i < nstate; i++) {
+        const msgpack_object *nm = &sta->via.array.ptr[i];
+        match = nm->type == MSGPACK_OBJECT_STR && nm->via.str.size == strlen(names[i]) &&
+                !memcmp(nm->via.str.ptr, names[i], nm->via.str.size);
+    }
+    if (match) {
+        for (size_t i = 0; i < nstate; i++, p += n * sizeof(float))
+            memcpy(bufs[i], p, n * sizeof(float));
+    } else {
+        PS_LOG(PS_LOG_WARN, "checkpoint %s holds %.*s optimizer state; psd is configured for %s: starting that "
+                            "optimizer's state from zero",
+               path, (int)opt->via.str.size, opt->via.str.ptr, srv_optim_name(&s->model.opt));
+    }
+    s->model.version = ver->via.u64;
+    s->model.initialized = 1;
+    srv_plan_clear(&s->plan);
+    *nout = 0;
+    const msgpack_object *plan = ps_map_get(&h, "plan");
+    if (plan) {
+        ps_plan pp;
+        char perr[160];
+        if (read_plan(plan, &pp, out, max, nout, perr, sizeof perr) == 0)
+            restore_plan(s, &pp, out, *nout);
+        else
+            PS_LOG(PS_LOG_WARN, "checkpoint %s: its plan is unusable (%s): loaded without it; the next worker's "
+                                "hello that carries a plan fixes one",
+                   path, perr);
+    }
+    free(s->restored_clocks);
+    s->restored_clocks = NULL;
+    s->nrestored = 0;
+    if (clk && clk->type == MSGPACK_OBJECT_ARRAY) {
+        for (uint32_t i = 0; i < clk->via.array.size; i++) {
+            const msgpack_object *e = &clk->via.array.ptr[i];
+            if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2 ||
+                e->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                e->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.array.ptr[0].via.u64 >= 65536)
+                continue;
+            uint32_t shard = (uint32_t)e->via.array.ptr[0].via.u64;
+            if (shard >= s->nrestored) {
+                uint64_t *t = realloc(s->restored_clocks, (shard + 1) * sizeof *t);
+                if (!t)
+                    break;
+                memset(t + s->nrestored, 0, (shard + 1 - s->nrestored) * sizeof *t);
+                s->restored_clocks = t;
+                s->nrestored = shard + 1;
+            }
+            s->restored_clocks[shard] = e->via.array.ptr[1].via.u64;
+        }
+    }
+    rc = 0;
+out:
+    free(data);
+    fclose(f);
+    msgpack_zone_destroy(&zone);
+    return rc;
+}
+
+int srv_checkpoint_load(psd *s)
+{
+    if (!s->cfg.state_dir[0])
+        return 0;
+    struct stat st;
+    if (stat(s->cfg.state_dir, &st) != 0) {
+        if (errno == ENOENT)
+            return 0;
+        PS_LOG(PS_LOG_ERROR, "state_dir %s: %s", s->cfg.state_dir, strerror(errno));
+        return PS_EIO;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        PS_LOG(PS_LOG_ERROR, "state_dir %s is not a directory", s->cfg.state_dir);
+        return PS_EIO;
+    }
+    srv_ckpt_remove_leftovers(s->cfg.state_dir);
+    uint64_t *vers;
+    size_t nv = srv_ckpt_list_versions(s->cfg.state_dir, &vers);
+    int loaded = 0;
+    uint32_t m = (uint32_t)s->cfg.workers, nout = 0;
+    uint32_t *out = malloc((m ? m : 1) * sizeof *out);
+    if (!out) {
+        free(vers);
+        PS_LOG(PS_LOG_ERROR, "out of memory loading a checkpoint");
+        return PS_ENOMEM;
+    }
+    for (size_t i = 0; i < nv && !loaded; i++) {
+        char path[PS_CONFIG_PATH_MAX + 64], err[512];
+        srv_ckpt_path(path, sizeof path, s->cfg.state_dir, vers[i], "");
+        if (load_one(s, path, out, m, &nout, err, sizeof err) == 0) {
+            char desc[512];
+            ps_layout_describe(&s->model.layout, desc, sizeof desc);
+            PS_LOG(PS_LOG_INFO, "loaded checkpoint %s: model version %" PRIu64 ", %" PRIu64 " parameters (%s)", path,
+                   s->model.version, s->model.layout.total, desc);
+            srv_stats_checkpoint_loaded(s, s->model.version);
+            snprintf(s->resumed_from, sizeof s->resumed_from, "%s", path);
+            s->resumed_version = s->model.version;
+            loaded = 1;
+        } else {
+            PS_LOG(PS_LOG_ERROR, "checkpoint %s is unusable: %s; trying an older one", path, err);
+        }
+    }
+    if (nv > 0 && !loaded)
+        PS_LOG(PS_LOG_WARN, "no valid checkpoint in %s: starting without a model", s->cfg.state_dir);
+    free(out);
+    free(vers);
+    return loaded;
+}
+
+int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char *err, size_t errlen)
+{
+    char sub[PS_CONFIG_PATH_MAX + 64] = ""; /* the dated subfolder, once made */
+    if (asidelen)
+        aside[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "cannot read state_dir %s: %s", dir, strerror(errno));
+        return PS_EIO;
+    }
+    int moved = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "ckpt-", 5) != 0)
+            continue; /* checkpoints and their unfinished .tmp files only */
+        if (!sub[0]) {
+            /* one dated subfolder per start, never one that exists */
+            time_t now = time(NULL);
+            struct tm tm;
+            char stamp[32];
+            gmtime_r(&now, &tm);
+            strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+            for (int i = 0; i < 100; i++) {
+                if (i == 0)
+                    snprintf(sub, sizeof sub, "%s/set-aside-%s", dir, stamp);
+                else
+                    snprintf(sub, sizeof sub, "%s/set-aside-%s-%d", dir, stamp, i);
+                if (mkdir(sub, 0750) == 0 || errno != EEXIST)
+                    break;
+            }
+            struct stat st;
+            if (stat(sub, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                snprintf(err, errlen, "cannot create %s: %s", sub, strerror(errno));
+                closedir(d);
+                return PS_EIO;
+            }
+        }
+        char from[PS_CONFIG_PATH_MAX + 300], to[PS_CONFIG_PATH_MAX + 400];
+        snprintf(from, sizeof from, "%s/%s", dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", sub, e->d_name);
+        if (rename(from, to) != 0) {
+            snprintf(err, errlen, "cannot move %s to %s: %s", from, sub, strerror(errno));
+            closedir(d);
+            return PS_EIO;
+        }
+        moved++;
+    }
+    closedir(d);
+    if (asidelen) {
+        size_t n = strnlen(sub, asidelen - 1);
+        memcpy(aside, sub, n);
+        aside[n] = '\0';
+    }
+    return moved;
+}

@@ -1,0 +1,672 @@
+/* dashboard.c - the run's history filled from psd's state, the JSON
+ * endpoints and page files served over HTTP, their access rule, and the
+ * ADMIN `history` command (see dashboard.h). */
+#include "server/report/dashboard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "server/store/history.h"
+#include "server/policy/join.h"
+#include "server/policy/policy.h"
+#include "proto/errors.h"
+
+#ifndef PSD_WEB_DIR
+#define PSD_WEB_DIR "/usr/local/share/psd/web"
+#endif
+
+#define SAMPLE_MS 1000          /* psd's series: one sample a second */
+#define WEB_FILE_MAX (4u << 20) /* largest page file served */
+#define LR_CURVE_POINTS 200     /* points of the learning-rate schedule */
+
+/* What the last tick saw of a worker, to notice joins, leaves and losses. */
+typedef struct seen_worker {
+    uint64_t joined_ms;
+    int state;
+} seen_worker;
+
+struct srv_dash {
+    srv_history *h;
+    int failed;                  /* out of memory once: logged, nothing kept */
+    uint64_t last_sample_ms;
+    uint64_t pushes, pulls, bytes_in, bytes_out; /* counters at the last sample */
+    uint64_t round_counts[SRV_HIST_MAX + 1];     /* round_seconds buckets then */
+    seen_worker *seen;           /* by shard */
+    uint32_t nseen;
+    int paused;
+    uint64_t checkpoints, checkpoint_failures;
+    ps_config cfg;               /* the settings the last tick saw */
+    uint8_t cookie[2][32];       /* read cookies derived from the secrets */
+    int ncookies;
+};
+
+static double since_start(const psd *s, uint64_t ms)
+{
+    return ms > s->start_ms ? (double)(ms - s->start_ms) / 1e3 : 0.0;
+}
+
+static const char *const worker_states[] = {"connected", "left", "lost"};
+
+/* HMAC-SHA256(secret, "psd-http-read-v1"): the cookie that stands for a
+ * secret shown once, so the secret itself is not kept by the browser. */
+static void read_cookie(const ps_token *t, uint8_t out[32])
+{
+    static const char label[] = "psd-http-read-v1";
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, t->b, t->len);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, sizeof label - 1);
+    crypto_auth_hmacsha256_final(&st, out);
+}
+
+static struct srv_dash *dash_get(psd *s)
+{
+    if (s->dash)
+        return s->dash->failed ? NULL : s->dash;
+    struct srv_dash *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    s->dash = d;
+    d->h = srv_history_new();
+    if (!d->h) {
+        d->failed = 1;
+        PS_LOG(PS_LOG_WARN, "dashboard: out of memory; psd keeps no history of this run");
+        return NULL;
+    }
+    d->cfg = s->cfg;
+    d->paused = s->paused;
+    d->checkpoints = s->stats.checkpoints;
+    d->checkpoint_failures = s->stats.checkpoint_failures;
+    d->pushes = s->stats.pushes;
+    d->pulls = s->stats.pulls;
+    d->bytes_in = s->stats.bytes_in;
+    d->bytes_out = s->stats.bytes_out;
+    memcpy(d->round_counts, s->stats.round_seconds.counts, sizeof d->round_counts);
+    d->last_sample_ms = srv_now_ms();
+    if (s->token.len)
+        read_cookie(&s->token, d->cookie[d->ncookies++]);
+    if (s->admin_token.len)
+        read_cookie(&s->admin_token, d->cookie[d->ncookies++]);
+    return d;
+}
+
+void srv_dash_free(psd *s)
+{
+    if (!s->dash)
+        return;
+    srv_history_free(s->dash->h);
+    free(s->dash->seen);
+    free(s->dash);
+    s->dash = NULL;
+}
+
+/* ---- recording ---------------------------------------------------------------- */
+
+static void sample(psd *s, struct srv_dash *d, uint64_t now)
+{
+    double dt = (double)(now - d->last_sample_ms) / 1e3;
+    if (dt <= 0)
+        return;
+    const srv_hist *rh = &s->stats.round_seconds;
+    uint64_t delta[SRV_HIST_MAX + 1];
+    for (unsigned i = 0; i <= rh->n; i++)
+        delta[i] = rh->counts[i] - d->round_counts[i];
+    double v[SRV_H_COLS];
+    v[SRV_H_PUSHES] = (double)(s->stats.pushes - d->pushes) / dt;
+    v[SRV_H_PULLS] = (double)(s->stats.pulls - d->pulls) / dt;
+    v[SRV_H_BYTES_IN] = (double)(s->stats.bytes_in - d->bytes_in) / dt;
+    v[SRV_H_BYTES_OUT] = (double)(s->stats.bytes_out - d->bytes_out) / dt;
+    v[SRV_H_LR] = s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr;
+    v[SRV_H_ROUND_P50] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.5);
+    v[SRV_H_ROUND_P99] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.99);
+    srv_series_add(&d->h->psd, since_start(s, now), s->model.version, v);
+    d->pushes = s->stats.pushes;
+    d->pulls = s->stats.pulls;
+    d->bytes_in = s->stats.bytes_in;
+    d->bytes_out = s->stats.bytes_out;
+    memcpy(d->round_counts, rh->counts, sizeof d->round_counts);
+    d->last_sample_ms = now;
+}
+
+static void note_workers(psd *s, struct srv_dash *d, uint64_t now)
+{
+    if (d->nseen < s->nworkers_cap) {
+        seen_worker *n = realloc(d->seen, s->nworkers_cap * sizeof *n);
+        if (!n)
+            return;
+        memset(n + d->nseen, 0, (s->nworkers_cap - d->nseen) * sizeof *n);
+        d->seen = n;
+        d->nseen = s->nworkers_cap;
+    }
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        const srv_worker *w = s->workers[i];
+        seen_worker *sw = &d->seen[i];
+        if (!w || (w->joined_ms == sw->joined_ms && w->state == sw->state))
+            continue;
+        if (w->joined_ms != sw->joined_ms)
+            srv_history_event(d->h, since_start(s, w->joined_ms), s->model.version, "joined",
+                              "worker %u/%u joined from %s%s", w->shard, w->nshards, w->addr,
+                              w->shm ? " (shared memory)" : "");
+        if (w->state != SRV_W_CONNECTED)
+            srv_history_event(d->h, since_start(s, now), s->model.version, worker_states[w->state],
+                              "worker %u/%u %s: %s", w->shard, w->nshards, worker_states[w->state], w->why);
+        sw->joined_ms = w->joined_ms;
+        sw->state = w->state;
+    }
+}
+
+static void note_settings(psd *s, struct srv_dash *d, uint64_t now)
+{
+    if (memcmp(&d->cfg, &s->cfg, sizeof d->cfg) == 0)
+        return;
+    size_t n;
+    const ps_config_option *o = ps_config_options(&n);
+    char text[SRV_EVENT_TEXT] = "", was[64], is[64];
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!ps_config_differs(&d->cfg, &s->cfg, &o[i]))
+            continue;
+        ps_config_format(&d->cfg, &o[i], was, sizeof was);
+        ps_config_format(&s->cfg, &o[i], is, sizeof is);
+        if (used < sizeof text)
+            used += (size_t)snprintf(text + used, sizeof text - used, "%s%s: %s -> %s", used ? ", " : "",
+                                     o[i].name, was, is);
+    }
+    if (text[0])
+        srv_history_event(d->h, since_start(s, now), s->model.version, "settings", "%s", text);
+    d->cfg = s->cfg;
+}
+
+/* Notes what changed since the last look as events. */
+static void note_events(psd *s, struct srv_dash *d, uint64_t now)
+{
+    note_workers(s, d, now);
+    if (s->paused != d->paused) {
+        srv_history_event(d->h, since_start(s, now), s->model.version, s->paused ? "paused" : "resumed",
+                          s->paused ? "paused by an admin" : "resumed by an admin");
+        d->paused = s->paused;
+    }
+    if (s->stats.checkpoints != d->checkpoints) {
+        srv_history_event(d->h, since_start(s, s->stats.checkpoint_ms), s->stats.checkpoint_version, "checkpoint",
+                          "checkpoint of version %" PRIu64 " written", s->stats.checkpoint_version);
+        d->checkpoints = s->stats.checkpoints;
+    }
+    if (s->stats.checkpoint_failures != d->checkpoint_failures) {
+        srv_history_event(d->h, since_start(s, now), s->model.version, "checkpoint",
+                          "a checkpoint failed (psd's log says why)");
+        d->checkpoint_failures = s->stats.checkpoint_failures;
+    }
+    note_settings(s, d, now);
+}
+
+void srv_dash_notice(psd *s)
+{
+    struct srv_dash *d = dash_get(s);
+    if (d)
+        note_events(s, d, srv_now_ms());
+}
+
+void srv_dash_tick(psd *s, uint64_t now)
+{
+    struct srv_dash *d = dash_get(s);
+    if (!d)
+        return;
+    note_events(s, d, now);
+    if (now - d->last_sample_ms >= SAMPLE_MS)
+        sample(s, d, now);
+}
+
+void srv_dash_report(psd *s, const srv_worker *w, int has_acc, int epoch_end)
+{
+    struct srv_dash *d = dash_get(s);
+    if (!d)
+        return;
+    srv_worker_hist *wh = srv_history_worker(d->h, w->shard);
+    if (!wh)
+        return;
+    double t = since_start(s, srv_now_ms());
+    double tr[3] = {w->loss, w->rate, (double)w->samples};
+    if (!epoch_end)
+        wh->interval_reports = 1;
+    if (!epoch_end || !wh->interval_reports)
+        srv_series_add(&wh->train, t, s->model.version, tr);
+    if (has_acc) {
+        double ev[2] = {w->acc, w->tloss};
+        srv_series_add(&wh->eval, t, s->model.version, ev);
+    }
+}
+
+/* ---- access ------------------------------------------------------------------- */
+
+/* Constant-time equality of a[0..alen) and b[0..blen). */
+static int secret_equal(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+    if (alen != blen)
+        return 0;
+    return sodium_memcmp(a, b, alen) == 0;
+}
+
+/* Which secret p[0..n) is: 0 the workers', 1 the admins' (the order of
+ * srv_dash.cookie), -1 neither. */
+static int which_secret(const psd *s, const uint8_t *p, size_t n)
+{
+    if (s->token.len && secret_equal(p, n, s->token.b, s->token.len))
+        return 0;
+    if (s->admin_token.len && secret_equal(p, n, s->admin_token.b, s->admin_token.len))
+        return 1;
+    return -1;
+}
+
+static int hexval(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The value of key in a query string, percent-decoded into out (at most
+ * outlen bytes); its length, or -1 when absent or too long. */
+static long query_param(const char *query, const char *key, uint8_t *out, size_t outlen)
+{
+    size_t klen = strlen(key);
+    for (const char *p = query; *p;) {
+        const char *amp = strchr(p, '&');
+        size_t len = amp ? (size_t)(amp - p) : strlen(p);
+        if (len > klen && memcmp(p, key, klen) == 0 && p[klen] == '=') {
+            size_t n = 0;
+            for (size_t i = klen + 1; i < len; i++) {
+                int c = (unsigned char)p[i];
+                if (c == '%' && i + 2 < len && hexval(p[i + 1]) >= 0 && hexval(p[i + 2]) >= 0) {
+                    c = hexval(p[i + 1]) * 16 + hexval(p[i + 2]);
+                    i += 2;
+                } else if (c == '+') {
+                    c = ' ';
+                }
+                if (n == outlen)
+                    return -1;
+                out[n++] = (uint8_t)c;
+            }
+            return (long)n;
+        }
+        p += len + (amp != NULL);
+    }
+    return -1;
+}
+
+/* The value of cookie name in a Cookie header, or NULL; *len its length. */
+static const char *cookie_value(const char *header, const char *name, size_t *len)
+{
+    size_t nlen = strlen(name);
+    for (const char *p = header; *p;) {
+        while (*p == ' ' || *p == ';')
+            p++;
+        const char *end = strchr(p, ';');
+        size_t l = end ? (size_t)(end - p) : strlen(p);
+        if (l > nlen && memcmp(p, name, nlen) == 0 && p[nlen] == '=') {
+            *len = l - nlen - 1;
+            return p + nlen + 1;
+        }
+        p += l;
+    }
+    return NULL;
+}
+
+int srv_dash_authorized(psd *s, const srv_http_req *q, srv_http_resp *r)
+{
+    if (!s->token.len)
+        return 1;
+    struct srv_dash *d = dash_get(s);
+    const char *a = q->authorization;
+    if (strncasecmp(a, "Bearer ", 7) == 0 && which_secret(s, (const uint8_t *)a + 7, strlen(a + 7)) >= 0)
+        return 1;
+    uint8_t tok[PS_TOKEN_MAX];
+    long n = query_param(q->query, "token", tok, sizeof tok);
+    int which = n > 0 ? which_secret(s, tok, (size_t)n) : -1;
+    sodium_memzero(tok, sizeof tok);
+    if (which >= 0) {
+        if (d && which < d->ncookies) {
+            /* the page's own requests then carry this cookie, not the secret */
+            char hex[65];
+            sodium_bin2hex(hex, sizeof hex, d->cookie[which], 32);
+            snprintf(r->extra, sizeof r->extra, "Set-Cookie: psd_read=%s; Path=/; HttpOnly; SameSite=Strict\r\n",
+                     hex);
+            if (strcmp(q->path, "/") == 0 || strcmp(q->path, "/index.html") == 0) {
+                /* the page again without the secret in the address bar (and history) */
+                size_t used = strlen(r->extra);
+                snprintf(r->extra + used, sizeof r->extra - used, "Location: /\r\n");
+                r->code = 303;
+                r->reason = "See Other";
+                r->ctype = "text/plain; charset=utf-8";
+                r->body.len = 0;
+                srv_json_raw(&r->body, "see /\n");
+                return 0;
+            }
+        }
+        return 1;
+    }
+    size_t clen;
+    const char *cv = cookie_value(q->cookie, "psd_read", &clen);
+    if (d && cv && clen == 64) {
+        uint8_t bin[32];
+        if (sodium_hex2bin(bin, sizeof bin, cv, clen, NULL, NULL, NULL) == 0)
+            for (int i = 0; i < d->ncookies; i++)
+                if (sodium_memcmp(bin, d->cookie[i], 32) == 0)
+                    return 1;
+    }
+    static const char msg[] =
+        "401 unauthorized: psd requires its token for HTTP too. Open the page as http://ADDRESS/?token=SECRET "
+        "(SECRET: the contents of psd's token_file), or send the header Authorization: Bearer SECRET.\n";
+    /* a browser asking for the page gets a form that asks for the token */
+    static const char page[] =
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>psd: token needed</title>"
+        "<link rel=\"icon\" href=\"data:,\"></head><body style=\"font-family:sans-serif;margin:2em\">"
+        "<h1>401: psd needs its token</h1><p>This psd has a token_file: show its contents (the workers' or the "
+        "admins' secret) to see the dashboard. The page then keeps a cookie derived from it, not the secret.</p>"
+        "<form method=\"get\" action=\"/\"><input type=\"password\" name=\"token\" size=\"40\" "
+        "autocomplete=\"off\"> <button>open</button></form></body></html>\n";
+    int html = strcmp(q->path, "/") == 0 || strcmp(q->path, "/index.html") == 0;
+    r->code = 401;
+    r->reason = "Unauthorized";
+    r->ctype = html ? "text/html; charset=utf-8" : "text/plain; charset=utf-8";
+    snprintf(r->extra, sizeof r->extra, "WWW-Authenticate: Bearer realm=\"psd\"\r\n");
+    r->body.len = 0;
+    srv_json_raw(&r->body, html ? page : msg);
+    return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+static void resp_text(srv_http_resp *r, int code, const char *reason, const char *text)
+{
+    r->code = code;
+    r->reason = reason;
+    r->ctype = "text/plain; charset=utf-8";
+    r->body.len = 0;
+    srv_json_raw(&r->body, text);
+}
+
+/* The page's files: a fixed list, so no path from a request reaches the
+ * file system. */
+static const struct {
+    const char *path, *file, *ctype;
+} web_files[] = {
+    {"/", "index.html", "text/html; charset=utf-8"},
+    {"/index.html", "index.html", "text/html; charset=utf-8"},
+    {"/app.js", "app.js", "text/javascript; charset=utf-8"},
+    {"/style.css", "style.css", "text/css; charset=utf-8"},
+    {"/uplot/uPlot.iife.min.js", "uplot/uPlot.iife.min.js", "text/javascript; charset=utf-8"},
+    {"/uplot/uPlot.min.css", "uplot/uPlot.min.css", "text/css; charset=utf-8"},
+};
+
+/* Where the page's files are: web_root when set; else ../share/psd/web
+ * from the directory of psd's executable, where `cmake --install` puts them
+ * (PREFIX/bin/psd) and the build copies them (<build>/server/psd), when it
+ * exists; else the install directory the build was configured for. */
+static const char *web_dir(const psd *s)
+{
+    static char found[PS_CONFIG_PATH_MAX];
+    static int looked;
+    if (s->cfg.web_root[0])
+        return s->cfg.web_root;
+    if (!looked) {
+        looked = 1;
+        char exe[PS_CONFIG_PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n > 0 ? n : 0] = '\0';
+        char *slash = strrchr(exe, '/');
+        struct stat st;
+        if (slash) {
+            *slash = '\0';
+            if ((size_t)snprintf(found, sizeof found, "%s/../share/psd/web", exe) >= sizeof found ||
+                stat(found, &st) != 0 || !S_ISDIR(st.st_mode))
+                found[0] = '\0';
+        }
+    }
+    return found[0] ? found : PSD_WEB_DIR;
+}
+
+/* Reads web_dir()/file into r's body (files are small; read on the loop). */
+static void serve_file(psd *s, const char *file, const char *ctype, srv_http_resp *r)
+{
+    char path[PS_CONFIG_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", web_dir(s), file);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > WEB_FILE_MAX) {
+        char msg[sizeof path + 400];
+        snprintf(msg, sizeof msg,
+                 "psd cannot read %s: %s. The dashboard's files are installed by `cmake --install` (uPlot is "
+                 "fetched by scripts/setup.sh); set web_root to the directory that holds them.\n",
+                 path, fd < 0 ? strerror(errno) : "not a regular file of at most 4 MiB");
+        PS_LOG(PS_LOG_WARN, "dashboard: cannot read %s: %s", path, fd < 0 ? strerror(errno) : "not a small file");
+        if (fd >= 0)
+            close(fd);
+        resp_text(r, 404, "Not Found", msg);
+        return;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    if (ps_buf_reserve(&r->body, size + 1) != 0) {
+        close(fd);
+        resp_text(r, 500, "Internal Server Error", "out of memory\n");
+        return;
+    }
+    while (got < size) {
+        ssize_t k = read(fd, r->body.p + got, size - got);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    close(fd);
+    if (got != size) {
+        resp_text(r, 500, "Internal Server Error", "the file changed while psd read it\n");
+        return;
+    }
+    r->body.len = size;
+    r->code = 200;
+    r->reason = "OK";
+    r->ctype = ctype;
+}
+
+static int kv_str(ps_buf *b, const char *k, const char *v)
+{
+    return ps_buf_printf(b, "\"%s\": ", k) | srv_json_str(b, v) | srv_json_raw(b, ", ");
+}
+
+static int kv_num(ps_buf *b, const char *k, double v)
+{
+    return ps_buf_printf(b, "\"%s\": ", k) | srv_json_num(b, v) | srv_json_raw(b, ", ");
+}
+
+static int kv_u64(ps_buf *b, const char *k, uint64_t v)
+{
+    return ps_buf_printf(b, "\"%s\": %" PRIu64 ", ", k, v);
+}
+
+static int kv_bool(ps_buf *b, const char *k, int v)
+{
+    return ps_buf_printf(b, "\"%s\": %s, ", k, v ? "true" : "false");
+}
+
+/* Where the learning-rate curve ends: past the schedule's own length, and
+ * a quarter past the current version. */
+static uint64_t lr_horizon(const psd *s)
+{
+    const ps_config *c = &s->cfg;
+    uint64_t h = s->model.version + s->model.version / 4 + 10;
+    uint64_t sched = c->warmup_versions;
+    if (c->lr_schedule == PS_LR_COSINE)
+        sched += c->lr_decay_versions + c->lr_decay_versions / 10;
+    else if (c->lr_schedule == PS_LR_STEP)
+        sched += 4 * c->lr_step_size;
+    else
+        sched += c->warmup_versions;
+    return h > sched ? h : sched;
+}
+
+static int setting(ps_buf *b, const psd *s, const char *name)
+{
+    char v[PS_CONFIG_VALUE_MAX];
+    const ps_config_option *o = ps_config_find(name);
+    if (!o)
+        return 0;
+    ps_config_format(&s->cfg, o, v, sizeof v);
+    return kv_str(b, name, v);
+}
+
+static int job_json(psd *s, ps_buf *b)
+{
+    uint64_t now = srv_now_ms();
+    int rc = srv_json_raw(b, "{");
+    rc |= kv_str(b, "mode", s->policy->name);
+    rc |= kv_str(b, "optimizer",
+                 s->model.nblk ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
+    rc |= kv_num(b, "lr", s->cfg.lr);
+    rc |= kv_num(b, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+    rc |= srv_json_raw(b, "\"schedule\": {");
+    rc |= setting(b, s, "lr_schedule");
+    rc |= setting(b, s, "warmup_versions");
+    rc |= setting(b, s, "lr_step_size");
+    rc |= setting(b, s, "lr_gamma");
+    rc |= setting(b, s, "lr_decay_versions");
+    rc |= setting(b, s, "lr_min");
+    b->len -= 2; /* the last ", " */
+    rc |= srv_json_raw(b, "}, \"lr_curve\": {\"version\": [");
+    uint64_t hz = lr_horizon(s);
+    uint64_t np = hz + 1 < LR_CURVE_POINTS ? hz + 1 : LR_CURVE_POINTS; /* distinct versions */
+    for (uint64_t i = 0; s->model.nblk && i < np; i++)
+        rc |= ps_buf_printf(b, "%s%" PRIu64, i ? ", " : "", hz * i / (np - 1));
+    rc |= srv_json_raw(b, "], \"lr\": [");
+    for (uint64_t i = 0; s->model.nblk && i < np; i++) {
+        rc |= srv_json_raw(b, i ? ", " : "");
+        rc |= srv_json_num(b, srv_optim_lr(&s->model.opt, hz * i / (np - 1)));
+    }
+    rc |= srv_json_raw(b, "]}, ");
+    rc |= kv_u64(b, "version", s->model.version);
+    rc |= kv_u64(b, "parameters", s->model.has_layout ? s->model.layout.total : 0);
+    rc |= kv_num(b, "uptime", (double)(now - s->start_ms) / 1e3);
+    rc |= kv_bool(b, "paused", s->paused);
+    rc |= kv_bool(b, "initialized", s->model.initialized);
+    rc |= kv_u64(b, "workers_expected", (uint64_t)s->cfg.workers);
+    rc |= kv_u64(b, "pushes", s->stats.pushes);
+    rc |= kv_num(b, "push_rate", s->stats.push_rate);
+    rc |= kv_u64(b, "rounds", s->stats.rounds);
+    rc |= kv_u64(b, "checkpoints", s->stats.checkpoints);
+    uint32_t miss[64];
+    uint32_t nmiss = srv_join_missing(s, miss, 64);
+    rc |= srv_json_raw(b, "\"waiting_for\": [");
+    for (uint32_t i = 0; i < nmiss && i < 64; i++)
+        rc |= ps_buf_printf(b, "%s%u", i ? ", " : "", miss[i]);
+    rc |= srv_json_raw(b, "], ");
+    rc |= kv_num(b, "join_wait", (double)srv_join_waited(s, now) / 1e3);
+    const srv_hist *st = &s->stats.staleness;
+    rc |= srv_json_raw(b, "\"staleness\": {\"bounds\": [");
+    for (unsigned i = 0; i < st->n; i++)
+        rc |= ps_buf_printf(b, "%s%g", i ? ", " : "", st->bounds[i]);
+    rc |= srv_json_raw(b, "], \"counts\": [");
+    for (unsigned i = 0; i <= st->n; i++)
+        rc |= ps_buf_printf(b, "%s%" PRIu64, i ? ", " : "", st->counts[i]);
+    rc |= srv_json_raw(b, "]}, \"workers\": [");
+    int first = 1;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        const srv_worker *w = s->workers[i];
+        if (!w)
+            continue;
+        rc |= srv_json_raw(b, first ? "{" : ", {");
+        first = 0;
+        rc |= kv_u64(b, "shard", w->shard);
+        rc |= kv_u64(b, "shards", w->nshards);
+        rc |= kv_str(b, "state", worker_states[w->state]);
+        rc |= kv_str(b, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
+        rc |= kv_str(b, "address", w->addr);
+        rc |= kv_str(b, "transport", w->shm ? "shm" : "tcp");
+        rc |= kv_u64(b, "pushes", w->pushes);
+        rc |= kv_u64(b, "epoch", w->epoch);
+        rc |= kv_u64(b, "samples", w->samples);
+        rc |= kv_num(b, "samples_per_second", w->has_report ? w->rate : NAN);
+        rc |= kv_num(b, "loss", w->has_report ? w->loss : NAN);
+        rc |= kv_num(b, "accuracy", w->has_acc ? w->acc : NAN);
+        rc |= kv_u64(b, "staleness", w->staleness);
+        rc |= ps_buf_printf(b, "\"last_seen\": %.3f}", (double)(now - w->last_seen_ms) / 1e3);
+    }
+    return rc | srv_json_raw(b, "]}\n");
+}
+
+static void resp_json(srv_http_resp *r, int rc)
+{
+    if (rc) {
+        resp_text(r, 500, "Internal Server Error", "out of memory\n");
+        return;
+    }
+    r->code = 200;
+    r->reason = "OK";
+    r->ctype = "application/json";
+}
+
+void srv_dash_serve(psd *s, const srv_http_req *q, srv_http_resp *r)
+{
+    /* the page loads nothing from elsewhere and talks to nothing else */
+    snprintf(r->extra + strlen(r->extra), sizeof r->extra - strlen(r->extra),
+             "Content-Security-Policy: default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+             "frame-ancestors 'none'\r\nX-Content-Type-Options: nosniff\r\n");
+    if (strcmp(q->path, "/api/job") == 0) {
+        resp_json(r, job_json(s, &r->body));
+        return;
+    }
+    if (strcmp(q->path, "/api/history") == 0) {
+        struct srv_dash *d = dash_get(s);
+        if (!d) {
+            resp_text(r, 503, "Service Unavailable", "psd keeps no history: it ran out of memory\n");
+            return;
+        }
+        resp_json(r, srv_history_write(d->h, SRV_HFMT_JSON, &r->body));
+        return;
+    }
+    for (size_t i = 0; i < sizeof web_files / sizeof web_files[0]; i++) {
+        if (strcmp(q->path, web_files[i].path) == 0) {
+            serve_file(s, web_files[i].file, web_files[i].ctype, r);
+            return;
+        }
+    }
+    resp_text(r, 404, "Not Found",
+              "not found: psd serves its dashboard at /, its JSON at /api/job and /api/history, and its metrics at "
+              "/metrics\n");
+}
+
+/* ---- psctl history --------------------------------------------------------------------- */
+
+int srv_dash_history_text(psd *s, const ps_msg *m, ps_buf *text, char *err, size_t errlen)
+{
+    int fmt = SRV_HFMT_TABLE;
+    if (m->nargs > 1) {
+        snprintf(err, errlen, "history: at most one argument: json, csv or table");
+        return PS_EBAD_FIELD;
+    }
+    if (m->nargs == 1) {
+        const ps_str *a = &m->args[0];
+        if (a->len == 4 && memcmp(a->p, "json", 4) == 0)
+            fmt = SRV_HFMT_JSON;
+        else if (a->len == 3 && memcmp(a->p, "csv", 3) == 0)
+            fmt = SRV_HFMT_CSV;
+        else if (!(a->len == 5 && memcmp(a->p, "table", 5) == 0)) {
+            snprintf(err, errlen, "history: unknown form '%.*s' (json, csv or table)",
+                     (int)(a->len > 40 ? 40 : a->len), a->p);
+            return PS_EBAD_FIELD;
+        }
+    }
+    struct srv_dash *d = dash_get(s);
+    if (!d || srv_history_write(d->h, fmt, text) != 0 || text->len > UINT32_MAX) {
+        ps_buf_free(text);
+        snprintf(err, errlen, "history: out of memory");
+        return PS_ENOMEM;
+    }
+    return 0;
+}

@@ -1,0 +1,286 @@
+/* status.c - what psctl shows: the status map (STATUS_REPLY body) and the
+ * Prometheus text exposition (METRICS_REPLY, later also over HTTP). */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "server/policy/join.h"
+#include "server/policy/policy.h"
+#include "proto/errors.h"
+#include "server/store/psd.h"
+#include "server/report/status.h"
+
+static const char *const worker_states[] = {"connected", "left", "lost"};
+
+int srv_pack_status(msgpack_packer *pk, void *arg)
+{
+    psd *s = arg;
+    uint64_t now = srv_now_ms();
+    uint64_t params = s->model.has_layout ? s->model.layout.total : 0;
+    uint32_t nw = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        nw += s->workers[i] != NULL;
+    char listen[300];
+    snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
+
+    msgpack_pack_map(pk, 33);
+    ps_pack_key(pk, "init_from"); /* the safetensors file the model came from at start */
+    if (s->model_file[0])
+        msgpack_pack_str_with_body(pk, s->model_file, strlen(s->model_file));
+    else
+        msgpack_pack_nil(pk);
+    /* the shards psd waits for (bsp, ssp: never joined), and how long */
+    uint32_t miss[64];
+    uint32_t nmiss = srv_join_missing(s, miss, 64);
+    ps_pack_key(pk, "waiting_for");
+    msgpack_pack_array(pk, nmiss < 64 ? nmiss : 64);
+    for (uint32_t i = 0; i < nmiss && i < 64; i++)
+        msgpack_pack_uint32(pk, miss[i]);
+    ps_pack_kf64(pk, "join_wait", (double)srv_join_waited(s, now) / 1000.0);
+    ps_pack_kf64(pk, "join_timeout", (double)s->cfg.join_timeout / 1000.0);
+        ps_pack_key(pk, "plan"); /* the job's plan and where it stands (BSP) */
+    if (s->plan.set && s->cfg.mode == PS_MODE_BSP) {
+        const srv_plan *pl = &s->plan;
+        uint64_t r = s->model.version < pl->rounds ? s->model.version : pl->rounds;
+        msgpack_pack_map(pk, 9);
+        ps_pack_ku64(pk, "epochs", pl->p.epochs);
+        ps_pack_ku64(pk, "samples", pl->p.samples);
+        ps_pack_ku64(pk, "batch", pl->p.batch);
+        ps_pack_ku64(pk, "seed", pl->p.seed);
+        ps_pack_ku64(pk, "rounds", pl->rounds);
+        ps_pack_ku64(pk, "rounds_per_epoch", pl->per_epoch);
+        ps_pack_ku64(pk, "epoch", r / pl->per_epoch);
+        ps_pack_ku64(pk, "round_workers", pl->round == s->model.version ? pl->nmembers : 0);
+        ps_pack_key(pk, "done");
+        if (srv_plan_done(s))
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+    } else {
+        msgpack_pack_nil(pk);
+    }
+    ps_pack_key(pk, "resumed_from"); /* the checkpoint the model came from at start */
+    if (s->resumed_from[0])
+        msgpack_pack_str_with_body(pk, s->resumed_from, strlen(s->resumed_from));
+    else
+        msgpack_pack_nil(pk);
+    ps_pack_key(pk, "resumed_version");
+    if (s->resumed_from[0])
+        msgpack_pack_uint64(pk, s->resumed_version);
+    else
+        msgpack_pack_nil(pk);
+    ps_pack_kf64(pk, "lr", s->cfg.lr);
+    ps_pack_kf64(pk, "lr_current", s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+    ps_pack_key(pk, "paused");
+    if (s->paused)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_kstr(pk, "metrics_listen", s->http_addr); /* http.c, a layer above, writes it */
+    ps_pack_ku64(pk, "dropped_pushes", s->stats.dropped_pushes);
+    ps_pack_key(pk, "checkpoint_version");
+    if (s->stats.checkpoint_ms)
+        msgpack_pack_uint64(pk, s->stats.checkpoint_version);
+    else
+        msgpack_pack_nil(pk);
+    ps_pack_key(pk, "state_dir");
+    if (s->cfg.state_dir[0])
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_kf64(pk, "checkpoint_age", s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1000.0 : -1.0);
+    ps_pack_ku64(pk, "heartbeat_timeout_ms", s->cfg.heartbeat_timeout);
+    ps_pack_kstr(pk, "mode", s->policy->name);
+    ps_pack_ku64(pk, "version", s->model.version);
+    ps_pack_ku64(pk, "parameters", params);
+    ps_pack_ku64(pk, "bytes", params * 4);
+    ps_pack_ku64(pk, "optimizer_state_bytes", s->model.nblk ? srv_optim_state_bytes(&s->model.opt) : 0);
+    ps_pack_kstr(pk, "optimizer",
+         s->model.nblk ? srv_optim_name(&s->model.opt) : srv_optim_kind_name(s->cfg.optimizer));
+    ps_pack_key(pk, "initialized");
+    if (s->model.initialized)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_kstr(pk, "listen", listen);
+    ps_pack_kf64(pk, "uptime", (double)(now - s->start_ms) / 1000.0);
+    ps_pack_ku64(pk, "workers_expected", (uint64_t)s->cfg.workers);
+    ps_pack_ku64(pk, "connections", s->nconns);
+    ps_pack_ku64(pk, "pushes", s->stats.pushes);
+    ps_pack_ku64(pk, "pulls", s->stats.pulls);
+    ps_pack_kf64(pk, "push_rate", s->stats.push_rate);
+    ps_pack_kf64(pk, "pull_rate", s->stats.pull_rate);
+    ps_pack_ku64(pk, "rounds", s->stats.rounds);
+    ps_pack_key(pk, "workers");
+    msgpack_pack_array(pk, nw);
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        srv_worker *w = s->workers[i];
+        if (!w)
+            continue;
+        msgpack_pack_map(pk, 15);
+        ps_pack_ku64(pk, "shard", w->shard);
+        ps_pack_ku64(pk, "clock", w->clock);
+        ps_pack_kstr(pk, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
+        ps_pack_ku64(pk, "shards", w->nshards);
+        ps_pack_kstr(pk, "state", worker_states[w->state]);
+        ps_pack_kstr(pk, "address", w->addr);
+        ps_pack_kstr(pk, "transport", w->shm ? "shm" : "tcp");
+        ps_pack_ku64(pk, "pushes", w->pushes);
+        ps_pack_kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
+        ps_pack_ku64(pk, "epoch", w->epoch);
+        ps_pack_key(pk, "loss");
+        if (w->has_report)
+            msgpack_pack_double(pk, w->loss);
+        else
+            msgpack_pack_nil(pk);
+        ps_pack_key(pk, "accuracy");
+        if (w->has_acc)
+            msgpack_pack_double(pk, w->acc);
+        else
+            msgpack_pack_nil(pk);
+        ps_pack_key(pk, "test_loss");
+        if (w->has_acc)
+            msgpack_pack_double(pk, w->tloss);
+        else
+            msgpack_pack_nil(pk);
+        ps_pack_ku64(pk, "samples", w->samples);
+        ps_pack_kf64(pk, "samples_per_second", w->rate);
+    }
+    return 0;
+}
+
+/* ---- Prometheus text ------------------------------------------------------ */
+
+static int family(ps_buf *b, const char *name, const char *type, const char *help)
+{
+    return ps_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static int hist_text(ps_buf *b, const char *name, const char *help, const srv_hist *h)
+{
+    int rc = family(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (unsigned i = 0; i < h->n; i++) {
+        cum += h->counts[i];
+        rc |= ps_buf_printf(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, h->bounds[i], cum);
+    }
+    rc |= ps_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->total);
+    rc |= ps_buf_printf(b, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, h->sum, name, h->total);
+    return rc;
+}
+
+int srv_metrics_text(psd *s, ps_buf *b)
+{
+    int rc = 0;
+    uint64_t now = srv_now_ms();
+    if (ps_buf_reserve(b, 4096) != 0)
+        return PS_ENOMEM;
+#define SIMPLE(name, type, help, fmt, val)                   \
+    do {                                                     \
+        rc |= family(b, name, type, help);                   \
+        rc |= ps_buf_printf(b, "%s " fmt "\n", name, val);             \
+    } while (0)
+    SIMPLE("psd_pushes_total", "counter", "Gradient pushes accepted (one per worker step).", "%" PRIu64,
+           s->stats.pushes);
+    SIMPLE("psd_pulls_total", "counter", "Parameter pulls answered.", "%" PRIu64, s->stats.pulls);
+    SIMPLE("psd_received_bytes_total", "counter", "Bytes of frames received.", "%" PRIu64, s->stats.bytes_in);
+    SIMPLE("psd_sent_bytes_total", "counter", "Bytes of frames queued for sending.", "%" PRIu64,
+           s->stats.bytes_out);
+    SIMPLE("psd_rounds_total", "counter", "BSP rounds closed.", "%" PRIu64, s->stats.rounds);
+    SIMPLE("psd_connections_accepted_total", "counter", "TCP connections accepted.", "%" PRIu64,
+           s->stats.connections);
+    SIMPLE("psd_connections", "gauge", "Open TCP connections.", "%u", s->nconns);
+    SIMPLE("psd_model_version", "gauge", "Updates applied to the model.", "%" PRIu64, s->model.version);
+    SIMPLE("psd_model_parameters", "gauge", "Parameters in the model.", "%" PRIu64,
+           s->model.has_layout ? s->model.layout.total : 0);
+    SIMPLE("psd_uptime_seconds", "gauge", "Seconds since psd started.", "%.3f", (double)(now - s->start_ms) / 1e3);
+    SIMPLE("psd_paused", "gauge", "1 while an admin has paused the workers (psctl pause), else 0.", "%d",
+           s->paused ? 1 : 0);
+    SIMPLE("psd_learning_rate", "gauge", "Learning rate of the next update (lr after the schedule).", "%.9g",
+           s->model.nblk ? srv_optim_lr(&s->model.opt, s->model.version) : s->cfg.lr);
+
+    rc |= family(b, "psd_rejected_messages_total", "counter", "Messages refused with an error reply, by reason.");
+    for (int code = 1; code < 32; code++) {
+        const char *name = ps_errname(-code);
+        if (strcmp(name, "UNKNOWN") == 0)
+            continue;
+        char lower[32];
+        size_t i = 0;
+        for (; name[i] && i < sizeof lower - 1; i++)
+            lower[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] + 32 : name[i]);
+        lower[i] = '\0';
+        rc |= ps_buf_printf(b, "psd_rejected_messages_total{reason=\"%s\"} %" PRIu64 "\n", lower, s->stats.rejected[code]);
+    }
+
+    uint32_t counts[3] = {0, 0, 0};
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i])
+            counts[s->workers[i]->state]++;
+    rc |= family(b, "psd_workers", "gauge", "Workers by state.");
+    for (int st = 0; st < 3; st++)
+        rc |= ps_buf_printf(b, "psd_workers{state=\"%s\"} %u\n", worker_states[st], counts[st]);
+
+    rc |= family(b, "psd_worker_loss", "gauge", "Last training loss a worker reported.");
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->has_report)
+            rc |= ps_buf_printf(b, "psd_worker_loss{shard=\"%u\"} %.6g\n", i, s->workers[i]->loss);
+    rc |= family(b, "psd_worker_test_accuracy_ratio", "gauge", "Last test accuracy a worker reported (0..1).");
+    for (uint32_t i = 0; i < s->nworkers_cap; i++)
+        if (s->workers[i] && s->workers[i]->has_acc)
+            rc |= ps_buf_printf(b, "psd_worker_test_accuracy_ratio{shard=\"%u\"} %.6g\n", i, s->workers[i]->acc);
+    SIMPLE("psd_dropped_pushes_total", "counter", "Pushes dropped because their BSP round had closed.",
+           "%" PRIu64, s->stats.dropped_pushes);
+    SIMPLE("psd_worker_joins_total", "counter", "Workers that joined or rejoined.", "%" PRIu64,
+           s->stats.worker_joins);
+    SIMPLE("psd_worker_leaves_total", "counter", "Workers that said bye.", "%" PRIu64, s->stats.worker_leaves);
+    SIMPLE("psd_worker_deaths_total", "counter",
+           "Workers lost: connection closed without bye, or silent past heartbeat_timeout.", "%" PRIu64,
+           s->stats.worker_deaths);
+    SIMPLE("psd_wire_zeros_elided_total", "counter",
+           "Values received as zeros left out of the data (float32 without zeros, dt 2): never on the wire.",
+           "%" PRIu64, s->stats.zeros_elided);
+    SIMPLE("psd_wire_zstd_received_bytes_total", "counter",
+           "Bytes of compressed float32 data received (dt 3), as they came over the wire.", "%" PRIu64,
+           s->stats.zstd_in);
+    SIMPLE("psd_wire_zstd_float_bytes_total", "counter",
+           "The float32 bytes those decompressed to: the ratio of the two is what compression saved.", "%" PRIu64,
+           s->stats.zstd_out);
+    SIMPLE("psd_wire_zstd_sent_bytes_total", "counter",
+           "Bytes of compressed float32 parameters sent (rdt 3), as they went over the wire.", "%" PRIu64,
+           s->stats.zstd_sent);
+    SIMPLE("psd_wire_zstd_sent_float_bytes_total", "counter",
+           "The float32 bytes those were compressed from.", "%" PRIu64, s->stats.zstd_sent_raw);
+    SIMPLE("psd_sanitized_pushes_total", "counter",
+           "Pushes holding NaN or infinity that were sanitised and applied (nonfinite = clip).", "%" PRIu64,
+           s->stats.sanitized_pushes);
+    SIMPLE("psd_nonfinite_updates_total", "counter",
+           "Updates whose result would have made parameters or optimizer state infinite or NaN: refused "
+           "(nonfinite = reject).",
+           "%" PRIu64, s->stats.nonfinite_updates);
+    SIMPLE("psd_clipped_updates_total", "counter",
+           "Updates whose infinite or NaN results were made finite (nonfinite = clip).", "%" PRIu64,
+           s->stats.clipped_updates);
+    rc |= family(b, "psd_disconnects_total", "counter",
+                 "Connections psd closed: a client that stopped reading its replies (output_buffer) or an admin "
+                 "silent past idle_timeout (idle).");
+    rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
+    rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
+    SIMPLE("psd_bsp_early_pieces_total", "counter",
+           "BSP round pieces (bsp_piece) applied before their round closed.", "%" PRIu64, s->stats.early_pieces);
+    SIMPLE("psd_barriers_total", "counter",
+           "BARRIERs answered: steps at which a worker of a BSP job over a split model waited for the others.",
+           "%" PRIu64, s->stats.barriers);
+    SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
+    SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,
+           s->stats.checkpoint_failures);
+    rc |= family(b, "psd_checkpoint_age_seconds", "gauge",
+                 "Seconds since the last checkpoint was written (-1: none yet).");
+    rc |= ps_buf_printf(b, "psd_checkpoint_age_seconds %.3f\n",
+              s->stats.checkpoint_ms ? (double)(now - s->stats.checkpoint_ms) / 1e3 : -1.0);
+    rc |= hist_text(b, "psd_push_staleness_versions", "Model versions applied between a push's base and its arrival.",
+                    &s->stats.staleness);
+    rc |= hist_text(b, "psd_round_duration_seconds", "Duration of closed BSP rounds.", &s->stats.round_seconds);
+#undef SIMPLE
+    return rc ? PS_ENOMEM : 0;
+}

@@ -1,0 +1,277 @@
+/* model.c - the parameter store: the layout, the parameters in
+ * copy-on-write blocks (see psd.h), snapshots, and a small pool of free
+ * blocks so that steady-state updates of shared blocks allocate nothing.
+ * Knows nothing of connections or modes. Loop thread only. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/store/model.h"
+#include "proto/errors.h"
+#include "server/store/psd.h"
+
+/* Free blocks kept for reuse, in bytes: room for the blocks replies hold
+ * while 8 workers pull (one chunk each) without holding on to much more. */
+#define POOL_MAX_BYTES ((size_t)16 << 20)
+
+static srv_blk *pool;
+static size_t pool_bytes;
+
+static srv_blk *blk_new(size_t cap)
+{
+    for (srv_blk **pp = &pool; *pp; pp = &(*pp)->next) {
+        if ((*pp)->cap == cap) {
+            srv_blk *b = *pp;
+            *pp = b->next;
+            pool_bytes -= cap * sizeof(float);
+            b->refs = 1;
+            b->next = NULL;
+            return b;
+        }
+    }
+    srv_blk *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    /* 64-byte alignment for vector loads; size rounded up for aligned_alloc */
+    size_t bytes = ((cap * sizeof(float)) + 63) & ~(size_t)63;
+    b->w = aligned_alloc(64, bytes ? bytes : 64);
+    if (!b->w) {
+        free(b);
+        return NULL;
+    }
+    b->refs = 1;
+    b->cap = cap;
+    return b;
+}
+
+void srv_blk_pool_free(void)
+{
+    while (pool) {
+        srv_blk *b = pool;
+        pool = b->next;
+        free(b->w);
+        free(b);
+    }
+    pool_bytes = 0;
+}
+
+srv_blk *srv_blk_fresh(size_t cap)
+{
+    return blk_new(cap);
+}
+
+srv_blk *srv_blk_ref(srv_blk *b)
+{
+    b->refs++;
+    return b;
+}
+
+void srv_blk_unref(srv_blk *b)
+{
+    if (!b || --b->refs > 0)
+        return;
+    size_t bytes = b->cap * sizeof(float);
+    if (pool_bytes + bytes <= POOL_MAX_BYTES) {
+        b->next = pool;
+        pool = b;
+        pool_bytes += bytes;
+        return;
+    }
+    free(b->w);
+    free(b);
+}
+
+/* floats in block i of a model of n */
+static size_t blk_cap(size_t n, size_t i)
+{
+    size_t start = i << SRV_BLK_SHIFT;
+    return n - start < SRV_BLK_FLOATS ? n - start : SRV_BLK_FLOATS;
+}
+
+static void blocks_free(srv_blk **blk, size_t nblk)
+{
+    for (size_t i = 0; i < nblk; i++)
+        srv_blk_unref(blk[i]);
+    free(blk);
+}
+
+int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
+{
+    size_t n = l->total;
+    size_t nblk = (n + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT;
+    srv_blk **blk = calloc(nblk ? nblk : 1, sizeof *blk);
+    if (!blk)
+        return PS_ENOMEM;
+    for (size_t i = 0; i < nblk; i++) {
+        if (!(blk[i] = blk_new(blk_cap(n, i)))) {
+            blocks_free(blk, i);
+            return PS_ENOMEM;
+        }
+        memset(blk[i]->w, 0, blk[i]->cap * sizeof(float));
+    }
+    int rc = srv_optim_init(&m->opt, cfg, n);
+    if (rc != 0) {
+        blocks_free(blk, nblk);
+        return rc;
+    }
+    m->layout = *l;
+    m->fp = ps_layout_fingerprint(l);
+    m->blk = blk;
+    m->nblk = nblk;
+    m->has_layout = 1;
+    m->initialized = 0;
+    m->version = 0;
+    m->bound_ok = 0;
+    return 0;
+}
+
+void srv_model_propose(srv_model *m, const ps_layout *l)
+{
+    m->layout = *l;
+    m->fp = ps_layout_fingerprint(l);
+    m->has_layout = 1;
+    m->initialized = 0;
+    m->version = 0;
+}
+
+int srv_model_commit(srv_model *m, const ps_config *cfg)
+{
+    if (m->blk)
+        return 0;
+    ps_layout l = m->layout;
+    return srv_model_set_layout(m, &l, cfg);
+}
+
+void srv_model_release(srv_model *m)
+{
+    srv_model_free(m);
+    m->has_layout = 0;
+    m->initialized = 0;
+    m->version = 0;
+    m->fp = 0;
+    ps_layout_init(&m->layout);
+}
+
+const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t *len)
+{
+    const srv_blk *b = blk[off >> SRV_BLK_SHIFT];
+    size_t in = (size_t)(off & (SRV_BLK_FLOATS - 1));
+    size_t room = b->cap - in;
+    *len = n < room ? (size_t)n : room;
+    return b->w + in;
+}
+
+const float *srv_model_at(const srv_model *m, uint64_t off, uint64_t n, size_t *len)
+{
+    return srv_blocks_at(m->blk, off, n, len);
+}
+
+int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg)
+{
+    size_t bi = (size_t)(off >> SRV_BLK_SHIFT);
+    size_t in = (size_t)(off & (SRV_BLK_FLOATS - 1));
+    srv_blk *b = m->blk[bi];
+    size_t room = b->cap - in;
+    seg->len = n < room ? (size_t)n : room;
+    seg->old = NULL;
+    if (b->refs == 1) {
+        seg->wo = b->w + in;
+        seg->wi = seg->wo;
+        return 0;
+    }
+    /* shared: the update writes a fresh block; the rest of it is copied */
+    srv_blk *nb = blk_new(b->cap);
+    if (!nb)
+        return PS_ENOMEM;
+    memcpy(nb->w, b->w, in * sizeof(float));
+    memcpy(nb->w + in + seg->len, b->w + in + seg->len, (b->cap - in - seg->len) * sizeof(float));
+    m->blk[bi] = nb;
+    seg->old = b; /* the model's reference, dropped by write_end */
+    seg->wo = nb->w + in;
+    seg->wi = b->w + in;
+    return 0;
+}
+
+void srv_model_write_end(srv_model *m, srv_wseg *seg)
+{
+    m->stamp++;
+    m->bound_ok = 0; /* written from outside the update engine */
+    srv_blk_unref(seg->old);
+    seg->old = NULL;
+}
+
+int srv_model_reserve(const srv_model *m, size_t first, size_t nblk, srv_blk **old, srv_blk **fresh)
+{
+    for (size_t i = 0; i < nblk; i++) {
+        old[i] = m->blk[first + i];
+        fresh[i] = NULL;
+        if (old[i]->refs == 1)
+            continue; /* updated in place: no new reference can come meanwhile */
+        if (!(fresh[i] = blk_new(old[i]->cap))) {
+            for (size_t k = 0; k < i; k++)
+                srv_blk_unref(fresh[k]);
+            return PS_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+void srv_model_install(srv_model *m, size_t first, size_t nblk, srv_blk *const *old, srv_blk *const *fresh)
+{
+    m->stamp++;
+    for (size_t i = 0; i < nblk; i++) {
+        if (fresh[i]) {
+            m->blk[first + i] = fresh[i];
+            srv_blk_unref(old[i]); /* the model's reference */
+        }
+    }
+}
+
+void srv_model_bump(srv_model *m)
+{
+    m->version++;
+}
+
+void srv_model_free(srv_model *m)
+{
+    if (m->blk)
+        blocks_free(m->blk, m->nblk);
+    m->blk = NULL;
+    m->nblk = 0;
+    srv_optim_free(&m->opt);
+}
+
+/* ---- snapshots ------------------------------------------------------------ */
+
+srv_snap *srv_snap_take(srv_model *m)
+{
+    srv_snap *s = malloc(sizeof *s + m->nblk * sizeof s->blk[0]);
+    if (!s)
+        return NULL;
+    s->refs = 1;
+    s->version = m->version;
+    s->n = m->layout.total;
+    s->nblk = m->nblk;
+    for (size_t i = 0; i < m->nblk; i++)
+        s->blk[i] = srv_blk_ref(m->blk[i]);
+    return s;
+}
+
+srv_snap *srv_snap_ref(srv_snap *s)
+{
+    s->refs++;
+    return s;
+}
+
+void srv_snap_unref(srv_snap *s)
+{
+    if (!s || --s->refs > 0)
+        return;
+    for (size_t i = 0; i < s->nblk; i++)
+        srv_blk_unref(s->blk[i]);
+    free(s);
+}
+
+const float *srv_snap_at(const srv_snap *s, uint64_t off, uint64_t n, size_t *len)
+{
+    return srv_blocks_at(s->blk, off, n, len);
+}

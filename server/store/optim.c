@@ -1,0 +1,516 @@
+/* optim.c - server-side optimizers and the learning-rate schedule (see
+ * optim.h for the formulas).
+ *
+ * One loop per kind, chosen by a switch outside it; inside, float
+ * arithmetic on restrict pointers and no branch, so gcc vectorises it.
+ * gcc's -O2 only vectorises a loop when no scalar iterations are left
+ * over (its "very cheap" cost model), so each kind's body is an inline
+ * function of one element that RUN() calls in blocks of BLOCK elements,
+ * a trip count the vectoriser accepts, and then on the remainder. Check
+ * with -fopt-info-vec-optimized: every *_loop function should report
+ * "loop vectorized".
+ *
+ * The adam and adagrad bodies call sqrtf. Unless this file is compiled
+ * with -fno-math-errno, gcc guards every sqrtf with a branch to the libm
+ * call (to set errno for a negative argument, which never happens here)
+ * and those two loops stay scalar; results are the same either way.
+ *
+ * The clip scale is a factor in every loop (1 when clipping is off), so
+ * the caller's gradient is never copied or written. */
+#include "server/store/optim.h"
+
+#include <assert.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/vec.h"
+#include "proto/errors.h"
+
+#define BLOCK 16 /* elements per vectorised block: 4 SSE or 2 AVX vectors */
+
+static const double pi = 3.14159265358979323846;
+
+static const char *const kind_names[] = {
+    [PS_OPTIMIZER_SGD] = "sgd",
+    [PS_OPTIMIZER_ADAM] = "adam",
+    [PS_OPTIMIZER_ADAMW] = "adamw",
+    [PS_OPTIMIZER_ADAGRAD] = "adagrad",
+};
+
+static int kind_known(int kind)
+{
+    return kind >= 0 && (size_t)kind < sizeof kind_names / sizeof kind_names[0] && kind_names[kind];
+}
+
+const char *srv_optim_kind_name(int kind)
+{
+    return kind_known(kind) ? kind_names[kind] : "unknown";
+}
+
+const char *srv_optim_name(const srv_optim *o)
+{
+    return srv_optim_kind_name(o->kind);
+}
+
+/* n zeroed floats, or NULL. */
+static float *state_alloc(size_t n)
+{
+    return calloc(n ? n : 1, sizeof(float));
+}
+
+int srv_optim_init(srv_optim *o, const ps_config *cfg, size_t n)
+{
+    memset(o, 0, sizeof *o);
+    if (!kind_known(cfg->optimizer))
+        return PS_EINVAL;
+    o->kind = cfg->optimizer;
+    o->n = n;
+    o->nesterov = cfg->nesterov;
+    o->beta1 = cfg->beta1;
+    o->beta2 = cfg->beta2;
+    o->eps = cfg->eps;
+    switch (o->kind) {
+    case PS_OPTIMIZER_SGD:
+        if (cfg->momentum > 0 && !(o->velocity = state_alloc(n)))
+            goto nomem;
+        break;
+    case PS_OPTIMIZER_ADAM:
+    case PS_OPTIMIZER_ADAMW:
+        if (!(o->exp_avg = state_alloc(n)) || !(o->exp_avg_sq = state_alloc(n)))
+            goto nomem;
+        break;
+    case PS_OPTIMIZER_ADAGRAD:
+        if (!(o->sum = state_alloc(n)))
+            goto nomem;
+        break;
+    }
+    srv_optim_configure(o, cfg);
+    return 0;
+
+nomem:
+    srv_optim_free(o);
+    memset(o, 0, sizeof *o);
+    return PS_ENOMEM;
+}
+
+void srv_optim_free(srv_optim *o)
+{
+    free(o->velocity);
+    free(o->exp_avg);
+    free(o->exp_avg_sq);
+    free(o->sum);
+    o->velocity = o->exp_avg = o->exp_avg_sq = o->sum = NULL;
+}
+
+void srv_optim_configure(srv_optim *o, const ps_config *cfg)
+{
+    assert(cfg->lr_step_size >= 1 && cfg->lr_decay_versions >= 1); /* config.c's bounds */
+    o->lr = cfg->lr;
+    o->momentum = cfg->momentum;
+    o->weight_decay = cfg->weight_decay;
+    o->clip_norm = cfg->clip_norm;
+    o->lr_schedule = cfg->lr_schedule;
+    o->lr_step_size = cfg->lr_step_size;
+    o->lr_gamma = cfg->lr_gamma;
+    o->lr_decay_versions = cfg->lr_decay_versions;
+    o->lr_min = cfg->lr_min;
+    o->warmup_versions = cfg->warmup_versions;
+    if (o->kind == PS_OPTIMIZER_SGD && o->momentum > 0 && !o->velocity) {
+        o->velocity = state_alloc(o->n);
+        if (!o->velocity)
+            PS_LOG(PS_LOG_WARN, "out of memory for the momentum buffer (%zu parameters); "
+                                "sgd goes on without momentum", o->n);
+    }
+}
+
+int srv_optim_settings_differ(const ps_config *a, const ps_config *b)
+{
+    return a->lr != b->lr || a->momentum != b->momentum || a->weight_decay != b->weight_decay ||
+           a->clip_norm != b->clip_norm || a->lr_schedule != b->lr_schedule || a->lr_step_size != b->lr_step_size ||
+           a->lr_gamma != b->lr_gamma || a->lr_decay_versions != b->lr_decay_versions || a->lr_min != b->lr_min ||
+           a->warmup_versions != b->warmup_versions;
+}
+
+size_t srv_optim_state_bytes(const srv_optim *o)
+{
+    size_t bufs = (o->velocity != NULL) + (o->exp_avg != NULL) + (o->exp_avg_sq != NULL) + (o->sum != NULL);
+    return bufs * o->n * sizeof(float);
+}
+
+size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max)
+{
+    float *b[4];
+    const char *nm[4];
+    size_t k = 0;
+    if (o->velocity) {
+        b[k] = o->velocity;
+        nm[k++] = "momentum";
+    }
+    if (o->exp_avg) {
+        b[k] = o->exp_avg;
+        nm[k++] = "exp_avg";
+    }
+    if (o->exp_avg_sq) {
+        b[k] = o->exp_avg_sq;
+        nm[k++] = "exp_avg_sq";
+    }
+    if (o->sum) {
+        b[k] = o->sum;
+        nm[k++] = "sum";
+    }
+    for (size_t i = 0; i < k && i < max; i++) {
+        if (bufs)
+            bufs[i] = b[i];
+        if (names)
+            names[i] = nm[i];
+    }
+    return k;
+}
+
+double srv_optim_lr(const srv_optim *o, uint64_t version)
+{
+    uint64_t warm = o->warmup_versions;
+    if (version < warm)
+        return o->lr * ((double)(version + 1) / (double)warm);
+    uint64_t u = version - warm;
+    switch (o->lr_schedule) {
+    case PS_LR_STEP:
+        return o->lr * pow(o->lr_gamma, (double)(u / o->lr_step_size));
+    case PS_LR_COSINE: {
+        uint64_t d = o->lr_decay_versions;
+        double x = (double)(u < d ? u : d) / (double)d;
+        return o->lr_min + (o->lr - o->lr_min) * (1.0 + cos(pi * x)) / 2.0;
+    }
+    default:
+        return o->lr;
+    }
+}
+
+/* ---- the sum of squares ---------------------------------------------------- */
+
+void srv_sumsq_add(srv_sumsq *s, const float *restrict x, size_t n)
+{
+    size_t i = 0;
+    /* up to a multiple of SRV_SUMSQ_LANES of the stream's index */
+    for (; i < n && (s->n + i) % SRV_SUMSQ_LANES; i++)
+        s->lane[(s->n + i) % SRV_SUMSQ_LANES] += (double)x[i] * x[i];
+    double acc[SRV_SUMSQ_LANES];
+    memcpy(acc, s->lane, sizeof acc);
+    for (; i + SRV_SUMSQ_LANES <= n; i += SRV_SUMSQ_LANES)
+        for (size_t j = 0; j < SRV_SUMSQ_LANES; j++)
+            acc[j] += (double)x[i + j] * x[i + j];
+    for (size_t j = 0; i < n; i++, j++)
+        acc[j] += (double)x[i] * x[i];
+    memcpy(s->lane, acc, sizeof acc);
+    s->n += n;
+}
+
+double srv_sumsq_total(const srv_sumsq *s)
+{
+    double t = 0;
+    for (size_t j = 0; j < SRV_SUMSQ_LANES; j++)
+        t += s->lane[j];
+    return t;
+}
+
+double srv_sumsq_of(const float *x, size_t n)
+{
+    srv_sumsq s = {{0}, 0};
+    srv_sumsq_add(&s, x, n);
+    return srv_sumsq_total(&s);
+}
+
+/* The factor clipping applies to a gradient g whose sum of squares is ss:
+ * min(1, clip_norm/(||g||+1e-6)), as torch.nn.utils.clip_grad_norm_; 1
+ * when clipping is off. */
+static float clip_scale(const srv_optim *o, double ss)
+{
+    if (!(o->clip_norm > 0))
+        return 1.0f;
+    double c = o->clip_norm / (sqrt(ss) + 1e-6);
+    return c < 1.0 ? (float)c : 1.0f;
+}
+
+/* Per-update constants, in float as the loops use them. */
+typedef srv_optim_step coef;
+
+/* The loop bodies, one element each, written in PyTorch's order of
+ * operations: they read parameter i from wi and write it to wo (the same
+ * array for an update in place). Arrays start at the range's offset. */
+
+static inline void sgd_at(float *wo, const float *wi, const float *restrict g, coef c, size_t i)
+{
+    wo[i] = wi[i] - c.lr * (c.s * g[i] + c.wd * wi[i]);
+}
+
+static inline void sgd_momentum_at(float *wo, const float *wi, const float *restrict g, float *restrict v, coef c,
+                                   size_t i)
+{
+    float d = c.s * g[i] + c.wd * wi[i];
+    float vi = c.mu * v[i] + d;
+    v[i] = vi;
+    wo[i] = wi[i] - c.lr * vi;
+}
+
+static inline void sgd_nesterov_at(float *wo, const float *wi, const float *restrict g, float *restrict v, coef c,
+                                   size_t i)
+{
+    float d = c.s * g[i] + c.wd * wi[i];
+    float vi = c.mu * v[i] + d;
+    v[i] = vi;
+    wo[i] = wi[i] - c.lr * (d + c.mu * vi);
+}
+
+/* adam and adamw: c.wd is 0 for adamw and c.decay 1 for adam, so one body
+ * serves both (multiplying by 1 and adding 0 are exact). m moves towards d
+ * as torch.lerp does for a weight 1-beta1 below 0.5. */
+static inline void adam_at(float *wo, const float *wi, const float *restrict g, float *restrict m,
+                           float *restrict v, coef c, size_t i)
+{
+    float w = wi[i] * c.decay;
+    float d = c.s * g[i] + c.wd * w;
+    float mi = m[i] + c.c1 * (d - m[i]);
+    float vi = c.b2 * v[i] + c.c2 * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    wo[i] = w - c.lr * mi / (sqrtf(vi) / c.bc2s + c.eps);
+}
+
+static inline void adagrad_at(float *wo, const float *wi, const float *restrict g, float *restrict sum, coef c,
+                              size_t i)
+{
+    float d = c.s * g[i] + c.wd * wi[i];
+    float si = sum[i] + d * d;
+    sum[i] = si;
+    wo[i] = wi[i] - c.lr * d / (sqrtf(si) + c.eps);
+}
+
+/* Calls body(args..., i) for i in [0, len): whole blocks first, through an
+ * inner loop of constant trip count BLOCK that the vectoriser takes, then
+ * the elements left over. At -O3 gcc would otherwise unroll the inner loop
+ * completely before vectorising and leave it scalar (4x slower for SGD):
+ * "GCC unroll 1" keeps it a loop. */
+#define RUN(len, body, ...)                                                                        \
+    do {                                                                                           \
+        size_t i_ = 0;                                                                             \
+        for (; i_ + BLOCK <= (len); i_ += BLOCK)                                                   \
+            _Pragma("GCC unroll 1") for (size_t j_ = i_; j_ < i_ + BLOCK; j_++)                    \
+                body(__VA_ARGS__, j_);                                                             \
+        for (; i_ < (len); i_++)                                                                   \
+            body(__VA_ARGS__, i_);                                                                 \
+    } while (0)
+
+/* The loops, two per kind: in place (w read and written) and out of place
+ * (wi read, wo written). Their restrict parameters are what tells gcc that
+ * the arrays do not overlap; gcc 12 forgets that when it inlines them into
+ * srv_optim_run() and then leaves them scalar, hence NOINLINE (one call
+ * per update: the call costs nothing). */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
+/* Each loop is also compiled for AVX2 (PS_MULTIVERSION, common/vec.h):
+ * twice the vector width, Adam's update about 1.7x faster, same bits. */
+#define MULTIVERSION PS_MULTIVERSION
+
+#define UNPAREN(...) __VA_ARGS__
+#define LOOPS(kind, params, args)                                                                   \
+    NOINLINE MULTIVERSION static void kind##_in(float *restrict w, UNPAREN params)                  \
+    {                                                                                               \
+        RUN(n, kind##_at, w, w, UNPAREN args);                                                      \
+    }                                                                                               \
+    NOINLINE MULTIVERSION static void kind##_oop(float *restrict wo, const float *restrict wi,     \
+                                                 UNPAREN params)                                \
+    {                                                                                               \
+        RUN(n, kind##_at, wo, wi, UNPAREN args);                                                    \
+    }
+
+LOOPS(sgd, (const float *restrict g, size_t n, coef c), (g, c))
+LOOPS(sgd_momentum, (const float *restrict g, float *restrict v, size_t n, coef c), (g, v, c))
+LOOPS(sgd_nesterov, (const float *restrict g, float *restrict v, size_t n, coef c), (g, v, c))
+LOOPS(adam, (const float *restrict g, float *restrict m, float *restrict v, size_t n, coef c), (g, m, v, c))
+LOOPS(adagrad, (const float *restrict g, float *restrict sum, size_t n, coef c), (g, sum, c))
+
+/* kind's loop over wo/wi, in place when they are the same array */
+#define LOOP(kind, wo, wi, ...) ((wo) == (wi) ? kind##_in(wo, __VA_ARGS__) : kind##_oop(wo, wi, __VA_ARGS__))
+
+void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version)
+{
+    srv_optim_begin_sumsq(o, st, o->clip_norm > 0 ? srv_sumsq_of(g, (size_t)n) : 0.0, version);
+}
+
+void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double ss, uint64_t version)
+{
+    double lr = srv_optim_lr(o, version);
+    coef c = {.s = clip_scale(o, ss), .lr = (float)lr, .wd = (float)o->weight_decay,
+              .mu = (float)o->momentum, .decay = 1.0f, .eps = (float)o->eps};
+    if (o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW) {
+        double t = (double)version + 1.0;
+        c.lr = (float)(lr / (1.0 - pow(o->beta1, t)));
+        c.bc2s = (float)sqrt(1.0 - pow(o->beta2, t));
+        c.c1 = (float)(1.0 - o->beta1);
+        c.b2 = (float)o->beta2;
+        c.c2 = (float)(1.0 - o->beta2);
+        if (o->kind == PS_OPTIMIZER_ADAMW) {
+            c.decay = (float)(1.0 - lr * o->weight_decay);
+            c.wd = 0.0f;
+        }
+    }
+    *st = c;
+}
+
+/* The kind's loop over [0, len) with the state arrays given: s1 the
+ * momentum, first moment or sum (NULL: none), s2 the second moment. */
+static void run_on(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len, float *s1,
+                   float *s2)
+{
+    switch (o->kind) {
+    case PS_OPTIMIZER_SGD:
+        if (s1 && o->momentum > 0 && o->nesterov)
+            LOOP(sgd_nesterov, wo, wi, g, s1, len, c);
+        else if (s1 && o->momentum > 0)
+            LOOP(sgd_momentum, wo, wi, g, s1, len, c);
+        else
+            LOOP(sgd, wo, wi, g, len, c);
+        break;
+    case PS_OPTIMIZER_ADAM:
+    case PS_OPTIMIZER_ADAMW:
+        LOOP(adam, wo, wi, g, s1, s2, len, c);
+        break;
+    case PS_OPTIMIZER_ADAGRAD:
+        LOOP(adagrad, wo, wi, g, s1, len, c);
+        break;
+    default:
+        assert(!"unknown optimizer kind");
+    }
+}
+
+/* The state arrays run_on() takes, for o's kind. */
+static float *state1(const srv_optim *o)
+{
+    return o->kind == PS_OPTIMIZER_SGD ? o->velocity : o->kind == PS_OPTIMIZER_ADAGRAD ? o->sum : o->exp_avg;
+}
+
+static float *state2(const srv_optim *o)
+{
+    return o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW ? o->exp_avg_sq : NULL;
+}
+
+void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
+                   uint64_t off, uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    float *s1 = state1(o), *s2 = state2(o);
+    run_on(o, *st, wo, wi, g, (size_t)n, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL);
+}
+
+/* floats srv_optim_finite() works on at a time, on its stack */
+#define TRIAL_PIECE 1024
+
+int srv_optim_finite(const srv_optim *o, const srv_optim_step *st, const float *wi, const float *g, uint64_t off,
+                     uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    float tw[TRIAL_PIECE], t1[TRIAL_PIECE], t2[TRIAL_PIECE];
+    const float *s1 = state1(o), *s2 = state2(o);
+    for (uint64_t x = 0; x < n;) {
+        size_t l = n - x < TRIAL_PIECE ? (size_t)(n - x) : TRIAL_PIECE;
+        if (s1)
+            memcpy(t1, s1 + off + x, l * sizeof(float));
+        if (s2)
+            memcpy(t2, s2 + off + x, l * sizeof(float));
+        /* the same loop the update runs, writing to the copies */
+        run_on(o, *st, tw, wi + x, g + x, l, s1 ? t1 : NULL, s2 ? t2 : NULL);
+        if (!ps_vec_all_finite(tw, l) || (s1 && !ps_vec_all_finite(t1, l)) || (s2 && !ps_vec_all_finite(t2, l)))
+            return 0;
+        x += l;
+    }
+    return 1;
+}
+
+/* What srv_optim_surely_finite() lets magnitudes reach: 8 orders of
+ * magnitude below FLT_MAX (3.4e38), far more than float rounding of a few
+ * operations can add. */
+#define SURE_MAX 1e30
+
+int srv_optim_surely_finite(const srv_optim *o, const srv_optim_step *c, double gmax, double wmax, double s1max,
+                            double s2max)
+{
+    if (!(gmax >= 0 && gmax <= SURE_MAX && wmax >= 0 && wmax <= SURE_MAX && s1max >= 0 && s1max <= SURE_MAX &&
+          s2max >= 0 && s2max <= SURE_MAX))
+        return 0;
+    double s = fabs((double)c->s), lr = fabs((double)c->lr), wd = fabs((double)c->wd), mu = fabs((double)c->mu);
+    double eps = (double)c->eps, top; /* top: the largest magnitude of any value the loop makes */
+    switch (o->kind) {
+    case PS_OPTIMIZER_SGD: {
+        /* d = s*g + wd*w; v = mu*v + d; w - lr*v or w - lr*(d + mu*v) */
+        double d = s * gmax + wd * wmax, v = mu * s1max + d;
+        top = fmax(v, wmax + lr * (d + mu * v));
+        break;
+    }
+    case PS_OPTIMIZER_ADAM:
+    case PS_OPTIMIZER_ADAMW: {
+        /* w = w*decay; d = s*g + wd*w; m += c1*(d - m); v = b2*v + c2*d*d;
+         * w - lr*m/(sqrt(v)/bc2s + eps), that quotient at most |m|/eps */
+        if (!(eps > 0) || !(c->bc2s > 0))
+            return 0;
+        double w = wmax * fabs((double)c->decay), d = s * gmax + wd * w;
+        if (d > 1e15)
+            return 0; /* d*d */
+        double m = s1max + fabs((double)c->c1) * (d + s1max);
+        double v = fabs((double)c->b2) * s2max + fabs((double)c->c2) * d * d;
+        top = fmax(fmax(m, v), fmax(sqrt(v) / (double)c->bc2s, w + lr * m / eps));
+        break;
+    }
+    case PS_OPTIMIZER_ADAGRAD: {
+        /* d = s*g + wd*w; sum += d*d; w - lr*d/(sqrt(sum) + eps), that
+         * quotient below 1 since sum >= d*d (and at most |d|/eps) */
+        if (!(eps > 0))
+            return 0;
+        double d = s * gmax + wd * wmax;
+        if (d > 1e15)
+            return 0;
+        top = fmax(s1max + d * d, wmax + lr * fmin(2.0, d / eps));
+        break;
+    }
+    default:
+        return 0;
+    }
+    return top * 1.01 < SURE_MAX;
+}
+
+/* x[0..n) made finite: NaN 0, +-inf +-FLT_MAX; the count changed. */
+static size_t make_finite(float *x, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            x[i] = isnan(x[i]) ? 0.0f : x[i] > 0 ? FLT_MAX : -FLT_MAX;
+            k++;
+        }
+    return k;
+}
+
+size_t srv_optim_make_finite(srv_optim *o, float *w, uint64_t off, uint64_t n)
+{
+    assert(off <= o->n && n <= o->n - off);
+    float *s1 = state1(o), *s2 = state2(o);
+    size_t k = make_finite(w, (size_t)n);
+    if (s1)
+        k += make_finite(s1 + off, (size_t)n);
+    if (s2)
+        k += make_finite(s2 + off, (size_t)n);
+    return k;
+}
+
+void srv_optim_apply(srv_optim *o, float *w, const float *g, uint64_t off, uint64_t n, uint64_t version)
+{
+    srv_optim_step st;
+    srv_optim_begin(o, &st, g, n, version);
+    srv_optim_run(o, &st, w + off, w + off, g, off, n);
+}

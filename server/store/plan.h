@@ -1,0 +1,41 @@
+/* plan.h - the job's plan (plan.c): a BSP round's workers and samples. */
+#ifndef SRV_STORE_PLAN_H
+#define SRV_STORE_PLAN_H
+
+#include "server/store/psd.h"
+
+/* Fixes the plan p (checked by the decoder): rounds per epoch and in all.
+ * The caller makes sure it is not set yet. */
+void srv_plan_fix(srv_plan *pl, const ps_plan *p);
+/* Forgets the plan (the model it was for is released; at exit). */
+void srv_plan_clear(srv_plan *pl);
+/* Fixes the plan p read from a checkpoint, with the nout shards in out
+ * that were out of its job then (copied into pl->out). Returns 0, or -1
+ * out of memory (the plan is fixed, the list empty). */
+int srv_plan_restore(srv_plan *pl, const ps_plan *p, const uint32_t *out, uint32_t nout);
+/* The plan rules the rounds: one is fixed, psd runs BSP and the model has
+ * its initial values. */
+int srv_plan_active(const psd *s);
+/* Every round of an active plan has closed: the model version is at or
+ * past the plan's last round. */
+int srv_plan_done(const psd *s);
+/* Fixes the current round's members (below) now if they are not: the BSP
+ * policy calls it as a round closes. 0, or -1 when out of memory. */
+int srv_plan_open(psd *s);
+/* The shards that train the current round (version v): fixed the first
+ * time the round is asked about (psd's policy asks as the round before
+ * closes) as shards 0..M-1 less those that joined and then left or were
+ * lost. Fixed anew only when none of them is still in the job (all gone
+ * or not joined), so a worker that joins mid-round trains from the next
+ * round on and nobody's share of a round changes after it was handed out.
+ * Returns 1 when shard w is one of them (also when memory ran out: then
+ * nobody is left out), else 0. */
+int srv_plan_member(psd *s, const srv_worker *w);
+/* Pushes that close the current round of an active plan: its members that
+ * are still in the job (connected, or not joined yet). */
+uint32_t srv_plan_needed(psd *s);
+/* Worker w's samples of round ver, the current one, in *out: 1 when it
+ * trains that round (a member, the plan not done), else 0. */
+int srv_plan_slice(psd *s, const srv_worker *w, uint64_t ver, ps_slice *out);
+
+#endif

@@ -1,0 +1,418 @@
+/* psd.h - psd's state: the server, its connections, workers, model and
+ * consistency policy, the types every layer shares; and the functions of
+ * the bottom layer, the store (stats.c, settings.c, model.c, shm.c). Each
+ * layer above declares its own in its header (update.h, policy.h,
+ * status.h, reply.h, session.h, handle.h, admin.h, net.h; docs/DESIGN.md).
+ * Everything here is owned by the one libuv loop thread; nothing is
+ * locked. */
+#ifndef PSD_H
+#define PSD_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/auth.h"
+#include "server/store/config.h"
+#include "proto/codec.h"
+#include "proto/msg.h"
+#include "server/store/optim.h"
+
+typedef struct psd psd;
+typedef struct srv_conn srv_conn;
+
+/* ---- model: parameters in copy-on-write blocks ------------------------- */
+
+/* The parameters live in blocks of SRV_BLK_FLOATS floats (4 MiB, psworker's
+ * chunk size), each reference-counted. A reply that sends parameters holds
+ * references to the blocks it covers until its write is done; an update of
+ * a block that a reply still holds writes the new values into a fresh
+ * block (the optimizer reads the old one and writes the new, so nothing is
+ * copied first) and the reply goes on sending the old, consistent values.
+ * So no reply copies the model, and an update copies nothing but the part
+ * of a shared block outside its range. */
+#define SRV_BLK_SHIFT 20
+#define SRV_BLK_FLOATS ((uint64_t)1 << SRV_BLK_SHIFT)
+
+typedef struct srv_blk {
+    uint32_t refs;          /* the model's own reference counts as one */
+    size_t cap;             /* floats in w */
+    float *w;               /* 64-byte aligned */
+    struct srv_blk *next;   /* in the free pool */
+} srv_blk;
+
+/* A whole-model snapshot: references to every block of one version (psctl
+ * pin, checkpoints, DC-ASGD's base). Taking one costs a reference per
+ * block; the blocks are copied only as updates come. */
+typedef struct srv_snap {
+    uint32_t refs;
+    uint64_t version;   /* model version these values belong to */
+    size_t n;           /* floats */
+    size_t nblk;
+    srv_blk *blk[];
+} srv_snap;
+
+typedef struct srv_model {
+    int has_layout;      /* layout fixed (by the first worker's hello) */
+    int initialized;     /* initial values received */
+    ps_layout layout;
+    uint64_t fp;         /* fingerprint of layout */
+    size_t nblk;         /* blocks; 0 before the layout */
+    srv_blk **blk;       /* current parameters: block b holds [b*SRV_BLK_FLOATS, ...) */
+    uint64_t version;    /* updates applied */
+    uint64_t stamp;      /* bumped by every write to the blocks, a push
+                          * chunk without fin (no new version) too: what a
+                          * cache of their values is keyed on */
+    srv_optim opt;
+    /* Upper bounds of |value| over the parameters (bound_w) and the
+     * optimizer's state buffers 1 and 2 (srv_optim_state_buffers' order),
+     * kept by the update engine from what its updates write (update.c).
+     * bound_ok: 1 they hold; 0 not measured since values came from
+     * elsewhere (set_layout, srv_model_write_end, a checkpoint: whoever
+     * writes blocks or state outside the engine clears it); -1 measured and
+     * of no use (a negative sum of squares). */
+    int bound_ok;
+    float bound_w, bound_s1, bound_s2;
+} srv_model;
+
+/* A piece of an update that lies in one block: srv_model_write_begin()
+ * makes it; the update reads wi and writes wo (the same memory unless the
+ * block is shared), then srv_model_write_end() drops the old block. */
+typedef struct srv_wseg {
+    float *wo;
+    const float *wi;
+    size_t len;      /* floats from the requested offset in this block */
+    srv_blk *old;    /* the shared block replaced, or NULL */
+} srv_wseg;
+
+/* ---- workers ------------------------------------------------------------ */
+
+enum srv_worker_state { SRV_W_CONNECTED, SRV_W_LEFT, SRV_W_LOST };
+
+/* A receive buffer handed between a connection and the BSP policy, which
+ * keeps a worker's gradient where it arrived until the round closes. */
+typedef struct srv_rbuf {
+    uint8_t *mem;
+    size_t cap;
+} srv_rbuf;
+
+/* One per shard ever seen; kept after the worker goes, for psctl. */
+typedef struct srv_worker {
+    uint32_t shard, nshards;
+    int state;               /* enum srv_worker_state */
+    srv_conn *conn;          /* NULL unless connected */
+    char addr[64];           /* peer address of the last connection */
+    int shm;                 /* that connection's tensors go through shared memory */
+    uint64_t pushes;         /* gradient steps pushed (fin chunks) */
+    uint64_t joined_ms, last_seen_ms;
+    int has_report;
+    uint32_t epoch;
+    double loss, acc, tloss, rate;
+    int has_acc;
+    uint64_t samples;
+    uint64_t clock;          /* SSP clock: steps pushed, counted from the job's start */
+    uint64_t staleness;      /* versions between its last push's base and the model */
+    char why[96];            /* why it left or was declared dead */
+} srv_worker;
+
+/* ---- the update engine's state (update.c owns it) ------------------------ */
+
+/* What a caller of srv_update_apply() gets back in the done callback of an
+ * update that ran off the loop: the policy's own tag. */
+typedef struct srv_update_tag {
+    srv_worker *w;   /* the worker whose push started it */
+    int fin;         /* the push's last chunk: a new version */
+    int round;       /* the push closed a BSP round: its mean was applied */
+} srv_update_tag;
+
+/* Called on the loop once an update run off the loop is installed; the
+ * connection layer registers it (srv_update_init). */
+typedef void (*srv_update_done_cb)(psd *s, const srv_update_tag *tag);
+
+typedef struct srv_update_job srv_update_job; /* update.c */
+
+typedef struct srv_updater {
+    srv_update_job *running;  /* an update applied off the loop; NULL: none.
+                               * While one runs psd handles no message. */
+    srv_update_job *job;      /* kept for the next one: none allocates */
+    srv_update_done_cb done;  /* registered by the connection layer */
+} srv_updater;
+
+struct srv_policy_ops; /* policy.h */
+
+/* ---- the job's plan (plan.c owns it) ------------------------------------ */
+
+/* A BSP job's plan, fixed by the first worker's hello that carries one
+ * (PROTOCOL.md 8, "The plan"): from it and the model version psd derives
+ * which samples each round trains and who trains them, and when the job is
+ * done. Unset (set 0) psd runs BSP as protocol version 1 always did. */
+typedef struct srv_plan {
+    int set;                 /* a hello fixed it */
+    ps_plan p;
+    uint64_t per_epoch;      /* rounds in one epoch: ceil(samples / batch) */
+    uint64_t rounds;         /* rounds in the plan: epochs * per_epoch */
+    uint64_t round;          /* the round `members` belong to; UINT64_MAX: none yet */
+    uint32_t *members;       /* the shards that train that round, ascending */
+    uint32_t nmembers, cap;
+    uint32_t last_nmembers;  /* the round before's, for the log */
+    int said_done;           /* the end of the plan was logged */
+    uint32_t *out;           /* shards out of the job at the checkpoint the plan
+                              * was restored from, to record as lost at start
+                              * (srv_workers_out_restored); then NULL */
+    uint32_t nout;
+} srv_plan;
+
+/* ---- connections --------------------------------------------------------- */
+
+#define SRV_PARKED_MAX 64 /* pulls one connection may have waiting */
+/* protocol errors after which psd closes a connection (PROTOCOL.md) */
+#define SRV_PROTO_ERRORS_MAX 100
+/* how long a connection closed for an error is read (and discarded) after
+ * psd's side is shut down, so its ERROR is not lost to a reset */
+#define SRV_LINGER_MS 2000
+/* error lines logged for one connection before they are rate limited to
+ * one a second (with the count of those left out) */
+#define SRV_ERR_LINES_FREE 10
+
+/* A pull waiting for a model version (BSP) or for the initial values. */
+typedef struct srv_parked {
+    uint64_t id, min, off, len;
+    uint32_t rdt;            /* ps_dtype of the reply's data */
+    struct srv_parked *next;
+} srv_parked;
+
+struct srv_auth; /* a hello waiting for the answer to its challenge (auth.c) */
+
+struct srv_conn {
+    uv_tcp_t tcp;            /* must stay first: handle->data is not used */
+    psd *srv;
+    uint64_t cid;            /* connection number, for logs */
+    char addr[64];
+    int same_host;           /* the peer is on psd's machine: a loopback
+                              * address, or the connection's own local one */
+    int role;                /* ps_role; PS_ROLE_NONE until WELCOME */
+    struct srv_auth *auth;   /* CHALLENGE sent, AUTH awaited; NULL otherwise */
+    int admin_readonly;      /* admin that proved the workers' token (no
+                              * admin_token_file): status and metrics only */
+    srv_worker *worker;      /* set for a worker after hello */
+    uint8_t *rbuf;           /* read buffer: frames accumulate here */
+    size_t rpos, rlen, rcap; /* unprocessed bytes are rbuf[rpos..rlen) */
+    size_t want_end;         /* a big frame is incomplete: it ends at rbuf[want_end]
+                              * and reads stop there (0: none) */
+    size_t frame_end;        /* the frame being handled ends at rbuf[frame_end] */
+    int rbuf_given;          /* its handler took rbuf (srv_conn_give_rbuf) */
+    msgpack_zone zone;       /* unpack zone, cleared per message */
+    float *wide;             /* bfloat16 data of its last push, as float32, or a
+                              * copy of one from shm (kept, so neither allocates
+                              * in steady state) */
+    size_t wide_cap;         /* floats */
+    float *shm;              /* the worker's shared segment (shm.c): its
+                              * gradient's shm_params floats; NULL: none */
+    float *shm_out;          /* where psd writes the parameters it answers with */
+    uint64_t shm_params;
+    void *shm_map[2];        /* the two mappings they lie in */
+    size_t shm_maplen[2];
+    srv_parked *parked;      /* pulls waiting for a version */
+    srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
+                              * (ADMIN pin, psctl save); NULL = the current one */
+    uint32_t nparked;        /* entries in parked, at most SRV_PARKED_MAX */
+    int closing;             /* uv_close called or about to be */
+    int held;                /* frames wait while an update is applied off the loop */
+    int free_later;          /* closed while its push is applied off the loop:
+                              * freed when that is done */
+    int close_after_write;   /* close once queued writes are flushed */
+    int linger;              /* closed for an error: psd shuts down its side
+                              * and reads (discarding) until the peer closes
+                              * or SRV_LINGER_MS pass, so the peer reads the
+                              * ERROR instead of a reset (net.c) */
+    uint64_t linger_until_ms;
+    char close_reason[96];   /* why psd closes it, for the worker's record */
+    uint64_t connected_ms;
+    uint64_t last_msg_ms;    /* when its last message arrived (idle_timeout) */
+    uint32_t proto_errors;   /* errors of a broken or hostile client (net.c:
+                              * MALFORMED, BAD_TYPE, BAD_FIELD, STATE,
+                              * FORBIDDEN); closed at SRV_PROTO_ERRORS_MAX */
+    uint32_t err_lines;      /* error log lines written for it */
+    uint32_t err_quiet;      /* errors not logged since the last line */
+    uint64_t err_line_ms;    /* when the last one was written */
+    uint64_t barrier_ver;    /* the highest version its BARRIERs named; 0: it
+                              * does not take part (barrier.c) */
+    uint64_t barrier_id;     /* the parked BARRIER's id */
+    int barrier_parked;      /* a BARRIER waits for the others */
+    srv_conn *prev, *next;   /* psd.conns list */
+};
+
+/* ---- counters ----------------------------------------------------------- */
+
+#define SRV_HIST_MAX 16
+
+/* A Prometheus-style histogram: cumulative buckets at fixed upper bounds. */
+typedef struct srv_hist {
+    unsigned n;                       /* bounds in use */
+    double bounds[SRV_HIST_MAX];      /* upper bounds, ascending */
+    uint64_t counts[SRV_HIST_MAX + 1]; /* per bucket (not cumulative); last = +Inf */
+    uint64_t total;
+    double sum;
+} srv_hist;
+
+void srv_hist_init(srv_hist *h, const double *bounds, unsigned n);
+void srv_hist_observe(srv_hist *h, double v);
+
+typedef struct srv_stats {
+    uint64_t pushes, pulls, bytes_in, bytes_out, rounds, connections;
+    uint64_t rejected[32];   /* by error code (index = -PS_E*) */
+    uint64_t init_ms;        /* when the model got its initial values */
+    uint64_t dropped_pushes; /* pushes for a BSP round already closed */
+    uint64_t worker_joins, worker_leaves, worker_deaths;
+    srv_hist staleness;      /* versions between a push's base and the model */
+    srv_hist round_seconds;  /* BSP round durations */
+    uint64_t checkpoints, checkpoint_failures;
+    uint64_t checkpoint_ms;  /* when the last checkpoint was written (0: never) */
+    uint64_t checkpoint_version;
+    char checkpoint_error[300]; /* why the last failed checkpoint failed ("" after a success) */
+    uint64_t sanitized_pushes;    /* non-finite pushes sanitised (nonfinite = clip) */
+    uint64_t nonfinite_updates;   /* updates refused: their result was not finite */
+    uint64_t clipped_updates;     /* updates whose non-finite results were made finite */
+    uint64_t disconnects_output;  /* connections cut over max_output_buffer */
+    uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
+    uint64_t barriers;            /* BARRIERs answered (barrier.c) */
+    uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
+    uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle.c) */
+    uint64_t zstd_in, zstd_out;   /* compressed bytes received (dt zstd) and their float32 bytes */
+    uint64_t zstd_sent, zstd_sent_raw; /* compressed bytes sent (rdt zstd) and their float32 bytes */
+    /* rates, recomputed by the 1 s timer */
+    uint64_t last_pushes, last_pulls;
+    double push_rate, pull_rate;
+} srv_stats;
+
+/* What srv_config_check() parses of the settings, kept from the start's
+ * check so that nothing parses or resolves it again. */
+typedef struct srv_settings {
+    char metrics_host[PS_CONFIG_HOST_MAX]; /* metrics_listen's host; "" = off */
+    int metrics_port;
+    struct sockaddr_storage metrics_addr;  /* and as an address */
+    struct sockaddr_storage listen_addr;   /* listen, resolved (ss_family 0: not resolved) */
+} srv_settings;
+
+/* A setting from psd's command line (--listen, --set, ...); kept so that a
+ * reload applies them again over the file. key and value point into argv. */
+typedef struct srv_setting {
+    const char *key, *value;
+} srv_setting;
+
+struct srv_http;
+struct srv_ckpt_wait;
+
+/* The reply a push owes while its update runs off the loop (handle.c owns
+ * it): sent by srv_push_finished() once the update is installed. */
+typedef struct srv_push_wait {
+    srv_conn *c;             /* the pushing connection (its receive buffer
+                              * holds the gradient); NULL: none */
+    uint64_t id, poff, plen, min;
+    uint32_t type;
+    uint32_t rdt;
+} srv_push_wait;
+
+/* What the connection layer (net.c) lends the layers below it, registered
+ * in psd.io when psd starts (tests register fakes): sending replies and
+ * taking a receive buffer off a connection. */
+typedef struct srv_io {
+    /* Queues one reply (see srv_send). */
+    void (*send)(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
+    /* Queues an ERROR reply with text; fatal closes after it is sent. */
+    void (*send_error)(srv_conn *c, uint64_t id, int code, int fatal, const char *text);
+    /* See srv_conn_give_rbuf. */
+    int (*give_rbuf)(srv_conn *c, const void *data, srv_rbuf repl, srv_rbuf *out);
+} srv_io;
+
+struct psd {
+    uv_loop_t *loop;
+    ps_config cfg;
+    char config_path[PS_CONFIG_PATH_MAX];
+    ps_token token;          /* the workers' secret (token_file); len 0 = none */
+    ps_token admin_token;    /* the admins' secret (admin_token_file); len 0 = none */
+    uv_tcp_t listener;
+    int listening;
+    int port;                /* bound port */
+    uv_signal_t sigint, sigterm, sighup;
+    const srv_setting *cli_sets; /* the command line's settings, in order */
+    int ncli_sets;
+    int paused;              /* ADMIN pause: workers' pulls are parked until resume */
+    int said_memory_only;    /* the "model exists only in memory" warning was logged */
+    struct srv_http *http;   /* the /metrics HTTP endpoint; NULL when off */
+    char http_addr[300];     /* its bound "host:port", "" when off: written by the
+                              * connection layer (http.c), read by status.c */
+    srv_settings settings;   /* what the start's srv_config_check parsed */
+    struct srv_dash *dash;   /* the run's history for the dashboard (dashboard.c) */
+    struct srv_ckpt_wait *ckpt_waits; /* ADMIN checkpoint requests not answered yet */
+    uv_timer_t tick;         /* 250 ms: liveness, checkpoints, rates */
+    struct srv_outbufs *out; /* the connection layer's pools (connection/encode.h):
+                              * spare write requests, reply tensors converted */
+    /* owned by store/scratch.c (srv_codec, srv_planes): */
+    ps_codec codec;          /* zstd's contexts: dt-3 pushes (dispatch) and rdt-3
+                              * replies (connection), on the loop; made at first use */
+    uint8_t *planes;         /* byte planes of the values those two work on */
+    size_t planes_cap;       /* bytes */
+    uint64_t last_rate_ms;
+    int stopping;
+    uint64_t join_since_ms;  /* since when psd waits for shards that never
+                              * joined (srv_join_tick, hello.c); 0: none */
+    uint64_t join_warned_ms; /* its last "waits for" log line (hello.c) */
+    uint64_t start_ms;
+    srv_conn *conns;
+    uint32_t nconns;
+    uint64_t rbuf_bytes;     /* connections' receive buffers together (net.c;
+                              * bounded by max_receive_memory) */
+    uint64_t next_cid;
+    srv_worker **workers;    /* indexed by shard; size nworkers_cap */
+    uint32_t nworkers_cap;
+    uint32_t nshards;        /* m announced by workers (0 until the first) */
+    srv_conn *init_owner;    /* the worker asked to send initial values */
+    srv_model model;
+    srv_plan plan;           /* the job's plan (BSP; plan.c) */
+    const struct srv_policy_ops *policy;
+    void *policy_state;      /* the policy's own (policy.c): BSP rounds and
+                              * kept gradients, DC-ASGD's base snapshots */
+    uint64_t (*clock)(void); /* the policies' clock, milliseconds: srv_now_ms
+                              * (a test's fake); NULL = srv_now_ms */
+    const srv_io *io;        /* the connection layer's send and receive-buffer
+                              * functions (net.c's, or a test's) */
+    srv_stats stats;
+    uint64_t *restored_clocks; /* SSP clocks per shard from a checkpoint */
+    char resumed_from[PS_CONFIG_PATH_MAX + 64]; /* the checkpoint the model came from at start; "" = none */
+    uint64_t resumed_version; /* its model version */
+    char model_file[PS_CONFIG_PATH_MAX]; /* the safetensors file the model came
+                              * from at start (init_from); "" = none */
+    uint32_t nrestored;
+    int checkpoint_busy;     /* a checkpoint is being written in the pool */
+    srv_updater upd;         /* the update engine (update.c) */
+    srv_push_wait push_wait; /* the reply a push owes while its update runs off
+                              * the loop (handle.c) */
+    int reload_pending;      /* SIGHUP came while applying: reload after */
+    uv_work_t checkpoint_req;
+    ps_buf enc;              /* encode scratch for replies */
+    ps_layout scratch_layout; /* where a hello's layout is decoded */
+    /* Registered by main(): stops psd as SIGTERM does (closes the signal
+     * handlers, the tick timer and the /metrics endpoint, tells systemd and
+     * stops the connections; the loop then ends). ADMIN shutdown calls it,
+     * so that no file below main() calls up into it. */
+    void (*shutdown)(psd *s, const char *why);
+};
+
+/* ---- functions ----------------------------------------------------------- */
+
+/* The one range check of a message: [off, off+n) non-empty and inside a
+ * model of total parameters. */
+static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
+{
+    return n > 0 && off <= total && n <= total - off;
+}
+
+/* Each store file's functions, in its own header (they need the types
+ * above, so they come last). */
+#include "server/store/model.h"
+#include "server/store/plan.h"
+#include "server/store/settings.h"
+#include "server/store/shm.h"
+#include "server/store/stats.h"
+
+#endif

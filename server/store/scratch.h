@@ -1,0 +1,20 @@
+/* scratch.h - psd's tensor codec state (scratch.c): the zstd contexts and
+ * the byte-plane scratch that decoding a compressed push (dispatch) and
+ * encoding a compressed reply (connection) use, on the loop, one at a
+ * time. The store layer owns them; the others get them through these
+ * functions and pass them to proto's codec (proto/codec.h). */
+#ifndef SRV_STORE_SCRATCH_H
+#define SRV_STORE_SCRATCH_H
+
+#include "proto/codec.h"
+#include "server/store/psd.h"
+
+/* psd's zstd contexts (made on first use by the codec). */
+ps_codec *srv_codec(psd *s);
+/* Byte-plane scratch with room for bytes (grown, kept), or NULL when out
+ * of memory. */
+uint8_t *srv_planes(psd *s, size_t bytes);
+/* Frees both (at exit). */
+void srv_codec_free(psd *s);
+
+#endif

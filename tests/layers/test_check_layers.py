@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""test_check_layers.py - the layer check catches what it is for.
+
+usage: test_check_layers.py CC AR NM [SERVER_DIR LIBPSDCORE.a DESIGN.md]
+
+Plants small trees of server/ layer folders in a temporary directory,
+compiles them into a static library with CC and AR, and runs
+check_layers.py on them: a downward tree passes; an upward include, an
+upward call, a call between the sibling layers report and answer, a file in
+a folder that is no layer, two sources of one name and a write of
+psd.stats outside its owner each fail with a message naming the files. With the real tree given, a copy of it with one
+upward include and a write of psd.stats outside stats.c planted fails
+too, and docs/DESIGN.md's layer table and
+figures are what `check_layers.py --markdown` prints.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHECK = os.path.join(HERE, "check_layers.py")
+CC, AR, NM = sys.argv[1:4] if len(sys.argv) >= 4 else ("cc", "ar", "nm")
+REAL = sys.argv[4:7] if len(sys.argv) >= 7 else None
+TIMEOUT = 60
+
+
+def run_check(server, lib, *extra):
+    return subprocess.run([sys.executable, CHECK, *extra, server, lib, NM],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+class Planted(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="layers-")
+        self.server = os.path.join(self.dir, "server")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def tree(self, files):
+        """files: {path under server/: text}; compiles every .c but main.c
+        into libcore.a and returns its path."""
+        objs = []
+        for path, text in files.items():
+            full = os.path.join(self.server, path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "w") as f:
+                f.write(text)
+        for path in files:
+            if path.endswith(".c") and path != "main.c":
+                obj = os.path.join(self.dir, "obj", os.path.dirname(path), os.path.basename(path) + ".o")
+                os.makedirs(os.path.dirname(obj), exist_ok=True)
+                subprocess.run([CC, "-c", "-I", self.dir, "-o", obj, os.path.join(self.server, path)],
+                               check=True, timeout=TIMEOUT)
+                objs.append(obj)
+        lib = os.path.join(self.dir, "libcore.a")
+        subprocess.run([AR, "qc", lib, *objs], check=True, timeout=TIMEOUT)
+        return lib
+
+    def base(self):
+        # store <- update <- policy; dispatch calls policy; all down
+        return {
+            "store/store.h": "int st_get(void);\n",
+            "store/store.c": '#include "server/store/store.h"\nint st_get(void) { return 1; }\n',
+            "update/update.h": "int up_run(void);\n",
+            "update/update.c": '#include "server/store/store.h"\n#include "server/update/update.h"\n'
+                               "int up_run(void) { return st_get(); }\n",
+            "policy/policy.h": "int po_push(void);\n",
+            "policy/policy.c": '#include "server/update/update.h"\n#include "server/policy/policy.h"\n'
+                               "int po_push(void) { return up_run(); }\n",
+            "dispatch/handle.h": "int di_handle(void);\n",
+            "dispatch/handle.c": '#include "server/policy/policy.h"\n#include "server/dispatch/handle.h"\n'
+                                 "int di_handle(void) { return po_push(); }\n",
+            "main.c": '#include "server/dispatch/handle.h"\nint main(void) { return di_handle(); }\n',
+        }
+
+    def test_downward_tree_passes(self):
+        r = run_check(self.server, self.tree(self.base()))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("8 includes", r.stdout)  # every include of a header of server/
+        self.assertIn("3 file-to-file calls", r.stdout)
+
+    def test_upward_include_fails(self):
+        t = self.base()
+        t["update/update.c"] = '#include "server/policy/policy.h"\n' + t["update/update.c"]
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn('update/update.c (update) -> policy/policy.h (policy): a layer above: '
+                      '#include "server/policy/policy.h"', r.stderr)
+
+    def test_upward_call_fails(self):
+        t = self.base()
+        # the store calls the dispatch layer, declaring the function itself:
+        # no include shows it, only the object's symbols do
+        t["store/store.c"] = "int di_handle(void);\nint st_get(void) { return 1; }\n" \
+                             "int st_back(void) { return di_handle(); }\n"
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("store/store.c (store) -> dispatch/handle.c (dispatch): a layer above: calls di_handle",
+                      r.stderr)
+
+    def test_sibling_call_fails(self):
+        t = self.base()
+        t["answer/reply.c"] = "int re_send(void) { return 0; }\n"
+        t["report/status.c"] = "int re_send(void);\nint rp_status(void) { return re_send(); }\n"
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("report/status.c (report) -> answer/reply.c (answer): a sibling layer", r.stderr)
+
+    def test_unknown_folder_and_same_name_fail(self):
+        t = self.base()
+        t["misc/extra.c"] = "int ex(void) { return 0; }\n"
+        t["policy/store.c"] = "int po_other(void) { return 0; }\n"
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("misc/extra.c: its folder is not a layer", r.stderr)
+        self.assertIn("store/store.c and policy/store.c: two sources of one name", r.stderr)
+
+    def test_write_of_owned_state_fails(self):
+        t = self.base()
+        t["store/stats.c"] = "struct st { int pushes; } ; void st_count(struct st *s) { s->pushes++; }\n"
+        ok = dict(t)
+        # reads, comparisons and counting through the owner pass
+        ok["dispatch/handle.c"] += ("struct ps { struct { int pushes, rounds; } stats; };\n"
+                                    "int di_read(struct ps *s) { int x = s->stats.pushes; "
+                                    "return x <= 1 && s->stats.rounds != 2 && s->stats.pushes == 3; }\n")
+        self.assertEqual(run_check(self.server, self.tree(ok)).returncode, 0)
+        for write in ("s->stats.pushes++;", "s->stats.pushes += 2;", "s->stats.rounds = 0;", "++s->stats.rounds;",
+                      "s->stats.rejected[3]++;", "srv_hist_observe(&s->stats.staleness, 1.0);"):
+            t["dispatch/handle.c"] = self.base()["dispatch/handle.c"] + \
+                ("struct ps { struct { int pushes, rounds, rejected[4]; double staleness; } stats; };"
+                 " void srv_hist_observe(double *h, double v);\n"
+                 "void di_w(struct ps *s) { %s }\n" % write)
+            shutil.rmtree(self.server)
+            r = run_check(self.server, self.tree(t))
+            self.assertEqual(r.returncode, 1, write)
+            self.assertIn("dispatch/handle.c:5: writes psd.stats, which store/stats.c owns", r.stderr)
+
+    def test_mutual_calls_fail(self):
+        t = self.base()
+        t["update/update.c"] += "int up_more(void) { return 2; }\n"
+        t["update/other.c"] = "int up_run(void);\nint up_o(void) { return up_run(); }\n" \
+                              "int up_back(void) { return 0; }\n"
+        t["update/update.c"] += "int up_back(void);\nint up_x(void) { return up_back(); }\n"
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("update/other.c <-> update/update.c: call each other", r.stderr)
+
+
+@unittest.skipIf(REAL is None, "the real tree was not given (SERVER_DIR LIBPSDCORE.a DESIGN.md)")
+class RealTree(unittest.TestCase):
+    def test_real_tree_passes_and_planted_include_fails(self):
+        server, lib, _ = REAL
+        self.assertEqual(run_check(server, lib).returncode, 0)
+        with tempfile.TemporaryDirectory(prefix="layers-") as d:
+            copy = os.path.join(d, "server")
+            shutil.copytree(server, copy)
+            with open(os.path.join(copy, "store", "model.c"), "a") as f:
+                f.write('\n#include "server/dispatch/handle.h"\n')
+            r = run_check(copy, lib)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("store/model.c (store) -> dispatch/handle.h (dispatch): a layer above", r.stderr)
+            with open(os.path.join(copy, "answer", "pull.c"), "a") as f:
+                f.write("\nstatic void planted(psd *s) { s->stats.pulls += 1; }\n")
+            r = run_check(copy, lib)
+            self.assertEqual(r.returncode, 1)
+            self.assertRegex(r.stderr, r"answer/pull.c:\d+: writes psd.stats, which store/stats.c owns")
+
+    def test_design_md_states_the_checks_figures(self):
+        server, lib, design = REAL
+        r = run_check(server, lib, "--markdown")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(design, encoding="utf-8") as f:
+            text = f.read()
+        begin, end = "<!-- layers: begin -->\n", "<!-- layers: end -->"
+        self.assertIn(begin, text, "docs/DESIGN.md lacks the generated layer table")
+        got = text[text.index(begin) + len(begin):text.index(end)].strip()
+        self.assertEqual(got, r.stdout.strip(),
+                         "docs/DESIGN.md's layer table is not the check's output: paste in "
+                         "`tests/layers/check_layers.py --markdown server build/server/libpsdcore.a`")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
