@@ -10,6 +10,7 @@
   and the two others finish the job with the stated accuracy.
 - ASGD, 2 workers, a third joining once the model has taken 200 updates:
   all three finish with the stated accuracy.
+- BSP over a model split on 2 psd: the same, each tensor selected whole.
 - The client refuses topk with wire bf16 or skip_zeros off, and a ratio out
   of range, with a message that says so.
 """
@@ -116,6 +117,27 @@ class TopkTest(unittest.TestCase):
             self.assertGreaterEqual(t0, 200)
             self.assertEqual(st["version"], sum(steps) * EPOCHS)
             psd.stop()
+
+    def test_split_model(self):
+        # W1 over 2 psd (BSP): a tensor the split cuts is still selected
+        # whole, so the two parts of a step hold at most k values together
+        with harness.Cluster("psd-topk-split") as cl:
+            psds = [cl.psd(mode="bsp", workers=2, name="psd%d" % i) for i in range(2)]
+            ws = [cl.worker(psds, k, 2, epochs=EPOCHS, limit=LIMIT, model=MODEL, args=TOPK) for k in range(2)]
+            results = harness.finish(self, ws)
+            self.check_accuracy(results)
+            rounds = harness.steps_per_epoch(LIMIT, 2, 64, bsp=True) * EPOCHS
+            elided, params = 0, 0
+            for p in psds:
+                st = harness.status(p.addr)
+                self.assertEqual(st["pushes"], 2 * rounds)
+                params += st["parameters"]
+                samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+                elided += harness.metric(samples, "psd_wire_zeros_elided_total")
+            self.assertEqual(params, harness.layout_size(harness.mlp_layout(HIDDEN)))
+            self.assertGreaterEqual(elided, 2 * rounds * (params - kept_per_push()))
+            for p in psds:
+                p.stop()
 
     def test_refusals(self):
         with harness.Cluster("psd-topk-refuse") as cl:
