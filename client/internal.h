@@ -31,6 +31,7 @@
 #include "proto/errors.h"
 #include "proto/layout.h"
 #include "proto/ps_limits.h"
+#include "topk.h"
 
 /* largest tensor chunk in one frame, in floats (4 MiB) */
 #define CHUNK_FLOATS PS_CHUNK_FLOATS
@@ -69,6 +70,11 @@ struct psc_client {
                               * when psd offers it (default on) */
     int compress;            /* option compress: float32 pushes as zstd frames,
                               * auto (-1: to a psd on another machine), on, off */
+    double topk;             /* option topk: the ratio of each tensor's values a push
+                              * sends (the largest of gradient plus residual); 0 off */
+    float *resid;            /* topk: the values not sent yet, one per model value;
+                              * NULL until the first push */
+    float *topk_scratch;     /* topk: the selection's scratch, as many */
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
     int interrupt;           /* option interrupt: a signal ends a wait (PSC_EINTR) */

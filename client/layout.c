@@ -135,6 +135,9 @@ void psc__unmake_links(psc_client *c)
     free(c->own);
     c->own = NULL;
     c->params = c->grads = NULL;
+    free(c->resid);
+    free(c->topk_scratch);
+    c->resid = c->topk_scratch = NULL;
 }
 
 /* Fixes the layout; a failure leaves nothing made, so the caller may

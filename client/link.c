@@ -274,6 +274,11 @@ int psc_connect(psc_client *c)
         return psc__fail(c, PSC_ESTATE, "psc_connect: the client is closed");
     if (c->connected)
         return psc__fail(c, PSC_ESTATE, "psc_connect: already connected");
+    if (c->topk > 0 && c->want_dt == PS_DT_BF16)
+        return psc__fail(c, PSC_EINVAL, "topk sends float32 without its zeros; wire bf16 would send every value as "
+                                        "bfloat16: use one or the other");
+    if (c->topk > 0 && !c->skip_zeros)
+        return psc__fail(c, PSC_EINVAL, "topk needs skip_zeros on: its pushes are mostly zeros and go without them");
     int rc = psc__fix_layout(c);
     if (rc != 0)
         return rc;

@@ -157,6 +157,16 @@ static int set_wire(psc_client *c, const opt_row *r, const char *value)
     return 0;
 }
 
+static int set_topk(psc_client *c, const opt_row *r, const char *value)
+{
+    char *end = NULL;
+    double v = strtod(value, &end);
+    if (!*value || *end || !(v == 0 || (v >= 1e-5 && v <= 1)))
+        return bad_value(c, r, value);
+    c->topk = v;
+    return 0;
+}
+
 static int set_report_s(psc_client *c, const opt_row *r, const char *value)
 {
     char *end = NULL;
@@ -217,6 +227,12 @@ static const opt_row options[] = {
       "float32 pushes and pulled parameters as zstd frames (lossless) when psd offers it and that saves a "
       "sixteenth of the bytes or more; auto: with a psd on another machine"},
      OPT_BEFORE_CONNECT, set_auto, 0, 0, 0, 1, OPT_FIELD(compress), 0},
+    {{"topk", "topk", "RATIO", "0 (off) or 0.00001..1", "0",
+      "top-k with error feedback: a push sends, of each tensor, only this ratio of its values (the largest of "
+      "gradient plus residual, as float32 without zeros) and keeps the rest in a residual the next push adds in, "
+      "so nothing is lost; e.g. 0.01. After a push the gradient vector holds what was sent. Not with wire bf16 or "
+      "skip_zeros off"},
+     OPT_BEFORE_CONNECT, set_topk, 0, 0, 0, 1, 0, 0},
     {{"shm", "shm", "on|off", "on or off", "on",
       "offer psd a shared-memory segment for the tensors: a psd on this machine, of the same user, maps it and "
       "pushes and pulls skip the TCP copies (models of at most 2^20 values, or 2^20 per psd; not with a step in "

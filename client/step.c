@@ -356,8 +356,62 @@ int psc__ready(psc_client *c, const char *what)
 /* Runs one operation; a lost connection is reconnected (the step is then
  * lost) when the option says so. */
 static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
+static int run(psc_client *c, enum op op, uint64_t off, uint64_t len);
+
+/* Option topk: each tensor's values of the gradient in [off, off + len)
+ * are cut down to the largest of gradient plus residual (topk.c), in
+ * place, the rest kept in c->resid. */
+static int topk_apply(psc_client *c, uint64_t off, uint64_t len)
+{
+    if (!c->resid) {
+        size_t n = (size_t)c->layout.total;
+        c->resid = calloc(n, sizeof(float));
+        c->topk_scratch = malloc(n * sizeof(float));
+        if (!c->resid || !c->topk_scratch) {
+            free(c->resid);
+            free(c->topk_scratch);
+            c->resid = c->topk_scratch = NULL;
+            return psc__fail(c, PSC_ENOMEM, "topk: out of memory for the residual (%" PRIu64 " values)",
+                             c->layout.total);
+        }
+    }
+    for (uint32_t t = 0; t < c->layout.ntensors; t++) {
+        const ps_tensor_desc *d = &c->layout.t[t];
+        uint64_t a = off > d->offset ? off : d->offset;
+        uint64_t b = off + len < d->offset + d->count ? off + len : d->offset + d->count;
+        if (a >= b)
+            continue;
+        size_t n = (size_t)(b - a);
+        psc__topk_select(c->grads + a, c->resid + a, n, psc__topk_k(c->topk, n), c->topk_scratch);
+    }
+    return 0;
+}
+
+/* Option topk: a step whose push did not count (lost with a reconnect, or
+ * dropped by a BSP round that had closed) gives what it sent back to the
+ * residual, so error feedback still loses nothing. */
+static void topk_unsend(psc_client *c, uint64_t off, uint64_t len)
+{
+    for (uint64_t i = off; i < off + len; i++)
+        c->resid[i] += c->grads[i];
+}
 
 int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len)
+{
+    int topk = c->topk > 0 && op != OP_PULL;
+    if (topk) {
+        int rc = topk_apply(c, off, len);
+        if (rc != 0)
+            return rc;
+    }
+    uint64_t lost0 = c->lost, dropped0 = c->dropped;
+    int rc = run(c, op, off, len);
+    if (topk && (rc != 0 || c->lost != lost0 || c->dropped != dropped0))
+        topk_unsend(c, off, len);
+    return rc;
+}
+
+static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     psc__waiting_clear(c);
     c->intr = 0;

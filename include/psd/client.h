@@ -128,6 +128,14 @@ PSC_API psc_client *psc_new(void);
  *                a sixteenth of the bytes or more, and the parameters come
  *                back so on the same terms; the same values bit for bit;
  *                auto: with a psd on another machine (1.6)
+ *   topk         "0" (the default: off) or a ratio 0.00001 .. 1: top-k with
+ *                error feedback: a push sends, of each tensor, only that
+ *                ratio of its values, the largest of gradient plus residual,
+ *                and keeps the rest in a residual the next push adds in
+ *                (nothing is lost; a step that did not count gives its
+ *                values back). After a push the gradient vector holds what
+ *                was sent. psc_connect refuses it with wire "bf16" or
+ *                skip_zeros "off" (1.7)
  *   shm          "on" or "off": offer psd a shared-memory segment
  *   reconnect    "on" or "off": push and pull reconnect by themselves
  *   chunk        floats a frame of a chunked push or pull (1024 .. 2^24,

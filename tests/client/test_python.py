@@ -802,3 +802,68 @@ def test_buffers_bsp_mean_and_first_of_the_round(cluster):
     run_threads(a.pushpull, b.pushpull)
     for c in (a, b):   # w - 0.5 * mean(1, 3); m the mean; f shard 0's
         assert c.params.tolist() == [0.0] * 4 + [3.0] * 3 + [7.0] * 2, c.params
+
+
+def topk_grad(rng):
+    """A gradient of multiples of 1/64: its sums, halved by lr 0.5, are
+    exact in float32, so the model can be compared bit for bit."""
+    return (rng.integers(-256, 257, N) / 64.0).astype(np.float32)
+
+
+def drain(c, pushes=5):
+    """Pushes zero gradients until the residual is all sent: with topk 0.25
+    a push sends 300 of w's 1,200 values and 1 of b's 4, so 4 pushes."""
+    for _ in range(pushes):
+        c.grads[:] = 0.0
+        c.pushpull()
+    assert not c.grads.any(), "the residual was empty before the last push"
+
+
+def test_topk_sends_k_per_tensor_and_loses_nothing(cluster):
+    p = start(cluster, workers=1)
+    a = client(p.addr, "0/1", topk=0.25, shm=False)
+    a.params[:] = 0.0
+    a.connect()
+    rng = np.random.default_rng(5)
+    total = np.zeros(N, dtype=np.float64)
+    for _ in range(8):
+        g = topk_grad(rng)
+        total += g
+        a.grads[:] = g
+        a.pushpull()
+        # after a push the gradient vector holds what was sent: 300 of w,
+        # 1 of b, the largest of gradient plus residual
+        assert np.count_nonzero(a.grad("w")) <= 300 and np.count_nonzero(a.grad("b")) <= 1
+    assert not np.array_equal(a.params, (-0.5 * total).astype(np.float32))  # some still held back
+    drain(a)
+    assert np.array_equal(a.params, (-0.5 * total).astype(np.float32))   # all of it, bit for bit
+    a.close()
+
+
+def test_topk_lost_step_goes_back_to_the_residual(cluster):
+    p = start(cluster, workers=1)
+    port = p.port
+    a = client(p.addr, "0/1", topk=0.25, shm=False, reconnect_s=20)
+    a.params[:] = 0.0
+    a.connect()
+    rng = np.random.default_rng(6)
+    g1, g2 = topk_grad(rng), topk_grad(rng)
+    a.grads[:] = g1
+    a.pushpull()
+    p.kill()
+    start(cluster, workers=1, name="psd-again", args=("--listen", "127.0.0.1:%d" % port))
+    a.grads[:] = g2
+    a.pushpull()                                     # lost: the new psd takes our values
+    assert a.reconnects == 1 and a.lost_steps == 1
+    drain(a)
+    want = (-0.5 * (g1.astype(np.float64) + g2)).astype(np.float32)
+    assert np.array_equal(a.params, want)            # the lost step's values were sent later
+    a.close()
+
+
+def test_topk_refusals(cluster):
+    p = start(cluster, workers=1)
+    with pytest.raises(psd.PsdError, match="bad topk '1.5'"):
+        client(p.addr, "0/1", topk=1.5)
+    with pytest.raises(psd.PsdError, match="topk needs skip_zeros on"):
+        client(p.addr, "0/1", topk=0.01, skip_zeros=False, connect=True)
