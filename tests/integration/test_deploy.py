@@ -348,8 +348,9 @@ class SlurmTest(unittest.TestCase):
                 f.write("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo 127.0.0.1\n")
             for p in (srun, scontrol):
                 os.chmod(p, 0o755)
-            env = dict(os.environ, PATH="%s:%s:%s:%s" % (bindir, os.path.dirname(Paths.psd),
-                                                          os.path.dirname(Paths.psworker), os.environ["PATH"]),
+            env = dict(os.environ, PATH="%s:%s:%s:%s:%s" % (bindir, os.path.dirname(Paths.psd),
+                                                             os.path.dirname(Paths.psworker),
+                                                             os.path.dirname(Paths.psctl), os.environ["PATH"]),
                        SLURM_JOB_ID="42", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="1",
                        SLURM_SUBMIT_DIR=d, SRUN_LOG=os.path.join(d, "srun.log"), PSD_PORT=str(harness.free_port()),
                        PSD_DATA_DIR=Paths.data,
