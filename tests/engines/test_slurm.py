@@ -186,8 +186,8 @@ def body():
     engines.need_root()
     engines.need_debian12()
     engines.apt_install(["slurmctld", "slurmd", "slurm-client", "munge"], no_start=True)
-    bins = [os.path.abspath(os.path.join(ARGS.build_dir, d)) for d in ("server", "worker")]
-    for b, prog in ((bins[0], "psd"), (bins[0], "psctl"), (bins[1], "psworker")):
+    bins = [os.path.abspath(os.path.join(ARGS.build_dir, d)) for d in ("server", "worker", "psctl")]
+    for b, prog in ((bins[0], "psd"), (bins[2], "psctl"), (bins[1], "psworker")):
         check(os.access(os.path.join(b, prog), os.X_OK), "no %s in %s: build first" % (prog, b))
 
     SCRATCH = tempfile.mkdtemp(prefix="psd-engine-slurm-", dir="/var/tmp")
