@@ -146,6 +146,7 @@ enum field_kind {
     FK_SHARD,  /* shard and nshards, [k, m] */
     FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
     FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
+    FK_HOGWILD, /* hw_pid, hw_fd: [pid, fd] */
     FK_PLAN,   /* plan, [epochs, samples, batch, seed] */
     FK_SLICE,  /* slice, [epoch, lo, hi, rank, count] */
     FK_ARGS,   /* args and nargs, an array of strings */
@@ -186,6 +187,8 @@ static const field fields[] = {
     F("rdt", PS_F_RDT, FK_DTYPE, rdt),
     FS("shm", PS_F_SHM, FK_SHM),
     F("inshm", PS_F_INSHM, FK_BOOL, inshm),
+    FS("hogwild", PS_F_HOGWILD, FK_HOGWILD),
+    F("lr", PS_F_LR, FK_F64, lr),
     F("init", PS_F_INIT, FK_BOOL, need_init),
     FS("plan", PS_F_PLAN, FK_PLAN),
     FS("slice", PS_F_SLICE, FK_SLICE),
@@ -373,6 +376,12 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
                 msgpack_pack_uint64(&pk, m->shm_goff);
                 msgpack_pack_uint64(&pk, m->shm_poff);
             }
+            break;
+        case FK_HOGWILD:
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 2);
+            msgpack_pack_uint32(&pk, m->hw_pid);
+            msgpack_pack_uint32(&pk, m->hw_fd);
             break;
         case FK_PLAN:
             ps_pack_key(&pk, f->key);
@@ -780,6 +789,16 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         m->shm_at = n == 4;
         m->shm_goff = goff;
         m->shm_poff = poff;
+        return 0;
+    }
+    case FK_HOGWILD: {
+        uint64_t pid, fd;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &pid) ||
+            get_u64(&o->via.array.ptr[1], &fd) || pid == 0 || pid > INT32_MAX || fd > INT32_MAX)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: hogwild must be [pid, fd] with 0 < pid < 2^31 and fd < 2^31",
+                        tname);
+        m->hw_pid = (uint32_t)pid;
+        m->hw_fd = (uint32_t)fd;
         return 0;
     }
     case FK_PLAN: {

@@ -122,7 +122,10 @@ enum {
 #define PS_F_HP (1ull << 51)     /* "hp": its hyper-parameters (table; ps_hp) */
 #define PS_F_KEYS (1ull << 52)   /* "keys": uint64 keys (tpull, tpush, tpushpull) */
 #define PS_F_PKEYS (1ull << 53)  /* "pkeys": the keys a tpushpull pulls */
-#define PS_F_COUNT 54            /* fields in all: bits 0..PS_F_COUNT-1 */
+/* Hogwild! (PROTOCOL.md section 8) */
+#define PS_F_HOGWILD (1ull << 54) /* "hogwild": [pid, fd] of psd's model segment (welcome) */
+#define PS_F_LR (1ull << 55)     /* "lr": the step size a Hogwild! worker applies (welcome) */
+#define PS_F_COUNT 56            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -228,6 +231,8 @@ typedef struct ps_msg {
     uint64_t shm_goff, shm_poff; /* where in it (in values) the gradient and the
                              * parameters lie; without them 0 and the model's size */
     int inshm;              /* "inshm" */
+    uint32_t hw_pid, hw_fd; /* "hogwild": psd's model segment, as /proc/<pid>/fd/<fd> */
+    double lr;              /* "lr": the Hogwild! workers' step size */
     int fin;                /* "fin": last chunk of this step (default 1) */
     uint64_t min;           /* "min": pull at model version >= min */
     uint64_t base;          /* "base": model version a push was computed on */

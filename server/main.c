@@ -239,6 +239,7 @@ static void on_tick(uv_timer_t *t)
 {
     psd *s = t->data;
     uint64_t now = srv_now_ms();
+    srv_model_sync(&s->model); /* Hogwild!: the workers' steps since */
     check_liveness(s, now);
     check_handshakes(s, now);
     check_idle(s, now);

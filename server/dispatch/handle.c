@@ -413,6 +413,7 @@ int srv_handle(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     c->last_msg_ms = srv_now_ms();
+    srv_model_sync(&s->model); /* Hogwild!: the workers' steps since */
     if (c->auth) {
         /* a challenge is out: only its answer may come */
         char err[1200];

@@ -334,7 +334,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         PS_LOG(PS_LOG_WARN, "checkpoint %s: its tables take %llu bytes, past max_table_memory (%llu): kept; no new "
                             "rows fit until some memory is freed or the setting raised",
                path, (unsigned long long)s->tables.bytes, (unsigned long long)s->cfg.max_table_memory);
-    s->model.version = ver->via.u64;
+    srv_model_set_version(&s->model, ver->via.u64);
     s->model.initialized = 1;
     srv_plan_clear(&s->plan);
     *nout = 0;

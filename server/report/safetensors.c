@@ -624,7 +624,7 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
         goto undo;
     }
     s->model.initialized = 1;
-    s->model.version = 0;
+    srv_model_set_version(&s->model, 0);
     s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
     s->model.stamp++;
     snprintf(s->model_file, sizeof s->model_file, "%s", path);

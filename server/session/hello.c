@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/session/hello.h"
 #include "server/report/checkpoint.h"
@@ -339,6 +340,13 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
                  (unsigned long long)m->layout->total, (unsigned long long)s->cfg.max_params);
         return PS_ELIMIT;
     }
+    if (s->cfg.hogwild && !s->model.has_layout && m->layout->total > SRV_SHM_MAX_PARAMS) {
+        snprintf(err, errlen,
+                 "a Hogwild! job's model lives in one shared segment of at most %llu values; this worker's has %llu "
+                 "(hogwild = on in psd's configuration)",
+                 (unsigned long long)SRV_SHM_MAX_PARAMS, (unsigned long long)m->layout->total);
+        return PS_ELIMIT;
+    }
     if (s->model.has_layout && !ps_layout_equal(&s->model.layout, m->layout)) {
         /* where psd's layout comes from says what to change */
         char from[PS_CONFIG_PATH_MAX + 160];
@@ -365,6 +373,27 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         c->role = m->role;
         return 0;
     }
+    /* the worker's segment first: a Hogwild! job that takes only workers
+     * on its machine refuses the others before anything of them is kept */
+    if (m->has & PS_F_SHM) {
+        char why[160];
+        uint64_t total = s->model.has_layout ? s->model.layout.total : m->layout->total;
+        if (!c->same_host)
+            snprintf(why, sizeof why, "the worker is not on psd's machine");
+        if (c->same_host && srv_shm_attach(c, m, total, why, sizeof why) == 0)
+            PS_LOG(PS_LOG_INFO, "shard %u (%s): tensors through shared memory (pid %u)", m->shard, c->addr,
+                   m->shm_pid);
+        else
+            PS_LOG(PS_LOG_INFO, "shard %u (%s): shared memory not used, tensors over TCP: %s", m->shard, c->addr,
+                   why);
+    }
+    if (s->cfg.hogwild && s->cfg.hogwild_remote == PS_HOGWILD_REMOTE_REFUSE && !c->shm) {
+        snprintf(err, errlen, "this Hogwild! job takes only workers on psd's machine (hogwild_remote = refuse): "
+                              "shard %u could not share psd's memory (%s)",
+                 m->shard, !(m->has & PS_F_SHM) ? "it offered no shared segment: shm off?" :
+                           c->same_host ? "its segment was not mapped: psd's log says why" : "another machine");
+        return PS_EFORBIDDEN;
+    }
     if (!s->model.has_layout) {
         /* proposed: memory is taken at INIT, and a proposer that leaves
          * before it leaves nothing (srv_conn_detach) */
@@ -373,6 +402,14 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         ps_layout_describe(&s->model.layout, mine, sizeof mine);
         PS_LOG(PS_LOG_INFO, "model layout from shard %u (%s): %llu parameters: %s", m->shard, c->addr,
                (unsigned long long)s->model.layout.total, mine);
+    }
+    /* Hogwild!: the segment exists from the first hello, so that the
+     * WELCOME can name it (at most 4 MiB; released as a proposal is) */
+    if (s->cfg.hogwild && !s->model.blk && srv_model_commit(&s->model, &s->cfg) != 0) {
+        srv_shm_detach(c);
+        snprintf(err, errlen, "out of memory (or memfds) for the Hogwild! segment of %llu values",
+                 (unsigned long long)s->model.layout.total);
+        return PS_ENOMEM;
     }
     if (!s->model.initialized && !s->init_owner) {
         s->init_owner = c;
@@ -417,17 +454,6 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     srv_dash_notice(s);
     if (s->policy->worker_joined(s, w) == SRV_WAKE)
         srv_answer_parked(s);
-    if (m->has & PS_F_SHM) {
-        char why[160];
-        if (!c->same_host)
-            snprintf(why, sizeof why, "the worker is not on psd's machine");
-        if (c->same_host && srv_shm_attach(c, m, s->model.layout.total, why, sizeof why) == 0)
-            PS_LOG(PS_LOG_INFO, "shard %u (%s): tensors through shared memory (pid %u)", m->shard, c->addr,
-                   m->shm_pid);
-        else
-            PS_LOG(PS_LOG_INFO, "shard %u (%s): shared memory not used, tensors over TCP: %s", m->shard, c->addr,
-                   why);
-    }
     w->shm = c->shm != NULL;
     c->role = m->role;
     return 0;
@@ -453,6 +479,13 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     if (c->shm) {
         r.has |= PS_F_INSHM;
         r.inshm = 1;
+        if (s->model.hw && c->role == PS_ROLE_WORKER) {
+            /* Hogwild!: the model itself, to step in */
+            r.has |= PS_F_HOGWILD | PS_F_LR;
+            r.hw_pid = (uint32_t)getpid();
+            r.hw_fd = (uint32_t)s->model.hw->hw_fd;
+            r.lr = s->cfg.lr;
+        }
     }
     /* float32 without its zeros, and compressed, is float32 bit for bit:
      * always offered */

@@ -32,6 +32,7 @@ static const char *const sum_order_words[] = {"shard", "arrival", NULL};
 static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
 static const char *const nonfinite_words[] = {"reject", "clip", NULL};
 static const char *const join_action_words[] = {"continue", "stop", NULL};
+static const char *const hogwild_remote_words[] = {"asgd", "refuse", NULL};
 
 _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
                "log_level_words must follow enum ps_log_level");
@@ -189,6 +190,18 @@ static const ps_config_option options[] = {
      .help = "asgd: delay compensation of DC-ASGD (Zheng et al., 2017): a stale gradient g "
              "becomes g + dc_lambda * g * g * (w_now - w_base). 0 turns it off. Costs one "
              "model-sized copy per worker."},
+    {.name = "hogwild", .type = PS_CT_BOOL, .def = "no", AT(hogwild),
+     .help = "Hogwild! (Recht et al., 2011): psd keeps the model in a memory segment that the "
+             "workers on its machine map and update themselves, each applying its plain SGD "
+             "steps (w -= lr * g, psd's lr) straight into it without locks; psd reads the "
+             "segment's step counter as the version, and checkpoints, reports and serves it "
+             "as ever. Needs mode = asgd and optimizer = sgd without momentum, weight decay, "
+             "clipping, schedule or warm-up, and a model of at most 2^20 values."},
+    {.name = "hogwild_remote", .type = PS_CT_ENUM, .def = "asgd", AT(hogwild_remote),
+     .words = hogwild_remote_words,
+     .help = "hogwild: what becomes of a worker that cannot map the segment (another "
+             "machine, or shm off). asgd: it pushes and pulls over TCP as in asgd, its "
+             "pushes applied into the segment; refuse: its hello is refused (FORBIDDEN)."},
     {.name = "heartbeat_timeout", .type = PS_CT_DURATION, .def = "10s", AT(heartbeat_timeout),
      .lo = 100, .hi = INT64_C(86400000),
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "

@@ -49,6 +49,9 @@ enum ps_bsp_sum_order { PS_BSP_SUM_SHARD = 0, PS_BSP_SUM_ARRIVAL = 1 };
 
 /* Values of ps_config.join_timeout_action. */
 enum ps_join_action { PS_JOIN_CONTINUE = 0, PS_JOIN_STOP = 1 };
+/* Values of ps_config.hogwild_remote: what becomes of a Hogwild! job's
+ * workers on other machines. */
+enum ps_hogwild_remote { PS_HOGWILD_REMOTE_ASGD = 0, PS_HOGWILD_REMOTE_REFUSE = 1 };
 
 typedef struct ps_config {
     ps_hostport listen;                /* address psd listens on */
@@ -101,6 +104,8 @@ typedef struct ps_config {
     uint64_t idle_timeout;             /* ms an admin connection may stay silent; 0 = off */
     int log_level;                     /* enum ps_log_level (common/log.h) */
     char web_root[PS_CONFIG_PATH_MAX]; /* the dashboard's files; "" = where installed */
+    bool hogwild;                      /* Hogwild!: local workers step in psd's model segment */
+    int hogwild_remote;                /* enum ps_hogwild_remote */
 } ps_config;
 
 typedef enum ps_config_type {

@@ -2,6 +2,7 @@
  * copy-on-write blocks (see psd.h), snapshots, and a small pool of free
  * blocks so that steady-state updates of shared blocks allocate nothing.
  * Knows nothing of connections or modes. Loop thread only. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +70,10 @@ void srv_blk_unref(srv_blk *b)
 {
     if (!b || --b->refs > 0)
         return;
+    if (b->hw_steps) {
+        srv_hogwild_block_free(b);
+        return;
+    }
     size_t bytes = b->cap * sizeof(float);
     if (pool_bytes + bytes <= POOL_MAX_BYTES) {
         b->next = pool;
@@ -98,10 +103,16 @@ int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
 {
     size_t n = l->total;
     size_t nblk = (n + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT;
+    if (cfg->hogwild && nblk > 1)
+        return PS_ELIMIT; /* the hello was refused before (hello.c); a checkpoint or init_from */
     srv_blk **blk = calloc(nblk ? nblk : 1, sizeof *blk);
     if (!blk)
         return PS_ENOMEM;
-    for (size_t i = 0; i < nblk; i++) {
+    if (cfg->hogwild && nblk == 1 && !(blk[0] = srv_hogwild_block(n))) {
+        free(blk);
+        return PS_ENOMEM;
+    }
+    for (size_t i = blk[0] ? 1 : 0; i < nblk; i++) {
         if (!(blk[i] = blk_new(blk_cap(n, i)))) {
             blocks_free(blk, i);
             return PS_ENOMEM;
@@ -117,6 +128,7 @@ int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
     m->fp = ps_layout_fingerprint(l);
     m->blk = blk;
     m->nblk = nblk;
+    m->hw = cfg->hogwild && nblk == 1 ? blk[0] : NULL;
     m->has_layout = 1;
     m->initialized = 0;
     m->version = 0;
@@ -173,7 +185,7 @@ int srv_model_write_begin(srv_model *m, uint64_t off, uint64_t n, srv_wseg *seg)
     size_t room = b->cap - in;
     seg->len = n < room ? (size_t)n : room;
     seg->old = NULL;
-    if (b->refs == 1) {
+    if (b->refs == 1 || b->hw_steps) { /* Hogwild!'s segment: always in place */
         seg->wo = b->w + in;
         seg->wi = seg->wo;
         return 0;
@@ -204,7 +216,7 @@ int srv_model_reserve(const srv_model *m, size_t first, size_t nblk, srv_blk **o
     for (size_t i = 0; i < nblk; i++) {
         old[i] = m->blk[first + i];
         fresh[i] = NULL;
-        if (old[i]->refs == 1)
+        if (old[i]->refs == 1 || old[i]->hw_steps)
             continue; /* updated in place: no new reference can come meanwhile */
         if (!(fresh[i] = blk_new(old[i]->cap))) {
             for (size_t k = 0; k < i; k++)
@@ -228,7 +240,10 @@ void srv_model_install(srv_model *m, size_t first, size_t nblk, srv_blk *const *
 
 void srv_model_bump(srv_model *m)
 {
-    m->version++;
+    if (m->hw)
+        m->version = atomic_fetch_add_explicit(m->hw->hw_steps, 1, memory_order_acq_rel) + 1;
+    else
+        m->version++;
 }
 
 void srv_model_free(srv_model *m)
@@ -237,6 +252,7 @@ void srv_model_free(srv_model *m)
         blocks_free(m->blk, m->nblk);
     m->blk = NULL;
     m->nblk = 0;
+    m->hw = NULL;
     srv_optim_free(&m->opt);
 }
 
@@ -247,12 +263,28 @@ srv_snap *srv_snap_take(srv_model *m)
     srv_snap *s = malloc(sizeof *s + m->nblk * sizeof s->blk[0]);
     if (!s)
         return NULL;
+    srv_model_sync(m);
     s->refs = 1;
     s->version = m->version;
     s->n = m->layout.total;
     s->nblk = m->nblk;
-    for (size_t i = 0; i < m->nblk; i++)
-        s->blk[i] = srv_blk_ref(m->blk[i]);
+    for (size_t i = 0; i < m->nblk; i++) {
+        if (!m->blk[i]->hw_steps) {
+            s->blk[i] = srv_blk_ref(m->blk[i]);
+            continue;
+        }
+        /* Hogwild!'s segment changes under any reference: a copy, read
+         * after the counter, so it holds every step counted in version
+         * (and maybe parts of later ones) */
+        srv_blk *b = blk_new(m->blk[i]->cap);
+        if (!b) {
+            s->nblk = i;
+            srv_snap_unref(s);
+            return NULL;
+        }
+        memcpy(b->w, m->blk[i]->w, b->cap * sizeof(float));
+        s->blk[i] = b;
+    }
     return s;
 }
 

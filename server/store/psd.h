@@ -39,6 +39,11 @@ typedef struct srv_blk {
     size_t cap;             /* floats in w */
     float *w;               /* 64-byte aligned */
     struct srv_blk *next;   /* in the free pool */
+    /* Hogwild! (hogwild.c): w is a memfd's mapping, shared with workers */
+    _Atomic uint64_t *hw_steps; /* the step counter after the values; NULL:
+                                 * an ordinary block */
+    int hw_fd;              /* the memfd (WELCOME's "hogwild") */
+    size_t hw_len;          /* bytes mapped */
 } srv_blk;
 
 /* A whole-model snapshot: references to every block of one version (psctl
@@ -64,6 +69,9 @@ typedef struct srv_model {
                           * chunk without fin (no new version) too: what a
                           * cache of their values is keyed on */
     srv_optim opt;
+    srv_blk *hw;         /* Hogwild!: blk[0], the shared segment (hogwild.c);
+                          * NULL: none. Updated in place, never copied on
+                          * write; its counter is the version (srv_model_sync) */
     /* Upper bounds of |value| over the parameters (bound_w) and the
      * optimizer's state buffers 1 and 2 (srv_optim_state_buffers' order),
      * kept by the update engine from what its updates write (update.c).
@@ -416,6 +424,7 @@ static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
 
 /* Each store file's functions, in its own header (they need the types
  * above, so they come last). */
+#include "server/store/hogwild.h"
 #include "server/store/model.h"
 #include "server/store/plan.h"
 #include "server/store/settings.h"

@@ -119,6 +119,8 @@ int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out,
                            "momentum, or nesterov = no");
         return PS_EINVAL;
     }
+    if (srv_hogwild_check(c, err, len) != 0)
+        return PS_EINVAL;
     if (c->admin_token_file[0] && !c->token_file[0]) {
         snprintf(err, len, "admin_token_file is set but token_file is not: set token_file too (the workers' "
                            "secret); authentication is on only with it");

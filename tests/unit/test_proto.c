@@ -1271,6 +1271,14 @@ static void mp_field(mpw *w, uint64_t bit)
         mp_str(w, "shm"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 5);
         return;
     }
+    if (bit == PS_F_HOGWILD) {
+        mp_str(w, "hogwild"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 6);
+        return;
+    }
+    if (bit == PS_F_LR) {
+        mp_str(w, "lr"), mp_f64(w, 0.05);
+        return;
+    }
     if (bit == PS_F_PLAN) {
         mp_str(w, "plan"), mp_array(w, 4), mp_uint(w, 2), mp_uint(w, 600), mp_uint(w, 192), mp_uint(w, 7);
         return;
@@ -1354,7 +1362,7 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 54
+#define NFIELDS 56
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
@@ -1363,7 +1371,7 @@ static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
                                              "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
                                              "wait", "piece", "tab", "dim", "rinit", "scale", "seed", "opt",
-                                             "hp", "keys", "pkeys"};
+                                             "hp", "keys", "pkeys", "hogwild", "lr"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
