@@ -51,6 +51,10 @@ typedef struct psc_link {
     char mode[16];
     uint64_t version;        /* version of this part's parameters we hold */
     int shm_ok;              /* this psd mapped our segment */
+    int hw;                  /* its WELCOME named its Hogwild! segment: */
+    uint32_t hw_pid, hw_fd;
+    double hw_lr;
+    uint32_t workers;        /* its WELCOME's "workers" */
     int remote;              /* this psd is on another machine (ps_sock_same_host) */
     int has_plan;            /* its WELCOME told the job's plan: */
     ps_plan plan;
@@ -116,6 +120,15 @@ struct psc_client {
     int has_base;            /* psc_set_base: the next push's base is `base` */
     uint64_t base;
     int shm_ok, shm_logged;
+    /* Hogwild! (hogwild.c): psd's model segment, mapped for the client's
+     * life once a psd named one */
+    float *hw;               /* its values, then (64-byte aligned) the step counter */
+    size_t hw_len;           /* bytes mapped */
+    int hw_on;               /* the psd now connected runs a Hogwild! job: steps go there */
+    double hw_lr;            /* its lr (WELCOME "lr") */
+    uint32_t hw_workers;     /* its workers (WELCOME), for buffers' "mean" */
+    int64_t hw_checked_ms;   /* when a step last looked whether psd is still there */
+    int hw_said;             /* the options it ignores were said */
     uint64_t reconnects, lost, dropped;
     /* the asynchronous step */
     pthread_t async_thread;
@@ -206,6 +219,11 @@ void psc__hb_stop(psc_link *ln);
 void psc__hb_start(psc_link *ln);
 void psc__async_stop(psc_client *c);
 
+/* ---- hogwild.c ---- */
+int psc__hogwild_map(psc_client *c, uint32_t pid, uint32_t fd);
+void psc__hogwild_unmap(psc_client *c);
+uint64_t psc__hogwild_version(const psc_client *c);
+int psc__hogwild_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
 /* ---- table.c ---- */
 void psc__tables_free(psc_client *c);
 

@@ -132,6 +132,7 @@ void psc__unmake_links(psc_client *c)
         c->shm = NULL;
         c->shm_fd = -1;
     }
+    psc__hogwild_unmap(c);
     free(c->own);
     c->own = NULL;
     c->params = c->grads = NULL;

@@ -59,6 +59,11 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     if (rc != 0)
         return rc;
     ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
+    ln->hw = ln->shm_ok && (r.has & PS_F_HOGWILD) && (r.has & PS_F_LR);
+    ln->hw_pid = r.hw_pid;
+    ln->hw_fd = r.hw_fd;
+    ln->hw_lr = r.lr;
+    ln->workers = (r.has & PS_F_WORKERS) ? r.workers : 1;
     if (c->want_shm && !c->shm_logged) {
         if (ln->shm_ok)
             PS_LOG(PS_LOG_INFO, "tensors through shared memory with psd at %s", ln->server);
@@ -90,6 +95,43 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     *need_init = r.need_init;
     uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
     ln->hb_interval_ms = hb ? (hb / 3 > 50 ? hb / 3 : 50) : 0;
+    return 0;
+}
+
+static int open_fail(psc_client *c, const int *fresh, uint32_t i, int rc);
+
+/* After the hellos: a psd that named its Hogwild! segment is mapped (in
+ * place of the one before, PROTOCOL.md section 8), unless the model is
+ * split, which a Hogwild! job cannot be. */
+static int hogwild_open(psc_client *c, const int *fresh)
+{
+    uint32_t named = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        named += c->links[i].hw;
+    if (named && c->nlinks > 1) {
+        psc__fail(c, PSC_EINVAL, "a Hogwild! job keeps the whole model in one psd; this worker was given %u",
+                  c->nlinks);
+        return open_fail(c, fresh, 0, PSC_EINVAL);
+    }
+    if (!fresh[0])
+        return 0;
+    c->hw_on = 0;
+    if (!named)
+        return 0;
+    psc_link *ln = &c->links[0];
+    int rc = psc__hogwild_map(c, ln->hw_pid, ln->hw_fd);
+    if (rc != 0)
+        return open_fail(c, fresh, 0, rc);
+    c->hw_on = 1;
+    c->hw_lr = ln->hw_lr;
+    c->hw_workers = ln->workers;
+    c->hw_checked_ms = psc__mono_ms();
+    if (!c->hw_said) {
+        c->hw_said = 1;
+        PS_LOG(PS_LOG_INFO, "Hogwild!: steps go straight into psd's model (lr %g)", c->hw_lr);
+        if (c->topk > 0 || c->want_dt != PS_DT_F32 || c->compress > 0)
+            PS_LOG(PS_LOG_INFO, "Hogwild!: this worker pushes nothing: topk, wire and compress do not apply");
+    }
     return 0;
 }
 
@@ -134,6 +176,9 @@ static int do_open(psc_client *c)
     }
     snprintf(c->mode, sizeof c->mode, "%s", c->links[0].mode);
     c->bsp = strcmp(c->mode, "bsp") == 0;
+    int hrc = hogwild_open(c, fresh);
+    if (hrc != 0)
+        return hrc;
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         if (!fresh[i])

@@ -398,7 +398,7 @@ static void topk_unsend(psc_client *c, uint64_t off, uint64_t len)
 
 int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
-    int topk = c->topk > 0 && op != OP_PULL;
+    int topk = c->topk > 0 && op != OP_PULL && !c->hw_on;
     if (topk) {
         int rc = topk_apply(c, off, len);
         if (rc != 0)
@@ -413,6 +413,8 @@ int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 
 static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
+    if (c->hw_on && !c->desync)
+        return psc__hogwild_step(c, op, off, len);
     psc__waiting_clear(c);
     c->intr = 0;
     if (c->desync) {

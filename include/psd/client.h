@@ -414,6 +414,16 @@ PSC_API void psc_shard(const psc_client *c, uint32_t *k, uint32_t *m);
 PSC_API uint32_t psc_servers(const psc_client *c);       /* psd sharing the model */
 PSC_API const char *psc_wire(const psc_client *c);       /* "f32" or "bf16", as psd agreed */
 PSC_API int psc_shm(const psc_client *c);                /* 1: tensors go through shared memory */
+/* 1: psd runs a Hogwild! job and mapped this worker's segment: a push
+ * (psc_push, psc_pushpull and their ranges) is w -= lr * g applied by the
+ * caller's thread straight into psd's model, at psd's lr, without a
+ * message; a pull copies the model from there (PROTOCOL.md 8). (1.8) */
+PSC_API int psc_hogwild(const psc_client *c);
+/* psd's model itself while psc_hogwild() is 1 (psc_size() floats, which
+ * other workers write at the same time), else NULL. The address holds until
+ * psc_free, also across reconnects: psc_bind it as the parameter vector
+ * and pulls copy nothing. (1.8) */
+PSC_API float *psc_hogwild_params(psc_client *c);
 PSC_API uint64_t psc_reconnects(const psc_client *c);
 PSC_API uint64_t psc_lost_steps(const psc_client *c);    /* steps lost to reconnects */
 PSC_API uint64_t psc_dropped(const psc_client *c);       /* pushes psd dropped (bsp round closed) */

@@ -634,6 +634,22 @@ class Client:
         return bool(lib.psc_shm(self._handle()))
 
     @property
+    def hogwild(self):
+        """True when psd runs a Hogwild! job and this worker steps straight
+        into psd's model (PROTOCOL.md section 8): a push is w -= lr * g
+        applied here, at psd's lr, and sends nothing."""
+        return bool(lib.psc_hogwild(self._handle()))
+
+    def hogwild_params(self):
+        """psd's model itself (a float32 array of size values that the
+        other workers write at the same time) while hogwild is True, else
+        None. Its memory stays at one address until the client is freed,
+        across reconnects: bind(params=c.hogwild_params()) and pulls copy
+        nothing."""
+        ptr = lib.psc_hogwild_params(self._handle())
+        return self._wrap(ptr) if ptr else None
+
+    @property
     def reconnects(self):
         return int(lib.psc_reconnects(self._handle()))
 

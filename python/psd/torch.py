@@ -238,6 +238,8 @@ class Worker:
         self.client.connect()
         if self._has_tables:
             _attach_tables(self.module, self.client)
+        if self.client.hogwild:
+            self._hogwild()
         self._after_pull()
         if self.pipeline and self.client.mode == "bsp":
             self.client.close(reason="pipeline=True in a bsp job")
@@ -248,6 +250,25 @@ class Worker:
             k, m = self.client.shard
             self._notice.prefix = "worker %d/%d: " % (k, m)
             self._notice.start()
+
+    def _hogwild(self):
+        """A Hogwild! job: the module's parameters become views of psd's
+        model itself, which this process and the other workers update in
+        place; a step applies lr * gradient there (in the library, one pass)
+        and copies nothing."""
+        if self.pipeline:
+            self.client.close(reason="pipeline=True in a Hogwild! job")
+            raise ValueError("pipeline=True overlaps a step's round trip with the next batch; a Hogwild! step "
+                             "(psd runs hogwild = on) has none: leave pipeline off")
+        if self._has_tables:
+            self.client.close(reason="embedding tables in a Hogwild! job")
+            raise ValueError("psd.torch embedding tables push their rows to psd; a Hogwild! job (hogwild = on) "
+                             "steps the dense model in place: use a psd without hogwild")
+        hw = self.client.hogwild_params()
+        self.client.bind(params=hw, grads=self.flat_grads.numpy())
+        self.flat_params = torch.from_numpy(hw)
+        self._pairs = [(self.flat_params, self.flat_grads)]
+        self._views()
 
     def _after_pull(self):
         if self.cuda:
