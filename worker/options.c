@@ -152,7 +152,8 @@ static void usage(FILE *f)
             "test_accuracy (null without --eval), test_loss, seconds, samples,\n"
             "samples_per_second, version, mode, shard, model, reconnects,\n"
             "dropped_pushes, wire (the tensor type psd agreed to: f32 or bf16), shm\n"
-            "(true when the last connection's pushes and pulls went through shared memory).\n");
+            "(true when the last connection's pushes and pulls went through shared memory),\n"
+            "hogwild (true when its steps went straight into psd's model: psd's hogwild = on).\n");
 }
 
 int pw_die(const char *fmt, ...)

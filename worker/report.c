@@ -175,8 +175,8 @@ void pw_summary(const wopts *o, psc_client *pc, const pw_result *res)
         printf("null, \"test_loss\": null");
     printf(", \"seconds\": %.3f, \"samples\": %" PRIu64 ", \"samples_per_second\": %.1f, \"version\": %" PRIu64
            ", \"mode\": \"%s\", \"shard\": \"%d/%d\", \"model\": \"%s\", \"reconnects\": %" PRIu64
-           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s, \"servers\": %u}\n",
+           ", \"dropped_pushes\": %" PRIu64 ", \"wire\": \"%s\", \"shm\": %s, \"hogwild\": %s, \"servers\": %u}\n",
            res->train_time, res->samples, (double)res->samples / (res->train_time > 0 ? res->train_time : 1e-9),
            psc_model_version(pc), psc_mode(pc), o->shard, o->nshards, o->model, psc_reconnects(pc), psc_dropped(pc),
-           psc_wire(pc), psc_shm(pc) ? "true" : "false", psc_servers(pc));
+           psc_wire(pc), psc_shm(pc) ? "true" : "false", psc_hogwild(pc) ? "true" : "false", psc_servers(pc));
 }

@@ -106,7 +106,19 @@ static int job_setup(job *j)
         return pw_stop(pc, o->shard, o->nshards, 0, 0);
     j->bsp = strcmp(psc_mode(pc), "bsp") == 0;
     j->planned = j->bsp && psc_plan(pc, NULL, NULL, NULL, NULL);
-    if (o->pipeline == 1 || (o->pipeline == -1 && !j->bsp && j->np <= (1u << 20) && psc_servers(pc) == 1)) {
+    int hogwild = psc_hogwild(pc);
+    if (hogwild) {
+        /* Hogwild!: the model computes on psd's model itself, which its
+         * steps (and the other workers') update in place: nothing to copy,
+         * and no round trip to overlap */
+        float *hw = psc_hogwild_params(pc);
+        if (psc_bind(pc, hw, lib_grads) == 0)
+            ps_model_bind_params(j->model, hw);
+        if (o->pipeline == 1)
+            PS_LOG(PS_LOG_INFO, "--pipeline on: a Hogwild! step sends nothing; not pipelined");
+    }
+    if (!hogwild &&
+        (o->pipeline == 1 || (o->pipeline == -1 && !j->bsp && j->np <= (1u << 20) && psc_servers(pc) == 1))) {
         if (j->bsp || j->np > (1u << 20) || psc_servers(pc) != 1) {
             fprintf(stderr, "psworker: --pipeline on needs asgd or ssp, a model of at most 2^20 parameters and one "
                             "psd\n");

@@ -163,7 +163,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         ps_pack_ku64(pk, "shards", w->nshards);
         ps_pack_kstr(pk, "state", worker_states[w->state]);
         ps_pack_kstr(pk, "address", w->addr);
-        ps_pack_kstr(pk, "transport", w->shm ? "shm" : "tcp");
+        ps_pack_kstr(pk, "transport", w->shm ? (s->model.hw ? "hogwild" : "shm") : "tcp");
         ps_pack_ku64(pk, "pushes", w->pushes);
         ps_pack_kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
         ps_pack_ku64(pk, "epoch", w->epoch);

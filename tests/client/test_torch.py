@@ -435,3 +435,48 @@ def test_batchnorm_buffers_saved_and_loaded_strictly(cluster, mode, rule):
     assert acc > 70, acc
     for o in outs:
         assert abs(acc - o["acc"]) <= 0.1, (acc, outs)
+
+
+def test_hogwild_module_is_psds_model(cluster):
+    """hogwild = on: the module's parameters are psd's model segment itself;
+    a step applies p - lr x grad there (no message), psd's version is the
+    steps' count, and what one worker writes the other sees at once."""
+    p = cluster.psd(mode="asgd", workers=2, args=SGD + ("--set", "hogwild=on"))
+    model = net()
+    before = {n: t.detach().clone() for n, t in model.named_parameters()}
+    w = psd.torch.Worker(model, server=p.addr, shard="0/2")
+    assert w.client.hogwild and w.client.shm
+    hw = w.client.hogwild_params()
+    assert hw is not None and w.flat_params.data_ptr() == hw.ctypes.data
+    for n, t in model.named_parameters():
+        off, _ = w.client.offset(n)
+        assert t.data_ptr() == hw.ctypes.data + 4 * off      # a view of psd's model
+        assert torch.equal(t.detach(), before[n])
+    x, y = data(1)
+    w.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    grads = {n: t.grad.clone() for n, t in model.named_parameters()}
+    w.step()
+    for n, t in model.named_parameters():
+        assert torch.equal(t.detach(), before[n] - 0.5 * grads[n]), n
+    assert w.version == 1
+    assert harness.status(p.addr)["version"] == 1
+    other = net(seed=7)
+    w2 = psd.torch.Worker(other, server=p.addr, shard="1/2")
+    assert w2.client.hogwild
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert torch.equal(a.detach(), b.detach())
+    w2.zero_grad()
+    nn.functional.cross_entropy(other(x), y).backward()
+    now = {n: t.detach().clone() for n, t in other.named_parameters()}
+    g2 = {n: t.grad.clone() for n, t in other.named_parameters()}
+    w2.step()
+    for n, t in model.named_parameters():                   # worker 0's module sees worker 1's step
+        assert torch.equal(t.detach(), now[n] - 0.5 * g2[n]), n
+    st = harness.status(p.addr)
+    assert st["version"] == 2 and st["pushes"] == 0
+    assert sorted(x["transport"] for x in st["workers"]) == ["hogwild", "hogwild"]
+    with pytest.raises(ValueError, match="Hogwild"):
+        psd.torch.Worker(net(), server=p.addr, shard="2/3", pipeline=True)
+    w.close()
+    w2.close()
