@@ -268,6 +268,30 @@ class Workers(unittest.TestCase):
             self.assertEqual(harness.status(psd2.addr)["version"], v + steps(12000, 2, 1, (1,)))
             psd2.stop()
 
+    def test_worker_follows_psd_restart(self):
+        """psd stopped and started again on its address while a worker
+        steps: the worker sees the connection go, reconnects, maps the new
+        psd's segment at the same address and trains on from the
+        checkpoint."""
+        with harness.Cluster("psd-hogwild-restart") as cl:
+            state = os.path.join(cl.dir, "state")
+            port = harness.free_port()
+            args = hw_args(0.05, "--state-dir", state, "--listen", "127.0.0.1:%d" % port)
+            psd = cl.psd(mode="asgd", workers=1, args=args)
+            w = cl.worker(psd, 0, 1, epochs=8, limit=12000, model="mlp:64", args=("--reconnect-timeout", "60"))
+            harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 200, 60, "the worker's steps")
+            psd.stop()  # a last checkpoint
+            psd2 = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
+            v = harness.status(psd2.addr)["version"]
+            self.assertGreaterEqual(v, 200)
+            s = harness.finish(self, [w], timeout=240)[0]
+            self.assertEqual(s["reconnects"], 1, s)
+            self.assertIs(s["hogwild"], True, s)
+            self.assertGreater(s["test_accuracy"], 0.85, s)
+            # its steps after the restart went into psd2's segment
+            self.assertGreater(harness.status(psd2.addr)["version"], v)
+            psd2.stop()
+
 
 if __name__ == "__main__":
     harness.parse_args()
