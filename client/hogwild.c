@@ -91,9 +91,8 @@ int psc__hogwild_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
         if (rc != 0)
             return rc;
         if (op != OP_PULL)
-            c->lost++;
-        if (!c->hw_on) /* the new psd runs no Hogwild! job: its pulls are done */
-            return 0;
+            c->lost++; /* as with any reconnect: the open pulled the model anew */
+        return 0;
     }
     float *w = c->hw;
     if (op != OP_PULL) {

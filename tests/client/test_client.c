@@ -211,6 +211,71 @@ static void test_init_and_pushpull(void **state)
     psd_kill(&p);
 }
 
+/* Hogwild!: a pushpull is p - lr x g in psd's model itself, which the
+ * other worker sees at once; a push range steps only its range; the
+ * version is the steps' count; psc_hogwild_params bound as the parameters
+ * copies nothing; a restarted psd's segment is mapped at the same address;
+ * a topk client is told nothing goes and steps all the same. */
+static void test_hogwild(void **state)
+{
+    (void)state;
+    psd_proc p = {0};
+    int port = free_port();
+    psd_start(&p, "asgd", 2, port, "hogwild=on", NULL);
+    psc_client *a = client(p.addr, "0/2"), *b = client(p.addr, "1/2");
+    assert_int_equal(psc_set(b, "topk", "0.1"), 0);
+    float *pa = psc_params(a), *ga = psc_grads(a);
+    for (size_t i = 0; i < NVAL; i++)
+        pa[i] = init_value(i);
+    assert_null(psc_hogwild_params(a));
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_connect(b), 0);
+    assert_int_equal(psc_hogwild(a), 1);
+    assert_int_equal(psc_hogwild(b), 1);
+    float *hw = psc_hogwild_params(a), *hwb = psc_hogwild_params(b);
+    assert_non_null(hw);
+    assert_true(hw != hwb); /* each process's own mapping of one segment */
+    for (size_t i = 0; i < NVAL; i++)
+        ga[i] = (float)(i % 3);
+    assert_int_equal(psc_pushpull(a), 0);
+    assert_int_equal(psc_model_version(a), 1);
+    for (size_t i = 0; i < NVAL; i++) {
+        assert_true(pa[i] == init_value(i) - 0.5f * (float)(i % 3));
+        assert_true(hwb[i] == pa[i]); /* b sees a's step in psd's model */
+    }
+    /* b binds psd's model as its parameters: pulls copy nothing */
+    float *gb = psc_grads(b);
+    assert_int_equal(psc_bind(b, hwb, NULL), 0);
+    for (size_t i = 0; i < NVAL; i++)
+        gb[i] = 1.0f;
+    assert_int_equal(psc_push_range(b, 0, 10), 0); /* topk does not apply: every value of the range steps */
+    assert_int_equal(psc_model_version(b), 2);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(hw[i] == init_value(i) - 0.5f * (float)(i % 3) - (i < 10 ? 0.5f : 0.0f));
+    assert_int_equal(psc_pull(a), 0);
+    assert_memory_equal(pa, hw, NVAL * sizeof(float));
+    /* psd restarted (no state: a's values become the model again): the
+     * next step notices, reconnects and maps the new segment in place */
+    float before[NVAL];
+    memcpy(before, pa, sizeof before);
+    psd_kill(&p);
+    psd_start(&p, "asgd", 2, port, "hogwild=on", NULL);
+    memset(ga, 0, NVAL * sizeof(float)); /* steps that change nothing, until one notices */
+    for (double t0 = now_s(); psc_reconnects(a) == 0 && now_s() - t0 < 5;)
+        assert_int_equal(psc_pushpull(a), 0);
+    assert_int_equal(psc_reconnects(a), 1);
+    assert_int_equal(psc_hogwild(a), 1);
+    assert_true(psc_hogwild_params(a) == hw);
+    for (size_t i = 0; i < NVAL; i++)
+        assert_true(hw[i] == before[i]); /* the lost step was not applied; a's values are the new model */
+    assert_int_equal(psc_pushpull(a), 0);
+    assert_int_equal(psc_model_version(a), 1);
+    assert_memory_equal(pa, before, NVAL * sizeof(float));
+    psc_free(a);
+    psc_free(b);
+    psd_kill(&p);
+}
+
 /* Named tensors and key ranges move only their values; the caller's own
  * vectors (psc_bind) work as the library's do; TCP (shm off) and bfloat16
  * give the same model. */
@@ -652,7 +717,7 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.7.0");
+    assert_string_equal(psc_version_string(), "1.8.0");
     char macros[32]; /* the header's numbers say the same */
     snprintf(macros, sizeof macros, "%d.%d.%d", PSC_VERSION_MAJOR, PSC_VERSION_MINOR, PSC_VERSION_PATCH);
     assert_string_equal(psc_version_string(), macros);
@@ -865,7 +930,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wait_and_reconnect), cmocka_unit_test(test_limit_retried),
         cmocka_unit_test(test_chunk_options),     cmocka_unit_test(test_mistakes),
         cmocka_unit_test(test_plan),              cmocka_unit_test(test_waiting_for),
-        cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_tables),            cmocka_unit_test(test_hogwild),
         cmocka_unit_test(test_interrupt),         cmocka_unit_test(test_shard_taken_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
