@@ -227,13 +227,13 @@ static ckpt_job *job_new(psd *s)
     j->s = s;
     snprintf(j->dir, sizeof j->dir, "%s", s->cfg.state_dir);
     j->keep = s->cfg.checkpoint_keep;
-    j->version = s->model.version;
     j->tables_stamp = s->tables.stamp;
     j->snap = srv_snap_take(&s->model);
     if (!j->snap) {
         free(j);
         return NULL;
     }
+    j->version = j->snap->version; /* Hogwild!: the counter the copy was taken after */
     j->n = s->model.layout.total;
     j->nstate = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
     for (size_t i = 0; i < j->nstate; i++) {

@@ -537,7 +537,10 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
         }
         clip = 1; /* applied on the loop, its results made finite */
     }
-    if (!clip && tag && s->upd.done && n >= APPLY_OFF_LOOP_MIN && apply_off_loop(s, &st, gr, off, n, tag) == 0)
+    /* not Hogwild!'s segment (at most one block: short on the loop), which
+     * a snapshot copies on the loop at any time */
+    if (!clip && tag && s->upd.done && n >= APPLY_OFF_LOOP_MIN && !m->hw &&
+        apply_off_loop(s, &st, gr, off, n, tag) == 0)
         return SRV_PENDING;
     size_t made = 0;
     int rc = apply_sync(s, &st, gr, off, n, clip, &made);
