@@ -285,7 +285,11 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     memset(&s->model, 0, sizeof s->model);
     rc = srv_model_set_layout(&s->model, l, &s->cfg);
     if (rc != 0) {
-        snprintf(err, errlen, "out of memory for %zu parameters", n);
+        if (rc == PS_EINVAL)
+            snprintf(err, errlen, "the checkpoint's model has %zu parameters; a Hogwild! job's model is at most %llu "
+                                  "(hogwild = on)", n, (unsigned long long)SRV_SHM_MAX_PARAMS);
+        else
+            snprintf(err, errlen, "out of memory for %zu parameters", n);
         goto out;
     }
     const uint8_t *p = data + 16 + hlen;

@@ -584,9 +584,12 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                  l.total, s->cfg.max_params);
         goto out;
     }
-    if (srv_model_set_layout(&s->model, &l, &s->cfg) != 0) {
-        snprintf(err, errlen, "%s: out of memory for a model of %" PRIu64 " parameters", path, l.total);
-        rc = PS_ENOMEM;
+    if ((rc = srv_model_set_layout(&s->model, &l, &s->cfg)) != 0) {
+        if (rc == PS_EINVAL)
+            snprintf(err, errlen, "%s holds %" PRIu64 " parameters; a Hogwild! job's model is at most %" PRIu64
+                                  " (hogwild = on)", path, l.total, (uint64_t)SRV_SHM_MAX_PARAMS);
+        else
+            snprintf(err, errlen, "%s: out of memory for a model of %" PRIu64 " parameters", path, l.total);
         goto out;
     }
     uint64_t base = 8 + hlen;

@@ -104,7 +104,7 @@ int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg)
     size_t n = l->total;
     size_t nblk = (n + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT;
     if (cfg->hogwild && nblk > 1)
-        return PS_ELIMIT; /* the hello was refused before (hello.c); a checkpoint or init_from */
+        return PS_EINVAL; /* the hello was refused before (hello.c); a checkpoint or init_from */
     srv_blk **blk = calloc(nblk ? nblk : 1, sizeof *blk);
     if (!blk)
         return PS_ENOMEM;

@@ -5,6 +5,9 @@
 
 #include "server/store/psd.h"
 
+/* Allocates the parameters (zeros; with hogwild on, in the Hogwild!
+ * segment, hogwild.c) and the optimizer state of layout l: 0, PS_ENOMEM,
+ * or PS_EINVAL for hogwild with a model of more than one block. */
 int srv_model_set_layout(srv_model *m, const ps_layout *l, const ps_config *cfg);
 void srv_model_free(srv_model *m);
 

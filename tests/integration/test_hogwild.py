@@ -22,6 +22,7 @@ model in a memfd the workers on its machine map and step in.
 """
 
 import fcntl
+import json
 import mmap
 import os
 import signal
@@ -86,6 +87,17 @@ class Settings(unittest.TestCase):
             r = harness.run(base + good + extra)
             self.assertNotEqual(r.returncode, 0, "%s accepted" % extra)
             self.assertIn(says, r.stderr, extra)
+        # a model over the segment's 2^20 values from init_from
+        with harness.Cluster("psd-hogwild-initfrom") as cl:
+            path = os.path.join(cl.dir, "big.safetensors")
+            n = (1 << 20) + 1
+            head = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+            head += b" " * (-len(head) % 8)
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(head)) + head + bytes(4 * n))
+            r = harness.run([harness.Paths.psd, "--listen", "127.0.0.1:0", "--init-from", path] + good)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("a Hogwild! job's model is at most 1048576", r.stderr)
         # psd's defaults (adagrad, momentum 0.9) with hogwild alone
         r = harness.run(base + ["--set", "hogwild=on"])
         self.assertNotEqual(r.returncode, 0)
