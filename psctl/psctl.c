@@ -236,10 +236,10 @@ static void json(FILE *f, const msgpack_object *o)
 static void print_worker_rows(const msgpack_object *ws, int with_why)
 {
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
-    char state[32], addr[80], via[8], why[128];
+    char state[32], addr[80], via[16], why[128];
     if (n == 0)
         return;
-    printf("  %-7s %-10s %-22s %-4s %8s %9s %5s %8s %8s %10s%s\n", "SHARD", "STATE", "ADDRESS", "VIA", "PUSHES",
+    printf("  %-7s %-10s %-22s %-7s %8s %9s %5s %8s %8s %10s%s\n", "SHARD", "STATE", "ADDRESS", "VIA", "PUSHES",
            "LAST SEEN", "EPOCH", "LOSS", "ACCURACY", "SAMPLES/S", with_why ? "  WHY" : "");
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *w = &ws->via.array.ptr[i];
@@ -250,7 +250,7 @@ static void print_worker_rows(const msgpack_object *ws, int with_why)
         if (!isnan(num(w, "accuracy")))
             snprintf(acc, sizeof acc, "%.2f%%", 100 * num(w, "accuracy"));
         str(w, "why", why, sizeof why);
-        printf("  %-7s %-10s %-22s %-4s %8.0f %7.1f s %5.0f %8s %8s %10.0f%s%s\n", shard,
+        printf("  %-7s %-10s %-22s %-7s %8.0f %7.1f s %5.0f %8s %8s %10.0f%s%s\n", shard,
                str(w, "state", state, sizeof state), str(w, "address", addr, sizeof addr),
                str(w, "transport", via, sizeof via), num(w, "pushes"), num(w, "last_seen"), num(w, "epoch"), loss, acc, num(w, "samples_per_second"),
                with_why && why[0] ? "  " : "", with_why ? why : "");
