@@ -2,7 +2,7 @@
 """hogwild.py - Hogwild! on one machine: psd's shared model against
 PyTorch's own (a benchmark; it prints figures and asserts nothing).
 
-    bench/hogwild.py [--workers 2,4] [--epochs 6] [--lr 0.05] [--batch 64]
+    bench/hogwild.py [--workers 2,4] [--epochs 5] [--lr 0.1] [--batch 64]
                      [--target 0.99] [--only SUBSTRING] [--out DIR]
                      [--psd PATH --data DIR]
 
@@ -136,6 +136,8 @@ def run(method, m, cfg):
         while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
             try:
                 recs.append(results.get(timeout=0.5))
+                print("  %s/%d: epoch %.2f, %.1f s, test accuracy %.2f%%" % (
+                    method, m, recs[-1]["epoch"], recs[-1]["seconds"], 100 * recs[-1]["acc"]), flush=True)
             except Exception:  # queue.Empty
                 pass
         for p in procs:
@@ -153,12 +155,12 @@ def run(method, m, cfg):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="2,4")
-    ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--target", type=float, default=0.99)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=240, help="seconds one configuration may take at most")
+    ap.add_argument("--timeout", type=float, default=400, help="seconds one configuration may take at most")
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     ap.add_argument("--psd", default=None)
