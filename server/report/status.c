@@ -37,7 +37,11 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
         for (uint32_t b = hps; b; b &= b - 1)
             nhp++;
-        msgpack_pack_map(pk, 14);
+        msgpack_pack_map(pk, 15);
+        ps_pack_key(pk, "part"); /* [i, n]: this psd holds part i of n (PROTOCOL.md 13.7) */
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_uint32(pk, d->part);
+        msgpack_pack_uint32(pk, d->nparts);
         ps_pack_kf64(pk, "rows_pulled_rate", st.pull_rate);
         ps_pack_kf64(pk, "rows_pushed_rate", st.push_rate);
         msgpack_pack_str_with_body(pk, "name", 4);
