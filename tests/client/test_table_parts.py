@@ -200,3 +200,138 @@ def test_table_bigger_than_one_part(cluster):
     rows = [harness.status(p.addr)["tables"][0] for p in parts]
     assert sum(t["rows"] for t in rows) == 20000
     assert all(t["bytes"] <= 1 << 20 for t in rows)
+
+
+# ---- resharding offline: psd --reshard-from (PROTOCOL.md 13.7) -------------
+
+RESHARD_ARGS = ("--mode", "asgd", "--set", "optimizer=sgd", "--set", "lr=0.1", "--set", "momentum=0.9")
+
+
+def read_ckpt(path):
+    """The newest checkpoint in state dir path, read from its format (a
+    magic, format, header length, a msgpack header, the parameters, each
+    optimizer state buffer, then per table its keys and its rows): the
+    header, the dense values and state ((1 + state) x P float32) and per
+    table {key: the row's bytes, weights and state}."""
+    import msgpack
+    names = sorted(f for f in os.listdir(path) if f.startswith("ckpt-") and f.endswith(".psdc"))
+    assert names, "no checkpoint in %s" % path
+    with open(os.path.join(path, names[-1]), "rb") as f:
+        data = f.read()
+    assert data[:8] == b"PSDCKPT1" and data[-4:] == b"PSDE"
+    _, hlen = struct.unpack_from("<II", data, 8)
+    h = msgpack.unpackb(data[16:16 + hlen], raw=False)
+    P, ns = h["params"], len(h["state"])
+    at = 16 + hlen
+    dense = np.frombuffer(data, np.float32, (1 + ns) * P, at).reshape(1 + ns, P)
+    at += (1 + ns) * P * 4
+    tables = {}
+    for t in h.get("tables", []):
+        n, fl = t["rows"], t["floats"]
+        keys = np.frombuffer(data, "<u8", n, at)
+        at += 8 * n
+        rows = np.frombuffer(data, np.float32, n * fl, at).reshape(n, fl)
+        at += 4 * n * fl
+        tables[t["name"]] = (t, dict(zip(keys.tolist(), (r.tobytes() for r in rows))))
+    assert at == len(data) - 8
+    return h, dense, tables
+
+
+def reshard(cl, sources, part, nparts, dest, expect_ok=True):
+    os.makedirs(dest, exist_ok=True)
+    r = harness.run([harness.Paths.psd, "--reshard-from", ",".join(sources), "--part", "%d/%d" % (part, nparts),
+                     "--state-dir", dest, "--log-level", "warn"] + list(RESHARD_ARGS), timeout=60)
+    if expect_ok:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def union(parts, nparts):
+    """Every table's rows over the parts' checkpoints: each key on exactly
+    one part, the one of its hash."""
+    out = {}
+    for i, (_, _, tables) in enumerate(parts):
+        for name, (t, rows) in tables.items():
+            assert t.get("part", [0, 1]) == ([i, nparts] if nparts > 1 else [0, 1]), t
+            u = out.setdefault(name, {})
+            for k, row in rows.items():
+                assert part_of(k, nparts) == i, (name, k, i)
+                assert k not in u, (name, k)
+                u[k] = row
+    return out
+
+
+def test_reshard_2_to_4_to_2(cluster):
+    d = cluster.dir
+    old = [os.path.join(d, "old%d" % i) for i in range(2)]
+    psds = [cluster.psd(name="old%d" % i, workers=1, args=RESHARD_ARGS + ("--state-dir", old[i], "--log-level",
+                                                                         "warn")) for i in range(2)]
+    c = client(psds)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    c.table("adm", 3, init="normal", scale=0.1, seed=9, opt="adam")
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        c.grads[:] = rng.standard_normal(4096).astype(np.float32)
+        c.push()  # the dense part: parameters and momentum
+        k = rng.integers(0, 5000, 500).astype(np.uint64)
+        c.push_rows("emb", k, rng.standard_normal((500, DIM)).astype(np.float32))
+        c.push_rows("adm", k[:100], rng.standard_normal((100, 3)).astype(np.float32))
+    keys = np.arange(5000, dtype=np.uint64)
+    want_emb, want_adm = c.pull_rows("emb", keys), c.pull_rows("adm", keys)
+    c.pull()
+    want_dense = c.params.copy()
+    c.close()
+    for p in psds:
+        p.stop()  # a last checkpoint each
+    orig = [read_ckpt(p) for p in old]
+    orig_rows = union(orig, 2)
+    assert len(orig_rows["emb"]) > 1000 and len(orig_rows["adm"]) > 100
+    assert orig[0][1].shape[0] == 2  # parameters and momentum
+
+    four = [os.path.join(d, "four%d" % i) for i in range(4)]
+    for i in range(4):
+        reshard(cluster, old, i, 4, four[i])
+    got4 = [read_ckpt(p) for p in four]
+    assert union(got4, 4) == orig_rows  # every row and its state, bit for bit, none lost or doubled
+    dense4 = np.concatenate([g[1] for g in got4], axis=1)
+    assert np.array_equal(dense4.view(np.uint32), np.concatenate([o[1] for o in orig], axis=1).view(np.uint32))
+    assert all(g[0]["version"] == orig[0][0]["version"] for g in got4)
+
+    # the 4 new parts serve the job: the same rows and values
+    psds = [cluster.psd(name="four%d" % i, workers=1, args=RESHARD_ARGS + ("--state-dir", four[i], "--log-level",
+                                                                          "warn")) for i in range(4)]
+    c = client(psds)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    c.table("adm", 3, init="normal", scale=0.1, seed=9, opt="adam")
+    assert np.array_equal(c.pull_rows("emb", keys).view(np.uint32), want_emb.view(np.uint32))
+    assert np.array_equal(c.pull_rows("adm", keys).view(np.uint32), want_adm.view(np.uint32))
+    c.pull()
+    assert np.array_equal(c.params.view(np.uint32), want_dense.view(np.uint32))
+    c.close()
+    for p in psds:
+        p.stop()
+
+    back = [os.path.join(d, "back%d" % i) for i in range(2)]
+    for i in range(2):
+        reshard(cluster, four, i, 2, back[i])
+    got2 = [read_ckpt(p) for p in back]
+    for o, g in zip(orig, got2):
+        assert np.array_equal(o[1].view(np.uint32), g[1].view(np.uint32))
+        assert o[2] == g[2]  # each part's tables: declarations, keys, rows and state
+        assert (o[0]["version"], o[0]["layout"], o[0]["state"]) == (g[0]["version"], g[0]["layout"], g[0]["state"])
+
+    # mistakes: one readable line, nothing written
+    empty = os.path.join(d, "empty")
+    os.makedirs(empty)
+    r = reshard(cluster, [old[0], empty], 0, 3, os.path.join(d, "x0"), expect_ok=False)
+    assert r.returncode == 1 and "old part 1 of 2 (%s): no checkpoint there" % empty in r.stderr, r.stderr
+    r = reshard(cluster, [old[0]], 0, 3, os.path.join(d, "x1"), expect_ok=False)  # a part missing
+    assert r.returncode == 1 and "list the old parts' state dirs in part order" in r.stderr, r.stderr
+    r = reshard(cluster, [old[1], old[0]], 0, 3, os.path.join(d, "x2"), expect_ok=False)  # out of order
+    assert r.returncode == 1 and "part order" in r.stderr, r.stderr
+    r = reshard(cluster, old, 0, 2, back[0], expect_ok=False)  # the new dir holds a checkpoint
+    assert r.returncode == 1 and "holds a checkpoint already" in r.stderr, r.stderr
+    r = reshard(cluster, old, 2, 2, os.path.join(d, "x3"), expect_ok=False)
+    assert r.returncode == 2 and "--part 2/2: I/N with 0 <= I < N" in r.stderr, r.stderr
+    for x in ("x0", "x1", "x2", "x3"):
+        assert not [f for f in os.listdir(os.path.join(d, x)) if f.startswith("ckpt-")], x
