@@ -28,6 +28,7 @@ static void handle_declare(srv_conn *c, ps_msg *m)
         d.nparts = m->nparts;
     }
     uint32_t before = s->tables.n, ti;
+    srv_tables_configure(&s->tables, &s->cfg); /* table_memory: a cap below the first row is refused */
     if (rc == 0)
         rc = srv_tables_declare(&s->tables, &d, &ti, err, sizeof err);
     if (rc != 0) {
@@ -126,7 +127,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
-        srv_tables_set_limit(&s->tables, s->cfg.max_table_memory);
+        srv_tables_configure(&s->tables, &s->cfg);
         rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
     }
     if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {

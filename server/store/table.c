@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "proto/errors.h"
+#include "server/store/config.h"
 #include "server/store/sparse_optim.h"
 
 #define SLOTS_MIN 1024u             /* a table's first slot array */
@@ -86,6 +87,15 @@ void srv_tables_set_limit(srv_tables *ts, uint64_t max_bytes)
 void srv_tables_set_bounds(srv_tables *ts, const srv_table_bounds *b)
 {
     ts->bounds = *b;
+}
+
+void srv_tables_configure(srv_tables *ts, const ps_config *cfg)
+{
+    ts->max_bytes = cfg->max_table_memory;
+    ts->bounds = (srv_table_bounds){.admit = (uint32_t)cfg->table_admit,
+                                    .expire = cfg->table_expire,
+                                    .table_bytes = cfg->table_memory,
+                                    .evict = cfg->table_full == 1};
 }
 
 static void table_free(srv_table *t)
@@ -271,7 +281,7 @@ static int reserve(srv_tables *ts, srv_table *t, uint64_t rows)
         t->srow = sr;
         t->cap = cap;
     }
-    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap);
+    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap) + (t->sketch ? SKETCH_BYTES : 0);
     ts->bytes = ts->bytes - t->bytes + now;
     t->bytes = now;
     return 0;

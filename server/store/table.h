@@ -85,6 +85,11 @@ void srv_tables_set_limit(srv_tables *ts, uint64_t max_bytes);
 /* The bounds of every table's rows from now on (settings, which a reload
  * may change); rows already stored stay until a push looks at them. */
 void srv_tables_set_bounds(srv_tables *ts, const srv_table_bounds *b);
+/* Both of the above from psd's settings (max_table_memory, table_admit,
+ * table_expire, table_memory, table_full): what every caller that is about
+ * to declare or push calls, so a reload takes effect at once. */
+struct ps_config;
+void srv_tables_configure(srv_tables *ts, const struct ps_config *cfg);
 /* Frees every table and their rows. */
 void srv_tables_free(srv_tables *ts);
 
