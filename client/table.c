@@ -276,7 +276,10 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int push, size_t
  * again to a psd that does not know them. */
 static int tab_retry(psc_client *c, int rc)
 {
-    if (c->auto_reconnect && psc__recoverable(c, rc)) {
+    /* a table push past psd's memory caps is refused whatever the
+     * connection: LIMIT here is not the connection limit a reconnect waits out */
+    int limit = rc == PS_EREMOTE && c->links[c->err_link].cl.remote_code == -PS_ELIMIT;
+    if (c->auto_reconnect && !limit && psc__recoverable(c, rc)) {
         int r2 = psc__reconnect(c);
         return r2 ? r2 : tab_redeclare(c);
     }

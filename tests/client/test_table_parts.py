@@ -189,12 +189,14 @@ def test_table_bigger_than_one_part(cluster):
                 c.push_rows("emb", np.arange(400 * s, 400 * (s + 1), dtype=np.uint64), g)
             return None
         except psd.PsdError as e:
+            e.reconnects = c.reconnects
             return e
         finally:
             c.close()
 
     e = job(start(cluster, 1, "one", cap))
     assert e is not None and e.code == -16 and "max_table_memory" in str(e), e  # PSC_ELIMIT
+    assert e.reconnects == 0  # refused at once: no reconnect waits out a memory cap
     parts = start(cluster, 2, "two", cap)
     assert job(parts) is None
     rows = [harness.status(p.addr)["tables"][0] for p in parts]
