@@ -144,6 +144,7 @@ enum field_kind {
     FK_CODE,   /* int32_t, any 32-bit integer */
     FK_TEXT,   /* text and text_len, a string pointing into the frame */
     FK_SHARD,  /* shard and nshards, [k, m] */
+    FK_PART,   /* part and nparts, [i, n] with 0 <= i < n <= PS_PARTS_MAX */
     FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
     FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
     FK_PLAN,   /* plan, [epochs, samples, batch, seed] */
@@ -226,6 +227,7 @@ static const field fields[] = {
     F("hp", PS_F_HP, FK_HP, hp),
     F("keys", PS_F_KEYS, FK_KEYS, keys),
     F("pkeys", PS_F_PKEYS, FK_KEYS, pkeys),
+    FS("part", PS_F_PART, FK_PART),
     FS("data", PS_F_DATA, FK_DATA),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
@@ -359,6 +361,12 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             msgpack_pack_array(&pk, 2);
             msgpack_pack_uint32(&pk, m->shard);
             msgpack_pack_uint32(&pk, m->nshards);
+            break;
+        case FK_PART:
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 2);
+            msgpack_pack_uint32(&pk, m->part);
+            msgpack_pack_uint32(&pk, m->nparts);
             break;
         case FK_LAYOUT:
             ps_pack_key(&pk, f->key);
@@ -754,6 +762,16 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
             return fail(err, errlen, PS_EBAD_FIELD, "%s: shard must be [k, m] with 0 <= k < m <= 65536", tname);
         m->shard = (uint32_t)k;
         m->nshards = (uint32_t)n;
+        return 0;
+    }
+    case FK_PART: {
+        uint64_t i, n;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &i) ||
+            get_u64(&o->via.array.ptr[1], &n) || n == 0 || n > PS_PARTS_MAX || i >= n)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: part must be [i, n] with 0 <= i < n <= %u", tname,
+                        PS_PARTS_MAX);
+        m->part = (uint32_t)i;
+        m->nparts = (uint32_t)n;
         return 0;
     }
     case FK_LAYOUT: {
