@@ -140,13 +140,18 @@ def run(method, m, cfg):
                     method, m, recs[-1]["epoch"], recs[-1]["seconds"], 100 * recs[-1]["acc"]), flush=True)
             except Exception:  # queue.Empty
                 pass
+        timed_out = False
         for p in procs:
             p.join(max(0.1, deadline - time.monotonic()))
             if p.is_alive():
-                p.kill()
+                p.kill()  # past --timeout: the records so far stand, marked so
+                p.join()
+                timed_out = True
         while not results.empty():
             recs.append(results.get())
-        bad = [p.exitcode for p in procs if p.exitcode]
+        bad = [p.exitcode for p in procs if p.exitcode] if not timed_out else []
+        if timed_out:
+            print("  %s/%d: stopped at --timeout (%.0f s)" % (method, m, cfg["timeout"]), flush=True)
         if bad:
             sys.exit("hogwild.py: %s with %d workers: a worker exited with %s" % (method, m, bad))
     return recs
