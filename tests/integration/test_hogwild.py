@@ -208,7 +208,7 @@ class Workers(unittest.TestCase):
             harness.wait_until(lambda: any(x["shard"] == 1 and x["state"] == "connected"
                                            for x in harness.status(psd.addr)["workers"]), 60, "worker 1 to join")
             v = harness.status(psd.addr)["version"]
-            harness.wait_until(lambda: harness.status(psd.addr)["version"] >= v + 200, 60, "both stepping")
+            harness.wait_until(lambda: harness.status(psd.addr)["version"] >= v + 50, 120, "both stepping")
             w1.p.send_signal(signal.SIGKILL)
             w1.wait(10)
             harness.wait_until(lambda: any(x["shard"] == 1 and x["state"] != "connected"
@@ -228,13 +228,13 @@ class Workers(unittest.TestCase):
     def test_remote_worker_asgd_or_refused(self):
         with harness.Cluster("psd-hogwild-remote") as cl:
             psd = cl.psd(mode="asgd", workers=2, args=hw_args(0.05))
-            ws = [cl.worker(psd, k, 2, epochs=1, limit=6000, model="mlp:64", args=("--shm", ("on", "off")[k]))
+            ws = [cl.worker(psd, k, 2, epochs=2, limit=6000, model="mlp:64", args=("--shm", ("on", "off")[k]))
                   for k in range(2)]
             out = harness.finish(self, ws, timeout=180)
             self.assertEqual([s["hogwild"] for s in out], [True, False])
             st = harness.status(psd.addr)
-            self.assertEqual(st["pushes"], steps(6000, 2, 1, (1,)))       # worker 1's, over TCP
-            self.assertEqual(st["version"], steps(6000, 2, 1, (0, 1)))  # and worker 0's, in the segment
+            self.assertEqual(st["pushes"], steps(6000, 2, 2, (1,)))       # worker 1's, over TCP
+            self.assertEqual(st["version"], steps(6000, 2, 2, (0, 1)))  # and worker 0's, in the segment
             self.assertEqual(sorted(w["transport"] for w in st["workers"]), ["hogwild", "tcp"])
             for s in out:
                 self.assertGreater(s["test_accuracy"], 0.8, s)
