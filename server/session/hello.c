@@ -450,6 +450,15 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     r.hb = s->cfg.heartbeat_timeout;
     if (s->policy->piece && (r.piece = s->policy->piece(s)) != 0)
         r.has |= PS_F_PIECE;
+    if (s->cfg.local_steps > 0) { /* local SGD (PROTOCOL.md section 8) */
+        r.has |= PS_F_LOCAL;
+        r.local = (uint32_t)s->cfg.local_steps;
+    }
+    if (s->cfg.elastic_alpha > 0) { /* elastic averaging */
+        r.has |= PS_F_ALPHA | PS_F_TAU;
+        r.alpha = s->cfg.elastic_alpha;
+        r.tau = (uint32_t)s->cfg.elastic_tau;
+    }
     if (c->shm) {
         r.has |= PS_F_INSHM;
         r.inshm = 1;
