@@ -378,7 +378,11 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         s->init_owner = c;
         *need_init = 1;
     }
-    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP) {
+    /* local SGD: a plan's rounds are global batches, a round here is H
+     * local steps of each worker; the workers count their own epochs */
+    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP && s->cfg.local_steps > 0 && !s->plan.set)
+        PS_LOG(PS_LOG_DEBUG, "shard %u proposed a plan: ignored with local_steps", m->shard);
+    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP && s->cfg.local_steps == 0) {
         const ps_plan *p = &m->plan, *q = &s->plan.p;
         if (!s->plan.set) {
             srv_plan_fix(&s->plan, p);
