@@ -13,6 +13,8 @@ model it pulled and its own; psd applies the round's mean as is.
   two others finish with the stated accuracy.
 - 3 workers, shard 2 joining late (after psd gave up waiting for it and
   rounds went on with two): all three finish with the stated accuracy.
+- A model split over 2 psd: each part averages its values; a client given
+  psd that differ in local_steps refuses them.
 - psd refuses to start with local_steps in asgd, with an optimizer other
   than sgd, with momentum, and with elastic_alpha too, each with its
   message; psworker refuses --pipeline on in such a job.
@@ -148,6 +150,24 @@ class LocalSGDTest(unittest.TestCase):
             st = harness.status(psd.addr)
             self.assertGreater(worker_row(st, 2)["pushes"], 0, "the late worker took part in rounds")
             psd.stop()
+
+    def test_split_model(self):
+        # W1 over 2 psd: each part averages its own values; psd that differ
+        # in local_steps are refused by the client
+        with harness.Cluster("psd-local-split") as cl:
+            psds = [cl.psd(mode="bsp", workers=2, args=LOCAL, name="psd%d" % i) for i in range(2)]
+            ws = [cl.worker(psds, k, 2, epochs=2, limit=LIMIT, model=MODEL) for k in range(2)]
+            results = harness.finish(self, ws)
+            self.check_accuracy(results)
+            rounds = harness.steps_per_epoch(LIMIT, 2, 64, bsp=True) * 2 // H
+            for p in psds:
+                st = harness.status(p.addr)
+                self.assertEqual((st["version"], st["pushes"]), (rounds, 2 * rounds))
+            other = cl.psd(mode="bsp", workers=2, args=LOCAL[:-1] + ["local_steps=%d" % (H + 1)], name="other")
+            w = cl.worker([psds[0], other], 0, 2, epochs=1, limit=200, model=MODEL, name="mixed")
+            rc, _ = w.result(30)
+            self.assertNotEqual(rc, 0)
+            self.assertIn("differ in local_steps, elastic_alpha or elastic_tau", w.stderr())
 
     def test_refusals(self):
         base = [harness.Paths.psd, "--listen", "127.0.0.1:0", "--workers", "2"]
