@@ -528,3 +528,14 @@ def test_elastic_moves_towards_the_centre(cluster):
         e = 0.25 * (s - c)
         got = torch.from_numpy(np.array(tensors[n], dtype=np.float32)).reshape(c.shape)
         assert torch.allclose(got, c + e, atol=1e-6), n
+
+
+def test_local_step_outside_averaging_jobs(cluster):
+    """psc_local_step in a job of neither kind: ESTATE, saying what to do."""
+    p = cluster.psd(mode="asgd", workers=1, args=SGD)
+    c = psd.Client([("w", (4,))], server=p.addr, shard="0/1", connect=True)
+    assert c.local_steps == 0 and c.elastic is None
+    with pytest.raises(psd.PsdError, match="psd runs neither local SGD") as e:
+        c.local_step()
+    assert e.value.name == "ESTATE"
+    c.close()
