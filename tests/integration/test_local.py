@@ -17,7 +17,8 @@ model it pulled and its own; psd applies the round's mean as is.
   psd that differ in local_steps refuses them.
 - psd refuses to start with local_steps in asgd, with an optimizer other
   than sgd, with momentum, and with elastic_alpha too, each with its
-  message; psworker refuses --pipeline on in such a job.
+  message; psworker refuses --pipeline on in such a job, and an --lr that
+  is not a number above 0.
 """
 
 import os
@@ -191,6 +192,12 @@ class LocalSGDTest(unittest.TestCase):
             rc, _ = w.result(30)
             self.assertNotEqual(rc, 0)
             self.assertIn("--pipeline on overlaps pushes of gradients; psd runs local SGD", w.stderr())
+            for bad in ("0", "-1", "x", "1e9"):
+                w = cl.worker(psd, 0, 1, epochs=1, limit=200, model="softmax", args=["--lr", bad], name="lr" + bad)
+                rc, _ = w.result(30)
+                self.assertEqual(rc, 2)
+                self.assertIn("bad --lr '%s': a number above 0, at most 1000" % bad, w.stderr())
+            self.assertEqual(harness.status(psd.addr)["version"], 0)
             psd.stop()
 
 
