@@ -191,13 +191,31 @@ static const ps_config_option options[] = {
      .help = "asgd: delay compensation of DC-ASGD (Zheng et al., 2017): a stale gradient g "
              "becomes g + dc_lambda * g * g * (w_now - w_base). 0 turns it off. Costs one "
              "model-sized copy per worker."},
+    {.name = "local_steps", .type = PS_CT_INT, .def = "0", AT(local_steps), .lo = 0, .hi = 10000,
+     .help = "bsp: local SGD (model averaging). Each worker takes this many steps with its "
+             "own optimizer on its own copy of the model, then pushes the difference between "
+             "the model it pulled and its own as a round's push; psd applies the round's "
+             "mean difference as is (the mean of the workers' models), without its "
+             "optimizer: lr, its schedule, warmup, weight_decay and clip_norm do not apply. "
+             "Needs mode = bsp and optimizer = sgd with momentum = 0. 0 turns it off."},
+    {.name = "elastic_alpha", .type = PS_CT_DOUBLE, .def = "0", AT(elastic_alpha), .dmin = 0,
+     .dmax = 0.999999,
+     .help = "asgd: elastic averaging SGD (Zhang et al., 2015), psd's model being the centre. "
+             "Every elastic_tau local steps a worker pulls the centre c, moves its own model "
+             "w by e = elastic_alpha * (w - c) towards it and pushes -e; psd adds e to the "
+             "centre as is, without its optimizer (as local_steps). Needs mode = asgd and "
+             "optimizer = sgd with momentum = 0. 0 turns it off; else above 0 and below 1."},
+    {.name = "elastic_tau", .type = PS_CT_INT, .def = "1", AT(elastic_tau), .lo = 1, .hi = 10000,
+     .help = "asgd with elastic_alpha: a worker's local steps between two exchanges with "
+             "the centre."},
     {.name = "hogwild", .type = PS_CT_BOOL, .def = "no", AT(hogwild),
      .help = "Hogwild! (Recht et al., 2011): psd keeps the model in a memory segment that the "
              "workers on its machine map and update themselves, each applying its plain SGD "
              "steps (w -= lr * g, psd's lr) straight into it without locks; psd reads the "
              "segment's step counter as the version, and checkpoints, reports and serves it "
              "as ever. Needs mode = asgd and optimizer = sgd without momentum, weight decay, "
-             "clipping, schedule or warm-up, and a model of at most 2^20 values."},
+             "clipping, schedule or warm-up, and a model of at most 2^20 values; not with "
+             "local_steps or elastic_alpha."},
     {.name = "hogwild_remote", .type = PS_CT_ENUM, .def = "asgd", AT(hogwild_remote),
      .words = hogwild_remote_words,
      .help = "hogwild: what becomes of a worker that cannot map the segment (another "

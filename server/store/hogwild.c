@@ -40,6 +40,11 @@ int srv_hogwild_check(const ps_config *c, char *err, size_t len)
         snprintf(err, len, "hogwild updates the model without rounds or clocks: it needs mode = asgd");
         return -1;
     }
+    if (c->elastic_alpha > 0) {
+        snprintf(err, len, "hogwild and elastic_alpha are two ways to share a model: a Hogwild! worker steps in "
+                           "psd's model itself and has no model of its own to pull towards a centre; set one");
+        return -1;
+    }
     if (c->optimizer != PS_OPTIMIZER_SGD || c->momentum != 0) {
         snprintf(err, len, "hogwild: the workers apply plain SGD steps into the model (psd's optimizer state "
                            "would go stale): set optimizer = sgd and momentum = 0");
