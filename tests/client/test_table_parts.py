@@ -142,6 +142,41 @@ def test_split_equals_one_psd(cluster, nparts):
     assert harness.status(one[0].addr)["tables"][0]["part"] == [0, 1]
 
 
+def frames_in(addr):
+    samples, _ = harness.parse_prometheus(harness.metrics(addr))
+    return harness.metric(samples, "psd_received_frames_total")
+
+
+def test_pushpull_one_message_a_part(cluster):
+    """psc_table_pushpull is one round trip to each part: a TPUSHPULL (push,
+    then pull of the next keys), not a TPUSH and then a TPULL; rows as
+    push-then-pull gives them."""
+    parts = start(cluster, 2, "rt")
+    c = client(parts)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    ref = client(start(cluster, 1, "ref"))
+    ref.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    steps = list(batches(20))
+    k0 = steps[0][0]
+    c.pull_rows("emb", k0)  # both parts hold keys of the stream from now on
+    ref.pull_rows("emb", k0)
+    # what one scrape itself sends: psctl's own frames
+    before = [frames_in(p.addr) for p in parts]
+    scrape = [frames_in(p.addr) - b for p, b in zip(parts, before)]
+    before = [frames_in(p.addr) for p in parts]
+    for k, g, nxt in steps:
+        got = c.pushpull_rows("emb", k, g, nxt)
+        ref.push_rows("emb", k, g)
+        want = ref.pull_rows("emb", nxt)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    for p, b, s in zip(parts, before, scrape):
+        sent = frames_in(p.addr) - b - s
+        # one frame a call; a heartbeat or two may come in between (not 2 a call)
+        assert len(steps) <= sent <= len(steps) + 2, (p.addr, sent, len(steps))
+    c.close()
+    ref.close()
+
+
 def test_wrong_part_refused(cluster):
     parts = start(cluster, 2, "p")
     c = client(parts)
