@@ -177,6 +177,34 @@ def test_pushpull_one_message_a_part(cluster):
     ref.close()
 
 
+def test_pushpull_past_one_message(cluster):
+    """A push-and-pull whose keys take several messages (dim 1024: 4,096 keys
+    a message): its pulls go only with or after its last push, so rows it
+    pushed come back pushed; 3 frames for 4,200 pushed and 4,500 pulled keys
+    (TPUSH, TPUSHPULL, TPULL)."""
+    dim = 1024
+    p = start(cluster, 1, "big")[0]
+    ref = start(cluster, 1, "bigref")[0]
+    c, r = client([p]), client([ref])
+    for x in (c, r):
+        x.table("big", dim, init="uniform", scale=0.05, seed=5, opt="sgd", lr=0.5)
+    rng = np.random.default_rng(9)
+    keys = rng.permutation(np.arange(1, 20001, dtype=np.uint64))
+    k, nxt = keys[:4200], np.concatenate([keys[:4200][::-1], keys[4200:4500]])
+    g = rng.standard_normal((k.size, dim)).astype(np.float32)
+    before = frames_in(p.addr)
+    scrape = frames_in(p.addr) - before
+    before = frames_in(p.addr)
+    got = c.pushpull_rows("big", k, g, nxt)
+    sent = frames_in(p.addr) - before - scrape
+    r.push_rows("big", k, g)
+    want = r.pull_rows("big", nxt)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    assert 3 <= sent <= 5, sent
+    c.close()
+    r.close()
+
+
 def test_wrong_part_refused(cluster):
     parts = start(cluster, 2, "p")
     c = client(parts)
