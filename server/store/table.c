@@ -206,6 +206,9 @@ static float *lookup(const srv_table *t, uint64_t key)
 /* How many keys ahead a batch lookup prefetches a key's slot: enough to
  * have a few cache misses in flight, few enough that they stay cached. */
 #define AHEAD 8
+/* Keys a batch lookup finds before their rows are used: few enough that
+ * the rows it prefetched are still in the cache then. */
+#define LOOKUP_BATCH 64
 
 static void prefetch_slot(const srv_table *t, uint64_t key)
 {
@@ -231,8 +234,12 @@ static void lookup_all(const srv_table *t, const uint8_t *keys, uint32_t n, floa
             prefetch_slot(t, ps_key_at(keys, k + AHEAD));
         float *row = lookup(t, ps_key_at(keys, k));
         if (row) {
-            __builtin_prefetch(row);
-            __builtin_prefetch(row + t->row_floats - 1);
+            /* its first cache lines, key and stamp too (the hardware
+             * prefetcher follows a long row) */
+            const char *at = (const char *)(row - HEAD), *end = (const char *)(row + t->row_floats);
+            for (int l = 0; l < 4 && at < end; l++, at += 64)
+                __builtin_prefetch(at);
+            __builtin_prefetch(end - 1);
         }
         found[k] = row;
     }
@@ -482,9 +489,9 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
 {
     const srv_table *t = ts->t[i];
     const uint32_t dim = t->def.dim;
-    float *found[256]; /* on the stack: a pull shares no scratch with a push */
-    for (uint32_t k0 = 0; k0 < n; k0 += 256) {
-        uint32_t m = n - k0 < 256 ? n - k0 : 256;
+    float *found[LOOKUP_BATCH]; /* on the stack: a pull shares no scratch with a push */
+    for (uint32_t k0 = 0; k0 < n; k0 += LOOKUP_BATCH) {
+        uint32_t m = n - k0 < LOOKUP_BATCH ? n - k0 : LOOKUP_BATCH;
         lookup_all(t, keys + (size_t)k0 * 8, m, found);
         for (uint32_t j = 0; j < m; j++) {
             float *dst = out + (size_t)(k0 + j) * dim;
@@ -543,8 +550,9 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
 
     /* 1. every key's new row, in scratch: no row is touched yet */
     uint64_t fresh = 0, skipped = 0;
-    lookup_all(t, keys, n, ts->found);
     for (uint32_t k = 0; k < n; k++) {
+        if (k % LOOKUP_BATCH == 0) /* rows found just before they are used, still cached */
+            lookup_all(t, keys + (size_t)k * 8, n - k < LOOKUP_BATCH ? n - k : LOOKUP_BATCH, ts->found + k);
         uint64_t key = ps_key_at(keys, k);
         float *row = ts->scratch + (size_t)k * rf;
         if (ts->found[k]) {
