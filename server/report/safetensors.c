@@ -620,10 +620,8 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
         srv_tables_free(&s->tables);
         goto undo;
     }
-    s->model.initialized = 1;
-    s->model.version = 0;
-    s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
-    s->model.stamp++;
+    srv_model_set_initialized(&s->model, 0);
+    srv_model_touched(&s->model);
     snprintf(s->model_file, sizeof s->model_file, "%s", path);
     rc = 0;
     goto out;
