@@ -3007,10 +3007,26 @@ static void test_decode_bf16_errors(void **state)
     free(w);
 }
 
+/* ps_fail: the one "write the message, return the code" of the decoders
+ * (msg_decode.c, table.c) */
+static void test_fail_writes_and_returns(void **state)
+{
+    (void)state;
+    char msg[16] = "untouched";
+    assert_int_equal(ps_fail(msg, sizeof msg, PS_EBAD_FIELD, "field '%s' is %d", "x", 7), PS_EBAD_FIELD);
+    assert_string_equal(msg, "field 'x' is 7");
+    assert_int_equal(ps_fail(msg, sizeof msg, PS_EMALFORMED, "%s", "a message longer than msg"), PS_EMALFORMED);
+    assert_string_equal(msg, "a message longe"); /* cut to 15 bytes and a NUL */
+    char none[1] = {'z'};
+    assert_int_equal(ps_fail(none, 0, PS_ESTATE, "nothing written"), PS_ESTATE);
+    assert_int_equal(none[0], 'z');
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_frame_header_need_more),
+        cmocka_unit_test(test_fail_writes_and_returns),
         cmocka_unit_test(test_frame_header_zero_and_limits),
         cmocka_unit_test(test_frame_put_len_big_endian),
         cmocka_unit_test(test_scan_accepts_every_type),
