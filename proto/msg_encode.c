@@ -38,6 +38,24 @@ void ps_pack_kstr(msgpack_packer *pk, const char *k, const char *v)
     msgpack_pack_str_body(pk, v, n);
 }
 
+void ps_pack_table_def(msgpack_packer *pk, const ps_table_def *d)
+{
+    uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
+    for (uint32_t b = hps; b; b &= b - 1)
+        nhp++;
+    ps_pack_kstr(pk, "name", d->name);
+    ps_pack_ku64(pk, "dim", d->dim);
+    ps_pack_kstr(pk, "rinit", ps_rinit_name(d->rinit));
+    ps_pack_kf64(pk, "scale", d->scale);
+    ps_pack_ku64(pk, "seed", d->seed);
+    ps_pack_kstr(pk, "opt", ps_topt_name(d->opt));
+    ps_pack_key(pk, "hp");
+    msgpack_pack_map(pk, nhp);
+    for (uint32_t h = 0; h < PS_HP_COUNT; h++)
+        if (hps & (1u << h))
+            ps_pack_kf64(pk, ps_hp_name(h), d->hp[h]);
+}
+
 static void pack_strn(msgpack_packer *pk, const char *k, const char *s, size_t n)
 {
     ps_pack_key(pk, k);
