@@ -1,6 +1,7 @@
 /* print.c - psctl's output (psctl.h): psd's STATUS for people (status,
- * workers, the plan line, the tables' lines) and as JSON, through
- * common/json.c's printer that psd's JSON uses too. Owns nothing. */
+ * workers, the plan line, the tables' lines) and as JSON, written by
+ * common/json.c, whose string escaper and raw text psd's JSON uses too.
+ * Owns nothing. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>

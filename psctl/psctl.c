@@ -1,7 +1,8 @@
-/* psctl.c - the operator's view of a running psd, and its controls. It
- * speaks the same protocol as the workers, with the admin role: STATUS and
- * METRICS to read, ADMIN commands to act, PULL (from a pinned snapshot) to
- * save the model as a safetensors file.
+/* psctl.c - the operator's view of a running psd, and its controls: the
+ * commands, the options and main(). It speaks the same protocol as the
+ * workers, with the admin role: STATUS and METRICS to read, ADMIN commands
+ * to act, PULL (from a pinned snapshot) to save the model as a safetensors
+ * file. Talking to psd is session.c's, the output print.c's, save save.c's.
  *
  * Exit codes: 0 success, 1 psd answered with an error, 2 bad usage, 3 psd
  * not reachable (refused, unresolvable), 4 timed out, 5 a local file could
@@ -15,7 +16,6 @@
 #include "common/parse.h"
 #include "proto/errors.h"
 #include "psctl/psctl.h"
-
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define CHECKPOINT_TIMEOUT_MS 600000 /* writing a big model's checkpoint takes a while */
