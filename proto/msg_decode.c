@@ -529,12 +529,19 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
                                                                                   "by key or by position, not both"
                                                                                 : "missing field 'keys'");
     if (ps_msg_is_table(m->type)) {
-        /* rows travel as float32 only today (PROTOCOL.md 13.2) */
-        if (m->dt != PS_DT_F32 || m->rdt != PS_DT_F32)
-            return ps_fail(err, errlen, PS_EUNSUPPORTED, "%s: table rows travel as float32 only; '%s' %u (%s) is not "
-                                                      "supported in table messages",
-                        tname, m->dt != PS_DT_F32 ? "dt" : "rdt", m->dt != PS_DT_F32 ? m->dt : m->rdt,
-                        ps_dtype_name(m->dt != PS_DT_F32 ? m->dt : m->rdt));
+        /* row gradients in any form a push takes; rows back as float32,
+         * bfloat16 or compressed, by key only (PROTOCOL.md 13.2) */
+        /* ROWS: psd's answer in the form asked for (1 or 3; never 2) */
+        int pushes = m->type == PS_MSG_TPUSH || m->type == PS_MSG_TPUSHPULL ||
+                     (m->type == PS_MSG_ROWS && m->dt != PS_DT_F32Z);
+        int pulls = (m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL;
+        if ((m->dt != PS_DT_F32 && !pushes) || (m->rdt != PS_DT_F32 && (!pulls || m->rdt == PS_DT_F32Z)))
+            return ps_fail(err, errlen, PS_EUNSUPPORTED, "%s: '%s' %u (%s) is not supported here (row gradients of "
+                                                         "a tpush or tpushpull may come as dt 1, 2 or 3; rows pulled "
+                                                         "by key may be asked for as rdt 1 or 3)",
+                           tname, m->dt != PS_DT_F32 && !pushes ? "dt" : "rdt",
+                           m->dt != PS_DT_F32 && !pushes ? m->dt : m->rdt,
+                           ps_dtype_name(m->dt != PS_DT_F32 && !pushes ? m->dt : m->rdt));
         if ((m->has & PS_F_DATA) && m->ndata > PS_TABLE_VALUES_MAX)
             return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %llu row values in one message, more than %u (16 MiB); "
                                                     "send the keys in several",

@@ -13,6 +13,7 @@
 #include "server/policy/policy.h"
 #include "server/answer/pull.h"
 #include "server/answer/reply.h"
+#include "server/store/scratch.h"
 #include "server/store/stats.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)
@@ -50,9 +51,55 @@ static int table_of(srv_conn *c, const ps_msg *m)
     return ti;
 }
 
+/* Row gradients in bfloat16 or a packed form (dt 1, 2 or 3) become float32
+ * in psd's row scratch, where m then points, so that what follows sees
+ * float32 only. Their count is the decoder's (within PS_TABLE_VALUES_MAX),
+ * already checked against the keys; a compressed frame must say it holds
+ * exactly those values before anything is sized for them. 0, or a code
+ * with err. */
+static int widen_rows(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const char *t = ps_msg_type_name(m->type);
+    if (m->dt == PS_DT_BF16 && !s->cfg.wire_bf16) {
+        snprintf(err, errlen, "%s with bfloat16 rows refused: this psd takes float32 only (wire_bf16 = no); its "
+                              "welcome did not offer bf16; nothing was changed", t);
+        return PS_EUNSUPPORTED;
+    }
+    uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0;
+    uint64_t zin = m->dt == PS_DT_F32ZSTD ? m->packed_len : 0, zout = zin ? m->ndata * sizeof(float) : 0;
+    uint8_t *planes = NULL;
+    if (m->dt == PS_DT_F32ZSTD) {
+        if (ps_codec_zstd_check(m->packed, (size_t)m->packed_len, m->ndata) != 0) {
+            snprintf(err, errlen, "%s: compressed rows (dt 3) of %llu bytes are not one zstd frame that says it "
+                                  "holds len %llu float32 values; nothing was changed",
+                     t, (unsigned long long)m->packed_len, (unsigned long long)m->ndata);
+            return PS_EBAD_FIELD;
+        }
+        planes = srv_planes(s, (size_t)m->ndata * sizeof(float));
+    }
+    float *dst = srv_rows_wide(s, (size_t)m->ndata);
+    if (!dst || (m->dt == PS_DT_F32ZSTD && !planes)) {
+        snprintf(err, errlen, "%s: no memory to decode %llu row values", t, (unsigned long long)m->ndata);
+        return PS_ENOMEM;
+    }
+    float mx;
+    char cerr[160];
+    int rc = ps_codec_decode(srv_codec(s), m, dst, planes, &mx, cerr, sizeof cerr);
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: %s", t, cerr);
+        return rc;
+    }
+    SRV_COUNT(s, zeros_elided, left_out);
+    SRV_COUNT(s, zstd_in, zin);
+    SRV_COUNT(s, zstd_out, zout);
+    return 0;
+}
+
 /* Checks a push's rows: n x dim finite values for n distinct keys, base
- * not ahead of the model. 0, or a code with err. */
-static int check_push(srv_conn *c, const ps_msg *m, uint32_t ti, char *err, size_t errlen)
+ * not ahead of the model; rows in another form than float32 are widened
+ * first (m then points at them). 0, or a code with err. */
+static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, char *err, size_t errlen)
 {
     psd *s = c->srv;
     const ps_table_def *d = srv_tables_def(&s->tables, ti);
@@ -63,6 +110,11 @@ static int check_push(srv_conn *c, const ps_msg *m, uint32_t ti, char *err, size
                               "nothing was changed",
                  t, (unsigned long long)m->ndata, m->keys.n, d->name, d->dim, (unsigned long long)want);
         return PS_EBAD_FIELD;
+    }
+    if (m->dt != PS_DT_F32) {
+        int rc = widen_rows(c, m, err, errlen);
+        if (rc != 0)
+            return rc;
     }
     if (m->base > s->model.version) {
         snprintf(err, errlen, "%s: base %llu is ahead of the model (version %llu)", t, (unsigned long long)m->base,
@@ -115,7 +167,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         srv_send_ok(c, m->id);
         return;
     }
-    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, err, sizeof err);
+    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, m->rdt, err, sizeof err);
     if (rc != 0)
         srv_send_error(c, m->id, rc, 0, "%s", err);
 }
@@ -151,11 +203,20 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
                        PS_TABLE_VALUES_MAX);
         return;
     }
+    if (pk && m->rdt != PS_DT_F32) {
+        /* the rows' form, before a push of a TPUSHPULL changes anything */
+        char err[300];
+        int rc = srv_pull_check_rdt(c->srv, m->rdt, err, sizeof err);
+        if (rc != 0) {
+            srv_send_error(c, m->id, rc, 0, "%s: %s", ps_msg_type_name(m->type), err);
+            return;
+        }
+    }
     if (m->type == PS_MSG_TPULL) {
         char err[300];
         int rc = (m->has & PS_F_LEN) ? srv_tpull_at(c, m->id, (uint32_t)ti, m->off, m->len, err, sizeof err)
                                      : srv_tpull(c, m->id, (uint32_t)ti, m->keys.p, m->keys.n,
-                                                 (m->has & PS_F_MIN) ? m->min : 0, err, sizeof err);
+                                                 (m->has & PS_F_MIN) ? m->min : 0, m->rdt, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, 0, "%s", err);
         return;

@@ -411,9 +411,10 @@ static void test_hp(void **state)
     free(w.p);
 }
 
-/* Rows are float32 only today: dt and rdt other than 0 are refused in table
- * messages, and still taken in dense ones. */
-static void test_float32_only(void **state)
+/* Row gradients may come in any form a push takes (PROTOCOL.md 13.2),
+ * rows be asked for by key as bfloat16 or compressed; a TPULL carries no
+ * data to type, rows by position are float32, and f32z never comes back. */
+static void test_row_forms(void **state)
 {
     (void)state;
     uint8_t kb[8] = {1};
@@ -427,28 +428,100 @@ static void test_float32_only(void **state)
     w_str(&w, "base"), w_uint(&w, 0);
     w_str(&w, "dt"), w_uint(&w, PS_DT_BF16);
     w_str(&w, "data"), w_bin(&w, h, sizeof h);
-    assert_int_equal(dec(&w, &m, NULL), PS_EUNSUPPORTED);
-    assert_has(err, "float32 only; 'dt' 1 (bf16)");
+    uint8_t *buf = NULL; /* the frame the decoded data points into */
+    assert_int_equal(dec(&w, &m, &buf), 0);
+    assert_int_equal(m.ndata, 2);
+    assert_non_null(m.data16);
+    assert_int_equal(m.data16[1], 0x4000);
+    free(buf);
 
+    /* compressed: "len" says how many values, before anything is sized */
+    uint8_t frame[16] = {0x28, 0xb5, 0x2f, 0xfd};
     w.n = 0;
-    w_map(&w, 4);
-    w_str(&w, "t"), w_uint(&w, PS_MSG_TPULL);
+    w_map(&w, 6);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPUSHPULL);
     w_str(&w, "tab"), w_str(&w, "e");
     w_str(&w, "keys"), w_bin(&w, kb, 8);
-    w_str(&w, "rdt"), w_uint(&w, PS_DT_F32ZSTD);
-    assert_int_equal(dec(&w, &m, NULL), PS_EUNSUPPORTED);
-    assert_has(err, "'rdt' 3 (zstd)");
-
-    /* the same in a dense push is fine */
+    w_str(&w, "pkeys"), w_bin(&w, kb, 8);
+    w_str(&w, "dt"), w_uint(&w, PS_DT_F32ZSTD);
+    w_str(&w, "data"), w_bin(&w, frame, sizeof frame);
+    assert_int_equal(dec(&w, &m, NULL), PS_EBAD_FIELD);
+    assert_has(err, "needs 'len'");
     w.n = 0;
-    w_map(&w, 5);
-    w_str(&w, "t"), w_uint(&w, PS_MSG_PUSH);
-    w_str(&w, "off"), w_uint(&w, 0);
+    w_map(&w, 8);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPUSHPULL);
+    w_str(&w, "tab"), w_str(&w, "e");
+    w_str(&w, "keys"), w_bin(&w, kb, 8);
+    w_str(&w, "pkeys"), w_bin(&w, kb, 8);
     w_str(&w, "base"), w_uint(&w, 0);
+    w_str(&w, "dt"), w_uint(&w, PS_DT_F32ZSTD);
+    w_str(&w, "len"), w_uint(&w, (uint64_t)PS_TABLE_VALUES_MAX + 1);
+    w_str(&w, "data"), w_bin(&w, frame, sizeof frame);
+    assert_int_equal(dec(&w, &m, NULL), PS_EBAD_FIELD); /* its values over the limit, from len alone */
+    assert_has(err, "4194305 row values in one message");
+
+    struct {
+        uint32_t type;
+        const char *field;
+        uint32_t dt;
+        int by_position;
+        int rc;
+        const char *says;
+    } cases[] = {
+        {PS_MSG_TPULL, "rdt", PS_DT_BF16, 0, 0, NULL},
+        {PS_MSG_TPULL, "rdt", PS_DT_F32ZSTD, 0, 0, NULL},
+        {PS_MSG_TPULL, "rdt", PS_DT_F32Z, 0, PS_EUNSUPPORTED, "'rdt' 2 (f32z) is not supported here"},
+        {PS_MSG_TPULL, "rdt", PS_DT_BF16, 1, PS_EUNSUPPORTED, "'rdt' 1 (bf16) is not supported here"},
+        {PS_MSG_TPULL, "dt", PS_DT_BF16, 0, PS_EUNSUPPORTED, "'dt' 1 (bf16) is not supported here"},
+        {PS_MSG_TABLE, "dt", PS_DT_BF16, 0, PS_EUNSUPPORTED, "'dt' 1 (bf16)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        w.n = 0;
+        if (cases[i].type == PS_MSG_TABLE) {
+            w_map(&w, 6);
+            w_str(&w, "t"), w_uint(&w, PS_MSG_TABLE);
+            w_str(&w, "tab"), w_str(&w, "e");
+            w_str(&w, "dim"), w_uint(&w, 2);
+            w_str(&w, "rinit"), w_str(&w, "zeros");
+            w_str(&w, "opt"), w_str(&w, "sgd");
+        } else {
+            w_map(&w, cases[i].by_position ? 5 : 4);
+            w_str(&w, "t"), w_uint(&w, cases[i].type);
+            w_str(&w, "tab"), w_str(&w, "e");
+            if (cases[i].by_position) {
+                w_str(&w, "off"), w_uint(&w, 0);
+                w_str(&w, "len"), w_uint(&w, 2);
+            } else {
+                w_str(&w, "keys"), w_bin(&w, kb, 8);
+            }
+        }
+        w_str(&w, cases[i].field), w_uint(&w, cases[i].dt);
+        int rc = dec(&w, &m, NULL);
+        assert_int_equal(rc, cases[i].rc);
+        if (cases[i].says)
+            assert_has(err, cases[i].says);
+        else
+            assert_int_equal(m.rdt, cases[i].dt);
+    }
+
+    /* psd's answer: ROWS in bfloat16 or compressed, never without zeros */
+    w.n = 0;
+    w_map(&w, 4);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_ROWS);
+    w_str(&w, "ver"), w_uint(&w, 3);
     w_str(&w, "dt"), w_uint(&w, PS_DT_BF16);
     w_str(&w, "data"), w_bin(&w, h, sizeof h);
     assert_int_equal(dec(&w, &m, NULL), 0);
     assert_int_equal(m.ndata, 2);
+    w.n = 0;
+    w_map(&w, 5);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_ROWS);
+    w_str(&w, "ver"), w_uint(&w, 3);
+    w_str(&w, "dt"), w_uint(&w, PS_DT_F32Z);
+    w_str(&w, "len"), w_uint(&w, 2);
+    uint8_t z[12] = {3, 0, 0, 0, 0, 0, 0x80, 0x3f, 0, 0, 0, 0x40};
+    w_str(&w, "data"), w_bin(&w, z, sizeof z);
+    assert_int_equal(dec(&w, &m, NULL), PS_EUNSUPPORTED);
     free(w.p);
 }
 
@@ -685,7 +758,7 @@ int main(void)
         cmocka_unit_test(test_keys_errors),
         cmocka_unit_test(test_tpull_by_position),
         cmocka_unit_test(test_hp),
-        cmocka_unit_test(test_float32_only),
+        cmocka_unit_test(test_row_forms),
         cmocka_unit_test(test_values_limit),
         cmocka_unit_test(test_def_defaults_and_same),
         cmocka_unit_test(test_def_errors),
