@@ -8,8 +8,8 @@ compiles them into a static library with CC and AR, and runs
 check_layers.py on them: a downward tree passes; an upward include, an
 upward call, a call between the sibling layers report and answer, a file in
 a folder that is no layer, two sources of one name and a write of
-psd.stats, psd.tables, psd.model, the workers, the connections or main's
-handles outside their owner each fail with a message naming the files.
+psd.stats, psd.tables, psd.model, the workers, the connections, main's
+handles or psd.cfg outside their owner each fail with a message naming the files.
 With the real tree given, a copy of it with one upward include, and
 writes of psd.stats, psd.model, the workers, the connections, the plan
 and the model's origin outside their owners planted, fails too, and docs/DESIGN.md's layer table and
@@ -160,7 +160,7 @@ class Planted(unittest.TestCase):
         layer), main's handles (main.c)."""
         decl = ("struct md { int initialized; unsigned long version; };\n"
                 "struct ps { struct md model; unsigned nshards; void *init_owner; unsigned long rbuf_bytes; "
-                "int paused; void *loop; };\n")
+                "int paused; void *loop; struct { int workers; } cfg; };\n")
         cases = [  # (file, write, what, owner)
             ("dispatch/handle.c", "s->model.version = 3;", "psd.model", "store/model.c"),
             ("dispatch/handle.c", "s->model.initialized = 1;", "psd.model", "store/model.c"),
@@ -171,6 +171,8 @@ class Planted(unittest.TestCase):
             ("dispatch/handle.c", "s->rbuf_bytes -= 4;", "the connections", "connection/"),
             ("store/store.c", "s->loop = 0;", "main's handles", "main.c"),
             ("store/store.c", "s->paused = 1;", "psd.paused", "dispatch/admin.c"),
+            ("dispatch/handle.c", "s->cfg.workers = 2;", "psd.cfg", "main.c and dispatch/admin.c"),
+            ("dispatch/handle.c", "*((char *)&s->cfg + 4) = 1;", "psd.cfg", "main.c and dispatch/admin.c"),
         ]
         for f, write, what, owner in cases:
             t = self.base()
@@ -188,7 +190,9 @@ class Planted(unittest.TestCase):
         t["connection/close.c"] = decl + "void cl_w(struct ps *s) { s->rbuf_bytes -= 1; }\n"
         t["dispatch/handle.c"] += decl + ("int di_r(struct ps *s) { struct md *m = &s->model; "
                                           "return s->model.version == 1 && s->nshards != 2 && m && "
-                                          "s->rbuf_bytes <= 3 && s->paused >= 0; }\n")
+                                          "s->rbuf_bytes <= 3 && s->paused >= 0 && s->cfg.workers + 1 > 0; }\n")
+        t["dispatch/admin.c"] = decl + "void ad_w(struct ps *s) { s->cfg.workers = 3; }\n"
+        t["main.c"] += decl + "void ma_w(struct ps *s) { s->cfg.workers = 1; }\n"
         shutil.rmtree(self.server)
         r = run_check(self.server, self.tree(t))
         self.assertEqual(r.returncode, 0, r.stderr)
