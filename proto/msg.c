@@ -193,6 +193,7 @@ const field ps_msg_fields[] = {
     F("hp", PS_F_HP, FK_HP, hp),
     F("keys", PS_F_KEYS, FK_KEYS, keys),
     F("pkeys", PS_F_PKEYS, FK_KEYS, pkeys),
+    FS("part", PS_F_PART, FK_PART),
     FS("data", PS_F_DATA, FK_DATA),
 };
 _Static_assert(sizeof ps_msg_fields / sizeof ps_msg_fields[0] == PS_F_COUNT, "a row for every PS_F_* bit");

@@ -256,6 +256,16 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         m->nshards = (uint32_t)n;
         return 0;
     }
+    case FK_PART: {
+        uint64_t i, n;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &i) ||
+            get_u64(&o->via.array.ptr[1], &n) || n == 0 || n > PS_PARTS_MAX || i >= n)
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: part must be [i, n] with 0 <= i < n <= %u", tname,
+                           PS_PARTS_MAX);
+        m->part = (uint32_t)i;
+        m->nparts = (uint32_t)n;
+        return 0;
+    }
     case FK_LAYOUT: {
         if (!layout_out)
             return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: unexpected field 'layout'", tname);

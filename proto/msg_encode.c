@@ -144,6 +144,12 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             msgpack_pack_uint32(&pk, m->shard);
             msgpack_pack_uint32(&pk, m->nshards);
             break;
+        case FK_PART:
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 2);
+            msgpack_pack_uint32(&pk, m->part);
+            msgpack_pack_uint32(&pk, m->nparts);
+            break;
         case FK_LAYOUT:
             ps_pack_key(&pk, f->key);
             ps_layout_pack(&pk, m->layout);

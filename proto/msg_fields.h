@@ -25,6 +25,7 @@ enum field_kind {
     FK_CODE,   /* int32_t, any 32-bit integer */
     FK_TEXT,   /* text and text_len, a string pointing into the frame */
     FK_SHARD,  /* shard and nshards, [k, m] */
+    FK_PART,   /* part and nparts, [i, n] with 0 <= i < n <= PS_PARTS_MAX */
     FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
     FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
     FK_PLAN,   /* plan, [epochs, samples, batch, seed] */

@@ -167,6 +167,10 @@ void psctl_print_status(const msgpack_object *b)
                psctl_str(t, "name", name, sizeof name), psctl_num(t, "rows"), psctl_num(t, "bytes") / 1e6, psctl_num(t, "rows_pulled"),
                psctl_num(t, "rows_pulled_rate"), psctl_num(t, "rows_pushed"), psctl_num(t, "rows_pushed_rate"),
                psctl_str(t, "declared", decl, sizeof decl));
+        /* the bounds' work (table_admit, table_expire, table_memory): when there is any */
+        if (psctl_num(t, "admitted") + psctl_num(t, "filtered") + psctl_num(t, "expired") + psctl_num(t, "evicted") > 0)
+            printf("  rows admitted %.0f (pushes filtered %.0f), expired %.0f, evicted %.0f\n", psctl_num(t, "admitted"),
+                   psctl_num(t, "filtered"), psctl_num(t, "expired"), psctl_num(t, "evicted"));
     }
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;

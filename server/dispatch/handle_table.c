@@ -24,7 +24,12 @@ static void handle_declare(srv_conn *c, ps_msg *m)
     int rc = ps_table_def_make(&d, m->tab, m->dim, m->rinit, (m->has & PS_F_SCALE) != 0, m->scale,
                                (m->has & PS_F_SEED) ? m->seed : 0, m->opt, (m->has & PS_F_HP) ? &m->hp : NULL, err,
                                sizeof err);
+    if (rc == 0 && (m->has & PS_F_PART)) {
+        d.part = m->part;
+        d.nparts = m->nparts;
+    }
     uint32_t before = s->tables.n, ti;
+    srv_tables_configure(&s->tables, &s->cfg); /* table_memory: a cap below the first row is refused */
     if (rc == 0)
         rc = srv_tables_declare(&s->tables, &d, &ti, err, sizeof err);
     if (rc != 0) {
@@ -96,6 +101,28 @@ static int widen_rows(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     return 0;
 }
 
+/* Checks that every one of the n keys belongs to the part of table d this
+ * psd holds (PROTOCOL.md 13.7); 0, or PS_ERANGE with the error sent. */
+static int check_part(srv_conn *c, const ps_msg *m, const ps_table_def *d, const uint8_t *keys, uint32_t n)
+{
+    if (d->nparts <= 1)
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t k = ps_key_at(keys, i);
+        uint32_t p = ps_table_part(k, d->nparts);
+        if (p != d->part) {
+            srv_send_error(c, m->id, PS_ERANGE, 0,
+                           "%s: key %llu of table '%s' belongs to part %u of %u, and this psd holds part %u "
+                           "(a key's part is jump_hash(mix(key), %u)); send it to that part's psd; nothing was "
+                           "changed",
+                           ps_msg_type_name(m->type), (unsigned long long)k, d->name, p, d->nparts, d->part,
+                           d->nparts);
+            return PS_ERANGE;
+        }
+    }
+    return 0;
+}
+
 /* Checks a push's rows: n x dim finite values for n distinct keys, base
  * not ahead of the model; rows in another form than float32 are widened
  * first (m then points at them). 0, or a code with err. */
@@ -152,7 +179,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
-        srv_tables_set_limit(&s->tables, s->cfg.max_table_memory);
+        srv_tables_configure(&s->tables, &s->cfg);
         rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
     }
     if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {
@@ -212,6 +239,10 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
             return;
         }
     }
+    if (!(m->type == PS_MSG_TPULL && (m->has & PS_F_LEN)) &&
+        (check_part(c, m, d, m->keys.p, m->keys.n) != 0 ||
+         (m->type == PS_MSG_TPUSHPULL && check_part(c, m, d, m->pkeys.p, m->pkeys.n) != 0)))
+        return;
     if (m->type == PS_MSG_TPULL) {
         char err[300];
         int rc = (m->has & PS_F_LEN) ? srv_tpull_at(c, m->id, (uint32_t)ti, m->off, m->len, err, sizeof err)

@@ -83,12 +83,19 @@ static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
     ps_pack_key(pk, "tables");
     msgpack_pack_array(pk, j->ntables);
     for (uint32_t i = 0; i < j->ntables; i++) {
-        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 2);
-        ps_pack_table_def(pk, srv_tables_def(&s->tables, i));
+        const ps_table_def *d = srv_tables_def(&s->tables, i);
+        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 2 + (d->nparts > 1));
+        ps_pack_table_def(pk, d);
         ps_pack_key(pk, "rows");
         msgpack_pack_uint64(pk, j->tables[i].rows);
         ps_pack_key(pk, "floats");
         msgpack_pack_uint32(pk, j->tables[i].floats);
+        if (d->nparts > 1) { /* the part of a split table this psd holds */
+            ps_pack_key(pk, "part");
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_uint32(pk, d->part);
+            msgpack_pack_uint32(pk, d->nparts);
+        }
     }
 }
 

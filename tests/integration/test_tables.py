@@ -295,7 +295,7 @@ class Tables(unittest.TestCase):
             w = self.worker(psd)
             tab = dict(TABLE, dim=16)
             self.ok(w, tab, "declare")
-            # dim 16 adagrad: 136-byte rows in blocks of 1024 (139,264 bytes):
+            # dim 16 adagrad: 144-byte rows in blocks of 1024 (147,456 bytes):
             # the first block fits, a second one does not
             first = list(range(1000))
             g = np.full((1000, 16), 0.01, np.float32)

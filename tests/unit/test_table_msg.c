@@ -750,6 +750,94 @@ static void test_row_init_properties(void **state)
         assert_int_equal(bits(ra[j]), 0);
 }
 
+/* ---- parts (PROTOCOL.md 13.7) ------------------------------------------------ */
+
+/* The jump hash over mix(key): values pinned from the protocol's formula
+ * (computed apart from this code, in Python integers and doubles); every
+ * key in range; near-equal parts; and from n to n + 1 parts a key moves
+ * only to the new part, about 1/(n + 1) of them. */
+static void test_part_of_key(void **state)
+{
+    (void)state;
+    static const uint32_t p3[10] = {0, 2, 0, 1, 0, 2, 2, 0, 1, 2}, p2[10] = {0, 0, 0, 1, 0, 1, 1, 0, 1, 0};
+    for (uint64_t k = 1; k <= 10; k++) {
+        assert_int_equal(ps_table_part(k, 3), p3[k - 1]);
+        assert_int_equal(ps_table_part(k, 2), p2[k - 1]);
+        assert_int_equal(ps_table_part(k, 1), 0);
+    }
+    assert_int_equal(ps_table_part(1, 64), 41);
+    assert_int_equal(ps_table_part(42, 64), 42);
+    assert_int_equal(ps_table_part(123456789, 64), 61);
+    assert_int_equal(ps_table_part(UINT64_MAX, 4), 3);
+    assert_int_equal(ps_table_part(UINT64_MAX, 64), 60);
+    enum { N = 40000 };
+    for (uint32_t n = 1; n < 9; n++) {
+        uint32_t count[10] = {0}, moved = 0;
+        for (uint64_t k = 0; k < N; k++) {
+            uint32_t a = ps_table_part(k * 7919, n), b = ps_table_part(k * 7919, n + 1);
+            assert_true(a < n && b <= n);
+            if (a != b) {
+                assert_int_equal(b, n); /* moved only to the new part */
+                moved++;
+            }
+            count[b]++;
+        }
+        double want = (double)N / (n + 1);
+        assert_true(fabs(moved - want) < 0.05 * want);
+        for (uint32_t p = 0; p <= n; p++)
+            assert_true(fabs(count[p] - want) < 0.05 * want);
+    }
+}
+
+/* TABLE's "part": [i, n] decoded; out of range refused; part of the
+ * declaration (another part is another table) and of its text. */
+static void test_part_field(void **state)
+{
+    (void)state;
+    static const struct {
+        int len;
+        uint64_t i, n;
+        int ok;
+    } cases[] = {{2, 1, 3, 1}, {2, 0, 1, 1}, {2, 63, 64, 1}, {2, 3, 3, 0}, {2, 0, 65, 0}, {2, 0, 0, 0}, {1, 0, 0, 0}};
+    wr w = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        table_msg(&w, NULL);
+        w.p[4]++; /* the map's count (w_map writes 0xdf and 4 bytes): one field more */
+        w_str(&w, "part");
+        put_be(&w, 0xdd, (uint64_t)cases[c].len, 4);
+        w_uint(&w, cases[c].i);
+        if (cases[c].len == 2)
+            w_uint(&w, cases[c].n);
+        ps_msg m;
+        int rc = dec(&w, &m, NULL);
+        if (cases[c].ok) {
+            assert_int_equal(rc, 0);
+            assert_true(m.has & PS_F_PART);
+            assert_int_equal(m.part, cases[c].i);
+            assert_int_equal(m.nparts, cases[c].n);
+        } else {
+            assert_int_equal(rc, PS_EBAD_FIELD);
+            assert_has(err, "part must be [i, n] with 0 <= i < n <= 64");
+        }
+    }
+    free(w.p);
+    ps_table_def a, b;
+    assert_int_equal(ps_table_def_make(&a, "e", 8, "zeros", 0, 0, 0, "sgd", NULL, err, sizeof err), 0);
+    assert_int_equal(a.part, 0);
+    assert_int_equal(a.nparts, 1);
+    b = a;
+    b.part = 1;
+    b.nparts = 3;
+    assert_false(ps_table_def_same(&a, &b));
+    a.nparts = 3;
+    assert_false(ps_table_def_same(&a, &b));
+    a.part = 1;
+    assert_true(ps_table_def_same(&a, &b));
+    char text[200];
+    ps_table_def_text(&a, text, sizeof text);
+    assert_string_equal(text, "dim 8, zeros, seed 0, sgd lr 0.01, part 1 of 3");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -764,6 +852,8 @@ int main(void)
         cmocka_unit_test(test_def_errors),
         cmocka_unit_test(test_row_init_pinned),
         cmocka_unit_test(test_row_init_properties),
+        cmocka_unit_test(test_part_of_key),
+        cmocka_unit_test(test_part_field),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
