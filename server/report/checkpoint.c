@@ -84,26 +84,8 @@ static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
     msgpack_pack_array(pk, j->ntables);
     for (uint32_t i = 0; i < j->ntables; i++) {
         const ps_table_def *d = srv_tables_def(&s->tables, i);
-        uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
-        for (uint32_t b = hps; b; b &= b - 1)
-            nhp++;
-        msgpack_pack_map(pk, d->nparts > 1 ? 10 : 9);
-        ps_pack_kstr(pk, "name", d->name);
-        ps_pack_key(pk, "dim");
-        msgpack_pack_uint32(pk, d->dim);
-        ps_pack_kstr(pk, "rinit", ps_rinit_name(d->rinit));
-        ps_pack_key(pk, "scale");
-        msgpack_pack_double(pk, d->scale);
-        ps_pack_key(pk, "seed");
-        msgpack_pack_uint64(pk, d->seed);
-        ps_pack_kstr(pk, "opt", ps_topt_name(d->opt));
-        ps_pack_key(pk, "hp");
-        msgpack_pack_map(pk, nhp);
-        for (uint32_t h = 0; h < PS_HP_COUNT; h++)
-            if (hps & (1u << h)) {
-                ps_pack_key(pk, ps_hp_name(h));
-                msgpack_pack_double(pk, d->hp[h]);
-            }
+        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 2 + (d->nparts > 1));
+        ps_pack_table_def(pk, d);
         ps_pack_key(pk, "rows");
         msgpack_pack_uint64(pk, j->tables[i].rows);
         ps_pack_key(pk, "floats");

@@ -61,6 +61,10 @@ int srv_checkpoint_write_now(psd *s);
  * state_dir that cannot be used. */
 int srv_checkpoint_load(psd *s);
 
+/* psctl reset: forgets where the model came from at start (the checkpoint
+ * and its version, the SSP clocks restored from it, init_from's file). */
+void srv_checkpoint_forget_origin(psd *s);
+
 /* --fresh: moves the checkpoints in dir (ckpt-* files) into a new dated
  * subfolder, dir/set-aside-YYYYMMDDTHHMMSSZ, written to aside; nothing is
  * deleted. Returns how many were moved (0: none, aside stays ""), or

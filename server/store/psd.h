@@ -4,7 +4,10 @@
  * layer above declares its own in its header (update.h, policy.h,
  * status.h, reply.h, session.h, handle.h, admin.h, net.h; docs/DESIGN.md).
  * Everything here is owned by the one libuv loop thread; nothing is
- * locked. */
+ * locked. Most of struct psd's fields are written by one file or layer
+ * alone, named at the field; the others read them and call its functions
+ * (docs/DESIGN.md lists them; the layers test fails on a write
+ * elsewhere). */
 #ifndef PSD_H
 #define PSD_H
 
@@ -372,13 +375,14 @@ struct psd {
     uint64_t rbuf_bytes;     /* connections' receive buffers together (net.c;
                               * bounded by max_receive_memory) */
     uint64_t next_cid;
-    srv_worker **workers;    /* indexed by shard; size nworkers_cap */
+    srv_worker **workers;    /* indexed by shard; size nworkers_cap (this and the
+                              * four below: session/hello.c's) */
     uint32_t nworkers_cap;
     uint32_t nshards;        /* m announced by workers (0 until the first) */
     srv_conn *init_owner;    /* the worker asked to send initial values */
-    srv_model model;
+    srv_model model;         /* store/model.c's: srv_model_* */
     srv_tables tables;       /* embedding tables (store/table.c) */
-    srv_plan plan;           /* the job's plan (BSP; plan.c) */
+    srv_plan plan;           /* the job's plan (BSP; plan.c's) */
     const struct srv_policy_ops *policy;
     void *policy_state;      /* the policy's own (policy.c): BSP rounds and
                               * kept gradients, DC-ASGD's base snapshots */
