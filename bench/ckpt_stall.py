@@ -47,7 +47,9 @@ def main():
     state = os.path.join(tmp, "state")
     psd = None
     try:
-        psd = harness.Psd(tmp, mode="asgd", workers=1, args=["--state-dir", state, "--set", "heartbeat_timeout=10m"])
+        # no timed checkpoint: the one measured is the only one
+        psd = harness.Psd(tmp, mode="asgd", workers=1, args=["--state-dir", state, "--set", "heartbeat_timeout=10m",
+                                                              "--set", "checkpoint_interval=0"])
         w = RawClient(psd.addr, 120.0)
         r = w.hello_worker([["w", [4]]], 0, 1)
         assert r.get("t") == harness.T_WELCOME, r
@@ -80,6 +82,7 @@ def main():
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
             quiet.append(pull())
+        assert not glob.glob(os.path.join(state, "ckpt-*")), "a checkpoint before the one measured"
         t0 = time.monotonic()
         ck = subprocess.Popen([harness.Paths.psctl, "--server", psd.addr, "--timeout", "600000", "checkpoint"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -93,6 +96,7 @@ def main():
         assert ck.returncode == 0, (out, err)
         size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(state, "ckpt-*.psdc")))
         print("checkpoint: %.2f GB written in %.1f s (psctl checkpoint's wait)" % (size / 1e9, took))
+        print("psd: %s" % [l for l in psd.stderr().splitlines() if "written to" in l][-1].split(" INFO ")[-1])
         for name, xs in (("no checkpoint", quiet), ("during checkpoint", busy)):
             print("pull of %d keys, %-17s: %6d pulls  p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms" %
                   (args.keys, name, len(xs), pct(xs, 50), pct(xs, 99), max(xs) * 1e3), flush=True)

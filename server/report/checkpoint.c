@@ -60,6 +60,7 @@ typedef struct ckpt_job {
         double seconds;
     } res;
     size_t got;               /* bytes of res read from the pipe */
+    double fork_ms;           /* how long fork() held the loop */
     pid_t pid;                /* the writer process, 0: none */
     uv_pipe_t pipe;           /* its end of the pipe, EOF when it exits */
     char err[PS_CONFIG_PATH_MAX * 2 + 256];
@@ -405,8 +406,12 @@ static void job_finish(psd *s, ckpt_job *j)
         }
         free(vers);
         srv_stats_checkpoint(s, j->version, j->tables_stamp, NULL);
-        PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s in %.3f s", j->version, j->path,
-               j->res.seconds);
+        if (j->pid)
+            PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s in %.3f s (fork %.1f ms)",
+                   j->version, j->path, j->res.seconds, j->fork_ms);
+        else
+            PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s in %.3f s", j->version, j->path,
+                   j->res.seconds);
         return;
     }
     const char *e = strerror(j->res.err);
@@ -517,10 +522,14 @@ static int job_fork(psd *s, ckpt_job *j)
         return -1;
     }
     pid_t parent = getpid();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     pid_t pid = fork();
     if (pid == 0)
         writer_main(j, fds[1], parent, maxfd);
     int e = errno;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    j->fork_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
     close(fds[1]);
     if (pid < 0) {
         close(fds[0]);
