@@ -231,6 +231,7 @@ int srv_metrics_text(psd *s, ps_buf *b)
            s->stats.pushes);
     SIMPLE("psd_pulls_total", "counter", "Parameter pulls answered.", "%" PRIu64, s->stats.pulls);
     SIMPLE("psd_received_bytes_total", "counter", "Bytes of frames received.", "%" PRIu64, s->stats.bytes_in);
+    SIMPLE("psd_received_frames_total", "counter", "Frames (messages) received.", "%" PRIu64, s->stats.frames_in);
     SIMPLE("psd_sent_bytes_total", "counter", "Bytes of frames queued for sending.", "%" PRIu64,
            s->stats.bytes_out);
     SIMPLE("psd_rounds_total", "counter", "BSP rounds closed.", "%" PRIu64, s->stats.rounds);

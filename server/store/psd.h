@@ -264,6 +264,7 @@ void srv_hist_observe(srv_hist *h, double v);
 
 typedef struct srv_stats {
     uint64_t pushes, pulls, bytes_in, bytes_out, rounds, connections;
+    uint64_t frames_in;      /* frames (messages) received */
     uint64_t rejected[32];   /* by error code (index = -PS_E*) */
     uint64_t init_ms;        /* when the model got its initial values */
     uint64_t dropped_pushes; /* pushes for a BSP round already closed */
