@@ -397,12 +397,11 @@ struct psd {
     char model_file[PS_CONFIG_PATH_MAX]; /* the safetensors file the model came
                               * from at start (init_from); "" = none */
     uint32_t nrestored;
-    int checkpoint_busy;     /* a checkpoint is being written in the pool */
+    int checkpoint_busy;     /* a checkpoint's writer process is running */
     srv_updater upd;         /* the update engine (update.c) */
     srv_push_wait push_wait; /* the reply a push owes while its update runs off
                               * the loop (handle.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
-    uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
     ps_layout scratch_layout; /* where a hello's layout is decoded */
     /* Registered by main(): stops psd as SIGTERM does (closes the signal
