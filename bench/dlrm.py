@@ -123,9 +123,9 @@ class Teacher:
         u1, u2 = v[:, :DIM], v[:, DIM:]
         normal = np.sqrt(-2.0 * np.log(u1)) * np.cos(2 * np.pi * u2)
         shrink = np.minimum(1.0, (self.args.tail_rank / (u.astype(np.float64) + 1)) ** 0.5)
-        return (normal * shrink[:, None]).astype(np.float32)[inv]
+        return (normal * (shrink * self.args.emb_scale)[:, None]).astype(np.float32)[inv]
 
-    def logits(self, ranks, dense, chunk=50000):
+    def logits(self, ranks, dense, chunk=8192):
         import numpy as np
         if len(dense) > chunk:
             return np.concatenate([self.logits(ranks[at:at + chunk], dense[at:at + chunk])
@@ -143,9 +143,22 @@ class Teacher:
         return (z.squeeze(1) * self.scale + self.shift).numpy()
 
     def calibrate(self, ranks, dense):
-        """Sets the logit's scale and shift: standard deviation
-        --logit-std, mean click rate about --ctr."""
+        """Sets each hidden unit's bias so that it is active (above 0) on a
+        share --active of the samples, then the logit's scale and shift:
+        standard deviation --logit-std, mean click rate about --ctr."""
         import numpy as np
+        import torch
+        x = torch.from_numpy(dense)
+        e = [torch.from_numpy(self.rows(f, ranks[:, f])) for f in range(NCAT)]
+        for layers in (self.bot, self.top):
+            if layers is self.top:
+                x = torch.cat([x] + e, 1)
+            for i, (w, b) in enumerate(layers):
+                pre = x @ w.T
+                if layers is self.top and i == len(layers) - 1:
+                    break
+                b.copy_(-torch.quantile(pre, 1.0 - self.args.active, dim=0))
+                x = torch.relu(pre + b)
         z = self.logits(ranks, dense)
         self.scale = self.args.logit_std / float(z.std())
         z = z * self.scale
@@ -314,9 +327,16 @@ def arm_psd(a):
     ps = psd.torch.Worker(model, server=a.server, shard=a.shard, wait_notice=False)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     t0, n = time.time(), 0
-    for keys, x, y in batches(a.data, k, m, a.batch):
+    it = batches(a.data, k, m, a.batch)
+    nxt = next(it, None)
+    while nxt is not None:
+        keys, x, y = nxt
+        nxt = next(it, None)
         ps.zero_grad()
-        loss_fn(model(keys, x), y).backward()  # the rows' gradients go to psd
+        loss = loss_fn(model(keys, x), y)
+        if nxt is not None and not a.no_prefetch:
+            emb.prefetch(nxt[0].reshape(-1))  # backward pulls the next batch's rows as it pushes
+        loss.backward()  # the rows' gradients go to psd
         ps.step()
         n += len(y)
     t1 = time.time()
@@ -377,6 +397,8 @@ def arm_ddp(a):
 
 def start_psd(psd_bin, d, name, a):
     port_file = os.path.join(d, name + ".port")
+    if os.path.exists(port_file):
+        os.unlink(port_file)  # a run's before (--workdir)
     argv = [psd_bin, "--listen", "127.0.0.1:0", "--port-file", port_file, "--mode", "asgd", "--workers", "2",
             "--set", "optimizer=adam", "--set", "lr=%g" % a.lr, "--set", "heartbeat_timeout=60s"]
     err = open(os.path.join(d, name + ".err"), "wb")
@@ -465,10 +487,13 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the dense part)")
     ap.add_argument("--table-lr", type=float, default=0.05, help="AdaGrad's learning rate (the table)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of arm a")
+    ap.add_argument("--no-prefetch", action="store_true", help="arms b, b2: backward pushes rows, forward pulls")
     ap.add_argument("--ddp-steps", type=int, default=40, help="steps of arm c (0: a whole pass)")
     ap.add_argument("--ddp-max-ids", type=int, default=100000, help="the largest table size arm c runs at")
     ap.add_argument("--zipf", type=float, default=1.1, help="the ids' Zipf exponent")
     ap.add_argument("--tail-rank", type=float, default=1000, help="the teacher's rows shrink past this rank")
+    ap.add_argument("--emb-scale", type=float, default=1.0, help="the teacher's rows' standard deviation")
+    ap.add_argument("--active", type=float, default=0.5, help="the share of samples a teacher's hidden unit is active on")
     ap.add_argument("--logit-std", type=float, default=2.0, help="the teacher's logit standard deviation")
     ap.add_argument("--ctr", type=float, default=0.25, help="the teacher's mean click rate (about)")
     ap.add_argument("--seed", type=int, default=1)
@@ -497,7 +522,7 @@ def main():
     if any(s in ("b", "b2") for s in arms) and not os.access(a.psd, os.X_OK):
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
-    common = ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
+    common = (["--no-prefetch"] if a.no_prefetch else []) + ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
     me = [PY, os.path.abspath(__file__)]
     rows = []
     print("dlrm: %d training and %d test samples, batch %d, load average %s" % (a.train, a.test, a.batch, loadavg()),
@@ -506,7 +531,7 @@ def main():
         with tempfile.TemporaryDirectory(prefix="dlrm-") as tmp:
             d = os.path.join(a.workdir, "ids-%d" % n_ids) if a.workdir else tmp
             t = time.monotonic()
-            stamp = json.dumps([a.train, a.test, a.zipf, a.tail_rank, a.logit_std, a.ctr, a.seed, n_ids])
+            stamp = json.dumps([a.train, a.test, a.zipf, a.tail_rank, a.emb_scale, a.active, a.logit_std, a.ctr, a.seed, n_ids])
             if not a.workdir or not os.path.exists(os.path.join(d, "stamp")) or \
                     open(os.path.join(d, "stamp")).read() != stamp:
                 os.makedirs(d, exist_ok=True)
