@@ -7,30 +7,37 @@ loss and samples per second of each, beside the planted teacher's AUC and
 log loss (the best any model can reach on these logs).
 
     bench/dlrm.py                       # the default run (minutes on 2 cores)
-    bench/dlrm.py --ids 100000 --train 20000 --test 5000 --ddp-steps 3   # seconds
+    bench/dlrm.py --ids 2000 --train 12000 --test 4000 --ddp-steps 3   # seconds
 
 The model: 13 dense features through a bottom MLP 13-64-16, 26 categorical
 features each through an embedding of dimension 16 (one table of 26 x IDS
 rows, the key of feature f's id i being f x IDS + i), and a top MLP
 512-256-1 over the 26 embeddings and the bottom MLP's output concatenated
-(432 inputs). Dense part: Adam (lr --lr); tables: AdaGrad (lr --table-lr),
-rows initialised from normal(0, 0.01).
+(432 inputs). Dense part: Adam, its rate falling from --lr to 0 along a
+cosine over the pass (psd: lr_schedule=cosine; --constant-lr keeps it);
+the table: AdaGrad (lr --table-lr), rows initialised from normal(0, 0.01).
 
-The click logs: for each categorical feature, ids drawn from a Zipf
+The click logs (the default: 300,000 training and 50,000 test samples a
+table size): for each categorical feature, ids drawn from a Zipf
 distribution of exponent --zipf over IDS ids (truncated; the ranks mapped
 to ids by a permutation of the feature's own), dense features from
 normal(0, 1), and each label drawn with the click probability of a
-teacher: a model of the same shape with random weights (its rows from
-normal(0, 1), shrunk by (--tail-rank / rank)^0.5 past rank --tail-rank,
-so that the ids a pass sees too rarely to learn carry little of the
-signal), its logit scaled to a standard deviation of --logit-std and
-shifted to a mean click rate of about --ctr. Everything comes from --seed.
+teacher: a model of the same shape with random weights: He-scaled
+layers, each hidden unit's bias set so that it is active on a share
+--active of the samples (0.97: a nearly linear teacher, which one pass can
+approach), its rows from normal(0, 1) shrunk by (--tail-rank / rank)^0.5
+past rank --tail-rank (20), so that the ids a pass sees too rarely to
+learn carry little of the signal, its logit scaled to a standard deviation
+of --logit-std and shifted to a mean click rate of about --ctr. The
+teacher's rows are a hash of (seed, feature, rank), so a subset costs only
+its own. Everything comes from --seed.
 
 The arms, each one pass over the same --train samples in the same order,
 batch 256 per process and step (--batch):
   a       PyTorch alone, one process with --threads threads (default 2):
           nn.EmbeddingBag(sparse=True) with torch.optim.Adagrad, Adam for
           the rest;
+  a1      the same with 1 thread (not in the default run);
   b       2 worker processes (1 thread each) through one psd in asgd
           (worker k trains samples k, k+2, ...): the table in psd with
           AdaGrad (psd.torch.EmbeddingBag), the dense part through
@@ -38,12 +45,15 @@ batch 256 per process and step (--batch):
   b2      the same with the model split over 2 psd (--server A,B);
   c       DistributedDataParallel over gloo, 2 ranks (1 thread each), the
           table as an nn.EmbeddingBag with dense gradients, allreduced and
-          updated by a dense Adagrad: only --ddp-steps steps (a pass would
-          take hours), for its samples per second; its AUC is after those
-          steps (--arms c runs it for a pass: --ddp-steps 0). Run at the
-          table sizes up to --ddp-max-ids (10^5: 2.6 M rows).
+          updated by a dense Adagrad: --ddp-steps steps (40; 0: a pass,
+          which takes long), for its samples per second; its AUC is the
+          one after those steps. Run at the table sizes up to
+          --ddp-max-ids (10^5: 2.6 M rows of 16 float32 a rank).
 (a) and (c) evaluate the model they trained; (b) its worker 0 once both
-have trained, with the rows and dense part psd holds.
+have trained, with the rows and dense part psd holds. Every process runs
+with OMP_WAIT_POLICY=PASSIVE (unless set): PyTorch's OpenMP threads spin
+otherwise, which made (a) with 2 threads 7x slower than with 1 on this
+shared machine.
 
 Prints one JSON line per arm and table size (prefix '{"arm"'), then the
 ratios ('{"ratios"'), and a table. Needs the build tree (build/server/psd,
@@ -288,6 +298,25 @@ def batches(d, k, m, batch, steps=0):
         n += 1
 
 
+def pass_steps(a, m, together):
+    """Model updates in one pass over the training logs by m processes of
+    a.batch samples a step: every process's steps added (together: psd's
+    asgd, a version per push) or one process's (DDP's steps are in step)."""
+    import numpy as np
+    n = int(np.load(os.path.join(a.data, "train_y.npy"), mmap_mode="r").shape[0])
+    steps = [(len(range(k, n, m)) + a.batch - 1) // a.batch for k in range(m)]
+    return sum(steps) if together else steps[0]
+
+
+def cosine(opt, a, m):
+    """The dense part's rate from --lr down to 0 along a cosine over a pass
+    (psd's lr_schedule=cosine), or None with --constant-lr."""
+    import torch
+    if a.constant_lr:
+        return None
+    return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=pass_steps(a, m, False))
+
+
 # ---- the arms (each a process of its own) -------------------------------------------------------
 
 
@@ -300,6 +329,7 @@ def arm_torch(a):
     model = dlrm(emb, a.seed)
     sparse = torch.optim.Adagrad(emb.parameters(), lr=a.table_lr)
     dense = torch.optim.Adam([p for n, p in model.named_parameters() if not n.startswith("emb.")], lr=a.lr)
+    sched = cosine(dense, a, 1)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     t0, n = time.monotonic(), 0
     for keys, x, y in batches(a.data, 0, 1, a.batch):
@@ -308,6 +338,8 @@ def arm_torch(a):
         loss_fn(model(keys, x), y).backward()
         sparse.step()
         dense.step()
+        if sched:
+            sched.step()
         n += len(y)
         if a.curve and (n // a.batch) % a.curve == 0:
             print("after %d samples: %s" % (n, evaluate(model, a.data)), file=sys.stderr, flush=True)
@@ -373,6 +405,7 @@ def arm_ddp(a):
     model = DDP(dlrm(emb, a.seed))
     sparse = torch.optim.Adagrad(model.module.emb.parameters(), lr=a.table_lr)
     dense = torch.optim.Adam([p for n, p in model.module.named_parameters() if not n.startswith("emb.")], lr=a.lr)
+    sched = cosine(dense, a, m)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     dist.barrier()
     t0, n = time.time(), 0
@@ -382,6 +415,8 @@ def arm_ddp(a):
         loss_fn(model(keys, x), y).backward()  # allreduces every gradient, the table's whole
         sparse.step()
         dense.step()
+        if sched:
+            sched.step()
         n += len(y)
     t1 = time.time()
     out = dict(samples=n, start=t0, end=t1)
@@ -395,12 +430,15 @@ def arm_ddp(a):
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def start_psd(psd_bin, d, name, a):
+def start_psd(psd_bin, d, name, a, steps):
     port_file = os.path.join(d, name + ".port")
     if os.path.exists(port_file):
         os.unlink(port_file)  # a run's before (--workdir)
     argv = [psd_bin, "--listen", "127.0.0.1:0", "--port-file", port_file, "--mode", "asgd", "--workers", "2",
-            "--set", "optimizer=adam", "--set", "lr=%g" % a.lr, "--set", "heartbeat_timeout=60s"]
+            "--set", "optimizer=adam", "--set", "lr=%g" % a.lr, "--set", "warmup_versions=0",
+            "--set", "heartbeat_timeout=60s"]
+    if not a.constant_lr:
+        argv += ["--set", "lr_schedule=cosine", "--set", "lr_decay_versions=%d" % steps]
     err = open(os.path.join(d, name + ".err"), "wb")
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
@@ -424,6 +462,10 @@ def run_procs(argvs, d, tag, timeout):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(ROOT, "python"), env.get("PYTHONPATH")) if p)
     env.setdefault("PSD_CLIENT_LIBRARY", os.path.join(ROOT, "build", "client", "libpsclient.so.1"))
+    # PyTorch's OpenMP threads spin while they wait for work: on a machine
+    # with other work running, arm a with 2 threads was 7x slower than with
+    # 1 thread that way (and 1.5x faster with the threads waiting passively)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     procs = []
     for i, argv in enumerate(argvs):
         out = open(os.path.join(d, "%s.%d.out" % (tag, i)), "w+")
@@ -480,20 +522,21 @@ def loadavg():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ids", default="100000,1000000", help="ids per feature: the table sizes, comma-separated")
-    ap.add_argument("--train", type=int, default=400000, help="training samples (one pass)")
-    ap.add_argument("--test", type=int, default=100000, help="test samples")
+    ap.add_argument("--train", type=int, default=300000, help="training samples (one pass)")
+    ap.add_argument("--test", type=int, default=50000, help="test samples")
     ap.add_argument("--arms", default="a,b,b2,c", help="which of a, b, b2, c to run")
     ap.add_argument("--batch", type=int, default=256, help="samples per process and step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the dense part)")
     ap.add_argument("--table-lr", type=float, default=0.05, help="AdaGrad's learning rate (the table)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of arm a")
+    ap.add_argument("--constant-lr", action="store_true", help="the dense part's rate constant (not a cosine)")
     ap.add_argument("--no-prefetch", action="store_true", help="arms b, b2: backward pushes rows, forward pulls")
     ap.add_argument("--ddp-steps", type=int, default=40, help="steps of arm c (0: a whole pass)")
     ap.add_argument("--ddp-max-ids", type=int, default=100000, help="the largest table size arm c runs at")
     ap.add_argument("--zipf", type=float, default=1.1, help="the ids' Zipf exponent")
-    ap.add_argument("--tail-rank", type=float, default=1000, help="the teacher's rows shrink past this rank")
+    ap.add_argument("--tail-rank", type=float, default=20, help="the teacher's rows shrink past this rank")
     ap.add_argument("--emb-scale", type=float, default=1.0, help="the teacher's rows' standard deviation")
-    ap.add_argument("--active", type=float, default=0.5, help="the share of samples a teacher's hidden unit is active on")
+    ap.add_argument("--active", type=float, default=0.97, help="the share of samples a teacher's hidden unit is active on")
     ap.add_argument("--logit-std", type=float, default=2.0, help="the teacher's logit standard deviation")
     ap.add_argument("--ctr", type=float, default=0.25, help="the teacher's mean click rate (about)")
     ap.add_argument("--seed", type=int, default=1)
@@ -517,12 +560,12 @@ def main():
 
     arms = [s for s in a.arms.split(",") if s]
     for s in arms:
-        if s not in ("a", "b", "b2", "c"):
-            sys.exit("dlrm: unknown arm %r (a, b, b2, c)" % s)
+        if s not in ("a", "a1", "b", "b2", "c"):
+            sys.exit("dlrm: unknown arm %r (a, a1, b, b2, c)" % s)
     if any(s in ("b", "b2") for s in arms) and not os.access(a.psd, os.X_OK):
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
-    common = (["--no-prefetch"] if a.no_prefetch else []) + ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
+    common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
     me = [PY, os.path.abspath(__file__)]
     rows = []
     print("dlrm: %d training and %d test samples, batch %d, load average %s" % (a.train, a.test, a.batch, loadavg()),
@@ -547,13 +590,17 @@ def main():
             base = me + ["--data", d, "--n-ids", str(n_ids)] + common
             for arm in arms:
                 la = loadavg()
-                if arm == "a":
-                    r = run_procs([base + ["--role", "torch", "--threads", str(a.threads), "--curve", str(a.curve)]], d, "a", a.timeout)[0]
+                if arm in ("a", "a1"):
+                    threads = a.threads if arm == "a" else 1
+                    r = run_procs([base + ["--role", "torch", "--threads", str(threads), "--curve", str(a.curve)]], d,
+                                  arm, a.timeout)[0]
                 elif arm in ("b", "b2"):
                     for j in range(1, 2):
                         if os.path.exists(os.path.join(d, "done.%d" % j)):
                             os.unlink(os.path.join(d, "done.%d" % j))
-                    servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a) for i in range(1 if arm == "b" else 2)]
+                    a.data = d
+                    steps = pass_steps(a, 2, True)
+                    servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps) for i in range(1 if arm == "b" else 2)]
                     addr = ",".join(s[1] for s in servers)
                     try:
                         r = combine(run_procs([base + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
