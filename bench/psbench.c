@@ -112,6 +112,12 @@ typedef struct opts {
     int wire;                    /* --wire: WIRE_* of tensors on psd's wire */
     int verbose;
     int round_reps;              /* repetitions of the BSP round comparison */
+    int table;                   /* --table: rows by key instead of the dense grid */
+    uint32_t dim;                /* table: values per row */
+    uint32_t nkeys;              /* table: distinct keys a request pushes and pulls */
+    uint64_t key_space;          /* table: keys drawn from ranks 0..key_space-1 */
+    double zipf;                 /* table: Zipf exponent; 0: uniform keys */
+    int workers_given;           /* --workers was given */
 } opts;
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -256,6 +262,8 @@ typedef struct bworker {
     float *params;          /* the ceiling: where the values sent back land */
     double *lat;            /* seconds per timed round trip */
     size_t nlat, lat_cap;
+    float *rows;            /* table: the rows a round trip pulls (nkeys x dim) */
+    uint64_t step;          /* table: round trips done (which batch is next) */
     double t_end;           /* when its last timed round trip finished */
     int rc;
     char err[600];
@@ -282,6 +290,15 @@ struct bench {
     int verbose;            /* the library logs at info level (else warn) */
     size_t vbytes;          /* bytes per value on the wire: 4, or 2 for bf16 */
     atomic_int wire_refused; /* psd's welcome did not offer `wire` */
+    int table;              /* rows by key (psc_table_pushpull), not the dense model */
+    uint32_t dim;           /* table: values per row */
+    uint32_t nkeys;         /* table: distinct keys per request */
+    int nbatch;             /* table: batches per worker, used in turn */
+    const uint64_t *batches; /* table: K x nbatch x nkeys keys (worker k's from
+                             * k x nbatch x nkeys) */
+    const void *req;        /* the ceiling: what a client sends (req_bytes) */
+    size_t req_bytes, ans_bytes; /* the ceiling: request and answer bytes; the
+                             * payload of a round trip is their sum */
     pthread_barrier_t gate; /* K workers + main: set-up done, timing starts */
     atomic_int stop;        /* main: the time is up */
     _Atomic uint64_t stop_at; /* BSP: first round no worker starts */
@@ -411,6 +428,55 @@ static int psd_open(bworker *w)
     return 0;
 }
 
+/* The table mode's worker: shard k of K with a dense layout of 4 floats
+ * (a job always has one; it is not pushed), table "emb" of dim values per
+ * row (uniform init, AdaGrad), no reconnects. */
+static int table_open(bworker *w)
+{
+    bench *b = w->b;
+    char v[160];
+    w->pc = psc_new();
+    w->rows = malloc((size_t)b->nkeys * b->dim * sizeof(float));
+    if (!w->pc || !w->rows)
+        return wfailf(w, PSC_ENOMEM, "out of memory");
+    int rc = psc_set(w->pc, "server", b->addr[0]);
+    if (rc == 0)
+        rc = psc_set(w->pc, "log", b->verbose ? "info" : "warn");
+    snprintf(v, sizeof v, "%d/%d", w->k, b->K);
+    if (rc == 0)
+        rc = psc_set(w->pc, "shard", v);
+    if (rc == 0)
+        rc = psc_set(w->pc, "reconnect", "off");
+    if (rc == 0)
+        rc = psc_set(w->pc, "connect_s", "10");
+    snprintf(v, sizeof v, "%d", CALL_TIMEOUT_MS);
+    if (rc == 0)
+        rc = psc_set(w->pc, "timeout_ms", v);
+    uint64_t dims[1] = {4};
+    if (rc == 0)
+        rc = psc_add_tensor(w->pc, "w", 1, dims);
+    if (rc != 0)
+        return wfail(w, rc, "options");
+    if ((rc = psc_connect(w->pc)) != 0)
+        return wfail(w, rc, "connect");
+    if ((rc = psc_table(w->pc, "emb", b->dim, "uniform", 0.01, 1, "adagrad", "lr=0.05")) != 0)
+        return wfail(w, rc, "table");
+    return 0;
+}
+
+/* One table round trip: push the row gradients of this batch's keys and
+ * pull the next batch's rows (psc_table_pushpull), batches in turn. */
+static int table_round_trip(bworker *w)
+{
+    bench *b = w->b;
+    const uint64_t *mine = b->batches + (size_t)w->k * (size_t)b->nbatch * b->nkeys;
+    const uint64_t *keys = mine + (size_t)(w->step % (uint64_t)b->nbatch) * b->nkeys;
+    const uint64_t *next = mine + (size_t)((w->step + 1) % (uint64_t)b->nbatch) * b->nkeys;
+    w->step++;
+    int rc = psc_table_pushpull(w->pc, "emb", keys, b->nkeys, b->grad, next, b->nkeys, w->rows);
+    return rc == 0 ? 0 : wfail(w, rc, "table pushpull");
+}
+
 static int write_full(int fd, const void *p, size_t n)
 {
     const char *c = p;
@@ -475,15 +541,16 @@ static int tcp_connect(const char *addr)
     return fd;
 }
 
-/* One plain-TCP round trip: S values out, S values back, at the size psd's
- * wire gives them (4 bytes, 2 with --wire bf16); the bytes are the
- * gradient's and land in the parameters' buffer, unconverted. */
+/* One plain-TCP round trip: the request's bytes out, the answer's back
+ * (dense: S values each way at the size psd's wire gives them, 4 bytes or
+ * 2 with --wire bf16; table: the bytes of a TPUSHPULL's keys, gradients and
+ * next keys out, of its rows back); they land in the parameters' buffer,
+ * unconverted. */
 static int tcp_round_trip(bworker *w)
 {
-    size_t bytes = w->b->S * w->b->vbytes;
-    if (write_full(w->fd, w->b->grad, bytes) != 0)
+    if (write_full(w->fd, w->b->req, w->b->req_bytes) != 0)
         return wfail(w, PSC_EIO, "tcp send");
-    if (read_full(w->fd, w->params, bytes) != 0)
+    if (read_full(w->fd, w->params, w->b->ans_bytes) != 0)
         return wfail(w, PSC_EIO, "tcp receive");
     return 0;
 }
@@ -515,19 +582,19 @@ static void *worker_main(void *arg)
     bench *b = w->b;
     int rc = 0;
     if (b->sys == SYS_PSD) {
-        rc = psd_open(w);
+        rc = b->table ? table_open(w) : psd_open(w);
     } else if ((w->fd = tcp_connect(b->addr[0])) < 0) {
         rc = wfail(w, PSC_ECONNECT, "connect");
     }
     for (int i = 0; rc == 0 && i < b->warmup; i++)
-        rc = b->sys == SYS_PSD ? psd_round_trip(w) : tcp_round_trip(w);
+        rc = b->sys != SYS_PSD ? tcp_round_trip(w) : b->table ? table_round_trip(w) : psd_round_trip(w);
     if (rc != 0 && w->pc)
         psc_close(w->pc); /* so psd's BSP rounds go on without us */
     pthread_barrier_wait(&b->gate);
     w->t_end = now_s();
     for (uint64_t r = 0; rc == 0 && keep_going(b, r); r++) {
         double t0 = now_s();
-        rc = b->sys == SYS_PSD ? psd_round_trip(w) : tcp_round_trip(w);
+        rc = b->sys != SYS_PSD ? tcp_round_trip(w) : b->table ? table_round_trip(w) : psd_round_trip(w);
         double t1 = now_s();
         if (rc == 0) {
             w->t_end = t1;
@@ -549,7 +616,8 @@ typedef struct cell_result {
     int ok;
     uint64_t rts;           /* timed round trips, all workers */
     double secs;            /* timed window */
-    double rt_per_s, gbps;  /* payload on the wire: 2 * S * vbytes bytes per round trip */
+    double rt_per_s, gbps;  /* payload on the wire: req_bytes + ans_bytes per round trip
+                             * (dense: 2 * S * vbytes) */
     double p50_ms, p99_ms, mean_ms;
     double server_cpu;      /* CPU seconds of the server per second of the window */
     double client_cpu;      /* the same for psbench's worker threads */
@@ -678,10 +746,10 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
         w->fd = -1;
         if (b->sys == SYS_PSD)
             continue; /* the library's vectors: psd_open */
-        w->params = malloc(b->S * sizeof(float));
+        w->params = malloc(b->ans_bytes);
         if (!w->params)
-            die("out of memory for %" PRIu64 " floats", b->S);
-        memset(w->params, 0, b->S * sizeof(float)); /* fault it in outside the timing */
+            die("out of memory for %zu bytes", b->ans_bytes);
+        memset(w->params, 0, b->ans_bytes); /* fault it in outside the timing */
     }
     for (int k = 0; k < K; k++) {
         if (pthread_create(&b->w[k].th, NULL, worker_main, &b->w[k]) != 0)
@@ -758,7 +826,7 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
     res->secs = t_end - t0;
     if (res->secs > 0) {
         res->rt_per_s = (double)nlat / res->secs;
-        res->gbps = res->rt_per_s * 2.0 * (double)b->S * (double)b->vbytes / 1e9;
+        res->gbps = res->rt_per_s * (double)(b->req_bytes + b->ans_bytes) / 1e9;
         if (cpu0 >= 0 && cpu1 >= 0)
             res->server_cpu = (cpu1 - cpu0) / res->secs;
         double cs = (double)(c1.tv_sec - c0.tv_sec) + 1e-9 * (double)(c1.tv_nsec - c0.tv_nsec);
@@ -773,6 +841,7 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
         bworker *w = &b->w[k];
         psc_free(w->pc);
         free(w->params);
+        free(w->rows);
         free(w->lat);
     }
     free(b->w);
@@ -905,15 +974,16 @@ static int star_release(int ep, tconn *cs, int n, int parked)
 }
 
 /* The ceiling server: one thread, epoll, nonblocking sockets, as psd's
- * loop; for each client it reads S values of vbytes bytes into that
- * client's buffer and writes S values (one shared "model") back, forever.
+ * loop; for each client it reads a request of req bytes (dense: S values)
+ * into that client's buffer and writes ans bytes of one shared "model"
+ * back, forever.
  * With star set it does a BSP round's traffic instead: it writes back only
  * once every connected client has sent its S values (no sum, no update),
  * the least any central server does for a round. Runs in a child process
  * until killed. */
-static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K, int star)
+static void tcp_server_main(int lfd, size_t req, size_t ans, int K, int star)
 {
-    size_t bytes = S * vbytes;
+    size_t bytes = req > ans ? req : ans;
     char *model = malloc(bytes);
     tconn *cs = calloc((size_t)K + 1, sizeof *cs);
     int ep = epoll_create1(0);
@@ -960,10 +1030,11 @@ static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K, int star)
             }
             for (;;) {
                 ssize_t k;
+                size_t want = c->writing ? ans : req;
                 if (!c->writing)
-                    k = recv(c->fd, c->buf + c->pos, bytes - c->pos, 0);
+                    k = recv(c->fd, c->buf + c->pos, want - c->pos, 0);
                 else
-                    k = send(c->fd, model + c->pos, bytes - c->pos, MSG_NOSIGNAL);
+                    k = send(c->fd, model + c->pos, want - c->pos, MSG_NOSIGNAL);
                 if (k == 0 && !c->writing) {
                     epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
                     close(c->fd);
@@ -981,7 +1052,7 @@ static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K, int star)
                     break;
                 }
                 c->pos += (size_t)k;
-                if (c->pos < bytes)
+                if (c->pos < want)
                     continue;
                 c->pos = 0;
                 if (star && !c->writing) {
@@ -1001,7 +1072,7 @@ static void tcp_server_main(int lfd, uint64_t S, size_t vbytes, int K, int star)
     }
 }
 
-static pid_t tcp_server_start(uint64_t S, size_t vbytes, int K, int star, int *port, char *err, size_t errlen)
+static pid_t tcp_server_start(size_t req, size_t ans, int K, int star, int *port, char *err, size_t errlen)
 {
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -1025,7 +1096,7 @@ static pid_t tcp_server_start(uint64_t S, size_t vbytes, int K, int star, int *p
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(1);
-        tcp_server_main(lfd, S, vbytes, K, star);
+        tcp_server_main(lfd, req, ans, K, star);
         _exit(0);
     }
     close(lfd);
@@ -1106,6 +1177,8 @@ static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, 
     b.wire = o->wire;
     b.verbose = o->verbose;
     b.vbytes = wire_size(o->wire);
+    b.req = grad;
+    b.req_bytes = b.ans_bytes = S * b.vbytes;
     for (int i = 0; i < b.nparts; i++) {
         char part[32] = "";
         if (b.nparts > 1)
@@ -1118,7 +1191,7 @@ static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, 
                      mode_names[mode], S, K, i, b.nparts);
             pid[i] = psd_start(o, mode, K, part_hi[i] - part_lo[i], logpath, err, sizeof err, &port);
         } else {
-            pid[i] = tcp_server_start(S, b.vbytes, K, sys == SYS_TCP_STAR, &port, err, sizeof err);
+            pid[i] = tcp_server_start(b.req_bytes, b.ans_bytes, K, sys == SYS_TCP_STAR, &port, err, sizeof err);
         }
         if (pid[i] < 0) {
             if (b.nparts > 1)
@@ -1394,6 +1467,230 @@ static void plot(const opts *o, const row *rows, int nrows, const row *tcp, int 
         printf("plot: %s\n", png);
 }
 
+/* ---- the table mode --------------------------------------------------------- */
+
+/* splitmix64: the keys' generator (seeded per worker) */
+static uint64_t sm64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* Fills out[0..K x nbatch x nkeys) with each worker's batches of nkeys
+ * distinct keys: ranks drawn from Zipf(o->zipf) over 0..key_space-1 (rank
+ * 0 the most frequent; uniform when zipf is 0), seeded by the worker's
+ * shard, each rank then scattered over 64 bits (a hashed feature, as a
+ * real job's keys are). */
+static void table_batches(const opts *o, int K, int nbatch, uint64_t *out)
+{
+    uint64_t N = o->key_space, n = o->nkeys;
+    double *cdf = NULL;
+    if (o->zipf > 0) {
+        cdf = malloc(N * sizeof *cdf);
+        if (!cdf)
+            die("out of memory for a Zipf table of %" PRIu64 " keys", N);
+        double sum = 0;
+        for (uint64_t r = 0; r < N; r++)
+            cdf[r] = (sum += pow((double)(r + 1), -o->zipf));
+        for (uint64_t r = 0; r < N; r++)
+            cdf[r] /= sum;
+    }
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    uint64_t *set = malloc(cap * sizeof *set); /* ranks + 1 in this batch; 0: empty */
+    if (!set)
+        die("out of memory");
+    for (int k = 0; k < K; k++) {
+        uint64_t rng = 0x5eed0000u + (uint64_t)k;
+        for (int bi = 0; bi < nbatch; bi++) {
+            uint64_t *keys = out + ((size_t)k * (size_t)nbatch + (size_t)bi) * n;
+            memset(set, 0, cap * sizeof *set);
+            for (uint64_t got = 0; got < n;) {
+                double u = (double)(sm64(&rng) >> 11) * 0x1p-53;
+                uint64_t r;
+                if (cdf) {
+                    uint64_t lo = 0, hi = N - 1; /* the first rank whose cdf >= u */
+                    while (lo < hi) {
+                        uint64_t mid = lo + (hi - lo) / 2;
+                        if (cdf[mid] < u)
+                            lo = mid + 1;
+                        else
+                            hi = mid;
+                    }
+                    r = lo;
+                } else {
+                    r = (uint64_t)(u * (double)N);
+                }
+                uint64_t x = r, h = sm64(&x); /* the rank's key, scattered */
+                size_t s = (size_t)(h & (cap - 1));
+                while (set[s] && set[s] != r + 1)
+                    s = (s + 1) & (cap - 1);
+                if (set[s])
+                    continue; /* a key already in this batch: draw again */
+                set[s] = r + 1;
+                keys[got++] = h;
+            }
+        }
+    }
+    free(set);
+    free(cdf);
+}
+
+typedef struct trow {
+    int K;
+    cell_result psd, tcp;
+    int tcp_run;
+} trow;
+
+/* One table cell: K workers pushing nkeys row gradients and pulling nkeys
+ * rows per round trip, against psd (ASGD) or the plain-TCP server moving
+ * the same bytes. */
+static void run_table_cell(const opts *o, int sys, int K, const float *grad, const uint64_t *batches, int nbatch,
+                           const void *req, cell_result *out)
+{
+    bench b = {0};
+    char err[700] = "", logpath[PATH_MAX];
+    int port = 0;
+    memset(out, 0, sizeof *out);
+    out->load = load1();
+    b.sys = sys;
+    b.mode = MODE_ASGD;
+    b.K = K;
+    b.nparts = 1;
+    b.grad = grad;
+    b.max_rounds = o->max_rounds;
+    b.warmup = o->warmup > nbatch ? o->warmup : nbatch; /* every batch's rows stored before the timing */
+    b.verbose = o->verbose;
+    b.vbytes = 4;
+    b.table = 1;
+    b.dim = o->dim;
+    b.nkeys = o->nkeys;
+    b.nbatch = nbatch;
+    b.batches = batches;
+    /* a TPUSHPULL's keys, row gradients and next keys; a ROWS's rows */
+    b.req = req;
+    b.req_bytes = (size_t)o->nkeys * (16 + 4 * (size_t)o->dim);
+    b.ans_bytes = (size_t)o->nkeys * 4 * (size_t)o->dim;
+    pid_t pid;
+    if (sys == SYS_PSD) {
+        snprintf(logpath, sizeof logpath, "%s/logs/psd-table-%u-%u-%d.log", o->out, o->dim, o->nkeys, K);
+        pid = psd_start(o, MODE_ASGD, K, 4, logpath, err, sizeof err, &port);
+    } else {
+        pid = tcp_server_start(b.req_bytes, b.ans_bytes, K, 0, &port, err, sizeof err);
+    }
+    if (pid < 0) {
+        snprintf(out->err, sizeof out->err, "%s", err);
+        return;
+    }
+    if (o->verbose || getenv("PSBENCH_SHOW_PID"))
+        fprintf(stderr, "psbench: %s table K=%d: server pid %d\n", sys == SYS_PSD ? "psd" : "tcp", K, (int)pid);
+    snprintf(b.addr[0], sizeof b.addr[0], "127.0.0.1:%d", port);
+    run_workers(&b, o, &pid, 1, out);
+    if (sys == SYS_PSD) {
+        out->hwm_mib = proc_status_mib(pid, "VmHWM");
+        out->rss_mib = proc_status_mib(pid, "VmRSS");
+    }
+    child_stop(pid);
+}
+
+/* --table: rows per second through psd's tables against the plain-TCP
+ * ceiling of the same bytes, per worker count; table.csv beside the rest. */
+static void run_tables(const opts *o)
+{
+    int nbatch = 16;
+    int kmax = 0;
+    for (int wi = 0; wi < o->nworkers; wi++)
+        kmax = o->workers[wi] > kmax ? o->workers[wi] : kmax;
+    size_t nk = o->nkeys, nv = (size_t)o->nkeys * o->dim;
+    uint64_t *batches = malloc((size_t)kmax * (size_t)nbatch * nk * sizeof *batches);
+    float *grad = malloc(nv * sizeof *grad);
+    char *req = malloc(nk * (16 + 4 * (size_t)o->dim));
+    if (!batches || !grad || !req)
+        die("out of memory");
+    for (size_t i = 0; i < nv; i++) /* small, finite, not all equal */
+        grad[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
+    memset(req, 7, nk * (16 + 4 * (size_t)o->dim));
+    table_batches(o, kmax, nbatch, batches);
+    char dist[64];
+    if (o->zipf > 0)
+        snprintf(dist, sizeof dist, "Zipf %.2f", o->zipf);
+    else
+        snprintf(dist, sizeof dist, "uniform");
+    size_t req_b = nk * (16 + 4 * (size_t)o->dim), ans_b = nk * 4 * (size_t)o->dim;
+    printf("psbench --table: psd %s, %ld CPUs, %.1f s per cell; table of dim %u (AdaGrad, asgd), %u distinct keys\n"
+           "a request (%s over %" PRIu64 " keys, %d batches per worker in turn, every batch's rows stored\n"
+           "before the timing). A round trip: psc_table_pushpull: push %u row gradients, pull the next\n"
+           "batch's %u rows. rows/s: rows pushed + pulled per second, all workers together; the plain-TCP\n"
+           "ceiling sends the same request (%zu bytes: keys, gradients, next keys) and reads the same\n"
+           "answer (%zu bytes: rows) per round trip, one thread and epoll as psd; per psd core: rows/s\n"
+           "divided by psd's CPU seconds per second (/proc).\n",
+           o->psd, sysconf(_SC_NPROCESSORS_ONLN), o->seconds, o->dim, o->nkeys, dist, o->key_space, nbatch, o->nkeys,
+           o->nkeys, req_b, ans_b);
+    printf("\n%2s | %10s %8s %8s %8s %5s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K", "rows/s", "MB/s",
+           "p50 ms", "p99 ms", "cpu", "rows/s", "MB/s", "p50 ms", "p99 ms", "psd/", "rows/s", "peak", "load");
+    printf("%2s | %-46s | %-38s | %6s | %14s | %6s %4s\n", "", "psd (tables, float32)", "plain TCP (ceiling)",
+           "TCP", "per psd core", "MiB", "");
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/table.csv", o->out);
+    FILE *csv = fopen(path, "w");
+    if (!csv)
+        die("cannot write %s: %s", path, strerror(errno));
+    fprintf(csv, "workers,dim,keys,key_space,zipf,ok,round_trips,seconds,rows_per_s,mb_per_s,p50_ms,p99_ms,psd_cpu,"
+                 "rows_per_s_per_psd_core,tcp_rows_per_s,tcp_mb_per_s,tcp_p50_ms,tcp_p99_ms,ratio,psd_peak_rss_mib,"
+                 "load1\n");
+    int failed = 0;
+    for (int wi = 0; wi < o->nworkers; wi++) {
+        int K = o->workers[wi];
+        cell_result t = {0}, p;
+        int tok = 0;
+        if (!o->no_tcp) {
+            run_table_cell(o, SYS_TCP, K, grad, batches, nbatch, req, &t);
+            tok = t.ok;
+        }
+        run_table_cell(o, SYS_PSD, K, grad, batches, nbatch, req, &p);
+        double rows_rt = 2.0 * o->nkeys; /* pushed + pulled */
+        double pr = p.rt_per_s * rows_rt, tr = t.rt_per_s * rows_rt;
+        double per_core = p.server_cpu > 0 ? pr / p.server_cpu : NAN;
+        printf("%2d | ", K);
+        if (p.ok)
+            printf("%10.0f %8.1f %8.3f %8.3f %5.2f | ", pr, p.gbps * 1e3, p.p50_ms, p.p99_ms, p.server_cpu);
+        else
+            printf("%-46s | ", "failed");
+        if (tok)
+            printf("%10.0f %8.1f %8.3f %8.3f | ", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms);
+        else
+            printf("%-38s | ", o->no_tcp ? "-" : "failed");
+        if (p.ok && tok)
+            printf("%5.2fx | ", pr / tr);
+        else
+            printf("%6s | ", "-");
+        printf("%14.0f | %6.0f %4.2f\n", p.ok ? per_core : NAN, p.hwm_mib, p.load);
+        if (!p.ok)
+            printf("    psd: %s\n", p.err), failed = 1;
+        if (!o->no_tcp && !tok)
+            printf("    tcp: %s\n", t.err), failed = 1;
+        fprintf(csv, "%d,%u,%u,%" PRIu64 ",%.3f,%d,%" PRIu64 ",%.4f,%.1f,%.3f,%.4f,%.4f,%.3f,%.1f,", K, o->dim,
+                o->nkeys, o->key_space, o->zipf, p.ok, p.rts, p.secs, p.ok ? pr : NAN, p.gbps * 1e3, p.p50_ms,
+                p.p99_ms, p.server_cpu, p.ok ? per_core : NAN);
+        if (tok)
+            fprintf(csv, "%.1f,%.3f,%.4f,%.4f,%.4f,", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms, p.ok ? pr / tr : NAN);
+        else
+            fprintf(csv, ",,,,,");
+        fprintf(csv, "%.1f,%.2f\n", p.hwm_mib, p.load);
+        fflush(stdout);
+    }
+    fclose(csv);
+    printf("CSV: %s/table.csv, psd logs: %s/logs/\n", o->out, o->out);
+    free(batches);
+    free(grad);
+    free(req);
+    if (failed)
+        exit(1);
+}
+
 /* ---- options --------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -1432,6 +1729,15 @@ static void usage(FILE *f)
             "  --no-plot         write the gnuplot script but do not run gnuplot\n"
             "  --no-probe        do not measure psd's loop lag (an admin connection sending\n"
             "                    a heartbeat every 10 ms during each psd cell)\n"
+            "  --table           the table mode instead of the dense grid: rows per second of\n"
+            "                    push-and-pull by key (psc_table_pushpull) through an embedding\n"
+            "                    table in psd (asgd) against the plain-TCP ceiling of the same\n"
+            "                    request and answer bytes, and per psd core; K from --workers\n"
+            "                    (default 2); writes table.csv; exits 1 if a cell failed\n"
+            "  --dim N           table: values per row (default 16)\n"
+            "  --keys N          table: distinct keys a request pushes and pulls (default 4096)\n"
+            "  --key-space N     table: keys drawn from N distinct ones (default 1M)\n"
+            "  --zipf S          table: Zipf exponent of the keys' ranks (default 1.1); 0: uniform\n"
             "  -v, --verbose     psd logs at info level; print server pids\n"
             "  -h, --help        this help\n\n"
             "PSBENCH_SHOW_PID=1 prints each server's pid (to attach perf).\n");
@@ -1499,6 +1805,10 @@ static void parse_opts(int argc, char **argv, opts *o)
     o->probe = 1;
     o->wire = WIRE_F32;
     o->out = "bench/out";
+    o->dim = 16;
+    o->nkeys = 4096;
+    o->key_space = 1000000;
+    o->zipf = 1.1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1518,6 +1828,7 @@ static void parse_opts(int argc, char **argv, opts *o)
                 o->sizes[k] = parse_size(items[k]);
         } else if (strcmp(a, "--workers") == 0) {
             NEEDV();
+            o->workers_given = 1;
             o->nworkers = split(v, items, MAX_LIST);
             for (int k = 0; k < o->nworkers; k++) {
                 char *end;
@@ -1579,6 +1890,32 @@ static void parse_opts(int argc, char **argv, opts *o)
         } else if (strcmp(a, "--out") == 0) {
             NEEDV();
             o->out = v;
+        } else if (strcmp(a, "--table") == 0) {
+            o->table = 1;
+        } else if (strcmp(a, "--dim") == 0) {
+            NEEDV();
+            char *end;
+            unsigned long d = strtoul(v, &end, 10);
+            if (*end || d < 1 || d > 1024)
+                die("bad --dim '%s' (1..1024, a table's row)", v);
+            o->dim = (uint32_t)d;
+        } else if (strcmp(a, "--keys") == 0) {
+            NEEDV();
+            uint64_t k = parse_size(v);
+            if (k > 65536)
+                die("bad --keys '%s' (1..65536: one table message)", v);
+            o->nkeys = (uint32_t)k;
+        } else if (strcmp(a, "--key-space") == 0) {
+            NEEDV();
+            o->key_space = parse_size(v);
+            if (o->key_space > 100000000)
+                die("bad --key-space '%s' (at most 100M)", v);
+        } else if (strcmp(a, "--zipf") == 0) {
+            NEEDV();
+            char *end;
+            o->zipf = strtod(v, &end);
+            if (*end || !(o->zipf >= 0 && o->zipf <= 5))
+                die("bad --zipf '%s' (0..5; 0: uniform)", v);
         } else if (strcmp(a, "--no-tcp") == 0) {
             o->no_tcp = 1;
         } else if (strcmp(a, "--no-mpi") == 0) {
@@ -1600,6 +1937,14 @@ static void parse_opts(int argc, char **argv, opts *o)
     }
     if (access(o->psd, X_OK) != 0)
         die("no psd at %s (build it, or give --psd PATH)", o->psd);
+    if (o->table && !o->workers_given) {
+        o->workers[0] = 2;
+        o->nworkers = 1;
+    }
+    if (o->table && (uint64_t)o->nkeys * o->dim > ((uint64_t)1 << 22))
+        die("--keys x --dim over 2^22 values: more than one table message");
+    if (o->table && o->key_space < 2 * (uint64_t)o->nkeys)
+        die("--key-space must be at least twice --keys (each batch holds distinct keys)");
     if (access(o->mpi_prog, X_OK) != 0)
         o->mpi_prog[0] = 0;
 }
@@ -1849,6 +2194,10 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/logs", o.out);
     if (mkdir_p(path) != 0)
         die("cannot create %s: %s", path, strerror(errno));
+    if (o.table) {
+        run_tables(&o);
+        return 0;
+    }
     snprintf(path, sizeof path, "%s/psbench.csv", o.out);
     FILE *csv = fopen(path, "w");
     if (!csv)

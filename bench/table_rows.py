@@ -9,8 +9,8 @@ pulled by all workers together, and per psd core (psd runs on one).
     bench/table_rows.py --workers 2 --keys 4096 --dim 16 --steps 300
 
 Needs the build tree (build/server/psd, build/client/libpsclient.so.1) or
-PSD_BIN and PSD_CLIENT_LIBRARY. The raw-TCP ceiling of the issue's
-psbench comparison is not measured here.
+PSD_BIN and PSD_CLIENT_LIBRARY. The raw-TCP ceiling of the same bytes is
+psbench's (build/bench/psbench --table).
 """
 
 import argparse

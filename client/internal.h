@@ -132,9 +132,10 @@ struct psc_client {
      * written by the thread that receives (on_wait), read by any */
     pthread_mutex_t wait_mu;
     char waiting[256];       /* "" when psd said nothing since the step began */
-    /* embedding tables (PROTOCOL.md 13), all on the first psd: what this
-     * client declared (declared again to a psd that lost them), and the
-     * scratch its calls work in; table.c's */
+    /* embedding tables (PROTOCOL.md 13), each row on the psd of its part
+     * (13.7; every row on the first with one psd): what this client
+     * declared (declared again to a psd that lost them), and the scratch
+     * its calls work in; table.c's */
     struct psc_tab {
         ps_table_def def;
         ps_hp hp;            /* the hyper-parameters as given */
@@ -143,8 +144,11 @@ struct psc_client {
     uint64_t *tk;            /* a call's distinct keys, in first-seen order */
     uint32_t *tidx;          /* for each key of the call, its distinct key's index */
     uint64_t *tmap;          /* hash map: key, index + 1 (pairs) */
-    float *trows;            /* rows of the distinct keys */
-    size_t tk_cap, tidx_cap, tmap_cap, trows_cap;
+    uint64_t *tg;            /* the distinct keys grouped by part: part 0's first */
+    uint32_t *tpos;          /* for each distinct key, its position in tg */
+    float *tgrows;           /* the rows of tg, in its order */
+    size_t tk_cap, tidx_cap, tmap_cap, tg_cap, tpos_cap, tgrows_cap;
+    size_t tfrom[PS_PARTS_MAX + 1]; /* part p's keys are tg[tfrom[p], tfrom[p + 1]) */
     int quick;               /* the first attempt of psc_connect: a TCP connect gives
                               * up after 1 s, so a wrong address is told at once */
     char err[1200];          /* a client-level error; empty: the link's */

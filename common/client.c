@@ -243,9 +243,24 @@ static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
 
 /* 1 when m's tensor may be sent packed: float32 data of an INIT, PUSH or
  * PUSHPULL of at least min values. */
+/* A message whose reply carries parameters or rows psd may send packed:
+ * PULL, PUSHPULL, and a TPULL by key or a TPUSHPULL (PROTOCOL.md 13.2). */
+static int pulls(const ps_msg *m)
+{
+    return ((m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm) ||
+           (m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL;
+}
+
+/* A message whose data is a gradient, values or row gradients. */
+static int pushes(const ps_msg *m)
+{
+    return m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_TPUSH ||
+           m->type == PS_MSG_TPUSHPULL;
+}
+
 static int packable(const ps_msg *m, uint64_t min)
 {
-    int tensor = m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_INIT;
+    int tensor = pushes(m) || m->type == PS_MSG_INIT;
     return tensor && (m->has & PS_F_DATA) && m->dt == PS_DT_F32 && m->ndata >= min;
 }
 
@@ -325,8 +340,8 @@ static int send_locked(ps_client *c, ps_msg *m)
         return cfail(c, PS_ECLOSED, "not connected");
     ps_msg nm;
     if (c->wire_dt == PS_DT_BF16) {
-        int push = m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL;
-        if ((m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm) {
+        int push = pushes(m);
+        if (pulls(m)) {
             m->has |= PS_F_RDT;
             m->rdt = PS_DT_BF16;
         }
@@ -344,10 +359,9 @@ static int send_locked(ps_client *c, ps_msg *m)
             m = &nm;
         }
     }
-    if (c->compress && (m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm &&
-        !(m->has & PS_F_RDT)) {
-        /* the parameters back compressed too, when that saves (else psd
-         * answers in float32) */
+    if (c->compress && pulls(m) && !(m->has & PS_F_RDT)) {
+        /* the parameters or rows back compressed too, when that saves
+         * (else psd answers in float32) */
         m->has |= PS_F_RDT;
         m->rdt = PS_DT_F32ZSTD;
     }

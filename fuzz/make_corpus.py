@@ -164,8 +164,11 @@ MESSAGES = {
     "bad_keys_empty": pack({"t": TPULL, "tab": "e", "keys": b""}),
     "bad_hp_unknown": pack({"t": TABLE, "tab": "e", "dim": 4, "rinit": "zeros", "opt": "sgd", "hp": {"mom": 0.9}}),
     "bad_hp_str": pack({"t": TABLE, "tab": "e", "dim": 4, "rinit": "zeros", "opt": "sgd", "hp": {"lr": "0.1"}}),
-    "bad_tpush_bf16": ours({"t": TPUSH, "tab": "e", "keys": keys(1), "base": 0, "dt": 1}, b"\x80\x3f\x00\x40"),
-    "bad_tpull_rdt": pack({"t": TPULL, "tab": "e", "keys": keys(1), "rdt": 3}),
+    "tpush_bf16": ours({"t": TPUSH, "tab": "e", "keys": keys(1), "base": 0, "dt": 1}, b"\x80\x3f\x00\x40"),
+    "tpull_rdt_zstd": pack({"t": TPULL, "tab": "e", "keys": keys(1), "rdt": 3}),
+    "rows_bf16": ours({"t": ROWS, "id": 33, "ver": 4, "dt": 1}, b"\x80\x3f\x00\x40"),
+    "bad_tpull_rdt_f32z": pack({"t": TPULL, "tab": "e", "keys": keys(1), "rdt": 2}),
+    "bad_tpull_at_rdt": pack({"t": TPULL, "tab": "e", "off": 0, "len": 2, "rdt": 1}),
     "bad_tpushpull_no_pkeys": ours({"t": TPUSHPULL, "tab": "e", "keys": keys(1), "base": 0}, floats(1.0)),
     "unknown_keys": pack({"t": PULL, "off": 0, "len": 1, "future": [1, {"a": None}], "pad": 7}),
     # malformed
@@ -391,6 +394,9 @@ def write(target, seeds):
 
 
 def main():
+    # a table push's row gradients compressed (dt 3): one real frame
+    MESSAGES["tpush_zstd"] = ours({"t": TPUSH, "tab": "e", "keys": keys(1), "base": 0, "dt": 3, "len": 2},
+                                  zstd_frame(planes([0.5, -2.0])))
     write("fuzz_msg", MESSAGES)
     write("fuzz_frame", STREAMS)
     write("fuzz_checkpoint", CHECKPOINTS)

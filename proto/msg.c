@@ -144,6 +144,7 @@ enum field_kind {
     FK_CODE,   /* int32_t, any 32-bit integer */
     FK_TEXT,   /* text and text_len, a string pointing into the frame */
     FK_SHARD,  /* shard and nshards, [k, m] */
+    FK_PART,   /* part and nparts, [i, n] with 0 <= i < n <= PS_PARTS_MAX */
     FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
     FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
     FK_PLAN,   /* plan, [epochs, samples, batch, seed] */
@@ -226,6 +227,7 @@ static const field fields[] = {
     F("hp", PS_F_HP, FK_HP, hp),
     F("keys", PS_F_KEYS, FK_KEYS, keys),
     F("pkeys", PS_F_PKEYS, FK_KEYS, pkeys),
+    FS("part", PS_F_PART, FK_PART),
     FS("data", PS_F_DATA, FK_DATA),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
@@ -359,6 +361,12 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             msgpack_pack_array(&pk, 2);
             msgpack_pack_uint32(&pk, m->shard);
             msgpack_pack_uint32(&pk, m->nshards);
+            break;
+        case FK_PART:
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 2);
+            msgpack_pack_uint32(&pk, m->part);
+            msgpack_pack_uint32(&pk, m->nparts);
             break;
         case FK_LAYOUT:
             ps_pack_key(&pk, f->key);
@@ -756,6 +764,16 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         m->nshards = (uint32_t)n;
         return 0;
     }
+    case FK_PART: {
+        uint64_t i, n;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &i) ||
+            get_u64(&o->via.array.ptr[1], &n) || n == 0 || n > PS_PARTS_MAX || i >= n)
+            return fail(err, errlen, PS_EBAD_FIELD, "%s: part must be [i, n] with 0 <= i < n <= %u", tname,
+                        PS_PARTS_MAX);
+        m->part = (uint32_t)i;
+        m->nparts = (uint32_t)n;
+        return 0;
+    }
     case FK_LAYOUT: {
         if (!layout_out)
             return fail(err, errlen, PS_EBAD_FIELD, "%s: unexpected field 'layout'", tname);
@@ -1029,12 +1047,19 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
                                                                                   "by key or by position, not both"
                                                                                 : "missing field 'keys'");
     if (ps_msg_is_table(m->type)) {
-        /* rows travel as float32 only today (PROTOCOL.md 13.2) */
-        if (m->dt != PS_DT_F32 || m->rdt != PS_DT_F32)
-            return fail(err, errlen, PS_EUNSUPPORTED, "%s: table rows travel as float32 only; '%s' %u (%s) is not "
-                                                      "supported in table messages",
-                        tname, m->dt != PS_DT_F32 ? "dt" : "rdt", m->dt != PS_DT_F32 ? m->dt : m->rdt,
-                        ps_dtype_name(m->dt != PS_DT_F32 ? m->dt : m->rdt));
+        /* row gradients in any form a push takes; rows back as float32,
+         * bfloat16 or compressed, by key only (PROTOCOL.md 13.2) */
+        /* ROWS: psd's answer in the form asked for (1 or 3; never 2) */
+        int pushes = m->type == PS_MSG_TPUSH || m->type == PS_MSG_TPUSHPULL ||
+                     (m->type == PS_MSG_ROWS && m->dt != PS_DT_F32Z);
+        int pulls = (m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL;
+        if ((m->dt != PS_DT_F32 && !pushes) || (m->rdt != PS_DT_F32 && (!pulls || m->rdt == PS_DT_F32Z)))
+            return fail(err, errlen, PS_EUNSUPPORTED, "%s: '%s' %u (%s) is not supported here (row gradients of "
+                                                      "a tpush or tpushpull may come as dt 1, 2 or 3; rows pulled "
+                                                      "by key may be asked for as rdt 1 or 3)",
+                        tname, m->dt != PS_DT_F32 && !pushes ? "dt" : "rdt",
+                        m->dt != PS_DT_F32 && !pushes ? m->dt : m->rdt,
+                        ps_dtype_name(m->dt != PS_DT_F32 && !pushes ? m->dt : m->rdt));
         if ((m->has & PS_F_DATA) && m->ndata > PS_TABLE_VALUES_MAX)
             return fail(err, errlen, PS_EBAD_FIELD, "%s: %llu row values in one message, more than %u (16 MiB); "
                                                     "send the keys in several",

@@ -122,7 +122,8 @@ enum {
 #define PS_F_HP (1ull << 51)     /* "hp": its hyper-parameters (table; ps_hp) */
 #define PS_F_KEYS (1ull << 52)   /* "keys": uint64 keys (tpull, tpush, tpushpull) */
 #define PS_F_PKEYS (1ull << 53)  /* "pkeys": the keys a tpushpull pulls */
-#define PS_F_COUNT 54            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_PART (1ull << 54)   /* "part": [i, n], the table's part this psd holds (table) */
+#define PS_F_COUNT 55            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -263,6 +264,7 @@ typedef struct ps_msg {
     ps_hp hp;               /* "hp": the hyper-parameters sent */
     ps_keys keys;           /* "keys" */
     ps_keys pkeys;          /* "pkeys" */
+    uint32_t part, nparts;  /* "part": [i, n], 0 <= i < n <= PS_PARTS_MAX (table) */
 } ps_msg;
 
 /* 1 for the table messages (TABLE, TPULL, TPUSH, TPUSHPULL, ROWS). */

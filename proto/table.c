@@ -129,6 +129,7 @@ int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const cha
                       double scale, uint64_t seed, const char *opt, const ps_hp *hp, char *err, size_t errlen)
 {
     memset(d, 0, sizeof *d);
+    d->nparts = 1;
     size_t nlen = strlen(name);
     if (nlen == 0 || nlen >= sizeof d->name)
         return fail(err, errlen, "table: name must have 1..63 bytes");
@@ -182,7 +183,7 @@ int ps_table_def_same(const ps_table_def *a, const ps_table_def *b)
 {
     return strcmp(a->name, b->name) == 0 && a->dim == b->dim && a->rinit == b->rinit &&
            memcmp(&a->scale, &b->scale, sizeof a->scale) == 0 && a->seed == b->seed && a->opt == b->opt &&
-           memcmp(a->hp, b->hp, sizeof a->hp) == 0;
+           memcmp(a->hp, b->hp, sizeof a->hp) == 0 && a->part == b->part && a->nparts == b->nparts;
 }
 
 void ps_table_def_text(const ps_table_def *d, char *buf, size_t len)
@@ -206,6 +207,8 @@ void ps_table_def_text(const ps_table_def *d, char *buf, size_t len)
             return;
         at += (size_t)k;
     }
+    if (d->nparts > 1)
+        snprintf(buf + at, len - at, ", part %u of %u", d->part, d->nparts);
 }
 
 /* The splitmix64 generator of PROTOCOL.md 13.3: draw i (from 1) of state x,

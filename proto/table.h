@@ -51,6 +51,9 @@ typedef struct ps_table_def {
     uint64_t seed;
     uint32_t opt;       /* ps_topt */
     double hp[PS_HP_COUNT]; /* every hyper-parameter of opt, defaults filled; 0 for the others */
+    uint32_t part, nparts; /* the part of the table this psd holds: the keys k with
+                            * ps_table_part(k, nparts) == part; 0 and 1 (every key)
+                            * unless a TABLE's "part" said otherwise */
 } ps_table_def;
 
 const char *ps_rinit_name(uint32_t r);   /* "zeros", ...; "?" when unknown */
@@ -76,7 +79,7 @@ int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const cha
                       double scale, uint64_t seed, const char *opt, const ps_hp *hp, char *err, size_t errlen);
 
 /* 1 when a and b declare the same table (names, dim, rinit, scale, seed,
- * opt and hyper-parameters all equal, doubles compared bit for bit). */
+ * opt, hyper-parameters and part all equal, doubles compared bit for bit). */
 int ps_table_def_same(const ps_table_def *a, const ps_table_def *b);
 
 /* Writes d as text ("dim 16, uniform(0.05), seed 7, adagrad lr 0.01 eps
@@ -89,6 +92,27 @@ static inline uint64_t ps_mix64(uint64_t z)
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+/* Lamping and Veach's jump consistent hash (2014): a bucket in [0, n) for
+ * key, n >= 1. Going from n to n + 1 buckets moves a key only to the new
+ * bucket n, and about 1/(n + 1) of the keys move. */
+static inline uint32_t ps_jump_hash(uint64_t key, uint32_t n)
+{
+    int64_t b = -1, j = 0;
+    while (j < (int64_t)n) {
+        b = j;
+        key = key * 2862933555777941757ull + 1;
+        j = (int64_t)((double)(b + 1) * ((double)(1ll << 31) / (double)((key >> 33) + 1)));
+    }
+    return (uint32_t)b;
+}
+
+/* The part (0..n-1) that holds key of a table split over n psd
+ * (PROTOCOL.md 13.7): jump_hash(mix(key), n). */
+static inline uint32_t ps_table_part(uint64_t key, uint32_t n)
+{
+    return n <= 1 ? 0 : ps_jump_hash(ps_mix64(key), n);
 }
 
 /* Writes the d->dim initial values of key's row into row (PROTOCOL.md 13.3):

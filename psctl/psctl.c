@@ -335,6 +335,10 @@ static void print_status(const msgpack_object *b)
                str(t, "name", name, sizeof name), num(t, "rows"), num(t, "bytes") / 1e6, num(t, "rows_pulled"),
                num(t, "rows_pulled_rate"), num(t, "rows_pushed"), num(t, "rows_pushed_rate"),
                str(t, "declared", decl, sizeof decl));
+        /* the bounds' work (table_admit, table_expire, table_memory): when there is any */
+        if (num(t, "admitted") + num(t, "filtered") + num(t, "expired") + num(t, "evicted") > 0)
+            printf("  rows admitted %.0f (pushes filtered %.0f), expired %.0f, evicted %.0f\n", num(t, "admitted"),
+                   num(t, "filtered"), num(t, "expired"), num(t, "evicted"));
     }
     const msgpack_object *ws = ps_map_get(b, "workers");
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;

@@ -15,6 +15,9 @@
 #include "server/dispatch/admin.h"
 #include "server/report/checkpoint.h"
 #include "common/log.h"
+#include "common/parse.h"
+#include "server/report/ckpt_file.h"
+#include "server/report/reshard.h"
 #include "server/report/dashboard.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
@@ -54,6 +57,13 @@ static void usage(FILE *f)
             "                         `psctl save` writes it (init_from): its layout and\n"
             "                         values; refused when state_dir holds a checkpoint,\n"
             "                         unless with --fresh\n"
+            "      --reshard-from DIR0,DIR1,...\n"
+            "                         offline: read the newest checkpoints of a job's old\n"
+            "                         parts (their state dirs, in part order), write the\n"
+            "                         first checkpoint of new part --part I/N into\n"
+            "                         --state-dir (dense model cut anew, table rows by the\n"
+            "                         hash of their keys, optimizer state kept) and exit\n"
+            "      --part I/N         the new part --reshard-from writes\n"
             "      --config-reference print every setting as a Markdown table (docs/configuration.md)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n"
@@ -282,6 +292,57 @@ static void malloc_setup(void)
 
 /* Options that map to configuration keys are collected and applied after the
  * file, so flags always win (also over a reloaded file: s->cli_sets). */
+/* psd --reshard-from DIRS --part I/N --state-dir NEW: writes new part I of
+ * N's first checkpoint into NEW from the old parts' and returns psd's exit
+ * status. */
+static int reshard(psd *s, const char *from, const char *part)
+{
+    char err[1200];
+    uint64_t i = 0, n = 0;
+    const char *slash = part ? strchr(part, '/') : NULL;
+    char num[32];
+    if (!from || !part) {
+        fprintf(stderr, "psd: --reshard-from and --part go together: --reshard-from DIR0,DIR1,... --part I/N "
+                        "--state-dir NEW\n");
+        return 2;
+    }
+    if (!slash || (size_t)(slash - part) >= sizeof num ||
+        (snprintf(num, sizeof num, "%.*s", (int)(slash - part), part), ps_parse_u64(num, PS_PARTS_MAX, &i)) != 0 ||
+        ps_parse_u64(slash + 1, PS_PARTS_MAX, &n) != 0 || n == 0 || i >= n) {
+        fprintf(stderr, "psd: --part %s: I/N with 0 <= I < N <= %u (the new part this psd writes)\n", part,
+                PS_PARTS_MAX);
+        return 2;
+    }
+    if (!s->cfg.state_dir[0]) {
+        fprintf(stderr, "psd: --reshard-from needs --state-dir: the new part's state dir, where its checkpoint "
+                        "goes\n");
+        return 2;
+    }
+    uint64_t *vers = NULL;
+    size_t nv = srv_ckpt_list_versions(s->cfg.state_dir, &vers);
+    free(vers);
+    if (nv > 0) {
+        fprintf(stderr, "psd: --reshard-from: the new part's state dir %s holds a checkpoint already; give an "
+                        "empty one (or --fresh to set its checkpoints aside)\n",
+                s->cfg.state_dir);
+        return 1;
+    }
+    if (srv_reshard(s, from, (uint32_t)i, (uint32_t)n, err, sizeof err) != 0) {
+        fprintf(stderr, "psd: --reshard-from: %s\n", err);
+        return 1;
+    }
+    if (srv_checkpoint_write_now(s) != 0) {
+        fprintf(stderr, "psd: --reshard-from: could not write the checkpoint into %s (see the log above)\n",
+                s->cfg.state_dir);
+        return 1;
+    }
+    PS_LOG(PS_LOG_INFO, "part %llu of %llu written into %s: start psd with --state-dir %s as address %llu of "
+                        "the workers' --server list of %llu",
+           (unsigned long long)i, (unsigned long long)n, s->cfg.state_dir, s->cfg.state_dir,
+           (unsigned long long)i + 1, (unsigned long long)n);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static psd srv;
@@ -291,7 +352,17 @@ int main(int argc, char **argv)
     const char *config_path = NULL;
     srv_setting sets[128];
     int nsets = 0, print_config = 0, fresh = 0;
-    enum { OPT_PORT_FILE = 1000, OPT_LOG_LEVEL, OPT_PRINT_CONFIG, OPT_CONFIG_REFERENCE, OPT_FRESH, OPT_INIT_FROM };
+    const char *reshard_from = NULL, *reshard_part = NULL;
+    enum {
+        OPT_PORT_FILE = 1000,
+        OPT_LOG_LEVEL,
+        OPT_PRINT_CONFIG,
+        OPT_CONFIG_REFERENCE,
+        OPT_FRESH,
+        OPT_INIT_FROM,
+        OPT_RESHARD_FROM,
+        OPT_PART
+    };
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
         {"mode", required_argument, NULL, 'm'},       {"workers", required_argument, NULL, 'w'},
@@ -300,6 +371,8 @@ int main(int argc, char **argv)
         {"set", required_argument, NULL, 'o'},        {"print-config", no_argument, NULL, OPT_PRINT_CONFIG},
         {"config-reference", no_argument, NULL, OPT_CONFIG_REFERENCE},
         {"fresh", no_argument, NULL, OPT_FRESH},      {"init-from", required_argument, NULL, OPT_INIT_FROM},
+        {"reshard-from", required_argument, NULL, OPT_RESHARD_FROM},
+        {"part", required_argument, NULL, OPT_PART},
         {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -328,6 +401,12 @@ int main(int argc, char **argv)
             continue;
         case OPT_FRESH:
             fresh = 1;
+            continue;
+        case OPT_RESHARD_FROM:
+            reshard_from = optarg;
+            continue;
+        case OPT_PART:
+            reshard_part = optarg;
             continue;
         case 'o': {
             char *eq = strchr(optarg, '=');
@@ -419,6 +498,8 @@ int main(int argc, char **argv)
         else
             PS_LOG(PS_LOG_INFO, "--fresh: no checkpoints in %s; starting without a model", s->cfg.state_dir);
     }
+    if (reshard_from || reshard_part)
+        return reshard(s, reshard_from, reshard_part);
     if (srv_checkpoint_load(s) < 0)
         return 1;
     srv_workers_out_restored(s); /* a restored plan's shards that were out of its job */

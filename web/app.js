@@ -239,6 +239,64 @@
     }), [p.t].concat(columns.map((c) => p[c])), points);
   }
 
+  /* The embedding tables: per table a chart of the rows it holds and its
+   * memory, and one of the rows pulled and pushed per second. */
+  function tableCharts() {
+    const tabs = hist.tables || [];
+    $("tables-section").hidden = tabs.length === 0;
+    const box = $("tables");
+    const ids = [];
+    tabs.forEach((tb, i) => {
+      const p = tb.series;
+      for (const kind of ["rows", "rates"]) {
+        const id = "chart-table-" + i + "-" + kind;
+        ids.push(id);
+        let el = $(id);
+        if (!el || el.dataset.table !== tb.name) {
+          if (el) {
+            if (charts[id]) charts[id].u.destroy();
+            delete charts[id];
+            el.remove();
+          }
+          el = document.createElement("div");
+          el.className = "chart";
+          el.id = id;
+          el.dataset.table = tb.name;
+          const h = document.createElement("h3");
+          h.textContent = "table " + tb.name + (kind === "rows" ? ": rows held and memory" : ": rows pulled and pushed per second");
+          el.appendChild(h);
+          box.appendChild(el);
+        }
+      }
+      const rowsId = "chart-table-" + i + "-rows", ratesId = "chart-table-" + i + "-rates";
+      plot(rowsId, "table-rows" + tb.name, () => ({
+        scales: { x: { time: false }, rows: {}, mem: {} },
+        axes: [timeAxis, { scale: "rows", size: 70, values: (u, v) => v.map(count) },
+          { scale: "mem", side: 1, size: 70, grid: { show: false }, values: (u, v) => v.map(bytes) }],
+        series: [{ label: "time", value: (u, v) => duration(v) },
+          line("rows", "#1a73e8", { scale: "rows", value: (u, v) => count(v) }),
+          line("memory", "#188038", { scale: "mem", dash: [5, 3], value: (u, v) => bytes(v) })],
+        plugins: [eventLines()],
+      }), [p.t, p.rows, p.bytes], { rows: nonNull(p.rows), memory: nonNull(p.bytes) });
+      const rate = (v) => (v === null ? "–" : sig(v));
+      plot(ratesId, "table-rates" + tb.name, () => ({
+        scales: { x: { time: false } },
+        axes: [timeAxis, { size: 70, values: (u, v) => v.map(rate) }],
+        series: [{ label: "time", value: (u, v) => duration(v) },
+          line("pulled/s", "#e8710a", { value: (u, v) => rate(v) }),
+          line("pushed/s", "#9334e6", { dash: [5, 3], value: (u, v) => rate(v) })],
+        plugins: [eventLines()],
+      }), [p.t, p.rows_pulled_per_second, p.rows_pushed_per_second],
+      { "pulled/s": nonNull(p.rows_pulled_per_second), "pushed/s": nonNull(p.rows_pushed_per_second) });
+    });
+    for (const el of [...box.children]) {
+      if (ids.includes(el.id)) continue;
+      if (charts[el.id]) charts[el.id].u.destroy();
+      delete charts[el.id];
+      el.remove();
+    }
+  }
+
   function stalenessChart() {
     const st = job.staleness;
     const labels = st.bounds.map((b) => "≤" + b).concat([">" + st.bounds[st.bounds.length - 1]]);
@@ -288,6 +346,7 @@
     $("rounds-note").textContent = job.rounds ? "" : " (none: " + job.mode + " has no rounds)";
     stalenessChart();
     lrChart();
+    tableCharts();
     renderEvents();
   }
 

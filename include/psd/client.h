@@ -367,9 +367,10 @@ PSC_API int psc_plan_slice(const psc_client *c, uint64_t *epoch, uint64_t *lo, u
 PSC_API int psc_plan_done(const psc_client *c);
 
 /* ---- embedding tables (proto/PROTOCOL.md section 13) ---------------------- */
-/* Rows of `dim` floats addressed by arbitrary 64-bit keys, held by the
- * first psd (--server's first address), each with its optimizer state
- * there; a batch pulls and pushes only the rows it touches. Keys may repeat
+/* Rows of `dim` floats addressed by arbitrary 64-bit keys, each with its
+ * optimizer state on the psd of its part: with several psd, key k on part
+ * jump_hash(mix(k), n) (PROTOCOL.md 13.7), each part's keys sent to its psd
+ * at once; a batch pulls and pushes only the rows it touches. Keys may repeat
  * within a call: a pull fetches each distinct key once, a push sums a
  * key's gradients (in the order they come) and sends each distinct key
  * once. Calls are split into messages of at most 65,536 keys and 2^22

@@ -80,7 +80,8 @@ static void send_current(srv_conn *c, uint64_t ver, uint64_t id, uint64_t off, u
 /* Answers a table pull: the rows of the n keys of table ti, at model
  * version ver, as a ROWS. The rows are written into fresh blocks that the
  * reply holds until it is sent. */
-static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n)
+static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n,
+                      uint32_t rdt)
 {
     psd *s = c->srv;
     uint32_t dim = srv_tables_def(&s->tables, ti)->dim;
@@ -114,6 +115,10 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
     ps_msg r;
     ps_msg_init(&r, PS_MSG_ROWS);
     r.has = PS_F_ID | PS_F_MVER | PS_F_DATA;
+    if (rdt == PS_DT_BF16 || rdt == PS_DT_F32ZSTD) {
+        r.has |= PS_F_DT; /* srv_send converts from the blocks (zstd: when that saves) */
+        r.dt = rdt;
+    }
     r.id = id;
     r.mver = ver;
     r.off = 0; /* where the rows lie in blk; not sent */
@@ -318,8 +323,8 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
     return 0;
 }
 
-int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, char *err,
-              size_t errlen)
+int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, uint32_t rdt,
+              char *err, size_t errlen)
 {
     /* as srv_pull: behind an earlier parked pull of this version or an
      * older one, or parked until min is there (a pinned snapshot does not
@@ -329,7 +334,7 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
     for (const srv_parked *p = c->parked; p && !behind; p = p->next)
         behind = p->min <= min;
     if (!behind && (c->pinned || pull_ready(c, min, 0, 0, &ver))) {
-        send_rows(c, c->pinned ? c->srv->model.version : ver, id, ti, keys, n);
+        send_rows(c, c->pinned ? c->srv->model.version : ver, id, ti, keys, n, rdt);
         return 0;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
@@ -347,7 +352,7 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
         return PS_ENOMEM;
     }
     memcpy(copy, keys, (size_t)n * 8);
-    *p = (srv_parked){.id = id, .min = min, .table = ti, .keys = copy, .nkeys = n};
+    *p = (srv_parked){.id = id, .min = min, .rdt = rdt, .table = ti, .keys = copy, .nkeys = n};
     srv_parked **tail = &c->parked;
     while (*tail)
         tail = &(*tail)->next;
@@ -378,7 +383,7 @@ void srv_conn_answer_parked(srv_conn *c)
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
         if (p->keys)
-            send_rows(c, ver, p->id, p->table, p->keys, p->nkeys);
+            send_rows(c, ver, p->id, p->table, p->keys, p->nkeys, p->rdt);
         else
             send_current(c, ver, p->id, p->off, p->len, p->rdt);
         parked_put(p);

@@ -14,7 +14,8 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
  * >= min: answered now with a ROWS or parked, keys copied (0), or refused
  * (PS_ELIMIT: too many parked; PS_ENOMEM) with err filled and nothing
  * sent. */
-int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, char *err,
+int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, uint32_t rdt,
+              char *err,
               size_t errlen);
 /* A pull of table ti's stored rows [off, off+len) by position (creation
  * order), answered at once with a ROWS that carries their keys too (0), or

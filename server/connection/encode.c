@@ -126,7 +126,11 @@ srv_narrow *srv_narrow_of(psd *s, const ps_msg *m, srv_blk *const *blk)
         return NULL;
     const srv_blk *first = blk[m->off >> SRV_BLK_SHIFT];
     srv_narrow *l = o->last;
-    if (l && l->stamp == s->model.stamp && l->ver == m->mver && l->off == m->off && l->n == m->ndata &&
+    /* a table's rows (ROWS) come in fresh blocks every time, which the
+     * pool hands out again at the same address, and the model's stamp does
+     * not see rows change: their conversion is never reused */
+    int shared = m->type != PS_MSG_ROWS;
+    if (shared && l && l->stamp == s->model.stamp && l->ver == m->mver && l->off == m->off && l->n == m->ndata &&
         l->blk == first && l->dt == m->dt) {
         l->refs++;
         return l;
@@ -155,8 +159,10 @@ srv_narrow *srv_narrow_of(psd *s, const ps_msg *m, srv_blk *const *blk)
             left -= len;
         }
     }
-    *b = (srv_narrow){.cap = b->cap, .len = bytes, .dt = m->dt, .refs = 2, .stamp = s->model.stamp,
+    *b = (srv_narrow){.cap = b->cap, .len = bytes, .dt = m->dt, .refs = shared ? 2 : 1, .stamp = s->model.stamp,
                          .ver = m->mver, .off = m->off, .n = m->ndata, .blk = first};
+    if (!shared)
+        return b;
     if (o->last)
         srv_narrow_put(o, o->last);
     o->last = b;

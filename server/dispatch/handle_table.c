@@ -13,6 +13,7 @@
 #include "server/policy/policy.h"
 #include "server/answer/pull.h"
 #include "server/answer/reply.h"
+#include "server/store/scratch.h"
 #include "server/store/stats.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)
@@ -23,7 +24,12 @@ static void handle_declare(srv_conn *c, ps_msg *m)
     int rc = ps_table_def_make(&d, m->tab, m->dim, m->rinit, (m->has & PS_F_SCALE) != 0, m->scale,
                                (m->has & PS_F_SEED) ? m->seed : 0, m->opt, (m->has & PS_F_HP) ? &m->hp : NULL, err,
                                sizeof err);
+    if (rc == 0 && (m->has & PS_F_PART)) {
+        d.part = m->part;
+        d.nparts = m->nparts;
+    }
     uint32_t before = s->tables.n, ti;
+    srv_tables_configure(&s->tables, &s->cfg); /* table_memory: a cap below the first row is refused */
     if (rc == 0)
         rc = srv_tables_declare(&s->tables, &d, &ti, err, sizeof err);
     if (rc != 0) {
@@ -50,9 +56,77 @@ static int table_of(srv_conn *c, const ps_msg *m)
     return ti;
 }
 
+/* Row gradients in bfloat16 or a packed form (dt 1, 2 or 3) become float32
+ * in psd's row scratch, where m then points, so that what follows sees
+ * float32 only. Their count is the decoder's (within PS_TABLE_VALUES_MAX),
+ * already checked against the keys; a compressed frame must say it holds
+ * exactly those values before anything is sized for them. 0, or a code
+ * with err. */
+static int widen_rows(srv_conn *c, ps_msg *m, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const char *t = ps_msg_type_name(m->type);
+    if (m->dt == PS_DT_BF16 && !s->cfg.wire_bf16) {
+        snprintf(err, errlen, "%s with bfloat16 rows refused: this psd takes float32 only (wire_bf16 = no); its "
+                              "welcome did not offer bf16; nothing was changed", t);
+        return PS_EUNSUPPORTED;
+    }
+    uint64_t left_out = m->dt == PS_DT_F32Z ? m->ndata - m->nz : 0;
+    uint64_t zin = m->dt == PS_DT_F32ZSTD ? m->packed_len : 0, zout = zin ? m->ndata * sizeof(float) : 0;
+    uint8_t *planes = NULL;
+    if (m->dt == PS_DT_F32ZSTD) {
+        if (ps_codec_zstd_check(m->packed, (size_t)m->packed_len, m->ndata) != 0) {
+            snprintf(err, errlen, "%s: compressed rows (dt 3) of %llu bytes are not one zstd frame that says it "
+                                  "holds len %llu float32 values; nothing was changed",
+                     t, (unsigned long long)m->packed_len, (unsigned long long)m->ndata);
+            return PS_EBAD_FIELD;
+        }
+        planes = srv_planes(s, (size_t)m->ndata * sizeof(float));
+    }
+    float *dst = srv_rows_wide(s, (size_t)m->ndata);
+    if (!dst || (m->dt == PS_DT_F32ZSTD && !planes)) {
+        snprintf(err, errlen, "%s: no memory to decode %llu row values", t, (unsigned long long)m->ndata);
+        return PS_ENOMEM;
+    }
+    float mx;
+    char cerr[160];
+    int rc = ps_codec_decode(srv_codec(s), m, dst, planes, &mx, cerr, sizeof cerr);
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: %s", t, cerr);
+        return rc;
+    }
+    SRV_COUNT(s, zeros_elided, left_out);
+    SRV_COUNT(s, zstd_in, zin);
+    SRV_COUNT(s, zstd_out, zout);
+    return 0;
+}
+
+/* Checks that every one of the n keys belongs to the part of table d this
+ * psd holds (PROTOCOL.md 13.7); 0, or PS_ERANGE with the error sent. */
+static int check_part(srv_conn *c, const ps_msg *m, const ps_table_def *d, const uint8_t *keys, uint32_t n)
+{
+    if (d->nparts <= 1)
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t k = ps_key_at(keys, i);
+        uint32_t p = ps_table_part(k, d->nparts);
+        if (p != d->part) {
+            srv_send_error(c, m->id, PS_ERANGE, 0,
+                           "%s: key %llu of table '%s' belongs to part %u of %u, and this psd holds part %u "
+                           "(a key's part is jump_hash(mix(key), %u)); send it to that part's psd; nothing was "
+                           "changed",
+                           ps_msg_type_name(m->type), (unsigned long long)k, d->name, p, d->nparts, d->part,
+                           d->nparts);
+            return PS_ERANGE;
+        }
+    }
+    return 0;
+}
+
 /* Checks a push's rows: n x dim finite values for n distinct keys, base
- * not ahead of the model. 0, or a code with err. */
-static int check_push(srv_conn *c, const ps_msg *m, uint32_t ti, char *err, size_t errlen)
+ * not ahead of the model; rows in another form than float32 are widened
+ * first (m then points at them). 0, or a code with err. */
+static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, char *err, size_t errlen)
 {
     psd *s = c->srv;
     const ps_table_def *d = srv_tables_def(&s->tables, ti);
@@ -63,6 +137,11 @@ static int check_push(srv_conn *c, const ps_msg *m, uint32_t ti, char *err, size
                               "nothing was changed",
                  t, (unsigned long long)m->ndata, m->keys.n, d->name, d->dim, (unsigned long long)want);
         return PS_EBAD_FIELD;
+    }
+    if (m->dt != PS_DT_F32) {
+        int rc = widen_rows(c, m, err, errlen);
+        if (rc != 0)
+            return rc;
     }
     if (m->base > s->model.version) {
         snprintf(err, errlen, "%s: base %llu is ahead of the model (version %llu)", t, (unsigned long long)m->base,
@@ -100,7 +179,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
-        srv_tables_set_limit(&s->tables, s->cfg.max_table_memory);
+        srv_tables_configure(&s->tables, &s->cfg);
         rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
     }
     if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {
@@ -115,7 +194,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         srv_send_ok(c, m->id);
         return;
     }
-    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, err, sizeof err);
+    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, m->rdt, err, sizeof err);
     if (rc != 0)
         srv_send_error(c, m->id, rc, 0, "%s", err);
 }
@@ -151,11 +230,24 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
                        PS_TABLE_VALUES_MAX);
         return;
     }
+    if (pk && m->rdt != PS_DT_F32) {
+        /* the rows' form, before a push of a TPUSHPULL changes anything */
+        char err[300];
+        int rc = srv_pull_check_rdt(c->srv, m->rdt, err, sizeof err);
+        if (rc != 0) {
+            srv_send_error(c, m->id, rc, 0, "%s: %s", ps_msg_type_name(m->type), err);
+            return;
+        }
+    }
+    if (!(m->type == PS_MSG_TPULL && (m->has & PS_F_LEN)) &&
+        (check_part(c, m, d, m->keys.p, m->keys.n) != 0 ||
+         (m->type == PS_MSG_TPUSHPULL && check_part(c, m, d, m->pkeys.p, m->pkeys.n) != 0)))
+        return;
     if (m->type == PS_MSG_TPULL) {
         char err[300];
         int rc = (m->has & PS_F_LEN) ? srv_tpull_at(c, m->id, (uint32_t)ti, m->off, m->len, err, sizeof err)
                                      : srv_tpull(c, m->id, (uint32_t)ti, m->keys.p, m->keys.n,
-                                                 (m->has & PS_F_MIN) ? m->min : 0, err, sizeof err);
+                                                 (m->has & PS_F_MIN) ? m->min : 0, m->rdt, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, 0, "%s", err);
         return;

@@ -97,7 +97,7 @@ static void bsp_tables_apply(psd *s, srv_bsp_state *b, uint64_t round)
     for (uint32_t i = 0; in && i < b->nsh; i++)
         if (b->sh[i] && b->sh[i]->round == round && b->sh[i]->round_fin)
             in[nin++] = i;
-    srv_tables_set_limit(&s->tables, s->cfg.max_table_memory);
+    srv_tables_configure(&s->tables, &s->cfg);
     if (!in || srv_tround_apply(&b->tr, &s->tables, in, nin, b->count ? 1.0 / b->count : 1.0, &failed, err,
                                 sizeof err) != 0) {
         PS_LOG(PS_LOG_ERROR, "round %llu closed without its table updates: out of memory", (unsigned long long)round);

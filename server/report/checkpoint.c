@@ -87,7 +87,7 @@ static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
         uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
         for (uint32_t b = hps; b; b &= b - 1)
             nhp++;
-        msgpack_pack_map(pk, 9);
+        msgpack_pack_map(pk, d->nparts > 1 ? 10 : 9);
         ps_pack_kstr(pk, "name", d->name);
         ps_pack_key(pk, "dim");
         msgpack_pack_uint32(pk, d->dim);
@@ -108,6 +108,12 @@ static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
         msgpack_pack_uint64(pk, j->tables[i].rows);
         ps_pack_key(pk, "floats");
         msgpack_pack_uint32(pk, j->tables[i].floats);
+        if (d->nparts > 1) { /* the part of a split table this psd holds */
+            ps_pack_key(pk, "part");
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_uint32(pk, d->part);
+            msgpack_pack_uint32(pk, d->nparts);
+        }
     }
 }
 

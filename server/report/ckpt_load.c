@@ -163,6 +163,21 @@ static int read_tables(const msgpack_object *o, ckpt_tdef *t, uint32_t *nt, uint
             snprintf(err, errlen, "tables[%u]: %s", i, derr);
             return -1;
         }
+        const msgpack_object *pt = ps_map_get(m, "part");
+        if (pt) {
+            uint64_t pi, pn;
+            if (pt->type != MSGPACK_OBJECT_ARRAY || pt->via.array.size != 2 ||
+                pt->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                pt->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                (pi = pt->via.array.ptr[0].via.u64, pn = pt->via.array.ptr[1].via.u64) == 0 || pn > PS_PARTS_MAX ||
+                pi >= pn) {
+                snprintf(err, errlen, "tables[%u] (%s): part is not [i, n] with 0 <= i < n <= %u", i, name,
+                         PS_PARTS_MAX);
+                return -1;
+            }
+            t[i].def.part = (uint32_t)pi;
+            t[i].def.nparts = (uint32_t)pn;
+        }
         for (uint32_t k = 0; k < i; k++)
             if (strcmp(t[k].def.name, name) == 0) {
                 snprintf(err, errlen, "tables[%u]: table '%s' twice", i, name);

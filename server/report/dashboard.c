@@ -41,6 +41,8 @@ struct srv_dash {
     uint64_t last_sample_ms;
     uint64_t pushes, pulls, bytes_in, bytes_out; /* counters at the last sample */
     uint64_t round_counts[SRV_HIST_MAX + 1];     /* round_seconds buckets then */
+    uint64_t tab_pulled[PS_TABLES_MAX], tab_pushed[PS_TABLES_MAX]; /* each table's row counters then */
+    const void *tab_id[PS_TABLES_MAX]; /* which table those were of (its definition) */
     seen_worker *seen;           /* by shard */
     uint32_t nseen;
     int paused;
@@ -129,6 +131,24 @@ static void sample(psd *s, struct srv_dash *d, uint64_t now)
     v[SRV_H_ROUND_P50] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.5);
     v[SRV_H_ROUND_P99] = srv_bucket_quantile(rh->bounds, rh->n, delta, 0.99);
     srv_series_add(&d->h->psd, since_start(s, now), s->model.version, v);
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        const ps_table_def *def = srv_tables_def(&s->tables, i);
+        srv_table_hist *th = srv_history_table(d->h, i, def->name);
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        if (d->tab_id[i] != def || st.rows_pulled < d->tab_pulled[i] || st.rows_pushed < d->tab_pushed[i]) {
+            /* a table new since the last sample: its counters from 0 */
+            d->tab_pulled[i] = d->tab_pushed[i] = 0;
+            d->tab_id[i] = def;
+        }
+        double tv[SRV_HT_COLS] = {(double)st.rows, (double)st.bytes,
+                                  (double)(st.rows_pulled - d->tab_pulled[i]) / dt,
+                                  (double)(st.rows_pushed - d->tab_pushed[i]) / dt};
+        if (th)
+            srv_series_add(&th->s, since_start(s, now), s->model.version, tv);
+        d->tab_pulled[i] = st.rows_pulled;
+        d->tab_pushed[i] = st.rows_pushed;
+    }
     d->pushes = s->stats.pushes;
     d->pulls = s->stats.pulls;
     d->bytes_in = s->stats.bytes_in;

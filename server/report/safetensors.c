@@ -132,6 +132,10 @@ static int parse_tensor(const char *path, const char *name, const json_t *v, st_
 /* A table in the file: its declaration (metadata "psd.tables") and its two
  * tensors, "tables/NAME/rows" (F32 [R, dim]) and "tables/NAME/keys" (I64
  * [R], the uint64 keys' bits). */
+#define ST_TABLE_ENTRIES 2 /* header entries a table takes: keys and rows */
+/* the most top-level entries a header psd takes may hold: the model's
+ * tensors, __metadata__, and each table's */
+#define ST_ENTRIES_MAX (PS_TENSORS_MAX + 1 + PS_TABLES_MAX * ST_TABLE_ENTRIES)
 typedef struct st_table {
     ps_table_def def;
     uint64_t rows;
@@ -462,17 +466,18 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                  hlen > HEADER_MAX ? " (and safetensors allows 100 MiB)" : "");
         goto out;
     }
-    /* counted before anything is built of it: one entry more than the
-     * tensors psd takes, for __metadata__ */
+    /* counted before anything is built of it: the tensors psd takes, one
+     * entry for __metadata__, and each table's tensors */
     st_count cnt;
-    if (scan_header(fd, hlen, PS_TENSORS_MAX + 1, &cnt) != 0) {
+    if (scan_header(fd, hlen, ST_ENTRIES_MAX, &cnt) != 0) {
         snprintf(err, errlen, "%s: cannot read its header: %s", path, errno ? strerror(errno) : "file shrank");
         rc = errno == ENOMEM ? PS_ENOMEM : PS_EIO;
         goto out;
     }
-    if (cnt.entries > PS_TENSORS_MAX + 1) {
-        snprintf(err, errlen, "%s: more than %d tensors in its header; psd takes 1 to %d", path, PS_TENSORS_MAX,
-                 PS_TENSORS_MAX);
+    if (cnt.entries > ST_ENTRIES_MAX) {
+        snprintf(err, errlen, "%s: more than %d tensors in its header; psd takes 1 to %d of the model and %d per "
+                 "table (keys, rows) for up to %d tables", path, ST_ENTRIES_MAX - 1, PS_TENSORS_MAX,
+                 ST_TABLE_ENTRIES, PS_TABLES_MAX);
         goto out;
     }
     if (cnt.tokens > HEADER_TOKENS_MAX || cnt.longest > HEADER_TOKEN_LEN_MAX) {

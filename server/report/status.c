@@ -37,7 +37,11 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
         for (uint32_t b = hps; b; b &= b - 1)
             nhp++;
-        msgpack_pack_map(pk, 14);
+        msgpack_pack_map(pk, 19);
+        ps_pack_key(pk, "part"); /* [i, n]: this psd holds part i of n (PROTOCOL.md 13.7) */
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_uint32(pk, d->part);
+        msgpack_pack_uint32(pk, d->nparts);
         ps_pack_kf64(pk, "rows_pulled_rate", st.pull_rate);
         ps_pack_kf64(pk, "rows_pushed_rate", st.push_rate);
         msgpack_pack_str_with_body(pk, "name", 4);
@@ -62,6 +66,10 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         ps_pack_ku64(pk, "bytes", st.bytes);
         ps_pack_ku64(pk, "rows_pulled", st.rows_pulled);
         ps_pack_ku64(pk, "rows_pushed", st.rows_pushed);
+        ps_pack_ku64(pk, "admitted", st.admitted);
+        ps_pack_ku64(pk, "filtered", st.filtered);
+        ps_pack_ku64(pk, "expired", st.expired);
+        ps_pack_ku64(pk, "evicted", st.evicted);
     }
     ps_pack_key(pk, "init_from"); /* the safetensors file the model came from at start */
     if (s->model_file[0])
@@ -305,18 +313,26 @@ int srv_metrics_text(psd *s, ps_buf *b)
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"output_buffer\"} %" PRIu64 "\n", s->stats.disconnects_output);
     rc |= ps_buf_printf(b, "psd_disconnects_total{reason=\"idle\"} %" PRIu64 "\n", s->stats.disconnects_idle);
     /* embedding tables (PROTOCOL.md 13), one sample each */
-    static const char *const tfam[4][3] = {
+    static const char *const tfam[8][3] = {
         {"psd_table_rows", "gauge", "Rows stored in the embedding table."},
         {"psd_table_bytes", "gauge", "Memory of the embedding table: rows, their optimizer state, hash slots."},
         {"psd_table_rows_pulled_total", "counter", "Rows of the embedding table answered to pulls."},
         {"psd_table_rows_pushed_total", "counter", "Row gradients applied to the embedding table."},
+        {"psd_table_rows_admitted_total", "counter", "Rows stored at their key's table_admit-th push."},
+        {"psd_table_pushes_filtered_total", "counter",
+         "Row gradients of keys not admitted yet (table_admit): counted, not stored."},
+        {"psd_table_rows_expired_total", "counter", "Rows dropped for not being pushed in table_expire pushes."},
+        {"psd_table_rows_evicted_total", "counter",
+         "Rows evicted to make room under table_memory or max_table_memory (table_full = evict)."},
     };
-    for (int f = 0; f < 4; f++) {
+    for (int f = 0; f < 8; f++) {
         rc |= family(b, tfam[f][0], tfam[f][1], tfam[f][2]);
         for (uint32_t i = 0; i < s->tables.n; i++) {
             srv_table_stats st;
             srv_tables_stats(&s->tables, i, &st);
-            uint64_t v = f == 0 ? st.rows : f == 1 ? st.bytes : f == 2 ? st.rows_pulled : st.rows_pushed;
+            const uint64_t vs[8] = {st.rows,     st.bytes,    st.rows_pulled, st.rows_pushed,
+                                    st.admitted, st.filtered, st.expired,     st.evicted};
+            uint64_t v = vs[f];
             rc |= ps_buf_printf(b, "%s{table=\"%s\"} %" PRIu64 "\n", tfam[f][0], srv_tables_def(&s->tables, i)->name, v);
         }
     }

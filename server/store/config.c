@@ -32,6 +32,7 @@ static const char *const sum_order_words[] = {"shard", "arrival", NULL};
 static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
 static const char *const nonfinite_words[] = {"reject", "clip", NULL};
 static const char *const join_action_words[] = {"continue", "stop", NULL};
+static const char *const table_full_words[] = {"refuse", "evict", NULL};
 
 _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
                "log_level_words must follow enum ps_log_level");
@@ -239,7 +240,35 @@ static const ps_config_option options[] = {
      .help = "Most bytes the embedding tables' rows, their optimizer state and their hash "
              "slots may take together (units K, M, G). A push whose new rows would pass it "
              "is refused with LIMIT, naming the table, and changes nothing; rows already "
-             "stored keep being pulled and pushed. Lowering it keeps the rows there are."},
+             "stored keep being pulled and pushed. Lowering it keeps the rows there are. "
+             "With table_full = evict such a push makes room instead."},
+    {.name = "table_admit", .type = PS_CT_INT, .def = "0", AT(table_admit), .lo = 0, .hi = 255,
+     .apply = srv_apply_read_when_used,
+     .help = "Admission by frequency: a key of an embedding table gets a stored row only at "
+             "its Nth push; before, pulls answer its initial row and pushes are counted but "
+             "not stored. Counted per table in a count-min sketch of 4 x 65,536 8-bit "
+             "counters (256 KiB, in the table's memory), which can admit a key early when "
+             "keys collide, never late. 0 or 1: every pushed key is stored."},
+    {.name = "table_expire", .type = PS_CT_U64, .def = "0", AT(table_expire), .lo = 0,
+     .hi = INT64_C(1099511627776), .apply = srv_apply_read_when_used,
+     .help = "Expiry: a row of an embedding table not pushed in this many pushes to its "
+             "table (a TPUSH applied in asgd and ssp, a round's update in bsp) is dropped; a "
+             "later pull answers its initial row. Each push looks at max(1024, 4 x its keys) "
+             "rows, so a stale row goes within rows / that many pushes. 0: rows never expire."},
+    {.name = "table_memory", .type = PS_CT_SIZE, .def = "0", AT(table_memory), .lo = 0,
+     .hi = INT64_C(17592186044416), .apply = srv_apply_read_when_used,
+     .help = "Most bytes one embedding table may take (units K, M, G), beside "
+             "max_table_memory for all of them; table_full says what a push past it meets. "
+             "A table's first row takes its first block of rows and hash slots (some "
+             "hundreds of KB): a table_memory below that is refused when the table is "
+             "declared. 0: no cap per table."},
+    {.name = "table_full", .type = PS_CT_ENUM, .def = "refuse", AT(table_full), .words = table_full_words,
+     .apply = srv_apply_read_when_used,
+     .help = "What a push whose new rows would take its table past table_memory, or the "
+             "tables past max_table_memory, meets. refuse: LIMIT, nothing changed. evict: "
+             "the table's least recently pushed rows (each the oldest of 8 drawn at random, "
+             "none of the push's own) are dropped until the new rows fit; a later pull "
+             "answers a dropped row's initial values."},
     {.name = "wire_bf16", .type = PS_CT_BOOL, .def = "yes", AT(wire_bf16),
      .help = "Offer bfloat16 tensors on the wire: a client that asks for them (psworker "
              "--wire bf16) then pushes gradients and receives parameters at 2 bytes a value "

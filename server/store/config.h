@@ -91,6 +91,10 @@ typedef struct ps_config {
     uint64_t max_frame;                /* largest accepted frame, bytes */
     uint64_t max_receive_memory;       /* all connections' receive buffers together, bytes */
     uint64_t max_table_memory;         /* all embedding tables' rows together, bytes */
+    int table_admit;                   /* pushes of a key before its row is stored; 0, 1: the first */
+    uint64_t table_expire;             /* rows not pushed in this many pushes to their table go; 0: never */
+    uint64_t table_memory;             /* one table's bytes at most; 0: max_table_memory alone */
+    int table_full;                    /* at a table cap: 0 refuse, 1 evict */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */

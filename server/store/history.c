@@ -126,6 +126,8 @@ static const char *const psd_cols[SRV_H_COLS] = {
 };
 static const char *const train_cols[] = {"loss", "samples_per_second", "samples"};
 static const char *const eval_cols[] = {"accuracy", "test_loss"};
+static const char *const table_cols[SRV_HT_COLS] = {"rows", "bytes", "rows_pulled_per_second",
+                                                    "rows_pushed_per_second"};
 
 srv_history *srv_history_new(void)
 {
@@ -151,6 +153,11 @@ void srv_history_free(srv_history *h)
         srv_series_free(&h->w[i]->eval);
         free(h->w[i]);
     }
+    for (unsigned i = 0; i < PS_TABLES_MAX; i++) {
+        if (h->tab[i])
+            srv_series_free(&h->tab[i]->s);
+        free(h->tab[i]);
+    }
     free(h);
 }
 
@@ -171,6 +178,28 @@ srv_worker_hist *srv_history_worker(srv_history *h, uint32_t shard)
     }
     h->w[shard] = w;
     return w;
+}
+
+srv_table_hist *srv_history_table(srv_history *h, unsigned i, const char *name)
+{
+    if (i >= PS_TABLES_MAX)
+        return NULL;
+    srv_table_hist *th = h->tab[i];
+    if (th && strcmp(th->name, name) == 0)
+        return th;
+    if (th) { /* another table at this place: a new series */
+        srv_series_free(&th->s);
+    } else if (!(th = calloc(1, sizeof *th))) {
+        return NULL;
+    }
+    h->tab[i] = th;
+    snprintf(th->name, sizeof th->name, "%s", name);
+    if (srv_series_init(&th->s, SRV_HT_COLS, table_cols) != 0) {
+        free(th);
+        h->tab[i] = NULL;
+        return NULL;
+    }
+    return th;
 }
 
 void srv_history_event(srv_history *h, double t, uint64_t version, const char *kind, const char *fmt, ...)
@@ -293,6 +322,19 @@ static int history_json(const srv_history *h, ps_buf *b)
         rc |= srv_json_raw(b, "}");
         first = 0;
     }
+    rc |= srv_json_raw(b, "], \"tables\": [");
+    first = 1;
+    for (unsigned i = 0; i < PS_TABLES_MAX; i++) {
+        const srv_table_hist *th = h->tab[i];
+        if (!th)
+            continue;
+        rc |= srv_json_raw(b, first ? "{\"name\": " : ", {\"name\": ");
+        rc |= srv_json_str(b, th->name);
+        rc |= srv_json_raw(b, ", \"series\": ");
+        rc |= series_json(b, &th->s);
+        rc |= srv_json_raw(b, "}");
+        first = 0;
+    }
     rc |= srv_json_raw(b, "], \"events\": [");
     for (unsigned i = 0; i < h->ev_n; i++) {
         const srv_event *e = event_at(h, i);
@@ -354,6 +396,9 @@ static int history_rows(const srv_history *h, int table, ps_buf *b)
         rc |= series_rows(b, table, "train", shard, &h->w[i]->train);
         rc |= series_rows(b, table, "eval", shard, &h->w[i]->eval);
     }
+    for (unsigned i = 0; i < PS_TABLES_MAX; i++)
+        if (h->tab[i])
+            rc |= series_rows(b, table, "table", h->tab[i]->name, &h->tab[i]->s);
     for (unsigned i = 0; i < h->ev_n; i++) {
         const srv_event *e = event_at(h, i);
         if (table) {

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "proto/msg.h"
+#include "proto/table.h"
 
 #define SRV_SERIES_POINTS 512  /* points per series (even) */
 #define SRV_SERIES_COLS_MAX 8  /* values per point */
@@ -74,9 +75,17 @@ typedef struct srv_worker_hist {
     srv_series eval;
 } srv_worker_hist;
 
+/* An embedding table's series, one sample a second with psd's: rows held,
+ * memory, rows pulled and pushed per second. */
+typedef struct srv_table_hist {
+    char name[PS_NAME_MAX + 1];
+    srv_series s;
+} srv_table_hist;
+
 typedef struct srv_history {
     srv_series psd;              /* psd's own numbers, one sample a second */
     srv_worker_hist *w[SRV_HISTORY_SHARDS]; /* NULL until the shard reports */
+    srv_table_hist *tab[PS_TABLES_MAX]; /* by declaration order; NULL until sampled */
     srv_event ev[SRV_EVENTS_MAX];
     unsigned ev_first, ev_n;     /* the ring: oldest at ev_first */
     uint64_t events_dropped;
@@ -88,12 +97,19 @@ enum {
     SRV_H_COLS
 };
 
+/* The columns of a table's series, in order. */
+enum { SRV_HT_ROWS, SRV_HT_BYTES, SRV_HT_PULLED, SRV_HT_PUSHED, SRV_HT_COLS };
+
 /* A new, empty history; NULL when out of memory. */
 srv_history *srv_history_new(void);
 void srv_history_free(srv_history *h);
 /* The series of shard, allocated on first use; NULL for a shard past
  * SRV_HISTORY_SHARDS or when out of memory (the report is then not kept). */
 srv_worker_hist *srv_history_worker(srv_history *h, uint32_t shard);
+/* The series of table i (< PS_TABLES_MAX) called name, allocated on first
+ * use; a table i of another name (the tables were dropped and declared
+ * anew) starts a new series. NULL when out of memory. */
+srv_table_hist *srv_history_table(srv_history *h, unsigned i, const char *name);
 /* Appends an event (text is cut to fit), dropping the oldest when full. */
 void srv_history_event(srv_history *h, double t, uint64_t version, const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -111,11 +127,13 @@ enum { SRV_HFMT_JSON, SRV_HFMT_CSV, SRV_HFMT_TABLE };
 /* Appends the whole history to out:
  *   JSON  {"points_max", "events_max", "events_dropped",
  *          "psd": SERIES, "workers": [{"shard", "train": SERIES, "eval": SERIES}],
+ *          "tables": [{"name", "series": SERIES}],
  *          "events": [{"t", "version", "kind", "text"}]}
  *         where SERIES is {"stride", "t": [...], "version": [...], COLUMN: [...]},
  *         columns of equal length, a missing value null;
  *   CSV   one row per value: series,shard,t,version,column,value (shard
- *         empty for psd's series), then event rows: event,,t,version,kind,"text";
+ *         empty for psd's series; a table's series is "table" with the
+ *         table's name for shard), then event rows: event,,t,version,kind,"text";
  *   TABLE the same rows in aligned columns for people.
  * Returns 0 or PS_ENOMEM. */
 int srv_history_write(const srv_history *h, int fmt, ps_buf *out);

@@ -358,6 +358,8 @@ struct psd {
                               * replies (connection), on the loop; made at first use */
     uint8_t *planes;         /* byte planes of the values those two work on */
     size_t planes_cap;       /* bytes */
+    float *rows_wide;        /* a table push's row gradients widened to float32 */
+    size_t rows_wide_cap;    /* floats */
     uint64_t last_rate_ms;
     int stopping;
     uint64_t join_since_ms;  /* since when psd waits for shards that never

@@ -1,5 +1,5 @@
 /* scratch.c - psd's tensor codec state (scratch.h): owns psd.codec (the
- * zstd contexts) and psd.planes (the byte-plane scratch). */
+ * zstd contexts), psd.planes (the byte-plane scratch) and psd.rows_wide. */
 #include <stdlib.h>
 
 #include "server/store/scratch.h"
@@ -21,8 +21,23 @@ uint8_t *srv_planes(psd *s, size_t bytes)
     return s->planes;
 }
 
+float *srv_rows_wide(psd *s, size_t n)
+{
+    if (s->rows_wide_cap < n) {
+        float *p = realloc(s->rows_wide, n * sizeof *p);
+        if (!p)
+            return NULL;
+        s->rows_wide = p;
+        s->rows_wide_cap = n;
+    }
+    return s->rows_wide;
+}
+
 void srv_codec_free(psd *s)
 {
+    free(s->rows_wide);
+    s->rows_wide = NULL;
+    s->rows_wide_cap = 0;
     ps_codec_free(&s->codec);
     free(s->planes);
     s->planes = NULL;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "proto/errors.h"
+#include "server/store/config.h"
 #include "server/store/sparse_optim.h"
 
 #define SLOTS_MIN 1024u             /* a table's first slot array */
@@ -16,11 +17,22 @@
 #define LOAD_NUM 5u
 #define LOAD_DEN 8u
 #define SLOT_BYTES (sizeof(uint64_t) + sizeof(uint32_t))
+/* a row in its block: its key (2 floats' room), the table's clock at its
+ * last push (2), then its row_floats values */
+#define HEAD 4u
+/* admission's count-min sketch: SKETCH_D rows of SKETCH_W 8-bit counters */
+#define SKETCH_D 4u
+#define SKETCH_W 65536u
+#define SKETCH_BYTES (SKETCH_D * SKETCH_W)
+/* expiry: rows a push's scan looks at, at least */
+#define EXPIRE_WINDOW 1024u
+/* eviction: rows drawn to find one of the least recently pushed */
+#define EVICT_SAMPLE 8u
 
 struct srv_table {
     ps_table_def def;
     uint32_t row_floats;   /* weights, state, step: srv_sparse_row_floats */
-    uint32_t stride;       /* floats of one row in a block: its key (2) and row_floats */
+    uint32_t stride;       /* floats of one row in a block: HEAD and row_floats */
     uint64_t *skey;        /* slot i's key, when srow[i] != 0 */
     uint32_t *srow;        /* slot i's row index + 1; 0: the slot is empty */
     uint64_t cap;          /* slots: 0 or a power of two */
@@ -31,6 +43,11 @@ struct srv_table {
     uint64_t bytes;        /* what this table takes: itself, slots, blocks, the block list */
     uint64_t pulled, pushed;
     uint64_t last_pulled, last_pushed; /* at the last srv_tables_rates */
+    uint64_t clock;        /* pushes applied to the table; a row keeps the clock of its last */
+    uint8_t *sketch;       /* admission's counters (SKETCH_BYTES); NULL until admission is on */
+    uint64_t scan;         /* expiry: the row the next scan starts at */
+    uint64_t rng;          /* eviction's draws (xorshift64) */
+    uint64_t admitted, filtered, expired, evicted;
     double pull_rate, push_rate;
 };
 
@@ -53,7 +70,7 @@ static uint64_t block_bytes(const srv_table *t)
 uint64_t srv_table_row_bytes(const ps_table_def *d)
 {
     /* the row with its key, and its slots at the highest load */
-    return (uint64_t)(srv_sparse_row_floats(d) + 2) * sizeof(float) + (SLOT_BYTES * LOAD_DEN + LOAD_NUM - 1) / LOAD_NUM;
+    return (uint64_t)(srv_sparse_row_floats(d) + HEAD) * sizeof(float) + (SLOT_BYTES * LOAD_DEN + LOAD_NUM - 1) / LOAD_NUM;
 }
 
 void srv_tables_init(srv_tables *ts, uint64_t max_bytes)
@@ -67,6 +84,20 @@ void srv_tables_set_limit(srv_tables *ts, uint64_t max_bytes)
     ts->max_bytes = max_bytes;
 }
 
+void srv_tables_set_bounds(srv_tables *ts, const srv_table_bounds *b)
+{
+    ts->bounds = *b;
+}
+
+void srv_tables_configure(srv_tables *ts, const ps_config *cfg)
+{
+    ts->max_bytes = cfg->max_table_memory;
+    ts->bounds = (srv_table_bounds){.admit = (uint32_t)cfg->table_admit,
+                                    .expire = cfg->table_expire,
+                                    .table_bytes = cfg->table_memory,
+                                    .evict = cfg->table_full == 1};
+}
+
 static void table_free(srv_table *t)
 {
     if (!t)
@@ -76,6 +107,7 @@ static void table_free(srv_table *t)
     free(t->blocks);
     free(t->skey);
     free(t->srow);
+    free(t->sketch);
     free(t);
 }
 
@@ -102,6 +134,8 @@ const ps_table_def *srv_tables_def(const srv_tables *ts, uint32_t i)
     return &ts->t[i]->def;
 }
 
+static uint64_t first_row_bytes(const srv_table *t, int sketch);
+
 int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, char *err, size_t errlen)
 {
     int at = srv_tables_find(ts, d->name);
@@ -124,9 +158,20 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
         return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory", d->name);
     t->def = *d;
     t->row_floats = srv_sparse_row_floats(d);
-    t->stride = t->row_floats + 2;
+    t->stride = t->row_floats + HEAD;
     while (t->shift < 20 && ((uint64_t)t->stride << (t->shift + 1)) * sizeof(float) <= BLOCK_BYTES_MAX)
         t->shift++;
+    t->rng = ps_mix64((uint64_t)ts->n + 1) | 1;
+    uint64_t first = first_row_bytes(t, ts->bounds.admit > 1);
+    if (ts->bounds.table_bytes && ts->bounds.table_bytes < first) {
+        fail(err, errlen, PS_ELIMIT,
+             "table '%s': table_memory (%llu bytes) is smaller than the table's first row takes (%llu bytes: a "
+             "block of %u rows of %u floats, %u hash slots%s); raise table_memory",
+             d->name, (unsigned long long)ts->bounds.table_bytes, (unsigned long long)first, 1u << t->shift,
+             t->stride, SLOTS_MIN, ts->bounds.admit > 1 ? ", admission's counters" : "");
+        free(t);
+        return PS_ELIMIT;
+    }
     t->bytes = sizeof *t;
     ts->bytes += t->bytes;
     *idx = ts->n;
@@ -154,7 +199,7 @@ static float *lookup(const srv_table *t, uint64_t key)
         if (t->srow[s] == 0)
             return NULL;
         if (t->skey[s] == key)
-            return row_at(t, t->srow[s] - 1) + 2;
+            return row_at(t, t->srow[s] - 1) + HEAD;
     }
 }
 
@@ -187,6 +232,15 @@ static void plan_size(const srv_table *t, uint64_t rows, uint64_t *cap, uint32_t
 static uint64_t size_of(const srv_table *t, uint64_t cap, uint32_t nblocks, uint32_t blocks_cap)
 {
     return sizeof *t + cap * SLOT_BYTES + (uint64_t)nblocks * block_bytes(t) + (uint64_t)blocks_cap * sizeof(float *);
+}
+
+/* What a new table takes with its first row (and admission's counters). */
+static uint64_t first_row_bytes(const srv_table *t, int sketch)
+{
+    uint64_t cap;
+    uint32_t nb, bc;
+    plan_size(t, 1, &cap, &nb, &bc);
+    return size_of(t, cap, nb, bc) + (sketch ? SKETCH_BYTES : 0);
 }
 
 /* Makes room for `rows` rows: slots (rehashed into a larger array), blocks
@@ -227,20 +281,147 @@ static int reserve(srv_tables *ts, srv_table *t, uint64_t rows)
         t->srow = sr;
         t->cap = cap;
     }
-    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap);
+    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap) + (t->sketch ? SKETCH_BYTES : 0);
     ts->bytes = ts->bytes - t->bytes + now;
     t->bytes = now;
     return 0;
 }
 
-/* Appends key's row (values: row_floats) as row t->rows; reserve() made room. */
-static void append(srv_table *t, uint64_t key, const float *values)
+/* Appends key's row (values: row_floats) as row t->rows, pushed at clock
+ * `stamp`; reserve() made room. */
+static void append(srv_table *t, uint64_t key, uint64_t stamp, const float *values)
 {
     uint64_t r = t->rows++;
     float *p = row_at(t, r);
     memcpy(p, &key, sizeof key);
-    memcpy(p + 2, values, sizeof(float) * t->row_floats);
+    memcpy(p + 2, &stamp, sizeof stamp);
+    memcpy(p + HEAD, values, sizeof(float) * t->row_floats);
     slot_put(t->skey, t->srow, t->cap, key, r);
+}
+
+static uint64_t row_key(const float *p)
+{
+    uint64_t k;
+    memcpy(&k, p, sizeof k);
+    return k;
+}
+
+static uint64_t row_stamp(const float *p)
+{
+    uint64_t v;
+    memcpy(&v, p + 2, sizeof v);
+    return v;
+}
+
+/* The slot holding key, which the table holds. */
+static uint64_t slot_find(const srv_table *t, uint64_t key)
+{
+    uint64_t s = slot_of(key, t->cap);
+    while (t->skey[s] != key || t->srow[s] == 0)
+        s = (s + 1) & (t->cap - 1);
+    return s;
+}
+
+/* Removes row r: its key leaves the slots (the probe chain after it shifted
+ * back, so every key stays reachable) and the last row moves into its
+ * place. */
+static void row_remove(srv_table *t, uint64_t r)
+{
+    float *p = row_at(t, r);
+    uint64_t m = t->cap - 1, i = slot_find(t, row_key(p));
+    for (uint64_t j = (i + 1) & m; t->srow[j] != 0; j = (j + 1) & m) {
+        uint64_t h = slot_of(t->skey[j], t->cap);
+        /* the key at j stays when its home h lies cyclically in (i, j] */
+        if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
+            continue;
+        t->skey[i] = t->skey[j];
+        t->srow[i] = t->srow[j];
+        i = j;
+    }
+    t->srow[i] = 0;
+    uint64_t last = t->rows - 1;
+    if (r != last) {
+        const float *q = row_at(t, last);
+        memcpy(p, q, sizeof(float) * t->stride);
+        t->srow[slot_find(t, row_key(p))] = (uint32_t)(r + 1);
+    }
+    t->rows--;
+}
+
+/* Admission: counts one push of key in the table's sketch (conservative
+ * update: only the smallest counters grow) and returns 1 when the key has
+ * now been pushed `admit` times (or more: collisions overcount). */
+static int sketch_admit(srv_table *t, uint64_t key, uint32_t admit)
+{
+    uint8_t *c[SKETCH_D];
+    uint8_t low = 255;
+    for (uint32_t d = 0; d < SKETCH_D; d++) {
+        uint64_t h = ps_mix64(key ^ (0x9e3779b97f4a7c15ull * (d + 1)));
+        c[d] = t->sketch + d * SKETCH_W + (h & (SKETCH_W - 1));
+        if (*c[d] < low)
+            low = *c[d];
+    }
+    if (low < 255) {
+        for (uint32_t d = 0; d < SKETCH_D; d++)
+            if (*c[d] == low)
+                (*c[d])++;
+        low++;
+    }
+    return low >= admit;
+}
+
+/* Expiry: looks at `window` rows, downward from the scan's place (wrapping
+ * to the last row), and removes those not pushed in the last `expire`
+ * pushes. Going down, the last row that moves into a removed one's place
+ * was looked at already in this pass (or was added since, so is fresh). A
+ * window of every row is one exact pass from the last row down. */
+static void expire_scan(srv_table *t, uint64_t now, uint64_t expire, uint64_t window)
+{
+    if (t->rows == 0 || now <= expire)
+        return;
+    uint64_t c = t->scan < t->rows ? t->scan : t->rows;
+    if (window >= t->rows) {
+        window = t->rows;
+        c = t->rows;
+    }
+    for (uint64_t k = 0; k < window && t->rows > 0; k++) {
+        if (c == 0)
+            c = t->rows;
+        c--;
+        if (now - row_stamp(row_at(t, c)) > expire) {
+            row_remove(t, c);
+            t->expired++;
+        }
+    }
+    t->scan = c;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+/* Eviction: removes e rows, each the least recently pushed of EVICT_SAMPLE
+ * drawn at random, never one pushed at clock `now` (this push's). The
+ * caller checked that e rows older than now exist. */
+static void evict(srv_table *t, uint64_t e, uint64_t now)
+{
+    for (uint64_t k = 0; k < e; k++) {
+        uint64_t best = UINT64_MAX, best_stamp = UINT64_MAX;
+        for (uint32_t d = 0; d < EVICT_SAMPLE || best == UINT64_MAX; d++) {
+            uint64_t r = xorshift(&t->rng) % t->rows, st = row_stamp(row_at(t, r));
+            if (st < now && st < best_stamp) {
+                best = r;
+                best_stamp = st;
+            }
+        }
+        row_remove(t, best);
+        t->evicted++;
+    }
 }
 
 void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out)
@@ -279,23 +460,60 @@ static int grow_scratch(srv_tables *ts, size_t floats, size_t n)
     return 0;
 }
 
+/* The largest number of rows table t may hold within `allowed` bytes, its
+ * slots and blocks grown as reserve() grows them (0 when even its present
+ * capacity passes it). */
+static uint64_t rows_within(const srv_table *t, uint64_t allowed, uint64_t upto)
+{
+    uint64_t lo = 0, hi = upto;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo + 1) / 2, cap;
+        uint32_t nb, bc;
+        plan_size(t, mid, &cap, &nb, &bc);
+        if (size_of(t, cap, nb, bc) <= allowed)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static float not_admitted; /* ts->found's mark of a key skipped by admission */
+
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen)
 {
     srv_table *t = ts->t[i];
     const ps_table_def *d = &t->def;
+    const srv_table_bounds *bd = &ts->bounds;
     const uint32_t rf = t->row_floats;
+    const uint64_t now = t->clock + 1;
     if (grow_scratch(ts, (size_t)n * rf, n) != 0)
         return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+    if (bd->admit > 1 && !t->sketch) {
+        t->sketch = calloc(1, SKETCH_BYTES);
+        if (!t->sketch)
+            return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
+        t->bytes += SKETCH_BYTES;
+        ts->bytes += SKETCH_BYTES;
+    }
 
-    /* 1. every key's new row, in scratch: the table is not touched yet */
-    uint64_t fresh = 0;
+    /* 0. expiry: a window of rows */
+    if (bd->expire)
+        expire_scan(t, now, bd->expire, (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW);
+
+    /* 1. every key's new row, in scratch: no row is touched yet */
+    uint64_t fresh = 0, skipped = 0;
     for (uint32_t k = 0; k < n; k++) {
         uint64_t key = ps_key_at(keys, k);
         float *row = ts->scratch + (size_t)k * rf;
         ts->found[k] = lookup(t, key);
         if (ts->found[k]) {
             memcpy(row, ts->found[k], sizeof(float) * rf);
+        } else if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {
+            ts->found[k] = &not_admitted; /* counted, not stored */
+            skipped++;
+            continue;
         } else {
             srv_sparse_row_new(d, key, row);
             fresh++;
@@ -307,35 +525,69 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
                         d->name, (unsigned long long)key);
     }
 
-    /* 2. room for the new rows, within max_table_memory */
+    /* 2. room for the new rows, within max_table_memory and table_memory:
+     * refused, or made by evicting rows this push does not touch */
+    uint64_t evicted = 0;
     if (fresh) {
         if (t->rows + fresh > UINT32_MAX - 1)
             return fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
                         d->name, (unsigned long long)(t->rows + fresh));
+        uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
+        uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
+        int by_table = bd->table_bytes && bd->table_bytes < allowed;
+        if (by_table)
+            allowed = bd->table_bytes;
+        allowed = allowed > sketch ? allowed - sketch : 0;
         uint64_t cap;
         uint32_t nb, bc;
         plan_size(t, t->rows + fresh, &cap, &nb, &bc);
-        uint64_t after = ts->bytes - t->bytes + size_of(t, cap, nb, bc);
-        if (after > ts->max_bytes)
-            return fail(err, errlen, PS_ELIMIT,
-                        "table '%s': %llu new rows would take psd's tables to %llu bytes, past max_table_memory (%llu "
-                        "bytes; the tables hold %llu now); raise max_table_memory or spread the table over more psd",
-                        d->name, (unsigned long long)fresh, (unsigned long long)after,
-                        (unsigned long long)ts->max_bytes, (unsigned long long)ts->bytes);
-        if (reserve(ts, t, t->rows + fresh) != 0)
-            return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                        d->name, (unsigned long long)fresh);
+        uint64_t need = size_of(t, cap, nb, bc);
+        if (need > allowed) {
+            uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
+            if (!bd->evict || fit < fresh + touched)
+                return fail(err, errlen, PS_ELIMIT,
+                            "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
+                            "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
+                            d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
+                            (unsigned long long)(need + sketch + (by_table ? 0 : others)),
+                            by_table ? "table_memory" : "max_table_memory",
+                            (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
+                            (unsigned long long)t->rows, (unsigned long long)t->bytes,
+                            bd->evict ? ", and evicting every row this push does not touch would not make room"
+                                      : " (table_full = refuse)");
+            evicted = t->rows + fresh - fit;
+        }
     }
+    if (evicted) {
+        for (uint32_t k = 0; k < n; k++)
+            if (ts->found[k] && ts->found[k] != &not_admitted)
+                memcpy(ts->found[k] - HEAD + 2, &now, sizeof now); /* this push's rows stay */
+        evict(t, evicted, now);
+        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
+            if (ts->found[k] && ts->found[k] != &not_admitted)
+                ts->found[k] = lookup(t, ps_key_at(keys, k));
+    }
+    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
+        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
+                    d->name, (unsigned long long)fresh);
 
     /* 3. write */
     for (uint32_t k = 0; k < n; k++) {
         const float *row = ts->scratch + (size_t)k * rf;
-        if (ts->found[k])
+        if (ts->found[k] == &not_admitted)
+            continue;
+        if (ts->found[k]) {
             memcpy(ts->found[k], row, sizeof(float) * rf);
-        else
-            append(t, ps_key_at(keys, k), row);
+            memcpy(ts->found[k] - HEAD + 2, &now, sizeof now);
+        } else {
+            append(t, ps_key_at(keys, k), now, row);
+        }
     }
-    t->pushed += n;
+    t->clock = now;
+    t->pushed += n - skipped;
+    t->filtered += skipped;
+    if (bd->admit > 1)
+        t->admitted += fresh;
     ts->stamp++;
     return 0;
 }
@@ -388,7 +640,8 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
         uint64_t r = t->rows++;
         float *p = row_at(t, r);
         memcpy(p, &key, sizeof key);
-        memcpy(p + 2, rows + (size_t)k * rb, rb);
+        memset(p + 2, 0, 2 * sizeof(float)); /* pushed at clock 0: before any push since */
+        memcpy(p + HEAD, rows + (size_t)k * rb, rb);
         slot_put(t->skey, t->srow, t->cap, key, r);
     }
     return 0;
@@ -400,7 +653,7 @@ void srv_tables_rows_at(const srv_tables *ts, uint32_t i, uint64_t off, uint32_t
     for (uint32_t k = 0; k < len; k++) {
         const float *p = row_at(t, off + k);
         memcpy(keys + 8 * (size_t)k, p, 8); /* stored little-endian, as the host */
-        memcpy(w + (size_t)k * t->def.dim, p + 2, t->def.dim * sizeof(float));
+        memcpy(w + (size_t)k * t->def.dim, p + HEAD, t->def.dim * sizeof(float));
     }
 }
 
@@ -456,6 +709,10 @@ void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st)
     st->bytes = t->bytes;
     st->rows_pulled = t->pulled;
     st->rows_pushed = t->pushed;
+    st->admitted = t->admitted;
+    st->filtered = t->filtered;
+    st->expired = t->expired;
+    st->evicted = t->evicted;
 }
 
 const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key)
@@ -469,8 +726,6 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
     const srv_table *t = ts->t[i];
     for (uint64_t r = 0; r < t->rows; r++) {
         const float *p = row_at(t, r);
-        uint64_t key;
-        memcpy(&key, p, sizeof key);
-        fn(key, p + 2, arg);
+        fn(row_key(p), p + HEAD, arg);
     }
 }

@@ -11,7 +11,19 @@
  *
  * The memory of every table (slots, blocks, the table itself) is counted
  * from its first row; a push whose new rows would take the sum over all
- * tables past max_table_memory is refused before anything changes.
+ * tables past max_table_memory, or its table past table_memory, is refused
+ * before anything changes, or, with table_full = evict, makes room by
+ * evicting that table's least recently pushed rows (approximately: the
+ * oldest of 8 rows drawn at random, each time).
+ *
+ * Bounds (srv_table_bounds, off by default): admission, a key stored only
+ * at its admit-th push, counted in a count-min sketch of 4 x 65,536 8-bit
+ * counters per table (256 KiB, counted in the table's memory; collisions
+ * can only admit a key early); expiry, rows not pushed in the last `expire`
+ * pushes to their table dropped by a scan of a window of rows at each push
+ * (4 x the push's keys, at least 1024 rows: a stale row goes within
+ * rows / window pushes). A row removed (expired, evicted) leaves its place
+ * to the last row, so positions are stable only while no row is removed.
  *
  * Callers (the dispatch layer) hand in checked input: a known table, n keys
  * with n x dim finite gradient values, no key twice in one push. The store
@@ -33,8 +45,21 @@ typedef struct srv_table_stats {
     uint64_t bytes;         /* memory the table takes: slots, row blocks, itself */
     uint64_t rows_pulled;   /* rows answered to pulls, since psd started */
     uint64_t rows_pushed;   /* row gradients applied, since psd started */
+    uint64_t admitted;      /* rows stored at their admit-th push (admission on) */
+    uint64_t filtered;      /* row gradients of keys not admitted yet: counted, not stored */
+    uint64_t expired;       /* rows dropped for not being pushed in `expire` pushes */
+    uint64_t evicted;       /* rows evicted to make room under a cap */
     double pull_rate, push_rate; /* rows pulled and pushed per second, over the last second */
 } srv_table_stats;
+
+/* What bounds each table's rows (the settings table_admit, table_expire,
+ * table_memory and table_full); zeros: no bound but max_table_memory. */
+typedef struct srv_table_bounds {
+    uint32_t admit;         /* a key gets a row at its admit-th push; 0 and 1: at its first */
+    uint64_t expire;        /* rows not pushed in this many pushes to the table go; 0: never */
+    uint64_t table_bytes;   /* the most one table may take; 0: max_table_memory alone */
+    int evict;              /* at a cap, evict the least recently pushed rows (1) or refuse (0) */
+} srv_table_bounds;
 
 /* All tables of one psd. */
 typedef struct srv_tables {
@@ -42,6 +67,7 @@ typedef struct srv_tables {
     uint32_t n;
     uint64_t bytes;              /* memory of all tables together */
     uint64_t max_bytes;          /* max_table_memory; 0: no tables may hold rows */
+    srv_table_bounds bounds;     /* srv_tables_set_bounds */
     uint64_t stamp;              /* bumped by every change of a row or a declaration */
     float *scratch;              /* a push's new rows, before they are written */
     size_t scratch_floats;
@@ -56,13 +82,22 @@ void srv_tables_init(srv_tables *ts, uint64_t max_bytes);
 /* The most bytes the tables may hold from now on (max_table_memory, which
  * a reload may change); rows already stored stay. */
 void srv_tables_set_limit(srv_tables *ts, uint64_t max_bytes);
+/* The bounds of every table's rows from now on (settings, which a reload
+ * may change); rows already stored stay until a push looks at them. */
+void srv_tables_set_bounds(srv_tables *ts, const srv_table_bounds *b);
+/* Both of the above from psd's settings (max_table_memory, table_admit,
+ * table_expire, table_memory, table_full): what every caller that is about
+ * to declare or push calls, so a reload takes effect at once. */
+struct ps_config;
+void srv_tables_configure(srv_tables *ts, const struct ps_config *cfg);
 /* Frees every table and their rows. */
 void srv_tables_free(srv_tables *ts);
 
 /* Declares table d. A new name creates the table (index in *idx); a name
  * psd holds must come with the same declaration (ps_table_def_same).
  * Returns 0, PS_ELAYOUT (another declaration of the name; err gives both),
- * PS_ELIMIT (PS_TABLES_MAX tables already) or PS_ENOMEM. */
+ * PS_ELIMIT (PS_TABLES_MAX tables already, or a table_memory smaller than
+ * the table's first row takes; err says which) or PS_ENOMEM. */
 int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, char *err, size_t errlen);
 
 /* The index of table `name`, or -1. */
@@ -78,9 +113,13 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
 
 /* Applies the row gradients g (n x dim floats) of the n distinct keys of
  * table i, each multiplied by scale, with the table's optimizer: rows not
- * stored are created from their initial values first. Returns 0, or, with
- * nothing changed: PS_ELIMIT (the new rows would pass max_table_memory;
- * err names the table, the bytes and the setting), PS_ENONFINITE (an
+ * stored are created from their initial values first. Under the bounds:
+ * expiry first scans its window; a key not stored and not admitted yet is
+ * counted and skipped; at a cap with evict, the table's least recently
+ * pushed rows (none of this push's) make room. Returns 0, or, with no
+ * row's values changed: PS_ELIMIT (the new rows would pass
+ * max_table_memory or table_memory, refused or more than eviction can
+ * free; err names the table, the bytes and the setting), PS_ENONFINITE (an
  * update would make a row or its state not finite; err names the key) or
  * PS_ENOMEM. */
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,

@@ -589,6 +589,40 @@ def test_tables_numpy_keys_and_rows(cluster):
     b.close()
 
 
+def test_tables_rows_packed_on_the_wire(cluster):
+    """A client with wire "bf16" pushes row gradients and pulls rows as
+    bfloat16 (PROTOCOL.md 13.2): the rows it gets are psd's float32 rows
+    rounded to bfloat16, and what it pushed applied as its bfloat16 values;
+    one with compress on sends them compressed and gets them back
+    compressed, exactly (psd counts the compressed bytes both ways)."""
+    p = start(cluster, workers=3)
+    f = client(p.addr, "0/3", shm=False)
+    h = client(p.addr, "1/3", shm=False, wire="bf16")
+    z = client(p.addr, "2/3", shm=False, compress=True)
+    for c in (f, h, z):
+        c.connect()
+        c.table("emb", 16, opt="sgd", lr=1.0)
+    keys = np.arange(1000, 3000, dtype=np.uint64)
+    g = np.zeros((keys.size, 16), np.float32)
+    g[:, :4] = np.random.default_rng(3).standard_normal((keys.size, 4)) / 3
+    h.push_rows("emb", keys, g)
+    wide = harness.bf16_widen(harness.bf16_bits(g)).reshape(g.shape)
+    rows = f.pull_rows("emb", keys)
+    assert np.array_equal(rows, -wide)  # lr 1 from zeros: minus what went on the wire
+    got = h.pull_rows("emb", keys)
+    assert np.array_equal(got, harness.bf16_widen(harness.bf16_bits(rows)).reshape(rows.shape))
+    samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+    before = harness.metric(samples, "psd_wire_zstd_received_bytes_total")
+    sent_before = harness.metric(samples, "psd_wire_zstd_sent_bytes_total")
+    nxt = z.pushpull_rows("emb", keys, g, keys)
+    assert np.array_equal(nxt, rows - g)  # bit for bit: lossless both ways
+    samples, _ = harness.parse_prometheus(harness.metrics(p.addr))
+    assert 0 < harness.metric(samples, "psd_wire_zstd_received_bytes_total") - before < g.nbytes / 2
+    assert 0 < harness.metric(samples, "psd_wire_zstd_sent_bytes_total") - sent_before < g.nbytes / 2
+    for c in (f, h, z):
+        c.close()
+
+
 # ---- signals, and what a first job meets -----------------------------------
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable

@@ -16,6 +16,12 @@
   history works for a read-only admin (the workers' token).
 - Protected mode: psd refuses a non-loopback metrics_listen without a
   token.
+- Embedding tables: a worker pulling and pushing rows of two tables; the
+  page shows, per table, a chart of rows held and memory and one of rows
+  pulled and pushed per second, with points; /api/history's table series
+  hold the rows psctl status counts, the memory, and the rates of what the
+  worker sent (and nothing for a table left idle); psctl history --csv
+  has the table rows.
 
 Skipped, with a note, when chromium or python3-websocket is missing (both
 are installed by scripts/setup.sh).
@@ -24,7 +30,9 @@ are installed by scripts/setup.sh).
 import json
 import os
 import shutil
+import struct
 import sys
+import threading
 import time
 import unittest
 import urllib.error
@@ -55,6 +63,13 @@ DOM_STATE = """(() => {
           canvases: document.querySelectorAll('.chart canvas').length,
           events: [...document.querySelectorAll('#events tbody tr')].map(tr => tr.children[2].textContent)};
 })()"""
+
+
+# The page's table charts: per chart its table, title and points.
+TABLE_CHARTS = """(() => [...document.querySelectorAll('#tables .chart')].map(el => ({
+  id: el.id, table: el.dataset.table, title: el.querySelector('h3').textContent,
+  points: JSON.parse(el.dataset.points || '{}'), canvas: el.querySelectorAll('canvas').length,
+  hidden: document.getElementById('tables-section').hidden})))()"""
 
 
 def http_get(url, headers=None, timeout=10):
@@ -272,6 +287,100 @@ class Dashboard(unittest.TestCase):
                             cwd=cl.dir)
             self.assertNotEqual(r.returncode, 0)
             self.assertIn("protected mode", r.stderr)
+
+
+class DashboardTables(unittest.TestCase):
+    @unittest.skipUnless(HAVE_BROWSER, "chromium or python3-websocket missing (scripts/setup.sh installs both)")
+    def test_tables_in_browser(self):
+        with Cluster("psd-dashboard-tables") as cl:
+            psd, base = Dashboard.start(self, cl)
+            w = harness.RawClient(psd.addr, 10)
+            r = w.hello_worker([["w", [4]]], 0, 1)
+            self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+            if r.get("init"):
+                w.request({"t": harness.T_INIT, "off": 0, "data": struct.pack("<4f", 0, 0, 0, 0)})
+            for name in ("emb", "idle"):
+                r = w.request({"t": harness.T_TABLE, "tab": name, "dim": 8, "rinit": "zeros", "opt": "sgd",
+                               "hp": {"lr": 0.1}})
+                self.assertEqual(r.get("t"), harness.T_OK, r)
+            r = w.request({"t": harness.T_TPULL, "tab": "idle", "keys": struct.pack("<Q", 5)})
+            self.assertEqual(r.get("t"), harness.T_ROWS, r)  # pulling stores nothing: idle holds no rows
+            stop = threading.Event()
+            sent = {"pushed": 0, "pulled": 0, "err": None}
+
+            def train():
+                # 64 new keys pushed and 128 rows pulled a step, 20 steps a second
+                step = 0
+                try:
+                    while not stop.is_set():
+                        ks = struct.pack("<64Q", *range(64 * step, 64 * step + 64))
+                        r = w.request({"t": harness.T_TPUSHPULL, "tab": "emb", "keys": ks, "base": 0,
+                                       "data": struct.pack("<512f", *([0.5] * 512)), "pkeys": ks + ks})
+                        if r.get("t") != harness.T_ROWS:
+                            raise AssertionError(r)
+                        sent["pushed"] += 64
+                        sent["pulled"] += 128
+                        step += 1
+                        stop.wait(0.05)
+                except Exception as e:  # noqa: BLE001 - reported by the test
+                    sent["err"] = e
+
+            th = threading.Thread(target=train)
+            th.start()
+            try:
+                with browser.Browser(cl.dir) as b:
+                    b.navigate(base + "/")
+                    got = b.wait_for("(() => { const c = %s; return c.length === 4 && "
+                                     "c.every(x => Object.values(x.points).every(n => n >= 3)) && c })()"
+                                     % TABLE_CHARTS, 60, "two charts per table with 3 points each")
+                    self.assertEqual([c["table"] for c in got], ["emb", "emb", "idle", "idle"])
+                    self.assertEqual([c["title"] for c in got[:2]],
+                                     ["table emb: rows held and memory", "table emb: rows pulled and pushed per second"])
+                    self.assertEqual(sorted(got[0]["points"]), ["memory", "rows"])
+                    self.assertEqual(sorted(got[1]["points"]), ["pulled/s", "pushed/s"])
+                    self.assertTrue(all(c["canvas"] >= 1 and not c["hidden"] for c in got), got)
+                    b.call("Runtime.evaluate", expression="0")
+                    self.assertEqual(b.errors, [], "the page met errors")
+            finally:
+                stop.set()
+                th.join(10)
+            self.assertIsNone(sent["err"])
+            st = {t["name"]: t for t in harness.status(psd.addr)["tables"]}
+
+            def settled():
+                # psd samples once a second: a sample after the worker stopped
+                code, _, body = http_get(base + "/api/history")
+                self.assertEqual(code, 200)
+                h = json.loads(body)
+                e = [t["series"] for t in h["tables"] if t["name"] == "emb"]
+                return h if e and e[0]["rows"] and e[0]["rows"][-1] == st["emb"]["rows"] else None
+
+            hist = harness.wait_until(settled, 10, "a history sample holding every row pushed")
+            tabs = {t["name"]: t["series"] for t in hist["tables"]}
+            self.assertEqual(sorted(tabs), ["emb", "idle"])
+            emb, idle = tabs["emb"], tabs["idle"]
+            for col in ("rows", "bytes", "rows_pulled_per_second", "rows_pushed_per_second"):
+                self.assertEqual(len(emb[col]), len(emb["t"]), col)
+            self.assertEqual(emb["rows"][-1], st["emb"]["rows"])
+            self.assertEqual(st["emb"]["rows"], sent["pushed"])  # every pushed key was new
+            self.assertEqual(emb["rows"], sorted(emb["rows"]))
+            self.assertGreater(emb["bytes"][-1], 8 * 4 * emb["rows"][-1])
+            # rates: what the worker sent, about 20 steps a second (the machine may be slower)
+            peak_push = max(v for v in emb["rows_pushed_per_second"] if v is not None)
+            self.assertGreater(peak_push, 64 * 3)
+            self.assertLessEqual(peak_push, 64 * 21 * 1.5)
+            peak_pull = max(v for v in emb["rows_pulled_per_second"] if v is not None)
+            self.assertAlmostEqual(peak_pull / peak_push, 2.0, delta=0.6)
+            # over the run the rates add up to what was sent (each point a second's mean)
+            self.assertAlmostEqual(sum(v for v in emb["rows_pushed_per_second"] if v is not None),
+                                   sent["pushed"], delta=sent["pushed"] * 0.35)
+            self.assertEqual(set(idle["rows"]), {0})
+            self.assertEqual(set(idle["rows_pushed_per_second"]), {0})
+            r = harness.psctl(psd.addr, "history", "--csv")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            rows = [l for l in r.stdout.splitlines() if l.startswith("table,emb,") and ",rows," in l]
+            self.assertGreaterEqual(len(rows), 3)
+            w.close()
 
 
 def extra_args(p):

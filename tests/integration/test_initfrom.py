@@ -179,7 +179,8 @@ class InitFromTest(unittest.TestCase):
 
     def test_huge_headers(self):
         slack = max(0, int(os.environ.get("PSD_TEST_RSS_SLACK_MB", "50")) - 50)  # sanitizers' own
-        cases = {"tensors": "more than 256 tensors in its header; psd takes 1 to 256",
+        cases = {"tensors": "more than 384 tensors in its header; psd takes 1 to 256 of the model and 2 per table "
+                            "(keys, rows) for up to 64 tables",
                  "values": "bad header: more than 65536 JSON values",
                  "string": "bad header: a string or number over 4 MiB",
                  # just within the counts: jansson builds it all, then meets a stray }
@@ -200,6 +201,48 @@ class InitFromTest(unittest.TestCase):
                 print("%s: %.1f MB header refused at a peak RSS of %.1f MB" % (name, size / 1e6, peak / 1e6),
                       file=sys.stderr)
                 os.unlink(path)
+
+    def test_full_layout_with_tables(self):
+        """A file of 256 model tensors (the most a layout holds) and 64
+        tables (2 tensors each, as psctl save writes them) has 385 header
+        entries: psd starts from it, with every tensor and table; 257 model
+        tensors are still refused."""
+        def write(path, ntensors, ntables):
+            header, blob = {}, b""
+            for i in range(ntensors):
+                v = np.full(2, i, np.float32).tobytes()
+                header["t%03d" % i] = {"dtype": "F32", "shape": [2], "data_offsets": [len(blob), len(blob) + 8]}
+                blob += v
+            decls = []
+            for i in range(ntables):
+                name = "tab%02d" % i
+                decls.append({"name": name, "dim": 2, "rinit": "zeros", "scale": 0.0, "seed": 0, "opt": "sgd",
+                              "hp": {"lr": 0.01}})
+                rows = np.array([[i, 0.5], [i, -0.5]], np.float32).tobytes()
+                ks = np.array([7, 1 << 40], np.uint64).tobytes()
+                header["tables/%s/rows" % name] = {"dtype": "F32", "shape": [2, 2],
+                                                   "data_offsets": [len(blob), len(blob) + len(rows)]}
+                blob += rows
+                header["tables/%s/keys" % name] = {"dtype": "I64", "shape": [2],
+                                                   "data_offsets": [len(blob), len(blob) + len(ks)]}
+                blob += ks
+            header["__metadata__"] = {"psd.tables": json.dumps(decls)}
+            h = json.dumps(header).encode()
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(h)) + h + blob)
+
+        with harness.Cluster("psd-initfrom-entries") as cl:
+            path = os.path.join(cl.dir, "full.safetensors")
+            write(path, 256, 64)
+            psd = cl.psd(mode="asgd", workers=1, args=("--init-from", path))
+            st = harness.status(psd.addr)
+            tables = {t["name"]: t["rows"] for t in st["tables"]}
+            self.assertEqual(len(tables), 64)
+            self.assertEqual(set(tables.values()), {2})
+            psd.stop()
+            write(path, 257, 1)
+            err = self.start_fails("--init-from", path)
+            self.assertIn("257 tensors; psd takes 1 to 256", err)
 
     def test_checkpoint_conflicts(self):
         with harness.Cluster("psd-initfrom-ckpt") as cl:

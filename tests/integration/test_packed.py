@@ -50,7 +50,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import (DT_BF16, DT_F32Z, DT_F32ZSTD, E_BAD_FIELD, E_NONFINITE, E_RANGE, E_UNSUPPORTED, T_INIT,  # noqa: E402
-                     T_OK, T_PARAMS, T_PULL, T_PUSH, T_PUSHPULL, T_WELCOME, RawClient, expect_error)
+                     T_OK, T_PARAMS, T_PULL, T_PUSH, T_PUSHPULL, T_ROWS, T_TABLE, T_TPULL, T_TPUSH, T_TPUSHPULL,
+                     T_WELCOME, RawClient, expect_error)
 
 TIMEOUT = 30.0
 LR = np.float32(0.5)
@@ -409,6 +410,139 @@ class ZerosPsworkerTest(unittest.TestCase):
         per_push = (params + 31) // 32 * 4 + 16
         self.assertGreater(saved, 4 * on["elided"] - per_push * on["pushes"])
         self.assertLess(saved, 4 * on["elided"])
+
+
+def tkeys(ks):
+    return np.asarray(ks, dtype="<u8").tobytes()
+
+
+class TableRowsTest(unittest.TestCase):
+    """Embedding tables' rows packed on the wire (PROTOCOL.md 13.2): row
+    gradients of a TPUSH or TPUSHPULL as bfloat16 ("dt": 1), without their
+    zeros (2) or compressed (3) apply exactly as the same float32 values;
+    rows pulled by key with "rdt": 1 come as bfloat16 (psd's float32 rows
+    rounded), with "rdt": 3 as one zstd frame of their byte planes when that
+    saves a sixteenth, else as float32; a conversion is never reused for
+    rows that changed since; bad forms are refused with every table as it
+    was and the connection going on."""
+
+    DIM = 16
+    TABLE = {"t": T_TABLE, "tab": "emb", "dim": 16, "rinit": "zeros", "opt": "sgd", "hp": {"lr": 0.5}}
+
+    def open(self, psd):
+        c = RawClient(psd.addr, TIMEOUT)
+        r = c.hello_worker([["w", [4]]], 0, 1)
+        self.assertEqual(r.get("t"), T_WELCOME, r)
+        if r.get("init"):
+            self.assertEqual(c.request({"t": T_INIT, "off": 0, "data": harness.floats([0, 0, 0, 0])}).get("t"), T_OK)
+        self.assertEqual(c.request(self.TABLE).get("t"), T_OK)
+        return c
+
+    def rows(self, c, ks, **extra):
+        r = c.request(dict({"t": T_TPULL, "tab": "emb", "keys": tkeys(ks)}, **extra))
+        self.assertEqual(r.get("t"), T_ROWS, r)
+        return r
+
+    def f32(self, c, ks):
+        r = self.rows(c, ks)
+        self.assertNotIn("dt", r)
+        return np.frombuffer(r["data"], "<f4").reshape(len(ks), self.DIM).copy()
+
+    def test_forms(self):
+        rng = np.random.default_rng(5)
+        n = 512
+        ks = [int(k) for k in rng.choice(1 << 40, n, replace=False)]
+        # values bfloat16 holds exactly, so that every form carries the same numbers
+        g = harness.bf16_widen(harness.bf16_bytes(rng.standard_normal((n, self.DIM)) * 0.25)).reshape(n, self.DIM)
+        g[:, 8:] = 0  # half of each row zero: worth leaving out, and compressible
+        g[3, 0] = np.float32(-0.0)
+        with harness.Cluster("test-packed-tables") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=SGD)
+            ref = cl.psd(mode="asgd", workers=1, args=SGD, name="psd-ref")
+            c, r = self.open(psd), self.open(ref)
+            forms = [(DT_BF16, {"data": harness.bf16_bytes(g)}),
+                     (DT_F32Z, {"data": f32z(g.reshape(-1)), "len": g.size}),
+                     (DT_F32ZSTD, {"data": zstd(g.tobytes()), "len": g.size})]
+            for i, (dt, extra) in enumerate(forms):
+                push = dict({"t": T_TPUSH, "tab": "emb", "keys": tkeys(ks), "base": 0, "dt": dt}, **extra)
+                self.assertEqual(c.request(push).get("t"), T_OK, "dt %d" % dt)
+                want = {"t": T_TPUSH, "tab": "emb", "keys": tkeys(ks), "base": 0, "data": g.tobytes()}
+                self.assertEqual(r.request(want).get("t"), T_OK)
+                self.assertEqual(self.f32(c, ks).tobytes(), self.f32(r, ks).tobytes(), "after dt %d" % dt)
+            # a TPUSHPULL too, whose rows come back compressed
+            got = c.request({"t": T_TPUSHPULL, "tab": "emb", "keys": tkeys(ks), "base": 0, "dt": DT_F32ZSTD,
+                             "data": zstd(g.tobytes()), "len": g.size, "pkeys": tkeys(ks), "rdt": DT_F32ZSTD})
+            r.request({"t": T_TPUSH, "tab": "emb", "keys": tkeys(ks), "base": 0, "data": g.tobytes()})
+            now = self.f32(r, ks)
+            self.assertEqual(got.get("t"), T_ROWS, got)
+            self.assertEqual((got.get("dt"), got.get("len")), (DT_F32ZSTD, now.size))
+            self.assertLessEqual(len(got["data"]) * 16, now.nbytes * 15)
+            self.assertEqual(unzstd(got["data"], now.nbytes), now.tobytes())
+            # bfloat16 rows: psd's float32 rows rounded
+            b = self.rows(c, ks, rdt=DT_BF16)
+            self.assertEqual(b.get("dt"), DT_BF16)
+            self.assertEqual(b["data"], harness.bf16_bytes(now))
+            # a push between two bfloat16 pulls: the second has the new rows
+            # (psd's rows come in fresh blocks, never a conversion made before)
+            one = np.full((1, self.DIM), 0.5, "<f4")
+            for p in (c, r):
+                p.request({"t": T_TPUSH, "tab": "emb", "keys": tkeys(ks[:1]), "base": 0, "data": one.tobytes()})
+            now = self.f32(r, ks)
+            for rdt in (DT_BF16, DT_F32ZSTD):
+                b = self.rows(c, ks, rdt=rdt)
+                data = b["data"] if rdt == DT_BF16 else unzstd(b["data"], now.nbytes)
+                self.assertEqual(data, harness.bf16_bytes(now) if rdt == DT_BF16 else now.tobytes(), rdt)
+            # rows of random bits, whose frame would not save a sixteenth, come as float32
+            bits = rng.integers(0, 1 << 32, (2, self.DIM), dtype=np.uint64)
+            bits = (bits & 0x807FFFFF) | (rng.integers(100, 150, (2, self.DIM), dtype=np.uint64) << 23)
+            noise = bits.astype("<u4").view("<f4")
+            fresh = [1, 2]
+            for p in (c, r):
+                p.request({"t": T_TPUSH, "tab": "emb", "keys": tkeys(fresh), "base": 0, "data": noise.tobytes()})
+            z = self.rows(c, fresh, rdt=DT_F32ZSTD)
+            self.assertNotIn("dt", z)
+            self.assertEqual(z["data"], self.f32(r, fresh).tobytes())
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertGreater(harness.metric(samples, "psd_wire_zstd_received_bytes_total"), 0)
+            self.assertGreater(harness.metric(samples, "psd_wire_zeros_elided_total"), 0)
+
+            # refused, the table as it was, the connection going on
+            before = self.f32(c, ks)
+            bad = [({"t": T_TPUSH, "dt": DT_F32ZSTD, "data": b"garbage!", "len": g.size}, E_BAD_FIELD,
+                    "not one zstd frame"),
+                   ({"t": T_TPUSH, "dt": DT_F32ZSTD, "data": zstd(g.tobytes()), "len": g.size - 1}, E_BAD_FIELD,
+                    "8191 values for 512 keys"),
+                   ({"t": T_TPUSH, "dt": DT_F32ZSTD, "data": zstd(g.tobytes())}, E_BAD_FIELD, "needs 'len'"),
+                   ({"t": T_TPUSH, "dt": DT_BF16, "data": harness.bf16_bytes(np.full(g.shape, np.nan))},
+                    E_NONFINITE, "NaN or infinity"),
+                   ({"t": T_TPULL, "rdt": 2}, E_UNSUPPORTED, "'rdt' 2"),
+                   ({"t": T_TPULL, "keys": None, "off": 0, "len": 4, "rdt": DT_BF16}, E_UNSUPPORTED, "'rdt' 1"),
+                   ({"t": T_TPUSHPULL, "data": g.tobytes(), "pkeys": tkeys(ks), "rdt": 2}, E_UNSUPPORTED,
+                    "'rdt' 2")]
+            for extra, code, needle in bad:
+                msg = dict({"tab": "emb", "keys": tkeys(ks), "base": 0}, **extra)
+                msg = {k: v for k, v in msg.items() if v is not None}
+                if msg["t"] == T_TPULL:
+                    msg.pop("base")
+                got = c.request(msg)
+                expect_error(self, got, code, needle)
+                self.assertIn(needle, got.get("text", ""))
+                self.assertEqual(self.f32(c, ks).tobytes(), before.tobytes(), needle)
+            c.close()
+            r.close()
+
+        # a psd without bfloat16 refuses it for rows too
+        with harness.Cluster("test-packed-tables-nobf16") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=SGD + ["--set", "wire_bf16=no"])
+            c = self.open(psd)
+            got = c.request({"t": T_TPUSH, "tab": "emb", "keys": tkeys(ks[:1]), "base": 0, "dt": DT_BF16,
+                             "data": harness.bf16_bytes(g[:1])})
+            expect_error(self, got, E_UNSUPPORTED, "bf16 rows")
+            self.assertIn("wire_bf16 = no", got["text"])
+            got = c.request({"t": T_TPULL, "tab": "emb", "keys": tkeys(ks[:1]), "rdt": DT_BF16})
+            expect_error(self, got, E_UNSUPPORTED, "bf16 rows back")
+            self.assertIn("wire_bf16 = no", got["text"])
+            c.close()
 
 
 if __name__ == "__main__":

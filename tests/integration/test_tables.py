@@ -197,10 +197,10 @@ class Tables(unittest.TestCase):
                  "table: missing field 'opt'"),
                 (E_BAD_FIELD, {"t": T_TPUSHPULL, "tab": "user_id", "keys": keys(1), "base": 0,
                                "data": floats(1, 2, 3)}, "tpushpull without pkeys", "missing field 'pkeys'"),
-                (E_UNSUPPORTED, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0, "dt": 1,
-                                 "data": b"\x80\x3f\x00\x40\x00\x40"}, "bf16 rows", "float32 only"),
-                (E_UNSUPPORTED, {"t": T_TPULL, "tab": "user_id", "keys": keys(1), "rdt": 3}, "rdt 3",
-                 "float32 only"),
+                (E_UNSUPPORTED, {"t": T_TPULL, "tab": "user_id", "keys": keys(1), "dt": 1}, "dt in a tpull",
+                 "'dt' 1 (bf16) is not supported here"),
+                (E_UNSUPPORTED, {"t": T_TPULL, "tab": "user_id", "keys": keys(1), "rdt": 2}, "rdt 2",
+                 "'rdt' 2 (f32z) is not supported here"),
                 (E_BAD_FIELD, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1), "base": 0,
                                "data": b"\0" * 4 * ((1 << 22) + 1)}, "2^22 + 1 values",
                  "4194305 row values in one message"),
@@ -295,7 +295,7 @@ class Tables(unittest.TestCase):
             w = self.worker(psd)
             tab = dict(TABLE, dim=16)
             self.ok(w, tab, "declare")
-            # dim 16 adagrad: 136-byte rows in blocks of 1024 (139,264 bytes):
+            # dim 16 adagrad: 144-byte rows in blocks of 1024 (147,456 bytes):
             # the first block fits, a second one does not
             first = list(range(1000))
             g = np.full((1000, 16), 0.01, np.float32)

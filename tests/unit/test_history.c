@@ -147,6 +147,42 @@ static void test_workers(void **state)
     srv_history_free(h);
 }
 
+/* A table's series: found again by place and name; another table at the
+ * same place starts a new series; JSON and CSV carry it. */
+static void test_tables(void **state)
+{
+    (void)state;
+    srv_history *h = srv_history_new();
+    assert_non_null(h);
+    srv_table_hist *t = srv_history_table(h, 2, "emb");
+    assert_non_null(t);
+    assert_ptr_equal(srv_history_table(h, 2, "emb"), t);
+    assert_null(srv_history_table(h, PS_TABLES_MAX, "x"));
+    double v[SRV_HT_COLS] = {100, 8192, 50, 25};
+    srv_series_add(&t->s, 1.0, 3, v);
+    assert_int_equal(srv_series_count(&t->s), 1);
+    srv_table_hist *u = srv_history_table(h, 2, "other");
+    assert_non_null(u);
+    assert_string_equal(u->name, "other");
+    assert_int_equal(srv_series_count(&u->s), 0); /* a new table: a new series */
+    srv_series_add(&u->s, 2.0, 4, v);
+
+    ps_buf b = {0};
+    assert_int_equal(srv_history_write(h, SRV_HFMT_JSON, &b), 0);
+    assert_int_equal(ps_buf_reserve(&b, 1), 0);
+    b.p[b.len] = '\0';
+    assert_non_null(strstr((const char *)b.p, "\"tables\": [{\"name\": \"other\", \"series\": {\"stride\": 1, "
+                                              "\"t\": [2.000], \"version\": [4], \"rows\": [100], \"bytes\": [8192], "
+                                              "\"rows_pulled_per_second\": [50], \"rows_pushed_per_second\": [25]}}]"));
+    b.len = 0;
+    assert_int_equal(srv_history_write(h, SRV_HFMT_CSV, &b), 0);
+    assert_int_equal(ps_buf_reserve(&b, 1), 0);
+    b.p[b.len] = '\0';
+    assert_non_null(strstr((const char *)b.p, "\ntable,other,2.000,4,rows_pushed_per_second,25\n"));
+    ps_buf_free(&b);
+    srv_history_free(h);
+}
+
 /* The three forms carry the same points and events. */
 static void test_write(void **state)
 {
@@ -219,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_series_missing), cmocka_unit_test(test_series_bad_columns),
         cmocka_unit_test(test_events_ring),    cmocka_unit_test(test_workers),
         cmocka_unit_test(test_write),          cmocka_unit_test(test_bucket_quantile),
+        cmocka_unit_test(test_tables),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1320,6 +1320,7 @@ static void mp_field(mpw *w, uint64_t bit)
     case PS_F_VERSION: mp_str(w, "v"), mp_uint(w, PS_PROTO_VERSION); break;
     case PS_F_ROLE: mp_str(w, "role"), mp_str(w, "admin"); break;
     case PS_F_SHARD: mp_str(w, "shard"), mp_array(w, 2), mp_uint(w, 0), mp_uint(w, 1); break;
+    case PS_F_PART: mp_str(w, "part"), mp_array(w, 2), mp_uint(w, 1), mp_uint(w, 2); break;
     case PS_F_LAYOUT:
         mp_str(w, "layout"), mp_array(w, 1), mp_array(w, 2), mp_str(w, "w"), mp_array(w, 1), mp_uint(w, 2);
         break;
@@ -1354,7 +1355,7 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 54
+#define NFIELDS 55
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
@@ -1363,7 +1364,7 @@ static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
                                              "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
                                              "wait", "piece", "tab", "dim", "rinit", "scale", "seed", "opt",
-                                             "hp", "keys", "pkeys"};
+                                             "hp", "keys", "pkeys", "part"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)

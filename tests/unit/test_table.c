@@ -428,11 +428,262 @@ static void test_growth(void **state)
     srv_tables_each(&ts, ti, count_row, seen);
     assert_int_equal(seen[0], N);
     assert_true(seen[1] == x);
-    /* 16 bytes of row (key and two floats) and 12 per slot at a load between
-     * 5/16 and 5/8: between 35 and 55 bytes a row, plus the last block */
+    /* 24 bytes of row (key, last push's clock and two floats) and 12 per slot
+     * at a load between 5/16 and 5/8: between 43 and 63 bytes a row, plus the
+     * last block */
     double per_row = (double)st.bytes / N;
-    if (per_row < 30 || per_row > 60)
+    if (per_row < 38 || per_row > 68)
         fail_msg("%.1f bytes a row", per_row);
+    srv_tables_free(&ts);
+}
+
+/* ---- bounds: admission, expiry, caps with eviction ------------------------------- */
+
+/* Pushes key k alone with gradient value v (dim 4). */
+static int push1(srv_tables *ts, uint32_t ti, uint64_t k, float v)
+{
+    uint8_t kb[8];
+    keys_le(kb, &k, 1);
+    const float g[4] = {v, v, v, v};
+    return srv_tables_push(ts, ti, kb, 1, g, 1.0, err, sizeof err);
+}
+
+/* Every stored row found by its key, each key once: the slots and the rows
+ * agree after removals. Returns the rows seen. */
+static void check_row(uint64_t key, const float *row, void *arg)
+{
+    const srv_tables *ts = ((const void **)arg)[0];
+    uint64_t *n = ((void **)arg)[1];
+    assert_ptr_equal(srv_tables_row(ts, 0, key), row);
+    (*n)++;
+}
+
+static uint64_t check_rows(srv_tables *ts)
+{
+    uint64_t n = 0;
+    void *arg[2] = {ts, &n};
+    srv_tables_each(ts, 0, check_row, arg);
+    srv_table_stats st;
+    srv_tables_stats(ts, 0, &st);
+    assert_int_equal(n, st.rows);
+    return n;
+}
+
+/* Admission at the 3rd push: before it, pulls answer the initial row and
+ * pushes are counted, not stored; the 3rd stores the row with its own
+ * gradient applied; the counters take 256 KiB, counted. */
+static void test_admission(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    srv_table_bounds b = {.admit = 3};
+    srv_tables_set_bounds(&ts, &b);
+    ps_table_def d = def("e", 4, "uniform", 0.05, "sgd", NULL);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    uint64_t before = ts.bytes;
+    float init[4], out[4];
+    ps_table_row_init(&d, 7, init);
+    uint8_t kb[8];
+    uint64_t k7 = 7;
+    keys_le(kb, &k7, 1);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(push1(&ts, ti, 7, 1.0f), 0);
+        assert_null(srv_tables_row(&ts, ti, 7));
+        srv_tables_pull(&ts, ti, kb, 1, out);
+        assert_memory_equal(out, init, sizeof init);
+    }
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 0);
+    assert_int_equal(st.filtered, 2);
+    assert_int_equal(st.admitted, 0);
+    assert_int_equal(ts.bytes, before + 4 * 65536);
+    assert_int_equal(push1(&ts, ti, 7, 2.0f), 0);
+    const float *row = srv_tables_row(&ts, ti, 7);
+    assert_non_null(row);
+    for (int j = 0; j < 4; j++)
+        assert_true(row[j] == (float)((double)init[j] - 0.01 * 2.0)); /* the first two pushes dropped */
+    assert_int_equal(push1(&ts, ti, 7, 1.0f), 0);                    /* stored: applied */
+    assert_true(srv_tables_row(&ts, ti, 7)[0] == (float)((double)(float)((double)init[0] - 0.02) - 0.01));
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 1);
+    assert_int_equal(st.admitted, 1);
+    assert_int_equal(st.filtered, 2);
+    assert_int_equal(st.rows_pushed, 2);
+    /* 1000 keys pushed twice each: none stored; a third time: all */
+    for (int round = 0; round < 3; round++)
+        for (uint64_t k = 100; k < 1100; k++)
+            assert_int_equal(push1(&ts, ti, k, 0.5f), 0);
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.rows, 1001);
+    assert_int_equal(st.admitted, 1001);
+    assert_true(st.bytes > 4 * 65536 + 1001 * 24); /* the counters stay counted as rows come */
+    assert_int_equal(st.bytes, ts.bytes);
+    check_rows(&ts);
+    srv_tables_free(&ts);
+}
+
+/* Expiry after 3 pushes to the table: a row not pushed in the last 3 goes
+ * at the 4th; the rows and slots stay consistent; on a random run of
+ * pushes, exactly the rows a reference says are fresh are stored (a table
+ * under 1024 rows: every push's scan sees all of them). */
+static void test_expiry(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    srv_table_bounds b = {.expire = 3};
+    srv_tables_set_bounds(&ts, &b);
+    ps_table_def d = def("e", 4, "zeros", 0, "sgd", NULL);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    assert_int_equal(push1(&ts, ti, 1, 1.0f), 0); /* clock 1 */
+    assert_int_equal(push1(&ts, ti, 2, 1.0f), 0); /* 2 */
+    assert_int_equal(push1(&ts, ti, 9, 1.0f), 0); /* 3 */
+    assert_int_equal(push1(&ts, ti, 9, 1.0f), 0); /* 4: key 1 untouched for 3: kept */
+    assert_non_null(srv_tables_row(&ts, ti, 1));
+    assert_int_equal(push1(&ts, ti, 9, 1.0f), 0); /* 5: key 1 goes */
+    assert_null(srv_tables_row(&ts, ti, 1));
+    assert_non_null(srv_tables_row(&ts, ti, 2));
+    assert_int_equal(push1(&ts, ti, 9, 1.0f), 0); /* 6: key 2 goes */
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_int_equal(st.expired, 2);
+    assert_int_equal(st.rows, 1);
+    assert_int_equal(check_rows(&ts), 1);
+    /* a random run against a reference */
+    static uint64_t last[600]; /* the clock of each key's last push; 0: none */
+    memset(last, 0, sizeof last);
+    uint64_t clock = 6;
+    last[9] = 6;
+    b.expire = 40;
+    srv_tables_set_bounds(&ts, &b);
+    for (int p = 0; p < 3000; p++) {
+        uint64_t k[8];
+        uint8_t kb[64];
+        float g[32];
+        uint32_t n = (uint32_t)(rnd() % 8) + 1;
+        for (uint32_t i = 0; i < n; i++) {
+            int again;
+            do {
+                k[i] = rnd() % 600;
+                again = 0;
+                for (uint32_t j = 0; j < i; j++)
+                    again |= k[j] == k[i];
+            } while (again);
+            g[4 * i] = g[4 * i + 1] = g[4 * i + 2] = g[4 * i + 3] = 0.1f;
+        }
+        keys_le(kb, k, n);
+        clock++;
+        assert_int_equal(srv_tables_push(&ts, ti, kb, n, g, 1.0, err, sizeof err), 0);
+        for (uint32_t i = 0; i < n; i++)
+            last[k[i]] = clock;
+        uint64_t fresh = 0;
+        for (uint64_t key = 0; key < 600; key++) {
+            int want = last[key] && clock - last[key] <= 40;
+            /* a row past its time goes at the next push's scan */
+            if (last[key] && clock - last[key] == 41)
+                want = 1;
+            if (want != (srv_tables_row(&ts, ti, key) != NULL) && !(last[key] && clock - last[key] > 40))
+                fail_msg("push %d: key %llu (last pushed at %llu, now %llu) %s", p, (unsigned long long)key,
+                         (unsigned long long)last[key], (unsigned long long)clock, want ? "gone" : "stored");
+            fresh += last[key] && clock - last[key] <= 40;
+        }
+        uint64_t stored = check_rows(&ts);
+        if (stored != fresh)
+            fail_msg("push %d: %llu rows stored, %llu pushed in the last 40", p, (unsigned long long)stored,
+                     (unsigned long long)fresh);
+    }
+    srv_tables_stats(&ts, ti, &st);
+    assert_true(st.expired > 1000);
+    srv_tables_free(&ts);
+}
+
+/* table_memory with table_full = evict: pushes of ever new keys never take
+ * the table past the cap nor fail; a hot set pushed every time stays (the
+ * least recently pushed go); with refuse the same push is LIMIT and
+ * changes nothing; a push with more new rows than the cap holds is LIMIT
+ * either way; max_table_memory evicts the same way; a cap smaller than a
+ * table's first row is refused at the declaration. */
+static void test_eviction(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    srv_table_bounds b = {.table_bytes = 400000, .evict = 1};
+    srv_tables_set_bounds(&ts, &b);
+    ps_table_def d = def("e", 4, "zeros", 0, "sgd", NULL);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    static uint64_t k[200];
+    static uint8_t kb[200 * 8];
+    static float g[200 * 4];
+    for (int i = 0; i < 200 * 4; i++)
+        g[i] = 1.0f;
+    uint64_t next = 1000;
+    srv_table_stats st;
+    for (int p = 0; p < 300; p++) {
+        for (int i = 0; i < 10; i++)
+            k[i] = (uint64_t)i; /* hot */
+        for (int i = 10; i < 100; i++)
+            k[i] = next++;
+        keys_le(kb, k, 100);
+        assert_int_equal(srv_tables_push(&ts, ti, kb, 100, g, 1.0, err, sizeof err), 0);
+        srv_tables_stats(&ts, ti, &st);
+        assert_true(st.bytes <= 400000);
+        assert_true(ts.bytes <= 400000); /* the table alone */
+        for (int i = 0; i < 100; i++)
+            assert_non_null(srv_tables_row(&ts, ti, k[i]));
+    }
+    for (uint64_t h = 0; h < 10; h++)
+        assert_true(srv_tables_row(&ts, ti, h)[0] == -0.01f * 300 || fabsf(srv_tables_row(&ts, ti, h)[0] + 3.0f) < 1e-4f);
+    assert_int_equal(st.evicted + st.rows, 10 + 90 * 300);
+    assert_true(st.evicted > 20000);
+    uint64_t rows = check_rows(&ts);
+    /* the rows kept are the most recently pushed, give or take the sample:
+     * most of them were pushed in the last few pushes */
+    assert_true(rows > 1000);
+    /* refuse: LIMIT, nothing changed */
+    b.evict = 0;
+    srv_tables_set_bounds(&ts, &b);
+    for (int i = 0; i < 100; i++)
+        k[i] = next++;
+    keys_le(kb, k, 100);
+    uint64_t stamp = ts.stamp;
+    assert_int_equal(srv_tables_push(&ts, ti, kb, 100, g, 1.0, err, sizeof err), PS_ELIMIT);
+    assert_has(err, "past table_memory (400000 bytes");
+    assert_has(err, "table_full = refuse");
+    assert_int_equal(ts.stamp, stamp);
+    assert_int_equal(check_rows(&ts), rows);
+    assert_null(srv_tables_row(&ts, ti, k[0]));
+    /* more new rows in one push than the cap holds: LIMIT with evict too */
+    b.evict = 1;
+    b.table_bytes = 40000;
+    srv_tables_set_bounds(&ts, &b);
+    assert_int_equal(srv_tables_push(&ts, ti, kb, 100, g, 1.0, err, sizeof err), PS_ELIMIT);
+    assert_has(err, "evicting every row this push does not touch would not make room");
+    /* max_table_memory evicts the same way */
+    b.table_bytes = 0;
+    srv_tables_set_bounds(&ts, &b);
+    srv_tables_set_limit(&ts, 400000);
+    for (int p = 0; p < 20; p++) {
+        for (int i = 0; i < 100; i++)
+            k[i] = next++;
+        keys_le(kb, k, 100);
+        assert_int_equal(srv_tables_push(&ts, ti, kb, 100, g, 1.0, err, sizeof err), 0);
+        assert_true(ts.bytes <= 400000);
+    }
+    check_rows(&ts);
+    /* a cap smaller than the first row */
+    b.table_bytes = 1000;
+    srv_tables_set_bounds(&ts, &b);
+    ps_table_def d2 = def("f", 4, "zeros", 0, "sgd", NULL);
+    uint32_t t2;
+    assert_int_equal(srv_tables_declare(&ts, &d2, &t2, err, sizeof err), PS_ELIMIT);
+    assert_has(err, "table 'f': table_memory (1000 bytes) is smaller than the table's first row takes");
+    assert_int_equal(ts.n, 1);
     srv_tables_free(&ts);
 }
 
@@ -444,9 +695,9 @@ static void test_memory_limit(void **state)
     (void)state;
     ps_table_def d = def("e", 16, "uniform", 0.05, "adagrad", NULL);
     uint64_t row = srv_table_row_bytes(&d);
-    assert_int_equal(row, (uint64_t)(16 * 2 + 2) * 4 + 20); /* 136 + 12 x 8 / 5 rounded up */
+    assert_int_equal(row, (uint64_t)(16 * 2 + 4) * 4 + 20); /* 144 (key, stamp, values, state) + 12 x 8 / 5 rounded up */
     srv_tables ts;
-    /* a table's first rows take a block of 1024 rows of 136 bytes and 1024
+    /* a table's first rows take a block of 1024 rows of 144 bytes and 1024
      * slots of 12 bytes, about 152 KB: one table's fit, two tables' or two
      * blocks do not */
     srv_tables_init(&ts, 250u << 10);
@@ -684,6 +935,9 @@ int main(void)
         cmocka_unit_test(test_rows_created_on_push_only),
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_expiry),
+        cmocka_unit_test(test_eviction),
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
         cmocka_unit_test(test_declare),
         cmocka_unit_test(test_first_dup),

@@ -411,9 +411,10 @@ static void test_hp(void **state)
     free(w.p);
 }
 
-/* Rows are float32 only today: dt and rdt other than 0 are refused in table
- * messages, and still taken in dense ones. */
-static void test_float32_only(void **state)
+/* Row gradients may come in any form a push takes (PROTOCOL.md 13.2),
+ * rows be asked for by key as bfloat16 or compressed; a TPULL carries no
+ * data to type, rows by position are float32, and f32z never comes back. */
+static void test_row_forms(void **state)
 {
     (void)state;
     uint8_t kb[8] = {1};
@@ -427,28 +428,100 @@ static void test_float32_only(void **state)
     w_str(&w, "base"), w_uint(&w, 0);
     w_str(&w, "dt"), w_uint(&w, PS_DT_BF16);
     w_str(&w, "data"), w_bin(&w, h, sizeof h);
-    assert_int_equal(dec(&w, &m, NULL), PS_EUNSUPPORTED);
-    assert_has(err, "float32 only; 'dt' 1 (bf16)");
+    uint8_t *buf = NULL; /* the frame the decoded data points into */
+    assert_int_equal(dec(&w, &m, &buf), 0);
+    assert_int_equal(m.ndata, 2);
+    assert_non_null(m.data16);
+    assert_int_equal(m.data16[1], 0x4000);
+    free(buf);
 
+    /* compressed: "len" says how many values, before anything is sized */
+    uint8_t frame[16] = {0x28, 0xb5, 0x2f, 0xfd};
     w.n = 0;
-    w_map(&w, 4);
-    w_str(&w, "t"), w_uint(&w, PS_MSG_TPULL);
+    w_map(&w, 6);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPUSHPULL);
     w_str(&w, "tab"), w_str(&w, "e");
     w_str(&w, "keys"), w_bin(&w, kb, 8);
-    w_str(&w, "rdt"), w_uint(&w, PS_DT_F32ZSTD);
-    assert_int_equal(dec(&w, &m, NULL), PS_EUNSUPPORTED);
-    assert_has(err, "'rdt' 3 (zstd)");
-
-    /* the same in a dense push is fine */
+    w_str(&w, "pkeys"), w_bin(&w, kb, 8);
+    w_str(&w, "dt"), w_uint(&w, PS_DT_F32ZSTD);
+    w_str(&w, "data"), w_bin(&w, frame, sizeof frame);
+    assert_int_equal(dec(&w, &m, NULL), PS_EBAD_FIELD);
+    assert_has(err, "needs 'len'");
     w.n = 0;
-    w_map(&w, 5);
-    w_str(&w, "t"), w_uint(&w, PS_MSG_PUSH);
-    w_str(&w, "off"), w_uint(&w, 0);
+    w_map(&w, 8);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_TPUSHPULL);
+    w_str(&w, "tab"), w_str(&w, "e");
+    w_str(&w, "keys"), w_bin(&w, kb, 8);
+    w_str(&w, "pkeys"), w_bin(&w, kb, 8);
     w_str(&w, "base"), w_uint(&w, 0);
+    w_str(&w, "dt"), w_uint(&w, PS_DT_F32ZSTD);
+    w_str(&w, "len"), w_uint(&w, (uint64_t)PS_TABLE_VALUES_MAX + 1);
+    w_str(&w, "data"), w_bin(&w, frame, sizeof frame);
+    assert_int_equal(dec(&w, &m, NULL), PS_EBAD_FIELD); /* its values over the limit, from len alone */
+    assert_has(err, "4194305 row values in one message");
+
+    struct {
+        uint32_t type;
+        const char *field;
+        uint32_t dt;
+        int by_position;
+        int rc;
+        const char *says;
+    } cases[] = {
+        {PS_MSG_TPULL, "rdt", PS_DT_BF16, 0, 0, NULL},
+        {PS_MSG_TPULL, "rdt", PS_DT_F32ZSTD, 0, 0, NULL},
+        {PS_MSG_TPULL, "rdt", PS_DT_F32Z, 0, PS_EUNSUPPORTED, "'rdt' 2 (f32z) is not supported here"},
+        {PS_MSG_TPULL, "rdt", PS_DT_BF16, 1, PS_EUNSUPPORTED, "'rdt' 1 (bf16) is not supported here"},
+        {PS_MSG_TPULL, "dt", PS_DT_BF16, 0, PS_EUNSUPPORTED, "'dt' 1 (bf16) is not supported here"},
+        {PS_MSG_TABLE, "dt", PS_DT_BF16, 0, PS_EUNSUPPORTED, "'dt' 1 (bf16)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        w.n = 0;
+        if (cases[i].type == PS_MSG_TABLE) {
+            w_map(&w, 6);
+            w_str(&w, "t"), w_uint(&w, PS_MSG_TABLE);
+            w_str(&w, "tab"), w_str(&w, "e");
+            w_str(&w, "dim"), w_uint(&w, 2);
+            w_str(&w, "rinit"), w_str(&w, "zeros");
+            w_str(&w, "opt"), w_str(&w, "sgd");
+        } else {
+            w_map(&w, cases[i].by_position ? 5 : 4);
+            w_str(&w, "t"), w_uint(&w, cases[i].type);
+            w_str(&w, "tab"), w_str(&w, "e");
+            if (cases[i].by_position) {
+                w_str(&w, "off"), w_uint(&w, 0);
+                w_str(&w, "len"), w_uint(&w, 2);
+            } else {
+                w_str(&w, "keys"), w_bin(&w, kb, 8);
+            }
+        }
+        w_str(&w, cases[i].field), w_uint(&w, cases[i].dt);
+        int rc = dec(&w, &m, NULL);
+        assert_int_equal(rc, cases[i].rc);
+        if (cases[i].says)
+            assert_has(err, cases[i].says);
+        else
+            assert_int_equal(m.rdt, cases[i].dt);
+    }
+
+    /* psd's answer: ROWS in bfloat16 or compressed, never without zeros */
+    w.n = 0;
+    w_map(&w, 4);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_ROWS);
+    w_str(&w, "ver"), w_uint(&w, 3);
     w_str(&w, "dt"), w_uint(&w, PS_DT_BF16);
     w_str(&w, "data"), w_bin(&w, h, sizeof h);
     assert_int_equal(dec(&w, &m, NULL), 0);
     assert_int_equal(m.ndata, 2);
+    w.n = 0;
+    w_map(&w, 5);
+    w_str(&w, "t"), w_uint(&w, PS_MSG_ROWS);
+    w_str(&w, "ver"), w_uint(&w, 3);
+    w_str(&w, "dt"), w_uint(&w, PS_DT_F32Z);
+    w_str(&w, "len"), w_uint(&w, 2);
+    uint8_t z[12] = {3, 0, 0, 0, 0, 0, 0x80, 0x3f, 0, 0, 0, 0x40};
+    w_str(&w, "data"), w_bin(&w, z, sizeof z);
+    assert_int_equal(dec(&w, &m, NULL), PS_EUNSUPPORTED);
     free(w.p);
 }
 
@@ -677,6 +750,94 @@ static void test_row_init_properties(void **state)
         assert_int_equal(bits(ra[j]), 0);
 }
 
+/* ---- parts (PROTOCOL.md 13.7) ------------------------------------------------ */
+
+/* The jump hash over mix(key): values pinned from the protocol's formula
+ * (computed apart from this code, in Python integers and doubles); every
+ * key in range; near-equal parts; and from n to n + 1 parts a key moves
+ * only to the new part, about 1/(n + 1) of them. */
+static void test_part_of_key(void **state)
+{
+    (void)state;
+    static const uint32_t p3[10] = {0, 2, 0, 1, 0, 2, 2, 0, 1, 2}, p2[10] = {0, 0, 0, 1, 0, 1, 1, 0, 1, 0};
+    for (uint64_t k = 1; k <= 10; k++) {
+        assert_int_equal(ps_table_part(k, 3), p3[k - 1]);
+        assert_int_equal(ps_table_part(k, 2), p2[k - 1]);
+        assert_int_equal(ps_table_part(k, 1), 0);
+    }
+    assert_int_equal(ps_table_part(1, 64), 41);
+    assert_int_equal(ps_table_part(42, 64), 42);
+    assert_int_equal(ps_table_part(123456789, 64), 61);
+    assert_int_equal(ps_table_part(UINT64_MAX, 4), 3);
+    assert_int_equal(ps_table_part(UINT64_MAX, 64), 60);
+    enum { N = 40000 };
+    for (uint32_t n = 1; n < 9; n++) {
+        uint32_t count[10] = {0}, moved = 0;
+        for (uint64_t k = 0; k < N; k++) {
+            uint32_t a = ps_table_part(k * 7919, n), b = ps_table_part(k * 7919, n + 1);
+            assert_true(a < n && b <= n);
+            if (a != b) {
+                assert_int_equal(b, n); /* moved only to the new part */
+                moved++;
+            }
+            count[b]++;
+        }
+        double want = (double)N / (n + 1);
+        assert_true(fabs(moved - want) < 0.05 * want);
+        for (uint32_t p = 0; p <= n; p++)
+            assert_true(fabs(count[p] - want) < 0.05 * want);
+    }
+}
+
+/* TABLE's "part": [i, n] decoded; out of range refused; part of the
+ * declaration (another part is another table) and of its text. */
+static void test_part_field(void **state)
+{
+    (void)state;
+    static const struct {
+        int len;
+        uint64_t i, n;
+        int ok;
+    } cases[] = {{2, 1, 3, 1}, {2, 0, 1, 1}, {2, 63, 64, 1}, {2, 3, 3, 0}, {2, 0, 65, 0}, {2, 0, 0, 0}, {1, 0, 0, 0}};
+    wr w = {0};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        table_msg(&w, NULL);
+        w.p[4]++; /* the map's count (w_map writes 0xdf and 4 bytes): one field more */
+        w_str(&w, "part");
+        put_be(&w, 0xdd, (uint64_t)cases[c].len, 4);
+        w_uint(&w, cases[c].i);
+        if (cases[c].len == 2)
+            w_uint(&w, cases[c].n);
+        ps_msg m;
+        int rc = dec(&w, &m, NULL);
+        if (cases[c].ok) {
+            assert_int_equal(rc, 0);
+            assert_true(m.has & PS_F_PART);
+            assert_int_equal(m.part, cases[c].i);
+            assert_int_equal(m.nparts, cases[c].n);
+        } else {
+            assert_int_equal(rc, PS_EBAD_FIELD);
+            assert_has(err, "part must be [i, n] with 0 <= i < n <= 64");
+        }
+    }
+    free(w.p);
+    ps_table_def a, b;
+    assert_int_equal(ps_table_def_make(&a, "e", 8, "zeros", 0, 0, 0, "sgd", NULL, err, sizeof err), 0);
+    assert_int_equal(a.part, 0);
+    assert_int_equal(a.nparts, 1);
+    b = a;
+    b.part = 1;
+    b.nparts = 3;
+    assert_false(ps_table_def_same(&a, &b));
+    a.nparts = 3;
+    assert_false(ps_table_def_same(&a, &b));
+    a.part = 1;
+    assert_true(ps_table_def_same(&a, &b));
+    char text[200];
+    ps_table_def_text(&a, text, sizeof text);
+    assert_string_equal(text, "dim 8, zeros, seed 0, sgd lr 0.01, part 1 of 3");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -685,12 +846,14 @@ int main(void)
         cmocka_unit_test(test_keys_errors),
         cmocka_unit_test(test_tpull_by_position),
         cmocka_unit_test(test_hp),
-        cmocka_unit_test(test_float32_only),
+        cmocka_unit_test(test_row_forms),
         cmocka_unit_test(test_values_limit),
         cmocka_unit_test(test_def_defaults_and_same),
         cmocka_unit_test(test_def_errors),
         cmocka_unit_test(test_row_init_pinned),
         cmocka_unit_test(test_row_init_properties),
+        cmocka_unit_test(test_part_of_key),
+        cmocka_unit_test(test_part_field),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
