@@ -536,7 +536,8 @@ def main():
     ap.add_argument("--zipf", type=float, default=1.1, help="the ids' Zipf exponent")
     ap.add_argument("--tail-rank", type=float, default=20, help="the teacher's rows shrink past this rank")
     ap.add_argument("--emb-scale", type=float, default=1.0, help="the teacher's rows' standard deviation")
-    ap.add_argument("--active", type=float, default=0.97, help="the share of samples a teacher's hidden unit is active on")
+    ap.add_argument("--active", type=float, default=0.97,
+                    help="the share of samples a teacher's hidden unit is active on")
     ap.add_argument("--logit-std", type=float, default=2.0, help="the teacher's logit standard deviation")
     ap.add_argument("--ctr", type=float, default=0.25, help="the teacher's mean click rate (about)")
     ap.add_argument("--seed", type=int, default=1)
@@ -565,7 +566,8 @@ def main():
     if any(s in ("b", "b2") for s in arms) and not os.access(a.psd, os.X_OK):
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
-    common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
+    common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + \
+        ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
     me = [PY, os.path.abspath(__file__)]
     rows = []
     print("dlrm: %d training and %d test samples, batch %d, load average %s" % (a.train, a.test, a.batch, loadavg()),
@@ -574,7 +576,8 @@ def main():
         with tempfile.TemporaryDirectory(prefix="dlrm-") as tmp:
             d = os.path.join(a.workdir, "ids-%d" % n_ids) if a.workdir else tmp
             t = time.monotonic()
-            stamp = json.dumps([a.train, a.test, a.zipf, a.tail_rank, a.emb_scale, a.active, a.logit_std, a.ctr, a.seed, n_ids])
+            stamp = json.dumps([a.train, a.test, a.zipf, a.tail_rank, a.emb_scale, a.active, a.logit_std, a.ctr,
+                                a.seed, n_ids])
             if not a.workdir or not os.path.exists(os.path.join(d, "stamp")) or \
                     open(os.path.join(d, "stamp")).read() != stamp:
                 os.makedirs(d, exist_ok=True)
@@ -600,7 +603,8 @@ def main():
                             os.unlink(os.path.join(d, "done.%d" % j))
                     a.data = d
                     steps = pass_steps(a, 2, True)
-                    servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps) for i in range(1 if arm == "b" else 2)]
+                    servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps)
+                               for i in range(1 if arm == "b" else 2)]
                     addr = ",".join(s[1] for s in servers)
                     try:
                         r = combine(run_procs([base + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
