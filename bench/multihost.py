@@ -68,7 +68,10 @@ Then W1 (psworker --model mlp:256,128, BSP, 4 workers, --batch 64 each,
 Adam lr 2e-3, one epoch of MNIST) with the model split over the 4 psd,
 against bench/ddp_w1.py (PyTorch DDP over gloo, the same model, batch and
 epoch), per rate: seconds of the epoch (the slowest worker) and test
-accuracy.
+accuracy. --train local and elastic add W1 by local SGD (psd's
+local_steps = --local-steps) and elastic averaging (--elastic-alpha,
+--elastic-tau), one psd on a fifth host, each worker training its own copy
+with psworker's SGD at lr 0.1 (psd's model evaluated).
 
 Results: a table on stdout, and multihost.json in --out (default
 bench/out/ of the repository). Bounded: every process has a time limit
@@ -292,8 +295,9 @@ class Bench:
         pf = os.path.join(self.m.out, "%s.port" % tag)
         if os.path.exists(pf):
             os.unlink(pf)
+        mode = [] if "--mode" in args else ["--mode", "bsp"]
         argv = [self.psd_bin, "--listen", "%s:%d" % (self.m.ip(host), port), "--port-file", pf,
-                "--mode", "bsp", "--workers", str(self.workers), "--log-level", "warn",
+                "--workers", str(self.workers), "--log-level", "warn"] + mode + [
                 "--set", "allow_remote_without_token=yes"] + args
         p = self.m.spawn(host, argv, tag)
         wait_file(pf, p, 20)
@@ -479,6 +483,38 @@ class Bench:
                 "test_accuracy": res[0]["test_accuracy"], "version": res[0]["version"],
                 "shm": [r.get("shm") for r in res]}
 
+    def train_avg(self, mbit, kind):
+        """W1 with one psd on its own host (the fifth) and 4 workers training
+        their own copies with psworker's SGD at --lr 0.1: kind "local" (BSP,
+        local_steps = --local-steps) or "elastic" (ASGD, elastic_alpha =
+        --elastic-alpha, elastic_tau = --elastic-tau)."""
+        h = self.workers
+        if kind == "local":
+            mode, sets = "bsp", ["--set", "local_steps=%d" % self.a.local_steps]
+        else:
+            mode, sets = "asgd", ["--set", "elastic_alpha=%g" % self.a.elastic_alpha,
+                                  "--set", "elastic_tau=%d" % self.a.elastic_tau]
+        psd = self.start_psd(h, self.name("train-%s-psd" % kind),
+                             ["--mode", mode, "--set", "optimizer=sgd", "--set", "momentum=0",
+                              "--set", "heartbeat_timeout=60s"] + sets + self.sndbuf_set())
+        try:
+            server = "%s:%d" % (self.m.ip(h), PORT)
+            ws = [self.m.spawn(k, [self.worker_bin, "--server", server, "--shard", "%d/%d" % (k, h),
+                                   "--data", self.a.data, "--model", "mlp:256,128", "--epochs", "1",
+                                   "--batch", "64", "--lr", "0.1", "--eval", "--quiet", "--epoch-json",
+                                   "--limit", str(self.a.train_limit)]
+                                  + (["--send-buffer", str(self.a.send_buffer)] if self.a.send_buffer else [])
+                                  + self.a.worker_arg,
+                               self.name("train-%s-w%d" % (kind, k))) for k in range(h)]
+            res = wait_all(ws, min(self.left(), self.a.train_timeout), "psworker W1 %s" % kind)
+        finally:
+            self.m.stop(psd)
+        secs = max(ln["train_seconds"] for r in res for ln in r["_lines"] if "train_seconds" in ln)
+        what = ("local SGD H=%d" % self.a.local_steps if kind == "local"
+                else "EASGD a=%g tau=%d" % (self.a.elastic_alpha, self.a.elastic_tau))
+        return {"trainer": "psd " + what, "mbit": mbit, "seconds": secs,
+                "test_accuracy": res[0]["test_accuracy"], "version": res[0]["version"]}
+
     def train_ddp(self, mbit):
         h = self.workers
         master = "%s:%d" % (self.m.ip(0), RANK_PORT)
@@ -556,7 +592,7 @@ def report(cells, trains, link, sysctls=()):
                 "%.2fx" % (c["p50_ms"] / gloo) if gloo else "-", "%.2fx" % (c["p50_ms"] / c["limit_ms"]), note))
     if trains:
         lines.append("")
-        lines.append("W1, 4 workers, one epoch (batch 64 per worker, Adam 2e-3)")
+        lines.append("W1, 4 workers, one epoch (batch 64 per worker; Adam 2e-3, local SGD and EASGD: SGD 0.1)")
         lines.append("%-20s %5s %9s %9s %8s" % ("trainer", "Mbit", "seconds", "accuracy", "steps"))
         for t in trains:
             lines.append("%-20s %5d %9.2f %8.2f%% %8d" % (t["trainer"], t["mbit"], t["seconds"],
@@ -651,7 +687,11 @@ def main():
                     help="a sysctl set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0; "
                          "net.ipv4.tcp_congestion_control takes only what net.ipv4.tcp_allowed_congestion_control "
                          "lists there (the kernel's rule for namespaces)")
-    ap.add_argument("--train", default="split,ddp", help="W1 runs: split, ddp, or none")
+    ap.add_argument("--train", default="split,ddp",
+                    help="W1 runs: split, ddp, local (local SGD), elastic (EASGD), or none")
+    ap.add_argument("--local-steps", type=int, default=8, help="the local trainer: psd's local_steps")
+    ap.add_argument("--elastic-alpha", type=float, default=0.2, help="the elastic trainer: psd's elastic_alpha")
+    ap.add_argument("--elastic-tau", type=int, default=8, help="the elastic trainer: psd's elastic_tau")
     ap.add_argument("--train-rates", default=None, help="rates for W1 (default: --rates)")
     ap.add_argument("--train-limit", type=int, default=0, help="W1 on the first N training samples (0: all)")
     ap.add_argument("--train-timeout", type=float, default=300)
@@ -680,7 +720,7 @@ def main():
         if p not in ("central", "split", "stagger", "concurrent", "rr", "pieces", "sched", "lockstep", "gloo", "mpi"):
             ap.error("unknown placement '%s'" % p)
     for t in trainers:
-        if t not in ("split", "ddp"):
+        if t not in ("split", "ddp", "local", "elastic"):
             ap.error("unknown --train '%s'" % t)
     if os.geteuid() != 0:
         sys.exit("multihost: needs root (network namespaces and tc); run it with sudo")
@@ -698,7 +738,7 @@ def main():
         trainers = [t for t in trainers if t != "ddp"]
     out = os.path.abspath(os.path.join(a.out, "multihost"))
     os.makedirs(out, exist_ok=True)
-    nhosts = 5 if "central" in placements else 4
+    nhosts = 5 if "central" in placements or "local" in trainers or "elastic" in trainers else 4
     m = Machine(nhosts, out, verbose=a.verbose)
     m.sysctls = a.sysctl
 
@@ -725,7 +765,8 @@ def main():
                     cells.append(c)
             for t in trainers if mbit in train_rates else []:
                 print("multihost: W1 %s, %d Mbit/s" % (t, mbit), file=sys.stderr)
-                trains.append(b.train_split(mbit) if t == "split" else b.train_ddp(mbit))
+                trains.append(b.train_split(mbit) if t == "split" else b.train_ddp(mbit) if t == "ddp"
+                              else b.train_avg(mbit, t))
     except KeyboardInterrupt:
         print("\nmultihost: interrupted; cleaning up", file=sys.stderr)
         status = 130

@@ -56,6 +56,9 @@ typedef struct psc_link {
     ps_plan plan;
     uint64_t piece;          /* its BSP rounds close in pieces of this many values
                               * (WELCOME "piece"); 0: whole */
+    uint32_t local;          /* WELCOME "local": local SGD's H; 0: off */
+    double alpha;            /* WELCOME "alpha": elastic averaging's; 0: off */
+    uint32_t tau;            /* WELCOME "tau" */
 } psc_link;
 
 struct psc_client {
@@ -117,6 +120,15 @@ struct psc_client {
     uint64_t base;
     int shm_ok, shm_logged;
     uint64_t reconnects, lost, dropped;
+    /* local SGD and elastic averaging (average.c), as the first psd said */
+    uint32_t local;          /* local SGD: H local steps a round; 0: off */
+    double alpha;            /* elastic averaging: alpha; 0: off */
+    uint32_t tau;            /* its local steps between exchanges */
+    uint32_t local_n;        /* local steps since the last exchange */
+    float *avg_base;         /* local SGD: the model pulled last (w_base), each
+                              * part refreshed whenever it is pulled anew;
+                              * elastic: the local model during an exchange.
+                              * NULL in other jobs */
     /* the asynchronous step */
     pthread_t async_thread;
     pthread_mutex_t async_mu;
@@ -196,6 +208,11 @@ int psc__pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64
 int psc__ready(psc_client *c, const char *what);
 uint64_t psc__push_base(const psc_client *c, const psc_link *ln);
 int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len);
+
+/* ---- average.c ---- */
+/* After do_open: the averaging settings from the first psd's WELCOME and,
+ * for each part just pulled (fresh[i]), its new base. 0 or a code. */
+int psc__average_opened(psc_client *c, const int *fresh);
 
 /* ---- pieces.c ---- */
 int psc__pieced(const psc_client *c, const psc_link *ln);

@@ -138,6 +138,8 @@ void psc__unmake_links(psc_client *c)
     free(c->resid);
     free(c->topk_scratch);
     c->resid = c->topk_scratch = NULL;
+    free(c->avg_base);
+    c->avg_base = NULL;
 }
 
 /* Fixes the layout; a failure leaves nothing made, so the caller may

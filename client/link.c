@@ -86,6 +86,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     ln->has_plan = (r.has & PS_F_PLAN) != 0;
     ln->plan = r.plan;
     ln->piece = (r.has & PS_F_PIECE) ? r.piece : 0;
+    ln->local = (r.has & PS_F_LOCAL) ? r.local : 0;
+    ln->alpha = (r.has & PS_F_ALPHA) ? r.alpha : 0;
+    ln->tau = (r.has & PS_F_TAU) && r.tau ? r.tau : 1;
     ln->cl.has_slice = ln->cl.done = 0; /* until this connection's first PARAMS */
     *need_init = r.need_init;
     uint64_t hb = (r.has & PS_F_HB) ? r.hb : 0;
@@ -126,6 +129,12 @@ static int do_open(psc_client *c)
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         c->shm_ok |= ln->shm_ok;
+        if (ln->local != c->links[0].local || ln->alpha != c->links[0].alpha || ln->tau != c->links[0].tau) {
+            psc__fail(c, PSC_EINVAL, "psd at %s and psd at %s differ in local_steps, elastic_alpha or elastic_tau: "
+                                "every psd holding a part of the model must have the same", c->links[0].server,
+                      ln->server);
+            return open_fail(c, fresh, i, PSC_EINVAL);
+        }
         if (strcmp(ln->mode, c->links[0].mode) != 0) {
             psc__fail(c, PSC_EINVAL, "psd at %s runs %s but psd at %s runs %s: every psd holding a part of the model "
                                 "must run the same mode", c->links[0].server, c->links[0].mode, ln->server, ln->mode);
@@ -149,6 +158,9 @@ static int do_open(psc_client *c)
         if (rc != 0)
             return open_fail(c, fresh, i, rc);
     }
+    int rc = psc__average_opened(c, fresh);
+    if (rc != 0)
+        return open_fail(c, fresh, 0, rc);
     c->version = c->links[0].version;
     c->pushed = 0;
     for (uint32_t i = 0; i < c->nlinks; i++)

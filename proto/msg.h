@@ -123,7 +123,10 @@ enum {
 #define PS_F_KEYS (1ull << 52)   /* "keys": uint64 keys (tpull, tpush, tpushpull) */
 #define PS_F_PKEYS (1ull << 53)  /* "pkeys": the keys a tpushpull pulls */
 #define PS_F_PART (1ull << 54)   /* "part": [i, n], the table's part this psd holds (table) */
-#define PS_F_COUNT 55            /* fields in all: bits 0..PS_F_COUNT-1 */
+#define PS_F_LOCAL (1ull << 55)  /* "local": local SGD's steps between rounds (welcome) */
+#define PS_F_ALPHA (1ull << 56)  /* "alpha": elastic averaging's alpha (welcome) */
+#define PS_F_TAU (1ull << 57)    /* "tau": local steps between elastic exchanges (welcome) */
+#define PS_F_COUNT 58            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -243,6 +246,9 @@ typedef struct ps_msg {
     uint64_t samples;       /* "samples" */
     uint64_t hb;            /* "hb": psd's heartbeat timeout in ms */
     uint64_t piece;         /* "piece": values a piece of a BSP round (welcome) */
+    uint32_t local;         /* "local": local SGD's H (welcome; PROTOCOL.md section 8) */
+    double alpha;           /* "alpha": elastic averaging's alpha (welcome) */
+    uint32_t tau;           /* "tau": its local steps between exchanges (welcome) */
     char cmd[PS_CMD_MAX + 1]; /* "cmd": admin command, 1..PS_CMD_MAX bytes (NUL-terminated) */
     ps_str args[PS_ARGS_MAX]; /* "args": admin arguments, nargs of them, each a
                                * str of 0..PS_ARG_MAX bytes */

@@ -2,6 +2,7 @@
  * the epochs) and, from libpsclient's table of options (psc_option), a flag
  * for each of the library's options that has one, with the library's help,
  * default and checks; then the libpsclient client configured from them. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -129,6 +130,10 @@ static void usage(FILE *f)
             "                          (one step more staleness; default off); auto: on in asgd\n"
             "                          and ssp for models of at most 2^20 parameters on one psd,\n"
             "                          off in bsp\n"
+            "      --lr R              in a job psd runs with local SGD (local_steps) or elastic\n"
+            "                          averaging (elastic_alpha), the learning rate of psworker's\n"
+            "                          own SGD, which trains its copy of the model between two\n"
+            "                          exchanges with psd (default 0.1); unused otherwise\n"
             "  -h, --help              this help\n"
             "\n"
             "The connection to psd (libpsclient's options, its psc_set key in brackets):\n");
@@ -169,9 +174,9 @@ int pw_die(const char *fmt, ...)
 int pw_options_parse(int argc, char **argv, wopts *o)
 {
     *o = (wopts){.shard = 0, .nshards = 1, .dataset = "mnist", .model = "mlp:256,128", .epochs = 5, .batch = 64,
-                 .seed = 1, .threads = 1, .pipeline = 0};
+                 .seed = 1, .threads = 1, .pipeline = 0, .lr = 0.1};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_NO_PLAN, O_LIB /* O_LIB + i: libpsclient's option i */ };
+           O_SAVE_PARAMS, O_PIPELINE, O_NO_PLAN, O_LR, O_LIB /* O_LIB + i: libpsclient's option i */ };
     static const struct option own[] = {
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
         {"model", required_argument, NULL, 'M'},   {"epochs", required_argument, NULL, 'e'},
@@ -186,6 +191,7 @@ int pw_options_parse(int argc, char **argv, wopts *o)
         {"no-plan", no_argument, NULL, O_NO_PLAN},
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {"pipeline", required_argument, NULL, O_PIPELINE},
+        {"lr", required_argument, NULL, O_LR},
     };
     const size_t nown = sizeof own / sizeof own[0];
     struct option longopts[sizeof own / sizeof own[0] + PW_LIB_OPTIONS_MAX + 1];
@@ -236,6 +242,15 @@ int pw_options_parse(int argc, char **argv, wopts *o)
             else
                 return pw_die("bad --pipeline '%s': on, off or auto", optarg);
             break;
+        case O_LR: {
+            char *end;
+            errno = 0;
+            double lr = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(lr > 0 && lr <= 1000))
+                return pw_die("bad --lr '%s': a number above 0, at most 1000", optarg);
+            o->lr = lr;
+            break;
+        }
         case 'd': o->dataset = optarg; break;
         case 'D': o->data_dir = optarg; break;
         case 'M': o->model = optarg; break;

@@ -26,6 +26,9 @@ typedef struct job {
     size_t np;                   /* the model's parameters */
     size_t total_n;              /* samples in the whole training set */
     int bsp, planned;
+    int averaging;               /* local SGD or elastic averaging: our own SGD steps,
+                                  * psc_local_step exchanges the model */
+    float *keep;                 /* averaging: our model while psd's is evaluated */
     /* the unplanned loop's */
     size_t *perm;                /* this epoch's order of train */
     float *bx, *gacc;            /* a batch's inputs; a large batch's gradient in pieces */
@@ -105,7 +108,32 @@ static int job_setup(job *j)
     if (pw_stop_signal)
         return pw_stop(pc, o->shard, o->nshards, 0, 0);
     j->bsp = strcmp(psc_mode(pc), "bsp") == 0;
-    j->planned = j->bsp && psc_plan(pc, NULL, NULL, NULL, NULL);
+    double alpha;
+    uint32_t tau;
+    uint32_t h = psc_local_steps(pc);
+    j->averaging = h > 0 || psc_elastic(pc, &alpha, &tau);
+    /* a job averaging models counts its own epochs: its rounds are of H
+     * local steps, not the plan's global batches */
+    j->planned = j->bsp && !j->averaging && psc_plan(pc, NULL, NULL, NULL, NULL);
+    if (j->averaging) {
+        if (o->pipeline == 1) {
+            fprintf(stderr, "psworker: --pipeline on overlaps pushes of gradients; psd runs %s, whose exchanges "
+                            "are of models: leave --pipeline off\n",
+                    h ? "local SGD" : "elastic averaging");
+            return 1;
+        }
+        o->pipeline = 0;
+        if (o->eval && !(j->keep = ps_falloc(j->np))) {
+            fprintf(stderr, "psworker: out of memory\n");
+            return 1;
+        }
+        if (h)
+            PS_LOG(PS_LOG_INFO, "shard %d/%d: local SGD: %u steps of our own SGD at lr %g between two rounds",
+                   o->shard, o->nshards, h, o->lr);
+        else
+            PS_LOG(PS_LOG_INFO, "shard %d/%d: elastic averaging: alpha %g every %u steps of our own SGD at lr %g",
+                   o->shard, o->nshards, alpha, tau, o->lr);
+    }
     if (o->pipeline == 1 || (o->pipeline == -1 && !j->bsp && j->np <= (1u << 20) && psc_servers(pc) == 1)) {
         if (j->bsp || j->np > (1u << 20) || psc_servers(pc) != 1) {
             fprintf(stderr, "psworker: --pipeline on needs asgd or ssp, a model of at most 2^20 parameters and one "
@@ -226,6 +254,15 @@ static int exchange(job *j)
 {
     psc_client *pc = j->pc;
     int rc;
+    if (j->averaging) {
+        /* our own SGD step on our copy of the model; every H-th (tau-th)
+         * the library exchanges it with psd */
+        cblas_saxpy((blasint)j->np, (float)-j->o->lr, ps_model_grads(j->model), 1, ps_model_params(j->model), 1);
+        pw_step_waits(j->o, 1);
+        rc = psc_local_step(pc);
+        pw_step_waits(j->o, 0);
+        return rc < 0 ? rc : 0;
+    }
     pw_step_waits(j->o, 1);
     if (!j->pbuf[0]) {
         rc = psc_pushpull(pc);
@@ -358,8 +395,23 @@ static int train_epochs(job *j, double job_t0)
             fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
             return 1;
         }
-        if (pw_epoch_done(o, pc, j->model, &j->test, epoch, pw_now() - t0, loss_sum, done, comm_s, job_t0, 0,
-                          &j->res) != 0)
+        /* averaging models: the job's model is psd's (the workers' mean, the
+         * centre), which the epoch's figures are of; ours comes back after */
+        uint64_t reconnects = psc_reconnects(pc);
+        int psd_model = j->averaging && o->eval && j->keep;
+        if (psd_model) {
+            memcpy(j->keep, ps_model_params(j->model), j->np * sizeof(float));
+            if (psc_pull(pc) != 0) {
+                fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
+                return 1;
+            }
+        }
+        rc = pw_epoch_done(o, pc, j->model, &j->test, epoch, pw_now() - t0, loss_sum, done, comm_s, job_t0, 0,
+                           &j->res);
+        /* (after a reconnect the local model is psd's anyway) */
+        if (psd_model && psc_reconnects(pc) == reconnects)
+            memcpy(ps_model_params(j->model), j->keep, j->np * sizeof(float));
+        if (rc != 0)
             return 1;
     }
     return 0;
@@ -371,6 +423,7 @@ static void job_free(job *j)
     free(j->bx);
     free(j->gacc);
     free(j->by);
+    free(j->keep);
     pw_progress_stop();
     psc_free(j->pc); /* before the model: its vectors may be the library's */
     ps_model_free(j->model);

@@ -38,6 +38,7 @@ typedef struct wopts {
     int no_plan;             /* --no-plan: in bsp, count epochs and steps ourselves */
     const char *save_params; /* write the final parameters here (raw float32) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
+    double lr;               /* local SGD, elastic averaging: our own SGD's step size */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 

@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 7
+#define PSC_VERSION_MINOR 8
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -403,6 +403,37 @@ PSC_API int psc_table_push(psc_client *c, const char *name, const uint64_t *keys
 /* psc_table_push, then psc_table_pull of next[0..m) into rows. (1.7) */
 PSC_API int psc_table_pushpull(psc_client *c, const char *name, const uint64_t *keys, size_t n, const float *grads,
                                const uint64_t *next, size_t m, float *rows);
+
+/* ---- talking less: local SGD and elastic averaging (1.8) ------------------ */
+/* In these jobs (psd's settings local_steps, elastic_alpha; PROTOCOL.md
+ * section 8) the worker's own optimizer trains its own copy of the model,
+ * the parameter vector, and the library exchanges it with psd every few
+ * steps. The loop: compute the gradient, take your optimizer's step on
+ * the parameter vector, call psc_local_step. Neither psc_push nor
+ * psc_pushpull is called then. */
+
+/* H, the local steps between two rounds of a local-SGD job (psd's
+ * local_steps, from its WELCOME); 0 in any other job. */
+PSC_API uint32_t psc_local_steps(const psc_client *c);
+
+/* 1 in an elastic-averaging job, with psd's alpha and tau (local steps
+ * between two exchanges) in the arguments that are not NULL; 0 otherwise. */
+PSC_API int psc_elastic(const psc_client *c, double *alpha, uint32_t *tau);
+
+/* Tells the library the caller took one local step on the parameter
+ * vector. Every H-th (local SGD) it pushes the difference between the
+ * model it pulled last and the parameter vector as this worker's push of
+ * the BSP round, and pulls the round's mean model into the parameter
+ * vector; every tau-th (elastic averaging) it pulls psd's model c (the
+ * centre), moves the parameter vector w by e = alpha (w - c) towards it
+ * and pushes -e, which psd adds to the centre. The gradient vector is
+ * overwritten (it holds what was pushed); buffers go as their values and
+ * keep the local ones. Any other step sends nothing. Returns 1 after an
+ * exchange, 0 after a step that sent nothing, or a code: PSC_ESTATE in a
+ * job of neither kind. A reconnect loses the local steps since the last
+ * exchange (counted in psc_lost_steps): the parameter vector then holds
+ * psd's model. */
+PSC_API int psc_local_step(psc_client *c);
 
 /* Reconnects now (as a failed call would with "reconnect" on). */
 PSC_API int psc_reconnect(psc_client *c);

@@ -369,6 +369,34 @@ class Client:
     def pull(self):
         self._step(lib.psc_pull)
 
+    def local_step(self):
+        """In a local-SGD or elastic-averaging job (psd's local_steps,
+        elastic_alpha): after your own optimizer's step on params, counts
+        it and every H-th (tau-th) exchanges the model with psd (the round's
+        mean model, or the move towards psd's centre, lands in params).
+        Returns True after an exchange, False after a step that sent
+        nothing. PsdError (ESTATE) in any other job."""
+        h = self._handle()
+        self._since = time.monotonic()
+        try:
+            rc = self._stopping(lambda: (lambda r: r if r >= 0 else self._check(r))(lib.psc_local_step(h)))
+        finally:
+            self._since = None
+        return rc == 1
+
+    @property
+    def local_steps(self):
+        """H of a local-SGD job (psd's local_steps), 0 in any other."""
+        return int(lib.psc_local_steps(self._handle()))
+
+    @property
+    def elastic(self):
+        """(alpha, tau) of an elastic-averaging job, None in any other."""
+        a, t = ctypes.c_double(), ctypes.c_uint32()
+        if not lib.psc_elastic(self._handle(), ctypes.byref(a), ctypes.byref(t)):
+            return None
+        return a.value, t.value
+
     def _range(self, fn, off, length):
         if int(off) < 0 or int(length) <= 0:
             raise ValueError("a range needs off >= 0 and length >= 1, not (%d, %d)" % (off, length))

@@ -107,6 +107,9 @@ for name, res, args in [
     ("psc_reconnects", _u64, [_c]),
     ("psc_lost_steps", _u64, [_c]),
     ("psc_dropped", _u64, [_c]),
+    ("psc_local_steps", _u32, [_c]),
+    ("psc_elastic", _i, [_c, ctypes.POINTER(_d), ctypes.POINTER(_u32)]),
+    ("psc_local_step", _i, [_c]),
     ("psc_errmsg", _s, [_c]),
 ]:
     fn = getattr(lib, name)

@@ -40,6 +40,18 @@ in host memory, pinned when CUDA is available, and step() copies the
 gradients down and the parameters back up (asynchronous copies from pinned
 memory). Tested on CPU only in this project's suite.
 
+Local SGD and elastic averaging (psd's local_steps, elastic_alpha;
+docs/training.md): each worker trains its own copy of the model with its
+own torch optimizer, and step() exchanges it with psd every H (tau) steps
+only; give the Worker that optimizer:
+
+    ps = psd.torch.Worker(model, server=..., shard="auto")
+    ps.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        ps.zero_grad()
+        F.nll_loss(model(x), y).backward()
+        ps.step()            # the optimizer's step; every H-th, the exchange
+
 A BSP job by psd's plan (docs/client.md): make the worker with
 connect=False, propose the plan through its client, and train the samples
 psd hands out until the plan is done:
@@ -114,12 +126,18 @@ class Worker:
     "mean" or "first" psd's checkpoints and `psctl save` hold
     them under the module's names (integers as I64), so the saved file
     loads with load_state_dict(strict=True).
+    optimizer: a torch optimizer of the module's parameters, which step()
+    runs in a job psd runs with local SGD or elastic averaging (needed
+    there, unused otherwise; may be set later as .optimizer).
     """
 
-    def __init__(self, module, connect=True, pipeline=False, wait_notice=None, buffers="mean", **options):
+    def __init__(self, module, connect=True, pipeline=False, wait_notice=None, buffers="mean", optimizer=None,
+                 **options):
         if not isinstance(module, torch.nn.Module):
             raise TypeError("psd.torch.Worker wraps a torch.nn.Module, not %s" % type(module).__name__)
         self.module = module
+        self.optimizer = optimizer
+        self.averaging = False  # psd runs local SGD or elastic averaging (known at connect)
         self._params = [(n, p) for n, p in module.named_parameters()]
         self._has_tables = any(isinstance(m, _Table) for m in module.modules())
         if not self._params:
@@ -244,6 +262,11 @@ class Worker:
             raise ValueError("pipeline=True is for asgd and ssp: a bsp round wants the gradient of its own "
                              "parameters (psd runs bsp)")
         self._cur_version = self.client.version
+        self.averaging = bool(self.client.local_steps or self.client.elastic)
+        if self.averaging and self.pipeline:
+            self.client.close(reason="pipeline=True in a job averaging models")
+            raise ValueError("pipeline=True overlaps pushes of gradients; psd runs %s, whose exchanges are of "
+                             "models" % ("local SGD" if self.client.local_steps else "elastic averaging"))
         if self._notice is not None:
             k, m = self.client.shard
             self._notice.prefix = "worker %d/%d: " % (k, m)
@@ -273,9 +296,29 @@ class Worker:
         if self.pipeline:
             self._pipelined_step()
             return
+        if self.averaging:
+            self._local_step()
+            return
         self._before_push()
         self.client.pushpull()
         self._after_pull()
+
+    def _local_step(self):
+        """Local SGD, elastic averaging: the optimizer's step on our own
+        model; every H-th (tau-th) the library exchanges it with psd."""
+        if self.optimizer is None:
+            raise ValueError("psd runs %s: each worker trains its own model with its own optimizer; give the "
+                             "Worker one (Worker(..., optimizer=torch.optim.SGD(module.parameters(), lr=0.1)) or "
+                             "worker.optimizer = ...)"
+                             % ("local SGD" if self.client.local_steps else "elastic averaging"))
+        self.optimizer.step()
+        with torch.no_grad():
+            if self.cuda:
+                self.flat_params.copy_(self._dev_params)
+            self._buffers_out(self.flat_params)  # the buffers that are no views
+        if self.client.local_step():
+            self._cur_version = self.client.version
+            self._after_pull()
 
     def _pipelined_step(self):
         self._gather_stray_grads()

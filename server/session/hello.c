@@ -378,7 +378,11 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         s->init_owner = c;
         *need_init = 1;
     }
-    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP) {
+    /* local SGD: a plan's rounds are global batches, a round here is H
+     * local steps of each worker; the workers count their own epochs */
+    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP && s->cfg.local_steps > 0 && !s->plan.set)
+        PS_LOG(PS_LOG_DEBUG, "shard %u proposed a plan: ignored with local_steps", m->shard);
+    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP && s->cfg.local_steps == 0) {
         const ps_plan *p = &m->plan, *q = &s->plan.p;
         if (!s->plan.set) {
             srv_plan_fix(&s->plan, p);
@@ -450,6 +454,15 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     r.hb = s->cfg.heartbeat_timeout;
     if (s->policy->piece && (r.piece = s->policy->piece(s)) != 0)
         r.has |= PS_F_PIECE;
+    if (s->cfg.local_steps > 0) { /* local SGD (PROTOCOL.md section 8) */
+        r.has |= PS_F_LOCAL;
+        r.local = (uint32_t)s->cfg.local_steps;
+    }
+    if (s->cfg.elastic_alpha > 0) { /* elastic averaging */
+        r.has |= PS_F_ALPHA | PS_F_TAU;
+        r.alpha = s->cfg.elastic_alpha;
+        r.tau = (uint32_t)s->cfg.elastic_tau;
+    }
     if (c->shm) {
         r.has |= PS_F_INSHM;
         r.inshm = 1;

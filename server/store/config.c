@@ -190,6 +190,23 @@ static const ps_config_option options[] = {
      .help = "asgd: delay compensation of DC-ASGD (Zheng et al., 2017): a stale gradient g "
              "becomes g + dc_lambda * g * g * (w_now - w_base). 0 turns it off. Costs one "
              "model-sized copy per worker."},
+    {.name = "local_steps", .type = PS_CT_INT, .def = "0", AT(local_steps), .lo = 0, .hi = 10000,
+     .help = "bsp: local SGD (model averaging). Each worker takes this many steps with its "
+             "own optimizer on its own copy of the model, then pushes the difference between "
+             "the model it pulled and its own as a round's push; psd applies the round's "
+             "mean difference as is (the mean of the workers' models), without its "
+             "optimizer: lr, its schedule, warmup, weight_decay and clip_norm do not apply. "
+             "Needs mode = bsp and optimizer = sgd with momentum = 0. 0 turns it off."},
+    {.name = "elastic_alpha", .type = PS_CT_DOUBLE, .def = "0", AT(elastic_alpha), .dmin = 0,
+     .dmax = 0.999999,
+     .help = "asgd: elastic averaging SGD (Zhang et al., 2015), psd's model being the centre. "
+             "Every elastic_tau local steps a worker pulls the centre c, moves its own model "
+             "w by e = elastic_alpha * (w - c) towards it and pushes -e; psd adds e to the "
+             "centre as is, without its optimizer (as local_steps). Needs mode = asgd and "
+             "optimizer = sgd with momentum = 0. 0 turns it off; else above 0 and below 1."},
+    {.name = "elastic_tau", .type = PS_CT_INT, .def = "1", AT(elastic_tau), .lo = 1, .hi = 10000,
+     .help = "asgd with elastic_alpha: a worker's local steps between two exchanges with "
+             "the centre."},
     {.name = "heartbeat_timeout", .type = PS_CT_DURATION, .def = "10s", AT(heartbeat_timeout),
      .lo = 100, .hi = INT64_C(86400000),
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "

@@ -82,6 +82,9 @@ typedef struct ps_config {
     int staleness;                     /* ssp: clocks a worker may run ahead */
     bool staleness_scale;              /* asgd: scale a push's step by 1/(1+staleness) */
     double dc_lambda;                  /* asgd: DC-ASGD delay compensation; 0 = off */
+    int local_steps;                   /* bsp: local SGD, H local steps a round; 0 = off */
+    double elastic_alpha;              /* asgd: elastic averaging's alpha; 0 = off */
+    int elastic_tau;                   /* asgd: local steps between elastic exchanges */
     uint64_t heartbeat_timeout;        /* ms of silence before a worker is dead */
     uint64_t join_timeout;             /* ms to wait for shards that never joined; 0 = for ever */
     uint64_t stop_grace;               /* ms to serve after SIGTERM until the workers left; 0 = none */

@@ -118,6 +118,17 @@ void srv_optim_configure(srv_optim *o, const ps_config *cfg)
     o->lr_decay_versions = cfg->lr_decay_versions;
     o->lr_min = cfg->lr_min;
     o->warmup_versions = cfg->warmup_versions;
+    if (cfg->local_steps > 0 || cfg->elastic_alpha > 0) {
+        /* local SGD, elastic averaging: the workers push model differences,
+         * applied as they are (w - d: sgd at lr 1, nothing else; settings.c
+         * refuses another optimizer or momentum) */
+        o->lr = 1;
+        o->momentum = 0;
+        o->weight_decay = 0;
+        o->clip_norm = 0;
+        o->lr_schedule = PS_LR_CONSTANT;
+        o->warmup_versions = 0;
+    }
     if (o->kind == PS_OPTIMIZER_SGD && o->momentum > 0 && !o->velocity) {
         o->velocity = state_alloc(o->n);
         if (!o->velocity)

@@ -98,6 +98,40 @@ int srv_apply_read_when_used(psd *s, char *err, size_t errlen)
 
 /* ---- the cross-check --------------------------------------------------------- */
 
+/* local SGD and elastic averaging (PROTOCOL.md section 8, "Talking less"):
+ * psd applies the workers' model differences as they are, so its own
+ * optimizer must be the plain arithmetic it then runs. 0, or PS_EINVAL
+ * with err filled. */
+static int averaging_check(const ps_config *c, char *err, size_t len)
+{
+    int local = c->local_steps > 0, elastic = c->elastic_alpha > 0;
+    if (local && elastic) {
+        snprintf(err, len, "local_steps and elastic_alpha are two ways to average: set one");
+        return PS_EINVAL;
+    }
+    if (local && c->mode != PS_MODE_BSP) {
+        snprintf(err, len, "local_steps averages a round of models: it needs mode = bsp");
+        return PS_EINVAL;
+    }
+    if (elastic && c->mode != PS_MODE_ASGD) {
+        snprintf(err, len, "elastic averaging is asynchronous: it needs mode = asgd");
+        return PS_EINVAL;
+    }
+    if ((local || elastic) && (c->optimizer != PS_OPTIMIZER_SGD || c->momentum > 0)) {
+        snprintf(err, len, "%s averages the workers' models; psd's optimizer (%s%s) would not run: set optimizer = "
+                           "sgd without momentum",
+                 local ? "local_steps" : "elastic_alpha", srv_optim_kind_name(c->optimizer),
+                 c->optimizer == PS_OPTIMIZER_SGD ? " with momentum" : "");
+        return PS_EINVAL;
+    }
+    if (elastic && (c->staleness_scale || c->dc_lambda > 0)) {
+        snprintf(err, len, "elastic averaging pushes model differences, not gradients: staleness_scale and dc_lambda "
+                           "do not apply to them; turn them off");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
 int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len)
 {
     srv_settings parsed;
@@ -119,6 +153,8 @@ int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out,
                            "momentum, or nesterov = no");
         return PS_EINVAL;
     }
+    if (averaging_check(c, err, len) != 0)
+        return PS_EINVAL;
     if (c->admin_token_file[0] && !c->token_file[0]) {
         snprintf(err, len, "admin_token_file is set but token_file is not: set token_file too (the workers' "
                            "secret); authentication is on only with it");

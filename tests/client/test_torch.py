@@ -489,3 +489,107 @@ def test_batchnorm_buffers_saved_and_loaded_strictly(cluster, mode, rule):
     assert acc > 70, acc
     for o in outs:
         assert abs(acc - o["acc"]) <= 0.1, (acc, outs)
+
+
+LOCAL = ("--set", "optimizer=sgd", "--set", "momentum=0", "--log-level", "warn")
+
+
+def both(fns):
+    """Runs the calls at once (a BSP round wants both workers' pushes)."""
+    import threading
+    errors = []
+
+    def run(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(fn,)) for fn in fns]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in ts)
+
+
+def test_local_sgd_round_is_the_mean_model(cluster):
+    """psd's local_steps = 2: each worker's own torch optimizer takes the
+    steps; the first step sends nothing, the second averages the models."""
+    p = cluster.psd(mode="bsp", workers=2, args=LOCAL + ("--set", "local_steps=2"))
+    models = [net(), net()]
+    workers = [psd.torch.Worker(m, server=p.addr, shard="%d/2" % k) for k, m in enumerate(models)]
+    assert [w.client.local_steps for w in workers] == [2, 2]
+    assert workers[0].client.elastic is None
+    x, y = data(3)
+    workers[0].zero_grad()
+    nn.functional.cross_entropy(models[0](x), y).backward()
+    with pytest.raises(ValueError, match="each worker trains its own model with its own optimizer"):
+        workers[0].step()
+    for w, m in zip(workers, models):
+        w.optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+    start = [t.detach().clone() for t in models[0].parameters()]
+    local = []
+    for step in range(2):
+        for k, (m, w) in enumerate(zip(models, workers)):
+            w.zero_grad()
+            x, y = data(20 + 2 * step + k)
+            nn.functional.cross_entropy(m(x), y).backward()
+        if step == 0:
+            for w in workers:
+                w.step()  # no exchange: returns at once, nothing sent
+                assert w.version == 0
+            assert not all(torch.equal(a, b) for a, b in zip(models[0].parameters(), models[1].parameters()))
+            assert not all(torch.equal(a.detach(), s) for a, s in zip(models[0].parameters(), start))
+        else:
+            local = [[(t - 0.1 * t.grad).detach().clone() for t in m.parameters()] for m in models]
+            both([workers[0].step, workers[1].step])
+    assert workers[0].version == workers[1].version == 1
+    for m in models:
+        for t, a, b in zip(m.parameters(), local[0], local[1]):
+            assert torch.allclose(t.detach(), (a + b) / 2, atol=1e-6)
+    st = harness.status(p.addr)
+    assert st["pushes"] == 2 and st["version"] == 1
+    for w in workers:
+        w.close()
+
+
+def test_elastic_moves_towards_the_centre(cluster):
+    """psd's elastic_alpha = 0.25, elastic_tau = 1: a step moves the local
+    model a quarter of the way to psd's centre, and the centre as far
+    towards it."""
+    p = cluster.psd(mode="asgd", workers=1,
+                    args=LOCAL + ("--set", "elastic_alpha=0.25", "--set", "elastic_tau=1"))
+    m = net()
+    w = psd.torch.Worker(m, server=p.addr, shard="0/1")
+    w.optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+    assert w.client.elastic == (0.25, 1) and w.client.local_steps == 0
+    centre = [t.detach().clone() for t in m.parameters()]
+    w.zero_grad()
+    x, y = data(5)
+    nn.functional.cross_entropy(m(x), y).backward()
+    stepped = [(t - 0.1 * t.grad).detach().clone() for t in m.parameters()]
+    w.step()
+    for t, s, c in zip(m.parameters(), stepped, centre):
+        e = 0.25 * (s - c)
+        assert torch.allclose(t.detach(), s - e, atol=1e-6)
+    w.close()
+    saved = os.path.join(os.path.dirname(p.port_file), "centre.safetensors")
+    r = harness.psctl(p.addr, "save", saved)
+    assert r.returncode == 0, r.stderr
+    _, tensors = harness.read_safetensors(saved)
+    for (n, _), s, c in zip(m.named_parameters(), stepped, centre):
+        e = 0.25 * (s - c)
+        got = torch.from_numpy(np.array(tensors[n], dtype=np.float32)).reshape(c.shape)
+        assert torch.allclose(got, c + e, atol=1e-6), n
+
+
+def test_local_step_outside_averaging_jobs(cluster):
+    """psc_local_step in a job of neither kind: ESTATE, saying what to do."""
+    p = cluster.psd(mode="asgd", workers=1, args=SGD)
+    c = psd.Client([("w", (4,))], server=p.addr, shard="0/1", connect=True)
+    assert c.local_steps == 0 and c.elastic is None
+    with pytest.raises(psd.PsdError, match="psd runs neither local SGD") as e:
+        c.local_step()
+    assert e.value.name == "ESTATE"
+    c.close()

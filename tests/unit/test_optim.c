@@ -261,6 +261,50 @@ static void test_sgd_plain(void **state)
     run_against_reference(&c, 5);
 }
 
+/* local SGD and elastic averaging: the workers push model differences,
+ * which psd applies as they are, w - d, bit for bit, whatever lr, its
+ * schedule, warm-up, weight decay and clip_norm say (PROTOCOL.md section 8). */
+static void test_averaging_as_is(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        ps_config c = cfg_for(PS_OPTIMIZER_SGD);
+        c.lr = 0.02;
+        c.weight_decay = 0.01;
+        c.clip_norm = 0.001;
+        c.warmup_versions = 100;
+        c.lr_schedule = PS_LR_COSINE;
+        if (mode == 0)
+            c.local_steps = 4;
+        else
+            c.elastic_alpha = 0.3;
+        srv_optim o;
+        assert_int_equal(srv_optim_init(&o, &c, N), 0);
+        float w[N], g[N], want[N];
+        init_w(w, N);
+        for (int t = 0; t < 3; t++) {
+            make_grad(g, N, t);
+            for (size_t i = 0; i < N; i++)
+                want[i] = w[i] - g[i];
+            srv_optim_apply(&o, w, g, 0, N, (uint64_t)t);
+            assert_memory_equal(w, want, sizeof w);
+        }
+        assert_int_equal(srv_optim_state_bytes(&o), 0);
+        srv_optim_free(&o);
+        /* without either, the same settings are psd's optimizer as ever */
+        c.local_steps = 0;
+        c.elastic_alpha = 0;
+        assert_int_equal(srv_optim_init(&o, &c, N), 0);
+        init_w(w, N);
+        make_grad(g, N, 0);
+        for (size_t i = 0; i < N; i++)
+            want[i] = w[i] - g[i];
+        srv_optim_apply(&o, w, g, 0, N, 0);
+        assert_true(memcmp(w, want, sizeof w) != 0);
+        srv_optim_free(&o);
+    }
+}
+
 static void test_sgd_momentum(void **state)
 {
     ps_config c = cfg_for(PS_OPTIMIZER_SGD);
@@ -965,6 +1009,7 @@ int main(void)
         cmocka_unit_test(test_state_per_kind),
         cmocka_unit_test(test_zero_parameters),
         cmocka_unit_test(test_sgd_plain),
+        cmocka_unit_test(test_averaging_as_is),
         cmocka_unit_test(test_sgd_momentum),
         cmocka_unit_test(test_sgd_nesterov),
         cmocka_unit_test(test_adam),

@@ -1284,6 +1284,14 @@ static void mp_field(mpw *w, uint64_t bit)
         mp_str(w, "piece"), mp_uint(w, 65536);
         return;
     }
+    if (bit == PS_F_LOCAL || bit == PS_F_TAU) {
+        mp_str(w, bit == PS_F_LOCAL ? "local" : "tau"), mp_uint(w, bit == PS_F_LOCAL ? 8 : 4);
+        return;
+    }
+    if (bit == PS_F_ALPHA) {
+        mp_str(w, "alpha"), mp_f64(w, 0.25);
+        return;
+    }
     if (bit == PS_F_DONE || bit == PS_F_WAIT) {
         mp_str(w, bit == PS_F_DONE ? "done" : "wait"), mp_bool(w, 1);
         return;
@@ -1355,7 +1363,7 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 55
+#define NFIELDS 58
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
@@ -1364,7 +1372,7 @@ static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard
                                              "hb", "cmd", "args", "nonce", "cnonce", "proof", "sproof",
                                              "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
                                              "wait", "piece", "tab", "dim", "rinit", "scale", "seed", "opt",
-                                             "hp", "keys", "pkeys", "part"};
+                                             "hp", "keys", "pkeys", "part", "local", "alpha", "tau"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)

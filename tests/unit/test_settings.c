@@ -169,6 +169,47 @@ static void test_cross_checks(void **state)
                    "admin_token_file is set but token_file is not");
 }
 
+/* local SGD and elastic averaging (PROTOCOL.md section 8): each with its
+ * mode alone, with psd's optimizer the plain sgd it then runs, one of the
+ * two; what they need passes. */
+static void test_averaging_checks(void **state)
+{
+    (void)state;
+    char err[1200];
+    const char *const local_ok[] = {"mode", "bsp", "optimizer", "sgd", "momentum", "0", "local_steps", "8", NULL};
+    ps_config c = with(local_ok);
+    assert_int_equal(srv_config_check(&c, SRV_CHECK_START, NULL, err, sizeof err), 0);
+    const char *const elastic_ok[] = {"mode",          "asgd", "optimizer",   "sgd", "momentum", "0",
+                                      "elastic_alpha", "0.2",  "elastic_tau", "4",   NULL};
+    c = with(elastic_ok);
+    assert_int_equal(srv_config_check(&c, SRV_CHECK_START, NULL, err, sizeof err), 0);
+    expect_refused((const char *const[]){"mode", "asgd", "optimizer", "sgd", "momentum", "0", "local_steps", "8", NULL},
+                   "local_steps averages a round of models: it needs mode = bsp");
+    expect_refused((const char *const[]){"mode", "ssp", "optimizer", "sgd", "momentum", "0", "local_steps", "8", NULL},
+                   "local_steps averages a round of models: it needs mode = bsp");
+    expect_refused((const char *const[]){"mode", "bsp", "optimizer", "adam", "momentum", "0", "local_steps", "8", NULL},
+                   "local_steps averages the workers' models; psd's optimizer (adam) would not run: set optimizer = "
+                   "sgd without momentum");
+    expect_refused((const char *const[]){"mode", "bsp", "optimizer", "sgd", "local_steps", "8", NULL},
+                   "psd's optimizer (sgd with momentum) would not run");
+    /* the defaults (adagrad) are refused too */
+    expect_refused((const char *const[]){"mode", "bsp", "local_steps", "2", NULL}, "psd's optimizer (adagrad)");
+    expect_refused((const char *const[]){"mode", "bsp", "optimizer", "sgd", "momentum", "0", "elastic_alpha", "0.1",
+                                         NULL},
+                   "elastic averaging is asynchronous: it needs mode = asgd");
+    expect_refused((const char *const[]){"mode", "asgd", "optimizer", "adagrad", "elastic_alpha", "0.1", NULL},
+                   "elastic_alpha averages the workers' models; psd's optimizer (adagrad) would not run");
+    expect_refused((const char *const[]){"mode", "asgd", "optimizer", "sgd", "momentum", "0", "elastic_alpha", "0.1",
+                                         "dc_lambda", "0.5", NULL},
+                   "staleness_scale and dc_lambda do not apply");
+    expect_refused((const char *const[]){"mode", "bsp", "optimizer", "sgd", "momentum", "0", "elastic_alpha", "0.1",
+                                         "local_steps", "4", NULL},
+                   "local_steps and elastic_alpha are two ways to average: set one");
+    expect_bad_value("local_steps", "10001", "local_steps");
+    expect_bad_value("elastic_alpha", "1", "elastic_alpha");
+    expect_bad_value("elastic_tau", "0", "elastic_tau");
+}
+
 /* Without token_file, listen and metrics_listen must be loopback, unless
  * allow_remote_without_token; with a token anything goes. */
 static void test_protected_mode(void **state)
@@ -339,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_bad_value_per_type),
         cmocka_unit_test(test_metrics_listen_parsed_once),
         cmocka_unit_test(test_cross_checks),
+        cmocka_unit_test(test_averaging_checks),
         cmocka_unit_test(test_protected_mode),
         cmocka_unit_test(test_reload_refused_keeps_settings),
         cmocka_unit_test(test_reload_applies_hooks),
