@@ -31,8 +31,8 @@ def test_dlrm_tiny_run(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "dlrm.json"
     argv = [PY, BENCH, "--ids", str(IDS), "--train", str(TRAIN), "--test", str(TEST), "--ddp-steps", str(DDP_STEPS),
-            "--json", str(out), "--timeout", "600"]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=840, cwd=str(tmp_path))
+            "--json", str(out), "--timeout", "240"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"arm"')]
     arms = {row["arm"]: row for row in lines}
