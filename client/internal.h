@@ -166,14 +166,18 @@ struct psc_client {
         ps_hp hp;            /* the hyper-parameters as given */
     } *tabs;
     uint32_t ntabs;
-    uint64_t *tk;            /* a call's distinct keys, in first-seen order */
-    uint32_t *tidx;          /* for each key of the call, its distinct key's index */
-    uint64_t *tmap;          /* hash map: key, index + 1 (pairs) */
-    uint64_t *tg;            /* the distinct keys grouped by part: part 0's first */
-    uint32_t *tpos;          /* for each distinct key, its position in tg */
-    float *tgrows;           /* the rows of tg, in its order */
-    size_t tk_cap, tidx_cap, tmap_cap, tg_cap, tpos_cap, tgrows_cap;
-    size_t tfrom[PS_PARTS_MAX + 1]; /* part p's keys are tg[tfrom[p], tfrom[p + 1]) */
+    /* a call's keys: [0] those of a pull or push (a push-and-pull's
+     * pushed ones), [1] the pulled keys of a push-and-pull */
+    struct psc_tkeys {
+        uint64_t *tk;        /* the distinct keys, in first-seen order */
+        uint32_t *tidx;      /* for each key of the call, its distinct key's index */
+        uint64_t *tmap;      /* hash map: key, index + 1 (pairs) */
+        uint64_t *tg;        /* the distinct keys grouped by part: part 0's first */
+        uint32_t *tpos;      /* for each distinct key, its position in tg */
+        float *tgrows;       /* the rows of tg, in its order */
+        size_t tk_cap, tidx_cap, tmap_cap, tg_cap, tpos_cap, tgrows_cap;
+        size_t tfrom[PS_PARTS_MAX + 1]; /* part p's keys are tg[tfrom[p], tfrom[p + 1]) */
+    } tks[2];
     int quick;               /* the first attempt of psc_connect: a TCP connect gives
                               * up after 1 s, so a wrong address is told at once */
     char err[1200];          /* a client-level error; empty: the link's */

@@ -11,12 +11,15 @@
 void psc__tables_free(psc_client *c)
 {
     free(c->tabs);
-    free(c->tk);
-    free(c->tidx);
-    free(c->tmap);
-    free(c->tg);
-    free(c->tpos);
-    free(c->tgrows);
+    for (int g = 0; g < 2; g++) {
+        struct psc_tkeys *k = &c->tks[g];
+        free(k->tk);
+        free(k->tidx);
+        free(k->tmap);
+        free(k->tg);
+        free(k->tpos);
+        free(k->tgrows);
+    }
 }
 
 static int tab_find(const psc_client *c, const char *name)
@@ -137,30 +140,30 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
     return 0;
 }
 
-/* The distinct keys of keys[0..n) in c->tk (first-seen order, *nu of
- * them) and, for each key, its distinct key's index in c->tidx. 0 or
+/* The distinct keys of keys[0..n) in g->tk (first-seen order, *nu of
+ * them) and, for each key, its distinct key's index in g->tidx. 0 or
  * PSC_ENOMEM. */
-static int tab_distinct(psc_client *c, const uint64_t *keys, size_t n, size_t *nu)
+static int tab_distinct(psc_client *c, struct psc_tkeys *g, const uint64_t *keys, size_t n, size_t *nu)
 {
     size_t mcap = 16;
     while (mcap < 2 * n)
         mcap *= 2;
-    if (grow((void **)&c->tk, &c->tk_cap, n ? n : 1, sizeof *c->tk) ||
-        grow((void **)&c->tidx, &c->tidx_cap, n ? n : 1, sizeof *c->tidx) ||
-        grow((void **)&c->tmap, &c->tmap_cap, 2 * mcap, sizeof *c->tmap))
+    if (grow((void **)&g->tk, &g->tk_cap, n ? n : 1, sizeof *g->tk) ||
+        grow((void **)&g->tidx, &g->tidx_cap, n ? n : 1, sizeof *g->tidx) ||
+        grow((void **)&g->tmap, &g->tmap_cap, 2 * mcap, sizeof *g->tmap))
         return psc__fail(c, PSC_ENOMEM, "out of memory for %zu keys", n);
-    memset(c->tmap, 0, 2 * mcap * sizeof *c->tmap);
+    memset(g->tmap, 0, 2 * mcap * sizeof *g->tmap);
     *nu = 0;
     for (size_t i = 0; i < n; i++) {
         size_t s = (size_t)(ps_mix64(keys[i]) & (mcap - 1));
-        while (c->tmap[2 * s + 1] && c->tmap[2 * s] != keys[i])
+        while (g->tmap[2 * s + 1] && g->tmap[2 * s] != keys[i])
             s = (s + 1) & (mcap - 1);
-        if (!c->tmap[2 * s + 1]) {
-            c->tmap[2 * s] = keys[i];
-            c->tmap[2 * s + 1] = ++*nu;
-            c->tk[*nu - 1] = keys[i];
+        if (!g->tmap[2 * s + 1]) {
+            g->tmap[2 * s] = keys[i];
+            g->tmap[2 * s + 1] = ++*nu;
+            g->tk[*nu - 1] = keys[i];
         }
-        c->tidx[i] = (uint32_t)(c->tmap[2 * s + 1] - 1);
+        g->tidx[i] = (uint32_t)(g->tmap[2 * s + 1] - 1);
     }
     return 0;
 }
@@ -172,65 +175,87 @@ static size_t tab_chunk(uint32_t dim)
     return k < PS_TABLE_KEYS_MAX ? k : PS_TABLE_KEYS_MAX;
 }
 
-/* Groups the nu distinct keys c->tk by part into c->tg (part p's keys at
- * [c->tfrom[p], c->tfrom[p + 1]), in first-seen order within a part), each
- * key's position there in c->tpos, with room for their rows in c->tgrows.
+/* Groups the nu distinct keys g->tk by part into g->tg (part p's keys at
+ * [g->tfrom[p], g->tfrom[p + 1]), in first-seen order within a part), each
+ * key's position there in g->tpos, with room for their rows in g->tgrows.
  * 0 or PSC_ENOMEM. */
-static int tab_group(psc_client *c, size_t nu, uint32_t dim)
+static int tab_group(psc_client *c, struct psc_tkeys *g, size_t nu, uint32_t dim)
 {
     uint32_t n = c->nlinks;
-    if (grow((void **)&c->tg, &c->tg_cap, nu ? nu : 1, sizeof *c->tg) ||
-        grow((void **)&c->tpos, &c->tpos_cap, nu ? nu : 1, sizeof *c->tpos) ||
-        grow((void **)&c->tgrows, &c->tgrows_cap, (nu ? nu : 1) * dim, sizeof *c->tgrows))
+    if (grow((void **)&g->tg, &g->tg_cap, nu ? nu : 1, sizeof *g->tg) ||
+        grow((void **)&g->tpos, &g->tpos_cap, nu ? nu : 1, sizeof *g->tpos) ||
+        grow((void **)&g->tgrows, &g->tgrows_cap, (nu ? nu : 1) * dim, sizeof *g->tgrows))
         return psc__fail(c, PSC_ENOMEM, "out of memory for %zu keys", nu);
     size_t at[PS_PARTS_MAX + 1];
     memset(at, 0, sizeof at);
     for (size_t u = 0; u < nu; u++) {
-        c->tpos[u] = ps_table_part(c->tk[u], n); /* for now its part */
-        at[c->tpos[u] + 1]++;
+        g->tpos[u] = ps_table_part(g->tk[u], n); /* for now its part */
+        at[g->tpos[u] + 1]++;
     }
     for (uint32_t p = 0; p < n; p++)
         at[p + 1] += at[p];
-    memcpy(c->tfrom, at, (n + 1) * sizeof at[0]);
+    memcpy(g->tfrom, at, (n + 1) * sizeof at[0]);
     for (size_t u = 0; u < nu; u++) {
-        size_t pos = at[c->tpos[u]]++;
-        c->tg[pos] = c->tk[u];
-        c->tpos[u] = (uint32_t)pos;
+        size_t pos = at[g->tpos[u]]++;
+        g->tg[pos] = g->tk[u];
+        g->tpos[u] = (uint32_t)pos;
     }
     return 0;
 }
 
-/* Pulls (push 0) the rows of the grouped keys c->tg into c->tgrows, or
- * pushes (push 1) the rows c->tgrows: each part's keys to its psd, in
- * messages of at most tab_chunk keys. Every part is in flight at once: a
- * round sends one message to each part with keys left, then reads their
- * replies in the same order (all of them, even after one failed, so every
- * connection stays in step). done[p] counts part p's keys answered; a call
- * again after a failure (a retry) goes on from there, so a part that took a
- * push does not take it twice. 0 or a code. */
-static int tab_exchange(psc_client *c, const struct psc_tab *t, int push, size_t *done)
+/* What tab_exchange does: pull the keys of c->tks[0], push them, or push
+ * them and pull those of c->tks[1]. */
+enum { TAB_PULL, TAB_PUSH, TAB_PUSHPULL };
+
+/* Pulls the rows of the grouped keys c->tks[0].tg into its tgrows (op
+ * TAB_PULL), pushes the rows there (TAB_PUSH), or pushes them and pulls
+ * the rows of c->tks[1].tg into its tgrows (TAB_PUSHPULL): each part's
+ * keys to its psd, in messages of at most tab_chunk keys. A push-and-pull
+ * sends a part's last pushed keys with its first pulled ones in one
+ * TPUSHPULL (PROTOCOL.md 13.2), so it is one round trip when each side
+ * fits one message; a part's pulls never go before all its pushes. Every
+ * part is in flight at once: a round sends one message to each part with
+ * keys left, then reads their replies in the same order (all of them, even
+ * after one failed, so every connection stays in step). done[p] and
+ * pdone[p] count part p's pushed (or, TAB_PULL, pulled) and pulled keys
+ * answered; a call again after a failure (a retry) goes on from there, so
+ * a part that took a push does not take it twice. 0 or a code. */
+static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *done, size_t *pdone)
 {
     uint32_t dim = t->def.dim, n = c->nlinks;
-    size_t chunk = tab_chunk(dim), cnt[PS_PARTS_MAX];
+    struct psc_tkeys *g = &c->tks[0], *pg = op == TAB_PUSHPULL ? &c->tks[1] : &c->tks[0];
+    size_t *pd = op == TAB_PUSHPULL ? pdone : done;
+    size_t chunk = tab_chunk(dim), cnt[PS_PARTS_MAX], pcnt[PS_PARTS_MAX];
     uint64_t ids[PS_PARTS_MAX];
     for (;;) {
         int rc = 0, any = 0;
         memset(cnt, 0, sizeof cnt);
+        memset(pcnt, 0, sizeof pcnt);
         for (uint32_t p = 0; p < n && rc == 0; p++) {
-            size_t from = c->tfrom[p] + done[p], left = c->tfrom[p + 1] - from;
-            if (left == 0)
+            size_t from = g->tfrom[p] + done[p], left = op == TAB_PULL ? 0 : g->tfrom[p + 1] - from;
+            size_t pfrom = pg->tfrom[p] + pd[p], pleft = op == TAB_PUSH ? 0 : pg->tfrom[p + 1] - pfrom;
+            size_t k = left < chunk ? left : chunk, pk = pleft < chunk ? pleft : chunk;
+            if (left > chunk)
+                pk = 0; /* the part's pulls wait for its last push */
+            if (k == 0 && pk == 0)
                 continue;
-            size_t k = left < chunk ? left : chunk;
             ps_msg m;
-            ps_msg_init(&m, push ? PS_MSG_TPUSH : PS_MSG_TPULL);
+            ps_msg_init(&m, k && pk ? PS_MSG_TPUSHPULL : k ? PS_MSG_TPUSH : PS_MSG_TPULL);
             m.has = PS_F_TAB | PS_F_KEYS;
             snprintf(m.tab, sizeof m.tab, "%s", t->def.name);
-            m.keys = (ps_keys){(const uint8_t *)(c->tg + from), (uint32_t)k}; /* the host is little-endian */
-            if (push) {
+            /* the host is little-endian */
+            if (k) {
+                m.keys = (ps_keys){(const uint8_t *)(g->tg + from), (uint32_t)k};
                 m.has |= PS_F_BASE | PS_F_DATA;
                 m.base = psc__push_base(c, &c->links[p]);
-                m.data = c->tgrows + from * dim;
+                m.data = g->tgrows + from * dim;
                 m.ndata = k * dim;
+                if (pk) {
+                    m.has |= PS_F_PKEYS;
+                    m.pkeys = (ps_keys){(const uint8_t *)(pg->tg + pfrom), (uint32_t)pk};
+                }
+            } else {
+                m.keys = (ps_keys){(const uint8_t *)(pg->tg + pfrom), (uint32_t)pk};
             }
             int r = ps_client_send(&c->links[p].cl, &m);
             if (r != 0) {
@@ -239,22 +264,23 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int push, size_t
             }
             ids[p] = m.id;
             cnt[p] = k;
+            pcnt[p] = pk;
             any = 1;
         }
         for (uint32_t p = 0; p < n; p++) {
-            if (cnt[p] == 0)
+            if (cnt[p] == 0 && pcnt[p] == 0)
                 continue;
             ps_msg r;
-            size_t from = c->tfrom[p] + done[p];
+            size_t pfrom = pg->tfrom[p] + pd[p];
             int r2 = ps_client_recv(&c->links[p].cl, &r, c->timeout_ms);
             if (r2 == 0 && (r.has & PS_F_ID) && r.id != ids[p])
                 r2 = psc__fail(c, PSC_EMALFORMED, "table '%s': psd at %s answered request %llu, expected %llu",
                                t->def.name, c->links[p].server, (unsigned long long)r.id,
                                (unsigned long long)ids[p]);
-            else if (r2 == 0 && !push && (r.type != PS_MSG_ROWS || r.ndata != cnt[p] * dim))
+            else if (r2 == 0 && pcnt[p] && (r.type != PS_MSG_ROWS || r.ndata != pcnt[p] * dim))
                 r2 = psc__fail(c, PSC_EMALFORMED,
                                "table '%s': psd at %s answered a pull of %zu rows with %s of %llu values",
-                               t->def.name, c->links[p].server, cnt[p], ps_msg_type_name(r.type),
+                               t->def.name, c->links[p].server, pcnt[p], ps_msg_type_name(r.type),
                                (unsigned long long)r.ndata);
             else if (r2 != 0)
                 r2 = psc__lfail(c, p, r2);
@@ -263,9 +289,10 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int push, size_t
                     rc = r2;
                 continue;
             }
-            if (!push)
-                memcpy(c->tgrows + from * dim, r.data, cnt[p] * dim * sizeof(float));
+            if (pcnt[p])
+                memcpy(pg->tgrows + pfrom * dim, r.data, pcnt[p] * dim * sizeof(float));
             done[p] += cnt[p];
+            pd[p] += pcnt[p];
         }
         if (rc != 0 || !any)
             return rc;
@@ -306,29 +333,65 @@ static int tab_ready(psc_client *c, const char *what, const char *name, const vo
     return 0;
 }
 
+/* Makes the n keys distinct and groups them by part in c->tks[g]. */
+static int tab_prepare(psc_client *c, int g, const struct psc_tab *t, const uint64_t *keys, size_t n)
+{
+    size_t nu = 0;
+    int rc = tab_distinct(c, &c->tks[g], keys, n, &nu);
+    return rc ? rc : tab_group(c, &c->tks[g], nu, t->def.dim);
+}
+
+/* The pushed gradients grads of the n keys of c->tks[0] (prepared) summed
+ * per key, in the order they come, at its place in its part; 0 or
+ * PSC_ENONFINITE. */
+static int tab_sum(psc_client *c, const struct psc_tab *t, size_t n, const float *grads)
+{
+    struct psc_tkeys *g = &c->tks[0];
+    uint32_t dim = t->def.dim;
+    size_t nu = g->tfrom[c->nlinks];
+    memset(g->tgrows, 0, nu * dim * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        float *dst = g->tgrows + (size_t)g->tpos[g->tidx[i]] * dim;
+        for (uint32_t j = 0; j < dim; j++)
+            dst[j] += grads[i * dim + j];
+    }
+    for (size_t i = 0; i < nu * dim; i++)
+        if (!isfinite(g->tgrows[i]))
+            return psc__fail(c, PSC_ENONFINITE, "psc_table_push: table '%s': the gradient of key %llu is not finite",
+                             t->def.name, (unsigned long long)g->tg[i / dim]);
+    return 0;
+}
+
+/* The pulled rows of the n keys of c->tks[g] into rows, in the call's order. */
+static void tab_unpack(const psc_client *c, int g, const struct psc_tab *t, size_t n, float *rows)
+{
+    const struct psc_tkeys *k = &c->tks[g];
+    uint32_t dim = t->def.dim;
+    for (size_t i = 0; i < n; i++)
+        memcpy(rows + i * dim, k->tgrows + (size_t)k->tpos[k->tidx[i]] * dim, dim * sizeof(float));
+}
+
+/* Runs tab_exchange, and once more after a failure tab_retry recovers. */
+static int tab_run(psc_client *c, const struct psc_tab *t, int op)
+{
+    psc__waiting_clear(c);
+    size_t done[PS_PARTS_MAX] = {0}, pdone[PS_PARTS_MAX] = {0};
+    int rc = tab_exchange(c, t, op, done, pdone);
+    if (rc != 0 && (rc = tab_retry(c, rc)) == 0)
+        rc = tab_exchange(c, t, op, done, pdone); /* the parts that did not answer: after a reconnect, psd never
+                                                     had their push */
+    return rc ? psc__public_code(c, rc) : 0;
+}
+
 int psc_table_pull(psc_client *c, const char *name, const uint64_t *keys, size_t n, float *rows)
 {
     const struct psc_tab *t;
     int rc = tab_ready(c, "psc_table_pull", name, keys, n, rows, &t);
-    size_t nu = 0;
-    if (rc == 0)
-        rc = tab_distinct(c, keys, n, &nu);
     if (rc != 0 || n == 0)
         return rc;
-    if (rc == 0)
-        rc = tab_group(c, nu, t->def.dim);
-    if (rc != 0)
+    if ((rc = tab_prepare(c, 0, t, keys, n)) != 0 || (rc = tab_run(c, t, TAB_PULL)) != 0)
         return rc;
-    psc__waiting_clear(c);
-    size_t done[PS_PARTS_MAX] = {0};
-    rc = tab_exchange(c, t, 0, done);
-    if (rc != 0 && (rc = tab_retry(c, rc)) == 0)
-        rc = tab_exchange(c, t, 0, done);
-    if (rc != 0)
-        return psc__public_code(c, rc);
-    uint32_t dim = t->def.dim;
-    for (size_t i = 0; i < n; i++)
-        memcpy(rows + i * dim, c->tgrows + (size_t)c->tpos[c->tidx[i]] * dim, dim * sizeof(float));
+    tab_unpack(c, 0, t, n, rows);
     return 0;
 }
 
@@ -336,36 +399,29 @@ int psc_table_push(psc_client *c, const char *name, const uint64_t *keys, size_t
 {
     const struct psc_tab *t;
     int rc = tab_ready(c, "psc_table_push", name, keys, n, grads, &t);
-    size_t nu = 0;
-    if (rc == 0)
-        rc = tab_distinct(c, keys, n, &nu);
     if (rc != 0 || n == 0)
         return rc;
-    uint32_t dim = t->def.dim;
-    if ((rc = tab_group(c, nu, dim)) != 0)
+    if ((rc = tab_prepare(c, 0, t, keys, n)) != 0 || (rc = tab_sum(c, t, n, grads)) != 0)
         return rc;
-    /* a key's rows summed, in the order they come, at its place in its part */
-    memset(c->tgrows, 0, nu * dim * sizeof(float));
-    for (size_t i = 0; i < n; i++) {
-        float *dst = c->tgrows + (size_t)c->tpos[c->tidx[i]] * dim;
-        for (uint32_t j = 0; j < dim; j++)
-            dst[j] += grads[i * dim + j];
-    }
-    for (size_t i = 0; i < nu * dim; i++)
-        if (!isfinite(c->tgrows[i]))
-            return psc__fail(c, PSC_ENONFINITE, "psc_table_push: table '%s': the gradient of key %llu is not finite",
-                        t->def.name, (unsigned long long)c->tg[i / dim]);
-    psc__waiting_clear(c);
-    size_t done[PS_PARTS_MAX] = {0};
-    rc = tab_exchange(c, t, 1, done);
-    if (rc != 0 && (rc = tab_retry(c, rc)) == 0)
-        rc = tab_exchange(c, t, 1, done); /* the parts that did not take it: after a reconnect, psd never had it */
-    return rc ? psc__public_code(c, rc) : 0;
+    return tab_run(c, t, TAB_PUSH);
 }
 
 int psc_table_pushpull(psc_client *c, const char *name, const uint64_t *keys, size_t n, const float *grads,
                        const uint64_t *next, size_t m, float *rows)
 {
-    int rc = psc_table_push(c, name, keys, n, grads);
-    return rc ? rc : psc_table_pull(c, name, next, m, rows);
+    if (n == 0)
+        return psc_table_pull(c, name, next, m, rows);
+    if (m == 0)
+        return psc_table_push(c, name, keys, n, grads);
+    const struct psc_tab *t;
+    int rc = tab_ready(c, "psc_table_push", name, keys, n, grads, &t);
+    if (rc == 0)
+        rc = tab_ready(c, "psc_table_pull", name, next, m, rows, &t);
+    if (rc != 0)
+        return rc;
+    if ((rc = tab_prepare(c, 0, t, keys, n)) != 0 || (rc = tab_sum(c, t, n, grads)) != 0 ||
+        (rc = tab_prepare(c, 1, t, next, m)) != 0 || (rc = tab_run(c, t, TAB_PUSHPULL)) != 0)
+        return rc;
+    tab_unpack(c, 1, t, m, rows);
+    return 0;
 }

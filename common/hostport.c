@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
+#include "common/parse.h"
 #include "proto/errors.h"
 
 /* Is s a host name: labels of letters, digits, '-' and '_' separated by
@@ -110,14 +111,13 @@ int ps_hostport_parse(const char *s, char *host, size_t hostlen, int *port, char
         port_s = colon + 1;
     }
 
-    size_t plen = strlen(port_s);
-    if (plen == 0 || plen > 5 || strspn(port_s, "0123456789") != plen) {
+    uint64_t p;
+    if (strlen(port_s) > 5 || ps_parse_u64(port_s, UINT64_MAX, &p) != 0) {
         ps_errf(err, errlen, "'%.300s': port '%.32s' is not a number 0..65535", s, port_s);
         return PS_EINVAL;
     }
-    long p = strtol(port_s, NULL, 10);
     if (p > 65535) {
-        ps_errf(err, errlen, "'%.300s': port %ld is out of range 0..65535", s, p);
+        ps_errf(err, errlen, "'%.300s': port %llu is out of range 0..65535", s, (unsigned long long)p);
         return PS_EINVAL;
     }
     if (hlen >= hostlen) {

@@ -1,6 +1,9 @@
 /* errors.c - text for the PS_E* codes of errors.h. */
 #include "errors.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 /* |code| without overflow: INT_MIN becomes a value no code has. */
 static unsigned magnitude(int code)
 {
@@ -33,4 +36,15 @@ const char *ps_errname(int code)
 #undef PS_X_NAME
     }
     return "UNKNOWN";
+}
+
+int ps_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

@@ -7,6 +7,8 @@
 #ifndef PS_ERRORS_H
 #define PS_ERRORS_H
 
+#include <stddef.h>
+
 #define PS_ERRNO_MAP(X)                                                              \
     X(MALFORMED, 1, "malformed frame or message")                                    \
     X(TOO_BIG, 2, "frame larger than the limit")                                     \
@@ -45,5 +47,9 @@ const char *ps_strerror(int code);
 
 /* The symbolic name ("MALFORMED") of code; "UNKNOWN" for codes not listed. */
 const char *ps_errname(int code);
+
+/* Writes the message fmt, ... into err (errlen bytes; nothing when 0) and
+ * returns code: `return ps_fail(err, errlen, PS_EBAD_FIELD, "...", ...);`. */
+int ps_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 #endif

@@ -326,6 +326,11 @@ int ps_buf_write(void *data, const char *p, size_t len);
  * a key, and a key with its value. */
 void ps_pack_key(msgpack_packer *pk, const char *k);
 void ps_pack_kstr(msgpack_packer *pk, const char *k, const char *v);
+/* A table's declaration as PS_TABLE_DEF_KEYS entries of a map the caller
+ * opened (name, dim, rinit, scale, seed, opt, and hp: a map of the
+ * optimizer's hyper-parameters): how STATUS and a checkpoint state it. */
+#define PS_TABLE_DEF_KEYS 7
+void ps_pack_table_def(msgpack_packer *pk, const ps_table_def *d);
 void ps_pack_ku64(msgpack_packer *pk, const char *k, uint64_t v);
 void ps_pack_kf64(msgpack_packer *pk, const char *k, double v);
 

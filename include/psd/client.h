@@ -400,7 +400,11 @@ PSC_API int psc_table_pull(psc_client *c, const char *name, const uint64_t *keys
  * or a code. (1.7) */
 PSC_API int psc_table_push(psc_client *c, const char *name, const uint64_t *keys, size_t n, const float *grads);
 
-/* psc_table_push, then psc_table_pull of next[0..m) into rows. (1.7) */
+/* psc_table_push, then psc_table_pull of next[0..m) into rows, in one
+ * round trip to each psd (a TPUSHPULL; more messages when a side passes
+ * one message's limits, a part's pulls after all its pushes). In bsp a
+ * push for a round already closed is dropped and the rows are pulled all
+ * the same (PROTOCOL.md 13.5), where psc_table_push says PSC_ESTALE. (1.7) */
 PSC_API int psc_table_pushpull(psc_client *c, const char *name, const uint64_t *keys, size_t n, const float *grads,
                                const uint64_t *next, size_t m, float *rows);
 

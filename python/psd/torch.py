@@ -436,11 +436,33 @@ class _Table(torch.nn.Module):
             scale = 1.0 / self.embedding_dim ** 0.5 if init == "uniform" else 1.0 if init == "normal" else 0.0
         self._decl = dict(init=init, scale=float(scale), seed=int(seed), opt=opt, **hp)
         self.client = None
+        # prefetch(): the next forward's keys, [flat keys, distinct keys,
+        # inverse, rows once backward has pulled them]
+        self._next = None
 
     def attach(self, client):
         """Declares the table to psd through client (a connected psd.Client)."""
         client.table(self.table, self.embedding_dim, **self._decl)
         self.client = client
+
+    @staticmethod
+    def _flat_keys(keys):
+        if keys.dtype not in (torch.int64, torch.int32):
+            raise TypeError("keys must be int64 or int32, not %s" % keys.dtype)
+        return keys.reshape(-1).to(torch.int64).cpu()
+
+    def prefetch(self, input):
+        """Names the keys of the next forward pass (its input, as that
+        forward will take it) before this pass's backward: backward then
+        pushes this pass's row gradients and pulls those keys' rows in one
+        round trip (psd.Client.pushpull_rows) instead of a push now and a
+        pull in the next forward, which uses the rows if its input holds
+        the same keys (and pulls as usual otherwise). In asgd and ssp; in a
+        bsp job backward pushes alone (the round's update comes after it),
+        and the next forward pulls."""
+        flat = self._flat_keys(input)
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        self._next = [flat, uniq, inverse, None]
 
     def _rows(self, keys):
         """The rows of keys' distinct keys as a leaf tensor whose gradient
@@ -448,19 +470,31 @@ class _Table(torch.nn.Module):
         if self.client is None:
             raise RuntimeError("table %r has no psd client: wrap the model in psd.torch.Worker (or call attach)"
                                % self.table)
-        if keys.dtype not in (torch.int64, torch.int32):
-            raise TypeError("keys must be int64 or int32, not %s" % keys.dtype)
-        flat = keys.reshape(-1).to(torch.int64).cpu()
-        uniq, inverse = torch.unique(flat, return_inverse=True)
+        flat = self._flat_keys(keys)
+        nxt, self._next = self._next, None
+        if nxt is not None and torch.equal(nxt[0], flat):
+            uniq, inverse, rows = nxt[1], nxt[2], nxt[3]
+            if rows is None:  # named, but no backward pulled them
+                rows = self.client.pull_rows(self.table, uniq.numpy())
+            rows = torch.from_numpy(rows)
+        else:
+            uniq, inverse = torch.unique(flat, return_inverse=True)
+            rows = torch.from_numpy(self.client.pull_rows(self.table, uniq.numpy()))
+            if nxt is not None and nxt[3] is None:
+                self._next = nxt  # named for a later pass (prefetch came before this one)
         ukeys = uniq.numpy()
-        rows = torch.from_numpy(self.client.pull_rows(self.table, ukeys))
         if not torch.is_grad_enabled():
             return rows.to(keys.device), inverse.to(keys.device)
         rows.requires_grad_(True)
-        client, table = self.client, self.table
+        client, table, me = self.client, self.table, self
 
         def push(grad):
-            client.push_rows(table, ukeys, np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32))
+            g = np.ascontiguousarray(grad.detach().cpu().numpy(), dtype=np.float32)
+            nxt = me._next
+            if nxt is not None and nxt[3] is None and client.mode != "bsp":
+                nxt[3] = client.pushpull_rows(table, ukeys, g, nxt[1].numpy())
+            else:
+                client.push_rows(table, ukeys, g)
             return grad
 
         rows.register_hook(push)

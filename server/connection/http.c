@@ -107,7 +107,8 @@ static void on_drain_timeout(uv_timer_t *t)
     conn_close(t->data);
 }
 
-static void on_drain_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
+/* Reads, draining or not, go into the connection's own buffer. */
+static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 {
     http_conn *hc = handle->data;
     (void)suggested;
@@ -135,7 +136,7 @@ static void on_shutdown(uv_shutdown_t *req, int status)
     }
     hc->state = HC_DRAINING;
     uv_timer_start(&hc->timer, on_drain_timeout, DRAIN_MS, 0);
-    if (uv_read_start((uv_stream_t *)&hc->tcp, on_drain_alloc, on_read_drain) != 0)
+    if (uv_read_start((uv_stream_t *)&hc->tcp, on_alloc, on_read_drain) != 0)
         conn_close(hc);
 }
 
@@ -326,14 +327,6 @@ static void on_idle_timeout(uv_timer_t *t)
 {
     http_conn *hc = t->data;
     respond_text(hc, 408, "Request Timeout", "", "request timeout\n");
-}
-
-static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
-{
-    http_conn *hc = handle->data;
-    (void)suggested;
-    buf->base = hc->rbuf;
-    buf->len = sizeof hc->rbuf;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)

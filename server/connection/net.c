@@ -188,6 +188,7 @@ static void process_frames(srv_conn *c)
         msgpack_zone_clear(&c->zone);
         ps_scan_limits lim = {PS_MSG_DEPTH_MAX, PS_MSG_OBJECTS_MAX};
         SRV_COUNT(s, bytes_in, flen);
+        SRV_COUNT(s, frames_in, 1);
         rc = ps_msg_decode(c->rbuf + pos + PS_FRAME_HDR, plen, &lim, &c->zone, &m, &s->scratch_layout, err,
                            sizeof err);
         if (rc != 0 && ps_msg_from_server_only(m.type)) {

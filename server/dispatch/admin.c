@@ -399,19 +399,8 @@ static void cmd_reset(srv_conn *c, ps_msg *m)
         srv_send_error(o, 0, PS_ESTATE, 1, "the model was reset by an admin (psctl reset --force): psd starts "
                                            "fresh; start the job again");
     }
-    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
-        free(s->workers[i]);
-        s->workers[i] = NULL;
-    }
-    s->nshards = 0;
-    s->init_owner = NULL;
-    free(s->restored_clocks);
-    s->restored_clocks = NULL;
-    s->nrestored = 0;
-    s->resumed_from[0] = '\0';
-    s->resumed_version = 0;
-    s->model_file[0] = '\0';
-    s->said_memory_only = 0;
+    srv_workers_forget(s);
+    srv_checkpoint_forget_origin(s);
     srv_stats_model_reset(s); /* the new model's first checkpoint is written */
     srv_dash_notice(s);
     char text[PS_CONFIG_PATH_MAX + 300], was[64] = "no model to drop", ckpts[PS_CONFIG_PATH_MAX + 120] = "",

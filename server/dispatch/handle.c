@@ -232,8 +232,8 @@ static void handle_init(srv_conn *c, ps_msg *m)
         done += seg.len;
     }
     if (m->fin) {
-        s->model.initialized = 1;
-        s->init_owner = NULL;
+        srv_model_set_initialized(&s->model, s->model.version);
+        srv_init_owner_done(s);
         srv_stats_model_at(s, srv_now_ms());
         PS_LOG(PS_LOG_INFO, "model initialised by shard %u (%s)", c->worker->shard, c->addr);
     }

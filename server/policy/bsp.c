@@ -134,8 +134,7 @@ static void bsp_round_closed(psd *s)
         if (srv_plan_open(s) != 0)
             PS_LOG(PS_LOG_ERROR, "out of memory fixing round %llu's workers; every worker trains it",
                    (unsigned long long)s->model.version);
-        if (srv_plan_done(s) && !s->plan.said_done) {
-            s->plan.said_done = 1;
+        if (srv_plan_done(s) && srv_plan_say_done(&s->plan)) {
             PS_LOG(PS_LOG_INFO, "plan: round %llu, the last of %llu epochs, closed: the job is done (model version "
                                 "%llu); pushes from now on are dropped",
                    (unsigned long long)round, (unsigned long long)s->plan.p.epochs,

@@ -1,6 +1,7 @@
-/* checkpoint.c - writing checkpoints (see checkpoint.h): a snapshot and
- * the optimizer state copied on the loop, the file written on the thread
- * pool, old ones pruned; checkpoints at rest and at exit. Loading is in
+/* checkpoint.c - writing checkpoints (see checkpoint.h): psd forks, the
+ * writer process writes its copy-on-write image of the parameters, the
+ * optimizer state and the tables' rows and exits, the loop watches its pipe
+ * and prunes old ones; checkpoints at rest and at exit. Loading is in
  * ckpt_load.c, the files' names and listing in ckpt_file.c. */
 #include "server/report/checkpoint.h"
 #include "server/report/ckpt_file.h"
@@ -14,7 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h> /* getrlimit */
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -24,31 +29,45 @@
 #include "server/store/sparse_optim.h"
 #include "server/store/stats.h"
 
-/* Everything a write needs, owned by the job so the loop can go on. */
+/* Everything a write needs. The parameters are a snapshot reference; the
+ * optimizer state and the tables' rows are read where they live, in the
+ * writer process fork() made (a frozen copy-on-write image of psd's memory)
+ * or, at shutdown, in psd itself once its loop has stopped. */
 typedef struct ckpt_job {
     psd *s;
     char dir[PS_CONFIG_PATH_MAX];
+    char path[PS_CONFIG_PATH_MAX + 64], tmp[PS_CONFIG_PATH_MAX + 64];
     int keep;
     uint64_t version;
     srv_snap *snap;           /* parameters (a reference, not a copy) */
     size_t n;
-    float *state[CKPT_MAX_STATE]; /* copies of the optimizer state */
+    const float *state[CKPT_MAX_STATE]; /* the optimizer's state buffers */
     size_t nstate;
-    /* the embedding tables' rows, copied on the loop: for table i, rows
-     * keys (little-endian uint64) and their row floats each */
     struct ckpt_table {
         uint64_t rows;
         uint32_t floats;
-        uint8_t *keys;
-        float *data;
     } tables[PS_TABLES_MAX];
     uint32_t ntables;
-    uint64_t tables_stamp;    /* s->tables.stamp when they were copied */
+    uint64_t tables_stamp;    /* s->tables.stamp at the snapshot */
     ps_buf header;
-    int rc;
+    uint8_t *wbuf;            /* rows staged for write(), CKPT_WBUF bytes */
+    unsigned slow_us;         /* test only: pause per MiB of rows read */
+    /* the outcome, filled by the writer (sent over the pipe from a child) */
+    struct ckpt_result {
+        int rc;               /* 0 or PS_EIO */
+        int stage;            /* CKPT_AT_*: what failed */
+        int err;              /* its errno */
+        double seconds;
+    } res;
+    size_t got;               /* bytes of res read from the pipe */
+    double fork_ms;           /* how long fork() held the loop */
+    pid_t pid;                /* the writer process, 0: none */
+    uv_pipe_t pipe;           /* its end of the pipe, EOF when it exits */
     char err[PS_CONFIG_PATH_MAX * 2 + 256];
-    double seconds;
 } ckpt_job;
+
+enum { CKPT_AT_MKDIR = 1, CKPT_AT_CREATE, CKPT_AT_WRITE, CKPT_AT_RENAME, CKPT_AT_EXIT };
+#define CKPT_WBUF (1u << 20)
 
 /* "plan": the job's plan (plan.c) and who is out of it: {epochs, samples,
  * batch, seed, out: [shards below M that joined and then left or were
@@ -84,26 +103,8 @@ static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
     msgpack_pack_array(pk, j->ntables);
     for (uint32_t i = 0; i < j->ntables; i++) {
         const ps_table_def *d = srv_tables_def(&s->tables, i);
-        uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
-        for (uint32_t b = hps; b; b &= b - 1)
-            nhp++;
-        msgpack_pack_map(pk, d->nparts > 1 ? 10 : 9);
-        ps_pack_kstr(pk, "name", d->name);
-        ps_pack_key(pk, "dim");
-        msgpack_pack_uint32(pk, d->dim);
-        ps_pack_kstr(pk, "rinit", ps_rinit_name(d->rinit));
-        ps_pack_key(pk, "scale");
-        msgpack_pack_double(pk, d->scale);
-        ps_pack_key(pk, "seed");
-        msgpack_pack_uint64(pk, d->seed);
-        ps_pack_kstr(pk, "opt", ps_topt_name(d->opt));
-        ps_pack_key(pk, "hp");
-        msgpack_pack_map(pk, nhp);
-        for (uint32_t h = 0; h < PS_HP_COUNT; h++)
-            if (hps & (1u << h)) {
-                ps_pack_key(pk, ps_hp_name(h));
-                msgpack_pack_double(pk, d->hp[h]);
-            }
+        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 2 + (d->nparts > 1));
+        ps_pack_table_def(pk, d);
         ps_pack_key(pk, "rows");
         msgpack_pack_uint64(pk, j->tables[i].rows);
         ps_pack_key(pk, "floats");
@@ -176,53 +177,14 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
 static void job_free(ckpt_job *j)
 {
     srv_snap_unref(j->snap);
-    for (size_t i = 0; i < j->nstate; i++)
-        free(j->state[i]);
-    for (uint32_t i = 0; i < j->ntables; i++) {
-        free(j->tables[i].keys);
-        free(j->tables[i].data);
-    }
     ps_buf_free(&j->header);
+    free(j->wbuf);
     free(j);
 }
 
-/* srv_tables_each's callback: one row into the job's copy. */
-typedef struct table_copy {
-    struct ckpt_table *t;
-    uint64_t at;
-} table_copy;
-
-static void copy_row(uint64_t key, const float *row, void *arg)
-{
-    table_copy *c = arg;
-    for (int b = 0; b < 8; b++)
-        c->t->keys[8 * c->at + (uint64_t)b] = (uint8_t)(key >> (8 * b));
-    memcpy(c->t->data + c->at * c->t->floats, row, c->t->floats * sizeof(float));
-    c->at++;
-}
-
-/* Copies every table's rows into j (on the loop: the pool thread then
- * writes them while the tables go on changing). 0 or -1 out of memory. */
-static int copy_tables(psd *s, ckpt_job *j)
-{
-    for (uint32_t i = 0; i < s->tables.n; i++) {
-        srv_table_stats st;
-        srv_tables_stats(&s->tables, i, &st);
-        struct ckpt_table *t = &j->tables[i];
-        t->rows = st.rows;
-        t->floats = srv_sparse_row_floats(srv_tables_def(&s->tables, i));
-        t->keys = malloc(st.rows ? st.rows * 8 : 1);
-        t->data = malloc(st.rows ? st.rows * t->floats * sizeof(float) : 1);
-        j->ntables = i + 1;
-        if (!t->keys || !t->data)
-            return -1;
-        table_copy c = {t, 0};
-        srv_tables_each(&s->tables, i, copy_row, &c);
-    }
-    return 0;
-}
-
-/* Prepares a job on the loop thread; NULL when out of memory. */
+/* Prepares a job on the loop thread (nothing of the model is copied: the
+ * header with the tables' row counts, the paths, a staging buffer); NULL
+ * when out of memory. */
 static ckpt_job *job_new(psd *s)
 {
     ckpt_job *j = calloc(1, sizeof *j);
@@ -234,24 +196,29 @@ static ckpt_job *job_new(psd *s)
     snprintf(j->dir, sizeof j->dir, "%s", s->cfg.state_dir);
     j->keep = s->cfg.checkpoint_keep;
     j->tables_stamp = s->tables.stamp;
+    const char *slow = getenv("PSD_TEST_CKPT_SLOW_US");
+    j->slow_us = slow ? (unsigned)strtoul(slow, NULL, 10) : 0;
     j->snap = srv_snap_take(&s->model);
-    if (!j->snap) {
-        free(j);
+    j->wbuf = malloc(CKPT_WBUF);
+    if (!j->snap || !j->wbuf) {
+        job_free(j);
         return NULL;
     }
     j->version = j->snap->version; /* Hogwild!: the counter the copy was taken after */
+    srv_ckpt_path(j->path, sizeof j->path, j->dir, j->version, "");
+    srv_ckpt_path(j->tmp, sizeof j->tmp, j->dir, j->version, ".tmp");
     j->n = s->model.layout.total;
     j->nstate = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
-    for (size_t i = 0; i < j->nstate; i++) {
-        j->state[i] = malloc(j->n * sizeof(float));
-        if (!j->state[i]) {
-            j->nstate = i;
-            job_free(j);
-            return NULL;
-        }
-        memcpy(j->state[i], bufs[i], j->n * sizeof(float));
+    for (size_t i = 0; i < j->nstate; i++)
+        j->state[i] = bufs[i];
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        j->tables[i].rows = st.rows;
+        j->tables[i].floats = srv_sparse_row_floats(srv_tables_def(&s->tables, i));
     }
-    if (copy_tables(s, j) != 0 || build_header(s, j, names) != 0) {
+    j->ntables = s->tables.n;
+    if (build_header(s, j, names) != 0) {
         job_free(j);
         return NULL;
     }
@@ -275,23 +242,88 @@ static int write_all(int fd, const void *p, size_t len, uLong *crc)
     return 0;
 }
 
-/* The file work, on a pool thread (or the loop at shutdown): touches only
- * the job. */
-static void job_run(ckpt_job *j)
+/* The tables' keys and rows go out through j->wbuf. */
+typedef struct row_writer {
+    ckpt_job *j;
+    int fd;
+    uLong *crc;
+    size_t used;
+    size_t row_bytes; /* the current table's */
+    uint64_t read;    /* row bytes read since the last test pause */
+    int bad;
+} row_writer;
+
+static void stage(row_writer *w, const void *p, size_t len)
 {
-    char tmp[PS_CONFIG_PATH_MAX + 64], path[PS_CONFIG_PATH_MAX + 64];
+    const uint8_t *b = p;
+    while (!w->bad && len > 0) {
+        size_t k = len < CKPT_WBUF - w->used ? len : CKPT_WBUF - w->used;
+        memcpy(w->j->wbuf + w->used, b, k);
+        w->used += k;
+        b += k;
+        len -= k;
+        if (w->used == CKPT_WBUF) {
+            w->bad = write_all(w->fd, w->j->wbuf, w->used, w->crc);
+            w->used = 0;
+        }
+    }
+}
+
+static void flush(row_writer *w)
+{
+    if (!w->bad && w->used)
+        w->bad = write_all(w->fd, w->j->wbuf, w->used, w->crc);
+    w->used = 0;
+}
+
+static void key_out(uint64_t key, const float *row, void *arg)
+{
+    (void)row;
+    uint8_t k[8];
+    for (int b = 0; b < 8; b++)
+        k[b] = (uint8_t)(key >> (8 * b));
+    stage(arg, k, sizeof k);
+}
+
+/* Test only (PSD_TEST_CKPT_SLOW_US): a pause per MiB of rows read, so
+ * that a test's table of some tens of MB takes seconds to write. */
+static void test_pause(row_writer *w)
+{
+    w->read += w->row_bytes;
+    if (!w->j->slow_us || w->read < (1u << 20))
+        return;
+    w->read = 0;
+    struct timespec ts = {(time_t)(w->j->slow_us / 1000000u), (long)(w->j->slow_us % 1000000u) * 1000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static void row_out(uint64_t key, const float *row, void *arg)
+{
+    (void)key;
+    row_writer *w = arg;
+    stage(w, row, w->row_bytes);
+    test_pause(w);
+}
+
+/* Writes the file (to a temporary name, fsynced, renamed into place, the
+ * directory fsynced) into j->res. It runs in the writer process, so it
+ * calls only async-signal-safe functions and the model's own reading code
+ * (no malloc, no stdio, no locks): see srv_checkpoint_start. */
+static void job_write(ckpt_job *j)
+{
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    srv_ckpt_path(path, sizeof path, j->dir, j->version, "");
-    srv_ckpt_path(tmp, sizeof tmp, j->dir, j->version, ".tmp");
-    j->rc = PS_EIO;
+    j->res.rc = PS_EIO;
     if (mkdir(j->dir, 0750) != 0 && errno != EEXIST) {
-        snprintf(j->err, sizeof j->err, "cannot create %s: %s", j->dir, strerror(errno));
+        j->res.stage = CKPT_AT_MKDIR;
+        j->res.err = errno;
         return;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    int fd = open(j->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (fd < 0) {
-        snprintf(j->err, sizeof j->err, "cannot create %s: %s", tmp, strerror(errno));
+        j->res.stage = CKPT_AT_CREATE;
+        j->res.err = errno;
         return;
     }
     uint8_t head[16], tail[8];
@@ -304,24 +336,32 @@ static void job_run(ckpt_job *j)
         bad = write_all(fd, j->snap->blk[i]->w, j->snap->blk[i]->cap * sizeof(float), &crc);
     for (size_t i = 0; !bad && i < j->nstate; i++)
         bad = write_all(fd, j->state[i], j->n * sizeof(float), &crc);
-    for (uint32_t i = 0; !bad && i < j->ntables; i++)
-        bad = write_all(fd, j->tables[i].keys, j->tables[i].rows * 8, &crc) ||
-              write_all(fd, j->tables[i].data, j->tables[i].rows * j->tables[i].floats * sizeof(float), &crc);
+    row_writer w = {.j = j, .fd = fd, .crc = &crc};
+    for (uint32_t i = 0; !bad && i < j->ntables; i++) {
+        w.row_bytes = j->tables[i].floats * sizeof(float);
+        srv_tables_each(&j->s->tables, i, key_out, &w);
+        flush(&w);
+        srv_tables_each(&j->s->tables, i, row_out, &w);
+        flush(&w);
+        bad = w.bad;
+    }
     srv_ckpt_put_u32(tail, (uint32_t)crc);
     memcpy(tail + 4, CKPT_END, 4);
     uLong dummy = 0;
     if (!bad)
         bad = write_all(fd, tail, sizeof tail, &dummy);
     if (bad || fsync(fd) != 0) {
-        snprintf(j->err, sizeof j->err, "writing %s: %s", tmp, strerror(errno));
+        j->res.stage = CKPT_AT_WRITE;
+        j->res.err = errno;
         close(fd);
-        unlink(tmp);
+        unlink(j->tmp);
         return;
     }
     close(fd);
-    if (rename(tmp, path) != 0) {
-        snprintf(j->err, sizeof j->err, "renaming %s: %s", tmp, strerror(errno));
-        unlink(tmp);
+    if (rename(j->tmp, j->path) != 0) {
+        j->res.stage = CKPT_AT_RENAME;
+        j->res.err = errno;
+        unlink(j->tmp);
         return;
     }
     int dfd = open(j->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -329,49 +369,178 @@ static void job_run(ckpt_job *j)
         fsync(dfd);
         close(dfd);
     }
-    /* keep the newest `keep` */
-    uint64_t *vers;
-    size_t nv = srv_ckpt_list_versions(j->dir, &vers);
-    for (size_t i = (size_t)j->keep; i < nv; i++) {
-        srv_ckpt_path(path, sizeof path, j->dir, vers[i], "");
-        unlink(path);
-    }
-    free(vers);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    j->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    j->rc = 0;
+    j->res.seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    j->res.rc = 0;
 }
 
+/* On the loop (or at shutdown): the old checkpoints pruned, the outcome
+ * logged and counted. */
 static void job_finish(psd *s, ckpt_job *j)
 {
-    if (j->rc == 0) {
+    if (j->res.rc == 0) {
+        uint64_t *vers; /* keep the newest `keep` */
+        size_t nv = srv_ckpt_list_versions(j->dir, &vers);
+        for (size_t i = (size_t)j->keep; i < nv; i++) {
+            char old[PS_CONFIG_PATH_MAX + 64];
+            srv_ckpt_path(old, sizeof old, j->dir, vers[i], "");
+            unlink(old);
+        }
+        free(vers);
         srv_stats_checkpoint(s, j->version, j->tables_stamp, NULL);
-        PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s/ckpt-%020" PRIu64 ".psdc in %.3f s",
-               j->version, j->dir, j->version, j->seconds);
-    } else {
-        srv_stats_checkpoint(s, j->version, j->tables_stamp, j->err);
-        PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
+        if (j->pid)
+            PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s in %.3f s (fork %.1f ms)",
+                   j->version, j->path, j->res.seconds, j->fork_ms);
+        else
+            PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 " written to %s in %.3f s", j->version, j->path,
+                   j->res.seconds);
+        return;
     }
+    const char *e = strerror(j->res.err);
+    switch (j->res.stage) {
+    case CKPT_AT_MKDIR: snprintf(j->err, sizeof j->err, "cannot create %s: %s", j->dir, e); break;
+    case CKPT_AT_CREATE: snprintf(j->err, sizeof j->err, "cannot create %s: %s", j->tmp, e); break;
+    case CKPT_AT_WRITE: snprintf(j->err, sizeof j->err, "writing %s: %s", j->tmp, e); break;
+    case CKPT_AT_RENAME: snprintf(j->err, sizeof j->err, "renaming %s: %s", j->tmp, e); break;
+    default: break; /* CKPT_AT_EXIT: j->err is set */
+    }
+    srv_stats_checkpoint(s, j->version, j->tables_stamp, j->err);
+    PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
 }
 
-static void on_work(uv_work_t *req)
+/* The writer process: psd's memory as it was at fork(), copy-on-write.
+ * Only the thread that called fork() lives here; another psd thread (the
+ * libuv pool's, an update's) may have held a lock (malloc's, stdio's, the
+ * log's) at that moment, so this calls no function that takes one: only
+ * system calls and the model's own reading code. Never returns. */
+static void writer_main(ckpt_job *j, int wfd, pid_t parent, int maxfd)
 {
-    job_run(req->data);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* psd killed: no orphan writes on */
+    if (getppid() != parent)
+        _exit(3);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    /* psd's sockets closed here, so that a connection psd closes is closed
+     * (the peer sees it) while this writes */
+    for (int fd = 3; fd <= maxfd; fd++)
+        if (fd != wfd)
+            close(fd);
+    job_write(j);
+    const uint8_t *p = (const uint8_t *)&j->res;
+    size_t left = sizeof j->res;
+    while (left > 0) {
+        ssize_t n = write(wfd, p, left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            _exit(4);
+        p += n;
+        left -= (size_t)n;
+    }
+    _exit(0);
 }
 
-static void on_after_work(uv_work_t *req, int status)
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-    ckpt_job *j = req->data;
+    (void)h;
+    (void)suggested;
+    static char scratch[256];
+    *buf = uv_buf_init(scratch, sizeof scratch);
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    ckpt_job *j = h->data;
     psd *s = j->s;
-    s->checkpoint_busy = 0;
-    if (status == UV_ECANCELED) {
-        j->rc = PS_EIO;
-        snprintf(j->err, sizeof j->err, "cancelled");
+    int st = 0;
+    while (waitpid(j->pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || j->got != sizeof j->res) {
+        j->res.rc = PS_EIO;
+        j->res.stage = CKPT_AT_EXIT;
+        if (j->err[0])
+            ; /* job_fork's */
+        else if (WIFSIGNALED(st))
+            snprintf(j->err, sizeof j->err, "the writer process %d was killed by signal %d", (int)j->pid,
+                     WTERMSIG(st));
+        else
+            snprintf(j->err, sizeof j->err, "the writer process %d exited with status %d", (int)j->pid,
+                     WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        unlink(j->tmp);
     }
+    s->checkpoint_busy = 0;
     job_finish(s, j);
     job_free(j);
 }
 
+static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf)
+{
+    ckpt_job *j = h->data;
+    if (nread > 0) {
+        size_t k = (size_t)nread < sizeof j->res - j->got ? (size_t)nread : sizeof j->res - j->got;
+        memcpy((uint8_t *)&j->res + j->got, buf->base, k);
+        j->got += k;
+        return;
+    }
+    if (nread < 0) { /* EOF: the writer has exited */
+        uv_read_stop(h);
+        uv_close((uv_handle_t *)h, on_closed);
+    }
+}
+
+/* Forks the writer and watches its pipe; 0, or -1 with j->err set. */
+static int job_fork(psd *s, ckpt_job *j)
+{
+    struct rlimit rl;
+    int maxfd = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 65536
+                    ? (int)rl.rlim_cur - 1 : 65535;
+    int fds[2];
+    if (pipe(fds) != 0 || fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(fds[1], F_SETFD, FD_CLOEXEC) != 0) {
+        snprintf(j->err, sizeof j->err, "cannot make a pipe for the writer: %s", strerror(errno));
+        return -1;
+    }
+    pid_t parent = getpid();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pid_t pid = fork();
+    if (pid == 0)
+        writer_main(j, fds[1], parent, maxfd);
+    int e = errno;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    j->fork_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    close(fds[1]);
+    if (pid < 0) {
+        close(fds[0]);
+        snprintf(j->err, sizeof j->err, "cannot fork the writer: %s", strerror(e));
+        return -1;
+    }
+    j->pid = pid;
+    int rc = uv_pipe_init(s->loop, &j->pipe, 0);
+    if (rc != 0) { /* cannot watch it: stop it */
+        close(fds[0]);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        unlink(j->tmp);
+        snprintf(j->err, sizeof j->err, "cannot watch the writer: %s", uv_strerror(rc));
+        return -1;
+    }
+    j->pipe.data = j;
+    if ((rc = uv_pipe_open(&j->pipe, fds[0])) != 0)
+        close(fds[0]);
+    else
+        rc = uv_read_start((uv_stream_t *)&j->pipe, on_alloc, on_read);
+    if (rc != 0) { /* on_closed reaps it and reports this */
+        kill(pid, SIGKILL);
+        snprintf(j->err, sizeof j->err, "cannot watch the writer: %s", uv_strerror(rc));
+        uv_close((uv_handle_t *)&j->pipe, on_closed);
+    }
+    return 0;
+}
 /* The newest checkpoint holds the model's version and the tables as they
  * are (a table push changes no version in asgd: the tables' stamp does). */
 static int saved(const psd *s)
@@ -402,8 +571,12 @@ void srv_checkpoint_start(psd *s, int force)
         PS_LOG(PS_LOG_ERROR, "checkpoint: out of memory");
         return;
     }
-    s->checkpoint_req.data = j;
-    if (uv_queue_work(s->loop, &s->checkpoint_req, on_work, on_after_work) != 0) {
+    /* fork(): the writer process gets psd's memory as it is now, copy-on-
+     * write, and writes it while psd goes on; the loop pays only for the
+     * fork (psd's page tables copied). */
+    if (job_fork(s, j) != 0) {
+        srv_stats_checkpoint(s, j->version, j->tables_stamp, j->err);
+        PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
         job_free(j);
         return;
     }
@@ -455,9 +628,9 @@ int srv_checkpoint_write_now(psd *s)
         PS_LOG(PS_LOG_ERROR, "final checkpoint: out of memory");
         return PS_ENOMEM;
     }
-    job_run(j);
+    job_write(j); /* the loop has stopped: nothing changes the model */
     job_finish(s, j);
-    int rc = j->rc;
+    int rc = j->res.rc;
     job_free(j);
     return rc;
 }

@@ -19,15 +19,19 @@
 
 #include "server/store/psd.h"
 
-/* Starts writing a checkpoint of the current model in the libuv thread
- * pool (parameters by snapshot reference, optimizer state copied). Does
+/* Starts writing a checkpoint of the current model: psd forks, and the
+ * writer process writes its copy-on-write image of the parameters, the
+ * optimizer state and the tables and exits, while psd goes on; the loop
+ * watches a pipe to it and counts, logs and prunes when it ends. Does
  * nothing when there is no state_dir, no initialised model, one is already
- * being written, or the version is already saved (unless force). */
+ * being written, or the version is already saved (unless force). The
+ * environment variable PSD_TEST_CKPT_SLOW_US (tests only) makes the writer
+ * pause that many microseconds per MiB of table rows. */
 void srv_checkpoint_start(psd *s, int force);
 
 /* The work has stopped (why: "the last worker left", "psd is paused", or
  * "before psctl set changes the optimizer's settings"): starts a checkpoint
- * of the current version in the pool unless that version is already
+ * of the current version (srv_checkpoint_start) unless that version is already
  * written, with a log line naming why. Returns 1 when one was started or
  * none is needed, 0 when it could not start now (one is being written, or
  * an update runs off the loop): the caller's tick calls again. Without a
@@ -60,6 +64,10 @@ int srv_checkpoint_write_now(psd *s);
  * Returns 1 when one was loaded, 0 when there was none, negative on a
  * state_dir that cannot be used. */
 int srv_checkpoint_load(psd *s);
+
+/* psctl reset: forgets where the model came from at start (the checkpoint
+ * and its version, the SSP clocks restored from it, init_from's file). */
+void srv_checkpoint_forget_origin(psd *s);
 
 /* --fresh: moves the checkpoints in dir (ckpt-* files) into a new dated
  * subfolder, dir/set-aside-YYYYMMDDTHHMMSSZ, written to aside; nothing is

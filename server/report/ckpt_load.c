@@ -311,8 +311,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     for (size_t i = 0; i < s->model.nblk; i++) {
         srv_blk *b = s->model.blk[i];
         memcpy(b->w, p, b->cap * sizeof(float));
-        s->model.stamp++;
-        s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
+        srv_model_touched(&s->model);
         p += b->cap * sizeof(float);
     }
     float *bufs[CKPT_MAX_STATE];
@@ -353,8 +352,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         PS_LOG(PS_LOG_WARN, "checkpoint %s: its tables take %llu bytes, past max_table_memory (%llu): kept; no new "
                             "rows fit until some memory is freed or the setting raised",
                path, (unsigned long long)s->tables.bytes, (unsigned long long)s->cfg.max_table_memory);
-    srv_model_set_version(&s->model, ver->via.u64);
-    s->model.initialized = 1;
+    srv_model_set_initialized(&s->model, ver->via.u64);
     srv_plan_clear(&s->plan);
     *nout = 0;
     const msgpack_object *plan = ps_map_get(&h, "plan");
@@ -445,6 +443,16 @@ int srv_checkpoint_load(psd *s)
     free(out);
     free(vers);
     return loaded;
+}
+
+void srv_checkpoint_forget_origin(psd *s)
+{
+    free(s->restored_clocks);
+    s->restored_clocks = NULL;
+    s->nrestored = 0;
+    s->resumed_from[0] = '\0';
+    s->resumed_version = 0;
+    s->model_file[0] = '\0';
 }
 
 int srv_checkpoint_set_aside(const char *dir, char *aside, size_t asidelen, char *err, size_t errlen)

@@ -172,9 +172,8 @@ static int reshard_dense(psd *s, psd **old, uint32_t m, uint32_t part, uint32_t 
         if (old[j]->model.version > version)
             version = old[j]->model.version;
     }
-    s->model.version = version;
-    s->model.initialized = 1;
-    s->model.bound_ok = 0;
+    srv_model_set_initialized(&s->model, version);
+    srv_model_touched(&s->model); /* values copied in: bounds unknown */
     return 0;
 }
 

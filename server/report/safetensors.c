@@ -20,11 +20,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/safetensors.h"
 #include "common/vec.h"
 #include "proto/errors.h"
 
-/* safetensors' own limit on a header (its reference implementation's) */
-#define HEADER_MAX (100u << 20)
 /* What a header psd takes may hold: JSON values and keys (a tensor's entry
  * is 9 of them and its dimensions; the rest is room for __metadata__) and
  * the length of one string or number (a name is at most PS_NAME_MAX;
@@ -154,7 +153,7 @@ static int by_range(const void *a, const void *b)
 static int parse_tables(const char *path, const json_t *meta, st_table *t, size_t *nt, char *err, size_t errlen)
 {
     *nt = 0;
-    const json_t *v = json_is_object(meta) ? json_object_get(meta, "psd.tables") : NULL;
+    const json_t *v = json_is_object(meta) ? json_object_get(meta, PS_ST_META_TABLES) : NULL;
     if (!v)
         return 0;
     json_error_t jerr;
@@ -220,12 +219,10 @@ static int table_tensor(const char *path, const char *name, const json_t *v, st_
                         size_t errlen)
 {
     for (size_t i = 0; i < nt; i++) {
-        size_t n = strlen(t[i].def.name);
-        if (strncmp(name, "tables/", 7) != 0 || strncmp(name + 7, t[i].def.name, n) != 0 || name[7 + n] != '/')
+        int which = ps_st_table_tensor(name, t[i].def.name);
+        if (which == PS_ST_NOT_TABLE)
             continue;
-        int rows = strcmp(name + 8 + n, "rows") == 0, keys = strcmp(name + 8 + n, "keys") == 0;
-        if (!rows && !keys)
-            continue;
+        int rows = which == PS_ST_ROWS;
         const json_t *dtype = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
                      *offs = json_object_get(v, "data_offsets");
         uint64_t r, d = 0, b, e;
@@ -290,7 +287,7 @@ static int buffer_rule(const char *path, const json_t *meta, const char *name, c
     char key[PS_NAME_MAX + 16];
     if (!json_is_object(meta) || strlen(name) > PS_NAME_MAX)
         return PS_BUF_NONE;
-    snprintf(key, sizeof key, "buffer:%s", name);
+    snprintf(key, sizeof key, PS_ST_META_BUFFER "%s", name);
     const json_t *v = json_object_get(meta, key);
     if (!v)
         return PS_BUF_NONE;
@@ -460,10 +457,10 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++)
         hlen |= (uint64_t)len8[i] << (8 * i);
-    if (hlen < 2 || hlen > HEADER_MAX || hlen > size - 8) {
+    if (hlen < 2 || hlen > PS_ST_HEADER_MAX || hlen > size - 8) {
         snprintf(err, errlen, "%s: bad header: its length field says %" PRIu64 " bytes, the file holds %" PRIu64
                  " after it%s: truncated, or not a safetensors file", path, hlen, size - 8,
-                 hlen > HEADER_MAX ? " (and safetensors allows 100 MiB)" : "");
+                 hlen > PS_ST_HEADER_MAX ? " (and safetensors allows 100 MiB)" : "");
         goto out;
     }
     /* counted before anything is built of it: the tensors psd takes, one
@@ -631,10 +628,8 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
         srv_tables_free(&s->tables);
         goto undo;
     }
-    s->model.initialized = 1;
-    srv_model_set_version(&s->model, 0);
-    s->model.bound_ok = 0; /* values from elsewhere: the update engine measures them */
-    s->model.stamp++;
+    srv_model_set_initialized(&s->model, 0);
+    srv_model_touched(&s->model);
     snprintf(s->model_file, sizeof s->model_file, "%s", path);
     rc = 0;
     goto out;

@@ -34,32 +34,14 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         srv_tables_stats(&s->tables, i, &st);
         char text[300];
         ps_table_def_text(d, text, sizeof text);
-        uint32_t hps = ps_topt_hps(d->opt), nhp = 0;
-        for (uint32_t b = hps; b; b &= b - 1)
-            nhp++;
-        msgpack_pack_map(pk, 19);
+        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 12);
         ps_pack_key(pk, "part"); /* [i, n]: this psd holds part i of n (PROTOCOL.md 13.7) */
         msgpack_pack_array(pk, 2);
         msgpack_pack_uint32(pk, d->part);
         msgpack_pack_uint32(pk, d->nparts);
         ps_pack_kf64(pk, "rows_pulled_rate", st.pull_rate);
         ps_pack_kf64(pk, "rows_pushed_rate", st.push_rate);
-        msgpack_pack_str_with_body(pk, "name", 4);
-        msgpack_pack_str_with_body(pk, d->name, strlen(d->name));
-        ps_pack_ku64(pk, "dim", d->dim);
-        msgpack_pack_str_with_body(pk, "rinit", 5);
-        msgpack_pack_str_with_body(pk, ps_rinit_name(d->rinit), strlen(ps_rinit_name(d->rinit)));
-        ps_pack_kf64(pk, "scale", d->scale);
-        ps_pack_ku64(pk, "seed", d->seed);
-        msgpack_pack_str_with_body(pk, "opt", 3);
-        msgpack_pack_str_with_body(pk, ps_topt_name(d->opt), strlen(ps_topt_name(d->opt)));
-        ps_pack_key(pk, "hp");
-        msgpack_pack_map(pk, nhp);
-        for (uint32_t h = 0; h < PS_HP_COUNT; h++)
-            if (hps & (1u << h)) {
-                ps_pack_key(pk, ps_hp_name(h));
-                msgpack_pack_double(pk, d->hp[h]);
-            }
+        ps_pack_table_def(pk, d);
         msgpack_pack_str_with_body(pk, "declared", 8);
         msgpack_pack_str_with_body(pk, text, strlen(text));
         ps_pack_ku64(pk, "rows", st.rows);
@@ -231,6 +213,7 @@ int srv_metrics_text(psd *s, ps_buf *b)
            s->stats.pushes);
     SIMPLE("psd_pulls_total", "counter", "Parameter pulls answered.", "%" PRIu64, s->stats.pulls);
     SIMPLE("psd_received_bytes_total", "counter", "Bytes of frames received.", "%" PRIu64, s->stats.bytes_in);
+    SIMPLE("psd_received_frames_total", "counter", "Frames (messages) received.", "%" PRIu64, s->stats.frames_in);
     SIMPLE("psd_sent_bytes_total", "counter", "Bytes of frames queued for sending.", "%" PRIu64,
            s->stats.bytes_out);
     SIMPLE("psd_rounds_total", "counter", "BSP rounds closed.", "%" PRIu64, s->stats.rounds);

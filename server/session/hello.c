@@ -135,6 +135,22 @@ static srv_worker *record_lost(psd *s, uint32_t shard, const char *why)
     return w;
 }
 
+void srv_init_owner_done(psd *s)
+{
+    s->init_owner = NULL;
+}
+
+void srv_workers_forget(psd *s)
+{
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        free(s->workers[i]);
+        s->workers[i] = NULL;
+    }
+    s->nshards = 0;
+    s->init_owner = NULL;
+    s->said_memory_only = 0;
+}
+
 void srv_workers_out_restored(psd *s)
 {
     srv_plan *pl = &s->plan;

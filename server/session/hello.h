@@ -40,6 +40,14 @@ void srv_worker_never_joined(psd *s, uint32_t shard, const char *why);
  * and waited for. Empties the list. */
 void srv_workers_out_restored(psd *s);
 
+/* The INIT of the initial values is done: nobody is asked for them. */
+void srv_init_owner_done(psd *s);
+
+/* psctl reset: forgets every worker record (their connections already
+ * detached), the job's shard count, who initialises the model and the
+ * "model only in memory" warning, as at start. */
+void srv_workers_forget(psd *s);
+
 /* On psd's tick: starts the wait when shards are missing (join.h), logs
  * whom it waits for every SRV_JOIN_WARN_MS, and at join_timeout declares
  * the missing shards lost (continue) or stops the job (stop). */

@@ -15,6 +15,7 @@
 #include <ini.h>
 
 #include "common/log.h"
+#include "common/parse.h"
 #include "proto/errors.h"
 
 /* Levenshtein distance, for "did you mean"; long strings count as far. */
@@ -72,41 +73,8 @@ static void unknown_key(const char *key, char *err, size_t errlen)
         ps_errf(err, errlen, "unknown key '%.64s'", key);
 }
 
-/* ---- value parsers: text -> number, 0 or PS_EINVAL, no messages ---- */
-
-static int parse_int64(const char *s, int64_t *out, bool *overflow)
-{
-    char *end;
-
-    *overflow = false;
-    if (!*s || !(isdigit((unsigned char)*s) || ((*s == '-' || *s == '+') && isdigit((unsigned char)s[1]))))
-        return PS_EINVAL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (*end)
-        return PS_EINVAL;
-    if (errno == ERANGE)
-        *overflow = true;
-    *out = v;
-    return 0;
-}
-
-static int parse_uint64(const char *s, uint64_t *out, bool *overflow)
-{
-    char *end;
-
-    *overflow = false;
-    if (!isdigit((unsigned char)*s))
-        return PS_EINVAL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*end)
-        return PS_EINVAL;
-    if (errno == ERANGE)
-        *overflow = true;
-    *out = v;
-    return 0;
-}
+/* ---- value parsers: text -> number, 0 or PS_EINVAL, no messages ----
+ * (integers: common/parse.c's, the one integer parser) */
 
 static int parse_double(const char *s, double *out)
 {
@@ -142,14 +110,11 @@ static int parse_bool(const char *s, bool *out)
 
 int ps_config_parse_size(const char *s, uint64_t *bytes)
 {
-    char *end;
+    const char *end;
+    uint64_t v;
     unsigned shift = 0;
 
-    if (!s || !isdigit((unsigned char)*s))
-        return PS_EINVAL;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno == ERANGE)
+    if (ps_parse_u64_head(s, &v, &end) != 0)
         return PS_EINVAL;
     switch (tolower((unsigned char)*end)) {
     case 'k': shift = 10; end++; break;
@@ -336,13 +301,13 @@ static int validate_bool(const ps_config_option *o, const char *text, void *fiel
 
 static int validate_int(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
 {
-    int64_t v;
-    bool overflow;
-    if (parse_int64(text, &v, &overflow) != 0) {
+    int64_t v = 0;
+    int rc = ps_parse_i64(text, &v);
+    if (rc == PS_PARSE_SYNTAX) {
         ps_errf(err, errlen, "%s: '%.64s' is not an integer", o->name, text);
         return PS_EINVAL;
     }
-    if (overflow || v < o->lo || v > o->hi) {
+    if (rc == PS_PARSE_RANGE || v < o->lo || v > o->hi) {
         ps_errf(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
                 (long long)o->hi);
         return PS_EINVAL;
@@ -354,13 +319,13 @@ static int validate_int(const ps_config_option *o, const char *text, void *field
 
 static int validate_u64(const ps_config_option *o, const char *text, void *field, char *err, size_t errlen)
 {
-    uint64_t v;
-    bool overflow;
-    if (parse_uint64(text, &v, &overflow) != 0) {
+    uint64_t v = 0;
+    int rc = ps_parse_u64(text, UINT64_MAX, &v);
+    if (rc == PS_PARSE_SYNTAX) {
         ps_errf(err, errlen, "%s: '%.64s' is not a non-negative integer", o->name, text);
         return PS_EINVAL;
     }
-    if (overflow || v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
+    if (rc == PS_PARSE_RANGE || v < (uint64_t)o->lo || v > (uint64_t)o->hi) {
         ps_errf(err, errlen, "%s: %.64s is out of range %lld..%lld", o->name, text, (long long)o->lo,
                 (long long)o->hi);
         return PS_EINVAL;

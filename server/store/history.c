@@ -244,16 +244,6 @@ double srv_bucket_quantile(const double *bounds, unsigned n, const uint64_t *cnt
 
 /* ---- JSON ---------------------------------------------------------------------- */
 
-int srv_json_raw(ps_buf *b, const char *s)
-{
-    size_t n = strlen(s);
-    if (ps_buf_reserve(b, n + 1) != 0)
-        return PS_ENOMEM;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    return 0;
-}
-
 int srv_json_str(ps_buf *b, const char *s)
 {
     /* texts are ASCII; anything else is shown as '?' */

@@ -246,6 +246,18 @@ void srv_model_bump(srv_model *m)
         m->version++;
 }
 
+void srv_model_set_initialized(srv_model *m, uint64_t version)
+{
+    m->initialized = 1;
+    srv_model_set_version(m, version); /* Hogwild!: the segment's counter too */
+}
+
+void srv_model_touched(srv_model *m)
+{
+    m->stamp++;
+    m->bound_ok = 0; /* values from elsewhere: the update engine measures them */
+}
+
 void srv_model_free(srv_model *m)
 {
     if (m->blk)

@@ -23,6 +23,13 @@ int srv_model_commit(srv_model *m, const ps_config *cfg);
 void srv_model_release(srv_model *m);
 /* Counts one applied update: version++. */
 void srv_model_bump(srv_model *m);
+/* The model has its initial values, of model version `version` (a
+ * worker's INIT, a checkpoint, a safetensors file). */
+void srv_model_set_initialized(srv_model *m, uint64_t version);
+/* Its blocks were written from elsewhere than the update engine and
+ * srv_model_write_end (memcpy from a file): caches keyed on the stamp are
+ * stale, and the engine's bounds unknown until it measures them. */
+void srv_model_touched(srv_model *m);
 /* The current values from parameter off on: a pointer and, in *len, how
  * many of the n wanted follow it in the same block (at least 1). */
 const float *srv_model_at(const srv_model *m, uint64_t off, uint64_t n, size_t *len);

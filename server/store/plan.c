@@ -68,6 +68,14 @@ static uint32_t members_in_job(const psd *s)
     return n;
 }
 
+int srv_plan_say_done(srv_plan *pl)
+{
+    if (pl->said_done)
+        return 0;
+    pl->said_done = 1;
+    return 1;
+}
+
 int srv_plan_open(psd *s)
 {
     srv_plan *pl = &s->plan;

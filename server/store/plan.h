@@ -19,6 +19,9 @@ int srv_plan_active(const psd *s);
 /* Every round of an active plan has closed: the model version is at or
  * past the plan's last round. */
 int srv_plan_done(const psd *s);
+/* 1 the first time it is asked (the end of the plan is then logged once),
+ * 0 after. */
+int srv_plan_say_done(srv_plan *pl);
 /* Fixes the current round's members (below) now if they are not: the BSP
  * policy calls it as a round closes. 0, or -1 when out of memory. */
 int srv_plan_open(psd *s);

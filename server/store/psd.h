@@ -4,7 +4,10 @@
  * layer above declares its own in its header (update.h, policy.h,
  * status.h, reply.h, session.h, handle.h, admin.h, net.h; docs/DESIGN.md).
  * Everything here is owned by the one libuv loop thread; nothing is
- * locked. */
+ * locked. Most of struct psd's fields are written by one file or layer
+ * alone, named at the field; the others read them and call its functions
+ * (docs/DESIGN.md lists them; the layers test fails on a write
+ * elsewhere). */
 #ifndef PSD_H
 #define PSD_H
 
@@ -272,6 +275,7 @@ void srv_hist_observe(srv_hist *h, double v);
 
 typedef struct srv_stats {
     uint64_t pushes, pulls, bytes_in, bytes_out, rounds, connections;
+    uint64_t frames_in;      /* frames (messages) received */
     uint64_t rejected[32];   /* by error code (index = -PS_E*) */
     uint64_t init_ms;        /* when the model got its initial values */
     uint64_t dropped_pushes; /* pushes for a BSP round already closed */
@@ -379,13 +383,14 @@ struct psd {
     uint64_t rbuf_bytes;     /* connections' receive buffers together (net.c;
                               * bounded by max_receive_memory) */
     uint64_t next_cid;
-    srv_worker **workers;    /* indexed by shard; size nworkers_cap */
+    srv_worker **workers;    /* indexed by shard; size nworkers_cap (this and the
+                              * four below: session/hello.c's) */
     uint32_t nworkers_cap;
     uint32_t nshards;        /* m announced by workers (0 until the first) */
     srv_conn *init_owner;    /* the worker asked to send initial values */
-    srv_model model;
+    srv_model model;         /* store/model.c's: srv_model_* */
     srv_tables tables;       /* embedding tables (store/table.c) */
-    srv_plan plan;           /* the job's plan (BSP; plan.c) */
+    srv_plan plan;           /* the job's plan (BSP; plan.c's) */
     const struct srv_policy_ops *policy;
     void *policy_state;      /* the policy's own (policy.c): BSP rounds and
                               * kept gradients, DC-ASGD's base snapshots */
@@ -400,12 +405,11 @@ struct psd {
     char model_file[PS_CONFIG_PATH_MAX]; /* the safetensors file the model came
                               * from at start (init_from); "" = none */
     uint32_t nrestored;
-    int checkpoint_busy;     /* a checkpoint is being written in the pool */
+    int checkpoint_busy;     /* a checkpoint's writer process is running */
     srv_updater upd;         /* the update engine (update.c) */
     srv_push_wait push_wait; /* the reply a push owes while its update runs off
                               * the loop (handle.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
-    uv_work_t checkpoint_req;
     ps_buf enc;              /* encode scratch for replies */
     ps_layout scratch_layout; /* where a hello's layout is decoded */
     /* Registered by main(): stops psd as SIGTERM does (closes the signal

@@ -203,6 +203,48 @@ static float *lookup(const srv_table *t, uint64_t key)
     }
 }
 
+/* How many keys ahead a batch lookup prefetches a key's slot: enough to
+ * have a few cache misses in flight, few enough that they stay cached. */
+#define AHEAD 8
+/* Keys a batch lookup finds before their rows are used: few enough that
+ * the rows it prefetched are still in the cache then. */
+#define LOOKUP_BATCH 64
+
+static void prefetch_slot(const srv_table *t, uint64_t key)
+{
+    uint64_t s = slot_of(key, t->cap);
+    __builtin_prefetch(&t->skey[s]);
+    __builtin_prefetch(&t->srow[s]);
+}
+
+/* The stored rows of the n keys (lookup's, NULL for a key not stored) in
+ * found: the slots of the keys AHEAD on and the rows found prefetched, so
+ * that the cache misses of a batch overlap instead of coming one by one. */
+static void lookup_all(const srv_table *t, const uint8_t *keys, uint32_t n, float **found)
+{
+    if (t->cap == 0) {
+        for (uint32_t k = 0; k < n; k++)
+            found[k] = NULL;
+        return;
+    }
+    for (uint32_t k = 0; k < n && k < AHEAD; k++)
+        prefetch_slot(t, ps_key_at(keys, k));
+    for (uint32_t k = 0; k < n; k++) {
+        if (k + AHEAD < n)
+            prefetch_slot(t, ps_key_at(keys, k + AHEAD));
+        float *row = lookup(t, ps_key_at(keys, k));
+        if (row) {
+            /* its first cache lines, key and stamp too (the hardware
+             * prefetcher follows a long row) */
+            const char *at = (const char *)(row - HEAD), *end = (const char *)(row + t->row_floats);
+            for (int l = 0; l < 4 && at < end; l++, at += 64)
+                __builtin_prefetch(at);
+            __builtin_prefetch(end - 1);
+        }
+        found[k] = row;
+    }
+}
+
 /* Puts key -> row index r into slots that have room (no key twice). */
 static void slot_put(uint64_t *skey, uint32_t *srow, uint64_t cap, uint64_t key, uint64_t r)
 {
@@ -424,23 +466,6 @@ static void evict(srv_table *t, uint64_t e, uint64_t now)
     }
 }
 
-void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out)
-{
-    srv_table *t = ts->t[i];
-    const uint32_t dim = t->def.dim;
-    for (uint32_t k = 0; k < n; k++) {
-        uint64_t key = ps_key_at(keys, k);
-        const float *row = lookup(t, key);
-        if (row)
-            memcpy(out + (size_t)k * dim, row, sizeof(float) * dim);
-        else if (t->def.opt == PS_TOPT_FTRL)
-            memset(out + (size_t)k * dim, 0, sizeof(float) * dim);
-        else
-            ps_table_row_init(&t->def, key, out + (size_t)k * dim);
-    }
-    t->pulled += n;
-}
-
 static int grow_scratch(srv_tables *ts, size_t floats, size_t n)
 {
     if (floats > ts->scratch_floats) {
@@ -458,6 +483,27 @@ static int grow_scratch(srv_tables *ts, size_t floats, size_t n)
         ts->found_cap = n;
     }
     return 0;
+}
+
+void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out)
+{
+    const srv_table *t = ts->t[i];
+    const uint32_t dim = t->def.dim;
+    float *found[LOOKUP_BATCH]; /* on the stack: a pull shares no scratch with a push */
+    for (uint32_t k0 = 0; k0 < n; k0 += LOOKUP_BATCH) {
+        uint32_t m = n - k0 < LOOKUP_BATCH ? n - k0 : LOOKUP_BATCH;
+        lookup_all(t, keys + (size_t)k0 * 8, m, found);
+        for (uint32_t j = 0; j < m; j++) {
+            float *dst = out + (size_t)(k0 + j) * dim;
+            if (found[j])
+                memcpy(dst, found[j], sizeof(float) * dim);
+            else if (t->def.opt == PS_TOPT_FTRL)
+                memset(dst, 0, sizeof(float) * dim);
+            else
+                ps_table_row_init(&t->def, ps_key_at(keys, k0 + j), dst);
+        }
+    }
+    ts->t[i]->pulled += n;
 }
 
 /* The largest number of rows table t may hold within `allowed` bytes, its
@@ -505,9 +551,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     /* 1. every key's new row, in scratch: no row is touched yet */
     uint64_t fresh = 0, skipped = 0;
     for (uint32_t k = 0; k < n; k++) {
+        if (k % LOOKUP_BATCH == 0) /* rows found just before they are used, still cached */
+            lookup_all(t, keys + (size_t)k * 8, n - k < LOOKUP_BATCH ? n - k : LOOKUP_BATCH, ts->found + k);
         uint64_t key = ps_key_at(keys, k);
         float *row = ts->scratch + (size_t)k * rf;
-        ts->found[k] = lookup(t, key);
         if (ts->found[k]) {
             memcpy(row, ts->found[k], sizeof(float) * rf);
         } else if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {

@@ -8,16 +8,10 @@ exits 77, which ctest counts as skipped (SKIP_RETURN_CODE)."""
 import os
 import sys
 
-SKIP_EXIT = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from suite import SKIP_EXIT, record_skip  # noqa: E402
+
 _counts = {"run": 0, "skipped": 0}
-
-
-def _record(line):
-    sys.stderr.write(line + "\n")
-    path = os.environ.get("PSD_TEST_SKIPS")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
 
 
 def pytest_runtest_logreport(report):
@@ -30,7 +24,7 @@ def pytest_runtest_logreport(report):
     if reason.startswith("Skipped: "):
         reason = reason[len("Skipped: "):]
     path, _, name = report.nodeid.partition("::")
-    _record("SKIPPED client/%s: %s: %s" % (os.path.basename(path), name, reason))
+    record_skip("SKIPPED client/%s: %s: %s" % (os.path.basename(path), name, reason))
 
 
 def pytest_sessionfinish(session, exitstatus):

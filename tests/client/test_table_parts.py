@@ -142,6 +142,69 @@ def test_split_equals_one_psd(cluster, nparts):
     assert harness.status(one[0].addr)["tables"][0]["part"] == [0, 1]
 
 
+def frames_in(addr):
+    samples, _ = harness.parse_prometheus(harness.metrics(addr))
+    return harness.metric(samples, "psd_received_frames_total")
+
+
+def test_pushpull_one_message_a_part(cluster):
+    """psc_table_pushpull is one round trip to each part: a TPUSHPULL (push,
+    then pull of the next keys), not a TPUSH and then a TPULL; rows as
+    push-then-pull gives them."""
+    parts = start(cluster, 2, "rt")
+    c = client(parts)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    ref = client(start(cluster, 1, "ref"))
+    ref.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    steps = list(batches(20))
+    k0 = steps[0][0]
+    c.pull_rows("emb", k0)  # both parts hold keys of the stream from now on
+    ref.pull_rows("emb", k0)
+    # what one scrape itself sends: psctl's own frames
+    before = [frames_in(p.addr) for p in parts]
+    scrape = [frames_in(p.addr) - b for p, b in zip(parts, before)]
+    before = [frames_in(p.addr) for p in parts]
+    for k, g, nxt in steps:
+        got = c.pushpull_rows("emb", k, g, nxt)
+        ref.push_rows("emb", k, g)
+        want = ref.pull_rows("emb", nxt)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    for p, b, s in zip(parts, before, scrape):
+        sent = frames_in(p.addr) - b - s
+        # one frame a call; a heartbeat or two may come in between (not 2 a call)
+        assert len(steps) <= sent <= len(steps) + 2, (p.addr, sent, len(steps))
+    c.close()
+    ref.close()
+
+
+def test_pushpull_past_one_message(cluster):
+    """A push-and-pull whose keys take several messages (dim 1024: 4,096 keys
+    a message): its pulls go only with or after its last push, so rows it
+    pushed come back pushed; 3 frames for 4,200 pushed and 4,500 pulled keys
+    (TPUSH, TPUSHPULL, TPULL)."""
+    dim = 1024
+    p = start(cluster, 1, "big")[0]
+    ref = start(cluster, 1, "bigref")[0]
+    c, r = client([p]), client([ref])
+    for x in (c, r):
+        x.table("big", dim, init="uniform", scale=0.05, seed=5, opt="sgd", lr=0.5)
+    rng = np.random.default_rng(9)
+    keys = rng.permutation(np.arange(1, 20001, dtype=np.uint64))
+    k, nxt = keys[:4200], np.concatenate([keys[:4200][::-1], keys[4200:4500]])
+    g = rng.standard_normal((k.size, dim)).astype(np.float32)
+    before = frames_in(p.addr)
+    scrape = frames_in(p.addr) - before
+    before = frames_in(p.addr)
+    got = c.pushpull_rows("big", k, g, nxt)
+    sent = frames_in(p.addr) - before - scrape
+    r.push_rows("big", k, g)
+    want = r.pull_rows("big", nxt)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # bit for bit
+    assert 3 <= sent <= 5, sent
+    c.close()
+    r.close()
+
+
 def test_wrong_part_refused(cluster):
     parts = start(cluster, 2, "p")
     c = client(parts)

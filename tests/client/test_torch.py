@@ -342,6 +342,60 @@ def test_embedding_tables_train_like_local_ones(cluster):
     ps.close()
 
 
+def test_embedding_prefetch_pushes_and_pulls_in_one_round_trip(cluster):
+    """prefetch(next input) before backward: backward pushes the pass's row
+    gradients and pulls the next pass's rows in one pushpull_rows, and the
+    next forward pulls nothing; training is the same as without (the local
+    reference with SGD, as above). A forward whose keys are not the ones
+    named pulls as usual."""
+    p = cluster.psd(mode="asgd", workers=1, args=SGD)
+    model = CTR()
+    ps = psd.torch.Worker(model, server=p.addr, shard="0/1", connect_s=5, timeout_ms=20000)
+    ref = Reference(torch.from_numpy(ps.client.pull_rows("ads", np.arange(30))),
+                    torch.from_numpy(ps.client.pull_rows("user", np.arange(10))), model.head)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    calls = []
+    for name in ("pull_rows", "push_rows", "pushpull_rows"):
+        def counted(*a, _f=getattr(ps.client, name), _n=name):
+            calls.append((_n, a[0]))
+            return _f(*a)
+        setattr(ps.client, name, counted)
+    steps = 5
+    for step in range(steps):
+        ads, offsets, user, y = ctr_batch(step)
+        ps.zero_grad()
+        loss = nn.functional.binary_cross_entropy_with_logits(model(ads, offsets, user), y)
+        if step + 1 < steps:
+            nads, _, nuser, _ = ctr_batch(step + 1)
+            model.ads.prefetch(nads)
+            model.user.prefetch(nuser)
+        loss.backward()
+        ps.step()
+        opt.zero_grad()
+        rloss = nn.functional.binary_cross_entropy_with_logits(ref(ads, offsets, user), y)
+        rloss.backward()
+        opt.step()
+        assert abs(loss.item() - rloss.item()) < 1e-5, step
+    names = [c[0] for c in calls]
+    # the first forward pulls; the steps between push and pull together; the last pushes
+    assert names[:2] == ["pull_rows", "pull_rows"], calls
+    assert names[2:2 + 2 * (steps - 1)] == ["pushpull_rows"] * (2 * (steps - 1)), calls
+    assert names[2 + 2 * (steps - 1):] == ["push_rows", "push_rows"], calls
+    np.testing.assert_allclose(ps.client.pull_rows("ads", np.arange(30)), ref.ads.weight.detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ps.client.pull_rows("user", np.arange(10)), ref.user.weight.detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+    # named keys that the next forward does not take: it pulls its own
+    calls.clear()
+    ads, offsets, user, y = ctr_batch(7)
+    model.ads.prefetch(ctr_batch(8)[0])
+    with torch.no_grad():
+        out = model.ads(ads, offsets)
+    np.testing.assert_allclose(out.numpy(), ref.ads(ads, offsets).detach().numpy(), rtol=1e-5)
+    assert calls == [("pull_rows", "ads")], calls
+    ps.close()
+
+
 # ---- buffers: BatchNorm's running statistics through psd ----------------------
 
 BN_WORKER = r"""

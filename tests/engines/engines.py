@@ -30,6 +30,8 @@ import time
 SKIP_CODE = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from suite import wait_until  # noqa: E402
 
 NAME = os.path.splitext(os.path.basename(sys.argv[0]))[0]
 START = time.monotonic()
@@ -152,15 +154,9 @@ def apt_install(packages, timeout=600, no_start=False):
 
 
 def wait_for(pred, timeout, what, interval=0.2):
-    """Polls pred() until it returns something true (returned), else Failure."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise Failure("%s: not after %.0f s" % (what, timeout))
-        time.sleep(interval)
+    """Polls pred() until it returns something true (returned), else Failure
+    (suite.py's wait_until)."""
+    return wait_until(pred, timeout, what, interval, error=Failure)
 
 
 def check(cond, msg):

@@ -21,6 +21,8 @@ import urllib.request
 
 import websocket
 
+from suite import wait_until
+
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-default-apps", "--disable-extensions", "--mute-audio", "--hide-scrollbars"]
@@ -58,13 +60,7 @@ class Browser:
             raise
 
     def _wait(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            v = pred()
-            if v:
-                return v
-            time.sleep(0.05)
-        raise AssertionError("timed out after %.0f s waiting for %s" % (timeout, what))
+        return wait_until(pred, timeout, what, interval=0.05)
 
     def _port(self):
         if self.p.poll() is not None:

@@ -51,6 +51,8 @@ import unittest
 
 import msgpack
 
+from suite import SKIP_EXIT, record_skip, wait_until  # noqa: F401 (wait_until: for the tests)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -170,15 +172,8 @@ def parse_args(extra=None, program_doc=None):
 
 # ---- skips ------------------------------------------------------------------------
 
-SKIP_EXIT = 77  # ctest's SKIP_RETURN_CODE for these scripts (tests/integration/CMakeLists.txt)
-
-
-def _record_skip(line):
-    sys.stderr.write(line + "\n")
-    path = os.environ.get("PSD_TEST_SKIPS")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
+# SKIP_EXIT (ctest's SKIP_RETURN_CODE for these scripts, tests/integration/CMakeLists.txt)
+# and record_skip: suite.py's, imported above
 
 
 def _test_name(test):
@@ -188,7 +183,7 @@ def _test_name(test):
 def note_skip(test, reason):
     """A check inside test that cannot run here, for reason (naming what is
     missing): recorded as a skip, while the rest of the test runs."""
-    _record_skip("SKIPPED %s: %s (part): %s" % (os.path.basename(sys.argv[0]), _test_name(test), reason))
+    record_skip("SKIPPED %s: %s (part): %s" % (os.path.basename(sys.argv[0]), _test_name(test), reason))
 
 
 def main(verbosity=1, argv=None):
@@ -198,7 +193,7 @@ def main(verbosity=1, argv=None):
     prog = unittest.main(argv=argv, verbosity=verbosity, exit=False)
     r = prog.result
     for test, reason in r.skipped:
-        _record_skip("SKIPPED %s: %s: %s" % (os.path.basename(sys.argv[0]), _test_name(test), reason))
+        record_skip("SKIPPED %s: %s: %s" % (os.path.basename(sys.argv[0]), _test_name(test), reason))
     if not r.wasSuccessful():
         sys.exit(1)
     sys.exit(SKIP_EXIT if r.testsRun and len(r.skipped) == r.testsRun else 0)
@@ -225,18 +220,7 @@ def why_no_netns():
 # ---- waiting ------------------------------------------------------------------
 
 
-def wait_until(pred, timeout, what, interval=0.02):
-    """Calls pred() until it returns something true and returns that; raises
-    AssertionError naming `what` when timeout seconds pass first. The short
-    sleep between calls is a polling interval, not a wait for the event."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out after %.1f s waiting for %s" % (timeout, what))
-        time.sleep(interval)
+# wait_until(pred, timeout, what): suite.py's, imported above
 
 
 class LineStream:

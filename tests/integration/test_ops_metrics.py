@@ -32,6 +32,7 @@ FAMILIES = {
     "psd_pushes_total": "counter",
     "psd_pulls_total": "counter",
     "psd_received_bytes_total": "counter",
+    "psd_received_frames_total": "counter",
     "psd_sent_bytes_total": "counter",
     "psd_rounds_total": "counter",
     "psd_rejected_messages_total": "counter",

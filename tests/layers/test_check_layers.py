@@ -8,9 +8,11 @@ compiles them into a static library with CC and AR, and runs
 check_layers.py on them: a downward tree passes; an upward include, an
 upward call, a call between the sibling layers report and answer, a file in
 a folder that is no layer, two sources of one name and a write of
-psd.stats outside its owner each fail with a message naming the files. With the real tree given, a copy of it with one
-upward include and a write of psd.stats outside stats.c planted fails
-too, and docs/DESIGN.md's layer table and
+psd.stats, psd.tables, psd.model, the workers, the connections, main's
+handles or psd.cfg outside their owner each fail with a message naming the files.
+With the real tree given, a copy of it with one upward include, and
+writes of psd.stats, psd.model, the workers, the connections, the plan
+and the model's origin outside their owners planted, fails too, and docs/DESIGN.md's layer table and
 figures are what `check_layers.py --markdown` prints.
 """
 import os
@@ -152,6 +154,49 @@ class Planted(unittest.TestCase):
         shutil.rmtree(self.server)
         self.assertEqual(run_check(self.server, self.tree(ok)).returncode, 0)
 
+    def test_write_of_psd_fields_fails(self):
+        """psd.h's other groups: the model (store/model.c), the workers
+        (session/hello.c), the connections (any file of the connection
+        layer), main's handles (main.c)."""
+        decl = ("struct md { int initialized; unsigned long version; };\n"
+                "struct ps { struct md model; unsigned nshards; void *init_owner; unsigned long rbuf_bytes; "
+                "int paused; void *loop; struct { int workers; } cfg; };\n")
+        cases = [  # (file, write, what, owner)
+            ("dispatch/handle.c", "s->model.version = 3;", "psd.model", "store/model.c"),
+            ("dispatch/handle.c", "s->model.initialized = 1;", "psd.model", "store/model.c"),
+            ("dispatch/handle.c", "s->model.version++;", "psd.model", "store/model.c"),
+            ("dispatch/handle.c", "++s->model.version;", "psd.model", "store/model.c"),
+            ("dispatch/handle.c", "c->srv->nshards = 0;", "the workers", "session/hello.c"),
+            ("dispatch/handle.c", "s->init_owner = 0;", "the workers", "session/hello.c"),
+            ("dispatch/handle.c", "s->rbuf_bytes -= 4;", "the connections", "connection/"),
+            ("store/store.c", "s->loop = 0;", "main's handles", "main.c"),
+            ("store/store.c", "s->paused = 1;", "psd.paused", "dispatch/admin.c"),
+            ("dispatch/handle.c", "s->cfg.workers = 2;", "psd.cfg", "main.c and dispatch/admin.c"),
+            ("dispatch/handle.c", "*((char *)&s->cfg + 4) = 1;", "psd.cfg", "main.c and dispatch/admin.c"),
+        ]
+        for f, write, what, owner in cases:
+            t = self.base()
+            t[f] += decl + "struct cn { struct ps *srv; };\nvoid planted(struct ps *s, struct cn *c) { (void)c; %s }\n" % write
+            if os.path.exists(self.server):
+                shutil.rmtree(self.server)
+            r = run_check(self.server, self.tree(t))
+            self.assertEqual(r.returncode, 1, write)
+            self.assertRegex(r.stderr, r"%s:\d+: writes %s.*, which %s owns" % (f, what, owner), write)
+        # the owner writes; others read, compare and take the address
+        t = self.base()
+        t["store/model.c"] = decl + "void mo_w(struct ps *s) { s->model.version = 1; s->model.initialized = 1; }\n"
+        t["session/hello.c"] = decl + "void he_w(struct ps *s) { s->nshards = 2; s->init_owner = 0; }\n"
+        t["connection/net.c"] = decl + "void ne_w(struct ps *s) { s->rbuf_bytes += 1; }\n"
+        t["connection/close.c"] = decl + "void cl_w(struct ps *s) { s->rbuf_bytes -= 1; }\n"
+        t["dispatch/handle.c"] += decl + ("int di_r(struct ps *s) { struct md *m = &s->model; "
+                                          "return s->model.version == 1 && s->nshards != 2 && m && "
+                                          "s->rbuf_bytes <= 3 && s->paused >= 0 && s->cfg.workers + 1 > 0; }\n")
+        t["dispatch/admin.c"] = decl + "void ad_w(struct ps *s) { s->cfg.workers = 3; }\n"
+        t["main.c"] += decl + "void ma_w(struct ps *s) { s->cfg.workers = 1; }\n"
+        shutil.rmtree(self.server)
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_mutual_calls_fail(self):
         t = self.base()
         t["update/update.c"] += "int up_more(void) { return 2; }\n"
@@ -181,6 +226,17 @@ class RealTree(unittest.TestCase):
             r = run_check(copy, lib)
             self.assertEqual(r.returncode, 1)
             self.assertRegex(r.stderr, r"answer/pull.c:\d+: writes psd.stats, which store/stats.c owns")
+            # psd.h's other owned groups, planted in files that read them
+            for f, write, owner in [("answer/pull.c", "s->model.version = 7;", "store/model.c"),
+                                    ("dispatch/admin.c", "s->nshards = 0;", "session/hello.c"),
+                                    ("dispatch/handle.c", "s->rbuf_bytes += 1;", "connection/"),
+                                    ("report/status.c", "s->plan.said_done = 1;", "store/plan.c"),
+                                    ("dispatch/admin.c", "s->resumed_version = 0;", "report/")]:
+                with open(os.path.join(copy, *f.split("/")), "a") as fh:
+                    fh.write("\nstatic void planted_%d(psd *s) { %s }\n" % (len(write), write))
+                r = run_check(copy, lib)
+                self.assertEqual(r.returncode, 1, write)
+                self.assertRegex(r.stderr, r"%s:\d+: writes .*, which %s owns" % (f, owner), write)
 
     def test_design_md_states_the_checks_figures(self):
         server, lib, design = REAL

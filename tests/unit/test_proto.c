@@ -3025,10 +3025,70 @@ static void test_decode_bf16_errors(void **state)
     free(w);
 }
 
+/* ps_fail: the one "write the message, return the code" of the decoders
+ * (msg_decode.c, table.c) */
+static void test_fail_writes_and_returns(void **state)
+{
+    (void)state;
+    char msg[16] = "untouched";
+    assert_int_equal(ps_fail(msg, sizeof msg, PS_EBAD_FIELD, "field '%s' is %d", "x", 7), PS_EBAD_FIELD);
+    assert_string_equal(msg, "field 'x' is 7");
+    assert_int_equal(ps_fail(msg, sizeof msg, PS_EMALFORMED, "%s", "a message longer than msg"), PS_EMALFORMED);
+    assert_string_equal(msg, "a message longe"); /* cut to 15 bytes and a NUL */
+    char none[1] = {'z'};
+    assert_int_equal(ps_fail(none, 0, PS_ESTATE, "nothing written"), PS_ESTATE);
+    assert_int_equal(none[0], 'z');
+}
+
+/* ps_pack_table_def: a table's declaration as STATUS and a checkpoint
+ * write it: PS_TABLE_DEF_KEYS entries, hp holding the optimizer's
+ * hyper-parameters only, read back with msgpack-c's unpacker */
+static void test_pack_table_def(void **state)
+{
+    (void)state;
+    ps_table_def d;
+    char msg[200];
+    ps_hp hp = {.has = 1u << PS_HP_LR, .v = {[PS_HP_LR] = 0.05}};
+    assert_int_equal(ps_table_def_make(&d, "emb", 8, "normal", 1, 0.01, 7, "adam", &hp, msg, sizeof msg), 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, PS_TABLE_DEF_KEYS + 1);
+    ps_pack_table_def(&pk, &d);
+    ps_pack_ku64(&pk, "rows", 3);
+    msgpack_zone tz;
+    msgpack_zone_init(&tz, 2048);
+    msgpack_object o;
+    assert_int_equal(msgpack_unpack(sb.data, sb.size, NULL, &tz, &o), MSGPACK_UNPACK_SUCCESS);
+    assert_int_equal(o.type, MSGPACK_OBJECT_MAP);
+    assert_int_equal(o.via.map.size, PS_TABLE_DEF_KEYS + 1);
+    const msgpack_object *v = ps_map_get(&o, "name");
+    assert_non_null(v);
+    assert_int_equal(v->via.str.size, 3);
+    assert_memory_equal(v->via.str.ptr, "emb", 3);
+    assert_int_equal(ps_map_get(&o, "dim")->via.u64, 8);
+    assert_memory_equal(ps_map_get(&o, "rinit")->via.str.ptr, "normal", 6);
+    assert_true(ps_map_get(&o, "scale")->via.f64 == d.scale);
+    assert_int_equal(ps_map_get(&o, "seed")->via.u64, 7);
+    assert_memory_equal(ps_map_get(&o, "opt")->via.str.ptr, "adam", 4);
+    assert_int_equal(ps_map_get(&o, "rows")->via.u64, 3);
+    const msgpack_object *h = ps_map_get(&o, "hp");
+    assert_non_null(h);
+    assert_int_equal(h->via.map.size, 4); /* adam: lr, eps, beta1, beta2 */
+    assert_true(ps_map_get(h, "lr")->via.f64 == 0.05);
+    assert_true(ps_map_get(h, "beta1")->via.f64 == d.hp[PS_HP_BETA1]);
+    assert_null(ps_map_get(h, "l1"));
+    msgpack_zone_destroy(&tz);
+    msgpack_sbuffer_destroy(&sb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_frame_header_need_more),
+        cmocka_unit_test(test_fail_writes_and_returns),
+        cmocka_unit_test(test_pack_table_def),
         cmocka_unit_test(test_frame_header_zero_and_limits),
         cmocka_unit_test(test_frame_put_len_big_endian),
         cmocka_unit_test(test_scan_accepts_every_type),

@@ -1,0 +1,203 @@
+/* print.c - psctl's output (psctl.h): psd's STATUS for people (status,
+ * workers, the plan line, the tables' lines) and as JSON, written by
+ * common/json.c, whose string escaper and raw text psd's JSON uses too.
+ * Owns nothing. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/json.h"
+#include "psctl/psctl.h"
+
+double psctl_num(const msgpack_object *map, const char *key)
+{
+    const msgpack_object *o = ps_map_get(map, key);
+    if (!o)
+        return NAN;
+    switch (o->type) {
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return (double)o->via.u64;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return (double)o->via.i64;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        return o->via.f64;
+    default:
+        return NAN;
+    }
+}
+
+const char *psctl_str(const msgpack_object *map, const char *key, char *buf, size_t len)
+{
+    const msgpack_object *o = ps_map_get(map, key);
+    if (!o || o->type != MSGPACK_OBJECT_STR) {
+        snprintf(buf, len, "-");
+    } else {
+        snprintf(buf, len, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+    }
+    return buf;
+}
+
+static int flag(const msgpack_object *map, const char *key)
+{
+    const msgpack_object *o = ps_map_get(map, key);
+    return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
+}
+
+void psctl_json(FILE *f, const msgpack_object *o)
+{
+    ps_buf b = {0};
+    if (ps_json_msgpack(&b, o) == 0)
+        fwrite(b.p, 1, b.len, f);
+    else
+        fputs("null", f); /* out of memory: a null keeps the output JSON */
+    ps_buf_free(&b);
+}
+
+void psctl_json_string(FILE *f, const char *s, size_t n)
+{
+    ps_buf b = {0};
+    if (ps_json_str(&b, s, n, PS_JSON_UTF8) == 0)
+        fwrite(b.p, 1, b.len, f);
+    else
+        fputs("\"\"", f); /* out of memory: an empty string keeps the JSON whole */
+    ps_buf_free(&b);
+}
+
+static void print_worker_rows(const msgpack_object *ws, int with_why)
+{
+    uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
+    char state[32], addr[80], via[16], why[128];
+    if (n == 0)
+        return;
+    printf("  %-7s %-10s %-22s %-7s %8s %9s %5s %8s %8s %10s%s\n", "SHARD", "STATE", "ADDRESS", "VIA", "PUSHES",
+           "LAST SEEN", "EPOCH", "LOSS", "ACCURACY", "SAMPLES/S", with_why ? "  WHY" : "");
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *w = &ws->via.array.ptr[i];
+        char shard[24], loss[16] = "-", acc[16] = "-";
+        snprintf(shard, sizeof shard, "%.0f/%.0f", psctl_num(w, "shard"), psctl_num(w, "shards"));
+        if (!isnan(psctl_num(w, "loss")))
+            snprintf(loss, sizeof loss, "%.4f", psctl_num(w, "loss"));
+        if (!isnan(psctl_num(w, "accuracy")))
+            snprintf(acc, sizeof acc, "%.2f%%", 100 * psctl_num(w, "accuracy"));
+        psctl_str(w, "why", why, sizeof why);
+        printf("  %-7s %-10s %-22s %-7s %8.0f %7.1f s %5.0f %8s %8s %10.0f%s%s\n", shard,
+               psctl_str(w, "state", state, sizeof state), psctl_str(w, "address", addr, sizeof addr),
+               psctl_str(w, "transport", via, sizeof via), psctl_num(w, "pushes"), psctl_num(w, "last_seen"), psctl_num(w, "epoch"), loss, acc, psctl_num(w, "samples_per_second"),
+               with_why && why[0] ? "  " : "", with_why ? why : "");
+    }
+}
+
+/* The plan line of psctl status: where a BSP job run by a plan stands
+ * (proto/PROTOCOL.md section 8, "The plan"); nothing when psd has none.
+ * Rounds are counted from 1 here: round v + 1 is the one model version v
+ * trains, so the last is "round R of R". */
+static void print_plan(const msgpack_object *b)
+{
+    const msgpack_object *pl = ps_map_get(b, "plan");
+    if (!pl || pl->type != MSGPACK_OBJECT_MAP)
+        return;
+    double rounds = psctl_num(pl, "rounds"), per_epoch = psctl_num(pl, "rounds_per_epoch"), epochs = psctl_num(pl, "epochs");
+    double samples = psctl_num(pl, "samples"), batch = psctl_num(pl, "batch"), v = psctl_num(b, "version");
+    if (flag(pl, "done")) {
+        printf("plan: done at round %.0f (%.0f epochs of %.0f samples, %.0f a round)\n", rounds, epochs, samples,
+               batch);
+        return;
+    }
+    if (!(per_epoch >= 1) || !(v >= 0) || !(rounds >= 1)) {
+        printf("plan: %.0f epochs of %.0f samples, %.0f a round\n", epochs, samples, batch);
+        return;
+    }
+    printf("plan: epoch %.0f/%.0f, round %.0f of %.0f, ", psctl_num(pl, "epoch") + 1, epochs, v + 1, rounds);
+    double n = psctl_num(pl, "round_workers");
+    if (!(n >= 1)) {
+        printf("the round not handed out yet (%.0f samples a round)\n", batch);
+        return;
+    }
+    /* the round's samples, fewer in an epoch's last round, split as psd
+     * splits them: parts differ by one sample at most */
+    double i = fmod(v, per_epoch), left = samples - i * batch;
+    double len = left < batch ? left : batch;
+    double lo = floor(len / n), hi = ceil(len / n);
+    if (lo == hi)
+        printf("%.0f worker%s a round (%.0f samples each)\n", n, n == 1 ? "" : "s", lo);
+    else
+        printf("%.0f workers a round (%.0f-%.0f samples each)\n", n, lo, hi);
+}
+
+void psctl_print_status(const msgpack_object *b)
+{
+    char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
+    double params = psctl_num(b, "parameters");
+    /* what a crash would lose: the newest checkpoint beside the model's version */
+    if (!flag(b, "state_dir"))
+        snprintf(ckpt, sizeof ckpt, "no checkpoints: no state dir");
+    else if (isnan(psctl_num(b, "checkpoint_version")))
+        snprintf(ckpt, sizeof ckpt, "checkpoint: none yet");
+    else
+        snprintf(ckpt, sizeof ckpt, "checkpoint: version %.0f, %.1f s ago", psctl_num(b, "checkpoint_version"),
+                 psctl_num(b, "checkpoint_age"));
+    printf("psd %s  mode %s  model version %.0f (%s)  uptime %.1f s%s\n", psctl_str(b, "listen", listen, sizeof listen),
+           psctl_str(b, "mode", mode, sizeof mode), psctl_num(b, "version"), ckpt, psctl_num(b, "uptime"),
+           flag(b, "paused") ? "  PAUSED (psctl resume)" : "");
+    printf("parameters %.0f (%.2f MB), optimizer %s, state %.2f MB, lr %g (now %g)\n", params,
+           psctl_num(b, "bytes") / 1e6, psctl_str(b, "optimizer", opt, sizeof opt), psctl_num(b, "optimizer_state_bytes") / 1e6,
+           psctl_num(b, "lr"), psctl_num(b, "lr_current"));
+    printf("pushes %.0f (%.1f/s)  pulls %.0f (%.1f/s)  rounds %.0f  connections %.0f\n", psctl_num(b, "pushes"),
+           psctl_num(b, "push_rate"), psctl_num(b, "pulls"), psctl_num(b, "pull_rate"), psctl_num(b, "rounds"), psctl_num(b, "connections"));
+    char resumed[1200];
+    const msgpack_object *rf = ps_map_get(b, "resumed_from");
+    if (rf && rf->type == MSGPACK_OBJECT_STR && psctl_str(b, "resumed_from", resumed, sizeof resumed)[0])
+        printf("model resumed at start from version %.0f in %s (psd --fresh begins anew)\n",
+               psctl_num(b, "resumed_version"), resumed);
+    const msgpack_object *inf = ps_map_get(b, "init_from");
+    if (inf && inf->type == MSGPACK_OBJECT_STR && psctl_str(b, "init_from", resumed, sizeof resumed)[0])
+        printf("model from %s at start (init_from)\n", resumed);
+    psctl_str(b, "metrics_listen", metrics, sizeof metrics);
+    if (metrics[0] && strcmp(metrics, "-") != 0)
+        printf("metrics: http://%s/metrics\n", metrics);
+    print_plan(b);
+    /* embedding tables: one line each */
+    const msgpack_object *tl = ps_map_get(b, "tables");
+    for (uint32_t i = 0; tl && tl->type == MSGPACK_OBJECT_ARRAY && i < tl->via.array.size; i++) {
+        const msgpack_object *t = &tl->via.array.ptr[i];
+        char name[80], decl[300];
+        printf("table %s: %.0f rows, %.2f MB, pulled %.0f (%.0f/s), pushed %.0f (%.0f/s); %s\n",
+               psctl_str(t, "name", name, sizeof name), psctl_num(t, "rows"), psctl_num(t, "bytes") / 1e6, psctl_num(t, "rows_pulled"),
+               psctl_num(t, "rows_pulled_rate"), psctl_num(t, "rows_pushed"), psctl_num(t, "rows_pushed_rate"),
+               psctl_str(t, "declared", decl, sizeof decl));
+        /* the bounds' work (table_admit, table_expire, table_memory): when there is any */
+        if (psctl_num(t, "admitted") + psctl_num(t, "filtered") + psctl_num(t, "expired") + psctl_num(t, "evicted") > 0)
+            printf("  rows admitted %.0f (pushes filtered %.0f), expired %.0f, evicted %.0f\n", psctl_num(t, "admitted"),
+                   psctl_num(t, "filtered"), psctl_num(t, "expired"), psctl_num(t, "evicted"));
+    }
+    const msgpack_object *ws = ps_map_get(b, "workers");
+    uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
+    printf("workers: %u seen, %.0f expected\n", n, psctl_num(b, "workers_expected"));
+    const msgpack_object *wf = ps_map_get(b, "waiting_for");
+    if (wf && wf->type == MSGPACK_OBJECT_ARRAY && wf->via.array.size) {
+        printf("waiting for shard%s", wf->via.array.size == 1 ? "" : "s");
+        for (uint32_t i = 0; i < wf->via.array.size; i++)
+            if (wf->via.array.ptr[i].type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+                printf("%s %llu/%.0f", i ? "," : "", (unsigned long long)wf->via.array.ptr[i].via.u64,
+                       psctl_num(b, "workers_expected"));
+        double limit = psctl_num(b, "join_timeout");
+        if (limit > 0)
+            printf(" (never joined) for %.0f s; join_timeout %.0f s\n", psctl_num(b, "join_wait"), limit);
+        else
+            printf(" (never joined) for %.0f s; join_timeout 0: waiting for ever\n", psctl_num(b, "join_wait"));
+    }
+    print_worker_rows(ws, 0);
+}
+
+void psctl_print_workers(const msgpack_object *b)
+{
+    const msgpack_object *ws = ps_map_get(b, "workers");
+    uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
+    if (n == 0) {
+        printf("no worker has connected yet (%.0f expected)\n", psctl_num(b, "workers_expected"));
+        return;
+    }
+    print_worker_rows(ws, 1);
+}

@@ -1,0 +1,97 @@
+/* session.c - psctl's exchanges with one psd (psctl.h): the admin
+ * hello, ADMIN commands, single requests, and what a failure means for the
+ * exit code. Owns nothing but the session it is given. */
+#include <stdio.h>
+#include <string.h>
+
+#include "proto/errors.h"
+#include "psctl/psctl.h"
+
+int psctl_exit_code(int rc)
+{
+    switch (rc) {
+    case 0:
+        return EXIT_OK;
+    case PS_ETIMEOUT:
+        return EXIT_TIMEOUT;
+    case PS_ECONNECT:
+    case PS_ECLOSED:
+    case PS_EINVAL:
+        return EXIT_UNREACHABLE;
+    default:
+        return EXIT_REMOTE;
+    }
+}
+
+/* One line on stderr for a failed exchange with psd. */
+int psctl_report(ps_client *c, int rc, int timeout)
+{
+    if (rc == PS_ETIMEOUT)
+        fprintf(stderr, "psctl: %s (nothing within %d ms; see --timeout)\n", ps_client_error(c), timeout);
+    else if (rc == PS_ECONNECT)
+        fprintf(stderr, "psctl: %s (is psd running there? see --server)\n", ps_client_error(c));
+    else
+        fprintf(stderr, "psctl: %s\n", ps_client_error(c));
+    return psctl_exit_code(rc);
+}
+
+int psctl_open(session *ss, const char *server)
+{
+    ps_msg m, r;
+    int rc = ps_client_connect(&ss->c, server, ss->timeout);
+    if (rc != 0)
+        return rc;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_VERSION | PS_F_ROLE;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_ADMIN;
+    rc = ps_client_hello(&ss->c, &m, ss->token.b, ss->token.len, &r, ss->timeout);
+    if (rc != 0)
+        return rc;
+    snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
+    if ((r.has & PS_F_LAYOUT) && r.layout) {
+        ss->layout = *r.layout;
+        ss->has_layout = 1;
+        ss->fp = r.fp;
+    }
+    return 0;
+}
+
+/* Sends ADMIN cmd with args and waits for its OK. */
+int psctl_admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r)
+{
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_ADMIN);
+    m.has = PS_F_CMD;
+    snprintf(m.cmd, sizeof m.cmd, "%s", cmd);
+    if (nargs > 0) {
+        m.has |= PS_F_ARGS;
+        for (int i = 0; i < nargs; i++) {
+            m.args[i].p = args[i];
+            m.args[i].len = (uint32_t)strlen(args[i]);
+        }
+        m.nargs = (uint32_t)nargs;
+    }
+    int rc = ps_client_call(&ss->c, &m, r, ss->timeout);
+    if (rc == 0 && r->type != PS_MSG_OK) {
+        snprintf(ss->c.err, sizeof ss->c.err, "psd answered %s with %s", cmd, ps_msg_type_name(r->type));
+        return PS_EMALFORMED;
+    }
+    return rc;
+}
+
+/* Sends a request of type `type` (no fields) and checks the reply is of
+ * type `want`; an exit code, the reason on stderr. */
+int psctl_ask(session *ss, uint32_t type, uint32_t want, const char *what, ps_msg *r)
+{
+    ps_msg m;
+    ps_msg_init(&m, type);
+    int rc = ps_client_call(&ss->c, &m, r, ss->timeout);
+    if (rc != 0)
+        return psctl_report(&ss->c, rc, ss->timeout);
+    if (r->type != want) {
+        fprintf(stderr, "psctl: psd answered %s with %s\n", what, ps_msg_type_name(r->type));
+        return EXIT_REMOTE;
+    }
+    return EXIT_OK;
+}

@@ -1,0 +1,73 @@
+"""test_bench_dlrm.py - bench/dlrm.py in a tiny configuration (ctest:
+client_bench_dlrm): every arm runs to its end on the same logs, and what it
+prints is sane. The figures themselves are the benchmark's (bench/README.md),
+not checked here beyond "learnt something".
+
+- PyTorch alone (a), 2 workers through one psd (b) and through a model split
+  over 2 psd (b2), DDP over gloo (c, a few steps): each prints a JSON line
+  with its samples, samples per second, test AUC and log loss, and the
+  teacher's AUC and log loss beside them;
+- a, b and b2 train one pass over every training sample and end well above
+  chance, below the teacher (the best reachable) within noise;
+- the ratios line and the table are printed, and --json holds the same rows.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+BENCH = os.path.join(ROOT, "bench", "dlrm.py")
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+TRAIN, TEST, DDP_STEPS, IDS = 8000, 2000, 2, 2000
+
+
+def test_dlrm_tiny_run(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "dlrm.json"
+    argv = [PY, BENCH, "--ids", str(IDS), "--train", str(TRAIN), "--test", str(TEST), "--ddp-steps", str(DDP_STEPS),
+            "--json", str(out), "--timeout", "240"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"arm"')]
+    arms = {row["arm"]: row for row in lines}
+    assert sorted(arms) == ["a", "b", "b2", "c"], r.stdout
+    teacher = arms["a"]["teacher_auc"]
+    assert 0.75 < teacher < 1.0, arms["a"]
+    assert 0.0 < arms["a"]["teacher_logloss"] < 0.69, arms["a"]
+    for name, row in arms.items():
+        assert row["ids"] == IDS
+        # every arm evaluates on the same test logs: the same teacher beside it
+        assert row["teacher_auc"] == teacher and row["teacher_logloss"] == arms["a"]["teacher_logloss"], row
+        assert row["samples_per_second"] > 0 and row["seconds"] > 0, row
+        assert 0.0 < row["test_logloss"] < 5.0, row
+    for name in ("a", "b", "b2"):
+        row = arms[name]
+        assert row["samples"] == TRAIN, row  # one pass: 2 workers share it
+        assert 0.6 < row["test_auc"] <= teacher + 0.01, row
+    # DDP: its steps on 2 ranks, batch 256 each
+    assert arms["c"]["samples"] == 2 * DDP_STEPS * 256, arms["c"]
+    assert 0.3 < arms["c"]["test_auc"] < 1.0, arms["c"]
+    ratios = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"ratios"')]
+    assert len(ratios) == 1, r.stdout
+    for key in ("b/a samples/s at %d" % IDS, "b/c samples/s at %d" % IDS, "b-a AUC at %d" % IDS,
+                "b2-a AUC at %d" % IDS, "teacher-b AUC at %d" % IDS):
+        assert key in ratios[0]["ratios"], ratios
+    want = arms["b"]["samples_per_second"] / arms["a"]["samples_per_second"]
+    assert ratios[0]["ratios"]["b/a samples/s at %d" % IDS] == pytest.approx(want, rel=1e-2)
+    assert "| %d | b2 |" % IDS in r.stdout
+    saved = json.loads(out.read_text())
+    assert [row["arm"] for row in saved["rows"]] == [row["arm"] for row in lines]
+    assert saved["ratios"] == ratios[0]["ratios"]
+
+
+def test_dlrm_bad_arm():
+    """An arm the bench does not know is refused by name, before any work."""
+    r = subprocess.run([PY, BENCH, "--arms", "a,x"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "unknown arm 'x'" in r.stderr, r.stderr
