@@ -290,6 +290,15 @@ static int do_pushpull(psc_client *c)
     return barrier(c);
 }
 
+/* The values [*a, *b) of [off, off + len) that link ln's part holds;
+ * 0 when there are none. */
+static int part_range(const psc_link *ln, uint64_t off, uint64_t len, uint64_t *a, uint64_t *b)
+{
+    *a = off > ln->lo ? off : ln->lo;
+    *b = off + len < ln->hi ? off + len : ln->hi;
+    return *a < *b;
+}
+
 /* Pushes values [off, off + len) of the gradient to every psd whose part
  * they touch: all chunks out first, then the OKs. */
 static int do_push(psc_client *c, uint64_t off, uint64_t len)
@@ -298,8 +307,8 @@ static int do_push(psc_client *c, uint64_t off, uint64_t len)
     int first = 0;
     for (uint32_t i = 0; i < c->nlinks && !first; i++) {
         psc_link *ln = &c->links[i];
-        uint64_t a = off > ln->lo ? off : ln->lo, b = off + len < ln->hi ? off + len : ln->hi;
-        if (a >= b)
+        uint64_t a, b;
+        if (!part_range(ln, off, len, &a, &b))
             continue;
         int rc = psc__chunks_out(c, ln, PS_MSG_PUSH, c->grads + a, a - ln->lo, (size_t)(b - a), psc__push_base(c, ln), &sent[i]);
         if (rc != 0)
@@ -324,8 +333,8 @@ static int do_pull(psc_client *c, uint64_t off, uint64_t len)
     int first = 0;
     for (uint32_t i = 0; i < c->nlinks && !first; i++) {
         psc_link *ln = &c->links[i];
-        uint64_t a = off > ln->lo ? off : ln->lo, b = off + len < ln->hi ? off + len : ln->hi;
-        if (a >= b)
+        uint64_t a, b;
+        if (!part_range(ln, off, len, &a, &b))
             continue;
         int rc = psc__pull_part(c, ln, c->params + a, a - ln->lo, b - a, c->bsp && c->pushed ? ln->version + 1 : 0);
         if (rc != 0) {

@@ -51,17 +51,6 @@ struct srv_table {
     double pull_rate, push_rate;
 };
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static uint64_t block_bytes(const srv_table *t)
 {
     return ((uint64_t)t->stride << t->shift) * sizeof(float);
@@ -145,17 +134,17 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
             char a[256], b[256];
             ps_table_def_text(d, a, sizeof a);
             ps_table_def_text(held, b, sizeof b);
-            return fail(err, errlen, PS_ELAYOUT, "table '%s' declared as %s, but psd holds it as %s", d->name, a, b);
+            return ps_fail(err, errlen, PS_ELAYOUT, "table '%s' declared as %s, but psd holds it as %s", d->name, a, b);
         }
         *idx = (uint32_t)at;
         return 0;
     }
     if (ts->n >= PS_TABLES_MAX)
-        return fail(err, errlen, PS_ELIMIT, "table '%s': psd holds %d tables already, the most it takes", d->name,
+        return ps_fail(err, errlen, PS_ELIMIT, "table '%s': psd holds %d tables already, the most it takes", d->name,
                     PS_TABLES_MAX);
     srv_table *t = calloc(1, sizeof *t);
     if (!t)
-        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory", d->name);
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory", d->name);
     t->def = *d;
     t->row_floats = srv_sparse_row_floats(d);
     t->stride = t->row_floats + HEAD;
@@ -164,7 +153,7 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
     t->rng = ps_mix64((uint64_t)ts->n + 1) | 1;
     uint64_t first = first_row_bytes(t, ts->bounds.admit > 1);
     if (ts->bounds.table_bytes && ts->bounds.table_bytes < first) {
-        fail(err, errlen, PS_ELIMIT,
+        ps_fail(err, errlen, PS_ELIMIT,
              "table '%s': table_memory (%llu bytes) is smaller than the table's first row takes (%llu bytes: a "
              "block of %u rows of %u floats, %u hash slots%s); raise table_memory",
              d->name, (unsigned long long)ts->bounds.table_bytes, (unsigned long long)first, 1u << t->shift,
@@ -535,11 +524,11 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     const uint32_t rf = t->row_floats;
     const uint64_t now = t->clock + 1;
     if (grow_scratch(ts, (size_t)n * rf, n) != 0)
-        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
     if (bd->admit > 1 && !t->sketch) {
         t->sketch = calloc(1, SKETCH_BYTES);
         if (!t->sketch)
-            return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
+            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
         t->bytes += SKETCH_BYTES;
         ts->bytes += SKETCH_BYTES;
     }
@@ -566,7 +555,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
             fresh++;
         }
         if (!srv_sparse_step(d, row, g + (size_t)k * d->dim, scale))
-            return fail(err, errlen, PS_ENONFINITE,
+            return ps_fail(err, errlen, PS_ENONFINITE,
                         "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
                         "nothing was changed",
                         d->name, (unsigned long long)key);
@@ -577,7 +566,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     uint64_t evicted = 0;
     if (fresh) {
         if (t->rows + fresh > UINT32_MAX - 1)
-            return fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
+            return ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
                         d->name, (unsigned long long)(t->rows + fresh));
         uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
         uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
@@ -592,7 +581,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
         if (need > allowed) {
             uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
             if (!bd->evict || fit < fresh + touched)
-                return fail(err, errlen, PS_ELIMIT,
+                return ps_fail(err, errlen, PS_ELIMIT,
                             "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
                             "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
                             d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
@@ -615,7 +604,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
                 ts->found[k] = lookup(t, ps_key_at(keys, k));
     }
     if (fresh && reserve(ts, t, t->rows + fresh) != 0)
-        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
                     d->name, (unsigned long long)fresh);
 
     /* 3. write */
@@ -673,16 +662,16 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
 {
     srv_table *t = ts->t[i];
     if (n > UINT32_MAX - 1 - t->rows)
-        return fail(err, errlen, PS_EMALFORMED, "table '%s': %llu rows, more than a table holds", t->def.name,
+        return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': %llu rows, more than a table holds", t->def.name,
                     (unsigned long long)n);
     if (n && reserve(ts, t, t->rows + n) != 0)
-        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", t->def.name,
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", t->def.name,
                     (unsigned long long)n);
     size_t rb = (size_t)t->row_floats * sizeof(float);
     for (uint64_t k = 0; k < n; k++) {
         uint64_t key = ps_key_at(keys, (size_t)k);
         if (lookup(t, key))
-            return fail(err, errlen, PS_EMALFORMED, "table '%s': key %llu appears twice", t->def.name,
+            return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': key %llu appears twice", t->def.name,
                         (unsigned long long)key);
         uint64_t r = t->rows++;
         float *p = row_at(t, r);
@@ -712,7 +701,7 @@ int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, con
     const uint32_t dim = d->dim, rf = t->row_floats;
     float *rows = malloc((size_t)(n ? n : 1) * rf * sizeof(float));
     if (!rows)
-        return fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", d->name, (unsigned long long)n);
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", d->name, (unsigned long long)n);
     for (uint64_t k = 0; k < n; k++) {
         uint64_t key = ps_key_at(keys, (size_t)k);
         float *row = rows + (size_t)k * rf;
@@ -721,7 +710,7 @@ int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, con
         for (uint32_t j = 0; j < dim; j++) {
             if (!isfinite(row[j])) {
                 free(rows);
-                return fail(err, errlen, PS_ENONFINITE, "table '%s': the row of key %llu holds NaN or infinity",
+                return ps_fail(err, errlen, PS_ENONFINITE, "table '%s': the row of key %llu holds NaN or infinity",
                             d->name, (unsigned long long)key);
             }
             if (d->opt == PS_TOPT_FTRL && row[j] != 0.0f) {
