@@ -108,8 +108,16 @@ class ElasticTest(unittest.TestCase):
     def test_worker_dies(self):
         with harness.Cluster("psd-elastic-kill") as cl:
             psd = cl.psd(mode="asgd", workers=3, args=ELASTIC + ["--set", "heartbeat_timeout=3s"])
-            ws = [cl.worker(psd, k, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL) for k in range(3)]
-            harness.wait_until(lambda: version(psd.addr) >= 30, 60, "30 updates of the centre")
+            # the victim trains for far longer than the others, so that it is
+            # surely mid-job when it is killed (on a quiet machine the others'
+            # 3 epochs take half a second, and may end before it has joined)
+            ws = [cl.worker(psd, k, 3, epochs=EPOCHS if k < 2 else 1000, limit=LIMIT, model=MODEL)
+                  for k in range(3)]
+
+            def victim_pushed():
+                r = worker_row(harness.status(psd.addr), 2)
+                return r and r["state"] == "connected" and r["pushes"] >= 2
+            harness.wait_until(victim_pushed, 60, "shard 2 to join and push twice")
             victim = ws[2]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
