@@ -183,7 +183,14 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     if (m->type == PS_MSG_TPULL)
         FUZZ_CHECK(!(m->has & PS_F_KEYS) != !(m->has & PS_F_LEN), "tpull with keys and len, or neither");
     if (ps_msg_is_table(m->type)) {
-        FUZZ_CHECK(m->dt == PS_DT_F32 && m->rdt == PS_DT_F32, "table message with dt %u rdt %u", m->dt, m->rdt);
+        /* PROTOCOL.md 13.2: row gradients of a tpush or tpushpull (and rows
+         * of a ROWS answer) in any form but rows never as f32z; rows pulled
+         * by key asked for as f32, bf16 or zstd; everything else f32 */
+        int pushes = m->type == PS_MSG_TPUSH || m->type == PS_MSG_TPUSHPULL ||
+                     (m->type == PS_MSG_ROWS && m->dt != PS_DT_F32Z);
+        int pulls = (m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL;
+        FUZZ_CHECK((m->dt == PS_DT_F32 || pushes) && (m->rdt == PS_DT_F32 || (pulls && m->rdt != PS_DT_F32Z)),
+                   "table message %u with dt %u rdt %u", m->type, m->dt, m->rdt);
         FUZZ_CHECK(m->ndata <= PS_TABLE_VALUES_MAX, "table message with %llu values",
                    (unsigned long long)m->ndata);
     }
