@@ -456,6 +456,19 @@ def status(addr):
     return json.loads(r.stdout)
 
 
+def version(addr):
+    """psd's model version, from its status."""
+    return status(addr)["version"]
+
+
+def worker_row(st, shard):
+    """The row of shard in a status's workers, or None."""
+    for w in st["workers"]:
+        if w["shard"] == shard:
+            return w
+    return None
+
+
 def metrics(addr):
     r = psctl(addr, "metrics")
     if r.returncode != 0:

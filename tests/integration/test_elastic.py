@@ -43,17 +43,6 @@ def f32(a):
     return np.asarray(a, dtype="<f4").tobytes()
 
 
-def version(addr):
-    return harness.status(addr)["version"]
-
-
-def worker_row(st, shard):
-    for w in st["workers"]:
-        if w["shard"] == shard:
-            return w
-    return None
-
-
 class ElasticTest(unittest.TestCase):
     def check_accuracy(self, results):
         for r in results:
@@ -101,7 +90,7 @@ class ElasticTest(unittest.TestCase):
             exchanges = [s * EPOCHS // TAU for s in steps]
             self.assertEqual(st["version"], sum(exchanges))
             for k in range(2):
-                self.assertEqual(worker_row(st, k)["pushes"], exchanges[k])
+                self.assertEqual(harness.worker_row(st, k)["pushes"], exchanges[k])
             self.assertEqual(st["pulls"], sum(exchanges) + 2 + 2 * EPOCHS)
             psd.stop()
 
@@ -115,14 +104,14 @@ class ElasticTest(unittest.TestCase):
                   for k in range(3)]
 
             def victim_pushed():
-                r = worker_row(harness.status(psd.addr), 2)
+                r = harness.worker_row(harness.status(psd.addr), 2)
                 return r and r["state"] == "connected" and r["pushes"] >= 2
             harness.wait_until(victim_pushed, 60, "shard 2 to join and push twice")
             victim = ws[2]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
             harness.wait_until(
-                lambda: (lambda r: r if r and r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                lambda: (lambda r: r if r and r["state"] == "lost" else None)(harness.worker_row(harness.status(psd.addr), 2)),
                 10, "psd to record shard 2 as lost")
             results = harness.finish(self, ws[:2], timeout=180)
             self.check_accuracy(results)
@@ -132,13 +121,13 @@ class ElasticTest(unittest.TestCase):
         with harness.Cluster("psd-elastic-join") as cl:
             psd = cl.psd(mode="asgd", workers=3, args=ELASTIC)
             ws = [cl.worker(psd, k, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL) for k in range(2)]
-            harness.wait_until(lambda: version(psd.addr) >= 30, 60, "30 updates before the third worker")
+            harness.wait_until(lambda: harness.version(psd.addr) >= 30, 60, "30 updates before the third worker")
             late = cl.worker(psd, 2, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL, name="late")
             results = harness.finish(self, ws + [late], timeout=180)
             self.check_accuracy(results)
             st = harness.status(psd.addr)
             steps = harness.steps_per_epoch(LIMIT, 3, 64, bsp=False)
-            self.assertEqual(worker_row(st, 2)["pushes"], steps[2] * EPOCHS // TAU,
+            self.assertEqual(harness.worker_row(st, 2)["pushes"], steps[2] * EPOCHS // TAU,
                              "the late worker did its whole share")
             psd.stop()
 

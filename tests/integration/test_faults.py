@@ -41,17 +41,6 @@ MIN_ACCURACY = 0.85
 STRAGGLER_EPOCHS = 20
 
 
-def worker_row(st, shard):
-    for w in st["workers"]:
-        if w["shard"] == shard:
-            return w
-    return None
-
-
-def version(addr):
-    return harness.status(addr)["version"]
-
-
 class FaultTest(unittest.TestCase):
     def finish(self, workers, timeout=120):
         return harness.finish(self, workers, timeout)
@@ -67,24 +56,24 @@ class FaultTest(unittest.TestCase):
             psd = cl.psd(mode="bsp", workers=3, args=["--set", "heartbeat_timeout=3s"])
             ws = [cl.worker(psd, k, 3, epochs=4, limit=LIMIT, model=MODEL, args=[] if plan else ["--no-plan"])
                   for k in range(3)]
-            harness.wait_until(lambda: version(psd.addr) >= 30, 60, "30 BSP rounds")
+            harness.wait_until(lambda: harness.version(psd.addr) >= 30, 60, "30 BSP rounds")
             victim = ws[2]
             os.kill(victim.pid, signal.SIGKILL)
             killed_at = time.monotonic()
             victim.wait(10)
             # psd notices the death and says so with shard and address
             row = harness.wait_until(
-                lambda: (lambda r: r if r and r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                lambda: (lambda r: r if r and r["state"] == "lost" else None)(harness.worker_row(harness.status(psd.addr), 2)),
                 3, "psd to record shard 2 as lost")
             noticed = time.monotonic() - killed_at
             self.assertLess(noticed, 3.0, "death noticed after %.1f s, beyond heartbeat_timeout" % noticed)
             self.assertRegex(row["address"], r"^127\.0\.0\.1:\d+$")
             self.assertNotEqual(row["why"], "")
-            v = version(psd.addr)
+            v = harness.version(psd.addr)
             # (on a loaded machine this poll can come late enough that the
             # survivors have already finished the job: that counts too, and
             # the log checks below still want rounds closed without shard 2)
-            harness.wait_until(lambda: not any(w.alive() for w in ws[:2]) or version(psd.addr) > v + 5, 30,
+            harness.wait_until(lambda: not any(w.alive() for w in ws[:2]) or harness.version(psd.addr) > v + 5, 30,
                                "rounds to close without the dead worker")
             results = self.finish(ws[:2])
             for r in results:
@@ -109,14 +98,14 @@ class FaultTest(unittest.TestCase):
         with harness.Cluster("psd-backup") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=["--set", "backup_workers=1", "--set", "heartbeat_timeout=30s"])
             ws = [cl.worker(psd, k, 3, epochs=STRAGGLER_EPOCHS, limit=LIMIT, model=MODEL) for k in range(3)]
-            harness.wait_until(lambda: version(psd.addr) >= 20, 60, "20 BSP rounds")
+            harness.wait_until(lambda: harness.version(psd.addr) >= 20, 60, "20 BSP rounds")
             os.kill(ws[2].pid, signal.SIGSTOP)
             try:
-                v0, t0 = version(psd.addr), time.monotonic()
+                v0, t0 = harness.version(psd.addr), time.monotonic()
                 # rounds keep closing with two of three pushes
-                harness.wait_until(lambda: version(psd.addr) >= v0 + 50, 20,
+                harness.wait_until(lambda: harness.version(psd.addr) >= v0 + 50, 20,
                                    "50 rounds to close while shard 2 is stopped")
-                rate = (version(psd.addr) - v0) / (time.monotonic() - t0)
+                rate = (harness.version(psd.addr) - v0) / (time.monotonic() - t0)
                 self.assertGreater(rate, 10, "rounds per second with a stopped straggler")
             finally:
                 os.kill(ws[2].pid, signal.SIGCONT)
@@ -133,9 +122,9 @@ class FaultTest(unittest.TestCase):
             psd = cl.psd(mode="ssp", workers=3,
                          args=["--set", "staleness=%d" % s_bound, "--set", "heartbeat_timeout=4s"])
             ws = [cl.worker(psd, k, 3, epochs=STRAGGLER_EPOCHS, limit=LIMIT, model=MODEL) for k in range(3)]
-            harness.wait_until(lambda: all(worker_row(harness.status(psd.addr), k) for k in range(3)), 60,
+            harness.wait_until(lambda: all(harness.worker_row(harness.status(psd.addr), k) for k in range(3)), 60,
                                "all three workers to join")
-            harness.wait_until(lambda: version(psd.addr) >= 20, 60, "20 updates")
+            harness.wait_until(lambda: harness.version(psd.addr) >= 20, 60, "20 updates")
             os.kill(ws[2].pid, signal.SIGSTOP)
             stopped_at = time.monotonic()
             try:
@@ -146,10 +135,10 @@ class FaultTest(unittest.TestCase):
                 def held():
                     st = harness.status(psd.addr)
                     last["st"] = st
-                    row = worker_row(st, 2)
+                    row = harness.worker_row(st, 2)
                     if row["state"] != "connected":
                         return None
-                    others = [worker_row(st, k)["clock"] for k in (0, 1)]
+                    others = [harness.worker_row(st, k)["clock"] for k in (0, 1)]
                     lead = max(others) - row["clock"]
                     self.assertLessEqual(lead, s_bound + 1, "SSP bound broken: %r" % st["workers"])
                     return st if all(c - row["clock"] == s_bound + 1 for c in others) else None
@@ -160,12 +149,12 @@ class FaultTest(unittest.TestCase):
                     raise AssertionError("%s; last status: %r" % (e, last.get("st", {}).get("workers")))
                 # silent past heartbeat_timeout: declared dead, the others go on
                 lost = harness.wait_until(
-                    lambda: (lambda r: r if r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                    lambda: (lambda r: r if r["state"] == "lost" else None)(harness.worker_row(harness.status(psd.addr), 2)),
                     8, "the stopped worker to be declared dead")
                 self.assertIn("silent", lost["why"])
                 self.assertLess(time.monotonic() - stopped_at, 4 + 3, "declared dead too late")
-                v = version(psd.addr)
-                harness.wait_until(lambda: version(psd.addr) > v + 20, 20, "the others to go on")
+                v = harness.version(psd.addr)
+                harness.wait_until(lambda: harness.version(psd.addr) > v + 20, 20, "the others to go on")
             finally:
                 os.kill(ws[2].pid, signal.SIGCONT)
             results = self.finish(ws)
@@ -187,10 +176,10 @@ class FaultTest(unittest.TestCase):
             ws = [cl.worker(psd, k, 2, epochs=200, limit=LIMIT, model=MODEL, evaluate=False,
                             args=["--reconnect-timeout", "60"]) for k in range(2)]
             harness.wait_until(lambda: glob.glob(os.path.join(state, "ckpt-*.psdc")), 30, "a first checkpoint")
-            harness.wait_until(lambda: version(psd.addr) >= 100, 60, "100 rounds")
-            t0, v0 = time.monotonic(), version(psd.addr)
+            harness.wait_until(lambda: harness.version(psd.addr) >= 100, 60, "100 rounds")
+            t0, v0 = time.monotonic(), harness.version(psd.addr)
             time.sleep(0.5)
-            before = version(psd.addr)
+            before = harness.version(psd.addr)
             rps = (before - v0) / (time.monotonic() - t0)  # this job's rounds per second, here and now
             self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
             os.kill(psd.pid, signal.SIGKILL)
@@ -204,7 +193,7 @@ class FaultTest(unittest.TestCase):
             lost = before - loaded
             self.assertLess(lost, rps * interval * 1.5 + 60,
                             "lost %d versions, more than one interval at %.0f rounds/s" % (lost, rps))
-            harness.wait_until(lambda: version(psd2.addr) > loaded, 30, "training to resume after the restart")
+            harness.wait_until(lambda: harness.version(psd2.addr) > loaded, 30, "training to resume after the restart")
             results = self.finish(ws)
             for r in results:
                 self.assertGreaterEqual(r["reconnects"], 1)

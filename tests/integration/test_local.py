@@ -46,17 +46,6 @@ def f32(a):
     return np.asarray(a, dtype="<f4").tobytes()
 
 
-def version(addr):
-    return harness.status(addr)["version"]
-
-
-def worker_row(st, shard):
-    for w in st["workers"]:
-        if w["shard"] == shard:
-            return w
-    return None
-
-
 class LocalSGDTest(unittest.TestCase):
     def check_accuracy(self, results):
         for r in results:
@@ -116,7 +105,7 @@ class LocalSGDTest(unittest.TestCase):
             self.assertEqual(st["pushes"], 2 * (steps // H))
             self.assertEqual(st["pulls"], 2 * (steps // H) + 2 + 2 * EPOCHS)
             for k in range(2):
-                self.assertEqual(worker_row(st, k)["pushes"], steps // H)
+                self.assertEqual(harness.worker_row(st, k)["pushes"], steps // H)
             self.assertIsNone(st.get("plan"), "a plan is ignored with local_steps")
             psd.stop()
 
@@ -124,12 +113,12 @@ class LocalSGDTest(unittest.TestCase):
         with harness.Cluster("psd-local-kill") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=LOCAL + ["--set", "heartbeat_timeout=3s"])
             ws = [cl.worker(psd, k, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL) for k in range(3)]
-            harness.wait_until(lambda: version(psd.addr) >= 15, 60, "15 rounds")
+            harness.wait_until(lambda: harness.version(psd.addr) >= 15, 60, "15 rounds")
             victim = ws[2]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
             harness.wait_until(
-                lambda: (lambda r: r if r and r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                lambda: (lambda r: r if r and r["state"] == "lost" else None)(harness.worker_row(harness.status(psd.addr), 2)),
                 10, "psd to record shard 2 as lost")
             results = harness.finish(self, ws[:2], timeout=180)
             sys.stderr.write("kill: %s\n" % [(r["test_accuracy"], r["version"]) for r in results])
@@ -141,15 +130,15 @@ class LocalSGDTest(unittest.TestCase):
         with harness.Cluster("psd-local-join") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=LOCAL + ["--set", "join_timeout=2s"])
             ws = [cl.worker(psd, k, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL) for k in range(2)]
-            harness.wait_until(lambda: version(psd.addr) >= 15, 60, "15 rounds of the two before the third joins")
-            row = worker_row(harness.status(psd.addr), 2)
+            harness.wait_until(lambda: harness.version(psd.addr) >= 15, 60, "15 rounds of the two before the third joins")
+            row = harness.worker_row(harness.status(psd.addr), 2)
             self.assertEqual(row["state"], "lost", row)
             late = cl.worker(psd, 2, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL, name="late")
             results = harness.finish(self, ws + [late], timeout=180)
             sys.stderr.write("late join: %s\n" % [(r["test_accuracy"], r["version"]) for r in results])
             self.check_accuracy(results)
             st = harness.status(psd.addr)
-            self.assertGreater(worker_row(st, 2)["pushes"], 0, "the late worker took part in rounds")
+            self.assertGreater(harness.worker_row(st, 2)["pushes"], 0, "the late worker took part in rounds")
             psd.stop()
 
     def test_split_model(self):

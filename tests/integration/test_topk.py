@@ -42,17 +42,6 @@ def kept_per_push():
     return sum(math.ceil(RATIO * math.prod(dims)) for _, dims in harness.mlp_layout(HIDDEN))
 
 
-def version(addr):
-    return harness.status(addr)["version"]
-
-
-def worker_row(st, shard):
-    for w in st["workers"]:
-        if w["shard"] == shard:
-            return w
-    return None
-
-
 class TopkTest(unittest.TestCase):
     def check_accuracy(self, results):
         for r in results:
@@ -89,12 +78,12 @@ class TopkTest(unittest.TestCase):
         with harness.Cluster("psd-topk-kill") as cl:
             psd = cl.psd(mode="bsp", workers=3, args=["--set", "heartbeat_timeout=3s"])
             ws = [cl.worker(psd, k, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL, args=TOPK) for k in range(3)]
-            harness.wait_until(lambda: version(psd.addr) >= 60, 60, "60 BSP rounds")
+            harness.wait_until(lambda: harness.version(psd.addr) >= 60, 60, "60 BSP rounds")
             victim = ws[2]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
             harness.wait_until(
-                lambda: (lambda r: r if r and r["state"] == "lost" else None)(worker_row(harness.status(psd.addr), 2)),
+                lambda: (lambda r: r if r and r["state"] == "lost" else None)(harness.worker_row(harness.status(psd.addr), 2)),
                 10, "psd to record shard 2 as lost")
             results = harness.finish(self, ws[:2], timeout=180)
             self.check_accuracy(results)
@@ -105,13 +94,13 @@ class TopkTest(unittest.TestCase):
         with harness.Cluster("psd-topk-join") as cl:
             psd = cl.psd(mode="asgd", workers=3, args=harness.ASGD_ARGS)
             ws = [cl.worker(psd, k, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL, args=TOPK) for k in range(2)]
-            harness.wait_until(lambda: version(psd.addr) >= 200, 60, "200 updates before the third worker")
-            t0 = version(psd.addr)
+            harness.wait_until(lambda: harness.version(psd.addr) >= 200, 60, "200 updates before the third worker")
+            t0 = harness.version(psd.addr)
             late = cl.worker(psd, 2, 3, epochs=EPOCHS, limit=LIMIT, model=MODEL, args=TOPK, name="late")
             results = harness.finish(self, ws + [late], timeout=180)
             self.check_accuracy(results)
             st = harness.status(psd.addr)
-            row = worker_row(st, 2)
+            row = harness.worker_row(st, 2)
             steps = harness.steps_per_epoch(LIMIT, 3, 64, bsp=False)
             self.assertEqual(row["pushes"], steps[2] * EPOCHS, "the late worker did its whole share")
             self.assertGreaterEqual(t0, 200)
