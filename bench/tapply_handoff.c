@@ -12,7 +12,9 @@
  * so that the machine's other load falls on each alike. A program that
  * prints figures, not a test.
  *
- *   tapply_handoff [-s streams] [-k keys] [-d dim] [-t seconds] [-r turns] [-n threads]
+ *   tapply_handoff [-s streams] [-k keys] [-d dim] [-t seconds] [-r turns] [-n threads] [-x]
+ *
+ * -x runs uv_queue_work before the own pool in each turn.
  */
 #include <math.h>
 #include <stdio.h>
@@ -218,8 +220,8 @@ int main(int argc, char **argv)
     static bench b;
     uint32_t S = 2, K = 512, D = 16;
     double secs = 2;
-    int turns = 3, threads = 2, opt;
-    while ((opt = getopt(argc, argv, "s:k:d:t:r:n:")) != -1) {
+    int turns = 3, threads = 2, swap = 0, opt;
+    while ((opt = getopt(argc, argv, "s:k:d:t:r:n:x")) != -1) {
         switch (opt) {
         case 's': S = (uint32_t)atoi(optarg); break;
         case 'k': K = (uint32_t)atoi(optarg); break;
@@ -227,9 +229,10 @@ int main(int argc, char **argv)
         case 't': secs = atof(optarg); break;
         case 'r': turns = atoi(optarg); break;
         case 'n': threads = atoi(optarg); break;
+        case 'x': swap = 1; break;
         default:
             fprintf(stderr, "usage: tapply_handoff [-s streams] [-k keys] [-d dim] [-t seconds] [-r turns] "
-                            "[-n threads]\n");
+                            "[-n threads] [-x]\n");
             return 2;
         }
     }
@@ -280,7 +283,8 @@ int main(int argc, char **argv)
            S, K, D, threads, secs, turns, sysconf(_SC_NPROCESSORS_ONLN));
     printf("%-24s %5s %12s %14s %16s\n", "way", "turn", "pushes/s", "rows/s", "queue->back us");
     for (int r = 0; r < turns; r++)
-        for (int w = 0; w < WAYS; w++) {
+        for (int wi = 0; wi < WAYS; wi++) {
+            int w = swap && wi ? WAYS - wi : wi;
             double el = run_way(&b, w, secs, threads);
             double ps = (double)b.lat_n / el;
             printf("%-24s %5d %12.0f %14.0f ", way_name[w], r + 1, ps, ps * K);
