@@ -105,6 +105,7 @@ void srv_tables_free(srv_tables *ts)
     for (uint32_t i = 0; i < ts->n; i++)
         table_free(ts->t[i]);
     free(ts->scratch);
+    free(ts->undo);
     free(ts->found);
     free(ts->dupset);
     memset(ts, 0, sizeof *ts);
@@ -455,15 +456,24 @@ static void evict(srv_table *t, uint64_t e, uint64_t now)
     }
 }
 
-static int grow_scratch(srv_tables *ts, size_t floats, size_t n)
+static int grow(float **p, size_t *have, size_t floats)
 {
-    if (floats > ts->scratch_floats) {
-        float *p = realloc(ts->scratch, sizeof *p * floats);
-        if (!p)
+    if (floats > *have) {
+        float *q = realloc(*p, sizeof *q * floats);
+        if (!q)
             return PS_ENOMEM;
-        ts->scratch = p;
-        ts->scratch_floats = floats;
+        *p = q;
+        *have = floats;
     }
+    return 0;
+}
+
+/* Room for a push of n keys of rows of rf floats: scratch and found sized
+ * for all of them, undo for each one's stamp and values. */
+static int grow_scratch(srv_tables *ts, size_t rf, size_t n)
+{
+    if (grow(&ts->scratch, &ts->scratch_floats, n * rf) != 0 || grow(&ts->undo, &ts->undo_floats, n * (rf + 2)) != 0)
+        return PS_ENOMEM;
     if (n > ts->found_cap) {
         float **f = realloc(ts->found, sizeof *f * n);
         if (!f)
@@ -515,15 +525,30 @@ static uint64_t rows_within(const srv_table *t, uint64_t allowed, uint64_t upto)
 
 static float not_admitted; /* ts->found's mark of a key skipped by admission */
 
+/* Puts the stored rows among the first n keys of a push back as they were
+ * (undo holds each one's stamp and values, rf + 2 floats a key). */
+static void push_undo(srv_tables *ts, uint32_t n, uint32_t rf)
+{
+    for (uint32_t k = 0; k < n; k++)
+        if (ts->found[k] && ts->found[k] != &not_admitted)
+            memcpy(ts->found[k] - 2, ts->undo + (size_t)k * (rf + 2), sizeof(float) * (rf + 2));
+}
+
+/* A push in one pass over its keys: each stored row is kept in undo
+ * (stamp and values, from the cache line just loaded), then stepped in
+ * place and stamped; a new row is made and stepped in scratch. If a step
+ * is not finite, or the new rows do not fit, the rows stepped so far are
+ * put back from undo, so the push changes nothing. Each stored row is thus
+ * read from memory once, instead of being copied to scratch and back. */
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen)
 {
     srv_table *t = ts->t[i];
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
-    const uint32_t rf = t->row_floats;
+    const uint32_t rf = t->row_floats, dim = d->dim;
     const uint64_t now = t->clock + 1;
-    if (grow_scratch(ts, (size_t)n * rf, n) != 0)
+    if (grow_scratch(ts, rf, n) != 0)
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
     if (bd->admit > 1 && !t->sketch) {
         t->sketch = calloc(1, SKETCH_BYTES);
@@ -537,87 +562,99 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     if (bd->expire)
         expire_scan(t, now, bd->expire, (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW);
 
-    /* 1. every key's new row, in scratch: no row is touched yet */
+    /* 1. stored rows stepped in place (kept in undo), new rows in scratch */
     uint64_t fresh = 0, skipped = 0;
     for (uint32_t k = 0; k < n; k++) {
         if (k % LOOKUP_BATCH == 0) /* rows found just before they are used, still cached */
             lookup_all(t, keys + (size_t)k * 8, n - k < LOOKUP_BATCH ? n - k : LOOKUP_BATCH, ts->found + k);
-        uint64_t key = ps_key_at(keys, k);
-        float *row = ts->scratch + (size_t)k * rf;
-        if (ts->found[k]) {
-            memcpy(row, ts->found[k], sizeof(float) * rf);
-        } else if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {
-            ts->found[k] = &not_admitted; /* counted, not stored */
-            skipped++;
-            continue;
+        const float *gk = g + (size_t)k * dim;
+        float *row = ts->found[k];
+        if (row) {
+            float *u = ts->undo + (size_t)k * (rf + 2);
+            memcpy(u, row - 2, sizeof(float) * (rf + 2));
+            if (srv_sparse_step(d, row, gk, scale)) {
+                memcpy(row - 2, &now, sizeof now); /* this push's rows stay, whatever eviction does */
+                continue;
+            }
         } else {
+            uint64_t key = ps_key_at(keys, k);
+            if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {
+                ts->found[k] = &not_admitted; /* counted, not stored */
+                skipped++;
+                continue;
+            }
+            row = ts->scratch + (size_t)fresh * rf;
             srv_sparse_row_new(d, key, row);
             fresh++;
+            if (srv_sparse_step(d, row, gk, scale))
+                continue;
         }
-        if (!srv_sparse_step(d, row, g + (size_t)k * d->dim, scale))
-            return ps_fail(err, errlen, PS_ENONFINITE,
-                        "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
-                        "nothing was changed",
-                        d->name, (unsigned long long)key);
+        push_undo(ts, k, rf); /* row k itself was left as it was */
+        return ps_fail(err, errlen, PS_ENONFINITE,
+                       "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
+                       "nothing was changed",
+                       d->name, (unsigned long long)ps_key_at(keys, k));
     }
 
     /* 2. room for the new rows, within max_table_memory and table_memory:
      * refused, or made by evicting rows this push does not touch */
     uint64_t evicted = 0;
     if (fresh) {
-        if (t->rows + fresh > UINT32_MAX - 1)
-            return ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
-                        d->name, (unsigned long long)(t->rows + fresh));
+        int rc = 0;
         uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
         uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
         int by_table = bd->table_bytes && bd->table_bytes < allowed;
         if (by_table)
             allowed = bd->table_bytes;
         allowed = allowed > sketch ? allowed - sketch : 0;
-        uint64_t cap;
+        uint64_t cap = 0, need = 0;
         uint32_t nb, bc;
-        plan_size(t, t->rows + fresh, &cap, &nb, &bc);
-        uint64_t need = size_of(t, cap, nb, bc);
-        if (need > allowed) {
+        if (t->rows + fresh > UINT32_MAX - 1) {
+            rc = ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
+                         d->name, (unsigned long long)(t->rows + fresh));
+        } else {
+            plan_size(t, t->rows + fresh, &cap, &nb, &bc);
+            need = size_of(t, cap, nb, bc);
+        }
+        if (rc == 0 && need > allowed) {
             uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
             if (!bd->evict || fit < fresh + touched)
-                return ps_fail(err, errlen, PS_ELIMIT,
-                            "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
-                            "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
-                            d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
-                            (unsigned long long)(need + sketch + (by_table ? 0 : others)),
-                            by_table ? "table_memory" : "max_table_memory",
-                            (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
-                            (unsigned long long)t->rows, (unsigned long long)t->bytes,
-                            bd->evict ? ", and evicting every row this push does not touch would not make room"
-                                      : " (table_full = refuse)");
-            evicted = t->rows + fresh - fit;
+                rc = ps_fail(err, errlen, PS_ELIMIT,
+                             "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
+                             "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
+                             d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
+                             (unsigned long long)(need + sketch + (by_table ? 0 : others)),
+                             by_table ? "table_memory" : "max_table_memory",
+                             (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
+                             (unsigned long long)t->rows, (unsigned long long)t->bytes,
+                             bd->evict ? ", and evicting every row this push does not touch would not make room"
+                                       : " (table_full = refuse)");
+            else
+                evicted = t->rows + fresh - fit;
+        }
+        if (rc != 0) {
+            push_undo(ts, n, rf);
+            return rc;
         }
     }
     if (evicted) {
-        for (uint32_t k = 0; k < n; k++)
-            if (ts->found[k] && ts->found[k] != &not_admitted)
-                memcpy(ts->found[k] - HEAD + 2, &now, sizeof now); /* this push's rows stay */
-        evict(t, evicted, now);
+        evict(t, evicted, now); /* never this push's rows: stamped now */
         for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
             if (ts->found[k] && ts->found[k] != &not_admitted)
                 ts->found[k] = lookup(t, ps_key_at(keys, k));
     }
-    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
+    if (fresh && reserve(ts, t, t->rows + fresh) != 0) {
+        push_undo(ts, n, rf);
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                    d->name, (unsigned long long)fresh);
+                       d->name, (unsigned long long)fresh);
+    }
 
-    /* 3. write */
-    for (uint32_t k = 0; k < n; k++) {
-        const float *row = ts->scratch + (size_t)k * rf;
-        if (ts->found[k] == &not_admitted)
-            continue;
-        if (ts->found[k]) {
-            memcpy(ts->found[k], row, sizeof(float) * rf);
-            memcpy(ts->found[k] - HEAD + 2, &now, sizeof now);
-        } else {
-            append(t, ps_key_at(keys, k), now, row);
-        }
+    /* 3. the new rows, in the order of their keys */
+    if (fresh) {
+        uint64_t f = 0;
+        for (uint32_t k = 0; k < n; k++)
+            if (!ts->found[k])
+                append(t, ps_key_at(keys, k), now, ts->scratch + (size_t)(f++) * rf);
     }
     t->clock = now;
     t->pushed += n - skipped;
