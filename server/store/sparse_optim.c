@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 uint32_t srv_sparse_row_floats(const ps_table_def *d)
 {
     return d->dim * (1 + ps_topt_state_per_value(d->opt)) + (ps_topt_has_step(d->opt) ? 1 : 0);
@@ -189,22 +191,22 @@ static inline __attribute__((always_inline)) void commit(float *restrict row, co
         }                                                                                                        \
     } while (0)
 
-static int step_sgd(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+PS_MULTIVERSION static int step_sgd(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
 {
     STEP_DIMS(k_sgd, 1);
 }
 
-static int step_adagrad(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+PS_MULTIVERSION static int step_adagrad(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
 {
     STEP_DIMS(k_adagrad, 2);
 }
 
-static int step_adam(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+PS_MULTIVERSION static int step_adam(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
 {
     STEP_ANY(k_adam, 3);
 }
 
-static int step_ftrl(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+PS_MULTIVERSION static int step_ftrl(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
 {
     STEP_ANY(k_ftrl, 3);
 }

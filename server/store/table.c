@@ -16,7 +16,14 @@
 /* at most 5/8 of the slots in use: linear probing stays short */
 #define LOAD_NUM 5u
 #define LOAD_DEN 8u
-#define SLOT_BYTES (sizeof(uint64_t) + sizeof(uint32_t))
+/* A hash slot: its key and its row index + 1 (0: empty) side by side, 12
+ * bytes, so that a probe reads one cache line (two for 2 slots in 16), not
+ * one of a key array and one of a row array. */
+typedef struct slot {
+    uint32_t key[2]; /* the key, in the host's order (slot_key): 4-byte aligned */
+    uint32_t row;    /* row index + 1; 0: the slot is empty */
+} slot;
+#define SLOT_BYTES sizeof(slot)
 /* a row in its block: its key (2 floats' room), the table's clock at its
  * last push (2), then its row_floats values */
 #define HEAD 4u
@@ -33,8 +40,7 @@ struct srv_table {
     ps_table_def def;
     uint32_t row_floats;   /* weights, state, step: srv_sparse_row_floats */
     uint32_t stride;       /* floats of one row in a block: HEAD and row_floats */
-    uint64_t *skey;        /* slot i's key, when srow[i] != 0 */
-    uint32_t *srow;        /* slot i's row index + 1; 0: the slot is empty */
+    slot *slots;           /* the hash table: cap slots */
     uint64_t cap;          /* slots: 0 or a power of two */
     uint64_t rows;         /* rows stored, rows 0..rows-1 */
     float **blocks;        /* row r lies in blocks[r >> shift], at (r & mask) x stride */
@@ -94,8 +100,7 @@ static void table_free(srv_table *t)
     for (uint32_t b = 0; b < t->nblocks; b++)
         free(t->blocks[b]);
     free(t->blocks);
-    free(t->skey);
-    free(t->srow);
+    free(t->slots);
     free(t->sketch);
     free(t);
 }
@@ -175,6 +180,19 @@ static uint64_t slot_of(uint64_t key, uint64_t cap)
     return ps_mix64(key) & (cap - 1);
 }
 
+static inline uint64_t slot_key(const slot *s)
+{
+    uint64_t k;
+    memcpy(&k, s->key, sizeof k);
+    return k;
+}
+
+static inline void slot_set(slot *s, uint64_t key, uint32_t row)
+{
+    memcpy(s->key, &key, sizeof key);
+    s->row = row;
+}
+
 static float *row_at(const srv_table *t, uint64_t r)
 {
     return t->blocks[r >> t->shift] + (r & ((1ull << t->shift) - 1)) * t->stride;
@@ -186,10 +204,11 @@ static float *lookup(const srv_table *t, uint64_t key)
     if (t->cap == 0)
         return NULL;
     for (uint64_t s = slot_of(key, t->cap);; s = (s + 1) & (t->cap - 1)) {
-        if (t->srow[s] == 0)
+        const slot *sl = &t->slots[s];
+        if (sl->row == 0)
             return NULL;
-        if (t->skey[s] == key)
-            return row_at(t, t->srow[s] - 1) + HEAD;
+        if (slot_key(sl) == key)
+            return row_at(t, sl->row - 1) + HEAD;
     }
 }
 
@@ -202,9 +221,9 @@ static float *lookup(const srv_table *t, uint64_t key)
 
 static void prefetch_slot(const srv_table *t, uint64_t key)
 {
-    uint64_t s = slot_of(key, t->cap);
-    __builtin_prefetch(&t->skey[s]);
-    __builtin_prefetch(&t->srow[s]);
+    const slot *sl = &t->slots[slot_of(key, t->cap)];
+    __builtin_prefetch(sl);
+    __builtin_prefetch((const char *)(sl + 1) - 1); /* the line after, when the slot straddles two */
 }
 
 /* The stored rows of the n keys (lookup's, NULL for a key not stored) in
@@ -236,13 +255,12 @@ static void lookup_all(const srv_table *t, const uint8_t *keys, uint32_t n, floa
 }
 
 /* Puts key -> row index r into slots that have room (no key twice). */
-static void slot_put(uint64_t *skey, uint32_t *srow, uint64_t cap, uint64_t key, uint64_t r)
+static void slot_put(slot *slots, uint64_t cap, uint64_t key, uint64_t r)
 {
     uint64_t s = slot_of(key, cap);
-    while (srow[s] != 0)
+    while (slots[s].row != 0)
         s = (s + 1) & (cap - 1);
-    skey[s] = key;
-    srow[s] = (uint32_t)(r + 1);
+    slot_set(&slots[s], key, (uint32_t)(r + 1));
 }
 
 /* What holding `rows` rows takes: slots, blocks and the block list, in the
@@ -297,20 +315,14 @@ static int reserve(srv_tables *ts, srv_table *t, uint64_t rows)
         t->blocks[t->nblocks++] = b;
     }
     if (cap > t->cap) {
-        uint64_t *sk = malloc(sizeof *sk * cap);
-        uint32_t *sr = calloc(cap, sizeof *sr);
-        if (!sk || !sr) {
-            free(sk);
-            free(sr);
+        slot *sl = calloc(cap, sizeof *sl);
+        if (!sl)
             return PS_ENOMEM;
-        }
         for (uint64_t s = 0; s < t->cap; s++)
-            if (t->srow[s])
-                slot_put(sk, sr, cap, t->skey[s], t->srow[s] - 1);
-        free(t->skey);
-        free(t->srow);
-        t->skey = sk;
-        t->srow = sr;
+            if (t->slots[s].row)
+                slot_put(sl, cap, slot_key(&t->slots[s]), t->slots[s].row - 1);
+        free(t->slots);
+        t->slots = sl;
         t->cap = cap;
     }
     uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap) + (t->sketch ? SKETCH_BYTES : 0);
@@ -328,7 +340,7 @@ static void append(srv_table *t, uint64_t key, uint64_t stamp, const float *valu
     memcpy(p, &key, sizeof key);
     memcpy(p + 2, &stamp, sizeof stamp);
     memcpy(p + HEAD, values, sizeof(float) * t->row_floats);
-    slot_put(t->skey, t->srow, t->cap, key, r);
+    slot_put(t->slots, t->cap, key, r);
 }
 
 static uint64_t row_key(const float *p)
@@ -349,7 +361,7 @@ static uint64_t row_stamp(const float *p)
 static uint64_t slot_find(const srv_table *t, uint64_t key)
 {
     uint64_t s = slot_of(key, t->cap);
-    while (t->skey[s] != key || t->srow[s] == 0)
+    while (t->slots[s].row == 0 || slot_key(&t->slots[s]) != key)
         s = (s + 1) & (t->cap - 1);
     return s;
 }
@@ -361,21 +373,20 @@ static void row_remove(srv_table *t, uint64_t r)
 {
     float *p = row_at(t, r);
     uint64_t m = t->cap - 1, i = slot_find(t, row_key(p));
-    for (uint64_t j = (i + 1) & m; t->srow[j] != 0; j = (j + 1) & m) {
-        uint64_t h = slot_of(t->skey[j], t->cap);
+    for (uint64_t j = (i + 1) & m; t->slots[j].row != 0; j = (j + 1) & m) {
+        uint64_t h = slot_of(slot_key(&t->slots[j]), t->cap);
         /* the key at j stays when its home h lies cyclically in (i, j] */
         if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
             continue;
-        t->skey[i] = t->skey[j];
-        t->srow[i] = t->srow[j];
+        t->slots[i] = t->slots[j];
         i = j;
     }
-    t->srow[i] = 0;
+    t->slots[i].row = 0;
     uint64_t last = t->rows - 1;
     if (r != last) {
         const float *q = row_at(t, last);
         memcpy(p, q, sizeof(float) * t->stride);
-        t->srow[slot_find(t, row_key(p))] = (uint32_t)(r + 1);
+        t->slots[slot_find(t, row_key(p))].row = (uint32_t)(r + 1);
     }
     t->rows--;
 }
@@ -671,25 +682,27 @@ int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32
     while (cap < 2 * (size_t)n)
         cap *= 2;
     if (cap > ts->dupset_cap) {
-        uint64_t *p = realloc(ts->dupset, sizeof *p * 2 * cap);
+        uint32_t *p = realloc(ts->dupset, sizeof *p * cap);
         if (!p)
             return PS_ENOMEM;
         ts->dupset = p;
         ts->dupset_cap = cap;
     }
-    uint64_t *set = ts->dupset; /* pairs: key, position + 1 (0: empty) */
-    memset(set, 0, sizeof *set * 2 * cap);
+    /* position + 1 of a key seen (0: empty), the key read back from keys:
+     * 4 bytes an entry, so the set of a push of 4,096 keys fits a 32 KiB
+     * cache */
+    uint32_t *set = ts->dupset;
+    memset(set, 0, sizeof *set * cap);
     for (uint32_t k = 0; k < n; k++) {
         uint64_t key = ps_key_at(keys, k);
         size_t s = (size_t)(ps_mix64(key) & (cap - 1));
-        for (; set[2 * s + 1] != 0; s = (s + 1) & (cap - 1))
-            if (set[2 * s] == key) {
-                *a = (uint32_t)(set[2 * s + 1] - 1);
+        for (; set[s] != 0; s = (s + 1) & (cap - 1))
+            if (ps_key_at(keys, set[s] - 1) == key) {
+                *a = set[s] - 1;
                 *b = k;
                 return 1;
             }
-        set[2 * s] = key;
-        set[2 * s + 1] = (uint64_t)k + 1;
+        set[s] = k + 1;
     }
     return 0;
 }
@@ -715,7 +728,7 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
         memcpy(p, &key, sizeof key);
         memset(p + 2, 0, 2 * sizeof(float)); /* pushed at clock 0: before any push since */
         memcpy(p + HEAD, rows + (size_t)k * rb, rb);
-        slot_put(t->skey, t->srow, t->cap, key, r);
+        slot_put(t->slots, t->cap, key, r);
     }
     return 0;
 }
