@@ -199,7 +199,7 @@ static float *row_at(const srv_table *t, uint64_t r)
 }
 
 /* The stored row of key (its row_floats values, after its key), or NULL. */
-static float *lookup(const srv_table *t, uint64_t key)
+static inline float *lookup(const srv_table *t, uint64_t key)
 {
     if (t->cap == 0)
         return NULL;
@@ -212,46 +212,76 @@ static float *lookup(const srv_table *t, uint64_t key)
     }
 }
 
-/* How many keys ahead a batch lookup prefetches a key's slot: enough to
- * have a few cache misses in flight, few enough that they stay cached. */
-#define AHEAD 8
-/* Keys a batch lookup finds before their rows are used: few enough that
- * the rows it prefetched are still in the cache then. */
-#define LOOKUP_BATCH 64
+/* A request's keys are looked up in a pipeline (find_each): while key k
+ * is used, key k + ROW_AHEAD is looked up and its row prefetched, and the
+ * slot of key k + ROW_AHEAD + SLOT_AHEAD is prefetched, so that the cache
+ * misses of many keys overlap instead of coming one by one, with no pause
+ * at the start of a batch. */
+#define ROW_AHEAD 16
+#define SLOT_AHEAD 16
 
-static void prefetch_slot(const srv_table *t, uint64_t key)
+static inline void prefetch_slot(const srv_table *t, uint64_t key)
 {
     const slot *sl = &t->slots[slot_of(key, t->cap)];
     __builtin_prefetch(sl);
     __builtin_prefetch((const char *)(sl + 1) - 1); /* the line after, when the slot straddles two */
 }
 
-/* The stored rows of the n keys (lookup's, NULL for a key not stored) in
- * found: the slots of the keys AHEAD on and the rows found prefetched, so
- * that the cache misses of a batch overlap instead of coming one by one. */
-static void lookup_all(const srv_table *t, const uint8_t *keys, uint32_t n, float **found)
+/* lookup() of key, and the cache lines of bytes [from, to) of its row
+ * (relative to the row's values) prefetched. */
+static inline float *find_prefetch(const srv_table *t, uint64_t key, ptrdiff_t from, ptrdiff_t to)
 {
-    if (t->cap == 0) {
-        for (uint32_t k = 0; k < n; k++)
-            found[k] = NULL;
-        return;
+    float *row = lookup(t, key);
+    if (row) {
+        const char *at = (const char *)row + from, *end = (const char *)row + to;
+        for (; at < end; at += 64)
+            __builtin_prefetch(at);
+        __builtin_prefetch(end - 1);
     }
-    for (uint32_t k = 0; k < n && k < AHEAD; k++)
+    return row;
+}
+
+/* The pipeline over the n keys of a request: finder_start, then
+ * finder_next n times, which returns the stored row of key 0, 1, ... in
+ * turn (NULL: not stored). [from, to): the bytes of each row the caller
+ * uses, prefetched. The caller may change the rows' values between the
+ * calls, not the table's slots. */
+typedef struct finder {
+    const srv_table *t;
+    const uint8_t *keys;
+    uint32_t n, k;           /* keys; the next one finder_next returns */
+    ptrdiff_t from, to;
+    float *ring[ROW_AHEAD];  /* the rows of keys k .. k + ROW_AHEAD - 1 */
+} finder;
+
+static inline void finder_start(finder *f, const srv_table *t, const uint8_t *keys, uint32_t n, ptrdiff_t from,
+                                ptrdiff_t to)
+{
+    f->t = t;
+    f->keys = keys;
+    f->n = t->cap ? n : 0; /* no slots: every key is not stored */
+    f->k = 0;
+    f->from = from;
+    f->to = to;
+    for (uint32_t k = 0; k < f->n && k < ROW_AHEAD + SLOT_AHEAD; k++)
         prefetch_slot(t, ps_key_at(keys, k));
-    for (uint32_t k = 0; k < n; k++) {
-        if (k + AHEAD < n)
-            prefetch_slot(t, ps_key_at(keys, k + AHEAD));
-        float *row = lookup(t, ps_key_at(keys, k));
-        if (row) {
-            /* its first cache lines, key and stamp too (the hardware
-             * prefetcher follows a long row) */
-            const char *at = (const char *)(row - HEAD), *end = (const char *)(row + t->row_floats);
-            for (int l = 0; l < 4 && at < end; l++, at += 64)
-                __builtin_prefetch(at);
-            __builtin_prefetch(end - 1);
-        }
-        found[k] = row;
+    for (uint32_t k = 0; k < f->n && k < ROW_AHEAD; k++)
+        f->ring[k] = find_prefetch(t, ps_key_at(keys, k), from, to);
+}
+
+static inline float *finder_next(finder *f)
+{
+    uint32_t k = f->k++;
+    if (k >= f->n)
+        return NULL;
+    float *row = f->ring[k % ROW_AHEAD];
+    uint32_t j = k + ROW_AHEAD;
+    if (j < f->n) {
+        if (j + SLOT_AHEAD < f->n)
+            prefetch_slot(f->t, ps_key_at(f->keys, j + SLOT_AHEAD));
+        f->ring[j % ROW_AHEAD] = find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
     }
+    return row;
 }
 
 /* Puts key -> row index r into slots that have room (no key twice). */
@@ -499,19 +529,17 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
 {
     const srv_table *t = ts->t[i];
     const uint32_t dim = t->def.dim;
-    float *found[LOOKUP_BATCH]; /* on the stack: a pull shares no scratch with a push */
-    for (uint32_t k0 = 0; k0 < n; k0 += LOOKUP_BATCH) {
-        uint32_t m = n - k0 < LOOKUP_BATCH ? n - k0 : LOOKUP_BATCH;
-        lookup_all(t, keys + (size_t)k0 * 8, m, found);
-        for (uint32_t j = 0; j < m; j++) {
-            float *dst = out + (size_t)(k0 + j) * dim;
-            if (found[j])
-                memcpy(dst, found[j], sizeof(float) * dim);
-            else if (t->def.opt == PS_TOPT_FTRL)
-                memset(dst, 0, sizeof(float) * dim);
-            else
-                ps_table_row_init(&t->def, ps_key_at(keys, k0 + j), dst);
-        }
+    finder f; /* on the stack: a pull shares no scratch with a push */
+    finder_start(&f, t, keys, n, 0, (ptrdiff_t)(sizeof(float) * dim)); /* the weights alone */
+    for (uint32_t k = 0; k < n; k++) {
+        const float *row = finder_next(&f);
+        float *dst = out + (size_t)k * dim;
+        if (row)
+            memcpy(dst, row, sizeof(float) * dim);
+        else if (t->def.opt == PS_TOPT_FTRL)
+            memset(dst, 0, sizeof(float) * dim);
+        else
+            ps_table_row_init(&t->def, ps_key_at(keys, k), dst);
     }
     ts->t[i]->pulled += n;
 }
@@ -575,11 +603,11 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
 
     /* 1. stored rows stepped in place (kept in undo), new rows in scratch */
     uint64_t fresh = 0, skipped = 0;
+    finder f; /* stamp and values of each row */
+    finder_start(&f, t, keys, n, -2 * (ptrdiff_t)sizeof(float), (ptrdiff_t)(sizeof(float) * rf));
     for (uint32_t k = 0; k < n; k++) {
-        if (k % LOOKUP_BATCH == 0) /* rows found just before they are used, still cached */
-            lookup_all(t, keys + (size_t)k * 8, n - k < LOOKUP_BATCH ? n - k : LOOKUP_BATCH, ts->found + k);
         const float *gk = g + (size_t)k * dim;
-        float *row = ts->found[k];
+        float *row = ts->found[k] = finder_next(&f);
         if (row) {
             float *u = ts->undo + (size_t)k * (rf + 2);
             memcpy(u, row - 2, sizeof(float) * (rf + 2));
@@ -662,10 +690,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
 
     /* 3. the new rows, in the order of their keys */
     if (fresh) {
-        uint64_t f = 0;
+        uint64_t nf = 0;
         for (uint32_t k = 0; k < n; k++)
             if (!ts->found[k])
-                append(t, ps_key_at(keys, k), now, ts->scratch + (size_t)(f++) * rf);
+                append(t, ps_key_at(keys, k), now, ts->scratch + (size_t)(nf++) * rf);
     }
     t->clock = now;
     t->pushed += n - skipped;
