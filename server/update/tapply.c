@@ -61,10 +61,10 @@ int srv_tapply_threads(int setting)
     return n > THREADS_DEFAULT_MAX ? THREADS_DEFAULT_MAX : (int)n;
 }
 
-/* One optimizer step per row, each on a copy that is written back only
- * when it stayed finite (a row whose step is not is left as it was). The
- * copy in and out is where other threads' steps of the same row may be
- * lost or interleaved: Hogwild!. */
+/* One optimizer step per row, in place, the row kept in tmp first and put
+ * back when its step is not finite (the row is then left as it was). A row
+ * another thread steps meanwhile may lose one of the two steps, or mix
+ * them value by value: Hogwild!. */
 static void run(tjob *j, float *tmp)
 {
     const uint32_t dim = j->def.dim, rf = j->rf;
@@ -74,11 +74,12 @@ static void run(tjob *j, float *tmp)
         if (!row)
             continue;
         memcpy(tmp, row, sizeof(float) * rf);
-        if (srv_sparse_step(&j->def, tmp, j->g + (size_t)k * dim, 1.0)) {
-            memcpy(row, tmp, sizeof(float) * rf);
+        if (srv_sparse_step(&j->def, row, j->g + (size_t)k * dim, 1.0)) {
             j->res.rows++;
-        } else if (j->res.refused++ == 0) {
-            j->res.bad_key = ps_key_at(j->keys, k);
+        } else {
+            memcpy(row, tmp, sizeof(float) * rf);
+            if (j->res.refused++ == 0)
+                j->res.bad_key = ps_key_at(j->keys, k);
         }
     }
     if (j->res.refused)
