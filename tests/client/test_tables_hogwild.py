@@ -220,7 +220,8 @@ def test_checkpoint_during_applies(cluster):
     with admin(psd3) as a:
         after = ckpt_rows(a, 4096)
     assert sorted(before) == sorted(after)
-    assert all(before[k].tobytes() == after[k].tobytes() for k in before)
+    diff = [k for k in before if before[k].tobytes() != after[k].tobytes()]
+    assert not diff, (len(diff), [(k, before[k][:2], after[k][:2]) for k in diff[:3]])
 
 
 @pytest.mark.parametrize("sets,needle", [
