@@ -16,8 +16,8 @@
  * - a step that would not be finite leaves its row and is reported, the
  *   push's other rows applied; a push past max_table_memory is refused at
  *   once with nothing queued; freeing the pool hands back every queued push.
- * Run under ThreadSanitizer too (tests/unit/tsan.supp): the only races
- * allowed are those on the rows' floats. */
+ * Clean under ThreadSanitizer too (a build with -fsanitize=thread: the
+ * only races allowed are those on the rows' floats). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
