@@ -499,17 +499,20 @@ static void evict(srv_table *t, uint64_t e, uint64_t now)
 
 /* Room for `floats` floats in *p (*have of them now), at least doubled
  * when it grows, so that a push grows it a few times at most. */
-static int room(float **p, size_t *have, size_t floats)
+static int room_grow(float **p, size_t *have, size_t floats)
 {
-    if (floats > *have) {
-        size_t want = floats > 2 * *have ? floats : 2 * *have;
-        float *q = realloc(*p, sizeof *q * want);
-        if (!q)
-            return PS_ENOMEM;
-        *p = q;
-        *have = want;
-    }
+    size_t want = floats > 2 * *have ? floats : 2 * *have;
+    float *q = realloc(*p, sizeof *q * want);
+    if (!q)
+        return PS_ENOMEM;
+    *p = q;
+    *have = want;
     return 0;
+}
+
+static inline int room(float **p, size_t *have, size_t floats)
+{
+    return floats <= *have ? 0 : room_grow(p, have, floats);
 }
 
 /* Room for the found rows of a push of n keys (scratch and undo grow as
