@@ -497,24 +497,29 @@ static void evict(srv_table *t, uint64_t e, uint64_t now)
     }
 }
 
-static int grow(float **p, size_t *have, size_t floats)
+/* Room for `floats` floats in *p (*have of them now), at least doubled
+ * when it grows, so that a push grows it a few times at most. */
+static int room_grow(float **p, size_t *have, size_t floats)
 {
-    if (floats > *have) {
-        float *q = realloc(*p, sizeof *q * floats);
-        if (!q)
-            return PS_ENOMEM;
-        *p = q;
-        *have = floats;
-    }
+    size_t want = floats > 2 * *have ? floats : 2 * *have;
+    float *q = realloc(*p, sizeof *q * want);
+    if (!q)
+        return PS_ENOMEM;
+    *p = q;
+    *have = want;
     return 0;
 }
 
-/* Room for a push of n keys of rows of rf floats: scratch and found sized
- * for all of them, undo for each one's stamp and values. */
-static int grow_scratch(srv_tables *ts, size_t rf, size_t n)
+static inline int room(float **p, size_t *have, size_t floats)
 {
-    if (grow(&ts->scratch, &ts->scratch_floats, n * rf) != 0 || grow(&ts->undo, &ts->undo_floats, n * (rf + 2)) != 0)
-        return PS_ENOMEM;
+    return floats <= *have ? 0 : room_grow(p, have, floats);
+}
+
+/* Room for the found rows of a push of n keys (scratch and undo grow as
+ * the push finds new and stored rows: together they take about what one
+ * copy of the push's rows takes). */
+static int grow_scratch(srv_tables *ts, size_t n)
+{
     if (n > ts->found_cap) {
         float **f = realloc(ts->found, sizeof *f * n);
         if (!f)
@@ -607,12 +612,14 @@ static int room_for(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh, ui
 static float not_admitted; /* ts->found's mark of a key skipped by admission */
 
 /* Puts the stored rows among the first n keys of a push back as they were
- * (undo holds each one's stamp and values, rf + 2 floats a key). */
+ * (undo holds each one's stamp and values, rf + 2 floats, in the order of
+ * the keys). */
 static void push_undo(srv_tables *ts, uint32_t n, uint32_t rf)
 {
+    size_t j = 0;
     for (uint32_t k = 0; k < n; k++)
         if (ts->found[k] && ts->found[k] != &not_admitted)
-            memcpy(ts->found[k] - 2, ts->undo + (size_t)k * (rf + 2), sizeof(float) * (rf + 2));
+            memcpy(ts->found[k] - 2, ts->undo + (j++) * (rf + 2), sizeof(float) * (rf + 2));
 }
 
 /* A push in one pass over its keys: each stored row is kept in undo
@@ -629,7 +636,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     const srv_table_bounds *bd = &ts->bounds;
     const uint32_t rf = t->row_floats, dim = d->dim;
     const uint64_t now = t->clock + 1;
-    if (grow_scratch(ts, rf, n) != 0)
+    if (grow_scratch(ts, n) != 0)
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
     if (bd->admit > 1 && !t->sketch) {
         t->sketch = calloc(1, SKETCH_BYTES);
@@ -644,15 +651,19 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
         expire_scan(t, now, bd->expire, (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW);
 
     /* 1. stored rows stepped in place (kept in undo), new rows in scratch */
-    uint64_t fresh = 0, skipped = 0;
+    uint64_t fresh = 0, skipped = 0, stored = 0;
     finder f; /* stamp and values of each row */
     finder_start(&f, t, keys, n, -2 * (ptrdiff_t)sizeof(float), (ptrdiff_t)(sizeof(float) * rf));
     for (uint32_t k = 0; k < n; k++) {
         const float *gk = g + (size_t)k * dim;
         float *row = ts->found[k] = finder_next(&f);
         if (row) {
-            float *u = ts->undo + (size_t)k * (rf + 2);
-            memcpy(u, row - 2, sizeof(float) * (rf + 2));
+            if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0) {
+                ts->found[k] = NULL; /* not stepped: nothing to put back */
+                push_undo(ts, k, rf);
+                return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+            }
+            memcpy(ts->undo + (size_t)(stored++) * (rf + 2), row - 2, sizeof(float) * (rf + 2));
             if (srv_sparse_step(d, row, gk, scale)) {
                 memcpy(row - 2, &now, sizeof now); /* this push's rows stay, whatever eviction does */
                 continue;
@@ -663,6 +674,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
                 ts->found[k] = &not_admitted; /* counted, not stored */
                 skipped++;
                 continue;
+            }
+            if (room(&ts->scratch, &ts->scratch_floats, (size_t)(fresh + 1) * rf) != 0) {
+                push_undo(ts, k, rf);
+                return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
             }
             row = ts->scratch + (size_t)fresh * rf;
             srv_sparse_row_new(d, key, row);
@@ -881,7 +896,7 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
     const uint64_t now = t->clock + 1;
-    if (grow_scratch(ts, t->row_floats, 1) != 0)
+    if (room(&ts->scratch, &ts->scratch_floats, t->row_floats) != 0)
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
     if (bd->admit > 1 && !t->sketch) {
         t->sketch = calloc(1, SKETCH_BYTES);

@@ -16,13 +16,10 @@
 #include "server/store/sparse_optim.h"
 
 #define THREADS_DEFAULT_MAX 8
-/* the floats of the largest row: weights, two state vectors, a step */
-#define ROW_FLOATS_MAX (3 * PS_TABLE_DIM_MAX + 1)
 
 typedef struct tjob {
     struct tjob *next;
     ps_table_def def;       /* the table's declaration, copied */
-    uint32_t rf;            /* floats of one row */
     uint32_t n;             /* keys */
     float **rows;           /* where each key's row lies (NULL: skipped by admission) */
     uint8_t *keys;          /* a copy of the push's keys */
@@ -61,26 +58,22 @@ int srv_tapply_threads(int setting)
     return n > THREADS_DEFAULT_MAX ? THREADS_DEFAULT_MAX : (int)n;
 }
 
-/* One optimizer step per row, in place, the row kept in tmp first and put
- * back when its step is not finite (the row is then left as it was). A row
- * another thread steps meanwhile may lose one of the two steps, or mix
- * them value by value: Hogwild!. */
-static void run(tjob *j, float *tmp)
+/* One optimizer step per row, in place (srv_sparse_step writes a row only
+ * when its new values are all finite: a row whose step is not is left as
+ * it was). A row another thread steps meanwhile may lose one of the two
+ * steps, or mix them value by value: Hogwild!. */
+static void run(tjob *j)
 {
-    const uint32_t dim = j->def.dim, rf = j->rf;
+    const uint32_t dim = j->def.dim;
     j->res = (srv_tapply_result){0};
     for (uint32_t k = 0; k < j->n; k++) {
         float *row = j->rows[k];
         if (!row)
             continue;
-        memcpy(tmp, row, sizeof(float) * rf);
-        if (srv_sparse_step(&j->def, row, j->g + (size_t)k * dim, 1.0)) {
+        if (srv_sparse_step(&j->def, row, j->g + (size_t)k * dim, 1.0))
             j->res.rows++;
-        } else {
-            memcpy(row, tmp, sizeof(float) * rf);
-            if (j->res.refused++ == 0)
-                j->res.bad_key = ps_key_at(j->keys, k);
-        }
+        else if (j->res.refused++ == 0)
+            j->res.bad_key = ps_key_at(j->keys, k);
     }
     if (j->res.refused)
         j->res.rc = PS_ENONFINITE;
@@ -89,7 +82,6 @@ static void run(tjob *j, float *tmp)
 static void *thread_main(void *arg)
 {
     srv_tapply *p = arg;
-    float *tmp = malloc(sizeof(float) * ROW_FLOATS_MAX);
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (!p->q && !p->stop)
@@ -101,10 +93,7 @@ static void *thread_main(void *arg)
         if (!p->q)
             p->q_tail = NULL;
         pthread_mutex_unlock(&p->mu);
-        if (tmp)
-            run(j, tmp);
-        else
-            j->res = (srv_tapply_result){.rc = PS_ENOMEM};
+        run(j);
         pthread_mutex_lock(&p->mu);
         j->next = NULL;
         if (p->done_tail)
@@ -117,7 +106,6 @@ static void *thread_main(void *arg)
         uv_async_send(&p->async);
     }
     pthread_mutex_unlock(&p->mu);
-    free(tmp);
     return NULL;
 }
 
@@ -273,7 +261,6 @@ int srv_tapply_push(srv_tapply *p, srv_tables *ts, uint32_t i, const uint8_t *ke
         return rc;
     }
     j->def = *d;
-    j->rf = srv_sparse_row_floats(d);
     j->n = n;
     j->npk = npk;
     if (n) {

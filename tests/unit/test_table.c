@@ -924,10 +924,17 @@ static void test_push_failure_restores_rows(void **state)
     for (int i = 0; i < N; i++)
         if (memcmp(was[i], srv_tables_row(&ts, ti, k[i]), sizeof was[i]) != 0)
             fail_msg("NONFINITE: row %d changed", i);
-    /* a new row past max_table_memory: LIMIT, rows as they were */
+    /* a new row (amid the stored ones) past max_table_memory: LIMIT, rows
+     * as they were */
     g[2 * (N - 1)] = 0.5f;
+    static uint64_t k2[N + 1];
+    static uint8_t kb2[(N + 1) * 8];
+    memcpy(k2, k, sizeof k2);
+    k2[N / 2] = k[N];
+    k2[N] = k[N / 2];
+    keys_le(kb2, k2, N + 1);
     srv_tables_set_limit(&ts, ts.bytes - 1); /* no room for one more row, whatever it takes */
-    assert_int_equal(srv_tables_push(&ts, ti, kb, N + 1, g, 1.0, err, sizeof err), PS_ELIMIT);
+    assert_int_equal(srv_tables_push(&ts, ti, kb2, N + 1, g, 1.0, err, sizeof err), PS_ELIMIT);
     assert_has(err, "past max_table_memory");
     assert_int_equal(ts.stamp, stamp);
     for (int i = 0; i < N; i++)
