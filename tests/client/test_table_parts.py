@@ -275,16 +275,18 @@ RESHARD_ARGS = ("--mode", "asgd", "--set", "optimizer=sgd", "--set", "lr=0.1", "
 def read_ckpt(path):
     """The newest checkpoint in state dir path, read from its format (a
     magic, format, header length, a msgpack header, the parameters, each
-    optimizer state buffer, then per table its keys and its rows): the
-    header, the dense values and state ((1 + state) x P float32) and per
-    table {key: the row's bytes, weights and state}."""
+    optimizer state buffer, then per table its keys, its rows and (format 3)
+    its rows' last-push clocks): the header, the dense values and state
+    ((1 + state) x P float32) and per table {key: the row's bytes, weights
+    and state}. A table's clock is left out of its declaration: a reshard
+    starts it afresh."""
     import msgpack
     names = sorted(f for f in os.listdir(path) if f.startswith("ckpt-") and f.endswith(".psdc"))
     assert names, "no checkpoint in %s" % path
     with open(os.path.join(path, names[-1]), "rb") as f:
         data = f.read()
     assert data[:8] == b"PSDCKPT1" and data[-4:] == b"PSDE"
-    _, hlen = struct.unpack_from("<II", data, 8)
+    fmt, hlen = struct.unpack_from("<II", data, 8)
     h = msgpack.unpackb(data[16:16 + hlen], raw=False)
     P, ns = h["params"], len(h["state"])
     at = 16 + hlen
@@ -297,6 +299,9 @@ def read_ckpt(path):
         at += 8 * n
         rows = np.frombuffer(data, np.float32, n * fl, at).reshape(n, fl)
         at += 4 * n * fl
+        if fmt == 3:
+            at += 8 * n
+            t.pop("clock")
         tables[t["name"]] = (t, dict(zip(keys.tolist(), (r.tobytes() for r in rows))))
     assert at == len(data) - 8
     return h, dense, tables
