@@ -13,8 +13,14 @@ Run by ctest (client_table_parts) with Debian's pytest, as test_python.py.
   declaration of the table with another part (LAYOUT), and goes on serving.
 - A job whose rows pass one psd's max_table_memory is refused there (LIMIT)
   and trains when its table is split over 2 psd with the same cap each.
+- psctl save of a job split over 3 psd writes every part's rows of every
+  table, merged into one tables/NAME/rows and tables/NAME/keys: read back
+  with this harness's own safetensors reader, every key once, each row
+  equal to its part's, the declarations unsplit; one psd started with
+  --init-from that file answers those rows.
 """
 
+import json
 import os
 import struct
 import sys
@@ -140,6 +146,41 @@ def test_split_equals_one_psd(cluster, nparts):
     for k, row in zip(ref_keys.tolist(), ref_rows):
         assert np.array_equal(seen[k].view(np.uint32), row.view(np.uint32)), k
     assert harness.status(one[0].addr)["tables"][0]["part"] == [0, 1]
+
+
+def test_save_split(cluster):
+    parts = start(cluster, 3, "sv")
+    run_job(parts)
+    path = os.path.join(cluster.dir, "split.safetensors")
+    r = harness.psctl(",".join(p.addr for p in parts), "save", path)
+    assert r.returncode == 0, r.stderr
+    meta, tensors = harness.read_safetensors(path)
+    decls = {d["name"]: d for d in json.loads(meta["psd.tables"])}
+    assert sorted(decls) == ["emb", "side"] and "part" not in decls["emb"]
+    total = 0
+    for tab, dim in (("emb", DIM), ("side", 2)):
+        keys = tensors["tables/%s/keys" % tab].view(np.uint64)
+        rows = tensors["tables/%s/rows" % tab]
+        assert rows.shape == (keys.size, dim) and decls[tab]["dim"] == dim
+        assert np.unique(keys).size == keys.size, "a key twice"
+        saved = dict(zip(keys.tolist(), rows))
+        held = 0
+        for i, p in enumerate(parts):
+            ks, want, t = stored(p.addr, tab, dim)
+            assert t["part"] == [i, 3] and len(ks) > 0
+            held += len(ks)
+            for k, row in zip(ks.tolist(), want):
+                assert np.array_equal(saved[k].view(np.uint32), row.view(np.uint32)), (tab, k)
+        assert held == keys.size, "rows saved that no part holds"
+        total += keys.size
+    assert "2 tables, %d rows" % total in r.stdout, r.stdout
+    # one psd from the file holds every part's rows
+    one = cluster.psd(mode="asgd", workers=1, name="from", args=ARGS + ("--init-from", path))
+    c = psd.Client(LAYOUT, server=one.addr, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    keys = tensors["tables/emb/keys"].view(np.uint64)
+    assert np.array_equal(c.pull_rows("emb", keys).view(np.uint32), tensors["tables/emb/rows"].view(np.uint32))
+    c.close()
 
 
 def frames_in(addr):
