@@ -13,6 +13,13 @@ row's dot product with a fixed unit vector, plus a bias; one worker (a
 psd.Client in this process) pulls a batch's rows, computes the gradient
 with NumPy and pushes it, for --epochs epochs; then the test AUC.
 
+Each psd runs with heartbeat_timeout 300 s: growing a hash table of 2^26
+slots holds psd's loop for more than the default 10 s on a loaded 2-core
+machine, and the worker would be declared lost mid-run. Each run's JSON
+line has the psd's warnings and errors, and per psd its rows, table bytes,
+the rows' weights and AdaGrad state alone (rows x 2 x dim x 4 bytes), its
+RSS now and at its peak, and 1.1 x either of them + 64 MiB.
+
 Runs, each on fresh psd:
   one        one psd, max_table_memory large enough: the reference;
   one-capped one psd with max_table_memory = what the table needs / parts
@@ -47,6 +54,7 @@ os.environ.setdefault("PSD_CLIENT_LIBRARY", os.path.join(ROOT, "build", "client"
 import psd  # noqa: E402
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+HEARTBEAT_S = "300s"
 
 
 def mix(z):
@@ -82,7 +90,9 @@ def start_psd(d, name, sets):
     port_file = os.path.join(d, name + ".port")
     err = open(os.path.join(d, name + ".log"), "w")
     argv = [os.environ.get("PSD_BIN", os.path.join(ROOT, "build", "server", "psd")), "--listen", "127.0.0.1:0",
-            "--port-file", port_file, "--mode", "asgd", "--workers", "1", "--log-level", "warn"]
+            "--port-file", port_file, "--mode", "asgd", "--workers", "1", "--log-level", "warn",
+            # a rehash of 2^26 slots on a loaded 2-core machine holds psd's loop past the default 10 s
+            "--set", "heartbeat_timeout=%s" % HEARTBEAT_S]
     for s in sets:
         argv += ["--set", s]
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
@@ -99,16 +109,16 @@ def start_psd(d, name, sets):
     sys.exit("psd did not start")
 
 
-def rss_mb(pid):
+def rss_mb(pid, field="VmRSS:"):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     return 0.0
 
 
 def run(name, nparts, sets, args, train, test):
-    d = tempfile.mkdtemp(prefix="tables-scale-")
+    d = tempfile.mkdtemp(prefix="tables-scale-" + name + "-")
     procs = [start_psd(d, "psd%d" % i, sets) for i in range(nparts)]
     out = {"run": name, "parts": nparts, "settings": sets}
     try:
@@ -122,16 +132,27 @@ def run(name, nparts, sets, args, train, test):
         t0 = time.monotonic()
         steps = 0
         try:
-            for _ in range(args.epochs):
-                for at in range(0, len(y), B):
-                    k = keys[at:at + B].reshape(-1)
-                    rows = c.pull_rows("ids", k).reshape(-1, F, args.dim)
-                    p = 1 / (1 + np.exp(-((rows @ u).sum(1))))
-                    g = ((p - y[at:at + B])[:, None, None] * u[None, None, :]).astype(np.float32)
-                    c.push_rows("ids", k, np.broadcast_to(g, rows.shape).reshape(-1, args.dim))
-                    steps += 1
+            # pull batch 0; then each step pushes batch b's gradients and
+            # pulls batch b+1's rows in one call (psd applies the push
+            # first: the same order as pull, push, pull, ...)
+            starts = [at for _ in range(args.epochs) for at in range(0, len(y), B)]
+            rows = c.pull_rows("ids", keys[0:B].reshape(-1)).reshape(-1, F, args.dim)
+            for i, at in enumerate(starts):
+                k = keys[at:at + B].reshape(-1)
+                p = 1 / (1 + np.exp(-((rows @ u).sum(1))))
+                g = np.ascontiguousarray(np.broadcast_to(
+                    ((p - y[at:at + B])[:, None, None] * u[None, None, :]).astype(np.float32), rows.shape))
+                if i + 1 < len(starts):
+                    nk = keys[starts[i + 1]:starts[i + 1] + B].reshape(-1)
+                    rows = c.pushpull_rows("ids", k, g.reshape(-1, args.dim), nk).reshape(-1, F, args.dim)
+                else:
+                    c.push_rows("ids", k, g.reshape(-1, args.dim))
+                steps += 1
+                if args.progress and steps % args.progress == 0:
+                    print("  %s: step %d of %d, %.0f s" % (name, steps, len(starts), time.monotonic() - t0),
+                          file=sys.stderr, flush=True)
         except psd.PsdError as e:
-            out["stopped"] = {"step": steps, "error": str(e)[:300]}
+            out["stopped"] = {"step": steps, "of": len(starts), "error": str(e)[:400]}
         out["seconds"] = round(time.monotonic() - t0, 1)
         out["rows_per_second"] = round(steps * B * F * 2 / out["seconds"]) if out["seconds"] else 0
         if "stopped" not in out:
@@ -145,15 +166,29 @@ def run(name, nparts, sets, args, train, test):
         for p, a in procs:
             st = [t for t in c_status(a)["tables"]]
             t = st[0] if st else {"rows": 0, "bytes": 0, "evicted": 0}
+            state = t["rows"] * 2 * args.dim * 4  # the rows' weights and AdaGrad state
             parts.append({"rows": t["rows"], "table_mb": round(t["bytes"] / 2**20, 1),
+                          "rows_state_mb": round(state / 2**20, 1),
                           "evicted": t.get("evicted", 0), "rss_mb": round(rss_mb(p.pid), 1),
-                          "rss_limit_mb": round(1.1 * t["bytes"] / 2**20 + 64, 1)})
+                          "rss_peak_mb": round(rss_mb(p.pid, "VmHWM:"), 1),
+                          "rss_limit_mb": round(1.1 * t["bytes"] / 2**20 + 64, 1),
+                          "rss_limit_state_mb": round(1.1 * state / 2**20 + 64, 1)})
         out["psd"] = parts
         c.close()
     finally:
         for p, _ in procs:
             p.terminate()
-            p.wait(30)
+            try:
+                p.wait(300)  # a psd of gigabytes on a loaded machine took more than 30 s
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(60)
+        for i in range(nparts):  # what psd said (a refusal, a lost worker), before the dir goes
+            with open(os.path.join(d, "psd%d.log" % i)) as f:
+                said = [line.strip() for line in f if (" WARN " in line or " ERROR " in line) and
+                        "every worker has left" not in line]
+            if said:
+                out.setdefault("psd_said", {})[i] = said[-5:]
         shutil.rmtree(d, ignore_errors=True)
     print(json.dumps(out), flush=True)
     return out
@@ -178,6 +213,7 @@ def main():
     ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--runs", default="one,one-capped,one-evict,split")
+    ap.add_argument("--progress", type=int, default=0, help="print a line every this many steps (stderr)")
     args = ap.parse_args()
     n = args.samples or 2 * args.rows // args.features
     train, test = logs(n, args, 11), logs(args.test, args, 12)

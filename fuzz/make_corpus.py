@@ -243,7 +243,8 @@ STREAMS = {
 def checkpoint(layout, optimizer="sgd", state=("momentum",), clocks=((0, 5), (1, 4)), version=7,
                values=None, header=None, magic=b"PSDCKPT1", fmt=1, end=b"PSDE", extra=b"", tables=None):
     """tables: [(declaration map without rows/floats, floats a row, [keys])]:
-    format 2, the tables' keys and rows after the state."""
+    format 2, the tables' keys and rows after the state; fmt=3 adds each
+    table's clock (10) and its rows' last-push clocks after its rows."""
     n = 0
     for _, dims in layout:
         c = 1
@@ -258,14 +259,17 @@ def checkpoint(layout, optimizer="sgd", state=("momentum",), clocks=((0, 5), (1,
                        "state": list(state), "clocks": [list(c) for c in clocks]})
         if tables is not None:
             h = msgpack.unpackb(header, raw=False)
-            h["tables"] = [dict(d, rows=len(ks), floats=f) for d, f, ks in tables]
+            h["tables"] = [dict(d, rows=len(ks), floats=f, **({"clock": 10} if fmt == 3 else {}))
+                           for d, f, ks in tables]
             header = pack(h)
-            fmt = 2
+            fmt = 3 if fmt == 3 else 2
     body = magic + struct.pack("<II", fmt, len(header)) + header
     vals = values if values is not None else [0.01 * i for i in range(n)]
     body += floats(*vals) + b"".join(floats(*[0.5] * n) for _ in state)
     for _, f, ks in tables or ():
         body += keys(*ks) + floats(*[0.25 * i for i in range(len(ks) * f)])
+        if fmt == 3:
+            body += keys(*[min(i, 10) for i in range(len(ks))])
     body += extra
     return body + struct.pack("<I", zlib.crc32(body)) + end
 
@@ -278,6 +282,7 @@ LIN = {"name": "lin", "dim": 1, "rinit": "zeros", "scale": 0.0, "seed": 0, "opt"
 CHECKPOINTS = {
     "tables": checkpoint(SMALL, tables=[(EMB, 4, [0, 42, 2**64 - 1]), (LIN, 3, [5])]),
     "tables_empty": checkpoint(SMALL, tables=[(EMB, 4, [])]),
+    "tables_clocks": checkpoint(SMALL, tables=[(EMB, 4, [0, 42, 2**64 - 1]), (LIN, 3, [5])], fmt=3),
     "bad_tables_dup_key": checkpoint(SMALL, tables=[(EMB, 4, [42, 42])]),
     "bad_tables_floats": checkpoint(SMALL, tables=[(EMB, 5, [1])]),
     "bad_tables_def": checkpoint(SMALL, tables=[(dict(EMB, dim=0), 0, [])]),

@@ -68,6 +68,7 @@ static void usage(FILE *f)
             "                          HOST:PORT,HOST:PORT,...: the psd of a model split over\n"
             "                          several, in part order: each command goes to each psd in\n"
             "                          turn (--json: an array), and save joins their parts\n"
+            "                          (and each table's rows from every psd, into one table)\n"
             "  -t, --timeout MS        give up on a reply after MS milliseconds (default\n"
             "                          5000; checkpoint 600000)\n"
             "  -j, --json              machine-readable output: one JSON document on stdout\n"

@@ -35,9 +35,43 @@ static int save_names_ok(const ps_layout *l)
     return 0;
 }
 
-/* Writes the rows of each table, pulled by position (PROTOCOL.md 13.2),
- * then its keys, to f. An exit code; the reason is on stderr. */
-static int save_tables(session *ss, const ps_st_table *tabs, uint32_t ntabs, FILE *f)
+/* Pulls rows [0, rows) of table t from one psd by position (PROTOCOL.md
+ * 13.2), writing the rows to f and their keys to keys (rows x 8 bytes).
+ * An exit code; the reason is on stderr. */
+static int save_rows(session *ss, const ps_st_table *t, uint64_t rows, uint8_t *keys, FILE *f)
+{
+    uint64_t page = PS_TABLE_VALUES_MAX / t->dim < PS_TABLE_KEYS_MAX ? PS_TABLE_VALUES_MAX / t->dim
+                                                                      : PS_TABLE_KEYS_MAX;
+    for (uint64_t off = 0; off < rows; off += page) {
+        uint64_t len = rows - off < page ? rows - off : page;
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_TPULL);
+        m.has = PS_F_TAB | PS_F_OFF | PS_F_LEN;
+        snprintf(m.tab, sizeof m.tab, "%s", t->name);
+        m.off = off;
+        m.len = len;
+        int rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+        if (rc != 0)
+            return psctl_report(&ss->c, rc, ss->timeout);
+        if (r.type != PS_MSG_ROWS || !(r.has & PS_F_KEYS) || r.keys.n != len || r.ndata != len * t->dim) {
+            fprintf(stderr, "psctl: psd answered the pull of rows [%" PRIu64 ", %" PRIu64 ") of table '%s' with %s\n",
+                    off, off + len, t->name, ps_msg_type_name(r.type));
+            return EXIT_REMOTE;
+        }
+        memcpy(keys + off * 8, r.keys.p, len * 8);
+        if (fwrite(r.data, sizeof(float), len * t->dim, f) != len * t->dim)
+            return EXIT_LOCAL;
+    }
+    return EXIT_OK;
+}
+
+/* Writes the rows of each table, then its keys, to f: from each of the n
+ * psd in turn, prows[i][j] rows of table i from psd j (n == 1 and prows
+ * NULL: tabs[i].rows from the one psd), so a split table's parts come out
+ * as one tensor of rows and one of keys. An exit code; the reason is on
+ * stderr. */
+static int save_tables(session *ss, uint32_t n, const ps_st_table *tabs, uint64_t (*prows)[PS_PARTS_MAX],
+                       uint32_t ntabs, FILE *f)
 {
     for (uint32_t i = 0; i < ntabs; i++) {
         const ps_st_table *t = &tabs[i];
@@ -46,38 +80,19 @@ static int save_tables(session *ss, const ps_st_table *tabs, uint32_t ntabs, FIL
             fprintf(stderr, "psctl: out of memory for the keys of table '%s'\n", t->name);
             return EXIT_LOCAL;
         }
-        uint64_t page = PS_TABLE_VALUES_MAX / t->dim < PS_TABLE_KEYS_MAX ? PS_TABLE_VALUES_MAX / t->dim
-                                                                          : PS_TABLE_KEYS_MAX;
-        for (uint64_t off = 0; off < t->rows; off += page) {
-            uint64_t len = t->rows - off < page ? t->rows - off : page;
-            ps_msg m, r;
-            ps_msg_init(&m, PS_MSG_TPULL);
-            m.has = PS_F_TAB | PS_F_OFF | PS_F_LEN;
-            snprintf(m.tab, sizeof m.tab, "%s", t->name);
-            m.off = off;
-            m.len = len;
-            int rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
-            if (rc != 0) {
-                free(keys);
-                return psctl_report(&ss->c, rc, ss->timeout);
-            }
-            if (r.type != PS_MSG_ROWS || !(r.has & PS_F_KEYS) || r.keys.n != len || r.ndata != len * t->dim) {
-                fprintf(stderr, "psctl: psd answered the pull of rows [%" PRIu64 ", %" PRIu64 ") of table '%s' with %s\n",
-                        off, off + len, t->name, ps_msg_type_name(r.type));
-                free(keys);
-                return EXIT_REMOTE;
-            }
-            memcpy(keys + off * 8, r.keys.p, len * 8);
-            if (fwrite(r.data, sizeof(float), len * t->dim, f) != len * t->dim) {
-                free(keys);
-                return EXIT_LOCAL;
-            }
+        int status = EXIT_OK;
+        uint64_t at = 0;
+        for (uint32_t j = 0; j < n && status == EXIT_OK; j++) {
+            uint64_t rows = prows ? prows[i][j] : t->rows;
+            status = save_rows(&ss[j], t, rows, keys + at * 8, f);
+            at += rows;
         }
         size_t nk = (size_t)t->rows * 8;
-        int bad = fwrite(keys, 1, nk, f) != nk;
+        if (status == EXIT_OK && fwrite(keys, 1, nk, f) != nk)
+            status = EXIT_LOCAL;
         free(keys);
-        if (bad)
-            return EXIT_LOCAL;
+        if (status != EXIT_OK)
+            return status;
     }
     return EXIT_OK;
 }
@@ -158,12 +173,63 @@ static void save_tables_free(ps_st_table *t, uint32_t n)
     free(t);
 }
 
+/* The tables of the n psd of a split model (list names them), merged by
+ * name into *out (*nt of them, in the order the psd list them; each with
+ * the rows of all parts and its declaration without the part, which every
+ * psd must give alike) and the rows of table i on psd j in prows[i][j]. An
+ * exit code; the reason on stderr. */
+static int save_tables_merge(session *ss, char (*list)[300], uint32_t n, ps_st_table **out, uint32_t *nt,
+                             uint64_t (*prows)[PS_PARTS_MAX])
+{
+    ps_st_table *m = calloc(PS_TABLES_MAX, sizeof *m);
+    *out = m;
+    *nt = 0;
+    if (!m) {
+        fprintf(stderr, "psctl: out of memory\n");
+        return EXIT_LOCAL;
+    }
+    memset(prows, 0, sizeof(uint64_t) * PS_PARTS_MAX * PS_TABLES_MAX);
+    int status = EXIT_OK;
+    for (uint32_t j = 0; j < n && status == EXIT_OK; j++) {
+        ps_st_table *pt;
+        uint32_t npt;
+        status = save_tables_list(&ss[j], &pt, &npt);
+        for (uint32_t e = 0; e < npt && status == EXIT_OK; e++) {
+            uint32_t k = 0;
+            while (k < *nt && strcmp(m[k].name, pt[e].name) != 0)
+                k++;
+            if (k == *nt) { /* first seen: the entry moves over, declaration and all */
+                if (*nt == PS_TABLES_MAX) {
+                    fprintf(stderr, "psctl: the psd hold more than %d tables between them\n", PS_TABLES_MAX);
+                    status = EXIT_REMOTE;
+                    break;
+                }
+                m[k] = pt[e];
+                m[k].rows = 0;
+                memset(&pt[e].decl, 0, sizeof pt[e].decl);
+                (*nt)++;
+            } else if (m[k].decl.len != pt[e].decl.len || memcmp(m[k].decl.p, pt[e].decl.p, m[k].decl.len) != 0) {
+                fprintf(stderr, "psctl: psd at %s declares table '%s' as %.*s, an earlier psd as %.*s: not parts of "
+                                "one job\n", list[j], m[k].name, (int)pt[e].decl.len, (const char *)pt[e].decl.p,
+                        (int)m[k].decl.len, (const char *)m[k].decl.p);
+                status = EXIT_REMOTE;
+                break;
+            }
+            prows[k][j] = pt[e].rows;
+            m[k].rows += pt[e].rows;
+        }
+        save_tables_free(pt, npt);
+    }
+    return status;
+}
+
 /* Writes head and then the values of every session's model, in order (the
  * parts of a split model, or the one model), pulled from their pinned
  * snapshots at versions[i], to path (through path.tmp, renamed once whole).
  * Returns an exit code; the reason is on stderr. */
 static int save_write(session *ss, uint32_t n, const uint64_t *versions, const ps_buf *head, const char *path,
-                      const ps_layout *whole, const ps_st_table *tabs, uint32_t ntabs)
+                      const ps_layout *whole, const ps_st_table *tabs, uint64_t (*prows)[PS_PARTS_MAX],
+                      uint32_t ntabs)
 {
     uint64_t pos = 0; /* in the whole model */
     char tmp[4096];
@@ -207,7 +273,7 @@ static int save_write(session *ss, uint32_t n, const uint64_t *versions, const p
         }
     }
     if (status == EXIT_OK && ntabs)
-        status = save_tables(ss, tabs, ntabs, f);
+        status = save_tables(ss, n, tabs, prows, ntabs, f);
     if (status == EXIT_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
         status = EXIT_LOCAL;
     if (fclose(f) != 0 && status == EXIT_OK)
@@ -275,7 +341,7 @@ int psctl_save(session *ss, const char *server, const char *path, int as_json)
         save_tables_free(tabs, ntabs);
         return EXIT_LOCAL;
     }
-    status = save_write(ss, 1, &version, &head, path, l, tabs, ntabs);
+    status = save_write(ss, 1, &version, &head, path, l, tabs, NULL, ntabs);
     ps_buf_free(&head);
     if (status == EXIT_OK) {
         psctl_admin(ss, "unpin", NULL, 0, &r);
@@ -288,12 +354,16 @@ int psctl_save(session *ss, const char *server, const char *path, int as_json)
 /* save from a model split over n psd (proto/PROTOCOL.md 6.2): their part
  * layouts joined into the model's (cut tensors whole again), each psd's
  * snapshot pinned, and the parts' values written one after the other,
- * which is the model's flat vector. Each psd pins its own version: for one
+ * which is the model's flat vector, then each table's rows from every psd
+ * (its parts) as one table. Each psd pins its own version: for one
  * version of the whole model, pause the job first (psctl pause). */
 int psctl_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout,
                           const char *path, int as_json)
 {
     static ps_layout whole;
+    static uint64_t prows[PS_TABLES_MAX][PS_PARTS_MAX]; /* rows of table i on psd j */
+    ps_st_table *tabs = NULL;
+    uint32_t ntabs = 0;
     const ps_layout *parts[PS_PARTS_MAX];
     uint64_t versions[PS_PARTS_MAX];
     char err[512], pv[PS_PARTS_MAX * 21 + 1] = "";
@@ -325,6 +395,10 @@ int psctl_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token 
     }
     if (status == EXIT_OK && save_names_ok(&whole) != 0)
         status = EXIT_REMOTE;
+    /* the tables: each table's rows on every psd, written as one table
+     * (rows and keys), part 0's rows first (each key is on one part) */
+    if (status == EXIT_OK)
+        status = save_tables_merge(ss, list, n, &tabs, &ntabs, prows);
     uint32_t pinned = 0;
     for (; pinned < n && status == EXIT_OK; pinned++) {
         int rc = psctl_admin(&ss[pinned], "pin", NULL, 0, &r);
@@ -344,11 +418,11 @@ int psctl_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token 
             len += (size_t)snprintf(servers + len, sizeof servers - len, "%s%s", i ? "," : "", list[i]);
         ps_st_meta meta = {.version = versions[0], .mode = ss[0].mode, .fp = ps_layout_fingerprint(&whole),
                            .server = servers, .part_versions = pv};
-        if (ps_st_header(&whole, &meta, NULL, 0, &head) != 0) {
+        if (ps_st_header(&whole, &meta, tabs, ntabs, &head) != 0) {
             fprintf(stderr, "psctl: out of memory\n");
             status = EXIT_LOCAL;
         } else {
-            status = save_write(ss, n, versions, &head, path, &whole, NULL, 0);
+            status = save_write(ss, n, versions, &head, path, &whole, tabs, prows, ntabs);
         }
         ps_buf_free(&head);
     }
@@ -362,6 +436,8 @@ int psctl_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token 
         ps_token_clear(&ss[i].token);
     }
     if (status == EXIT_OK)
-        save_done(path, versions[0], &whole, n, NULL, 0, as_json);
+        save_done(path, versions[0], &whole, n, tabs, ntabs, as_json);
+    if (tabs)
+        save_tables_free(tabs, ntabs);
     return status;
 }

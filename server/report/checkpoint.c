@@ -47,6 +47,7 @@ typedef struct ckpt_job {
     struct ckpt_table {
         uint64_t rows;
         uint32_t floats;
+        uint64_t clock;       /* the table's clock (expiry's) */
     } tables[PS_TABLES_MAX];
     uint32_t ntables;
     uint64_t tables_stamp;    /* s->tables.stamp at the snapshot */
@@ -97,19 +98,23 @@ static void pack_plan(msgpack_packer *pk, const psd *s)
 }
 
 /* "tables": per table its declaration (PROTOCOL.md 13.1, defaults filled
- * in), its row count and the floats of each row (weights, state, step). */
+ * in), its row count, the floats of each row (weights, state, step) and
+ * its clock (pushes applied to it, which its rows' last-push clocks after
+ * the rows count). */
 static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
 {
     ps_pack_key(pk, "tables");
     msgpack_pack_array(pk, j->ntables);
     for (uint32_t i = 0; i < j->ntables; i++) {
         const ps_table_def *d = srv_tables_def(&s->tables, i);
-        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 2 + (d->nparts > 1));
+        msgpack_pack_map(pk, PS_TABLE_DEF_KEYS + 3 + (d->nparts > 1));
         ps_pack_table_def(pk, d);
         ps_pack_key(pk, "rows");
         msgpack_pack_uint64(pk, j->tables[i].rows);
         ps_pack_key(pk, "floats");
         msgpack_pack_uint32(pk, j->tables[i].floats);
+        ps_pack_key(pk, "clock");
+        msgpack_pack_uint64(pk, j->tables[i].clock);
         if (d->nparts > 1) { /* the part of a split table this psd holds */
             ps_pack_key(pk, "part");
             msgpack_pack_array(pk, 2);
@@ -216,6 +221,7 @@ static ckpt_job *job_new(psd *s)
         srv_table_stats st;
         srv_tables_stats(&s->tables, i, &st);
         j->tables[i].rows = st.rows;
+        j->tables[i].clock = st.clock;
         j->tables[i].floats = srv_sparse_row_floats(srv_tables_def(&s->tables, i));
     }
     j->ntables = s->tables.n;
@@ -299,6 +305,14 @@ static void test_pause(row_writer *w)
         ;
 }
 
+static void stamp_out(uint64_t stamp, void *arg)
+{
+    uint8_t k[8];
+    for (int b = 0; b < 8; b++)
+        k[b] = (uint8_t)(stamp >> (8 * b));
+    stage(arg, k, sizeof k);
+}
+
 static void row_out(uint64_t key, const float *row, void *arg)
 {
     (void)key;
@@ -330,7 +344,7 @@ static void job_write(ckpt_job *j)
     uint8_t head[16], tail[8];
     uLong crc = crc32_z(0L, Z_NULL, 0);
     memcpy(head, CKPT_MAGIC, 8);
-    srv_ckpt_put_u32(head + 8, j->ntables ? CKPT_FORMAT_TABLES : CKPT_FORMAT);
+    srv_ckpt_put_u32(head + 8, j->ntables ? CKPT_FORMAT_CLOCKS : CKPT_FORMAT);
     srv_ckpt_put_u32(head + 12, (uint32_t)j->header.len);
     int bad = write_all(fd, head, sizeof head, &crc) || write_all(fd, j->header.p, j->header.len, &crc);
     for (size_t i = 0; !bad && i < j->snap->nblk; i++)
@@ -343,6 +357,7 @@ static void job_write(ckpt_job *j)
         srv_tables_each(&j->s->tables, i, key_out, &w);
         flush(&w);
         srv_tables_each(&j->s->tables, i, row_out, &w);
+        srv_tables_each_stamp(&j->s->tables, i, stamp_out, &w);
         flush(&w);
         bad = w.bad;
     }

@@ -3,14 +3,21 @@
  * settings and a BSP job's plan in state_dir, and loading the newest valid
  * one at start.
  *
- * File format (version 1), all integers little-endian:
+ * File format (versions 1 to 3), all integers little-endian:
  *   0   8 bytes  magic "PSDCKPT1"
- *   8   u32      format version (1)
+ *   8   u32      format version: 1 without tables, 3 with (2: tables
+ *                without their clocks, written before them; still read)
  *   12  u32      H, length of the header
  *   16  H bytes  header: one msgpack map (see checkpoint.c: version, layout,
  *                optimizer and its settings, state buffer names, clocks;
- *                "plan" when the job has one, absent in older files)
+ *                "plan" when the job has one, absent in older files;
+ *                "tables" in formats 2 and 3: each table's declaration,
+ *                rows, floats a row and, in 3, its clock)
  *   ..  P floats parameters, then P floats per optimizer state buffer
+ *   ..  per table: rows x u64 keys, rows x floats values (weights, state,
+ *       step), and in format 3 rows x u64, each row's table clock at its
+ *       last push (expiry's measure); format 2's rows load as pushed at
+ *       clock 0 of a table at clock 0
  *   end u32      CRC-32 (zlib) of every byte before it, then "PSDE"
  * Files are named ckpt-<version, 20 digits>.psdc, written to a temporary
  * name, fsynced, renamed into place and the directory fsynced. */

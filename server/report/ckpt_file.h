@@ -12,6 +12,8 @@
 #define CKPT_END "PSDE"
 #define CKPT_FORMAT 1        /* a checkpoint without tables */
 #define CKPT_FORMAT_TABLES 2 /* one with tables: "tables" in the header, their rows after the state */
+#define CKPT_FORMAT_CLOCKS 3 /* as 2, and each table's clock in the header and its rows' last-push clocks
+                              * after its rows (format 2 loads with every row pushed at clock 0) */
 #define CKPT_MAX_STATE 4
 #define CKPT_HEADER_MAX (4u << 20)
 

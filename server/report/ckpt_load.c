@@ -97,6 +97,7 @@ typedef struct ckpt_tdef {
     ps_table_def def;
     uint64_t rows;
     uint32_t floats;
+    uint64_t clock;   /* the table's clock (format 3; 0 before) */
 } ckpt_tdef;
 
 /* A str field of map m into buf (NUL-terminated, 1..len-1 bytes); -1 when
@@ -123,9 +124,10 @@ static int get_f64(const msgpack_object *m, const char *key, double *v)
 
 /* Reads a checkpoint's "tables" (pack_tables) into t (*nt of them) and the
  * bytes their rows take after the state in *bytes, checked against `room`,
- * the bytes the file has for them. 0, or -1 with err. */
+ * the bytes the file has for them; clocks: format 3's, each table with its
+ * clock and its rows' clocks after its rows. 0, or -1 with err. */
 static int read_tables(const msgpack_object *o, ckpt_tdef *t, uint32_t *nt, uint64_t room, uint64_t *bytes,
-                       char *err, size_t errlen)
+                       int clocks, char *err, size_t errlen)
 {
     *nt = 0;
     *bytes = 0;
@@ -189,7 +191,12 @@ static int read_tables(const msgpack_object *o, ckpt_tdef *t, uint32_t *nt, uint
             return -1;
         }
         t[i].floats = (uint32_t)floats;
-        uint64_t per = 8 + floats * sizeof(float);
+        t[i].clock = 0;
+        if (clocks && get_u64(m, "clock", &t[i].clock)) {
+            snprintf(err, errlen, "tables[%u] (%s): no clock (format %d)", i, name, CKPT_FORMAT_CLOCKS);
+            return -1;
+        }
+        uint64_t per = 8 + floats * sizeof(float) + (clocks ? 8 : 0);
         if (t[i].rows > (room - *bytes) / per) {
             snprintf(err, errlen, "tables[%u] (%s): %llu rows do not fit the file", i, name,
                      (unsigned long long)t[i].rows);
@@ -233,8 +240,8 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         goto out;
     }
     uint32_t format = srv_ckpt_get_u32(data + 8), hlen = srv_ckpt_get_u32(data + 12);
-    if (format != CKPT_FORMAT && format != CKPT_FORMAT_TABLES) {
-        snprintf(err, errlen, "format version %u, this psd reads %d and %d", format, CKPT_FORMAT, CKPT_FORMAT_TABLES);
+    if (format != CKPT_FORMAT && format != CKPT_FORMAT_TABLES && format != CKPT_FORMAT_CLOCKS) {
+        snprintf(err, errlen, "format version %u, this psd reads %d to %d", format, CKPT_FORMAT, CKPT_FORMAT_CLOCKS);
         goto out;
     }
     if (hlen > CKPT_HEADER_MAX || (size_t)hlen + 24 > size) {
@@ -283,12 +290,12 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     const msgpack_object *tabs = ps_map_get(&h, "tables");
     uint32_t nt = 0;
     uint64_t tbytes = 0;
-    if ((format == CKPT_FORMAT_TABLES) != (tabs != NULL)) {
+    if ((format != CKPT_FORMAT) != (tabs != NULL)) {
         snprintf(err, errlen, "format %u %s tables", format, tabs ? "with" : "without");
         goto out;
     }
     if (nstate <= CKPT_MAX_STATE && dense <= size && tabs &&
-        read_tables(tabs, tdefs, &nt, size - dense, &tbytes, err, errlen) != 0)
+        read_tables(tabs, tdefs, &nt, size - dense, &tbytes, format == CKPT_FORMAT_CLOCKS, err, errlen) != 0)
         goto out;
     if (nstate > CKPT_MAX_STATE || size != dense + tbytes) {
         snprintf(err, errlen, "truncated or padded: %zu bytes, expected %zu for %zu parameters%s", size,
@@ -332,21 +339,26 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
                             "optimizer's state from zero",
                path, (int)opt->via.str.size, opt->via.str.ptr, srv_optim_name(&s->model.opt));
     }
-    /* the tables after the state: per table its keys, then its rows */
+    /* the tables after the state: per table its keys, its rows, then (format
+     * 3) its rows' clocks */
     p = data + 16 + hlen + (1 + nstate) * n * sizeof(float);
     srv_tables_free(&s->tables);
     srv_tables_init(&s->tables, s->cfg.max_table_memory);
     for (uint32_t i = 0; i < nt; i++) {
         uint32_t ti;
-        const uint8_t *keys = p;
-        p += tdefs[i].rows * 8;
-        if (srv_tables_declare(&s->tables, &tdefs[i].def, &ti, err, errlen) != 0 ||
-            srv_tables_load(&s->tables, ti, keys, p, tdefs[i].rows, err, errlen) != 0) {
+        const uint8_t *keys = p, *rows = p + tdefs[i].rows * 8;
+        const uint8_t *stamps = rows + tdefs[i].rows * tdefs[i].floats * sizeof(float);
+        int clocks = format == CKPT_FORMAT_CLOCKS;
+        int drc = srv_tables_declare(&s->tables, &tdefs[i].def, &ti, err, errlen);
+        if (drc == 0)
+            srv_tables_set_clock(&s->tables, ti, tdefs[i].clock);
+        if (drc != 0 ||
+            srv_tables_load(&s->tables, ti, keys, rows, clocks ? stamps : NULL, tdefs[i].rows, err, errlen) != 0) {
             srv_tables_free(&s->tables);
             rc = PS_EMALFORMED;
             goto out;
         }
-        p += tdefs[i].rows * tdefs[i].floats * sizeof(float);
+        p = stamps + (clocks ? tdefs[i].rows * 8 : 0);
     }
     if (s->tables.bytes > s->cfg.max_table_memory)
         PS_LOG(PS_LOG_WARN, "checkpoint %s: its tables take %llu bytes, past max_table_memory (%llu): kept; no new "

@@ -231,7 +231,7 @@ static int reshard_tables(psd *s, psd **old, const char *const *dirs, uint32_t m
             snprintf(err, errlen, "out of memory gathering the rows of table '%s'", d.name);
             rc = PS_ENOMEM;
         } else if (srv_tables_declare(&s->tables, &d, &ti, terr, sizeof terr) != 0 ||
-                   srv_tables_load(&s->tables, ti, g.keys, (const uint8_t *)g.rows, g.n, terr, sizeof terr) != 0) {
+                   srv_tables_load(&s->tables, ti, g.keys, (const uint8_t *)g.rows, NULL, g.n, terr, sizeof terr) != 0) {
             snprintf(err, errlen, "table '%s': %s (a key in two old parts?)", d.name, terr);
             rc = PS_EINVAL;
         }

@@ -759,8 +759,13 @@ int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32
     return 0;
 }
 
-int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, uint64_t n, char *err,
-                    size_t errlen)
+void srv_tables_set_clock(srv_tables *ts, uint32_t i, uint64_t clock)
+{
+    ts->t[i]->clock = clock;
+}
+
+int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, const uint8_t *stamps,
+                    uint64_t n, char *err, size_t errlen)
 {
     srv_table *t = ts->t[i];
     if (n > UINT32_MAX - 1 - t->rows)
@@ -775,10 +780,15 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
         if (lookup(t, key))
             return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': key %llu appears twice", t->def.name,
                         (unsigned long long)key);
+        uint64_t stamp = stamps ? ps_key_at(stamps, (size_t)k) : 0; /* 0: before any push since */
+        if (stamp > t->clock)
+            return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': key %llu last pushed at clock %llu, past the "
+                           "table's clock %llu", t->def.name, (unsigned long long)key, (unsigned long long)stamp,
+                           (unsigned long long)t->clock);
         uint64_t r = t->rows++;
         float *p = row_at(t, r);
         memcpy(p, &key, sizeof key);
-        memset(p + 2, 0, 2 * sizeof(float)); /* pushed at clock 0: before any push since */
+        memcpy(p + 2, &stamp, sizeof stamp);
         memcpy(p + HEAD, rows + (size_t)k * rb, rb);
         slot_put(t->slots, t->cap, key, r);
     }
@@ -822,7 +832,7 @@ int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, con
             }
         }
     }
-    int rc = srv_tables_load(ts, i, keys, (const uint8_t *)rows, n, err, errlen);
+    int rc = srv_tables_load(ts, i, keys, (const uint8_t *)rows, NULL, n, err, errlen);
     free(rows);
     return rc;
 }
@@ -851,6 +861,7 @@ void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st)
     st->filtered = t->filtered;
     st->expired = t->expired;
     st->evicted = t->evicted;
+    st->clock = t->clock;
 }
 
 const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key)
@@ -968,4 +979,11 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
         t->admitted += fresh;
     ts->stamp++;
     return 0;
+}
+
+void srv_tables_each_stamp(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t stamp, void *arg), void *arg)
+{
+    const srv_table *t = ts->t[i];
+    for (uint64_t r = 0; r < t->rows; r++)
+        fn(row_stamp(row_at(t, r)), arg);
 }

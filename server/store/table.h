@@ -49,6 +49,7 @@ typedef struct srv_table_stats {
     uint64_t filtered;      /* row gradients of keys not admitted yet: counted, not stored */
     uint64_t expired;       /* rows dropped for not being pushed in `expire` pushes */
     uint64_t evicted;       /* rows evicted to make room under a cap */
+    uint64_t clock;         /* pushes applied to the table; expiry compares each row's last push to it */
     double pull_rate, push_rate; /* rows pulled and pushed per second, over the last second */
 } srv_table_stats;
 
@@ -171,15 +172,27 @@ const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key);
 void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, const float *row, void *arg),
                      void *arg);
 
+/* Calls fn(stamp, arg) for every stored row of table i in the same order:
+ * the table's clock at the row's last push (expiry's measure). For
+ * checkpoints. */
+void srv_tables_each_stamp(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t stamp, void *arg), void *arg);
+
 /* Puts n rows read back from a checkpoint into table i, which must hold
  * none of their keys: keys a "keys" bin, rows n x row floats (weights,
  * state and step as sparse_optim.h lays them out; bytes, maybe unaligned),
- * in the order they were created, so the table is laid out as it was.
- * Counts their memory but does not refuse it (they were psd's rows).
- * Returns 0, PS_EMALFORMED (a key twice; err names it) or PS_ENOMEM; on
- * failure some rows may be in: the caller frees the tables. */
-int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, uint64_t n, char *err,
-                    size_t errlen);
+ * in the order they were created, so the table is laid out as it was;
+ * stamps n little-endian uint64, each row's clock at its last push (none
+ * past the table's clock, srv_tables_set_clock first), or NULL: every row
+ * pushed at clock 0. Counts their memory but does not refuse it (they were
+ * psd's rows). Returns 0, PS_EMALFORMED (a key twice, a stamp past the
+ * table's clock; err names it) or PS_ENOMEM; on failure some rows may be
+ * in: the caller frees the tables. */
+int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *rows, const uint8_t *stamps,
+                    uint64_t n, char *err, size_t errlen);
+
+/* Sets table i's clock (pushes applied to it), as a checkpoint saved it;
+ * before its rows are loaded. */
+void srv_tables_set_clock(srv_tables *ts, uint32_t i, uint64_t clock);
 
 /* Puts n rows given by their weights alone (a file psctl save wrote, read
  * by init_from) into table i, which holds none of their keys: each row's

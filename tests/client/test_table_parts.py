@@ -13,8 +13,14 @@ Run by ctest (client_table_parts) with Debian's pytest, as test_python.py.
   declaration of the table with another part (LAYOUT), and goes on serving.
 - A job whose rows pass one psd's max_table_memory is refused there (LIMIT)
   and trains when its table is split over 2 psd with the same cap each.
+- psctl save of a job split over 3 psd writes every part's rows of every
+  table, merged into one tables/NAME/rows and tables/NAME/keys: read back
+  with this harness's own safetensors reader, every key once, each row
+  equal to its part's, the declarations unsplit; one psd started with
+  --init-from that file answers those rows.
 """
 
+import json
 import os
 import struct
 import sys
@@ -140,6 +146,41 @@ def test_split_equals_one_psd(cluster, nparts):
     for k, row in zip(ref_keys.tolist(), ref_rows):
         assert np.array_equal(seen[k].view(np.uint32), row.view(np.uint32)), k
     assert harness.status(one[0].addr)["tables"][0]["part"] == [0, 1]
+
+
+def test_save_split(cluster):
+    parts = start(cluster, 3, "sv")
+    run_job(parts)
+    path = os.path.join(cluster.dir, "split.safetensors")
+    r = harness.psctl(",".join(p.addr for p in parts), "save", path)
+    assert r.returncode == 0, r.stderr
+    meta, tensors = harness.read_safetensors(path)
+    decls = {d["name"]: d for d in json.loads(meta["psd.tables"])}
+    assert sorted(decls) == ["emb", "side"] and "part" not in decls["emb"]
+    total = 0
+    for tab, dim in (("emb", DIM), ("side", 2)):
+        keys = tensors["tables/%s/keys" % tab].view(np.uint64)
+        rows = tensors["tables/%s/rows" % tab]
+        assert rows.shape == (keys.size, dim) and decls[tab]["dim"] == dim
+        assert np.unique(keys).size == keys.size, "a key twice"
+        saved = dict(zip(keys.tolist(), rows))
+        held = 0
+        for i, p in enumerate(parts):
+            ks, want, t = stored(p.addr, tab, dim)
+            assert t["part"] == [i, 3] and len(ks) > 0
+            held += len(ks)
+            for k, row in zip(ks.tolist(), want):
+                assert np.array_equal(saved[k].view(np.uint32), row.view(np.uint32)), (tab, k)
+        assert held == keys.size, "rows saved that no part holds"
+        total += keys.size
+    assert "2 tables, %d rows" % total in r.stdout, r.stdout
+    # one psd from the file holds every part's rows
+    one = cluster.psd(mode="asgd", workers=1, name="from", args=ARGS + ("--init-from", path))
+    c = psd.Client(LAYOUT, server=one.addr, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    keys = tensors["tables/emb/keys"].view(np.uint64)
+    assert np.array_equal(c.pull_rows("emb", keys).view(np.uint32), tensors["tables/emb/rows"].view(np.uint32))
+    c.close()
 
 
 def frames_in(addr):
@@ -275,16 +316,18 @@ RESHARD_ARGS = ("--mode", "asgd", "--set", "optimizer=sgd", "--set", "lr=0.1", "
 def read_ckpt(path):
     """The newest checkpoint in state dir path, read from its format (a
     magic, format, header length, a msgpack header, the parameters, each
-    optimizer state buffer, then per table its keys and its rows): the
-    header, the dense values and state ((1 + state) x P float32) and per
-    table {key: the row's bytes, weights and state}."""
+    optimizer state buffer, then per table its keys, its rows and (format 3)
+    its rows' last-push clocks): the header, the dense values and state
+    ((1 + state) x P float32) and per table {key: the row's bytes, weights
+    and state}. A table's clock is left out of its declaration: a reshard
+    starts it afresh."""
     import msgpack
     names = sorted(f for f in os.listdir(path) if f.startswith("ckpt-") and f.endswith(".psdc"))
     assert names, "no checkpoint in %s" % path
     with open(os.path.join(path, names[-1]), "rb") as f:
         data = f.read()
     assert data[:8] == b"PSDCKPT1" and data[-4:] == b"PSDE"
-    _, hlen = struct.unpack_from("<II", data, 8)
+    fmt, hlen = struct.unpack_from("<II", data, 8)
     h = msgpack.unpackb(data[16:16 + hlen], raw=False)
     P, ns = h["params"], len(h["state"])
     at = 16 + hlen
@@ -297,6 +340,9 @@ def read_ckpt(path):
         at += 8 * n
         rows = np.frombuffer(data, np.float32, n * fl, at).reshape(n, fl)
         at += 4 * n * fl
+        if fmt == 3:
+            at += 8 * n
+            t.pop("clock")
         tables[t["name"]] = (t, dict(zip(keys.tolist(), (r.tobytes() for r in rows))))
     assert at == len(data) - 8
     return h, dense, tables

@@ -127,14 +127,16 @@ def finish(ws):
 def ckpt_tables(path):
     """The tables of a checkpoint file (server/report/checkpoint.h): the
     header's "tables" and, per table, the raw bytes of its keys and rows
-    (weights, optimizer state), which come last, before the 8-byte tail."""
+    (weights, optimizer state) and (format 3) its rows' last-push clocks,
+    which come last, before the 8-byte tail."""
     with open(path, "rb") as f:
         blob = f.read()
     assert blob[:8] == b"PSDCKPT1" and blob[-4:] == b"PSDE", path
     (fmt, hlen) = struct.unpack("<II", blob[8:16])
     head = msgpack.unpackb(blob[16:16 + hlen], raw=False, strict_map_key=False)
     tabs = head.get("tables", [])
-    size = sum(t["rows"] * (8 + 4 * t["floats"]) for t in tabs)
+    clocks = 8 if fmt == 3 else 0
+    size = sum(t["rows"] * (8 + 4 * t["floats"] + clocks) for t in tabs)
     at = len(blob) - 8 - size
     out = {}
     for t in tabs:
@@ -142,7 +144,7 @@ def ckpt_tables(path):
         ks = np.frombuffer(blob[at:at + 8 * n], "<u8")
         at += 8 * n
         rows = np.frombuffer(blob[at:at + 4 * n * nf], "<f4").reshape(n, nf)
-        at += 4 * n * nf
+        at += 4 * n * nf + clocks * n
         out[t["name"]] = (t, ks, rows)
     return fmt, head["version"], out
 
@@ -178,7 +180,7 @@ def run_job(cl, kill):
         with open(path, "rb") as f:
             loaded_bytes = f.read()
         fmt, version, tabs = ckpt_tables(path)
-        assert fmt == 2 and "emb" in tabs, (fmt, list(tabs))
+        assert fmt == 3 and "emb" in tabs, (fmt, list(tabs))
         t, ks, rows = tabs["emb"]
         assert t["rows"] > 1000, t  # the pass so far touched many rows
         # 1. what psd restored (psctl save, before any push) is the checkpoint's weights

@@ -17,13 +17,20 @@ against the real psd:
   open.
 - A table_memory smaller than a table's first row: its TABLE is LIMIT with
   the reason; psd goes on serving.
+- Expiry across a restart: a checkpoint keeps each row's last-push clock and
+  the table's clock (format 3), so after kill -9 and a restart a row that
+  was already 4 pushes old goes after 2 more pushes, not 6; and the same
+  checkpoint rewritten as format 2 (no clocks, as a psd before them wrote)
+  still loads, its rows counted as pushed at the restart.
 """
 
 import os
 import struct
 import sys
 import unittest
+import zlib
 
+import msgpack
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,10 +46,12 @@ def keys(ks):
 
 
 class BoundsTest(unittest.TestCase):
-    def worker(self, psd):
+    def worker(self, psd, init=True):
         w = RawClient(psd.addr, TIMEOUT)
         r = w.hello_worker(LAYOUT, 0, 1)
         self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+        if not init:  # a psd that resumed a checkpoint has the model's values
+            return w
         self.assertEqual(w.request({"t": T_INIT, "off": 0, "data": np.zeros(4, np.float32).tobytes()}).get("t"),
                          T_OK)
         return w
@@ -151,6 +160,88 @@ class BoundsTest(unittest.TestCase):
             self.assertEqual(harness.status(psd.addr)["tables"], [])
             r = w.request({"t": harness.T_PULL, "off": 0, "len": 4})  # psd goes on
             self.assertEqual(r.get("t"), harness.T_PARAMS, r)
+            w.close()
+            psd.stop()
+
+    def ckpt_as_format2(self, path):
+        """Rewrites checkpoint `path` (format 3) as format 2: the tables'
+        clocks out of the header, each table's row clocks out of the body."""
+        with open(path, "rb") as f:
+            data = f.read()
+        magic, fmt, hlen = data[:8], *struct.unpack("<II", data[8:16])
+        self.assertEqual(fmt, 3)
+        head = msgpack.unpackb(data[16:16 + hlen], raw=False, strict_map_key=False)
+        n = sum(int(np.prod(shape)) for _, shape in head["layout"])
+        at = 16 + hlen + (1 + len(head["state"])) * n * 4
+        body = data[16 + hlen:at]
+        for t in head["tables"]:
+            self.assertIn("clock", t)
+            del t["clock"]
+            rows = t["rows"] * (8 + 4 * t["floats"])
+            body += data[at:at + rows]
+            at += rows + 8 * t["rows"]
+        self.assertEqual(at, len(data) - 8)
+        h = msgpack.packb(head, use_bin_type=True)
+        out = magic + struct.pack("<II", 2, len(h)) + h + body
+        out += struct.pack("<I", zlib.crc32(out)) + data[-4:]
+        with open(path, "wb") as f:
+            f.write(out)
+
+    def test_expiry_after_restart(self):
+        with harness.Cluster("test-bounds-restart") as cl:
+            state = os.path.join(cl.dir, "state")
+            args = ("--state-dir", state, "--set", "checkpoint_interval=0", "--set", "table_expire=5")
+            psd = cl.psd(mode="asgd", workers=1, args=args)
+            w = self.worker(psd)
+            decl = {"t": T_TABLE, "tab": "emb", "dim": 2, "rinit": "uniform", "scale": 0.1, "seed": 4,
+                    "opt": "sgd"}
+            self.ok(w, decl)
+            init = self.pull(w, [1], 2)
+            self.push(w, [1], 2)                        # clock 1: key 1's last push
+            for _ in range(3):
+                self.push(w, [2], 2)                    # clocks 2..4
+            with RawClient(psd.addr, TIMEOUT) as a:
+                a.hello_admin()
+                self.assertEqual(a.request({"t": harness.T_ADMIN, "cmd": "checkpoint"}).get("t"), T_OK)
+            os.kill(psd.pid, 9)
+            psd.wait(10)
+            w.close()
+            ckpt = [f for f in os.listdir(state) if f.endswith(".psdc")]
+            self.assertEqual(len(ckpt), 1, ckpt)
+
+            psd = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
+            w = self.worker(psd, init=False)
+            self.ok(w, decl)
+            self.assertEqual(self.table(psd)["rows"], 2)
+            self.push(w, [2], 2)                        # clock 5: key 1 untouched for 4 pushes
+            self.assertEqual(self.table(psd)["rows"], 2)
+            self.push(w, [2], 2)                        # clock 6: for 5: kept
+            self.assertEqual(self.table(psd)["rows"], 2)
+            self.push(w, [2], 2)                        # clock 7: for 6, past 5: dropped
+            t = self.table(psd)
+            self.assertEqual((t["rows"], t["expired"]), (1, 1), "key 1 counted fresh after the restart")
+            np.testing.assert_array_equal(self.pull(w, [1], 2)[0], init[0])
+            w.close()
+            os.kill(psd.pid, 9)
+            psd.wait(10)
+
+            # the first checkpoint as a psd before the clocks wrote it: it
+            # loads, the rows as they were, each counted as pushed at clock 0
+            self.ckpt_as_format2(os.path.join(state, ckpt[0]))
+            for f in os.listdir(state):
+                if f.endswith(".psdc") and f != ckpt[0]:
+                    os.unlink(os.path.join(state, f))
+            psd = cl.psd(mode="asgd", workers=1, args=args, name="psd3")
+            self.assertRegex(psd.stderr(), r"loaded checkpoint \S+%s" % ckpt[0])
+            w = self.worker(psd, init=False)
+            self.ok(w, decl)
+            self.assertEqual(self.table(psd)["rows"], 2)
+            np.testing.assert_allclose(self.pull(w, [1], 2)[0], init[0] - 0.01 * 0.5, rtol=1e-6)
+            for _ in range(5):
+                self.push(w, [2], 2)                    # clocks 1..5: key 1 at clock 0, untouched for 5
+            self.assertEqual(self.table(psd)["rows"], 2)
+            self.push(w, [2], 2)                        # clock 6: past 5: dropped
+            self.assertEqual(self.table(psd)["rows"], 1)
             w.close()
             psd.stop()
 

@@ -721,6 +721,73 @@ static void test_expiry(void **state)
     srv_tables_free(&ts);
 }
 
+/* srv_tables_each_stamp gives each row's last-push clock; loading the
+ * rows with those stamps and the table's clock into another store makes
+ * expiry drop the same rows at the same pushes; a stamp past the table's
+ * clock is refused, naming the key. */
+static void collect_key(uint64_t key, const float *row, void *arg)
+{
+    (void)row;
+    uint64_t **p = arg;
+    *(*p)++ = key;
+}
+
+static void collect_stamp(uint64_t stamp, void *arg)
+{
+    uint64_t **p = arg;
+    *(*p)++ = stamp;
+}
+
+static void test_stamps_survive_reload(void **state)
+{
+    (void)state;
+    srv_tables a, c;
+    srv_tables_init(&a, 1ull << 30);
+    srv_tables_init(&c, 1ull << 30);
+    srv_table_bounds b = {.expire = 3};
+    srv_tables_set_bounds(&a, &b);
+    srv_tables_set_bounds(&c, &b);
+    ps_table_def d = def("e", 4, "zeros", 0, "sgd", NULL);
+    uint32_t ti, tc;
+    assert_int_equal(srv_tables_declare(&a, &d, &ti, err, sizeof err), 0);
+    assert_int_equal(push1(&a, ti, 1, 1.0f), 0); /* clock 1 */
+    assert_int_equal(push1(&a, ti, 2, 1.0f), 0); /* 2 */
+    assert_int_equal(push1(&a, ti, 2, 1.0f), 0); /* 3 */
+    srv_table_stats st;
+    srv_tables_stats(&a, ti, &st);
+    assert_int_equal(st.clock, 3);
+    uint64_t keys[2], stamps[2], *kp = keys, *sp = stamps;
+    srv_tables_each(&a, ti, collect_key, &kp);
+    srv_tables_each_stamp(&a, ti, collect_stamp, &sp);
+    assert_int_equal(kp - keys, 2);
+    assert_int_equal(sp - stamps, 2);
+    assert_int_equal(keys[0], 1);
+    assert_int_equal(stamps[0], 1);
+    assert_int_equal(stamps[1], 3);
+    uint8_t kb[16], sb[16], rows[2 * 4 * sizeof(float)];
+    keys_le(kb, keys, 2);
+    keys_le(sb, stamps, 2);
+    memcpy(rows, srv_tables_row(&a, ti, 1), 4 * sizeof(float));
+    memcpy(rows + 4 * sizeof(float), srv_tables_row(&a, ti, 2), 4 * sizeof(float));
+    assert_int_equal(srv_tables_declare(&c, &d, &tc, err, sizeof err), 0);
+    srv_tables_set_clock(&c, tc, st.clock);
+    assert_int_equal(srv_tables_load(&c, tc, kb, rows, sb, 2, err, sizeof err), 0);
+    assert_int_equal(push1(&c, tc, 2, 1.0f), 0); /* 4: key 1 untouched for 3: kept */
+    assert_non_null(srv_tables_row(&c, tc, 1));
+    assert_int_equal(push1(&c, tc, 2, 1.0f), 0); /* 5: key 1 goes, as in a store never reloaded */
+    assert_null(srv_tables_row(&c, tc, 1));
+    assert_non_null(srv_tables_row(&c, tc, 2));
+    srv_tables_free(&c);
+    /* a row pushed after the table's clock: malformed */
+    srv_tables_init(&c, 1ull << 30);
+    assert_int_equal(srv_tables_declare(&c, &d, &tc, err, sizeof err), 0);
+    srv_tables_set_clock(&c, tc, 2);
+    assert_int_equal(srv_tables_load(&c, tc, kb, rows, sb, 2, err, sizeof err), PS_EMALFORMED);
+    assert_non_null(strstr(err, "key 2 last pushed at clock 3, past the table's clock 2"));
+    srv_tables_free(&c);
+    srv_tables_free(&a);
+}
+
 /* table_memory with table_full = evict: pushes of ever new keys never take
  * the table past the cap nor fail; a hot set pushed every time stays (the
  * least recently pushed go); with refuse the same push is LIMIT and
@@ -1118,6 +1185,7 @@ int main(void)
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_expiry),
+        cmocka_unit_test(test_stamps_survive_reload),
         cmocka_unit_test(test_eviction),
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
         cmocka_unit_test(test_push_failure_restores_rows),
