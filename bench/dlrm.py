@@ -269,7 +269,14 @@ def dlrm(emb, seed):
     return DLRM()
 
 
-def evaluate(model, d, batch=4096):
+def pred_file(d, arm):
+    return os.path.join(d, "pred-%s.npy" % arm)
+
+
+def evaluate(model, d, arm=None, batch=4096):
+    """The model's test AUC and log loss; with arm, its test predictions
+    also go to pred_file(d, arm), from which the driver takes the arm's
+    figures (so that no arm can be credited with another's model)."""
     import numpy as np
     import torch
     keys, dense, y = load(d, "test")
@@ -280,7 +287,37 @@ def evaluate(model, d, batch=4096):
             x = torch.from_numpy(np.ascontiguousarray(dense[at:at + batch]))
             out.append(torch.sigmoid(model(k, x)).numpy())
     p = np.concatenate(out)
+    if arm:
+        np.save(pred_file(d, arm) + ".tmp.npy", p)
+        os.rename(pred_file(d, arm) + ".tmp.npy", pred_file(d, arm))
     return {"test_auc": round(auc(p, y), 5), "test_logloss": round(logloss(p, y), 5)}
+
+
+def arm_figures(d, arm, reported, seen):
+    """The test figures of arm from its own predictions file (written by
+    its process during this run; the driver removed any earlier one),
+    checked against what the process reported. seen maps the digest of
+    each earlier arm's predictions to that arm: two different training
+    paths cannot give bit-identical predictions, so a repeat means one arm's
+    figures were taken from another's model, and the run stops."""
+    import hashlib
+    import numpy as np
+    f = pred_file(d, arm)
+    if not os.path.exists(f):
+        sys.exit("dlrm: arm %s wrote no predictions (%s)" % (arm, f))
+    p = np.load(f)
+    y = np.load(os.path.join(d, "test_y.npy"))
+    if p.shape != y.shape:
+        sys.exit("dlrm: arm %s: %d predictions for %d test samples" % (arm, len(p), len(y)))
+    figs = {"test_auc": round(auc(p, y), 5), "test_logloss": round(logloss(p, y), 5)}
+    if figs != {k: reported.get(k) for k in figs}:
+        sys.exit("dlrm: arm %s reported %s but its predictions give %s" % (arm, reported, figs))
+    digest = hashlib.sha256(np.ascontiguousarray(p).tobytes()).hexdigest()
+    if digest in seen:
+        sys.exit("dlrm: arms %s and %s have bit-identical test predictions: one's figures come from the other's model"
+                 % (seen[digest], arm))
+    seen[digest] = arm
+    return dict(figs, predictions_sha256=digest[:16])
 
 
 def batches(d, k, m, batch, steps=0):
@@ -344,7 +381,8 @@ def arm_torch(a):
         if a.curve and (n // a.batch) % a.curve == 0:
             print("after %d samples: %s" % (n, evaluate(model, a.data)), file=sys.stderr, flush=True)
     secs = time.monotonic() - t0
-    return dict(samples=n, seconds=round(secs, 3), samples_per_second=round(n / secs, 1), **evaluate(model, a.data))
+    return dict(arm=a.arm, samples=n, seconds=round(secs, 3), samples_per_second=round(n / secs, 1),
+                **evaluate(model, a.data, a.arm))
 
 
 def arm_psd(a):
@@ -372,7 +410,7 @@ def arm_psd(a):
         ps.step()
         n += len(y)
     t1 = time.time()
-    out = dict(samples=n, start=t0, end=t1)
+    out = dict(arm=a.arm, samples=n, start=t0, end=t1)
     if k == 0:
         # evaluate once every worker has trained (their done files)
         for j in range(1, m):
@@ -383,7 +421,7 @@ def arm_psd(a):
                     raise SystemExit("worker %d/%d never finished" % (j, m))
                 time.sleep(0.01)
         ps.pull()
-        out.update(evaluate(model, a.data))
+        out.update(evaluate(model, a.data, a.arm))
     ps.close()
     if k != 0:
         with open(os.path.join(a.data, "done.%d.tmp" % k), "w") as f:
@@ -419,9 +457,9 @@ def arm_ddp(a):
             sched.step()
         n += len(y)
     t1 = time.time()
-    out = dict(samples=n, start=t0, end=t1)
+    out = dict(arm=a.arm, samples=n, start=t0, end=t1)
     if k == 0:
-        out.update(evaluate(model.module, a.data))
+        out.update(evaluate(model.module, a.data, a.arm))
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -484,7 +522,12 @@ def run_procs(argvs, d, tag, timeout):
             if rc != 0:
                 sys.exit("dlrm: %s failed (exit %d):\n%s" % (tag, rc, err.read()[-4000:]))
             lines = [ln for ln in out.read().splitlines() if ln.startswith("{")]
-            results.append(json.loads(lines[-1]))
+            if not lines:
+                sys.exit("dlrm: %s printed no result" % tag)
+            r = json.loads(lines[-1])
+            if r.get("arm") != tag:
+                sys.exit("dlrm: %s's process printed the result of arm %r" % (tag, r.get("arm")))
+            results.append(r)
     finally:
         for p, out, err in procs:
             if p.poll() is None:
@@ -548,6 +591,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=3600, help="seconds an arm may take")
     # a process of one arm (the driver starts them)
     ap.add_argument("--role", choices=("torch", "psd", "ddp"), help=argparse.SUPPRESS)
+    ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--n-ids", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--server", help=argparse.SUPPRESS)
@@ -591,12 +635,16 @@ def main():
             print("dlrm: %d ids per feature: logs made in %.1f s; teacher %s" % (n_ids, time.monotonic() - t, teacher),
                   flush=True)
             base = me + ["--data", d, "--n-ids", str(n_ids)] + common
+            seen = {}  # digest of an arm's test predictions -> the arm
             for arm in arms:
                 la = loadavg()
+                if os.path.exists(pred_file(d, arm)):
+                    os.unlink(pred_file(d, arm))  # a run's before (--workdir)
+                base_arm = base + ["--arm", arm]
                 if arm in ("a", "a1"):
                     threads = a.threads if arm == "a" else 1
-                    r = run_procs([base + ["--role", "torch", "--threads", str(threads), "--curve", str(a.curve)]], d,
-                                  arm, a.timeout)[0]
+                    r = run_procs([base_arm + ["--role", "torch", "--threads", str(threads), "--curve", str(a.curve)]],
+                                  d, arm, a.timeout)[0]
                 elif arm in ("b", "b2"):
                     for j in range(1, 2):
                         if os.path.exists(os.path.join(d, "done.%d" % j)):
@@ -607,7 +655,7 @@ def main():
                                for i in range(1 if arm == "b" else 2)]
                     addr = ",".join(s[1] for s in servers)
                     try:
-                        r = combine(run_procs([base + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
+                        r = combine(run_procs([base_arm + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
                                                for k in range(2)], d, arm, a.timeout))
                     finally:
                         for p, _ in servers:
@@ -617,10 +665,11 @@ def main():
                     if n_ids > a.ddp_max_ids:
                         continue
                     master = "127.0.0.1:%d" % free_port()
-                    r = combine(run_procs([base + ["--role", "ddp", "--server", master, "--shard", "%d/2" % k,
+                    r = combine(run_procs([base_arm + ["--role", "ddp", "--server", master, "--shard", "%d/2" % k,
                                                    "--ddp-steps", str(a.ddp_steps)] for k in range(2)], d, arm,
                                           a.timeout))
-                r = dict(arm=arm, ids=n_ids, **r, **teacher, load=la)
+                r.update(arm_figures(d, arm, r, seen))
+                r = dict(arm=arm, ids=n_ids, **{k: v for k, v in r.items() if k != "arm"}, **teacher, load=la)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
 
