@@ -364,7 +364,7 @@ def arm_torch(a):
     emb = torch.nn.EmbeddingBag(n_rows, DIM, mode="sum", sparse=True)
     torch.nn.init.normal_(emb.weight, 0, 0.01)
     model = dlrm(emb, a.seed)
-    sparse = torch.optim.Adagrad(emb.parameters(), lr=a.table_lr)
+    sparse = torch.optim.Adagrad(emb.parameters(), lr=a.table_lr, initial_accumulator_value=a.table_iacc)
     dense = torch.optim.Adam([p for n, p in model.named_parameters() if not n.startswith("emb.")], lr=a.lr)
     sched = cosine(dense, a, 1)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -391,7 +391,7 @@ def arm_psd(a):
     import psd.torch
     torch.set_num_threads(1)
     emb = psd.torch.EmbeddingBag("cat", DIM, mode="sum", init="normal", scale=0.01, seed=a.seed, opt="adagrad",
-                                 lr=a.table_lr)
+                                 lr=a.table_lr, iacc=a.table_iacc)
     model = dlrm(emb, a.seed)
     k, m = [int(v) for v in a.shard.split("/")]
     ps = psd.torch.Worker(model, server=a.server, shard=a.shard, wait_notice=False)
@@ -441,7 +441,7 @@ def arm_ddp(a):
     torch.manual_seed(a.seed)
     torch.nn.init.normal_(emb.weight, 0, 0.01)
     model = DDP(dlrm(emb, a.seed))
-    sparse = torch.optim.Adagrad(model.module.emb.parameters(), lr=a.table_lr)
+    sparse = torch.optim.Adagrad(model.module.emb.parameters(), lr=a.table_lr, initial_accumulator_value=a.table_iacc)
     dense = torch.optim.Adam([p for n, p in model.module.named_parameters() if not n.startswith("emb.")], lr=a.lr)
     sched = cosine(dense, a, m)
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -571,6 +571,8 @@ def main():
     ap.add_argument("--batch", type=int, default=256, help="samples per process and step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the dense part)")
     ap.add_argument("--table-lr", type=float, default=0.05, help="AdaGrad's learning rate (the table)")
+    ap.add_argument("--table-iacc", type=float, default=0.0,
+                    help="AdaGrad's accumulator start (the table; PyTorch's initial_accumulator_value, psd's iacc)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of arm a")
     ap.add_argument("--constant-lr", action="store_true", help="the dense part's rate constant (not a cosine)")
     ap.add_argument("--no-prefetch", action="store_true", help="arms b, b2: backward pushes rows, forward pulls")
@@ -611,7 +613,8 @@ def main():
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
     common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + \
-        ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr), "--seed", str(a.seed)]
+        ["--batch", str(a.batch), "--lr", str(a.lr), "--table-lr", str(a.table_lr),
+         "--table-iacc", str(a.table_iacc), "--seed", str(a.seed)]
     me = [PY, os.path.abspath(__file__)]
     rows = []
     print("dlrm: %d training and %d test samples, batch %d, load average %s" % (a.train, a.test, a.batch, loadavg()),
