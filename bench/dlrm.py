@@ -47,6 +47,8 @@ batch 256 per process and step (--batch):
           AdaGrad (psd.torch.EmbeddingBag), the dense part through
           psd.torch.Worker with psd's Adam;
   b2      the same with the model split over 2 psd (--server A,B);
+  bh      arm b with psd's table_apply = hogwild (its apply threads step
+          the table's rows; not in the default run);
   c       DistributedDataParallel over gloo, 2 ranks (1 thread each), the
           table as an nn.EmbeddingBag with dense gradients, allreduced and
           updated by a dense Adagrad: --ddp-steps steps (40; 0: a pass,
@@ -477,7 +479,7 @@ def arm_ddp(a):
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def start_psd(psd_bin, d, name, a, steps):
+def start_psd(psd_bin, d, name, a, steps, extra=()):
     port_file = os.path.join(d, name + ".port")
     if os.path.exists(port_file):
         os.unlink(port_file)  # a run's before (--workdir)
@@ -486,6 +488,7 @@ def start_psd(psd_bin, d, name, a, steps):
             "--set", "heartbeat_timeout=60s"]
     if not a.constant_lr:
         argv += ["--set", "lr_schedule=cosine", "--set", "lr_decay_versions=%d" % steps]
+    argv += list(extra)
     err = open(os.path.join(d, name + ".err"), "wb")
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
@@ -576,7 +579,7 @@ def main():
     ap.add_argument("--ids", default="100000,1000000", help="ids per feature: the table sizes, comma-separated")
     ap.add_argument("--train", type=int, default=300000, help="training samples (one pass)")
     ap.add_argument("--test", type=int, default=50000, help="test samples")
-    ap.add_argument("--arms", default="a,b,b2,c", help="which of a, b, b2, c to run")
+    ap.add_argument("--arms", default="a,b,b2,c", help="which of a, b, b2, c to run; bh: b with psd's table_apply = hogwild")
     ap.add_argument("--batch", type=int, default=256, help="samples per process and step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the dense part)")
     ap.add_argument("--table-lr", type=float, default=0.05, help="AdaGrad's learning rate (the table)")
@@ -616,9 +619,9 @@ def main():
 
     arms = [s for s in a.arms.split(",") if s]
     for s in arms:
-        if s not in ("a", "a1", "b", "b2", "c"):
-            sys.exit("dlrm: unknown arm %r (a, a1, b, b2, c)" % s)
-    if any(s in ("b", "b2") for s in arms) and not os.access(a.psd, os.X_OK):
+        if s not in ("a", "a1", "b", "b2", "bh", "c"):
+            sys.exit("dlrm: unknown arm %r (a, a1, b, b2, bh, c)" % s)
+    if any(s in ("b", "b2", "bh") for s in arms) and not os.access(a.psd, os.X_OK):
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
     common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + \
@@ -657,14 +660,16 @@ def main():
                     threads = a.threads if arm == "a" else 1
                     r = run_procs([base_arm + ["--role", "torch", "--threads", str(threads), "--curve", str(a.curve)]],
                                   d, arm, a.timeout)[0]
-                elif arm in ("b", "b2"):
+                elif arm in ("b", "b2", "bh"):
                     for j in range(1, 2):
                         if os.path.exists(os.path.join(d, "done.%d" % j)):
                             os.unlink(os.path.join(d, "done.%d" % j))
                     a.data = d
                     steps = pass_steps(a, 2, True)
-                    servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps)
-                               for i in range(1 if arm == "b" else 2)]
+                    # bh: arm b with psd's table_apply = hogwild (its apply threads)
+                    extra = ("--set", "table_apply=hogwild") if arm == "bh" else ()
+                    servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps, extra)
+                               for i in range(2 if arm == "b2" else 1)]
                     addr = ",".join(s[1] for s in servers)
                     try:
                         r = combine(run_procs([base_arm + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
@@ -690,15 +695,15 @@ def main():
 
     ratios = {}
     for n_ids in sizes:
-        ra, rb, rb2, rc = (get(s, n_ids) for s in ("a", "b", "b2", "c"))
-        for name, x, y in (("b/a", rb, ra), ("b2/a", rb2, ra), ("b/c", rb, rc), ("b2/c", rb2, rc)):
+        ra, rb, rb2, rbh, rc = (get(s, n_ids) for s in ("a", "b", "b2", "bh", "c"))
+        for name, x, y in (("b/a", rb, ra), ("b2/a", rb2, ra), ("b/c", rb, rc), ("b2/c", rb2, rc), ("bh/b", rbh, rb)):
             if x and y:
                 ratios["%s samples/s at %d" % (name, n_ids)] = round(x["samples_per_second"] / y["samples_per_second"],
                                                                     3)
-        for name, x, y in (("b-a", rb, ra), ("b2-a", rb2, ra)):
+        for name, x, y in (("b-a", rb, ra), ("b2-a", rb2, ra), ("bh-b", rbh, rb)):
             if x and y:
                 ratios["%s AUC at %d" % (name, n_ids)] = round(x["test_auc"] - y["test_auc"], 5)
-        for r in (ra, rb, rb2):
+        for r in (ra, rb, rb2, rbh):
             if r:
                 ratios["teacher-%s AUC at %d" % (r["arm"], n_ids)] = round(r["teacher_auc"] - r["test_auc"], 5)
     print(json.dumps({"ratios": ratios}), flush=True)

@@ -118,6 +118,8 @@ typedef struct opts {
     uint64_t key_space;          /* table: keys drawn from ranks 0..key_space-1 */
     double zipf;                 /* table: Zipf exponent; 0: uniform keys */
     int workers_given;           /* --workers was given */
+    const char *psd_set[16];     /* --psd-set KEY=VALUE: passed to every psd as --set */
+    int npsd_set;
 } opts;
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -883,6 +885,16 @@ static pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *l
                           "--set", "heartbeat_timeout=1h",
                           "--set", order,
                           NULL};
+    /* --psd-set: the settings given, after psbench's own (a later --set wins) */
+    const char *args[sizeof argv / sizeof argv[0] + 2 * 16];
+    size_t na = 0;
+    for (; argv[na]; na++)
+        args[na] = argv[na];
+    for (int i = 0; i < o->npsd_set; i++) {
+        args[na++] = "--set";
+        args[na++] = o->psd_set[i];
+    }
+    args[na] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -898,7 +910,7 @@ static pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *l
             dup2(fd, 1);
             dup2(fd, 2);
         }
-        execv(o->psd, (char *const *)argv);
+        execv(o->psd, (char *const *)args);
         fprintf(stderr, "psbench: cannot run %s: %s\n", o->psd, strerror(errno));
         _exit(127);
     }
@@ -1629,6 +1641,8 @@ static void run_tables(const opts *o)
            "divided by psd's CPU seconds per second (/proc).\n",
            o->psd, sysconf(_SC_NPROCESSORS_ONLN), o->seconds, o->dim, o->nkeys, dist, o->key_space, nbatch, o->nkeys,
            o->nkeys, req_b, ans_b);
+    for (int i = 0; i < o->npsd_set; i++)
+        printf("%s%s%s", i ? ", " : "psd settings (--psd-set): ", o->psd_set[i], i + 1 == o->npsd_set ? "\n" : "");
     printf("\n%2s | %10s %8s %8s %8s %5s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K", "rows/s", "MB/s",
            "p50 ms", "p99 ms", "cpu", "rows/s", "MB/s", "p50 ms", "p99 ms", "psd/", "rows/s", "peak", "load");
     printf("%2s | %-46s | %-38s | %6s | %14s | %6s %4s\n", "", "psd (tables, float32)", "plain TCP (ceiling)",
@@ -1734,6 +1748,8 @@ static void usage(FILE *f)
             "                    table in psd (asgd) against the plain-TCP ceiling of the same\n"
             "                    request and answer bytes, and per psd core; K from --workers\n"
             "                    (default 2); writes table.csv; exits 1 if a cell failed\n"
+            "  --psd-set K=V     a setting for every psd psbench starts (psd --set K=V, after\n"
+            "                    psbench's own), e.g. table_apply=hogwild; up to 16\n"
             "  --dim N           table: values per row (default 16)\n"
             "  --keys N          table: distinct keys a request pushes and pulls (default 4096)\n"
             "  --key-space N     table: keys drawn from N distinct ones (default 1M)\n"
@@ -1890,6 +1906,11 @@ static void parse_opts(int argc, char **argv, opts *o)
         } else if (strcmp(a, "--out") == 0) {
             NEEDV();
             o->out = v;
+        } else if (strcmp(a, "--psd-set") == 0) {
+            NEEDV();
+            if (!strchr(v, '=') || o->npsd_set >= 16)
+                die("bad --psd-set '%s' (KEY=VALUE, a psd setting; at most 16)", v);
+            o->psd_set[o->npsd_set++] = v;
         } else if (strcmp(a, "--table") == 0) {
             o->table = 1;
         } else if (strcmp(a, "--dim") == 0) {

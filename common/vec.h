@@ -11,7 +11,10 @@
  * ifunc) by what the CPU has. Element-wise float arithmetic gives the same
  * bits in all three (no FMA contraction under -std=c11). gcc on x86-64
  * Linux only. */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+/* (not under ThreadSanitizer: its instrumented ifunc resolver runs before
+ * the sanitizer's runtime is set up, and crashes the program at load) */
 #define PS_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define PS_MULTIVERSION

@@ -540,6 +540,10 @@ int main(int argc, char **argv)
     uv_timer_init(s->loop, &s->tick);
     s->tick.data = s;
     uv_timer_start(&s->tick, on_tick, 250, 250);
+    if (srv_net_tapply_start(s, err, sizeof err) != 0) {
+        PS_LOG(PS_LOG_ERROR, "%s", err);
+        return 1;
+    }
     if (srv_listen(s) != 0 || srv_http_start(s) != 0)
         return 1;
     if (s->cfg.port_file[0] && write_port_file(s->cfg.port_file, s->port) != 0) {
@@ -556,6 +560,7 @@ int main(int argc, char **argv)
     srv_notify_ready(s);
 
     uv_run(s->loop, UV_RUN_DEFAULT);
+    srv_net_tapply_stop(s); /* its last pushes applied: the checkpoint holds them */
 
     int exit_code = srv_checkpoint_write_now(s) == 0 ? 0 : 1;
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,

@@ -34,8 +34,9 @@ void srv_conn_on_close(uv_handle_t *h)
     if (c->next)
         c->next->prev = c->prev;
     s->nconns--;
-    if (srv_update_busy(s) && s->push_wait.c == c) {
-        c->free_later = 1; /* the update still reads its receive buffer */
+    if ((srv_update_busy(s) && s->push_wait.c == c) || c->tapply_busy) {
+        c->free_later = 1; /* the update still reads its receive buffer, or
+                            * the apply threads' reply names it */
         return;
     }
     srv_conn_free(c);

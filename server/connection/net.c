@@ -13,6 +13,7 @@
 #include "server/dispatch/admin.h"
 #include "common/log.h"
 #include "server/dispatch/handle.h"
+#include "server/dispatch/handle_table.h"
 #include "server/connection/close.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
@@ -21,6 +22,7 @@
 #include "server/answer/reply.h"
 #include "server/session/session.h"
 #include "server/update/update.h"
+#include "server/update/tapply.h"
 
 #define RBUF_INITIAL (64 * 1024)
 
@@ -134,8 +136,9 @@ static void process_frames(srv_conn *c)
     size_t pos = c->rpos;
     c->want_end = 0;
     while (!c->closing && !c->close_after_write) {
-        if (srv_update_busy(s)) {
-            /* an update is applied off the loop: the rest waits, in place,
+        if (srv_update_busy(s) || c->tapply_busy) {
+            /* an update is applied off the loop (or this connection's table
+             * push is with the apply threads): the rest waits, in place,
              * and what the peer sends meanwhile waits in the kernel */
             c->held = 1;
             c->rpos = pos;
@@ -253,7 +256,7 @@ static void resume_held(psd *s)
      * is done. */
     for (srv_conn *c = s->conns, *next; c && !srv_update_busy(s); c = next) {
         next = c->next; /* process_frames may close c; it is freed later */
-        if (c->held && !c->closing) {
+        if (c->held && !c->closing && !c->tapply_busy) {
             c->held = 0;
             uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
             process_frames(c);
@@ -396,6 +399,43 @@ static void on_update_done(psd *s, const srv_update_tag *tag)
         s->reload_pending = 0;
         srv_reload(s);
     }
+}
+
+/* The apply threads' done callback (table_apply = hogwild): a table push
+ * is applied. It is answered (srv_tpush_finished) and its connection reads
+ * on, the frames it held first; one closed meanwhile is freed now. */
+static void on_tapply_done(void *arg, const srv_tapply_tag *tag, const srv_tapply_result *r)
+{
+    psd *s = arg;
+    srv_conn *c = tag->c;
+    srv_tpush_finished(tag, r);
+    if (c->free_later) {
+        srv_conn_free(c);
+        return;
+    }
+    if (c->held && !c->closing && !srv_update_busy(s)) {
+        c->held = 0;
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+        process_frames(c);
+    }
+}
+
+int srv_net_tapply_start(psd *s, char *err, size_t errlen)
+{
+    if (s->cfg.table_apply != PS_TABLE_APPLY_HOGWILD)
+        return 0;
+    int n = srv_tapply_threads(s->cfg.table_threads);
+    s->tapply = srv_tapply_new(s->loop, n, on_tapply_done, s, err, errlen);
+    if (!s->tapply)
+        return PS_EINVAL;
+    PS_LOG(PS_LOG_INFO, "table_apply = hogwild: %d apply thread%s step the rows of table pushes", n, n == 1 ? "" : "s");
+    return 0;
+}
+
+void srv_net_tapply_stop(psd *s)
+{
+    srv_tapply_free(s->tapply);
+    s->tapply = NULL;
 }
 
 static const srv_io net_io = {

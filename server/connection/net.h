@@ -10,6 +10,13 @@
  * update engine; then listens. */
 int srv_listen(psd *s);
 void srv_stop(psd *s);
+/* table_apply = hogwild: starts the apply threads (s->tapply), their
+ * finished pushes answered by net.c; 0, or PS_EINVAL with err (a no-op
+ * for ordered). At start, after the settings. */
+int srv_net_tapply_start(psd *s, char *err, size_t errlen);
+/* Stops them once the loop has ended: every push they hold is applied and
+ * handed back (its connection freed if it closed meanwhile). */
+void srv_net_tapply_stop(psd *s);
 void srv_conn_close(srv_conn *c);
 /* Closes the lingering connections whose SRV_LINGER_MS have passed (the tick). */
 void srv_linger_tick(psd *s, uint64_t now);

@@ -24,6 +24,8 @@ typedef struct srv_ckpt_wait {
     uint64_t id;                  /* request id to answer */
     uint64_t version;             /* answered once a checkpoint >= this is written */
     uint64_t failures;            /* checkpoint_failures when it was asked */
+    uint64_t tables_stamp;        /* ... and holding the tables as they were then
+                                   * (a table push changes no version in asgd) */
     struct srv_ckpt_wait *next;
 } srv_ckpt_wait;
 
@@ -314,7 +316,8 @@ static void cmd_checkpoint(srv_conn *c, ps_msg *m)
         return;
     }
     *w = (srv_ckpt_wait){.cid = c->cid, .id = m->id, .version = s->model.version,
-                         .failures = s->stats.checkpoint_failures, .next = s->ckpt_waits};
+                         .failures = s->stats.checkpoint_failures, .tables_stamp = s->tables.stamp,
+                         .next = s->ckpt_waits};
     s->ckpt_waits = w;
     PS_LOG(PS_LOG_INFO, "checkpoint of version %llu asked for by admin %s", (unsigned long long)w->version, c->addr);
     srv_checkpoint_start(s, 1); /* no-op while one is being written; the tick retries */
@@ -477,7 +480,8 @@ static int ckpt_waits_answer(psd *s, int code, const char *why)
     while (*pp) {
         srv_ckpt_wait *w = *pp;
         srv_conn *c = conn_by_cid(s, w->cid);
-        int done = s->stats.checkpoint_ms && s->stats.checkpoint_version >= w->version;
+        int done = s->stats.checkpoint_ms && s->stats.checkpoint_version >= w->version &&
+                   s->stats.checkpoint_tables_stamp >= w->tables_stamp;
         int failed = !done && s->stats.checkpoint_failures > w->failures && !s->checkpoint_busy;
         if (c && !done && !failed && !code) {
             waiting = 1;

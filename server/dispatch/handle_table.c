@@ -15,6 +15,7 @@
 #include "server/answer/reply.h"
 #include "server/store/scratch.h"
 #include "server/store/stats.h"
+#include "server/update/tapply.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)
 {
@@ -177,6 +178,20 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
     if (rc == 0 && s->policy->tpush) {
         /* bsp: kept for the round, applied as it closes (PROTOCOL.md 13.5) */
         rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
+    } else if (rc == 0 && s->tapply) {
+        /* asgd and ssp, table_apply = hogwild: the rows found or made here,
+         * stepped by the apply threads; the reply (and a TPUSHPULL's pull)
+         * when they are done (srv_tpush_finished), the connection's next
+         * frames held until then */
+        srv_tables_configure(&s->tables, &s->cfg);
+        srv_tapply_tag tag = {.c = c, .id = m->id, .type = m->type, .ti = ti, .min = m->min, .rdt = m->rdt};
+        int pull = m->type == PS_MSG_TPUSHPULL;
+        rc = srv_tapply_push(s->tapply, &s->tables, ti, m->keys.p, m->keys.n, m->data, &tag, pull ? m->pkeys.p : NULL,
+                             pull ? m->pkeys.n : 0, err, sizeof err);
+        if (rc > 0) {
+            c->tapply_busy = 1;
+            return;
+        }
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
         srv_tables_configure(&s->tables, &s->cfg);
@@ -253,4 +268,34 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
         return;
     }
     handle_push(c, m, (uint32_t)ti);
+}
+
+void srv_tpush_finished(const srv_tapply_tag *tag, const srv_tapply_result *r)
+{
+    srv_conn *c = tag->c;
+    c->tapply_busy = 0;
+    if (c->closing)
+        return;
+    const char *t = ps_msg_type_name((uint32_t)tag->type);
+    const ps_table_def *d = srv_tables_def(&c->srv->tables, tag->ti);
+    if (r->rc == PS_ENONFINITE) {
+        srv_send_error(c, tag->id, r->rc, 0,
+                       "%s: the update of key %llu of table '%s' (and of %u more) would make its row or its "
+                       "optimizer state not finite: those rows were left as they were, the push's %u other rows "
+                       "were applied (table_apply = hogwild applies a push row by row)",
+                       t, (unsigned long long)r->bad_key, d->name, r->refused - 1, r->rows);
+        return;
+    }
+    if (r->rc != 0) {
+        srv_send_error(c, tag->id, r->rc, 0, "%s: table '%s': out of memory applying the push", t, d->name);
+        return;
+    }
+    if (tag->type == PS_MSG_TPUSH) {
+        srv_send_ok(c, tag->id);
+        return;
+    }
+    char err[700];
+    int rc = srv_tpull(c, tag->id, tag->ti, r->pkeys, r->npk, tag->min, tag->rdt, err, sizeof err);
+    if (rc != 0)
+        srv_send_error(c, tag->id, rc, 0, "%s", err);
 }

@@ -11,4 +11,12 @@
  * exactly one reply, now or (a parked pull) later. */
 void srv_handle_table(srv_conn *c, ps_msg *m);
 
+struct srv_tapply_tag;
+struct srv_tapply_result;
+/* A table push the apply threads took (table_apply = hogwild) is applied:
+ * answers it (OK, the rows of a TPUSHPULL's pull, or the error of rows
+ * refused) unless its connection is closing, and marks the connection
+ * free to read on (tapply_busy 0); the caller resumes its frames. */
+void srv_tpush_finished(const struct srv_tapply_tag *tag, const struct srv_tapply_result *r);
+
 #endif

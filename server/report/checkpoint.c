@@ -7,6 +7,7 @@
 #include "server/report/ckpt_file.h"
 #include "server/policy/policy.h"
 #include "server/update/update.h"
+#include "server/update/tapply.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -565,6 +566,8 @@ void srv_checkpoint_start(psd *s, int force)
         return; /* it writes the optimizer state: the next tick tries again */
     if (!force && saved(s))
         return;
+    /* the tables as they are: no apply thread writes a row during fork() */
+    srv_tapply_drain(s->tapply);
     ckpt_job *j = job_new(s);
     if (!j) {
         srv_stats_checkpoint(s, 0, 0, "out of memory");

@@ -34,6 +34,7 @@ static const char *const nonfinite_words[] = {"reject", "clip", NULL};
 static const char *const join_action_words[] = {"continue", "stop", NULL};
 static const char *const hogwild_remote_words[] = {"asgd", "refuse", NULL};
 static const char *const table_full_words[] = {"refuse", "evict", NULL};
+static const char *const table_apply_words[] = {"ordered", "hogwild", NULL};
 
 _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
                "log_level_words must follow enum ps_log_level");
@@ -300,6 +301,20 @@ static const ps_config_option options[] = {
              "the table's least recently pushed rows (each the oldest of 8 drawn at random, "
              "none of the push's own) are dropped until the new rows fit; a later pull "
              "answers a dropped row's initial values."},
+    {.name = "table_apply", .type = PS_CT_ENUM, .def = "ordered", AT(table_apply), .words = table_apply_words,
+     .help = "How psd applies the rows of table pushes (TPUSH, TPUSHPULL) in asgd and ssp. "
+             "ordered: on its loop, one push after the other, each whole. hogwild: psd "
+             "finds or creates a push's rows on its loop and hands the arithmetic to "
+             "table_threads apply threads, which step the rows of different pushes at once "
+             "without locks (Hogwild!, Recht et al., 2011): a worker's pushes still apply "
+             "in order, but a row two workers push at once may lose one of the two steps, "
+             "and a pull may see a row another worker's push is half-way through. Not with "
+             "mode = bsp, whose rounds sum table pushes in shard order, bit for bit. Read at "
+             "start."},
+    {.name = "table_threads", .type = PS_CT_INT, .def = "0", AT(table_threads), .lo = 0,
+     .hi = PS_TABLE_THREADS_MAX,
+     .help = "table_apply = hogwild: the apply threads psd starts. 0: as many as the machine "
+             "has CPUs, at most 8. Read at start."},
     {.name = "wire_bf16", .type = PS_CT_BOOL, .def = "yes", AT(wire_bf16),
      .help = "Offer bfloat16 tensors on the wire: a client that asks for them (psworker "
              "--wire bf16) then pushes gradients and receives parameters at 2 bytes a value "

@@ -53,6 +53,13 @@ enum ps_join_action { PS_JOIN_CONTINUE = 0, PS_JOIN_STOP = 1 };
  * workers on other machines. */
 enum ps_hogwild_remote { PS_HOGWILD_REMOTE_ASGD = 0, PS_HOGWILD_REMOTE_REFUSE = 1 };
 
+/* Values of ps_config.table_apply: how psd applies the rows of table
+ * pushes in asgd and ssp. */
+enum ps_table_apply { PS_TABLE_APPLY_ORDERED = 0, PS_TABLE_APPLY_HOGWILD = 1 };
+
+/* The most apply threads table_threads may ask for. */
+#define PS_TABLE_THREADS_MAX 64
+
 typedef struct ps_config {
     ps_hostport listen;                /* address psd listens on */
     int mode;                          /* enum ps_mode */
@@ -101,6 +108,8 @@ typedef struct ps_config {
     uint64_t table_expire;             /* rows not pushed in this many pushes to their table go; 0: never */
     uint64_t table_memory;             /* one table's bytes at most; 0: max_table_memory alone */
     int table_full;                    /* at a table cap: 0 refuse, 1 evict */
+    int table_apply;                   /* enum ps_table_apply */
+    int table_threads;                 /* table_apply = hogwild: apply threads; 0 = the CPUs, at most 8 */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */

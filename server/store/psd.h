@@ -235,6 +235,8 @@ struct srv_conn {
     int held;                /* frames wait while an update is applied off the loop */
     int free_later;          /* closed while its push is applied off the loop:
                               * freed when that is done */
+    int tapply_busy;         /* its table push is with the apply threads
+                              * (table_apply = hogwild): its frames wait */
     int close_after_write;   /* close once queued writes are flushed */
     int linger;              /* closed for an error: psd shuts down its side
                               * and reads (discarding) until the peer closes
@@ -407,6 +409,8 @@ struct psd {
     uint32_t nrestored;
     int checkpoint_busy;     /* a checkpoint's writer process is running */
     srv_updater upd;         /* the update engine (update.c) */
+    struct srv_tapply *tapply; /* table_apply = hogwild: the apply threads
+                              * (update/tapply.c); NULL: ordered */
     srv_push_wait push_wait; /* the reply a push owes while its update runs off
                               * the loop (handle.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */

@@ -157,6 +157,19 @@ int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out,
         return PS_EINVAL;
     if (averaging_check(c, err, len) != 0)
         return PS_EINVAL;
+    if (c->table_apply == PS_TABLE_APPLY_HOGWILD && c->mode == PS_MODE_BSP) {
+        snprintf(err, len, "table_apply = hogwild applies table pushes as they come, from several threads; mode = "
+                           "bsp sums a round's table pushes in shard order, bit for bit the same whatever order they "
+                           "arrive in, and applies them once as the round closes: use mode = asgd or ssp with "
+                           "table_apply = hogwild, or table_apply = ordered with bsp");
+        return PS_EINVAL;
+    }
+    if (c->table_threads > 0 && c->table_apply != PS_TABLE_APPLY_HOGWILD) {
+        snprintf(err, len, "table_threads = %d is set but table_apply = ordered applies every table push on psd's "
+                           "loop, without threads: set table_apply = hogwild, or leave table_threads out",
+                 c->table_threads);
+        return PS_EINVAL;
+    }
     if (c->admin_token_file[0] && !c->token_file[0]) {
         snprintf(err, len, "admin_token_file is set but token_file is not: set token_file too (the workers' "
                            "secret); authentication is on only with it");

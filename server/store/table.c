@@ -567,6 +567,48 @@ static uint64_t rows_within(const srv_table *t, uint64_t allowed, uint64_t upto)
     return lo;
 }
 
+/* Room for `fresh` new rows of a push of n keys (`skipped` of them not
+ * admitted), within max_table_memory and table_memory: 0 with *evict the
+ * rows to evict first (0: none needed), or PS_ELIMIT with err. */
+static int room_for(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh, uint64_t skipped, uint64_t *evict_n,
+                    char *err, size_t errlen)
+{
+    const ps_table_def *d = &t->def;
+    const srv_table_bounds *bd = &ts->bounds;
+    *evict_n = 0;
+    if (!fresh)
+        return 0;
+    if (t->rows + fresh > UINT32_MAX - 1)
+        return ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
+                    d->name, (unsigned long long)(t->rows + fresh));
+    uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
+    uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
+    int by_table = bd->table_bytes && bd->table_bytes < allowed;
+    if (by_table)
+        allowed = bd->table_bytes;
+    allowed = allowed > sketch ? allowed - sketch : 0;
+    uint64_t cap;
+    uint32_t nb, bc;
+    plan_size(t, t->rows + fresh, &cap, &nb, &bc);
+    uint64_t need = size_of(t, cap, nb, bc);
+    if (need > allowed) {
+        uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
+        if (!bd->evict || fit < fresh + touched)
+            return ps_fail(err, errlen, PS_ELIMIT,
+                        "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
+                        "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
+                        d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
+                        (unsigned long long)(need + sketch + (by_table ? 0 : others)),
+                        by_table ? "table_memory" : "max_table_memory",
+                        (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
+                        (unsigned long long)t->rows, (unsigned long long)t->bytes,
+                        bd->evict ? ", and evicting every row this push does not touch would not make room"
+                                  : " (table_full = refuse)");
+        *evict_n = t->rows + fresh - fit;
+    }
+    return 0;
+}
+
 static float not_admitted; /* ts->found's mark of a key skipped by admission */
 
 /* Puts the stored rows among the first n keys of a push back as they were
@@ -653,43 +695,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     /* 2. room for the new rows, within max_table_memory and table_memory:
      * refused, or made by evicting rows this push does not touch */
     uint64_t evicted = 0;
-    if (fresh) {
-        int rc = 0;
-        uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
-        uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
-        int by_table = bd->table_bytes && bd->table_bytes < allowed;
-        if (by_table)
-            allowed = bd->table_bytes;
-        allowed = allowed > sketch ? allowed - sketch : 0;
-        uint64_t cap = 0, need = 0;
-        uint32_t nb, bc;
-        if (t->rows + fresh > UINT32_MAX - 1) {
-            rc = ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
-                         d->name, (unsigned long long)(t->rows + fresh));
-        } else {
-            plan_size(t, t->rows + fresh, &cap, &nb, &bc);
-            need = size_of(t, cap, nb, bc);
-        }
-        if (rc == 0 && need > allowed) {
-            uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
-            if (!bd->evict || fit < fresh + touched)
-                rc = ps_fail(err, errlen, PS_ELIMIT,
-                             "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
-                             "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
-                             d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
-                             (unsigned long long)(need + sketch + (by_table ? 0 : others)),
-                             by_table ? "table_memory" : "max_table_memory",
-                             (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
-                             (unsigned long long)t->rows, (unsigned long long)t->bytes,
-                             bd->evict ? ", and evicting every row this push does not touch would not make room"
-                                       : " (table_full = refuse)");
-            else
-                evicted = t->rows + fresh - fit;
-        }
-        if (rc != 0) {
-            push_undo(ts, n, rf);
-            return rc;
-        }
+    int rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    if (rc != 0) {
+        push_undo(ts, n, rf);
+        return rc;
     }
     if (evicted) {
         evict(t, evicted, now); /* never this push's rows: stamped now */
@@ -857,4 +866,106 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
         const float *p = row_at(t, r);
         fn(row_key(p), p + HEAD, arg);
     }
+}
+
+/* Whether expire_scan(t, now, expire, window) would remove a row: the same
+ * walk, reading the rows' stamps (written on the loop alone). */
+static int expire_due(const srv_table *t, uint64_t now, uint64_t expire, uint64_t window)
+{
+    if (t->rows == 0 || now <= expire)
+        return 0;
+    uint64_t c = t->scan < t->rows ? t->scan : t->rows;
+    if (window >= t->rows) {
+        window = t->rows;
+        c = t->rows;
+    }
+    for (uint64_t k = 0; k < window; k++) {
+        if (c == 0)
+            c = t->rows;
+        c--;
+        if (now - row_stamp(row_at(t, c)) > expire)
+            return 1;
+    }
+    return 0;
+}
+
+int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float **rows,
+                   void (*quiesce)(void *arg), void *arg, char *err, size_t errlen)
+{
+    srv_table *t = ts->t[i];
+    const ps_table_def *d = &t->def;
+    const srv_table_bounds *bd = &ts->bounds;
+    const uint64_t now = t->clock + 1;
+    if (room(&ts->scratch, &ts->scratch_floats, t->row_floats) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+    if (bd->admit > 1 && !t->sketch) {
+        t->sketch = calloc(1, SKETCH_BYTES);
+        if (!t->sketch)
+            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
+        t->bytes += SKETCH_BYTES;
+        ts->bytes += SKETCH_BYTES;
+    }
+
+    /* 0. expiry, as srv_tables_push; rows move only once no thread steps one */
+    if (bd->expire) {
+        uint64_t window = (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW;
+        if (expire_due(t, now, bd->expire, window))
+            quiesce(arg);
+        expire_scan(t, now, bd->expire, window);
+    }
+
+    /* 1. the stored rows; a key not stored is new (NULL) or not admitted */
+    uint64_t fresh = 0, skipped = 0;
+    finder f; /* the stamps alone: the threads step the values */
+    finder_start(&f, t, keys, n, -2 * (ptrdiff_t)sizeof(float), 0);
+    for (uint32_t k = 0; k < n; k++) {
+        if ((rows[k] = finder_next(&f)))
+            continue;
+        if (bd->admit > 1 && !sketch_admit(t, ps_key_at(keys, k), bd->admit)) {
+            rows[k] = &not_admitted;
+            skipped++;
+        } else {
+            fresh++;
+        }
+    }
+
+    /* 2. room for the new rows, as srv_tables_push */
+    uint64_t evicted = 0;
+    int rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (evicted) {
+        quiesce(arg);
+        for (uint32_t k = 0; k < n; k++)
+            if (rows[k] && rows[k] != &not_admitted)
+                memcpy(rows[k] - HEAD + 2, &now, sizeof now); /* this push's rows stay */
+        evict(t, evicted, now);
+        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
+            if (rows[k] && rows[k] != &not_admitted)
+                rows[k] = lookup(t, ps_key_at(keys, k));
+    }
+    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
+                       d->name, (unsigned long long)fresh);
+
+    /* 3. new rows at their initial values; every row stamped with this push */
+    for (uint32_t k = 0; k < n; k++) {
+        if (rows[k] == &not_admitted) {
+            rows[k] = NULL;
+        } else if (rows[k]) {
+            memcpy(rows[k] - HEAD + 2, &now, sizeof now);
+        } else {
+            uint64_t key = ps_key_at(keys, k);
+            srv_sparse_row_new(d, key, ts->scratch);
+            append(t, key, now, ts->scratch);
+            rows[k] = row_at(t, t->rows - 1) + HEAD;
+        }
+    }
+    t->clock = now;
+    t->pushed += n - skipped;
+    t->filtered += skipped;
+    if (bd->admit > 1)
+        t->admitted += fresh;
+    ts->stamp++;
+    return 0;
 }

@@ -127,6 +127,23 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen);
 
+/* The loop's half of a push applied Hogwild! (table_apply = hogwild): finds
+ * the stored rows of the n distinct keys of table i, stores those not
+ * stored at their initial values, and writes into rows[k] where key k's
+ * row lies (its srv_sparse_row_floats values: weights, state, step), or
+ * NULL for a key admission skipped; the rows count as pushed (clock,
+ * stamps, stats) but no optimizer step is taken: the caller steps each
+ * rows[k] with g afterwards, from any thread, while psd goes on. Under the
+ * bounds as srv_tables_push (expiry, admission, room, eviction). A row
+ * stays where it is until a row of the table is removed (expiry,
+ * eviction); before removing one this calls quiesce(arg), which must
+ * return only once no other thread steps or reads a row of the tables.
+ * Adding rows, growing the slots and declaring tables move no row.
+ * Returns 0, or, with no row created or counted (expired rows may have
+ * gone): PS_ELIMIT (as srv_tables_push) or PS_ENOMEM. */
+int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float **rows,
+                   void (*quiesce)(void *arg), void *arg, char *err, size_t errlen);
+
 /* Finds a key that appears twice among the n keys (a push must not carry
  * one: the dispatch layer checks with this). Returns 1 and the two
  * positions (*a < *b) of the first repeat, 0 when all are distinct, or
