@@ -9,14 +9,20 @@ not checked here beyond "learnt something".
   teacher's AUC and log loss beside them;
 - a, b and b2 train one pass over every training sample and end well above
   chance, below the teacher (the best reachable) within noise;
-- the ratios line and the table are printed, and --json holds the same rows.
+- the ratios line and the table are printed, and --json holds the same rows;
+- each arm's figures come from its own test predictions (a digest of them
+  beside its figures, different for every arm), and the driver stops a run
+  in which two arms' predictions are bit-identical or an arm's reported
+  figures are not those of its predictions (test_dlrm_arm_figures_check).
 """
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,6 +52,8 @@ def test_dlrm_tiny_run(tmp_path):
         assert row["teacher_auc"] == teacher and row["teacher_logloss"] == arms["a"]["teacher_logloss"], row
         assert row["samples_per_second"] > 0 and row["seconds"] > 0, row
         assert 0.0 < row["test_logloss"] < 5.0, row
+    digests = [row["predictions_sha256"] for row in arms.values()]
+    assert len(set(digests)) == len(digests), arms
     for name in ("a", "b", "b2"):
         row = arms[name]
         assert row["samples"] == TRAIN, row  # one pass: 2 workers share it
@@ -71,3 +79,42 @@ def test_dlrm_bad_arm():
     r = subprocess.run([PY, BENCH, "--arms", "a,x"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "unknown arm 'x'" in r.stderr, r.stderr
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("dlrm_bench", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dlrm_arm_figures_check(tmp_path):
+    """The driver's check of each arm's figures: taken from the arm's own
+    predictions file, refused when they differ from what the arm printed,
+    when the file is missing, and when two arms' predictions are identical
+    (one arm's figures taken from the other's model)."""
+    dlrm = _bench_module()
+    rng = np.random.default_rng(5)
+    y = (rng.random(1000) < 0.3).astype(np.float32)
+    np.save(str(tmp_path / "test_y.npy"), y)
+    pa = np.clip(0.3 + 0.4 * (y - 0.3) + 0.2 * rng.standard_normal(1000), 0.01, 0.99).astype(np.float32)
+    pb = np.clip(pa + 0.05 * rng.standard_normal(1000), 0.01, 0.99).astype(np.float32)
+    d = str(tmp_path)
+    want_a = {"test_auc": round(dlrm.auc(pa, y), 5), "test_logloss": round(dlrm.logloss(pa, y), 5)}
+    want_b = {"test_auc": round(dlrm.auc(pb, y), 5), "test_logloss": round(dlrm.logloss(pb, y), 5)}
+    assert want_a != want_b
+    seen = {}
+    with pytest.raises(SystemExit, match="wrote no predictions"):
+        dlrm.arm_figures(d, "a", want_a, seen)
+    np.save(dlrm.pred_file(d, "a"), pa)
+    got = dlrm.arm_figures(d, "a", want_a, seen)
+    assert {k: got[k] for k in want_a} == want_a and len(got["predictions_sha256"]) == 16
+    # arm b printing arm a's figures while its predictions say otherwise
+    np.save(dlrm.pred_file(d, "b"), pb)
+    with pytest.raises(SystemExit, match="reported"):
+        dlrm.arm_figures(d, "b", want_a, dict(seen))
+    assert dlrm.arm_figures(d, "b", want_b, dict(seen))["predictions_sha256"] != got["predictions_sha256"]
+    # arm b evaluated with arm a's model: the same predictions
+    np.save(dlrm.pred_file(d, "b"), pa)
+    with pytest.raises(SystemExit, match="arms a and b have bit-identical test predictions"):
+        dlrm.arm_figures(d, "b", want_a, seen)
