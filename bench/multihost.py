@@ -560,6 +560,7 @@ class TTA:
         adam = ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "warmup_versions=0"]
         own = ["--set", "optimizer=sgd", "--set", "momentum=0"]
         wlr = a.cnn_worker_lr if model == "cnn" else a.worker_lr
+        own_sgd = ["--lr", "%g" % wlr, "--momentum", "%g" % a.worker_momentum]
         if arm == "bsp":
             return "bsp", adam, ["--no-plan"]
         if arm == "asgd":
@@ -567,10 +568,10 @@ class TTA:
         if arm == "topk":
             return "bsp", adam, ["--no-plan", "--topk", "%g" % a.topk]
         if arm == "local":
-            return "bsp", own + ["--set", "local_steps=%d" % a.local_steps], ["--lr", "%g" % wlr]
+            return "bsp", own + ["--set", "local_steps=%d" % a.local_steps], own_sgd
         if arm == "easgd":
             return "asgd", own + ["--set", "elastic_alpha=%g" % a.elastic_alpha,
-                                  "--set", "elastic_tau=%d" % a.elastic_tau], ["--lr", "%g" % wlr]
+                                  "--set", "elastic_tau=%d" % a.elastic_tau], own_sgd
         raise ValueError(arm)
 
     def label(self, arm, model):
@@ -579,8 +580,9 @@ class TTA:
         return {"bsp": "psd bsp (Adam %g)" % a.tta_lr,
                 "asgd": "psd asgd (Adam %g)" % a.tta_lr,
                 "topk": "psd bsp top-k %g (Adam %g)" % (a.topk, a.tta_lr),
-                "local": "psd local SGD H=%d (SGD %g)" % (a.local_steps, wlr),
-                "easgd": "psd EASGD a=%g tau=%d (SGD %g)" % (a.elastic_alpha, a.elastic_tau, wlr),
+                "local": "psd local SGD H=%d (SGD %g m %g)" % (a.local_steps, wlr, a.worker_momentum),
+                "easgd": "psd EASGD a=%g tau=%d (SGD %g m %g)" % (a.elastic_alpha, a.elastic_tau, wlr,
+                                                                   a.worker_momentum),
                 "ddp": "pytorch DDP (Adam %g)" % a.tta_lr,
                 "powersgd": "DDP PowerSGD r=%d (Adam %g)" % (a.powersgd_rank, a.tta_lr)}[arm]
 
@@ -853,9 +855,9 @@ def main():
                          "lists there (the kernel's rule for namespaces)")
     ap.add_argument("--train", default="split,ddp",
                     help="W1 runs: split, ddp, local (local SGD), elastic (EASGD), or none")
-    ap.add_argument("--local-steps", type=int, default=8, help="the local trainer: psd's local_steps")
+    ap.add_argument("--local-steps", type=int, default=16, help="the local trainer: psd's local_steps")
     ap.add_argument("--elastic-alpha", type=float, default=0.2, help="the elastic trainer: psd's elastic_alpha")
-    ap.add_argument("--elastic-tau", type=int, default=8, help="the elastic trainer: psd's elastic_tau")
+    ap.add_argument("--elastic-tau", type=int, default=16, help="the elastic trainer: psd's elastic_tau")
     ap.add_argument("--tta", default="", metavar="MODELS",
                     help="time to accuracy instead of the grid: w1, cnn or w1,cnn (the round cells and --train are "
                          "left out unless asked for)")
@@ -868,9 +870,11 @@ def main():
                     help="--tta: every arm's workers stop after this much training time")
     ap.add_argument("--snapshots", type=int, default=8, help="--tta: model copies an epoch (evaluated afterwards)")
     ap.add_argument("--tta-lr", type=float, default=2e-3, help="--tta: Adam's lr (psd bsp, asgd, top-k; DDP)")
-    ap.add_argument("--worker-lr", type=float, default=0.1,
+    ap.add_argument("--worker-lr", type=float, default=0.05,
                     help="--tta: psworker's own SGD lr in local SGD and EASGD (W1)")
     ap.add_argument("--cnn-worker-lr", type=float, default=0.05, help="the same for the CNN")
+    ap.add_argument("--worker-momentum", type=float, default=0.9,
+                    help="--tta: psworker's own SGD momentum in local SGD and EASGD")
     ap.add_argument("--topk", type=float, default=0.01, help="--tta's top-k arm: psworker --topk")
     ap.add_argument("--powersgd-rank", type=int, default=2, help="--tta's PowerSGD arm: matrix_approximation_rank")
     ap.add_argument("--train-rates", default=None, help="rates for W1 (default: --rates)")

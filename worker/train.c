@@ -29,6 +29,7 @@ typedef struct job {
     int averaging;               /* local SGD or elastic averaging: our own SGD steps,
                                   * psc_local_step exchanges the model */
     float *keep;                 /* averaging: our model while psd's is evaluated */
+    float *vel;                  /* averaging with --momentum: our SGD's velocity */
     int synced;                  /* local SGD: the last step ended a round (our model is the mean) */
     /* --snapshots: copies of the model for time to accuracy, evaluated after training */
     float *snap;                 /* nsnap copies of np values each, room for maxsnap */
@@ -150,16 +151,20 @@ static int job_setup(job *j)
             return 1;
         }
         o->pipeline = 0;
-        if (o->eval && !(j->keep = ps_falloc(j->np))) {
+        if ((o->eval && !(j->keep = ps_falloc(j->np))) || (o->momentum > 0 && !(j->vel = ps_falloc(j->np)))) {
             fprintf(stderr, "psworker: out of memory\n");
             return 1;
         }
+        if (j->vel)
+            memset(j->vel, 0, j->np * sizeof(float));
         if (h)
-            PS_LOG(PS_LOG_INFO, "shard %d/%d: local SGD: %u steps of our own SGD at lr %g between two rounds",
-                   o->shard, o->nshards, h, o->lr);
+            PS_LOG(PS_LOG_INFO,
+                   "shard %d/%d: local SGD: %u steps of our own SGD at lr %g, momentum %g between two rounds",
+                   o->shard, o->nshards, h, o->lr, o->momentum);
         else
-            PS_LOG(PS_LOG_INFO, "shard %d/%d: elastic averaging: alpha %g every %u steps of our own SGD at lr %g",
-                   o->shard, o->nshards, alpha, tau, o->lr);
+            PS_LOG(PS_LOG_INFO,
+                   "shard %d/%d: elastic averaging: alpha %g every %u steps of our own SGD at lr %g, momentum %g",
+                   o->shard, o->nshards, alpha, tau, o->lr, o->momentum);
     }
     int hogwild = psc_hogwild(pc);
     if (hogwild) {
@@ -296,7 +301,13 @@ static int exchange(job *j)
     if (j->averaging) {
         /* our own SGD step on our copy of the model; every H-th (tau-th)
          * the library exchanges it with psd */
-        cblas_saxpy((blasint)j->np, (float)-j->o->lr, ps_model_grads(j->model), 1, ps_model_params(j->model), 1);
+        const float *g = ps_model_grads(j->model);
+        if (j->vel) { /* heavy ball: v = m v + g */
+            cblas_sscal((blasint)j->np, (float)j->o->momentum, j->vel, 1);
+            cblas_saxpy((blasint)j->np, 1.0f, g, 1, j->vel, 1);
+            g = j->vel;
+        }
+        cblas_saxpy((blasint)j->np, (float)-j->o->lr, g, 1, ps_model_params(j->model), 1);
         pw_step_waits(j->o, 1);
         rc = psc_local_step(pc);
         pw_step_waits(j->o, 0);
@@ -540,6 +551,7 @@ static void job_free(job *j)
     free(j->by);
     free(j->keep);
     free(j->snap);
+    free(j->vel);
     free(j->smeta);
     pw_progress_stop();
     psc_free(j->pc); /* before the model: its vectors may be the library's */
