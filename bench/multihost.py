@@ -4,6 +4,8 @@
     sudo bench/multihost.py [--quick] [--sizes 235146,4M] [--rates 1000,100]
                             [--placements central,split,stagger,gloo,mpi]
                             [--train split,ddp] [--budget SECONDS] [--out DIR]
+    sudo bench/multihost.py --tta w1,cnn [--tta-rates 10,100] [--arms bsp,local,ddp,...]
+                            [--arm-seconds 240]      # time to accuracy
     sudo bench/multihost.py --cleanup      # remove namespaces a killed run left behind
 
 Needs root (network namespaces and tc), iproute2, Debian's python3 with
@@ -72,6 +74,26 @@ accuracy. --train local and elastic add W1 by local SGD (psd's
 local_steps = --local-steps) and elastic averaging (--elastic-alpha,
 --elastic-tau), one psd on a fifth host, each worker training its own copy
 with psworker's SGD at lr 0.1 (psd's model evaluated).
+
+--tta w1,cnn measures time to accuracy instead (the grid and --train are
+left out unless also asked for), per --tta-rates value (default 10,100),
+for W1 (target 97.0%, 3 epochs) and the CNN (psworker's cnn, torch_ref.py's
+W2; 98.5%, 3 epochs; --tta-epochs), 4 workers each training a quarter of
+MNIST at batch 64, in the --arms: psd bsp, asgd and bsp with top-k
+(--topk, default 0.01), all Adam --tta-lr (2e-3) in psd; local SGD
+(--local-steps, default 16) and EASGD (--elastic-alpha 0.2, --elastic-tau
+16), psworker's own SGD at --worker-lr 0.05 (--cnn-worker-lr) with
+momentum --worker-momentum 0.9; the model split over 4 psd, one per worker
+host, in every psd arm; PyTorch DDP (Adam 2e-3) and DDP with PyTorch's
+PowerSGD hook (rank --powersgd-rank 2, plain allreduce for the first 10%
+of the run's steps). Worker 0 (rank 0) keeps a copy of the model
+--snapshots times an epoch (8) with its training time, all evaluated on
+the 10,000 test images after training (psworker --snapshots, ddp_w1.py
+--snapshots), so the evaluation is never on the clock and every arm is
+measured at the same steps; time to target is the first copy at or above
+it. Every arm stops after --arm-seconds of training (240) and then says
+"not in N" rather than a time; the load averages before and after each
+arm are printed beside it.
 
 Results: a table on stdout, and multihost.json in --out (default
 bench/out/ of the repository). Bounded: every process has a time limit
@@ -527,6 +549,172 @@ class Bench:
                 "test_accuracy": res[0]["test_accuracy"], "version": res[0]["steps"]}
 
 
+TTA_MODELS = {"w1": {"psworker": "mlp:256,128", "torch": "w1", "target": 0.970, "epochs": 3},
+              "cnn": {"psworker": "cnn", "torch": "w2", "target": 0.985, "epochs": 3}}
+TTA_ARMS = ("bsp", "asgd", "local", "easgd", "topk", "ddp", "powersgd")
+
+
+def uptime():
+    """The load averages (1, 5, 15 min) as `uptime` prints them."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+class TTA:
+    """Time to accuracy: one model trained by 4 workers (one per worker host,
+    each a quarter of MNIST, batch 64) in one arm: a psd mode (the model
+    split over 4 psd, one per worker host) or PyTorch DDP (with or without
+    PowerSGD). Worker (rank) 0 keeps a copy of the model --snapshots times
+    an epoch with its training time and evaluates them afterwards (psworker
+    and ddp_w1.py --snapshots), so every arm is measured alike; every
+    worker stops after --arm-seconds of training (--max-seconds)."""
+
+    def __init__(self, b):
+        self.b, self.a, self.m = b, b.a, b.m
+
+    def psd_sets(self, arm, model):
+        """psd's settings and psworker's extra flags for a psd arm."""
+        a = self.a
+        lr = a.tta_lr
+        adam = ["--set", "optimizer=adam", "--set", "lr=%g" % lr, "--set", "warmup_versions=0"]
+        own = ["--set", "optimizer=sgd", "--set", "momentum=0"]
+        wlr = a.cnn_worker_lr if model == "cnn" else a.worker_lr
+        own_sgd = ["--lr", "%g" % wlr, "--momentum", "%g" % a.worker_momentum]
+        if arm == "bsp":
+            return "bsp", adam, ["--no-plan"]
+        if arm == "asgd":
+            return "asgd", adam, []
+        if arm == "topk":
+            return "bsp", adam, ["--no-plan", "--topk", "%g" % a.topk]
+        if arm == "local":
+            return "bsp", own + ["--set", "local_steps=%d" % a.local_steps], own_sgd
+        if arm == "easgd":
+            return "asgd", own + ["--set", "elastic_alpha=%g" % a.elastic_alpha,
+                                  "--set", "elastic_tau=%d" % a.elastic_tau], own_sgd
+        raise ValueError(arm)
+
+    def label(self, arm, model):
+        a = self.a
+        wlr = a.cnn_worker_lr if model == "cnn" else a.worker_lr
+        return {"bsp": "psd bsp (Adam %g)" % a.tta_lr,
+                "asgd": "psd asgd (Adam %g)" % a.tta_lr,
+                "topk": "psd bsp top-k %g (Adam %g)" % (a.topk, a.tta_lr),
+                "local": "psd local SGD H=%d (SGD %g m %g)" % (a.local_steps, wlr, a.worker_momentum),
+                "easgd": "psd EASGD a=%g tau=%d (SGD %g m %g)" % (a.elastic_alpha, a.elastic_tau, wlr,
+                                                                   a.worker_momentum),
+                "ddp": "pytorch DDP (Adam %g)" % a.tta_lr,
+                "powersgd": "DDP PowerSGD r=%d (Adam %g)" % (a.powersgd_rank, a.tta_lr)}[arm]
+
+    def run(self, model, arm, mbit, epochs):
+        load0 = uptime()
+        t0 = time.monotonic()
+        if arm in ("ddp", "powersgd"):
+            snaps, extra = self.run_ddp(model, arm, epochs)
+        else:
+            snaps, extra = self.run_psd(model, arm, epochs)
+        target = TTA_MODELS[model]["target"]
+        spe = -(-(self.a.train_limit or 60000) // (64 * self.b.workers))  # steps an epoch
+        hit = next((sn for sn in snaps if sn["test_accuracy"] >= target), None)
+        last = snaps[-1] if snaps else None
+        done = last is not None and last["steps"] >= epochs * spe
+        r = {"model": model, "arm": arm, "trainer": self.label(arm, model), "mbit": mbit, "epochs": epochs,
+             "target": target, "tta_seconds": hit["train_seconds"] if hit else None,
+             "tta_epochs": (hit["steps"] / spe) if hit else None,
+             "final_accuracy": last["test_accuracy"] if done else None,
+             "last_accuracy": last["test_accuracy"] if last else None,
+             "last_epochs": (last["steps"] / spe) if last else 0,
+             "last_seconds": last["train_seconds"] if last else None,
+             "cap_seconds": self.a.arm_seconds, "wall_seconds": time.monotonic() - t0,
+             "load": [load0, uptime()], "snapshots": snaps}
+        r.update(extra)
+        return r
+
+    def run_psd(self, model, arm, epochs):
+        b, h = self.b, self.b.workers
+        mode, sets, wargs = self.psd_sets(arm, model)
+        psds, ws = [], []
+        try:
+            for i in range(h):
+                psds.append(b.start_psd(i, b.name("tta-%s-%s-psd%d" % (model, arm, i)),
+                                        ["--mode", mode, "--set", "heartbeat_timeout=60s"] + sets + b.sndbuf_set()))
+            servers = ",".join("%s:%d" % (self.m.ip(i), PORT) for i in range(h))
+            for k in range(h):
+                argv = [b.worker_bin, "--server", servers, "--shard", "%d/%d" % (k, h), "--data", self.a.data,
+                        "--model", TTA_MODELS[model]["psworker"], "--epochs", str(epochs), "--batch", "64",
+                        "--quiet", "--limit", str(self.a.train_limit), "--max-seconds", str(self.a.arm_seconds)]
+                if k == 0:
+                    argv += ["--snapshots", str(self.a.snapshots)]
+                ws.append(self.m.spawn(k, argv + wargs + self.a.worker_arg,
+                                       b.name("tta-%s-%s-w%d" % (model, arm, k))))
+            # worker 0's copies are the measure; the others may still wait
+            # for a round when it stops, and are stopped after it
+            res = wait_all(ws[:1], min(b.left(), self.a.arm_seconds * 2 + 120), "psworker %s %s" % (model, arm))
+        finally:
+            for p in ws[1:] + psds:
+                self.m.stop(p)
+        snaps = [ln for ln in res[0]["_lines"] if "snapshot" in ln]
+        return snaps, {"version": res[0]["version"]}
+
+    def run_ddp(self, model, arm, epochs):
+        b, h = self.b, self.b.workers
+        master = "%s:%d" % (self.m.ip(0), RANK_PORT)
+        extra = ["--powersgd", str(self.a.powersgd_rank)] if arm == "powersgd" else []
+        ps = [self.m.spawn(k, [PY, os.path.join(BENCH, "ddp_w1.py"), "--master", master, "--rank", str(k),
+                               "--world", str(h), "--model", TTA_MODELS[model]["torch"], "--epochs", str(epochs),
+                               "--batch", "64", "--lr", "%g" % self.a.tta_lr, "--data", self.a.data,
+                               "--limit", str(self.a.train_limit), "--snapshots", str(self.a.snapshots),
+                               "--max-seconds", str(self.a.arm_seconds)] + extra,
+                           b.name("tta-%s-%s-r%d" % (model, arm, k)), env={"GLOO_SOCKET_IFNAME": "eth0"})
+              for k in range(h)]
+        try:
+            # the last copy point may come up to an epoch / --snapshots after the cap
+            res = wait_all(ps, min(b.left(), self.a.arm_seconds * 3 + 180), "DDP %s %s" % (model, arm))
+        finally:
+            for p in ps:
+                self.m.stop(p)
+        snaps = [ln for ln in res[0]["_lines"] if "snapshot" in ln]
+        return snaps, {"version": res[0]["run_steps"], "start_powersgd": res[0].get("start_powersgd")}
+
+
+def tta_report(rows):
+    """The time-to-accuracy table, and each psd arm's time over DDP's and
+    DDP with PowerSGD's (same model and rate)."""
+    lines = []
+    keys = []
+    for r in rows:
+        if (r["model"], r["mbit"]) not in keys:
+            keys.append((r["model"], r["mbit"]))
+    for model, mbit in keys:
+        rs = [r for r in rows if r["model"] == model and r["mbit"] == mbit]
+        lines.append("")
+        lines.append("%s, 4 workers, %d Mbit/s: time to %.1f%% test accuracy (training seconds, worker 0), and "
+                     "accuracy after %d epochs" % (model.upper(), mbit, 100 * rs[0]["target"], rs[0]["epochs"]))
+        lines.append("%-34s %12s %7s %9s %8s %8s  %s" % ("arm", "to target s", "epochs", "accuracy", "/DDP",
+                                                         "/PowerSGD", "load before / after"))
+        ref = {r["arm"]: r for r in rs}
+
+        def ratio(r, other):
+            o = ref.get(other)
+            if not o or r["tta_seconds"] is None:
+                return "-"
+            if o["tta_seconds"] is None:  # the other did not get there in its cap
+                return "<%.2f" % (r["tta_seconds"] / o["last_seconds"]) if o.get("last_seconds") else "-"
+            return "%.2f" % (r["tta_seconds"] / o["tta_seconds"])
+
+        for r in rs:
+            tta = ("%.1f" % r["tta_seconds"] if r["tta_seconds"] is not None
+                   else "not in %.0f" % (r["last_seconds"] or 0))
+            ep = "%.2f" % r["tta_epochs"] if r["tta_epochs"] is not None else "-"
+            acc = ("%.2f%%" % (100 * r["final_accuracy"]) if r["final_accuracy"] is not None
+                   else "(%.2f%% at %.2f ep)" % (100 * (r["last_accuracy"] or 0), r["last_epochs"]))
+            lines.append("%-34s %12s %7s %9s %8s %8s  %s / %s" % (r["trainer"], tta, ep, acc, ratio(r, "ddp"),
+                                                                  ratio(r, "powersgd"), r["load"][0], r["load"][1]))
+    return "\n".join(lines)
+
+
 def trace(res):
     """What the workers' timestamps say about a split round: how far apart
     the workers start a round, and how far apart the parts' psd close it
@@ -689,9 +877,28 @@ def main():
                          "lists there (the kernel's rule for namespaces)")
     ap.add_argument("--train", default="split,ddp",
                     help="W1 runs: split, ddp, local (local SGD), elastic (EASGD), or none")
-    ap.add_argument("--local-steps", type=int, default=8, help="the local trainer: psd's local_steps")
+    ap.add_argument("--local-steps", type=int, default=16, help="the local trainer: psd's local_steps")
     ap.add_argument("--elastic-alpha", type=float, default=0.2, help="the elastic trainer: psd's elastic_alpha")
-    ap.add_argument("--elastic-tau", type=int, default=8, help="the elastic trainer: psd's elastic_tau")
+    ap.add_argument("--elastic-tau", type=int, default=16, help="the elastic trainer: psd's elastic_tau")
+    ap.add_argument("--tta", default="", metavar="MODELS",
+                    help="time to accuracy instead of the grid: w1, cnn or w1,cnn (the round cells and --train are "
+                         "left out unless asked for)")
+    ap.add_argument("--arms", default=",".join(TTA_ARMS), help="--tta's arms: " + ", ".join(TTA_ARMS))
+    ap.add_argument("--tta-rates", default="10,100", help="--tta's link rates, Mbit/s")
+    ap.add_argument("--tta-epochs", default="", metavar="MODEL=N,...",
+                    help="--tta's fixed epochs (default w1=%d,cnn=%d)" % (TTA_MODELS["w1"]["epochs"],
+                                                                        TTA_MODELS["cnn"]["epochs"]))
+    ap.add_argument("--arm-seconds", type=float, default=240,
+                    help="--tta: every arm's workers stop after this much training time")
+    ap.add_argument("--snapshots", type=int, default=8, help="--tta: model copies an epoch (evaluated afterwards)")
+    ap.add_argument("--tta-lr", type=float, default=2e-3, help="--tta: Adam's lr (psd bsp, asgd, top-k; DDP)")
+    ap.add_argument("--worker-lr", type=float, default=0.05,
+                    help="--tta: psworker's own SGD lr in local SGD and EASGD (W1)")
+    ap.add_argument("--cnn-worker-lr", type=float, default=0.05, help="the same for the CNN")
+    ap.add_argument("--worker-momentum", type=float, default=0.9,
+                    help="--tta: psworker's own SGD momentum in local SGD and EASGD")
+    ap.add_argument("--topk", type=float, default=0.01, help="--tta's top-k arm: psworker --topk")
+    ap.add_argument("--powersgd-rank", type=int, default=2, help="--tta's PowerSGD arm: matrix_approximation_rank")
     ap.add_argument("--train-rates", default=None, help="rates for W1 (default: --rates)")
     ap.add_argument("--train-limit", type=int, default=0, help="W1 on the first N training samples (0: all)")
     ap.add_argument("--train-timeout", type=float, default=300)
@@ -707,6 +914,29 @@ def main():
     if a.cleanup:
         stale_cleanup()
         return 0
+    tta_models = [x for x in a.tta.split(",") if x]
+    tta_arms = [x for x in a.arms.split(",") if x]
+    tta_rates = [int(r) for r in a.tta_rates.split(",") if r] if tta_models else []
+    tta_epochs = {k: v["epochs"] for k, v in TTA_MODELS.items()}
+    for item in [x for x in a.tta_epochs.split(",") if x]:
+        k, _, v = item.partition("=")
+        if k not in TTA_MODELS or not v.isdigit() or int(v) < 1:
+            ap.error("bad --tta-epochs '%s': MODEL=N with MODEL w1 or cnn" % item)
+        tta_epochs[k] = int(v)
+    for x in tta_models:
+        if x not in TTA_MODELS:
+            ap.error("unknown --tta model '%s': w1 or cnn" % x)
+    for x in tta_arms:
+        if x not in TTA_ARMS:
+            ap.error("unknown --arms '%s': %s" % (x, ", ".join(TTA_ARMS)))
+    if tta_models:
+        # the grid and --train only when asked for beside it
+        if "--placements" not in sys.argv:
+            a.placements = ""
+        if "--train" not in sys.argv:
+            a.train = "none"
+        if "--rates" not in sys.argv:
+            a.rates = ""
     if a.quick:
         a.sizes = "235146"
         a.train_rates = a.train_rates or "1000"
@@ -731,11 +961,12 @@ def main():
         if not os.path.exists(os.path.join(a.build, b)):
             sys.exit("multihost: %s not found: build first (scripts/setup.sh) or give --build" %
                      os.path.join(a.build, b))
-    needs_torch = "gloo" in placements or "ddp" in trainers
+    needs_torch = "gloo" in placements or "ddp" in trainers or any(x in tta_arms for x in ("ddp", "powersgd"))
     if needs_torch and subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode != 0:
         print("multihost: no PyTorch for %s (Debian python3-torch): leaving out gloo and DDP" % PY, file=sys.stderr)
         placements = [p for p in placements if p != "gloo"]
         trainers = [t for t in trainers if t != "ddp"]
+        tta_arms = [x for x in tta_arms if x not in ("ddp", "powersgd")]
     out = os.path.abspath(os.path.join(a.out, "multihost"))
     os.makedirs(out, exist_ok=True)
     nhosts = 5 if "central" in placements or "local" in trainers or "elastic" in trainers else 4
@@ -746,11 +977,32 @@ def main():
         raise KeyboardInterrupt("signal %d" % signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    cells, trains, link = [], [], {}
+    cells, trains, link, ttas = [], [], {}, []
     status = 0
     try:
         m.create()
         b = Bench(a, m)
+        t = TTA(b)
+        for mbit in sorted(set(tta_rates), reverse=True):
+            m.shape(mbit)
+            link[mbit] = b.link_check(mbit)
+            print("multihost: links at %d Mbit/s (one stream measured %.0f); load %s" % (mbit, link[mbit], uptime()),
+                  file=sys.stderr)
+            for model in tta_models:
+                for arm in tta_arms:
+                    print("multihost: time to accuracy, %s, %s, %d Mbit/s" % (model, arm, mbit), file=sys.stderr)
+                    try:
+                        ttas.append(t.run(model, arm, mbit, tta_epochs[model]))
+                    except (Deadline, RuntimeError) as e:
+                        if b.t_end <= time.monotonic():
+                            raise
+                        print("multihost:   failed: %s" % e, file=sys.stderr)
+                        continue
+                    r = ttas[-1]
+                    print("multihost:   %s s to %.1f%%, %s after %.2f epochs (%.0f s wall)" % (
+                        "%.1f" % r["tta_seconds"] if r["tta_seconds"] is not None else "not",
+                        100 * r["target"], r["last_accuracy"], r["last_epochs"], r["wall_seconds"]),
+                        file=sys.stderr)
         for mbit in sorted(set(rates) | set(train_rates), reverse=True):
             m.shape(mbit)
             link[mbit] = b.link_check(mbit)
@@ -775,10 +1027,12 @@ def main():
         status = 1
     finally:
         m.cleanup()
-    if cells or trains:
+    if cells or trains or ttas:
         print(report(cells, trains, link, a.sysctl))
+        if ttas:
+            print(tta_report(ttas))
         with open(os.path.join(out, "multihost.json"), "w") as f:
-            json.dump({"cells": cells, "train": trains, "link_mbit": link,
+            json.dump({"cells": cells, "train": trains, "link_mbit": link, "tta": ttas,
                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)
     return status
 

@@ -134,6 +134,20 @@ static void usage(FILE *f)
             "                          averaging (elastic_alpha), the learning rate of psworker's\n"
             "                          own SGD, which trains its copy of the model between two\n"
             "                          exchanges with psd (default 0.1); unused otherwise\n"
+            "      --momentum M        the same jobs: the momentum of psworker's own SGD (heavy ball,\n"
+            "                          v = M v + g, w = w - lr v; v is the worker's own and\n"
+            "                          outlives the exchanges) (default 0: plain SGD)\n"
+            "      --snapshots N       time to accuracy: N times an epoch, at evenly spaced steps, keep\n"
+            "                          a copy of the model in memory with the training time so far\n"
+            "                          (local SGD: at the first round after the point, when the copy\n"
+            "                          is the workers' mean); after the last epoch evaluate each on\n"
+            "                          the test set and print one JSON line per copy (snapshot,\n"
+            "                          epoch, step, samples, train_seconds, test_accuracy,\n"
+            "                          test_loss); the clock runs only while training. Not in a\n"
+            "                          job by psd's plan (add --no-plan in bsp)\n"
+            "      --max-seconds S     stop training after S seconds of training time (at a step's\n"
+            "                          end, as if the last epoch ended there; --snapshots then takes\n"
+            "                          a last copy)\n"
             "  -h, --help              this help\n"
             "\n"
             "The connection to psd (libpsclient's options, its psc_set key in brackets):\n");
@@ -177,7 +191,7 @@ int pw_options_parse(int argc, char **argv, wopts *o)
     *o = (wopts){.shard = 0, .nshards = 1, .dataset = "mnist", .model = "mlp:256,128", .epochs = 5, .batch = 64,
                  .seed = 1, .threads = 1, .pipeline = 0, .lr = 0.1};
     enum { O_LIMIT = 1000, O_TEST_LIMIT, O_SEED, O_THREADS, O_EPOCH_JSON, O_NO_SHUFFLE, O_FIXED_SHARD,
-           O_SAVE_PARAMS, O_PIPELINE, O_NO_PLAN, O_LR, O_LIB /* O_LIB + i: libpsclient's option i */ };
+           O_SAVE_PARAMS, O_PIPELINE, O_NO_PLAN, O_LR, O_MOMENTUM, O_SNAPSHOTS, O_MAX_SECONDS, O_LIB /* O_LIB + i: libpsclient's option i */ };
     static const struct option own[] = {
         {"dataset", required_argument, NULL, 'd'}, {"data", required_argument, NULL, 'D'},
         {"model", required_argument, NULL, 'M'},   {"epochs", required_argument, NULL, 'e'},
@@ -193,6 +207,9 @@ int pw_options_parse(int argc, char **argv, wopts *o)
         {"save-params", required_argument, NULL, O_SAVE_PARAMS},
         {"pipeline", required_argument, NULL, O_PIPELINE},
         {"lr", required_argument, NULL, O_LR},
+        {"momentum", required_argument, NULL, O_MOMENTUM},
+        {"snapshots", required_argument, NULL, O_SNAPSHOTS},
+        {"max-seconds", required_argument, NULL, O_MAX_SECONDS},
     };
     const size_t nown = sizeof own / sizeof own[0];
     struct option longopts[sizeof own / sizeof own[0] + PW_LIB_OPTIONS_MAX + 1];
@@ -250,6 +267,29 @@ int pw_options_parse(int argc, char **argv, wopts *o)
             if (errno || end == optarg || *end || !(lr > 0 && lr <= 1000))
                 return pw_die("bad --lr '%s': a number above 0, at most 1000", optarg);
             o->lr = lr;
+            break;
+        }
+        case O_MOMENTUM: {
+            char *end;
+            errno = 0;
+            double m = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(m >= 0 && m < 1))
+                return pw_die("bad --momentum '%s': a number from 0 to below 1", optarg);
+            o->momentum = m;
+            break;
+        }
+        case O_SNAPSHOTS:
+            if (ps_parse_u64(optarg, 1000, &v) || v == 0)
+                return pw_die("bad --snapshots '%s': expected 1..1000 per epoch", optarg);
+            o->snapshots = (int)v;
+            break;
+        case O_MAX_SECONDS: {
+            char *end;
+            errno = 0;
+            double s = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(s > 0 && s <= 1e7))
+                return pw_die("bad --max-seconds '%s': seconds above 0", optarg);
+            o->max_seconds = s;
             break;
         }
         case 'd': o->dataset = optarg; break;

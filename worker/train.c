@@ -29,6 +29,17 @@ typedef struct job {
     int averaging;               /* local SGD or elastic averaging: our own SGD steps,
                                   * psc_local_step exchanges the model */
     float *keep;                 /* averaging: our model while psd's is evaluated */
+    float *vel;                  /* averaging with --momentum: our SGD's velocity */
+    int synced;                  /* local SGD: the last step ended a round (our model is the mean) */
+    /* --snapshots: copies of the model for time to accuracy, evaluated after training */
+    float *snap;                 /* nsnap copies of np values each, room for maxsnap */
+    struct pw_snap {
+        int epoch;
+        size_t step, steps;      /* steps done in the epoch, in the run */
+        uint64_t samples;        /* samples this worker trained in the run */
+        double t;                /* training seconds so far */
+    } *smeta;
+    size_t nsnap, maxsnap;
     /* the unplanned loop's */
     size_t *perm;                /* this epoch's order of train */
     float *bx, *gacc;            /* a batch's inputs; a large batch's gradient in pieces */
@@ -52,7 +63,7 @@ static int job_setup(job *j)
     psc_client *pc = j->pc;
     char err[1024];
     if (ps_dataset_load(o->data_dir, o->dataset, PS_SPLIT_TRAIN, o->limit, &j->all, err, sizeof err) != 0 ||
-        (o->eval && ps_dataset_load(o->data_dir, o->dataset, PS_SPLIT_TEST, o->test_limit, &j->test, err, sizeof err) !=
+        ((o->eval || o->snapshots) && ps_dataset_load(o->data_dir, o->dataset, PS_SPLIT_TEST, o->test_limit, &j->test, err, sizeof err) !=
                         0) ||
         ps_dataset_shard(&j->all, o->shard, o->nshards, &j->train, err, sizeof err) != 0 ||
         ps_model_create_chw(o->model, 1, j->all.rows, j->all.cols, j->all.n_classes, o->batch, &j->model, err,
@@ -115,6 +126,23 @@ static int job_setup(job *j)
     /* a job averaging models counts its own epochs: its rounds are of H
      * local steps, not the plan's global batches */
     j->planned = j->bsp && !j->averaging && psc_plan(pc, NULL, NULL, NULL, NULL);
+    if (j->planned && (o->snapshots || o->max_seconds > 0)) {
+        fprintf(stderr, "psworker: %s: this bsp job runs by psd's plan, whose rounds the worker does not count; add "
+                        "--no-plan\n",
+                o->snapshots ? "--snapshots" : "--max-seconds");
+        return 1;
+    }
+    if (o->snapshots) {
+        /* a copy at each point of every epoch, and one more at a stop or
+         * a round that comes after the last point */
+        j->maxsnap = (size_t)o->snapshots * (size_t)o->epochs + 1;
+        j->snap = malloc(j->maxsnap * j->np * sizeof(float));
+        j->smeta = calloc(j->maxsnap, sizeof *j->smeta);
+        if (!j->snap || !j->smeta) {
+            fprintf(stderr, "psworker: out of memory for %zu copies of the model (--snapshots)\n", j->maxsnap);
+            return 1;
+        }
+    }
     if (j->averaging) {
         if (o->pipeline == 1) {
             fprintf(stderr, "psworker: --pipeline on overlaps pushes of gradients; psd runs %s, whose exchanges "
@@ -123,16 +151,20 @@ static int job_setup(job *j)
             return 1;
         }
         o->pipeline = 0;
-        if (o->eval && !(j->keep = ps_falloc(j->np))) {
+        if ((o->eval && !(j->keep = ps_falloc(j->np))) || (o->momentum > 0 && !(j->vel = ps_falloc(j->np)))) {
             fprintf(stderr, "psworker: out of memory\n");
             return 1;
         }
+        if (j->vel)
+            memset(j->vel, 0, j->np * sizeof(float));
         if (h)
-            PS_LOG(PS_LOG_INFO, "shard %d/%d: local SGD: %u steps of our own SGD at lr %g between two rounds",
-                   o->shard, o->nshards, h, o->lr);
+            PS_LOG(PS_LOG_INFO,
+                   "shard %d/%d: local SGD: %u steps of our own SGD at lr %g, momentum %g between two rounds",
+                   o->shard, o->nshards, h, o->lr, o->momentum);
         else
-            PS_LOG(PS_LOG_INFO, "shard %d/%d: elastic averaging: alpha %g every %u steps of our own SGD at lr %g",
-                   o->shard, o->nshards, alpha, tau, o->lr);
+            PS_LOG(PS_LOG_INFO,
+                   "shard %d/%d: elastic averaging: alpha %g every %u steps of our own SGD at lr %g, momentum %g",
+                   o->shard, o->nshards, alpha, tau, o->lr, o->momentum);
     }
     int hogwild = psc_hogwild(pc);
     if (hogwild) {
@@ -269,10 +301,17 @@ static int exchange(job *j)
     if (j->averaging) {
         /* our own SGD step on our copy of the model; every H-th (tau-th)
          * the library exchanges it with psd */
-        cblas_saxpy((blasint)j->np, (float)-j->o->lr, ps_model_grads(j->model), 1, ps_model_params(j->model), 1);
+        const float *g = ps_model_grads(j->model);
+        if (j->vel) { /* heavy ball: v = m v + g */
+            cblas_sscal((blasint)j->np, (float)j->o->momentum, j->vel, 1);
+            cblas_saxpy((blasint)j->np, 1.0f, g, 1, j->vel, 1);
+            g = j->vel;
+        }
+        cblas_saxpy((blasint)j->np, (float)-j->o->lr, g, 1, ps_model_params(j->model), 1);
         pw_step_waits(j->o, 1);
         rc = psc_local_step(pc);
         pw_step_waits(j->o, 0);
+        j->synced = rc == 1 && psc_local_steps(pc) > 0;
         return rc < 0 ? rc : 0;
     }
     pw_step_waits(j->o, 1);
@@ -315,6 +354,37 @@ static int exchange_finish(job *j)
     return rc;
 }
 
+/* --snapshots: keeps a copy of the model's parameters as they are now,
+ * with where the run is and its training time t. The caller makes sure
+ * there is room (maxsnap). */
+static void snapshot(job *j, int epoch, size_t step, size_t steps, uint64_t samples, double t)
+{
+    if (j->nsnap >= j->maxsnap)
+        return;
+    memcpy(j->snap + j->nsnap * j->np, ps_model_params(j->model), j->np * sizeof(float));
+    j->smeta[j->nsnap] = (struct pw_snap){epoch, step, steps, samples, t};
+    j->nsnap++;
+}
+
+/* After training: evaluates every copy --snapshots kept on the test set,
+ * one JSON line each on stdout, and binds the model to its own parameters
+ * again. */
+static void snapshots_report(job *j)
+{
+    float *own = ps_model_params(j->model);
+    for (size_t i = 0; i < j->nsnap; i++) {
+        const struct pw_snap *m = &j->smeta[i];
+        double loss = 0, acc = 0;
+        ps_model_bind_params(j->model, j->snap + i * j->np);
+        ps_model_evaluate(j->model, j->test.x, j->test.y, j->test.n, &loss, &acc);
+        printf("{\"snapshot\": %zu, \"epoch\": %d, \"step\": %zu, \"steps\": %zu, \"samples\": %" PRIu64
+               ", \"train_seconds\": %.4f, \"test_accuracy\": %.6f, \"test_loss\": %.6f}\n",
+               i + 1, m->epoch, m->step, m->steps, m->samples, m->t, acc, loss);
+    }
+    fflush(stdout);
+    ps_model_bind_params(j->model, own);
+}
+
 /* The job counted by the worker: --no-plan in bsp, and asgd and ssp.
  * Returns 0, 1 (a failure, said) or 128 + a stop signal. */
 static int train_epochs(job *j, double job_t0)
@@ -334,7 +404,11 @@ static int train_epochs(job *j, double job_t0)
         fprintf(stderr, "psworker: out of memory\n");
         return 1;
     }
-    for (int epoch = 1; epoch <= o->epochs; epoch++) {
+    /* --snapshots: the next point (steps into the epoch) and whether a
+     * local-SGD copy waits for its round; --max-seconds: stopped early */
+    int stopped = 0, snap_due = 0;
+    size_t run_steps = 0;
+    for (int epoch = 1; epoch <= o->epochs && !stopped; epoch++) {
         if (epoch > 1 && !o->fixed_shard && o->nshards > 1) {
             int was = j->parts;
             if (reshard(j, err, sizeof err) != 0) {
@@ -354,7 +428,7 @@ static int train_epochs(job *j, double job_t0)
         if (o->progress) /* drawn before the first step, which may wait for psd */
             pw_progress_draw(o, epoch, 0, steps, NAN, t0 - job_t0, j->res.samples, (size_t)(epoch - 1) * steps,
                              steps * (size_t)o->epochs);
-        size_t done = 0;
+        size_t done = 0, point = 1, st_done = 0;
         for (size_t st = 0; st < steps; st++) {
             if (pw_stop_signal) {
                 pw_progress_clear(o);
@@ -385,6 +459,29 @@ static int train_epochs(job *j, double job_t0)
             }
             double now = pw_now();
             comm_s += now - tc;
+            run_steps++;
+            st_done = st + 1;
+            if (o->snapshots) {
+                /* point k of N: after ceil(k x steps / N) steps */
+                while (point <= (size_t)o->snapshots && st + 1 >= (point * steps + (size_t)o->snapshots - 1) /
+                                                                       (size_t)o->snapshots) {
+                    point++;
+                    snap_due = 1;
+                }
+                /* local SGD: the copy is the workers' mean right after a round */
+                if (snap_due && (!psc_local_steps(pc) || j->synced)) {
+                    snapshot(j, epoch, st + 1, run_steps, j->res.samples + done, j->res.train_time + (now - t0));
+                    snap_due = 0;
+                    double after = pw_now(); /* the copy's time is not training */
+                    t0 += after - now;
+                    now = after;
+                }
+            }
+            if (o->max_seconds > 0 && j->res.train_time + (now - t0) >= o->max_seconds) {
+                stopped = 1;
+                PS_LOG(PS_LOG_INFO, "shard %d/%d: --max-seconds %g reached at epoch %d step %zu", o->shard,
+                       o->nshards, o->max_seconds, epoch, st + 1);
+            }
             /* psd hears of the training every report_s seconds
              * ($PSD_REPORT_INTERVAL, default 1), not only at epoch ends */
             if (psc_progress(pc, (uint32_t)(epoch - 1), (double)loss * (double)cnt, cnt) != 0) {
@@ -398,6 +495,8 @@ static int train_epochs(job *j, double job_t0)
                                  j->res.samples + done, (size_t)(epoch - 1) * steps + st + 1,
                                  steps * (size_t)o->epochs);
             }
+            if (stopped)
+                break;
         }
         double tf = pw_now();
         int rc = exchange_finish(j); /* the last step's parameters, for the evaluation */
@@ -418,14 +517,29 @@ static int train_epochs(job *j, double job_t0)
                 return 1;
             }
         }
-        rc = pw_epoch_done(o, pc, j->model, &j->test, epoch, pw_now() - t0, loss_sum, done, comm_s, job_t0, 0,
-                           &j->res);
+        double dt = pw_now() - t0;
+        /* the run's end: a last copy unless one was just taken; averaging
+         * models, psd's (pulled above with --eval, else here) */
+        int last = stopped || epoch == o->epochs;
+        if (last && o->snapshots &&
+            (j->averaging || snap_due || j->nsnap == 0 || j->smeta[j->nsnap - 1].steps != run_steps)) {
+            if (j->averaging && !psd_model && psc_pull(pc) != 0) {
+                fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
+                return 1;
+            }
+            if (j->nsnap > 0 && j->smeta[j->nsnap - 1].steps == run_steps)
+                j->nsnap--; /* psd's model replaces ours of the same step */
+            snapshot(j, epoch, st_done, run_steps, j->res.samples + done, j->res.train_time + dt);
+        }
+        rc = pw_epoch_done(o, pc, j->model, &j->test, epoch, dt, loss_sum, done, comm_s, job_t0, 0, &j->res);
         /* (after a reconnect the local model is psd's anyway) */
         if (psd_model && psc_reconnects(pc) == reconnects)
             memcpy(ps_model_params(j->model), j->keep, j->np * sizeof(float));
         if (rc != 0)
             return 1;
     }
+    if (o->snapshots)
+        snapshots_report(j);
     return 0;
 }
 
@@ -436,6 +550,9 @@ static void job_free(job *j)
     free(j->gacc);
     free(j->by);
     free(j->keep);
+    free(j->snap);
+    free(j->vel);
+    free(j->smeta);
     pw_progress_stop();
     psc_free(j->pc); /* before the model: its vectors may be the library's */
     ps_model_free(j->model);

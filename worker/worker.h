@@ -39,6 +39,9 @@ typedef struct wopts {
     const char *save_params; /* write the final parameters here (raw float32) */
     int pipeline;            /* -1 auto (asgd/ssp on), 0 off, 1 on */
     double lr;               /* local SGD, elastic averaging: our own SGD's step size */
+    double momentum;         /* local SGD, elastic averaging: our own SGD's momentum, 0: none */
+    int snapshots;           /* --snapshots: model copies a epoch for time to accuracy, 0: none */
+    double max_seconds;      /* --max-seconds: training time after which to stop, 0: none */
     int progress;            /* a live progress bar on stderr (a terminal) */
 } wopts;
 

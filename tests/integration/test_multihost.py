@@ -10,6 +10,10 @@ naming what is missing (harness.main lists the skip).
   asked, the link check moves no more than the shaped rate (tbf is in place
   in both directions) and a good part of it, and the run's namespaces are
   gone afterwards.
+- Time to accuracy (--tta) of W1 on 2,560 samples, 2 epochs, in BSP,
+  local SGD and (with python3-torch) DDP: worker 0's copies of the model
+  are at the same steps in every arm (local SGD: at its rounds), evaluated,
+  and the last one is the accuracy after the epochs.
 - Interrupted by SIGINT while its psd and workers run, it exits 130 and
   removes its namespaces and every process it started in them.
 """
@@ -90,6 +94,43 @@ class MultihostTest(unittest.TestCase):
         goodput = res["link_mbit"]["100"]
         self.assertLessEqual(goodput, 110, "tbf holds a stream to its 100 Mbit/s")
         self.assertGreater(goodput, 20, "a shaped link still carries a stream")
+
+    def test_time_to_accuracy(self):
+        """--tta: every arm's worker 0 (rank 0) keeps copies of the model at
+        the same steps, evaluated afterwards; the table and the JSON have
+        time to target, accuracy after the fixed epochs and the ratios."""
+        arms = "bsp,local,ddp" if has_torch() else "bsp,local"
+        p = subprocess.Popen(self.argv("--tta", "w1", "--tta-rates", "100", "--arms", arms, "--train-limit", "2560",
+                                       "--tta-epochs", "w1=2", "--snapshots", "2", "--arm-seconds", "60",
+                                       "--deadline", "200"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = p.communicate(timeout=240)
+        self.assertEqual(p.returncode, 0, "multihost.py --tta failed:\n%s\n%s" % (out, err))
+        self.assertEqual(namespaces("psmh%d-" % p.pid), [], "the run removed its namespaces")
+        with open(os.path.join(self.dir, "multihost", "multihost.json")) as f:
+            rows = {r["arm"]: r for r in json.load(f)["tta"]}
+        self.assertEqual(sorted(rows), sorted(arms.split(",")))
+        for arm, r in rows.items():
+            snaps = r["snapshots"]
+            # 2560 samples over 4 workers at batch 64: 10 steps an epoch
+            steps = [sn["steps"] for sn in snaps]
+            self.assertEqual(steps[-1], 20, "%s: the last copy is after the 2 epochs" % arm)
+            self.assertEqual(steps, sorted(set(steps)), "%s: copies at growing steps" % arm)
+            if arm == "local":
+                # H = 16: the copies wait for a round (step 16) and psd's model ends the run
+                self.assertEqual(steps, [16, 20])
+            else:
+                self.assertEqual(steps, [5, 10, 15, 20], "%s: copies at ceil(k x 10 / 2) steps an epoch" % arm)
+            times = [sn["train_seconds"] for sn in snaps]
+            self.assertEqual(times, sorted(times), arm)
+            self.assertGreater(times[0], 0, arm)
+            for sn in snaps:
+                self.assertGreater(sn["test_accuracy"], 0.3, "%s: a model trained on 320+ samples" % arm)
+                self.assertLessEqual(sn["test_accuracy"], 1.0)
+            self.assertEqual(r["final_accuracy"], snaps[-1]["test_accuracy"])
+            self.assertIsNone(r["tta_seconds"], "%s: 97%% is out of reach of 640 samples a worker" % arm)
+        self.assertRegex(out, r"W1, 4 workers, 100 Mbit/s: time to 97.0% test accuracy")
+        self.assertRegex(out, r"(?m)^psd local SGD H=16 \(SGD 0.05 m 0.9\)\s+not in ")
 
     def test_interrupted_run_cleans_up(self):
         p = subprocess.Popen(self.argv("--sizes", "1M", "--rates", "100", "--placements", "split",
