@@ -50,7 +50,6 @@ count.
 
 import argparse
 import json
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -158,6 +157,14 @@ def stopped(pid):
     return state in ("T", "t", "Z", "X")
 
 
+def cpu_seconds(pid):
+    """Process pid's CPU seconds, 0 when it is gone."""
+    try:
+        return benchlib.cpu_seconds(pid)
+    except (OSError, IndexError):
+        return 0.0
+
+
 def signal_all(pids, sig):
     for pid in pids:
         try:
@@ -172,6 +179,7 @@ class Run:
 
     def __init__(self, method, m, cfg, cl, init_path):
         self.method, self.m, self.cfg, self.cl = method, m, cfg, cl
+        self.failed = None  # why a worker failed, if one did
         self.cpu_seen = {}  # pid: the most CPU seconds (user + system) seen of that worker
         self.init_path = init_path
         self.procs, self.addr, self.shared = [], None, None
@@ -213,16 +221,19 @@ class Run:
         self.ready.wait(timeout=120)
 
     def _failed(self):
-        bad = [p for p in self.procs if not p.alive() and p.p.returncode != 0]
-        if bad:
-            raise SystemExit("hogwild.py: %s: %s exited with %s:\n%s" % (
-                self.method, bad[0].name, bad[0].p.returncode, harness.tail(bad[0].err_path)))
-        return False
+        """True (the reason kept in self.failed) once a psworker exited
+        with a status other than 0 (say, its loss became NaN): the cell
+        ends there and the bench goes on with the next."""
+        bad = [p for p in self.procs if not p.alive() and p.p.returncode not in (0, None)]
+        if bad and not self.failed:
+            self.failed = "%s exited with %s: %s" % (bad[0].name, bad[0].p.returncode,
+                                                     harness.tail(bad[0].err_path, 1).strip())
+            print("  %s/%d: %s" % (self.method, self.m, self.failed), flush=True)
+        return bool(self.failed)
 
     def alive(self):
         if self.method.startswith("psworker"):
-            self._failed()
-            return any(p.alive() for p in self.procs)
+            return not self._failed() and any(p.alive() for p in self.procs)
         return any(p.is_alive() for p in self.procs)
 
     def snapshot(self, i):
@@ -250,7 +261,7 @@ class Run:
         """Runs the workers to the target, the epochs or the timeout."""
         cfg = self.cfg
         t0, paused, nxt, hit = time.monotonic(), 0.0, cfg["snap_every"], None
-        cpu0 = sum(benchlib.cpu_seconds(pid) for pid in self.pids)  # loading the data is not training
+        cpu0 = sum(cpu_seconds(pid) for pid in self.pids)  # loading the data is not training
         while True:
             clock = time.monotonic() - t0 - paused
             done = not self.alive()
@@ -261,11 +272,8 @@ class Run:
             signal_all(self.pids, signal.SIGSTOP)
             harness.wait_until(lambda: all(stopped(p) for p in self.pids), 30, "the workers to stop")
             snap = self.snapshot(len(self.snaps))
-            for pid in self.pids:
-                try:
-                    self.cpu_seen[pid] = max(self.cpu_seen.get(pid, 0.0), benchlib.cpu_seconds(pid))
-                except (OSError, IndexError):
-                    pass  # exited and reaped: its last figure stands
+            for pid in self.pids:  # of one that exited and was reaped, the last figure stands
+                self.cpu_seen[pid] = max(self.cpu_seen.get(pid, 0.0), cpu_seconds(pid))
             snap["cpu"] = sum(self.cpu_seen.values()) - cpu0
             snap["seconds"] = tp - t0 - paused
             self.snaps.append(snap)
@@ -294,6 +302,7 @@ class Run:
     def finish(self):
         if self.method.startswith("psworker"):
             signal_all([p.pid for p in self.procs if p.alive()], signal.SIGTERM)
+            signal_all([p.pid for p in self.procs if p.alive()], signal.SIGCONT)
             for p in self.procs:
                 p.wait(60)
             return
@@ -364,10 +373,11 @@ def main():
                    "epochs_to_target": round(hit["samples"] / 60000, 3) if hit else None, "best_acc": best,
                    "seconds_per_epoch": last["seconds"] / last["epoch"] if last["epoch"] else None,
                    "worker_cpu_seconds_per_epoch": last["cpu"] / last["epoch"] if last["epoch"] else None,
-                   "load_before": load0, "load_after": os.getloadavg()[0], "records": recs}
+                   "failed": run.failed, "load_before": load0, "load_after": os.getloadavg()[0], "records": recs}
             rows.append(row)
-            print("%-16s %d workers: %s to %.1f%% (%s epochs), best %.2f%%, %.1f s and %.1f worker CPU s an epoch, "
-                  "load %.1f..%.1f" % (method, m, "%.1f s" % hit["seconds"] if hit else "-", 100 * a.target,
+            print("%-16s %d workers: %s%s to %.1f%% (%s epochs), best %.2f%%, %.1f s and %.1f worker CPU s an epoch, "
+                  "load %.1f..%.1f" % (method, m, "failed, " if run.failed else "",
+                                       "%.1f s" % hit["seconds"] if hit else "-", 100 * a.target,
                                        row["epochs_to_target"] or "-", 100 * best, row["seconds_per_epoch"] or 0,
                                        row["worker_cpu_seconds_per_epoch"] or 0, load0, row["load_after"]), flush=True)
     print("\n| workers | way | time to %.1f%% | epochs | s an epoch | worker CPU s an epoch | ratio to torch | load |"
@@ -379,7 +389,8 @@ def main():
         if ref and ref["seconds_to_target"] and r["seconds_to_target"]:
             ratio = "%.2f" % (r["seconds_to_target"] / ref["seconds_to_target"])
         print("| %d | %s | %s | %s | %.1f | %.1f | %s | %.1f-%.1f |" % (
-            r["workers"], r["method"], "%.1f s" % r["seconds_to_target"] if r["seconds_to_target"] else "-",
+            r["workers"], r["method"], "%.1f s" % r["seconds_to_target"] if r["seconds_to_target"] else
+            "failed" if r["failed"] else "-",
             r["epochs_to_target"] or "-", r["seconds_per_epoch"] or 0, r["worker_cpu_seconds_per_epoch"] or 0, ratio,
             r["load_before"], r["load_after"]))
     os.makedirs(a.out, exist_ok=True)
