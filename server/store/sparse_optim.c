@@ -5,6 +5,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/vec.h"
+
 uint32_t srv_sparse_row_floats(const ps_table_def *d)
 {
     return d->dim * (1 + ps_topt_state_per_value(d->opt)) + (ps_topt_has_step(d->opt) ? 1 : 0);
@@ -32,69 +34,210 @@ void srv_sparse_row_new(const ps_table_def *d, uint64_t key, float *row)
             row[dim + j] = (float)d->hp[PS_HP_IACC];
 }
 
-static int finite_all(const float *v, uint32_t n)
+/* A row is stepped through locals: every new value is computed from the
+ * row and the gradient into out (at most CHUNK values of each of the
+ * row's parts), checked, and only then written into the row, so that a
+ * step whose result is not finite leaves the row as it was. A row longer
+ * than CHUNK is computed twice, chunk by chunk: once to check, once to
+ * write. */
+#define CHUNK 128u
+
+/* 1 when the n values hold no NaN and no infinity: the exponent bits of
+ * each, ORed without branches, so that the compiler vectorises it. */
+static inline int finite_all(const float *restrict v, uint32_t n)
 {
-    for (uint32_t j = 0; j < n; j++)
-        if (!isfinite(v[j]))
-            return 0;
-    return 1;
+    uint32_t bad = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        uint32_t b;
+        memcpy(&b, &v[j], sizeof b);
+        bad |= (b & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+/* What one step reads besides the row and the gradient. */
+typedef struct step_hp {
+    double lr, scale, eps, b1, b2, beta, l1, l2, step; /* step: adam's lr at the row's next step */
+} step_hp;
+
+/* The kernels: the new values of the row's values off..off+len-1 (of dim)
+ * into out, weights at out[0..len), the state parts after them at out[len],
+ * out[2 len]. row and g are read, never written. Each is inlined into its
+ * callers with len a constant where one is known, so that the compiler
+ * unrolls and vectorises it; they compute exactly as the scalar formulas. */
+static inline __attribute__((always_inline)) void k_sgd(const step_hp *h, const float *restrict row,
+                                                         const float *restrict g, uint32_t dim, uint32_t off,
+                                                         uint32_t len, float *restrict out)
+{
+    (void)dim;
+    const double lr = h->lr, scale = h->scale;
+    const float *restrict w = row + off;
+    g += off;
+    for (uint32_t j = 0; j < len; j++)
+        out[j] = (float)((double)w[j] - lr * (scale * g[j]));
+}
+
+static inline __attribute__((always_inline)) void k_adagrad(const step_hp *h, const float *restrict row,
+                                                             const float *restrict g, uint32_t dim, uint32_t off,
+                                                             uint32_t len, float *restrict out)
+{
+    const double lr = h->lr, scale = h->scale, eps = h->eps;
+    const float *restrict w = row + off, *restrict a = row + dim + off;
+    g += off;
+    float *restrict nw = out, *restrict na = out + len;
+    for (uint32_t j = 0; j < len; j++) {
+        double gj = scale * g[j];
+        float aj = (float)((double)a[j] + gj * gj);
+        na[j] = aj;
+        nw[j] = (float)((double)w[j] - lr * gj / (sqrt((double)aj) + eps));
+    }
+}
+
+static inline __attribute__((always_inline)) void k_adam(const step_hp *h, const float *restrict row,
+                                                          const float *restrict g, uint32_t dim, uint32_t off,
+                                                          uint32_t len, float *restrict out)
+{
+    const double scale = h->scale, b1 = h->b1, b2 = h->b2, eps = h->eps, step = h->step;
+    const float *restrict w = row + off, *restrict m = row + dim + off, *restrict v = row + 2 * dim + off;
+    g += off;
+    float *restrict nw = out, *restrict nm = out + len, *restrict nv = out + 2 * len;
+    for (uint32_t j = 0; j < len; j++) {
+        double gj = scale * g[j];
+        float mj = (float)(b1 * m[j] + (1.0 - b1) * gj);
+        float vj = (float)(b2 * v[j] + (1.0 - b2) * gj * gj);
+        nm[j] = mj;
+        nv[j] = vj;
+        nw[j] = (float)((double)w[j] - step * (double)mj / (sqrt((double)vj) + eps));
+    }
+}
+
+static inline __attribute__((always_inline)) void k_ftrl(const step_hp *h, const float *restrict row,
+                                                          const float *restrict g, uint32_t dim, uint32_t off,
+                                                          uint32_t len, float *restrict out)
+{
+    const double lr = h->lr, scale = h->scale, beta = h->beta, l1 = h->l1, l2 = h->l2;
+    const float *restrict w = row + off, *restrict z = row + dim + off, *restrict n = row + 2 * dim + off;
+    g += off;
+    float *restrict nw = out, *restrict nz = out + len, *restrict nn = out + 2 * len;
+    for (uint32_t j = 0; j < len; j++) {
+        double gj = scale * g[j], nj = n[j];
+        double sigma = (sqrt(nj + gj * gj) - sqrt(nj)) / lr;
+        double zj = (double)z[j] + gj - sigma * (double)w[j];
+        nj += gj * gj;
+        float zf = (float)zj, nf = (float)nj;
+        nz[j] = zf;
+        nn[j] = nf;
+        if (fabs(zj) <= l1)
+            nw[j] = 0.0f;
+        else
+            nw[j] = (float)(-(zj - copysign(l1, zj)) / ((beta + sqrt((double)nf)) / lr + l2));
+    }
+}
+
+/* Writes the parts of out (the kernel's len values of each of `parts`)
+ * into the row at off. */
+static inline __attribute__((always_inline)) void commit(float *restrict row, const float *restrict out,
+                                                          uint32_t dim, uint32_t off, uint32_t len, uint32_t parts)
+{
+    for (uint32_t p = 0; p < parts; p++)
+        memcpy(row + (size_t)p * dim + off, out + (size_t)p * len, sizeof(float) * len);
+}
+
+/* One optimizer's step of a row of any dim, through the locals: check all,
+ * then write. */
+#define STEP_ANY(kernel, parts)                                                                                  \
+    do {                                                                                                         \
+        float out[(parts) * CHUNK];                                                                              \
+        if (dim <= CHUNK) {                                                                                      \
+            kernel(h, row, g, dim, 0, dim, out);                                                                 \
+            if (!finite_all(out, (parts) * dim))                                                                 \
+                return 0;                                                                                        \
+            commit(row, out, dim, 0, dim, (parts));                                                              \
+            return 1;                                                                                            \
+        }                                                                                                        \
+        for (uint32_t off = 0; off < dim; off += CHUNK) {                                                        \
+            uint32_t len = dim - off < CHUNK ? dim - off : CHUNK;                                                \
+            kernel(h, row, g, dim, off, len, out);                                                               \
+            if (!finite_all(out, (parts) * len))                                                                 \
+                return 0;                                                                                        \
+        }                                                                                                        \
+        for (uint32_t off = 0; off < dim; off += CHUNK) {                                                        \
+            uint32_t len = dim - off < CHUNK ? dim - off : CHUNK;                                                \
+            kernel(h, row, g, dim, off, len, out);                                                               \
+            commit(row, out, dim, off, len, (parts));                                                            \
+        }                                                                                                        \
+        return 1;                                                                                                \
+    } while (0)
+
+/* The same for a dim known at compile time (D <= CHUNK): unrolled. */
+#define STEP_FIXED(kernel, parts, D)                                                                             \
+    do {                                                                                                         \
+        float out[(parts) * (D)];                                                                                \
+        kernel(h, row, g, (D), 0, (D), out);                                                                     \
+        if (!finite_all(out, (parts) * (D)))                                                                     \
+            return 0;                                                                                            \
+        commit(row, out, (D), 0, (D), (parts));                                                                  \
+        return 1;                                                                                                \
+    } while (0)
+
+#define STEP_DIMS(kernel, parts)                                                                                 \
+    do {                                                                                                         \
+        switch (dim) {                                                                                           \
+        case 8: STEP_FIXED(kernel, parts, 8);                                                                    \
+        case 16: STEP_FIXED(kernel, parts, 16);                                                                  \
+        case 32: STEP_FIXED(kernel, parts, 32);                                                                  \
+        case 64: STEP_FIXED(kernel, parts, 64);                                                                  \
+        default: STEP_ANY(kernel, parts);                                                                        \
+        }                                                                                                        \
+    } while (0)
+
+PS_MULTIVERSION static int step_sgd(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+{
+    STEP_DIMS(k_sgd, 1);
+}
+
+PS_MULTIVERSION static int step_adagrad(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+{
+    STEP_DIMS(k_adagrad, 2);
+}
+
+PS_MULTIVERSION static int step_adam(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+{
+    STEP_ANY(k_adam, 3);
+}
+
+PS_MULTIVERSION static int step_ftrl(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
+{
+    STEP_ANY(k_ftrl, 3);
 }
 
 int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double scale)
 {
     const uint32_t dim = d->dim;
-    const double lr = d->hp[PS_HP_LR];
-    float *w = row;
+    step_hp h = {.lr = d->hp[PS_HP_LR], .scale = scale, .eps = d->hp[PS_HP_EPS]};
     switch (d->opt) {
     case PS_TOPT_SGD:
-        for (uint32_t j = 0; j < dim; j++)
-            w[j] = (float)((double)w[j] - lr * (scale * g[j]));
-        return finite_all(w, dim);
-    case PS_TOPT_ADAGRAD: {
-        float *a = row + dim;
-        const double eps = d->hp[PS_HP_EPS];
-        for (uint32_t j = 0; j < dim; j++) {
-            double gj = scale * g[j];
-            double aj = (double)a[j] + gj * gj;
-            a[j] = (float)aj;
-            w[j] = (float)((double)w[j] - lr * gj / (sqrt((double)a[j]) + eps));
-        }
-        return finite_all(w, 2 * dim);
-    }
+        return step_sgd(&h, row, g, dim);
+    case PS_TOPT_ADAGRAD:
+        return step_adagrad(&h, row, g, dim);
     case PS_TOPT_ADAM: {
-        float *m = row + dim, *v = row + 2 * dim;
-        const double b1 = d->hp[PS_HP_BETA1], b2 = d->hp[PS_HP_BETA2], eps = d->hp[PS_HP_EPS];
         uint32_t t;
         memcpy(&t, row + 3 * dim, sizeof t);
         if (t < UINT32_MAX)
             t++;
+        h.b1 = d->hp[PS_HP_BETA1];
+        h.b2 = d->hp[PS_HP_BETA2];
+        h.step = h.lr * sqrt(1.0 - pow(h.b2, (double)t)) / (1.0 - pow(h.b1, (double)t));
+        if (!step_adam(&h, row, g, dim))
+            return 0;
         memcpy(row + 3 * dim, &t, sizeof t);
-        const double step = lr * sqrt(1.0 - pow(b2, (double)t)) / (1.0 - pow(b1, (double)t));
-        for (uint32_t j = 0; j < dim; j++) {
-            double gj = scale * g[j];
-            m[j] = (float)(b1 * m[j] + (1.0 - b1) * gj);
-            v[j] = (float)(b2 * v[j] + (1.0 - b2) * gj * gj);
-            w[j] = (float)((double)w[j] - step * (double)m[j] / (sqrt((double)v[j]) + eps));
-        }
-        return finite_all(w, 3 * dim);
+        return 1;
     }
-    case PS_TOPT_FTRL: {
-        float *z = row + dim, *n = row + 2 * dim;
-        const double beta = d->hp[PS_HP_BETA], l1 = d->hp[PS_HP_L1], l2 = d->hp[PS_HP_L2];
-        for (uint32_t j = 0; j < dim; j++) {
-            double gj = scale * g[j], nj = n[j];
-            double sigma = (sqrt(nj + gj * gj) - sqrt(nj)) / lr;
-            double zj = (double)z[j] + gj - sigma * (double)w[j];
-            nj += gj * gj;
-            z[j] = (float)zj;
-            n[j] = (float)nj;
-            if (fabs(zj) <= l1)
-                w[j] = 0.0f;
-            else
-                w[j] = (float)(-(zj - copysign(l1, zj)) / ((beta + sqrt((double)n[j])) / lr + l2));
-        }
-        return finite_all(w, 3 * dim);
-    }
+    case PS_TOPT_FTRL:
+        h.beta = d->hp[PS_HP_BETA];
+        h.l1 = d->hp[PS_HP_L1];
+        h.l2 = d->hp[PS_HP_L2];
+        return step_ftrl(&h, row, g, dim);
     default:
         return 0;
     }

@@ -22,10 +22,12 @@ uint32_t srv_sparse_row_floats(const ps_table_def *d);
 void srv_sparse_row_new(const ps_table_def *d, uint64_t key, float *row);
 
 /* One step of d's optimizer on row with the gradient g (d->dim values),
- * scaled by `scale` first (BSP's 1 / workers; 1 otherwise). Computes in
- * double precision and stores float32. Returns 1 when every weight and
- * state value of the row is finite afterwards, 0 when one is not (the
- * caller then throws the row away: it works on a copy). */
+ * scaled by `scale` first (BSP's 1 / workers; 1 otherwise), in place.
+ * Computes in double precision and stores float32. Returns 1 with the row
+ * updated when every new weight and state value is finite, 0 with the row
+ * left as it was (not one value written) when one is not. row and g must
+ * not overlap. Touches nothing but the row: callers may step different
+ * rows from several threads at once. */
 int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double scale);
 
 /* The step count of an adam row (0 for the other optimizers). */

@@ -16,7 +16,14 @@
 /* at most 5/8 of the slots in use: linear probing stays short */
 #define LOAD_NUM 5u
 #define LOAD_DEN 8u
-#define SLOT_BYTES (sizeof(uint64_t) + sizeof(uint32_t))
+/* A hash slot: its key and its row index + 1 (0: empty) side by side, 12
+ * bytes, so that a probe reads one cache line (two for 2 slots in 16), not
+ * one of a key array and one of a row array. */
+typedef struct slot {
+    uint32_t key[2]; /* the key, in the host's order (slot_key): 4-byte aligned */
+    uint32_t row;    /* row index + 1; 0: the slot is empty */
+} slot;
+#define SLOT_BYTES sizeof(slot)
 /* a row in its block: its key (2 floats' room), the table's clock at its
  * last push (2), then its row_floats values */
 #define HEAD 4u
@@ -33,8 +40,7 @@ struct srv_table {
     ps_table_def def;
     uint32_t row_floats;   /* weights, state, step: srv_sparse_row_floats */
     uint32_t stride;       /* floats of one row in a block: HEAD and row_floats */
-    uint64_t *skey;        /* slot i's key, when srow[i] != 0 */
-    uint32_t *srow;        /* slot i's row index + 1; 0: the slot is empty */
+    slot *slots;           /* the hash table: cap slots */
     uint64_t cap;          /* slots: 0 or a power of two */
     uint64_t rows;         /* rows stored, rows 0..rows-1 */
     float **blocks;        /* row r lies in blocks[r >> shift], at (r & mask) x stride */
@@ -94,8 +100,7 @@ static void table_free(srv_table *t)
     for (uint32_t b = 0; b < t->nblocks; b++)
         free(t->blocks[b]);
     free(t->blocks);
-    free(t->skey);
-    free(t->srow);
+    free(t->slots);
     free(t->sketch);
     free(t);
 }
@@ -105,6 +110,7 @@ void srv_tables_free(srv_tables *ts)
     for (uint32_t i = 0; i < ts->n; i++)
         table_free(ts->t[i]);
     free(ts->scratch);
+    free(ts->undo);
     free(ts->found);
     free(ts->dupset);
     memset(ts, 0, sizeof *ts);
@@ -174,74 +180,117 @@ static uint64_t slot_of(uint64_t key, uint64_t cap)
     return ps_mix64(key) & (cap - 1);
 }
 
+static inline uint64_t slot_key(const slot *s)
+{
+    uint64_t k;
+    memcpy(&k, s->key, sizeof k);
+    return k;
+}
+
+static inline void slot_set(slot *s, uint64_t key, uint32_t row)
+{
+    memcpy(s->key, &key, sizeof key);
+    s->row = row;
+}
+
 static float *row_at(const srv_table *t, uint64_t r)
 {
     return t->blocks[r >> t->shift] + (r & ((1ull << t->shift) - 1)) * t->stride;
 }
 
 /* The stored row of key (its row_floats values, after its key), or NULL. */
-static float *lookup(const srv_table *t, uint64_t key)
+static inline float *lookup(const srv_table *t, uint64_t key)
 {
     if (t->cap == 0)
         return NULL;
     for (uint64_t s = slot_of(key, t->cap);; s = (s + 1) & (t->cap - 1)) {
-        if (t->srow[s] == 0)
+        const slot *sl = &t->slots[s];
+        if (sl->row == 0)
             return NULL;
-        if (t->skey[s] == key)
-            return row_at(t, t->srow[s] - 1) + HEAD;
+        if (slot_key(sl) == key)
+            return row_at(t, sl->row - 1) + HEAD;
     }
 }
 
-/* How many keys ahead a batch lookup prefetches a key's slot: enough to
- * have a few cache misses in flight, few enough that they stay cached. */
-#define AHEAD 8
-/* Keys a batch lookup finds before their rows are used: few enough that
- * the rows it prefetched are still in the cache then. */
-#define LOOKUP_BATCH 64
+/* A request's keys are looked up in a pipeline (find_each): while key k
+ * is used, key k + ROW_AHEAD is looked up and its row prefetched, and the
+ * slot of key k + ROW_AHEAD + SLOT_AHEAD is prefetched, so that the cache
+ * misses of many keys overlap instead of coming one by one, with no pause
+ * at the start of a batch. */
+#define ROW_AHEAD 16
+#define SLOT_AHEAD 16
 
-static void prefetch_slot(const srv_table *t, uint64_t key)
+static inline void prefetch_slot(const srv_table *t, uint64_t key)
 {
-    uint64_t s = slot_of(key, t->cap);
-    __builtin_prefetch(&t->skey[s]);
-    __builtin_prefetch(&t->srow[s]);
+    const slot *sl = &t->slots[slot_of(key, t->cap)];
+    __builtin_prefetch(sl);
+    __builtin_prefetch((const char *)(sl + 1) - 1); /* the line after, when the slot straddles two */
 }
 
-/* The stored rows of the n keys (lookup's, NULL for a key not stored) in
- * found: the slots of the keys AHEAD on and the rows found prefetched, so
- * that the cache misses of a batch overlap instead of coming one by one. */
-static void lookup_all(const srv_table *t, const uint8_t *keys, uint32_t n, float **found)
+/* lookup() of key, and the cache lines of bytes [from, to) of its row
+ * (relative to the row's values) prefetched. */
+static inline float *find_prefetch(const srv_table *t, uint64_t key, ptrdiff_t from, ptrdiff_t to)
 {
-    if (t->cap == 0) {
-        for (uint32_t k = 0; k < n; k++)
-            found[k] = NULL;
-        return;
+    float *row = lookup(t, key);
+    if (row) {
+        const char *at = (const char *)row + from, *end = (const char *)row + to;
+        for (; at < end; at += 64)
+            __builtin_prefetch(at);
+        __builtin_prefetch(end - 1);
     }
-    for (uint32_t k = 0; k < n && k < AHEAD; k++)
+    return row;
+}
+
+/* The pipeline over the n keys of a request: finder_start, then
+ * finder_next n times, which returns the stored row of key 0, 1, ... in
+ * turn (NULL: not stored). [from, to): the bytes of each row the caller
+ * uses, prefetched. The caller may change the rows' values between the
+ * calls, not the table's slots. */
+typedef struct finder {
+    const srv_table *t;
+    const uint8_t *keys;
+    uint32_t n, k;           /* keys; the next one finder_next returns */
+    ptrdiff_t from, to;
+    float *ring[ROW_AHEAD];  /* the rows of keys k .. k + ROW_AHEAD - 1 */
+} finder;
+
+static inline void finder_start(finder *f, const srv_table *t, const uint8_t *keys, uint32_t n, ptrdiff_t from,
+                                ptrdiff_t to)
+{
+    f->t = t;
+    f->keys = keys;
+    f->n = t->cap ? n : 0; /* no slots: every key is not stored */
+    f->k = 0;
+    f->from = from;
+    f->to = to;
+    for (uint32_t k = 0; k < f->n && k < ROW_AHEAD + SLOT_AHEAD; k++)
         prefetch_slot(t, ps_key_at(keys, k));
-    for (uint32_t k = 0; k < n; k++) {
-        if (k + AHEAD < n)
-            prefetch_slot(t, ps_key_at(keys, k + AHEAD));
-        float *row = lookup(t, ps_key_at(keys, k));
-        if (row) {
-            /* its first cache lines, key and stamp too (the hardware
-             * prefetcher follows a long row) */
-            const char *at = (const char *)(row - HEAD), *end = (const char *)(row + t->row_floats);
-            for (int l = 0; l < 4 && at < end; l++, at += 64)
-                __builtin_prefetch(at);
-            __builtin_prefetch(end - 1);
-        }
-        found[k] = row;
+    for (uint32_t k = 0; k < f->n && k < ROW_AHEAD; k++)
+        f->ring[k] = find_prefetch(t, ps_key_at(keys, k), from, to);
+}
+
+static inline float *finder_next(finder *f)
+{
+    uint32_t k = f->k++;
+    if (k >= f->n)
+        return NULL;
+    float *row = f->ring[k % ROW_AHEAD];
+    uint32_t j = k + ROW_AHEAD;
+    if (j < f->n) {
+        if (j + SLOT_AHEAD < f->n)
+            prefetch_slot(f->t, ps_key_at(f->keys, j + SLOT_AHEAD));
+        f->ring[j % ROW_AHEAD] = find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
     }
+    return row;
 }
 
 /* Puts key -> row index r into slots that have room (no key twice). */
-static void slot_put(uint64_t *skey, uint32_t *srow, uint64_t cap, uint64_t key, uint64_t r)
+static void slot_put(slot *slots, uint64_t cap, uint64_t key, uint64_t r)
 {
     uint64_t s = slot_of(key, cap);
-    while (srow[s] != 0)
+    while (slots[s].row != 0)
         s = (s + 1) & (cap - 1);
-    skey[s] = key;
-    srow[s] = (uint32_t)(r + 1);
+    slot_set(&slots[s], key, (uint32_t)(r + 1));
 }
 
 /* What holding `rows` rows takes: slots, blocks and the block list, in the
@@ -296,20 +345,14 @@ static int reserve(srv_tables *ts, srv_table *t, uint64_t rows)
         t->blocks[t->nblocks++] = b;
     }
     if (cap > t->cap) {
-        uint64_t *sk = malloc(sizeof *sk * cap);
-        uint32_t *sr = calloc(cap, sizeof *sr);
-        if (!sk || !sr) {
-            free(sk);
-            free(sr);
+        slot *sl = calloc(cap, sizeof *sl);
+        if (!sl)
             return PS_ENOMEM;
-        }
         for (uint64_t s = 0; s < t->cap; s++)
-            if (t->srow[s])
-                slot_put(sk, sr, cap, t->skey[s], t->srow[s] - 1);
-        free(t->skey);
-        free(t->srow);
-        t->skey = sk;
-        t->srow = sr;
+            if (t->slots[s].row)
+                slot_put(sl, cap, slot_key(&t->slots[s]), t->slots[s].row - 1);
+        free(t->slots);
+        t->slots = sl;
         t->cap = cap;
     }
     uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap) + (t->sketch ? SKETCH_BYTES : 0);
@@ -327,7 +370,7 @@ static void append(srv_table *t, uint64_t key, uint64_t stamp, const float *valu
     memcpy(p, &key, sizeof key);
     memcpy(p + 2, &stamp, sizeof stamp);
     memcpy(p + HEAD, values, sizeof(float) * t->row_floats);
-    slot_put(t->skey, t->srow, t->cap, key, r);
+    slot_put(t->slots, t->cap, key, r);
 }
 
 static uint64_t row_key(const float *p)
@@ -348,7 +391,7 @@ static uint64_t row_stamp(const float *p)
 static uint64_t slot_find(const srv_table *t, uint64_t key)
 {
     uint64_t s = slot_of(key, t->cap);
-    while (t->skey[s] != key || t->srow[s] == 0)
+    while (t->slots[s].row == 0 || slot_key(&t->slots[s]) != key)
         s = (s + 1) & (t->cap - 1);
     return s;
 }
@@ -360,21 +403,20 @@ static void row_remove(srv_table *t, uint64_t r)
 {
     float *p = row_at(t, r);
     uint64_t m = t->cap - 1, i = slot_find(t, row_key(p));
-    for (uint64_t j = (i + 1) & m; t->srow[j] != 0; j = (j + 1) & m) {
-        uint64_t h = slot_of(t->skey[j], t->cap);
+    for (uint64_t j = (i + 1) & m; t->slots[j].row != 0; j = (j + 1) & m) {
+        uint64_t h = slot_of(slot_key(&t->slots[j]), t->cap);
         /* the key at j stays when its home h lies cyclically in (i, j] */
         if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
             continue;
-        t->skey[i] = t->skey[j];
-        t->srow[i] = t->srow[j];
+        t->slots[i] = t->slots[j];
         i = j;
     }
-    t->srow[i] = 0;
+    t->slots[i].row = 0;
     uint64_t last = t->rows - 1;
     if (r != last) {
         const float *q = row_at(t, last);
         memcpy(p, q, sizeof(float) * t->stride);
-        t->srow[slot_find(t, row_key(p))] = (uint32_t)(r + 1);
+        t->slots[slot_find(t, row_key(p))].row = (uint32_t)(r + 1);
     }
     t->rows--;
 }
@@ -455,15 +497,29 @@ static void evict(srv_table *t, uint64_t e, uint64_t now)
     }
 }
 
-static int grow_scratch(srv_tables *ts, size_t floats, size_t n)
+/* Room for `floats` floats in *p (*have of them now), at least doubled
+ * when it grows, so that a push grows it a few times at most. */
+static int room_grow(float **p, size_t *have, size_t floats)
 {
-    if (floats > ts->scratch_floats) {
-        float *p = realloc(ts->scratch, sizeof *p * floats);
-        if (!p)
-            return PS_ENOMEM;
-        ts->scratch = p;
-        ts->scratch_floats = floats;
-    }
+    size_t want = floats > 2 * *have ? floats : 2 * *have;
+    float *q = realloc(*p, sizeof *q * want);
+    if (!q)
+        return PS_ENOMEM;
+    *p = q;
+    *have = want;
+    return 0;
+}
+
+static inline int room(float **p, size_t *have, size_t floats)
+{
+    return floats <= *have ? 0 : room_grow(p, have, floats);
+}
+
+/* Room for the found rows of a push of n keys (scratch and undo grow as
+ * the push finds new and stored rows: together they take about what one
+ * copy of the push's rows takes). */
+static int grow_scratch(srv_tables *ts, size_t n)
+{
     if (n > ts->found_cap) {
         float **f = realloc(ts->found, sizeof *f * n);
         if (!f)
@@ -478,19 +534,17 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
 {
     const srv_table *t = ts->t[i];
     const uint32_t dim = t->def.dim;
-    float *found[LOOKUP_BATCH]; /* on the stack: a pull shares no scratch with a push */
-    for (uint32_t k0 = 0; k0 < n; k0 += LOOKUP_BATCH) {
-        uint32_t m = n - k0 < LOOKUP_BATCH ? n - k0 : LOOKUP_BATCH;
-        lookup_all(t, keys + (size_t)k0 * 8, m, found);
-        for (uint32_t j = 0; j < m; j++) {
-            float *dst = out + (size_t)(k0 + j) * dim;
-            if (found[j])
-                memcpy(dst, found[j], sizeof(float) * dim);
-            else if (t->def.opt == PS_TOPT_FTRL)
-                memset(dst, 0, sizeof(float) * dim);
-            else
-                ps_table_row_init(&t->def, ps_key_at(keys, k0 + j), dst);
-        }
+    finder f; /* on the stack: a pull shares no scratch with a push */
+    finder_start(&f, t, keys, n, 0, (ptrdiff_t)(sizeof(float) * dim)); /* the weights alone */
+    for (uint32_t k = 0; k < n; k++) {
+        const float *row = finder_next(&f);
+        float *dst = out + (size_t)k * dim;
+        if (row)
+            memcpy(dst, row, sizeof(float) * dim);
+        else if (t->def.opt == PS_TOPT_FTRL)
+            memset(dst, 0, sizeof(float) * dim);
+        else
+            ps_table_row_init(&t->def, ps_key_at(keys, k), dst);
     }
     ts->t[i]->pulled += n;
 }
@@ -515,15 +569,32 @@ static uint64_t rows_within(const srv_table *t, uint64_t allowed, uint64_t upto)
 
 static float not_admitted; /* ts->found's mark of a key skipped by admission */
 
+/* Puts the stored rows among the first n keys of a push back as they were
+ * (undo holds each one's stamp and values, rf + 2 floats, in the order of
+ * the keys). */
+static void push_undo(srv_tables *ts, uint32_t n, uint32_t rf)
+{
+    size_t j = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (ts->found[k] && ts->found[k] != &not_admitted)
+            memcpy(ts->found[k] - 2, ts->undo + (j++) * (rf + 2), sizeof(float) * (rf + 2));
+}
+
+/* A push in one pass over its keys: each stored row is kept in undo
+ * (stamp and values, from the cache line just loaded), then stepped in
+ * place and stamped; a new row is made and stepped in scratch. If a step
+ * is not finite, or the new rows do not fit, the rows stepped so far are
+ * put back from undo, so the push changes nothing. Each stored row is thus
+ * read from memory once, instead of being copied to scratch and back. */
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen)
 {
     srv_table *t = ts->t[i];
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
-    const uint32_t rf = t->row_floats;
+    const uint32_t rf = t->row_floats, dim = d->dim;
     const uint64_t now = t->clock + 1;
-    if (grow_scratch(ts, (size_t)n * rf, n) != 0)
+    if (grow_scratch(ts, n) != 0)
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
     if (bd->admit > 1 && !t->sketch) {
         t->sketch = calloc(1, SKETCH_BYTES);
@@ -537,87 +608,107 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     if (bd->expire)
         expire_scan(t, now, bd->expire, (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW);
 
-    /* 1. every key's new row, in scratch: no row is touched yet */
-    uint64_t fresh = 0, skipped = 0;
+    /* 1. stored rows stepped in place (kept in undo), new rows in scratch */
+    uint64_t fresh = 0, skipped = 0, stored = 0;
+    finder f; /* stamp and values of each row */
+    finder_start(&f, t, keys, n, -2 * (ptrdiff_t)sizeof(float), (ptrdiff_t)(sizeof(float) * rf));
     for (uint32_t k = 0; k < n; k++) {
-        if (k % LOOKUP_BATCH == 0) /* rows found just before they are used, still cached */
-            lookup_all(t, keys + (size_t)k * 8, n - k < LOOKUP_BATCH ? n - k : LOOKUP_BATCH, ts->found + k);
-        uint64_t key = ps_key_at(keys, k);
-        float *row = ts->scratch + (size_t)k * rf;
-        if (ts->found[k]) {
-            memcpy(row, ts->found[k], sizeof(float) * rf);
-        } else if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {
-            ts->found[k] = &not_admitted; /* counted, not stored */
-            skipped++;
-            continue;
+        const float *gk = g + (size_t)k * dim;
+        float *row = ts->found[k] = finder_next(&f);
+        if (row) {
+            if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0) {
+                ts->found[k] = NULL; /* not stepped: nothing to put back */
+                push_undo(ts, k, rf);
+                return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+            }
+            memcpy(ts->undo + (size_t)(stored++) * (rf + 2), row - 2, sizeof(float) * (rf + 2));
+            if (srv_sparse_step(d, row, gk, scale)) {
+                memcpy(row - 2, &now, sizeof now); /* this push's rows stay, whatever eviction does */
+                continue;
+            }
         } else {
+            uint64_t key = ps_key_at(keys, k);
+            if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {
+                ts->found[k] = &not_admitted; /* counted, not stored */
+                skipped++;
+                continue;
+            }
+            if (room(&ts->scratch, &ts->scratch_floats, (size_t)(fresh + 1) * rf) != 0) {
+                push_undo(ts, k, rf);
+                return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+            }
+            row = ts->scratch + (size_t)fresh * rf;
             srv_sparse_row_new(d, key, row);
             fresh++;
+            if (srv_sparse_step(d, row, gk, scale))
+                continue;
         }
-        if (!srv_sparse_step(d, row, g + (size_t)k * d->dim, scale))
-            return ps_fail(err, errlen, PS_ENONFINITE,
-                        "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
-                        "nothing was changed",
-                        d->name, (unsigned long long)key);
+        push_undo(ts, k, rf); /* row k itself was left as it was */
+        return ps_fail(err, errlen, PS_ENONFINITE,
+                       "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
+                       "nothing was changed",
+                       d->name, (unsigned long long)ps_key_at(keys, k));
     }
 
     /* 2. room for the new rows, within max_table_memory and table_memory:
      * refused, or made by evicting rows this push does not touch */
     uint64_t evicted = 0;
     if (fresh) {
-        if (t->rows + fresh > UINT32_MAX - 1)
-            return ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
-                        d->name, (unsigned long long)(t->rows + fresh));
+        int rc = 0;
         uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
         uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
         int by_table = bd->table_bytes && bd->table_bytes < allowed;
         if (by_table)
             allowed = bd->table_bytes;
         allowed = allowed > sketch ? allowed - sketch : 0;
-        uint64_t cap;
+        uint64_t cap = 0, need = 0;
         uint32_t nb, bc;
-        plan_size(t, t->rows + fresh, &cap, &nb, &bc);
-        uint64_t need = size_of(t, cap, nb, bc);
-        if (need > allowed) {
+        if (t->rows + fresh > UINT32_MAX - 1) {
+            rc = ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
+                         d->name, (unsigned long long)(t->rows + fresh));
+        } else {
+            plan_size(t, t->rows + fresh, &cap, &nb, &bc);
+            need = size_of(t, cap, nb, bc);
+        }
+        if (rc == 0 && need > allowed) {
             uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
             if (!bd->evict || fit < fresh + touched)
-                return ps_fail(err, errlen, PS_ELIMIT,
-                            "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
-                            "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
-                            d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
-                            (unsigned long long)(need + sketch + (by_table ? 0 : others)),
-                            by_table ? "table_memory" : "max_table_memory",
-                            (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
-                            (unsigned long long)t->rows, (unsigned long long)t->bytes,
-                            bd->evict ? ", and evicting every row this push does not touch would not make room"
-                                      : " (table_full = refuse)");
-            evicted = t->rows + fresh - fit;
+                rc = ps_fail(err, errlen, PS_ELIMIT,
+                             "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
+                             "holds %llu rows in %llu bytes)%s; raise it or spread the table over more psd",
+                             d->name, (unsigned long long)fresh, by_table ? "the table" : "psd's tables",
+                             (unsigned long long)(need + sketch + (by_table ? 0 : others)),
+                             by_table ? "table_memory" : "max_table_memory",
+                             (unsigned long long)(by_table ? bd->table_bytes : ts->max_bytes),
+                             (unsigned long long)t->rows, (unsigned long long)t->bytes,
+                             bd->evict ? ", and evicting every row this push does not touch would not make room"
+                                       : " (table_full = refuse)");
+            else
+                evicted = t->rows + fresh - fit;
+        }
+        if (rc != 0) {
+            push_undo(ts, n, rf);
+            return rc;
         }
     }
     if (evicted) {
-        for (uint32_t k = 0; k < n; k++)
-            if (ts->found[k] && ts->found[k] != &not_admitted)
-                memcpy(ts->found[k] - HEAD + 2, &now, sizeof now); /* this push's rows stay */
-        evict(t, evicted, now);
+        evict(t, evicted, now); /* never this push's rows: stamped now */
         for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
             if (ts->found[k] && ts->found[k] != &not_admitted)
                 ts->found[k] = lookup(t, ps_key_at(keys, k));
     }
-    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
+    if (fresh && reserve(ts, t, t->rows + fresh) != 0) {
+        push_undo(ts, n, rf);
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                    d->name, (unsigned long long)fresh);
+                       d->name, (unsigned long long)fresh);
+    }
 
-    /* 3. write */
-    for (uint32_t k = 0; k < n; k++) {
-        const float *row = ts->scratch + (size_t)k * rf;
-        if (ts->found[k] == &not_admitted)
-            continue;
-        if (ts->found[k]) {
-            memcpy(ts->found[k], row, sizeof(float) * rf);
-            memcpy(ts->found[k] - HEAD + 2, &now, sizeof now);
-        } else {
-            append(t, ps_key_at(keys, k), now, row);
-        }
+    /* 3. the new rows, in the order of their keys */
+    if (fresh) {
+        uint64_t nf = 0;
+        for (uint32_t k = 0; k < n; k++)
+            if (!ts->found[k])
+                append(t, ps_key_at(keys, k), now, ts->scratch + (size_t)(nf++) * rf);
     }
     t->clock = now;
     t->pushed += n - skipped;
@@ -634,25 +725,27 @@ int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32
     while (cap < 2 * (size_t)n)
         cap *= 2;
     if (cap > ts->dupset_cap) {
-        uint64_t *p = realloc(ts->dupset, sizeof *p * 2 * cap);
+        uint32_t *p = realloc(ts->dupset, sizeof *p * cap);
         if (!p)
             return PS_ENOMEM;
         ts->dupset = p;
         ts->dupset_cap = cap;
     }
-    uint64_t *set = ts->dupset; /* pairs: key, position + 1 (0: empty) */
-    memset(set, 0, sizeof *set * 2 * cap);
+    /* position + 1 of a key seen (0: empty), the key read back from keys:
+     * 4 bytes an entry, so the set of a push of 4,096 keys fits a 32 KiB
+     * cache */
+    uint32_t *set = ts->dupset;
+    memset(set, 0, sizeof *set * cap);
     for (uint32_t k = 0; k < n; k++) {
         uint64_t key = ps_key_at(keys, k);
         size_t s = (size_t)(ps_mix64(key) & (cap - 1));
-        for (; set[2 * s + 1] != 0; s = (s + 1) & (cap - 1))
-            if (set[2 * s] == key) {
-                *a = (uint32_t)(set[2 * s + 1] - 1);
+        for (; set[s] != 0; s = (s + 1) & (cap - 1))
+            if (ps_key_at(keys, set[s] - 1) == key) {
+                *a = set[s] - 1;
                 *b = k;
                 return 1;
             }
-        set[2 * s] = key;
-        set[2 * s + 1] = (uint64_t)k + 1;
+        set[s] = k + 1;
     }
     return 0;
 }
@@ -678,7 +771,7 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
         memcpy(p, &key, sizeof key);
         memset(p + 2, 0, 2 * sizeof(float)); /* pushed at clock 0: before any push since */
         memcpy(p + HEAD, rows + (size_t)k * rb, rb);
-        slot_put(t->skey, t->srow, t->cap, key, r);
+        slot_put(t->slots, t->cap, key, r);
     }
     return 0;
 }

@@ -71,10 +71,12 @@ typedef struct srv_tables {
     uint64_t stamp;              /* bumped by every change of a row or a declaration */
     float *scratch;              /* a push's new rows, before they are written */
     size_t scratch_floats;
+    float *undo;                 /* a push's stored rows as they were (stamp and values), until it applies */
+    size_t undo_floats;
     float **found;               /* a push's stored rows (NULL: a new key), one per key */
     size_t found_cap;
-    uint64_t *dupset;            /* srv_tables_first_dup's hash set: key, position + 1 */
-    size_t dupset_cap;           /* entries (pairs) */
+    uint32_t *dupset;            /* srv_tables_first_dup's hash set: position + 1 of a key */
+    size_t dupset_cap;           /* entries */
 } srv_tables;
 
 /* An empty set of tables holding at most max_bytes of rows. */

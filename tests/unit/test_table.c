@@ -171,6 +171,126 @@ static void test_step_overflow(void **state)
     }
 }
 
+/* The step as plain scalar formulas (the reference the kernels must equal
+ * bit for bit): new values into w, s1, s2 (dim each). */
+static void scalar_step(const ps_table_def *d, const float *row, const float *g, double scale, float *w, float *s1,
+                        float *s2, uint32_t t)
+{
+    const uint32_t dim = d->dim;
+    const double lr = d->hp[PS_HP_LR], eps = d->hp[PS_HP_EPS];
+    for (uint32_t j = 0; j < dim; j++) {
+        double gj = scale * g[j];
+        switch (d->opt) {
+        case PS_TOPT_SGD:
+            w[j] = (float)((double)row[j] - lr * gj);
+            break;
+        case PS_TOPT_ADAGRAD:
+            s1[j] = (float)((double)row[dim + j] + gj * gj);
+            w[j] = (float)((double)row[j] - lr * gj / (sqrt((double)s1[j]) + eps));
+            break;
+        case PS_TOPT_ADAM: {
+            double b1 = d->hp[PS_HP_BETA1], b2 = d->hp[PS_HP_BETA2];
+            double step = lr * sqrt(1.0 - pow(b2, (double)t)) / (1.0 - pow(b1, (double)t));
+            s1[j] = (float)(b1 * row[dim + j] + (1.0 - b1) * gj);
+            s2[j] = (float)(b2 * row[2 * dim + j] + (1.0 - b2) * gj * gj);
+            w[j] = (float)((double)row[j] - step * (double)s1[j] / (sqrt((double)s2[j]) + eps));
+            break;
+        }
+        default: { /* ftrl */
+            double beta = d->hp[PS_HP_BETA], l1 = d->hp[PS_HP_L1], l2 = d->hp[PS_HP_L2], nj = row[2 * dim + j];
+            double zj = (double)row[dim + j] + gj - (sqrt(nj + gj * gj) - sqrt(nj)) / lr * (double)row[j];
+            s1[j] = (float)zj;
+            s2[j] = (float)(nj + gj * gj);
+            w[j] = fabs(zj) <= l1 ? 0.0f
+                                  : (float)(-(zj - copysign(l1, zj)) / ((beta + sqrt((double)s2[j])) / lr + l2));
+        }
+        }
+    }
+}
+
+/* The step's kernels (fixed dims 8, 16, 32, 64 unrolled, any other dim,
+ * rows longer than a chunk) equal the plain formulas bit for bit, every
+ * optimizer, over several steps and a scale. */
+static void test_step_kernels_exact(void **state)
+{
+    (void)state;
+    static const char *const opts[] = {"sgd", "adagrad", "adam", "ftrl"};
+    static const uint32_t dims[] = {1, 3, 8, 16, 17, 32, 64, 100, 128, 129, 300, 1024};
+    ps_hp hp = {0};
+    hp.has = 1u << PS_HP_LR;
+    hp.v[PS_HP_LR] = 0.05;
+    for (int o = 0; o < 4; o++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            uint32_t dim = dims[di];
+            ps_table_def d = def("e", dim, "zeros", 0, opts[o], &hp);
+            uint32_t nf = srv_sparse_row_floats(&d);
+            float *row = calloc(nf, sizeof(float)), *g = calloc(dim, sizeof(float));
+            float *w = calloc(3 * (size_t)dim, sizeof(float));
+            assert_non_null(row);
+            assert_non_null(g);
+            assert_non_null(w);
+            srv_sparse_row_new(&d, 7, row);
+            for (uint32_t j = 0; j < dim && d.opt != PS_TOPT_FTRL; j++)
+                row[j] = (float)sin(0.37 * j + dim);
+            for (uint32_t s = 1; s <= 4; s++) {
+                for (uint32_t j = 0; j < dim; j++)
+                    g[j] = (float)(cos(1.3 * j + 0.7 * s + o) * (1.0 + j % 5));
+                double scale = s == 3 ? 1.0 / 3 : 1.0;
+                scalar_step(&d, row, g, scale, w, w + dim, w + 2 * dim, s);
+                assert_true(srv_sparse_step(&d, row, g, scale));
+                uint32_t parts = 1 + ps_topt_state_per_value(d.opt);
+                if (memcmp(row, w, sizeof(float) * parts * dim) != 0)
+                    fail_msg("%s dim %u step %u: not the scalar formulas' bits", opts[o], dim, s);
+            }
+            if (d.opt == PS_TOPT_ADAM)
+                assert_int_equal(srv_sparse_row_step(&d, row), 4);
+            free(row);
+            free(g);
+            free(w);
+        }
+}
+
+/* A step whose result is not finite leaves its row as it was, every value
+ * and (adam) the step count, even when only the row's last value
+ * overflows and the others (an earlier chunk of a long row) would not. */
+static void test_step_nonfinite_leaves_row(void **state)
+{
+    (void)state;
+    static const char *const opts[] = {"sgd", "adagrad", "adam", "ftrl"};
+    static const uint32_t dims[] = {2, 16, 40, 300};
+    for (int o = 0; o < 4; o++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            uint32_t dim = dims[di];
+            ps_hp hp = hp1(PS_HP_LR, 1e30);
+            ps_table_def d = def("e", dim, "zeros", 0, opts[o], &hp);
+            uint32_t nf = srv_sparse_row_floats(&d);
+            float *row = calloc(nf, sizeof(float)), *was = calloc(nf, sizeof(float));
+            float *g = calloc(dim, sizeof(float));
+            assert_non_null(row);
+            assert_non_null(was);
+            assert_non_null(g);
+            srv_sparse_row_new(&d, 1, row);
+            for (uint32_t j = 0; j < dim; j++)
+                g[j] = 1e-3f;
+            assert_true(srv_sparse_step(&d, row, g, 1.0)); /* a step that is fine first: state not zero */
+            row[dim - 1] = 3e38f;
+            g[dim - 1] = -3e38f;
+            memcpy(was, row, sizeof(float) * nf);
+            int ok = 1;
+            for (int s = 0; s < 3 && ok; s++) {
+                memcpy(was, row, sizeof(float) * nf);
+                ok = srv_sparse_step(&d, row, g, 1.0);
+            }
+            if (ok)
+                fail_msg("%s dim %u: no overflow reported", opts[o], dim);
+            if (memcmp(row, was, sizeof(float) * nf) != 0)
+                fail_msg("%s dim %u: a step that was not finite changed the row", opts[o], dim);
+            free(row);
+            free(was);
+            free(g);
+        }
+}
+
 /* ---- the store against a plain reference ------------------------------------------- */
 
 /* The reference: rows in a list, found by a linear search. */
@@ -772,6 +892,67 @@ static void test_nonfinite_update_changes_nothing(void **state)
     srv_tables_free(&ts);
 }
 
+/* The rows a push steps in place before one of its later keys fails (a
+ * step not finite; new rows past max_table_memory) are put back bit for
+ * bit: the push changes nothing, and the next push steps the old rows. */
+static void test_push_failure_restores_rows(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    ps_hp hp = hp1(PS_HP_LR, 1.0);
+    ps_table_def d = def("e", 2, "uniform", 0.5, "adagrad", &hp);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    enum { N = 300 };
+    static uint64_t k[N + 1];
+    static uint8_t kb[(N + 1) * 8];
+    static float g[(N + 1) * 2], was[N][4];
+    for (int i = 0; i <= N; i++)
+        k[i] = 1000 + (uint64_t)i * 7919;
+    keys_le(kb, k, N + 1);
+    for (int i = 0; i < 2 * (N + 1); i++)
+        g[i] = 0.25f * (float)(i % 7) - 0.5f;
+    assert_int_equal(srv_tables_push(&ts, ti, kb, N, g, 1.0, err, sizeof err), 0);
+    for (int i = 0; i < N; i++)
+        memcpy(was[i], srv_tables_row(&ts, ti, k[i]), sizeof was[i]);
+    /* the last key's accumulator overflows: NONFINITE, rows as they were */
+    g[2 * (N - 1)] = 3e38f;
+    uint64_t stamp = ts.stamp;
+    assert_int_equal(srv_tables_push(&ts, ti, kb, N, g, 1.0, err, sizeof err), PS_ENONFINITE);
+    assert_int_equal(ts.stamp, stamp);
+    for (int i = 0; i < N; i++)
+        if (memcmp(was[i], srv_tables_row(&ts, ti, k[i]), sizeof was[i]) != 0)
+            fail_msg("NONFINITE: row %d changed", i);
+    /* a new row (amid the stored ones) past max_table_memory: LIMIT, rows
+     * as they were */
+    g[2 * (N - 1)] = 0.5f;
+    static uint64_t k2[N + 1];
+    static uint8_t kb2[(N + 1) * 8];
+    memcpy(k2, k, sizeof k2);
+    k2[N / 2] = k[N];
+    k2[N] = k[N / 2];
+    keys_le(kb2, k2, N + 1);
+    srv_tables_set_limit(&ts, ts.bytes - 1); /* no room for one more row, whatever it takes */
+    assert_int_equal(srv_tables_push(&ts, ti, kb2, N + 1, g, 1.0, err, sizeof err), PS_ELIMIT);
+    assert_has(err, "past max_table_memory");
+    assert_int_equal(ts.stamp, stamp);
+    for (int i = 0; i < N; i++)
+        if (memcmp(was[i], srv_tables_row(&ts, ti, k[i]), sizeof was[i]) != 0)
+            fail_msg("LIMIT: row %d changed", i);
+    assert_null(srv_tables_row(&ts, ti, k[N]));
+    /* and the next push steps the rows from there */
+    assert_int_equal(srv_tables_push(&ts, ti, kb, N, g, 1.0, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        float want[4];
+        memcpy(want, was[i], sizeof want);
+        assert_true(srv_sparse_step(&d, want, g + 2 * i, 1.0));
+        if (memcmp(want, srv_tables_row(&ts, ti, k[i]), sizeof want) != 0)
+            fail_msg("row %d: not one step from where it was", i);
+    }
+    srv_tables_free(&ts);
+}
+
 static void test_declare(void **state)
 {
     (void)state;
@@ -939,6 +1120,9 @@ int main(void)
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_eviction),
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
+        cmocka_unit_test(test_push_failure_restores_rows),
+        cmocka_unit_test(test_step_kernels_exact),
+        cmocka_unit_test(test_step_nonfinite_leaves_row),
         cmocka_unit_test(test_declare),
         cmocka_unit_test(test_first_dup),
         cmocka_unit_test(test_round_shard_order),

@@ -1,0 +1,140 @@
+/* table_store.c - the cost of psd's row store alone, in one process: the
+ * calls psd makes for one TPUSHPULL of psbench --table (srv_tables_first_dup
+ * and srv_tables_push of a batch's keys, srv_tables_pull of the next
+ * batch's), with no socket, no codec and no other process, so that the
+ * figure moves little with the machine's other load. Batches of distinct
+ * keys drawn from Zipf(s) over a key space, each rank scattered over 64 bits
+ * as psbench does; one pass over every batch stores their rows first.
+ * Prints ns a row (pushed or pulled: a round is 2 x keys rows), the median
+ * round of each trial, the best trial. A program that prints figures, not
+ * a test.
+ *
+ *   build/bench/table_store [dim [keys [key_space [zipf [optimizer]]]]]
+ *   build/bench/table_store 16 4096 1000000 1.1 adagrad     (the defaults)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "proto/table.h"
+#include "server/store/table.h"
+
+#define BATCHES 32
+#define ROUNDS 200
+#define TRIALS 5
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void *must(void *p)
+{
+    if (!p) {
+        fprintf(stderr, "table_store: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    unsigned dim = argc > 1 ? (unsigned)atoi(argv[1]) : 16, nk = argc > 2 ? (unsigned)atoi(argv[2]) : 4096;
+    uint64_t space = argc > 3 ? strtoull(argv[3], NULL, 10) : 1000000;
+    double s = argc > 4 ? atof(argv[4]) : 1.1;
+    const char *opt = argc > 5 ? argv[5] : "adagrad";
+    if (dim < 1 || dim > PS_TABLE_DIM_MAX || nk < 1 || space < nk || s < 0) {
+        fprintf(stderr, "usage: table_store [dim (1..%d) [keys [key_space (>= keys) [zipf (>= 0) [optimizer]]]]]\n",
+                PS_TABLE_DIM_MAX);
+        return 2;
+    }
+    /* batches of nk distinct ranks by Zipf(s): the inverse of the CDF */
+    double *cdf = must(malloc(space * sizeof *cdf)), total = 0;
+    for (uint64_t i = 0; i < space; i++)
+        cdf[i] = total += s > 0 ? pow((double)(i + 1), -s) : 1.0;
+    uint32_t *seen = must(calloc(space, sizeof *seen));
+    uint8_t *keys = must(malloc((size_t)BATCHES * nk * 8));
+    uint64_t rng = 88172645463325252ull;
+    for (uint32_t b = 0; b < BATCHES; b++)
+        for (unsigned n = 0; n < nk;) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            double u = (double)(rng >> 11) * 0x1p-53 * total;
+            uint64_t lo = 0, hi = space - 1;
+            while (lo < hi) {
+                uint64_t m = lo + (hi - lo) / 2;
+                if (cdf[m] < u)
+                    lo = m + 1;
+                else
+                    hi = m;
+            }
+            if (seen[lo] == b + 1)
+                continue;
+            seen[lo] = b + 1;
+            uint64_t key = ps_mix64(lo + 1);
+            for (int i = 0; i < 8; i++)
+                keys[((size_t)b * nk + n) * 8 + i] = (uint8_t)(key >> (8 * i));
+            n++;
+        }
+    free(cdf);
+    free(seen);
+
+    char err[512];
+    ps_table_def d;
+    ps_hp hp = {0};
+    srv_tables ts;
+    uint32_t ti;
+    srv_tables_init(&ts, UINT64_MAX);
+    if (ps_table_def_make(&d, "emb", dim, "uniform", 1, 0.05, 1, opt, &hp, err, sizeof err) != 0 ||
+        srv_tables_declare(&ts, &d, &ti, err, sizeof err) != 0) {
+        fprintf(stderr, "table_store: %s\n", err);
+        return 2;
+    }
+    float *g = must(malloc(sizeof(float) * nk * dim)), *rows = must(malloc(sizeof(float) * nk * dim));
+    for (size_t i = 0; i < (size_t)nk * dim; i++) /* small, finite, not all equal: psbench's */
+        g[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
+    for (uint32_t b = 0; b < BATCHES; b++)
+        if (srv_tables_push(&ts, ti, keys + (size_t)b * nk * 8, nk, g, 1.0, err, sizeof err) != 0) {
+            fprintf(stderr, "table_store: %s\n", err);
+            return 1;
+        }
+    double t[ROUNDS], best = INFINITY;
+    for (int trial = 0; trial < TRIALS; trial++) {
+        for (int r = 0; r < ROUNDS; r++) {
+            const uint8_t *push = keys + (size_t)(r % BATCHES) * nk * 8, *pull = keys + (size_t)((r + 1) % BATCHES) * nk * 8;
+            uint32_t a, b;
+            double t0 = now();
+            if (srv_tables_first_dup(&ts, push, nk, &a, &b) != 0 ||
+                srv_tables_push(&ts, ti, push, nk, g, 1.0, err, sizeof err) != 0) {
+                fprintf(stderr, "table_store: round %d: %s\n", r, err);
+                return 1;
+            }
+            srv_tables_pull(&ts, ti, pull, nk, rows);
+            t[r] = now() - t0;
+        }
+        qsort(t, ROUNDS, sizeof t[0], by_value);
+        if (t[ROUNDS / 2] < best)
+            best = t[ROUNDS / 2];
+    }
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    printf("table_store: dim %u, %s, %u keys a batch (Zipf %.2f over %llu), %llu rows stored: %.1f ns a row "
+           "(push + pull of %u rows each, median round of %d, best of %d trials): %.1f M rows/s on one core\n",
+           dim, opt, nk, s, (unsigned long long)space, (unsigned long long)st.rows, best * 1e9 / (2.0 * nk), nk,
+           ROUNDS, TRIALS, 2.0 * nk / best / 1e6);
+    srv_tables_free(&ts);
+    free(keys);
+    free(g);
+    free(rows);
+    return 0;
+}
