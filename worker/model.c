@@ -8,6 +8,8 @@
 #include "model_spec.h"
 #include "rng.h"
 
+#include <cblas.h>
+
 #include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -571,4 +573,16 @@ void ps_model_evaluate_values(ps_model *m, const float *x, const float *y, size_
     }
     if (sst > 0.0)
         *r2 = 1.0 - 2.0 * sum / sst; /* the head's sum is half the SSE */
+}
+
+void ps_model_sgd_step(ps_model *m, float *vel, float lr, float momentum)
+{
+    const blasint n = (blasint)ps_model_nparams(m);
+    const float *g = ps_model_grads(m);
+    if (vel) {
+        cblas_sscal(n, momentum, vel, 1);
+        cblas_saxpy(n, 1.0f, g, 1, vel, 1);
+        g = vel;
+    }
+    cblas_saxpy(n, -lr, g, 1, ps_model_params(m), 1);
 }

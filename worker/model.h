@@ -160,6 +160,13 @@ float ps_model_train_step(ps_model *m, const float *x, const uint8_t *y, int bat
  * survivors of a lost worker take larger steps.) Returns the mean loss. */
 float ps_model_train_step_pieces(ps_model *m, const float *x, const uint8_t *y, size_t n, float *acc);
 
+/* A plain SGD step of the model's gradient into its parameters, the
+ * worker's own (psworker in local SGD and elastic averaging jobs): with
+ * vel NULL, w -= lr * g; else heavy-ball momentum as PyTorch's SGD
+ * (dampening 0): vel = momentum * vel + g, then w -= lr * vel. vel holds
+ * ps_model_nparams() floats, zero before the first step. */
+void ps_model_sgd_step(ps_model *m, float *vel, float lr, float momentum);
+
 /* As ps_model_train_step for a regression model, with y batch * outputs
  * target values, row-major. Returns the mean over the batch of
  * 0.5 * ||y_hat - y||^2. Only for regression models. */

@@ -301,13 +301,7 @@ static int exchange(job *j)
     if (j->averaging) {
         /* our own SGD step on our copy of the model; every H-th (tau-th)
          * the library exchanges it with psd */
-        const float *g = ps_model_grads(j->model);
-        if (j->vel) { /* heavy ball: v = m v + g */
-            cblas_sscal((blasint)j->np, (float)j->o->momentum, j->vel, 1);
-            cblas_saxpy((blasint)j->np, 1.0f, g, 1, j->vel, 1);
-            g = j->vel;
-        }
-        cblas_saxpy((blasint)j->np, (float)-j->o->lr, g, 1, ps_model_params(j->model), 1);
+        ps_model_sgd_step(j->model, j->vel, (float)j->o->lr, (float)j->o->momentum);
         pw_step_waits(j->o, 1);
         rc = psc_local_step(pc);
         pw_step_waits(j->o, 0);

@@ -562,10 +562,50 @@ static void test_sgd_learns(void **state)
     check_learns("mlp:16,8", 0.2f, 400);
 }
 
+/* psworker's own SGD step (local SGD, elastic averaging): without a
+ * velocity w -= lr g; with one, heavy ball as PyTorch's SGD: after steps
+ * with gradients g1, g2 the parameters are w - lr g1 - lr (m g1 + g2). */
+static void test_sgd_step_momentum(void **state)
+{
+    (void)state;
+    ps_model *m;
+    char err[256];
+    assert_int_equal(ps_model_create("mlp:5", IN, CLASSES, BATCH, &m, err, sizeof(err)), 0);
+    ps_model_init_params(m, 3);
+    const size_t np = ps_model_nparams(m);
+    float *w = ps_model_params(m), *g = ps_model_grads(m);
+    float *w0 = malloc(np * sizeof *w0), *vel = calloc(np, sizeof *vel);
+    assert_non_null(w0);
+    assert_non_null(vel);
+    memcpy(w0, w, np * sizeof *w0);
+    const float lr = 0.5f, mom = 0.9f;
+
+    for (size_t i = 0; i < np; i++)
+        g[i] = (float)(i % 7) - 3.0f; /* g1 */
+    ps_model_sgd_step(m, NULL, lr, mom); /* no velocity: momentum unused */
+    for (size_t i = 0; i < np; i++)
+        assert_float_equal(w[i], w0[i] - lr * g[i], 1e-6);
+
+    memcpy(w, w0, np * sizeof *w0);
+    ps_model_sgd_step(m, vel, lr, mom); /* v = g1 */
+    for (size_t i = 0; i < np; i++)
+        g[i] = 0.25f * (float)(i % 5); /* g2 */
+    ps_model_sgd_step(m, vel, lr, mom); /* v = m g1 + g2 */
+    for (size_t i = 0; i < np; i++) {
+        const float g1 = (float)(i % 7) - 3.0f, g2 = 0.25f * (float)(i % 5);
+        assert_float_equal(vel[i], mom * g1 + g2, 1e-6);
+        assert_float_equal(w[i], w0[i] - lr * g1 - lr * (mom * g1 + g2), 1e-5);
+    }
+    free(w0);
+    free(vel);
+    ps_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_forward_values),
+        cmocka_unit_test(test_sgd_step_momentum),
         cmocka_unit_test(test_dense_grad),
         cmocka_unit_test(test_relu_grad),
         cmocka_unit_test(test_softmax_head),
