@@ -158,8 +158,11 @@ int pw_epoch_done(const wopts *o, psc_client *pc, ps_model *model, const ps_data
             printf("null, \"test_loss\": null}\n");
         fflush(stdout);
     }
-    if (psc_report(pc, (uint32_t)epoch, res->last_loss, o->eval ? res->test_acc : -1, res->test_loss, res->samples,
-                   rate) != 0) {
+    int rc = psc_report(pc, (uint32_t)epoch, res->last_loss, o->eval ? res->test_acc : -1, res->test_loss,
+                        res->samples, rate);
+    if (rc == PSC_EINTR && pw_stop_signal)
+        return 0; /* a stop signal ended the wait: the loop stops at its next step and says why */
+    if (rc != 0) {
         fprintf(stderr, "psworker: reporting epoch %d: %s\n", epoch, psc_errmsg(pc));
         return -1;
     }

@@ -495,6 +495,10 @@ static int train_epochs(job *j, double job_t0)
         double tf = pw_now();
         int rc = exchange_finish(j); /* the last step's parameters, for the evaluation */
         comm_s += pw_now() - tf;
+        if (rc == PSC_EINTR && pw_stop_signal) { /* the signal ended the wait */
+            pw_progress_clear(o);
+            return pw_stop(pc, o->shard, o->nshards, epoch, st_done);
+        }
         if (rc != 0) {
             pw_progress_clear(o);
             fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
