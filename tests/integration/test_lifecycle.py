@@ -22,10 +22,15 @@
 import glob
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 import unittest
+
+import msgpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -105,6 +110,96 @@ class SignalTest(unittest.TestCase):
             self.assertIn("stopped by SIGTERM", w.stderr())
             row = shard_row(harness.status(psd.addr), 0)
             self.assertEqual((row["state"], row["why"]), ("left", "stopped by SIGTERM"), row)
+
+
+    def test_signal_during_the_epoch_report(self):
+        """SIGTERM while psworker waits for the answer to its epoch's
+        REPORT (a relay between it and psd holds the REPORT frame): it
+        stops as it does in a step, exit 128 + SIGTERM and "stopped by
+        SIGTERM", not "reporting epoch 1: interrupted by a signal" and
+        exit 1 (what a signal landing there did, seen where an epoch
+        takes 20 ms)."""
+        with harness.Cluster("psd-signal-report") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            relay = ReportHold(psd.addr)
+            try:
+                w = cl.worker(relay.addr, 0, 1, epochs=3, limit=640, test_limit=100, model="mlp:16")
+                self.assertTrue(relay.held.wait(60), "the worker's first REPORT\n" + w.stderr())
+                time.sleep(0.2)  # psworker is in the report's wait (nothing reaches psd)
+                self.assertIsNone(w.p.poll(), w.stderr())
+                w.p.send_signal(signal.SIGTERM)
+                rc = w.wait(30)
+                err = w.stderr()
+                self.assertEqual(rc, 128 + signal.SIGTERM, err)
+                self.assertIn("stopped by SIGTERM", err)
+                self.assertNotIn("interrupted by a signal", err)
+            finally:
+                relay.close()
+
+
+class ReportHold:
+    """A TCP relay on 127.0.0.1 for one connection to upstream that
+    forwards frames both ways until the client sends a REPORT, and from
+    then on forwards nothing more from the client (held is set)."""
+
+    def __init__(self, upstream):
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(1)
+        self.addr = "127.0.0.1:%d" % self.lsock.getsockname()[1]
+        self.upstream = upstream
+        self.held = threading.Event()
+        self.socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        try:
+            c, _ = self.lsock.accept()
+        except OSError:
+            return
+        host, port = self.upstream.split(":")
+        u = socket.create_connection((host, int(port)))
+        self.socks += [c, u]
+        threading.Thread(target=self._pipe, args=(u, c), daemon=True).start()
+        self._frames(c, u)
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while True:
+                data = a.recv(1 << 16)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+
+    def _frames(self, c, u):
+        buf = b""
+        try:
+            while True:
+                data = c.recv(1 << 16)
+                if not data:
+                    return
+                buf += data
+                while len(buf) >= 4:
+                    (n,) = struct.unpack(">I", buf[:4])
+                    if len(buf) < 4 + n:
+                        break
+                    msg = msgpack.unpackb(buf[4:4 + n], raw=False)
+                    if isinstance(msg, dict) and msg.get("t") == harness.T_REPORT:
+                        self.held.set()
+                        while c.recv(1 << 16):  # from now on nothing goes to psd
+                            pass
+                        return
+                    u.sendall(buf[:4 + n])
+                    buf = buf[4 + n:]
+        except OSError:
+            pass
+
+    def close(self):
+        for sk in self.socks + [self.lsock]:
+            sk.close()
 
 
 class PsctlTest(unittest.TestCase):
