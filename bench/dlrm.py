@@ -196,19 +196,24 @@ class Teacher:
 def make_logs(args, n_ids, out):
     """Writes the train and test logs of table size n_ids under out:
     keys [n, 26] int64 (f x n_ids + id), dense [n, 13] float32, labels [n]
-    float32 and, for the test set, the teacher's probabilities."""
+    float32 and, for the test set, the teacher's probabilities. The
+    teacher's calibration sample, the training set and the test set each
+    come from a generator of their own, so the teacher and the test set
+    are the same whatever --train is (runs of different lengths are
+    measured against the same teacher on the same test samples)."""
     import numpy as np
-    rng = np.random.default_rng([args.seed, n_ids])
     teacher = Teacher(args, n_ids)
     perms = [np.random.default_rng([args.seed, 2, f]).permutation(n_ids) for f in range(NCAT)]
-    sets = {}
-    for name, n in (("train", args.train), ("test", args.test)):
+
+    def draw(stream, n):
+        rng = np.random.default_rng([args.seed, 3, n_ids, stream])
         ranks = np.stack([zipf_ranks(rng, n_ids, args.zipf, n) for _ in range(NCAT)], 1)
-        dense = rng.standard_normal((n, NDENSE), dtype=np.float32)
-        sets[name] = (ranks, dense)
-    ranks, dense = sets["train"]
-    teacher.calibrate(ranks[:20000], dense[:20000])
-    for name, (ranks, dense) in sets.items():
+        return rng, ranks, rng.standard_normal((n, NDENSE), dtype=np.float32)
+
+    _, ranks, dense = draw(2, 20000)
+    teacher.calibrate(ranks, dense)
+    for name, n, stream in (("train", args.train, 0), ("test", args.test, 1)):
+        rng, ranks, dense = draw(stream, n)
         p = 1 / (1 + np.exp(-teacher.logits(ranks, dense).astype(np.float64)))
         y = (rng.random(len(p)) < p).astype(np.float32)
         keys = np.empty(ranks.shape, np.int64)

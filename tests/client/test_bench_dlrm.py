@@ -16,6 +16,7 @@ not checked here beyond "learnt something".
   figures are not those of its predictions (test_dlrm_arm_figures_check).
 """
 
+import argparse
 import importlib.util
 import json
 import os
@@ -118,3 +119,26 @@ def test_dlrm_arm_figures_check(tmp_path):
     np.save(dlrm.pred_file(d, "b"), pa)
     with pytest.raises(SystemExit, match="arms a and b have bit-identical test predictions"):
         dlrm.arm_figures(d, "b", want_a, seen)
+
+
+def test_dlrm_test_set_independent_of_train(tmp_path):
+    """The planted teacher and the test logs are the same whatever the
+    number of training samples, so runs of different lengths are measured
+    on the same test samples against the same teacher; the training logs
+    of the longer run differ (not a copy of the shorter one's)."""
+    pytest.importorskip("torch")
+    dlrm = _bench_module()
+    base = dict(seed=1, test=500, zipf=1.1, tail_rank=20.0, emb_scale=1.0, active=0.97, logit_std=2.0, ctr=0.25)
+    dirs = []
+    for train in (1000, 3000):
+        d = tmp_path / ("train-%d" % train)
+        d.mkdir()
+        dlrm.make_logs(argparse.Namespace(train=train, **base), 300, str(d))
+        dirs.append(d)
+    for name in ("test_keys", "test_dense", "test_y", "test_p"):
+        x, y = (np.load(str(d / (name + ".npy"))) for d in dirs)
+        assert x.shape == y.shape and np.array_equal(x, y), name
+    short, long = (np.load(str(d / "train_keys.npy")) for d in dirs)
+    assert short.shape == (1000, 26) and long.shape == (3000, 26)
+    # the training samples are a draw of their own, not the test set's
+    assert not np.array_equal(np.load(str(dirs[0] / "test_keys.npy")), short[:500])
