@@ -225,7 +225,8 @@ static const ps_config_option options[] = {
     {.name = "heartbeat_timeout", .type = PS_CT_DURATION, .def = "10s", AT(heartbeat_timeout),
      .lo = 100, .hi = INT64_C(86400000),
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "
-             "logged, its connection closed, and bsp rounds go on without it."},
+             "logged, its connection closed, and bsp rounds go on without it. Counted in psd's "
+             "running time: a stall of psd's own (its loop held, a SIGSTOP) does not count."},
     {.name = "stop_grace", .type = PS_CT_DURATION, .def = "0s", AT(stop_grace), .lo = 0,
      .hi = INT64_C(3600000), .apply = srv_apply_read_when_used,
      .help = "On SIGTERM or SIGINT with workers connected, psd writes a checkpoint (when "
