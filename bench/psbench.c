@@ -1934,7 +1934,7 @@ static uint64_t ckpt_files(const char *dir, int *count, char *newest, size_t nle
 
 /* One phase's figures */
 typedef struct ck_phase {
-    const char *name;
+    const char *name, *csv; /* printed; the CSV's phase: without, during, after */
     int op;
     int ckpt;               /* a checkpoint was written meanwhile */
     double w0, w1;          /* its window (seconds since the origin) */
@@ -2119,7 +2119,7 @@ static void ck_print(const ck_phase *ph)
 static void ck_csv(FILE *f, const ckpt_run *c, const ck_phase *ph)
 {
     const opts *o = c->o;
-    fprintf(f, "%s,%s,%d,%d,%u,%u,%" PRIu64 ",%.4f,%zu,%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,", ph->name,
+    fprintf(f, "%s,%s,%d,%d,%u,%u,%" PRIu64 ",%.4f,%zu,%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,", ph->csv,
             ph->op == CK_PULL ? "pull" : "pushpull", ph->ckpt, c->b.K, o->nkeys, o->dim, c->nrows, o->ckpt_gb, ph->n,
             ph->w1 - ph->w0, ph->per_s, ph->p50_ms, ph->p99_ms, ph->max_ms, ph->mean_ms);
     if (ph->ckpt)
@@ -2262,12 +2262,14 @@ static void run_ckpt_stall(const opts *o)
     /* the phases, in order: the quiet ones first, so that no checkpoint
      * came before them; "after": push-and-pulls once the writer has gone */
     static const struct {
-        const char *name;
+        const char *name, *csv; /* printed; the CSV's phase column */
         int op, ckpt;
     } plan[] = {
-        {"pull, no checkpoint", CK_PULL, 0},          {"pushpull, no checkpoint", CK_PUSHPULL, 0},
-        {"pull, during checkpoint", CK_PULL, 1},      {"pushpull, during checkpoint", CK_PUSHPULL, 1},
-        {"pushpull, after checkpoint", CK_PUSHPULL, 0},
+        {"pull, no checkpoint", "without", CK_PULL, 0},
+        {"pushpull, no checkpoint", "without", CK_PUSHPULL, 0},
+        {"pull, during checkpoint", "during", CK_PULL, 1},
+        {"pushpull, during checkpoint", "during", CK_PUSHPULL, 1},
+        {"pushpull, after checkpoint", "after", CK_PUSHPULL, 0},
     };
     ck_phase ph[5];
     int nph = 0, nckpt = 0;
@@ -2277,6 +2279,7 @@ static void run_ckpt_stall(const opts *o)
             continue;
         ck_phase *q = &ph[nph];
         q->name = plan[i].name;
+        q->csv = plan[i].csv;
         q->op = plan[i].op;
         q->ckpt = plan[i].ckpt;
         atomic_store(&c.op, q->op);
