@@ -35,6 +35,14 @@
  * shared memory (libpsclient offers its segment to every psd of the
  * list, so on this one machine both parts go through it).
  *
+ * --table times rows by key instead (psc_table_pushpull through an
+ * embedding table, against the plain-TCP ceiling of the same bytes), and
+ * --ckpt-stall G the checkpoint stall: psd with a state dir, a table of G GB
+ * filled by pushes, then pull latency (p50, p99, max) of K workers without a
+ * checkpoint and while psctl checkpoint runs (psd forks; its writer writes
+ * the file), with the checkpoint's time and file and psd's memory (the
+ * section "the checkpoint stall" below).
+ *
  * A benchmark, not a test: it reports figures and fails only when it cannot
  * measure. See bench/README.md. */
 #define _GNU_SOURCE /* memfd_create */
@@ -2390,7 +2398,7 @@ static void usage(FILE *f)
             "Times push+pull round trips of a dense model between K simulated workers and a real\n"
             "psd, and the same bytes over plain TCP, and prints payload GB/s (tensor bytes as\n"
             "sent on the wire), round trips/s, p50/p99 latency and psd's peak RSS per (mode,\n"
-            "model size, workers).\n\n"
+            "model size, workers). --table and --ckpt-stall are modes of their own (below).\n\n"
             "  --psd PATH        psd to run (default: ../server/psd next to psbench)\n"
             "  --sizes LIST      model sizes in floats, comma-separated; k, M suffixes\n"
             "                    (default 235146,1M,10M,100M)\n"
