@@ -178,9 +178,11 @@ class PsbenchCkptStall(unittest.TestCase):
                            (["--ckpt-stall", "1", "--workers", "1,2"], "one worker count"),
                            (["--ckpt-stall", "1", "--psctl", "/nonexistent/psctl"], "no psctl at /nonexistent/psctl"),
                            (["--ckpt-stall", "0.0001"], "fewer than twice --keys")):
-            r = harness.run([ARGS.psbench, "--psd", harness.Paths.psd] + args, timeout=30)
-            self.assertEqual(r.returncode, 2, r.stderr)
-            self.assertIn(says, r.stderr)
+            with tempfile.TemporaryDirectory(prefix="psbench-ckpt-") as out:
+                r = harness.run([ARGS.psbench, "--psd", harness.Paths.psd, "--out", out] + args, timeout=30)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(says, r.stderr)
+                self.assertFalse(os.path.exists(os.path.join(out, "ckpt-state")), args)
 
 
 def extra_args(p):
