@@ -6,7 +6,7 @@ ranks, on the same synthetic click logs, model and settings; test AUC, log
 loss and samples per second of each, beside the planted teacher's AUC and
 log loss (the best any model can reach on these logs).
 
-    bench/dlrm.py                       # the default run (about 20 minutes on 2 cores)
+    bench/dlrm.py                       # the default run (about 20 minutes on 2 quiet cores, estimated)
     bench/dlrm.py --ids 2000 --train 12000 --test 4000 --ddp-steps 3   # seconds
 
 The model: 13 dense features through a bottom MLP 13-64-16, 26 categorical
