@@ -23,18 +23,18 @@ gradients outweigh that, so that ids seen a few times add less noise; at
 
 The click logs (the default: 2,000,000 training and 50,000 test samples a
 table size; one pass over 300,000 ended 0.0136-0.0137 below the teacher's
-AUC, over 2,000,000 0.007-0.009: bench/README.md): for each categorical
+AUC, over 2,000,000 0.007-0.0085: bench/README.md): for each categorical
 feature, ids drawn from a Zipf distribution of exponent --zipf over IDS
 ids (truncated; the ranks mapped to ids by a permutation of the feature's
 own), dense features from normal(0, 1), and each label drawn with the
-click probability of a teacher: a model of the same shape with random weights: He-scaled
-layers, each hidden unit's bias set so that it is active on a share
---active of the samples (0.97: a nearly linear teacher, which one pass can
-approach), its rows from normal(0, 1) shrunk by (--tail-rank / rank)^0.5
-past rank --tail-rank (20), so that the ids a pass sees too rarely to
-learn carry little of the signal, its logit scaled to a standard deviation
-of --logit-std and shifted to a mean click rate of about --ctr. The
-teacher's rows are a hash of (seed, feature, rank), so a subset costs only
+click probability of a teacher: a model of the same shape with random
+weights: He-scaled layers, each hidden unit's bias set so that it is
+active on a share --active of the samples (0.97: a nearly linear
+teacher, which one pass can approach), its rows from normal(0, 1) shrunk
+by (--tail-rank / rank)^0.5 past rank --tail-rank (20), so that the ids a
+pass sees too rarely to learn carry little of the signal, its logit scaled
+to a standard deviation of --logit-std and shifted to a mean click rate of
+about --ctr. The teacher's rows are a hash of (seed, feature, rank), so a subset costs only
 its own. Everything comes from --seed; the teacher's calibration sample,
 the training logs and the test logs each from a generator of their own, so
 the teacher and the test set do not depend on --train.
