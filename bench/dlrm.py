@@ -34,10 +34,11 @@ teacher, which one pass can approach), its rows from normal(0, 1) shrunk
 by (--tail-rank / rank)^0.5 past rank --tail-rank (20), so that the ids a
 pass sees too rarely to learn carry little of the signal, its logit scaled
 to a standard deviation of --logit-std and shifted to a mean click rate of
-about --ctr. The teacher's rows are a hash of (seed, feature, rank), so a subset costs only
-its own. Everything comes from --seed; the teacher's calibration sample,
-the training logs and the test logs each from a generator of their own, so
-the teacher and the test set do not depend on --train.
+about --ctr. The teacher's rows are a hash of (seed, feature, rank), so
+a subset costs only its own. Everything comes from --seed; the teacher's
+calibration sample, the training logs and the test logs each from a
+generator of their own, so the teacher and the test set do not depend on
+--train.
 
 The arms, each one pass over the same --train samples in the same order,
 batch 256 per process and step (--batch):
