@@ -39,6 +39,10 @@
 
 typedef struct srv_table srv_table;
 
+/* The most rows one table holds: its hash has at most 2^32 slots of which
+ * at most 5/8 are in use (2,684,354,560 rows). */
+#define SRV_TABLE_ROWS_MAX ((UINT64_C(1) << 32) / 8 * 5)
+
 /* Numbers of one table for status, metrics and the dashboard. */
 typedef struct srv_table_stats {
     uint64_t rows;          /* rows stored */
@@ -75,6 +79,7 @@ typedef struct srv_tables {
     float *undo;                 /* a push's stored rows as they were (stamp and values), until it applies */
     size_t undo_floats;
     float **found;               /* a push's stored rows (NULL: a new key), one per key */
+    uint32_t *found_r;           /* and their row indices */
     size_t found_cap;
     uint32_t *dupset;            /* srv_tables_first_dup's hash set: position + 1 of a key */
     size_t dupset_cap;           /* entries */
