@@ -297,6 +297,7 @@ static inline void prefetch_slot(const srv_table *t, uint64_t key)
 typedef struct candidate {
     uint64_t s;   /* the slot */
     uint64_t row; /* its row + 1; 0: the probe met an empty slot first */
+    float *p;     /* where that row lies (its key first) */
 } candidate;
 
 /* The probe of key as far as its first tag match, with the cache lines of
@@ -310,24 +311,25 @@ static inline candidate find_prefetch(const srv_table *t, uint64_t key, ptrdiff_
     for (uint64_t s = h & (t->cap - 1);; s = (s + 1) & (t->cap - 1)) {
         slot v = t->slots[s];
         if (v == 0)
-            return (candidate){s, 0};
+            return (candidate){s, 0, NULL};
         if ((v & ~rmask) == tag) {
             uint64_t r = (v & rmask) - 1;
-            const float *row = row_at(t, r) + HEAD;
+            float *p = row_at(t, r);
+            const float *row = p + HEAD;
             const char *at = (const char *)row + from, *end = (const char *)row + to;
             for (; at < end; at += 64)
                 __builtin_prefetch(at);
             __builtin_prefetch(end - 1);
             if (t->stamps)
                 __builtin_prefetch(stamp_at(t, r));
-            return (candidate){s, r + 1};
+            return (candidate){s, r + 1, p};
         }
     }
 }
 
 /* The pipeline over the n keys of a request: finder_start, then
- * finder_next n times, which returns the row index + 1 of key 0, 1, ... in
- * turn (0: not stored). [from, to): the bytes of each row the caller uses,
+ * finder_next n times, which returns the stored row (its values) of key 0,
+ * 1, ... in turn, its index in f->r, or NULL (not stored). [from, to): the bytes of each row the caller uses,
  * prefetched; it must take in the row's key (from <= -HEAD floats). The
  * caller may change the rows' values between the calls, not the table's
  * slots. */
@@ -335,6 +337,7 @@ typedef struct finder {
     const srv_table *t;
     const uint8_t *keys;
     uint32_t n, k;                /* keys; the next one finder_next returns */
+    uint64_t r;                   /* the index of the row finder_next returned last */
     ptrdiff_t from, to;
     candidate ring[ROW_AHEAD];    /* keys k .. k + ROW_AHEAD - 1 */
 } finder;
@@ -354,11 +357,11 @@ static inline void finder_start(finder *f, const srv_table *t, const uint8_t *ke
         f->ring[k] = find_prefetch(t, ps_key_at(keys, k), from, to);
 }
 
-static inline uint64_t finder_next(finder *f)
+static inline float *finder_next(finder *f)
 {
     uint32_t k = f->k++;
     if (k >= f->n)
-        return 0;
+        return NULL;
     candidate c = f->ring[k % ROW_AHEAD];
     uint32_t j = k + ROW_AHEAD;
     if (j < f->n) {
@@ -367,12 +370,18 @@ static inline uint64_t finder_next(finder *f)
         f->ring[j % ROW_AHEAD] = find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
     }
     if (c.row == 0)
-        return 0;
+        return NULL;
     uint64_t key = ps_key_at(f->keys, k);
-    if (key_of(f->t, c.row - 1) == key)
-        return c.row;
+    if (row_key(c.p) == key) {
+        f->r = c.row - 1;
+        return c.p + HEAD;
+    }
     /* tags equal, keys not: the probe goes on past that slot */
-    return probe_from(f->t, key, ps_mix64(key), (c.s + 1) & (f->t->cap - 1));
+    uint64_t r = probe_from(f->t, key, ps_mix64(key), (c.s + 1) & (f->t->cap - 1));
+    if (!r)
+        return NULL;
+    f->r = r - 1;
+    return row_at(f->t, r - 1) + HEAD;
 }
 
 /* Puts key -> row index r into slots (cap of them) that have room (no key
@@ -668,10 +677,10 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
     finder f; /* on the stack: a pull shares no scratch with a push */
     finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * dim)); /* key, weights */
     for (uint32_t k = 0; k < n; k++) {
-        uint64_t r = finder_next(&f);
+        const float *row = finder_next(&f);
         float *dst = out + (size_t)k * dim;
-        if (r)
-            memcpy(dst, row_at(t, r - 1) + HEAD, sizeof(float) * dim);
+        if (row)
+            memcpy(dst, row, sizeof(float) * dim);
         else if (t->def.opt == PS_TOPT_FTRL)
             memset(dst, 0, sizeof(float) * dim);
         else
@@ -867,10 +876,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * rf));
     for (uint32_t k = 0; k < n; k++) {
         const float *gk = g + (size_t)k * dim;
-        uint64_t r = finder_next(&f);
-        float *row = ts->found[k] = r ? row_at(t, r - 1) + HEAD : NULL;
+        float *row = ts->found[k] = finder_next(&f);
         if (row) {
-            ts->found_r[k] = (uint32_t)(r - 1);
+            uint64_t r = f.r + 1;
+            ts->found_r[k] = (uint32_t)f.r;
             if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0) {
                 ts->found[k] = NULL; /* not stepped: nothing to put back */
                 push_undo(ts, t, k, rf);
@@ -1155,10 +1164,8 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), 0);
     uint32_t *at = ts->found_r;
     for (uint32_t k = 0; k < n; k++) {
-        uint64_t r = finder_next(&f);
-        if (r) {
-            rows[k] = row_at(t, r - 1) + HEAD;
-            at[k] = (uint32_t)(r - 1);
+        if ((rows[k] = finder_next(&f))) {
+            at[k] = (uint32_t)f.r;
             continue;
         }
         rows[k] = NULL;
