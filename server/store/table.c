@@ -839,6 +839,106 @@ static int ensure_stamps(srv_tables *ts, srv_table *t, char *err, size_t errlen)
     return 0;
 }
 
+/* Whether expire_scan(t, now, expire, window) would remove a row: the same
+ * walk, reading the rows' stamps (written on the loop alone). */
+static int expire_due(const srv_table *t, uint64_t now, uint64_t expire, uint64_t window)
+{
+    if (t->rows == 0 || now <= expire)
+        return 0;
+    uint64_t c = t->scan < t->rows ? t->scan : t->rows;
+    if (window >= t->rows) {
+        window = t->rows;
+        c = t->rows;
+    }
+    for (uint64_t k = 0; k < window; k++) {
+        if (c == 0)
+            c = t->rows;
+        c--;
+        if (now - *stamp_at(t, c) > expire)
+            return 1;
+    }
+    return 0;
+}
+
+/* The first step of a push, shared by srv_tables_push and srv_tables_pin:
+ * room for a push of n keys in psd's scratch, admission's counters made,
+ * the rows' clocks made or freed (ensure_stamps), expiry's window scanned.
+ * quiesce(arg), when given, is called before a row is removed. Returns 0,
+ * or PS_ENOMEM or PS_ELIMIT (ensure_stamps) with err, no row created. */
+static int push_prepare(srv_tables *ts, srv_table *t, uint32_t n, uint64_t now, void (*quiesce)(void *arg), void *arg,
+                        char *err, size_t errlen)
+{
+    const srv_table_bounds *bd = &ts->bounds;
+    const char *name = t->def.name;
+    if (room(&ts->scratch, &ts->scratch_floats, t->row_floats) != 0 || grow_scratch(ts, n) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", name, n);
+    if (bd->admit > 1 && !t->sketch) {
+        t->sketch = calloc(1, SKETCH_BYTES);
+        if (!t->sketch)
+            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", name);
+        count_bytes(ts, t);
+    }
+    if (quiesce && need_stamps(bd) && !t->stamps)
+        quiesce(arg); /* making room for the clocks may evict rows */
+    int rc = ensure_stamps(ts, t, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (bd->expire) {
+        uint64_t window = (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW;
+        if (quiesce && expire_due(t, now, bd->expire, window))
+            quiesce(arg);
+        expire_scan(t, now, bd->expire, window);
+    }
+    return 0;
+}
+
+/* The step after a push found its rows, shared by srv_tables_push and
+ * srv_tables_pin: room for its `fresh` new rows (`skipped` keys not
+ * admitted), within max_table_memory and table_memory, refused or made by
+ * evicting rows the push does not carry; then the slots and blocks for
+ * them. rows[k]: key k's stored row (NULL: new; &not_admitted: skipped),
+ * at[k] its index; both found again when eviction moved rows. quiesce(arg),
+ * when given, is called before a row is removed. Returns 0, or PS_ELIMIT
+ * or PS_ENOMEM with err, no row created (rows may have been evicted). */
+static int push_room(srv_tables *ts, srv_table *t, const uint8_t *keys, uint32_t n, uint64_t fresh,
+                     uint64_t skipped, float **rows, uint32_t *at, uint64_t now, void (*quiesce)(void *arg),
+                     void *arg, char *err, size_t errlen)
+{
+    uint64_t evicted = 0;
+    int rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (evicted) {
+        if (quiesce)
+            quiesce(arg);
+        for (uint32_t k = 0; k < n; k++) /* this push's rows stay (eviction holds stamps) */
+            if (rows[k] && rows[k] != &not_admitted)
+                *stamp_at(t, at[k]) = now;
+        evict(t, evicted, now);
+        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
+            if (rows[k] && rows[k] != &not_admitted) {
+                uint64_t r = lookup(t, ps_key_at(keys, k));
+                rows[k] = row_at(t, r - 1) + HEAD;
+                at[k] = (uint32_t)(r - 1);
+            }
+    }
+    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
+                       t->def.name, (unsigned long long)fresh);
+    return 0;
+}
+
+/* The last step of a push: the table's clock and counts. */
+static void push_count(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh, uint64_t skipped, uint64_t now)
+{
+    t->clock = now;
+    t->pushed += n - skipped;
+    t->filtered += skipped;
+    if (ts->bounds.admit > 1)
+        t->admitted += fresh;
+    ts->stamp++;
+}
+
 /* A push in one pass over its keys: each stored row is kept in undo
  * (stamp and values, from the cache line just loaded), then stepped in
  * place and stamped; a new row is made and stepped in scratch. If a step
@@ -853,22 +953,11 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     const srv_table_bounds *bd = &ts->bounds;
     const uint32_t rf = t->row_floats, dim = d->dim;
     const uint64_t now = t->clock + 1;
-    if (grow_scratch(ts, n) != 0)
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
-    if (bd->admit > 1 && !t->sketch) {
-        t->sketch = calloc(1, SKETCH_BYTES);
-        if (!t->sketch)
-            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
-        t->bytes += SKETCH_BYTES;
-        ts->bytes += SKETCH_BYTES;
-    }
-    int rc = ensure_stamps(ts, t, err, errlen);
+
+    /* 0. scratch, counters, clocks; expiry's window of rows */
+    int rc = push_prepare(ts, t, n, now, NULL, NULL, err, errlen);
     if (rc != 0)
         return rc;
-
-    /* 0. expiry: a window of rows */
-    if (bd->expire)
-        expire_scan(t, now, bd->expire, (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW);
 
     /* 1. stored rows stepped in place (kept in undo), new rows in scratch */
     uint64_t fresh = 0, skipped = 0, stored = 0;
@@ -920,25 +1009,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
 
     /* 2. room for the new rows, within max_table_memory and table_memory:
      * refused, or made by evicting rows this push does not touch */
-    uint64_t evicted = 0;
-    rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    rc = push_room(ts, t, keys, n, fresh, skipped, ts->found, ts->found_r, now, NULL, NULL, err, errlen);
     if (rc != 0) {
         push_undo(ts, t, n, rf);
         return rc;
-    }
-    if (evicted) {
-        evict(t, evicted, now); /* never this push's rows: stamped now */
-        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
-            if (ts->found[k] && ts->found[k] != &not_admitted) {
-                uint64_t r = lookup(t, ps_key_at(keys, k));
-                ts->found[k] = row_at(t, r - 1) + HEAD;
-                ts->found_r[k] = (uint32_t)(r - 1);
-            }
-    }
-    if (fresh && reserve(ts, t, t->rows + fresh) != 0) {
-        push_undo(ts, t, n, rf);
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                       d->name, (unsigned long long)fresh);
     }
 
     /* 3. the new rows, in the order of their keys */
@@ -948,12 +1022,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
             if (!ts->found[k])
                 append(t, ps_key_at(keys, k), now, ts->scratch + (size_t)(nf++) * rf);
     }
-    t->clock = now;
-    t->pushed += n - skipped;
-    t->filtered += skipped;
-    if (bd->admit > 1)
-        t->admitted += fresh;
-    ts->stamp++;
+    push_count(ts, t, n, fresh, skipped, now);
     return 0;
 }
 
@@ -1107,27 +1176,6 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
     }
 }
 
-/* Whether expire_scan(t, now, expire, window) would remove a row: the same
- * walk, reading the rows' stamps (written on the loop alone). */
-static int expire_due(const srv_table *t, uint64_t now, uint64_t expire, uint64_t window)
-{
-    if (t->rows == 0 || now <= expire)
-        return 0;
-    uint64_t c = t->scan < t->rows ? t->scan : t->rows;
-    if (window >= t->rows) {
-        window = t->rows;
-        c = t->rows;
-    }
-    for (uint64_t k = 0; k < window; k++) {
-        if (c == 0)
-            c = t->rows;
-        c--;
-        if (now - *stamp_at(t, c) > expire)
-            return 1;
-    }
-    return 0;
-}
-
 int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float **rows,
                    void (*quiesce)(void *arg), void *arg, char *err, size_t errlen)
 {
@@ -1135,28 +1183,11 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
     const uint64_t now = t->clock + 1;
-    if (room(&ts->scratch, &ts->scratch_floats, t->row_floats) != 0 || grow_scratch(ts, n) != 0)
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
-    if (bd->admit > 1 && !t->sketch) {
-        t->sketch = calloc(1, SKETCH_BYTES);
-        if (!t->sketch)
-            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
-        t->bytes += SKETCH_BYTES;
-        ts->bytes += SKETCH_BYTES;
-    }
-    if (need_stamps(bd) && !t->stamps)
-        quiesce(arg); /* making room for the clocks may evict rows */
-    int rc = ensure_stamps(ts, t, err, errlen);
+
+    /* 0. as srv_tables_push; rows move only once no thread steps one */
+    int rc = push_prepare(ts, t, n, now, quiesce, arg, err, errlen);
     if (rc != 0)
         return rc;
-
-    /* 0. expiry, as srv_tables_push; rows move only once no thread steps one */
-    if (bd->expire) {
-        uint64_t window = (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW;
-        if (expire_due(t, now, bd->expire, window))
-            quiesce(arg);
-        expire_scan(t, now, bd->expire, window);
-    }
 
     /* 1. the stored rows; a key not stored is new (NULL) or not admitted */
     uint64_t fresh = 0, skipped = 0;
@@ -1178,26 +1209,9 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     }
 
     /* 2. room for the new rows, as srv_tables_push */
-    uint64_t evicted = 0;
-    rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    rc = push_room(ts, t, keys, n, fresh, skipped, rows, at, now, quiesce, arg, err, errlen);
     if (rc != 0)
         return rc;
-    if (evicted) {
-        quiesce(arg);
-        for (uint32_t k = 0; k < n; k++)
-            if (rows[k] && rows[k] != &not_admitted)
-                *stamp_at(t, at[k]) = now; /* this push's rows stay (eviction holds stamps) */
-        evict(t, evicted, now);
-        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
-            if (rows[k] && rows[k] != &not_admitted) {
-                uint64_t r = lookup(t, ps_key_at(keys, k));
-                rows[k] = row_at(t, r - 1) + HEAD;
-                at[k] = (uint32_t)(r - 1);
-            }
-    }
-    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                       d->name, (unsigned long long)fresh);
 
     /* 3. new rows at their initial values; every row stamped with this push */
     for (uint32_t k = 0; k < n; k++) {
@@ -1213,12 +1227,7 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
             rows[k] = row_at(t, t->rows - 1) + HEAD;
         }
     }
-    t->clock = now;
-    t->pushed += n - skipped;
-    t->filtered += skipped;
-    if (bd->admit > 1)
-        t->admitted += fresh;
-    ts->stamp++;
+    push_count(ts, t, n, fresh, skipped, now);
     return 0;
 }
 
