@@ -197,6 +197,36 @@ static void on_signal(uv_signal_t *h, int signum)
     srv_shutdown(s, name);
 }
 
+#define TICK_MS 250 /* on_tick's period */
+
+/* psd's own stalls do not count as its workers' silence: while its loop is
+ * held (a table's slots rehashed, a stop by SIGSTOP or a debugger, the
+ * machine swapping) their heartbeats wait unread in the sockets, and the
+ * first tick after it runs before they are read. A tick that comes more
+ * than 2 periods after the last moves every connected worker's last-seen
+ * time forward by the stall's length. */
+static void credit_stall(psd *s, uint64_t now)
+{
+    uint64_t gap = now - s->last_tick_ms;
+    s->last_tick_ms = now;
+    if (gap <= 2 * TICK_MS)
+        return;
+    uint64_t stall = gap - TICK_MS;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nworkers_cap; i++) {
+        srv_worker *w = s->workers[i];
+        if (w && w->state == SRV_W_CONNECTED) {
+            w->last_seen_ms = w->last_seen_ms + stall < now ? w->last_seen_ms + stall : now;
+            n++;
+        }
+    }
+    for (srv_conn *c = s->conns; c; c = c->next)
+        c->last_msg_ms = c->last_msg_ms + stall < now ? c->last_msg_ms + stall : now;
+    if (n > 0)
+        PS_LOG(PS_LOG_WARN, "psd's loop was held for %.1f s; its %u connected worker%s' silence is counted "
+               "without it", (double)stall / 1e3, n, n == 1 ? "" : "s");
+}
+
 /* Declares dead every connected worker silent for heartbeat_timeout. A
  * worker waiting for a parked pull is waiting for psd, not silent: its
  * clock restarts when the pull is answered. */
@@ -250,6 +280,7 @@ static void on_tick(uv_timer_t *t)
     psd *s = t->data;
     uint64_t now = srv_now_ms();
     srv_model_sync(&s->model); /* Hogwild!: the workers' steps since */
+    credit_stall(s, now);
     check_liveness(s, now);
     check_handshakes(s, now);
     check_idle(s, now);
@@ -539,7 +570,8 @@ int main(int argc, char **argv)
     uv_signal_start(&s->sighup, on_signal, SIGHUP);
     uv_timer_init(s->loop, &s->tick);
     s->tick.data = s;
-    uv_timer_start(&s->tick, on_tick, 250, 250);
+    s->last_tick_ms = srv_now_ms();
+    uv_timer_start(&s->tick, on_tick, TICK_MS, TICK_MS);
     if (srv_net_tapply_start(s, err, sizeof err) != 0) {
         PS_LOG(PS_LOG_ERROR, "%s", err);
         return 1;

@@ -348,6 +348,18 @@ static int exchange_finish(job *j)
     return rc;
 }
 
+/* A pull of psd's model at an epoch's end failed with rc: a stop signal
+ * that ended its wait stops the worker as one during a step does (exit
+ * 128 + signal); anything else is an error (1). */
+static int pull_failed(job *j, int rc, int epoch, size_t step)
+{
+    pw_progress_clear(j->o);
+    if (rc == PSC_EINTR && pw_stop_signal)
+        return pw_stop(j->pc, j->o->shard, j->o->nshards, epoch, step);
+    fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(j->pc));
+    return 1;
+}
+
 /* --snapshots: keeps a copy of the model's parameters as they are now,
  * with where the run is and its training time t. The caller makes sure
  * there is room (maxsnap). */
@@ -510,10 +522,8 @@ static int train_epochs(job *j, double job_t0)
         int psd_model = j->averaging && o->eval && j->keep;
         if (psd_model) {
             memcpy(j->keep, ps_model_params(j->model), j->np * sizeof(float));
-            if (psc_pull(pc) != 0) {
-                fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
-                return 1;
-            }
+            if ((rc = psc_pull(pc)) != 0)
+                return pull_failed(j, rc, epoch, st_done);
         }
         double dt = pw_now() - t0;
         /* the run's end: a last copy unless one was just taken; averaging
@@ -521,10 +531,8 @@ static int train_epochs(job *j, double job_t0)
         int last = stopped || epoch == o->epochs;
         if (last && o->snapshots &&
             (j->averaging || snap_due || j->nsnap == 0 || j->smeta[j->nsnap - 1].steps != run_steps)) {
-            if (j->averaging && !psd_model && psc_pull(pc) != 0) {
-                fprintf(stderr, "psworker: epoch %d: %s\n", epoch, psc_errmsg(pc));
-                return 1;
-            }
+            if (j->averaging && !psd_model && (rc = psc_pull(pc)) != 0)
+                return pull_failed(j, rc, epoch, st_done);
             if (j->nsnap > 0 && j->smeta[j->nsnap - 1].steps == run_steps)
                 j->nsnap--; /* psd's model replaces ours of the same step */
             snapshot(j, epoch, st_done, run_steps, j->res.samples + done, j->res.train_time + dt);

@@ -225,7 +225,8 @@ static const ps_config_option options[] = {
     {.name = "heartbeat_timeout", .type = PS_CT_DURATION, .def = "10s", AT(heartbeat_timeout),
      .lo = 100, .hi = INT64_C(86400000),
      .help = "A worker silent this long (no message, no heartbeat) is declared dead: it is "
-             "logged, its connection closed, and bsp rounds go on without it."},
+             "logged, its connection closed, and bsp rounds go on without it. Counted in psd's "
+             "running time: a stall of psd's own (its loop held, a SIGSTOP) does not count."},
     {.name = "stop_grace", .type = PS_CT_DURATION, .def = "0s", AT(stop_grace), .lo = 0,
      .hi = INT64_C(3600000), .apply = srv_apply_read_when_used,
      .help = "On SIGTERM or SIGINT with workers connected, psd writes a checkpoint (when "
@@ -278,9 +279,10 @@ static const ps_config_option options[] = {
      .apply = srv_apply_read_when_used,
      .help = "Admission by frequency: a key of an embedding table gets a stored row only at "
              "its Nth push; before, pulls answer its initial row and pushes are counted but "
-             "not stored. Counted per table in a count-min sketch of 4 x 65,536 8-bit "
-             "counters (256 KiB, in the table's memory), which can admit a key early when "
-             "keys collide, never late. 0 or 1: every pushed key is stored."},
+             "not stored. Counted per table in a count-min sketch of 4 x 262,144 8-bit "
+             "counters (1 MiB, in the table's memory) whose counts halve every 262,144 "
+             "counted pushes (N pushes must come within about that many), which can admit "
+             "a key early when keys collide. 0 or 1: every pushed key is stored."},
     {.name = "table_expire", .type = PS_CT_U64, .def = "0", AT(table_expire), .lo = 0,
      .hi = INT64_C(1099511627776), .apply = srv_apply_read_when_used,
      .help = "Expiry: a row of an embedding table not pushed in this many pushes to its "

@@ -375,6 +375,7 @@ struct psd {
     float *rows_wide;        /* a table push's row gradients widened to float32 */
     size_t rows_wide_cap;    /* floats */
     uint64_t last_rate_ms;
+    uint64_t last_tick_ms;   /* the last tick's time (main.c: psd's own stalls) */
     int stopping;
     uint64_t join_since_ms;  /* since when psd waits for shards that never
                               * joined (srv_join_tick, hello.c); 0: none */

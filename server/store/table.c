@@ -31,8 +31,13 @@ typedef uint32_t slot;
 #define HEAD 2u
 /* admission's count-min sketch: SKETCH_D rows of SKETCH_W 8-bit counters */
 #define SKETCH_D 4u
-#define SKETCH_W 65536u
+#define SKETCH_W 262144u
 #define SKETCH_BYTES (SKETCH_D * SKETCH_W)
+/* admission's ageing (TinyLFU's reset): every SKETCH_AGE counted pushes
+ * each counter halves, so the counts are of the recent stream and the
+ * counters never all fill up (without it, once a few hundred thousand
+ * keys were counted, every key was admitted at its first push) */
+#define SKETCH_AGE SKETCH_W
 /* expiry: rows a push's scan looks at, at least */
 #define EXPIRE_WINDOW 1024u
 /* eviction: rows drawn to find one of the least recently pushed */
@@ -56,6 +61,7 @@ struct srv_table {
     uint64_t last_pulled, last_pushed; /* at the last srv_tables_rates */
     uint64_t clock;        /* pushes applied to the table; a row keeps the clock of its last */
     uint8_t *sketch;       /* admission's counters (SKETCH_BYTES); NULL until admission is on */
+    uint32_t sketch_adds;  /* pushes counted since the counters last halved */
     uint64_t scan;         /* expiry: the row the next scan starts at */
     uint64_t rng;          /* eviction's draws (xorshift64) */
     uint64_t admitted, filtered, expired, evicted;
@@ -559,7 +565,8 @@ static void row_remove(srv_table *t, uint64_t r)
 
 /* Admission: counts one push of key in the table's sketch (conservative
  * update: only the smallest counters grow) and returns 1 when the key has
- * now been pushed `admit` times (or more: collisions overcount). */
+ * now been pushed `admit` times (or more: collisions overcount), counts
+ * halving every SKETCH_AGE counted pushes. */
 static int sketch_admit(srv_table *t, uint64_t key, uint32_t admit)
 {
     uint8_t *c[SKETCH_D];
@@ -575,6 +582,11 @@ static int sketch_admit(srv_table *t, uint64_t key, uint32_t admit)
             if (*c[d] == low)
                 (*c[d])++;
         low++;
+    }
+    if (++t->sketch_adds >= SKETCH_AGE) {
+        for (uint32_t i = 0; i < SKETCH_BYTES; i++)
+            t->sketch[i] >>= 1;
+        t->sketch_adds = 0;
     }
     return low >= admit;
 }

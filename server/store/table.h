@@ -17,9 +17,10 @@
  * oldest of 8 rows drawn at random, each time).
  *
  * Bounds (srv_table_bounds, off by default): admission, a key stored only
- * at its admit-th push, counted in a count-min sketch of 4 x 65,536 8-bit
- * counters per table (256 KiB, counted in the table's memory; collisions
- * can only admit a key early); expiry, rows not pushed in the last `expire`
+ * at its admit-th push, counted in a count-min sketch of 4 x 262,144 8-bit
+ * counters per table (1 MiB, counted in the table's memory; collisions can
+ * only admit a key early) whose counts halve every 262,144 counted pushes
+ * (TinyLFU's reset: the counts are of the recent stream); expiry, rows not pushed in the last `expire`
  * pushes to their table dropped by a scan of a window of rows at each push
  * (4 x the push's keys, at least 1024 rows: a stale row goes within
  * rows / window pushes). A row removed (expired, evicted) leaves its place

@@ -12,6 +12,8 @@ its own crash, and never loses the model.
   without it; under SSP the others run at most staleness+1 clocks ahead of
   it and then wait; a straggler silent past heartbeat_timeout is declared
   dead, and rejoins at the current version when it resumes.
+- psd's own stall (SIGSTOP) is not its workers' silence: none is declared
+  dead for the time psd did not read their heartbeats.
 - psd killed with kill -9 and started again on the same state directory:
   it loads its newest checkpoint, the workers reconnect by themselves and
   finish, the model version continues from the checkpoint, and at most one
@@ -161,6 +163,39 @@ class FaultTest(unittest.TestCase):
             self.assertGreaterEqual(results[2]["reconnects"], 1, "the resumed straggler rejoins")
             self.assertRegex(psd.stderr(), r"worker shard 2/3 rejoined")
             psd.stop()
+
+    def test_psd_stalled_loses_no_worker(self):
+        """psd's own stall (its loop held; here a SIGSTOP of 2.5 s) is not
+        its workers' silence: a worker that sent a heartbeat just before
+        stays connected with heartbeat_timeout 2 s, and psd logs the stall.
+        Before, the first tick after the stall declared it dead ("silent
+        for 2.6 s"): its heartbeats were still unread in the socket. A
+        worker that is really silent is still declared dead afterwards."""
+        with harness.Cluster("psd-stall") as cl:
+            psd = cl.psd(mode="asgd", workers=2, args=["--set", "heartbeat_timeout=2s"])
+            w = harness.RawClient(psd.addr, 10.0)
+            quiet = harness.RawClient(psd.addr, 10.0)
+            for k, c in enumerate((w, quiet)):
+                r = c.hello_worker([["w", [4]]], k, 2)
+                self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+            self.assertEqual(w.heartbeat().get("t"), harness.T_OK)
+            os.kill(psd.pid, signal.SIGSTOP)
+            try:
+                time.sleep(2.5)
+            finally:
+                os.kill(psd.pid, signal.SIGCONT)
+            time.sleep(0.6)  # a few ticks of psd after the stall
+            r = w.heartbeat()
+            self.assertEqual(r.get("t"), harness.T_OK, r)
+            self.assertEqual(harness.worker_row(harness.status(psd.addr), 0)["state"], "connected")
+            harness.wait_until(lambda: "loop was held for" in psd.stderr(), 5, "psd to log its stall")
+            # the other one says nothing from now on: dead within its 2 s of psd's time
+            lost = harness.wait_until(
+                lambda: (lambda r: r if r["state"] == "lost" else None)(harness.worker_row(harness.status(psd.addr), 1)),
+                6, "the silent worker to be declared dead")
+            self.assertIn("silent", lost["why"])
+            w.close()
+            quiet.close()
 
     def test_psd_killed_and_restarted(self):
         port = harness.free_port()

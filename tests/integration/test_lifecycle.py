@@ -121,7 +121,7 @@ class SignalTest(unittest.TestCase):
         takes 20 ms)."""
         with harness.Cluster("psd-signal-report") as cl:
             psd = cl.psd(mode="asgd", workers=1)
-            relay = ReportHold(psd.addr)
+            relay = FrameHold(psd.addr, harness.T_REPORT)
             try:
                 w = cl.worker(relay.addr, 0, 1, epochs=3, limit=640, test_limit=100, model="mlp:16")
                 self.assertTrue(relay.held.wait(60), "the worker's first REPORT\n" + w.stderr())
@@ -137,18 +137,45 @@ class SignalTest(unittest.TestCase):
                 relay.close()
 
 
-class ReportHold:
-    """A TCP relay on 127.0.0.1 for one connection to upstream that
-    forwards frames both ways until the client sends a REPORT, and from
-    then on forwards nothing more from the client (held is set)."""
+    def test_signal_during_the_epoch_end_pull(self):
+        """SIGTERM while a local SGD worker with --eval waits for psd's
+        model at its epoch's end (its second PULL, the first being the
+        connect's, held by a relay): it stops as in a step, exit 128 +
+        SIGTERM and "stopped by SIGTERM" (it exited 1 with "interrupted
+        by a signal")."""
+        with harness.Cluster("psd-signal-pull") as cl:
+            psd = cl.psd(mode="bsp", workers=1, args=["--set", "optimizer=sgd", "--set", "momentum=0", "--set",
+                                                      "local_steps=4"])
+            relay = FrameHold(psd.addr, harness.T_PULL, skip=1)
+            try:
+                w = cl.worker(relay.addr, 0, 1, epochs=3, limit=640, test_limit=100, model="mlp:16")
+                self.assertTrue(relay.held.wait(60), "the worker's epoch-end PULL\n" + w.stderr())
+                self.assertIn(harness.T_PUSHPULL, relay.seen, "a round came before the held PULL")
+                time.sleep(0.2)  # psworker is in the pull's wait (nothing reaches psd)
+                self.assertIsNone(w.p.poll(), w.stderr())
+                w.p.send_signal(signal.SIGTERM)
+                rc = w.wait(30)
+                err = w.stderr()
+                self.assertEqual(rc, 128 + signal.SIGTERM, err)
+                self.assertIn("stopped by SIGTERM", err)
+                self.assertNotIn("interrupted by a signal", err)
+            finally:
+                relay.close()
 
-    def __init__(self, upstream):
+class FrameHold:
+    """A TCP relay on 127.0.0.1 for one connection to upstream that
+    forwards frames both ways until the client sends its (skip + 1)-th
+    frame of type t, and from then on forwards nothing more from the
+    client (held is set). seen: the types of the frames forwarded."""
+
+    def __init__(self, upstream, t, skip=0):
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(1)
         self.addr = "127.0.0.1:%d" % self.lsock.getsockname()[1]
         self.upstream = upstream
         self.held = threading.Event()
+        self.t, self.skip, self.seen = t, skip, []
         self.socks = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -187,12 +214,14 @@ class ReportHold:
                     if len(buf) < 4 + n:
                         break
                     msg = msgpack.unpackb(buf[4:4 + n], raw=False)
-                    if isinstance(msg, dict) and msg.get("t") == harness.T_REPORT:
+                    t = msg.get("t") if isinstance(msg, dict) else None
+                    if t == self.t and self.seen.count(t) == self.skip:
                         self.held.set()
                         while c.recv(1 << 16):  # from now on nothing goes to psd
                             pass
                         return
                     u.sendall(buf[:4 + n])
+                    self.seen.append(t)
                     buf = buf[4 + n:]
         except OSError:
             pass

@@ -591,7 +591,7 @@ static uint64_t check_rows(srv_tables *ts)
 
 /* Admission at the 3rd push: before it, pulls answer the initial row and
  * pushes are counted, not stored; the 3rd stores the row with its own
- * gradient applied; the counters take 256 KiB, counted. */
+ * gradient applied; the counters take 1 MiB, counted. */
 static void test_admission(void **state)
 {
     (void)state;
@@ -619,7 +619,7 @@ static void test_admission(void **state)
     assert_int_equal(st.rows, 0);
     assert_int_equal(st.filtered, 2);
     assert_int_equal(st.admitted, 0);
-    assert_int_equal(ts.bytes, before + 4 * 65536);
+    assert_int_equal(ts.bytes, before + 4 * 262144);
     assert_int_equal(push1(&ts, ti, 7, 2.0f), 0);
     const float *row = srv_tables_row(&ts, ti, 7);
     assert_non_null(row);
@@ -639,8 +639,72 @@ static void test_admission(void **state)
     srv_tables_stats(&ts, ti, &st);
     assert_int_equal(st.rows, 1001);
     assert_int_equal(st.admitted, 1001);
-    assert_true(st.bytes > 4 * 65536 + 1001 * 24); /* the counters stay counted as rows come */
+    assert_true(st.bytes > 4 * 262144 + 1001 * 24); /* the counters stay counted as rows come */
     assert_int_equal(st.bytes, ts.bytes);
+    check_rows(&ts);
+    srv_tables_free(&ts);
+}
+
+/* Pushes keys first..first+n-1 once each (dim 4), in pushes of 4096. */
+static void push_range(srv_tables *ts, uint32_t ti, uint64_t first, uint64_t n)
+{
+    enum { B = 4096 };
+    static uint8_t kb[B * 8];
+    static float g[B * 4];
+    for (size_t i = 0; i < B * 4; i++)
+        g[i] = 0.25f;
+    for (uint64_t done = 0; done < n;) {
+        uint32_t m = n - done < B ? (uint32_t)(n - done) : B;
+        uint64_t k[B];
+        for (uint32_t i = 0; i < m; i++)
+            k[i] = first + done + i;
+        keys_le(kb, k, m);
+        assert_int_equal(srv_tables_push(ts, ti, kb, m, g, 1.0, err, sizeof err), 0);
+        done += m;
+    }
+}
+
+/* Admission's counts age (they halve every 262,144 counted pushes): a key
+ * pushed once and then not for a long while needs its N pushes anew; on a
+ * long stream of keys each pushed once, new keys are still filtered at
+ * their first push (before the ageing, once some 10^6 keys were counted
+ * every counter was above zero and every key was stored at its first). */
+static void test_admission_ages(void **state)
+{
+    (void)state;
+    enum { AGE = 262144 };
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    srv_table_bounds b = {.admit = 2};
+    srv_tables_set_bounds(&ts, &b);
+    ps_table_def d = def("e", 4, "zeros", 0, "sgd", NULL);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    srv_table_stats st;
+    /* soon after: the second push stores it */
+    assert_int_equal(push1(&ts, ti, 7, 1.0f), 0);
+    assert_int_equal(push1(&ts, ti, 7, 1.0f), 0);
+    assert_non_null(srv_tables_row(&ts, ti, 7));
+    /* key 8 once, then 2 x AGE pushes of other keys: two halvings */
+    assert_int_equal(push1(&ts, ti, 8, 1.0f), 0);
+    push_range(&ts, ti, 1000000, 2 * AGE);
+    srv_tables_stats(&ts, ti, &st);
+    uint64_t rows = st.rows; /* of those 2 x AGE keys, admitted at their first push */
+    assert_int_equal(push1(&ts, ti, 8, 1.0f), 0);
+    assert_null(srv_tables_row(&ts, ti, 8)); /* its first count is gone */
+    assert_int_equal(push1(&ts, ti, 8, 1.0f), 0);
+    assert_non_null(srv_tables_row(&ts, ti, 8));
+    /* 3 x 10^6 more keys, each once: the last 65,536 are mostly filtered */
+    push_range(&ts, ti, 10000000, 3000000);
+    srv_tables_stats(&ts, ti, &st);
+    uint64_t before = st.rows;
+    push_range(&ts, ti, 20000000, 65536);
+    srv_tables_stats(&ts, ti, &st);
+    uint64_t early = st.rows - before; /* admitted at their first push: collisions */
+    print_message("admitted at their first push: %llu of the first %d keys, %llu of 65,536 after 3 x 10^6\n",
+                  (unsigned long long)rows, 2 * AGE, (unsigned long long)early);
+    assert_true(rows < 2 * AGE / 10);
+    assert_true(early < 65536 / 10);
     check_rows(&ts);
     srv_tables_free(&ts);
 }
@@ -1389,6 +1453,7 @@ int main(void)
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_memory_limit),
         cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_admission_ages),
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_stamps_survive_reload),
         cmocka_unit_test(test_stamps_only_when_read),
