@@ -344,6 +344,9 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     p = data + 16 + hlen + (1 + nstate) * n * sizeof(float);
     srv_tables_free(&s->tables);
     srv_tables_init(&s->tables, s->cfg.max_table_memory);
+    /* the rows' clocks are kept when expiry or eviction will read them */
+    srv_table_bounds keep = {.expire = s->cfg.table_expire, .evict = s->cfg.table_full == 1};
+    srv_tables_set_bounds(&s->tables, &keep);
     for (uint32_t i = 0; i < nt; i++) {
         uint32_t ti;
         const uint8_t *keys = p, *rows = p + tdefs[i].rows * 8;

@@ -6,27 +6,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "proto/errors.h"
 #include "server/store/config.h"
 #include "server/store/sparse_optim.h"
 
 #define SLOTS_MIN 1024u             /* a table's first slot array */
+#define SLOTS_MAX (1ull << 32)      /* the most slots a table has: a slot holds a row + 1 in 32 bits */
 #define BLOCK_BYTES_MAX (256u << 10) /* rows per block: as many as fit, a power of two, at least 1 */
 /* at most 5/8 of the slots in use: linear probing stays short */
 #define LOAD_NUM 5u
 #define LOAD_DEN 8u
-/* A hash slot: its key and its row index + 1 (0: empty) side by side, 12
- * bytes, so that a probe reads one cache line (two for 2 slots in 16), not
- * one of a key array and one of a row array. */
-typedef struct slot {
-    uint32_t key[2]; /* the key, in the host's order (slot_key): 4-byte aligned */
-    uint32_t row;    /* row index + 1; 0: the slot is empty */
-} slot;
+/* A hash slot is 4 bytes: the row index + 1 in its low log2(cap) bits (0:
+ * the slot is empty; rows < 5/8 cap, so it fits) and, in the bits left
+ * over, a tag: as many high bits of the key's hash (8 at 2^24 slots, none
+ * at 2^32). A probe compares tags; only a slot whose tag matches has its
+ * row's key compared, which a push or a pull reads anyway, so a match costs
+ * no extra cache miss and a key not stored rarely reads a row. */
+typedef uint32_t slot;
 #define SLOT_BYTES sizeof(slot)
-/* a row in its block: its key (2 floats' room), the table's clock at its
- * last push (2), then its row_floats values */
-#define HEAD 4u
+/* a row in its block: its key (2 floats' room), then its row_floats values */
+#define HEAD 2u
 /* admission's count-min sketch: SKETCH_D rows of SKETCH_W 8-bit counters */
 #define SKETCH_D 4u
 #define SKETCH_W 262144u
@@ -46,12 +48,15 @@ struct srv_table {
     uint32_t row_floats;   /* weights, state, step: srv_sparse_row_floats */
     uint32_t stride;       /* floats of one row in a block: HEAD and row_floats */
     slot *slots;           /* the hash table: cap slots */
-    uint64_t cap;          /* slots: 0 or a power of two */
+    uint64_t cap;          /* slots: 0 or a power of two, at most SLOTS_MAX */
+    uint32_t rmask;        /* cap - 1: a slot's bits that hold its row + 1; the others hold its tag */
     uint64_t rows;         /* rows stored, rows 0..rows-1 */
     float **blocks;        /* row r lies in blocks[r >> shift], at (r & mask) x stride */
+    uint64_t **stamps;     /* row r's clock at its last push: stamps[r >> shift][r & mask]; NULL while no
+                            * bound reads it (expiry, eviction), else one array per block */
     uint32_t nblocks, blocks_cap;
     uint32_t shift;        /* rows per block: 1 << shift */
-    uint64_t bytes;        /* what this table takes: itself, slots, blocks, the block list */
+    uint64_t bytes;        /* what this table takes: itself, slots, blocks, stamps, the block lists */
     uint64_t pulled, pushed;
     uint64_t last_pulled, last_pushed; /* at the last srv_tables_rates */
     uint64_t clock;        /* pushes applied to the table; a row keeps the clock of its last */
@@ -63,15 +68,53 @@ struct srv_table {
     double pull_rate, push_rate;
 };
 
+static size_t page_bytes(void)
+{
+    static size_t page;
+    if (!page) {
+        long p = sysconf(_SC_PAGESIZE);
+        page = p > 0 ? (size_t)p : 4096;
+    }
+    return page;
+}
+
+/* A block as it is mapped: its rows rounded up to whole pages (a block is
+ * mapped on its own, so that no allocator header pushes it one page past
+ * its rows). */
 static uint64_t block_bytes(const srv_table *t)
 {
-    return ((uint64_t)t->stride << t->shift) * sizeof(float);
+    uint64_t b = ((uint64_t)t->stride << t->shift) * sizeof(float), pg = page_bytes();
+    return (b + pg - 1) / pg * pg;
+}
+
+/* One block's stamps. */
+static uint64_t stamp_block_bytes(const srv_table *t)
+{
+    return (sizeof(uint64_t) << t->shift);
+}
+
+static float *block_new(const srv_table *t)
+{
+    void *p = mmap(NULL, block_bytes(t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void block_free(const srv_table *t, float *b)
+{
+    if (b)
+        munmap(b, block_bytes(t));
 }
 
 uint64_t srv_table_row_bytes(const ps_table_def *d)
 {
     /* the row with its key, and its slots at the highest load */
     return (uint64_t)(srv_sparse_row_floats(d) + HEAD) * sizeof(float) + (SLOT_BYTES * LOAD_DEN + LOAD_NUM - 1) / LOAD_NUM;
+}
+
+/* Whether the bounds read the rows' clocks: expiry and eviction do. */
+static int need_stamps(const srv_table_bounds *b)
+{
+    return b->expire != 0 || b->evict;
 }
 
 void srv_tables_init(srv_tables *ts, uint64_t max_bytes)
@@ -103,9 +146,13 @@ static void table_free(srv_table *t)
 {
     if (!t)
         return;
-    for (uint32_t b = 0; b < t->nblocks; b++)
-        free(t->blocks[b]);
+    for (uint32_t b = 0; b < t->nblocks; b++) {
+        block_free(t, t->blocks[b]);
+        if (t->stamps)
+            free(t->stamps[b]);
+    }
     free(t->blocks);
+    free(t->stamps);
     free(t->slots);
     free(t->sketch);
     free(t);
@@ -118,6 +165,7 @@ void srv_tables_free(srv_tables *ts)
     free(ts->scratch);
     free(ts->undo);
     free(ts->found);
+    free(ts->found_r);
     free(ts->dupset);
     memset(ts, 0, sizeof *ts);
 }
@@ -135,7 +183,7 @@ const ps_table_def *srv_tables_def(const srv_tables *ts, uint32_t i)
     return &ts->t[i]->def;
 }
 
-static uint64_t first_row_bytes(const srv_table *t, int sketch);
+static uint64_t first_row_bytes(const srv_table *t, int sketch, int stamped);
 
 int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, char *err, size_t errlen)
 {
@@ -163,13 +211,14 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
     while (t->shift < 20 && ((uint64_t)t->stride << (t->shift + 1)) * sizeof(float) <= BLOCK_BYTES_MAX)
         t->shift++;
     t->rng = ps_mix64((uint64_t)ts->n + 1) | 1;
-    uint64_t first = first_row_bytes(t, ts->bounds.admit > 1);
+    uint64_t first = first_row_bytes(t, ts->bounds.admit > 1, need_stamps(&ts->bounds));
     if (ts->bounds.table_bytes && ts->bounds.table_bytes < first) {
         ps_fail(err, errlen, PS_ELIMIT,
              "table '%s': table_memory (%llu bytes) is smaller than the table's first row takes (%llu bytes: a "
-             "block of %u rows of %u floats, %u hash slots%s); raise table_memory",
+             "block of %u rows of %u floats, %u hash slots%s%s); raise table_memory",
              d->name, (unsigned long long)ts->bounds.table_bytes, (unsigned long long)first, 1u << t->shift,
-             t->stride, SLOTS_MIN, ts->bounds.admit > 1 ? ", admission's counters" : "");
+             t->stride, SLOTS_MIN, need_stamps(&ts->bounds) ? ", the rows' clocks" : "",
+             ts->bounds.admit > 1 ? ", admission's counters" : "");
         free(t);
         return PS_ELIMIT;
     }
@@ -181,83 +230,122 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
     return 0;
 }
 
-static uint64_t slot_of(uint64_t key, uint64_t cap)
-{
-    return ps_mix64(key) & (cap - 1);
-}
-
-static inline uint64_t slot_key(const slot *s)
-{
-    uint64_t k;
-    memcpy(&k, s->key, sizeof k);
-    return k;
-}
-
-static inline void slot_set(slot *s, uint64_t key, uint32_t row)
-{
-    memcpy(s->key, &key, sizeof key);
-    s->row = row;
-}
-
-static float *row_at(const srv_table *t, uint64_t r)
+static inline float *row_at(const srv_table *t, uint64_t r)
 {
     return t->blocks[r >> t->shift] + (r & ((1ull << t->shift) - 1)) * t->stride;
 }
 
-/* The stored row of key (its row_floats values, after its key), or NULL. */
-static inline float *lookup(const srv_table *t, uint64_t key)
+static inline uint64_t *stamp_at(const srv_table *t, uint64_t r)
 {
-    if (t->cap == 0)
-        return NULL;
-    for (uint64_t s = slot_of(key, t->cap);; s = (s + 1) & (t->cap - 1)) {
-        const slot *sl = &t->slots[s];
-        if (sl->row == 0)
-            return NULL;
-        if (slot_key(sl) == key)
-            return row_at(t, sl->row - 1) + HEAD;
+    return t->stamps[r >> t->shift] + (r & ((1ull << t->shift) - 1));
+}
+
+static inline uint64_t row_key(const float *p)
+{
+    uint64_t k;
+    memcpy(&k, p, sizeof k);
+    return k;
+}
+
+/* The key of row r. */
+static inline uint64_t key_of(const srv_table *t, uint64_t r)
+{
+    return row_key(row_at(t, r));
+}
+
+/* A slot's tag for a key of hash h in an array of cap slots (rmask =
+ * cap - 1): the high bits of h where the slot holds no row index. */
+static inline uint32_t tag_of(uint64_t h, uint32_t rmask)
+{
+    return (uint32_t)(h >> 32) & ~rmask;
+}
+
+/* The row index + 1 of key, or 0 when the table does not hold it: the
+ * probe from slot s on (s: key's home slot, or where a probe stopped),
+ * comparing the key of each row whose tag matches. */
+static inline uint64_t probe_from(const srv_table *t, uint64_t key, uint64_t h, uint64_t s)
+{
+    const uint32_t rmask = t->rmask, tag = tag_of(h, rmask);
+    for (;; s = (s + 1) & (t->cap - 1)) {
+        slot v = t->slots[s];
+        if (v == 0)
+            return 0;
+        if ((v & ~rmask) == tag && key_of(t, (v & rmask) - 1) == key)
+            return v & rmask;
     }
 }
 
-/* A request's keys are looked up in a pipeline (find_each): while key k
- * is used, key k + ROW_AHEAD is looked up and its row prefetched, and the
- * slot of key k + ROW_AHEAD + SLOT_AHEAD is prefetched, so that the cache
- * misses of many keys overlap instead of coming one by one, with no pause
- * at the start of a batch. */
+/* The row index + 1 of key, or 0. */
+static inline uint64_t lookup(const srv_table *t, uint64_t key)
+{
+    if (t->cap == 0)
+        return 0;
+    uint64_t h = ps_mix64(key);
+    return probe_from(t, key, h, h & (t->cap - 1));
+}
+
+/* A request's keys are looked up in a pipeline (finder): while key k is
+ * used, key k + ROW_AHEAD's slots are read, the row of the first slot whose
+ * tag matches prefetched (its key is compared when key k + ROW_AHEAD is
+ * used, from the cache), and the slot of key k + ROW_AHEAD + SLOT_AHEAD is
+ * prefetched, so that the cache misses of many keys overlap instead of
+ * coming one by one, with no pause at the start of a batch. */
 #define ROW_AHEAD 16
 #define SLOT_AHEAD 16
 
 static inline void prefetch_slot(const srv_table *t, uint64_t key)
 {
-    const slot *sl = &t->slots[slot_of(key, t->cap)];
-    __builtin_prefetch(sl);
-    __builtin_prefetch((const char *)(sl + 1) - 1); /* the line after, when the slot straddles two */
+    __builtin_prefetch(&t->slots[ps_mix64(key) & (t->cap - 1)]);
 }
 
-/* lookup() of key, and the cache lines of bytes [from, to) of its row
- * (relative to the row's values) prefetched. */
-static inline float *find_prefetch(const srv_table *t, uint64_t key, ptrdiff_t from, ptrdiff_t to)
+/* A key ROW_AHEAD ahead: the slot of its first tag match (its row's key not
+ * compared yet) and that row, or no match (row 0: not stored). */
+typedef struct candidate {
+    uint64_t s;   /* the slot */
+    uint64_t row; /* its row + 1; 0: the probe met an empty slot first */
+    float *p;     /* where that row lies (its key first) */
+} candidate;
+
+/* The probe of key as far as its first tag match, with the cache lines of
+ * bytes [from, to) of that row (relative to its values) and its stamp
+ * prefetched. */
+static inline candidate find_prefetch(const srv_table *t, uint64_t key, ptrdiff_t from, ptrdiff_t to)
 {
-    float *row = lookup(t, key);
-    if (row) {
-        const char *at = (const char *)row + from, *end = (const char *)row + to;
-        for (; at < end; at += 64)
-            __builtin_prefetch(at);
-        __builtin_prefetch(end - 1);
+    const uint32_t rmask = t->rmask;
+    uint64_t h = ps_mix64(key);
+    const uint32_t tag = tag_of(h, rmask);
+    for (uint64_t s = h & (t->cap - 1);; s = (s + 1) & (t->cap - 1)) {
+        slot v = t->slots[s];
+        if (v == 0)
+            return (candidate){s, 0, NULL};
+        if ((v & ~rmask) == tag) {
+            uint64_t r = (v & rmask) - 1;
+            float *p = row_at(t, r);
+            const float *row = p + HEAD;
+            const char *at = (const char *)row + from, *end = (const char *)row + to;
+            for (; at < end; at += 64)
+                __builtin_prefetch(at);
+            __builtin_prefetch(end - 1);
+            if (t->stamps)
+                __builtin_prefetch(stamp_at(t, r));
+            return (candidate){s, r + 1, p};
+        }
     }
-    return row;
 }
 
 /* The pipeline over the n keys of a request: finder_start, then
- * finder_next n times, which returns the stored row of key 0, 1, ... in
- * turn (NULL: not stored). [from, to): the bytes of each row the caller
- * uses, prefetched. The caller may change the rows' values between the
- * calls, not the table's slots. */
+ * finder_next n times, which returns the stored row (its values) of key 0,
+ * 1, ... in turn, its index in f->r, or NULL (not stored). [from, to): the bytes of each row the caller uses,
+ * prefetched; it must take in the row's key (from <= -HEAD floats). The
+ * caller may change the rows' values between the calls, not the table's
+ * slots. */
 typedef struct finder {
     const srv_table *t;
     const uint8_t *keys;
-    uint32_t n, k;           /* keys; the next one finder_next returns */
+    uint32_t n, k;                /* keys; the next one finder_next returns */
+    uint64_t r;                   /* the index of the row finder_next returned last */
     ptrdiff_t from, to;
-    float *ring[ROW_AHEAD];  /* the rows of keys k .. k + ROW_AHEAD - 1 */
+    candidate ring[ROW_AHEAD];    /* keys k .. k + ROW_AHEAD - 1 */
 } finder;
 
 static inline void finder_start(finder *f, const srv_table *t, const uint8_t *keys, uint32_t n, ptrdiff_t from,
@@ -280,23 +368,36 @@ static inline float *finder_next(finder *f)
     uint32_t k = f->k++;
     if (k >= f->n)
         return NULL;
-    float *row = f->ring[k % ROW_AHEAD];
+    candidate c = f->ring[k % ROW_AHEAD];
     uint32_t j = k + ROW_AHEAD;
     if (j < f->n) {
         if (j + SLOT_AHEAD < f->n)
             prefetch_slot(f->t, ps_key_at(f->keys, j + SLOT_AHEAD));
         f->ring[j % ROW_AHEAD] = find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
     }
-    return row;
+    if (c.row == 0)
+        return NULL;
+    uint64_t key = ps_key_at(f->keys, k);
+    if (row_key(c.p) == key) {
+        f->r = c.row - 1;
+        return c.p + HEAD;
+    }
+    /* tags equal, keys not: the probe goes on past that slot */
+    uint64_t r = probe_from(f->t, key, ps_mix64(key), (c.s + 1) & (f->t->cap - 1));
+    if (!r)
+        return NULL;
+    f->r = r - 1;
+    return row_at(f->t, r - 1) + HEAD;
 }
 
-/* Puts key -> row index r into slots that have room (no key twice). */
+/* Puts key -> row index r into slots (cap of them) that have room (no key
+ * twice). */
 static void slot_put(slot *slots, uint64_t cap, uint64_t key, uint64_t r)
 {
-    uint64_t s = slot_of(key, cap);
-    while (slots[s].row != 0)
+    uint64_t h = ps_mix64(key), s = h & (cap - 1);
+    while (slots[s] != 0)
         s = (s + 1) & (cap - 1);
-    slot_set(&slots[s], key, (uint32_t)(r + 1));
+    slots[s] = tag_of(h, (uint32_t)(cap - 1)) | (uint32_t)(r + 1);
 }
 
 /* What holding `rows` rows takes: slots, blocks and the block list, in the
@@ -315,114 +416,149 @@ static void plan_size(const srv_table *t, uint64_t rows, uint64_t *cap, uint32_t
     *blocks_cap = bc;
 }
 
-static uint64_t size_of(const srv_table *t, uint64_t cap, uint32_t nblocks, uint32_t blocks_cap)
+/* What the table takes with cap slots, nblocks blocks (and as many stamp
+ * arrays when `stamped`) and block lists of blocks_cap. */
+static uint64_t size_of(const srv_table *t, uint64_t cap, uint32_t nblocks, uint32_t blocks_cap, int stamped)
 {
-    return sizeof *t + cap * SLOT_BYTES + (uint64_t)nblocks * block_bytes(t) + (uint64_t)blocks_cap * sizeof(float *);
+    uint64_t per_block = block_bytes(t) + (stamped ? stamp_block_bytes(t) : 0);
+    return sizeof *t + cap * SLOT_BYTES + (uint64_t)nblocks * per_block +
+           (uint64_t)blocks_cap * sizeof(float *) * (stamped ? 2 : 1);
 }
 
-/* What a new table takes with its first row (and admission's counters). */
-static uint64_t first_row_bytes(const srv_table *t, int sketch)
+/* What a new table takes with its first row (and admission's counters, and
+ * the row's stamp). */
+static uint64_t first_row_bytes(const srv_table *t, int sketch, int stamped)
 {
     uint64_t cap;
     uint32_t nb, bc;
     plan_size(t, 1, &cap, &nb, &bc);
-    return size_of(t, cap, nb, bc) + (sketch ? SKETCH_BYTES : 0);
+    return size_of(t, cap, nb, bc, stamped) + (sketch ? SKETCH_BYTES : 0);
+}
+
+static void count_bytes(srv_tables *ts, srv_table *t)
+{
+    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap, t->stamps != NULL) + (t->sketch ? SKETCH_BYTES : 0);
+    ts->bytes = ts->bytes - t->bytes + now;
+    t->bytes = now;
 }
 
 /* Makes room for `rows` rows: slots (rehashed into a larger array), blocks
- * and the block list. Returns 0 or PS_ENOMEM, the table then unchanged but
- * for capacity it kept. Updates t->bytes and ts->bytes. */
+ * (and their stamps while the table holds stamps) and the block lists.
+ * Returns 0 or PS_ENOMEM, the table then unchanged but for capacity it
+ * kept. Updates t->bytes and ts->bytes. */
 static int reserve(srv_tables *ts, srv_table *t, uint64_t rows)
 {
     uint64_t cap;
     uint32_t nb, bc;
     plan_size(t, rows, &cap, &nb, &bc);
+    int rc = PS_ENOMEM;
+    if (cap > SLOTS_MAX)
+        return PS_ENOMEM; /* room_for and srv_tables_load refuse so many rows first */
     if (bc > t->blocks_cap) {
         float **b = realloc(t->blocks, sizeof *b * bc);
         if (!b)
-            return PS_ENOMEM;
+            goto out;
         t->blocks = b;
+        if (t->stamps) {
+            uint64_t **s = realloc(t->stamps, sizeof *s * bc);
+            if (!s)
+                goto out;
+            t->stamps = s;
+        }
         t->blocks_cap = bc;
     }
     while (t->nblocks < nb) {
-        float *b = malloc(block_bytes(t));
+        float *b = block_new(t);
         if (!b)
-            return PS_ENOMEM;
+            goto out;
+        if (t->stamps) {
+            uint64_t *s = malloc(stamp_block_bytes(t));
+            if (!s) {
+                block_free(t, b);
+                goto out;
+            }
+            t->stamps[t->nblocks] = s;
+        }
         t->blocks[t->nblocks++] = b;
     }
     if (cap > t->cap) {
         slot *sl = calloc(cap, sizeof *sl);
         if (!sl)
-            return PS_ENOMEM;
-        for (uint64_t s = 0; s < t->cap; s++)
-            if (t->slots[s].row)
-                slot_put(sl, cap, slot_key(&t->slots[s]), t->slots[s].row - 1);
+            goto out;
+        /* the rows in order: each key read from its row, one pass */
+        for (uint64_t r = 0; r < t->rows; r++)
+            slot_put(sl, cap, key_of(t, r), r);
         free(t->slots);
         t->slots = sl;
         t->cap = cap;
+        t->rmask = (uint32_t)(cap - 1);
     }
-    uint64_t now = size_of(t, t->cap, t->nblocks, t->blocks_cap) + (t->sketch ? SKETCH_BYTES : 0);
-    ts->bytes = ts->bytes - t->bytes + now;
-    t->bytes = now;
-    return 0;
+    rc = 0;
+out:
+    count_bytes(ts, t);
+    return rc;
+}
+
+/* Frees the blocks (and stamps) past those `rows` rows need: after rows
+ * were removed to make room. */
+static void trim(srv_tables *ts, srv_table *t, uint64_t rows)
+{
+    uint64_t nb = (rows + (1ull << t->shift) - 1) >> t->shift;
+    while (t->nblocks > nb) {
+        t->nblocks--;
+        block_free(t, t->blocks[t->nblocks]);
+        if (t->stamps)
+            free(t->stamps[t->nblocks]);
+    }
+    count_bytes(ts, t);
 }
 
 /* Appends key's row (values: row_floats) as row t->rows, pushed at clock
  * `stamp`; reserve() made room. */
-static void append(srv_table *t, uint64_t key, uint64_t stamp, const float *values)
+static void append(srv_table *t, uint64_t key, uint64_t stamp, const void *values)
 {
     uint64_t r = t->rows++;
     float *p = row_at(t, r);
     memcpy(p, &key, sizeof key);
-    memcpy(p + 2, &stamp, sizeof stamp);
     memcpy(p + HEAD, values, sizeof(float) * t->row_floats);
+    if (t->stamps)
+        *stamp_at(t, r) = stamp;
     slot_put(t->slots, t->cap, key, r);
 }
 
-static uint64_t row_key(const float *p)
+/* The slot that holds row r, whose key is key. */
+static uint64_t slot_find(const srv_table *t, uint64_t key, uint64_t r)
 {
-    uint64_t k;
-    memcpy(&k, p, sizeof k);
-    return k;
-}
-
-static uint64_t row_stamp(const float *p)
-{
-    uint64_t v;
-    memcpy(&v, p + 2, sizeof v);
-    return v;
-}
-
-/* The slot holding key, which the table holds. */
-static uint64_t slot_find(const srv_table *t, uint64_t key)
-{
-    uint64_t s = slot_of(key, t->cap);
-    while (t->slots[s].row == 0 || slot_key(&t->slots[s]) != key)
+    uint64_t s = ps_mix64(key) & (t->cap - 1);
+    while ((t->slots[s] & t->rmask) != r + 1)
         s = (s + 1) & (t->cap - 1);
     return s;
 }
 
 /* Removes row r: its key leaves the slots (the probe chain after it shifted
- * back, so every key stays reachable) and the last row moves into its
- * place. */
+ * back, so every key stays reachable) and the last row (and its stamp)
+ * moves into its place. */
 static void row_remove(srv_table *t, uint64_t r)
 {
     float *p = row_at(t, r);
-    uint64_t m = t->cap - 1, i = slot_find(t, row_key(p));
-    for (uint64_t j = (i + 1) & m; t->slots[j].row != 0; j = (j + 1) & m) {
-        uint64_t h = slot_of(slot_key(&t->slots[j]), t->cap);
+    uint64_t m = t->cap - 1, i = slot_find(t, row_key(p), r);
+    for (uint64_t j = (i + 1) & m; t->slots[j] != 0; j = (j + 1) & m) {
+        uint64_t h = ps_mix64(key_of(t, (t->slots[j] & t->rmask) - 1)) & m;
         /* the key at j stays when its home h lies cyclically in (i, j] */
         if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
             continue;
         t->slots[i] = t->slots[j];
         i = j;
     }
-    t->slots[i].row = 0;
+    t->slots[i] = 0;
     uint64_t last = t->rows - 1;
     if (r != last) {
         const float *q = row_at(t, last);
         memcpy(p, q, sizeof(float) * t->stride);
-        t->slots[slot_find(t, row_key(p))].row = (uint32_t)(r + 1);
+        if (t->stamps)
+            *stamp_at(t, r) = *stamp_at(t, last);
+        uint64_t s = slot_find(t, row_key(p), last);
+        t->slots[s] = (t->slots[s] & ~t->rmask) | (uint32_t)(r + 1);
     }
     t->rows--;
 }
@@ -473,7 +609,7 @@ static void expire_scan(srv_table *t, uint64_t now, uint64_t expire, uint64_t wi
         if (c == 0)
             c = t->rows;
         c--;
-        if (now - row_stamp(row_at(t, c)) > expire) {
+        if (now - *stamp_at(t, c) > expire) {
             row_remove(t, c);
             t->expired++;
         }
@@ -498,7 +634,7 @@ static void evict(srv_table *t, uint64_t e, uint64_t now)
     for (uint64_t k = 0; k < e; k++) {
         uint64_t best = UINT64_MAX, best_stamp = UINT64_MAX;
         for (uint32_t d = 0; d < EVICT_SAMPLE || best == UINT64_MAX; d++) {
-            uint64_t r = xorshift(&t->rng) % t->rows, st = row_stamp(row_at(t, r));
+            uint64_t r = xorshift(&t->rng) % t->rows, st = *stamp_at(t, r);
             if (st < now && st < best_stamp) {
                 best = r;
                 best_stamp = st;
@@ -537,6 +673,10 @@ static int grow_scratch(srv_tables *ts, size_t n)
         if (!f)
             return PS_ENOMEM;
         ts->found = f;
+        uint32_t *r = realloc(ts->found_r, sizeof *r * n);
+        if (!r)
+            return PS_ENOMEM;
+        ts->found_r = r;
         ts->found_cap = n;
     }
     return 0;
@@ -547,7 +687,7 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
     const srv_table *t = ts->t[i];
     const uint32_t dim = t->def.dim;
     finder f; /* on the stack: a pull shares no scratch with a push */
-    finder_start(&f, t, keys, n, 0, (ptrdiff_t)(sizeof(float) * dim)); /* the weights alone */
+    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * dim)); /* key, weights */
     for (uint32_t k = 0; k < n; k++) {
         const float *row = finder_next(&f);
         float *dst = out + (size_t)k * dim;
@@ -564,19 +704,29 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
 /* The largest number of rows table t may hold within `allowed` bytes, its
  * slots and blocks grown as reserve() grows them (0 when even its present
  * capacity passes it). */
-static uint64_t rows_within(const srv_table *t, uint64_t allowed, uint64_t upto)
+static uint64_t rows_within(const srv_table *t, uint64_t allowed, uint64_t upto, int stamped)
 {
     uint64_t lo = 0, hi = upto;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo + 1) / 2, cap;
         uint32_t nb, bc;
         plan_size(t, mid, &cap, &nb, &bc);
-        if (size_of(t, cap, nb, bc) <= allowed)
+        if (size_of(t, cap, nb, bc, stamped) <= allowed)
             lo = mid;
         else
             hi = mid - 1;
     }
     return lo;
+}
+
+/* The bytes table t may take within max_table_memory (beside the other
+ * tables) and table_memory; *by_table: table_memory is the tighter. */
+static uint64_t allowed_bytes(const srv_tables *ts, const srv_table *t, int *by_table)
+{
+    uint64_t others = ts->bytes - t->bytes;
+    uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
+    *by_table = ts->bounds.table_bytes && ts->bounds.table_bytes < allowed;
+    return *by_table ? ts->bounds.table_bytes : allowed;
 }
 
 /* Room for `fresh` new rows of a push of n keys (`skipped` of them not
@@ -590,21 +740,19 @@ static int room_for(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh, ui
     *evict_n = 0;
     if (!fresh)
         return 0;
-    if (t->rows + fresh > UINT32_MAX - 1)
-        return ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (2^32 - 2)",
-                    d->name, (unsigned long long)(t->rows + fresh));
-    uint64_t others = ts->bytes - t->bytes, sketch = t->sketch ? SKETCH_BYTES : 0;
-    uint64_t allowed = ts->max_bytes > others ? ts->max_bytes - others : 0;
-    int by_table = bd->table_bytes && bd->table_bytes < allowed;
-    if (by_table)
-        allowed = bd->table_bytes;
+    if (t->rows + fresh > SRV_TABLE_ROWS_MAX)
+        return ps_fail(err, errlen, PS_ELIMIT, "table '%s': %llu rows would pass the most one table holds (%llu)",
+                    d->name, (unsigned long long)(t->rows + fresh), (unsigned long long)SRV_TABLE_ROWS_MAX);
+    int by_table;
+    uint64_t allowed = allowed_bytes(ts, t, &by_table), sketch = t->sketch ? SKETCH_BYTES : 0;
     allowed = allowed > sketch ? allowed - sketch : 0;
     uint64_t cap;
     uint32_t nb, bc;
     plan_size(t, t->rows + fresh, &cap, &nb, &bc);
-    uint64_t need = size_of(t, cap, nb, bc);
+    uint64_t need = size_of(t, cap, nb, bc, t->stamps != NULL), others = ts->bytes - t->bytes;
     if (need > allowed) {
-        uint64_t fit = rows_within(t, allowed, t->rows + fresh), touched = (uint64_t)n - fresh - skipped;
+        uint64_t fit = rows_within(t, allowed, t->rows + fresh, t->stamps != NULL),
+                 touched = (uint64_t)n - fresh - skipped;
         if (!bd->evict || fit < fresh + touched)
             return ps_fail(err, errlen, PS_ELIMIT,
                         "table '%s': %llu new rows would take %s to %llu bytes, past %s (%llu bytes; the table "
@@ -624,14 +772,183 @@ static int room_for(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh, ui
 static float not_admitted; /* ts->found's mark of a key skipped by admission */
 
 /* Puts the stored rows among the first n keys of a push back as they were
- * (undo holds each one's stamp and values, rf + 2 floats, in the order of
+ * (undo holds each one's stamp and values, 2 + rf floats, in the order of
  * the keys). */
-static void push_undo(srv_tables *ts, uint32_t n, uint32_t rf)
+static void push_undo(srv_tables *ts, const srv_table *t, uint32_t n, uint32_t rf)
 {
     size_t j = 0;
     for (uint32_t k = 0; k < n; k++)
-        if (ts->found[k] && ts->found[k] != &not_admitted)
-            memcpy(ts->found[k] - 2, ts->undo + (j++) * (rf + 2), sizeof(float) * (rf + 2));
+        if (ts->found[k] && ts->found[k] != &not_admitted) {
+            const float *u = ts->undo + (j++) * (rf + 2);
+            if (t->stamps)
+                memcpy(stamp_at(t, ts->found_r[k]), u, sizeof(uint64_t));
+            memcpy(ts->found[k], u + 2, sizeof(float) * rf);
+        }
+}
+
+/* Gives table t its stamps, every row's at the table's clock. Returns 0 or
+ * PS_ENOMEM (the table unchanged). */
+static int stamps_alloc(srv_tables *ts, srv_table *t)
+{
+    uint64_t **s = calloc(t->blocks_cap ? t->blocks_cap : 1, sizeof *s);
+    if (!s)
+        return PS_ENOMEM;
+    for (uint32_t b = 0; b < t->nblocks; b++) {
+        if (!(s[b] = malloc(stamp_block_bytes(t)))) {
+            while (b--)
+                free(s[b]);
+            free(s);
+            return PS_ENOMEM;
+        }
+        for (uint64_t r = 0; r < (1ull << t->shift); r++)
+            s[b][r] = t->clock;
+    }
+    t->stamps = s;
+    count_bytes(ts, t);
+    return 0;
+}
+
+/* The rows' clocks held exactly while a bound reads them (expiry,
+ * eviction): freed when none does; when one starts to (a reload), every
+ * row's clock starts at the table's clock, as if pushed last just now.
+ * Holding them takes 8 bytes a row; a table whose rows and clocks would
+ * not fit its caps evicts rows drawn at random first (table_full = evict:
+ * their clocks are all one), or refuses: PS_ELIMIT with err. Returns 0,
+ * that, or PS_ENOMEM. */
+static int ensure_stamps(srv_tables *ts, srv_table *t, char *err, size_t errlen)
+{
+    int want = need_stamps(&ts->bounds);
+    if (!want && t->stamps) {
+        for (uint32_t b = 0; b < t->nblocks; b++)
+            free(t->stamps[b]);
+        free(t->stamps);
+        t->stamps = NULL;
+        count_bytes(ts, t);
+        return 0;
+    }
+    if (!want || t->stamps)
+        return 0;
+    int by_table;
+    uint64_t allowed = allowed_bytes(ts, t, &by_table), sketch = t->sketch ? SKETCH_BYTES : 0;
+    allowed = allowed > sketch ? allowed - sketch : 0;
+    if (t->rows && size_of(t, t->cap, t->nblocks, t->blocks_cap, 1) > allowed) {
+        uint64_t fit = rows_within(t, allowed, t->rows, 1);
+        if (!ts->bounds.evict || fit == 0)
+            return ps_fail(err, errlen, PS_ELIMIT,
+                           "table '%s': its %llu rows and their clocks (8 bytes a row, which expiry and eviction "
+                           "read) would pass %s (%llu bytes)%s; raise it or spread the table over more psd",
+                           t->def.name, (unsigned long long)t->rows, by_table ? "table_memory" : "max_table_memory",
+                           (unsigned long long)(by_table ? ts->bounds.table_bytes : ts->max_bytes),
+                           ts->bounds.evict ? "" : " (table_full = refuse)");
+        while (t->rows > fit) {
+            row_remove(t, xorshift(&t->rng) % t->rows);
+            t->evicted++;
+        }
+        trim(ts, t, t->rows);
+    }
+    if (stamps_alloc(ts, t) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for its rows' clocks", t->def.name);
+    return 0;
+}
+
+/* Whether expire_scan(t, now, expire, window) would remove a row: the same
+ * walk, reading the rows' stamps (written on the loop alone). */
+static int expire_due(const srv_table *t, uint64_t now, uint64_t expire, uint64_t window)
+{
+    if (t->rows == 0 || now <= expire)
+        return 0;
+    uint64_t c = t->scan < t->rows ? t->scan : t->rows;
+    if (window >= t->rows) {
+        window = t->rows;
+        c = t->rows;
+    }
+    for (uint64_t k = 0; k < window; k++) {
+        if (c == 0)
+            c = t->rows;
+        c--;
+        if (now - *stamp_at(t, c) > expire)
+            return 1;
+    }
+    return 0;
+}
+
+/* The first step of a push, shared by srv_tables_push and srv_tables_pin:
+ * room for a push of n keys in psd's scratch, admission's counters made,
+ * the rows' clocks made or freed (ensure_stamps), expiry's window scanned.
+ * quiesce(arg), when given, is called before a row is removed. Returns 0,
+ * or PS_ENOMEM or PS_ELIMIT (ensure_stamps) with err, no row created. */
+static int push_prepare(srv_tables *ts, srv_table *t, uint32_t n, uint64_t now, void (*quiesce)(void *arg), void *arg,
+                        char *err, size_t errlen)
+{
+    const srv_table_bounds *bd = &ts->bounds;
+    const char *name = t->def.name;
+    if (room(&ts->scratch, &ts->scratch_floats, t->row_floats) != 0 || grow_scratch(ts, n) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", name, n);
+    if (bd->admit > 1 && !t->sketch) {
+        t->sketch = calloc(1, SKETCH_BYTES);
+        if (!t->sketch)
+            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", name);
+        count_bytes(ts, t);
+    }
+    if (quiesce && need_stamps(bd) && !t->stamps)
+        quiesce(arg); /* making room for the clocks may evict rows */
+    int rc = ensure_stamps(ts, t, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (bd->expire) {
+        uint64_t window = (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW;
+        if (quiesce && expire_due(t, now, bd->expire, window))
+            quiesce(arg);
+        expire_scan(t, now, bd->expire, window);
+    }
+    return 0;
+}
+
+/* The step after a push found its rows, shared by srv_tables_push and
+ * srv_tables_pin: room for its `fresh` new rows (`skipped` keys not
+ * admitted), within max_table_memory and table_memory, refused or made by
+ * evicting rows the push does not carry; then the slots and blocks for
+ * them. rows[k]: key k's stored row (NULL: new; &not_admitted: skipped),
+ * at[k] its index; both found again when eviction moved rows. quiesce(arg),
+ * when given, is called before a row is removed. Returns 0, or PS_ELIMIT
+ * or PS_ENOMEM with err, no row created (rows may have been evicted). */
+static int push_room(srv_tables *ts, srv_table *t, const uint8_t *keys, uint32_t n, uint64_t fresh,
+                     uint64_t skipped, float **rows, uint32_t *at, uint64_t now, void (*quiesce)(void *arg),
+                     void *arg, char *err, size_t errlen)
+{
+    uint64_t evicted = 0;
+    int rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    if (rc != 0)
+        return rc;
+    if (evicted) {
+        if (quiesce)
+            quiesce(arg);
+        for (uint32_t k = 0; k < n; k++) /* this push's rows stay (eviction holds stamps) */
+            if (rows[k] && rows[k] != &not_admitted)
+                *stamp_at(t, at[k]) = now;
+        evict(t, evicted, now);
+        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
+            if (rows[k] && rows[k] != &not_admitted) {
+                uint64_t r = lookup(t, ps_key_at(keys, k));
+                rows[k] = row_at(t, r - 1) + HEAD;
+                at[k] = (uint32_t)(r - 1);
+            }
+    }
+    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
+                       t->def.name, (unsigned long long)fresh);
+    return 0;
+}
+
+/* The last step of a push: the table's clock and counts. */
+static void push_count(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh, uint64_t skipped, uint64_t now)
+{
+    t->clock = now;
+    t->pushed += n - skipped;
+    t->filtered += skipped;
+    if (ts->bounds.admit > 1)
+        t->admitted += fresh;
+    ts->stamp++;
 }
 
 /* A push in one pass over its keys: each stored row is kept in undo
@@ -648,36 +965,34 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
     const srv_table_bounds *bd = &ts->bounds;
     const uint32_t rf = t->row_floats, dim = d->dim;
     const uint64_t now = t->clock + 1;
-    if (grow_scratch(ts, n) != 0)
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
-    if (bd->admit > 1 && !t->sketch) {
-        t->sketch = calloc(1, SKETCH_BYTES);
-        if (!t->sketch)
-            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
-        t->bytes += SKETCH_BYTES;
-        ts->bytes += SKETCH_BYTES;
-    }
 
-    /* 0. expiry: a window of rows */
-    if (bd->expire)
-        expire_scan(t, now, bd->expire, (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW);
+    /* 0. scratch, counters, clocks; expiry's window of rows */
+    int rc = push_prepare(ts, t, n, now, NULL, NULL, err, errlen);
+    if (rc != 0)
+        return rc;
 
     /* 1. stored rows stepped in place (kept in undo), new rows in scratch */
     uint64_t fresh = 0, skipped = 0, stored = 0;
-    finder f; /* stamp and values of each row */
-    finder_start(&f, t, keys, n, -2 * (ptrdiff_t)sizeof(float), (ptrdiff_t)(sizeof(float) * rf));
+    finder f; /* key and values of each row (and its stamp) */
+    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * rf));
     for (uint32_t k = 0; k < n; k++) {
         const float *gk = g + (size_t)k * dim;
         float *row = ts->found[k] = finder_next(&f);
         if (row) {
+            uint64_t r = f.r + 1;
+            ts->found_r[k] = (uint32_t)f.r;
             if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0) {
                 ts->found[k] = NULL; /* not stepped: nothing to put back */
-                push_undo(ts, k, rf);
+                push_undo(ts, t, k, rf);
                 return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
             }
-            memcpy(ts->undo + (size_t)(stored++) * (rf + 2), row - 2, sizeof(float) * (rf + 2));
+            float *u = ts->undo + (size_t)(stored++) * (rf + 2);
+            if (t->stamps)
+                memcpy(u, stamp_at(t, r - 1), sizeof(uint64_t));
+            memcpy(u + 2, row, sizeof(float) * rf);
             if (srv_sparse_step(d, row, gk, scale)) {
-                memcpy(row - 2, &now, sizeof now); /* this push's rows stay, whatever eviction does */
+                if (t->stamps)
+                    *stamp_at(t, r - 1) = now; /* this push's rows stay, whatever eviction does */
                 continue;
             }
         } else {
@@ -688,7 +1003,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
                 continue;
             }
             if (room(&ts->scratch, &ts->scratch_floats, (size_t)(fresh + 1) * rf) != 0) {
-                push_undo(ts, k, rf);
+                push_undo(ts, t, k, rf);
                 return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
             }
             row = ts->scratch + (size_t)fresh * rf;
@@ -697,7 +1012,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
             if (srv_sparse_step(d, row, gk, scale))
                 continue;
         }
-        push_undo(ts, k, rf); /* row k itself was left as it was */
+        push_undo(ts, t, k, rf); /* row k itself was left as it was */
         return ps_fail(err, errlen, PS_ENONFINITE,
                        "table '%s': the update of key %llu would make its row or its optimizer state not finite; "
                        "nothing was changed",
@@ -706,22 +1021,10 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
 
     /* 2. room for the new rows, within max_table_memory and table_memory:
      * refused, or made by evicting rows this push does not touch */
-    uint64_t evicted = 0;
-    int rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    rc = push_room(ts, t, keys, n, fresh, skipped, ts->found, ts->found_r, now, NULL, NULL, err, errlen);
     if (rc != 0) {
-        push_undo(ts, n, rf);
+        push_undo(ts, t, n, rf);
         return rc;
-    }
-    if (evicted) {
-        evict(t, evicted, now); /* never this push's rows: stamped now */
-        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
-            if (ts->found[k] && ts->found[k] != &not_admitted)
-                ts->found[k] = lookup(t, ps_key_at(keys, k));
-    }
-    if (fresh && reserve(ts, t, t->rows + fresh) != 0) {
-        push_undo(ts, n, rf);
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                       d->name, (unsigned long long)fresh);
     }
 
     /* 3. the new rows, in the order of their keys */
@@ -731,12 +1034,7 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
             if (!ts->found[k])
                 append(t, ps_key_at(keys, k), now, ts->scratch + (size_t)(nf++) * rf);
     }
-    t->clock = now;
-    t->pushed += n - skipped;
-    t->filtered += skipped;
-    if (bd->admit > 1)
-        t->admitted += fresh;
-    ts->stamp++;
+    push_count(ts, t, n, fresh, skipped, now);
     return 0;
 }
 
@@ -780,9 +1078,12 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
                     uint64_t n, char *err, size_t errlen)
 {
     srv_table *t = ts->t[i];
-    if (n > UINT32_MAX - 1 - t->rows)
-        return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': %llu rows, more than a table holds", t->def.name,
-                    (unsigned long long)n);
+    if (n > SRV_TABLE_ROWS_MAX - t->rows)
+        return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': %llu rows, more than a table holds (%llu)",
+                    t->def.name, (unsigned long long)n, (unsigned long long)SRV_TABLE_ROWS_MAX);
+    /* the checkpoint's clocks kept while a bound reads them */
+    if (stamps && need_stamps(&ts->bounds) && !t->stamps && stamps_alloc(ts, t) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for its rows' clocks", t->def.name);
     if (n && reserve(ts, t, t->rows + n) != 0)
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu rows", t->def.name,
                     (unsigned long long)n);
@@ -797,12 +1098,7 @@ int srv_tables_load(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8
             return ps_fail(err, errlen, PS_EMALFORMED, "table '%s': key %llu last pushed at clock %llu, past the "
                            "table's clock %llu", t->def.name, (unsigned long long)key, (unsigned long long)stamp,
                            (unsigned long long)t->clock);
-        uint64_t r = t->rows++;
-        float *p = row_at(t, r);
-        memcpy(p, &key, sizeof key);
-        memcpy(p + 2, &stamp, sizeof stamp);
-        memcpy(p + HEAD, rows + (size_t)k * rb, rb);
-        slot_put(t->slots, t->cap, key, r);
+        append(t, key, stamp, rows + (size_t)k * rb);
     }
     return 0;
 }
@@ -878,7 +1174,8 @@ void srv_tables_stats(const srv_tables *ts, uint32_t i, srv_table_stats *st)
 
 const float *srv_tables_row(const srv_tables *ts, uint32_t i, uint64_t key)
 {
-    return lookup(ts->t[i], key);
+    uint64_t r = lookup(ts->t[i], key);
+    return r ? row_at(ts->t[i], r - 1) + HEAD : NULL;
 }
 
 void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, const float *row, void *arg),
@@ -891,27 +1188,6 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
     }
 }
 
-/* Whether expire_scan(t, now, expire, window) would remove a row: the same
- * walk, reading the rows' stamps (written on the loop alone). */
-static int expire_due(const srv_table *t, uint64_t now, uint64_t expire, uint64_t window)
-{
-    if (t->rows == 0 || now <= expire)
-        return 0;
-    uint64_t c = t->scan < t->rows ? t->scan : t->rows;
-    if (window >= t->rows) {
-        window = t->rows;
-        c = t->rows;
-    }
-    for (uint64_t k = 0; k < window; k++) {
-        if (c == 0)
-            c = t->rows;
-        c--;
-        if (now - row_stamp(row_at(t, c)) > expire)
-            return 1;
-    }
-    return 0;
-}
-
 int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float **rows,
                    void (*quiesce)(void *arg), void *arg, char *err, size_t errlen)
 {
@@ -919,31 +1195,23 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
     const uint64_t now = t->clock + 1;
-    if (room(&ts->scratch, &ts->scratch_floats, t->row_floats) != 0)
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
-    if (bd->admit > 1 && !t->sketch) {
-        t->sketch = calloc(1, SKETCH_BYTES);
-        if (!t->sketch)
-            return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for admission's counters", d->name);
-        t->bytes += SKETCH_BYTES;
-        ts->bytes += SKETCH_BYTES;
-    }
 
-    /* 0. expiry, as srv_tables_push; rows move only once no thread steps one */
-    if (bd->expire) {
-        uint64_t window = (uint64_t)n * 4 > EXPIRE_WINDOW ? (uint64_t)n * 4 : EXPIRE_WINDOW;
-        if (expire_due(t, now, bd->expire, window))
-            quiesce(arg);
-        expire_scan(t, now, bd->expire, window);
-    }
+    /* 0. as srv_tables_push; rows move only once no thread steps one */
+    int rc = push_prepare(ts, t, n, now, quiesce, arg, err, errlen);
+    if (rc != 0)
+        return rc;
 
     /* 1. the stored rows; a key not stored is new (NULL) or not admitted */
     uint64_t fresh = 0, skipped = 0;
-    finder f; /* the stamps alone: the threads step the values */
-    finder_start(&f, t, keys, n, -2 * (ptrdiff_t)sizeof(float), 0);
+    finder f; /* the keys and stamps alone: the threads step the values */
+    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), 0);
+    uint32_t *at = ts->found_r;
     for (uint32_t k = 0; k < n; k++) {
-        if ((rows[k] = finder_next(&f)))
+        if ((rows[k] = finder_next(&f))) {
+            at[k] = (uint32_t)f.r;
             continue;
+        }
+        rows[k] = NULL;
         if (bd->admit > 1 && !sketch_admit(t, ps_key_at(keys, k), bd->admit)) {
             rows[k] = &not_admitted;
             skipped++;
@@ -953,30 +1221,17 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     }
 
     /* 2. room for the new rows, as srv_tables_push */
-    uint64_t evicted = 0;
-    int rc = room_for(ts, t, n, fresh, skipped, &evicted, err, errlen);
+    rc = push_room(ts, t, keys, n, fresh, skipped, rows, at, now, quiesce, arg, err, errlen);
     if (rc != 0)
         return rc;
-    if (evicted) {
-        quiesce(arg);
-        for (uint32_t k = 0; k < n; k++)
-            if (rows[k] && rows[k] != &not_admitted)
-                memcpy(rows[k] - HEAD + 2, &now, sizeof now); /* this push's rows stay */
-        evict(t, evicted, now);
-        for (uint32_t k = 0; k < n; k++) /* rows moved: found again */
-            if (rows[k] && rows[k] != &not_admitted)
-                rows[k] = lookup(t, ps_key_at(keys, k));
-    }
-    if (fresh && reserve(ts, t, t->rows + fresh) != 0)
-        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for %llu new rows; nothing was changed",
-                       d->name, (unsigned long long)fresh);
 
     /* 3. new rows at their initial values; every row stamped with this push */
     for (uint32_t k = 0; k < n; k++) {
         if (rows[k] == &not_admitted) {
             rows[k] = NULL;
         } else if (rows[k]) {
-            memcpy(rows[k] - HEAD + 2, &now, sizeof now);
+            if (t->stamps)
+                *stamp_at(t, at[k]) = now;
         } else {
             uint64_t key = ps_key_at(keys, k);
             srv_sparse_row_new(d, key, ts->scratch);
@@ -984,12 +1239,7 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
             rows[k] = row_at(t, t->rows - 1) + HEAD;
         }
     }
-    t->clock = now;
-    t->pushed += n - skipped;
-    t->filtered += skipped;
-    if (bd->admit > 1)
-        t->admitted += fresh;
-    ts->stamp++;
+    push_count(ts, t, n, fresh, skipped, now);
     return 0;
 }
 
@@ -997,5 +1247,5 @@ void srv_tables_each_stamp(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t
 {
     const srv_table *t = ts->t[i];
     for (uint64_t r = 0; r < t->rows; r++)
-        fn(row_stamp(row_at(t, r)), arg);
+        fn(t->stamps ? *stamp_at(t, r) : t->clock, arg);
 }

@@ -2,11 +2,14 @@
  *
  * Owns every table psd holds, their rows and the rows' optimizer state, and
  * the memory they take. A table is an open-addressing hash table (linear
- * probing, a power-of-two number of slots, at most 5/8 full) from a uint64
- * key to a row index, and the rows themselves in blocks of equal rows
- * (weights, state and step side by side, sparse_optim.h), allocated as they
- * fill and never moved, so a row pointer stays valid until the table is
- * freed. A row is stored when a push first reaches its key; a pull of a key
+ * probing, a power-of-two number of 4-byte slots, at most 2^32, at most
+ * 5/8 full; a slot holds a row index and a tag of the key's hash, the key
+ * itself is compared in the row) from a uint64 key to a row index, and the
+ * rows themselves (key, then weights, state and step side by side,
+ * sparse_optim.h) in blocks of equal rows, each mapped on its own,
+ * allocated as they fill and never moved, so a row pointer stays valid
+ * until a row is removed. Each row's clock at its last push is kept, in
+ * arrays beside the blocks, only while expiry or eviction reads it. A row is stored when a push first reaches its key; a pull of a key
  * not stored answers the key's initial row and stores nothing.
  *
  * The memory of every table (slots, blocks, the table itself) is counted
@@ -39,6 +42,10 @@
 #include "proto/table.h"
 
 typedef struct srv_table srv_table;
+
+/* The most rows one table holds: its hash has at most 2^32 slots of which
+ * at most 5/8 are in use (2,684,354,560 rows). */
+#define SRV_TABLE_ROWS_MAX ((UINT64_C(1) << 32) / 8 * 5)
 
 /* Numbers of one table for status, metrics and the dashboard. */
 typedef struct srv_table_stats {
@@ -76,6 +83,7 @@ typedef struct srv_tables {
     float *undo;                 /* a push's stored rows as they were (stamp and values), until it applies */
     size_t undo_floats;
     float **found;               /* a push's stored rows (NULL: a new key), one per key */
+    uint32_t *found_r;           /* and their row indices */
     size_t found_cap;
     uint32_t *dupset;            /* srv_tables_first_dup's hash set: position + 1 of a key */
     size_t dupset_cap;           /* entries */
@@ -174,8 +182,9 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
                      void *arg);
 
 /* Calls fn(stamp, arg) for every stored row of table i in the same order:
- * the table's clock at the row's last push (expiry's measure). For
- * checkpoints. */
+ * the table's clock at the row's last push (expiry's measure), or, when
+ * the table holds no clocks (no expiry, no eviction), the table's clock.
+ * For checkpoints. */
 void srv_tables_each_stamp(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t stamp, void *arg), void *arg);
 
 /* Puts n rows read back from a checkpoint into table i, which must hold
@@ -184,7 +193,9 @@ void srv_tables_each_stamp(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t
  * in the order they were created, so the table is laid out as it was;
  * stamps n little-endian uint64, each row's clock at its last push (none
  * past the table's clock, srv_tables_set_clock first), or NULL: every row
- * pushed at clock 0. Counts their memory but does not refuse it (they were
+ * pushed at clock 0; they are kept only when the bounds set before
+ * (srv_tables_set_bounds) have expiry or eviction, which read them. Counts
+ * their memory but does not refuse it (they were
  * psd's rows). Returns 0, PS_EMALFORMED (a key twice, a stamp past the
  * table's clock; err names it) or PS_ENOMEM; on failure some rows may be
  * in: the caller frees the tables. */
@@ -205,8 +216,9 @@ void srv_tables_set_clock(srv_tables *ts, uint32_t i, uint64_t clock);
 int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *w, uint64_t n,
                             char *err, size_t errlen);
 
-/* Bytes one row of d takes in the store (its floats and its slot share),
- * for error messages and the docs. */
+/* Bytes one row of d takes in the store (its key, its floats and its slot
+ * share at the highest load; 8 more with expiry or eviction on, its
+ * clock), for error messages and the docs. */
 uint64_t srv_table_row_bytes(const ps_table_def *d);
 
 #endif
