@@ -54,7 +54,6 @@ os.environ.setdefault("PSD_CLIENT_LIBRARY", os.path.join(ROOT, "build", "client"
 import psd  # noqa: E402
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-HEARTBEAT_S = "300s"
 
 
 def mix(z):
@@ -90,9 +89,7 @@ def start_psd(d, name, sets):
     port_file = os.path.join(d, name + ".port")
     err = open(os.path.join(d, name + ".log"), "w")
     argv = [os.environ.get("PSD_BIN", os.path.join(ROOT, "build", "server", "psd")), "--listen", "127.0.0.1:0",
-            "--port-file", port_file, "--mode", "asgd", "--workers", "1", "--log-level", "warn",
-            # a rehash of 2^26 slots on a loaded 2-core machine holds psd's loop past the default 10 s
-            "--set", "heartbeat_timeout=%s" % HEARTBEAT_S]
+            "--port-file", port_file, "--mode", "asgd", "--workers", "1", "--log-level", "warn"]
     for s in sets:
         argv += ["--set", s]
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)

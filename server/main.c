@@ -223,8 +223,8 @@ static void credit_stall(psd *s, uint64_t now)
     for (srv_conn *c = s->conns; c; c = c->next)
         c->last_msg_ms = c->last_msg_ms + stall < now ? c->last_msg_ms + stall : now;
     if (n > 0)
-        PS_LOG(PS_LOG_WARN, "psd's loop was held for %.1f s; its %u connected worker%s' silence is counted "
-               "without it", (double)stall / 1e3, n, n == 1 ? "" : "s");
+        PS_LOG(PS_LOG_WARN, "psd's loop was held for %.1f s; its %u connected worker%s silence is counted "
+               "without it", (double)stall / 1e3, n, n == 1 ? "'s" : "s'");
 }
 
 /* Declares dead every connected worker silent for heartbeat_timeout. A
