@@ -228,9 +228,10 @@ def test_torch_example_torchrun_env_pipeline(cluster):
     procs = []
     for k in range(2):
         env = dict(example_env(), RANK=str(k), WORLD_SIZE="2", LOCAL_RANK=str(k))
-        # two epochs: after one (47 ASGD steps a worker) test accuracy ranged
-        # down to 0.70 here, below what the check needs to mean anything
-        procs.append(harness.Proc("t%d" % k, torch_argv(psd, "--epochs", "2", "--pipeline"), cluster.dir, env=env))
+        # four epochs: after one (47 ASGD steps a worker) test accuracy ranged
+        # down to 0.70 here, and after two once to 0.739 (a full run of the
+        # suite), below what the check needs to mean anything
+        procs.append(harness.Proc("t%d" % k, torch_argv(psd, "--epochs", "4", "--pipeline"), cluster.dir, env=env))
     outs = []
     for p in procs:
         assert p.wait(240) == 0, p.stderr()
