@@ -28,6 +28,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "common/vec.h"
 #include "proto/errors.h"
 #include "proto/layout.h"
 #include "proto/ps_limits.h"
@@ -171,10 +172,15 @@ struct psc_client {
     struct psc_tkeys {
         uint64_t *tk;        /* the distinct keys, in first-seen order */
         uint32_t *tidx;      /* for each key of the call, its distinct key's index */
-        uint64_t *tmap;      /* hash map: key, index + 1 (pairs) */
+        uint32_t *tmap;      /* hash set of the distinct keys: index in tk + 1 (0: empty) */
         uint64_t *tg;        /* the distinct keys grouped by part: part 0's first */
         uint32_t *tpos;      /* for each distinct key, its position in tg */
         float *tgrows;       /* the rows of tg, in its order */
+        int ident;           /* the call's keys are distinct and go to one psd: sent
+                              * as they are, from and into the caller's arrays */
+        const uint64_t *sk;  /* the keys sent: tg, or the call's keys (ident) */
+        const float *sr;     /* the rows pushed: tgrows, or the call's gradients (ident) */
+        float *rr;           /* where pulled rows go: tgrows, or the call's rows (ident) */
         size_t tk_cap, tidx_cap, tmap_cap, tg_cap, tpos_cap, tgrows_cap;
         size_t tfrom[PS_PARTS_MAX + 1]; /* part p's keys are tg[tfrom[p], tfrom[p + 1]) */
     } tks[2];

@@ -141,8 +141,9 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
 }
 
 /* The distinct keys of keys[0..n) in g->tk (first-seen order, *nu of
- * them) and, for each key, its distinct key's index in g->tidx. 0 or
- * PSC_ENOMEM. */
+ * them) and, for each key, its distinct key's index in g->tidx. The set
+ * holds 4-byte indexes, so that the set of 4,096 keys fits a 32 KiB cache.
+ * 0 or PSC_ENOMEM. */
 static int tab_distinct(psc_client *c, struct psc_tkeys *g, const uint64_t *keys, size_t n, size_t *nu)
 {
     size_t mcap = 16;
@@ -150,21 +151,21 @@ static int tab_distinct(psc_client *c, struct psc_tkeys *g, const uint64_t *keys
         mcap *= 2;
     if (grow((void **)&g->tk, &g->tk_cap, n ? n : 1, sizeof *g->tk) ||
         grow((void **)&g->tidx, &g->tidx_cap, n ? n : 1, sizeof *g->tidx) ||
-        grow((void **)&g->tmap, &g->tmap_cap, 2 * mcap, sizeof *g->tmap))
+        grow((void **)&g->tmap, &g->tmap_cap, mcap, sizeof *g->tmap))
         return psc__fail(c, PSC_ENOMEM, "out of memory for %zu keys", n);
-    memset(g->tmap, 0, 2 * mcap * sizeof *g->tmap);
-    *nu = 0;
+    memset(g->tmap, 0, mcap * sizeof *g->tmap);
+    uint32_t u = 0;
     for (size_t i = 0; i < n; i++) {
         size_t s = (size_t)(ps_mix64(keys[i]) & (mcap - 1));
-        while (g->tmap[2 * s + 1] && g->tmap[2 * s] != keys[i])
+        while (g->tmap[s] && g->tk[g->tmap[s] - 1] != keys[i])
             s = (s + 1) & (mcap - 1);
-        if (!g->tmap[2 * s + 1]) {
-            g->tmap[2 * s] = keys[i];
-            g->tmap[2 * s + 1] = ++*nu;
-            g->tk[*nu - 1] = keys[i];
+        if (!g->tmap[s]) {
+            g->tk[u] = keys[i];
+            g->tmap[s] = ++u;
         }
-        g->tidx[i] = (uint32_t)(g->tmap[2 * s + 1] - 1);
+        g->tidx[i] = g->tmap[s] - 1;
     }
+    *nu = u;
     return 0;
 }
 
@@ -245,17 +246,17 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
             snprintf(m.tab, sizeof m.tab, "%s", t->def.name);
             /* the host is little-endian */
             if (k) {
-                m.keys = (ps_keys){(const uint8_t *)(g->tg + from), (uint32_t)k};
+                m.keys = (ps_keys){(const uint8_t *)(g->sk + from), (uint32_t)k};
                 m.has |= PS_F_BASE | PS_F_DATA;
                 m.base = psc__push_base(c, &c->links[p]);
-                m.data = g->tgrows + from * dim;
+                m.data = g->sr + from * dim;
                 m.ndata = k * dim;
                 if (pk) {
                     m.has |= PS_F_PKEYS;
-                    m.pkeys = (ps_keys){(const uint8_t *)(pg->tg + pfrom), (uint32_t)pk};
+                    m.pkeys = (ps_keys){(const uint8_t *)(pg->sk + pfrom), (uint32_t)pk};
                 }
             } else {
-                m.keys = (ps_keys){(const uint8_t *)(pg->tg + pfrom), (uint32_t)pk};
+                m.keys = (ps_keys){(const uint8_t *)(pg->sk + pfrom), (uint32_t)pk};
             }
             int r = ps_client_send(&c->links[p].cl, &m);
             if (r != 0) {
@@ -290,7 +291,7 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                 continue;
             }
             if (pcnt[p])
-                memcpy(pg->tgrows + pfrom * dim, r.data, pcnt[p] * dim * sizeof(float));
+                memcpy(pg->rr + pfrom * dim, r.data, pcnt[p] * dim * sizeof(float));
             done[p] += cnt[p];
             pd[p] += pcnt[p];
         }
@@ -333,21 +334,55 @@ static int tab_ready(psc_client *c, const char *what, const char *name, const vo
     return 0;
 }
 
-/* Makes the n keys distinct and groups them by part in c->tks[g]. */
+/* Makes the n keys distinct and groups them by part in c->tks[g], with
+ * room there for their rows. Keys that are distinct already and go to one
+ * psd are sent as they are (ident): no copy of them, nor of their rows. */
 static int tab_prepare(psc_client *c, int g, const struct psc_tab *t, const uint64_t *keys, size_t n)
 {
+    struct psc_tkeys *k = &c->tks[g];
     size_t nu = 0;
-    int rc = tab_distinct(c, &c->tks[g], keys, n, &nu);
-    return rc ? rc : tab_group(c, &c->tks[g], nu, t->def.dim);
+    int rc = tab_distinct(c, k, keys, n, &nu);
+    if (rc != 0)
+        return rc;
+    k->ident = nu == n && c->nlinks == 1;
+    if (k->ident) {
+        k->tfrom[0] = 0;
+        k->tfrom[1] = n;
+        k->sk = keys;
+        return 0;
+    }
+    if ((rc = tab_group(c, k, nu, t->def.dim)) != 0)
+        return rc;
+    k->sk = k->tg;
+    k->sr = k->rr = k->tgrows;
+    return 0;
+}
+
+/* PSC_ENONFINITE naming the first of the n keys whose row of rows is not
+ * finite. */
+static int tab_nonfinite(psc_client *c, const struct psc_tab *t, const uint64_t *keys, size_t n, const float *rows)
+{
+    uint32_t dim = t->def.dim;
+    size_t i = 0;
+    while (i + 1 < n && ps_vec_all_finite(rows + i * dim, dim))
+        i++;
+    return psc__fail(c, PSC_ENONFINITE, "psc_table_push: table '%s': the gradient of key %llu is not finite",
+                     t->def.name, (unsigned long long)keys[i]);
 }
 
 /* The pushed gradients grads of the n keys of c->tks[0] (prepared) summed
- * per key, in the order they come, at its place in its part; 0 or
- * PSC_ENONFINITE. */
+ * per key, in the order they come, at its place in its part (ident: the
+ * gradients as they are); 0 or PSC_ENONFINITE. */
 static int tab_sum(psc_client *c, const struct psc_tab *t, size_t n, const float *grads)
 {
     struct psc_tkeys *g = &c->tks[0];
     uint32_t dim = t->def.dim;
+    if (g->ident) {
+        if (!ps_vec_all_finite(grads, n * dim))
+            return tab_nonfinite(c, t, g->sk, n, grads);
+        g->sr = grads;
+        return 0;
+    }
     size_t nu = g->tfrom[c->nlinks];
     memset(g->tgrows, 0, nu * dim * sizeof(float));
     for (size_t i = 0; i < n; i++) {
@@ -355,17 +390,26 @@ static int tab_sum(psc_client *c, const struct psc_tab *t, size_t n, const float
         for (uint32_t j = 0; j < dim; j++)
             dst[j] += grads[i * dim + j];
     }
-    for (size_t i = 0; i < nu * dim; i++)
-        if (!isfinite(g->tgrows[i]))
-            return psc__fail(c, PSC_ENONFINITE, "psc_table_push: table '%s': the gradient of key %llu is not finite",
-                             t->def.name, (unsigned long long)g->tg[i / dim]);
+    if (!ps_vec_all_finite(g->tgrows, nu * dim))
+        return tab_nonfinite(c, t, g->tg, nu, g->tgrows);
     return 0;
 }
 
-/* The pulled rows of the n keys of c->tks[g] into rows, in the call's order. */
+/* Where the rows pulled for c->tks[g] go: straight into the caller's rows
+ * (ident), or into its scratch for tab_unpack. */
+static void tab_pull_into(psc_client *c, int g, float *rows)
+{
+    if (c->tks[g].ident)
+        c->tks[g].rr = rows;
+}
+
+/* The pulled rows of the n keys of c->tks[g] into rows, in the call's
+ * order (ident: there already). */
 static void tab_unpack(const psc_client *c, int g, const struct psc_tab *t, size_t n, float *rows)
 {
     const struct psc_tkeys *k = &c->tks[g];
+    if (k->ident)
+        return;
     uint32_t dim = t->def.dim;
     for (size_t i = 0; i < n; i++)
         memcpy(rows + i * dim, k->tgrows + (size_t)k->tpos[k->tidx[i]] * dim, dim * sizeof(float));
@@ -389,7 +433,10 @@ int psc_table_pull(psc_client *c, const char *name, const uint64_t *keys, size_t
     int rc = tab_ready(c, "psc_table_pull", name, keys, n, rows, &t);
     if (rc != 0 || n == 0)
         return rc;
-    if ((rc = tab_prepare(c, 0, t, keys, n)) != 0 || (rc = tab_run(c, t, TAB_PULL)) != 0)
+    if ((rc = tab_prepare(c, 0, t, keys, n)) != 0)
+        return rc;
+    tab_pull_into(c, 0, rows);
+    if ((rc = tab_run(c, t, TAB_PULL)) != 0)
         return rc;
     tab_unpack(c, 0, t, n, rows);
     return 0;
@@ -420,7 +467,10 @@ int psc_table_pushpull(psc_client *c, const char *name, const uint64_t *keys, si
     if (rc != 0)
         return rc;
     if ((rc = tab_prepare(c, 0, t, keys, n)) != 0 || (rc = tab_sum(c, t, n, grads)) != 0 ||
-        (rc = tab_prepare(c, 1, t, next, m)) != 0 || (rc = tab_run(c, t, TAB_PUSHPULL)) != 0)
+        (rc = tab_prepare(c, 1, t, next, m)) != 0)
+        return rc;
+    tab_pull_into(c, 1, rows);
+    if ((rc = tab_run(c, t, TAB_PUSHPULL)) != 0)
         return rc;
     tab_unpack(c, 1, t, m, rows);
     return 0;

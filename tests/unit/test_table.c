@@ -184,10 +184,12 @@ static void scalar_step(const ps_table_def *d, const float *row, const float *g,
         case PS_TOPT_SGD:
             w[j] = (float)((double)row[j] - lr * gj);
             break;
-        case PS_TOPT_ADAGRAD:
-            s1[j] = (float)((double)row[dim + j] + gj * gj);
-            w[j] = (float)((double)row[j] - lr * gj / (sqrt((double)s1[j]) + eps));
+        case PS_TOPT_ADAGRAD: { /* float32, as PyTorch */
+            float gf = (float)scale * g[j];
+            s1[j] = row[dim + j] + gf * gf;
+            w[j] = row[j] - (float)lr * (gf / (sqrtf(s1[j]) + (float)eps));
             break;
+        }
         case PS_TOPT_ADAM: {
             double b1 = d->hp[PS_HP_BETA1], b2 = d->hp[PS_HP_BETA2];
             double step = lr * sqrt(1.0 - pow(b2, (double)t)) / (1.0 - pow(b1, (double)t));
