@@ -55,6 +55,8 @@ int main(int argc, char **argv)
     uint64_t space = argc > 3 ? strtoull(argv[3], NULL, 10) : 1000000;
     double s = argc > 4 ? atof(argv[4]) : 1.1;
     const char *opt = argc > 5 ? argv[5] : "adagrad";
+    int use_hint = !(argc > 6 && strcmp(argv[6], "nohint") == 0);
+    srv_row_hint hint = {0};
     if (dim < 1 || dim > PS_TABLE_DIM_MAX || nk < 1 || space < nk || s < 0) {
         fprintf(stderr, "usage: table_store [dim (1..%d) [keys [key_space (>= keys) [zipf (>= 0) [optimizer]]]]]\n",
                 PS_TABLE_DIM_MAX);
@@ -121,12 +123,12 @@ int main(int argc, char **argv)
                 return 1;
             }
             double t1 = now();
-            if (srv_tables_push(&ts, ti, push, nk, g, 1.0, err, sizeof err) != 0) {
+            if (srv_tables_push_hint(&ts, ti, push, nk, g, 1.0, use_hint ? &hint : NULL, err, sizeof err) != 0) {
                 fprintf(stderr, "table_store: round %d: %s\n", r, err);
                 return 1;
             }
             double t2 = now();
-            srv_tables_pull(&ts, ti, pull, nk, rows);
+            srv_tables_pull_hint(&ts, ti, pull, nk, rows, use_hint ? &hint : NULL);
             double t3 = now();
             t[r] = t3 - t0;
             ph[0][r] = t1 - t0;
@@ -150,6 +152,7 @@ int main(int argc, char **argv)
            ROUNDS, TRIALS, 2.0 * nk / best / 1e6);
     printf("table_store: ns a key of a round (medians): duplicate check %.1f, push %.1f, pull %.1f\n",
            best_ph[0] * 1e9 / nk, best_ph[1] * 1e9 / nk, best_ph[2] * 1e9 / nk);
+    srv_row_hint_free(&hint);
     srv_tables_free(&ts);
     free(keys);
     free(g);

@@ -99,12 +99,12 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
             goto nomem;
     }
     if (nblk == 1) {
-        srv_tables_pull(&s->tables, ti, keys, n, blk[0]->w);
+        srv_tables_pull_hint(&s->tables, ti, keys, n, blk[0]->w, &c->row_hint);
     } else {
         /* rows may straddle blocks: through one flat buffer */
         if (!(flat = malloc((size_t)total * sizeof(float))))
             goto nomem;
-        srv_tables_pull(&s->tables, ti, keys, n, flat);
+        srv_tables_pull_hint(&s->tables, ti, keys, n, flat, &c->row_hint);
         for (size_t b = 0; b < nblk; b++) {
             uint64_t at = (uint64_t)b << SRV_BLK_SHIFT;
             memcpy(blk[b]->w, flat + at, (size_t)(total - at < SRV_BLK_FLOATS ? total - at : SRV_BLK_FLOATS) *

@@ -17,6 +17,7 @@ void srv_conn_free(srv_conn *c)
 {
     msgpack_zone_destroy(&c->zone);
     srv_shm_detach(c);
+    srv_row_hint_free(&c->row_hint);
     free(c->wide);
     c->srv->rbuf_bytes -= c->rcap;
     free(c->rbuf);

@@ -195,7 +195,8 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
         srv_tables_configure(&s->tables, &s->cfg);
-        rc = srv_tables_push(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, err, sizeof err);
+        rc = srv_tables_push_hint(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, &c->row_hint, err,
+                                  sizeof err);
     }
     if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {
         /* dropped, and the rows answered so the worker catches up */

@@ -235,6 +235,8 @@ struct srv_conn {
     int held;                /* frames wait while an update is applied off the loop */
     int free_later;          /* closed while its push is applied off the loop:
                               * freed when that is done */
+    srv_row_hint row_hint;   /* where its last table pull found its rows, for
+                              * the push of the same keys (asgd, ssp) */
     int tapply_busy;         /* its table push is with the apply threads
                               * (table_apply = hogwild): its frames wait */
     int close_after_write;   /* close once queued writes are flushed */

@@ -339,32 +339,66 @@ static inline candidate find_prefetch(const srv_table *t, uint64_t key, ptrdiff_
  * 1, ... in turn, its index in f->r, or NULL (not stored). [from, to): the bytes of each row the caller uses,
  * prefetched; it must take in the row's key (from <= -HEAD floats). The
  * caller may change the rows' values between the calls, not the table's
- * slots. */
+ * slots. With hint (a row + 1 per key, 0: none; srv_row_hint), key k's
+ * row is first looked for at its hint, without the slots. */
 typedef struct finder {
     const srv_table *t;
     const uint8_t *keys;
+    const uint32_t *hint;         /* NULL: none */
     uint32_t n, k;                /* keys; the next one finder_next returns */
     uint64_t r;                   /* the index of the row finder_next returned last */
     ptrdiff_t from, to;
     candidate ring[ROW_AHEAD];    /* keys k .. k + ROW_AHEAD - 1 */
 } finder;
 
+#define HINTED UINT64_MAX /* candidate.s of a row taken from a hint */
+
+/* Key j's hinted row, when it has one that is stored. */
+static inline int hinted(const finder *f, uint32_t j)
+{
+    return f->hint && f->hint[j] && f->hint[j] <= f->t->rows;
+}
+
+/* hinting: whether f has a hint, a constant where the functions are
+ * inlined, so that a finder without one runs no code of the hints. */
+static inline __attribute__((always_inline)) void finder_prefetch_slot(const finder *f, uint32_t j, const int hinting)
+{
+    if (!hinting || !hinted(f, j))
+        prefetch_slot(f->t, ps_key_at(f->keys, j));
+}
+
+static inline __attribute__((always_inline)) candidate finder_find(const finder *f, uint32_t j, const int hinting)
+{
+    if (!hinting || !hinted(f, j))
+        return find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
+    uint64_t r = f->hint[j] - 1;
+    float *p = row_at(f->t, r);
+    const char *at = (const char *)(p + HEAD) + f->from, *end = (const char *)(p + HEAD) + f->to;
+    for (; at < end; at += 64)
+        __builtin_prefetch(at);
+    __builtin_prefetch(end - 1);
+    if (f->t->stamps)
+        __builtin_prefetch(stamp_at(f->t, r));
+    return (candidate){HINTED, r + 1, p};
+}
+
 static inline void finder_start(finder *f, const srv_table *t, const uint8_t *keys, uint32_t n, ptrdiff_t from,
-                                ptrdiff_t to)
+                                ptrdiff_t to, const uint32_t *hint)
 {
     f->t = t;
     f->keys = keys;
+    f->hint = hint;
     f->n = t->cap ? n : 0; /* no slots: every key is not stored */
     f->k = 0;
     f->from = from;
     f->to = to;
     for (uint32_t k = 0; k < f->n && k < ROW_AHEAD + SLOT_AHEAD; k++)
-        prefetch_slot(t, ps_key_at(keys, k));
+        finder_prefetch_slot(f, k, hint != NULL);
     for (uint32_t k = 0; k < f->n && k < ROW_AHEAD; k++)
-        f->ring[k] = find_prefetch(t, ps_key_at(keys, k), from, to);
+        f->ring[k] = finder_find(f, k, hint != NULL);
 }
 
-static inline float *finder_next(finder *f)
+static inline __attribute__((always_inline)) float *finder_next(finder *f, const int hinting)
 {
     uint32_t k = f->k++;
     if (k >= f->n)
@@ -373,8 +407,8 @@ static inline float *finder_next(finder *f)
     uint32_t j = k + ROW_AHEAD;
     if (j < f->n) {
         if (j + SLOT_AHEAD < f->n)
-            prefetch_slot(f->t, ps_key_at(f->keys, j + SLOT_AHEAD));
-        f->ring[j % ROW_AHEAD] = find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
+            finder_prefetch_slot(f, j + SLOT_AHEAD, hinting);
+        f->ring[j % ROW_AHEAD] = finder_find(f, j, hinting);
     }
     if (c.row == 0)
         return NULL;
@@ -383,8 +417,10 @@ static inline float *finder_next(finder *f)
         f->r = c.row - 1;
         return c.p + HEAD;
     }
-    /* tags equal, keys not: the probe goes on past that slot */
-    uint64_t r = probe_from(f->t, key, ps_mix64(key), (c.s + 1) & (f->t->cap - 1));
+    /* a hint whose row holds another key now: the key looked up; tags
+     * equal, keys not: the probe goes on past that slot */
+    uint64_t r = hinting && c.s == HINTED ? lookup(f->t, key)
+                                          : probe_from(f->t, key, ps_mix64(key), (c.s + 1) & (f->t->cap - 1));
     if (!r)
         return NULL;
     f->r = r - 1;
@@ -687,15 +723,50 @@ static int grow_scratch(srv_tables *ts, size_t n)
     return 0;
 }
 
+void srv_row_hint_free(srv_row_hint *h)
+{
+    free(h->keys);
+    free(h->at);
+    memset(h, 0, sizeof *h);
+}
+
+/* Room in h for n keys; 0, or -1 with h emptied (a pull without a hint). */
+static int hint_room(srv_row_hint *h, uint32_t n)
+{
+    h->n = 0;
+    if (n <= h->cap)
+        return 0;
+    uint8_t *k = realloc(h->keys, (size_t)n * 8);
+    if (k)
+        h->keys = k;
+    uint32_t *a = realloc(h->at, sizeof *a * n);
+    if (a)
+        h->at = a;
+    if (!k || !a)
+        return -1;
+    h->cap = n;
+    return 0;
+}
+
 void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out)
+{
+    srv_tables_pull_hint(ts, i, keys, n, out, NULL);
+}
+
+void srv_tables_pull_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out, srv_row_hint *h)
 {
     const srv_table *t = ts->t[i];
     const uint32_t dim = t->def.dim;
+    if (h && hint_room(h, n) != 0)
+        h = NULL;
     finder f; /* on the stack: a pull shares no scratch with a push */
-    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * dim)); /* key, weights */
+    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * dim), /* key, weights */
+                 NULL);
     for (uint32_t k = 0; k < n; k++) {
-        const float *row = finder_next(&f);
+        const float *row = finder_next(&f, 0);
         float *dst = out + (size_t)k * dim;
+        if (h)
+            h->at[k] = row ? (uint32_t)(f.r + 1) : 0;
         if (row)
             memcpy(dst, row, sizeof(float) * dim);
         else if (t->def.opt == PS_TOPT_FTRL)
@@ -704,6 +775,11 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
             ps_table_row_init(&t->def, ps_key_at(keys, k), dst);
     }
     ts->t[i]->pulled += n;
+    if (h) {
+        memcpy(h->keys, keys, (size_t)n * 8);
+        h->n = n;
+        h->table = i;
+    }
 }
 
 /* The largest number of rows table t may hold within `allowed` bytes, its
@@ -956,34 +1032,23 @@ static void push_count(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh,
     ts->stamp++;
 }
 
-/* A push in two passes over its keys: the first finds each stored row and
- * keeps it in undo (stamp and values, from the cache lines just loaded),
- * and makes each new row in scratch; the second steps them all in one loop
- * (srv_sparse_step_rows: the steps of different rows overlap in the CPU,
- * which one step between two lookups did not let them do) and stamps the
- * stored ones. If a step is not finite, or the new rows do not fit, the
- * rows stepped so far are put back from undo, so the push changes nothing.
- * Each stored row is read from memory once. */
-int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
-                    char *err, size_t errlen)
+/* The first pass of a push (srv_tables_push_hint): each stored row found
+ * (through hint when hinting) and kept in undo, each new one made in
+ * scratch; *fresh and *skipped count the new rows and the keys admission
+ * skipped. 0 or PS_ENOMEM, nothing stepped yet. */
+static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_table *t, const uint8_t *keys,
+                                                          uint32_t n, const uint32_t *hint, const int hinting,
+                                                          uint64_t *fresh, uint64_t *skipped, char *err,
+                                                          size_t errlen)
 {
-    srv_table *t = ts->t[i];
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
     const uint32_t rf = t->row_floats;
-    const uint64_t now = t->clock + 1;
-
-    /* 0. scratch, counters, clocks; expiry's window of rows */
-    int rc = push_prepare(ts, t, n, now, NULL, NULL, err, errlen);
-    if (rc != 0)
-        return rc;
-
-    /* 1. stored rows found and kept in undo, new rows made in scratch */
-    uint64_t fresh = 0, skipped = 0, stored = 0;
+    uint64_t stored = 0;
     finder f; /* key and values of each row (and its stamp) */
-    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * rf));
+    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * rf), hint);
     for (uint32_t k = 0; k < n; k++) {
-        float *row = ts->found[k] = finder_next(&f);
+        float *row = ts->found[k] = finder_next(&f, hinting);
         if (row) {
             ts->found_r[k] = (uint32_t)f.r;
             if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0)
@@ -997,13 +1062,51 @@ int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n,
         uint64_t key = ps_key_at(keys, k);
         if (bd->admit > 1 && !sketch_admit(t, key, bd->admit)) {
             ts->found[k] = &not_admitted; /* counted, not stored */
-            skipped++;
+            (*skipped)++;
             continue;
         }
-        if (room(&ts->scratch, &ts->scratch_floats, (size_t)(fresh + 1) * rf) != 0)
+        if (room(&ts->scratch, &ts->scratch_floats, (size_t)(*fresh + 1) * rf) != 0)
             return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
-        srv_sparse_row_new(d, key, ts->scratch + (size_t)(fresh++) * rf);
+        srv_sparse_row_new(d, key, ts->scratch + (size_t)((*fresh)++) * rf);
     }
+    return 0;
+}
+
+/* A push in two passes over its keys: the first finds each stored row and
+ * keeps it in undo (stamp and values, from the cache lines just loaded),
+ * and makes each new row in scratch; the second steps them all in one loop
+ * (srv_sparse_step_rows: the steps of different rows overlap in the CPU,
+ * which one step between two lookups did not let them do) and stamps the
+ * stored ones. If a step is not finite, or the new rows do not fit, the
+ * rows stepped so far are put back from undo, so the push changes nothing.
+ * Each stored row is read from memory once. */
+int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
+                    char *err, size_t errlen)
+{
+    return srv_tables_push_hint(ts, i, keys, n, g, scale, NULL, err, errlen);
+}
+
+int srv_tables_push_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
+                         const srv_row_hint *h, char *err, size_t errlen)
+{
+    srv_table *t = ts->t[i];
+    const ps_table_def *d = &t->def;
+    const uint32_t rf = t->row_floats;
+    const uint64_t now = t->clock + 1;
+
+    /* 0. scratch, counters, clocks; expiry's window of rows */
+    int rc = push_prepare(ts, t, n, now, NULL, NULL, err, errlen);
+    if (rc != 0)
+        return rc;
+
+    /* 1. stored rows found and kept in undo, new rows made in scratch */
+    uint64_t fresh = 0, skipped = 0;
+    const uint32_t *hint = h && h->n == n && h->table == i && n && memcmp(h->keys, keys, (size_t)n * 8) == 0 ? h->at
+                                                                                                         : NULL;
+    rc = hint ? push_find(ts, t, keys, n, hint, 1, &fresh, &skipped, err, errlen)
+              : push_find(ts, t, keys, n, NULL, 0, &fresh, &skipped, err, errlen);
+    if (rc != 0)
+        return rc;
 
     /* 2. every row stepped: stored ones in place, new ones in scratch */
     uint64_t nf = 0;
@@ -1210,10 +1313,10 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     /* 1. the stored rows; a key not stored is new (NULL) or not admitted */
     uint64_t fresh = 0, skipped = 0;
     finder f; /* the keys and stamps alone: the threads step the values */
-    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), 0);
+    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), 0, NULL);
     uint32_t *at = ts->found_r;
     for (uint32_t k = 0; k < n; k++) {
-        if ((rows[k] = finder_next(&f))) {
+        if ((rows[k] = finder_next(&f, 0))) {
             at[k] = (uint32_t)f.r;
             continue;
         }

@@ -124,6 +124,24 @@ const ps_table_def *srv_tables_def(const srv_tables *ts, uint32_t i);
  * initial row. keys is a "keys" bin (little-endian uint64, ps_key_at). */
 void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out);
 
+/* Where a pull found its keys' rows, kept for the push of the same keys
+ * that usually comes next on that connection (a worker pushes the
+ * gradients of the rows it pulled): that push goes straight to each row
+ * instead of through the hash slots. A hint is only ever a guess: the
+ * push takes row r for key k only when r is stored and holds k, and looks
+ * k up otherwise, so rows removed, moved or made since cannot mislead it.
+ * One per connection, zeroed at first; srv_row_hint_free frees it. */
+typedef struct srv_row_hint {
+    uint8_t *keys;  /* the pulled keys, as they came */
+    uint32_t *at;   /* each one's row + 1 at the pull; 0: not stored */
+    uint32_t n, cap, table;
+} srv_row_hint;
+
+void srv_row_hint_free(srv_row_hint *h);
+
+/* srv_tables_pull, keeping in h (when not NULL) where it found each row. */
+void srv_tables_pull_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out, srv_row_hint *h);
+
 /* Applies the row gradients g (n x dim floats) of the n distinct keys of
  * table i, each multiplied by scale, with the table's optimizer: rows not
  * stored are created from their initial values first. Under the bounds:
@@ -137,6 +155,11 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
  * PS_ENOMEM. */
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen);
+
+/* srv_tables_push, its rows found through h when h holds a pull of table i
+ * with these very keys (NULL or another pull: as srv_tables_push). */
+int srv_tables_push_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
+                         const srv_row_hint *h, char *err, size_t errlen);
 
 /* The loop's half of a push applied Hogwild! (table_apply = hogwild): finds
  * the stored rows of the n distinct keys of table i, stores those not
