@@ -214,6 +214,65 @@ PS_MULTIVERSION static int step_ftrl(const step_hp *h, float *restrict row, cons
     STEP_ANY(k_ftrl, 3);
 }
 
+/* Many rows of a dim known at compile time (D <= CHUNK), from row k on. */
+#define STEP_ROWS_FIXED(kernel, parts, D)                                                                        \
+    do {                                                                                                         \
+        for (; k < n; k++) {                                                                                     \
+            float *row = rows[k], out[(parts) * (D)];                                                            \
+            if (!row)                                                                                            \
+                continue;                                                                                        \
+            kernel(h, row, g + (size_t)k * (D), (D), 0, (D), out);                                               \
+            if (!finite_all(out, (parts) * (D)))                                                                 \
+                return k;                                                                                        \
+            commit(row, out, (D), 0, (D), (parts));                                                              \
+        }                                                                                                        \
+        return n;                                                                                                \
+    } while (0)
+
+#define STEP_ROWS_DIMS(kernel, parts, one)                                                                       \
+    do {                                                                                                         \
+        uint32_t k = 0;                                                                                          \
+        switch (dim) {                                                                                           \
+        case 8: STEP_ROWS_FIXED(kernel, parts, 8);                                                               \
+        case 16: STEP_ROWS_FIXED(kernel, parts, 16);                                                             \
+        case 32: STEP_ROWS_FIXED(kernel, parts, 32);                                                             \
+        case 64: STEP_ROWS_FIXED(kernel, parts, 64);                                                             \
+        default:                                                                                                 \
+            for (; k < n; k++)                                                                                   \
+                if (rows[k] && !one(h, rows[k], g + (size_t)k * dim, dim))                                       \
+                    return k;                                                                                    \
+            return n;                                                                                            \
+        }                                                                                                        \
+    } while (0)
+
+PS_MULTIVERSION static uint32_t rows_sgd(const step_hp *h, float *const *rows, const float *g, uint32_t n,
+                                         uint32_t dim)
+{
+    STEP_ROWS_DIMS(k_sgd, 1, step_sgd);
+}
+
+PS_MULTIVERSION static uint32_t rows_adagrad(const step_hp *h, float *const *rows, const float *g, uint32_t n,
+                                             uint32_t dim)
+{
+    STEP_ROWS_DIMS(k_adagrad, 2, step_adagrad);
+}
+
+uint32_t srv_sparse_step_rows(const ps_table_def *d, float *const *rows, const float *g, uint32_t n, double scale)
+{
+    step_hp h = {.lr = d->hp[PS_HP_LR], .scale = scale, .eps = d->hp[PS_HP_EPS]};
+    switch (d->opt) {
+    case PS_TOPT_SGD:
+        return rows_sgd(&h, rows, g, n, d->dim);
+    case PS_TOPT_ADAGRAD:
+        return rows_adagrad(&h, rows, g, n, d->dim);
+    default: /* adam's step differs by row, ftrl is branchy: one call a row */
+        for (uint32_t k = 0; k < n; k++)
+            if (rows[k] && !srv_sparse_step(d, rows[k], g + (size_t)k * d->dim, scale))
+                return k;
+        return n;
+    }
+}
+
 int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double scale)
 {
     const uint32_t dim = d->dim;

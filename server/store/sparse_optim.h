@@ -23,12 +23,20 @@ void srv_sparse_row_new(const ps_table_def *d, uint64_t key, float *row);
 
 /* One step of d's optimizer on row with the gradient g (d->dim values),
  * scaled by `scale` first (BSP's 1 / workers; 1 otherwise), in place.
- * Computes in double precision and stores float32. Returns 1 with the row
+ * Computes in double precision and stores float32 (adagrad: in float32
+ * throughout, as PyTorch). Returns 1 with the row
  * updated when every new weight and state value is finite, 0 with the row
  * left as it was (not one value written) when one is not. row and g must
  * not overlap. Touches nothing but the row: callers may step different
  * rows from several threads at once. */
 int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double scale);
+
+/* srv_sparse_step on rows[k] with the gradient g + k x d->dim, k = 0 ..
+ * n - 1 in turn (rows[k] NULL: none). Returns n when every step was
+ * finite; else the first k whose step was not: rows[0..k) stepped, rows[k]
+ * and after as they were. One loop over the rows, so that the steps of
+ * different rows overlap in the CPU instead of waiting one for the other. */
+uint32_t srv_sparse_step_rows(const ps_table_def *d, float *const *rows, const float *g, uint32_t n, double scale);
 
 /* The step count of an adam row (0 for the other optimizers). */
 uint32_t srv_sparse_row_step(const ps_table_def *d, const float *row);

@@ -84,6 +84,7 @@ typedef struct srv_tables {
     size_t undo_floats;
     float **found;               /* a push's stored rows (NULL: a new key), one per key */
     uint32_t *found_r;           /* and their row indices */
+    float **steprow;             /* the row each key of a push steps (NULL: none) */
     size_t found_cap;
     uint32_t *dupset;            /* srv_tables_first_dup's hash set: position + 1 of a key */
     size_t dupset_cap;           /* entries */
