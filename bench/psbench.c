@@ -874,6 +874,38 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
 
 /* ---- psd as a child process ---------------------------------------------- */
 
+/* Runs argv[0] with argv in a child whose standard output and error go to
+ * log_path (truncated; if it cannot be opened they stay psbench's). With
+ * die_with_parent the child gets SIGTERM when psbench dies, so no psd is
+ * left behind. Returns the child's pid, or -1 with err when fork fails; a
+ * program that cannot be executed exits 127 with a message in its log. */
+static pid_t spawn_logged(const char *const *argv, const char *log_path, int die_with_parent, char *err,
+                          size_t errlen)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        if (die_with_parent) {
+            prctl(PR_SET_PDEATHSIG, SIGTERM);
+            if (getppid() != parent)
+                _exit(1);
+        }
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "psbench: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Starts psd for a cell, with a model of S floats; returns its pid and sets
  * *port, or -1 with err. Its port file is named after its log (X.log:
  * X.port), so psd instances running at once, as the parts of a split
@@ -921,25 +953,9 @@ static pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *l
         args[na++] = o->psd_set[i];
     }
     args[na] = NULL;
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(err, errlen, "fork: %s", strerror(errno));
+    pid_t pid = spawn_logged(args, logpath, 1, err, errlen); /* no psd left behind if psbench dies */
+    if (pid < 0)
         return -1;
-    }
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* no psd left behind if psbench dies */
-        if (getppid() != parent)
-            _exit(1);
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(o->psd, (char *const *)args);
-        fprintf(stderr, "psbench: cannot run %s: %s\n", o->psd, strerror(errno));
-        _exit(127);
-    }
     double t0 = now_s();
     for (;;) {
         FILE *f = fopen(portfile, "r");
@@ -2040,21 +2056,9 @@ static int ck_checkpoint(ckpt_run *c, pid_t psd, const char *state, const char *
     ph->load = load1();
     const char *argv[] = {o->psctl, "--server", c->b.addr[0], "--timeout", "3600000", "checkpoint", NULL};
     double t0 = now_s();
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(err, errlen, "fork: %s", strerror(errno));
+    pid_t pid = spawn_logged(argv, out, 0, err, errlen);
+    if (pid < 0)
         return -1;
-    }
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(o->psctl, (char *const *)argv);
-        fprintf(stderr, "psbench: cannot run %s: %s\n", o->psctl, strerror(errno));
-        _exit(127);
-    }
     int st = 0;
     double next_sample = t0;
     for (;;) {

@@ -199,12 +199,14 @@ static void on_signal(uv_signal_t *h, int signum)
 
 #define TICK_MS 250 /* on_tick's period */
 
-/* psd's own stalls do not count as its workers' silence: while its loop is
+/* psd's own stalls do not count as its peers' silence: while its loop is
  * held (a table's slots rehashed, a stop by SIGSTOP or a debugger, the
- * machine swapping) their heartbeats wait unread in the sockets, and the
- * first tick after it runs before they are read. A tick that comes more
- * than 2 periods after the last moves every connected worker's last-seen
- * time forward by the stall's length. */
+ * machine swapping) their heartbeats and hellos wait unread in the
+ * sockets, and the first tick after it runs before they are read. A tick
+ * that comes more than 2 periods after the last moves every connected
+ * worker's last-seen time, every connection's last-message time and every
+ * connection's connect time (which handshake_timeout counts from) forward
+ * by the stall's length, never past now. */
 static void credit_stall(psd *s, uint64_t now)
 {
     uint64_t gap = now - s->last_tick_ms;
@@ -220,8 +222,10 @@ static void credit_stall(psd *s, uint64_t now)
             n++;
         }
     }
-    for (srv_conn *c = s->conns; c; c = c->next)
+    for (srv_conn *c = s->conns; c; c = c->next) {
         c->last_msg_ms = c->last_msg_ms + stall < now ? c->last_msg_ms + stall : now;
+        c->connected_ms = c->connected_ms + stall < now ? c->connected_ms + stall : now;
+    }
     if (n > 0)
         PS_LOG(PS_LOG_WARN, "psd's loop was held for %.1f s; its %u connected worker%s silence is counted "
                "without it", (double)stall / 1e3, n, n == 1 ? "'s" : "s'");

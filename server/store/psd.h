@@ -246,7 +246,7 @@ struct srv_conn {
                               * ERROR instead of a reset (net.c) */
     uint64_t linger_until_ms;
     char close_reason[96];   /* why psd closes it, for the worker's record */
-    uint64_t connected_ms;
+    uint64_t connected_ms;   /* when it was accepted (handshake_timeout); moved on by psd's own stalls (main.c) */
     uint64_t last_msg_ms;    /* when its last message arrived (idle_timeout) */
     uint32_t proto_errors;   /* errors of a broken or hostile client (net.c:
                               * MALFORMED, BAD_TYPE, BAD_FIELD, STATE,

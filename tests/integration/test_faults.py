@@ -13,7 +13,8 @@ its own crash, and never loses the model.
   it and then wait; a straggler silent past heartbeat_timeout is declared
   dead, and rejoins at the current version when it resumes.
 - psd's own stall (SIGSTOP) is not its workers' silence: none is declared
-  dead for the time psd did not read their heartbeats.
+  dead for the time psd did not read their heartbeats, and a connection
+  accepted before it is not closed for a hello psd did not read.
 - psd killed with kill -9 and started again on the same state directory:
   it loads its newest checkpoint, the workers reconnect by themselves and
   finish, the model version continues from the checkpoint, and at most one
@@ -196,6 +197,41 @@ class FaultTest(unittest.TestCase):
             self.assertIn("silent", lost["why"])
             w.close()
             quiet.close()
+
+    def test_psd_stalled_keeps_a_handshake(self):
+        """psd's own stall is not counted against handshake_timeout either: a
+        connection psd accepted just before a stall of 2.5 s that says HELLO
+        right after it gets WELCOME with handshake_timeout 1.5 s. Before, the
+        first tick after the stall closed it ("no hello within
+        handshake_timeout"): psd, not the client, had not read."""
+        with harness.Cluster("psd-stall-hello") as cl:
+            psd = cl.psd(mode="asgd", workers=2, args=["--set", "handshake_timeout=1.5s"])
+            # a connected worker, so that psd logs the stall it credits
+            w = harness.RawClient(psd.addr, 10.0)
+            self.assertEqual(w.hello_worker([["w", [4]]], 0, 2).get("t"), harness.T_WELCOME)
+            pending = harness.RawClient(psd.addr, 10.0)
+            # psd accepts in order: once this later admin connection is
+            # answered, the pending one was accepted, and its clock runs
+            with harness.RawClient(psd.addr, 10.0) as admin:
+                admin.hello_admin()
+                st = admin.request({"t": harness.T_STATUS})
+                self.assertEqual(st.get("t"), harness.T_STATUS_REPLY, st)
+                self.assertEqual(st["body"]["connections"], 3, st["body"])
+            os.kill(psd.pid, signal.SIGSTOP)
+            try:
+                time.sleep(2.5)  # the stall itself: psd cannot be waited on while stopped
+            finally:
+                os.kill(psd.pid, signal.SIGCONT)
+            # the first tick after the stall has run (and credited it) ...
+            harness.wait_until(lambda: "loop was held for" in psd.stderr(), 5, "psd to log its stall")
+            # ... and the pending connection is still open for its hello
+            r = pending.hello_worker([["w", [4]]], 1, 2)
+            self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+            self.assertNotIn("within handshake_timeout", psd.stderr())
+            self.assertEqual(pending.heartbeat().get("t"), harness.T_OK)
+            w.close()
+            pending.close()
+            psd.stop()
 
     def test_psd_killed_and_restarted(self):
         port = harness.free_port()

@@ -112,6 +112,32 @@ class SignalTest(unittest.TestCase):
             self.assertEqual((row["state"], row["why"]), ("left", "stopped by SIGTERM"), row)
 
 
+    def signal_while_held(self, name, mode, psd_args, t, skip, what, check_held=None):
+        """Starts psd (mode, psd_args) and one psworker (3 epochs of 640
+        examples, mlp:16) connected through a FrameHold relay that holds
+        the worker's (skip + 1)-th frame of type t (what names it for a
+        failure); once it is held (and check_held(relay) has run) sends the
+        worker SIGTERM and checks that it stops as in a step: exit 128 +
+        SIGTERM, "stopped by SIGTERM", not "interrupted by a signal"."""
+        with harness.Cluster(name) as cl:
+            psd = cl.psd(mode=mode, workers=1, args=psd_args)
+            relay = FrameHold(psd.addr, t, skip=skip)
+            try:
+                w = cl.worker(relay.addr, 0, 1, epochs=3, limit=640, test_limit=100, model="mlp:16")
+                self.assertTrue(relay.held.wait(60), "the worker's %s\n%s" % (what, w.stderr()))
+                if check_held:
+                    check_held(relay)
+                time.sleep(0.2)  # psworker is in the held message's wait (nothing reaches psd)
+                self.assertIsNone(w.p.poll(), w.stderr())
+                w.p.send_signal(signal.SIGTERM)
+                rc = w.wait(30)
+                err = w.stderr()
+                self.assertEqual(rc, 128 + signal.SIGTERM, err)
+                self.assertIn("stopped by SIGTERM", err)
+                self.assertNotIn("interrupted by a signal", err)
+            finally:
+                relay.close()
+
     def test_signal_during_the_epoch_report(self):
         """SIGTERM while psworker waits for the answer to its epoch's
         REPORT (a relay between it and psd holds the REPORT frame): it
@@ -119,23 +145,7 @@ class SignalTest(unittest.TestCase):
         SIGTERM", not "reporting epoch 1: interrupted by a signal" and
         exit 1 (what a signal landing there did, seen where an epoch
         takes 20 ms)."""
-        with harness.Cluster("psd-signal-report") as cl:
-            psd = cl.psd(mode="asgd", workers=1)
-            relay = FrameHold(psd.addr, harness.T_REPORT)
-            try:
-                w = cl.worker(relay.addr, 0, 1, epochs=3, limit=640, test_limit=100, model="mlp:16")
-                self.assertTrue(relay.held.wait(60), "the worker's first REPORT\n" + w.stderr())
-                time.sleep(0.2)  # psworker is in the report's wait (nothing reaches psd)
-                self.assertIsNone(w.p.poll(), w.stderr())
-                w.p.send_signal(signal.SIGTERM)
-                rc = w.wait(30)
-                err = w.stderr()
-                self.assertEqual(rc, 128 + signal.SIGTERM, err)
-                self.assertIn("stopped by SIGTERM", err)
-                self.assertNotIn("interrupted by a signal", err)
-            finally:
-                relay.close()
-
+        self.signal_while_held("psd-signal-report", "asgd", [], harness.T_REPORT, 0, "first REPORT")
 
     def test_signal_during_the_epoch_end_pull(self):
         """SIGTERM while a local SGD worker with --eval waits for psd's
@@ -143,24 +153,13 @@ class SignalTest(unittest.TestCase):
         connect's, held by a relay): it stops as in a step, exit 128 +
         SIGTERM and "stopped by SIGTERM" (it exited 1 with "interrupted
         by a signal")."""
-        with harness.Cluster("psd-signal-pull") as cl:
-            psd = cl.psd(mode="bsp", workers=1, args=["--set", "optimizer=sgd", "--set", "momentum=0", "--set",
-                                                      "local_steps=4"])
-            relay = FrameHold(psd.addr, harness.T_PULL, skip=1)
-            try:
-                w = cl.worker(relay.addr, 0, 1, epochs=3, limit=640, test_limit=100, model="mlp:16")
-                self.assertTrue(relay.held.wait(60), "the worker's epoch-end PULL\n" + w.stderr())
-                self.assertIn(harness.T_PUSHPULL, relay.seen, "a round came before the held PULL")
-                time.sleep(0.2)  # psworker is in the pull's wait (nothing reaches psd)
-                self.assertIsNone(w.p.poll(), w.stderr())
-                w.p.send_signal(signal.SIGTERM)
-                rc = w.wait(30)
-                err = w.stderr()
-                self.assertEqual(rc, 128 + signal.SIGTERM, err)
-                self.assertIn("stopped by SIGTERM", err)
-                self.assertNotIn("interrupted by a signal", err)
-            finally:
-                relay.close()
+        def a_round_came_first(relay):
+            self.assertIn(harness.T_PUSHPULL, relay.seen, "a round came before the held PULL")
+
+        self.signal_while_held("psd-signal-pull", "bsp",
+                               ["--set", "optimizer=sgd", "--set", "momentum=0", "--set", "local_steps=4"],
+                               harness.T_PULL, 1, "epoch-end PULL", check_held=a_round_came_first)
+
 
 class FrameHold:
     """A TCP relay on 127.0.0.1 for one connection to upstream that

@@ -591,6 +591,21 @@ static uint64_t check_rows(srv_tables *ts)
     return n;
 }
 
+/* The admission tests' set-up: starts *ts (1 GiB) with a key admitted at
+ * its admit-th push and declares one table "e" of dim 4 with SGD, its rows
+ * made by rinit (scale); returns the table's index and its definition in
+ * *d. The caller frees *ts. */
+static uint32_t admit_table(srv_tables *ts, uint32_t admit, const char *rinit, double scale, ps_table_def *d)
+{
+    srv_tables_init(ts, 1ull << 30);
+    srv_table_bounds b = {.admit = admit};
+    srv_tables_set_bounds(ts, &b);
+    *d = def("e", 4, rinit, scale, "sgd", NULL);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(ts, d, &ti, err, sizeof err), 0);
+    return ti;
+}
+
 /* Admission at the 3rd push: before it, pulls answer the initial row and
  * pushes are counted, not stored; the 3rd stores the row with its own
  * gradient applied; the counters take 1 MiB, counted. */
@@ -598,12 +613,8 @@ static void test_admission(void **state)
 {
     (void)state;
     srv_tables ts;
-    srv_tables_init(&ts, 1ull << 30);
-    srv_table_bounds b = {.admit = 3};
-    srv_tables_set_bounds(&ts, &b);
-    ps_table_def d = def("e", 4, "uniform", 0.05, "sgd", NULL);
-    uint32_t ti;
-    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    ps_table_def d;
+    uint32_t ti = admit_table(&ts, 3, "uniform", 0.05, &d);
     uint64_t before = ts.bytes;
     float init[4], out[4];
     ps_table_row_init(&d, 7, init);
@@ -676,12 +687,8 @@ static void test_admission_ages(void **state)
     (void)state;
     enum { AGE = 262144 };
     srv_tables ts;
-    srv_tables_init(&ts, 1ull << 30);
-    srv_table_bounds b = {.admit = 2};
-    srv_tables_set_bounds(&ts, &b);
-    ps_table_def d = def("e", 4, "zeros", 0, "sgd", NULL);
-    uint32_t ti;
-    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    ps_table_def d;
+    uint32_t ti = admit_table(&ts, 2, "zeros", 0, &d);
     srv_table_stats st;
     /* soon after: the second push stores it */
     assert_int_equal(push1(&ts, ti, 7, 1.0f), 0);
