@@ -10,7 +10,10 @@
  * three calls (each one's median round in that trial). A program that prints figures, not
  * a test.
  *
- *   build/bench/table_store [dim [keys [key_space [zipf [optimizer]]]]]
+ * Each push goes through the row hint of the pull before it, as psd's
+ * pushes do on a connection (srv_row_hint); `nohint` last: without.
+ *
+ *   build/bench/table_store [dim [keys [key_space [zipf [optimizer [nohint]]]]]]
  *   build/bench/table_store 16 4096 1000000 1.1 adagrad     (the defaults)
  */
 #define _POSIX_C_SOURCE 200809L
