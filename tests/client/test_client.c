@@ -763,6 +763,14 @@ static void test_tables(void **state)
     }
     const float bad[3] = {1, NAN, 1};
     assert_int_equal(psc_table_push(c, "emb", q, 1, bad), PSC_ENONFINITE);
+    /* the key named, whether the keys go as they are (distinct) or summed first;
+     * nothing sent either way (key 9's row below is one push's) */
+    const float bad3[9] = {1, 1, 1, 2, INFINITY, 2, 3, 3, 3};
+    assert_int_equal(psc_table_push(c, "emb", q, 3, bad3), PSC_ENONFINITE);
+    assert_non_null(strstr(psc_errmsg(c), "the gradient of key 7 is not finite"));
+    const uint64_t twice[3] = {9, 7, 9};
+    assert_int_equal(psc_table_push(c, "emb", twice, 3, bad3), PSC_ENONFINITE);
+    assert_non_null(strstr(psc_errmsg(c), "the gradient of key 7 is not finite"));
     assert_int_equal(psc_table_pushpull(c, "emb", q + 2, 1, g, q, 3, rows), 0);
     assert_true(rows[0] == -2.0f && rows[6] == -0.5f);
 
