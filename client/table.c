@@ -142,8 +142,7 @@ static int grow(void **p, size_t *cap, size_t want, size_t size)
 
 /* The distinct keys of keys[0..n) in g->tk (first-seen order, *nu of
  * them) and, for each key, its distinct key's index in g->tidx. The set
- * holds 4-byte indexes, so that the set of 4,096 keys fits a 32 KiB cache.
- * 0 or PSC_ENOMEM. */
+ * holds 4-byte indexes (64 KiB for 4,096 keys). 0 or PSC_ENOMEM. */
 static int tab_distinct(psc_client *c, struct psc_tkeys *g, const uint64_t *keys, size_t n, size_t *nu)
 {
     size_t mcap = 16;

@@ -336,7 +336,8 @@ static const ps_config_option options[] = {
      .lo = 100, .hi = INT64_C(3600000), .apply = srv_apply_read_when_used,
      .help = "A connection that has not said hello (and, when psd requires a token, answered "
              "its challenge) this long after connecting is closed, so idle or stray "
-             "connections cannot hold connection slots."},
+             "connections cannot hold connection slots. Counted in psd's running time, as "
+             "`heartbeat_timeout`: a stall of psd's own does not count."},
     {.name = "max_connections", .type = PS_CT_INT, .def = "1024", AT(max_connections),
      .lo = 1, .hi = 65536, .apply = srv_apply_read_when_used,
      .help = "Most connections open at once (workers and admin tools together). Further "

@@ -234,16 +234,28 @@ static void test_step_kernels_exact(void **state)
             srv_sparse_row_new(&d, 7, row);
             for (uint32_t j = 0; j < dim && d.opt != PS_TOPT_FTRL; j++)
                 row[j] = (float)sin(0.37 * j + dim);
+            /* the same row stepped by srv_sparse_step_rows, as the second of
+             * two rows of which the first is none (NULL) */
+            float *row2 = malloc(sizeof(float) * nf), *g2 = calloc(2 * (size_t)dim, sizeof(float));
+            assert_non_null(row2);
+            assert_non_null(g2);
+            memcpy(row2, row, sizeof(float) * nf);
+            float *const two[2] = {NULL, row2};
             for (uint32_t s = 1; s <= 4; s++) {
                 for (uint32_t j = 0; j < dim; j++)
-                    g[j] = (float)(cos(1.3 * j + 0.7 * s + o) * (1.0 + j % 5));
+                    g2[j] = NAN, g2[dim + j] = g[j] = (float)(cos(1.3 * j + 0.7 * s + o) * (1.0 + j % 5));
                 double scale = s == 3 ? 1.0 / 3 : 1.0;
                 scalar_step(&d, row, g, scale, w, w + dim, w + 2 * dim, s);
                 assert_true(srv_sparse_step(&d, row, g, scale));
                 uint32_t parts = 1 + ps_topt_state_per_value(d.opt);
                 if (memcmp(row, w, sizeof(float) * parts * dim) != 0)
                     fail_msg("%s dim %u step %u: not the scalar formulas' bits", opts[o], dim, s);
+                assert_int_equal(srv_sparse_step_rows(&d, two, g2, 2, scale), 2);
+                if (memcmp(row2, row, sizeof(float) * nf) != 0)
+                    fail_msg("%s dim %u step %u: srv_sparse_step_rows differs from srv_sparse_step", opts[o], dim, s);
             }
+            free(row2);
+            free(g2);
             if (d.opt == PS_TOPT_ADAM)
                 assert_int_equal(srv_sparse_row_step(&d, row), 4);
             free(row);
