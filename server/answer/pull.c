@@ -90,6 +90,9 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
     srv_blk *blk[PS_TABLE_VALUES_MAX / SRV_BLK_FLOATS + 1] = {0};
     assert(nblk <= sizeof blk / sizeof blk[0]); /* the dispatch layer checked n x dim */
     float *flat = NULL;
+    /* a worker's pull keeps where it found its rows for its next push; an
+     * admin's pushes nothing (12 bytes a key: its largest pull's, until it closes) */
+    srv_row_hint *hint = c->worker ? &c->row_hint : NULL;
     for (size_t b = 0; b < nblk; b++) {
         uint64_t want = total - (b << SRV_BLK_SHIFT) < SRV_BLK_FLOATS ? total - (b << SRV_BLK_SHIFT) : SRV_BLK_FLOATS;
         size_t cap = 1024; /* a power of two, so the block pool reuses them */
@@ -99,12 +102,12 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
             goto nomem;
     }
     if (nblk == 1) {
-        srv_tables_pull_hint(&s->tables, ti, keys, n, blk[0]->w, &c->row_hint);
+        srv_tables_pull_hint(&s->tables, ti, keys, n, blk[0]->w, hint);
     } else {
         /* rows may straddle blocks: through one flat buffer */
         if (!(flat = malloc((size_t)total * sizeof(float))))
             goto nomem;
-        srv_tables_pull_hint(&s->tables, ti, keys, n, flat, &c->row_hint);
+        srv_tables_pull_hint(&s->tables, ti, keys, n, flat, hint);
         for (size_t b = 0; b < nblk; b++) {
             uint64_t at = (uint64_t)b << SRV_BLK_SHIFT;
             memcpy(blk[b]->w, flat + at, (size_t)(total - at < SRV_BLK_FLOATS ? total - at : SRV_BLK_FLOATS) *
