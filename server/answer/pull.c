@@ -90,9 +90,12 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
     srv_blk *blk[PS_TABLE_VALUES_MAX / SRV_BLK_FLOATS + 1] = {0};
     assert(nblk <= sizeof blk / sizeof blk[0]); /* the dispatch layer checked n x dim */
     float *flat = NULL;
-    /* a worker's pull keeps where it found its rows for its next push; an
-     * admin's pushes nothing (12 bytes a key: its largest pull's, until it closes) */
-    srv_row_hint *hint = c->worker ? &c->row_hint : NULL;
+    /* a worker's pull keeps where it found its rows for its next push, when
+     * that push is applied at once and in order (asgd, ssp; table_apply =
+     * ordered): an admin pushes nothing, BSP keeps a push for its round,
+     * Hogwild! pins rows its own way (12 bytes a key of its largest pull,
+     * until it closes) */
+    srv_row_hint *hint = c->worker && !s->policy->tpush && !s->tapply ? &c->row_hint : NULL;
     for (size_t b = 0; b < nblk; b++) {
         uint64_t want = total - (b << SRV_BLK_SHIFT) < SRV_BLK_FLOATS ? total - (b << SRV_BLK_SHIFT) : SRV_BLK_FLOATS;
         size_t cap = 1024; /* a power of two, so the block pool reuses them */
