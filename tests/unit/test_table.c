@@ -1139,103 +1139,112 @@ static void test_declare(void **state)
 
 /* A push through its connection's hint (srv_row_hint: where the last pull
  * found its rows) equals the same push without one, bit for bit, while the
- * rows move under the hint between the pull and the push: rows expire
- * (the last row takes an expired one's place, in another push and in the
- * push's own expiry scan), keys not stored at the pull are stored by
- * another push meanwhile, the next push carries other keys, or the same
- * keys in another order. Store a is hinted, store b is not. */
-static void test_row_hints_are_only_guesses(void **state)
+ * rows move under the hint between the pull and the push: rows expire or
+ * are evicted (the last row takes a removed one's place, in another push
+ * and in the push's own expiry scan or eviction), keys not stored at the
+ * pull are stored by another push meanwhile, the next push carries other
+ * keys, or the same keys in another order. Store a is hinted, store b is
+ * not; n keys a push of `space`, over `rounds` rounds. */
+static void hint_run(const srv_table_bounds *bd, uint64_t space, uint32_t n, int rounds)
 {
-    (void)state;
-    enum { SPACE = 48, N = 8 };
     ps_hp hp = hp1(PS_HP_LR, 0.1);
     ps_table_def d = def("e", 4, "uniform", 0.5, "adagrad", &hp), d2 = def("f", 4, "uniform", 0.5, "sgd", &hp);
     srv_tables a, b;
     uint32_t ta, tb, fa, fb;
-    srv_table_bounds bd = {.expire = 6};
     srv_tables_init(&a, 1ull << 30);
     srv_tables_init(&b, 1ull << 30);
-    srv_tables_set_bounds(&a, &bd);
-    srv_tables_set_bounds(&b, &bd);
+    srv_tables_set_bounds(&a, bd);
+    srv_tables_set_bounds(&b, bd);
     assert_int_equal(srv_tables_declare(&a, &d, &ta, err, sizeof err), 0);
     assert_int_equal(srv_tables_declare(&b, &d, &tb, err, sizeof err), 0);
     assert_int_equal(srv_tables_declare(&a, &d2, &fa, err, sizeof err), 0);
     assert_int_equal(srv_tables_declare(&b, &d2, &fb, err, sizeof err), 0);
     srv_row_hint h = {0};
     uint64_t xs = 0x9e3779b97f4a7c15ull, hinted_pushes = 0;
-    float ra[SPACE * 4], rb[SPACE * 4], g[N * 4];
-    for (int step = 0; step < 400; step++) {
-        /* N distinct keys of SPACE */
-        uint64_t k[N], q[N];
-        uint8_t kb[N * 8], qb[N * 8];
+    uint64_t *k = malloc(8 * n), *q = malloc(8 * n), *all = malloc(8 * space);
+    uint8_t *kb = malloc(8 * n), *qb = malloc(8 * n), *ab = malloc(8 * space);
+    float *ra = malloc(sizeof(float) * 4 * space), *rb = malloc(sizeof(float) * 4 * space);
+    float *g = malloc(sizeof(float) * 4 * n);
+    uint8_t *seen = calloc(space, 1);
+    assert_true(k && q && all && kb && qb && ab && ra && rb && g && seen);
+    for (int step = 0; step < rounds; step++) {
+        /* n distinct keys of space, twice */
         for (int which = 0; which < 2; which++) {
             uint64_t *out = which ? q : k;
-            for (int n = 0; n < N;) {
+            memset(seen, 0, space);
+            for (uint32_t m = 0; m < n;) {
                 xs ^= xs << 13, xs ^= xs >> 7, xs ^= xs << 17;
-                uint64_t key = (xs % SPACE) * 0x100000001b3ull + 1;
-                int dup = 0;
-                for (int m = 0; m < n; m++)
-                    dup |= out[m] == key;
-                if (!dup)
-                    out[n++] = key;
+                uint64_t r = xs % space;
+                if (seen[r])
+                    continue;
+                seen[r] = 1;
+                out[m++] = r * 0x100000001b3ull + 1;
             }
         }
-        keys_le(kb, k, N);
-        keys_le(qb, q, N);
-        srv_tables_pull_hint(&a, ta, kb, N, ra, &h);
-        srv_tables_pull(&b, tb, kb, N, rb);
-        assert_memory_equal(ra, rb, sizeof(float) * N * 4);
-        assert_int_equal(h.n, N);
-        for (int j = 0; j < N * 4; j++)
+        keys_le(kb, k, n);
+        keys_le(qb, q, n);
+        srv_tables_pull_hint(&a, ta, kb, n, ra, &h);
+        srv_tables_pull(&b, tb, kb, n, rb);
+        assert_memory_equal(ra, rb, sizeof(float) * n * 4);
+        assert_int_equal(h.n, n);
+        for (uint32_t j = 0; j < n * 4; j++)
             g[j] = (float)(0.01 * ((step * 31 + j * 7) % 13) - 0.06);
         switch (step % 5) {
-        case 1: /* another push first: stores keys, expires and moves rows */
-            assert_int_equal(srv_tables_push(&a, ta, qb, N, g, 1.0, err, sizeof err), 0);
-            assert_int_equal(srv_tables_push(&b, tb, qb, N, g, 1.0, err, sizeof err), 0);
+        case 1: /* another push first: stores keys, removes and moves rows */
+            assert_int_equal(srv_tables_push(&a, ta, qb, n, g, 1.0, err, sizeof err), 0);
+            assert_int_equal(srv_tables_push(&b, tb, qb, n, g, 1.0, err, sizeof err), 0);
             break;
         case 2: /* the pulled keys in another order: the hint is not theirs */
             for (int m = 0; m < 8; m++) {
                 uint8_t t = kb[m];
-                kb[m] = kb[8 * (N - 1) + m];
-                kb[8 * (N - 1) + m] = t;
+                kb[m] = kb[8 * (n - 1) + m];
+                kb[8 * (n - 1) + m] = t;
             }
             break;
         case 3: /* other keys */
-            memcpy(kb, qb, sizeof kb);
+            memcpy(kb, qb, 8 * (size_t)n);
             break;
         case 4: /* the same keys to another table */
-            assert_int_equal(srv_tables_push_hint(&a, fa, kb, N, g, 1.0, &h, err, sizeof err), 0);
-            assert_int_equal(srv_tables_push(&b, fb, kb, N, g, 1.0, err, sizeof err), 0);
+            assert_int_equal(srv_tables_push_hint(&a, fa, kb, n, g, 1.0, &h, err, sizeof err), 0);
+            assert_int_equal(srv_tables_push(&b, fb, kb, n, g, 1.0, err, sizeof err), 0);
             break;
         default:
             hinted_pushes++;
         }
-        assert_int_equal(srv_tables_push_hint(&a, ta, kb, N, g, 1.0, &h, err, sizeof err), 0);
-        assert_int_equal(srv_tables_push(&b, tb, kb, N, g, 1.0, err, sizeof err), 0);
+        assert_int_equal(srv_tables_push_hint(&a, ta, kb, n, g, 1.0, &h, err, sizeof err), 0);
+        assert_int_equal(srv_tables_push(&b, tb, kb, n, g, 1.0, err, sizeof err), 0);
         srv_table_stats sa, sb;
         srv_tables_stats(&a, ta, &sa);
         srv_tables_stats(&b, tb, &sb);
         assert_int_equal(sa.rows, sb.rows);
         assert_int_equal(sa.expired, sb.expired);
+        assert_int_equal(sa.evicted, sb.evicted);
     }
-    assert_true(hinted_pushes > 50);
-    /* every key's row (and each store's row count) alike */
-    uint64_t all[SPACE];
-    uint8_t ab[SPACE * 8];
-    for (int i = 0; i < SPACE; i++)
-        all[i] = (uint64_t)i * 0x100000001b3ull + 1;
-    keys_le(ab, all, SPACE);
+    assert_true(hinted_pushes > (uint64_t)rounds / 8);
+    /* every key's row alike, in both tables */
+    for (uint64_t i = 0; i < space; i++)
+        all[i] = i * 0x100000001b3ull + 1;
+    keys_le(ab, all, space);
     for (int t = 0; t < 2; t++) {
-        srv_tables_pull(&a, t ? fa : ta, ab, SPACE, ra);
-        srv_tables_pull(&b, t ? fb : tb, ab, SPACE, rb);
-        assert_memory_equal(ra, rb, sizeof ra);
+        srv_tables_pull(&a, t ? fa : ta, ab, (uint32_t)space, ra);
+        srv_tables_pull(&b, t ? fb : tb, ab, (uint32_t)space, rb);
+        assert_memory_equal(ra, rb, sizeof(float) * 4 * space);
     }
     srv_table_stats sa;
     srv_tables_stats(&a, ta, &sa);
-    assert_true(sa.expired > 0 && sa.rows > 0);
+    assert_true(sa.expired + sa.evicted > 0 && sa.rows > 0); /* rows did move */
     srv_row_hint_free(&h);
     srv_tables_free(&a);
     srv_tables_free(&b);
+    free(k), free(q), free(all), free(kb), free(qb), free(ab), free(ra), free(rb), free(g), free(seen);
+}
+
+static void test_row_hints_are_only_guesses(void **state)
+{
+    (void)state;
+    srv_table_bounds expiry = {.expire = 6}, eviction = {.table_bytes = 400000, .evict = 1};
+    hint_run(&expiry, 48, 8, 400);
+    hint_run(&eviction, 20000, 512, 200); /* about 8,192 rows fit */
 }
 
 static void test_first_dup(void **state)
