@@ -201,10 +201,14 @@ class Workers(unittest.TestCase):
     def test_late_join_and_killed_worker(self):
         with harness.Cluster("psd-hogwild-faults") as cl:
             psd = cl.psd(mode="asgd", workers=2, args=hw_args(0.05))
-            w0 = cl.worker(psd, 0, 2, epochs=6, limit=12000, model="mlp:64")
+            # Hogwild! workers take a few hundred milliseconds for six epochs
+            # here: each trains for a set time instead, so that both are
+            # still stepping while the test watches them
+            w0 = cl.worker(psd, 0, 2, epochs=100000, limit=12000, model="mlp:64", args=("--max-seconds", "12"))
             harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 100, 60, "worker 0's first steps")
             # joins late: it takes the model trained so far
-            w1 = cl.worker(psd, 1, 2, epochs=6, limit=12000, model="mlp:64", name="late")
+            w1 = cl.worker(psd, 1, 2, epochs=100000, limit=12000, model="mlp:64", name="late",
+                           args=("--max-seconds", "120"))
             harness.wait_until(lambda: any(x["shard"] == 1 and x["state"] == "connected"
                                            for x in harness.status(psd.addr)["workers"]), 60, "worker 1 to join")
             v = harness.status(psd.addr)["version"]
@@ -290,7 +294,10 @@ class Workers(unittest.TestCase):
             port = harness.free_port()
             args = hw_args(0.05, "--state-dir", state, "--listen", "127.0.0.1:%d" % port)
             psd = cl.psd(mode="asgd", workers=1, args=args)
-            w = cl.worker(psd, 0, 1, epochs=8, limit=12000, model="mlp:64", args=("--reconnect-timeout", "60"))
+            # a set training time, not a number of epochs: the worker is
+            # still stepping when psd stops
+            w = cl.worker(psd, 0, 1, epochs=100000, limit=12000, model="mlp:64",
+                          args=("--reconnect-timeout", "60", "--max-seconds", "10"))
             harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 200, 60, "the worker's steps")
             psd.stop()  # a last checkpoint
             psd2 = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
