@@ -3,7 +3,13 @@ scripts' is harness.main): each test skipped here, for what the machine
 lacks (torch, MNIST, ...), is printed as `SKIPPED client/FILE: TEST:
 REASON` and appended to the file PSD_TEST_SKIPS names, which
 scripts/test.sh lists in its last lines; a run whose every test skipped
-exits 77, which ctest counts as skipped (SKIP_RETURN_CODE)."""
+exits 77, which ctest counts as skipped (SKIP_RETURN_CODE).
+
+A test marked `plain_build` runs in the plain build only: in the
+sanitizer build (PSD_SANITIZE=1) it is deselected, not skipped. Those are
+long PyTorch runs whose library calls other tests of the sanitizer pass
+make too, and which the sanitizer's malloc under PyTorch makes several
+times slower."""
 
 import os
 import sys
@@ -30,3 +36,16 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if exitstatus == 0 and _counts["run"] and _counts["skipped"] == _counts["run"]:
         session.exitstatus = SKIP_EXIT
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "plain_build: runs in the plain build only, not under the sanitizers")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PSD_SANITIZE") != "1":
+        return
+    plain = [i for i in items if i.get_closest_marker("plain_build")]
+    if plain:
+        config.hook.pytest_deselected(items=plain)
+        items[:] = [i for i in items if not i.get_closest_marker("plain_build")]

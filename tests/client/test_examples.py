@@ -169,6 +169,8 @@ def torch_argv(psd, *extra):
             "--test-limit", "1000"] + list(extra)
 
 
+# not under the sanitizers: client_torch and psworker's tests make BSP rounds through libpsclient there
+@pytest.mark.plain_build
 def test_torch_example_bsp_by_hand(cluster):
     pytest.importorskip("torch")
     psd = cluster.psd(mode="bsp", workers=2, args=ADAM)
@@ -195,6 +197,8 @@ def test_interop_psworker_and_torch_bsp(cluster):
     assert abs(co["test_accuracy"] - to["test_accuracy"]) < 0.01  # the same model, evaluated alike
 
 
+# not under the sanitizers: psworker (test_faults, test_hogwild) and client_tables_kill reconnect there
+@pytest.mark.plain_build
 def test_torch_workers_survive_psd_kill(cluster):
     """kill -9 of psd in the middle of a two-PyTorch-worker job, psd started
     again on the same port with its state dir: the workers reconnect by
@@ -222,6 +226,8 @@ def test_torch_workers_survive_psd_kill(cluster):
         assert o["test_accuracy"] >= 0.85, o
 
 
+# not under the sanitizers: psworker --pipeline (test_train) pipelines there
+@pytest.mark.plain_build
 def test_torch_example_torchrun_env_pipeline(cluster):
     pytest.importorskip("torch")
     psd = cluster.psd(mode="asgd", workers=2, args=ADAM)

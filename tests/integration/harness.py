@@ -55,6 +55,10 @@ from suite import SKIP_EXIT, record_skip, wait_until  # noqa: F401 (wait_until: 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+# the binaries under test are the AddressSanitizer + UBSan build's
+# (tests/integration/CMakeLists.txt sets it): a test that repeats a job
+# with several seeds for its statistics may run one seed there
+SANITIZED = os.environ.get("PSD_SANITIZE") == "1"
 
 # ---- protocol constants (proto/msg.h, proto/errors.h, proto/ps_limits.h) ----
 

@@ -41,6 +41,12 @@ LIMIT = 20000       # a short epoch: 5,000 samples (78 steps) per worker of 4
 TEST_LIMIT = 2000
 
 
+# The seeds of the cases that failed only in some runs. The sanitizer
+# build runs the first of each: the repetitions are for the statistics,
+# which the plain build's run checks; every job's code is the same.
+SEEDS = (1,) if harness.SANITIZED else (1, 2, 3)
+
+
 class DefaultsTest(unittest.TestCase):
     def job(self, model, mode, nworkers, seed, min_accuracy, limit=LIMIT):
         """One epoch with default settings; asserts that it trained."""
@@ -83,7 +89,7 @@ class DefaultsTest(unittest.TestCase):
         # a clean run ends at 0.73-0.92 on this subset (the lowest with the
         # machine busy); the failure was a loss that became NaN
         for mode in ("asgd", "ssp"):
-            for seed in (1, 2):
+            for seed in SEEDS[:2]:
                 self.job("mlp:256,128", mode, 4, seed, 0.5)
 
     def test_linear_every_mode(self):
@@ -99,7 +105,7 @@ class DefaultsTest(unittest.TestCase):
         # (0.10-0.12), in a few runs of ten, so each case runs with three seeds
         for mode in ("asgd", "ssp"):
             for nworkers in (2, 4):
-                for seed in (1, 2, 3):
+                for seed in SEEDS:
                     self.job("cnn", mode, nworkers, seed, 0.5)
 
 if __name__ == "__main__":

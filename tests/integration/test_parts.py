@@ -120,7 +120,9 @@ class PartsTest(unittest.TestCase):
             return cl.psd(mode="asgd", workers=2, name=name,
                           args=["--listen", "127.0.0.1:%d" % ports[i]] + list(harness.ASGD_ARGS))
         psds = [start(i, "psd%d" % i) for i in range(3)]
-        ws = [cl.worker(psds, k, 2, epochs=1500, limit=2000, test_limit=1000, model=MODEL,
+        # 500 epochs of 16 steps: 8,000 steps a worker, of which about 100
+        # come before the kill
+        ws = [cl.worker(psds, k, 2, epochs=500, limit=2000, test_limit=1000, model=MODEL,
                         args=("--reconnect-timeout", "60")) for k in range(2)]
         # both workers on every psd (one alone soon makes the 200 updates
         # when the other is slow to start, and would then first meet a psd
