@@ -172,36 +172,17 @@ static inline __attribute__((always_inline)) void commit(float *restrict row, co
         return 1;                                                                                                \
     } while (0)
 
-/* The same for a dim known at compile time (D <= CHUNK): unrolled. */
-#define STEP_FIXED(kernel, parts, D)                                                                             \
-    do {                                                                                                         \
-        float out[(parts) * (D)];                                                                                \
-        kernel(h, row, g, (D), 0, (D), out);                                                                     \
-        if (!finite_all(out, (parts) * (D)))                                                                     \
-            return 0;                                                                                            \
-        commit(row, out, (D), 0, (D), (parts));                                                                  \
-        return 1;                                                                                                \
-    } while (0)
-
-#define STEP_DIMS(kernel, parts)                                                                                 \
-    do {                                                                                                         \
-        switch (dim) {                                                                                           \
-        case 8: STEP_FIXED(kernel, parts, 8);                                                                    \
-        case 16: STEP_FIXED(kernel, parts, 16);                                                                  \
-        case 32: STEP_FIXED(kernel, parts, 32);                                                                  \
-        case 64: STEP_FIXED(kernel, parts, 64);                                                                  \
-        default: STEP_ANY(kernel, parts);                                                                        \
-        }                                                                                                        \
-    } while (0)
-
+/* SGD's and AdaGrad's step of one row of a dim without a case of its own
+ * in STEP_ROWS_DIMS (a row at a time goes through rows_sgd and
+ * rows_adagrad too, with n = 1). */
 PS_MULTIVERSION static int step_sgd(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
 {
-    STEP_DIMS(k_sgd, 1);
+    STEP_ANY(k_sgd, 1);
 }
 
 PS_MULTIVERSION static int step_adagrad(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
 {
-    STEP_DIMS(k_adagrad, 2);
+    STEP_ANY(k_adagrad, 2);
 }
 
 PS_MULTIVERSION static int step_adam(const step_hp *h, float *restrict row, const float *restrict g, uint32_t dim)
@@ -279,9 +260,9 @@ int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double sc
     step_hp h = {.lr = d->hp[PS_HP_LR], .scale = scale, .eps = d->hp[PS_HP_EPS]};
     switch (d->opt) {
     case PS_TOPT_SGD:
-        return step_sgd(&h, row, g, dim);
+        return rows_sgd(&h, &row, g, 1, dim) == 1;
     case PS_TOPT_ADAGRAD:
-        return step_adagrad(&h, row, g, dim);
+        return rows_adagrad(&h, &row, g, 1, dim) == 1;
     case PS_TOPT_ADAM: {
         uint32_t t;
         memcpy(&t, row + 3 * dim, sizeof t);
