@@ -204,7 +204,7 @@ class Workers(unittest.TestCase):
             # Hogwild! workers take a few hundred milliseconds for six epochs
             # here: each trains for a set time instead, so that both are
             # still stepping while the test watches them
-            w0 = cl.worker(psd, 0, 2, epochs=100000, limit=12000, model="mlp:64", args=("--max-seconds", "12"))
+            w0 = cl.worker(psd, 0, 2, epochs=100000, limit=12000, model="mlp:64", args=("--max-seconds", "6"))
             harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 100, 60, "worker 0's first steps")
             # joins late: it takes the model trained so far
             w1 = cl.worker(psd, 1, 2, epochs=100000, limit=12000, model="mlp:64", name="late",
@@ -297,7 +297,7 @@ class Workers(unittest.TestCase):
             # a set training time, not a number of epochs: the worker is
             # still stepping when psd stops
             w = cl.worker(psd, 0, 1, epochs=100000, limit=12000, model="mlp:64",
-                          args=("--reconnect-timeout", "60", "--max-seconds", "10"))
+                          args=("--reconnect-timeout", "60", "--max-seconds", "6"))
             harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 200, 60, "the worker's steps")
             psd.stop()  # a last checkpoint
             psd2 = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
