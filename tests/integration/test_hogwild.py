@@ -297,7 +297,7 @@ class Workers(unittest.TestCase):
             # a set training time, not a number of epochs: the worker is
             # still stepping when psd stops
             w = cl.worker(psd, 0, 1, epochs=100000, limit=12000, model="mlp:64",
-                          args=("--reconnect-timeout", "60", "--max-seconds", "6"))
+                          args=("--reconnect-timeout", "60", "--max-seconds", "10"))
             harness.wait_until(lambda: harness.status(psd.addr)["version"] >= 200, 60, "the worker's steps")
             psd.stop()  # a last checkpoint
             psd2 = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
