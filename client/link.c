@@ -375,6 +375,7 @@ int psc__reconnect(psc_client *c)
 
 int psc_reconnect(psc_client *c)
 {
+    c->desync = 0; /* every link is closed and opened anew below */
     int rc = psc__ready(c, "psc_reconnect");
     if (rc != 0)
         return rc;

@@ -68,6 +68,8 @@ int psc__lfail(psc_client *c, uint32_t i, int rc)
 {
     c->err[0] = '\0';
     c->err_link = i;
+    if (rc == PS_CLIENT_EINTR)
+        c->desync = 1; /* a reply may be owed: the next call opens anew (psc__ready) */
     return rc;
 }
 

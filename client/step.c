@@ -351,6 +351,20 @@ static int do_pull(psc_client *c, uint64_t off, uint64_t len)
     return 0;
 }
 
+/* After a wait a signal interrupted (c->desync), the connections may be
+ * mid-frame or owe the interrupted call's reply, which the next call would
+ * take for its own: they are closed, and opened anew (the model pulled
+ * again). */
+static int resync(psc_client *c)
+{
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        psc__link_close(&c->links[i]);
+    int rc = psc__open_retry(c, c->reconnect_ms, NULL);
+    if (rc == 0)
+        c->desync = 0;
+    return rc;
+}
+
 int psc__ready(psc_client *c, const char *what)
 {
     if (c->closed)
@@ -359,6 +373,10 @@ int psc__ready(psc_client *c, const char *what)
         return psc__fail(c, PSC_ESTATE, "%s: not connected (psc_connect first)", what);
     if (psc__busy(c))
         return psc__fail(c, PSC_EBUSY, "%s: a step is in flight (psc_wait first)", what);
+    if (c->desync) {
+        c->intr = 0;
+        return resync(c);
+    }
     return 0;
 }
 
@@ -426,15 +444,10 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
         return psc__hogwild_step(c, op, off, len);
     psc__waiting_clear(c);
     c->intr = 0;
-    if (c->desync) {
-        /* the last call's wait was interrupted, maybe mid-frame: these
-         * connections are unusable; new ones (the model pulled anew) */
-        for (uint32_t i = 0; i < c->nlinks; i++)
-            psc__link_close(&c->links[i]);
-        int rc = psc__open_retry(c, c->reconnect_ms, NULL);
+    if (c->desync) { /* psc__ready resynced; this is for a step the async thread runs */
+        int rc = resync(c);
         if (rc != 0)
             return rc;
-        c->desync = 0;
     }
     int rc = run_step(c, op, off, len);
     if (rc == PSC_EINTR)

@@ -59,6 +59,8 @@ int pw_train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dataset
                               res) != 0)
                 goto out;
             in_epoch = 0;
+            if (pw_stop_signal)
+                continue; /* a stop signal during the report: no step more */
         }
         if (fin)
             break;

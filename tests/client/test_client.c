@@ -898,6 +898,61 @@ static void test_interrupt(void **state)
     psd_kill(&p);
 }
 
+typedef struct {
+    pthread_t target;
+    int ms;
+} alarm_arg;
+
+static void *signal_after(void *arg)
+{
+    alarm_arg *a = arg;
+    usleep((useconds_t)a->ms * 1000);
+    pthread_kill(a->target, SIGUSR1);
+    return NULL;
+}
+
+/* A call other than a step interrupted while it waits for psd's reply
+ * (psc_report to a psd held by SIGSTOP): the reply comes later on that
+ * connection, and the next calls must not take it for theirs. The next
+ * step opens the connection anew and works, and so does the next report.
+ * (psworker's planned BSP loop met this: a stop signal during an epoch's
+ * report, then one more step, which read the report's OK as its reply.) */
+static void test_interrupted_report_then_step(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 1, 0, NULL);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0; /* no SA_RESTART, as psworker */
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    psc_client *a = client(p.addr, "0/1");
+    assert_int_equal(psc_set(a, "interrupt", "on"), 0);
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_pushpull(a), 0);
+    uint64_t v1 = psc_model_version(a);
+    assert_int_equal(kill(p.pid, SIGSTOP), 0);
+    alarm_arg al = {pthread_self(), 300};
+    pthread_t th;
+    got_signal = 0;
+    assert_int_equal(pthread_create(&th, NULL, signal_after, &al), 0);
+    assert_int_equal(psc_report(a, 1, 0.5, -1, 0, 100, 1000.0), PSC_EINTR);
+    pthread_join(th, NULL);
+    assert_int_equal(got_signal, SIGUSR1);
+    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    /* psd now answers the report on the old connection */
+    int rc = psc_pushpull(a);
+    if (rc != 0)
+        fail_msg("the step after an interrupted report: %d (%s)", rc, psc_errmsg(a));
+    assert_true(psc_model_version(a) > v1);
+    assert_int_equal(psc_report(a, 1, 0.5, -1, 0, 100, 1000.0), 0);
+    assert_int_equal(psc_pushpull(a), 0);
+    psc_free(a);
+    sigaction(SIGUSR1, &old, NULL);
+    psd_kill(&p);
+}
+
 /* A shard another worker holds is refused at once at psc_connect, not
  * retried for connect_s as if psd were down; the message says what to do. */
 static void test_shard_taken_at_once(void **state)
@@ -940,6 +995,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plan),              cmocka_unit_test(test_waiting_for),
         cmocka_unit_test(test_tables),            cmocka_unit_test(test_hogwild),
         cmocka_unit_test(test_interrupt),         cmocka_unit_test(test_shard_taken_at_once),
+        cmocka_unit_test(test_interrupted_report_then_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
