@@ -440,15 +440,12 @@ int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 
 static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
-    if (c->hw_on && !c->desync)
+    /* every caller passed psc__ready first, which opened the links anew
+     * after an interrupted wait (c->desync is 0 here) */
+    if (c->hw_on)
         return psc__hogwild_step(c, op, off, len);
     psc__waiting_clear(c);
     c->intr = 0;
-    if (c->desync) { /* psc__ready resynced; this is for a step the async thread runs */
-        int rc = resync(c);
-        if (rc != 0)
-            return rc;
-    }
     int rc = run_step(c, op, off, len);
     if (rc == PSC_EINTR)
         c->desync = 1;
