@@ -117,6 +117,8 @@ typedef struct opts {
                                   * 0: every chunk request waits for its reply */
     const char *out;             /* output directory */
     int no_mpi, no_tcp, no_plot;
+    int table_tcp;               /* --table-tcp: psd's workers send table requests in frames
+                                  * (libpsclient option shm off), not through the table segment */
     int probe;                   /* measure psd's loop lag (admin heartbeats) */
     int wire;                    /* --wire: WIRE_* of tensors on psd's wire */
     int verbose;
@@ -315,6 +317,8 @@ struct bench {
     size_t vbytes;          /* bytes per value on the wire: 4, or 2 for bf16 */
     atomic_int wire_refused; /* psd's welcome did not offer `wire` */
     int table;              /* rows by key (psc_table_pushpull), not the dense model */
+    int table_tcp;          /* table: libpsclient's shm off (requests in frames) */
+    atomic_int table_shm;   /* table: workers whose every psd mapped their table segment */
     uint32_t dim;           /* table: values per row */
     uint32_t nkeys;         /* table: distinct keys per request */
     int nbatch;             /* table: batches per worker, used in turn */
@@ -473,6 +477,8 @@ static int table_open(bworker *w)
         rc = psc_set(w->pc, "reconnect", "off");
     if (rc == 0)
         rc = psc_set(w->pc, "connect_s", "10");
+    if (rc == 0 && b->table_tcp)
+        rc = psc_set(w->pc, "shm", "off");
     snprintf(v, sizeof v, "%d", CALL_TIMEOUT_MS);
     if (rc == 0)
         rc = psc_set(w->pc, "timeout_ms", v);
@@ -485,6 +491,8 @@ static int table_open(bworker *w)
         return wfail(w, rc, "connect");
     if ((rc = psc_table(w->pc, "emb", b->dim, "uniform", 0.01, 1, "adagrad", "lr=0.05")) != 0)
         return wfail(w, rc, "table");
+    if (psc_table_shm(w->pc))
+        atomic_fetch_add(&b->table_shm, 1);
     return 0;
 }
 
@@ -651,6 +659,7 @@ typedef struct cell_result {
                                                 * during the window: how long its
                                                 * loop is busy elsewhere */
     int wire_refused;       /* psd did not offer the wire type asked for */
+    int table_shm;          /* table: workers whose requests went through the table segment */
     char err[700];
 } cell_result;
 
@@ -1620,6 +1629,7 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
     b.verbose = o->verbose;
     b.vbytes = 4;
     b.table = 1;
+    b.table_tcp = o->table_tcp;
     b.dim = o->dim;
     b.nkeys = o->nkeys;
     b.nbatch = nbatch;
@@ -1646,6 +1656,7 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
     if (sys == SYS_PSD) {
         out->hwm_mib = proc_status_mib(pid, "VmHWM");
         out->rss_mib = proc_status_mib(pid, "VmRSS");
+        out->table_shm = atomic_load(&b.table_shm);
     }
     child_stop(pid);
 }
@@ -1677,18 +1688,23 @@ static void run_tables(const opts *o)
     printf("psbench --table: psd %s, %ld CPUs, %.1f s per cell; table of dim %u (AdaGrad, asgd), %u distinct keys\n"
            "a request (%s over %" PRIu64 " keys, %d batches per worker in turn, every batch's rows stored\n"
            "before the timing). A round trip: psc_table_pushpull: push %u row gradients, pull the next\n"
-           "batch's %u rows. rows/s: rows pushed + pulled per second, all workers together; the plain-TCP\n"
+           "batch's %u rows, %s. rows/s: rows pushed + pulled per second, all workers together; the plain-TCP\n"
            "ceiling sends the same request (%zu bytes: keys, gradients, next keys) and reads the same\n"
            "answer (%zu bytes: rows) per round trip, one thread and epoll as psd; per psd core: rows/s\n"
-           "divided by psd's CPU seconds per second (/proc).\n",
+           "divided by psd's CPU seconds per second (/proc); clients: the workers' CPU seconds per second.\n",
            o->psd, sysconf(_SC_NPROCESSORS_ONLN), o->seconds, o->dim, o->nkeys, dist, o->key_space, nbatch, o->nkeys,
-           o->nkeys, req_b, ans_b);
+           o->nkeys,
+           o->table_tcp ? "in frames over loopback TCP (--table-tcp)"
+                        : "through each worker's table segment (shared memory; PROTOCOL.md 13.9)",
+           req_b, ans_b);
     for (int i = 0; i < o->npsd_set; i++)
         printf("%s%s%s", i ? ", " : "psd settings (--psd-set): ", o->psd_set[i], i + 1 == o->npsd_set ? "\n" : "");
-    printf("\n%2s | %10s %8s %8s %8s %5s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K", "rows/s", "MB/s",
-           "p50 ms", "p99 ms", "cpu", "rows/s", "MB/s", "p50 ms", "p99 ms", "psd/", "rows/s", "peak", "load");
-    printf("%2s | %-46s | %-38s | %6s | %14s | %6s %4s\n", "", "psd (tables, float32)", "plain TCP (ceiling)",
-           "TCP", "per psd core", "MiB", "");
+    printf("\n%2s | %10s %8s %8s %8s %5s %7s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K", "rows/s", "MB/s",
+           "p50 ms", "p99 ms", "cpu", "clients", "rows/s", "MB/s", "p50 ms", "p99 ms", "psd/", "rows/s", "peak",
+           "load");
+    printf("%2s | %-54s | %-38s | %6s | %14s | %6s %4s\n", "",
+           o->table_tcp ? "psd (tables, float32, TCP)" : "psd (tables, float32, table segment)",
+           "plain TCP (ceiling)", "TCP", "per psd core", "MiB", "");
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/table.csv", o->out);
     FILE *csv = fopen(path, "w");
@@ -1696,7 +1712,7 @@ static void run_tables(const opts *o)
         die("cannot write %s: %s", path, strerror(errno));
     fprintf(csv, "workers,dim,keys,key_space,zipf,ok,round_trips,seconds,rows_per_s,mb_per_s,p50_ms,p99_ms,psd_cpu,"
                  "rows_per_s_per_psd_core,tcp_rows_per_s,tcp_mb_per_s,tcp_p50_ms,tcp_p99_ms,ratio,psd_peak_rss_mib,"
-                 "load1\n");
+                 "load1,client_cpu,table_segment_workers\n");
     int failed = 0;
     for (int wi = 0; wi < o->nworkers; wi++) {
         int K = o->workers[wi];
@@ -1712,9 +1728,10 @@ static void run_tables(const opts *o)
         double per_core = p.server_cpu > 0 ? pr / p.server_cpu : NAN;
         printf("%2d | ", K);
         if (p.ok)
-            printf("%10.0f %8.1f %8.3f %8.3f %5.2f | ", pr, p.gbps * 1e3, p.p50_ms, p.p99_ms, p.server_cpu);
+            printf("%10.0f %8.1f %8.3f %8.3f %5.2f %7.2f | ", pr, p.gbps * 1e3, p.p50_ms, p.p99_ms, p.server_cpu,
+                   p.client_cpu);
         else
-            printf("%-46s | ", "failed");
+            printf("%-54s | ", "failed");
         if (tok)
             printf("%10.0f %8.1f %8.3f %8.3f | ", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms);
         else
@@ -1724,6 +1741,9 @@ static void run_tables(const opts *o)
         else
             printf("%6s | ", "-");
         printf("%14.0f | %6.0f %4.2f\n", p.ok ? per_core : NAN, p.hwm_mib, p.load);
+        if (p.ok && !o->table_tcp && p.table_shm != K)
+            printf("    psd: %d of %d workers had no table segment (their requests went in frames; psd's log "
+                   "says why)\n", K - p.table_shm, K);
         if (!p.ok)
             printf("    psd: %s\n", p.err), failed = 1;
         if (!o->no_tcp && !tok)
@@ -1735,7 +1755,7 @@ static void run_tables(const opts *o)
             fprintf(csv, "%.1f,%.3f,%.4f,%.4f,%.4f,", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms, p.ok ? pr / tr : NAN);
         else
             fprintf(csv, ",,,,,");
-        fprintf(csv, "%.1f,%.2f\n", p.hwm_mib, p.load);
+        fprintf(csv, "%.1f,%.2f,%.3f,%d\n", p.hwm_mib, p.load, p.client_cpu, p.table_shm);
         fflush(stdout);
     }
     fclose(csv);
@@ -2436,6 +2456,9 @@ static void usage(FILE *f)
             "                    table in psd (asgd) against the plain-TCP ceiling of the same\n"
             "                    request and answer bytes, and per psd core; K from --workers\n"
             "                    (default 2); writes table.csv; exits 1 if a cell failed\n"
+            "  --table-tcp       the table mode's workers send their requests to psd in frames\n"
+            "                    over loopback TCP (libpsclient's shm off), not through their\n"
+            "                    table segments\n"
             "  --psd-set K=V     a setting for every psd psbench starts (psd --set K=V, after\n"
             "                    psbench's own), e.g. table_apply=hogwild; up to 16\n"
             "  --ckpt-stall G    the checkpoint stall instead of the grid: fill a table of G GB\n"
@@ -2654,6 +2677,8 @@ static void parse_opts(int argc, char **argv, opts *o)
                 die("bad --zipf '%s' (0..5; 0: uniform)", v);
         } else if (strcmp(a, "--no-tcp") == 0) {
             o->no_tcp = 1;
+        } else if (strcmp(a, "--table-tcp") == 0) {
+            o->table_tcp = 1;
         } else if (strcmp(a, "--no-mpi") == 0) {
             o->no_mpi = 1;
         } else if (strcmp(a, "--no-probe") == 0) {

@@ -37,6 +37,12 @@
 /* largest tensor chunk in one frame, in floats (4 MiB) */
 #define CHUNK_FLOATS PS_CHUNK_FLOATS
 
+/* A table segment (PROTOCOL.md 13.9): requests from byte 0, the rows psd
+ * answers from PSC_TSEG_ROWS, each half room for the largest message
+ * (2 x 65,536 keys and 2^22 values; 2^22 values back). */
+#define PSC_TSEG_ROWS ((size_t)2 * 8 * PS_TABLE_KEYS_MAX + (size_t)4 * PS_TABLE_VALUES_MAX)
+#define PSC_TSEG_BYTES (2 * PSC_TSEG_ROWS)
+
 /* One connection: to psd, or with a model split over several psd, to the
  * one holding part [lo, hi) of the flat vector (links[i] holds part i). */
 typedef struct psc_link {
@@ -52,6 +58,10 @@ typedef struct psc_link {
     char mode[16];
     uint64_t version;        /* version of this part's parameters we hold */
     int shm_ok;              /* this psd mapped our segment */
+    uint8_t *tseg;           /* the table segment offered to a psd on this machine
+                              * (PROTOCOL.md 13.9), PSC_TSEG_BYTES; NULL: none */
+    int tseg_fd;             /* its sealed memfd */
+    int tseg_ok;             /* this psd mapped it: table requests go through it */
     int hw;                  /* its WELCOME named its Hogwild! segment: */
     uint32_t hw_pid, hw_fd;
     double hw_lr;
@@ -218,6 +228,11 @@ int psc__busy(psc_client *c);
 
 /* ---- link.c ---- */
 void psc__link_close(psc_link *ln);
+void psc__tseg_free(psc_link *ln);
+/* A memfd of `bytes` sealed against shrinking, growing and more seals
+ * (psd would fault on pages cut off under it), mapped shared; its fd in
+ * *fd_out. NULL when the kernel refuses. */
+void *psc__memfd_map(const char *name, size_t bytes, int *fd_out);
 int psc__recoverable(const psc_client *c, int rc);
 int psc__public_code(const psc_client *c, int rc);
 int psc__open_retry(psc_client *c, int limit_ms, const char *first);

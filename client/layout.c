@@ -91,18 +91,9 @@ int psc_tensor_find(const psc_client *c, const char *name, uint64_t *offset, uin
  * psd holding one part maps that part of both halves. */
 static int shm_create(psc_client *c)
 {
-    size_t bytes = (size_t)c->layout.total * 2 * sizeof(float);
-    int fd = memfd_create("psclient", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
+    void *p = psc__memfd_map("psclient", (size_t)c->layout.total * 2 * sizeof(float), &c->shm_fd);
+    if (!p)
         return -1;
-    void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)bytes) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-        close(fd);
-        return -1;
-    }
-    c->shm_fd = fd;
     c->shm = p;
     return 0;
 }
@@ -119,6 +110,7 @@ void psc__unmake_links(psc_client *c)
         psc_link *ln = &c->links[i];
         ln->cl.send_lock = NULL;
         ps_client_free(&ln->cl);
+        psc__tseg_free(ln);
         pthread_mutex_destroy(&ln->lock);
         pthread_cond_destroy(&ln->wake);
     }

@@ -11,6 +11,43 @@ void psc__link_close(psc_link *ln)
     pthread_mutex_unlock(&ln->lock);
 }
 
+/* The table segment ln offers a psd on this machine (PROTOCOL.md 13.9): a
+ * memfd of PSC_TSEG_BYTES sealed against shrinking and growing, made at
+ * the first hello and kept across reconnects. Its pages take memory only
+ * as requests touch them. 0, or -1 (rows then go over TCP). */
+void *psc__memfd_map(const char *name, size_t bytes, int *fd_out)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return NULL;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_out = fd;
+    return p;
+}
+
+static int tseg_create(psc_link *ln)
+{
+    if (!ln->tseg)
+        ln->tseg = psc__memfd_map("psclient-tables", PSC_TSEG_BYTES, &ln->tseg_fd);
+    return ln->tseg ? 0 : -1;
+}
+
+void psc__tseg_free(psc_link *ln)
+{
+    if (!ln->tseg)
+        return;
+    munmap(ln->tseg, PSC_TSEG_BYTES);
+    close(ln->tseg_fd);
+    ln->tseg = NULL;
+    ln->tseg_ok = 0;
+}
+
 /* Connects ln and says hello, offering the segment when there is one;
  * *need_init: this psd asks for initial values. */
 static int link_hello(psc_client *c, psc_link *ln, int *need_init)
@@ -55,13 +92,19 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
             m.shm_poff = c->layout.total + ln->lo;
         }
     }
+    ln->tseg_ok = 0;
+    if (c->want_shm && !ln->remote && tseg_create(ln) == 0) {
+        m.has |= PS_F_TSHM;
+        m.tshm = (ps_pidfd){(uint32_t)getpid(), (uint32_t)ln->tseg_fd};
+    }
     rc = ps_client_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, c->timeout_ms);
     if (rc != 0)
         return rc;
     ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
+    ln->tseg_ok = ln->tseg && (m.has & PS_F_TSHM) && (r.has & PS_F_TINSHM) && r.tinshm;
     ln->hw = ln->shm_ok && (r.has & PS_F_HOGWILD) && (r.has & PS_F_LR);
-    ln->hw_pid = r.hw_pid;
-    ln->hw_fd = r.hw_fd;
+    ln->hw_pid = r.hw.pid;
+    ln->hw_fd = r.hw.fd;
     ln->hw_lr = r.lr;
     ln->workers = (r.has & PS_F_WORKERS) ? r.workers : 1;
     if (c->want_shm && !c->shm_logged) {

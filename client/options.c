@@ -236,7 +236,8 @@ static const opt_row options[] = {
     {{"shm", "shm", "on|off", "on or off", "on",
       "offer psd a shared-memory segment for the tensors: a psd on this machine, of the same user, maps it and "
       "pushes and pulls skip the TCP copies (models of at most 2^20 values, or 2^20 per psd; not with a step in "
-      "flight, psc_pushpull_start); elsewhere they go over TCP as ever"},
+      "flight, psc_pushpull_start); and a table segment, through which table pulls and pushes go as float32; "
+      "elsewhere they go over TCP as ever"},
      OPT_BEFORE_LAYOUT, set_onoff, 0, 0, 0, 1, OPT_FIELD(want_shm), 0},
     {{"reconnect", NULL, "on|off", "on or off", "on",
       "push and pull reconnect to a psd that went away by themselves"},

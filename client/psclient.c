@@ -156,6 +156,14 @@ int psc_shm(const psc_client *c)
     return c->shm_ok;
 }
 
+int psc_table_shm(const psc_client *c)
+{
+    int all = c->nlinks > 0;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        all &= c->links[i].tseg_ok;
+    return all;
+}
+
 uint64_t psc_reconnects(const psc_client *c)
 {
     return c->reconnects;

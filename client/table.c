@@ -203,6 +203,26 @@ static int tab_group(psc_client *c, struct psc_tkeys *g, size_t nu, uint32_t dim
     return 0;
 }
 
+/* Moves table request m's keys and rows into ln's table segment
+ * (PROTOCOL.md 13.9): its keys from byte 0, then a push's row gradients,
+ * then a TPUSHPULL's keys to pull; "seg" says so, and where psd writes the
+ * rows it answers (PSC_TSEG_ROWS). Any message of tab_chunk keys fits. */
+static void tab_to_seg(psc_link *ln, ps_msg *m)
+{
+    uint8_t *at = ln->tseg;
+    memcpy(at, m->keys.p, (size_t)m->keys.n * 8);
+    at += (size_t)m->keys.n * 8;
+    if (m->has & PS_F_DATA) {
+        memcpy(at, m->data, (size_t)m->ndata * sizeof(float));
+        at += (size_t)m->ndata * sizeof(float);
+    }
+    if (m->has & PS_F_PKEYS)
+        memcpy(at, m->pkeys.p, (size_t)m->pkeys.n * 8);
+    m->seg = (ps_seg){.at = 0, .n = m->keys.n, .m = (m->has & PS_F_PKEYS) ? m->pkeys.n : 0, .rat = PSC_TSEG_ROWS};
+    m->has = (m->has & ~(PS_F_KEYS | PS_F_PKEYS | PS_F_DATA)) | PS_F_SEG;
+}
+_Static_assert(PSC_TSEG_BYTES <= PS_TSEG_MAX, "psd maps a table segment of at most PS_TSEG_MAX bytes");
+
 /* What tab_exchange does: pull the keys of c->tks[0], push them, or push
  * them and pull those of c->tks[1]. */
 enum { TAB_PULL, TAB_PUSH, TAB_PUSHPULL };
@@ -257,6 +277,8 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
             } else {
                 m.keys = (ps_keys){(const uint8_t *)(pg->sk + pfrom), (uint32_t)pk};
             }
+            if (c->links[p].tseg_ok)
+                tab_to_seg(&c->links[p], &m);
             int r = ps_client_send(&c->links[p].cl, &m);
             if (r != 0) {
                 rc = psc__lfail(c, p, r);
@@ -277,11 +299,13 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                 r2 = psc__fail(c, PSC_EMALFORMED, "table '%s': psd at %s answered request %llu, expected %llu",
                                t->def.name, c->links[p].server, (unsigned long long)r.id,
                                (unsigned long long)ids[p]);
-            else if (r2 == 0 && pcnt[p] && (r.type != PS_MSG_ROWS || r.ndata != pcnt[p] * dim))
+            else if (r2 == 0 && pcnt[p] &&
+                     (r.type != PS_MSG_ROWS || (r.inshm ? r.len : r.ndata) != pcnt[p] * dim ||
+                      (r.inshm && !c->links[p].tseg_ok)))
                 r2 = psc__fail(c, PSC_EMALFORMED,
-                               "table '%s': psd at %s answered a pull of %zu rows with %s of %llu values",
+                               "table '%s': psd at %s answered a pull of %zu rows with %s of %llu values%s",
                                t->def.name, c->links[p].server, pcnt[p], ps_msg_type_name(r.type),
-                               (unsigned long long)r.ndata);
+                               (unsigned long long)(r.inshm ? r.len : r.ndata), r.inshm ? " in the table segment" : "");
             else if (r2 != 0)
                 r2 = psc__lfail(c, p, r2);
             if (r2 != 0) {
@@ -290,7 +314,8 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                 continue;
             }
             if (pcnt[p])
-                memcpy(pg->rr + pfrom * dim, r.data, pcnt[p] * dim * sizeof(float));
+                memcpy(pg->rr + pfrom * dim, r.inshm ? (const void *)(c->links[p].tseg + PSC_TSEG_ROWS) : r.data,
+                       pcnt[p] * dim * sizeof(float));
             done[p] += cnt[p];
             pd[p] += pcnt[p];
         }

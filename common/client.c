@@ -244,11 +244,12 @@ static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
 /* 1 when m's tensor may be sent packed: float32 data of an INIT, PUSH or
  * PUSHPULL of at least min values. */
 /* A message whose reply carries parameters or rows psd may send packed:
- * PULL, PUSHPULL, and a TPULL by key or a TPUSHPULL (PROTOCOL.md 13.2). */
+ * PULL, PUSHPULL, and a TPULL by key or a TPUSHPULL (PROTOCOL.md 13.2);
+ * not those answered in a shared segment ("inshm", "seg": float32 only). */
 static int pulls(const ps_msg *m)
 {
     return ((m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm) ||
-           (m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL;
+           (!(m->has & PS_F_SEG) && ((m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL));
 }
 
 /* A message whose data is a gradient, values or row gradients. */

@@ -106,6 +106,26 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
     FUZZ_CHECK(m->type >= 1 && m->type <= PS_MSG_TYPE_MAX, "type %u", m->type);
     FUZZ_CHECK((m->has >> PS_F_COUNT) == 0, "undefined presence bit");
     uint64_t need = spec_required(m->type);
+    if ((m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_PARAMS || m->type == PS_MSG_ROWS) && m->inshm) {
+        /* section 6.1, 13.9: the tensor in the shared segment, "len" for "data" */
+        FUZZ_CHECK(!(m->has & PS_F_DATA), "data and inshm together");
+        need = (need & ~(uint64_t)PS_F_DATA) | PS_F_LEN;
+    }
+    int seg = (m->has & PS_F_SEG) &&
+              (m->type == PS_MSG_TPULL || m->type == PS_MSG_TPUSH || m->type == PS_MSG_TPUSHPULL);
+    if (seg) {
+        /* section 13.9: keys and rows in the table segment, nothing of them
+         * in the frame; offsets multiples of 8 below 2^26; 1..65536 keys,
+         * and keys to pull in a tpushpull only */
+        need &= ~(uint64_t)(PS_F_KEYS | PS_F_PKEYS | PS_F_DATA);
+        FUZZ_CHECK(!(m->has & (PS_F_KEYS | PS_F_PKEYS | PS_F_DATA | PS_F_LEN | PS_F_OFF | PS_F_DT | PS_F_RDT)),
+                   "seg beside keys or rows in the frame");
+        FUZZ_CHECK(m->seg.at % 8 == 0 && m->seg.at < PS_TSEG_MAX && m->seg.rat % 8 == 0 && m->seg.rat < PS_TSEG_MAX,
+                   "seg offsets %llu, %llu", (unsigned long long)m->seg.at, (unsigned long long)m->seg.rat);
+        FUZZ_CHECK(m->seg.n >= 1 && m->seg.n <= PS_TABLE_KEYS_MAX && m->seg.m <= PS_TABLE_KEYS_MAX &&
+                       (m->seg.m != 0) == (m->type == PS_MSG_TPUSHPULL),
+                   "seg of %u and %u keys in a %s", m->seg.n, m->seg.m, ps_msg_type_name(m->type));
+    }
     FUZZ_CHECK((m->has & need) == need, "%s without required fields (has %#llx, needs %#llx)",
                ps_msg_type_name(m->type), (unsigned long long)m->has, (unsigned long long)need);
     if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER)
@@ -180,7 +200,7 @@ void fuzz_check_msg(const ps_msg *m, const uint8_t *payload, size_t len)
         size_t n = strnlen(m->tab, sizeof m->tab);
         FUZZ_CHECK(n >= 1 && n <= PS_NAME_MAX, "tab of %zu bytes", n);
     }
-    if (m->type == PS_MSG_TPULL)
+    if (m->type == PS_MSG_TPULL && !seg)
         FUZZ_CHECK(!(m->has & PS_F_KEYS) != !(m->has & PS_F_LEN), "tpull with keys and len, or neither");
     if (ps_msg_is_table(m->type)) {
         /* PROTOCOL.md 13.2: row gradients of a tpush or tpushpull (and rows

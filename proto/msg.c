@@ -156,7 +156,7 @@ const field ps_msg_fields[] = {
     F("rdt", PS_F_RDT, FK_DTYPE, rdt),
     FS("shm", PS_F_SHM, FK_SHM),
     F("inshm", PS_F_INSHM, FK_BOOL, inshm),
-    FS("hogwild", PS_F_HOGWILD, FK_HOGWILD),
+    F("hogwild", PS_F_HOGWILD, FK_PIDFD, hw),
     F("lr", PS_F_LR, FK_F64, lr),
     F("init", PS_F_INIT, FK_BOOL, need_init),
     FS("plan", PS_F_PLAN, FK_PLAN),
@@ -199,6 +199,9 @@ const field ps_msg_fields[] = {
     F("keys", PS_F_KEYS, FK_KEYS, keys),
     F("pkeys", PS_F_PKEYS, FK_KEYS, pkeys),
     FS("part", PS_F_PART, FK_PART),
+    F("tshm", PS_F_TSHM, FK_PIDFD, tshm),
+    F("tinshm", PS_F_TINSHM, FK_BOOL, tinshm),
+    F("seg", PS_F_SEG, FK_SEG, seg),
     FS("data", PS_F_DATA, FK_DATA),
 };
 _Static_assert(sizeof ps_msg_fields / sizeof ps_msg_fields[0] == PS_F_COUNT, "a row for every PS_F_* bit");

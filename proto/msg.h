@@ -129,7 +129,12 @@ enum {
 /* Hogwild! (PROTOCOL.md section 8) */
 #define PS_F_HOGWILD (1ull << 58) /* "hogwild": [pid, fd] of psd's model segment (welcome) */
 #define PS_F_LR (1ull << 59)     /* "lr": the step size a Hogwild! worker applies (welcome) */
-#define PS_F_COUNT 60            /* fields in all: bits 0..PS_F_COUNT-1 */
+/* tables through shared memory (PROTOCOL.md 13.9) */
+#define PS_F_TSHM (1ull << 60)   /* "tshm": [pid, fd] of the worker's table segment (hello) */
+#define PS_F_TINSHM (1ull << 61) /* "tinshm": psd mapped that segment (welcome) */
+#define PS_F_SEG (1ull << 62)    /* "seg": [at, n, m, rat], a table request in that segment
+                                  * (tpull, tpush, tpushpull) */
+#define PS_F_COUNT 63            /* fields in all: bits 0..PS_F_COUNT-1 */
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -194,6 +199,22 @@ typedef struct ps_keys {
     uint32_t n;
 } ps_keys;
 
+/* A process's file, as /proc/<pid>/fd/<fd> ("hogwild", "tshm"):
+ * 0 < pid < 2^31, fd < 2^31. */
+typedef struct ps_pidfd {
+    uint32_t pid, fd;
+} ps_pidfd;
+
+/* "seg": a table request in the worker's table segment (PROTOCOL.md
+ * 13.9), byte offsets at and rat multiples of 8 below PS_TSEG_MAX: from
+ * at, the n keys (8 bytes each), for a push their n x dim float32 row
+ * gradients, for a tpushpull then the m keys it pulls; the rows pulled
+ * written from rat. 1 <= n, m <= PS_TABLE_KEYS_MAX; m 0 but in a tpushpull. */
+typedef struct ps_seg {
+    uint64_t at, rat;
+    uint32_t n, m;
+} ps_seg;
+
 /* A string that is not NUL-terminated (admin arguments). */
 typedef struct ps_str {
     const char *p;
@@ -235,7 +256,10 @@ typedef struct ps_msg {
     uint64_t shm_goff, shm_poff; /* where in it (in values) the gradient and the
                              * parameters lie; without them 0 and the model's size */
     int inshm;              /* "inshm" */
-    uint32_t hw_pid, hw_fd; /* "hogwild": psd's model segment, as /proc/<pid>/fd/<fd> */
+    ps_pidfd hw;            /* "hogwild": psd's model segment */
+    ps_pidfd tshm;          /* "tshm": the worker's table segment, a sealed memfd */
+    int tinshm;             /* "tinshm": psd mapped it */
+    ps_seg seg;             /* "seg": the table request lies in that segment */
     double lr;              /* "lr": the Hogwild! workers' step size */
     int fin;                /* "fin": last chunk of this step (default 1) */
     uint64_t min;           /* "min": pull at model version >= min */

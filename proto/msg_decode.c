@@ -292,14 +292,26 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         m->shm_poff = poff;
         return 0;
     }
-    case FK_HOGWILD: {
+    case FK_PIDFD: {
         uint64_t pid, fd;
         if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2 || get_u64(&o->via.array.ptr[0], &pid) ||
             get_u64(&o->via.array.ptr[1], &fd) || pid == 0 || pid > INT32_MAX || fd > INT32_MAX)
-            return ps_fail(err, errlen, PS_EBAD_FIELD,
-                           "%s: hogwild must be [pid, fd] with 0 < pid < 2^31 and fd < 2^31", tname);
-        m->hw_pid = (uint32_t)pid;
-        m->hw_fd = (uint32_t)fd;
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s must be [pid, fd] with 0 < pid < 2^31 and fd < 2^31",
+                           tname, f->key);
+        *AT(m, f, ps_pidfd) = (ps_pidfd){(uint32_t)pid, (uint32_t)fd};
+        return 0;
+    }
+    case FK_SEG: {
+        uint64_t v[4];
+        int ok = o->type == MSGPACK_OBJECT_ARRAY && o->via.array.size == 4;
+        for (uint32_t j = 0; ok && j < 4; j++)
+            ok = get_u64(&o->via.array.ptr[j], &v[j]) == 0;
+        if (!ok || v[0] >= PS_TSEG_MAX || v[0] % 8 || v[3] >= PS_TSEG_MAX || v[3] % 8 || v[1] == 0 ||
+            v[1] > PS_TABLE_KEYS_MAX || v[2] > PS_TABLE_KEYS_MAX)
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: seg must be [at, n, m, rat]: byte offsets at and rat "
+                                                       "multiples of 8 below 2^26, 1 <= n <= %d keys, m <= %d",
+                           tname, PS_TABLE_KEYS_MAX, PS_TABLE_KEYS_MAX);
+        *AT(m, f, ps_seg) = (ps_seg){.at = v[0], .n = (uint32_t)v[1], .m = (uint32_t)v[2], .rat = v[3]};
         return 0;
     }
     case FK_PLAN: {
@@ -529,11 +541,25 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
     }
 
     uint64_t need = required_fields(m->type);
-    if ((m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_PARAMS) && m->inshm) {
+    if ((m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_PARAMS || m->type == PS_MSG_ROWS) && m->inshm) {
         /* the tensor is in the shared segment: "len" says how long */
         if (m->has & PS_F_DATA)
             return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: 'data' and 'inshm' together", tname);
         need = (need & ~PS_F_DATA) | PS_F_LEN;
+    }
+    if ((m->has & PS_F_SEG) &&
+        (m->type == PS_MSG_TPULL || m->type == PS_MSG_TPUSH || m->type == PS_MSG_TPUSHPULL)) {
+        /* a table request in the table segment (PROTOCOL.md 13.9): its
+         * keys and rows are there, in float32 */
+        const uint64_t inseg = PS_F_KEYS | PS_F_PKEYS | PS_F_DATA | PS_F_LEN | PS_F_OFF | PS_F_DT | PS_F_RDT;
+        if (m->has & inseg)
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: 'seg' and '%s' together: the keys and rows are in the "
+                                                       "segment, in float32", tname,
+                           ps_msg_field_name((m->has & inseg) & -(m->has & inseg)));
+        if ((m->seg.m != 0) != (m->type == PS_MSG_TPUSHPULL))
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: seg's m (keys pulled after the push) must be %s", tname,
+                           m->type == PS_MSG_TPUSHPULL ? "1..65536 in a tpushpull" : "0 outside a tpushpull");
+        need &= ~(PS_F_KEYS | PS_F_PKEYS | PS_F_DATA);
     }
     if ((m->has & need) != need) {
         uint64_t missing = need & ~m->has;
@@ -544,7 +570,7 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         return ps_fail(err, errlen, PS_EBAD_FIELD, "hello: a worker must send 'shard' and 'layout'");
     if ((m->has & PS_F_LAYOUT) && (m->has & PS_F_FP) && m->fp != ps_layout_fingerprint(m->layout))
         return ps_fail(err, errlen, PS_EBAD_FIELD, "hello: fingerprint does not match the layout sent");
-    if (m->type == PS_MSG_TPULL && !(m->has & PS_F_KEYS) == !(m->has & PS_F_LEN))
+    if (m->type == PS_MSG_TPULL && !(m->has & PS_F_SEG) && !(m->has & PS_F_KEYS) == !(m->has & PS_F_LEN))
         return ps_fail(err, errlen, PS_EBAD_FIELD, "tpull: %s", (m->has & PS_F_KEYS) ? "'keys' and 'len' together: rows "
                                                                                   "by key or by position, not both"
                                                                                 : "missing field 'keys'");

@@ -164,12 +164,22 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
                 msgpack_pack_uint64(&pk, m->shm_poff);
             }
             break;
-        case FK_HOGWILD:
+        case FK_PIDFD:
             ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, 2);
-            msgpack_pack_uint32(&pk, m->hw_pid);
-            msgpack_pack_uint32(&pk, m->hw_fd);
+            msgpack_pack_uint32(&pk, AT_C(m, f, ps_pidfd)->pid);
+            msgpack_pack_uint32(&pk, AT_C(m, f, ps_pidfd)->fd);
             break;
+        case FK_SEG: {
+            const ps_seg *g = AT_C(m, f, ps_seg);
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 4);
+            msgpack_pack_uint64(&pk, g->at);
+            msgpack_pack_uint32(&pk, g->n);
+            msgpack_pack_uint32(&pk, g->m);
+            msgpack_pack_uint64(&pk, g->rat);
+            break;
+        }
         case FK_PLAN:
             ps_pack_key(&pk, f->key);
             msgpack_pack_array(&pk, 4);

@@ -28,7 +28,8 @@ enum field_kind {
     FK_PART,   /* part and nparts, [i, n] with 0 <= i < n <= PS_PARTS_MAX */
     FK_LAYOUT, /* *layout, [[name, [dims...]], ...] (ps_layout_pack) */
     FK_SHM,    /* shm_pid, shm_fd and maybe shm_goff, shm_poff: [pid, fd(, goff, poff)] */
-    FK_HOGWILD, /* hw_pid, hw_fd: [pid, fd] */
+    FK_PIDFD,  /* ps_pidfd, [pid, fd] */
+    FK_SEG,    /* ps_seg, [at, n, m, rat] */
     FK_PLAN,   /* plan, [epochs, samples, batch, seed] */
     FK_SLICE,  /* slice, [epoch, lo, hi, rank, count] */
     FK_ARGS,   /* args and nargs, an array of strings */

@@ -15,6 +15,8 @@
 #define PS_TABLE_DIM_MAX 1024       /* values in one row */
 #define PS_TABLE_KEYS_MAX 65536     /* keys in one message's "keys" (and in "pkeys") */
 #define PS_TABLE_VALUES_MAX (1u << 22) /* row values in one message's "data" */
+#define PS_TSEG_MIN (1u << 16)      /* bytes of a table segment psd maps (PROTOCOL.md 13.9) */
+#define PS_TSEG_MAX (1u << 26)
 
 /* How a row starts ("rinit"). */
 typedef enum ps_rinit { PS_RINIT_ZEROS = 0, PS_RINIT_UNIFORM = 1, PS_RINIT_NORMAL = 2, PS_RINIT_COUNT } ps_rinit;

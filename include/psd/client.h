@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 8
+#define PSC_VERSION_MINOR 9
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -450,6 +450,9 @@ PSC_API void psc_shard(const psc_client *c, uint32_t *k, uint32_t *m);
 PSC_API uint32_t psc_servers(const psc_client *c);       /* psd sharing the model */
 PSC_API const char *psc_wire(const psc_client *c);       /* "f32" or "bf16", as psd agreed */
 PSC_API int psc_shm(const psc_client *c);                /* 1: tensors go through shared memory */
+/* 1: every psd mapped this worker's table segment, so table pulls and
+ * pushes go through shared memory (PROTOCOL.md 13.9; option shm). (1.9) */
+PSC_API int psc_table_shm(const psc_client *c);
 /* 1: psd runs a Hogwild! job and mapped this worker's segment: a push
  * (psc_push, psc_pushpull and their ranges) is w -= lr * g applied by the
  * caller's thread straight into psd's model, at psd's lr, without a

@@ -662,6 +662,12 @@ class Client:
         return bool(lib.psc_shm(self._handle()))
 
     @property
+    def table_shm(self):
+        """True when every psd mapped this worker's table segment: table
+        pulls and pushes go through shared memory (PROTOCOL.md 13.9)."""
+        return bool(lib.psc_table_shm(self._handle()))
+
+    @property
     def hogwild(self):
         """True when psd runs a Hogwild! job and this worker steps straight
         into psd's model (PROTOCOL.md section 8): a push is w -= lr * g

@@ -104,6 +104,7 @@ for name, res, args in [
     ("psc_servers", _u32, [_c]),
     ("psc_wire", _s, [_c]),
     ("psc_shm", _i, [_c]),
+    ("psc_table_shm", _i, [_c]),
     ("psc_hogwild", _i, [_c]),
     ("psc_hogwild_params", _c, [_c]),
     ("psc_reconnects", _u64, [_c]),

@@ -81,7 +81,7 @@ static void send_current(srv_conn *c, uint64_t ver, uint64_t id, uint64_t off, u
  * version ver, as a ROWS. The rows are written into fresh blocks that the
  * reply holds until it is sent. */
 static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n,
-                      uint32_t rdt)
+                      uint32_t rdt, uint64_t rat)
 {
     psd *s = c->srv;
     uint32_t dim = srv_tables_def(&s->tables, ti)->dim;
@@ -96,6 +96,20 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
      * Hogwild! pins rows its own way (12 bytes a key of its largest pull,
      * until it closes) */
     srv_row_hint *hint = c->worker && !s->policy->tpush && !s->tapply ? &c->row_hint : NULL;
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_ROWS);
+    r.id = id;
+    r.mver = ver;
+    if (rdt == SRV_RDT_SHM) {
+        /* into the worker's table segment (the dispatch layer checked that
+         * [rat, rat + 4 total) lies in it); the reply only says so */
+        srv_tables_pull_hint(&s->tables, ti, keys, n, (float *)(void *)(c->tseg + rat), hint);
+        r.has = PS_F_ID | PS_F_MVER | PS_F_LEN | PS_F_INSHM;
+        r.len = total;
+        r.inshm = 1;
+        srv_send(c, &r, NULL);
+        return;
+    }
     for (size_t b = 0; b < nblk; b++) {
         uint64_t want = total - (b << SRV_BLK_SHIFT) < SRV_BLK_FLOATS ? total - (b << SRV_BLK_SHIFT) : SRV_BLK_FLOATS;
         size_t cap = 1024; /* a power of two, so the block pool reuses them */
@@ -118,15 +132,11 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
         }
         free(flat);
     }
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_ROWS);
     r.has = PS_F_ID | PS_F_MVER | PS_F_DATA;
     if (rdt == PS_DT_BF16 || rdt == PS_DT_F32ZSTD) {
         r.has |= PS_F_DT; /* srv_send converts from the blocks (zstd: when that saves) */
         r.dt = rdt;
     }
-    r.id = id;
-    r.mver = ver;
     r.off = 0; /* where the rows lie in blk; not sent */
     r.ndata = total;
     srv_send(c, &r, blk);
@@ -330,7 +340,7 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
 }
 
 int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, uint32_t rdt,
-              char *err, size_t errlen)
+              uint64_t rat, char *err, size_t errlen)
 {
     /* as srv_pull: behind an earlier parked pull of this version or an
      * older one, or parked until min is there (a pinned snapshot does not
@@ -340,7 +350,7 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
     for (const srv_parked *p = c->parked; p && !behind; p = p->next)
         behind = p->min <= min;
     if (!behind && (c->pinned || pull_ready(c, min, 0, 0, &ver))) {
-        send_rows(c, c->pinned ? c->srv->model.version : ver, id, ti, keys, n, rdt);
+        send_rows(c, c->pinned ? c->srv->model.version : ver, id, ti, keys, n, rdt, rat);
         return 0;
     }
     if (c->nparked >= SRV_PARKED_MAX) {
@@ -358,7 +368,7 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
         return PS_ENOMEM;
     }
     memcpy(copy, keys, (size_t)n * 8);
-    *p = (srv_parked){.id = id, .min = min, .rdt = rdt, .table = ti, .keys = copy, .nkeys = n};
+    *p = (srv_parked){.id = id, .min = min, .rat = rat, .rdt = rdt, .table = ti, .keys = copy, .nkeys = n};
     srv_parked **tail = &c->parked;
     while (*tail)
         tail = &(*tail)->next;
@@ -389,7 +399,7 @@ void srv_conn_answer_parked(srv_conn *c)
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
         if (p->keys)
-            send_rows(c, ver, p->id, p->table, p->keys, p->nkeys, p->rdt);
+            send_rows(c, ver, p->id, p->table, p->keys, p->nkeys, p->rdt, p->rat);
         else
             send_current(c, ver, p->id, p->off, p->len, p->rdt);
         parked_put(p);

@@ -13,10 +13,10 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
 /* A pull of the rows of n keys of table ti (PROTOCOL.md 13) for version
  * >= min: answered now with a ROWS or parked, keys copied (0), or refused
  * (PS_ELIMIT: too many parked; PS_ENOMEM) with err filled and nothing
- * sent. */
+ * sent. rdt SRV_RDT_SHM: the rows go into the connection's table segment
+ * from byte rat (13.9), which the caller checked. */
 int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n, uint64_t min, uint32_t rdt,
-              char *err,
-              size_t errlen);
+              uint64_t rat, char *err, size_t errlen);
 /* A pull of table ti's stored rows [off, off+len) by position (creation
  * order), answered at once with a ROWS that carries their keys too (0), or
  * refused (PS_ERANGE: past the rows; PS_EBAD_FIELD: over the limits of one

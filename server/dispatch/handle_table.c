@@ -6,6 +6,7 @@
 #include "server/dispatch/handle_table.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "common/vec.h"
@@ -124,10 +125,86 @@ static int check_part(srv_conn *c, const ps_msg *m, const ps_table_def *d, const
     return 0;
 }
 
-/* Checks a push's rows: n x dim finite values for n distinct keys, base
- * not ahead of the model; rows in another form than float32 are widened
- * first (m then points at them). 0, or a code with err. */
-static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, char *err, size_t errlen)
+/* A request in the worker's table segment ("seg", PROTOCOL.md 13.9): its
+ * keys are copied out of the segment (psd checks them, and the worker
+ * could change them meanwhile) and m points at them as at a frame's. Row
+ * gradients are read in place in asgd and ssp (stepped here, or copied
+ * into a Hogwild! apply job: each row's step checks its own result, so a
+ * change under psd spoils no more than that worker's own rows) and copied
+ * out in bsp (the round sums them with the other workers'). The rows
+ * pulled go into the segment from byte *rat. 0, or a code with err. */
+static int from_tseg(srv_conn *c, ps_msg *m, const ps_table_def *d, uint64_t *rat, char *err, size_t errlen)
+{
+    psd *s = c->srv;
+    const char *t = ps_msg_type_name(m->type);
+    if (!c->tseg) {
+        snprintf(err, errlen, "%s with 'seg' refused: this connection has no table segment (psd's welcome did not "
+                              "say tinshm)", t);
+        return PS_ESTATE;
+    }
+    const ps_seg g = m->seg;
+    int push = m->type != PS_MSG_TPULL;
+    uint32_t pulled = m->type == PS_MSG_TPULL ? g.n : g.m;
+    uint64_t vals = push ? (uint64_t)g.n * d->dim : 0, rvals = (uint64_t)pulled * d->dim;
+    if (vals > PS_TABLE_VALUES_MAX || rvals > PS_TABLE_VALUES_MAX) {
+        snprintf(err, errlen, "%s: the rows of %u keys of table '%s' (dim %u) are %llu values, more than %u in one "
+                              "message; nothing was changed", t, vals > PS_TABLE_VALUES_MAX ? g.n : pulled, d->name,
+                 d->dim, (unsigned long long)(vals > rvals ? vals : rvals), PS_TABLE_VALUES_MAX);
+        return PS_EBAD_FIELD;
+    }
+    uint64_t req = 8ull * g.n + 4 * vals + 8ull * g.m, ans = 4 * rvals;
+    if (g.at + req > c->tseg_len || (pulled && g.rat + ans > c->tseg_len) ||
+        (pulled && g.at < g.rat + ans && g.rat < g.at + req)) {
+        snprintf(err, errlen, "%s: seg's request [%llu, %llu) and rows [%llu, %llu) must lie apart in the table "
+                              "segment's %zu bytes; nothing was changed", t, (unsigned long long)g.at,
+                 (unsigned long long)(g.at + req), (unsigned long long)g.rat, (unsigned long long)(g.rat + ans),
+                 c->tseg_len);
+        return PS_ERANGE;
+    }
+    uint8_t *keys = srv_seg_keys(s, 8ull * (g.n + g.m));
+    const float *grads = (const float *)(const void *)(c->tseg + g.at + 8ull * g.n);
+    float *copy = push && s->policy->tpush ? srv_rows_wide(s, (size_t)vals) : NULL;
+    if (!keys || (push && s->policy->tpush && !copy)) {
+        snprintf(err, errlen, "%s: no memory for the %u keys of a request in the table segment", t, g.n + g.m);
+        return PS_ENOMEM;
+    }
+    memcpy(keys, c->tseg + g.at, 8ull * g.n);
+    memcpy(keys + 8ull * g.n, c->tseg + g.at + 8ull * g.n + 4 * vals, 8ull * g.m);
+    m->keys = (ps_keys){keys, g.n};
+    if (g.m) {
+        m->pkeys = (ps_keys){keys + 8ull * g.n, g.m};
+        m->has |= PS_F_PKEYS;
+    }
+    if (push) {
+        if (copy) {
+            memcpy(copy, grads, (size_t)vals * sizeof(float));
+            grads = copy;
+        }
+        m->data = grads;
+        m->ndata = vals;
+        m->has |= PS_F_DATA;
+    }
+    m->has |= PS_F_KEYS;
+    *rat = g.rat;
+    return 0;
+}
+
+/* The error of a push whose row gradients are not all finite. */
+static int nonfinite_grads(const ps_msg *m, const ps_table_def *d, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: row gradients of table '%s' contain NaN or infinity; rejected, the table is "
+                          "unchanged",
+             ps_msg_type_name(m->type), d->name);
+    return PS_ENONFINITE;
+}
+
+/* Checks a push's rows: n x dim finite values (unless defer_finite: the
+ * caller's push steps every row and checks each result, which is not
+ * finite when a gradient is not, and names the gradients then) for n
+ * distinct keys, base not ahead of the model; rows in another form than
+ * float32 are widened first (m then points at them). 0, or a code with
+ * err. */
+static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, int defer_finite, char *err, size_t errlen)
 {
     psd *s = c->srv;
     const ps_table_def *d = srv_tables_def(&s->tables, ti);
@@ -149,12 +226,8 @@ static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, char *err, size_t err
                  (unsigned long long)s->model.version);
         return PS_EBAD_FIELD;
     }
-    if (!ps_vec_all_finite(m->data, (size_t)m->ndata)) {
-        snprintf(err, errlen, "%s: row gradients of table '%s' contain NaN or infinity; rejected, the table is "
-                              "unchanged",
-                 t, d->name);
-        return PS_ENONFINITE;
-    }
+    if (!defer_finite && !ps_vec_all_finite(m->data, (size_t)m->ndata))
+        return nonfinite_grads(m, d, err, errlen);
     uint32_t a, b;
     int dup = srv_tables_first_dup(&s->tables, m->keys.p, m->keys.n, &a, &b);
     if (dup < 0) {
@@ -170,11 +243,17 @@ static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, char *err, size_t err
     return 0;
 }
 
-static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
+static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
 {
     psd *s = c->srv;
     char err[700];
-    int rc = check_push(c, m, ti, err, sizeof err);
+    /* asgd and ssp with table_apply = ordered step every row of a push
+     * here (but for keys an admission filter holds back), each result
+     * checked finite before it is stored: a separate pass over the
+     * gradients first would only repeat that check */
+    srv_tables_configure(&s->tables, &s->cfg);
+    int defer = !s->policy->tpush && !s->tapply && s->tables.bounds.admit <= 1;
+    int rc = check_push(c, m, ti, defer, err, sizeof err);
     if (rc == 0 && s->policy->tpush) {
         /* bsp: kept for the round, applied as it closes (PROTOCOL.md 13.5) */
         rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
@@ -183,8 +262,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
          * stepped by the apply threads; the reply (and a TPUSHPULL's pull)
          * when they are done (srv_tpush_finished), the connection's next
          * frames held until then */
-        srv_tables_configure(&s->tables, &s->cfg);
-        srv_tapply_tag tag = {.c = c, .id = m->id, .type = m->type, .ti = ti, .min = m->min, .rdt = m->rdt};
+        srv_tapply_tag tag = {.c = c, .id = m->id, .type = m->type, .ti = ti, .min = m->min, .rdt = m->rdt, .rat = rat};
         int pull = m->type == PS_MSG_TPUSHPULL;
         rc = srv_tapply_push(s->tapply, &s->tables, ti, m->keys.p, m->keys.n, m->data, &tag, pull ? m->pkeys.p : NULL,
                              pull ? m->pkeys.n : 0, err, sizeof err);
@@ -194,9 +272,10 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         }
     } else if (rc == 0) {
         /* asgd and ssp: applied as it arrives */
-        srv_tables_configure(&s->tables, &s->cfg);
         rc = srv_tables_push_hint(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, &c->row_hint, err,
                                   sizeof err);
+        if (rc == PS_ENONFINITE && !ps_vec_all_finite(m->data, (size_t)m->ndata))
+            rc = nonfinite_grads(m, srv_tables_def(&s->tables, ti), err, sizeof err);
     }
     if (rc == PS_ESTALE && m->type == PS_MSG_TPUSHPULL) {
         /* dropped, and the rows answered so the worker catches up */
@@ -210,7 +289,7 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti)
         srv_send_ok(c, m->id);
         return;
     }
-    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, m->rdt, err, sizeof err);
+    rc = srv_tpull(c, m->id, ti, m->pkeys.p, m->pkeys.n, m->min, m->rdt, rat, err, sizeof err);
     if (rc != 0)
         srv_send_error(c, m->id, rc, 0, "%s", err);
 }
@@ -235,8 +314,17 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
     int ti = table_of(c, m);
     if (ti < 0)
         return;
-    /* the rows a pull answers fit one message (PROTOCOL.md 13.2) */
     const ps_table_def *d = srv_tables_def(&c->srv->tables, (uint32_t)ti);
+    uint64_t rat = 0;
+    if (m->has & PS_F_SEG) {
+        char err[400];
+        int rc = from_tseg(c, m, d, &rat, err, sizeof err);
+        if (rc != 0) {
+            srv_send_error(c, m->id, rc, 0, "%s", err);
+            return;
+        }
+    }
+    /* the rows a pull answers fit one message (PROTOCOL.md 13.2) */
     const ps_keys *pk = m->type == PS_MSG_TPUSHPULL ? &m->pkeys : m->type == PS_MSG_TPULL ? &m->keys : NULL;
     if (pk && (uint64_t)pk->n * d->dim > PS_TABLE_VALUES_MAX) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
@@ -259,16 +347,18 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
         (check_part(c, m, d, m->keys.p, m->keys.n) != 0 ||
          (m->type == PS_MSG_TPUSHPULL && check_part(c, m, d, m->pkeys.p, m->pkeys.n) != 0)))
         return;
+    if (m->has & PS_F_SEG)
+        m->rdt = SRV_RDT_SHM; /* the rows answered into the segment, from rat */
     if (m->type == PS_MSG_TPULL) {
         char err[300];
         int rc = (m->has & PS_F_LEN) ? srv_tpull_at(c, m->id, (uint32_t)ti, m->off, m->len, err, sizeof err)
                                      : srv_tpull(c, m->id, (uint32_t)ti, m->keys.p, m->keys.n,
-                                                 (m->has & PS_F_MIN) ? m->min : 0, m->rdt, err, sizeof err);
+                                                 (m->has & PS_F_MIN) ? m->min : 0, m->rdt, rat, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, 0, "%s", err);
         return;
     }
-    handle_push(c, m, (uint32_t)ti);
+    handle_push(c, m, (uint32_t)ti, rat);
 }
 
 void srv_tpush_finished(const srv_tapply_tag *tag, const srv_tapply_result *r)
@@ -296,7 +386,7 @@ void srv_tpush_finished(const srv_tapply_tag *tag, const srv_tapply_result *r)
         return;
     }
     char err[700];
-    int rc = srv_tpull(c, tag->id, tag->ti, r->pkeys, r->npk, tag->min, tag->rdt, err, sizeof err);
+    int rc = srv_tpull(c, tag->id, tag->ti, r->pkeys, r->npk, tag->min, tag->rdt, tag->rat, err, sizeof err);
     if (rc != 0)
         srv_send_error(c, tag->id, rc, 0, "%s", err);
 }

@@ -403,6 +403,16 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
             PS_LOG(PS_LOG_INFO, "shard %u (%s): shared memory not used, tensors over TCP: %s", m->shard, c->addr,
                    why);
     }
+    if (m->has & PS_F_TSHM) {
+        char why[160];
+        if (!c->same_host)
+            snprintf(why, sizeof why, "the worker is not on psd's machine");
+        if (c->same_host && srv_tshm_attach(c, m, why, sizeof why) == 0)
+            PS_LOG(PS_LOG_INFO, "shard %u (%s): table rows through shared memory (pid %u, %zu bytes)", m->shard,
+                   c->addr, m->tshm.pid, c->tseg_len);
+        else
+            PS_LOG(PS_LOG_INFO, "shard %u (%s): table segment not used, rows over TCP: %s", m->shard, c->addr, why);
+    }
     if (s->cfg.hogwild && s->cfg.hogwild_remote == PS_HOGWILD_REMOTE_REFUSE && !c->shm) {
         snprintf(err, errlen, "this Hogwild! job takes only workers on psd's machine (hogwild_remote = refuse): "
                               "shard %u could not share psd's memory (%s)",
@@ -511,10 +521,13 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
         if (s->model.hw && c->role == PS_ROLE_WORKER) {
             /* Hogwild!: the model itself, to step in */
             r.has |= PS_F_HOGWILD | PS_F_LR;
-            r.hw_pid = (uint32_t)getpid();
-            r.hw_fd = (uint32_t)s->model.hw->hw_fd;
+            r.hw = (ps_pidfd){(uint32_t)getpid(), (uint32_t)s->model.hw->hw_fd};
             r.lr = s->cfg.lr;
         }
+    }
+    if (c->tseg) {
+        r.has |= PS_F_TINSHM;
+        r.tinshm = 1;
     }
     /* float32 without its zeros, and compressed, is float32 bit for bit:
      * always offered */

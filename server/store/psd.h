@@ -188,6 +188,8 @@ typedef struct srv_plan {
 /* A pull waiting for a model version (BSP) or for the initial values. */
 typedef struct srv_parked {
     uint64_t id, min, off, len;
+    uint64_t rat;            /* a table pull into the table segment (rdt
+                              * SRV_RDT_SHM): the byte its rows go to */
     uint32_t rdt;            /* ps_dtype of the reply's data */
     uint32_t table;          /* a table pull (TPULL, TPUSHPULL): the table's index */
     uint8_t *keys;           /* ... and a copy of its keys, nkeys of them, owned
@@ -227,6 +229,8 @@ struct srv_conn {
     uint64_t shm_params;
     void *shm_map[2];        /* the two mappings they lie in */
     size_t shm_maplen[2];
+    uint8_t *tseg;           /* the worker's table segment (PROTOCOL.md 13.9); NULL: none */
+    size_t tseg_len;         /* its bytes */
     srv_parked *parked;      /* pulls waiting for a version */
     srv_snap *pinned;        /* admin: the snapshot its pulls are answered from
                               * (ADMIN pin, psctl save); NULL = the current one */
@@ -376,6 +380,8 @@ struct psd {
     size_t planes_cap;       /* bytes */
     float *rows_wide;        /* a table push's row gradients widened to float32 */
     size_t rows_wide_cap;    /* floats */
+    uint8_t *seg_keys;       /* a table request's keys copied out of a table segment */
+    size_t seg_keys_cap;     /* bytes */
     uint64_t last_rate_ms;
     uint64_t last_tick_ms;   /* the last tick's time (main.c: psd's own stalls) */
     int stopping;

@@ -18,6 +18,10 @@ uint8_t *srv_planes(psd *s, size_t bytes);
  * bfloat16 or a packed form (dispatch, on the loop; used before the
  * handler returns), or NULL when out of memory. */
 float *srv_rows_wide(psd *s, size_t n);
+/* Room for the keys of a table request in a worker's table segment,
+ * copied out of it (dispatch, on the loop; used before the handler
+ * returns), or NULL when out of memory. */
+uint8_t *srv_seg_keys(psd *s, size_t bytes);
 /* Frees them all (at exit). */
 void srv_codec_free(psd *s);
 

@@ -19,7 +19,12 @@
  * psd copies the gradient out before it checks it (the worker could change
  * it meanwhile), applies it, writes the parameters it answers with into the
  * second half and replies "inshm". Nothing is in flight in the other
- * direction at the same time: the worker waits for the reply. */
+ * direction at the same time: the worker waits for the reply.
+ *
+ * A worker may also offer a table segment ("tshm", PROTOCOL.md 13.9): a
+ * memfd with the same seals, mapped whole, where its table requests' keys
+ * and rows lie (dispatch/handle_table.c reads them, answer/pull.c writes
+ * the rows pulled). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -145,9 +150,48 @@ static int peer_is(srv_conn *c, unsigned pid, char *why, size_t whylen)
     return ok ? 0 : -1;
 }
 
-int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen)
+/* Opens /proc/<pid>/fd/<fd> read-write when pid is the process at the
+ * other end of c and the file is a memfd sealed against shrinking and
+ * growing; its size in *size. The fd, or -1 with the reason in why. */
+static int open_memfd(srv_conn *c, ps_pidfd pf, uint64_t *size, char *why, size_t whylen)
 {
     char path[64];
+    if (peer_is(c, pf.pid, why, whylen) != 0)
+        return -1;
+    snprintf(path, sizeof path, "/proc/%u/fd/%u", pf.pid, pf.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
+        return -1;
+    }
+    /* what the file is, before its seals: a tmpfs or hugetlbfs file has
+     * seals too (F_SEAL_SEAL), and is still no memfd. The link of a memfd
+     * reads "/memfd:NAME (deleted)". */
+    char target[80];
+    ssize_t tl = readlink(path, target, sizeof target - 1);
+    target[tl > 0 ? tl : 0] = 0;
+    int seals = strncmp(target, "/memfd:", 7) == 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    struct stat st;
+    if (strncmp(target, "/memfd:", 7) != 0)
+        snprintf(why, whylen, "%s is not a memfd (%s)", path, tl > 0 ? target : strerror(errno));
+    else if (seals < 0)
+        snprintf(why, whylen, "%s is not a memfd (%s)", path, strerror(errno));
+    else if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+        snprintf(why, whylen, "%s is a memfd not sealed against shrinking and growing", path);
+    else if (fstat(fd, &st) != 0)
+        snprintf(why, whylen, "cannot stat %s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        snprintf(why, whylen, "%s is not a regular file", path);
+    else {
+        *size = (uint64_t)st.st_size;
+        return fd;
+    }
+    close(fd);
+    return -1;
+}
+
+int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen)
+{
     if (nparams == 0 || nparams > SRV_SHM_MAX_PARAMS) {
         snprintf(why, whylen, "the model's %llu parameters are more than shared memory is used for (%llu)",
                  (unsigned long long)nparams, (unsigned long long)SRV_SHM_MAX_PARAMS);
@@ -160,48 +204,16 @@ int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, si
                  (unsigned long long)nparams);
         return -1;
     }
-    if (peer_is(c, m->shm_pid, why, whylen) != 0)
+    uint64_t size, end = (goff > poff ? goff : poff) + nparams;
+    int fd = open_memfd(c, (ps_pidfd){m->shm_pid, m->shm_fd}, &size, why, whylen);
+    if (fd < 0)
         return -1;
-    snprintf(path, sizeof path, "/proc/%u/fd/%u", m->shm_pid, m->shm_fd);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
-        return -1;
-    }
-    /* what the file is, before its seals: a tmpfs or hugetlbfs file has
-     * seals too (F_SEAL_SEAL), and is still no memfd. The link of a memfd
-     * reads "/memfd:NAME (deleted)". */
-    char target[80];
-    ssize_t tl = readlink(path, target, sizeof target - 1);
-    target[tl > 0 ? tl : 0] = 0;
-    if (strncmp(target, "/memfd:", 7) != 0) {
-        snprintf(why, whylen, "%s is not a memfd (%s)", path, tl > 0 ? target : strerror(errno));
-        close(fd);
-        return -1;
-    }
-    int seals = fcntl(fd, F_GET_SEALS);
-    struct stat st;
-    uint64_t end = (goff > poff ? goff : poff) + nparams;
-    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-        if (seals < 0)
-            snprintf(why, whylen, "%s is not a memfd (%s)", path, strerror(errno));
-        else
-            snprintf(why, whylen, "%s is a memfd not sealed against shrinking and growing", path);
-        close(fd);
-        return -1;
-    }
-    if (fstat(fd, &st) != 0) {
-        snprintf(why, whylen, "cannot stat %s: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode) || (m->shm_at ? (uint64_t)st.st_size < end * sizeof(float)
-                                           : (uint64_t)st.st_size != end * sizeof(float))) {
+    if (m->shm_at ? size < end * sizeof(float) : size != end * sizeof(float)) {
         if (m->shm_at)
-            snprintf(why, whylen, "%s holds %lld bytes, fewer than the %llu floats the hello places in it", path,
-                     (long long)st.st_size, (unsigned long long)end);
+            snprintf(why, whylen, "the memfd holds %llu bytes, fewer than the %llu floats the hello places in it",
+                     (unsigned long long)size, (unsigned long long)end);
         else
-            snprintf(why, whylen, "%s holds %lld bytes, not 2 x %llu floats", path, (long long)st.st_size,
+            snprintf(why, whylen, "the memfd holds %llu bytes, not 2 x %llu floats", (unsigned long long)size,
                      (unsigned long long)nparams);
         close(fd);
         return -1;
@@ -212,10 +224,34 @@ int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, si
     close(fd);
     if (!c->shm_out) {
         srv_shm_detach(c);
-        snprintf(why, whylen, "cannot map %s: %s", path, strerror(err));
+        snprintf(why, whylen, "cannot map the memfd: %s", strerror(err));
         return -1;
     }
     c->shm_params = nparams;
+    return 0;
+}
+
+int srv_tshm_attach(srv_conn *c, const ps_msg *m, char *why, size_t whylen)
+{
+    uint64_t size;
+    int fd = open_memfd(c, m->tshm, &size, why, whylen);
+    if (fd < 0)
+        return -1;
+    if (size < PS_TSEG_MIN || size > PS_TSEG_MAX || size % 8) {
+        snprintf(why, whylen, "the table segment holds %llu bytes, not a multiple of 8 from %u to %u",
+                 (unsigned long long)size, PS_TSEG_MIN, PS_TSEG_MAX);
+        close(fd);
+        return -1;
+    }
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        snprintf(why, whylen, "cannot map the table segment: %s", strerror(err));
+        return -1;
+    }
+    c->tseg = p;
+    c->tseg_len = (size_t)size;
     return 0;
 }
 
@@ -227,4 +263,8 @@ void srv_shm_detach(srv_conn *c)
     memset(c->shm_map, 0, sizeof c->shm_map);
     c->shm = c->shm_out = NULL;
     c->shm_params = 0;
+    if (c->tseg)
+        munmap(c->tseg, c->tseg_len);
+    c->tseg = NULL;
+    c->tseg_len = 0;
 }

@@ -16,6 +16,11 @@
  * (by default [0, nparams) and [nparams, 2 nparams) of a memfd of exactly
  * that size). 0, or -1 with the reason in why. */
 int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, size_t whylen);
+/* Maps the table segment a worker's hello offers (m's "tshm", PROTOCOL.md
+ * 13.9) whole, when it is such a memfd of PS_TSEG_MIN..PS_TSEG_MAX bytes,
+ * a multiple of 8. 0, or -1 with the reason in why. */
+int srv_tshm_attach(srv_conn *c, const ps_msg *m, char *why, size_t whylen);
+/* Unmaps both segments. */
 void srv_shm_detach(srv_conn *c);
 
 #endif

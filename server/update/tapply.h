@@ -32,6 +32,7 @@ typedef struct srv_tapply_tag {
     uint32_t ti;        /* the table */
     uint64_t min;       /* TPUSHPULL: the pull's "min" */
     int rdt;            /* TPUSHPULL: the form its rows are asked for in */
+    uint64_t rat;       /* ... SRV_RDT_SHM: where in the table segment they go */
 } srv_tapply_tag;
 
 /* What a finished job did. */

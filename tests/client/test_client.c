@@ -717,7 +717,7 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.8.0");
+    assert_string_equal(psc_version_string(), "1.9.0");
     char macros[32]; /* the header's numbers say the same */
     snprintf(macros, sizeof macros, "%d.%d.%d", PSC_VERSION_MAJOR, PSC_VERSION_MINOR, PSC_VERSION_PATCH);
     assert_string_equal(psc_version_string(), macros);

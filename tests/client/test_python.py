@@ -623,6 +623,35 @@ def test_tables_rows_packed_on_the_wire(cluster):
         c.close()
 
 
+def test_tables_through_the_segment(cluster):
+    """On psd's machine a client's table calls go through its table
+    segment (PROTOCOL.md 13.9) unless shm is off: the same pushes and
+    pulls, bit for bit, either way, and the segment used again after a
+    reconnect."""
+    p = start(cluster, workers=2)
+    s = client(p.addr, "0/2")
+    t = client(p.addr, "1/2", shm=False)
+    rng = np.random.default_rng(11)
+    keys = rng.integers(0, 1 << 62, 3000, dtype=np.int64).astype(np.uint64)
+    for c, name in ((s, "a"), (t, "b")):
+        c.connect()
+        c.table(name, 8, init="uniform", scale=0.1, seed=4, opt="adagrad", lr=0.2)
+    assert s.table_shm and not t.table_shm
+    for step in range(4):
+        ks = keys[rng.choice(keys.size, 700)]  # repeats: summed by the client
+        nxt = keys[rng.choice(keys.size, 900)]
+        g = rng.standard_normal((ks.size, 8)).astype(np.float32)
+        a = s.pushpull_rows("a", ks, g, nxt)
+        b = t.pushpull_rows("b", ks, g, nxt)
+        assert a.tobytes() == b.tobytes(), step
+        if step == 1:
+            s.reconnect()
+            assert s.table_shm
+    assert s.pull_rows("a", keys).tobytes() == t.pull_rows("b", keys).tobytes()
+    s.close()
+    t.close()
+
+
 # ---- signals, and what a first job meets -----------------------------------
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable

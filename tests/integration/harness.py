@@ -31,6 +31,7 @@ otherwise runs is recorded with note_skip().
 """
 
 import argparse
+import fcntl
 import hashlib
 import hmac
 import json
@@ -709,6 +710,16 @@ def bf16_widen(data):
     import numpy as np
     h = np.frombuffer(data, dtype="<u2") if isinstance(data, (bytes, bytearray)) else np.asarray(data, "<u2")
     return (h.astype("<u4") << 16).view("<f4")
+
+
+def memfd(nbytes, seals=fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW):
+    """A memfd of nbytes with those seals, as a worker offers psd one
+    (PROTOCOL.md 6.1, 13.9); the caller closes it."""
+    fd = os.memfd_create("psd-test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
 
 
 class RawClient:

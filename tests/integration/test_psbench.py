@@ -43,8 +43,11 @@ class PsbenchTable(unittest.TestCase):
             rows = list(csv.DictReader(f))
         return r.stdout, rows
 
-    def check_row(self, row, K):
+    def check_row(self, row, K, segment=True):
         self.assertEqual((int(row["workers"]), int(row["dim"]), int(row["keys"]), int(row["ok"])), (K, 16, 512, 1))
+        # psd on this machine maps each worker's table segment unless --table-tcp
+        self.assertEqual(int(row["table_segment_workers"]), K if segment else 0)
+        self.assertGreater(float(row["client_cpu"]), 0)
         rts, secs = int(row["round_trips"]), float(row["seconds"])
         self.assertGreater(rts, K)
         rows_s = float(row["rows_per_s"])
@@ -71,10 +74,12 @@ class PsbenchTable(unittest.TestCase):
             with open(os.path.join(out, "logs", "psd-table-16-512-2.log")) as f:
                 log = f.read()
             self.assertNotIn("error", log.lower(), log)
-            text, rows = self.run_table(out, "--zipf", "0")
+            self.assertIn("through each worker's table segment", text)
+            text, rows = self.run_table(out, "--zipf", "0", "--table-tcp")
             self.assertEqual(len(rows), 1)
-            self.check_row(rows[0], 2)
+            self.check_row(rows[0], 2, segment=False)
             self.assertIn("uniform over 20000 keys", text)
+            self.assertIn("in frames over loopback TCP (--table-tcp)", text)
 
     def test_bad_options(self):
         for args, says in ((["--keys", "70000"], "bad --keys '70000'"), (["--dim", "0"], "bad --dim '0'"),

@@ -37,19 +37,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import (E_NONFINITE, E_RANGE, E_STATE, E_UNSUPPORTED, T_BYE, T_INIT, T_OK, T_PARAMS,  # noqa: E402
-                     T_PULL, T_PUSHPULL, T_WELCOME, RawClient, expect_error, floats)
+                     T_PULL, T_PUSHPULL, T_WELCOME, RawClient, expect_error, floats, memfd)
 
 LAYOUT = [["w", [1000]], ["b", [24]]]
 TOTAL = harness.layout_size(LAYOUT)
 REPLY_TIMEOUT = 10.0
-
-
-def memfd(nbytes, seals=fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW):
-    fd = os.memfd_create("test-shm", os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, nbytes)
-    if seals:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
 
 
 class ShmTest(unittest.TestCase):

@@ -1271,8 +1271,16 @@ static void mp_field(mpw *w, uint64_t bit)
         mp_str(w, "shm"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 5);
         return;
     }
-    if (bit == PS_F_HOGWILD) {
-        mp_str(w, "hogwild"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 6);
+    if (bit == PS_F_HOGWILD || bit == PS_F_TSHM) {
+        mp_str(w, bit == PS_F_HOGWILD ? "hogwild" : "tshm"), mp_array(w, 2), mp_uint(w, 4321), mp_uint(w, 6);
+        return;
+    }
+    if (bit == PS_F_TINSHM) {
+        mp_str(w, "tinshm"), mp_bool(w, 1);
+        return;
+    }
+    if (bit == PS_F_SEG) {
+        mp_str(w, "seg"), mp_array(w, 4), mp_uint(w, 0), mp_uint(w, 2), mp_uint(w, 1), mp_uint(w, 4096);
         return;
     }
     if (bit == PS_F_LR) {
@@ -1371,7 +1379,7 @@ static void mp_field(mpw *w, uint64_t bit)
 }
 
 /* Every field, in the order of its PS_F_* bit. */
-#define NFIELDS 60
+#define NFIELDS 63
 _Static_assert(NFIELDS == PS_F_COUNT, "a row for every PS_F_* bit");
 static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard", "layout", "fp",      "mode",
                                              "ver", "params", "init", "off",   "len",    "data",    "fin",
@@ -1381,7 +1389,7 @@ static const char *const field_names[NFIELDS] = {"id",  "v",     "role",  "shard
                                              "dt", "rdt", "wire", "shm", "inshm", "plan", "slice", "done",
                                              "wait", "piece", "tab", "dim", "rinit", "scale", "seed", "opt",
                                              "hp", "keys", "pkeys", "part", "local", "alpha", "tau",
-                                             "hogwild", "lr"};
+                                             "hogwild", "lr", "tshm", "tinshm", "seg"};
 
 /* A map of "t": type and the fields in `bits`, each with a valid value. */
 static void mp_message(mpw *w, uint64_t type, uint64_t bits)
@@ -1491,6 +1499,66 @@ static void expect(mpw *w, const badcase *c)
                  err);
     assert_msg_has(err, c->needle);
     w->n = 0;
+}
+
+/* "seg" puts a table request's keys and rows in the worker's table
+ * segment (PROTOCOL.md 13.9): a tpull, tpush or tpushpull with it carries
+ * neither "keys", "pkeys", "data" nor their forms; a ROWS with "inshm"
+ * has "len" for "data". */
+static void test_decode_seg(void **state)
+{
+    (void)state;
+    mpw *w = mpw_new();
+    ps_msg m;
+    uint64_t tpp = PS_F_ID | PS_F_TAB | PS_F_BASE | PS_F_SEG;
+    mp_message(w, PS_MSG_TPUSHPULL, tpp);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.seg.at, 0);
+    assert_int_equal(m.seg.n, 2);
+    assert_int_equal(m.seg.m, 1);
+    assert_int_equal(m.seg.rat, 4096);
+    assert_int_equal(m.keys.n, 0);
+    w->n = 0;
+    mp_message(w, PS_MSG_TPUSHPULL, PS_F_ID | PS_F_TAB | PS_F_SEG);
+    expect(w, &(badcase){"seg without base", PS_EBAD_FIELD, "missing field 'base'"});
+    mp_message(w, PS_MSG_TPUSHPULL, tpp | PS_F_KEYS);
+    expect(w, &(badcase){"seg and keys", PS_EBAD_FIELD, "'seg' and 'keys' together"});
+    mp_message(w, PS_MSG_TPUSH, tpp | PS_F_RDT);
+    expect(w, &(badcase){"seg and rdt", PS_EBAD_FIELD, "'seg' and 'rdt' together"});
+    mp_message(w, PS_MSG_TPUSH, tpp);
+    expect(w, &(badcase){"tpush with a seg's m", PS_EBAD_FIELD, "0 outside a tpushpull"});
+    static const struct {
+        uint64_t v[4];
+        const char *what;
+    } bad[] = {{{4, 2, 1, 4096}, "at not a multiple of 8"},
+               {{0, 0, 1, 4096}, "no keys"},
+               {{0, PS_TABLE_KEYS_MAX + 1, 1, 4096}, "too many keys"},
+               {{0, 2, 1, 1u << 26}, "rat past 2^26"},
+               {{0, 2, 1, 4100}, "rat not a multiple of 8"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mp_map(w, 5), mp_str(w, "t"), mp_uint(w, PS_MSG_TPUSHPULL), mp_field(w, PS_F_TAB), mp_field(w, PS_F_BASE),
+            mp_field(w, PS_F_ID);
+        mp_str(w, "seg"), mp_array(w, 4);
+        for (int j = 0; j < 4; j++)
+            mp_uint(w, bad[i].v[j]);
+        expect(w, &(badcase){bad[i].what, PS_EBAD_FIELD, "seg must be [at, n, m, rat]"});
+    }
+    /* a tpull by key in the segment: neither keys nor len */
+    mp_map(w, 4), mp_str(w, "t"), mp_uint(w, PS_MSG_TPULL), mp_field(w, PS_F_TAB), mp_field(w, PS_F_ID);
+    mp_str(w, "seg"), mp_array(w, 4), mp_uint(w, 64), mp_uint(w, 3), mp_uint(w, 0), mp_uint(w, 0);
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_int_equal(m.seg.n, 3);
+    w->n = 0;
+    mp_message(w, PS_MSG_ROWS, PS_F_ID | PS_F_MVER | PS_F_LEN), mp_str(w, "inshm"), mp_bool(w, 1);
+    w->b[0]++;
+    assert_int_equal(dec_copy(w, &m), 0);
+    assert_true(m.inshm);
+    assert_int_equal(m.ndata, 0);
+    w->n = 0;
+    mp_map(w, 2), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "tshm"), mp_array(w, 2), mp_uint(w, 0),
+        mp_uint(w, 3);
+    expect(w, &(badcase){"tshm pid 0", PS_EBAD_FIELD, "tshm must be [pid, fd]"});
+    free(w);
 }
 
 /* "inshm": true stands in for "data" in a pushpull or params, which then
@@ -3112,6 +3180,7 @@ int main(void)
         cmocka_unit_test(test_decode_every_field_accepted),
         cmocka_unit_test(test_decode_missing_required),
         cmocka_unit_test(test_decode_inshm),
+        cmocka_unit_test(test_decode_seg),
         cmocka_unit_test(test_wait_field),
         cmocka_unit_test(test_decode_type_errors),
         cmocka_unit_test(test_decode_field_errors),
