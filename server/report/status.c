@@ -146,7 +146,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         srv_worker *w = s->workers[i];
         if (!w)
             continue;
-        msgpack_pack_map(pk, 15);
+        msgpack_pack_map(pk, 16);
         ps_pack_ku64(pk, "shard", w->shard);
         ps_pack_ku64(pk, "clock", w->clock);
         ps_pack_kstr(pk, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
@@ -154,6 +154,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         ps_pack_kstr(pk, "state", worker_states[w->state]);
         ps_pack_kstr(pk, "address", w->addr);
         ps_pack_kstr(pk, "transport", w->shm ? (s->model.hw ? "hogwild" : "shm") : "tcp");
+        ps_pack_kstr(pk, "table_transport", w->tshm ? "shm" : "tcp");
         ps_pack_ku64(pk, "pushes", w->pushes);
         ps_pack_kf64(pk, "last_seen", (double)(now - w->last_seen_ms) / 1000.0);
         ps_pack_ku64(pk, "epoch", w->epoch);

@@ -485,6 +485,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     if (s->policy->worker_joined(s, w) == SRV_WAKE)
         srv_answer_parked(s);
     w->shm = c->shm != NULL;
+    w->tshm = c->tseg != NULL;
     c->role = m->role;
     return 0;
 }

@@ -114,6 +114,7 @@ typedef struct srv_worker {
     srv_conn *conn;          /* NULL unless connected */
     char addr[64];           /* peer address of the last connection */
     int shm;                 /* that connection's tensors go through shared memory */
+    int tshm;                /* ... and its table requests may (PROTOCOL.md 13.9) */
     uint64_t pushes;         /* gradient steps pushed (fin chunks) */
     uint64_t joined_ms, last_seen_ms;
     int has_report;

@@ -147,6 +147,8 @@ class TableShm(unittest.TestCase):
                 r = got[77]
                 self.assertEqual((r.get("t"), r.get("ver"), r.get("inshm"), r.get("len")), (T_ROWS, 1, True, 12), r)
                 self.assertEqual(seg.rows(RAT, 3).tobytes(), self.frame_rows(w, "a", pool[:3]).tobytes())
+                # psctl status (STATUS) says so per worker
+                self.assertEqual([x["table_transport"] for x in harness.status(psd.addr)["workers"]], ["shm"])
                 self.assertEqual(w.request({"t": T_BYE}).get("t"), T_OK)
                 w.close()
                 psd.stop()
@@ -168,6 +170,7 @@ class TableShm(unittest.TestCase):
                     expect_error(self, r, E_STATE, "seg without a table segment")
                     self.assertIn("no table segment", r["text"])
                     self.assertEqual(self.frame_rows(w, "t", [9]).shape, (1, DIM), "frames work on (%s)" % why)
+                    self.assertEqual([x["table_transport"] for x in harness.status(psd.addr)["workers"]], ["tcp"])
                 harness.wait_until(lambda: why in psd.stderr(), 10, "psd to log why: %s" % why)
 
             for nbytes, seals, why in ((SEG, 0, "is a memfd not sealed against shrinking and growing"),
