@@ -11,10 +11,6 @@ void psc__link_close(psc_link *ln)
     pthread_mutex_unlock(&ln->lock);
 }
 
-/* The table segment ln offers a psd on this machine (PROTOCOL.md 13.9): a
- * memfd of PSC_TSEG_BYTES sealed against shrinking and growing, made at
- * the first hello and kept across reconnects. Its pages take memory only
- * as requests touch them. 0, or -1 (rows then go over TCP). */
 void *psc__memfd_map(const char *name, size_t bytes, int *fd_out)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -31,6 +27,10 @@ void *psc__memfd_map(const char *name, size_t bytes, int *fd_out)
     return p;
 }
 
+/* The table segment ln offers a psd on this machine (PROTOCOL.md 13.9): a
+ * memfd of PSC_TSEG_BYTES, made at the first hello and kept across
+ * reconnects. Its pages take memory only as requests touch them. 0, or -1
+ * (rows then go in frames). */
 static int tseg_create(psc_link *ln)
 {
     if (!ln->tseg)
@@ -101,7 +101,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     if (rc != 0)
         return rc;
     ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
-    ln->tseg_ok = ln->tseg && (m.has & PS_F_TSHM) && (r.has & PS_F_TINSHM) && r.tinshm;
+    ln->tseg_ok = (m.has & PS_F_TSHM) && (r.has & PS_F_TINSHM) && r.tinshm;
     ln->hw = ln->shm_ok && (r.has & PS_F_HOGWILD) && (r.has & PS_F_LR);
     ln->hw_pid = r.hw.pid;
     ln->hw_fd = r.hw.fd;

@@ -79,7 +79,8 @@ static void send_current(srv_conn *c, uint64_t ver, uint64_t id, uint64_t off, u
 
 /* Answers a table pull: the rows of the n keys of table ti, at model
  * version ver, as a ROWS. The rows are written into fresh blocks that the
- * reply holds until it is sent. */
+ * reply holds until it is sent, or (rdt SRV_RDT_SHM) into the worker's
+ * table segment from byte rat, the reply only saying so. */
 static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const uint8_t *keys, uint32_t n,
                       uint32_t rdt, uint64_t rat)
 {

@@ -150,15 +150,15 @@ static int peer_is(srv_conn *c, unsigned pid, char *why, size_t whylen)
     return ok ? 0 : -1;
 }
 
-/* Opens /proc/<pid>/fd/<fd> read-write when pid is the process at the
- * other end of c and the file is a memfd sealed against shrinking and
- * growing; its size in *size. The fd, or -1 with the reason in why. */
-static int open_memfd(srv_conn *c, ps_pidfd pf, uint64_t *size, char *why, size_t whylen)
+/* Opens path, /proc/<pid>/fd/<fd> (filled in here), read-write when pid
+ * is the process at the other end of c and the file is a memfd sealed
+ * against shrinking and growing; its size in *size. The fd, or -1 with the
+ * reason in why. */
+static int open_memfd(srv_conn *c, ps_pidfd pf, char path[64], uint64_t *size, char *why, size_t whylen)
 {
-    char path[64];
+    snprintf(path, 64, "/proc/%u/fd/%u", pf.pid, pf.fd);
     if (peer_is(c, pf.pid, why, whylen) != 0)
         return -1;
-    snprintf(path, sizeof path, "/proc/%u/fd/%u", pf.pid, pf.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         snprintf(why, whylen, "cannot open %s: %s", path, strerror(errno));
@@ -204,16 +204,17 @@ int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, si
                  (unsigned long long)nparams);
         return -1;
     }
+    char path[64];
     uint64_t size, end = (goff > poff ? goff : poff) + nparams;
-    int fd = open_memfd(c, (ps_pidfd){m->shm_pid, m->shm_fd}, &size, why, whylen);
+    int fd = open_memfd(c, (ps_pidfd){m->shm_pid, m->shm_fd}, path, &size, why, whylen);
     if (fd < 0)
         return -1;
     if (m->shm_at ? size < end * sizeof(float) : size != end * sizeof(float)) {
         if (m->shm_at)
-            snprintf(why, whylen, "the memfd holds %llu bytes, fewer than the %llu floats the hello places in it",
+            snprintf(why, whylen, "%s holds %llu bytes, fewer than the %llu floats the hello places in it", path,
                      (unsigned long long)size, (unsigned long long)end);
         else
-            snprintf(why, whylen, "the memfd holds %llu bytes, not 2 x %llu floats", (unsigned long long)size,
+            snprintf(why, whylen, "%s holds %llu bytes, not 2 x %llu floats", path, (unsigned long long)size,
                      (unsigned long long)nparams);
         close(fd);
         return -1;
@@ -224,7 +225,7 @@ int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, si
     close(fd);
     if (!c->shm_out) {
         srv_shm_detach(c);
-        snprintf(why, whylen, "cannot map the memfd: %s", strerror(err));
+        snprintf(why, whylen, "cannot map %s: %s", path, strerror(err));
         return -1;
     }
     c->shm_params = nparams;
@@ -233,12 +234,13 @@ int srv_shm_attach(srv_conn *c, const ps_msg *m, uint64_t nparams, char *why, si
 
 int srv_tshm_attach(srv_conn *c, const ps_msg *m, char *why, size_t whylen)
 {
+    char path[64];
     uint64_t size;
-    int fd = open_memfd(c, m->tshm, &size, why, whylen);
+    int fd = open_memfd(c, m->tshm, path, &size, why, whylen);
     if (fd < 0)
         return -1;
     if (size < PS_TSEG_MIN || size > PS_TSEG_MAX || size % 8) {
-        snprintf(why, whylen, "the table segment holds %llu bytes, not a multiple of 8 from %u to %u",
+        snprintf(why, whylen, "the table segment %s holds %llu bytes, not a multiple of 8 from %u to %u", path,
                  (unsigned long long)size, PS_TSEG_MIN, PS_TSEG_MAX);
         close(fd);
         return -1;
@@ -247,7 +249,7 @@ int srv_tshm_attach(srv_conn *c, const ps_msg *m, char *why, size_t whylen)
     int err = errno;
     close(fd);
     if (p == MAP_FAILED) {
-        snprintf(why, whylen, "cannot map the table segment: %s", strerror(err));
+        snprintf(why, whylen, "cannot map the table segment %s: %s", path, strerror(err));
         return -1;
     }
     c->tseg = p;

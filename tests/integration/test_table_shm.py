@@ -82,6 +82,15 @@ class TableShm(unittest.TestCase):
             self.ok(w, {"t": T_INIT, "off": 0, "data": struct.pack("<4f", 1, 2, 3, 4)}, "init")
         return w, r
 
+    def seg_worker(self, psd, *tables):
+        """A worker whose table segment psd mapped, with tables declared."""
+        seg = Segment()
+        w, r = self.worker(psd, tshm=[os.getpid(), seg.fd])
+        self.assertIs(r.get("tinshm"), True, r)
+        for name in tables:
+            self.ok(w, table(name), "declare " + name)
+        return seg, w
+
     def frame_rows(self, c, tab, ks):
         r = c.request({"t": T_TPULL, "tab": tab, "keys": keys(ks)})
         self.assertEqual(r.get("t"), T_ROWS, r)
@@ -99,12 +108,8 @@ class TableShm(unittest.TestCase):
     def test_same_rows_as_frames(self):
         with harness.Cluster("test-tshm-same") as cl:
             psd = cl.psd(mode="asgd", workers=1)
-            seg = Segment()
+            seg, w = self.seg_worker(psd, "a", "b")
             try:
-                w, r = self.worker(psd, tshm=[os.getpid(), seg.fd])
-                self.assertIs(r.get("tinshm"), True, r)
-                self.ok(w, table("a"), "declare a")
-                self.ok(w, table("b"), "declare b")
                 rng = np.random.default_rng(5)
                 pool = [int(k) for k in rng.integers(0, 1 << 63, 64, dtype=np.int64)] + [0, (1 << 64) - 1]
                 for step in range(12):
@@ -175,8 +180,8 @@ class TableShm(unittest.TestCase):
 
             for nbytes, seals, why in ((SEG, 0, "is a memfd not sealed against shrinking and growing"),
                                        (1024, None, "not a multiple of 8 from 65536 to 67108864"),
-                                       (SEG + 4, None, "table segment holds %d bytes" % (SEG + 4)),
-                                       ((1 << 26) + 8, None, "table segment holds %d bytes" % ((1 << 26) + 8))):
+                                       (SEG + 4, None, "holds %d bytes, not a multiple of 8" % (SEG + 4)),
+                                       ((1 << 26) + 8, None, "holds %d bytes, not a multiple of 8" % ((1 << 26) + 8))):
                 fd = memfd(nbytes) if seals is None else memfd(nbytes, seals)
                 refused(fd, why)
                 os.close(fd)
@@ -193,11 +198,8 @@ class TableShm(unittest.TestCase):
     def test_bad_requests_change_nothing(self):
         with harness.Cluster("test-tshm-bad") as cl:
             psd = cl.psd(mode="asgd", workers=1)
-            seg = Segment()
+            seg, w = self.seg_worker(psd, "t")
             try:
-                w, r = self.worker(psd, tshm=[os.getpid(), seg.fd])
-                self.assertIs(r.get("tinshm"), True, r)
-                self.ok(w, table("t"), "declare")
                 ks = [11, 22, 33]
                 seg.put(0, ks, np.ones((3, DIM), "<f4"))
                 self.ok(w, {"t": T_TPUSH, "tab": "t", "base": 0, "seg": [0, 3, 0, 0]}, "a good push")
