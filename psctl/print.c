@@ -68,11 +68,11 @@ void psctl_json_string(FILE *f, const char *s, size_t n)
 static void print_worker_rows(const msgpack_object *ws, int with_why)
 {
     uint32_t n = ws && ws->type == MSGPACK_OBJECT_ARRAY ? ws->via.array.size : 0;
-    char state[32], addr[80], via[16], why[128];
+    char state[32], addr[80], via[16], tvia[16], why[128];
     if (n == 0)
         return;
-    printf("  %-7s %-10s %-22s %-7s %8s %9s %5s %8s %8s %10s%s\n", "SHARD", "STATE", "ADDRESS", "VIA", "PUSHES",
-           "LAST SEEN", "EPOCH", "LOSS", "ACCURACY", "SAMPLES/S", with_why ? "  WHY" : "");
+    printf("  %-7s %-10s %-22s %-7s %-6s %8s %9s %5s %8s %8s %10s%s\n", "SHARD", "STATE", "ADDRESS", "VIA", "TABLES",
+           "PUSHES", "LAST SEEN", "EPOCH", "LOSS", "ACCURACY", "SAMPLES/S", with_why ? "  WHY" : "");
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *w = &ws->via.array.ptr[i];
         char shard[24], loss[16] = "-", acc[16] = "-";
@@ -82,10 +82,11 @@ static void print_worker_rows(const msgpack_object *ws, int with_why)
         if (!isnan(psctl_num(w, "accuracy")))
             snprintf(acc, sizeof acc, "%.2f%%", 100 * psctl_num(w, "accuracy"));
         psctl_str(w, "why", why, sizeof why);
-        printf("  %-7s %-10s %-22s %-7s %8.0f %7.1f s %5.0f %8s %8s %10.0f%s%s\n", shard,
+        printf("  %-7s %-10s %-22s %-7s %-6s %8.0f %7.1f s %5.0f %8s %8s %10.0f%s%s\n", shard,
                psctl_str(w, "state", state, sizeof state), psctl_str(w, "address", addr, sizeof addr),
-               psctl_str(w, "transport", via, sizeof via), psctl_num(w, "pushes"), psctl_num(w, "last_seen"), psctl_num(w, "epoch"), loss, acc, psctl_num(w, "samples_per_second"),
-               with_why && why[0] ? "  " : "", with_why ? why : "");
+               psctl_str(w, "transport", via, sizeof via), psctl_str(w, "table_transport", tvia, sizeof tvia),
+               psctl_num(w, "pushes"), psctl_num(w, "last_seen"), psctl_num(w, "epoch"), loss, acc,
+               psctl_num(w, "samples_per_second"), with_why && why[0] ? "  " : "", with_why ? why : "");
     }
 }
 

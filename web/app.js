@@ -113,6 +113,7 @@
       const st = cell(tr, w.state, "state");
       if (w.why) st.title = w.why;
       cell(tr, w.transport);
+      cell(tr, w.table_transport);
       cell(tr, count(w.pushes));
       cell(tr, num(w.samples_per_second, 0));
       cell(tr, num(w.loss, 4), "loss");

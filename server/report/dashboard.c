@@ -608,6 +608,7 @@ static int job_json(psd *s, ps_buf *b)
         rc |= kv_str(b, "why", w->state == SRV_W_CONNECTED ? "" : w->why);
         rc |= kv_str(b, "address", w->addr);
         rc |= kv_str(b, "transport", w->shm ? (s->model.hw ? "hogwild" : "shm") : "tcp");
+        rc |= kv_str(b, "table_transport", w->tshm ? "shm" : "tcp");
         rc |= kv_u64(b, "pushes", w->pushes);
         rc |= kv_u64(b, "epoch", w->epoch);
         rc |= kv_u64(b, "samples", w->samples);

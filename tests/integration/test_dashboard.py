@@ -140,6 +140,9 @@ class Dashboard(unittest.TestCase):
                 # the version shown is psd's (it only grows: at most what psd says now)
                 self.assertLessEqual(version_of(st2["version"]), harness.status(psd.addr)["version"])
                 self.assertTrue(all(r["state"] == "connected" for r in st2["rows"]), st2["rows"])
+                # transport and tables via: psworker's tensors and its table
+                # segment (libpsclient offers both on psd's machine)
+                self.assertEqual([r["cells"][2:4] for r in st2["rows"]], [["shm", "shm"]] * 2, st2["rows"])
                 shot = os.path.join(ARGS.out, "dashboard-test.png")
                 os.makedirs(ARGS.out, exist_ok=True)
                 size = b.screenshot(shot)

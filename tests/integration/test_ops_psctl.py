@@ -103,12 +103,13 @@ class PsctlTest(unittest.TestCase):
             self.assertFalse(st["paused"])
             self.assertGreater(st["version"], 0)
 
-            # workers: every worker seen, how its tensors travelled (shared
-            # memory: psworker's default on psd's machine), why it left
+            # workers: every worker seen, how its tensors and its table
+            # requests travelled (shared memory: libpsclient's default on
+            # psd's machine), why it left
             text = self.psctl_ok(psd.addr, "workers")
-            self.assertRegex(text, r"(?m)^\s+SHARD\s+STATE\s+ADDRESS\s+VIA\s")
-            self.assertRegex(text, r"(?m)^\s+0/2\s+left\s+127\.0\.0\.1:\d+\s+shm\s.*said bye$")
-            self.assertRegex(text, r"(?m)^\s+1/2\s+left\s+127\.0\.0\.1:\d+\s+shm\s.*said bye$")
+            self.assertRegex(text, r"(?m)^\s+SHARD\s+STATE\s+ADDRESS\s+VIA\s+TABLES\s")
+            self.assertRegex(text, r"(?m)^\s+0/2\s+left\s+127\.0\.0\.1:\d+\s+shm\s+shm\s.*said bye$")
+            self.assertRegex(text, r"(?m)^\s+1/2\s+left\s+127\.0\.0\.1:\d+\s+shm\s+shm\s.*said bye$")
             rows = json.loads(self.psctl_ok(psd.addr, "workers", "--json"))
             self.assertEqual([(w["shard"], w["state"], w["why"]) for w in rows],
                              [(0, "left", "said bye"), (1, "left", "said bye")])

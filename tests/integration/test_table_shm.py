@@ -152,8 +152,14 @@ class TableShm(unittest.TestCase):
                 r = got[77]
                 self.assertEqual((r.get("t"), r.get("ver"), r.get("inshm"), r.get("len")), (T_ROWS, 1, True, 12), r)
                 self.assertEqual(seg.rows(RAT, 3).tobytes(), self.frame_rows(w, "a", pool[:3]).tobytes())
-                # psctl status (STATUS) says so per worker
+                # psctl status (STATUS) says so per worker: dense tensors in
+                # frames (this worker offered no dense segment), table
+                # requests in the segment
                 self.assertEqual([x["table_transport"] for x in harness.status(psd.addr)["workers"]], ["shm"])
+                st = harness.psctl(psd.addr, "status")
+                self.assertEqual(st.returncode, 0, st.stderr)
+                self.assertRegex(st.stdout, r"(?m)^\s+SHARD\s+STATE\s+ADDRESS\s+VIA\s+TABLES\s")
+                self.assertRegex(st.stdout, r"(?m)^\s+\d+/\d+\s+connected\s+\S+\s+tcp\s+shm\s")
                 self.assertEqual(w.request({"t": T_BYE}).get("t"), T_OK)
                 w.close()
                 psd.stop()
