@@ -54,6 +54,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
@@ -123,6 +124,7 @@ typedef struct opts {
     int wire;                    /* --wire: WIRE_* of tensors on psd's wire */
     int verbose;
     int round_reps;              /* repetitions of the BSP round comparison */
+    int table_reps;              /* --table: alternated pairs of cells (ceiling, psd) per K */
     int table;                   /* --table: rows by key instead of the dense grid */
     uint32_t dim;                /* table: values per row */
     uint32_t nkeys;              /* table: distinct keys a request pushes and pulls */
@@ -883,6 +885,25 @@ static void run_workers(bench *b, const opts *o, const pid_t *pids, int npids, c
 
 /* ---- psd as a child process ---------------------------------------------- */
 
+/* --server-cpu: the CPU every server psbench starts runs on (psd, the
+ * plain-TCP server), -1: wherever the kernel puts it. */
+static int server_cpu = -1;
+
+/* Puts the calling process on CPU cpu alone (cpu >= 0), or on every CPU
+ * but cpu (cpu < 0: CPU -cpu - 1 left out). */
+static void pin_self(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (int c = 0; c < n && c < CPU_SETSIZE; c++)
+        if (cpu >= 0 ? c == cpu : c != -cpu - 1)
+            CPU_SET(c, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        fprintf(stderr, "psbench: cannot pin to CPU%s %d: %s\n", cpu >= 0 ? "" : "s but", cpu >= 0 ? cpu : -cpu - 1,
+                strerror(errno));
+}
+
 /* Runs argv[0] with argv in a child whose standard output and error go to
  * log_path (truncated; if it cannot be opened they stay psbench's). With
  * die_with_parent the child gets SIGTERM when psbench dies, so no psd is
@@ -908,6 +929,8 @@ static pid_t spawn_logged(const char *const *argv, const char *log_path, int die
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        if (server_cpu >= 0)
+            pin_self(server_cpu);
         execv(argv[0], (char *const *)argv);
         fprintf(stderr, "psbench: cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -1159,6 +1182,8 @@ static pid_t tcp_server_start(size_t req, size_t ans, int K, int star, int *port
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(1);
+        if (server_cpu >= 0)
+            pin_self(server_cpu);
         tcp_server_main(lfd, req, ans, K, star);
         _exit(0);
     }
@@ -1661,8 +1686,27 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
     child_stop(pid);
 }
 
+static void range_of(const double *v, int n, double *lo, double *hi);
+
+/* The median of v's n values but NaN (the mean of the middle two when
+ * their count is even), NaN when all are. */
+static double median_mid(const double *v, int n)
+{
+    double tmp[64];
+    int k = 0;
+    for (int i = 0; i < n && k < 64; i++)
+        if (!isnan(v[i]))
+            tmp[k++] = v[i];
+    if (k == 0)
+        return NAN;
+    qsort(tmp, (size_t)k, sizeof *tmp, cmp_double);
+    return k % 2 ? tmp[k / 2] : (tmp[k / 2 - 1] + tmp[k / 2]) / 2;
+}
+
 /* --table: rows per second through psd's tables against the plain-TCP
- * ceiling of the same bytes, per worker count; table.csv beside the rest. */
+ * ceiling of the same bytes, per worker count, in --table-reps pairs of
+ * cells (the ceiling, then psd) so that a machine whose speed drifts
+ * meets both sides of each ratio alike; table.csv beside the rest. */
 static void run_tables(const opts *o)
 {
     int nbatch = 16;
@@ -1699,10 +1743,12 @@ static void run_tables(const opts *o)
            req_b, ans_b);
     for (int i = 0; i < o->npsd_set; i++)
         printf("%s%s%s", i ? ", " : "psd settings (--psd-set): ", o->psd_set[i], i + 1 == o->npsd_set ? "\n" : "");
-    printf("\n%2s | %10s %8s %8s %8s %5s %7s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K", "rows/s", "MB/s",
+    if (server_cpu >= 0)
+        printf("psd and the plain-TCP server on CPU %d, the workers on the other CPUs (--server-cpu)\n", server_cpu);
+    printf("\n%5s | %10s %8s %8s %8s %5s %7s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K  #", "rows/s", "MB/s",
            "p50 ms", "p99 ms", "cpu", "clients", "rows/s", "MB/s", "p50 ms", "p99 ms", "psd/", "rows/s", "peak",
            "load");
-    printf("%2s | %-54s | %-38s | %6s | %14s | %6s %4s\n", "",
+    printf("%5s | %-54s | %-38s | %6s | %14s | %6s %4s\n", "",
            o->table_tcp ? "psd (tables, float32, TCP)" : "psd (tables, float32, table segment)",
            "plain TCP (ceiling)", "TCP", "per psd core", "MiB", "");
     char path[PATH_MAX];
@@ -1712,51 +1758,72 @@ static void run_tables(const opts *o)
         die("cannot write %s: %s", path, strerror(errno));
     fprintf(csv, "workers,dim,keys,key_space,zipf,ok,round_trips,seconds,rows_per_s,mb_per_s,p50_ms,p99_ms,psd_cpu,"
                  "rows_per_s_per_psd_core,tcp_rows_per_s,tcp_mb_per_s,tcp_p50_ms,tcp_p99_ms,ratio,psd_peak_rss_mib,"
-                 "load1,client_cpu,table_segment_workers\n");
+                 "load1,client_cpu,table_segment_workers,rep\n");
     int failed = 0;
     for (int wi = 0; wi < o->nworkers; wi++) {
-        int K = o->workers[wi];
-        cell_result t = {0}, p;
-        int tok = 0;
-        if (!o->no_tcp) {
-            run_table_cell(o, SYS_TCP, K, grad, batches, nbatch, req, &t);
-            tok = t.ok;
+        int K = o->workers[wi], R = o->table_reps;
+        double prs[64], trs[64], ratios[64], cores[64];
+        for (int rep = 0; rep < R; rep++) {
+            cell_result t = {0}, p;
+            int tok = 0;
+            if (!o->no_tcp) {
+                run_table_cell(o, SYS_TCP, K, grad, batches, nbatch, req, &t);
+                tok = t.ok;
+            }
+            run_table_cell(o, SYS_PSD, K, grad, batches, nbatch, req, &p);
+            double rows_rt = 2.0 * o->nkeys; /* pushed + pulled */
+            double pr = p.rt_per_s * rows_rt, tr = t.rt_per_s * rows_rt;
+            double per_core = p.server_cpu > 0 ? pr / p.server_cpu : NAN;
+            prs[rep] = p.ok ? pr : NAN;
+            trs[rep] = tok ? tr : NAN;
+            ratios[rep] = p.ok && tok ? pr / tr : NAN;
+            cores[rep] = p.ok ? per_core : NAN;
+            printf("%2d %2d | ", K, rep + 1);
+            if (p.ok)
+                printf("%10.0f %8.1f %8.3f %8.3f %5.2f %7.2f | ", pr, p.gbps * 1e3, p.p50_ms, p.p99_ms, p.server_cpu,
+                       p.client_cpu);
+            else
+                printf("%-54s | ", "failed");
+            if (tok)
+                printf("%10.0f %8.1f %8.3f %8.3f | ", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms);
+            else
+                printf("%-38s | ", o->no_tcp ? "-" : "failed");
+            if (p.ok && tok)
+                printf("%5.2fx | ", pr / tr);
+            else
+                printf("%6s | ", "-");
+            printf("%14.0f | %6.0f %4.2f\n", p.ok ? per_core : NAN, p.hwm_mib, p.load);
+            if (p.ok && !o->table_tcp && p.table_shm != K)
+                printf("    psd: %d of %d workers had no table segment (their requests went in frames; psd's log "
+                       "says why)\n", K - p.table_shm, K);
+            if (!p.ok)
+                printf("    psd: %s\n", p.err), failed = 1;
+            if (!o->no_tcp && !tok)
+                printf("    tcp: %s\n", t.err), failed = 1;
+            fprintf(csv, "%d,%u,%u,%" PRIu64 ",%.3f,%d,%" PRIu64 ",%.4f,%.1f,%.3f,%.4f,%.4f,%.3f,%.1f,", K, o->dim,
+                    o->nkeys, o->key_space, o->zipf, p.ok, p.rts, p.secs, p.ok ? pr : NAN, p.gbps * 1e3, p.p50_ms,
+                    p.p99_ms, p.server_cpu, p.ok ? per_core : NAN);
+            if (tok)
+                fprintf(csv, "%.1f,%.3f,%.4f,%.4f,%.4f,", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms, p.ok ? pr / tr : NAN);
+            else
+                fprintf(csv, ",,,,,");
+            fprintf(csv, "%.1f,%.2f,%.3f,%d,%d\n", p.hwm_mib, p.load, p.client_cpu, p.table_shm, rep + 1);
+            fflush(stdout);
         }
-        run_table_cell(o, SYS_PSD, K, grad, batches, nbatch, req, &p);
-        double rows_rt = 2.0 * o->nkeys; /* pushed + pulled */
-        double pr = p.rt_per_s * rows_rt, tr = t.rt_per_s * rows_rt;
-        double per_core = p.server_cpu > 0 ? pr / p.server_cpu : NAN;
-        printf("%2d | ", K);
-        if (p.ok)
-            printf("%10.0f %8.1f %8.3f %8.3f %5.2f %7.2f | ", pr, p.gbps * 1e3, p.p50_ms, p.p99_ms, p.server_cpu,
-                   p.client_cpu);
-        else
-            printf("%-54s | ", "failed");
-        if (tok)
-            printf("%10.0f %8.1f %8.3f %8.3f | ", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms);
-        else
-            printf("%-38s | ", o->no_tcp ? "-" : "failed");
-        if (p.ok && tok)
-            printf("%5.2fx | ", pr / tr);
-        else
-            printf("%6s | ", "-");
-        printf("%14.0f | %6.0f %4.2f\n", p.ok ? per_core : NAN, p.hwm_mib, p.load);
-        if (p.ok && !o->table_tcp && p.table_shm != K)
-            printf("    psd: %d of %d workers had no table segment (their requests went in frames; psd's log "
-                   "says why)\n", K - p.table_shm, K);
-        if (!p.ok)
-            printf("    psd: %s\n", p.err), failed = 1;
-        if (!o->no_tcp && !tok)
-            printf("    tcp: %s\n", t.err), failed = 1;
-        fprintf(csv, "%d,%u,%u,%" PRIu64 ",%.3f,%d,%" PRIu64 ",%.4f,%.1f,%.3f,%.4f,%.4f,%.3f,%.1f,", K, o->dim,
-                o->nkeys, o->key_space, o->zipf, p.ok, p.rts, p.secs, p.ok ? pr : NAN, p.gbps * 1e3, p.p50_ms,
-                p.p99_ms, p.server_cpu, p.ok ? per_core : NAN);
-        if (tok)
-            fprintf(csv, "%.1f,%.3f,%.4f,%.4f,%.4f,", tr, t.gbps * 1e3, t.p50_ms, t.p99_ms, p.ok ? pr / tr : NAN);
-        else
-            fprintf(csv, ",,,,,");
-        fprintf(csv, "%.1f,%.2f,%.3f,%d\n", p.hwm_mib, p.load, p.client_cpu, p.table_shm);
-        fflush(stdout);
+        if (R > 1) {
+            /* each figure's median over the pairs, and its range */
+            const double *col[4] = {prs, trs, ratios, cores};
+            double med[4], lo[4], hi[4];
+            for (int c = 0; c < 4; c++) {
+                med[c] = median_mid(col[c], R);
+                range_of(col[c], R, &lo[c], &hi[c]);
+            }
+            printf("%2d  ~ | median of %d pairs (min..max): psd %.1f M rows/s (%.1f..%.1f), ceiling %.1f M (%.1f..%.1f), "
+                   "psd/TCP %.2fx (%.2f..%.2f), per psd core %.1f M (%.1f..%.1f)\n",
+                   K, R, med[0] / 1e6, lo[0] / 1e6, hi[0] / 1e6, med[1] / 1e6, lo[1] / 1e6, hi[1] / 1e6, med[2], lo[2],
+                   hi[2], med[3] / 1e6, lo[3] / 1e6, hi[3] / 1e6);
+            fflush(stdout);
+        }
     }
     fclose(csv);
     printf("CSV: %s/table.csv, psd logs: %s/logs/\n", o->out, o->out);
@@ -2456,6 +2523,13 @@ static void usage(FILE *f)
             "                    table in psd (asgd) against the plain-TCP ceiling of the same\n"
             "                    request and answer bytes, and per psd core; K from --workers\n"
             "                    (default 2); writes table.csv; exits 1 if a cell failed\n"
+            "  --server-cpu C    every server psbench starts (psd, the plain-TCP server) runs on\n"
+            "                    CPU C alone, psbench's workers on the other CPUs: machines whose\n"
+            "                    CPUs differ in speed compare psd and the ceiling on the same one\n"
+            "  --table-reps N    table: per K, N pairs of cells, the ceiling then psd, one after\n"
+            "                    the other (default 3), so that both sides of each ratio meet the\n"
+            "                    same machine; a line per pair, then each figure's median over\n"
+            "                    the N pairs and its range (table.csv: a row per pair, `rep`)\n"
             "  --table-tcp       the table mode's workers send their requests to psd in frames\n"
             "                    over loopback TCP (libpsclient's shm off), not through their\n"
             "                    table segments\n"
@@ -2539,6 +2613,7 @@ static void parse_opts(int argc, char **argv, opts *o)
     o->nmodes = MODE_COUNT;
     o->seconds = 2;
     o->round_reps = 3;
+    o->table_reps = 3;
     o->warmup = 1;
     o->chunk = CHUNK_FLOATS;
     o->window = PULL_WINDOW;
@@ -2602,6 +2677,19 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->round_reps = atoi(v);
             if (o->round_reps < 0 || o->round_reps > 64)
                 die("bad --round-reps '%s' (0..64)", v);
+        } else if (strcmp(a, "--server-cpu") == 0) {
+            NEEDV();
+            char *end;
+            long c = strtol(v, &end, 10);
+            long n = sysconf(_SC_NPROCESSORS_ONLN);
+            if (*end || c < 0 || c >= n || n < 2)
+                die("bad --server-cpu '%s' (0..%ld, and at least 2 CPUs)", v, n - 1);
+            server_cpu = (int)c;
+        } else if (strcmp(a, "--table-reps") == 0) {
+            NEEDV();
+            o->table_reps = atoi(v);
+            if (o->table_reps < 1 || o->table_reps > 64)
+                die("bad --table-reps '%s' (1..64)", v);
         } else if (strcmp(a, "--rounds") == 0) {
             NEEDV();
             o->max_rounds = strtoull(v, NULL, 10);
@@ -2698,6 +2786,8 @@ static void parse_opts(int argc, char **argv, opts *o)
     }
     if (access(o->psd, X_OK) != 0)
         die("no psd at %s (build it, or give --psd PATH)", o->psd);
+    if (server_cpu >= 0)
+        pin_self(-server_cpu - 1); /* the workers (and psctl, mpirun) on the other CPUs */
     if (o->ckpt_gb > 0) {
         if (o->table)
             die("--ckpt-stall is a mode of its own: not with --table");

@@ -7,7 +7,10 @@ workers pushing and pulling rows by key against each, and writes
 table.csv: the smoke test runs it for a fraction of a second with 512 keys
 a request, uniform and Zipf keys, and checks that each cell measured
 (round trips, rows per second, psd's CPU, the ceiling and the ratio, all
-positive and consistent with each other) and that psd's table really
+positive and consistent with each other), that --table-reps 2 runs two
+pairs of cells per worker count and prints the medians and ranges of
+their figures, that --server-cpu says where the servers ran, and that
+psd's table really
 received the rows (psd's log is clean and the printed table names the
 settings). Bad options are refused with a message.
 
@@ -23,6 +26,7 @@ of the size printed, holding the table's rows); and that psbench fails
 import csv
 import math
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -64,10 +68,26 @@ class PsbenchTable(unittest.TestCase):
 
     def test_zipf_and_uniform(self):
         with tempfile.TemporaryDirectory(prefix="psbench-table-") as out:
-            text, rows = self.run_table(out, "--workers", "1,2")
-            self.assertEqual(len(rows), 2)
-            self.check_row(rows[0], 1)
-            self.check_row(rows[1], 2)
+            text, rows = self.run_table(out, "--workers", "1,2", "--table-reps", "2")
+            # two pairs of cells (the ceiling, then psd) per worker count,
+            # a row each, then the medians of each K's pairs
+            self.assertEqual([(int(r["workers"]), int(r["rep"])) for r in rows], [(1, 1), (1, 2), (2, 1), (2, 2)])
+            for r in rows:
+                self.check_row(r, int(r["workers"]))
+            for K in (1, 2):
+                m = re.search(r"(?m)^ *%d +~ \| median of 2 pairs \(min\.\.max\): psd ([\d.]+) M rows/s "
+                              r"\(([\d.]+)\.\.([\d.]+)\), ceiling [\d.]+ M .*psd/TCP ([\d.]+)x \(([\d.]+)\.\.([\d.]+)\)"
+                              % K, text)
+                self.assertTrue(m, text)
+                mine = [float(r["rows_per_s"]) / 1e6 for r in rows if int(r["workers"]) == K]
+                ratios = [float(r["ratio"]) for r in rows if int(r["workers"]) == K]
+                # the median of two is their mean; the range, theirs
+                self.assertAlmostEqual(float(m.group(1)), sum(mine) / 2, delta=0.06)
+                self.assertAlmostEqual(float(m.group(2)), min(mine), delta=0.06)
+                self.assertAlmostEqual(float(m.group(3)), max(mine), delta=0.06)
+                self.assertAlmostEqual(float(m.group(4)), sum(ratios) / 2, delta=0.006)
+                self.assertAlmostEqual(float(m.group(5)), min(ratios), delta=0.006)
+                self.assertAlmostEqual(float(m.group(6)), max(ratios), delta=0.006)
             self.assertEqual(float(rows[0]["zipf"]), 1.1)
             self.assertIn("table of dim 16", text)
             self.assertIn("Zipf 1.10 over 20000 keys", text)
@@ -75,14 +95,21 @@ class PsbenchTable(unittest.TestCase):
                 log = f.read()
             self.assertNotIn("error", log.lower(), log)
             self.assertIn("through each worker's table segment", text)
-            text, rows = self.run_table(out, "--zipf", "0", "--table-tcp")
+            # one pair, both servers on CPU 0 and the workers on the others
+            pin = ["--server-cpu", "0"] if (os.cpu_count() or 1) >= 2 else []
+            text, rows = self.run_table(out, "--zipf", "0", "--table-tcp", "--table-reps", "1", *pin)
             self.assertEqual(len(rows), 1)
+            self.assertNotIn("median of", text)
+            if pin:
+                self.assertIn("psd and the plain-TCP server on CPU 0, the workers on the other CPUs", text)
             self.check_row(rows[0], 2, segment=False)
             self.assertIn("uniform over 20000 keys", text)
             self.assertIn("in frames over loopback TCP (--table-tcp)", text)
 
     def test_bad_options(self):
         for args, says in ((["--keys", "70000"], "bad --keys '70000'"), (["--dim", "0"], "bad --dim '0'"),
+                           (["--table-reps", "0"], "bad --table-reps '0'"),
+                           (["--server-cpu", "4096"], "bad --server-cpu '4096'"),
                            (["--keys", "4096", "--key-space", "5000"], "--key-space must be at least twice"),
                            (["--dim", "1024", "--keys", "8192"], "over 2^22 values")):
             r = harness.run([ARGS.psbench, "--psd", harness.Paths.psd, "--table"] + args, timeout=30)
