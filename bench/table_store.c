@@ -1,8 +1,9 @@
 /* table_store.c - the cost of psd's row store alone, in one process: the
- * calls psd makes for one TPUSHPULL of psbench --table (srv_tables_first_dup
- * and srv_tables_push of a batch's keys, srv_tables_pull of the next
- * batch's), with no socket, no codec and no other process, so that the
- * figure moves little with the machine's other load. Batches of distinct
+ * calls psd makes for one TPUSHPULL of psbench --table
+ * (srv_tables_first_dup_hint and srv_tables_push of a batch's keys,
+ * srv_tables_pull of the next batch's), with no socket, no codec and no
+ * other process, so that the figure moves little with the machine's other
+ * load. Batches of distinct
  * keys drawn from Zipf(s) over a key space, each rank scattered over 64 bits
  * as psbench does; one pass over every batch stores their rows first.
  * Prints ns a row (pushed or pulled: a round is 2 x keys rows), the median
@@ -121,7 +122,7 @@ int main(int argc, char **argv)
             const uint8_t *push = keys + (size_t)(r % BATCHES) * nk * 8, *pull = keys + (size_t)((r + 1) % BATCHES) * nk * 8;
             uint32_t a, b;
             double t0 = now();
-            if (srv_tables_first_dup(&ts, push, nk, &a, &b) != 0) {
+            if (srv_tables_first_dup_hint(&ts, ti, push, nk, use_hint ? &hint : NULL, &a, &b) != 0) {
                 fprintf(stderr, "table_store: round %d: a key twice\n", r);
                 return 1;
             }

@@ -229,7 +229,8 @@ static int check_push(srv_conn *c, ps_msg *m, uint32_t ti, int defer_finite, cha
     if (!defer_finite && !ps_vec_all_finite(m->data, (size_t)m->ndata))
         return nonfinite_grads(m, d, err, errlen);
     uint32_t a, b;
-    int dup = srv_tables_first_dup(&s->tables, m->keys.p, m->keys.n, &a, &b);
+    /* through the connection's row hint when its last pull had these keys */
+    int dup = srv_tables_first_dup_hint(&s->tables, ti, m->keys.p, m->keys.n, &c->row_hint, &a, &b);
     if (dup < 0) {
         snprintf(err, errlen, "%s: out of memory checking %u keys", t, m->keys.n);
         return PS_ENOMEM;

@@ -168,6 +168,7 @@ void srv_tables_free(srv_tables *ts)
     free(ts->found_r);
     free(ts->steprow);
     free(ts->dupset);
+    free(ts->dupbits);
     memset(ts, 0, sizeof *ts);
 }
 
@@ -1176,6 +1177,55 @@ int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32
         set[s] = k + 1;
     }
     return 0;
+}
+
+int srv_tables_first_dup_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const srv_row_hint *h,
+                              uint32_t *a, uint32_t *b)
+{
+    const srv_table *t = ts->t[i];
+    if (!h || h->n != n || h->table != i || n == 0 || t->rows > SRV_DUP_BITS_ROWS ||
+        memcmp(h->keys, keys, (size_t)n * 8) != 0)
+        return srv_tables_first_dup(ts, keys, n, a, b);
+    size_t words = (size_t)((t->rows + 63) / 64);
+    if (words > ts->dupbits_words) {
+        uint64_t *p = realloc(ts->dupbits, sizeof *p * words);
+        if (!p)
+            return srv_tables_first_dup(ts, keys, n, a, b);
+        memset(p + ts->dupbits_words, 0, sizeof *p * (words - ts->dupbits_words));
+        ts->dupbits = p;
+        ts->dupbits_words = words;
+    }
+    /* a bit per row the pull found, set in turn: the first one found set
+     * is the first repeat; a key the pull did not find (0), or a row past
+     * the bits (rows removed since), sends the keys to the hash set */
+    uint64_t *bits = ts->dupbits;
+    const uint32_t *at = h->at;
+    uint32_t k = 0;
+    int dup = 0;
+    for (; k < n; k++) {
+        uint32_t r = at[k];
+        if (r == 0 || (uint64_t)r > (uint64_t)words * 64) /* row + 1, 0: not stored */
+            break;
+        uint64_t *w = bits + ((r - 1) >> 6), m = 1ull << ((r - 1) & 63);
+        if (*w & m) {
+            dup = 1;
+            break;
+        }
+        *w |= m;
+    }
+    for (uint32_t j = 0; j < k; j++)
+        bits[(at[j] - 1) >> 6] = 0; /* all clear again: only these words had bits set */
+    if (k == n)
+        return 0;
+    if (!dup)
+        return srv_tables_first_dup(ts, keys, n, a, b);
+    for (uint32_t j = 0; j < k; j++)
+        if (at[j] == at[k]) {
+            *a = j;
+            *b = k;
+            break;
+        }
+    return 1;
 }
 
 void srv_tables_set_clock(srv_tables *ts, uint32_t i, uint64_t clock)

@@ -88,6 +88,8 @@ typedef struct srv_tables {
     size_t found_cap;
     uint32_t *dupset;            /* srv_tables_first_dup's hash set: position + 1 of a key */
     size_t dupset_cap;           /* entries */
+    uint64_t *dupbits;           /* srv_tables_first_dup_hint's bit per row, all clear between calls */
+    size_t dupbits_words;
 } srv_tables;
 
 /* An empty set of tables holding at most max_bytes of rows. */
@@ -183,6 +185,16 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
  * positions (*a < *b) of the first repeat, 0 when all are distinct, or
  * PS_ENOMEM. */
 int srv_tables_first_dup(srv_tables *ts, const uint8_t *keys, uint32_t n, uint32_t *a, uint32_t *b);
+
+/* srv_tables_first_dup of a push to table i, with the same result, through
+ * h when h holds a pull of the same keys from table i that found every one
+ * stored: two of those keys are equal exactly when the pull found them in
+ * the same row (h is a snapshot of that pull; rows moved since do not
+ * matter), so a bit per row replaces the hash set. Otherwise, or for a
+ * table of more than SRV_DUP_BITS_ROWS rows, srv_tables_first_dup. */
+#define SRV_DUP_BITS_ROWS (1u << 23)
+int srv_tables_first_dup_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const srv_row_hint *h,
+                              uint32_t *a, uint32_t *b);
 
 /* Writes the keys (a "keys" bin, 8 bytes each) and weights (dim floats
  * each) of the len stored rows of table i from position off on (rows in

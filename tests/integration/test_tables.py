@@ -209,6 +209,16 @@ class Tables(unittest.TestCase):
             for code, msg, what, needle in bad:
                 self.refused(w, code, msg, what, needle)
                 self.assertEqual(self.rows(w, "user_id", ks, 3).tobytes(), now.tobytes(), "after " + what)
+            # a key twice right after a pull of the same keys, all stored
+            # (psd checks through that pull's row hint then): the same
+            # refusal, in a tpush and in a tpushpull, nothing changed
+            twice = [42, M64, 42]
+            for t, extra in ((T_TPUSH, {}), (T_TPUSHPULL, {"pkeys": keys(0)})):
+                self.rows(w, "user_id", twice, 3)
+                self.refused(w, E_BAD_FIELD, dict({"t": t, "tab": "user_id", "keys": keys(*twice), "base": 0,
+                                                   "data": floats(*[1] * 9)}, **extra),
+                             "a key twice after its pull", "key 42 appears twice (keys 0 and 2)")
+                self.assertEqual(self.rows(w, "user_id", ks, 3).tobytes(), now.tobytes(), "after a key twice")
 
             # admins read rows, and only read
             with RawClient(psd.addr, TIMEOUT) as a:

@@ -1273,6 +1273,97 @@ static void test_first_dup(void **state)
     srv_tables_free(&ts);
 }
 
+/* srv_tables_first_dup_hint against srv_tables_first_dup: pulls of keys
+ * with and without repeats (and with keys not stored), each followed by
+ * the duplicate check of the same keys through the pull's hint, sometimes
+ * after another push stored keys and evicted and moved rows, sometimes
+ * with the hint of other keys: the same answer (and positions) every
+ * time, the bits all clear after each call, and the bits used. */
+static void test_first_dup_hint(void **state)
+{
+    (void)state;
+    enum { SPACE = 3000, N = 300, ROUNDS = 400 };
+    ps_hp hp = hp1(PS_HP_LR, 0.1);
+    ps_table_def d = def("e", 4, "uniform", 0.5, "adagrad", &hp);
+    srv_table_bounds eviction = {.table_bytes = 400000, .evict = 1}; /* about 8,192 rows fit: rows evicted and moved late in the run */
+    srv_tables ts;
+    uint32_t ti;
+    srv_tables_init(&ts, 1ull << 30);
+    srv_tables_set_bounds(&ts, &eviction);
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    srv_row_hint h = {0};
+    static uint64_t k[N], q[N];
+    static uint8_t kb[N * 8], qb[N * 8];
+    static float rows[N * 4], g[N * 4];
+    uint64_t xs = 0x2545f4914f6cdd1dull;
+    int repeats = 0, through_bits = 0;
+    for (uint32_t j = 0; j < N * 4; j++)
+        g[j] = (float)(0.01 * (j % 7) - 0.03);
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int which = 0; which < 2; which++) {
+            uint64_t *out = which ? q : k;
+            for (uint32_t m = 0; m < N; m++) {
+                xs ^= xs << 13, xs ^= xs >> 7, xs ^= xs << 17;
+                out[m] = (xs % SPACE) * 0x100000001b3ull + 7; /* repeats happen: 300 of 3,000 */
+            }
+        }
+        /* half the rounds without a repeat: each key's first use kept, the
+         * repeats replaced by the next keys of the space not in the list
+         * (every fourth round, by keys past the space: never stored, not
+         * found by the pull) */
+        if (round % 2 == 0) {
+            static uint8_t in[SPACE];
+            memset(in, 0, sizeof in);
+            for (uint32_t m = 0; m < N; m++) {
+                uint64_t r = (k[m] - 7) / 0x100000001b3ull;
+                if (!in[r]) {
+                    in[r] = 1;
+                    continue;
+                }
+                if (round % 4 == 2) {
+                    k[m] = (SPACE + round * (uint64_t)N + m) * 0x100000001b3ull + 7;
+                    continue;
+                }
+                while (in[r])
+                    r = (r + 1) % SPACE;
+                in[r] = 1;
+                k[m] = r * 0x100000001b3ull + 7;
+            }
+        }
+        keys_le(kb, k, N);
+        keys_le(qb, q, N);
+        srv_tables_pull_hint(&ts, ti, kb, N, rows, &h);
+        if (round % 3 == 1) { /* a push of other keys: stores, evicts and moves rows */
+            uint32_t a, b;
+            if (srv_tables_first_dup(&ts, qb, N, &a, &b) == 0)
+                assert_int_equal(srv_tables_push(&ts, ti, qb, N, g, 1.0, err, sizeof err), 0);
+        }
+        const uint8_t *check = round % 7 == 3 ? qb : kb; /* 3: the hint of other keys */
+        uint32_t a1 = 0, b1 = 0, a2 = 0, b2 = 0;
+        size_t words_before = ts.dupbits_words;
+        int r1 = srv_tables_first_dup_hint(&ts, ti, check, N, &h, &a1, &b1);
+        int r2 = srv_tables_first_dup(&ts, check, N, &a2, &b2);
+        assert_int_equal(r1, r2);
+        if (r1 == 1) {
+            assert_int_equal(a1, a2);
+            assert_int_equal(b1, b2);
+            repeats++;
+        }
+        for (size_t w = 0; w < ts.dupbits_words; w++)
+            assert_true(ts.dupbits[w] == 0);
+        through_bits += ts.dupbits_words > words_before;
+        if (r1 == 0 && check == kb) /* the pushed keys: stored for the next rounds' pulls */
+            assert_int_equal(srv_tables_push_hint(&ts, ti, kb, N, g, 1.0, &h, err, sizeof err), 0);
+    }
+    assert_true(repeats > ROUNDS / 4);
+    assert_true(through_bits > 0); /* the bits were used */
+    srv_table_stats st;
+    srv_tables_stats(&ts, ti, &st);
+    assert_true(st.evicted > 0); /* and rows moved under some hints */
+    srv_row_hint_free(&h);
+    srv_tables_free(&ts);
+}
+
 /* A BSP round's table pushes: summed in shard order whatever the arrival
  * order (bit for bit), divided by the pushes, one step per key; a key twice
  * from one shard is DUPLICATE; a dropped shard's pushes and those of
@@ -1597,6 +1688,7 @@ int main(void)
         cmocka_unit_test(test_step_nonfinite_leaves_row),
         cmocka_unit_test(test_declare),
         cmocka_unit_test(test_first_dup),
+        cmocka_unit_test(test_first_dup_hint),
         cmocka_unit_test(test_row_hints_are_only_guesses),
         cmocka_unit_test(test_round_shard_order),
     };
