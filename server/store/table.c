@@ -286,6 +286,23 @@ static inline uint64_t lookup(const srv_table *t, uint64_t key)
     return probe_from(t, key, h, h & (t->cap - 1));
 }
 
+/* Copies n floats: the sizes a row's weights (dim) or a row with its
+ * optimizer state (row_floats) most often have as constants, so that the
+ * compiler copies them inline; a call to libc's memmove for each row of a
+ * request cost psd a fifth of its time in psbench --table. */
+static inline __attribute__((always_inline)) void copy_floats(float *dst, const float *src, uint32_t n)
+{
+    switch (n) {
+    case 8: memcpy(dst, src, 8 * sizeof(float)); break;
+    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
+    case 24: memcpy(dst, src, 24 * sizeof(float)); break;
+    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
+    case 48: memcpy(dst, src, 48 * sizeof(float)); break;
+    case 64: memcpy(dst, src, 64 * sizeof(float)); break;
+    default: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    }
+}
+
 /* A request's keys are looked up in a pipeline (finder): while key k is
  * used, key k + ROW_AHEAD's slots are read, the row of the first slot whose
  * tag matches prefetched (its key is compared when key k + ROW_AHEAD is
@@ -769,7 +786,7 @@ void srv_tables_pull_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint3
         if (h)
             h->at[k] = row ? (uint32_t)(f.r + 1) : 0;
         if (row)
-            memcpy(dst, row, sizeof(float) * dim);
+            copy_floats(dst, row, dim);
         else if (t->def.opt == PS_TOPT_FTRL)
             memset(dst, 0, sizeof(float) * dim);
         else
@@ -1057,7 +1074,7 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
             float *u = ts->undo + (size_t)(stored++) * (rf + 2);
             if (t->stamps)
                 memcpy(u, stamp_at(t, f.r), sizeof(uint64_t));
-            memcpy(u + 2, row, sizeof(float) * rf);
+            copy_floats(u + 2, row, rf);
             continue;
         }
         uint64_t key = ps_key_at(keys, k);
