@@ -1690,7 +1690,7 @@ static void range_of(const double *v, int n, double *lo, double *hi);
 
 /* The median of v's n values but NaN (the mean of the middle two when
  * their count is even), NaN when all are. */
-static double median_mid(const double *v, int n)
+static double median_of(const double *v, int n)
 {
     double tmp[64];
     int k = 0;
@@ -1815,7 +1815,7 @@ static void run_tables(const opts *o)
             const double *col[4] = {prs, trs, ratios, cores};
             double med[4], lo[4], hi[4];
             for (int c = 0; c < 4; c++) {
-                med[c] = median_mid(col[c], R);
+                med[c] = median_of(col[c], R);
                 range_of(col[c], R, &lo[c], &hi[c]);
             }
             printf("%2d  ~ | median of %d pairs (min..max): psd %.1f M rows/s (%.1f..%.1f), ceiling %.1f M (%.1f..%.1f), "
@@ -2882,18 +2882,6 @@ typedef struct round_rep {
     double tcp_p50, tcp_mean, shm_p50, shm_mean;
 } round_rep;
 
-static double median_of(double *v, int n)
-{
-    double tmp[64];
-    int k = 0;
-    for (int i = 0; i < n && k < 64; i++)
-        if (!isnan(v[i]))
-            tmp[k++] = v[i];
-    if (k == 0)
-        return NAN;
-    qsort(tmp, (size_t)k, sizeof *tmp, cmp_double);
-    return pct(tmp, (size_t)k, 0.50);
-}
 
 static void range_of(const double *v, int n, double *lo, double *hi)
 {
