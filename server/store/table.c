@@ -749,6 +749,12 @@ void srv_row_hint_free(srv_row_hint *h)
     memset(h, 0, sizeof *h);
 }
 
+/* Whether h holds a pull of the n keys `keys` (n > 0) from table i. */
+static int hint_holds(const srv_row_hint *h, uint32_t i, const uint8_t *keys, uint32_t n)
+{
+    return h && h->n == n && h->table == i && n && memcmp(h->keys, keys, (size_t)n * 8) == 0;
+}
+
 /* Room in h for n keys; 0, or -1 with h emptied (a pull without a hint). */
 static int hint_room(srv_row_hint *h, uint32_t n)
 {
@@ -1120,8 +1126,7 @@ int srv_tables_push_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32
 
     /* 1. stored rows found and kept in undo, new rows made in scratch */
     uint64_t fresh = 0, skipped = 0;
-    const uint32_t *hint = h && h->n == n && h->table == i && n && memcmp(h->keys, keys, (size_t)n * 8) == 0 ? h->at
-                                                                                                         : NULL;
+    const uint32_t *hint = hint_holds(h, i, keys, n) ? h->at : NULL;
     rc = hint ? push_find(ts, t, keys, n, hint, 1, &fresh, &skipped, err, errlen)
               : push_find(ts, t, keys, n, NULL, 0, &fresh, &skipped, err, errlen);
     if (rc != 0)
@@ -1201,8 +1206,7 @@ int srv_tables_first_dup_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, u
                               uint32_t *a, uint32_t *b)
 {
     const srv_table *t = ts->t[i];
-    if (!h || h->n != n || h->table != i || n == 0 || t->rows > SRV_DUP_BITS_ROWS ||
-        memcmp(h->keys, keys, (size_t)n * 8) != 0)
+    if (t->rows > SRV_DUP_BITS_ROWS || !hint_holds(h, i, keys, n))
         return srv_tables_first_dup(ts, keys, n, a, b);
     size_t words = (size_t)((t->rows + 63) / 64);
     if (words > ts->dupbits_words) {

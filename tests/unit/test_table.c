@@ -1285,7 +1285,8 @@ static void test_first_dup_hint(void **state)
     enum { SPACE = 3000, N = 300, ROUNDS = 400 };
     ps_hp hp = hp1(PS_HP_LR, 0.1);
     ps_table_def d = def("e", 4, "uniform", 0.5, "adagrad", &hp);
-    srv_table_bounds eviction = {.table_bytes = 400000, .evict = 1}; /* about 8,192 rows fit: rows evicted and moved late in the run */
+    /* about 8,192 rows fit: rows evicted and moved late in the run */
+    srv_table_bounds eviction = {.table_bytes = 400000, .evict = 1};
     srv_tables ts;
     uint32_t ti;
     srv_tables_init(&ts, 1ull << 30);
