@@ -220,6 +220,7 @@ int64_t psc__mono_ms(void);
 __attribute__((format(printf, 3, 4)))
 int psc__fail(psc_client *c, int code, const char *fmt, ...);
 int psc__lfail(psc_client *c, uint32_t i, int rc);
+int psc__interrupted(psc_client *c, int rc);
 
 /* ---- layout.c ---- */
 void psc__unmake_links(psc_client *c);

@@ -68,8 +68,17 @@ int psc__lfail(psc_client *c, uint32_t i, int rc)
 {
     c->err[0] = '\0';
     c->err_link = i;
-    if (rc == PS_CLIENT_EINTR)
-        c->desync = 1; /* a reply may be owed: the next call opens anew (psc__ready) */
+    return psc__interrupted(c, rc);
+}
+
+/* The one place the client is marked out of step: rc an interrupted wait
+ * (PS_CLIENT_EINTR from a link, PSC_EINTR from a call), after which a link
+ * may be mid-frame or owe a reply the next call would take for its own, so
+ * the next call opens every link anew (psc__ready). Returns rc. */
+int psc__interrupted(psc_client *c, int rc)
+{
+    if (rc == PS_CLIENT_EINTR || rc == PSC_EINTR)
+        c->desync = 1;
     return rc;
 }
 

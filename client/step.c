@@ -127,13 +127,12 @@ static int pushpull_recv(psc_client *c, psc_link *ln)
  * and the reconnect opens the closed ones again. */
 static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
 {
-    if (*first == 0) {
-        *first = rc;
-        c->err[0] = '\0';
-        c->err_link = i;
-    }
-    /* an interrupted wait keeps its links for the bye (c->desync) */
-    if ((rc != PS_EREMOTE || i != c->err_link) && rc != PS_CLIENT_EINTR)
+    if (*first == 0)
+        *first = psc__lfail(c, i, rc);
+    /* an interrupted wait keeps its links for the bye, the client marked
+     * out of step whichever link's error the step reports */
+    psc__interrupted(c, rc);
+    if (rc != PS_CLIENT_EINTR && (rc != PS_EREMOTE || i != c->err_link))
         psc__link_close(&c->links[i]);
 }
 
@@ -446,9 +445,7 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
         return psc__hogwild_step(c, op, off, len);
     psc__waiting_clear(c);
     c->intr = 0;
-    int rc = run_step(c, op, off, len);
-    if (rc == PSC_EINTR)
-        c->desync = 1;
+    int rc = psc__interrupted(c, run_step(c, op, off, len)); /* or a reconnect's wait */
     psc__waiting_clear(c);
     return rc;
 }
