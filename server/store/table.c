@@ -286,138 +286,140 @@ static inline uint64_t lookup(const srv_table *t, uint64_t key)
     return probe_from(t, key, h, h & (t->cap - 1));
 }
 
-/* Copies n floats: the sizes a row's weights (dim) or a row with its
- * optimizer state (row_floats) most often have as constants, so that the
- * compiler copies them inline instead of calling libc's memmove for each
- * row of a request (where a profile of psbench --table put a fifth of
- * psd's time; inline, psd moved about 4% more rows). */
-static inline __attribute__((always_inline)) void copy_floats(float *dst, const float *src, uint32_t n)
-{
-    switch (n) {
-    case 8: memcpy(dst, src, 8 * sizeof(float)); break;
-    case 16: memcpy(dst, src, 16 * sizeof(float)); break;
-    case 24: memcpy(dst, src, 24 * sizeof(float)); break;
-    case 32: memcpy(dst, src, 32 * sizeof(float)); break;
-    case 48: memcpy(dst, src, 48 * sizeof(float)); break;
-    case 64: memcpy(dst, src, 64 * sizeof(float)); break;
-    default: memcpy(dst, src, (size_t)n * sizeof(float)); break;
-    }
-}
-
 /* A request's keys are looked up in a pipeline (finder): while key k is
  * used, key k + ROW_AHEAD's slots are read, the row of the first slot whose
  * tag matches prefetched (its key is compared when key k + ROW_AHEAD is
  * used, from the cache), and the slot of key k + ROW_AHEAD + SLOT_AHEAD is
  * prefetched, so that the cache misses of many keys overlap instead of
- * coming one by one, with no pause at the start of a batch. */
+ * coming one by one, with no pause at the start of a batch.
+ *
+ * The store is bound by the instructions it runs more than by memory
+ * (callgrind: about 380 a key pushed and pulled in bench/table_store, more
+ * than 3 a cycle), so the finder keeps its own copy of the table fields it
+ * reads for every key: a store through the callers' pointers (rows, row
+ * indices) could change the table's as far as the compiler knows, and it
+ * read them again for each key. */
 #define ROW_AHEAD 16
 #define SLOT_AHEAD 16
+/* a key's hash is computed once, when its slot is prefetched, and kept
+ * until its slots are read ROW_AHEAD keys later */
+#define HASH_RING (ROW_AHEAD + SLOT_AHEAD)
 
-static inline void prefetch_slot(const srv_table *t, uint64_t key)
-{
-    __builtin_prefetch(&t->slots[ps_mix64(key) & (t->cap - 1)]);
-}
-
-/* A key ROW_AHEAD ahead: the slot of its first tag match (its row's key not
- * compared yet) and that row, or no match (row 0: not stored). */
+/* A key ROW_AHEAD ahead: the row of the first slot whose tag matches (its
+ * key not compared yet), or no match (row 0: not stored). */
 typedef struct candidate {
-    uint64_t s;   /* the slot */
     uint64_t row; /* its row + 1; 0: the probe met an empty slot first */
     float *p;     /* where that row lies (its key first) */
 } candidate;
 
-/* The probe of key as far as its first tag match, with the cache lines of
- * bytes [from, to) of that row (relative to its values) and its stamp
- * prefetched. */
-static inline candidate find_prefetch(const srv_table *t, uint64_t key, ptrdiff_t from, ptrdiff_t to)
-{
-    const uint32_t rmask = t->rmask;
-    uint64_t h = ps_mix64(key);
-    const uint32_t tag = tag_of(h, rmask);
-    for (uint64_t s = h & (t->cap - 1);; s = (s + 1) & (t->cap - 1)) {
-        slot v = t->slots[s];
-        if (v == 0)
-            return (candidate){s, 0, NULL};
-        if ((v & ~rmask) == tag) {
-            uint64_t r = (v & rmask) - 1;
-            float *p = row_at(t, r);
-            const float *row = p + HEAD;
-            const char *at = (const char *)row + from, *end = (const char *)row + to;
-            for (; at < end; at += 64)
-                __builtin_prefetch(at);
-            __builtin_prefetch(end - 1);
-            if (t->stamps)
-                __builtin_prefetch(stamp_at(t, r));
-            return (candidate){s, r + 1, p};
-        }
-    }
-}
-
 /* The pipeline over the n keys of a request: finder_start, then
  * finder_next n times, which returns the stored row (its values) of key 0,
- * 1, ... in turn, its index in f->r, or NULL (not stored). [from, to): the bytes of each row the caller uses,
- * prefetched; it must take in the row's key (from <= -HEAD floats). The
- * caller may change the rows' values between the calls, not the table's
- * slots. With hint (a row + 1 per key, 0: none; srv_row_hint), key k's
- * row is first looked for at its hint, without the slots. */
+ * 1, ... in turn, its index in f->r, or NULL (not stored). [from, to): the
+ * bytes of each row the caller uses, relative to its values, prefetched (the
+ * same to finder_start and each finder_next: constants, where they can be,
+ * so that the prefetches are unrolled); they must take in the row's key
+ * (from <= -HEAD floats). The caller may change
+ * the rows' values between the calls, not the table's slots or rows. With
+ * hint (a row + 1 per key, 0: none; srv_row_hint), key k's row is first
+ * looked for at its hint, without the slots. */
 typedef struct finder {
     const srv_table *t;
     const uint8_t *keys;
     const uint32_t *hint;         /* NULL: none */
     uint32_t n, k;                /* keys; the next one finder_next returns */
     uint64_t r;                   /* the index of the row finder_next returned last */
-    ptrdiff_t from, to;
+    /* the table's, as finder_start found them */
+    float *const *blocks;
+    uint64_t *const *stamps;
+    const slot *slots;
+    uint64_t rows, capm, bmask;   /* rows stored, cap - 1, rows a block - 1 */
+    uint32_t shift, stride, rmask;
     candidate ring[ROW_AHEAD];    /* keys k .. k + ROW_AHEAD - 1 */
+    uint64_t hash[HASH_RING];     /* key j's hash at j % HASH_RING, from its slot's prefetch */
 } finder;
 
-#define HINTED UINT64_MAX /* candidate.s of a row taken from a hint */
+/* Row r (its key first), as row_at. */
+static inline __attribute__((always_inline)) float *finder_row(const finder *f, uint64_t r)
+{
+    return f->blocks[r >> f->shift] + (r & f->bmask) * f->stride;
+}
+
+/* Row r as a candidate: its key, bytes [from, to) of its values and its
+ * stamp prefetched. */
+static inline __attribute__((always_inline)) candidate finder_candidate(const finder *f, uint64_t r,
+                                                                       const ptrdiff_t from, const ptrdiff_t to)
+{
+    float *p = finder_row(f, r);
+    const char *at = (const char *)(p + HEAD) + from, *end = (const char *)(p + HEAD) + to;
+    __builtin_prefetch(at);
+    for (at += 64; at < end; at += 64)
+        __builtin_prefetch(at);
+    __builtin_prefetch(end - 1);
+    if (f->stamps)
+        __builtin_prefetch(f->stamps[r >> f->shift] + (r & f->bmask));
+    return (candidate){r + 1, p};
+}
 
 /* Key j's hinted row, when it has one that is stored. */
-static inline int hinted(const finder *f, uint32_t j)
+static inline __attribute__((always_inline)) int hinted(const finder *f, uint32_t j)
 {
-    return f->hint && f->hint[j] && f->hint[j] <= f->t->rows;
+    return (uint32_t)(f->hint[j] - 1u) < f->rows; /* 0: none */
 }
 
 /* hinting: whether f has a hint, a constant where the functions are
  * inlined, so that a finder without one runs no code of the hints. */
-static inline __attribute__((always_inline)) void finder_prefetch_slot(const finder *f, uint32_t j, const int hinting)
+static inline __attribute__((always_inline)) void finder_prefetch_slot(finder *f, uint32_t j, const int hinting)
 {
-    if (!hinting || !hinted(f, j))
-        prefetch_slot(f->t, ps_key_at(f->keys, j));
+    if (!hinting || !hinted(f, j)) {
+        uint64_t h = f->hash[j % HASH_RING] = ps_mix64(ps_key_at(f->keys, j));
+        __builtin_prefetch(&f->slots[h & f->capm]);
+    }
 }
 
-static inline __attribute__((always_inline)) candidate finder_find(const finder *f, uint32_t j, const int hinting)
+/* Key j's candidate: its hinted row, or the probe of its key as far as the
+ * first tag match (finder_prefetch_slot(f, j) came first). */
+static inline __attribute__((always_inline)) candidate finder_find(const finder *f, uint32_t j, const int hinting,
+                                                                  const ptrdiff_t from, const ptrdiff_t to)
 {
-    if (!hinting || !hinted(f, j))
-        return find_prefetch(f->t, ps_key_at(f->keys, j), f->from, f->to);
-    uint64_t r = f->hint[j] - 1;
-    float *p = row_at(f->t, r);
-    const char *at = (const char *)(p + HEAD) + f->from, *end = (const char *)(p + HEAD) + f->to;
-    for (; at < end; at += 64)
-        __builtin_prefetch(at);
-    __builtin_prefetch(end - 1);
-    if (f->t->stamps)
-        __builtin_prefetch(stamp_at(f->t, r));
-    return (candidate){HINTED, r + 1, p};
+    if (hinting && hinted(f, j))
+        return finder_candidate(f, f->hint[j] - 1, from, to);
+    const uint64_t h = f->hash[j % HASH_RING];
+    const uint32_t rmask = f->rmask, tag = tag_of(h, rmask);
+    for (uint64_t s = h & f->capm;; s = (s + 1) & f->capm) {
+        slot v = f->slots[s];
+        if (v == 0)
+            return (candidate){0, NULL};
+        if ((v & ~rmask) == tag)
+            return finder_candidate(f, (v & rmask) - 1, from, to);
+    }
 }
 
-static inline void finder_start(finder *f, const srv_table *t, const uint8_t *keys, uint32_t n, ptrdiff_t from,
-                                ptrdiff_t to, const uint32_t *hint)
+static inline __attribute__((always_inline)) void finder_start(finder *f, const srv_table *t, const uint8_t *keys,
+                                                              uint32_t n, ptrdiff_t from, ptrdiff_t to,
+                                                              const uint32_t *hint)
 {
     f->t = t;
     f->keys = keys;
     f->hint = hint;
     f->n = t->cap ? n : 0; /* no slots: every key is not stored */
     f->k = 0;
-    f->from = from;
-    f->to = to;
-    for (uint32_t k = 0; k < f->n && k < ROW_AHEAD + SLOT_AHEAD; k++)
+    f->blocks = t->blocks;
+    f->stamps = t->stamps;
+    f->slots = t->slots;
+    f->rows = t->rows;
+    f->capm = t->cap - 1;
+    f->bmask = (1ull << t->shift) - 1;
+    f->shift = t->shift;
+    f->stride = t->stride;
+    f->rmask = t->rmask;
+    for (uint32_t k = 0; k < f->n && k < HASH_RING; k++)
         finder_prefetch_slot(f, k, hint != NULL);
     for (uint32_t k = 0; k < f->n && k < ROW_AHEAD; k++)
-        f->ring[k] = finder_find(f, k, hint != NULL);
+        f->ring[k] = finder_find(f, k, hint != NULL, from, to);
 }
 
-static inline __attribute__((always_inline)) float *finder_next(finder *f, const int hinting)
+static inline __attribute__((always_inline)) float *finder_next(finder *f, const int hinting, const ptrdiff_t from,
+                                                                const ptrdiff_t to)
 {
     uint32_t k = f->k++;
     if (k >= f->n)
@@ -427,7 +429,7 @@ static inline __attribute__((always_inline)) float *finder_next(finder *f, const
     if (j < f->n) {
         if (j + SLOT_AHEAD < f->n)
             finder_prefetch_slot(f, j + SLOT_AHEAD, hinting);
-        f->ring[j % ROW_AHEAD] = finder_find(f, j, hinting);
+        f->ring[j % ROW_AHEAD] = finder_find(f, j, hinting, from, to);
     }
     if (c.row == 0)
         return NULL;
@@ -436,14 +438,13 @@ static inline __attribute__((always_inline)) float *finder_next(finder *f, const
         f->r = c.row - 1;
         return c.p + HEAD;
     }
-    /* a hint whose row holds another key now: the key looked up; tags
-     * equal, keys not: the probe goes on past that slot */
-    uint64_t r = hinting && c.s == HINTED ? lookup(f->t, key)
-                                          : probe_from(f->t, key, ps_mix64(key), (c.s + 1) & (f->t->cap - 1));
+    /* a hint whose row holds another key now, or tags equal and keys not
+     * (one probe in 2^(32 - log2 slots) at most): the key looked up */
+    uint64_t r = lookup(f->t, key);
     if (!r)
         return NULL;
     f->r = r - 1;
-    return row_at(f->t, r - 1) + HEAD;
+    return finder_row(f, r - 1) + HEAD;
 }
 
 /* Puts key -> row index r into slots (cap of them) that have room (no key
@@ -778,26 +779,42 @@ void srv_tables_pull(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n
     srv_tables_pull_hint(ts, i, keys, n, out, NULL);
 }
 
-void srv_tables_pull_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out, srv_row_hint *h)
+/* srv_tables_pull_hint's loop, for rows of dim floats: inlined with dim a
+ * constant for the usual sizes, so that each row is copied in a few
+ * instructions, with no call and no test of its size, and the lines to
+ * prefetch are known (the store is bound by its instructions: see the
+ * finder) */
+static inline __attribute__((always_inline)) void pull_rows(const srv_table *t, const uint8_t *keys, uint32_t n,
+                                                           float *out, srv_row_hint *h, const uint32_t dim)
 {
-    const srv_table *t = ts->t[i];
-    const uint32_t dim = t->def.dim;
-    if (h && hint_room(h, n) != 0)
-        h = NULL;
     finder f; /* on the stack: a pull shares no scratch with a push */
-    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * dim), /* key, weights */
-                 NULL);
+    const ptrdiff_t from = -(ptrdiff_t)(sizeof(float) * HEAD), to = (ptrdiff_t)(sizeof(float) * dim); /* key, weights */
+    finder_start(&f, t, keys, n, from, to, NULL);
     for (uint32_t k = 0; k < n; k++) {
-        const float *row = finder_next(&f, 0);
+        const float *row = finder_next(&f, 0, from, to);
         float *dst = out + (size_t)k * dim;
         if (h)
             h->at[k] = row ? (uint32_t)(f.r + 1) : 0;
         if (row)
-            copy_floats(dst, row, dim);
+            memcpy(dst, row, sizeof(float) * dim);
         else if (t->def.opt == PS_TOPT_FTRL)
             memset(dst, 0, sizeof(float) * dim);
         else
             ps_table_row_init(&t->def, ps_key_at(keys, k), dst);
+    }
+}
+
+void srv_tables_pull_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, float *out, srv_row_hint *h)
+{
+    const srv_table *t = ts->t[i];
+    if (h && hint_room(h, n) != 0)
+        h = NULL;
+    switch (t->def.dim) {
+    case 8: pull_rows(t, keys, n, out, h, 8); break;
+    case 16: pull_rows(t, keys, n, out, h, 16); break;
+    case 32: pull_rows(t, keys, n, out, h, 32); break;
+    case 64: pull_rows(t, keys, n, out, h, 64); break;
+    default: pull_rows(t, keys, n, out, h, t->def.dim); break;
     }
     ts->t[i]->pulled += n;
     if (h) {
@@ -1060,20 +1077,21 @@ static void push_count(srv_tables *ts, srv_table *t, uint32_t n, uint64_t fresh,
 /* The first pass of a push (srv_tables_push_hint): each stored row found
  * (through hint when hinting) and kept in undo, each new one made in
  * scratch; *fresh and *skipped count the new rows and the keys admission
- * skipped. 0 or PS_ENOMEM, nothing stepped yet. */
+ * skipped. 0 or PS_ENOMEM, nothing stepped yet. rf: t->row_floats (a
+ * constant where the caller can make it one, as pull_rows' dim). */
 static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_table *t, const uint8_t *keys,
                                                           uint32_t n, const uint32_t *hint, const int hinting,
-                                                          uint64_t *fresh, uint64_t *skipped, char *err,
-                                                          size_t errlen)
+                                                          const uint32_t rf, uint64_t *fresh, uint64_t *skipped,
+                                                          char *err, size_t errlen)
 {
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
-    const uint32_t rf = t->row_floats;
     uint64_t stored = 0;
     finder f; /* key and values of each row (and its stamp) */
-    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), (ptrdiff_t)(sizeof(float) * rf), hint);
+    const ptrdiff_t from = -(ptrdiff_t)(sizeof(float) * HEAD), to = (ptrdiff_t)(sizeof(float) * rf);
+    finder_start(&f, t, keys, n, from, to, hint);
     for (uint32_t k = 0; k < n; k++) {
-        float *row = ts->found[k] = finder_next(&f, hinting);
+        float *row = ts->found[k] = finder_next(&f, hinting, from, to);
         if (row) {
             ts->found_r[k] = (uint32_t)f.r;
             if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0)
@@ -1081,7 +1099,7 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
             float *u = ts->undo + (size_t)(stored++) * (rf + 2);
             if (t->stamps)
                 memcpy(u, stamp_at(t, f.r), sizeof(uint64_t));
-            copy_floats(u + 2, row, rf);
+            memcpy(u + 2, row, sizeof(float) * rf);
             continue;
         }
         uint64_t key = ps_key_at(keys, k);
@@ -1127,8 +1145,12 @@ int srv_tables_push_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32
     /* 1. stored rows found and kept in undo, new rows made in scratch */
     uint64_t fresh = 0, skipped = 0;
     const uint32_t *hint = hint_holds(h, i, keys, n) ? h->at : NULL;
-    rc = hint ? push_find(ts, t, keys, n, hint, 1, &fresh, &skipped, err, errlen)
-              : push_find(ts, t, keys, n, NULL, 0, &fresh, &skipped, err, errlen);
+    if (hint && rf == 32) /* dim 16 with AdaGrad, the most usual table */
+        rc = push_find(ts, t, keys, n, hint, 1, 32, &fresh, &skipped, err, errlen);
+    else if (hint)
+        rc = push_find(ts, t, keys, n, hint, 1, rf, &fresh, &skipped, err, errlen);
+    else
+        rc = push_find(ts, t, keys, n, NULL, 0, rf, &fresh, &skipped, err, errlen);
     if (rc != 0)
         return rc;
 
@@ -1385,10 +1407,11 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     /* 1. the stored rows; a key not stored is new (NULL) or not admitted */
     uint64_t fresh = 0, skipped = 0;
     finder f; /* the keys and stamps alone: the threads step the values */
-    finder_start(&f, t, keys, n, -(ptrdiff_t)(sizeof(float) * HEAD), 0, NULL);
+    const ptrdiff_t from = -(ptrdiff_t)(sizeof(float) * HEAD), to = 0;
+    finder_start(&f, t, keys, n, from, to, NULL);
     uint32_t *at = ts->found_r;
     for (uint32_t k = 0; k < n; k++) {
-        if ((rows[k] = finder_next(&f, 0))) {
+        if ((rows[k] = finder_next(&f, 0, from, to))) {
             at[k] = (uint32_t)f.r;
             continue;
         }
