@@ -2882,7 +2882,6 @@ typedef struct round_rep {
     double tcp_p50, tcp_mean, shm_p50, shm_mean;
 } round_rep;
 
-
 static void range_of(const double *v, int n, double *lo, double *hi)
 {
     *lo = *hi = NAN;

@@ -127,11 +127,12 @@ static int pushpull_recv(psc_client *c, psc_link *ln)
  * and the reconnect opens the closed ones again. */
 static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
 {
-    if (*first == 0)
-        *first = psc__lfail(c, i, rc);
     /* an interrupted wait keeps its links for the bye, the client marked
      * out of step whichever link's error the step reports */
-    psc__interrupted(c, rc);
+    if (*first == 0)
+        *first = psc__lfail(c, i, rc);
+    else
+        psc__interrupted(c, rc);
     if (rc != PS_CLIENT_EINTR && (rc != PS_EREMOTE || i != c->err_link))
         psc__link_close(&c->links[i]);
 }

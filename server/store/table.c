@@ -263,27 +263,21 @@ static inline uint32_t tag_of(uint64_t h, uint32_t rmask)
 }
 
 /* The row index + 1 of key, or 0 when the table does not hold it: the
- * probe from slot s on (s: key's home slot, or where a probe stopped),
- * comparing the key of each row whose tag matches. */
-static inline uint64_t probe_from(const srv_table *t, uint64_t key, uint64_t h, uint64_t s)
+ * probe from key's home slot on, comparing the key of each row whose tag
+ * matches. */
+static inline uint64_t lookup(const srv_table *t, uint64_t key)
 {
+    if (t->cap == 0)
+        return 0;
+    const uint64_t h = ps_mix64(key);
     const uint32_t rmask = t->rmask, tag = tag_of(h, rmask);
-    for (;; s = (s + 1) & (t->cap - 1)) {
+    for (uint64_t s = h & (t->cap - 1);; s = (s + 1) & (t->cap - 1)) {
         slot v = t->slots[s];
         if (v == 0)
             return 0;
         if ((v & ~rmask) == tag && key_of(t, (v & rmask) - 1) == key)
             return v & rmask;
     }
-}
-
-/* The row index + 1 of key, or 0. */
-static inline uint64_t lookup(const srv_table *t, uint64_t key)
-{
-    if (t->cap == 0)
-        return 0;
-    uint64_t h = ps_mix64(key);
-    return probe_from(t, key, h, h & (t->cap - 1));
 }
 
 /* A request's keys are looked up in a pipeline (finder): while key k is
@@ -1145,7 +1139,7 @@ int srv_tables_push_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32
     /* 1. stored rows found and kept in undo, new rows made in scratch */
     uint64_t fresh = 0, skipped = 0;
     const uint32_t *hint = hint_holds(h, i, keys, n) ? h->at : NULL;
-    if (hint && rf == 32) /* dim 16 with AdaGrad, the most usual table */
+    if (hint && rf == 32) /* rows of 32 floats: dim 16 with AdaGrad, the most usual table */
         rc = push_find(ts, t, keys, n, hint, 1, 32, &fresh, &skipped, err, errlen);
     else if (hint)
         rc = push_find(ts, t, keys, n, hint, 1, rf, &fresh, &skipped, err, errlen);
