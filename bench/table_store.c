@@ -12,13 +12,22 @@
  * a test.
  *
  * Each push goes through the row hint of the pull before it, as psd's
- * pushes do on a connection (srv_row_hint); `nohint` last: without.
+ * pushes do on a connection (srv_row_hint); `nohint` after the optimizer:
+ * without. `peer` after it: a second thread plays the worker of a table
+ * segment (PROTOCOL.md 13.9) from another CPU. Before each round it writes
+ * the request (the keys to push, their gradients, the keys to pull) into
+ * buffers the store then reads, and after it reads the pulled rows, so
+ * that the store meets these lines in the other CPU's cache, as psd does;
+ * only the store's calls are timed.
  *
- *   build/bench/table_store [dim [keys [key_space [zipf [optimizer [nohint]]]]]]
+ *   build/bench/table_store [dim [keys [key_space [zipf [optimizer [nohint] [peer]]]]]]
  *   build/bench/table_store 16 4096 1000000 1.1 adagrad     (the defaults)
  */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_setaffinity, pthread_setaffinity_np */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,16 +62,61 @@ static void *must(void *p)
     return p;
 }
 
+/* The worker's side of `peer`: the rounds' requests written, their
+ * answers read, each in turn with the store's calls (turn: even, the
+ * peer's; odd, the store's). */
+typedef struct peer {
+    pthread_t th;
+    atomic_uint turn;
+    unsigned nk, dim;
+    const uint8_t *keys;   /* every batch's keys */
+    const float *g;        /* the gradients the peer writes */
+    uint8_t *push, *pull;  /* the request's keys */
+    float *grad, *rows;    /* the request's gradients; the answer's rows */
+    int rounds;
+    volatile float sink;
+} peer;
+
+static void *peer_run(void *arg)
+{
+    peer *p = arg;
+    const size_t kb = (size_t)p->nk * 8, gf = (size_t)p->nk * p->dim;
+    for (int r = 0; r < p->rounds; r++) {
+        while (atomic_load_explicit(&p->turn, memory_order_acquire) != 2u * (unsigned)r)
+            ;
+        if (r > 0) { /* the answer before */
+            float s = 0;
+            for (size_t i = 0; i < gf; i++)
+                s += p->rows[i];
+            p->sink = s;
+        }
+        memcpy(p->push, p->keys + (size_t)(r % BATCHES) * kb, kb);
+        memcpy(p->pull, p->keys + (size_t)((r + 1) % BATCHES) * kb, kb);
+        memcpy(p->grad, p->g, sizeof(float) * gf);
+        atomic_store_explicit(&p->turn, 2u * (unsigned)r + 1u, memory_order_release);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     unsigned dim = argc > 1 ? (unsigned)atoi(argv[1]) : 16, nk = argc > 2 ? (unsigned)atoi(argv[2]) : 4096;
     uint64_t space = argc > 3 ? strtoull(argv[3], NULL, 10) : 1000000;
     double s = argc > 4 ? atof(argv[4]) : 1.1;
     const char *opt = argc > 5 ? argv[5] : "adagrad";
-    int use_hint = !(argc > 6 && strcmp(argv[6], "nohint") == 0);
+    int use_hint = 1, use_peer = 0;
+    for (int a = 6; a < argc; a++)
+        if (strcmp(argv[a], "nohint") == 0)
+            use_hint = 0;
+        else if (strcmp(argv[a], "peer") == 0)
+            use_peer = 1;
+        else {
+            fprintf(stderr, "table_store: '%s': nohint or peer\n", argv[a]);
+            return 2;
+        }
     srv_row_hint hint = {0};
     if (dim < 1 || dim > PS_TABLE_DIM_MAX || nk < 1 || space < nk || s < 0) {
-        fprintf(stderr, "usage: table_store [dim (1..%d) [keys [key_space (>= keys) [zipf (>= 0) [optimizer]]]]]\n",
+        fprintf(stderr, "usage: table_store [dim (1..%d) [keys [key_space (>= keys) [zipf (>= 0) [optimizer [nohint] [peer]]]]]]\n",
                 PS_TABLE_DIM_MAX);
         return 2;
     }
@@ -117,9 +171,47 @@ int main(int argc, char **argv)
         }
     /* each phase's median over the rounds of the best trial, too */
     double t[ROUNDS], ph[3][ROUNDS], best = INFINITY, best_ph[3] = {0, 0, 0};
+    /* peer: this thread on the first CPU it may run on, the peer on the second */
+    peer pr = {.nk = nk, .dim = dim, .keys = keys, .g = g, .rounds = ROUNDS};
+    cpu_set_t main_cpu, peer_cpu;
+    if (use_peer) {
+        cpu_set_t may;
+        int c0 = -1, c1 = -1;
+        if (sched_getaffinity(0, sizeof may, &may) == 0)
+            for (int c = 0; c < CPU_SETSIZE && c1 < 0; c++)
+                if (CPU_ISSET(c, &may))
+                    *(c0 < 0 ? &c0 : &c1) = c;
+        if (c1 < 0) {
+            fprintf(stderr, "table_store: peer needs two CPUs (taskset -c A,B: the store on A, the peer on B)\n");
+            return 2;
+        }
+        CPU_ZERO(&main_cpu);
+        CPU_SET(c0, &main_cpu);
+        CPU_ZERO(&peer_cpu);
+        CPU_SET(c1, &peer_cpu);
+        sched_setaffinity(0, sizeof main_cpu, &main_cpu);
+        pr.push = must(malloc((size_t)nk * 8));
+        pr.pull = must(malloc((size_t)nk * 8));
+        pr.grad = must(malloc(sizeof(float) * nk * dim));
+        pr.rows = rows;
+    }
     for (int trial = 0; trial < TRIALS; trial++) {
+        if (use_peer) {
+            atomic_store(&pr.turn, 0u);
+            if (pthread_create(&pr.th, NULL, peer_run, &pr) != 0) {
+                fprintf(stderr, "table_store: no thread for the peer\n");
+                return 1;
+            }
+            pthread_setaffinity_np(pr.th, sizeof peer_cpu, &peer_cpu);
+        }
         for (int r = 0; r < ROUNDS; r++) {
             const uint8_t *push = keys + (size_t)(r % BATCHES) * nk * 8, *pull = keys + (size_t)((r + 1) % BATCHES) * nk * 8;
+            const float *grad = g;
+            if (use_peer) {
+                while (atomic_load_explicit(&pr.turn, memory_order_acquire) != 2u * (unsigned)r + 1u)
+                    ;
+                push = pr.push, pull = pr.pull, grad = pr.grad;
+            }
             uint32_t a, b;
             double t0 = now();
             if (srv_tables_first_dup_hint(&ts, ti, push, nk, use_hint ? &hint : NULL, &a, &b) != 0) {
@@ -127,7 +219,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             double t1 = now();
-            if (srv_tables_push_hint(&ts, ti, push, nk, g, 1.0, use_hint ? &hint : NULL, err, sizeof err) != 0) {
+            if (srv_tables_push_hint(&ts, ti, push, nk, grad, 1.0, use_hint ? &hint : NULL, err, sizeof err) != 0) {
                 fprintf(stderr, "table_store: round %d: %s\n", r, err);
                 return 1;
             }
@@ -138,7 +230,11 @@ int main(int argc, char **argv)
             ph[0][r] = t1 - t0;
             ph[1][r] = t2 - t1;
             ph[2][r] = t3 - t2;
+            if (use_peer)
+                atomic_store_explicit(&pr.turn, 2u * (unsigned)r + 2u, memory_order_release);
         }
+        if (use_peer)
+            pthread_join(pr.th, NULL);
         qsort(t, ROUNDS, sizeof t[0], by_value);
         if (t[ROUNDS / 2] < best) {
             best = t[ROUNDS / 2];
@@ -154,12 +250,16 @@ int main(int argc, char **argv)
            "(push + pull of %u rows each, median round of %d, best of %d trials): %.1f M rows/s on one core\n",
            dim, opt, nk, s, (unsigned long long)space, (unsigned long long)st.rows, best * 1e9 / (2.0 * nk), nk,
            ROUNDS, TRIALS, 2.0 * nk / best / 1e6);
-    printf("table_store: ns a key of a round (medians): duplicate check %.1f, push %.1f, pull %.1f\n",
-           best_ph[0] * 1e9 / nk, best_ph[1] * 1e9 / nk, best_ph[2] * 1e9 / nk);
+    printf("table_store: ns a key of a round (medians): duplicate check %.1f, push %.1f, pull %.1f%s\n",
+           best_ph[0] * 1e9 / nk, best_ph[1] * 1e9 / nk, best_ph[2] * 1e9 / nk,
+           use_peer ? " (requests and answers through a peer on another CPU)" : "");
     srv_row_hint_free(&hint);
     srv_tables_free(&ts);
     free(keys);
     free(g);
     free(rows);
+    free(pr.push);
+    free(pr.pull);
+    free(pr.grad);
     return 0;
 }

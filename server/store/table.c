@@ -714,9 +714,10 @@ static inline int room(float **p, size_t *have, size_t floats)
     return floats <= *have ? 0 : room_grow(p, have, floats);
 }
 
-/* Room for the found rows of a push of n keys (scratch and undo grow as
- * the push finds new and stored rows: together they take about what one
- * copy of the push's rows takes). */
+/* Room for the found rows of a push of n keys (scratch grows as the push
+ * finds new rows; undo takes n rows at the push's start, so that its loop
+ * does not ask for room at every row: the two take one to two copies of
+ * the push's rows). */
 static int grow_scratch(srv_tables *ts, size_t n)
 {
     if (n > ts->found_cap) {
@@ -1080,20 +1081,21 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
 {
     const ps_table_def *d = &t->def;
     const srv_table_bounds *bd = &ts->bounds;
-    uint64_t stored = 0;
     finder f; /* key and values of each row (and its stamp) */
     const ptrdiff_t from = -(ptrdiff_t)(sizeof(float) * HEAD), to = (ptrdiff_t)(sizeof(float) * rf);
+    if (room(&ts->undo, &ts->undo_floats, (size_t)n * (rf + 2)) != 0) /* every key's row may be stored */
+        return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
+    float *u = ts->undo;
+    const int stamped = t->stamps != NULL;
     finder_start(&f, t, keys, n, from, to, hint);
     for (uint32_t k = 0; k < n; k++) {
         float *row = ts->found[k] = finder_next(&f, hinting, from, to);
         if (row) {
             ts->found_r[k] = (uint32_t)f.r;
-            if (room(&ts->undo, &ts->undo_floats, (size_t)(stored + 1) * (rf + 2)) != 0)
-                return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
-            float *u = ts->undo + (size_t)(stored++) * (rf + 2);
-            if (t->stamps)
+            if (stamped)
                 memcpy(u, stamp_at(t, f.r), sizeof(uint64_t));
             memcpy(u + 2, row, sizeof(float) * rf);
+            u += rf + 2;
             continue;
         }
         uint64_t key = ps_key_at(keys, k);
