@@ -38,6 +38,13 @@ int srv_sparse_step(const ps_table_def *d, float *row, const float *g, double sc
  * different rows overlap in the CPU instead of waiting one for the other. */
 uint32_t srv_sparse_step_rows(const ps_table_def *d, float *const *rows, const float *g, uint32_t n, double scale);
 
+/* srv_sparse_step_rows with every row written, finite or not: 1 when
+ * every new value was finite, else 0, and then the rows may hold values
+ * that are not (the caller puts them back; the row store keeps an undo
+ * copy of each row a push steps). For SGD and AdaGrad of dim 8, 16, 32
+ * or 64 it checks the values once for all the rows, not row by row. */
+int srv_sparse_step_all(const ps_table_def *d, float *const *rows, const float *g, uint32_t n, double scale);
+
 /* The step count of an adam row (0 for the other optimizers). */
 uint32_t srv_sparse_row_step(const ps_table_def *d, const float *row);
 

@@ -904,6 +904,16 @@ static void push_undo(srv_tables *ts, const srv_table *t, uint32_t n, uint32_t r
         }
 }
 
+/* The new rows of a push of n keys made again in scratch, in the order of
+ * their keys (as push_find made them). */
+static void push_remake(srv_tables *ts, const srv_table *t, const uint8_t *keys, uint32_t n)
+{
+    size_t j = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (!ts->found[k])
+            srv_sparse_row_new(&t->def, ps_key_at(keys, k), ts->scratch + (j++) * t->row_floats);
+}
+
 /* Gives table t its stamps, every row's at the table's clock. Returns 0 or
  * PS_ENOMEM (the table unchanged). */
 static int stamps_alloc(srv_tables *ts, srv_table *t)
@@ -1114,10 +1124,10 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
 /* A push in two passes over its keys: the first finds each stored row and
  * keeps it in undo (stamp and values, from the cache lines just loaded),
  * and makes each new row in scratch; the second steps them all in one loop
- * (srv_sparse_step_rows: the steps of different rows overlap in the CPU,
+ * (srv_sparse_step_all: the steps of different rows overlap in the CPU,
  * which one step between two lookups did not let them do) and stamps the
  * stored ones. If a step is not finite, or the new rows do not fit, the
- * rows stepped so far are put back from undo, so the push changes nothing.
+ * rows stepped are put back from undo, so the push changes nothing.
  * Each stored row is read from memory once. */
 int srv_tables_push(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, const float *g, double scale,
                     char *err, size_t errlen)
@@ -1156,8 +1166,13 @@ int srv_tables_push_hint(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32
         float *row = ts->found[k];
         ts->steprow[k] = row == &not_admitted ? NULL : row ? row : ts->scratch + (size_t)(nf++) * rf;
     }
-    uint32_t bad = srv_sparse_step_rows(d, ts->steprow, g, n, scale);
-    if (bad < n) {
+    if (!srv_sparse_step_all(d, ts->steprow, g, n, scale)) {
+        /* a row not finite: every row back as it was, the new ones made
+         * again, and the first such row found by stepping them once more,
+         * each checked before it is written */
+        push_undo(ts, t, n, rf);
+        push_remake(ts, t, keys, n);
+        uint32_t bad = srv_sparse_step_rows(d, ts->steprow, g, n, scale);
         push_undo(ts, t, bad, rf); /* row `bad` itself was left as it was */
         return ps_fail(err, errlen, PS_ENONFINITE,
                        "table '%s': the update of key %llu would make its row or its optimizer state not finite; "

@@ -237,10 +237,13 @@ static void test_step_kernels_exact(void **state)
             /* the same row stepped by srv_sparse_step_rows, as the second of
              * two rows of which the first is none (NULL) */
             float *row2 = malloc(sizeof(float) * nf), *g2 = calloc(2 * (size_t)dim, sizeof(float));
+            float *row3 = malloc(sizeof(float) * nf); /* and by srv_sparse_step_all */
             assert_non_null(row2);
             assert_non_null(g2);
+            assert_non_null(row3);
             memcpy(row2, row, sizeof(float) * nf);
-            float *const two[2] = {NULL, row2};
+            memcpy(row3, row, sizeof(float) * nf);
+            float *const two[2] = {NULL, row2}, *const two3[2] = {NULL, row3};
             for (uint32_t s = 1; s <= 4; s++) {
                 for (uint32_t j = 0; j < dim; j++)
                     g2[j] = NAN, g2[dim + j] = g[j] = (float)(cos(1.3 * j + 0.7 * s + o) * (1.0 + j % 5));
@@ -253,8 +256,12 @@ static void test_step_kernels_exact(void **state)
                 assert_int_equal(srv_sparse_step_rows(&d, two, g2, 2, scale), 2);
                 if (memcmp(row2, row, sizeof(float) * nf) != 0)
                     fail_msg("%s dim %u step %u: srv_sparse_step_rows differs from srv_sparse_step", opts[o], dim, s);
+                assert_int_equal(srv_sparse_step_all(&d, two3, g2, 2, scale), 1);
+                if (memcmp(row3, row, sizeof(float) * nf) != 0)
+                    fail_msg("%s dim %u step %u: srv_sparse_step_all differs from srv_sparse_step", opts[o], dim, s);
             }
             free(row2);
+            free(row3);
             free(g2);
             if (d.opt == PS_TOPT_ADAM)
                 assert_int_equal(srv_sparse_row_step(&d, row), 4);
@@ -1107,6 +1114,78 @@ static void test_push_failure_restores_rows(void **state)
     srv_tables_free(&ts);
 }
 
+/* A push of rows of a dim the step checks once for all the rows (16, with
+ * AdaGrad), whose steps are not all finite: every row, stored or new, is
+ * as it was, and the error names the first key whose step is not, though
+ * the rows after it were stepped before the check. */
+static void test_push_failure_names_first_key(void **state)
+{
+    (void)state;
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    ps_hp hp = hp1(PS_HP_LR, 1.0);
+    ps_table_def d = def("e", 16, "uniform", 0.5, "adagrad", &hp);
+    uint32_t ti;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    enum { N = 200, DIM = 16 };
+    static uint64_t k[N];
+    static uint8_t kb[N * 8];
+    static float g[N * DIM], was[N][2 * DIM];
+    for (int i = 0; i < N; i++)
+        k[i] = 5000 + (uint64_t)i * 104729;
+    keys_le(kb, k, N);
+    for (int i = 0; i < N * DIM; i++)
+        g[i] = 0.125f * (float)(i % 9) - 0.5f;
+    /* the even keys stored, the odd ones new to the next pushes */
+    static uint8_t even[N / 2 * 8];
+    static float geven[N / 2 * DIM];
+    for (int i = 0; i < N / 2; i++) {
+        memcpy(even + 8 * i, kb + 8 * (2 * i), 8);
+        memcpy(geven + DIM * i, g + DIM * (2 * i), sizeof(float) * DIM);
+    }
+    assert_int_equal(srv_tables_push(&ts, ti, even, N / 2, geven, 1.0, err, sizeof err), 0);
+    for (int i = 0; i < N; i += 2)
+        memcpy(was[i], srv_tables_row(&ts, ti, k[i]), sizeof was[i]);
+    srv_table_stats st0;
+    srv_tables_stats(&ts, ti, &st0);
+    /* bad at key 120 (stored) and key 51 (new): 51 is named; then at key
+     * 120 alone: 120 */
+    static const int first[2] = {51, 120};
+    for (int c = 0; c < 2; c++) {
+        float keep51 = g[51 * DIM + 3], keep120 = g[120 * DIM + 5];
+        if (c == 0)
+            g[51 * DIM + 3] = NAN;
+        g[120 * DIM + 5] = INFINITY;
+        assert_int_equal(srv_tables_push(&ts, ti, kb, N, g, 1.0, err, sizeof err), PS_ENONFINITE);
+        char want[64];
+        snprintf(want, sizeof want, "key %llu would make", (unsigned long long)k[first[c]]);
+        assert_has(err, want);
+        srv_table_stats st;
+        srv_tables_stats(&ts, ti, &st);
+        assert_int_equal(st.rows, st0.rows);
+        assert_int_equal(st.rows_pushed, st0.rows_pushed);
+        for (int i = 0; i < N; i++)
+            if (i % 2 == 0 ? memcmp(was[i], srv_tables_row(&ts, ti, k[i]), sizeof was[i]) != 0
+                           : srv_tables_row(&ts, ti, k[i]) != NULL)
+                fail_msg("case %d: key %d changed", c, i);
+        g[51 * DIM + 3] = keep51;
+        g[120 * DIM + 5] = keep120;
+    }
+    /* the same push, finite: every row one step on, the new ones made */
+    assert_int_equal(srv_tables_push(&ts, ti, kb, N, g, 1.0, err, sizeof err), 0);
+    for (int i = 0; i < N; i++) {
+        float want[2 * DIM];
+        if (i % 2 == 0)
+            memcpy(want, was[i], sizeof want);
+        else
+            srv_sparse_row_new(&d, k[i], want);
+        assert_true(srv_sparse_step(&d, want, g + DIM * i, 1.0));
+        if (memcmp(want, srv_tables_row(&ts, ti, k[i]), sizeof want) != 0)
+            fail_msg("key %d: not one step from where it was", i);
+    }
+    srv_tables_free(&ts);
+}
+
 static void test_declare(void **state)
 {
     (void)state;
@@ -1686,6 +1765,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
         cmocka_unit_test(test_push_failure_restores_rows),
         cmocka_unit_test(test_step_kernels_exact),
+        cmocka_unit_test(test_push_failure_names_first_key),
         cmocka_unit_test(test_step_nonfinite_leaves_row),
         cmocka_unit_test(test_declare),
         cmocka_unit_test(test_first_dup),
