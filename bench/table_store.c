@@ -171,7 +171,7 @@ int main(int argc, char **argv)
         }
     /* each phase's median over the rounds of the best trial, too */
     double t[ROUNDS], ph[3][ROUNDS], best = INFINITY, best_ph[3] = {0, 0, 0};
-    /* peer: this thread on the first CPU it may run on, the peer on the second */
+    /* peer: this thread on the lowest CPU it may run on, the peer on the next */
     peer pr = {.nk = nk, .dim = dim, .keys = keys, .g = g, .rounds = ROUNDS};
     cpu_set_t main_cpu, peer_cpu;
     if (use_peer) {
@@ -182,7 +182,8 @@ int main(int argc, char **argv)
                 if (CPU_ISSET(c, &may))
                     *(c0 < 0 ? &c0 : &c1) = c;
         if (c1 < 0) {
-            fprintf(stderr, "table_store: peer needs two CPUs (taskset -c A,B: the store on A, the peer on B)\n");
+            fprintf(stderr, "table_store: peer needs two CPUs (taskset -c A,B: the store on the lower, the peer on "
+                            "the higher)\n");
             return 2;
         }
         CPU_ZERO(&main_cpu);

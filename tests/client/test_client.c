@@ -990,7 +990,7 @@ static void test_interrupted_other_part(void **state)
     assert_int_equal(psc_pushpull(c), 0);
     gc[4999] = NAN; /* in part 1 */
     assert_int_equal(kill(p0.pid, SIGSTOP), 0);
-    alarm_arg al = {pthread_self(), 300};
+    alarm_arg al = {pthread_self(), 1000}; /* part 1 has answered by then, even under a loaded CI */
     pthread_t th;
     got_signal = 0;
     assert_int_equal(pthread_create(&th, NULL, signal_after, &al), 0);
