@@ -1009,7 +1009,7 @@ static void test_interrupted_other_part(void **state)
      * worker's new connection came first). A client that kept the
      * interrupted link open (libpsclient did when the link was not the
      * one whose error the step reported) left part 0 a step behind in
-     * about one run of three. */
+     * three runs of seven. */
     float part0[2];
     for (int step = 0; step < 2; step++) {
         if ((rc = psc_pushpull(c)) != 0)
