@@ -468,18 +468,18 @@ static void test_plan(void **state)
     psd_kill(&p);
 }
 
-/* A model split over two psd: the parts go to their psd, and a worker
- * joining later pulls both. */
-static void test_split(void **state)
+/* A worker of shard `shard` of a model of one tensor v of 5,000 values
+ * split over the two psd of `servers`: v[i] = i, its gradient 2, connected
+ * (its values the model when it is the first) and one step pushed. */
+static psc_client *split_client(const char *servers, const char *shard, int interrupt)
 {
-    psd_proc p1 = {0}, p2 = {0};
-    psd_start(&p1, "asgd", 2, 0, NULL);
-    psd_start(&p2, "asgd", 2, 0, NULL);
-    char servers[200];
-    snprintf(servers, sizeof servers, "%s,%s", p1.addr, p2.addr);
     psc_client *c = psc_new();
     assert_int_equal(psc_set(c, "server", servers), 0);
-    assert_int_equal(psc_set(c, "shard", "0/2"), 0);
+    assert_int_equal(psc_set(c, "shard", shard), 0);
+    if (interrupt) {
+        assert_int_equal(psc_set(c, "interrupt", "on"), 0);
+        assert_int_equal(psc_set(c, "timeout_ms", "20000"), 0);
+    }
     uint64_t d[1] = {5000};
     assert_int_equal(psc_add_tensor(c, "v", 1, d), 0);
     float *pc = psc_params(c), *gc = psc_grads(c);
@@ -490,6 +490,21 @@ static void test_split(void **state)
     assert_int_equal(psc_connect(c), 0);
     assert_int_equal(psc_servers(c), 2);
     assert_int_equal(psc_pushpull(c), 0);
+    return c;
+}
+
+/* A model split over two psd: the parts go to their psd, and a worker
+ * joining later pulls both. */
+static void test_split(void **state)
+{
+    psd_proc p1 = {0}, p2 = {0};
+    psd_start(&p1, "asgd", 2, 0, NULL);
+    psd_start(&p2, "asgd", 2, 0, NULL);
+    char servers[200];
+    snprintf(servers, sizeof servers, "%s,%s", p1.addr, p2.addr);
+    psc_client *c = split_client(servers, "0/2", 0);
+    float *pc = psc_params(c);
+    uint64_t d[1] = {5000};
     psc_client *o = psc_new();
     assert_int_equal(psc_set(o, "server", servers), 0);
     assert_int_equal(psc_set(o, "shard", "1/2"), 0);
@@ -815,6 +830,18 @@ static void on_signal(int sig)
     got_signal = sig;
 }
 
+/* on_signal for SIGUSR1, without SA_RESTART (as psworker and Python), the
+ * handler before kept in old. */
+static void catch_usr1(struct sigaction *old)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    assert_int_equal(sigaction(SIGUSR1, &sa, old), 0);
+}
+
 typedef struct {
     psc_client *c;
     pthread_t target;
@@ -854,12 +881,8 @@ static void test_interrupt(void **state)
 {
     psd_proc p = {0};
     psd_start(&p, "bsp", 2, 0, "heartbeat_timeout=300ms", "join_timeout=0", NULL);
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0; /* no SA_RESTART, as psworker and Python */
-    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    struct sigaction old;
+    catch_usr1(&old);
     psc_client *a = client(p.addr, "0/2");
     assert_int_equal(psc_set(a, "interrupt", "maybe"), PSC_EINVAL);
     assert_int_equal(psc_set(a, "interrupt", "on"), 0);
@@ -921,12 +944,8 @@ static void test_interrupted_report_then_step(void **state)
 {
     psd_proc p = {0};
     psd_start(&p, "asgd", 1, 0, NULL);
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0; /* no SA_RESTART, as psworker */
-    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    struct sigaction old;
+    catch_usr1(&old);
     psc_client *a = client(p.addr, "0/1");
     assert_int_equal(psc_set(a, "interrupt", "on"), 0);
     assert_int_equal(psc_connect(a), 0);
@@ -965,29 +984,12 @@ static void test_interrupted_other_part(void **state)
     psd_proc p0 = {0}, p1 = {0};
     psd_start(&p0, "asgd", 1, 0, NULL);
     psd_start(&p1, "asgd", 1, 0, NULL);
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0; /* no SA_RESTART, as psworker */
-    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    struct sigaction old;
+    catch_usr1(&old);
     char servers[200];
     snprintf(servers, sizeof servers, "%s,%s", p0.addr, p1.addr);
-    psc_client *c = psc_new();
-    assert_int_equal(psc_set(c, "server", servers), 0);
-    assert_int_equal(psc_set(c, "shard", "0/1"), 0);
-    assert_int_equal(psc_set(c, "interrupt", "on"), 0);
-    assert_int_equal(psc_set(c, "timeout_ms", "20000"), 0);
-    uint64_t d[1] = {5000};
-    assert_int_equal(psc_add_tensor(c, "v", 1, d), 0);
+    psc_client *c = split_client(servers, "0/1", 1);
     float *pc = psc_params(c), *gc = psc_grads(c);
-    for (size_t i = 0; i < 5000; i++) {
-        pc[i] = (float)i;
-        gc[i] = 2.0f;
-    }
-    assert_int_equal(psc_connect(c), 0);
-    assert_int_equal(psc_servers(c), 2);
-    assert_int_equal(psc_pushpull(c), 0);
     gc[4999] = NAN; /* in part 1 */
     assert_int_equal(kill(p0.pid, SIGSTOP), 0);
     alarm_arg al = {pthread_self(), 1000}; /* part 1 has answered by then, even under a loaded CI */
