@@ -54,6 +54,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -118,6 +119,7 @@ typedef struct opts {
                                   * 0: every chunk request waits for its reply */
     const char *out;             /* output directory */
     int no_mpi, no_tcp, no_plot;
+    int client_spin;             /* --client-spin: microseconds each worker polls before it sleeps */
     int table_tcp;               /* --table-tcp: psd's workers send table requests in frames
                                   * (libpsclient option shm off), not through the table segment */
     int probe;                   /* measure psd's loop lag (admin heartbeats) */
@@ -320,6 +322,8 @@ struct bench {
     atomic_int wire_refused; /* psd's welcome did not offer `wire` */
     int table;              /* rows by key (psc_table_pushpull), not the dense model */
     int table_tcp;          /* table: libpsclient's shm off (requests in frames) */
+    int client_spin;        /* microseconds a worker's wait for a reply polls before it sleeps (libpsclient's
+                             * spin_us; the ceiling's clients likewise) */
     atomic_int table_shm;   /* table: workers whose every psd mapped their table segment */
     uint32_t dim;           /* table: values per row */
     uint32_t nkeys;         /* table: distinct keys per request */
@@ -434,6 +438,9 @@ static int psd_open(bworker *w)
     snprintf(v, sizeof v, "%d", CALL_TIMEOUT_MS);
     if (rc == 0)
         rc = psc_set(w->pc, "timeout_ms", v);
+    snprintf(v, sizeof v, "%d", b->client_spin);
+    if (rc == 0)
+        rc = psc_set(w->pc, "spin_us", v);
     uint64_t dims[1] = {b->S};
     if (rc == 0)
         rc = psc_add_tensor(w->pc, "w", 1, dims);
@@ -484,6 +491,9 @@ static int table_open(bworker *w)
     snprintf(v, sizeof v, "%d", CALL_TIMEOUT_MS);
     if (rc == 0)
         rc = psc_set(w->pc, "timeout_ms", v);
+    snprintf(v, sizeof v, "%d", b->client_spin);
+    if (rc == 0)
+        rc = psc_set(w->pc, "spin_us", v);
     uint64_t dims[1] = {4};
     if (rc == 0)
         rc = psc_add_tensor(w->pc, "w", 1, dims);
@@ -545,6 +555,42 @@ static int read_full(int fd, void *p, size_t n)
     return 0;
 }
 
+/* Polls fd until it is readable or us microseconds have passed, yielding
+ * the CPU between polls (--client-spin: as libpsclient's spin_us). */
+static void spin_readable(int fd, int us)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    double end = now_s() + us * 1e-6;
+    while (poll(&p, 1, 0) == 0 && now_s() < end)
+        sched_yield();
+}
+
+/* read_full, each wait for more bytes first polling for up to spin_us
+ * microseconds as spin_readable (0: read_full). */
+static int read_reply(int fd, void *p, size_t n, int spin_us)
+{
+    if (spin_us <= 0)
+        return read_full(fd, p, n);
+    char *c = p;
+    while (n > 0) {
+        ssize_t k = recv(fd, c, n, MSG_DONTWAIT);
+        if (k > 0) {
+            c += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0)
+            errno = ECONNRESET;
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return -1;
+        spin_readable(fd, spin_us);
+        struct pollfd q = {.fd = fd, .events = POLLIN};
+        if (poll(&q, 1, -1) < 0 && errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
 /* A TCP connection to "127.0.0.1:port", with TCP_NODELAY; -1 with errno. */
 static int tcp_connect(const char *addr)
 {
@@ -584,7 +630,7 @@ static int tcp_round_trip(bworker *w)
 {
     if (write_full(w->fd, w->b->req, w->b->req_bytes) != 0)
         return wfail(w, PSC_EIO, "tcp send");
-    if (read_full(w->fd, w->params, w->b->ans_bytes) != 0)
+    if (read_reply(w->fd, w->params, w->b->ans_bytes, w->b->client_spin) != 0)
         return wfail(w, PSC_EIO, "tcp receive");
     return 0;
 }
@@ -1247,6 +1293,7 @@ static void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, 
     b.mode = mode;
     b.sync = (sys == SYS_PSD && mode != MODE_ASGD) || sys == SYS_TCP_STAR;
     b.shm = shm && sys == SYS_PSD;
+    b.client_spin = o->client_spin;
     b.S = S;
     b.K = K;
     b.nparts = sys == SYS_PSD ? nparts : 1;
@@ -1655,6 +1702,7 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
     b.vbytes = 4;
     b.table = 1;
     b.table_tcp = o->table_tcp;
+    b.client_spin = o->client_spin;
     b.dim = o->dim;
     b.nkeys = o->nkeys;
     b.nbatch = nbatch;
@@ -1745,6 +1793,8 @@ static void run_tables(const opts *o)
         printf("%s%s%s", i ? ", " : "psd settings (--psd-set): ", o->psd_set[i], i + 1 == o->npsd_set ? "\n" : "");
     if (server_cpu >= 0)
         printf("psd and the plain-TCP server on CPU %d, the workers on the other CPUs (--server-cpu)\n", server_cpu);
+    if (o->client_spin)
+        printf("every worker polls up to %d us for each reply before it sleeps (--client-spin)\n", o->client_spin);
     printf("\n%5s | %10s %8s %8s %8s %5s %7s | %10s %8s %8s %8s | %6s | %14s | %6s %4s\n", "K  #", "rows/s", "MB/s",
            "p50 ms", "p99 ms", "cpu", "clients", "rows/s", "MB/s", "p50 ms", "p99 ms", "psd/", "rows/s", "peak",
            "load");
@@ -2530,6 +2580,10 @@ static void usage(FILE *f)
             "                    the other (default 3), so that both sides of each ratio meet the\n"
             "                    same machine; a line per pair, then each figure's median over\n"
             "                    the N pairs and its range (table.csv: a row per pair, `rep`)\n"
+            "  --client-spin US  each worker's wait for a reply polls its socket for up to US\n"
+            "                    microseconds, yielding the CPU between polls, before it sleeps:\n"
+            "                    psd's workers through libpsclient's spin_us, the plain-TCP\n"
+            "                    ceiling's clients likewise (default 0: they sleep at once)\n"
             "  --table-tcp       the table mode's workers send their requests to psd in frames\n"
             "                    over loopback TCP (libpsclient's shm off), not through their\n"
             "                    table segments\n"
@@ -2767,6 +2821,13 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->no_tcp = 1;
         } else if (strcmp(a, "--table-tcp") == 0) {
             o->table_tcp = 1;
+        } else if (strcmp(a, "--client-spin") == 0) {
+            NEEDV();
+            char *end;
+            long us = strtol(v, &end, 10);
+            if (*end || us < 0 || us > 1000000)
+                die("bad --client-spin '%s' (0..1000000 microseconds)", v);
+            o->client_spin = (int)us;
         } else if (strcmp(a, "--no-mpi") == 0) {
             o->no_mpi = 1;
         } else if (strcmp(a, "--no-probe") == 0) {
@@ -3099,6 +3160,8 @@ int main(int argc, char **argv)
            "to answer an admin heartbeat sent every 10 ms (its loop busy elsewhere); load: 1-min load average\n",
            wire_name(o.wire), vb, vb,
            o.wire == WIRE_F32 ? "" : ", no conversion");
+    if (o.client_spin)
+        printf("every worker polls up to %d us for each reply before it sleeps (--client-spin)\n", o.client_spin);
     print_header(o.wire);
     int ncells = o.nsizes * o.nworkers;
     row *rows = calloc((size_t)ncells * (size_t)o.nmodes, sizeof *rows);

@@ -104,6 +104,7 @@ struct psc_client {
     uint64_t chunk;          /* floats per frame of a chunked push or pull */
     unsigned pull_window;    /* chunk pulls in flight; 0: every chunk request waits */
     int send_buffer;         /* SO_SNDBUF of each connection; 0: the kernel's */
+    int spin_us;             /* option spin_us: each wait for a reply polls this long before it sleeps */
     int barrier;             /* option barrier: BSP steps over a split model end
                               * at a BARRIER on part 0's psd: 1 on, 0 off,
                               * -1 auto (when a part is on another machine) */

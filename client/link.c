@@ -77,6 +77,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.plan = c->plan;
     }
     ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
+    ln->cl.spin_us = c->spin_us;
     ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     ln->shm_ok = 0;
     if (ln == &c->links[0])

@@ -253,6 +253,12 @@ static const opt_row options[] = {
       "each connection's kernel send buffer (SO_SNDBUF); 0: the kernel sizes it. A cap such as 65536 keeps a "
       "step's pushes to several psd from overflowing short link queues"},
      OPT_BEFORE_CONNECT, set_uint, 4096, 1u << 28, 1, 1, OPT_FIELD(send_buffer), OPT_INT},
+    {{"spin_us", "spin", "US", "0..1000000 microseconds", "0",
+      "each wait for psd's reply first polls the connection this many microseconds, yielding the CPU between "
+      "polls, and only then sleeps, so that psd need not wake a sleeping thread (on a virtual machine whose idle "
+      "CPUs halt that costs psd an interrupt between CPUs each reply); for workers on psd's machine that have "
+      "cores psd does not use; 0: sleep at once"},
+     OPT_BEFORE_CONNECT, set_uint, 0, 1000000, 0, 1, OPT_FIELD(spin_us), OPT_INT},
     {{"interrupt", NULL, "on|off", "on or off", "off",
       "a signal handled while a call waits for psd ends the call with PSC_EINTR (the connection reconnects at "
       "the next call); off: waits go on through signals; psc_wait is not interrupted"},

@@ -1,4 +1,5 @@
 /* client.c - blocking psd connection (see client.h). */
+#define _GNU_SOURCE /* ppoll, sigisemptyset */
 #include "client.h"
 
 #include <errno.h>
@@ -7,6 +8,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,21 +112,84 @@ const char *ps_client_error(const ps_client *c)
     return c->err[0] ? c->err : "no error";
 }
 
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* The first c->spin_us microseconds of a wait for a reply (not past the
+ * deadline): polls the socket without sleeping, yielding the CPU between
+ * polls, so that psd's reply need not wake a sleeping thread (on a virtual
+ * machine whose idle CPUs halt, that wake-up costs the sender an interrupt
+ * between CPUs). When signals end waits (c->interrupted), they are blocked
+ * meanwhile and the spin ends as soon as one is pending, so that the sleep
+ * after it, with the caller's mask back (ppoll), runs its handler and ends
+ * with EINTR as a wait that slept from the start would; *blocked is then
+ * 1 and *mask the caller's mask, to restore. Returns 1: readable; 0: not
+ * yet. */
+static int spin_fd(ps_client *c, int64_t deadline, sigset_t *mask, int *blocked)
+{
+    sigset_t all, pending;
+    *blocked = c->interrupted != NULL;
+    if (*blocked) {
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, mask);
+    }
+    int64_t end = now_us() + c->spin_us;
+    if (deadline >= 0 && deadline * 1000 < end)
+        end = deadline * 1000;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    do {
+        if (poll(&p, 1, 0) > 0) {
+            if (*blocked)
+                pthread_sigmask(SIG_SETMASK, mask, NULL);
+            *blocked = 0;
+            return 1;
+        }
+        if (*blocked && (sigpending(&pending), !sigisemptyset(&pending)))
+            break;
+        sched_yield();
+    } while (now_us() < end);
+    return 0;
+}
+
 /* Waits until fd is ready for events or the deadline (-1: none) passes. */
 static int wait_fd(ps_client *c, short events, int64_t deadline)
 {
+    sigset_t mask;
+    int blocked = 0; /* spin_fd blocked signals; mask: the caller's */
+    if (events == POLLIN && c->spin_us > 0 && spin_fd(c, deadline, &mask, &blocked))
+        return 0;
     for (;;) {
         int tmo = -1;
         if (deadline >= 0) {
             int64_t left = deadline - now_ms();
-            if (left <= 0)
+            if (left <= 0) {
+                if (blocked)
+                    pthread_sigmask(SIG_SETMASK, &mask, NULL);
                 return cfail(c, PS_ETIMEOUT, "%s: timed out waiting for psd", c->server);
+            }
             tmo = left > 60000 ? 60000 : (int)left;
         }
-        if (c->interrupted && __atomic_load_n(c->interrupted, __ATOMIC_RELAXED))
+        if (c->interrupted && __atomic_load_n(c->interrupted, __ATOMIC_RELAXED)) {
+            if (blocked)
+                pthread_sigmask(SIG_SETMASK, &mask, NULL);
             return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
+        }
         struct pollfd p = {.fd = c->fd, .events = events};
-        int n = poll(&p, 1, tmo);
+        int n;
+        if (blocked) { /* the caller's mask while it sleeps: a pending signal's handler runs in it */
+            struct timespec ts = {tmo / 1000, (long)(tmo % 1000) * 1000000};
+            n = ppoll(&p, 1, tmo < 0 ? NULL : &ts, &mask);
+            int e = errno;
+            pthread_sigmask(SIG_SETMASK, &mask, NULL);
+            blocked = 0;
+            errno = e;
+        } else {
+            n = poll(&p, 1, tmo);
+        }
         if (n > 0)
             return 0;
         if (n < 0 && errno == EINTR && c->interrupted) {

@@ -75,6 +75,9 @@ typedef struct ps_client {
      * thread, and reads on. */
     void (*on_wait)(void *arg, const char *text, size_t len);
     void *on_wait_arg;
+    int spin_us;              /* a wait for a reply first polls the socket this
+                               * many microseconds, yielding the CPU between
+                               * polls, before it sleeps (0: sleeps at once) */
     int *interrupted;         /* NULL: waits go on through signals. Else (shared
                                * by the owner's connections): a wait that a signal
                                * interrupts (a handler ran) sets *interrupted, and

@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define PSC_VERSION_MAJOR 1
-#define PSC_VERSION_MINOR 9
+#define PSC_VERSION_MINOR 10
 #define PSC_VERSION_PATCH 0
 
 /* Error codes. -1 .. -24 are the protocol's own codes (proto/PROTOCOL.md
@@ -160,6 +160,11 @@ PSC_API psc_client *psc_new(void);
  *                or $PSD_REPORT_INTERVAL; 0: none); may change at any time
  *   log          "debug", "info", "warn" or "error": the library's log
  *                lines on stderr (process-wide)
+ *   spin_us      microseconds (0, the default, .. 10^6) each wait for a
+ *                reply polls the connection, yielding the CPU between
+ *                polls, before it sleeps, so that psd's reply need not wake
+ *                a sleeping thread: for workers on psd's machine with cores
+ *                psd does not use (1.10)
  *   interrupt    "on" or "off" (the default): with on, a signal whose
  *                handler runs on the calling thread while a call waits
  *                for psd (a BSP round, a pull, psc_connect's retries) ends

@@ -732,7 +732,7 @@ static void test_mistakes(void **state)
     psc_free(NULL);
     for (int code = 0; code >= -30; code--)
         assert_non_null(psc_strerror(code));
-    assert_string_equal(psc_version_string(), "1.9.0");
+    assert_string_equal(psc_version_string(), "1.10.0");
     char macros[32]; /* the header's numbers say the same */
     snprintf(macros, sizeof macros, "%d.%d.%d", PSC_VERSION_MAJOR, PSC_VERSION_MINOR, PSC_VERSION_PATCH);
     assert_string_equal(psc_version_string(), macros);
@@ -1029,6 +1029,70 @@ static void test_interrupted_other_part(void **state)
     psd_kill(&p1);
 }
 
+/* spin_us: each wait for a reply polls the connection before it sleeps.
+ * Table calls through the segment answer as without it. While a wait
+ * polls, a signal still ends it with interrupt on: the spin blocks signals
+ * and stops when one is pending, so that the sleep after it runs the
+ * handler and ends; a handler run in the middle of the spin would leave
+ * that sleep to go on until timeout_ms (with interrupt off, the spin leaves
+ * signals alone). And timeout_ms still ends a wait that polls: a spin of
+ * 1 s does not outlast a timeout of 0.3 s. */
+static void test_spin(void **state)
+{
+    psd_proc p = {0};
+    psd_start(&p, "asgd", 2, 0, NULL);
+    struct sigaction old;
+    catch_usr1(&old);
+    psc_client *c = client(p.addr, "0/2"), *d = client(p.addr, "1/2");
+    assert_int_equal(psc_set(c, "spin_us", "1000001"), PSC_EINVAL);
+    assert_int_equal(psc_set(c, "spin_us", "1000000"), 0);
+    assert_int_equal(psc_set(c, "interrupt", "on"), 0);
+    assert_int_equal(psc_set(c, "timeout_ms", "4000"), 0);
+    assert_int_equal(psc_set(c, "reconnect_s", "1"), 0);
+    assert_int_equal(psc_set(d, "spin_us", "1000000"), 0);
+    assert_int_equal(psc_set(d, "timeout_ms", "300"), 0);
+    assert_int_equal(psc_set(d, "reconnect", "off"), 0);
+    assert_int_equal(psc_connect(c), 0);
+    assert_int_equal(psc_connect(d), 0);
+    assert_int_equal(psc_table(c, "emb", 4, "zeros", 0, 0, "sgd", "lr=0.5"), 0);
+    assert_int_equal(psc_table(d, "emb", 4, "zeros", 0, 0, "sgd", "lr=0.5"), 0);
+    uint64_t k[2] = {3, 4};
+    const float g[8] = {1, 1, 1, 1, 2, 2, 2, 2};
+    float rows[8];
+    assert_int_equal(psc_table_pushpull(c, "emb", k, 2, g, k, 2, rows), 0);
+    for (int j = 0; j < 4; j++)
+        assert_true(rows[j] == -0.5f && rows[4 + j] == -1.0f);
+    assert_int_equal(kill(p.pid, SIGSTOP), 0);
+
+    double t0 = now_s();
+    int rc = psc_table_pull(d, "emb", k, 2, rows);
+    double took = now_s() - t0;
+    if (rc != PSC_ETIMEOUT || took > 0.9)
+        fail_msg("a pull with timeout_ms 300 and spin_us 1 s from a stopped psd: %d after %.2f s (%s)", rc, took,
+                 psc_errmsg(d));
+
+    alarm_arg al = {pthread_self(), 200};
+    pthread_t th;
+    got_signal = 0;
+    t0 = now_s();
+    assert_int_equal(pthread_create(&th, NULL, signal_after, &al), 0);
+    rc = psc_table_pull(c, "emb", k, 2, rows);
+    took = now_s() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(got_signal, SIGUSR1);
+    if (rc != PSC_EINTR || took > 0.9)
+        fail_msg("a pull interrupted by a signal 0.2 s into its spin of 1 s: %d after %.2f s (%s)", rc, took,
+                 psc_errmsg(c));
+    assert_int_equal(kill(p.pid, SIGCONT), 0);
+    assert_int_equal(psc_table_pull(c, "emb", k, 2, rows), 0); /* a new connection */
+    for (int j = 0; j < 4; j++)
+        assert_true(rows[j] == -0.5f && rows[4 + j] == -1.0f);
+    psc_free(c);
+    psc_free(d);
+    sigaction(SIGUSR1, &old, NULL);
+    psd_kill(&p);
+}
+
 /* A shard another worker holds is refused at once at psc_connect, not
  * retried for connect_s as if psd were down; the message says what to do. */
 static void test_shard_taken_at_once(void **state)
@@ -1072,6 +1136,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tables),            cmocka_unit_test(test_hogwild),
         cmocka_unit_test(test_interrupt),         cmocka_unit_test(test_shard_taken_at_once),
         cmocka_unit_test(test_interrupted_report_then_step), cmocka_unit_test(test_interrupted_other_part),
+        cmocka_unit_test(test_spin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
