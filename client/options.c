@@ -257,7 +257,7 @@ static const opt_row options[] = {
       "each wait for psd's reply first polls the connection this many microseconds, yielding the CPU between "
       "polls, and only then sleeps, so that psd need not wake a sleeping thread (on a virtual machine whose idle "
       "CPUs halt that costs psd an interrupt between CPUs each reply); for workers on psd's machine that have "
-      "cores psd does not use; 0: sleep at once"},
+      "cores psd does not use (not the waits of option pieces); 0: sleep at once"},
      OPT_BEFORE_CONNECT, set_uint, 0, 1000000, 0, 1, OPT_FIELD(spin_us), OPT_INT},
     {{"interrupt", NULL, "on|off", "on or off", "off",
       "a signal handled while a call waits for psd ends the call with PSC_EINTR (the connection reconnects at "
