@@ -160,7 +160,8 @@ static int wait_fd(ps_client *c, short events, int64_t deadline)
 {
     sigset_t mask;
     int blocked = 0; /* spin_fd blocked signals; mask: the caller's */
-    if (events == POLLIN && c->spin_us > 0 && spin_fd(c, deadline, &mask, &blocked))
+    if (events == POLLIN && c->spin_us > 0 && !(c->interrupted && __atomic_load_n(c->interrupted, __ATOMIC_RELAXED)) &&
+        spin_fd(c, deadline, &mask, &blocked))
         return 0;
     for (;;) {
         int tmo = -1;
