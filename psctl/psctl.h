@@ -1,4 +1,4 @@
-/* psctl.h - what psctl's files share (psctl.c the commands and main,
+/* psctl.h - what psctl's files share (psctl.c the options and main, commands.c the commands,
  * session.c talking to psd, print.c the output, save.c the safetensors
  * file): exit codes, the session with one psd, and their functions. */
 #ifndef PSCTL_H
@@ -11,6 +11,70 @@
 #include "common/client.h"
 
 enum { EXIT_OK = 0, EXIT_REMOTE = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_TIMEOUT = 4, EXIT_LOCAL = 5 };
+
+/* ---- commands.c: the command table ---- */
+
+struct session;
+struct psctl_command;
+
+/* One command as asked for: its row, the psd it goes to, its arguments and
+ * the options that shape its output. */
+typedef struct psctl_call {
+    const struct psctl_command *cmd;
+    const char *server; /* HOST:PORT of this psd */
+    char **args;
+    int nargs;
+    int as_json, csv, force;
+} psctl_call;
+
+enum {
+    PSCTL_READS = 1 << 0,  /* only reads: psd allows it with the workers' token */
+    PSCTL_TEXT = 1 << 1,   /* prints psd's text as it is: no --json */
+    PSCTL_CSV = 1 << 2,    /* --csv applies */
+    PSCTL_FORCE = 1 << 3,  /* --force applies */
+    PSCTL_NO_BYE = 1 << 4, /* psd closes the connection itself after its answer */
+};
+
+typedef struct psctl_command {
+    const char *name;
+    const char *args;       /* for the usage line: " PATH" */
+    int min_args, max_args;
+    int flags;              /* PSCTL_* */
+    int timeout_ms;         /* its default --timeout; 0: the common default */
+    /* Runs the command against one psd (ss opened); an exit code, the
+     * reason on stderr. */
+    int (*run)(struct session *ss, const psctl_call *k);
+    /* Checks the arguments beyond their count (NULL: none); an exit code,
+     * the reason on stderr. */
+    int (*check)(char **args, int nargs);
+    /* For a model split over the n psd at list: runs the command once for
+     * them all (sessions ss[0..n) opened here); NULL: run goes to each psd
+     * in turn. An exit code. */
+    int (*run_parts)(struct session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout,
+                     const psctl_call *k);
+    const char *help;       /* one paragraph, wrapped by the usage */
+} psctl_command;
+
+#define PSCTL_USAGE_WIDTH 80
+
+/* The table, and its row named `name` (NULL: none). */
+const psctl_command *psctl_commands(size_t *n);
+const psctl_command *psctl_command_find(const char *name);
+/* The commands' part of `psctl --help`, from the table. */
+void psctl_commands_usage(FILE *f);
+/* Writes `left`, then `text` wrapped to PSCTL_USAGE_WIDTH columns, every
+ * line of it starting at column indent (a new line first when left is
+ * longer). */
+void psctl_wrap(FILE *f, const char *left, int indent, const char *text);
+/* The one-line error for an unknown command name: the near name, if one
+ * is, and every command. */
+void psctl_unknown_command(FILE *f, const char *name);
+/* Checks a call of cmd against its row (argument count and form, options
+ * that do not apply); an exit code, the reason on stderr. */
+int psctl_command_check(const psctl_command *cmd, char **args, int nargs, int as_json, int csv, int force);
+/* Opens ss (ps_client initialised, timeout and token set) to k->server,
+ * runs k->cmd there and says BYE; an exit code. */
+int psctl_command_run(const psctl_call *k, struct session *ss);
 
 /* ---- session.c: talking to psd ---- */
 

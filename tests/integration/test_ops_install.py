@@ -10,6 +10,7 @@
 - With --prefix <dir> (and DESTDIR): the configuration under <dir>/etc/psd
   and the units naming <dir>/bin/psd.
 - psd, psworker and psctl answer --help with their whole usage, exit 0.
+- psd and psctl answer --version with "NAME X.Y.Z (protocol N)", one version.
 """
 
 import os
@@ -108,6 +109,19 @@ class InstallTest(unittest.TestCase):
             for line in r.stdout.splitlines():
                 self.assertLessEqual(len(line), 100, "%s --help: long line %r" % (prog, line))
             self.assertIsNone(re.search(r"\t", r.stdout))
+
+    def test_version(self):
+        # every program says its version in one form, the project's version from CMake
+        seen = set()
+        for prog in (Paths.psd, Paths.psctl):
+            r = harness.run([prog, "--version"])
+            self.assertEqual(r.returncode, 0, prog)
+            self.assertEqual(r.stderr, "", prog)
+            name = os.path.basename(prog)
+            m = re.fullmatch(name + r" (\d+\.\d+\.\d+) \(protocol (\d+)\)\n", r.stdout)
+            self.assertIsNotNone(m, "%s --version: %r" % (name, r.stdout))
+            seen.add(m.groups())
+        self.assertEqual(len(seen), 1, seen)
 
 
 if __name__ == "__main__":
