@@ -1,6 +1,7 @@
 /* admin.c - run-time control of psd: the ADMIN commands psctl sends (set,
- * pause, resume, pin, unpin, checkpoint, shutdown) and the configuration
- * reload that SIGHUP and `psctl set` share (srv_config_apply). */
+ * pause, resume, pin, unpin, checkpoint, shutdown, history, reset), one
+ * table of them with which only read, and the configuration reload that
+ * SIGHUP and `psctl set` share (srv_config_apply). */
 #include "server/dispatch/admin.h"
 
 #include <assert.h>
@@ -429,33 +430,69 @@ static void cmd_shutdown(srv_conn *c, ps_msg *m)
     c->srv->shutdown(c->srv, why);
 }
 
+static void cmd_pause_on(srv_conn *c, ps_msg *m)
+{
+    cmd_pause(c, m, 1);
+}
+
+static void cmd_resume(srv_conn *c, ps_msg *m)
+{
+    cmd_pause(c, m, 0);
+}
+
+static void cmd_unpin(srv_conn *c, ps_msg *m)
+{
+    srv_snap_unref(c->pinned);
+    c->pinned = NULL;
+    reply_ok(c, m->id, "unpinned");
+}
+
+/* The ADMIN commands, each declared once: its name, whether it only reads
+ * (then an admin that proved the workers' token may send it, see
+ * srv_admin_reads) and the function that answers it. A new command is a
+ * row here (and, for psctl, one in psctl's table). */
+static const struct srv_admin_command {
+    const char *name;
+    int reads;                              /* changes nothing in psd */
+    void (*run)(srv_conn *c, ps_msg *m);    /* as srv_handle_admin */
+} admin_commands[] = {
+    {"set", 0, cmd_set},
+    {"pause", 0, cmd_pause_on},
+    {"resume", 0, cmd_resume},
+    {"pin", 0, cmd_pin},
+    {"unpin", 0, cmd_unpin},
+    {"checkpoint", 0, cmd_checkpoint},
+    {"shutdown", 0, cmd_shutdown},
+    {"history", 1, cmd_history},
+    {"reset", 0, cmd_reset},
+};
+#define NADMIN_COMMANDS (sizeof admin_commands / sizeof admin_commands[0])
+
+static const struct srv_admin_command *admin_find(const char *name)
+{
+    for (size_t i = 0; i < NADMIN_COMMANDS; i++)
+        if (strcmp(name, admin_commands[i].name) == 0)
+            return &admin_commands[i];
+    return NULL;
+}
+
+int srv_admin_reads(const char *cmd)
+{
+    const struct srv_admin_command *a = admin_find(cmd);
+    return a && a->reads;
+}
+
 void srv_handle_admin(srv_conn *c, ps_msg *m)
 {
-    const char *cmd = m->cmd;
-    if (strcmp(cmd, "set") == 0)
-        cmd_set(c, m);
-    else if (strcmp(cmd, "pause") == 0)
-        cmd_pause(c, m, 1);
-    else if (strcmp(cmd, "resume") == 0)
-        cmd_pause(c, m, 0);
-    else if (strcmp(cmd, "pin") == 0)
-        cmd_pin(c, m);
-    else if (strcmp(cmd, "unpin") == 0) {
-        srv_snap_unref(c->pinned);
-        c->pinned = NULL;
-        reply_ok(c, m->id, "unpinned");
-    } else if (strcmp(cmd, "checkpoint") == 0)
-        cmd_checkpoint(c, m);
-    else if (strcmp(cmd, "shutdown") == 0)
-        cmd_shutdown(c, m);
-    else if (strcmp(cmd, "reset") == 0)
-        cmd_reset(c, m);
-    else if (strcmp(cmd, "history") == 0)
-        cmd_history(c, m);
-    else
-        srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
-                       "unknown admin command '%s' (known: set, pause, resume, pin, unpin, checkpoint, shutdown, "
-                       "history, reset)", cmd);
+    const struct srv_admin_command *a = admin_find(m->cmd);
+    if (a) {
+        a->run(c, m);
+        return;
+    }
+    char known[256] = "";
+    for (size_t i = 0, used = 0; i < NADMIN_COMMANDS && used < sizeof known; i++)
+        used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", admin_commands[i].name);
+    srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "unknown admin command '%s' (known: %s)", m->cmd, known);
 }
 
 /* ---- checkpoint requests ------------------------------------------------------- */

@@ -15,6 +15,11 @@
  * srv_admin_stop(). The caller has checked that c is an admin. */
 void srv_handle_admin(srv_conn *c, ps_msg *m);
 
+/* 1 when the ADMIN command named cmd only reads (its row in admin.c's
+ * table says so), so that an admin which proved the workers' token may
+ * send it; 0 for the others and for names that are no command. */
+int srv_admin_reads(const char *cmd);
+
 /* Answers `checkpoint` requests whose checkpoint is now written (or
  * failed), and starts the one they wait for when the pool was busy with an
  * older one. Called from psd's 250 ms tick. */

@@ -438,7 +438,7 @@ int srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return 0;
     }
-    int reads = m->type == PS_MSG_ADMIN && strcmp(m->cmd, "history") == 0; /* ADMIN history only reads */
+    int reads = m->type == PS_MSG_ADMIN && srv_admin_reads(m->cmd); /* e.g. ADMIN history */
     if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && !reads) || m->type == PS_MSG_PULL)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "%s%s%s refused: this admin connection proved the workers' token and may only read "

@@ -135,6 +135,19 @@ def rejected_auth(addr, token_path):
     return samples
 
 
+
+def psctl_commands():
+    """The command names `psctl --help` lists under Reading and under
+    Controlling."""
+    r = harness.run([harness.Paths.psctl, "--help"])
+    groups, cur = {}, None
+    for line in r.stdout.splitlines():
+        if line and not line.startswith(" "):
+            cur = groups.setdefault(line.split()[0].rstrip(":"), [])
+        elif cur is not None and line.startswith("  ") and not line.startswith("   "):
+            cur.append(line.split()[0])
+    return groups["Reading"], groups["Controlling"]
+
 class AuthTest(unittest.TestCase):
     def tokens(self, cl):
         self.wpath = os.path.join(cl.dir, "worker.token")
@@ -299,7 +312,8 @@ class AuthTest(unittest.TestCase):
 
     def test_the_workers_token_only_reads(self):
         """No admin_token_file: psctl with the workers' token sees status,
-        workers and metrics, and may change nothing nor pull the model."""
+        workers, metrics and history, and may change nothing nor pull the
+        model."""
         with harness.Cluster("psd-auth-readonly") as cl:
             self.tokens(cl)
             psd = cl.psd(workers=1, token=self.wtok, args=("--set", "token_file=" + self.wpath))
@@ -310,12 +324,18 @@ class AuthTest(unittest.TestCase):
                 self.assertIs(r["init"], True)
                 r = w.request({"t": T_INIT, "off": 0, "data": floats(np.zeros(TOTAL))})
                 self.assertEqual(r.get("t"), T_OK, r)
-                for cmd in ("status", "workers", "metrics"):
+                # psctl's table says which commands only read (its --help
+                # lists them under "Reading"): psd lets each of those through
+                # and refuses every other one
+                reading, controlling = psctl_commands()
+                self.assertEqual(set(reading), {"status", "workers", "metrics", "history"})
+                for cmd in reading:
                     r = ctl(psd.addr, self.wpath, cmd)
                     self.assertEqual(r.returncode, 0, "%s: %s" % (cmd, r.stderr))
                 self.assertIn("connected", ctl(psd.addr, self.wpath, "workers").stdout)
-                for args in (("pause",), ("resume",), ("set", "lr=0.1"), ("checkpoint",), ("shutdown",),
-                             ("save", os.path.join(cl.dir, "m.safetensors"))):
+                argv = {"set": ("set", "lr=0.1"), "save": ("save", os.path.join(cl.dir, "m.safetensors"))}
+                self.assertGreaterEqual(len(controlling), 7)
+                for args in (argv.get(cmd, (cmd,)) for cmd in controlling):
                     r = ctl(psd.addr, self.wpath, *args)
                     self.assertEqual(r.returncode, 1, "%s: %s" % (args, r.stdout))
                     self.assertIn("admin_token_file is not configured", r.stderr)
