@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "common/parse.h"
+#include "proto/ps_limits.h"
 #include "worker.h"
 
 /* psworker's flags for libpsclient's options come from the library's table
@@ -148,6 +149,7 @@ static void usage(FILE *f)
             "      --max-seconds S     stop training after S seconds of training time (at a step's\n"
             "                          end, as if the last epoch ended there; --snapshots then takes\n"
             "                          a last copy)\n"
+            "  -V, --version           print the version\n"
             "  -h, --help              this help\n"
             "\n"
             "The connection to psd (libpsclient's options, its psc_set key in brackets):\n");
@@ -198,7 +200,7 @@ int pw_options_parse(int argc, char **argv, wopts *o)
         {"batch", required_argument, NULL, 'b'},   {"eval", no_argument, NULL, 'E'},
         {"limit", required_argument, NULL, O_LIMIT}, {"test-limit", required_argument, NULL, O_TEST_LIMIT},
         {"seed", required_argument, NULL, O_SEED}, {"threads", required_argument, NULL, O_THREADS},
-        {"help", no_argument, NULL, 'h'},
+        {"help", no_argument, NULL, 'h'},         {"version", no_argument, NULL, 'V'},
         {"quiet", no_argument, NULL, 'q'},
         {"epoch-json", no_argument, NULL, O_EPOCH_JSON},
         {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
@@ -236,7 +238,7 @@ int pw_options_parse(int argc, char **argv, wopts *o)
     o->data_dir = getenv("PSD_DATA_DIR") ? getenv("PSD_DATA_DIR") : "data";
     int opt;
     uint64_t v;
-    while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:Eqh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "S:k:d:D:M:e:b:EqhV", longopts, NULL)) != -1) {
         if (opt == 'S' || opt == 'k')
             opt = O_LIB + lib_index(opt == 'S' ? "server" : "shard");
         if (opt >= O_LIB && opt < O_LIB + PW_LIB_OPTIONS_MAX) {
@@ -328,6 +330,9 @@ int pw_options_parse(int argc, char **argv, wopts *o)
             break;
         case 'h':
             usage(stdout);
+            return 0;
+        case 'V':
+            printf("psworker %s (protocol %d)\n", PSD_VERSION, PS_PROTO_VERSION);
             return 0;
         default:
             usage(stderr);

@@ -2,46 +2,11 @@
  * computes gradients on OpenBLAS and trains against psd with push-and-pull
  * steps through libpsclient (include/psd/client.h), as any other program
  * would. Progress goes to stderr; the last line on stdout is a JSON summary.
- * This file holds main() and the stop signals; the options are in
- * options.c, the training in train.c and train_plan.c, what the worker
- * tells in report.c. */
-#include <signal.h>
-#include <stdio.h>
-#include <string.h>
-
+ * This file holds main(); the options are in options.c, the training in
+ * train.c and train_plan.c, what the worker tells in report.c, the stop
+ * signals in stop.c. Calls go one way: main -> options, train ->
+ * train_plan, report, stop. */
 #include "worker.h"
-
-volatile sig_atomic_t pw_stop_signal;
-
-static void on_stop_signal(int sig)
-{
-    pw_stop_signal = sig;
-}
-
-void pw_stop_install(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    /* no SA_RESTART (the library retries its own EINTRs); SA_RESETHAND: a
-     * second signal kills at once, for a person who does not want to wait */
-    sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-}
-
-int pw_stop(psc_client *pc, int shard, int nshards, int epoch, size_t step)
-{
-    int sig = (int)pw_stop_signal;
-    const char *name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal";
-    char why[64];
-    snprintf(why, sizeof why, "stopped by %s", name);
-    psc_leave(pc, why); /* waits for a pipelined step in flight */
-    fprintf(stderr, "psworker %d/%d: %s at epoch %d step %zu: left psd; exiting with %d\n", shard, nshards, why,
-            epoch, step, 128 + sig);
-    return 128 + sig;
-}
 
 int main(int argc, char **argv)
 {

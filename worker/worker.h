@@ -1,7 +1,7 @@
 /* worker.h - psworker's parts, as its files share them: the options and the
  * connection to psd (options.c), the progress line, epoch reports and the
  * summary (report.c), the training loop (train.c), a job by psd's plan
- * (train_plan.c), and the stop signals (psworker.c, beside main). Names
+ * (train_plan.c), and the stop signals (stop.c); main() is psworker.c's. Names
  * start with pw_. psworker reaches psd only through libpsclient. */
 #ifndef PS_WORKER_WORKER_H
 #define PS_WORKER_WORKER_H
@@ -101,7 +101,7 @@ int pw_epoch_done(const wopts *o, psc_client *pc, ps_model *model, const ps_data
 /* The last line on stdout: the JSON summary of the run (see psworker --help). */
 void pw_summary(const wopts *o, psc_client *pc, const pw_result *res);
 
-/* ---- psworker.c: SIGTERM and SIGINT ---- */
+/* ---- stop.c: SIGTERM and SIGINT ---- */
 
 /* The signal received (0: none). The handler only records it; the training
  * looks between steps and calls pw_stop. */

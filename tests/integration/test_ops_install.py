@@ -10,7 +10,7 @@
 - With --prefix <dir> (and DESTDIR): the configuration under <dir>/etc/psd
   and the units naming <dir>/bin/psd.
 - psd, psworker and psctl answer --help with their whole usage, exit 0.
-- psd and psctl answer --version with "NAME X.Y.Z (protocol N)", one version.
+- psd, psworker and psctl answer --version with "NAME X.Y.Z (protocol N)", one version.
 """
 
 import os
@@ -113,7 +113,7 @@ class InstallTest(unittest.TestCase):
     def test_version(self):
         # every program says its version in one form, the project's version from CMake
         seen = set()
-        for prog in (Paths.psd, Paths.psctl):
+        for prog in (Paths.psd, Paths.psctl, Paths.psworker):
             r = harness.run([prog, "--version"])
             self.assertEqual(r.returncode, 0, prog)
             self.assertEqual(r.stderr, "", prog)
