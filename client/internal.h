@@ -28,7 +28,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "common/parse.h"
-#include "common/vec.h"
+#include "proto/vec.h"
 #include "proto/errors.h"
 #include "proto/layout.h"
 #include "proto/ps_limits.h"

@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <zstd.h>
 
-#include "common/vec.h"
 #include "proto/codec.h"
 #include "proto/errors.h"
+#include "proto/vec.h"
 
 void ps_codec_free(ps_codec *cd)
 {

@@ -9,7 +9,7 @@
 
 #include "server/dispatch/admin.h"
 #include "common/log.h"
-#include "common/vec.h"
+#include "proto/vec.h"
 #include "server/dispatch/handle.h"
 #include "server/policy/join.h"
 #include "server/policy/policy.h"

@@ -1,4 +1,4 @@
-/* test_vec.c - the bfloat16 conversions of common/vec.c (tensors on the
+/* test_vec.c - the bfloat16 conversions of proto/vec.c (tensors on the
  * wire): ps_bf16_from_f32 against exact bit patterns (ties to even both
  * ways, values either side of a tie, carries into the exponent, +-0,
  * denormals, +-inf, the largest finite values rounding to inf, NaN
@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/vec.h"
+#include "proto/vec.h"
 
 #ifdef VEC_ISA
 /* This build checks one instruction set (VEC_ISA: "sse2", "avx2" or
@@ -36,7 +36,7 @@
  * keeps vec.c's inclusion from redefining PS_MULTIVERSION). */
 #undef PS_MULTIVERSION
 #define PS_MULTIVERSION __attribute__((target(VEC_ISA)))
-#include "common/vec.c"
+#include "proto/vec.c"
 #define VARIANT VEC_ISA
 #define VARIANT_RUNS() __builtin_cpu_supports(VEC_ISA)
 #else
