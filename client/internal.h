@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/auth.h"
-#include "common/client.h"
+#include "common/conn.h"
 #include "common/hostport.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -46,7 +46,7 @@
 /* One connection: to psd, or with a model split over several psd, to the
  * one holding part [lo, hi) of the flat vector (links[i] holds part i). */
 typedef struct psc_link {
-    ps_client cl;
+    ps_conn cl;
     pthread_mutex_t lock;    /* the client's send lock */
     pthread_cond_t wake;     /* wakes the heartbeat thread */
     pthread_t hb_thread;

@@ -22,7 +22,7 @@ int psc_report(psc_client *c, uint32_t epoch, double loss, double acc, double te
             m.acc = acc;
             m.tloss = test_loss;
         }
-        rc = ps_client_call(&c->links[i].cl, &m, &r, c->timeout_ms);
+        rc = ps_conn_call(&c->links[i].cl, &m, &r, c->timeout_ms);
         if (rc != 0) {
             psc__lfail(c, i, rc);
             if (c->auto_reconnect && psc__recoverable(c, rc) && (rc = psc__reconnect(c)) == 0)
@@ -65,7 +65,7 @@ int psc_live_shards(psc_client *c, uint32_t *rank, uint32_t *count)
         return rc;
     ps_msg m, r;
     ps_msg_init(&m, PS_MSG_STATUS);
-    rc = ps_client_call(&c->links[0].cl, &m, &r, c->timeout_ms);
+    rc = ps_conn_call(&c->links[0].cl, &m, &r, c->timeout_ms);
     if (rc != 0)
         return psc__public_code(c, psc__lfail(c, 0, rc));
     const msgpack_object *ws = r.type == PS_MSG_STATUS_REPLY ? ps_map_get(r.body, "workers") : NULL;

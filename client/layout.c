@@ -109,7 +109,7 @@ void psc__unmake_links(psc_client *c)
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         ln->cl.send_lock = NULL;
-        ps_client_free(&ln->cl);
+        ps_conn_free(&ln->cl);
         psc__tseg_free(ln);
         pthread_mutex_destroy(&ln->lock);
         pthread_cond_destroy(&ln->wake);
@@ -164,7 +164,7 @@ static int make_links(psc_client *c)
     for (uint32_t i = 0; i < n; i++) {
         psc_link *ln = &c->links[i];
         size_t len = strcspn(p, ",");
-        ps_client_init(&ln->cl);
+        ps_conn_init(&ln->cl);
         pthread_mutex_init(&ln->lock, NULL);
         pthread_cond_init(&ln->wake, NULL);
         ln->cl.send_lock = &ln->lock;

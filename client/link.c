@@ -7,7 +7,7 @@ void psc__link_close(psc_link *ln)
 {
     psc__hb_stop(ln);
     pthread_mutex_lock(&ln->lock);
-    ps_client_close(&ln->cl);
+    ps_conn_close(&ln->cl);
     pthread_mutex_unlock(&ln->lock);
 }
 
@@ -56,7 +56,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     psc__hb_stop(ln);
     ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
     pthread_mutex_lock(&ln->lock);
-    int rc = ps_client_connect(&ln->cl, ln->server, c->quick ? 1000 : 10000);
+    int rc = ps_conn_connect(&ln->cl, ln->server, c->quick ? 1000 : 10000);
     pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
@@ -98,7 +98,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.has |= PS_F_TSHM;
         m.tshm = (ps_pidfd){(uint32_t)getpid(), (uint32_t)ln->tseg_fd};
     }
-    rc = ps_client_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, c->timeout_ms);
+    rc = ps_conn_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, c->timeout_ms);
     if (rc != 0)
         return rc;
     ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
@@ -263,7 +263,7 @@ static int do_open(psc_client *c)
  * hold, a bad shard or token, a protocol version). */
 int psc__recoverable(const psc_client *c, int rc)
 {
-    const ps_client *cl = &c->links[c->err_link].cl;
+    const ps_conn *cl = &c->links[c->err_link].cl;
     switch (rc) {
     case PS_ECLOSED:
     case PS_EIO:

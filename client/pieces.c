@@ -35,14 +35,14 @@ void *psc__pieces_send(void *arg)
             m.ndata = len;
             m.fin = off + len == n;
             m.base = j->ver[i];
-            int rc = ps_client_send(&ln->cl, &m);
+            int rc = ps_conn_send(&ln->cl, &m);
             if (rc == 0) {
                 ps_msg_init(&m, PS_MSG_PULL);
                 m.has = PS_F_OFF | PS_F_LEN | PS_F_MIN;
                 m.off = off;
                 m.len = len;
                 m.min = j->ver[i] + 1;
-                rc = ps_client_send(&ln->cl, &m);
+                rc = ps_conn_send(&ln->cl, &m);
             }
             j->rc[i] = rc;
         }
@@ -92,7 +92,7 @@ void psc__pieces_recv(psc_client *c, pieces_job *j)
                 continue;
             ps_msg r;
             if (rc == 0)
-                rc = ps_client_recv(&ln->cl, &r, c->timeout_ms);
+                rc = ps_conn_recv(&ln->cl, &r, c->timeout_ms);
             if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_ESTALE) {
                 acks[i]++; /* its round closed without this push: dropped, the pull answers */
                 c->dropped += i == 0 && acks[i] == np[i]; /* a step counts once, by part 0's fin */

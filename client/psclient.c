@@ -2,7 +2,7 @@
  * API of include/psd/client.h (handshake, initial values, pushes and pulls
  * chunked for big models, a model split over several psd, a shared-memory
  * segment, heartbeat threads, an asynchronous step, reconnects with
- * backoff); the wire itself is proto/ and common/client.c. This file owns
+ * backoff); the wire itself is proto/ and common/conn.c. This file owns
  * the client object: creating it, errors and their messages, what psd said
  * (getters), closing and freeing. The rest, by concern: options.c (the
  * table of options), layout.c (tensors, links, vectors, the segment),
@@ -50,7 +50,7 @@ const char *psc_errmsg(const psc_client *c)
         return "out of memory";
     if (c->err[0] || !c->links)
         return c->err[0] ? c->err : "no error";
-    return ps_client_error(&c->links[c->err_link].cl);
+    return ps_conn_error(&c->links[c->err_link].cl);
 }
 
 __attribute__((format(printf, 3, 4)))
@@ -215,7 +215,7 @@ void psc_leave(psc_client *c, const char *reason)
             }
             /* after an interrupted wait the reply may never be read
              * (the connection is mid-frame): psd acts on the bye anyway */
-            ps_client_call(&ln->cl, &m, &r, c->desync ? 1000 : 5000);
+            ps_conn_call(&ln->cl, &m, &r, c->desync ? 1000 : 5000);
         }
         psc__link_close(ln);
     }

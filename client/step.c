@@ -21,7 +21,7 @@ int psc__chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *val
         m.ndata = len;
         m.fin = k + len == n;
         m.base = base;
-        int rc = ps_client_send(&ln->cl, &m);
+        int rc = ps_conn_send(&ln->cl, &m);
         if (rc == 0 && c->pull_window == 0) /* option pull_window 0: each chunk waits for its OK */
             rc = psc__chunks_acks(c, ln, 1, type == PS_MSG_PUSH && ln == c->links);
         else if (rc == 0)
@@ -38,7 +38,7 @@ int psc__chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops)
 {
     for (size_t i = 0; i < sent; i++) {
         ps_msg r;
-        int rc = ps_client_recv(&ln->cl, &r, c->timeout_ms);
+        int rc = ps_conn_recv(&ln->cl, &r, c->timeout_ms);
         if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_ESTALE) {
             if (count_drops)
                 c->dropped += i + 1 == sent; /* the fin chunk's answer counts the step */
@@ -56,7 +56,7 @@ int psc__chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops)
 int psc__pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64_t n, uint64_t min)
 {
     unsigned window = c->pull_window ? c->pull_window : 1;
-    return ps_client_pull_chunks(&ln->cl, dst, off, n, min, c->chunk, window, &ln->version, c->timeout_ms);
+    return ps_conn_pull_chunks(&ln->cl, dst, off, n, min, c->chunk, window, &ln->version, c->timeout_ms);
 }
 
 /* The model version a push to ln says its gradient was computed on. */
@@ -88,7 +88,7 @@ static int pushpull_send(psc_client *c, psc_link *ln, uint64_t min)
         m.data = c->grads + ln->lo;
         m.ndata = n;
     }
-    return ps_client_send(&ln->cl, &m);
+    return ps_conn_send(&ln->cl, &m);
 }
 
 /* Reads the answer to pushpull_send into the parameter vector: over TCP
@@ -100,7 +100,7 @@ static int pushpull_recv(psc_client *c, psc_link *ln)
     float *dst = c->params + ln->lo;
     ps_msg r;
     if (ln->shm_ok) {
-        int rc = ps_client_recv(&ln->cl, &r, c->timeout_ms);
+        int rc = ps_conn_recv(&ln->cl, &r, c->timeout_ms);
         if (rc != 0)
             return rc;
         if (r.type != PS_MSG_PARAMS || !r.inshm || r.off != 0 || r.len != n)
@@ -109,7 +109,7 @@ static int pushpull_recv(psc_client *c, psc_link *ln)
         if (src != dst)
             memcpy(dst, src, n * sizeof(float));
     } else {
-        int rc = ps_client_recv_into(&ln->cl, &r, dst, n, c->timeout_ms);
+        int rc = ps_conn_recv_into(&ln->cl, &r, dst, n, c->timeout_ms);
         if (rc != 0)
             return rc;
         if (r.type != PS_MSG_PARAMS || r.off != 0 || r.ndata != n)
@@ -182,7 +182,7 @@ static int barrier(psc_client *c)
     ps_msg_init(&m, PS_MSG_BARRIER);
     m.has = PS_F_MVER;
     m.mver = in_step ? ln->version : 0;
-    int rc = ps_client_call(&ln->cl, &m, &r, c->timeout_ms);
+    int rc = ps_conn_call(&ln->cl, &m, &r, c->timeout_ms);
     if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_EBAD_TYPE) {
         PS_LOG(PS_LOG_INFO, "%s: psd does not know barrier (an older psd); steps go on without it", ln->server);
         c->barrier_refused = 1;

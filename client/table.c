@@ -34,7 +34,7 @@ static int tab_find(const psc_client *c, const char *name)
  * 0, or a library code with the error kept for psc_errmsg. */
 static int tab_call(psc_client *c, uint32_t i, ps_msg *m, ps_msg *r)
 {
-    int rc = ps_client_call(&c->links[i].cl, m, r, c->timeout_ms);
+    int rc = ps_conn_call(&c->links[i].cl, m, r, c->timeout_ms);
     return rc ? psc__lfail(c, i, rc) : 0;
 }
 
@@ -279,7 +279,7 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
             }
             if (c->links[p].tseg_ok)
                 tab_to_seg(&c->links[p], &m);
-            int r = ps_client_send(&c->links[p].cl, &m);
+            int r = ps_conn_send(&c->links[p].cl, &m);
             if (r != 0) {
                 rc = psc__lfail(c, p, r);
                 break;
@@ -294,7 +294,7 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                 continue;
             ps_msg r;
             size_t pfrom = pg->tfrom[p] + pd[p];
-            int r2 = ps_client_recv(&c->links[p].cl, &r, c->timeout_ms);
+            int r2 = ps_conn_recv(&c->links[p].cl, &r, c->timeout_ms);
             if (r2 == 0 && (r.has & PS_F_ID) && r.id != ids[p])
                 r2 = psc__fail(c, PSC_EMALFORMED, "table '%s': psd at %s answered request %llu, expected %llu",
                                t->def.name, c->links[p].server, (unsigned long long)r.id,
@@ -336,7 +336,7 @@ static int tab_retry(psc_client *c, int rc)
         return r2 ? r2 : tab_redeclare(c);
     }
     if (rc == PS_EREMOTE && c->links[c->err_link].cl.remote_code == -PS_ERANGE &&
-        strstr(ps_client_error(&c->links[c->err_link].cl), "unknown table"))
+        strstr(ps_conn_error(&c->links[c->err_link].cl), "unknown table"))
         return tab_redeclare(c);
     return rc;
 }

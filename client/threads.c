@@ -3,7 +3,7 @@
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
 
-/* ps_client's on_wait: psd told, answering a heartbeat, what a parked
+/* ps_conn's on_wait: psd told, answering a heartbeat, what a parked
  * pull of ours waits for. Runs on the thread receiving the step's reply. */
 void psc__on_wait(void *arg, const char *text, size_t len)
 {
@@ -78,7 +78,7 @@ static void *hb_main(void *arg)
             m.wait = 1;
             /* the send lock is held (the condition wait returned with it), so
              * no other frame can be half written: send without taking it */
-            ps_client_send_noreply_held(&ln->cl, &m);
+            ps_conn_send_noreply_held(&ln->cl, &m);
         }
     }
     pthread_mutex_unlock(&ln->lock);

@@ -313,7 +313,7 @@ int psctl_command_run(const psctl_call *k, session *ss)
     if (status == EXIT_OK && !(k->cmd->flags & PSCTL_NO_BYE)) {
         ps_msg m;
         ps_msg_init(&m, PS_MSG_BYE);
-        ps_client_send(&ss->c, &m);
+        ps_conn_send(&ss->c, &m);
     }
     return status;
 }

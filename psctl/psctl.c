@@ -197,13 +197,13 @@ int main(int argc, char **argv)
             else if (n > 1 && (!as_json || (cmd->flags & PSCTL_TEXT)))
                 printf("%s== psd %s (part %u of %u)\n", (cmd->flags & PSCTL_TEXT) ? "# " : (i ? "\n" : ""), list[i],
                        i + 1, n);
-            ps_client_init(&ss[i].c);
+            ps_conn_init(&ss[i].c);
             ss[i].timeout = timeout;
             ss[i].token = token;
             psctl_call k = {.cmd = cmd, .server = list[i], .args = args, .nargs = nargs, .as_json = as_json,
                             .csv = history_csv, .force = force};
             status = psctl_command_run(&k, &ss[i]);
-            ps_client_free(&ss[i].c);
+            ps_conn_free(&ss[i].c);
             ps_token_clear(&ss[i].token);
         }
         if (n > 1 && as_json && !(cmd->flags & PSCTL_TEXT) && status == EXIT_OK)

@@ -8,7 +8,7 @@
 #include <stdio.h>
 
 #include "common/auth.h"
-#include "common/client.h"
+#include "common/conn.h"
 
 enum { EXIT_OK = 0, EXIT_REMOTE = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_TIMEOUT = 4, EXIT_LOCAL = 5 };
 
@@ -72,14 +72,14 @@ void psctl_unknown_command(FILE *f, const char *name);
 /* Checks a call of cmd against its row (argument count and form, options
  * that do not apply); an exit code, the reason on stderr. */
 int psctl_command_check(const psctl_command *cmd, char **args, int nargs, int as_json, int csv, int force);
-/* Opens ss (ps_client initialised, timeout and token set) to k->server,
+/* Opens ss (ps_conn initialised, timeout and token set) to k->server,
  * runs k->cmd there and says BYE; an exit code. */
 int psctl_command_run(const psctl_call *k, struct session *ss);
 
 /* ---- session.c: talking to psd ---- */
 
 typedef struct session {
-    ps_client c;
+    ps_conn c;
     int timeout;
     ps_token token;     /* the secret, when psd requires one (len 0: none) */
     ps_layout layout;   /* from the WELCOME, when psd has one */
@@ -91,7 +91,7 @@ typedef struct session {
 /* The exit code for a client error code rc (0: EXIT_OK). */
 int psctl_exit_code(int rc);
 /* One line on stderr for a failed exchange with psd; returns its exit code. */
-int psctl_report(ps_client *c, int rc, int timeout);
+int psctl_report(ps_conn *c, int rc, int timeout);
 /* Connects ss->c to server and says hello as an admin (ss->timeout and
  * ss->token set); the layout and mode from the WELCOME. 0 or a PS_E* code. */
 int psctl_open(session *ss, const char *server);

@@ -50,7 +50,7 @@ static int save_rows(session *ss, const ps_st_table *t, uint64_t rows, uint8_t *
         snprintf(m.tab, sizeof m.tab, "%s", t->name);
         m.off = off;
         m.len = len;
-        int rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+        int rc = ps_conn_call(&ss->c, &m, &r, ss->timeout);
         if (rc != 0)
             return psctl_report(&ss->c, rc, ss->timeout);
         if (r.type != PS_MSG_ROWS || !(r.has & PS_F_KEYS) || r.keys.n != len || r.ndata != len * t->dim) {
@@ -105,7 +105,7 @@ static int save_tables_list(session *ss, ps_st_table **out, uint32_t *n)
     *out = NULL;
     *n = 0;
     ps_msg_init(&m, PS_MSG_STATUS);
-    int rc = ps_client_call(&ss->c, &m, &r, ss->timeout);
+    int rc = ps_conn_call(&ss->c, &m, &r, ss->timeout);
     if (rc != 0)
         return psctl_report(&ss->c, rc, ss->timeout);
     const msgpack_object *tl = r.type == PS_MSG_STATUS_REPLY ? ps_map_get(r.body, "tables") : NULL;
@@ -254,7 +254,7 @@ static int save_write(session *ss, uint32_t n, const uint64_t *versions, const p
             m.has = PS_F_OFF | PS_F_LEN;
             m.off = off;
             m.len = len;
-            int rc = ps_client_call(&ss[i].c, &m, &r, ss[i].timeout);
+            int rc = ps_conn_call(&ss[i].c, &m, &r, ss[i].timeout);
             if (rc != 0) {
                 status = psctl_report(&ss[i].c, rc, ss[i].timeout);
                 break;
@@ -372,7 +372,7 @@ int psctl_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token 
     uint32_t opened = 0;
     for (; opened < n && status == EXIT_OK; opened++) {
         session *s = &ss[opened];
-        ps_client_init(&s->c);
+        ps_conn_init(&s->c);
         s->timeout = timeout;
         s->token = *token;
         int rc = psctl_open(s, list[opened]);
@@ -431,8 +431,8 @@ int psctl_save_parts(session *ss, char (*list)[300], uint32_t n, const ps_token 
             psctl_admin(&ss[i], "unpin", NULL, 0, &r);
         ps_msg m;
         ps_msg_init(&m, PS_MSG_BYE);
-        ps_client_send(&ss[i].c, &m);
-        ps_client_free(&ss[i].c);
+        ps_conn_send(&ss[i].c, &m);
+        ps_conn_free(&ss[i].c);
         ps_token_clear(&ss[i].token);
     }
     if (status == EXIT_OK)

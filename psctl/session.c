@@ -24,28 +24,28 @@ int psctl_exit_code(int rc)
 }
 
 /* One line on stderr for a failed exchange with psd. */
-int psctl_report(ps_client *c, int rc, int timeout)
+int psctl_report(ps_conn *c, int rc, int timeout)
 {
     if (rc == PS_ETIMEOUT)
-        fprintf(stderr, "psctl: %s (nothing within %d ms; see --timeout)\n", ps_client_error(c), timeout);
+        fprintf(stderr, "psctl: %s (nothing within %d ms; see --timeout)\n", ps_conn_error(c), timeout);
     else if (rc == PS_ECONNECT)
-        fprintf(stderr, "psctl: %s (is psd running there? see --server)\n", ps_client_error(c));
+        fprintf(stderr, "psctl: %s (is psd running there? see --server)\n", ps_conn_error(c));
     else
-        fprintf(stderr, "psctl: %s\n", ps_client_error(c));
+        fprintf(stderr, "psctl: %s\n", ps_conn_error(c));
     return psctl_exit_code(rc);
 }
 
 int psctl_open(session *ss, const char *server)
 {
     ps_msg m, r;
-    int rc = ps_client_connect(&ss->c, server, ss->timeout);
+    int rc = ps_conn_connect(&ss->c, server, ss->timeout);
     if (rc != 0)
         return rc;
     ps_msg_init(&m, PS_MSG_HELLO);
     m.has = PS_F_VERSION | PS_F_ROLE;
     m.proto = PS_PROTO_VERSION;
     m.role = PS_ROLE_ADMIN;
-    rc = ps_client_hello(&ss->c, &m, ss->token.b, ss->token.len, &r, ss->timeout);
+    rc = ps_conn_hello(&ss->c, &m, ss->token.b, ss->token.len, &r, ss->timeout);
     if (rc != 0)
         return rc;
     snprintf(ss->mode, sizeof ss->mode, "%s", r.mode);
@@ -72,7 +72,7 @@ int psctl_admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r)
         }
         m.nargs = (uint32_t)nargs;
     }
-    int rc = ps_client_call(&ss->c, &m, r, ss->timeout);
+    int rc = ps_conn_call(&ss->c, &m, r, ss->timeout);
     if (rc == 0 && r->type != PS_MSG_OK) {
         snprintf(ss->c.err, sizeof ss->c.err, "psd answered %s with %s", cmd, ps_msg_type_name(r->type));
         return PS_EMALFORMED;
@@ -86,7 +86,7 @@ int psctl_ask(session *ss, uint32_t type, uint32_t want, const char *what, ps_ms
 {
     ps_msg m;
     ps_msg_init(&m, type);
-    int rc = ps_client_call(&ss->c, &m, r, ss->timeout);
+    int rc = ps_conn_call(&ss->c, &m, r, ss->timeout);
     if (rc != 0)
         return psctl_report(&ss->c, rc, ss->timeout);
     if (r->type != want) {

@@ -1,18 +1,18 @@
-/* client.h - a blocking connection to psd, for libpsclient (client/), psctl
- * and psbench's raw-protocol measurements.
+/* conn.h - a blocking connection to psd, the one under libpsclient (client/)
+ * and psctl: it is not the client library, only its wire end.
  *
- * One ps_client is one TCP connection: connect with a deadline, the hello
+ * One ps_conn is one TCP connection: connect with a deadline, the hello
  * handshake, request ids, and send/receive of whole frames. Tensor data is
  * sent straight from the caller's memory (writev) and received into the
  * client's own buffer, where the decoded message points: a received message
  * stays valid until the next receive on the same client.
  *
  * Functions return 0 or a negative PS_E* code and leave a readable reason in
- * ps_client_error(). A reply of type ERROR from psd is returned as
- * PS_EREMOTE, with psd's code in ps_client.remote_code and its message in the
+ * ps_conn_error(). A reply of type ERROR from psd is returned as
+ * PS_EREMOTE, with psd's code in ps_conn.remote_code and its message in the
  * error text. Not thread-safe: one thread per client at a time. */
-#ifndef PS_CLIENT_H
-#define PS_CLIENT_H
+#ifndef PS_CONN_H
+#define PS_CONN_H
 
 #include <pthread.h>
 #include <stddef.h>
@@ -21,7 +21,7 @@
 #include "proto/codec.h"
 #include "proto/msg.h"
 
-typedef struct ps_client {
+typedef struct ps_conn {
     int fd;                   /* -1 when not connected */
     char server[300];         /* "host:port" as given */
     uint64_t next_id;         /* request id of the next request */
@@ -39,7 +39,7 @@ typedef struct ps_client {
                                * read before widening (wire_dt bf16) */
     size_t narrow_cap;        /* values */
     int skip_zeros;           /* psd offered float32 without zeros (dt f32z) and the
-                               * owner wants it: ps_client_send then leaves +0.0
+                               * owner wants it: ps_conn_send then leaves +0.0
                                * values out of float32 pushes when that saves a
                                * sixteenth of the bytes or more (0 after init) */
     int compress;             /* psd offered compressed float32 (dt zstd) and the owner
@@ -84,7 +84,7 @@ typedef struct ps_client {
                                * every wait ends with PS_CLIENT_EINTR while it is
                                * set, until the owner clears it */
     char err[1024];           /* last error, for people */
-} ps_client;
+} ps_conn;
 
 /* Not a wire code: a wait ended by a signal (interrupted). The
  * connection may then be in the middle of a frame: close it. */
@@ -95,16 +95,16 @@ typedef struct ps_client {
  * compress does not cost a compressor's pass every push. */
 #define PS_ZSTD_REST 32
 
-/* Prepares c (no connection yet). Call ps_client_free when done. */
-void ps_client_init(ps_client *c);
-void ps_client_free(ps_client *c);
+/* Prepares c (no connection yet). Call ps_conn_free when done. */
+void ps_conn_init(ps_conn *c);
+void ps_conn_free(ps_conn *c);
 
 /* Connects to "host:port" within timeout_ms, with TCP_NODELAY. Returns 0,
  * PS_EINVAL for a bad address, PS_ECONNECT or PS_ETIMEOUT. */
-int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms);
+int ps_conn_connect(ps_conn *c, const char *hostport, int timeout_ms);
 
 /* Closes the connection (if any); c can connect again. */
-void ps_client_close(ps_client *c);
+void ps_conn_close(ps_conn *c);
 
 /* Sends m as one frame: assigns m->id (and sets PS_F_ID) from next_id
  * unless m already has one. Tensor bytes go straight from m->data; with
@@ -112,37 +112,37 @@ void ps_client_close(ps_client *c);
  * PULL and PUSHPULL ask for the reply in bfloat16 ("rdt"); with compress or
  * skip_zeros, float32 data of an INIT, PUSH or PUSHPULL may go compressed or
  * without its zeros. */
-int ps_client_send(ps_client *c, ps_msg *m);
+int ps_conn_send(ps_conn *c, ps_msg *m);
 
 /* Receives one frame within timeout_ms (-1: no limit) and decodes it into
  * out (psd's wait notices are consumed on the way, see on_wait). out (its data, text and body) is valid until the next receive. An
  * ERROR message is returned as PS_EREMOTE (out still holds it). Tensor data
  * that came as bfloat16 is widened into the client's `wide` buffer: out's
  * data is always float32. */
-int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms);
-/* As ps_client_recv, for a reply expected to carry n floats of tensor data
+int ps_conn_recv(ps_conn *c, ps_msg *out, int timeout_ms);
+/* As ps_conn_recv, for a reply expected to carry n floats of tensor data
  * (PARAMS): when it does, they are read straight into dst (no copy from the
  * receive buffer) and out->data points at dst. Any other reply (an ERROR,
- * another length) is received as ps_client_recv does. */
-int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms);
+ * another length) is received as ps_conn_recv does. */
+int ps_conn_recv_into(ps_conn *c, ps_msg *out, float *dst, size_t n, int timeout_ms);
 
 /* Pulls parameters [base, base + n) at version >= min into dst[0, n), as
  * PULLs of at most `chunk` floats with `window` of them in flight (the next
  * chunk is on the wire while this one is read), each read straight into
  * dst. *version is the version of the last chunk. libpsclient's and
  * psbench's chunked pulls. */
-int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t base, uint64_t n, uint64_t min, uint64_t chunk,
+int ps_conn_pull_chunks(ps_conn *c, float *dst, uint64_t base, uint64_t n, uint64_t min, uint64_t chunk,
                           unsigned window, uint64_t *version, int timeout_ms);
 
 /* Sends m without a request id: psd sends no reply (heartbeats). */
-int ps_client_send_noreply(ps_client *c, ps_msg *m);
+int ps_conn_send_noreply(ps_conn *c, ps_msg *m);
 
 /* The same for a caller that already holds *send_lock (a heartbeat thread
  * that waits on a condition variable with it). */
-int ps_client_send_noreply_held(ps_client *c, ps_msg *m);
+int ps_conn_send_noreply_held(ps_conn *c, ps_msg *m);
 
 /* send + recv; checks that the reply's id matches the request's. */
-int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
+int ps_conn_call(ps_conn *c, ps_msg *req, ps_msg *reply, int timeout_ms);
 
 /* The handshake: sends hello (a HELLO the caller filled in) and returns
  * psd's WELCOME in welcome (valid until the next receive). When psd
@@ -154,8 +154,8 @@ int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
  * need is ignored. Returns 0, PS_EREMOTE for psd's ERROR (AUTH for a wrong
  * token, LAYOUT, ...), PS_EAUTH when psd cannot prove it holds the token,
  * PS_EMALFORMED for an unexpected reply, or an I/O code. Call it once per
- * connection, right after ps_client_connect (and after every reconnect). */
-int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
+ * connection, right after ps_conn_connect (and after every reconnect). */
+int ps_conn_hello(ps_conn *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
                     int timeout_ms);
 
 /* Swaps the client's receive buffer with (*buf, *cap): afterwards the
@@ -163,11 +163,11 @@ int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t to
  * stays valid), and the client receives into the one handed over (which may
  * be NULL with cap 0; it grows as needed). For double-buffering pulled
  * parameters without a copy. */
-void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap);
+void ps_conn_swap_rbuf(ps_conn *c, uint8_t **buf, size_t *cap);
 /* The same for the buffer that received bfloat16 data was widened into. */
-void ps_client_swap_wide(ps_client *c, float **buf, size_t *cap);
+void ps_conn_swap_wide(ps_conn *c, float **buf, size_t *cap);
 
 /* The last error as one readable line. */
-const char *ps_client_error(const ps_client *c);
+const char *ps_conn_error(const ps_conn *c);
 
 #endif

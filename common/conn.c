@@ -1,6 +1,8 @@
-/* client.c - blocking psd connection (see client.h). */
+/* conn.c - a blocking connection to psd, under libpsclient and psctl (see
+ * conn.h): connect, frames out and in, replies by id, the hello. The form
+ * a tensor travels in (bfloat16, zstd, without zeros) is conn_form.c's. */
 #define _GNU_SOURCE /* ppoll, sigisemptyset */
-#include "client.h"
+#include "conn.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,11 +23,12 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "conn_form.h"
 #include "hostport.h"
 #include "log.h"
 #include "proto/errors.h"
 
-static int cfail(ps_client *c, int code, const char *fmt, ...)
+static int cfail(ps_conn *c, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -41,7 +44,7 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void ps_client_init(ps_client *c)
+void ps_conn_init(ps_conn *c)
 {
     memset(c, 0, sizeof *c);
     c->fd = -1;
@@ -53,9 +56,9 @@ void ps_client_init(ps_client *c)
 /* Frees a buffer and forgets its capacity. */
 #define DROP(p, cap) (free(p), (p) = NULL, (cap) = 0)
 
-void ps_client_free(ps_client *c)
+void ps_conn_free(ps_conn *c)
 {
-    ps_client_close(c);
+    ps_conn_close(c);
     DROP(c->rbuf, c->rcap);
     DROP(c->narrow, c->narrow_cap);
     DROP(c->zbuf, c->zbuf_cap);
@@ -67,14 +70,14 @@ void ps_client_free(ps_client *c)
     msgpack_zone_destroy(&c->zone);
 }
 
-void ps_client_close(ps_client *c)
+void ps_conn_close(ps_conn *c)
 {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
 }
 
-void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap)
+void ps_conn_swap_rbuf(ps_conn *c, uint8_t **buf, size_t *cap)
 {
     uint8_t *b = c->rbuf;
     size_t n = c->rcap;
@@ -84,7 +87,7 @@ void ps_client_swap_rbuf(ps_client *c, uint8_t **buf, size_t *cap)
     *cap = n;
 }
 
-void ps_client_swap_wide(ps_client *c, float **buf, size_t *cap)
+void ps_conn_swap_wide(ps_conn *c, float **buf, size_t *cap)
 {
     float *b = c->wide;
     size_t n = c->wide_cap;
@@ -94,20 +97,7 @@ void ps_client_swap_wide(ps_client *c, float **buf, size_t *cap)
     *cap = n;
 }
 
-/* Room for n values in *p (capacity *cap values, kept for reuse). */
-static int grow(ps_client *c, void **p, size_t *cap, size_t n, size_t esize)
-{
-    if (n <= *cap)
-        return 0;
-    void *q = realloc(*p, n * esize);
-    if (!q)
-        return cfail(c, PS_ENOMEM, "out of memory for %zu tensor values", n);
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
-const char *ps_client_error(const ps_client *c)
+const char *ps_conn_error(const ps_conn *c)
 {
     return c->err[0] ? c->err : "no error";
 }
@@ -129,7 +119,7 @@ static int64_t now_us(void)
  * with EINTR as a wait that slept from the start would; *blocked is then
  * 1 and *mask the caller's mask, to restore. Returns 1: readable; 0: not
  * yet. */
-static int spin_fd(ps_client *c, int64_t deadline, sigset_t *mask, int *blocked)
+static int spin_fd(ps_conn *c, int64_t deadline, sigset_t *mask, int *blocked)
 {
     sigset_t all, pending;
     *blocked = c->interrupted != NULL;
@@ -156,7 +146,7 @@ static int spin_fd(ps_client *c, int64_t deadline, sigset_t *mask, int *blocked)
 }
 
 /* Waits until fd is ready for events or the deadline (-1: none) passes. */
-static int wait_fd(ps_client *c, short events, int64_t deadline)
+static int wait_fd(ps_conn *c, short events, int64_t deadline)
 {
     sigset_t mask;
     int blocked = 0; /* spin_fd blocked signals; mask: the caller's */
@@ -205,7 +195,7 @@ static int wait_fd(ps_client *c, short events, int64_t deadline)
 /* Tries each address of res in turn until one connects (c->fd then set,
  * blocking). 0; PS_ECONNECT with *last_errno; or what waiting failed with
  * (the deadline passed), which ends the attempts. */
-static int connect_any(ps_client *c, const struct addrinfo *res, int64_t deadline, int *last_errno)
+static int connect_any(ps_conn *c, const struct addrinfo *res, int64_t deadline, int *last_errno)
 {
     int rc = PS_ECONNECT;
     for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) {
@@ -218,12 +208,12 @@ static int connect_any(ps_client *c, const struct addrinfo *res, int64_t deadlin
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
             if (errno != EINPROGRESS) {
                 *last_errno = errno;
-                ps_client_close(c);
+                ps_conn_close(c);
                 continue;
             }
             rc = wait_fd(c, POLLOUT, deadline);
             if (rc != 0) {
-                ps_client_close(c);
+                ps_conn_close(c);
                 return rc;
             }
             int soerr = 0;
@@ -232,7 +222,7 @@ static int connect_any(ps_client *c, const struct addrinfo *res, int64_t deadlin
             if (soerr != 0) {
                 *last_errno = soerr;
                 rc = PS_ECONNECT;
-                ps_client_close(c);
+                ps_conn_close(c);
                 continue;
             }
         }
@@ -244,14 +234,14 @@ static int connect_any(ps_client *c, const struct addrinfo *res, int64_t deadlin
     return rc;
 }
 
-int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
+int ps_conn_connect(ps_conn *c, const char *hostport, int timeout_ms)
 {
     char host[PS_HOSTPORT_HOST_MAX], perr[256], port_s[16];
     int port;
     struct addrinfo hints = {0}, *res = NULL;
     int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
 
-    ps_client_close(c);
+    ps_conn_close(c);
     snprintf(c->server, sizeof c->server, "%s", hostport);
     if (ps_hostport_parse(hostport, host, sizeof host, &port, perr, sizeof perr) != 0)
         return cfail(c, PS_EINVAL, "bad server address '%s': %s", hostport, perr);
@@ -284,7 +274,7 @@ int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms)
     return rc;
 }
 
-static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
+static int write_all(ps_conn *c, struct iovec *iov, int iovcnt)
 {
     while (iovcnt > 0) {
         /* MSG_NOSIGNAL: a peer that went away is an error to handle, not
@@ -309,135 +299,13 @@ static int write_all(ps_client *c, struct iovec *iov, int iovcnt)
     return 0;
 }
 
-/* 1 when m's tensor may be sent packed: float32 data of an INIT, PUSH or
- * PUSHPULL of at least min values. */
-/* A message whose reply carries parameters or rows psd may send packed:
- * PULL, PUSHPULL, and a TPULL by key or a TPUSHPULL (PROTOCOL.md 13.2);
- * not those answered in a shared segment ("inshm", "seg": float32 only). */
-static int pulls(const ps_msg *m)
-{
-    return ((m->type == PS_MSG_PULL || m->type == PS_MSG_PUSHPULL) && !m->inshm) ||
-           (!(m->has & PS_F_SEG) && ((m->type == PS_MSG_TPULL && (m->has & PS_F_KEYS)) || m->type == PS_MSG_TPUSHPULL));
-}
-
-/* A message whose data is a gradient, values or row gradients. */
-static int pushes(const ps_msg *m)
-{
-    return m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_TPUSH ||
-           m->type == PS_MSG_TPUSHPULL;
-}
-
-static int packable(const ps_msg *m, uint64_t min)
-{
-    int tensor = pushes(m) || m->type == PS_MSG_INIT;
-    return tensor && (m->has & PS_F_DATA) && m->dt == PS_DT_F32 && m->ndata >= min;
-}
-
-/* *nm: *o with its data replaced by zbuf's bytes of type dt; *m then
- * points at nm. The caller's message keeps its data (it may send it
- * again). */
-static void packed_msg(ps_client *c, ps_msg **m, ps_msg *nm, uint32_t dt, size_t bytes)
-{
-    *nm = **m;
-    nm->has |= PS_F_DT | PS_F_LEN;
-    nm->dt = dt;
-    nm->len = nm->ndata;
-    nm->packed = c->zbuf;
-    nm->packed_len = bytes;
-    nm->data = NULL;
-    *m = nm;
-}
-
-/* *m's float32 data as one zstd frame of its byte planes (PS_DT_F32ZSTD),
- * into *nm, when that is worth it (ps_codec_worth). Level 1:
- * about 600 MB/s for a gradient, which goes at about half its bytes where
- * inputs repeat a value (standardised blank pixels) or zeros. */
-static int compressed(ps_client *c, ps_msg **m, ps_msg *nm)
-{
-    if (!packable(*m, 1024))
-        return 0;
-    if (c->zrest) {
-        c->zrest--;
-        return 0;
-    }
-    size_t n = (size_t)(*m)->ndata, raw = n * sizeof(float), cap = ps_codec_zstd_bound(n);
-    int rc = grow(c, (void **)&c->zbuf, &c->zbuf_cap, cap, 1);
-    if (rc == 0)
-        rc = grow(c, (void **)&c->zshuf, &c->zshuf_cap, raw, 1);
-    if (rc != 0)
-        return rc;
-    ps_codec_planes_put(c->zshuf, n, 0, (*m)->data, n);
-    size_t got;
-    char zerr[128];
-    if ((rc = ps_codec_zstd_encode(&c->codec, c->zbuf, cap, c->zshuf, n, &got, zerr, sizeof zerr)) != 0)
-        return cfail(c, rc, "%s", zerr);
-    if (ps_codec_worth(got, raw)) {
-        packed_msg(c, m, nm, PS_DT_F32ZSTD, got);
-    } else {
-        c->zrest = PS_ZSTD_REST;
-        PS_LOG(PS_LOG_DEBUG, "%s: %zu bytes compress to %zu only: the next %d pushes go uncompressed", c->server,
-               raw, got, PS_ZSTD_REST);
-    }
-    return 0;
-}
-
-/* *m's float32 data without its zeros (PS_DT_F32Z), into *nm, when that
- * is worth it (ps_codec_worth). */
-static int without_zeros(ps_client *c, ps_msg **m, ps_msg *nm)
-{
-    if (!packable(*m, 64))
-        return 0;
-    const ps_msg *o = *m;
-    size_t n = (size_t)o->ndata, mb = (size_t)ps_f32z_mask_bytes(n);
-    /* a read-only count first: a dense gradient costs no packing */
-    if (!ps_codec_worth(ps_codec_f32z_size(o->data, n), n * sizeof(float)))
-        return 0;
-    int rc = grow(c, (void **)&c->zbuf, &c->zbuf_cap, mb + n * sizeof(float), 1);
-    if (rc != 0)
-        return rc;
-    uint64_t nz;
-    size_t bytes = ps_codec_f32z_encode(c->zbuf, o->data, n, &nz);
-    packed_msg(c, m, nm, PS_DT_F32Z, bytes);
-    nm->nz = nz;
-    return 0;
-}
-
-static int send_locked(ps_client *c, ps_msg *m)
+static int send_locked(ps_conn *c, ps_msg *m)
 {
     size_t dlen = 0;
     if (c->fd < 0)
         return cfail(c, PS_ECLOSED, "not connected");
     ps_msg nm;
-    if (c->wire_dt == PS_DT_BF16) {
-        int push = pushes(m);
-        if (pulls(m)) {
-            m->has |= PS_F_RDT;
-            m->rdt = PS_DT_BF16;
-        }
-        if (push && (m->has & PS_F_DATA) && m->dt == PS_DT_F32) {
-            /* the caller's m keeps its float32 data (it may send it again) */
-            int rc = grow(c, (void **)&c->narrow, &c->narrow_cap, (size_t)m->ndata, sizeof(uint16_t));
-            if (rc != 0)
-                return rc;
-            ps_codec_bf16_encode(c->narrow, m->data, (size_t)m->ndata);
-            nm = *m;
-            nm.has |= PS_F_DT;
-            nm.dt = PS_DT_BF16;
-            nm.data16 = c->narrow;
-            nm.data = NULL;
-            m = &nm;
-        }
-    }
-    if (c->compress && pulls(m) && !(m->has & PS_F_RDT)) {
-        /* the parameters or rows back compressed too, when that saves
-         * (else psd answers in float32) */
-        m->has |= PS_F_RDT;
-        m->rdt = PS_DT_F32ZSTD;
-    }
-    ps_msg *orig = m;
-    int rc = c->compress ? compressed(c, &m, &nm) : 0;
-    if (rc == 0 && m == orig && c->skip_zeros)
-        rc = without_zeros(c, &m, &nm);
+    int rc = ps_conn_form(c, &m, &nm);
     if (rc != 0)
         return rc;
     rc = ps_msg_encode(m, &c->wbuf, &dlen, NULL, NULL);
@@ -447,7 +315,7 @@ static int send_locked(ps_client *c, ps_msg *m)
     return write_all(c, iov, dlen ? 2 : 1);
 }
 
-static int send_msg(ps_client *c, ps_msg *m)
+static int send_msg(ps_conn *c, ps_msg *m)
 {
     if (c->send_lock)
         pthread_mutex_lock(c->send_lock);
@@ -457,7 +325,7 @@ static int send_msg(ps_client *c, ps_msg *m)
     return rc;
 }
 
-int ps_client_send(ps_client *c, ps_msg *m)
+int ps_conn_send(ps_conn *c, ps_msg *m)
 {
     if (!(m->has & PS_F_ID)) {
         m->id = c->next_id++;
@@ -466,19 +334,19 @@ int ps_client_send(ps_client *c, ps_msg *m)
     return send_msg(c, m);
 }
 
-int ps_client_send_noreply(ps_client *c, ps_msg *m)
+int ps_conn_send_noreply(ps_conn *c, ps_msg *m)
 {
     m->has &= ~PS_F_ID;
     return send_msg(c, m);
 }
 
-int ps_client_send_noreply_held(ps_client *c, ps_msg *m)
+int ps_conn_send_noreply_held(ps_conn *c, ps_msg *m)
 {
     m->has &= ~PS_F_ID;
     return send_locked(c, m);
 }
 
-static int read_full(ps_client *c, uint8_t *dst, size_t len, int64_t deadline)
+static int read_full(ps_conn *c, uint8_t *dst, size_t len, int64_t deadline)
 {
     size_t got = 0;
     while (got < len) {
@@ -500,7 +368,7 @@ static int read_full(ps_client *c, uint8_t *dst, size_t len, int64_t deadline)
 }
 
 /* Room for len bytes in c->rbuf. */
-static int rbuf_reserve(ps_client *c, size_t len)
+static int rbuf_reserve(ps_conn *c, size_t len)
 {
     if (len <= c->rcap)
         return 0;
@@ -514,7 +382,7 @@ static int rbuf_reserve(ps_client *c, size_t len)
 
 /* Decodes c->rbuf[0..len) into out; an ERROR becomes PS_EREMOTE.
  * bfloat16 data is widened into c->wide when `widen` is set. */
-static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
+static int decode_reply(ps_conn *c, size_t len, ps_msg *out, int widen)
 {
     char derr[256];
     msgpack_zone_clear(&c->zone);
@@ -537,8 +405,8 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
         if (zstd && ps_codec_zstd_check(out->packed, (size_t)out->packed_len, out->ndata) != 0)
             return cfail(c, PS_EMALFORMED, "%s: compressed parameters that are not one zstd frame of %llu float32 "
                          "values", c->server, (unsigned long long)out->ndata);
-        if ((rc = grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0 ||
-            (zstd && (rc = grow(c, (void **)&c->zin, &c->zin_cap, want, 1)) != 0))
+        if ((rc = ps_conn_grow(c, (void **)&c->wide, &c->wide_cap, (size_t)out->ndata, sizeof(float))) != 0 ||
+            (zstd && (rc = ps_conn_grow(c, (void **)&c->zin, &c->zin_cap, want, 1)) != 0))
             return rc;
         float mx;
         char zerr[160];
@@ -557,8 +425,8 @@ static int decode_reply(ps_client *c, size_t len, ps_msg *out, int widen)
     return 0;
 }
 
-/* One frame of ps_client_recv_into, by deadline. */
-static int recv_one(ps_client *c, ps_msg *out, float *dst, size_t n, int64_t deadline)
+/* One frame of ps_conn_recv_into, by deadline. */
+static int recv_one(ps_conn *c, ps_msg *out, float *dst, size_t n, int64_t deadline)
 {
     uint8_t hdr[PS_FRAME_HDR];
     uint32_t plen = 0;
@@ -595,7 +463,7 @@ static int recv_one(ps_client *c, ps_msg *out, float *dst, size_t n, int64_t dea
         if ((rc = read_full(c, (uint8_t *)dst, dbytes, deadline)) != 0)
             return rc;
     } else {
-        if ((rc = grow(c, (void **)&c->narrow, &c->narrow_cap, n, sizeof(uint16_t))) != 0 ||
+        if ((rc = ps_conn_grow(c, (void **)&c->narrow, &c->narrow_cap, n, sizeof(uint16_t))) != 0 ||
             (rc = read_full(c, (uint8_t *)c->narrow, dbytes, deadline)) != 0)
             return rc;
     }
@@ -623,7 +491,7 @@ static int is_wait_notice(const ps_msg *m)
     return m->type == PS_MSG_OK && (m->has & PS_F_WAIT) && m->wait;
 }
 
-int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int timeout_ms)
+int ps_conn_recv_into(ps_conn *c, ps_msg *out, float *dst, size_t n, int timeout_ms)
 {
     int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
     for (;;) {
@@ -635,12 +503,12 @@ int ps_client_recv_into(ps_client *c, ps_msg *out, float *dst, size_t n, int tim
     }
 }
 
-int ps_client_recv(ps_client *c, ps_msg *out, int timeout_ms)
+int ps_conn_recv(ps_conn *c, ps_msg *out, int timeout_ms)
 {
-    return ps_client_recv_into(c, out, NULL, 0, timeout_ms);
+    return ps_conn_recv_into(c, out, NULL, 0, timeout_ms);
 }
 
-int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t base, uint64_t n, uint64_t min, uint64_t chunk,
+int ps_conn_pull_chunks(ps_conn *c, float *dst, uint64_t base, uint64_t n, uint64_t min, uint64_t chunk,
                           unsigned window, uint64_t *version, int timeout_ms)
 {
     if (window < 1)
@@ -654,14 +522,14 @@ int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t base, uint64_t n, u
             m.off = base + asked;
             m.len = n - asked < chunk ? n - asked : chunk;
             m.min = min;
-            int rc = ps_client_send(c, &m);
+            int rc = ps_conn_send(c, &m);
             if (rc != 0)
                 return rc;
             asked += m.len;
         }
         uint64_t len = n - off < chunk ? n - off : chunk;
         ps_msg r;
-        int rc = ps_client_recv_into(c, &r, dst + off, (size_t)len, timeout_ms);
+        int rc = ps_conn_recv_into(c, &r, dst + off, (size_t)len, timeout_ms);
         if (rc != 0)
             return rc;
         if (r.type != PS_MSG_PARAMS || r.off != base + off || r.ndata != len)
@@ -676,12 +544,12 @@ int ps_client_pull_chunks(ps_client *c, float *dst, uint64_t base, uint64_t n, u
     return 0;
 }
 
-int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms)
+int ps_conn_call(ps_conn *c, ps_msg *req, ps_msg *reply, int timeout_ms)
 {
-    int rc = ps_client_send(c, req);
+    int rc = ps_conn_send(c, req);
     if (rc != 0)
         return rc;
-    rc = ps_client_recv(c, reply, timeout_ms);
+    rc = ps_conn_recv(c, reply, timeout_ms);
     if (rc != 0 && rc != PS_EREMOTE)
         return rc;
     if ((reply->has & PS_F_ID) && reply->id != req->id && reply->id != 0)
@@ -692,10 +560,10 @@ int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms)
 
 /* ---- the handshake ------------------------------------------------------ */
 
-int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
+int ps_conn_hello(ps_conn *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
                     int timeout_ms)
 {
-    int rc = ps_client_call(c, hello, welcome, timeout_ms);
+    int rc = ps_conn_call(c, hello, welcome, timeout_ms);
     if (rc != 0)
         return rc;
     if (welcome->type == PS_MSG_WELCOME) {
@@ -720,7 +588,7 @@ int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t to
     a.has = PS_F_CNONCE | PS_F_PROOF;
     ps_auth_random(a.cnonce, sizeof a.cnonce);
     ps_auth_client_proof(token, token_len, nonce, a.cnonce, hello, a.proof);
-    rc = ps_client_call(c, &a, welcome, timeout_ms);
+    rc = ps_conn_call(c, &a, welcome, timeout_ms);
     if (rc != 0)
         return rc;
     if (welcome->type != PS_MSG_WELCOME)
