@@ -10,13 +10,12 @@
  * not reachable (refused, unresolvable), 4 timed out, 5 a local file could
  * not be written (save). */
 #include <getopt.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/parse.h"
-#include "proto/errors.h"
+#include "proto/ps_limits.h"
 #include "psctl/psctl.h"
 
 #define DEFAULT_TIMEOUT_MS 5000
