@@ -13,7 +13,8 @@ against the real psd:
 - Declarations: the same TABLE again is OK, from another worker too; a
   different one is LAYOUT and leaves the connection open; bad ones (dim 0,
   an unknown optimizer, a hyper-parameter the optimizer does not take, ftrl
-  with a uniform init) are BAD_FIELD; an admin's TABLE or TPUSH is
+  with a uniform init, a scale whose rows could overflow float32: uniform
+  1e39, normal 1e38) are BAD_FIELD; an admin's TABLE or TPUSH is
   FORBIDDEN, its TPULL is answered; the 65th table is LIMIT.
 - Bad input changes nothing and psd goes on (a pull after each shows the
   rows as they were): an unknown table (RANGE), a wrong row dimension, a key
@@ -166,6 +167,19 @@ class Tables(unittest.TestCase):
             self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", opt="ftrl", hp={}), "ftrl uniform",
                          "must be zeros")
             self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="a b"), "a name with a space", "printable ASCII")
+            # initial rows that could overflow float32 (issue 47: accepted,
+            # then pulls of inf and every push NONFINITE)
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", scale=1e39), "uniform scale 1e39",
+                         "table 'x': scale 1e+39 is too large for rinit uniform: its values reach scale x 1, which "
+                         "must stay a finite float32, so scale must be below 3.4028236e+38")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", rinit="normal", scale=1e38), "normal scale 1e38",
+                         "scale 1e+38 is too large for rinit normal: its values reach scale x 8.57167435")
+            self.refused(w2, E_RANGE, {"t": T_TPULL, "tab": "x", "keys": keys(1)}, "refused tables are not declared",
+                         "unknown table 'x'")
+            self.ok(w2, dict(TABLE, tab="x", scale=3.4e38), "uniform scale 3.4e38")
+            big = self.rows(w2, "x", list(range(64)), 3)
+            self.assertTrue(np.isfinite(big).all(), big)
+            self.assertGreater(np.abs(big).max(), 1e38)
 
             # bad pushes: each changes nothing
             bad = [
@@ -241,8 +255,8 @@ class Tables(unittest.TestCase):
             self.ok(w, dict(TABLE, tab="w64", dim=64, rinit="zeros"), "w64")
             r = w.request({"t": T_TPULL, "tab": "w64", "keys": many}, timeout=60)
             self.assertEqual((r.get("t"), len(r["data"])), (T_ROWS, 4 << 22))
-            # 64 tables at most
-            for i in range(61):
+            # 64 tables at most: user_id, x, wide, w64 and 60 more
+            for i in range(60):
                 self.ok(w, dict(TABLE, tab="t%d" % i, dim=1), "table %d" % i)
             self.refused(w, E_LIMIT, dict(TABLE, tab="one_more", dim=1), "65th table",
                          "psd holds 64 tables already")
