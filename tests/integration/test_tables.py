@@ -44,11 +44,14 @@ against the real psd:
   a closed round is STALE (a TPUSHPULL's rows still come).
 """
 
+import csv
+import io
 import json
 import os
 import struct
 import sys
 import unittest
+import urllib.request
 
 import numpy as np
 
@@ -292,6 +295,45 @@ class Tables(unittest.TestCase):
             self.assertEqual(harness.metric(samples, "psd_table_rows_pushed_total", table="user_id"), 3)
             self.assertEqual(harness.metric(samples, "psd_table_rows_pulled_total", table="user_id"), 4)
             self.assertEqual(harness.metric(samples, "psd_table_bytes", table="user_id"), t["bytes"])
+            w.close()
+
+    def test_odd_table_name_in_metrics_and_csv(self):
+        """A legal table name (any printable ASCII but space) holding a
+        double quote, a comma, a backslash and markup: escaped in the
+        metrics' labels, which promtool accepts from psctl metrics and GET
+        /metrics alike; quoted in history's CSV (RFC 4180), whose rows all
+        parse to 6 fields."""
+        odd = 'q",\\x</script>'
+        with harness.Cluster("test-tables-names") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "metrics_listen=127.0.0.1:0"))
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            self.ok(w, dict(TABLE, tab=odd), "declare the odd name")
+            self.ok(w, {"t": T_TPUSH, "tab": odd, "keys": keys(1, 2), "base": 0, "data": floats(*[0.5] * 6)},
+                    "push")
+            maddr = harness.status(psd.addr)["metrics_listen"]
+            with urllib.request.urlopen("http://%s/metrics" % maddr, timeout=TIMEOUT) as r:
+                http = r.read().decode()
+            for where, text in (("psctl metrics", harness.metrics(psd.addr)), ("GET /metrics", http)):
+                self.assertIn('psd_table_rows{table="q\\",\\\\x</script>"} 2\n', text, where)
+                self.assertTrue(harness.promtool_check(self, text), "promtool is needed for this test")
+                samples, _ = harness.parse_prometheus(text)
+                self.assertEqual(harness.metric(samples, "psd_table_rows", table=odd), 2, where)
+                self.assertEqual(harness.metric(samples, "psd_table_rows_pushed_total", table=odd), 2, where)
+
+            def history():
+                # psd samples its tables once a second
+                r = harness.psctl(psd.addr, "history", "--csv")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                rows = list(csv.reader(io.StringIO(r.stdout)))
+                return rows if any(f[:2] == ["table", odd] for f in rows) else None
+
+            rows = harness.wait_until(history, 10, "a history sample of the table", interval=0.2)
+            self.assertEqual(rows[0], ["series", "shard", "t", "version", "column", "value"])
+            self.assertEqual({len(f) for f in rows}, {6}, [f for f in rows if len(f) != 6][:3])
+            mine = [f for f in rows if f[:2] == ["table", odd]]
+            self.assertIn("rows", [f[4] for f in mine])
+            self.assertEqual([f[5] for f in mine if f[4] == "rows"][-1], "2")
             w.close()
 
     def test_parked_pull(self):
