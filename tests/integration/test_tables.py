@@ -41,7 +41,8 @@ against the real psd:
   (three orders, against NumPy's float32 sums in shard order); a pull for
   the next version waits for the round; a key twice from one worker in a
   round, or a table push after the worker's step, is DUPLICATE; a push for
-  a closed round is STALE (a TPUSHPULL's rows still come).
+  a closed round is STALE (a TPUSHPULL's rows still come). Two pushes of
+  -3.4e38 for a key, whose float32 sum overflows, apply their finite mean.
 """
 
 import csv
@@ -427,6 +428,38 @@ class Tables(unittest.TestCase):
             for w in ws:
                 w.close()
             return got
+
+    def test_bsp_sum_past_float32(self):
+        """Two workers each push -3.4e38 for a key: the float32 sum
+        overflows, the mean does not; the round applies the mean (issue 47:
+        the round's table update was dropped as non-finite)."""
+        with harness.Cluster("test-tables-bsp-wide") as cl:
+            psd = cl.psd(mode="bsp", workers=2)
+            ws = [self.worker(psd, k, 2) for k in range(2)]
+            tab = dict(TABLE, rinit="zeros", opt="sgd", hp={"lr": 1.0})
+            for w in ws:
+                self.ok(w, tab, "declare")
+            g = [np.array([[-3.4e38, 1.0, 0.5], [0.1, 0.2, 0.3]], np.float32),
+                 np.array([[-3.4e38, 3.0, 0.25], [0.1, 0.2, 0.3]], np.float32)]
+            for k in (1, 0):
+                self.ok(ws[k], {"t": T_TPUSH, "tab": "user_id", "keys": keys(7, 8), "base": 0,
+                                "data": g[k].tobytes()}, "shard %d's rows" % k)
+            for k in (1, 0):  # the dense pushes that complete the workers' steps
+                ws[k].send_frame({"t": T_PUSH, "id": 90, "off": 0, "base": 0, "data": floats(0, 0, 0, 0)})
+            for k in (1, 0):
+                r = ws[k].recv_frame(TIMEOUT)
+                self.assertEqual((r.get("t"), r.get("id")), (T_OK, 90), r)
+            got = self.rows(ws[0], "user_id", [7, 8], 3, min=1)
+            # the mean of each key's two rows, in double, rounded once; sgd
+            # with lr 1 from zeros: its negation
+            want = (-((g[0].astype(np.float64) + g[1].astype(np.float64)) * 0.5)).astype(np.float32)
+            self.assertTrue(np.isfinite(got).all(), got)
+            self.assertEqual(got.tobytes(), want.tobytes(), "%r, want %r" % (got, want))
+            self.assertEqual(harness.status(psd.addr)["version"], 1)
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_nonfinite_updates_total"), 0)
+            for w in ws:
+                w.close()
 
     def test_bsp_kept_rows_bounded(self):
         """A BSP round's kept table pushes count against max_table_memory: a
