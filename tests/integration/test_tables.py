@@ -43,6 +43,8 @@ against the real psd:
   round, or a table push after the worker's step, is DUPLICATE; a push for
   a closed round is STALE (a TPUSHPULL's rows still come). Two pushes of
   -3.4e38 for a key, whose float32 sum overflows, apply their finite mean.
+- A table-only job (version 0 throughout) keeps checkpoint_keep
+  checkpoints, and a spoiled newest one falls back to the one before.
 """
 
 import csv
@@ -525,6 +527,51 @@ class Tables(unittest.TestCase):
     def declare_both(self, w):
         self.ok(w, dict(TABLE, tab="emb", dim=4, opt="adam", hp={"lr": 0.01}, seed=3), "emb")
         self.ok(w, dict(TABLE, tab="lin", dim=2, rinit="zeros", opt="ftrl", hp={"lr": 0.1, "l1": 0.5}), "lin")
+
+    def test_table_only_job_keeps_checkpoints(self):
+        """A job that only pushes rows (its version stays 0) keeps
+        checkpoint_keep checkpoints, each its own file; a spoiled newest one
+        is skipped at start for the one before, with its rows (issue 47:
+        every checkpoint replaced the one file of version 0)."""
+        with harness.Cluster("test-tables-ckpt-keep") as cl:
+            state = os.path.join(cl.dir, "state")
+            args = ("--state-dir", state, "--set", "checkpoint_interval=0", "--set", "checkpoint_keep=3")
+            psd = cl.psd(mode="asgd", workers=1, args=args)
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            rows = []
+            with RawClient(psd.addr, TIMEOUT) as a:
+                a.hello_admin()
+                for i in range(5):
+                    self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1, 2), "base": 0,
+                                "data": floats(*[0.5 * (i + 1)] * 6)}, "push %d" % i)
+                    rows.append(self.rows(w, "user_id", [1, 2], 3))
+                    self.assertEqual(a.request({"t": harness.T_ADMIN, "cmd": "checkpoint"}).get("t"), T_OK)
+                    if i == 1:  # nothing changed since: the same file again, not one more
+                        self.assertEqual(a.request({"t": harness.T_ADMIN, "cmd": "checkpoint"}).get("t"), T_OK)
+            self.assertEqual(harness.status(psd.addr)["version"], 0)
+            os.kill(psd.pid, 9)
+            psd.wait(10)
+            w.close()
+            files = sorted(f for f in os.listdir(state) if f.endswith(".psdc"))
+            self.assertEqual(files, ["ckpt-%020d_%010d.psdc" % (0, n) for n in (2, 3, 4)])
+
+            # the newest spoiled: psd says so and loads the one before
+            newest = os.path.join(state, files[-1])
+            with open(newest, "r+b") as f:
+                f.seek(os.path.getsize(newest) // 2)
+                b = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([b[0] ^ 0xff]))
+            psd2 = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
+            err = psd2.stderr()
+            self.assertIn("checkpoint %s is unusable" % newest, err)
+            self.assertIn("loaded checkpoint %s: model version 0" % os.path.join(state, files[-2]), err)
+            w = self.worker(psd2, init=False)
+            self.assertEqual(self.rows(w, "user_id", [1, 2], 3).tobytes(), rows[3].tobytes())
+            self.assertNotEqual(rows[3].tobytes(), rows[4].tobytes())
+            w.close()
+            psd2.stop()
 
     def test_checkpoint_kill_restart(self):
         """Tables and their optimizer state come back bit for bit after
