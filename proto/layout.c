@@ -246,6 +246,17 @@ static int parse_piece(const ps_tensor_desc *t, char *base, uint32_t *ndim, uint
     return 0;
 }
 
+int ps_layout_first_piece(const ps_layout *l)
+{
+    char base[PS_NAME_MAX + 1];
+    uint32_t ndim, dims[PS_DIMS_MAX];
+    uint64_t x, y;
+    for (uint32_t k = 0; k < l->ntensors; k++)
+        if (parse_piece(&l->t[k], base, &ndim, dims, &x, &y) == 0)
+            return (int)k;
+    return -1;
+}
+
 __attribute__((format(printf, 3, 4)))
 static int join_fail(char *err, size_t errlen, const char *fmt, ...)
 {

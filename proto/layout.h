@@ -105,6 +105,11 @@ int ps_layout_part(const ps_layout *l, uint32_t i, uint32_t n, ps_layout *out, u
  * that does not continue the last). */
 int ps_layout_join(const ps_layout *const *parts, uint32_t n, ps_layout *out, char *err, size_t errlen);
 
+/* The index of l's first tensor that is a piece of a cut tensor (a name
+ * "name(d0xd1...)[x:y]", as ps_layout_part makes them), or -1 when it has
+ * none: l is then a whole model, or a part whose bounds cut no tensor. */
+int ps_layout_first_piece(const ps_layout *l);
+
 /* Writes "name[d0,d1] ..." into buf for log messages; always NUL-terminates. */
 void ps_layout_describe(const ps_layout *l, char *buf, size_t len);
 

@@ -113,6 +113,29 @@ static const char *hp_bad(int id, double v)
     }
 }
 
+/* The least double that rounds to infinity as a float32: 2^128 - 2^103,
+ * halfway between FLT_MAX and 2^128 (a tie, rounded to the even 2^128). */
+#define FLOAT32_INF_FROM (0x1p128 - 0x1p103)
+
+double ps_rinit_reach(uint32_t rinit)
+{
+    switch (rinit) {
+    case PS_RINIT_UNIFORM:
+        return 1.0; /* |2u - 1| for u in [0, 1): 1 at u = 0 */
+    case PS_RINIT_NORMAL:
+        /* Box-Muller's radius at the largest u, 1 - 2^-53 (1 - u is then
+         * 2^-53 exactly), times |cos| at most 1: sqrt(106 ln 2) */
+        return sqrt(-2.0 * log(0x1p-53));
+    default:
+        return 0.0;
+    }
+}
+
+int ps_rinit_scale_ok(uint32_t rinit, double scale)
+{
+    return scale * ps_rinit_reach(rinit) < FLOAT32_INF_FROM;
+}
+
 int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const char *rinit, int has_scale,
                       double scale, uint64_t seed, const char *opt, const ps_hp *hp, char *err, size_t errlen)
 {
@@ -137,6 +160,10 @@ int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const cha
         if (!has_scale || !isfinite(scale) || !(scale > 0))
             return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': rinit %s needs 'scale', a finite number > 0 (%s)", name, rinit,
                         r == PS_RINIT_UNIFORM ? "values from uniform(-scale, scale)" : "the standard deviation");
+        if (!ps_rinit_scale_ok((uint32_t)r, scale))
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "table '%s': scale %g is too large for rinit %s: its values reach "
+                           "scale x %.9g, which must stay a finite float32, so scale must be below %.8g", name, scale,
+                           rinit, ps_rinit_reach((uint32_t)r), FLOAT32_INF_FROM / ps_rinit_reach((uint32_t)r));
         d->scale = scale;
     }
     d->seed = seed;

@@ -71,11 +71,20 @@ uint32_t ps_topt_state_per_value(uint32_t opt);
 uint32_t ps_topt_hps(uint32_t opt);
 int ps_topt_has_step(uint32_t opt);
 
+/* The largest magnitude rinit's values reach before they are multiplied
+ * by scale (13.3): 1 for uniform, sqrt(-2 ln 2^-53) = 8.5716743... for
+ * normal, 0 for zeros. */
+double ps_rinit_reach(uint32_t rinit);
+/* 1 when scale x ps_rinit_reach(rinit) rounds to a finite float32 (is
+ * below 2^128 - 2^103), so that every initial row is finite. */
+int ps_rinit_scale_ok(uint32_t rinit, double scale);
+
 /* Builds a checked declaration from a TABLE's fields: name, dim, the rinit
  * and opt names (NUL-terminated), scale (has_scale: it was sent), seed and
  * hp. Returns 0, or PS_EBAD_FIELD with the reason in err (an unknown rinit
  * or opt, a bad name or dim, scale missing or not > 0 where rinit needs
- * it, a hyper-parameter opt does not take or out of its bounds, ftrl with
+ * it, or so large that a row's values could overflow float32, a
+ * hyper-parameter opt does not take or out of its bounds, ftrl with
  * another rinit than zeros). */
 int ps_table_def_make(ps_table_def *d, const char *name, uint64_t dim, const char *rinit, int has_scale,
                       double scale, uint64_t seed, const char *opt, const ps_hp *hp, char *err, size_t errlen);

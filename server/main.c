@@ -354,8 +354,8 @@ static int reshard(psd *s, const char *from, const char *part)
                         "goes\n");
         return 2;
     }
-    uint64_t *vers = NULL;
-    size_t nv = srv_ckpt_list_versions(s->cfg.state_dir, &vers);
+    srv_ckpt_id *vers = NULL;
+    size_t nv = srv_ckpt_list(s->cfg.state_dir, &vers);
     free(vers);
     if (nv > 0) {
         fprintf(stderr, "psd: --reshard-from: the new part's state dir %s holds a checkpoint already; give an "

@@ -180,6 +180,8 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
     return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
 }
 
+static int saved(const psd *s);
+
 static void job_free(ckpt_job *j)
 {
     srv_snap_unref(j->snap);
@@ -211,8 +213,20 @@ static ckpt_job *job_new(psd *s)
         return NULL;
     }
     j->version = j->snap->version; /* Hogwild!: the counter the copy was taken after */
-    srv_ckpt_path(j->path, sizeof j->path, j->dir, j->version, "");
-    srv_ckpt_path(j->tmp, sizeof j->tmp, j->dir, j->version, ".tmp");
+    srv_ckpt_id id = {.version = j->version, .seq = 0};
+    srv_ckpt_id *ids;
+    size_t nid = srv_ckpt_list(j->dir, &ids);
+    for (size_t i = 0; i < nid; i++)
+        if (ids[i].version == j->version) {
+            /* another of this version (a table push moves no version):
+             * its own file, so checkpoint_keep keeps that many; the same
+             * one again when nothing changed since it was written */
+            id.seq = ids[i].seq + !saved(s);
+            break;
+        }
+    free(ids);
+    srv_ckpt_path(j->path, sizeof j->path, j->dir, id, "");
+    srv_ckpt_path(j->tmp, sizeof j->tmp, j->dir, id, ".tmp");
     j->n = s->model.layout.total;
     j->nstate = srv_optim_state_buffers(&s->model.opt, bufs, names, CKPT_MAX_STATE);
     for (size_t i = 0; i < j->nstate; i++)
@@ -395,8 +409,8 @@ static void job_write(ckpt_job *j)
 static void job_finish(psd *s, ckpt_job *j)
 {
     if (j->res.rc == 0) {
-        uint64_t *vers; /* keep the newest `keep` */
-        size_t nv = srv_ckpt_list_versions(j->dir, &vers);
+        srv_ckpt_id *vers; /* keep the newest `keep` */
+        size_t nv = srv_ckpt_list(j->dir, &vers);
         for (size_t i = (size_t)j->keep; i < nv; i++) {
             char old[PS_CONFIG_PATH_MAX + 64];
             srv_ckpt_path(old, sizeof old, j->dir, vers[i], "");

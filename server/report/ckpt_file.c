@@ -1,5 +1,6 @@
 /* ckpt_file.c - the state dir's checkpoint files: their names
- * (ckpt-<version>.psdc, and .tmp while written), listing them newest
+ * (ckpt-<version>.psdc, ckpt-<version>_<n>.psdc for the n-th more of one
+ * version, and .tmp while written), listing them newest
  * first, removing what an interrupted write left; the format's integers.
  * Owns nothing. */
 #include <dirent.h>
@@ -25,32 +26,47 @@ uint32_t srv_ckpt_get_u32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int is_ckpt_name(const char *name, uint64_t *version)
+/* n digits at p as a number into *v; 0, or -1 when one is not a digit. */
+static int digits(const char *p, int n, uint64_t *v)
 {
-    size_t n = strlen(name);
-    if (n != 5 + 20 + 5 || strncmp(name, "ckpt-", 5) != 0 || strcmp(name + 25, ".psdc") != 0)
-        return 0;
-    uint64_t v = 0;
-    for (int i = 5; i < 25; i++) {
-        if (name[i] < '0' || name[i] > '9')
-            return 0;
-        v = v * 10 + (uint64_t)(name[i] - '0');
+    *v = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return -1;
+        *v = *v * 10 + (uint64_t)(p[i] - '0');
     }
-    *version = v;
+    return 0;
+}
+
+/* ckpt-<20 digits>.psdc or ckpt-<20 digits>_<10 digits>.psdc, then
+ * suffix: 1 with its id, or 0. */
+static int is_ckpt_name(const char *name, const char *suffix, srv_ckpt_id *id)
+{
+    size_t n = strlen(name), sl = strlen(suffix);
+    uint64_t v, q = 0;
+    if (n < sl || strcmp(name + n - sl, suffix) != 0 || strncmp(name, "ckpt-", 5) != 0)
+        return 0;
+    n -= sl;
+    if (n == 5 + 20 + 5) {
+        if (strncmp(name + 25, ".psdc", 5) != 0 || digits(name + 5, 20, &v) != 0)
+            return 0;
+    } else if (n == 5 + 20 + 11 + 5) {
+        if (name[25] != '_' || strncmp(name + 36, ".psdc", 5) != 0 || digits(name + 5, 20, &v) != 0 ||
+            digits(name + 26, 10, &q) != 0 || q == 0 || q > UINT32_MAX)
+            return 0;
+    } else {
+        return 0;
+    }
+    id->version = v;
+    id->seq = (uint32_t)q;
     return 1;
 }
 
-/* A checkpoint being written: ckpt-<20 digits>.psdc.tmp. */
+/* A checkpoint being written: its name and .tmp. */
 static int is_ckpt_tmp_name(const char *name)
 {
-    uint64_t v;
-    char base[32];
-    size_t n = strlen(name);
-    if (n != 5 + 20 + 5 + 4 || strcmp(name + 30, ".tmp") != 0)
-        return 0;
-    memcpy(base, name, 30);
-    base[30] = 0;
-    return is_ckpt_name(base, &v);
+    srv_ckpt_id id;
+    return is_ckpt_name(name, ".tmp", &id);
 }
 
 /* Removes the checkpoints a psd killed while writing them left behind
@@ -79,32 +95,33 @@ void srv_ckpt_remove_leftovers(const char *dir)
 
 static int cmp_desc(const void *a, const void *b)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
+    const srv_ckpt_id *x = a, *y = b;
+    if (x->version != y->version)
+        return x->version < y->version ? 1 : -1;
+    return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
 }
 
-/* Lists checkpoint versions in dir, newest first. *out is malloc'd. */
-size_t srv_ckpt_list_versions(const char *dir, uint64_t **out)
+size_t srv_ckpt_list(const char *dir, srv_ckpt_id **out)
 {
     DIR *d = opendir(dir);
     size_t n = 0, cap = 0;
-    uint64_t *v = NULL;
+    srv_ckpt_id *v = NULL;
     *out = NULL;
     if (!d)
         return 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        uint64_t ver;
-        if (!is_ckpt_name(e->d_name, &ver))
+        srv_ckpt_id id;
+        if (!is_ckpt_name(e->d_name, "", &id))
             continue;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 16;
-            uint64_t *t = realloc(v, nc * sizeof *v);
+            srv_ckpt_id *t = realloc(v, nc * sizeof *v);
             if (!t)
                 break;
             v = t, cap = nc;
         }
-        v[n++] = ver;
+        v[n++] = id;
     }
     closedir(d);
     if (n)
@@ -113,7 +130,10 @@ size_t srv_ckpt_list_versions(const char *dir, uint64_t **out)
     return n;
 }
 
-void srv_ckpt_path(char *buf, size_t len, const char *dir, uint64_t version, const char *suffix)
+void srv_ckpt_path(char *buf, size_t len, const char *dir, srv_ckpt_id id, const char *suffix)
 {
-    snprintf(buf, len, "%s/ckpt-%020" PRIu64 ".psdc%s", dir, version, suffix);
+    if (id.seq)
+        snprintf(buf, len, "%s/ckpt-%020" PRIu64 "_%010" PRIu32 ".psdc%s", dir, id.version, id.seq, suffix);
+    else
+        snprintf(buf, len, "%s/ckpt-%020" PRIu64 ".psdc%s", dir, id.version, suffix);
 }

@@ -23,9 +23,21 @@ uint32_t srv_ckpt_get_u32(const uint8_t *p);
 /* Removes the checkpoints a psd killed while writing them left behind
  * (at start, before any write of this psd's own), each with a log line. */
 void srv_ckpt_remove_leftovers(const char *dir);
-/* Lists checkpoint versions in dir, newest first. *out is malloc'd. */
-size_t srv_ckpt_list_versions(const char *dir, uint64_t **out);
-/* dir/ckpt-<version, 20 digits>.psdc<suffix> into buf. */
-void srv_ckpt_path(char *buf, size_t len, const char *dir, uint64_t version, const char *suffix);
+/* A checkpoint file's place among the others: the model version it
+ * holds, and its number among the checkpoints of that version (0 for the
+ * first; a job whose tables change while its version does not, as a
+ * table-only one, writes several of one version). */
+typedef struct srv_ckpt_id {
+    uint64_t version;
+    uint32_t seq;
+} srv_ckpt_id;
+
+/* Lists the checkpoints in dir, newest first (by version, then seq).
+ * *out is malloc'd. */
+size_t srv_ckpt_list(const char *dir, srv_ckpt_id **out);
+/* dir/ckpt-<version, 20 digits>.psdc<suffix> into buf (seq 0), or
+ * dir/ckpt-<version>_<seq, 10 digits>.psdc<suffix>: names sort as the
+ * checkpoints do. */
+void srv_ckpt_path(char *buf, size_t len, const char *dir, srv_ckpt_id id, const char *suffix);
 
 #endif

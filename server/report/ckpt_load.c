@@ -427,8 +427,8 @@ int srv_checkpoint_load(psd *s)
         return PS_EIO;
     }
     srv_ckpt_remove_leftovers(s->cfg.state_dir);
-    uint64_t *vers;
-    size_t nv = srv_ckpt_list_versions(s->cfg.state_dir, &vers);
+    srv_ckpt_id *vers;
+    size_t nv = srv_ckpt_list(s->cfg.state_dir, &vers);
     int loaded = 0;
     uint32_t m = (uint32_t)s->cfg.workers, nout = 0;
     uint32_t *out = malloc((m ? m : 1) * sizeof *out);

@@ -621,6 +621,7 @@ int srv_safetensors_load(psd *s, const char *path, char *err, size_t errlen)
                     name = l.t[t].name;
             snprintf(err, errlen, "%s: tensor '%s' holds NaN or infinity (value %" PRIu64 " of the model); psd "
                      "starts from finite values only", path, name, at);
+            rc = PS_EINVAL;
             goto undo;
         }
     }

@@ -186,6 +186,20 @@ static int family(ps_buf *b, const char *name, const char *type, const char *hel
     return ps_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A label value as the text exposition format wants it: backslash, double
+ * quote and line feed escaped (\\, \", \n), into out (cut to fit). */
+static const char *label_value(const char *v, char *out, size_t len)
+{
+    size_t k = 0;
+    for (; *v && k + 3 <= len; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n')
+            out[k++] = '\\';
+        out[k++] = *v == '\n' ? 'n' : *v;
+    }
+    out[k] = '\0';
+    return out;
+}
+
 static int hist_text(ps_buf *b, const char *name, const char *help, const srv_hist *h)
 {
     int rc = family(b, name, "histogram", help);
@@ -317,7 +331,9 @@ int srv_metrics_text(psd *s, ps_buf *b)
             const uint64_t vs[8] = {st.rows,     st.bytes,    st.rows_pulled, st.rows_pushed,
                                     st.admitted, st.filtered, st.expired,     st.evicted};
             uint64_t v = vs[f];
-            rc |= ps_buf_printf(b, "%s{table=\"%s\"} %" PRIu64 "\n", tfam[f][0], srv_tables_def(&s->tables, i)->name, v);
+            char name[2 * PS_NAME_MAX + 1];
+            rc |= ps_buf_printf(b, "%s{table=\"%s\"} %" PRIu64 "\n", tfam[f][0],
+                                label_value(srv_tables_def(&s->tables, i)->name, name, sizeof name), v);
         }
     }
     SIMPLE("psd_table_memory_limit_bytes", "gauge", "max_table_memory: the most all embedding tables may take.",

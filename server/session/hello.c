@@ -335,6 +335,33 @@ static void layout_mismatch(const ps_layout *mine, const ps_layout *theirs, cons
              theirs->ntensors);
 }
 
+/* What a layout is, for parts_mismatch: "a part cut at NAME (N values)"
+ * or "the whole model (N values)"; at most 63 + 48 bytes. */
+static void part_text(const ps_layout *l, char *buf, size_t len)
+{
+    int piece = ps_layout_first_piece(l);
+    if (piece >= 0)
+        snprintf(buf, len, "a part cut at %s (%llu values)", l->t[piece].name, (unsigned long long)l->total);
+    else
+        snprintf(buf, len, "the whole model (%llu values)", (unsigned long long)l->total);
+}
+
+/* The refusal of a worker whose layout differs from psd's where one of
+ * them is a part of a split model (PROTOCOL.md 6.2): the worker lists the
+ * job's psd in another order, or leaves one out or adds one. Fits an
+ * ERROR's 511 bytes whatever the names. */
+static void parts_mismatch(const ps_layout *mine, const ps_layout *theirs, char *err, size_t errlen)
+{
+    char a[128], b[128];
+    part_text(mine, a, sizeof a);
+    part_text(theirs, b, sizeof b);
+    snprintf(err, errlen,
+             "this worker sends another part of the model than this psd's: psd holds %s, this worker sends %s. "
+             "Every worker of a model split over several psd lists all of the job's psd in the job's order (part "
+             "i on the i-th): this one lists them in another order, or leaves one out or adds one",
+             a, b);
+}
+
 int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen)
 {
     int rc = srv_hello_precheck(c, m, err, errlen);
@@ -374,7 +401,10 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
                      s->resumed_from);
         else
             snprintf(from, sizeof from, "from the job's first worker");
-        layout_mismatch(&s->model.layout, m->layout, from, err, errlen);
+        if (ps_layout_first_piece(&s->model.layout) >= 0 || ps_layout_first_piece(m->layout) >= 0)
+            parts_mismatch(&s->model.layout, m->layout, err, errlen);
+        else
+            layout_mismatch(&s->model.layout, m->layout, from, err, errlen);
         return PS_ELAYOUT;
     }
     return 0;

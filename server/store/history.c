@@ -369,6 +369,27 @@ static int series_rows(ps_buf *b, int table, const char *name, const char *shard
     return rc;
 }
 
+/* A field for CSV (RFC 4180): as it is, or in double quotes with its own
+ * doubled when it holds a comma, a double quote, CR or LF; into out (cut
+ * to fit, 2 x the field + 3 bytes holds any). */
+static const char *csv_field(const char *v, char *out, size_t len)
+{
+    if (!v[strcspn(v, ",\"\r\n")]) {
+        snprintf(out, len, "%s", v);
+        return out;
+    }
+    size_t k = 0;
+    out[k++] = '"';
+    for (; *v && k + 4 <= len; v++) {
+        if (*v == '"')
+            out[k++] = '"';
+        out[k++] = *v;
+    }
+    out[k++] = '"';
+    out[k] = '\0';
+    return out;
+}
+
 static int history_rows(const srv_history *h, int table, ps_buf *b)
 {
     int rc = 0;
@@ -388,7 +409,8 @@ static int history_rows(const srv_history *h, int table, ps_buf *b)
     }
     for (unsigned i = 0; i < PS_TABLES_MAX; i++)
         if (h->tab[i])
-            rc |= series_rows(b, table, "table", h->tab[i]->name, &h->tab[i]->s);
+            rc |= series_rows(b, table, "table", table ? h->tab[i]->name : csv_field(h->tab[i]->name, text, sizeof text),
+                              &h->tab[i]->s);
     for (unsigned i = 0; i < h->ev_n; i++) {
         const srv_event *e = event_at(h, i);
         if (table) {

@@ -134,7 +134,8 @@ enum { SRV_HFMT_JSON, SRV_HFMT_CSV, SRV_HFMT_TABLE };
  *         columns of equal length, a missing value null;
  *   CSV   one row per value: series,shard,t,version,column,value (shard
  *         empty for psd's series; a table's series is "table" with the
- *         table's name for shard), then event rows: event,,t,version,kind,"text";
+ *         table's name for shard, quoted as RFC 4180 says when it holds a
+ *         comma or a double quote), then event rows: event,,t,version,kind,"text";
  *   TABLE the same rows in aligned columns for people.
  * Returns 0 or PS_ENOMEM. */
 int srv_history_write(const srv_history *h, int fmt, ps_buf *out);

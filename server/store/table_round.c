@@ -2,6 +2,7 @@
  * table_round.h). */
 #include "server/store/table_round.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,10 +173,14 @@ static void sums_free(sums *u)
     free(u->rows);
 }
 
-/* Sums for table ti over the shards given: 0 or PS_ENOMEM. */
+/* Sums for table ti over the shards given: 0 or PS_ENOMEM. With wide 0,
+ * float32 sums; else each sum is made in double and its row holds it times
+ * wide, rounded to float32 once (for sums past float32's range whose
+ * mean is not). */
 static int sums_make(const srv_tround *r, uint32_t ti, uint32_t dim, const uint32_t *shards, uint32_t nshards,
-                     sums *u)
+                     double wide, sums *u)
 {
+    double *acc = NULL; /* the double sums (wide), n x dim */
     memset(u, 0, sizeof *u);
     uint64_t total = 0;
     for (size_t i = 0; i < r->np; i++)
@@ -190,8 +195,11 @@ static int sums_make(const srv_tround *r, uint32_t ti, uint32_t dim, const uint3
     u->midx = calloc(u->mcap, sizeof *u->midx);
     u->keys = malloc((size_t)total * 8);
     u->rows = malloc((size_t)total * dim * sizeof(float));
-    if (!u->mkey || !u->midx || !u->keys || !u->rows) {
+    if (wide != 0)
+        acc = malloc((size_t)total * dim * sizeof *acc);
+    if (!u->mkey || !u->midx || !u->keys || !u->rows || (wide != 0 && !acc)) {
         sums_free(u);
+        free(acc);
         return PS_ENOMEM;
     }
     for (uint32_t si = 0; si < nshards; si++)
@@ -204,22 +212,44 @@ static int sums_make(const srv_tround *r, uint32_t ti, uint32_t dim, const uint3
                 size_t s = (size_t)(ps_mix64(key) & (u->mcap - 1));
                 while (u->midx[s] && u->mkey[s] != key)
                     s = (s + 1) & (u->mcap - 1);
-                float *row;
-                if (!u->midx[s]) {
+                int fresh = !u->midx[s];
+                if (fresh) {
                     u->mkey[s] = key;
                     u->midx[s] = ++u->n;
                     memcpy(u->keys + 8 * (size_t)(u->n - 1), p->keys + 8 * (size_t)k, 8);
-                    row = u->rows + (size_t)(u->n - 1) * dim;
-                    memset(row, 0, dim * sizeof(float));
-                } else {
-                    row = u->rows + (size_t)(u->midx[s] - 1) * dim;
                 }
+                size_t at = (size_t)(u->midx[s] - 1) * dim;
                 const float *g = p->g + (size_t)k * dim;
-                for (uint32_t j = 0; j < dim; j++)
-                    row[j] += g[j];
+                if (acc) {
+                    double *row = acc + at;
+                    if (fresh)
+                        memset(row, 0, dim * sizeof *row);
+                    for (uint32_t j = 0; j < dim; j++)
+                        row[j] += g[j];
+                } else {
+                    float *row = u->rows + at;
+                    if (fresh)
+                        memset(row, 0, dim * sizeof *row);
+                    for (uint32_t j = 0; j < dim; j++)
+                        row[j] += g[j];
+                }
             }
         }
+    if (acc) {
+        for (size_t i = 0; i < (size_t)u->n * dim; i++)
+            u->rows[i] = (float)(acc[i] * wide);
+        free(acc);
+    }
     return 0;
+}
+
+/* 1 when every value of u's sums is finite. */
+static int sums_finite(const sums *u, uint32_t dim)
+{
+    for (size_t i = 0; i < (size_t)u->n * dim; i++)
+        if (!isfinite(u->rows[i]))
+            return 0;
+    return 1;
 }
 
 int srv_tround_apply(srv_tround *r, srv_tables *ts, const uint32_t *shards, uint32_t nshards, double scale,
@@ -229,18 +259,31 @@ int srv_tround_apply(srv_tround *r, srv_tables *ts, const uint32_t *shards, uint
     if (r->np == 0)
         return 0;
     sums u[PS_TABLES_MAX];
+    double tscale[PS_TABLES_MAX]; /* the scale each table's sums take */
     uint32_t made = 0;
-    for (; made < ts->n; made++)
-        if (sums_make(r, made, srv_tables_def(ts, made)->dim, shards, nshards, &u[made]) != 0) {
+    for (; made < ts->n; made++) {
+        uint32_t dim = srv_tables_def(ts, made)->dim;
+        tscale[made] = scale;
+        int rc = sums_make(r, made, dim, shards, nshards, 0, &u[made]);
+        if (rc == 0 && !sums_finite(&u[made], dim)) {
+            /* a float32 sum overflowed (the pushes are finite): the sums
+             * again in double, each times scale before it is rounded, so
+             * a finite mean is not lost */
+            sums_free(&u[made]);
+            tscale[made] = 1.0;
+            rc = sums_make(r, made, dim, shards, nshards, scale, &u[made]);
+        }
+        if (rc != 0) {
             for (uint32_t i = 0; i < made; i++)
                 sums_free(&u[i]);
             snprintf(err, errlen, "out of memory summing the round's table pushes");
             return PS_ENOMEM;
         }
+    }
     for (uint32_t ti = 0; ti < ts->n; ti++) {
         if (u[ti].n) {
             char e[600];
-            if (srv_tables_push(ts, ti, u[ti].keys, u[ti].n, u[ti].rows, scale, e, sizeof e) != 0) {
+            if (srv_tables_push(ts, ti, u[ti].keys, u[ti].n, u[ti].rows, tscale[ti], e, sizeof e) != 0) {
                 if (!*failed)
                     snprintf(err, errlen, "%s", e);
                 (*failed)++;

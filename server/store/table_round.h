@@ -8,7 +8,11 @@
  * A shard may push a key of a table once per round. Applying sums, for each
  * table and each key, the rows of the shards taking part in ascending shard
  * order (0 + g_a + g_b + ..., a < b), and hands each table's sums to the row
- * store with the round's scale (1 / pushes), one optimizer step per key. */
+ * store with the round's scale (1 / pushes), one optimizer step per key.
+ * The sums are float32; a table where one of them overflows (two pushes
+ * of -3.4e38) has its sums made again in double, in the same order, each
+ * times the scale before it is rounded to float32 (and handed with scale
+ * 1), so a finite mean applies. */
 #ifndef SRV_TABLE_ROUND_H
 #define SRV_TABLE_ROUND_H
 
@@ -40,8 +44,8 @@ int srv_tround_keep(srv_tround *r, uint32_t shard, uint32_t ti, const uint8_t *k
 void srv_tround_drop(srv_tround *r, uint32_t shard);
 
 /* Applies the round to ts: for every table, the sum over the shards in
- * shards[0..nshards) (ascending) of their rows, key by key, times scale,
- * through srv_tables_push. A table whose update is refused (LIMIT,
+ * shards[0..nshards) (ascending) of their rows, key by key, times scale
+ * (in double when a float32 sum would overflow), through srv_tables_push. A table whose update is refused (LIMIT,
  * NONFINITE, NOMEM) is left as it was; its error goes to err (the first
  * one) and *failed counts such tables. Then forgets everything kept.
  * Returns 0, or PS_ENOMEM when the sums could not be made (nothing

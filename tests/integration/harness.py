@@ -499,11 +499,17 @@ _LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\\\|\\"|\\n)*)"
 _TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 
 
+def _unescape(value):
+    """A label value as written (\\\\, \\" and \\n escaped) back to its text."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
 def parse_prometheus(text):
     """Parses the Prometheus text exposition format (version 0.0.4) strictly
     enough to catch a malformed line, a sample without its family's TYPE, a
     family declared twice or a value that is not a number. Returns
-    {(name, ((label, value), ...)): float} and {family: type}."""
+    {(name, ((label, value), ...)): float} (label values unescaped) and
+    {family: type}."""
     samples, types, helps = {}, {}, set()
     if text and not text.endswith("\n"):
         raise AssertionError("metrics text does not end with a newline")
@@ -537,7 +543,7 @@ def parse_prometheus(text):
                 fam = fam[: -len(suffix)]
         if fam not in types:
             raise AssertionError("line %d: sample %s comes before (or without) its # TYPE line" % (n, name))
-        key = (name, tuple(sorted(_LABEL_RE.findall(labels))))
+        key = (name, tuple(sorted((k, _unescape(v)) for k, v in _LABEL_RE.findall(labels))))
         if key in samples:
             raise AssertionError("line %d: sample %s%s appears twice" % (n, name, labels))
         samples[key] = v

@@ -7,9 +7,10 @@
   epoch's loss is below that of the same worker from scratch).
 - A worker whose layout differs is told the layout comes from the file.
 - psd refuses to start, naming the file and what is wrong, for a missing
-  file, a truncated one, a header that is not safetensors' JSON and a
-  dtype other than F32; and for a state dir holding a checkpoint unless
-  --fresh is given (then it starts from the file).
+  file, a truncated one, a header that is not safetensors' JSON, a dtype
+  other than F32 and a NaN or an infinity among the values; and for a
+  state dir holding a checkpoint unless --fresh is given (then it starts
+  from the file).
 - Headers far beyond any psd model (300,000 tensors in 22 MB, 3 million
   metadata values, one 40 MB string) are refused with a message, and
   psd's peak RSS meanwhile (wait4's ru_maxrss) stays within the header's
@@ -158,6 +159,18 @@ class InitFromTest(unittest.TestCase):
             p = write("f16.safetensors", struct.pack("<Q", len(h)) + h + blob[8 + n:])
             err = self.start_fails("--init-from", p)
             self.assertIn("%s: tensor '%s' has dtype F16; psd holds float32 only (F32)" % (p, name), err)
+            # a NaN or an infinity among the values, in a file as psctl
+            # save writes it: psd stops naming the file (issue 47: it
+            # started with no model)
+            data = header[name]["data_offsets"][0] // 4
+            for bad, label in ((np.nan, "nan"), (-np.inf, "neginf"), (np.inf, "inf")):
+                vals = np.frombuffer(blob[8 + n:], dtype="<f4").copy()
+                vals[data + 5] = bad
+                p = write(label + ".safetensors", blob[:8 + n] + vals.tobytes())
+                err = self.start_fails("--init-from", p)
+                self.assertIn("%s: tensor '%s' holds NaN or infinity (value %d of the model)" % (p, name, data + 5),
+                              err)
+                self.assertNotIn("(init_from): 0 tensors", err)
 
     def peak_refusing(self, path):
         """psd --init-from path must refuse it: its stderr and peak RSS

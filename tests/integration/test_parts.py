@@ -13,8 +13,9 @@ part.
   them), give it their values of its part, and the job finishes trained.
 - Mistakes get one readable line and a non-zero exit: an empty entry in
   the list, a model too small for that many parts, psd in different modes,
-  a worker that lists the psd in another order than the job (psd's layout
-  check refuses the foreign part).
+  a worker that lists the psd in another order than the job, or leaves one
+  out (psd's layout check refuses the foreign part, with a message about
+  the parts, not about another model).
 - A raw client's segment with offsets ("shm": [pid, fd, goff, poff]): psd
   reads the gradient and writes the parameters where it says; overlapping
   ranges and ranges past the file's end are refused with the reason in the
@@ -207,16 +208,27 @@ class PartsTest(unittest.TestCase):
                 self.assertNotEqual(rc, 0, err)
                 self.assertIn(text, err)
                 self.assertLess(len([l for l in err.splitlines() if l.startswith("psworker:")]), 3, err)
+                return err
 
             refused(a.addr + ",", "is empty")
             refused(",".join([a.addr] * 7), "cannot be split over 7 psd", model="mlp:8")
             refused(",".join([a.addr] * 65), "at most 64 may share a model")
             refused(a.addr + "," + b.addr, "must run the same mode")
             # the job's order is a, c; a worker that lists c first sends a
-            # the second part's layout, which psd refuses
+            # the second part's layout, which psd refuses, and one that
+            # lists a alone sends it the whole model: both told about the
+            # parts, not about another model
             w = cl.worker([a, c], 0, 2, epochs=1, limit=500, model=MODEL)
             self.assertEqual(w.result(timeout=60)[0], 0, harness.tail(w.err_path, 5))
-            refused(c.addr + "," + a.addr, "layout")
+            parts = ("Every worker of a model split over several psd lists all of the job's psd in the job's order "
+                     "(part i on the i-th): this one lists them in another order, or leaves one out or adds one")
+            err = refused(c.addr + "," + a.addr, parts)
+            self.assertRegex(err, r"this worker sends another part of the model than this psd's: psd holds a part "
+                                  r"cut at fc1\.weight\(64x784\)\[(0:24576\] \(24576|24576:50176\] \(26314) "
+                                  r"values\), this worker sends a part cut at fc1\.weight\(64x784\)\[")
+            err = refused(a.addr, parts)
+            self.assertIn("psd holds a part cut at fc1.weight(64x784)[0:24576] (24576 values), this worker sends the "
+                          "whole model (50890 values)", err)
             # psctl save from psd that are not the job's parts in its order
             for order in ((c, a), (a, a), (a, c, a)):
                 r = harness.psctl(",".join(p.addr for p in order), "save", os.path.join(cl.dir, "m.safetensors"))

@@ -13,7 +13,8 @@ against the real psd:
 - Declarations: the same TABLE again is OK, from another worker too; a
   different one is LAYOUT and leaves the connection open; bad ones (dim 0,
   an unknown optimizer, a hyper-parameter the optimizer does not take, ftrl
-  with a uniform init) are BAD_FIELD; an admin's TABLE or TPUSH is
+  with a uniform init, a scale whose rows could overflow float32: uniform
+  1e39, normal 1e38) are BAD_FIELD; an admin's TABLE or TPUSH is
   FORBIDDEN, its TPULL is answered; the 65th table is LIMIT.
 - Bad input changes nothing and psd goes on (a pull after each shows the
   rows as they were): an unknown table (RANGE), a wrong row dimension, a key
@@ -40,14 +41,20 @@ against the real psd:
   (three orders, against NumPy's float32 sums in shard order); a pull for
   the next version waits for the round; a key twice from one worker in a
   round, or a table push after the worker's step, is DUPLICATE; a push for
-  a closed round is STALE (a TPUSHPULL's rows still come).
+  a closed round is STALE (a TPUSHPULL's rows still come). Two pushes of
+  -3.4e38 for a key, whose float32 sum overflows, apply their finite mean.
+- A table-only job (version 0 throughout) keeps checkpoint_keep
+  checkpoints, and a spoiled newest one falls back to the one before.
 """
 
+import csv
+import io
 import json
 import os
 import struct
 import sys
 import unittest
+import urllib.request
 
 import numpy as np
 
@@ -166,6 +173,19 @@ class Tables(unittest.TestCase):
             self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", opt="ftrl", hp={}), "ftrl uniform",
                          "must be zeros")
             self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="a b"), "a name with a space", "printable ASCII")
+            # initial rows that could overflow float32 (issue 47: accepted,
+            # then pulls of inf and every push NONFINITE)
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", scale=1e39), "uniform scale 1e39",
+                         "table 'x': scale 1e+39 is too large for rinit uniform: its values reach scale x 1, which "
+                         "must stay a finite float32, so scale must be below 3.4028236e+38")
+            self.refused(w2, E_BAD_FIELD, dict(TABLE, tab="x", rinit="normal", scale=1e38), "normal scale 1e38",
+                         "scale 1e+38 is too large for rinit normal: its values reach scale x 8.57167435")
+            self.refused(w2, E_RANGE, {"t": T_TPULL, "tab": "x", "keys": keys(1)}, "refused tables are not declared",
+                         "unknown table 'x'")
+            self.ok(w2, dict(TABLE, tab="x", scale=3.4e38), "uniform scale 3.4e38")
+            big = self.rows(w2, "x", list(range(64)), 3)
+            self.assertTrue(np.isfinite(big).all(), big)
+            self.assertGreater(np.abs(big).max(), 1e38)
 
             # bad pushes: each changes nothing
             bad = [
@@ -241,8 +261,8 @@ class Tables(unittest.TestCase):
             self.ok(w, dict(TABLE, tab="w64", dim=64, rinit="zeros"), "w64")
             r = w.request({"t": T_TPULL, "tab": "w64", "keys": many}, timeout=60)
             self.assertEqual((r.get("t"), len(r["data"])), (T_ROWS, 4 << 22))
-            # 64 tables at most
-            for i in range(61):
+            # 64 tables at most: user_id, x, wide, w64 and 60 more
+            for i in range(60):
                 self.ok(w, dict(TABLE, tab="t%d" % i, dim=1), "table %d" % i)
             self.refused(w, E_LIMIT, dict(TABLE, tab="one_more", dim=1), "65th table",
                          "psd holds 64 tables already")
@@ -278,6 +298,45 @@ class Tables(unittest.TestCase):
             self.assertEqual(harness.metric(samples, "psd_table_rows_pushed_total", table="user_id"), 3)
             self.assertEqual(harness.metric(samples, "psd_table_rows_pulled_total", table="user_id"), 4)
             self.assertEqual(harness.metric(samples, "psd_table_bytes", table="user_id"), t["bytes"])
+            w.close()
+
+    def test_odd_table_name_in_metrics_and_csv(self):
+        """A legal table name (any printable ASCII but space) holding a
+        double quote, a comma, a backslash and markup: escaped in the
+        metrics' labels, which promtool accepts from psctl metrics and GET
+        /metrics alike; quoted in history's CSV (RFC 4180), whose rows all
+        parse to 6 fields."""
+        odd = 'q",\\x</script>'
+        with harness.Cluster("test-tables-names") as cl:
+            psd = cl.psd(mode="asgd", workers=1, args=("--set", "metrics_listen=127.0.0.1:0"))
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            self.ok(w, dict(TABLE, tab=odd), "declare the odd name")
+            self.ok(w, {"t": T_TPUSH, "tab": odd, "keys": keys(1, 2), "base": 0, "data": floats(*[0.5] * 6)},
+                    "push")
+            maddr = harness.status(psd.addr)["metrics_listen"]
+            with urllib.request.urlopen("http://%s/metrics" % maddr, timeout=TIMEOUT) as r:
+                http = r.read().decode()
+            for where, text in (("psctl metrics", harness.metrics(psd.addr)), ("GET /metrics", http)):
+                self.assertIn('psd_table_rows{table="q\\",\\\\x</script>"} 2\n', text, where)
+                self.assertTrue(harness.promtool_check(self, text), "promtool is needed for this test")
+                samples, _ = harness.parse_prometheus(text)
+                self.assertEqual(harness.metric(samples, "psd_table_rows", table=odd), 2, where)
+                self.assertEqual(harness.metric(samples, "psd_table_rows_pushed_total", table=odd), 2, where)
+
+            def history():
+                # psd samples its tables once a second
+                r = harness.psctl(psd.addr, "history", "--csv")
+                self.assertEqual(r.returncode, 0, r.stderr)
+                rows = list(csv.reader(io.StringIO(r.stdout)))
+                return rows if any(f[:2] == ["table", odd] for f in rows) else None
+
+            rows = harness.wait_until(history, 10, "a history sample of the table", interval=0.2)
+            self.assertEqual(rows[0], ["series", "shard", "t", "version", "column", "value"])
+            self.assertEqual({len(f) for f in rows}, {6}, [f for f in rows if len(f) != 6][:3])
+            mine = [f for f in rows if f[:2] == ["table", odd]]
+            self.assertIn("rows", [f[4] for f in mine])
+            self.assertEqual([f[5] for f in mine if f[4] == "rows"][-1], "2")
             w.close()
 
     def test_parked_pull(self):
@@ -372,6 +431,38 @@ class Tables(unittest.TestCase):
                 w.close()
             return got
 
+    def test_bsp_sum_past_float32(self):
+        """Two workers each push -3.4e38 for a key: the float32 sum
+        overflows, the mean does not; the round applies the mean (issue 47:
+        the round's table update was dropped as non-finite)."""
+        with harness.Cluster("test-tables-bsp-wide") as cl:
+            psd = cl.psd(mode="bsp", workers=2)
+            ws = [self.worker(psd, k, 2) for k in range(2)]
+            tab = dict(TABLE, rinit="zeros", opt="sgd", hp={"lr": 1.0})
+            for w in ws:
+                self.ok(w, tab, "declare")
+            g = [np.array([[-3.4e38, 1.0, 0.5], [0.1, 0.2, 0.3]], np.float32),
+                 np.array([[-3.4e38, 3.0, 0.25], [0.1, 0.2, 0.3]], np.float32)]
+            for k in (1, 0):
+                self.ok(ws[k], {"t": T_TPUSH, "tab": "user_id", "keys": keys(7, 8), "base": 0,
+                                "data": g[k].tobytes()}, "shard %d's rows" % k)
+            for k in (1, 0):  # the dense pushes that complete the workers' steps
+                ws[k].send_frame({"t": T_PUSH, "id": 90, "off": 0, "base": 0, "data": floats(0, 0, 0, 0)})
+            for k in (1, 0):
+                r = ws[k].recv_frame(TIMEOUT)
+                self.assertEqual((r.get("t"), r.get("id")), (T_OK, 90), r)
+            got = self.rows(ws[0], "user_id", [7, 8], 3, min=1)
+            # the mean of each key's two rows, in double, rounded once; sgd
+            # with lr 1 from zeros: its negation
+            want = (-((g[0].astype(np.float64) + g[1].astype(np.float64)) * 0.5)).astype(np.float32)
+            self.assertTrue(np.isfinite(got).all(), got)
+            self.assertEqual(got.tobytes(), want.tobytes(), "%r, want %r" % (got, want))
+            self.assertEqual(harness.status(psd.addr)["version"], 1)
+            samples, _ = harness.parse_prometheus(harness.metrics(psd.addr))
+            self.assertEqual(harness.metric(samples, "psd_nonfinite_updates_total"), 0)
+            for w in ws:
+                w.close()
+
     def test_bsp_kept_rows_bounded(self):
         """A BSP round's kept table pushes count against max_table_memory: a
         push that would pass it is LIMIT, nothing of it kept."""
@@ -436,6 +527,51 @@ class Tables(unittest.TestCase):
     def declare_both(self, w):
         self.ok(w, dict(TABLE, tab="emb", dim=4, opt="adam", hp={"lr": 0.01}, seed=3), "emb")
         self.ok(w, dict(TABLE, tab="lin", dim=2, rinit="zeros", opt="ftrl", hp={"lr": 0.1, "l1": 0.5}), "lin")
+
+    def test_table_only_job_keeps_checkpoints(self):
+        """A job that only pushes rows (its version stays 0) keeps
+        checkpoint_keep checkpoints, each its own file; a spoiled newest one
+        is skipped at start for the one before, with its rows (issue 47:
+        every checkpoint replaced the one file of version 0)."""
+        with harness.Cluster("test-tables-ckpt-keep") as cl:
+            state = os.path.join(cl.dir, "state")
+            args = ("--state-dir", state, "--set", "checkpoint_interval=0", "--set", "checkpoint_keep=3")
+            psd = cl.psd(mode="asgd", workers=1, args=args)
+            w = self.worker(psd)
+            self.ok(w, TABLE, "declare")
+            rows = []
+            with RawClient(psd.addr, TIMEOUT) as a:
+                a.hello_admin()
+                for i in range(5):
+                    self.ok(w, {"t": T_TPUSH, "tab": "user_id", "keys": keys(1, 2), "base": 0,
+                                "data": floats(*[0.5 * (i + 1)] * 6)}, "push %d" % i)
+                    rows.append(self.rows(w, "user_id", [1, 2], 3))
+                    self.assertEqual(a.request({"t": harness.T_ADMIN, "cmd": "checkpoint"}).get("t"), T_OK)
+                    if i == 1:  # nothing changed since: the same file again, not one more
+                        self.assertEqual(a.request({"t": harness.T_ADMIN, "cmd": "checkpoint"}).get("t"), T_OK)
+            self.assertEqual(harness.status(psd.addr)["version"], 0)
+            os.kill(psd.pid, 9)
+            psd.wait(10)
+            w.close()
+            files = sorted(f for f in os.listdir(state) if f.endswith(".psdc"))
+            self.assertEqual(files, ["ckpt-%020d_%010d.psdc" % (0, n) for n in (2, 3, 4)])
+
+            # the newest spoiled: psd says so and loads the one before
+            newest = os.path.join(state, files[-1])
+            with open(newest, "r+b") as f:
+                f.seek(os.path.getsize(newest) // 2)
+                b = f.read(1)
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([b[0] ^ 0xff]))
+            psd2 = cl.psd(mode="asgd", workers=1, args=args, name="psd2")
+            err = psd2.stderr()
+            self.assertIn("checkpoint %s is unusable" % newest, err)
+            self.assertIn("loaded checkpoint %s: model version 0" % os.path.join(state, files[-2]), err)
+            w = self.worker(psd2, init=False)
+            self.assertEqual(self.rows(w, "user_id", [1, 2], 3).tobytes(), rows[3].tobytes())
+            self.assertNotEqual(rows[3].tobytes(), rows[4].tobytes())
+            w.close()
+            psd2.stop()
 
     def test_checkpoint_kill_restart(self):
         """Tables and their optimizer state come back bit for bit after

@@ -1539,6 +1539,72 @@ static void test_round_shard_order(void **state)
     assert_true(out[15] == (float)(0.0 - 0.01 * ((1.0 / 3) * f)));
 }
 
+/* A round whose float32 sum of a key's rows overflows though their mean
+ * does not (two shards pushing -3.4e38, three pushing 2e38): the table's
+ * sums are made in double in shard order and scaled before rounding, so
+ * the mean applies, the same bits whatever the arrival order; another
+ * table of the same round keeps its float32 sums. */
+static void wide_round(const int *order, float *out)
+{
+    srv_tables ts;
+    srv_tables_init(&ts, 1ull << 30);
+    ps_hp hp = hp1(PS_HP_LR, 1.0);
+    ps_table_def d = def("e", 2, "zeros", 0, "sgd", &hp), d2 = def("f", 1, "zeros", 0, "sgd", &hp);
+    uint32_t ti, t2;
+    assert_int_equal(srv_tables_declare(&ts, &d, &ti, err, sizeof err), 0);
+    assert_int_equal(srv_tables_declare(&ts, &d2, &t2, err, sizeof err), 0);
+    srv_tround r = {0};
+    for (int o = 0; o < 3; o++) {
+        uint32_t s = (uint32_t)order[o];
+        uint64_t k[2] = {7, 8};
+        uint8_t kb[16];
+        keys_le(kb, k, 2);
+        /* key 7: -3.4e38 from shards 0 and 1, 1e38 from 2; key 8: 2e38 from each */
+        float g[4] = {s < 2 ? -3.4e38f : 1e38f, 0.1f * (float)(s + 1), 2e38f, 1.0f / 3};
+        float g2[1] = {0.1f * (float)(s + 1)};
+        uint64_t dup;
+        assert_int_equal(srv_tround_keep(&r, s, ti, kb, 2, g, 2, &dup), 0);
+        assert_int_equal(srv_tround_keep(&r, s, t2, kb, 1, g2, 1, &dup), 0);
+    }
+    static const uint32_t in[3] = {0, 1, 2};
+    uint32_t failed = 9;
+    assert_int_equal(srv_tround_apply(&r, &ts, in, 3, 1.0 / 3, &failed, err, sizeof err), 0);
+    assert_int_equal(failed, 0);
+    uint8_t kb[16];
+    keys_le(kb, (const uint64_t[]){7, 8}, 2);
+    srv_tables_pull(&ts, ti, kb, 2, out);
+    srv_tables_pull(&ts, t2, kb, 1, out + 4);
+    srv_tround_free(&r);
+    srv_tables_free(&ts);
+}
+
+static void test_round_sum_past_float32(void **state)
+{
+    (void)state;
+    static const int orders[3][3] = {{0, 1, 2}, {2, 1, 0}, {1, 2, 0}};
+    float first[5], out[5];
+    wide_round(orders[0], first);
+    for (int o = 1; o < 3; o++) {
+        wide_round(orders[o], out);
+        assert_memory_equal(out, first, sizeof first);
+    }
+    /* sgd, lr 1, from zeros: minus the mean, made in double and rounded once */
+    double s7 = (double)-3.4e38f + (double)-3.4e38f + (double)1e38f;
+    assert_true(first[0] == (float)(0.0 - 1.0 * (double)(float)(s7 * (1.0 / 3))));
+    assert_true(isfinite(first[0]) && first[0] > 1.5e38f);
+    double s = 0;
+    for (int k = 0; k < 3; k++)
+        s += (double)(0.1f * (float)(k + 1));
+    assert_true(first[1] == (float)(0.0 - (double)(float)(s * (1.0 / 3))));
+    assert_true(first[2] == (float)(-(double)(float)(((double)2e38f * 3) * (1.0 / 3))));
+    assert_true(first[3] == (float)(-(double)(float)(((double)(1.0f / 3) * 3) * (1.0 / 3))));
+    /* table f summed in float32 as ever (its sums are finite) */
+    float f = 0;
+    for (int k = 0; k < 3; k++)
+        f += 0.1f * (float)(k + 1);
+    assert_true(first[4] == (float)(0.0 - 1.0 * ((1.0 / 3) * f)));
+}
+
 /* The rows' clocks are held only while expiry or eviction reads them: a
  * table with neither takes no stamp; turning expiry on (a reload) gives
  * every row the table's clock at that moment, so rows go `expire` pushes
@@ -1772,6 +1838,7 @@ int main(void)
         cmocka_unit_test(test_first_dup_hint),
         cmocka_unit_test(test_row_hints_are_only_guesses),
         cmocka_unit_test(test_round_shard_order),
+        cmocka_unit_test(test_round_sum_past_float32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -632,6 +633,12 @@ static void test_def_errors(void **state)
         {"e", 4, "normal", 1, 0.0, "sgd", -1, 0, "rinit normal needs 'scale'"},
         {"e", 4, "uniform", 1, -1.0, "sgd", -1, 0, "needs 'scale', a finite number > 0"},
         {"e", 4, "uniform", 1, INFINITY, "sgd", -1, 0, "needs 'scale'"},
+        {"e", 4, "uniform", 1, 1e39, "sgd", -1, 0, "scale 1e+39 is too large for rinit uniform: its values reach "
+                                                "scale x 1, which must stay a finite float32, so scale must be below "
+                                                "3.4028236e+38"},
+        {"e", 4, "normal", 1, 1e38, "sgd", -1, 0, "scale 1e+38 is too large for rinit normal: its values reach scale "
+                                               "x 8.57167435, which must stay a finite float32, so scale must be "
+                                               "below 3.969847e+37"},
         {"e", 4, "zeros", 0, 0, "rmsprop", -1, 0, "unknown opt 'rmsprop'"},
         {"e", 4, "uniform", 1, 0.1, "ftrl", -1, 0, "its rinit must be zeros, not uniform"},
         {"e", 4, "zeros", 0, 0, "adagrad", PS_HP_BETA1, 0.9, "hp 'beta1' is not a hyper-parameter of adagrad (it "
@@ -750,6 +757,55 @@ static void test_row_init_properties(void **state)
         assert_int_equal(bits(ra[j]), 0);
 }
 
+/* The largest scale each initializer takes (PROTOCOL.md 13.1): its values'
+ * largest magnitude times scale must round to a finite float32, that is stay
+ * below 2^128 - 2^103. uniform reaches 1 x scale (at u = 0), normal
+ * sqrt(-2 ln 2^-53) x scale (at u = 1 - 2^-53 and cos = +-1); the largest
+ * accepted scales give finite rows, the next doubles up are refused. */
+static void test_rinit_scale_bound(void **state)
+{
+    (void)state;
+    ps_table_def d;
+    const double inf_from = 0x1p128 - 0x1p103; /* float32 rounds this up to infinity */
+    volatile float f = (float)nextafter(inf_from, 0);
+    assert_true(isfinite(f) && f == FLT_MAX);
+    assert_true(ps_rinit_reach(PS_RINIT_UNIFORM) == 1.0);
+    double u1 = (double)((UINT64_MAX >> 11)) * 0x1p-53; /* the largest draw, 1 - 2^-53 */
+    assert_true(ps_rinit_reach(PS_RINIT_NORMAL) == sqrt(-2.0 * log(1.0 - u1)));
+    assert_true(fabs(ps_rinit_reach(PS_RINIT_NORMAL) - 8.571674348652905) < 1e-12);
+
+    const double uni_max = nextafter(inf_from, 0), nor_max = 3.9698469976663453e37;
+    const struct {
+        const char *rinit;
+        double ok, refused;
+    } cases[] = {
+        {"uniform", FLT_MAX, inf_from},
+        {"uniform", uni_max, inf_from},
+        {"normal", nor_max, nextafter(nor_max, INFINITY)},
+        {"normal", 3.9e37, 4e37},
+    };
+    float row[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(ps_table_def_make(&d, "e", 64, cases[i].rinit, 1, cases[i].ok, 5, "sgd", NULL, err, sizeof err),
+                         0);
+        for (uint64_t key = 0; key < 200; key++) {
+            ps_table_row_init(&d, key, row);
+            for (int j = 0; j < 64; j++)
+                assert_true(isfinite(row[j]));
+        }
+        assert_int_equal(ps_table_def_make(&d, "e", 64, cases[i].rinit, 1, cases[i].refused, 5, "sgd", NULL, err,
+                                           sizeof err),
+                         PS_EBAD_FIELD);
+        assert_has(err, "is too large for rinit");
+    }
+    /* the bound is the exact one: just below it, the largest value normal
+     * can reach rounds to FLT_MAX; just above, to infinity */
+    f = (float)(nor_max * ps_rinit_reach(PS_RINIT_NORMAL));
+    assert_true(isfinite(f));
+    f = (float)(nextafter(nor_max, INFINITY) * ps_rinit_reach(PS_RINIT_NORMAL));
+    assert_true(isinf(f));
+}
+
 /* ---- parts (PROTOCOL.md 13.7) ------------------------------------------------ */
 
 /* The jump hash over mix(key): values pinned from the protocol's formula
@@ -852,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_def_errors),
         cmocka_unit_test(test_row_init_pinned),
         cmocka_unit_test(test_row_init_properties),
+        cmocka_unit_test(test_rinit_scale_bound),
         cmocka_unit_test(test_part_of_key),
         cmocka_unit_test(test_part_field),
     };
