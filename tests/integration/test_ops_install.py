@@ -7,8 +7,10 @@
   psd.conf and psworker.env in etc/psd, the units in systemd's unit
   directory naming /usr/bin/psd and /etc/psd/psd.conf. A second install
   keeps an administrator's edited psd.conf.
-- With --prefix <dir> (and DESTDIR): the configuration under <dir>/etc/psd
-  and the units naming <dir>/bin/psd.
+- With --prefix <dir> (and DESTDIR): nothing outside <dir>: the
+  configuration under <dir>/etc/psd and the units, naming <dir>/bin/psd,
+  under <dir>/lib/systemd/system.
+- conf/psworker.env can be sourced by sh and bash, as its comment says.
 - psd, psworker and psctl answer --help with their whole usage, exit 0.
 """
 
@@ -84,9 +86,28 @@ class InstallTest(unittest.TestCase):
             self.install(dest, prefix)
             self.assertTrue(os.access(os.path.join(dest + prefix, "bin", "psd"), os.X_OK))
             self.assertTrue(os.path.isfile(os.path.join(dest + prefix, "etc", "psd", "psd.conf")))
+            # nothing outside the prefix: the units too go under it
+            self.assertEqual(unit_dir(dest, prefix), os.path.join(dest + prefix, "lib", "systemd", "system"))
+            outside = [os.path.join(r, f) for r, _, fs in os.walk(dest) for f in fs
+                       if not os.path.join(r, f).startswith(dest + prefix + os.sep)]
+            self.assertEqual(outside, [], "cmake --install --prefix wrote outside the prefix")
             with open(os.path.join(unit_dir(dest, prefix), "psd.service")) as f:
                 text = f.read()
             self.assertIn("ExecStart=%s/bin/psd --config %s/etc/psd/psd.conf" % (prefix, prefix), text)
+
+    def test_env_file_sources(self):
+        # psworker.env's own comment: `set -a; . /etc/psd/psworker.env; set +a`
+        env = os.path.join(harness.ROOT, "conf", "psworker.env")
+        for shell in ("sh", "bash"):
+            r = harness.run([shell, "-euc", 'set -a; . "$1"; set +a; printf "%s|%s|%s|%s" "$PSD_SERVER" '
+                             '"$PSD_WORKERS" "$PSD_DATA_DIR" "$PSWORKER_ARGS"', shell, env])
+            self.assertEqual(r.returncode, 0, "%s cannot source psworker.env: %s" % (shell, r.stderr))
+            self.assertEqual(r.stderr, "")
+            server, workers, data, args = r.stdout.split("|")
+            self.assertRegex(server, r"^\S+:\d+$")
+            self.assertRegex(workers, r"^\d+$")
+            self.assertEqual(data, "/srv/psd/data")
+            self.assertTrue(args.startswith("--") and " --model " in args, args)
 
     def test_help(self):
         expect = {
