@@ -112,6 +112,19 @@ def need_namespaces(*kinds):
             " ".join(kinds), r.stderr.strip()))
 
 
+def need_cgroups():
+    """A cgroup file system at /sys/fs/cgroup (v1 or v2), which slurmd
+    needs: a minimal root or a container may have none."""
+    with open("/proc/self/mountinfo") as f:
+        for ln in f:
+            left, _, right = ln.partition(" - ")
+            mp, fstype = left.split()[4], right.split()[0] if right else ""
+            if fstype in ("cgroup", "cgroup2") and (mp == "/sys/fs/cgroup" or mp.startswith("/sys/fs/cgroup/")):
+                return
+    raise Skip("no cgroup file system mounted on /sys/fs/cgroup (a minimal root or a container): "
+               "slurmd cannot run without one")
+
+
 _apt_updated = False
 
 
