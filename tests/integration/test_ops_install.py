@@ -10,6 +10,8 @@
 - With --prefix <dir> (and DESTDIR): nothing outside <dir>: the
   configuration under <dir>/etc/psd and the units, naming <dir>/bin/psd,
   under <dir>/lib/systemd/system.
+- cpack's check of its staging tree refuses a package without uPlot (and
+  says to run `scripts/setup.sh uplot`) or without the man pages.
 - conf/psworker.env can be sourced by sh and bash, as its comment says.
 - psd, psworker and psctl answer --help with their whole usage, exit 0.
 """
@@ -94,6 +96,34 @@ class InstallTest(unittest.TestCase):
             with open(os.path.join(unit_dir(dest, prefix), "psd.service")) as f:
                 text = f.read()
             self.assertIn("ExecStart=%s/bin/psd --config %s/etc/psd/psd.conf" % (prefix, prefix), text)
+
+    def test_package_refused_without_uplot_or_man_pages(self):
+        # cpack runs deploy/deb/check-staging.cmake on its staging tree
+        # before it makes the package (CPACK_PRE_BUILD_SCRIPTS)
+        script = os.path.join(harness.ROOT, "deploy", "deb", "check-staging.cmake")
+        cmake = shutil.which("cmake")
+        with harness.Cluster("psd-staging") as cl:
+            stage = os.path.join(cl.dir, "stage")
+            web = os.path.join(stage, "usr", "share", "psd", "web", "uplot")
+            man = os.path.join(stage, "usr", "share", "man", "man1")
+
+            def check_stage():
+                return harness.run([cmake, "-DCPACK_TEMPORARY_DIRECTORY=" + stage, "-P", script], timeout=60)
+            os.makedirs(man)
+            for prog in ("psd", "psworker", "psctl"):
+                open(os.path.join(man, prog + ".1.gz"), "wb").close()
+            r = check_stage()
+            self.assertNotEqual(r.returncode, 0, "a package without uPlot was accepted")
+            self.assertIn("scripts/setup.sh uplot", r.stderr)
+            os.makedirs(web)
+            open(os.path.join(web, "uPlot.iife.min.js"), "w").close()
+            r = check_stage()
+            self.assertEqual(r.returncode, 0, r.stderr)
+            os.unlink(os.path.join(man, "psworker.1.gz"))
+            r = check_stage()
+            self.assertNotEqual(r.returncode, 0, "a package without psworker.1 was accepted")
+            self.assertIn("psworker.1", r.stderr)
+            self.assertIn("help2man", r.stderr)
 
     def test_env_file_sources(self):
         # psworker.env's own comment: `set -a; . /etc/psd/psworker.env; set +a`
