@@ -221,8 +221,9 @@ def make_package(build_dir, out):
     config = os.path.join(build_dir, "CPackConfig.cmake")
     if not os.path.exists(config):
         raise Failure("no %s: configure the build first" % config)
-    # dpkg-shlibdeps (dpkg-dev) computes the package's library dependencies
-    apt_install(["dpkg-dev"])
+    # dpkg-shlibdeps (dpkg-dev) computes the package's library dependencies;
+    # the DEB generator runs file(1) on what it packs (a minimal root has none)
+    apt_install(["dpkg-dev", "file"])
     run([cpack, "--config", config, "-G", "DEB", "-B", out], 300, cwd=build_dir)
     debs = glob.glob(os.path.join(out, "psd_*.deb"))
     check(len(debs) == 1, "cpack made %s, not one psd_*.deb" % debs)
