@@ -354,7 +354,8 @@ def body():
     with open("/proc/%s/status" % pid) as f:
         ids = {ln.split(":")[0]: ln.split()[1] for ln in f if ln.startswith(("Uid:", "Gid:"))}
     check(ids == {"Uid": "10001", "Gid": "10001"}, "psd does not run as 10001:10001: %s" % ids)
-    r = podman("exec", TAG + "-psd", "install", "-d", "/usr/probe", check_rc=False, quiet=True)
+    r = podman("exec", TAG + "-psd", "install", "-m", "644", "/etc/psd/psd.conf", "/usr/probe", check_rc=False,
+               quiet=True)
     check(r.returncode != 0 and "Read-only file system" in r.stderr, "the root file system is writable: " + r.stderr)
 
     workers = []
