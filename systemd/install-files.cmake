@@ -4,7 +4,9 @@
 #     administrator's settings are never overwritten);
 #   the units, with @PSD_BINDIR@ and @PSD_CONFDIR@ filled in.
 # Given: PSD_SOURCE_DIR, PSD_WORK_DIR (scratch), PSD_BINDIR, PSD_SYSCONFDIR
-# and PSD_UNITDIR (relative to the prefix, or absolute). DESTDIR is honoured
+# PSD_UNITDIR (relative to the prefix, absolute, or empty: PSD_SYSTEM_UNITDIR,
+# systemd's own, for the prefixes / and /usr, else lib/systemd/system under
+# the prefix) and PSD_SYSTEM_UNITDIR. DESTDIR is honoured
 # by file(INSTALL) and by the existence check.
 
 function(psd_under_prefix out dir)
@@ -16,7 +18,13 @@ function(psd_under_prefix out dir)
 endfunction()
 
 psd_under_prefix(PSD_BINDIR "${PSD_BINDIR}")
-psd_under_prefix(psd_unitdir "${PSD_UNITDIR}")
+if(NOT "${PSD_UNITDIR}" STREQUAL "")
+  psd_under_prefix(psd_unitdir "${PSD_UNITDIR}")
+elseif(CMAKE_INSTALL_PREFIX MATCHES "^/(usr/?)?$")
+  set(psd_unitdir "${PSD_SYSTEM_UNITDIR}")
+else()
+  set(psd_unitdir "${CMAKE_INSTALL_PREFIX}/lib/systemd/system")
+endif()
 # GNUInstallDirs' rule for sysconfdir: /etc for the prefixes / and /usr,
 # /etc/opt/... for /opt/..., else etc under the prefix.
 if(IS_ABSOLUTE "${PSD_SYSCONFDIR}")

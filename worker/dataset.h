@@ -35,9 +35,19 @@ typedef struct ps_dataset {
  * Returns 0 and fills *out (release with ps_dataset_free), or a negative PS_E*
  * code with one readable line in err; *out is then empty. Codes are those of
  * ps_idx_read, plus PS_EINVAL for an unknown name and PS_EMALFORMED for bad
- * labels or mismatched files. */
+ * labels or mismatched files.
+ * When <dir>/<name>/ holds neither form of a file, the set is taken from
+ * the system's directory of data sets instead, <fallback>/<name>/ (Debian's
+ * dataset-fashion-mnist installs /usr/share/datasets/fashion-mnist), so a
+ * packaged psworker finds Fashion-MNIST without a data directory of its
+ * own; both files of a split come from the same directory. */
 int ps_dataset_load(const char *dir, const char *name, ps_split split, size_t limit, ps_dataset *out, char *err,
                     size_t errlen);
+
+/* The system's directory of data sets ps_dataset_load falls back to:
+ * PS_DATASETS_DIR, "/usr/share/datasets" unless the build says otherwise.
+ * dir NULL restores it, "" turns the fallback off (for tests). */
+void ps_dataset_set_fallback_dir(const char *dir);
 
 /* Releases a data set's memory and empties it; NULL-safe, idempotent. */
 void ps_dataset_free(ps_dataset *d);

@@ -112,6 +112,19 @@ def need_namespaces(*kinds):
             " ".join(kinds), r.stderr.strip()))
 
 
+def need_cgroups():
+    """A cgroup file system at /sys/fs/cgroup (v1 or v2), which slurmd
+    needs: a minimal root or a container may have none."""
+    with open("/proc/self/mountinfo") as f:
+        for ln in f:
+            left, _, right = ln.partition(" - ")
+            mp, fstype = left.split()[4], right.split()[0] if right else ""
+            if fstype in ("cgroup", "cgroup2") and (mp == "/sys/fs/cgroup" or mp.startswith("/sys/fs/cgroup/")):
+                return
+    raise Skip("no cgroup file system mounted on /sys/fs/cgroup (a minimal root or a container): "
+               "slurmd cannot run without one")
+
+
 _apt_updated = False
 
 
@@ -208,8 +221,9 @@ def make_package(build_dir, out):
     config = os.path.join(build_dir, "CPackConfig.cmake")
     if not os.path.exists(config):
         raise Failure("no %s: configure the build first" % config)
-    # dpkg-shlibdeps (dpkg-dev) computes the package's library dependencies
-    apt_install(["dpkg-dev"])
+    # dpkg-shlibdeps (dpkg-dev) computes the package's library dependencies;
+    # the DEB generator runs file(1) on what it packs (a minimal root has none)
+    apt_install(["dpkg-dev", "file"])
     run([cpack, "--config", config, "-G", "DEB", "-B", out], 300, cwd=build_dir)
     debs = glob.glob(os.path.join(out, "psd_*.deb"))
     check(len(debs) == 1, "cpack made %s, not one psd_*.deb" % debs)

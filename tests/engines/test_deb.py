@@ -6,7 +6,9 @@
 1. `cpack -G DEB` in the build directory makes psd_<version>_<arch>.deb: the
    programs, libpsclient with its header and .pc, the Python package, the
    dashboard's files, the units, and /etc/psd/psd.conf and psworker.env as
-   conffiles.
+   conffiles; and psd-dbgsym_<version>_<arch>.ddeb with the binaries' debug
+   symbols. lintian finds no error and no warning but those
+   docs/operations-engines.md justifies one by one ("What lintian says").
 2. mmdebstrap makes a minimal Debian 12 root (variant apt) from Debian's
    mirror; in it, `apt-get install ./psd_*.deb` resolves the package's
    dependencies; postinst creates the system user psd.
@@ -96,11 +98,57 @@ print("PYTHON", psd.__file__, c.version, float(np.abs(c.params - 1.0).max()) > 0
 c.close()
 EOF
 kill -TERM $PSD2; wait $PSD2 || true
+# the packaged settings, sourced as psworker.env's comment says: a worker
+# on Fashion-MNIST from Debian's dataset-fashion-mnist (a Recommends),
+# which psworker finds without data of its own in PSD_DATA_DIR
+psd --listen 127.0.0.1:0 --set port_file=/tmp/psd3.port 2>/tmp/psd3.log &
+PSD3=$!
+for _ in $(seq 200); do [ -s /tmp/psd3.port ] && break; sleep 0.1; done
+(set -a; . /etc/psd/psworker.env; set +a; echo "DATA_DIR $PSD_DATA_DIR $(test -d "$PSD_DATA_DIR" && echo exists)";
+ psworker --server 127.0.0.1:$(cat /tmp/psd3.port) --dataset fashion-mnist --epochs 1 --limit 3000 \
+    --test-limit 1000 --model mlp:32 --eval -q) | sed 's/^/FASHION /'
+kill -TERM $PSD3; wait $PSD3 || true
 kill -TERM $PSD
 rc=0; wait $PSD || rc=$?
 echo "PSD_EXIT $rc"
 ls -ln "$state" | sed 's/^/STATE /'
 """
+
+
+def justified_tags():
+    """The lintian tags docs/operations-engines.md justifies, one per row of
+    its table under "What lintian says"."""
+    with open(os.path.join(engines.ROOT, "docs", "operations-engines.md")) as f:
+        text = f.read()
+    m = re.search(r"^### What lintian says\n(.*?)(?=^#)", text, re.M | re.S)
+    check(m, "docs/operations-engines.md has no section \"What lintian says\"")
+    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", m.group(1), re.M))
+
+
+def lintian(deb):
+    """lintian on the package: no error, and no warning but those the docs
+    justify; the package carries its copyright file, changelog, man pages,
+    ldconfig trigger and stripped binaries, with their symbols in the
+    -dbgsym package beside it."""
+    engines.apt_install(["lintian"])
+    r = run(["lintian", "--tag-display-limit", "0", "--allow-root", deb], 600, check=False)
+    found = re.findall(r"^([EW]): psd(?: [a-z]+)?: (\S+)(.*)$", r.stdout, re.M)
+    ok = justified_tags()
+    new = ["%s: %s%s" % f for f in found if f[1] not in ok]
+    check(not new, "lintian findings that docs/operations-engines.md does not justify:\n" + "\n".join(new)
+          + "\n--- all of lintian's output\n" + r.stdout + r.stderr)
+    check(r.returncode in (0, 1, 2), "lintian failed (exit %d): %s" % (r.returncode, r.stderr))
+    files = run(["dpkg-deb", "-c", deb], 60, quiet=True).stdout
+    for p in ("/usr/share/doc/psd/copyright", "/usr/share/doc/psd/changelog.gz", "/usr/share/man/man1/psd.1.gz",
+              "/usr/share/man/man1/psworker.1.gz", "/usr/share/man/man1/psctl.1.gz", "/usr/share/psd/get-mnist.sh"):
+        check("." + p in files, "%s is not in the package" % p)
+    ddebs = [f for f in os.listdir(os.path.dirname(deb)) if f.startswith("psd-dbgsym_") and f.endswith(".ddeb")]
+    check(len(ddebs) == 1, "no psd-dbgsym package beside %s" % deb)
+    dbg = run(["dpkg-deb", "-c", os.path.join(os.path.dirname(deb), ddebs[0])], 60, quiet=True).stdout
+    check(len(re.findall(r"/usr/lib/debug/\.build-id/\S+\.debug", dbg)) >= 4,
+          "the -dbgsym package lacks the symbols of psd, psworker, psctl and libpsclient:\n" + dbg)
+    log("lintian: %d finding(s), each justified in the docs (%s); -dbgsym beside it" % (
+        len(found), ", ".join(sorted({f[1] for f in found})) or "none"))
 
 
 def body():
@@ -114,6 +162,7 @@ def body():
 
     SCRATCH = tempfile.mkdtemp(prefix="psd-engine-deb-", dir="/var/tmp")
     deb = engines.package(ARGS, os.path.join(SCRATCH, "pkg"))
+    lintian(deb)
     root = os.path.join(SCRATCH, "root")
     engines.debian_root(ARGS, root)
     shutil.copy("/etc/resolv.conf", os.path.join(root, "etc", "resolv.conf"))
@@ -128,7 +177,8 @@ def body():
     in_root(root, "cd /tmp && apt-get update -q && apt-get install -y -q ./%s" % debname, 600)
     r = in_root(root, "getent passwd psd; dpkg-query -W -f='${Status}|${Conffiles}\n' psd; "
                       "python3 -c 'import psd; print(psd.__file__)'; "
-                      "pkg-config --modversion psclient 2>/dev/null || echo no-pkg-config", 120)
+                      "pkg-config --modversion psclient 2>/dev/null || echo no-pkg-config; "
+                      "echo PYC $(ls /usr/lib/python3/dist-packages/psd/__pycache__/ 2>/dev/null | grep -c pyc)", 120)
     out = r.stdout
     m = re.search(r"^psd:x:(\d+):(\d+):[^:]*:(/var/lib/psd):(\S+)$", out, re.M)
     check(m, "no system user psd after the install:\n" + out)
@@ -136,7 +186,8 @@ def body():
           "psd is not a system user without a shell: " + m.group(0))
     check("install ok installed|" in out and "/etc/psd/psd.conf" in out, "dpkg's view of psd:\n" + out)
     check("/usr/lib/python3/dist-packages/psd/__init__.py" in out, "python3 does not find psd:\n" + out)
-    log("installed: user psd uid %s; conffiles registered; python3 imports psd" % m.group(1))
+    check(re.search(r"^PYC [1-9]", out, re.M), "py3compile did not compile the Python package:\n" + out)
+    log("installed: user psd uid %s; conffiles registered; python3 imports psd; byte code compiled" % m.group(1))
 
     # systemd's own check of the units, as systemctl start would load them
     in_root(root, "apt-get install -y -q --no-install-recommends systemd >/dev/null", 600)
@@ -166,6 +217,10 @@ def body():
     check(re.search(r"^PYTHON /usr/lib/python3/dist-packages/psd/__init__.py [1-9]\d* True$", out, re.M),
           "the Python package did not train against psd")
     check("PSD_EXIT 0" in out, "psd did not exit 0 on SIGTERM")
+    check("FASHION DATA_DIR /srv/psd/data exists" in out, "the packaged PSD_DATA_DIR does not exist:\n" + out)
+    fashion = [json.loads(ln[len("FASHION "):]) for ln in out.splitlines() if ln.startswith("FASHION {")]
+    check(len(fashion) == 1 and fashion[0]["test_accuracy"] > 0.5,
+          "no worker trained on Debian's Fashion-MNIST with the packaged settings:\n" + out)
     check(re.search(r"^STATE -rw------- +1 +%s +%s .* ckpt-\d+\.psdc$" % (m.group(1), m.group(2)), out, re.M),
           "no checkpoint owned by psd in /var/lib/psd after SIGTERM")
 
@@ -177,7 +232,8 @@ def body():
     in_root(root, "apt-get purge -y -q psd", 300)
     r = in_root(root, "for p in /usr/bin/psd /usr/bin/psworker /usr/bin/psctl /etc/psd /var/lib/psd "
                       "/lib/systemd/system/psd.service /usr/share/psd /usr/lib/python3/dist-packages/psd "
-                      "/usr/include/psd; do if [ -e $p ]; then echo LEFT $p; fi; done; "
+                      "/usr/include/psd /srv/psd; do if [ -e $p ]; then echo LEFT $p; fi; done; "
+                      "find / -xdev -name __pycache__ -path '*/psd/*' | sed 's/^/LEFT /'; "
                       "for p in /usr/lib/libpsclient* /usr/lib/*/libpsclient*; do "
                       "if [ -e $p ]; then echo LEFT $p; fi; done; "
                       "dpkg-query -W -f='${Status}\n' psd 2>&1 || true", 60)

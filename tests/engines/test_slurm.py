@@ -185,6 +185,7 @@ def body():
     global SCRATCH, ENV
     engines.need_root()
     engines.need_debian12()
+    engines.need_cgroups()
     engines.apt_install(["slurmctld", "slurmd", "slurm-client", "munge"], no_start=True)
     bins = [os.path.abspath(os.path.join(ARGS.build_dir, d)) for d in ("server", "worker", "psctl")]
     for b, prog in ((bins[0], "psd"), (bins[2], "psctl"), (bins[1], "psworker")):

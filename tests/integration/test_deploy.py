@@ -2,13 +2,24 @@
 """test_deploy.py - deploy/: the Kubernetes manifests, the container recipe, the Slurm script.
 
 - deploy/k8s passes `kubectl apply -f deploy/k8s --dry-run=client` (kubectl from
-  Debian's kubernetes-client, or any kubectl on PATH; skipped without one).
+  Debian's kubernetes-client, or any kubectl on PATH; skipped without one),
+  with --validate=false: kubectl validates against the OpenAPI schema it
+  downloads from the API server, and with no cluster there is none to
+  download (the stub cannot serve Kubernetes' schema without a copy of it);
+  the test checks the fields that matter itself instead.
   A client-side dry run still asks an API server which kinds exist (its
   discovery documents) and for the live object it would patch, so the test
   answers those from a stub on 127.0.0.1: the discovery of the core, apps
   and batch groups, and 404 for every object (nothing exists yet). No
   cluster and no other network is involved, and the stub answers nothing
   that changes what kubectl prints.
+- Every pod meets the Pod Security Standard "restricted", as a cluster
+  that enforces it checks: runAsNonRoot, a non-root user, the
+  RuntimeDefault seccomp profile, no privilege escalation, every
+  capability dropped, only the volume types it allows; and every container
+  (init containers too) has CPU and memory requests and limits, the image
+  pinned to the project's version (not latest) and imagePullPolicy
+  IfNotPresent; the token init containers copy without chown.
 - What the objects say must agree: the workers' --server list is the
   StatefulSet's pod names through the headless Service, in part order; the
   ports of psd.conf, the containers, the Service and the probes; the
@@ -16,10 +27,11 @@
   token Secret of the documented command with the volumes; the state volume
   with state_dir. psd accepts the ConfigMap's psd.conf and psworker knows
   every option of the Job's command.
-- deploy/Containerfile starts from the base mmdebstrap makes (no registry)
-  and installs the Debian package of deploy/deb/ with apt-get, which brings
-  the libraries the package's Depends name; it runs as the user and exposes
-  the ports the manifests use. tests/engines/test_image.py builds and runs
+- deploy/Containerfile's build stage starts from the base mmdebstrap makes
+  (no registry) and installs the Debian package of deploy/deb/ with
+  apt-get, which brings the libraries the package's Depends name; the image
+  is an empty root with only what that stage copies (no RUN after it); it
+  runs as the user and exposes the ports the manifests use. tests/engines/test_image.py builds and runs
   it for real.
 - deploy/slurm/psd-job.sbatch runs a whole job on this machine under stand-ins
   for srun and scontrol (one node, 127.0.0.1): psd part up, the worker
@@ -163,6 +175,50 @@ class KubernetesTest(unittest.TestCase):
             self.assertEqual(o["metadata"]["namespace"], NAMESPACE, "every object is namespaced")
             self.assertEqual(o["metadata"]["labels"].get("app.kubernetes.io/part-of"), "psd")
 
+    def test_restricted_pod_security(self):
+        version = re.search(r"project\(psd VERSION (\S+)", read("CMakeLists.txt")).group(1)
+        for kind, name in (("StatefulSet", "psd"), ("Job", "psworker")):
+            pod = self.obj(kind, name)["spec"]["template"]["spec"]
+            psc = pod.get("securityContext", {})
+            self.assertIs(psc.get("runAsNonRoot"), True, "%s: pod runAsNonRoot" % name)
+            self.assertEqual(psc.get("seccompProfile", {}).get("type"), "RuntimeDefault", name)
+            self.assertNotIn("hostNetwork", pod)
+            self.assertNotIn("hostPID", pod)
+            for v in pod["volumes"]:
+                kinds = set(v) - {"name"}
+                self.assertLessEqual(kinds, {"configMap", "secret", "emptyDir", "persistentVolumeClaim",
+                                             "projected", "downwardAPI", "csi", "ephemeral"},
+                                     "%s: volume %s is of a type 'restricted' refuses" % (name, v["name"]))
+            every = pod.get("initContainers", []) + pod["containers"]
+            self.assertGreaterEqual(len(every), 2)
+            for c in every:
+                what = "%s/%s" % (name, c["name"])
+                sc = c.get("securityContext", {})
+                self.assertIs(sc.get("runAsNonRoot", psc.get("runAsNonRoot")), True, what)
+                uid = sc.get("runAsUser", psc.get("runAsUser"))
+                self.assertIsNotNone(uid, what + ": no runAsUser (the image's USER would decide)")
+                self.assertNotEqual(uid, 0, what + " runs as root")
+                self.assertIs(sc.get("allowPrivilegeEscalation"), False, what)
+                self.assertFalse(sc.get("privileged", False), what)
+                self.assertEqual(sc.get("capabilities", {}).get("drop"), ["ALL"], what)
+                self.assertLessEqual(set(sc.get("capabilities", {}).get("add", [])), {"NET_BIND_SERVICE"}, what)
+                self.assertIs(sc.get("readOnlyRootFilesystem"), True, what)
+                self.assertIn(sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type"),
+                              ("RuntimeDefault", "Localhost"), what)
+                res = c.get("resources", {})
+                for kind_ in ("requests", "limits"):
+                    for r in ("cpu", "memory"):
+                        self.assertIn(r, res.get(kind_, {}), "%s: no %s %s" % (what, r, kind_))
+                self.assertEqual(c["image"], "psd:" + version, what + ": the image is pinned to the version")
+                self.assertEqual(c.get("imagePullPolicy"), "IfNotPresent", what)
+            for c in pod.get("initContainers", []):
+                self.assertNotIn("-o", c["command"], "the init container changes no owner (it is not root)")
+                self.assertNotIn("chown", " ".join(c["command"]))
+            vols = {v["name"]: v for v in pod["volumes"]}
+            # fsGroup lets the init container (psd's user) read the Secret
+            self.assertEqual(psc.get("fsGroup"), psc.get("runAsGroup"), name)
+            self.assertEqual(vols["token-secret"]["secret"].get("defaultMode", 0o644) & 0o040, 0o040, name)
+
     def test_workers_list_the_statefulset_pods_in_part_order(self):
         sts = self.obj("StatefulSet", "psd")
         svc = self.obj("Service", "psd")
@@ -296,15 +352,23 @@ def containerfile():
 
 
 class ContainerfileTest(unittest.TestCase):
-    def test_base_from_mmdebstrap_and_the_package(self):
+    def test_two_stages_from_mmdebstrap_and_the_package(self):
         text = containerfile()
-        froms = re.findall(r"(?m)^FROM (\S+)", text)
-        self.assertEqual(froms, ["${BASE}"], "one stage, from the base the ARG names")
+        froms = re.findall(r"(?m)^FROM (\S+)(?: AS (\S+))?", text)
+        self.assertEqual(froms, [("${BASE}", "build"), ("scratch", "")],
+                         "a build stage from the base the ARG names, then an empty root")
         base = re.search(r"(?m)^ARG BASE=(\S+)$", text).group(1)
         self.assertTrue(base.startswith("localhost/"), "the base is a local image, not a registry's: " + base)
         self.assertRegex(text, r"mmdebstrap --variant=apt bookworm - \| podman import - %s" % re.escape(base))
         self.assertRegex(text, r"(?m)^COPY psd_\*\.deb /tmp/$")
         self.assertRegex(text, r"apt-get install -y --no-install-recommends\s+/tmp/psd_\*\.deb")
+        # the final stage takes only the assembled tree: no RUN (no shell to run it)
+        final = text[text.index("\nFROM scratch"):]
+        self.assertNotRegex(final, r"(?m)^RUN ")
+        self.assertEqual(re.findall(r"(?m)^COPY --from=(\S+)", final), ["build", "build"])
+        # the image's tag in the docs and the manifests is the project's version
+        version = re.search(r"project\(psd VERSION (\S+)", read("CMakeLists.txt")).group(1)
+        self.assertIn("podman build -t psd:%s " % version, text)
         # the package the image installs is the one CPack makes
         self.assertIn("include(deploy/deb/package.cmake)", read("CMakeLists.txt"))
         self.assertIn('set(CPACK_PACKAGE_NAME "psd")', read("deploy", "deb", "package.cmake"))
@@ -313,7 +377,8 @@ class ContainerfileTest(unittest.TestCase):
         text = containerfile()
         user = re.search(r"(?m)^USER (\d+):(\d+)$", text)
         self.assertIsNotNone(user)
-        self.assertRegex(text, r"useradd --system --uid %s --gid %s" % (user.group(1), user.group(2)))
+        self.assertRegex(text, r"psd:x:%s:%s:" % (user.group(1), user.group(2)))
+        self.assertRegex(text, r"--chown=%s:%s /psd-state/ /var/lib/psd/" % (user.group(1), user.group(2)))
         for name in ("psd-statefulset.yaml", "psworker-job.yaml"):
             k8s = read("deploy", "k8s", name)
             self.assertEqual(set(re.findall(r"runAsUser: (\d+)", k8s)) - {"0"}, {user.group(1)}, name)

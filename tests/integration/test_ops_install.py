@@ -7,8 +7,12 @@
   psd.conf and psworker.env in etc/psd, the units in systemd's unit
   directory naming /usr/bin/psd and /etc/psd/psd.conf. A second install
   keeps an administrator's edited psd.conf.
-- With --prefix <dir> (and DESTDIR): the configuration under <dir>/etc/psd
-  and the units naming <dir>/bin/psd.
+- With --prefix <dir> (and DESTDIR): nothing outside <dir>: the
+  configuration under <dir>/etc/psd and the units, naming <dir>/bin/psd,
+  under <dir>/lib/systemd/system.
+- cpack's check of its staging tree refuses a package without uPlot (and
+  says to run `scripts/setup.sh uplot`) or without the man pages.
+- conf/psworker.env can be sourced by sh and bash, as its comment says.
 - psd, psworker and psctl answer --help with their whole usage, exit 0.
 - psd, psworker and psctl answer --version with "NAME X.Y.Z (protocol N)", one version.
 """
@@ -85,9 +89,56 @@ class InstallTest(unittest.TestCase):
             self.install(dest, prefix)
             self.assertTrue(os.access(os.path.join(dest + prefix, "bin", "psd"), os.X_OK))
             self.assertTrue(os.path.isfile(os.path.join(dest + prefix, "etc", "psd", "psd.conf")))
+            # nothing outside the prefix: the units too go under it
+            self.assertEqual(unit_dir(dest, prefix), os.path.join(dest + prefix, "lib", "systemd", "system"))
+            outside = [os.path.join(r, f) for r, _, fs in os.walk(dest) for f in fs
+                       if not os.path.join(r, f).startswith(dest + prefix + os.sep)]
+            self.assertEqual(outside, [], "cmake --install --prefix wrote outside the prefix")
             with open(os.path.join(unit_dir(dest, prefix), "psd.service")) as f:
                 text = f.read()
             self.assertIn("ExecStart=%s/bin/psd --config %s/etc/psd/psd.conf" % (prefix, prefix), text)
+
+    def test_package_refused_without_uplot_or_man_pages(self):
+        # cpack runs deploy/deb/check-staging.cmake on its staging tree
+        # before it makes the package (CPACK_PRE_BUILD_SCRIPTS)
+        script = os.path.join(harness.ROOT, "deploy", "deb", "check-staging.cmake")
+        cmake = shutil.which("cmake")
+        with harness.Cluster("psd-staging") as cl:
+            stage = os.path.join(cl.dir, "stage")
+            web = os.path.join(stage, "usr", "share", "psd", "web", "uplot")
+            man = os.path.join(stage, "usr", "share", "man", "man1")
+
+            def check_stage():
+                return harness.run([cmake, "-DCPACK_TEMPORARY_DIRECTORY=" + stage, "-P", script], timeout=60)
+            os.makedirs(man)
+            for prog in ("psd", "psworker", "psctl"):
+                open(os.path.join(man, prog + ".1.gz"), "wb").close()
+            r = check_stage()
+            self.assertNotEqual(r.returncode, 0, "a package without uPlot was accepted")
+            self.assertIn("scripts/setup.sh uplot", r.stderr)
+            os.makedirs(web)
+            open(os.path.join(web, "uPlot.iife.min.js"), "w").close()
+            r = check_stage()
+            self.assertEqual(r.returncode, 0, r.stderr)
+            os.unlink(os.path.join(man, "psworker.1.gz"))
+            r = check_stage()
+            self.assertNotEqual(r.returncode, 0, "a package without psworker.1 was accepted")
+            self.assertIn("psworker.1", r.stderr)
+            self.assertIn("help2man", r.stderr)
+
+    def test_env_file_sources(self):
+        # psworker.env's own comment: `set -a; . /etc/psd/psworker.env; set +a`
+        env = os.path.join(harness.ROOT, "conf", "psworker.env")
+        for shell in ("sh", "bash"):
+            r = harness.run([shell, "-euc", 'set -a; . "$1"; set +a; printf "%s|%s|%s|%s" "$PSD_SERVER" '
+                             '"$PSD_WORKERS" "$PSD_DATA_DIR" "$PSWORKER_ARGS"', shell, env])
+            self.assertEqual(r.returncode, 0, "%s cannot source psworker.env: %s" % (shell, r.stderr))
+            self.assertEqual(r.stderr, "")
+            server, workers, data, args = r.stdout.split("|")
+            self.assertRegex(server, r"^\S+:\d+$")
+            self.assertRegex(workers, r"^\d+$")
+            self.assertEqual(data, "/srv/psd/data")
+            self.assertTrue(args.startswith("--") and " --model " in args, args)
 
     def test_help(self):
         expect = {

