@@ -46,6 +46,7 @@ PACKAGES=(
     python3-numpy          # reference computations in the tests; the Python package psd
     python3-pytest         # tests only: the Python package's tests (tests/client)
     python3-torch          # psd.torch and its example (PyTorch on OpenBLAS); bench/tta.py's reference
+    python3-torchvision    # tests only: torchvision's ResNet-50 trained through psd.torch (tests/client)
     prometheus             # promtool checks the metrics text in the tests
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
     iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links, ss reads sockets' buffers (test_python)
