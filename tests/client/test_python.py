@@ -601,7 +601,7 @@ def test_tables_rows_packed_on_the_wire(cluster):
     z = client(p.addr, "2/3", shm=False, compress=True)
     for c in (f, h, z):
         c.connect()
-        c.table("emb", 16, opt="sgd", lr=1.0)
+        c.table("emb", 16, init="zeros", opt="sgd", lr=1.0)
     keys = np.arange(1000, 3000, dtype=np.uint64)
     g = np.zeros((keys.size, 16), np.float32)
     g[:, :4] = np.random.default_rng(3).standard_normal((keys.size, 4)) / 3
