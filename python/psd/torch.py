@@ -163,7 +163,7 @@ class Worker:
         self.buffers = buffers
         # the module's buffers (BatchNorm's running statistics, ...): psd
         # keeps them beside the parameters, untrained (module's notes)
-        self._bufs = [(n, b) for n, b in module.named_buffers()] if buffers else []
+        self._bufs = _persistent_buffers(module) if buffers else []
         for n, b in self._bufs:
             if _SAVE_DT.get(b.dtype) is None:
                 raise TypeError("buffer %s is %s: psd keeps float and integer buffers (or Worker(buffers=None))"
@@ -457,6 +457,19 @@ class Worker:
             if self._notice is not None:
                 self._notice.stop()
             self.client.close(reason=reason)
+
+
+def _persistent_buffers(module):
+    """(name, buffer) of module's buffers that are part of its state_dict
+    (register_buffer(..., persistent=False) ones are not: a causal mask)."""
+    out, seen = [], set()
+    for path, m in module.named_modules():
+        skip = getattr(m, "_non_persistent_buffers_set", ())
+        for n, b in m._buffers.items():
+            if b is not None and n not in skip and id(b) not in seen:
+                seen.add(id(b))
+                out.append(((path + "." if path else "") + n, b))
+    return out
 
 
 # the one tensor of a model of tables only (Worker)
