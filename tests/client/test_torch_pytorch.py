@@ -475,7 +475,10 @@ else:
 """
 
 
-@pytest.mark.parametrize("how", ["step", "hook"])
+# "hook" in the plain build only: with the sanitizer's runtime preloaded
+# into python3, the C++ exception PyTorch throws for an error in a hook
+# stops the process in the runtime's __cxa_throw interceptor
+@pytest.mark.parametrize("how", ["step", pytest.param("hook", marks=pytest.mark.plain_build)])
 def test_psd_error_in_a_step_ends_the_process(cluster, how):
     """A PsdError at step() (psd went away, reconnect off), or one raised
     inside backward, ends the process with its message and a non-zero
