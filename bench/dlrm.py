@@ -436,8 +436,8 @@ def arm_psd(a):
         ps.zero_grad()
         loss = loss_fn(model(keys, x), y)
         if nxt is not None and not a.no_prefetch:
-            emb.prefetch(nxt[0].reshape(-1))  # backward pulls the next batch's rows as it pushes
-        loss.backward()  # the rows' gradients go to psd
+            emb.prefetch(nxt[0].reshape(-1))  # the step pulls the next batch's rows as it pushes
+        loss.backward()  # the rows' gradients wait for the step
         ps.step()
         n += len(y)
     t1 = time.time()

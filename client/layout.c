@@ -14,17 +14,29 @@ int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_
         return psc__fail(c, PSC_EINVAL, "psc_add_tensor: a tensor needs a name and 1..%d dims", PS_DIMS_MAX);
     for (uint32_t i = 0; i < ndim; i++) {
         if (dims[i] < 1 || dims[i] > UINT32_MAX)
-            return psc__fail(c, PSC_EINVAL, "tensor '%.63s': dimension %u is %" PRIu64 " (1..%u)", name, i, dims[i],
+            return psc__fail(c, PSC_EINVAL, "tensor '%.80s': dimension %u is %" PRIu64 " (1..%u)", name, i, dims[i],
                         UINT32_MAX);
         d[i] = (uint32_t)dims[i];
     }
     for (uint32_t i = 0; i < c->layout.ntensors; i++)
         if (strcmp(c->layout.t[i].name, name) == 0)
-            return psc__fail(c, PSC_EINVAL, "tensor '%.63s' declared twice", name);
+            return psc__fail(c, PSC_EINVAL, "tensor '%.80s' declared twice", name);
+    /* say which limit refuses the tensor */
+    size_t nlen = strlen(name);
+    if (c->layout.ntensors >= PS_TENSORS_MAX)
+        return psc__fail(c, PSC_EINVAL, "the layout has %d tensors already, the most psd takes (PS_TENSORS_MAX): "
+                                   "tensor '%.80s' is one too many", PS_TENSORS_MAX, name);
+    if (nlen == 0 || nlen > PS_NAME_MAX)
+        return psc__fail(c, PSC_EINVAL, "tensor name '%.*s%s' has %zu bytes: a name has 1..%d (PS_NAME_MAX)",
+                         nlen > 80 ? 80 : (int)nlen, name, nlen > 80 ? "..." : "", nlen, PS_NAME_MAX);
+    for (size_t i = 0; i < nlen; i++)
+        if (name[i] < 0x21 || name[i] > 0x7e)
+            return psc__fail(c, PSC_EINVAL, "tensor name '%.80s': byte %zu is not printable ASCII without space "
+                                       "(0x21..0x7e)", name, i);
     int rc = ps_layout_add(&c->layout, name, ndim, d);
     if (rc != 0)
-        return psc__fail(c, PSC_EINVAL, "tensor '%.80s': %s (names of 1..%d printable bytes, at most %d tensors and "
-                                   "2^34 values)", name, ps_strerror(rc), PS_NAME_MAX, PS_TENSORS_MAX);
+        return psc__fail(c, PSC_EINVAL, "tensor '%.80s': %s (the model would have over 2^34 values, PS_PARAMS_MAX)",
+                         name, ps_strerror(rc));
     return 0;
 }
 
@@ -34,10 +46,10 @@ int psc_add_buffer(psc_client *c, const char *name, uint32_t ndim, const uint64_
     int buf = rule ? ps_buf_parse(rule, strlen(rule)) : -1;
     int sdt = dtype ? ps_save_dt_parse(dtype, strlen(dtype)) : PS_SAVE_F32;
     if (buf < 0)
-        return psc__fail(c, PSC_EINVAL, "buffer '%.63s': rule '%.40s': \"mean\" (psd keeps the mean of the workers' "
+        return psc__fail(c, PSC_EINVAL, "buffer '%.80s': rule '%.40s': \"mean\" (psd keeps the mean of the workers' "
                                    "values) or \"first\" (shard 0's)", name ? name : "", rule ? rule : "(null)");
     if (sdt < 0)
-        return psc__fail(c, PSC_EINVAL, "buffer '%.63s': dtype '%.40s': \"F32\", \"F64\", \"I64\" or \"I32\"",
+        return psc__fail(c, PSC_EINVAL, "buffer '%.80s': dtype '%.40s': \"F32\", \"F64\", \"I64\" or \"I32\"",
                     name ? name : "", dtype);
     int rc = psc_add_tensor(c, name, ndim, dims);
     if (rc != 0)

@@ -237,7 +237,7 @@ STREAMS = {
     "push_before_hello": stream(2, M["push"], M["hello_worker"]),
     "unsupported_hello": stream(2, M["hello_v2"], M["status"]),
     "zero_length": stream(2, M["hello_admin"], tail=b"\0\0\0\0" + frame(M["status"])),
-    "too_big_prehello": stream(2, tail=struct.pack(">I", 256 * 1024 + 1) + b"\x80"),
+    "too_big_prehello": stream(2, tail=struct.pack(">I", 512 * 1024 + 1) + b"\x80"),
     "too_big_posthello": stream(0, M["hello_admin"], tail=struct.pack(">I", 4097) + b"\x80"),
     "partial_frame": stream(2, M["hello_admin"], tail=frame(M["status"])[:-1]),
     "partial_header": stream(2, M["hello_admin"], tail=b"\0\0"),

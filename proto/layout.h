@@ -11,9 +11,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PS_NAME_MAX 63     /* longest tensor name, in bytes */
-#define PS_DIMS_MAX 6      /* highest tensor rank */
-#define PS_TENSORS_MAX 256 /* most tensors in one layout */
+/* The tensor limits are far above what ordinary models need (ResNet-101:
+ * 314 parameters and 310 BatchNorm buffers; ResNet-152: 932 tensors; a
+ * 12-layer transformer's nested names reach ~50 bytes) and are bounded by
+ * the hello: a layout of PS_TENSORS_MAX tensors of the longest names and
+ * highest rank is ~350 KB of msgpack, within PS_FRAME_MAX_PREAUTH, and a
+ * ps_layout (held whole by psd and each client link) is ~360 KB. */
+#define PS_NAME_MAX 127     /* longest tensor name, in bytes */
+#define PS_DIMS_MAX 6       /* highest tensor rank */
+#define PS_TENSORS_MAX 2048 /* most tensors in one layout */
 
 /* A buffer: a tensor of the model that the optimizer does not train
  * (BatchNorm's running statistics). A push carries its values, not a

@@ -8,7 +8,8 @@
 
 #define PS_FRAME_HDR 4u                        /* big-endian u32 payload length */
 #define PS_FRAME_MAX_HARD (2048u * 1024 * 1024 - 1) /* largest payload ever */
-#define PS_FRAME_MAX_PREAUTH (256u * 1024)     /* largest payload before the handshake */
+#define PS_FRAME_MAX_PREAUTH (512u * 1024)     /* largest payload before the handshake: a hello with
+                                                * the largest layout (PS_TENSORS_MAX) fits */
 #define PS_PARAMS_MAX (1ULL << 34)             /* largest flat parameter vector */
 #define PS_MSG_DEPTH_MAX 6                     /* deepest nesting of arrays/maps */
 #define PS_MSG_OBJECTS_MAX 65536               /* most msgpack objects in one frame */

@@ -58,6 +58,7 @@ TEST_PACKAGES=(
     python3-numpy          # the Python package psd; reference computations in the tests
     python3-pytest         # tests only: the Python package's tests (tests/client)
     python3-torch          # psd.torch and its example (PyTorch on OpenBLAS); bench/tta.py's reference
+    python3-torchvision    # tests only: torchvision's ResNet-50 trained through psd.torch (tests/client)
     prometheus             # tests only: promtool checks the metrics text
     openmpi-bin            # tests only: mpirun starts psworker --shard auto
     iproute2               # tests only: network namespaces play other hosts (test_shm, test_multihost), tc shapes their links, ss reads sockets' buffers (test_python)

@@ -118,8 +118,8 @@ def main():
         idx = mine[at:at + args.batch]
         ps.zero_grad()
         loss = loss_fn(model(torch.from_numpy(ids[idx]), torch.from_numpy(dense[idx])), torch.from_numpy(y[idx]))
-        loss.backward()  # the rows' gradients go to psd
-        ps.step()        # the MLP's too; its new parameters come back
+        loss.backward()  # the rows' gradients wait for the step
+        ps.step()        # pushes them, then the MLP's; its new parameters come back
         trained += len(idx)
         ps.progress(0, loss.item() * len(idx), len(idx))
     seconds = time.monotonic() - t0

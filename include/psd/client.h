@@ -195,8 +195,8 @@ typedef struct psc_option_info {
  * static; nothing is to be freed. */
 PSC_API const psc_option_info *psc_option(unsigned i);
 
-/* Appends a tensor to the layout: name (1..63 printable bytes), ndim
- * (1..6) dims each >= 1. Tensors follow each other in the flat vector in
+/* Appends a tensor to the layout: name (1..127 printable bytes), ndim
+ * (1..6) dims each >= 1; at most 2048 tensors (proto/PROTOCOL.md, Limits). Tensors follow each other in the flat vector in
  * the order they are added. Every worker of a job declares the same
  * tensors in the same order (psd refuses another layout: PSC_ELAYOUT).
  * Only before the layout is fixed (the first psc_params, psc_grads,

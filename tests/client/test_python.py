@@ -601,7 +601,7 @@ def test_tables_rows_packed_on_the_wire(cluster):
     z = client(p.addr, "2/3", shm=False, compress=True)
     for c in (f, h, z):
         c.connect()
-        c.table("emb", 16, opt="sgd", lr=1.0)
+        c.table("emb", 16, init="zeros", opt="sgd", lr=1.0)
     keys = np.arange(1000, 3000, dtype=np.uint64)
     g = np.zeros((keys.size, 16), np.float32)
     g[:, :4] = np.random.default_rng(3).standard_normal((keys.size, 4)) / 3
@@ -930,3 +930,17 @@ def test_topk_refusals(cluster):
         client(p.addr, "0/1", topk=1.5)
     with pytest.raises(psd.PsdError, match="topk needs skip_zeros on"):
         client(p.addr, "0/1", topk=0.01, skip_zeros=False, connect=True)
+
+
+def test_layout_limits_are_named():
+    """A layout of 2,048 tensors with 127-byte names is taken (ResNet-152
+    has 932 tensors); the 2,049th tensor, or a 128-byte name, is refused
+    by an error that names the limit, not the tensor as if it were wrong."""
+    long = "model.transformer_backbone.language_model.encoder.layers.11.self_attn.out_proj."
+    c = psd.Client([("%s%04d" % ((long * 2)[:123], i), (2,)) for i in range(2048)])
+    assert len(c.tensors) == 2048 and max(len(n) for n in c.tensors) == 127
+    with pytest.raises(psd.PsdError, match=r"the layout has 2048 tensors already, the most psd takes "
+                                           r"\(PS_TENSORS_MAX\)"):
+        psd.Client([("t%d" % i, (1,)) for i in range(2049)])
+    with pytest.raises(psd.PsdError, match=r"has 128 bytes: a name has 1\.\.127 \(PS_NAME_MAX\)"):
+        psd.Client([("n" * 128, (1,))])

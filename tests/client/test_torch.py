@@ -318,8 +318,8 @@ def test_embedding_tables_train_like_local_ones(cluster):
         ads, offsets, user, y = ctr_batch(step)
         ps.zero_grad()
         loss = nn.functional.binary_cross_entropy_with_logits(model(ads, offsets, user), y)
-        loss.backward()  # pushes the rows' gradients
-        ps.step()        # pushes the head's, pulls it back
+        loss.backward()  # keeps the rows' gradients
+        ps.step()        # pushes the rows' and the head's, pulls the head back
         opt.zero_grad()
         rloss = nn.functional.binary_cross_entropy_with_logits(ref(ads, offsets, user), y)
         rloss.backward()

@@ -64,7 +64,7 @@ SANITIZED = os.environ.get("PSD_SANITIZE") == "1"
 # ---- protocol constants (proto/msg.h, proto/errors.h, proto/ps_limits.h) ----
 
 PROTO_VERSION = 1
-FRAME_MAX_PREAUTH = 256 * 1024
+FRAME_MAX_PREAUTH = 512 * 1024
 
 T_HELLO = 1
 T_WELCOME = 2

@@ -137,7 +137,7 @@ class Attack:
         big = struct.pack(">I", 0x7FFFFFFF)
         self.fatal(E_TOO_BIG, "0x7fffffff length before hello", raw=big)
         self.fatal(E_TOO_BIG, "0xffffffff length before hello", raw=b"\xff\xff\xff\xff")
-        self.fatal(E_TOO_BIG, "256 KiB + 1 before hello", raw=struct.pack(">I", harness.FRAME_MAX_PREAUTH + 1))
+        self.fatal(E_TOO_BIG, "512 KiB + 1 before hello", raw=struct.pack(">I", harness.FRAME_MAX_PREAUTH + 1))
         self.fatal(E_TOO_BIG, "0x7fffffff length after hello", raw=big + b"\x00" * 64,
                    before=[lambda c: c.hello_admin()])
         self.fatal(E_MALFORMED, "zero length", raw=b"\x00\x00\x00\x00")

@@ -192,7 +192,7 @@ class InitFromTest(unittest.TestCase):
 
     def test_huge_headers(self):
         slack = max(0, int(os.environ.get("PSD_TEST_RSS_SLACK_MB", "50")) - 50)  # sanitizers' own
-        cases = {"tensors": "more than 384 tensors in its header; psd takes 1 to 256 of the model and 2 per table "
+        cases = {"tensors": "more than 2176 tensors in its header; psd takes 1 to 2048 of the model and 2 per table "
                             "(keys, rows) for up to 64 tables",
                  "values": "bad header: more than 65536 JSON values",
                  "string": "bad header: a string or number over 4 MiB",
@@ -216,15 +216,15 @@ class InitFromTest(unittest.TestCase):
                 os.unlink(path)
 
     def test_full_layout_with_tables(self):
-        """A file of 256 model tensors (the most a layout holds) and 64
-        tables (2 tensors each, as psctl save writes them) has 385 header
-        entries: psd starts from it, with every tensor and table; 257 model
+        """A file of 2048 model tensors (the most a layout holds) and 64
+        tables (2 tensors each, as psctl save writes them) has 2177 header
+        entries: psd starts from it, with every tensor and table; 2049 model
         tensors are still refused."""
         def write(path, ntensors, ntables):
             header, blob = {}, b""
             for i in range(ntensors):
                 v = np.full(2, i, np.float32).tobytes()
-                header["t%03d" % i] = {"dtype": "F32", "shape": [2], "data_offsets": [len(blob), len(blob) + 8]}
+                header["t%04d" % i] = {"dtype": "F32", "shape": [2], "data_offsets": [len(blob), len(blob) + 8]}
                 blob += v
             decls = []
             for i in range(ntables):
@@ -246,16 +246,16 @@ class InitFromTest(unittest.TestCase):
 
         with harness.Cluster("psd-initfrom-entries") as cl:
             path = os.path.join(cl.dir, "full.safetensors")
-            write(path, 256, 64)
+            write(path, 2048, 64)
             psd = cl.psd(mode="asgd", workers=1, args=("--init-from", path))
             st = harness.status(psd.addr)
             tables = {t["name"]: t["rows"] for t in st["tables"]}
             self.assertEqual(len(tables), 64)
             self.assertEqual(set(tables.values()), {2})
             psd.stop()
-            write(path, 257, 1)
+            write(path, 2049, 1)
             err = self.start_fails("--init-from", path)
-            self.assertIn("257 tensors; psd takes 1 to 256", err)
+            self.assertIn("2049 tensors; psd takes 1 to 2048", err)
 
     def test_checkpoint_conflicts(self):
         with harness.Cluster("psd-initfrom-ckpt") as cl:

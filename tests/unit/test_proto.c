@@ -474,6 +474,50 @@ static void test_scan_truncation_hello(void **state)
     ps_buf_free(&out);
 }
 
+/* The largest layout the limits allow (PS_TENSORS_MAX tensors, each with a
+ * name of PS_NAME_MAX bytes, PS_DIMS_MAX dims and a buffer's
+ * rule and dtype): its hello fits the pre-hello frame limit and psd's
+ * object limit, and decodes whole. */
+static void test_hello_largest_layout(void **state)
+{
+    (void)state;
+    static ps_layout big;
+    ps_layout_init(&big);
+    /* 2^23 values each, PS_PARAMS_MAX in all */
+    const uint32_t dims[PS_DIMS_MAX] = {256, 256, 128, 1, 1, 1};
+    char name[PS_NAME_MAX + 1];
+    for (int i = 0; i < PS_TENSORS_MAX; i++) {
+        memset(name, 'n', PS_NAME_MAX);
+        name[PS_NAME_MAX] = '\0';
+        snprintf(name, 8, "%06d", i);
+        name[6] = 'n'; /* snprintf's NUL */
+        assert_int_equal(ps_layout_add(&big, name, PS_DIMS_MAX, dims), 0);
+        assert_int_equal(ps_layout_set_buffer(&big, PS_BUF_FIRST, PS_SAVE_I64), 0);
+    }
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m.id = 1;
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_WORKER;
+    m.shard = 1;
+    m.nshards = 2;
+    m.layout = &big;
+    m.fp = ps_layout_fingerprint(&big);
+    ps_buf out = {0};
+    assert_int_equal(ps_msg_encode_full(&m, &out), 0);
+    uint32_t plen = 0;
+    assert_int_equal(ps_frame_header(out.p, out.len, PS_FRAME_MAX_PREAUTH, &plen), 1);
+    assert_true(plen <= PS_FRAME_MAX_PREAUTH);
+    ps_msg d;
+    uint8_t *p = heapdup(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
+    assert_int_equal(dec_inplace(p, out.len - PS_FRAME_HDR, &d), 0);
+    assert_int_equal(lay.ntensors, PS_TENSORS_MAX);
+    assert_true(ps_layout_equal(&lay, &big));
+    free(p);
+    ps_buf_free(&out);
+}
+
 static void test_scan_trailing_bytes(void **state)
 {
     (void)state;
@@ -2034,9 +2078,10 @@ static void test_decode_hello_errors(void **state)
                mp_array(l, 4), mp_str(l, "w"), mp_array(l, 1), mp_uint(l, 3), mp_str(l, "mean"), mp_str(l, "U8"));
     BAD_LAYOUT("layout[0]: expected [name, [dims...]]", mp_array(l, 1), mp_array(l, 5), mp_str(l, "w"),
                mp_array(l, 1), mp_uint(l, 3), mp_str(l, "mean"), mp_str(l, "I64"), mp_nil(l));
-    BAD_LAYOUT("layout[0]: name must have 1..63 bytes", mp_array(l, 1), T1("", 1));
-    BAD_LAYOUT("layout[0]: name must have 1..63 bytes", mp_array(l, 1),
-               T1("a123456789b123456789c123456789d123456789e123456789f123456789xyzw", 1));
+    BAD_LAYOUT("layout[0]: name must have 1..127 bytes", mp_array(l, 1), T1("", 1));
+    BAD_LAYOUT("layout[0]: name must have 1..127 bytes", mp_array(l, 1),
+               T1("a123456789b123456789c123456789d123456789e123456789f123456789g123456789h123456789i123456789"
+                  "j123456789k123456789l123456789xyzwxyzw", 1));
     BAD_LAYOUT("(a b): invalid name", mp_array(l, 1), T1("a b", 1));
     BAD_LAYOUT("invalid name", mp_array(l, 1), T1("tab\there", 1));
     BAD_LAYOUT("invalid name", mp_array(l, 1), T1("caf\xc3\xa9", 1));
@@ -2059,25 +2104,25 @@ static void test_decode_hello_errors(void **state)
     BAD_LAYOUT("too many parameters", mp_array(l, 1), mp_array(l, 2), mp_str(l, "w"), mp_array(l, 3),
                mp_uint(l, UINT32_MAX), mp_uint(l, UINT32_MAX), mp_uint(l, UINT32_MAX));
 
-    /* 256 tensors is the most; 257 are refused */
+    /* PS_TENSORS_MAX tensors is the most; one more is refused */
     l->n = 0;
-    mp_array(l, 256);
-    for (int i = 0; i < 256; i++) {
+    mp_array(l, PS_TENSORS_MAX);
+    for (int i = 0; i < PS_TENSORS_MAX; i++) {
         char name[16];
         snprintf(name, sizeof name, "t%d", i);
         T1(name, 1);
     }
     worker_hello(w, l->b, l->n);
     assert_int_equal(dec_copy(w, &m), 0);
-    assert_int_equal(lay.ntensors, 256);
-    assert_int_equal(lay.total, 256);
+    assert_int_equal(lay.ntensors, PS_TENSORS_MAX);
+    assert_int_equal(lay.total, PS_TENSORS_MAX);
     w->n = 0;
     l->n = 0;
-    mp_array(l, 257);
-    for (int i = 0; i < 257; i++)
+    mp_array(l, PS_TENSORS_MAX + 1);
+    for (int i = 0; i < PS_TENSORS_MAX + 1; i++)
         T1("x", 1);
     worker_hello(w, l->b, l->n);
-    expect(w, &(badcase){"257 tensors", PS_EBAD_FIELD, "layout: expected an array of 1..256 tensors"});
+    expect(w, &(badcase){"PS_TENSORS_MAX + 1 tensors", PS_EBAD_FIELD, "layout: expected an array of 1..2048 tensors"});
 #undef T1
 #undef BAD_LAYOUT
     free(l);
@@ -2117,9 +2162,9 @@ static void test_layout_add_limits(void **state)
 
     assert_int_equal(ps_layout_add(l, "", 1, one), PS_EINVAL);
     memset(name, 'n', sizeof name);
-    name[PS_NAME_MAX + 1] = '\0'; /* 64 bytes */
+    name[PS_NAME_MAX + 1] = '\0'; /* PS_NAME_MAX + 1 bytes */
     assert_int_equal(ps_layout_add(l, name, 1, one), PS_EINVAL);
-    name[PS_NAME_MAX] = '\0'; /* 63 bytes */
+    name[PS_NAME_MAX] = '\0'; /* PS_NAME_MAX bytes */
     assert_int_equal(ps_layout_add(l, name, 1, one), 0);
     assert_int_equal(ps_layout_add(l, "a b", 1, one), PS_EINVAL);
     assert_int_equal(ps_layout_add(l, "a\x7f", 1, one), PS_EINVAL);
@@ -3164,6 +3209,7 @@ int main(void)
         cmocka_unit_test(test_scan_rejects_reserved_byte),
         cmocka_unit_test(test_scan_truncation_push),
         cmocka_unit_test(test_scan_truncation_hello),
+        cmocka_unit_test(test_hello_largest_layout),
         cmocka_unit_test(test_scan_trailing_bytes),
         cmocka_unit_test(test_scan_huge_declared_counts),
         cmocka_unit_test(test_scan_lengths_beyond_the_end),
