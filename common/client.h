@@ -99,8 +99,9 @@ typedef struct ps_client {
 void ps_client_init(ps_client *c);
 void ps_client_free(ps_client *c);
 
-/* Connects to "host:port" within timeout_ms, with TCP_NODELAY. Returns 0,
- * PS_EINVAL for a bad address, PS_ECONNECT or PS_ETIMEOUT. */
+/* Connects to "host:port" within timeout_ms (-1: no limit), resolving the
+ * name included, with TCP_NODELAY. Returns 0, PS_EINVAL for a bad address,
+ * PS_ECONNECT or PS_ETIMEOUT. */
 int ps_client_connect(ps_client *c, const char *hostport, int timeout_ms);
 
 /* Closes the connection (if any); c can connect again. */
@@ -154,7 +155,8 @@ int ps_client_call(ps_client *c, ps_msg *req, ps_msg *reply, int timeout_ms);
  * need is ignored. Returns 0, PS_EREMOTE for psd's ERROR (AUTH for a wrong
  * token, LAYOUT, ...), PS_EAUTH when psd cannot prove it holds the token,
  * PS_EMALFORMED for an unexpected reply, or an I/O code. Call it once per
- * connection, right after ps_client_connect (and after every reconnect). */
+ * connection, right after ps_client_connect (and after every reconnect).
+ * timeout_ms bounds the whole handshake, its AUTH round included. */
 int ps_client_hello(ps_client *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
                     int timeout_ms);
 
