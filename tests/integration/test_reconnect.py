@@ -14,12 +14,18 @@ answered while psd was away.
   silent connections stay open: the attempt under way gives up within
   libpsclient's handshake bound, and the worker is back within 6 s of psd
   listening. Before that bound the hello waited for timeout_ms (10 min).
+- A name the resolver never answers for (a private mount namespace whose
+  resolv.conf names a nameserver that reads and never answers; root):
+  psworker's first attempt gives up on it within its 1 s, where
+  getaddrinfo alone waited the resolver's timeout times its attempts.
 """
 
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -30,6 +36,30 @@ import harness  # noqa: E402
 
 CAP_S = 5.0  # libpsclient's backoff cap
 RECONNECTED = re.compile(r"reconnected to psd at \S+ after")
+
+
+# Run by test_resolver_that_never_answers in a private mount namespace:
+# resolv.conf names a nameserver on 127.0.0.9:53 that reads every query and
+# answers none, and psworker is started for a name only DNS could give.
+# argv: psworker, the data directory, the resolv.conf to mount.
+MUTE_DNS = r"""
+import socket, subprocess, sys, time
+psworker, data, conf = sys.argv[1:4]
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.bind(("127.0.0.9", 53))
+except OSError as e:
+    print("SKIP: cannot hold 127.0.0.9:53 for a silent nameserver: %s" % e)
+    sys.exit(0)
+subprocess.run(["mount", "--bind", conf, "/etc/resolv.conf"], check=True)
+t0 = time.monotonic()
+p = subprocess.Popen([psworker, "--server", "psd-restarting.example:7000", "--shard", "0/1", "--data", data,
+                      "--epochs", "1", "--limit", "100", "--model", "linear", "--connect-timeout", "1"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+err = p.communicate(timeout=60)[1]
+print("took %.2f exit %d" % (time.monotonic() - t0, p.returncode))
+print(err.strip()[-600:])
+"""
 
 
 class SilentListener:
@@ -107,6 +137,33 @@ class ReconnectTest(unittest.TestCase):
             harness.wait_until(lambda: harness.version(psd2.addr) > v, 30, "training to go on")
             w.kill()
             psd2.stop()
+
+    def test_resolver_that_never_answers(self):
+        if os.geteuid() != 0:
+            self.skipTest("not root: a resolver that never answers needs a private mount namespace (root)")
+        if not shutil.which("unshare"):
+            self.skipTest("no unshare (Debian package util-linux)")
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True, text=True,
+                           timeout=10)
+        if r.returncode != 0:
+            self.skipTest("cannot make a private mount namespace here (`unshare -m`: %s)" % r.stderr.strip())
+        with harness.Cluster("psd-mute-dns") as cl:
+            conf = os.path.join(cl.dir, "resolv.conf")
+            with open(conf, "w") as f:
+                f.write("nameserver 127.0.0.9\noptions timeout:5 attempts:2\n")
+            r = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable, "-c", MUTE_DNS,
+                                harness.Paths.psworker, harness.Paths.data, conf],
+                               capture_output=True, text=True, timeout=90)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            if r.stdout.startswith("SKIP: "):
+                self.skipTest(r.stdout[6:].strip())
+            sys.stderr.write("\n" + r.stdout)
+            took = float(re.search(r"took (\S+)", r.stdout).group(1))
+            # each attempt gives up on the name within its handshake bound
+            # (1 s for psc_connect's first), then connect_s ends the wait
+            self.assertIn("no answer within 1000 ms", r.stdout)
+            self.assertNotIn("exit 0", r.stdout)
+            self.assertLess(took, 8.0, "psworker waited %.1f s for a name: the resolver's timeouts" % took)
 
     def test_restart_refused_meanwhile(self):
         self.restart(False)
