@@ -48,6 +48,22 @@ void psc__tseg_free(psc_link *ln)
     ln->tseg_ok = 0;
 }
 
+/* The longest a handshake may take: resolving the name, the TCP connect,
+ * hello and welcome (and AUTH). Shorter than the backoff's cap, so an
+ * attempt that meets an address answering nothing (a restarted container's,
+ * a firewall that drops, a listener that never accepts or never answers)
+ * costs no more than one wait between attempts (psc__open_retry counts it
+ * as one): a worker is back within the cap and a second of psd answering
+ * again. */
+#define HANDSHAKE_MS 4000
+#define BACKOFF_CAP_MS 5000
+
+static int left_ms(int64_t deadline)
+{
+    int64_t l = deadline - psc__mono_ms();
+    return l < 1 ? 1 : (int)l;
+}
+
 /* Connects ln and says hello, offering the segment when there is one;
  * *need_init: this psd asks for initial values. */
 static int link_hello(psc_client *c, psc_link *ln, int *need_init)
@@ -55,8 +71,10 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     ps_msg m, r;
     psc__hb_stop(ln);
     ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
+    int hs = c->timeout_ms < HANDSHAKE_MS ? c->timeout_ms : HANDSHAKE_MS;
+    int64_t deadline = psc__mono_ms() + hs;
     pthread_mutex_lock(&ln->lock);
-    int rc = ps_conn_connect(&ln->cl, ln->server, c->quick ? 1000 : 10000);
+    int rc = ps_conn_connect(&ln->cl, ln->server, c->quick && hs > 1000 ? 1000 : hs);
     pthread_mutex_unlock(&ln->lock);
     if (rc != 0)
         return rc;
@@ -98,7 +116,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.has |= PS_F_TSHM;
         m.tshm = (ps_pidfd){(uint32_t)getpid(), (uint32_t)ln->tseg_fd};
     }
-    rc = ps_conn_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, c->timeout_ms);
+    rc = ps_conn_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, left_ms(deadline));
     if (rc != 0)
         return rc;
     ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
@@ -325,16 +343,21 @@ static int sleep_ms(psc_client *c, uint64_t ms)
 }
 
 /* Opens until it works, with exponential backoff (100 ms doubling to 5 s,
- * full jitter) for up to limit_ms; what: "reconnect" or "connect". */
+ * full jitter) for up to limit_ms; what: "reconnect" or "connect". The
+ * backoff spaces the attempts' starts: an attempt that took long (at most
+ * HANDSHAKE_MS before its hello is answered) is followed by a shorter
+ * wait, or none. */
 int psc__open_retry(psc_client *c, int limit_ms, const char *first)
 {
-    int64_t start = psc__mono_ms(), deadline = start + limit_ms;
+    int64_t start = psc__mono_ms(), deadline = start + limit_ms, tried = start;
     uint64_t delay = 100;
     unsigned seed = (unsigned)(c->shard * 2654435761u) ^ (unsigned)start ^ (unsigned)getpid();
     for (int attempt = 1;; attempt++) {
         if (attempt > 1 || c->connected) {
             uint64_t ms = delay / 2 + (uint64_t)rand_r(&seed) % (delay / 2 + 1);
             int64_t now = psc__mono_ms();
+            uint64_t took = attempt > 1 && now > tried ? (uint64_t)(now - tried) : 0;
+            ms = ms > took ? ms - took : 0;
             if (now + (int64_t)ms > deadline)
                 ms = deadline > now ? (uint64_t)(deadline - now) : 0;
             if (sleep_ms(c, ms) != 0)
@@ -342,6 +365,7 @@ int psc__open_retry(psc_client *c, int limit_ms, const char *first)
                             c->connected ? "reconnect" : "connect", c->links[c->err_link].server);
         }
         c->quick = attempt == 1 && !c->connected;
+        tried = psc__mono_ms();
         int rc = do_open(c);
         c->quick = 0;
         if (rc == 0) {
@@ -365,7 +389,7 @@ int psc__open_retry(psc_client *c, int limit_ms, const char *first)
         if (attempt == 1 && !c->connected)
             PS_LOG(PS_LOG_INFO, "waiting for psd at %s (%s); trying for up to %d s (connect_s)",
                    c->links[li].server, psc_errmsg(c), limit_ms / 1000);
-        delay = delay * 2 > 5000 ? 5000 : delay * 2;
+        delay = delay * 2 > BACKOFF_CAP_MS ? BACKOFF_CAP_MS : delay * 2;
     }
 }
 

@@ -99,8 +99,9 @@ typedef struct ps_conn {
 void ps_conn_init(ps_conn *c);
 void ps_conn_free(ps_conn *c);
 
-/* Connects to "host:port" within timeout_ms, with TCP_NODELAY. Returns 0,
- * PS_EINVAL for a bad address, PS_ECONNECT or PS_ETIMEOUT. */
+/* Connects to "host:port" within timeout_ms (-1: no limit), resolving the
+ * name included, with TCP_NODELAY. Returns 0, PS_EINVAL for a bad address,
+ * PS_ECONNECT or PS_ETIMEOUT. */
 int ps_conn_connect(ps_conn *c, const char *hostport, int timeout_ms);
 
 /* Closes the connection (if any); c can connect again. */
@@ -154,7 +155,8 @@ int ps_conn_call(ps_conn *c, ps_msg *req, ps_msg *reply, int timeout_ms);
  * need is ignored. Returns 0, PS_EREMOTE for psd's ERROR (AUTH for a wrong
  * token, LAYOUT, ...), PS_EAUTH when psd cannot prove it holds the token,
  * PS_EMALFORMED for an unexpected reply, or an I/O code. Call it once per
- * connection, right after ps_conn_connect (and after every reconnect). */
+ * connection, right after ps_conn_connect (and after every reconnect).
+ * timeout_ms bounds the whole handshake, its AUTH round included. */
 int ps_conn_hello(ps_conn *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
                     int timeout_ms);
 

@@ -219,8 +219,10 @@ static srv_parked *parked_get(void)
     return p;
 }
 
-static void parked_put(srv_parked *p)
+static void parked_put(psd *s, srv_parked *p)
 {
+    if (p->keys)
+        s->parked_bytes -= (uint64_t)p->nkeys * 8;
     free(p->keys);
     p->keys = NULL;
     if (nparked_spare >= PARKED_SPARE) {
@@ -358,18 +360,34 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
         snprintf(err, errlen, "more than %d pulls already waiting on this connection", SRV_PARKED_MAX);
         return PS_ELIMIT;
     }
+    /* its keys wait in psd's memory, within max_receive_memory (one bound
+     * for what peers make psd hold), of which waiting keys may take half:
+     * the other half stays for the frames of the workers that make the
+     * version come */
+    psd *s = c->srv;
+    uint64_t kb = (uint64_t)n * 8, max = s->cfg.max_receive_memory;
+    if (s->parked_bytes + kb > max / 2 || s->rbuf_bytes + s->parked_bytes + kb > max) {
+        snprintf(err, errlen, "a pull of %u keys cannot wait for model version %llu: the keys of the pulls waiting in "
+                              "psd (%llu bytes) may take half of max_receive_memory (%llu bytes), and with the "
+                              "receive buffers (%llu bytes) all of it; pull again once the version is there, or with "
+                              "fewer keys",
+                 n, (unsigned long long)min, (unsigned long long)s->parked_bytes, (unsigned long long)max,
+                 (unsigned long long)s->rbuf_bytes);
+        return PS_ELIMIT;
+    }
     srv_parked *p = parked_get();
     uint8_t *copy = p ? malloc((size_t)n * 8) : NULL;
     if (!copy) {
         if (p) {
             p->keys = NULL;
-            parked_put(p);
+            parked_put(c->srv, p);
         }
         snprintf(err, errlen, "out of memory parking a pull of %u rows", n);
         return PS_ENOMEM;
     }
     memcpy(copy, keys, (size_t)n * 8);
     *p = (srv_parked){.id = id, .min = min, .rat = rat, .rdt = rdt, .table = ti, .keys = copy, .nkeys = n};
+    s->parked_bytes += kb;
     srv_parked **tail = &c->parked;
     while (*tail)
         tail = &(*tail)->next;
@@ -403,7 +421,7 @@ void srv_conn_answer_parked(srv_conn *c)
             send_rows(c, ver, p->id, p->table, p->keys, p->nkeys, p->rdt, p->rat);
         else
             send_current(c, ver, p->id, p->off, p->len, p->rdt);
-        parked_put(p);
+        parked_put(c->srv, p);
     }
 }
 
@@ -424,7 +442,7 @@ void srv_pulls_refuse(srv_conn *c, int code, const char *text)
         c->parked = p->next;
         c->nparked--;
         uint64_t id = p->id;
-        parked_put(p);
+        parked_put(c->srv, p);
         srv_send_error(c, id, code, 0, "%s", text);
     }
 }
@@ -434,7 +452,7 @@ void srv_pulls_drop(srv_conn *c)
     while (c->parked) {
         srv_parked *p = c->parked;
         c->parked = p->next;
-        parked_put(p);
+        parked_put(c->srv, p);
     }
     c->nparked = 0;
     srv_snap_unref(c->pinned);

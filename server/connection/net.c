@@ -57,14 +57,15 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 /* Makes room for a whole frame of `need` bytes; bounded by the frame limit
- * checked before, and all connections' buffers by max_receive_memory:
- * PS_ELIMIT when they would pass it, PS_ENOMEM without memory. */
+ * checked before, and all connections' buffers with the keys of the parked
+ * table pulls by max_receive_memory: PS_ELIMIT when they would pass it,
+ * PS_ENOMEM without memory. */
 static int ensure_cap(srv_conn *c, size_t need)
 {
     psd *s = c->srv;
     if (c->rcap >= need)
         return 0;
-    if (s->rbuf_bytes - c->rcap + need > s->cfg.max_receive_memory)
+    if (s->rbuf_bytes + s->parked_bytes - c->rcap + need > s->cfg.max_receive_memory)
         return PS_ELIMIT;
     uint8_t *p = realloc(c->rbuf, need);
     if (!p)
@@ -172,9 +173,10 @@ static void process_frames(srv_conn *c)
                 snprintf(c->close_reason, sizeof c->close_reason, "receive buffers full (max_receive_memory)");
                 srv_send_error(c, 0, PS_ELIMIT, 1,
                                "a %zu-byte frame would take psd's receive buffers past max_receive_memory (%llu "
-                               "bytes, %llu in use); try again later",
+                               "bytes, %llu in use, %llu of them by waiting table pulls); try again later",
                                flen, (unsigned long long)s->cfg.max_receive_memory,
-                               (unsigned long long)s->rbuf_bytes);
+                               (unsigned long long)(s->rbuf_bytes + s->parked_bytes),
+                               (unsigned long long)s->parked_bytes);
                 return;
             }
             if (rc != 0) {

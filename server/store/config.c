@@ -262,12 +262,15 @@ static const ps_config_option options[] = {
              "or pull reply, so raise it for big models."},
     {.name = "max_receive_memory", .type = PS_CT_SIZE, .def = "1G", AT(max_receive_memory),
      .lo = 65536, .hi = INT64_C(1099511627776),
-     .help = "Most bytes the receive buffers of all connections may hold together (units "
-             "K, M, G). A frame is read whole into its connection's buffer, so a client "
-             "announcing a big frame and sending all but its last byte pins that much; a "
-             "connection whose frame would take the total past this limit gets the error "
-             "LIMIT and is closed (a worker reconnects). It should hold max_frame for each "
-             "worker sending big frames at once."},
+     .help = "Most bytes of what peers sent that psd may hold at once (units K, M, G): the "
+             "receive buffers of all connections and the keys of the table pulls waiting "
+             "for a model version (parked), together. A frame is read whole into its "
+             "connection's buffer, so a client announcing a big frame and sending all but "
+             "its last byte pins that much; a connection whose frame would take the total "
+             "past this limit gets the error LIMIT and is closed (a worker reconnects). The "
+             "waiting pulls' keys may take half of it: a table pull that would have to wait "
+             "past that is refused with LIMIT (that pull alone; the connection stays). It "
+             "should hold max_frame for each worker sending big frames at once."},
     {.name = "max_table_memory", .type = PS_CT_SIZE, .def = "4G", AT(max_table_memory), .lo = 65536,
      .hi = INT64_C(17592186044416), .apply = srv_apply_read_when_used,
      .help = "Most bytes the embedding tables' rows, their optimizer state and their hash "

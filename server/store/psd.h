@@ -394,6 +394,8 @@ struct psd {
     uint32_t nconns;
     uint64_t rbuf_bytes;     /* connections' receive buffers together (net.c;
                               * bounded by max_receive_memory) */
+    uint64_t parked_bytes;   /* the keys of all parked table pulls (answer/pull.c);
+                              * with rbuf_bytes, bounded by max_receive_memory */
     uint64_t next_cid;
     srv_worker **workers;    /* indexed by shard; size nworkers_cap (this and the
                               * four below: session/hello.c's) */

@@ -6,9 +6,10 @@ one worker's link to one psd cut while the other still sees it.
 
 Three workers train by psd's plan over psd 0 and psd 1 (proto/PROTOCOL.md
 6.2). Shard 2 reaches psd c (1, then 0) through a TCP relay of this test's;
-the relay stops forwarding (both ways, the connection stays open) for
-longer than heartbeat_timeout and then goes on, so psd c declares shard 2
-lost while the other psd keeps it (its heartbeats go on there).
+a quarter into the job (counted in the bytes psd c sent it) the relay stops
+forwarding (both ways, the connection stays open) until psd c declares
+shard 2 lost (heartbeat_timeout) while the other psd keeps it (its
+heartbeats go on there), and then goes on.
 
 Each psd fixes its own rounds' workers; the client takes the slices from
 the first. Before libpsclient left every part when it lost one, this job
@@ -37,7 +38,6 @@ import selectors
 import socket
 import sys
 import threading
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,18 +48,21 @@ LIMIT = 6000
 BATCH = 16          # per worker: a global batch of 3 x 16
 MODEL = "mlp:64"    # 50,890 values: parts [0, 24576) and [24576, 50890)
 HB = 1.0            # heartbeat_timeout, seconds
-CUT_S = 3.0
 
 
 class Relay:
     """A TCP relay on 127.0.0.1 to upstream: each accepted connection gets
     its own upstream connection, and bytes are forwarded both ways by one
-    thread. cut() stops forwarding (nothing is read, nothing closed: the
-    peers see silence), heal() goes on; an end closed on one side is
-    closed on the other once forwarding goes on."""
+    thread. It cuts itself (stops forwarding: nothing is read, nothing
+    closed, the peers see silence) once cut_after bytes have come from
+    upstream, and sets .cut_done; heal() goes on; an end closed on one side
+    is closed on the other once forwarding goes on."""
 
-    def __init__(self, upstream):
+    def __init__(self, upstream, cut_after):
         self.upstream = upstream
+        self.cut_after = cut_after
+        self.down = 0  # bytes forwarded from upstream
+        self.cut_done = threading.Event()
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(8)
@@ -67,23 +70,24 @@ class Relay:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.lsock, selectors.EVENT_READ, None)
         self.peer = {}
+        self.upstreams = set()
         self.cutting = threading.Event()
+        self.healed = threading.Event()
         self.stopping = threading.Event()
         self.connections = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def cut(self):
-        self.cutting.set()
-
     def heal(self):
         self.cutting.clear()
+        self.healed.set()
 
     def _close(self, s):
         for x in (s, self.peer.pop(s, None)):
             if x is None:
                 continue
             self.peer.pop(x, None)
+            self.upstreams.discard(x)
             try:
                 self.sel.unregister(x)
             except (KeyError, ValueError):
@@ -93,7 +97,7 @@ class Relay:
     def _run(self):
         while not self.stopping.is_set():
             if self.cutting.is_set():
-                time.sleep(0.01)
+                self.healed.wait(0.05)
                 continue
             for key, _ in self.sel.select(0.05):
                 s = key.fileobj
@@ -102,6 +106,7 @@ class Relay:
                     host, port = self.upstream.split(":")
                     u = socket.create_connection((host, int(port)))
                     self.peer[c], self.peer[u] = u, c
+                    self.upstreams.add(u)
                     self.sel.register(c, selectors.EVENT_READ, None)
                     self.sel.register(u, selectors.EVENT_READ, None)
                     self.connections += 1
@@ -119,6 +124,16 @@ class Relay:
                     self.peer[s].sendall(data)
                 except OSError:
                     self._close(s)
+                    continue
+                if s in self.upstreams:
+                    self.down += len(data)
+                    if self.down >= self.cut_after and not self.cut_done.is_set():
+                        # the cut lands at this point of the job, whatever
+                        # the machine's speed (polling psd's version from
+                        # here raced the job's end under load)
+                        self.cutting.set()
+                        self.cut_done.set()
+                        break
 
     def close(self):
         self.stopping.set()
@@ -154,7 +169,10 @@ class PlanSplitTest(unittest.TestCase):
             # debug: psd logs how many pushes each round closed with
             args = ["--set", "heartbeat_timeout=%gs" % HB, "--log-level", "debug"]
             psds = [cl.psd(mode="bsp", workers=3, name="psd%d" % i, args=args) for i in range(2)]
-            relay = Relay(psds[c].addr)
+            # cut a quarter into the job: the replies of psd c to shard 2
+            # (PARAMS of its part, as float32 over TCP) for that many rounds
+            part = [24576, 50890 - 24576][c]
+            relay = Relay(psds[c].addr, (rounds // 4) * part * 4)
             try:
                 direct = [p.addr for p in psds]
                 via = list(direct)
@@ -163,18 +181,14 @@ class PlanSplitTest(unittest.TestCase):
                 ws = [cl.worker(servers[k], k, 3, epochs=EPOCHS, batch=BATCH, limit=LIMIT, model=MODEL,
                                 evaluate=False, args=["--reconnect-timeout", "60", "--barrier", "on"])
                   for k in range(3)]
-                harness.wait_until(lambda: harness.status(psds[c].addr)["version"] >= rounds // 4, 60,
-                                   "a quarter of the plan's rounds")
+                harness.wait_until(relay.cut_done.is_set, 60, "shard 2's link to be cut a quarter into the job")
                 self.assertTrue(all(w.alive() for w in ws), "the job ended before the cut")
-                relay.cut()
-                t0 = time.monotonic()
                 try:
                     harness.wait_until(lambda: re.search(r"worker shard 2/3 \S+ lost", psds[c].stderr()),
                                        10 + HB, "psd %d to declare shard 2 lost" % c)
                     sto = harness.status(psds[o].addr)
                     self.assertEqual([w["state"] for w in sto["workers"] if w["shard"] == 2], ["connected"],
                                      "psd %d lost shard 2 too" % o)
-                    time.sleep(max(0.0, CUT_S - (time.monotonic() - t0)))
                 finally:
                     relay.heal()
                 back = harness.wait_until(
