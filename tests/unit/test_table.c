@@ -29,7 +29,7 @@
 #include "proto/table.h"
 #include "server/store/sparse_optim.h"
 #include "server/store/table.h"
-#include "server/store/table_round.h"
+#include "server/policy/bsp_tround.h"
 
 #define assert_has(text, needle)                                                                                   \
     do {                                                                                                           \

@@ -1,4 +1,4 @@
-/* table_round.h - a BSP round's table pushes, kept until the round closes
+/* bsp_tround.h - a BSP round's table pushes, kept until the round closes
  * (PROTOCOL.md 13.5). The BSP policy owns one (in its state) and decides
  * what it keeps, what it drops and when the round applies; this file keeps
  * the rows and sums them in shard order, so the update does not depend on
@@ -9,8 +9,8 @@
  * table and each key, the rows of the shards taking part in ascending shard
  * order (0 + g_a + g_b + ..., a < b), and hands each table's sums to the row
  * store with the round's scale (1 / pushes), one optimizer step per key. */
-#ifndef SRV_TABLE_ROUND_H
-#define SRV_TABLE_ROUND_H
+#ifndef SRV_BSP_TROUND_H
+#define SRV_BSP_TROUND_H
 
 #include <stddef.h>
 #include <stdint.h>
