@@ -36,10 +36,6 @@ int srv_hogwild_check(const ps_config *c, char *err, size_t len)
         }
         return 0;
     }
-    if (c->mode != PS_MODE_ASGD) {
-        snprintf(err, len, "hogwild updates the model without rounds or clocks: it needs mode = asgd");
-        return -1;
-    }
     if (c->elastic_alpha > 0) {
         snprintf(err, len, "hogwild and elastic_alpha are two ways to share a model: a Hogwild! worker steps in "
                            "psd's model itself and has no model of its own to pull towards a centre; set one");

@@ -12,8 +12,9 @@
 struct srv_blk;
 struct srv_model;
 
-/* The settings a Hogwild! job needs (mode asgd, plain sgd at a constant
- * lr): 0, or -1 with the message in err. Called by srv_config_check. */
+/* The settings a Hogwild! job needs (plain sgd at a constant lr; that it
+ * needs mode asgd is the policies' check): 0, or -1 with the message in
+ * err. Called by srv_settings_check. */
 int srv_hogwild_check(const ps_config *c, char *err, size_t len);
 
 /* Byte offset of the step counter in a segment of n values: the values,

@@ -32,6 +32,10 @@ and the srv_stats_* functions; psd.tables by store/table.c; psd.model by
 store/model.c; the workers by session/hello.c; the connections by the
 connection layer; ...). The check reads the text: a write through a
 pointer taken elsewhere (srv_model *m = &s->model) is not seen.
+
+And it fails on a read of the consistency mode (ps_config.mode, PS_MODE_*)
+outside policy/ (MODE_READ below): the other layers ask the policy's ops
+table what the mode needs.
 """
 import os
 import re
@@ -98,6 +102,31 @@ OWNED = [
      psd_writes("loop", "sigint", "sigterm", "sighup", "tick", "cli_sets", "ncli_sets", "shutdown", "clock",
                 "policy", "start_ms", "last_rate_ms", "config_path", "token", "admin_token")),
 ]
+
+
+# The consistency mode is read in policy/ alone: the setting is ps_config's
+# field `mode` (read as s->cfg.mode, cfg->mode, c->mode, ...) with the values
+# PS_MODE_ASGD, PS_MODE_BSP, PS_MODE_SSP. The other layers read what the mode
+# needs from the policy's ops table (s->policy->rounds, ->barriers, ->plan,
+# ->tpush, ->check). MODE_HOME: where the setting itself is declared and parsed.
+MODE_READ = re.compile(r"\bPS_MODE_[A-Z]+\b|\benum\s+ps_mode\b"
+                       r"|\b(?:cfg|c|conf|config|next|cur|old)\s*(?:\.|->)\s*mode\b")
+MODE_HOME = ("policy/", "store/config.h", "store/config.c")
+
+
+def mode_reads(server_dir, files):
+    """Reads of the mode outside policy/ (MODE_READ, MODE_HOME)."""
+    bad = []
+    for f in files:
+        if owns(MODE_HOME, f):
+            continue
+        with open(os.path.join(server_dir, f), encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                code = line.split("//")[0]
+                if MODE_READ.search(code):
+                    bad.append(f"{f}:{n}: reads the mode, which policy/ alone reads: ask the policy's ops "
+                               f"(s->policy->rounds, barriers, plan, tpush, check) ({line.strip()})")
+    return bad
 
 
 def owns(owner, f):
@@ -242,7 +271,7 @@ def analyse(server_dir, lib, nm):
                            "cannot tell them apart: rename one")
             by_base[base] = f
     inc, sym = include_edges(server_dir, files), symbol_edges(lib, nm, by_base)
-    bad += upward(inc) + upward(sym) + mutual(sym) + foreign_writes(server_dir, files)
+    bad += upward(inc) + upward(sym) + mutual(sym) + foreign_writes(server_dir, files) + mode_reads(server_dir, files)
     return bad, files, inc, sym
 
 

@@ -9,7 +9,8 @@ check_layers.py on them: a downward tree passes; an upward include, an
 upward call, a call between the sibling layers report and answer, a file in
 a folder that is no layer, two sources of one name and a write of
 psd.stats, psd.tables, psd.model, the workers, the connections, main's
-handles or psd.cfg outside their owner each fail with a message naming the files.
+handles or psd.cfg outside their owner, and a read of the mode outside
+policy/, each fail with a message naming the files.
 With the real tree given, a copy of it with one upward include, and
 writes of psd.stats, psd.model, the workers, the connections, the plan
 and the model's origin outside their owners planted, fails too, and docs/DESIGN.md's layer table and
@@ -197,6 +198,31 @@ class Planted(unittest.TestCase):
         r = run_check(self.server, self.tree(t))
         self.assertEqual(r.returncode, 0, r.stderr)
 
+    def test_read_of_the_mode_fails(self):
+        """The mode (ps_config.mode, PS_MODE_*) is read in policy/ alone."""
+        decl = ("enum { PS_MODE_ASGD, PS_MODE_BSP };\nstruct cf { int mode; };\n"
+                "struct ps { struct cf cfg; };\n")
+        for f, read in [("session/hello.c", "return s->cfg.mode == PS_MODE_BSP;"),
+                        ("answer/barrier.c", "return s->cfg.mode != 0;"),
+                        ("store/plan.c", "const struct cf *cfg = &s->cfg; return cfg->mode;"),
+                        ("dispatch/handle.c", "return PS_MODE_ASGD;")]:
+            t = self.base()
+            t[f] = t.get(f, "") + decl + "int planted(struct ps *s) { (void)s; %s }\n" % read
+            if os.path.exists(self.server):
+                shutil.rmtree(self.server)
+            r = run_check(self.server, self.tree(t))
+            self.assertEqual(r.returncode, 1, read)
+            self.assertRegex(r.stderr, r"%s:\d+: reads the mode, which policy/ alone reads" % f, read)
+        # the policy reads it; the others read the policy's fields and other fields named like it
+        t = self.base()
+        t["policy/policy.c"] += decl + "int po_mode(struct ps *s) { return s->cfg.mode == PS_MODE_BSP; }\n"
+        t["session/hello.c"] = ("struct ops { int rounds; };\nstruct wl { char mode[8]; };\n"
+                                "int he_r(const struct ops *policy, struct wl *r) "
+                                "{ r->mode[0] = 0; return policy->rounds; }\n")
+        shutil.rmtree(self.server)
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_mutual_calls_fail(self):
         t = self.base()
         t["update/update.c"] += "int up_more(void) { return 2; }\n"
@@ -237,6 +263,12 @@ class RealTree(unittest.TestCase):
                 r = run_check(copy, lib)
                 self.assertEqual(r.returncode, 1, write)
                 self.assertRegex(r.stderr, r"%s:\d+: writes .*, which %s owns" % (f, owner), write)
+            # a read of the mode outside policy/
+            with open(os.path.join(copy, "answer", "barrier.c"), "a") as fh:
+                fh.write("\nstatic int planted_mode(const psd *s) { return s->cfg.mode == PS_MODE_BSP; }\n")
+            r = run_check(copy, lib)
+            self.assertEqual(r.returncode, 1)
+            self.assertRegex(r.stderr, r"answer/barrier.c:\d+: reads the mode, which policy/ alone reads")
 
     def test_design_md_states_the_checks_figures(self):
         server, lib, design = REAL
