@@ -1,7 +1,7 @@
 /* handle_table.c - TABLE, TPULL, TPUSH and TPUSHPULL (PROTOCOL.md 13): the
  * edge where a table message is checked once (role, table, row dimension,
  * distinct keys, base, finite gradients, the mode), before the row store
- * (store/table.c) declares, applies or reads and the answer layer
+ * (tables/table.c) declares, applies or reads and the answer layer
  * (pull.c) answers or parks a pull. */
 #include "server/dispatch/handle_table.h"
 
@@ -15,7 +15,7 @@
 #include "server/answer/pull.h"
 #include "server/answer/reply.h"
 #include "server/store/scratch.h"
-#include "server/store/stats.h"
+#include "server/record/stats.h"
 #include "server/update/update.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)

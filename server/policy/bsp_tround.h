@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/store/table.h"
+#include "server/tables/table.h"
 
 typedef struct srv_tround_push srv_tround_push;
 

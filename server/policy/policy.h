@@ -14,8 +14,8 @@
 #define SRV_POLICY_H
 
 #include "server/store/psd.h"
-#include "server/store/settings.h"
-#include "server/store/table.h"
+#include "server/config/settings.h"
+#include "server/tables/table.h"
 #include "server/update/tapply.h"
 
 /* A policy's hooks return, besides 0 and negative PS_E* codes: */

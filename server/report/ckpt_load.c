@@ -21,8 +21,8 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/stats.h"
+#include "server/tables/sparse_optim.h"
+#include "server/record/stats.h"
 
 /* ---- loading -------------------------------------------------------------- */
 

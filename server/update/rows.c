@@ -1,6 +1,6 @@
 /* rows.c - a table push's rows stepped by the update layer, as a dense push's
  * range is by update.c: on the loop at once (table_apply = ordered, each
- * row's step through the table's optimizer, store/table.c), or queued to the
+ * row's step through the table's optimizer, tables/table.c), or queued to the
  * apply threads (table_apply = hogwild, tapply.c). The policies of asgd and
  * ssp call it for every table push; bsp for none (its round applies the
  * summed rows as it closes). */

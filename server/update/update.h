@@ -7,7 +7,7 @@
 #define SRV_UPDATE_H
 
 #include "server/store/psd.h"
-#include "server/store/table.h"
+#include "server/tables/table.h"
 #include "server/update/tapply.h"
 
 /* The gradient of an update of [off, off+n): a push's floats, g[i] for

@@ -1,5 +1,5 @@
-/* test_table.c - psd's row store (server/store/table.c) and its sparse
- * optimizers (server/store/sparse_optim.c).
+/* test_table.c - psd's row store (server/tables/table.c) and its sparse
+ * optimizers (server/tables/sparse_optim.c).
  *
  * The optimizers against references: PyTorch's Adagrad (sparse gradient,
  * initial_accumulator_value), SparseAdam and SGD on an nn.Embedding(2, 3,
@@ -27,8 +27,8 @@
 
 #include "proto/errors.h"
 #include "proto/table.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/table.h"
+#include "server/tables/sparse_optim.h"
+#include "server/tables/table.h"
 #include "server/policy/bsp_tround.h"
 
 #define assert_has(text, needle)                                                                                   \

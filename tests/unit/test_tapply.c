@@ -1,6 +1,6 @@
 /* test_tapply.c - the apply threads of table_apply = hogwild
  * (server/update/tapply.c) and the loop's half of their pushes
- * (srv_tables_pin in server/store/table.c).
+ * (srv_tables_pin in server/tables/table.c).
  *
  * Several streams of pushes, each with one push in flight at a time as a
  * connection has in psd (its next push queued from the done callback),
@@ -34,8 +34,8 @@
 #include "proto/errors.h"
 #include "proto/msg.h"
 #include "proto/table.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/table.h"
+#include "server/tables/sparse_optim.h"
+#include "server/tables/table.h"
 #include "server/update/tapply.h"
 
 #define THREADS 4

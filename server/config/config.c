@@ -8,7 +8,7 @@
  * if it may change while psd runs, and put what it must agree with other
  * options in srv_settings_check (settings.c), or, when it depends on the
  * mode, in the mode's policy's check (policy/). Nothing else needs to know. */
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 #include <ctype.h>
 #include <errno.h>

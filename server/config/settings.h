@@ -1,7 +1,7 @@
 /* settings.h - the settings' cross-check and the checks at start (settings.c);
  * the option table's own hooks are in config.h. */
-#ifndef SRV_STORE_SETTINGS_H
-#define SRV_STORE_SETTINGS_H
+#ifndef SRV_CONFIG_SETTINGS_H
+#define SRV_CONFIG_SETTINGS_H
 
 #include "server/store/psd.h"
 

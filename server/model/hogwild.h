@@ -1,13 +1,13 @@
 /* hogwild.h - Hogwild! (hogwild.c): the model segment the workers on
  * psd's machine map and step in, its step counter, and the settings'
  * check. PROTOCOL.md section 8 is the contract. */
-#ifndef SRV_STORE_HOGWILD_H
-#define SRV_STORE_HOGWILD_H
+#ifndef SRV_MODEL_HOGWILD_H
+#define SRV_MODEL_HOGWILD_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 struct srv_blk;
 struct srv_model;

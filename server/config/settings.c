@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "server/store/settings.h"
+#include "server/config/settings.h"
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"

@@ -1,5 +1,5 @@
 /* table.c - the row store of psd's embedding tables (see table.h). */
-#include "server/store/table.h"
+#include "server/tables/table.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "proto/errors.h"
-#include "server/store/config.h"
-#include "server/store/sparse_optim.h"
+#include "server/config/config.h"
+#include "server/tables/sparse_optim.h"
 
 #define SLOTS_MIN 1024u             /* a table's first slot array */
 #define SLOTS_MAX (1ull << 32)      /* the most slots a table has: a slot holds a row + 1 in 32 bits */

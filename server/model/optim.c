@@ -17,7 +17,7 @@
  *
  * The clip scale is a factor in every loop (1 when clipping is off), so
  * the caller's gradient is never copied or written. */
-#include "server/store/optim.h"
+#include "server/model/optim.h"
 
 #include <assert.h>
 #include <float.h>

@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 typedef struct srv_optim {
     int kind;                   /* enum ps_optimizer_kind; fixed at init */

@@ -23,7 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "server/store/hogwild.h"
+#include "server/model/hogwild.h"
 #include "server/store/psd.h"
 
 int srv_hogwild_check(const ps_config *c, char *err, size_t len)
