@@ -345,7 +345,9 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     srv_tables_free(&s->tables);
     srv_tables_init(&s->tables, s->cfg.max_table_memory);
     /* the rows' clocks are kept when expiry or eviction will read them */
-    srv_table_bounds keep = {.expire = s->cfg.table_expire, .evict = s->cfg.table_full == 1};
+    srv_table_bounds keep = srv_table_bounds_of(&s->cfg);
+    keep.admit = 0;       /* every row of the file is loaded */
+    keep.table_bytes = 0; /* ... and checked against max_table_memory alone */
     srv_tables_set_bounds(&s->tables, &keep);
     for (uint32_t i = 0; i < nt; i++) {
         uint32_t ti;

@@ -282,7 +282,7 @@ static void churn(const srv_table_bounds *b, uint64_t max_bytes)
 static void test_eviction_while_in_flight(void **state)
 {
     (void)state;
-    srv_table_bounds b = {.table_bytes = 1u << 20, .evict = 1};
+    srv_table_bounds b = {.table_bytes = 1u << 20, .full = PS_TABLE_FULL_EVICT};
     churn(&b, 1ull << 30);
 }
 
