@@ -151,6 +151,15 @@ size_t srv_optim_state_bytes(const srv_optim *o)
     return bufs * o->n * sizeof(float);
 }
 
+int srv_optim_state_valid(const srv_optim *o)
+{
+    const float *sq = o->exp_avg_sq ? o->exp_avg_sq : o->sum;
+    for (size_t i = 0; sq && i < o->n; i++)
+        if (!(sq[i] >= 0))
+            return 0;
+    return 1;
+}
+
 size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max)
 {
     float *b[4];
