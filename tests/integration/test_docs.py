@@ -2,7 +2,7 @@
 """test_docs.py - the documentation says what the programs do, and holds together.
 
 - docs/configuration.md's reference is exactly `psd --config-reference`
-  (the option table in server/config.c), and lists every key
+  (the option table in server/config/config.c), and lists every key
   `psd --print-config` prints, so no key, default or meaning can drift;
 - every metric family psd exports appears in docs/metrics.md's table;
 - every key of the option table appears in conf/psd.conf with its default
