@@ -7,8 +7,9 @@ layer above it (or in a sibling layer), or when two files call each other
 usage: check_layers.py SERVER_DIR LIBPSDCORE.a [NM]
        check_layers.py --markdown SERVER_DIR LIBPSDCORE.a [NM]
 
-A file's layer is the folder it lives in: server/model/model.c is in the
-store layer, server/main.c (directly in server/) in the layer main. ORDER
+A file's layer is the folder it lives in (or the layer of its room:
+server/model/model.c is in the room model of the
+store layer), server/main.c (directly in server/) in the layer main. ORDER
 below gives the layers bottom to top; layers in one row are siblings, which
 may not use each other. There is no other list of files: a new file takes
 the layer of the folder it is put in, and a folder that is not in ORDER is
