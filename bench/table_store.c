@@ -34,7 +34,7 @@
 #include <time.h>
 
 #include "proto/table.h"
-#include "server/store/table.h"
+#include "server/tables/table.h"
 
 #define BATCHES 32
 #define ROUNDS 200

@@ -28,8 +28,8 @@
 #include "proto/errors.h"
 #include "proto/msg.h"
 #include "proto/table.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/table.h"
+#include "server/tables/sparse_optim.h"
+#include "server/tables/table.h"
 #include "server/update/tapply.h"
 
 #define MAX_STREAMS 16

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 
 /* Byte offset of the step counter: the values rounded up to 64 bytes; the
- * segment is that plus 64 (psd's server/store/hogwild.h says the same). */
+ * segment is that plus 64 (psd's server/model/hogwild.h says the same). */
 static size_t counter_at(uint64_t n)
 {
     return (size_t)((n * sizeof(float) + 63) / 64 * 64);

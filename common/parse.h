@@ -1,6 +1,6 @@
 /* parse.h - integers from text, as the programs' options and settings take
  * them: the one rule for psworker's flags, libpsclient's options, psctl's
- * flags, host:port and psd's settings (server/store/config_value.c). */
+ * flags, host:port and psd's settings (server/config/config_value.c). */
 #ifndef PS_COMMON_PARSE_H
 #define PS_COMMON_PARSE_H
 

@@ -14,7 +14,7 @@
  * loaded model is checked for consistency and every value read, then
  * freed.
  *
- * Built from psd's core as it is (report/ckpt_load.c, store/model.c,
+ * Built from psd's core as it is (report/ckpt_load.c, model/model.c,
  * optim.c, table.c, stats.c: srv_now_ms is stats.c's now). */
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +24,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "common/log.h"
 #include "fuzz_check.h"
 #include "server/report/checkpoint.h"

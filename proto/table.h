@@ -4,7 +4,7 @@
  *
  * No I/O and no allocation: psd, libpsclient, the fuzz targets and the unit
  * tests use it unchanged. The store that holds rows is psd's
- * (server/store/table.h); this file only says what a row is. */
+ * (server/tables/table.h); this file only says what a row is. */
 #ifndef PS_TABLE_H
 #define PS_TABLE_H
 

@@ -26,6 +26,7 @@
 #include "proto/errors.h"
 #include "server/store/psd.h"
 #include "server/answer/reply.h"
+#include "server/policy/policy.h"
 
 /* The highest version a parked barrier may have to go: the (b+1)-th
  * lowest version among the workers taking part, b = backup_workers (a
@@ -84,7 +85,7 @@ int srv_barrier(srv_conn *c, uint64_t id, uint64_t ver, char *err, size_t errlen
         srv_barrier_release(s);
         return 0;
     }
-    if (s->cfg.mode != PS_MODE_BSP) {
+    if (!s->policy->barriers) {
         answer(c, id);
         return 0;
     }

@@ -93,10 +93,11 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
     float *flat = NULL;
     /* a worker's pull keeps where it found its rows for its next push, when
      * that push is applied at once and in order (asgd, ssp; table_apply =
-     * ordered): an admin pushes nothing, BSP keeps a push for its round,
+     * ordered): an admin pushes nothing, a mode with rounds (BSP, its
+     * ops' `rounds`) keeps a push for its round,
      * Hogwild! pins rows its own way (12 bytes a key of its largest pull,
      * until it closes) */
-    srv_row_hint *hint = c->worker && !s->policy->tpush && !s->tapply ? &c->row_hint : NULL;
+    srv_row_hint *hint = c->worker && !s->policy->rounds && !s->tapply ? &c->row_hint : NULL;
     ps_msg r;
     ps_msg_init(&r, PS_MSG_ROWS);
     r.id = id;

@@ -1,7 +1,7 @@
 /* handle_table.c - TABLE, TPULL, TPUSH and TPUSHPULL (PROTOCOL.md 13): the
  * edge where a table message is checked once (role, table, row dimension,
  * distinct keys, base, finite gradients, the mode), before the row store
- * (store/table.c) declares, applies or reads and the answer layer
+ * (tables/table.c) declares, applies or reads and the answer layer
  * (pull.c) answers or parks a pull. */
 #include "server/dispatch/handle_table.h"
 
@@ -15,8 +15,8 @@
 #include "server/answer/pull.h"
 #include "server/answer/reply.h"
 #include "server/store/scratch.h"
-#include "server/store/stats.h"
-#include "server/update/tapply.h"
+#include "server/record/stats.h"
+#include "server/update/update.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)
 {
@@ -163,8 +163,8 @@ static int from_tseg(srv_conn *c, ps_msg *m, const ps_table_def *d, uint64_t *ra
     }
     uint8_t *keys = srv_seg_keys(s, 8ull * (g.n + g.m));
     const float *grads = (const float *)(const void *)(c->tseg + g.at + 8ull * g.n);
-    float *copy = push && s->policy->tpush ? srv_rows_wide(s, (size_t)vals) : NULL;
-    if (!keys || (push && s->policy->tpush && !copy)) {
+    float *copy = push && s->policy->rounds ? srv_rows_wide(s, (size_t)vals) : NULL;
+    if (!keys || (push && s->policy->rounds && !copy)) {
         snprintf(err, errlen, "%s: no memory for the %u keys of a request in the table segment", t, g.n + g.m);
         return PS_ENOMEM;
     }
@@ -248,33 +248,29 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
 {
     psd *s = c->srv;
     char err[700];
-    /* asgd and ssp with table_apply = ordered step every row of a push
-     * here (but for keys an admission filter holds back), each result
-     * checked finite before it is stored: a separate pass over the
-     * gradients first would only repeat that check */
+    /* a policy that steps every row of a push at once (asgd and ssp with
+     * table_apply = ordered, but for keys an admission filter holds back)
+     * checks each result finite before it is stored: a separate pass over
+     * the gradients first would only repeat that check */
     srv_tables_configure(&s->tables, &s->cfg);
-    int defer = !s->policy->tpush && !s->tapply && s->tables.bounds.admit <= 1;
+    int defer = s->policy->tpush_checks && s->policy->tpush_checks(s);
     int rc = check_push(c, m, ti, defer, err, sizeof err);
-    if (rc == 0 && s->policy->tpush) {
-        /* bsp: kept for the round, applied as it closes (PROTOCOL.md 13.5) */
-        rc = s->policy->tpush(s, c->worker, m->base, ti, m->keys.p, m->keys.n, m->data, err, sizeof err);
-    } else if (rc == 0 && s->tapply) {
-        /* asgd and ssp, table_apply = hogwild: the rows found or made here,
-         * stepped by the apply threads; the reply (and a TPUSHPULL's pull)
-         * when they are done (srv_tpush_finished), the connection's next
-         * frames held until then */
-        srv_tapply_tag tag = {.c = c, .id = m->id, .type = m->type, .ti = ti, .min = m->min, .rdt = m->rdt, .rat = rat};
+    if (rc == 0) {
+        /* the policy applies it, keeps it for its round, or hands its rows
+         * to the apply threads (SRV_PENDING): the reply (and a TPUSHPULL's
+         * pull) then comes when they are done (srv_tpush_finished), the
+         * connection's next frames held until then */
         int pull = m->type == PS_MSG_TPUSHPULL;
-        rc = srv_tapply_push(s->tapply, &s->tables, ti, m->keys.p, m->keys.n, m->data, &tag, pull ? m->pkeys.p : NULL,
-                             pull ? m->pkeys.n : 0, err, sizeof err);
-        if (rc > 0) {
+        srv_tpush tp = {.base = m->base, .ti = ti, .keys = m->keys.p, .n = m->keys.n, .g = m->data,
+                        .hint = &c->row_hint,
+                        .tag = {.c = c, .id = m->id, .type = m->type, .ti = ti, .min = m->min, .rdt = m->rdt,
+                                .rat = rat},
+                        .pkeys = pull ? m->pkeys.p : NULL, .npk = pull ? m->pkeys.n : 0};
+        rc = s->policy->tpush(s, c->worker, &tp, err, sizeof err);
+        if (rc == SRV_PENDING) {
             c->tapply_busy = 1;
             return;
         }
-    } else if (rc == 0) {
-        /* asgd and ssp: applied as it arrives */
-        rc = srv_tables_push_hint(&s->tables, ti, m->keys.p, m->keys.n, m->data, 1.0, &c->row_hint, err,
-                                  sizeof err);
         if (rc == PS_ENONFINITE && !ps_vec_all_finite(m->data, (size_t)m->ndata))
             rc = nonfinite_grads(m, srv_tables_def(&s->tables, ti), err, sizeof err);
     }

@@ -115,3 +115,31 @@ int srv_step_applied(psd *s, const srv_update_tag *tag)
     step_done(s, tag->w);
     return SRV_WAKE;
 }
+
+int srv_apply_table(psd *s, srv_worker *w, const srv_tpush *p, char *err, size_t errlen)
+{
+    (void)w;
+    return srv_update_rows(s, p->ti, p->keys, p->n, p->g, p->hint, &p->tag, p->pkeys, p->npk, err, errlen);
+}
+
+int srv_apply_table_checks(const psd *s)
+{
+    return srv_update_rows_checked(s);
+}
+
+int srv_apply_check(const ps_config *c, int clocks, char *err, size_t errlen)
+{
+    if (c->local_steps > 0 && !(c->elastic_alpha > 0)) {
+        snprintf(err, errlen, "local_steps averages a round of models: it needs mode = bsp");
+        return PS_EINVAL;
+    }
+    if (clocks && c->elastic_alpha > 0 && !(c->local_steps > 0)) {
+        snprintf(err, errlen, "elastic averaging is asynchronous: it needs mode = asgd");
+        return PS_EINVAL;
+    }
+    if (clocks && c->hogwild) {
+        snprintf(err, errlen, "hogwild updates the model without rounds or clocks: it needs mode = asgd");
+        return PS_EINVAL;
+    }
+    return 0;
+}

@@ -27,6 +27,16 @@ void srv_asgd_drop_base(psd *s, const srv_worker *w);
  * chunk: a new version), SRV_PENDING, or a negative PS_E* code with err
  * filled. */
 int srv_apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, char *err, size_t errlen);
+/* The tpush hook of ASGD and SSP: a table push's rows stepped as it
+ * arrives, through the update layer (srv_update_rows: on the loop, or by
+ * the apply threads, SRV_PENDING). */
+int srv_apply_table(psd *s, srv_worker *w, const srv_tpush *p, char *err, size_t errlen);
+/* Their tpush_checks hook: the rows are stepped on the loop, each result
+ * checked (srv_update_rows_checked). */
+int srv_apply_table_checks(const psd *s);
+/* The settings a mode without rounds cannot have (local_steps), and with
+ * clocks (ssp: elastic averaging, hogwild): PS_EINVAL with err, or 0. */
+int srv_apply_check(const ps_config *c, int clocks, char *err, size_t errlen);
 /* The applied() hook of ASGD and SSP: an update a push started off the
  * loop is in. */
 int srv_step_applied(psd *s, const srv_update_tag *tag);

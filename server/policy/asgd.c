@@ -65,6 +65,11 @@ static void asgd_reconfigured(psd *s)
     }
 }
 
+static int asgd_check(const ps_config *c, char *err, size_t errlen)
+{
+    return srv_apply_check(c, 0, err, errlen);
+}
+
 static void asgd_destroy(psd *s)
 {
     srv_asgd_state *a = s->policy_state;
@@ -88,4 +93,7 @@ const srv_policy_ops srv_policy_asgd = {
     .pulled = asgd_pulled,
     .reconfigured = asgd_reconfigured,
     .destroy = asgd_destroy,
+    .tpush = srv_apply_table,
+    .tpush_checks = srv_apply_table_checks,
+    .check = asgd_check,
 };

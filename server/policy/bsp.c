@@ -402,9 +402,12 @@ static uint32_t bsp_unpushed(psd *s, uint32_t *out, uint32_t max)
 
 /* A table push from w for round base (PROTOCOL.md 13.5): kept until the
  * round closes, or refused with nothing kept. */
-static int bsp_tpush(psd *s, srv_worker *w, uint64_t base, uint32_t ti, const uint8_t *keys, uint32_t n,
-                     const float *g, char *err, size_t errlen)
+static int bsp_tpush(psd *s, srv_worker *w, const srv_tpush *p, char *err, size_t errlen)
 {
+    uint64_t base = p->base;
+    uint32_t ti = p->ti, n = p->n;
+    const uint8_t *keys = p->keys;
+    const float *g = p->g;
     uint64_t round = s->model.version;
     if (base < round) {
         snprintf(err, errlen, "table push for round %llu arrived after it closed (round %llu is open); dropped",
@@ -444,6 +447,31 @@ static int bsp_tpush(psd *s, srv_worker *w, uint64_t base, uint32_t ti, const ui
     else if (rc != 0)
         snprintf(err, errlen, "out of memory keeping shard %u's table push", w->shard);
     return rc;
+}
+
+/* What rounds of every shard, summed in shard order, cannot have. */
+static int bsp_check(const ps_config *c, char *err, size_t errlen)
+{
+    if (c->backup_workers >= c->workers) {
+        snprintf(err, errlen, "backup_workers (%d) must be less than workers (%d)", c->backup_workers, c->workers);
+        return PS_EINVAL;
+    }
+    if (c->hogwild) {
+        snprintf(err, errlen, "hogwild updates the model without rounds or clocks: it needs mode = asgd");
+        return PS_EINVAL;
+    }
+    if (c->elastic_alpha > 0 && !(c->local_steps > 0)) {
+        snprintf(err, errlen, "elastic averaging is asynchronous: it needs mode = asgd");
+        return PS_EINVAL;
+    }
+    if (c->table_apply == PS_TABLE_APPLY_HOGWILD) {
+        snprintf(err, errlen, "table_apply = hogwild applies table pushes as they come, from several threads; mode = "
+                              "bsp sums a round's table pushes in shard order, bit for bit the same whatever order "
+                              "they arrive in, and applies them once as the round closes: use mode = asgd or ssp "
+                              "with table_apply = hogwild, or table_apply = ordered with bsp");
+        return PS_EINVAL;
+    }
+    return 0;
 }
 
 /* A round that memory kept from closing (every push is in) closes here. */
@@ -486,4 +514,8 @@ const srv_policy_ops srv_policy_bsp = {
     .tick = bsp_tick,
     .destroy = bsp_destroy,
     .tpush = bsp_tpush,
+    .check = bsp_check,
+    .rounds = 1,
+    .barriers = 1,
+    .plan = 1,
 };

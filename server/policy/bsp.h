@@ -12,7 +12,7 @@
 #define SRV_POLICY_BSP_H
 
 #include "server/policy/policy.h"
-#include "server/store/table_round.h"
+#include "server/policy/bsp_tround.h"
 
 /* A shard's part of the round (shard-order sums). */
 typedef struct srv_bsp_shard {

@@ -14,6 +14,9 @@
 #define SRV_POLICY_H
 
 #include "server/store/psd.h"
+#include "server/config/settings.h"
+#include "server/tables/table.h"
+#include "server/update/tapply.h"
 
 /* A policy's hooks return, besides 0 and negative PS_E* codes: */
 #define SRV_WAKE 2 /* a new version, or a change of who counts: parked pulls may
@@ -40,6 +43,24 @@ typedef struct srv_push {
     int may_defer;     /* the update may run off the loop (SRV_PENDING): the
                         * caller holds the pusher until it is done */
 } srv_push;
+
+/* A table push as dispatch hands it on, checked: the n distinct keys (a
+ * "keys" bin) of table ti and their finite rows g (n x dim floats; or, when
+ * the policy's tpush_checks says so, rows whose step checks each result),
+ * computed on version base. */
+typedef struct srv_tpush {
+    uint64_t base;
+    uint32_t ti;
+    const uint8_t *keys;
+    uint32_t n;
+    const float *g;
+    const srv_row_hint *hint; /* where the pusher's last pull found its rows (NULL: none) */
+    srv_tapply_tag tag;       /* whom the reply goes to when the rows are stepped
+                               * off the loop (SRV_PENDING) */
+    const uint8_t *pkeys;     /* a TPUSHPULL's pull keys, handed back with the
+                               * tag (NULL: a TPUSH) */
+    uint32_t npk;
+} srv_tpush;
 
 typedef struct srv_policy_ops {
     const char *name;
@@ -87,22 +108,55 @@ typedef struct srv_policy_ops {
     uint32_t (*unpushed)(psd *s, uint32_t *out, uint32_t max);
     /* Frees the policy's state (at exit). */
     void (*destroy)(psd *s);
-    /* A table push from worker w (PROTOCOL.md 13.5), checked at dispatch:
-     * the n distinct keys (a "keys" bin) of table ti and their finite rows
-     * g, computed on version base. Returns 0 (kept: applied when the round
-     * closes, in shard order) or a negative PS_E* code with err, nothing
-     * kept (PS_ESTALE: its round closed; PS_EDUPLICATE: w completed its
-     * step, or pushed one of the keys already in the round). NULL: the
-     * policy has no rounds; the caller applies the push at once. */
-    int (*tpush)(psd *s, srv_worker *w, uint64_t base, uint32_t ti, const uint8_t *keys, uint32_t n,
-                 const float *g, char *err, size_t errlen);
+    /* A table push from worker w (PROTOCOL.md 13.5), checked at dispatch
+     * (see srv_tpush). Returns 0 (applied, or kept for the round: bsp
+     * applies it as the round closes, in shard order), SRV_PENDING (its
+     * rows are stepped off the loop, table_apply = hogwild: the connection
+     * layer's done callback finishes it with p->tag), or a negative PS_E*
+     * code with err (PS_ESTALE: its round closed; PS_EDUPLICATE: w
+     * completed its step, or pushed one of the keys already in the round;
+     * PS_ENONFINITE: a row's step was not finite). Every policy has it. */
+    int (*tpush)(psd *s, srv_worker *w, const srv_tpush *p, char *err, size_t errlen);
+    /* Whether tpush steps every row on the loop at once and checks each
+     * result finite (so that dispatch need not check the gradients first).
+     * NULL: it does not. */
+    int (*tpush_checks)(const psd *s);
+    /* Checks the settings against what the mode needs (local_steps needs
+     * rounds, elastic averaging and hogwild need no rounds and no clocks,
+     * ...). 0, or PS_EINVAL with err. NULL: nothing to check. Called by
+     * srv_config_check. */
+    int (*check)(const ps_config *c, char *err, size_t errlen);
+
+    /* What the mode needs of the other layers, read by them instead of the
+     * mode's name (no file outside policy/ reads ps_config.mode): */
+    int rounds;   /* pushes wait for a round of every shard: a worker's hello
+                   * must name the job's shard count (--shard K/workers), and
+                   * a table push's rows read from a worker's segment are
+                   * copied before the round keeps them */
+    int barriers; /* a BARRIER parks until every worker taking part has
+                   * reached its version (otherwise it is answered at once) */
+    int plan;     /* a job's plan (PROTOCOL.md) rules the rounds: a worker's
+                   * proposed plan is fixed, kept, restored and shown */
 } srv_policy_ops;
 
 extern const srv_policy_ops srv_policy_asgd;
 extern const srv_policy_ops srv_policy_bsp;
 extern const srv_policy_ops srv_policy_ssp;
 
-/* The policy for s->cfg.mode. */
+/* The policy for the settings' mode (the one reader of ps_config.mode
+ * besides the policies themselves). */
 const srv_policy_ops *srv_policy_for(const ps_config *cfg);
+
+/* The one cross-check of psd's settings: srv_settings_check (store), then
+ * the checks of the mode's policy (its check op). At start, by
+ * --print-config, at a reload and at psctl set. 0, or PS_EINVAL with err
+ * filled (out is filled when not NULL and the check passed). */
+int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len);
+
+/* BSP's plan rules the rounds: a plan is set, the mode's policy has a plan,
+ * the model is initialised. */
+int srv_plan_active(const psd *s);
+/* ... and its last round is applied. */
+int srv_plan_done(const psd *s);
 
 #endif

@@ -60,6 +60,11 @@ static int ssp_left(psd *s, srv_worker *w)
     return SRV_WAKE;
 }
 
+static int ssp_check(const ps_config *c, char *err, size_t errlen)
+{
+    return srv_apply_check(c, 1, err, errlen);
+}
+
 static void noop_destroy(psd *s)
 {
 }
@@ -72,4 +77,7 @@ const srv_policy_ops srv_policy_ssp = {
     .worker_joined = ssp_joined,
     .pull_ready = ssp_pull_ready,
     .destroy = noop_destroy,
+    .tpush = srv_apply_table,
+    .tpush_checks = srv_apply_table_checks,
+    .check = ssp_check,
 };

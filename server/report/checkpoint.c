@@ -27,8 +27,8 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/stats.h"
+#include "server/tables/sparse_optim.h"
+#include "server/record/stats.h"
 
 /* Everything a write needs. The parameters are a snapshot reference; the
  * optimizer state and the tables' rows are read where they live, in the

@@ -14,7 +14,7 @@
 
 #include "common/log.h"
 #include "server/report/ckpt_file.h"
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 void srv_ckpt_put_u32(uint8_t *p, uint32_t v)
 {

@@ -21,8 +21,8 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/stats.h"
+#include "server/tables/sparse_optim.h"
+#include "server/record/stats.h"
 
 /* ---- loading -------------------------------------------------------------- */
 
@@ -79,7 +79,7 @@ static void restore_plan(psd *s, const ps_plan *p, const uint32_t *out, uint32_t
     const srv_plan *pl = &s->plan;
     uint64_t r = s->model.version;
     uint64_t per_epoch = (p->samples + p->batch - 1) / p->batch;
-    int keep = s->cfg.mode == PS_MODE_BSP && nout < (uint32_t)s->cfg.workers && r < p->epochs * per_epoch;
+    int keep = s->policy->plan && nout < (uint32_t)s->cfg.workers && r < p->epochs * per_epoch;
     if (srv_plan_restore(&s->plan, p, out, keep ? nout : 0) != 0)
         PS_LOG(PS_LOG_ERROR, "out of memory keeping the %u shards out of the job: they are waited for", nout);
     PS_LOG(PS_LOG_INFO, "plan restored from the checkpoint: %llu epochs of %llu samples, %llu per round, seed %llu: "
@@ -87,7 +87,7 @@ static void restore_plan(psd *s, const ps_plan *p, const uint32_t *out, uint32_t
            (unsigned long long)pl->p.epochs, (unsigned long long)pl->p.samples, (unsigned long long)pl->p.batch,
            (unsigned long long)pl->p.seed, (unsigned long long)(r < pl->rounds ? r : pl->rounds),
            (unsigned long long)pl->rounds, r >= pl->rounds ? " (the job is done)" : "");
-    if (s->cfg.mode != PS_MODE_BSP)
+    if (!s->policy->plan)
         PS_LOG(PS_LOG_INFO, "psd runs %s: the plan is kept (in the next checkpoints) but rules nothing",
                s->policy->name);
 }
@@ -345,7 +345,9 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     srv_tables_free(&s->tables);
     srv_tables_init(&s->tables, s->cfg.max_table_memory);
     /* the rows' clocks are kept when expiry or eviction will read them */
-    srv_table_bounds keep = {.expire = s->cfg.table_expire, .evict = s->cfg.table_full == 1};
+    srv_table_bounds keep = srv_table_bounds_of(&s->cfg);
+    keep.admit = 0;       /* every row of the file is loaded */
+    keep.table_bytes = 0; /* ... and checked against max_table_memory alone */
     srv_tables_set_bounds(&s->tables, &keep);
     for (uint32_t i = 0; i < nt; i++) {
         uint32_t ti;

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "server/store/history.h"
+#include "server/record/history.h"
 #include "server/policy/join.h"
 #include "server/policy/policy.h"
 #include "proto/errors.h"

@@ -15,11 +15,11 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/report/checkpoint.h"
-#include "server/store/model.h"
-#include "server/store/optim.h"
+#include "server/model/model.h"
+#include "server/model/optim.h"
 #include "server/store/plan.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/table.h"
+#include "server/tables/sparse_optim.h"
+#include "server/tables/table.h"
 
 #define STATE_MAX 4 /* optimizer state buffers (as checkpoints allow) */
 

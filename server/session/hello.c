@@ -236,7 +236,7 @@ void srv_join_tick(psd *s, uint64_t now)
     srv_join_describe(s, names, sizeof names);
     uint64_t waited = now - s->join_since_ms, limit = s->cfg.join_timeout;
     uint32_t here = srv_join_present(s), m = (uint32_t)s->cfg.workers;
-    int bsp = s->cfg.mode == PS_MODE_BSP;
+    int rounds = s->policy->rounds;
     if (limit && waited >= limit) {
         s->join_since_ms = 0;
         s->join_warned_ms = 0;
@@ -265,7 +265,7 @@ void srv_join_tick(psd *s, uint64_t now)
                  s->cfg.join_timeout_action == PS_JOIN_STOP ? "stops the job" : "goes on without it");
     else
         snprintf(then, sizeof then, "join_timeout is 0: psd waits for ever");
-    if (bsp)
+    if (rounds)
         PS_LOG(PS_LOG_WARN, "BSP round %llu waits for %s (never joined): %u of %u workers present, waiting %.0f s; %s",
                (unsigned long long)s->model.version, names, here, m, (double)waited / 1e3, then);
     else
@@ -367,7 +367,7 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
     int rc = srv_hello_precheck(c, m, err, errlen);
     if (rc != 0 || m->role != PS_ROLE_WORKER)
         return rc;
-    if (s->cfg.mode == PS_MODE_BSP && m->nshards != (uint32_t)s->cfg.workers) {
+    if (s->policy->rounds && m->nshards != (uint32_t)s->cfg.workers) {
         snprintf(err, errlen, "shard %u/%u: this psd runs BSP rounds of %d workers; start workers with --shard K/%d",
                  m->shard, m->nshards, s->cfg.workers, s->cfg.workers);
         return PS_ESHARD;
@@ -473,9 +473,9 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     }
     /* local SGD: a plan's rounds are global batches, a round here is H
      * local steps of each worker; the workers count their own epochs */
-    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP && s->cfg.local_steps > 0 && !s->plan.set)
+    if ((m->has & PS_F_PLAN) && s->policy->plan && s->cfg.local_steps > 0 && !s->plan.set)
         PS_LOG(PS_LOG_DEBUG, "shard %u proposed a plan: ignored with local_steps", m->shard);
-    if ((m->has & PS_F_PLAN) && s->cfg.mode == PS_MODE_BSP && s->cfg.local_steps == 0) {
+    if ((m->has & PS_F_PLAN) && s->policy->plan && s->cfg.local_steps == 0) {
         const ps_plan *p = &m->plan, *q = &s->plan.p;
         if (!s->plan.set) {
             srv_plan_fix(&s->plan, p);

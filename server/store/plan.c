@@ -42,16 +42,6 @@ void srv_plan_clear(srv_plan *pl)
     pl->round = UINT64_MAX;
 }
 
-int srv_plan_active(const psd *s)
-{
-    return s->plan.set && s->cfg.mode == PS_MODE_BSP && s->model.initialized;
-}
-
-int srv_plan_done(const psd *s)
-{
-    return srv_plan_active(s) && s->model.version >= s->plan.rounds;
-}
-
 /* Shard i is in the job: connected, or never joined (it is still to come,
  * as BSP's first rounds wait for all M). */
 static int in_job(const psd *s, uint32_t i)
@@ -126,7 +116,7 @@ uint32_t srv_plan_needed(psd *s)
 int srv_plan_slice(psd *s, const srv_worker *w, uint64_t ver, ps_slice *out)
 {
     const srv_plan *pl = &s->plan;
-    if (!srv_plan_active(s) || ver != s->model.version || ver >= pl->rounds || srv_plan_open(s) != 0)
+    if (!pl->set || !s->model.initialized || ver != s->model.version || ver >= pl->rounds || srv_plan_open(s) != 0)
         return 0;
     uint32_t rank = 0;
     while (rank < pl->nmembers && pl->members[rank] != w->shard)

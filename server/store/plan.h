@@ -13,12 +13,8 @@ void srv_plan_clear(srv_plan *pl);
  * that were out of its job then (copied into pl->out). Returns 0, or -1
  * out of memory (the plan is fixed, the list empty). */
 int srv_plan_restore(srv_plan *pl, const ps_plan *p, const uint32_t *out, uint32_t nout);
-/* The plan rules the rounds: one is fixed, psd runs BSP and the model has
- * its initial values. */
-int srv_plan_active(const psd *s);
-/* Every round of an active plan has closed: the model version is at or
- * past the plan's last round. */
-int srv_plan_done(const psd *s);
+/* Whether the plan rules the rounds (srv_plan_active, srv_plan_done) is the
+ * policy's to say (policy.h): its ops table says whether the mode has a plan. */
 /* 1 the first time it is asked (the end of the plan is then logged once),
  * 0 after. */
 int srv_plan_say_done(srv_plan *pl);
@@ -37,7 +33,8 @@ int srv_plan_member(psd *s, const srv_worker *w);
 /* Pushes that close the current round of an active plan: its members that
  * are still in the job (connected, or not joined yet). */
 uint32_t srv_plan_needed(psd *s);
-/* Worker w's samples of round ver, the current one, in *out: 1 when it
+/* Worker w's samples of round ver, the current one, in *out (the caller
+ * asked whether the plan rules the rounds, srv_plan_active): 1 when it
  * trains that round (a member, the plan not done), else 0. */
 int srv_plan_slice(psd *s, const srv_worker *w, uint64_t ver, ps_slice *out);
 

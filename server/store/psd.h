@@ -15,11 +15,11 @@
 #include <uv.h>
 
 #include "common/auth.h"
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "proto/codec.h"
 #include "proto/msg.h"
-#include "server/store/optim.h"
-#include "server/store/table.h"
+#include "server/model/optim.h"
+#include "server/tables/table.h"
 
 typedef struct psd psd;
 typedef struct srv_conn srv_conn;
@@ -402,8 +402,8 @@ struct psd {
     uint32_t nworkers_cap;
     uint32_t nshards;        /* m announced by workers (0 until the first) */
     srv_conn *init_owner;    /* the worker asked to send initial values */
-    srv_model model;         /* store/model.c's: srv_model_* */
-    srv_tables tables;       /* embedding tables (store/table.c) */
+    srv_model model;         /* model/model.c's: srv_model_* */
+    srv_tables tables;       /* embedding tables (tables/table.c) */
     srv_plan plan;           /* the job's plan (BSP; plan.c's) */
     const struct srv_policy_ops *policy;
     void *policy_state;      /* the policy's own (policy.c): BSP rounds and
@@ -446,11 +446,11 @@ static inline int srv_range_ok(uint64_t total, uint64_t off, uint64_t n)
 
 /* Each store file's functions, in its own header (they need the types
  * above, so they come last). */
-#include "server/store/hogwild.h"
-#include "server/store/model.h"
+#include "server/model/hogwild.h"
+#include "server/model/model.h"
 #include "server/store/plan.h"
-#include "server/store/settings.h"
+#include "server/config/settings.h"
 #include "server/store/shm.h"
-#include "server/store/stats.h"
+#include "server/record/stats.h"
 
 #endif

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "proto/errors.h"
-#include "server/store/sparse_optim.h"
+#include "server/tables/sparse_optim.h"
 
 #define THREADS_DEFAULT_MAX 8
 

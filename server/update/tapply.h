@@ -22,7 +22,7 @@
 #include <uv.h>
 
 #include "server/store/psd.h"
-#include "server/store/table.h"
+#include "server/tables/table.h"
 
 /* Who a job's reply goes to: the caller's, handed back as it was given. */
 typedef struct srv_tapply_tag {

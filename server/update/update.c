@@ -501,10 +501,8 @@ static void bounds_measure(srv_model *m)
         sm[k] = ps_vec_maxabs(bufs[k], m->opt.n);
         ok &= isfinite(sm[k]);
     }
-    /* adam's second moment and adagrad's sum go under a square root */
-    float *sq = m->opt.kind == PS_OPTIMIZER_ADAGRAD ? bufs[0] : m->opt.kind == PS_OPTIMIZER_SGD ? NULL : bufs[1];
-    for (size_t i = 0; sq && ok && i < m->opt.n; i++)
-        ok = sq[i] >= 0;
+    if (ok)
+        ok = srv_optim_state_valid(&m->opt);
     m->bound_w = w;
     m->bound_s1 = sm[0];
     m->bound_s2 = sm[1];

@@ -7,6 +7,8 @@
 #define SRV_UPDATE_H
 
 #include "server/store/psd.h"
+#include "server/tables/table.h"
+#include "server/update/tapply.h"
 
 /* The gradient of an update of [off, off+n): a push's floats, g[i] for
  * parameter off+i; or, when nsrc > 0, a BSP round's mean, inv times the sum
@@ -74,5 +76,20 @@ int srv_update_busy(const psd *s);
 
 /* Frees what updates keep between them (at exit). */
 void srv_update_free(psd *s);
+
+/* Steps the rows g (n x dim floats) of the n distinct keys of table ti,
+ * pushed by a worker whose last pull found its rows as hint says (NULL:
+ * unknown): on the loop now (table_apply = ordered: srv_tables_push_hint),
+ * or queued to the apply threads (hogwild, s->tapply: srv_tapply_push, with
+ * tag and the pull keys pkeys handed back to the done callback). Returns 0
+ * (applied), SRV_PENDING (queued), or a negative PS_E* code with err
+ * (nothing queued; PS_ENONFINITE: a row's step was not finite, nothing
+ * changed). */
+int srv_update_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, const srv_row_hint *hint,
+                    const srv_tapply_tag *tag, const uint8_t *pkeys, uint32_t npk, char *err, size_t errlen);
+/* 1 when srv_update_rows steps every row on the loop now and checks each
+ * result finite (ordered, with no admission filter holding keys back):
+ * the gradients need no check of their own first. */
+int srv_update_rows_checked(const psd *s);
 
 #endif

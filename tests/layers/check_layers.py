@@ -7,8 +7,9 @@ layer above it (or in a sibling layer), or when two files call each other
 usage: check_layers.py SERVER_DIR LIBPSDCORE.a [NM]
        check_layers.py --markdown SERVER_DIR LIBPSDCORE.a [NM]
 
-A file's layer is the folder it lives in: server/store/model.c is in the
-store layer, server/main.c (directly in server/) in the layer main. ORDER
+A file's layer is the folder it lives in (or the layer of its room:
+server/model/model.c is in the room model of the
+store layer), server/main.c (directly in server/) in the layer main. ORDER
 below gives the layers bottom to top; layers in one row are siblings, which
 may not use each other. There is no other list of files: a new file takes
 the layer of the folder it is put in, and a folder that is not in ORDER is
@@ -27,11 +28,24 @@ and the figures that docs/DESIGN.md quotes (tests/layers/test_check_layers.py
 compares them).
 
 It also fails when a file writes state of psd.h another file or layer owns
-(OWNED below: psd.stats, written by store/stats.c alone through SRV_COUNT
-and the srv_stats_* functions; psd.tables by store/table.c; psd.model by
-store/model.c; the workers by session/hello.c; the connections by the
+(OWNED below: psd.stats, written by record/stats.c alone through SRV_COUNT
+and the srv_stats_* functions; psd.tables by tables/table.c; psd.model by
+model/model.c; the workers by session/hello.c; the connections by the
 connection layer; ...). The check reads the text: a write through a
 pointer taken elsewhere (srv_model *m = &s->model) is not seen.
+
+And it fails on a read of the consistency mode (ps_config.mode, PS_MODE_*)
+outside policy/ (MODE_READ below): the other layers ask the policy's ops
+table what the mode needs.
+
+The bottom layer, store, is rooms by what they hold (ROOMS below): config/
+(the settings), record/ (the counters, histograms and the dashboard's
+series), model/ (the dense model and its optimizer), tables/ (the embedding
+tables, their bounds and optimizers) and store/ (psd.h, which every layer
+includes, the plan, the shared segments, the codec's scratch). A room calls
+the functions of, and includes the headers of, only the rooms ROOMS lets it
+use (and store/psd.h and config/config.h, the types every file reads); a
+folder of server/ that is neither a layer nor a room is refused.
 """
 import os
 import re
@@ -52,6 +66,20 @@ ORDER = [
 ]
 MAIN = "main"  # the layer of the files directly in server/
 
+# The rooms of the bottom layer (store), each a folder of server/, and the
+# other rooms each may use (call, include). Rooms not named may not be used.
+ROOMS = {
+    "model": (),                 # the dense model's blocks, snapshots, optimizer, hogwild segment
+    "tables": (),                # the embedding tables, their bounds and sparse optimizers
+    "record": (),                # stats and histograms, the dashboard's history
+    "config": ("model",),        # the settings; their hooks configure the optimizer
+    "store": ("config", "model", "tables", "record"),  # psd.h, the plan, shm, scratch
+}
+FLOOR = "store"  # the layer the rooms make up
+# Headers every file may include whatever its room: psd.h holds the types all
+# layers share, config.h the settings every room reads.
+SHARED = ("store/psd.h", "config/config.h")
+
 RANK = {name: i for i, row in enumerate(ORDER) for name in row}
 
 
@@ -70,12 +98,12 @@ def psd_writes(*fields):
 # layer), or a tuple of them. Others read it, and change it through the owner's functions. What
 # psd.h holds and is not listed here is not owned yet (docs/DESIGN.md).
 OWNED = [
-    ("psd.stats", "store/stats.c",
+    ("psd.stats", "record/stats.c",
      r"stats\.[a-z_]+(\[[^]]*\])?\s*(\+\+|--|[-+*/|&^]?=(?!=))|(\+\+|--)\s*[a-z_]+(->|\.)stats\."
      r"|srv_hist_(init|observe)\s*\(\s*&[a-z_]+(->[a-z_]+)*->stats\."),
-    ("psd.tables", "store/table.c",
+    ("psd.tables", "tables/table.c",
      r"tables\.[a-z_]+(\[[^]]*\])?\s*(\+\+|--|[-+*/|&^]?=(?!=))|(\+\+|--)\s*[a-z_]+(->|\.)tables\."),
-    ("psd.model", "store/model.c", psd_writes("model")),
+    ("psd.model", "model/model.c", psd_writes("model")),
     ("psd.plan", "store/plan.c", psd_writes("plan")),
     ("the codec scratch (psd.codec, planes)", "store/scratch.c", psd_writes("codec", "planes", "planes_cap")),
     ("psd.upd", "update/update.c", psd_writes("upd")),
@@ -100,6 +128,31 @@ OWNED = [
 ]
 
 
+# The consistency mode is read in policy/ alone: the setting is ps_config's
+# field `mode` (read as s->cfg.mode, cfg->mode, c->mode, ...) with the values
+# PS_MODE_ASGD, PS_MODE_BSP, PS_MODE_SSP. The other layers read what the mode
+# needs from the policy's ops table (s->policy->rounds, ->barriers, ->plan,
+# ->tpush, ->check). MODE_HOME: where the setting itself is declared and parsed.
+MODE_READ = re.compile(r"\bPS_MODE_[A-Z]+\b|\benum\s+ps_mode\b"
+                       r"|\b(?:cfg|c|conf|config|next|cur|old)\s*(?:\.|->)\s*mode\b")
+MODE_HOME = ("policy/", "config/config.h", "config/config.c")
+
+
+def mode_reads(server_dir, files):
+    """Reads of the mode outside policy/ (MODE_READ, MODE_HOME)."""
+    bad = []
+    for f in files:
+        if owns(MODE_HOME, f):
+            continue
+        with open(os.path.join(server_dir, f), encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                code = line.split("//")[0]
+                if MODE_READ.search(code):
+                    bad.append(f"{f}:{n}: reads the mode, which policy/ alone reads: ask the policy's ops "
+                               f"(s->policy->rounds, barriers, plan, tpush, check) ({line.strip()})")
+    return bad
+
+
 def owns(owner, f):
     """owner (a file, a layer's folder ending in /, or a tuple of them)
     covers file f."""
@@ -109,12 +162,33 @@ def owns(owner, f):
 
 
 def layer_of(path):
-    """path relative to server/ ("store/model.c", "main.c") -> its layer,
+    """path relative to server/ ("model/model.c", "main.c") -> its layer,
     or None for a folder that is not a layer."""
     parts = path.split("/")
     if len(parts) == 1:
         return MAIN
+    if parts[0] in ROOMS:
+        return FLOOR
     return parts[0] if parts[0] in RANK and parts[0] != MAIN else None
+
+
+def room_of(path):
+    """The room of the bottom layer path is in ("tables/table.c" -> "tables"),
+    or None outside it."""
+    parts = path.split("/")
+    return parts[0] if len(parts) > 1 and parts[0] in ROOMS else None
+
+
+def room_uses(edges):
+    """Uses between rooms of the bottom layer that ROOMS does not allow."""
+    bad = []
+    for a, b, what in edges:
+        ra, rb = room_of(a), room_of(b)
+        if ra is None or rb is None or ra == rb or b in SHARED or rb in ROOMS[ra]:
+            continue
+        may = ", ".join(ROOMS[ra]) or "no other room"
+        bad.append(f"{a} (room {ra}) -> {b} (room {rb}): the room {ra} may use {may}: {what}")
+    return bad
 
 
 def may_use(la, lb):
@@ -220,10 +294,13 @@ def self_test():
     assert upward([("policy/policy.c", "connection/net.c", "calls srv_send")]), "policy -> connection not caught"
     assert upward([("update/update.c", "policy/policy.h", "#include")]), "update including policy.h not caught"
     assert upward([("report/status.c", "answer/reply.h", "#include")]), "report -> answer (siblings) not caught"
-    assert upward([("misc/new.c", "store/model.c", "calls x")]), "a file outside the layers not caught"
+    assert upward([("misc/new.c", "model/model.c", "calls x")]), "a file outside the layers not caught"
     assert not upward([("connection/net.c", "dispatch/handle.c", "calls"), ("dispatch/handle.c", "session/auth.c", "calls"),
                        ("main.c", "connection/net.h", "#include"), ("answer/pull.c", "answer/reply.h", "#include")]), \
         "a downward or same-layer use was refused"
+    assert room_uses([("tables/table.c", "model/optim.h", "#include")]), "tables -> model not caught"
+    assert not room_uses([("config/settings.c", "model/optim.c", "calls"), ("model/model.c", "store/psd.h", "#include"),
+                          ("tables/table.c", "config/config.h", "#include")]), "an allowed room use was refused"
     assert mutual([("report/status.c", "connection/http.c", "calls"), ("connection/http.c", "report/status.c", "calls")])
     assert not mutual([("connection/http.c", "report/status.c", "calls")]), "a one-way call was refused"
 
@@ -242,7 +319,8 @@ def analyse(server_dir, lib, nm):
                            "cannot tell them apart: rename one")
             by_base[base] = f
     inc, sym = include_edges(server_dir, files), symbol_edges(lib, nm, by_base)
-    bad += upward(inc) + upward(sym) + mutual(sym) + foreign_writes(server_dir, files)
+    bad += upward(inc) + upward(sym) + mutual(sym) + room_uses(inc) + room_uses(sym)
+    bad += foreign_writes(server_dir, files) + mode_reads(server_dir, files)
     return bad, files, inc, sym
 
 
@@ -251,9 +329,16 @@ def markdown(files, inc, sym):
     lines = ["| layer | folder | files |", "|---|---|---|"]
     for row in reversed(ORDER):
         for name in row:
+            sib = f" (sibling of {', '.join(n for n in row if n != name)})" if len(row) > 1 else ""
+            if name == FLOOR:
+                for room in sorted(ROOMS, key=lambda r: (-len(ROOMS[r]), r)):
+                    own = [os.path.basename(f) for f in files if room_of(f) == room and f.endswith(".c")]
+                    uses = ", ".join(ROOMS[room]) or "no other room"
+                    lines.append(f"| {name}: room {room} (uses {uses}) | `server/{room}/` | "
+                                 f"{', '.join(f'`{f}`' for f in own)} |")
+                continue
             folder = "server/" if name == MAIN else f"server/{name}/"
             own = [os.path.basename(f) for f in files if layer_of(f) == name and f.endswith(".c")]
-            sib = f" (sibling of {', '.join(n for n in row if n != name)})" if len(row) > 1 else ""
             lines.append(f"| {name}{sib} | `{folder}` | {', '.join(f'`{f}`' for f in own)} |")
     lines.append("")
     lines.append(f"{len(inc)} includes and {len(sym)} file-to-file calls, all one way down.")

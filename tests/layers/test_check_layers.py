@@ -7,9 +7,11 @@ Plants small trees of server/ layer folders in a temporary directory,
 compiles them into a static library with CC and AR, and runs
 check_layers.py on them: a downward tree passes; an upward include, an
 upward call, a call between the sibling layers report and answer, a file in
-a folder that is no layer, two sources of one name and a write of
+a folder that is no layer, a room of the bottom layer using a room it may
+not, two sources of one name and a write of
 psd.stats, psd.tables, psd.model, the workers, the connections, main's
-handles or psd.cfg outside their owner each fail with a message naming the files.
+handles or psd.cfg outside their owner, and a read of the mode outside
+policy/, each fail with a message naming the files.
 With the real tree given, a copy of it with one upward include, and
 writes of psd.stats, psd.model, the workers, the connections, the plan
 and the model's origin outside their owners planted, fails too, and docs/DESIGN.md's layer table and
@@ -123,7 +125,7 @@ class Planted(unittest.TestCase):
 
     def test_write_of_owned_state_fails(self):
         t = self.base()
-        t["store/stats.c"] = "struct st { int pushes; } ; void st_count(struct st *s) { s->pushes++; }\n"
+        t["record/stats.c"] = "struct st { int pushes; } ; void st_count(struct st *s) { s->pushes++; }\n"
         ok = dict(t)
         # reads, comparisons and counting through the owner pass
         ok["dispatch/handle.c"] += ("struct ps { struct { int pushes, rounds; } stats; };\n"
@@ -139,8 +141,8 @@ class Planted(unittest.TestCase):
             shutil.rmtree(self.server)
             r = run_check(self.server, self.tree(t))
             self.assertEqual(r.returncode, 1, write)
-            self.assertIn("dispatch/handle.c:5: writes psd.stats, which store/stats.c owns", r.stderr)
-        # the embedding tables: store/table.c's
+            self.assertIn("dispatch/handle.c:5: writes psd.stats, which record/stats.c owns", r.stderr)
+        # the embedding tables: tables/table.c's
         for write in ("s->tables.max_bytes = 9;", "s->tables.n++;", "s->tables.bytes -= 4;"):
             t["dispatch/handle.c"] = self.base()["dispatch/handle.c"] + \
                 ("struct ps { struct { unsigned long max_bytes, bytes; unsigned n; } tables; };\n"
@@ -148,24 +150,24 @@ class Planted(unittest.TestCase):
             shutil.rmtree(self.server)
             r = run_check(self.server, self.tree(t))
             self.assertEqual(r.returncode, 1, write)
-            self.assertIn("dispatch/handle.c:5: writes psd.tables, which store/table.c owns", r.stderr)
+            self.assertIn("dispatch/handle.c:5: writes psd.tables, which tables/table.c owns", r.stderr)
         ok["dispatch/handle.c"] += ("struct pt { struct { unsigned n; } tables; };\n"
                                     "int di_n(struct pt *s) { return s->tables.n == 2; }\n")
         shutil.rmtree(self.server)
         self.assertEqual(run_check(self.server, self.tree(ok)).returncode, 0)
 
     def test_write_of_psd_fields_fails(self):
-        """psd.h's other groups: the model (store/model.c), the workers
+        """psd.h's other groups: the model (model/model.c), the workers
         (session/hello.c), the connections (any file of the connection
         layer), main's handles (main.c)."""
         decl = ("struct md { int initialized; unsigned long version; };\n"
                 "struct ps { struct md model; unsigned nshards; void *init_owner; unsigned long rbuf_bytes; "
                 "int paused; void *loop; struct { int workers; } cfg; };\n")
         cases = [  # (file, write, what, owner)
-            ("dispatch/handle.c", "s->model.version = 3;", "psd.model", "store/model.c"),
-            ("dispatch/handle.c", "s->model.initialized = 1;", "psd.model", "store/model.c"),
-            ("dispatch/handle.c", "s->model.version++;", "psd.model", "store/model.c"),
-            ("dispatch/handle.c", "++s->model.version;", "psd.model", "store/model.c"),
+            ("dispatch/handle.c", "s->model.version = 3;", "psd.model", "model/model.c"),
+            ("dispatch/handle.c", "s->model.initialized = 1;", "psd.model", "model/model.c"),
+            ("dispatch/handle.c", "s->model.version++;", "psd.model", "model/model.c"),
+            ("dispatch/handle.c", "++s->model.version;", "psd.model", "model/model.c"),
             ("dispatch/handle.c", "c->srv->nshards = 0;", "the workers", "session/hello.c"),
             ("dispatch/handle.c", "s->init_owner = 0;", "the workers", "session/hello.c"),
             ("dispatch/handle.c", "s->rbuf_bytes -= 4;", "the connections", "connection/"),
@@ -184,7 +186,7 @@ class Planted(unittest.TestCase):
             self.assertRegex(r.stderr, r"%s:\d+: writes %s.*, which %s owns" % (f, what, owner), write)
         # the owner writes; others read, compare and take the address
         t = self.base()
-        t["store/model.c"] = decl + "void mo_w(struct ps *s) { s->model.version = 1; s->model.initialized = 1; }\n"
+        t["model/model.c"] = decl + "void mo_w(struct ps *s) { s->model.version = 1; s->model.initialized = 1; }\n"
         t["session/hello.c"] = decl + "void he_w(struct ps *s) { s->nshards = 2; s->init_owner = 0; }\n"
         t["connection/net.c"] = decl + "void ne_w(struct ps *s) { s->rbuf_bytes += 1; }\n"
         t["connection/close.c"] = decl + "void cl_w(struct ps *s) { s->rbuf_bytes -= 1; }\n"
@@ -193,6 +195,59 @@ class Planted(unittest.TestCase):
                                           "s->rbuf_bytes <= 3 && s->paused >= 0 && s->cfg.workers + 1 > 0; }\n")
         t["dispatch/admin.c"] = decl + "void ad_w(struct ps *s) { s->cfg.workers = 3; }\n"
         t["main.c"] += decl + "void ma_w(struct ps *s) { s->cfg.workers = 1; }\n"
+        shutil.rmtree(self.server)
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_rooms_of_the_bottom_layer(self):
+        """The store layer's rooms use only the rooms ROOMS names (and
+        psd.h, config.h); each is still the store layer for the order."""
+        t = self.base()
+        t["model/optim.h"] = "int op_step(void);\n"
+        t["model/optim.c"] = '#include "server/model/optim.h"\nint op_step(void) { return 2; }\n'
+        t["config/config.h"] = "struct cf { int workers; };\n"
+        t["config/settings.c"] = ('#include "server/config/config.h"\n#include "server/model/optim.h"\n'
+                                  "int se_apply(void) { return op_step(); }\n")
+        t["tables/table.c"] = '#include "server/config/config.h"\nint ta_push(void) { return 0; }\n'
+        t["store/store.c"] = ('#include "server/store/store.h"\nint ta_push(void);\n'
+                              "int st_get(void) { return ta_push(); }\n")
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 0, r.stderr)  # config -> model, store -> tables, shared headers: allowed
+        # a call from tables into model, and from model up into config: refused;
+        # and a room still may not use a layer above the store
+        t["tables/table.c"] += "int op_step(void);\nint ta_step(void) { return op_step(); }\n"
+        t["model/optim.c"] += "int se_apply(void);\nint op_more(void) { return se_apply(); }\n"
+        t["record/stats.c"] = '#include "server/policy/policy.h"\nint re_x(void) { return po_push(); }\n'
+        shutil.rmtree(self.server)
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("tables/table.c (room tables) -> model/optim.c (room model): the room tables may use no "
+                      "other room: calls op_step", r.stderr)
+        self.assertIn("model/optim.c (room model) -> config/settings.c (room config): the room model may use no "
+                      "other room: calls se_apply", r.stderr)
+        self.assertIn("record/stats.c (store) -> policy/policy.c (policy): a layer above: calls po_push", r.stderr)
+
+    def test_read_of_the_mode_fails(self):
+        """The mode (ps_config.mode, PS_MODE_*) is read in policy/ alone."""
+        decl = ("enum { PS_MODE_ASGD, PS_MODE_BSP };\nstruct cf { int mode; };\n"
+                "struct ps { struct cf cfg; };\n")
+        reads = [("session/hello.c", "return s->cfg.mode == PS_MODE_BSP;"),
+                 ("answer/barrier.c", "return s->cfg.mode != 0;"),
+                 ("store/plan.c", "const struct cf *cfg = &s->cfg; return cfg->mode;"),
+                 ("dispatch/handle.c", "return PS_MODE_ASGD;")]
+        t = self.base()
+        for i, (f, read) in enumerate(reads):
+            t[f] = t.get(f, "") + decl + "int planted_%d(struct ps *s) { (void)s; %s }\n" % (i, read)
+        r = run_check(self.server, self.tree(t))
+        self.assertEqual(r.returncode, 1)
+        for f, read in reads:
+            self.assertRegex(r.stderr, r"%s:\d+: reads the mode, which policy/ alone reads" % f, read)
+        # the policy reads it; the others read the policy's fields and other fields named like it
+        t = self.base()
+        t["policy/policy.c"] += decl + "int po_mode(struct ps *s) { return s->cfg.mode == PS_MODE_BSP; }\n"
+        t["session/hello.c"] = ("struct ops { int rounds; };\nstruct wl { char mode[8]; };\n"
+                                "int he_r(const struct ops *policy, struct wl *r) "
+                                "{ r->mode[0] = 0; return policy->rounds; }\n")
         shutil.rmtree(self.server)
         r = run_check(self.server, self.tree(t))
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -216,18 +271,26 @@ class RealTree(unittest.TestCase):
         with tempfile.TemporaryDirectory(prefix="layers-") as d:
             copy = os.path.join(d, "server")
             shutil.copytree(server, copy)
-            with open(os.path.join(copy, "store", "model.c"), "a") as f:
+            with open(os.path.join(copy, "model", "model.c"), "a") as f:
                 f.write('\n#include "server/dispatch/handle.h"\n')
+            # a room of the bottom layer using one it may not, and a read of the mode outside policy/
+            with open(os.path.join(copy, "tables", "table.c"), "a") as f:
+                f.write('\n#include "server/model/optim.h"\n')
+            with open(os.path.join(copy, "answer", "barrier.c"), "a") as fh:
+                fh.write("\nstatic int planted_mode(const psd *s) { return s->cfg.mode == PS_MODE_BSP; }\n")
             r = run_check(copy, lib)
             self.assertEqual(r.returncode, 1)
-            self.assertIn("store/model.c (store) -> dispatch/handle.h (dispatch): a layer above", r.stderr)
+            self.assertIn("model/model.c (store) -> dispatch/handle.h (dispatch): a layer above", r.stderr)
+            self.assertIn("tables/table.c (room tables) -> model/optim.h (room model): the room tables may use "
+                          "no other room", r.stderr)
+            self.assertRegex(r.stderr, r"answer/barrier.c:\d+: reads the mode, which policy/ alone reads")
             with open(os.path.join(copy, "answer", "pull.c"), "a") as f:
                 f.write("\nstatic void planted(psd *s) { s->stats.pulls += 1; }\n")
             r = run_check(copy, lib)
             self.assertEqual(r.returncode, 1)
-            self.assertRegex(r.stderr, r"answer/pull.c:\d+: writes psd.stats, which store/stats.c owns")
+            self.assertRegex(r.stderr, r"answer/pull.c:\d+: writes psd.stats, which record/stats.c owns")
             # psd.h's other owned groups, planted in files that read them
-            for f, write, owner in [("answer/pull.c", "s->model.version = 7;", "store/model.c"),
+            for f, write, owner in [("answer/pull.c", "s->model.version = 7;", "model/model.c"),
                                     ("dispatch/admin.c", "s->nshards = 0;", "session/hello.c"),
                                     ("dispatch/handle.c", "s->rbuf_bytes += 1;", "connection/"),
                                     ("report/status.c", "s->plan.said_done = 1;", "store/plan.c"),

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "common/log.h"
 #include "proto/errors.h"
 

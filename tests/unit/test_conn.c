@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "proto/errors.h"
 #include "proto/frame.h"
 #include "server/connection/net.h"

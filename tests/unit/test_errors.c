@@ -18,7 +18,7 @@
 
 #include "common/auth.h"
 #include "proto/errors.h"
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "server/policy/policy.h"
 #include "server/store/psd.h"
 #include "server/answer/reply.h"

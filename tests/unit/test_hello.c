@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "proto/errors.h"
 #include "server/report/dashboard.h"
 #include "server/policy/policy.h"

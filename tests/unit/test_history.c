@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "proto/errors.h"
-#include "server/store/history.h"
+#include "server/record/history.h"
 
 static const char *const cols2[] = {"a", "b"};
 

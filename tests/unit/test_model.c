@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"
 

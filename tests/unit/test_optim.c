@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "proto/errors.h"
-#include "server/store/optim.h"
+#include "server/model/optim.h"
 
 /* Vector length for the reference runs: two whole blocks of the
  * vectorised loops and a remainder, so both paths are checked. */

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "server/report/checkpoint.h"
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "proto/errors.h"
 #include "server/report/dashboard.h"
 #include "server/policy/policy.h"

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "server/policy/join.h"
 #include "proto/errors.h"
 #include "server/policy/policy.h"

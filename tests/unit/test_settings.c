@@ -31,7 +31,7 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/dispatch/admin.h"
-#include "server/store/config.h"
+#include "server/config/config.h"
 #include "server/policy/policy.h"
 #include "server/store/psd.h"
 

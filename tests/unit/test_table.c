@@ -1,5 +1,5 @@
-/* test_table.c - psd's row store (server/store/table.c) and its sparse
- * optimizers (server/store/sparse_optim.c).
+/* test_table.c - psd's row store (server/tables/table.c) and its sparse
+ * optimizers (server/tables/sparse_optim.c).
  *
  * The optimizers against references: PyTorch's Adagrad (sparse gradient,
  * initial_accumulator_value), SparseAdam and SGD on an nn.Embedding(2, 3,
@@ -27,9 +27,9 @@
 
 #include "proto/errors.h"
 #include "proto/table.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/table.h"
-#include "server/store/table_round.h"
+#include "server/tables/sparse_optim.h"
+#include "server/tables/table.h"
+#include "server/policy/bsp_tround.h"
 
 #define assert_has(text, needle)                                                                                   \
     do {                                                                                                           \
@@ -891,7 +891,7 @@ static void test_eviction(void **state)
     (void)state;
     srv_tables ts;
     srv_tables_init(&ts, 1ull << 30);
-    srv_table_bounds b = {.table_bytes = 400000, .evict = 1};
+    srv_table_bounds b = {.table_bytes = 400000, .full = PS_TABLE_FULL_EVICT};
     srv_tables_set_bounds(&ts, &b);
     ps_table_def d = def("e", 4, "zeros", 0, "sgd", NULL);
     uint32_t ti;
@@ -926,7 +926,7 @@ static void test_eviction(void **state)
     assert_true(rows > 1000);
     /* refuse: LIMIT, nothing changed (expiry on but far off keeps the
      * rows' clocks for the evictions after) */
-    b.evict = 0;
+    b.full = PS_TABLE_FULL_REFUSE;
     b.expire = 1000000;
     srv_tables_set_bounds(&ts, &b);
     for (int i = 0; i < 100; i++)
@@ -940,7 +940,7 @@ static void test_eviction(void **state)
     assert_int_equal(check_rows(&ts), rows);
     assert_null(srv_tables_row(&ts, ti, k[0]));
     /* more new rows in one push than the cap holds: LIMIT with evict too */
-    b.evict = 1;
+    b.full = PS_TABLE_FULL_EVICT;
     b.table_bytes = 40000;
     srv_tables_set_bounds(&ts, &b);
     assert_int_equal(srv_tables_push(&ts, ti, kb, 100, g, 1.0, err, sizeof err), PS_ELIMIT);
@@ -1321,7 +1321,7 @@ static void hint_run(const srv_table_bounds *bd, uint64_t space, uint32_t n, int
 static void test_row_hints_are_only_guesses(void **state)
 {
     (void)state;
-    srv_table_bounds expiry = {.expire = 6}, eviction = {.table_bytes = 400000, .evict = 1};
+    srv_table_bounds expiry = {.expire = 6}, eviction = {.table_bytes = 400000, .full = PS_TABLE_FULL_EVICT};
     hint_run(&expiry, 48, 8, 400);
     hint_run(&eviction, 20000, 512, 200); /* about 8,192 rows fit */
 }
@@ -1365,7 +1365,7 @@ static void test_first_dup_hint(void **state)
     ps_hp hp = hp1(PS_HP_LR, 0.1);
     ps_table_def d = def("e", 4, "uniform", 0.5, "adagrad", &hp);
     /* about 8,192 rows fit: rows evicted and moved late in the run */
-    srv_table_bounds eviction = {.table_bytes = 400000, .evict = 1};
+    srv_table_bounds eviction = {.table_bytes = 400000, .full = PS_TABLE_FULL_EVICT};
     srv_tables ts;
     uint32_t ti;
     srv_tables_init(&ts, 1ull << 30);
@@ -1690,7 +1690,7 @@ static void test_stamps_at_cap(void **state)
         keys_le(kb, k, 40000);
         assert_int_equal(srv_tables_push(&ts, ti, kb, 40000, g, 1.0, err, sizeof err), 0);
         srv_tables_set_limit(&ts, ts.bytes); /* full: no room for 8 more bytes a row (blocks of 8192 rows) */
-        srv_table_bounds b = {.expire = 1000, .evict = ev};
+        srv_table_bounds b = {.expire = 1000, .full = ev ? PS_TABLE_FULL_EVICT : PS_TABLE_FULL_REFUSE};
         srv_tables_set_bounds(&ts, &b);
         srv_table_stats st;
         uint64_t k1 = 1; /* not among the rows (they are 3 mod 7919) */

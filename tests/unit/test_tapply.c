@@ -1,6 +1,6 @@
 /* test_tapply.c - the apply threads of table_apply = hogwild
  * (server/update/tapply.c) and the loop's half of their pushes
- * (srv_tables_pin in server/store/table.c).
+ * (srv_tables_pin in server/tables/table.c).
  *
  * Several streams of pushes, each with one push in flight at a time as a
  * connection has in psd (its next push queued from the done callback),
@@ -34,8 +34,8 @@
 #include "proto/errors.h"
 #include "proto/msg.h"
 #include "proto/table.h"
-#include "server/store/sparse_optim.h"
-#include "server/store/table.h"
+#include "server/tables/sparse_optim.h"
+#include "server/tables/table.h"
 #include "server/update/tapply.h"
 
 #define THREADS 4
@@ -282,7 +282,7 @@ static void churn(const srv_table_bounds *b, uint64_t max_bytes)
 static void test_eviction_while_in_flight(void **state)
 {
     (void)state;
-    srv_table_bounds b = {.table_bytes = 1u << 20, .evict = 1};
+    srv_table_bounds b = {.table_bytes = 1u << 20, .full = PS_TABLE_FULL_EVICT};
     churn(&b, 1ull << 30);
 }
 

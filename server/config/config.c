@@ -6,8 +6,9 @@
  * and a commented-out entry with its default in conf/psd.conf. The row's
  * validate hook defaults to its type's; give it an apply hook (settings.c)
  * if it may change while psd runs, and put what it must agree with other
- * options in srv_config_check (settings.c). Nothing else needs to know. */
-#include "server/store/config.h"
+ * options in srv_settings_check (settings.c), or, when it depends on the
+ * mode, in the mode's policy's check (policy/). Nothing else needs to know. */
+#include "server/config/config.h"
 
 #include <ctype.h>
 #include <errno.h>

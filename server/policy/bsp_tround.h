@@ -1,4 +1,4 @@
-/* table_round.h - a BSP round's table pushes, kept until the round closes
+/* bsp_tround.h - a BSP round's table pushes, kept until the round closes
  * (PROTOCOL.md 13.5). The BSP policy owns one (in its state) and decides
  * what it keeps, what it drops and when the round applies; this file keeps
  * the rows and sums them in shard order, so the update does not depend on
@@ -13,13 +13,13 @@
  * of -3.4e38) has its sums made again in double, in the same order, each
  * times the scale before it is rounded to float32 (and handed with scale
  * 1), so a finite mean applies. */
-#ifndef SRV_TABLE_ROUND_H
-#define SRV_TABLE_ROUND_H
+#ifndef SRV_BSP_TROUND_H
+#define SRV_BSP_TROUND_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/store/table.h"
+#include "server/tables/table.h"
 
 typedef struct srv_tround_push srv_tround_push;
 

@@ -17,7 +17,7 @@
  *
  * The clip scale is a factor in every loop (1 when clipping is off), so
  * the caller's gradient is never copied or written. */
-#include "server/store/optim.h"
+#include "server/model/optim.h"
 
 #include <assert.h>
 #include <float.h>
@@ -149,6 +149,15 @@ size_t srv_optim_state_bytes(const srv_optim *o)
 {
     size_t bufs = (o->velocity != NULL) + (o->exp_avg != NULL) + (o->exp_avg_sq != NULL) + (o->sum != NULL);
     return bufs * o->n * sizeof(float);
+}
+
+int srv_optim_state_valid(const srv_optim *o)
+{
+    const float *sq = o->exp_avg_sq ? o->exp_avg_sq : o->sum;
+    for (size_t i = 0; sq && i < o->n; i++)
+        if (!(sq[i] >= 0))
+            return 0;
+    return 1;
 }
 
 size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max)

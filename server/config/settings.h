@@ -1,11 +1,11 @@
 /* settings.h - the settings' cross-check and the checks at start (settings.c);
  * the option table's own hooks are in config.h. */
-#ifndef SRV_STORE_SETTINGS_H
-#define SRV_STORE_SETTINGS_H
+#ifndef SRV_CONFIG_SETTINGS_H
+#define SRV_CONFIG_SETTINGS_H
 
 #include "server/store/psd.h"
 
-/* When srv_config_check runs: what it may look at beyond the settings. */
+/* When srv_config_check (policy.h) runs: what it may look at beyond the settings. */
 typedef enum srv_check_when {
     SRV_CHECK_START,  /* psd starting: listen's host name must resolve */
     SRV_CHECK_PRINT,  /* --print-config: a host name that does not resolve here passes
@@ -14,10 +14,11 @@ typedef enum srv_check_when {
                        * resolved again (it cannot change at run time) */
 } srv_check_when;
 
-/* The one cross-check of psd's settings: what depends on more than one
- * option or on more than an option's syntax. metrics_listen an IPv4 or IPv6
- * address (parsed here, handed back in out); in BSP, backup_workers below
- * workers; nonfinite = clip needs clip_norm > 0; nesterov needs momentum >
+/* The settings' cross-check below the mode: what depends on more than one
+ * option or on more than an option's syntax, whatever the mode (what the
+ * mode needs is its policy's check; srv_config_check, policy.h, runs both).
+ * metrics_listen an IPv4 or IPv6 address (parsed here, handed back in out);
+ * nonfinite = clip needs clip_norm > 0; nesterov needs momentum >
  * 0 with sgd; admin_token_file needs token_file; protected mode: without
  * token_file and allow_remote_without_token, listen and metrics_listen
  * must be loopback addresses. The same at start, by --print-config, at a
@@ -25,7 +26,7 @@ typedef enum srv_check_when {
  * files and state_dir are read at start only (srv_auth_load,
  * srv_state_dir_check). Returns 0, filling out (may be NULL), or PS_EINVAL
  * with a message in err and out untouched. */
-int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len);
+int srv_settings_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len);
 
 /* Checks that psd can write checkpoints to dir ("" passes): a directory
  * it can create a file in, created when missing. At start, before anything

@@ -39,7 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 typedef struct srv_optim {
     int kind;                   /* enum ps_optimizer_kind; fixed at init */
@@ -104,6 +104,11 @@ size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, s
  * "adagrad". srv_optim_kind_name() gives the same for an
  * enum ps_optimizer_kind value ("unknown" when out of range). */
 const char *srv_optim_name(const srv_optim *o);
+/* 1 when the state a square root reads (adam's and adamw's second moment,
+ * adagrad's sum) has no negative value, or the kind has no such state;
+ * else 0. The optimizer's own invariant, which a measure of the state's
+ * bounds asks for (the update engine's). */
+int srv_optim_state_valid(const srv_optim *o);
 const char *srv_optim_kind_name(int kind);
 
 /* The learning rate of the update that follows model version `version`:

@@ -1,19 +1,20 @@
 /* hogwild.h - Hogwild! (hogwild.c): the model segment the workers on
  * psd's machine map and step in, its step counter, and the settings'
  * check. PROTOCOL.md section 8 is the contract. */
-#ifndef SRV_STORE_HOGWILD_H
-#define SRV_STORE_HOGWILD_H
+#ifndef SRV_MODEL_HOGWILD_H
+#define SRV_MODEL_HOGWILD_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 struct srv_blk;
 struct srv_model;
 
-/* The settings a Hogwild! job needs (mode asgd, plain sgd at a constant
- * lr): 0, or -1 with the message in err. Called by srv_config_check. */
+/* The settings a Hogwild! job needs (plain sgd at a constant lr; that it
+ * needs mode asgd is the policies' check): 0, or -1 with the message in
+ * err. Called by srv_settings_check. */
 int srv_hogwild_check(const ps_config *c, char *err, size_t len);
 
 /* Byte offset of the step counter in a segment of n values: the values,

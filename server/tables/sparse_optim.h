@@ -1,7 +1,7 @@
 /* sparse_optim.h - the optimizers of embedding tables (PROTOCOL.md 13.4):
  * one step of SGD, AdaGrad, lazy Adam or FTRL-proximal on one row.
  *
- * A row is laid out as the row store keeps it (server/store/table.h): its
+ * A row is laid out as the row store keeps it (server/tables/table.h): its
  * dim weights, then its optimizer state, ps_topt_state_per_value(opt) x dim
  * float32 values (adagrad: the accumulator; adam: m then v; ftrl: z then
  * n), then, for adam, a uint32 step count. The functions know nothing of

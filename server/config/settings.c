@@ -1,7 +1,8 @@
 /* settings.c - psd's settings beyond one value's syntax: the hooks of
  * config.c's table that need psd (metrics_listen's validation, what a
- * change at run time does), and the one cross-check of the settings
- * (srv_config_check), used at start, by --print-config, at a SIGHUP reload
+ * change at run time does), and the cross-check of the settings whatever
+ * the mode (srv_settings_check; srv_config_check, policy/, runs it after the
+ * mode's own checks), used at start, by --print-config, at a SIGHUP reload
  * and on `psctl set`, so that psd refuses the same settings wherever they
  * come from. metrics_listen is parsed by one function here
  * (parse_metrics_listen); what the cross-check parses it hands back, so
@@ -16,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "server/store/settings.h"
+#include "server/config/settings.h"
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"
@@ -109,14 +110,6 @@ static int averaging_check(const ps_config *c, char *err, size_t len)
         snprintf(err, len, "local_steps and elastic_alpha are two ways to average: set one");
         return PS_EINVAL;
     }
-    if (local && c->mode != PS_MODE_BSP) {
-        snprintf(err, len, "local_steps averages a round of models: it needs mode = bsp");
-        return PS_EINVAL;
-    }
-    if (elastic && c->mode != PS_MODE_ASGD) {
-        snprintf(err, len, "elastic averaging is asynchronous: it needs mode = asgd");
-        return PS_EINVAL;
-    }
     if ((local || elastic) && (c->optimizer != PS_OPTIMIZER_SGD || c->momentum > 0)) {
         snprintf(err, len, "%s averages the workers' models; psd's optimizer (%s%s) would not run: set optimizer = "
                            "sgd without momentum",
@@ -132,17 +125,13 @@ static int averaging_check(const ps_config *c, char *err, size_t len)
     return 0;
 }
 
-int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len)
+int srv_settings_check(const ps_config *c, srv_check_when when, srv_settings *out, char *err, size_t len)
 {
     srv_settings parsed;
     memset(&parsed, 0, sizeof parsed);
     if (parse_metrics_listen(c->metrics_listen, parsed.metrics_host, sizeof parsed.metrics_host,
                              &parsed.metrics_port, &parsed.metrics_addr, err, len) != 0)
         return PS_EINVAL;
-    if (c->mode == PS_MODE_BSP && c->backup_workers >= c->workers) {
-        snprintf(err, len, "backup_workers (%d) must be less than workers (%d)", c->backup_workers, c->workers);
-        return PS_EINVAL;
-    }
     if (c->nonfinite == PS_NONFINITE_CLIP && !(c->clip_norm > 0)) {
         snprintf(err, len, "nonfinite = clip needs clip_norm above 0: a sanitised push is scaled down to that "
                            "norm (its infinities became +-FLT_MAX)");
@@ -157,13 +146,6 @@ int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out,
         return PS_EINVAL;
     if (averaging_check(c, err, len) != 0)
         return PS_EINVAL;
-    if (c->table_apply == PS_TABLE_APPLY_HOGWILD && c->mode == PS_MODE_BSP) {
-        snprintf(err, len, "table_apply = hogwild applies table pushes as they come, from several threads; mode = "
-                           "bsp sums a round's table pushes in shard order, bit for bit the same whatever order they "
-                           "arrive in, and applies them once as the round closes: use mode = asgd or ssp with "
-                           "table_apply = hogwild, or table_apply = ordered with bsp");
-        return PS_EINVAL;
-    }
     if (c->table_threads > 0 && c->table_apply != PS_TABLE_APPLY_HOGWILD) {
         snprintf(err, len, "table_threads = %d is set but table_apply = ordered applies every table push on psd's "
                            "loop, without threads: set table_apply = hogwild, or leave table_threads out",

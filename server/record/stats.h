@@ -1,7 +1,7 @@
 /* stats.h - psd's clock and histograms (stats.c); srv_hist and srv_stats
  * are in psd.h with the state they are part of. */
-#ifndef SRV_STORE_STATS_H
-#define SRV_STORE_STATS_H
+#ifndef SRV_RECORD_STATS_H
+#define SRV_RECORD_STATS_H
 
 #include <stddef.h>
 

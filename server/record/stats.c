@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "server/store/stats.h"
+#include "server/record/stats.h"
 #include "server/store/psd.h"
 
 uint64_t srv_now_ms(void)

@@ -2,7 +2,7 @@
  * (integers, sizes, durations, booleans, words, host:port), validating and
  * setting them, formatting them back, and loading a configuration file;
  * "did you mean" for an unknown key. Owns nothing but its arguments. */
-#include "server/store/config.h"
+#include "server/config/config.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* history.c - bounded time series and the event ring (see history.h), and
  * their JSON, CSV and table forms. */
 #include "common/json.h"
-#include "server/store/history.h"
+#include "server/record/history.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/store/model.h"
+#include "server/model/model.h"
 #include "proto/errors.h"
 #include "server/store/psd.h"
 

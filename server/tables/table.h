@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "proto/table.h"
+#include "server/config/config.h"
 
 typedef struct srv_table srv_table;
 
@@ -67,7 +68,8 @@ typedef struct srv_table_bounds {
     uint32_t admit;         /* a key gets a row at its admit-th push; 0 and 1: at its first */
     uint64_t expire;        /* rows not pushed in this many pushes to the table go; 0: never */
     uint64_t table_bytes;   /* the most one table may take; 0: max_table_memory alone */
-    int evict;              /* at a cap, evict the least recently pushed rows (1) or refuse (0) */
+    int full;               /* enum ps_table_full: at a cap, refuse the push or evict the least
+                             * recently pushed rows (tables/bounds.c) */
 } srv_table_bounds;
 
 /* All tables of one psd. */
@@ -105,6 +107,9 @@ void srv_tables_set_bounds(srv_tables *ts, const srv_table_bounds *b);
  * to declare or push calls, so a reload takes effect at once. */
 struct ps_config;
 void srv_tables_configure(srv_tables *ts, const struct ps_config *cfg);
+/* The bounds psd's settings give (table_admit, table_expire, table_memory,
+ * table_full). */
+srv_table_bounds srv_table_bounds_of(const struct ps_config *cfg);
 /* Frees every table and their rows. */
 void srv_tables_free(srv_tables *ts);
 

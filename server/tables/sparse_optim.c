@@ -1,6 +1,6 @@
 /* sparse_optim.c - one optimizer step on one table row (see sparse_optim.h,
  * PROTOCOL.md 13.4). */
-#include "server/store/sparse_optim.h"
+#include "server/tables/sparse_optim.h"
 
 #include <math.h>
 #include <string.h>

@@ -23,7 +23,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "server/store/hogwild.h"
+#include "server/model/hogwild.h"
 #include "server/store/psd.h"
 
 int srv_hogwild_check(const ps_config *c, char *err, size_t len)
@@ -35,10 +35,6 @@ int srv_hogwild_check(const ps_config *c, char *err, size_t len)
             return -1;
         }
         return 0;
-    }
-    if (c->mode != PS_MODE_ASGD) {
-        snprintf(err, len, "hogwild updates the model without rounds or clocks: it needs mode = asgd");
-        return -1;
     }
     if (c->elastic_alpha > 0) {
         snprintf(err, len, "hogwild and elastic_alpha are two ways to share a model: a Hogwild! worker steps in "

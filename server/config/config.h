@@ -56,6 +56,9 @@ enum ps_hogwild_remote { PS_HOGWILD_REMOTE_ASGD = 0, PS_HOGWILD_REMOTE_REFUSE = 
 /* Values of ps_config.table_apply: how psd applies the rows of table
  * pushes in asgd and ssp. */
 enum ps_table_apply { PS_TABLE_APPLY_ORDERED = 0, PS_TABLE_APPLY_HOGWILD = 1 };
+/* Values of ps_config.table_full: what a table push past a table cap
+ * (table_memory, max_table_memory) meets (tables/bounds.c). */
+enum ps_table_full { PS_TABLE_FULL_REFUSE = 0, PS_TABLE_FULL_EVICT = 1 };
 
 /* The most apply threads table_threads may ask for. */
 #define PS_TABLE_THREADS_MAX 64
@@ -107,7 +110,7 @@ typedef struct ps_config {
     int table_admit;                   /* pushes of a key before its row is stored; 0, 1: the first */
     uint64_t table_expire;             /* rows not pushed in this many pushes to their table go; 0: never */
     uint64_t table_memory;             /* one table's bytes at most; 0: max_table_memory alone */
-    int table_full;                    /* at a table cap: 0 refuse, 1 evict */
+    int table_full;                    /* enum ps_table_full */
     int table_apply;                   /* enum ps_table_apply */
     int table_threads;                 /* table_apply = hogwild: apply threads; 0 = the CPUs, at most 8 */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */

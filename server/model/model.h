@@ -1,7 +1,7 @@
 /* model.h - the parameters in copy-on-write blocks, snapshots, the block
  * pool (model.c); the types are in psd.h. */
-#ifndef SRV_STORE_MODEL_H
-#define SRV_STORE_MODEL_H
+#ifndef SRV_MODEL_MODEL_H
+#define SRV_MODEL_MODEL_H
 
 #include "server/store/psd.h"
 

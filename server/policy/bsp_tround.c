@@ -1,6 +1,6 @@
-/* table_round.c - a BSP round's table pushes, summed in shard order (see
- * table_round.h). */
-#include "server/store/table_round.h"
+/* bsp_tround.c - a BSP round's table pushes, summed in shard order (see
+ * bsp_tround.h). */
+#include "server/policy/bsp_tround.h"
 
 #include <math.h>
 #include <stdio.h>
