@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "common/vec.h"
+#include "proto/vec.h"
 #include "proto/errors.h"
 #include "server/policy/policy.h"
 #include "server/answer/pull.h"

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "common/vec.h"
+#include "proto/vec.h"
 #include "proto/errors.h"
 
 #define BLOCK 16 /* elements per vectorised block: 4 SSE or 2 AVX vectors */

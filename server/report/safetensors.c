@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/safetensors.h"
-#include "common/vec.h"
+#include "proto/vec.h"
 #include "proto/errors.h"
 
 /* What a header psd takes may hold: JSON values and keys (a tensor's entry

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "common/vec.h"
+#include "proto/vec.h"
 
 uint32_t srv_sparse_row_floats(const ps_table_def *d)
 {

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "common/vec.h"
+#include "proto/vec.h"
 #include "proto/errors.h"
 #include "server/update/update.h"
 
