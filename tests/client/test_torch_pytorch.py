@@ -248,7 +248,13 @@ def test_shared_item_table_trains_in_bsp_as_in_asgd(cluster):
     """Two workers (threads) train the two-tower model with one item table
     shared by an Embedding and an EmbeddingBag and a user table used twice
     per pass: in bsp (where a worker may push a key once a round) as in
-    asgd, to the same AUC within 0.005 on held-out clicks."""
+    asgd, and bsp reaches asgd's AUC on held-out clicks (within 0.005).
+
+    The bound is one-sided: bsp's run is the same bits every time (0.8327
+    here), while asgd's moves with the threads' interleaving (0.8152-0.8255
+    over three runs of 1,500 steps; at 500 steps 0.7325-0.7470 against bsp's
+    0.7429, too close to the end of training for a two-sided bound to hold
+    in every run)."""
     import threading
     torch.set_num_threads(1)
     u, h, c, y = towers_data(4000, 99)
@@ -259,7 +265,7 @@ def test_shared_item_table_trains_in_bsp_as_in_asgd(cluster):
 
         def run(k):
             try:
-                out[k] = train_towers(p.addr, "%d/2" % k, 500)
+                out[k] = train_towers(p.addr, "%d/2" % k, 1500)
             except BaseException as e:  # noqa: BLE001 (reported below)
                 errs.append(e)
 
@@ -276,8 +282,8 @@ def test_shared_item_table_trains_in_bsp_as_in_asgd(cluster):
             w.close()
         p.stop()
     print("two towers, shared item table: AUC asgd %.4f, bsp %.4f" % (aucs["asgd"], aucs["bsp"]))
-    assert aucs["asgd"] > 0.7, aucs
-    assert abs(aucs["asgd"] - aucs["bsp"]) <= 0.005, aucs
+    assert aucs["asgd"] > 0.78, aucs
+    assert aucs["bsp"] >= aucs["asgd"] - 0.005, aucs
 
 
 # ---- gradient accumulation, tables only, saving ----------------------------------------------
