@@ -453,21 +453,27 @@ static void test_scan_truncation_push(void **state)
     ps_buf_free(&out);
 }
 
+/* m: shard 1 of 2's HELLO, as a worker sends it, with layout l. */
+static void hello_with(ps_msg *m, ps_layout *l)
+{
+    ps_msg_init(m, PS_MSG_HELLO);
+    m->has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
+    m->id = 1;
+    m->proto = PS_PROTO_VERSION;
+    m->role = PS_ROLE_WORKER;
+    m->shard = 1;
+    m->nshards = 2;
+    m->layout = l;
+    m->fp = ps_layout_fingerprint(l);
+}
+
 static void test_scan_truncation_hello(void **state)
 {
     (void)state;
     ps_layout l;
     small_layout(&l);
     ps_msg m;
-    ps_msg_init(&m, PS_MSG_HELLO);
-    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
-    m.id = 1;
-    m.proto = PS_PROTO_VERSION;
-    m.role = PS_ROLE_WORKER;
-    m.shard = 1;
-    m.nshards = 2;
-    m.layout = &l;
-    m.fp = ps_layout_fingerprint(&l);
+    hello_with(&m, &l);
     ps_buf out = {0};
     assert_int_equal(ps_msg_encode_full(&m, &out), 0);
     check_every_prefix(out.p + PS_FRAME_HDR, out.len - PS_FRAME_HDR);
@@ -495,15 +501,7 @@ static void test_hello_largest_layout(void **state)
         assert_int_equal(ps_layout_set_buffer(&big, PS_BUF_FIRST, PS_SAVE_I64), 0);
     }
     ps_msg m;
-    ps_msg_init(&m, PS_MSG_HELLO);
-    m.has = PS_F_ID | PS_F_VERSION | PS_F_ROLE | PS_F_SHARD | PS_F_LAYOUT | PS_F_FP;
-    m.id = 1;
-    m.proto = PS_PROTO_VERSION;
-    m.role = PS_ROLE_WORKER;
-    m.shard = 1;
-    m.nshards = 2;
-    m.layout = &big;
-    m.fp = ps_layout_fingerprint(&big);
+    hello_with(&m, &big);
     ps_buf out = {0};
     assert_int_equal(ps_msg_encode_full(&m, &out), 0);
     uint32_t plen = 0;
