@@ -21,6 +21,8 @@
 #include "server/report/dashboard.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
+#include "server/connection/follow.h"
+#include "server/replog/replog.h"
 #include "server/report/notify.h"
 #include "server/policy/policy.h"
 #include "proto/errors.h"
@@ -46,6 +48,7 @@ static void usage(FILE *f)
             "  -w, --workers M        workers in a BSP round\n"
             "  -s, --state-dir DIR    directory for state and checkpoints\n"
             "      --port-file PATH   write the bound port to PATH once listening\n"
+            "      --replica-of HOST:PORT  follow that leader psd, a replica of its part\n"
             "      --log-level LEVEL  debug, info, warn or error\n"
             "  -o, --set KEY=VALUE    set any configuration key (repeatable), e.g.\n"
             "                         --set lr=0.01 --set metrics_listen=127.0.0.1:9470\n"
@@ -135,6 +138,7 @@ static void srv_shutdown(psd *s, const char *why)
     uv_close((uv_handle_t *)&s->tick, NULL);
     srv_http_stop(s);
     srv_admin_stop(s); /* before the connections are shut: one answer each */
+    srv_follow_stop(s);
     srv_stop(s);
 }
 
@@ -291,6 +295,7 @@ static void on_tick(uv_timer_t *t)
     srv_linger_tick(s, now);
     srv_dash_tick(s, now);
     srv_admin_tick(s);
+    srv_admin_repl_tick(s);
     srv_notify_tick(s, now);
     if (s->policy->tick && s->policy->tick(s) == SRV_WAKE)
         srv_answer_parked(s);
@@ -397,7 +402,8 @@ int main(int argc, char **argv)
         OPT_FRESH,
         OPT_INIT_FROM,
         OPT_RESHARD_FROM,
-        OPT_PART
+        OPT_PART,
+        OPT_REPLICA_OF
     };
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},     {"listen", required_argument, NULL, 'l'},
@@ -409,6 +415,7 @@ int main(int argc, char **argv)
         {"fresh", no_argument, NULL, OPT_FRESH},      {"init-from", required_argument, NULL, OPT_INIT_FROM},
         {"reshard-from", required_argument, NULL, OPT_RESHARD_FROM},
         {"part", required_argument, NULL, OPT_PART},
+        {"replica-of", required_argument, NULL, OPT_REPLICA_OF},
         {"help", no_argument, NULL, 'h'},             {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -423,6 +430,7 @@ int main(int argc, char **argv)
             config_path = optarg;
             continue;
         case 'l': key = "listen"; break;
+        case OPT_REPLICA_OF: key = "replica_of"; break;
         case 'm': key = "mode"; break;
         case 'w': key = "workers"; break;
         case 's': key = "state_dir"; break;
@@ -572,6 +580,7 @@ int main(int argc, char **argv)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sighup, on_signal, SIGHUP);
+    srv_repl_init();
     uv_timer_init(s->loop, &s->tick);
     s->tick.data = s;
     s->last_tick_ms = srv_now_ms();
@@ -582,6 +591,10 @@ int main(int argc, char **argv)
     }
     if (srv_listen(s) != 0 || srv_http_start(s) != 0)
         return 1;
+    if (srv_follow_start(s, err, sizeof err) != 0) {
+        PS_LOG(PS_LOG_ERROR, "%s", err);
+        return 1;
+    }
     if (s->cfg.port_file[0] && write_port_file(s->cfg.port_file, s->port) != 0) {
         PS_LOG(PS_LOG_ERROR, "cannot write port file %s: %s", s->cfg.port_file, strerror(errno));
         return 1;
@@ -606,6 +619,8 @@ int main(int argc, char **argv)
     srv_parked_free_spare();
     srv_net_free_spare(s);
     srv_admin_free(s);
+    srv_follow_free(s);
+    srv_replog_free(s);
     srv_dash_free(s);
     srv_codec_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {

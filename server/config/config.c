@@ -36,6 +36,7 @@ static const char *const join_action_words[] = {"continue", "stop", NULL};
 static const char *const hogwild_remote_words[] = {"asgd", "refuse", NULL};
 static const char *const table_full_words[] = {"refuse", "evict", NULL};
 static const char *const table_apply_words[] = {"ordered", "hogwild", NULL};
+static const char *const replication_words[] = {"sync", "async", NULL};
 
 _Static_assert(PS_LOG_DEBUG == 0 && PS_LOG_INFO == 1 && PS_LOG_WARN == 2 && PS_LOG_ERROR == 3,
                "log_level_words must follow enum ps_log_level");
@@ -307,6 +308,26 @@ static const ps_config_option options[] = {
              "the table's least recently pushed rows (each the oldest of 8 drawn at random, "
              "none of the push's own) are dropped until the new rows fit; a later pull "
              "answers a dropped row's initial values."},
+    {.name = "replica_of", .type = PS_CT_STRING, .def = "", AT(replica_of),
+     .help = "host:port of the leader psd of this part: this psd follows it, a replica "
+             "(PROTOCOL.md 14). It takes a snapshot of the leader's model and tables, then "
+             "applies every change the leader makes, in the leader's order; it answers "
+             "pulls (a read replica) and refuses workers' pushes with NOT_LEADER until `psctl "
+             "promote` makes it the leader. Give it the leader's settings (optimizer, "
+             "tables' bounds). Empty: this psd leads (or stands alone)."},
+    {.name = "advertise", .type = PS_CT_STRING, .def = "", AT(advertise),
+     .help = "host:port at which workers reach this psd, as its leader lists it among the "
+             "part's replicas. Empty: the address it listens on."},
+    {.name = "replication", .type = PS_CT_ENUM, .def = "sync", AT(replication), .words = replication_words,
+     .help = "When a leader with followers acknowledges a push. sync: once every in-sync "
+             "follower holds it (a follower that dies or stalls leaves the in-sync set after "
+             "max_replica_lag, and pushes go on without it). async: at once; the followers "
+             "trail by what they have not fetched yet."},
+    {.name = "max_replica_lag", .type = PS_CT_DURATION, .def = "2s", AT(max_replica_lag), .lo = 10,
+     .hi = INT64_C(3600000),
+     .help = "A follower that has fetched nothing for this long while the leader has changes "
+             "for it leaves the in-sync set (logged, counted, shown in psctl status): sync "
+             "replies stop waiting for it. It joins again once it has caught up."},
     {.name = "table_apply", .type = PS_CT_ENUM, .def = "ordered", AT(table_apply), .words = table_apply_words,
      .help = "How psd applies the rows of table pushes (TPUSH, TPUSHPULL) in asgd and ssp. "
              "ordered: on its loop, one push after the other, each whole. hogwild: psd "

@@ -56,6 +56,7 @@ enum ps_hogwild_remote { PS_HOGWILD_REMOTE_ASGD = 0, PS_HOGWILD_REMOTE_REFUSE = 
 /* Values of ps_config.table_apply: how psd applies the rows of table
  * pushes in asgd and ssp. */
 enum ps_table_apply { PS_TABLE_APPLY_ORDERED = 0, PS_TABLE_APPLY_HOGWILD = 1 };
+enum ps_replication { PS_REPLICATION_SYNC = 0, PS_REPLICATION_ASYNC = 1 };
 /* Values of ps_config.table_full: what a table push past a table cap
  * (table_memory, max_table_memory) meets (tables/bounds.c). */
 enum ps_table_full { PS_TABLE_FULL_REFUSE = 0, PS_TABLE_FULL_EVICT = 1 };
@@ -114,6 +115,10 @@ typedef struct ps_config {
     int table_apply;                   /* enum ps_table_apply */
     int table_threads;                 /* table_apply = hogwild: apply threads; 0 = the CPUs, at most 8 */
     bool wire_bf16;                    /* offer bfloat16 tensors on the wire */
+    char replica_of[PS_CONFIG_HOST_MAX + 8]; /* host:port of the leader this psd follows; "" = none */
+    char advertise[PS_CONFIG_HOST_MAX + 8];  /* host:port workers reach this psd at; "" = listen's */
+    int replication;                   /* enum ps_replication: when a push is acknowledged */
+    uint64_t max_replica_lag;          /* ms a follower may go without fetching before it leaves the in-sync set */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */
     int max_connections;               /* open connections at most */

@@ -16,6 +16,10 @@
 void srv_conn_free(srv_conn *c)
 {
     msgpack_zone_destroy(&c->zone);
+    for (srv_held *h = c->held_head, *next; h; h = next) {
+        next = h->next;
+        h->drop(h); /* a reply held for the followers, never sent */
+    }
     srv_shm_detach(c);
     srv_row_hint_free(&c->row_hint);
     free(c->wide);

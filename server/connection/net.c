@@ -448,6 +448,7 @@ static const srv_io net_io = {
 
 int srv_listen(psd *s)
 {
+    s->repl_release = srv_net_repl_release;
     s->io = &net_io;
     srv_update_init(s, on_update_done);
     /* listen, resolved at start (main: srv_listen_resolve), or here */

@@ -17,6 +17,8 @@
 #include "server/connection/net.h"
 #include "proto/errors.h"
 #include "server/report/status.h"
+#include "server/dispatch/admin.h"
+#include "server/replog/replog.h"
 
 #define WREQ_INLINE 160
 
@@ -129,6 +131,82 @@ static void check_output(srv_conn *c, size_t last)
     srv_conn_close(c);
 }
 
+/* ---- replies held for the followers (replication = sync) ------------------ */
+
+typedef struct held_write {
+    srv_held h;
+    srv_wreq *r;
+    srv_conn *c;
+    unsigned nbufs;
+    uv_buf_t bufs[];
+} held_write;
+
+static void held_drop(srv_held *h)
+{
+    held_write *w = (held_write *)h;
+    wreq_put(w->r);
+    free(w);
+}
+
+/* Whether a reply to c must wait for the followers: with replication =
+ * sync and a follower in sync, a worker's reply waits until they hold every
+ * change made before it (the push it answers among them); a reply queued
+ * behind one waiting waits too. *lsn: the position it waits for. */
+static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
+{
+    if (c->held_head) {
+        *lsn = c->held_tail->lsn;
+        return 1;
+    }
+    if (!s->replog || c->role != PS_ROLE_WORKER || s->cfg.replication != PS_REPLICATION_SYNC)
+        return 0;
+    srv_replog_flush(s);
+    srv_admin_repl_wake(s); /* waiting fetches get the new records */
+    *lsn = srv_replog_end(s);
+    return srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s);
+}
+
+static void hold(srv_conn *c, srv_wreq *r, const uv_buf_t *bufs, unsigned n, uint64_t lsn)
+{
+    held_write *w = malloc(sizeof *w + n * sizeof *bufs);
+    if (!w) {
+        wreq_put(r);
+        srv_conn_close(c);
+        return;
+    }
+    w->h = (srv_held){.next = NULL, .lsn = lsn, .drop = held_drop};
+    w->r = r;
+    w->c = c;
+    w->nbufs = n;
+    memcpy(w->bufs, bufs, n * sizeof *bufs);
+    if (c->held_tail)
+        c->held_tail->next = &w->h;
+    else
+        c->held_head = &w->h;
+    c->held_tail = &w->h;
+}
+
+/* psd.repl_release: sends the held replies the followers now hold (all of
+ * them when no follower is in sync any more). */
+void srv_net_repl_release(psd *s)
+{
+    uint64_t acked = srv_replog_acked(s);
+    for (srv_conn *c = s->conns; c; c = c->next) {
+        while (c->held_head && (c->held_head->lsn <= acked || srv_replog_insync(s) == 0)) {
+            held_write *w = (held_write *)c->held_head;
+            c->held_head = w->h.next;
+            if (!c->held_head)
+                c->held_tail = NULL;
+            if (c->closing || uv_write(&w->r->req, (uv_stream_t *)&c->tcp, w->bufs, w->nbufs, on_write) != 0) {
+                wreq_put(w->r);
+                free(w);
+                continue;
+            }
+            free(w);
+        }
+    }
+}
+
 /* psd.io->send: see srv_send (psd.h). */
 void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
 {
@@ -229,6 +307,13 @@ void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
         left -= len;
     }
     SRV_COUNT(s, bytes_out, s->enc.len + dlen);
+    uint64_t lsn;
+    if (must_hold(s, c, &lsn)) {
+        hold(c, r, bufs, (unsigned)(1 + npieces), lsn);
+        if (bufs != small)
+            free(bufs);
+        return;
+    }
     rc = uv_write(&r->req, (uv_stream_t *)&c->tcp, bufs, (unsigned)(1 + npieces), on_write);
     if (bufs != small)
         free(bufs);

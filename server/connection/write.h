@@ -11,4 +11,7 @@ void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
  * and, when fatal, closes c once it is written. */
 void srv_net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text);
 
+/* psd.repl_release: sends the replies held for the followers that they
+ * now hold. */
+void srv_net_repl_release(psd *s);
 #endif

@@ -16,6 +16,7 @@
 #include "server/policy/policy.h"
 #include "proto/errors.h"
 #include "server/answer/reply.h"
+#include "server/dispatch/repl.h"
 #include "server/session/session.h"
 
 /* A `checkpoint` request waiting for its checkpoint. The connection is named
@@ -489,6 +490,11 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
         a->run(c, m);
         return;
     }
+    for (const srv_repl_command *r = srv_repl_commands; r->name; r++)
+        if (strcmp(m->cmd, r->name) == 0) {
+            r->run(c, m);
+            return;
+        }
     char known[256] = "";
     for (size_t i = 0, used = 0; i < NADMIN_COMMANDS && used < sizeof known; i++)
         used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", admin_commands[i].name);

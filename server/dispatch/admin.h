@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "server/store/psd.h"
+#include "server/dispatch/repl.h"
 
 /* Handles one ADMIN message from an admin connection c: queues exactly one
  * reply (OK with a `text` for people, or ERROR), except for `checkpoint`,

@@ -238,6 +238,24 @@ void srv_model_install(srv_model *m, size_t first, size_t nblk, srv_blk *const *
     }
 }
 
+void srv_model_mark(srv_model *m, uint64_t off, uint64_t n)
+{
+    if (m->dirty_hi <= m->dirty_lo) {
+        m->dirty_lo = off;
+        m->dirty_hi = off + n;
+        return;
+    }
+    if (off < m->dirty_lo)
+        m->dirty_lo = off;
+    if (off + n > m->dirty_hi)
+        m->dirty_hi = off + n;
+}
+
+void srv_model_unmark(srv_model *m)
+{
+    m->dirty_lo = m->dirty_hi = 0;
+}
+
 void srv_model_bump(srv_model *m)
 {
     if (m->hw)

@@ -21,6 +21,11 @@ int srv_model_commit(srv_model *m, const ps_config *cfg);
 /* Forgets a layout that was never initialised (its proposer left before
  * INIT): memory freed, has_layout 0, so the next hello proposes again. */
 void srv_model_release(srv_model *m);
+/* [off, off+n) is about to be written (an update, an INIT): the
+ * replication log ships it at its next flush. */
+void srv_model_mark(srv_model *m, uint64_t off, uint64_t n);
+/* The log shipped it. */
+void srv_model_unmark(srv_model *m);
 /* Counts one applied update: version++. */
 void srv_model_bump(srv_model *m);
 /* The model has its initial values, of model version `version` (a

@@ -65,6 +65,10 @@ typedef struct ckpt_job {
     double fork_ms;           /* how long fork() held the loop */
     pid_t pid;                /* the writer process, 0: none */
     uv_pipe_t pipe;           /* its end of the pipe, EOF when it exits */
+    int out_fd;               /* a snapshot for a follower: the writer writes into
+                               * this descriptor (no file, no rename); -1 otherwise */
+    void (*snap_done)(psd *s, int rc, uint64_t version, void *arg);
+    void *snap_arg;
     char err[PS_CONFIG_PATH_MAX * 2 + 256];
 } ckpt_job;
 
@@ -198,6 +202,7 @@ static ckpt_job *job_new(psd *s)
     ckpt_job *j = calloc(1, sizeof *j);
     if (!j)
         return NULL;
+    j->out_fd = -1;
     float *bufs[CKPT_MAX_STATE];
     const char *names[CKPT_MAX_STATE];
     j->s = s;
@@ -344,12 +349,12 @@ static void job_write(ckpt_job *j)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     j->res.rc = PS_EIO;
-    if (mkdir(j->dir, 0750) != 0 && errno != EEXIST) {
+    if (j->out_fd < 0 && mkdir(j->dir, 0750) != 0 && errno != EEXIST) {
         j->res.stage = CKPT_AT_MKDIR;
         j->res.err = errno;
         return;
     }
-    int fd = open(j->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    int fd = j->out_fd >= 0 ? j->out_fd : open(j->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (fd < 0) {
         j->res.stage = CKPT_AT_CREATE;
         j->res.err = errno;
@@ -380,6 +385,13 @@ static void job_write(ckpt_job *j)
     uLong dummy = 0;
     if (!bad)
         bad = write_all(fd, tail, sizeof tail, &dummy);
+    if (j->out_fd >= 0) { /* a snapshot: the descriptor is psd's */
+        j->res.stage = CKPT_AT_WRITE;
+        j->res.err = errno;
+        if (!bad)
+            j->res.rc = 0;
+        return;
+    }
     if (bad || fsync(fd) != 0) {
         j->res.stage = CKPT_AT_WRITE;
         j->res.err = errno;
@@ -457,7 +469,7 @@ static void writer_main(ckpt_job *j, int wfd, pid_t parent, int maxfd)
     /* psd's sockets closed here, so that a connection psd closes is closed
      * (the peer sees it) while this writes */
     for (int fd = 3; fd <= maxfd; fd++)
-        if (fd != wfd)
+        if (fd != wfd && fd != j->out_fd)
             close(fd);
     job_write(j);
     const uint8_t *p = (const uint8_t *)&j->res;
@@ -500,7 +512,16 @@ static void on_closed(uv_handle_t *h)
         else
             snprintf(j->err, sizeof j->err, "the writer process %d exited with status %d", (int)j->pid,
                      WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-        unlink(j->tmp);
+        if (j->out_fd < 0)
+            unlink(j->tmp);
+    }
+    if (j->snap_done) {
+        if (j->res.rc != 0)
+            PS_LOG(PS_LOG_ERROR, "replication: the snapshot of version %" PRIu64 " failed: %s", j->version,
+                   j->err[0] ? j->err : strerror(j->res.err));
+        j->snap_done(s, j->res.rc, j->version, j->snap_arg);
+        job_free(j);
+        return;
     }
     s->checkpoint_busy = 0;
     job_finish(s, j);
@@ -613,6 +634,26 @@ void srv_checkpoint_start(psd *s, int force)
         return;
     }
     s->checkpoint_busy = 1;
+}
+
+int srv_checkpoint_snapshot(psd *s, int fd, void (*done)(psd *s, int rc, uint64_t version, void *arg), void *arg,
+                            char *err, size_t errlen)
+{
+    if (srv_update_busy(s) || mid_round(s))
+        return ps_fail(err, errlen, PS_ENOT_READY, "an update is being applied: ask again");
+    srv_tapply_drain(s->tapply);
+    ckpt_job *j = job_new(s);
+    if (!j)
+        return ps_fail(err, errlen, PS_ENOMEM, "no memory for a snapshot");
+    j->out_fd = fd;
+    j->snap_done = done;
+    j->snap_arg = arg;
+    if (job_fork(s, j) != 0) {
+        int rc = ps_fail(err, errlen, PS_EIO, "%s", j->err);
+        job_free(j);
+        return rc;
+    }
+    return 0;
 }
 
 int srv_work_stopped(const psd *s)

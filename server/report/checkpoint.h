@@ -36,6 +36,18 @@
  * pause that many microseconds per MiB of table rows. */
 void srv_checkpoint_start(psd *s, int force);
 
+/* A snapshot for a follower (PROTOCOL.md 14): writes what a checkpoint holds,
+ * in the checkpoint's format, into fd (a memory file psd made) from a
+ * forked writer, and calls done on the loop when it has exited (rc 0 or
+ * PS_EIO; version: the model version it holds). Returns 0 (started), or a
+ * negative PS_E* code with err (PS_ENOT_READY: an update is being applied,
+ * ask again). */
+int srv_checkpoint_snapshot(psd *s, int fd, void (*done)(psd *s, int rc, uint64_t version, void *arg), void *arg,
+                            char *err, size_t errlen);
+/* A follower loads a snapshot file (a checkpoint's bytes) into an empty
+ * psd. 0, or a negative PS_E* code with err. */
+int srv_checkpoint_load_file(psd *s, const char *path, char *err, size_t errlen);
+
 /* The work has stopped (why: "the last worker left", "psd is paused", or
  * "before psctl set changes the optimizer's settings"): starts a checkpoint
  * of the current version (srv_checkpoint_start) unless that version is already

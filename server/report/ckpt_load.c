@@ -462,6 +462,17 @@ int srv_checkpoint_load(psd *s)
     return loaded;
 }
 
+int srv_checkpoint_load_file(psd *s, const char *path, char *err, size_t errlen)
+{
+    uint32_t m = (uint32_t)s->cfg.workers, nout = 0;
+    uint32_t *out = malloc((m ? m : 1) * sizeof *out);
+    if (!out)
+        return ps_fail(err, errlen, PS_ENOMEM, "no memory to load a snapshot");
+    int rc = load_one(s, path, out, m, &nout, err, errlen);
+    free(out);
+    return rc;
+}
+
 void srv_checkpoint_forget_origin(psd *s)
 {
     free(s->restored_clocks);

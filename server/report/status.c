@@ -10,8 +10,47 @@
 #include "proto/errors.h"
 #include "server/store/psd.h"
 #include "server/report/status.h"
+#include "server/replog/replog.h"
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
+
+/* "replication" (PROTOCOL.md 14): this psd's role, its leader (a follower)
+ * or its followers (a leader with a log). */
+static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
+{
+    const srv_follow *f = s->follow;
+    const srv_replog *r = s->replog;
+    ps_pack_key(pk, "replication");
+    msgpack_pack_map(pk, 9);
+    ps_pack_kstr(pk, "role", f ? "follower" : "leader");
+    ps_pack_kstr(pk, "mode", s->cfg.replication == PS_REPLICATION_SYNC ? "sync" : "async");
+    ps_pack_kstr(pk, "leader", f ? f->leader : "");
+    ps_pack_ku64(pk, "applied", f ? f->applied : 0);
+    ps_pack_ku64(pk, "lag_bytes", f && f->leader_end > f->applied ? f->leader_end - f->applied : 0);
+    ps_pack_kstr(pk, "error", f && f->failed ? f->error : "");
+    ps_pack_ku64(pk, "log_end", srv_replog_end(s));
+    ps_pack_ku64(pk, "insync", srv_replog_insync(s));
+    ps_pack_key(pk, "followers");
+    uint32_t n = 0;
+    for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++)
+        n += r->f[i].used;
+    msgpack_pack_array(pk, n);
+    for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++) {
+        const srv_follower *x = &r->f[i];
+        if (!x->used)
+            continue;
+        msgpack_pack_map(pk, 5);
+        ps_pack_kstr(pk, "addr", x->addr);
+        ps_pack_kstr(pk, "peer", x->peer);
+        ps_pack_key(pk, "insync");
+        if (x->insync)
+            msgpack_pack_true(pk);
+        else
+            msgpack_pack_false(pk);
+        ps_pack_ku64(pk, "lag_bytes", srv_replog_end(s) > x->pos ? srv_replog_end(s) - x->pos : 0);
+        ps_pack_kf64(pk, "last_fetch", x->last_ms ? (double)(now - x->last_ms) / 1000.0 : -1.0);
+    }
+}
 
 int srv_pack_status(msgpack_packer *pk, void *arg)
 {
@@ -24,7 +63,8 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 34);
+    msgpack_pack_map(pk, 35);
+    pack_replication(pk, s, now);
     /* the embedding tables (PROTOCOL.md 13): declaration and numbers */
     ps_pack_key(pk, "tables");
     msgpack_pack_array(pk, s->tables.n);

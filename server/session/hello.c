@@ -367,6 +367,10 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
     int rc = srv_hello_precheck(c, m, err, errlen);
     if (rc != 0 || m->role != PS_ROLE_WORKER)
         return rc;
+    if (s->follow)
+        return ps_fail(err, errlen, PS_ENOT_LEADER,
+                       "this psd is a follower of %s (a replica): workers push to the leader; `psctl promote` "
+                       "makes this one lead", s->cfg.replica_of);
     if (s->policy->rounds && m->nshards != (uint32_t)s->cfg.workers) {
         snprintf(err, errlen, "shard %u/%u: this psd runs BSP rounds of %d workers; start workers with --shard K/%d",
                  m->shard, m->nshards, s->cfg.workers, s->cfg.workers);

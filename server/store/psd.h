@@ -84,6 +84,9 @@ typedef struct srv_model {
      * of no use (a negative sum of squares). */
     int bound_ok;
     float bound_w, bound_s1, bound_s2;
+    /* The range written since the replication log last shipped it
+     * (srv_model_mark; empty when dirty_hi <= dirty_lo). */
+    uint64_t dirty_lo, dirty_hi;
 } srv_model;
 
 /* A piece of an update that lies in one block: srv_model_write_begin()
@@ -263,8 +266,20 @@ struct srv_conn {
                               * does not take part (barrier.c) */
     uint64_t barrier_id;     /* the parked BARRIER's id */
     int barrier_parked;      /* a BARRIER waits for the others */
+    /* Replies held until the in-sync followers hold what they answer for
+     * (replication = sync; connection/write.c), in order: every later
+     * reply waits behind them. Freed with the connection. */
+    struct srv_held *held_head, *held_tail;
     srv_conn *prev, *next;   /* psd.conns list */
 };
+
+/* A reply held for the followers (connection/write.c): sent once the
+ * followers' acknowledged position reaches lsn, or dropped. */
+typedef struct srv_held {
+    struct srv_held *next;
+    uint64_t lsn;
+    void (*drop)(struct srv_held *h);
+} srv_held;
 
 /* ---- counters ----------------------------------------------------------- */
 
@@ -328,6 +343,22 @@ typedef struct srv_setting {
 
 struct srv_http;
 struct srv_ckpt_wait;
+
+/* A follower's view of its leader (connection/follow.c owns it; status
+ * reads it). */
+typedef struct srv_follow_thread srv_follow_thread;
+typedef struct srv_follow {
+    char leader[300];         /* replica_of */
+    uint64_t applied;         /* the leader's log applied up to here */
+    uint64_t leader_end;      /* the leader's log end, as its last answer said */
+    uint64_t snapshots;       /* snapshots loaded */
+    uint64_t records_bytes;   /* records applied, bytes */
+    int synced;               /* a snapshot is loaded */
+    int failed;               /* a record did not apply: it stopped (error says why) */
+    char error[600];
+    srv_follow_thread *t;     /* the thread; NULL once stopped */
+    srv_follow_thread *retired; /* a stopped one, freed at exit */
+} srv_follow;
 
 /* The reply a push owes while its update runs off the loop (handle.c owns
  * it): sent by srv_push_finished() once the update is installed. */
@@ -433,6 +464,18 @@ struct psd {
      * stops the connections; the loop then ends). ADMIN shutdown calls it,
      * so that no file below main() calls up into it. */
     void (*shutdown)(psd *s, const char *why);
+    /* Replication (PROTOCOL.md 14): a leader's log and its followers
+     * (replog/replog.c; NULL until a follower asks), and on a follower,
+     * the leader it follows (connection/follow.c). */
+    struct srv_replog *replog;
+    struct srv_follow *follow; /* NULL: this psd leads (or stands alone) */
+    struct srv_follow *follow_retired; /* a promoted follower's, freed at exit */
+    /* Registered by the connection layer: a sync reply held for the
+     * followers may go (the acknowledged position moved). */
+    void (*repl_release)(psd *s);
+    /* Registered by the connection layer on a follower: psctl promote.
+     * 0, or a negative PS_E* code with err. */
+    int (*promote)(psd *s, char *err, size_t errlen);
 };
 
 /* ---- functions ----------------------------------------------------------- */

@@ -4,6 +4,7 @@
  * apply threads (table_apply = hogwild, tapply.c). The policies of asgd and
  * ssp call it for every table push; bsp for none (its round applies the
  * summed rows as it closes). */
+#include "server/replog/replog.h"
 #include "server/update/update.h"
 
 int srv_update_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, const srv_row_hint *hint,
@@ -13,7 +14,10 @@ int srv_update_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const 
         int rc = srv_tapply_push(s->tapply, &s->tables, ti, keys, n, g, tag, pkeys, npk, err, errlen);
         return rc > 0 ? SRV_PENDING : rc;
     }
-    return srv_tables_push_hint(&s->tables, ti, keys, n, g, 1.0, hint, err, errlen);
+    int rc = srv_tables_push_hint(&s->tables, ti, keys, n, g, 1.0, hint, err, errlen);
+    if (rc == 0)
+        srv_replog_rows(s, ti, keys, n, g, 1.0); /* the followers apply it as it was applied here */
+    return rc;
 }
 
 int srv_update_rows_checked(const psd *s)

@@ -513,6 +513,7 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
 {
     assert(!s->upd.running);
     srv_model *m = &s->model;
+    srv_model_mark(m, off, n); /* for the replication log's next flush */
     srv_optim_step st;
     begin_update(m, &st, gr, off, n);
     if (m->bound_ok == 0)

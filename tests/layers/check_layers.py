@@ -74,6 +74,7 @@ ROOMS = {
     "record": (),                # stats and histograms, the dashboard's history
     "config": ("model",),        # the settings; their hooks configure the optimizer
     "store": ("config", "model", "tables", "record"),  # psd.h, the plan, shm, scratch
+    "replog": ("model", "tables", "record"),  # the replication log: records of the changes, applied on followers
 }
 FLOOR = "store"  # the layer the rooms make up
 # Headers every file may include whatever its room: psd.h holds the types all
@@ -115,6 +116,8 @@ OWNED = [
      psd_writes("resumed_from", "resumed_version", "restored_clocks", "nrestored", "model_file")),
     ("psd.checkpoint_busy", "report/checkpoint.c", psd_writes("checkpoint_busy", "checkpoint_req")),
     ("psd.dash", "report/dashboard.c", psd_writes("dash")),
+    ("psd.replog", "replog/replog.c", psd_writes("replog")),
+    ("psd.follow, repl_release, promote", "connection/", psd_writes("follow", "follow_retired", "repl_release", "promote")),
     ("psd.push_wait", "dispatch/handle.c", psd_writes("push_wait")),
     ("psd.paused, ckpt_waits", "dispatch/admin.c", psd_writes("paused", "ckpt_waits")),
     ("the connections and listeners (psd.conns, rbuf_bytes, http, ...)", "connection/",

@@ -1,0 +1,114 @@
+/* replog.h - the replication log (replog.c): every change a leader makes to
+ * its model and tables, as records in the order it made them, for its
+ * followers to fetch and apply (PROTOCOL.md 14, docs/DESIGN.md
+ * "Replicas").
+ *
+ * What a record carries (docs/DESIGN.md says why):
+ *   - the dense model's changed range as values: the parameters and every
+ *     optimizer state buffer of that range, and the model version after it
+ *     (physical: whatever computed them, BSP's mean, DC-ASGD, clipping, a
+ *     follower writes the same bits);
+ *   - a table push as its inputs: the keys, their row gradients and the
+ *     scale, which the follower's row store applies as the leader's did
+ *     (the row store is a deterministic function of its rows, the keys and
+ *     the gradients: admission, expiry and eviction count pushes, not
+ *     time);
+ *   - a table declared, the dense layout fixed, the tables' bounds changed.
+ * A position in the log (an LSN) is a byte count since the log started;
+ * the log keeps the bytes no follower has fetched yet, up to a bound.
+ *
+ * The log is off (psd.replog NULL, nothing recorded) until a follower asks
+ * for a snapshot; the snapshot (a checkpoint's bytes, report/checkpoint.c)
+ * is taken at a position, and the log holds every change after it. */
+#ifndef SRV_REPLOG_H
+#define SRV_REPLOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/store/psd.h"
+
+#define SRV_FOLLOWERS_MAX 8
+
+/* A follower as its leader knows it. */
+typedef struct srv_follower {
+    int used;
+    char addr[64];        /* where workers reach it (its "advertise") */
+    char peer[64];        /* the address it fetches from */
+    uint64_t pos;         /* what it has fetched: every byte before this */
+    uint64_t last_ms;     /* its last fetch */
+    uint64_t joined_ms;
+    int insync;           /* sync replies wait for it */
+    int caught_up;        /* it has reached the log's end once since its snapshot */
+    /* its fetch waiting for records (answered when some come, or on the tick) */
+    srv_conn *wait_c;
+    uint64_t wait_id, wait_from, wait_until_ms;
+} srv_follower;
+
+typedef struct srv_replog {
+    uint8_t *buf;          /* the bytes of positions [base, base + len) */
+    size_t len, cap;
+    uint64_t base;
+    uint64_t history;      /* the leader's history id: a follower of another is refused */
+    /* what the followers have been told, so that a flush ships the change */
+    int sent_layout;
+    uint32_t sent_tables;
+    uint64_t sent_version;
+    int sent_init;
+    srv_table_bounds sent_bounds;
+    uint64_t sent_max_bytes;
+    srv_follower f[SRV_FOLLOWERS_MAX];
+    uint64_t records, bytes;     /* appended since the log started */
+    uint64_t dense_bytes, dense_records, table_bytes, table_records;
+    uint64_t dropped;            /* followers that left the in-sync set */
+    uint64_t max_bytes;          /* the log's bound: a follower further behind must snapshot again */
+} srv_replog;
+
+/* The log's end: the position after its last record (0 when off). */
+uint64_t srv_replog_end(const psd *s);
+/* Starts the log (at the first follower's snapshot): 0 or PS_ENOMEM. */
+int srv_replog_start(psd *s);
+/* Frees it (at exit). */
+void srv_replog_free(psd *s);
+
+/* Ships what changed since the last flush that a record does not carry by
+ * itself: the dense model's range touched since (srv_model_mark), its
+ * version, a new layout, new tables, the tables' bounds. Cheap when nothing
+ * did. A no-op while the log is off. */
+void srv_replog_flush(psd *s);
+/* A table push applied in order (update/rows.c): its keys, row gradients
+ * (n x dim floats) and scale. A no-op while the log is off. */
+void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, double scale);
+
+/* The bytes of positions [from, from + *len), at most max of them and
+ * whole records only: a pointer into the log, valid until the next append.
+ * NULL when from is not in the log (trimmed, or beyond its end). */
+const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *len);
+/* Drops the bytes every follower has fetched (and, past max_bytes, the
+ * oldest, leaving their followers to snapshot again). */
+void srv_replog_trim(psd *s);
+
+/* On a follower, before a snapshot loads: forgets the model and the
+ * tables it holds. */
+void srv_replog_reset(psd *s);
+/* On a follower: applies the records in p[0..len) (whole records; zero
+ * bytes after the last one are padding). Returns 0, or PS_EMALFORMED /
+ * PS_ELAYOUT / PS_ENOMEM with err: the follower must stop following. */
+int srv_replog_apply(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen);
+
+/* The followers (replog.c owns them): their slot by the admin connection's
+ * advertised address, made when new; NULL when full. */
+srv_follower *srv_replog_follower(psd *s, const char *addr);
+/* The smallest position of the in-sync followers, or the log's end when
+ * none is in sync: what a sync reply waits for. */
+uint64_t srv_replog_acked(const psd *s);
+/* In-sync followers. */
+uint32_t srv_replog_insync(const psd *s);
+/* A follower fetched: from is what it asks for next (so it holds every byte
+ * before it). */
+void srv_replog_fetched(psd *s, srv_follower *f, uint64_t from, uint64_t now_ms);
+/* The tick: a follower silent for `timeout_ms` leaves the in-sync set (logged,
+ * counted). Returns 1 when the acknowledged position moved (held replies may go). */
+int srv_replog_tick(psd *s, uint64_t now_ms, uint64_t timeout_ms);
+
+#endif
