@@ -148,6 +148,9 @@ static const psctl_command commands[] = {
      "them, buffers in their own dtype, all of one model version), readable with the safetensors "
      "package or a few lines of NumPy"},
     {"shutdown", "", 0, 0, PSCTL_NO_BYE, 0, run_admin, NULL, NULL, "stop psd as SIGTERM does"},
+    {"promote", "", 0, 0, 0, 0, run_admin, NULL, NULL,
+     "make this follower (a psd started with replica_of) the leader of its part: it applies what "
+     "it holds of its leader's log, then takes the workers' pushes; refused by a leader"},
     {"reset", "", 0, 0, PSCTL_FORCE, 0, run_admin, NULL, NULL,
      "start fresh: psd sets the checkpoints in its state_dir aside (as psd --fresh does: into a "
      "dated subfolder, nothing deleted) and drops the model, so the next worker to connect "

@@ -1,0 +1,178 @@
+"""test_replica.py - a psd part with a follower (proto/PROTOCOL.md 14).
+
+Two worker processes train the click-through model of test_tables_kill.py
+(an AdaGrad embedding table and a dense part) against a leader psd (asgd,
+replication = sync). A follower (--replica-of) joins while they train, takes
+a snapshot and follows the leader's log:
+
+- when the job ends, the follower holds what the leader holds, bit for bit:
+  every table row (weights and optimizer state) key by key, each table's
+  clock, and the dense parameters and optimizer state, read from the
+  checkpoints both write as they stop;
+- the follower refuses a worker (NOT_LEADER) and the leader refuses to
+  promote itself; after the leader is killed with -9, `psctl promote`
+  makes the follower the leader, which takes the workers' pushes from the
+  model version the leader had acknowledged;
+- a follower stopped with SIGSTOP leaves the in-sync set after
+  max_replica_lag, so the workers' sync pushes go on without it, and it
+  comes back in sync after SIGCONT;
+- an admin holding only the workers' token may not ask for the
+  replication stream.
+"""
+
+import json
+import os
+import signal
+import struct
+import sys
+
+import msgpack
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import test_tables_kill as tk  # noqa: E402  (its worker program and checkpoint reader)
+
+STEPS = 200
+
+
+def start_workers(cl, addr, steps=STEPS, pace=0.0):
+    ws = []
+    for k in range(2):
+        argv = [sys.executable, "-c", tk.WORKER, addr, str(k), str(steps), str(tk.BATCH), str(pace)]
+        w = harness.Worker("worker%d-%d" % (k, len(cl.procs)), argv, cl.dir, env=dict(os.environ))
+        cl.procs.append(w)
+        ws.append(w)
+    return ws
+
+
+def repl(addr):
+    return harness.status(addr)["replication"]
+
+
+def ckpt_dense(path):
+    """The dense parameters and optimizer state of a checkpoint: the bytes
+    after its header, before its tables."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (fmt, hlen) = struct.unpack("<II", blob[8:16])
+    head = msgpack.unpackb(blob[16:16 + hlen], raw=False, strict_map_key=False)
+    tabs = head.get("tables", [])
+    clocks = 8 if fmt == 3 else 0
+    size = sum(t["rows"] * (8 + 4 * t["floats"] + clocks) for t in tabs)
+    return head, blob[16 + hlen:len(blob) - 8 - size]
+
+
+def newest(state):
+    names = sorted(f for f in os.listdir(state) if f.endswith(".psdc"))
+    assert names, state
+    return os.path.join(state, names[-1])
+
+
+def leader_args(cl, name, extra=()):
+    return ("--state-dir", os.path.join(cl.dir, name), "--set", "checkpoint_interval=0", "--log-level", "info",
+            "--set", "max_replica_lag=1s") + tuple(extra)
+
+
+def follow(cl, leader, name="follower", extra=()):
+    return cl.psd(workers=2, name=name, args=leader_args(cl, name, ("--replica-of", leader.addr) + tuple(extra)))
+
+
+def in_sync(leader, follower):
+    ld, fl = repl(leader.addr), repl(follower.addr)
+    return fl["applied"] == ld["log_end"] and ld["insync"] == 1 and fl["lag_bytes"] == 0
+
+
+def test_follower_holds_the_leaders_state_bit_for_bit():
+    with harness.Cluster("psd-replica") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        ws = start_workers(cl, leader.addr)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        follower = follow(cl, leader)  # joins while they train: snapshot, then the log
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        res = tk.finish(ws)
+        assert res["auc"] > 0.65, res
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
+        ld, fl = harness.status(leader.addr), harness.status(follower.addr)
+        assert fl["replication"]["role"] == "follower" and ld["replication"]["role"] == "leader"
+        assert fl["version"] == ld["version"], (fl["version"], ld["version"])
+        leader.stop()
+        follower.stop()
+        fmt_l, ver_l, tabs_l = tk.ckpt_tables(newest(os.path.join(cl.dir, "leader")))
+        fmt_f, ver_f, tabs_f = tk.ckpt_tables(newest(os.path.join(cl.dir, "follower")))
+        assert ver_l == ver_f and set(tabs_l) == set(tabs_f) == {"emb"}
+        tl, kl, rl = tabs_l["emb"]
+        tf, kf, rf = tabs_f["emb"]
+        assert tl == tf, (tl, tf)  # rows, floats, the table's clock
+        a, b = tk.by_key(kl, rl), tk.by_key(kf, rf)
+        assert a.keys() == b.keys() and len(a) > 1000
+        diff = [k for k in a if a[k] != b[k]]
+        assert not diff, "%d of %d rows differ, e.g. key %d" % (len(diff), len(a), diff[0])
+        hl, dl = ckpt_dense(newest(os.path.join(cl.dir, "leader")))
+        hf, df = ckpt_dense(newest(os.path.join(cl.dir, "follower")))
+        assert len(dl) > 0 and dl == df, "the dense parameters or optimizer state differ"
+        print("follower equals leader at version %d: %d rows, %d dense bytes" % (ver_l, len(a), len(dl)),
+              file=sys.stderr)
+
+
+def test_promote_after_the_leader_dies():
+    with harness.Cluster("psd-replica-promote") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        r = harness.psctl(leader.addr, "promote")
+        assert r.returncode != 0 and "not a follower" in r.stderr, r.stderr
+        ws = start_workers(cl, leader.addr, steps=60)
+        follower = follow(cl, leader)
+        tk.finish(ws)
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower in sync")
+        version = harness.status(leader.addr)["version"]
+        # a worker at the follower is refused: it is not the leader
+        w = start_workers(cl, follower.addr, steps=1)[0]
+        rc = w.wait(60)
+        assert rc != 0 and "NOT_LEADER" in w.stderr(), w.stderr()
+        for x in cl.procs[-2:]:
+            x.kill()
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait(10)
+        r = harness.psctl(follower.addr, "promote")
+        assert r.returncode == 0, r.stderr
+        st = harness.status(follower.addr)
+        assert st["replication"]["role"] == "leader" and st["version"] == version, st["replication"]
+        ws = start_workers(cl, follower.addr, steps=30)
+        tk.finish(ws)
+        assert harness.status(follower.addr)["version"] > version
+
+
+def test_a_stalled_follower_leaves_the_in_sync_set():
+    with harness.Cluster("psd-replica-stall") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        ws = start_workers(cl, leader.addr, steps=150, pace=0.01)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 5, 120, "the workers' first steps")
+        follower = follow(cl, leader)
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        os.kill(follower.pid, signal.SIGSTOP)
+        try:
+            harness.wait_until(lambda: repl(leader.addr)["insync"] == 0, 60, "the stopped follower to leave")
+            at = max(tk.steps_done(w) for w in ws)
+            harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= at + 10, 60,
+                               "pushes going on without the stopped follower")
+        finally:
+            os.kill(follower.pid, signal.SIGCONT)
+        assert "left the in-sync set" in leader.stderr()
+        tk.finish(ws)
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower back in sync")
+
+
+def test_replication_is_for_admins():
+    with harness.Cluster("psd-replica-auth") as cl:
+        wtok = os.path.join(cl.dir, "worker.token")
+        harness.write_token(wtok, b"w" * 32)
+        # without admin_token_file an admin with the workers' token only reads
+        leader = cl.psd(workers=2, name="leader", token=b"w" * 32,
+                        args=leader_args(cl, "leader", ("--set", "token_file=" + wtok)))
+        r = harness.run([harness.Paths.psctl, "--server", leader.addr, "--token-file", wtok, "promote"])
+        assert r.returncode != 0 and "FORBIDDEN" in r.stderr, r.stderr
+        with harness.RawClient(leader.addr, 10) as c:
+            c.hello_admin(token=b"w" * 32)
+            rep = c.request({"t": 17, "id": 5, "cmd": "replicate", "args": ["127.0.0.1:1"]})
+            assert rep["t"] == 15 and rep["code"] == 15, rep  # FORBIDDEN
