@@ -50,6 +50,7 @@ struct srv_follow_thread {
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
     char advertise[sizeof ((ps_config *)0)->advertise];
+    _Atomic uint64_t fp;  /* the fingerprint of the model this psd holds (0: none), for the leader to check */
 };
 
 static void post(srv_follow_thread *t, item *it)
@@ -113,6 +114,22 @@ static size_t records_len(const uint8_t *p, size_t len)
     return at;
 }
 
+/* The leader refused this follower for good (another model, settings it
+ * cannot replicate, a wrong token): the loop stops following, with why. */
+static void refused(srv_follow_thread *t, const char *why)
+{
+    size_t n = strlen(why);
+    item *it = calloc(1, sizeof *it + n + 1);
+    if (!it)
+        return;
+    it->kind = 'E', it->fd = -1, it->len = n;
+    memcpy(it->b, why, n + 1);
+    post(t, it);
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_mutex_unlock(&t->mu);
+}
+
 /* One session with the leader: snapshot, then fetches until an error.
  * Returns after logging why it ended. */
 static void session(srv_follow_thread *t, ps_conn *c)
@@ -126,6 +143,10 @@ static void session(srv_follow_thread *t, ps_conn *c)
         m.role = PS_ROLE_ADMIN;
         rc = ps_conn_hello(c, &m, t->token.len ? t->token.b : NULL, t->token.len, &r, TIMEOUT_MS);
     }
+    if (rc == PS_EREMOTE || rc == PS_EAUTH) {
+        refused(t, ps_conn_error(c));
+        return;
+    }
     if (rc != 0) {
         PS_LOG(PS_LOG_WARN, "replication: cannot reach the leader %s: %s; trying again", t->leader, ps_conn_error(c));
         return;
@@ -133,8 +154,15 @@ static void session(srv_follow_thread *t, ps_conn *c)
     pthread_mutex_lock(&t->mu);
     t->fd = c->fd;
     pthread_mutex_unlock(&t->mu);
-    const char *a1[] = {t->advertise};
-    rc = admin(c, "replicate", a1, 1, &r);
+    char fp[24];
+    snprintf(fp, sizeof fp, "%" PRIu64, (uint64_t)t->fp);
+    const char *a1[] = {t->advertise, fp};
+    rc = admin(c, "replicate", a1, 2, &r);
+    if (rc == PS_EREMOTE && (c->remote_code == -PS_ELAYOUT || c->remote_code == -PS_EINVAL ||
+                             c->remote_code == -PS_EFORBIDDEN || c->remote_code == -PS_ENOT_LEADER)) {
+        refused(t, ps_conn_error(c));
+        return;
+    }
     if (rc != 0) {
         PS_LOG(rc == PS_EREMOTE && c->remote_code == -PS_ENOT_READY ? PS_LOG_INFO : PS_LOG_WARN,
                "replication: the leader %s refused a snapshot: %s", t->leader, ps_conn_error(c));
@@ -245,6 +273,12 @@ static void apply_item(psd *s, item *it)
     char err[512];
     if (f->failed)
         return;
+    if (it->kind == 'E') {
+        char why[sizeof f->error];
+        snprintf(why, sizeof why, "the leader refused this follower: %.500s", (const char *)it->b);
+        follower_fail(s, why);
+        return;
+    }
     if (it->kind == 'S') {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", it->fd);
@@ -256,6 +290,7 @@ static void apply_item(psd *s, item *it)
             follower_fail(s, why);
             return;
         }
+        f->t->fp = s->model.has_layout ? s->model.fp : 0;
         f->applied = it->pos;
         f->leader_end = it->end;
         f->snapshots++;
@@ -352,6 +387,7 @@ int srv_follow_start(psd *s, char *err, size_t errlen)
     }
     t->s = s;
     t->fd = -1;
+    t->fp = s->model.has_layout ? s->model.fp : 0; /* from its own checkpoint, say */
     t->token = s->admin_token.len ? s->admin_token : s->token;
     snprintf(t->leader, sizeof t->leader, "%s", s->cfg.replica_of);
     if (s->cfg.advertise[0])

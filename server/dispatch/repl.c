@@ -138,7 +138,7 @@ static void snap_done(psd *s, int rc, uint64_t version, void *arg)
     }
 }
 
-/* replicate ADVERTISE: a snapshot for the follower that workers reach at
+/* replicate ADVERTISE [FP]: a snapshot for the follower that workers reach at
  * ADVERTISE; answered OK "snapshot SIZE POSITION HISTORY" once written. */
 static void cmd_replicate(srv_conn *c, ps_msg *m)
 {
@@ -156,6 +156,14 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
     }
     if (!s->model.initialized) {
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: the model has no values yet; ask again");
+        return;
+    }
+    uint64_t fp = arg_u64(m, 1);
+    if (fp && fp != s->model.fp) {
+        srv_send_error(c, m->id, PS_ELAYOUT, 0,
+                       "replicate: follower %s holds another model (fingerprint %016" PRIx64 ", this leader's %016"
+                       PRIx64 "): start it with --fresh to set its checkpoints aside, or follow its own part's leader",
+                       addr, fp, s->model.fp);
         return;
     }
     if (srv_replog_start(s) != 0) {

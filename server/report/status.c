@@ -383,6 +383,27 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_barriers_total", "counter",
            "BARRIERs answered: steps at which a worker of a BSP job over a split model waited for the others.",
            "%" PRIu64, s->stats.barriers);
+    {
+        const srv_replog *r = s->replog;
+        const srv_follow *f = s->follow;
+        SIMPLE("psd_replication_follower", "gauge", "1 on a follower (replica_of), 0 on a leader.", "%d", f != NULL);
+        SIMPLE("psd_replication_insync_followers", "gauge", "A leader's followers in the in-sync set.", "%" PRIu32,
+               srv_replog_insync(s));
+        SIMPLE("psd_replication_log_bytes_total", "counter", "Bytes a leader appended to its replication log.",
+               "%" PRIu64, r ? r->bytes : 0);
+        rc |= family(b, "psd_replication_log_records_bytes_total", "counter",
+                     "Bytes of the replication log's records by what they carry: dense ranges (values and state), "
+                     "table pushes (keys and row gradients).");
+        rc |= ps_buf_printf(b, "psd_replication_log_records_bytes_total{kind=\"dense\"} %" PRIu64 "\n"
+                               "psd_replication_log_records_bytes_total{kind=\"table\"} %" PRIu64 "\n",
+                            r ? r->dense_bytes : 0, r ? r->table_bytes : 0);
+        SIMPLE("psd_replication_followers_dropped_total", "counter",
+               "Followers that left the in-sync set (silent for max_replica_lag, or too far behind).", "%" PRIu64,
+               r ? r->dropped : 0);
+        SIMPLE("psd_replication_lag_bytes", "gauge",
+               "A follower: the bytes of its leader's log it has not applied yet, as the leader's last answer said.",
+               "%" PRIu64, f && f->leader_end > f->applied ? f->leader_end - f->applied : 0);
+    }
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,
            s->stats.checkpoint_failures);

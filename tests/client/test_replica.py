@@ -176,3 +176,46 @@ def test_replication_is_for_admins():
             c.hello_admin(token=b"w" * 32)
             rep = c.request({"t": 17, "id": 5, "cmd": "replicate", "args": ["127.0.0.1:1"]})
             assert rep["t"] == 15 and rep["code"] == 15, rep  # FORBIDDEN
+
+
+INIT_OTHER = r"""
+import sys
+import psd
+c = psd.Client([("w", (3,))], server=sys.argv[1], shard="0/1", connect_s=30)
+c.params[:] = [1.0, 2.0, 3.0]
+c.connect()
+c.pull()
+c.close()
+"""
+
+
+def follower_error(f):
+    return harness.status(f.addr)["replication"]["error"]
+
+
+def test_followers_psd_cannot_take_are_refused():
+    """A follower of a bsp leader, and one holding another model than its
+    leader's: each is refused with the reason, stops following, says why in
+    its status and refuses promote."""
+    with harness.Cluster("psd-replica-refused") as cl:
+        bsp = cl.psd(mode="bsp", workers=2, name="bsp-leader", args=leader_args(cl, "bsp-leader"))
+        f1 = follow(cl, bsp, name="f1")
+        harness.wait_until(lambda: follower_error(f1), 60, "the bsp leader's refusal")
+        assert "mode asgd or ssp" in follower_error(f1), follower_error(f1)
+        r = harness.psctl(f1.addr, "promote")
+        assert r.returncode != 0 and "stopped applying" in r.stderr, r.stderr
+        # another model: a safetensors file of a 3-value model, saved from a psd that held it
+        other = cl.psd(workers=1, name="other")
+        r = harness.run([sys.executable, "-c", INIT_OTHER, other.addr], timeout=60, env=dict(os.environ))
+        assert r.returncode == 0, r.stderr
+        path = os.path.join(cl.dir, "other.safetensors")
+        r = harness.psctl(other.addr, "save", path)
+        assert r.returncode == 0, r.stderr
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        ws = start_workers(cl, leader.addr, steps=5)
+        tk.finish(ws)
+        f2 = follow(cl, leader, name="f2", extra=("--init-from", path))
+        harness.wait_until(lambda: follower_error(f2), 60, "the leader's refusal of another model")
+        assert "another model" in follower_error(f2), follower_error(f2)
+        assert harness.status(leader.addr)["replication"]["followers"] == [] or \
+            not harness.status(leader.addr)["replication"]["followers"][0]["insync"]
