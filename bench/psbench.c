@@ -106,6 +106,9 @@ static void usage(FILE *f)
             "                    microseconds, yielding the CPU between polls, before it sleeps:\n"
             "                    psd's workers through libpsclient's spin_us, the plain-TCP\n"
             "                    ceiling's clients likewise (default 0: they sleep at once)\n"
+            "  --replica         each psd cell's psd gets a follower (psd --replica-of, replication\n"
+            "                    sync): the timed part starts once it is in sync, so every push waits\n"
+            "                    for it; compare with the same run without --replica\n"
             "  --table-tcp       the table mode's workers send their requests to psd in frames\n"
             "                    over loopback TCP (libpsclient's shm off), not through their\n"
             "                    table segments\n"
@@ -341,6 +344,8 @@ static void parse_opts(int argc, char **argv, opts *o)
                 die("bad --zipf '%s' (0..5; 0: uniform)", v);
         } else if (strcmp(a, "--no-tcp") == 0) {
             o->no_tcp = 1;
+        } else if (strcmp(a, "--replica") == 0) {
+            o->replica = 1;
         } else if (strcmp(a, "--table-tcp") == 0) {
             o->table_tcp = 1;
         } else if (strcmp(a, "--client-spin") == 0) {

@@ -100,6 +100,7 @@ typedef struct opts {
     int ckpt_push;               /* --ckpt-push: a second pair of phases, push-and-pull */
     char psctl[PATH_MAX];        /* psctl binary (--ckpt-stall asks it for the checkpoint) */
     int dim_given, keys_given, seconds_given;
+    int replica;                 /* --replica: each psd cell's psd has a sync follower */
 } opts;
 
 enum { SYS_PSD, SYS_TCP, SYS_TCP_STAR }; /* psd, the plain-TCP ceiling, its BSP round */
@@ -173,6 +174,8 @@ struct bench {
     atomic_int finished;    /* workers done */
     atomic_int failed;
     atomic_int probe_stop;  /* main: stop the loop-lag probe */
+    const char *insync_log; /* --replica: the leader's log, where worker 0 waits after its
+                             * warmup for the follower to be in sync; NULL: none */
     bworker *w;
 };
 
@@ -244,6 +247,14 @@ pid_t spawn_logged(const char *const *argv, const char *log_path, int die_with_p
 pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *logpath, char *err, size_t errlen,
                 int *port, const char *const *extra);
 void child_stop(pid_t pid);
+/* --replica: starts a follower of the psd at 127.0.0.1:port (psd --replica-of, the same
+ * settings), logging to leaderlog's name with ".follower" inserted; its pid, or -1 with err. */
+pid_t follower_start(const opts *o, int mode, int K, uint64_t S, const char *leaderlog, int port, char *err,
+                     size_t errlen);
+/* Waits until the log at path says a follower is in sync (60 s at most): 0, or -1. */
+int wait_in_sync(const char *path);
+/* --replica: the leader logs at info level, which its "in sync" line is */
+extern const char *const info_log[];
 pid_t tcp_server_start(size_t req, size_t ans, int K, int star, int *port, char *err, size_t errlen);
 
 /* ---- psbench_dense.c: the dense grid, its table, CSV and plot */

@@ -329,6 +329,8 @@ static void *worker_main(void *arg)
     }
     for (int i = 0; rc == 0 && i < b->warmup; i++)
         rc = b->sys != SYS_PSD ? tcp_round_trip(w) : b->table ? table_round_trip(w) : psd_round_trip(w);
+    if (rc == 0 && w->k == 0 && b->insync_log && wait_in_sync(b->insync_log) != 0)
+        rc = wfailf(w, PSC_ETIMEOUT, "the follower was not in sync within 60 s (see %s)", b->insync_log);
     if (rc != 0 && w->pc)
         psc_close(w->pc); /* so psd's BSP rounds go on without us */
     pthread_barrier_wait(&b->gate);

@@ -38,6 +38,7 @@ void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, const f
     char logpath[PATH_MAX];
     int port = 0;
     pid_t pid[MAX_LINKS] = {-1, -1};
+    pid_t follower = -1; /* --replica */
     int npid = 0;
     memset(out, 0, sizeof *out);
     out->mode = sys == SYS_PSD ? mode : -1;
@@ -77,7 +78,15 @@ void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, const f
             snprintf(part, sizeof part, " part %d of %d", i, b.nparts);
         if (sys == SYS_PSD && b.nparts == 1) {
             snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d.log", o->out, mode_names[mode], S, K);
-            pid[i] = psd_start(o, mode, K, S, logpath, err, sizeof err, &port, NULL);
+            pid[i] = psd_start(o, mode, K, S, logpath, err, sizeof err, &port, o->replica ? info_log : NULL);
+            if (pid[i] >= 0 && o->replica) {
+                follower = follower_start(o, mode, K, S, logpath, port, err, sizeof err);
+                if (follower < 0) {
+                    child_stop(pid[i]);
+                    pid[i] = -1;
+                }
+                b.insync_log = logpath;
+            }
         } else if (sys == SYS_PSD) {
             snprintf(logpath, sizeof logpath, "%s/logs/psd-%s-%" PRIu64 "-%d-part%dof%d.log", o->out,
                      mode_names[mode], S, K, i, b.nparts);
@@ -108,6 +117,8 @@ void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, const f
     }
     for (int i = 0; i < npid; i++)
         child_stop(pid[i]);
+    if (follower > 0)
+        child_stop(follower);
 }
 
 void run_cell(const opts *o, int sys, int mode, uint64_t S, int K, const float *grad, int shm, row *out)

@@ -136,6 +136,40 @@ pid_t psd_start(const opts *o, int mode, int K, uint64_t S, const char *logpath,
     }
 }
 
+pid_t follower_start(const opts *o, int mode, int K, uint64_t S, const char *leaderlog, int port, char *err,
+                     size_t errlen)
+{
+    char log[PATH_MAX], leader[64];
+    size_t ll = strlen(leaderlog);
+    if (ll > 4 && strcmp(leaderlog + ll - 4, ".log") == 0)
+        ll -= 4;
+    snprintf(log, sizeof log, "%.*s.follower.log", (int)ll, leaderlog);
+    snprintf(leader, sizeof leader, "127.0.0.1:%d", port);
+    const char *extra[] = {"--replica-of", leader, "--log-level", "info", NULL};
+    int fport;
+    return psd_start(o, mode, K, S, log, err, errlen, &fport, extra);
+}
+
+const char *const info_log[] = {"--log-level", "info", NULL};
+
+int wait_in_sync(const char *path)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < 60) {
+        FILE *f = fopen(path, "r");
+        char line[1024];
+        int found = 0;
+        while (f && !found && fgets(line, sizeof line, f))
+            found = strstr(line, "replication: follower") && strstr(line, "is in sync");
+        if (f)
+            fclose(f);
+        if (found)
+            return 0;
+        sleep_s(0.02);
+    }
+    return -1;
+}
+
 void child_stop(pid_t pid)
 {
     int st;

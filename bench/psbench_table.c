@@ -112,10 +112,18 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
     b.req = req;
     b.req_bytes = (size_t)o->nkeys * (16 + 4 * (size_t)o->dim);
     b.ans_bytes = (size_t)o->nkeys * 4 * (size_t)o->dim;
-    pid_t pid;
+    pid_t pid, follower = -1;
     if (sys == SYS_PSD) {
         snprintf(logpath, sizeof logpath, "%s/logs/psd-table-%u-%u-%d.log", o->out, o->dim, o->nkeys, K);
-        pid = psd_start(o, MODE_ASGD, K, 4, logpath, err, sizeof err, &port, NULL);
+        pid = psd_start(o, MODE_ASGD, K, 4, logpath, err, sizeof err, &port, o->replica ? info_log : NULL);
+        if (pid >= 0 && o->replica) {
+            follower = follower_start(o, MODE_ASGD, K, 4, logpath, port, err, sizeof err);
+            if (follower < 0) {
+                child_stop(pid);
+                pid = -1;
+            }
+            b.insync_log = logpath;
+        }
     } else {
         pid = tcp_server_start(b.req_bytes, b.ans_bytes, K, 0, &port, err, sizeof err);
     }
@@ -133,6 +141,8 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
         out->table_shm = atomic_load(&b.table_shm);
     }
     child_stop(pid);
+    if (follower > 0)
+        child_stop(follower);
 }
 
 /* --table: rows per second through psd's tables against the plain-TCP

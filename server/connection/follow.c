@@ -34,7 +34,7 @@ typedef struct item {
     int kind;            /* 'S' a snapshot in fd, 'R' records */
     int fd;
     uint64_t pos, end;   /* the position it starts at; the leader's end */
-    size_t len;
+    size_t len, cap;
     uint8_t b[];
 } item;
 
@@ -46,6 +46,7 @@ struct srv_follow_thread {
     int stop;
     int fd;              /* the connection's socket, shut down to stop a wait */
     uv_async_t async;
+    item *spare;         /* a records item the loop applied, for the next fetch */
     psd *s;
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
@@ -112,6 +113,27 @@ static size_t records_len(const uint8_t *p, size_t len)
         at += 4 + (size_t)l;
     }
     return at;
+}
+
+/* An item of room for len bytes: a spare one the loop gave back when it is
+ * big enough (records come in the same sizes, so the memory is reused
+ * rather than faulted in afresh each time), else a new one. */
+static item *take_item(srv_follow_thread *t, size_t len)
+{
+    pthread_mutex_lock(&t->mu);
+    item *it = t->spare;
+    if (it && it->cap >= len)
+        t->spare = NULL;
+    else
+        it = NULL;
+    pthread_mutex_unlock(&t->mu);
+    if (!it) {
+        size_t cap = len < ((size_t)4 << 20) + 64 ? ((size_t)4 << 20) + 64 : len;
+        if (!(it = malloc(sizeof *it + cap)))
+            return NULL;
+        it->cap = cap;
+    }
+    return it;
 }
 
 /* The leader refused this follower for good (another model, settings it
@@ -223,7 +245,7 @@ static void session(srv_follow_thread *t, ps_conn *c)
         size_t len = records_len((const uint8_t *)r.data, r.ndata * 4);
         if (len == 0)
             continue;
-        it = malloc(sizeof *it + len);
+        it = take_item(t, len);
         if (!it) {
             PS_LOG(PS_LOG_ERROR, "replication: no memory for %zu bytes of records", len);
             return;
@@ -328,6 +350,13 @@ static void drain(psd *s)
         apply_item(s, it);
         if (it->fd >= 0)
             close(it->fd);
+        if (it->kind == 'R') { /* kept for the thread's next fetch */
+            pthread_mutex_lock(&t->mu);
+            item *old = t->spare;
+            t->spare = it;
+            pthread_mutex_unlock(&t->mu);
+            it = old;
+        }
         free(it);
     }
 }
@@ -437,6 +466,7 @@ void srv_follow_free(psd *s)
                 close(it->fd);
             free(it);
         }
+        free(t->spare);
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
         free(t);

@@ -70,32 +70,46 @@ static void ok_text(srv_conn *c, uint64_t id, uint64_t ver, const char *text)
     srv_send(c, &r, NULL);
 }
 
-/* bytes [0, len) as a PARAMS of len/4 (rounded up) float32 words, ver = v */
-static void send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size_t len, int (*fill)(void *, uint8_t *, size_t), void *arg)
+/* bytes [0, len) as a PARAMS of len/4 (rounded up) float32 words in as
+ * many blocks as they take, ver = v; fill, when given, writes them. */
+static void send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size_t len,
+                       int (*fill)(void *, uint8_t *, size_t), void *arg)
 {
     size_t words = (len + 3) / 4;
-    srv_blk *b = srv_blk_fresh(words ? words : 1);
-    if (!b) {
-        srv_send_error(c, id, PS_ENOMEM, 0, "no memory for %zu bytes of the log", len);
-        return;
+    size_t nblk = words ? (words + SRV_BLK_FLOATS - 1) / SRV_BLK_FLOATS : 1;
+    srv_blk **blk = calloc(nblk, sizeof *blk);
+    int bad = !blk;
+    for (size_t i = 0; !bad && i < nblk; i++) {
+        size_t cap = words - i * SRV_BLK_FLOATS < SRV_BLK_FLOATS ? words - i * SRV_BLK_FLOATS : SRV_BLK_FLOATS;
+        if (!(blk[i] = srv_blk_fresh(cap ? cap : 1)))
+            bad = 1;
+        else
+            blk[i]->w[(cap ? cap : 1) - 1] = 0.0f; /* the padding of the last word */
     }
-    memset((uint8_t *)b->w + (words ? words * 4 - 4 : 0), 0, 4);
-    if (fill ? fill(arg, (uint8_t *)b->w, len) != 0 : (memcpy(b->w, p, len), 0)) {
-        srv_blk_unref(b);
-        srv_send_error(c, id, PS_EIO, 0, "cannot read the snapshot: %s", strerror(errno));
-        return;
+    for (size_t i = 0; !bad && i < nblk && len; i++) {
+        size_t at = i * (size_t)SRV_BLK_FLOATS * 4, n = len - at < SRV_BLK_FLOATS * 4 ? len - at : SRV_BLK_FLOATS * 4;
+        if (fill)
+            bad = fill(arg, (uint8_t *)blk[i]->w, n) != 0;
+        else
+            memcpy(blk[i]->w, p + at, n);
     }
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_PARAMS);
-    r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
-    r.id = id;
-    r.mver = v;
-    r.off = 0;
-    r.data = b->w;
-    r.ndata = words;
-    srv_blk *blk[1] = {b};
-    srv_send(c, &r, blk);
-    srv_blk_unref(b);
+    if (!bad) {
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_PARAMS);
+        r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+        r.id = id;
+        r.mver = v;
+        r.off = 0;
+        r.data = blk[0]->w;
+        r.ndata = words;
+        srv_send(c, &r, blk);
+    } else {
+        srv_send_error(c, id, fill ? PS_EIO : PS_ENOMEM, 0, "cannot send %zu bytes of the replication stream", len);
+    }
+    for (size_t i = 0; blk && i < nblk; i++)
+        if (blk[i])
+            srv_blk_unref(blk[i]);
+    free(blk);
 }
 
 /* Why this psd cannot lead followers now; NULL when it can. */

@@ -21,6 +21,7 @@ enum {
     REC_BOUNDS = 'B', /* the tables' bounds and memory cap */
 };
 #define STATE_MAX 4
+#define DENSE_PIECE ((uint64_t)1 << 18) /* values a dense record carries at most: 1 MiB of parameters */
 #define LOG_MAX_DEFAULT ((size_t)1 << 30) /* 1 GiB of records kept for a follower behind */
 
 static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
@@ -205,7 +206,12 @@ void srv_replog_flush(psd *s)
             hi = m->layout.total;
         if (lo > hi)
             lo = hi;
-        rec_dense(s, lo, hi);
+        /* in pieces, so that a record stays well inside a frame */
+        for (uint64_t at = lo; at < hi || at == lo; at += DENSE_PIECE) {
+            rec_dense(s, at, hi - at < DENSE_PIECE ? hi : at + DENSE_PIECE);
+            if (hi == lo)
+                break;
+        }
         r->sent_version = m->version;
         r->sent_init = m->initialized;
     }
