@@ -103,7 +103,9 @@ static void rec_layout(psd *s)
 {
     ps_msg m;
     ps_msg_init(&m, PS_MSG_HELLO);
-    m.has = PS_F_LAYOUT;
+    m.has = PS_F_VERSION | PS_F_ROLE | PS_F_LAYOUT; /* a HELLO's required fields, so that it decodes as one */
+    m.proto = PS_PROTO_VERSION;
+    m.role = PS_ROLE_ADMIN;
     m.layout = &s->model.layout;
     ps_buf b = {0};
     size_t dlen = 0;
@@ -111,9 +113,10 @@ static void rec_layout(psd *s)
         ps_buf_free(&b);
         return;
     }
-    uint8_t *p = rec_begin(s, 1 + b.len, REC_LAYOUT);
+    /* the message without its frame's length prefix */
+    uint8_t *p = b.len > PS_FRAME_HDR ? rec_begin(s, 1 + b.len - PS_FRAME_HDR, REC_LAYOUT) : NULL;
     if (p)
-        memcpy(p, b.p, b.len);
+        memcpy(p, b.p + PS_FRAME_HDR, b.len - PS_FRAME_HDR);
     ps_buf_free(&b);
 }
 
