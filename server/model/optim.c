@@ -467,14 +467,26 @@ size_t srv_optim_state_bytes(const srv_optim *o)
 
 int srv_optim_state_valid(const srv_optim *o)
 {
-    const optim_kind *K = kind_of(o);
+    if (!kind_known(o->kind))
+        return 0;
+    const optim_kind *K = &kinds[o->kind];
+    size_t ns = kind_nstate(K), have = 0;
     for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++) {
-        const float *sq = K->sqrt_reads >> k & 1 ? o->state[k] : NULL;
-        for (size_t i = 0; sq && i < o->n; i++)
-            if (!(sq[i] >= 0))
-                return 0;
+        const float *b = o->state[k];
+        if (!b)
+            continue;
+        if (k >= ns)
+            return 0; /* a buffer the kind does not keep */
+        have++;
+        if (K->sqrt_reads >> k & 1) {
+            for (size_t i = 0; i < o->n; i++)
+                if (!(b[i] >= 0 && b[i] <= FLT_MAX))
+                    return 0;
+        } else if (!ps_vec_all_finite(b, o->n)) {
+            return 0;
+        }
     }
-    return 1;
+    return have == ns || (K->lazy && have == 0);
 }
 
 size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max)

@@ -140,10 +140,14 @@ size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, s
  * "adagrad". srv_optim_kind_name() gives the same for an
  * enum ps_optimizer_kind value ("unknown" when out of range). */
 const char *srv_optim_name(const srv_optim *o);
-/* 1 when the state a square root reads (adam's and adamw's second moment,
- * adagrad's sum) has no negative value, or the kind has no such state;
- * else 0. The optimizer's own invariant, which a measure of the state's
- * bounds asks for (the update engine's). */
+/* 1 when o's state is one an update may start from: the kind is known; o
+ * holds every state buffer of its kind and no other (sgd: its momentum
+ * buffer, or none while it has had no momentum); each of their o->n values
+ * is finite, and those a square root reads (adam's and adamw's second
+ * moment, adagrad's sum) are not negative (-0 is not). Else 0. The
+ * optimizer's own invariant: the update engine asks for it when it
+ * measures the state's bounds after values came from outside (a
+ * checkpoint), and state received from elsewhere may be checked with it. */
 int srv_optim_state_valid(const srv_optim *o);
 const char *srv_optim_kind_name(int kind);
 
