@@ -237,21 +237,13 @@ def load(d, name):
             np.load(os.path.join(d, name + "_y.npy"), mmap_mode="r"))
 
 
-def auc(score, y):
-    """Area under the ROC curve from the ranks of the scores (ties share
-    their mean rank)."""
-    import numpy as np
-    score = np.asarray(score, np.float64)
-    y = np.asarray(y) > 0.5
-    u, inv, cnt = np.unique(score, return_inverse=True, return_counts=True)
-    last = np.cumsum(cnt)  # 1-based rank of each distinct score's last copy
-    mean_rank = last - (cnt - 1) / 2.0
-    ranks = mean_rank[inv]
-    pos = int(y.sum())
-    neg = len(y) - pos
-    if pos == 0 or neg == 0:
-        return float("nan")
-    return float((ranks[y].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+def auc(y, score):
+    """psd.metrics.auc (the package from this tree): the area under the ROC
+    curve, ties counted half; every arm and the driver take it."""
+    if os.path.join(ROOT, "python") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+    from psd.metrics import auc as psd_auc
+    return psd_auc(y, score)
 
 
 def logloss(p, y):
@@ -310,7 +302,7 @@ def evaluate(model, d, arm=None, batch=4096):
     if arm:
         np.save(pred_file(d, arm) + ".tmp.npy", p)
         os.rename(pred_file(d, arm) + ".tmp.npy", pred_file(d, arm))
-    return {"test_auc": round(auc(p, y), 5), "test_logloss": round(logloss(p, y), 5)}
+    return {"test_auc": round(auc(y, p), 5), "test_logloss": round(logloss(p, y), 5)}
 
 
 # the arms whose workers train through psd: one training path (arm_figures)
@@ -337,7 +329,7 @@ def arm_figures(d, arm, reported, seen):
     y = np.load(os.path.join(d, "test_y.npy"))
     if p.shape != y.shape:
         sys.exit("dlrm: arm %s: %d predictions for %d test samples" % (arm, len(p), len(y)))
-    figs = {"test_auc": round(auc(p, y), 5), "test_logloss": round(logloss(p, y), 5)}
+    figs = {"test_auc": round(auc(y, p), 5), "test_logloss": round(logloss(p, y), 5)}
     if figs != {k: reported.get(k) for k in figs}:
         sys.exit("dlrm: arm %s reported %s but its predictions give %s" % (arm, reported, figs))
     digest = hashlib.sha256(np.ascontiguousarray(p).tobytes()).hexdigest()
@@ -665,7 +657,7 @@ def main():
                     f.write(stamp)
             import numpy as np
             ty, tp = np.load(os.path.join(d, "test_y.npy")), np.load(os.path.join(d, "test_p.npy"))
-            teacher = {"teacher_auc": round(auc(tp, ty), 5), "teacher_logloss": round(logloss(tp, ty), 5),
+            teacher = {"teacher_auc": round(auc(ty, tp), 5), "teacher_logloss": round(logloss(tp, ty), 5),
                        "click_rate": round(float(ty.mean()), 4)}
             print("dlrm: %d ids per feature: logs made in %.1f s; teacher %s" % (n_ids, time.monotonic() - t, teacher),
                   flush=True)

@@ -84,7 +84,7 @@ def run(name, sets, args, stream):
             tk, ty = stream.draw(trng, args.test, phase)
             score = (c.pull_rows("ids", tk.reshape(-1)).reshape(-1, F, args.dim) @ u).sum(1)
             t = c_status(addr)["tables"][0]
-            pt = {"run": name, "samples": seen, "phase": phase, "rows": t["rows"], "test_auc": round(auc(score, ty), 4),
+            pt = {"run": name, "samples": seen, "phase": phase, "rows": t["rows"], "test_auc": round(auc(ty, score), 4),
                   "admitted": t.get("admitted", 0), "filtered": t.get("filtered", 0), "expired": t.get("expired", 0),
                   "rss_mb": round(rss_mb(proc.pid), 1), "seconds": round(time.monotonic() - t0, 1)}
             points.append(pt)

@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("PSD_CLIENT_LIBRARY", os.path.join(ROOT, "build", "client", "libpsclient.so.1"))
 
 import psd  # noqa: E402
+from psd.metrics import auc  # noqa: E402
 
 M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -75,14 +76,6 @@ def logs(n, args, seed):
     logit = ((w - 0.5) * 3.0).sum(1) - 0.2
     y = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
     return keys, y
-
-
-def auc(score, y):
-    order = np.argsort(score, kind="mergesort")
-    ranks = np.empty(len(score))
-    ranks[order] = np.arange(1, len(score) + 1)
-    pos = y.sum()
-    return float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
 
 
 def start_psd(d, name, sets):
@@ -158,7 +151,7 @@ def run(name, nparts, sets, args, train, test):
             for at in range(0, len(ty), 8192):
                 rows = c.pull_rows("ids", tk[at:at + 8192].reshape(-1)).reshape(-1, F, args.dim)
                 score[at:at + 8192] = (rows @ u).sum(1)
-            out["test_auc"] = round(auc(score, ty), 4)
+            out["test_auc"] = round(auc(ty, score), 4)
         parts = []
         for p, a in procs:
             st = [t for t in c_status(a)["tables"]]

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import psd.torch  # noqa: E402
+from psd.metrics import auc  # noqa: E402
 
 
 def click_logs(n, args, seed):
@@ -51,22 +52,6 @@ def click_logs(n, args, seed):
     p = 1 / (1 + np.exp(-logit))
     y = (rng.random(n) < p).astype(np.float32)
     return ids.astype(np.int64), dense, y, p
-
-
-def auc(score, y):
-    """The area under the ROC curve, from ranks (ties averaged)."""
-    order = np.argsort(score, kind="mergesort")
-    ranks = np.empty(len(score))
-    s = score[order]
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    pos = y.sum()
-    return float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
 
 
 def logloss(p, y):
@@ -129,8 +114,8 @@ def main():
     with torch.no_grad():
         score = torch.sigmoid(model(torch.from_numpy(tids), torch.from_numpy(tdense))).numpy()
     summary = {"shard": "%d/%d" % (k, m), "samples": trained, "samples_per_second": round(trained / seconds, 1),
-               "test_auc": round(auc(score, ty), 4), "test_logloss": round(logloss(score, ty), 4),
-               "teacher_auc": round(auc(tp, ty), 4), "teacher_logloss": round(logloss(tp, ty), 4),
+               "test_auc": round(auc(ty, score), 4), "test_logloss": round(logloss(score, ty), 4),
+               "teacher_auc": round(auc(ty, tp), 4), "teacher_logloss": round(logloss(tp, ty), 4),
                "version": ps.version}
     ps.close()
     print(json.dumps(summary), flush=True)

@@ -25,7 +25,8 @@ own epochs and steps (docs/client.md, "A job by psd's plan"):
 
 psd.torch wraps a torch.nn.Module the same way (see psd/torch.py);
 psd.mnist loads MNIST and Fashion-MNIST from their IDX files, normalised
-as psworker does (see psd/mnist.py).
+as psworker does (see psd/mnist.py); psd.metrics measures predictions
+(metrics.auc(labels, scores), see psd/metrics.py).
 
 The modules: client.py (Client: layout, vectors, steps, what psd said),
 tables.py (its embedding-table calls), planning.py (its BSP plan calls),
@@ -48,10 +49,10 @@ from .client import Client
 from .errors import PsdError, error_name, strerror
 from .options import Option, options
 from .plan import Plan, Slice, epoch_order
-from . import mnist
+from . import metrics, mnist
 from .wait import WaitNotice
 
 __all__ = ["Client", "PsdError", "Option", "Plan", "Slice", "WaitNotice", "epoch_order", "error_name", "options",
-           "strerror", "mnist", "__version__"]
+           "strerror", "metrics", "mnist", "__version__"]
 
 __version__ = lib.psc_version_string().decode()

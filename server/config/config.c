@@ -22,12 +22,12 @@
 
 #include "common/log.h"
 #include "proto/errors.h"
+#include "server/model/optim.h"
 
 /* Where a row's value lands: offset and size of the field. */
 #define AT(field) .offset = offsetof(ps_config, field), .size = sizeof(((ps_config *)0)->field)
 
 static const char *const mode_words[] = {"asgd", "bsp", "ssp", NULL};
-static const char *const optimizer_words[] = {"sgd", "adam", "adamw", "adagrad", NULL};
 static const char *const schedule_words[] = {"constant", "step", "cosine", NULL};
 static const char *const sum_order_words[] = {"shard", "arrival", NULL};
 static const char *const log_level_words[] = {"debug", "info", "warn", "error", NULL};
@@ -96,7 +96,7 @@ static const ps_config_option options[] = {
              "loopback (127.0.0.0/8, ::1), since anyone who can reach it could read or "
              "change the model. yes lifts that, for a network you trust."},
     {.name = "optimizer", .type = PS_CT_ENUM, .def = "adagrad", AT(optimizer),
-     .words = optimizer_words,
+     .words = srv_optim_words,
      .help = "Optimizer psd applies to pushed gradients: sgd (with momentum, optionally "
              "Nesterov, and weight decay), adam, adamw (Adam with decoupled weight decay) "
              "or adagrad. Its state (momentum, moments) lives in psd. The default, adagrad at "

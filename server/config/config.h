@@ -30,14 +30,6 @@
 /* Values of ps_config.mode; the order is that of the words in the table. */
 enum ps_mode { PS_MODE_ASGD = 0, PS_MODE_BSP = 1, PS_MODE_SSP = 2 };
 
-/* Values of ps_config.optimizer. */
-enum ps_optimizer_kind {
-    PS_OPTIMIZER_SGD = 0,
-    PS_OPTIMIZER_ADAM = 1,
-    PS_OPTIMIZER_ADAMW = 2,
-    PS_OPTIMIZER_ADAGRAD = 3,
-};
-
 /* Values of ps_config.lr_schedule. */
 enum ps_lr_schedule { PS_LR_CONSTANT = 0, PS_LR_STEP = 1, PS_LR_COSINE = 2 };
 
@@ -75,7 +67,7 @@ typedef struct ps_config {
     char token_file[PS_CONFIG_PATH_MAX];       /* the workers' secret; "" = no authentication */
     char admin_token_file[PS_CONFIG_PATH_MAX]; /* the admins' secret; "" = admins read only */
     bool allow_remote_without_token;   /* listen beyond loopback without token_file */
-    int optimizer;                     /* enum ps_optimizer_kind */
+    int optimizer;                     /* enum ps_optimizer_kind (server/model/optim.h) */
     double lr;                         /* learning rate */
     double momentum;                   /* SGD momentum */
     double weight_decay;               /* L2 weight decay */

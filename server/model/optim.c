@@ -1,8 +1,17 @@
 /* optim.c - server-side optimizers and the learning-rate schedule (see
  * optim.h for the formulas).
  *
- * One loop per kind, chosen by a switch outside it; inside, float
- * arithmetic on restrict pointers and no branch, so gcc vectorises it.
+ * Each optimizer is a row of the table `kinds` below: the names of its
+ * state buffers (and which of them a square root reads), its constants,
+ * its loop and the bound of the values its loop makes. Everything else
+ * here (allocating, checkpointing, checking the state; the schedule, the
+ * clip scale, the trial on copies) is the same for every kind. Adding an
+ * optimizer: its value in optim.h's enum ps_optimizer_kind (and its
+ * formula in optim.h's comment), its word in srv_optim_words and its row
+ * in kinds, with its element body, LOOPS() and functions.
+ *
+ * One loop per kind, chosen outside it; inside, float arithmetic on
+ * restrict pointers and no branch, so gcc vectorises it.
  * gcc's -O2 only vectorises a loop when no scalar iterations are left
  * over (its "very cheap" cost model), so each kind's body is an inline
  * function of one element that RUN() calls in blocks of BLOCK elements,
@@ -33,162 +42,6 @@
 
 static const double pi = 3.14159265358979323846;
 
-static const char *const kind_names[] = {
-    [PS_OPTIMIZER_SGD] = "sgd",
-    [PS_OPTIMIZER_ADAM] = "adam",
-    [PS_OPTIMIZER_ADAMW] = "adamw",
-    [PS_OPTIMIZER_ADAGRAD] = "adagrad",
-};
-
-static int kind_known(int kind)
-{
-    return kind >= 0 && (size_t)kind < sizeof kind_names / sizeof kind_names[0] && kind_names[kind];
-}
-
-const char *srv_optim_kind_name(int kind)
-{
-    return kind_known(kind) ? kind_names[kind] : "unknown";
-}
-
-const char *srv_optim_name(const srv_optim *o)
-{
-    return srv_optim_kind_name(o->kind);
-}
-
-/* n zeroed floats, or NULL. */
-static float *state_alloc(size_t n)
-{
-    return calloc(n ? n : 1, sizeof(float));
-}
-
-int srv_optim_init(srv_optim *o, const ps_config *cfg, size_t n)
-{
-    memset(o, 0, sizeof *o);
-    if (!kind_known(cfg->optimizer))
-        return PS_EINVAL;
-    o->kind = cfg->optimizer;
-    o->n = n;
-    o->nesterov = cfg->nesterov;
-    o->beta1 = cfg->beta1;
-    o->beta2 = cfg->beta2;
-    o->eps = cfg->eps;
-    switch (o->kind) {
-    case PS_OPTIMIZER_SGD:
-        if (cfg->momentum > 0 && !(o->velocity = state_alloc(n)))
-            goto nomem;
-        break;
-    case PS_OPTIMIZER_ADAM:
-    case PS_OPTIMIZER_ADAMW:
-        if (!(o->exp_avg = state_alloc(n)) || !(o->exp_avg_sq = state_alloc(n)))
-            goto nomem;
-        break;
-    case PS_OPTIMIZER_ADAGRAD:
-        if (!(o->sum = state_alloc(n)))
-            goto nomem;
-        break;
-    }
-    srv_optim_configure(o, cfg);
-    return 0;
-
-nomem:
-    srv_optim_free(o);
-    memset(o, 0, sizeof *o);
-    return PS_ENOMEM;
-}
-
-void srv_optim_free(srv_optim *o)
-{
-    free(o->velocity);
-    free(o->exp_avg);
-    free(o->exp_avg_sq);
-    free(o->sum);
-    o->velocity = o->exp_avg = o->exp_avg_sq = o->sum = NULL;
-}
-
-void srv_optim_configure(srv_optim *o, const ps_config *cfg)
-{
-    assert(cfg->lr_step_size >= 1 && cfg->lr_decay_versions >= 1); /* config.c's bounds */
-    o->lr = cfg->lr;
-    o->momentum = cfg->momentum;
-    o->weight_decay = cfg->weight_decay;
-    o->clip_norm = cfg->clip_norm;
-    o->lr_schedule = cfg->lr_schedule;
-    o->lr_step_size = cfg->lr_step_size;
-    o->lr_gamma = cfg->lr_gamma;
-    o->lr_decay_versions = cfg->lr_decay_versions;
-    o->lr_min = cfg->lr_min;
-    o->warmup_versions = cfg->warmup_versions;
-    if (cfg->local_steps > 0 || cfg->elastic_alpha > 0) {
-        /* local SGD, elastic averaging: the workers push model differences,
-         * applied as they are (w - d: sgd at lr 1, nothing else; settings.c
-         * refuses another optimizer or momentum) */
-        o->lr = 1;
-        o->momentum = 0;
-        o->weight_decay = 0;
-        o->clip_norm = 0;
-        o->lr_schedule = PS_LR_CONSTANT;
-        o->warmup_versions = 0;
-    }
-    if (o->kind == PS_OPTIMIZER_SGD && o->momentum > 0 && !o->velocity) {
-        o->velocity = state_alloc(o->n);
-        if (!o->velocity)
-            PS_LOG(PS_LOG_WARN, "out of memory for the momentum buffer (%zu parameters); "
-                                "sgd goes on without momentum", o->n);
-    }
-}
-
-int srv_optim_settings_differ(const ps_config *a, const ps_config *b)
-{
-    return a->lr != b->lr || a->momentum != b->momentum || a->weight_decay != b->weight_decay ||
-           a->clip_norm != b->clip_norm || a->lr_schedule != b->lr_schedule || a->lr_step_size != b->lr_step_size ||
-           a->lr_gamma != b->lr_gamma || a->lr_decay_versions != b->lr_decay_versions || a->lr_min != b->lr_min ||
-           a->warmup_versions != b->warmup_versions;
-}
-
-size_t srv_optim_state_bytes(const srv_optim *o)
-{
-    size_t bufs = (o->velocity != NULL) + (o->exp_avg != NULL) + (o->exp_avg_sq != NULL) + (o->sum != NULL);
-    return bufs * o->n * sizeof(float);
-}
-
-int srv_optim_state_valid(const srv_optim *o)
-{
-    const float *sq = o->exp_avg_sq ? o->exp_avg_sq : o->sum;
-    for (size_t i = 0; sq && i < o->n; i++)
-        if (!(sq[i] >= 0))
-            return 0;
-    return 1;
-}
-
-size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max)
-{
-    float *b[4];
-    const char *nm[4];
-    size_t k = 0;
-    if (o->velocity) {
-        b[k] = o->velocity;
-        nm[k++] = "momentum";
-    }
-    if (o->exp_avg) {
-        b[k] = o->exp_avg;
-        nm[k++] = "exp_avg";
-    }
-    if (o->exp_avg_sq) {
-        b[k] = o->exp_avg_sq;
-        nm[k++] = "exp_avg_sq";
-    }
-    if (o->sum) {
-        b[k] = o->sum;
-        nm[k++] = "sum";
-    }
-    for (size_t i = 0; i < k && i < max; i++) {
-        if (bufs)
-            bufs[i] = b[i];
-        if (names)
-            names[i] = nm[i];
-    }
-    return k;
-}
 
 double srv_optim_lr(const srv_optim *o, uint64_t version)
 {
@@ -359,6 +212,301 @@ LOOPS(adagrad, (const float *restrict g, float *restrict sum, size_t n, coef c),
 /* kind's loop over wo/wi, in place when they are the same array */
 #define LOOP(kind, wo, wi, ...) ((wo) == (wi) ? kind##_in(wo, __VA_ARGS__) : kind##_oop(wo, wi, __VA_ARGS__))
 
+/* ---- the optimizers --------------------------------------------------------- */
+
+/* A kind's loop over [0, len): wo/wi as srv_optim_run's, s[k] the kind's
+ * state buffer k at the range's start (NULL when it has none). */
+typedef void kind_run(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len,
+                      float *const *s);
+/* A kind's constants, set on top of the common ones (c->s, lr, wd, mu,
+ * decay 1, eps) from the scheduled rate lr of the update making version + 1. */
+typedef void kind_begin(const srv_optim *o, coef *c, double lr, uint64_t version);
+/* The largest magnitude any value of the kind's loop can take for
+ * gradients within [-gmax, gmax], parameters within [-wmax, wmax] and state
+ * buffer k within [-smax[k], smax[k]] (all at most SURE_MAX), in double;
+ * INFINITY when it cannot tell. */
+typedef double kind_top(const coef *c, double gmax, double wmax, const double *smax);
+
+static void sgd_run(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len,
+                    float *const *s)
+{
+    if (s[0] && o->momentum > 0 && o->nesterov)
+        LOOP(sgd_nesterov, wo, wi, g, s[0], len, c);
+    else if (s[0] && o->momentum > 0)
+        LOOP(sgd_momentum, wo, wi, g, s[0], len, c);
+    else
+        LOOP(sgd, wo, wi, g, len, c);
+}
+
+/* d = s*g + wd*w; v = mu*v + d; w - lr*v or w - lr*(d + mu*v) */
+static double sgd_top(const coef *c, double gmax, double wmax, const double *smax)
+{
+    double s = fabs((double)c->s), lr = fabs((double)c->lr), wd = fabs((double)c->wd), mu = fabs((double)c->mu);
+    double d = s * gmax + wd * wmax, v = mu * smax[0] + d;
+    return fmax(v, wmax + lr * (d + mu * v));
+}
+
+static void adam_begin(const srv_optim *o, coef *c, double lr, uint64_t version)
+{
+    double t = (double)version + 1.0;
+    c->lr = (float)(lr / (1.0 - pow(o->beta1, t)));
+    c->bc2s = (float)sqrt(1.0 - pow(o->beta2, t));
+    c->c1 = (float)(1.0 - o->beta1);
+    c->b2 = (float)o->beta2;
+    c->c2 = (float)(1.0 - o->beta2);
+}
+
+/* adam's constants, the weight decay decoupled: w *= 1 - lr*wd first */
+static void adamw_begin(const srv_optim *o, coef *c, double lr, uint64_t version)
+{
+    adam_begin(o, c, lr, version);
+    c->decay = (float)(1.0 - lr * o->weight_decay);
+    c->wd = 0.0f;
+}
+
+static void adam_run(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len,
+                     float *const *s)
+{
+    (void)o;
+    LOOP(adam, wo, wi, g, s[0], s[1], len, c);
+}
+
+/* w = w*decay; d = s*g + wd*w; m += c1*(d - m); v = b2*v + c2*d*d;
+ * w - lr*m/(sqrt(v)/bc2s + eps), that quotient at most |m|/eps */
+static double adam_top(const coef *c, double gmax, double wmax, const double *smax)
+{
+    double s = fabs((double)c->s), lr = fabs((double)c->lr), wd = fabs((double)c->wd), eps = (double)c->eps;
+    if (!(eps > 0) || !(c->bc2s > 0))
+        return INFINITY;
+    double w = wmax * fabs((double)c->decay), d = s * gmax + wd * w;
+    if (d > 1e15)
+        return INFINITY; /* d*d */
+    double m = smax[0] + fabs((double)c->c1) * (d + smax[0]);
+    double v = fabs((double)c->b2) * smax[1] + fabs((double)c->c2) * d * d;
+    return fmax(fmax(m, v), fmax(sqrt(v) / (double)c->bc2s, w + lr * m / eps));
+}
+
+static void adagrad_run(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len,
+                        float *const *s)
+{
+    (void)o;
+    LOOP(adagrad, wo, wi, g, s[0], len, c);
+}
+
+/* d = s*g + wd*w; sum += d*d; w - lr*d/(sqrt(sum) + eps), that quotient
+ * below 1 since sum >= d*d (and at most |d|/eps) */
+static double adagrad_top(const coef *c, double gmax, double wmax, const double *smax)
+{
+    double s = fabs((double)c->s), lr = fabs((double)c->lr), wd = fabs((double)c->wd), eps = (double)c->eps;
+    if (!(eps > 0))
+        return INFINITY;
+    double d = s * gmax + wd * wmax;
+    if (d > 1e15)
+        return INFINITY;
+    return fmax(smax[0] + d * d, wmax + lr * fmin(2.0, d / eps));
+}
+
+/* What psd knows of an optimizer, one row per enum ps_optimizer_kind value. */
+typedef struct optim_kind {
+    const char *state[SRV_OPTIM_STATE_MAX]; /* its state buffers' names (checkpoints), in order; NULL: no more */
+    unsigned sqrt_reads;                    /* bit k: a square root reads buffer k, which is never negative */
+    int lazy;        /* its state exists only once momentum > 0 (PyTorch's sgd makes it on first use) */
+    kind_begin *begin; /* NULL: the common constants only */
+    kind_run *run;
+    kind_top *top;
+} optim_kind;
+
+const char *const srv_optim_words[] = {
+    [PS_OPTIMIZER_SGD] = "sgd",
+    [PS_OPTIMIZER_ADAM] = "adam",
+    [PS_OPTIMIZER_ADAMW] = "adamw",
+    [PS_OPTIMIZER_ADAGRAD] = "adagrad",
+    NULL,
+};
+
+static const optim_kind kinds[] = {
+    [PS_OPTIMIZER_SGD] = {.state = {"momentum"}, .lazy = 1, .run = sgd_run, .top = sgd_top},
+    [PS_OPTIMIZER_ADAM] = {.state = {"exp_avg", "exp_avg_sq"}, .sqrt_reads = 1u << 1, .begin = adam_begin,
+                           .run = adam_run, .top = adam_top},
+    [PS_OPTIMIZER_ADAMW] = {.state = {"exp_avg", "exp_avg_sq"}, .sqrt_reads = 1u << 1, .begin = adamw_begin,
+                            .run = adam_run, .top = adam_top},
+    [PS_OPTIMIZER_ADAGRAD] = {.state = {"sum"}, .sqrt_reads = 1u << 0, .run = adagrad_run, .top = adagrad_top},
+};
+
+#define NKINDS (sizeof kinds / sizeof kinds[0])
+_Static_assert(sizeof srv_optim_words / sizeof srv_optim_words[0] == NKINDS + 1,
+               "srv_optim_words and kinds must have a line per optimizer, in the same order");
+
+/* ---- what every kind shares -------------------------------------------------- */
+
+static int kind_known(int kind)
+{
+    return kind >= 0 && (size_t)kind < NKINDS && kinds[kind].run;
+}
+
+/* o's row; o was initialised (its kind is known). */
+static const optim_kind *kind_of(const srv_optim *o)
+{
+    assert(kind_known(o->kind));
+    return &kinds[o->kind];
+}
+
+/* The count of state buffers kind k keeps when it keeps any. */
+static size_t kind_nstate(const optim_kind *k)
+{
+    size_t n = 0;
+    while (n < SRV_OPTIM_STATE_MAX && k->state[n])
+        n++;
+    return n;
+}
+
+const char *srv_optim_kind_name(int kind)
+{
+    return kind_known(kind) ? srv_optim_words[kind] : "unknown";
+}
+
+const char *srv_optim_name(const srv_optim *o)
+{
+    return srv_optim_kind_name(o->kind);
+}
+
+/* Allocates o's state buffers that are not yet there, zeroed: 0, or -1
+ * with none of them allocated by this call left. */
+static int state_alloc(srv_optim *o)
+{
+    size_t ns = kind_nstate(kind_of(o));
+    float *made[SRV_OPTIM_STATE_MAX] = {NULL};
+    for (size_t k = 0; k < ns; k++) {
+        if (o->state[k])
+            continue;
+        made[k] = calloc(o->n ? o->n : 1, sizeof(float));
+        if (!made[k]) {
+            for (size_t j = 0; j < k; j++)
+                free(made[j]);
+            return -1;
+        }
+    }
+    for (size_t k = 0; k < ns; k++)
+        if (made[k])
+            o->state[k] = made[k];
+    return 0;
+}
+
+int srv_optim_init(srv_optim *o, const ps_config *cfg, size_t n)
+{
+    memset(o, 0, sizeof *o);
+    if (!kind_known(cfg->optimizer))
+        return PS_EINVAL;
+    o->kind = cfg->optimizer;
+    o->n = n;
+    o->nesterov = cfg->nesterov;
+    o->beta1 = cfg->beta1;
+    o->beta2 = cfg->beta2;
+    o->eps = cfg->eps;
+    if ((!kinds[o->kind].lazy || cfg->momentum > 0) && state_alloc(o) != 0) {
+        memset(o, 0, sizeof *o);
+        return PS_ENOMEM;
+    }
+    srv_optim_configure(o, cfg);
+    return 0;
+}
+
+void srv_optim_free(srv_optim *o)
+{
+    for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++) {
+        free(o->state[k]);
+        o->state[k] = NULL;
+    }
+}
+
+void srv_optim_configure(srv_optim *o, const ps_config *cfg)
+{
+    assert(cfg->lr_step_size >= 1 && cfg->lr_decay_versions >= 1); /* config.c's bounds */
+    o->lr = cfg->lr;
+    o->momentum = cfg->momentum;
+    o->weight_decay = cfg->weight_decay;
+    o->clip_norm = cfg->clip_norm;
+    o->lr_schedule = cfg->lr_schedule;
+    o->lr_step_size = cfg->lr_step_size;
+    o->lr_gamma = cfg->lr_gamma;
+    o->lr_decay_versions = cfg->lr_decay_versions;
+    o->lr_min = cfg->lr_min;
+    o->warmup_versions = cfg->warmup_versions;
+    if (cfg->local_steps > 0 || cfg->elastic_alpha > 0) {
+        /* local SGD, elastic averaging: the workers push model differences,
+         * applied as they are (w - d: sgd at lr 1, nothing else; settings.c
+         * refuses another optimizer or momentum) */
+        o->lr = 1;
+        o->momentum = 0;
+        o->weight_decay = 0;
+        o->clip_norm = 0;
+        o->lr_schedule = PS_LR_CONSTANT;
+        o->warmup_versions = 0;
+    }
+    if (kind_of(o)->lazy && o->momentum > 0 && !o->state[0] && state_alloc(o) != 0)
+        PS_LOG(PS_LOG_WARN, "out of memory for the momentum buffer (%zu parameters); "
+                            "sgd goes on without momentum", o->n);
+}
+
+int srv_optim_settings_differ(const ps_config *a, const ps_config *b)
+{
+    return a->lr != b->lr || a->momentum != b->momentum || a->weight_decay != b->weight_decay ||
+           a->clip_norm != b->clip_norm || a->lr_schedule != b->lr_schedule || a->lr_step_size != b->lr_step_size ||
+           a->lr_gamma != b->lr_gamma || a->lr_decay_versions != b->lr_decay_versions || a->lr_min != b->lr_min ||
+           a->warmup_versions != b->warmup_versions;
+}
+
+
+size_t srv_optim_state_bytes(const srv_optim *o)
+{
+    size_t bufs = 0;
+    for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++)
+        bufs += o->state[k] != NULL;
+    return bufs * o->n * sizeof(float);
+}
+
+int srv_optim_state_valid(const srv_optim *o)
+{
+    if (!kind_known(o->kind))
+        return 0;
+    const optim_kind *K = &kinds[o->kind];
+    size_t ns = kind_nstate(K), have = 0;
+    for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++) {
+        const float *b = o->state[k];
+        if (!b)
+            continue;
+        if (k >= ns)
+            return 0; /* a buffer the kind does not keep */
+        have++;
+        if (K->sqrt_reads >> k & 1) {
+            for (size_t i = 0; i < o->n; i++)
+                if (!(b[i] >= 0 && b[i] <= FLT_MAX))
+                    return 0;
+        } else if (!ps_vec_all_finite(b, o->n)) {
+            return 0;
+        }
+    }
+    return have == ns || (K->lazy && have == 0);
+}
+
+size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max)
+{
+    const optim_kind *K = kind_of(o);
+    size_t n = 0;
+    for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++) {
+        if (!o->state[k])
+            continue;
+        if (n < max) {
+            if (bufs)
+                bufs[n] = o->state[k];
+            if (names)
+                names[n] = K->state[k];
+        }
+        n++;
+    }
+    return n;
+}
+
 void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uint64_t n, uint64_t version)
 {
     srv_optim_begin_sumsq(o, st, o->clip_norm > 0 ? srv_sumsq_of(g, (size_t)n) : 0.0, version);
@@ -366,67 +514,29 @@ void srv_optim_begin(const srv_optim *o, srv_optim_step *st, const float *g, uin
 
 void srv_optim_begin_sumsq(const srv_optim *o, srv_optim_step *st, double ss, uint64_t version)
 {
+    const optim_kind *K = kind_of(o);
     double lr = srv_optim_lr(o, version);
     coef c = {.s = clip_scale(o, ss), .lr = (float)lr, .wd = (float)o->weight_decay,
               .mu = (float)o->momentum, .decay = 1.0f, .eps = (float)o->eps};
-    if (o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW) {
-        double t = (double)version + 1.0;
-        c.lr = (float)(lr / (1.0 - pow(o->beta1, t)));
-        c.bc2s = (float)sqrt(1.0 - pow(o->beta2, t));
-        c.c1 = (float)(1.0 - o->beta1);
-        c.b2 = (float)o->beta2;
-        c.c2 = (float)(1.0 - o->beta2);
-        if (o->kind == PS_OPTIMIZER_ADAMW) {
-            c.decay = (float)(1.0 - lr * o->weight_decay);
-            c.wd = 0.0f;
-        }
-    }
+    if (K->begin)
+        K->begin(o, &c, lr, version);
     *st = c;
 }
 
-/* The kind's loop over [0, len) with the state arrays given: s1 the
- * momentum, first moment or sum (NULL: none), s2 the second moment. */
-static void run_on(const srv_optim *o, coef c, float *wo, const float *wi, const float *g, size_t len, float *s1,
-                   float *s2)
+/* o's state buffers from parameter off on (NULL where it has none). */
+static void state_at(const srv_optim *o, uint64_t off, float **s)
 {
-    switch (o->kind) {
-    case PS_OPTIMIZER_SGD:
-        if (s1 && o->momentum > 0 && o->nesterov)
-            LOOP(sgd_nesterov, wo, wi, g, s1, len, c);
-        else if (s1 && o->momentum > 0)
-            LOOP(sgd_momentum, wo, wi, g, s1, len, c);
-        else
-            LOOP(sgd, wo, wi, g, len, c);
-        break;
-    case PS_OPTIMIZER_ADAM:
-    case PS_OPTIMIZER_ADAMW:
-        LOOP(adam, wo, wi, g, s1, s2, len, c);
-        break;
-    case PS_OPTIMIZER_ADAGRAD:
-        LOOP(adagrad, wo, wi, g, s1, len, c);
-        break;
-    default:
-        assert(!"unknown optimizer kind");
-    }
-}
-
-/* The state arrays run_on() takes, for o's kind. */
-static float *state1(const srv_optim *o)
-{
-    return o->kind == PS_OPTIMIZER_SGD ? o->velocity : o->kind == PS_OPTIMIZER_ADAGRAD ? o->sum : o->exp_avg;
-}
-
-static float *state2(const srv_optim *o)
-{
-    return o->kind == PS_OPTIMIZER_ADAM || o->kind == PS_OPTIMIZER_ADAMW ? o->exp_avg_sq : NULL;
+    for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++)
+        s[k] = o->state[k] ? o->state[k] + off : NULL;
 }
 
 void srv_optim_run(srv_optim *o, const srv_optim_step *st, float *wo, const float *wi, const float *g,
                    uint64_t off, uint64_t n)
 {
     assert(off <= o->n && n <= o->n - off);
-    float *s1 = state1(o), *s2 = state2(o);
-    run_on(o, *st, wo, wi, g, (size_t)n, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL);
+    float *s[SRV_OPTIM_STATE_MAX];
+    state_at(o, off, s);
+    kind_of(o)->run(o, *st, wo, wi, g, (size_t)n, s);
 }
 
 /* floats srv_optim_finite() works on at a time, on its stack */
@@ -436,18 +546,24 @@ int srv_optim_finite(const srv_optim *o, const srv_optim_step *st, const float *
                      uint64_t n)
 {
     assert(off <= o->n && n <= o->n - off);
-    float tw[TRIAL_PIECE], t1[TRIAL_PIECE], t2[TRIAL_PIECE];
-    const float *s1 = state1(o), *s2 = state2(o);
+    const optim_kind *K = kind_of(o);
+    float tw[TRIAL_PIECE], t[SRV_OPTIM_STATE_MAX][TRIAL_PIECE];
+    float *s[SRV_OPTIM_STATE_MAX], *ts[SRV_OPTIM_STATE_MAX];
+    state_at(o, off, s);
     for (uint64_t x = 0; x < n;) {
         size_t l = n - x < TRIAL_PIECE ? (size_t)(n - x) : TRIAL_PIECE;
-        if (s1)
-            memcpy(t1, s1 + off + x, l * sizeof(float));
-        if (s2)
-            memcpy(t2, s2 + off + x, l * sizeof(float));
+        for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++) {
+            ts[k] = s[k] ? t[k] : NULL;
+            if (s[k])
+                memcpy(t[k], s[k] + x, l * sizeof(float));
+        }
         /* the same loop the update runs, writing to the copies */
-        run_on(o, *st, tw, wi + x, g + x, l, s1 ? t1 : NULL, s2 ? t2 : NULL);
-        if (!ps_vec_all_finite(tw, l) || (s1 && !ps_vec_all_finite(t1, l)) || (s2 && !ps_vec_all_finite(t2, l)))
+        K->run(o, *st, tw, wi + x, g + x, l, ts);
+        if (!ps_vec_all_finite(tw, l))
             return 0;
+        for (size_t k = 0; k < SRV_OPTIM_STATE_MAX; k++)
+            if (ts[k] && !ps_vec_all_finite(ts[k], l))
+                return 0;
         x += l;
     }
     return 1;
@@ -464,43 +580,10 @@ int srv_optim_surely_finite(const srv_optim *o, const srv_optim_step *c, double 
     if (!(gmax >= 0 && gmax <= SURE_MAX && wmax >= 0 && wmax <= SURE_MAX && s1max >= 0 && s1max <= SURE_MAX &&
           s2max >= 0 && s2max <= SURE_MAX))
         return 0;
-    double s = fabs((double)c->s), lr = fabs((double)c->lr), wd = fabs((double)c->wd), mu = fabs((double)c->mu);
-    double eps = (double)c->eps, top; /* top: the largest magnitude of any value the loop makes */
-    switch (o->kind) {
-    case PS_OPTIMIZER_SGD: {
-        /* d = s*g + wd*w; v = mu*v + d; w - lr*v or w - lr*(d + mu*v) */
-        double d = s * gmax + wd * wmax, v = mu * s1max + d;
-        top = fmax(v, wmax + lr * (d + mu * v));
-        break;
-    }
-    case PS_OPTIMIZER_ADAM:
-    case PS_OPTIMIZER_ADAMW: {
-        /* w = w*decay; d = s*g + wd*w; m += c1*(d - m); v = b2*v + c2*d*d;
-         * w - lr*m/(sqrt(v)/bc2s + eps), that quotient at most |m|/eps */
-        if (!(eps > 0) || !(c->bc2s > 0))
-            return 0;
-        double w = wmax * fabs((double)c->decay), d = s * gmax + wd * w;
-        if (d > 1e15)
-            return 0; /* d*d */
-        double m = s1max + fabs((double)c->c1) * (d + s1max);
-        double v = fabs((double)c->b2) * s2max + fabs((double)c->c2) * d * d;
-        top = fmax(fmax(m, v), fmax(sqrt(v) / (double)c->bc2s, w + lr * m / eps));
-        break;
-    }
-    case PS_OPTIMIZER_ADAGRAD: {
-        /* d = s*g + wd*w; sum += d*d; w - lr*d/(sqrt(sum) + eps), that
-         * quotient below 1 since sum >= d*d (and at most |d|/eps) */
-        if (!(eps > 0))
-            return 0;
-        double d = s * gmax + wd * wmax;
-        if (d > 1e15)
-            return 0;
-        top = fmax(s1max + d * d, wmax + lr * fmin(2.0, d / eps));
-        break;
-    }
-    default:
+    if (!kind_known(o->kind))
         return 0;
-    }
+    const double smax[SRV_OPTIM_STATE_MAX] = {s1max, s2max};
+    double top = kinds[o->kind].top(c, gmax, wmax, smax); /* the largest magnitude of any value the loop makes */
     return top * 1.01 < SURE_MAX;
 }
 
@@ -519,12 +602,12 @@ static size_t make_finite(float *x, size_t n)
 size_t srv_optim_make_finite(srv_optim *o, float *w, uint64_t off, uint64_t n)
 {
     assert(off <= o->n && n <= o->n - off);
-    float *s1 = state1(o), *s2 = state2(o);
+    float *s[SRV_OPTIM_STATE_MAX];
+    state_at(o, off, s);
     size_t k = make_finite(w, (size_t)n);
-    if (s1)
-        k += make_finite(s1 + off, (size_t)n);
-    if (s2)
-        k += make_finite(s2 + off, (size_t)n);
+    for (size_t j = 0; j < SRV_OPTIM_STATE_MAX; j++)
+        if (s[j])
+            k += make_finite(s[j], (size_t)n);
     return k;
 }
 

@@ -3,6 +3,13 @@
  * for every parameter. It knows nothing of modes, rounds or sockets; the
  * learning-rate schedule reads the model version it is given.
  *
+ * Every optimizer is one row of the table in optim.c (its state buffers'
+ * names and which of them a square root reads, its constants, its loop and
+ * the bound of its values), its word in srv_optim_words beside it, and one
+ * value of enum ps_optimizer_kind below; the configuration, the status,
+ * the checkpoints and the update engine read them through the functions of
+ * this header.
+ *
  * The four optimizers follow PyTorch's torch.optim formulas (dampening 0,
  * no amsgrad, no maximize), so a run moved from PyTorch gets the same
  * numbers up to float rounding. With d = s*g + wd*w, where s is the clip
@@ -41,6 +48,22 @@
 
 #include "server/config/config.h"
 
+/* Values of ps_config.optimizer: the index of the optimizer's row in
+ * optim.c's table and of its word in srv_optim_words. */
+enum ps_optimizer_kind {
+    PS_OPTIMIZER_SGD = 0,
+    PS_OPTIMIZER_ADAM = 1,
+    PS_OPTIMIZER_ADAMW = 2,
+    PS_OPTIMIZER_ADAGRAD = 3,
+};
+
+/* The optimizers' names as the configuration takes them, by kind; NULL
+ * ends the list (the optimizer option's words). */
+extern const char *const srv_optim_words[];
+
+/* Most state buffers an optimizer keeps. */
+#define SRV_OPTIM_STATE_MAX 2
+
 typedef struct srv_optim {
     int kind;                   /* enum ps_optimizer_kind; fixed at init */
     size_t n;                   /* parameters */
@@ -59,11 +82,23 @@ typedef struct srv_optim {
     uint64_t lr_decay_versions; /* cosine: versions from lr to lr_min (>= 1) */
     double lr_min;              /* cosine: floor */
     uint64_t warmup_versions;   /* linear warm-up; 0 = off */
-    /* State, n floats each; NULL when the kind (or setting) needs none. */
-    float *velocity;            /* sgd: momentum buffer, allocated once momentum > 0 */
-    float *exp_avg;             /* adam, adamw: first moment m */
-    float *exp_avg_sq;          /* adam, adamw: second moment v */
-    float *sum;                 /* adagrad: sum of squared gradients */
+    /* State, n floats each, in the order of srv_optim_state_buffers(); NULL
+     * when the kind (or setting) needs none. The names below are the
+     * kinds' for the same slots (velocity, exp_avg and sum are all
+     * state[0]): read those of o's kind only. */
+    union {
+        float *state[SRV_OPTIM_STATE_MAX];
+        struct {
+            float *velocity;    /* sgd: momentum buffer, allocated once momentum > 0 */
+        };
+        struct {
+            float *exp_avg;     /* adam, adamw: first moment m */
+            float *exp_avg_sq;  /* adam, adamw: second moment v */
+        };
+        struct {
+            float *sum;         /* adagrad: sum of squared gradients */
+        };
+    };
 } srv_optim;
 
 /* Sets o up for n parameters with cfg's optimizer settings, allocating the
@@ -95,19 +130,24 @@ size_t srv_optim_state_bytes(const srv_optim *o);
 /* The state buffers, for checkpoints: stores up to max of them in bufs[]
  * and their names in names[] ("momentum", "exp_avg", "exp_avg_sq", "sum";
  * static strings) and returns how many o holds (0..2), which may be more
- * than max. Each buffer holds o->n floats; it may be read, or overwritten
- * to restore a checkpoint, between srv_optim_apply() calls. bufs and names
- * may be NULL when max is 0. The order is fixed per kind. */
+ * than max (at most SRV_OPTIM_STATE_MAX). Each buffer holds o->n floats;
+ * it may be read, or overwritten to restore a checkpoint, between
+ * srv_optim_apply() calls. bufs and names may be NULL when max is 0. The
+ * order is fixed per kind. */
 size_t srv_optim_state_buffers(srv_optim *o, float **bufs, const char **names, size_t max);
 
 /* The optimizer's name as in the configuration: "sgd", "adam", "adamw" or
  * "adagrad". srv_optim_kind_name() gives the same for an
  * enum ps_optimizer_kind value ("unknown" when out of range). */
 const char *srv_optim_name(const srv_optim *o);
-/* 1 when the state a square root reads (adam's and adamw's second moment,
- * adagrad's sum) has no negative value, or the kind has no such state;
- * else 0. The optimizer's own invariant, which a measure of the state's
- * bounds asks for (the update engine's). */
+/* 1 when o's state is one an update may start from: the kind is known; o
+ * holds every state buffer of its kind and no other (sgd: its momentum
+ * buffer, or none while it has had no momentum); each of their o->n values
+ * is finite, and those a square root reads (adam's and adamw's second
+ * moment, adagrad's sum) are not negative (-0 is not). Else 0. The
+ * optimizer's own invariant: the update engine asks for it when it
+ * measures the state's bounds after values came from outside (a
+ * checkpoint), and state received from elsewhere may be checked with it. */
 int srv_optim_state_valid(const srv_optim *o);
 const char *srv_optim_kind_name(int kind);
 

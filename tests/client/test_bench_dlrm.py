@@ -104,8 +104,8 @@ def test_dlrm_arm_figures_check(tmp_path):
     pa = np.clip(0.3 + 0.4 * (y - 0.3) + 0.2 * rng.standard_normal(1000), 0.01, 0.99).astype(np.float32)
     pb = np.clip(pa + 0.05 * rng.standard_normal(1000), 0.01, 0.99).astype(np.float32)
     d = str(tmp_path)
-    want_a = {"test_auc": round(dlrm.auc(pa, y), 5), "test_logloss": round(dlrm.logloss(pa, y), 5)}
-    want_b = {"test_auc": round(dlrm.auc(pb, y), 5), "test_logloss": round(dlrm.logloss(pb, y), 5)}
+    want_a = {"test_auc": round(dlrm.auc(y, pa), 5), "test_logloss": round(dlrm.logloss(pa, y), 5)}
+    want_b = {"test_auc": round(dlrm.auc(y, pb), 5), "test_logloss": round(dlrm.logloss(pb, y), 5)}
     assert want_a != want_b
     seen = {}
     with pytest.raises(SystemExit, match="wrote no predictions"):

@@ -26,6 +26,7 @@ import harness  # noqa: E402
 
 import psd  # noqa: E402
 import psd.torch  # noqa: E402
+from psd.metrics import auc  # noqa: E402
 
 SGD = ("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--set", "warmup_versions=0",
        "--log-level", "warn")
@@ -223,14 +224,6 @@ class TwoTower(nn.Module):
         return (q * self.candidate(c)).sum(1) + self.bias
 
 
-def auc(score, y):
-    order = np.argsort(score, kind="mergesort")
-    ranks = np.empty(len(score))
-    ranks[order] = np.arange(1, len(score) + 1)
-    pos = y.sum()
-    return float((ranks[y == 1].sum() - pos * (pos + 1) / 2) / (pos * (len(y) - pos)))
-
-
 def train_towers(addr, shard, steps):
     model = TwoTower()
     ps = psd.torch.Worker(model, server=addr, shard=shard, **W)
@@ -277,7 +270,7 @@ def test_shared_item_table_trains_in_bsp_as_in_asgd(cluster):
         assert not errs, errs
         model, ps = out[0]
         with torch.no_grad():
-            aucs[mode] = auc(model(u, h, c).numpy(), y.numpy())
+            aucs[mode] = auc(y.numpy(), model(u, h, c).numpy())
         for _, w in out:
             w.close()
         p.stop()

@@ -16,6 +16,7 @@
 #include "server/config/config.h"
 #include "common/log.h"
 #include "proto/errors.h"
+#include "server/model/optim.h"
 
 #ifndef PS_SOURCE_DIR
 #error "PS_SOURCE_DIR must name the source tree"
