@@ -5,7 +5,9 @@ Two worker processes train the click-through model of test_tables_kill.py
 replication = sync). A follower (--replica-of) joins while they train, takes
 a snapshot and follows the leader's log:
 
-- when the job ends, the follower holds what the leader holds, bit for bit:
+- when the job ends, the follower answers pulls of the model and of every
+  row as the leader does (`psctl save` from both), and holds what the
+  leader holds, bit for bit:
   every table row (weights and optimizer state) key by key, each table's
   clock, and the dense parameters and optimizer state, read from the
   checkpoints both write as they stop;
@@ -97,6 +99,16 @@ def test_follower_holds_the_leaders_state_bit_for_bit():
         ld, fl = harness.status(leader.addr), harness.status(follower.addr)
         assert fl["replication"]["role"] == "follower" and ld["replication"]["role"] == "leader"
         assert fl["version"] == ld["version"], (fl["version"], ld["version"])
+        # a read replica: the follower answers pulls of the model and the rows as the leader does
+        saved = {}
+        for who, p in (("leader", leader), ("follower", follower)):
+            path = os.path.join(cl.dir, who + ".safetensors")
+            r = harness.psctl(p.addr, "save", path)
+            assert r.returncode == 0, r.stderr
+            meta, tensors = harness.read_safetensors(path)
+            saved[who] = {k: v.tobytes() for k, v in tensors.items()}
+        assert saved["leader"].keys() == saved["follower"].keys() and "tables/emb/rows" in saved["leader"]
+        assert saved["leader"] == saved["follower"], "the follower's pulls differ from the leader's"
         leader.stop()
         follower.stop()
         fmt_l, ver_l, tabs_l = tk.ckpt_tables(newest(os.path.join(cl.dir, "leader")))
