@@ -33,7 +33,8 @@
     X(TIMEOUT, 21, "timed out")                                                      \
     X(CLOSED, 22, "connection closed by peer")                                       \
     X(INVAL, 23, "invalid argument")                                                 \
-    X(REMOTE, 24, "error reported by the peer")
+    X(REMOTE, 24, "error reported by the peer")                                      \
+    X(NOT_LEADER, 25, "this psd follows a leader")
 
 enum {
     PS_OK = 0,

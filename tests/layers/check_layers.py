@@ -116,6 +116,7 @@ OWNED = [
     ("psd.checkpoint_busy", "report/checkpoint.c", psd_writes("checkpoint_busy", "checkpoint_req")),
     ("psd.dash", "report/dashboard.c", psd_writes("dash")),
     ("psd.push_wait", "dispatch/handle.c", psd_writes("push_wait")),
+    ("psd.pushids", "session/pushid.c", psd_writes("pushids")),
     ("psd.paused, ckpt_waits", "dispatch/admin.c", psd_writes("paused", "ckpt_waits")),
     ("the connections and listeners (psd.conns, rbuf_bytes, http, ...)", "connection/",
      psd_writes("conns", "nconns", "rbuf_bytes", "next_cid", "listener", "listening", "port", "stopping", "io",
