@@ -360,7 +360,9 @@ static int handle_push(srv_conn *c, ps_msg *m)
         p.own_cap = &c->wide_cap;
     }
     rc = s->policy->push(s, c->worker, &p, err, sizeof err);
-    if (rc == SRV_PENDING || rc >= 0)
+    /* recorded once it counts: with rounds (bsp) a push of several chunks
+     * counts at its last (a worker lost before it has its chunks dropped) */
+    if ((rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds))
         srv_pushid_mark(s, c->client_id, pid);
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_finished() replies; the gradient

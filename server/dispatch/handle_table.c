@@ -272,7 +272,10 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
                                 .rat = rat},
                         .pkeys = pull ? m->pkeys.p : NULL, .npk = pull ? m->pkeys.n : 0};
         rc = s->policy->tpush(s, c->worker, &tp, err, sizeof err);
-        if (rc == SRV_PENDING || rc == 0)
+        /* with rounds (bsp) a table push goes with its worker's step,
+         * dropped when the worker leaves before the step's last push: not
+         * recorded, so one sent again is applied again */
+        if ((rc == SRV_PENDING || rc == 0) && !s->policy->rounds)
             srv_pushid_mark(s, c->client_id, pid);
         if (rc == SRV_PENDING) {
             c->tapply_busy = 1;
