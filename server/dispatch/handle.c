@@ -393,7 +393,7 @@ static int handle_push(srv_conn *c, ps_msg *m)
         c->worker->pushes++;
         SRV_COUNT(s, pushes, 1);
     }
-    if (pid && cut_reply(c))
+    if (pid && c->client_id && cut_reply(c))
         return 0;
     if (m->type == PS_MSG_PUSHPULL)
         pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
