@@ -18,6 +18,8 @@ of answered.
 - libpsclient: pushpulls, pushes in chunks and pushes through the shared
   segment, with every few replies lost: each reconnect sends the step's
   pushes again and psd's model is exactly the sum of the steps, applied once.
+- NOT_LEADER: a stand-in follower refuses the hello naming the leader;
+  the client, given the follower alone, goes to the leader.
 - failover without replication: psd B started from psd A's checkpoint, a
   psworker given A/B; A killed; the worker goes on with B by itself and
   finishes.
@@ -28,8 +30,11 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import sys
+import threading
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -198,6 +203,62 @@ def test_client_sends_again_and_psd_applies_once(cluster, how):
     if how != "push_chunks":
         assert a.version == steps                            # one version per applied push
     a.close()
+    p.stop()
+
+
+# ---- NOT_LEADER: a follower's refusal names the leader ------------------------
+
+class Follower:
+    """A stand-in for a follower psd on 127.0.0.1: answers every frame it
+    reads with ERROR NOT_LEADER (25) naming leader, and counts them."""
+
+    def __init__(self, leader):
+        self.leader = leader
+        self.refused = 0
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.addr = "127.0.0.1:%d" % self.lsock.getsockname()[1]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            try:
+                s, _ = self.lsock.accept()
+            except OSError:
+                return
+            with s:
+                s.settimeout(10)
+                try:
+                    head = s.recv(4, socket.MSG_WAITALL)
+                    (n,) = struct.unpack(">I", head)
+                    msg = msgpack.unpackb(s.recv(n, socket.MSG_WAITALL), raw=False)
+                    s.sendall(harness.frame(harness.pack({"t": harness.T_ERROR, "id": msg.get("id", 0), "code": 25,
+                                                          "text": "this psd follows a leader",
+                                                          "leader": self.leader})))
+                    self.refused += 1
+                except (OSError, struct.error, ValueError):
+                    pass
+
+    def close(self):
+        self.lsock.close()
+
+
+def test_not_leader_sends_the_client_to_the_leader(cluster, capfd):
+    p = start(cluster)
+    f = Follower(p.addr)
+    try:
+        a = client(f.addr)                                  # only the follower given
+        a.connect()
+        assert f.refused == 1
+        a.grads[:] = 1.0
+        a.pushpull()
+        assert a.version == 1
+        a.close()
+    finally:
+        f.close()
+    assert "%s follows a leader; trying %s" % (f.addr, p.addr) in capfd.readouterr().err
     p.stop()
 
 
