@@ -283,7 +283,7 @@ static int push_from_shm(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 /* FOR TESTS ONLY: with PSD_TEST_CUT_PUSH=N in psd's environment, every
  * N-th push carrying a push id is applied and its connection then cut
  * (shut down both ways) instead of answered: the reply a resend must make
- * up for is lost (tests/integration/test_replicas.py). 1 when it cut. */
+ * up for is lost (tests/client/test_replicas.py). 1 when it cut. */
 static int cut_reply(srv_conn *c)
 {
     static long every = -1;
