@@ -57,12 +57,12 @@ def cluster():
         yield cl
 
 
-def start(cl, cut=0, name="psd", workers=1, args=()):
+def start(cl, cut=0, name="psd", workers=1, args=(), mode="asgd"):
     env = dict(os.environ)
     env.pop("PSD_TEST_CUT_PUSH", None)
     if cut:
         env["PSD_TEST_CUT_PUSH"] = str(cut)
-    return cl.psd(mode="asgd", workers=workers, name=name, args=SGD + tuple(args), env=env)
+    return cl.psd(mode=mode, workers=workers, name=name, args=SGD + tuple(args), env=env)
 
 
 # ---- psd's side, frame by frame -------------------------------------------
@@ -168,12 +168,13 @@ def client(addr, layout=LAYOUT, **kw):
     return psd.Client(layout, server=addr, shard="0/1", **kw)
 
 
-@pytest.mark.parametrize("how", ["pushpull_shm", "pushpull_tcp", "push_chunks"])
+@pytest.mark.parametrize("how", ["pushpull_shm", "pushpull_tcp", "push_chunks", "bsp_pushpull", "bsp_chunks"])
 def test_client_sends_again_and_psd_applies_once(cluster, how):
-    p = start(cluster, cut=5 if how == "push_chunks" else 3)
+    chunks = how.endswith("chunks")
+    p = start(cluster, cut=5 if chunks else 3, mode="bsp" if how.startswith("bsp") else "asgd")
     kw = {"shm": how == "pushpull_shm"}
     layout, n = LAYOUT, N
-    if how == "push_chunks":
+    if chunks:
         kw["chunk"] = 1024                                  # 12 push messages a step: cuts within steps
         layout, n = [("w", (3000, 4)), ("b", (4,))], 3000 * 4 + 4
     a = client(p.addr, layout, **kw)
@@ -185,7 +186,7 @@ def test_client_sends_again_and_psd_applies_once(cluster, how):
     for s in range(steps):
         a.grads[:] = 1.0 + (s % 3)                          # 1, 2, 3, 1, ...: a step twice would show
         if how == "push_chunks":
-            a.push()
+            a.push()                                        # asgd: each chunk applied on its own
         else:
             a.pushpull()
     a.pull()
@@ -201,7 +202,7 @@ def test_client_sends_again_and_psd_applies_once(cluster, how):
     # each cut reply's push came again and was answered, not applied
     assert len(APPLIED_ALREADY.findall(err)) >= len(cut), err[-2000:]
     if how != "push_chunks":
-        assert a.version == steps                            # one version per applied push
+        assert a.version == steps                            # one version per step (bsp: per round)
     a.close()
     p.stop()
 
