@@ -19,7 +19,9 @@ of answered.
   segment, with every few replies lost: each reconnect sends the step's
   pushes again and psd's model is exactly the sum of the steps, applied once.
 - NOT_LEADER: a stand-in follower refuses the hello naming the leader;
-  the client, given the follower alone, goes to the leader.
+  the client, given the follower alone, goes to the leader. A stand-in
+  whose WELCOME lists the replicas and then closes: the client goes on
+  with the replica it learnt.
 - failover without replication: psd B started from psd A's checkpoint, a
   psworker given A/B; A killed; the worker goes on with B by itself and
   finishes.
@@ -211,10 +213,12 @@ def test_client_sends_again_and_psd_applies_once(cluster, how):
 
 class Follower:
     """A stand-in for a follower psd on 127.0.0.1: answers every frame it
-    reads with ERROR NOT_LEADER (25) naming leader, and counts them."""
+    reads with ERROR NOT_LEADER (25) naming leader, and counts them; or,
+    given welcome, answers a hello with that WELCOME and closes."""
 
-    def __init__(self, leader):
+    def __init__(self, leader, welcome=None):
         self.leader = leader
+        self.welcome = welcome
         self.refused = 0
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
@@ -235,6 +239,10 @@ class Follower:
                     head = s.recv(4, socket.MSG_WAITALL)
                     (n,) = struct.unpack(">I", head)
                     msg = msgpack.unpackb(s.recv(n, socket.MSG_WAITALL), raw=False)
+                    if self.welcome:
+                        s.sendall(harness.frame(harness.pack(dict(self.welcome, id=msg.get("id", 0)))))
+                        self.refused += 1
+                        continue
                     s.sendall(harness.frame(harness.pack({"t": harness.T_ERROR, "id": msg.get("id", 0), "code": 25,
                                                           "text": "this psd follows a leader",
                                                           "leader": self.leader})))
@@ -260,6 +268,27 @@ def test_not_leader_sends_the_client_to_the_leader(cluster, capfd):
     finally:
         f.close()
     assert "%s follows a leader; trying %s" % (f.addr, p.addr) in capfd.readouterr().err
+    p.stop()
+
+
+def test_welcome_replicas_are_learnt(cluster, capfd):
+    # a psd whose WELCOME lists the part's replicas, then goes away: the
+    # client, given it alone, goes on with the other replica it named
+    p = start(cluster)
+    f = Follower(None)
+    f.welcome = {"t": harness.T_WELCOME, "v": 1, "mode": "asgd", "ver": 0, "params": N, "workers": 1,
+                 "init": False, "hb": 3000, "replicas": [f.addr, p.addr]}
+    try:
+        a = client(f.addr)
+        a.connect()
+        assert f.refused == 1
+        a.grads[:] = 1.0
+        a.pushpull()
+        assert a.version == 1
+        a.close()
+    finally:
+        f.close()
+    assert "%s is gone; trying %s" % (f.addr, p.addr) in capfd.readouterr().err
     p.stop()
 
 
