@@ -490,6 +490,8 @@ static int resend(psc_client *c, enum op op, uint64_t off, uint64_t len)
     }
     if (n == 0)
         return 0;
+    if (c->has_base && c->base > c->links[0].version)
+        c->base = c->links[0].version; /* psc_set_base's, never ahead of the psd now reached */
     c->resending = 1;
     int rc = op == OP_PUSHPULL ? do_pushpull(c) : do_push(c, off, len);
     c->resending = 0;

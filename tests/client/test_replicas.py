@@ -303,7 +303,8 @@ def need_fashion_mnist():
     pytest.skip("no Fashion-MNIST (Debian package dataset-fashion-mnist)")
 
 
-def test_worker_given_two_psd_goes_on_with_the_second(cluster):
+@pytest.mark.parametrize("pipeline", ["off", "on"])
+def test_worker_given_two_psd_goes_on_with_the_second(cluster, pipeline):
     need_fashion_mnist()
     da = os.path.join(cluster.dir, "state-a")
     db = os.path.join(cluster.dir, "state-b")
@@ -323,7 +324,8 @@ def test_worker_given_two_psd_goes_on_with_the_second(cluster):
                     args=("--listen", addr_b, "--state-dir", db, "--log-level", "info"))
     assert harness.version(b.addr) == v0                     # B holds A's checkpoint
     w = cluster.worker("%s/%s" % (a.addr, addr_b), 0, 1, epochs=60, limit=640, model="mlp:16", evaluate=False,
-                       dataset="fashion-mnist", args=["--reconnect-timeout", "60"], name="worker")
+                       dataset="fashion-mnist", args=["--reconnect-timeout", "60", "--pipeline", pipeline],
+                       name="worker")
     harness.wait_until(lambda: harness.version(a.addr) >= v0 + 30, 30, "the worker to train on A")
     os.kill(a.pid, signal.SIGKILL)
     a.wait(10)
