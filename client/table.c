@@ -335,6 +335,8 @@ static int tab_retry(psc_client *c, int rc)
     int limit = rc == PS_EREMOTE && c->links[c->err_link].cl.remote_code == -PS_ELIMIT;
     if (c->auto_reconnect && !limit && psc__recoverable(c, rc)) {
         int r2 = psc__reconnect(c, rc);
+        if (r2 == 0 && c->has_base && c->base > c->links[0].version)
+            c->base = c->links[0].version; /* never ahead of the psd now reached (a replica behind) */
         return r2 ? r2 : tab_redeclare(c);
     }
     if (rc == PS_EREMOTE && c->links[c->err_link].cl.remote_code == -PS_ERANGE &&
