@@ -146,6 +146,40 @@ def test_psd_answers_a_resent_push_without_applying_it(cluster):
     p.stop()
 
 
+def test_psd_answers_a_resent_table_push_without_applying_it(cluster):
+    # asgd, rows stepped by sgd at lr 0.5 from zeros: a TPUSH and a
+    # TPUSHPULL sent again with their ids change the row once. The reply
+    # is lost by closing our end before reading it.
+    p = start(cluster)
+    c, _ = raw_hello(p.addr, cid=77)
+    assert c.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0.0] * 8)})["t"] == harness.T_OK
+    table = {"t": harness.T_TABLE, "tab": "t", "dim": 2, "rinit": "zeros", "opt": "sgd", "hp": {"lr": 0.5}}
+    assert c.request(table)["t"] == harness.T_OK
+    key = np.array([5], "<u8").tobytes()
+    tpush = {"t": harness.T_TPUSH, "tab": "t", "keys": key, "base": 0, "data": harness.floats([1.0, 2.0])}
+    assert c.request(dict(tpush, pid=1))["t"] == harness.T_OK
+    c.send_frame(dict(tpush, pid=2, id=50))
+    c.close()                                               # its reply lost
+
+    def row():
+        with harness.RawClient(p.addr, 10) as a:
+            a.hello_admin()
+            r = a.request({"t": harness.T_TPULL, "tab": "t", "keys": key})
+            return np.frombuffer(r["data"], "<f4").tolist() if r.get("t") == harness.T_ROWS else r
+    harness.wait_until(lambda: row() == [-1.0, -2.0], 10, "psd to apply the push whose reply was lost")
+    c, _ = raw_hello(p.addr, cid=77)
+    assert c.request(table)["t"] == harness.T_OK             # declared again, as libpsclient does
+    assert c.request(dict(tpush, pid=2))["t"] == harness.T_OK   # sent again: not applied
+    r = c.request({"t": harness.T_TPUSHPULL, "tab": "t", "keys": key, "base": 0, "data": harness.floats([1.0, 2.0]),
+                   "pkeys": key, "pid": 1})                 # an older id, its pull answered
+    assert r["t"] == harness.T_ROWS, r
+    assert np.array_equal(np.frombuffer(r["data"], "<f4"), np.array([-1.0, -2.0], np.float32)), r
+    assert c.request(dict(tpush, pid=3))["t"] == harness.T_OK   # a new one is applied
+    c.close()
+    assert row() == [-1.5, -3.0]
+    p.stop()
+
+
 class _Asserts:
     """unittest's assertions for harness.expect_error under pytest."""
 
