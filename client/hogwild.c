@@ -87,7 +87,7 @@ int psc__hogwild_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     if (link_gone(c)) {
         psc__fail(c, PSC_ECLOSED, "psd at %s closed the connection", c->links[0].server);
-        int rc = c->auto_reconnect ? psc__reconnect(c) : PSC_ECLOSED;
+        int rc = c->auto_reconnect ? psc__reconnect(c, PS_ECLOSED) : PSC_ECLOSED;
         if (rc != 0)
             return rc;
         if (op != OP_PULL)

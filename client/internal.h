@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +44,8 @@
 #define PSC_TSEG_ROWS ((size_t)2 * 8 * PS_TABLE_KEYS_MAX + (size_t)4 * PS_TABLE_VALUES_MAX)
 #define PSC_TSEG_BYTES (2 * PSC_TSEG_ROWS)
 
+/* Addresses one part may have: the user's and those psd tells */
+#define PSC_ADDRS_MAX (2 * PS_REPLICAS_MAX)
 /* One connection: to psd, or with a model split over several psd, to the
  * one holding part [lo, hi) of the flat vector (links[i] holds part i). */
 typedef struct psc_link {
@@ -52,7 +55,15 @@ typedef struct psc_link {
     pthread_t hb_thread;
     int hb_running, hb_stop;
     uint64_t hb_interval_ms; /* a third of this psd's heartbeat_timeout */
-    char server[300];        /* "host:port" */
+    char server[300];        /* "host:port": the address now used, one of addrs */
+    char addrs[PSC_ADDRS_MAX][PS_ADDR_MAX + 1]; /* the part's replicas: the user's
+                              * ("A/B"), then those psd named (WELCOME "replicas",
+                              * ERROR "leader") */
+    uint32_t naddrs, cur;    /* addrs in use; the one in server */
+    uint64_t pid_base;       /* the call's push ids on this link: pid_base, pid_base + 1, ... */
+    uint64_t step_ver;       /* version at the call's start: a resend's base and min */
+    int reopened;            /* connected anew by the reconnect of this call: its
+                              * pushes go again */
     uint64_t lo, hi;         /* this part: values [lo, hi) of the flat vector */
     ps_layout layout;        /* its layout (the model's own with one psd) */
     char mode[16];
@@ -195,6 +206,11 @@ struct psc_client {
         size_t tk_cap, tidx_cap, tmap_cap, tg_cap, tpos_cap, tgrows_cap;
         size_t tfrom[PS_PARTS_MAX + 1]; /* part p's keys are tg[tfrom[p], tfrom[p + 1]) */
     } tks[2];
+    /* pushes applied once (PROTOCOL.md 15) */
+    uint64_t cid;            /* this client's identity, random, never 0 (HELLO "cid") */
+    uint64_t next_pid;       /* the next call's first push id */
+    int resending;           /* a call's pushes go again to the reopened links only */
+    uint64_t resent;         /* calls whose pushes went again after a reconnect */
     int quick;               /* the first attempt of psc_connect: a TCP connect gives
                               * up after 1 s, so a wrong address is told at once */
     char err[1200];          /* a client-level error; empty: the link's */
@@ -238,7 +254,25 @@ void *psc__memfd_map(const char *name, size_t bytes, int *fd_out);
 int psc__recoverable(const psc_client *c, int rc);
 int psc__public_code(const psc_client *c, int rc);
 int psc__open_retry(psc_client *c, int limit_ms, const char *first);
-int psc__reconnect(psc_client *c);
+/* After a call failed with rc_lost (recoverable) on link err_link:
+ * reconnects, the lost link to its part's next replica when psd is gone or
+ * follows a leader; the links connected anew are marked reopened. */
+int psc__reconnect(psc_client *c, int rc_lost);
+/* A call that pushes begins: each link gets a block of `most` push ids
+ * (the most push messages the call may send it), after every id given
+ * before (PROTOCOL.md 15). */
+void psc__pids_begin(psc_client *c, uint64_t most);
+/* The push id of the idx-th push message (from 0, below the block's
+ * `most`) of this call on ln. */
+static inline uint64_t psc__pid(const psc_link *ln, uint64_t idx)
+{
+    return ln->pid_base + idx;
+}
+/* 1: link i takes part in this (re)sending of the call's pushes. */
+static inline int psc__sends_to(const psc_client *c, uint32_t i)
+{
+    return !c->resending || c->links[i].reopened;
+}
 
 /* ---- step.c ---- */
 int psc__chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *values, uint64_t off, size_t n,

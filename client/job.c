@@ -25,7 +25,7 @@ int psc_report(psc_client *c, uint32_t epoch, double loss, double acc, double te
         rc = ps_conn_call(&c->links[i].cl, &m, &r, c->timeout_ms);
         if (rc != 0) {
             psc__lfail(c, i, rc);
-            if (c->auto_reconnect && psc__recoverable(c, rc) && (rc = psc__reconnect(c)) == 0)
+            if (c->auto_reconnect && psc__recoverable(c, rc) && (rc = psc__reconnect(c, rc)) == 0)
                 i--; /* and report to it again */
             else
                 rc = psc__public_code(c, rc);

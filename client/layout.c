@@ -183,11 +183,21 @@ static int make_links(psc_client *c)
         ln->cl.on_wait = psc__on_wait;
         ln->cl.on_wait_arg = c;
         c->nlinks = i + 1;
-        if (len == 0 || len >= sizeof ln->server)
-            return psc__fail(c, PSC_EINVAL, "server: psd %u of %u in \"%.200s\" is %s", i + 1, n, c->servers,
-                        len ? "too long" : "empty");
-        memcpy(ln->server, p, len);
-        ln->server[len] = '\0';
+        /* the part's replicas: HOST:PORT/HOST:PORT/... */
+        for (size_t at = 0; at <= len;) {
+            size_t alen = strcspn(p + at, "/,");
+            if (alen == 0 || alen > PS_ADDR_MAX)
+                return psc__fail(c, PSC_EINVAL, "server: psd %u of %u in \"%.200s\" %s", i + 1, n, c->servers,
+                                 alen ? "has an address longer than 255 bytes" : "is empty, or one of its replicas "
+                                                                                 "(HOST:PORT/HOST:PORT) is");
+            if (ln->naddrs == PSC_ADDRS_MAX)
+                return psc__fail(c, PSC_EINVAL, "server: psd %u of %u in \"%.200s\" lists more than %u replicas",
+                                 i + 1, n, c->servers, PSC_ADDRS_MAX);
+            memcpy(ln->addrs[ln->naddrs], p + at, alen);
+            ln->addrs[ln->naddrs++][alen] = '\0';
+            at += alen + 1;
+        }
+        snprintf(ln->server, sizeof ln->server, "%s", ln->addrs[0]);
         p += len + (p[len] == ',');
         if (ps_layout_part(&c->layout, i, n, &ln->layout, &ln->lo, &ln->hi) != 0)
             return psc__fail(c, PSC_EINVAL, "the model's %llu values cannot be split over %u psd (a part needs at least "

@@ -64,6 +64,51 @@ static int left_ms(int64_t deadline)
     return l < 1 ? 1 : (int)l;
 }
 
+/* Adds address a (len bytes) to ln's replicas unless it is there or they
+ * are full; returns its index, or -1 when it could not be added. */
+static int link_learn(psc_link *ln, const char *a, size_t len)
+{
+    if (len == 0 || len > PS_ADDR_MAX)
+        return -1;
+    for (uint32_t k = 0; k < ln->naddrs; k++)
+        if (strlen(ln->addrs[k]) == len && memcmp(ln->addrs[k], a, len) == 0)
+            return (int)k;
+    if (ln->naddrs == PSC_ADDRS_MAX)
+        return -1;
+    memcpy(ln->addrs[ln->naddrs], a, len);
+    ln->addrs[ln->naddrs][len] = '\0';
+    PS_LOG(PS_LOG_DEBUG, "%s: the part's replicas include %s", ln->server, ln->addrs[ln->naddrs]);
+    return (int)ln->naddrs++;
+}
+
+/* After link i failed with rc: the next attempt goes to the psd its
+ * NOT_LEADER named, or, when the connection failed or psd is stopping or
+ * follows a leader, to the part's next replica. Other refusals (a shard
+ * taken, psd not ready, full) keep the address: another replica would not
+ * change them. */
+static void link_next_addr(psc_client *c, uint32_t i, int rc)
+{
+    psc_link *ln = &c->links[i];
+    int32_t code = ln->cl.remote_code;
+    int not_leader = rc == PS_EREMOTE && code == -PS_ENOT_LEADER;
+    int gone = rc == PS_ECLOSED || rc == PS_EIO || rc == PS_ECONNECT || rc == PS_ETIMEOUT ||
+               (rc == PS_EREMOTE && code == -PS_ESHUTDOWN);
+    if (!not_leader && !gone)
+        return;
+    int k = -1;
+    if (not_leader && ln->cl.remote_leader[0])
+        k = link_learn(ln, ln->cl.remote_leader, strlen(ln->cl.remote_leader));
+    if (k < 0 && ln->naddrs < 2)
+        return;
+    uint32_t next = k >= 0 ? (uint32_t)k : (ln->cur + 1) % ln->naddrs;
+    if (next == ln->cur)
+        return;
+    PS_LOG(PS_LOG_INFO, "part %u: %s %s; trying %s", i, ln->server, not_leader ? "follows a leader" : "is gone",
+           ln->addrs[next]);
+    ln->cur = next;
+    snprintf(ln->server, sizeof ln->server, "%s", ln->addrs[next]);
+}
+
 /* Connects ln and says hello, offering the segment when there is one;
  * *need_init: this psd asks for initial values. */
 static int link_hello(psc_client *c, psc_link *ln, int *need_init)
@@ -90,6 +135,8 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     m.nshards = c->nshards;
     m.layout = &ln->layout;
     m.fp = ps_layout_fingerprint(&ln->layout);
+    m.has2 = PS_F2_CID; /* our pushes' ids are recorded (PROTOCOL.md 15) */
+    m.cid = c->cid;
     if (c->want_plan) {
         m.has |= PS_F_PLAN;
         m.plan = c->plan;
@@ -119,6 +166,9 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     rc = ps_conn_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, left_ms(deadline));
     if (rc != 0)
         return rc;
+    if (r.has2 & PS_F2_REPLICAS)
+        for (uint32_t k = 0; k < r.nreplicas; k++)
+            link_learn(ln, r.replicas[k].p, r.replicas[k].len);
     ln->shm_ok = c->shm && (r.has & PS_F_INSHM) && r.inshm;
     ln->tseg_ok = (m.has & PS_F_TSHM) && (r.has & PS_F_TINSHM) && r.tinshm;
     ln->hw = ln->shm_ok && (r.has & PS_F_HOGWILD) && (r.has & PS_F_LR);
@@ -294,7 +344,9 @@ int psc__recoverable(const psc_client *c, int rc)
         /* a shard taken is our own old connection, not yet noticed gone,
          * only when reconnecting: at the first connect it is another
          * worker's, which retrying does not change */
+        /* a follower: its leader, or another replica, will take us */
         return cl->remote_code == -PS_ESHUTDOWN || (cl->remote_code == -PS_ESHARD && c->connected) ||
+               cl->remote_code == -PS_ENOT_LEADER ||
                cl->remote_code == -PS_ENOT_READY || cl->remote_code == -PS_ELIMIT;
     default:
         return 0;
@@ -378,6 +430,7 @@ int psc__open_retry(psc_client *c, int limit_ms, const char *first)
         uint32_t li = c->err_link;
         if (!psc__recoverable(c, rc))
             return refused(c, rc);
+        link_next_addr(c, li, rc);
         if (psc__mono_ms() >= deadline) {
             char why[300];
             snprintf(why, sizeof why, "%.290s", first ? first : psc_errmsg(c));
@@ -415,13 +468,14 @@ int psc_connect(psc_client *c)
     return rc;
 }
 
-int psc__reconnect(psc_client *c)
+int psc__reconnect(psc_client *c, int rc_lost)
 {
     char first[300];
     snprintf(first, sizeof first, "%.290s", psc_errmsg(c));
     PS_LOG(PS_LOG_WARN, "lost psd at %s (%s); reconnecting for up to %d s", c->links[c->err_link].server, first,
            c->reconnect_ms / 1000);
     psc__link_close(&c->links[c->err_link]);
+    link_next_addr(c, c->err_link, rc_lost);
     if (c->nlinks > 1 && c->bsp && c->links[0].has_plan) {
         /* A planned BSP job over several psd: the psd this worker lost may
          * have declared it lost and gone on without it, while the others
@@ -435,10 +489,25 @@ int psc__reconnect(psc_client *c)
         for (uint32_t i = 0; i < c->nlinks; i++)
             psc__link_close(&c->links[i]);
     }
+    /* the links opened anew: the call's pushes go to them again */
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        c->links[i].reopened |= c->links[i].cl.fd < 0;
     int rc = psc__open_retry(c, c->reconnect_ms, first);
     if (rc == 0)
         c->reconnects++;
     return rc;
+}
+
+void psc__pids_begin(psc_client *c, uint64_t most)
+{
+    most = most ? most : 1;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        ln->pid_base = c->next_pid + i * most;
+        ln->step_ver = ln->version;
+        ln->reopened = 0;
+    }
+    c->next_pid += (uint64_t)c->nlinks * most;
 }
 
 int psc_reconnect(psc_client *c)

@@ -189,9 +189,11 @@ static int set_log(psc_client *c, const opt_row *r, const char *value)
 #define OPT_FIELD(f) offsetof(psc_client, f)
 
 static const opt_row options[] = {
-    {{"server", "server", "HOST:PORT", "host:port or host:port,host:port,...", "$PSD_SERVER, else 127.0.0.1:7000",
+    {{"server", "server", "HOST:PORT", "host:port, host:port,host:port,..., each part maybe host:port/host:port",
+      "$PSD_SERVER, else 127.0.0.1:7000",
       "psd's address; HOST:PORT,HOST:PORT,...: a model split over that many psd, one part each, in order (every "
-      "worker lists them alike)"},
+      "worker lists them alike); HOST:PORT/HOST:PORT: a part's replicas, the worker going on with the next when "
+      "one is lost or follows a leader"},
      OPT_BEFORE_LAYOUT, set_server, 0, 0, 0, 1, 0, 0},
     {{"shard", "shard", "K/M", "K/M with 0 <= K < M, e.g. 0/2, or auto", "0/1",
       "this worker's shard, or auto: K and M from the launcher: OMPI_COMM_WORLD_RANK and _SIZE (mpirun), PMI_RANK "

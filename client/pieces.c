@@ -35,6 +35,8 @@ void *psc__pieces_send(void *arg)
             m.ndata = len;
             m.fin = off + len == n;
             m.base = j->ver[i];
+            m.has2 = PS_F2_PID; /* applied once (PROTOCOL.md 15) */
+            m.pid = psc__pid(ln, q);
             int rc = ps_conn_send(&ln->cl, &m);
             if (rc == 0) {
                 ps_msg_init(&m, PS_MSG_PULL);

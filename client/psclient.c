@@ -103,6 +103,12 @@ psc_client *psc_new(void)
     if (s && *s)
         snprintf(c->token_path, sizeof c->token_path, "%s", s);
     c->nshards = 1;
+    /* the client's identity for its whole life (PROTOCOL.md 15): random,
+     * so that no two clients of a psd share one */
+    while (c->cid == 0)
+        if (getrandom(&c->cid, sizeof c->cid, 0) != sizeof c->cid)
+            c->cid = ((uint64_t)getpid() << 32) ^ (uint64_t)psc__mono_ms() ^ (uint64_t)(uintptr_t)c;
+    c->next_pid = 1;
     c->timeout_ms = 600000;
     c->reconnect_ms = 60000;
     c->connect_ms = 30000;

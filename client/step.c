@@ -21,6 +21,10 @@ int psc__chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *val
         m.ndata = len;
         m.fin = k + len == n;
         m.base = base;
+        if (type == PS_MSG_PUSH) { /* applied once (PROTOCOL.md 15) */
+            m.has2 = PS_F2_PID;
+            m.pid = psc__pid(ln, k / c->chunk);
+        }
         int rc = ps_conn_send(&ln->cl, &m);
         if (rc == 0 && c->pull_window == 0) /* option pull_window 0: each chunk waits for its OK */
             rc = psc__chunks_acks(c, ln, 1, type == PS_MSG_PUSH && ln == c->links);
@@ -77,6 +81,8 @@ static int pushpull_send(psc_client *c, psc_link *ln, uint64_t min)
     m.base = psc__push_base(c, ln);
     m.plen = n;
     m.min = min;
+    m.has2 = PS_F2_PID;
+    m.pid = psc__pid(ln, 0);
     if (ln->shm_ok) {
         if (c->grads != c->shm)
             memcpy(c->shm + ln->lo, c->grads + ln->lo, n * sizeof(float));
@@ -222,7 +228,7 @@ static int do_pushpull(psc_client *c)
     int sending = 0;
     if (npieced) {
         for (uint32_t i = 0; i < c->nlinks; i++) {
-            pj.on[i] = psc__pieced(c, &c->links[i]);
+            pj.on[i] = psc__pieced(c, &c->links[i]) && psc__sends_to(c, i);
             pj.ver[i] = c->links[i].version;
         }
         if (psc__start_thread(&sender, psc__pieces_send, &pj) != 0)
@@ -233,7 +239,7 @@ static int do_pushpull(psc_client *c)
         for (uint32_t j = 0; j < c->nlinks && !first; j++) {
             uint32_t i = (start + j) % c->nlinks;
             psc_link *ln = &c->links[i];
-            if (pj.on[i])
+            if (pj.on[i] || !psc__sends_to(c, i))
                 continue;
             if (small && ln->shm_ok != shm)
                 continue;
@@ -269,7 +275,7 @@ static int do_pushpull(psc_client *c)
     for (uint32_t j = 0; j < c->nlinks && !small && !first; j++) {
         uint32_t i = (start + j) % c->nlinks;
         psc_link *ln = &c->links[i];
-        if (pj.on[i])
+        if (pj.on[i] || !psc__sends_to(c, i))
             continue;
         int rc = psc__pull_part(c, ln, c->params + ln->lo, 0, ln->hi - ln->lo, c->bsp ? ln->version + 1 : 0);
         if (rc != 0) {
@@ -308,7 +314,7 @@ static int do_push(psc_client *c, uint64_t off, uint64_t len)
     for (uint32_t i = 0; i < c->nlinks && !first; i++) {
         psc_link *ln = &c->links[i];
         uint64_t a, b;
-        if (!part_range(ln, off, len, &a, &b))
+        if (!part_range(ln, off, len, &a, &b) || !psc__sends_to(c, i))
             continue;
         int rc = psc__chunks_out(c, ln, PS_MSG_PUSH, c->grads + a, a - ln->lo, (size_t)(b - a), psc__push_base(c, ln), &sent[i]);
         if (rc != 0)
@@ -451,22 +457,80 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
     return rc;
 }
 
+/* The most push messages a step may send one link: its part in chunks,
+ * or in pieces. */
+static uint64_t step_most(const psc_client *c)
+{
+    uint64_t most = 1;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        const psc_link *ln = &c->links[i];
+        uint64_t unit = ln->piece && ln->piece < c->chunk ? ln->piece : c->chunk;
+        uint64_t k = (ln->hi - ln->lo + unit - 1) / unit;
+        most = k > most ? k : most;
+    }
+    return most;
+}
+
+/* After a reconnect: the step's pushes go again to the links opened anew,
+ * with their push ids, so a psd that applied one already answers it
+ * without applying it again (PROTOCOL.md 15), and one that never had it
+ * (the reply lost with it, or another replica) applies it. Its base and a
+ * BSP pull's min are the step's, or the version the new connection found
+ * when that is lower (a replica behind the psd that was lost). */
+static int resend(psc_client *c, enum op op, uint64_t off, uint64_t len)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        psc_link *ln = &c->links[i];
+        if (!ln->reopened)
+            continue;
+        n++;
+        if (ln->step_ver < ln->version)
+            ln->version = ln->step_ver;
+    }
+    if (n == 0)
+        return 0;
+    if (c->has_base && c->base > c->links[0].version)
+        c->base = c->links[0].version; /* psc_set_base's, never ahead of the psd now reached */
+    c->resending = 1;
+    int rc = op == OP_PUSHPULL ? do_pushpull(c) : do_push(c, off, len);
+    c->resending = 0;
+    if (rc == 0) {
+        c->resent++;
+        PS_LOG(PS_LOG_INFO, "the step's pushes went again to %u psd after the reconnect, with their ids: each "
+                            "is applied once", n);
+    }
+    return rc;
+}
+
+/* Reconnects this many times at most within one step (each reconnect
+ * itself tries for up to reconnect_s) */
+#define STEP_RECONNECTS 8
+
 static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     c->step_in = 0;
+    if (op != OP_PULL)
+        psc__pids_begin(c, step_most(c));
     int rc = op == OP_PUSHPULL ? do_pushpull(c) : op == OP_PUSH ? do_push(c, off, len) : do_pull(c, off, len);
+    for (int k = 0; rc != 0 && k < STEP_RECONNECTS && c->auto_reconnect && psc__recoverable(c, rc); k++) {
+        rc = psc__reconnect(c, rc);
+        if (rc != 0) {
+            if (op != OP_PULL)
+                c->has_base = 0;
+            return rc;
+        }
+        if (op == OP_PULL)
+            rc = do_pull(c, off, len); /* the open pulled the parts it reconnected; this is the rest */
+        else if (!c->step_in)
+            rc = resend(c, op, off, len);
+    }
     if (op != OP_PULL)
         c->has_base = 0;
     if (rc == 0)
         return 0;
-    if (c->auto_reconnect && psc__recoverable(c, rc)) {
-        rc = psc__reconnect(c);
-        if (rc == 0 && op != OP_PULL && !c->step_in)
-            c->lost++;
-        if (rc == 0 && op == OP_PULL)
-            rc = do_pull(c, off, len); /* the open pulled the parts it reconnected; this is the rest */
-        return rc;
-    }
+    if (op != OP_PULL && !c->step_in && psc__recoverable(c, rc))
+        c->lost++;
     return psc__public_code(c, rc);
 }
 

@@ -108,7 +108,7 @@ int psc_table(psc_client *c, const char *name, uint32_t dim, const char *init, d
         return psc__fail(c, PSC_EINVAL, "psc_table: %s", err);
     psc__waiting_clear(c);
     rc = tab_declare(c, &t);
-    if (rc != 0 && c->auto_reconnect && psc__recoverable(c, rc) && (rc = psc__reconnect(c)) == 0 &&
+    if (rc != 0 && c->auto_reconnect && psc__recoverable(c, rc) && (rc = psc__reconnect(c, rc)) == 0 &&
         (rc = tab_redeclare(c)) == 0)
         rc = tab_declare(c, &t);
     if (rc != 0)
@@ -270,6 +270,8 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                 m.base = psc__push_base(c, &c->links[p]);
                 m.data = g->sr + from * dim;
                 m.ndata = k * dim;
+                m.has2 = PS_F2_PID;
+                m.pid = psc__pid(&c->links[p], done[p] / chunk);
                 if (pk) {
                     m.has |= PS_F_PKEYS;
                     m.pkeys = (ps_keys){(const uint8_t *)(pg->sk + pfrom), (uint32_t)pk};
@@ -332,7 +334,9 @@ static int tab_retry(psc_client *c, int rc)
      * connection: LIMIT here is not the connection limit a reconnect waits out */
     int limit = rc == PS_EREMOTE && c->links[c->err_link].cl.remote_code == -PS_ELIMIT;
     if (c->auto_reconnect && !limit && psc__recoverable(c, rc)) {
-        int r2 = psc__reconnect(c);
+        int r2 = psc__reconnect(c, rc);
+        if (r2 == 0 && c->has_base && c->base > c->links[0].version)
+            c->base = c->links[0].version; /* never ahead of the psd now reached (a replica behind) */
         return r2 ? r2 : tab_redeclare(c);
     }
     if (rc == PS_EREMOTE && c->links[c->err_link].cl.remote_code == -PS_ERANGE &&
@@ -444,10 +448,12 @@ static int tab_run(psc_client *c, const struct psc_tab *t, int op)
 {
     psc__waiting_clear(c);
     size_t done[PS_PARTS_MAX] = {0}, pdone[PS_PARTS_MAX] = {0};
+    if (op != TAB_PULL) /* a push message per tab_chunk keys of a part */
+        psc__pids_begin(c, c->tks[0].tfrom[c->nlinks] / tab_chunk(t->def.dim) + 1);
     int rc = tab_exchange(c, t, op, done, pdone);
     if (rc != 0 && (rc = tab_retry(c, rc)) == 0)
-        rc = tab_exchange(c, t, op, done, pdone); /* the parts that did not answer: after a reconnect, psd never
-                                                     had their push */
+        rc = tab_exchange(c, t, op, done, pdone); /* the parts that did not answer, their messages again with
+                                                     their push ids: psd applies each once (PROTOCOL.md 15) */
     return rc ? psc__public_code(c, rc) : 0;
 }
 

@@ -420,6 +420,9 @@ static int decode_reply(ps_conn *c, size_t len, ps_msg *out, int widen)
     }
     if (out->type == PS_MSG_ERROR) {
         c->remote_code = out->code;
+        c->remote_leader[0] = '\0';
+        if (out->has2 & PS_F2_LEADER) /* 1..PS_ADDR_MAX bytes without NUL (the decoder checked) */
+            snprintf(c->remote_leader, sizeof c->remote_leader, "%.*s", (int)out->leader.len, out->leader.p);
         /* codes travel positive; ps_errname takes either sign, so no negation
          * (a peer's INT32_MIN must not overflow) */
         if (out->text_len)

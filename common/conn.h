@@ -32,6 +32,8 @@ typedef struct ps_conn {
     ps_buf wbuf;              /* encode scratch */
     ps_layout scratch_layout; /* for replies that carry a layout */
     int32_t remote_code;      /* code of the last ERROR reply (positive) */
+    char remote_leader[PS_ADDR_MAX + 1]; /* its "leader" (NOT_LEADER: the psd
+                               * to go to); "" when it had none */
     uint32_t wire_dt;         /* ps_dtype of pushed gradients and pulled
                                * parameters (PUSH, PUSHPULL, PULL): PS_DT_F32
                                * unless set after a WELCOME that offered another */

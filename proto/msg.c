@@ -130,8 +130,8 @@ void ps_msg_init(ps_msg *m, uint32_t type)
 
 /* ---- the fields ------------------------------------------------------------ */
 
-#define F(key, bit, kind, member) {key, bit, kind, offsetof(ps_msg, member), sizeof(((ps_msg *)0)->member), NULL}
-#define FS(key, bit, kind) {key, bit, kind, 0, 0, NULL}
+#define F(key, bit, kind, member) {key, bit, kind, offsetof(ps_msg, member), sizeof(((ps_msg *)0)->member), NULL, 0}
+#define FS(key, bit, kind) {key, bit, kind, 0, 0, NULL, 0}
 
 
 const field ps_msg_fields[] = {
@@ -142,7 +142,7 @@ const field ps_msg_fields[] = {
     FS("layout", PS_F_LAYOUT, FK_LAYOUT),
     F("fp", PS_F_FP, FK_U64, fp),
     {"mode", PS_F_MODE, FK_NAME, offsetof(ps_msg, mode), sizeof(((ps_msg *)0)->mode),
-     "mode must be a short string without NUL bytes"},
+     "mode must be a short string without NUL bytes", 0},
     F("ver", PS_F_MVER, FK_U64, mver),
     F("params", PS_F_PARAMS, FK_U64, params),
     F("workers", PS_F_WORKERS, FK_U32, workers),
@@ -179,7 +179,7 @@ const field ps_msg_fields[] = {
     F("samples", PS_F_SAMPLES, FK_U64, samples),
     F("rate", PS_F_RATE, FK_F64, rate),
     {"cmd", PS_F_CMD, FK_NAME, offsetof(ps_msg, cmd), sizeof(((ps_msg *)0)->cmd),
-     "cmd must be a string of 1..31 bytes without NUL bytes"},
+     "cmd must be a string of 1..31 bytes without NUL bytes", 0},
     FS("args", PS_F_ARGS, FK_ARGS),
     F("nonce", PS_F_NONCE, FK_BIN, nonce),
     F("cnonce", PS_F_CNONCE, FK_BIN, cnonce),
@@ -187,14 +187,14 @@ const field ps_msg_fields[] = {
     F("sproof", PS_F_SPROOF, FK_BIN, sproof),
     FS("body", PS_F_BODY, FK_BODY),
     {"tab", PS_F_TAB, FK_NAME, offsetof(ps_msg, tab), sizeof(((ps_msg *)0)->tab),
-     "tab must be a table name of 1..63 bytes without NUL bytes"},
+     "tab must be a table name of 1..63 bytes without NUL bytes", 0},
     F("dim", PS_F_DIM, FK_U32, dim),
     {"rinit", PS_F_RINIT, FK_NAME, offsetof(ps_msg, rinit), sizeof(((ps_msg *)0)->rinit),
-     "rinit must be \"zeros\", \"uniform\" or \"normal\""},
+     "rinit must be \"zeros\", \"uniform\" or \"normal\"", 0},
     F("scale", PS_F_SCALE, FK_F64, scale),
     F("seed", PS_F_SEED, FK_U64, seed),
     {"opt", PS_F_OPT, FK_NAME, offsetof(ps_msg, opt), sizeof(((ps_msg *)0)->opt),
-     "opt must be \"sgd\", \"adagrad\", \"adam\" or \"ftrl\""},
+     "opt must be \"sgd\", \"adagrad\", \"adam\" or \"ftrl\"", 0},
     F("hp", PS_F_HP, FK_HP, hp),
     F("keys", PS_F_KEYS, FK_KEYS, keys),
     F("pkeys", PS_F_PKEYS, FK_KEYS, pkeys),
@@ -203,15 +203,21 @@ const field ps_msg_fields[] = {
     F("tinshm", PS_F_TINSHM, FK_BOOL, tinshm),
     F("seg", PS_F_SEG, FK_SEG, seg),
     FS("data", PS_F_DATA, FK_DATA),
+    /* the second word (has2) */
+    {"cid", PS_F2_CID, FK_U64, offsetof(ps_msg, cid), sizeof(uint64_t), NULL, 1},
+    {"pid", PS_F2_PID, FK_U64, offsetof(ps_msg, pid), sizeof(uint64_t), NULL, 1},
+    {"leader", PS_F2_LEADER, FK_ADDR, offsetof(ps_msg, leader), sizeof(ps_str), NULL, 1},
+    {"replicas", PS_F2_REPLICAS, FK_ADDRS, 0, 0, NULL, 1},
 };
-_Static_assert(sizeof ps_msg_fields / sizeof ps_msg_fields[0] == PS_F_COUNT, "a row for every PS_F_* bit");
+_Static_assert(sizeof ps_msg_fields / sizeof ps_msg_fields[0] == PS_F_COUNT + PS_F2_COUNT,
+               "a row for every PS_F_* and PS_F2_* bit");
 _Static_assert(PS_CMD_MAX == 31, "cmd's error text says 1..31 bytes");
 
 
 const char *ps_msg_field_name(uint64_t bit)
 {
     for (size_t i = 0; i < NFIELDS; i++)
-        if (ps_msg_fields[i].bit == bit)
+        if (ps_msg_fields[i].bit == bit && !ps_msg_fields[i].word)
             return ps_msg_fields[i].key;
     return "?";
 }

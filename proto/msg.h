@@ -136,6 +136,17 @@ enum {
                                   * (tpull, tpush, tpushpull) */
 #define PS_F_COUNT 63            /* fields in all: bits 0..PS_F_COUNT-1 */
 
+/* Presence bits of the second word (ps_msg.has2): replicas and pushes
+ * applied once (PROTOCOL.md 15). */
+#define PS_F2_CID (1ull << 0)      /* "cid": the client's identity, not 0 (hello) */
+#define PS_F2_PID (1ull << 1)      /* "pid": the push's number, not 0 (push, pushpull,
+                                    * tpush, tpushpull) */
+#define PS_F2_LEADER (1ull << 2)   /* "leader": "HOST:PORT" of the leader (error
+                                    * NOT_LEADER) */
+#define PS_F2_REPLICAS (1ull << 3) /* "replicas": the part's "HOST:PORT"s, leader first
+                                    * (welcome) */
+#define PS_F2_COUNT 4
+
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
 typedef enum ps_dtype {
@@ -171,6 +182,9 @@ const char *ps_dtype_name(uint32_t dt);
 #define PS_CMD_MAX 31        /* bytes in an admin command name */
 #define PS_ARGS_MAX 16       /* arguments of one admin command */
 #define PS_ARG_MAX 1024      /* bytes in one argument */
+
+#define PS_REPLICAS_MAX 8    /* addresses in "replicas" (a part's leader and followers) */
+#define PS_ADDR_MAX 255      /* bytes in one "HOST:PORT" ("leader", "replicas") */
 
 /* A BSP job's plan (PROTOCOL.md 8, "The plan"): `epochs` passes over
  * `samples` training samples, `batch` of them (the global batch) per
@@ -227,6 +241,7 @@ typedef struct ps_str {
 typedef struct ps_msg {
     uint32_t type;          /* ps_msg_type */
     uint64_t has;           /* PS_F_* bits of the fields present */
+    uint64_t has2;          /* PS_F2_* bits of the fields present */
     uint64_t id;            /* request id, echoed in the reply */
     uint32_t proto;         /* "v": protocol version */
     uint32_t role;          /* "role": ps_role */
@@ -300,6 +315,12 @@ typedef struct ps_msg {
     ps_keys keys;           /* "keys" */
     ps_keys pkeys;          /* "pkeys" */
     uint32_t part, nparts;  /* "part": [i, n], 0 <= i < n <= PS_PARTS_MAX (table) */
+    uint64_t cid;           /* "cid": the client's identity (hello), not 0 */
+    uint64_t pid;           /* "pid": the push's number (push, pushpull, tpush,
+                             * tpushpull), not 0 */
+    ps_str leader;          /* "leader": "HOST:PORT", 1..PS_ADDR_MAX bytes */
+    ps_str replicas[PS_REPLICAS_MAX]; /* "replicas": nreplicas "HOST:PORT"s */
+    uint32_t nreplicas;
 } ps_msg;
 
 /* 1 for the table messages (TABLE, TPULL, TPUSH, TPUSHPULL, ROWS). */

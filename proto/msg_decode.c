@@ -339,6 +339,29 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         m->slice = (ps_slice){.epoch = v[0], .lo = v[1], .hi = v[2], .rank = (uint32_t)v[3], .count = (uint32_t)v[4]};
         return 0;
     }
+    case FK_ADDR:
+        if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > PS_ADDR_MAX ||
+            memchr(o->via.str.ptr, '\0', o->via.str.size))
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s must be a \"HOST:PORT\" string of 1..%d bytes", tname,
+                           f->key, PS_ADDR_MAX);
+        AT(m, f, ps_str)->p = o->via.str.ptr;
+        AT(m, f, ps_str)->len = o->via.str.size;
+        return 0;
+    case FK_ADDRS:
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 || o->via.array.size > PS_REPLICAS_MAX)
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s must be an array of 1..%d addresses", tname, f->key,
+                           PS_REPLICAS_MAX);
+        for (uint32_t j = 0; j < o->via.array.size; j++) {
+            const msgpack_object *a = &o->via.array.ptr[j];
+            if (a->type != MSGPACK_OBJECT_STR || a->via.str.size == 0 || a->via.str.size > PS_ADDR_MAX ||
+                memchr(a->via.str.ptr, '\0', a->via.str.size))
+                return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s[%u] must be a \"HOST:PORT\" string of 1..%d bytes",
+                               tname, f->key, j, PS_ADDR_MAX);
+            m->replicas[j].p = a->via.str.ptr;
+            m->replicas[j].len = a->via.str.size;
+        }
+        m->nreplicas = o->via.array.size;
+        return 0;
     case FK_ARGS:
         if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > PS_ARGS_MAX)
             return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: args must be an array of at most %d strings", tname,
@@ -497,9 +520,12 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         if (rc != 0)
             return rc;
         bit_ = f->bit;
-        if (m->has & bit_)
-            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' appears twice", tname, ps_msg_field_name(bit_));
-        m->has |= bit_;
+        if (HAS_FIELD(m, f))
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: field '%s' appears twice", tname, f->key);
+        if (f->word)
+            m->has2 |= bit_;
+        else
+            m->has |= bit_;
     }
 
     if (bin) {
@@ -540,6 +566,9 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
                     ps_dtype_name(m->dt));
     }
 
+    if (((m->has2 & PS_F2_CID) && m->cid == 0) || ((m->has2 & PS_F2_PID) && m->pid == 0))
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: '%s' must not be 0", tname,
+                       (m->has2 & PS_F2_CID) && m->cid == 0 ? "cid" : "pid");
     uint64_t need = required_fields(m->type);
     if ((m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_PARAMS || m->type == PS_MSG_ROWS) && m->inshm) {
         /* the tensor is in the shared segment: "len" says how long */

@@ -95,12 +95,13 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
     msgpack_packer_init(&pk, out, ps_buf_write);
 
     /* "t" always; "pad" goes with "data" */
-    unsigned nfields = 1 + popcount64(has) + ((has & PS_F_DATA) ? 1 : 0);
+    uint64_t has2 = m->has2 & ((1ull << PS_F2_COUNT) - 1);
+    unsigned nfields = 1 + popcount64(has) + popcount64(has2) + ((has & PS_F_DATA) ? 1 : 0);
     msgpack_pack_map(&pk, nfields);
     ps_pack_ku64(&pk, "t", m->type);
     for (size_t i = 0; i < NFIELDS; i++) {
         const field *f = &ps_msg_fields[i];
-        if (!(has & f->bit) || f->kind == FK_DATA)
+        if (!((f->word ? has2 : has) & f->bit) || f->kind == FK_DATA)
             continue; /* data goes last, below */
         switch (f->kind) {
         case FK_U64:
@@ -196,6 +197,21 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             msgpack_pack_uint64(&pk, m->slice.hi);
             msgpack_pack_uint32(&pk, m->slice.rank);
             msgpack_pack_uint32(&pk, m->slice.count);
+            break;
+        case FK_ADDR: {
+            const ps_str *a = AT_C(m, f, ps_str);
+            pack_strn(&pk, f->key, a->p ? a->p : "", a->p ? a->len : 0);
+            break;
+        }
+        case FK_ADDRS:
+            if (m->nreplicas > PS_REPLICAS_MAX)
+                return PS_ETOO_BIG;
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, m->nreplicas);
+            for (uint32_t j = 0; j < m->nreplicas; j++) {
+                msgpack_pack_str(&pk, m->replicas[j].len);
+                msgpack_pack_str_body(&pk, m->replicas[j].p, m->replicas[j].len);
+            }
             break;
         case FK_ARGS:
             if (m->nargs > PS_ARGS_MAX)

@@ -37,6 +37,8 @@ enum field_kind {
     FK_KEYS,   /* ps_keys, a bin of 1..PS_TABLE_KEYS_MAX little-endian uint64 */
     FK_HP,     /* ps_hp, a map of hyper-parameter names to finite numbers */
     FK_DATA,   /* data or data16 and ndata, a bin after "pad" */
+    FK_ADDR,   /* ps_str, a string of 1..PS_ADDR_MAX bytes */
+    FK_ADDRS,  /* replicas and nreplicas, an array of 1..PS_REPLICAS_MAX FK_ADDR strings */
 };
 
 typedef struct field {
@@ -46,10 +48,14 @@ typedef struct field {
     size_t off;        /* offsetof(ps_msg, ...) of the value, for the plain kinds */
     size_t size;       /* FK_NAME, FK_BIN: bytes of the array */
     const char *bad;   /* FK_NAME: what the error says it must be */
+    int word;          /* bit is in has (0) or has2 (1) */
 } field;
 
 extern const field ps_msg_fields[];
-#define NFIELDS ((size_t)PS_F_COUNT)
+#define NFIELDS ((size_t)PS_F_COUNT + PS_F2_COUNT)
+
+/* m has field f. */
+#define HAS_FIELD(m, f) ((((f)->word ? (m)->has2 : (m)->has) & (f)->bit) != 0)
 
 #define AT(m, f, type) ((type *)(void *)((char *)(m) + (f)->off))
 #define AT_C(m, f, type) ((const type *)(const void *)((const char *)(m) + (f)->off))

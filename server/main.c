@@ -623,6 +623,7 @@ int main(int argc, char **argv)
     srv_replog_free(s);
     srv_dash_free(s);
     srv_codec_free(s);
+    srv_pushid_free(s);
     for (uint32_t i = 0; i < s->nworkers_cap; i++) {
         free(s->workers[i]);
     }

@@ -108,7 +108,10 @@ PSC_API psc_client *psc_new(void);
 /* Sets one option (both strings are copied). Keys and values:
  *   server       "host:port", or "host:port,host:port,...": a model split
  *                over that many psd, part i on the i-th (every worker lists
- *                them in the same order)
+ *                them in the same order); a part as "host:port/host:port/...":
+ *                its replicas, the client going on with the next when one is
+ *                lost or follows a leader, its unanswered pushes sent again
+ *                and applied once (docs/client.md, "Replicas")
  *   shard        "K/M" (0 <= K < M), or "auto": K and M from the launcher's
  *                environment: OMPI_COMM_WORLD_RANK/_SIZE (mpirun),
  *                SLURM_PROCID/SLURM_NTASKS (srun), RANK/WORLD_SIZE

@@ -25,8 +25,9 @@ class Client(TableCalls, PlanCalls):
     "F64", "I64", "I32") is how `psctl save` writes it (docs/client.md).
     Keyword options are libpsclient's, every one of its table
     (psd.options(), docs/client.md): server ("host:port" or
-    "host:port,host:port"), shard ("K/M" or "auto": mpirun, srun, torchrun
-    and Kubernetes environments), token_file, timeout_ms, wire
+    "host:port,host:port"; a part's replicas "host:port/host:port"),
+    shard ("K/M" or "auto": mpirun, srun, torchrun and Kubernetes
+    environments), token_file, timeout_ms, wire
     ("f32"/"bf16"), shm (bool), compress ("auto" or a bool), chunk,
     pull_window, interrupt (bool, default True here: Ctrl-C or SIGTERM
     while a call waits for psd ends it with KeyboardInterrupt and the client

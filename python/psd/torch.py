@@ -66,8 +66,9 @@ psd hands out until the plan is done:
         ps.step()
 
 ASGD, BSP and SSP, one psd or a model split over several
-(server="host:port,host:port"), the wire type and every other option are
-those of psd.Client (docs/client.md).
+(server="host:port,host:port"; a part's replicas "host:port/host:port"),
+the wire type and every other option are those of psd.Client
+(docs/client.md).
 
 Embedding tables (proto/PROTOCOL.md section 13): psd.torch.Embedding and
 psd.torch.EmbeddingBag take nn.Embedding's and nn.EmbeddingBag's arguments

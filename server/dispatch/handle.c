@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "server/dispatch/admin.h"
 #include "common/log.h"
@@ -279,6 +280,32 @@ static int push_from_shm(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     return 0;
 }
 
+/* FOR TESTS ONLY: with PSD_TEST_CUT_PUSH=N in psd's environment, every
+ * N-th push carrying a push id is applied and its connection then cut
+ * (shut down both ways) instead of answered: the reply a resend must make
+ * up for is lost (tests/client/test_replicas.py). 1 when it cut. */
+static int cut_reply(srv_conn *c)
+{
+    static long every = -1;
+    static unsigned long n;
+    if (every < 0) {
+        const char *e = getenv("PSD_TEST_CUT_PUSH");
+        every = e ? strtol(e, NULL, 10) : 0;
+        if (every > 0)
+            PS_LOG(PS_LOG_WARN, "PSD_TEST_CUT_PUSH=%ld: every %ld-th push with an id loses its reply (a test's "
+                                "fault; never in production)", every, every);
+    }
+    if (every <= 0 || ++n % (unsigned long)every != 0)
+        return 0;
+    uv_os_fd_t fd;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
+        return 0;
+    PS_LOG(PS_LOG_WARN, "conn %llu (%s): PSD_TEST_CUT_PUSH: push applied, connection cut instead of answered",
+           (unsigned long long)c->cid, c->addr);
+    shutdown(fd, SHUT_RDWR);
+    return 1;
+}
+
 static int handle_push(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
@@ -295,6 +322,18 @@ static int handle_push(srv_conn *c, ps_msg *m)
     /* a pushpull's reply type is checked before its push is applied */
     if (m->type == PS_MSG_PUSHPULL)
         rc = srv_pull_check_rdt(s, m->rdt, err, sizeof err);
+    uint64_t pid = (m->has2 & PS_F2_PID) ? m->pid : 0;
+    if (rc == 0 && srv_pushid_done(s, c->client_id, pid)) {
+        /* sent again after a lost connection: applied already, answered
+         * as then (PROTOCOL.md 15) */
+        PS_LOG(PS_LOG_INFO, "conn %llu (%s): push %llu applied already: answered, not applied again",
+               (unsigned long long)c->cid, c->addr, (unsigned long long)pid);
+        if (m->type == PS_MSG_PUSHPULL)
+            pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
+        else
+            srv_send_ok(c, m->id);
+        return 0;
+    }
     float gmax = -1;
     if (rc == 0)
         rc = check_data(c, m, &gmax, err, sizeof err);
@@ -321,6 +360,10 @@ static int handle_push(srv_conn *c, ps_msg *m)
         p.own_cap = &c->wide_cap;
     }
     rc = s->policy->push(s, c->worker, &p, err, sizeof err);
+    /* recorded once it counts: with rounds (bsp) a push of several chunks
+     * counts at its last (a worker lost before it has its chunks dropped) */
+    if ((rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds))
+        srv_pushid_mark(s, c->client_id, pid);
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_finished() replies; the gradient
          * lives in c's receive buffer, so c reads nothing meanwhile */
@@ -350,6 +393,8 @@ static int handle_push(srv_conn *c, ps_msg *m)
         c->worker->pushes++;
         SRV_COUNT(s, pushes, 1);
     }
+    if (pid && c->client_id && cut_reply(c))
+        return 0;
     if (m->type == PS_MSG_PUSHPULL)
         pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
     else

@@ -16,6 +16,7 @@
 #include "server/answer/reply.h"
 #include "server/store/scratch.h"
 #include "server/record/stats.h"
+#include "server/session/pushid.h"
 #include "server/update/update.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)
@@ -254,8 +255,12 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
      * the gradients first would only repeat that check */
     srv_tables_configure(&s->tables, &s->cfg);
     int defer = s->policy->tpush_checks && s->policy->tpush_checks(s);
-    int rc = check_push(c, m, ti, defer, err, sizeof err);
-    if (rc == 0) {
+    uint64_t pid = (m->has2 & PS_F2_PID) ? m->pid : 0;
+    /* sent again after a lost connection: applied already, answered as
+     * then (PROTOCOL.md 15) */
+    int done = srv_pushid_done(s, c->client_id, pid);
+    int rc = done ? 0 : check_push(c, m, ti, defer, err, sizeof err);
+    if (rc == 0 && !done) {
         /* the policy applies it, keeps it for its round, or hands its rows
          * to the apply threads (SRV_PENDING): the reply (and a TPUSHPULL's
          * pull) then comes when they are done (srv_tpush_finished), the
@@ -267,6 +272,11 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
                                 .rat = rat},
                         .pkeys = pull ? m->pkeys.p : NULL, .npk = pull ? m->pkeys.n : 0};
         rc = s->policy->tpush(s, c->worker, &tp, err, sizeof err);
+        /* with rounds (bsp) a table push goes with its worker's step,
+         * dropped when the worker leaves before the step's last push: not
+         * recorded, so one sent again is applied again */
+        if ((rc == SRV_PENDING || rc == 0) && !s->policy->rounds)
+            srv_pushid_mark(s, c->client_id, pid);
         if (rc == SRV_PENDING) {
             c->tapply_busy = 1;
             return;

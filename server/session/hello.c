@@ -520,6 +520,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
         srv_answer_parked(s);
     w->shm = c->shm != NULL;
     w->tshm = c->tseg != NULL;
+    c->client_id = (m->has2 & PS_F2_CID) ? m->cid : 0; /* its pushes' ids are recorded (pushid.c) */
     c->role = m->role;
     return 0;
 }

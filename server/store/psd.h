@@ -216,6 +216,9 @@ struct srv_conn {
     int admin_readonly;      /* admin that proved the workers' token (no
                               * admin_token_file): status and metrics only */
     srv_worker *worker;      /* set for a worker after hello */
+    uint64_t client_id;      /* its hello's "cid" (0: none): its pushes' "pid"s are
+                              * recorded and a resent one answered, not applied
+                              * (session/pushid.c) */
     uint8_t *rbuf;           /* read buffer: frames accumulate here */
     size_t rpos, rlen, rcap; /* unprocessed bytes are rbuf[rpos..rlen) */
     size_t want_end;         /* a big frame is incomplete: it ends at rbuf[want_end]
@@ -359,6 +362,21 @@ typedef struct srv_follow {
     srv_follow_thread *t;     /* the thread; NULL once stopped */
     srv_follow_thread *retired; /* a stopped one, freed at exit */
 } srv_follow;
+/* Pushes applied once (session/pushid.c's, PROTOCOL.md 15): for each client
+ * that named itself in its hello, the highest push id applied; at most
+ * SRV_PUSHIDS_MAX clients, the one that pushed longest ago forgotten for a
+ * new one. */
+#define SRV_PUSHIDS_MAX 16384u
+typedef struct srv_pushid_ent {
+    uint64_t cid;            /* the client's identity; 0: an empty slot */
+    uint64_t pid;            /* the highest push id of it applied */
+    uint64_t used;           /* srv_pushids.clock at its last mark */
+} srv_pushid_ent;
+typedef struct srv_pushids {
+    srv_pushid_ent *slot;    /* open addressing, cap slots (a power of 2), at most half full */
+    uint32_t n, cap;
+    uint64_t clock;          /* marks so far: orders the entries by age */
+} srv_pushids;
 
 /* The reply a push owes while its update runs off the loop (handle.c owns
  * it): sent by srv_push_finished() once the update is installed. */
@@ -456,6 +474,7 @@ struct psd {
                               * (update/tapply.c); NULL: ordered */
     srv_push_wait push_wait; /* the reply a push owes while its update runs off
                               * the loop (handle.c) */
+    srv_pushids pushids;     /* the push ids applied per client (session/pushid.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
     ps_buf enc;              /* encode scratch for replies */
     ps_layout scratch_layout; /* where a hello's layout is decoded */

@@ -851,6 +851,22 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_memory_equal(a->proof, b->proof, PS_AUTH_MAC_LEN);
     if (h & PS_F_SPROOF)
         assert_memory_equal(a->sproof, b->sproof, PS_AUTH_MAC_LEN);
+    assert_int_equal(a->has2, b->has2);
+    if (a->has2 & PS_F2_CID)
+        assert_true(a->cid == b->cid);
+    if (a->has2 & PS_F2_PID)
+        assert_true(a->pid == b->pid);
+    if (a->has2 & PS_F2_LEADER) {
+        assert_int_equal(a->leader.len, b->leader.len);
+        assert_memory_equal(a->leader.p, b->leader.p, a->leader.len);
+    }
+    if (a->has2 & PS_F2_REPLICAS) {
+        assert_int_equal(a->nreplicas, b->nreplicas);
+        for (uint32_t i = 0; i < a->nreplicas; i++) {
+            assert_int_equal(a->replicas[i].len, b->replicas[i].len);
+            assert_memory_equal(a->replicas[i].p, b->replicas[i].p, a->replicas[i].len);
+        }
+    }
     if (h & PS_F_ARGS) {
         assert_int_equal(a->nargs, b->nargs);
         for (uint32_t i = 0; i < a->nargs; i++) {
@@ -1125,6 +1141,73 @@ static void test_round_trip_all_fields(void **state)
     /* and the status body next to it all */
     m.type = PS_MSG_STATUS_REPLY;
     round_trip(&m);
+}
+
+/* The fields of the second presence word (issue 43: replicas, pushes
+ * applied once) round-trip next to the first word's, and a decoder checks
+ * them: cid and pid not 0, addresses 1..PS_ADDR_MAX bytes, 1..PS_REPLICAS_MAX
+ * of them. */
+static void test_round_trip_second_word(void **state)
+{
+    (void)state;
+    ps_layout l;
+    small_layout(&l);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_HELLO);
+    hello_with(&m, &l);
+    m.has2 = PS_F2_CID;
+    m.cid = UINT64_MAX - 5;
+    round_trip(&m);
+    ps_msg_init(&m, PS_MSG_PUSHPULL);
+    m.has = PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN;
+    m.data = tensor, m.ndata = 7, m.plen = 7;
+    m.has2 = PS_F2_PID;
+    m.pid = 1;
+    round_trip(&m);
+    ps_msg_init(&m, PS_MSG_ERROR);
+    m.has = PS_F_CODE | PS_F_TEXT;
+    m.code = -PS_ENOT_LEADER, m.text = "follows", m.text_len = 7;
+    m.has2 = PS_F2_LEADER;
+    m.leader = (ps_str){"10.0.0.1:7000", 13};
+    round_trip(&m);
+    ps_msg_init(&m, PS_MSG_WELCOME);
+    m.has = PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS;
+    snprintf(m.mode, sizeof m.mode, "asgd");
+    m.has2 = PS_F2_REPLICAS | PS_F2_CID | PS_F2_PID | PS_F2_LEADER;
+    m.cid = 3, m.pid = 4, m.leader = (ps_str){"a:1", 3};
+    m.nreplicas = PS_REPLICAS_MAX;
+    for (uint32_t i = 0; i < PS_REPLICAS_MAX; i++)
+        m.replicas[i] = (ps_str){"host-xyz:7001", 6 + i};
+    round_trip(&m);
+
+    /* refused: pid 0, cid 0, an empty address, too many replicas */
+    mpw *w = mpw_new();
+    ps_msg d;
+    mp_map(w, 5), mp_str(w, "t"), mp_uint(w, PS_MSG_PUSH), mp_str(w, "base"), mp_uint(w, 0);
+    mp_str(w, "off"), mp_uint(w, 0), mp_str(w, "pid"), mp_uint(w, 0), mp_str(w, "data"), mp_bin(w, tensor, 4, 0xc4);
+    assert_int_equal(dec_copy(w, &d), PS_EBAD_FIELD);
+    assert_non_null(strstr(err, "pid"));
+    free(w);
+    w = mpw_new();
+    mp_map(w, 4), mp_str(w, "t"), mp_uint(w, PS_MSG_HELLO), mp_str(w, "v"), mp_uint(w, 1);
+    mp_str(w, "role"), mp_str(w, "admin"), mp_str(w, "cid"), mp_uint(w, 0);
+    assert_int_equal(dec_copy(w, &d), PS_EBAD_FIELD);
+    assert_non_null(strstr(err, "cid"));
+    free(w);
+    w = mpw_new();
+    mp_map(w, 4), mp_str(w, "t"), mp_uint(w, PS_MSG_ERROR), mp_str(w, "code"), mp_uint(w, 25);
+    mp_str(w, "text"), mp_str(w, "x"), mp_str(w, "leader"), mp_str(w, "");
+    assert_int_equal(dec_copy(w, &d), PS_EBAD_FIELD);
+    free(w);
+    w = mpw_new();
+    mp_map(w, 6), mp_str(w, "t"), mp_uint(w, PS_MSG_WELCOME), mp_str(w, "v"), mp_uint(w, 1);
+    mp_str(w, "mode"), mp_str(w, "asgd"), mp_str(w, "ver"), mp_uint(w, 0), mp_str(w, "params"), mp_uint(w, 0);
+    mp_str(w, "replicas"), mp_array(w, PS_REPLICAS_MAX + 1);
+    for (uint32_t i = 0; i <= PS_REPLICAS_MAX; i++)
+        mp_str(w, "h:1");
+    assert_int_equal(dec_copy(w, &d), PS_EBAD_FIELD);
+    assert_non_null(strstr(err, "replicas"));
+    free(w);
 }
 
 /* Whatever precedes it, our encoder's "pad" puts the tensor at an offset of
@@ -3217,6 +3300,7 @@ int main(void)
         cmocka_unit_test(test_scan_error_buffer),
         cmocka_unit_test(test_round_trip_each_type),
         cmocka_unit_test(test_round_trip_all_fields),
+        cmocka_unit_test(test_round_trip_second_word),
         cmocka_unit_test(test_encode_alignment),
         cmocka_unit_test(test_encode_header_only),
         cmocka_unit_test(test_encode_errors),

@@ -1,0 +1,38 @@
+/* pushid.h - pushes applied once (pushid.c): for each client that names
+ * itself in its hello ("cid"), the highest push number ("pid") psd has
+ * applied, so that a push the client sends again after a lost connection
+ * is answered without being applied twice (PROTOCOL.md 15). */
+#ifndef SRV_SESSION_PUSHID_H
+#define SRV_SESSION_PUSHID_H
+
+#include "server/store/psd.h"
+
+/* 1: client cid's push pid was applied already (pid is not above the
+ * highest marked for cid); 0: it was not, or cid is 0 or not known. */
+int srv_pushid_done(const psd *s, uint64_t cid, uint64_t pid);
+
+/* Records that client cid's push pid was applied (after applying it; a
+ * lower pid than the one recorded changes nothing). A new client past
+ * SRV_PUSHIDS_MAX forgets the one that pushed longest ago. Out of memory,
+ * nothing is recorded (said in the log): a resent push would be applied
+ * again. Does nothing for cid or pid 0. */
+void srv_pushid_mark(psd *s, uint64_t cid, uint64_t pid);
+
+/* For the replication layer, to ship and restore the record: *it starts
+ * at 0; each call gives the next (cid, highest pid) in *cid, *pid and
+ * returns 1, or 0 when there are no more. The record must not change
+ * between the calls of one walk. */
+int srv_pushid_next(const psd *s, uint32_t *it, uint64_t *cid, uint64_t *pid);
+
+/* Sets client cid's highest applied pid to pid exactly (a leader's record
+ * restored on a follower; forgetting the oldest as srv_pushid_mark does).
+ * 0, or PS_ENOMEM, or PS_EINVAL for cid 0 or pid 0. */
+int srv_pushid_set(psd *s, uint64_t cid, uint64_t pid);
+
+/* The clients recorded (at most SRV_PUSHIDS_MAX). */
+uint32_t srv_pushid_count(const psd *s);
+
+/* Frees the record (psd's end). */
+void srv_pushid_free(psd *s);
+
+#endif
