@@ -310,7 +310,7 @@ static const ps_config_option options[] = {
              "answers a dropped row's initial values."},
     {.name = "replica_of", .type = PS_CT_STRING, .def = "", AT(replica_of),
      .help = "host:port of the leader psd of this part: this psd follows it, a replica "
-             "(PROTOCOL.md 14). It takes a snapshot of the leader's model and tables, then "
+             "(PROTOCOL.md 17). It takes a snapshot of the leader's model and tables, then "
              "applies every change the leader makes, in the leader's order; it answers "
              "pulls (a read replica) and refuses workers' pushes with NOT_LEADER until `psctl "
              "promote` makes it the leader. Give it the leader's settings (optimizer, "

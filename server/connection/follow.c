@@ -1,4 +1,4 @@
-/* follow.c - a follower's side of replication (PROTOCOL.md 14): a thread
+/* follow.c - a follower's side of replication (PROTOCOL.md 17): a thread
  * talks to the leader (common/conn.c, as psctl does: an admin hello with
  * the admin token, then `replicate`, `repl_chunk` and `repl_fetch`), and
  * hands the snapshot and the records it fetched to the loop, which applies
@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/replog/replog.h"
+#include "server/session/pushid.h"
 #include "server/report/checkpoint.h"
 
 #define FETCH_WAIT_MS 500
@@ -323,7 +324,7 @@ static void apply_item(psd *s, item *it)
     }
     if (it->pos != f->applied) /* a session before the snapshot that replaced it */
         return;
-    int rc = srv_replog_apply(s, it->b, it->len, err, sizeof err);
+    int rc = srv_replog_apply(s, it->b, it->len, srv_pushid_set, err, sizeof err);
     if (rc != 0) {
         follower_fail(s, err);
         return;

@@ -376,6 +376,10 @@ void srv_net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const cha
     m.code = -code;
     m.text = text;
     m.text_len = (uint32_t)strlen(text);
+    if (code == PS_ENOT_LEADER && s->follow) { /* where the leader is (PROTOCOL.md 15) */
+        m.has2 |= PS_F2_LEADER;
+        m.leader = (ps_str){s->follow->leader, (uint32_t)strlen(s->follow->leader)};
+    }
     srv_net_send(c, &m, NULL);
     if (fatal && !c->closing) {
         c->close_after_write = 1;

@@ -1,4 +1,4 @@
-/* repl.c - a leader's side of replication (PROTOCOL.md 14): the ADMIN
+/* repl.c - a leader's side of replication (PROTOCOL.md 17): the ADMIN
  * commands its followers send (`replicate`: a snapshot; `repl_chunk`: its
  * bytes; `repl_fetch`: the log's records from a position, which also tells
  * the leader what the follower holds) and `promote`, which a follower
@@ -20,6 +20,7 @@
 #include "server/policy/policy.h"
 #include "server/replog/replog.h"
 #include "server/report/checkpoint.h"
+#include "server/session/pushid.h"
 
 #define CHUNK_BYTES ((size_t)SRV_BLK_FLOATS * 4) /* a chunk or a fetch: one block's bytes at most */
 #define FETCH_WAIT_MAX_MS 1000
@@ -217,6 +218,11 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, rc, 0, "replicate: %s", err);
         return;
     }
+    /* checkpoints keep no push ids: the log gives them to the follower
+     * right after the snapshot's position */
+    uint64_t cid, pid;
+    for (uint32_t it = 0; srv_pushid_next(s, &it, &cid, &pid);)
+        srv_replog_pushid(s, cid, pid);
     PS_LOG(PS_LOG_INFO, "replication: follower %s (from %s) asks for a snapshot", addr, c->addr);
 }
 
@@ -275,8 +281,8 @@ static void answer_fetch(psd *s, srv_follower *f, int force)
 
 void srv_admin_repl_wake(psd *s)
 {
-    if (!s->replog)
-        return;
+    if (!s->replog || s->upd.running)
+        return; /* an update off the loop: its push id may be in the log before its values */
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
         if (s->replog->f[i].used && s->replog->f[i].wait_c)
             answer_fetch(s, &s->replog->f[i], 0);

@@ -1,5 +1,5 @@
 /* replog.c - the replication log: records of a leader's changes, in order,
- * for its followers (replog.h; the records' bytes are in PROTOCOL.md 14).
+ * for its followers (replog.h; the records' bytes are in PROTOCOL.md 17).
  * Owns psd.replog and the followers' slots; applies records on a follower. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -19,6 +19,7 @@ enum {
     REC_ROWS = 'T',   /* table, n, scale, keys, row gradients */
     REC_TABLE = 'N',  /* a table declared */
     REC_BOUNDS = 'B', /* the tables' bounds and memory cap */
+    REC_PUSHID = 'P', /* a client's push id applied: cid, pid */
 };
 #define STATE_MAX 4
 #define DENSE_PIECE ((uint64_t)1 << 18) /* values a dense record carries at most: 1 MiB of parameters */
@@ -238,6 +239,17 @@ void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const
     memcpy(p, g, (size_t)n * dim * 4);
     s->replog->table_records++;
     s->replog->table_bytes += 4 + len;
+}
+
+void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid)
+{
+    if (!s->replog)
+        return;
+    uint8_t *p = rec_begin(s, 1 + 16, REC_PUSHID);
+    if (p) {
+        put_u64(p, cid);
+        put_u64(p + 8, pid);
+    }
 }
 
 const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *len)
@@ -512,7 +524,8 @@ static int apply_rows(psd *s, const uint8_t *p, size_t len, char *err, size_t er
     return 0;
 }
 
-int srv_replog_apply(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
+int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
+                     int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen)
 {
     size_t at = 0;
     while (at + 4 <= len) {
@@ -530,6 +543,13 @@ int srv_replog_apply(psd *s, const uint8_t *p, size_t len, char *err, size_t err
         case REC_ROWS: rc = apply_rows(s, b, bl, err, errlen); break;
         case REC_TABLE: rc = apply_table(s, b, bl, err, errlen); break;
         case REC_BOUNDS: rc = apply_bounds(s, b, bl, err, errlen); break;
+        case REC_PUSHID:
+            if (bl != 16)
+                rc = ps_fail(err, errlen, PS_EMALFORMED, "a push id record of %zu bytes", bl);
+            else
+                rc = pushid && pushid(s, get_u64(b), get_u64(b + 8)) == PS_ENOMEM
+                         ? ps_fail(err, errlen, PS_ENOMEM, "no memory for a push id") : 0;
+            break;
         default: rc = ps_fail(err, errlen, PS_EMALFORMED, "a record of unknown kind %u", p[at + 4]); break;
         }
         if (rc != 0)

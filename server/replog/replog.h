@@ -1,6 +1,6 @@
 /* replog.h - the replication log (replog.c): every change a leader makes to
  * its model and tables, as records in the order it made them, for its
- * followers to fetch and apply (PROTOCOL.md 14, docs/DESIGN.md
+ * followers to fetch and apply (PROTOCOL.md 17, docs/DESIGN.md
  * "Replicas").
  *
  * What a record carries (docs/DESIGN.md says why):
@@ -80,6 +80,10 @@ void srv_replog_flush(psd *s);
  * (n x dim floats) and scale. A no-op while the log is off. */
 void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, double scale);
 
+/* A push id applied (session/pushid.c): client cid's push pid. A no-op
+ * while the log is off. */
+void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid);
+
 /* The bytes of positions [from, from + *len), at most max of them and
  * whole records only: a pointer into the log, valid until the next append.
  * NULL when from is not in the log (trimmed, or beyond its end). */
@@ -92,9 +96,11 @@ void srv_replog_trim(psd *s);
  * tables it holds. */
 void srv_replog_reset(psd *s);
 /* On a follower: applies the records in p[0..len) (whole records; zero
- * bytes after the last one are padding). Returns 0, or PS_EMALFORMED /
+ * bytes after the last one are padding); a push id goes to pushid (the
+ * session layer's srv_pushid_set; NULL: dropped). Returns 0, or PS_EMALFORMED /
  * PS_ELAYOUT / PS_ENOMEM with err: the follower must stop following. */
-int srv_replog_apply(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen);
+int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
+                     int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen);
 
 /* The followers (replog.c owns them): their slot by the admin connection's
  * advertised address, made when new; NULL when full. */

@@ -36,7 +36,7 @@
  * pause that many microseconds per MiB of table rows. */
 void srv_checkpoint_start(psd *s, int force);
 
-/* A snapshot for a follower (PROTOCOL.md 14): writes what a checkpoint holds,
+/* A snapshot for a follower (PROTOCOL.md 17): writes what a checkpoint holds,
  * in the checkpoint's format, into fd (a memory file psd made) from a
  * forked writer, and calls done on the loop when it has exited (rc 0 or
  * PS_EIO; version: the model version it holds). Returns 0 (started), or a

@@ -14,7 +14,7 @@
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 
-/* "replication" (PROTOCOL.md 14): this psd's role, its leader (a follower)
+/* "replication" (PROTOCOL.md 17): this psd's role, its leader (a follower)
  * or its followers (a leader with a log). */
 static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
 {

@@ -14,6 +14,7 @@
 #include "server/policy/join.h"
 #include "server/policy/policy.h"
 #include "proto/errors.h"
+#include "server/replog/replog.h"
 #include "server/store/psd.h"
 #include "server/answer/reply.h"
 #include "server/session/session.h"
@@ -542,6 +543,22 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     r.hb = s->cfg.heartbeat_timeout;
     if (s->policy->piece && (r.piece = s->policy->piece(s)) != 0)
         r.has |= PS_F_PIECE;
+    /* the part's replicas as workers reach them, this leader first (PROTOCOL.md 15) */
+    char self[sizeof s->cfg.advertise];
+    if (s->replog) {
+        if (s->cfg.advertise[0])
+            snprintf(self, sizeof self, "%s", s->cfg.advertise);
+        else
+            snprintf(self, sizeof self, "%s:%d", s->cfg.listen.host, s->port);
+        r.replicas[r.nreplicas++] = (ps_str){self, (uint32_t)strlen(self)};
+        for (int i = 0; i < SRV_FOLLOWERS_MAX && r.nreplicas < PS_REPLICAS_MAX; i++)
+            if (s->replog->f[i].used)
+                r.replicas[r.nreplicas++] = (ps_str){s->replog->f[i].addr, (uint32_t)strlen(s->replog->f[i].addr)};
+        if (r.nreplicas > 1)
+            r.has2 |= PS_F2_REPLICAS;
+        else
+            r.nreplicas = 0;
+    }
     if (s->cfg.local_steps > 0) { /* local SGD (PROTOCOL.md section 8) */
         r.has |= PS_F_LOCAL;
         r.local = (uint32_t)s->cfg.local_steps;

@@ -6,6 +6,7 @@
  * the client whose last push is the oldest (a scan, only when a new client
  * arrives at a full table). */
 #include "server/session/pushid.h"
+#include "server/replog/replog.h"
 
 #include <stdlib.h>
 
@@ -122,6 +123,8 @@ void srv_pushid_mark(psd *s, uint64_t cid, uint64_t pid)
     if (record(&s->pushids, cid, pid, 0) != 0)
         PS_LOG(PS_LOG_WARN, "push ids: out of memory recording client %016llx's push %llu: were it sent again it "
                             "would be applied again", (unsigned long long)cid, (unsigned long long)pid);
+    else
+        srv_replog_pushid(s, cid, pid); /* the followers know it too (PROTOCOL.md 17) */
 }
 
 int srv_pushid_set(psd *s, uint64_t cid, uint64_t pid)

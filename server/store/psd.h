@@ -483,7 +483,7 @@ struct psd {
      * stops the connections; the loop then ends). ADMIN shutdown calls it,
      * so that no file below main() calls up into it. */
     void (*shutdown)(psd *s, const char *why);
-    /* Replication (PROTOCOL.md 14): a leader's log and its followers
+    /* Replication (PROTOCOL.md 17): a leader's log and its followers
      * (replog/replog.c; NULL until a follower asks), and on a follower,
      * the leader it follows (connection/follow.c). */
     struct srv_replog *replog;

@@ -1,4 +1,4 @@
-"""test_replica.py - a psd part with a follower (proto/PROTOCOL.md 14).
+"""test_replica.py - a psd part with a follower (proto/PROTOCOL.md 17).
 
 Two worker processes train the click-through model of test_tables_kill.py
 (an AdaGrad embedding table and a dense part) against a leader psd (asgd,
@@ -138,12 +138,12 @@ def test_promote_after_the_leader_dies():
         tk.finish(ws)
         harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower in sync")
         version = harness.status(leader.addr)["version"]
-        # a worker at the follower is refused: it is not the leader
-        w = start_workers(cl, follower.addr, steps=1)[0]
-        rc = w.wait(60)
-        assert rc != 0 and "NOT_LEADER" in w.stderr(), w.stderr()
-        for x in cl.procs[-2:]:
-            x.kill()
+        # workers given the follower alone are sent to the leader (NOT_LEADER names it)
+        ws = start_workers(cl, follower.addr, steps=5)
+        tk.finish(ws)
+        assert all("follows a leader; trying %s" % leader.addr in w.stderr() for w in ws), ws[0].stderr()
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower in sync")
+        version = harness.status(leader.addr)["version"]
         os.kill(leader.pid, signal.SIGKILL)
         leader.wait(10)
         r = harness.psctl(follower.addr, "promote")
@@ -153,6 +153,35 @@ def test_promote_after_the_leader_dies():
         ws = start_workers(cl, follower.addr, steps=30)
         tk.finish(ws)
         assert harness.status(follower.addr)["version"] > version
+
+
+def test_workers_go_on_with_the_promoted_follower():
+    """The workers are given the leader alone; its WELCOME names the
+    follower. The leader is killed with -9 mid-run and the follower
+    promoted: the workers find it by themselves, send again what was not
+    answered, and finish; no acknowledged push is lost (the follower's
+    version is at least what the workers saw)."""
+    with harness.Cluster("psd-replica-failover") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        ws = start_workers(cl, leader.addr, steps=40)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 2, 120, "the workers' first steps")
+        follower = follow(cl, leader)
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        tk.finish(ws)  # these two learnt nothing of the follower before it joined
+        ws = start_workers(cl, leader.addr, steps=300, pace=0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 50, 120, "the second pair mid-run")
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait(10)
+        acked = harness.status(follower.addr)["version"]
+        r = harness.psctl(follower.addr, "promote")
+        assert r.returncode == 0, r.stderr
+        res = tk.finish(ws)
+        assert min(res["reconnects_all"]) >= 1, res
+        st = harness.status(follower.addr)
+        assert st["version"] >= acked
+        assert res["auc"] > 0.65, res
+        print("failover: the follower promoted at version %d, the job ended at %d, AUC %.4f"
+              % (acked, st["version"], res["auc"]), file=sys.stderr)
 
 
 def test_a_stalled_follower_leaves_the_in_sync_set():

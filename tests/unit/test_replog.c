@@ -158,7 +158,7 @@ static void test_follower_equals_leader(void **state)
     assert_int_equal(len, srv_replog_end(l));
     assert_true(l->replog->dense_records >= 2); /* the whole model, in pieces */
     char err[256] = "";
-    int rc = srv_replog_apply(f, p, len, err, sizeof err);
+    int rc = srv_replog_apply(f, p, len, NULL, err, sizeof err);
     if (rc != 0)
         fail_msg("apply: %s", err);
     assert_same(l, f);
@@ -168,7 +168,7 @@ static void test_follower_equals_leader(void **state)
         const uint8_t *q = srv_replog_read(l, at, 65536, &len);
         assert_non_null(q);
         assert_true(len > 0);
-        assert_int_equal(srv_replog_apply(g, q, len, err, sizeof err), 0);
+        assert_int_equal(srv_replog_apply(g, q, len, NULL, err, sizeof err), 0);
         at += len;
     }
     assert_same(l, g);
@@ -196,7 +196,7 @@ static void test_lying_records_are_refused(void **state)
     size_t len;
     const uint8_t *p = srv_replog_read(l, 0, SIZE_MAX, &len);
     char err[256];
-    assert_int_equal(srv_replog_apply(f, p, len, err, sizeof err), 0);
+    assert_int_equal(srv_replog_apply(f, p, len, NULL, err, sizeof err), 0);
     uint64_t version = f->model.version;
     float first = *srv_model_at(&f->model, 0, 1, &len);
     uint8_t buf[4096], body[256];
@@ -205,11 +205,11 @@ static void test_lying_records_are_refused(void **state)
     size_t n = record(buf, 'T', body, 16);
     uint32_t lie = 1000;
     memcpy(buf, &lie, 4);
-    assert_int_equal(srv_replog_apply(f, buf, n, err, sizeof err), PS_EMALFORMED);
+    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
     assert_non_null(strstr(err, "bytes where"));
     /* a kind nobody knows */
     n = record(buf, 'Z', body, 8);
-    assert_int_equal(srv_replog_apply(f, buf, n, err, sizeof err), PS_EMALFORMED);
+    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
     assert_non_null(strstr(err, "unknown kind"));
     /* a dense record whose size does not match its n */
     uint64_t v = 99, off = 0, cnt = 10;
@@ -217,31 +217,31 @@ static void test_lying_records_are_refused(void **state)
     memcpy(body, &v, 8), memcpy(body + 8, &init, 4), memcpy(body + 12, &off, 8), memcpy(body + 20, &cnt, 8);
     memcpy(body + 28, &nst, 4);
     n = record(buf, 'D', body, 32 + 4 * 10); /* state missing */
-    assert_int_equal(srv_replog_apply(f, buf, n, err, sizeof err), PS_EMALFORMED);
+    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
     /* ... or a range outside the model */
     off = N;
     memcpy(body + 12, &off, 8);
     n = record(buf, 'D', body, 32 + 8 * 10);
-    assert_int_equal(srv_replog_apply(f, buf, n, err, sizeof err), PS_EMALFORMED);
+    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
     /* another optimizer: two state buffers where the follower keeps one */
     off = 0, nst = 2;
     memcpy(body + 12, &off, 8), memcpy(body + 28, &nst, 4);
     n = record(buf, 'D', body, 32 + 12 * 10);
-    assert_int_equal(srv_replog_apply(f, buf, n, err, sizeof err), PS_ELAYOUT);
+    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_ELAYOUT);
     assert_non_null(strstr(err, "optimizer"));
     /* a push to a table the follower does not have */
     uint32_t ti = 5, rows = 0;
     memset(body, 0, 16);
     memcpy(body, &ti, 4), memcpy(body + 4, &rows, 4);
     n = record(buf, 'T', body, 16);
-    assert_int_equal(srv_replog_apply(f, buf, n, err, sizeof err), PS_ELAYOUT);
+    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_ELAYOUT);
     /* nothing of it changed the follower */
     assert_int_equal(f->model.version, version);
     assert_true(*srv_model_at(&f->model, 0, 1, &len) == first);
     assert_same(l, f);
     /* zero bytes after the records are padding */
     memset(buf, 0, 16);
-    assert_int_equal(srv_replog_apply(f, buf, 16, err, sizeof err), 0);
+    assert_int_equal(srv_replog_apply(f, buf, 16, NULL, err, sizeof err), 0);
     free_psd(f);
     free_psd(l);
 }
