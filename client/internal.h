@@ -80,6 +80,8 @@ typedef struct psc_link {
     int remote;              /* this psd is on another machine (ps_sock_same_host) */
     int has_plan;            /* its WELCOME told the job's plan: */
     ps_plan plan;
+    int has_first;           /* ... and the first round it counts us in (WELCOME "base"): */
+    uint64_t first;
     uint64_t piece;          /* its BSP rounds close in pieces of this many values
                               * (WELCOME "piece"); 0: whole */
     uint32_t local;          /* WELCOME "local": local SGD's H; 0: off */

@@ -202,6 +202,8 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     ln->version = r.mver;
     ln->has_plan = (r.has & PS_F_PLAN) != 0;
     ln->plan = r.plan;
+    ln->has_first = ln->has_plan && (r.has & PS_F_BASE);
+    ln->first = r.base;
     ln->piece = (r.has & PS_F_PIECE) ? r.piece : 0;
     ln->local = (r.has & PS_F_LOCAL) ? r.local : 0;
     ln->alpha = (r.has & PS_F_ALPHA) ? r.alpha : 0;
@@ -214,6 +216,47 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
 }
 
 static int open_fail(psc_client *c, const int *fresh, uint32_t i, int rc);
+
+/* A planned BSP job over several psd, every part opened anew (a worker
+ * that left every part, or a new process in a running job): each psd
+ * counts this worker in from its next round, and the parts' rounds are not
+ * in step (one may be a round or two ahead), so they could take it back at
+ * different rounds; one would then wait for its push of a round while its
+ * step waits for another's later round, which waits for the others, who
+ * wait for the first: a standstill. Every psd is told the latest of the
+ * rounds their WELCOMEs named (a HEARTBEAT with base), so all take it back
+ * at that one: a psd that named an earlier round holds it there as a
+ * member until told, so cannot have opened that round without it
+ * (PROTOCOL.md 8, "The plan"). A psd that named none (an older one, a job
+ * not under a plan yet) leaves it as it was. */
+static int plan_rejoin(psc_client *c, const int *fresh)
+{
+    uint64_t r = 0;
+    uint32_t apart = 0;
+    if (c->nlinks < 2 || !c->bsp)
+        return 0;
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        const psc_link *ln = &c->links[i];
+        if (!fresh[i] || !ln->has_first)
+            return 0;
+        apart += i && ln->first != c->links[0].first;
+        r = ln->first > r ? ln->first : r;
+    }
+    if (!apart)
+        return 0;
+    PS_LOG(PS_LOG_INFO, "a planned bsp job over %u psd: they would take this worker back at different rounds; "
+                        "rejoining each at round %llu", c->nlinks, (unsigned long long)r);
+    for (uint32_t i = 0; i < c->nlinks; i++) {
+        ps_msg m, rep;
+        ps_msg_init(&m, PS_MSG_HEARTBEAT);
+        m.has = PS_F_BASE;
+        m.base = r;
+        int rc = ps_conn_call(&c->links[i].cl, &m, &rep, c->timeout_ms);
+        if (rc != 0)
+            return open_fail(c, fresh, i, rc);
+    }
+    return 0;
+}
 
 /* After the hellos: a psd that named its Hogwild! segment is mapped (in
  * place of the one before, PROTOCOL.md section 8), unless the model is
@@ -298,6 +341,9 @@ static int do_open(psc_client *c)
     snprintf(c->mode, sizeof c->mode, "%s", c->links[0].mode);
     c->bsp = strcmp(c->mode, "bsp") == 0;
     int hrc = hogwild_open(c, fresh);
+    if (hrc != 0)
+        return hrc;
+    hrc = plan_rejoin(c, fresh);
     if (hrc != 0)
         return hrc;
     for (uint32_t i = 0; i < c->nlinks; i++) {
@@ -482,9 +528,10 @@ int psc__reconnect(psc_client *c, int rc_lost)
          * kept it and wait for its push, which it would send only after
          * that psd's next round (a worker that comes back waits for one),
          * which waits for the others: a standstill. Leaving every psd and
-         * saying hello to all again puts it out of every part's round, so
-         * each takes it back at its next round (PROTOCOL.md 8, "The plan"). */
-        PS_LOG(PS_LOG_INFO, "a planned bsp job over %u psd: leaving every part's round, to rejoin each at its next",
+         * saying hello to all again puts it out of every part's round, and
+         * the parts take it back at one round (plan_rejoin; PROTOCOL.md 8,
+         * "The plan"). */
+        PS_LOG(PS_LOG_INFO, "a planned bsp job over %u psd: leaving every part's round, to rejoin all at one round",
                c->nlinks);
         for (uint32_t i = 0; i < c->nlinks; i++)
             psc__link_close(&c->links[i]);

@@ -39,14 +39,17 @@ static int wide_reserve(srv_conn *c, uint64_t n)
     return 0;
 }
 
-/* HEARTBEAT. Without an id it is fire-and-forget, so a worker's heartbeat
- * thread never has a reply to read, except that one asking with "wait"
- * while one of the worker's pulls is parked is told what that pull waits
- * for: an OK with "wait" and "text" (id 0 for a heartbeat without one),
- * which the worker reads among the replies it is waiting for. */
+/* HEARTBEAT. With base, a worker of a planned BSP job says the round it
+ * rejoins at (srv_plan_rejoin). Without an id it is fire-and-forget, so a
+ * worker's heartbeat thread never has a reply to read, except that one
+ * asking with "wait" while one of the worker's pulls is parked is told what
+ * that pull waits for: an OK with "wait" and "text" (id 0 for a heartbeat
+ * without one), which the worker reads among the replies it is waiting for. */
 static void handle_heartbeat(srv_conn *c, ps_msg *m)
 {
     char why[240];
+    if ((m->has & PS_F_BASE) && c->worker && srv_plan_rejoin(c->srv, c->worker, m->base) == SRV_WAKE)
+        srv_answer_parked(c->srv);
     int tell = (m->has & PS_F_WAIT) && m->wait && c->worker &&
                ((c->parked && srv_wait_describe(c->srv, c->worker, why, sizeof why)) ||
                 srv_barrier_describe(c, why, sizeof why));

@@ -23,13 +23,14 @@ static uint32_t bsp_needed(psd *s)
 {
     if (srv_plan_active(s)) {
         /* the round's members still in the job (the plan's), and those
-         * gone after their push was complete: it counts */
+         * gone (or rejoining at a later round) after their push was
+         * complete: it counts */
         uint32_t live = srv_plan_needed(s), b = (uint32_t)s->cfg.backup_workers;
         const srv_bsp_state *st = s->policy_state;
         for (uint32_t i = 0; st && i < st->nsh; i++) {
             const srv_bsp_shard *sh = st->sh[i];
             const srv_worker *w = i < s->nworkers_cap ? s->workers[i] : NULL;
-            if (sh && sh->round == s->model.version && sh->round_fin && w && w->state != SRV_W_CONNECTED)
+            if (sh && sh->round == s->model.version && sh->round_fin && w && !srv_plan_in(s, w))
                 live++;
         }
         return live > b ? live - b : 1;

@@ -158,5 +158,15 @@ int srv_config_check(const ps_config *c, srv_check_when when, srv_settings *out,
 int srv_plan_active(const psd *s);
 /* ... and its last round is applied. */
 int srv_plan_done(const psd *s);
+/* While a plan rules the rounds and is not done: the first round
+ * connected worker w trains, in *round (its WELCOME's `base`), and 1;
+ * else 0. */
+int srv_plan_first_round(psd *s, const srv_worker *w, uint64_t *round);
+/* Worker w says it rejoins at round `round` (a HEARTBEAT's `base`): while
+ * a plan rules the rounds and round is after the current one, the rounds
+ * before it go without w (its unfinished push of the current round is
+ * dropped). Returns the policy's worker_left answer (SRV_WAKE: the current
+ * round closed, answer the parked pulls), or 0 when nothing changed. */
+int srv_plan_rejoin(psd *s, srv_worker *w, uint64_t round);
 
 #endif

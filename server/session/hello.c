@@ -512,6 +512,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     w->conn = c;
     snprintf(w->addr, sizeof w->addr, "%s", c->addr);
     w->joined_ms = w->last_seen_ms = srv_now_ms();
+    w->plan_from = 0; /* until it says it rejoins at a later round */
     c->worker = w;
     s->nshards = m->nshards;
     PS_LOG(PS_LOG_INFO, "worker shard %u/%u %s from %s at model version %llu", m->shard, m->nshards,
@@ -598,6 +599,8 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
     if (s->plan.set) {
         r.has |= PS_F_PLAN; /* the job's, which the worker follows */
         r.plan = s->plan.p;
+        if (c->worker && srv_plan_first_round(s, c->worker, &r.base))
+            r.has |= PS_F_BASE; /* the first round it trains */
     }
     if (sproof) {
         r.has |= PS_F_SPROOF; /* psd holds the secret too */

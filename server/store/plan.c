@@ -42,12 +42,17 @@ void srv_plan_clear(srv_plan *pl)
     pl->round = UINT64_MAX;
 }
 
-/* Shard i is in the job: connected, or never joined (it is still to come,
- * as BSP's first rounds wait for all M). */
+int srv_plan_in(const psd *s, const srv_worker *w)
+{
+    return w->state == SRV_W_CONNECTED && w->plan_from <= s->model.version;
+}
+
+/* Shard i is in the job: connected and not rejoining at a later round, or
+ * never joined (it is still to come, as BSP's first rounds wait for all M). */
 static int in_job(const psd *s, uint32_t i)
 {
     const srv_worker *w = i < s->nworkers_cap ? s->workers[i] : NULL;
-    return !w || w->state == SRV_W_CONNECTED;
+    return !w || srv_plan_in(s, w);
 }
 
 static uint32_t members_in_job(const psd *s)
@@ -98,12 +103,34 @@ int srv_plan_open(psd *s)
 
 int srv_plan_member(psd *s, const srv_worker *w)
 {
+    if (w->plan_from > s->model.version)
+        return 0;
     if (srv_plan_open(s) != 0)
         return 1;
     for (uint32_t k = 0; k < s->plan.nmembers; k++)
         if (s->plan.members[k] == w->shard)
             return 1;
     return 0;
+}
+
+uint64_t srv_plan_first(psd *s, const srv_worker *w, int pushed)
+{
+    uint64_t v = s->model.version;
+    if (w->plan_from > v)
+        return w->plan_from;
+    if (s->plan.round != v)
+        return v; /* not fixed yet: it will be with w among its workers */
+    return !pushed && srv_plan_member(s, w) ? v : v + 1;
+}
+
+int srv_plan_rejoin_at(psd *s, srv_worker *w, uint64_t round)
+{
+    if (round <= s->model.version || round <= w->plan_from)
+        return 0;
+    w->plan_from = round;
+    PS_LOG(PS_LOG_INFO, "plan: shard %u rejoins at round %llu (round %llu is open): the rounds before go without it",
+           w->shard, (unsigned long long)round, (unsigned long long)s->model.version);
+    return 1;
 }
 
 uint32_t srv_plan_needed(psd *s)

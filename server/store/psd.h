@@ -127,6 +127,8 @@ typedef struct srv_worker {
     uint64_t samples;
     uint64_t clock;          /* SSP clock: steps pushed, counted from the job's start */
     uint64_t staleness;      /* versions between its last push's base and the model */
+    uint64_t plan_from;      /* a plan's rounds before this one go without it: the round it
+                              * said it rejoins at (HEARTBEAT base; 0 since its hello) */
     char why[96];            /* why it left or was declared dead */
 } srv_worker;
 

@@ -19,21 +19,29 @@ stood still once the link was back (PROTOCOL.md 8 tells how); now:
   for its push;
 - when the link is back shard 2's step fails on psd c, and the library
   leaves every psd and says hello to each again, so the other psd closes
-  its round without it too, and each part takes it back at its next round;
+  its round without it too;
+- each psd names in its WELCOME the round it would take shard 2 back at
+  (its next), which may differ by one or two; shard 2 tells both the later
+  one, and both take it back there (before, each took it back at its own:
+  its steps then landed a round apart on the two parts, or, two rounds
+  apart, the job stood still);
 - the workers end each step with a BARRIER on psd 0 (--barrier on, as
-  between machines): shard 2, whose parts are then a round apart,
-  withdraws from it instead of holding the others back (without that the
-  job stood still again);
+  between machines): shard 2, should its parts' versions differ, withdraws
+  from it instead of holding the others back;
 - every worker then trains to the plan's last round on both parts; a
   round may count shard 2's push on one part and not on the other only
-  where its workers change (the round shard 2 is lost in, or rejoins at:
-  each psd fixes a round's membership on its own), and, when the two
-  parts took shard 2 back at different rounds, at the plan's last round
-  (its steps land a round apart on the two parts from then on).
+  where its workers change (the round shard 2 is lost in: each psd
+  declares it lost on its own).
+
+test_new_worker_process_rejoins_both_parts_at_one_round: a new process of
+shard 2 joins while psd 1 is a round ahead of psd 0 (held so, the other
+workers' pushes to psd 0 held back in a relay): each psd alone would take
+it back at its next round, a round apart; both take it back at the later.
 """
 
 import os
 import re
+import select
 import selectors
 import socket
 import sys
@@ -143,6 +151,94 @@ class Relay:
         self.lsock.close()
 
 
+class HoldRelay:
+    """A TCP relay on 127.0.0.1 to upstream, one thread, that can hold
+    what its clients send (hold(): bytes from the client side are left
+    unread, so they wait in the kernel; psd's replies still reach the
+    client) until release(). .held is set once a client's bytes wait."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.addr = "127.0.0.1:%d" % self.lsock.getsockname()[1]
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.lsock, selectors.EVENT_READ, None)
+        self.peer = {}
+        self.clients = set()
+        self.holding = threading.Event()
+        self.held = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def hold(self):
+        self.holding.set()
+
+    def release(self):
+        self.holding.clear()
+
+    def _close(self, s):
+        for x in (s, self.peer.pop(s, None)):
+            if x is None:
+                continue
+            self.peer.pop(x, None)
+            self.clients.discard(x)
+            try:
+                self.sel.unregister(x)
+            except (KeyError, ValueError):
+                pass
+            x.close()
+
+    def _run(self):
+        watched = True  # the clients' sockets are in the selector
+        while not self.stopping.is_set():
+            holding = self.holding.is_set()
+            if holding == watched:
+                # held sockets stay readable: out of the selector while held
+                for c in self.clients:
+                    if holding:
+                        self.sel.unregister(c)
+                    else:
+                        self.sel.register(c, selectors.EVENT_READ, None)
+                watched = not holding
+            if holding and not self.held.is_set() and select.select(list(self.clients), [], [], 0)[0]:
+                self.held.set()
+            for key, _ in self.sel.select(0.05):
+                s = key.fileobj
+                if s is self.lsock:
+                    c, _ = self.lsock.accept()
+                    host, port = self.upstream.split(":")
+                    u = socket.create_connection((host, int(port)))
+                    self.peer[c], self.peer[u] = u, c
+                    self.clients.add(c)
+                    if watched:
+                        self.sel.register(c, selectors.EVENT_READ, None)
+                    self.sel.register(u, selectors.EVENT_READ, None)
+                    continue
+                if s not in self.peer:
+                    continue
+                try:
+                    data = s.recv(1 << 16)
+                except OSError:
+                    data = b""
+                if not data:
+                    self._close(s)
+                    continue
+                try:
+                    self.peer[s].sendall(data)
+                except OSError:
+                    self._close(s)
+
+    def close(self):
+        self.stopping.set()
+        self.thread.join(5)
+        for s in list(self.peer):
+            self._close(s)
+        self.lsock.close()
+
+
 def rounds_in_plan(epochs, samples, batch):
     return epochs * ((samples + batch - 1) // batch)
 
@@ -228,15 +324,102 @@ class PlanSplitTest(unittest.TestCase):
             for ch in changes:
                 self.assertIn(2, [n for _, n in ch], changes)
             moves = {r for ch in changes for r, _ in ch[1:]}
-            # where the parts took shard 2 back at different rounds, its
-            # steps land a round apart on the two parts from then on, and
-            # the plan's last round may close without its push on one
-            # part (it has made its last step there): one more round that
-            # may differ, the last
-            apart = changes[0] != changes[1]
-            tail = {rounds - 1} if apart else set()
-            self.assertTrue(all(r in moves or r + 1 in moves or r in tail for r in differ), (differ, changes))
-            self.assertLessEqual(len(differ), len(moves) + len(tail), (differ, changes))
+            # both parts take shard 2 back at one round, the later of the
+            # two their WELCOMEs named (it tells both: PROTOCOL.md 8), when
+            # it trains again before the job's end
+            # (the round after each part's last round of 2 pushes; a part
+            # that named the earlier round logs it trained by 3, then
+            # leaves shard 2 out when told the later)
+            backs = [max(r for r in range(rounds) if cnt[r] == 2) + 1 for cnt in counted]
+            self.assertEqual(backs[0], backs[1], (changes, differ))
+            self.assertTrue(all(r in moves or r + 1 in moves for r in differ), (differ, changes))
+            self.assertLessEqual(len(differ), len(moves), (differ, changes))
+            for p in psds:
+                p.stop()
+
+    def test_new_worker_process_rejoins_both_parts_at_one_round(self):
+        """Shard 2's process dies and a new one joins the running job while
+        psd 1 is a round ahead of psd 0 (the others' pushes to psd 0 held
+        back): each psd alone would take it back at its next round, a round
+        apart (its steps then land a round apart on the two parts, or, two
+        rounds apart, the job stands still); it tells both the later
+        round, and both take it back there (PROTOCOL.md 8, "The plan")."""
+        epochs = 3
+        gb = 3 * BATCH
+        rounds = rounds_in_plan(epochs, LIMIT, gb)
+        with harness.Cluster("psd-plan-rejoin") as cl:
+            # the hold lasts seconds: nobody is declared lost meanwhile
+            args = ["--set", "heartbeat_timeout=60s", "--log-level", "debug"]
+            psds = [cl.psd(mode="bsp", workers=3, name="psd%d" % i, args=args) for i in range(2)]
+            relays = [HoldRelay(psds[0].addr) for _ in range(2)]
+            try:
+                def worker(k, servers, name=None):
+                    return cl.worker(",".join(servers), k, 3, epochs=epochs, batch=BATCH, limit=LIMIT, model=MODEL,
+                                     evaluate=False, args=["--reconnect-timeout", "60"], name=name)
+
+                # shards 0 and 1 reach psd 0 through a relay each
+                ws = [worker(k, [relays[k].addr, psds[1].addr]) for k in range(2)]
+                old = worker(2, [psds[0].addr, psds[1].addr], name="shard2-old")
+                harness.wait_until(lambda: harness.version(psds[0].addr) >= 5, 60, "the job to train 5 rounds")
+                old.kill()
+                for p in psds:
+                    harness.wait_until(lambda: re.search(r"worker shard 2/3 \S+ lost", p.stderr()), 10,
+                                       "%s to lose shard 2" % p.name)
+                # the others' pushes to psd 0 wait in the relays: psd 1
+                # closes the round they pushed, psd 0 does not
+                for r in relays:
+                    r.hold()
+
+                def apart():
+                    # held: a worker's step sent bytes after the hold, and
+                    # psd 0 lacks that worker's last push, which psd 1 has
+                    sts = [harness.status(p.addr) for p in psds]
+                    v = [st["version"] for st in sts]
+                    pushes = [[(harness.worker_row(st, k) or {}).get("pushes", 0) for k in range(2)] for st in sts]
+                    if v[1] != v[0] + 1 or not any(relays[k].held.is_set() and pushes[0][k] < pushes[1][k]
+                                                   for k in range(2)):
+                        return None
+                    return v if [harness.version(p.addr) for p in psds] == v else None
+
+                v = harness.wait_until(apart, 30, "psd 1 to be a round ahead of psd 0, held back")
+                self.assertLess(v[1], rounds - 10, "the job is nearly over: %r of %d rounds" % (v, rounds))
+                new = worker(2, [psds[0].addr, psds[1].addr], name="shard2-new")
+                for p in psds:
+                    harness.wait_until(lambda: re.search(r"worker shard 2/3 rejoined", p.stderr()), 30,
+                                       "the new shard 2 to say hello to %s" % p.name)
+                self.assertEqual([harness.version(p.addr) for p in psds], v, "a part moved while held")
+                for r in relays:
+                    r.release()
+                results = harness.finish(self, ws + [new], 180)
+                sts = [harness.status(p.addr) for p in psds]
+                logs = [p.stderr() for p in psds]
+            finally:
+                for r in relays:
+                    r.close()
+            counted = [pushes_log(log) for log in logs]
+            sys.stderr.write("\nparts %r when the new shard 2 said hello; rounds %d..%d closed with pushes: psd 0 %r, "
+                             "psd 1 %r\n" % (v, v[0], v[1] + 3, [counted[0].get(r) for r in range(v[0], v[1] + 4)],
+                                              [counted[1].get(r) for r in range(v[0], v[1] + 4)]))
+            for st in sts:
+                self.assertEqual(st["version"], rounds)
+                self.assertTrue(st["plan"]["done"], st["plan"])
+            for r in results:
+                self.assertEqual(r["version"], rounds)
+            # psd 0 named round v0 + 1 in its WELCOME, psd 1 round v1 + 1 =
+            # v0 + 2: both take shard 2 back at v0 + 2, the later; the
+            # rounds between go without it on both
+            back = v[1] + 1
+            for c in counted:
+                self.assertEqual(sorted(c), list(range(rounds)))
+            # from the hold on, every round counts the same pushes on both
+            # parts, shard 2's among them from round `back` to the last
+            self.assertEqual([counted[0][r] for r in range(v[0], rounds)], [counted[1][r] for r in range(v[0], rounds)],
+                             "the parts counted other pushes from round %d on" % v[0])
+            # (round v0 may count the dead process's push: it made its step)
+            self.assertEqual([counted[0][r] for r in range(v[1], back + 1)], [2] * (back - v[1]) + [3])
+            self.assertEqual({counted[0][r] for r in range(back, rounds)}, {3})
+            self.assertTrue(re.search(r"plan: shard 2 rejoins at round %d " % back, logs[0]),
+                            "psd 0 does not say it takes shard 2 back at round %d" % back)
             for p in psds:
                 p.stop()
 

@@ -9,6 +9,10 @@ valid Prometheus text (and pass `promtool check metrics` when promtool is
 installed). Afterwards both workers must have exited 0 with a test accuracy
 far above chance; in BSP both end at the same model version, which equals
 the number of rounds (steps per epoch times epochs). psd exits 0 on SIGTERM.
+
+TrainAsgdTest (pipelined workers, heartbeats during training) runs ASGD
+jobs whatever --mode says: it runs with --mode asgd (or when named), not a
+second time with --mode bsp.
 """
 
 import os
@@ -137,6 +141,12 @@ class TrainTest(unittest.TestCase):
 
             psd.stop()
 
+
+class TrainAsgdTest(unittest.TestCase):
+    """ASGD jobs that do not depend on --mode: ctest runs this script twice
+    (integration_train_bsp, integration_train_asgd) and only the --mode
+    asgd run has them (they were run twice alike)."""
+
     def test_pipelined_workers(self):
         """--pipeline on: each worker computes the next gradient while the
         last one travels (one step more staleness). Two such ASGD workers
@@ -205,4 +215,6 @@ class TrainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     ARGS = harness.parse_args(lambda p: p.add_argument("--mode", choices=("asgd", "bsp"), default="bsp"))
+    if ARGS.mode != "asgd" and not [a for a in sys.argv[1:] if not a.startswith("-")]:
+        sys.argv.append("TrainTest")  # TrainAsgdTest's jobs are the same in either mode: the asgd run has them
     harness.main()

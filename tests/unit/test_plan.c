@@ -6,7 +6,8 @@
  * a worker lost mid-job leaves its share to the others from the next
  * round, and its round closes without it; a worker that rejoins waits for
  * the next round and its late push is dropped, so nothing is counted
- * twice; a lone worker gets the whole global batch; after the plan's last
+ * twice; the WELCOME names a worker's first round, and a worker may say it
+ * rejoins at a later one (as a client of a split model does); a lone worker gets the whole global batch; after the plan's last
  * round every pull says done, every push is dropped and the version stays;
  * without a plan BSP is as before. */
 #include <setjmp.h>
@@ -43,6 +44,8 @@ typedef struct reply {
     int code;
     uint64_t ver;
     int has_plan, has_slice, done;
+    int has_base;  /* a WELCOME's first round for this worker */
+    uint64_t base;
     ps_plan plan;
     ps_slice slice;
 } reply;
@@ -70,6 +73,8 @@ static void fake_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     r->has_slice = (m->has & PS_F_SLICE) != 0;
     r->slice = m->slice;
     r->done = (m->has & PS_F_DONE) && m->done;
+    r->has_base = (m->has & PS_F_BASE) != 0;
+    r->base = m->base;
 }
 
 static void fake_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *text)
@@ -304,6 +309,58 @@ static void test_lost_worker_and_rejoin(void **state)
     free_psd(s);
 }
 
+/* The WELCOME names the first round a (re)joining worker trains, and the
+ * worker may say it rejoins at a later one (a HEARTBEAT's base, as a
+ * worker of a job split over several psd does): the rounds before go
+ * without it, the current one too, and their shares stay as handed out. */
+static void test_rejoin_at_a_later_round(void **state)
+{
+    psd *s = make_psd("3");
+    ps_plan p = {.epochs = 10, .samples = 600, .batch = 6, .seed = 1};
+    srv_conn *c[3];
+    for (uint32_t k = 0; k < 3; k++) {
+        c[k] = join(s, k, 3, &p);
+        pull(c[k], 1, 0, N, 0, PS_DT_F32);
+    }
+    assert_false(got[0].has_base); /* the first hello: no plan ruled yet */
+    /* shard 2 is lost before its push of round 0 and comes back in it: a
+     * member of round 0 again, as its WELCOME says */
+    lose(c[2]);
+    srv_conn *back = join(s, 2, 3, &p);
+    assert_true(got[nconns - 1].has_base);
+    assert_int_equal(got[nconns - 1].base, 0);
+    /* it says it rejoins at round 2: round 0 no longer waits for it */
+    assert_true(step(s, c[0], 0) >= 0);
+    assert_true(step(s, c[1], 0) >= 0);
+    assert_int_equal(s->model.version, 0);
+    int rc = srv_plan_rejoin(s, back->worker, 2);
+    assert_int_equal(rc, SRV_WAKE); /* round 0 closed */
+    srv_answer_parked(s);
+    assert_int_equal(s->model.version, 1);
+    /* an earlier round, or the same, changes nothing */
+    assert_int_equal(srv_plan_rejoin(s, back->worker, 1), 0);
+    assert_int_equal(srv_plan_rejoin(s, back->worker, 2), 0);
+    /* round 1 is the two others', its pull waits, its push is dropped */
+    expect_slice(c[0], 1, 0, 6, 9, 0, 2);
+    expect_slice(c[1], 1, 0, 9, 12, 1, 2);
+    int n = got[nconns - 1].n;
+    pull(back, 1, 0, N, 0, PS_DT_F32);
+    assert_int_equal(got[nconns - 1].n, n);
+    assert_int_equal(step(s, back, 1), PS_ESTALE);
+    /* a worker joining now is told round 2 too */
+    uint64_t first = 0;
+    assert_true(srv_plan_first_round(s, back->worker, &first));
+    assert_int_equal(first, 2);
+    assert_true(step(s, c[0], 1) >= 0);
+    assert_true(step(s, c[1], 1) >= 0);
+    assert_int_equal(s->model.version, 2);
+    /* round 2: all three */
+    expect_slice(c[0], 2, 0, 12, 14, 0, 3);
+    expect_slice(c[1], 2, 0, 14, 16, 1, 3);
+    expect_slice(back, 2, 0, 16, 18, 2, 3);
+    free_psd(s);
+}
+
 static void test_lone_worker_keeps_the_global_batch(void **state)
 {
     psd *s = make_psd("3");
@@ -335,6 +392,8 @@ static void test_pushed_then_reconnected_waits(void **state)
     a->closing = 1;
     assert_int_equal(s->model.version, 0); /* b has not pushed */
     srv_conn *a2 = join(s, 0, 2, &p);
+    assert_true(got[nconns - 1].has_base);
+    assert_int_equal(got[nconns - 1].base, 1); /* its WELCOME: it trains from round 1 */
     int n = got[nconns - 1].n;
     pull(a2, 1, 0, N, 0, PS_DT_F32);
     assert_int_equal(got[nconns - 1].n, n); /* parked: it pushed round 0 */
@@ -535,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_first_hello_fixes_the_plan),
         cmocka_unit_test(test_rounds_hand_out_the_global_batch),
         cmocka_unit_test(test_lost_worker_and_rejoin),
+        cmocka_unit_test(test_rejoin_at_a_later_round),
         cmocka_unit_test(test_lone_worker_keeps_the_global_batch),
         cmocka_unit_test(test_pushed_then_reconnected_waits),
         cmocka_unit_test(test_done_after_the_last_round),
