@@ -127,6 +127,36 @@ static void print_plan(const msgpack_object *b)
         printf("%.0f workers a round (%.0f-%.0f samples each)\n", n, lo, hi);
 }
 
+/* replicas (PROTOCOL.md 17): a follower's leader and lag, a leader's followers */
+static void print_replication(const msgpack_object *b)
+{
+    const msgpack_object *r = ps_map_get(b, "replication");
+    if (!r || r->type != MSGPACK_OBJECT_MAP)
+        return;
+    char role[32], leader[300], err[700], mode[16];
+    psctl_str(r, "role", role, sizeof role);
+    psctl_str(r, "mode", mode, sizeof mode);
+    if (strcmp(role, "follower") == 0) {
+        psctl_str(r, "error", err, sizeof err);
+        printf("replica: follower of %s, applied %.0f bytes of its log, %.0f behind%s%s\n",
+               psctl_str(r, "leader", leader, sizeof leader), psctl_num(r, "applied"), psctl_num(r, "lag_bytes"),
+               err[0] ? "; STOPPED: " : "", err);
+        return;
+    }
+    const msgpack_object *fs = ps_map_get(r, "followers");
+    uint32_t n = fs && fs->type == MSGPACK_OBJECT_ARRAY ? fs->via.array.size : 0;
+    if (n == 0)
+        return; /* a leader without followers: nothing to say */
+    printf("replicas: leader (replication %s), %.0f of %u followers in sync, log at %.0f bytes\n", mode,
+           psctl_num(r, "insync"), n, psctl_num(r, "log_end"));
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *f = &fs->via.array.ptr[i];
+        char addr[80];
+        printf("  follower %s: %s, %.0f bytes behind, last fetch %.1f s ago\n", psctl_str(f, "addr", addr, sizeof addr),
+               flag(f, "insync") ? "in sync" : "NOT in sync", psctl_num(f, "lag_bytes"), psctl_num(f, "last_fetch"));
+    }
+}
+
 void psctl_print_status(const msgpack_object *b)
 {
     char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
@@ -159,6 +189,7 @@ void psctl_print_status(const msgpack_object *b)
     if (metrics[0] && strcmp(metrics, "-") != 0)
         printf("metrics: http://%s/metrics\n", metrics);
     print_plan(b);
+    print_replication(b);
     /* embedding tables: one line each */
     const msgpack_object *tl = ps_map_get(b, "tables");
     for (uint32_t i = 0; tl && tl->type == MSGPACK_OBJECT_ARRAY && i < tl->via.array.size; i++) {

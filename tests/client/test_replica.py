@@ -99,6 +99,10 @@ def test_follower_holds_the_leaders_state_bit_for_bit():
         harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
         ld, fl = harness.status(leader.addr), harness.status(follower.addr)
         assert fl["replication"]["role"] == "follower" and ld["replication"]["role"] == "leader"
+        text = harness.psctl(leader.addr, "status").stdout
+        assert "1 of 1 followers in sync" in text and "follower %s: in sync" % follower.addr in text, text
+        text = harness.psctl(follower.addr, "status").stdout
+        assert "replica: follower of %s" % leader.addr in text, text
         assert fl["version"] == ld["version"], (fl["version"], ld["version"])
         # a read replica: the follower answers pulls of the model and the rows as the leader does
         saved = {}
