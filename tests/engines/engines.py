@@ -99,10 +99,23 @@ def need_debian12():
         raise Skip("not Debian 12 (the test installs Debian 12's packages)")
 
 
+def root_is_mount_point():
+    """True when / is a mount point, as on a machine or in a container; in
+    a chroot (a debootstrap root) it is a directory of another mount."""
+    with open("/proc/self/mountinfo") as f:
+        return any(ln.split()[4] == "/" for ln in f if len(ln.split()) > 4)
+
+
 def need_namespaces(*kinds):
     """kinds: unshare's flags ('--mount', '--pid', '--net', '--user')."""
     if not shutil.which("unshare"):
         raise Skip("no unshare (util-linux)")
+    if "--mount" in kinds and not root_is_mount_point():
+        # unshare --mount (and podman's storage, which does the same) makes
+        # every mount private from / down, which the kernel refuses where /
+        # is not a mount point
+        raise Skip("/ is not a mount point (a chroot): a new mount namespace cannot make its "
+                   "mounts private")
     flags = list(kinds)
     if "--pid" in flags:
         flags.append("--fork")

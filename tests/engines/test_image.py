@@ -287,6 +287,10 @@ def body():
     global SCRATCH
     engines.need_root()
     engines.need_debian12()
+    # podman unpacks an image's layers in a mount namespace of its own,
+    # whose mounts it makes private (in a chroot: "remount /, flags:
+    # 0x44000: invalid argument"), and runs containers in new namespaces
+    engines.need_namespaces("--mount", "--pid", "--net")
     SCRATCH = tempfile.mkdtemp(prefix="psd-engine-image-", dir="/var/tmp")
     os.chmod(SCRATCH, 0o755)
     setup_podman()

@@ -205,8 +205,11 @@ def main(verbosity=1, argv=None):
 
 
 def why_no_netns():
-    """None when this process may make a network namespace (it makes one
-    and removes it), else the reason, naming what is missing."""
+    """None when this process may make a network namespace and run in it
+    (it makes one, runs `ip -n NAME link set lo up` there and removes it),
+    else the reason, naming what is missing. In a chroot `ip netns add`
+    works, but entering the namespace does not: ip remounts / as a slave,
+    which the kernel refuses where / is not a mount point."""
     if os.geteuid() != 0:
         return "not root: network namespaces need root"
     if not shutil.which("ip"):
@@ -218,7 +221,17 @@ def why_no_netns():
         return "`ip netns add` did not finish in 10 s"
     if r.returncode != 0:
         return "cannot make a network namespace here (`ip netns add`: %s)" % (r.stderr.strip() or r.returncode)
+    try:
+        r = subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], capture_output=True, text=True,
+                           timeout=10)
+    except subprocess.TimeoutExpired:
+        r = None
     subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+    if r is None:
+        return "`ip -n NAME link set lo up` did not finish in 10 s"
+    if r.returncode != 0:
+        return "cannot run in a network namespace here (`ip -n NAME link set lo up`: %s)" % (
+            r.stderr.strip() or r.returncode)
     return None
 
 

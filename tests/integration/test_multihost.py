@@ -38,9 +38,9 @@ PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executabl
 
 def why_not():
     """Why this machine cannot run the grid (None when it can): it needs
-    root, tc and a network namespace actually made (in a root that is not
-    a mount point, as in some containers, `ip netns add` cannot remount
-    /)."""
+    root, tc and a network namespace actually made and entered (where /
+    is not a mount point, as in a chroot or some containers, ip cannot
+    remount it on the way in)."""
     if os.geteuid() == 0 and not shutil.which("tc"):
         return "no tc (Debian package iproute2)"
     return harness.why_no_netns()
