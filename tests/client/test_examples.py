@@ -202,10 +202,10 @@ def test_interop_psworker_and_torch_bsp(cluster):
 def test_torch_workers_survive_psd_kill(cluster):
     """kill -9 of psd in the middle of a two-PyTorch-worker job, psd started
     again on the same port with its state dir: the workers reconnect by
-    themselves and finish at normal accuracy. psd is paused after worker 0's
-    first epoch (the workers' pulls wait), so the job cannot end before the
-    kill however fast the workers are, and 3 epochs are enough (8 were run
-    for that before, 46 s of the test's 47 here on a loaded machine)."""
+    themselves and finish at normal accuracy. psd is paused once both workers
+    train (the workers' pulls wait), so the job cannot end before the kill
+    however fast the workers are, and 3 epochs are enough (8 were run for
+    that before, 46 s of the test's 47 here on a loaded machine)."""
     pytest.importorskip("torch")
     state = os.path.join(cluster.dir, "state")
     os.mkdir(state)
@@ -213,7 +213,15 @@ def test_torch_workers_survive_psd_kill(cluster):
     psd = cluster.psd(mode="asgd", workers=2, args=args)
     procs = [harness.Proc("k%d" % k, torch_argv(psd, "--shard", "%d/2" % k, "--epochs", "3"), cluster.dir,
                           env=example_env()) for k in range(2)]
-    harness.wait_until(lambda: '"epoch": 1' in procs[0].stdout(), 120, "worker 0's first epoch")
+    def both_training():
+        st = harness.status(psd.addr)
+        rows = [harness.worker_row(st, k) or {} for k in range(2)]
+        return st["version"] > 0 and all(r.get("state") == "connected" for r in rows)
+
+    # paused as soon as both train: the faster cannot have finished, however
+    # late the other's PyTorch started (one finished all 3 epochs before the
+    # other's first in a loaded run)
+    harness.wait_until(both_training, 120, "both workers training")
     r = harness.psctl(psd.addr, "pause")
     assert r.returncode == 0, r.stderr
     r = harness.psctl(psd.addr, "checkpoint")               # returns once it is written

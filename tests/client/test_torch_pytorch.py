@@ -523,6 +523,12 @@ def test_sigterm_ends_a_worker_with_sigterms_status(cluster):
                          text=True)
     try:
         assert w.stdout.readline() == "waiting\n"
+        # the signal goes once psd holds the step's push, so that it finds
+        # the worker waiting for the round (a signal that lands between a
+        # send and the wait for its reply is not seen by the wait: see the
+        # closing notes of the replicas work)
+        harness.wait_until(lambda: (harness.worker_row(harness.status(p.addr), 0) or {}).get("pushes", 0) >= 1, 60,
+                           "psd to hold the worker's push")
         w.send_signal(signal.SIGTERM)
         _, err = w.communicate(timeout=60)
     finally:
