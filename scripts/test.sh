@@ -2,7 +2,9 @@
 # test.sh - the whole test suite: set up (packages, data, build), run every
 # ctest test (unit tests with cmocka, integration tests with real psd,
 # psworker and psctl processes), then build again with AddressSanitizer and
-# UndefinedBehaviorSanitizer and run the suite once more.
+# UndefinedBehaviorSanitizer and run the suite once more. ctest runs as many
+# tests at a time as the machine has cores (PSD_TEST_JOBS to choose); the
+# tests that assert a latency run alone (RUN_SERIAL in tests/*/CMakeLists.txt).
 #
 # Then a clang build in build-fuzz/ runs each libFuzzer target in fuzz/ for
 # 20 s. Last, the engine tests (tests/engines/, label engines) run psd for
@@ -43,17 +45,18 @@ list_skips() {
 }
 trap list_skips EXIT
 
-echo "== tests (build/)"
+jobs="${PSD_TEST_JOBS:-$(nproc)}"
+echo "== tests (build/, $jobs at a time)"
 : >"$skips_plain"
-PSD_TEST_SKIPS="$skips_plain" ctest --test-dir build -LE engines --output-on-failure --timeout 600
+PSD_TEST_SKIPS="$skips_plain" ctest --test-dir build -LE engines -j"$jobs" --output-on-failure --timeout 600
 
 if [ "${PSD_SKIP_SANITIZE:-0}" != 1 ]; then
-    echo "== tests under AddressSanitizer + UBSan (build-asan/)"
+    echo "== tests under AddressSanitizer + UBSan (build-asan/, $jobs at a time)"
     PSD_SANITIZE=1 scripts/setup.sh
     : >"$skips_asan"
     PSD_TEST_SKIPS="$skips_asan" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        ctest --test-dir build-asan --output-on-failure --timeout 900
+        ctest --test-dir build-asan -j"$jobs" --output-on-failure --timeout 900
 fi
 if [ "${PSD_SKIP_FUZZ:-0}" != 1 ]; then
     echo "== fuzz targets, 20 s each (build-fuzz/)"
