@@ -67,8 +67,9 @@ def run(cmd, timeout, check=True, input=None, env=None, cwd=None, quiet=False):
     if not quiet:
         log("$ " + " ".join(cmd))
     try:
+        # no input: stdin is /dev/null, never the terminal or pipe ctest was given
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, input=input,
-                           env=env, cwd=cwd)
+                           stdin=subprocess.DEVNULL if input is None else None, env=env, cwd=cwd)
     except subprocess.TimeoutExpired as e:
         raise Failure("%s: no end after %d s\n%s\n%s" % (" ".join(cmd), timeout,
                                                          _text(e.stdout), _text(e.stderr)))
