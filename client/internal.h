@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <stddef.h>
@@ -109,6 +110,9 @@ struct psc_client {
     int want_shm;            /* offer psd a shared segment */
     int auto_reconnect;
     int interrupt;           /* option interrupt: a signal ends a wait (PSC_EINTR) */
+    int wakeup_fd;           /* option wakeup_fd: a descriptor a signal makes
+                              * readable, watched by every wait beside its
+                              * socket (ps_conn.wake_fd); -1: none */
     int intr;                /* a signal interrupted a wait of this call (the links'
                               * `interrupted`); cleared when a call begins */
     int desync;              /* a wait was interrupted: the links may be mid-frame */
@@ -240,6 +244,9 @@ __attribute__((format(printf, 3, 4)))
 int psc__fail(psc_client *c, int code, const char *fmt, ...);
 int psc__lfail(psc_client *c, uint32_t i, int rc);
 int psc__interrupted(psc_client *c, int rc);
+/* A call begins: a signal before it is not its own. Empties the wake-up
+ * descriptor (option wakeup_fd). */
+void psc__call_begins(psc_client *c);
 
 /* ---- layout.c ---- */
 void psc__unmake_links(psc_client *c);

@@ -116,6 +116,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     ps_msg m, r;
     psc__hb_stop(ln);
     ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
+    ln->cl.wake_fd = c->wakeup_fd;
     int hs = c->timeout_ms < HANDSHAKE_MS ? c->timeout_ms : HANDSHAKE_MS;
     int64_t deadline = psc__mono_ms() + hs;
     pthread_mutex_lock(&ln->lock);
@@ -142,6 +143,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.plan = c->plan;
     }
     ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
+    ln->cl.wake_fd = c->wakeup_fd;
     ln->cl.spin_us = c->spin_us;
     ln->cl.wire_dt = PS_DT_F32; /* until this psd's welcome offers more */
     ln->shm_ok = 0;
@@ -507,6 +509,7 @@ int psc_connect(psc_client *c)
     if (rc != 0)
         return rc;
     c->intr = 0;
+    psc__call_begins(c);
     rc = psc__open_retry(c, c->connect_ms, NULL);
     psc__waiting_clear(c); /* its pull may have waited */
     if (rc == 0)

@@ -98,6 +98,24 @@ static int set_onoff(psc_client *c, const opt_row *r, const char *value)
     return 0;
 }
 
+/* "off" (-1) or a descriptor open for reading without blocking */
+static int set_fd(psc_client *c, const opt_row *r, const char *value)
+{
+    uint64_t v;
+    if (strcmp(value, "off") == 0) {
+        c->wakeup_fd = -1;
+        return 0;
+    }
+    if (ps_parse_u64(value, INT_MAX, &v))
+        return bad_value(c, r, value);
+    int fl = fcntl((int)v, F_GETFL);
+    if (fl < 0 || !(fl & O_NONBLOCK) || (fl & O_ACCMODE) == O_WRONLY)
+        return psc__fail(c, PSC_EINVAL, "bad %s '%.100s': %s", r->info.name, value,
+                         fl < 0 ? "not an open descriptor" : "it must be open for reading and non-blocking (O_NONBLOCK)");
+    c->wakeup_fd = (int)v;
+    return 0;
+}
+
 /* "auto" (-1), "on" (1) or "off" (0) */
 static int set_auto(psc_client *c, const opt_row *r, const char *value)
 {
@@ -265,6 +283,12 @@ static const opt_row options[] = {
       "a signal handled while a call waits for psd ends the call with PSC_EINTR (the connection reconnects at "
       "the next call); off: waits go on through signals; psc_wait is not interrupted"},
      OPT_BEFORE_CONNECT, set_onoff, 0, 0, 0, 1, OPT_FIELD(interrupt), 0},
+    {{"wakeup_fd", NULL, "FD|off", "off or a descriptor open for reading, non-blocking", "off",
+      "with interrupt on, a descriptor that a signal makes readable (a self-pipe, as Python's "
+      "signal.set_wakeup_fd makes; the Python package sets one up): every wait watches it beside its "
+      "connection, so a signal that lands just before the wait sleeps, or on another thread, still ends the "
+      "call with PSC_EINTR; each call empties it when it begins"},
+     OPT_BEFORE_CONNECT, set_fd, 0, 0, 0, 1, 0, 0},
     {{"barrier", "barrier", "auto|on|off", "auto, on or off", "auto",
       "a bsp step over a split model ends at a barrier on the first psd, so that every worker starts its next "
       "round together; auto: when a psd is on another machine"},

@@ -82,6 +82,14 @@ int psc__interrupted(psc_client *c, int rc)
     return rc;
 }
 
+void psc__call_begins(psc_client *c)
+{
+    char b[64];
+    if (c->interrupt && c->wakeup_fd >= 0)
+        while (read(c->wakeup_fd, b, sizeof b) > 0) {
+        }
+}
+
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 
 static void log_setup(void)
@@ -115,6 +123,7 @@ psc_client *psc_new(void)
     c->want_dt = PS_DT_F32;
     c->skip_zeros = 1;
     c->compress = -1;
+    c->wakeup_fd = -1;
     c->want_shm = 1;
     c->auto_reconnect = 1;
     c->chunk = CHUNK_FLOATS;

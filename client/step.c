@@ -379,6 +379,7 @@ int psc__ready(psc_client *c, const char *what)
         return psc__fail(c, PSC_ESTATE, "%s: not connected (psc_connect first)", what);
     if (psc__busy(c))
         return psc__fail(c, PSC_EBUSY, "%s: a step is in flight (psc_wait first)", what);
+    psc__call_begins(c);
     if (c->desync) {
         c->intr = 0;
         return resync(c);

@@ -51,6 +51,7 @@ void ps_conn_init(ps_conn *c)
 {
     memset(c, 0, sizeof *c);
     c->fd = -1;
+    c->wake_fd = -1;
     c->next_id = 1;
     c->max_frame = PS_FRAME_MAX_HARD;
     msgpack_zone_init(&c->zone, 4096);
@@ -112,6 +113,15 @@ static int64_t now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* A signal made c->wake_fd readable (only when signals end waits). */
+static int woken(const ps_conn *c)
+{
+    if (!c->interrupted || c->wake_fd < 0)
+        return 0;
+    struct pollfd w = {.fd = c->wake_fd, .events = POLLIN};
+    return poll(&w, 1, 0) > 0;
+}
+
 /* The first c->spin_us microseconds of a wait for a reply (not past the
  * deadline): polls the socket without sleeping, yielding the CPU between
  * polls, so that psd's reply need not wake a sleeping thread (on a virtual
@@ -143,6 +153,8 @@ static int spin_fd(ps_conn *c, int64_t deadline, sigset_t *mask, int *blocked)
         }
         if (*blocked && (sigpending(&pending), !sigisemptyset(&pending)))
             break;
+        if (woken(c))
+            break;
         sched_yield();
     } while (now_us() < end);
     return 0;
@@ -172,21 +184,23 @@ static int wait_fd(ps_conn *c, short events, int64_t deadline)
                 pthread_sigmask(SIG_SETMASK, &mask, NULL);
             return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
         }
-        struct pollfd p = {.fd = c->fd, .events = events};
+        /* p[1]: the wake-up descriptor, when signals end waits */
+        struct pollfd p[2] = {{.fd = c->fd, .events = events}, {.fd = c->wake_fd, .events = POLLIN}};
+        nfds_t np = c->interrupted && c->wake_fd >= 0 ? 2 : 1;
         int n;
         if (blocked) { /* the caller's mask while it sleeps: a pending signal's handler runs in it */
             struct timespec ts = {tmo / 1000, (long)(tmo % 1000) * 1000000};
-            n = ppoll(&p, 1, tmo < 0 ? NULL : &ts, &mask);
+            n = ppoll(p, np, tmo < 0 ? NULL : &ts, &mask);
             int e = errno;
             pthread_sigmask(SIG_SETMASK, &mask, NULL);
             blocked = 0;
             errno = e;
         } else {
-            n = poll(&p, 1, tmo);
+            n = poll(p, np, tmo);
         }
-        if (n > 0)
-            return 0;
-        if (n < 0 && errno == EINTR && c->interrupted) {
+        if (n > 0 && p[0].revents)
+            return 0; /* a reply first: the signal ends the next wait, or the call's caller sees it */
+        if ((n > 0 && p[1].revents) || (n < 0 && errno == EINTR && c->interrupted)) {
             __atomic_store_n(c->interrupted, 1, __ATOMIC_RELAXED);
             return cfail(c, PS_CLIENT_EINTR, "%s: interrupted by a signal while waiting for psd", c->server);
         }

@@ -85,6 +85,14 @@ typedef struct ps_conn {
                                * interrupts (a handler ran) sets *interrupted, and
                                * every wait ends with PS_CLIENT_EINTR while it is
                                * set, until the owner clears it */
+    int wake_fd;              /* -1: none. Else, with interrupted set, a
+                               * descriptor a signal makes readable (a
+                               * self-pipe: Python's signal.set_wakeup_fd),
+                               * watched beside the socket: readable, the
+                               * wait ends as a signal's EINTR would. So a
+                               * signal that lands before the wait sleeps,
+                               * or on another thread, still ends it. The
+                               * owner empties it when a call begins */
     char err[1024];           /* last error, for people */
 } ps_conn;
 

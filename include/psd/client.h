@@ -176,6 +176,13 @@ PSC_API psc_client *psc_new(void);
  *                psc_leave (it says bye at once) or try the call again (the
  *                library reconnects first: a wait ended mid-frame leaves
  *                the connection unusable); psc_wait is not interrupted
+ *   wakeup_fd    "off" (the default) or a descriptor open for reading and
+ *                non-blocking that a signal makes readable (a self-pipe
+ *                the handler writes to; Python's signal.set_wakeup_fd):
+ *                with interrupt on, every wait watches it beside its
+ *                connection, so a signal that lands just before the wait
+ *                sleeps, or on another thread, still ends the call with
+ *                PSC_EINTR. Each call empties it when it begins
  * Before psc_connect only, except "log" and "report_s". Returns 0, PSC_EINVAL (an unknown
  * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
 PSC_API int psc_set(psc_client *c, const char *key, const char *value);

@@ -10,7 +10,7 @@ from ._lib import lib
 from .errors import PsdError, _EINTR
 from .options import _OPTIONS, _opt_text
 from .planning import PlanCalls
-from .signals import _run_signal_handlers, _stop_on_sigterm, _stop_signal
+from .signals import _run_signal_handlers, _stop_on_sigterm, _stop_signal, _wakeup_fd
 from .tables import TableCalls
 
 
@@ -57,6 +57,10 @@ class Client(TableCalls, PlanCalls):
             self._check(lib.psc_set(c, key.encode(), _opt_text(value).encode()))
         if options.get("interrupt") is None:
             self._check(lib.psc_set(c, b"interrupt", b"on"))
+        if options.get("interrupt") in (None, True, "on") and options.get("wakeup_fd") is None:
+            fd = _wakeup_fd()  # a signal on any thread, or just before a wait, ends the wait
+            if fd is not None:
+                self._check(lib.psc_set(c, b"wakeup_fd", str(fd).encode()))
         items = tensors.items() if isinstance(tensors, dict) else tensors
         self._buffers = {}
         for item in items:

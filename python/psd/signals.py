@@ -5,6 +5,7 @@ ends with SIGTERM's status, as an uncaught SIGTERM would."""
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -52,6 +53,38 @@ def _stop_on_sigterm():
                 sys.excepthook = _excepthook
     except (ValueError, OSError):  # an embedded interpreter without signals
         pass
+
+
+_wake = []  # (reader, writer): the socket pair whose writer is Python's signal wake-up fd, once set
+
+
+def _wakeup_fd():
+    """The descriptor a signal makes readable, for libpsclient's option
+    wakeup_fd, or None. Python's C-level handler writes to the wake-up fd
+    (signal.set_wakeup_fd) whatever thread the signal lands on and whenever
+    it lands, where a wait's poll sees EINTR only when the signal reaches
+    the waiting thread while it sleeps. Set once, from the main thread
+    (the only one that may), unless somebody else set one (asyncio does),
+    which stays theirs."""
+    if _wake:
+        return _wake[0].fileno()
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    r, w = socket.socketpair()
+    r.setblocking(False)
+    w.setblocking(False)
+    try:
+        old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    except (ValueError, OSError):  # an embedded interpreter without signals
+        old = None
+    if old != -1:
+        if old is not None:
+            signal.set_wakeup_fd(old)
+        r.close()
+        w.close()
+        return None
+    _wake.extend((r, w))
+    return r.fileno()
 
 
 def _run_signal_handlers():

@@ -698,6 +698,68 @@ def test_a_signal_ends_a_bsp_wait_and_the_worker_says_bye(cluster, sig):
     assert row["state"] == "left" and row["why"] == "stopped by %s" % name, row
 
 
+STEP_CHILD_OTHER_THREAD = """
+import signal, sys, threading, time
+import psd
+class Stop(Exception):
+    pass
+def on_usr1(signum, frame):
+    raise Stop("SIGUSR1")
+signal.signal(signal.SIGUSR1, on_usr1)
+c = psd.Client([("w", (4,))], server=sys.argv[1], shard="0/2", connect_s=5)
+c.connect()
+def watch():
+    while c.waited() < 0.3:
+        time.sleep(0.01)
+    print("waiting", flush=True)
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # on this thread, not the waiting one
+    print("sent", flush=True)
+threading.Thread(target=watch, daemon=True).start()
+try:
+    c.pushpull()
+except Stop as e:
+    print("Stop %s" % e, flush=True)
+    sys.exit(3)
+print("step returned", flush=True)
+"""
+
+
+def test_a_signal_on_another_thread_ends_a_bsp_wait(cluster):
+    """A signal that lands on another thread than the waiting one (as in a
+    program with threads of its own, PyTorch's among them), or on the
+    waiting thread just before its wait sleeps, interrupts no poll: the
+    wake-up descriptor the package sets (signal.set_wakeup_fd, libpsclient's
+    option wakeup_fd) ends the wait all the same, and the handler runs.
+    Without it this step waits for a shard that never joins, for ever."""
+    p = start(cluster, mode="bsp", args=("--set", "join_timeout=0", "--set", "heartbeat_timeout=1s"))
+    w = harness.Proc("sig-thread-child", [PY, "-c", STEP_CHILD_OTHER_THREAD, p.addr], cluster.dir,
+                     env=dict(os.environ))
+    try:
+        harness.wait_until(lambda: "sent" in w.stdout() or not w.alive(), 20, "the child's signal to its thread")
+        rc = w.wait(10)
+        assert rc == 3, (rc, w.stdout(), w.stderr())
+        assert "Stop SIGUSR1" in w.stdout(), w.stdout()
+    finally:
+        w.kill()
+
+
+def test_wakeup_fd_is_checked(cluster):
+    """The option takes a descriptor open for reading without blocking, or
+    off; anything else is refused with what it must be."""
+    r, wr = os.pipe()
+    try:
+        for bad, why in (("x", "off or a descriptor"), (str(wr), "open for reading"), (str(r), "non-blocking"),
+                         ("99999", "not an open descriptor")):
+            with pytest.raises(psd.PsdError, match=why):
+                psd.Client([("w", (4,))], interrupt=True, wakeup_fd=bad)
+        os.set_blocking(r, False)
+        psd.Client([("w", (4,))], interrupt=True, wakeup_fd=r).close()
+        psd.Client([("w", (4,))], interrupt=True, wakeup_fd="off").close()
+    finally:
+        os.close(r)
+        os.close(wr)
+
+
 def test_a_wrong_address_is_said_at_once(cluster):
     """psd not there: the client says on stderr at once that it waits for
     psd at that address and for how long, not only after connect_s."""
