@@ -538,18 +538,6 @@ int srv_on_admin(srv_conn *c, ps_msg *m)
     return 0;
 }
 
-int srv_on_echo(srv_conn *c, ps_msg *m)
-{
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_OK);
-    r.has = PS_F_ID | PS_F_TEXT;
-    r.id = m->id;
-    r.text = m->text;
-    r.text_len = m->text_len;
-    srv_send(c, &r, NULL);
-    return 0;
-}
-
 int srv_on_auth(srv_conn *c, ps_msg *m)
 {
     srv_send_error(c, m->id, PS_ESTATE, 0, "auth without a challenge: %s",

@@ -449,18 +449,6 @@ MIN_ACCURACY = 0.95  # a clean run of this job reaches about 0.97 in either wire
 MAX_GAP = 0.015      # bf16 may trail float32 by at most 1.5 points
 
 
-class EchoTest(unittest.TestCase):
-    def test_echo(self):
-        with harness.Cluster("psd-echo") as cl:
-            psd = cl.psd(mode="asgd", workers=1)
-            with harness.RawClient(psd.addr, 10.0) as c:
-                c.hello_admin()
-                r = c.request({"t": harness.T_ECHO, "text": "hi"})
-                self.assertEqual((r.get("t"), r.get("text")), (harness.T_OK, "hi"))
-                harness.expect_error(self, c.request({"t": harness.T_ECHO}), harness.E_BAD_FIELD, "echo without text")
-            psd.stop()
-
-
 def w1_psd_args(mode, limit, epochs):
     """W1's psd settings (docs/settings.md), the cosine over this job's versions."""
     steps = (limit // 2 + BATCH - 1) // BATCH * epochs
