@@ -77,7 +77,7 @@ int ps_buf_write(void *data, const char *buf, size_t len)
 typedef struct msg_type_row {
     const char *name;
     uint64_t required;
-    char dir;
+    ps_msg_dir dir;
 } msg_type_row;
 
 #define PS_MSG(NAME, name, t, dir, required)                                                            \
@@ -87,7 +87,7 @@ typedef struct msg_type_row {
 #undef PS_MSG
 
 static const msg_type_row msg_types[PS_MSG_TYPE_MAX + 1] = {
-#define PS_MSG(NAME, name, t, dir, required) [t] = {#name, required, #dir[0]},
+#define PS_MSG(NAME, name, t, dir, required) [t] = {#name, required, PS_DIR_##dir},
 #include "messages.def"
 #undef PS_MSG
 };
@@ -101,7 +101,7 @@ const char *ps_msg_type_name(uint32_t type)
 
 ps_msg_dir ps_msg_type_dir(uint32_t type)
 {
-    return type >= 1 && type <= PS_MSG_TYPE_MAX ? (ps_msg_dir)msg_types[type].dir : PS_DIR_NONE;
+    return type >= 1 && type <= PS_MSG_TYPE_MAX ? msg_types[type].dir : PS_DIR_NONE;
 }
 
 int ps_msg_from_server_only(uint32_t type)
