@@ -5,7 +5,8 @@
  * psd: local SGD pushes w_base - w as the round's push and pulls the
  * round's mean model; elastic averaging pulls the centre c, moves the
  * local model by e = alpha (w - c) towards it and pushes -e. Owns
- * psc_client.avg_base. A buffer (psc_add_buffer) is no trained value: it
+ * psc_client.avg_base (which link.c's average_opened sets at each open,
+ * with the settings psd's WELCOME gave). A buffer (psc_add_buffer) is no trained value: it
  * goes as its value, as in any push, and keeps the local one. */
 #include "internal.h"
 
@@ -21,26 +22,6 @@ static int is_buffer(const ps_layout *l, uint64_t i, uint64_t *end)
         }
     }
     *end = l->total;
-    return 0;
-}
-
-int psc__average_opened(psc_client *c, const int *fresh)
-{
-    const psc_link *first = &c->links[0];
-    c->local = first->local;
-    c->alpha = first->alpha;
-    c->tau = first->tau ? first->tau : 1;
-    if (!c->local && !(c->alpha > 0))
-        return 0;
-    uint64_t n = c->layout.total;
-    if (!c->avg_base && !(c->avg_base = malloc((n ? n : 1) * sizeof(float))))
-        return psc__fail(c, PSC_ENOMEM, "out of memory for a copy of the model (%" PRIu64 " values), which %s keeps",
-                         n, c->local ? "local SGD" : "elastic averaging");
-    /* a part pulled anew is the base its local steps start from */
-    for (uint32_t i = 0; i < c->nlinks; i++)
-        if (fresh[i])
-            memcpy(c->avg_base + c->links[i].lo, c->params + c->links[i].lo,
-                   (size_t)(c->links[i].hi - c->links[i].lo) * sizeof(float));
     return 0;
 }
 
@@ -63,7 +44,7 @@ int psc_elastic(const psc_client *c, double *alpha, uint32_t *tau)
 /* Local SGD's exchange: the difference between the model pulled last and
  * the local one goes as this worker's push of the round (its base the
  * version pulled last), and the round's mean model comes back; it is the
- * next base (a reconnect's pull too: psc__average_opened). */
+ * next base (a reconnect's pull too: average_opened in link.c). */
 static int local_sync(psc_client *c)
 {
     const ps_layout *l = &c->layout;

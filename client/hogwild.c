@@ -6,7 +6,8 @@
  * mapping keeps its address for the client's life: a reconnect to a psd
  * that names another segment (a restarted one) maps that one in its place,
  * so a caller whose parameters are that memory (psc_hogwild_params, bound
- * with psc_bind) never holds a stale pointer. */
+ * with psc_bind) never holds a stale pointer. A step first asks whether
+ * psd closed the connection (psc__hogwild_gone), and step.c reconnects. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -70,7 +71,7 @@ uint64_t psc__hogwild_version(const psc_client *c)
 /* Whether psd closed the connection (or said something: it says nothing
  * unasked in a Hogwild! job but an ERROR before it closes); looked at
  * every 100 ms at most, so a step costs no system call. */
-static int link_gone(psc_client *c)
+int psc__hogwild_gone(psc_client *c)
 {
     int64_t now = psc__mono_ms();
     if (now - c->hw_checked_ms < 100)
@@ -85,15 +86,6 @@ static int link_gone(psc_client *c)
 
 int psc__hogwild_step(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
-    if (link_gone(c)) {
-        psc__fail(c, PSC_ECLOSED, "psd at %s closed the connection", c->links[0].server);
-        int rc = c->auto_reconnect ? psc__reconnect(c, PS_ECLOSED) : PSC_ECLOSED;
-        if (rc != 0)
-            return rc;
-        if (op != OP_PULL)
-            c->lost++; /* as with any reconnect: the open pulled the model anew */
-        return 0;
-    }
     float *w = c->hw;
     if (op != OP_PULL) {
         const float lr = (float)c->hw_lr;

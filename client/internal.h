@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <stddef.h>
@@ -238,7 +237,10 @@ typedef struct pieces_job {
 
 enum op { OP_PUSHPULL, OP_PUSH, OP_PULL };
 
-/* ---- psclient.c ---- */
+/* The files stand on each other one way, from the bottom (base.c) up:
+ * each calls only files listed before it (test integration_deps). */
+
+/* ---- base.c ---- */
 int64_t psc__mono_ms(void);
 __attribute__((format(printf, 3, 4)))
 int psc__fail(psc_client *c, int code, const char *fmt, ...);
@@ -247,26 +249,8 @@ int psc__interrupted(psc_client *c, int rc);
 /* A call begins: a signal before it is not its own. Empties the wake-up
  * descriptor (option wakeup_fd). */
 void psc__call_begins(psc_client *c);
-
-/* ---- layout.c ---- */
-void psc__unmake_links(psc_client *c);
-int psc__fix_layout(psc_client *c);
-int psc__busy(psc_client *c);
-
-/* ---- link.c ---- */
-void psc__link_close(psc_link *ln);
-void psc__tseg_free(psc_link *ln);
-/* A memfd of `bytes` sealed against shrinking, growing and more seals
- * (psd would fault on pages cut off under it), mapped shared; its fd in
- * *fd_out. NULL when the kernel refuses. */
-void *psc__memfd_map(const char *name, size_t bytes, int *fd_out);
 int psc__recoverable(const psc_client *c, int rc);
 int psc__public_code(const psc_client *c, int rc);
-int psc__open_retry(psc_client *c, int limit_ms, const char *first);
-/* After a call failed with rc_lost (recoverable) on link err_link:
- * reconnects, the lost link to its part's next replica when psd is gone or
- * follows a leader; the links connected anew are marked reopened. */
-int psc__reconnect(psc_client *c, int rc_lost);
 /* A call that pushes begins: each link gets a block of `most` push ids
  * (the most push messages the call may send it), after every id given
  * before (PROTOCOL.md 15). */
@@ -283,38 +267,64 @@ static inline int psc__sends_to(const psc_client *c, uint32_t i)
     return !c->resending || c->links[i].reopened;
 }
 
-/* ---- step.c ---- */
+/* ---- threads.c ---- */
+void psc__on_wait(void *arg, const char *text, size_t len);
+void psc__waiting_clear(psc_client *c);
+int psc__start_thread(pthread_t *t, void *(*fn)(void *), void *arg);
+/* Stops a thread of the library that waits on cv under mu until *stop:
+ * sets *stop, wakes the thread and joins it; *running and *stop are 0
+ * after. Nothing when *running is 0. */
+void psc__thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop, int *running);
+void psc__hb_stop(psc_link *ln);
+void psc__hb_start(psc_link *ln);
+
+/* ---- hogwild.c ---- */
+int psc__hogwild_map(psc_client *c, uint32_t pid, uint32_t fd);
+void psc__hogwild_unmap(psc_client *c);
+uint64_t psc__hogwild_version(const psc_client *c);
+/* 1 when psd closed link 0's connection (or said something unasked),
+ * looked at every 100 ms at most: the caller reconnects (step.c). */
+int psc__hogwild_gone(psc_client *c);
+int psc__hogwild_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
+
+/* ---- chunks.c ---- */
 int psc__chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *values, uint64_t off, size_t n,
                     uint64_t base, size_t *sent);
 int psc__chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops);
 int psc__pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64_t n, uint64_t min);
-int psc__ready(psc_client *c, const char *what);
 uint64_t psc__push_base(const psc_client *c, const psc_link *ln);
-int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len);
 
-/* ---- average.c ---- */
-/* After do_open: the averaging settings from the first psd's WELCOME and,
- * for each part just pulled (fresh[i]), its new base. 0 or a code. */
-int psc__average_opened(psc_client *c, const int *fresh);
+/* ---- layout.c ---- */
+void psc__link_close(psc_link *ln);
+/* A memfd of `bytes` sealed against shrinking, growing and more seals
+ * (psd would fault on pages cut off under it), mapped shared; its fd in
+ * *fd_out. NULL when the kernel refuses. */
+void *psc__memfd_map(const char *name, size_t bytes, int *fd_out);
+int psc__tseg_create(psc_link *ln);
+void psc__tseg_free(psc_link *ln);
+void psc__unmake_links(psc_client *c);
+int psc__fix_layout(psc_client *c);
+int psc__busy(psc_client *c);
+
+/* ---- link.c ---- */
+int psc__open_retry(psc_client *c, int limit_ms, const char *first);
+/* After a call failed with rc_lost (recoverable) on link err_link:
+ * reconnects, the lost link to its part's next replica when psd is gone or
+ * follows a leader; the links connected anew are marked reopened. */
+int psc__reconnect(psc_client *c, int rc_lost);
+int psc__ready(psc_client *c, const char *what);
 
 /* ---- pieces.c ---- */
 int psc__pieced(const psc_client *c, const psc_link *ln);
 void *psc__pieces_send(void *arg);
 void psc__pieces_recv(psc_client *c, pieces_job *j);
 
-/* ---- threads.c ---- */
-void psc__on_wait(void *arg, const char *text, size_t len);
-void psc__waiting_clear(psc_client *c);
-int psc__start_thread(pthread_t *t, void *(*fn)(void *), void *arg);
-void psc__hb_stop(psc_link *ln);
-void psc__hb_start(psc_link *ln);
+/* ---- step.c ---- */
+int psc__run(psc_client *c, enum op op, uint64_t off, uint64_t len);
+
+/* ---- async.c ---- */
 void psc__async_stop(psc_client *c);
 
-/* ---- hogwild.c ---- */
-int psc__hogwild_map(psc_client *c, uint32_t pid, uint32_t fd);
-void psc__hogwild_unmap(psc_client *c);
-uint64_t psc__hogwild_version(const psc_client *c);
-int psc__hogwild_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
 /* ---- table.c ---- */
 void psc__tables_free(psc_client *c);
 

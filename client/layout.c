@@ -1,8 +1,54 @@
 /* layout.c - libpsclient: the model's layout and vectors: tensors declared, the layout fixed
- * into one link per psd part, the shared segment, the library's or the caller's parameter and
- * gradient vectors. */
+ * into one link per psd part, a link's own resources (closing its connection, its table
+ * segment, the sealed memfds the segments are), the shared segment, the library's or the
+ * caller's parameter and gradient vectors. */
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
+
+void psc__link_close(psc_link *ln)
+{
+    psc__hb_stop(ln);
+    pthread_mutex_lock(&ln->lock);
+    ps_conn_close(&ln->cl);
+    pthread_mutex_unlock(&ln->lock);
+}
+
+void *psc__memfd_map(const char *name, size_t bytes, int *fd_out)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return NULL;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_out = fd;
+    return p;
+}
+
+/* The table segment ln offers a psd on this machine (PROTOCOL.md 13.9): a
+ * memfd of PSC_TSEG_BYTES, made at the first hello and kept across
+ * reconnects. Its pages take memory only as requests touch them. 0, or -1
+ * (rows then go in frames). */
+int psc__tseg_create(psc_link *ln)
+{
+    if (!ln->tseg)
+        ln->tseg = psc__memfd_map("psclient-tables", PSC_TSEG_BYTES, &ln->tseg_fd);
+    return ln->tseg ? 0 : -1;
+}
+
+void psc__tseg_free(psc_link *ln)
+{
+    if (!ln->tseg)
+        return;
+    munmap(ln->tseg, PSC_TSEG_BYTES);
+    close(ln->tseg_fd);
+    ln->tseg = NULL;
+    ln->tseg_ok = 0;
+}
 
 int psc_add_tensor(psc_client *c, const char *name, uint32_t ndim, const uint64_t *dims)
 {

@@ -1,52 +1,9 @@
 /* link.c - libpsclient: the links to psd: hello and welcome on each, opening them all with
- * backoff and jitter, which errors a reconnect may cure, reconnecting. */
+ * backoff and jitter (and, once open, the averaging settings and base: average_opened),
+ * reconnecting, and psc__ready, which every call passes first (opening the links anew after
+ * an interrupted wait). Which errors a reconnect may cure is base.c's. */
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
-
-void psc__link_close(psc_link *ln)
-{
-    psc__hb_stop(ln);
-    pthread_mutex_lock(&ln->lock);
-    ps_conn_close(&ln->cl);
-    pthread_mutex_unlock(&ln->lock);
-}
-
-void *psc__memfd_map(const char *name, size_t bytes, int *fd_out)
-{
-    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
-        return NULL;
-    void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)bytes) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-        close(fd);
-        return NULL;
-    }
-    *fd_out = fd;
-    return p;
-}
-
-/* The table segment ln offers a psd on this machine (PROTOCOL.md 13.9): a
- * memfd of PSC_TSEG_BYTES, made at the first hello and kept across
- * reconnects. Its pages take memory only as requests touch them. 0, or -1
- * (rows then go in frames). */
-static int tseg_create(psc_link *ln)
-{
-    if (!ln->tseg)
-        ln->tseg = psc__memfd_map("psclient-tables", PSC_TSEG_BYTES, &ln->tseg_fd);
-    return ln->tseg ? 0 : -1;
-}
-
-void psc__tseg_free(psc_link *ln)
-{
-    if (!ln->tseg)
-        return;
-    munmap(ln->tseg, PSC_TSEG_BYTES);
-    close(ln->tseg_fd);
-    ln->tseg = NULL;
-    ln->tseg_ok = 0;
-}
 
 /* The longest a handshake may take: resolving the name, the TCP connect,
  * hello and welcome (and AUTH). Shorter than the backoff's cap, so an
@@ -161,7 +118,7 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         }
     }
     ln->tseg_ok = 0;
-    if (c->want_shm && !ln->remote && tseg_create(ln) == 0) {
+    if (c->want_shm && !ln->remote && psc__tseg_create(ln) == 0) {
         m.has |= PS_F_TSHM;
         m.tshm = (ps_pidfd){(uint32_t)getpid(), (uint32_t)ln->tseg_fd};
     }
@@ -307,6 +264,29 @@ static int open_fail(psc_client *c, const int *fresh, uint32_t i, int rc)
     return psc__lfail(c, i, rc);
 }
 
+/* After do_open: the averaging settings from the first psd's WELCOME and,
+ * for each part just pulled (fresh[i]), the base its local steps start
+ * from (local SGD, elastic averaging: average.c). 0 or a code. */
+static int average_opened(psc_client *c, const int *fresh)
+{
+    const psc_link *first = &c->links[0];
+    c->local = first->local;
+    c->alpha = first->alpha;
+    c->tau = first->tau ? first->tau : 1;
+    if (!c->local && !(c->alpha > 0))
+        return 0;
+    uint64_t n = c->layout.total;
+    if (!c->avg_base && !(c->avg_base = malloc((n ? n : 1) * sizeof(float))))
+        return psc__fail(c, PSC_ENOMEM, "out of memory for a copy of the model (%" PRIu64 " values), which %s keeps",
+                         n, c->local ? "local SGD" : "elastic averaging");
+    /* a part pulled anew is the base its local steps start from */
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if (fresh[i])
+            memcpy(c->avg_base + c->links[i].lo, c->params + c->links[i].lo,
+                   (size_t)(c->links[i].hi - c->links[i].lo) * sizeof(float));
+    return 0;
+}
+
 /* Connects every link not connected, says hello, gives initial values to
  * a psd that asks (the parameter vector as it is), pulls each fresh part
  * and starts its heartbeats. */
@@ -363,7 +343,7 @@ static int do_open(psc_client *c)
         if (rc != 0)
             return open_fail(c, fresh, i, rc);
     }
-    int rc = psc__average_opened(c, fresh);
+    int rc = average_opened(c, fresh);
     if (rc != 0)
         return open_fail(c, fresh, 0, rc);
     c->version = c->links[0].version;
@@ -372,45 +352,6 @@ static int do_open(psc_client *c)
         if (fresh[i])
             psc__hb_start(&c->links[i]);
     return 0;
-}
-
-/* rc means the connection is gone, psd is restarting or full, so trying
- * again may help; not errors that would repeat (a layout psd does not
- * hold, a bad shard or token, a protocol version). */
-int psc__recoverable(const psc_client *c, int rc)
-{
-    const ps_conn *cl = &c->links[c->err_link].cl;
-    switch (rc) {
-    case PS_ECLOSED:
-    case PS_EIO:
-    case PS_ECONNECT:
-    case PS_ETIMEOUT:
-        return 1;
-    case PS_EREMOTE:
-        /* psd shutting down or full; our old connection not yet noticed
-         * gone; the worker giving initial values left before finishing */
-        /* a shard taken is our own old connection, not yet noticed gone,
-         * only when reconnecting: at the first connect it is another
-         * worker's, which retrying does not change */
-        /* a follower: its leader, or another replica, will take us */
-        return cl->remote_code == -PS_ESHUTDOWN || (cl->remote_code == -PS_ESHARD && c->connected) ||
-               cl->remote_code == -PS_ENOT_LEADER ||
-               cl->remote_code == -PS_ENOT_READY || cl->remote_code == -PS_ELIMIT;
-    default:
-        return 0;
-    }
-}
-
-/* psd's own code for a refusal: PSC_EREMOTE becomes the code psd sent
- * when it is one the header lists. */
-int psc__public_code(const psc_client *c, int rc)
-{
-    if (rc == PS_CLIENT_EINTR)
-        return PSC_EINTR;
-    if (rc != PS_EREMOTE || !c->links)
-        return rc;
-    int32_t code = c->links[c->err_link].cl.remote_code; /* positive, as on the wire */
-    return code >= 1 && code <= 23 ? -code : rc;
 }
 
 /* A refusal that trying again cannot change: said at once, in words that
@@ -494,6 +435,36 @@ int psc__open_retry(psc_client *c, int limit_ms, const char *first)
     }
 }
 
+/* After a wait a signal interrupted (c->desync), the connections may be
+ * mid-frame or owe the interrupted call's reply, which the next call would
+ * take for its own: they are closed, and opened anew (the model pulled
+ * again). */
+static int resync(psc_client *c)
+{
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        psc__link_close(&c->links[i]);
+    int rc = psc__open_retry(c, c->reconnect_ms, NULL);
+    if (rc == 0)
+        c->desync = 0;
+    return rc;
+}
+
+int psc__ready(psc_client *c, const char *what)
+{
+    if (c->closed)
+        return psc__fail(c, PSC_ESTATE, "%s: the client is closed", what);
+    if (!c->connected)
+        return psc__fail(c, PSC_ESTATE, "%s: not connected (psc_connect first)", what);
+    if (psc__busy(c))
+        return psc__fail(c, PSC_EBUSY, "%s: a step is in flight (psc_wait first)", what);
+    psc__call_begins(c);
+    if (c->desync) {
+        c->intr = 0;
+        return resync(c);
+    }
+    return 0;
+}
+
 int psc_connect(psc_client *c)
 {
     if (c->closed)
@@ -546,18 +517,6 @@ int psc__reconnect(psc_client *c, int rc_lost)
     if (rc == 0)
         c->reconnects++;
     return rc;
-}
-
-void psc__pids_begin(psc_client *c, uint64_t most)
-{
-    most = most ? most : 1;
-    for (uint32_t i = 0; i < c->nlinks; i++) {
-        psc_link *ln = &c->links[i];
-        ln->pid_base = c->next_pid + i * most;
-        ln->step_ver = ln->version;
-        ln->reopened = 0;
-    }
-    c->next_pid += (uint64_t)c->nlinks * most;
 }
 
 int psc_reconnect(psc_client *c)

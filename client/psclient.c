@@ -3,23 +3,20 @@
  * chunked for big models, a model split over several psd, a shared-memory
  * segment, heartbeat threads, an asynchronous step, reconnects with
  * backoff); the wire itself is proto/ and common/conn.c. This file owns
- * the client object: creating it, errors and their messages, what psd said
- * (getters), closing and freeing. The rest, by concern: options.c (the
- * table of options), layout.c (tensors, links, vectors, the segment),
- * link.c (hello, opening, reconnecting), step.c (pushes, pulls, PUSHPULL,
- * BARRIER), pieces.c (a BSP step in pieces), threads.c (heartbeat and
- * asynchronous-step threads, what a step waits for), job.c (reports, live
- * shards, the plan), table.c (embedding tables); internal.h is what they
- * share. */
+ * the client object: creating it, the public error texts, what psd said
+ * (getters), closing and freeing. The rest, by concern: base.c (the
+ * client's error and its message, which errors a reconnect may cure, push
+ * ids), options.c (the table of options), layout.c (tensors, links,
+ * vectors, the segments), link.c (hello, opening, reconnecting), chunks.c
+ * (one link's chunked pushes and pulls), step.c (pushes, pulls, PUSHPULL,
+ * BARRIER), pieces.c (a BSP step in pieces), threads.c (heartbeat threads,
+ * what a step waits for), async.c (the asynchronous step), hogwild.c
+ * (Hogwild!), average.c (local SGD, elastic averaging), job.c (reports,
+ * live shards, the plan), table.c (embedding tables); internal.h is what
+ * they share, and says which file stands on which (calls go one way:
+ * base.c at the bottom, this file at the top). */
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
-
-int64_t psc__mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 #define PSC_STR_(x) #x
 
@@ -42,52 +39,6 @@ const char *psc_strerror(int code)
     case PSC_ESTATE: return "not allowed in this state (not connected, closed, or the layout already fixed)";
     default: return ps_strerror(code);
     }
-}
-
-const char *psc_errmsg(const psc_client *c)
-{
-    if (!c)
-        return "out of memory";
-    if (c->err[0] || !c->links)
-        return c->err[0] ? c->err : "no error";
-    return ps_conn_error(&c->links[c->err_link].cl);
-}
-
-__attribute__((format(printf, 3, 4)))
-int psc__fail(psc_client *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, sizeof c->err, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-/* Sets the link whose error is told to i and returns rc. */
-int psc__lfail(psc_client *c, uint32_t i, int rc)
-{
-    c->err[0] = '\0';
-    c->err_link = i;
-    return psc__interrupted(c, rc);
-}
-
-/* The one place the client is marked out of step: rc an interrupted wait
- * (PS_CLIENT_EINTR from a link, PSC_EINTR from a call), after which a link
- * may be mid-frame or owe a reply the next call would take for its own, so
- * the next call opens every link anew (psc__ready). Returns rc. */
-int psc__interrupted(psc_client *c, int rc)
-{
-    if (rc == PS_CLIENT_EINTR || rc == PSC_EINTR)
-        c->desync = 1;
-    return rc;
-}
-
-void psc__call_begins(psc_client *c)
-{
-    char b[64];
-    if (c->interrupt && c->wakeup_fd >= 0)
-        while (read(c->wakeup_fd, b, sizeof b) > 0) {
-        }
 }
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;

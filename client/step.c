@@ -1,73 +1,9 @@
-/* step.c - libpsclient: the requests of a step: chunked pushes and pulls, PUSHPULL over every
- * part in a staggered order, the BARRIER that ends a BSP step over a split model, and the
- * public push and pull calls. */
+/* step.c - libpsclient: the requests of a step: pushes and pulls over every part (each
+ * link's chunks are chunks.c's), PUSHPULL over every part in a staggered order, the BARRIER
+ * that ends a BSP step over a split model, a Hogwild! step or the reconnect when psd is gone,
+ * and the public push and pull calls. */
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
-
-/* Sends values[0..n) for the link's values [off, off + n) as chunks of type
- * INIT or PUSH (fin on the last), back back, without reading the OKs:
- * *sent counts the chunks that went. */
-int psc__chunks_out(psc_client *c, psc_link *ln, uint32_t type, const float *values, uint64_t off, size_t n,
-                    uint64_t base, size_t *sent)
-{
-    *sent = 0;
-    for (size_t k = 0; k < n; k += c->chunk) {
-        size_t len = n - k < c->chunk ? n - k : c->chunk;
-        ps_msg m;
-        ps_msg_init(&m, type);
-        m.has = PS_F_OFF | PS_F_DATA | PS_F_FIN | (type == PS_MSG_PUSH ? PS_F_BASE : 0);
-        m.off = off + k;
-        m.data = values + k;
-        m.ndata = len;
-        m.fin = k + len == n;
-        m.base = base;
-        if (type == PS_MSG_PUSH) { /* applied once (PROTOCOL.md 15) */
-            m.has2 = PS_F2_PID;
-            m.pid = psc__pid(ln, k / c->chunk);
-        }
-        int rc = ps_conn_send(&ln->cl, &m);
-        if (rc == 0 && c->pull_window == 0) /* option pull_window 0: each chunk waits for its OK */
-            rc = psc__chunks_acks(c, ln, 1, type == PS_MSG_PUSH && ln == c->links);
-        else if (rc == 0)
-            (*sent)++;
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
-/* Reads the OKs of `sent` chunks (psd answers in order). A push psd
- * dropped because its round had closed is counted, not an error. */
-int psc__chunks_acks(psc_client *c, psc_link *ln, size_t sent, int count_drops)
-{
-    for (size_t i = 0; i < sent; i++) {
-        ps_msg r;
-        int rc = ps_conn_recv(&ln->cl, &r, c->timeout_ms);
-        if (rc == PS_EREMOTE && ln->cl.remote_code == -PS_ESTALE) {
-            if (count_drops)
-                c->dropped += i + 1 == sent; /* the fin chunk's answer counts the step */
-            continue;
-        }
-        if (rc != 0)
-            return rc;
-        if (r.type != PS_MSG_OK)
-            return PS_EMALFORMED;
-    }
-    return 0;
-}
-
-/* Pulls the link's values [off, off + n) at version >= min into dst. */
-int psc__pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64_t n, uint64_t min)
-{
-    unsigned window = c->pull_window ? c->pull_window : 1;
-    return ps_conn_pull_chunks(&ln->cl, dst, off, n, min, c->chunk, window, &ln->version, c->timeout_ms);
-}
-
-/* The model version a push to ln says its gradient was computed on. */
-uint64_t psc__push_base(const psc_client *c, const psc_link *ln)
-{
-    return c->has_base && c->nlinks == 1 ? c->base : ln->version;
-}
 
 /* Sends ln's part of the gradient as a PUSHPULL that pulls the part back
  * at version >= min: through the segment when ln's psd mapped it (copying
@@ -357,36 +293,6 @@ static int do_pull(psc_client *c, uint64_t off, uint64_t len)
     return 0;
 }
 
-/* After a wait a signal interrupted (c->desync), the connections may be
- * mid-frame or owe the interrupted call's reply, which the next call would
- * take for its own: they are closed, and opened anew (the model pulled
- * again). */
-static int resync(psc_client *c)
-{
-    for (uint32_t i = 0; i < c->nlinks; i++)
-        psc__link_close(&c->links[i]);
-    int rc = psc__open_retry(c, c->reconnect_ms, NULL);
-    if (rc == 0)
-        c->desync = 0;
-    return rc;
-}
-
-int psc__ready(psc_client *c, const char *what)
-{
-    if (c->closed)
-        return psc__fail(c, PSC_ESTATE, "%s: the client is closed", what);
-    if (!c->connected)
-        return psc__fail(c, PSC_ESTATE, "%s: not connected (psc_connect first)", what);
-    if (psc__busy(c))
-        return psc__fail(c, PSC_EBUSY, "%s: a step is in flight (psc_wait first)", what);
-    psc__call_begins(c);
-    if (c->desync) {
-        c->intr = 0;
-        return resync(c);
-    }
-    return 0;
-}
-
 /* Runs one operation; a lost connection is reconnected (the step is then
  * lost) when the option says so. */
 static int run_step(psc_client *c, enum op op, uint64_t off, uint64_t len);
@@ -449,8 +355,18 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     /* every caller passed psc__ready first, which opened the links anew
      * after an interrupted wait (c->desync is 0 here) */
-    if (c->hw_on)
+    if (c->hw_on) {
+        if (psc__hogwild_gone(c)) {
+            psc__fail(c, PSC_ECLOSED, "psd at %s closed the connection", c->links[0].server);
+            int rc = c->auto_reconnect ? psc__reconnect(c, PS_ECLOSED) : PSC_ECLOSED;
+            if (rc != 0)
+                return rc;
+            if (op != OP_PULL)
+                c->lost++; /* as with any reconnect: the open pulled the model anew */
+            return 0;
+        }
         return psc__hogwild_step(c, op, off, len);
+    }
     psc__waiting_clear(c);
     c->intr = 0;
     int rc = psc__interrupted(c, run_step(c, op, off, len)); /* or a reconnect's wait */

@@ -1,5 +1,6 @@
-/* threads.c - libpsclient: the library's threads: one heartbeat thread per link, the
- * asynchronous step's thread, stopping either, and what psd said a step waits for. */
+/* threads.c - libpsclient: the library's threads: starting and stopping
+ * one, the heartbeat thread of each link, and what psd said a step waits
+ * for. The asynchronous step's thread is async.c's. */
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
 
@@ -88,7 +89,7 @@ static void *hb_main(void *arg)
 /* Stops a thread of the library that waits on cv under mu until *stop:
  * sets *stop, wakes the thread and joins it; *running and *stop are 0 after.
  * Nothing when *running is 0. */
-static void thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop, int *running)
+void psc__thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, int *stop, int *running)
 {
     if (!*running)
         return;
@@ -103,7 +104,7 @@ static void thread_stop(pthread_t th, pthread_mutex_t *mu, pthread_cond_t *cv, i
 
 void psc__hb_stop(psc_link *ln)
 {
-    thread_stop(ln->hb_thread, &ln->lock, &ln->wake, &ln->hb_stop, &ln->hb_running);
+    psc__thread_stop(ln->hb_thread, &ln->lock, &ln->wake, &ln->hb_stop, &ln->hb_running);
 }
 
 void psc__hb_start(psc_link *ln)
@@ -114,68 +115,4 @@ void psc__hb_start(psc_link *ln)
         ln->hb_running = 1;
     else
         PS_LOG(PS_LOG_WARN, "cannot start the heartbeat thread; psd may declare this worker dead when it is idle");
-}
-
-static void *async_main(void *arg)
-{
-    psc_client *c = arg;
-    pthread_mutex_lock(&c->async_mu);
-    for (;;) {
-        while (!c->async_pending && !c->async_stop)
-            pthread_cond_wait(&c->async_cv, &c->async_mu);
-        if (c->async_stop)
-            break;
-        pthread_mutex_unlock(&c->async_mu);
-        int rc = psc__run(c, OP_PUSHPULL, 0, c->layout.total);
-        pthread_mutex_lock(&c->async_mu);
-        c->async_rc = rc;
-        c->async_pending = 0;
-        pthread_cond_broadcast(&c->async_cv);
-    }
-    pthread_mutex_unlock(&c->async_mu);
-    return NULL;
-}
-
-int psc_pushpull_start(psc_client *c)
-{
-    int rc = psc__ready(c, "psc_pushpull_start");
-    if (rc != 0)
-        return rc;
-    if (!c->async_running) {
-        if (psc__start_thread(&c->async_thread, async_main, c) != 0)
-            return psc__fail(c, PSC_ENOMEM, "cannot start the library's step thread");
-        c->async_running = 1;
-    }
-    pthread_mutex_lock(&c->async_mu);
-    c->async_rc = 0;
-    c->async_pending = 1;
-    pthread_cond_broadcast(&c->async_cv);
-    pthread_mutex_unlock(&c->async_mu);
-    return 0;
-}
-
-int psc_wait(psc_client *c)
-{
-    if (!c->async_running)
-        return 0;
-    pthread_mutex_lock(&c->async_mu);
-    while (c->async_pending)
-        pthread_cond_wait(&c->async_cv, &c->async_mu);
-    int rc = c->async_rc;
-    c->async_rc = 0;
-    pthread_mutex_unlock(&c->async_mu);
-    return rc;
-}
-
-int psc_poll(psc_client *c)
-{
-    return !psc__busy(c);
-}
-
-void psc__async_stop(psc_client *c)
-{
-    if (!c->async_running)
-        return;
-    psc_wait(c); /* the step in flight first */
-    thread_stop(c->async_thread, &c->async_mu, &c->async_cv, &c->async_stop, &c->async_running);
 }

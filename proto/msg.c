@@ -1,5 +1,6 @@
 /* msg.c - the messages' common parts (msg.h, PROTOCOL.md): buffers, the
- * names of types, roles and dtypes, the table of every field
+ * table of message types (messages.def: names, directions, required
+ * fields), the names of roles and dtypes, the table of every field
  * (msg_fields.h), a map lookup. Encoding is msg_encode.c's, decoding
  * msg_decode.c's. */
 #include "msg.h"
@@ -70,27 +71,47 @@ int ps_buf_write(void *data, const char *buf, size_t len)
 
 /* ---- names ------------------------------------------------------------ */
 
-static const char *const type_names[PS_MSG_TYPE_MAX + 1] = {
-    [PS_MSG_HELLO] = "hello",     [PS_MSG_WELCOME] = "welcome",
-    [PS_MSG_INIT] = "init",       [PS_MSG_PUSH] = "push",
-    [PS_MSG_PULL] = "pull",       [PS_MSG_PUSHPULL] = "pushpull",
-    [PS_MSG_PARAMS] = "params",   [PS_MSG_OK] = "ok",
-    [PS_MSG_HEARTBEAT] = "heartbeat", [PS_MSG_STATUS] = "status",
-    [PS_MSG_STATUS_REPLY] = "status_reply", [PS_MSG_METRICS] = "metrics",
-    [PS_MSG_METRICS_REPLY] = "metrics_reply", [PS_MSG_REPORT] = "report",
-    [PS_MSG_ERROR] = "error",     [PS_MSG_BYE] = "bye",
-    [PS_MSG_ADMIN] = "admin",     [PS_MSG_CHALLENGE] = "challenge",
-    [PS_MSG_AUTH] = "auth", [PS_MSG_BARRIER] = "barrier",
-    [PS_MSG_TABLE] = "table",     [PS_MSG_TPULL] = "tpull",
-    [PS_MSG_TPUSH] = "tpush",     [PS_MSG_TPUSHPULL] = "tpushpull",
-    [PS_MSG_ROWS] = "rows",
+/* messages.def's rows, by type: name, direction, required fields. A
+ * number twice would be a second initializer of one element (-Wextra's
+ * -Woverride-init warns); a number outside 1..PS_MSG_TYPE_MAX fails here. */
+typedef struct msg_type_row {
+    const char *name;
+    uint64_t required;
+    ps_msg_dir dir;
+} msg_type_row;
+
+#define PS_MSG(NAME, name, t, dir, required)                                                            \
+    _Static_assert((t) >= 1 && (t) <= PS_MSG_TYPE_MAX, "messages.def: " #NAME "'s t is not in 1..N, the " \
+                                                       "number of rows (types run 1..N without a gap)");
+#include "messages.def"
+#undef PS_MSG
+
+static const msg_type_row msg_types[PS_MSG_TYPE_MAX + 1] = {
+#define PS_MSG(NAME, name, t, dir, required) [t] = {#name, required, PS_DIR_##dir},
+#include "messages.def"
+#undef PS_MSG
 };
 
 const char *ps_msg_type_name(uint32_t type)
 {
-    if (type <= PS_MSG_TYPE_MAX && type_names[type])
-        return type_names[type];
+    if (type >= 1 && type <= PS_MSG_TYPE_MAX)
+        return msg_types[type].name;
     return "?";
+}
+
+ps_msg_dir ps_msg_type_dir(uint32_t type)
+{
+    return type >= 1 && type <= PS_MSG_TYPE_MAX ? msg_types[type].dir : PS_DIR_NONE;
+}
+
+int ps_msg_from_server_only(uint32_t type)
+{
+    return ps_msg_type_dir(type) == PS_DIR_S;
+}
+
+uint64_t ps_msg_required(uint32_t type)
+{
+    return type >= 1 && type <= PS_MSG_TYPE_MAX ? msg_types[type].required : 0;
 }
 
 const char *ps_role_name(uint32_t role)

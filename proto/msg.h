@@ -29,34 +29,31 @@
 #error "psd's wire format carries little-endian float32 in place; this host is big-endian"
 #endif
 
+/* The message types, numbered as on the wire: one row each in
+ * messages.def, from which their names, directions, required fields and
+ * psd's handlers follow too. */
 typedef enum ps_msg_type {
-    PS_MSG_HELLO = 1,      /* client -> psd: version, role, shard, layout */
-    PS_MSG_WELCOME = 2,    /* psd -> client: mode, model version, need init */
-    PS_MSG_INIT = 3,       /* worker -> psd: initial values for a range */
-    PS_MSG_PUSH = 4,       /* worker -> psd: gradient for a range against a base version */
-    PS_MSG_PULL = 5,       /* client -> psd: parameters of a range at version >= min */
-    PS_MSG_PUSHPULL = 6,   /* worker -> psd: a push, then a pull, in one round trip */
-    PS_MSG_PARAMS = 7,     /* psd -> client: parameters of a range and their version */
-    PS_MSG_OK = 8,         /* psd -> client: request done; the model version */
-    PS_MSG_HEARTBEAT = 9,  /* client -> psd: I am alive; answered with OK */
-    PS_MSG_STATUS = 10,    /* client -> psd: ask for the job's status */
-    PS_MSG_STATUS_REPLY = 11, /* psd -> client: the status map */
-    PS_MSG_METRICS = 12,   /* client -> psd: ask for Prometheus text */
-    PS_MSG_METRICS_REPLY = 13, /* psd -> client: the text */
-    PS_MSG_REPORT = 14,    /* worker -> psd: epoch, loss, accuracy; answered with OK */
-    PS_MSG_ERROR = 15,     /* psd -> client: a code and a readable message */
-    PS_MSG_BYE = 16,       /* either side: orderly goodbye */
-    PS_MSG_ADMIN = 17,     /* admin -> psd: a command (cmd, args); answered with OK or ERROR */
-    PS_MSG_CHALLENGE = 18, /* psd -> client: answers a hello when psd requires a token (nonce) */
-    PS_MSG_AUTH = 19,      /* client -> psd: proof of the token (cnonce, proof); answered with WELCOME */
-    PS_MSG_BARRIER = 20,   /* worker -> psd: I have version ver; OK once every worker taking part has (BSP) */
-    PS_MSG_TABLE = 21,     /* worker -> psd: declare an embedding table (PROTOCOL.md 13) */
-    PS_MSG_TPULL = 22,     /* client -> psd: rows of a table by key */
-    PS_MSG_TPUSH = 23,     /* worker -> psd: row gradients by key */
-    PS_MSG_TPUSHPULL = 24, /* worker -> psd: a tpush, then a tpull of other keys, in one round trip */
-    PS_MSG_ROWS = 25,      /* psd -> client: the rows a tpull or tpushpull asked for */
-    PS_MSG_TYPE_MAX = 25
+#define PS_MSG(NAME, name, t, dir, required) PS_MSG_##NAME = t,
+#include "messages.def"
+#undef PS_MSG
 } ps_msg_type;
+/* The highest type: the number of rows, as the types run 1..N without a
+ * gap (msg.c checks that each row's t is in 1..N and no two share one). */
+enum {
+    PS_MSG_TYPE_MAX = 0
+#define PS_MSG(NAME, name, t, dir, required) + 1
+#include "messages.def"
+#undef PS_MSG
+};
+
+/* Who sends a message type (messages.def's dir). */
+typedef enum ps_msg_dir {
+    PS_DIR_NONE = 0, /* not a type */
+    PS_DIR_C = 'C',  /* any client -> psd */
+    PS_DIR_W = 'W',  /* a worker -> psd */
+    PS_DIR_A = 'A',  /* an admin -> psd */
+    PS_DIR_S = 'S',  /* psd -> a client */
+} ps_msg_dir;
 
 typedef enum ps_role { PS_ROLE_NONE = 0, PS_ROLE_WORKER = 1, PS_ROLE_ADMIN = 2 } ps_role;
 
@@ -379,10 +376,16 @@ void ps_pack_table_def(msgpack_packer *pk, const ps_table_def *d);
 void ps_pack_ku64(msgpack_packer *pk, const char *k, uint64_t v);
 void ps_pack_kf64(msgpack_packer *pk, const char *k, double v);
 
-/* 1 when only psd sends messages of this type (WELCOME, PARAMS, OK,
- * STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE, ROWS): psd answers one from a
- * client with BAD_TYPE, whatever its fields. */
+/* 1 when only psd sends messages of this type (dir S in messages.def:
+ * WELCOME, PARAMS, OK, STATUS_REPLY, METRICS_REPLY, ERROR, CHALLENGE,
+ * ROWS): psd answers one from a client with BAD_TYPE, whatever its fields. */
 int ps_msg_from_server_only(uint32_t type);
+/* Who sends messages of this type (messages.def); PS_DIR_NONE for a
+ * number that is no type. */
+ps_msg_dir ps_msg_type_dir(uint32_t type);
+/* The PS_F_* fields a message of this type must carry (messages.def); 0
+ * for a number that is no type. */
+uint64_t ps_msg_required(uint32_t type);
 
 /* Name of a message type for logs ("push"); "?" if unknown. */
 const char *ps_msg_type_name(uint32_t type);

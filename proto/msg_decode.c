@@ -106,72 +106,6 @@ int ps_layout_unpack(const msgpack_object *o, ps_layout *l, char *err, size_t er
     return 0;
 }
 
-int ps_msg_from_server_only(uint32_t type)
-{
-    switch (type) {
-    case PS_MSG_WELCOME:
-    case PS_MSG_PARAMS:
-    case PS_MSG_OK:
-    case PS_MSG_STATUS_REPLY:
-    case PS_MSG_METRICS_REPLY:
-    case PS_MSG_ERROR:
-    case PS_MSG_CHALLENGE:
-    case PS_MSG_ROWS:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-/* Fields each message type must carry. */
-static uint64_t required_fields(uint32_t type)
-{
-    switch (type) {
-    case PS_MSG_HELLO:
-        return PS_F_VERSION | PS_F_ROLE;
-    case PS_MSG_WELCOME:
-        return PS_F_VERSION | PS_F_MODE | PS_F_MVER | PS_F_PARAMS;
-    case PS_MSG_INIT:
-        return PS_F_OFF | PS_F_DATA;
-    case PS_MSG_PUSH:
-        return PS_F_BASE | PS_F_OFF | PS_F_DATA;
-    case PS_MSG_PULL:
-        return PS_F_OFF | PS_F_LEN;
-    case PS_MSG_PUSHPULL:
-        return PS_F_BASE | PS_F_OFF | PS_F_DATA | PS_F_POFF | PS_F_PLEN;
-    case PS_MSG_PARAMS:
-        return PS_F_MVER | PS_F_OFF | PS_F_DATA;
-    case PS_MSG_STATUS_REPLY:
-        return PS_F_BODY;
-    case PS_MSG_METRICS_REPLY:
-        return PS_F_TEXT;
-    case PS_MSG_REPORT:
-        return PS_F_EPOCH;
-    case PS_MSG_ERROR:
-        return PS_F_CODE | PS_F_TEXT;
-    case PS_MSG_ADMIN:
-        return PS_F_CMD;
-    case PS_MSG_CHALLENGE:
-        return PS_F_NONCE;
-    case PS_MSG_AUTH:
-        return PS_F_CNONCE | PS_F_PROOF;
-    case PS_MSG_BARRIER:
-        return PS_F_MVER;
-    case PS_MSG_TABLE:
-        return PS_F_TAB | PS_F_DIM | PS_F_RINIT | PS_F_OPT;
-    case PS_MSG_TPULL:
-        return PS_F_TAB; /* and "keys" or "len": checked below */
-    case PS_MSG_TPUSH:
-        return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
-    case PS_MSG_TPUSHPULL:
-        return PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA | PS_F_PKEYS;
-    case PS_MSG_ROWS:
-        return PS_F_MVER | PS_F_DATA;
-    default:
-        return 0;
-    }
-}
-
 /* Decodes kv's value as field f into m. Returns 0 or a code with err. */
 static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, ps_layout *layout_out,
                         const msgpack_object **bin, const char *tname, char *err, size_t errlen)
@@ -569,7 +503,9 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
     if (((m->has2 & PS_F2_CID) && m->cid == 0) || ((m->has2 & PS_F2_PID) && m->pid == 0))
         return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: '%s' must not be 0", tname,
                        (m->has2 & PS_F2_CID) && m->cid == 0 ? "cid" : "pid");
-    uint64_t need = required_fields(m->type);
+    uint64_t need = ps_msg_required(m->type);
+    if (m->type == PS_MSG_TPULL)
+        need &= ~PS_F_KEYS; /* "keys", or "len" for rows by position: checked below */
     if ((m->type == PS_MSG_PUSHPULL || m->type == PS_MSG_PARAMS || m->type == PS_MSG_ROWS) && m->inshm) {
         /* the tensor is in the shared segment: "len" says how long */
         if (m->has & PS_F_DATA)

@@ -1,6 +1,9 @@
-/* handle.c - one handler per message type. Each first checks that the
- * connection may send it (handshake done, role, model state), then acts and
- * queues exactly one reply (or parks a pull that will get one later). */
+/* handle.c - the dispatch table (one handler per message type psd
+ * receives, from proto/messages.def) and the handlers of the dense model's
+ * messages and the small ones. srv_handle checks what messages.def says of
+ * every type (handshake done, the sender's role); each handler then checks
+ * the rest (model state), acts and queues exactly one reply (or parks a
+ * pull that will get one later). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -45,7 +48,7 @@ static int wide_reserve(srv_conn *c, uint64_t n)
  * asking with "wait" while one of the worker's pulls is parked is told what
  * that pull waits for: an OK with "wait" and "text" (id 0 for a heartbeat
  * without one), which the worker reads among the replies it is waiting for. */
-static void handle_heartbeat(srv_conn *c, ps_msg *m)
+int srv_on_heartbeat(srv_conn *c, ps_msg *m)
 {
     char why[240];
     if ((m->has & PS_F_BASE) && c->worker && srv_plan_rejoin(c->srv, c->worker, m->base) == SRV_WAKE)
@@ -56,7 +59,7 @@ static void handle_heartbeat(srv_conn *c, ps_msg *m)
     if (!tell) {
         if (m->has & PS_F_ID)
             srv_send_ok(c, m->id);
-        return;
+        return 0;
     }
     ps_msg r;
     ps_msg_init(&r, PS_MSG_OK);
@@ -67,6 +70,7 @@ static void handle_heartbeat(srv_conn *c, ps_msg *m)
     r.text = why;
     r.text_len = (uint32_t)strlen(why);
     srv_send(c, &r, NULL);
+    return 0;
 }
 
 /* A pull, answered now or parked by the answer layer, or refused here. */
@@ -204,32 +208,32 @@ static int check_data(srv_conn *c, ps_msg *m, float *gmax, char *err, size_t err
     return 0;
 }
 
-static void handle_init(srv_conn *c, ps_msg *m)
+int srv_on_init(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     if (s->model.initialized || s->init_owner != c) {
         srv_send_error(c, m->id, PS_ESTATE, 0, "init refused: %s",
                        s->model.initialized ? "the model already has its values" : "another worker is initialising it");
-        return;
+        return 0;
     }
     char err[512];
     float gmax;
     int rc = check_data(c, m, &gmax, err, sizeof err);
     if (rc != 0) {
         srv_send_error(c, m->id, rc, 0, "%s", err);
-        return;
+        return 0;
     }
     /* the hello proposed the layout; its memory is taken now */
     if (srv_model_commit(&s->model, &s->cfg) != 0) {
         srv_send_error(c, m->id, PS_ENOMEM, 0, "cannot hold a model of %llu parameters: out of memory",
                        (unsigned long long)s->model.layout.total);
-        return;
+        return 0;
     }
     for (uint64_t done = 0; done < m->ndata;) {
         srv_wseg seg;
         if (srv_model_write_begin(&s->model, m->off + done, m->ndata - done, &seg) != 0) {
             srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
-            return;
+            return 0;
         }
         memcpy(seg.wo, m->data + done, seg.len * sizeof(float));
         srv_model_write_end(&s->model, &seg);
@@ -244,6 +248,7 @@ static void handle_init(srv_conn *c, ps_msg *m)
     srv_send_ok(c, m->id);
     if (m->fin)
         srv_answer_parked(s);
+    return 0;
 }
 
 /* A pushpull whose gradient is in the worker's segment: copied into the
@@ -405,6 +410,16 @@ static int handle_push(srv_conn *c, ps_msg *m)
     return 0;
 }
 
+int srv_on_push(srv_conn *c, ps_msg *m)
+{
+    return handle_push(c, m);
+}
+
+int srv_on_pushpull(srv_conn *c, ps_msg *m)
+{
+    return handle_push(c, m);
+}
+
 srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
 {
     const srv_push_wait a = s->push_wait;
@@ -424,7 +439,7 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     return c;
 }
 
-static void handle_report(srv_conn *c, ps_msg *m)
+int srv_on_report(srv_conn *c, ps_msg *m)
 {
     srv_worker *w = c->worker;
     /* psworker reports every second too (loss since its last report, the
@@ -453,9 +468,133 @@ static void handle_report(srv_conn *c, ps_msg *m)
                w->loss, w->rate);
     srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0, epoch_end);
     srv_send_ok(c, m->id);
+    return 0;
+}
+
+/* ---- the other messages ------------------------------------------------------- */
+
+/* accepted at once, or, when psd requires a token, kept until the AUTH
+ * that answers its CHALLENGE (auth.c); nothing of the job (shards,
+ * layout) is checked or told before that */
+int srv_on_hello(srv_conn *c, ps_msg *m)
+{
+    char err[1200];
+    int rc = srv_hello_precheck(c, m, err, sizeof err);
+    if (rc == 0)
+        rc = c->srv->token.len ? srv_auth_challenge(c, m, err, sizeof err) : srv_hello_accept(c, m, NULL, err, sizeof err);
+    /* a second hello costs only itself; any other refusal ends the connection */
+    if (rc != 0)
+        srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
+    return 0;
+}
+
+int srv_on_pull(srv_conn *c, ps_msg *m)
+{
+    pull(c, m->id, m->off, m->len, m->min, m->rdt);
+    return 0;
+}
+
+int srv_on_barrier(srv_conn *c, ps_msg *m)
+{
+    char err[200];
+    int rc = srv_barrier(c, m->id, m->mver, err, sizeof err);
+    if (rc != 0)
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+    return 0;
+}
+
+int srv_on_status(srv_conn *c, ps_msg *m)
+{
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_STATUS_REPLY);
+    r.has = PS_F_ID;
+    r.id = m->id;
+    srv_send(c, &r, NULL);
+    return 0;
+}
+
+int srv_on_metrics(srv_conn *c, ps_msg *m)
+{
+    ps_buf text = {0};
+    if (srv_metrics_text(c->srv, &text) != 0) {
+        ps_buf_free(&text);
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
+        return 0;
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_METRICS_REPLY);
+    r.has = PS_F_ID | PS_F_TEXT;
+    r.id = m->id;
+    r.text = (const char *)text.p;
+    r.text_len = (uint32_t)text.len;
+    srv_send(c, &r, NULL);
+    ps_buf_free(&text);
+    return 0;
+}
+
+int srv_on_admin(srv_conn *c, ps_msg *m)
+{
+    srv_handle_admin(c, m); /* dispatch/admin.c */
+    return 0;
+}
+
+int srv_on_auth(srv_conn *c, ps_msg *m)
+{
+    srv_send_error(c, m->id, PS_ESTATE, 0, "auth without a challenge: %s",
+                   c->srv->token.len ? "this connection is authenticated already" : "psd requires no token");
+    return 0;
+}
+
+int srv_on_bye(srv_conn *c, ps_msg *m)
+{
+    /* the worker's reason (optional text), printable bytes only */
+    char why[96] = "said bye";
+    if ((m->has & PS_F_TEXT) && m->text_len) {
+        size_t n = m->text_len < sizeof why - 1 ? m->text_len : sizeof why - 1;
+        for (size_t i = 0; i < n; i++)
+            why[i] = m->text[i] >= 0x20 && m->text[i] < 0x7f ? m->text[i] : '?';
+        why[n] = '\0';
+    }
+    srv_conn_detach(c, SRV_W_LEFT, why);
+    srv_send_ok(c, m->id);
+    c->close_after_write = 1;
+    return SRV_STOP_READING;
+}
+
+/* the table messages: dispatch/handle_table.c */
+int srv_on_table(srv_conn *c, ps_msg *m)
+{
+    srv_handle_table(c, m);
+    return 0;
+}
+
+int srv_on_tpull(srv_conn *c, ps_msg *m)
+{
+    srv_handle_table(c, m);
+    return 0;
+}
+
+int srv_on_tpush(srv_conn *c, ps_msg *m)
+{
+    srv_handle_table(c, m);
+    return 0;
+}
+
+int srv_on_tpushpull(srv_conn *c, ps_msg *m)
+{
+    srv_handle_table(c, m);
+    return 0;
 }
 
 /* ---- dispatch ------------------------------------------------------------------ */
+
+/* The handler of each type psd receives, from messages.def: srv_on_<name>,
+ * NULL for the types only psd sends. */
+static srv_handler *const handlers[PS_MSG_TYPE_MAX + 1] = {
+#define PS_MSG(NAME, name, t, dir, required) [t] = SRV_HANDLER_##dir(name),
+#include "proto/messages.def"
+#undef PS_MSG
+};
 
 int srv_handle(srv_conn *c, ps_msg *m)
 {
@@ -479,9 +618,8 @@ int srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type));
         return 0;
     }
-    int worker_only = m->type == PS_MSG_INIT || m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL ||
-                      m->type == PS_MSG_REPORT || m->type == PS_MSG_BARRIER;
-    if (worker_only && !c->worker) {
+    ps_msg_dir dir = ps_msg_type_dir(m->type);
+    if (dir == PS_DIR_W && !c->worker) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return 0;
@@ -496,103 +634,15 @@ int srv_handle(srv_conn *c, ps_msg *m)
                        m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");
         return 0;
     }
-    switch (m->type) {
-    case PS_MSG_HELLO: {
-        /* accepted at once, or, when psd requires a token, kept until the
-         * AUTH that answers its CHALLENGE (auth.c); nothing of the job
-         * (shards, layout) is checked or told before that */
-        char err[1200];
-        int rc = srv_hello_precheck(c, m, err, sizeof err);
-        if (rc == 0)
-            rc = s->token.len ? srv_auth_challenge(c, m, err, sizeof err) : srv_hello_accept(c, m, NULL, err, sizeof err);
-        /* a second hello costs only itself; any other refusal ends the connection */
-        if (rc != 0)
-            srv_send_error(c, m->id, rc, rc != PS_ESTATE, "%s", err);
-        break;
+    if (dir == PS_DIR_A && c->role != PS_ROLE_ADMIN) {
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s commands are for admin connections; this one is %s",
+                       ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
+        return 0;
     }
-    case PS_MSG_INIT:
-        handle_init(c, m);
-        break;
-    case PS_MSG_PUSH:
-    case PS_MSG_PUSHPULL:
-        return handle_push(c, m);
-    case PS_MSG_PULL:
-        pull(c, m->id, m->off, m->len, m->min, m->rdt);
-        break;
-    case PS_MSG_HEARTBEAT:
-        handle_heartbeat(c, m);
-        break;
-    case PS_MSG_REPORT:
-        handle_report(c, m);
-        break;
-    case PS_MSG_BARRIER: {
-        char err[200];
-        int rc = srv_barrier(c, m->id, m->mver, err, sizeof err);
-        if (rc != 0)
-            srv_send_error(c, m->id, rc, 0, "%s", err);
-        break;
-    }
-    case PS_MSG_STATUS: {
-        ps_msg r;
-        ps_msg_init(&r, PS_MSG_STATUS_REPLY);
-        r.has = PS_F_ID;
-        r.id = m->id;
-        srv_send(c, &r, NULL);
-        break;
-    }
-    case PS_MSG_METRICS: {
-        ps_buf text = {0};
-        if (srv_metrics_text(s, &text) != 0) {
-            ps_buf_free(&text);
-            srv_send_error(c, m->id, PS_ENOMEM, 0, "out of memory");
-            break;
-        }
-        ps_msg r;
-        ps_msg_init(&r, PS_MSG_METRICS_REPLY);
-        r.has = PS_F_ID | PS_F_TEXT;
-        r.id = m->id;
-        r.text = (const char *)text.p;
-        r.text_len = (uint32_t)text.len;
-        srv_send(c, &r, NULL);
-        ps_buf_free(&text);
-        break;
-    }
-    case PS_MSG_ADMIN:
-        if (c->role != PS_ROLE_ADMIN) {
-            srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "admin commands are for admin connections; this one is %s",
-                           ps_role_name((uint32_t)c->role));
-            break;
-        }
-        srv_handle_admin(c, m);
-        break;
-    case PS_MSG_AUTH:
-        srv_send_error(c, m->id, PS_ESTATE, 0, "auth without a challenge: %s",
-                       s->token.len ? "this connection is authenticated already" : "psd requires no token");
-        break;
-    case PS_MSG_BYE:
-    {
-        /* the worker's reason (optional text), printable bytes only */
-        char why[96] = "said bye";
-        if ((m->has & PS_F_TEXT) && m->text_len) {
-            size_t n = m->text_len < sizeof why - 1 ? m->text_len : sizeof why - 1;
-            for (size_t i = 0; i < n; i++)
-                why[i] = m->text[i] >= 0x20 && m->text[i] < 0x7f ? m->text[i] : '?';
-            why[n] = '\0';
-        }
-        srv_conn_detach(c, SRV_W_LEFT, why);
-    }
-        srv_send_ok(c, m->id);
-        c->close_after_write = 1;
-        return SRV_STOP_READING;
-    case PS_MSG_TABLE:
-    case PS_MSG_TPULL:
-    case PS_MSG_TPUSH:
-    case PS_MSG_TPUSHPULL:
-        srv_handle_table(c, m); /* dispatch/handle_table.c */
-        break;
-    default:
+    srv_handler *h = m->type <= PS_MSG_TYPE_MAX ? handlers[m->type] : NULL;
+    if (!h) {
         srv_send_error(c, m->id, PS_EBAD_TYPE, 0, "psd does not accept %s messages", ps_msg_type_name(m->type));
-        break;
+        return 0;
     }
-    return 0;
+    return h(c, m);
 }

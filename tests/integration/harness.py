@@ -7,7 +7,7 @@ running when the test leaves it, pass or fail; every wait has a deadline and
 waits for an event (a file, a reply, an exit), never a fixed sleep.
 
 RawClient is a small psd client written from the protocol's description
-(proto/msg.h, proto/frame.h) with Python's msgpack, so hostile tests build
+(proto/PROTOCOL.md, the message numbers from proto/messages.def) with Python's msgpack, so hostile tests build
 frames with an encoder other than the one under test.
 
 Paths to the programs and the data come from the command line (ctest passes
@@ -66,31 +66,23 @@ SANITIZED = os.environ.get("PSD_SANITIZE") == "1"
 PROTO_VERSION = 1
 FRAME_MAX_PREAUTH = 512 * 1024
 
-T_HELLO = 1
-T_WELCOME = 2
-T_INIT = 3
-T_PUSH = 4
-T_PULL = 5
-T_PUSHPULL = 6
-T_PARAMS = 7
-T_OK = 8
-T_HEARTBEAT = 9
-T_STATUS = 10
-T_STATUS_REPLY = 11
-T_METRICS = 12
-T_METRICS_REPLY = 13
-T_REPORT = 14
-T_ERROR = 15
-T_BYE = 16
-T_ADMIN = 17
-T_CHALLENGE = 18
-T_AUTH = 19
-T_BARRIER = 20
-T_TABLE = 21
-T_TPULL = 22
-T_TPUSH = 23
-T_TPUSHPULL = 24
-T_ROWS = 25
+
+def message_types(path=os.path.join(ROOT, "proto", "messages.def")):
+    """The message types of proto/messages.def, psd's one declaration of
+    them, as (NAME, name, t, dir, required) tuples in the file's order:
+    NAME as in PS_MSG_NAME, t the number on the wire, dir C, W, A or S,
+    required the PS_F_* names of the fields it must carry."""
+    row = re.compile(r"^PS_MSG\((\w+), (\w+), (\d+), ([CWAS]), ([\w |]+)\)", re.M)
+    with open(path) as f:
+        text = f.read()
+    return [(NAME, name, int(t), d, [r.strip() for r in req.split("|") if r.strip() != "0"])
+            for NAME, name, t, d, req in row.findall(text)]
+
+
+# T_HELLO = 1, T_WELCOME = 2, ...: one per row of messages.def (numbers only:
+# the frames themselves are packed with Python's msgpack, not our encoder)
+MESSAGE_TYPES = message_types()
+globals().update(("T_" + NAME, t) for NAME, _, t, _, _ in MESSAGE_TYPES)
 
 # ERROR codes, as they travel (positive)
 E_MALFORMED = 1

@@ -10,8 +10,10 @@
   user reads against the binary a user runs);
 - every place psd answers LIMIT is named in PROTOCOL.md's row for LIMIT;
 - every range of message types PROTOCOL.md gives ("outside 1..N is
-  BAD_TYPE") ends at proto/msg.h's last type, and psd answers type N
-  otherwise than type N + 1 (BAD_TYPE).
+  BAD_TYPE") ends at the last type of proto/messages.def, and psd answers
+  type N otherwise than type N + 1 (BAD_TYPE);
+- PROTOCOL.md section 5's table of message types (number, name, sender,
+  required fields) is proto/messages.def, the one declaration of them.
 - every relative link in README.md, CONTRIBUTING.md and docs/*.md resolves:
   the file exists and a #anchor names a heading of it (GitHub's rule for
   heading anchors); the checker is itself tested on planted broken links;
@@ -137,11 +139,12 @@ class DocsTest(unittest.TestCase):
                              "conf/psd.conf lacks '# %s = %s'" % (key, default))
 
     def test_message_type_range(self):
-        with open(os.path.join(harness.ROOT, "proto", "msg.h")) as f:
-            msg_h = f.read()
-        last = int(re.search(r"PS_MSG_TYPE_MAX = (\d+)", msg_h).group(1))
+        # proto/messages.def declares the types, 1..N (msg.h's PS_MSG_TYPE_MAX)
+        types = harness.MESSAGE_TYPES
+        last = max(t for _, _, t, _, _ in types)
+        self.assertEqual(sorted(t for _, _, t, _, _ in types), list(range(1, last + 1)))
         # the highest type psd receives (ROWS, the last, only psd sends)
-        received = max(int(n) for n, d in re.findall(r"PS_MSG_\w+ = (\d+),\s*/\* (\w+) ->", msg_h) if d != "psd")
+        received = max(t for _, _, t, d, _ in types if d != "S")
         with open(os.path.join(harness.ROOT, "proto", "PROTOCOL.md")) as f:
             doc = f.read()
         ranges = re.findall(r"(?:type|`t`)[^\n|]{0,40}?\b1\.\.(\d+)", doc)
@@ -156,6 +159,27 @@ class DocsTest(unittest.TestCase):
                 r = c.request({"t": received, "id": 2, "ver": 0})
                 self.assertNotEqual(r.get("code"), harness.E_BAD_TYPE, "type %d: %r" % (received, r))
             psd.stop()
+
+    def test_message_table_is_the_declaration(self):
+        """PROTOCOL.md section 5's table of message types (t, name, who
+        sends it, required fields) says what proto/messages.def declares,
+        from which the decoder, psd's dispatch, the fuzz checks and the
+        harness's numbers follow."""
+        keys = dict((bit, key) for key, bit in re.findall(r'"(\w+)", (PS_F2?_\w+),', read("proto", "msg.c")))
+        self.assertIn("PS_F_VERSION", keys)
+        doc = read("proto", "PROTOCOL.md")
+        section = doc[doc.index("## 5. Message types"):doc.index("### HELLO (1)")]
+        rows = re.findall(r"^\| (\d+) \| (\w+) \| ([CWAS]) → ([CWAS]) \| ([^|]*) \|", section, re.M)
+        self.assertGreaterEqual(len(rows), 25, "section 5's table")
+        dirs = {"C": "S", "W": "S", "A": "S", "S": "C"}
+        documented = {}
+        for t, name, frm, to, req in rows:
+            self.assertEqual(to, dirs[frm], "type %s: %s → %s" % (t, frm, to))
+            # the fields before a ';' (what follows depends on the values)
+            fields = sorted(re.findall(r"`(\w+)`", req.split(";")[0]))
+            documented[int(t)] = (name, frm, fields)
+        declared = {t: (NAME, d, sorted(keys[r] for r in req)) for NAME, _, t, d, req in harness.MESSAGE_TYPES}
+        self.assertEqual(documented, declared, "PROTOCOL.md section 5 and proto/messages.def differ")
 
     def test_every_limit_is_documented(self):
         """Each server file that answers LIMIT has its cause in PROTOCOL.md's
