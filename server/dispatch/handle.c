@@ -20,6 +20,7 @@
 #include "server/store/psd.h"
 #include "server/store/scratch.h"
 #include "server/answer/reply.h"
+#include "server/session/ledger.h"
 #include "server/session/session.h"
 #include "server/report/status.h"
 #include "server/update/update.h"
@@ -367,6 +368,8 @@ static int handle_push(srv_conn *c, ps_msg *m)
      * counts at its last (a worker lost before it has its chunks dropped) */
     if ((rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds))
         srv_pushid_mark(s, c->client_id, pid);
+    if (rc == SRV_PENDING || rc >= 0)
+        srv_ledger_dense(s, c->client_id, pid, m->off, m->ndata, m->data); /* tests only (PSD_TEST_LEDGER) */
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_finished() replies; the gradient
          * lives in c's receive buffer, so c reads nothing meanwhile */

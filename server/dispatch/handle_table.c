@@ -16,6 +16,7 @@
 #include "server/answer/reply.h"
 #include "server/store/scratch.h"
 #include "server/record/stats.h"
+#include "server/session/ledger.h"
 #include "server/session/pushid.h"
 #include "server/update/update.h"
 
@@ -277,6 +278,8 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
          * recorded, so one sent again is applied again */
         if ((rc == SRV_PENDING || rc == 0) && !s->policy->rounds)
             srv_pushid_mark(s, c->client_id, pid);
+        if (rc == SRV_PENDING || rc == 0) /* tests only (PSD_TEST_LEDGER) */
+            srv_ledger_rows(s, c->client_id, pid, ti, m->keys.p, m->keys.n, m->data);
         if (rc == SRV_PENDING) {
             c->tapply_busy = 1;
             return;
