@@ -19,6 +19,7 @@
 #include "proto/errors.h"
 #include "server/store/psd.h"
 #include "server/store/scratch.h"
+#include "server/tables/table.h"
 #include "server/answer/reply.h"
 #include "server/session/ledger.h"
 #include "server/session/session.h"
@@ -460,6 +461,29 @@ static void handle_report(srv_conn *c, ps_msg *m)
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
+/* A reader's connection only pulls (PROTOCOL.md 15): what would change the
+ * model or the tables (a push, initial values, a new table, a report, a
+ * barrier) is refused, on a follower with NOT_LEADER (whose reply names
+ * the leader), on a leader with FORBIDDEN. 1 when m was refused. */
+static int reader_refuses(srv_conn *c, const ps_msg *m)
+{
+    uint32_t t = m->type;
+    int writes = t == PS_MSG_INIT || t == PS_MSG_PUSH || t == PS_MSG_PUSHPULL || t == PS_MSG_REPORT ||
+                 t == PS_MSG_BARRIER || t == PS_MSG_TPUSH || t == PS_MSG_TPUSHPULL ||
+                 (t == PS_MSG_TABLE && srv_tables_find(&c->srv->tables, m->tab) < 0);
+    if (!c->reader || !writes)
+        return 0;
+    if (c->srv->follow)
+        srv_send_error(c, m->id, PS_ENOT_LEADER, 0,
+                       "%s refused: this psd is a follower of %s (a read replica) and this connection a reader, "
+                       "which only pulls; changes go to the leader", ps_msg_type_name(t), c->srv->cfg.replica_of);
+    else
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
+                       "%s refused: this connection said hello as a reader, which only pulls; say hello without "
+                       "\"reader\" to push", ps_msg_type_name(t));
+    return 1;
+}
+
 int srv_handle(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
@@ -482,6 +506,8 @@ int srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type));
         return 0;
     }
+    if (reader_refuses(c, m))
+        return 0;
     int worker_only = m->type == PS_MSG_INIT || m->type == PS_MSG_PUSH || m->type == PS_MSG_PUSHPULL ||
                       m->type == PS_MSG_REPORT || m->type == PS_MSG_BARRIER;
     if (worker_only && !c->worker) {

@@ -43,7 +43,7 @@ static void handle_declare(srv_conn *c, ps_msg *m)
     if (s->tables.n > before) {
         char text[300];
         ps_table_def_text(&d, text, sizeof text);
-        PS_LOG(PS_LOG_INFO, "table '%s' declared by shard %u: %s", d.name, c->worker->shard, text);
+        PS_LOG(PS_LOG_INFO, "table '%s' declared by shard %u: %s", d.name, c->worker ? c->worker->shard : 0, text);
     }
     srv_send_ok(c, m->id);
 }
@@ -306,7 +306,8 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
 
 void srv_handle_table(srv_conn *c, ps_msg *m)
 {
-    if (m->type != PS_MSG_TPULL && !c->worker) {
+    /* a reader (PROTOCOL.md 15) declares a table psd has, to pull its rows */
+    if (m->type != PS_MSG_TPULL && !c->worker && !(c->reader && m->type == PS_MSG_TABLE)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return;
