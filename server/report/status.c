@@ -11,12 +11,13 @@
 #include "server/store/psd.h"
 #include "server/report/status.h"
 #include "server/replog/replog.h"
+#include "server/report/dashboard.h"
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 
 /* "replication" (PROTOCOL.md 17): this psd's role, its leader (a follower)
  * or its followers (a leader with a log). */
-static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
+static void pack_replication(msgpack_packer *pk, psd *s, uint64_t now)
 {
     const srv_follow *f = s->follow;
     const srv_replog *r = s->replog;
@@ -39,7 +40,7 @@ static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
         const srv_follower *x = &r->f[i];
         if (!x->used)
             continue;
-        msgpack_pack_map(pk, 5);
+        msgpack_pack_map(pk, 6);
         ps_pack_kstr(pk, "addr", x->addr);
         ps_pack_kstr(pk, "peer", x->peer);
         ps_pack_key(pk, "insync");
@@ -49,6 +50,8 @@ static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
             msgpack_pack_false(pk);
         ps_pack_ku64(pk, "lag_bytes", srv_replog_end(s) > x->pos ? srv_replog_end(s) - x->pos : 0);
         ps_pack_kf64(pk, "last_fetch", x->last_ms ? (double)(now - x->last_ms) / 1000.0 : -1.0);
+        ps_pack_key(pk, "lag_versions"); /* at most; -1: unknown (report/dashboard.c) */
+        msgpack_pack_int64(pk, srv_dash_versions_behind(s, x->pos));
     }
 }
 
