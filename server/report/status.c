@@ -406,6 +406,34 @@ int srv_metrics_text(psd *s, ps_buf *b)
         SIMPLE("psd_replication_lag_bytes", "gauge",
                "A follower: the bytes of its leader's log it has not applied yet, as the leader's last answer said.",
                "%" PRIu64, f && f->leader_end > f->applied ? f->leader_end - f->applied : 0);
+        /* a leader's followers, one series each (at most SRV_FOLLOWERS_MAX) */
+        static const char *const ffam[3][3] = {
+            {"psd_replication_follower_insync", "gauge", "A leader's follower: 1 while in the in-sync set."},
+            {"psd_replication_follower_lag_bytes", "gauge",
+             "A leader's follower: the bytes of the log it has not fetched yet."},
+            {"psd_replication_follower_lag_versions", "gauge",
+             "A leader's follower: the model versions it may be behind, at most (-1: unknown, over a minute "
+             "behind)."},
+        };
+        for (int k = 0; k < 3; k++) {
+            rc |= family(b, ffam[k][0], ffam[k][1], ffam[k][2]);
+            for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++) {
+                const srv_follower *x = &r->f[i];
+                if (!x->used)
+                    continue;
+                uint64_t end = srv_replog_end(s);
+                int64_t v = k == 0 ? x->insync : k == 1 ? (int64_t)(end > x->pos ? end - x->pos : 0)
+                                                        : srv_dash_versions_behind(s, x->pos);
+                char name[2 * sizeof x->addr + 1];
+                rc |= ps_buf_printf(b, "%s{follower=\"%s\"} %" PRId64 "\n", ffam[k][0],
+                                    label_value(x->addr, name, sizeof name), v);
+            }
+        }
+        uint64_t readers = 0;
+        for (const srv_conn *c = s->conns; c; c = c->next)
+            readers += c->reader && !c->closing;
+        SIMPLE("psd_readers", "gauge", "Connections of readers (a hello with reader): clients that only pull.",
+               "%" PRIu64, readers);
     }
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,

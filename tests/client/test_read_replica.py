@@ -122,6 +122,8 @@ def test_a_follower_answers_readers():
         cr.table("emb", 4, init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
         cr.pull()
         assert cr.params.astype("<f4").tobytes() == want_dense and cr.lag == 0
+        m = harness.psctl(follower.addr, "metrics").stdout
+        assert "\npsd_readers 1\n" in m, [l for l in m.splitlines() if "readers" in l]
         got = cr.pull_rows("emb", keys)
         assert got.astype("<f4").tobytes() == want_rows and cr.lag == 0
         with pytest.raises(psd.PsdError) as err:

@@ -419,6 +419,11 @@ class DashboardTables(unittest.TestCase):
             self.assertEqual(st["followers"][0]["lag_versions"], 0, st)
             text = harness.psctl(leader.addr, "status").stdout
             self.assertIn("follower %s: in sync, 0 bytes behind (0 versions at most)" % follower.addr, text)
+            r = harness.psctl(leader.addr, "metrics")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            for fam, v in (("insync", 1), ("lag_bytes", 0), ("lag_versions", 0)):
+                self.assertIn('psd_replication_follower_%s{follower="%s"} %d\n' % (fam, follower.addr, v), r.stdout)
+            harness.promtool_check(self, r.stdout)
 
             def page(p):
                 return "http://" + harness.status(p.addr)["metrics_listen"]
