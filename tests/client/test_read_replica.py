@@ -14,6 +14,8 @@ table and a dense part) after two workers trained it. Then:
   a leader refuses a reader's push with FORBIDDEN;
 - a reader takes no shard: the job's workers still join both shards, and
   a reader before the follower has a snapshot is told NOT_READY;
+- a reader's pull for a version the follower has not applied yet is
+  answered once the follower has applied it;
 - libpsclient: Client(reader=True) pulls from the follower, `lag` says 0
   (-1 from a leader), and its push fails with the follower's refusal.
 
@@ -137,3 +139,19 @@ def test_a_follower_answers_readers():
         assert cl_leader.lag == -1 and cl_leader.params.astype("<f4").tobytes() == want_dense
         cl_leader.close()
         assert "reader joined from" in follower.stderr()
+
+        # a reader's pull for a version the follower has not applied yet is
+        # answered once it has (a worker pushes to the leader meanwhile)
+        c, r = reader(follower.addr)
+        assert r["t"] == harness.T_WELCOME, r
+        c.send_frame({"t": harness.T_PULL, "id": 77, "off": 0, "len": 5, "min": version + 1})
+        with harness.RawClient(leader.addr, 10) as w:
+            r = w.hello_worker(LAYOUT, 0, 2)
+            assert r["t"] == harness.T_WELCOME, r
+            r = w.request({"t": harness.T_PUSH, "off": 0, "base": version, "data": g, "fin": True})
+            assert r["t"] == harness.T_OK, r
+        p = c.recv_frame(30)
+        assert p["t"] == harness.T_PARAMS and p["id"] == 77 and p["ver"] == version + 1 and "lag" in p, \
+            {k: v for k, v in p.items() if k != "data"}
+        assert bytes(p["data"]) != want_dense
+        c.close()
