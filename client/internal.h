@@ -214,6 +214,8 @@ struct psc_client {
     /* pushes applied once (PROTOCOL.md 15) */
     uint64_t cid;            /* this client's identity, random, never 0 (HELLO "cid") */
     uint64_t next_pid;       /* the next call's first push id */
+    int reader;              /* option reader: the hello says "reader" (a read replica's
+                              * pulls; no pushes) */
     int resending;           /* a call's pushes go again to the reopened links only */
     uint64_t resent;         /* calls whose pushes went again after a reconnect */
     int quick;               /* the first attempt of psc_connect: a TCP connect gives

@@ -95,6 +95,10 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     m.fp = ps_layout_fingerprint(&ln->layout);
     m.has2 = PS_F2_CID; /* our pushes' ids are recorded (PROTOCOL.md 15) */
     m.cid = c->cid;
+    if (c->reader) { /* it pulls only, and a follower answers it (PROTOCOL.md 15) */
+        m.has2 |= PS_F2_READER;
+        m.reader = 1;
+    }
     if (c->want_plan) {
         m.has |= PS_F_PLAN;
         m.plan = c->plan;

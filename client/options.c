@@ -297,6 +297,11 @@ static const opt_row options[] = {
       "a bsp step sends a part whose psd closes rounds in pieces (bsp_piece) piece by piece, and reads every "
       "psd's answers as they come; auto: when that psd is on another machine"},
      OPT_BEFORE_CONNECT, set_auto, 0, 0, 0, 1, OPT_FIELD(pieces), 0},
+    {{"reader", NULL, "on|off", "on or off", "off",
+      "a reader: the hello says so, and a follower of a part (a read replica) then answers this client's pulls and "
+      "table pulls, each saying how far behind its leader it is (psc_lag); it pushes nothing (a follower refuses "
+      "a push with NOT_LEADER, a leader with FORBIDDEN) and takes no shard of the job"},
+     OPT_BEFORE_CONNECT, set_onoff, 0, 0, 0, 1, OPT_FIELD(reader), 0},
     {{"log", NULL, "LEVEL", "debug, info, warn or error", "$PSD_LOG_LEVEL, else info",
       "the library's log lines on stderr (process-wide); may change at any time"},
      OPT_ANY_TIME, set_log, 0, 0, 0, 1, 0, 0},

@@ -144,6 +144,15 @@ uint64_t psc_reconnects(const psc_client *c)
     return c->reconnects;
 }
 
+int64_t psc_lag(const psc_client *c)
+{
+    int64_t lag = -1;
+    for (uint32_t i = 0; i < c->nlinks; i++)
+        if (c->links[i].cl.lag > lag)
+            lag = c->links[i].cl.lag;
+    return lag;
+}
+
 uint64_t psc_lost_steps(const psc_client *c)
 {
     return c->lost;

@@ -54,6 +54,7 @@ void ps_conn_init(ps_conn *c)
     c->wake_fd = -1;
     c->next_id = 1;
     c->max_frame = PS_FRAME_MAX_HARD;
+    c->lag = -1;
     msgpack_zone_init(&c->zone, 4096);
 }
 
@@ -414,6 +415,8 @@ static int decode_reply(ps_conn *c, size_t len, ps_msg *out, int widen)
         c->slice = out->slice;
         c->done = (out->has & PS_F_DONE) && out->done;
     }
+    if (out->type == PS_MSG_PARAMS || out->type == PS_MSG_ROWS) /* a read replica says how far behind it is */
+        c->lag = (out->has2 & PS_F2_LAG) ? (int64_t)(out->lag > INT64_MAX ? INT64_MAX : out->lag) : -1;
     if (widen && (out->has & PS_F_DATA) && (out->dt == PS_DT_F32ZSTD || out->dt == PS_DT_BF16)) {
         /* compressed parameters (asked for with rdt 3: exactly ndata
          * float32 values as byte planes in one frame) or bfloat16 ones,

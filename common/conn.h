@@ -70,6 +70,8 @@ typedef struct ps_conn {
     int has_slice;            /* the last PARAMS received carried "slice": */
     ps_slice slice;           /* it (a BSP job's plan: the round it opened) */
     int done;                 /* the last PARAMS said "done": the plan is over */
+    int64_t lag;              /* the last PARAMS or ROWS's "lag" (a follower: bytes of its
+                               * leader's log not applied); -1 when it had none */
     /* psd's answer to a heartbeat that asked "wait" (an OK with "wait"):
      * what a parked pull waits for. Every receive consumes such an OK
      * without returning it, calls on_wait (when set) with its text (not

@@ -142,7 +142,11 @@ enum {
                                     * NOT_LEADER) */
 #define PS_F2_REPLICAS (1ull << 3) /* "replicas": the part's "HOST:PORT"s, leader first
                                     * (welcome) */
-#define PS_F2_COUNT 4
+#define PS_F2_READER (1ull << 4)   /* "reader": the client only pulls, from any replica
+                                    * (hello) */
+#define PS_F2_LAG (1ull << 5)      /* "lag": bytes of its leader's log a follower has not
+                                    * applied (params, rows) */
+#define PS_F2_COUNT 6
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -318,6 +322,8 @@ typedef struct ps_msg {
     ps_str leader;          /* "leader": "HOST:PORT", 1..PS_ADDR_MAX bytes */
     ps_str replicas[PS_REPLICAS_MAX]; /* "replicas": nreplicas "HOST:PORT"s */
     uint32_t nreplicas;
+    int reader;             /* "reader": a read-only client (hello) */
+    uint64_t lag;           /* "lag": bytes of the leader's log not applied (params, rows) */
 } ps_msg;
 
 /* 1 for the table messages (TABLE, TPULL, TPUSH, TPUSHPULL, ROWS). */

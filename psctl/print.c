@@ -152,8 +152,13 @@ static void print_replication(const msgpack_object *b)
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *f = &fs->via.array.ptr[i];
         char addr[80];
-        printf("  follower %s: %s, %.0f bytes behind, last fetch %.1f s ago\n", psctl_str(f, "addr", addr, sizeof addr),
-               flag(f, "insync") ? "in sync" : "NOT in sync", psctl_num(f, "lag_bytes"), psctl_num(f, "last_fetch"));
+        double lv = ps_map_get(f, "lag_versions") ? psctl_num(f, "lag_versions") : -1;
+        char vers[48] = "";
+        if (lv >= 0)
+            snprintf(vers, sizeof vers, " (%.0f versions at most)", lv);
+        printf("  follower %s: %s, %.0f bytes behind%s, last fetch %.1f s ago\n",
+               psctl_str(f, "addr", addr, sizeof addr), flag(f, "insync") ? "in sync" : "NOT in sync",
+               psctl_num(f, "lag_bytes"), vers, psctl_num(f, "last_fetch"));
     }
 }
 

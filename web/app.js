@@ -125,6 +125,45 @@
     }
   }
 
+  /* ---- the part's replicas (PROTOCOL.md 17) ------------------------------ */
+
+  function renderReplicas() {
+    const r = job.replication;
+    const follower = r && r.role === "follower";
+    const shown = r && (follower || r.followers.length > 0);
+    $("replicas-section").hidden = !shown;
+    if (!shown) return;
+    const tbody = $("replicas").querySelector("tbody");
+    tbody.replaceChildren();
+    const row = (name, role, insync, lagBytes, lagVersions, lastFetch, cls) => {
+      const tr = document.createElement("tr");
+      tr.dataset.role = role;
+      if (cls) tr.className = cls;
+      cell(tr, name);
+      cell(tr, role);
+      cell(tr, insync, "insync");
+      cell(tr, lagBytes);
+      cell(tr, lagVersions);
+      cell(tr, lastFetch);
+      tbody.appendChild(tr);
+    };
+    if (follower) {
+      $("replicas-summary").textContent = "this psd follows " + r.leader + " (replication " + r.mode +
+        "), applied " + bytes(r.applied) + " of its log" + (r.error ? "; STOPPED: " + r.error : "");
+      row("this psd", "follower", "–", count(r.lag_bytes), "–", "–", r.error ? "lost" : "");
+      row(r.leader, "leader", "–", "–", "–", "–");
+      return;
+    }
+    $("replicas-summary").textContent = "this psd leads its part (replication " + r.mode + "): " +
+      r.insync + " of " + r.followers.length + " followers in sync, log at " + bytes(r.log_end);
+    row("this psd", "leader", "–", "0", "0", "–");
+    for (const f of r.followers) {
+      row(f.addr, "follower", f.insync ? "yes" : "no", count(f.lag_bytes),
+          f.lag_versions < 0 ? "?" : "≤ " + count(f.lag_versions),
+          f.last_fetch < 0 ? "–" : num(f.last_fetch, 1) + " s ago", f.insync ? "" : "lost");
+    }
+  }
+
   function renderEvents() {
     const tbody = $("events").querySelector("tbody");
     tbody.replaceChildren();
@@ -357,6 +396,7 @@
     try {
       job = await get("/api/job");
       renderJob();
+      renderReplicas();
       const now = Date.now();
       if (now - lastHistory >= HISTORY_MS || !hist) {
         hist = await get("/api/history");

@@ -182,7 +182,12 @@ PSC_API psc_client *psc_new(void);
  *                with interrupt on, every wait watches it beside its
  *                connection, so a signal that lands just before the wait
  *                sleeps, or on another thread, still ends the call with
- *                PSC_EINTR. Each call empties it when it begins
+ *                PSC_EINTR. Each call empties it when it begins (1.12)
+ *   reader       "on" or "off" (the default): with on, the hello says
+ *                "reader": a follower of a part (a read replica) answers
+ *                the pulls and table pulls, each saying how far behind its
+ *                leader it is (psc_lag); pushes are refused (NOT_LEADER on a
+ *                follower, FORBIDDEN on a leader); no shard is taken (1.12)
  * Before psc_connect only, except "log" and "report_s". Returns 0, PSC_EINVAL (an unknown
  * key or a bad value, said in psc_errmsg) or PSC_ESTATE. */
 PSC_API int psc_set(psc_client *c, const char *key, const char *value);
@@ -479,6 +484,12 @@ PSC_API int psc_hogwild(const psc_client *c);
  * and pulls copy nothing. (1.8) */
 PSC_API float *psc_hogwild_params(psc_client *c);
 PSC_API uint64_t psc_reconnects(const psc_client *c);
+/* How far behind its leader the psd that answered the last pull (or table
+ * pull) was: the bytes of the leader's replication log it had not applied,
+ * when it is a follower (a read replica, option reader); -1 when it is a
+ * leader or no pull was answered yet. With several psd, the most of the
+ * parts' last answers. (1.12) */
+PSC_API int64_t psc_lag(const psc_client *c);
 PSC_API uint64_t psc_lost_steps(const psc_client *c);    /* steps lost to reconnects */
 PSC_API uint64_t psc_dropped(const psc_client *c);       /* pushes psd dropped (bsp round closed) */
 

@@ -108,6 +108,7 @@ for name, res, args in [
     ("psc_hogwild", _i, [_c]),
     ("psc_hogwild_params", _c, [_c]),
     ("psc_reconnects", _u64, [_c]),
+    ("psc_lag", ctypes.c_int64, [_c]),
     ("psc_lost_steps", _u64, [_c]),
     ("psc_dropped", _u64, [_c]),
     ("psc_local_steps", _u32, [_c]),

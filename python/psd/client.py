@@ -421,6 +421,13 @@ class Client(TableCalls, PlanCalls):
         return int(lib.psc_reconnects(self._handle()))
 
     @property
+    def lag(self):
+        """How far behind its leader the psd that answered the last pull was,
+        in bytes of the leader's log it had not applied (a read replica,
+        option reader); -1 from a leader, or before any pull."""
+        return int(lib.psc_lag(self._handle()))
+
+    @property
     def lost_steps(self):
         return int(lib.psc_lost_steps(self._handle()))
 

@@ -37,10 +37,12 @@ class TableCalls:
         k = np.asarray(keys)
         if k.dtype.kind not in "iu":
             raise TypeError("keys must be integers, not %s" % k.dtype)
-        return np.ascontiguousarray(k.reshape(-1).astype(np.uint64, copy=False))
+        # aligned too: the library reads them as uint64_t (a view into a
+        # bytes buffer at an odd offset is copied)
+        return np.require(k.reshape(-1).astype(np.uint64, copy=False), np.uint64, ("C", "A"))
 
     def _rows(self, a, n, dim, what):
-        a = np.ascontiguousarray(a, dtype=np.float32)
+        a = np.require(a, np.float32, ("C", "A"))
         if a.size != n * dim:
             raise ValueError("%s has %d values for %d keys of dim %d" % (what, a.size, n, dim))
         return a
@@ -52,8 +54,8 @@ class TableCalls:
         k = self._keys(keys)
         rows = np.empty((k.size, dim), np.float32) if out is None else out
         self._rows(rows, k.size, dim, "out")
-        if not rows.flags.c_contiguous or rows.dtype != np.float32:
-            raise ValueError("out must be a C-contiguous float32 array")
+        if not rows.flags.c_contiguous or not rows.flags.aligned or rows.dtype != np.float32:
+            raise ValueError("out must be a C-contiguous, aligned float32 array")
         self._check(lib.psc_table_pull(self._handle(), name.encode(), k.ctypes.data, k.size, rows.ctypes.data))
         return rows
 

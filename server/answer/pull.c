@@ -16,6 +16,18 @@
 
 /* ---- pulls ---------------------------------------------------------------- */
 
+/* On a follower (a read replica), a pull's answer says how far behind the
+ * leader it may be: "lag", the bytes of the leader's log, as its last
+ * answer said, that this psd has not applied (PROTOCOL.md 15, 17). */
+static void say_lag(const psd *s, ps_msg *r)
+{
+    const srv_follow *f = s->follow;
+    if (!f)
+        return;
+    r->has2 |= PS_F2_LAG;
+    r->lag = f->leader_end > f->applied ? f->leader_end - f->applied : 0;
+}
+
 /* Answers a pull with [off, off+len) of blocks blk at model version ver:
  * the model's current blocks, or a pinned snapshot's. */
 static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t id, uint64_t off, uint64_t len,
@@ -43,6 +55,7 @@ static void send_params(srv_conn *c, srv_blk *const *blk, uint64_t ver, uint64_t
         }
     }
     SRV_COUNT(s, pulls, 1);
+    say_lag(s, &r);
     if (rdt == SRV_RDT_SHM) {
         /* into the worker's segment, after its gradient half; the reply
          * only says where */
@@ -102,6 +115,7 @@ static void send_rows(srv_conn *c, uint64_t ver, uint64_t id, uint32_t ti, const
     ps_msg_init(&r, PS_MSG_ROWS);
     r.id = id;
     r.mver = ver;
+    say_lag(s, &r);
     if (rdt == SRV_RDT_SHM) {
         /* into the worker's table segment (the dispatch layer checked that
          * [rat, rat + 4 total) lies in it); the reply only says so */
@@ -189,6 +203,7 @@ int srv_tpull_at(srv_conn *c, uint64_t id, uint32_t ti, uint64_t off, uint64_t l
         r.id = id;
         r.mver = s->model.version;
         r.keys = (ps_keys){keys, (uint32_t)len};
+        say_lag(s, &r);
         r.off = 0;
         r.ndata = total;
         srv_send(c, &r, blk);

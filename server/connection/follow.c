@@ -23,6 +23,7 @@
 #include "common/conn.h"
 #include "common/log.h"
 #include "proto/errors.h"
+#include "server/answer/pull.h"
 #include "server/replog/replog.h"
 #include "server/session/pushid.h"
 #include "server/report/checkpoint.h"
@@ -365,8 +366,12 @@ static void drain(psd *s)
 static void on_async(uv_async_t *a)
 {
     psd *s = a->data;
-    if (s->follow)
-        drain(s);
+    if (!s->follow)
+        return;
+    uint64_t version = s->model.version;
+    drain(s);
+    if (s->model.version != version)
+        srv_answer_parked(s); /* a reader's pull waiting for a version (PROTOCOL.md 15) */
 }
 
 static void thread_stop(srv_follow_thread *t)

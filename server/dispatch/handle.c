@@ -22,7 +22,9 @@
 #include "proto/errors.h"
 #include "server/store/psd.h"
 #include "server/store/scratch.h"
+#include "server/tables/table.h"
 #include "server/answer/reply.h"
+#include "server/session/ledger.h"
 #include "server/session/session.h"
 #include "server/report/status.h"
 #include "server/update/update.h"
@@ -372,6 +374,8 @@ static int handle_push(srv_conn *c, ps_msg *m)
      * counts at its last (a worker lost before it has its chunks dropped) */
     if ((rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds))
         srv_pushid_mark(s, c->client_id, pid);
+    if (rc == SRV_PENDING || rc >= 0)
+        srv_ledger_dense(s, c->client_id, pid, m->off, m->ndata, m->data); /* tests only (PSD_TEST_LEDGER) */
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_finished() replies; the gradient
          * lives in c's receive buffer, so c reads nothing meanwhile */
@@ -596,6 +600,29 @@ static srv_handler *const handlers[PS_MSG_TYPE_MAX + 1] = {
 #undef PS_MSG
 };
 
+/* A reader's connection only pulls (PROTOCOL.md 15): what would change the
+ * model or the tables (a push, initial values, a new table, a report, a
+ * barrier) is refused, on a follower with NOT_LEADER (whose reply names
+ * the leader), on a leader with FORBIDDEN. 1 when m was refused. */
+static int reader_refuses(srv_conn *c, const ps_msg *m)
+{
+    uint32_t t = m->type;
+    int writes = t == PS_MSG_INIT || t == PS_MSG_PUSH || t == PS_MSG_PUSHPULL || t == PS_MSG_REPORT ||
+                 t == PS_MSG_BARRIER || t == PS_MSG_TPUSH || t == PS_MSG_TPUSHPULL ||
+                 (t == PS_MSG_TABLE && srv_tables_find(&c->srv->tables, m->tab) < 0);
+    if (!c->reader || !writes)
+        return 0;
+    if (c->srv->follow)
+        srv_send_error(c, m->id, PS_ENOT_LEADER, 0,
+                       "%s refused: this psd is a follower of %s (a read replica) and this connection a reader, "
+                       "which only pulls; changes go to the leader", ps_msg_type_name(t), c->srv->cfg.replica_of);
+    else
+        srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
+                       "%s refused: this connection said hello as a reader, which only pulls; say hello without "
+                       "\"reader\" to push", ps_msg_type_name(t));
+    return 1;
+}
+
 int srv_handle(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
@@ -618,6 +645,8 @@ int srv_handle(srv_conn *c, ps_msg *m)
                        ps_msg_type_name(m->type));
         return 0;
     }
+    if (reader_refuses(c, m))
+        return 0;
     ps_msg_dir dir = ps_msg_type_dir(m->type);
     if (dir == PS_DIR_W && !c->worker) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",

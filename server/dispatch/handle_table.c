@@ -16,6 +16,7 @@
 #include "server/answer/reply.h"
 #include "server/store/scratch.h"
 #include "server/record/stats.h"
+#include "server/session/ledger.h"
 #include "server/session/pushid.h"
 #include "server/update/update.h"
 
@@ -42,7 +43,7 @@ static void handle_declare(srv_conn *c, ps_msg *m)
     if (s->tables.n > before) {
         char text[300];
         ps_table_def_text(&d, text, sizeof text);
-        PS_LOG(PS_LOG_INFO, "table '%s' declared by shard %u: %s", d.name, c->worker->shard, text);
+        PS_LOG(PS_LOG_INFO, "table '%s' declared by shard %u: %s", d.name, c->worker ? c->worker->shard : 0, text);
     }
     srv_send_ok(c, m->id);
 }
@@ -277,6 +278,8 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
          * recorded, so one sent again is applied again */
         if ((rc == SRV_PENDING || rc == 0) && !s->policy->rounds)
             srv_pushid_mark(s, c->client_id, pid);
+        if (rc == SRV_PENDING || rc == 0) /* tests only (PSD_TEST_LEDGER) */
+            srv_ledger_rows(s, c->client_id, pid, ti, m->keys.p, m->keys.n, m->data);
         if (rc == SRV_PENDING) {
             c->tapply_busy = 1;
             return;
@@ -303,7 +306,8 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
 
 void srv_handle_table(srv_conn *c, ps_msg *m)
 {
-    if (m->type != PS_MSG_TPULL && !c->worker) {
+    /* a reader (PROTOCOL.md 15) declares a table psd has, to pull its rows */
+    if (m->type != PS_MSG_TPULL && !c->worker && !(c->reader && m->type == PS_MSG_TABLE)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return;

@@ -19,6 +19,7 @@
 #include "server/record/history.h"
 #include "server/policy/join.h"
 #include "server/policy/policy.h"
+#include "server/replog/replog.h"
 #include "proto/errors.h"
 
 #ifndef PSD_WEB_DIR
@@ -28,6 +29,7 @@
 #define SAMPLE_MS 1000          /* psd's series: one sample a second */
 #define WEB_FILE_MAX (4u << 20) /* largest page file served */
 #define LR_CURVE_POINTS 200     /* points of the learning-rate schedule */
+#define VER_RING 256            /* (log position, model version) samples: a minute of ticks */
 
 /* What the last tick saw of a worker, to notice joins, leaves and losses. */
 typedef struct seen_worker {
@@ -50,6 +52,14 @@ struct srv_dash {
     ps_config cfg;               /* the settings the last tick saw */
     uint8_t cookie[2][32];       /* read cookies derived from the secrets */
     int ncookies;
+    /* A leader's replication log position at each tick where it moved, with
+     * the model version of the tick before: every change up to that version
+     * was flushed into the log by then (the tick flushes after this), so a
+     * follower that fetched past the position holds that version at least
+     * (srv_dash_versions_behind). Oldest first from vr_head - vr_n. */
+    uint64_t vr_pos[VER_RING], vr_ver[VER_RING];
+    uint32_t vr_head, vr_n;
+    uint64_t vr_prev, vr_history;
 };
 
 static double since_start(const psd *s, uint64_t ms)
@@ -235,12 +245,45 @@ void srv_dash_notice(psd *s)
         note_events(s, d, srv_now_ms());
 }
 
+static void note_versions(psd *s, struct srv_dash *d)
+{
+    if (!s->replog || s->replog->history != d->vr_history) {
+        d->vr_n = d->vr_head = 0; /* no log, or a new one: its positions start again */
+        d->vr_history = s->replog ? s->replog->history : 0;
+    }
+    if (s->replog) {
+        uint64_t end = srv_replog_end(s);
+        uint32_t last = (d->vr_head + VER_RING - 1) % VER_RING;
+        if (!d->vr_n || d->vr_pos[last] != end) {
+            d->vr_pos[d->vr_head] = end;
+            d->vr_ver[d->vr_head] = d->vr_prev;
+            d->vr_head = (d->vr_head + 1) % VER_RING;
+            d->vr_n += d->vr_n < VER_RING;
+        }
+    }
+    d->vr_prev = s->model.version;
+}
+
+int64_t srv_dash_versions_behind(psd *s, uint64_t pos)
+{
+    struct srv_dash *d = dash_get(s);
+    if (!s->replog || pos >= srv_replog_end(s))
+        return 0;
+    for (uint32_t k = 1; d && k <= d->vr_n; k++) {
+        uint32_t i = (d->vr_head + VER_RING - k) % VER_RING;
+        if (d->vr_pos[i] <= pos)
+            return s->model.version > d->vr_ver[i] ? (int64_t)(s->model.version - d->vr_ver[i]) : 0;
+    }
+    return -1;
+}
+
 void srv_dash_tick(psd *s, uint64_t now)
 {
     struct srv_dash *d = dash_get(s);
     if (!d)
         return;
     note_events(s, d, now);
+    note_versions(s, d);
     if (now - d->last_sample_ms >= SAMPLE_MS)
         sample(s, d, now);
 }
@@ -542,6 +585,39 @@ static int setting(ps_buf *b, const psd *s, const char *name)
     return kv_str(b, name, v);
 }
 
+/* "replication": this psd's role and, a leader, its followers with their
+ * lag in bytes and (at most) in model versions; a follower, its leader and
+ * lag (PROTOCOL.md 17). */
+static int replication_json(psd *s, ps_buf *b, uint64_t now)
+{
+    const srv_follow *f = s->follow;
+    const srv_replog *r = s->replog;
+    int rc = srv_json_raw(b, "\"replication\": {");
+    rc |= kv_str(b, "role", f ? "follower" : "leader");
+    rc |= kv_str(b, "mode", s->cfg.replication == PS_REPLICATION_SYNC ? "sync" : "async");
+    rc |= kv_str(b, "leader", f ? f->leader : "");
+    rc |= kv_u64(b, "applied", f ? f->applied : 0);
+    rc |= kv_u64(b, "lag_bytes", f && f->leader_end > f->applied ? f->leader_end - f->applied : 0);
+    rc |= kv_str(b, "error", f && f->failed ? f->error : "");
+    rc |= kv_u64(b, "log_end", srv_replog_end(s));
+    rc |= kv_u64(b, "insync", srv_replog_insync(s));
+    rc |= srv_json_raw(b, "\"followers\": [");
+    int first = 1;
+    for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++) {
+        const srv_follower *x = &r->f[i];
+        if (!x->used)
+            continue;
+        rc |= srv_json_raw(b, first ? "{" : ", {");
+        first = 0;
+        rc |= kv_str(b, "addr", x->addr);
+        rc |= kv_bool(b, "insync", x->insync);
+        rc |= kv_u64(b, "lag_bytes", srv_replog_end(s) > x->pos ? srv_replog_end(s) - x->pos : 0);
+        rc |= ps_buf_printf(b, "\"lag_versions\": %" PRId64 ", ", srv_dash_versions_behind(s, x->pos));
+        rc |= ps_buf_printf(b, "\"last_fetch\": %.3f}", x->last_ms ? (double)(now - x->last_ms) / 1e3 : -1.0);
+    }
+    return rc | srv_json_raw(b, "]}, ");
+}
+
 static int job_json(psd *s, ps_buf *b)
 {
     uint64_t now = srv_now_ms();
@@ -580,6 +656,7 @@ static int job_json(psd *s, ps_buf *b)
     rc |= kv_num(b, "push_rate", s->stats.push_rate);
     rc |= kv_u64(b, "rounds", s->stats.rounds);
     rc |= kv_u64(b, "checkpoints", s->stats.checkpoints);
+    rc |= replication_json(s, b, now);
     uint32_t miss[64];
     uint32_t nmiss = srv_join_missing(s, miss, 64);
     rc |= srv_json_raw(b, "\"waiting_for\": [");

@@ -54,6 +54,11 @@ void srv_dash_report(psd *s, const srv_worker *w, int has_acc, int epoch_end);
 /* Frees the history (at exit). */
 void srv_dash_free(psd *s);
 
+/* A leader: how many model versions a follower that has fetched the log up
+ * to pos may be behind, at most (from positions sampled each tick): 0 at
+ * the log's end; -1 when pos is older than the samples kept (a minute). */
+int64_t srv_dash_versions_behind(psd *s, uint64_t pos);
+
 /* May this request read psd over HTTP? Always when psd has no token_file;
  * else it must show the workers' or the admins' secret (Authorization:
  * Bearer SECRET, or ?token=SECRET) or the read cookie psd derives from a

@@ -11,12 +11,13 @@
 #include "server/store/psd.h"
 #include "server/report/status.h"
 #include "server/replog/replog.h"
+#include "server/report/dashboard.h"
 
 static const char *const worker_states[] = {"connected", "left", "lost"};
 
 /* "replication" (PROTOCOL.md 17): this psd's role, its leader (a follower)
  * or its followers (a leader with a log). */
-static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
+static void pack_replication(msgpack_packer *pk, psd *s, uint64_t now)
 {
     const srv_follow *f = s->follow;
     const srv_replog *r = s->replog;
@@ -39,7 +40,7 @@ static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
         const srv_follower *x = &r->f[i];
         if (!x->used)
             continue;
-        msgpack_pack_map(pk, 5);
+        msgpack_pack_map(pk, 6);
         ps_pack_kstr(pk, "addr", x->addr);
         ps_pack_kstr(pk, "peer", x->peer);
         ps_pack_key(pk, "insync");
@@ -49,6 +50,8 @@ static void pack_replication(msgpack_packer *pk, const psd *s, uint64_t now)
             msgpack_pack_false(pk);
         ps_pack_ku64(pk, "lag_bytes", srv_replog_end(s) > x->pos ? srv_replog_end(s) - x->pos : 0);
         ps_pack_kf64(pk, "last_fetch", x->last_ms ? (double)(now - x->last_ms) / 1000.0 : -1.0);
+        ps_pack_key(pk, "lag_versions"); /* at most; -1: unknown (report/dashboard.c) */
+        msgpack_pack_int64(pk, srv_dash_versions_behind(s, x->pos));
     }
 }
 
@@ -403,6 +406,34 @@ int srv_metrics_text(psd *s, ps_buf *b)
         SIMPLE("psd_replication_lag_bytes", "gauge",
                "A follower: the bytes of its leader's log it has not applied yet, as the leader's last answer said.",
                "%" PRIu64, f && f->leader_end > f->applied ? f->leader_end - f->applied : 0);
+        /* a leader's followers, one series each (at most SRV_FOLLOWERS_MAX) */
+        static const char *const ffam[3][3] = {
+            {"psd_replication_follower_insync", "gauge", "A leader's follower: 1 while in the in-sync set."},
+            {"psd_replication_follower_lag_bytes", "gauge",
+             "A leader's follower: the bytes of the log it has not fetched yet."},
+            {"psd_replication_follower_lag_versions", "gauge",
+             "A leader's follower: the model versions it may be behind, at most (-1: unknown, over a minute "
+             "behind)."},
+        };
+        for (int k = 0; k < 3; k++) {
+            rc |= family(b, ffam[k][0], ffam[k][1], ffam[k][2]);
+            for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++) {
+                const srv_follower *x = &r->f[i];
+                if (!x->used)
+                    continue;
+                uint64_t end = srv_replog_end(s);
+                int64_t v = k == 0 ? x->insync : k == 1 ? (int64_t)(end > x->pos ? end - x->pos : 0)
+                                                        : srv_dash_versions_behind(s, x->pos);
+                char name[2 * sizeof x->addr + 1];
+                rc |= ps_buf_printf(b, "%s{follower=\"%s\"} %" PRId64 "\n", ffam[k][0],
+                                    label_value(x->addr, name, sizeof name), v);
+            }
+        }
+        uint64_t readers = 0;
+        for (const srv_conn *c = s->conns; c; c = c->next)
+            readers += c->reader && !c->closing;
+        SIMPLE("psd_readers", "gauge", "Connections of readers (a hello with reader): clients that only pull.",
+               "%" PRIu64, readers);
     }
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,

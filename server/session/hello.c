@@ -363,11 +363,55 @@ static void parts_mismatch(const ps_layout *mine, const ps_layout *theirs, char 
              a, b);
 }
 
+/* A reader's hello (PROTOCOL.md 15): on the leader or a follower, once the
+ * model has its layout and values there, with that layout. */
+static int reader_check(const psd *s, const ps_msg *m, char *err, size_t errlen)
+{
+    if (s->cfg.hogwild)
+        return ps_fail(err, errlen, PS_EUNSUPPORTED, "a reader cannot join a Hogwild! job (hogwild = on): its "
+                       "workers step in psd's memory; pull as an admin (psctl save) instead");
+    if (!s->model.has_layout || !s->model.initialized)
+        return ps_fail(err, errlen, PS_ENOT_READY, "%s: a reader pulls a model that has values; ask again",
+                       s->follow ? "this follower has no snapshot of its leader yet"
+                                 : "the model has no values yet (no worker has sent them)");
+    (void)m;
+    return 0;
+}
+
+/* The layout check of a worker's hello against the model's, if it has one. */
+static int layout_check(const psd *s, const ps_msg *m, char *err, size_t errlen)
+{
+    if (s->model.has_layout && !ps_layout_equal(&s->model.layout, m->layout)) {
+        /* where psd's layout comes from says what to change */
+        char from[PS_CONFIG_PATH_MAX + 160];
+        if (s->model_file[0])
+            snprintf(from, sizeof from, "from %.300s (init_from; start psd without it, or the workers with that model)",
+                     s->model_file);
+        else if (s->resumed_from[0])
+            snprintf(from, sizeof from, "from the checkpoint %.300s (start psd with --fresh to begin anew)",
+                     s->resumed_from);
+        else if (s->follow)
+            snprintf(from, sizeof from, "from the leader %.300s", s->cfg.replica_of);
+        else
+            snprintf(from, sizeof from, "from the job's first worker");
+        if (ps_layout_first_piece(&s->model.layout) >= 0 || ps_layout_first_piece(m->layout) >= 0)
+            parts_mismatch(&s->model.layout, m->layout, err, errlen);
+        else
+            layout_mismatch(&s->model.layout, m->layout, from, err, errlen);
+        return PS_ELAYOUT;
+    }
+    return 0;
+}
+
 int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err, size_t errlen)
 {
     int rc = srv_hello_precheck(c, m, err, errlen);
     if (rc != 0 || m->role != PS_ROLE_WORKER)
         return rc;
+    if ((m->has2 & PS_F2_READER) && m->reader) {
+        rc = reader_check(s, m, err, errlen);
+        return rc ? rc : layout_check(s, m, err, errlen);
+    }
     if (s->follow)
         return ps_fail(err, errlen, PS_ENOT_LEADER,
                        "this psd is a follower of %s (a replica): workers push to the leader; `psctl promote` "
@@ -395,24 +439,7 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
                  (unsigned long long)SRV_SHM_MAX_PARAMS, (unsigned long long)m->layout->total);
         return PS_ELIMIT;
     }
-    if (s->model.has_layout && !ps_layout_equal(&s->model.layout, m->layout)) {
-        /* where psd's layout comes from says what to change */
-        char from[PS_CONFIG_PATH_MAX + 160];
-        if (s->model_file[0])
-            snprintf(from, sizeof from, "from %.300s (init_from; start psd without it, or the workers with that model)",
-                     s->model_file);
-        else if (s->resumed_from[0])
-            snprintf(from, sizeof from, "from the checkpoint %.300s (start psd with --fresh to begin anew)",
-                     s->resumed_from);
-        else
-            snprintf(from, sizeof from, "from the job's first worker");
-        if (ps_layout_first_piece(&s->model.layout) >= 0 || ps_layout_first_piece(m->layout) >= 0)
-            parts_mismatch(&s->model.layout, m->layout, err, errlen);
-        else
-            layout_mismatch(&s->model.layout, m->layout, from, err, errlen);
-        return PS_ELAYOUT;
-    }
-    return 0;
+    return layout_check(s, m, err, errlen);
 }
 
 int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size_t errlen)
@@ -447,6 +474,15 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
                    c->addr, m->tshm.pid, c->tseg_len);
         else
             PS_LOG(PS_LOG_INFO, "shard %u (%s): table segment not used, rows over TCP: %s", m->shard, c->addr, why);
+    }
+    if ((m->has2 & PS_F2_READER) && m->reader) {
+        /* a reader: no shard of the job, no worker record, no pushes
+         * (dispatch refuses them); its pulls are answered as a worker's */
+        c->reader = 1;
+        c->role = m->role;
+        PS_LOG(PS_LOG_INFO, "reader joined from %s at model version %llu%s", c->addr,
+               (unsigned long long)s->model.version, s->follow ? " (this psd is a follower)" : "");
+        return 0;
     }
     if (s->cfg.hogwild && s->cfg.hogwild_remote == PS_HOGWILD_REMOTE_REFUSE && !c->shm) {
         snprintf(err, errlen, "this Hogwild! job takes only workers on psd's machine (hogwild_remote = refuse): "

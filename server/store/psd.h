@@ -218,6 +218,9 @@ struct srv_conn {
     int admin_readonly;      /* admin that proved the workers' token (no
                               * admin_token_file): status and metrics only */
     srv_worker *worker;      /* set for a worker after hello */
+    int reader;              /* a worker-role hello with "reader": it pulls from any
+                              * replica and never pushes; no worker record
+                              * (PROTOCOL.md 15) */
     uint64_t client_id;      /* its hello's "cid" (0: none): its pushes' "pid"s are
                               * recorded and a resent one answered, not applied
                               * (session/pushid.c) */

@@ -108,7 +108,9 @@ def start_workers(cl, addr):
 
 
 def steps_done(w):
-    lines = [l for l in w.stdout().splitlines() if l.startswith("step ")]
+    # whole lines only: the test may read the file while the worker writes
+    # a line ("step " alone would be an IndexError)
+    lines = [l for l in w.stdout().split("\n")[:-1] if l.startswith("step ")]
     return int(lines[-1].split()[1]) if lines else 0
 
 

@@ -16,6 +16,9 @@
   history works for a read-only admin (the workers' token).
 - Protected mode: psd refuses a non-loopback metrics_listen without a
   token.
+- Replicas: a leader's page lists its part's replicas (itself and its
+  follower, in sync, with its lag in bytes and versions), a follower's
+  page its leader and its lag; the JSON and psctl status agree.
 - Embedding tables: a worker pulling and pushing rows of two tables; the
   page shows, per table, a chart of rows held and memory and one of rows
   pulled and pushed per second, with points; /api/history's table series
@@ -384,6 +387,71 @@ class DashboardTables(unittest.TestCase):
             rows = [l for l in r.stdout.splitlines() if l.startswith("table,emb,") and ",rows," in l]
             self.assertGreaterEqual(len(rows), 3)
             w.close()
+
+    @unittest.skipUnless(HAVE_BROWSER, "chromium or python3-websocket missing (scripts/setup.sh installs both)")
+    def test_replicas_in_browser(self):
+        """A leader and its follower, each with its page: the leader's shows
+        its part's replicas (itself, and the follower in sync, 0 bytes and 0
+        versions behind), the follower's its leader and its lag; the JSON
+        and psctl status say the same."""
+        with Cluster("psd-dashboard-replicas") as cl:
+            web = ["--set", "web_root=" + ARGS.web_root] if ARGS.web_root else []
+            leader = cl.psd(mode="asgd", workers=1, name="leader",
+                            args=["--set", "metrics_listen=127.0.0.1:0"] + web)
+            w = harness.RawClient(leader.addr, 10)
+            r = w.hello_worker([["w", [4]]], 0, 1)
+            self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+            w.request({"t": harness.T_INIT, "off": 0, "data": struct.pack("<4f", 1, 2, 3, 4)})
+            follower = cl.psd(mode="asgd", workers=1, name="follower",
+                              args=["--set", "metrics_listen=127.0.0.1:0", "--replica-of", leader.addr] + web)
+            harness.wait_until(lambda: harness.status(leader.addr)["replication"]["insync"] == 1, 60,
+                               "the follower in sync")
+            for v in range(5):  # pushes the follower gets as it goes
+                r = w.request({"t": harness.T_PUSH, "off": 0, "base": v, "data": struct.pack("<4f", 1, 1, 1, 1)})
+                self.assertEqual(r.get("t"), harness.T_OK, r)
+            w.close()
+
+            def in_sync():
+                st = harness.status(leader.addr)["replication"]
+                fl = harness.status(follower.addr)["replication"]
+                return st["insync"] == 1 and st["followers"][0]["lag_bytes"] == 0 and fl["lag_bytes"] == 0 and st
+            st = harness.wait_until(in_sync, 60, "the follower to apply the whole log")
+            self.assertEqual(st["followers"][0]["lag_versions"], 0, st)
+            text = harness.psctl(leader.addr, "status").stdout
+            self.assertIn("follower %s: in sync, 0 bytes behind (0 versions at most)" % follower.addr, text)
+            r = harness.psctl(leader.addr, "metrics")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            for fam, v in (("insync", 1), ("lag_bytes", 0), ("lag_versions", 0)):
+                self.assertIn('psd_replication_follower_%s{follower="%s"} %d\n' % (fam, follower.addr, v), r.stdout)
+            harness.promtool_check(self, r.stdout)
+
+            def page(p):
+                return "http://" + harness.status(p.addr)["metrics_listen"]
+            code, _, body = http_get(page(leader) + "/api/job")
+            self.assertEqual(code, 200)
+            rep = json.loads(body)["replication"]
+            self.assertEqual((rep["role"], rep["insync"], rep["followers"][0]["addr"]), ("leader", 1, follower.addr))
+            code, _, body = http_get(page(follower) + "/api/job")
+            rep = json.loads(body)["replication"]
+            self.assertEqual((rep["role"], rep["leader"], rep["lag_bytes"]), ("follower", leader.addr, 0))
+            rows = """(() => { const s = document.getElementById('replicas-section');
+              const r = [...document.querySelectorAll('#replicas tbody tr')].map(tr =>
+                [...tr.children].map(td => td.textContent));
+              return !s.hidden && r.length === 2 && r[1][2] !== '' &&
+                {rows: r, summary: document.getElementById('replicas-summary').textContent}; })()"""
+            with browser.Browser(cl.dir) as b:
+                b.navigate(page(leader) + "/")
+                got = b.wait_for(rows, 30, "the leader's replicas")
+                self.assertEqual(got["rows"][0][:2], ["this psd", "leader"])
+                self.assertEqual(got["rows"][1][:5], [follower.addr, "follower", "yes", "0", "≤ 0"])
+                self.assertIn("1 of 1 followers in sync", got["summary"])
+                b.navigate(page(follower) + "/")
+                got = b.wait_for(rows, 30, "the follower's replicas")
+                self.assertEqual(got["rows"][0][:4], ["this psd", "follower", "–", "0"])
+                self.assertEqual(got["rows"][1][:2], [leader.addr, "leader"])
+                self.assertIn("this psd follows %s" % leader.addr, got["summary"])
+                b.call("Runtime.evaluate", expression="0")
+                self.assertEqual(b.errors, [], "the page met errors")
 
 
 def extra_args(p):

@@ -856,6 +856,10 @@ static void check_same(const ps_msg *a, const ps_msg *b)
         assert_true(a->cid == b->cid);
     if (a->has2 & PS_F2_PID)
         assert_true(a->pid == b->pid);
+    if (a->has2 & PS_F2_READER)
+        assert_int_equal(a->reader, b->reader);
+    if (a->has2 & PS_F2_LAG)
+        assert_true(a->lag == b->lag);
     if (a->has2 & PS_F2_LEADER) {
         assert_int_equal(a->leader.len, b->leader.len);
         assert_memory_equal(a->leader.p, b->leader.p, a->leader.len);
@@ -1178,6 +1182,10 @@ static void test_round_trip_second_word(void **state)
     m.nreplicas = PS_REPLICAS_MAX;
     for (uint32_t i = 0; i < PS_REPLICAS_MAX; i++)
         m.replicas[i] = (ps_str){"host-xyz:7001", 6 + i};
+    round_trip(&m);
+    /* a reader's hello, a read replica's answer (PROTOCOL.md 15) */
+    m.has2 = PS_F2_READER | PS_F2_LAG;
+    m.reader = 1, m.lag = 0x123456789ull;
     round_trip(&m);
 
     /* refused: pid 0, cid 0, an empty address, too many replicas */

@@ -1,0 +1,353 @@
+"""test_ledger.py - the ledger test of replicas (issue 43, proto/PROTOCOL.md 15 and 17).
+
+Two worker processes train a model with an embedding table (AdaGrad rows
+of 4) and dense tensors (4 weights and a bias, AdaGrad) through a part of
+two psd, a leader and its follower (asgd, replication = sync); the workers
+are given both addresses. Ten times in one job, at a random moment (a
+random step, then a random fraction of a step; the seed is printed, and
+PSD_TEST_SEED replays it), the leader is killed with -9, the follower
+promoted with `psctl promote`, and the dead psd started again on its port
+as a follower of the new leader.
+
+The job finishes, and its final state equals, bit for bit (dense
+parameters and optimizer state, every table row with its optimizer state
+and clock, the table's clock, the model version), that of one fresh psd
+fed the acknowledged pushes in the order the leaders applied them.
+
+Where the order comes from: psd itself. With PSD_TEST_LEDGER=DIR in its
+environment (server/session/ledger.c, for tests only) every psd writes
+each push it applies, as it applied it, with its client's cid, push id
+and the replication log's end once the push is in the log. A promoted
+follower logs how far it had applied its leader's log ("applied the
+leader's log up to N"). The pushes the job's final state holds are
+therefore the first leader's records up to where its successor had
+applied, then that successor's own up to where the next had applied, and
+so on, then the last leader's: a leader's pushes past that point died
+with it unacknowledged, and their workers sent them again. That sequence
+must hold every push of the two workers exactly once (no push lost, none
+applied twice: per client, one record per push call, push ids strictly
+increasing), and replayed by one client into a fresh psd it must give the
+job's final state. The comparison can fail: the same replay with one table
+push fed twice must not give it.
+"""
+
+import json
+import os
+import re
+import signal
+import struct
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import test_replica as tr  # noqa: E402  (checkpoint readers)
+import test_tables_kill as tk  # noqa: E402
+
+STEPS = 4000  # at most, per worker (a table push and a dense push each): the test stops them before
+BATCH = 32
+PACE_S = 0.002
+FAILOVERS = 10
+D = 4
+
+# One worker: shard K of 2 of synthetic clicks (test_tables_kill.py's model,
+# smaller batches); prints "step N" after each step; stops after the step
+# in which the file `stop` exists, and prints a JSON line with its push calls
+# and reconnects.
+WORKER = r"""
+import json, os, sys, time
+import numpy as np
+import psd
+
+addr, k, steps, batch, pace, gate, stop = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                           float(sys.argv[5]), sys.argv[6], sys.argv[7])
+F, V, D = 4, 1500, 4
+rng = np.random.default_rng(1234)
+p = 1.0 / np.arange(1, V + 1) ** 1.1
+p /= p.sum()
+true_rows = rng.normal(0, 1.0, (F * V, D))
+true_u = np.array([1.0, -0.5, 0.75, 0.5])
+n = 2 * steps * batch
+ids = rng.choice(V, size=(n, F), p=p) + np.arange(F) * V
+y = (rng.random(n) < 1 / (1 + np.exp(-(true_rows[ids].sum(1) @ true_u - 0.5)))).astype(np.float64)
+keys = (ids.astype(np.uint64) * np.uint64(2654435761)) ^ np.uint64(0x5eed)
+
+c = psd.Client([("u", (D,)), ("b", (1,))], server=addr, shard="%d/2" % k, connect_s=30, reconnect_s=120,
+               timeout_ms=60000)
+c.params[:] = [0.1, 0.1, 0.1, 0.1, 0.0]
+c.connect()
+c.table("emb", D, init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
+c.pull()
+print("ready", flush=True)
+with open(gate) as f:  # a FIFO: blocks until the test opens it and closes it (the follower is in sync)
+    f.read()
+calls = 0
+for step in range(steps):
+    lo = (2 * step + k) * batch
+    kb, yb = keys[lo:lo + batch], y[lo:lo + batch]
+    rows = c.pull_rows("emb", kb.reshape(-1)).reshape(batch, F, D).astype(np.float64)
+    u, b = c.params[:D].astype(np.float64), float(c.params[D])
+    s = rows.sum(1)
+    g = (1 / (1 + np.exp(-(s @ u + b))) - yb) / batch
+    c.push_rows("emb", kb.reshape(-1), np.repeat((g[:, None] * u[None, :])[:, None, :], F, 1).reshape(-1, D))
+    c.grads[:D] = (g[:, None] * s).sum(0)
+    c.grads[D] = g.sum()
+    c.pushpull()
+    calls += 2
+    print("step", step + 1, flush=True)
+    if os.path.exists(stop):  # the test's word: ten failovers are behind
+        break
+    time.sleep(pace)  # the step's compute
+print(json.dumps({"worker": k, "calls": calls, "stopped": os.path.exists(stop), "reconnects": c.reconnects}),
+      flush=True)
+c.close()
+"""
+
+# The replay: one client feeds a fresh psd the records of a ledger file
+# (the lineage the test wrote) in order.
+REPLAY = r"""
+import struct, sys
+import numpy as np
+import psd
+
+addr, path = sys.argv[1], sys.argv[2]
+D = 4
+c = psd.Client([("u", (D,)), ("b", (1,))], server=addr, shard="0/1", connect_s=30)
+c.params[:] = [0.1, 0.1, 0.1, 0.1, 0.0]
+c.connect()
+c.table("emb", D, init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
+c.pull()
+blob = open(path, "rb").read()
+at = n = 0
+while at < len(blob):
+    kind = blob[at:at + 1]
+    at += 1
+    if kind == b"D":
+        (off, m) = struct.unpack_from("<QQ", blob, at)
+        at += 16
+        assert off == 0 and m == D + 1, (off, m)
+        c.grads[:] = np.frombuffer(blob, "<f4", m, at)
+        at += 4 * m
+        c.push()
+    else:
+        (m,) = struct.unpack_from("<I", blob, at)
+        at += 4
+        keys = np.frombuffer(blob, "<u8", m, at)
+        at += 8 * m
+        g = np.frombuffer(blob, "<f4", m * D, at).reshape(m, D)
+        at += 4 * m * D
+        c.push_rows("emb", keys, g)
+    n += 1
+c.close()
+print("replayed", n, flush=True)
+"""
+
+
+def read_ledger(path):
+    """The records of one psd's ledger file (server/session/ledger.c), in
+    its order: dicts with kind, cid, pid, lsn, version and the push's bytes
+    as the replay wants them (a record of REPLAY's input)."""
+    out = []
+    with open(path, "rb") as f:
+        blob = f.read()
+    at = 0
+    while at < len(blob):
+        kind = blob[at:at + 1]
+        cid, pid, lsn, version = struct.unpack_from("<QQQQ", blob, at + 1)
+        at += 33
+        if kind == b"D":
+            off, n = struct.unpack_from("<QQ", blob, at)
+            body = blob[at:at + 16 + 4 * n]
+        elif kind == b"T":
+            name = blob[at:at + 64].rstrip(b"\0").decode()
+            assert name == "emb", name
+            dim, n = struct.unpack_from("<II", blob, at + 64)
+            assert dim == D, dim
+            at += 64 + 4
+            body = blob[at:at + 4 + 8 * n + 4 * n * dim]
+        else:
+            raise AssertionError("%s: a record of kind %r at byte %d" % (path, kind, at - 33))
+        assert len(body) >= 4, path
+        at += len(body)
+        assert at <= len(blob), "%s: a record cut short (psd killed while writing it?)" % path
+        out.append({"kind": kind, "cid": cid, "pid": pid, "lsn": lsn, "version": version, "body": body})
+    return out
+
+
+def steps(ws):
+    """The fewest steps a worker has done; raises when one has failed."""
+    for w in ws:
+        if w.p.poll() not in (None, 0):
+            raise AssertionError("%s failed:\n%s" % (w.name, harness.tail(w.err_path)))
+    return min(tk.steps_done(w) for w in ws)
+
+
+def write_replay(path, records):
+    with open(path, "wb") as f:
+        for r in records:
+            f.write(r["kind"] + r["body"])
+
+
+def final_state(cl, p, name):
+    """What psd p holds, read back: psctl save's tensors (dense values, table
+    rows by key), then, after a clean stop, its checkpoint's dense bytes
+    (parameters and optimizer state), its table section by key (weights,
+    optimizer state) with the table's header (rows, clock), and the
+    version."""
+    path = os.path.join(cl.dir, name + ".safetensors")
+    r = harness.psctl(p.addr, "save", path)
+    assert r.returncode == 0, r.stderr
+    meta, tensors = harness.read_safetensors(path)
+    saved = {"u+b": np.concatenate([tensors["u"], tensors["b"]]).tobytes(),
+             "rows": tk.by_key(tensors["tables/emb/keys"].view(np.uint64), tensors["tables/emb/rows"])}
+    p.stop()
+    ck = tr.newest(os.path.join(cl.dir, name))
+    fmt, version, tabs = tk.ckpt_tables(ck)
+    t, ks, rows = tabs["emb"]
+    head, dense = tr.ckpt_dense(ck)
+    return {"saved": saved, "version": version, "table": {k: t[k] for k in ("rows", "floats", "clock") if k in t},
+            "rows": tk.by_key(ks, rows), "dense": dense}
+
+
+def differences(a, b):
+    out = []
+    for k in ("version", "table", "dense"):
+        if a[k] != b[k]:
+            out.append(k)
+    if a["saved"] != b["saved"]:
+        out.append("saved tensors")
+    if a["rows"].keys() != b["rows"].keys():
+        out.append("table keys (%d against %d)" % (len(a["rows"]), len(b["rows"])))
+    else:
+        diff = [k for k in a["rows"] if a["rows"][k] != b["rows"][k]]
+        if diff:
+            out.append("%d of %d rows" % (len(diff), len(a["rows"])))
+    return out
+
+
+def psd_args(cl, name, extra=()):
+    return ("--state-dir", os.path.join(cl.dir, name), "--set", "checkpoint_interval=0", "--log-level", "info",
+            "--set", "max_replica_lag=2s") + tuple(extra)
+
+
+def replay(cl, records, name):
+    path = os.path.join(cl.dir, name + ".bin")
+    write_replay(path, records)
+    fresh = cl.psd(workers=1, name=name, args=psd_args(cl, name))
+    r = harness.run([sys.executable, "-c", REPLAY, fresh.addr, path], timeout=120, env=dict(os.environ))
+    assert r.returncode == 0 and ("replayed %d" % len(records)) in r.stdout, r.stderr
+    return final_state(cl, fresh, name)
+
+
+def test_ten_failovers_equal_one_psd_fed_the_leaders_pushes():
+    t0 = time.monotonic()
+    rnd = harness.seeded_random("test_ledger")
+    with harness.Cluster("psd-ledger") as cl:
+        ledgers = os.path.join(cl.dir, "ledgers")
+        os.mkdir(ledgers)
+        env = dict(os.environ, PSD_TEST_LEDGER=ledgers)
+        addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
+
+        def start(i, n, leader_addr):
+            extra = ("--listen", addrs[i]) + (("--replica-of", leader_addr) if leader_addr else ())
+            name = "psd%d-%d" % (i, n)
+            return cl.psd(workers=2, name=name, args=psd_args(cl, name, extra), env=env)
+
+        procs = [start(0, 0, None), None]
+        procs[1] = start(1, 0, addrs[0])
+        lead = 0
+        leaders = [procs[0]]  # the leaders in turn
+        ws = []
+        stop = os.path.join(cl.dir, "stop")
+        for k in range(2):
+            gate = os.path.join(cl.dir, "gate%d" % k)
+            os.mkfifo(gate)
+            argv = [sys.executable, "-c", WORKER, "/".join(addrs), str(k), str(STEPS), str(BATCH), str(PACE_S),
+                    gate, stop]
+            w = harness.Worker("worker%d" % k, argv, cl.dir, env=dict(os.environ))
+            cl.procs.append(w)
+            ws.append(w)
+        # the model has values once a worker is in; the follower takes its
+        # snapshot then; the workers train once it is in sync
+        harness.wait_until(lambda: all("ready" in w.stdout() for w in ws), 60, "the workers' hellos")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the first follower in sync")
+        for k in range(2):
+            with open(os.path.join(cl.dir, "gate%d" % k), "w"):
+                pass
+        for n in range(1, FAILOVERS + 1):
+            fol = 1 - lead
+            at = steps(ws)
+            harness.wait_until(lambda: steps(ws) > at, 60, "the workers back (failover %d)" % n)
+            at, t_at = steps(ws), time.monotonic()
+            more = rnd.randint(2, 8)
+            harness.wait_until(lambda: steps(ws) >= at + more, 60, "the workers going on (failover %d)" % n)
+            harness.wait_until(lambda: tr.repl(addrs[lead])["insync"] == 1, 60, "the follower in sync (%d)" % n)
+            # a random moment of a step: the test saw a step end; a step
+            # (the pace, the pulls and the pushes) lasted `period` of late
+            period = (time.monotonic() - t_at) / max(1, steps(ws) - at)
+            time.sleep(rnd.uniform(0, period))
+            os.kill(procs[lead].pid, signal.SIGKILL)
+            procs[lead].wait(10)
+            r = harness.psctl(addrs[fol], "promote")
+            assert r.returncode == 0, r.stderr
+            leaders.append(procs[fol])
+            procs[lead] = start(lead, n, addrs[fol])  # the dead one comes back as a follower
+            lead = fol
+        at = steps(ws)
+        harness.wait_until(lambda: steps(ws) >= at + 10, 60, "the workers going on after the last failover")
+        with open(stop, "w"):
+            pass
+        calls = []
+        for w in ws:
+            rc = w.wait(120)
+            assert rc == 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path))
+            res = [l for l in w.stdout().splitlines() if l.startswith("{")]
+            calls.append(json.loads(res[-1]))
+        assert all(c["stopped"] for c in calls), "a worker ended before the last failover: raise STEPS"
+        harness.wait_until(lambda: tr.in_sync(procs[lead], procs[1 - lead]), 60, "the last follower in sync")
+        elapsed_job = time.monotonic() - t0
+
+        # the pushes the final state holds, in the leaders' order
+        lineage, lost = [], 0
+        for i, p in enumerate(leaders):
+            recs = read_ledger(os.path.join(ledgers, "ledger-%d.bin" % p.pid))
+            if i + 1 < len(leaders):
+                m = re.search(r"promoted: .*applied the leader's log up to (\d+)", leaders[i + 1].stderr())
+                assert m, leaders[i + 1].stderr()
+                upto = int(m.group(1))
+                kept = [r for r in recs if r["lsn"] <= upto]
+                assert kept == recs[:len(kept)], "leader %d: its log positions go back" % i
+                lost += len(recs) - len(kept)
+                recs = kept
+            lineage += recs
+        by_client = {}
+        for r in lineage:
+            by_client.setdefault(r["cid"], []).append(r["pid"])
+        assert len(by_client) == 2 and 0 not in by_client, sorted(by_client)
+        for cid, pids in by_client.items():
+            twice = len(pids) - len(set(pids))
+            assert twice == 0, "client %016x: %d pushes applied twice" % (cid, twice)
+            assert pids == sorted(pids), "client %016x: pushes applied out of order" % cid
+        kept = sorted(len(pids) for pids in by_client.values())
+        assert kept == sorted(c["calls"] for c in calls), \
+            "pushes kept per client %s, acknowledged per worker %s" % (kept, sorted(c["calls"] for c in calls))
+
+        final = final_state(cl, procs[lead], procs[lead].name)
+        procs[1 - lead].stop()
+        fed = replay(cl, lineage, "fresh")
+        diff = differences(final, fed)
+        assert not diff, "the job's final state differs from one psd fed its pushes: %s" % ", ".join(diff)
+
+        # the comparison can fail: one table push fed twice
+        k = next(i for i in range(len(lineage) // 2, len(lineage)) if lineage[i]["kind"] == b"T")
+        twice = replay(cl, lineage[:k + 1] + lineage[k:], "fresh-twice")
+        assert differences(final, twice), "a push fed twice left the same state: the comparison cannot fail"
+        resent = sum(p.stderr().count("applied already: answered, not applied again") for p in leaders)
+        print("ledger: %d failovers, %d pushes kept in the leaders' order; %d applied by a leader that died before "
+              "its follower had them (sent again); %d sent again answered without being applied; final version "
+              "%d, %d rows; reconnects %s; job %.1f s, all %.1f s"
+              % (FAILOVERS, len(lineage), lost, resent, final["version"], len(final["rows"]),
+                 [c["reconnects"] for c in calls], elapsed_job, time.monotonic() - t0), file=sys.stderr)
