@@ -647,8 +647,10 @@ int srv_handle(srv_conn *c, ps_msg *m)
     }
     if (reader_refuses(c, m))
         return 0;
+    /* a reader passed reader_refuses: of the workers' types it only
+     * declares a table psd holds (to pull its rows) */
     ps_msg_dir dir = ps_msg_type_dir(m->type);
-    if (dir == PS_DIR_W && !c->worker) {
+    if (dir == PS_DIR_W && !c->worker && !c->reader) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
                        ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
         return 0;
