@@ -29,14 +29,19 @@
 
 #define FETCH_WAIT_MS 500
 #define TIMEOUT_MS 10000
+#define SPARES 3 /* answers' buffers kept for reuse */
 
 typedef struct item {
     struct item *next;
-    int kind;            /* 'S' a snapshot in fd, 'R' records */
+    int kind;            /* 'S' a snapshot in fd, 'R' a fetch's answer, 'E' a refusal */
     int fd;
     uint64_t pos, end;   /* the position it starts at; the leader's end */
-    size_t len, cap;
-    uint8_t b[];
+    uint8_t *mem;        /* the frame the answer came in (the connection's
+                          * receive buffer, swapped for a spare one), or the
+                          * refusal's text */
+    size_t cap;
+    const uint8_t *b;    /* the answer's bytes in mem */
+    size_t len;
 } item;
 
 struct srv_follow_thread {
@@ -47,7 +52,8 @@ struct srv_follow_thread {
     int stop;
     int fd;              /* the connection's socket, shut down to stop a wait */
     uv_async_t async;
-    item *spare;         /* a records item the loop applied, for the next fetch */
+    item *spare;         /* answers the loop applied, for the next fetches (a list) */
+    int nspare;
     psd *s;
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
@@ -102,38 +108,21 @@ static int admin(ps_conn *c, const char *cmd, const char *const *args, unsigned 
     return ps_conn_call(c, &m, r, TIMEOUT_MS);
 }
 
-/* The bytes of whole records at the start of p[0..len) (zero padding after). */
-static size_t records_len(const uint8_t *p, size_t len)
-{
-    size_t at = 0;
-    while (at + 4 <= len) {
-        uint32_t l;
-        memcpy(&l, p + at, 4);
-        if (l == 0 || l > len - at - 4)
-            break;
-        at += 4 + (size_t)l;
-    }
-    return at;
-}
-
-/* An item of room for len bytes: a spare one the loop gave back when it is
- * big enough (records come in the same sizes, so the memory is reused
- * rather than faulted in afresh each time), else a new one. */
-static item *take_item(srv_follow_thread *t, size_t len)
+/* An item for an answer: the spare one the loop gave back (its memory
+ * becomes the connection's receive buffer when the answer is taken, so the
+ * two buffers take turns and nothing is copied or faulted in afresh), else
+ * a new one. */
+static item *take_item(srv_follow_thread *t)
 {
     pthread_mutex_lock(&t->mu);
     item *it = t->spare;
-    if (it && it->cap >= len)
-        t->spare = NULL;
-    else
-        it = NULL;
-    pthread_mutex_unlock(&t->mu);
-    if (!it) {
-        size_t cap = len < ((size_t)4 << 20) + 64 ? ((size_t)4 << 20) + 64 : len;
-        if (!(it = malloc(sizeof *it + cap)))
-            return NULL;
-        it->cap = cap;
+    if (it) {
+        t->spare = it->next;
+        t->nspare--;
     }
+    pthread_mutex_unlock(&t->mu);
+    if (!it)
+        it = calloc(1, sizeof *it);
     return it;
 }
 
@@ -142,11 +131,14 @@ static item *take_item(srv_follow_thread *t, size_t len)
 static void refused(srv_follow_thread *t, const char *why)
 {
     size_t n = strlen(why);
-    item *it = calloc(1, sizeof *it + n + 1);
-    if (!it)
+    item *it = calloc(1, sizeof *it);
+    if (!it || !(it->mem = malloc(n + 1))) {
+        free(it);
         return;
+    }
     it->kind = 'E', it->fd = -1, it->len = n;
-    memcpy(it->b, why, n + 1);
+    memcpy(it->mem, why, n + 1);
+    it->b = it->mem;
     post(t, it);
     pthread_mutex_lock(&t->mu);
     t->stop = 1;
@@ -243,18 +235,45 @@ static void session(srv_follow_thread *t, ps_conn *c)
                        ps_conn_error(c));
             return;
         }
-        size_t len = records_len((const uint8_t *)r.data, r.ndata * 4);
-        if (len == 0)
-            continue;
-        it = take_item(t, len);
+        /* the answer's position comes first (PROTOCOL.md 17): the next fetch
+         * asks from there, which tells the leader that this follower holds
+         * it; the loop checks the rest before it applies anything */
+        const uint8_t *d = (const uint8_t *)r.data;
+        size_t len = r.ndata * 4;
+        uint64_t next;
+        if (len < 12) {
+            PS_LOG(PS_LOG_ERROR, "replication: an answer of %zu bytes from %s", len, t->leader);
+            return;
+        }
+        memcpy(&next, d + 4, 8);
+        if (next == from)
+            continue; /* nothing new */
+        it = take_item(t);
         if (!it) {
-            PS_LOG(PS_LOG_ERROR, "replication: no memory for %zu bytes of records", len);
+            PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
             return;
         }
         it->next = NULL;
         it->kind = 'R', it->fd = -1, it->pos = from, it->end = r.mver, it->len = len;
-        memcpy(it->b, r.data, len);
-        from += len;
+        if (d >= c->rbuf && d + len <= c->rbuf + c->rcap) { /* the frame is the item's now */
+            size_t at = (size_t)(d - c->rbuf);
+            ps_conn_swap_rbuf(c, &it->mem, &it->cap);
+            it->b = it->mem + at;
+        } else {
+            if (it->cap < len) {
+                uint8_t *nm = realloc(it->mem, len);
+                if (!nm) {
+                    free(it->mem);
+                    free(it);
+                    PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
+                    return;
+                }
+                it->mem = nm, it->cap = len;
+            }
+            memcpy(it->mem, d, len);
+            it->b = it->mem;
+        }
+        from = next > from && next <= r.mver ? next : from; /* a lie: the loop refuses the item */
         post(t, it); /* held here: the next fetch tells the leader so */
     }
 }
@@ -298,7 +317,7 @@ static void apply_item(psd *s, item *it)
         return;
     if (it->kind == 'E') {
         char why[sizeof f->error];
-        snprintf(why, sizeof why, "the leader refused this follower: %.500s", (const char *)it->b);
+        snprintf(why, sizeof why, "the leader refused this follower: %.500s", (const char *)it->mem);
         follower_fail(s, why);
         return;
     }
@@ -324,12 +343,15 @@ static void apply_item(psd *s, item *it)
     }
     if (it->pos != f->applied) /* a session before the snapshot that replaced it */
         return;
-    int rc = srv_replog_apply(s, it->b, it->len, srv_pushid_set, err, sizeof err);
+    uint64_t next;
+    int rc = srv_replog_apply_answer(s, it->b, it->len, it->pos, it->end, &next, srv_pushid_set, err, sizeof err);
     if (rc != 0) {
-        follower_fail(s, err);
+        char why[600];
+        snprintf(why, sizeof why, "the leader's answer from position %" PRIu64 " does not apply: %s", it->pos, err);
+        follower_fail(s, why);
         return;
     }
-    f->applied = it->pos + it->len;
+    f->applied = next;
     f->leader_end = it->end > f->applied ? it->end : f->applied;
     f->records_bytes += it->len;
 }
@@ -351,13 +373,18 @@ static void drain(psd *s)
         apply_item(s, it);
         if (it->fd >= 0)
             close(it->fd);
-        if (it->kind == 'R') { /* kept for the thread's next fetch */
+        if (it->kind == 'R') { /* kept for the thread's next fetches: two take turns */
             pthread_mutex_lock(&t->mu);
-            item *old = t->spare;
-            t->spare = it;
+            if (t->nspare < SPARES) {
+                it->next = t->spare;
+                t->spare = it;
+                t->nspare++;
+                it = NULL;
+            }
             pthread_mutex_unlock(&t->mu);
-            it = old;
         }
+        if (it)
+            free(it->mem);
         free(it);
     }
 }
@@ -465,9 +492,14 @@ void srv_follow_free(psd *s)
             next = it->next;
             if (it->fd >= 0)
                 close(it->fd);
+            free(it->mem);
             free(it);
         }
-        free(t->spare);
+        for (item *it = t->spare, *next; it; it = next) {
+            next = it->next;
+            free(it->mem);
+            free(it);
+        }
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
         free(t);

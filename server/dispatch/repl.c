@@ -258,25 +258,42 @@ static void cmd_repl_chunk(srv_conn *c, ps_msg *m)
     send_bytes(c, m->id, st->size, NULL, len, fill_chunk, a);
 }
 
-/* Answers f's waiting fetch with the records from its position, when there
- * are some or force. */
+/* Answers f's waiting fetch with the records from its position (and the
+ * dense values they mark), when there are some or force. */
 static void answer_fetch(psd *s, srv_follower *f, int force)
 {
     srv_conn *c = f->wait_c;
     if (!c)
         return;
-    size_t len;
-    const uint8_t *p = srv_replog_read(s, f->wait_from, CHUNK_BYTES, &len);
-    if (!force && p && len == 0)
+    if (!force && f->wait_from == srv_replog_end(s) && f->wait_from >= s->replog->base)
         return;
+    srv_replog_answer a;
+    int rc = srv_replog_answer_make(s, f->wait_from, CHUNK_BYTES, !s->upd.running, &a);
+    if (rc == 0 && !force && a.next == f->wait_from) {
+        srv_replog_answer_free(&a); /* only dense marks, while an update runs: later */
+        return;
+    }
     f->wait_c = NULL;
-    if (!p) {
+    if (rc == PS_ESTALE) {
         srv_send_error(c, f->wait_id, PS_ESTALE, 0,
                        "repl_fetch: position %" PRIu64 " is no longer in the log (it holds %" PRIu64 "..%" PRIu64
                        "): take a snapshot again", f->wait_from, s->replog ? s->replog->base : 0, srv_replog_end(s));
         return;
     }
-    send_bytes(c, f->wait_id, srv_replog_end(s), p, len, NULL, NULL);
+    if (rc != 0) {
+        srv_send_error(c, f->wait_id, rc, 0, "repl_fetch: cannot make the answer: %s", ps_strerror(rc));
+        return;
+    }
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_PARAMS);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    r.id = f->wait_id;
+    r.mver = srv_replog_end(s);
+    r.off = a.off;
+    r.data = a.blk[0]->w;
+    r.ndata = a.ndata;
+    srv_send(c, &r, a.blk);
+    srv_replog_answer_free(&a);
 }
 
 void srv_admin_repl_wake(psd *s)
