@@ -54,6 +54,7 @@ struct srv_follow_thread {
     uv_async_t async;
     item *spare;         /* answers the loop applied, for the next fetches (a list) */
     int nspare;
+    int queued;          /* answers posted, not yet applied */
     psd *s;
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
@@ -64,6 +65,7 @@ struct srv_follow_thread {
 static void post(srv_follow_thread *t, item *it)
 {
     pthread_mutex_lock(&t->mu);
+    t->queued += it->kind == 'R';
     if (t->tail)
         t->tail->next = it;
     else
@@ -115,6 +117,16 @@ static int admin(ps_conn *c, const char *cmd, const char *const *args, unsigned 
 static item *take_item(srv_follow_thread *t)
 {
     pthread_mutex_lock(&t->mu);
+    /* the loop applies slower than answers come: wait for it rather than
+     * queue more (each a frame's memory, faulted in afresh) */
+    for (int waited = 0; !t->spare && t->queued >= SPARES - 1 && !t->stop && waited < 100; waited++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+    }
     item *it = t->spare;
     if (it) {
         t->spare = it->next;
@@ -375,12 +387,14 @@ static void drain(psd *s)
             close(it->fd);
         if (it->kind == 'R') { /* kept for the thread's next fetches: two take turns */
             pthread_mutex_lock(&t->mu);
+            t->queued--;
             if (t->nspare < SPARES) {
                 it->next = t->spare;
                 t->spare = it;
                 t->nspare++;
                 it = NULL;
             }
+            pthread_cond_broadcast(&t->cv); /* a thread waiting for a spare */
             pthread_mutex_unlock(&t->mu);
         }
         if (it)
