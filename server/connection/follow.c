@@ -236,11 +236,12 @@ static void session(srv_follow_thread *t, ps_conn *c)
            t->leader);
     uint64_t from = pos;
     while (!stopping(t)) {
-        char f[32], w[16];
+        char f[32], w[16], h[32];
         snprintf(f, sizeof f, "%" PRIu64, from);
         snprintf(w, sizeof w, "%d", FETCH_WAIT_MS);
-        const char *a3[] = {t->advertise, f, w};
-        rc = admin(c, "repl_fetch", a3, 3, &r);
+        snprintf(h, sizeof h, "%" PRIu64, hist);
+        const char *a3[] = {t->advertise, f, w, h};
+        rc = admin(c, "repl_fetch", a3, 4, &r);
         if (rc != 0 || r.type != PS_MSG_PARAMS) {
             if (!stopping(t))
                 PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from,
@@ -336,8 +337,10 @@ static void apply_item(psd *s, item *it)
     if (it->kind == 'S') {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", it->fd);
-        srv_replog_reset(s);
+        srv_replog_kept kept;
+        srv_replog_set_aside(s, &kept); /* loaded into a fresh model: a failed load leaves the old one */
         int rc = srv_checkpoint_load_file(s, path, err, sizeof err);
+        srv_replog_take_back(s, &kept, rc == 0);
         if (rc != 0) {
             char why[600];
             snprintf(why, sizeof why, "the leader's snapshot does not load: %s", err);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "proto/errors.h"
@@ -27,6 +28,8 @@ int srv_replog_start(psd *s)
     if (!r)
         return PS_ENOMEM;
     r->max_bytes = LOG_MAX_DEFAULT;
+    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+        r->f[i].snap_fd = -1;
     r->history = ((uint64_t)srv_now_ms() << 20) ^ (uint64_t)(uintptr_t)r;
     /* everything as it is now is in the snapshot taken at this position */
     r->sent_layout = s->model.blk != NULL;
@@ -45,6 +48,8 @@ void srv_replog_free(psd *s)
 {
     if (!s->replog)
         return;
+    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+        srv_replog_snap_close(&s->replog->f[i]);
     for (size_t i = 0; i < s->replog->nshadow; i++)
         srv_blk_unref(s->replog->shadow[i]);
     free(s->replog->shadow);
@@ -474,11 +479,48 @@ srv_follower *srv_replog_follower(psd *s, const char *addr)
     }
     if (free_slot) {
         memset(free_slot, 0, sizeof *free_slot);
+        free_slot->snap_fd = -1;
         free_slot->used = 1;
         snprintf(free_slot->addr, sizeof free_slot->addr, "%s", addr);
         free_slot->joined_ms = srv_now_ms();
     }
     return free_slot;
+}
+
+srv_follower *srv_replog_follower_find(psd *s, const char *addr)
+{
+    for (int i = 0; s->replog && i < SRV_FOLLOWERS_MAX; i++)
+        if (s->replog->f[i].used && strcmp(s->replog->f[i].addr, addr) == 0)
+            return &s->replog->f[i];
+    return NULL;
+}
+
+void srv_replog_snap_close(srv_follower *f)
+{
+    if (f->snap_fd >= 0)
+        close(f->snap_fd);
+    f->snap_fd = -1;
+    f->snap_ready = 0;
+    f->snap_cid = 0;
+}
+
+void srv_replog_follower_drop(psd *s, srv_follower *f)
+{
+    (void)s;
+    srv_replog_snap_close(f);
+    memset(f, 0, sizeof *f);
+    f->snap_fd = -1;
+}
+
+int srv_replog_at_record(const psd *s, uint64_t pos)
+{
+    const srv_replog *r = s->replog;
+    if (!r || pos < r->base || pos > r->base + r->len)
+        return 0;
+    size_t at = 0, want = (size_t)(pos - r->base);
+    while (at < want)
+        at += 4 + get_u32(r->buf + at);
+    return at == want;
 }
 
 uint64_t srv_replog_acked(const psd *s)

@@ -45,6 +45,15 @@ typedef struct srv_follower {
     /* its fetch waiting for records (answered when some come, or on the tick) */
     srv_conn *wait_c;
     uint64_t wait_id, wait_from, wait_until_ms;
+    uint64_t sent_next;          /* the position after its last answer */
+    /* its snapshot (dispatch/repl.c): a memory file the checkpoint's forked
+     * writer fills, read by `repl_chunk`, closed once the follower fetches
+     * past it, goes away or stays silent (srv_replog_snap_close) */
+    int snap_fd;                 /* -1: none */
+    int snap_writing;            /* the writer has not finished: the slot stays */
+    int snap_ready;
+    uint64_t snap_size, snap_pos;
+    uint64_t snap_cid, snap_id;  /* the connection and `replicate` waiting for it */
 } srv_follower;
 
 typedef struct srv_replog {
@@ -121,9 +130,18 @@ const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *
  * oldest, leaving their followers to snapshot again). */
 void srv_replog_trim(psd *s);
 
-/* On a follower, before a snapshot loads: forgets the model and the
- * tables it holds. */
-void srv_replog_reset(psd *s);
+/* A follower's model and tables, set aside while a snapshot loads. */
+typedef struct srv_replog_kept {
+    srv_model model;
+    srv_tables tables;
+} srv_replog_kept;
+/* On a follower, before a snapshot loads: sets the model and the tables it
+ * holds aside into k, psd left with none (its optimizer's settings stay). */
+void srv_replog_set_aside(psd *s, srv_replog_kept *k);
+/* After the load: ok, the ones set aside are freed; else what the load
+ * left is freed and they are psd's again (a snapshot that does not load
+ * leaves the follower as it was). */
+void srv_replog_take_back(psd *s, srv_replog_kept *k, int ok);
 /* On a follower: applies the records in p[0..len) (whole records; zero
  * bytes after the last one are padding); a push id goes to pushid (the
  * session layer's srv_pushid_set; NULL: dropped). Returns 0, or PS_EMALFORMED /
@@ -142,8 +160,17 @@ int srv_replog_apply_answer(psd *s, const uint8_t *p, size_t len, uint64_t from,
                             int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen);
 
 /* The followers (replog.c owns them): their slot by the admin connection's
- * advertised address, made when new; NULL when full. */
+ * advertised address, made when new; NULL when full (or the log is off). */
 srv_follower *srv_replog_follower(psd *s, const char *addr);
+/* The slot of the follower at addr; NULL when there is none. */
+srv_follower *srv_replog_follower_find(psd *s, const char *addr);
+/* Forgets a follower: its snapshot closed, its slot free (the caller has
+ * answered its waiting fetch; not while its snapshot is being written). */
+void srv_replog_follower_drop(psd *s, srv_follower *f);
+/* Closes f's snapshot (its memory goes). */
+void srv_replog_snap_close(srv_follower *f);
+/* 1 when position pos is in the log, at a record's start (or its end). */
+int srv_replog_at_record(const psd *s, uint64_t pos);
 /* The smallest position of the in-sync followers, or the log's end when
  * none is in sync: what a sync reply waits for. */
 uint64_t srv_replog_acked(const psd *s);

@@ -16,16 +16,17 @@
 
 /* ---- a follower applies ---------------------------------------------------- */
 
-void srv_replog_reset(psd *s)
+void srv_replog_set_aside(psd *s, srv_replog_kept *k)
 {
-    if (s->model.has_layout)
-        srv_model_release(&s->model);
-    if (s->tables.n) {
-        uint64_t max = s->tables.max_bytes;
-        srv_tables_free(&s->tables);
-        srv_tables_init(&s->tables, max);
-        srv_tables_configure(&s->tables, &s->cfg);
-    }
+    srv_model_move(&s->model, &k->model);
+    srv_tables_move(&s->tables, &k->tables);
+    srv_tables_configure(&s->tables, &s->cfg);
+}
+
+void srv_replog_take_back(psd *s, srv_replog_kept *k, int ok)
+{
+    srv_model_move_back(&s->model, &k->model, ok);
+    srv_tables_move_back(&s->tables, &k->tables, ok);
 }
 
 static int apply_layout(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)

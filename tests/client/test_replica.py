@@ -314,3 +314,44 @@ def test_followers_psd_cannot_take_are_refused():
         assert "another model" in follower_error(f2), follower_error(f2)
         assert harness.status(leader.addr)["replication"]["followers"] == [] or \
             not harness.status(leader.addr)["replication"]["followers"][0]["insync"]
+
+
+def test_fetches_that_lie_are_refused():
+    """The leader's side of the stream's bad input: a fetch or a chunk for
+    an address that never asked for a snapshot, a fetch from past the
+    leader's log (a follower ahead of its leader) and one from inside a
+    record are each refused with the reason; the real follower stays in
+    sync and holds the leader's log. (A follower refusing an answer that
+    lies about its length, position or version: test_replog.)"""
+    with harness.Cluster("psd-replica-lies") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        ws = start_workers(cl, leader.addr, steps=40)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 5, 120, "the workers' first steps")
+        follower = follow(cl, leader)
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        faddr = repl(leader.addr)["followers"][0]["addr"]
+        with harness.RawClient(leader.addr, 10) as c:
+            c.hello_admin()
+
+            def refused(cmd, args, why):
+                rep = c.request({"t": 17, "id": 5, "cmd": cmd, "args": args})
+                assert rep["t"] == 15 and why in rep.get("text", ""), (cmd, args, rep)
+                return rep
+
+            refused("repl_fetch", ["127.0.0.1:1", "0", "0"], "not a follower of this leader")
+            refused("repl_chunk", ["127.0.0.1:1", "0"], "not a follower of this leader")
+            end = repl(leader.addr)["log_end"]
+            refused("repl_fetch", [faddr, str(end + 1000), "0"], "ahead of its leader")
+            # a history id that is not the leader's proves nothing
+            refused("repl_fetch", ["127.0.0.1:2", "0", "0", "12345"], "not a follower of this leader")
+        # a follower that goes away after its snapshot was written: its memory file is closed
+        with harness.RawClient(leader.addr, 30) as c:
+            c.hello_admin()
+            rep = c.request({"t": 17, "id": 6, "cmd": "replicate", "args": ["127.0.0.1:3", "0"]})
+            assert rep.get("text", "").startswith("snapshot "), rep
+        harness.wait_until(lambda: "follower 127.0.0.1:3 went away before it read its snapshot" in leader.stderr(),
+                           30, "the leader to free the snapshot of a follower gone")
+        tk.finish(ws)
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
+        assert harness.status(follower.addr)["version"] == harness.status(leader.addr)["version"]
+        assert not repl(follower.addr).get("error"), repl(follower.addr)
