@@ -110,6 +110,27 @@ static int admin(ps_conn *c, const char *cmd, const char *const *args, unsigned 
     return ps_conn_call(c, &m, r, TIMEOUT_MS);
 }
 
+/* Sends `repl_fetch` from position from (its answer is read apart, so that
+ * the next fetch can go before the last answer is handed to the loop). */
+static int send_fetch(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t hist, uint64_t *id)
+{
+    char f[32], w[16], h[32];
+    snprintf(f, sizeof f, "%" PRIu64, from);
+    snprintf(w, sizeof w, "%d", FETCH_WAIT_MS);
+    snprintf(h, sizeof h, "%" PRIu64, hist);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_ADMIN);
+    m.has = PS_F_CMD | PS_F_ARGS;
+    snprintf(m.cmd, sizeof m.cmd, "%s", "repl_fetch");
+    const char *a[] = {t->advertise, f, w, h};
+    for (unsigned i = 0; i < 4; i++)
+        m.args[i] = (ps_str){a[i], (uint32_t)strlen(a[i])};
+    m.nargs = 4;
+    int rc = ps_conn_send(c, &m);
+    *id = m.id;
+    return rc;
+}
+
 /* An item for an answer: the spare one the loop gave back (its memory
  * becomes the connection's receive buffer when the answer is taken, so the
  * two buffers take turns and nothing is copied or faulted in afresh), else
@@ -235,19 +256,17 @@ static void session(srv_follow_thread *t, ps_conn *c)
     PS_LOG(PS_LOG_INFO, "replication: snapshot of %" PRIu64 " bytes at position %" PRIu64 " from %s", size, pos,
            t->leader);
     uint64_t from = pos;
+    int sent = 0;  /* the fetch from `from` is sent already */
+    uint64_t id = 0;
     while (!stopping(t)) {
-        char f[32], w[16], h[32];
-        snprintf(f, sizeof f, "%" PRIu64, from);
-        snprintf(w, sizeof w, "%d", FETCH_WAIT_MS);
-        snprintf(h, sizeof h, "%" PRIu64, hist);
-        const char *a3[] = {t->advertise, f, w, h};
-        rc = admin(c, "repl_fetch", a3, 4, &r);
-        if (rc != 0 || r.type != PS_MSG_PARAMS) {
-            if (!stopping(t))
-                PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from,
-                       ps_conn_error(c));
-            return;
-        }
+        if (!sent && (rc = send_fetch(t, c, from, hist, &id)) != 0)
+            break;
+        sent = 0;
+        rc = ps_conn_recv(c, &r, TIMEOUT_MS);
+        if (rc == 0 && (r.has & PS_F_ID) && r.id != id)
+            rc = PS_EMALFORMED;
+        if (rc != 0 || r.type != PS_MSG_PARAMS)
+            break;
         /* the answer's position comes first (PROTOCOL.md 17): the next fetch
          * asks from there, which tells the leader that this follower holds
          * it; the loop checks the rest before it applies anything */
@@ -287,8 +306,15 @@ static void session(srv_follow_thread *t, ps_conn *c)
             it->b = it->mem;
         }
         from = next > from && next <= r.mver ? next : from; /* a lie: the loop refuses the item */
-        post(t, it); /* held here: the next fetch tells the leader so */
+        /* held here: the next fetch, sent first, tells the leader so (the
+         * sync replies waiting for it go before the loop is woken) */
+        sent = (rc = send_fetch(t, c, from, hist, &id)) == 0;
+        post(t, it);
+        if (rc != 0)
+            break;
     }
+    if (!stopping(t))
+        PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from, ps_conn_error(c));
 }
 
 static void *thread_main(void *arg)
