@@ -55,6 +55,7 @@ struct srv_follow_thread {
     item *spare;         /* answers the loop applied, for the next fetches (a list) */
     int nspare;
     int queued;          /* answers posted, not yet applied */
+    uint64_t resume_from, resume_hist; /* where the last session ended, in which log (0: none) */
     psd *s;
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
@@ -178,6 +179,88 @@ static void refused(srv_follow_thread *t, const char *why)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* Fetches from position from of the log of history hist until the session
+ * ends. resuming: a session that goes on from where the last one ended;
+ * returns 1 when the leader refuses that (the caller takes a snapshot). */
+static int fetch_loop(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t hist, int resuming)
+{
+    int sent = 0;  /* the fetch from `from` is sent already */
+    uint64_t id = 0;
+    ps_msg r;
+    item *it;
+    int rc = 0;
+    while (!stopping(t)) {
+        if (!sent && (rc = send_fetch(t, c, from, hist, &id)) != 0)
+            break;
+        sent = 0;
+        rc = ps_conn_recv(c, &r, TIMEOUT_MS);
+        if (rc == 0 && (r.has & PS_F_ID) && r.id != id)
+            rc = PS_EMALFORMED;
+        if (resuming && rc == PS_EREMOTE) {
+            PS_LOG(PS_LOG_INFO, "replication: the leader %s does not go on from position %" PRIu64 " (%s): this "
+                   "follower takes a snapshot", t->leader, from, ps_conn_error(c));
+            return 1;
+        }
+        if (rc != 0 || r.type != PS_MSG_PARAMS)
+            break;
+        if (resuming)
+            PS_LOG(PS_LOG_INFO, "replication: going on from position %" PRIu64 " of %s", from, t->leader);
+        resuming = 0;
+        /* the answer's position comes first (PROTOCOL.md 17): the next fetch
+         * asks from there, which tells the leader that this follower holds
+         * it; the loop checks the rest before it applies anything */
+        const uint8_t *d = (const uint8_t *)r.data;
+        size_t len = r.ndata * 4;
+        uint64_t next;
+        if (len < 12) {
+            PS_LOG(PS_LOG_ERROR, "replication: an answer of %zu bytes from %s", len, t->leader);
+            break;
+        }
+        memcpy(&next, d + 4, 8);
+        if (next == from)
+            continue; /* nothing new */
+        it = take_item(t);
+        if (!it) {
+            PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
+            break;
+        }
+        it->next = NULL;
+        it->kind = 'R', it->fd = -1, it->pos = from, it->end = r.mver, it->len = len;
+        if (d >= c->rbuf && d + len <= c->rbuf + c->rcap) { /* the frame is the item's now */
+            size_t at = (size_t)(d - c->rbuf);
+            ps_conn_swap_rbuf(c, &it->mem, &it->cap);
+            it->b = it->mem + at;
+        } else {
+            if (it->cap < len) {
+                uint8_t *nm = realloc(it->mem, len);
+                if (!nm) {
+                    free(it->mem);
+                    free(it);
+                    PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
+                    rc = PS_ENOMEM;
+                    break;
+                }
+                it->mem = nm, it->cap = len;
+            }
+            memcpy(it->mem, d, len);
+            it->b = it->mem;
+        }
+        from = next > from && next <= r.mver ? next : from; /* a lie: the loop refuses the item */
+        /* held here: the next fetch, sent first, tells the leader so (the
+         * sync replies waiting for it go before the loop is woken) */
+        sent = (rc = send_fetch(t, c, from, hist, &id)) == 0;
+        post(t, it);
+        if (rc != 0)
+            break;
+    }
+    if (!stopping(t))
+        PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from, ps_conn_error(c));
+    /* what it holds: the next session goes on from there when the leader still has it */
+    t->resume_from = from;
+    t->resume_hist = hist;
+    return 0;
+}
+
 /* One session with the leader: snapshot, then fetches until an error.
  * Returns after logging why it ended. */
 static void session(srv_follow_thread *t, ps_conn *c)
@@ -202,6 +285,9 @@ static void session(srv_follow_thread *t, ps_conn *c)
     pthread_mutex_lock(&t->mu);
     t->fd = c->fd;
     pthread_mutex_unlock(&t->mu);
+    if (t->resume_hist && fetch_loop(t, c, t->resume_from, t->resume_hist, 1) == 0)
+        return; /* went on from where the last session ended */
+    t->resume_hist = 0;
     char fp[24];
     snprintf(fp, sizeof fp, "%" PRIu64, (uint64_t)t->fp);
     const char *a1[] = {t->advertise, fp};
@@ -255,66 +341,7 @@ static void session(srv_follow_thread *t, ps_conn *c)
     post(t, it);
     PS_LOG(PS_LOG_INFO, "replication: snapshot of %" PRIu64 " bytes at position %" PRIu64 " from %s", size, pos,
            t->leader);
-    uint64_t from = pos;
-    int sent = 0;  /* the fetch from `from` is sent already */
-    uint64_t id = 0;
-    while (!stopping(t)) {
-        if (!sent && (rc = send_fetch(t, c, from, hist, &id)) != 0)
-            break;
-        sent = 0;
-        rc = ps_conn_recv(c, &r, TIMEOUT_MS);
-        if (rc == 0 && (r.has & PS_F_ID) && r.id != id)
-            rc = PS_EMALFORMED;
-        if (rc != 0 || r.type != PS_MSG_PARAMS)
-            break;
-        /* the answer's position comes first (PROTOCOL.md 17): the next fetch
-         * asks from there, which tells the leader that this follower holds
-         * it; the loop checks the rest before it applies anything */
-        const uint8_t *d = (const uint8_t *)r.data;
-        size_t len = r.ndata * 4;
-        uint64_t next;
-        if (len < 12) {
-            PS_LOG(PS_LOG_ERROR, "replication: an answer of %zu bytes from %s", len, t->leader);
-            return;
-        }
-        memcpy(&next, d + 4, 8);
-        if (next == from)
-            continue; /* nothing new */
-        it = take_item(t);
-        if (!it) {
-            PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
-            return;
-        }
-        it->next = NULL;
-        it->kind = 'R', it->fd = -1, it->pos = from, it->end = r.mver, it->len = len;
-        if (d >= c->rbuf && d + len <= c->rbuf + c->rcap) { /* the frame is the item's now */
-            size_t at = (size_t)(d - c->rbuf);
-            ps_conn_swap_rbuf(c, &it->mem, &it->cap);
-            it->b = it->mem + at;
-        } else {
-            if (it->cap < len) {
-                uint8_t *nm = realloc(it->mem, len);
-                if (!nm) {
-                    free(it->mem);
-                    free(it);
-                    PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
-                    return;
-                }
-                it->mem = nm, it->cap = len;
-            }
-            memcpy(it->mem, d, len);
-            it->b = it->mem;
-        }
-        from = next > from && next <= r.mver ? next : from; /* a lie: the loop refuses the item */
-        /* held here: the next fetch, sent first, tells the leader so (the
-         * sync replies waiting for it go before the loop is woken) */
-        sent = (rc = send_fetch(t, c, from, hist, &id)) == 0;
-        post(t, it);
-        if (rc != 0)
-            break;
-    }
-    if (!stopping(t))
-        PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from, ps_conn_error(c));
+    fetch_loop(t, c, pos, hist, 0);
 }
 
 static void *thread_main(void *arg)

@@ -333,7 +333,7 @@ def test_fetches_that_lie_are_refused():
         with harness.RawClient(leader.addr, 10) as c:
             c.hello_admin()
 
-            def refused(cmd, args, why):
+            def refused(cmd, args, why, c=c):
                 rep = c.request({"t": 17, "id": 5, "cmd": cmd, "args": args})
                 assert rep["t"] == 15 and why in rep.get("text", ""), (cmd, args, rep)
                 return rep
@@ -349,6 +349,12 @@ def test_fetches_that_lie_are_refused():
             c.hello_admin()
             rep = c.request({"t": 17, "id": 6, "cmd": "replicate", "args": ["127.0.0.1:3", "0"]})
             assert rep.get("text", "").startswith("snapshot "), rep
+            pos, hist = (int(x) for x in rep["text"].split()[2:4])
+            # inside a record: refused; at a record's start with the log's history, a follower
+            # the leader does not know goes on from there (one whose slot was forgotten)
+            refused("repl_fetch", ["127.0.0.1:3", str(pos + 1), "0"], "not where one of this log's records starts", c)
+            rep = c.request({"t": 17, "id": 7, "cmd": "repl_fetch", "args": ["127.0.0.1:4", str(pos), "0", str(hist)]})
+            assert rep["t"] != 15 and rep.get("ver", 0) >= pos, rep
         harness.wait_until(lambda: "follower 127.0.0.1:3 went away before it read its snapshot" in leader.stderr(),
                            30, "the leader to free the snapshot of a follower gone")
         tk.finish(ws)
