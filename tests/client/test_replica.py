@@ -258,6 +258,30 @@ def test_a_stalled_follower_leaves_the_in_sync_set():
         harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower back in sync")
 
 
+def test_a_follower_cut_off_goes_on_from_where_it_was():
+    """A follower whose connection the leader closed (stopped past
+    idle_timeout) goes on from its position in the leader's log when it
+    comes back, without a second snapshot, and ends equal to the leader."""
+    with harness.Cluster("psd-replica-resume") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader", ("--set", "idle_timeout=2s")))
+        ws = start_workers(cl, leader.addr, steps=150, pace=0.01)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 5, 120, "the workers' first steps")
+        follower = follow(cl, leader)
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        os.kill(follower.pid, signal.SIGSTOP)
+        try:
+            harness.wait_until(lambda: "over idle_timeout" in leader.stderr(), 60,
+                               "the leader to close the stopped follower's connection")
+        finally:
+            os.kill(follower.pid, signal.SIGCONT)
+        harness.wait_until(lambda: "replication: going on from position" in follower.stderr(), 60,
+                           "the follower to go on from where it was")
+        tk.finish(ws)
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower back in sync")
+        assert leader.stderr().count("asks for a snapshot") == 1, leader.stderr()
+        assert harness.status(follower.addr)["version"] == harness.status(leader.addr)["version"]
+
+
 def test_replication_is_for_admins():
     with harness.Cluster("psd-replica-auth") as cl:
         wtok = os.path.join(cl.dir, "worker.token")
