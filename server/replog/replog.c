@@ -52,6 +52,7 @@ void srv_replog_free(psd *s)
         srv_replog_snap_close(&s->replog->f[i]);
     for (size_t i = 0; i < s->replog->nshadow; i++)
         srv_blk_unref(s->replog->shadow[i]);
+    srv_blk_unref(s->replog->small);
     free(s->replog->shadow);
     free(s->replog->buf);
     free(s->replog);
@@ -357,8 +358,7 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     a->blk = calloc(a->nblk, sizeof *a->blk);
     int rc = a->blk ? 0 : PS_ENOMEM;
     /* the blocks the answer is written into: the log's own, kept for the
-     * next answer (one copy of the values, into memory faulted in once),
-     * but the last one of a short answer */
+     * next answer (one copy of the values, into memory faulted in once) */
     if (rc == 0 && r->nshadow < a->nblk) {
         srv_blk **ns = realloc(r->shadow, a->nblk * sizeof *ns);
         if (!ns) {
@@ -371,17 +371,14 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     }
     for (size_t i = 0; rc == 0 && i < a->nblk; i++) {
         uint64_t need = a->ndata - ((uint64_t)i << SRV_BLK_SHIFT);
-        if (need < SRV_BLK_FLOATS / 4) {
-            if (!(a->blk[i] = srv_blk_fresh((size_t)need)))
-                rc = PS_ENOMEM;
-            continue;
-        }
-        srv_blk **sh = &r->shadow[i];
+        /* a short last piece: the log's one small block (one size, so that
+         * the blocks' pool never fills with odd ones) */
+        srv_blk **sh = need < SRV_BLK_FLOATS / 4 ? &r->small : &r->shadow[i];
         if (*sh && (*sh)->refs > 1) { /* still being written to a follower */
             srv_blk_unref(*sh);
             *sh = NULL;
         }
-        if (!*sh && !(*sh = srv_blk_fresh(SRV_BLK_FLOATS)))
+        if (!*sh && !(*sh = srv_blk_fresh(sh == &r->small ? SRV_BLK_FLOATS / 4 : SRV_BLK_FLOATS)))
             rc = PS_ENOMEM;
         else
             a->blk[i] = srv_blk_ref(*sh);

@@ -79,6 +79,7 @@ typedef struct srv_replog {
      * model block, by block. */
     srv_blk **shadow;
     size_t nshadow;
+    srv_blk *small;              /* a short answer's (or last piece's): 2^18 floats */
 } srv_replog;
 
 /* The log's end: the position after its last record (0 when off). */
