@@ -86,6 +86,15 @@ static void send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, s
     free(blk);
 }
 
+/* The connection of f's waiting fetch, NULL when none or when it has
+ * closed (wait_c is then forgotten: a freed connection is never touched). */
+static srv_conn *waiting(psd *s, srv_follower *f)
+{
+    if (f->wait_c && srv_conn_by_cid(s, f->wait_cid) != f->wait_c)
+        f->wait_c = NULL;
+    return f->wait_c;
+}
+
 /* Why this psd cannot lead followers now; NULL when it can. */
 static const char *cannot_lead(const psd *s)
 {
@@ -172,10 +181,10 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         return;
     }
     srv_replog_snap_close(f);
-    if (f->wait_c) { /* a fetch of its last session: the follower starts again */
-        srv_send_error(f->wait_c, f->wait_id, PS_ESTATE, 0, "repl_fetch: %s asked for a snapshot again", addr);
-        f->wait_c = NULL;
-    }
+    srv_conn *old = waiting(s, f);
+    if (old) /* a fetch of its last session: the follower starts again */
+        srv_send_error(old, f->wait_id, PS_ESTATE, 0, "repl_fetch: %s asked for a snapshot again", addr);
+    f->wait_c = NULL;
     f->snap_fd = memfd_create("psd-snapshot", MFD_CLOEXEC);
     if (f->snap_fd < 0) {
         srv_send_error(c, m->id, PS_EIO, 0, "replicate: no memory file: %s", strerror(errno));
@@ -241,7 +250,7 @@ static void cmd_repl_chunk(srv_conn *c, ps_msg *m)
  * dense values they mark), when there are some or force. */
 static void answer_fetch(psd *s, srv_follower *f, int force)
 {
-    srv_conn *c = f->wait_c;
+    srv_conn *c = waiting(s, f);
     if (!c)
         return;
     if (!force && f->wait_from == srv_replog_end(s) && f->wait_from >= s->replog->base)
@@ -294,15 +303,8 @@ void srv_admin_repl_tick(psd *s)
         srv_follower *f = &s->replog->f[i];
         if (!f->used)
             continue;
-        if (f->wait_c) {
-            int alive = 0;
-            for (srv_conn *c = s->conns; c; c = c->next)
-                alive |= c == f->wait_c && !c->closing;
-            if (!alive)
-                f->wait_c = NULL;
-            else if (now >= f->wait_until_ms)
-                answer_fetch(s, f, 1);
-        }
+        if (waiting(s, f) && now >= f->wait_until_ms)
+            answer_fetch(s, f, 1);
         /* a snapshot whose follower went away, or that nobody reads */
         if (f->snap_fd >= 0 && !f->snap_writing &&
             (!srv_conn_by_cid(s, f->snap_cid) || now - f->last_ms > SNAP_IDLE_MS)) {
@@ -374,6 +376,7 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
     if (s->repl_release)
         s->repl_release(s);
     f->wait_c = c;
+    f->wait_cid = c->cid;
     f->wait_id = m->id;
     f->wait_from = from;
     f->wait_until_ms = srv_now_ms() + (wait < FETCH_WAIT_MAX_MS ? wait : FETCH_WAIT_MAX_MS);

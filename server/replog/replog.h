@@ -43,8 +43,8 @@ typedef struct srv_follower {
     int insync;           /* sync replies wait for it */
     int caught_up;        /* it has reached the log's end once since its snapshot */
     /* its fetch waiting for records (answered when some come, or on the tick) */
-    srv_conn *wait_c;
-    uint64_t wait_id, wait_from, wait_until_ms;
+    srv_conn *wait_c;            /* valid only while the connection numbered wait_cid is open */
+    uint64_t wait_cid, wait_id, wait_from, wait_until_ms;
     uint64_t sent_next;          /* the position after its last answer */
     /* its snapshot (dispatch/repl.c): a memory file the checkpoint's forked
      * writer fills, read by `repl_chunk`, closed once the follower fetches
