@@ -152,18 +152,32 @@ pid_t follower_start(const opts *o, int mode, int K, uint64_t S, const char *lea
 
 const char *const info_log[] = {"--log-level", "info", NULL};
 
+/* Whether the file at path has a line holding both a and b. */
+static int log_has(const char *path, const char *a, const char *b)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, a) && strstr(line, b);
+    if (f)
+        fclose(f);
+    return found;
+}
+
 int wait_in_sync(const char *path)
 {
+    /* the leader's follower in sync, and the follower done loading its
+     * snapshot (its loop busy with that would be timed too) */
+    char flog[PATH_MAX];
+    size_t ll = strlen(path);
+    if (ll > 4 && strcmp(path + ll - 4, ".log") == 0)
+        ll -= 4;
+    snprintf(flog, sizeof flog, "%.*s.follower.log", (int)ll, path);
     double t0 = now_s();
     while (now_s() - t0 < 60) {
-        FILE *f = fopen(path, "r");
-        char line[1024];
-        int found = 0;
-        while (f && !found && fgets(line, sizeof line, f))
-            found = strstr(line, "replication: follower") && strstr(line, "is in sync");
-        if (f)
-            fclose(f);
-        if (found)
+        if (log_has(path, "replication: follower", "is in sync") &&
+            log_has(flog, "replication: snapshot loaded", "following"))
             return 0;
         sleep_s(0.02);
     }

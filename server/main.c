@@ -580,7 +580,6 @@ int main(int argc, char **argv)
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sighup, on_signal, SIGHUP);
-    srv_repl_init();
     uv_timer_init(s->loop, &s->tick);
     s->tick.data = s;
     s->last_tick_ms = srv_now_ms();

@@ -4,6 +4,7 @@
  * into the connection code. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "server/store/psd.h"
 #include "server/answer/reply.h"
@@ -31,4 +32,24 @@ void srv_send_ok(srv_conn *c, uint64_t id)
     r.id = id;
     r.mver = c->srv->model.version;
     srv_send(c, &r, NULL);
+}
+
+void srv_send_ok_text(srv_conn *c, uint64_t id, const char *text)
+{
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_OK);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
+    r.id = id;
+    r.mver = c->srv->model.version;
+    r.text = text;
+    r.text_len = (uint32_t)strlen(text);
+    srv_send(c, &r, NULL);
+}
+
+srv_conn *srv_conn_by_cid(psd *s, uint64_t cid)
+{
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->cid == cid)
+            return c->closing ? NULL : c;
+    return NULL;
 }

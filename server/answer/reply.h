@@ -17,6 +17,12 @@ void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *f
     __attribute__((format(printf, 5, 6)));
 /* Answers request id with an OK carrying the model's version. */
 void srv_send_ok(srv_conn *c, uint64_t id);
+/* The same with a text for people (an ADMIN command's answer). */
+void srv_send_ok_text(srv_conn *c, uint64_t id, const char *text);
+/* The open connection numbered cid (a request that waits for its answer
+ * keeps its connection's number, not a pointer); NULL when it has closed
+ * or is closing. */
+srv_conn *srv_conn_by_cid(psd *s, uint64_t cid);
 
 /* the answer layer's other files */
 #include "server/answer/barrier.h"

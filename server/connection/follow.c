@@ -30,14 +30,19 @@
 
 #define FETCH_WAIT_MS 500
 #define TIMEOUT_MS 10000
+#define SPARES 3 /* answers' buffers kept for reuse */
 
 typedef struct item {
     struct item *next;
-    int kind;            /* 'S' a snapshot in fd, 'R' records */
+    int kind;            /* 'S' a snapshot in fd, 'R' a fetch's answer, 'E' a refusal */
     int fd;
     uint64_t pos, end;   /* the position it starts at; the leader's end */
-    size_t len, cap;
-    uint8_t b[];
+    uint8_t *mem;        /* the frame the answer came in (the connection's
+                          * receive buffer, swapped for a spare one), or the
+                          * refusal's text */
+    size_t cap;
+    const uint8_t *b;    /* the answer's bytes in mem */
+    size_t len;
 } item;
 
 struct srv_follow_thread {
@@ -48,7 +53,10 @@ struct srv_follow_thread {
     int stop;
     int fd;              /* the connection's socket, shut down to stop a wait */
     uv_async_t async;
-    item *spare;         /* a records item the loop applied, for the next fetch */
+    item *spare;         /* answers the loop applied, for the next fetches (a list) */
+    int nspare;
+    int queued;          /* answers posted, not yet applied */
+    uint64_t resume_from, resume_hist; /* where the last session ended, in which log (0: none) */
     psd *s;
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
@@ -59,6 +67,7 @@ struct srv_follow_thread {
 static void post(srv_follow_thread *t, item *it)
 {
     pthread_mutex_lock(&t->mu);
+    t->queued += it->kind == 'R';
     if (t->tail)
         t->tail->next = it;
     else
@@ -103,38 +112,52 @@ static int admin(ps_conn *c, const char *cmd, const char *const *args, unsigned 
     return ps_conn_call(c, &m, r, TIMEOUT_MS);
 }
 
-/* The bytes of whole records at the start of p[0..len) (zero padding after). */
-static size_t records_len(const uint8_t *p, size_t len)
+/* Sends `repl_fetch` from position from (its answer is read apart, so that
+ * the next fetch can go before the last answer is handed to the loop). */
+static int send_fetch(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t hist, uint64_t *id)
 {
-    size_t at = 0;
-    while (at + 4 <= len) {
-        uint32_t l;
-        memcpy(&l, p + at, 4);
-        if (l == 0 || l > len - at - 4)
-            break;
-        at += 4 + (size_t)l;
-    }
-    return at;
+    char f[32], w[16], h[32];
+    snprintf(f, sizeof f, "%" PRIu64, from);
+    snprintf(w, sizeof w, "%d", FETCH_WAIT_MS);
+    snprintf(h, sizeof h, "%" PRIu64, hist);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_ADMIN);
+    m.has = PS_F_CMD | PS_F_ARGS;
+    snprintf(m.cmd, sizeof m.cmd, "%s", "repl_fetch");
+    const char *a[] = {t->advertise, f, w, h};
+    for (unsigned i = 0; i < 4; i++)
+        m.args[i] = (ps_str){a[i], (uint32_t)strlen(a[i])};
+    m.nargs = 4;
+    int rc = ps_conn_send(c, &m);
+    *id = m.id;
+    return rc;
 }
 
-/* An item of room for len bytes: a spare one the loop gave back when it is
- * big enough (records come in the same sizes, so the memory is reused
- * rather than faulted in afresh each time), else a new one. */
-static item *take_item(srv_follow_thread *t, size_t len)
+/* An item for an answer: the spare one the loop gave back (its memory
+ * becomes the connection's receive buffer when the answer is taken, so the
+ * two buffers take turns and nothing is copied or faulted in afresh), else
+ * a new one. */
+static item *take_item(srv_follow_thread *t)
 {
     pthread_mutex_lock(&t->mu);
-    item *it = t->spare;
-    if (it && it->cap >= len)
-        t->spare = NULL;
-    else
-        it = NULL;
-    pthread_mutex_unlock(&t->mu);
-    if (!it) {
-        size_t cap = len < ((size_t)4 << 20) + 64 ? ((size_t)4 << 20) + 64 : len;
-        if (!(it = malloc(sizeof *it + cap)))
-            return NULL;
-        it->cap = cap;
+    /* the loop applies slower than answers come: wait for it rather than
+     * queue more (each a frame's memory, faulted in afresh) */
+    for (int waited = 0; !t->spare && t->queued >= SPARES - 1 && !t->stop && waited < 100; waited++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
+    item *it = t->spare;
+    if (it) {
+        t->spare = it->next;
+        t->nspare--;
+    }
+    pthread_mutex_unlock(&t->mu);
+    if (!it)
+        it = calloc(1, sizeof *it);
     return it;
 }
 
@@ -143,15 +166,100 @@ static item *take_item(srv_follow_thread *t, size_t len)
 static void refused(srv_follow_thread *t, const char *why)
 {
     size_t n = strlen(why);
-    item *it = calloc(1, sizeof *it + n + 1);
-    if (!it)
+    item *it = calloc(1, sizeof *it);
+    if (!it || !(it->mem = malloc(n + 1))) {
+        free(it);
         return;
+    }
     it->kind = 'E', it->fd = -1, it->len = n;
-    memcpy(it->b, why, n + 1);
+    memcpy(it->mem, why, n + 1);
+    it->b = it->mem;
     post(t, it);
     pthread_mutex_lock(&t->mu);
     t->stop = 1;
     pthread_mutex_unlock(&t->mu);
+}
+
+/* Fetches from position from of the log of history hist until the session
+ * ends. resuming: a session that goes on from where the last one ended;
+ * returns 1 when the leader refuses that (the caller takes a snapshot). */
+static int fetch_loop(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t hist, int resuming)
+{
+    int sent = 0;  /* the fetch from `from` is sent already */
+    uint64_t id = 0;
+    ps_msg r;
+    item *it;
+    int rc = 0;
+    while (!stopping(t)) {
+        if (!sent && (rc = send_fetch(t, c, from, hist, &id)) != 0)
+            break;
+        sent = 0;
+        rc = ps_conn_recv(c, &r, TIMEOUT_MS);
+        if (rc == 0 && (r.has & PS_F_ID) && r.id != id)
+            rc = PS_EMALFORMED;
+        if (resuming && rc == PS_EREMOTE) {
+            PS_LOG(PS_LOG_INFO, "replication: the leader %s does not go on from position %" PRIu64 " (%s): this "
+                   "follower takes a snapshot", t->leader, from, ps_conn_error(c));
+            return 1;
+        }
+        if (rc != 0 || r.type != PS_MSG_PARAMS)
+            break;
+        if (resuming)
+            PS_LOG(PS_LOG_INFO, "replication: going on from position %" PRIu64 " of %s", from, t->leader);
+        resuming = 0;
+        /* the answer's position comes first (PROTOCOL.md 17): the next fetch
+         * asks from there, which tells the leader that this follower holds
+         * it; the loop checks the rest before it applies anything */
+        const uint8_t *d = (const uint8_t *)r.data;
+        size_t len = r.ndata * 4;
+        uint64_t next;
+        if (len < 12) {
+            PS_LOG(PS_LOG_ERROR, "replication: an answer of %zu bytes from %s", len, t->leader);
+            break;
+        }
+        memcpy(&next, d + 4, 8);
+        if (next == from)
+            continue; /* nothing new */
+        it = take_item(t);
+        if (!it) {
+            PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
+            break;
+        }
+        it->next = NULL;
+        it->kind = 'R', it->fd = -1, it->pos = from, it->end = r.mver, it->len = len;
+        if (d >= c->rbuf && d + len <= c->rbuf + c->rcap) { /* the frame is the item's now */
+            size_t at = (size_t)(d - c->rbuf);
+            ps_conn_swap_rbuf(c, &it->mem, &it->cap);
+            it->b = it->mem + at;
+        } else {
+            if (it->cap < len) {
+                uint8_t *nm = realloc(it->mem, len);
+                if (!nm) {
+                    free(it->mem);
+                    free(it);
+                    PS_LOG(PS_LOG_ERROR, "replication: no memory for an answer of %zu bytes", len);
+                    rc = PS_ENOMEM;
+                    break;
+                }
+                it->mem = nm, it->cap = len;
+            }
+            memcpy(it->mem, d, len);
+            it->b = it->mem;
+        }
+        from = next > from && next <= r.mver ? next : from; /* a lie: the loop refuses the item */
+        /* held here: the next fetch, sent first, tells the leader so (the
+         * sync replies waiting for it go before the loop is woken) */
+        sent = (rc = send_fetch(t, c, from, hist, &id)) == 0;
+        post(t, it);
+        if (rc != 0)
+            break;
+    }
+    if (!stopping(t))
+        PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from, ps_conn_error(c));
+    /* what it holds: the next session goes on from there when the leader still has it */
+    t->resume_from = from;
+    t->resume_hist = hist;
+    return 0;
 }
 
 /* One session with the leader: snapshot, then fetches until an error.
@@ -178,6 +286,9 @@ static void session(srv_follow_thread *t, ps_conn *c)
     pthread_mutex_lock(&t->mu);
     t->fd = c->fd;
     pthread_mutex_unlock(&t->mu);
+    if (t->resume_hist && fetch_loop(t, c, t->resume_from, t->resume_hist, 1) == 0)
+        return; /* went on from where the last session ended */
+    t->resume_hist = 0;
     char fp[24];
     snprintf(fp, sizeof fp, "%" PRIu64, (uint64_t)t->fp);
     const char *a1[] = {t->advertise, fp};
@@ -231,33 +342,7 @@ static void session(srv_follow_thread *t, ps_conn *c)
     post(t, it);
     PS_LOG(PS_LOG_INFO, "replication: snapshot of %" PRIu64 " bytes at position %" PRIu64 " from %s", size, pos,
            t->leader);
-    uint64_t from = pos;
-    while (!stopping(t)) {
-        char f[32], w[16];
-        snprintf(f, sizeof f, "%" PRIu64, from);
-        snprintf(w, sizeof w, "%d", FETCH_WAIT_MS);
-        const char *a3[] = {t->advertise, f, w};
-        rc = admin(c, "repl_fetch", a3, 3, &r);
-        if (rc != 0 || r.type != PS_MSG_PARAMS) {
-            if (!stopping(t))
-                PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from,
-                       ps_conn_error(c));
-            return;
-        }
-        size_t len = records_len((const uint8_t *)r.data, r.ndata * 4);
-        if (len == 0)
-            continue;
-        it = take_item(t, len);
-        if (!it) {
-            PS_LOG(PS_LOG_ERROR, "replication: no memory for %zu bytes of records", len);
-            return;
-        }
-        it->next = NULL;
-        it->kind = 'R', it->fd = -1, it->pos = from, it->end = r.mver, it->len = len;
-        memcpy(it->b, r.data, len);
-        from += len;
-        post(t, it); /* held here: the next fetch tells the leader so */
-    }
+    fetch_loop(t, c, pos, hist, 0);
 }
 
 static void *thread_main(void *arg)
@@ -299,15 +384,17 @@ static void apply_item(psd *s, item *it)
         return;
     if (it->kind == 'E') {
         char why[sizeof f->error];
-        snprintf(why, sizeof why, "the leader refused this follower: %.500s", (const char *)it->b);
+        snprintf(why, sizeof why, "the leader refused this follower: %.500s", (const char *)it->mem);
         follower_fail(s, why);
         return;
     }
     if (it->kind == 'S') {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", it->fd);
-        srv_replog_reset(s);
+        srv_replog_kept kept;
+        srv_replog_set_aside(s, &kept); /* loaded into a fresh model: a failed load leaves the old one */
         int rc = srv_checkpoint_load_file(s, path, err, sizeof err);
+        srv_replog_take_back(s, &kept, rc == 0);
         if (rc != 0) {
             char why[600];
             snprintf(why, sizeof why, "the leader's snapshot does not load: %s", err);
@@ -325,12 +412,15 @@ static void apply_item(psd *s, item *it)
     }
     if (it->pos != f->applied) /* a session before the snapshot that replaced it */
         return;
-    int rc = srv_replog_apply(s, it->b, it->len, srv_pushid_set, err, sizeof err);
+    uint64_t next;
+    int rc = srv_replog_apply_answer(s, it->b, it->len, it->pos, it->end, &next, srv_pushid_set, err, sizeof err);
     if (rc != 0) {
-        follower_fail(s, err);
+        char why[600];
+        snprintf(why, sizeof why, "the leader's answer from position %" PRIu64 " does not apply: %s", it->pos, err);
+        follower_fail(s, why);
         return;
     }
-    f->applied = it->pos + it->len;
+    f->applied = next;
     f->leader_end = it->end > f->applied ? it->end : f->applied;
     f->records_bytes += it->len;
 }
@@ -352,13 +442,20 @@ static void drain(psd *s)
         apply_item(s, it);
         if (it->fd >= 0)
             close(it->fd);
-        if (it->kind == 'R') { /* kept for the thread's next fetch */
+        if (it->kind == 'R') { /* kept for the thread's next fetches: two take turns */
             pthread_mutex_lock(&t->mu);
-            item *old = t->spare;
-            t->spare = it;
+            t->queued--;
+            if (t->nspare < SPARES) {
+                it->next = t->spare;
+                t->spare = it;
+                t->nspare++;
+                it = NULL;
+            }
+            pthread_cond_broadcast(&t->cv); /* a thread waiting for a spare */
             pthread_mutex_unlock(&t->mu);
-            it = old;
         }
+        if (it)
+            free(it->mem);
         free(it);
     }
 }
@@ -470,9 +567,14 @@ void srv_follow_free(psd *s)
             next = it->next;
             if (it->fd >= 0)
                 close(it->fd);
+            free(it->mem);
             free(it);
         }
-        free(t->spare);
+        for (item *it = t->spare, *next; it; it = next) {
+            next = it->next;
+            free(it->mem);
+            free(it);
+        }
         pthread_mutex_destroy(&t->mu);
         pthread_cond_destroy(&t->cv);
         free(t);

@@ -158,10 +158,12 @@ static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
         *lsn = c->held_tail->lsn;
         return 1;
     }
-    if (!s->replog || c->role != PS_ROLE_WORKER || s->cfg.replication != PS_REPLICATION_SYNC)
+    if (!s->replog || c->role != PS_ROLE_WORKER)
         return 0;
     srv_replog_flush(s);
-    srv_admin_repl_wake(s); /* waiting fetches get the new records */
+    srv_admin_repl_wake(s); /* waiting fetches get the new records (async too: not on the tick) */
+    if (s->cfg.replication != PS_REPLICATION_SYNC)
+        return 0;
     *lsn = srv_replog_end(s);
     return srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s);
 }

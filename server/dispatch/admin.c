@@ -153,18 +153,6 @@ int srv_reload(psd *s)
 
 /* ---- commands ------------------------------------------------------------------ */
 
-static void reply_ok(srv_conn *c, uint64_t id, const char *text)
-{
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_OK);
-    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
-    r.id = id;
-    r.mver = c->srv->model.version;
-    r.text = text;
-    r.text_len = (uint32_t)strlen(text);
-    srv_send(c, &r, NULL);
-}
-
 /* The reloadable option names, ", "-separated, for messages. */
 static void reloadable_names(char *buf, size_t len)
 {
@@ -226,14 +214,14 @@ static void cmd_set(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "set: %s", summary);
         return;
     }
-    reply_ok(c, m->id, summary);
+    srv_send_ok_text(c, m->id, summary);
 }
 
 static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
 {
     psd *s = c->srv;
     if (s->paused == pause) {
-        reply_ok(c, m->id, pause ? "already paused" : "not paused");
+        srv_send_ok_text(c, m->id, pause ? "already paused" : "not paused");
         return;
     }
     s->paused = pause;
@@ -245,7 +233,7 @@ static void cmd_pause(srv_conn *c, ps_msg *m, int pause)
         srv_answer_parked(s);
     else
         srv_checkpoint_at_rest(s, "psd is paused"); /* pushes applied later: the tick writes them too */
-    reply_ok(c, m->id, pause ? "paused" : "resumed");
+    srv_send_ok_text(c, m->id, pause ? "paused" : "resumed");
 }
 
 /* history [json|csv|table]: what the dashboard shows, as text. */
@@ -419,13 +407,13 @@ static void cmd_reset(srv_conn *c, ps_msg *m)
         snprintf(gone, sizeof gone, "; %u worker%s disconnected", connected, connected == 1 ? "" : "s");
     snprintf(text, sizeof text, "%s%s%s; the next worker to connect initialises the model", was, ckpts, gone);
     PS_LOG(PS_LOG_INFO, "reset by admin %s: %s", c->addr, text);
-    reply_ok(c, m->id, text);
+    srv_send_ok_text(c, m->id, text);
 }
 
 static void cmd_shutdown(srv_conn *c, ps_msg *m)
 {
     char why[96];
-    reply_ok(c, m->id, "shutting down");
+    srv_send_ok_text(c, m->id, "shutting down");
     c->close_after_write = 1; /* read nothing more from it */
     snprintf(why, sizeof why, "shutdown asked for by admin %s", c->addr);
     c->srv->shutdown(c->srv, why);
@@ -445,7 +433,7 @@ static void cmd_unpin(srv_conn *c, ps_msg *m)
 {
     srv_snap_unref(c->pinned);
     c->pinned = NULL;
-    reply_ok(c, m->id, "unpinned");
+    srv_send_ok_text(c, m->id, "unpinned");
 }
 
 /* The ADMIN commands, each declared once: its name, whether it only reads
@@ -503,14 +491,6 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
 
 /* ---- checkpoint requests ------------------------------------------------------- */
 
-static srv_conn *conn_by_cid(psd *s, uint64_t cid)
-{
-    for (srv_conn *c = s->conns; c; c = c->next)
-        if (c->cid == cid)
-            return c->closing ? NULL : c;
-    return NULL;
-}
-
 /* Answers the `checkpoint` requests whose checkpoint is written (OK) or
  * has failed (ERROR IO) and forgets them; with code != 0 it answers every
  * other one too, with an ERROR code saying why (a reset, a shutdown), so
@@ -522,7 +502,7 @@ static int ckpt_waits_answer(psd *s, int code, const char *why)
     int waiting = 0;
     while (*pp) {
         srv_ckpt_wait *w = *pp;
-        srv_conn *c = conn_by_cid(s, w->cid);
+        srv_conn *c = srv_conn_by_cid(s, w->cid);
         int done = s->stats.checkpoint_ms && s->stats.checkpoint_version >= w->version &&
                    s->stats.checkpoint_tables_stamp >= w->tables_stamp;
         int failed = !done && s->stats.checkpoint_failures > w->failures && !s->checkpoint_busy;
@@ -537,7 +517,7 @@ static int ckpt_waits_answer(psd *s, int code, const char *why)
             char text[PS_CONFIG_PATH_MAX + 64];
             snprintf(text, sizeof text, "checkpoint of version %llu written to %s",
                      (unsigned long long)s->stats.checkpoint_version, s->cfg.state_dir);
-            reply_ok(c, w->id, text);
+            srv_send_ok_text(c, w->id, text);
         } else if (c && failed) {
             srv_send_error(c, w->id, PS_EIO, 0, "checkpoint of version %llu failed: %s",
                            (unsigned long long)w->version,

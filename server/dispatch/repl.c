@@ -24,15 +24,8 @@
 
 #define CHUNK_BYTES ((size_t)SRV_BLK_FLOATS * 4) /* a chunk or a fetch: one block's bytes at most */
 #define FETCH_WAIT_MAX_MS 1000
-
-/* A snapshot being written or read by one follower. */
-typedef struct snap_state {
-    int fd;                 /* the memory file, -1: none */
-    uint64_t size, pos, version;
-    int ready;
-    uint64_t cid, id;       /* the `replicate` waiting for it */
-} snap_state;
-static snap_state snaps[SRV_FOLLOWERS_MAX];
+#define SNAP_IDLE_MS 60000   /* a snapshot nobody reads for this long is freed */
+#define SLOT_IDLE_MS 300000  /* a follower out of sync that fetches nothing for this long is forgotten */
 
 static void arg_str(const ps_msg *m, uint32_t i, char *buf, size_t len)
 {
@@ -49,26 +42,6 @@ static uint64_t arg_u64(const ps_msg *m, uint32_t i)
     char b[32];
     arg_str(m, i, b, sizeof b);
     return strtoull(b, NULL, 10);
-}
-
-static srv_conn *conn_by_cid(psd *s, uint64_t cid)
-{
-    for (srv_conn *c = s->conns; c; c = c->next)
-        if (c->cid == cid)
-            return c->closing ? NULL : c;
-    return NULL;
-}
-
-static void ok_text(srv_conn *c, uint64_t id, uint64_t ver, const char *text)
-{
-    ps_msg r;
-    ps_msg_init(&r, PS_MSG_OK);
-    r.has = PS_F_ID | PS_F_MVER | PS_F_TEXT;
-    r.id = id;
-    r.mver = ver;
-    r.text = text;
-    r.text_len = (uint32_t)strlen(text);
-    srv_send(c, &r, NULL);
 }
 
 /* bytes [0, len) as a PARAMS of len/4 (rounded up) float32 words in as
@@ -113,6 +86,15 @@ static void send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, s
     free(blk);
 }
 
+/* The connection of f's waiting fetch, NULL when none or when it has
+ * closed (wait_c is then forgotten: a freed connection is never touched). */
+static srv_conn *waiting(psd *s, srv_follower *f)
+{
+    if (f->wait_c && srv_conn_by_cid(s, f->wait_cid) != f->wait_c)
+        f->wait_c = NULL;
+    return f->wait_c;
+}
+
 /* Why this psd cannot lead followers now; NULL when it can. */
 static const char *cannot_lead(const psd *s)
 {
@@ -128,28 +110,32 @@ static const char *cannot_lead(const psd *s)
     return NULL;
 }
 
+/* The snapshot of slot (uintptr_t)arg - 1 is written (rc 0) or failed. */
 static void snap_done(psd *s, int rc, uint64_t version, void *arg)
 {
-    snap_state *st = arg;
-    srv_conn *c = conn_by_cid(s, st->cid);
+    size_t i = (size_t)(uintptr_t)arg - 1;
+    srv_follower *f = s->replog && i < SRV_FOLLOWERS_MAX ? &s->replog->f[i] : NULL;
+    if (!f || !f->used || !f->snap_writing)
+        return;
+    f->snap_writing = 0;
+    srv_conn *c = srv_conn_by_cid(s, f->snap_cid);
     if (rc != 0) {
         if (c)
-            srv_send_error(c, st->id, PS_EIO, 0, "the snapshot failed (see the leader's log)");
-        close(st->fd);
-        st->fd = -1;
+            srv_send_error(c, f->snap_id, PS_EIO, 0, "the snapshot failed (see the leader's log)");
+        srv_replog_snap_close(f);
         return;
     }
-    off_t end = lseek(st->fd, 0, SEEK_END);
-    st->size = end > 0 ? (uint64_t)end : 0;
-    st->version = version;
-    st->ready = 1;
+    off_t end = lseek(f->snap_fd, 0, SEEK_END);
+    f->snap_size = end > 0 ? (uint64_t)end : 0;
+    f->snap_ready = 1;
+    f->last_ms = srv_now_ms();
     PS_LOG(PS_LOG_INFO, "replication: snapshot of version %" PRIu64 " at position %" PRIu64 ": %" PRIu64 " bytes",
-           version, st->pos, st->size);
+           version, f->snap_pos, f->snap_size);
     if (c) {
         char text[160];
-        snprintf(text, sizeof text, "snapshot %" PRIu64 " %" PRIu64 " %" PRIu64, st->size, st->pos,
-                 s->replog ? s->replog->history : 0);
-        ok_text(c, st->id, version, text);
+        snprintf(text, sizeof text, "snapshot %" PRIu64 " %" PRIu64 " %" PRIu64, f->snap_size, f->snap_pos,
+                 s->replog->history);
+        srv_send_ok_text(c, f->snap_id, text);
     }
 }
 
@@ -190,34 +176,36 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ELIMIT, 0, "replicate: %d followers already", SRV_FOLLOWERS_MAX);
         return;
     }
-    snap_state *st = &snaps[f - s->replog->f];
-    if (st->fd >= 0 && !st->ready && st->cid) {
+    if (f->snap_writing) {
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: a snapshot for %s is being written", addr);
         return;
     }
-    if (st->fd > 0)
-        close(st->fd);
-    st->fd = memfd_create("psd-snapshot", MFD_CLOEXEC);
-    if (st->fd < 0) {
+    srv_replog_snap_close(f);
+    srv_conn *old = waiting(s, f);
+    if (old) /* a fetch of its last session: the follower starts again */
+        srv_send_error(old, f->wait_id, PS_ESTATE, 0, "repl_fetch: %s asked for a snapshot again", addr);
+    f->wait_c = NULL;
+    f->snap_fd = memfd_create("psd-snapshot", MFD_CLOEXEC);
+    if (f->snap_fd < 0) {
         srv_send_error(c, m->id, PS_EIO, 0, "replicate: no memory file: %s", strerror(errno));
         return;
     }
     srv_replog_flush(s); /* the snapshot holds everything before its position */
-    st->pos = srv_replog_end(s);
-    st->ready = 0;
-    st->cid = c->cid;
-    st->id = m->id;
+    f->snap_pos = srv_replog_end(s);
+    f->snap_cid = c->cid;
+    f->snap_id = m->id;
     f->insync = 0;
-    f->pos = st->pos;
+    f->pos = f->snap_pos;
     f->last_ms = srv_now_ms();
     snprintf(f->peer, sizeof f->peer, "%s", c->addr);
-    int rc = srv_checkpoint_snapshot(s, st->fd, snap_done, st, err, sizeof err);
+    int rc = srv_checkpoint_snapshot(s, f->snap_fd, snap_done, (void *)(uintptr_t)(f - s->replog->f + 1), err,
+                                     sizeof err);
     if (rc != 0) {
-        close(st->fd);
-        st->fd = -1;
+        srv_replog_snap_close(f);
         srv_send_error(c, m->id, rc, 0, "replicate: %s", err);
         return;
     }
+    f->snap_writing = 1;
     /* checkpoints keep no push ids: the log gives them to the follower
      * right after the snapshot's position */
     uint64_t cid, pid;
@@ -246,37 +234,55 @@ static void cmd_repl_chunk(srv_conn *c, ps_msg *m)
     char addr[64];
     arg_str(m, 0, addr, sizeof addr);
     uint64_t off = arg_u64(m, 1);
-    srv_follower *f = s->replog ? srv_replog_follower(s, addr) : NULL;
-    snap_state *st = f ? &snaps[f - s->replog->f] : NULL;
-    if (!st || st->fd < 0 || !st->ready || off > st->size) {
-        srv_send_error(c, m->id, PS_ESTATE, 0, "repl_chunk: no snapshot for %s at %" PRIu64, addr, off);
+    srv_follower *f = srv_replog_follower_find(s, addr);
+    if (!f || f->snap_fd < 0 || !f->snap_ready || off > f->snap_size) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "repl_chunk: no snapshot for %s at %" PRIu64 "%s", addr, off,
+                       f ? "" : " (not a follower of this leader: send replicate first)");
         return;
     }
-    size_t len = st->size - off < CHUNK_BYTES ? (size_t)(st->size - off) : CHUNK_BYTES;
-    uint64_t a[2] = {(uint64_t)st->fd, off};
+    size_t len = f->snap_size - off < CHUNK_BYTES ? (size_t)(f->snap_size - off) : CHUNK_BYTES;
+    uint64_t a[2] = {(uint64_t)f->snap_fd, off};
     f->last_ms = srv_now_ms();
-    send_bytes(c, m->id, st->size, NULL, len, fill_chunk, a);
+    send_bytes(c, m->id, f->snap_size, NULL, len, fill_chunk, a);
 }
 
-/* Answers f's waiting fetch with the records from its position, when there
- * are some or force. */
+/* Answers f's waiting fetch with the records from its position (and the
+ * dense values they mark), when there are some or force. */
 static void answer_fetch(psd *s, srv_follower *f, int force)
 {
-    srv_conn *c = f->wait_c;
+    srv_conn *c = waiting(s, f);
     if (!c)
         return;
-    size_t len;
-    const uint8_t *p = srv_replog_read(s, f->wait_from, CHUNK_BYTES, &len);
-    if (!force && p && len == 0)
+    if (!force && f->wait_from == srv_replog_end(s) && f->wait_from >= s->replog->base)
         return;
+    srv_replog_answer a;
+    int rc = srv_replog_answer_make(s, f->wait_from, CHUNK_BYTES, !s->upd.running, &a);
+    if (rc == 0 && !force && a.next == f->wait_from) {
+        srv_replog_answer_free(&a); /* only dense marks, while an update runs: later */
+        return;
+    }
     f->wait_c = NULL;
-    if (!p) {
+    if (rc == PS_ESTALE) {
         srv_send_error(c, f->wait_id, PS_ESTALE, 0,
                        "repl_fetch: position %" PRIu64 " is no longer in the log (it holds %" PRIu64 "..%" PRIu64
                        "): take a snapshot again", f->wait_from, s->replog ? s->replog->base : 0, srv_replog_end(s));
         return;
     }
-    send_bytes(c, f->wait_id, srv_replog_end(s), p, len, NULL, NULL);
+    if (rc != 0) {
+        srv_send_error(c, f->wait_id, rc, 0, "repl_fetch: cannot make the answer: %s", ps_strerror(rc));
+        return;
+    }
+    f->sent_next = a.next;
+    ps_msg r;
+    ps_msg_init(&r, PS_MSG_PARAMS);
+    r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+    r.id = f->wait_id;
+    r.mver = srv_replog_end(s);
+    r.off = a.off;
+    r.data = a.blk[0]->w;
+    r.ndata = a.ndata;
+    srv_send(c, &r, a.blk);
+    srv_replog_answer_free(&a);
 }
 
 void srv_admin_repl_wake(psd *s)
@@ -295,15 +301,24 @@ void srv_admin_repl_tick(psd *s)
     uint64_t now = srv_now_ms();
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++) {
         srv_follower *f = &s->replog->f[i];
-        if (!f->used || !f->wait_c)
+        if (!f->used)
             continue;
-        int alive = 0;
-        for (srv_conn *c = s->conns; c; c = c->next)
-            alive |= c == f->wait_c && !c->closing;
-        if (!alive)
-            f->wait_c = NULL;
-        else if (now >= f->wait_until_ms)
+        if (waiting(s, f) && now >= f->wait_until_ms)
             answer_fetch(s, f, 1);
+        /* a snapshot whose follower went away, or that nobody reads */
+        if (f->snap_fd >= 0 && !f->snap_writing &&
+            (!srv_conn_by_cid(s, f->snap_cid) || now - f->last_ms > SNAP_IDLE_MS)) {
+            PS_LOG(PS_LOG_WARN, "replication: follower %s %s before it read its snapshot: its memory goes", f->addr,
+                   srv_conn_by_cid(s, f->snap_cid) ? "was silent for a minute" : "went away");
+            srv_replog_snap_close(f);
+        }
+        /* a follower out of sync that fetches nothing: forgotten, so that
+         * the log need not keep its records */
+        if (!f->insync && !f->wait_c && f->snap_fd < 0 && !f->snap_writing && now - f->last_ms > SLOT_IDLE_MS) {
+            PS_LOG(PS_LOG_WARN, "replication: follower %s forgotten: nothing fetched for %" PRIu64 " s (it must take "
+                   "a snapshot again)", f->addr, (now - f->last_ms) / 1000);
+            srv_replog_follower_drop(s, f);
+        }
     }
     srv_replog_flush(s);
     srv_admin_repl_wake(s);
@@ -311,24 +326,47 @@ void srv_admin_repl_tick(psd *s)
         s->repl_release(s);
 }
 
-/* repl_fetch ADVERTISE FROM WAIT_MS: the records from FROM (the follower
- * holds everything before it), waiting up to WAIT_MS for some. */
+/* repl_fetch ADVERTISE FROM WAIT_MS [HISTORY]: the records from FROM (the
+ * follower holds everything before it), waiting up to WAIT_MS for some.
+ * Only a follower with a slot (it asked for a snapshot) may fetch, or one
+ * that proves a position in this log: the log's history id and a position
+ * at a record's start in it (a follower whose slot was forgotten, or whose
+ * connection broke, goes on from where it is). */
 static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     char addr[64];
     arg_str(m, 0, addr, sizeof addr);
-    uint64_t from = arg_u64(m, 1), wait = arg_u64(m, 2);
-    srv_follower *f = s->replog ? srv_replog_follower(s, addr) : NULL;
-    if (!f) {
-        srv_send_error(c, m->id, PS_ESTATE, 0, "repl_fetch: %s has no snapshot: send replicate first", addr);
-        return;
-    }
+    uint64_t from = arg_u64(m, 1), wait = arg_u64(m, 2), hist = arg_u64(m, 3);
     if (from > srv_replog_end(s)) {
         srv_send_error(c, m->id, PS_ESTATE, 0,
                        "repl_fetch: follower %s is ahead of its leader (position %" PRIu64 ", the leader's log ends at %"
                        PRIu64 "): it holds changes this leader never made; start it again with --fresh", addr,
                        from, srv_replog_end(s));
+        return;
+    }
+    srv_follower *f = srv_replog_follower_find(s, addr);
+    int proves = s->replog && hist == s->replog->history && srv_replog_at_record(s, from);
+    if (!f && proves) {
+        if (!(f = srv_replog_follower(s, addr))) {
+            srv_send_error(c, m->id, PS_ELIMIT, 0, "repl_fetch: %d followers already", SRV_FOLLOWERS_MAX);
+            return;
+        }
+        snprintf(f->peer, sizeof f->peer, "%s", c->addr);
+        PS_LOG(PS_LOG_INFO, "replication: follower %s (from %s) goes on at position %" PRIu64, addr, c->addr, from);
+    }
+    if (!f) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "repl_fetch: %s is not a follower of this leader (it never asked for a snapshot, or it was "
+                       "forgotten after %d s without a fetch): send replicate first", addr, SLOT_IDLE_MS / 1000);
+        return;
+    }
+    if (from >= s->replog->base && from != f->pos && from != f->sent_next && !proves &&
+        !srv_replog_at_record(s, from)) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "repl_fetch: position %" PRIu64 " of %s is not where one of this log's records starts (the "
+                       "log holds %" PRIu64 "..%" PRIu64 ", the follower was at %" PRIu64 "): take a snapshot again",
+                       from, addr, s->replog->base, srv_replog_end(s), f->pos);
         return;
     }
     if (f->wait_c)
@@ -338,16 +376,13 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
     if (s->repl_release)
         s->repl_release(s);
     f->wait_c = c;
+    f->wait_cid = c->cid;
     f->wait_id = m->id;
     f->wait_from = from;
     f->wait_until_ms = srv_now_ms() + (wait < FETCH_WAIT_MAX_MS ? wait : FETCH_WAIT_MAX_MS);
     answer_fetch(s, f, wait == 0);
-    snap_state *st = &snaps[f - s->replog->f];
-    if (st->fd >= 0 && st->ready && from >= st->pos) { /* it has the snapshot: the memory goes */
-        close(st->fd);
-        st->fd = -1;
-        st->cid = 0;
-    }
+    if (f->snap_fd >= 0 && f->snap_ready && from >= f->snap_pos) /* it has the snapshot: the memory goes */
+        srv_replog_snap_close(f);
 }
 
 /* promote: a follower becomes the leader of its part. */
@@ -364,13 +399,7 @@ static void cmd_promote(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, rc, 0, "promote: %s", err);
         return;
     }
-    ok_text(c, m->id, s->model.version, "promoted: this psd leads its part now");
-}
-
-void srv_repl_init(void)
-{
-    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
-        snaps[i].fd = -1;
+    srv_send_ok_text(c, m->id, "promoted: this psd leads its part now");
 }
 
 const srv_repl_command srv_repl_commands[] = {

@@ -13,8 +13,6 @@ typedef struct srv_repl_command {
 /* The commands, ended by a NULL name; admin.c dispatches them (none only reads). */
 extern const srv_repl_command srv_repl_commands[];
 
-/* At start, before any command. */
-void srv_repl_init(void);
 /* New records: the followers' waiting fetches get them (connection/write.c,
  * before a worker's reply). */
 void srv_admin_repl_wake(psd *s);

@@ -153,6 +153,29 @@ int srv_model_commit(srv_model *m, const ps_config *cfg)
     return srv_model_set_layout(m, &l, cfg);
 }
 
+void srv_model_move(srv_model *m, srv_model *out)
+{
+    *out = *m;
+    m->blk = NULL; /* out owns them now */
+    m->nblk = 0;
+    m->hw = NULL;
+    for (int i = 0; i < SRV_OPTIM_STATE_MAX; i++)
+        m->opt.state[i] = NULL;
+    srv_model_release(m);
+}
+
+void srv_model_move_back(srv_model *m, srv_model *from, int keep)
+{
+    if (keep) {
+        if (m->stamp <= from->stamp)
+            m->stamp = from->stamp + 1; /* no cache keyed on the other's stamp holds */
+        srv_model_free(from);
+        return;
+    }
+    srv_model_free(m);
+    *m = *from;
+}
+
 void srv_model_release(srv_model *m)
 {
     srv_model_free(m);

@@ -21,6 +21,13 @@ int srv_model_commit(srv_model *m, const ps_config *cfg);
 /* Forgets a layout that was never initialised (its proposer left before
  * INIT): memory freed, has_layout 0, so the next hello proposes again. */
 void srv_model_release(srv_model *m);
+/* Moves m's values, optimizer state and layout into out, leaving m as
+ * srv_model_release leaves it (its optimizer's settings stay). */
+void srv_model_move(srv_model *m, srv_model *out);
+/* Ends a srv_model_move: keep, m keeps what it holds now (its stamp moved
+ * past from's) and from is freed; else m's is freed and from's is m's
+ * again. */
+void srv_model_move_back(srv_model *m, srv_model *from, int keep);
 /* [off, off+n) is about to be written (an update, an INIT): the
  * replication log ships it at its next flush. */
 void srv_model_mark(srv_model *m, uint64_t off, uint64_t n);

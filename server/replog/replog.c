@@ -1,36 +1,19 @@
 /* replog.c - the replication log: records of a leader's changes, in order,
  * for its followers (replog.h; the records' bytes are in PROTOCOL.md 17).
- * Owns psd.replog and the followers' slots; applies records on a follower. */
+ * Owns psd.replog and the followers' slots, and makes a fetch's answer;
+ * a follower applies them in replog_apply.c. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "proto/errors.h"
 #include "proto/msg.h"
 #include "server/replog/replog.h"
+#include "server/replog/records.h"
 #include "server/tables/sparse_optim.h"
-
-/* Record kinds (the byte after a record's length). */
-enum {
-    REC_LAYOUT = 'L', /* the dense layout: a HELLO message's msgpack bytes with "layout" */
-    REC_DENSE = 'D',  /* version, initialised, off, n, nstate, values, state buffers */
-    REC_ROWS = 'T',   /* table, n, scale, keys, row gradients */
-    REC_TABLE = 'N',  /* a table declared */
-    REC_BOUNDS = 'B', /* the tables' bounds and memory cap */
-    REC_PUSHID = 'P', /* a client's push id applied: cid, pid */
-};
-#define STATE_MAX 4
-#define DENSE_PIECE ((uint64_t)1 << 18) /* values a dense record carries at most: 1 MiB of parameters */
-#define LOG_MAX_DEFAULT ((size_t)1 << 30) /* 1 GiB of records kept for a follower behind */
-
-static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static void put_f64(uint8_t *p, double v) { memcpy(p, &v, 8); }
-static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static double get_f64(const uint8_t *p) { double v; memcpy(&v, p, 8); return v; }
 
 uint64_t srv_replog_end(const psd *s)
 {
@@ -45,6 +28,8 @@ int srv_replog_start(psd *s)
     if (!r)
         return PS_ENOMEM;
     r->max_bytes = LOG_MAX_DEFAULT;
+    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+        r->f[i].snap_fd = -1;
     r->history = ((uint64_t)srv_now_ms() << 20) ^ (uint64_t)(uintptr_t)r;
     /* everything as it is now is in the snapshot taken at this position */
     r->sent_layout = s->model.blk != NULL;
@@ -63,6 +48,12 @@ void srv_replog_free(psd *s)
 {
     if (!s->replog)
         return;
+    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+        srv_replog_snap_close(&s->replog->f[i]);
+    for (size_t i = 0; i < s->replog->nshadow; i++)
+        srv_blk_unref(s->replog->shadow[i]);
+    srv_blk_unref(s->replog->small);
+    free(s->replog->shadow);
     free(s->replog->buf);
     free(s->replog);
     s->replog = NULL;
@@ -154,36 +145,20 @@ static void rec_bounds(psd *s)
     put_u64(p, s->tables.max_bytes);
 }
 
-/* The dense range [lo, hi): its values and state, the version after. */
+/* The dense range [lo, hi) changed, and the version after: a mark of 28
+ * bytes. Its values are read from the model when a fetch ships it
+ * (srv_replog_answer_make), so that pushes between two fetches go once. */
 static void rec_dense(psd *s, uint64_t lo, uint64_t hi)
 {
     srv_model *m = &s->model;
-    float *st[STATE_MAX];
-    const char *names[STATE_MAX];
-    size_t nst = m->blk ? srv_optim_state_buffers(&m->opt, st, names, STATE_MAX) : 0;
-    uint64_t n = hi - lo;
-    size_t len = 1 + 8 + 4 + 8 + 8 + 4 + (size_t)n * 4 * (1 + nst);
-    uint8_t *p = rec_begin(s, len, REC_DENSE);
+    uint8_t *p = rec_begin(s, 1 + DENSE_MARK, REC_DENSE);
     if (!p)
         return;
-    put_u64(p, m->version), p += 8;
-    put_u32(p, (uint32_t)m->initialized), p += 4;
-    put_u64(p, lo), p += 8;
-    put_u64(p, n), p += 8;
-    put_u32(p, (uint32_t)nst), p += 4;
-    for (uint64_t at = lo; at < hi;) {
-        size_t got;
-        const float *v = srv_model_at(m, at, hi - at, &got);
-        memcpy(p, v, got * 4);
-        p += got * 4;
-        at += got;
-    }
-    for (size_t k = 0; k < nst; k++) {
-        memcpy(p, st[k] + lo, (size_t)n * 4);
-        p += (size_t)n * 4;
-    }
+    put_u64(p, m->version);
+    put_u32(p + 8, (uint32_t)m->initialized);
+    put_u64(p + 12, lo);
+    put_u64(p + 20, hi - lo);
     s->replog->dense_records++;
-    s->replog->dense_bytes += 4 + len;
 }
 
 void srv_replog_flush(psd *s)
@@ -210,11 +185,13 @@ void srv_replog_flush(psd *s)
             hi = m->layout.total;
         if (lo > hi)
             lo = hi;
-        /* in pieces, so that a record stays well inside a frame */
-        for (uint64_t at = lo; at < hi || at == lo; at += DENSE_PIECE) {
-            rec_dense(s, at, hi - at < DENSE_PIECE ? hi : at + DENSE_PIECE);
-            if (hi == lo)
+        /* in pieces of whole blocks, so that a fetch's answer stays bounded */
+        for (uint64_t at = lo; at < hi || at == lo;) {
+            uint64_t next = (at / DENSE_PIECE + 1) * DENSE_PIECE;
+            rec_dense(s, at, hi < next ? hi : next);
+            if (hi <= next)
                 break;
+            at = next;
         }
         r->sent_version = m->version;
         r->sent_init = m->initialized;
@@ -270,6 +247,186 @@ const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *
     return r->buf ? r->buf + at : none; /* an empty log: nothing to read, not an error */
 }
 
+/* ---- a fetch's answer ----------------------------------------------------- */
+
+/* Writes n bytes at byte position at of the words the answer's blocks hold
+ * from word a->off on. */
+static void answer_put(srv_replog_answer *a, size_t at, const void *p, size_t n)
+{
+    const uint8_t *q = p;
+    while (n) {
+        uint64_t word = at / 4;
+        size_t in = (size_t)(word & (SRV_BLK_FLOATS - 1)) * 4 + at % 4;
+        size_t room = a->blk[word >> SRV_BLK_SHIFT]->cap * 4 - in, k = n < room ? n : room;
+        memcpy((uint8_t *)a->blk[word >> SRV_BLK_SHIFT]->w + in, q, k);
+        q += k, at += k, n -= k;
+    }
+}
+
+void srv_replog_answer_free(srv_replog_answer *a)
+{
+    for (size_t i = 0; a->blk && i < a->nblk; i++)
+        if (a->blk[i])
+            srv_blk_unref(a->blk[i]);
+    free(a->blk);
+    memset(a, 0, sizeof *a);
+}
+
+int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_replog_answer *a)
+{
+    srv_replog *r = s->replog;
+    srv_model *m = &s->model;
+    memset(a, 0, sizeof *a);
+    if (!r || from < r->base || from > r->base + r->len)
+        return PS_ESTALE;
+    /* which records: whole ones, the non-dense ones' bytes up to max, the
+     * dense marks' blocks up to ANSWER_BLOCKS (the first of each always) */
+    size_t at = (size_t)(from - r->base), end = at, rec_bytes = 0;
+    size_t nmark = 0;
+    uint32_t *bi = NULL;
+    size_t nbi = 0, cbi = 0;
+    int dense = 0;
+    while (end + 4 <= r->len) {
+        const uint8_t *q = r->buf + end;
+        size_t l = 4 + get_u32(q);
+        if (q[4] == REC_DENSE) {
+            if (!dense_ok)
+                break;
+            uint64_t lo = get_u64(q + 17), n = get_u64(q + 25);
+            /* the blocks [lo, lo + n) touches that are not listed yet */
+            size_t b0 = (size_t)(lo >> SRV_BLK_SHIFT), b1 = n ? (size_t)((lo + n - 1) >> SRV_BLK_SHIFT) + 1 : b0;
+            size_t add = 0;
+            for (size_t b = b0; b < b1; b++) {
+                int have = 0;
+                for (size_t i = 0; i < nbi && !have; i++)
+                    have = bi[i] == b;
+                add += !have;
+            }
+            if (nmark && nbi + add > ANSWER_BLOCKS)
+                break;
+            if (nbi + add > cbi) {
+                size_t nc = cbi ? cbi * 2 : 32;
+                while (nc < nbi + add)
+                    nc *= 2;
+                uint32_t *nb = realloc(bi, nc * sizeof *nb);
+                if (!nb) {
+                    free(bi);
+                    return PS_ENOMEM;
+                }
+                bi = nb, cbi = nc;
+            }
+            for (size_t b = b0; b < b1; b++) {
+                int have = 0;
+                for (size_t i = 0; i < nbi && !have; i++)
+                    have = bi[i] == b;
+                if (!have)
+                    bi[nbi++] = (uint32_t)b;
+            }
+            nmark++;
+            dense = 1;
+        } else {
+            if (end > at && rec_bytes + l > max)
+                break;
+            rec_bytes += l;
+        }
+        end += l;
+    }
+    /* the blocks in order */
+    for (size_t i = 1; i < nbi; i++)
+        for (size_t j = i; j > 0 && bi[j - 1] > bi[j]; j--) {
+            uint32_t t = bi[j];
+            bi[j] = bi[j - 1], bi[j - 1] = t;
+        }
+    float *st[STATE_MAX];
+    const char *names[STATE_MAX];
+    size_t nst = m->blk ? srv_optim_state_buffers(&m->opt, st, names, STATE_MAX) : 0;
+    if (!m->blk)
+        nbi = 0; /* marks before a layout: nothing to read */
+    for (size_t i = 0; i < nbi; i++)
+        if (bi[i] >= m->nblk)
+            nbi = i; /* sorted: marks past the model's end (cannot be) are dropped */
+    size_t head = HEAD_FIXED + 4 * nbi + rec_bytes;
+    head = (head + 3) & ~(size_t)3;
+    /* the values of each block listed (the model's last one may be
+     * shorter), then each state buffer's, after the head */
+    size_t per = 1 + nst;
+    uint64_t values = 0;
+    for (size_t i = 0; i < nbi; i++)
+        values += (uint64_t)m->blk[bi[i]]->cap * per;
+    a->ndata = head / 4 + values;
+    a->nblk = (size_t)((a->ndata + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
+    a->blk = calloc(a->nblk, sizeof *a->blk);
+    int rc = a->blk ? 0 : PS_ENOMEM;
+    /* the blocks the answer is written into: the log's own, kept for the
+     * next answer (one copy of the values, into memory faulted in once) */
+    if (rc == 0 && r->nshadow < a->nblk) {
+        srv_blk **ns = realloc(r->shadow, a->nblk * sizeof *ns);
+        if (!ns) {
+            rc = PS_ENOMEM;
+        } else {
+            memset(ns + r->nshadow, 0, (a->nblk - r->nshadow) * sizeof *ns);
+            r->shadow = ns;
+            r->nshadow = a->nblk;
+        }
+    }
+    for (size_t i = 0; rc == 0 && i < a->nblk; i++) {
+        uint64_t need = a->ndata - ((uint64_t)i << SRV_BLK_SHIFT);
+        /* a short last piece: the log's one small block (one size, so that
+         * the blocks' pool never fills with odd ones) */
+        srv_blk **sh = need < SRV_BLK_FLOATS / 4 ? &r->small : &r->shadow[i];
+        if (*sh && (*sh)->refs > 1) { /* still being written to a follower */
+            srv_blk_unref(*sh);
+            *sh = NULL;
+        }
+        if (!*sh && !(*sh = srv_blk_fresh(sh == &r->small ? SRV_BLK_FLOATS / 4 : SRV_BLK_FLOATS)))
+            rc = PS_ENOMEM;
+        else
+            a->blk[i] = srv_blk_ref(*sh);
+    }
+    if (rc != 0) {
+        free(bi);
+        srv_replog_answer_free(a);
+        return rc;
+    }
+    size_t w = head;
+    for (size_t i = 0; i < nbi; i++) {
+        uint64_t b0 = (uint64_t)bi[i] << SRV_BLK_SHIFT;
+        size_t cnt = m->blk[bi[i]]->cap;
+        answer_put(a, w, m->blk[bi[i]]->w, cnt * 4);
+        w += cnt * 4;
+        for (size_t j = 0; j < nst; j++, w += cnt * 4)
+            answer_put(a, w, st[j] + b0, cnt * 4);
+    }
+    a->off = 0;
+    a->next = r->base + end;
+    uint8_t fixed[HEAD_FIXED];
+    put_u32(fixed, (uint32_t)head);
+    put_u64(fixed + 4, a->next);
+    put_u64(fixed + 12, m->version);
+    put_u32(fixed + 20, (uint32_t)m->initialized);
+    put_u32(fixed + 24, (uint32_t)dense);
+    put_u32(fixed + 28, (uint32_t)nst);
+    put_u32(fixed + 32, (uint32_t)nbi);
+    answer_put(a, 0, fixed, HEAD_FIXED);
+    if (nbi)
+        answer_put(a, HEAD_FIXED, bi, 4 * nbi);
+    w = HEAD_FIXED + 4 * nbi;
+    for (size_t p = at; p < end;) {
+        size_t l = 4 + get_u32(r->buf + p);
+        if (r->buf[p + 4] != REC_DENSE) {
+            answer_put(a, w, r->buf + p, l);
+            w += l;
+        }
+        p += l;
+    }
+    static const uint8_t zero[4];
+    if (head > w)
+        answer_put(a, w, zero, head - w);
+    free(bi);
+    r->dense_bytes += values * 4;
+    return 0;
+}
+
 void srv_replog_trim(psd *s)
 {
     srv_replog *r = s->replog;
@@ -319,11 +476,48 @@ srv_follower *srv_replog_follower(psd *s, const char *addr)
     }
     if (free_slot) {
         memset(free_slot, 0, sizeof *free_slot);
+        free_slot->snap_fd = -1;
         free_slot->used = 1;
         snprintf(free_slot->addr, sizeof free_slot->addr, "%s", addr);
         free_slot->joined_ms = srv_now_ms();
     }
     return free_slot;
+}
+
+srv_follower *srv_replog_follower_find(psd *s, const char *addr)
+{
+    for (int i = 0; s->replog && i < SRV_FOLLOWERS_MAX; i++)
+        if (s->replog->f[i].used && strcmp(s->replog->f[i].addr, addr) == 0)
+            return &s->replog->f[i];
+    return NULL;
+}
+
+void srv_replog_snap_close(srv_follower *f)
+{
+    if (f->snap_fd >= 0)
+        close(f->snap_fd);
+    f->snap_fd = -1;
+    f->snap_ready = 0;
+    f->snap_cid = 0;
+}
+
+void srv_replog_follower_drop(psd *s, srv_follower *f)
+{
+    (void)s;
+    srv_replog_snap_close(f);
+    memset(f, 0, sizeof *f);
+    f->snap_fd = -1;
+}
+
+int srv_replog_at_record(const psd *s, uint64_t pos)
+{
+    const srv_replog *r = s->replog;
+    if (!r || pos < r->base || pos > r->base + r->len)
+        return 0;
+    size_t at = 0, want = (size_t)(pos - r->base);
+    while (at < want)
+        at += 4 + get_u32(r->buf + at);
+    return at == want;
 }
 
 uint64_t srv_replog_acked(const psd *s)
@@ -377,184 +571,4 @@ int srv_replog_tick(psd *s, uint64_t now_ms, uint64_t timeout_ms)
     }
     srv_replog_trim(s);
     return moved;
-}
-
-/* ---- a follower applies ---------------------------------------------------- */
-
-void srv_replog_reset(psd *s)
-{
-    if (s->model.has_layout)
-        srv_model_release(&s->model);
-    if (s->tables.n) {
-        uint64_t max = s->tables.max_bytes;
-        srv_tables_free(&s->tables);
-        srv_tables_init(&s->tables, max);
-        srv_tables_configure(&s->tables, &s->cfg);
-    }
-}
-
-static int apply_layout(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
-{
-    uint8_t *copy = malloc(len);
-    if (!copy)
-        return ps_fail(err, errlen, PS_ENOMEM, "no memory for the layout");
-    memcpy(copy, p, len);
-    msgpack_zone z;
-    msgpack_zone_init(&z, 4096);
-    ps_msg m;
-    ps_scan_limits lim = {PS_MSG_DEPTH_MAX, PS_MSG_OBJECTS_MAX};
-    int rc = ps_msg_decode(copy, len, &lim, &z, &m, &s->scratch_layout, err, errlen);
-    if (rc == 0 && !(m.has & PS_F_LAYOUT))
-        rc = ps_fail(err, errlen, PS_EMALFORMED, "a layout record without a layout");
-    if (rc == 0) {
-        if (s->model.blk && !ps_layout_equal(&s->model.layout, &s->scratch_layout))
-            rc = ps_fail(err, errlen, PS_ELAYOUT, "the leader's model layout differs from this psd's");
-        else if (!s->model.blk) {
-            srv_model_propose(&s->model, &s->scratch_layout);
-            rc = srv_model_commit(&s->model, &s->cfg);
-            if (rc != 0)
-                ps_fail(err, errlen, rc, "no memory for the leader's model (%" PRIu64 " parameters)",
-                        s->scratch_layout.total);
-        }
-    }
-    msgpack_zone_destroy(&z);
-    free(copy);
-    return rc;
-}
-
-static int apply_dense(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
-{
-    srv_model *m = &s->model;
-    if (len < 32)
-        return ps_fail(err, errlen, PS_EMALFORMED, "a dense record of %zu bytes", len);
-    uint64_t ver = get_u64(p), off = get_u64(p + 12), n = get_u64(p + 20);
-    int init = (int)get_u32(p + 8);
-    uint32_t nst = get_u32(p + 28);
-    p += 32;
-    if (!m->blk)
-        return ps_fail(err, errlen, PS_ELAYOUT, "a dense record before the layout");
-    float *st[STATE_MAX];
-    const char *names[STATE_MAX];
-    size_t have = srv_optim_state_buffers(&m->opt, st, names, STATE_MAX);
-    if (nst != have)
-        return ps_fail(err, errlen, PS_ELAYOUT,
-                       "the leader's optimizer keeps %u state buffers, this psd's (%s) %zu: give the follower the "
-                       "leader's optimizer settings", nst, srv_optim_name(&m->opt), have);
-    if (n > m->layout.total || off > m->layout.total - n || len - 32 != (size_t)n * 4 * (1 + nst))
-        return ps_fail(err, errlen, PS_EMALFORMED, "a dense record of [%" PRIu64 ", +%" PRIu64 ") for a model of %"
-                       PRIu64 " (%zu bytes)", off, n, m->layout.total, len);
-    for (uint64_t done = 0; done < n;) {
-        srv_wseg seg;
-        if (srv_model_write_begin(m, off + done, n - done, &seg) != 0)
-            return ps_fail(err, errlen, PS_ENOMEM, "no memory to apply a dense record");
-        memcpy(seg.wo, p + done * 4, seg.len * 4);
-        srv_model_write_end(m, &seg);
-        done += seg.len;
-    }
-    p += (size_t)n * 4;
-    for (uint32_t k = 0; k < nst; k++, p += (size_t)n * 4)
-        memcpy(st[k] + off, p, (size_t)n * 4);
-    if (init)
-        srv_model_set_initialized(m, ver);
-    srv_model_touched(m);
-    return 0;
-}
-
-static int apply_table(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
-{
-    ps_table_def d;
-    memset(&d, 0, sizeof d);
-    size_t want = 4 + sizeof d.name + 4 + 4 + 8 + 8 + 4 + 8 * PS_HP_COUNT + 4 + 4;
-    if (len != want)
-        return ps_fail(err, errlen, PS_EMALFORMED, "a table record of %zu bytes (%zu expected)", len, want);
-    uint32_t i = get_u32(p);
-    p += 4;
-    memcpy(d.name, p, sizeof d.name), p += sizeof d.name;
-    d.name[sizeof d.name - 1] = 0;
-    d.dim = get_u32(p), p += 4;
-    d.rinit = get_u32(p), p += 4;
-    d.scale = get_f64(p), p += 8;
-    d.seed = get_u64(p), p += 8;
-    d.opt = get_u32(p), p += 4;
-    for (int k = 0; k < PS_HP_COUNT; k++)
-        d.hp[k] = get_f64(p), p += 8;
-    d.part = get_u32(p), p += 4;
-    d.nparts = get_u32(p);
-    uint32_t idx;
-    int rc = srv_tables_declare(&s->tables, &d, &idx, err, errlen);
-    if (rc == 0 && idx != i)
-        rc = ps_fail(err, errlen, PS_ELAYOUT, "table %s is table %u here, %u on the leader", d.name, idx, i);
-    return rc;
-}
-
-static int apply_bounds(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
-{
-    if (len != 32)
-        return ps_fail(err, errlen, PS_EMALFORMED, "a bounds record of %zu bytes", len);
-    srv_table_bounds b = {.admit = get_u32(p), .expire = get_u64(p + 4), .table_bytes = get_u64(p + 12),
-                          .full = (int)get_u32(p + 20)};
-    srv_tables_set_bounds(&s->tables, &b);
-    srv_tables_set_limit(&s->tables, get_u64(p + 24));
-    return 0;
-}
-
-static int apply_rows(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
-{
-    if (len < 16)
-        return ps_fail(err, errlen, PS_EMALFORMED, "a rows record of %zu bytes", len);
-    uint32_t ti = get_u32(p), n = get_u32(p + 4);
-    double scale = get_f64(p + 8);
-    if (ti >= s->tables.n)
-        return ps_fail(err, errlen, PS_ELAYOUT, "a push to table %u, which this psd does not have", ti);
-    uint32_t dim = srv_tables_def(&s->tables, ti)->dim;
-    if (len - 16 != (size_t)n * 8 + (size_t)n * dim * 4)
-        return ps_fail(err, errlen, PS_EMALFORMED, "a rows record of %zu bytes for %u rows of %u", len, n, dim);
-    const uint8_t *keys = p + 16;
-    /* the gradients follow the keys, maybe unaligned: copied */
-    float *g = malloc((size_t)n * dim * 4 + 1);
-    if (!g)
-        return ps_fail(err, errlen, PS_ENOMEM, "no memory for a push of %u rows", n);
-    memcpy(g, keys + (size_t)n * 8, (size_t)n * dim * 4);
-    char why[256] = "";
-    int rc = srv_tables_push(&s->tables, ti, keys, n, g, scale, why, sizeof why);
-    free(g);
-    if (rc != 0)
-        return ps_fail(err, errlen, rc, "the leader's push to table %s does not apply here: %s",
-                       srv_tables_def(&s->tables, ti)->name, why);
-    return 0;
-}
-
-int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
-                     int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen)
-{
-    size_t at = 0;
-    while (at + 4 <= len) {
-        uint32_t l = get_u32(p + at);
-        if (l == 0)
-            break; /* padding */
-        if (l > len - at - 4)
-            return ps_fail(err, errlen, PS_EMALFORMED, "a record of %u bytes where %zu are left", l, len - at - 4);
-        const uint8_t *b = p + at + 5;
-        size_t bl = l - 1;
-        int rc;
-        switch (p[at + 4]) {
-        case REC_LAYOUT: rc = apply_layout(s, b, bl, err, errlen); break;
-        case REC_DENSE: rc = apply_dense(s, b, bl, err, errlen); break;
-        case REC_ROWS: rc = apply_rows(s, b, bl, err, errlen); break;
-        case REC_TABLE: rc = apply_table(s, b, bl, err, errlen); break;
-        case REC_BOUNDS: rc = apply_bounds(s, b, bl, err, errlen); break;
-        case REC_PUSHID:
-            if (bl != 16)
-                rc = ps_fail(err, errlen, PS_EMALFORMED, "a push id record of %zu bytes", bl);
-            else
-                rc = pushid && pushid(s, get_u64(b), get_u64(b + 8)) == PS_ENOMEM
-                         ? ps_fail(err, errlen, PS_ENOMEM, "no memory for a push id") : 0;
-            break;
-        default: rc = ps_fail(err, errlen, PS_EMALFORMED, "a record of unknown kind %u", p[at + 4]); break;
-        }
-        if (rc != 0)
-            return rc;
-        at += 4 + (size_t)l;
-    }
-    return 0;
 }

@@ -4,10 +4,12 @@
  * "Replicas").
  *
  * What a record carries (docs/DESIGN.md says why):
- *   - the dense model's changed range as values: the parameters and every
- *     optimizer state buffer of that range, and the model version after it
- *     (physical: whatever computed them, BSP's mean, DC-ASGD, clipping, a
- *     follower writes the same bits);
+ *   - the dense model's changed range, as a mark (the range, the version
+ *     after); a fetch's answer carries the values of the blocks marked
+ *     since the fetch's position as they are when it is made, with every
+ *     optimizer state buffer (physical: whatever computed them, BSP's
+ *     mean, DC-ASGD, clipping, a follower writes the same bits; pushes
+ *     between two fetches go once);
  *   - a table push as its inputs: the keys, their row gradients and the
  *     scale, which the follower's row store applies as the leader's did
  *     (the row store is a deterministic function of its rows, the keys and
@@ -41,8 +43,17 @@ typedef struct srv_follower {
     int insync;           /* sync replies wait for it */
     int caught_up;        /* it has reached the log's end once since its snapshot */
     /* its fetch waiting for records (answered when some come, or on the tick) */
-    srv_conn *wait_c;
-    uint64_t wait_id, wait_from, wait_until_ms;
+    srv_conn *wait_c;            /* valid only while the connection numbered wait_cid is open */
+    uint64_t wait_cid, wait_id, wait_from, wait_until_ms;
+    uint64_t sent_next;          /* the position after its last answer */
+    /* its snapshot (dispatch/repl.c): a memory file the checkpoint's forked
+     * writer fills, read by `repl_chunk`, closed once the follower fetches
+     * past it, goes away or stays silent (srv_replog_snap_close) */
+    int snap_fd;                 /* -1: none */
+    int snap_writing;            /* the writer has not finished: the slot stays */
+    int snap_ready;
+    uint64_t snap_size, snap_pos;
+    uint64_t snap_cid, snap_id;  /* the connection and `replicate` waiting for it */
 } srv_follower;
 
 typedef struct srv_replog {
@@ -62,6 +73,13 @@ typedef struct srv_replog {
     uint64_t dense_bytes, dense_records, table_bytes, table_records;
     uint64_t dropped;            /* followers that left the in-sync set */
     uint64_t max_bytes;          /* the log's bound: a follower further behind must snapshot again */
+    /* The blocks a fetch's answer copies the dense values into, kept for
+     * the next answer (reused once the write of the last one let them go,
+     * so that the copy faults no fresh memory in): (1 + state buffers) per
+     * model block, by block. */
+    srv_blk **shadow;
+    size_t nshadow;
+    srv_blk *small;              /* a short answer's (or last piece's): 2^18 floats */
 } srv_replog;
 
 /* The log's end: the position after its last record (0 when off). */
@@ -84,6 +102,27 @@ void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const
  * while the log is off. */
 void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid);
 
+/* A fetch's answer (PROTOCOL.md 17), made by srv_replog_answer_make: the
+ * data of one PARAMS, ndata float32 words from word off of the blocks blk
+ * (indexed as srv_send wants them; references held until
+ * srv_replog_answer_free). next: the log position after what it carries. */
+typedef struct srv_replog_answer {
+    srv_blk **blk;
+    size_t nblk;
+    uint64_t off, ndata;
+    uint64_t next;
+} srv_replog_answer;
+
+/* The answer to a fetch from position from: the log's whole records after
+ * it (at most max bytes of them, one at least) but its dense marks, and the
+ * values and optimizer state of the blocks those marks name, read from the
+ * model now (its whole blocks shared, copy-on-write; the state copied): the
+ * pushes between two fetches go once. With dense_ok 0 (an update runs off
+ * the loop) it stops before the first dense mark. Returns 0, PS_ESTALE when
+ * from is not in the log, PS_ENOMEM. */
+int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_replog_answer *a);
+void srv_replog_answer_free(srv_replog_answer *a);
+
 /* The bytes of positions [from, from + *len), at most max of them and
  * whole records only: a pointer into the log, valid until the next append.
  * NULL when from is not in the log (trimmed, or beyond its end). */
@@ -92,9 +131,18 @@ const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *
  * oldest, leaving their followers to snapshot again). */
 void srv_replog_trim(psd *s);
 
-/* On a follower, before a snapshot loads: forgets the model and the
- * tables it holds. */
-void srv_replog_reset(psd *s);
+/* A follower's model and tables, set aside while a snapshot loads. */
+typedef struct srv_replog_kept {
+    srv_model model;
+    srv_tables tables;
+} srv_replog_kept;
+/* On a follower, before a snapshot loads: sets the model and the tables it
+ * holds aside into k, psd left with none (its optimizer's settings stay). */
+void srv_replog_set_aside(psd *s, srv_replog_kept *k);
+/* After the load: ok, the ones set aside are freed; else what the load
+ * left is freed and they are psd's again (a snapshot that does not load
+ * leaves the follower as it was). */
+void srv_replog_take_back(psd *s, srv_replog_kept *k, int ok);
 /* On a follower: applies the records in p[0..len) (whole records; zero
  * bytes after the last one are padding); a push id goes to pushid (the
  * session layer's srv_pushid_set; NULL: dropped). Returns 0, or PS_EMALFORMED /
@@ -102,9 +150,28 @@ void srv_replog_reset(psd *s);
 int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
                      int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen);
 
+/* On a follower: applies a fetch's answer p[0..len) to a fetch from
+ * position from, the leader's log ending at end (PARAMS' ver). Its head is
+ * checked first (its length, its position inside from..end, its version not
+ * behind this psd's, its blocks inside the model): a lie is refused with
+ * PS_EMALFORMED and nothing applied. Then its records, then its dense
+ * values and version. *next: the position to fetch from next. Errors as
+ * srv_replog_apply's. */
+int srv_replog_apply_answer(psd *s, const uint8_t *p, size_t len, uint64_t from, uint64_t end, uint64_t *next,
+                            int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen);
+
 /* The followers (replog.c owns them): their slot by the admin connection's
- * advertised address, made when new; NULL when full. */
+ * advertised address, made when new; NULL when full (or the log is off). */
 srv_follower *srv_replog_follower(psd *s, const char *addr);
+/* The slot of the follower at addr; NULL when there is none. */
+srv_follower *srv_replog_follower_find(psd *s, const char *addr);
+/* Forgets a follower: its snapshot closed, its slot free (the caller has
+ * answered its waiting fetch; not while its snapshot is being written). */
+void srv_replog_follower_drop(psd *s, srv_follower *f);
+/* Closes f's snapshot (its memory goes). */
+void srv_replog_snap_close(srv_follower *f);
+/* 1 when position pos is in the log, at a record's start (or its end). */
+int srv_replog_at_record(const psd *s, uint64_t pos);
 /* The smallest position of the in-sync followers, or the log's end when
  * none is in sync: what a sync reply waits for. */
 uint64_t srv_replog_acked(const psd *s);

@@ -2,9 +2,11 @@
  * writer process writes its copy-on-write image of the parameters, the
  * optimizer state and the tables' rows and exits, the loop watches its pipe
  * and prunes old ones; checkpoints at rest and at exit. Loading is in
- * ckpt_load.c, the files' names and listing in ckpt_file.c. */
+ * ckpt_load.c, the files' names and listing in ckpt_file.c, a follower's
+ * snapshot written into a descriptor in snapshot.c. */
 #include "server/report/checkpoint.h"
 #include "server/report/ckpt_file.h"
+#include "server/report/ckpt_job.h"
 #include "server/policy/policy.h"
 #include "server/update/update.h"
 #include "server/update/tapply.h"
@@ -29,48 +31,6 @@
 #include "proto/errors.h"
 #include "server/tables/sparse_optim.h"
 #include "server/record/stats.h"
-
-/* Everything a write needs. The parameters are a snapshot reference; the
- * optimizer state and the tables' rows are read where they live, in the
- * writer process fork() made (a frozen copy-on-write image of psd's memory)
- * or, at shutdown, in psd itself once its loop has stopped. */
-typedef struct ckpt_job {
-    psd *s;
-    char dir[PS_CONFIG_PATH_MAX];
-    char path[PS_CONFIG_PATH_MAX + 64], tmp[PS_CONFIG_PATH_MAX + 64];
-    int keep;
-    uint64_t version;
-    srv_snap *snap;           /* parameters (a reference, not a copy) */
-    size_t n;
-    const float *state[CKPT_MAX_STATE]; /* the optimizer's state buffers */
-    size_t nstate;
-    struct ckpt_table {
-        uint64_t rows;
-        uint32_t floats;
-        uint64_t clock;       /* the table's clock (expiry's) */
-    } tables[PS_TABLES_MAX];
-    uint32_t ntables;
-    uint64_t tables_stamp;    /* s->tables.stamp at the snapshot */
-    ps_buf header;
-    uint8_t *wbuf;            /* rows staged for write(), CKPT_WBUF bytes */
-    unsigned slow_us;         /* test only: pause per MiB of rows read */
-    /* the outcome, filled by the writer (sent over the pipe from a child) */
-    struct ckpt_result {
-        int rc;               /* 0 or PS_EIO */
-        int stage;            /* CKPT_AT_*: what failed */
-        int err;              /* its errno */
-        double seconds;
-    } res;
-    size_t got;               /* bytes of res read from the pipe */
-    double fork_ms;           /* how long fork() held the loop */
-    pid_t pid;                /* the writer process, 0: none */
-    uv_pipe_t pipe;           /* its end of the pipe, EOF when it exits */
-    int out_fd;               /* a snapshot for a follower: the writer writes into
-                               * this descriptor (no file, no rename); -1 otherwise */
-    void (*snap_done)(psd *s, int rc, uint64_t version, void *arg);
-    void *snap_arg;
-    char err[PS_CONFIG_PATH_MAX * 2 + 256];
-} ckpt_job;
 
 enum { CKPT_AT_MKDIR = 1, CKPT_AT_CREATE, CKPT_AT_WRITE, CKPT_AT_RENAME, CKPT_AT_EXIT };
 #define CKPT_WBUF (1u << 20)
@@ -186,7 +146,7 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
 
 static int saved(const psd *s);
 
-static void job_free(ckpt_job *j)
+void srv_ckpt_job_free(ckpt_job *j)
 {
     srv_snap_unref(j->snap);
     ps_buf_free(&j->header);
@@ -197,7 +157,7 @@ static void job_free(ckpt_job *j)
 /* Prepares a job on the loop thread (nothing of the model is copied: the
  * header with the tables' row counts, the paths, a staging buffer); NULL
  * when out of memory. */
-static ckpt_job *job_new(psd *s)
+ckpt_job *srv_ckpt_job_new(psd *s)
 {
     ckpt_job *j = calloc(1, sizeof *j);
     if (!j)
@@ -214,7 +174,7 @@ static ckpt_job *job_new(psd *s)
     j->snap = srv_snap_take(&s->model);
     j->wbuf = malloc(CKPT_WBUF);
     if (!j->snap || !j->wbuf) {
-        job_free(j);
+        srv_ckpt_job_free(j);
         return NULL;
     }
     j->version = j->snap->version; /* Hogwild!: the counter the copy was taken after */
@@ -245,7 +205,7 @@ static ckpt_job *job_new(psd *s)
     }
     j->ntables = s->tables.n;
     if (build_header(s, j, names) != 0) {
-        job_free(j);
+        srv_ckpt_job_free(j);
         return NULL;
     }
     return j;
@@ -520,12 +480,12 @@ static void on_closed(uv_handle_t *h)
             PS_LOG(PS_LOG_ERROR, "replication: the snapshot of version %" PRIu64 " failed: %s", j->version,
                    j->err[0] ? j->err : strerror(j->res.err));
         j->snap_done(s, j->res.rc, j->version, j->snap_arg);
-        job_free(j);
+        srv_ckpt_job_free(j);
         return;
     }
     s->checkpoint_busy = 0;
     job_finish(s, j);
-    job_free(j);
+    srv_ckpt_job_free(j);
 }
 
 static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf)
@@ -544,7 +504,7 @@ static void on_read(uv_stream_t *h, ssize_t nread, const uv_buf_t *buf)
 }
 
 /* Forks the writer and watches its pipe; 0, or -1 with j->err set. */
-static int job_fork(psd *s, ckpt_job *j)
+int srv_ckpt_job_fork(psd *s, ckpt_job *j)
 {
     struct rlimit rl;
     int maxfd = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 65536
@@ -603,7 +563,7 @@ static int saved(const psd *s)
 /* A BSP round closing piece by piece has applied some of its pieces: the
  * parameters and the optimizer's state are then of two versions, and a
  * checkpoint waits for the round to close. */
-static int mid_round(psd *s)
+int srv_ckpt_mid_round(psd *s)
 {
     return s->policy->round_base && s->policy->round_base(s);
 }
@@ -612,13 +572,13 @@ void srv_checkpoint_start(psd *s, int force)
 {
     if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
         return;
-    if (srv_update_busy(s) || mid_round(s))
+    if (srv_update_busy(s) || srv_ckpt_mid_round(s))
         return; /* it writes the optimizer state: the next tick tries again */
     if (!force && saved(s))
         return;
     /* the tables as they are: no apply thread writes a row during fork() */
     srv_tapply_drain(s->tapply);
-    ckpt_job *j = job_new(s);
+    ckpt_job *j = srv_ckpt_job_new(s);
     if (!j) {
         srv_stats_checkpoint(s, 0, 0, "out of memory");
         PS_LOG(PS_LOG_ERROR, "checkpoint: out of memory");
@@ -627,33 +587,13 @@ void srv_checkpoint_start(psd *s, int force)
     /* fork(): the writer process gets psd's memory as it is now, copy-on-
      * write, and writes it while psd goes on; the loop pays only for the
      * fork (psd's page tables copied). */
-    if (job_fork(s, j) != 0) {
+    if (srv_ckpt_job_fork(s, j) != 0) {
         srv_stats_checkpoint(s, j->version, j->tables_stamp, j->err);
         PS_LOG(PS_LOG_ERROR, "checkpoint of version %" PRIu64 " failed: %s", j->version, j->err);
-        job_free(j);
+        srv_ckpt_job_free(j);
         return;
     }
     s->checkpoint_busy = 1;
-}
-
-int srv_checkpoint_snapshot(psd *s, int fd, void (*done)(psd *s, int rc, uint64_t version, void *arg), void *arg,
-                            char *err, size_t errlen)
-{
-    if (srv_update_busy(s) || mid_round(s))
-        return ps_fail(err, errlen, PS_ENOT_READY, "an update is being applied: ask again");
-    srv_tapply_drain(s->tapply);
-    ckpt_job *j = job_new(s);
-    if (!j)
-        return ps_fail(err, errlen, PS_ENOMEM, "no memory for a snapshot");
-    j->out_fd = fd;
-    j->snap_done = done;
-    j->snap_arg = arg;
-    if (job_fork(s, j) != 0) {
-        int rc = ps_fail(err, errlen, PS_EIO, "%s", j->err);
-        job_free(j);
-        return rc;
-    }
-    return 0;
 }
 
 int srv_work_stopped(const psd *s)
@@ -672,7 +612,7 @@ int srv_checkpoint_at_rest(psd *s, const char *why)
         return 1;
     if (saved(s))
         return 1; /* an unchanged model is not written twice */
-    if (s->checkpoint_busy || srv_update_busy(s) || mid_round(s))
+    if (s->checkpoint_busy || srv_update_busy(s) || srv_ckpt_mid_round(s))
         return 0;
     PS_LOG(PS_LOG_INFO, "checkpoint of version %" PRIu64 ": %s", s->model.version, why);
     srv_checkpoint_start(s, 0);
@@ -693,10 +633,10 @@ int srv_checkpoint_write_now(psd *s)
         return 0;
     if (saved(s))
         return 0;
-    if (mid_round(s))
+    if (srv_ckpt_mid_round(s))
         PS_LOG(PS_LOG_WARN, "final checkpoint: round %" PRIu64 " had applied some of its pieces; they are written "
                "with it, and the round, done again, applies them a second time", s->model.version);
-    ckpt_job *j = job_new(s);
+    ckpt_job *j = srv_ckpt_job_new(s);
     if (!j) {
         PS_LOG(PS_LOG_ERROR, "final checkpoint: out of memory");
         return PS_ENOMEM;
@@ -704,6 +644,6 @@ int srv_checkpoint_write_now(psd *s)
     job_write(j); /* the loop has stopped: nothing changes the model */
     job_finish(s, j);
     int rc = j->res.rc;
-    job_free(j);
+    srv_ckpt_job_free(j);
     return rc;
 }

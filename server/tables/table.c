@@ -26,6 +26,25 @@ void srv_tables_init(srv_tables *ts, uint64_t max_bytes)
     ts->max_bytes = max_bytes;
 }
 
+void srv_tables_move(srv_tables *ts, srv_tables *out)
+{
+    *out = *ts;
+    srv_tables_init(ts, out->max_bytes);
+    ts->bounds = out->bounds;
+}
+
+void srv_tables_move_back(srv_tables *ts, srv_tables *from, int keep)
+{
+    if (keep) {
+        if (ts->stamp <= from->stamp)
+            ts->stamp = from->stamp + 1;
+        srv_tables_free(from);
+        return;
+    }
+    srv_tables_free(ts);
+    *ts = *from;
+}
+
 static void table_free(srv_table *t)
 {
     if (!t)

@@ -112,6 +112,10 @@ void srv_tables_configure(srv_tables *ts, const struct ps_config *cfg);
 srv_table_bounds srv_table_bounds_of(const struct ps_config *cfg);
 /* Frees every table and their rows. */
 void srv_tables_free(srv_tables *ts);
+/* Moves the tables into out, leaving ts empty (its bounds and limit stay). */
+void srv_tables_move(srv_tables *ts, srv_tables *out);
+/* Ends a srv_tables_move as srv_model_move_back does. */
+void srv_tables_move_back(srv_tables *ts, srv_tables *from, int keep);
 
 /* Declares table d. A new name creates the table (index in *idx); a name
  * psd holds must come with the same declaration (ps_table_def_same).

@@ -258,6 +258,30 @@ def test_a_stalled_follower_leaves_the_in_sync_set():
         harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower back in sync")
 
 
+def test_a_follower_cut_off_goes_on_from_where_it_was():
+    """A follower whose connection the leader closed (stopped past
+    idle_timeout) goes on from its position in the leader's log when it
+    comes back, without a second snapshot, and ends equal to the leader."""
+    with harness.Cluster("psd-replica-resume") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader", ("--set", "idle_timeout=2s")))
+        ws = start_workers(cl, leader.addr, steps=150, pace=0.01)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 5, 120, "the workers' first steps")
+        follower = follow(cl, leader)
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        os.kill(follower.pid, signal.SIGSTOP)
+        try:
+            harness.wait_until(lambda: "over idle_timeout" in leader.stderr(), 60,
+                               "the leader to close the stopped follower's connection")
+        finally:
+            os.kill(follower.pid, signal.SIGCONT)
+        harness.wait_until(lambda: "replication: going on from position" in follower.stderr(), 60,
+                           "the follower to go on from where it was")
+        tk.finish(ws)
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower back in sync")
+        assert leader.stderr().count("asks for a snapshot") == 1, leader.stderr()
+        assert harness.status(follower.addr)["version"] == harness.status(leader.addr)["version"]
+
+
 def test_replication_is_for_admins():
     with harness.Cluster("psd-replica-auth") as cl:
         wtok = os.path.join(cl.dir, "worker.token")
@@ -314,3 +338,50 @@ def test_followers_psd_cannot_take_are_refused():
         assert "another model" in follower_error(f2), follower_error(f2)
         fs = harness.status(leader.addr)["replication"]["followers"]  # read once: the slot may go between two reads
         assert fs == [] or not fs[0]["insync"], fs
+
+
+def test_fetches_that_lie_are_refused():
+    """The leader's side of the stream's bad input: a fetch or a chunk for
+    an address that never asked for a snapshot, a fetch from past the
+    leader's log (a follower ahead of its leader) and one from inside a
+    record are each refused with the reason; the real follower stays in
+    sync and holds the leader's log. (A follower refusing an answer that
+    lies about its length, position or version: test_replog.)"""
+    with harness.Cluster("psd-replica-lies") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        ws = start_workers(cl, leader.addr, steps=40)
+        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 5, 120, "the workers' first steps")
+        follower = follow(cl, leader)
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        faddr = repl(leader.addr)["followers"][0]["addr"]
+        with harness.RawClient(leader.addr, 10) as c:
+            c.hello_admin()
+
+            def refused(cmd, args, why, c=c):
+                rep = c.request({"t": 17, "id": 5, "cmd": cmd, "args": args})
+                assert rep["t"] == 15 and why in rep.get("text", ""), (cmd, args, rep)
+                return rep
+
+            refused("repl_fetch", ["127.0.0.1:1", "0", "0"], "not a follower of this leader")
+            refused("repl_chunk", ["127.0.0.1:1", "0"], "not a follower of this leader")
+            end = repl(leader.addr)["log_end"]
+            refused("repl_fetch", [faddr, str(end + 10**12), "0"], "ahead of its leader")  # the log grows meanwhile
+            # a history id that is not the leader's proves nothing
+            refused("repl_fetch", ["127.0.0.1:2", "0", "0", "12345"], "not a follower of this leader")
+        # a follower that goes away after its snapshot was written: its memory file is closed
+        with harness.RawClient(leader.addr, 30) as c:
+            c.hello_admin()
+            rep = c.request({"t": 17, "id": 6, "cmd": "replicate", "args": ["127.0.0.1:3", "0"]})
+            assert rep.get("text", "").startswith("snapshot "), rep
+            pos, hist = (int(x) for x in rep["text"].split()[2:4])
+            # inside a record: refused; at a record's start with the log's history, a follower
+            # the leader does not know goes on from there (one whose slot was forgotten)
+            refused("repl_fetch", ["127.0.0.1:3", str(pos + 1), "0"], "not where one of this log's records starts", c)
+            rep = c.request({"t": 17, "id": 7, "cmd": "repl_fetch", "args": ["127.0.0.1:4", str(pos), "0", str(hist)]})
+            assert rep["t"] != 15 and rep.get("ver", 0) >= pos, rep
+        harness.wait_until(lambda: "follower 127.0.0.1:3 went away before it read its snapshot" in leader.stderr(),
+                           30, "the leader to free the snapshot of a follower gone")
+        tk.finish(ws)
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
+        assert harness.status(follower.addr)["version"] == harness.status(leader.addr)["version"]
+        assert not repl(follower.addr).get("error"), repl(follower.addr)

@@ -1,9 +1,12 @@
 /* test_replog.c - the replication log (server/replog/replog.c), without
  * sockets: a leader psd's updates, table declarations and table pushes are
  * recorded; a follower psd that applies the log's bytes holds the leader's
- * dense parameters, optimizer state, version, tables and rows bit for bit;
- * records that lie about their length, their kind, their size or the
- * follower's layout are refused with a reason, and change nothing. */
+ * dense parameters, optimizer state, version, tables and rows bit for bit
+ * (the dense values as a fetch's answer carries them, the pushes between
+ * two fetches once); answers that lie about their length, their position,
+ * their version, their blocks, and records that lie about their length,
+ * kind, size or the follower's layout are refused with a reason, and change
+ * nothing. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,7 +24,7 @@
 #include "server/tables/sparse_optim.h"
 #include "server/update/update.h"
 
-#define N 300000 /* parameters: more than one dense record's piece (2^18) */
+#define N 300000 /* parameters: part of one block (2^20), which an answer carries as they are */
 
 static void set(psd *s, const char *key, const char *value)
 {
@@ -147,32 +150,63 @@ static void assert_same(const psd *a, const psd *b)
     }
 }
 
+/* The answer to a fetch from `from` (at most max bytes of records) as the
+ * bytes a follower receives; *next: the position it moves to. */
+static uint8_t *answer(psd *l, uint64_t from, size_t max, size_t *len, uint64_t *next)
+{
+    srv_replog_answer a;
+    assert_int_equal(srv_replog_answer_make(l, from, max, 1, &a), 0);
+    uint8_t *b = malloc(a.ndata * 4 + 1);
+    assert_non_null(b);
+    for (uint64_t w = 0; w < a.ndata;) {
+        size_t got;
+        const float *p = srv_blocks_at(a.blk, a.off + w, a.ndata - w, &got);
+        memcpy(b + w * 4, p, got * 4);
+        w += got;
+    }
+    *len = a.ndata * 4;
+    *next = a.next;
+    srv_replog_answer_free(&a);
+    return b;
+}
+
+/* Fetches from the leader until the follower holds the log's end. */
+static void follow_all(psd *l, psd *f, uint64_t from, size_t max, int *answers)
+{
+    char err[256] = "";
+    *answers = 0;
+    while (from < srv_replog_end(l)) {
+        size_t len;
+        uint64_t next, got;
+        uint8_t *b = answer(l, from, max, &len, &next);
+        assert_true(next > from);
+        int rc = srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err);
+        if (rc != 0)
+            fail_msg("apply: %s", err);
+        assert_int_equal(got, next);
+        free(b);
+        from = next;
+        (*answers)++;
+    }
+}
+
 static void test_follower_equals_leader(void **state)
 {
     (void)state;
     psd *l = busy_leader();
     psd *f = make_psd();
-    size_t len;
-    const uint8_t *p = srv_replog_read(l, 0, SIZE_MAX, &len);
-    assert_non_null(p);
-    assert_int_equal(len, srv_replog_end(l));
-    assert_true(l->replog->dense_records >= 2); /* the whole model, in pieces */
-    char err[256] = "";
-    int rc = srv_replog_apply(f, p, len, NULL, err, sizeof err);
-    if (rc != 0)
-        fail_msg("apply: %s", err);
+    int answers;
+    assert_true(l->replog->dense_records >= 4); /* the INIT and three updates, marked */
+    follow_all(l, f, 0, SIZE_MAX, &answers);
+    assert_int_equal(answers, 1); /* the pushes between two fetches go once */
     assert_same(l, f);
-    /* read in fetches of at most 64 KiB: whole records each, the same state */
+    /* answers of at most 256 bytes of records (one record at least): the same state */
     psd *g = make_psd();
-    for (uint64_t at = 0; at < srv_replog_end(l);) {
-        const uint8_t *q = srv_replog_read(l, at, 65536, &len);
-        assert_non_null(q);
-        assert_true(len > 0);
-        assert_int_equal(srv_replog_apply(g, q, len, NULL, err, sizeof err), 0);
-        at += len;
-    }
+    follow_all(l, g, 0, 256, &answers);
+    assert_true(answers > 1);
     assert_same(l, g);
-    assert_null(srv_replog_read(l, srv_replog_end(l) + 1, 100, &len)); /* past the end */
+    srv_replog_answer a;
+    assert_int_equal(srv_replog_answer_make(l, srv_replog_end(l) + 1, 100, 1, &a), PS_ESTALE); /* past the end */
     free_psd(g);
     free_psd(f);
     free_psd(l);
@@ -188,60 +222,127 @@ static size_t record(uint8_t *out, int kind, const void *body, uint32_t blen)
     return 5 + blen;
 }
 
-static void test_lying_records_are_refused(void **state)
+/* An answer's head (PROTOCOL.md 17) before n bytes of records at out + 36. */
+static size_t head(uint8_t *out, uint64_t next, uint64_t version, uint32_t dense, size_t n)
+{
+    uint32_t h = (uint32_t)((36 + n + 3) & ~(size_t)3), init = 1, nst = 1, nbi = 0;
+    memset(out + 36 + n, 0, h - 36 - n);
+    memcpy(out, &h, 4), memcpy(out + 4, &next, 8), memcpy(out + 12, &version, 8), memcpy(out + 20, &init, 4);
+    memcpy(out + 24, &dense, 4), memcpy(out + 28, &nst, 4), memcpy(out + 32, &nbi, 4);
+    return h;
+}
+
+static int pushids;
+static int count_pushid(psd *s, uint64_t cid, uint64_t pid)
+{
+    (void)s, (void)cid, (void)pid;
+    pushids++;
+    return 0;
+}
+
+static void test_lying_answers_are_refused(void **state)
 {
     (void)state;
     psd *l = busy_leader();
     psd *f = make_psd();
-    size_t len;
-    const uint8_t *p = srv_replog_read(l, 0, SIZE_MAX, &len);
+    int answers;
+    follow_all(l, f, 0, SIZE_MAX, &answers);
+    /* one more update on the leader: a true answer to lie with */
+    uint64_t from = srv_replog_end(l);
+    float *g = calloc(N, sizeof *g);
+    assert_non_null(g);
+    g[7] = 1.0f;
+    srv_grad gr = {.g = g, .has_gmax = 1, .gmax = 1.0f};
+    assert_int_equal(srv_update_apply(l, &gr, 0, N, NULL), 0);
+    srv_model_bump(&l->model);
+    srv_replog_flush(l);
+    free(g);
+    uint64_t end = srv_replog_end(l), next, got = 0;
+    size_t len, n;
+    uint8_t *t = answer(l, from, SIZE_MAX, &len, &next);
+    uint8_t *b = malloc(len);
+    assert_non_null(b);
     char err[256];
-    assert_int_equal(srv_replog_apply(f, p, len, NULL, err, sizeof err), 0);
     uint64_t version = f->model.version;
-    float first = *srv_model_at(&f->model, 0, 1, &len);
+    psd *was = busy_leader(); /* the follower's state, to compare with */
+    /* shorter than its head says */
+    assert_int_equal(srv_replog_apply_answer(f, t, len - 4, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
+    assert_non_null(strstr(err, "says"));
+    /* a head longer than the answer */
+    memcpy(b, t, len);
+    uint32_t big = (uint32_t)len + 4;
+    memcpy(b, &big, 4);
+    assert_int_equal(srv_replog_apply_answer(f, b, len, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
+    /* a position past the leader's end, or behind the fetch */
+    memcpy(b, t, len);
+    uint64_t lie = end + 100;
+    memcpy(b + 4, &lie, 8);
+    assert_int_equal(srv_replog_apply_answer(f, b, len, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
+    assert_non_null(strstr(err, "outside"));
+    /* a model version behind the follower's */
+    memcpy(b, t, len);
+    lie = 1;
+    memcpy(b + 12, &lie, 8);
+    assert_int_equal(srv_replog_apply_answer(f, b, len, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
+    assert_non_null(strstr(err, "behind"));
+    /* a block past the model's end */
+    memcpy(b, t, len);
+    uint32_t blk = 5;
+    memcpy(b + 36, &blk, 4);
+    assert_int_equal(srv_replog_apply_answer(f, b, len, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
+    assert_non_null(strstr(err, "block"));
+    /* records that lie: a length past the bytes there are, a kind nobody
+     * knows, a size their kind does not have, a table the follower lacks */
     uint8_t buf[4096], body[256];
     memset(body, 0, sizeof body);
-    /* a length past the bytes there are */
-    size_t n = record(buf, 'T', body, 16);
-    uint32_t lie = 1000;
-    memcpy(buf, &lie, 4);
-    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
+    n = record(buf + 36, 'T', body, 16);
+    uint32_t l32 = 1000;
+    memcpy(buf + 36, &l32, 4);
+    n = head(buf, from, version, 0, n);
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
     assert_non_null(strstr(err, "bytes where"));
-    /* a kind nobody knows */
-    n = record(buf, 'Z', body, 8);
-    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
+    n = head(buf, from, version, 0, record(buf + 36, 'Z', body, 8));
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
     assert_non_null(strstr(err, "unknown kind"));
-    /* a dense record whose size does not match its n */
-    uint64_t v = 99, off = 0, cnt = 10;
-    uint32_t init = 1, nst = 1;
-    memcpy(body, &v, 8), memcpy(body + 8, &init, 4), memcpy(body + 12, &off, 8), memcpy(body + 20, &cnt, 8);
-    memcpy(body + 28, &nst, 4);
-    n = record(buf, 'D', body, 32 + 4 * 10); /* state missing */
-    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
-    /* ... or a range outside the model */
-    off = N;
-    memcpy(body + 12, &off, 8);
-    n = record(buf, 'D', body, 32 + 8 * 10);
-    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_EMALFORMED);
-    /* another optimizer: two state buffers where the follower keeps one */
-    off = 0, nst = 2;
-    memcpy(body + 12, &off, 8), memcpy(body + 28, &nst, 4);
-    n = record(buf, 'D', body, 32 + 12 * 10);
-    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_ELAYOUT);
-    assert_non_null(strstr(err, "optimizer"));
-    /* a push to a table the follower does not have */
+    n = head(buf, from, version, 0, record(buf + 36, 'P', body, 12));
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
+    /* a valid push id after a lying record: nothing applied, the push id neither */
+    size_t k = record(buf + 36, 'P', body, 16);
+    k += record(buf + 36 + k, 'Z', body, 4);
+    n = head(buf, from, version, 0, k);
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, count_pushid, err, sizeof err),
+                     PS_EMALFORMED);
+    assert_int_equal(pushids, 0);
+    n = head(buf, from, version, 0, record(buf + 36, 'P', body, 16)); /* the callback works */
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, count_pushid, err, sizeof err), 0);
+    assert_int_equal(pushids, 1);
+    got = 0;
     uint32_t ti = 5, rows = 0;
-    memset(body, 0, 16);
     memcpy(body, &ti, 4), memcpy(body + 4, &rows, 4);
-    n = record(buf, 'T', body, 16);
-    assert_int_equal(srv_replog_apply(f, buf, n, NULL, err, sizeof err), PS_ELAYOUT);
+    n = head(buf, from, version, 0, record(buf + 36, 'T', body, 16));
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_ELAYOUT);
+    /* another optimizer: two state buffers where the follower keeps one */
+    size_t big_len = 40 + ((size_t)3 << 20) * 4;
+    uint8_t *o = calloc(1, big_len);
+    assert_non_null(o);
+    n = head(o, from, version + 1, 1, 4);
+    uint32_t nst = 2, nbi = 1;
+    memcpy(o + 28, &nst, 4), memcpy(o + 32, &nbi, 4);
+    assert_int_equal(n, 40);
+    assert_int_equal(srv_replog_apply_answer(f, o, big_len, from, end, &got, NULL, err, sizeof err), PS_ELAYOUT);
+    assert_non_null(strstr(err, "optimizer"));
+    free(o);
     /* nothing of it changed the follower */
     assert_int_equal(f->model.version, version);
-    assert_true(*srv_model_at(&f->model, 0, 1, &len) == first);
+    assert_int_equal(got, 0);
+    assert_same(was, f);
+    /* the true answer applies */
+    assert_int_equal(srv_replog_apply_answer(f, t, len, from, end, &got, NULL, err, sizeof err), 0);
+    assert_int_equal(got, end);
     assert_same(l, f);
-    /* zero bytes after the records are padding */
-    memset(buf, 0, 16);
-    assert_int_equal(srv_replog_apply(f, buf, 16, NULL, err, sizeof err), 0);
+    free(b);
+    free(t);
+    free_psd(was);
     free_psd(f);
     free_psd(l);
 }
@@ -250,7 +351,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follower_equals_leader),
-        cmocka_unit_test(test_lying_records_are_refused),
+        cmocka_unit_test(test_lying_answers_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,33 @@
+/* records.h - the replication log's records and a fetch's answer as bytes
+ * (PROTOCOL.md 17), for the files of replog/ alone: the kinds, the sizes,
+ * little-endian integers in and out. */
+#ifndef SRV_REPLOG_RECORDS_H
+#define SRV_REPLOG_RECORDS_H
+
+#include <stdint.h>
+#include <string.h>
+
+/* Record kinds (the byte after a record's length). */
+enum {
+    REC_LAYOUT = 'L', /* the dense layout: a HELLO message's msgpack bytes with "layout" */
+    REC_DENSE = 'D',  /* a mark (never shipped): version, initialised, off, n */
+    REC_ROWS = 'T',   /* table, n, scale, keys, row gradients */
+    REC_TABLE = 'N',  /* a table declared */
+    REC_BOUNDS = 'B', /* the tables' bounds and memory cap */
+    REC_PUSHID = 'P', /* a client's push id applied: cid, pid */
+};
+#define STATE_MAX 4
+#define DENSE_MARK 28 /* a dense mark's bytes after its kind: version, initialised, off, n */
+#define ANSWER_BLOCKS 16 /* dense blocks a fetch's answer carries at most (64 MiB of parameters) */
+#define DENSE_PIECE (ANSWER_BLOCKS * SRV_BLK_FLOATS) /* values a dense mark covers at most */
+#define HEAD_FIXED 36 /* an answer's head before its block indices (PROTOCOL.md 17) */
+#define LOG_MAX_DEFAULT ((size_t)1 << 30) /* 1 GiB of records kept for a follower behind */
+
+static inline void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void put_f64(uint8_t *p, double v) { memcpy(p, &v, 8); }
+static inline uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t get_u64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline double get_f64(const uint8_t *p) { double v; memcpy(&v, p, 8); return v; }
+
+#endif
