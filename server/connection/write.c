@@ -148,6 +148,23 @@ static void held_drop(srv_held *h)
     free(w);
 }
 
+/* Past the lease's fence (coord/, docs/fault-tolerance.md): this leader may
+ * have lost its part to another, so a worker's reply goes only once every
+ * follower it knows is in sync and holds it (none of them can have been
+ * elected then), and a lagging follower is not dropped. */
+static int fenced(const psd *s)
+{
+    return s->coord.fence_ms && srv_now_ms() >= s->coord.fence_ms;
+}
+
+static int all_followers_hold(const psd *s, uint64_t lsn)
+{
+    uint32_t used = 0;
+    for (int i = 0; s->replog && i < SRV_FOLLOWERS_MAX; i++)
+        used += s->replog->f[i].used;
+    return used && srv_replog_insync(s) == used && lsn <= srv_replog_acked(s);
+}
+
 /* Whether a reply to c must wait for the followers: with replication =
  * sync and a follower in sync, a worker's reply waits until they hold every
  * change made before it (the push it answers among them); a reply queued
@@ -158,11 +175,18 @@ static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
         *lsn = c->held_tail->lsn;
         return 1;
     }
-    if (!s->replog || c->role != PS_ROLE_WORKER || s->cfg.replication != PS_REPLICATION_SYNC)
+    int fence = c->role == PS_ROLE_WORKER && fenced(s);
+    if (!fence && (!s->replog || c->role != PS_ROLE_WORKER || s->cfg.replication != PS_REPLICATION_SYNC))
         return 0;
-    srv_replog_flush(s);
-    srv_admin_repl_wake(s); /* waiting fetches get the new records */
+    if (s->replog) {
+        srv_replog_flush(s);
+        srv_admin_repl_wake(s); /* waiting fetches get the new records */
+    }
     *lsn = srv_replog_end(s);
+    if (fence) {
+        SRV_COUNT(s, fenced_held, 1);
+        return 1;
+    }
     return srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s);
 }
 
@@ -187,12 +211,17 @@ static void hold(srv_conn *c, srv_wreq *r, const uv_buf_t *bufs, unsigned n, uin
 }
 
 /* psd.repl_release: sends the held replies the followers now hold (all of
- * them when no follower is in sync any more). */
+ * them when no follower is in sync any more; past the lease's fence, only
+ * those every follower holds). */
 void srv_net_repl_release(psd *s)
 {
     uint64_t acked = srv_replog_acked(s);
+    int fence = fenced(s);
     for (srv_conn *c = s->conns; c; c = c->next) {
-        while (c->held_head && (c->held_head->lsn <= acked || srv_replog_insync(s) == 0)) {
+        while (c->held_head && (fence ? all_followers_hold(s, c->held_head->lsn)
+                                      : c->held_head->lsn <= acked || srv_replog_insync(s) == 0)) {
+            if (fence)
+                SRV_COUNT(s, fenced_acks, 1);
             held_write *w = (held_write *)c->held_head;
             c->held_head = w->h.next;
             if (!c->held_head)
