@@ -299,6 +299,7 @@ static void renew_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
         return;
     }
     int was_fenced = srv_now_ms() >= s->coord.fence_ms;
+    s->coord.renewals++;
     s->coord.renewed_ms = sent_ms;
     s->coord.fence_ms = sent_ms + s->coord.ttl_ms * 2 / 3;
     k->next_renew_ms = sent_ms + s->coord.ttl_ms / 3;
@@ -487,8 +488,9 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     uint64_t now = srv_now_ms();
     s->coord.listed = k->listed;
     if (may_campaign(k, now)) {
-        PS_LOG(PS_LOG_WARN, "coordinator: part %d has no leader (its lease lapsed)%s: campaigning", s->cfg.part,
-               s->follow ? "; this follower held everything it acknowledged" : "");
+        PS_LOG(PS_LOG_WARN, "coordinator: part %d has no leader in etcd%s: campaigning", s->cfg.part,
+               s->follow ? " (its lease lapsed) and this follower, in its in-sync set, has not heard from it for "
+                           "max_replica_lag" : "");
         campaign(k, 0);
     }
 }

@@ -59,7 +59,7 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
     static const char *const roles[] = {"off", "starting", "leader", "follower", "campaigning"};
     const srv_coord_view *v = &s->coord;
     ps_pack_key(pk, "coordinator");
-    msgpack_pack_map(pk, 10);
+    msgpack_pack_map(pk, 11);
     ps_pack_kstr(pk, "role", roles[v->role >= 0 && v->role <= SRV_COORD_CAMPAIGNING ? v->role : 0]);
     ps_pack_kstr(pk, "key", v->key);
     ps_pack_kstr(pk, "leader", v->leader);
@@ -82,6 +82,7 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
     ps_pack_kf64(pk, "unreachable", v->unreachable_ms ? (double)(now - v->unreachable_ms) / 1000.0 : 0.0);
     ps_pack_kstr(pk, "error", v->reachable ? "" : v->error);
     ps_pack_ku64(pk, "elections", v->elections);
+    ps_pack_ku64(pk, "renewals", v->renewals);
 }
 
 int srv_pack_status(msgpack_packer *pk, void *arg)

@@ -390,6 +390,7 @@ typedef struct srv_coord_view {
     char leader[300];        /* the leader the key names, as last read ("" none) */
     char error[300];         /* etcd's last failure */
     uint64_t elections;      /* leaderships taken */
+    uint64_t renewals;       /* renewals of this psd's lease that etcd answered */
     uint64_t stepdowns;      /* leaderships lost */
     uint64_t failures;       /* requests no member answered */
 } srv_coord_view;

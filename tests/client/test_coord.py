@@ -1,0 +1,138 @@
+"""test_coord.py - leaders elected through etcd (issue 44; docs/fault-tolerance.md,
+"Elections through etcd").
+
+A part of two psd, both with `coordinator` set against a real etcd the test
+starts (tests/integration/etcd.py), the second started as a follower of
+the first; two workers (test_tables_kill.py's click-through model, asgd,
+replication = sync) are given both addresses (A/B):
+
+- kill -9 of the leader: the follower takes the part's key and leads
+  within about lease_ttl, with no `psctl promote`; the workers finish with
+  every step's push applied once (the final model version is exactly one
+  per step: no acknowledged push lost, none applied twice); the old leader,
+  started again with no --replica-of, finds the new leader in etcd and
+  follows it. One of etcd's three members is killed mid-job first: nothing
+  changes.
+- SIGSTOP of the leader past lease_ttl: the follower is elected; after
+  SIGCONT the old leader, past its lease's fence, sends no worker a reply
+  that acknowledges a push (psd_fenced_replies_sent_total stays 0; the
+  final version shows that no push it acknowledged was lost), steps down
+  and follows the new leader.
+
+Skips when etcd is not installed (Debian package etcd-server).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import etcd  # noqa: E402
+import test_replica as tr  # noqa: E402  (its workers and helpers)
+import test_tables_kill as tk  # noqa: E402
+
+TTL = 3  # lease_ttl, seconds
+
+pytestmark = pytest.mark.skipif(etcd.why_no_etcd() is not None, reason=etcd.why_no_etcd() or "")
+
+
+def coord(addr):
+    return harness.status(addr)["coordinator"]
+
+
+def start(cl, e, i, addrs, n, leader=None):
+    """psd i on addrs[i] (its n-th start), with the coordinator; a follower
+    of leader when given."""
+    extra = ("--listen", addrs[i], "--set", "coordinator=" + e.urls, "--set", "job=coordtest",
+             "--set", "lease_ttl=%ds" % TTL)
+    if leader:
+        extra += ("--replica-of", leader)
+    return cl.psd(workers=2, name="psd%d-%d" % (i, n), args=tr.leader_args(cl, "psd%d" % i, extra))
+
+
+def two_replicas(cl, e):
+    addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
+    a = start(cl, e, 0, addrs, 0)
+    harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
+    b = start(cl, e, 1, addrs, 0, leader=addrs[0])
+    return addrs, [a, b]
+
+
+def metric(addr, name):
+    return harness.metric(harness.parse_prometheus(harness.metrics(addr))[0], name)
+
+
+def test_the_follower_takes_over_when_the_leader_is_killed():
+    with harness.Cluster("psd-coord-kill") as cl, etcd.Etcd(cl.dir, members=3) as e:
+        addrs, procs = two_replicas(cl, e)
+        steps = 1500  # about 20 s: the job outlasts two leases, a kill and an election
+        ws = tr.start_workers(cl, "/".join(addrs), steps=steps, pace=0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the follower in sync")
+        harness.wait_until(lambda: coord(addrs[1])["listed"], 30, "the key to name the follower in sync")
+        assert e.get("/psd/coordtest/part/0/leader").startswith(addrs[0] + " ")
+        # one of etcd's three members lost: nothing changes
+        renewals = coord(addrs[0])["renewals"]
+        e.members[0].kill()
+        at = min(tk.steps_done(w) for w in ws)
+        harness.wait_until(lambda: coord(addrs[0])["renewals"] >= renewals + 6, 4 * TTL,
+                           "the leader's lease renewed over two lease_ttl with one etcd member lost")
+        assert min(tk.steps_done(w) for w in ws) > at
+        assert coord(addrs[0])["role"] == "leader" and coord(addrs[1])["role"] == "follower"
+        assert tr.repl(addrs[0])["insync"] == 1 and not coord(addrs[0])["fenced"]
+        assert metric(addrs[0], "psd_fenced_replies_held_total") == 0
+        os.kill(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(10)
+        t0 = time.monotonic()
+        harness.wait_until(lambda: coord(addrs[1])["role"] == "leader", TTL + 10, "the follower to be elected")
+        took = time.monotonic() - t0
+        assert tr.repl(addrs[1])["role"] == "leader"
+        assert e.get("/psd/coordtest/part/0/leader").startswith(addrs[1] + " ")
+        # the old leader comes back, with no --replica-of: it follows the leader etcd names
+        procs[0] = start(cl, e, 0, addrs, 1)
+        harness.wait_until(lambda: tr.repl(addrs[0])["role"] == "follower"
+                           and tr.repl(addrs[0])["leader"] == addrs[1], 30, "the old leader to follow")
+        res = tk.finish(ws)
+        final = harness.status(addrs[1])["version"]
+        assert final == 2 * steps, final  # every step's push applied once
+        assert min(res["reconnects_all"]) >= 1, res  # the workers went over to the new leader
+        harness.wait_until(lambda: tr.in_sync(procs[1], procs[0]), 60, "the old leader in sync as a follower")
+        assert coord(addrs[0])["role"] == "follower" and coord(addrs[1])["elections"] == 1
+        print("kill -9: the follower led %.2f s later (lease_ttl %d s); final version %d, AUC %.4f"
+              % (took, TTL, final, res["auc"]), file=sys.stderr)
+
+
+def test_a_stopped_leader_is_fenced_and_steps_down():
+    with harness.Cluster("psd-coord-stop") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        addrs, procs = two_replicas(cl, e)
+        steps = 300
+        ws = tr.start_workers(cl, "/".join(addrs), steps=steps, pace=0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the follower in sync")
+        harness.wait_until(lambda: coord(addrs[1])["listed"], 30, "the key to name the follower in sync")
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            harness.wait_until(lambda: coord(addrs[1])["role"] == "leader", TTL + 10, "the follower to be elected")
+            took = time.monotonic() - t0
+            assert took > TTL * 2 / 3, took  # not before the stopped leader's lease could lapse
+        finally:
+            os.kill(procs[0].pid, signal.SIGCONT)
+        harness.wait_until(lambda: coord(addrs[0])["role"] == "follower", 30, "the old leader to step down")
+        assert metric(addrs[0], "psd_fenced_replies_sent_total") == 0
+        assert "no longer leads part 0" in procs[0].stderr()
+        res = tk.finish(ws)
+        final = harness.status(addrs[1])["version"]
+        # a push the old leader had acknowledged and the new one lacked would
+        # not have been sent again: the count would fall short
+        assert final == 2 * steps, final
+        harness.wait_until(lambda: tr.repl(addrs[0])["role"] == "follower"
+                           and tr.in_sync(procs[1], procs[0]), 60, "the old leader in sync as a follower")
+        held = metric(addrs[0], "psd_fenced_replies_held_total")
+        print("SIGSTOP: the follower led %.2f s later (lease_ttl %d s); the old leader held %d replies past its "
+              "fence, sent none; final version %d" % (took, TTL, held, final), file=sys.stderr)
