@@ -165,6 +165,18 @@ static int all_followers_hold(const psd *s, uint64_t lsn)
     return used && srv_replog_insync(s) == used && lsn <= srv_replog_acked(s);
 }
 
+/* With a coordinator: whether a follower that etcd's in-sync key names (a
+ * follower that could be elected) has not fetched past lsn. A follower
+ * that left the in-sync set still counts until etcd has the smaller set
+ * (coord.c writes it at once). */
+static int named_lack(const psd *s, uint64_t lsn)
+{
+    for (int i = 0; s->replog && s->coord.published && i < SRV_FOLLOWERS_MAX; i++)
+        if ((s->coord.published >> i & 1) && s->replog->f[i].used && s->replog->f[i].pos < lsn)
+            return 1;
+    return 0;
+}
+
 /* Whether a reply to c must wait for the followers: with replication =
  * sync and a follower in sync, a worker's reply waits until they hold every
  * change made before it (the push it answers among them); a reply queued
@@ -187,7 +199,7 @@ static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
         SRV_COUNT(s, fenced_held, 1);
         return 1;
     }
-    return srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s);
+    return (srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s)) || named_lack(s, *lsn);
 }
 
 static void hold(srv_conn *c, srv_wreq *r, const uv_buf_t *bufs, unsigned n, uint64_t lsn)
@@ -219,7 +231,8 @@ void srv_net_repl_release(psd *s)
     int fence = fenced(s);
     for (srv_conn *c = s->conns; c; c = c->next) {
         while (c->held_head && (fence ? all_followers_hold(s, c->held_head->lsn)
-                                      : c->held_head->lsn <= acked || srv_replog_insync(s) == 0)) {
+                                      : (c->held_head->lsn <= acked || srv_replog_insync(s) == 0) &&
+                                            !named_lack(s, c->held_head->lsn))) {
             if (fence)
                 SRV_COUNT(s, fenced_acks, 1);
             held_write *w = (held_write *)c->held_head;

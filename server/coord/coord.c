@@ -51,12 +51,16 @@ typedef struct srv_coord {
     uv_timer_t timer;
     char self[300];          /* where workers reach this psd */
     char key64[420];         /* the key, base64 */
+    char ikey64[420];        /* the in-sync key, /psd/JOB/part/N/insync, base64 */
+    char end64[420];         /* the end of the part's keys' range, base64 */
+    int64_t insync_rev;      /* the in-sync key's mod revision as last read (0: none) */
+    uint32_t sending_mask;   /* the in-sync set a publish in flight writes */
     char lease[32];          /* our lease's ID, decimal ("" none) */
     uint64_t grant_ms;       /* when the lease's grant was sent */
     int64_t create_rev;      /* our key's create revision */
     uint64_t next_renew_ms, next_read_ms;
     int renewing, reading, campaigning, publishing;
-    int listed;              /* the key's last value named this psd in sync */
+    int listed;              /* the in-sync key, last read, names this psd */
     char insync_seen[600];   /* that value's in-sync list */
     int said_unreachable, said_own_key;
     uint64_t absent_ms;      /* when a psd that saw its own old key first found it gone */
@@ -130,36 +134,51 @@ static void unreached(srv_coord *k, const char *err)
     }
 }
 
-/* The value a leader publishes: "ADDR POSITION INSYNC,INSYNC". */
+/* The value a leader publishes: "ADDR POSITION". */
 static void leader_value(srv_coord *k, char *out, size_t len)
 {
-    psd *s = k->s;
-    int n = snprintf(out, len, "%s %" PRIu64 " ", k->self, srv_replog_end(s));
-    const srv_replog *r = s->replog;
-    const char *sep = "";
-    for (int i = 0; r && i < SRV_FOLLOWERS_MAX && n > 0 && (size_t)n < len; i++)
-        if (r->f[i].used && r->f[i].insync) {
-            n += snprintf(out + n, len - (size_t)n, "%s%s", sep, r->f[i].addr);
-            sep = ",";
-        }
+    snprintf(out, len, "%s %" PRIu64, k->self, srv_replog_end(k->s));
 }
 
-/* Reads a leader's value: its address into addr, whether self is in its
- * in-sync list. */
-static void parse_value(srv_coord *k, const char *val, char *addr, size_t alen)
+/* A leader's value: its address into addr. */
+static void parse_value(const char *val, char *addr, size_t alen)
 {
-    char a[300] = "", insync[600] = "";
-    uint64_t pos = 0;
-    sscanf(val, "%299s %" SCNu64 " %599s", a, &pos, insync);
+    char a[300] = "";
+    sscanf(val, "%299s", a);
     snprintf(addr, alen, "%s", a);
+}
+
+/* The in-sync key's value, last read: whether it names this psd. */
+static void parse_insync(srv_coord *k, const char *insync)
+{
     snprintf(k->insync_seen, sizeof k->insync_seen, "%s", insync);
     k->listed = 0;
-    for (char *p = insync; *p;) {
+    for (const char *p = insync; *p;) {
         size_t n = strcspn(p, ",");
         if (n == strlen(k->self) && strncmp(p, k->self, n) == 0)
             k->listed = 1;
         p += n + (p[n] == ',');
     }
+}
+
+/* The leader's in-sync followers: their slots (replog.c's) as bits, and
+ * their addresses, commas between, into list (base64 when b64). */
+static uint32_t insync_now(const psd *s, char *list64, size_t len)
+{
+    char list[600] = "";
+    size_t n = 0;
+    uint32_t mask = 0;
+    const srv_replog *r = s->replog;
+    for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++)
+        if (r->f[i].used && r->f[i].insync) {
+            mask |= 1u << i;
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? "," : "", r->f[i].addr);
+            if (n >= sizeof list)
+                n = sizeof list - 1;
+        }
+    if (list64 && len >= 4 * ((n + 2) / 3) + 1)
+        srv_b64_encode(list, n, list64);
+    return mask;
 }
 
 static void post(srv_coord *k, const char *path, const char *body, srv_etcd_cb cb, int *busy)
@@ -204,6 +223,7 @@ static void step_down(srv_coord *k, const char *leader)
     psd *s = k->s;
     int was = s->coord.role == SRV_COORD_LEADING || k->keep;
     s->coord.fence_ms = 1;
+    s->coord.published = 0;
     s->coord.role = leader && leader[0] ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
     k->lease[0] = 0;
     k->keep = 0;
@@ -255,24 +275,35 @@ static void publish_done(void *arg, int ok, json_t *a, const char *err, uint64_t
         json_t *rs = json_object_get(a, "responses");
         json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
         if (r0 && first_kv(r0, val, sizeof val, &rev))
-            parse_value(k, val, addr, sizeof addr);
+            parse_value(val, addr, sizeof addr);
         PS_LOG(PS_LOG_WARN, "coordinator: part %d's key is no longer this leader's (%s)", k->s->cfg.part,
                addr[0] ? addr : "gone");
         step_down(k, addr);
+        return;
+    }
+    if (k->s->coord.role == SRV_COORD_LEADING && k->s->coord.published != k->sending_mask) {
+        k->s->coord.published = k->sending_mask; /* etcd holds this in-sync set now */
+        if (k->s->repl_release)
+            k->s->repl_release(k->s);
     }
 }
 
-/* Puts the leader's value, if the key is still the one it created. */
+/* Puts the leader's value and its in-sync set, if the key is still the one
+ * it created. Until etcd has the in-sync set, a follower that left it still
+ * counts for sync replies (write.c), so a follower that could be elected
+ * holds every acknowledged push. */
 static void publish(srv_coord *k)
 {
-    char val[700], v64[1000], body[4096];
+    char val[700], v64[1000], l64[1000], body[4096];
     leader_value(k, val, sizeof val);
     srv_b64_encode(val, strlen(val), v64);
+    k->sending_mask = insync_now(k->s, l64, sizeof l64);
     snprintf(body, sizeof body,
              "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"createRevision\":\"%" PRId64 "\"}],"
-             "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}}],"
+             "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}},"
+             "{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\"}}],"
              "\"failure\":[{\"requestRange\":{\"key\":\"%s\"}}]}",
-             k->key64, k->create_rev, k->key64, v64, k->lease, k->key64);
+             k->key64, k->create_rev, k->key64, v64, k->lease, k->ikey64, l64, k->key64);
     post(k, "/v3/kv/txn", body, publish_done, &k->publishing);
 }
 
@@ -346,7 +377,7 @@ static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sen
         json_t *rs = json_object_get(a, "responses");
         json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
         if (r0 && first_kv(r0, val, sizeof val, &rev))
-            parse_value(k, val, addr, sizeof addr);
+            parse_value(val, addr, sizeof addr);
         revoke(k, k->lease);
         PS_LOG(PS_LOG_INFO, "coordinator: %s took part %d's key first", addr[0] ? addr : "another psd", s->cfg.part);
         if (k->keep || !s->follow)
@@ -374,6 +405,7 @@ static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sen
     s->coord.role = SRV_COORD_LEADING;
     if (!kept)
         s->coord.elections++;
+    s->coord.published = k->sending_mask;
     lead(k, k->grant_ms);
     PS_LOG(PS_LOG_WARN, "coordinator: this psd %s part %d of job %s (lease %s of %" PRIu64 " s, key revision %" PRId64
            ")", kept ? "keeps leading" : "leads", s->cfg.part, s->cfg.job, k->lease, s->coord.ttl_ms / 1000,
@@ -400,14 +432,23 @@ static void grant_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
     reached(k);
     snprintf(k->lease, sizeof k->lease, "%s", id);
     k->grant_ms = sent_ms;
-    char val[700], v64[1000], body[4096];
+    char val[700], v64[1000], l64[1000], body[4096], also[800] = "";
     leader_value(k, val, sizeof val);
     srv_b64_encode(val, strlen(val), v64);
+    /* a new leader has no follower in sync yet; one that keeps leading, its own */
+    k->sending_mask = k->keep ? insync_now(s, l64, sizeof l64) : 0;
+    if (!k->keep)
+        l64[0] = 0;
+    /* a follower: only if the in-sync set that named it has not changed since */
+    if (s->follow)
+        snprintf(also, sizeof also, ",{\"target\":\"MOD\",\"key\":\"%s\",\"modRevision\":\"%" PRId64 "\"}",
+                 k->ikey64, k->insync_rev);
     snprintf(body, sizeof body,
-             "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"createRevision\":\"0\"}],"
-             "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}}],"
+             "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"createRevision\":\"0\"}%s],"
+             "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}},"
+             "{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\"}}],"
              "\"failure\":[{\"requestRange\":{\"key\":\"%s\"}}]}",
-             k->key64, k->key64, v64, k->lease, k->key64);
+             k->key64, also, k->key64, v64, k->lease, k->ikey64, l64, k->key64);
     int busy;
     post(k, "/v3/kv/txn", body, txn_done, &busy);
     if (!busy)
@@ -464,10 +505,31 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
         return;
     }
     reached(k);
-    char val[600] = "", addr[300] = "";
+    char val[600] = "", addr[300] = "", insync[600] = "";
     int64_t rev = 0;
-    if (first_kv(a, val, sizeof val, &rev)) {
-        parse_value(k, val, addr, sizeof addr);
+    int held = 0;
+    k->insync_rev = 0;
+    json_t *kvs = json_object_get(a, "kvs");
+    for (size_t i = 0; json_is_array(kvs) && i < json_array_size(kvs); i++) {
+        json_t *kv = json_array_get(kvs, i);
+        const char *key = jstr(kv, "key"), *v = jstr(kv, "value");
+        if (!key)
+            continue;
+        if (strcmp(key, k->ikey64) == 0) {
+            if (!v || srv_b64_decode(v, insync, sizeof insync) < 0)
+                insync[0] = 0;
+            k->insync_rev = jint(kv, "mod_revision");
+        } else if (strcmp(key, k->key64) == 0) {
+            if (!v || srv_b64_decode(v, val, sizeof val) < 0)
+                val[0] = 0;
+            rev = jint(kv, "create_revision");
+            held = 1;
+        }
+    }
+    (void)rev;
+    parse_insync(k, insync);
+    if (held) {
+        parse_value(val, addr, sizeof addr);
         s->coord.listed = k->listed;
         k->absent_ms = 0;
         snprintf(s->coord.leader, sizeof s->coord.leader, "%s", addr);
@@ -497,8 +559,8 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
 
 static void read_key(srv_coord *k)
 {
-    char body[500];
-    snprintf(body, sizeof body, "{\"key\":\"%s\"}", k->key64);
+    char body[1000];
+    snprintf(body, sizeof body, "{\"key\":\"%s\",\"range_end\":\"%s\"}", k->ikey64, k->end64);
     post(k, "/v3/kv/range", body, read_done, &k->reading);
 }
 
@@ -513,6 +575,8 @@ static void on_step(uv_timer_t *t)
     case SRV_COORD_LEADING:
         if (!k->renewing && now >= k->next_renew_ms)
             renew(k);
+        else if (!k->publishing && insync_now(s, NULL, 0) != s->coord.published)
+            publish(k); /* sync replies wait for the followers etcd names until it has the new set */
         break;
     case SRV_COORD_STARTING:
     case SRV_COORD_FOLLOWING:
@@ -554,8 +618,13 @@ int srv_coord_start(psd *s, char *err, size_t errlen)
         snprintf(k->self, sizeof k->self, "%s", s->cfg.advertise);
     else
         snprintf(k->self, sizeof k->self, "127.0.0.1:%d", s->port); /* as follow.c names this psd */
+    char path[300];
     snprintf(s->coord.key, sizeof s->coord.key, "/psd/%s/part/%d/leader", s->cfg.job, s->cfg.part);
     srv_b64_encode(s->coord.key, strlen(s->coord.key), k->key64);
+    snprintf(path, sizeof path, "/psd/%s/part/%d/insync", s->cfg.job, s->cfg.part);
+    srv_b64_encode(path, strlen(path), k->ikey64);
+    snprintf(path, sizeof path, "/psd/%s/part/%d/leader\x01", s->cfg.job, s->cfg.part); /* insync .. leader */
+    srv_b64_encode(path, strlen(path), k->end64);
     s->coord.ttl_ms = s->cfg.lease_ttl;
     s->coord.fence_ms = 1; /* nothing is acknowledged before this psd holds the lease */
     s->coord.role = s->follow ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;

@@ -136,3 +136,37 @@ def test_a_stopped_leader_is_fenced_and_steps_down():
         held = metric(addrs[0], "psd_fenced_replies_held_total")
         print("SIGSTOP: the follower led %.2f s later (lease_ttl %d s); the old leader held %d replies past its "
               "fence, sent none; final version %d" % (took, TTL, held, final), file=sys.stderr)
+
+
+def test_a_follower_out_of_the_in_sync_set_is_not_elected():
+    """A follower stopped past max_replica_lag leaves the in-sync set, and the
+    leader writes the smaller set to etcd (/psd/JOB/part/N/insync) before it
+    acknowledges pushes without it. When the leader then dies, that follower,
+    which lacks pushes the leader acknowledged alone, does not take over."""
+    with harness.Cluster("psd-coord-stale") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        addrs, procs = two_replicas(cl, e)
+        ws = tr.start_workers(cl, "/".join(addrs), steps=3000, pace=0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the follower in sync")
+        harness.wait_until(lambda: e.get("/psd/coordtest/part/0/insync") == addrs[1], 30,
+                           "etcd's in-sync key to name the follower")
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        try:
+            harness.wait_until(lambda: e.get("/psd/coordtest/part/0/insync") == "", 30,
+                               "the leader to write the in-sync set without the stopped follower")
+            at = min(tk.steps_done(w) for w in ws)
+            harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= at + 10, 60,
+                               "pushes acknowledged without the stopped follower")
+            os.kill(procs[0].pid, signal.SIGKILL)
+            procs[0].wait(10)
+        finally:
+            os.kill(procs[1].pid, signal.SIGCONT)
+        harness.wait_until(lambda: e.get("/psd/coordtest/part/0/leader") is None, TTL + 10,
+                           "the dead leader's lease to lapse")
+        # the follower has read the key gone (its status names no leader) and is not listed
+        harness.wait_until(lambda: coord(addrs[1])["leader"] == "", 30, "the follower to see no leader")
+        c = coord(addrs[1])
+        assert c["role"] == "follower" and not c["listed"] and c["elections"] == 0, c
+        assert "campaigning" not in procs[1].stderr()
+        for w in ws:
+            w.kill()

@@ -96,7 +96,7 @@ class Etcd:
                                          method="POST")
             with urllib.request.urlopen(req, timeout=5) as r:
                 kvs = json.load(r).get("kvs", [])
-            return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+            return base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None  # "" is left out
         return None
 
     def close(self):
