@@ -3,9 +3,12 @@
  * and metrics read) and psd.coord_state.
  *
  * The part's key, /psd/JOB/part/N/leader, is held by its leader under a
- * lease of lease_ttl; its value is "ADDR POSITION INSYNC,INSYNC": where
- * workers reach the leader, its replication log's end and its in-sync
- * followers, published at every renewal.
+ * lease of lease_ttl; its value is "ADDR POSITION": where workers reach the
+ * leader and its replication log's end. /psd/JOB/part/N/insync (no lease)
+ * names the leader's in-sync followers, "ADDR,ADDR": the leader writes it
+ * as soon as the set changes, and until etcd has the new set a follower
+ * that left it still counts for sync replies (write.c), so every follower
+ * the key names holds every acknowledged push.
  *
  * - A leader renews its lease every third of lease_ttl. psd.coord.fence_ms
  *   is the request time of the last renewal etcd answered plus 2/3 of
@@ -18,12 +21,13 @@
  *   it) takes the key again when nobody holds it, else steps down: its
  *   workers are disconnected (they go to the new leader and send again
  *   what was not acknowledged) and it follows the new leader.
- * - A follower reads the key every READ_MS. When it names another leader,
- *   it follows that one; when it is gone, the follower campaigns if it was
- *   in the in-sync set the key last named, holds a snapshot, and has heard
- *   nothing from its leader for max_replica_lag: a lease, then one
+ * - A follower reads both keys every READ_MS. When the leader key names
+ *   another leader, it follows that one; when it is gone, the follower
+ *   campaigns if the in-sync key names it, it holds a snapshot, and it has
+ *   heard nothing from its leader for max_replica_lag: a lease, then one
  *   transaction that puts the key only if it does not exist (its create
- *   revision is 0), then promote.
+ *   revision is 0) and the in-sync key is as the follower read it (its mod
+ *   revision), then promote.
  *
  * Everything runs on the loop; etcd.c makes the requests. */
 #include "server/coord/coord.h"
