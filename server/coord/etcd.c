@@ -294,9 +294,10 @@ srv_etcd *srv_etcd_new(uv_loop_t *loop, const char *urls, uint64_t timeout_ms, c
                      (int)n, p);
             goto fail;
         }
-        while (n > 8 && p[n - 1] == '/')
-            n--;
-        e->url[e->nurl++] = strndup(p, n);
+        size_t len = n;
+        while (len > 8 && p[len - 1] == '/')
+            len--;
+        e->url[e->nurl++] = strndup(p, len);
         p += n;
     }
     if (!e->nurl) {

@@ -103,6 +103,12 @@ def test_the_follower_takes_over_when_the_leader_is_killed():
         assert min(res["reconnects_all"]) >= 1, res  # the workers went over to the new leader
         harness.wait_until(lambda: tr.in_sync(procs[1], procs[0]), 60, "the old leader in sync as a follower")
         assert coord(addrs[0])["role"] == "follower" and coord(addrs[1])["elections"] == 1
+        text = harness.psctl(addrs[1], "status").stdout
+        assert "coordinator: this psd holds /psd/coordtest/part/0/leader" in text, text
+        harness.wait_until(lambda: coord(addrs[0])["listed"], 30, "the in-sync key to name the old leader")
+        text = harness.psctl(addrs[0], "status").stdout
+        assert ("coordinator: follower; /psd/coordtest/part/0/leader names %s; in the in-sync set" % addrs[1]) in text, \
+            text
         print("kill -9: the follower led %.2f s later (lease_ttl %d s); final version %d, AUC %.4f"
               % (took, TTL, final, res["auc"]), file=sys.stderr)
 
