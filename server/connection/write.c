@@ -150,8 +150,9 @@ static void held_drop(srv_held *h)
 
 /* Past the lease's fence (coord/, docs/fault-tolerance.md): this leader may
  * have lost its part to another, so a worker's reply goes only once every
- * follower it knows is in sync and holds it (none of them can have been
- * elected then), and a lagging follower is not dropped. */
+ * follower it knows is in sync, has fetched since the fence and holds it
+ * (a follower that fetches from its leader does not campaign), and a
+ * lagging follower is not dropped. */
 static int fenced(const psd *s)
 {
     return s->coord.fence_ms && srv_now_ms() >= s->coord.fence_ms;
@@ -161,7 +162,11 @@ static int all_followers_hold(const psd *s, uint64_t lsn)
 {
     uint32_t used = 0;
     for (int i = 0; s->replog && i < SRV_FOLLOWERS_MAX; i++)
-        used += s->replog->f[i].used;
+        if (s->replog->f[i].used) {
+            used++;
+            if (s->replog->f[i].last_ms < s->coord.fence_ms)
+                return 0; /* silent since before the fence: it may lead by now */
+        }
     return used && srv_replog_insync(s) == used && lsn <= srv_replog_acked(s);
 }
 
@@ -196,6 +201,10 @@ static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
     }
     *lsn = srv_replog_end(s);
     if (fence) {
+        if (all_followers_hold(s, *lsn)) { /* nothing new since their last fetch */
+            SRV_COUNT(s, fenced_acks, 1);
+            return 0;
+        }
         SRV_COUNT(s, fenced_held, 1);
         return 1;
     }

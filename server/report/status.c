@@ -457,7 +457,7 @@ int srv_metrics_text(psd *s, ps_buf *b)
         SIMPLE("psd_fenced_replies_held_total", "counter",
                "Workers' replies held because the lease was past its fence.", "%" PRIu64, s->stats.fenced_held);
         SIMPLE("psd_fenced_replies_sent_total", "counter",
-               "Of them, replies sent past the fence because every follower held them.", "%" PRIu64,
+               "Workers' replies sent past the fence because every follower held them.", "%" PRIu64,
                s->stats.fenced_acks);
     }
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);

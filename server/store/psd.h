@@ -322,7 +322,7 @@ typedef struct srv_stats {
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
     uint64_t fenced_held;         /* worker replies held past the lease's fence (write.c) */
-    uint64_t fenced_acks;         /* of them, sent because every follower held them (write.c) */
+    uint64_t fenced_acks;         /* worker replies sent past the fence: every follower held them (write.c) */
     uint64_t barriers;            /* BARRIERs answered (barrier.c) */
     uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
     uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle.c) */
