@@ -165,8 +165,8 @@ static void parse_insync(srv_coord *k, const char *insync)
     }
 }
 
-/* The leader's in-sync followers: their slots (replog.c's) as bits, and
- * their addresses, commas between, into list (base64 when b64). */
+/* The leader's in-sync followers: their slots (replog.c's) as bits; when
+ * list64 is given, their addresses, commas between, base64-encoded into it. */
 static uint32_t insync_now(const psd *s, char *list64, size_t len)
 {
     char list[600] = "";

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import etcd  # noqa: E402
-import test_replica as tr  # noqa: E402  (its workers and helpers)
+import test_replica as tr  # noqa: E402  (its workers and status readers)
 import test_tables_kill as tk  # noqa: E402
 
 TTL = 3  # lease_ttl, seconds
