@@ -56,7 +56,7 @@ def start(cl, e, i, addrs, n, leader=None):
 
 
 def two_replicas(cl, e):
-    addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
+    addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(2)]
     a = start(cl, e, 0, addrs, 0)
     harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
     b = start(cl, e, 1, addrs, 0, leader=addrs[0])

@@ -11,11 +11,12 @@ why a test must skip (etcd not installed), or None.
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
 
-from harness import free_port, tail, wait_until
+from harness import tail, wait_until
 
 
 def why_no_etcd():
@@ -69,11 +70,27 @@ class Member:
             self._log.close()
 
 
+def free_ports(n):
+    """n distinct loopback ports nothing listens on: all bound at once (so
+    the kernel cannot hand out one twice), then closed."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class Etcd:
     def __init__(self, workdir, members=3, timeout=60):
         self.members = []
+        ports = free_ports(2 * members)
         for i in range(members):
-            self.members.append(Member("e%d" % i, free_port(), free_port(), workdir))
+            self.members.append(Member("e%d" % i, ports[2 * i], ports[2 * i + 1], workdir))
         cluster = ",".join("%s=%s" % (m.name, m.peer) for m in self.members)
         try:
             for m in self.members:
