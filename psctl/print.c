@@ -162,6 +162,32 @@ static void print_replication(const msgpack_object *b)
     }
 }
 
+/* leadership through etcd (docs/fault-tolerance.md): the part's key, who
+ * holds it, and whether the part can fail over now */
+static void print_coordinator(const msgpack_object *b)
+{
+    const msgpack_object *k = ps_map_get(b, "coordinator");
+    if (!k || k->type != MSGPACK_OBJECT_MAP)
+        return;
+    char role[32], key[300], leader[300], err[300];
+    psctl_str(k, "role", role, sizeof role);
+    if (!role[0] || strcmp(role, "off") == 0)
+        return;
+    psctl_str(k, "key", key, sizeof key);
+    psctl_str(k, "leader", leader, sizeof leader);
+    if (strcmp(role, "leader") == 0)
+        printf("coordinator: this psd holds %s (lease renewed %.1f s ago)%s\n", key, psctl_num(k, "renewed"),
+               flag(k, "fenced") ? "; FENCED: replies wait until every follower holds them" : "");
+    else
+        printf("coordinator: %s; %s names %s%s\n", role, key, leader[0] ? leader : "no leader",
+               strcmp(role, "follower") == 0 ? (flag(k, "listed") ? "; in the in-sync set: may take over"
+                                                                  : "; not in the in-sync set: will not take over")
+                                             : "");
+    if (!flag(k, "can_fail_over"))
+        printf("coordinator: etcd does not answer for %.1f s (%s): this part CANNOT FAIL OVER\n",
+               psctl_num(k, "unreachable"), psctl_str(k, "error", err, sizeof err));
+}
+
 void psctl_print_status(const msgpack_object *b)
 {
     char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
@@ -195,6 +221,7 @@ void psctl_print_status(const msgpack_object *b)
         printf("metrics: http://%s/metrics\n", metrics);
     print_plan(b);
     print_replication(b);
+    print_coordinator(b);
     /* embedding tables: one line each */
     const msgpack_object *tl = ps_map_get(b, "tables");
     for (uint32_t i = 0; tl && tl->type == MSGPACK_OBJECT_ARRAY && i < tl->via.array.size; i++) {

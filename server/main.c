@@ -22,6 +22,7 @@
 #include "server/connection/http.h"
 #include "server/connection/net.h"
 #include "server/connection/follow.h"
+#include "server/coord/coord.h"
 #include "server/replog/replog.h"
 #include "server/report/notify.h"
 #include "server/policy/policy.h"
@@ -138,6 +139,7 @@ static void srv_shutdown(psd *s, const char *why)
     uv_close((uv_handle_t *)&s->tick, NULL);
     srv_http_stop(s);
     srv_admin_stop(s); /* before the connections are shut: one answer each */
+    srv_coord_stop(s);
     srv_follow_stop(s);
     srv_stop(s);
 }
@@ -590,7 +592,7 @@ int main(int argc, char **argv)
     }
     if (srv_listen(s) != 0 || srv_http_start(s) != 0)
         return 1;
-    if (srv_follow_start(s, err, sizeof err) != 0) {
+    if (srv_follow_start(s, err, sizeof err) != 0 || srv_coord_start(s, err, sizeof err) != 0) {
         PS_LOG(PS_LOG_ERROR, "%s", err);
         return 1;
     }
@@ -618,6 +620,7 @@ int main(int argc, char **argv)
     srv_parked_free_spare();
     srv_net_free_spare(s);
     srv_admin_free(s);
+    srv_coord_free(s);
     srv_follow_free(s);
     srv_replog_free(s);
     srv_dash_free(s);

@@ -328,6 +328,27 @@ static const ps_config_option options[] = {
      .help = "A follower that has fetched nothing for this long while the leader has changes "
              "for it leaves the in-sync set (logged, counted, shown in psctl status): sync "
              "replies stop waiting for it. It joins again once it has caught up."},
+    {.name = "coordinator", .type = PS_CT_STRING, .def = "", AT(coordinator),
+     .help = "etcd members (v3 API, through its JSON gateway) that elect the leader of each "
+             "part, as URLs with commas between: http://10.0.0.1:2379,http://10.0.0.2:2379,"
+             "http://10.0.0.3:2379. The leader holds a lease on the key "
+             "/psd/JOB/part/N/leader and renews it; when it lapses, an in-sync follower "
+             "takes the key and leads, with no `psctl promote`; a leader that could not "
+             "renew it stops acknowledging pushes at 2/3 of lease_ttl unless every "
+             "follower holds them (docs/fault-tolerance.md). Needs job. Empty: no "
+             "coordinator, followers are promoted by hand."},
+    {.name = "job", .type = PS_CT_STRING, .def = "", AT(job),
+     .help = "The job's name in the coordinator's keys (/psd/JOB/part/N/leader): letters, "
+             "digits, '-', '_' and '.'. Every psd of one job gives the same."},
+    {.name = "part", .type = PS_CT_INT, .def = "0", AT(part), .lo = 0, .hi = 65535,
+     .help = "This psd's part of the job, N in the coordinator's key: a leader and its "
+             "followers give the same, each part of a model split over several psd its own."},
+    {.name = "lease_ttl", .type = PS_CT_DURATION, .def = "5s", AT(lease_ttl), .lo = 2000,
+     .hi = INT64_C(600000),
+     .help = "A leader's lease in the coordinator, in whole seconds: it renews it every "
+             "third of it, stops acknowledging pushes on its lease alone 2/3 of it after the "
+             "last renewal etcd answered, and a follower takes over about lease_ttl after the "
+             "leader died."},
     {.name = "table_apply", .type = PS_CT_ENUM, .def = "ordered", AT(table_apply), .words = table_apply_words,
      .help = "How psd applies the rows of table pushes (TPUSH, TPUSHPULL) in asgd and ssp. "
              "ordered: on its loop, one push after the other, each whole. hogwild: psd "

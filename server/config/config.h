@@ -111,6 +111,10 @@ typedef struct ps_config {
     char advertise[PS_CONFIG_HOST_MAX + 8];  /* host:port workers reach this psd at; "" = listen's */
     int replication;                   /* enum ps_replication: when a push is acknowledged */
     uint64_t max_replica_lag;          /* ms a follower may go without fetching before it leaves the in-sync set */
+    char coordinator[PS_CONFIG_PATH_MAX]; /* etcd members' URLs, commas between; "" = promotion by hand */
+    char job[64];                      /* the job's name in the coordinator's keys */
+    int part;                          /* this psd's part of the job (its key's N) */
+    uint64_t lease_ttl;                /* ms, whole seconds: a leader's lease in etcd */
     uint64_t max_params;               /* largest model a hello may declare */
     uint64_t handshake_timeout;        /* ms a connection may take to say hello */
     int max_connections;               /* open connections at most */

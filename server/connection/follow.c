@@ -62,6 +62,7 @@ struct srv_follow_thread {
     char leader[sizeof ((ps_config *)0)->replica_of];
     char advertise[sizeof ((ps_config *)0)->advertise];
     _Atomic uint64_t fp;  /* the fingerprint of the model this psd holds (0: none), for the leader to check */
+    _Atomic uint64_t contact_ms; /* srv_now_ms() of the leader's last answer (coord/: a live leader) */
 };
 
 static void post(srv_follow_thread *t, item *it)
@@ -204,6 +205,7 @@ static int fetch_loop(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t 
         }
         if (rc != 0 || r.type != PS_MSG_PARAMS)
             break;
+        t->contact_ms = srv_now_ms(); /* the leader answered (coord/: a live leader) */
         if (resuming)
             PS_LOG(PS_LOG_INFO, "replication: going on from position %" PRIu64 " of %s", from, t->leader);
         resuming = 0;
@@ -407,7 +409,7 @@ static void apply_item(psd *s, item *it)
         f->snapshots++;
         f->synced = 1;
         PS_LOG(PS_LOG_INFO, "replication: snapshot loaded: model version %" PRIu64 ", %u tables; following %s",
-               s->model.version, s->tables.n, s->cfg.replica_of);
+               s->model.version, s->tables.n, f->leader);
         return;
     }
     if (it->pos != f->applied) /* a session before the snapshot that replaced it */
@@ -506,27 +508,72 @@ static int promote(psd *s, char *err, size_t errlen)
     return 0;
 }
 
+static void on_async_closed(uv_handle_t *h)
+{
+    srv_follow_thread *t = (srv_follow_thread *)((char *)h - offsetof(srv_follow_thread, async));
+    for (item *it = t->head, *next; it; it = next) {
+        next = it->next;
+        if (it->fd >= 0)
+            close(it->fd);
+        free(it);
+    }
+    free(t->spare);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    free(t);
+}
+
+void srv_follow_drop(psd *s)
+{
+    srv_follow *f = s->follow;
+    if (!f)
+        return;
+    if (f->t) {
+        thread_stop(f->t);
+        uv_close((uv_handle_t *)&f->t->async, on_async_closed);
+    }
+    if (f->retired) { /* stopped at shutdown: its handle is closing */
+        s->follow_retired = f;
+        s->follow = NULL;
+        return;
+    }
+    free(f);
+    s->follow = NULL;
+}
+
+uint64_t srv_follow_contact_ms(const psd *s)
+{
+    return s->follow && s->follow->t ? s->follow->t->contact_ms : 0;
+}
+
 int srv_follow_start(psd *s, char *err, size_t errlen)
 {
     if (!s->cfg.replica_of[0])
         return 0;
+    return srv_follow_start_to(s, s->cfg.replica_of, err, errlen);
+}
+
+int srv_follow_start_to(psd *s, const char *leader, char *err, size_t errlen)
+{
+    srv_follow_drop(s);
     srv_follow *f = calloc(1, sizeof *f);
     srv_follow_thread *t = calloc(1, sizeof *t);
     if (!f || !t) {
         free(f);
         free(t);
-        return ps_fail(err, errlen, PS_ENOMEM, "no memory to follow %s", s->cfg.replica_of);
+        return ps_fail(err, errlen, PS_ENOMEM, "no memory to follow %s", leader);
     }
     t->s = s;
     t->fd = -1;
     t->fp = s->model.has_layout ? s->model.fp : 0; /* from its own checkpoint, say */
     t->token = s->admin_token.len ? s->admin_token : s->token;
-    snprintf(t->leader, sizeof t->leader, "%s", s->cfg.replica_of);
+    snprintf(t->leader, sizeof t->leader, "%s", leader);
+    t->contact_ms = srv_now_ms(); /* as if it had answered: the thread's first answer comes soon */
     if (s->cfg.advertise[0])
         snprintf(t->advertise, sizeof t->advertise, "%s", s->cfg.advertise);
     else
         snprintf(t->advertise, sizeof t->advertise, "127.0.0.1:%d", s->port);
-    snprintf(f->leader, sizeof f->leader, "%s", s->cfg.replica_of);
+    snprintf(f->leader, sizeof f->leader, "%s", leader);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     uv_async_init(s->loop, &t->async, on_async);

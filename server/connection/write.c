@@ -148,6 +148,40 @@ static void held_drop(srv_held *h)
     free(w);
 }
 
+/* Past the lease's fence (coord/, docs/fault-tolerance.md): this leader may
+ * have lost its part to another, so a worker's reply goes only once every
+ * follower it knows is in sync, has fetched since the fence and holds it
+ * (a follower that fetches from its leader does not campaign), and a
+ * lagging follower is not dropped. */
+static int fenced(const psd *s)
+{
+    return s->coord.fence_ms && srv_now_ms() >= s->coord.fence_ms;
+}
+
+static int all_followers_hold(const psd *s, uint64_t lsn)
+{
+    uint32_t used = 0;
+    for (int i = 0; s->replog && i < SRV_FOLLOWERS_MAX; i++)
+        if (s->replog->f[i].used) {
+            used++;
+            if (s->replog->f[i].last_ms < s->coord.fence_ms)
+                return 0; /* silent since before the fence: it may lead by now */
+        }
+    return used && srv_replog_insync(s) == used && lsn <= srv_replog_acked(s);
+}
+
+/* With a coordinator: whether a follower that etcd's in-sync key names (a
+ * follower that could be elected) has not fetched past lsn. A follower
+ * that left the in-sync set still counts until etcd has the smaller set
+ * (coord.c writes it at once). */
+static int named_lack(const psd *s, uint64_t lsn)
+{
+    for (int i = 0; s->replog && s->coord.published && i < SRV_FOLLOWERS_MAX; i++)
+        if ((s->coord.published >> i & 1) && s->replog->f[i].used && s->replog->f[i].pos < lsn)
+            return 1;
+    return 0;
+}
+
 /* Whether a reply to c must wait for the followers: with replication =
  * sync and a follower in sync, a worker's reply waits until they hold every
  * change made before it (the push it answers among them); a reply queued
@@ -158,14 +192,25 @@ static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
         *lsn = c->held_tail->lsn;
         return 1;
     }
-    if (!s->replog || c->role != PS_ROLE_WORKER)
+    int fence = c->role == PS_ROLE_WORKER && fenced(s);
+    if (!fence && (!s->replog || c->role != PS_ROLE_WORKER))
         return 0;
-    srv_replog_flush(s);
-    srv_admin_repl_wake(s); /* waiting fetches get the new records (async too: not on the tick) */
-    if (s->cfg.replication != PS_REPLICATION_SYNC)
+    if (s->replog) {
+        srv_replog_flush(s);
+        srv_admin_repl_wake(s); /* waiting fetches get the new records (async too: not on the tick) */
+    }
+    if (!fence && s->cfg.replication != PS_REPLICATION_SYNC)
         return 0;
     *lsn = srv_replog_end(s);
-    return srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s);
+    if (fence) {
+        if (all_followers_hold(s, *lsn)) { /* nothing new since their last fetch */
+            SRV_COUNT(s, fenced_acks, 1);
+            return 0;
+        }
+        SRV_COUNT(s, fenced_held, 1);
+        return 1;
+    }
+    return (srv_replog_insync(s) > 0 && *lsn > srv_replog_acked(s)) || named_lack(s, *lsn);
 }
 
 static void hold(srv_conn *c, srv_wreq *r, const uv_buf_t *bufs, unsigned n, uint64_t lsn)
@@ -189,12 +234,18 @@ static void hold(srv_conn *c, srv_wreq *r, const uv_buf_t *bufs, unsigned n, uin
 }
 
 /* psd.repl_release: sends the held replies the followers now hold (all of
- * them when no follower is in sync any more). */
+ * them when no follower is in sync any more; past the lease's fence, only
+ * those every follower holds). */
 void srv_net_repl_release(psd *s)
 {
     uint64_t acked = srv_replog_acked(s);
+    int fence = fenced(s);
     for (srv_conn *c = s->conns; c; c = c->next) {
-        while (c->held_head && (c->held_head->lsn <= acked || srv_replog_insync(s) == 0)) {
+        while (c->held_head && (fence ? all_followers_hold(s, c->held_head->lsn)
+                                      : (c->held_head->lsn <= acked || srv_replog_insync(s) == 0) &&
+                                            !named_lack(s, c->held_head->lsn))) {
+            if (fence)
+                SRV_COUNT(s, fenced_acks, 1);
             held_write *w = (held_write *)c->held_head;
             c->held_head = w->h.next;
             if (!c->held_head)

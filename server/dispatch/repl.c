@@ -322,7 +322,10 @@ void srv_admin_repl_tick(psd *s)
     }
     srv_replog_flush(s);
     srv_admin_repl_wake(s);
-    if (srv_replog_tick(s, now, s->cfg.max_replica_lag) && s->repl_release)
+    /* past the lease's fence no follower leaves the in-sync set: replies
+     * wait for it instead (connection/write.c) */
+    int fenced = s->coord.fence_ms && now >= s->coord.fence_ms;
+    if (srv_replog_tick(s, now, fenced ? UINT64_MAX : s->cfg.max_replica_lag) && s->repl_release)
         s->repl_release(s);
 }
 

@@ -55,6 +55,39 @@ static void pack_replication(msgpack_packer *pk, psd *s, uint64_t now)
     }
 }
 
+/* "coordinator" (docs/fault-tolerance.md, elections through etcd): this
+ * psd's part in its election, and whether the part can fail over now. */
+static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
+{
+    static const char *const roles[] = {"off", "starting", "leader", "follower", "campaigning"};
+    const srv_coord_view *v = &s->coord;
+    ps_pack_key(pk, "coordinator");
+    msgpack_pack_map(pk, 11);
+    ps_pack_kstr(pk, "role", roles[v->role >= 0 && v->role <= SRV_COORD_CAMPAIGNING ? v->role : 0]);
+    ps_pack_kstr(pk, "key", v->key);
+    ps_pack_kstr(pk, "leader", v->leader);
+    ps_pack_key(pk, "can_fail_over");
+    if (v->role != SRV_COORD_OFF && v->reachable)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_key(pk, "fenced");
+    if (v->fence_ms && now >= v->fence_ms)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_key(pk, "listed");
+    if (v->listed)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_kf64(pk, "renewed", v->renewed_ms ? (double)(now - v->renewed_ms) / 1000.0 : -1.0);
+    ps_pack_kf64(pk, "unreachable", v->unreachable_ms ? (double)(now - v->unreachable_ms) / 1000.0 : 0.0);
+    ps_pack_kstr(pk, "error", v->reachable ? "" : v->error);
+    ps_pack_ku64(pk, "elections", v->elections);
+    ps_pack_ku64(pk, "renewals", v->renewals);
+}
+
 int srv_pack_status(msgpack_packer *pk, void *arg)
 {
     psd *s = arg;
@@ -66,8 +99,9 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 35);
+    msgpack_pack_map(pk, 36);
     pack_replication(pk, s, now);
+    pack_coordinator(pk, s, now);
     /* the embedding tables (PROTOCOL.md 13): declaration and numbers */
     ps_pack_key(pk, "tables");
     msgpack_pack_array(pk, s->tables.n);
@@ -434,6 +468,28 @@ int srv_metrics_text(psd *s, ps_buf *b)
             readers += c->reader && !c->closing;
         SIMPLE("psd_readers", "gauge", "Connections of readers (a hello with reader): clients that only pull.",
                "%" PRIu64, readers);
+    }
+    {
+        const srv_coord_view *v = &s->coord;
+        SIMPLE("psd_coordinator_leader", "gauge", "1 while this psd holds its part's lease in etcd (coordinator).",
+               "%d", v->role == SRV_COORD_LEADING);
+        SIMPLE("psd_coordinator_can_fail_over", "gauge",
+               "1 while etcd answers (a coordinator is set): the part can elect a new leader if this one dies.", "%d",
+               v->role != SRV_COORD_OFF && v->reachable);
+        SIMPLE("psd_coordinator_fenced", "gauge",
+               "1 while this leader's lease is past its fence (2/3 of lease_ttl since the last renewal): pushes are "
+               "acknowledged only once every follower holds them.", "%d", v->fence_ms && now >= v->fence_ms);
+        SIMPLE("psd_coordinator_elections_total", "counter", "Elections this psd won (leaderships taken).",
+               "%" PRIu64, v->elections);
+        SIMPLE("psd_coordinator_stepdowns_total", "counter", "Leaderships this psd lost to another.", "%" PRIu64,
+               v->stepdowns);
+        SIMPLE("psd_coordinator_failures_total", "counter", "Requests to etcd that no member answered.", "%" PRIu64,
+               v->failures);
+        SIMPLE("psd_fenced_replies_held_total", "counter",
+               "Workers' replies held because the lease was past its fence.", "%" PRIu64, s->stats.fenced_held);
+        SIMPLE("psd_fenced_replies_sent_total", "counter",
+               "Workers' replies sent past the fence because every follower held them.", "%" PRIu64,
+               s->stats.fenced_acks);
     }
     SIMPLE("psd_checkpoints_total", "counter", "Checkpoints written.", "%" PRIu64, s->stats.checkpoints);
     SIMPLE("psd_checkpoint_failures_total", "counter", "Checkpoints that could not be written.", "%" PRIu64,

@@ -324,6 +324,8 @@ typedef struct srv_stats {
     uint64_t clipped_updates;     /* updates whose non-finite results were made finite */
     uint64_t disconnects_output;  /* connections cut over max_output_buffer */
     uint64_t disconnects_idle;    /* admin connections closed by idle_timeout */
+    uint64_t fenced_held;         /* worker replies held past the lease's fence (write.c) */
+    uint64_t fenced_acks;         /* worker replies sent past the fence: every follower held them (write.c) */
     uint64_t barriers;            /* BARRIERs answered (barrier.c) */
     uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
     uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle.c) */
@@ -367,6 +369,37 @@ typedef struct srv_follow {
     srv_follow_thread *t;     /* the thread; NULL once stopped */
     srv_follow_thread *retired; /* a stopped one, freed at exit */
 } srv_follow;
+/* Leadership through a coordinator (etcd; coord/ owns it, issue 44): the
+ * connection layer reads fence_ms before it acknowledges a push, status
+ * and metrics read the rest. */
+enum srv_coord_role {
+    SRV_COORD_OFF = 0,       /* no coordinator: promotion by hand */
+    SRV_COORD_STARTING,      /* asking etcd who leads */
+    SRV_COORD_LEADING,       /* holds the part's lease */
+    SRV_COORD_FOLLOWING,     /* follows the leader the key names */
+    SRV_COORD_CAMPAIGNING,   /* the key is gone: taking it */
+};
+typedef struct srv_coord_view {
+    int role;                /* enum srv_coord_role */
+    int reachable;           /* etcd answered the last request */
+    int listed;              /* a follower: the key's last value named it in sync (it may
+                              * take over) */
+    uint64_t fence_ms;       /* from this srv_now_ms() on, a reply that acknowledges
+                              * a push needs every follower in sync (0: never) */
+    uint64_t renewed_ms;     /* the request time of the last renewal that etcd answered */
+    uint64_t unreachable_ms; /* since when etcd has not answered (0: it does) */
+    uint64_t ttl_ms;         /* lease_ttl */
+    uint32_t published;      /* a leader: the followers (replog slots, as bits) the in-sync
+                              * key in etcd names; sync replies wait for them too */
+    char key[300];           /* /psd/JOB/part/N/leader */
+    char leader[300];        /* the leader the key names, as last read ("" none) */
+    char error[300];         /* etcd's last failure */
+    uint64_t elections;      /* leaderships taken */
+    uint64_t renewals;       /* renewals of this psd's lease that etcd answered */
+    uint64_t stepdowns;      /* leaderships lost */
+    uint64_t failures;       /* requests no member answered */
+} srv_coord_view;
+
 /* Pushes applied once (session/pushid.c's, PROTOCOL.md 15): for each client
  * that named itself in its hello, the highest push id applied; at most
  * SRV_PUSHIDS_MAX clients, the one that pushed longest ago forgotten for a
@@ -500,6 +533,8 @@ struct psd {
     /* Registered by the connection layer on a follower: psctl promote.
      * 0, or a negative PS_E* code with err. */
     int (*promote)(psd *s, char *err, size_t errlen);
+    srv_coord_view coord;    /* coord/'s: leadership through etcd */
+    struct srv_coord *coord_state; /* coord/'s own; NULL without coordinator */
 };
 
 /* ---- functions ----------------------------------------------------------- */

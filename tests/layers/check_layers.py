@@ -62,6 +62,7 @@ ORDER = [
     ["session"],
     ["dispatch"],
     ["connection"],
+    ["coord"],
     ["main"],
 ]
 MAIN = "main"  # the layer of the files directly in server/
@@ -118,6 +119,7 @@ OWNED = [
     ("psd.dash", "report/dashboard.c", psd_writes("dash")),
     ("psd.replog", "replog/replog.c", psd_writes("replog")),
     ("psd.follow, repl_release, promote", "connection/", psd_writes("follow", "follow_retired", "repl_release", "promote")),
+    ("psd.coord, coord_state (leadership through etcd)", "coord/", psd_writes("coord", "coord_state")),
     ("psd.push_wait", "dispatch/handle.c", psd_writes("push_wait")),
     ("psd.pushids", "session/pushid.c", psd_writes("pushids")),
     ("psd.paused, ckpt_waits", "dispatch/admin.c", psd_writes("paused", "ckpt_waits")),

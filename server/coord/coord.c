@@ -1,0 +1,661 @@
+/* coord.c - leadership of a part through etcd (issue 44): the lease, the
+ * election and the fence. Owns psd.coord (what the connection layer, status
+ * and metrics read) and psd.coord_state.
+ *
+ * The part's key, /psd/JOB/part/N/leader, is held by its leader under a
+ * lease of lease_ttl; its value is "ADDR POSITION": where workers reach the
+ * leader and its replication log's end. /psd/JOB/part/N/insync (no lease)
+ * names the leader's in-sync followers, "ADDR,ADDR": the leader writes it
+ * as soon as the set changes, and until etcd has the new set a follower
+ * that left it still counts for sync replies (write.c), so every follower
+ * the key names holds every acknowledged push.
+ *
+ * - A leader renews its lease every third of lease_ttl. psd.coord.fence_ms
+ *   is the request time of the last renewal etcd answered plus 2/3 of
+ *   lease_ttl: etcd counts the lease from when it got that request, later,
+ *   so the fence passes before the lease can lapse. Past the fence a
+ *   worker's reply goes only once every follower holds it (write.c), and no
+ *   follower leaves the in-sync set (repl.c): while a follower fetches from
+ *   its leader it does not campaign, so no other psd can lead meanwhile.
+ * - A leader that finds its lease gone (etcd answered the renewal without
+ *   it) takes the key again when nobody holds it, else steps down: its
+ *   workers are disconnected (they go to the new leader and send again
+ *   what was not acknowledged) and it follows the new leader.
+ * - A follower reads both keys every READ_MS. When the leader key names
+ *   another leader, it follows that one; when it is gone, the follower
+ *   campaigns if the in-sync key names it, it holds a snapshot, and it has
+ *   heard nothing from its leader for max_replica_lag: a lease, then one
+ *   transaction that puts the key only if it does not exist (its create
+ *   revision is 0) and the in-sync key is as the follower read it (its mod
+ *   revision), then promote.
+ *
+ * Everything runs on the loop; etcd.c makes the requests. */
+#include "server/coord/coord.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+#include "server/connection/follow.h"
+#include "server/connection/net.h"
+#include "server/coord/etcd.h"
+#include "server/replog/replog.h"
+
+#define STEP_MS 100   /* the timer: what is due is sent */
+#define READ_MS 250   /* a follower reads the key this often */
+#define RETRY_MS 250  /* a failed renewal is tried again after this */
+
+typedef struct srv_coord {
+    psd *s;
+    srv_etcd *etcd;
+    uv_timer_t timer;
+    char self[300];          /* where workers reach this psd */
+    char key64[420];         /* the key, base64 */
+    char ikey64[420];        /* the in-sync key, /psd/JOB/part/N/insync, base64 */
+    char end64[420];         /* the end of the part's keys' range, base64 */
+    int64_t insync_rev;      /* the in-sync key's mod revision as last read (0: none) */
+    uint32_t sending_mask;   /* the in-sync set a publish in flight writes */
+    char lease[32];          /* our lease's ID, decimal ("" none) */
+    uint64_t grant_ms;       /* when the lease's grant was sent */
+    int64_t create_rev;      /* our key's create revision */
+    uint64_t next_renew_ms, next_read_ms;
+    int renewing, reading, campaigning, publishing;
+    int listed;              /* the in-sync key, last read, names this psd */
+    char insync_seen[600];   /* that value's in-sync list */
+    int said_unreachable, said_own_key;
+    uint64_t absent_ms;      /* when a psd that saw its own old key first found it gone */
+    int keep;                /* campaigning to keep leading (our own lease lapsed) */
+    int stopped;
+} srv_coord;
+
+static const char *role_name(int role)
+{
+    static const char *const n[] = {"off", "starting", "leader", "follower", "campaigning"};
+    return role >= 0 && role <= SRV_COORD_CAMPAIGNING ? n[role] : "?";
+}
+
+/* ---- etcd's answers ---------------------------------------------------------- */
+
+static const char *jstr(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static int64_t jint(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    if (json_is_integer(v))
+        return json_integer_value(v);
+    return json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : 0;
+}
+
+/* The first kv of a range answer: its value decoded into val and its
+ * create revision; 0 when there is none. */
+static int first_kv(json_t *range, char *val, size_t len, int64_t *create_rev)
+{
+    json_t *kvs = json_object_get(range, "kvs");
+    json_t *kv = json_is_array(kvs) ? json_array_get(kvs, 0) : NULL;
+    if (!kv)
+        return 0;
+    const char *v = jstr(kv, "value");
+    if (!v || srv_b64_decode(v, val, len) < 0)
+        val[0] = 0;
+    *create_rev = jint(kv, "create_revision");
+    return 1;
+}
+
+static void reached(srv_coord *k)
+{
+    psd *s = k->s;
+    if (s->coord.unreachable_ms)
+        PS_LOG(PS_LOG_WARN, "coordinator: etcd answers again (%s): failover is possible again",
+               srv_etcd_member(k->etcd));
+    s->coord.reachable = 1;
+    s->coord.unreachable_ms = 0;
+    k->said_unreachable = 0;
+}
+
+static void unreached(srv_coord *k, const char *err)
+{
+    psd *s = k->s;
+    s->coord.reachable = 0;
+    s->coord.failures++;
+    snprintf(s->coord.error, sizeof s->coord.error, "%s", err);
+    if (!s->coord.unreachable_ms)
+        s->coord.unreachable_ms = srv_now_ms();
+    if (!k->said_unreachable) {
+        k->said_unreachable = 1;
+        PS_LOG(PS_LOG_ERROR, "coordinator: etcd does not answer (%s): this part cannot fail over until it does; %s", err,
+               s->coord.role == SRV_COORD_LEADING
+                   ? "this leader goes on, acknowledging pushes once its lease's fence passes only while every "
+                     "follower holds them"
+                   : "this follower goes on following");
+    }
+}
+
+/* The value a leader publishes: "ADDR POSITION". */
+static void leader_value(srv_coord *k, char *out, size_t len)
+{
+    snprintf(out, len, "%s %" PRIu64, k->self, srv_replog_end(k->s));
+}
+
+/* A leader's value: its address into addr. */
+static void parse_value(const char *val, char *addr, size_t alen)
+{
+    char a[300] = "";
+    sscanf(val, "%299s", a);
+    snprintf(addr, alen, "%s", a);
+}
+
+/* The in-sync key's value, last read: whether it names this psd. */
+static void parse_insync(srv_coord *k, const char *insync)
+{
+    snprintf(k->insync_seen, sizeof k->insync_seen, "%s", insync);
+    k->listed = 0;
+    for (const char *p = insync; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n == strlen(k->self) && strncmp(p, k->self, n) == 0)
+            k->listed = 1;
+        p += n + (p[n] == ',');
+    }
+}
+
+/* The leader's in-sync followers: their slots (replog.c's) as bits; when
+ * list64 is given, their addresses, commas between, base64-encoded into it. */
+static uint32_t insync_now(const psd *s, char *list64, size_t len)
+{
+    char list[600] = "";
+    size_t n = 0;
+    uint32_t mask = 0;
+    const srv_replog *r = s->replog;
+    for (int i = 0; r && i < SRV_FOLLOWERS_MAX; i++)
+        if (r->f[i].used && r->f[i].insync) {
+            mask |= 1u << i;
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", n ? "," : "", r->f[i].addr);
+            if (n >= sizeof list)
+                n = sizeof list - 1;
+        }
+    if (list64 && len >= 4 * ((n + 2) / 3) + 1)
+        srv_b64_encode(list, n, list64);
+    return mask;
+}
+
+static void post(srv_coord *k, const char *path, const char *body, srv_etcd_cb cb, int *busy)
+{
+    *busy = 1;
+    if (srv_etcd_call(k->etcd, path, body, cb, k) != 0) {
+        *busy = 0;
+        PS_LOG(PS_LOG_ERROR, "coordinator: no memory for a request to etcd");
+    }
+}
+
+/* Gives a lease back (its answer is not awaited: one that is not given
+ * back lapses after lease_ttl). */
+static void revoke(srv_coord *k, const char *lease)
+{
+    char body[96];
+    if (!lease[0])
+        return;
+    snprintf(body, sizeof body, "{\"ID\":\"%s\"}", lease);
+    if (srv_etcd_call(k->etcd, "/v3/lease/revoke", body, NULL, NULL) != 0)
+        PS_LOG(PS_LOG_ERROR, "coordinator: no memory for a request to etcd");
+}
+
+/* ---- following, stepping down ---------------------------------------------------- */
+
+static void follow_leader(srv_coord *k, const char *addr)
+{
+    psd *s = k->s;
+    char err[300];
+    if (s->follow && strcmp(s->follow->leader, addr) == 0)
+        return;
+    PS_LOG(PS_LOG_WARN, "coordinator: %s leads part %d of job %s: this psd follows it", addr, s->cfg.part, s->cfg.job);
+    if (srv_follow_start_to(s, addr, err, sizeof err) != 0)
+        PS_LOG(PS_LOG_ERROR, "coordinator: cannot follow %s: %s", addr, err);
+}
+
+/* This psd no longer leads: nothing more is acknowledged, its workers go
+ * (they find the new leader and send again what was not answered), and it
+ * follows leader when known. */
+static void step_down(srv_coord *k, const char *leader)
+{
+    psd *s = k->s;
+    int was = s->coord.role == SRV_COORD_LEADING || k->keep;
+    s->coord.fence_ms = 1;
+    s->coord.published = 0;
+    s->coord.role = leader && leader[0] ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
+    k->lease[0] = 0;
+    k->keep = 0;
+    if (was) {
+        s->coord.stepdowns++;
+        uint32_t n = 0;
+        for (srv_conn *c = s->conns; c; c = c->next)
+            if (c->role == PS_ROLE_WORKER && !c->closing) {
+                snprintf(c->close_reason, sizeof c->close_reason, "this psd lost its part's lease");
+                srv_conn_close(c);
+                n++;
+            }
+        PS_LOG(PS_LOG_WARN, "coordinator: this psd no longer leads part %d (%s): %u workers disconnected, its "
+               "unacknowledged pushes dropped", s->cfg.part, leader && leader[0] ? leader : "nobody leads now", n);
+        srv_replog_free(s); /* a follower's state comes from its leader's snapshot */
+    }
+    if (leader && leader[0])
+        follow_leader(k, leader);
+}
+
+/* ---- leading --------------------------------------------------------------------- */
+
+static void lead(srv_coord *k, uint64_t grant_ms)
+{
+    psd *s = k->s;
+    s->coord.renewed_ms = grant_ms;
+    s->coord.fence_ms = grant_ms + s->coord.ttl_ms * 2 / 3;
+    k->next_renew_ms = grant_ms + s->coord.ttl_ms / 3;
+    snprintf(s->coord.leader, sizeof s->coord.leader, "%s", k->self);
+    if (s->repl_release)
+        s->repl_release(s); /* replies held while nobody led may go */
+}
+
+static void publish_done(void *arg, int ok, json_t *a, const char *err, uint64_t sent_ms)
+{
+    (void)sent_ms;
+    srv_coord *k = arg;
+    k->publishing = 0;
+    if (k->stopped)
+        return;
+    if (!ok) {
+        unreached(k, err);
+        return;
+    }
+    reached(k);
+    if (k->s->coord.role == SRV_COORD_LEADING && !json_is_true(json_object_get(a, "succeeded"))) {
+        char val[600] = "", addr[300] = "";
+        int64_t rev = 0;
+        json_t *rs = json_object_get(a, "responses");
+        json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
+        if (r0 && first_kv(r0, val, sizeof val, &rev))
+            parse_value(val, addr, sizeof addr);
+        PS_LOG(PS_LOG_WARN, "coordinator: part %d's key is no longer this leader's (%s)", k->s->cfg.part,
+               addr[0] ? addr : "gone");
+        step_down(k, addr);
+        return;
+    }
+    if (k->s->coord.role == SRV_COORD_LEADING && k->s->coord.published != k->sending_mask) {
+        k->s->coord.published = k->sending_mask; /* etcd holds this in-sync set now */
+        if (k->s->repl_release)
+            k->s->repl_release(k->s);
+    }
+}
+
+/* Puts the leader's value and its in-sync set, if the key is still the one
+ * it created. Until etcd has the in-sync set, a follower that left it still
+ * counts for sync replies (write.c), so a follower that could be elected
+ * holds every acknowledged push. */
+static void publish(srv_coord *k)
+{
+    char val[700], v64[1000], l64[1000], body[4096];
+    leader_value(k, val, sizeof val);
+    srv_b64_encode(val, strlen(val), v64);
+    k->sending_mask = insync_now(k->s, l64, sizeof l64);
+    snprintf(body, sizeof body,
+             "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"createRevision\":\"%" PRId64 "\"}],"
+             "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}},"
+             "{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\"}}],"
+             "\"failure\":[{\"requestRange\":{\"key\":\"%s\"}}]}",
+             k->key64, k->create_rev, k->key64, v64, k->lease, k->ikey64, l64, k->key64);
+    post(k, "/v3/kv/txn", body, publish_done, &k->publishing);
+}
+
+static void campaign(srv_coord *k, int keep);
+
+static void renew_done(void *arg, int ok, json_t *a, const char *err, uint64_t sent_ms)
+{
+    srv_coord *k = arg;
+    psd *s = k->s;
+    k->renewing = 0;
+    if (k->stopped || s->coord.role != SRV_COORD_LEADING)
+        return;
+    if (!ok) {
+        unreached(k, err);
+        k->next_renew_ms = srv_now_ms() + RETRY_MS;
+        return;
+    }
+    reached(k);
+    json_t *res = json_object_get(a, "result");
+    if (jint(res ? res : a, "TTL") <= 0) {
+        PS_LOG(PS_LOG_WARN, "coordinator: this leader's lease %s has lapsed in etcd: taking part %d's key again if "
+               "nobody holds it", k->lease, s->cfg.part);
+        campaign(k, 1);
+        return;
+    }
+    int was_fenced = srv_now_ms() >= s->coord.fence_ms;
+    s->coord.renewals++;
+    s->coord.renewed_ms = sent_ms;
+    s->coord.fence_ms = sent_ms + s->coord.ttl_ms * 2 / 3;
+    k->next_renew_ms = sent_ms + s->coord.ttl_ms / 3;
+    if (was_fenced && srv_now_ms() < s->coord.fence_ms) {
+        PS_LOG(PS_LOG_INFO, "coordinator: lease renewed: this leader acknowledges pushes on its lease again");
+        if (s->repl_release)
+            s->repl_release(s);
+    }
+    if (!k->publishing)
+        publish(k);
+}
+
+static void renew(srv_coord *k)
+{
+    char body[96];
+    snprintf(body, sizeof body, "{\"ID\":\"%s\"}", k->lease);
+    post(k, "/v3/lease/keepalive", body, renew_done, &k->renewing);
+}
+
+/* ---- campaigning ---------------------------------------------------------------- */
+
+static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sent_ms)
+{
+    (void)sent_ms;
+    srv_coord *k = arg;
+    psd *s = k->s;
+    k->campaigning = 0;
+    if (k->stopped)
+        return;
+    if (!ok) {
+        unreached(k, err);
+        revoke(k, k->lease);
+        k->lease[0] = 0;
+        if (k->keep)
+            s->coord.role = SRV_COORD_LEADING, k->next_renew_ms = srv_now_ms() + RETRY_MS;
+        else
+            s->coord.role = s->follow ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
+        return;
+    }
+    reached(k);
+    if (!json_is_true(json_object_get(a, "succeeded"))) {
+        char val[600] = "", addr[300] = "";
+        int64_t rev = 0;
+        json_t *rs = json_object_get(a, "responses");
+        json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
+        if (r0 && first_kv(r0, val, sizeof val, &rev))
+            parse_value(val, addr, sizeof addr);
+        revoke(k, k->lease);
+        PS_LOG(PS_LOG_INFO, "coordinator: %s took part %d's key first", addr[0] ? addr : "another psd", s->cfg.part);
+        if (k->keep || !s->follow)
+            step_down(k, addr);
+        else
+            s->coord.role = SRV_COORD_FOLLOWING;
+        return;
+    }
+    json_t *h = json_object_get(a, "header");
+    k->create_rev = jint(h, "revision");
+    char why[300];
+    if (s->follow) {
+        int rc = s->promote ? s->promote(s, why, sizeof why) : PS_ESTATE;
+        if (rc != 0) {
+            PS_LOG(PS_LOG_ERROR, "coordinator: this follower took part %d's key but cannot lead: %s; letting it go",
+                   s->cfg.part, s->promote ? why : "no promote");
+            revoke(k, k->lease);
+            k->lease[0] = 0;
+            s->coord.role = SRV_COORD_FOLLOWING;
+            return;
+        }
+    }
+    int kept = k->keep;
+    k->keep = 0;
+    s->coord.role = SRV_COORD_LEADING;
+    if (!kept)
+        s->coord.elections++;
+    s->coord.published = k->sending_mask;
+    lead(k, k->grant_ms);
+    PS_LOG(PS_LOG_WARN, "coordinator: this psd %s part %d of job %s (lease %s of %" PRIu64 " s, key revision %" PRId64
+           ")", kept ? "keeps leading" : "leads", s->cfg.part, s->cfg.job, k->lease, s->coord.ttl_ms / 1000,
+           k->create_rev);
+}
+
+static void grant_done(void *arg, int ok, json_t *a, const char *err, uint64_t sent_ms)
+{
+    srv_coord *k = arg;
+    psd *s = k->s;
+    if (k->stopped) {
+        k->campaigning = 0;
+        return;
+    }
+    const char *id = ok ? jstr(a, "ID") : NULL;
+    if (!id) {
+        k->campaigning = 0;
+        unreached(k, ok ? "etcd granted no lease" : err);
+        s->coord.role = k->keep ? SRV_COORD_LEADING : s->follow ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
+        if (k->keep)
+            k->next_renew_ms = srv_now_ms() + RETRY_MS;
+        return;
+    }
+    reached(k);
+    snprintf(k->lease, sizeof k->lease, "%s", id);
+    k->grant_ms = sent_ms;
+    char val[700], v64[1000], l64[1000], body[4096], also[800] = "";
+    leader_value(k, val, sizeof val);
+    srv_b64_encode(val, strlen(val), v64);
+    /* a new leader has no follower in sync yet; one that keeps leading, its own */
+    k->sending_mask = k->keep ? insync_now(s, l64, sizeof l64) : 0;
+    if (!k->keep)
+        l64[0] = 0;
+    /* a follower: only if the in-sync set that named it has not changed since */
+    if (s->follow)
+        snprintf(also, sizeof also, ",{\"target\":\"MOD\",\"key\":\"%s\",\"modRevision\":\"%" PRId64 "\"}",
+                 k->ikey64, k->insync_rev);
+    snprintf(body, sizeof body,
+             "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"createRevision\":\"0\"}%s],"
+             "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}},"
+             "{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\"}}],"
+             "\"failure\":[{\"requestRange\":{\"key\":\"%s\"}}]}",
+             k->key64, also, k->key64, v64, k->lease, k->ikey64, l64, k->key64);
+    int busy;
+    post(k, "/v3/kv/txn", body, txn_done, &busy);
+    if (!busy)
+        k->campaigning = 0;
+}
+
+/* Takes the key when nobody holds it: a lease, then a transaction that
+ * puts the key only if it does not exist. keep: this psd leads already and
+ * its own lease lapsed. */
+static void campaign(srv_coord *k, int keep)
+{
+    psd *s = k->s;
+    char body[64];
+    k->keep = keep;
+    s->coord.role = SRV_COORD_CAMPAIGNING;
+    snprintf(body, sizeof body, "{\"TTL\":\"%" PRIu64 "\"}", (s->coord.ttl_ms + 999) / 1000);
+    post(k, "/v3/lease/grant", body, grant_done, &k->campaigning);
+}
+
+/* ---- reading the key ---------------------------------------------------------------- */
+
+/* Whether this follower may campaign: it holds its leader's state, was in
+ * the in-sync set the key last named, and its leader has not answered for
+ * max_replica_lag (a follower that fetches from a live leader never does). */
+static int may_campaign(srv_coord *k, uint64_t now)
+{
+    psd *s = k->s;
+    if (!s->follow) {
+        /* starting with no leader to follow. After a restart that found
+         * the key of its own previous run, it leaves the followers, which
+         * may hold more than its checkpoint, lease_ttl to take it first */
+        if (!k->said_own_key)
+            return 1;
+        if (!k->absent_ms)
+            k->absent_ms = now;
+        return now - k->absent_ms >= s->coord.ttl_ms;
+    }
+    if (!s->follow->synced || s->follow->failed || !s->follow->t)
+        return 0;
+    uint64_t contact = srv_follow_contact_ms(s);
+    return k->listed && now - contact > s->cfg.max_replica_lag;
+}
+
+static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t sent_ms)
+{
+    (void)sent_ms;
+    srv_coord *k = arg;
+    psd *s = k->s;
+    k->reading = 0;
+    if (k->stopped || (s->coord.role != SRV_COORD_FOLLOWING && s->coord.role != SRV_COORD_STARTING))
+        return;
+    if (!ok) {
+        unreached(k, err);
+        return;
+    }
+    reached(k);
+    char val[600] = "", addr[300] = "", insync[600] = "";
+    int64_t rev = 0;
+    int held = 0;
+    k->insync_rev = 0;
+    json_t *kvs = json_object_get(a, "kvs");
+    for (size_t i = 0; json_is_array(kvs) && i < json_array_size(kvs); i++) {
+        json_t *kv = json_array_get(kvs, i);
+        const char *key = jstr(kv, "key"), *v = jstr(kv, "value");
+        if (!key)
+            continue;
+        if (strcmp(key, k->ikey64) == 0) {
+            if (!v || srv_b64_decode(v, insync, sizeof insync) < 0)
+                insync[0] = 0;
+            k->insync_rev = jint(kv, "mod_revision");
+        } else if (strcmp(key, k->key64) == 0) {
+            if (!v || srv_b64_decode(v, val, sizeof val) < 0)
+                val[0] = 0;
+            rev = jint(kv, "create_revision");
+            held = 1;
+        }
+    }
+    (void)rev;
+    parse_insync(k, insync);
+    if (held) {
+        parse_value(val, addr, sizeof addr);
+        s->coord.listed = k->listed;
+        k->absent_ms = 0;
+        snprintf(s->coord.leader, sizeof s->coord.leader, "%s", addr);
+        if (strcmp(addr, k->self) == 0) {
+            if (!k->said_own_key)
+                PS_LOG(PS_LOG_WARN, "coordinator: part %d's key still names this psd (a lease of its previous run): "
+                       "waiting for it to lapse", s->cfg.part);
+            k->said_own_key = 1;
+            return;
+        }
+        if (addr[0]) {
+            s->coord.role = SRV_COORD_FOLLOWING;
+            follow_leader(k, addr);
+        }
+        return;
+    }
+    s->coord.leader[0] = 0;
+    uint64_t now = srv_now_ms();
+    s->coord.listed = k->listed;
+    if (may_campaign(k, now)) {
+        PS_LOG(PS_LOG_WARN, "coordinator: part %d has no leader in etcd%s: campaigning", s->cfg.part,
+               s->follow ? " (its lease lapsed) and this follower, in its in-sync set, has not heard from it for "
+                           "max_replica_lag" : "");
+        campaign(k, 0);
+    }
+}
+
+static void read_key(srv_coord *k)
+{
+    char body[1000];
+    snprintf(body, sizeof body, "{\"key\":\"%s\",\"range_end\":\"%s\"}", k->ikey64, k->end64);
+    post(k, "/v3/kv/range", body, read_done, &k->reading);
+}
+
+static void on_step(uv_timer_t *t)
+{
+    srv_coord *k = t->data;
+    psd *s = k->s;
+    uint64_t now = srv_now_ms();
+    if (k->stopped || k->campaigning)
+        return;
+    switch (s->coord.role) {
+    case SRV_COORD_LEADING:
+        if (!k->renewing && now >= k->next_renew_ms)
+            renew(k);
+        else if (!k->publishing && insync_now(s, NULL, 0) != s->coord.published)
+            publish(k); /* sync replies wait for the followers etcd names until it has the new set */
+        break;
+    case SRV_COORD_STARTING:
+    case SRV_COORD_FOLLOWING:
+        if (!k->reading && now >= k->next_read_ms) {
+            k->next_read_ms = now + READ_MS;
+            read_key(k);
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- start and stop ------------------------------------------------------------------ */
+
+int srv_coord_start(psd *s, char *err, size_t errlen)
+{
+    if (!s->cfg.coordinator[0])
+        return 0;
+    if (!s->cfg.job[0])
+        return ps_fail(err, errlen, PS_EINVAL, "coordinator is set but job is not: give the job's name (job = NAME), "
+                       "the same on every psd of the job");
+    for (const char *p = s->cfg.job; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '-' && *p != '_' && *p != '.')
+            return ps_fail(err, errlen, PS_EINVAL, "job \"%s\": only letters, digits, '-', '_' and '.'", s->cfg.job);
+    if (s->cfg.lease_ttl % 1000)
+        return ps_fail(err, errlen, PS_EINVAL, "lease_ttl must be whole seconds (etcd's leases are), not %" PRIu64
+                       " ms", s->cfg.lease_ttl);
+    srv_coord *k = calloc(1, sizeof *k);
+    if (!k)
+        return ps_fail(err, errlen, PS_ENOMEM, "no memory for the coordinator");
+    k->s = s;
+    uint64_t timeout = s->cfg.lease_ttl / 6 < 1000 ? s->cfg.lease_ttl / 6 : 1000;
+    if (!(k->etcd = srv_etcd_new(s->loop, s->cfg.coordinator, timeout, err, errlen))) {
+        free(k);
+        return PS_EINVAL;
+    }
+    if (s->cfg.advertise[0])
+        snprintf(k->self, sizeof k->self, "%s", s->cfg.advertise);
+    else
+        snprintf(k->self, sizeof k->self, "127.0.0.1:%d", s->port); /* as follow.c names this psd */
+    char path[300];
+    snprintf(s->coord.key, sizeof s->coord.key, "/psd/%s/part/%d/leader", s->cfg.job, s->cfg.part);
+    srv_b64_encode(s->coord.key, strlen(s->coord.key), k->key64);
+    snprintf(path, sizeof path, "/psd/%s/part/%d/insync", s->cfg.job, s->cfg.part);
+    srv_b64_encode(path, strlen(path), k->ikey64);
+    snprintf(path, sizeof path, "/psd/%s/part/%d/leader\x01", s->cfg.job, s->cfg.part); /* insync .. leader */
+    srv_b64_encode(path, strlen(path), k->end64);
+    s->coord.ttl_ms = s->cfg.lease_ttl;
+    s->coord.fence_ms = 1; /* nothing is acknowledged before this psd holds the lease */
+    s->coord.role = s->follow ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
+    s->coord.reachable = 1;
+    s->coord_state = k;
+    uv_timer_init(s->loop, &k->timer);
+    k->timer.data = k;
+    uv_timer_start(&k->timer, on_step, 0, STEP_MS);
+    PS_LOG(PS_LOG_INFO, "coordinator: etcd at %s, key %s, lease_ttl %" PRIu64 " s; this psd (%s) %s", s->cfg.coordinator,
+           s->coord.key, s->cfg.lease_ttl / 1000, k->self, role_name(s->coord.role));
+    return 0;
+}
+
+void srv_coord_stop(psd *s)
+{
+    srv_coord *k = s->coord_state;
+    if (!k || k->stopped)
+        return;
+    k->stopped = 1;
+    uv_timer_stop(&k->timer);
+    uv_close((uv_handle_t *)&k->timer, NULL);
+    srv_etcd_close(k->etcd); /* the lease is left to lapse: a follower takes over after lease_ttl */
+}
+
+void srv_coord_free(psd *s)
+{
+    srv_coord_stop(s);
+    free(s->coord_state);
+    s->coord_state = NULL;
+}
