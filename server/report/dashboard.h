@@ -1,7 +1,8 @@
 /* dashboard.h - the run as a page: what psd records of it over time (a
  * srv_history filled from psd's state), the read-only JSON endpoints and
  * the page's files that the HTTP listener serves, the access rule for
- * them, and the ADMIN `history` command behind `psctl history`.
+ * them (in dash_access.c), and the ADMIN `history` command behind
+ * `psctl history`.
  *
  * Owned by the loop thread (psd.dash). Events are noticed by comparing
  * psd's state on every 250 ms tick with what the last tick saw (worker
