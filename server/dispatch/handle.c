@@ -566,30 +566,6 @@ int srv_on_bye(srv_conn *c, ps_msg *m)
 }
 
 /* the table messages: dispatch/handle_table.c */
-int srv_on_table(srv_conn *c, ps_msg *m)
-{
-    srv_handle_table(c, m);
-    return 0;
-}
-
-int srv_on_tpull(srv_conn *c, ps_msg *m)
-{
-    srv_handle_table(c, m);
-    return 0;
-}
-
-int srv_on_tpush(srv_conn *c, ps_msg *m)
-{
-    srv_handle_table(c, m);
-    return 0;
-}
-
-int srv_on_tpushpull(srv_conn *c, ps_msg *m)
-{
-    srv_handle_table(c, m);
-    return 0;
-}
-
 /* ---- dispatch ------------------------------------------------------------------ */
 
 /* The handler of each type psd receives, from messages.def: srv_on_<name>,
@@ -607,9 +583,9 @@ static srv_handler *const handlers[PS_MSG_TYPE_MAX + 1] = {
 static int reader_refuses(srv_conn *c, const ps_msg *m)
 {
     uint32_t t = m->type;
-    int writes = t == PS_MSG_INIT || t == PS_MSG_PUSH || t == PS_MSG_PUSHPULL || t == PS_MSG_REPORT ||
-                 t == PS_MSG_BARRIER || t == PS_MSG_TPUSH || t == PS_MSG_TPUSHPULL ||
-                 (t == PS_MSG_TABLE && srv_tables_find(&c->srv->tables, m->tab) < 0);
+    /* the workers' types (messages.def) all write, but declaring a table psd has */
+    int writes = ps_msg_type_dir(t) == PS_DIR_W &&
+                 !(t == PS_MSG_TABLE && srv_tables_find(&c->srv->tables, m->tab) >= 0);
     if (!c->reader || !writes)
         return 0;
     if (c->srv->follow)

@@ -29,6 +29,11 @@ typedef int srv_handler(srv_conn *c, ps_msg *m);
 #define SRV_HANDLER_W(name) srv_on_##name
 #define SRV_HANDLER_A(name) srv_on_##name
 #define SRV_HANDLER_S(name) NULL
+/* the table messages share one handler, srv_handle_table (handle_table.c) */
+#define srv_on_table srv_handle_table
+#define srv_on_tpull srv_handle_table
+#define srv_on_tpush srv_handle_table
+#define srv_on_tpushpull srv_handle_table
 #define SRV_DECLARE_C(name) srv_handler srv_on_##name;
 #define SRV_DECLARE_W(name) srv_handler srv_on_##name;
 #define SRV_DECLARE_A(name) srv_handler srv_on_##name;

@@ -304,27 +304,21 @@ static void handle_push(srv_conn *c, ps_msg *m, uint32_t ti, uint64_t rat)
         srv_send_error(c, m->id, rc, 0, "%s", err);
 }
 
-void srv_handle_table(srv_conn *c, ps_msg *m)
+int srv_handle_table(srv_conn *c, ps_msg *m)
 {
-    /* a reader (PROTOCOL.md 15) declares a table psd has, to pull its rows */
-    if (m->type != PS_MSG_TPULL && !c->worker && !(c->reader && m->type == PS_MSG_TABLE)) {
-        srv_send_error(c, m->id, PS_EFORBIDDEN, 0, "%s is for workers; this connection is %s",
-                       ps_msg_type_name(m->type), ps_role_name((uint32_t)c->role));
-        return;
-    }
     if (c->admin_readonly) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "pulling rows refused: this admin connection proved the workers' token and may only read "
                        "status, metrics and history, because admin_token_file is not configured");
-        return;
+        return 0;
     }
     if (m->type == PS_MSG_TABLE) {
         handle_declare(c, m);
-        return;
+        return 0;
     }
     int ti = table_of(c, m);
     if (ti < 0)
-        return;
+        return 0;
     const ps_table_def *d = srv_tables_def(&c->srv->tables, (uint32_t)ti);
     uint64_t rat = 0;
     if (m->has & PS_F_SEG) {
@@ -332,7 +326,7 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
         int rc = from_tseg(c, m, d, &rat, err, sizeof err);
         if (rc != 0) {
             srv_send_error(c, m->id, rc, 0, "%s", err);
-            return;
+            return 0;
         }
     }
     /* the rows a pull answers fit one message (PROTOCOL.md 13.2) */
@@ -343,7 +337,7 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
                        "message; ask for fewer keys; nothing was changed",
                        ps_msg_type_name(m->type), pk->n, d->name, d->dim, (unsigned long long)pk->n * d->dim,
                        PS_TABLE_VALUES_MAX);
-        return;
+        return 0;
     }
     if (pk && m->rdt != PS_DT_F32) {
         /* the rows' form, before a push of a TPUSHPULL changes anything */
@@ -351,13 +345,13 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
         int rc = srv_pull_check_rdt(c->srv, m->rdt, err, sizeof err);
         if (rc != 0) {
             srv_send_error(c, m->id, rc, 0, "%s: %s", ps_msg_type_name(m->type), err);
-            return;
+            return 0;
         }
     }
     if (!(m->type == PS_MSG_TPULL && (m->has & PS_F_LEN)) &&
         (check_part(c, m, d, m->keys.p, m->keys.n) != 0 ||
          (m->type == PS_MSG_TPUSHPULL && check_part(c, m, d, m->pkeys.p, m->pkeys.n) != 0)))
-        return;
+        return 0;
     if (m->has & PS_F_SEG)
         m->rdt = SRV_RDT_SHM; /* the rows answered into the segment, from rat */
     if (m->type == PS_MSG_TPULL) {
@@ -367,9 +361,10 @@ void srv_handle_table(srv_conn *c, ps_msg *m)
                                                  (m->has & PS_F_MIN) ? m->min : 0, m->rdt, rat, err, sizeof err);
         if (rc != 0)
             srv_send_error(c, m->id, rc, 0, "%s", err);
-        return;
+        return 0;
     }
     handle_push(c, m, (uint32_t)ti, rat);
+    return 0;
 }
 
 void srv_tpush_finished(const srv_tapply_tag *tag, const srv_tapply_result *r)

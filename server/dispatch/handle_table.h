@@ -5,11 +5,13 @@
 
 #include "server/store/psd.h"
 
-/* Handles a decoded TABLE, TPULL, TPUSH or TPUSHPULL from c, whose
- * handshake is done: checks it (role, table, row dimension, keys, base,
- * finiteness, the mode) and declares, answers, applies or parks; queues
- * exactly one reply, now or (a parked pull) later. */
-void srv_handle_table(srv_conn *c, ps_msg *m);
+/* Handles a decoded TABLE, TPULL, TPUSH or TPUSHPULL from c, which
+ * srv_handle has let through (the handshake is done; a worker's type from
+ * a worker, or a reader declaring a table psd has): checks the rest
+ * (table, row dimension, keys, base, finiteness, the mode) and declares,
+ * answers, applies or parks; queues exactly one reply, now or (a parked
+ * pull) later. The handler of the four types (handle.h). Returns 0. */
+int srv_handle_table(srv_conn *c, ps_msg *m);
 
 struct srv_tapply_tag;
 struct srv_tapply_result;
