@@ -94,19 +94,13 @@ static int64_t jint(json_t *o, const char *k)
     return json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : 0;
 }
 
-/* The first kv of a range answer: its value decoded into val and its
- * create revision; 0 when there is none. */
-static int first_kv(json_t *range, char *val, size_t len, int64_t *create_rev)
+/* A kv's value (base64 in etcd's JSON) decoded into val, "" when it has
+ * none or it does not fit. */
+static void kv_value(json_t *kv, char *val, size_t len)
 {
-    json_t *kvs = json_object_get(range, "kvs");
-    json_t *kv = json_is_array(kvs) ? json_array_get(kvs, 0) : NULL;
-    if (!kv)
-        return 0;
     const char *v = jstr(kv, "value");
     if (!v || srv_b64_decode(v, val, len) < 0)
         val[0] = 0;
-    *create_rev = jint(kv, "create_revision");
-    return 1;
 }
 
 static void reached(srv_coord *k)
@@ -150,6 +144,23 @@ static void parse_value(const char *val, char *addr, size_t alen)
     char a[300] = "";
     sscanf(val, "%299s", a);
     snprintf(addr, alen, "%s", a);
+}
+
+/* Who holds the part's key, from the answer of a transaction that failed
+ * its compare (its else branch reads the key): the holder's address, or ""
+ * when nobody does. */
+static void txn_holder(json_t *a, char *addr, size_t alen)
+{
+    char val[600] = "";
+    json_t *rs = json_object_get(a, "responses");
+    json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
+    json_t *kvs = r0 ? json_object_get(r0, "kvs") : NULL;
+    json_t *kv = json_is_array(kvs) ? json_array_get(kvs, 0) : NULL;
+    addr[0] = 0;
+    if (kv) {
+        kv_value(kv, val, sizeof val);
+        parse_value(val, addr, alen);
+    }
 }
 
 /* The in-sync key's value, last read: whether it names this psd. */
@@ -274,12 +285,8 @@ static void publish_done(void *arg, int ok, json_t *a, const char *err, uint64_t
     }
     reached(k);
     if (k->s->coord.role == SRV_COORD_LEADING && !json_is_true(json_object_get(a, "succeeded"))) {
-        char val[600] = "", addr[300] = "";
-        int64_t rev = 0;
-        json_t *rs = json_object_get(a, "responses");
-        json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
-        if (r0 && first_kv(r0, val, sizeof val, &rev))
-            parse_value(val, addr, sizeof addr);
+        char addr[300];
+        txn_holder(a, addr, sizeof addr);
         PS_LOG(PS_LOG_WARN, "coordinator: part %d's key is no longer this leader's (%s)", k->s->cfg.part,
                addr[0] ? addr : "gone");
         step_down(k, addr);
@@ -376,12 +383,8 @@ static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sen
     }
     reached(k);
     if (!json_is_true(json_object_get(a, "succeeded"))) {
-        char val[600] = "", addr[300] = "";
-        int64_t rev = 0;
-        json_t *rs = json_object_get(a, "responses");
-        json_t *r0 = json_is_array(rs) ? json_object_get(json_array_get(rs, 0), "response_range") : NULL;
-        if (r0 && first_kv(r0, val, sizeof val, &rev))
-            parse_value(val, addr, sizeof addr);
+        char addr[300];
+        txn_holder(a, addr, sizeof addr);
         revoke(k, k->lease);
         PS_LOG(PS_LOG_INFO, "coordinator: %s took part %d's key first", addr[0] ? addr : "another psd", s->cfg.part);
         if (k->keep || !s->follow)
@@ -510,27 +513,22 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     }
     reached(k);
     char val[600] = "", addr[300] = "", insync[600] = "";
-    int64_t rev = 0;
     int held = 0;
     k->insync_rev = 0;
     json_t *kvs = json_object_get(a, "kvs");
     for (size_t i = 0; json_is_array(kvs) && i < json_array_size(kvs); i++) {
         json_t *kv = json_array_get(kvs, i);
-        const char *key = jstr(kv, "key"), *v = jstr(kv, "value");
+        const char *key = jstr(kv, "key");
         if (!key)
             continue;
         if (strcmp(key, k->ikey64) == 0) {
-            if (!v || srv_b64_decode(v, insync, sizeof insync) < 0)
-                insync[0] = 0;
+            kv_value(kv, insync, sizeof insync);
             k->insync_rev = jint(kv, "mod_revision");
         } else if (strcmp(key, k->key64) == 0) {
-            if (!v || srv_b64_decode(v, val, sizeof val) < 0)
-                val[0] = 0;
-            rev = jint(kv, "create_revision");
+            kv_value(kv, val, sizeof val);
             held = 1;
         }
     }
-    (void)rev;
     parse_insync(k, insync);
     if (held) {
         parse_value(val, addr, sizeof addr);
