@@ -14,6 +14,10 @@ int srv_follow_start(psd *s, char *err, size_t errlen);
  * dropping the leader this psd followed, if any. 0, or a negative PS_E*
  * code with err. */
 int srv_follow_start_to(psd *s, const char *leader, char *err, size_t errlen);
+/* psd.step_down: this leader no longer leads; its workers' connections
+ * close with why, its replication log goes, and it follows leader.
+ * coord/ calls it when another psd holds the part's key. */
+int srv_follow_step_down(psd *s, const char *leader, const char *why, char *err, size_t errlen);
 /* Stops following (its thread and its queue go; psd.follow NULL). */
 void srv_follow_drop(psd *s);
 /* srv_now_ms() when the leader last answered a fetch (0: not following). */

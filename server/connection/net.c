@@ -17,6 +17,7 @@
 #include "server/connection/close.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
+#include "server/connection/follow.h"
 #include "server/connection/write.h"
 #include "proto/errors.h"
 #include "server/answer/reply.h"
@@ -449,6 +450,7 @@ static const srv_io net_io = {
 int srv_listen(psd *s)
 {
     s->repl_release = srv_net_repl_release;
+    s->step_down = srv_follow_step_down;
     s->io = &net_io;
     srv_update_init(s, on_update_done);
     /* listen, resolved at start (main: srv_listen_resolve), or here */

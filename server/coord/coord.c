@@ -243,20 +243,13 @@ static void step_down(srv_coord *k, const char *leader)
     k->lease[0] = 0;
     k->keep = 0;
     if (was) {
+        char err[300];
         s->coord.stepdowns++;
-        uint32_t n = 0;
-        for (srv_conn *c = s->conns; c; c = c->next)
-            if (c->role == PS_ROLE_WORKER && !c->closing) {
-                snprintf(c->close_reason, sizeof c->close_reason, "this psd lost its part's lease");
-                srv_conn_close(c);
-                n++;
-            }
-        PS_LOG(PS_LOG_WARN, "coordinator: this psd no longer leads part %d (%s): %u workers disconnected, its "
-               "unacknowledged pushes dropped", s->cfg.part, leader && leader[0] ? leader : "nobody leads now", n);
-        srv_replog_free(s); /* a follower's state comes from its leader's snapshot */
+        if (srv_follow_step_down(s, leader, "this psd lost its part's lease", err, sizeof err) != 0)
+            PS_LOG(PS_LOG_ERROR, "coordinator: cannot follow %s: %s", leader, err);
     }
     if (leader && leader[0])
-        follow_leader(k, leader);
+        follow_leader(k, leader); /* (a leader that stepped down follows it already) */
 }
 
 /* ---- leading --------------------------------------------------------------------- */

@@ -1,8 +1,10 @@
 /* repl.c - a leader's side of replication (PROTOCOL.md 17): the ADMIN
  * commands its followers send (`replicate`: a snapshot; `repl_chunk`: its
  * bytes; `repl_fetch`: the log's records from a position, which also tells
- * the leader what the follower holds) and `promote`, which a follower
- * answers. The log and the followers' slots are replog/replog.c's. */
+ * the leader what the follower holds), `promote`, which a follower
+ * answers, and `step_down`, which a follower promoted by hand sends the
+ * leader it followed. The log and the followers' slots are
+ * replog/replog.c's. */
 #define _GNU_SOURCE
 #include "server/dispatch/repl.h"
 
@@ -405,10 +407,55 @@ static void cmd_promote(srv_conn *c, ps_msg *m)
     srv_send_ok_text(c, m->id, "promoted: this psd leads its part now");
 }
 
+/* step_down NEW HISTORY: the follower at NEW, which followed this leader's
+ * log of id HISTORY, was promoted by hand (follow.c tells its old leader):
+ * this psd gives the part up and follows NEW. Refused with a coordinator
+ * (etcd names the leader) and by a psd whose log is not that one (it has
+ * led another since); a follower answers that it follows already. */
+static void cmd_step_down(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    char leader[300], err[300], why[400];
+    arg_str(m, 0, leader, sizeof leader);
+    uint64_t hist = arg_u64(m, 1);
+    if (!leader[0] || !hist) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
+                       "step_down: give the new leader's address (args[0]) and the history id of the log it "
+                       "followed (args[1])");
+        return;
+    }
+    if (s->cfg.coordinator[0]) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "step_down refused: this psd has a coordinator, and etcd names its part's leader");
+        return;
+    }
+    if (s->follow) {
+        char text[400];
+        snprintf(text, sizeof text, "this psd follows %s already", s->follow->leader);
+        srv_send_ok_text(c, m->id, text);
+        return;
+    }
+    if (!s->replog || s->replog->history != hist) {
+        srv_send_error(c, m->id, PS_ESTATE, 0,
+                       "step_down refused: %s followed log %" PRIu64 ", and this psd leads %s: it leads its part "
+                       "still; stop the one that should not",
+                       leader, hist, s->replog ? "another log" : "no log (no follower ever asked it)");
+        return;
+    }
+    snprintf(why, sizeof why, "its follower %s was promoted (psctl promote)", leader);
+    if (!s->step_down || s->step_down(s, leader, why, err, sizeof err) != 0) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "step_down: %s", s->step_down ? err : "not here");
+        return;
+    }
+    snprintf(why, sizeof why, "stepped down: this psd follows %s", leader);
+    srv_send_ok_text(c, m->id, why);
+}
+
 const srv_repl_command srv_repl_commands[] = {
     {"replicate", cmd_replicate},
     {"repl_chunk", cmd_repl_chunk},
     {"repl_fetch", cmd_repl_fetch},
     {"promote", cmd_promote},
+    {"step_down", cmd_step_down},
     {NULL, NULL},
 };

@@ -533,6 +533,12 @@ struct psd {
     /* Registered by the connection layer on a follower: psctl promote.
      * 0, or a negative PS_E* code with err. */
     int (*promote)(psd *s, char *err, size_t errlen);
+    /* Registered by the connection layer: this leader gives its part up
+     * to leader (ADMIN step_down, from a follower promoted by hand): its
+     * workers' connections close with why (they find the new leader and
+     * send again what was not answered), its log goes, and it follows
+     * leader. 0, or a negative PS_E* code with err. */
+    int (*step_down)(psd *s, const char *leader, const char *why, char *err, size_t errlen);
     srv_coord_view coord;    /* coord/'s: leadership through etcd */
     struct srv_coord *coord_state; /* coord/'s own; NULL without coordinator */
 };

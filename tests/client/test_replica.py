@@ -18,6 +18,9 @@ a snapshot and follows the leader's log:
 - a follower stopped with SIGSTOP leaves the in-sync set after
   max_replica_lag, so the workers' sync pushes go on without it, and it
   comes back in sync after SIGCONT;
+- promoted while its leader still runs, the follower tells the leader to
+  step down: the old leader follows it, and the workers finish on the new
+  leader at exactly one model version per step;
 - an admin holding only the workers' token may not ask for the
   replication stream.
 """
@@ -239,6 +242,47 @@ def test_ten_failovers_in_one_job():
         assert res["auc"] > 0.8, res
         print("ten failovers: versions at promotion %s, final %d, AUC %.4f, reconnects %s"
               % (versions, final, res["auc"], res["reconnects_all"]), file=sys.stderr)
+
+
+def test_promote_with_the_leader_alive_moves_the_part():
+    """Without a coordinator a person may promote the follower while its
+    leader still runs (a switch-over): the promoted follower tells the old
+    leader (ADMIN step_down, with the history id of the log it followed),
+    which gives the part up: it closes its workers' connections and follows
+    the new leader, so that one psd alone acknowledges pushes. The workers,
+    given both (A/B), finish on the new leader at exactly one model version
+    per step (no push lost, none applied twice); the old leader ends in sync
+    as its follower. A step_down that names another log, or comes without
+    its arguments, changes nothing."""
+    with harness.Cluster("psd-replica-switch") as cl:
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        follower = follow(cl, leader)
+        steps = 300
+        ws = start_workers(cl, leader.addr + "/" + follower.addr, steps=steps, pace=0.005)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 30, 120, "the workers' first steps")
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        with harness.RawClient(leader.addr, 10) as c:
+            c.hello_admin()
+            for args, why in ((["127.0.0.1:9", "12345"], "followed log 12345"),
+                              ([], "give the new leader's address")):
+                rep = c.request({"t": 17, "id": 5, "cmd": "step_down", "args": args})
+                assert rep["t"] == 15 and why in rep.get("text", ""), (args, rep)
+        assert repl(leader.addr)["role"] == "leader"
+        at = min(tk.steps_done(w) for w in ws)
+        r = harness.psctl(follower.addr, "promote")
+        assert r.returncode == 0, r.stderr
+        harness.wait_until(lambda: repl(leader.addr)["role"] == "follower", 30, "the old leader to step down")
+        assert "no longer leads part 0 (its follower %s was promoted" % follower.addr in leader.stderr()
+        harness.wait_until(lambda: "the old leader %s: stepped down" % leader.addr in follower.stderr(), 30,
+                           "the promoted follower to log the step-down")
+        res = tk.finish(ws)
+        assert at < steps, "promoted mid-job"
+        final = harness.status(follower.addr)["version"]
+        assert final == 2 * steps, final
+        assert min(res["reconnects_all"]) >= 1, res
+        harness.wait_until(lambda: in_sync(follower, leader), 60, "the old leader in sync as a follower")
+        print("switch-over with the leader alive: promoted after %d steps, final version %d, AUC %.4f"
+              % (at, final, res["auc"]), file=sys.stderr)
 
 
 def test_a_stalled_follower_leaves_the_in_sync_set():
