@@ -51,14 +51,22 @@ class ShmTest(unittest.TestCase):
             # --wire bf16 is for tensors on the wire; through shared memory
             # they stay float32, and the pushpulls must not ask for bf16
             # 5 epochs: on a quiet machine one worker may finish before the
-            # other has joined, and 2 epochs alone (94 steps) gave 74%
+            # other has joined, and 2 epochs alone (94 steps) gave 74%. A
+            # worker's last evaluation is of the model at that moment: the
+            # first to finish may evaluate it just as the other's first pushes
+            # of its own shard land (71.6% once, after 89.1% an epoch before),
+            # so the model is judged by the last evaluation, of the model
+            # both trained, and each worker by having trained at all
             ws = [cl.worker(psd, k, 2, epochs=5, limit=6000, test_limit=1000, args=("--wire", ("f32", "bf16")[k]))
                   for k in range(2)]
+            last = []
             for w in ws:
                 rc, summary = w.result(timeout=120)
                 self.assertEqual(rc, 0, harness.tail(w.err_path, 5))
                 self.assertIs(summary["shm"], True, summary)
-                self.assertGreater(summary["test_accuracy"], 0.8)
+                self.assertGreater(summary["test_accuracy"], 0.5, summary)
+                last.append((summary["version"], summary["test_accuracy"]))
+            self.assertGreater(max(last)[1], 0.8, last)
             st = harness.status(psd.addr)
             self.assertEqual(sorted(w["transport"] for w in st["workers"]), ["shm", "shm"])
             self.assertEqual(st["version"], st["pushes"])
