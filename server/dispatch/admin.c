@@ -471,6 +471,21 @@ int srv_admin_reads(const char *cmd)
     return a && a->reads;
 }
 
+const char *srv_admin_readable(void)
+{
+    static char text[256];
+    if (!text[0]) {
+        size_t used = (size_t)snprintf(text, sizeof text, "status, metrics and the admin commands");
+        const char *sep = " ";
+        for (size_t i = 0; i < NADMIN_COMMANDS && used < sizeof text; i++)
+            if (admin_commands[i].reads) {
+                used += (size_t)snprintf(text + used, sizeof text - used, "%s%s", sep, admin_commands[i].name);
+                sep = ", ";
+            }
+    }
+    return text;
+}
+
 void srv_handle_admin(srv_conn *c, ps_msg *m)
 {
     const struct srv_admin_command *a = admin_find(m->cmd);

@@ -21,6 +21,11 @@ void srv_handle_admin(srv_conn *c, ps_msg *m);
  * send it; 0 for the others and for names that are no command. */
 int srv_admin_reads(const char *cmd);
 
+/* What an admin that proved only the workers' token may still do, for its
+ * refusals: "status, metrics and the admin commands history, ..." (the
+ * commands whose row says they only read). */
+const char *srv_admin_readable(void);
+
 /* Answers `checkpoint` requests whose checkpoint is now written (or
  * failed), and starts the one they wait for when the pool was busy with an
  * older one. Called from psd's 250 ms tick. */

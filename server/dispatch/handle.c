@@ -635,10 +635,11 @@ int srv_handle(srv_conn *c, ps_msg *m)
     if (c->admin_readonly && ((m->type == PS_MSG_ADMIN && !reads) || m->type == PS_MSG_PULL)) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "%s%s%s refused: this admin connection proved the workers' token and may only read "
-                       "(status, workers, metrics, history), because admin_token_file is not configured; set it in psd's "
-                       "configuration and use that token",
+                       "(%s), because admin_token_file is not configured; set it in psd's configuration and use "
+                       "that token",
                        m->type == PS_MSG_ADMIN ? "admin command '" : "pulling the model",
-                       m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "");
+                       m->type == PS_MSG_ADMIN ? m->cmd : "", m->type == PS_MSG_ADMIN ? "'" : "",
+                       srv_admin_readable());
         return 0;
     }
     if (dir == PS_DIR_A && c->role != PS_ROLE_ADMIN) {

@@ -14,6 +14,7 @@
 #include "server/policy/policy.h"
 #include "server/answer/pull.h"
 #include "server/answer/reply.h"
+#include "server/dispatch/admin.h"
 #include "server/store/scratch.h"
 #include "server/record/stats.h"
 #include "server/session/ledger.h"
@@ -309,7 +310,7 @@ int srv_handle_table(srv_conn *c, ps_msg *m)
     if (c->admin_readonly) {
         srv_send_error(c, m->id, PS_EFORBIDDEN, 0,
                        "pulling rows refused: this admin connection proved the workers' token and may only read "
-                       "status, metrics and history, because admin_token_file is not configured");
+                       "(%s), because admin_token_file is not configured", srv_admin_readable());
         return 0;
     }
     if (m->type == PS_MSG_TABLE) {

@@ -458,6 +458,19 @@ def psctl(addr, *args, timeout=30):
     return run([Paths.psctl, "--server", addr, "--timeout", "10000"] + list(args), timeout=timeout)
 
 
+def psctl_commands():
+    """The command names `psctl --help` lists under Reading and under
+    Controlling (psctl's command table, psctl/commands.c, makes that text)."""
+    r = run([Paths.psctl, "--help"])
+    groups, cur = {}, None
+    for line in r.stdout.splitlines():
+        if line and not line.startswith(" "):
+            cur = groups.setdefault(line.split()[0].rstrip(":"), [])
+        elif cur is not None and line.startswith("  ") and not line.startswith("   "):
+            cur.append(line.split()[0])
+    return groups["Reading"], groups["Controlling"]
+
+
 def _as_psctl_json(o):
     """A STATUS body as `psctl status --json` prints it (common/json.c): a
     non-finite float and a bin become None, a key that is not a str "?"."""

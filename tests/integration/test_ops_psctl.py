@@ -14,6 +14,8 @@
   version; for a model of more than 2^20 values, saved while pushes keep
   coming, every chunk belongs to the one version in the metadata.
 - workers: one row per worker seen, with why it left; --json.
+- every reading command of psctl's table answers, and its --json is JSON
+  (or refused in one line where the output is a text format).
 - shutdown: psd exits 0.
 - exit codes and one-line messages: psd not running (3), a psd that never
   answers (4), unknown command (2), refused (1); an ADMIN message from a
@@ -183,6 +185,35 @@ class PsctlTest(unittest.TestCase):
                 r = a.request({"t": T_ADMIN, "cmd": "set", "args": ["lr=0.25", "clip_norm=2"]})
                 self.assertEqual(r["t"], harness.T_OK, r)
                 self.assertEqual(r["text"], "lr: 0.5 -> 0.25, clip_norm: 0 -> 2")
+            psd.stop()
+
+    def test_every_reading_command_answers(self):
+        """Every command psctl's table marks as reading (`psctl --help`
+        lists it under Reading) answers a psd that holds a model and a
+        worker: exit 0 and some output; with --json one JSON document, or,
+        for a command whose output is a text format, the one-line usage
+        error naming it. A new read-only command is run here by its row
+        alone; what it prints is its own test's business."""
+        reading, _ = harness.psctl_commands()
+        self.assertLessEqual({"status", "workers", "metrics", "history"}, set(reading))
+        layout = [["w", [4]]]
+        with harness.Cluster("psd-psctl-reading") as cl:
+            psd = cl.psd(mode="asgd", workers=1)
+            with harness.RawClient(psd.addr) as w:
+                self.assertEqual(w.hello_worker(layout, 0, 1)["t"], harness.T_WELCOME)
+                self.assertEqual(w.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0] * 4)})["t"],
+                                 harness.T_OK)
+                for cmd in reading:
+                    self.assertTrue(self.psctl_ok(psd.addr, cmd).strip(), "psctl %s printed nothing" % cmd)
+                    r = harness.psctl(psd.addr, cmd, "--json")
+                    if r.returncode == 2:
+                        self.psctl_fails(psd.addr, 2, cmd, "--json", mentions=["--json does not apply to " + cmd])
+                        continue
+                    self.assertEqual(r.returncode, 0, "psctl %s --json: %s" % (cmd, r.stderr))
+                    try:
+                        json.loads(r.stdout)
+                    except ValueError as e:
+                        self.fail("psctl %s --json printed no JSON document (%s):\n%s" % (cmd, e, r.stdout[:400]))
             psd.stop()
 
     def test_set(self):
