@@ -132,7 +132,6 @@ static const psctl_command commands[] = {
      "what psd recorded of the run: its rates, learning rate and round times each second, every "
      "worker's reported loss and accuracy, and the events (joins, losses, checkpoints, pauses, "
      "settings); --json or --csv (one row per value) for programs"},
-    {"uptime", "", 0, 0, PSCTL_READS, 0, run_admin, NULL, NULL, "how long psd has run, in seconds"},
     {"set", " KEY=VALUE...", 1, PS_ARGS_MAX, 0, 0, run_admin, check_set, NULL,
      "change settings of the running psd, all or none: lr, momentum, weight_decay, clip_norm, "
      "nonfinite, the lr schedule, staleness_scale, dc_lambda, the connection limits and timeouts, "

@@ -436,13 +436,6 @@ static void cmd_unpin(srv_conn *c, ps_msg *m)
     srv_send_ok_text(c, m->id, "unpinned");
 }
 
-static void cmd_uptime(srv_conn *c, ps_msg *m)
-{
-    char text[64];
-    snprintf(text, sizeof text, "up %llu s", (unsigned long long)((srv_now_ms() - c->srv->start_ms) / 1000));
-    srv_send_ok_text(c, m->id, text);
-}
-
 /* The ADMIN commands, each declared once: its name, whether it only reads
  * (then an admin that proved the workers' token may send it, see
  * srv_admin_reads) and the function that answers it. A new command is a
@@ -460,7 +453,6 @@ static const struct srv_admin_command {
     {"checkpoint", 0, cmd_checkpoint},
     {"shutdown", 0, cmd_shutdown},
     {"history", 1, cmd_history},
-    {"uptime", 1, cmd_uptime},
     {"reset", 0, cmd_reset},
 };
 #define NADMIN_COMMANDS (sizeof admin_commands / sizeof admin_commands[0])
