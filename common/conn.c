@@ -583,6 +583,20 @@ int ps_conn_call(ps_conn *c, ps_msg *req, ps_msg *reply, int timeout_ms)
     return rc;
 }
 
+int ps_conn_admin(ps_conn *c, const char *cmd, const char *const *args, unsigned n, ps_msg *r, int timeout_ms)
+{
+    if (n > PS_ARGS_MAX)
+        return cfail(c, PS_EINVAL, "%s: %u arguments, at most %d", cmd, n, PS_ARGS_MAX);
+    ps_msg m;
+    ps_msg_init(&m, PS_MSG_ADMIN);
+    m.has = PS_F_CMD | (n ? PS_F_ARGS : 0);
+    snprintf(m.cmd, sizeof m.cmd, "%s", cmd);
+    for (unsigned i = 0; i < n; i++)
+        m.args[i] = (ps_str){args[i], (uint32_t)strlen(args[i])};
+    m.nargs = n;
+    return ps_conn_call(c, &m, r, timeout_ms);
+}
+
 /* ---- the handshake ------------------------------------------------------ */
 
 int ps_conn_hello(ps_conn *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,

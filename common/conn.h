@@ -157,6 +157,11 @@ int ps_conn_send_noreply_held(ps_conn *c, ps_msg *m);
 /* send + recv; checks that the reply's id matches the request's. */
 int ps_conn_call(ps_conn *c, ps_msg *req, ps_msg *reply, int timeout_ms);
 
+/* One ADMIN request, cmd with its n arguments (at most PS_ARGS_MAX), and
+ * its reply in r, as ps_conn_call: psctl's commands, a follower's
+ * `replicate`, `repl_chunk` and `step_down`. */
+int ps_conn_admin(ps_conn *c, const char *cmd, const char *const *args, unsigned n, ps_msg *r, int timeout_ms);
+
 /* The handshake: sends hello (a HELLO the caller filled in) and returns
  * psd's WELCOME in welcome (valid until the next receive). When psd
  * requires a token it answers with a CHALLENGE instead, and this proves

@@ -60,19 +60,7 @@ int psctl_open(session *ss, const char *server)
 /* Sends ADMIN cmd with args and waits for its OK. */
 int psctl_admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r)
 {
-    ps_msg m;
-    ps_msg_init(&m, PS_MSG_ADMIN);
-    m.has = PS_F_CMD;
-    snprintf(m.cmd, sizeof m.cmd, "%s", cmd);
-    if (nargs > 0) {
-        m.has |= PS_F_ARGS;
-        for (int i = 0; i < nargs; i++) {
-            m.args[i].p = args[i];
-            m.args[i].len = (uint32_t)strlen(args[i]);
-        }
-        m.nargs = (uint32_t)nargs;
-    }
-    int rc = ps_conn_call(&ss->c, &m, r, ss->timeout);
+    int rc = ps_conn_admin(&ss->c, cmd, (const char *const *)args, (unsigned)nargs, r, ss->timeout);
     if (rc == 0 && r->type != PS_MSG_OK) {
         snprintf(ss->c.err, sizeof ss->c.err, "psd answered %s with %s", cmd, ps_msg_type_name(r->type));
         return PS_EMALFORMED;

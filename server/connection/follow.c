@@ -25,6 +25,7 @@
 #include "proto/errors.h"
 #include "server/answer/pull.h"
 #include "server/connection/net.h"
+#include "server/connection/tell.h"
 #include "server/replog/replog.h"
 #include "server/session/pushid.h"
 #include "server/report/checkpoint.h"
@@ -100,18 +101,6 @@ static void pause_ms(srv_follow_thread *t, int ms)
     if (!t->stop)
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     pthread_mutex_unlock(&t->mu);
-}
-
-static int admin(ps_conn *c, const char *cmd, const char *const *args, unsigned n, ps_msg *r)
-{
-    ps_msg m;
-    ps_msg_init(&m, PS_MSG_ADMIN);
-    m.has = PS_F_CMD | PS_F_ARGS;
-    snprintf(m.cmd, sizeof m.cmd, "%s", cmd);
-    for (unsigned i = 0; i < n; i++)
-        m.args[i] = (ps_str){args[i], (uint32_t)strlen(args[i])};
-    m.nargs = n;
-    return ps_conn_call(c, &m, r, TIMEOUT_MS);
 }
 
 /* Sends `repl_fetch` from position from (its answer is read apart, so that
@@ -295,7 +284,7 @@ static void session(srv_follow_thread *t, ps_conn *c)
     char fp[24];
     snprintf(fp, sizeof fp, "%" PRIu64, (uint64_t)t->fp);
     const char *a1[] = {t->advertise, fp};
-    rc = admin(c, "replicate", a1, 2, &r);
+    rc = ps_conn_admin(c, "replicate", a1, 2, &r, TIMEOUT_MS);
     if (rc == PS_EREMOTE && (c->remote_code == -PS_ELAYOUT || c->remote_code == -PS_EINVAL ||
                              c->remote_code == -PS_EFORBIDDEN || c->remote_code == -PS_ENOT_LEADER)) {
         refused(t, ps_conn_error(c));
@@ -322,7 +311,7 @@ static void session(srv_follow_thread *t, ps_conn *c)
         char o[32];
         snprintf(o, sizeof o, "%" PRIu64, off);
         const char *a2[] = {t->advertise, o};
-        rc = admin(c, "repl_chunk", a2, 2, &r);
+        rc = ps_conn_admin(c, "repl_chunk", a2, 2, &r, TIMEOUT_MS);
         if (rc != 0 || r.type != PS_MSG_PARAMS) {
             PS_LOG(PS_LOG_WARN, "replication: reading the snapshot at %" PRIu64 ": %s", off, ps_conn_error(c));
             close(fd);
@@ -487,99 +476,6 @@ static void thread_stop(srv_follow_thread *t)
 
 /* ---- a promotion by hand tells the old leader ---------------------------------------- */
 
-/* Without a coordinator a follower is promoted by a person, who may do it
- * while its leader still runs (a switch-over, or a leader only cut off for
- * a while): both would lead, and the old one, its follower gone from the
- * in-sync set, would acknowledge pushes alone. So the promoted follower
- * tells it, for TELL_MS: ADMIN step_down with this psd's address and the
- * history id of the log it followed, which the old leader checks (a psd
- * that has led another log since is not told to step down). */
-#define TELL_MS 30000
-
-typedef struct tell {
-    char leader[sizeof ((srv_follow *)0)->leader];
-    char self[sizeof ((ps_config *)0)->advertise];
-    ps_token token;
-    uint64_t hist;
-} tell;
-
-/* One attempt: 0 told (or refused: *done), or an error to try again on. */
-static int tell_once(tell *w, char *text, size_t len)
-{
-    ps_conn c;
-    ps_msg m, r;
-    char hist[24];
-    snprintf(hist, sizeof hist, "%" PRIu64, w->hist);
-    const char *args[] = {w->self, hist};
-    ps_conn_init(&c);
-    int rc = ps_conn_connect(&c, w->leader, TIMEOUT_MS);
-    if (rc == 0) {
-        ps_msg_init(&m, PS_MSG_HELLO);
-        m.has = PS_F_VERSION | PS_F_ROLE;
-        m.proto = PS_PROTO_VERSION;
-        m.role = PS_ROLE_ADMIN;
-        rc = ps_conn_hello(&c, &m, w->token.len ? w->token.b : NULL, w->token.len, &r, TIMEOUT_MS);
-    }
-    if (rc == 0)
-        rc = admin(&c, "step_down", args, 2, &r);
-    if (rc == 0)
-        snprintf(text, len, "%.*s", (int)r.text_len, r.text ? r.text : "");
-    else
-        snprintf(text, len, "%s", ps_conn_error(&c));
-    ps_conn_close(&c);
-    ps_conn_free(&c);
-    return rc;
-}
-
-static void *tell_main(void *arg)
-{
-    tell *w = arg;
-    uint64_t until = srv_now_ms() + TELL_MS;
-    char text[400];
-    for (useconds_t backoff = 100000;; backoff = backoff < 1000000 ? backoff * 2 : 1000000) {
-        int rc = tell_once(w, text, sizeof text);
-        if (rc == 0) {
-            PS_LOG(PS_LOG_INFO, "replication: the old leader %s: %s", w->leader, text);
-            break;
-        }
-        if (rc == PS_EREMOTE || rc == PS_EAUTH) {
-            PS_LOG(PS_LOG_WARN, "replication: the old leader %s refused to step down: %s", w->leader, text);
-            break;
-        }
-        if (srv_now_ms() >= until) {
-            PS_LOG(PS_LOG_WARN, "replication: the old leader %s not reached for %d s (%s): if it still runs, stop "
-                   "it, or it goes on leading its workers", w->leader, TELL_MS / 1000, text);
-            break;
-        }
-        usleep(backoff);
-    }
-    free(w);
-    return NULL;
-}
-
-/* Starts telling the old leader (a thread of its own, detached: it ends
- * by itself within TELL_MS and a timeout). */
-static void tell_old_leader(const srv_follow *f, const srv_follow_thread *t)
-{
-    tell *w = calloc(1, sizeof *w);
-    pthread_t th;
-    pthread_attr_t at;
-    if (!w)
-        return;
-    snprintf(w->leader, sizeof w->leader, "%s", f->leader);
-    snprintf(w->self, sizeof w->self, "%s", t->advertise);
-    w->token = t->token;
-    w->hist = t->resume_hist;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&th, &at, tell_main, w) != 0) {
-        PS_LOG(PS_LOG_WARN, "replication: cannot tell the old leader %s to step down (no thread): if it still runs, "
-               "stop it", f->leader);
-        free(w);
-    }
-    pthread_attr_destroy(&at);
-}
-
 static int promote(psd *s, char *err, size_t errlen)
 {
     srv_follow *f = s->follow;
@@ -602,12 +498,16 @@ static int promote(psd *s, char *err, size_t errlen)
            PRIu64 ", model version %" PRIu64 ")", applied, s->model.version);
     s->follow_retired = f;
     if (!s->cfg.coordinator[0]) /* with one, the lease and the fence see to it */
-        tell_old_leader(f, t);
+        srv_tell_step_down(f->leader, t->advertise, &t->token, t->resume_hist);
     return 0;
 }
 
 int srv_follow_step_down(psd *s, const char *leader, const char *why, char *err, size_t errlen)
 {
+    /* following first: from here on, a worker's hello is refused
+     * (NOT_LEADER), so the workers closed below cannot come back to this
+     * psd and make it lead a second time */
+    int rc = leader && leader[0] ? srv_follow_start_to(s, leader, err, errlen) : 0;
     uint32_t n = 0;
     for (srv_conn *c = s->conns; c; c = c->next)
         if (c->role == PS_ROLE_WORKER && !c->closing) {
@@ -618,7 +518,16 @@ int srv_follow_step_down(psd *s, const char *leader, const char *why, char *err,
     PS_LOG(PS_LOG_WARN, "this psd no longer leads part %d (%s; %s): %u workers disconnected, its unacknowledged "
            "pushes dropped", s->cfg.part, why, leader && leader[0] ? leader : "nobody leads now", n);
     srv_replog_free(s); /* a follower's state comes from its leader's snapshot */
-    return leader && leader[0] ? srv_follow_start_to(s, leader, err, errlen) : 0;
+    if (rc != 0 && s->shutdown) {
+        /* it may not lead and cannot follow: it stops (its supervisor
+         * starts it again, and it follows then) rather than take workers
+         * back */
+        char text[400];
+        snprintf(text, sizeof text, "it cannot follow the new leader %s: %s", leader, err);
+        PS_LOG(PS_LOG_ERROR, "this psd stops: %s (it may not lead its part any more)", text);
+        s->shutdown(s, text);
+    }
+    return rc;
 }
 
 static void on_async_closed(uv_handle_t *h)

@@ -415,7 +415,7 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
     if (s->follow)
         return ps_fail(err, errlen, PS_ENOT_LEADER,
                        "this psd is a follower of %s (a replica): workers push to the leader; `psctl promote` "
-                       "makes this one lead", s->cfg.replica_of);
+                       "makes this one lead", s->follow->leader);
     if (s->policy->rounds && m->nshards != (uint32_t)s->cfg.workers) {
         snprintf(err, errlen, "shard %u/%u: this psd runs BSP rounds of %d workers; start workers with --shard K/%d",
                  m->shard, m->nshards, s->cfg.workers, s->cfg.workers);
