@@ -32,6 +32,7 @@
 #include "server/answer/reply.h"
 #include "server/report/safetensors.h"
 #include "server/session/session.h"
+#include "server/replog/pushid.h"
 #include "server/update/update.h"
 
 static void usage(FILE *f)

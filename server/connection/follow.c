@@ -27,7 +27,7 @@
 #include "server/connection/net.h"
 #include "server/connection/tell.h"
 #include "server/replog/replog.h"
-#include "server/session/pushid.h"
+#include "server/replog/pushid.h"
 #include "server/report/checkpoint.h"
 
 #define FETCH_WAIT_MS 500

@@ -26,6 +26,7 @@
 #include "server/answer/reply.h"
 #include "server/session/ledger.h"
 #include "server/session/session.h"
+#include "server/replog/pushid.h"
 #include "server/report/status.h"
 #include "server/update/update.h"
 

@@ -18,7 +18,7 @@
 #include "server/store/scratch.h"
 #include "server/record/stats.h"
 #include "server/session/ledger.h"
-#include "server/session/pushid.h"
+#include "server/replog/pushid.h"
 #include "server/update/update.h"
 
 static void handle_declare(srv_conn *c, ps_msg *m)

@@ -22,7 +22,7 @@
 #include "server/policy/policy.h"
 #include "server/replog/replog.h"
 #include "server/report/checkpoint.h"
-#include "server/session/pushid.h"
+#include "server/replog/pushid.h"
 
 #define CHUNK_BYTES ((size_t)SRV_BLK_FLOATS * 4) /* a chunk or a fetch: one block's bytes at most */
 #define FETCH_WAIT_MAX_MS 1000
@@ -207,12 +207,7 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, rc, 0, "replicate: %s", err);
         return;
     }
-    f->snap_writing = 1;
-    /* checkpoints keep no push ids: the log gives them to the follower
-     * right after the snapshot's position */
-    uint64_t cid, pid;
-    for (uint32_t it = 0; srv_pushid_next(s, &it, &cid, &pid);)
-        srv_replog_pushid(s, cid, pid);
+    f->snap_writing = 1; /* it holds the push ids too (report/checkpoint.c) */
     PS_LOG(PS_LOG_INFO, "replication: follower %s (from %s) asks for a snapshot", addr, c->addr);
 }
 

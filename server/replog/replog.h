@@ -98,7 +98,7 @@ void srv_replog_flush(psd *s);
  * (n x dim floats) and scale. A no-op while the log is off. */
 void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, double scale);
 
-/* A push id applied (session/pushid.c): client cid's push pid. A no-op
+/* A push id applied (replog/pushid.c): client cid's push pid. A no-op
  * while the log is off. */
 void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid);
 

@@ -31,6 +31,7 @@
 #include "proto/errors.h"
 #include "server/tables/sparse_optim.h"
 #include "server/record/stats.h"
+#include "server/replog/pushid.h"
 
 enum { CKPT_AT_MKDIR = 1, CKPT_AT_CREATE, CKPT_AT_WRITE, CKPT_AT_RENAME, CKPT_AT_EXIT };
 #define CKPT_WBUF (1u << 20)
@@ -88,13 +89,35 @@ static void pack_tables(msgpack_packer *pk, const psd *s, const ckpt_job *j)
     }
 }
 
+/* "pushids": the push ids applied per client (replog/pushid.c), so that a
+ * psd restarted from this checkpoint answers a push it holds and a client
+ * sends again without applying it twice: 16 bytes per client, its cid and
+ * highest pid applied, little-endian. */
+static void pack_pushids(msgpack_packer *pk, const psd *s)
+{
+    uint32_t n = srv_pushid_count(s), i = 0;
+    uint8_t *b = malloc((size_t)n * 16);
+    uint64_t cid, pid;
+    for (uint32_t it = 0; b && i < n && srv_pushid_next(s, &it, &cid, &pid); i++) {
+        srv_ckpt_put_u32(b + 16 * i, (uint32_t)cid);
+        srv_ckpt_put_u32(b + 16 * i + 4, (uint32_t)(cid >> 32));
+        srv_ckpt_put_u32(b + 16 * i + 8, (uint32_t)pid);
+        srv_ckpt_put_u32(b + 16 * i + 12, (uint32_t)(pid >> 32));
+    }
+    ps_pack_key(pk, "pushids");
+    msgpack_pack_bin(pk, b ? 16 * i : 0);
+    msgpack_pack_bin_body(pk, b, b ? 16 * i : 0);
+    free(b);
+}
+
 static int build_header(psd *s, ckpt_job *j, const char *const *names)
 {
     msgpack_packer pk;
     msgpack_packer_init(&pk, &j->header, ps_buf_write);
     const ps_layout *l = &s->model.layout;
     const ps_config *c = &s->cfg;
-    msgpack_pack_map(&pk, 8 + (s->plan.set ? 1 : 0) + (j->ntables ? 1 : 0));
+    int pushids = srv_pushid_count(s) > 0;
+    msgpack_pack_map(&pk, 8 + (s->plan.set ? 1 : 0) + (j->ntables ? 1 : 0) + pushids);
     ps_pack_key(&pk, "version");
     msgpack_pack_uint64(&pk, j->version);
     ps_pack_key(&pk, "created");
@@ -141,6 +164,8 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
         pack_plan(&pk, s);
     if (j->ntables)
         pack_tables(&pk, s, j);
+    if (pushids)
+        pack_pushids(&pk, s);
     return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
 }
 

@@ -23,6 +23,7 @@
 #include "proto/errors.h"
 #include "server/tables/sparse_optim.h"
 #include "server/record/stats.h"
+#include "server/replog/pushid.h"
 
 /* ---- loading -------------------------------------------------------------- */
 
@@ -210,6 +211,44 @@ static int read_tables(const msgpack_object *o, ckpt_tdef *t, uint32_t *nt, uint
 
 /* Reads and checks one file; on success fills the model and clocks, and
  * the plan with the shards out of it (*nout of them, in out, below max). */
+/* The header's "pushids" (checkpoint.c), checked whole before anything is
+ * kept: the record then is the checkpoint's, exactly. A checkpoint without
+ * them (written before psd kept them, or with no client that names itself)
+ * leaves none. */
+static int read_pushids(const msgpack_object *o, char *err, size_t errlen)
+{
+    if (o && (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size % 16 != 0 ||
+              o->via.bin.size / 16 > SRV_PUSHIDS_MAX)) {
+        snprintf(err, errlen, "bad pushids: not a bin of at most %u 16-byte entries", SRV_PUSHIDS_MAX);
+        return PS_EMALFORMED;
+    }
+    for (uint32_t i = 0; o && i < o->via.bin.size / 16; i++) {
+        const uint8_t *e = (const uint8_t *)o->via.bin.ptr + 16 * i;
+        uint32_t cid_bits = srv_ckpt_get_u32(e) | srv_ckpt_get_u32(e + 4);
+        uint32_t pid_bits = srv_ckpt_get_u32(e + 8) | srv_ckpt_get_u32(e + 12);
+        if (cid_bits == 0 || pid_bits == 0) {
+            snprintf(err, errlen, "bad pushids: entry %u has a cid or pid of 0", i);
+            return PS_EMALFORMED;
+        }
+    }
+    return 0;
+}
+
+static void restore_pushids(psd *s, const msgpack_object *o, const char *path)
+{
+    srv_pushid_free(s);
+    for (uint32_t i = 0; o && i < o->via.bin.size / 16; i++) {
+        const uint8_t *e = (const uint8_t *)o->via.bin.ptr + 16 * i;
+        uint64_t cid = srv_ckpt_get_u32(e) | (uint64_t)srv_ckpt_get_u32(e + 4) << 32;
+        uint64_t pid = srv_ckpt_get_u32(e + 8) | (uint64_t)srv_ckpt_get_u32(e + 12) << 32;
+        if (srv_pushid_set(s, cid, pid) != 0) {
+            PS_LOG(PS_LOG_WARN, "checkpoint %s: no memory for its push ids: a push sent again after this restart may "
+                                "be applied twice", path);
+            return;
+        }
+    }
+}
+
 static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint32_t *nout, char *err, size_t errlen)
 {
     int rc = PS_EMALFORMED;
@@ -273,7 +312,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     }
     const msgpack_object *ver = ps_map_get(&h, "version"), *lay = ps_map_get(&h, "layout");
     const msgpack_object *sta = ps_map_get(&h, "state"), *opt = ps_map_get(&h, "optimizer");
-    const msgpack_object *clk = ps_map_get(&h, "clocks");
+    const msgpack_object *clk = ps_map_get(&h, "clocks"), *pids = ps_map_get(&h, "pushids");
     if (!ver || ver->type != MSGPACK_OBJECT_POSITIVE_INTEGER || !lay || lay->type != MSGPACK_OBJECT_ARRAY || !sta ||
         sta->type != MSGPACK_OBJECT_ARRAY || !opt || opt->type != MSGPACK_OBJECT_STR) {
         snprintf(err, errlen, "header lacks version, layout, optimizer or state");
@@ -296,6 +335,8 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     }
     if (nstate <= CKPT_MAX_STATE && dense <= size && tabs &&
         read_tables(tabs, tdefs, &nt, size - dense, &tbytes, format == CKPT_FORMAT_CLOCKS, err, errlen) != 0)
+        goto out;
+    if (read_pushids(pids, err, errlen) != 0)
         goto out;
     if (nstate > CKPT_MAX_STATE || size != dense + tbytes) {
         snprintf(err, errlen, "truncated or padded: %zu bytes, expected %zu for %zu parameters%s", size,
@@ -370,6 +411,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
                             "rows fit until some memory is freed or the setting raised",
                path, (unsigned long long)s->tables.bytes, (unsigned long long)s->cfg.max_table_memory);
     srv_model_set_initialized(&s->model, ver->via.u64);
+    restore_pushids(s, pids, path);
     srv_plan_clear(&s->plan);
     *nout = 0;
     const msgpack_object *plan = ps_map_get(&h, "plan");

@@ -1,6 +1,5 @@
 /* session.h - the session layer: a connection's membership (hello.c: the
- * hello in three steps, leaving), the token challenge (auth.c) and the
- * pushes applied once (pushid.c). */
+ * hello in three steps, leaving) and the token challenge (auth.c). */
 #ifndef SRV_SESSION_H
 #define SRV_SESSION_H
 
@@ -9,6 +8,5 @@
 /* the session layer's files */
 #include "server/session/auth.h"
 #include "server/session/hello.h"
-#include "server/session/pushid.h"
 
 #endif

@@ -223,7 +223,7 @@ struct srv_conn {
                               * (PROTOCOL.md 15) */
     uint64_t client_id;      /* its hello's "cid" (0: none): its pushes' "pid"s are
                               * recorded and a resent one answered, not applied
-                              * (session/pushid.c) */
+                              * (replog/pushid.c) */
     uint8_t *rbuf;           /* read buffer: frames accumulate here */
     size_t rpos, rlen, rcap; /* unprocessed bytes are rbuf[rpos..rlen) */
     size_t want_end;         /* a big frame is incomplete: it ends at rbuf[want_end]
@@ -400,7 +400,7 @@ typedef struct srv_coord_view {
     uint64_t failures;       /* requests no member answered */
 } srv_coord_view;
 
-/* Pushes applied once (session/pushid.c's, PROTOCOL.md 15): for each client
+/* Pushes applied once (replog/pushid.c's, PROTOCOL.md 15): for each client
  * that named itself in its hello, the highest push id applied; at most
  * SRV_PUSHIDS_MAX clients, the one that pushed longest ago forgotten for a
  * new one. */
@@ -512,7 +512,7 @@ struct psd {
                               * (update/tapply.c); NULL: ordered */
     srv_push_wait push_wait; /* the reply a push owes while its update runs off
                               * the loop (handle.c) */
-    srv_pushids pushids;     /* the push ids applied per client (session/pushid.c) */
+    srv_pushids pushids;     /* the push ids applied per client (replog/pushid.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
     ps_buf enc;              /* encode scratch for replies */
     ps_layout scratch_layout; /* where a hello's layout is decoded */

@@ -18,6 +18,8 @@ the job, so the timer never fires:
   model exists only in memory and how to keep it.
 - `psctl status` shows the newest checkpoint's version and age beside the
   model's version.
+- A push applied before a checkpoint, sent again (its push id kept) to the
+  psd restarted from it, is answered and not applied twice.
 - The ckpt-N.psdc.tmp files a kill -9 during a write leaves are removed at
   start, each with a log line.
 """
@@ -27,6 +29,8 @@ import re
 import signal
 import sys
 import unittest
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -113,6 +117,57 @@ class CheckpointAtEndTest(unittest.TestCase):
             for w in ws:
                 w.kill()
             self.restart_and_compare(cl, psd, args, state, before, version)
+
+    def test_push_ids_survive_a_restart(self):
+        """A push applied and checkpointed whose answer was lost is sent
+        again, with its push id, to the psd restarted from that checkpoint:
+        psd answers it and applies nothing (the checkpoint keeps each
+        client's highest push id applied), and applies the client's next
+        push."""
+        layout = [["w", [4]]]
+        args = ["--set", "optimizer=sgd", "--set", "momentum=0", "--set", "lr=0.5", "--set", "warmup_versions=0"]
+        cid = 0x5EED0000C0FFEE
+
+        def push(w, pid):
+            return w.request({"t": harness.T_PUSH, "base": 0, "off": 0, "pid": pid, "data": harness.floats([1] * 4)})
+
+        def values(addr):
+            with harness.RawClient(addr) as a:
+                a.hello_admin()
+                r = a.request({"t": harness.T_PULL, "off": 0, "len": 4})
+                self.assertEqual(r["t"], harness.T_PARAMS, r)
+                return r["ver"], list(np.frombuffer(r["data"], dtype="<f4"))
+
+        with harness.Cluster("psd-ckpt-pushids") as cl:
+            state = os.path.join(cl.dir, "state")
+            psd = cl.psd(mode="asgd", workers=1, args=["--state-dir", state] + args)
+            with harness.RawClient(psd.addr) as w:
+                self.assertEqual(w.hello_worker(layout, 0, 1, cid=cid)["t"], harness.T_WELCOME)
+                self.assertEqual(w.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0] * 4)})["t"],
+                                 harness.T_OK)
+                for pid in (1, 2):
+                    self.assertEqual(push(w, pid)["t"], harness.T_OK)
+                self.assertEqual(push(w, 2)["t"], harness.T_OK, "a push sent again is answered")
+                self.assertEqual(values(psd.addr), (2, [-1.0] * 4), "and not applied again")
+                r = harness.psctl(psd.addr, "checkpoint")
+                self.assertEqual(r.returncode, 0, r.stderr)
+            os.kill(psd.pid, signal.SIGKILL)
+            psd.wait(10)
+            psd2 = cl.psd(mode="asgd", workers=1, args=["--state-dir", state] + args, name="psd2")
+            harness.wait_until(lambda: "loaded checkpoint" in psd2.stderr(), 10, "psd to load its checkpoint")
+            with harness.RawClient(psd2.addr) as w:
+                self.assertEqual(w.hello_worker(layout, 0, 1, cid=cid)["t"], harness.T_WELCOME)
+                for pid in (1, 2):
+                    self.assertEqual(push(w, pid)["t"], harness.T_OK, "push %d sent again" % pid)
+                self.assertEqual(values(psd2.addr), (2, [-1.0] * 4), "pushes 1 and 2 applied once, before the kill")
+                self.assertEqual(push(w, 3)["t"], harness.T_OK)
+                self.assertEqual(values(psd2.addr), (3, [-1.5] * 4), "push 3 is new")
+            # another client's push with the same numbers is its own
+            with harness.RawClient(psd2.addr) as w:
+                self.assertEqual(w.hello_worker(layout, 0, 1, cid=cid + 1)["t"], harness.T_WELCOME)
+                self.assertEqual(push(w, 2)["t"], harness.T_OK)
+                self.assertEqual(values(psd2.addr)[0], 4)
+            psd2.stop()
 
     def test_no_state_dir_says_so_once(self):
         with harness.Cluster("psd-ckpt-none") as cl:

@@ -121,7 +121,7 @@ OWNED = [
     ("psd.follow, repl_release, promote", "connection/", psd_writes("follow", "follow_retired", "repl_release", "promote")),
     ("psd.coord, coord_state (leadership through etcd)", "coord/", psd_writes("coord", "coord_state")),
     ("psd.push_wait", "dispatch/handle.c", psd_writes("push_wait")),
-    ("psd.pushids", "session/pushid.c", psd_writes("pushids")),
+    ("psd.pushids", "replog/pushid.c", psd_writes("pushids")),
     ("psd.paused, ckpt_waits", "dispatch/admin.c", psd_writes("paused", "ckpt_waits")),
     ("the connections and listeners (psd.conns, rbuf_bytes, http, ...)", "connection/",
      psd_writes("conns", "nconns", "rbuf_bytes", "next_cid", "listener", "listening", "port", "stopping", "io",

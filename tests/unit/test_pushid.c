@@ -1,4 +1,4 @@
-/* test_pushid.c - unit tests for server/session/pushid.c: the highest push
+/* test_pushid.c - unit tests for server/replog/pushid.c: the highest push
  * id applied per client, its bound, its walk and its restore. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "proto/errors.h"
-#include "server/session/pushid.h"
+#include "server/replog/pushid.h"
 
 static psd *new_psd(void)
 {

@@ -2,8 +2,8 @@
  * itself in its hello ("cid"), the highest push number ("pid") psd has
  * applied, so that a push the client sends again after a lost connection
  * is answered without being applied twice (PROTOCOL.md 15). */
-#ifndef SRV_SESSION_PUSHID_H
-#define SRV_SESSION_PUSHID_H
+#ifndef SRV_REPLOG_PUSHID_H
+#define SRV_REPLOG_PUSHID_H
 
 #include "server/store/psd.h"
 

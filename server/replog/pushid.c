@@ -5,7 +5,7 @@
  * Bounded: at most SRV_PUSHIDS_MAX clients; a new one past that forgets
  * the client whose last push is the oldest (a scan, only when a new client
  * arrives at a full table). */
-#include "server/session/pushid.h"
+#include "server/replog/pushid.h"
 #include "server/replog/replog.h"
 
 #include <stdlib.h>
