@@ -35,7 +35,8 @@ static const struct psctl_option {
     {"server", 's', "HOST:PORT",
      "psd's address (default $PSD_SERVER or 127.0.0.1:7000); HOST:PORT,HOST:PORT,...: the psd of a model "
      "split over several, in part order: each command goes to each psd in turn (--json: an array), and "
-     "save joins their parts (and each table's rows from every psd, into one table)"},
+     "save joins their parts (and each table's rows from every psd, into one table); HOST:PORT/HOST:PORT: a "
+     "part's replicas, of which psctl talks to the one that leads (promote: give the follower alone)"},
     {"timeout", 't', "MS", "give up on a reply after MS milliseconds (default 5000; checkpoint 600000)"},
     {"json", 'j', NULL,
      "machine-readable output: one JSON document on stdout (not for metrics, which is Prometheus text "
@@ -181,11 +182,18 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     int status = EXIT_OK;
-    if (n > 1 && cmd->run_parts) {
+    /* a part given as its replicas: its leader */
+    for (uint32_t i = 0; i < n && status == EXIT_OK; i++) {
+        ss[i].timeout = timeout;
+        ss[i].token = token;
+        status = psctl_pick_leader(&ss[i], list[i], sizeof list[i]);
+        ps_token_clear(&ss[i].token);
+    }
+    if (status == EXIT_OK && n > 1 && cmd->run_parts) {
         psctl_call k = {.cmd = cmd, .server = server, .args = args, .nargs = nargs, .as_json = as_json,
                         .csv = history_csv, .force = force};
         status = cmd->run_parts(ss, list, n, &token, timeout, &k);
-    } else {
+    } else if (status == EXIT_OK) {
         /* every other command goes to each psd in turn: a header line
          * before each one's text, a JSON array of their documents */
         if (n > 1 && as_json && !(cmd->flags & PSCTL_TEXT))

@@ -95,6 +95,11 @@ int psctl_report(ps_conn *c, int rc, int timeout);
 /* Connects ss->c to server and says hello as an admin (ss->timeout and
  * ss->token set); the layout and mode from the WELCOME. 0 or a PS_E* code. */
 int psctl_open(session *ss, const char *server);
+/* A part given as its replicas, "HOST:PORT/HOST:PORT/...": asks each in
+ * turn for its status and writes the one that leads over entry (len
+ * bytes). An entry without '/' is left as it is. An exit code; when none
+ * leads, one line on stderr saying what each one is. */
+int psctl_pick_leader(session *ss, char *entry, size_t len);
 /* Sends ADMIN cmd with args and waits for its OK. 0 or a PS_E* code (the
  * reason in ss->c's error). */
 int psctl_admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r);

@@ -2,6 +2,7 @@
  * hello, ADMIN commands, single requests, and what a failure means for the
  * exit code. Owns nothing but the session it is given. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "proto/errors.h"
@@ -82,4 +83,55 @@ int psctl_ask(session *ss, uint32_t type, uint32_t want, const char *what, ps_ms
         return EXIT_REMOTE;
     }
     return EXIT_OK;
+}
+
+/* Asks the psd at addr for its status: 1 when it leads its part (or has no
+ * replicas), 0 when it follows (its leader in leader), or a PS_E* code. */
+static int leads(session *ss, const char *addr, char *leader, size_t len)
+{
+    ps_msg m, r;
+    ps_conn_init(&ss->c);
+    int rc = psctl_open(ss, addr);
+    if (rc == 0) {
+        ps_msg_init(&m, PS_MSG_STATUS);
+        rc = ps_conn_call(&ss->c, &m, &r, ss->timeout);
+    }
+    if (rc == 0 && r.type != PS_MSG_STATUS_REPLY)
+        rc = PS_EMALFORMED;
+    if (rc == 0) {
+        const msgpack_object *repl = r.body ? ps_map_get(r.body, "replication") : NULL;
+        char role[16];
+        rc = strcmp(repl ? psctl_str(repl, "role", role, sizeof role) : "leader", "follower") != 0;
+        if (!rc)
+            psctl_str(repl, "leader", leader, len);
+        ps_msg_init(&m, PS_MSG_BYE);
+        ps_conn_send(&ss->c, &m);
+    }
+    return rc;
+}
+
+int psctl_pick_leader(session *ss, char *entry, size_t len)
+{
+    if (!strchr(entry, '/'))
+        return EXIT_OK;
+    char all[300], why[900] = "", leader[300];
+    snprintf(all, sizeof all, "%s", entry);
+    size_t used = 0;
+    int reached = 0, rc = 0;
+    char *save = NULL;
+    for (char *addr = strtok_r(all, "/", &save); addr; addr = strtok_r(NULL, "/", &save)) {
+        rc = leads(ss, addr, leader, sizeof leader);
+        if (rc == 1)
+            snprintf(entry, len, "%s", addr);
+        else if (used < sizeof why)
+            used += (size_t)snprintf(why + used, sizeof why - used, "%s%s: %s%s", used ? "; " : "", addr,
+                                     rc == 0 ? "follows " : ps_conn_error(&ss->c), rc == 0 ? leader : "");
+        reached += rc >= 0;
+        ps_conn_close(&ss->c);
+        ps_conn_free(&ss->c);
+        if (rc == 1)
+            return EXIT_OK;
+    }
+    fprintf(stderr, "psctl: none of %s leads its part (%s)\n", entry, why);
+    return reached ? EXIT_REMOTE : psctl_exit_code(rc);
 }

@@ -268,6 +268,14 @@ def test_promote_with_the_leader_alive_moves_the_part():
                 rep = c.request({"t": 17, "id": 5, "cmd": "step_down", "args": args})
                 assert rep["t"] == 15 and why in rep.get("text", ""), (args, rep)
         assert repl(leader.addr)["role"] == "leader"
+        # psctl given the part's replicas talks to the one that leads
+        both = follower.addr + "/" + leader.addr
+        r = harness.psctl(both, "status", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["replication"]["role"] == "leader", r.stdout
+        r = harness.psctl(follower.addr + "/127.0.0.1:9", "status")
+        assert r.returncode == 1 and "none of %s/127.0.0.1:9 leads its part (%s: follows %s; 127.0.0.1:9: " % (
+            follower.addr, follower.addr, leader.addr) in r.stderr, r.stderr
         at = min(tk.steps_done(w) for w in ws)
         r = harness.psctl(follower.addr, "promote")
         assert r.returncode == 0, r.stderr
@@ -283,6 +291,9 @@ def test_promote_with_the_leader_alive_moves_the_part():
         assert promoted_at < final, (promoted_at, final)
         assert min(res["reconnects_all"]) >= 1, res
         harness.wait_until(lambda: in_sync(follower, leader), 60, "the old leader in sync as a follower")
+        r = harness.psctl(both, "status", "--json")  # the promoted one now
+        assert r.returncode == 0 and json.loads(r.stdout)["replication"]["leader"] == "", (r.stdout, r.stderr)
+        assert json.loads(r.stdout)["replication"]["followers"], r.stdout
         print("switch-over with the leader alive: promoted after %d steps (version %d), final version %d, AUC %.4f"
               % (at, promoted_at, final, res["auc"]), file=sys.stderr)
 
@@ -389,6 +400,9 @@ def test_followers_psd_cannot_take_are_refused():
         assert fs == [] or not fs[0]["insync"], fs
 
 
+STEPS_LIES = 2000  # the workers push (10 ms a step at least) until the test kills them
+
+
 def test_fetches_that_lie_are_refused():
     """The leader's side of the stream's bad input: a fetch or a chunk for
     an address that never asked for a snapshot, a fetch from past the
@@ -398,7 +412,7 @@ def test_fetches_that_lie_are_refused():
     lies about its length, position or version: test_replog.)"""
     with harness.Cluster("psd-replica-lies") as cl:
         leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
-        ws = start_workers(cl, leader.addr, steps=40)
+        ws = start_workers(cl, leader.addr, steps=STEPS_LIES, pace=0.01)
         harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 5, 120, "the workers' first steps")
         follower = follow(cl, leader)
         harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
@@ -423,6 +437,8 @@ def test_fetches_that_lie_are_refused():
             rep = c.request({"t": 17, "id": 6, "cmd": "replicate", "args": ["127.0.0.1:3", "0"]})
             assert rep.get("text", "").startswith("snapshot "), rep
             pos, hist = (int(x) for x in rep["text"].split()[2:4])
+            # a record after the snapshot's position, for a fetch from inside it
+            harness.wait_until(lambda: repl(leader.addr)["log_end"] > pos, 60, "a push after the snapshot")
             # inside a record: refused; at a record's start with the log's history, a follower
             # the leader does not know goes on from there (one whose slot was forgotten)
             refused("repl_fetch", ["127.0.0.1:3", str(pos + 1), "0"], "not where one of this log's records starts", c)
@@ -430,7 +446,8 @@ def test_fetches_that_lie_are_refused():
             assert rep["t"] != 15 and rep.get("ver", 0) >= pos, rep
         harness.wait_until(lambda: "follower 127.0.0.1:3 went away before it read its snapshot" in leader.stderr(),
                            30, "the leader to free the snapshot of a follower gone")
-        tk.finish(ws)
+        for w in ws:
+            w.kill()
         harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
         assert harness.status(follower.addr)["version"] == harness.status(leader.addr)["version"]
         assert not repl(follower.addr).get("error"), repl(follower.addr)
