@@ -43,23 +43,34 @@
   builds and runs it for real.
 - deploy/slurm/psd-job.sbatch runs a whole job on this machine under stand-ins
   for srun and scontrol (one node, 127.0.0.1): psd part up, the worker
-  trains, psctl saves the model, psd shuts down.
+  trains, psctl saves the model, psd shuts down. And with PSD_REPLICAS=2
+  and the job's own etcd (skipped without etcd, Debian's etcd-server): the
+  leader psd killed with SIGKILL while the worker trains, the follower
+  elected, the worker finishing with it, the model at exactly one version
+  per step; the time from the kill to the election and to the new leader's
+  first push is printed.
 """
 
+import base64
 import http.server
 import json
 import os
 import re
 import shutil
+import signal
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import etcd  # noqa: E402
 from harness import Paths  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -606,38 +617,93 @@ class ContainerfileTest(unittest.TestCase):
                         self.assertIn(cmd, names, "%s runs %s, which the image lacks" % (os.path.join(d, f), cmd))
 
 
+def ports_in_a_row(n):
+    """The first of n consecutive ports nothing listens on, on any address
+    (psd listens on 0.0.0.0): psd's replicas, etcd's client and peer ports."""
+    for _ in range(100):
+        base = harness.free_port()
+        if base + n > 65536:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError("no %d free ports in a row" % n)
+
+
+def pids_of(program, arg):
+    """The pids of the processes running program (its name) with arg among
+    their arguments."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if os.path.basename(argv[0]) == program and arg in argv:
+            out.append(int(d))
+    return out
+
+
+def etcd_get(url, key):
+    """The value of key in the etcd at url, through its JSON gateway, or None."""
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+    req = urllib.request.Request(url + "/v3/kv/range", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        kvs = json.load(r).get("kvs", [])
+    return base64.b64decode(kvs[0].get("value", "")).decode() if kvs else None
+
+
 class SlurmTest(unittest.TestCase):
     """The sbatch script end to end, one node, under stand-ins for srun and scontrol."""
 
+    SCRIPT = os.path.join(ROOT, "deploy", "slurm", "psd-job.sbatch")
+
+    def stand_ins(self, d, **env):
+        """The environment of a job of one node, 127.0.0.1, with stand-ins
+        for srun and scontrol first on PATH."""
+        bindir = os.path.join(d, "bin")
+        os.mkdir(bindir)
+        # srun: runs its command once per task (one node: one task), with
+        # the variables Slurm sets; options before the command are skipped
+        srun = os.path.join(bindir, "srun")
+        with open(srun, "w") as f:
+            f.write("#!/bin/bash\nwhile [ $# -gt 0 ] && [ \"${1#-}\" != \"$1\" ]; do shift; done\n"
+                    "echo \"srun $*\" >> \"$SRUN_LOG\"\n"
+                    "SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_NODEID=0 SLURMD_NODENAME=127.0.0.1 exec \"$@\"\n")
+        scontrol = os.path.join(bindir, "scontrol")
+        with open(scontrol, "w") as f:
+            f.write("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo 127.0.0.1\n")
+        for p in (srun, scontrol):
+            os.chmod(p, 0o755)
+        out = dict(os.environ, PATH="%s:%s:%s:%s:%s" % (bindir, os.path.dirname(Paths.psd),
+                                                         os.path.dirname(Paths.psworker),
+                                                         os.path.dirname(Paths.psctl), os.environ["PATH"]),
+                   SLURM_JOB_ID="42", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="1",
+                   SLURM_SUBMIT_DIR=d, SRUN_LOG=os.path.join(d, "srun.log"), PSD_DATA_DIR=Paths.data)
+        out.update(env)
+        return out
+
     def test_one_node_job(self):
-        script = os.path.join(ROOT, "deploy", "slurm", "psd-job.sbatch")
-        r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        r = subprocess.run(["bash", "-n", self.SCRIPT], capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stderr)
         text = read("deploy", "slurm", "psd-job.sbatch")
         self.assertIn("#SBATCH --ntasks-per-node=1", text)
         with tempfile.TemporaryDirectory(prefix="psd-slurm-") as d:
-            bindir = os.path.join(d, "bin")
-            os.mkdir(bindir)
-            # srun: runs its command once per task (one node: one task), with
-            # the variables Slurm sets; options before the command are skipped
-            srun = os.path.join(bindir, "srun")
-            with open(srun, "w") as f:
-                f.write("#!/bin/bash\nwhile [ $# -gt 0 ] && [ \"${1#-}\" != \"$1\" ]; do shift; done\n"
-                        "echo \"srun $*\" >> \"$SRUN_LOG\"\n"
-                        "SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_NODEID=0 SLURMD_NODENAME=127.0.0.1 exec \"$@\"\n")
-            scontrol = os.path.join(bindir, "scontrol")
-            with open(scontrol, "w") as f:
-                f.write("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && echo 127.0.0.1\n")
-            for p in (srun, scontrol):
-                os.chmod(p, 0o755)
-            env = dict(os.environ, PATH="%s:%s:%s:%s:%s" % (bindir, os.path.dirname(Paths.psd),
-                                                             os.path.dirname(Paths.psworker),
-                                                             os.path.dirname(Paths.psctl), os.environ["PATH"]),
-                       SLURM_JOB_ID="42", SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="1",
-                       SLURM_SUBMIT_DIR=d, SRUN_LOG=os.path.join(d, "srun.log"), PSD_PORT=str(harness.free_port()),
-                       PSD_DATA_DIR=Paths.data,
-                       PSD_WORKER_ARGS="--epochs 1 --limit 2000 --test-limit 500 --model mlp:32 --eval")
-            r = subprocess.run(["bash", script], capture_output=True, text=True, timeout=120, env=env, cwd=d)
+            env = self.stand_ins(d, PSD_PORT=str(harness.free_port()),
+                                 PSD_WORKER_ARGS="--epochs 1 --limit 2000 --test-limit 500 --model mlp:32 --eval")
+            r = subprocess.run(["bash", self.SCRIPT], capture_output=True, text=True, timeout=120, env=env, cwd=d)
             self.assertEqual(r.returncode, 0, "sbatch script failed:\n%s\n%s" % (r.stdout, r.stderr))
             job = os.path.join(d, "psd-job-42")
             tok = os.path.join(job, "token")
@@ -651,6 +717,148 @@ class SlurmTest(unittest.TestCase):
                 log = f.read()
             self.assertIn("psd --listen", log)
             self.assertIn("psworker --shard auto", log)
+            self.assertEqual(log.count("exec psd "), 1, "one psd step without replicas")
+            with open(os.path.join(job, "psd-0.log")) as f:
+                self.assertNotIn("coordinator", f.read(), "no coordinator without replicas")
+            self.assertEqual(sorted(f for f in os.listdir(job) if f.startswith(("psd-", "state-"))),
+                             ["psd-0.log", "state-0"])
+
+    @unittest.skipIf(etcd.why_no_etcd(), etcd.why_no_etcd() or "")
+    def test_replicas_with_the_jobs_etcd_through_a_leader_killed(self):
+        """PSD_REPLICAS=2: two psd of the one part, the job's own etcd; the
+        leader killed with SIGKILL while the worker trains. The follower is
+        elected, the worker goes on with it, and the job ends with the model
+        at exactly one version per step of the worker (no acknowledged push
+        lost, none applied twice), saved from the new leader."""
+        limit, batch, seconds = 2000, 64, 25
+        with tempfile.TemporaryDirectory(prefix="psd-slurm-") as d:
+            port = ports_in_a_row(4)  # psd's two, then etcd's client and peer ports
+            eport = port + 2
+            # the worker trains for `seconds` (--max-seconds), however fast
+            # the machine: long enough for the kill, the election and its
+            # reconnect
+            env = self.stand_ins(d, PSD_PORT=str(port), PSD_REPLICAS="2", PSD_ETCD_PORT=str(eport), TMPDIR=d,
+                                 PSD_WORKER_ARGS="--epochs 100000 --max-seconds %d --limit %d --batch %d "
+                                                 "--test-limit 500 --model mlp:32 --eval" % (seconds, limit, batch))
+            addrs = ["127.0.0.1:%d" % (port + r) for r in range(2)]
+            job = os.path.join(d, "psd-job-42")
+            with open(os.path.join(d, "stdout"), "w+") as out, open(os.path.join(d, "stderr"), "w+") as err:
+                p = subprocess.Popen(["bash", self.SCRIPT], stdout=out, stderr=err, env=env, cwd=d,
+                                     stdin=subprocess.DEVNULL)
+                try:
+                    try:
+                        took = self.kill_the_leader(p, addrs, job, "http://127.0.0.1:%d" % eport)
+                    except AssertionError as e:
+                        raise AssertionError("%s\n%s" % (e, "\n".join(
+                            "--- %s:\n%s" % (f, harness.tail(os.path.join(job, f), 15))
+                            for f in ("psd-0-0.log", "psd-0-1.log", "etcd.log")))) from None
+                    rc = p.wait(timeout=120)
+                finally:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                    left = self.processes_in(d)  # psd, etcd, psworker left behind by a failed run
+                    for pid in left:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                out.seek(0)
+                err.seek(0)
+                stdout, stderr = out.read(), err.read()
+            self.assertEqual(rc, 0, "sbatch script failed:\n%s\n%s" % (stdout, stderr[-4000:]))
+            summary = [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
+            self.assertEqual(len(summary), 1, stdout)
+            self.assertEqual(summary[0]["mode"], "asgd")
+            self.assertGreaterEqual(summary[0]["reconnects"], 1, "the worker went over to the new leader")
+            self.assertGreater(summary[0]["test_accuracy"], 0.5)
+            # every step's push applied once, on the psd etcd elected
+            m = re.search(r"--max-seconds %d reached at epoch (\d+) step (\d+)" % seconds, stderr)
+            self.assertIsNotNone(m, "the worker trained until --max-seconds:\n" + stderr[-2000:])
+            steps = (int(m.group(1)) - 1) * harness.steps_per_epoch(limit, 1, batch, False)[0] + int(m.group(2))
+            meta, _ = harness.read_safetensors(os.path.join(job, "model.safetensors"))
+            self.assertEqual(int(meta["model_version"]), steps, "one model version per step of the worker")
+            self.assertEqual(summary[0]["version"], steps)
+            # the psd killed did not answer the shutdown; the job's etcd is
+            # stopped and its data removed
+            self.assertIn("did not answer shutdown", stderr)
+            self.assertEqual(left, [], "the job left no process behind (psd, etcd, psworker)")
+            self.assertEqual([f for f in os.listdir(d) if f.startswith("psd-etcd-")], [])
+            self.assertEqual(sorted(f for f in os.listdir(job) if f.startswith(("psd-", "state-"))),
+                             ["psd-0-0.log", "psd-0-1.log", "state-0-0", "state-0-1"])
+            with open(os.path.join(d, "srun.log")) as f:
+                self.assertEqual(f.read().count("exec psd "), 2, "one psd step per replica")
+            print("kill -9 of the leader (lease_ttl 5 s): the follower led %.2f s later, and acknowledged the "
+                  "worker's first push %.2f s after the kill; %d steps, version %d" % (took[0], took[1], steps, steps),
+                  file=sys.stderr)
+
+    @staticmethod
+    def processes_in(d):
+        """The pids of the processes with d in one of their arguments (the
+        job's psd, etcd and psworker name files in it)."""
+        out = []
+        for pid in (int(x) for x in os.listdir("/proc") if x.isdigit()):
+            try:
+                with open("/proc/%d/cmdline" % pid, "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if pid != os.getpid() and any(d in a for a in argv):
+                out.append(pid)
+        return out
+
+    def kill_the_leader(self, p, addrs, job, etcd_url):
+        """Waits until the worker trains against the part's leader, kills
+        that psd with SIGKILL, and waits until the other leads and has
+        applied a push of the worker. Returns the seconds from the kill to
+        each."""
+        def status(addr):
+            if p.poll() is not None:
+                raise AssertionError("the job ended (exit %s) before the kill" % p.returncode)
+            try:
+                with open(os.path.join(job, "admin-token"), "rb") as f:
+                    token = f.read()
+            except OSError:
+                return None
+            if not token.endswith(b"\n"):
+                return None  # not written yet
+            try:
+                return harness.status(addr, token[:-1])
+            except AssertionError:
+                return None
+
+        def role(addr):
+            st = status(addr)
+            return st.get("coordinator", {}).get("role") if st else None
+
+        def training_leader():
+            for addr in addrs:
+                st = status(addr)
+                if st and st.get("coordinator", {}).get("role") == "leader" and st["version"] >= 200:
+                    return addr
+            return None
+
+        leader = harness.wait_until(training_leader, 90, "a leader elected through the job's etcd, trained on")
+        other = addrs[1 - addrs.index(leader)]
+        # a follower may take over once the in-sync key in etcd names it
+        # (it holds every push the leader acknowledged)
+        harness.wait_until(lambda: role(other) == "follower" and status(other)["coordinator"].get("listed"), 30,
+                           "the other psd to follow, in the in-sync set etcd holds")
+        self.assertEqual(etcd_get(etcd_url, "/psd/psd-42/part/0/leader").split()[0], leader)
+        self.assertTrue(pids_of("psworker", "--shard"), "the worker trains")
+        pids = pids_of("psd", "0.0.0.0:" + leader.rsplit(":", 1)[1])
+        self.assertEqual(len(pids), 1, "the leader's process")
+        os.kill(pids[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        harness.wait_until(lambda: role(other) == "leader", 30, "the follower to be elected", interval=0.01)
+        elected = time.monotonic() - t0
+        v = status(other)["version"]
+        harness.wait_until(lambda: (status(other) or {}).get("version", v) > v, 30,
+                           "the worker's first push to the new leader", interval=0.01)
+        acked = time.monotonic() - t0
+        self.assertEqual(etcd_get(etcd_url, "/psd/psd-42/part/0/leader").split()[0], other)
+        self.assertTrue(pids_of("psworker", "--shard"), "the worker still trains after the failover")
+        return elected, acked
 
 
 if __name__ == "__main__":
