@@ -223,7 +223,8 @@ def check_contents(uid):
                 passwd = t.extractfile(m).read().decode()
     os.unlink(out)
     check(not special, "setuid or setgid files in the image: %s" % special)
-    for p in ("/usr/bin/psd", "/usr/bin/psworker", "/usr/bin/psctl", "/usr/bin/install", "/usr/share/psd/web/index.html",
+    for p in ("/usr/bin/psd", "/usr/bin/psworker", "/usr/bin/psctl", "/usr/bin/etcd", "/usr/bin/install",
+              "/usr/share/psd/web/index.html",
               "/usr/share/psd/web/uplot/uPlot.iife.min.js", "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz",
               "/etc/psd/psd.conf", "/usr/share/doc/libopenblas0-pthread/copyright"):
         check(p in names, "%s is not in the image" % p)

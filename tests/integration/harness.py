@@ -485,16 +485,17 @@ def _as_psctl_json(o):
     return o
 
 
-def status(addr):
+def status(addr, token=None):
     """psd's status, as `psctl status --json` gives it: the body of an
     admin's STATUS (what psctl prints), asked here over one connection of
     RawClient's rather than by starting psctl, which the tests poll: a
     sanitizer build's psctl costs about 0.1 s of CPU a start, and the
-    waits spent most of a core on it. Raises AssertionError when psd does
-    not answer. psctl's own status is tested through psctl()."""
+    waits spent most of a core on it. token: the admin's secret (bytes)
+    when psd has one. Raises AssertionError when psd does not answer.
+    psctl's own status is tested through psctl()."""
     try:
         with RawClient(addr, 10.0) as c:
-            c.hello_admin()
+            c.hello_admin(token)
             r = c.request({"t": T_STATUS})
             c.send_frame({"t": T_BYE, "id": c.next_id})
     except (OSError, Closed, ValueError) as e:
