@@ -27,7 +27,9 @@
  *   campaigns at once. When the leader key names
  *   another leader, it follows that one; when it is gone, the follower
  *   campaigns if the in-sync key names it, it holds a snapshot, and it has
- *   heard nothing from its leader for max_replica_lag: a lease, then one
+ *   heard nothing from its leader for max_replica_lag, and no in-sync peer
+ *   that holds more of the log (its position key, elect.c) goes first: a
+ *   lease, then one
  *   transaction that puts the key only if it does not exist (its create
  *   revision is 0) and the in-sync key is as the follower read it (its mod
  *   revision), then promote.
@@ -46,6 +48,7 @@
 #include "server/connection/follow.h"
 #include "server/connection/net.h"
 #include "server/coord/coord_int.h"
+#include "server/coord/elect.h"
 #include "server/coord/etcd.h"
 #include "server/replog/replog.h"
 
@@ -506,6 +509,7 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     int held = 0;
     size_t plen = strlen(k->pfx);
     k->insync_rev = 0;
+    k->npeers = 0;
     json_t *kvs = json_object_get(a, "kvs");
     for (size_t i = 0; json_is_array(kvs) && i < json_array_size(kvs); i++) {
         json_t *kv = json_array_get(kvs, i);
@@ -521,6 +525,10 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
             held = 1;
         } else if (strcmp(name, "handback") == 0) {
             kv_value(kv, hb, sizeof hb);
+        } else if (strncmp(name, "pos/", 4) == 0) { /* a follower's position (elect.c) */
+            char pv[600];
+            kv_value(kv, pv, sizeof pv);
+            srv_coord_peer_read(k, name + 4, pv);
         }
     }
     parse_insync(k, insync);
@@ -528,6 +536,7 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
         parse_value(val, addr, sizeof addr);
         s->coord.listed = k->listed;
         k->absent_ms = 0;
+        k->pos.defer_since = 0;
         snprintf(s->coord.leader, sizeof s->coord.leader, "%s", addr);
         if (strcmp(addr, k->self) == 0) {
             if (!k->said_own_key)
@@ -552,6 +561,8 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
         return;
     }
     if (may_campaign(k, now)) {
+        if (s->follow && srv_coord_defer(k, now))
+            return;
         PS_LOG(PS_LOG_WARN, "coordinator: part %d has no leader in etcd%s: campaigning", s->cfg.part,
                s->follow ? " (its lease lapsed) and this follower, in its in-sync set, has not heard from it for "
                            "max_replica_lag" : "");
@@ -586,6 +597,7 @@ static void on_step(uv_timer_t *t)
             k->next_read_ms = now + READ_MS;
             read_key(k);
         }
+        srv_coord_pos_step(k, now); /* this follower's position (elect.c) */
         break;
     default:
         break;
@@ -629,6 +641,7 @@ int srv_coord_start(psd *s, char *err, size_t errlen)
     srv_b64_encode(path, strlen(path), k->hkey64);
     snprintf(k->pfx, sizeof k->pfx, "/psd/%s/part/%d/", s->cfg.job, s->cfg.part);
     srv_b64_encode(k->pfx, strlen(k->pfx), k->pfx64);
+    srv_coord_pos_init(k);
     snprintf(path, sizeof path, "/psd/%s/part/%d0", s->cfg.job, s->cfg.part); /* the end of the part's keys */
     srv_b64_encode(path, strlen(path), k->end64);
     s->coord.ttl_ms = s->cfg.lease_ttl;

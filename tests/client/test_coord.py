@@ -28,6 +28,11 @@ replication = sync) are given both addresses (A/B):
   which a lapse alone would take; every step's push is applied once. A
   leader with no follower in sync stops as before, its key left to lapse.
 
+- Two followers, one held behind while still in sync (PSD_TEST_FOLLOW_HOLD),
+  kill -9 of the leader: the held one, first allowed to campaign, defers
+  to the other, which holds more of the log (its /psd/JOB/part/N/pos/ADDR
+  key; server/coord/elect.c), and that one is elected.
+
 Skips when etcd is not installed (Debian package etcd-server).
 """
 
@@ -54,14 +59,14 @@ def coord(addr):
     return harness.status(addr)["coordinator"]
 
 
-def start(cl, e, i, addrs, n, leader=None, ttl=TTL, more=()):
+def start(cl, e, i, addrs, n, leader=None, ttl=TTL, more=(), env=None):
     """psd i on addrs[i] (its n-th start), with the coordinator; a follower
     of leader when given."""
     extra = ("--listen", addrs[i], "--set", "coordinator=" + e.urls, "--set", "job=coordtest",
              "--set", "lease_ttl=%ds" % ttl) + tuple(more)
     if leader:
         extra += ("--replica-of", leader)
-    return cl.psd(workers=2, name="psd%d-%d" % (i, n), args=tr.leader_args(cl, "psd%d" % i, extra))
+    return cl.psd(workers=2, name="psd%d-%d" % (i, n), args=tr.leader_args(cl, "psd%d" % i, extra), env=env)
 
 
 def two_replicas(cl, e, ttl=TTL, n=2, more=()):
@@ -303,3 +308,60 @@ def test_a_leader_without_a_follower_in_sync_stops_as_before():
         assert p.wait(30) == 0
         assert "hands part" not in p.stderr()
         assert e.get("/psd/coordtest/part/0/leader").startswith(addrs[0] + " ")  # its lease lapses later
+
+
+def test_the_newest_in_sync_follower_is_elected():
+    """A leader and two followers in sync. The follower with the lower
+    address is held behind (PSD_TEST_FOLLOW_HOLD: it drops the answers and
+    fetches nothing while a file exists) for less than max_replica_lag, so
+    it stays in the in-sync set while the other fetches the pushes the
+    leader applied since. kill -9 of the leader: the held one is first, by
+    3 s, to have heard nothing for max_replica_lag, but the other holds more of the
+    log (its position key, /psd/JOB/part/N/pos/ADDR), so the held one
+    defers to it and the newer one is elected; the job ends with every
+    step's push applied once."""
+    lag = 8  # max_replica_lag, s: the held follower stays in sync meanwhile
+    with harness.Cluster("psd-coord-newest") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        hold = os.path.join(cl.dir, "hold")
+        addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(3)]
+        lo, hi = sorted(addrs[1:])  # held: the one the tie-break (the address's text) would prefer
+        more = ("--set", "max_replica_lag=%ds" % lag)
+        procs = [start(cl, e, 0, addrs, 0, more=more)]
+        harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
+        for i in (1, 2):
+            env = dict(os.environ, PSD_TEST_FOLLOW_HOLD=hold) if addrs[i] == lo else None
+            procs.append(start(cl, e, i, addrs, 0, leader=addrs[0], more=more, env=env))
+        steps = 1200
+        ws = tr.start_workers(cl, "/".join(addrs), steps=steps, pace=0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 2, 60, "both followers in sync")
+        harness.wait_until(lambda: coord(addrs[1])["listed"] and coord(addrs[2])["listed"], 30,
+                           "the in-sync key to name both followers")
+        open(hold, "w").close()  # lo holds: pushes go on to hi (and wait for lo's fetch)
+        try:
+            def behind():
+                end = tr.repl(addrs[0])["log_end"]
+                return tr.repl(hi)["applied"] == end > tr.repl(lo)["applied"]
+            harness.wait_until(behind, lag / 2, "the held follower to lack what the other holds")
+
+            def silent(s):  # the leader has heard nothing from lo for s seconds, and both are in sync
+                r = tr.repl(addrs[0])
+                f = [f for f in r["followers"] if f["addr"] == lo]
+                return r["insync"] == 2 and f and f[0]["last_fetch"] >= s
+            # lo's silence starts 3 s before the other's: it is first to campaign, by far
+            harness.wait_until(lambda: silent(3), lag - 2, "the held follower silent for 3 s, still in sync")
+            os.kill(procs[0].pid, signal.SIGKILL)
+            procs[0].wait(10)
+            harness.wait_until(lambda: coord(hi)["role"] == "leader" or coord(lo)["role"] == "leader",
+                               TTL + lag + 20, "a follower to be elected")
+        finally:
+            os.remove(hold)
+        assert coord(hi)["role"] == "leader", (coord(hi), coord(lo))
+        assert "lets it campaign first" in procs[addrs.index(lo)].stderr()
+        harness.wait_until(lambda: tr.repl(lo)["role"] == "follower" and tr.repl(lo)["leader"] == hi, 30,
+                           "the other follower to follow the new leader")
+        res = tk.finish(ws)
+        final = harness.status(hi)["version"]
+        assert final == 2 * steps, final
+        print("kill -9 with two followers: %s, newer, was elected over %s, held behind; final version %d, AUC %.4f"
+              % (hi, lo, final, res["auc"]), file=sys.stderr)
