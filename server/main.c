@@ -179,6 +179,12 @@ static void stop_grace_tick(psd *s, uint64_t now)
     srv_shutdown(s, g_stop_signal);
 }
 
+/* A leader's hand-back (coord/handback.c) is over: psd stops. */
+static void handed_back(psd *s)
+{
+    srv_shutdown(s, g_stop_signal);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     psd *s = h->data;
@@ -191,6 +197,10 @@ static void on_signal(uv_signal_t *h, int signum)
         return;
     }
     const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
+    if (!g_stop_signal && srv_coord_hand_back(s, name, handed_back)) {
+        g_stop_signal = name; /* a second signal stops at once */
+        return;
+    }
     uint32_t n = workers_connected(s);
     if (!g_stop_deadline && s->cfg.stop_grace && n > 0) {
         g_stop_deadline = srv_now_ms() + s->cfg.stop_grace;

@@ -171,6 +171,21 @@ static void refused(srv_follow_thread *t, const char *why)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* FOR TESTS ONLY: with PSD_TEST_FOLLOW_HOLD=PATH in psd's environment,
+ * while the file PATH exists an answer is dropped unread and nothing more
+ * is fetched (the leader counts only what the last fetch said this
+ * follower holds), so that a test holds it behind, in sync for
+ * max_replica_lag. 1 when the answer was dropped. */
+static int test_hold(srv_follow_thread *t)
+{
+    const char *path = getenv("PSD_TEST_FOLLOW_HOLD");
+    if (!path || !path[0] || access(path, F_OK) != 0)
+        return 0;
+    while (access(path, F_OK) == 0 && !stopping(t))
+        pause_ms(t, 20);
+    return 1;
+}
+
 /* Fetches from position from of the log of history hist until the session
  * ends. resuming: a session that goes on from where the last one ended;
  * returns 1 when the leader refuses that (the caller takes a snapshot). */
@@ -195,6 +210,8 @@ static int fetch_loop(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t 
         }
         if (rc != 0 || r.type != PS_MSG_PARAMS)
             break;
+        if (test_hold(t))
+            continue; /* fetched again from where it was */
         t->contact_ms = srv_now_ms(); /* the leader answered (coord/: a live leader) */
         if (resuming)
             PS_LOG(PS_LOG_INFO, "replication: going on from position %" PRIu64 " of %s", from, t->leader);

@@ -21,10 +21,15 @@
  *   it) takes the key again when nobody holds it, else steps down: its
  *   workers are disconnected (they go to the new leader and send again
  *   what was not acknowledged) and it follows the new leader.
- * - A follower reads both keys every READ_MS. When the leader key names
+ * - A follower reads the part's keys (/psd/JOB/part/N/...) every READ_MS.
+ *   When the leader key is gone and the hand-back key (handback.c: a leader
+ *   stopped by a signal) names this follower as its successor, it
+ *   campaigns at once. When the leader key names
  *   another leader, it follows that one; when it is gone, the follower
  *   campaigns if the in-sync key names it, it holds a snapshot, and it has
- *   heard nothing from its leader for max_replica_lag: a lease, then one
+ *   heard nothing from its leader for max_replica_lag, and no in-sync peer
+ *   that holds more of the log (its position key, elect.c) goes first: a
+ *   lease, then one
  *   transaction that puts the key only if it does not exist (its create
  *   revision is 0) and the in-sync key is as the follower read it (its mod
  *   revision), then promote.
@@ -42,35 +47,14 @@
 #include "proto/errors.h"
 #include "server/connection/follow.h"
 #include "server/connection/net.h"
+#include "server/coord/coord_int.h"
+#include "server/coord/elect.h"
 #include "server/coord/etcd.h"
 #include "server/replog/replog.h"
 
 #define STEP_MS 100   /* the timer: what is due is sent */
 #define READ_MS 250   /* a follower reads the key this often */
 #define RETRY_MS 250  /* a failed renewal is tried again after this */
-
-typedef struct srv_coord {
-    psd *s;
-    srv_etcd *etcd;
-    uv_timer_t timer;
-    char self[300];          /* where workers reach this psd */
-    char key64[420];         /* the key, base64 */
-    char ikey64[420];        /* the in-sync key, /psd/JOB/part/N/insync, base64 */
-    char end64[420];         /* the end of the part's keys' range, base64 */
-    int64_t insync_rev;      /* the in-sync key's mod revision as last read (0: none) */
-    uint32_t sending_mask;   /* the in-sync set a publish in flight writes */
-    char lease[32];          /* our lease's ID, decimal ("" none) */
-    uint64_t grant_ms;       /* when the lease's grant was sent */
-    int64_t create_rev;      /* our key's create revision */
-    uint64_t next_renew_ms, next_read_ms;
-    int renewing, reading, campaigning, publishing;
-    int listed;              /* the in-sync key, last read, names this psd */
-    char insync_seen[600];   /* that value's in-sync list */
-    int said_unreachable, said_own_key;
-    uint64_t absent_ms;      /* when a psd that saw its own old key first found it gone */
-    int keep;                /* campaigning to keep leading (our own lease lapsed) */
-    int stopped;
-} srv_coord;
 
 static const char *role_name(int role)
 {
@@ -270,8 +254,8 @@ static void publish_done(void *arg, int ok, json_t *a, const char *err, uint64_t
     (void)sent_ms;
     srv_coord *k = arg;
     k->publishing = 0;
-    if (k->stopped)
-        return;
+    if (k->stopped || k->hb_stage)
+        return; /* (handback.c: the key is given up) */
     if (!ok) {
         unreached(k, err);
         return;
@@ -318,7 +302,7 @@ static void renew_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
     srv_coord *k = arg;
     psd *s = k->s;
     k->renewing = 0;
-    if (k->stopped || s->coord.role != SRV_COORD_LEADING)
+    if (k->stopped || s->coord.role != SRV_COORD_LEADING || k->hb_stage > HB_DRAIN)
         return;
     if (!ok) {
         unreached(k, err);
@@ -446,9 +430,9 @@ static void grant_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
     snprintf(body, sizeof body,
              "{\"compare\":[{\"target\":\"CREATE\",\"key\":\"%s\",\"createRevision\":\"0\"}%s],"
              "\"success\":[{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%s\"}},"
-             "{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\"}}],"
+             "{\"requestPut\":{\"key\":\"%s\",\"value\":\"%s\"}},{\"requestDeleteRange\":{\"key\":\"%s\"}}],"
              "\"failure\":[{\"requestRange\":{\"key\":\"%s\"}}]}",
-             k->key64, also, k->key64, v64, k->lease, k->ikey64, l64, k->key64);
+             k->key64, also, k->key64, v64, k->lease, k->ikey64, l64, k->hkey64, k->key64);
     int busy;
     post(k, "/v3/kv/txn", body, txn_done, &busy);
     if (!busy)
@@ -492,6 +476,22 @@ static int may_campaign(srv_coord *k, uint64_t now)
     return k->listed && now - contact > s->cfg.max_replica_lag;
 }
 
+/* The hand-back key's value (handback.c), "ADDR POSITION SUCCESSOR": 1
+ * when the leader this follower follows handed the part back naming it,
+ * and it holds what that leader's log had up to POSITION, so it may
+ * campaign at once (it is in sync, and its leader acknowledges nothing
+ * more). */
+static int handed_to_me(srv_coord *k, const char *hb)
+{
+    psd *s = k->s;
+    char from[300] = "", to[300] = "";
+    uint64_t pos = 0;
+    if (!hb[0] || sscanf(hb, "%299s %" SCNu64 " %299s", from, &pos, to) != 3)
+        return 0;
+    return s->follow && s->follow->t && s->follow->synced && !s->follow->failed && k->listed &&
+           strcmp(from, s->follow->leader) == 0 && strcmp(to, k->self) == 0 && s->follow->applied >= pos;
+}
+
 static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t sent_ms)
 {
     (void)sent_ms;
@@ -505,21 +505,30 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
         return;
     }
     reached(k);
-    char val[600] = "", addr[300] = "", insync[600] = "";
+    char val[600] = "", addr[300] = "", insync[600] = "", hb[700] = "", key[700];
     int held = 0;
+    size_t plen = strlen(k->pfx);
     k->insync_rev = 0;
+    k->npeers = 0;
     json_t *kvs = json_object_get(a, "kvs");
     for (size_t i = 0; json_is_array(kvs) && i < json_array_size(kvs); i++) {
         json_t *kv = json_array_get(kvs, i);
-        const char *key = jstr(kv, "key");
-        if (!key)
+        const char *key64 = jstr(kv, "key");
+        if (!key64 || srv_b64_decode(key64, key, sizeof key) < 0 || strncmp(key, k->pfx, plen) != 0)
             continue;
-        if (strcmp(key, k->ikey64) == 0) {
+        const char *name = key + plen; /* the part's keys: insync, leader, handback */
+        if (strcmp(name, "insync") == 0) {
             kv_value(kv, insync, sizeof insync);
             k->insync_rev = jint(kv, "mod_revision");
-        } else if (strcmp(key, k->key64) == 0) {
+        } else if (strcmp(name, "leader") == 0) {
             kv_value(kv, val, sizeof val);
             held = 1;
+        } else if (strcmp(name, "handback") == 0) {
+            kv_value(kv, hb, sizeof hb);
+        } else if (strncmp(name, "pos/", 4) == 0) { /* a follower's position (elect.c) */
+            char pv[600];
+            kv_value(kv, pv, sizeof pv);
+            srv_coord_peer_read(k, name + 4, pv);
         }
     }
     parse_insync(k, insync);
@@ -527,6 +536,7 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
         parse_value(val, addr, sizeof addr);
         s->coord.listed = k->listed;
         k->absent_ms = 0;
+        k->pos.defer_since = 0;
         snprintf(s->coord.leader, sizeof s->coord.leader, "%s", addr);
         if (strcmp(addr, k->self) == 0) {
             if (!k->said_own_key)
@@ -544,7 +554,15 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     s->coord.leader[0] = 0;
     uint64_t now = srv_now_ms();
     s->coord.listed = k->listed;
+    if (handed_to_me(k, hb)) {
+        PS_LOG(PS_LOG_WARN, "coordinator: %s handed part %d back naming this follower, which holds its log: "
+               "campaigning at once", s->follow->leader, s->cfg.part);
+        campaign(k, 0);
+        return;
+    }
     if (may_campaign(k, now)) {
+        if (s->follow && srv_coord_defer(k, now))
+            return;
         PS_LOG(PS_LOG_WARN, "coordinator: part %d has no leader in etcd%s: campaigning", s->cfg.part,
                s->follow ? " (its lease lapsed) and this follower, in its in-sync set, has not heard from it for "
                            "max_replica_lag" : "");
@@ -555,7 +573,7 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
 static void read_key(srv_coord *k)
 {
     char body[1000];
-    snprintf(body, sizeof body, "{\"key\":\"%s\",\"range_end\":\"%s\"}", k->ikey64, k->end64);
+    snprintf(body, sizeof body, "{\"key\":\"%s\",\"range_end\":\"%s\"}", k->pfx64, k->end64);
     post(k, "/v3/kv/range", body, read_done, &k->reading);
 }
 
@@ -564,13 +582,13 @@ static void on_step(uv_timer_t *t)
     srv_coord *k = t->data;
     psd *s = k->s;
     uint64_t now = srv_now_ms();
-    if (k->stopped || k->campaigning)
-        return;
+    if (k->stopped || k->campaigning || k->hb_stage > HB_DRAIN)
+        return; /* (handback.c gives the key up: nothing more) */
     switch (s->coord.role) {
     case SRV_COORD_LEADING:
         if (!k->renewing && now >= k->next_renew_ms)
             renew(k);
-        else if (!k->publishing && insync_now(s, NULL, 0) != s->coord.published)
+        else if (!k->hb_stage && !k->publishing && insync_now(s, NULL, 0) != s->coord.published)
             publish(k); /* sync replies wait for the followers etcd names until it has the new set */
         break;
     case SRV_COORD_STARTING:
@@ -579,6 +597,7 @@ static void on_step(uv_timer_t *t)
             k->next_read_ms = now + READ_MS;
             read_key(k);
         }
+        srv_coord_pos_step(k, now); /* this follower's position (elect.c) */
         break;
     default:
         break;
@@ -618,7 +637,12 @@ int srv_coord_start(psd *s, char *err, size_t errlen)
     srv_b64_encode(s->coord.key, strlen(s->coord.key), k->key64);
     snprintf(path, sizeof path, "/psd/%s/part/%d/insync", s->cfg.job, s->cfg.part);
     srv_b64_encode(path, strlen(path), k->ikey64);
-    snprintf(path, sizeof path, "/psd/%s/part/%d/leader\x01", s->cfg.job, s->cfg.part); /* insync .. leader */
+    snprintf(path, sizeof path, "/psd/%s/part/%d/handback", s->cfg.job, s->cfg.part);
+    srv_b64_encode(path, strlen(path), k->hkey64);
+    snprintf(k->pfx, sizeof k->pfx, "/psd/%s/part/%d/", s->cfg.job, s->cfg.part);
+    srv_b64_encode(k->pfx, strlen(k->pfx), k->pfx64);
+    srv_coord_pos_init(k);
+    snprintf(path, sizeof path, "/psd/%s/part/%d0", s->cfg.job, s->cfg.part); /* the end of the part's keys */
     srv_b64_encode(path, strlen(path), k->end64);
     s->coord.ttl_ms = s->cfg.lease_ttl;
     s->coord.fence_ms = 1; /* nothing is acknowledged before this psd holds the lease */
@@ -641,7 +665,11 @@ void srv_coord_stop(psd *s)
     k->stopped = 1;
     uv_timer_stop(&k->timer);
     uv_close((uv_handle_t *)&k->timer, NULL);
-    srv_etcd_close(k->etcd); /* the lease is left to lapse: a follower takes over after lease_ttl */
+    if (k->hb_timer_on) {
+        uv_timer_stop(&k->hb_timer);
+        uv_close((uv_handle_t *)&k->hb_timer, NULL);
+    }
+    srv_etcd_close(k->etcd); /* the lease, unless handed back (handback.c), is left to lapse */
 }
 
 void srv_coord_free(psd *s)

@@ -62,7 +62,7 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
     static const char *const roles[] = {"off", "starting", "leader", "follower", "campaigning"};
     const srv_coord_view *v = &s->coord;
     ps_pack_key(pk, "coordinator");
-    msgpack_pack_map(pk, 11);
+    msgpack_pack_map(pk, 12);
     ps_pack_kstr(pk, "role", roles[v->role >= 0 && v->role <= SRV_COORD_CAMPAIGNING ? v->role : 0]);
     ps_pack_kstr(pk, "key", v->key);
     ps_pack_kstr(pk, "leader", v->leader);
@@ -78,6 +78,11 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
         msgpack_pack_false(pk);
     ps_pack_key(pk, "listed");
     if (v->listed)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_key(pk, "handing_back");
+    if (v->handing_back)
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);

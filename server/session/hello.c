@@ -412,6 +412,9 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
         rc = reader_check(s, m, err, errlen);
         return rc ? rc : layout_check(s, m, err, errlen);
     }
+    if (s->coord.handing_back)
+        return ps_fail(err, errlen, PS_ESHUTDOWN, "this psd is stopping and hands part %d to a follower: workers "
+                       "push to the part's next leader", s->cfg.part);
     if (s->follow)
         return ps_fail(err, errlen, PS_ENOT_LEADER,
                        "this psd is a follower of %s (a replica): workers push to the leader; `psctl promote` "

@@ -389,6 +389,8 @@ typedef struct srv_coord_view {
     uint64_t renewed_ms;     /* the request time of the last renewal that etcd answered */
     uint64_t unreachable_ms; /* since when etcd has not answered (0: it does) */
     uint64_t ttl_ms;         /* lease_ttl */
+    int handing_back;        /* a leader stopped by a signal hands its part back
+                              * (coord/handback.c): workers' hellos are refused */
     uint32_t published;      /* a leader: the followers (replog slots, as bits) the in-sync
                               * key in etcd names; sync replies wait for them too */
     char key[300];           /* /psd/JOB/part/N/leader */

@@ -20,6 +20,19 @@ replication = sync) are given both addresses (A/B):
   most 4; the final version shows that no push it acknowledged was lost),
   steps down and follows the new leader.
 
+- SIGTERM of the leader (lease_ttl 10 s here): it hands the part back
+  (server/coord/handback.c): its workers go, its follower fetches its
+  whole log, it deletes the key naming the follower, which campaigns at
+  once. The longest time without a step acknowledged (the workers' step
+  times, on the machine's monotonic clock) stays under half of lease_ttl,
+  which a lapse alone would take; every step's push is applied once. A
+  leader with no follower in sync stops as before, its key left to lapse.
+
+- Two followers, one held behind while still in sync (PSD_TEST_FOLLOW_HOLD),
+  kill -9 of the leader: the held one, first allowed to campaign, defers
+  to the other, which holds more of the log (its /psd/JOB/part/N/pos/ADDR
+  key; server/coord/elect.c), and that one is elected.
+
 Skips when etcd is not installed (Debian package etcd-server).
 """
 
@@ -46,22 +59,47 @@ def coord(addr):
     return harness.status(addr)["coordinator"]
 
 
-def start(cl, e, i, addrs, n, leader=None):
+def start(cl, e, i, addrs, n, leader=None, ttl=TTL, more=(), env=None):
     """psd i on addrs[i] (its n-th start), with the coordinator; a follower
     of leader when given."""
     extra = ("--listen", addrs[i], "--set", "coordinator=" + e.urls, "--set", "job=coordtest",
-             "--set", "lease_ttl=%ds" % TTL)
+             "--set", "lease_ttl=%ds" % ttl) + tuple(more)
     if leader:
         extra += ("--replica-of", leader)
-    return cl.psd(workers=2, name="psd%d-%d" % (i, n), args=tr.leader_args(cl, "psd%d" % i, extra))
+    return cl.psd(workers=2, name="psd%d-%d" % (i, n), args=tr.leader_args(cl, "psd%d" % i, extra), env=env)
 
 
-def two_replicas(cl, e):
-    addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(2)]
-    a = start(cl, e, 0, addrs, 0)
+def two_replicas(cl, e, ttl=TTL, n=2, more=()):
+    addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(n)]
+    procs = [start(cl, e, 0, addrs, 0, ttl=ttl, more=more)]
     harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
-    b = start(cl, e, 1, addrs, 0, leader=addrs[0])
-    return addrs, [a, b]
+    for i in range(1, n):
+        procs.append(start(cl, e, i, addrs, 0, leader=addrs[0], ttl=ttl, more=more))
+    return addrs, procs
+
+
+# test_tables_kill's worker, each step's end stamped with the machine's monotonic clock
+TIMED_WORKER = tk.WORKER.replace('print("step", step + 1, flush=True)',
+                                 'print("step", step + 1, time.monotonic(), flush=True)')
+assert TIMED_WORKER != tk.WORKER
+
+
+def timed_workers(cl, addr, steps, pace):
+    ws = []
+    for k in range(2):
+        argv = [sys.executable, "-c", TIMED_WORKER, addr, str(k), str(steps), str(tk.BATCH), str(pace)]
+        w = harness.Worker("tworker%d-%d" % (k, len(cl.procs)), argv, cl.dir, env=dict(os.environ))
+        cl.procs.append(w)
+        ws.append(w)
+    return ws
+
+
+def longest_pause(ws, since):
+    """The longest time after since (monotonic) in which no worker's step
+    ended: no push acknowledged."""
+    stamps = sorted(float(l.split()[2]) for w in ws for l in w.stdout().split("\n")[:-1]
+                    if l.startswith("step ") and float(l.split()[2]) >= since)
+    return max(b - a for a, b in zip(stamps, stamps[1:])), len(stamps)
 
 
 def metric(addr, name):
@@ -220,3 +258,110 @@ def test_losing_etcds_majority_stops_failover_not_training():
         print("etcd's majority lost: the leader acknowledged %d replies past its fence, every one held by its "
               "follower; final version %d" % (metric(addrs[0], "psd_fenced_replies_sent_total"), final),
               file=sys.stderr)
+
+
+def test_a_leader_stopped_by_sigterm_hands_its_part_back():
+    """SIGTERM of the leader: the follower leads well before a lapse of the
+    leader's lease (lease_ttl 10 s) could have made it, and the workers
+    finish with every step's push applied once."""
+    ttl = 10
+    with harness.Cluster("psd-coord-handback") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        addrs, procs = two_replicas(cl, e, ttl=ttl)
+        steps = 600
+        ws = timed_workers(cl, "/".join(addrs), steps, 0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the follower in sync")
+        harness.wait_until(lambda: coord(addrs[1])["listed"], 30, "the key to name the follower in sync")
+        at = min(tk.steps_done(w) for w in ws)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= at + 20, 60, "steps in sync")
+        since = time.monotonic()
+        os.kill(procs[0].pid, signal.SIGTERM)
+        harness.wait_until(lambda: coord(addrs[1])["role"] == "leader", ttl + 20, "the follower to be elected")
+        took = time.monotonic() - since
+        assert procs[0].wait(30) == 0  # it stopped as psd stops (its last checkpoint written)
+        err = procs[0].stderr()
+        assert "SIGTERM: this leader hands part 0 of job coordtest back" in err, err[-3000:]
+        assert "part 0's key deleted" in err, err[-3000:]
+        assert "handed part 0 back naming this follower" in procs[1].stderr()
+        assert e.get("/psd/coordtest/part/0/leader").startswith(addrs[1] + " ")
+        assert e.get("/psd/coordtest/part/0/handback") is None  # the election deleted it
+        res = tk.finish(ws)
+        final = harness.status(addrs[1])["version"]
+        assert final == 2 * steps, final  # every step's push applied once: none lost, none twice
+        assert min(res["reconnects_all"]) >= 1, res
+        pause, n = longest_pause(ws, since - 1.0)
+        # a lapse alone takes lease_ttl (10 s) and max_replica_lag more
+        assert pause < ttl / 2, (pause, n)
+        assert coord(addrs[1])["elections"] == 1
+        print("SIGTERM: the follower led %.2f s later; the longest time without a step acknowledged was %.2f s "
+              "(lease_ttl %d s); final version %d" % (took, pause, ttl, final), file=sys.stderr)
+
+
+def test_a_leader_without_a_follower_in_sync_stops_as_before():
+    """SIGTERM of a leader that has no follower: nothing is handed back,
+    psd stops at once and its key is left to lapse."""
+    with harness.Cluster("psd-coord-alone") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(1)]
+        p = start(cl, e, 0, addrs, 0, ttl=10)
+        harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.wait(30) == 0
+        assert "hands part" not in p.stderr()
+        assert e.get("/psd/coordtest/part/0/leader").startswith(addrs[0] + " ")  # its lease lapses later
+
+
+def test_the_newest_in_sync_follower_is_elected():
+    """A leader and two followers in sync. The follower with the lower
+    address is held behind (PSD_TEST_FOLLOW_HOLD: it drops the answers and
+    fetches nothing while a file exists) for less than max_replica_lag, so
+    it stays in the in-sync set while the other fetches the pushes the
+    leader applied since. kill -9 of the leader: the held one is first, by
+    3 s, to have heard nothing for max_replica_lag, but the other holds more of the
+    log (its position key, /psd/JOB/part/N/pos/ADDR), so the held one
+    defers to it and the newer one is elected; the job ends with every
+    step's push applied once."""
+    lag = 8  # max_replica_lag, s: the held follower stays in sync meanwhile
+    with harness.Cluster("psd-coord-newest") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        hold = os.path.join(cl.dir, "hold")
+        addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(3)]
+        lo, hi = sorted(addrs[1:])  # held: the one the tie-break (the address's text) would prefer
+        more = ("--set", "max_replica_lag=%ds" % lag)
+        procs = [start(cl, e, 0, addrs, 0, more=more)]
+        harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
+        for i in (1, 2):
+            env = dict(os.environ, PSD_TEST_FOLLOW_HOLD=hold) if addrs[i] == lo else None
+            procs.append(start(cl, e, i, addrs, 0, leader=addrs[0], more=more, env=env))
+        steps = 1200
+        ws = tr.start_workers(cl, "/".join(addrs), steps=steps, pace=0.01)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 2, 60, "both followers in sync")
+        harness.wait_until(lambda: coord(addrs[1])["listed"] and coord(addrs[2])["listed"], 30,
+                           "the in-sync key to name both followers")
+        open(hold, "w").close()  # lo holds: pushes go on to hi (and wait for lo's fetch)
+        try:
+            def behind():
+                end = tr.repl(addrs[0])["log_end"]
+                return tr.repl(hi)["applied"] == end > tr.repl(lo)["applied"]
+            harness.wait_until(behind, lag / 2, "the held follower to lack what the other holds")
+
+            def silent(s):  # the leader has heard nothing from lo for s seconds, and both are in sync
+                r = tr.repl(addrs[0])
+                f = [f for f in r["followers"] if f["addr"] == lo]
+                return r["insync"] == 2 and f and f[0]["last_fetch"] >= s
+            # lo's silence starts 3 s before the other's: it is first to campaign, by far
+            harness.wait_until(lambda: silent(3), lag - 2, "the held follower silent for 3 s, still in sync")
+            os.kill(procs[0].pid, signal.SIGKILL)
+            procs[0].wait(10)
+            harness.wait_until(lambda: coord(hi)["role"] == "leader" or coord(lo)["role"] == "leader",
+                               TTL + lag + 20, "a follower to be elected")
+        finally:
+            os.remove(hold)
+        assert coord(hi)["role"] == "leader", (coord(hi), coord(lo))
+        assert "lets it campaign first" in procs[addrs.index(lo)].stderr()
+        harness.wait_until(lambda: tr.repl(lo)["role"] == "follower" and tr.repl(lo)["leader"] == hi, 30,
+                           "the other follower to follow the new leader")
+        res = tk.finish(ws)
+        final = harness.status(hi)["version"]
+        assert final == 2 * steps, final
+        print("kill -9 with two followers: %s, newer, was elected over %s, held behind; final version %d, AUC %.4f"
+              % (hi, lo, final, res["auc"]), file=sys.stderr)
