@@ -14,6 +14,9 @@
  * again. */
 #define HANDSHAKE_MS 4000
 #define BACKOFF_CAP_MS 5000
+/* The backoff's cap for a part given as its replicas: a new leader is
+ * elected within about lease_ttl of a failure, and found soon after. */
+#define FAILOVER_CAP_MS 1000
 
 static int left_ms(int64_t deadline)
 {
@@ -388,7 +391,7 @@ static int sleep_ms(psc_client *c, uint64_t ms)
 }
 
 /* Opens until it works, with exponential backoff (100 ms doubling to 5 s,
- * full jitter) for up to limit_ms; what: "reconnect" or "connect". The
+ * or to 1 s when the failing part has replicas; jitter) for up to limit_ms; what: "reconnect" or "connect". The
  * backoff spaces the attempts' starts: an attempt that took long (at most
  * HANDSHAKE_MS before its hello is answered) is followed by a shorter
  * wait, or none. */
@@ -435,7 +438,8 @@ int psc__open_retry(psc_client *c, int limit_ms, const char *first)
         if (attempt == 1 && !c->connected)
             PS_LOG(PS_LOG_INFO, "waiting for psd at %s (%s); trying for up to %d s (connect_s)",
                    c->links[li].server, psc_errmsg(c), limit_ms / 1000);
-        delay = delay * 2 > BACKOFF_CAP_MS ? BACKOFF_CAP_MS : delay * 2;
+        uint64_t cap = c->links[li].naddrs > 1 ? FAILOVER_CAP_MS : BACKOFF_CAP_MS;
+        delay = delay * 2 > cap ? cap : delay * 2;
     }
 }
 
