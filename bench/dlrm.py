@@ -53,6 +53,10 @@ batch 256 per process and step (--batch):
   b2      the same with the model split over 2 psd (--server A,B);
   bh      arm b with psd's table_apply = hogwild (its apply threads step
           the table's rows; not in the default run);
+  br      arm b with a follower of its psd (replica_of, replication =
+          sync: a push is answered once the follower holds it), the
+          workers given both (--server LEADER/FOLLOWER); not in the default
+          run;
   c       DistributedDataParallel over gloo, 2 ranks (1 thread each), the
           table as an nn.EmbeddingBag with dense gradients, allreduced and
           updated by a dense Adagrad: --ddp-steps steps (40; 0: a pass,
@@ -306,7 +310,7 @@ def evaluate(model, d, arm=None, batch=4096):
 
 
 # the arms whose workers train through psd: one training path (arm_figures)
-PSD_ARMS = {"b", "b2", "bh"}
+PSD_ARMS = {"b", "b2", "bh", "br"}
 
 
 def arm_figures(d, arm, reported, seen):
@@ -591,7 +595,8 @@ def main():
     ap.add_argument("--ids", default="100000,1000000", help="ids per feature: the table sizes, comma-separated")
     ap.add_argument("--train", type=int, default=2000000, help="training samples (one pass)")
     ap.add_argument("--test", type=int, default=50000, help="test samples")
-    ap.add_argument("--arms", default="a,b,b2,c", help="which of a, b, b2, c to run; bh: b with psd's table_apply = hogwild")
+    ap.add_argument("--arms", default="a,b,b2,c", help="which of a, b, b2, c to run; bh: b with psd's table_apply = hogwild; br: b with a sync "
+                    "follower")
     ap.add_argument("--batch", type=int, default=256, help="samples per process and step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the dense part)")
     ap.add_argument("--table-lr", type=float, default=0.05, help="AdaGrad's learning rate (the table)")
@@ -631,9 +636,9 @@ def main():
 
     arms = [s for s in a.arms.split(",") if s]
     for s in arms:
-        if s not in ("a", "a1", "b", "b2", "bh", "c"):
-            sys.exit("dlrm: unknown arm %r (a, a1, b, b2, bh, c)" % s)
-    if any(s in ("b", "b2", "bh") for s in arms) and not os.access(a.psd, os.X_OK):
+        if s not in ("a", "a1", "b", "b2", "bh", "br", "c"):
+            sys.exit("dlrm: unknown arm %r (a, a1, b, b2, bh, br, c)" % s)
+    if any(s in ("b", "b2", "bh", "br") for s in arms) and not os.access(a.psd, os.X_OK):
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
     common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + \
@@ -672,7 +677,7 @@ def main():
                     threads = a.threads if arm == "a" else 1
                     r = run_procs([base_arm + ["--role", "torch", "--threads", str(threads), "--curve", str(a.curve)]],
                                   d, arm, a.timeout)[0]
-                elif arm in ("b", "b2", "bh"):
+                elif arm in ("b", "b2", "bh", "br"):
                     for j in range(1, 2):
                         if os.path.exists(os.path.join(d, "done.%d" % j)):
                             os.unlink(os.path.join(d, "done.%d" % j))
@@ -683,6 +688,10 @@ def main():
                     servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps, extra)
                                for i in range(2 if arm == "b2" else 1)]
                     addr = ",".join(s[1] for s in servers)
+                    if arm == "br":  # the follower, which the workers are given after the leader
+                        servers.append(start_psd(a.psd, d, "psdbr.follower", a, steps,
+                                                 ("--replica-of", servers[0][1])))
+                        addr += "/" + servers[1][1]
                     try:
                         r = combine(run_procs([base_arm + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
                                                for k in range(2)], d, arm, a.timeout))
@@ -707,15 +716,16 @@ def main():
 
     ratios = {}
     for n_ids in sizes:
-        ra, rb, rb2, rbh, rc = (get(s, n_ids) for s in ("a", "b", "b2", "bh", "c"))
-        for name, x, y in (("b/a", rb, ra), ("b2/a", rb2, ra), ("b/c", rb, rc), ("b2/c", rb2, rc), ("bh/b", rbh, rb)):
+        ra, rb, rb2, rbh, rbr, rc = (get(s, n_ids) for s in ("a", "b", "b2", "bh", "br", "c"))
+        for name, x, y in (("b/a", rb, ra), ("b2/a", rb2, ra), ("b/c", rb, rc), ("b2/c", rb2, rc), ("bh/b", rbh, rb),
+                        ("br/b", rbr, rb)):
             if x and y:
                 ratios["%s samples/s at %d" % (name, n_ids)] = round(x["samples_per_second"] / y["samples_per_second"],
                                                                     3)
-        for name, x, y in (("b-a", rb, ra), ("b2-a", rb2, ra), ("bh-b", rbh, rb)):
+        for name, x, y in (("b-a", rb, ra), ("b2-a", rb2, ra), ("bh-b", rbh, rb), ("br-b", rbr, rb)):
             if x and y:
                 ratios["%s AUC at %d" % (name, n_ids)] = round(x["test_auc"] - y["test_auc"], 5)
-        for r in (ra, rb, rb2, rbh):
+        for r in (ra, rb, rb2, rbh, rbr):
             if r:
                 ratios["teacher-%s AUC at %d" % (r["arm"], n_ids)] = round(r["teacher_auc"] - r["test_auc"], 5)
     print(json.dumps({"ratios": ratios}), flush=True)
