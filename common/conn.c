@@ -180,6 +180,16 @@ static int wait_fd(ps_conn *c, short events, int64_t deadline)
             }
             tmo = left > 60000 ? 60000 : (int)left;
         }
+        if (c->interrupted && !blocked) {
+            /* signals blocked from this check to the sleep, which unblocks
+             * them atomically (ppoll): one that comes in between is
+             * pending then, and ends the sleep at once; with poll it would
+             * run its handler before the sleep and not end it */
+            sigset_t all;
+            sigfillset(&all);
+            pthread_sigmask(SIG_BLOCK, &all, &mask);
+            blocked = 1;
+        }
         if (c->interrupted && __atomic_load_n(c->interrupted, __ATOMIC_RELAXED)) {
             if (blocked)
                 pthread_sigmask(SIG_SETMASK, &mask, NULL);

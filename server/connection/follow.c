@@ -33,6 +33,11 @@
 #define FETCH_WAIT_MS 500
 #define TIMEOUT_MS 10000
 #define SPARES 3 /* answers' buffers kept for reuse */
+/* While the loop loads a snapshot, the thread goes on fetching the log's
+ * tail and queues up to this many bytes of answers: the leader keeps a
+ * bounded log (its max_bytes), and a big table's snapshot takes longer to
+ * load than a busy leader's log lasts. */
+#define CATCHUP_QUEUE_MAX ((size_t)1 << 30)
 
 typedef struct item {
     struct item *next;
@@ -58,6 +63,8 @@ struct srv_follow_thread {
     item *spare;         /* answers the loop applied, for the next fetches (a list) */
     int nspare;
     int queued;          /* answers posted, not yet applied */
+    size_t queued_bytes; /* their bytes */
+    int loading;         /* a snapshot posted, not yet loaded */
     uint64_t resume_from, resume_hist; /* where the last session ended, in which log (0: none) */
     psd *s;
     ps_token token;
@@ -71,6 +78,8 @@ static void post(srv_follow_thread *t, item *it)
 {
     pthread_mutex_lock(&t->mu);
     t->queued += it->kind == 'R';
+    t->queued_bytes += it->kind == 'R' ? it->len : 0;
+    t->loading |= it->kind == 'S';
     if (t->tail)
         t->tail->next = it;
     else
@@ -132,8 +141,11 @@ static item *take_item(srv_follow_thread *t)
 {
     pthread_mutex_lock(&t->mu);
     /* the loop applies slower than answers come: wait for it rather than
-     * queue more (each a frame's memory, faulted in afresh) */
-    for (int waited = 0; !t->spare && t->queued >= SPARES - 1 && !t->stop && waited < 100; waited++) {
+     * queue more (each a frame's memory, faulted in afresh); but not while
+     * it loads a snapshot, up to CATCHUP_QUEUE_MAX */
+    for (int waited = 0; !t->spare && t->queued >= SPARES - 1 && !t->stop && waited < 100 &&
+                         !(t->loading && t->queued_bytes < CATCHUP_QUEUE_MAX);
+         waited++) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 10 * 1000000L;
@@ -451,9 +463,15 @@ static void drain(psd *s)
         apply_item(s, it);
         if (it->fd >= 0)
             close(it->fd);
+        if (it->kind == 'S') {
+            pthread_mutex_lock(&t->mu);
+            t->loading = 0;
+            pthread_mutex_unlock(&t->mu);
+        }
         if (it->kind == 'R') { /* kept for the thread's next fetches: two take turns */
             pthread_mutex_lock(&t->mu);
             t->queued--;
+            t->queued_bytes -= it->len;
             if (t->nspare < SPARES) {
                 it->next = t->spare;
                 t->spare = it;

@@ -8,8 +8,9 @@
  * (coord.c: the leader key gone, its own max_replica_lag of silence) reads
  * the part's keys and defers to an in-sync peer of the same leader that
  * holds more, or as much with a lower address. Bounded: a dead peer's key
- * lapses with its lease, and a candidate that has deferred for lease_ttl
- * without anyone taking the key campaigns anyway; every in-sync follower
+ * lapses with its lease, and a candidate that has deferred for
+ * max_replica_lag + lease_ttl without anyone taking the key campaigns
+ * anyway; every in-sync follower
  * holds every acknowledged push, so who wins is a matter of how much of
  * the rest is kept, never of safety.
  *
@@ -176,8 +177,11 @@ void srv_coord_pos_step(srv_coord *k, uint64_t now)
 
 /* Whether this candidate, a follower, waits for a newer in-sync peer to
  * take the key (elect.c): the peers' positions are read after a second of
- * silence at least, their last puts in etcd by then; a candidate defers
- * for lease_ttl at most (a dead peer's key lapses sooner). */
+ * silence at least, their last puts in etcd by then. A newer peer heard
+ * from the leader later than this one, so it may campaign (after
+ * max_replica_lag of silence) up to max_replica_lag after this one; a dead
+ * one's key lapses within lease_ttl. So a candidate defers for
+ * max_replica_lag + lease_ttl at most. */
 int srv_coord_defer(srv_coord *k, uint64_t now)
 {
     psd *s = k->s;
@@ -195,10 +199,10 @@ int srv_coord_defer(srv_coord *k, uint64_t now)
                PRIu64 ", this follower's %" PRIu64 ") or as much with a lower address: this follower lets it "
                "campaign first", s->cfg.part, k->peer[i].addr, s->follow->leader, k->peer[i].pos, s->follow->applied);
     }
-    if (now - p->defer_since < s->coord.ttl_ms)
+    if (now - p->defer_since < s->cfg.max_replica_lag + s->coord.ttl_ms)
         return 1;
-    PS_LOG(PS_LOG_WARN, "coordinator: %s has not taken part %d's key within lease_ttl: this follower campaigns",
-           k->peer[i].addr, s->cfg.part);
-    p->defer_since = now; /* (logged again after another lease_ttl) */
+    PS_LOG(PS_LOG_WARN, "coordinator: %s has not taken part %d's key within max_replica_lag + lease_ttl: this "
+           "follower campaigns", k->peer[i].addr, s->cfg.part);
+    p->defer_since = now; /* (logged again after as long) */
     return 0;
 }
