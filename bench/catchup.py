@@ -158,8 +158,9 @@ def main():
     try:
         leader, laddr = start_psd(a.psd, d, "leader")
         procs.append(leader)
-        # bytes a row takes, by psd's count: measured on a first small table below
-X
+        # bytes a row takes by psd's count: its values and AdaGrad's state, and
+        # 20 more (148 at dim 16, measured)
+        row_bytes = 2 * a.dim * 4 + 20
         rows_each = int(a.table_gb * (1 << 30) / row_bytes / 2)
         stop = os.path.join(d, "stop")
         outs = [os.path.join(d, "worker%d.txt" % k) for k in range(2)]
