@@ -410,6 +410,11 @@ static void apply_item(psd *s, item *it)
         return;
     }
     if (it->kind == 'S') {
+        /* FOR TESTS ONLY: a snapshot that takes this long more to load, as
+         * a big table's does (test_replica) */
+        const char *slow = getenv("PSD_TEST_SNAPSHOT_LOAD_MS");
+        if (slow && atoi(slow) > 0)
+            usleep((useconds_t)atoi(slow) * 1000u);
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", it->fd);
         srv_replog_kept kept;

@@ -28,6 +28,11 @@ int srv_replog_start(psd *s)
     if (!r)
         return PS_ENOMEM;
     r->max_bytes = LOG_MAX_DEFAULT;
+    /* FOR TESTS ONLY: a smaller bound, for a test of a follower that
+     * catches up while the log moves on (test_replica) */
+    const char *test_max = getenv("PSD_TEST_REPLOG_MAX_BYTES");
+    if (test_max && strtoull(test_max, NULL, 10) > 0)
+        r->max_bytes = (size_t)strtoull(test_max, NULL, 10);
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
         r->f[i].snap_fd = -1;
     r->history = ((uint64_t)srv_now_ms() << 20) ^ (uint64_t)(uintptr_t)r;
