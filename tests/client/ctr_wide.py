@@ -11,8 +11,11 @@ dense values as well as table rows.
 DATA makes the synthetic clicks (a planted model of the same shape; the
 same in every worker, every run and the test's own process, which execs it
 to know each step's keys). WORKER trains shard K of 2 for a fixed number of
-steps, cycling over the training set; worker K's step i takes batch
-(2 i + K) mod the number of batches. It prints "ready" once it has said
+steps; worker K's step i takes batch (2 i + K) mod the number of batches.
+The training set is large enough for the chaos test's steps to be one pass
+over it: its AUC still rises slowly at the end rather than falling with
+overfitting, so it depends little on how the two workers' steps
+interleaved, which asgd leaves to chance. It prints "ready" once it has said
 hello, waits for its gate (a FIFO the test opens), then "step N T" after
 each step, T the machine's monotonic clock when the step's last push was
 acknowledged; a step is not started before gate + N x period (period 0:
@@ -25,7 +28,7 @@ AUC (psd.metrics.auc) over held-out clicks.
 F, V, D, WIDE = 4, 1500, 4, 2048
 LAYOUT = [("w", (WIDE,)), ("u", (D,)), ("b", (1,))]
 TABLE = dict(init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
-N_TRAIN, N_TEST = 96000, 20000
+N_TRAIN, N_TEST = 1500000, 20000  # one pass of 11,718 steps a worker: the chaos test takes fewer
 
 DATA = r"""
 import numpy as np

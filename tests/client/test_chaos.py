@@ -145,7 +145,8 @@ def table_pushes(steps):
     steps whose batch has a key of the part)."""
     ns = {}
     exec(cw.DATA, ns)
-    keys, nb = ns["keys"][:ns["N_TRAIN"]], ns["N_TRAIN"] // BATCH
+    nb = ns["N_TRAIN"] // BATCH
+    keys = ns["keys"][:nb * BATCH]
     uniq, inv = np.unique(keys, return_inverse=True)
     parts = np.array([part_of(int(k), 2) for k in uniq])[inv].reshape(nb, BATCH * keys.shape[1])
     out = []
