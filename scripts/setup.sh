@@ -55,7 +55,7 @@ JOB_PACKAGES=(
 # a plain `setup.sh` (scripts/test.sh runs it).
 TEST_PACKAGES=(
     libcmocka-dev          # tests only: the unit tests
-    etcd-server            # tests only: the etcd members client_coord and integration_deploy start (leaders elected through etcd)
+    etcd-server            # tests only: the etcd members client_coord, client_chaos and integration_deploy start (leaders elected through etcd)
     etcd-client            # tests only: etcdctl, to look at the coordinator's keys by hand and in the docs' examples
     python3                # tests only: integration tests and hostile test clients
     python3-msgpack        # tests only: an independent msgpack encoder for those tests

@@ -21,7 +21,10 @@
  *   it) takes the key again when nobody holds it, else steps down: its
  *   workers are disconnected (they go to the new leader and send again
  *   what was not acknowledged) and it follows the new leader.
- * - A follower reads the part's keys (/psd/JOB/part/N/...) every READ_MS.
+ * - A follower reads the part's keys (/psd/JOB/part/N/...) every READ_MS,
+ *   and at every step of the timer (STEP_MS) once its leader has been
+ *   silent for max_replica_lag: it may then campaign as soon as the key is
+ *   gone, and finds it gone sooner.
  *   When the leader key is gone and the hand-back key (handback.c: a leader
  *   stopped by a signal) names this follower as its successor, it
  *   campaigns at once. When the leader key names
@@ -53,7 +56,7 @@
 #include "server/replog/replog.h"
 
 #define STEP_MS 100   /* the timer: what is due is sent */
-#define READ_MS 250   /* a follower reads the key this often */
+#define READ_MS 250   /* a follower reads the key this often (STEP_MS when its leader is silent) */
 #define RETRY_MS 250  /* a failed renewal is tried again after this */
 
 static const char *role_name(int role)
@@ -570,6 +573,20 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     }
 }
 
+/* Whether this follower's leader has been silent for max_replica_lag: it
+ * reads the key at every step then, not every READ_MS, so that it finds
+ * the dead leader's lease lapsed within STEP_MS (a kill -9 with lease_ttl
+ * 2 s: the workers' pause is the lapse, etcd's own check for expired
+ * leases, up to 500 ms, this read, and their reconnect; the chaos test
+ * holds it to 3 s). A follower that fetches from a live leader reads as
+ * before. */
+static int leader_silent(srv_coord *k, uint64_t now)
+{
+    psd *s = k->s;
+    return s->follow && s->follow->t && s->follow->synced && k->listed &&
+           now - srv_follow_contact_ms(s) > s->cfg.max_replica_lag;
+}
+
 static void read_key(srv_coord *k)
 {
     char body[1000];
@@ -594,7 +611,8 @@ static void on_step(uv_timer_t *t)
     case SRV_COORD_STARTING:
     case SRV_COORD_FOLLOWING:
         if (!k->reading && now >= k->next_read_ms) {
-            k->next_read_ms = now + READ_MS;
+            /* half a step: the next tick reads again, however it falls */
+            k->next_read_ms = now + (leader_silent(k, now) ? STEP_MS / 2 : READ_MS);
             read_key(k);
         }
         srv_coord_pos_step(k, now); /* this follower's position (elect.c) */

@@ -177,6 +177,43 @@ def read_ledger(path):
     return out
 
 
+def leaders_lineage(leaders, ledgers):
+    """The pushes a part's final state holds, in its leaders' order: the
+    records of each leader (a Proc, in the order they led) in the ledger
+    directory, up to where its successor had applied its log (the
+    successor's "promoted: ... applied the leader's log up to N"), then the
+    last leader's. Returns (records, how many records past those points:
+    applied by a leader that died before its follower had them)."""
+    lineage, lost = [], 0
+    for i, p in enumerate(leaders):
+        recs = read_ledger(os.path.join(ledgers, "ledger-%d.bin" % p.pid))
+        if i + 1 < len(leaders):
+            m = re.search(r"promoted: .*applied the leader's log up to (\d+)", leaders[i + 1].stderr())
+            assert m, "%s: no promotion in its log:\n%s" % (leaders[i + 1].name, harness.tail(leaders[i + 1].err_path))
+            upto = int(m.group(1))
+            kept = [r for r in recs if r["lsn"] <= upto]
+            assert kept == recs[:len(kept)], "leader %d (%s): its log positions go back" % (i, p.name)
+            lost += len(recs) - len(kept)
+            recs = kept
+        lineage += recs
+    return lineage, lost
+
+
+def each_once(lineage):
+    """The push ids of each client in a lineage ({cid: [pid, ...]}), after
+    checking that none is there twice and that each client's come in the
+    order it sent them."""
+    by_client = {}
+    for r in lineage:
+        by_client.setdefault(r["cid"], []).append(r["pid"])
+    assert 0 not in by_client, sorted(by_client)
+    for cid, pids in by_client.items():
+        twice = len(pids) - len(set(pids))
+        assert twice == 0, "client %016x: %d pushes applied twice" % (cid, twice)
+        assert pids == sorted(pids), "client %016x: pushes applied out of order" % cid
+    return by_client
+
+
 def steps(ws):
     """The fewest steps a worker has done; raises when one has failed."""
     for w in ws:
@@ -201,7 +238,8 @@ def final_state(cl, p, name):
     r = harness.psctl(p.addr, "save", path)
     assert r.returncode == 0, r.stderr
     meta, tensors = harness.read_safetensors(path)
-    saved = {"u+b": np.concatenate([tensors["u"], tensors["b"]]).tobytes(),
+    dense = sorted(n for n in tensors if not n.startswith("tables/"))  # u and b, or a part's pieces
+    saved = {"dense": b"".join(tensors[n].tobytes() for n in dense),
              "rows": tk.by_key(tensors["tables/emb/keys"].view(np.uint64), tensors["tables/emb/rows"])}
     p.stop()
     ck = tr.newest(os.path.join(cl.dir, name))
@@ -311,26 +349,9 @@ def test_ten_failovers_equal_one_psd_fed_the_leaders_pushes():
         elapsed_job = time.monotonic() - t0
 
         # the pushes the final state holds, in the leaders' order
-        lineage, lost = [], 0
-        for i, p in enumerate(leaders):
-            recs = read_ledger(os.path.join(ledgers, "ledger-%d.bin" % p.pid))
-            if i + 1 < len(leaders):
-                m = re.search(r"promoted: .*applied the leader's log up to (\d+)", leaders[i + 1].stderr())
-                assert m, leaders[i + 1].stderr()
-                upto = int(m.group(1))
-                kept = [r for r in recs if r["lsn"] <= upto]
-                assert kept == recs[:len(kept)], "leader %d: its log positions go back" % i
-                lost += len(recs) - len(kept)
-                recs = kept
-            lineage += recs
-        by_client = {}
-        for r in lineage:
-            by_client.setdefault(r["cid"], []).append(r["pid"])
-        assert len(by_client) == 2 and 0 not in by_client, sorted(by_client)
-        for cid, pids in by_client.items():
-            twice = len(pids) - len(set(pids))
-            assert twice == 0, "client %016x: %d pushes applied twice" % (cid, twice)
-            assert pids == sorted(pids), "client %016x: pushes applied out of order" % cid
+        lineage, lost = leaders_lineage(leaders, ledgers)
+        by_client = each_once(lineage)
+        assert len(by_client) == 2, sorted(by_client)
         kept = sorted(len(pids) for pids in by_client.values())
         assert kept == sorted(c["calls"] for c in calls), \
             "pushes kept per client %s, acknowledged per worker %s" % (kept, sorted(c["calls"] for c in calls))

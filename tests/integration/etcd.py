@@ -4,8 +4,9 @@ Etcd(workdir, members=3) starts that many etcd members (Debian's
 etcd-server) on loopback ports the kernel picked free, each with its data
 in a directory of workdir, waits until every member answers a read of the
 v3 API (a request answered, not a sleep), and stops them (kill) on
-close(). .urls is the `coordinator` value psd takes. why_no_etcd() says
-why a test must skip (etcd not installed), or None.
+close(); a member killed (kill(), SIGKILL) comes back with restart().
+.urls is the `coordinator` value psd takes. why_no_etcd() says why a
+test must skip (etcd not installed), or None.
 """
 
 import json
@@ -35,6 +36,7 @@ class Member:
         self.p = None
 
     def start(self, cluster):
+        self.cluster = cluster
         argv = ["etcd", "--name", self.name, "--data-dir", self.data,
                 "--listen-client-urls", self.client, "--advertise-client-urls", self.client,
                 "--listen-peer-urls", self.peer, "--initial-advertise-peer-urls", self.peer,
@@ -42,7 +44,7 @@ class Member:
                 "--initial-cluster-token", "psd-test", "--log-level", "warn",
                 # fast elections on loopback: a lost member's absence is noticed within a second
                 "--heartbeat-interval", "50", "--election-timeout", "500"]
-        self._log = open(self.log, "wb")
+        self._log = open(self.log, "ab")  # a restart's lines after the first run's
         self.p = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def alive(self):
@@ -61,6 +63,12 @@ class Member:
                 return r.status == 200
         except OSError:
             return False
+
+    def restart(self):
+        """Starts the member again on its ports and data (after kill()): it
+        rejoins its cluster from its own write-ahead log."""
+        assert not self.alive(), self.name
+        self.start(self.cluster)
 
     def kill(self):
         if self.alive():
