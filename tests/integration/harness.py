@@ -525,13 +525,22 @@ def metrics(addr):
     return r.stdout
 
 
+_ports_given = set()
+
+
 def free_port():
-    """A port nothing listens on: bound, then closed again."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port nothing listens on: bound, then closed again; never one this
+    process handed out before (the kernel may give a port just closed again,
+    and two psd of one test told the same port: the second cannot listen)."""
+    for _ in range(1000):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
+    raise AssertionError("no port free that this test has not handed out already")
 
 
 # ---- Prometheus text ------------------------------------------------------------
