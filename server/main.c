@@ -623,7 +623,7 @@ int main(int argc, char **argv)
     uv_run(s->loop, UV_RUN_DEFAULT);
     srv_net_tapply_stop(s); /* its last pushes applied: the checkpoint holds them */
 
-    int exit_code = srv_checkpoint_write_now(s) == 0 ? 0 : 1;
+    int exit_code = srv_checkpoint_write_now(s) == 0 && !s->refused ? 0 : 1;
     PS_LOG(PS_LOG_INFO, "stopped at model version %llu after %llu pushes", (unsigned long long)s->model.version,
            (unsigned long long)s->stats.pushes);
     s->policy->destroy(s);

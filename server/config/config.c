@@ -339,7 +339,8 @@ static const ps_config_option options[] = {
              "coordinator, followers are promoted by hand."},
     {.name = "job", .type = PS_CT_STRING, .def = "", AT(job),
      .help = "The job's name in the coordinator's keys (/psd/JOB/part/N/leader): letters, "
-             "digits, '-', '_' and '.'. Every psd of one job gives the same."},
+             "digits, '-', '_' and '.'. Every psd of one job gives the same; a psd whose settings "
+             "differ from the job's record (/psd/JOB/job) while that job runs stops at start."},
     {.name = "part", .type = PS_CT_INT, .def = "0", AT(part), .lo = 0, .hi = 65535,
      .help = "This psd's part of the job, N in the coordinator's key: a leader and its "
              "followers give the same, each part of a model split over several psd its own."},

@@ -53,6 +53,7 @@
 #include "server/coord/coord_int.h"
 #include "server/coord/elect.h"
 #include "server/coord/etcd.h"
+#include "server/coord/jobkey.h"
 #include "server/replog/replog.h"
 
 #define STEP_MS 100   /* the timer: what is due is sent */
@@ -63,60 +64,6 @@ static const char *role_name(int role)
 {
     static const char *const n[] = {"off", "starting", "leader", "follower", "campaigning"};
     return role >= 0 && role <= SRV_COORD_CAMPAIGNING ? n[role] : "?";
-}
-
-/* ---- etcd's answers ---------------------------------------------------------- */
-
-static const char *jstr(json_t *o, const char *k)
-{
-    json_t *v = json_object_get(o, k);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
-static int64_t jint(json_t *o, const char *k)
-{
-    json_t *v = json_object_get(o, k);
-    if (json_is_integer(v))
-        return json_integer_value(v);
-    return json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : 0;
-}
-
-/* A kv's value (base64 in etcd's JSON) decoded into val, "" when it has
- * none or it does not fit. */
-static void kv_value(json_t *kv, char *val, size_t len)
-{
-    const char *v = jstr(kv, "value");
-    if (!v || srv_b64_decode(v, val, len) < 0)
-        val[0] = 0;
-}
-
-static void reached(srv_coord *k)
-{
-    psd *s = k->s;
-    if (s->coord.unreachable_ms)
-        PS_LOG(PS_LOG_WARN, "coordinator: etcd answers again (%s): failover is possible again",
-               srv_etcd_member(k->etcd));
-    s->coord.reachable = 1;
-    s->coord.unreachable_ms = 0;
-    k->said_unreachable = 0;
-}
-
-static void unreached(srv_coord *k, const char *err)
-{
-    psd *s = k->s;
-    s->coord.reachable = 0;
-    s->coord.failures++;
-    snprintf(s->coord.error, sizeof s->coord.error, "%s", err);
-    if (!s->coord.unreachable_ms)
-        s->coord.unreachable_ms = srv_now_ms();
-    if (!k->said_unreachable) {
-        k->said_unreachable = 1;
-        PS_LOG(PS_LOG_ERROR, "coordinator: etcd does not answer (%s): this part cannot fail over until it does; %s", err,
-               s->coord.role == SRV_COORD_LEADING
-                   ? "this leader goes on, acknowledging pushes once its lease's fence passes only while every "
-                     "follower holds them"
-                   : "this follower goes on following");
-    }
 }
 
 /* The value a leader publishes: "ADDR POSITION". */
@@ -145,7 +92,7 @@ static void txn_holder(json_t *a, char *addr, size_t alen)
     json_t *kv = json_is_array(kvs) ? json_array_get(kvs, 0) : NULL;
     addr[0] = 0;
     if (kv) {
-        kv_value(kv, val, sizeof val);
+        srv_etcd_kv_value(kv, val, sizeof val);
         parse_value(val, addr, alen);
     }
 }
@@ -260,10 +207,10 @@ static void publish_done(void *arg, int ok, json_t *a, const char *err, uint64_t
     if (k->stopped || k->hb_stage)
         return; /* (handback.c: the key is given up) */
     if (!ok) {
-        unreached(k, err);
+        srv_coord_unreached(k, err);
         return;
     }
-    reached(k);
+    srv_coord_reached(k);
     if (k->s->coord.role == SRV_COORD_LEADING && !json_is_true(json_object_get(a, "succeeded"))) {
         char addr[300];
         txn_holder(a, addr, sizeof addr);
@@ -308,13 +255,13 @@ static void renew_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
     if (k->stopped || s->coord.role != SRV_COORD_LEADING || k->hb_stage > HB_DRAIN)
         return;
     if (!ok) {
-        unreached(k, err);
+        srv_coord_unreached(k, err);
         k->next_renew_ms = srv_now_ms() + RETRY_MS;
         return;
     }
-    reached(k);
+    srv_coord_reached(k);
     json_t *res = json_object_get(a, "result");
-    if (jint(res ? res : a, "TTL") <= 0) {
+    if (srv_etcd_int(res ? res : a, "TTL") <= 0) {
         PS_LOG(PS_LOG_WARN, "coordinator: this leader's lease %s has lapsed in etcd: taking part %d's key again if "
                "nobody holds it", k->lease, s->cfg.part);
         campaign(k, 1);
@@ -352,7 +299,7 @@ static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sen
     if (k->stopped)
         return;
     if (!ok) {
-        unreached(k, err);
+        srv_coord_unreached(k, err);
         revoke(k, k->lease);
         k->lease[0] = 0;
         if (k->keep)
@@ -361,7 +308,7 @@ static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sen
             s->coord.role = s->follow ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
         return;
     }
-    reached(k);
+    srv_coord_reached(k);
     if (!json_is_true(json_object_get(a, "succeeded"))) {
         char addr[300];
         txn_holder(a, addr, sizeof addr);
@@ -374,7 +321,7 @@ static void txn_done(void *arg, int ok, json_t *a, const char *err, uint64_t sen
         return;
     }
     json_t *h = json_object_get(a, "header");
-    k->create_rev = jint(h, "revision");
+    k->create_rev = srv_etcd_int(h, "revision");
     char why[300];
     if (s->follow) {
         int rc = s->promote ? s->promote(s, why, sizeof why) : PS_ESTATE;
@@ -407,16 +354,16 @@ static void grant_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
         k->campaigning = 0;
         return;
     }
-    const char *id = ok ? jstr(a, "ID") : NULL;
+    const char *id = ok ? srv_etcd_str(a, "ID") : NULL;
     if (!id) {
         k->campaigning = 0;
-        unreached(k, ok ? "etcd granted no lease" : err);
+        srv_coord_unreached(k, ok ? "etcd granted no lease" : err);
         s->coord.role = k->keep ? SRV_COORD_LEADING : s->follow ? SRV_COORD_FOLLOWING : SRV_COORD_STARTING;
         if (k->keep)
             k->next_renew_ms = srv_now_ms() + RETRY_MS;
         return;
     }
-    reached(k);
+    srv_coord_reached(k);
     snprintf(k->lease, sizeof k->lease, "%s", id);
     k->grant_ms = sent_ms;
     char val[700], v64[1000], l64[1000], body[4096], also[800] = "";
@@ -504,10 +451,10 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     if (k->stopped || (s->coord.role != SRV_COORD_FOLLOWING && s->coord.role != SRV_COORD_STARTING))
         return;
     if (!ok) {
-        unreached(k, err);
+        srv_coord_unreached(k, err);
         return;
     }
-    reached(k);
+    srv_coord_reached(k);
     char val[600] = "", addr[300] = "", insync[600] = "", hb[700] = "", key[700];
     int held = 0;
     size_t plen = strlen(k->pfx);
@@ -516,21 +463,21 @@ static void read_done(void *arg, int ok, json_t *a, const char *err, uint64_t se
     json_t *kvs = json_object_get(a, "kvs");
     for (size_t i = 0; json_is_array(kvs) && i < json_array_size(kvs); i++) {
         json_t *kv = json_array_get(kvs, i);
-        const char *key64 = jstr(kv, "key");
+        const char *key64 = srv_etcd_str(kv, "key");
         if (!key64 || srv_b64_decode(key64, key, sizeof key) < 0 || strncmp(key, k->pfx, plen) != 0)
             continue;
         const char *name = key + plen; /* the part's keys: insync, leader, handback */
         if (strcmp(name, "insync") == 0) {
-            kv_value(kv, insync, sizeof insync);
-            k->insync_rev = jint(kv, "mod_revision");
+            srv_etcd_kv_value(kv, insync, sizeof insync);
+            k->insync_rev = srv_etcd_int(kv, "mod_revision");
         } else if (strcmp(name, "leader") == 0) {
-            kv_value(kv, val, sizeof val);
+            srv_etcd_kv_value(kv, val, sizeof val);
             held = 1;
         } else if (strcmp(name, "handback") == 0) {
-            kv_value(kv, hb, sizeof hb);
+            srv_etcd_kv_value(kv, hb, sizeof hb);
         } else if (strncmp(name, "pos/", 4) == 0) { /* a follower's position (elect.c) */
             char pv[600];
-            kv_value(kv, pv, sizeof pv);
+            srv_etcd_kv_value(kv, pv, sizeof pv);
             srv_coord_peer_read(k, name + 4, pv);
         }
     }
@@ -601,6 +548,10 @@ static void on_step(uv_timer_t *t)
     uint64_t now = srv_now_ms();
     if (k->stopped || k->campaigning || k->hb_stage > HB_DRAIN)
         return; /* (handback.c gives the key up: nothing more) */
+    if (!k->job.ok) { /* the job's record first (jobkey.c) */
+        srv_coord_job_step(k, now);
+        return;
+    }
     switch (s->coord.role) {
     case SRV_COORD_LEADING:
         if (!k->renewing && now >= k->next_renew_ms)
@@ -660,6 +611,7 @@ int srv_coord_start(psd *s, char *err, size_t errlen)
     snprintf(k->pfx, sizeof k->pfx, "/psd/%s/part/%d/", s->cfg.job, s->cfg.part);
     srv_b64_encode(k->pfx, strlen(k->pfx), k->pfx64);
     srv_coord_pos_init(k);
+    srv_coord_job_init(k);
     snprintf(path, sizeof path, "/psd/%s/part/%d0", s->cfg.job, s->cfg.part); /* the end of the part's keys */
     srv_b64_encode(path, strlen(path), k->end64);
     s->coord.ttl_ms = s->cfg.lease_ttl;

@@ -1,9 +1,11 @@
 /* coord_int.h - the coordinator's state, shared by the files of coord/:
  * coord.c (the lease, the election, the fence), handback.c (a leader
- * stopped by a signal hands its part back) and elect.c (the followers'
- * positions, and which candidate goes first). Calls go one way: coord.c
- * calls elect.c; handback.c, called by main, reads and writes this state
- * and calls neither. */
+ * stopped by a signal hands its part back), elect.c (the followers'
+ * positions, and which candidate goes first) and jobkey.c (the job's
+ * record: a job name held by another job). Calls go one way: coord.c
+ * calls elect.c and jobkey.c, jobkey.c calls coord.c's reached and
+ * unreached; handback.c, called by main, reads and writes this state and
+ * calls neither. */
 #ifndef SRV_COORD_COORD_INT_H
 #define SRV_COORD_COORD_INT_H
 
@@ -36,6 +38,16 @@ typedef struct srv_coord_pos {
     uint64_t defer_since;    /* a candidate deferring to a newer peer since (0: not) */
     char deferred_to[300];   /* to whom (logged once) */
 } srv_coord_pos;
+
+/* jobkey.c's: the job's record, checked before anything else. */
+typedef struct srv_coord_job {
+    int ok;                  /* the record is this job's: coord.c may go on */
+    int busy;                /* a request in flight */
+    uint64_t next_ms;        /* not asked again before this */
+    char key64[420];         /* /psd/JOB/job, base64 */
+    char parts64[420];       /* the job's part keys' prefix, /psd/JOB/part/, base64 */
+    char end64[420];         /* and the end of its range, base64 */
+} srv_coord_job;
 
 /* srv_coord.hb_stage: a leader handing its part back (handback.c) */
 enum { SRV_HB_NONE = 0, HB_DRAIN, HB_DELETING, HB_REVOKING, HB_OVER };
@@ -74,6 +86,13 @@ typedef struct srv_coord {
     srv_coord_pos pos;
     srv_coord_peer peer[SRV_COORD_PEERS_MAX];
     int npeers;              /* the position keys last read */
+
+    srv_coord_job job;       /* jobkey.c's: the job's record */
 } srv_coord;
+
+/* coord.c's: etcd answered a request, or no member did (err): logged
+ * once, and shown in status and metrics (psd.coord). */
+void srv_coord_reached(srv_coord *k);
+void srv_coord_unreached(srv_coord *k, const char *err);
 
 #endif

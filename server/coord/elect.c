@@ -78,12 +78,6 @@ void srv_coord_pos_init(srv_coord *k)
     srv_b64_encode(key, strlen(key), k->pos.key64);
 }
 
-static const char *jstr(json_t *o, const char *k)
-{
-    json_t *v = json_object_get(o, k);
-    return json_is_string(v) ? json_string_value(v) : NULL;
-}
-
 static void failed(srv_coord *k, const char *what, const char *err)
 {
     PS_LOG(PS_LOG_DEBUG, "coordinator: this follower's position key: %s: %s", what, err ? err : "refused");
@@ -106,7 +100,7 @@ static void grant_done(void *arg, int ok, json_t *a, const char *err, uint64_t s
     k->pos.busy = 0;
     if (k->stopped)
         return;
-    const char *id = ok ? jstr(a, "ID") : NULL;
+    const char *id = ok ? srv_etcd_str(a, "ID") : NULL;
     if (!id) {
         failed(k, "lease", ok ? "no lease granted" : err);
         return;

@@ -409,3 +409,24 @@ long srv_b64_decode(const char *text, char *out, size_t outcap)
     out[o] = 0;
     return (long)o;
 }
+
+const char *srv_etcd_str(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+int64_t srv_etcd_int(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    if (json_is_integer(v))
+        return json_integer_value(v);
+    return json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : 0;
+}
+
+void srv_etcd_kv_value(json_t *kv, char *val, size_t len)
+{
+    const char *v = srv_etcd_str(kv, "value");
+    if (!v || srv_b64_decode(v, val, len) < 0)
+        val[0] = 0;
+}

@@ -36,8 +36,17 @@ int srv_etcd_busy(const srv_etcd *e);
 /* The member the next request goes to. */
 const char *srv_etcd_member(const srv_etcd *e);
 /* Cancels what is in flight (no callback) and closes the handles; the
- * memory goes once the loop has run their close callbacks. */
+ * memory goes once the loop has run their close callbacks. Not from one
+ * of e's own callbacks, whose request it would free under it. */
 void srv_etcd_close(srv_etcd *e);
+
+/* Reading etcd's JSON answers: a member's string (NULL when it is not
+ * one), an integer given as a number or a string (etcd's gateway writes
+ * 64-bit ones as strings; 0 when absent), and a kv's value (base64) decoded
+ * into val ("" when it has none or it does not fit). */
+const char *srv_etcd_str(json_t *o, const char *k);
+int64_t srv_etcd_int(json_t *o, const char *k);
+void srv_etcd_kv_value(json_t *kv, char *val, size_t len);
 
 /* base64 of p[0..n) into out (room for 4 * ((n + 2) / 3) + 1 bytes). */
 void srv_b64_encode(const void *p, size_t n, char *out);

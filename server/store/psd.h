@@ -523,6 +523,8 @@ struct psd {
      * stops the connections; the loop then ends). ADMIN shutdown calls it,
      * so that no file below main() calls up into it. */
     void (*shutdown)(psd *s, const char *why);
+    int refused;             /* a check after start (coord/jobkey.c) refused to go on and
+                              * called shutdown: psd exits with status 1 */
     /* Replication (PROTOCOL.md 17): a leader's log and its followers
      * (replog/replog.c; NULL until a follower asks), and on a follower,
      * the leader it follows (connection/follow.c). */

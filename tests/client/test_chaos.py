@@ -185,7 +185,7 @@ def test_chaos():
             ledgers = os.path.join(cl.dir, "ledgers")
             os.mkdir(ledgers)
             env = dict(os.environ, PSD_TEST_LEDGER=ledgers)
-            addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(4)]  # part p: addrs[2p], addrs[2p + 1]
+            addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(4)]  # part p: addrs[2p], addrs[2p + 1]
             procs, starts = [None] * 4, [0] * 4
 
             def start(i, leader=None):

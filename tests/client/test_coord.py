@@ -33,6 +33,12 @@ replication = sync) are given both addresses (A/B):
   to the other, which holds more of the log (its /psd/JOB/part/N/pos/ADDR
   key; server/coord/elect.c), and that one is elected.
 
+- A psd of another job (mode ssp) given a running job's name stops at
+  start, exit status 1, naming the job's record (/psd/JOB/job) and the
+  key its leader holds; once that job's leases lapse it takes the name.
+  A psd started while etcd is down logs an ERROR at once, shows it in its
+  status, and leads once etcd is started.
+
 Skips when etcd is not installed (Debian package etcd-server).
 """
 
@@ -70,7 +76,7 @@ def start(cl, e, i, addrs, n, leader=None, ttl=TTL, more=(), env=None):
 
 
 def two_replicas(cl, e, ttl=TTL, n=2, more=()):
-    addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(n)]
+    addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(n)]
     procs = [start(cl, e, 0, addrs, 0, ttl=ttl, more=more)]
     harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
     for i in range(1, n):
@@ -301,7 +307,7 @@ def test_a_leader_without_a_follower_in_sync_stops_as_before():
     """SIGTERM of a leader that has no follower: nothing is handed back,
     psd stops at once and its key is left to lapse."""
     with harness.Cluster("psd-coord-alone") as cl, etcd.Etcd(cl.dir, members=1) as e:
-        addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(1)]
+        addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(1)]
         p = start(cl, e, 0, addrs, 0, ttl=10)
         harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
         os.kill(p.pid, signal.SIGTERM)
@@ -323,7 +329,7 @@ def test_the_newest_in_sync_follower_is_elected():
     lag = 8  # max_replica_lag, s: the held follower stays in sync meanwhile
     with harness.Cluster("psd-coord-newest") as cl, etcd.Etcd(cl.dir, members=1) as e:
         hold = os.path.join(cl.dir, "hold")
-        addrs = ["127.0.0.1:%d" % p for p in etcd.free_ports(3)]
+        addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(3)]
         lo, hi = sorted(addrs[1:])  # held: the one the tie-break (the address's text) would prefer
         more = ("--set", "max_replica_lag=%ds" % lag)
         procs = [start(cl, e, 0, addrs, 0, more=more)]
@@ -365,3 +371,64 @@ def test_the_newest_in_sync_follower_is_elected():
         assert final == 2 * steps, final
         print("kill -9 with two followers: %s, newer, was elected over %s, held behind; final version %d, AUC %.4f"
               % (hi, lo, final, res["auc"]), file=sys.stderr)
+
+
+def test_a_job_name_held_by_another_job_is_refused():
+    """/psd/JOB/job (server/coord/jobkey.c) holds the settings of the job
+    that named it. A psd of another job (mode ssp, not asgd) given the same
+    name while that job's leader holds its lease stops at start, exit
+    status 1, saying which settings differ and who holds the keys; the
+    leader goes on leading. Once that job is over (its leader killed, its
+    lease lapsed), a psd of the other job takes the name and leads."""
+    with harness.Cluster("psd-coord-jobname") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(3)]
+        a = start(cl, e, 0, addrs, 0)
+        harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 30, "psd0 to lead")
+        assert e.get("/psd/coordtest/job") == "mode=asgd workers=2 optimizer=adagrad replication=sync hogwild=no " \
+                                              "table_apply=ordered by %s" % addrs[0]
+
+        def other(i, n):
+            return cl.psd(workers=2, mode="ssp", name="other%d-%d" % (i, n), args=tr.leader_args(
+                cl, "other%d" % i, ("--listen", addrs[i], "--set", "coordinator=" + e.urls, "--set", "job=coordtest",
+                                    "--set", "lease_ttl=%ds" % TTL)))
+        b = other(1, 0)
+        assert b.wait(30) == 1, b.stderr()
+        err = b.stderr()
+        assert 'job "coordtest" is held by another job: etcd\'s /psd/coordtest/job says mode=asgd' in err, err
+        assert "this psd's settings are mode=ssp workers=2" in err, err
+        assert "/psd/coordtest/part/0/leader: %s " % addrs[0] in err, err
+        assert coord(addrs[0])["role"] == "leader"
+        # a psd of the job itself goes on
+        c = start(cl, e, 2, addrs, 0, leader=addrs[0])
+        harness.wait_until(lambda: coord(addrs[2])["role"] == "follower", 30, "psd2 to follow")
+        assert "held by another job" not in c.stderr()
+        for p in (a, c):
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+        harness.wait_until(lambda: e.get("/psd/coordtest/part/0/leader") is None, 3 * TTL + 10,
+                           "the old job's lease to lapse")
+        harness.wait_until(lambda: not any(k.startswith("/psd/coordtest/part/0/pos/") for k in e.keys("/psd/")),
+                           3 * TTL + 10, "the old follower's lease to lapse")
+        b = other(1, 1)
+        harness.wait_until(lambda: coord(addrs[1])["role"] == "leader", 30, "the other job's psd to lead")
+        assert "is of a job with no psd left" in b.stderr()
+        assert e.get("/psd/coordtest/job").startswith("mode=ssp ")
+
+
+def test_an_etcd_that_does_not_answer_at_start():
+    """etcd down when psd starts: psd says so at once (an ERROR naming the
+    member and what it does meanwhile; status: coordinator unreachable, role
+    starting), acknowledges nothing, and leads once etcd answers."""
+    with harness.Cluster("psd-coord-noetcd") as cl, etcd.Etcd(cl.dir, members=1) as e:
+        e.members[0].kill()
+        addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(1)]
+        p = start(cl, e, 0, addrs, 0)
+        harness.wait_until(lambda: "etcd does not answer" in p.stderr(), 30, "psd to say etcd does not answer")
+        line = [l for l in p.stderr().splitlines() if "etcd does not answer" in l][0]
+        assert " ERROR " in line and e.members[0].client in line, line
+        assert "acknowledges no push before it holds the part's lease" in line, line
+        c = coord(addrs[0])
+        assert c["role"] == "starting" and not c["can_fail_over"] and c["unreachable"] > 0 and c["error"], c
+        e.members[0].restart()
+        harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 60, "psd to lead once etcd answers")
+        assert "etcd answers again" in p.stderr()

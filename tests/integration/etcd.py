@@ -1,7 +1,7 @@
 """etcd.py - an etcd cluster for the tests of psd's coordinator (issue 44).
 
 Etcd(workdir, members=3) starts that many etcd members (Debian's
-etcd-server) on loopback ports the kernel picked free, each with its data
+etcd-server) on loopback ports picked free (harness.free_port), each with its data
 in a directory of workdir, waits until every member answers a read of the
 v3 API (a request answered, not a sleep), and stops them (kill) on
 close(); a member killed (kill(), SIGKILL) comes back with restart().
@@ -12,12 +12,11 @@ test must skip (etcd not installed), or None.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 
-from harness import tail, wait_until
+from harness import free_ports, tail, wait_until
 
 
 def why_no_etcd():
@@ -78,21 +77,6 @@ class Member:
             self._log.close()
 
 
-def free_ports(n):
-    """n distinct loopback ports nothing listens on: all bound at once (so
-    the kernel cannot hand out one twice), then closed."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Etcd:
     def __init__(self, workdir, members=3, timeout=60):
         self.members = []
@@ -109,6 +93,20 @@ class Etcd:
             self.close()
             raise
         self.urls = ",".join(m.client for m in self.members)
+
+    def keys(self, prefix):
+        """The keys under prefix (str), through the first live member."""
+        import base64
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        for m in self.members:
+            if not m.alive():
+                continue
+            body = {"key": base64.b64encode(prefix.encode()).decode(),
+                    "range_end": base64.b64encode(end.encode()).decode(), "keys_only": True}
+            req = urllib.request.Request(m.client + "/v3/kv/range", data=json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return [base64.b64decode(kv["key"]).decode() for kv in json.load(r).get("kvs", [])]
+        return []
 
     def get(self, key):
         """The value of key (str) through the first live member, or None."""

@@ -46,6 +46,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import traceback
 import threading
 import time
 import unittest
@@ -253,12 +254,19 @@ class LineStream:
         return False
 
 
-def tail(path, lines=40):
+def tail(path, lines=40, skip=None):
+    """The last lines of a file; skip: a regular expression whose lines are
+    left out (progress lines that would push the telling ones out)."""
     try:
         with open(path, "r", errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
+            kept = [l for l in f if skip is None or not re.search(skip, l)]
+            return "".join(kept[-lines:])
     except OSError:
         return "(no %s)" % path
+
+
+# a worker's per-epoch progress line, in its own log and in psd's
+PROGRESS_LINE = r" epoch \d+: loss "
 
 
 # ---- processes ------------------------------------------------------------------
@@ -398,9 +406,14 @@ class Cluster:
             p.kill()
             p.close_files()
         if exc_type is not None:
+            # what failed first: a log keeps only the start and the end of a
+            # long output, and unittest prints its report after every test
+            sys.stderr.write("\n--- %s failed: %s: %.3000s\n%s" % (self.name, exc_type.__name__, exc,
+                                                                      "".join(traceback.format_list(
+                [f for f in traceback.extract_tb(tb) if "unittest" not in f.filename][-2:]))))
             for p in self.procs:
-                sys.stderr.write("\n--- %s (exit %s): %s\n--- stderr tail:\n%s" %
-                                 (p.name, p.p.returncode, " ".join(p.argv), tail(p.err_path, 25)))
+                sys.stderr.write("\n--- %s (exit %s): %s\n--- stderr tail, without progress lines:\n%s" %
+                                 (p.name, p.p.returncode, " ".join(p.argv), tail(p.err_path, 15, PROGRESS_LINE)))
         if os.environ.get("PSD_TEST_KEEP"):
             sys.stderr.write("%s: kept %s (PSD_TEST_KEEP)\n" % (self.name, self.dir))
         else:
@@ -528,19 +541,48 @@ def metrics(addr):
 _ports_given = set()
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
-    """A port nothing listens on: bound, then closed again; never one this
-    process handed out before (the kernel may give a port just closed again,
-    and two psd of one test told the same port: the second cannot listen)."""
+    """A loopback port nothing listens on, for a program told a fixed port
+    (one that restarts on its predecessor's port, or a member of a cluster
+    given its peers' ports): bound, then closed again; never one this
+    process handed out before. It is taken below the kernel's ephemeral
+    range, which the kernel hands out by itself: to a program that listens
+    on port 0, and as the local port of any outgoing connection (a
+    worker's, while it reconnects), which would take a port between its
+    program's two lives. Random in that range, so that tests run side by
+    side seldom pick the same one; the bind checks it is free now."""
+    low, _ = _ephemeral_range()
     for _ in range(1000):
+        if low > 12000:
+            port = random.randrange(10000, low)
+        else:  # an unusual range: the kernel's own pick
+            port = 0
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+        try:
+            s.bind(("127.0.0.1", port))
+            port = s.getsockname()[1]
+        except OSError:
+            continue
+        finally:
+            s.close()
         if port not in _ports_given:
             _ports_given.add(port)
             return port
     raise AssertionError("no port free that this test has not handed out already")
+
+
+def free_ports(n):
+    """n distinct free_port()s."""
+    return [free_port() for _ in range(n)]
 
 
 # ---- Prometheus text ------------------------------------------------------------
