@@ -125,14 +125,17 @@ class PartsTest(unittest.TestCase):
         # come before the kill
         ws = [cl.worker(psds, k, 2, epochs=500, limit=2000, test_limit=1000, model=MODEL,
                         args=("--reconnect-timeout", "60")) for k in range(2)]
-        # both workers on every psd (one alone soon makes the 200 updates
-        # when the other is slow to start, and would then first meet a psd
-        # restarted before it came)
+        # both workers training on every psd (one alone soon makes the 200
+        # updates when the other is slow to start, and would then first meet
+        # a psd restarted before it came). Pushes, not only a hello: a worker
+        # connected to all three may still be pulling its first model, and a
+        # psd lost then is one its connect tries again, not a reconnect.
         def both_training():
             sts = [harness.status(p.addr) for p in psds]
             return sts[0]["version"] >= 200 and all(
-                sorted(w["shard"] for w in st["workers"] if w["state"] == "connected") == [0, 1] for st in sts)
-        harness.wait_until(both_training, 60, "200 updates with both workers on every psd")
+                sorted(w["shard"] for w in st["workers"] if w["state"] == "connected" and w["pushes"] >= 2) == [0, 1]
+                for st in sts)
+        harness.wait_until(both_training, 60, "200 updates with both workers pushing to every psd")
         self.assertTrue(all(w.alive() for w in ws), "the job ended before psd could be killed")
         return start, psds, ws
 
