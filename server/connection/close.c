@@ -2,6 +2,7 @@
  * lingering close after an ERROR (reading and discarding until the peer
  * closes), uv_close and freeing it in the close callback. Owns nothing but
  * the connection it frees. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "common/log.h"
@@ -137,3 +138,15 @@ void srv_conn_close(srv_conn *c)
     uv_close((uv_handle_t *)&c->tcp, srv_conn_on_close);
 }
 
+
+uint32_t srv_conn_close_workers(psd *s, const char *why)
+{
+    uint32_t n = 0;
+    for (srv_conn *c = s->conns; c; c = c->next)
+        if (c->role == PS_ROLE_WORKER && !c->closing) {
+            snprintf(c->close_reason, sizeof c->close_reason, "%s", why);
+            srv_conn_close(c);
+            n++;
+        }
+    return n;
+}

@@ -548,13 +548,7 @@ int srv_follow_step_down(psd *s, const char *leader, const char *why, char *err,
      * (NOT_LEADER), so the workers closed below cannot come back to this
      * psd and make it lead a second time */
     int rc = leader && leader[0] ? srv_follow_start_to(s, leader, err, errlen) : 0;
-    uint32_t n = 0;
-    for (srv_conn *c = s->conns; c; c = c->next)
-        if (c->role == PS_ROLE_WORKER && !c->closing) {
-            snprintf(c->close_reason, sizeof c->close_reason, "%s", why);
-            srv_conn_close(c);
-            n++;
-        }
+    uint32_t n = srv_conn_close_workers(s, why);
     PS_LOG(PS_LOG_WARN, "this psd no longer leads part %d (%s; %s): %u workers disconnected, its unacknowledged "
            "pushes dropped", s->cfg.part, why, leader && leader[0] ? leader : "nobody leads now", n);
     srv_replog_free(s); /* a follower's state comes from its leader's snapshot */

@@ -18,6 +18,10 @@ int srv_net_tapply_start(psd *s, char *err, size_t errlen);
  * handed back (its connection freed if it closed meanwhile). */
 void srv_net_tapply_stop(psd *s);
 void srv_conn_close(srv_conn *c);
+/* Closes every worker's connection, each with reason why (their pushes not
+ * answered yet they send again where they go next): a leader that steps
+ * down or hands its part back. Returns how many. */
+uint32_t srv_conn_close_workers(psd *s, const char *why);
 /* Closes the lingering connections whose SRV_LINGER_MS have passed (the tick). */
 void srv_linger_tick(psd *s, uint64_t now);
 /* For the handler of a frame that ends the bytes read so far: hands the

@@ -175,15 +175,9 @@ int srv_coord_hand_back(psd *s, const char *why, void (*done)(psd *s))
     k->hb_stage = HB_DRAIN;
     k->hb_deadline = srv_now_ms() + s->cfg.max_replica_lag;
     s->coord.handing_back = 1;
-    uint32_t n = 0;
     char reason[sizeof ((srv_conn *)0)->close_reason];
     snprintf(reason, sizeof reason, "%.8s: this psd hands part %d to a follower", why, s->cfg.part);
-    for (srv_conn *c = s->conns; c; c = c->next)
-        if (c->role == PS_ROLE_WORKER && !c->closing) {
-            snprintf(c->close_reason, sizeof c->close_reason, "%s", reason);
-            srv_conn_close(c);
-            n++;
-        }
+    uint32_t n = srv_conn_close_workers(s, reason);
     PS_LOG(PS_LOG_WARN, "%s: this leader hands part %d of job %s back: %u worker%s disconnected (what was not "
            "answered they send to the next leader); waiting up to %.1f s (max_replica_lag) for its %u in-sync "
            "follower%s to fetch everything, then deleting its key", why, s->cfg.part, s->cfg.job, n,
