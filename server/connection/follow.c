@@ -133,17 +133,14 @@ static int send_fetch(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t 
     return rc;
 }
 
-/* An item for an answer: the spare one the loop gave back (its memory
- * becomes the connection's receive buffer when the answer is taken, so the
- * two buffers take turns and nothing is copied or faulted in afresh), else
- * a new one. */
-static item *take_item(srv_follow_thread *t)
+/* Waits while the loop applies slower than answers come, rather than read
+ * and queue more (each a frame's memory, faulted in afresh); but not while
+ * it loads a snapshot, up to CATCHUP_QUEUE_MAX. Before the next answer is
+ * read, after the last one's fetch has told the leader it is held. */
+static void wait_for_room(srv_follow_thread *t)
 {
     pthread_mutex_lock(&t->mu);
-    /* the loop applies slower than answers come: wait for it rather than
-     * queue more (each a frame's memory, faulted in afresh); but not while
-     * it loads a snapshot, up to CATCHUP_QUEUE_MAX */
-    for (int waited = 0; !t->spare && t->queued >= SPARES - 1 && !t->stop && waited < 100 &&
+    for (int waited = 0; !t->spare && t->queued >= SPARES && !t->stop && waited < 100 &&
                          !(t->loading && t->queued_bytes < CATCHUP_QUEUE_MAX);
          waited++) {
         struct timespec ts;
@@ -153,6 +150,16 @@ static item *take_item(srv_follow_thread *t)
             ts.tv_sec++, ts.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* An item for an answer: the spare one the loop gave back (its memory
+ * becomes the connection's receive buffer when the answer is taken, so the
+ * buffers take turns and nothing is copied or faulted in afresh), else a
+ * new one. */
+static item *take_item(srv_follow_thread *t)
+{
+    pthread_mutex_lock(&t->mu);
     item *it = t->spare;
     if (it) {
         t->spare = it->next;
@@ -269,11 +276,13 @@ static int fetch_loop(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t 
         }
         from = next > from && next <= r.mver ? next : from; /* a lie: the loop refuses the item */
         /* held here: the next fetch, sent first, tells the leader so (the
-         * sync replies waiting for it go before the loop is woken) */
+         * sync replies waiting for it go before the loop is woken, and
+         * before this thread waits for the loop to catch up) */
         sent = (rc = send_fetch(t, c, from, hist, &id)) == 0;
         post(t, it);
         if (rc != 0)
             break;
+        wait_for_room(t);
     }
     if (!stopping(t))
         PS_LOG(PS_LOG_WARN, "replication: fetching from %s at %" PRIu64 ": %s", t->leader, from, ps_conn_error(c));
