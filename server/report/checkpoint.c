@@ -648,7 +648,10 @@ void srv_checkpoint_rest_tick(psd *s)
 {
     if (s->paused)
         srv_checkpoint_at_rest(s, "psd is paused");
-    else if (srv_work_stopped(s))
+    else if (srv_work_stopped(s) && !s->follow)
+        /* not on a follower (one that led, or took a worker before it
+         * knew it follows): its model moves with its leader's log, and it
+         * would write it at every tick; checkpoint_interval covers it */
         srv_checkpoint_at_rest(s, "the last worker left");
 }
 

@@ -419,6 +419,12 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
         return ps_fail(err, errlen, PS_ENOT_LEADER,
                        "this psd is a follower of %s (a replica): workers push to the leader; `psctl promote` "
                        "makes this one lead", s->follow->leader);
+    /* a worker taken now would be left waiting on a psd that turns out to
+     * follow (its pushes are acknowledged only under a lease) */
+    if (s->coord.role == SRV_COORD_STARTING)
+        return ps_fail(err, errlen, PS_ENOT_LEADER,
+                       "this psd does not know yet whether it leads part %d: it asks the coordinator (etcd); "
+                       "workers push to the part's leader", s->cfg.part);
     if (s->policy->rounds && m->nshards != (uint32_t)s->cfg.workers) {
         snprintf(err, errlen, "shard %u/%u: this psd runs BSP rounds of %d workers; start workers with --shard K/%d",
                  m->shard, m->nshards, s->cfg.workers, s->cfg.workers);

@@ -37,7 +37,8 @@ replication = sync) are given both addresses (A/B):
   start, exit status 1, naming the job's record (/psd/JOB/job) and the
   key its leader holds; once that job's leases lapse it takes the name.
   A psd started while etcd is down logs an ERROR at once, shows it in its
-  status, and leads once etcd is started.
+  status, refuses a worker's hello with NOT_LEADER until it knows whether
+  it leads, and leads once etcd is started.
 
 Skips when etcd is not installed (Debian package etcd-server).
 """
@@ -429,6 +430,11 @@ def test_an_etcd_that_does_not_answer_at_start():
         assert "acknowledges no push before it holds the part's lease" in line, line
         c = coord(addrs[0])
         assert c["role"] == "starting" and not c["can_fail_over"] and c["unreachable"] > 0 and c["error"], c
+        # a worker is sent away until psd knows whether it leads (taken now, it
+        # would wait on a psd that may turn out to follow)
+        with harness.RawClient(addrs[0], 10) as w:
+            r = w.hello_worker([["u", [4]], ["b", [1]]], 0, 2)
+            assert r["t"] == harness.T_ERROR and r["code"] == 25 and "does not know yet whether it leads" in r["text"], r
         e.members[0].restart()
         harness.wait_until(lambda: coord(addrs[0])["role"] == "leader", 60, "psd to lead once etcd answers")
         assert "etcd answers again" in p.stderr()
