@@ -346,7 +346,10 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
         return;
     }
     srv_follower *f = srv_replog_follower_find(s, addr);
-    int proves = s->replog && hist == s->replog->history && srv_replog_at_record(s, from);
+    /* (a walk over the log's records: not for a follower's usual fetch,
+     * from where its last one ended) */
+    int proves = (!f || (from != f->pos && from != f->sent_next)) && s->replog && hist == s->replog->history &&
+                 srv_replog_at_record(s, from);
     if (!f && proves) {
         if (!(f = srv_replog_follower(s, addr))) {
             srv_send_error(c, m->id, PS_ELIMIT, 0, "repl_fetch: %d followers already", SRV_FOLLOWERS_MAX);

@@ -51,6 +51,7 @@ int srv_replog_start(psd *s)
 
 void srv_replog_free(psd *s)
 {
+    ps_buf_free(&s->apply_scratch); /* a follower's (replog_apply.c) */
     if (!s->replog)
         return;
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)

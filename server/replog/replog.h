@@ -86,7 +86,8 @@ typedef struct srv_replog {
 uint64_t srv_replog_end(const psd *s);
 /* Starts the log (at the first follower's snapshot): 0 or PS_ENOMEM. */
 int srv_replog_start(psd *s);
-/* Frees it (at exit). */
+/* Frees it (at exit, or a leader's log when it steps down), and a
+ * follower's scratch memory for applying. */
 void srv_replog_free(psd *s);
 
 /* Ships what changed since the last flush that a record does not carry by

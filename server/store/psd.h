@@ -517,6 +517,8 @@ struct psd {
     srv_pushids pushids;     /* the push ids applied per client (replog/pushid.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
     ps_buf enc;              /* encode scratch for replies */
+    ps_buf apply_scratch;    /* a follower's aligned copy of a rows record's gradients
+                              * (replog/replog_apply.c), kept from one record to the next */
     ps_layout scratch_layout; /* where a hello's layout is decoded */
     /* Registered by main(): stops psd as SIGTERM does (closes the signal
      * handlers, the tick timer and the /metrics endpoint, tells systemd and
