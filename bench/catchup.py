@@ -73,10 +73,16 @@ c.close()
 """
 
 
-def status(addr):
+def harness():
+    """The tests' harness (psd's status, the polling wait), imported when
+    first needed: it needs msgpack, which --help does not."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-    import harness
-    return harness.status(addr)
+    import harness as h
+    return h
+
+
+def status(addr):
+    return harness().status(addr)
 
 
 def start_psd(psd_bin, d, name, extra=()):
@@ -100,14 +106,8 @@ def start_psd(psd_bin, d, name, extra=()):
 
 
 def wait(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            sys.exit("catchup: timed out after %.0f s waiting for %s" % (timeout, what))
-        time.sleep(0.02)
+    """The suite's wait_until, ending the bench with its message."""
+    return harness().wait_until(cond, timeout, what, error=lambda m: SystemExit("catchup: " + m))
 
 
 def peak_rss_mib(pid):
