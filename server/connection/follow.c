@@ -117,6 +117,9 @@ static void pause_ms(srv_follow_thread *t, int ms)
 static int send_fetch(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t hist, uint64_t *id)
 {
     char f[32], w[16], h[32];
+    pthread_mutex_lock(&t->mu);
+    const char *loading = t->loading ? "1" : "0"; /* its loop cannot apply yet: not in sync */
+    pthread_mutex_unlock(&t->mu);
     snprintf(f, sizeof f, "%" PRIu64, from);
     snprintf(w, sizeof w, "%d", FETCH_WAIT_MS);
     snprintf(h, sizeof h, "%" PRIu64, hist);
@@ -124,10 +127,10 @@ static int send_fetch(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t 
     ps_msg_init(&m, PS_MSG_ADMIN);
     m.has = PS_F_CMD | PS_F_ARGS;
     snprintf(m.cmd, sizeof m.cmd, "%s", "repl_fetch");
-    const char *a[] = {t->advertise, f, w, h};
-    for (unsigned i = 0; i < 4; i++)
+    const char *a[] = {t->advertise, f, w, h, loading};
+    for (unsigned i = 0; i < 5; i++)
         m.args[i] = (ps_str){a[i], (uint32_t)strlen(a[i])};
-    m.nargs = 4;
+    m.nargs = 5;
     int rc = ps_conn_send(c, &m);
     *id = m.id;
     return rc;

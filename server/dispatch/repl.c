@@ -375,7 +375,7 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
     if (f->wait_c)
         answer_fetch(s, f, 1);
     srv_replog_flush(s);
-    srv_replog_fetched(s, f, from, srv_now_ms());
+    srv_replog_fetched(s, f, from, srv_now_ms(), arg_u64(m, 4) != 0);
     if (s->repl_release)
         s->repl_release(s);
     f->wait_c = c;

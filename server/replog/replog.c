@@ -547,11 +547,11 @@ uint32_t srv_replog_insync(const psd *s)
     return n;
 }
 
-void srv_replog_fetched(psd *s, srv_follower *f, uint64_t from, uint64_t now_ms)
+void srv_replog_fetched(psd *s, srv_follower *f, uint64_t from, uint64_t now_ms, int loading)
 {
     f->pos = from;
     f->last_ms = now_ms;
-    if (!f->insync && f->pos == srv_replog_end(s) && f->pos >= s->replog->base) {
+    if (!f->insync && !loading && f->pos == srv_replog_end(s) && f->pos >= s->replog->base) {
         f->insync = 1;
         f->caught_up = 1;
         PS_LOG(PS_LOG_INFO, "replication: follower %s is in sync at position %" PRIu64, f->addr, f->pos);

@@ -179,8 +179,10 @@ uint64_t srv_replog_acked(const psd *s);
 /* In-sync followers. */
 uint32_t srv_replog_insync(const psd *s);
 /* A follower fetched: from is what it asks for next (so it holds every byte
- * before it). */
-void srv_replog_fetched(psd *s, srv_follower *f, uint64_t from, uint64_t now_ms);
+ * before it); loading: it is still loading its snapshot, and joins the
+ * in-sync set only once it is not (its queue of fetched records, which
+ * then fills, would make sync replies wait for the load). */
+void srv_replog_fetched(psd *s, srv_follower *f, uint64_t from, uint64_t now_ms, int loading);
 /* The tick: a follower silent for `timeout_ms` leaves the in-sync set (logged,
  * counted). Returns 1 when the acknowledged position moved (held replies may go). */
 int srv_replog_tick(psd *s, uint64_t now_ms, uint64_t timeout_ms);

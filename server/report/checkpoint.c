@@ -253,6 +253,20 @@ static int write_all(int fd, const void *p, size_t len, uLong *crc)
     return 0;
 }
 
+int srv_ckpt_write_start(ckpt_job *j, int fd, uLong *crc)
+{
+    uint8_t head[16];
+    memcpy(head, CKPT_MAGIC, 8);
+    srv_ckpt_put_u32(head + 8, j->ntables ? CKPT_FORMAT_CLOCKS : CKPT_FORMAT);
+    srv_ckpt_put_u32(head + 12, (uint32_t)j->header.len);
+    int bad = write_all(fd, head, sizeof head, crc) || write_all(fd, j->header.p, j->header.len, crc);
+    for (size_t i = 0; !bad && i < j->snap->nblk; i++)
+        bad = write_all(fd, j->snap->blk[i]->w, j->snap->blk[i]->cap * sizeof(float), crc);
+    for (size_t i = 0; !bad && i < j->nstate; i++)
+        bad = write_all(fd, j->state[i], j->n * sizeof(float), crc);
+    return bad;
+}
+
 /* The tables' keys and rows go out through j->wbuf. */
 typedef struct row_writer {
     ckpt_job *j;
@@ -345,16 +359,9 @@ static void job_write(ckpt_job *j)
         j->res.err = errno;
         return;
     }
-    uint8_t head[16], tail[8];
+    uint8_t tail[8];
     uLong crc = crc32_z(0L, Z_NULL, 0);
-    memcpy(head, CKPT_MAGIC, 8);
-    srv_ckpt_put_u32(head + 8, j->ntables ? CKPT_FORMAT_CLOCKS : CKPT_FORMAT);
-    srv_ckpt_put_u32(head + 12, (uint32_t)j->header.len);
-    int bad = write_all(fd, head, sizeof head, &crc) || write_all(fd, j->header.p, j->header.len, &crc);
-    for (size_t i = 0; !bad && i < j->snap->nblk; i++)
-        bad = write_all(fd, j->snap->blk[i]->w, j->snap->blk[i]->cap * sizeof(float), &crc);
-    for (size_t i = 0; !bad && i < j->nstate; i++)
-        bad = write_all(fd, j->state[i], j->n * sizeof(float), &crc);
+    int bad = srv_ckpt_write_start(j, fd, &crc);
     row_writer w = {.j = j, .fd = fd, .crc = &crc};
     for (uint32_t i = 0; !bad && i < j->ntables; i++) {
         w.row_bytes = j->tables[i].floats * sizeof(float);

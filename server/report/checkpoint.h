@@ -37,9 +37,11 @@
 void srv_checkpoint_start(psd *s, int force);
 
 /* A snapshot for a follower (PROTOCOL.md 17): writes what a checkpoint holds,
- * in the checkpoint's format, into fd (a memory file psd made) from a
- * forked writer, and calls done on the loop when it has exited (rc 0 or
- * PS_EIO; version: the model version it holds). Returns 0 (started), or a
+ * in the checkpoint's format, into fd (a memory file psd made) from the
+ * loop, a block of table rows at a time while pushes go on (snapshot.c;
+ * a second one while one is being written: from a forked writer), and
+ * calls done on the loop when it is written (rc 0) or failed (rc < 0;
+ * version: the model version it holds). Returns 0 (started), or a
  * negative PS_E* code with err (PS_ENOT_READY: an update is being applied,
  * ask again). */
 int srv_checkpoint_snapshot(psd *s, int fd, void (*done)(psd *s, int rc, uint64_t version, void *arg), void *arg,

@@ -58,6 +58,10 @@ typedef struct ckpt_job {
  * when out of memory. */
 ckpt_job *srv_ckpt_job_new(psd *s);
 void srv_ckpt_job_free(ckpt_job *j);
+/* Writes the file's start into fd: its magic, format and header, the
+ * parameters and the optimizer's state (all but the tables' rows and the
+ * tail), *crc running over them. 0, or -1 with errno. */
+int srv_ckpt_write_start(ckpt_job *j, int fd, unsigned long *crc);
 /* Forks the writer and watches its pipe; 0, or -1 with j->err set. Once
  * forked, the job is the loop's: freed when the writer has exited (after
  * j->snap_done, when set). */

@@ -225,6 +225,7 @@ int tbl_ensure_stamps(srv_tables *ts, srv_table *t, char *err, size_t errlen)
 {
     int want = need_stamps(&ts->bounds);
     if (!want && t->stamps) {
+        tbl_snap_keep_all(t); /* a snapshot's clocks kept first */
         for (uint32_t b = 0; b < t->nblocks; b++)
             free(t->stamps[b]);
         free(t->stamps);

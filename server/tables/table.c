@@ -49,6 +49,7 @@ static void table_free(srv_table *t)
 {
     if (!t)
         return;
+    tbl_snap_drop(t);
     for (uint32_t b = 0; b < t->nblocks; b++) {
         tbl_block_free(t, t->blocks[b]);
         if (t->stamps)
@@ -63,6 +64,7 @@ static void table_free(srv_table *t)
 
 void srv_tables_free(srv_tables *ts)
 {
+    tbl_snaps_free(ts);
     for (uint32_t i = 0; i < ts->n; i++)
         table_free(ts->t[i]);
     free(ts->scratch);
@@ -434,6 +436,7 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
         float *row = ts->found[k] = finder_next(&f, hinting, from, to);
         if (row) {
             ts->found_r[k] = (uint32_t)f.r;
+            snap_touch(t, f.r); /* a snapshot not past it keeps it as it is */
             if (stamped)
                 memcpy(u, stamp_at(t, f.r), sizeof(uint64_t));
             memcpy(u + 2, row, sizeof(float) * rf);
@@ -637,6 +640,7 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
     for (uint32_t k = 0; k < n; k++) {
         if ((rows[k] = finder_next(&f, 0, from, to))) {
             at[k] = (uint32_t)f.r;
+            snap_touch(t, f.r);
             continue;
         }
         rows[k] = NULL;

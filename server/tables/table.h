@@ -92,6 +92,7 @@ typedef struct srv_tables {
     size_t dupset_cap;           /* entries */
     uint64_t *dupbits;           /* srv_tables_first_dup_hint's bit per row, all clear between calls */
     size_t dupbits_words;
+    struct srv_tables_snap *snap; /* a snapshot being read (srv_tables_snap_begin); NULL: none */
 } srv_tables;
 
 /* An empty set of tables holding at most max_bytes of rows. */
@@ -231,6 +232,40 @@ void srv_tables_each(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t key, 
  * the table holds no clocks (no expiry, no eviction), the table's clock.
  * For checkpoints. */
 void srv_tables_each_stamp(const srv_tables *ts, uint32_t i, void (*fn)(uint64_t stamp, void *arg), void *arg);
+
+/* A snapshot of every table's rows, read a block at a time while pushes,
+ * expiry, eviction and new rows go on (a follower's snapshot, written from
+ * psd's loop without fork: report/snapshot.c). srv_tables_snap_begin
+ * takes it: from then on each block's rows come out of srv_tables_snap_next
+ * as they were at that moment, in the order srv_tables_each gives them,
+ * with their keys and clocks (srv_tables_each_stamp's). A row the tables
+ * are about to change (a push, a removal moving another row into its
+ * place, a new row written over a removed one's memory, a block freed)
+ * before its block was read is copied first, once: what the snapshot costs
+ * a push is that copy, and its memory is the rows so copied, at most the
+ * tables' size. Tables declared since are not in it. One at a time. */
+typedef struct srv_tables_block {
+    uint32_t table;        /* the table's index */
+    uint64_t first;        /* the first row's position among the table's rows at the snapshot */
+    uint32_t n;            /* rows */
+    const uint8_t *keys;   /* n keys, 8 bytes each, little-endian */
+    const float *rows;     /* n rows of srv_sparse_row_floats values */
+    const uint8_t *stamps; /* n clocks, 8 bytes each, little-endian */
+} srv_tables_block;
+
+/* Takes the snapshot; *id names it for the calls below. Returns 0,
+ * PS_ESTATE (one is being read) or PS_ENOMEM. */
+int srv_tables_snap_begin(srv_tables *ts, uint64_t *id);
+/* The next block of snapshot id into *b (valid until the next call):
+ * returns 1, 0 when every table's rows were given, PS_ESTATE when the
+ * snapshot is gone (the tables were freed, moved or loaded anew) or
+ * PS_ENOMEM when a row could not be copied before a change (the snapshot
+ * is then of no use). */
+int srv_tables_snap_next(srv_tables *ts, uint64_t id, srv_tables_block *b);
+/* Rows of snapshot id kept before a change so far (0 when it is gone). */
+uint64_t srv_tables_snap_kept(const srv_tables *ts, uint64_t id);
+/* Ends snapshot id (nothing when it is gone). */
+void srv_tables_snap_end(srv_tables *ts, uint64_t id);
 
 /* Puts n rows read back from a checkpoint into table i, which must hold
  * none of their keys: keys a "keys" bin, rows n x row floats (weights,

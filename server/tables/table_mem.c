@@ -155,6 +155,9 @@ void tbl_trim(srv_tables *ts, srv_table *t, uint64_t rows)
     uint64_t nb = (rows + (1ull << t->shift) - 1) >> t->shift;
     while (t->nblocks > nb) {
         t->nblocks--;
+        if (t->snap) /* its rows as a snapshot saw them, kept first */
+            for (uint64_t r = (uint64_t)t->nblocks << t->shift; r < ((uint64_t)t->nblocks + 1) << t->shift; r++)
+                tbl_snap_keep(t, r);
         tbl_block_free(t, t->blocks[t->nblocks]);
         if (t->stamps)
             free(t->stamps[t->nblocks]);
@@ -176,6 +179,7 @@ uint64_t tbl_slot_find(const srv_table *t, uint64_t key, uint64_t r)
  * moves into its place. */
 void tbl_row_remove(srv_table *t, uint64_t r)
 {
+    snap_touch(t, r);
     float *p = row_at(t, r);
     uint64_t m = t->cap - 1, i = tbl_slot_find(t, row_key(p), r);
     for (uint64_t j = (i + 1) & m; t->slots[j] != 0; j = (j + 1) & m) {

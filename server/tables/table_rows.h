@@ -2,9 +2,10 @@
  * blocks of rows and their clocks) that table.c (the row store: declare,
  * pull, push, pin), table_mem.c (a table's memory: growing, trimming,
  * removing a row), bounds.c (what bounds a table's rows: admission,
- * expiry, eviction, making room) and table_whole.c (a table read or loaded
- * whole) share. Nothing outside tables/ includes it: the others see the
- * tables through table.h. */
+ * expiry, eviction, making room), table_whole.c (a table read or loaded
+ * whole) and table_snap.c (a snapshot read while pushes go on) share.
+ * Nothing outside tables/ includes it: the others see the tables through
+ * table.h. */
 #ifndef SRV_TABLES_TABLE_ROWS_H
 #define SRV_TABLES_TABLE_ROWS_H
 
@@ -69,7 +70,31 @@ struct srv_table {
     uint64_t rng;          /* eviction's draws (xorshift64) */
     uint64_t admitted, filtered, expired, evicted;
     double pull_rate, push_rate;
+    struct tbl_snap *snap; /* a snapshot being read (srv_tables_snap_begin); NULL: none */
 };
+
+/* ---- table_snap.c: a snapshot read block by block while pushes go on ---- */
+
+/* Keeps row r as the snapshot saw it, when the snapshot has not read it
+ * yet: what every write to a row's memory (its values, key or clock) and
+ * every free of a block calls first, through snap_touch. */
+void tbl_snap_keep(srv_table *t, uint64_t r);
+
+/* Every row the snapshot has not read yet kept: before the rows' clocks
+ * are freed. */
+void tbl_snap_keep_all(srv_table *t);
+
+/* Frees t's part of a snapshot (the table itself is going). */
+void tbl_snap_drop(srv_table *t);
+
+/* Frees the tables' snapshot, each table's part too (the tables are going). */
+void tbl_snaps_free(srv_tables *ts);
+
+static inline void snap_touch(srv_table *t, uint64_t r)
+{
+    if (__builtin_expect(t->snap != NULL, 0))
+        tbl_snap_keep(t, r);
+}
 
 static inline float *row_at(const srv_table *t, uint64_t r)
 {
@@ -133,6 +158,7 @@ static inline void slot_put(slot *slots, uint64_t cap, uint64_t key, uint64_t r)
  * `stamp`; tbl_reserve() made room. */
 static inline void append(srv_table *t, uint64_t key, uint64_t stamp, const void *values)
 {
+    snap_touch(t, t->rows);
     uint64_t r = t->rows++;
     float *p = row_at(t, r);
     memcpy(p, &key, sizeof key);

@@ -27,6 +27,7 @@ a snapshot and follows the leader's log:
 
 import json
 import os
+import re
 import signal
 import struct
 import sys
@@ -92,11 +93,16 @@ def in_sync(leader, follower):
 
 def test_follower_holds_the_leaders_state_bit_for_bit():
     with harness.Cluster("psd-replica") as cl:
-        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
+        leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"),
+                        env=dict(os.environ, PSD_TEST_SNAP_BLOCK_MS="50"))
         ws = start_workers(cl, leader.addr)
         harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
         follower = follow(cl, leader)  # joins while they train: snapshot, then the log
         harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        # the leader wrote its table's rows a block every 50 ms (PSD_TEST_SNAP_BLOCK_MS) while the
+        # workers pushed: rows changed before their block was written went in as they had been
+        kept = re.search(r"written in [0-9.]+ s from the loop; (\d+) rows that pushes changed", leader.stderr())
+        assert kept and int(kept.group(1)) > 0, leader.stderr()[-2000:]
         res = tk.finish(ws)
         assert res["auc"] > 0.65, res
         harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
@@ -388,7 +394,11 @@ def test_a_follower_catches_up_while_its_snapshot_loads():
                           args=leader_args(cl, "follower", ("--replica-of", leader.addr)),
                           env=dict(os.environ, PSD_TEST_SNAPSHOT_LOAD_MS="3000"))
         harness.wait_until(lambda: "asks for a snapshot" in leader.stderr(), 30, "the follower's snapshot")
-        start = repl(leader.addr)["log_end"]
+        # the position the snapshot holds everything before: the log starts moving there (the
+        # follower's load may be under way before its start returns, the snapshot being quick)
+        at = lambda: re.search(r"snapshot of version \d+ at position (\d+)", leader.stderr())
+        harness.wait_until(at, 30, "the snapshot written")
+        start = int(at().group(1))
         harness.wait_until(lambda: "snapshot loaded" in follower.stderr(), 60, "the follower to load its snapshot")
         moved = repl(leader.addr)["log_end"] - start
         harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")

@@ -1808,6 +1808,214 @@ static void test_tag_collision(void **state)
     srv_tables_free(&ts);
 }
 
+/* ---- a snapshot read block by block while pushes go on (table_snap.c) ---- */
+
+/* Every row of table i as srv_tables_each and srv_tables_each_stamp give
+ * them: keys, rows and clocks in three arrays (the caller frees them). */
+typedef struct whole {
+    uint64_t n;
+    uint64_t *keys, *stamps;
+    float *rows;
+    uint32_t rf;
+} whole;
+
+static void whole_row(uint64_t key, const float *row, void *arg)
+{
+    whole *w = arg;
+    w->keys[w->n] = key;
+    memcpy(w->rows + w->n * w->rf, row, sizeof(float) * w->rf);
+    w->n++;
+}
+
+static void whole_stamp(uint64_t stamp, void *arg)
+{
+    whole *w = arg;
+    w->stamps[w->n++] = stamp;
+}
+
+static whole whole_of(srv_tables *ts, uint32_t i)
+{
+    srv_table_stats st;
+    srv_tables_stats(ts, i, &st);
+    whole w = {.rf = srv_sparse_row_floats(srv_tables_def(ts, i))};
+    w.keys = malloc(8 * (st.rows + 1));
+    w.stamps = malloc(8 * (st.rows + 1));
+    w.rows = malloc(sizeof(float) * w.rf * (st.rows + 1));
+    assert_true(w.keys && w.stamps && w.rows);
+    srv_tables_each(ts, i, whole_row, &w);
+    w.n = 0;
+    srv_tables_each_stamp(ts, i, whole_stamp, &w);
+    assert_int_equal(w.n, st.rows);
+    return w;
+}
+
+static void whole_free(whole *w)
+{
+    free(w->keys);
+    free(w->stamps);
+    free(w->rows);
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int b = 7; b >= 0; b--)
+        v = v << 8 | p[b];
+    return v;
+}
+
+/* Reads snapshot id to its end, calling between(ts, call) before each
+ * block, and compares every block with want[table]: the rows as they were
+ * when it was taken, bit for bit. Returns the blocks read. */
+static int snap_read_all(srv_tables *ts, uint64_t id, const whole *want, uint32_t ntables,
+                         void (*between)(srv_tables *ts, int call))
+{
+    uint64_t seen[4] = {0};
+    srv_tables_block b;
+    int blocks = 0, rc;
+    for (;;) {
+        if (between)
+            between(ts, blocks);
+        if ((rc = srv_tables_snap_next(ts, id, &b)) != 1)
+            break;
+        assert_true(b.table < ntables);
+        const whole *w = &want[b.table];
+        assert_int_equal(b.first, seen[b.table]); /* in order, none left out */
+        assert_true(b.first + b.n <= w->n);
+        for (uint32_t k = 0; k < b.n; k++) {
+            uint64_t r = b.first + k;
+            assert_int_equal(le64(b.keys + 8 * k), w->keys[r]);
+            assert_int_equal(le64(b.stamps + 8 * k), w->stamps[r]);
+            assert_memory_equal(b.rows + (size_t)k * w->rf, w->rows + r * w->rf, sizeof(float) * w->rf);
+        }
+        seen[b.table] += b.n;
+        blocks++;
+    }
+    assert_int_equal(rc, 0);
+    for (uint32_t i = 0; i < ntables; i++)
+        assert_int_equal(seen[i], want[i].n);
+    return blocks;
+}
+
+static uint64_t snap_next_key = 1000000;
+static int snap_pass;
+
+/* What goes on between two blocks: pushes to old rows anywhere in the
+ * table (those of blocks not read yet first), new rows, and with the
+ * bounds on, rows expired and evicted (each moving the last row into its
+ * place) and blocks freed. */
+static void snap_churn(srv_tables *ts, int call)
+{
+    static uint64_t k[300];
+    static uint8_t kb[300 * 8];
+    static float g[300 * 4];
+    for (int i = 0; i < 300 * 4; i++)
+        g[i] = 0.5f + (float)(i % 7);
+    int n = 0;
+    for (int i = 0; i < 200; i++) /* old keys: 0..19999, spread */
+        k[n++] = (uint64_t)((i * 7919 + call * 104729) % 20000);
+    for (int i = 0; i < 100; i++)
+        k[n++] = snap_next_key++;
+    keys_le(kb, k, (size_t)n);
+    if (snap_pass == 3 && call == 1) { /* no bound reads the clocks: they go */
+        srv_table_bounds none = {0};
+        srv_tables_set_bounds(ts, &none);
+    } else if (snap_pass == 4 && call == 2) {
+        /* they come back, and do not fit beside every row: rows evicted
+         * at random and the blocks past the rest freed */
+        srv_table_bounds tight = {.expire = 1000000, .table_bytes = 400000, .full = PS_TABLE_FULL_EVICT};
+        srv_tables_set_bounds(ts, &tight);
+    }
+    uint32_t a, b;
+    if (srv_tables_first_dup(ts, kb, (uint32_t)n, &a, &b) == 1)
+        n = (int)a; /* distinct keys: the first n */
+    assert_int_equal(srv_tables_push(ts, 0, kb, (uint32_t)n, g, 1.0, err, sizeof err), 0);
+    assert_int_equal(srv_tables_push(ts, 1, kb, (uint32_t)n, g, 0.25, err, sizeof err), 0);
+}
+
+/* Two tables of 20,000 rows each (several blocks), a snapshot taken, then
+ * between every two blocks read: pushes to rows not read yet and new rows;
+ * in the third pass also expiry and eviction moving rows; in the fourth
+ * the rows' clocks freed; in the fifth, clocks made with rows evicted and
+ * blocks freed. Every block read equals the tables as they were when it was
+ * taken. */
+static void test_snapshot_under_pushes(void **state)
+{
+    (void)state;
+    for (int pass = 0; pass < 5; pass++) {
+        snap_pass = pass;
+        srv_tables ts;
+        srv_tables_init(&ts, 1ull << 30);
+        srv_table_bounds bd = {0};
+        if (pass >= 1 && pass <= 3)
+            bd.expire = 40000; /* the rows carry clocks */
+        srv_tables_set_bounds(&ts, &bd);
+        ps_hp h = hp1(PS_HP_LR, 0.1);
+        ps_table_def d0 = def("a", 4, "normal", 0.1, "adagrad", &h), d1 = def("b", 8, "zeros", 0, "adam", NULL);
+        uint32_t t0, t1;
+        assert_int_equal(srv_tables_declare(&ts, &d0, &t0, err, sizeof err), 0);
+        assert_int_equal(srv_tables_declare(&ts, &d1, &t1, err, sizeof err), 0);
+        static uint64_t k[20000];
+        static uint8_t kb[20000 * 8];
+        static float g[20000 * 8];
+        for (int i = 0; i < 20000; i++)
+            k[i] = (uint64_t)i;
+        for (int i = 0; i < 20000 * 8; i++)
+            g[i] = (float)(i % 13) - 6.0f;
+        keys_le(kb, k, 20000);
+        for (int p = 0; p < 3; p++) {
+            assert_int_equal(srv_tables_push(&ts, t0, kb, 20000 - 1000 * (uint32_t)p, g, 1.0, err, sizeof err), 0);
+            assert_int_equal(srv_tables_push(&ts, t1, kb, 20000, g, 1.0, err, sizeof err), 0);
+        }
+        whole want[2] = {whole_of(&ts, 0), whole_of(&ts, 1)};
+        uint64_t id;
+        assert_int_equal(srv_tables_snap_begin(&ts, &id), 0);
+        uint64_t other;
+        assert_int_equal(srv_tables_snap_begin(&ts, &other), PS_ESTATE); /* one at a time */
+        if (pass == 2) {
+            /* the bounds tighten: a table cap evicts rows and frees blocks,
+             * expiry removes rows pushed long ago, clocks come and go */
+            bd.expire = 2;
+            bd.table_bytes = 600000;
+            bd.full = PS_TABLE_FULL_EVICT;
+            srv_tables_set_bounds(&ts, &bd);
+        }
+        int blocks = snap_read_all(&ts, id, want, 2, snap_churn);
+        assert_true(blocks >= 6); /* 20,000 rows are several blocks in each table */
+        srv_tables_snap_end(&ts, id);
+        if (pass == 2 || pass == 4) {
+            srv_table_stats st;
+            srv_tables_stats(&ts, 0, &st);
+            assert_true(st.evicted + st.expired > 10000); /* the churn removed rows while it was read */
+            assert_true(st.rows < 10000); /* and freed blocks */
+            bd.expire = 0;
+            bd.full = PS_TABLE_FULL_REFUSE;
+            bd.table_bytes = 0;
+            srv_tables_set_bounds(&ts, &bd);
+        }
+        /* a new one reads the tables as they are now */
+        whole now[2] = {whole_of(&ts, 0), whole_of(&ts, 1)};
+        assert_int_equal(srv_tables_snap_begin(&ts, &id), 0);
+        snap_read_all(&ts, id, now, 2, NULL);
+        srv_tables_snap_end(&ts, id);
+        for (int i = 0; i < 2; i++) {
+            whole_free(&want[i]);
+            whole_free(&now[i]);
+        }
+        /* freed or moved while read: the snapshot is gone, said so */
+        assert_int_equal(srv_tables_snap_begin(&ts, &id), 0);
+        srv_tables_block b;
+        assert_int_equal(srv_tables_snap_next(&ts, id, &b), 1);
+        srv_tables out;
+        srv_tables_move(&ts, &out);
+        assert_int_equal(srv_tables_snap_next(&ts, id, &b), PS_ESTATE);
+        srv_tables_move_back(&ts, &out, 0); /* back as they were: it goes on */
+        assert_int_equal(srv_tables_snap_next(&ts, id, &b), 1);
+        srv_tables_free(&ts);
+        assert_int_equal(srv_tables_snap_next(&ts, id, &b), PS_ESTATE);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1827,6 +2035,7 @@ int main(void)
         cmocka_unit_test(test_stamps_only_when_read),
         cmocka_unit_test(test_stamps_at_cap),
         cmocka_unit_test(test_tag_collision),
+        cmocka_unit_test(test_snapshot_under_pushes),
         cmocka_unit_test(test_eviction),
         cmocka_unit_test(test_nonfinite_update_changes_nothing),
         cmocka_unit_test(test_push_failure_restores_rows),
