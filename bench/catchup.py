@@ -13,8 +13,9 @@ while the workers train, and what that costs the leader's pulls (issue 43).
 2. The workers then train: each step pushes the row gradients of --keys
    random keys and pulls the rows of --keys others, and times the pull.
 3. After --after seconds of that (the "before" window), a follower starts
-   (`psd --replica-of LEADER`): it asks for a snapshot, the leader's
-   checkpoint writer makes one (a fork), the follower loads it and fetches
+   (`psd --replica-of LEADER`): it asks for a snapshot, the leader writes
+   one from its loop a block of rows at a time (an older psd, given with
+   --psd, forks its checkpoint writer), the follower loads it and fetches
    the log's tail while the workers go on. "During" lasts until the
    leader counts it in sync; "after" is --after seconds more.
 4. The figures: the pulls' p50, p99 and max in each window (the leader's
