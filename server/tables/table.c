@@ -430,13 +430,14 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
     if (room(&ts->undo, &ts->undo_floats, (size_t)n * (rf + 2)) != 0) /* every key's row may be stored */
         return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a push of %u rows", d->name, n);
     float *u = ts->undo;
-    const int stamped = t->stamps != NULL;
+    const int stamped = t->stamps != NULL, snapping = t->snap != NULL;
     finder_start(&f, t, keys, n, from, to, hint);
     for (uint32_t k = 0; k < n; k++) {
         float *row = ts->found[k] = finder_next(&f, hinting, from, to);
         if (row) {
             ts->found_r[k] = (uint32_t)f.r;
-            snap_touch(t, f.r); /* a snapshot not past it keeps it as it is */
+            if (snapping) /* a snapshot not past it keeps it as it is */
+                tbl_snap_keep(t, f.r);
             if (stamped)
                 memcpy(u, stamp_at(t, f.r), sizeof(uint64_t));
             memcpy(u + 2, row, sizeof(float) * rf);
