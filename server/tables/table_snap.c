@@ -164,7 +164,7 @@ int srv_tables_snap_begin(srv_tables *ts, uint64_t *id)
         sn->rows = t->rows;
         sn->clock = t->clock;
         sn->stamped = t->stamps != NULL;
-        sn->entry = sizeof(kept_row) + sizeof(float) * t->stride;
+        sn->entry = (sizeof(kept_row) + sizeof(float) * t->stride + 7) & ~(size_t)7; /* each one aligned */
         sn->per_chunk = CHUNK_BYTES / sn->entry;
         uint64_t nb = (t->rows + (1ull << t->shift) - 1) >> t->shift;
         sn->kept = calloc((size_t)(t->rows / 64 + 1), sizeof *sn->kept);

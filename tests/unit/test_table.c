@@ -1908,8 +1908,8 @@ static void snap_churn(srv_tables *ts, int call)
 {
     static uint64_t k[300];
     static uint8_t kb[300 * 8];
-    static float g[300 * 4];
-    for (int i = 0; i < 300 * 4; i++)
+    static float g[300 * 8]; /* the widest table's rows: dim 8 */
+    for (int i = 0; i < 300 * 8; i++)
         g[i] = 0.5f + (float)(i % 7);
     int n = 0;
     for (int i = 0; i < 200; i++) /* old keys: 0..19999, spread */
