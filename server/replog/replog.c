@@ -433,15 +433,35 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     return 0;
 }
 
+/* The lowest position a follower still needs (the log's end when none). */
+static uint64_t lowest(const srv_replog *r)
+{
+    uint64_t low = r->base + r->len;
+    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+        if (r->f[i].used && r->f[i].pos >= r->base && r->f[i].pos < low)
+            low = r->f[i].pos;
+    return low;
+}
+
+/* Drops the records before low (a record's start), in bulk: when at least
+ * half the log goes, so a memmove moves half the log at most (nothing
+ * when every follower is at the end). */
+static void cut_below(srv_replog *r, uint64_t low)
+{
+    size_t cut = (size_t)(low - r->base);
+    if (cut == 0 || cut < r->len / 2)
+        return;
+    memmove(r->buf, r->buf + cut, r->len - cut);
+    r->len -= cut;
+    r->base = low;
+}
+
 void srv_replog_trim(psd *s)
 {
     srv_replog *r = s->replog;
     if (!r)
         return;
-    uint64_t low = r->base + r->len;
-    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
-        if (r->f[i].used && r->f[i].pos >= r->base && r->f[i].pos < low)
-            low = r->f[i].pos;
+    uint64_t low = lowest(r);
     if (r->len > r->max_bytes && low - r->base < r->len / 2) {
         /* a follower that far behind snapshots again */
         for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
@@ -460,12 +480,14 @@ void srv_replog_trim(psd *s)
             at += 4 + get_u32(r->buf + at);
         low = r->base + at;
     }
-    size_t cut = (size_t)(low - r->base);
-    if (cut == 0 || cut < r->len / 2)
-        return; /* trimmed in bulk: a memmove of half the log at most */
-    memmove(r->buf, r->buf + cut, r->len - cut);
-    r->len -= cut;
-    r->base = low;
+    cut_below(r, low);
+}
+
+void srv_replog_trim_held(psd *s)
+{
+    srv_replog *r = s->replog;
+    if (r)
+        cut_below(r, lowest(r));
 }
 
 srv_follower *srv_replog_follower(psd *s, const char *addr)

@@ -131,6 +131,11 @@ const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *
 /* Drops the bytes every follower has fetched (and, past max_bytes, the
  * oldest, leaving their followers to snapshot again). */
 void srv_replog_trim(psd *s);
+/* The records every follower holds dropped (srv_replog_trim without its
+ * bound: that stays the tick's), after a fetch: with the followers at the
+ * end, the whole log goes at no cost, and the next records are written
+ * where the last ones were, in the cache. */
+void srv_replog_trim_held(psd *s);
 
 /* A follower's model and tables, set aside while a snapshot loads. */
 typedef struct srv_replog_kept {
