@@ -1,8 +1,10 @@
 /* commands.c - psctl's commands, each declared once in one table: its
  * name, arguments, help, whether it only reads (allowed with the workers'
- * token), its default timeout and the function that runs it. The usage
- * text, the argument checks and the "unknown command" message are made from
- * the table; adding a command is adding a row and its run function here.
+ * token), its default timeout, the function that runs it, its help and its
+ * row of docs/running.md. The usage text, the argument checks, the
+ * "unknown command" message and the docs' table of commands (psctl
+ * --commands-markdown) are made from the table; adding a command is adding
+ * a row and its run function here.
  * main() and the options are psctl.c's. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -122,40 +124,81 @@ static int check_set(char **args, int nargs)
 
 static const psctl_command commands[] = {
     {"status", "", 0, 0, PSCTL_READS, 0, run_status, NULL, NULL,
-     "mode, model version, rates, settings, one row per worker"},
+     "mode, model version, rates, settings, one row per worker",
+     "mode, model version, parameters, optimizer and lr, uptime, push/pull rates, checkpoint, metrics "
+     "address, and one row per worker (shard, state, address, how its tensors travel: `tcp` or `shm` "
+     "(VIA), how its table requests travel: `shm` through its table segment or `tcp` in frames (TABLES), "
+     "pushes, last seen, epoch, loss, accuracy); with `--json`, the same for scripts; stable keys: `mode`,"
+     " `version`, `parameters`, `lr`, `paused`, `workers` (each with `shard`, `address`, `transport`, "
+     "`table_transport`, `pushes`, `last_seen`, `loss`, `state`, `clock`, `why`, `accuracy`)"},
     {"workers", "", 0, 0, PSCTL_READS, 0, run_workers, NULL, NULL,
-     "every worker seen: state, why it left or was lost, address, pushes, last report"},
+     "every worker seen: state, why it left or was lost, address, pushes, last report",
+     "every worker seen, including those that left or were lost, with why"},
     {"metrics", "", 0, 0, PSCTL_READS | PSCTL_TEXT, 0, run_metrics, NULL, NULL,
      "psd's counters in the Prometheus text format (the same text psd serves at "
-     "http://metrics_listen/metrics)"},
+     "http://metrics_listen/metrics)",
+     "Prometheus text exposition of psd's counters, gauges and histograms (`--json` is refused: usage "
+     "error)"},
     {"history", "", 0, 0, PSCTL_READS | PSCTL_CSV, 0, run_history, NULL, NULL,
      "what psd recorded of the run: its rates, learning rate and round times each second, every "
      "worker's reported loss and accuracy, and the events (joins, losses, checkpoints, pauses, "
-     "settings); --json or --csv (one row per value) for programs"},
+     "settings); --json or --csv (one row per value) for programs",
+     "what psd recorded of the run (see [the dashboard](metrics.md#dashboard)): psd's rates, learning rate"
+     " and round durations each second, each worker's reported loss, rate and accuracy, and the events; a "
+     "table, one JSON document (the same as `/api/history`) or CSV rows "
+     "`series,shard,t,version,column,value`. Allowed with the workers' token too"},
     {"set", " KEY=VALUE...", 1, PS_ARGS_MAX, 0, 0, run_admin, check_set, NULL,
      "change settings of the running psd, all or none: lr, momentum, weight_decay, clip_norm, "
      "nonfinite, the lr schedule, staleness_scale, dc_lambda, the connection limits and timeouts, "
      "log_level (the ones conf/psd.conf marks reloadable). A later reload (SIGHUP) or restart takes "
-     "the file's values."},
+     "the file's values.",
+     "changes reloadable settings of the running psd (all or none), as a SIGHUP reload would; the file is "
+     "not changed"},
     {"pause", "", 0, 0, 0, 0, run_admin, NULL, NULL,
      "hold every worker's next pull until resume (workers wait; pushes already sent are applied, "
-     "nothing is lost)"},
-    {"resume", "", 0, 0, 0, 0, run_admin, NULL, NULL, "let the workers go on"},
+     "nothing is lost)",
+     "holds every worker's next pull until resume: workers wait, pushes already sent are applied, nothing "
+     "is lost (a psworker waits for a reply up to its `--timeout`, 10 minutes by default, before it "
+     "reconnects)"},
+    {"resume", "", 0, 0, 0, 0, run_admin, NULL, NULL, "let the workers go on",
+     "lets the workers go on after `pause`"},
     {"checkpoint", "", 0, 0, 0, CHECKPOINT_TIMEOUT_MS, run_admin, NULL, NULL,
-     "write a checkpoint to psd's state_dir now and return once it is written"},
+     "write a checkpoint to psd's state_dir now and return once it is written",
+     "writes a checkpoint to psd's state directory; returns once it is written"},
     {"save", " PATH", 1, 1, 0, 0, run_save, NULL, run_save_parts,
      "write the model to PATH as a safetensors file (float32 tensors named as the workers name "
      "them, buffers in their own dtype, all of one model version), readable with the safetensors "
-     "package or a few lines of NumPy"},
-    {"shutdown", "", 0, 0, PSCTL_NO_BYE, 0, run_admin, NULL, NULL, "stop psd as SIGTERM does"},
+     "package or a few lines of NumPy",
+     "writes the model to PATH as a safetensors file: one F32 tensor per layout entry (a buffer in its own"
+     " dtype, such as I64), named as the workers name them (`fc1.weight`, ...), all of one model version "
+     "(psd pins a snapshot while psctl pulls it in chunks), with `model_version`, `mode` and "
+     "`layout_fingerprint` in `__metadata__`, and `\"buffer:NAME\": RULE` for each buffer; and each "
+     "embedding table ([docs/tables.md](tables.md)) as `tables/NAME/rows` (F32, rows x dim) and "
+     "`tables/NAME/keys` (I64: the uint64 keys' bits, so a key of 2^63 or more reads negative; NumPy's "
+     "`.view(np.uint64)` gives it back), the rows psd held when `save` began, each page of them as it was "
+     "when pulled (pause the job for one state), with the declarations in `__metadata__` as `psd.tables` "
+     "(a JSON array); `psd --init-from` takes them back (the rows' optimizer state starts afresh). A model"
+     " split over several psd is saved with every part's rows of each table merged into that table's two "
+     "tensors (each key once, declared unsplit: one psd `--init-from` the file holds the whole table)"},
+    {"shutdown", "", 0, 0, PSCTL_NO_BYE, 0, run_admin, NULL, NULL, "stop psd as SIGTERM does",
+     "stops psd as SIGTERM does"},
     {"promote", "", 0, 0, 0, 0, run_admin, NULL, NULL,
      "make this follower (a psd started with replica_of) the leader of its part: it applies what "
-     "it holds of its leader's log, then takes the workers' pushes; refused by a leader"},
+     "it holds of its leader's log, then takes the workers' pushes; refused by a leader",
+     "makes a follower (a psd started with `--replica-of`) the leader of its part, after it has applied "
+     "what it holds of its leader's log; refused by a leader ([fault "
+     "tolerance](fault-tolerance.md#replicas-a-part-that-dies-loses-no-acknowledged-push))"},
     {"reset", "", 0, 0, PSCTL_FORCE, 0, run_admin, NULL, NULL,
      "start fresh: psd sets the checkpoints in its state_dir aside (as psd --fresh does: into a "
      "dated subfolder, nothing deleted) and drops the model, so the next worker to connect "
      "initialises it; refused while workers are connected, unless --force (they are disconnected "
-     "and exit with an error)"},
+     "and exit with an error)",
+     "starts fresh without restarting psd: the checkpoints in its state dir are set aside as `psd --fresh`"
+     " does (a dated subfolder, nothing deleted), the model is dropped, and the next worker to connect "
+     "initialises it (`model version 852 dropped; 3 checkpoint files set aside in DIR/set-aside-...; the "
+     "next worker to connect initialises the model`). Refused while workers are connected (it names them: "
+     "they would train on a model psd no longer holds) unless `--force`, which disconnects them with an "
+     "error they exit on; refused while a checkpoint is being written"},
 };
 
 const psctl_command *psctl_commands(size_t *n)
@@ -221,6 +264,19 @@ void psctl_commands_usage(FILE *f)
             snprintf(left, sizeof left, "  %s%s", c->name, c->args);
             psctl_wrap(f, left, 21, c->help);
         }
+    }
+}
+
+void psctl_commands_markdown(FILE *f)
+{
+    fprintf(f, "| command | what it does |\n|---|---|\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const psctl_command *c = &commands[i];
+        const char *opts = c->flags & PSCTL_CSV                        ? " [--json\\|--csv]"
+                           : (c->flags & PSCTL_READS) && !(c->flags & PSCTL_TEXT) ? " [--json]"
+                           : c->flags & PSCTL_FORCE                    ? " [--force]"
+                                                                       : "";
+        fprintf(f, "| `%s%s%s` | %s |\n", c->name, c->args, opts, c->doc);
     }
 }
 

@@ -22,7 +22,7 @@
 
 /* ---- options ----------------------------------------------------------------------------- */
 
-enum { OPT_CSV = 256, OPT_FORCE };
+enum { OPT_CSV = 256, OPT_FORCE, OPT_COMMANDS_MD };
 
 /* One row per option: getopt's table, its short letters and the usage are
  * made from it. */
@@ -48,6 +48,7 @@ static const struct psctl_option {
      "admin_token_file, or its token_file, which allows only the reading commands"},
     {"version", 'V', NULL, "print the version"},
     {"help", 'h', NULL, "this help"},
+    {"commands-markdown", OPT_COMMANDS_MD, NULL, "print the table of commands of docs/running.md"},
 };
 #define NOPTIONS (sizeof options / sizeof options[0])
 
@@ -132,6 +133,9 @@ int main(int argc, char **argv)
             return EXIT_OK;
         case 'V':
             printf("psctl %s (protocol %d)\n", PSD_VERSION, PS_PROTO_VERSION);
+            return EXIT_OK;
+        case OPT_COMMANDS_MD:
+            psctl_commands_markdown(stdout);
             return EXIT_OK;
         default:
             fprintf(stderr, "psctl: see psctl --help\n");

@@ -53,6 +53,7 @@ typedef struct psctl_command {
     int (*run_parts)(struct session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout,
                      const psctl_call *k);
     const char *help;       /* one paragraph, wrapped by the usage */
+    const char *doc;        /* its row of docs/running.md's table (Markdown): psctl --commands-markdown */
 } psctl_command;
 
 #define PSCTL_USAGE_WIDTH 80
@@ -62,6 +63,9 @@ const psctl_command *psctl_commands(size_t *n);
 const psctl_command *psctl_command_find(const char *name);
 /* The commands' part of `psctl --help`, from the table. */
 void psctl_commands_usage(FILE *f);
+/* The table of commands in docs/running.md, from the table (psctl
+ * --commands-markdown; test_psctl_commands checks the docs hold it). */
+void psctl_commands_markdown(FILE *f);
 /* Writes `left`, then `text` wrapped to PSCTL_USAGE_WIDTH columns, every
  * line of it starting at column indent (a new line first when left is
  * longer). */

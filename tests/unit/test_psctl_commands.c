@@ -1,8 +1,10 @@
 /* test_psctl_commands.c - psctl's command table (psctl/commands.c): the
  * usage lists every command under the right heading and within its width,
- * every command is documented in docs/running.md's psctl table, an unknown
+ * docs/running.md's table of commands is the one the table makes (every
+ * command a row), an unknown
  * command gets one clear line naming them all (and the near one), and a
  * call is checked against its row. */
+#define _GNU_SOURCE /* open_memstream */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -102,15 +104,30 @@ static void test_every_command_is_documented(void **state)
     const char *section = strstr(doc, "\n## psctl\n");
     assert_non_null(section);
     const char *end = strstr(section + 1, "\n## ");
+    /* the table of commands is the one the command table makes */
+    static const char begin[] = "<!-- psctl commands: begin (psctl --commands-markdown, from psctl/commands.c) -->\n";
+    const char *from = strstr(section, begin), *to = from ? strstr(from, "<!-- psctl commands: end -->") : NULL;
+    if (!from || !to || (end && to > end))
+        fail_msg("docs/running.md's psctl section lacks the table of commands between its markers");
+    from += strlen(begin);
+    char *made = NULL;
+    size_t made_len = 0;
+    FILE *m = open_memstream(&made, &made_len);
+    assert_non_null(m);
+    psctl_commands_markdown(m);
+    fclose(m);
+    if ((size_t)(to - from) != made_len || memcmp(from, made, made_len) != 0)
+        fail_msg("docs/running.md's table of psctl commands is not what psctl/commands.c makes: paste "
+                 "`build/psctl/psctl --commands-markdown` between its markers");
     size_t n;
     const psctl_command *cmds = psctl_commands(&n);
     for (size_t i = 0; i < n; i++) {
         char quoted[64];
-        snprintf(quoted, sizeof quoted, "`%s", cmds[i].name);
-        const char *at = strstr(section, quoted);
-        if (!at || (end && at > end))
-            fail_msg("psctl %s is not in docs/running.md's psctl section", cmds[i].name);
+        snprintf(quoted, sizeof quoted, "| `%s", cmds[i].name);
+        if (!strstr(made, quoted) || !cmds[i].doc || !cmds[i].doc[0])
+            fail_msg("psctl %s has no row of its own in the table of commands", cmds[i].name);
     }
+    free(made);
 }
 
 static void unknown_of(FILE *f, const char *name)
