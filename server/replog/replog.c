@@ -33,6 +33,11 @@ int srv_replog_start(psd *s)
     const char *test_max = getenv("PSD_TEST_REPLOG_MAX_BYTES");
     if (test_max && strtoull(test_max, NULL, 10) > 0)
         r->max_bytes = (size_t)strtoull(test_max, NULL, 10);
+    r->seg_bytes = r->max_bytes / 16;
+    if (r->seg_bytes < ((size_t)4 << 10))
+        r->seg_bytes = (size_t)4 << 10;
+    if (r->seg_bytes > ((size_t)64 << 20))
+        r->seg_bytes = (size_t)64 << 20;
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
         r->f[i].snap_fd = -1;
     r->history = ((uint64_t)srv_now_ms() << 20) ^ (uint64_t)(uintptr_t)r;
@@ -60,9 +65,95 @@ void srv_replog_free(psd *s)
         srv_blk_unref(s->replog->shadow[i]);
     srv_blk_unref(s->replog->small);
     free(s->replog->shadow);
-    free(s->replog->buf);
+    for (size_t i = 0; i < s->replog->nseg; i++)
+        free(s->replog->seg[i].buf);
+    free(s->replog->seg);
+    free(s->replog->spare.buf);
     free(s->replog);
     s->replog = NULL;
+}
+
+/* The piece that holds position pos (base <= pos < base + len). */
+static const srv_replog_seg *seg_of(const srv_replog *r, uint64_t pos)
+{
+    size_t lo = 0, hi = r->nseg; /* the last piece whose base <= pos */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (r->seg[mid].base <= pos)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &r->seg[lo];
+}
+
+/* The bytes at offset off of the log (position base + off, a record's
+ * start or inside one, before the log's end). */
+static const uint8_t *at_off(const srv_replog *r, size_t off)
+{
+    const srv_replog_seg *g = seg_of(r, r->base + off);
+    return g->buf + (r->base + off - g->base);
+}
+
+/* A new last piece, room for need bytes at least: 0 or -1. */
+static int new_seg(srv_replog *r, size_t need)
+{
+    if (r->nseg == r->segcap) {
+        size_t cap = r->segcap ? 2 * r->segcap : 16;
+        srv_replog_seg *g = realloc(r->seg, cap * sizeof *g);
+        if (!g)
+            return -1;
+        r->seg = g;
+        r->segcap = cap;
+    }
+    srv_replog_seg g = {.base = r->base + r->len};
+    if (r->spare.buf && r->spare.cap >= need) {
+        g.buf = r->spare.buf;
+        g.cap = r->spare.cap;
+        r->spare.buf = NULL;
+    } else {
+        g.cap = need > r->seg_bytes ? need : r->seg_bytes;
+        if (!(g.buf = malloc(g.cap)))
+            return -1;
+    }
+    r->seg[r->nseg++] = g;
+    return 0;
+}
+
+/* At most this much of the last piece is moved to its front by a trim. */
+#define TAIL_MOVE_MAX ((size_t)1 << 20)
+
+/* Drops the records before low (a record's start): the pieces that end at
+ * or before it go whole, but the last one; of that one, when low lies in
+ * it, what is left moves to its front if it is little (at most
+ * TAIL_MOVE_MAX: with the followers at or near the log's end, the next
+ * records are written where the last ones were, in the cache). Nothing
+ * else is ever moved. */
+static void drop_below(srv_replog *r, uint64_t low)
+{
+    uint64_t end = r->base + r->len;
+    size_t n = 0;
+    while (n + 1 < r->nseg && r->seg[n].base + r->seg[n].len <= low)
+        n++;
+    for (size_t i = 0; i < n; i++) {
+        if (!r->spare.buf && r->seg[i].cap == r->seg_bytes)
+            r->spare = r->seg[i]; /* its pages mapped already, for the next piece */
+        else
+            free(r->seg[i].buf);
+    }
+    if (n) {
+        memmove(r->seg, r->seg + n, (r->nseg - n) * sizeof *r->seg); /* a few pointers */
+        r->nseg -= n;
+    }
+    if (r->nseg == 1 && low > r->seg[0].base && end - low <= TAIL_MOVE_MAX) {
+        srv_replog_seg *g = &r->seg[0];
+        memmove(g->buf, g->buf + (low - g->base), (size_t)(end - low));
+        g->len = (size_t)(end - low);
+        g->base = low;
+    }
+    if (r->nseg)
+        r->base = r->seg[0].base;
+    r->len = (size_t)(end - r->base);
 }
 
 /* Room for a record of len bytes (after its 4-byte length); its start, or
@@ -71,27 +162,23 @@ void srv_replog_free(psd *s)
 static uint8_t *rec_begin(psd *s, size_t len, int kind)
 {
     srv_replog *r = s->replog;
-    size_t need = r->len + 4 + len;
-    if (need > r->cap) {
-        size_t cap = r->cap ? r->cap : 1 << 16;
-        while (cap < need)
-            cap *= 2;
-        uint8_t *nb = realloc(r->buf, cap);
-        if (!nb) {
+    size_t need = 4 + len;
+    srv_replog_seg *last = r->nseg ? &r->seg[r->nseg - 1] : NULL;
+    if (!last || last->len + need > last->cap) {
+        if (new_seg(r, need) != 0) {
             PS_LOG(PS_LOG_ERROR, "replication: no memory for a %zu-byte record: the followers start over", len);
             for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
                 r->f[i].pos = 0, r->f[i].insync = 0;
-            r->base += r->len;
-            r->len = 0;
+            drop_below(r, r->base + r->len);
             return NULL;
         }
-        r->buf = nb;
-        r->cap = cap;
+        last = &r->seg[r->nseg - 1];
     }
-    uint8_t *p = r->buf + r->len;
+    uint8_t *p = last->buf + last->len;
     put_u32(p, (uint32_t)len);
     p[4] = (uint8_t)kind;
-    r->len = need;
+    last->len += need;
+    r->len += need;
     r->records++;
     r->bytes += 4 + len;
     return p + 5;
@@ -235,24 +322,6 @@ void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid)
     }
 }
 
-const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *len)
-{
-    const srv_replog *r = s->replog;
-    *len = 0;
-    if (!r || from < r->base || from > r->base + r->len)
-        return NULL;
-    size_t at = (size_t)(from - r->base), end = at;
-    while (end + 4 <= r->len) {
-        size_t l = 4 + get_u32(r->buf + end);
-        if (end > at && end + l - at > max)
-            break;
-        end += l;
-    }
-    *len = end - at;
-    static const uint8_t none[1];
-    return r->buf ? r->buf + at : none; /* an empty log: nothing to read, not an error */
-}
-
 /* ---- a fetch's answer ----------------------------------------------------- */
 
 /* Writes n bytes at byte position at of the words the answer's blocks hold
@@ -293,7 +362,7 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     size_t nbi = 0, cbi = 0;
     int dense = 0;
     while (end + 4 <= r->len) {
-        const uint8_t *q = r->buf + end;
+        const uint8_t *q = at_off(r, end);
         size_t l = 4 + get_u32(q);
         if (q[4] == REC_DENSE) {
             if (!dense_ok)
@@ -418,9 +487,10 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
         answer_put(a, HEAD_FIXED, bi, 4 * nbi);
     w = HEAD_FIXED + 4 * nbi;
     for (size_t p = at; p < end;) {
-        size_t l = 4 + get_u32(r->buf + p);
-        if (r->buf[p + 4] != REC_DENSE) {
-            answer_put(a, w, r->buf + p, l);
+        const uint8_t *q = at_off(r, p);
+        size_t l = 4 + get_u32(q);
+        if (q[4] != REC_DENSE) {
+            answer_put(a, w, q, l);
             w += l;
         }
         p += l;
@@ -443,51 +513,37 @@ static uint64_t lowest(const srv_replog *r)
     return low;
 }
 
-/* Drops the records before low (a record's start), in bulk: when at least
- * half the log goes, so a memmove moves half the log at most (nothing
- * when every follower is at the end). */
-static void cut_below(srv_replog *r, uint64_t low)
-{
-    size_t cut = (size_t)(low - r->base);
-    if (cut == 0 || cut < r->len / 2)
-        return;
-    memmove(r->buf, r->buf + cut, r->len - cut);
-    r->len -= cut;
-    r->base = low;
-}
-
 void srv_replog_trim(psd *s)
 {
     srv_replog *r = s->replog;
     if (!r)
         return;
     uint64_t low = lowest(r);
-    if (r->len > r->max_bytes && low - r->base < r->len / 2) {
-        /* a follower that far behind snapshots again */
-        for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
-            if (r->f[i].used && r->f[i].pos < r->base + r->len / 2) {
-                PS_LOG(PS_LOG_WARN, "replication: follower %s is %zu bytes behind (over the log's bound): it "
-                       "must take a snapshot again", r->f[i].addr, r->len);
-                if (r->f[i].insync)
-                    r->dropped++;
-                r->f[i].insync = 0;
-                r->f[i].pos = 0;
-            }
-        low = r->base + r->len / 2;
-        /* whole records only */
-        size_t at = 0;
-        while (at < low - r->base)
-            at += 4 + get_u32(r->buf + at);
-        low = r->base + at;
+    if (r->len > r->max_bytes && r->nseg > 1) {
+        /* a follower in the older half of a log past its bound snapshots
+         * again: the pieces wholly in that half go */
+        uint64_t mid = seg_of(r, r->base + r->len / 2)->base;
+        if (mid > r->base && low < mid) {
+            for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+                if (r->f[i].used && r->f[i].pos < mid) {
+                    PS_LOG(PS_LOG_WARN, "replication: follower %s is %" PRIu64 " bytes behind (over the log's "
+                           "bound): it must take a snapshot again", r->f[i].addr, r->base + r->len - r->f[i].pos);
+                    if (r->f[i].insync)
+                        r->dropped++;
+                    r->f[i].insync = 0;
+                    r->f[i].pos = 0;
+                }
+            low = mid;
+        }
     }
-    cut_below(r, low);
+    drop_below(r, low);
 }
 
 void srv_replog_trim_held(psd *s)
 {
     srv_replog *r = s->replog;
     if (r)
-        cut_below(r, lowest(r));
+        drop_below(r, lowest(r));
 }
 
 srv_follower *srv_replog_follower(psd *s, const char *addr)
@@ -542,9 +598,13 @@ int srv_replog_at_record(const psd *s, uint64_t pos)
     const srv_replog *r = s->replog;
     if (!r || pos < r->base || pos > r->base + r->len)
         return 0;
-    size_t at = 0, want = (size_t)(pos - r->base);
+    if (pos == r->base + r->len)
+        return 1;
+    /* a piece starts with a record: the walk starts at pos's piece */
+    const srv_replog_seg *g = seg_of(r, pos);
+    size_t at = 0, want = (size_t)(pos - g->base);
     while (at < want)
-        at += 4 + get_u32(r->buf + at);
+        at += 4 + get_u32(g->buf + at);
     return at == want;
 }
 

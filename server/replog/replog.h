@@ -56,9 +56,23 @@ typedef struct srv_follower {
     uint64_t snap_cid, snap_id;  /* the connection and `replicate` waiting for it */
 } srv_follower;
 
-typedef struct srv_replog {
-    uint8_t *buf;          /* the bytes of positions [base, base + len) */
+/* A piece of the log: the bytes of positions [base, base + len), whole
+ * records (none spans two pieces), in room for cap. */
+typedef struct srv_replog_seg {
+    uint64_t base;
     size_t len, cap;
+    uint8_t *buf;
+} srv_replog_seg;
+
+typedef struct srv_replog {
+    /* the records of positions [base, base + len), in pieces one after the
+     * other (seg[0] starts at base); records are appended to the last, and
+     * trimming frees whole pieces, so no record is ever moved */
+    srv_replog_seg *seg;
+    size_t nseg, segcap;
+    srv_replog_seg spare;  /* a freed piece kept for the next (its pages are mapped) */
+    size_t seg_bytes;      /* a new piece's room: max_bytes / 16, 4 KiB to 64 MiB (more for a bigger record) */
+    size_t len;
     uint64_t base;
     uint64_t history;      /* the leader's history id: a follower of another is refused */
     /* what the followers have been told, so that a flush ships the change */
@@ -124,10 +138,6 @@ typedef struct srv_replog_answer {
 int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_replog_answer *a);
 void srv_replog_answer_free(srv_replog_answer *a);
 
-/* The bytes of positions [from, from + *len), at most max of them and
- * whole records only: a pointer into the log, valid until the next append.
- * NULL when from is not in the log (trimmed, or beyond its end). */
-const uint8_t *srv_replog_read(const psd *s, uint64_t from, size_t max, size_t *len);
 /* Drops the bytes every follower has fetched (and, past max_bytes, the
  * oldest, leaving their followers to snapshot again). */
 void srv_replog_trim(psd *s);

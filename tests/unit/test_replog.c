@@ -212,6 +212,82 @@ static void test_follower_equals_leader(void **state)
     free_psd(l);
 }
 
+/* n more table pushes of 16 keys to the leader's table 0. */
+static void more_pushes(psd *l, int n, int salt)
+{
+    char err[256];
+    for (int step = 0; step < n; step++) {
+        uint8_t keys[8 * 16];
+        float rg[16 * 4];
+        for (int k = 0; k < 16; k++) {
+            uint64_t key = (uint64_t)(k * 5 + step + salt);
+            memcpy(keys + 8 * k, &key, 8);
+            for (int j = 0; j < 4; j++)
+                rg[k * 4 + j] = 0.001f * (float)((k + j + step) % 9) - 0.004f;
+        }
+        assert_int_equal(srv_update_rows(l, 0, keys, 16, rg, NULL, NULL, NULL, 0, err, sizeof err), 0);
+    }
+    srv_replog_flush(l);
+}
+
+/* The log in pieces (a bound of 16 KiB: pieces of 4 KiB): a follower that
+ * fetches answers of at most 1 KiB, the log trimmed to its position after
+ * each, ends with the leader's state; every position it fetches from starts
+ * a record and the log's base never passes it; once it holds everything
+ * the log is one empty piece. A follower left behind past the bound must
+ * snapshot again, and the pieces before the log's middle go. */
+static void test_log_in_pieces(void **state)
+{
+    (void)state;
+    char err[256];
+    setenv("PSD_TEST_REPLOG_MAX_BYTES", "16384", 1);
+    psd *l = busy_leader();
+    unsetenv("PSD_TEST_REPLOG_MAX_BYTES");
+    more_pushes(l, 200, 0);
+    assert_true(l->replog->nseg > 10);
+    srv_follower *fo = srv_replog_follower(l, "127.0.0.1:1");
+    assert_non_null(fo);
+    psd *f = make_psd();
+    uint64_t from = 0;
+    int answers = 0;
+    while (from < srv_replog_end(l)) {
+        assert_true(srv_replog_at_record(l, from));
+        size_t len;
+        uint64_t next, got;
+        uint8_t *b = answer(l, from, 1024, &len, &next);
+        if (srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
+            fail_msg("apply: %s", err);
+        free(b);
+        assert_int_equal(got, next);
+        fo->pos = from = next;
+        srv_replog_trim_held(l);
+        assert_true(l->replog->base <= from);
+        answers++;
+    }
+    assert_true(answers > 10);
+    assert_same(l, f);
+    assert_int_equal(l->replog->nseg, 1); /* held by every follower: one piece, empty, for the next records */
+    assert_int_equal(l->replog->len, 0);
+    /* a second follower far behind, past the bound */
+    uint64_t base0 = l->replog->base;
+    srv_follower *lag = srv_replog_follower(l, "127.0.0.1:2");
+    assert_non_null(lag);
+    lag->pos = base0;
+    more_pushes(l, 200, 1000);
+    uint64_t end = srv_replog_end(l);
+    assert_true(end - base0 > 16384);
+    fo->pos = end;
+    srv_replog_trim(l);
+    assert_int_equal(lag->pos, 0); /* it must take a snapshot again */
+    assert_true(l->replog->base > base0 && l->replog->base <= base0 + (end - base0) / 2);
+    assert_true(srv_replog_at_record(l, l->replog->base));
+    assert_int_equal(srv_replog_end(l), end);
+    srv_replog_answer a;
+    assert_int_equal(srv_replog_answer_make(l, base0, 1024, 1, &a), PS_ESTALE); /* gone */
+    free_psd(f);
+    free_psd(l);
+}
+
 /* One record: u32 len | kind | body. */
 static size_t record(uint8_t *out, int kind, const void *body, uint32_t blen)
 {
@@ -351,6 +427,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follower_equals_leader),
+        cmocka_unit_test(test_log_in_pieces),
         cmocka_unit_test(test_lying_answers_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
