@@ -126,9 +126,10 @@ static int new_seg(srv_replog *r, size_t need)
 /* Drops the records before low (a record's start): the pieces that end at
  * or before it go whole, but the last one; of that one, when low lies in
  * it, what is left moves to its front if it is little (at most
- * TAIL_MOVE_MAX: with the followers at or near the log's end, the next
- * records are written where the last ones were, in the cache). Nothing
- * else is ever moved. */
+ * TAIL_MOVE_MAX, and no more than what goes, so that a follower a little
+ * behind does not make every fetch move more than it freed: with the
+ * followers at or near the log's end, the next records are written where
+ * the last ones were, in the cache). Nothing else is ever moved. */
 static void drop_below(srv_replog *r, uint64_t low)
 {
     uint64_t end = r->base + r->len;
@@ -145,7 +146,7 @@ static void drop_below(srv_replog *r, uint64_t low)
         memmove(r->seg, r->seg + n, (r->nseg - n) * sizeof *r->seg); /* a few pointers */
         r->nseg -= n;
     }
-    if (r->nseg == 1 && low > r->seg[0].base && end - low <= TAIL_MOVE_MAX) {
+    if (r->nseg == 1 && low > r->seg[0].base && end - low <= TAIL_MOVE_MAX && end - low <= low - r->seg[0].base) {
         srv_replog_seg *g = &r->seg[0];
         memmove(g->buf, g->buf + (low - g->base), (size_t)(end - low));
         g->len = (size_t)(end - low);

@@ -272,8 +272,9 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     }
     size = (size_t)st.st_size;
     /* mapped, its pages in at once: no copy of the file, and no fault per
-     * page (a fresh buffer read into took one per 4 KiB, about a third of
-     * a 1 GiB snapshot's load on the 2-core machine of bench/README.md) */
+     * page (a fresh buffer read into took one per 4 KiB, which perf put
+     * among the largest costs of a 1 GiB snapshot's load on the 2-core
+     * machine of bench/README.md) */
     mapped = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fileno(f), 0);
     if (mapped != MAP_FAILED) {
         data = mapped;

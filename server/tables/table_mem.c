@@ -39,9 +39,9 @@ uint64_t tbl_stamp_block_bytes(const srv_table *t)
 
 float *tbl_block_new(const srv_table *t)
 {
-    /* its pages made at once: a block fills from its first row to its last,
-     * and a fault per 4 KiB page cost about 17 us on the 2-core machine of
-     * bench/README.md, populating them a fraction of that */
+    /* its pages made at once, in one call: a block fills from its first row
+     * to its last, and a fault per 4 KiB page cost about 17 us on the 2-core
+     * machine of bench/README.md */
     void *p = mmap(NULL, tbl_block_bytes(t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1,
                    0);
     return p == MAP_FAILED ? NULL : p;
