@@ -415,6 +415,11 @@ static int train_epochs(job *j, double job_t0)
     int stopped = 0, snap_due = 0;
     size_t run_steps = 0;
     for (int epoch = 1; epoch <= o->epochs && !stopped; epoch++) {
+        /* a stop signal that ended the last epoch's report: no call to psd
+         * but the bye (the next call would open the connections anew, and
+         * try for reconnect_s when psd stops too) */
+        if (pw_stop_signal)
+            return pw_stop(pc, o->shard, o->nshards, epoch, 0);
         if (epoch > 1 && !o->fixed_shard && o->nshards > 1) {
             int was = j->parts;
             if (reshard(j, err, sizeof err) != 0) {
@@ -490,8 +495,11 @@ static int train_epochs(job *j, double job_t0)
             }
             /* psd hears of the training every report_s seconds
              * ($PSD_REPORT_INTERVAL, default 1), not only at epoch ends */
-            if (psc_progress(pc, (uint32_t)(epoch - 1), (double)loss * (double)cnt, cnt) != 0) {
+            int prc = psc_progress(pc, (uint32_t)(epoch - 1), (double)loss * (double)cnt, cnt);
+            if (prc != 0) {
                 pw_progress_clear(o);
+                if (prc == PSC_EINTR && pw_stop_signal) /* the signal ended the report's wait */
+                    return pw_stop(pc, o->shard, o->nshards, epoch, st + 1);
                 fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", epoch, psc_errmsg(pc));
                 return 1;
             }

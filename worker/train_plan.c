@@ -116,8 +116,12 @@ int pw_train_planned(wopts *o, psc_client *pc, ps_model *model, const ps_dataset
         }
         double now = pw_now();
         comm_s += now - tc;
-        if (cnt && psc_progress(pc, (uint32_t)cur, (double)loss * (double)cnt, cnt) != 0) {
+        if (cnt && (prc = psc_progress(pc, (uint32_t)cur, (double)loss * (double)cnt, cnt)) != 0) {
             pw_progress_clear(o);
+            if (prc == PSC_EINTR && pw_stop_signal) { /* the signal ended the report's wait */
+                status = pw_stop(pc, o->shard, o->nshards, (int)cur + 1, steps);
+                goto out;
+            }
             fprintf(stderr, "psworker: epoch %d: reporting progress: %s\n", (int)cur + 1, psc_errmsg(pc));
             goto out;
         }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "server/dispatch/admin.h"
 #include "common/log.h"
@@ -444,6 +445,27 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     return c;
 }
 
+/* FOR TESTS ONLY: with PSD_TEST_HOLD_REPORT=KIND:MS in psd's environment
+ * (KIND epoch or progress), the first report of that kind is answered
+ * only after psd's loop has slept MS milliseconds, logged first, so that
+ * a test signals a worker while it waits for that reply
+ * (tests/integration/test_stop_grace.py). */
+static void hold_report(int epoch_end, const srv_worker *w)
+{
+    static int done;
+    const char *e = getenv("PSD_TEST_HOLD_REPORT");
+    const char *kind = epoch_end ? "epoch:" : "progress:";
+    if (done || !e || strncmp(e, kind, strlen(kind)) != 0)
+        return;
+    long ms = strtol(e + strlen(kind), NULL, 10);
+    done = 1;
+    PS_LOG(PS_LOG_WARN, "PSD_TEST_HOLD_REPORT: holding the %.*s report of shard %u for %ld ms (a test's fault; "
+                        "never in production)", (int)strlen(kind) - 1, kind, w->shard, ms);
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
 int srv_on_report(srv_conn *c, ps_msg *m)
 {
     srv_worker *w = c->worker;
@@ -472,6 +494,7 @@ int srv_on_report(srv_conn *c, ps_msg *m)
         PS_LOG(level, "shard %u/%u epoch %u: loss %.4f, %.0f samples/s", w->shard, w->nshards, w->epoch,
                w->loss, w->rate);
     srv_dash_report(c->srv, w, (m->has & PS_F_ACC) != 0, epoch_end);
+    hold_report(epoch_end, w);
     srv_send_ok(c, m->id);
     return 0;
 }

@@ -127,6 +127,46 @@ class StopGraceTest(unittest.TestCase):
             for w in ws:
                 w.kill()
 
+    def held_report(self, c, kind):
+        """psd holding the first report of kind (epoch or progress) for 3 s
+        (PSD_TEST_HOLD_REPORT, test only) with 2 workers training; returns
+        psd, the workers and the shard whose report waits."""
+        env = dict(os.environ, PSD_TEST_HOLD_REPORT=kind + ":3000")
+        psd = c.psd(mode="asgd", workers=2, env=env)
+        ws = [c.worker(psd, k, 2, epochs=5000, limit=6000, evaluate=False) for k in range(2)]
+        m = wait_log(psd, r"PSD_TEST_HOLD_REPORT: holding the %s report of shard (\d)" % kind, 60,
+                     "psd to hold a report")
+        return psd, ws, int(m.group(1))
+
+    def test_signal_during_epoch_report_while_psd_stops(self):
+        # A stop signal that ends the wait for an epoch's report: the worker
+        # says bye and exits 143 at once. It used to go on to the next epoch,
+        # whose first call opened the connection anew and, psd having
+        # stopped meanwhile, tried for reconnect_s (60 s): the worker that
+        # failed integration_stop_grace in CI.
+        with harness.Cluster("psd-report-epoch") as c:
+            psd, ws, k = self.held_report(c, "epoch")
+            psd.p.send_signal(signal.SIGTERM)
+            ws[k].p.send_signal(signal.SIGTERM)
+            self.assertEqual(ws[k].wait(20), 143, harness.tail(ws[k].err_path))
+            self.assertRegex(log_of(ws[k]), r"stopped by SIGTERM at epoch 2 step 0: left psd")
+            self.assertEqual(psd.wait(30), 0, harness.tail(psd.err_path))
+            ws[1 - k].kill()
+
+    def test_signal_during_progress_report(self):
+        # the same signal during a progress report (every second): it used
+        # to end the worker with "reporting progress: interrupted", exit 1
+        with harness.Cluster("psd-report-progress") as c:
+            psd, ws, k = self.held_report(c, "progress")
+            ws[k].p.send_signal(signal.SIGTERM)
+            self.assertEqual(ws[k].wait(20), 143, harness.tail(ws[k].err_path))
+            self.assertRegex(log_of(ws[k]), r"stopped by SIGTERM at epoch \d+ step \d+: left psd")
+            wait_log(psd, r"worker shard %d/2 \([^)]*\) left: stopped by SIGTERM" % k, 20, "psd to see the bye")
+            ws[1 - k].p.send_signal(signal.SIGTERM)
+            self.assertEqual(ws[1 - k].wait(20), 143, harness.tail(ws[1 - k].err_path))
+            psd.p.send_signal(signal.SIGTERM)
+            self.assertEqual(psd.wait(30), 0, harness.tail(psd.err_path))
+
 
 if __name__ == "__main__":
     harness.parse_args()
