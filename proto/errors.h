@@ -34,7 +34,8 @@
     X(CLOSED, 22, "connection closed by peer")                                       \
     X(INVAL, 23, "invalid argument")                                                 \
     X(REMOTE, 24, "error reported by the peer")                                      \
-    X(NOT_LEADER, 25, "this psd follows a leader; ask the leader")
+    X(NOT_LEADER, 25, "this psd follows a leader; ask the leader")                  \
+    X(MOVED, 26, "the key's part moved; the part map names its owner")
 
 enum {
     PS_OK = 0,

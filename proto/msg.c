@@ -231,6 +231,7 @@ const field ps_msg_fields[] = {
     {"replicas", PS_F2_REPLICAS, FK_ADDRS, 0, 0, NULL, 1},
     {"reader", PS_F2_READER, FK_BOOL, offsetof(ps_msg, reader), sizeof(int), NULL, 1},
     {"lag", PS_F2_LAG, FK_U64, offsetof(ps_msg, lag), sizeof(uint64_t), NULL, 1},
+    {"pmap", PS_F2_PMAP, FK_PMAP, 0, 0, NULL, 1},
 };
 _Static_assert(sizeof ps_msg_fields / sizeof ps_msg_fields[0] == PS_F_COUNT + PS_F2_COUNT,
                "a row for every PS_F_* and PS_F2_* bit");

@@ -146,7 +146,9 @@ enum {
                                     * (hello) */
 #define PS_F2_LAG (1ull << 5)      /* "lag": bytes of its leader's log a follower has not
                                     * applied (params, rows) */
-#define PS_F2_COUNT 6
+#define PS_F2_PMAP (1ull << 6)     /* "pmap": [epoch, dense, [HOST:PORT, ...]], the job's
+                                    * part map (welcome; error MOVED; PROTOCOL.md 18) */
+#define PS_F2_COUNT 7
 
 /* Element types of tensor data on the wire. f32 is always understood; a
  * client uses another only after psd's WELCOME listed it in "wire". */
@@ -236,6 +238,16 @@ typedef struct ps_str {
     uint32_t len;
 } ps_str;
 
+/* A job's part map (PROTOCOL.md 18): parts n, in part order, of which the
+ * first `dense` hold the dense model's range split (section 6.2 with n =
+ * dense) and all hold the tables' rows by key (13.7); epoch 0 is the map
+ * the job started with, each move of parts makes the next. */
+typedef struct ps_pmap {
+    uint64_t epoch;
+    uint32_t dense, n;      /* 1 <= dense <= n <= PS_PARTS_MAX */
+    ps_str addrs[PS_PARTS_MAX];
+} ps_pmap;
+
 /* One decoded (or to-be-encoded) message. Pointers (data, text, body, args)
  * point into the frame buffer or the unpack zone the decoder was given and
  * live as long as those; for encoding they point at the caller's memory. */
@@ -324,6 +336,7 @@ typedef struct ps_msg {
     uint32_t nreplicas;
     int reader;             /* "reader": a read-only client (hello) */
     uint64_t lag;           /* "lag": bytes of the leader's log not applied (params, rows) */
+    ps_pmap pmap;           /* "pmap": the job's part map */
 } ps_msg;
 
 /* 1 for the table messages (TABLE, TPULL, TPUSH, TPUSHPULL, ROWS). */

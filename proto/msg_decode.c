@@ -281,6 +281,31 @@ static int decode_field(const field *f, const msgpack_object_kv *kv, ps_msg *m, 
         AT(m, f, ps_str)->p = o->via.str.ptr;
         AT(m, f, ps_str)->len = o->via.str.size;
         return 0;
+    case FK_PMAP: {
+        const char *shape = "must be [epoch, dense, [\"HOST:PORT\", ...]] with 1 <= dense <= the number of "
+                            "addresses <= 64, each address 1..255 bytes";
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3 ||
+            o->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            o->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+            o->via.array.ptr[2].type != MSGPACK_OBJECT_ARRAY)
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s %s", tname, f->key, shape);
+        const msgpack_object *as = &o->via.array.ptr[2];
+        uint64_t dense = o->via.array.ptr[1].via.u64;
+        if (as->via.array.size == 0 || as->via.array.size > PS_PARTS_MAX || dense == 0 || dense > as->via.array.size)
+            return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s %s", tname, f->key, shape);
+        for (uint32_t j = 0; j < as->via.array.size; j++) {
+            const msgpack_object *a = &as->via.array.ptr[j];
+            if (a->type != MSGPACK_OBJECT_STR || a->via.str.size == 0 || a->via.str.size > PS_ADDR_MAX ||
+                memchr(a->via.str.ptr, '\0', a->via.str.size))
+                return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s %s", tname, f->key, shape);
+            m->pmap.addrs[j].p = a->via.str.ptr;
+            m->pmap.addrs[j].len = a->via.str.size;
+        }
+        m->pmap.epoch = o->via.array.ptr[0].via.u64;
+        m->pmap.dense = (uint32_t)dense;
+        m->pmap.n = as->via.array.size;
+        return 0;
+    }
     case FK_ADDRS:
         if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size == 0 || o->via.array.size > PS_REPLICAS_MAX)
             return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: %s must be an array of 1..%d addresses", tname, f->key,
@@ -530,9 +555,12 @@ int ps_msg_decode(uint8_t *payload, size_t len, const ps_scan_limits *lim, msgpa
         uint64_t missing = need & ~m->has;
         return ps_fail(err, errlen, PS_EBAD_FIELD, "%s: missing field '%s'", tname, ps_msg_field_name(missing & -missing));
     }
-    if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER && (m->has & (PS_F_SHARD | PS_F_LAYOUT)) !=
-                                                                   (PS_F_SHARD | PS_F_LAYOUT))
-        return ps_fail(err, errlen, PS_EBAD_FIELD, "hello: a worker must send 'shard' and 'layout'");
+    /* a worker's hello to a part that holds no dense values sends its part
+     * map instead of a layout (PROTOCOL.md 18) */
+    if (m->type == PS_MSG_HELLO && m->role == PS_ROLE_WORKER &&
+        (!(m->has & PS_F_SHARD) || (!(m->has & PS_F_LAYOUT) && !(m->has2 & PS_F2_PMAP))))
+        return ps_fail(err, errlen, PS_EBAD_FIELD, "hello: a worker must send 'shard' and 'layout' (or, to a part "
+                                                   "that holds no dense values, 'pmap')");
     if ((m->has & PS_F_LAYOUT) && (m->has & PS_F_FP) && m->fp != ps_layout_fingerprint(m->layout))
         return ps_fail(err, errlen, PS_EBAD_FIELD, "hello: fingerprint does not match the layout sent");
     if (m->type == PS_MSG_TPULL && !(m->has & PS_F_SEG) && !(m->has & PS_F_KEYS) == !(m->has & PS_F_LEN))

@@ -203,6 +203,19 @@ int ps_msg_encode(const ps_msg *m, ps_buf *out, size_t *data_len, ps_body_fn bod
             pack_strn(&pk, f->key, a->p ? a->p : "", a->p ? a->len : 0);
             break;
         }
+        case FK_PMAP:
+            if (m->pmap.n == 0 || m->pmap.n > PS_PARTS_MAX || m->pmap.dense == 0 || m->pmap.dense > m->pmap.n)
+                return PS_EINVAL;
+            ps_pack_key(&pk, f->key);
+            msgpack_pack_array(&pk, 3);
+            msgpack_pack_uint64(&pk, m->pmap.epoch);
+            msgpack_pack_uint32(&pk, m->pmap.dense);
+            msgpack_pack_array(&pk, m->pmap.n);
+            for (uint32_t j = 0; j < m->pmap.n; j++) {
+                msgpack_pack_str(&pk, m->pmap.addrs[j].len);
+                msgpack_pack_str_body(&pk, m->pmap.addrs[j].p, m->pmap.addrs[j].len);
+            }
+            break;
         case FK_ADDRS:
             if (m->nreplicas > PS_REPLICAS_MAX)
                 return PS_ETOO_BIG;

@@ -38,6 +38,7 @@ enum field_kind {
     FK_HP,     /* ps_hp, a map of hyper-parameter names to finite numbers */
     FK_DATA,   /* data or data16 and ndata, a bin after "pad" */
     FK_ADDR,   /* ps_str, a string of 1..PS_ADDR_MAX bytes */
+    FK_PMAP,   /* pmap: [epoch, dense, [1..PS_PARTS_MAX FK_ADDR strings]] */
     FK_ADDRS,  /* replicas and nreplicas, an array of 1..PS_REPLICAS_MAX FK_ADDR strings */
 };
 

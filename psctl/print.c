@@ -39,7 +39,7 @@ const char *psctl_str(const msgpack_object *map, const char *key, char *buf, siz
     return buf;
 }
 
-static int flag(const msgpack_object *map, const char *key)
+int psctl_flag(const msgpack_object *map, const char *key)
 {
     const msgpack_object *o = ps_map_get(map, key);
     return o && o->type == MSGPACK_OBJECT_BOOLEAN && o->via.boolean;
@@ -101,7 +101,7 @@ static void print_plan(const msgpack_object *b)
         return;
     double rounds = psctl_num(pl, "rounds"), per_epoch = psctl_num(pl, "rounds_per_epoch"), epochs = psctl_num(pl, "epochs");
     double samples = psctl_num(pl, "samples"), batch = psctl_num(pl, "batch"), v = psctl_num(b, "version");
-    if (flag(pl, "done")) {
+    if (psctl_flag(pl, "done")) {
         printf("plan: done at round %.0f (%.0f epochs of %.0f samples, %.0f a round)\n", rounds, epochs, samples,
                batch);
         return;
@@ -157,7 +157,7 @@ static void print_replication(const msgpack_object *b)
         if (lv >= 0)
             snprintf(vers, sizeof vers, " (%.0f versions at most)", lv);
         printf("  follower %s: %s, %.0f bytes behind%s, last fetch %.1f s ago\n",
-               psctl_str(f, "addr", addr, sizeof addr), flag(f, "insync") ? "in sync" : "NOT in sync",
+               psctl_str(f, "addr", addr, sizeof addr), psctl_flag(f, "insync") ? "in sync" : "NOT in sync",
                psctl_num(f, "lag_bytes"), vers, psctl_num(f, "last_fetch"));
     }
 }
@@ -177,13 +177,13 @@ static void print_coordinator(const msgpack_object *b)
     psctl_str(k, "leader", leader, sizeof leader);
     if (strcmp(role, "leader") == 0)
         printf("coordinator: this psd holds %s (lease renewed %.1f s ago)%s\n", key, psctl_num(k, "renewed"),
-               flag(k, "fenced") ? "; FENCED: replies wait until every follower holds them" : "");
+               psctl_flag(k, "fenced") ? "; FENCED: replies wait until every follower holds them" : "");
     else
         printf("coordinator: %s; %s names %s%s\n", role, key, leader[0] ? leader : "no leader",
-               strcmp(role, "follower") == 0 ? (flag(k, "listed") ? "; in the in-sync set: may take over"
+               strcmp(role, "follower") == 0 ? (psctl_flag(k, "listed") ? "; in the in-sync set: may take over"
                                                                   : "; not in the in-sync set: will not take over")
                                              : "");
-    if (!flag(k, "can_fail_over"))
+    if (!psctl_flag(k, "can_fail_over"))
         printf("coordinator: etcd does not answer for %.1f s (%s): this part CANNOT FAIL OVER\n",
                psctl_num(k, "unreachable"), psctl_str(k, "error", err, sizeof err));
 }
@@ -193,7 +193,7 @@ void psctl_print_status(const msgpack_object *b)
     char mode[32], listen[300], opt[32], metrics[300], ckpt[96];
     double params = psctl_num(b, "parameters");
     /* what a crash would lose: the newest checkpoint beside the model's version */
-    if (!flag(b, "state_dir"))
+    if (!psctl_flag(b, "state_dir"))
         snprintf(ckpt, sizeof ckpt, "no checkpoints: no state dir");
     else if (isnan(psctl_num(b, "checkpoint_version")))
         snprintf(ckpt, sizeof ckpt, "checkpoint: none yet");
@@ -202,7 +202,7 @@ void psctl_print_status(const msgpack_object *b)
                  psctl_num(b, "checkpoint_age"));
     printf("psd %s  mode %s  model version %.0f (%s)  uptime %.1f s%s\n", psctl_str(b, "listen", listen, sizeof listen),
            psctl_str(b, "mode", mode, sizeof mode), psctl_num(b, "version"), ckpt, psctl_num(b, "uptime"),
-           flag(b, "paused") ? "  PAUSED (psctl resume)" : "");
+           psctl_flag(b, "paused") ? "  PAUSED (psctl resume)" : "");
     printf("parameters %.0f (%.2f MB), optimizer %s, state %.2f MB, lr %g (now %g)\n", params,
            psctl_num(b, "bytes") / 1e6, psctl_str(b, "optimizer", opt, sizeof opt), psctl_num(b, "optimizer_state_bytes") / 1e6,
            psctl_num(b, "lr"), psctl_num(b, "lr_current"));

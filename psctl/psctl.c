@@ -193,7 +193,7 @@ int main(int argc, char **argv)
         status = psctl_pick_leader(&ss[i], list[i], sizeof list[i]);
         ps_token_clear(&ss[i].token);
     }
-    if (status == EXIT_OK && n > 1 && cmd->run_parts) {
+    if (status == EXIT_OK && (n > 1 || (cmd->flags & PSCTL_PARTS)) && cmd->run_parts) {
         psctl_call k = {.cmd = cmd, .server = server, .args = args, .nargs = nargs, .as_json = as_json,
                         .csv = history_csv, .force = force};
         status = cmd->run_parts(ss, list, n, &token, timeout, &k);

@@ -33,6 +33,7 @@ enum {
     PSCTL_CSV = 1 << 2,    /* --csv applies */
     PSCTL_FORCE = 1 << 3,  /* --force applies */
     PSCTL_NO_BYE = 1 << 4, /* psd closes the connection itself after its answer */
+    PSCTL_PARTS = 1 << 5,  /* runs through run_parts with one psd too (it talks to several) */
 };
 
 typedef struct psctl_command {
@@ -111,12 +112,21 @@ int psctl_admin(session *ss, const char *cmd, char **args, int nargs, ps_msg *r)
  * type `want`; an exit code, the reason on stderr. */
 int psctl_ask(session *ss, uint32_t type, uint32_t want, const char *what, ps_msg *r);
 
+/* ---- parts.c: moving a job's parts ---- */
+
+/* psctl parts add HOST:PORT [RATE] | remove [RATE] for the job whose parts
+ * are list[0..n), in the order of its newest map. An exit code. */
+int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout, const psctl_call *k);
+/* Its arguments' check (the command table's). */
+int psctl_parts_check(char **args, int nargs);
+
 /* ---- print.c: output ---- */
 
 /* map[key] as a number (NAN when absent or not a number), as text ("-"
  * when absent) into buf, as a flag (1 for true). */
 double psctl_num(const msgpack_object *map, const char *key);
 const char *psctl_str(const msgpack_object *map, const char *key, char *buf, size_t len);
+int psctl_flag(const msgpack_object *map, const char *key);
 /* Writes o as JSON (common/json.c), or s[0..n) as a JSON string, to f. */
 void psctl_json(FILE *f, const msgpack_object *o);
 void psctl_json_string(FILE *f, const char *s, size_t n);

@@ -19,6 +19,7 @@
 #include "server/report/ckpt_file.h"
 #include "server/report/reshard.h"
 #include "server/report/dashboard.h"
+#include "server/connection/move_fetch.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
 #include "server/connection/follow.h"
@@ -142,6 +143,7 @@ static void srv_shutdown(psd *s, const char *why)
     srv_admin_stop(s); /* before the connections are shut: one answer each */
     srv_coord_stop(s);
     srv_follow_stop(s);
+    srv_move_fetch_stop(s);
     srv_stop(s);
 }
 

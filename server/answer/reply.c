@@ -3,9 +3,11 @@
  * in psd, a test's fakes in the unit tests), so that no handler calls up
  * into the connection code. */
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "proto/errors.h"
 #include "server/store/psd.h"
 #include "server/answer/reply.h"
 
@@ -52,4 +54,46 @@ srv_conn *srv_conn_by_cid(psd *s, uint64_t cid)
         if (c->cid == cid)
             return c->closing ? NULL : c;
     return NULL;
+}
+
+/* bytes [0, len) as a PARAMS of len/4 (rounded up) float32 words in as
+ * many blocks as they take, ver = v; fill, when given, writes them. */
+void srv_send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size_t len,
+                       int (*fill)(void *, uint8_t *, size_t), void *arg)
+{
+    size_t words = (len + 3) / 4;
+    size_t nblk = words ? (words + SRV_BLK_FLOATS - 1) / SRV_BLK_FLOATS : 1;
+    srv_blk **blk = calloc(nblk, sizeof *blk);
+    int bad = !blk;
+    for (size_t i = 0; !bad && i < nblk; i++) {
+        size_t cap = words - i * SRV_BLK_FLOATS < SRV_BLK_FLOATS ? words - i * SRV_BLK_FLOATS : SRV_BLK_FLOATS;
+        if (!(blk[i] = srv_blk_fresh(cap ? cap : 1)))
+            bad = 1;
+        else
+            blk[i]->w[(cap ? cap : 1) - 1] = 0.0f; /* the padding of the last word */
+    }
+    for (size_t i = 0; !bad && i < nblk && len; i++) {
+        size_t at = i * (size_t)SRV_BLK_FLOATS * 4, n = len - at < SRV_BLK_FLOATS * 4 ? len - at : SRV_BLK_FLOATS * 4;
+        if (fill)
+            bad = fill(arg, (uint8_t *)blk[i]->w, n) != 0;
+        else
+            memcpy(blk[i]->w, p + at, n);
+    }
+    if (!bad) {
+        ps_msg r;
+        ps_msg_init(&r, PS_MSG_PARAMS);
+        r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
+        r.id = id;
+        r.mver = v;
+        r.off = 0;
+        r.data = blk[0]->w;
+        r.ndata = words;
+        srv_send(c, &r, blk);
+    } else {
+        srv_send_error(c, id, fill ? PS_EIO : PS_ENOMEM, 0, "cannot send %zu bytes", len);
+    }
+    for (size_t i = 0; blk && i < nblk; i++)
+        if (blk[i])
+            srv_blk_unref(blk[i]);
+    free(blk);
 }

@@ -28,4 +28,11 @@ srv_conn *srv_conn_by_cid(psd *s, uint64_t cid);
 #include "server/answer/barrier.h"
 #include "server/answer/pull.h"
 
+/* Bytes [0, len) as a PARAMS (id) of len/4 (rounded up) float32 words in
+ * as many blocks as they take, `ver` v (the replication stream, a move of
+ * parts); fill, when given, writes them (p NULL), else they are copied
+ * from p. An ERROR (IO for a fill that failed, NOMEM) otherwise. */
+void srv_send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size_t len,
+                    int (*fill)(void *, uint8_t *, size_t), void *arg);
+
 #endif

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "server/dispatch/handle.h"
 #include "server/dispatch/handle_table.h"
+#include "server/connection/move_fetch.h"
 #include "server/connection/close.h"
 #include "server/connection/http.h"
 #include "server/connection/net.h"
@@ -451,6 +452,7 @@ int srv_listen(psd *s)
 {
     s->repl_release = srv_net_repl_release;
     s->step_down = srv_follow_step_down;
+    srv_move_fetch_init(s);
     s->io = &net_io;
     srv_update_init(s, on_update_done);
     /* listen, resolved at start (main: srv_listen_resolve), or here */

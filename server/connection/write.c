@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "server/store/parts.h"
 #include "server/connection/encode.h"
 #include "server/connection/write.h"
 #include "server/connection/net.h"
@@ -429,6 +430,8 @@ void srv_net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const cha
     m.code = -code;
     m.text = text;
     m.text_len = (uint32_t)strlen(text);
+    if (code == PS_EMOVED || code == PS_ELAYOUT) /* the part map, when psd holds one (PROTOCOL.md 18) */
+        srv_parts_put(&s->parts, &m);
     if (code == PS_ENOT_LEADER && s->follow) { /* where the leader is (PROTOCOL.md 15) */
         m.has2 |= PS_F2_LEADER;
         m.leader = (ps_str){s->follow->leader, (uint32_t)strlen(s->follow->leader)};

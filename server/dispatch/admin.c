@@ -16,6 +16,7 @@
 #include "server/policy/policy.h"
 #include "proto/errors.h"
 #include "server/answer/reply.h"
+#include "server/dispatch/move_cmd.h"
 #include "server/dispatch/repl.h"
 #include "server/session/session.h"
 
@@ -494,6 +495,11 @@ void srv_handle_admin(srv_conn *c, ps_msg *m)
         return;
     }
     for (const srv_repl_command *r = srv_repl_commands; r->name; r++)
+        if (strcmp(m->cmd, r->name) == 0) {
+            r->run(c, m);
+            return;
+        }
+    for (const srv_move_command *r = srv_move_commands; r->name; r++)
         if (strcmp(m->cmd, r->name) == 0) {
             r->run(c, m);
             return;

@@ -18,6 +18,7 @@
 #include "server/store/scratch.h"
 #include "server/record/stats.h"
 #include "server/session/ledger.h"
+#include "server/store/parts.h"
 #include "server/replog/pushid.h"
 #include "server/update/update.h"
 
@@ -32,6 +33,14 @@ static void handle_declare(srv_conn *c, ps_msg *m)
     if (rc == 0 && (m->has & PS_F_PART)) {
         d.part = m->part;
         d.nparts = m->nparts;
+    }
+    /* while parts move, a worker of either map declares the table as this
+     * psd holds it (PROTOCOL.md 18) */
+    int held = srv_tables_find(&s->tables, d.name);
+    if (rc == 0 && held >= 0 && srv_parts_declared(&s->parts, d.part, d.nparts)) {
+        const ps_table_def *h = srv_tables_def(&s->tables, (uint32_t)held);
+        d.part = h->part;
+        d.nparts = h->nparts;
     }
     uint32_t before = s->tables.n, ti;
     srv_tables_configure(&s->tables, &s->cfg); /* table_memory: a cap below the first row is refused */
@@ -107,23 +116,42 @@ static int widen_rows(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 }
 
 /* Checks that every one of the n keys belongs to the part of table d this
- * psd holds (PROTOCOL.md 13.7); 0, or PS_ERANGE with the error sent. */
+ * psd holds (PROTOCOL.md 13.7), or, while parts move (section 18), that
+ * this psd owns it now: a key that moved away is MOVED (the ERROR carries
+ * the map), one being handed over NOT_READY. 0, or the code with the
+ * error sent; nothing is changed either way. */
 static int check_part(srv_conn *c, const ps_msg *m, const ps_table_def *d, const uint8_t *keys, uint32_t n)
 {
-    if (d->nparts <= 1)
+    const srv_parts *p = &c->srv->parts;
+    if (d->nparts <= 1 && !srv_parts_known(p))
         return 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t k = ps_key_at(keys, i);
-        uint32_t p = ps_table_part(k, d->nparts);
-        if (p != d->part) {
-            srv_send_error(c, m->id, PS_ERANGE, 0,
-                           "%s: key %llu of table '%s' belongs to part %u of %u, and this psd holds part %u "
-                           "(a key's part is jump_hash(mix(key), %u)); send it to that part's psd; nothing was "
-                           "changed",
-                           ps_msg_type_name(m->type), (unsigned long long)k, d->name, p, d->nparts, d->part,
-                           d->nparts);
-            return PS_ERANGE;
+        int v = srv_parts_key(p, d->part, d->nparts, k);
+        if (v == SRV_KEY_OWN)
+            continue;
+        if (v == SRV_KEY_MOVED) {
+            srv_send_error(c, m->id, PS_EMOVED, 0,
+                           "%s: key %llu of table '%s' is no longer held by this psd (its parts moved): the "
+                           "ERROR's pmap names the part map; send it to the key's part there; nothing was changed",
+                           ps_msg_type_name(m->type), (unsigned long long)k, d->name);
+            return PS_EMOVED;
         }
+        if (v == SRV_KEY_WAIT) {
+            srv_send_error(c, m->id, PS_ENOT_READY, 0,
+                           "%s: key %llu of table '%s' is being handed over between parts (a move of parts); "
+                           "send it again in a moment; nothing was changed",
+                           ps_msg_type_name(m->type), (unsigned long long)k, d->name);
+            return PS_ENOT_READY;
+        }
+        uint32_t part = ps_table_part(k, d->nparts);
+        srv_send_error(c, m->id, PS_ERANGE, 0,
+                       "%s: key %llu of table '%s' belongs to part %u of %u, and this psd holds part %u "
+                       "(a key's part is jump_hash(mix(key), %u)); send it to that part's psd; nothing was "
+                       "changed",
+                       ps_msg_type_name(m->type), (unsigned long long)k, d->name, part, d->nparts, d->part,
+                       d->nparts);
+        return PS_ERANGE;
     }
     return 0;
 }

@@ -46,48 +46,6 @@ static uint64_t arg_u64(const ps_msg *m, uint32_t i)
     return strtoull(b, NULL, 10);
 }
 
-/* bytes [0, len) as a PARAMS of len/4 (rounded up) float32 words in as
- * many blocks as they take, ver = v; fill, when given, writes them. */
-static void send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size_t len,
-                       int (*fill)(void *, uint8_t *, size_t), void *arg)
-{
-    size_t words = (len + 3) / 4;
-    size_t nblk = words ? (words + SRV_BLK_FLOATS - 1) / SRV_BLK_FLOATS : 1;
-    srv_blk **blk = calloc(nblk, sizeof *blk);
-    int bad = !blk;
-    for (size_t i = 0; !bad && i < nblk; i++) {
-        size_t cap = words - i * SRV_BLK_FLOATS < SRV_BLK_FLOATS ? words - i * SRV_BLK_FLOATS : SRV_BLK_FLOATS;
-        if (!(blk[i] = srv_blk_fresh(cap ? cap : 1)))
-            bad = 1;
-        else
-            blk[i]->w[(cap ? cap : 1) - 1] = 0.0f; /* the padding of the last word */
-    }
-    for (size_t i = 0; !bad && i < nblk && len; i++) {
-        size_t at = i * (size_t)SRV_BLK_FLOATS * 4, n = len - at < SRV_BLK_FLOATS * 4 ? len - at : SRV_BLK_FLOATS * 4;
-        if (fill)
-            bad = fill(arg, (uint8_t *)blk[i]->w, n) != 0;
-        else
-            memcpy(blk[i]->w, p + at, n);
-    }
-    if (!bad) {
-        ps_msg r;
-        ps_msg_init(&r, PS_MSG_PARAMS);
-        r.has = PS_F_ID | PS_F_MVER | PS_F_OFF | PS_F_DATA;
-        r.id = id;
-        r.mver = v;
-        r.off = 0;
-        r.data = blk[0]->w;
-        r.ndata = words;
-        srv_send(c, &r, blk);
-    } else {
-        srv_send_error(c, id, fill ? PS_EIO : PS_ENOMEM, 0, "cannot send %zu bytes of the replication stream", len);
-    }
-    for (size_t i = 0; blk && i < nblk; i++)
-        if (blk[i])
-            srv_blk_unref(blk[i]);
-    free(blk);
-}
-
 /* The connection of f's waiting fetch, NULL when none or when it has
  * closed (wait_c is then forgotten: a freed connection is never touched). */
 static srv_conn *waiting(psd *s, srv_follower *f)
@@ -240,7 +198,7 @@ static void cmd_repl_chunk(srv_conn *c, ps_msg *m)
     size_t len = f->snap_size - off < CHUNK_BYTES ? (size_t)(f->snap_size - off) : CHUNK_BYTES;
     uint64_t a[2] = {(uint64_t)f->snap_fd, off};
     f->last_ms = srv_now_ms();
-    send_bytes(c, m->id, f->snap_size, NULL, len, fill_chunk, a);
+    srv_send_bytes(c, m->id, f->snap_size, NULL, len, fill_chunk, a);
 }
 
 /* Answers f's waiting fetch with the records from its position (and the

@@ -93,6 +93,63 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
     ps_pack_ku64(pk, "renewals", v->renewals);
 }
 
+/* "parts" (PROTOCOL.md 18): the part map psd holds and a move of parts
+ * under way: where it goes, and the rows given and taken so far. */
+static void pack_str(msgpack_packer *pk, const char *v)
+{
+    size_t n = strlen(v);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, v, n);
+}
+
+static void pack_parts(msgpack_packer *pk, const psd *s, uint64_t now)
+{
+    const srv_parts *p = &s->parts;
+    ps_pack_key(pk, "parts");
+    msgpack_pack_map(pk, 7);
+    ps_pack_ku64(pk, "epoch", p->epoch);
+    ps_pack_ku64(pk, "dense", p->dense);
+    ps_pack_key(pk, "self");
+    msgpack_pack_int32(pk, p->epoch ? p->self : -1);
+    ps_pack_key(pk, "addrs");
+    msgpack_pack_array(pk, p->epoch ? p->n : 0);
+    for (uint32_t i = 0; p->epoch && i < p->n; i++)
+        pack_str(pk, p->addrs[i]);
+    ps_pack_key(pk, "moving");
+    if (p->moving)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
+    ps_pack_kstr(pk, "error", p->error);
+    ps_pack_key(pk, "move");
+    if (!p->moving && !p->ended_ms) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    msgpack_pack_map(pk, 16);
+    ps_pack_ku64(pk, "epoch", p->mv_epoch);
+    ps_pack_ku64(pk, "old_n", p->old_n);
+    ps_pack_ku64(pk, "new_n", p->new_n);
+    ps_pack_key(pk, "old_self");
+    msgpack_pack_int32(pk, p->old_self);
+    ps_pack_key(pk, "new_self");
+    msgpack_pack_int32(pk, p->new_self);
+    ps_pack_key(pk, "addrs");
+    msgpack_pack_array(pk, p->new_n);
+    for (uint32_t i = 0; i < p->new_n; i++)
+        pack_str(pk, p->new_addrs[i]);
+    ps_pack_ku64(pk, "sources", (uint64_t)__builtin_popcountll(p->want));
+    ps_pack_ku64(pk, "handed", (uint64_t)__builtin_popcountll(p->handed));
+    ps_pack_ku64(pk, "switched", (uint64_t)__builtin_popcountll(p->switched));
+    ps_pack_ku64(pk, "rows_given", p->rows_out);
+    ps_pack_ku64(pk, "bytes_given", p->bytes_out);
+    ps_pack_ku64(pk, "rows_taken", p->rows_in);
+    ps_pack_ku64(pk, "bytes_taken", p->bytes_in);
+    ps_pack_ku64(pk, "rate", p->rate);
+    ps_pack_kf64(pk, "seconds", (double)((p->moving ? now : p->ended_ms) - p->started_ms) / 1000.0);
+    ps_pack_ku64(pk, "handover_ms_max", p->pause_ms_max);
+}
+
 int srv_pack_status(msgpack_packer *pk, void *arg)
 {
     psd *s = arg;
@@ -104,8 +161,9 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
     char listen[300];
     snprintf(listen, sizeof listen, "%s:%d", s->cfg.listen.host, s->port);
 
-    msgpack_pack_map(pk, 36);
+    msgpack_pack_map(pk, 37);
     pack_replication(pk, s, now);
+    pack_parts(pk, s, now);
     pack_coordinator(pk, s, now);
     /* the embedding tables (PROTOCOL.md 13): declaration and numbers */
     ps_pack_key(pk, "tables");

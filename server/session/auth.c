@@ -81,6 +81,7 @@ int srv_auth_challenge(srv_conn *c, ps_msg *m, char *err, size_t errlen)
     a->hello.data = NULL, a->hello.ndata = 0, a->hello.text = NULL, a->hello.text_len = 0;
     a->hello.body = NULL, a->hello.nargs = 0;
     a->hello.leader = (ps_str){0}, a->hello.nreplicas = 0, a->hello.has2 &= ~(PS_F2_LEADER | PS_F2_REPLICAS);
+    a->hello.pmap.n = 0; /* its addresses point into the frame: that it came is what counts */
     ps_auth_random(a->nonce, sizeof a->nonce);
     c->auth = a;
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "server/store/parts.h"
 #include "server/session/hello.h"
 #include "server/report/checkpoint.h"
 #include "common/log.h"
@@ -381,6 +382,8 @@ static int reader_check(const psd *s, const ps_msg *m, char *err, size_t errlen)
 /* The layout check of a worker's hello against the model's, if it has one. */
 static int layout_check(const psd *s, const ps_msg *m, char *err, size_t errlen)
 {
+    if (!m->layout)
+        return 0;
     if (s->model.has_layout && !ps_layout_equal(&s->model.layout, m->layout)) {
         /* where psd's layout comes from says what to change */
         char from[PS_CONFIG_PATH_MAX + 160];
@@ -434,6 +437,13 @@ int srv_hello_check(const psd *s, const srv_conn *c, const ps_msg *m, char *err,
         snprintf(err, errlen, "shard %u is already connected from %s", m->shard, s->workers[m->shard]->addr);
         return PS_ESHARD;
     }
+    if (!m->layout) {
+        /* a part that holds no dense values (PROTOCOL.md 18) */
+        if (!srv_parts_table_only(&s->parts))
+            return ps_fail(err, errlen, PS_ELAYOUT, "hello: no layout, but this psd holds a part of the dense model "
+                           "(it is among the first `dense` parts of its map, or holds no map): send its layout");
+        return 0;
+    }
     if (!s->model.has_layout && m->layout->total > s->cfg.max_params) {
         snprintf(err, errlen,
                  "a model of %llu parameters is over this psd's max_params (%llu); raise max_params in psd.conf if "
@@ -462,7 +472,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
     }
     /* the worker's segment first: a Hogwild! job that takes only workers
      * on its machine refuses the others before anything of them is kept */
-    if (m->has & PS_F_SHM) {
+    if ((m->has & PS_F_SHM) && m->layout) {
         char why[160];
         uint64_t total = s->model.has_layout ? s->model.layout.total : m->layout->total;
         if (!c->same_host)
@@ -500,7 +510,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
                            c->same_host ? "its segment was not mapped: psd's log says why" : "another machine");
         return PS_EFORBIDDEN;
     }
-    if (!s->model.has_layout) {
+    if (!s->model.has_layout && m->layout) {
         /* proposed: memory is taken at INIT, and a proposer that leaves
          * before it leaves nothing (srv_conn_detach) */
         srv_model_propose(&s->model, m->layout);
@@ -517,7 +527,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
                  (unsigned long long)s->model.layout.total);
         return PS_ENOMEM;
     }
-    if (!s->model.initialized && !s->init_owner) {
+    if (!s->model.initialized && !s->init_owner && m->layout) {
         s->init_owner = c;
         *need_init = 1;
     }
@@ -647,6 +657,7 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
         if (c->worker && srv_plan_first_round(s, c->worker, &r.base))
             r.has |= PS_F_BASE; /* the first round it trains */
     }
+    srv_parts_put(&s->parts, &r); /* the part map, once psd holds one (PROTOCOL.md 18) */
     if (sproof) {
         r.has |= PS_F_SPROOF; /* psd holds the secret too */
         memcpy(r.sproof, sproof, sizeof r.sproof);

@@ -354,6 +354,37 @@ typedef struct srv_setting {
 struct srv_http;
 struct srv_ckpt_wait;
 
+/* The job's part map and a move of parts (PROTOCOL.md 18; store/parts.c
+ * reads it, dispatch/move.c and connection/move.c write it). Before any
+ * move psd holds no map (epoch 0): the workers' lists are the map. */
+typedef struct srv_move_src {
+    uint64_t rows, bytes;    /* rows and bytes taken from that source so far */
+    int state;               /* 0 copying, 1 its first pass done, 2 handed over */
+} srv_move_src;
+typedef struct srv_parts {
+    uint64_t epoch;          /* the map's; 0: none held */
+    uint32_t dense, n;       /* parts holding the dense model, parts in all */
+    int32_t self;            /* this psd's index in it */
+    char addrs[PS_PARTS_MAX][PS_ADDR_MAX + 1];
+    /* a move under way, move_begin to move_end: to the map below */
+    int moving;
+    uint64_t mv_epoch;
+    uint32_t old_n, new_n, new_dense;
+    int32_t old_self, new_self; /* -1: not a part of that map */
+    char new_addrs[PS_PARTS_MAX][PS_ADDR_MAX + 1];
+    uint64_t want;           /* a destination: the sources (old parts, bits) it takes rows from */
+    uint64_t handed;         /* a destination: the sources that handed their rows over */
+    uint64_t switched;       /* a source: the destinations (new parts, bits) it handed rows to */
+    uint64_t rate;           /* bytes/s a destination fetches at most (0: no limit) */
+    uint64_t started_ms, ended_ms;
+    uint64_t rows_out, bytes_out; /* a source: rows and bytes sent */
+    uint64_t rows_in, bytes_in;   /* a destination: rows and bytes taken */
+    uint64_t pause_ms_max;   /* a destination: the longest handover (refusing to taking over) */
+    srv_move_src src[PS_PARTS_MAX];
+    char error[400];         /* why the move stopped; "" none */
+    struct srv_move_thread *t; /* a destination's fetching threads (connection/move.c) */
+} srv_parts;
+
 /* A follower's view of its leader (connection/follow.c owns it; status
  * reads it). */
 typedef struct srv_follow_thread srv_follow_thread;
@@ -545,6 +576,12 @@ struct psd {
      * send again what was not answered), its log goes, and it follows
      * leader. 0, or a negative PS_E* code with err. */
     int (*step_down)(psd *s, const char *leader, const char *why, char *err, size_t errlen);
+    srv_parts parts;         /* the part map and a move of parts (PROTOCOL.md 18) */
+    /* Registered by the connection layer: a destination starts fetching
+     * its rows from the sources psd.parts names (move_begin), and stops
+     * (move_end, exit). 0, or a negative PS_E* code with err. */
+    int (*move_start)(psd *s, char *err, size_t errlen);
+    void (*move_stop)(psd *s);
     srv_coord_view coord;    /* coord/'s: leadership through etcd */
     struct srv_coord *coord_state; /* coord/'s own; NULL without coordinator */
 };

@@ -65,6 +65,7 @@ static void table_free(srv_table *t)
 void srv_tables_free(srv_tables *ts)
 {
     tbl_snaps_free(ts);
+    srv_tables_move_end(ts);
     for (uint32_t i = 0; i < ts->n; i++)
         table_free(ts->t[i]);
     free(ts->scratch);
@@ -129,6 +130,7 @@ int srv_tables_declare(srv_tables *ts, const ps_table_def *d, uint32_t *idx, cha
     }
     t->bytes = sizeof *t;
     ts->bytes += t->bytes;
+    t->mv = ts->mv ? ts : NULL; /* rows leaving for other parts: its too */
     *idx = ts->n;
     ts->t[ts->n++] = t;
     ts->stamp++;
@@ -438,6 +440,7 @@ static inline __attribute__((always_inline)) int push_find(srv_tables *ts, srv_t
             ts->found_r[k] = (uint32_t)f.r;
             if (snapping) /* a snapshot not past it keeps it as it is */
                 tbl_snap_keep(t, f.r);
+            move_touch(t, ps_key_at(keys, k));
             if (stamped)
                 memcpy(u, stamp_at(t, f.r), sizeof(uint64_t));
             memcpy(u + 2, row, sizeof(float) * rf);
@@ -642,6 +645,7 @@ int srv_tables_pin(srv_tables *ts, uint32_t i, const uint8_t *keys, uint32_t n, 
         if ((rows[k] = finder_next(&f, 0, from, to))) {
             at[k] = (uint32_t)f.r;
             snap_touch(t, f.r);
+            move_touch(t, ps_key_at(keys, k));
             continue;
         }
         rows[k] = NULL;

@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/msg.h"
 #include "proto/table.h"
 #include "server/config/config.h"
 
@@ -93,6 +94,8 @@ typedef struct srv_tables {
     uint64_t *dupbits;           /* srv_tables_first_dup_hint's bit per row, all clear between calls */
     size_t dupbits_words;
     struct srv_tables_snap *snap; /* a snapshot being read (srv_tables_snap_begin); NULL: none */
+    struct srv_tables_move *mv;  /* rows leaving for other parts (srv_tables_move_begin); NULL: none */
+    int mv_failed;               /* a change could not be marked (out of memory): the move must fail */
 } srv_tables;
 
 /* An empty set of tables holding at most max_bytes of rows. */
@@ -295,6 +298,35 @@ void srv_tables_set_clock(srv_tables *ts, uint32_t i, uint64_t clock);
  * PS_EMALFORMED (a key twice) or PS_ENOMEM. */
 int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, const uint8_t *w, uint64_t n,
                             char *err, size_t errlen);
+
+/* ---- a move of parts (PROTOCOL.md 18; table_move.c) ----
+ *
+ * A source: srv_tables_move_begin(new_n, self) starts marking every change
+ * of a row whose key's part under new_n parts is not self (this psd's index
+ * in the new map, -1 for a part that goes); srv_tables_move_gather gives
+ * destination d, up to about max bytes at a time, first its rows by
+ * position (the pass), then, once the pass is over (*pass_done), the
+ * rows of its keys marked since they were given (dirty_only: those alone),
+ * each as it is now or as a tombstone; srv_tables_move_end stops; at the
+ * move's end srv_tables_move_drop removes the rows that left. A
+ * destination applies a gather's bytes with srv_tables_move_apply. */
+int srv_tables_move_begin(srv_tables *ts, uint32_t new_n, int32_t self);
+int srv_tables_move_gather(srv_tables *ts, uint32_t d, size_t max, int dirty_only, ps_buf *out, int *pass_done,
+                           uint64_t *rows);
+/* Keys marked for d and not given since. */
+uint64_t srv_tables_move_pending(const srv_tables *ts, uint32_t d);
+/* A change could not be marked (memory): what was given is not the rows. */
+int srv_tables_move_failed(const srv_tables *ts);
+void srv_tables_move_end(srv_tables *ts);
+void srv_tables_move_drop(srv_tables *ts, uint32_t new_n, int32_t self);
+/* Applies a gather's bytes: the tables it declares declared here as part
+ * part of nparts, its rows written (made, overwritten, or removed for a
+ * tombstone). 0, or PS_EMALFORMED, PS_ELAYOUT (a table declared otherwise
+ * here), PS_ENOMEM, with err; rows applied before a failure stay. */
+int srv_tables_move_apply(srv_tables *ts, const uint8_t *b, size_t len, uint32_t part, uint32_t nparts,
+                          uint64_t *rows, char *err, size_t errlen);
+/* Every table declared as part part of nparts from now on (a move's end). */
+void srv_tables_set_part(srv_tables *ts, uint32_t part, uint32_t nparts);
 
 /* Bytes one row of d takes in the store (its key, its floats and its slot
  * share at the highest load; 8 more with expiry or eviction on, its

@@ -185,6 +185,9 @@ void tbl_row_remove(srv_table *t, uint64_t r)
 {
     snap_touch(t, r);
     float *p = row_at(t, r);
+    move_touch(t, row_key(p)); /* it goes, and the last row takes its place */
+    if (r != t->rows - 1)
+        move_touch(t, key_of(t, t->rows - 1));
     uint64_t m = t->cap - 1, i = tbl_slot_find(t, row_key(p), r);
     for (uint64_t j = (i + 1) & m; t->slots[j] != 0; j = (j + 1) & m) {
         uint64_t h = ps_mix64(key_of(t, (t->slots[j] & t->rmask) - 1)) & m;

@@ -71,7 +71,45 @@ struct srv_table {
     uint64_t admitted, filtered, expired, evicted;
     double pull_rate, push_rate;
     struct tbl_snap *snap; /* a snapshot being read (srv_tables_snap_begin); NULL: none */
+    srv_tables *mv;        /* the tables, while rows move to other parts (table_move.c); NULL: none */
 };
+
+/* ---- table_mark.c and table_move.c: rows leaving for other parts ---- */
+
+/* A set of (table, key) for one destination: open addressing, at most half
+ * full. */
+struct tbl_dirty {
+    uint64_t *keys;
+    uint32_t *tab;   /* table + 1; 0: an empty slot */
+    uint64_t cap, n;
+};
+
+struct srv_tables_move {
+    uint32_t new_n;
+    int32_t self;                 /* this psd's index in the new map; -1: none */
+    uint64_t cur[PS_PARTS_MAX][PS_TABLES_MAX]; /* the pass: each destination's next row per table */
+    uint32_t at[PS_PARTS_MAX];    /* the table its pass is in */
+    struct tbl_dirty d[PS_PARTS_MAX]; /* keys changed since the move began */
+};
+
+/* The part of key under the new map. */
+uint32_t tbl_move_dest(const struct srv_tables_move *mv, uint64_t key);
+/* Puts (table, key) into s; 0, or -1 out of memory. */
+int tbl_dirty_put(struct tbl_dirty *s, uint32_t table, uint64_t key);
+/* s again from its keys left, after some were taken out of it (their slots
+ * emptied out of probe order); out of memory fails the move. */
+void tbl_move_rebuild(srv_tables *ts, struct tbl_dirty *s);
+
+/* Marks key (a row of t that changes, appears, goes or moves) for its
+ * destination when it is a moving key: what every change of a row calls
+ * while rows move, through move_touch. */
+void tbl_move_touch(srv_tables *ts, const srv_table *t, uint64_t key);
+
+static inline void move_touch(const srv_table *t, uint64_t key)
+{
+    if (__builtin_expect(t->mv != NULL, 0))
+        tbl_move_touch(t->mv, t, key);
+}
 
 /* ---- table_snap.c: a snapshot read block by block while pushes go on ---- */
 
@@ -159,6 +197,7 @@ static inline void slot_put(slot *slots, uint64_t cap, uint64_t key, uint64_t r)
 static inline void append(srv_table *t, uint64_t key, uint64_t stamp, const void *values)
 {
     snap_touch(t, t->rows);
+    move_touch(t, key);
     uint64_t r = t->rows++;
     float *p = row_at(t, r);
     memcpy(p, &key, sizeof key);

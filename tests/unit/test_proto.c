@@ -2600,6 +2600,7 @@ static void test_error_names(void **state)
         {PS_EIO, "IO"},               {PS_ECONNECT, "CONNECT"},   {PS_ETIMEOUT, "TIMEOUT"},
         {PS_ECLOSED, "CLOSED"},       {PS_EINVAL, "INVAL"},       {PS_EREMOTE, "REMOTE"},
         {PS_ENOT_LEADER, "NOT_LEADER"},
+        {PS_EMOVED, "MOVED"},
     };
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
         int c = codes[i].code;
@@ -2616,7 +2617,7 @@ static void test_error_names(void **state)
     }
     assert_string_equal(ps_errname(0), "OK");
     assert_string_equal(ps_strerror(0), "success");
-    static const int unknown[] = {26, -26, 1000, -1000, INT_MAX, INT_MIN, INT_MIN + 1};
+    static const int unknown[] = {27, -27, 1000, -1000, INT_MAX, INT_MIN, INT_MIN + 1};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         assert_string_equal(ps_errname(unknown[i]), "UNKNOWN");
         assert_string_equal(ps_strerror(unknown[i]), "unknown error");

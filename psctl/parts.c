@@ -1,0 +1,276 @@
+/* parts.c - `psctl parts add HOST:PORT [RATE]` and `psctl parts remove
+ * [RATE]`: a move of a running job's parts (PROTOCOL.md 18), run from
+ * here as redis-cli runs a cluster's resharding. psctl checks the parts,
+ * sends every one `move_begin` (the sources of rows first), waits while
+ * the destinations fetch their rows (printing their progress), and sends
+ * every one `move_end`. Run again after an interruption with the same
+ * arguments, it takes the move up where it is. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "proto/errors.h"
+#include "psctl/psctl.h"
+
+#define DEFAULT_RATE (256ull << 20) /* bytes a second a destination fetches */
+#define POLL_MS 200
+
+static int status_of(session *s, const char *addr, ps_msg *r, const msgpack_object **parts)
+{
+    int st = psctl_ask(s, PS_MSG_STATUS, PS_MSG_STATUS_REPLY, "status", r);
+    if (st != EXIT_OK)
+        return st;
+    *parts = ps_map_get(r->body, "parts");
+    if (!*parts) {
+        fprintf(stderr, "psctl: psd at %s knows nothing of moving parts (an older psd?)\n", addr);
+        return EXIT_REMOTE;
+    }
+    return EXIT_OK;
+}
+
+static int open_one(session *s, const char *addr, const ps_token *token, int timeout)
+{
+    ps_conn_init(&s->c);
+    s->timeout = timeout;
+    s->token = *token;
+    int rc = psctl_open(s, addr);
+    return rc ? psctl_report(&s->c, rc, timeout) : EXIT_OK;
+}
+
+static int admin(session *s, const char *addr, const char *cmd, char **args, int nargs)
+{
+    ps_msg r;
+    int rc = psctl_admin(s, cmd, args, nargs, &r);
+    if (rc != 0) {
+        fprintf(stderr, "psctl: %s at %s: %s\n", cmd, addr, ps_conn_error(&s->c));
+        return psctl_exit_code(rc);
+    }
+    return EXIT_OK;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static uint64_t parse_rate(const char *s, int *bad)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (*end == 'k' || *end == 'K')
+        mul = 1024, end++;
+    else if (*end == 'M')
+        mul = 1024 * 1024, end++;
+    else if (*end == 'G')
+        mul = 1024.0 * 1024 * 1024, end++;
+    *bad = !(v >= 0) || *end || !isfinite(v);
+    return (uint64_t)(v * mul);
+}
+
+/* list[0..n) as "A,B,C" into out (cap bytes, cut when longer). */
+static void join(char *out, size_t cap, char (*list)[300], uint32_t n)
+{
+    size_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = strlen(list[i]);
+        if (at + len + 2 > cap)
+            break;
+        if (i)
+            out[at++] = ',';
+        memcpy(out + at, list[i], len);
+        at += len;
+    }
+    out[at] = '\0';
+}
+
+int psctl_parts_check(char **args, int nargs)
+{
+    int bad = 0;
+    if (strcmp(args[0], "add") == 0 && (nargs == 2 || nargs == 3)) {
+        if (nargs == 3)
+            parse_rate(args[2], &bad);
+    } else if (strcmp(args[0], "remove") == 0 && (nargs == 1 || nargs == 2)) {
+        if (nargs == 2)
+            parse_rate(args[1], &bad);
+    } else {
+        fprintf(stderr, "psctl: parts add HOST:PORT [RATE] or parts remove [RATE]\n");
+        return EXIT_USAGE;
+    }
+    if (bad) {
+        fprintf(stderr, "psctl: RATE is bytes a second, as 64M or 1G (0: no limit)\n");
+        return EXIT_USAGE;
+    }
+    return EXIT_OK;
+}
+
+int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout, const psctl_call *k)
+{
+    static session extra;
+    static char all[PS_PARTS_MAX + 1][300];
+    static char oldl[PS_PARTS_MAX * 300], newl[PS_PARTS_MAX * 300];
+    int adding = strcmp(k->args[0], "add") == 0, bad = 0;
+    const char *rarg = adding ? (k->nargs == 3 ? k->args[2] : NULL) : (k->nargs == 2 ? k->args[1] : NULL);
+    uint64_t rate = rarg ? parse_rate(rarg, &bad) : DEFAULT_RATE;
+    if (!adding && n == 1) {
+        fprintf(stderr, "psctl: the job has one part only: there is no part to remove\n");
+        return EXIT_USAGE;
+    }
+    uint32_t total = adding ? n + 1 : n;
+    for (uint32_t i = 0; i < n; i++)
+        snprintf(all[i], sizeof all[i], "%s", list[i]);
+    if (adding) {
+        snprintf(all[n], sizeof all[n], "%s", k->args[1]);
+        for (uint32_t i = 0; i < n; i++)
+            if (strcmp(list[i], k->args[1]) == 0) {
+                fprintf(stderr, "psctl: %s is part %u of the job already\n", k->args[1], i);
+                return EXIT_USAGE;
+            }
+    }
+    uint32_t new_n = adding ? n + 1 : n - 1;
+    oldl[0] = newl[0] = '\0';
+    join(oldl, sizeof oldl, list, n);
+    join(newl, sizeof newl, all, new_n);
+    if (strlen(oldl) >= PS_ARG_MAX || strlen(newl) >= PS_ARG_MAX) {
+        fprintf(stderr, "psctl: the part list is longer than an argument takes (%d bytes)\n", PS_ARG_MAX);
+        return EXIT_USAGE;
+    }
+    session *s[PS_PARTS_MAX + 1];
+    for (uint32_t i = 0; i < total; i++)
+        s[i] = i < n ? &ss[i] : &extra;
+    int status = EXIT_OK;
+    uint32_t opened = 0;
+    for (; opened < total && status == EXIT_OK; opened++)
+        status = open_one(s[opened], all[opened], token, timeout);
+    /* every part holds the same map; none moves, or all move to this one */
+    uint64_t epoch = 0;
+    int resume = 0;
+    ps_msg r;
+    const msgpack_object *pm;
+    for (uint32_t i = 0; i < total && status == EXIT_OK; i++) {
+        if ((status = status_of(s[i], all[i], &r, &pm)) != EXIT_OK)
+            break;
+        const char *mode = s[i]->mode;
+        if (strcmp(mode, s[0]->mode) != 0) {
+            fprintf(stderr, "psctl: psd at %s runs %s, psd at %s %s: not parts of one job\n", all[0], s[0]->mode,
+                    all[i], mode);
+            status = EXIT_REMOTE;
+            break;
+        }
+        double e = psctl_num(pm, "epoch");
+        if (adding && i == n) {
+            const msgpack_object *tabs = ps_map_get(r.body, "tables");
+            if (!resume && !psctl_flag(pm, "moving") &&
+                (e > 0 || psctl_num(r.body, "parameters") > 0 || (tabs && tabs->type == MSGPACK_OBJECT_ARRAY &&
+                                                                   tabs->via.array.size > 0))) {
+                fprintf(stderr, "psctl: %s holds a model already (a part of a job, or a job of its own): a part "
+                                "joins fresh (started without another job's state_dir)\n", all[i]);
+                status = EXIT_REMOTE;
+            }
+            continue;
+        }
+        if (i == 0)
+            epoch = (uint64_t)e;
+        const msgpack_object *mv = ps_map_get(pm, "move");
+        int moving = psctl_flag(pm, "moving");
+        if ((uint64_t)e != epoch) {
+            fprintf(stderr, "psctl: psd at %s holds part map %.0f, psd at %s map %" PRIu64 ": give the parts in the "
+                            "order of the job's newest map\n", all[i], e, all[0], epoch);
+            status = EXIT_REMOTE;
+        } else if (moving) {
+            double to = psctl_num(mv, "new_n");
+            if (to != new_n) {
+                fprintf(stderr, "psctl: psd at %s is in a move to %.0f parts already; wait for it (psctl status) or "
+                                "run that move again\n", all[i], to);
+                status = EXIT_REMOTE;
+            }
+            resume = 1;
+        }
+    }
+    if (status == EXIT_OK) {
+        char ep[24], rt[24];
+        snprintf(ep, sizeof ep, "%" PRIu64, epoch + 1);
+        snprintf(rt, sizeof rt, "%" PRIu64, rate);
+        /* the sources first: they know the new map when a destination asks */
+        uint32_t begun[PS_PARTS_MAX + 1], nb = 0;
+        for (int pass = 0; pass < 2 && status == EXIT_OK; pass++)
+            for (uint32_t i = 0; i < total && status == EXIT_OK; i++) {
+                int source = adding ? i < n : i == n - 1;
+                if (source != (pass == 0))
+                    continue;
+                char *a[] = {ep, oldl, newl, all[i], rt};
+                if ((status = admin(s[i], all[i], "move_begin", a, 5)) == EXIT_OK)
+                    begun[nb++] = i;
+            }
+        /* one refused: the others call it off (nothing was handed over) */
+        for (uint32_t j = 0; status != EXIT_OK && j < nb; j++) {
+            char *a[] = {ep};
+            admin(s[begun[j]], all[begun[j]], "move_abort", a, 1);
+        }
+        if (status == EXIT_OK)
+            printf("moving %s: %u parts to %u (map %" PRIu64 "), at most %.0f MiB/s\n", adding ? "in" : "out", n,
+                   new_n, epoch + 1, (double)rate / 1048576.0);
+    }
+    /* the destinations' progress until each took every row */
+    uint64_t shown = UINT64_MAX;
+    for (int done = 0; status == EXIT_OK && !done;) {
+        done = 1;
+        uint64_t rows = 0, bytes = 0;
+        double secs = 0, pause = 0;
+        for (uint32_t i = 0; i < total && status == EXIT_OK; i++) {
+            int dest = adding ? i == n : i < new_n;
+            if (!dest)
+                continue;
+            if ((status = status_of(s[i], all[i], &r, &pm)) != EXIT_OK)
+                break;
+            char err[400];
+            psctl_str(pm, "error", err, sizeof err);
+            if (err[0] && strcmp(err, "-") != 0) {
+                fprintf(stderr, "psctl: the move stopped at %s: %s\n", all[i], err);
+                status = EXIT_REMOTE;
+                break;
+            }
+            const msgpack_object *mv = ps_map_get(pm, "move");
+            if (!psctl_flag(pm, "moving"))
+                continue; /* over already (a move run again) */
+            rows += (uint64_t)psctl_num(mv, "rows_taken");
+            bytes += (uint64_t)psctl_num(mv, "bytes_taken");
+            secs = psctl_num(mv, "seconds");
+            if (psctl_num(mv, "handover_ms_max") > pause)
+                pause = psctl_num(mv, "handover_ms_max");
+            if (psctl_num(mv, "handed") < psctl_num(mv, "sources"))
+                done = 0;
+        }
+        if (status == EXIT_OK && (rows != shown || done)) {
+            printf("  %.1f s: %" PRIu64 " rows taken (%.1f MiB)%s\n", secs, rows, (double)bytes / 1048576.0,
+                   done ? ", every source handed its rows over" : "");
+            fflush(stdout);
+            shown = rows;
+        }
+        if (!done)
+            sleep_ms(POLL_MS);
+        else if (status == EXIT_OK)
+            printf("longest handover: %.0f ms\n", pause);
+    }
+    if (status == EXIT_OK) {
+        char ep[24];
+        snprintf(ep, sizeof ep, "%" PRIu64, epoch + 1);
+        for (uint32_t i = 0; i < total && status == EXIT_OK; i++) {
+            char *a[] = {ep};
+            status = admin(s[i], all[i], "move_end", a, 1);
+        }
+        if (status == EXIT_OK)
+            printf("the job's parts are now %s (map %" PRIu64 ")%s%s\n", newl, epoch + 1,
+                   adding ? "" : "; the part removed, ", adding ? "" : all[n - 1]);
+    }
+    for (uint32_t i = 0; i < opened; i++) {
+        ps_conn_free(&s[i]->c);
+        ps_token_clear(&s[i]->token);
+    }
+    (void)bad;
+    return status;
+}

@@ -1,0 +1,353 @@
+/* move_fetch.c - a destination's side of a move of parts (PROTOCOL.md 18):
+ * a thread for each source of its rows talks to that source (common/conn.c,
+ * an admin hello as a follower's) and sends `move_fetch` until the source
+ * has handed its rows over: first the pass, at most `rate` bytes a second,
+ * then the rows changed since, and, once an answer of them is small (or
+ * after MAX_ROUNDS), the final fetch, from which on the source refuses
+ * those keys. It hands each answer to the loop, which applies it
+ * (tables/table_move.c); the handover is the loop's last item from that
+ * source, after which this psd owns the keys (store/parts.c). Owns
+ * psd.parts.t, and writes what psd.parts says of the rows taken. */
+#define _GNU_SOURCE
+#include "server/connection/move_fetch.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/conn.h"
+#include "common/log.h"
+#include "proto/errors.h"
+#include "server/store/parts.h"
+
+#define TIMEOUT_MS 30000
+#define SMALL_BYTES ((size_t)1 << 20) /* rows changed since the pass: few enough to hand over */
+#define MAX_ROUNDS 20                 /* rounds of changed rows before the handover anyway */
+
+typedef struct item {
+    struct item *next;
+    int kind;          /* 'R' rows, 'P' the pass is over, 'H' handed over, 'E' the source refused */
+    uint32_t src;
+    uint8_t *b;
+    size_t len;
+    uint64_t pause_ms; /* 'H': from the final fetch sent to its last answer */
+} item;
+
+typedef struct fetcher {
+    pthread_t th;
+    int started;
+    uint32_t src;
+    char addr[PS_ADDR_MAX + 1];
+    struct srv_move_thread *all;
+} fetcher;
+
+struct srv_move_thread {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    item *head, *tail;
+    int stop;
+    int fds[PS_PARTS_MAX]; /* each fetcher's socket, shut down to stop a wait */
+    uv_async_t async;
+    psd *s;
+    ps_token token;
+    char self[PS_ADDR_MAX + 1];
+    uint64_t epoch, rate;
+    fetcher f[PS_PARTS_MAX];
+    int nf;
+};
+
+static void post(struct srv_move_thread *t, item *it)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->tail)
+        t->tail->next = it;
+    else
+        t->head = it;
+    t->tail = it;
+    pthread_mutex_unlock(&t->mu);
+    uv_async_send(&t->async);
+}
+
+static void post_kind(struct srv_move_thread *t, int kind, uint32_t src, const char *text, uint64_t pause_ms)
+{
+    item *it = calloc(1, sizeof *it);
+    if (!it)
+        return;
+    it->kind = kind;
+    it->src = src;
+    it->pause_ms = pause_ms;
+    if (text && (it->b = (uint8_t *)strdup(text)))
+        it->len = strlen(text);
+    post(t, it);
+}
+
+static int stopping(struct srv_move_thread *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int st = t->stop;
+    pthread_mutex_unlock(&t->mu);
+    return st;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Waits ms unless told to stop. */
+static void pause_ms(struct srv_move_thread *t, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L)
+        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&t->mu);
+    if (!t->stop)
+        pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* One session with the source: 1 when it handed its rows over or refused
+ * (the fetcher ends), 0 to try again. */
+static int session(fetcher *f, ps_conn *c, int *final)
+{
+    struct srv_move_thread *t = f->all;
+    ps_msg m, r;
+    int rc = ps_conn_connect(c, f->addr, TIMEOUT_MS);
+    if (rc == 0) {
+        ps_msg_init(&m, PS_MSG_HELLO);
+        m.has = PS_F_VERSION | PS_F_ROLE;
+        m.proto = PS_PROTO_VERSION;
+        m.role = PS_ROLE_ADMIN;
+        rc = ps_conn_hello(c, &m, t->token.len ? t->token.b : NULL, t->token.len, &r, TIMEOUT_MS);
+    }
+    if (rc != 0) {
+        PS_LOG(PS_LOG_WARN, "move of parts: cannot reach part %u at %s: %s; trying again", f->src, f->addr,
+               ps_conn_error(c));
+        return 0;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->fds[f->src] = c->fd;
+    pthread_mutex_unlock(&t->mu);
+    char ep[24], fin[16];
+    snprintf(ep, sizeof ep, "%" PRIu64, t->epoch);
+    uint64_t t0 = mono_ms(), sent = 0, final_ms = 0;
+    int rounds = 0;
+    while (!stopping(t)) {
+        snprintf(fin, sizeof fin, "%d", *final);
+        const char *a[] = {t->self, ep, fin};
+        if (*final && !final_ms)
+            final_ms = mono_ms();
+        rc = ps_conn_admin(c, "move_fetch", a, 3, &r, TIMEOUT_MS);
+        if (rc == PS_EREMOTE) {
+            post_kind(t, 'E', f->src, ps_conn_error(c), 0);
+            return 1;
+        }
+        if (rc != 0 || r.type != PS_MSG_PARAMS) {
+            PS_LOG(PS_LOG_WARN, "move of parts: fetching from part %u at %s: %s; trying again", f->src, f->addr,
+                   rc ? ps_conn_error(c) : "not a PARAMS");
+            return 0;
+        }
+        item *it = calloc(1, sizeof *it);
+        size_t len = (size_t)r.ndata * 4;
+        if (!it || !(it->b = malloc(len ? len : 1))) {
+            free(it);
+            post_kind(t, 'E', f->src, "out of memory for the rows fetched", 0);
+            return 1;
+        }
+        memcpy(it->b, r.data, len);
+        it->len = len;
+        it->kind = 'R';
+        it->src = f->src;
+        post(t, it);
+        uint64_t ver = r.mver;
+        if (ver == 3) {
+            post_kind(t, 'H', f->src, NULL, mono_ms() - final_ms);
+            return 1;
+        }
+        if (ver == 1 && !*final) {
+            if (++rounds == 1)
+                post_kind(t, 'P', f->src, NULL, 0);
+            if (len < SMALL_BYTES || rounds >= MAX_ROUNDS)
+                *final = 1; /* few rows changed since: hand them over */
+        }
+        /* the rate: the pass and its rounds, not the handover */
+        sent += len;
+        if (!*final && t->rate) {
+            uint64_t due = t0 + sent * 1000 / t->rate, now = mono_ms();
+            if (due > now)
+                pause_ms(t, due - now);
+        }
+    }
+    return 1;
+}
+
+static void *fetcher_main(void *arg)
+{
+    fetcher *f = arg;
+    struct srv_move_thread *t = f->all;
+    ps_conn c;
+    ps_conn_init(&c);
+    uint64_t backoff = 100;
+    int final = 0;
+    while (!stopping(t)) {
+        int done = session(f, &c, &final);
+        pthread_mutex_lock(&t->mu);
+        t->fds[f->src] = -1;
+        pthread_mutex_unlock(&t->mu);
+        ps_conn_close(&c);
+        if (done)
+            break;
+        pause_ms(t, backoff);
+        backoff = backoff < 2000 ? backoff * 2 : 2000;
+    }
+    ps_conn_free(&c);
+    return NULL;
+}
+
+/* ---- on the loop ------------------------------------------------------------- */
+
+static void apply_item(psd *s, item *it)
+{
+    srv_parts *p = &s->parts;
+    char err[400];
+    if (!p->moving)
+        return;
+    srv_move_src *src = &p->src[it->src];
+    switch (it->kind) {
+    case 'R': {
+        uint64_t rows = 0;
+        srv_tables_configure(&s->tables, &s->cfg);
+        int rc = srv_tables_move_apply(&s->tables, it->b, it->len, (uint32_t)p->new_self, p->new_n, &rows, err,
+                                       sizeof err);
+        src->rows += rows;
+        src->bytes += it->len;
+        p->rows_in += rows;
+        p->bytes_in += it->len;
+        if (rc != 0 && !p->error[0]) {
+            snprintf(p->error, sizeof p->error, "rows from part %u: %.300s", it->src, err);
+            PS_LOG(PS_LOG_ERROR, "move of parts: %s", p->error);
+        }
+        break;
+    }
+    case 'P':
+        src->state = 1;
+        PS_LOG(PS_LOG_INFO, "move of parts: part %u's pass is over (%" PRIu64 " rows taken); its rows changed since "
+               "follow, then the handover", it->src, src->rows);
+        break;
+    case 'H':
+        src->state = 2;
+        p->handed |= 1ull << it->src;
+        if (it->pause_ms > p->pause_ms_max)
+            p->pause_ms_max = it->pause_ms;
+        PS_LOG(PS_LOG_INFO, "move of parts: took part %u's rows over (%" PRIu64 " rows, %" PRIu64 " bytes; its "
+               "keys waited %" PRIu64 " ms for the handover)", it->src, src->rows, src->bytes, it->pause_ms);
+        break;
+    default:
+        snprintf(p->error, sizeof p->error, "part %u refused: %.300s", it->src, it->b ? (char *)it->b : "?");
+        PS_LOG(PS_LOG_ERROR, "move of parts: %s", p->error);
+    }
+}
+
+static void on_async(uv_async_t *a)
+{
+    psd *s = a->data;
+    struct srv_move_thread *t = s->parts.t;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    item *it = t->head;
+    t->head = t->tail = NULL;
+    pthread_mutex_unlock(&t->mu);
+    while (it) {
+        item *next = it->next;
+        apply_item(s, it);
+        free(it->b);
+        free(it);
+        it = next;
+    }
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct srv_move_thread *t = h->data;
+    for (item *it = t->head, *next; it; it = next) {
+        next = it->next;
+        free(it->b);
+        free(it);
+    }
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    free(t);
+}
+
+void srv_move_fetch_stop(psd *s)
+{
+    struct srv_move_thread *t = s->parts.t;
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    for (uint32_t i = 0; i < PS_PARTS_MAX; i++)
+        if (t->fds[i] >= 0)
+            shutdown(t->fds[i], SHUT_RDWR);
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    for (int i = 0; i < t->nf; i++)
+        if (t->f[i].started)
+            pthread_join(t->f[i].th, NULL);
+    on_async(&t->async); /* what they posted last */
+    s->parts.t = NULL;
+    t->async.data = t;
+    uv_close((uv_handle_t *)&t->async, on_closed);
+}
+
+static int start(psd *s, char *err, size_t errlen)
+{
+    srv_parts *p = &s->parts;
+    srv_move_fetch_stop(s);
+    struct srv_move_thread *t = calloc(1, sizeof *t);
+    if (!t)
+        return ps_fail(err, errlen, PS_ENOMEM, "no memory to fetch rows");
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    for (uint32_t i = 0; i < PS_PARTS_MAX; i++)
+        t->fds[i] = -1;
+    t->s = s;
+    t->token = s->admin_token.len ? s->admin_token : s->token;
+    snprintf(t->self, sizeof t->self, "%s", p->new_addrs[p->new_self]);
+    t->epoch = p->mv_epoch;
+    t->rate = p->rate;
+    uv_async_init(s->loop, &t->async, on_async);
+    t->async.data = s;
+    p->t = t;
+    for (uint32_t j = 0; j < p->old_n; j++) {
+        if (!((p->want >> j) & 1))
+            continue;
+        fetcher *f = &t->f[t->nf++];
+        f->src = j;
+        f->all = t;
+        snprintf(f->addr, sizeof f->addr, "%s", p->addrs[j]);
+        if (pthread_create(&f->th, NULL, fetcher_main, f) != 0) {
+            srv_move_fetch_stop(s);
+            return ps_fail(err, errlen, PS_ENOMEM, "cannot start a thread to fetch rows");
+        }
+        f->started = 1;
+    }
+    return 0;
+}
+
+void srv_move_fetch_init(psd *s)
+{
+    s->move_start = start;
+    s->move_stop = srv_move_fetch_stop;
+}

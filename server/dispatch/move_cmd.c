@@ -1,0 +1,355 @@
+/* move_cmd.c - a move of parts (PROTOCOL.md 18): the ADMIN commands psctl
+ * sends every part (`move_begin`, `move_end`) and the one a destination
+ * sends each source of its rows (`move_fetch`). A source answers a fetch
+ * with its moving rows (tables/table_move.c); a fetch marked final is the
+ * handover: from it on the source refuses that destination's keys
+ * (MOVED), and what it answers then is the last of them. The fetching is
+ * connection/move_fetch.c's (through psd.move_start). Writes psd.parts. */
+#define _GNU_SOURCE
+#include "server/dispatch/move_cmd.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "proto/errors.h"
+#include "server/answer/reply.h"
+#include "server/policy/policy.h"
+#include "server/store/parts.h"
+
+#define ANSWER_BYTES ((size_t)4 << 20) /* a fetch's answer: about 4 MiB of rows at most */
+
+static void arg_str(const ps_msg *m, uint32_t i, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (i < m->nargs) {
+        size_t n = m->args[i].len < len - 1 ? m->args[i].len : len - 1;
+        memcpy(buf, m->args[i].p, n);
+        buf[n] = 0;
+    }
+}
+
+static uint64_t arg_u64(const ps_msg *m, uint32_t i)
+{
+    char b[32];
+    arg_str(m, i, b, sizeof b);
+    return strtoull(b, NULL, 10);
+}
+
+static uint64_t bits(uint32_t from, uint32_t to)
+{
+    uint64_t b = 0;
+    for (uint32_t i = from; i < to && i < 64; i++)
+        b |= 1ull << i;
+    return b;
+}
+
+/* Why this psd cannot take part in a move; NULL when it can. */
+static const char *cannot_move(const psd *s)
+{
+    if (s->policy->rounds)
+        return "a move of parts needs mode asgd or ssp: a bsp round keeps table pushes across the parts";
+    if (s->cfg.table_apply == PS_TABLE_APPLY_HOGWILD)
+        return "a move of parts refuses table_apply = hogwild: rows change off psd's loop, where a move cannot "
+               "see them";
+    if (s->follow || s->replog)
+        return "a move of parts is not yet made with replicas (this psd follows, or has followers)";
+    return NULL;
+}
+
+/* The index of addr in a comma-separated list, or -1. */
+static int index_in(const char (*addrs)[PS_ADDR_MAX + 1], uint32_t n, const char *addr)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(addrs[i], addr) == 0)
+            return (int)i;
+    return -1;
+}
+
+/* move_begin EPOCH OLD NEW SELF RATE: the map goes from the part list OLD
+ * to NEW (one grown or shrunk at its end), SELF is this psd's address in
+ * them, RATE the bytes a second a destination fetches at most (0: no
+ * limit). Sent to every part of either list; again with the same
+ * arguments, it is answered as the first time. */
+static void cmd_move_begin(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    srv_parts *p = &s->parts;
+    char self[PS_ADDR_MAX + 1], err[600];
+    char *oldl = malloc(PS_ARG_MAX + 1), *newl = malloc(PS_ARG_MAX + 1);
+    if (!oldl || !newl) {
+        free(oldl), free(newl);
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "move_begin: out of memory");
+        return;
+    }
+    uint64_t epoch = arg_u64(m, 0), rate = arg_u64(m, 4);
+    arg_str(m, 1, oldl, PS_ARG_MAX + 1);
+    arg_str(m, 2, newl, PS_ARG_MAX + 1);
+    arg_str(m, 3, self, sizeof self);
+    srv_parts q = {0};
+    int code = 0;
+    const char *why = cannot_move(s);
+    if (m->nargs < 5 || !epoch || !self[0])
+        code = ps_fail(err, sizeof err, PS_EBAD_FIELD, "move_begin: give EPOCH, OLD, NEW, SELF and RATE");
+    else if (why)
+        code = ps_fail(err, sizeof err, PS_EINVAL, "move_begin refused: %s", why);
+    else if (srv_parts_parse(&q, oldl, err, sizeof err) != 0)
+        code = PS_EBAD_FIELD;
+    if (!code) {
+        q.old_n = q.new_n;
+        memcpy(q.addrs, q.new_addrs, sizeof q.addrs);
+        if (srv_parts_parse(&q, newl, err, sizeof err) != 0)
+            code = PS_EBAD_FIELD;
+    }
+    if (code) {
+        free(oldl), free(newl);
+        srv_send_error(c, m->id, code, 0, "%s", err);
+        return;
+    }
+    q.old_self = index_in(q.addrs, q.old_n, self);
+    q.new_self = index_in(q.new_addrs, q.new_n, self);
+    uint32_t shorter = q.old_n < q.new_n ? q.old_n : q.new_n;
+    int prefix = q.old_n != q.new_n;
+    for (uint32_t i = 0; i < shorter; i++)
+        prefix &= strcmp(q.addrs[i], q.new_addrs[i]) == 0;
+    q.dense = p->epoch ? p->dense : q.old_n;
+    if (p->moving) {
+        if (p->mv_epoch == epoch && p->old_n == q.old_n && p->new_n == q.new_n && p->old_self == q.old_self &&
+            p->new_self == q.new_self)
+            srv_send_ok_text(c, m->id, "the move is under way already");
+        else
+            srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: a move to map %" PRIu64 " is under way (%u "
+                           "parts to %u); wait for it (psctl status)", p->mv_epoch, p->old_n, p->new_n);
+    } else if (epoch != p->epoch + 1) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: this psd holds map %" PRIu64 ", so the next is %"
+                       PRIu64 ", not %" PRIu64, p->epoch, p->epoch + 1, epoch);
+    } else if (p->epoch && (p->n != q.old_n || index_in(p->addrs, p->n, self) != q.old_self)) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: OLD is not the map this psd holds (%u parts, "
+                       "this psd part %d)", p->n, p->self);
+    } else if (!prefix) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "move_begin: NEW must be OLD with parts added or removed at its "
+                       "end (a jump hash moves only those keys)");
+    } else if (q.old_self < 0 && q.new_self < 0) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "move_begin: %s is in neither list", self);
+    } else if (q.new_n < q.dense) {
+        srv_send_error(c, m->id, PS_EINVAL, 0, "move_begin refused: part %u holds a part of the dense model, which "
+                       "stays where it is: only parts a move added (past the first %u) can be removed online; "
+                       "`psd --reshard-from` moves the dense model offline", q.new_n, q.dense);
+    } else if (q.old_self < 0 && (s->model.has_layout || s->tables.n)) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: %s joins the job as a new part but holds %s "
+                       "already; start it fresh (no state_dir of another job)", self,
+                       s->model.has_layout ? "a model" : "tables");
+    } else {
+        const char *bad = NULL;
+        for (uint32_t i = 0; q.old_self >= 0 && i < s->tables.n && !bad; i++) {
+            const ps_table_def *d = srv_tables_def(&s->tables, i);
+            uint32_t want_n = q.old_n > 1 ? q.old_n : 1, want_p = q.old_n > 1 ? (uint32_t)q.old_self : 0;
+            if (d->nparts != want_n || d->part != want_p)
+                bad = d->name;
+        }
+        if (bad) {
+            srv_send_error(c, m->id, PS_ELAYOUT, 0, "move_begin refused: this psd holds table '%s' as another part "
+                           "than part %d of %u, where OLD puts %s", bad, q.old_self, q.old_n, self);
+        } else if (q.old_self >= 0 && (q.new_n > q.old_n || q.old_self >= (int32_t)q.new_n) &&
+                   (code = srv_tables_move_begin(&s->tables, q.new_n, q.new_self)) != 0) {
+            /* growing, every old part gives rows; shrinking, those that go */
+            srv_send_error(c, m->id, code, 0, "move_begin: %s", ps_strerror(code));
+        }
+        if (!bad && !code) {
+            /* the map psd held before (the workers' list when none) */
+            if (!p->epoch) {
+                p->n = q.old_n;
+                p->dense = q.old_n;
+                memcpy(p->addrs, q.addrs, sizeof p->addrs);
+            }
+            p->self = q.old_self;
+            p->mv_epoch = epoch;
+            p->old_n = q.old_n;
+            p->new_n = q.new_n;
+            p->new_dense = p->dense;
+            p->old_self = q.old_self;
+            p->new_self = q.new_self;
+            memcpy(p->new_addrs, q.new_addrs, sizeof p->new_addrs);
+            /* growing, the parts added take rows from every old one;
+             * shrinking, the parts left take the rows of those that go */
+            p->want = q.new_self >= (int32_t)q.old_n ? bits(0, q.old_n)
+                      : q.new_n < q.old_n && q.new_self >= 0 ? bits(q.new_n, q.old_n) : 0;
+            p->handed = p->switched = 0;
+            p->rate = rate;
+            p->rows_out = p->bytes_out = p->rows_in = p->bytes_in = p->pause_ms_max = 0;
+            memset(p->src, 0, sizeof p->src);
+            p->error[0] = '\0';
+            p->started_ms = srv_now_ms();
+            p->ended_ms = 0;
+            p->moving = 1;
+            if (p->want && (!s->move_start || s->move_start(s, err, sizeof err) != 0)) {
+                snprintf(p->error, sizeof p->error, "%.390s", s->move_start ? err : "no fetching here");
+                PS_LOG(PS_LOG_ERROR, "move of parts: %s", p->error);
+            }
+            PS_LOG(PS_LOG_INFO, "move of parts to map %" PRIu64 " begins: %u parts to %u (%s); this psd is part %d "
+                   "of the old map and %d of the new%s", epoch, q.old_n, q.new_n, newl, q.old_self, q.new_self,
+                   p->want ? ", and takes rows from the parts that give them" : "");
+            srv_send_ok_text(c, m->id, "move begun");
+        }
+    }
+    free(oldl);
+    free(newl);
+}
+
+/* move_fetch DEST EPOCH FINAL: the destination at DEST asks for its rows;
+ * FINAL 1 is the handover. Answered with PARAMS whose data is
+ * srv_tables_move_gather's bytes and whose `ver` says: 0 the pass goes on,
+ * 1 the pass is over (what follows is rows changed since), 2 handed over,
+ * more to come, 3 handed over, all given. */
+static void cmd_move_fetch(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    srv_parts *p = &s->parts;
+    char dest[PS_ADDR_MAX + 1];
+    arg_str(m, 0, dest, sizeof dest);
+    uint64_t epoch = arg_u64(m, 1), final = arg_u64(m, 2);
+    int d = p->moving ? srv_parts_new_index(p, dest) : -1;
+    if (!p->moving || epoch != p->mv_epoch || p->old_self < 0 || d < 0 || d == p->new_self) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_fetch: this psd gives %s no rows (no move to map %" PRIu64
+                       " under way here, or %s is not one of its destinations)", dest, epoch, dest);
+        return;
+    }
+    if (srv_tables_move_failed(&s->tables)) {
+        srv_send_error(c, m->id, PS_ENOMEM, 0, "move_fetch: this psd ran out of memory marking the rows that "
+                       "changed: what it gave is not its rows; stop the move (restart the new part)");
+        return;
+    }
+    ps_buf out = {0};
+    int pass_done = 0;
+    uint64_t rows = 0;
+    int first = final && !((p->switched >> d) & 1);
+    if (first)
+        p->switched |= 1ull << d; /* from now on its keys are refused: what follows is the last of them */
+    int rc = srv_tables_move_gather(&s->tables, (uint32_t)d, ANSWER_BYTES, final != 0, &out, &pass_done, &rows);
+    if (rc != 0) {
+        ps_buf_free(&out);
+        srv_send_error(c, m->id, rc, 0, "move_fetch: %s", ps_strerror(rc));
+        return;
+    }
+    uint64_t ver = final ? (srv_tables_move_pending(&s->tables, (uint32_t)d) ? 2 : 3) : pass_done ? 1 : 0;
+    if (first)
+        PS_LOG(PS_LOG_INFO, "move of parts: handing part %d's rows over to %s; its keys are refused here from "
+               "now on", d, dest);
+    p->rows_out += rows;
+    p->bytes_out += out.len;
+    srv_send_bytes(c, m->id, ver, out.p, out.len, NULL, NULL);
+    ps_buf_free(&out);
+}
+
+/* What keeps the move from ending here; NULL when nothing does. */
+static const char *unfinished(const srv_parts *p, char *buf, size_t len)
+{
+    if (p->want && p->handed != p->want) {
+        snprintf(buf, len, "this psd has not taken every row yet (%d of %d sources handed over)",
+                 __builtin_popcountll(p->handed), __builtin_popcountll(p->want));
+        return buf;
+    }
+    for (uint32_t d = 0; p->old_self >= 0 && d < p->new_n; d++)
+        if ((int32_t)d != p->new_self && (p->new_n > p->old_n ? d >= p->old_n : p->old_self >= (int32_t)p->new_n) &&
+            !((p->switched >> d) & 1)) {
+            snprintf(buf, len, "part %u (%s) has not taken its rows from this psd yet", d, p->new_addrs[d]);
+            return buf;
+        }
+    return NULL;
+}
+
+/* move_end EPOCH: every part took its rows: the new map is the map. */
+static void cmd_move_end(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    srv_parts *p = &s->parts;
+    uint64_t epoch = arg_u64(m, 0);
+    char why[200];
+    if (!p->moving && p->epoch == epoch && epoch) {
+        srv_send_ok_text(c, m->id, "the move is over already");
+        return;
+    }
+    if (!p->moving || epoch != p->mv_epoch) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_end: no move to map %" PRIu64 " under way here", epoch);
+        return;
+    }
+    if (unfinished(p, why, sizeof why)) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_end: not yet: %s", why);
+        return;
+    }
+    if (s->move_stop)
+        s->move_stop(s);
+    uint64_t before = 0, after = 0;
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        before += st.rows;
+    }
+    srv_tables_move_end(&s->tables);
+    if (p->old_self >= 0)
+        srv_tables_move_drop(&s->tables, p->new_n, p->new_self);
+    if (p->new_self >= 0)
+        srv_tables_set_part(&s->tables, (uint32_t)p->new_self, p->new_n);
+    for (uint32_t i = 0; i < s->tables.n; i++) {
+        srv_table_stats st;
+        srv_tables_stats(&s->tables, i, &st);
+        after += st.rows;
+    }
+    p->epoch = p->mv_epoch;
+    p->n = p->new_n;
+    p->dense = p->new_dense;
+    p->self = p->new_self;
+    memcpy(p->addrs, p->new_addrs, sizeof p->addrs);
+    p->moving = 0;
+    p->ended_ms = srv_now_ms();
+    PS_LOG(PS_LOG_INFO, "move of parts to map %" PRIu64 " is over after %.1f s: %u parts; this psd is part %d; rows "
+           "given %" PRIu64 " (%" PRIu64 " bytes), taken %" PRIu64 " (%" PRIu64 " bytes); %" PRIu64 " rows that left "
+           "dropped here, %" PRIu64 " held",
+           p->epoch, (double)(p->ended_ms - p->started_ms) / 1e3, p->n, p->self, p->rows_out, p->bytes_out,
+           p->rows_in, p->bytes_in, before - after, after);
+    srv_send_ok_text(c, m->id, p->self >= 0 ? "the new map holds" : "this psd is no longer a part of the job");
+}
+
+/* move_abort EPOCH: a move none of whose rows was handed over yet is
+ * called off: the map stays, a destination forgets the rows it took, a
+ * source stops marking its rows. After a handover it is refused: those
+ * keys' new part holds them now, so the move is finished instead. */
+static void cmd_move_abort(srv_conn *c, ps_msg *m)
+{
+    psd *s = c->srv;
+    srv_parts *p = &s->parts;
+    uint64_t epoch = arg_u64(m, 0);
+    if (!p->moving || epoch != p->mv_epoch) {
+        srv_send_ok_text(c, m->id, "no such move under way here");
+        return;
+    }
+    if (p->handed || p->switched) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_abort refused: rows were handed over already (their new part "
+                       "holds them): finish the move instead (psctl parts ... again)");
+        return;
+    }
+    if (s->move_stop)
+        s->move_stop(s);
+    srv_tables_move_end(&s->tables);
+    if (p->old_self < 0) { /* a new part: as fresh as it came */
+        srv_tables_free(&s->tables);
+        srv_tables_init(&s->tables, 0);
+        srv_tables_configure(&s->tables, &s->cfg);
+    } else if (p->want) { /* the rows taken go: their part is still the old one */
+        srv_tables_move_drop(&s->tables, p->old_n, p->old_self);
+    }
+    p->moving = 0;
+    p->error[0] = '\0';
+    PS_LOG(PS_LOG_INFO, "move of parts to map %" PRIu64 " called off: the map stays", epoch);
+    srv_send_ok_text(c, m->id, "move called off");
+}
+
+const srv_move_command srv_move_commands[] = {
+    {"move_abort", cmd_move_abort},
+    {"move_begin", cmd_move_begin},
+    {"move_fetch", cmd_move_fetch},
+    {"move_end", cmd_move_end},
+    {NULL, NULL},
+};
