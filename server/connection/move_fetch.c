@@ -118,7 +118,7 @@ static void pause_ms(struct srv_move_thread *t, uint64_t ms)
 
 /* One session with the source: 1 when it handed its rows over or refused
  * (the fetcher ends), 0 to try again. */
-static int session(fetcher *f, ps_conn *c, int *final)
+static int session(fetcher *f, ps_conn *c, int *final, int *fresh)
 {
     struct srv_move_thread *t = f->all;
     ps_msg m, r;
@@ -138,16 +138,19 @@ static int session(fetcher *f, ps_conn *c, int *final)
     pthread_mutex_lock(&t->mu);
     t->fds[f->src] = c->fd;
     pthread_mutex_unlock(&t->mu);
-    char ep[24], fin[16];
+    char ep[24], fin[16], st[4];
     snprintf(ep, sizeof ep, "%" PRIu64, t->epoch);
     uint64_t t0 = mono_ms(), sent = 0, final_ms = 0;
     int rounds = 0;
     while (!stopping(t)) {
         snprintf(fin, sizeof fin, "%d", *final);
-        const char *a[] = {t->self, ep, fin};
+        snprintf(st, sizeof st, "%d", *fresh);
+        const char *a[] = {t->self, ep, fin, st};
         if (*final && !final_ms)
             final_ms = mono_ms();
-        rc = ps_conn_admin(c, "move_fetch", a, 3, &r, TIMEOUT_MS);
+        rc = ps_conn_admin(c, "move_fetch", a, 4, &r, TIMEOUT_MS);
+        if (rc == 0)
+            *fresh = 0; /* the source starts its pass over once */
         if (rc == PS_EREMOTE) {
             post_kind(t, 'E', f->src, ps_conn_error(c), 0);
             return 1;
@@ -198,9 +201,9 @@ static void *fetcher_main(void *arg)
     ps_conn c;
     ps_conn_init(&c);
     uint64_t backoff = 100;
-    int final = 0;
+    int final = 0, fresh = 1;
     while (!stopping(t)) {
-        int done = session(f, &c, &final);
+        int done = session(f, &c, &final, &fresh);
         pthread_mutex_lock(&t->mu);
         t->fds[f->src] = -1;
         pthread_mutex_unlock(&t->mu);
@@ -331,8 +334,8 @@ static int start(psd *s, char *err, size_t errlen)
     t->async.data = s;
     p->t = t;
     for (uint32_t j = 0; j < p->old_n; j++) {
-        if (!((p->want >> j) & 1))
-            continue;
+        if (!((p->want >> j) & 1) || ((p->handed >> j) & 1))
+            continue; /* no rows from it, or all of them already */
         fetcher *f = &t->f[t->nf++];
         f->src = j;
         f->all = t;

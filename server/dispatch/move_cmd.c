@@ -117,9 +117,17 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
     q.dense = p->epoch ? p->dense : q.old_n;
     if (p->moving) {
         if (p->mv_epoch == epoch && p->old_n == q.old_n && p->new_n == q.new_n && p->old_self == q.old_self &&
-            p->new_self == q.new_self)
+            p->new_self == q.new_self) {
+            /* a destination whose fetching stopped (a source restarted,
+             * say) fetches again from the sources that did not hand over */
+            if (p->error[0] && p->want != p->handed && s->move_start) {
+                p->error[0] = '\0';
+                if (s->move_start(s, err, sizeof err) != 0)
+                    snprintf(p->error, sizeof p->error, "%.390s", err);
+                PS_LOG(PS_LOG_INFO, "move of parts: fetching again from the parts that did not hand their rows over");
+            }
             srv_send_ok_text(c, m->id, "the move is under way already");
-        else
+        } else
             srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: a move to map %" PRIu64 " is under way (%u "
                            "parts to %u); wait for it (psctl status)", p->mv_epoch, p->old_n, p->new_n);
     } else if (epoch != p->epoch + 1) {
@@ -198,8 +206,10 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
     free(newl);
 }
 
-/* move_fetch DEST EPOCH FINAL: the destination at DEST asks for its rows;
- * FINAL 1 is the handover. Answered with PARAMS whose data is
+/* move_fetch DEST EPOCH FINAL [START]: the destination at DEST asks for
+ * its rows; FINAL 1 is the handover; START 1 (a destination's first fetch)
+ * starts its pass over, so that one that restarted empty gets every row
+ * again (after a handover too: those keys stay refused until it has them). Answered with PARAMS whose data is
  * srv_tables_move_gather's bytes and whose `ver` says: 0 the pass goes on,
  * 1 the pass is over (what follows is rows changed since), 2 handed over,
  * more to come, 3 handed over, all given. */
@@ -209,7 +219,7 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
     srv_parts *p = &s->parts;
     char dest[PS_ADDR_MAX + 1];
     arg_str(m, 0, dest, sizeof dest);
-    uint64_t epoch = arg_u64(m, 1), final = arg_u64(m, 2);
+    uint64_t epoch = arg_u64(m, 1), final = arg_u64(m, 2), first_fetch = arg_u64(m, 3);
     int d = p->moving ? srv_parts_new_index(p, dest) : -1;
     if (!p->moving || epoch != p->mv_epoch || p->old_self < 0 || d < 0 || d == p->new_self) {
         srv_send_error(c, m->id, PS_ESTATE, 0, "move_fetch: this psd gives %s no rows (no move to map %" PRIu64
@@ -220,6 +230,10 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOMEM, 0, "move_fetch: this psd ran out of memory marking the rows that "
                        "changed: what it gave is not its rows; stop the move (restart the new part)");
         return;
+    }
+    if (first_fetch) {
+        srv_tables_move_restart(&s->tables, (uint32_t)d);
+        PS_LOG(PS_LOG_INFO, "move of parts: %s fetches its rows from the start", dest);
     }
     ps_buf out = {0};
     int pass_done = 0;

@@ -313,6 +313,8 @@ int srv_tables_load_weights(srv_tables *ts, uint32_t i, const uint8_t *keys, con
 int srv_tables_move_begin(srv_tables *ts, uint32_t new_n, int32_t self);
 int srv_tables_move_gather(srv_tables *ts, uint32_t d, size_t max, int dirty_only, ps_buf *out, int *pass_done,
                            uint64_t *rows);
+/* Destination d's pass starts over (a destination that restarted). */
+void srv_tables_move_restart(srv_tables *ts, uint32_t d);
 /* Keys marked for d and not given since. */
 uint64_t srv_tables_move_pending(const srv_tables *ts, uint32_t d);
 /* A change could not be marked (memory): what was given is not the rows. */

@@ -95,6 +95,14 @@ void srv_tables_move_end(srv_tables *ts)
         ts->t[i]->mv = NULL;
 }
 
+void srv_tables_move_restart(srv_tables *ts, uint32_t d)
+{
+    if (ts->mv && d < PS_PARTS_MAX) {
+        memset(ts->mv->cur[d], 0, sizeof ts->mv->cur[d]);
+        ts->mv->at[d] = 0;
+    }
+}
+
 int srv_tables_move_failed(const srv_tables *ts)
 {
     return ts->mv_failed;
