@@ -138,17 +138,21 @@ static int session(fetcher *f, ps_conn *c, int *final, int *fresh)
     pthread_mutex_lock(&t->mu);
     t->fds[f->src] = c->fd;
     pthread_mutex_unlock(&t->mu);
-    char ep[24], fin[16], st[4];
+    char ep[24], fin[16], st[4], most[24];
+    /* answers of a tenth of a second's bytes at the rate, so that it paces
+     * the pass evenly (64 KiB to 4 MiB) */
+    uint64_t m10 = t->rate ? t->rate / 10 : (4u << 20);
+    snprintf(most, sizeof most, "%" PRIu64, m10 < (64u << 10) ? (64u << 10) : m10 > (4u << 20) ? (4u << 20) : m10);
     snprintf(ep, sizeof ep, "%" PRIu64, t->epoch);
     uint64_t t0 = mono_ms(), sent = 0, final_ms = 0;
     int rounds = 0;
     while (!stopping(t)) {
         snprintf(fin, sizeof fin, "%d", *final);
         snprintf(st, sizeof st, "%d", *fresh);
-        const char *a[] = {t->self, ep, fin, st};
+        const char *a[] = {t->self, ep, fin, st, most};
         if (*final && !final_ms)
             final_ms = mono_ms();
-        rc = ps_conn_admin(c, "move_fetch", a, 4, &r, TIMEOUT_MS);
+        rc = ps_conn_admin(c, "move_fetch", a, 5, &r, TIMEOUT_MS);
         if (rc == 0)
             *fresh = 0; /* the source starts its pass over once */
         if (rc == PS_EREMOTE) {

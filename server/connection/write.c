@@ -431,7 +431,7 @@ void srv_net_send_error(srv_conn *c, uint64_t id, int code, int fatal, const cha
     m.text = text;
     m.text_len = (uint32_t)strlen(text);
     if (code == PS_EMOVED || code == PS_ELAYOUT) /* the part map, when psd holds one (PROTOCOL.md 18) */
-        srv_parts_put(&s->parts, &m);
+        srv_parts_put(&s->parts, &m, code == PS_EMOVED);
     if (code == PS_ENOT_LEADER && s->follow) { /* where the leader is (PROTOCOL.md 15) */
         m.has2 |= PS_F2_LEADER;
         m.leader = (ps_str){s->follow->leader, (uint32_t)strlen(s->follow->leader)};

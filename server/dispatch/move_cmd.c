@@ -206,10 +206,11 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
     free(newl);
 }
 
-/* move_fetch DEST EPOCH FINAL [START]: the destination at DEST asks for
- * its rows; FINAL 1 is the handover; START 1 (a destination's first fetch)
- * starts its pass over, so that one that restarted empty gets every row
- * again (after a handover too: those keys stay refused until it has them). Answered with PARAMS whose data is
+/* move_fetch DEST EPOCH FINAL [START [MAX]]: the destination at DEST asks
+ * for its rows; FINAL 1 is the handover; START 1 (a destination's first
+ * fetch) starts its pass over, so that one that restarted empty gets every
+ * row again (after a handover too: those keys stay refused until it has
+ * them); MAX bounds the answer's bytes (about: one row more), at most 4 MiB. Answered with PARAMS whose data is
  * srv_tables_move_gather's bytes and whose `ver` says: 0 the pass goes on,
  * 1 the pass is over (what follows is rows changed since), 2 handed over,
  * more to come, 3 handed over, all given. */
@@ -219,7 +220,8 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
     srv_parts *p = &s->parts;
     char dest[PS_ADDR_MAX + 1];
     arg_str(m, 0, dest, sizeof dest);
-    uint64_t epoch = arg_u64(m, 1), final = arg_u64(m, 2), first_fetch = arg_u64(m, 3);
+    uint64_t epoch = arg_u64(m, 1), final = arg_u64(m, 2), first_fetch = arg_u64(m, 3), most = arg_u64(m, 4);
+    size_t max = most && most < ANSWER_BYTES ? (size_t)most : ANSWER_BYTES;
     int d = p->moving ? srv_parts_new_index(p, dest) : -1;
     if (!p->moving || epoch != p->mv_epoch || p->old_self < 0 || d < 0 || d == p->new_self) {
         srv_send_error(c, m->id, PS_ESTATE, 0, "move_fetch: this psd gives %s no rows (no move to map %" PRIu64
@@ -241,7 +243,7 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
     int first = final && !((p->switched >> d) & 1);
     if (first)
         p->switched |= 1ull << d; /* from now on its keys are refused: what follows is the last of them */
-    int rc = srv_tables_move_gather(&s->tables, (uint32_t)d, ANSWER_BYTES, final != 0, &out, &pass_done, &rows);
+    int rc = srv_tables_move_gather(&s->tables, (uint32_t)d, max, final != 0, &out, &pass_done, &rows);
     if (rc != 0) {
         ps_buf_free(&out);
         srv_send_error(c, m->id, rc, 0, "move_fetch: %s", ps_strerror(rc));

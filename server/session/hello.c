@@ -657,7 +657,7 @@ void srv_hello_welcome(srv_conn *c, uint64_t id, int need_init, const uint8_t *s
         if (c->worker && srv_plan_first_round(s, c->worker, &r.base))
             r.has |= PS_F_BASE; /* the first round it trains */
     }
-    srv_parts_put(&s->parts, &r); /* the part map, once psd holds one (PROTOCOL.md 18) */
+    srv_parts_put(&s->parts, &r, 0); /* the part map, once psd holds one (PROTOCOL.md 18) */
     if (sproof) {
         r.has |= PS_F_SPROOF; /* psd holds the secret too */
         memcpy(r.sproof, sproof, sizeof r.sproof);

@@ -33,13 +33,21 @@ int srv_parts_key(const srv_parts *p, uint32_t part, uint32_t nparts, uint64_t k
     return SRV_KEY_MOVED;
 }
 
+/* The parts this psd gives rows to: growing, the parts added; shrinking,
+ * every part left, when this one goes. */
+static uint64_t dests(const srv_parts *p)
+{
+    uint64_t b = 0;
+    for (uint32_t d = 0; d < p->new_n && d < 64; d++)
+        if (p->old_self >= 0 && (p->new_n > p->old_n ? d >= p->old_n : p->old_self >= (int32_t)p->new_n))
+            b |= 1ull << d;
+    return b;
+}
+
 /* Every destination of this source's rows took them over. */
 static int all_switched(const srv_parts *p)
 {
-    for (uint32_t d = 0; d < p->new_n; d++)
-        if ((int32_t)d != p->old_self && !bit(p->switched, (int32_t)d))
-            return 0;
-    return 1;
+    return (p->switched & dests(p)) == dests(p);
 }
 
 /* The map a move goes to is the one psd serves under: it is a part the
@@ -56,9 +64,9 @@ static int serves_new(const srv_parts *p)
     return p->want ? p->handed == p->want : all_switched(p);
 }
 
-void srv_parts_put(const srv_parts *p, ps_msg *m)
+void srv_parts_put(const srv_parts *p, ps_msg *m, int moved)
 {
-    int fresh = serves_new(p);
+    int fresh = serves_new(p) || (moved && p->moving); /* a key moved under the new map */
     uint64_t epoch = fresh ? p->mv_epoch : p->epoch;
     if (epoch == 0)
         return; /* the workers' own list: nothing to tell */

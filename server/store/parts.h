@@ -28,9 +28,11 @@ static inline int srv_parts_known(const srv_parts *p)
 
 /* The map this psd serves under, for WELCOME and ERROR: the new one once
  * it is a part the move added or every destination of its rows has taken
- * them over, else the one it held before; fills m->pmap (the addresses
- * point into p) and sets PS_F2_PMAP. Nothing when psd holds no map. */
-void srv_parts_put(const srv_parts *p, ps_msg *m);
+ * them over, or (moved: for an ERROR MOVED) as soon as a move is under way,
+ * else the one it held before; fills m->pmap (the addresses point into p)
+ * and sets PS_F2_PMAP. Nothing when that map is epoch 0 (the workers'
+ * own lists). */
+void srv_parts_put(const srv_parts *p, ps_msg *m, int moved);
 
 /* Whether the map psd serves under says it holds no dense values (its
  * index is past the map's `dense`): a worker's hello without a layout is

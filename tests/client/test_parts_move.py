@@ -15,6 +15,13 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
 - A key that moved is refused by its old part with MOVED, carrying the new
   map, and nothing is changed; a worker's hello without a layout is taken
   by a part that holds no dense values, refused by one that does.
+- Pushes during the moves: a pusher speaking the protocol itself (so
+  that psd alone is tested here) pushes random keys while the job grows
+  from 2 parts to 3 (the rows moving at 1 MiB/s, so that pushes land during
+  the pass) and shrinks back; it follows MOVED to the part the map names
+  and sends NOT_READY requests again. Every row ends, bit for bit, as one
+  psd fed the pushes the parts acknowledged, in the order they
+  acknowledged them: no acknowledged push lost, none applied twice.
 - Bad input: adding a part that is in the job already, a psd that holds
   another job's model, a second move while one is under way; removing the
   only part, or a part that holds dense values: each refused with the
@@ -23,13 +30,15 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
 
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import harness  # noqa: E402
-from harness import T_ERROR, T_ROWS, T_TPULL, T_TPUSH, RawClient  # noqa: E402
+from harness import T_ERROR, T_OK, T_ROWS, T_TABLE, T_TPULL, T_TPUSH, T_WELCOME, RawClient  # noqa: E402
 
 import psd  # noqa: E402
 
@@ -39,6 +48,9 @@ DIM = 8
 M64 = (1 << 64) - 1
 E_MOVED = 26
 E_LAYOUT = 7
+E_NOT_READY = 13
+DECL = {"t": T_TABLE, "tab": "emb", "dim": DIM, "rinit": "uniform", "scale": 0.05, "seed": 3,
+        "opt": "adagrad", "hp": {"lr": 0.1}}
 
 
 def mix(z):
@@ -198,3 +210,125 @@ def test_refusals(cluster):
         assert e["t"] == T_ERROR and e["code"] == E_LAYOUT, e
     # and the job goes on
     train(parts, steps=1, seed=9)
+
+
+class Pusher:
+    """One worker written from PROTOCOL.md alone: pushes random keys of
+    table emb to their parts, one part after another; follows MOVED (the
+    map it carries) and sends a NOT_READY request again. Keeps every
+    acknowledged push (keys, gradients) in the order acknowledged."""
+
+    def __init__(self, addrs, seed):
+        self.rng = np.random.default_rng(seed)
+        self.links = {}
+        self.addrs, self.dense, self.epoch = list(addrs), len(addrs), 0
+        self.acked, self.moved, self.waited = [], 0, 0
+        self.stop = threading.Event()
+        self.error = None
+
+    def link(self, i):
+        addr = self.addrs[i]
+        if addr not in self.links:
+            w = RawClient(addr, 30.0)
+            if i < self.dense:
+                lo, hi = 4096 * i // self.dense // 1024 * 1024, 4096 * (i + 1) // self.dense // 1024 * 1024
+                if i + 1 == self.dense:
+                    hi = 4096
+                r = w.hello_worker([["w(1024x4)[%d:%d]" % (lo, hi), [hi - lo]]], 0, 1)
+            else:
+                r = w.request({"t": 1, "v": 1, "role": "worker", "shard": [0, 1],
+                               "pmap": [self.epoch, self.dense, self.addrs]})
+            assert r.get("t") == T_WELCOME, r
+            self.links[addr] = w
+            self.declare(i)
+        return self.links[addr]
+
+    def declare(self, i):
+        n = len(self.addrs)
+        r = self.links[self.addrs[i]].request(dict(DECL, part=[i, n]) if n > 1 else DECL)
+        assert r.get("t") == T_OK, r
+
+    def adopt(self, pmap):
+        epoch, dense, addrs = pmap
+        if epoch <= self.epoch:
+            return
+        for a in list(self.links):
+            if a not in addrs:
+                self.links.pop(a).close()
+        self.epoch, self.dense, self.addrs = epoch, dense, list(addrs)
+        for i, a in enumerate(self.addrs):
+            if a in self.links:
+                self.declare(i)
+
+    def push(self, keys, grads):
+        """Sends keys (and their gradients) until every one is acknowledged."""
+        todo = list(zip(keys.tolist(), grads))
+        while todo:
+            n = len(self.addrs)
+            part = {}
+            for k, g in todo:
+                part.setdefault(part_of(k, n), []).append((k, g))
+            todo = []
+            for i in sorted(part):
+                ks = np.array([k for k, _ in part[i]], "<u8")
+                gs = np.array([g for _, g in part[i]], np.float32)
+                msg = {"t": T_TPUSH, "tab": "emb", "keys": ks.tobytes(), "base": 0, "data": gs.tobytes()}
+                while True:
+                    r = self.link(i).request(msg)
+                    if r.get("t") == T_ERROR and r["code"] == E_NOT_READY:
+                        self.waited += 1
+                        time.sleep(0.002)
+                        continue
+                    break
+                if r.get("t") == T_OK:
+                    self.acked.append((ks, gs))
+                elif r.get("t") == T_ERROR and r["code"] == E_MOVED:
+                    self.moved += 1
+                    self.adopt(r["pmap"])
+                    todo += part[i]  # the whole message again, grouped by the new map
+                else:
+                    raise AssertionError("push refused: %r" % (r,))
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                k = np.unique(self.rng.integers(0, 20000, 300).astype(np.uint64))
+                self.push(k, self.rng.standard_normal((k.size, DIM)).astype(np.float32))
+        except Exception as e:  # reported by the test
+            self.error = e
+
+
+def test_moves_under_pushes(cluster):
+    parts = start(cluster, 2, "u")
+    ref = start(cluster, 1, "ref")
+    train(parts)
+    train(ref)  # the same rows on one psd
+    same(check_placed(holdings(parts), 2), stored(ref[0].addr))
+    pusher = Pusher([p.addr for p in parts], seed=11)
+    th = threading.Thread(target=pusher.run)
+    th.start()
+    try:
+        harness.wait_until(lambda: len(pusher.acked) >= 20 or pusher.error, 60, "pushes before the move")
+        new = start(cluster, 1, "u", first=2)[0]
+        r = psctl_parts(parts, "add", new.addr, "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        grown = len(pusher.acked)
+        harness.wait_until(lambda: len(pusher.acked) >= grown + 20 or pusher.error, 60, "pushes after growing")
+        r = psctl_parts(parts + [new], "remove", "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        shrunk = len(pusher.acked)
+        harness.wait_until(lambda: len(pusher.acked) >= shrunk + 20 or pusher.error, 60, "pushes after shrinking")
+    finally:
+        pusher.stop.set()
+        th.join(60)
+    assert pusher.error is None, repr(pusher.error)
+    print("acked %d, moved %d, waited %d" % (len(pusher.acked), pusher.moved, pusher.waited))
+    assert pusher.moved >= 2, "no push was refused as moved: the moves did not happen under pushes"
+    # one psd fed what the parts acknowledged, in that order
+    c = psd.Client(LAYOUT, server=ref[0].addr, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    for ks, gs in pusher.acked:
+        c.push_rows("emb", ks.astype(np.uint64), gs)
+    c.close()
+    same(check_placed(holdings(parts), 2), stored(ref[0].addr))
+    assert holdings([new])[0] == {}
