@@ -7,7 +7,8 @@
  * base.c; threads.c (heartbeats, what a step waits for), hogwild.c (psd's
  * model segment), chunks.c (chunked pushes and pulls on one link),
  * options.c, topk.c, pieces.c; layout.c (the layout, the links' memory and
- * segments); link.c (hello, opening, reconnecting, psc__ready); step.c;
+ * segments); pmap.c (the job's part map); link.c (hello, opening,
+ * reconnecting, psc__ready); step.c;
  * async.c, average.c, table.c; job.c; psclient.c (the client's life). */
 #define _GNU_SOURCE
 #include "internal.h"

@@ -66,6 +66,6 @@ int psc__pull_part(psc_client *c, psc_link *ln, float *dst, uint64_t off, uint64
 /* The model version a push to ln says its gradient was computed on. */
 uint64_t psc__push_base(const psc_client *c, const psc_link *ln)
 {
-    return c->has_base && c->nlinks == 1 ? c->base : ln->version;
+    return c->has_base && c->ndense == 1 && ln == c->links ? c->base : ln->version;
 }
 

@@ -47,7 +47,10 @@
 /* Addresses one part may have: the user's and those psd tells */
 #define PSC_ADDRS_MAX (2 * PS_REPLICAS_MAX)
 /* One connection: to psd, or with a model split over several psd, to the
- * one holding part [lo, hi) of the flat vector (links[i] holds part i). */
+ * one holding part [lo, hi) of the flat vector (links[i] holds part i). A
+ * table-only part (PROTOCOL.md 18: index >= the map's dense) holds no
+ * values: its layout is empty, lo == hi == 0, and its HELLO carries the
+ * part map in place of a layout. */
 typedef struct psc_link {
     ps_conn cl;
     pthread_mutex_t lock;    /* the client's send lock */
@@ -135,8 +138,24 @@ struct psc_client {
     /* the model */
     ps_layout layout;        /* the whole model's */
     int fixed;               /* layout fixed: links and buffers made */
-    psc_link *links;             /* one per psd, in part order */
-    uint32_t nlinks;
+    psc_link *links;             /* one per psd, in part order; PS_PARTS_MAX of them
+                              * allocated once (threads hold pointers into it) */
+    uint32_t nlinks;         /* the job's parts: table calls go to all of them */
+    uint32_t ndense;         /* the first ndense hold the dense model (dense calls
+                              * go to them only); nlinks until a part map says less */
+    uint32_t nmade;          /* links[0, nmade) initialised (their locks, buffers) */
+    /* the job's part map (PROTOCOL.md 18; pmap.c) */
+    uint64_t epoch;          /* of the map the links follow; 0: the server list */
+    struct psc_pmap {
+        uint64_t epoch;
+        uint32_t dense, n;
+        char addrs[PS_PARTS_MAX][PS_ADDR_MAX + 1];
+    } pm,                    /* the newest map psd sent, newer than epoch, until
+                              * it is adopted (epoch 0: none) */
+      map;                   /* the map adopted (epoch 0: none): a table-only
+                              * part's HELLO carries it instead of a layout */
+    int tabs_stale;          /* the map changed since the tables were declared:
+                              * each is declared again before the next table call */
     uint32_t err_link;       /* the link whose error psc_errmsg tells */
     float *own;              /* without a segment: parameters then gradients */
     int shm_fd;              /* the sealed memfd; -1: none */
@@ -210,6 +229,9 @@ struct psc_client {
         float *rr;           /* where pulled rows go: tgrows, or the call's rows (ident) */
         size_t tk_cap, tidx_cap, tmap_cap, tg_cap, tpos_cap, tgrows_cap;
         size_t tfrom[PS_PARTS_MAX + 1]; /* part p's keys are tg[tfrom[p], tfrom[p + 1]) */
+        uint32_t nparts;     /* the parts they are grouped for (nlinks then) */
+        uint64_t epoch;      /* and the map's epoch then: another now, they are
+                              * grouped anew (psc__pmap_regroup) */
     } tks[2];
     /* pushes applied once (PROTOCOL.md 15) */
     uint64_t cid;            /* this client's identity, random, never 0 (HELLO "cid") */
@@ -304,12 +326,42 @@ void psc__link_close(psc_link *ln);
 void *psc__memfd_map(const char *name, size_t bytes, int *fd_out);
 int psc__tseg_create(psc_link *ln);
 void psc__tseg_free(psc_link *ln);
+/* Initialises links[i] (i == c->nmade: each slot once, in order): its
+ * connection, lock and condition; no address yet. */
+void psc__link_make(psc_client *c, uint32_t i);
 void psc__unmake_links(psc_client *c);
 int psc__fix_layout(psc_client *c);
 int psc__busy(psc_client *c);
 
+/* ---- pmap.c ---- */
+/* Keeps the part map reply r carries (WELCOME, an ERROR) when it is newer
+ * than the one followed and the one kept. r must have been decoded (a
+ * receive that returned 0 or PS_EREMOTE). */
+void psc__pmap_note(psc_client *c, const ps_msg *r);
+/* Adopts the kept map when newer than the one followed (PROTOCOL.md 18):
+ * links matched to its parts by address, those of parts removed closed
+ * with a BYE, those of new parts (or whose part or layout changed) set up
+ * closed with their address and layout, for the caller to open; the dense
+ * split made anew when `dense` changed; tabs_stale set. Returns 1 when it
+ * adopted one, 0 when there was none, or PSC_EINVAL (nothing changed)
+ * when the model cannot be split over its dense parts. */
+int psc__pmap_adopt(psc_client *c);
+/* A table call's keys k (rows of dim values; done[p] of part p's answered;
+ * push: its rows are gradients to push, else rows pulled) grouped anew under
+ * the map now followed: the answered first, counted as part 0's done, then
+ * each part's keys not yet answered, with their rows; done[] (PS_PARTS_MAX)
+ * set to match. 0 or PSC_ENOMEM. */
+int psc__pmap_regroup(psc_client *c, struct psc_tkeys *k, uint32_t dim, size_t *done, int push);
+
 /* ---- link.c ---- */
-int psc__open_retry(psc_client *c, int limit_ms, const char *first);
+/* Opens every link that is closed, trying until it works for up to
+ * limit_ms; at_once: the first attempt goes without a wait (the links were
+ * not lost: a part map added them). A newer part map a reply carried is
+ * adopted on the way. */
+int psc__open_retry(psc_client *c, int limit_ms, const char *first, int at_once);
+/* Adopts the part map a reply carried (psc__pmap_adopt) and opens the
+ * links it added or changed. 0 (also when there was none) or a code. */
+int psc__adopt(psc_client *c);
 /* After a call failed with rc_lost (recoverable) on link err_link:
  * reconnects, the lost link to its part's next replica when psd is gone or
  * follows a leader; the links connected anew are marked reopened. */

@@ -161,10 +161,22 @@ static int shm_create(psc_client *c)
  * one PUSHPULL). */
 static int make_links(psc_client *c);
 
+void psc__link_make(psc_client *c, uint32_t i)
+{
+    psc_link *ln = &c->links[i];
+    ps_conn_init(&ln->cl);
+    pthread_mutex_init(&ln->lock, NULL);
+    pthread_cond_init(&ln->wake, NULL);
+    ln->cl.send_lock = &ln->lock;
+    ln->cl.on_wait = psc__on_wait;
+    ln->cl.on_wait_arg = c;
+    c->nmade = i + 1;
+}
+
 /* Frees the links and vectors make_links made (the connections closed). */
 void psc__unmake_links(psc_client *c)
 {
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->nmade; i++) {
         psc_link *ln = &c->links[i];
         ln->cl.send_lock = NULL;
         ps_conn_free(&ln->cl);
@@ -174,7 +186,7 @@ void psc__unmake_links(psc_client *c)
     }
     free(c->links);
     c->links = NULL;
-    c->nlinks = 0;
+    c->nlinks = c->ndense = c->nmade = 0;
     c->err_link = 0;
     if (c->shm) {
         munmap(c->shm, (size_t)c->layout.total * 2 * sizeof(float));
@@ -214,7 +226,10 @@ static int make_links(psc_client *c)
         n += *p == ',';
     if (n > PS_PARTS_MAX)
         return psc__fail(c, PSC_EINVAL, "server lists %u psd; at most %u may share a model", n, PS_PARTS_MAX);
-    c->links = calloc(n, sizeof *c->links);
+    /* room for every part a part map may add (PROTOCOL.md 18), made once:
+     * the heartbeat threads hold pointers into it. The pages of the slots
+     * not made are never touched. */
+    c->links = calloc(PS_PARTS_MAX, sizeof *c->links);
     if (!c->links)
         return psc__fail(c, PSC_ENOMEM, "out of memory");
     const char *p = c->servers;
@@ -222,13 +237,8 @@ static int make_links(psc_client *c)
     for (uint32_t i = 0; i < n; i++) {
         psc_link *ln = &c->links[i];
         size_t len = strcspn(p, ",");
-        ps_conn_init(&ln->cl);
-        pthread_mutex_init(&ln->lock, NULL);
-        pthread_cond_init(&ln->wake, NULL);
-        ln->cl.send_lock = &ln->lock;
-        ln->cl.on_wait = psc__on_wait;
-        ln->cl.on_wait_arg = c;
-        c->nlinks = i + 1;
+        psc__link_make(c, i);
+        c->nlinks = c->ndense = i + 1;
         /* the part's replicas: HOST:PORT/HOST:PORT/... */
         for (size_t at = 0; at <= len;) {
             size_t alen = strcspn(p + at, "/,");

@@ -1,6 +1,7 @@
 /* link.c - libpsclient: the links to psd: hello and welcome on each, opening them all with
  * backoff and jitter (and, once open, the averaging settings and base: average_opened),
- * reconnecting, and psc__ready, which every call passes first (opening the links anew after
+ * reconnecting, opening the links a newer part map added (PROTOCOL.md 18; adopting it is
+ * pmap.c's), and psc__ready, which every call passes first (opening the links anew after
  * an interrupted wait). Which errors a reconnect may cure is base.c's. */
 #define _GNU_SOURCE /* memfd_create, F_ADD_SEALS, program_invocation_short_name */
 #include "internal.h"
@@ -111,6 +112,17 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.has |= PS_F_PLAN;
         m.plan = c->plan;
     }
+    if (ln - c->links >= (ptrdiff_t)c->ndense) {
+        /* a part that holds no dense values is told the part map instead
+         * of a layout (PROTOCOL.md 18) */
+        m.has &= ~(PS_F_LAYOUT | PS_F_FP);
+        m.has2 |= PS_F2_PMAP;
+        m.pmap.epoch = c->map.epoch;
+        m.pmap.dense = c->map.dense;
+        m.pmap.n = c->map.n;
+        for (uint32_t j = 0; j < c->map.n; j++)
+            m.pmap.addrs[j] = (ps_str){c->map.addrs[j], (uint32_t)strlen(c->map.addrs[j])};
+    }
     ln->cl.interrupted = c->interrupt ? &c->intr : NULL;
     ln->cl.wake_fd = c->wakeup_fd;
     ln->cl.spin_us = c->spin_us;
@@ -118,11 +130,13 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
     ln->shm_ok = 0;
     if (ln == &c->links[0])
         c->barrier_in = 0; /* a new connection takes part from its first BARRIER */
-    if (c->shm) {
+    /* the segment holds a part in one PUSHPULL (always so unless a part map
+     * split the model over fewer psd); a table-only part holds none */
+    if (c->shm && ln->hi > ln->lo && ln->hi - ln->lo <= CHUNK_FLOATS) {
         m.has |= PS_F_SHM;
         m.shm_pid = (uint32_t)getpid();
         m.shm_fd = (uint32_t)c->shm_fd;
-        if (c->nlinks > 1) {
+        if (c->ndense > 1) {
             /* this part of both halves: [lo, hi) and [n + lo, n + hi) */
             m.shm_at = 1;
             m.shm_goff = ln->lo;
@@ -135,6 +149,8 @@ static int link_hello(psc_client *c, psc_link *ln, int *need_init)
         m.tshm = (ps_pidfd){(uint32_t)getpid(), (uint32_t)ln->tseg_fd};
     }
     rc = ps_conn_hello(&ln->cl, &m, c->token.len ? c->token.b : NULL, c->token.len, &r, left_ms(deadline));
+    if (rc == 0 || rc == PS_EREMOTE) /* a WELCOME or an ERROR LAYOUT may carry the part map */
+        psc__pmap_note(c, &r);
     if (rc != 0)
         return rc;
     if (r.has2 & PS_F2_REPLICAS)
@@ -204,9 +220,9 @@ static int plan_rejoin(psc_client *c, const int *fresh)
 {
     uint64_t r = 0;
     uint32_t apart = 0;
-    if (c->nlinks < 2 || !c->bsp)
+    if (c->ndense < 2 || !c->bsp)
         return 0;
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->ndense; i++) {
         const psc_link *ln = &c->links[i];
         if (!fresh[i] || !ln->has_first)
             return 0;
@@ -216,8 +232,8 @@ static int plan_rejoin(psc_client *c, const int *fresh)
     if (!apart)
         return 0;
     PS_LOG(PS_LOG_INFO, "a planned bsp job over %u psd: they would take this worker back at different rounds; "
-                        "rejoining each at round %llu", c->nlinks, (unsigned long long)r);
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+                        "rejoining each at round %llu", c->ndense, (unsigned long long)r);
+    for (uint32_t i = 0; i < c->ndense; i++) {
         ps_msg m, rep;
         ps_msg_init(&m, PS_MSG_HEARTBEAT);
         m.has = PS_F_BASE;
@@ -292,7 +308,7 @@ static int average_opened(psc_client *c, const int *fresh)
         return psc__fail(c, PSC_ENOMEM, "out of memory for a copy of the model (%" PRIu64 " values), which %s keeps",
                          n, c->local ? "local SGD" : "elastic averaging");
     /* a part pulled anew is the base its local steps start from */
-    for (uint32_t i = 0; i < c->nlinks; i++)
+    for (uint32_t i = 0; i < c->ndense; i++)
         if (fresh[i])
             memcpy(c->avg_base + c->links[i].lo, c->params + c->links[i].lo,
                    (size_t)(c->links[i].hi - c->links[i].lo) * sizeof(float));
@@ -340,7 +356,7 @@ static int do_open(psc_client *c)
     hrc = plan_rejoin(c, fresh);
     if (hrc != 0)
         return hrc;
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->ndense; i++) { /* a table-only part holds no values */
         psc_link *ln = &c->links[i];
         if (!fresh[i])
             continue;
@@ -399,14 +415,18 @@ static int sleep_ms(psc_client *c, uint64_t ms)
  * or to 250 ms when the failing part has replicas; jitter) for up to limit_ms; what: "reconnect" or "connect". The
  * backoff spaces the attempts' starts: an attempt that took long (at most
  * HANDSHAKE_MS before its hello is answered) is followed by a shorter
- * wait, or none. */
-int psc__open_retry(psc_client *c, int limit_ms, const char *first)
+ * wait, or none. An attempt after which a newer part map is adopted (a
+ * WELCOME or an ERROR LAYOUT carried it) is followed by another at once:
+ * the links it set up are opened, or said hello to with their new
+ * layouts; it does not count as an attempt. */
+int psc__open_retry(psc_client *c, int limit_ms, const char *first, int at_once)
 {
     int64_t start = psc__mono_ms(), deadline = start + limit_ms, tried = start;
     uint64_t delay = 100;
     unsigned seed = (unsigned)(c->shard * 2654435761u) ^ (unsigned)start ^ (unsigned)getpid();
+    int quiet = at_once; /* opening what a part map added is no reconnect */
     for (int attempt = 1;; attempt++) {
-        if (attempt > 1 || c->connected) {
+        if ((attempt > 1 || c->connected) && !at_once) {
             uint64_t ms = delay / 2 + (uint64_t)rand_r(&seed) % (delay / 2 + 1);
             int64_t now = psc__mono_ms();
             uint64_t took = attempt > 1 && now > tried ? (uint64_t)(now - tried) : 0;
@@ -417,12 +437,21 @@ int psc__open_retry(psc_client *c, int limit_ms, const char *first)
                 return psc__fail(c, PSC_EINTR, "psc_%s: interrupted by a signal while waiting for psd at %.280s",
                             c->connected ? "reconnect" : "connect", c->links[c->err_link].server);
         }
+        at_once = 0;
         c->quick = attempt == 1 && !c->connected;
         tried = psc__mono_ms();
         int rc = do_open(c);
         c->quick = 0;
+        if (c->pm.epoch > c->epoch) {
+            int ad = psc__pmap_adopt(c);
+            if (ad < 0)
+                return ad;
+            at_once = 1;
+            attempt--;
+            continue;
+        }
         if (rc == 0) {
-            if (c->connected)
+            if (c->connected && !quiet)
                 PS_LOG(PS_LOG_INFO, "reconnected to psd at %s after %.1f s (attempt %d): mode %s, model version "
                                     "%" PRIu64, c->links[c->err_link].server, (double)(psc__mono_ms() - start) / 1e3,
                        attempt, c->mode, c->version);
@@ -456,7 +485,7 @@ static int resync(psc_client *c)
 {
     for (uint32_t i = 0; i < c->nlinks; i++)
         psc__link_close(&c->links[i]);
-    int rc = psc__open_retry(c, c->reconnect_ms, NULL);
+    int rc = psc__open_retry(c, c->reconnect_ms, NULL, 0);
     if (rc == 0)
         c->desync = 0;
     return rc;
@@ -494,7 +523,7 @@ int psc_connect(psc_client *c)
         return rc;
     c->intr = 0;
     psc__call_begins(c);
-    rc = psc__open_retry(c, c->connect_ms, NULL);
+    rc = psc__open_retry(c, c->connect_ms, NULL, 0);
     psc__waiting_clear(c); /* its pull may have waited */
     if (rc == 0)
         c->connected = 1;
@@ -509,7 +538,7 @@ int psc__reconnect(psc_client *c, int rc_lost)
            c->reconnect_ms / 1000);
     psc__link_close(&c->links[c->err_link]);
     link_next_addr(c, c->err_link, rc_lost);
-    if (c->nlinks > 1 && c->bsp && c->links[0].has_plan) {
+    if (c->ndense > 1 && c->bsp && c->links[0].has_plan) {
         /* A planned BSP job over several psd: the psd this worker lost may
          * have declared it lost and gone on without it, while the others
          * kept it and wait for its push, which it would send only after
@@ -526,7 +555,7 @@ int psc__reconnect(psc_client *c, int rc_lost)
     /* the links opened anew: the call's pushes go to them again */
     for (uint32_t i = 0; i < c->nlinks; i++)
         c->links[i].reopened |= c->links[i].cl.fd < 0;
-    int rc = psc__open_retry(c, c->reconnect_ms, first);
+    int rc = psc__open_retry(c, c->reconnect_ms, first, 0);
     if (rc == 0)
         c->reconnects++;
     return rc;
@@ -541,8 +570,24 @@ int psc_reconnect(psc_client *c)
     for (uint32_t i = 0; i < c->nlinks; i++)
         psc__link_close(&c->links[i]);
     c->err_link = 0;
-    rc = psc__open_retry(c, c->reconnect_ms, "asked to reconnect");
+    rc = psc__open_retry(c, c->reconnect_ms, "asked to reconnect", 0);
     if (rc == 0)
         c->reconnects++;
+    return rc;
+}
+
+int psc__adopt(psc_client *c)
+{
+    int rc = psc__pmap_adopt(c);
+    if (rc <= 0)
+        return rc;
+    /* the dense links the map kept stay open: what was pushed to them
+     * since their last pull still is (a BSP pull waits for its round) */
+    int kept = 1, pushed = c->pushed;
+    for (uint32_t i = 0; i < c->ndense; i++)
+        kept &= c->links[i].cl.fd >= 0;
+    rc = psc__open_retry(c, c->reconnect_ms, NULL, 1);
+    if (rc == 0 && kept)
+        c->pushed = pushed;
     return rc;
 }

@@ -19,8 +19,8 @@ void *psc__pieces_send(void *arg)
     psc_client *c = j->c;
     for (uint64_t q = 0, more = 1; more; q++) {
         more = 0;
-        for (uint32_t k = 0; k < c->nlinks; k++) {
-            uint32_t i = (j->start + k) % c->nlinks;
+        for (uint32_t k = 0; k < c->ndense; k++) {
+            uint32_t i = (j->start + k) % c->ndense;
             psc_link *ln = &c->links[i];
             uint64_t n = ln->hi - ln->lo, off = q * ln->piece;
             if (!j->on[i] || j->rc[i] || off >= n)
@@ -63,7 +63,7 @@ void psc__pieces_recv(psc_client *c, pieces_job *j)
     uint64_t ver[PS_PARTS_MAX] = {0};
     int has_slice[PS_PARTS_MAX] = {0}, done[PS_PARTS_MAX] = {0}, live[PS_PARTS_MAX] = {0};
     ps_slice slice[PS_PARTS_MAX];
-    for (uint32_t i = 0; i < c->nlinks; i++)
+    for (uint32_t i = 0; i < c->ndense; i++)
         if ((live[i] = j->on[i])) {
             uint64_t n = c->links[i].hi - c->links[i].lo;
             np[i] = (n + c->links[i].piece - 1) / c->links[i].piece;
@@ -72,7 +72,7 @@ void psc__pieces_recv(psc_client *c, pieces_job *j)
     for (;;) {
         struct pollfd pf[PS_PARTS_MAX];
         uint32_t at[PS_PARTS_MAX], npf = 0;
-        for (uint32_t i = 0; i < c->nlinks; i++)
+        for (uint32_t i = 0; i < c->ndense; i++)
             if (live[i] && (acks[i] < np[i] || vals[i] < np[i])) {
                 pf[npf] = (struct pollfd){.fd = c->links[i].cl.fd, .events = POLLIN};
                 at[npf++] = i;
@@ -121,7 +121,7 @@ void psc__pieces_recv(psc_client *c, pieces_job *j)
             done[i] |= ln->cl.done;
         }
     }
-    for (uint32_t i = 0; i < c->nlinks; i++)
+    for (uint32_t i = 0; i < c->ndense; i++)
         if (np[i] && live[i]) {
             psc_link *ln = &c->links[i];
             ln->version = ver[i];

@@ -7,7 +7,8 @@
  * (getters), closing and freeing. The rest, by concern: base.c (the
  * client's error and its message, which errors a reconnect may cure, push
  * ids), options.c (the table of options), layout.c (tensors, links,
- * vectors, the segments), link.c (hello, opening, reconnecting), chunks.c
+ * vectors, the segments), pmap.c (the job's part map after psd moved its
+ * parts), link.c (hello, opening, reconnecting), chunks.c
  * (one link's chunked pushes and pulls), step.c (pushes, pulls, PUSHPULL,
  * BARRIER), pieces.c (a BSP step in pieces), threads.c (heartbeat threads,
  * what a step waits for), async.c (the asynchronous step), hogwild.c

@@ -87,13 +87,13 @@ static void part_fail(psc_client *c, uint32_t i, int rc, int *first)
  * in bench/README.md, multihost.py). */
 static uint32_t first_part(const psc_client *c)
 {
-    uint32_t local = c->nlinks, nlocal = 0;
-    for (uint32_t i = 0; i < c->nlinks; i++)
+    uint32_t local = c->ndense, nlocal = 0;
+    for (uint32_t i = 0; i < c->ndense; i++)
         if (c->links[i].shm_ok) {
             local = i;
             nlocal++;
         }
-    return nlocal == 1 ? (local + 1) % c->nlinks : (c->shard + 1) % c->nlinks;
+    return nlocal == 1 ? (local + 1) % c->ndense : (c->shard + 1) % c->ndense;
 }
 
 /* Ends a whole-model BSP step over a split model: a BARRIER on part 0's
@@ -110,13 +110,13 @@ static uint32_t first_part(const psc_client *c)
 static int barrier(psc_client *c)
 {
     int remote = 0;
-    for (uint32_t i = 0; i < c->nlinks; i++)
+    for (uint32_t i = 0; i < c->ndense; i++)
         remote |= c->links[i].remote;
-    if (!c->barrier || (c->barrier < 0 && !remote) || c->barrier_refused || !c->bsp || c->nlinks < 2)
+    if (!c->barrier || (c->barrier < 0 && !remote) || c->barrier_refused || !c->bsp || c->ndense < 2)
         return 0;
     psc_link *ln = &c->links[0];
     int in_step = 1;
-    for (uint32_t i = 1; i < c->nlinks; i++)
+    for (uint32_t i = 1; i < c->ndense; i++)
         in_step &= c->links[i].version == ln->version;
     if (!in_step && !c->barrier_in)
         return 0; /* not taking part: nothing to say */
@@ -152,7 +152,7 @@ static int do_pushpull(psc_client *c)
     uint64_t v0 = c->links[0].version;
     size_t sent[PS_PARTS_MAX] = {0};
     int first = 0, small = 1, npieced = 0;
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->ndense; i++) {
         int p = psc__pieced(c, &c->links[i]);
         npieced += p;
         small &= p || c->links[i].shm_ok || c->links[i].hi - c->links[i].lo <= c->chunk; /* the segment holds a part */
@@ -163,7 +163,7 @@ static int do_pushpull(psc_client *c)
     pthread_t sender;
     int sending = 0;
     if (npieced) {
-        for (uint32_t i = 0; i < c->nlinks; i++) {
+        for (uint32_t i = 0; i < c->ndense; i++) {
             pj.on[i] = psc__pieced(c, &c->links[i]) && psc__sends_to(c, i);
             pj.ver[i] = c->links[i].version;
         }
@@ -172,8 +172,8 @@ static int do_pushpull(psc_client *c)
         sending = 1;
     }
     for (int shm = 0; shm < 2; shm++)
-        for (uint32_t j = 0; j < c->nlinks && !first; j++) {
-            uint32_t i = (start + j) % c->nlinks;
+        for (uint32_t j = 0; j < c->ndense && !first; j++) {
+            uint32_t i = (start + j) % c->ndense;
             psc_link *ln = &c->links[i];
             if (pj.on[i] || !psc__sends_to(c, i))
                 continue;
@@ -192,7 +192,7 @@ static int do_pushpull(psc_client *c)
     if (sending) {
         psc__pieces_recv(c, &pj);
         pthread_join(sender, NULL);
-        for (uint32_t i = 0; i < c->nlinks; i++)
+        for (uint32_t i = 0; i < c->ndense; i++)
             if (pj.rc[i] != 0 || pj.rrc[i] != 0)
                 part_fail(c, i, pj.rc[i] ? pj.rc[i] : pj.rrc[i], &first);
     }
@@ -200,16 +200,16 @@ static int do_pushpull(psc_client *c)
      * workers one after another (each worker reads a different part
      * first), not all at once to the one every worker reads first (a
      * reply not being read stalls on the worker's receive window) */
-    for (uint32_t j = 0; j < c->nlinks; j++) {
-        uint32_t i = (start + j) % c->nlinks;
+    for (uint32_t j = 0; j < c->ndense; j++) {
+        uint32_t i = (start + j) % c->ndense;
         if (!sent[i])
             continue;
         int rc = small ? pushpull_recv(c, &c->links[i]) : psc__chunks_acks(c, &c->links[i], sent[i], i == 0);
         if (rc != 0)
             part_fail(c, i, rc, &first);
     }
-    for (uint32_t j = 0; j < c->nlinks && !small && !first; j++) {
-        uint32_t i = (start + j) % c->nlinks;
+    for (uint32_t j = 0; j < c->ndense && !small && !first; j++) {
+        uint32_t i = (start + j) % c->ndense;
         psc_link *ln = &c->links[i];
         if (pj.on[i] || !psc__sends_to(c, i))
             continue;
@@ -247,7 +247,7 @@ static int do_push(psc_client *c, uint64_t off, uint64_t len)
 {
     size_t sent[PS_PARTS_MAX] = {0};
     int first = 0;
-    for (uint32_t i = 0; i < c->nlinks && !first; i++) {
+    for (uint32_t i = 0; i < c->ndense && !first; i++) {
         psc_link *ln = &c->links[i];
         uint64_t a, b;
         if (!part_range(ln, off, len, &a, &b) || !psc__sends_to(c, i))
@@ -256,7 +256,7 @@ static int do_push(psc_client *c, uint64_t off, uint64_t len)
         if (rc != 0)
             part_fail(c, i, rc, &first);
     }
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->ndense; i++) {
         if (!sent[i])
             continue;
         int rc = psc__chunks_acks(c, &c->links[i], sent[i], i == 0);
@@ -273,7 +273,7 @@ static int do_push(psc_client *c, uint64_t off, uint64_t len)
 static int do_pull(psc_client *c, uint64_t off, uint64_t len)
 {
     int first = 0;
-    for (uint32_t i = 0; i < c->nlinks && !first; i++) {
+    for (uint32_t i = 0; i < c->ndense && !first; i++) {
         psc_link *ln = &c->links[i];
         uint64_t a, b;
         if (!part_range(ln, off, len, &a, &b))
@@ -379,7 +379,7 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
 static uint64_t step_most(const psc_client *c)
 {
     uint64_t most = 1;
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->ndense; i++) {
         const psc_link *ln = &c->links[i];
         uint64_t unit = ln->piece && ln->piece < c->chunk ? ln->piece : c->chunk;
         uint64_t k = (ln->hi - ln->lo + unit - 1) / unit;
@@ -397,7 +397,7 @@ static uint64_t step_most(const psc_client *c)
 static int resend(psc_client *c, enum op op, uint64_t off, uint64_t len)
 {
     uint32_t n = 0;
-    for (uint32_t i = 0; i < c->nlinks; i++) {
+    for (uint32_t i = 0; i < c->ndense; i++) {
         psc_link *ln = &c->links[i];
         if (!ln->reopened)
             continue;

@@ -1,10 +1,13 @@
 /* table.c - libpsclient: embedding tables (PROTOCOL.md 13): declaring a
- * table to every psd (declared again after a reconnect or to a psd that lost
- * it), pulling and pushing rows by key with each call's keys made distinct
- * first (a key's gradients summed), each key sent to the psd of its part
- * (13.7: jump_hash(mix(key), parts); every key to the first with one psd),
- * one message to each part at once, in messages that fit the limits. This
- * file owns the client's tables and their scratch. */
+ * table to every psd (declared again after a reconnect, to a psd that lost
+ * it, or under a new part map), pulling and pushing rows by key with each
+ * call's keys made distinct first (a key's gradients summed), each key sent
+ * to the psd of its part (13.7: jump_hash(mix(key), parts); every key to the
+ * first with one psd), one message to each part at once, in messages that
+ * fit the limits; a message psd answers MOVED sent again under the part map
+ * it names (18; the keys grouped anew: pmap.c), one answered NOT_READY sent
+ * again after a short wait. This file owns the client's tables and their
+ * scratch. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -35,6 +38,8 @@ static int tab_find(const psc_client *c, const char *name)
 static int tab_call(psc_client *c, uint32_t i, ps_msg *m, ps_msg *r)
 {
     int rc = ps_conn_call(&c->links[i].cl, m, r, c->timeout_ms);
+    if (rc == PS_EREMOTE)
+        psc__pmap_note(c, r);
     return rc ? psc__lfail(c, i, rc) : 0;
 }
 
@@ -67,8 +72,9 @@ static int tab_declare(psc_client *c, const struct psc_tab *t)
     return 0;
 }
 
-/* After a reconnect, or when psd says it does not know a table (it
- * restarted without its state): every table declared again. */
+/* After a reconnect, when psd says it does not know a table (it
+ * restarted without its state), or under a new part map: every table
+ * declared again. */
 static int tab_redeclare(psc_client *c)
 {
     for (uint32_t i = 0; i < c->ntabs; i++) {
@@ -76,7 +82,18 @@ static int tab_redeclare(psc_client *c)
         if (rc != 0)
             return rc;
     }
+    c->tabs_stale = 0;
     return 0;
+}
+
+/* A reply carried a newer part map: adopted, the links it added opened,
+ * every table declared again. 0 (also when there was none) or a code. */
+static int tab_adopt(psc_client *c)
+{
+    int rc = psc__adopt(c);
+    if (rc == 0 && c->tabs_stale)
+        rc = tab_redeclare(c);
+    return rc;
 }
 
 int psc_table(psc_client *c, const char *name, uint32_t dim, const char *init, double scale, uint64_t seed,
@@ -107,7 +124,11 @@ int psc_table(psc_client *c, const char *name, uint32_t dim, const char *init, d
                           err, sizeof err) != 0)
         return psc__fail(c, PSC_EINVAL, "psc_table: %s", err);
     psc__waiting_clear(c);
-    rc = tab_declare(c, &t);
+    rc = c->tabs_stale ? tab_redeclare(c) : 0; /* a part map was adopted since */
+    if (rc == 0)
+        rc = tab_declare(c, &t);
+    if (rc != 0 && c->pm.epoch > c->epoch && (rc = tab_adopt(c)) == 0) /* a part map psd named */
+        rc = tab_declare(c, &t);
     if (rc != 0 && c->auto_reconnect && psc__recoverable(c, rc) && (rc = psc__reconnect(c, rc)) == 0 &&
         (rc = tab_redeclare(c)) == 0)
         rc = tab_declare(c, &t);
@@ -195,6 +216,8 @@ static int tab_group(psc_client *c, struct psc_tkeys *g, size_t nu, uint32_t dim
     for (uint32_t p = 0; p < n; p++)
         at[p + 1] += at[p];
     memcpy(g->tfrom, at, (n + 1) * sizeof at[0]);
+    g->nparts = n;
+    g->epoch = c->epoch;
     for (size_t u = 0; u < nu; u++) {
         size_t pos = at[g->tpos[u]]++;
         g->tg[pos] = g->tk[u];
@@ -227,6 +250,43 @@ _Static_assert(PSC_TSEG_BYTES <= PS_TSEG_MAX, "psd maps a table segment of at mo
  * them and pull those of c->tks[1]. */
 enum { TAB_PULL, TAB_PUSH, TAB_PUSHPULL };
 
+/* NOT_READY's wait before a table message goes again: 1 ms doubling to
+ * this (PROTOCOL.md 18, rule 5) */
+#define TAB_WAIT_MAX_MS 50
+
+/* Sleeps ms before table messages go again; PSC_EINTR when a signal ends
+ * it and the option interrupt is on (no reply is outstanding then), else 0. */
+static int tab_sleep(psc_client *c, int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        if (c->interrupt)
+            return psc__fail(c, PSC_EINTR, "a table call: interrupted by a signal while waiting to ask psd again");
+    return 0;
+}
+
+/* Before a round of tab_exchange: the tables declared again and the
+ * call's keys grouped anew when a part map was adopted since (the keys
+ * answered stay answered; a push's ids begin anew, its messages being new
+ * ones). 0 or a code. */
+static int tab_follow_map(psc_client *c, const struct psc_tab *t, int op, size_t *done, size_t *pdone)
+{
+    if (c->tabs_stale) {
+        int rc = tab_redeclare(c);
+        if (rc != 0)
+            return rc;
+    }
+    if (c->tks[0].epoch == c->epoch)
+        return 0;
+    uint32_t dim = t->def.dim;
+    int rc = psc__pmap_regroup(c, &c->tks[0], dim, done, op != TAB_PULL);
+    if (rc == 0 && op == TAB_PUSHPULL)
+        rc = psc__pmap_regroup(c, &c->tks[1], dim, pdone, 0);
+    if (rc == 0 && op != TAB_PULL)
+        psc__pids_begin(c, c->tks[0].tfrom[c->nlinks] / tab_chunk(dim) + 1);
+    return rc;
+}
+
 /* Pulls the rows of the grouped keys c->tks[0].tg into its tgrows (op
  * TAB_PULL), pushes the rows there (TAB_PUSH), or pushes them and pulls
  * the rows of c->tks[1].tg into its tgrows (TAB_PUSHPULL): each part's
@@ -239,16 +299,30 @@ enum { TAB_PULL, TAB_PUSH, TAB_PUSHPULL };
  * after one failed, so every connection stays in step). done[p] and
  * pdone[p] count part p's pushed (or, TAB_PULL, pulled) and pulled keys
  * answered; a call again after a failure (a retry) goes on from there, so
- * a part that took a push does not take it twice. 0 or a code. */
-static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *done, size_t *pdone)
+ * a part that took a push does not take it twice. A message psd answered
+ * MOVED or NOT_READY changed nothing there (PROTOCOL.md 18): after MOVED
+ * the part map it carries is adopted and the keys not yet answered go
+ * again grouped under it; after NOT_READY (or a MOVED naming no newer map)
+ * the same messages go again after a wait, 1 ms doubling to 50 ms, for up
+ * to the call's timeout, after which the call fails with psd's last
+ * refusal (*given_up set: no reconnect can cure it). 0 or a code. */
+static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *done, size_t *pdone, int *given_up)
 {
-    uint32_t dim = t->def.dim, n = c->nlinks;
+    uint32_t dim = t->def.dim;
     struct psc_tkeys *g = &c->tks[0], *pg = op == TAB_PUSHPULL ? &c->tks[1] : &c->tks[0];
     size_t *pd = op == TAB_PUSHPULL ? pdone : done;
     size_t chunk = tab_chunk(dim), cnt[PS_PARTS_MAX], pcnt[PS_PARTS_MAX];
     uint64_t ids[PS_PARTS_MAX];
+    int64_t deadline = 0; /* of the waits for psd to be ready; 0: none yet */
+    int64_t wait_ms = 1;
     for (;;) {
-        int rc = 0, any = 0;
+        int rc = 0, any = 0, again = 0;
+        uint32_t again_p = 0;
+        if (c->tabs_stale || g->epoch != c->epoch) { /* an integer compare unless a part map came */
+            if ((rc = tab_follow_map(c, t, op, done, pdone)) != 0)
+                return rc;
+        }
+        uint32_t n = c->nlinks;
         memset(cnt, 0, sizeof cnt);
         memset(pcnt, 0, sizeof pcnt);
         for (uint32_t p = 0; p < n && rc == 0; p++) {
@@ -297,6 +371,14 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
             ps_msg r;
             size_t pfrom = pg->tfrom[p] + pd[p];
             int r2 = ps_conn_recv(&c->links[p].cl, &r, c->timeout_ms);
+            int32_t code = c->links[p].cl.remote_code;
+            if (r2 == PS_EREMOTE && (code == -PS_EMOVED || code == -PS_ENOT_READY)) {
+                /* nothing changed there: the message goes again */
+                psc__pmap_note(c, &r);
+                again = 1;
+                again_p = p;
+                continue;
+            }
             if (r2 == 0 && (r.has & PS_F_ID) && r.id != ids[p])
                 r2 = psc__fail(c, PSC_EMALFORMED, "table '%s': psd at %s answered request %llu, expected %llu",
                                t->def.name, c->links[p].server, (unsigned long long)r.id,
@@ -323,6 +405,25 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
         }
         if (rc != 0 || !any)
             return rc;
+        if (!again)
+            continue;
+        if (c->pm.epoch > c->epoch) { /* MOVED with a newer map: regrouped at the next round */
+            if ((rc = tab_adopt(c)) != 0)
+                return rc;
+            deadline = 0;
+            wait_ms = 1;
+            continue;
+        }
+        int64_t now = psc__mono_ms();
+        if (!deadline)
+            deadline = now + c->timeout_ms;
+        if (now >= deadline) {
+            *given_up = 1;
+            return psc__lfail(c, again_p, PS_EREMOTE);
+        }
+        if ((rc = tab_sleep(c, wait_ms < deadline - now ? wait_ms : deadline - now)) != 0)
+            return rc;
+        wait_ms = wait_ms * 2 > TAB_WAIT_MAX_MS ? TAB_WAIT_MAX_MS : wait_ms * 2;
     }
 }
 
@@ -376,6 +477,8 @@ static int tab_prepare(psc_client *c, int g, const struct psc_tab *t, const uint
     if (k->ident) {
         k->tfrom[0] = 0;
         k->tfrom[1] = n;
+        k->nparts = 1;
+        k->epoch = c->epoch;
         k->sk = keys;
         return 0;
     }
@@ -448,12 +551,14 @@ static int tab_run(psc_client *c, const struct psc_tab *t, int op)
 {
     psc__waiting_clear(c);
     size_t done[PS_PARTS_MAX] = {0}, pdone[PS_PARTS_MAX] = {0};
+    int given_up = 0;
     if (op != TAB_PULL) /* a push message per tab_chunk keys of a part */
         psc__pids_begin(c, c->tks[0].tfrom[c->nlinks] / tab_chunk(t->def.dim) + 1);
-    int rc = tab_exchange(c, t, op, done, pdone);
-    if (rc != 0 && (rc = tab_retry(c, rc)) == 0)
-        rc = tab_exchange(c, t, op, done, pdone); /* the parts that did not answer, their messages again with
-                                                     their push ids: psd applies each once (PROTOCOL.md 15) */
+    int rc = tab_exchange(c, t, op, done, pdone, &given_up);
+    if (rc != 0 && !given_up && (rc = tab_retry(c, rc)) == 0)
+        rc = tab_exchange(c, t, op, done, pdone, &given_up); /* the parts that did not answer, their messages
+                                                                again with their push ids: psd applies each
+                                                                once (PROTOCOL.md 15) */
     return rc ? psc__public_code(c, rc) : 0;
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/store/parts.h"
 #include "server/answer/pull.h"
 #include "server/policy/policy.h"
 #include "proto/errors.h"
@@ -268,6 +269,10 @@ static int pull_ready(srv_conn *c, uint64_t min, uint64_t off, uint64_t len, uin
     if (s->paused && c->role == PS_ROLE_WORKER)
         return 0; /* ADMIN pause: held until resume */
     *ver = s->model.version;
+    /* a part that holds no dense values (PROTOCOL.md 18): its rows are
+     * there, and no version is to come */
+    if (!s->model.has_layout && srv_parts_table_only(&s->parts))
+        return 1;
     if (s->policy->pull_ready ? s->policy->pull_ready(s, c->worker, min)
                               : s->model.initialized && s->model.version >= min)
         return 1;

@@ -332,3 +332,58 @@ def test_moves_under_pushes(cluster):
     c.close()
     same(check_placed(holdings(parts), 2), stored(ref[0].addr))
     assert holdings([new])[0] == {}
+
+
+def test_client_follows_moves(cluster):
+    """libpsclient (through the Python package) pulls and pushes rows while
+    the job grows to 3 parts and back: it follows MOVED and NOT_READY by
+    itself, pulls rows from the part added, and every row ends as one psd
+    fed its pushes in the order its calls returned."""
+    parts = start(cluster, 2, "c")
+    ref = start(cluster, 1, "cref")
+    train(parts)
+    train(ref)
+    c = psd.Client(LAYOUT, server=",".join(p.addr for p in parts), shard="0/1", connect=True, connect_s=5,
+                   timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    rng = np.random.default_rng(21)
+    done, stop, errors = [], threading.Event(), []
+
+    def work():
+        try:
+            while not stop.is_set():
+                k = np.unique(rng.integers(0, 20000, 500).astype(np.uint64))
+                rows = c.pull_rows("emb", k)
+                assert rows.shape == (k.size, DIM) and np.isfinite(rows).all()
+                g = rng.standard_normal((k.size, DIM)).astype(np.float32)
+                c.push_rows("emb", k, g)
+                done.append((k, g))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    th = threading.Thread(target=work)
+    th.start()
+    try:
+        harness.wait_until(lambda: len(done) >= 10 or errors, 60, "steps before the move")
+        new = start(cluster, 1, "c", first=2)[0]
+        r = psctl_parts(parts, "add", new.addr, "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        at = len(done)
+        harness.wait_until(lambda: len(done) >= at + 10 or errors, 60, "steps on 3 parts")
+        pulled = [t["rows_pulled"] for t in harness.status(new.addr)["tables"]]
+        r = psctl_parts(parts + [new], "remove", "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        at = len(done)
+        harness.wait_until(lambda: len(done) >= at + 10 or errors, 60, "steps on 2 parts again")
+    finally:
+        stop.set()
+        th.join(60)
+    assert not errors, repr(errors)
+    c.close()
+    assert pulled and pulled[0] > 0, "the worker never pulled from the part added"
+    r = psd.Client(LAYOUT, server=ref[0].addr, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
+    r.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    for k, g in done:
+        r.push_rows("emb", k, g)
+    r.close()
+    same(check_placed(holdings(parts), 2), stored(ref[0].addr))
