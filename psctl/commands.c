@@ -180,18 +180,20 @@ static const psctl_command commands[] = {
      "(a JSON array); `psd --init-from` takes them back (the rows' optimizer state starts afresh). A model"
      " split over several psd is saved with every part's rows of each table merged into that table's two "
      "tensors (each key once, declared unsplit: one psd `--init-from` the file holds the whole table)"},
-    {"parts", " add HOST:PORT [RATE] | remove [RATE]", 1, 3, PSCTL_PARTS, 0, run_admin, psctl_parts_check,
+    {"parts", " add HOST:PORT [RATE] | remove [RATE] | abort [HOST:PORT]", 1, 3, PSCTL_PARTS, 0, run_admin, psctl_parts_check,
      psctl_parts,
      "grow a running job by the psd at HOST:PORT (a fresh psd with the job's settings) or shrink it by its last "
      "part, while the workers train: the table rows whose part changes move, with their optimizer state, at most "
      "RATE bytes a second (64M, 1G; 256M by default); --server lists the job's parts in order. Run again after an "
-     "interruption, it takes the move up where it is",
+     "interruption, it takes the move up where it is; abort calls off a move none of whose rows was handed over",
      "grows a running job by the psd at HOST:PORT (a fresh psd started with the job's settings) or shrinks it by "
      "its last part, while the workers train: the table rows whose part changes move to their new part with their "
      "optimizer state, at most RATE bytes a second (`64M`, `1G`; 256 MiB/s by default), and the workers switch to "
      "the new part map by themselves; dense tensors stay where they are, so only a part a move added can be "
      "removed. `--server` lists the job's parts in the order of its newest map. Prints the rows moved as they go "
-     "and the longest handover ([tables](tables.md#growing-and-shrinking-a-running-job))"},
+     "and the longest handover. Stopped (a part killed, psctl interrupted), the same command run again takes the "
+     "move up where it is; `parts abort [HOST:PORT]` calls it off while none of the rows was handed over yet "
+     "([tables](tables.md#growing-and-shrinking-a-running-job))"},
     {"shutdown", "", 0, 0, PSCTL_NO_BYE, 0, run_admin, NULL, NULL, "stop psd as SIGTERM does",
      "stops psd as SIGTERM does"},
     {"promote", "", 0, 0, 0, 0, run_admin, NULL, NULL,
@@ -272,7 +274,7 @@ void psctl_commands_usage(FILE *f)
             const psctl_command *c = &commands[i];
             if (!(c->flags & PSCTL_READS) != !groups[g].reads)
                 continue;
-            char left[64];
+            char left[96];
             snprintf(left, sizeof left, "  %s%s", c->name, c->args);
             psctl_wrap(f, left, 21, c->help);
         }

@@ -97,8 +97,9 @@ int psctl_parts_check(char **args, int nargs)
     } else if (strcmp(args[0], "remove") == 0 && (nargs == 1 || nargs == 2)) {
         if (nargs == 2)
             parse_rate(args[1], &bad);
+    } else if (strcmp(args[0], "abort") == 0 && nargs <= 2) {
     } else {
-        fprintf(stderr, "psctl: parts add HOST:PORT [RATE] or parts remove [RATE]\n");
+        fprintf(stderr, "psctl: parts add HOST:PORT [RATE], parts remove [RATE] or parts abort [HOST:PORT]\n");
         return EXIT_USAGE;
     }
     if (bad) {
@@ -108,8 +109,57 @@ int psctl_parts_check(char **args, int nargs)
     return EXIT_OK;
 }
 
+/* parts abort [HOST:PORT]: every part that answers (and the new part
+ * HOST:PORT) calls the move off, which each does only while none of its
+ * rows was handed over. */
+static int parts_abort(session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout,
+                       const psctl_call *k)
+{
+    static session extra;
+    uint32_t total = n + (k->nargs == 2);
+    uint64_t epoch = 0;
+    int status = EXIT_OK, reached = 0;
+    for (uint32_t i = 0; i < total; i++) {
+        session *s = i < n ? &ss[i] : &extra;
+        const char *addr = i < n ? list[i] : k->args[1];
+        ps_msg r;
+        const msgpack_object *pm;
+        if (open_one(s, addr, token, timeout) != EXIT_OK) {
+            fprintf(stderr, "psctl: %s does not answer: it is left out (a psd that restarts holds no move)\n", addr);
+            continue;
+        }
+        if (status_of(s, addr, &r, &pm) == EXIT_OK && psctl_flag(pm, "moving"))
+            epoch = (uint64_t)psctl_num(ps_map_get(pm, "move"), "epoch");
+        ps_conn_free(&s->c);
+    }
+    if (!epoch) {
+        fprintf(stderr, "psctl: no part that answers is in a move\n");
+        return EXIT_REMOTE;
+    }
+    char ep[24];
+    snprintf(ep, sizeof ep, "%" PRIu64, epoch);
+    for (uint32_t i = 0; i < total; i++) {
+        session *s = i < n ? &ss[i] : &extra;
+        const char *addr = i < n ? list[i] : k->args[1];
+        if (open_one(s, addr, token, timeout) != EXIT_OK)
+            continue;
+        char *a[] = {ep};
+        int st = admin(s, addr, "move_abort", a, 1);
+        if (st != EXIT_OK)
+            status = st;
+        else
+            reached++;
+        ps_conn_free(&s->c);
+    }
+    if (status == EXIT_OK)
+        printf("the move to map %" PRIu64 " is called off on %d parts: the map stays\n", epoch, reached);
+    return status;
+}
+
 int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *token, int timeout, const psctl_call *k)
 {
+    if (strcmp(k->args[0], "abort") == 0)
+        return parts_abort(ss, list, n, token, timeout, k);
     static session extra;
     static char all[PS_PARTS_MAX + 1][300];
     static char oldl[PS_PARTS_MAX * 300], newl[PS_PARTS_MAX * 300];
@@ -148,7 +198,8 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         status = open_one(s[opened], all[opened], token, timeout);
     /* every part holds the same map; none moves, or all move to this one */
     uint64_t epoch = 0;
-    int resume = 0;
+    int resume = 0, was_moving[PS_PARTS_MAX + 1] = {0};
+    static char handed[PS_PARTS_MAX + 1][PS_PARTS_MAX * 4]; /* a source's: the destinations that took its rows */
     ps_msg r;
     const msgpack_object *pm;
     for (uint32_t i = 0; i < total && status == EXIT_OK; i++) {
@@ -177,6 +228,7 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             epoch = (uint64_t)e;
         const msgpack_object *mv = ps_map_get(pm, "move");
         int moving = psctl_flag(pm, "moving");
+        was_moving[i] = moving;
         if ((uint64_t)e != epoch) {
             fprintf(stderr, "psctl: psd at %s holds part map %.0f, psd at %s map %" PRIu64 ": give the parts in the "
                             "order of the job's newest map\n", all[i], e, all[0], epoch);
@@ -191,6 +243,21 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             resume = 1;
         }
     }
+    /* a source that restarted during the move (it is not in it while the
+     * others are): the destinations that took its rows already say so, and
+     * it refuses those keys at once */
+    for (uint32_t d = 0; resume && status == EXIT_OK && d < total; d++) {
+        int dest = adding ? d >= n : d < new_n;
+        if (!dest || !was_moving[d] || status_of(s[d], all[d], &r, &pm) != EXIT_OK)
+            continue;
+        const msgpack_object *hb = ps_map_get(ps_map_get(pm, "move"), "handed_by");
+        for (uint32_t j = 0; hb && hb->type == MSGPACK_OBJECT_ARRAY && j < hb->via.array.size; j++) {
+            uint64_t src = hb->via.array.ptr[j].via.u64;
+            if (src < n && !was_moving[src])
+                snprintf(handed[src] + strlen(handed[src]), sizeof handed[src] - strlen(handed[src]), "%s%u",
+                         handed[src][0] ? "," : "", d);
+        }
+    }
     if (status == EXIT_OK) {
         char ep[24], rt[24];
         snprintf(ep, sizeof ep, "%" PRIu64, epoch + 1);
@@ -202,8 +269,8 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
                 int source = adding ? i < n : i == n - 1;
                 if (source != (pass == 0))
                     continue;
-                char *a[] = {ep, oldl, newl, all[i], rt};
-                if ((status = admin(s[i], all[i], "move_begin", a, 5)) == EXIT_OK)
+                char *a[] = {ep, oldl, newl, all[i], rt, handed[i]};
+                if ((status = admin(s[i], all[i], "move_begin", a, handed[i][0] ? 6 : 5)) == EXIT_OK)
                     begun[nb++] = i;
             }
         /* one refused: the others call it off (nothing was handed over) */
@@ -222,11 +289,14 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         uint64_t rows = 0, bytes = 0;
         double secs = 0, pause = 0;
         for (uint32_t i = 0; i < total && status == EXIT_OK; i++) {
-            int dest = adding ? i == n : i < new_n;
+            int dest = adding ? i >= n : i < new_n;
+            if ((status = status_of(s[i], all[i], &r, &pm)) != EXIT_OK) {
+                fprintf(stderr, "psctl: part %u at %s does not answer: the move waits for it; start it again and run "
+                                "this command again (with replicas, its follower takes over)\n", i, all[i]);
+                break;
+            }
             if (!dest)
                 continue;
-            if ((status = status_of(s[i], all[i], &r, &pm)) != EXIT_OK)
-                break;
             char err[400];
             psctl_str(pm, "error", err, sizeof err);
             if (err[0] && strcmp(err, "-") != 0) {

@@ -31,7 +31,8 @@
 
 typedef struct item {
     struct item *next;
-    int kind;          /* 'R' rows, 'P' the pass is over, 'H' handed over, 'E' the source refused */
+    int kind;          /* 'D' a session begins (what was taken from the source goes), 'R' rows,
+                        * 'P' the pass is over, 'H' handed over, 'E' the source refused */
     uint32_t src;
     uint8_t *b;
     size_t len;
@@ -118,10 +119,13 @@ static void pause_ms(struct srv_move_thread *t, uint64_t ms)
 
 /* One session with the source: 1 when it handed its rows over or refused
  * (the fetcher ends), 0 to try again. */
-static int session(fetcher *f, ps_conn *c, int *final, int *fresh)
+static int session(fetcher *f, ps_conn *c)
 {
     struct srv_move_thread *t = f->all;
     ps_msg m, r;
+    /* every session starts the pass over: a source that restarted knows
+     * nothing of what it gave, and the loop forgets what it took from it */
+    int fresh = 1, finalv = 0, *final = &finalv;
     int rc = ps_conn_connect(c, f->addr, TIMEOUT_MS);
     if (rc == 0) {
         ps_msg_init(&m, PS_MSG_HELLO);
@@ -148,13 +152,15 @@ static int session(fetcher *f, ps_conn *c, int *final, int *fresh)
     int rounds = 0;
     while (!stopping(t)) {
         snprintf(fin, sizeof fin, "%d", *final);
-        snprintf(st, sizeof st, "%d", *fresh);
+        snprintf(st, sizeof st, "%d", fresh);
         const char *a[] = {t->self, ep, fin, st, most};
         if (*final && !final_ms)
             final_ms = mono_ms();
         rc = ps_conn_admin(c, "move_fetch", a, 5, &r, TIMEOUT_MS);
-        if (rc == 0)
-            *fresh = 0; /* the source starts its pass over once */
+        if (rc == 0 && fresh) {
+            fresh = 0;
+            post_kind(t, 'D', f->src, NULL, 0); /* before this answer's rows */
+        }
         if (rc == PS_EREMOTE) {
             post_kind(t, 'E', f->src, ps_conn_error(c), 0);
             return 1;
@@ -205,9 +211,8 @@ static void *fetcher_main(void *arg)
     ps_conn c;
     ps_conn_init(&c);
     uint64_t backoff = 100;
-    int final = 0, fresh = 1;
     while (!stopping(t)) {
-        int done = session(f, &c, &final, &fresh);
+        int done = session(f, &c);
         pthread_mutex_lock(&t->mu);
         t->fds[f->src] = -1;
         pthread_mutex_unlock(&t->mu);
@@ -246,6 +251,15 @@ static void apply_item(psd *s, item *it)
         }
         break;
     }
+    case 'D':
+        if (src->rows) {
+            PS_LOG(PS_LOG_INFO, "move of parts: fetching part %u's rows from the start: the %" PRIu64 " taken "
+                   "before are dropped", it->src, src->rows);
+            srv_tables_move_drop_from(&s->tables, p->old_n, it->src);
+        }
+        src->rows = src->bytes = 0;
+        src->state = 0;
+        break;
     case 'P':
         src->state = 1;
         PS_LOG(PS_LOG_INFO, "move of parts: part %u's pass is over (%" PRIu64 " rows taken); its rows changed since "

@@ -68,11 +68,12 @@ static int index_in(const char (*addrs)[PS_ADDR_MAX + 1], uint32_t n, const char
     return -1;
 }
 
-/* move_begin EPOCH OLD NEW SELF RATE: the map goes from the part list OLD
- * to NEW (one grown or shrunk at its end), SELF is this psd's address in
- * them, RATE the bytes a second a destination fetches at most (0: no
- * limit). Sent to every part of either list; again with the same
- * arguments, it is answered as the first time. */
+/* move_begin EPOCH OLD NEW SELF RATE [HANDED]: the map goes from the part
+ * list OLD to NEW (grown or shrunk at its end), SELF is this psd's address
+ * in them, RATE the bytes a second a destination fetches at most (0: no
+ * limit), HANDED (a source that restarted during the move) the new parts,
+ * comma-separated indices, that took its rows already. Sent to every part
+ * of either list; again with the same arguments, it is answered OK. */
 static void cmd_move_begin(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
@@ -184,7 +185,24 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
              * shrinking, the parts left take the rows of those that go */
             p->want = q.new_self >= (int32_t)q.old_n ? bits(0, q.old_n)
                       : q.new_n < q.old_n && q.new_self >= 0 ? bits(q.new_n, q.old_n) : 0;
-            p->handed = p->switched = 0;
+            p->handed = 0;
+            /* a source that restarted in the middle of a move: the
+             * destinations that took its rows before hold them (psctl
+             * tells): their keys stay refused here */
+            p->switched = 0;
+            if (m->nargs > 5) {
+                char h[PS_ARG_MAX + 1];
+                arg_str(m, 5, h, sizeof h);
+                for (char *at = h; *at;) {
+                    char *end;
+                    unsigned long d = strtoul(at, &end, 10);
+                    if (end == at)
+                        break;
+                    if (d < 64)
+                        p->switched |= 1ull << d;
+                    at = end + (*end == ',');
+                }
+            }
             p->rate = rate;
             p->rows_out = p->bytes_out = p->rows_in = p->bytes_in = p->pause_ms_max = 0;
             memset(p->src, 0, sizeof p->src);
@@ -236,6 +254,11 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
     if (first_fetch) {
         srv_tables_move_restart(&s->tables, (uint32_t)d);
         PS_LOG(PS_LOG_INFO, "move of parts: %s fetches its rows from the start", dest);
+    }
+    if (final && !srv_tables_move_pass_done(&s->tables, (uint32_t)d)) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_fetch: the handover before %s has every row of the pass (this "
+                       "psd restarted?): fetch from the start", dest);
+        return;
     }
     ps_buf out = {0};
     int pass_done = 0;

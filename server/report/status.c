@@ -126,7 +126,7 @@ static void pack_parts(msgpack_packer *pk, const psd *s, uint64_t now)
         msgpack_pack_nil(pk);
         return;
     }
-    msgpack_pack_map(pk, 16);
+    msgpack_pack_map(pk, 17);
     ps_pack_ku64(pk, "epoch", p->mv_epoch);
     ps_pack_ku64(pk, "old_n", p->old_n);
     ps_pack_ku64(pk, "new_n", p->new_n);
@@ -141,6 +141,11 @@ static void pack_parts(msgpack_packer *pk, const psd *s, uint64_t now)
     ps_pack_ku64(pk, "sources", (uint64_t)__builtin_popcountll(p->want));
     ps_pack_ku64(pk, "handed", (uint64_t)__builtin_popcountll(p->handed));
     ps_pack_ku64(pk, "switched", (uint64_t)__builtin_popcountll(p->switched));
+    ps_pack_key(pk, "handed_by"); /* the sources that handed their rows over, by index */
+    msgpack_pack_array(pk, (size_t)__builtin_popcountll(p->handed));
+    for (uint32_t i = 0; i < 64; i++)
+        if ((p->handed >> i) & 1)
+            msgpack_pack_uint32(pk, i);
     ps_pack_ku64(pk, "rows_given", p->rows_out);
     ps_pack_ku64(pk, "bytes_given", p->bytes_out);
     ps_pack_ku64(pk, "rows_taken", p->rows_in);

@@ -315,12 +315,17 @@ int srv_tables_move_gather(srv_tables *ts, uint32_t d, size_t max, int dirty_onl
                            uint64_t *rows);
 /* Destination d's pass starts over (a destination that restarted). */
 void srv_tables_move_restart(srv_tables *ts, uint32_t d);
+/* Whether destination d's pass is over. */
+int srv_tables_move_pass_done(const srv_tables *ts, uint32_t d);
 /* Keys marked for d and not given since. */
 uint64_t srv_tables_move_pending(const srv_tables *ts, uint32_t d);
 /* A change could not be marked (memory): what was given is not the rows. */
 int srv_tables_move_failed(const srv_tables *ts);
 void srv_tables_move_end(srv_tables *ts);
 void srv_tables_move_drop(srv_tables *ts, uint32_t new_n, int32_t self);
+/* A destination forgets the rows it took from part src of old_n (their
+ * source restarted: it gives them all again). */
+void srv_tables_move_drop_from(srv_tables *ts, uint32_t old_n, uint32_t src);
 /* Applies a gather's bytes: the tables it declares declared here as part
  * part of nparts, its rows written (made, overwritten, or removed for a
  * tombstone). 0, or PS_EMALFORMED, PS_ELAYOUT (a table declared otherwise

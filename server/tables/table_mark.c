@@ -103,6 +103,11 @@ void srv_tables_move_restart(srv_tables *ts, uint32_t d)
     }
 }
 
+int srv_tables_move_pass_done(const srv_tables *ts, uint32_t d)
+{
+    return ts->mv && d < PS_PARTS_MAX && ts->mv->at[d] >= ts->n;
+}
+
 int srv_tables_move_failed(const srv_tables *ts)
 {
     return ts->mv_failed;

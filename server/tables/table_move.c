@@ -129,6 +129,21 @@ void srv_tables_move_drop(srv_tables *ts, uint32_t new_n, int32_t self)
     ts->stamp++;
 }
 
+void srv_tables_move_drop_from(srv_tables *ts, uint32_t old_n, uint32_t src)
+{
+    for (uint32_t i = 0; i < ts->n; i++) {
+        srv_table *t = ts->t[i];
+        for (uint64_t r = 0; r < t->rows;) {
+            if (ps_table_part(key_of(t, r), old_n) == src)
+                tbl_row_remove(t, r);
+            else
+                r++;
+        }
+        tbl_trim(ts, t, t->rows);
+    }
+    ts->stamp++;
+}
+
 void srv_tables_set_part(srv_tables *ts, uint32_t part, uint32_t nparts)
 {
     for (uint32_t i = 0; i < ts->n; i++) {

@@ -22,6 +22,10 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
   and sends NOT_READY requests again. Every row ends, bit for bit, as one
   psd fed the pushes the parts acknowledged, in the order they
   acknowledged them: no acknowledged push lost, none applied twice.
+- A part killed mid-move (no replicas): the new part killed during its
+  pass leaves every row on its old part as it was; `psctl parts abort`
+  calls the move off; started again at its address, the same command run
+  again finishes the move.
 - Bad input: adding a part that is in the job already, a psd that holds
   another job's model, a second move while one is under way; removing the
   only part, or a part that holds dense values: each refused with the
@@ -29,6 +33,7 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
 """
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -387,3 +392,58 @@ def test_client_follows_moves(cluster):
         r.push_rows("emb", k, g)
     r.close()
     same(check_placed(holdings(parts), 2), stored(ref[0].addr))
+
+
+def move_in_background(psds, *args):
+    return subprocess.Popen([harness.Paths.psctl, "--server", ",".join(p.addr for p in psds), "--timeout", "10000",
+                             "parts"] + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def taking(p):
+    """The new part is taking rows (its pass is under way)."""
+    mv = harness.status(p.addr)["parts"]["move"]
+    return mv is not None and mv["rows_taken"] > 0
+
+
+def test_part_killed_mid_move(cluster):
+    """Without replicas, a part killed during a move leaves a consistent
+    job: the new part killed in its pass, psctl stops saying which part does
+    not answer, every row is still on its old part as it was, and `psctl
+    parts abort` calls the move off (the job trains on); killed again in
+    the next move and started again at its address, the same psctl command
+    run again finishes the move, every row on its part under 3 as it was."""
+    parts = start(cluster, 2, "k")
+    train(parts, steps=20)
+    before = check_placed(holdings(parts), 2)
+    new = start(cluster, 1, "k", first=2)[0]
+    mv = move_in_background(parts, "add", new.addr, "64K")  # about 4 s a source
+    harness.wait_until(lambda: taking(new), 60, "the new part's pass")
+    new.kill()
+    out, err = mv.communicate(timeout=60)
+    assert mv.returncode != 0 and "part 2 at %s does not answer" % new.addr in err, out + err
+    # consistent: every row on its old part, as it was; the sources in the move, nothing handed over
+    same(check_placed(holdings(parts), 2), before)
+    for p in parts:
+        st = harness.status(p.addr)["parts"]
+        assert st["moving"] is True and st["move"]["switched"] == 0, st
+    r = psctl_parts(parts, "abort", new.addr)
+    assert r.returncode == 0 and "called off on 2 parts" in r.stdout, r.stdout + r.stderr
+    for p in parts:
+        assert harness.status(p.addr)["parts"]["moving"] is False
+    train(parts, steps=2, seed=8)
+    before = check_placed(holdings(parts), 2)
+
+    # again, and this time the new part comes back at its address
+    new = start(cluster, 1, "k", first=3)[0]
+    port = new.port
+    mv = move_in_background(parts, "add", new.addr, "64K")
+    harness.wait_until(lambda: taking(new), 60, "the new part's pass")
+    new.kill()
+    out, err = mv.communicate(timeout=60)
+    assert mv.returncode != 0, out + err
+    again = cluster.psd(mode="asgd", workers=1, name="k3again", args=ARGS + ("--listen", "127.0.0.1:%d" % port))
+    assert again.addr == new.addr
+    r = psctl_parts(parts, "add", again.addr, "1M")
+    assert r.returncode == 0, r.stdout + r.stderr
+    same(check_placed(holdings(parts + [again]), 3), before)
