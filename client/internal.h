@@ -115,6 +115,7 @@ struct psc_client {
     int wakeup_fd;           /* option wakeup_fd: a descriptor a signal makes
                               * readable, watched by every wait beside its
                               * socket (ps_conn.wake_fd); -1: none */
+    int stop_req;            /* psc_interrupt: every wait ends with PSC_EINTR until psc_leave */
     int intr;                /* a signal interrupted a wait of this call (the links'
                               * `interrupted`); cleared when a call begins */
     int desync;              /* a wait was interrupted: the links may be mid-frame */

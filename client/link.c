@@ -403,6 +403,8 @@ static int refused(psc_client *c, int rc)
 static int sleep_ms(psc_client *c, uint64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    if (c->interrupt && __atomic_load_n(&c->stop_req, __ATOMIC_RELAXED))
+        return PS_CLIENT_EINTR; /* psc_interrupt came first */
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         if (c->interrupt) {
             c->intr = 1;
@@ -501,7 +503,7 @@ int psc__ready(psc_client *c, const char *what)
         return psc__fail(c, PSC_EBUSY, "%s: a step is in flight (psc_wait first)", what);
     psc__call_begins(c);
     if (c->desync) {
-        c->intr = 0;
+        c->intr = __atomic_load_n(&c->stop_req, __ATOMIC_RELAXED);
         return resync(c);
     }
     return 0;
@@ -521,7 +523,7 @@ int psc_connect(psc_client *c)
     int rc = psc__fix_layout(c);
     if (rc != 0)
         return rc;
-    c->intr = 0;
+    c->intr = __atomic_load_n(&c->stop_req, __ATOMIC_RELAXED);
     psc__call_begins(c);
     rc = psc__open_retry(c, c->connect_ms, NULL, 0);
     psc__waiting_clear(c); /* its pull may have waited */

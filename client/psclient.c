@@ -169,6 +169,15 @@ void psc_close(psc_client *c)
     psc_leave(c, NULL);
 }
 
+int psc_interrupt(psc_client *c)
+{
+    if (!c)
+        return PSC_EINVAL;
+    __atomic_store_n(&c->stop_req, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->intr, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
 void psc_leave(psc_client *c, const char *reason)
 {
     if (!c || c->closed)
@@ -177,7 +186,8 @@ void psc_leave(psc_client *c, const char *reason)
     size_t rlen = reason ? strlen(reason) : 0;
     if (rlen > 200)
         rlen = 200; /* psd keeps a line; the rest would be cut there */
-    c->intr = 0; /* the bye goes after an interrupted wait too */
+    c->intr = 0; /* the bye goes after an interrupted wait too, and after psc_interrupt */
+    __atomic_store_n(&c->stop_req, 0, __ATOMIC_RELAXED);
     for (uint32_t i = 0; i < c->nlinks; i++) {
         psc_link *ln = &c->links[i];
         psc__hb_stop(ln);

@@ -368,7 +368,7 @@ static int run(psc_client *c, enum op op, uint64_t off, uint64_t len)
         return psc__hogwild_step(c, op, off, len);
     }
     psc__waiting_clear(c);
-    c->intr = 0;
+    c->intr = __atomic_load_n(&c->stop_req, __ATOMIC_RELAXED); /* psc_interrupt's stays */
     int rc = psc__interrupted(c, run_step(c, op, off, len)); /* or a reconnect's wait */
     psc__waiting_clear(c);
     return rc;

@@ -8,14 +8,21 @@
 #include "worker.h"
 
 volatile sig_atomic_t pw_stop_signal;
+static psc_client *stop_client;
 
+/* The library's wait ends too, also one about to begin: a signal that
+ * came just before it would not end it, and a BSP round that never closes
+ * would hold the worker for ever (psc_interrupt) */
 static void on_stop_signal(int sig)
 {
     pw_stop_signal = sig;
+    if (stop_client)
+        psc_interrupt(stop_client);
 }
 
-void pw_stop_install(void)
+void pw_stop_install(psc_client *pc)
 {
+    stop_client = pc;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;

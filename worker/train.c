@@ -110,7 +110,7 @@ static int job_setup(job *j)
     memcpy(lib_params, ps_model_params(j->model), j->np * sizeof(float));
     ps_model_bind_params(j->model, lib_params);
     ps_model_bind_grads(j->model, lib_grads);
-    pw_stop_install();
+    pw_stop_install(pc);
     int crc = psc_connect(pc);
     if (crc != 0 && !(crc == PSC_EINTR && pw_stop_signal)) {
         fprintf(stderr, "psworker: %s\n", psc_errmsg(pc));

@@ -107,7 +107,7 @@ void pw_summary(const wopts *o, psc_client *pc, const pw_result *res);
  * looks between steps and calls pw_stop. */
 extern volatile sig_atomic_t pw_stop_signal;
 
-void pw_stop_install(void);
+void pw_stop_install(psc_client *pc);
 
 /* Leaves psd with the signal as the reason, says so on stderr; returns the
  * exit status, 128 + the signal, as a process killed by it would have. */

@@ -277,6 +277,14 @@ PSC_API int psc_connect(psc_client *c);
  * client cannot connect again; psc_free it. Safe to call twice. */
 PSC_API void psc_close(psc_client *c);
 
+/* With the option interrupt on: ends the call waiting for psd now, if one
+ * is (it returns PSC_EINTR), and every wait of a later call at once, until
+ * psc_leave or psc_close, which still say bye. Async-signal-safe: for a
+ * stop signal's handler, so that a signal that lands just before a call
+ * begins to wait (where it would not end the wait) still stops the worker.
+ * 0, or PSC_EINVAL for NULL. (1.12) */
+PSC_API int psc_interrupt(psc_client *c);
+
 /* psc_close with the reason psd shows for this worker ("left: REASON" in
  * its log and psctl status), such as "stopped by SIGTERM". reason may be
  * NULL or "" (then the same as psc_close); at most 200 bytes are sent. */

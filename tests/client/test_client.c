@@ -921,6 +921,35 @@ static void test_interrupt(void **state)
     psd_kill(&p);
 }
 
+/* psc_interrupt (what psworker's stop handler calls) before the step
+ * begins to wait: a signal that came just before the wait would not end
+ * it, and this BSP round never closes; the step ends at once with
+ * PSC_EINTR, every call after it too, until psc_leave, which says bye. */
+static void test_interrupt_before_the_wait(void **state)
+{
+    (void)state;
+    psd_proc p = {0};
+    psd_start(&p, "bsp", 2, 0, "heartbeat_timeout=300ms", "join_timeout=0", NULL);
+    assert_int_equal(psc_interrupt(NULL), PSC_EINVAL);
+    psc_client *a = client(p.addr, "0/2");
+    assert_int_equal(psc_set(a, "interrupt", "on"), 0);
+    assert_int_equal(psc_connect(a), 0);
+    assert_int_equal(psc_interrupt(a), 0);
+    double t0 = now_s();
+    assert_int_equal(psc_pushpull(a), PSC_EINTR);
+    assert_int_equal(psc_pull(a), PSC_EINTR); /* the stop holds */
+    assert_true(now_s() - t0 < 1.0);
+    t0 = now_s();
+    psc_leave(a, "stopped");
+    assert_true(now_s() - t0 < 2.0);
+    psc_free(a);
+    /* the bye freed shard 0 */
+    psc_client *b = client(p.addr, "0/2");
+    assert_int_equal(psc_connect(b), 0);
+    psc_free(b);
+    psd_kill(&p);
+}
+
 typedef struct {
     pthread_t target;
     int ms;
@@ -1134,7 +1163,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_chunk_options),     cmocka_unit_test(test_mistakes),
         cmocka_unit_test(test_plan),              cmocka_unit_test(test_waiting_for),
         cmocka_unit_test(test_tables),            cmocka_unit_test(test_hogwild),
-        cmocka_unit_test(test_interrupt),         cmocka_unit_test(test_shard_taken_at_once),
+        cmocka_unit_test(test_interrupt),         cmocka_unit_test(test_interrupt_before_the_wait),         cmocka_unit_test(test_shard_taken_at_once),
         cmocka_unit_test(test_interrupted_report_then_step), cmocka_unit_test(test_interrupted_other_part),
         cmocka_unit_test(test_spin),
     };
