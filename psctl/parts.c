@@ -198,6 +198,7 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         status = open_one(s[opened], all[opened], token, timeout);
     /* every part holds the same map; none moves, or all move to this one */
     uint64_t epoch = 0;
+    uint32_t dense = n;
     int resume = 0, was_moving[PS_PARTS_MAX + 1] = {0};
     static char handed[PS_PARTS_MAX + 1][PS_PARTS_MAX * 4]; /* a source's: the destinations that took its rows */
     ps_msg r;
@@ -224,8 +225,10 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             }
             continue;
         }
-        if (i == 0)
+        if (i == 0) {
             epoch = (uint64_t)e;
+            dense = e > 0 ? (uint32_t)psctl_num(pm, "dense") : n; /* before any move every part holds some */
+        }
         const msgpack_object *mv = ps_map_get(pm, "move");
         int moving = psctl_flag(pm, "moving");
         was_moving[i] = moving;
@@ -259,9 +262,10 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         }
     }
     if (status == EXIT_OK) {
-        char ep[24], rt[24];
+        char ep[24], rt[24], dn[24];
         snprintf(ep, sizeof ep, "%" PRIu64, epoch + 1);
         snprintf(rt, sizeof rt, "%" PRIu64, rate);
+        snprintf(dn, sizeof dn, "%u", dense);
         /* the sources first: they know the new map when a destination asks */
         uint32_t begun[PS_PARTS_MAX + 1], nb = 0;
         for (int pass = 0; pass < 2 && status == EXIT_OK; pass++)
@@ -269,8 +273,8 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
                 int source = adding ? i < n : i == n - 1;
                 if (source != (pass == 0))
                     continue;
-                char *a[] = {ep, oldl, newl, all[i], rt, handed[i]};
-                if ((status = admin(s[i], all[i], "move_begin", a, handed[i][0] ? 6 : 5)) == EXIT_OK)
+                char *a[] = {ep, oldl, newl, all[i], rt, dn, handed[i]};
+                if ((status = admin(s[i], all[i], "move_begin", a, handed[i][0] ? 7 : 6)) == EXIT_OK)
                     begun[nb++] = i;
             }
         /* one refused: the others call it off (nothing was handed over) */

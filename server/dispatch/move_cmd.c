@@ -68,11 +68,13 @@ static int index_in(const char (*addrs)[PS_ADDR_MAX + 1], uint32_t n, const char
     return -1;
 }
 
-/* move_begin EPOCH OLD NEW SELF RATE [HANDED]: the map goes from the part
- * list OLD to NEW (grown or shrunk at its end), SELF is this psd's address
- * in them, RATE the bytes a second a destination fetches at most (0: no
- * limit), HANDED (a source that restarted during the move) the new parts,
- * comma-separated indices, that took its rows already. Sent to every part
+/* move_begin EPOCH OLD NEW SELF RATE [DENSE [HANDED]]: the map goes from the
+ * part list OLD to NEW (grown or shrunk at its end), SELF is this psd's
+ * address in them, RATE the bytes a second a destination fetches at most
+ * (0: no limit), DENSE the parts that hold the dense model (0 or absent:
+ * the map's, or all of OLD), HANDED (a source that restarted during the
+ * move) the new parts, comma-separated indices, that took its rows
+ * already. Sent to every part
  * of either list; again with the same arguments, it is answered OK. */
 static void cmd_move_begin(srv_conn *c, ps_msg *m)
 {
@@ -115,7 +117,10 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
     int prefix = q.old_n != q.new_n;
     for (uint32_t i = 0; i < shorter; i++)
         prefix &= strcmp(q.addrs[i], q.new_addrs[i]) == 0;
-    q.dense = p->epoch ? p->dense : q.old_n;
+    /* the parts holding the dense model: the map's, or, from psctl, the
+     * job's (a new part holds no map; without one every old part does) */
+    uint64_t dense_arg = arg_u64(m, 5);
+    q.dense = p->epoch ? p->dense : dense_arg ? (uint32_t)dense_arg : q.old_n;
     if (p->moving) {
         if (p->mv_epoch == epoch && p->old_n == q.old_n && p->new_n == q.new_n && p->old_self == q.old_self &&
             p->new_self == q.new_self) {
@@ -131,7 +136,10 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
         } else
             srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: a move to map %" PRIu64 " is under way (%u "
                            "parts to %u); wait for it (psctl status)", p->mv_epoch, p->old_n, p->new_n);
-    } else if (epoch != p->epoch + 1) {
+    } else if (dense_arg && (dense_arg != q.dense || dense_arg > q.old_n)) {
+        srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "move_begin: DENSE %" PRIu64 " is not the %u parts that hold the "
+                       "dense model", dense_arg, q.dense);
+    } else if (epoch != p->epoch + 1 && !(q.old_self < 0 && !p->epoch)) { /* a new part holds no map yet */
         srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: this psd holds map %" PRIu64 ", so the next is %"
                        PRIu64 ", not %" PRIu64, p->epoch, p->epoch + 1, epoch);
     } else if (p->epoch && (p->n != q.old_n || index_in(p->addrs, p->n, self) != q.old_self)) {
@@ -170,7 +178,7 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
             /* the map psd held before (the workers' list when none) */
             if (!p->epoch) {
                 p->n = q.old_n;
-                p->dense = q.old_n;
+                p->dense = q.dense;
                 memcpy(p->addrs, q.addrs, sizeof p->addrs);
             }
             p->self = q.old_self;
@@ -190,9 +198,9 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
              * destinations that took its rows before hold them (psctl
              * tells): their keys stay refused here */
             p->switched = 0;
-            if (m->nargs > 5) {
+            if (m->nargs > 6) {
                 char h[PS_ARG_MAX + 1];
-                arg_str(m, 5, h, sizeof h);
+                arg_str(m, 6, h, sizeof h);
                 for (char *at = h; *at;) {
                     char *end;
                     unsigned long d = strtoul(at, &end, 10);

@@ -341,9 +341,9 @@ def test_moves_under_pushes(cluster):
 
 def test_client_follows_moves(cluster):
     """libpsclient (through the Python package) pulls and pushes rows while
-    the job grows to 3 parts and back: it follows MOVED and NOT_READY by
-    itself, pulls rows from the part added, and every row ends as one psd
-    fed its pushes in the order its calls returned."""
+    the job grows to 3 parts, then 4, and back to 3 and 2: it follows MOVED
+    and NOT_READY by itself, pulls rows from the parts added, and every row
+    ends as one psd fed its pushes in the order its calls returned."""
     parts = start(cluster, 2, "c")
     ref = start(cluster, 1, "cref")
     train(parts)
@@ -376,6 +376,13 @@ def test_client_follows_moves(cluster):
         at = len(done)
         harness.wait_until(lambda: len(done) >= at + 10 or errors, 60, "steps on 3 parts")
         pulled = [t["rows_pulled"] for t in harness.status(new.addr)["tables"]]
+        fourth = start(cluster, 1, "c", first=3)[0]
+        r = psctl_parts(parts + [new], "add", fourth.addr, "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        at = len(done)
+        harness.wait_until(lambda: len(done) >= at + 10 or errors, 60, "steps on 4 parts")
+        r = psctl_parts(parts + [new, fourth], "remove", "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
         r = psctl_parts(parts + [new], "remove", "1M")
         assert r.returncode == 0, r.stdout + r.stderr
         at = len(done)
