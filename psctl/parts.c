@@ -337,6 +337,15 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             char *a[] = {ep};
             status = admin(s[i], all[i], "move_end", a, 1);
         }
+        /* the rows that left are dropped in the background: done when none drops */
+        for (int dropping = 1; status == EXIT_OK && dropping;) {
+            dropping = 0;
+            for (uint32_t i = 0; i < total && status == EXIT_OK; i++)
+                if ((status = status_of(s[i], all[i], &r, &pm)) == EXIT_OK && psctl_flag(pm, "dropping"))
+                    dropping = 1;
+            if (dropping)
+                sleep_ms(POLL_MS / 4);
+        }
         if (status == EXIT_OK)
             printf("the job's parts are now %s (map %" PRIu64 ")%s%s\n", newl, epoch + 1,
                    adding ? "" : "; the part removed, ", adding ? "" : all[n - 1]);

@@ -164,6 +164,29 @@ static void print_replication(const msgpack_object *b)
 
 /* leadership through etcd (docs/fault-tolerance.md): the part's key, who
  * holds it, and whether the part can fail over now */
+/* The part map and a move of parts under way (PROTOCOL.md 18). */
+static void print_parts(const msgpack_object *b)
+{
+    const msgpack_object *p = ps_map_get(b, "parts");
+    if (!p)
+        return;
+    const msgpack_object *mv = ps_map_get(p, "move");
+    char err[400];
+    const msgpack_object *addrs = ps_map_get(p, "addrs");
+    if (psctl_num(p, "epoch") > 0 && addrs && addrs->type == MSGPACK_OBJECT_ARRAY)
+        printf("parts: map %.0f, this psd part %.0f of %u (the dense model on the first %.0f)\n",
+               psctl_num(p, "epoch"), psctl_num(p, "self"), addrs->via.array.size, psctl_num(p, "dense"));
+    if (psctl_flag(p, "moving"))
+        printf("parts: MOVING to map %.0f (%.0f parts to %.0f) for %.1f s: rows given %.0f, taken %.0f (%.1f MiB), "
+               "%.0f of %.0f sources handed over\n",
+               psctl_num(mv, "epoch"), psctl_num(mv, "old_n"), psctl_num(mv, "new_n"), psctl_num(mv, "seconds"),
+               psctl_num(mv, "rows_given"), psctl_num(mv, "rows_taken"), psctl_num(mv, "bytes_taken") / 1048576.0,
+               psctl_num(mv, "handed"), psctl_num(mv, "sources"));
+    psctl_str(p, "error", err, sizeof err);
+    if (err[0] && strcmp(err, "-") != 0)
+        printf("parts: the move stopped: %s\n", err);
+}
+
 static void print_coordinator(const msgpack_object *b)
 {
     const msgpack_object *k = ps_map_get(b, "coordinator");
@@ -221,6 +244,7 @@ void psctl_print_status(const msgpack_object *b)
         printf("metrics: http://%s/metrics\n", metrics);
     print_plan(b);
     print_replication(b);
+    print_parts(b);
     print_coordinator(b);
     /* embedding tables: one line each */
     const msgpack_object *tl = ps_map_get(b, "tables");

@@ -144,6 +144,7 @@ static void srv_shutdown(psd *s, const char *why)
     srv_coord_stop(s);
     srv_follow_stop(s);
     srv_move_fetch_stop(s);
+    srv_move_drop_close(s);
     srv_stop(s);
 }
 

@@ -367,8 +367,60 @@ static int start(psd *s, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- dropping the rows a move took away, a few milliseconds a turn ---- */
+
+#define DROP_BUDGET_US 3000
+
+struct srv_move_drop {
+    uv_idle_t idle;
+    psd *s;
+};
+
+static void on_drop_idle(uv_idle_t *h)
+{
+    struct srv_move_drop *d = h->data;
+    psd *s = d->s;
+    if (srv_tables_drop_some(&s->tables, DROP_BUDGET_US)) {
+        uv_idle_stop(h);
+        PS_LOG(PS_LOG_INFO, "move of parts: the %" PRIu64 " rows that left are dropped", s->tables.drop.dropped);
+    }
+}
+
+static void drop_start(psd *s)
+{
+    struct srv_move_drop *d = s->parts.drop;
+    if (!d) {
+        if (!(d = calloc(1, sizeof *d))) {
+            while (!srv_tables_drop_some(&s->tables, 1000000)) {
+            }
+            return;
+        }
+        d->s = s;
+        uv_idle_init(s->loop, &d->idle);
+        d->idle.data = d;
+        s->parts.drop = d;
+    }
+    uv_idle_start(&d->idle, on_drop_idle);
+}
+
+static void on_drop_closed(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+void srv_move_drop_close(psd *s)
+{
+    struct srv_move_drop *d = s->parts.drop;
+    if (!d)
+        return;
+    s->parts.drop = NULL;
+    uv_idle_stop(&d->idle);
+    uv_close((uv_handle_t *)&d->idle, on_drop_closed);
+}
+
 void srv_move_fetch_init(psd *s)
 {
     s->move_start = start;
     s->move_stop = srv_move_fetch_stop;
+    s->move_drop = drop_start;
 }

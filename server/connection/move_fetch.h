@@ -9,5 +9,7 @@
 void srv_move_fetch_init(psd *s);
 /* Stops the fetching threads and waits for them (move_end, shutdown). */
 void srv_move_fetch_stop(psd *s);
+/* Closes the handle that drops the rows a move took away (shutdown). */
+void srv_move_drop_close(psd *s);
 
 #endif

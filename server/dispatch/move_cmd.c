@@ -136,6 +136,9 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
         } else
             srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: a move to map %" PRIu64 " is under way (%u "
                            "parts to %u); wait for it (psctl status)", p->mv_epoch, p->old_n, p->new_n);
+    } else if (s->tables.drop.on) {
+        srv_send_error(c, m->id, PS_ESTATE, 0, "move_begin refused: this psd still drops the rows the last move took "
+                       "away (psctl status); ask again in a moment");
     } else if (dense_arg && (dense_arg != q.dense || dense_arg > q.old_n)) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "move_begin: DENSE %" PRIu64 " is not the %u parts that hold the "
                        "dense model", dense_arg, q.dense);
@@ -328,22 +331,28 @@ static void cmd_move_end(srv_conn *c, ps_msg *m)
     }
     if (s->move_stop)
         s->move_stop(s);
-    uint64_t before = 0, after = 0;
+    uint64_t before = 0;
     for (uint32_t i = 0; i < s->tables.n; i++) {
         srv_table_stats st;
         srv_tables_stats(&s->tables, i, &st);
         before += st.rows;
     }
     srv_tables_move_end(&s->tables);
-    if (p->old_self >= 0)
-        srv_tables_move_drop(&s->tables, p->new_n, p->new_self);
+    if (p->old_self >= 0) {
+        /* the rows that left are refused by key from now on, and dropped a
+         * few milliseconds a turn of the loop (connection/move_fetch.c):
+         * dropped at once, a source's million rows held its workers a
+         * second */
+        srv_tables_drop_begin(&s->tables, p->new_n, p->new_self);
+        if (s->move_drop)
+            s->move_drop(s);
+        else
+            while (!srv_tables_drop_some(&s->tables, 1000000)) {
+            }
+    }
     if (p->new_self >= 0)
         srv_tables_set_part(&s->tables, (uint32_t)p->new_self, p->new_n);
-    for (uint32_t i = 0; i < s->tables.n; i++) {
-        srv_table_stats st;
-        srv_tables_stats(&s->tables, i, &st);
-        after += st.rows;
-    }
+
     p->epoch = p->mv_epoch;
     p->n = p->new_n;
     p->dense = p->new_dense;
@@ -352,10 +361,10 @@ static void cmd_move_end(srv_conn *c, ps_msg *m)
     p->moving = 0;
     p->ended_ms = srv_now_ms();
     PS_LOG(PS_LOG_INFO, "move of parts to map %" PRIu64 " is over after %.1f s: %u parts; this psd is part %d; rows "
-           "given %" PRIu64 " (%" PRIu64 " bytes), taken %" PRIu64 " (%" PRIu64 " bytes); %" PRIu64 " rows that left "
-           "dropped here, %" PRIu64 " held",
+           "given %" PRIu64 " (%" PRIu64 " bytes), taken %" PRIu64 " (%" PRIu64 " bytes); %" PRIu64 " rows in its "
+           "tables%s",
            p->epoch, (double)(p->ended_ms - p->started_ms) / 1e3, p->n, p->self, p->rows_out, p->bytes_out,
-           p->rows_in, p->bytes_in, before - after, after);
+           p->rows_in, p->bytes_in, before, p->old_self >= 0 ? ", of which those that left are being dropped" : "");
     srv_send_ok_text(c, m->id, p->self >= 0 ? "the new map holds" : "this psd is no longer a part of the job");
 }
 

@@ -106,8 +106,13 @@ static void pack_parts(msgpack_packer *pk, const psd *s, uint64_t now)
 {
     const srv_parts *p = &s->parts;
     ps_pack_key(pk, "parts");
-    msgpack_pack_map(pk, 7);
+    msgpack_pack_map(pk, 8);
     ps_pack_ku64(pk, "epoch", p->epoch);
+    ps_pack_key(pk, "dropping"); /* the rows the last move took away are still being dropped */
+    if (s->tables.drop.on)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
     ps_pack_ku64(pk, "dense", p->dense);
     ps_pack_key(pk, "self");
     msgpack_pack_int32(pk, p->epoch ? p->self : -1);
@@ -488,6 +493,16 @@ int srv_metrics_text(psd *s, ps_buf *b)
     SIMPLE("psd_barriers_total", "counter",
            "BARRIERs answered: steps at which a worker of a BSP job over a split model waited for the others.",
            "%" PRIu64, s->stats.barriers);
+    /* a move of parts (PROTOCOL.md 18): the last one's, or the one under way */
+    SIMPLE("psd_parts_map_epoch", "gauge", "The part map this psd holds (0: none, the workers' lists).", "%" PRIu64,
+           s->parts.epoch);
+    SIMPLE("psd_parts_moving", "gauge", "1 while a move of parts is under way here.", "%d", s->parts.moving);
+    SIMPLE("psd_parts_move_rows_given", "gauge", "Rows this psd gave other parts in the last or current move.",
+           "%" PRIu64, s->parts.rows_out);
+    SIMPLE("psd_parts_move_rows_taken", "gauge", "Rows this psd took from other parts in the last or current move.",
+           "%" PRIu64, s->parts.rows_in);
+    SIMPLE("psd_parts_move_bytes_taken", "gauge", "Bytes of rows this psd took in the last or current move.",
+           "%" PRIu64, s->parts.bytes_in);
     {
         const srv_replog *r = s->replog;
         const srv_follow *f = s->follow;

@@ -382,7 +382,8 @@ typedef struct srv_parts {
     uint64_t pause_ms_max;   /* a destination: the longest handover (refusing to taking over) */
     srv_move_src src[PS_PARTS_MAX];
     char error[400];         /* why the move stopped; "" none */
-    struct srv_move_thread *t; /* a destination's fetching threads (connection/move.c) */
+    struct srv_move_thread *t; /* a destination's fetching threads (connection/move_fetch.c) */
+    struct srv_move_drop *drop; /* the loop's handle that drops the rows a move took away (move_fetch.c) */
 } srv_parts;
 
 /* A follower's view of its leader (connection/follow.c owns it; status
@@ -582,6 +583,9 @@ struct psd {
      * (move_end, exit). 0, or a negative PS_E* code with err. */
     int (*move_start)(psd *s, char *err, size_t errlen);
     void (*move_stop)(psd *s);
+    /* Registered by the connection layer: drops the rows a move took away,
+     * a few milliseconds a turn of the loop (srv_tables_drop_some). */
+    void (*move_drop)(psd *s);
     srv_coord_view coord;    /* coord/'s: leadership through etcd */
     struct srv_coord *coord_state; /* coord/'s own; NULL without coordinator */
 };

@@ -96,6 +96,12 @@ typedef struct srv_tables {
     struct srv_tables_snap *snap; /* a snapshot being read (srv_tables_snap_begin); NULL: none */
     struct srv_tables_move *mv;  /* rows leaving for other parts (srv_tables_move_begin); NULL: none */
     int mv_failed;               /* a change could not be marked (out of memory): the move must fail */
+    struct {                     /* rows that left, dropped a few at a time (srv_tables_drop_*) */
+        int on;
+        uint32_t n, table;
+        int32_t self;
+        uint64_t r, dropped;
+    } drop;
 } srv_tables;
 
 /* An empty set of tables holding at most max_bytes of rows. */
@@ -323,6 +329,13 @@ uint64_t srv_tables_move_pending(const srv_tables *ts, uint32_t d);
 int srv_tables_move_failed(const srv_tables *ts);
 void srv_tables_move_end(srv_tables *ts);
 void srv_tables_move_drop(srv_tables *ts, uint32_t new_n, int32_t self);
+
+/* The rows whose part under new_n is not self are dropped a few at a time
+ * from now on: srv_tables_drop_some drops until about budget_us have gone
+ * (the rows are refused by key meanwhile), and returns 1 once all are
+ * gone (0: more to do). */
+void srv_tables_drop_begin(srv_tables *ts, uint32_t new_n, int32_t self);
+int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us);
 /* A destination forgets the rows it took from part src of old_n (their
  * source restarted: it gives them all again). */
 void srv_tables_move_drop_from(srv_tables *ts, uint32_t old_n, uint32_t src);

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DECL_BYTES (64 + 4 + 4 + 8 + 8 + 4 + 4 + 8 * PS_HP_COUNT)
 #define REC_HEAD 16
@@ -127,6 +128,49 @@ void srv_tables_move_drop(srv_tables *ts, uint32_t new_n, int32_t self)
         tbl_trim(ts, t, t->rows);
     }
     ts->stamp++;
+}
+
+void srv_tables_drop_begin(srv_tables *ts, uint32_t new_n, int32_t self)
+{
+    ts->drop.on = 1;
+    ts->drop.n = new_n;
+    ts->drop.self = self;
+    ts->drop.table = 0;
+    ts->drop.r = 0;
+    ts->drop.dropped = 0;
+}
+
+static uint64_t now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
+}
+
+int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us)
+{
+    if (!ts->drop.on)
+        return 1;
+    uint64_t end = now_us() + budget_us;
+    while (ts->drop.table < ts->n) {
+        srv_table *t = ts->t[ts->drop.table];
+        for (uint32_t k = 0; ts->drop.r < t->rows; k++) {
+            if ((k & 1023) == 1023 && now_us() >= end)
+                return 0;
+            if ((int32_t)ps_table_part(key_of(t, ts->drop.r), ts->drop.n) != ts->drop.self) {
+                tbl_row_remove(t, ts->drop.r); /* the last row comes here: look at it next */
+                ts->drop.dropped++;
+            } else {
+                ts->drop.r++;
+            }
+        }
+        tbl_trim(ts, t, t->rows);
+        ts->drop.table++;
+        ts->drop.r = 0;
+    }
+    ts->drop.on = 0;
+    ts->stamp++;
+    return 1;
 }
 
 void srv_tables_move_drop_from(srv_tables *ts, uint32_t old_n, uint32_t src)
