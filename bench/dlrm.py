@@ -9,6 +9,11 @@ log loss (the best any model can reach on these logs).
     bench/dlrm.py                       # the default run (about 20 minutes on 2 quiet cores, estimated)
     bench/dlrm.py --ids 2000 --train 12000 --test 4000 --ddp-steps 3   # seconds
 
+Arm be (issue 45) is b2 while the job's parts grow from 2 to 3 and 4 and
+shrink back (`psctl parts add`, `remove`, one every --move-every seconds,
+as many as the run lasts for): its AUC against b2's is what a move costs
+the model.
+
 The model: 13 dense features through a bottom MLP 13-64-16, 26 categorical
 features each through an embedding of dimension 16 (one table of 26 x IDS
 rows, the key of feature f's id i being f x IDS + i), and a top MLP
@@ -85,6 +90,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -310,7 +316,7 @@ def evaluate(model, d, arm=None, batch=4096):
 
 
 # the arms whose workers train through psd: one training path (arm_figures)
-PSD_ARMS = {"b", "b2", "bh", "br"}
+PSD_ARMS = {"b", "b2", "bh", "br", "be"}
 
 
 def arm_figures(d, arm, reported, seen):
@@ -566,6 +572,31 @@ def run_procs(argvs, d, tag, timeout):
     return results
 
 
+class Mover(threading.Thread):
+    """Arm be: psctl parts add, add, remove, remove, every `every`
+    seconds, while the workers train (as many as fit in the run)."""
+
+    def __init__(self, addrs, every, d):
+        super().__init__(daemon=True)
+        self.addrs, self.every, self.d = addrs, every, d
+        self.stop = threading.Event()
+        self.done, self.error = [], None
+
+    def run(self):
+        psctl = os.environ.get("PSCTL_BIN", os.path.join(ROOT, "build", "psctl", "psctl"))
+        for verb, n in (("add", 2), ("add", 3), ("remove", 4), ("remove", 3)):
+            if self.stop.wait(self.every):
+                return
+            argv = [psctl, "--server", ",".join(self.addrs[:n]), "--timeout", "60000", "parts", verb]
+            argv += [self.addrs[n]] if verb == "add" else []
+            t = time.monotonic()
+            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+            if r.returncode != 0:
+                self.error = "psctl parts %s: %s%s" % (verb, r.stdout, r.stderr)
+                return
+            self.done.append("%s %d->%d %.1f s" % (verb, n, n + 1 if verb == "add" else n - 1, time.monotonic() - t))
+
+
 def free_port():
     import socket
     s = socket.socket()
@@ -596,7 +627,7 @@ def main():
     ap.add_argument("--train", type=int, default=2000000, help="training samples (one pass)")
     ap.add_argument("--test", type=int, default=50000, help="test samples")
     ap.add_argument("--arms", default="a,b,b2,c", help="which of a, b, b2, c to run; bh: b with psd's table_apply = hogwild; br: b with a sync "
-                    "follower")
+                    "follower; be: b2 while its parts grow 2 -> 3 -> 4 and shrink back (--move-every)")
     ap.add_argument("--batch", type=int, default=256, help="samples per process and step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (the dense part)")
     ap.add_argument("--table-lr", type=float, default=0.05, help="AdaGrad's learning rate (the table)")
@@ -615,6 +646,8 @@ def main():
     ap.add_argument("--logit-std", type=float, default=2.0, help="the teacher's logit standard deviation")
     ap.add_argument("--ctr", type=float, default=0.25, help="the teacher's mean click rate (about)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--move-every", type=float, default=10.0,
+                    help="arm be: seconds between its moves of parts (2 -> 3 -> 4 -> 3 -> 2)")
     ap.add_argument("--psd", default=os.environ.get("PSD_BIN", os.path.join(ROOT, "build", "server", "psd")))
     ap.add_argument("--curve", type=int, default=0, help="arm a: evaluate every CURVE steps (stderr; slows it)")
     ap.add_argument("--workdir", help="keep the logs and the processes' output here (reused when the same)")
@@ -636,9 +669,9 @@ def main():
 
     arms = [s for s in a.arms.split(",") if s]
     for s in arms:
-        if s not in ("a", "a1", "b", "b2", "bh", "br", "c"):
+        if s not in ("a", "a1", "b", "b2", "bh", "br", "be", "c"):
             sys.exit("dlrm: unknown arm %r (a, a1, b, b2, bh, br, c)" % s)
-    if any(s in ("b", "b2", "bh", "br") for s in arms) and not os.access(a.psd, os.X_OK):
+    if any(s in ("b", "b2", "bh", "br", "be") for s in arms) and not os.access(a.psd, os.X_OK):
         sys.exit("dlrm: %s is not an executable psd (build first, or --psd)" % a.psd)
     sizes = [int(v) for v in a.ids.split(",") if v]
     common = (["--no-prefetch"] if a.no_prefetch else []) + (["--constant-lr"] if a.constant_lr else []) + \
@@ -677,7 +710,7 @@ def main():
                     threads = a.threads if arm == "a" else 1
                     r = run_procs([base_arm + ["--role", "torch", "--threads", str(threads), "--curve", str(a.curve)]],
                                   d, arm, a.timeout)[0]
-                elif arm in ("b", "b2", "bh", "br"):
+                elif arm in ("b", "b2", "bh", "br", "be"):
                     for j in range(1, 2):
                         if os.path.exists(os.path.join(d, "done.%d" % j)):
                             os.unlink(os.path.join(d, "done.%d" % j))
@@ -686,8 +719,12 @@ def main():
                     # bh: arm b with psd's table_apply = hogwild (its apply threads)
                     extra = ("--set", "table_apply=hogwild") if arm == "bh" else ()
                     servers = [start_psd(a.psd, d, "psd%s.%d" % (arm, i), a, steps, extra)
-                               for i in range(2 if arm == "b2" else 1)]
-                    addr = ",".join(s[1] for s in servers)
+                               for i in range({"b2": 2, "be": 4}.get(arm, 1))]
+                    addr = ",".join(s[1] for s in servers[:2])
+                    mover = None
+                    if arm == "be":  # b2 while its parts grow 2 -> 3 -> 4 and shrink back (issue 45)
+                        mover = Mover([s[1] for s in servers], a.move_every, d)
+                        mover.start()
                     if arm == "br":  # the follower, which the workers are given after the leader
                         servers.append(start_psd(a.psd, d, "psdbr.follower", a, steps,
                                                  ("--replica-of", servers[0][1])))
@@ -695,6 +732,12 @@ def main():
                     try:
                         r = combine(run_procs([base_arm + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]
                                                for k in range(2)], d, arm, a.timeout))
+                        if mover:
+                            mover.stop.set()
+                            mover.join()
+                            r["moves"] = mover.done
+                            if mover.error:
+                                raise SystemExit("dlrm: arm be: " + mover.error)
                     finally:
                         for p, _ in servers:
                             p.terminate()
@@ -718,11 +761,12 @@ def main():
     for n_ids in sizes:
         ra, rb, rb2, rbh, rbr, rc = (get(s, n_ids) for s in ("a", "b", "b2", "bh", "br", "c"))
         for name, x, y in (("b/a", rb, ra), ("b2/a", rb2, ra), ("b/c", rb, rc), ("b2/c", rb2, rc), ("bh/b", rbh, rb),
-                        ("br/b", rbr, rb)):
+                        ("br/b", rbr, rb), ("be/b2", get("be", n_ids), rb2)):
             if x and y:
                 ratios["%s samples/s at %d" % (name, n_ids)] = round(x["samples_per_second"] / y["samples_per_second"],
                                                                     3)
-        for name, x, y in (("b-a", rb, ra), ("b2-a", rb2, ra), ("bh-b", rbh, rb), ("br-b", rbr, rb)):
+        rbe = get("be", n_ids)
+        for name, x, y in (("b-a", rb, ra), ("b2-a", rb2, ra), ("bh-b", rbh, rb), ("br-b", rbr, rb), ("be-b2", rbe, rb2)):
             if x and y:
                 ratios["%s AUC at %d" % (name, n_ids)] = round(x["test_auc"] - y["test_auc"], 5)
         for r in (ra, rb, rb2, rbh, rbr):
