@@ -97,3 +97,20 @@ void srv_send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size
             srv_blk_unref(blk[i]);
     free(blk);
 }
+
+void srv_arg_str(const ps_msg *m, uint32_t i, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (i < m->nargs) {
+        size_t n = m->args[i].len < len - 1 ? m->args[i].len : len - 1;
+        memcpy(buf, m->args[i].p, n);
+        buf[n] = 0;
+    }
+}
+
+uint64_t srv_arg_u64(const ps_msg *m, uint32_t i)
+{
+    char b[32];
+    srv_arg_str(m, i, b, sizeof b);
+    return strtoull(b, NULL, 10);
+}

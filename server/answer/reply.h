@@ -35,4 +35,9 @@ srv_conn *srv_conn_by_cid(psd *s, uint64_t cid);
 void srv_send_bytes(srv_conn *c, uint64_t id, uint64_t v, const uint8_t *p, size_t len,
                     int (*fill)(void *, uint8_t *, size_t), void *arg);
 
+/* An ADMIN request's argument i as text into buf (len bytes, cut; "" when
+ * absent), and as a decimal number (0 when absent or not one). */
+void srv_arg_str(const ps_msg *m, uint32_t i, char *buf, size_t len);
+uint64_t srv_arg_u64(const ps_msg *m, uint32_t i);
+
 #endif

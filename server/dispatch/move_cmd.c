@@ -21,23 +21,6 @@
 
 #define ANSWER_BYTES ((size_t)4 << 20) /* a fetch's answer: about 4 MiB of rows at most */
 
-static void arg_str(const ps_msg *m, uint32_t i, char *buf, size_t len)
-{
-    buf[0] = 0;
-    if (i < m->nargs) {
-        size_t n = m->args[i].len < len - 1 ? m->args[i].len : len - 1;
-        memcpy(buf, m->args[i].p, n);
-        buf[n] = 0;
-    }
-}
-
-static uint64_t arg_u64(const ps_msg *m, uint32_t i)
-{
-    char b[32];
-    arg_str(m, i, b, sizeof b);
-    return strtoull(b, NULL, 10);
-}
-
 static uint64_t bits(uint32_t from, uint32_t to)
 {
     uint64_t b = 0;
@@ -87,10 +70,10 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOMEM, 0, "move_begin: out of memory");
         return;
     }
-    uint64_t epoch = arg_u64(m, 0), rate = arg_u64(m, 4);
-    arg_str(m, 1, oldl, PS_ARG_MAX + 1);
-    arg_str(m, 2, newl, PS_ARG_MAX + 1);
-    arg_str(m, 3, self, sizeof self);
+    uint64_t epoch = srv_arg_u64(m, 0), rate = srv_arg_u64(m, 4);
+    srv_arg_str(m, 1, oldl, PS_ARG_MAX + 1);
+    srv_arg_str(m, 2, newl, PS_ARG_MAX + 1);
+    srv_arg_str(m, 3, self, sizeof self);
     srv_parts q = {0};
     int code = 0;
     const char *why = cannot_move(s);
@@ -119,7 +102,7 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
         prefix &= strcmp(q.addrs[i], q.new_addrs[i]) == 0;
     /* the parts holding the dense model: the map's, or, from psctl, the
      * job's (a new part holds no map; without one every old part does) */
-    uint64_t dense_arg = arg_u64(m, 5);
+    uint64_t dense_arg = srv_arg_u64(m, 5);
     q.dense = p->epoch ? p->dense : dense_arg ? (uint32_t)dense_arg : q.old_n;
     if (p->moving) {
         if (p->mv_epoch == epoch && p->old_n == q.old_n && p->new_n == q.new_n && p->old_self == q.old_self &&
@@ -203,7 +186,7 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
             p->switched = 0;
             if (m->nargs > 6) {
                 char h[PS_ARG_MAX + 1];
-                arg_str(m, 6, h, sizeof h);
+                srv_arg_str(m, 6, h, sizeof h);
                 for (char *at = h; *at;) {
                     char *end;
                     unsigned long d = strtoul(at, &end, 10);
@@ -248,8 +231,8 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
     psd *s = c->srv;
     srv_parts *p = &s->parts;
     char dest[PS_ADDR_MAX + 1];
-    arg_str(m, 0, dest, sizeof dest);
-    uint64_t epoch = arg_u64(m, 1), final = arg_u64(m, 2), first_fetch = arg_u64(m, 3), most = arg_u64(m, 4);
+    srv_arg_str(m, 0, dest, sizeof dest);
+    uint64_t epoch = srv_arg_u64(m, 1), final = srv_arg_u64(m, 2), first_fetch = srv_arg_u64(m, 3), most = srv_arg_u64(m, 4);
     size_t max = most && most < ANSWER_BYTES ? (size_t)most : ANSWER_BYTES;
     int d = p->moving ? srv_parts_new_index(p, dest) : -1;
     if (!p->moving || epoch != p->mv_epoch || p->old_self < 0 || d < 0 || d == p->new_self) {
@@ -315,7 +298,7 @@ static void cmd_move_end(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     srv_parts *p = &s->parts;
-    uint64_t epoch = arg_u64(m, 0);
+    uint64_t epoch = srv_arg_u64(m, 0);
     char why[200];
     if (!p->moving && p->epoch == epoch && epoch) {
         srv_send_ok_text(c, m->id, "the move is over already");
@@ -376,7 +359,7 @@ static void cmd_move_abort(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     srv_parts *p = &s->parts;
-    uint64_t epoch = arg_u64(m, 0);
+    uint64_t epoch = srv_arg_u64(m, 0);
     if (!p->moving || epoch != p->mv_epoch) {
         srv_send_ok_text(c, m->id, "no such move under way here");
         return;

@@ -29,23 +29,6 @@
 #define SNAP_IDLE_MS 60000   /* a snapshot nobody reads for this long is freed */
 #define SLOT_IDLE_MS 300000  /* a follower out of sync that fetches nothing for this long is forgotten */
 
-static void arg_str(const ps_msg *m, uint32_t i, char *buf, size_t len)
-{
-    buf[0] = 0;
-    if (i < m->nargs) {
-        size_t n = m->args[i].len < len - 1 ? m->args[i].len : len - 1;
-        memcpy(buf, m->args[i].p, n);
-        buf[n] = 0;
-    }
-}
-
-static uint64_t arg_u64(const ps_msg *m, uint32_t i)
-{
-    char b[32];
-    arg_str(m, i, b, sizeof b);
-    return strtoull(b, NULL, 10);
-}
-
 /* The connection of f's waiting fetch, NULL when none or when it has
  * closed (wait_c is then forgotten: a freed connection is never touched). */
 static srv_conn *waiting(psd *s, srv_follower *f)
@@ -105,7 +88,7 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     char addr[64], err[256];
-    arg_str(m, 0, addr, sizeof addr);
+    srv_arg_str(m, 0, addr, sizeof addr);
     const char *why = cannot_lead(s);
     if (why) {
         srv_send_error(c, m->id, s->follow ? PS_ENOT_LEADER : PS_EINVAL, 0, "replicate: %s", why);
@@ -119,7 +102,7 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: the model has no values yet; ask again");
         return;
     }
-    uint64_t fp = arg_u64(m, 1);
+    uint64_t fp = srv_arg_u64(m, 1);
     if (fp && fp != s->model.fp) {
         srv_send_error(c, m->id, PS_ELAYOUT, 0,
                        "replicate: follower %s holds another model (fingerprint %016" PRIx64 ", this leader's %016"
@@ -187,8 +170,8 @@ static void cmd_repl_chunk(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     char addr[64];
-    arg_str(m, 0, addr, sizeof addr);
-    uint64_t off = arg_u64(m, 1);
+    srv_arg_str(m, 0, addr, sizeof addr);
+    uint64_t off = srv_arg_u64(m, 1);
     srv_follower *f = srv_replog_follower_find(s, addr);
     if (!f || f->snap_fd < 0 || !f->snap_ready || off > f->snap_size) {
         srv_send_error(c, m->id, PS_ESTATE, 0, "repl_chunk: no snapshot for %s at %" PRIu64 "%s", addr, off,
@@ -294,8 +277,8 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     char addr[64];
-    arg_str(m, 0, addr, sizeof addr);
-    uint64_t from = arg_u64(m, 1), wait = arg_u64(m, 2), hist = arg_u64(m, 3);
+    srv_arg_str(m, 0, addr, sizeof addr);
+    uint64_t from = srv_arg_u64(m, 1), wait = srv_arg_u64(m, 2), hist = srv_arg_u64(m, 3);
     if (from > srv_replog_end(s)) {
         srv_send_error(c, m->id, PS_ESTATE, 0,
                        "repl_fetch: follower %s is ahead of its leader (position %" PRIu64 ", the leader's log ends at %"
@@ -333,7 +316,7 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
     if (f->wait_c)
         answer_fetch(s, f, 1);
     srv_replog_flush(s);
-    srv_replog_fetched(s, f, from, srv_now_ms(), arg_u64(m, 4) != 0);
+    srv_replog_fetched(s, f, from, srv_now_ms(), srv_arg_u64(m, 4) != 0);
     /* what every follower holds goes at once, not at the tick: the next
      * records are written where the last ones were, in the cache, instead
      * of 250 ms of pushes further on (a copy of each push into cold memory
@@ -377,8 +360,8 @@ static void cmd_step_down(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
     char leader[300], err[300], why[400];
-    arg_str(m, 0, leader, sizeof leader);
-    uint64_t hist = arg_u64(m, 1);
+    srv_arg_str(m, 0, leader, sizeof leader);
+    uint64_t hist = srv_arg_u64(m, 1);
     if (!leader[0] || !hist) {
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0,
                        "step_down: give the new leader's address (args[0]) and the history id of the log it "

@@ -49,6 +49,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import harness  # noqa: E402
+from harness import part_of  # noqa: E402
 from harness import (T_BYE, T_ERROR, T_HEARTBEAT, T_HELLO, T_OK, T_PARAMS, T_PULL, T_PUSH, T_PUSHPULL,  # noqa: E402
                      T_REPORT, T_ROWS, T_TABLE, T_TPULL, T_TPUSH, T_TPUSHPULL, T_WELCOME)
 
@@ -59,27 +60,6 @@ P = 4096
 DIM = 4
 LR = 0.5
 E_LAYOUT, E_NOT_READY, E_MOVED = 7, 13, 26
-M64 = (1 << 64) - 1
-
-
-def mix(z):
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def jump(key, n):
-    """Lamping and Veach's jump consistent hash (PROTOCOL.md 13.7)."""
-    b, j = -1, 0
-    while j < n:
-        b = j
-        key = (key * 2862933555777941757 + 1) & M64
-        j = int(float(b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
-    return b
-
-
-def part_of(key, n):
-    return 0 if n == 1 else jump(mix(key), n)
 
 
 def bounds(i, n):

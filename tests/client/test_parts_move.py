@@ -43,6 +43,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import harness  # noqa: E402
+from harness import M64, part_of  # noqa: E402
 from harness import T_ERROR, T_OK, T_ROWS, T_TABLE, T_TPULL, T_TPUSH, T_WELCOME, RawClient  # noqa: E402
 
 import psd  # noqa: E402
@@ -50,31 +51,11 @@ import psd  # noqa: E402
 ARGS = ("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--log-level", "info")
 LAYOUT = [("w", (1024, 4))]  # 4096 values: at least 1024 a part
 DIM = 8
-M64 = (1 << 64) - 1
 E_MOVED = 26
 E_LAYOUT = 7
 E_NOT_READY = 13
 DECL = {"t": T_TABLE, "tab": "emb", "dim": DIM, "rinit": "uniform", "scale": 0.05, "seed": 3,
         "opt": "adagrad", "hp": {"lr": 0.1}}
-
-
-def mix(z):
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def jump(key, n):
-    b, j = -1, 0
-    while j < n:
-        b = j
-        key = (key * 2862933555777941757 + 1) & M64
-        j = int(float(b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
-    return b
-
-
-def part_of(key, n):
-    return 0 if n == 1 else jump(mix(key), n)
 
 
 @pytest.fixture

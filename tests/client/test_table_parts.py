@@ -30,6 +30,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import harness  # noqa: E402
+from harness import M64, part_of  # noqa: E402
 from harness import E_LAYOUT, E_RANGE, T_OK, T_ROWS, T_TABLE, T_TPULL, T_TPUSH, RawClient  # noqa: E402
 
 import psd  # noqa: E402
@@ -37,28 +38,6 @@ import psd  # noqa: E402
 ARGS = ("--set", "optimizer=sgd", "--set", "lr=0.5", "--set", "momentum=0", "--log-level", "warn")
 LAYOUT = [("w", (1024, 4))]  # 4096 values: at least 1024 a part for 3 parts
 DIM = 8
-M64 = (1 << 64) - 1
-
-
-def mix(z):
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def jump(key, n):
-    """Lamping and Veach's jump consistent hash, in Python integers and
-    doubles (PROTOCOL.md 13.7)."""
-    b, j = -1, 0
-    while j < n:
-        b = j
-        key = (key * 2862933555777941757 + 1) & M64
-        j = int(float(b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
-    return b
-
-
-def part_of(key, n):
-    return 0 if n == 1 else jump(mix(key), n)
 
 
 @pytest.fixture

@@ -952,3 +952,31 @@ def seeded_random(name):
     seed = int(os.environ.get("PSD_TEST_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 31)
     sys.stderr.write("%s: random seed %d (set PSD_TEST_SEED to replay)\n" % (name, seed))
     return random.Random(seed)
+
+
+# ---- a key's part (PROTOCOL.md 13.7), computed here from the protocol's formula on its own ----
+
+M64 = (1 << 64) - 1
+
+
+def mix(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def jump(key, n):
+    """Lamping and Veach's jump consistent hash, in Python integers and
+    doubles (PROTOCOL.md 13.7)."""
+    b, j = -1, 0
+    while j < n:
+        b = j
+        key = (key * 2862933555777941757 + 1) & M64
+        j = int(float(b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
+
+
+def part_of(key, n):
+    """The part of key among n parts."""
+    return 0 if n == 1 else jump(mix(key), n)
+
