@@ -116,8 +116,8 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
     msgpack_packer_init(&pk, &j->header, ps_buf_write);
     const ps_layout *l = &s->model.layout;
     const ps_config *c = &s->cfg;
-    int pushids = srv_pushid_count(s) > 0;
-    msgpack_pack_map(&pk, 8 + (s->plan.set ? 1 : 0) + (j->ntables ? 1 : 0) + pushids);
+    int pushids = srv_pushid_count(s) > 0, parts = s->parts.epoch > 0;
+    msgpack_pack_map(&pk, 8 + (s->plan.set ? 1 : 0) + (j->ntables ? 1 : 0) + pushids + parts);
     ps_pack_key(&pk, "version");
     msgpack_pack_uint64(&pk, j->version);
     ps_pack_key(&pk, "created");
@@ -166,6 +166,19 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
         pack_tables(&pk, s, j);
     if (pushids)
         pack_pushids(&pk, s);
+    if (parts) { /* the part map psd holds (PROTOCOL.md 18): [epoch, dense, self, [addresses]] */
+        const srv_parts *p = &s->parts;
+        ps_pack_key(&pk, "parts");
+        msgpack_pack_array(&pk, 4);
+        msgpack_pack_uint64(&pk, p->epoch);
+        msgpack_pack_uint32(&pk, p->dense);
+        msgpack_pack_int32(&pk, p->self);
+        msgpack_pack_array(&pk, p->n);
+        for (uint32_t i = 0; i < p->n; i++) {
+            msgpack_pack_str(&pk, strlen(p->addrs[i]));
+            msgpack_pack_str_body(&pk, p->addrs[i], strlen(p->addrs[i]));
+        }
+    }
     return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
 }
 

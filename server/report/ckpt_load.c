@@ -2,6 +2,7 @@
  * (srv_checkpoint_load: its CRC, header, layout, optimizer state, clocks,
  * plan and embedding tables), and setting checkpoints aside (--fresh). Owns nothing past
  * the load. */
+#include "server/store/parts.h"
 #include "server/report/checkpoint.h"
 #include "server/report/ckpt_file.h"
 #include "server/policy/policy.h"
@@ -427,6 +428,13 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     restore_pushids(s, pids, path);
     srv_plan_clear(&s->plan);
     *nout = 0;
+    const msgpack_object *pm = ps_map_get(&h, "parts");
+    if (pm && srv_parts_restore(&s->parts, pm) != 0)
+        PS_LOG(PS_LOG_WARN, "checkpoint %s: its part map is unusable: loaded without it (the workers' lists are the "
+                            "map)", path);
+    else if (pm)
+        PS_LOG(PS_LOG_INFO, "checkpoint %s: part map %" PRIu64 ", this psd part %d of %u", path, s->parts.epoch,
+               s->parts.self, s->parts.n);
     const msgpack_object *plan = ps_map_get(&h, "plan");
     if (plan) {
         ps_plan pp;

@@ -101,6 +101,32 @@ int srv_parts_declared(const srv_parts *p, uint32_t part, uint32_t nparts)
     return 0;
 }
 
+int srv_parts_restore(srv_parts *p, const msgpack_object *o)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4)
+        return -1;
+    const msgpack_object *e = o->via.array.ptr, *a = &o->via.array.ptr[3];
+    if (e[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER || e[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        (e[2].type != MSGPACK_OBJECT_POSITIVE_INTEGER && e[2].type != MSGPACK_OBJECT_NEGATIVE_INTEGER) ||
+        a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size == 0 || a->via.array.size > PS_PARTS_MAX ||
+        e[0].via.u64 == 0 || e[1].via.u64 == 0 || e[1].via.u64 > a->via.array.size ||
+        e[2].via.i64 < -1 || e[2].via.i64 >= (int64_t)a->via.array.size)
+        return -1;
+    for (uint32_t i = 0; i < a->via.array.size; i++)
+        if (a->via.array.ptr[i].type != MSGPACK_OBJECT_STR || a->via.array.ptr[i].via.str.size == 0 ||
+            a->via.array.ptr[i].via.str.size > PS_ADDR_MAX)
+            return -1;
+    for (uint32_t i = 0; i < a->via.array.size; i++) {
+        memcpy(p->addrs[i], a->via.array.ptr[i].via.str.ptr, a->via.array.ptr[i].via.str.size);
+        p->addrs[i][a->via.array.ptr[i].via.str.size] = '\0';
+    }
+    p->epoch = e[0].via.u64;
+    p->dense = (uint32_t)e[1].via.u64;
+    p->self = (int32_t)e[2].via.i64;
+    p->n = a->via.array.size;
+    return 0;
+}
+
 int srv_parts_new_index(const srv_parts *p, const char *addr)
 {
     for (uint32_t i = 0; i < p->new_n; i++)

@@ -46,6 +46,11 @@ int srv_parts_declared(const srv_parts *p, uint32_t part, uint32_t nparts);
 /* The index of addr (HOST:PORT) in the new map, or -1. */
 int srv_parts_new_index(const srv_parts *p, const char *addr);
 
+/* The map a checkpoint's header holds, [epoch, dense, self, [addresses]]
+ * (report/checkpoint.c writes it): 0, or -1 when it is not one (p is then
+ * unchanged). */
+int srv_parts_restore(srv_parts *p, const msgpack_object *o);
+
 /* Parses "A,B,C" into the new map's addresses; 0 or -1 (err says why). */
 int srv_parts_parse(srv_parts *p, const char *list, char *err, size_t errlen);
 

@@ -26,6 +26,9 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
   pass leaves every row on its old part as it was; `psctl parts abort`
   calls the move off; started again at its address, the same command run
   again finishes the move.
+- The map in checkpoints: a part restarted from its checkpoint after a
+  move knows the map (status, MOVED), and a worker given the old list
+  finds the new part from its WELCOME.
 - Bad input: adding a part that is in the job already, a psd that holds
   another job's model, a second move while one is under way; removing the
   only part, or a part that holds dense values: each refused with the
@@ -435,3 +438,39 @@ def test_part_killed_mid_move(cluster):
     r = psctl_parts(parts, "add", again.addr, "1M")
     assert r.returncode == 0, r.stdout + r.stderr
     same(check_placed(holdings(parts + [again]), 3), before)
+
+
+def test_map_kept_in_checkpoints(cluster):
+    """A part restarted from its checkpoint after a move knows the map: its
+    status says so, it refuses a key that moved (MOVED, with the map), and
+    a worker given the old list finds the new part from its WELCOME."""
+    dirs = [os.path.join(cluster.dir, "state%d" % i) for i in range(2)]
+    parts = [cluster.psd(mode="asgd", workers=1, name="m%d" % i, args=ARGS + ("--state-dir", dirs[i]))
+             for i in range(2)]
+    touched = train(parts)
+    new = start(cluster, 1, "m", first=2)[0]
+    r = psctl_parts(parts, "add", new.addr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    every = check_placed(holdings(parts + [new]), 3)
+    r = harness.psctl(parts[0].addr, "checkpoint")
+    assert r.returncode == 0, r.stderr
+    port = parts[0].port
+    parts[0].kill()
+    parts[0] = cluster.psd(mode="asgd", workers=1, name="m0again",
+                           args=ARGS + ("--state-dir", dirs[0], "--listen", "127.0.0.1:%d" % port))
+    st = harness.status(parts[0].addr)["parts"]
+    assert st["epoch"] == 1 and st["self"] == 0 and st["addrs"] == [p.addr for p in parts + [new]], st
+    k = next(k for k in sorted(touched) if part_of(k, 2) == 0 and part_of(k, 3) == 2)
+    with RawClient(parts[0].addr, 10.0) as a:
+        a.hello_admin()
+        e = a.request({"t": T_TPULL, "tab": "emb", "keys": np.array([k], "<u8").tobytes()})
+        assert e["t"] == T_ERROR and e["code"] == E_MOVED and e["pmap"][0] == 1, e
+    # a worker given the old list: every row as it was, from its part under 3
+    c = psd.Client(LAYOUT, server=",".join(p.addr for p in parts), shard="0/1", connect=True, connect_s=5,
+                   timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    keys = np.array(sorted(every), np.uint64)
+    got = c.pull_rows("emb", keys)
+    c.close()
+    for i, key in enumerate(keys.tolist()):
+        assert np.array_equal(got[i].view(np.uint32), every[key].view(np.uint32)), key
