@@ -164,6 +164,27 @@
     }
   }
 
+  /* ---- the job's part map and a move of parts (PROTOCOL.md 18) ---------- */
+
+  function renderParts() {
+    const p = job.parts;
+    const shown = p && (p.epoch > 0 || p.moving || p.move);
+    $("parts-section").hidden = !shown;
+    if (!shown) return;
+    let text = p.epoch > 0 ? "part map " + p.epoch + ": this psd is part " + p.self + " of " + p.n +
+      " (the dense model on the first " + p.dense + ")" : "the workers' list is the part map";
+    const m = p.move;
+    if (m) {
+      text += (p.moving ? "; MOVING to map " : "; the last move, to map ") + m.epoch + " (" + m.old_n + " parts to " +
+        m.new_n + ", " + num(m.seconds, 1) + " s): rows given " + count(m.rows_given) + ", taken " +
+        count(m.rows_taken) + " (" + bytes(m.bytes_taken) + "), " + m.handed + " of " + m.sources +
+        " sources handed over, longest handover " + count(m.handover_ms_max) + " ms";
+    }
+    if (p.dropping) text += "; dropping the rows that left";
+    if (p.error) text += "; STOPPED: " + p.error;
+    $("parts-summary").textContent = text;
+  }
+
   function renderEvents() {
     const tbody = $("events").querySelector("tbody");
     tbody.replaceChildren();
@@ -397,6 +418,7 @@
       job = await get("/api/job");
       renderJob();
       renderReplicas();
+      renderParts();
       const now = Date.now();
       if (now - lastHistory >= HISTORY_MS || !hist) {
         hist = await get("/api/history");

@@ -463,6 +463,36 @@ static int replication_json(psd *s, ps_buf *b, uint64_t now)
     return rc | srv_json_raw(b, "]}, ");
 }
 
+/* "parts": the part map this psd holds and a move of parts, under way or
+ * the last one (PROTOCOL.md 18): its rows given and taken. */
+static int parts_json(psd *s, ps_buf *b, uint64_t now)
+{
+    const srv_parts *p = &s->parts;
+    int rc = srv_json_raw(b, "\"parts\": {");
+    rc |= kv_u64(b, "epoch", p->epoch);
+    rc |= kv_u64(b, "n", p->epoch ? p->n : 0);
+    rc |= kv_u64(b, "dense", p->epoch ? p->dense : 0);
+    rc |= ps_buf_printf(b, "\"self\": %d, ", p->epoch ? p->self : -1);
+    rc |= kv_bool(b, "moving", p->moving);
+    rc |= kv_bool(b, "dropping", s->tables.drop.on);
+    rc |= kv_str(b, "error", p->error);
+    if (!p->moving && !p->ended_ms)
+        return rc | srv_json_raw(b, "\"move\": null}, ");
+    rc |= srv_json_raw(b, "\"move\": {");
+    rc |= kv_u64(b, "epoch", p->mv_epoch);
+    rc |= kv_u64(b, "old_n", p->old_n);
+    rc |= kv_u64(b, "new_n", p->new_n);
+    rc |= kv_u64(b, "sources", (uint64_t)__builtin_popcountll(p->want));
+    rc |= kv_u64(b, "handed", (uint64_t)__builtin_popcountll(p->handed));
+    rc |= kv_u64(b, "rows_given", p->rows_out);
+    rc |= kv_u64(b, "rows_taken", p->rows_in);
+    rc |= kv_u64(b, "bytes_taken", p->bytes_in);
+    rc |= kv_u64(b, "handover_ms_max", p->pause_ms_max);
+    rc |= ps_buf_printf(b, "\"seconds\": %.1f}}, ",
+                        (double)((p->moving ? now : p->ended_ms) - p->started_ms) / 1e3);
+    return rc;
+}
+
 static int job_json(psd *s, ps_buf *b)
 {
     uint64_t now = srv_now_ms();
@@ -502,6 +532,7 @@ static int job_json(psd *s, ps_buf *b)
     rc |= kv_u64(b, "rounds", s->stats.rounds);
     rc |= kv_u64(b, "checkpoints", s->stats.checkpoints);
     rc |= replication_json(s, b, now);
+    rc |= parts_json(s, b, now);
     uint32_t miss[64];
     uint32_t nmiss = srv_join_missing(s, miss, 64);
     rc |= srv_json_raw(b, "\"waiting_for\": [");
