@@ -328,7 +328,10 @@ class AuthTest(unittest.TestCase):
                     r = ctl(psd.addr, self.wpath, cmd)
                     self.assertEqual(r.returncode, 0, "%s: %s" % (cmd, r.stderr))
                 self.assertIn("connected", ctl(psd.addr, self.wpath, "workers").stdout)
-                argv = {"set": ("set", "lr=0.1"), "save": ("save", os.path.join(cl.dir, "m.safetensors"))}
+                # parts: a fresh psd to add, so that psctl gets as far as asking psd to move
+                fresh = cl.psd(workers=1, name="fresh", token=self.wtok, args=("--set", "token_file=" + self.wpath))
+                argv = {"set": ("set", "lr=0.1"), "save": ("save", os.path.join(cl.dir, "m.safetensors")),
+                        "parts": ("parts", "add", fresh.addr)}
                 self.assertGreaterEqual(len(controlling), 7)
                 for args in (argv.get(cmd, (cmd,)) for cmd in controlling):
                     r = ctl(psd.addr, self.wpath, *args)
