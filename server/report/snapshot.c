@@ -33,6 +33,8 @@
 #include "proto/errors.h"
 
 #define TURN_NS 4000000u /* blocks written per turn of the loop: for about this long */
+#define SNAP_TEST_VERSIONS 20u /* PSD_TEST_SNAP_BLOCK_MS: updates before each block */
+#define SNAP_TEST_TICKS 200u   /* or this many ticks, when no worker pushes */
 
 typedef struct snap_writer {
     psd *s;
@@ -40,8 +42,11 @@ typedef struct snap_writer {
     int fd;              /* the caller's descriptor, dup()ed */
     uint64_t id;         /* the tables' snapshot (srv_tables_snap_begin) */
     uv_idle_t idle;
-    uv_timer_t timer;    /* test only: a block every block_ms */
-    unsigned block_ms;
+    uv_timer_t timer;    /* test only: a block every block_ms, once */
+    unsigned block_ms;   /* SNAP_TEST_VERSIONS updates were applied since the
+                          * last one (or the start), or after SNAP_TEST_TICKS ticks */
+    uint64_t last_version; /* the model's version then */
+    unsigned waited;     /* ticks since */
     uint64_t start[PS_TABLES_MAX]; /* where table i's keys start in the file */
     uint64_t end;        /* the tail's place */
     uLong crc;           /* of the file's start */
@@ -126,6 +131,12 @@ static void write_some(snap_writer *w)
         finish(w, PS_ESHUTDOWN, "psd is stopping");
         return;
     }
+    if (w->block_ms) { /* test only: pushes come between the blocks, whatever the machine's speed */
+        if (w->s->model.version < w->last_version + SNAP_TEST_VERSIONS && ++w->waited < SNAP_TEST_TICKS)
+            return;
+        w->waited = 0;
+        w->last_version = w->s->model.version;
+    }
     uint64_t t0 = uv_hrtime();
     do {
         srv_tables_block b;
@@ -209,6 +220,7 @@ int srv_checkpoint_snapshot(psd *s, int fd, void (*done)(psd *s, int rc, uint64_
     w->t0 = uv_hrtime();
     const char *slow = getenv("PSD_TEST_SNAP_BLOCK_MS");
     w->block_ms = slow ? (unsigned)strtoul(slow, NULL, 10) : 0;
+    w->last_version = s->model.version;
     w->fd = dup(fd);
     uLong crc = crc32_z(0L, Z_NULL, 0);
     int rc = 0;

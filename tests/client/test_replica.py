@@ -44,11 +44,23 @@ import test_tables_kill as tk  # noqa: E402  (its worker program and checkpoint 
 STEPS = 200
 
 
-def start_workers(cl, addr, steps=STEPS, pace=0.0):
+# The workers' program, held after step HELD_AT until the file named by
+# PSD_TEST_HOLD_FILE exists (when that is set)
+HELD_AT = 20
+HELD_WORKER = tk.WORKER.replace("    time.sleep(pace)\n", """    time.sleep(pace)
+    hold = os.environ.get("PSD_TEST_HOLD_FILE")
+    while hold and step + 1 == %d and not os.path.exists(hold):
+        time.sleep(0.005)
+""" % HELD_AT).replace("import json, sys, time", "import json, os, sys, time")
+assert HELD_WORKER.count("PSD_TEST_HOLD_FILE") == 1 and "import json, os, sys" in HELD_WORKER
+
+
+def start_workers(cl, addr, steps=STEPS, pace=0.0, hold=None):
     ws = []
+    env = dict(os.environ, PSD_TEST_HOLD_FILE=hold) if hold else dict(os.environ)
     for k in range(2):
-        argv = [sys.executable, "-c", tk.WORKER, addr, str(k), str(steps), str(tk.BATCH), str(pace)]
-        w = harness.Worker("worker%d-%d" % (k, len(cl.procs)), argv, cl.dir, env=dict(os.environ))
+        argv = [sys.executable, "-c", HELD_WORKER, addr, str(k), str(steps), str(tk.BATCH), str(pace)]
+        w = harness.Worker("worker%d-%d" % (k, len(cl.procs)), argv, cl.dir, env=env)
         cl.procs.append(w)
         ws.append(w)
     return ws
@@ -95,12 +107,16 @@ def test_follower_holds_the_leaders_state_bit_for_bit():
     with harness.Cluster("psd-replica") as cl:
         leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"),
                         env=dict(os.environ, PSD_TEST_SNAP_BLOCK_MS="50"))
-        ws = start_workers(cl, leader.addr)
-        harness.wait_until(lambda: max(tk.steps_done(w) for w in ws) >= 20, 120, "the workers' first steps")
+        hold = os.path.join(cl.dir, "go")
+        ws = start_workers(cl, leader.addr, hold=hold)
+        harness.wait_until(lambda: min(tk.steps_done(w) for w in ws) >= HELD_AT, 120, "the workers' first steps")
         follower = follow(cl, leader)  # joins while they train: snapshot, then the log
+        harness.wait_until(lambda: "asks for a snapshot" in leader.stderr(), 60, "the follower's snapshot")
+        open(hold, "w").close()  # the workers go on while the snapshot is written
         harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
-        # the leader wrote its table's rows a block every 50 ms (PSD_TEST_SNAP_BLOCK_MS) while the
-        # workers pushed: rows changed before their block was written went in as they had been
+        # the leader wrote its table's rows a block at a time, each after 20 more updates
+        # (PSD_TEST_SNAP_BLOCK_MS), while the workers pushed: rows changed before their block was
+        # written went in as they had been
         kept = re.search(r"written in [0-9.]+ s from the loop; (\d+) rows that pushes changed", leader.stderr())
         assert kept and int(kept.group(1)) > 0, leader.stderr()[-2000:]
         res = tk.finish(ws)
