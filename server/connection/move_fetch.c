@@ -44,6 +44,8 @@ typedef struct fetcher {
     pthread_t th;
     int started;
     int ready;         /* its pass is over and few of its rows change: it may hand over */
+    int failed;        /* the loop could not apply an answer: stop before the handover (under mu) */
+    uint64_t posted, applied; /* answers of rows handed to the loop, and applied there (under mu) */
     uint32_t src;
     char addr[PS_ADDR_MAX + 1];
     struct srv_move_thread *all;
@@ -98,6 +100,15 @@ static int stopping(struct srv_move_thread *t)
     return st;
 }
 
+/* Its session ends: told to stop, or an answer could not be applied. */
+static int ends(fetcher *f)
+{
+    pthread_mutex_lock(&f->all->mu);
+    int st = f->all->stop || f->failed;
+    pthread_mutex_unlock(&f->all->mu);
+    return st;
+}
+
 static uint64_t mono_ms(void)
 {
     struct timespec ts;
@@ -115,8 +126,9 @@ static void pause_ms(struct srv_move_thread *t, uint64_t ms)
     if (ts.tv_nsec >= 1000000000L)
         ts.tv_sec++, ts.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&t->mu);
-    if (!t->stop)
-        pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+    /* the condition is broadcast as answers are applied too: wait on */
+    while (!t->stop && pthread_cond_timedwait(&t->cv, &t->mu, &ts) == 0) {
+    }
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -153,7 +165,7 @@ static int session(fetcher *f, ps_conn *c)
     snprintf(ep, sizeof ep, "%" PRIu64, t->epoch);
     uint64_t t0 = mono_ms(), sent = 0, final_ms = 0;
     int rounds = 0;
-    while (!stopping(t)) {
+    while (!ends(f)) {
         snprintf(fin, sizeof fin, "%d", *final);
         snprintf(st, sizeof st, "%d", fresh);
         const char *a[] = {t->self, ep, fin, st, most};
@@ -184,6 +196,9 @@ static int session(fetcher *f, ps_conn *c)
         it->len = len;
         it->kind = 'R';
         it->src = f->src;
+        pthread_mutex_lock(&t->mu);
+        f->posted++;
+        pthread_mutex_unlock(&t->mu);
         post(t, it);
         uint64_t ver = r.mver;
         if (ver == 3) {
@@ -199,15 +214,20 @@ static int session(fetcher *f, ps_conn *c)
              * key of a source not handed over yet holds its whole request
              * (NOT_READY), so handovers one pass apart held steps for the
              * time between them (0.4 s growing 3 -> 4 parts of 10^7 rows) */
-            if (!f->ready && (len < SMALL_BYTES || rounds >= MAX_ROUNDS)) {
-                f->ready = 1;
+            int all = 0;
+            if (len < SMALL_BYTES || rounds >= MAX_ROUNDS) {
+                /* and once the loop applied what it fetched: a row it could
+                 * not hold stops the fetching before the source hands over */
                 pthread_mutex_lock(&t->mu);
-                t->nready++;
+                while (!t->stop && !f->failed && f->applied != f->posted)
+                    pthread_cond_wait(&t->cv, &t->mu);
+                if (!f->ready && !f->failed) {
+                    f->ready = 1;
+                    t->nready++;
+                }
+                all = t->nready >= t->nf && !f->failed && !t->stop;
                 pthread_mutex_unlock(&t->mu);
             }
-            pthread_mutex_lock(&t->mu);
-            int all = t->nready >= t->nf;
-            pthread_mutex_unlock(&t->mu);
             if (all)
                 *final = 1;
             else if (f->ready)
@@ -237,7 +257,7 @@ static void *fetcher_main(void *arg)
         t->fds[f->src] = -1;
         pthread_mutex_unlock(&t->mu);
         ps_conn_close(&c);
-        if (done)
+        if (done || ends(f))
             break;
         pause_ms(t, backoff);
         backoff = backoff < 2000 ? backoff * 2 : 2000;
@@ -247,6 +267,21 @@ static void *fetcher_main(void *arg)
 }
 
 /* ---- on the loop ------------------------------------------------------------- */
+
+/* Tells src's fetcher an answer of its was applied (failed: could not be). */
+static void applied(struct srv_move_thread *t, uint32_t src, int failed)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->mu);
+    for (int i = 0; i < t->nf; i++)
+        if (t->f[i].src == src) {
+            t->f[i].applied++;
+            t->f[i].failed |= failed;
+        }
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
 
 static void apply_item(psd *s, item *it)
 {
@@ -265,9 +300,16 @@ static void apply_item(psd *s, item *it)
         src->bytes += it->len;
         p->rows_in += rows;
         p->bytes_in += it->len;
-        if (rc != 0 && !p->error[0]) {
-            snprintf(p->error, sizeof p->error, "rows from part %u: %.300s", it->src, err);
-            PS_LOG(PS_LOG_ERROR, "move of parts: %s", p->error);
+        applied(p->t, it->src, rc != 0);
+        if (rc != 0 && !src->failed) {
+            /* its fetching stops before the handover (which waits for
+             * every answer to be applied), so the source keeps every row
+             * until a session fetches them anew */
+            src->failed = 1;
+            if (!p->error[0])
+                snprintf(p->error, sizeof p->error, "rows from part %u: %.300s", it->src, err);
+            PS_LOG(PS_LOG_ERROR, "move of parts: rows from part %u: %s; its fetching stops (the source keeps its "
+                   "rows): mend that and run the command again, or call the move off", it->src, err);
         }
         break;
     }
@@ -279,6 +321,7 @@ static void apply_item(psd *s, item *it)
         }
         src->rows = src->bytes = 0;
         src->state = 0;
+        src->failed = 0;
         break;
     case 'P':
         src->state = 1;
@@ -286,6 +329,11 @@ static void apply_item(psd *s, item *it)
                "follow, then the handover", it->src, src->rows);
         break;
     case 'H':
+        if (src->failed) {
+            PS_LOG(PS_LOG_ERROR, "move of parts: part %u handed its rows over, but some could not be applied here: "
+                   "not taken (they are fetched anew when the move is run again)", it->src);
+            break;
+        }
         src->state = 2;
         p->handed |= 1ull << it->src;
         if (it->pause_ms > p->pause_ms_max)

@@ -297,7 +297,7 @@ static void cmd_checkpoint(srv_conn *c, ps_msg *m)
                        "configuration file)");
         return;
     }
-    if (!s->model.initialized) {
+    if (!srv_checkpoint_has_state(s)) {
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "checkpoint: the model has no values yet");
         return;
     }

@@ -17,6 +17,7 @@
 #include "proto/errors.h"
 #include "server/answer/reply.h"
 #include "server/policy/policy.h"
+#include "server/report/checkpoint.h"
 #include "server/store/parts.h"
 
 #define ANSWER_BYTES ((size_t)4 << 20) /* a fetch's answer: about 4 MiB of rows at most */
@@ -348,6 +349,10 @@ static void cmd_move_end(srv_conn *c, ps_msg *m)
            "tables%s",
            p->epoch, (double)(p->ended_ms - p->started_ms) / 1e3, p->n, p->self, p->rows_out, p->bytes_out,
            p->rows_in, p->bytes_in, before, p->old_self >= 0 ? ", of which those that left are being dropped" : "");
+    /* a new part's rows are written at once (with state_dir): until its
+     * first checkpoint they live only in its memory */
+    if (p->old_self < 0 && p->self >= 0)
+        srv_checkpoint_start(s, 1);
     srv_send_ok_text(c, m->id, p->self >= 0 ? "the new map holds" : "this psd is no longer a part of the job");
 }
 

@@ -32,6 +32,7 @@
 #include "server/tables/sparse_optim.h"
 #include "server/record/stats.h"
 #include "server/replog/pushid.h"
+#include "server/store/parts.h"
 
 enum { CKPT_AT_MKDIR = 1, CKPT_AT_CREATE, CKPT_AT_WRITE, CKPT_AT_RENAME, CKPT_AT_EXIT };
 #define CKPT_WBUF (1u << 20)
@@ -613,9 +614,14 @@ int srv_ckpt_mid_round(psd *s)
     return s->policy->round_base && s->policy->round_base(s);
 }
 
+int srv_checkpoint_has_state(const psd *s)
+{
+    return s->model.initialized || (!s->model.has_layout && !s->parts.moving && srv_parts_table_only(&s->parts));
+}
+
 void srv_checkpoint_start(psd *s, int force)
 {
-    if (!s->cfg.state_dir[0] || !s->model.initialized || s->checkpoint_busy)
+    if (!s->cfg.state_dir[0] || !srv_checkpoint_has_state(s) || s->checkpoint_busy)
         return;
     if (srv_update_busy(s) || srv_ckpt_mid_round(s))
         return; /* it writes the optimizer state: the next tick tries again */
@@ -653,7 +659,7 @@ int srv_work_stopped(const psd *s)
 
 int srv_checkpoint_at_rest(psd *s, const char *why)
 {
-    if (!s->cfg.state_dir[0] || !s->model.initialized)
+    if (!s->cfg.state_dir[0] || !srv_checkpoint_has_state(s))
         return 1;
     if (saved(s))
         return 1; /* an unchanged model is not written twice */
@@ -677,7 +683,7 @@ void srv_checkpoint_rest_tick(psd *s)
 
 int srv_checkpoint_write_now(psd *s)
 {
-    if (!s->cfg.state_dir[0] || !s->model.initialized)
+    if (!s->cfg.state_dir[0] || !srv_checkpoint_has_state(s))
         return 0;
     if (saved(s))
         return 0;

@@ -12,7 +12,9 @@
  *                optimizer and its settings, state buffer names, clocks;
  *                "plan" when the job has one, absent in older files;
  *                "tables" in formats 2 and 3: each table's declaration,
- *                rows, floats a row and, in 3, its clock)
+ *                rows, floats a row and, in 3, its clock; "parts", the
+ *                part map, once psd holds one: a part that holds no dense
+ *                values has an empty layout, and P is 0)
  *   ..  P floats parameters, then P floats per optimizer state buffer
  *   ..  per table: rows x u64 keys, rows x floats values (weights, state,
  *       step), and in format 3 rows x u64, each row's table clock at its
@@ -35,6 +37,11 @@
  * environment variable PSD_TEST_CKPT_SLOW_US (tests only) makes the writer
  * pause that many microseconds per MiB of table rows. */
 void srv_checkpoint_start(psd *s, int force);
+
+/* Something to write: the model once it has values, or, on a part a move
+ * added, which holds table rows only (PROTOCOL.md 18), its rows once the
+ * move is over (in one under way it holds some, and no map yet). */
+int srv_checkpoint_has_state(const psd *s);
 
 /* A snapshot for a follower (PROTOCOL.md 17): writes what a checkpoint holds,
  * in the checkpoint's format, into fd (a memory file psd made) from the

@@ -334,7 +334,19 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     }
     ps_layout *l = &s->scratch_layout;
     char lerr[256];
-    if (ps_layout_unpack(lay, l, lerr, sizeof lerr) != 0) {
+    /* no dense model: a part a move added, which holds table rows only
+     * (PROTOCOL.md 18); its map must say so */
+    const msgpack_object *pm = ps_map_get(&h, "parts");
+    int table_only = lay->via.array.size == 0;
+    if (table_only) {
+        srv_parts q;
+        memset(&q, 0, sizeof q);
+        if (!pm || srv_parts_restore(&q, pm) != 0 || !srv_parts_table_only(&q)) {
+            snprintf(err, errlen, "no dense model, and no map of a part that holds none");
+            goto out;
+        }
+        ps_layout_init(l);
+    } else if (ps_layout_unpack(lay, l, lerr, sizeof lerr) != 0) {
         snprintf(err, errlen, "bad layout: %s", lerr);
         goto out;
     }
@@ -360,7 +372,7 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
     /* install */
     srv_model_free(&s->model);
     memset(&s->model, 0, sizeof s->model);
-    rc = srv_model_set_layout(&s->model, l, &s->cfg);
+    rc = table_only ? 0 : srv_model_set_layout(&s->model, l, &s->cfg);
     if (rc != 0) {
         if (rc == PS_EINVAL)
             snprintf(err, errlen, "the checkpoint's model has %zu parameters; a Hogwild! job's model is at most %llu "
@@ -386,7 +398,9 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         match = nm->type == MSGPACK_OBJECT_STR && nm->via.str.size == strlen(names[i]) &&
                 !memcmp(nm->via.str.ptr, names[i], nm->via.str.size);
     }
-    if (match) {
+    if (table_only) {
+        /* nothing of a dense model to restore */
+    } else if (match) {
         for (size_t i = 0; i < nstate; i++, p += n * sizeof(float))
             memcpy(bufs[i], p, n * sizeof(float));
     } else {
@@ -424,11 +438,11 @@ static int load_one(psd *s, const char *path, uint32_t *out, uint32_t max, uint3
         PS_LOG(PS_LOG_WARN, "checkpoint %s: its tables take %llu bytes, past max_table_memory (%llu): kept; no new "
                             "rows fit until some memory is freed or the setting raised",
                path, (unsigned long long)s->tables.bytes, (unsigned long long)s->cfg.max_table_memory);
-    srv_model_set_initialized(&s->model, ver->via.u64);
+    if (!table_only) /* a table-only part's model stays without values (and at version 0): it holds none */
+        srv_model_set_initialized(&s->model, ver->via.u64);
     restore_pushids(s, pids, path);
     srv_plan_clear(&s->plan);
     *nout = 0;
-    const msgpack_object *pm = ps_map_get(&h, "parts");
     if (pm && srv_parts_restore(&s->parts, pm) != 0)
         PS_LOG(PS_LOG_WARN, "checkpoint %s: its part map is unusable: loaded without it (the workers' lists are the "
                             "map)", path);

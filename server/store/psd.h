@@ -360,6 +360,8 @@ struct srv_ckpt_wait;
 typedef struct srv_move_src {
     uint64_t rows, bytes;    /* rows and bytes taken from that source so far */
     int state;               /* 0 copying, 1 its first pass done, 2 handed over */
+    int failed;              /* an answer of this session could not be applied: its
+                              * handover does not count, and its fetching stops */
 } srv_move_src;
 typedef struct srv_parts {
     uint64_t epoch;          /* the map's; 0: none held */

@@ -268,6 +268,17 @@ int srv_tables_move_apply(srv_tables *ts, const uint8_t *b, size_t len, uint32_t
             if (t->stamps)
                 *stamp_at(t, r - 1) = t->clock;
         } else if (present) {
+            uint64_t evict = 0;
+            /* max_table_memory and table_memory bound moved rows as pushed
+             * ones, checked as a block of rows is added; a moved row is
+             * never evicted: past the bound, the move stops here */
+            if ((t->rows & (((uint64_t)1 << t->shift) - 1)) == 0 &&
+                (tbl_room_for(ts, t, 1u << t->shift, (uint64_t)1 << t->shift, 0, &evict, err, errlen) != 0 || evict))
+                return evict ? ps_fail(err, errlen, PS_ELIMIT, "table '%s': the rows moving here would pass "
+                                       "max_table_memory or table_memory (it holds %llu rows in %llu bytes); raise "
+                                       "it on this psd", t->def.name, (unsigned long long)t->rows,
+                                       (unsigned long long)t->bytes)
+                             : PS_ELIMIT;
             if (tbl_reserve(ts, t, t->rows + 1) != 0)
                 return ps_fail(err, errlen, PS_ENOMEM, "table '%s': out of memory for a moved row", t->def.name);
             append(t, key, t->clock, b + at + REC_HEAD);

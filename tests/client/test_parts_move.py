@@ -440,6 +440,64 @@ def test_part_killed_mid_move(cluster):
     same(check_placed(holdings(parts + [again]), 3), before)
 
 
+def test_new_part_out_of_table_memory(cluster):
+    """A new part whose max_table_memory cannot hold the rows moving to it
+    stops the move in its pass, with an error naming the bound: nothing was
+    handed over, so every row is still on its old part as it was and the
+    job trains on; raised (psctl set), the same psctl command run again
+    finishes the move."""
+    parts = start(cluster, 2, "l")
+    train(parts, steps=20)
+    before = check_placed(holdings(parts), 2)
+    new = cluster.psd(mode="asgd", workers=1, name="l2", args=ARGS + ("--set", "max_table_memory=64K"))
+    r = psctl_parts(parts, "add", new.addr)
+    assert r.returncode != 0 and "the move stopped at %s" % new.addr in r.stderr, r.stdout + r.stderr
+    assert "max_table_memory" in r.stderr, r.stderr
+    assert "its fetching stops (the source keeps its rows)" in new.stderr()
+    same(check_placed(holdings(parts), 2), before)
+    for p in parts:
+        st = harness.status(p.addr)["parts"]
+        assert st["moving"] is True and st["move"]["switched"] == 0, st
+    train(parts, steps=2, seed=8)  # no key is refused: they stay where they were
+    before = check_placed(holdings(parts), 2)
+    r = harness.psctl(new.addr, "set", "max_table_memory=64M")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = psctl_parts(parts, "add", new.addr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    same(check_placed(holdings(parts + [new]), 3), before)
+
+
+def test_new_part_checkpoints_its_rows(cluster):
+    """A part a move added holds no dense values, yet writes checkpoints of
+    its rows: one as the move ends, and others as they change. Killed and
+    started again from its state_dir, it holds every row it held, as it
+    was, knows the map, and workers train on through it."""
+    parts = start(cluster, 2, "c")
+    train(parts)
+    state = os.path.join(cluster.dir, "c2state")
+    new = cluster.psd(mode="asgd", workers=1, name="c2", args=ARGS + ("--state-dir", state))
+    r = psctl_parts(parts, "add", new.addr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    harness.wait_until(lambda: any(f.endswith(".psdc") for f in os.listdir(state)), 30, "the new part's checkpoint")
+    train(parts + [new], steps=3, seed=11)  # rows change after the first checkpoint
+    r = harness.psctl(new.addr, "checkpoint")
+    assert r.returncode == 0, r.stdout + r.stderr
+    held = stored(new.addr)
+    assert len(held) > 1000
+    port = new.port
+    new.kill()
+    again = cluster.psd(mode="asgd", workers=1, name="c2again",
+                        args=ARGS + ("--state-dir", state, "--listen", "127.0.0.1:%d" % port))
+    assert "loaded checkpoint" in again.stderr(), again.stderr()
+    same(stored(again.addr), held)
+    st = harness.status(again.addr)
+    assert st["parts"]["epoch"] == 1 and st["parts"]["self"] == 2 and st["parameters"] == 0, st["parts"]
+    every = check_placed(holdings(parts + [again]), 3)
+    train(parts + [again], steps=2, seed=12)
+    after = check_placed(holdings(parts + [again]), 3)
+    assert len(after) >= len(every)
+
+
 def test_map_kept_in_checkpoints(cluster):
     """A part restarted from its checkpoint after a move knows the map: its
     status says so, it refuses a key that moved (MOVED, with the map), and

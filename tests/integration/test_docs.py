@@ -185,7 +185,8 @@ class DocsTest(unittest.TestCase):
         """Each server file that answers LIMIT has its cause in PROTOCOL.md's
         error table; a new use fails here until it is documented."""
         causes = {"net.c": "max_connections", "hello.c": "max_params", "pull.c": "parked pull",
-                  "table.c": "a 65th table", "repl.c": "a ninth follower", "bounds.c": "2,684,354,561st row", "bsp.c": "max_table_memory"}
+                  "table.c": "a 65th table", "repl.c": "a ninth follower", "bounds.c": "2,684,354,561st row", "bsp.c": "max_table_memory",
+                  "table_move.c": "rows moving to a part"}
         also = ["max_receive_memory", "max_handshakes"]  # net.c's other LIMITs
         server = os.path.join(harness.ROOT, "server")
         users = set()
