@@ -234,6 +234,16 @@ struct psc_client {
         uint64_t epoch;      /* and the map's epoch then: another now, they are
                               * grouped anew (psc__pmap_regroup) */
     } tks[2];
+    /* a table push whose reply a lost connection took, by its part in
+     * tks[0]: applied there or not, only that part knows (its push ids).
+     * When a part map adopted meanwhile groups the call's keys anew, it
+     * goes to that part again first, as it was (table.c, tab_settle) */
+    struct psc_unsure {
+        int on;
+        size_t n;            /* its keys: the next n of its part's, after those done */
+        uint64_t pid;
+        char addr[300];      /* the link's server then */
+    } unsure[PS_PARTS_MAX];
     /* pushes applied once (PROTOCOL.md 15) */
     uint64_t cid;            /* this client's identity, random, never 0 (HELLO "cid") */
     uint64_t next_pid;       /* the next call's first push id */

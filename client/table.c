@@ -265,10 +265,65 @@ static int tab_sleep(psc_client *c, int64_t ms)
     return 0;
 }
 
+/* A reconnect brought a newer part map: the pushes whose replies the lost
+ * connections took go again, as they were (keys, rows, push id), to the
+ * parts they went to, before their keys are grouped anew. That part
+ * applied one or not; only it knows. Applied, it answers it as then (its
+ * push ids are checked before its keys, PROTOCOL.md 15), and those keys
+ * count as answered; not applied, their rows may have moved on (MOVED,
+ * NOT_READY: nothing changed) and they go with the others to their parts
+ * under the new map. Grouped anew without asking, a push a part took just
+ * before its rows were handed over would be applied a second time by
+ * their new part. 0 or a code. */
+static int tab_settle(psc_client *c, const struct psc_tab *t, size_t *done)
+{
+    struct psc_tkeys *g = &c->tks[0];
+    uint32_t dim = t->def.dim;
+    for (uint32_t p = 0; p < g->nparts; p++) {
+        struct psc_unsure *u = &c->unsure[p];
+        if (!u->on)
+            continue;
+        u->on = 0;
+        uint32_t q = 0;
+        while (q < c->nlinks && (strcmp(c->links[q].server, u->addr) != 0 || c->links[q].cl.fd < 0))
+            q++;
+        if (q == c->nlinks) {
+            PS_LOG(PS_LOG_WARN, "table '%s': a push to %s lost its reply, and that part left the part map: its %zu "
+                   "keys go to their new parts, which may apply a push it applied before handing them over",
+                   t->def.name, u->addr, u->n);
+            continue;
+        }
+        size_t from = g->tfrom[p] + done[p];
+        ps_msg m, r;
+        ps_msg_init(&m, PS_MSG_TPUSH);
+        m.has = PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
+        snprintf(m.tab, sizeof m.tab, "%s", t->def.name);
+        m.keys = (ps_keys){(const uint8_t *)(g->sk + from), (uint32_t)u->n};
+        m.base = psc__push_base(c, &c->links[q]);
+        m.data = g->sr + from * dim;
+        m.ndata = u->n * dim;
+        m.has2 = PS_F2_PID;
+        m.pid = u->pid;
+        if (c->links[q].tseg_ok)
+            tab_to_seg(&c->links[q], &m);
+        int rc = ps_conn_call(&c->links[q].cl, &m, &r, c->timeout_ms);
+        int32_t code = c->links[q].cl.remote_code;
+        if (rc == 0) {
+            done[p] += u->n; /* applied once, there */
+        } else if (rc == PS_EREMOTE && (code == -PS_EMOVED || code == -PS_ENOT_READY)) {
+            psc__pmap_note(c, &r); /* not applied: grouped with the others */
+        } else {
+            return psc__lfail(c, q, rc);
+        }
+    }
+    return 0;
+}
+
 /* Before a round of tab_exchange: the tables declared again and the
  * call's keys grouped anew when a part map was adopted since (the keys
- * answered stay answered; a push's ids begin anew, its messages being new
- * ones). 0 or a code. */
+ * answered stay answered, and a push whose reply was lost is settled
+ * first; a push's ids begin anew, its messages being new ones). 0 or a
+ * code. */
 static int tab_follow_map(psc_client *c, const struct psc_tab *t, int op, size_t *done, size_t *pdone)
 {
     if (c->tabs_stale) {
@@ -279,7 +334,9 @@ static int tab_follow_map(psc_client *c, const struct psc_tab *t, int op, size_t
     if (c->tks[0].epoch == c->epoch)
         return 0;
     uint32_t dim = t->def.dim;
-    int rc = psc__pmap_regroup(c, &c->tks[0], dim, done, op != TAB_PULL);
+    int rc = op != TAB_PULL ? tab_settle(c, t, done) : 0;
+    if (rc == 0)
+        rc = psc__pmap_regroup(c, &c->tks[0], dim, done, op != TAB_PULL);
     if (rc == 0 && op == TAB_PUSHPULL)
         rc = psc__pmap_regroup(c, &c->tks[1], dim, pdone, 0);
     if (rc == 0 && op != TAB_PULL)
@@ -312,7 +369,7 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
     struct psc_tkeys *g = &c->tks[0], *pg = op == TAB_PUSHPULL ? &c->tks[1] : &c->tks[0];
     size_t *pd = op == TAB_PUSHPULL ? pdone : done;
     size_t chunk = tab_chunk(dim), cnt[PS_PARTS_MAX], pcnt[PS_PARTS_MAX];
-    uint64_t ids[PS_PARTS_MAX];
+    uint64_t ids[PS_PARTS_MAX], pids[PS_PARTS_MAX];
     int64_t deadline = 0; /* of the waits for psd to be ready; 0: none yet */
     int64_t wait_ms = 1;
     for (;;) {
@@ -346,6 +403,7 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                 m.ndata = k * dim;
                 m.has2 = PS_F2_PID;
                 m.pid = psc__pid(&c->links[p], done[p] / chunk);
+                pids[p] = m.pid;
                 if (pk) {
                     m.has |= PS_F_PKEYS;
                     m.pkeys = (ps_keys){(const uint8_t *)(pg->sk + pfrom), (uint32_t)pk};
@@ -390,7 +448,13 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                                "table '%s': psd at %s answered a pull of %zu rows with %s of %llu values%s",
                                t->def.name, c->links[p].server, pcnt[p], ps_msg_type_name(r.type),
                                (unsigned long long)(r.inshm ? r.len : r.ndata), r.inshm ? " in the table segment" : "");
-            else if (r2 != 0)
+            else if (r2 != 0 && r2 != PS_EREMOTE && cnt[p]) {
+                /* a push whose reply was lost: applied or not (tab_settle) */
+                struct psc_unsure *u = &c->unsure[p];
+                *u = (struct psc_unsure){.on = 1, .n = cnt[p], .pid = pids[p]};
+                snprintf(u->addr, sizeof u->addr, "%s", c->links[p].server);
+                r2 = psc__lfail(c, p, r2);
+            } else if (r2 != 0)
                 r2 = psc__lfail(c, p, r2);
             if (r2 != 0) {
                 if (rc == 0)
@@ -402,6 +466,7 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
                        pcnt[p] * dim * sizeof(float));
             done[p] += cnt[p];
             pd[p] += pcnt[p];
+            c->unsure[p].on = 0;
         }
         if (rc != 0 || !any)
             return rc;
@@ -552,6 +617,8 @@ static int tab_run(psc_client *c, const struct psc_tab *t, int op)
     psc__waiting_clear(c);
     size_t done[PS_PARTS_MAX] = {0}, pdone[PS_PARTS_MAX] = {0};
     int given_up = 0;
+    for (uint32_t p = 0; p < PS_PARTS_MAX; p++)
+        c->unsure[p].on = 0;
     if (op != TAB_PULL) /* a push message per tab_chunk keys of a part */
         psc__pids_begin(c, c->tks[0].tfrom[c->nlinks] / tab_chunk(t->def.dim) + 1);
     int rc = tab_exchange(c, t, op, done, pdone, &given_up);

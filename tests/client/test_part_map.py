@@ -93,6 +93,9 @@ class StandIn:
         self.pmap = None          # [epoch, dense, [addr, ...]]: in WELCOME, LAYOUT and MOVED
         self.moved_n = None       # a table message with a key whose part of moved_n is not index: MOVED
         self.not_ready = 0        # the next this many table messages: NOT_READY
+        self.cut_next = None      # f: the next table push is applied, then f() runs and the connection is cut
+        self.cutting = None
+        self.pids = set()         # push ids applied: one sent again is answered as then (PROTOCOL.md 15)
         self.rows = {}            # (tab, key) -> row
         self.applied = {}         # (tab, key) -> gradients applied
         self.tables = []          # (tab, part) of each TABLE
@@ -134,6 +137,10 @@ class StandIn:
                     m = msgpack.unpackb(s.recv(n, socket.MSG_WAITALL), raw=False)
                     with self.lock:
                         r = self._answer(m)
+                        f, self.cutting = self.cutting, None
+                    if f:  # applied, the reply lost
+                        f()
+                        return
                     if r is not None:
                         r["id"] = m.get("id", 0)
                         s.sendall(harness.frame(harness.pack(r)))
@@ -195,6 +202,9 @@ class StandIn:
             keys = np.frombuffer(m["keys"], "<u8").tolist()
             pkeys = np.frombuffer(m["pkeys"], "<u8").tolist() if "pkeys" in m else []
             self.table_msgs.append((t, m.get("pid"), keys, pkeys))
+            if t == T_TPUSH and m.get("pid") in self.pids:
+                self.answers.append("again")
+                return {"t": T_OK, "ver": self.version}
             if self.not_ready:
                 self.not_ready -= 1
                 self.answers.append("not_ready")
@@ -209,6 +219,11 @@ class StandIn:
                 for k, row in zip(keys, g):
                     self.rows[(tab, k)] = self.rows.get((tab, k), np.zeros(DIM, np.float32)) - np.float32(LR) * row
                     self.applied[(tab, k)] = self.applied.get((tab, k), 0) + 1
+                if m.get("pid"):
+                    self.pids.add(m["pid"])
+                if self.cut_next:
+                    self.cutting, self.cut_next = self.cut_next, None
+                    return None
                 if t == T_TPUSH:
                     return {"t": T_OK, "ver": self.version}
                 keys = pkeys
@@ -375,6 +390,46 @@ def test_welcome_adds_then_moved_drops_a_part(values):
         cl.push_rows("emb", keys, g2)
         assert np.array_equal(cl.pull_rows("emb", keys), -np.float32(LR) * (g1 + g2))
         assert a.keys() == [k for k in keys if part_of(k, 2) == 0]
+        cl.close()
+    finally:
+        for p in (a, b, c3):
+            p.close()
+
+
+def test_lost_reply_as_the_map_changes(values):
+    """A push part a applied and whose reply was lost, its rows handed over
+    to a third part before the worker reconnected: the WELCOME's map would
+    send some of its keys to the third part, which holds their rows with
+    the push applied. The client sends that push to a again first, as it
+    was (same push id): a answers it as then, and no key is applied twice."""
+    a, b = StandIn(0, values, (0, 2)), StandIn(1, values, (1, 2))
+    c3 = StandIn(2, values, None)
+    try:
+        cl = client([a, b])
+        cl.connect()
+        cl.table("emb", DIM, init="zeros", opt="sgd", lr=LR)
+        keys = list(range(400))
+        g1 = grads(keys, 7)
+        cl.push_rows("emb", keys, g1)
+
+        def move():
+            for p in (a, b, c3):
+                p.pmap = [1, 2, [a.addr, b.addr, c3.addr]]
+                p.moved_n = 3
+            handover([a, b, c3], 3)
+        a.cut_next = move
+        g2 = grads(keys, 8)
+        cl.push_rows("emb", keys, g2)
+        assert a.answers[-1] == "again" and a.table_msgs[-1][1] == a.table_msgs[-2][1], a.answers
+        assert cl.servers == 3
+        applied = {}
+        for p in (a, b, c3):
+            for (_, k), n in p.applied.items():
+                applied[k] = applied.get(k, 0) + n
+        assert applied == {k: 2 for k in keys}
+        assert np.array_equal(cl.pull_rows("emb", keys), -np.float32(LR) * (g1 + g2))
+        moved = [k for k in keys if part_of(k, 3) == 2]
+        assert moved and c3.keys() == sorted(moved) and not c3.applied  # every one handed over
         cl.close()
     finally:
         for p in (a, b, c3):
