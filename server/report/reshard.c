@@ -119,6 +119,23 @@ static int copy_dense(psd *s, uint64_t at, const psd *o, uint64_t off, uint64_t 
  * state copied where the old parts overlap it. */
 static int reshard_dense(psd *s, psd **old, uint32_t m, uint32_t part, uint32_t nparts, char *err, size_t errlen)
 {
+    /* a job grown online holds its dense model on its first parts only:
+     * those a move added hold table rows (PROTOCOL.md 18) */
+    uint32_t md = 0;
+    while (md < m && old[md]->model.has_layout)
+        md++;
+    if (md == 0) {
+        snprintf(err, errlen, "no old part holds a dense model (old part 0 holds table rows only): list the old "
+                              "parts' state dirs in part order");
+        return PS_EINVAL;
+    }
+    for (uint32_t j = md; j < m; j++)
+        if (old[j]->model.has_layout) {
+            snprintf(err, errlen, "old part %u holds a dense model, and old part %u none: the parts holding it come "
+                                  "first (list the old parts' state dirs in part order)", j, md);
+            return PS_EINVAL;
+        }
+    m = md;
     const ps_layout *ls[PS_PARTS_MAX];
     for (uint32_t j = 0; j < m; j++)
         ls[j] = &old[j]->model.layout;

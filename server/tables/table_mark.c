@@ -53,14 +53,15 @@ int tbl_dirty_put(struct tbl_dirty *s, uint32_t table, uint64_t key)
 void tbl_move_touch(srv_tables *ts, const srv_table *t, uint64_t key)
 {
     struct srv_tables_move *mv = ts->mv;
-    if ((int32_t)tbl_move_dest(mv, key) == mv->self)
+    uint32_t dest = tbl_move_dest(mv, key);
+    if ((int32_t)dest == mv->self)
         return;
-    uint32_t ti = 0;
+    uint32_t ti = 0; /* at most 64 tables, most jobs one or a few */
     while (ti < ts->n && ts->t[ti] != t)
         ti++;
     /* out of memory: the key is not given again, and the handover would
      * lose its change; the move fails instead (srv_tables_move_failed) */
-    if (tbl_dirty_put(&mv->d[tbl_move_dest(mv, key)], ti, key) != 0)
+    if (tbl_dirty_put(&mv->d[dest], ti, key) != 0)
         ts->mv_failed = 1;
 }
 

@@ -498,6 +498,45 @@ def test_new_part_checkpoints_its_rows(cluster):
     assert len(after) >= len(every)
 
 
+def test_grown_job_resharded_offline(cluster):
+    """A job grown online (its third part holds table rows only) resharded
+    offline into 2 parts (psd --reshard-from): the dense model is joined
+    from the parts that hold it, every row lands on its part under 2, as it
+    was."""
+    dirs = [os.path.join(cluster.dir, "g%d" % i) for i in range(3)]
+    parts = [cluster.psd(mode="asgd", workers=1, name="g%d" % i, args=ARGS + ("--state-dir", dirs[i]))
+             for i in range(3)]
+    train(parts[:2])
+    r = psctl_parts(parts[:2], "add", parts[2].addr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    train(parts, steps=3, seed=13)
+    every = check_placed(holdings(parts), 3)
+    c = psd.Client(LAYOUT, server=",".join(p.addr for p in parts), shard="0/1", connect=True, connect_s=5,
+                   timeout_ms=20000)
+    dense = c.params.copy()
+    c.close()
+    for p in parts:
+        r = harness.psctl(p.addr, "checkpoint")
+        assert r.returncode == 0, r.stdout + r.stderr
+        p.stop()
+    new = []
+    for i in range(2):
+        dest = os.path.join(cluster.dir, "r%d" % i)
+        r = harness.run([harness.Paths.psd, "--reshard-from", ",".join(dirs), "--part", "%d/2" % i,
+                         "--state-dir", dest] + list(ARGS), timeout=60)
+        assert r.returncode == 0, r.stderr
+        new.append(cluster.psd(mode="asgd", workers=1, name="r%d" % i, args=ARGS + ("--state-dir", dest)))
+    same(check_placed(holdings(new), 2), every)
+    c = psd.Client(LAYOUT, server=",".join(p.addr for p in new), shard="0/1", connect=True, connect_s=5,
+                   timeout_ms=20000)
+    assert np.array_equal(c.params, dense)
+    c.close()
+    # listed out of order, the table-only part first: refused, saying why
+    r = harness.run([harness.Paths.psd, "--reshard-from", ",".join([dirs[2], dirs[0], dirs[1]]), "--part", "0/2",
+                     "--state-dir", os.path.join(cluster.dir, "bad")] + list(ARGS), timeout=60)
+    assert r.returncode != 0 and "old part 0 holds table rows only" in r.stderr, r.stderr
+
+
 def test_map_kept_in_checkpoints(cluster):
     """A part restarted from its checkpoint after a move knows the map: its
     status says so, it refuses a key that moved (MOVED, with the map), and
