@@ -385,6 +385,53 @@ def test_client_follows_moves(cluster):
     same(check_placed(holdings(parts), 2), stored(ref[0].addr))
 
 
+def test_ssp_job_grows_and_shrinks(cluster):
+    """Mode ssp: a worker's dense steps (its clock) and table calls go on
+    while the job grows to 3 parts and back to 2; the part added holds no
+    dense values, so no clock of its gates anything."""
+    parts = [cluster.psd(mode="ssp", workers=1, name="s%d" % i, args=ARGS) for i in range(2)]
+    c = psd.Client(LAYOUT, server=",".join(p.addr for p in parts), shard="0/1", connect=True, connect_s=5,
+                   timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    rng = np.random.default_rng(31)
+    steps, stop, errors = [0], threading.Event(), []
+
+    def work():
+        try:
+            while not stop.is_set():
+                k = np.unique(rng.integers(0, 20000, 500).astype(np.uint64))
+                c.pull_rows("emb", k)
+                c.push_rows("emb", k, rng.standard_normal((k.size, DIM)).astype(np.float32))
+                c.grads[:] = 0.001
+                c.pushpull()
+                steps[0] += 1
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    th = threading.Thread(target=work)
+    th.start()
+    try:
+        harness.wait_until(lambda: steps[0] >= 10 or errors, 60, "steps before the move")
+        new = cluster.psd(mode="ssp", workers=1, name="s2", args=ARGS)
+        r = psctl_parts(parts, "add", new.addr, "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        at = steps[0]
+        harness.wait_until(lambda: steps[0] >= at + 10 or errors, 60, "steps on 3 parts")
+        r = psctl_parts(parts + [new], "remove", "1M")
+        assert r.returncode == 0, r.stdout + r.stderr
+        at = steps[0]
+        harness.wait_until(lambda: steps[0] >= at + 10 or errors, 60, "steps on 2 parts again")
+    finally:
+        stop.set()
+        th.join(60)
+    assert not errors, repr(errors)
+    version = harness.status(parts[0].addr)["version"]
+    c.close()
+    assert version >= steps[0]
+    check_placed(holdings(parts), 2)
+    assert holdings([new])[0] == {}
+
+
 def move_in_background(psds, *args):
     return subprocess.Popen([harness.Paths.psctl, "--server", ",".join(p.addr for p in psds), "--timeout", "10000",
                              "parts"] + list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
