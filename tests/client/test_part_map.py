@@ -429,7 +429,10 @@ def test_lost_reply_as_the_map_changes(values):
         assert applied == {k: 2 for k in keys}
         assert np.array_equal(cl.pull_rows("emb", keys), -np.float32(LR) * (g1 + g2))
         moved = [k for k in keys if part_of(k, 3) == 2]
-        assert moved and c3.keys() == sorted(moved) and not c3.applied  # every one handed over
+        assert moved and c3.keys() == sorted(moved)
+        # none of a's keys applied on the third part (b may have refused some
+        # of its own, arriving after the move: those the third part applied once)
+        assert all(part_of(k, 2) == 1 for (_, k) in c3.applied), sorted(c3.applied)
         cl.close()
     finally:
         for p in (a, b, c3):
