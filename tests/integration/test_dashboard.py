@@ -25,6 +25,9 @@
   hold the rows psctl status counts, the memory, and the rates of what the
   worker sent (and nothing for a table left idle); psctl history --csv
   has the table rows.
+- Parts: a table grown from 2 psd parts to 3 (psctl parts add); the added
+  part's page shows the part map and the move (rows taken, both sources
+  handed over), as its /api/job does.
 
 Skipped, with a note, when chromium or python3-websocket is missing (both
 are installed by scripts/setup.sh).
@@ -40,6 +43,8 @@ import time
 import unittest
 import urllib.error
 import urllib.request
+
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -450,6 +455,50 @@ class DashboardTables(unittest.TestCase):
                 self.assertEqual(got["rows"][0][:4], ["this psd", "follower", "–", "0"])
                 self.assertEqual(got["rows"][1][:2], [leader.addr, "leader"])
                 self.assertIn("this psd follows %s" % leader.addr, got["summary"])
+                b.call("Runtime.evaluate", expression="0")
+                self.assertEqual(b.errors, [], "the page met errors")
+
+    @unittest.skipUnless(HAVE_BROWSER, "chromium or python3-websocket missing (scripts/setup.sh installs both)")
+    def test_parts_in_browser(self):
+        """A job's table grown from 2 parts to 3 (psctl parts add): the added
+        part's page shows the part map and the move that brought its rows
+        (rows taken, both sources handed over); its JSON says the same."""
+        with Cluster("psd-dashboard-parts") as cl:
+            web = ["--set", "web_root=" + ARGS.web_root] if ARGS.web_root else []
+            parts = [cl.psd(mode="asgd", workers=1, name="p%d" % i,
+                            args=["--set", "metrics_listen=127.0.0.1:0"] + web) for i in range(3)]
+            keys = np.arange(2000, dtype="<u8")
+            for i in range(2):  # a table with its rows on the first two parts
+                w = harness.RawClient(parts[i].addr, 10)
+                r = w.hello_worker([["w", [4]]], 0, 1)
+                self.assertEqual(r.get("t"), harness.T_WELCOME, r)
+                w.request({"t": harness.T_INIT, "off": 0, "data": struct.pack("<4f", 1, 2, 3, 4)})
+                r = w.request({"t": harness.T_TABLE, "tab": "emb", "dim": 4, "rinit": "zeros", "opt": "sgd",
+                               "hp": {"lr": 0.1}, "part": [i, 2]})
+                self.assertEqual(r.get("t"), harness.T_OK, r)
+                mine = np.array([k for k in keys.tolist() if harness.part_of(k, 2) == i], "<u8")
+                r = w.request({"t": harness.T_TPUSH, "tab": "emb", "keys": mine.tobytes(), "base": 0,
+                               "data": np.ones((mine.size, 4), "<f4").tobytes()})
+                self.assertEqual(r.get("t"), harness.T_OK, r)
+                w.close()
+            r = harness.psctl(",".join(p.addr for p in parts[:2]), "parts", "add", parts[2].addr)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            taken = sum(1 for k in keys.tolist() if harness.part_of(k, 3) == 2)
+            url = "http://" + harness.status(parts[2].addr)["metrics_listen"]
+            code, _, body = http_get(url + "/api/job")
+            self.assertEqual(code, 200)
+            pm = json.loads(body)["parts"]
+            self.assertEqual((pm["epoch"], pm["self"], pm["dense"], pm["moving"]), (1, 2, 2, False), pm)
+            self.assertEqual((pm["move"]["rows_taken"], pm["move"]["handed"], pm["move"]["sources"]), (taken, 2, 2))
+            shown = """(() => { const s = document.getElementById('parts-section');
+              return !s.hidden && document.getElementById('parts-summary').textContent; })()"""
+            with browser.Browser(cl.dir) as b:
+                b.navigate(url + "/")
+                text = b.wait_for(shown, 30, "the added part's Parts section")
+                self.assertIn("part map 1: this psd is part 2 of 3 (the dense model on the first 2)", text)
+                self.assertIn("the last move, to map 1 (2 parts to 3", text)
+                self.assertIn("rows given 0, taken %s" % format(taken, ","), text)
+                self.assertIn("2 of 2 sources handed over", text)
                 b.call("Runtime.evaluate", expression="0")
                 self.assertEqual(b.errors, [], "the page met errors")
 
