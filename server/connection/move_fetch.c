@@ -169,9 +169,13 @@ static int session(fetcher *f, ps_conn *c)
         snprintf(fin, sizeof fin, "%d", *final);
         snprintf(st, sizeof st, "%d", fresh);
         const char *a[] = {t->self, ep, fin, st, most};
+        rc = ps_conn_admin(c, "move_fetch", a, 5, &r, TIMEOUT_MS);
+        /* the handover's length: from its first answer (the source refuses
+         * those keys from just before it; a source with several
+         * destinations holds the final fetch until all have asked, while
+         * it still serves them) to its last */
         if (*final && !final_ms)
             final_ms = mono_ms();
-        rc = ps_conn_admin(c, "move_fetch", a, 5, &r, TIMEOUT_MS);
         if (rc == 0 && fresh) {
             fresh = 0;
             post_kind(t, 'D', f->src, NULL, 0); /* before this answer's rows */

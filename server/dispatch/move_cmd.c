@@ -185,6 +185,7 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
              * destinations that took its rows before hold them (psctl
              * tells): their keys stay refused here */
             p->switched = 0;
+            memset(p->park_cid, 0, sizeof p->park_cid);
             if (m->nargs > 6) {
                 char h[PS_ARG_MAX + 1];
                 srv_arg_str(m, 6, h, sizeof h);
@@ -217,6 +218,44 @@ static void cmd_move_begin(srv_conn *c, ps_msg *m)
     }
     free(oldl);
     free(newl);
+}
+
+/* The destinations (new parts, bits) this psd gives rows to: growing,
+ * the parts added; shrinking, a part that goes gives to every part left. */
+static uint64_t dests(const srv_parts *p)
+{
+    if (p->old_self < 0)
+        return 0;
+    uint64_t b = p->new_n > p->old_n ? bits(p->old_n, p->new_n)
+                 : p->old_self >= (int32_t)p->new_n ? bits(0, p->new_n) : 0;
+    return p->new_self >= 0 ? b & ~(1ull << p->new_self) : b;
+}
+
+/* Answers destination d's fetch (request id on c): its next rows; final,
+ * the handover: from the first on, its keys are refused here. */
+static void give(psd *s, srv_conn *c, uint64_t id, int d, size_t max, int final)
+{
+    srv_parts *p = &s->parts;
+    ps_buf out = {0};
+    int pass_done = 0;
+    uint64_t rows = 0;
+    int first = final && !((p->switched >> d) & 1);
+    if (first)
+        p->switched |= 1ull << d; /* from now on its keys are refused: what follows is the last of them */
+    int rc = srv_tables_move_gather(&s->tables, (uint32_t)d, max, final, &out, &pass_done, &rows);
+    if (rc != 0) {
+        ps_buf_free(&out);
+        srv_send_error(c, id, rc, 0, "move_fetch: %s", ps_strerror(rc));
+        return;
+    }
+    uint64_t ver = final ? (srv_tables_move_pending(&s->tables, (uint32_t)d) ? 2 : 3) : pass_done ? 1 : 0;
+    if (first)
+        PS_LOG(PS_LOG_INFO, "move of parts: handing part %d's rows over to %s; its keys are refused here from "
+               "now on", d, p->new_addrs[d]);
+    p->rows_out += rows;
+    p->bytes_out += out.len;
+    srv_send_bytes(c, id, ver, out.p, out.len, NULL, NULL);
+    ps_buf_free(&out);
 }
 
 /* move_fetch DEST EPOCH FINAL [START [MAX]]: the destination at DEST asks
@@ -255,26 +294,32 @@ static void cmd_move_fetch(srv_conn *c, ps_msg *m)
                        "psd restarted?): fetch from the start", dest);
         return;
     }
-    ps_buf out = {0};
-    int pass_done = 0;
-    uint64_t rows = 0;
-    int first = final && !((p->switched >> d) & 1);
-    if (first)
-        p->switched |= 1ull << d; /* from now on its keys are refused: what follows is the last of them */
-    int rc = srv_tables_move_gather(&s->tables, (uint32_t)d, max, final != 0, &out, &pass_done, &rows);
-    if (rc != 0) {
-        ps_buf_free(&out);
-        srv_send_error(c, m->id, rc, 0, "move_fetch: %s", ps_strerror(rc));
+    if (first_fetch)
+        p->park_cid[d] = 0; /* a final fetch held for a session that ended */
+    uint64_t due = dests(p) & ~p->switched;
+    if (final && ((due >> d) & 1) && __builtin_popcountll(due) > 1) {
+        /* several destinations (a part removed: every part left takes
+         * some of its rows): each one's final fetch waits for the others',
+         * so that they all hand over at once. A worker's step sends keys
+         * to every destination, and one not handed over yet holds it
+         * (NOT_READY): handovers apart held steps the time between them */
+        p->park_cid[d] = c->cid;
+        p->park_id[d] = m->id;
+        p->park_max[d] = max;
+        for (uint32_t e = 0; e < PS_PARTS_MAX; e++)
+            if (((due >> e) & 1) && (!p->park_cid[e] || !srv_conn_by_cid(s, p->park_cid[e])))
+                return; /* answered when the last one asks */
+        PS_LOG(PS_LOG_INFO, "move of parts: every destination asked for its handover: all at once");
+        for (uint32_t e = 0; e < PS_PARTS_MAX; e++)
+            if ((due >> e) & 1) {
+                srv_conn *pc = srv_conn_by_cid(s, p->park_cid[e]);
+                p->park_cid[e] = 0;
+                if (pc) /* (gone meanwhile: it asks again, alone then) */
+                    give(s, pc, p->park_id[e], (int)e, p->park_max[e], 1);
+            }
         return;
     }
-    uint64_t ver = final ? (srv_tables_move_pending(&s->tables, (uint32_t)d) ? 2 : 3) : pass_done ? 1 : 0;
-    if (first)
-        PS_LOG(PS_LOG_INFO, "move of parts: handing part %d's rows over to %s; its keys are refused here from "
-               "now on", d, dest);
-    p->rows_out += rows;
-    p->bytes_out += out.len;
-    srv_send_bytes(c, m->id, ver, out.p, out.len, NULL, NULL);
-    ps_buf_free(&out);
+    give(s, c, m->id, d, max, final != 0);
 }
 
 /* What keeps the move from ending here; NULL when nothing does. */

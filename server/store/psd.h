@@ -377,6 +377,10 @@ typedef struct srv_parts {
     uint64_t want;           /* a destination: the sources (old parts, bits) it takes rows from */
     uint64_t handed;         /* a destination: the sources that handed their rows over */
     uint64_t switched;       /* a source: the destinations (new parts, bits) it handed rows to */
+    /* a source with several destinations: each one's final fetch, held
+     * until every one has asked (then all hand over at once) */
+    uint64_t park_cid[PS_PARTS_MAX], park_id[PS_PARTS_MAX];
+    size_t park_max[PS_PARTS_MAX];
     uint64_t rate;           /* bytes/s a destination fetches at most (0: no limit) */
     uint64_t started_ms, ended_ms;
     uint64_t rows_out, bytes_out; /* a source: rows and bytes sent */
