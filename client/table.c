@@ -265,6 +265,20 @@ static int tab_sleep(psc_client *c, int64_t ms)
     return 0;
 }
 
+/* The push part of m (a TPUSH or TPUSHPULL to ln): the k keys of g from
+ * `from` and their rows, with push id pid. The host is little-endian. */
+static void tab_push_part(const psc_client *c, const psc_link *ln, const struct psc_tkeys *g, size_t from, size_t k,
+                          uint32_t dim, uint64_t pid, ps_msg *m)
+{
+    m->has |= PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
+    m->keys = (ps_keys){(const uint8_t *)(g->sk + from), (uint32_t)k};
+    m->base = psc__push_base(c, ln);
+    m->data = g->sr + from * dim;
+    m->ndata = k * dim;
+    m->has2 = PS_F2_PID;
+    m->pid = pid;
+}
+
 /* A reconnect brought a newer part map: the pushes whose replies the lost
  * connections took go again, as they were (keys, rows, push id), to the
  * parts they went to, before their keys are grouped anew. That part
@@ -293,17 +307,10 @@ static int tab_settle(psc_client *c, const struct psc_tab *t, size_t *done)
                    t->def.name, u->addr, u->n);
             continue;
         }
-        size_t from = g->tfrom[p] + done[p];
         ps_msg m, r;
         ps_msg_init(&m, PS_MSG_TPUSH);
-        m.has = PS_F_TAB | PS_F_KEYS | PS_F_BASE | PS_F_DATA;
         snprintf(m.tab, sizeof m.tab, "%s", t->def.name);
-        m.keys = (ps_keys){(const uint8_t *)(g->sk + from), (uint32_t)u->n};
-        m.base = psc__push_base(c, &c->links[q]);
-        m.data = g->sr + from * dim;
-        m.ndata = u->n * dim;
-        m.has2 = PS_F2_PID;
-        m.pid = u->pid;
+        tab_push_part(c, &c->links[q], g, g->tfrom[p] + done[p], u->n, dim, u->pid, &m);
         if (c->links[q].tseg_ok)
             tab_to_seg(&c->links[q], &m);
         int rc = ps_conn_call(&c->links[q].cl, &m, &r, c->timeout_ms);
@@ -394,16 +401,9 @@ static int tab_exchange(psc_client *c, const struct psc_tab *t, int op, size_t *
             ps_msg_init(&m, k && pk ? PS_MSG_TPUSHPULL : k ? PS_MSG_TPUSH : PS_MSG_TPULL);
             m.has = PS_F_TAB | PS_F_KEYS;
             snprintf(m.tab, sizeof m.tab, "%s", t->def.name);
-            /* the host is little-endian */
             if (k) {
-                m.keys = (ps_keys){(const uint8_t *)(g->sk + from), (uint32_t)k};
-                m.has |= PS_F_BASE | PS_F_DATA;
-                m.base = psc__push_base(c, &c->links[p]);
-                m.data = g->sr + from * dim;
-                m.ndata = k * dim;
-                m.has2 = PS_F2_PID;
-                m.pid = psc__pid(&c->links[p], done[p] / chunk);
-                pids[p] = m.pid;
+                pids[p] = psc__pid(&c->links[p], done[p] / chunk);
+                tab_push_part(c, &c->links[p], g, from, k, dim, pids[p], &m);
                 if (pk) {
                     m.has |= PS_F_PKEYS;
                     m.pkeys = (ps_keys){(const uint8_t *)(pg->sk + pfrom), (uint32_t)pk};

@@ -330,9 +330,9 @@ static const char *unfinished(const srv_parts *p, char *buf, size_t len)
                  __builtin_popcountll(p->handed), __builtin_popcountll(p->want));
         return buf;
     }
-    for (uint32_t d = 0; p->old_self >= 0 && d < p->new_n; d++)
-        if ((int32_t)d != p->new_self && (p->new_n > p->old_n ? d >= p->old_n : p->old_self >= (int32_t)p->new_n) &&
-            !((p->switched >> d) & 1)) {
+    uint64_t due = dests(p) & ~p->switched;
+    for (uint32_t d = 0; d < p->new_n; d++)
+        if ((due >> d) & 1) {
             snprintf(buf, len, "part %u (%s) has not taken its rows from this psd yet", d, p->new_addrs[d]);
             return buf;
         }
