@@ -167,18 +167,9 @@ static int build_header(psd *s, ckpt_job *j, const char *const *names)
         pack_tables(&pk, s, j);
     if (pushids)
         pack_pushids(&pk, s);
-    if (parts) { /* the part map psd holds (PROTOCOL.md 18): [epoch, dense, self, [addresses]] */
-        const srv_parts *p = &s->parts;
+    if (parts) { /* the part map psd holds (PROTOCOL.md 18) */
         ps_pack_key(&pk, "parts");
-        msgpack_pack_array(&pk, 4);
-        msgpack_pack_uint64(&pk, p->epoch);
-        msgpack_pack_uint32(&pk, p->dense);
-        msgpack_pack_int32(&pk, p->self);
-        msgpack_pack_array(&pk, p->n);
-        for (uint32_t i = 0; i < p->n; i++) {
-            msgpack_pack_str(&pk, strlen(p->addrs[i]));
-            msgpack_pack_str_body(&pk, p->addrs[i], strlen(p->addrs[i]));
-        }
+        srv_parts_pack(&pk, &s->parts);
     }
     return j->header.len > CKPT_HEADER_MAX ? PS_ETOO_BIG : 0;
 }

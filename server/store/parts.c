@@ -101,6 +101,19 @@ int srv_parts_declared(const srv_parts *p, uint32_t part, uint32_t nparts)
     return 0;
 }
 
+void srv_parts_pack(msgpack_packer *pk, const srv_parts *p)
+{
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_uint64(pk, p->epoch);
+    msgpack_pack_uint32(pk, p->dense);
+    msgpack_pack_int32(pk, p->self);
+    msgpack_pack_array(pk, p->n);
+    for (uint32_t i = 0; i < p->n; i++) {
+        msgpack_pack_str(pk, strlen(p->addrs[i]));
+        msgpack_pack_str_body(pk, p->addrs[i], strlen(p->addrs[i]));
+    }
+}
+
 int srv_parts_restore(srv_parts *p, const msgpack_object *o)
 {
     if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4)

@@ -46,9 +46,10 @@ int srv_parts_declared(const srv_parts *p, uint32_t part, uint32_t nparts);
 /* The index of addr (HOST:PORT) in the new map, or -1. */
 int srv_parts_new_index(const srv_parts *p, const char *addr);
 
-/* The map a checkpoint's header holds, [epoch, dense, self, [addresses]]
- * (report/checkpoint.c writes it): 0, or -1 when it is not one (p is then
- * unchanged). */
+/* The map a checkpoint's header holds (report/checkpoint.c): packed as
+ * [epoch, dense, self, [addresses]]; read back, 0, or -1 when it is not
+ * one (p is then unchanged). */
+void srv_parts_pack(msgpack_packer *pk, const srv_parts *p);
 int srv_parts_restore(srv_parts *p, const msgpack_object *o);
 
 /* Parses "A,B,C" into the new map's addresses; 0 or -1 (err says why). */
