@@ -295,11 +295,17 @@ static int push_from_shm(srv_conn *c, ps_msg *m, char *err, size_t errlen)
 /* FOR TESTS ONLY: with PSD_TEST_CUT_PUSH=N in psd's environment, every
  * N-th push carrying a push id is applied and its connection then cut
  * (shut down both ways) instead of answered: the reply a resend must make
- * up for is lost (tests/client/test_replicas.py). 1 when it cut. */
-static int cut_reply(srv_conn *c)
+ * up for is lost (tests/client/test_replicas.py). A push id counts the
+ * first time only: in bsp the chunks of an unfinished push are applied
+ * again when sent again, and counting them anew could cut every resend of
+ * a step of N chunks or more. 1 when it cut. */
+static int cut_reply(srv_conn *c, uint64_t pid)
 {
     static long every = -1;
     static unsigned long n;
+    static struct {
+        uint64_t cid, pid;
+    } seen[16]; /* the highest push id counted, per client */
     if (every < 0) {
         const char *e = getenv("PSD_TEST_CUT_PUSH");
         every = e ? strtol(e, NULL, 10) : 0;
@@ -307,7 +313,16 @@ static int cut_reply(srv_conn *c)
             PS_LOG(PS_LOG_WARN, "PSD_TEST_CUT_PUSH=%ld: every %ld-th push with an id loses its reply (a test's "
                                 "fault; never in production)", every, every);
     }
-    if (every <= 0 || ++n % (unsigned long)every != 0)
+    if (every <= 0)
+        return 0;
+    unsigned k = 0;
+    while (k < 15 && seen[k].cid && seen[k].cid != c->client_id)
+        k++;
+    if (seen[k].cid == c->client_id && pid <= seen[k].pid)
+        return 0;
+    seen[k].cid = c->client_id;
+    seen[k].pid = pid;
+    if (++n % (unsigned long)every != 0)
         return 0;
     uv_os_fd_t fd;
     if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0)
@@ -407,7 +422,7 @@ static int handle_push(srv_conn *c, ps_msg *m)
         c->worker->pushes++;
         SRV_COUNT(s, pushes, 1);
     }
-    if (pid && c->client_id && cut_reply(c))
+    if (pid && c->client_id && cut_reply(c, pid))
         return 0;
     if (m->type == PS_MSG_PUSHPULL)
         pull(c, m->id, m->poff, m->plen, m->min, m->rdt);

@@ -235,8 +235,12 @@ def test_client_sends_again_and_psd_applies_once(cluster, how):
     assert len(cut) >= 3, err[-2000:]
     assert a.reconnects == len(cut)                         # one reconnect per connection cut
     assert a.lost_steps == 0
-    # each cut reply's push came again and was answered, not applied
-    assert len(APPLIED_ALREADY.findall(err)) >= len(cut), err[-2000:]
+    # each cut reply's push came again and was answered, not applied; in
+    # bsp a cut before a step's last chunk drops its chunks, which are then
+    # applied again (PROTOCOL.md 15): only the cuts at a last chunk (the
+    # 60th and 120th push ids counted, cut every 5th) are answered so
+    need = 2 if how == "bsp_chunks" else len(cut)
+    assert len(APPLIED_ALREADY.findall(err)) >= need, err[-2000:]
     if how != "push_chunks":
         assert a.version == steps                            # one version per step (bsp: per round)
     a.close()
