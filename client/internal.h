@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/conn.h"
 #include "common/hostport.h"
 #include "common/log.h"

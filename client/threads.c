@@ -62,11 +62,7 @@ static void *hb_main(void *arg)
     psc_link *ln = arg;
     pthread_mutex_lock(&ln->lock);
     while (!ln->hb_stop) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        uint64_t ns = (uint64_t)until.tv_nsec + ln->hb_interval_ms * 1000000ull;
-        until.tv_sec += (time_t)(ns / 1000000000ull);
-        until.tv_nsec = (long)(ns % 1000000000ull);
+        struct timespec until = ps_deadline_ms(ln->hb_interval_ms);
         int rc = pthread_cond_timedwait(&ln->wake, &ln->lock, &until);
         if (ln->hb_stop)
             break;

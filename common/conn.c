@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "clock.h"
 #include "conn_form.h"
 #include "hostport.h"
 #include "log.h"
@@ -38,13 +39,6 @@ static int cfail(ps_conn *c, int code, const char *fmt, ...)
     vsnprintf(c->err, sizeof c->err, fmt, ap);
     va_end(ap);
     return code;
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 void ps_conn_init(ps_conn *c)
@@ -172,7 +166,7 @@ static int wait_fd(ps_conn *c, short events, int64_t deadline)
     for (;;) {
         int tmo = -1;
         if (deadline >= 0) {
-            int64_t left = deadline - now_ms();
+            int64_t left = deadline - ps_mono_ms();
             if (left <= 0) {
                 if (blocked)
                     pthread_sigmask(SIG_SETMASK, &mask, NULL);
@@ -267,7 +261,7 @@ int ps_conn_connect(ps_conn *c, const char *hostport, int timeout_ms)
     char host[PS_HOSTPORT_HOST_MAX], perr[256], port_s[16];
     int port;
     struct addrinfo hints = {0}, *res = NULL;
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : ps_mono_ms() + timeout_ms;
 
     ps_conn_close(c);
     snprintf(c->server, sizeof c->server, "%s", hostport);
@@ -528,7 +522,7 @@ static int is_wait_notice(const ps_msg *m)
 
 int ps_conn_recv_into(ps_conn *c, ps_msg *out, float *dst, size_t n, int timeout_ms)
 {
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : ps_mono_ms() + timeout_ms;
     for (;;) {
         int rc = recv_one(c, out, dst, n, deadline);
         if (rc != 0 || !is_wait_notice(out))
@@ -612,7 +606,7 @@ int ps_conn_admin(ps_conn *c, const char *cmd, const char *const *args, unsigned
 int ps_conn_hello(ps_conn *c, ps_msg *hello, const uint8_t *token, size_t token_len, ps_msg *welcome,
                     int timeout_ms)
 {
-    int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int64_t deadline = timeout_ms < 0 ? -1 : ps_mono_ms() + timeout_ms;
     int rc = ps_conn_call(c, hello, welcome, timeout_ms);
     if (rc != 0)
         return rc;
@@ -640,7 +634,7 @@ int ps_conn_hello(ps_conn *c, ps_msg *hello, const uint8_t *token, size_t token_
     ps_auth_client_proof(token, token_len, nonce, a.cnonce, hello, a.proof);
     int left = -1;
     if (deadline >= 0) {
-        int64_t l = deadline - now_ms();
+        int64_t l = deadline - ps_mono_ms();
         left = l < 1 ? 1 : (int)l;
     }
     rc = ps_conn_call(c, &a, welcome, left);

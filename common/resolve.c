@@ -13,14 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "hostport.h"
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* A name being resolved on a thread of its own: getaddrinfo has no
  * deadline (a resolver that answers nothing holds it for its timeout times
@@ -93,7 +87,7 @@ int ps_resolve_by(const char *name, const char *port, const struct addrinfo *hin
     for (;;) {
         int tmo = -1;
         if (deadline >= 0) {
-            int64_t left = deadline - now_ms();
+            int64_t left = deadline - ps_mono_ms();
             tmo = left <= 0 ? 0 : left > 60000 ? 60000 : (int)left;
         }
         struct pollfd p = {.fd = r->efd, .events = POLLIN};

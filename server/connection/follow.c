@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/conn.h"
 #include "common/log.h"
 #include "proto/errors.h"
@@ -100,12 +101,7 @@ static int stopping(srv_follow_thread *t)
 /* Waits ms unless told to stop. */
 static void pause_ms(srv_follow_thread *t, int ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L)
-        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    struct timespec ts = ps_deadline_ms((uint64_t)ms);
     pthread_mutex_lock(&t->mu);
     if (!t->stop)
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
@@ -146,11 +142,7 @@ static void wait_for_room(srv_follow_thread *t)
     for (int waited = 0; !t->spare && t->queued >= SPARES && !t->stop && waited < 100 &&
                          !(t->loading && t->queued_bytes < CATCHUP_QUEUE_MAX);
          waited++) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L)
-            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        struct timespec ts = ps_deadline_ms(10);
         pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
     pthread_mutex_unlock(&t->mu);

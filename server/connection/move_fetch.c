@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/conn.h"
 #include "common/log.h"
 #include "proto/errors.h"
@@ -109,22 +110,10 @@ static int ends(fetcher *f)
     return st;
 }
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Waits ms unless told to stop. */
 static void pause_ms(struct srv_move_thread *t, uint64_t ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L)
-        ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    struct timespec ts = ps_deadline_ms(ms);
     pthread_mutex_lock(&t->mu);
     /* the condition is broadcast as answers are applied too: wait on */
     while (!t->stop && pthread_cond_timedwait(&t->cv, &t->mu, &ts) == 0) {
@@ -163,7 +152,7 @@ static int session(fetcher *f, ps_conn *c)
     uint64_t m10 = t->rate ? t->rate / 10 : (4u << 20);
     snprintf(most, sizeof most, "%" PRIu64, m10 < (64u << 10) ? (64u << 10) : m10 > (4u << 20) ? (4u << 20) : m10);
     snprintf(ep, sizeof ep, "%" PRIu64, t->epoch);
-    uint64_t t0 = mono_ms(), sent = 0, final_ms = 0;
+    uint64_t t0 = (uint64_t)ps_mono_ms(), sent = 0, final_ms = 0;
     int rounds = 0;
     while (!ends(f)) {
         snprintf(fin, sizeof fin, "%d", *final);
@@ -175,7 +164,7 @@ static int session(fetcher *f, ps_conn *c)
          * destinations holds the final fetch until all have asked, while
          * it still serves them) to its last */
         if (*final && !final_ms)
-            final_ms = mono_ms();
+            final_ms = (uint64_t)ps_mono_ms();
         if (rc == 0 && fresh) {
             fresh = 0;
             post_kind(t, 'D', f->src, NULL, 0); /* before this answer's rows */
@@ -206,7 +195,7 @@ static int session(fetcher *f, ps_conn *c)
         post(t, it);
         uint64_t ver = r.mver;
         if (ver == 3) {
-            post_kind(t, 'H', f->src, NULL, mono_ms() - final_ms);
+            post_kind(t, 'H', f->src, NULL, (uint64_t)ps_mono_ms() - final_ms);
             return 1;
         }
         if (ver == 1 && !*final) {
@@ -240,7 +229,7 @@ static int session(fetcher *f, ps_conn *c)
         /* the rate: the pass and its rounds, not the handover */
         sent += len;
         if (!*final && t->rate) {
-            uint64_t due = t0 + sent * 1000 / t->rate, now = mono_ms();
+            uint64_t due = t0 + sent * 1000 / t->rate, now = (uint64_t)ps_mono_ms();
             if (due > now)
                 pause_ms(t, due - now);
         }

@@ -25,9 +25,11 @@ waits for done-1, pulls the model and prints a JSON line with the test
 AUC (psd.metrics.auc) over held-out clicks.
 """
 
+import test_ledger  # the ledger check's replay program and the table's settings
+
 F, V, D, WIDE = 4, 1500, 4, 2048
 LAYOUT = [("w", (WIDE,)), ("u", (D,)), ("b", (1,))]
-TABLE = dict(init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
+TABLE = test_ledger.TABLE
 N_TRAIN, N_TEST = 1500000, 20000  # one pass of 11,718 steps a worker: the chaos test takes fewer
 
 DATA = r"""
@@ -110,49 +112,6 @@ print(json.dumps(res), flush=True)
 c.close()
 """ % dict(LAYOUT=LAYOUT, TABLE=TABLE)
 
-# The replay of the chaos test's ledger check: one client feeds a fresh psd
-# per part (the addresses as workers give them, "F0,F1") the records of each
-# part's lineage file (test_ledger.write_replay's format), in order: a
-# dense record as a push of its range of the part (the model's values from
-# the part's first one on), a table record as a push of its rows, which all
-# live on that part.
-REPLAY = r"""
-import struct, sys
-import numpy as np
-import psd
-
-addr, paths = sys.argv[1], sys.argv[2:]
-WIDE, D = %(WIDE)d, %(D)d
-c = psd.Client(%(LAYOUT)r, server=addr, shard="0/1", connect_s=30)
-c.params[:] = [0.0] * WIDE + [0.1, 0.1, 0.1, 0.1, 0.0]
-c.connect()
-c.table("emb", D, **%(TABLE)r)
-c.pull()
-P, n = len(c.params), len(paths)
-lo = [0] + [(P * i // n) // 1024 * 1024 for i in range(1, n)]  # PROTOCOL.md 6.2
-count = 0
-for part, path in enumerate(paths):
-    blob = open(path, "rb").read()
-    at = 0
-    while at < len(blob):
-        kind = blob[at:at + 1]
-        at += 1
-        if kind == b"D":
-            (off, m) = struct.unpack_from("<QQ", blob, at)
-            at += 16
-            c.grads[:] = 0
-            c.grads[lo[part] + off:lo[part] + off + m] = np.frombuffer(blob, "<f4", m, at)
-            at += 4 * m
-            c.push_range(lo[part] + off, m)
-        else:
-            (m,) = struct.unpack_from("<I", blob, at)
-            at += 4
-            keys = np.frombuffer(blob, "<u8", m, at)
-            at += 8 * m
-            g = np.frombuffer(blob, "<f4", m * D, at).reshape(m, D)
-            at += 4 * m * D
-            c.push_rows("emb", keys, g)
-        count += 1
-c.close()
-print("replayed", count, flush=True)
-""" % dict(WIDE=WIDE, D=D, LAYOUT=LAYOUT, TABLE=TABLE)
+# The replay of the chaos test's ledger check (test_ledger.REPLAY, one
+# ledger file a part) for this model.
+REPLAY = test_ledger.replay_program(LAYOUT, [0.0] * WIDE + [0.1] * D + [0.0], TABLE, D)

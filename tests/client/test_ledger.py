@@ -107,43 +107,57 @@ c.close()
 """
 
 # The replay: one client feeds a fresh psd the records of a ledger file
-# (the lineage the test wrote) in order.
+# (the lineage the test wrote) in order; with several files, one per part
+# of a job of that many parts (the addresses as workers give them,
+# "F0,F1"), each part's in turn. A dense record is a push of its range of
+# the part (the model's values from the part's first one on), a table
+# record a push of its rows, which all live on that part. replay_program
+# fills in the model (the chaos test's, ctr_wide.py, has a wide part).
 REPLAY = r"""
 import struct, sys
 import numpy as np
 import psd
 
-addr, path = sys.argv[1], sys.argv[2]
-D = 4
-c = psd.Client([("u", (D,)), ("b", (1,))], server=addr, shard="0/1", connect_s=30)
-c.params[:] = [0.1, 0.1, 0.1, 0.1, 0.0]
+addr, paths = sys.argv[1], sys.argv[2:]
+D = %(D)d
+c = psd.Client(%(LAYOUT)r, server=addr, shard="0/1", connect_s=30)
+c.params[:] = %(INIT)r
 c.connect()
-c.table("emb", D, init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
+c.table("emb", D, **%(TABLE)r)
 c.pull()
-blob = open(path, "rb").read()
-at = n = 0
-while at < len(blob):
-    kind = blob[at:at + 1]
-    at += 1
-    if kind == b"D":
-        (off, m) = struct.unpack_from("<QQ", blob, at)
-        at += 16
-        assert off == 0 and m == D + 1, (off, m)
-        c.grads[:] = np.frombuffer(blob, "<f4", m, at)
-        at += 4 * m
-        c.push()
-    else:
-        (m,) = struct.unpack_from("<I", blob, at)
-        at += 4
-        keys = np.frombuffer(blob, "<u8", m, at)
-        at += 8 * m
-        g = np.frombuffer(blob, "<f4", m * D, at).reshape(m, D)
-        at += 4 * m * D
-        c.push_rows("emb", keys, g)
-    n += 1
+P, n = len(c.params), len(paths)
+lo = [0] + [(P * i // n) // 1024 * 1024 for i in range(1, n)]  # PROTOCOL.md 6.2
+count = 0
+for part, path in enumerate(paths):
+    blob = open(path, "rb").read()
+    at = 0
+    while at < len(blob):
+        kind = blob[at:at + 1]
+        at += 1
+        if kind == b"D":
+            (off, m) = struct.unpack_from("<QQ", blob, at)
+            at += 16
+            c.grads[:] = 0
+            c.grads[lo[part] + off:lo[part] + off + m] = np.frombuffer(blob, "<f4", m, at)
+            at += 4 * m
+            c.push_range(lo[part] + off, m)
+        else:
+            (m,) = struct.unpack_from("<I", blob, at)
+            at += 4
+            keys = np.frombuffer(blob, "<u8", m, at)
+            at += 8 * m
+            g = np.frombuffer(blob, "<f4", m * D, at).reshape(m, D)
+            at += 4 * m * D
+            c.push_rows("emb", keys, g)
+        count += 1
 c.close()
-print("replayed", n, flush=True)
+print("replayed", count, flush=True)
 """
+TABLE = dict(init="normal", scale=0.05, seed=9, opt="adagrad", lr=0.1)
+
+
+def replay_program(layout, init, table, dim):
+    return REPLAY % dict(LAYOUT=layout, INIT=list(init), TABLE=table, D=dim)
 
 
 def read_ledger(path):
@@ -275,7 +289,8 @@ def replay(cl, records, name):
     path = os.path.join(cl.dir, name + ".bin")
     write_replay(path, records)
     fresh = cl.psd(workers=1, name=name, args=psd_args(cl, name))
-    r = harness.run([sys.executable, "-c", REPLAY, fresh.addr, path], timeout=120, env=dict(os.environ))
+    program = replay_program([("u", (D,)), ("b", (1,))], [0.1] * D + [0.0], TABLE, D)
+    r = harness.run([sys.executable, "-c", program, fresh.addr, path], timeout=120, env=dict(os.environ))
     assert r.returncode == 0 and ("replayed %d" % len(records)) in r.stdout, r.stderr
     return final_state(cl, fresh, name)
 
