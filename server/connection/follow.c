@@ -29,6 +29,7 @@
 #include "server/connection/tell.h"
 #include "server/replog/replog.h"
 #include "server/replog/pushid.h"
+#include "server/dispatch/move_cmd.h"
 #include "server/report/checkpoint.h"
 
 #define FETCH_WAIT_MS 500
@@ -541,6 +542,7 @@ static int promote(psd *s, char *err, size_t errlen)
     PS_LOG(PS_LOG_WARN, "replication: promoted: this psd leads its part now (it had applied the leader's log up to %"
            PRIu64 ", model version %" PRIu64 ")", applied, s->model.version);
     s->follow_retired = f;
+    srv_move_resume(s); /* a move under way goes on from this psd */
     if (!s->cfg.coordinator[0]) /* with one, the lease and the fence see to it */
         srv_tell_step_down(f->leader, t->advertise, &t->token, t->resume_hist);
     return 0;
@@ -553,6 +555,7 @@ int srv_follow_step_down(psd *s, const char *leader, const char *why, char *err,
      * psd and make it lead a second time */
     int rc = leader && leader[0] ? srv_follow_start_to(s, leader, err, errlen) : 0;
     uint32_t n = srv_conn_close_workers(s, why);
+    srv_move_forget(s);
     PS_LOG(PS_LOG_WARN, "this psd no longer leads part %d (%s; %s): %u workers disconnected, its unacknowledged "
            "pushes dropped", s->cfg.part, why, leader && leader[0] ? leader : "nobody leads now", n);
     srv_replog_free(s); /* a follower's state comes from its leader's snapshot */

@@ -24,6 +24,7 @@
 #include "common/conn.h"
 #include "common/log.h"
 #include "proto/errors.h"
+#include "server/dispatch/move_cmd.h"
 #include "server/store/parts.h"
 
 #define TIMEOUT_MS 30000
@@ -279,65 +280,11 @@ static void applied(struct srv_move_thread *t, uint32_t src, int failed)
 static void apply_item(psd *s, item *it)
 {
     srv_parts *p = &s->parts;
-    char err[400];
     if (!p->moving)
         return;
-    srv_move_src *src = &p->src[it->src];
-    switch (it->kind) {
-    case 'R': {
-        uint64_t rows = 0;
-        srv_tables_configure(&s->tables, &s->cfg);
-        int rc = srv_tables_move_apply(&s->tables, it->b, it->len, (uint32_t)p->new_self, p->new_n, &rows, err,
-                                       sizeof err);
-        src->rows += rows;
-        src->bytes += it->len;
-        p->rows_in += rows;
-        p->bytes_in += it->len;
+    int rc = srv_move_take(s, it->kind, it->src, it->b, it->len, it->pause_ms);
+    if (it->kind == 'R')
         applied(p->t, it->src, rc != 0);
-        if (rc != 0 && !src->failed) {
-            /* its fetching stops before the handover (which waits for
-             * every answer to be applied), so the source keeps every row
-             * until a session fetches them anew */
-            src->failed = 1;
-            if (!p->error[0])
-                snprintf(p->error, sizeof p->error, "rows from part %u: %.300s", it->src, err);
-            PS_LOG(PS_LOG_ERROR, "move of parts: rows from part %u: %s; its fetching stops (the source keeps its "
-                   "rows): mend that and run the command again, or call the move off", it->src, err);
-        }
-        break;
-    }
-    case 'D':
-        if (src->rows) {
-            PS_LOG(PS_LOG_INFO, "move of parts: fetching part %u's rows from the start: the %" PRIu64 " taken "
-                   "before are dropped", it->src, src->rows);
-            srv_tables_move_drop_from(&s->tables, p->old_n, it->src);
-        }
-        src->rows = src->bytes = 0;
-        src->state = 0;
-        src->failed = 0;
-        break;
-    case 'P':
-        src->state = 1;
-        PS_LOG(PS_LOG_INFO, "move of parts: part %u's pass is over (%" PRIu64 " rows taken); its rows changed since "
-               "follow, then the handover", it->src, src->rows);
-        break;
-    case 'H':
-        if (src->failed) {
-            PS_LOG(PS_LOG_ERROR, "move of parts: part %u handed its rows over, but some could not be applied here: "
-                   "not taken (they are fetched anew when the move is run again)", it->src);
-            break;
-        }
-        src->state = 2;
-        p->handed |= 1ull << it->src;
-        if (it->pause_ms > p->pause_ms_max)
-            p->pause_ms_max = it->pause_ms;
-        PS_LOG(PS_LOG_INFO, "move of parts: took part %u's rows over (%" PRIu64 " rows, %" PRIu64 " bytes; its "
-               "keys waited %" PRIu64 " ms for the handover)", it->src, src->rows, src->bytes, it->pause_ms);
-        break;
-    default:
-        snprintf(p->error, sizeof p->error, "part %u refused: %.300s", it->src, it->b ? (char *)it->b : "?");
-        PS_LOG(PS_LOG_ERROR, "move of parts: %s", p->error);
-    }
 }
 
 static void on_async(uv_async_t *a)
@@ -441,7 +388,7 @@ static void on_drop_idle(uv_idle_t *h)
 {
     struct srv_move_drop *d = h->data;
     psd *s = d->s;
-    if (srv_tables_drop_some(&s->tables, DROP_BUDGET_US)) {
+    if (srv_move_drop_more(s, DROP_BUDGET_US)) {
         uv_idle_stop(h);
         PS_LOG(PS_LOG_INFO, "move of parts: the %" PRIu64 " rows that left are dropped", s->tables.drop.dropped);
     }
@@ -452,8 +399,7 @@ static void drop_start(psd *s)
     struct srv_move_drop *d = s->parts.drop;
     if (!d) {
         if (!(d = calloc(1, sizeof *d))) {
-            while (!srv_tables_drop_some(&s->tables, 1000000)) {
-            }
+            srv_move_drop_more(s, UINT64_MAX);
             return;
         }
         d->s = s;
@@ -484,4 +430,5 @@ void srv_move_fetch_init(psd *s)
     s->move_start = start;
     s->move_stop = srv_move_fetch_stop;
     s->move_drop = drop_start;
+    s->move_apply = srv_move_replay;
 }

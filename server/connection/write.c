@@ -194,7 +194,7 @@ static int must_hold(psd *s, srv_conn *c, uint64_t *lsn)
         return 1;
     }
     int fence = c->role == PS_ROLE_WORKER && fenced(s);
-    if (!fence && (!s->replog || c->role != PS_ROLE_WORKER))
+    if (!fence && (!s->replog || (c->role != PS_ROLE_WORKER && !c->mover)))
         return 0;
     if (s->replog) {
         srv_replog_flush(s);

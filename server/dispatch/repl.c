@@ -98,8 +98,14 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "replicate: give the follower's address (args[0])");
         return;
     }
-    if (!s->model.initialized) {
-        srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: the model has no values yet; ask again");
+    if (!srv_checkpoint_has_state(s)) {
+        srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: the model has no values yet (a part a move adds: "
+                       "its rows come with the move's end); ask again");
+        return;
+    }
+    if (s->parts.moving) {
+        srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: a move of parts is under way; ask again when it is "
+                       "over (a snapshot holds no move under way)");
         return;
     }
     uint64_t fp = srv_arg_u64(m, 1);

@@ -325,6 +325,19 @@ void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid)
     }
 }
 
+void srv_replog_move(psd *s, const uint8_t *head, size_t hlen, const uint8_t *data, size_t len)
+{
+    if (!s->replog)
+        return;
+    srv_replog_flush(s); /* what came before it (a table declared) goes first */
+    uint8_t *p = rec_begin(s, 1 + hlen + len, REC_MOVE);
+    if (!p)
+        return;
+    memcpy(p, head, hlen);
+    if (len)
+        memcpy(p + hlen, data, len);
+}
+
 /* ---- a fetch's answer ----------------------------------------------------- */
 
 /* Writes n bytes at byte position at of the words the answer's blocks hold

@@ -142,6 +142,10 @@ int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
         case REC_ROWS: rc = apply_rows(s, b, bl, err, errlen); break;
         case REC_TABLE: rc = apply_table(s, b, bl, err, errlen); break;
         case REC_BOUNDS: rc = apply_bounds(s, b, bl, err, errlen); break;
+        case REC_MOVE:
+            rc = s->move_apply ? s->move_apply(s, b, bl, err, errlen)
+                               : ps_fail(err, errlen, PS_ESTATE, "a move of parts' record, which this psd cannot apply");
+            break;
         case REC_PUSHID:
             if (bl != 16)
                 rc = ps_fail(err, errlen, PS_EMALFORMED, "a push id record of %zu bytes", bl);
@@ -176,6 +180,7 @@ static int records_check(const uint8_t *p, size_t len, char *err, size_t errlen)
         case REC_TABLE: want = 4 + 64 + 4 + 4 + 8 + 8 + 4 + 8 * PS_HP_COUNT + 4 + 4; break;
         case REC_BOUNDS: want = 32; break;
         case REC_PUSHID: want = 16; break;
+        case REC_MOVE: want = bl < 13 ? 13 : 0; break;
         default: return ps_fail(err, errlen, PS_EMALFORMED, "a record of unknown kind %u", p[at + 4]);
         }
         if (want && bl != want)

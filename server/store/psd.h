@@ -218,6 +218,8 @@ struct srv_conn {
     int admin_readonly;      /* admin that proved the workers' token (no
                               * admin_token_file): status and metrics only */
     srv_worker *worker;      /* set for a worker after hello */
+    int mover;               /* a destination fetching a move's rows: its answers wait for the
+                              * in-sync followers as a worker's replies do */
     int reader;              /* a worker-role hello with "reader": it pulls from any
                               * replica and never pushes; no worker record
                               * (PROTOCOL.md 15) */
@@ -592,6 +594,10 @@ struct psd {
     /* Registered by the connection layer: drops the rows a move took away,
      * a few milliseconds a turn of the loop (srv_tables_drop_some). */
     void (*move_drop)(psd *s);
+    /* Registered by the connection layer: a follower applies a move's
+     * record of its leader's log (dispatch/move_cmd.c, srv_move_replay).
+     * 0, or a negative PS_E* code with err. */
+    int (*move_apply)(psd *s, const uint8_t *b, size_t len, char *err, size_t errlen);
     srv_coord_view coord;    /* coord/'s: leadership through etcd */
     struct srv_coord *coord_state; /* coord/'s own; NULL without coordinator */
 };

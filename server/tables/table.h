@@ -332,10 +332,14 @@ void srv_tables_move_drop(srv_tables *ts, uint32_t new_n, int32_t self);
 
 /* The rows whose part under new_n is not self are dropped a few at a time
  * from now on: srv_tables_drop_some drops until about budget_us have gone
- * (the rows are refused by key meanwhile), and returns 1 once all are
- * gone (0: more to do). */
+ * (the rows are refused by key meanwhile), counting the rows it looked at
+ * in *steps, and returns 1 once all are gone (0: more to do).
+ * srv_tables_drop_steps looks at that many rows (a follower doing what its
+ * leader did: the rows' places, which eviction draws from, stay the
+ * leader's). */
 void srv_tables_drop_begin(srv_tables *ts, uint32_t new_n, int32_t self);
-int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us);
+int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us, uint64_t *steps);
+int srv_tables_drop_steps(srv_tables *ts, uint64_t steps);
 /* A destination forgets the rows it took from part src of old_n (their
  * source restarted: it gives them all again). */
 void srv_tables_move_drop_from(srv_tables *ts, uint32_t old_n, uint32_t src);

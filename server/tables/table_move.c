@@ -147,15 +147,16 @@ static uint64_t now_us(void)
     return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
 }
 
-int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us)
+/* Drops until end_us (0: no end) or `most` rows looked at, counting them
+ * in *steps; 1 once all are gone. */
+static int drop_run(srv_tables *ts, uint64_t end_us, uint64_t most, uint64_t *steps)
 {
     if (!ts->drop.on)
         return 1;
-    uint64_t end = now_us() + budget_us;
     while (ts->drop.table < ts->n) {
         srv_table *t = ts->t[ts->drop.table];
-        for (uint32_t k = 0; ts->drop.r < t->rows; k++) {
-            if ((k & 1023) == 1023 && now_us() >= end)
+        for (uint32_t k = 0; ts->drop.r < t->rows; k++, (*steps)++) {
+            if (*steps >= most || (end_us && (k & 1023) == 1023 && now_us() >= end_us))
                 return 0;
             if ((int32_t)ps_table_part(key_of(t, ts->drop.r), ts->drop.n) != ts->drop.self) {
                 tbl_row_remove(t, ts->drop.r); /* the last row comes here: look at it next */
@@ -171,6 +172,18 @@ int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us)
     ts->drop.on = 0;
     ts->stamp++;
     return 1;
+}
+
+int srv_tables_drop_some(srv_tables *ts, uint64_t budget_us, uint64_t *steps)
+{
+    *steps = 0;
+    return drop_run(ts, now_us() + budget_us, UINT64_MAX, steps);
+}
+
+int srv_tables_drop_steps(srv_tables *ts, uint64_t steps)
+{
+    uint64_t done = 0;
+    return drop_run(ts, 0, steps, &done);
 }
 
 void srv_tables_move_drop_from(srv_tables *ts, uint32_t old_n, uint32_t src)

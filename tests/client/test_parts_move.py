@@ -22,6 +22,10 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
   and sends NOT_READY requests again. Every row ends, bit for bit, as one
   psd fed the pushes the parts acknowledged, in the order they
   acknowledged them: no acknowledged push lost, none applied twice.
+- Parts with followers: the same grow and shrink under pushes; each
+  follower ends with its leader's rows bit for bit, in the same places,
+  and its map; a follower promoted after its leader is killed holds every
+  acknowledged push.
 - A part killed mid-move (no replicas): the new part killed during its
   pass leaves every row on its old part as it was; `psctl parts abort`
   calls the move off; started again at its address, the same command run
@@ -287,39 +291,53 @@ class Pusher:
             self.error = e
 
 
-def test_moves_under_pushes(cluster):
-    parts = start(cluster, 2, "u")
-    ref = start(cluster, 1, "ref")
-    train(parts)
-    train(ref)  # the same rows on one psd
-    same(check_placed(holdings(parts), 2), stored(ref[0].addr))
-    pusher = Pusher([p.addr for p in parts], seed=11)
+def grow_and_shrink_under_pushes(cl, parts, prefix, seed, grown=None):
+    """A Pusher pushes while parts grow by one new psd (1 MiB/s) and shrink
+    back; grown(new) runs once the job has 3 parts. Returns the pusher and
+    the new part."""
+    pusher = Pusher([p.addr for p in parts], seed=seed)
     th = threading.Thread(target=pusher.run)
     th.start()
     try:
         harness.wait_until(lambda: len(pusher.acked) >= 20 or pusher.error, 60, "pushes before the move")
-        new = start(cluster, 1, "u", first=2)[0]
+        new = start(cl, 1, prefix, first=2)[0]
         r = psctl_parts(parts, "add", new.addr, "1M")
         assert r.returncode == 0, r.stdout + r.stderr
-        grown = len(pusher.acked)
-        harness.wait_until(lambda: len(pusher.acked) >= grown + 20 or pusher.error, 60, "pushes after growing")
+        if grown:
+            grown(new)
+        at = len(pusher.acked)
+        harness.wait_until(lambda: len(pusher.acked) >= at + 20 or pusher.error, 60, "pushes after growing")
         r = psctl_parts(parts + [new], "remove", "1M")
         assert r.returncode == 0, r.stdout + r.stderr
-        shrunk = len(pusher.acked)
-        harness.wait_until(lambda: len(pusher.acked) >= shrunk + 20 or pusher.error, 60, "pushes after shrinking")
+        at = len(pusher.acked)
+        harness.wait_until(lambda: len(pusher.acked) >= at + 20 or pusher.error, 60, "pushes after shrinking")
     finally:
         pusher.stop.set()
         th.join(60)
     assert pusher.error is None, repr(pusher.error)
     print("acked %d, moved %d, waited %d" % (len(pusher.acked), pusher.moved, pusher.waited))
     assert pusher.moved >= 2, "no push was refused as moved: the moves did not happen under pushes"
-    # one psd fed what the parts acknowledged, in that order
-    c = psd.Client(LAYOUT, server=ref[0].addr, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
+    return pusher, new
+
+
+def feed(ref, pusher):
+    """One psd (ref) fed what the parts acknowledged, in that order."""
+    c = psd.Client(LAYOUT, server=ref.addr, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
     c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
     for ks, gs in pusher.acked:
         c.push_rows("emb", ks.astype(np.uint64), gs)
     c.close()
+    return stored(ref.addr)
+
+
+def test_moves_under_pushes(cluster):
+    parts = start(cluster, 2, "u")
+    ref = start(cluster, 1, "ref")
+    train(parts)
+    train(ref)  # the same rows on one psd
     same(check_placed(holdings(parts), 2), stored(ref[0].addr))
+    pusher, new = grow_and_shrink_under_pushes(cluster, parts, "u", 11)
+    same(check_placed(holdings(parts), 2), feed(ref[0], pusher))
     assert holdings([new])[0] == {}
 
 
@@ -485,6 +503,60 @@ def test_part_killed_mid_move(cluster):
     r = psctl_parts(parts, "add", again.addr, "1M")
     assert r.returncode == 0, r.stdout + r.stderr
     same(check_placed(holdings(parts + [again]), 3), before)
+
+
+def in_sync(leader, follower):
+    ld, fl = harness.status(leader.addr)["replication"], harness.status(follower.addr)["replication"]
+    return ld["insync"] == 1 and fl["applied"] == ld["log_end"] and fl["lag_bytes"] == 0
+
+
+def follower_of(cl, leader):
+    f = cl.psd(mode="asgd", workers=1, name=leader.name + "f", args=ARGS + ("--replica-of", leader.addr))
+    harness.wait_until(lambda: in_sync(leader, f), 60, "%s's follower in sync" % leader.name)
+    return f
+
+
+def same_as_leader(pairs):
+    """Each follower holds its leader's rows bit for bit, in the same
+    places (eviction draws rows by place), and its map."""
+    for leader, f in pairs:
+        harness.wait_until(lambda: in_sync(leader, f), 60, "%s's follower to apply its log" % leader.name)
+        a, b = stored(leader.addr), stored(f.addr)
+        assert list(a) == list(b), "%s's follower holds other rows or places" % leader.name
+        same(a, b)
+        sl, sf = harness.status(leader.addr)["parts"], harness.status(f.addr)["parts"]
+        assert (sf["epoch"], sf["addrs"], sf["self"], sf["moving"]) == (sl["epoch"], sl["addrs"], sl["self"],
+                                                                      sl["moving"]), (sl, sf)
+
+
+def test_moves_with_followers(cluster):
+    """Parts with followers (replication = sync) grow 2 -> 3 and shrink back
+    while a pusher pushes: each follower applies its leader's move from the
+    log (begun, handed over, rows taken, rows dropped, ended), so after
+    each move it holds its leader's rows bit for bit in the same places,
+    and its map. A part the move added gets its follower after the move's
+    end (a snapshot of its rows and map). The leader of part 0 is then
+    killed and its follower promoted: it holds every row the pusher's
+    acknowledged pushes made, as one psd fed them."""
+    parts = start(cluster, 2, "r")
+    ref = start(cluster, 1, "rref")
+    train(parts)
+    train(ref)
+    fs = [follower_of(cluster, p) for p in parts]
+    nf = []
+    pusher, new = grow_and_shrink_under_pushes(cluster, parts, "r", 13,
+                                               grown=lambda new: nf.append(follower_of(cluster, new)))
+    nf = nf[0]  # its follower took a snapshot of the rows the part took, and its map
+    same_as_leader(list(zip(parts, fs)) + [(new, nf)])
+    assert stored(nf.addr) == {}  # the part removed dropped its rows, and so did its follower
+    for f in fs:
+        assert "move of parts to map 2 is over" in f.stderr(), f.stderr()[-2000:]
+
+    # part 0's leader dies; its follower, promoted, holds what was acknowledged
+    parts[0].kill()
+    r = harness.psctl(fs[0].addr, "promote")
+    assert r.returncode == 0, r.stderr
+    same(check_placed([stored(fs[0].addr), stored(parts[1].addr)], 2), feed(ref[0], pusher))
 
 
 def test_new_part_out_of_table_memory(cluster):
