@@ -34,17 +34,11 @@ static int left_ms(int64_t deadline)
  * are full; returns its index, or -1 when it could not be added. */
 static int link_learn(psc_link *ln, const char *a, size_t len)
 {
-    if (len == 0 || len > PS_ADDR_MAX)
-        return -1;
-    for (uint32_t k = 0; k < ln->naddrs; k++)
-        if (strlen(ln->addrs[k]) == len && memcmp(ln->addrs[k], a, len) == 0)
-            return (int)k;
-    if (ln->naddrs == PSC_ADDRS_MAX)
-        return -1;
-    memcpy(ln->addrs[ln->naddrs], a, len);
-    ln->addrs[ln->naddrs][len] = '\0';
-    PS_LOG(PS_LOG_DEBUG, "%s: the part's replicas include %s", ln->server, ln->addrs[ln->naddrs]);
-    return (int)ln->naddrs++;
+    uint32_t before = ln->naddrs;
+    int k = ps_addr_list_add(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, a, len);
+    if (k >= 0 && ln->naddrs > before)
+        PS_LOG(PS_LOG_DEBUG, "%s: the part's replicas include %s", ln->server, ln->addrs[k]);
+    return k;
 }
 
 /* After link i failed with rc: the next attempt goes to the psd its

@@ -173,3 +173,17 @@ int ps_sock_same_host(int fd)
         return 1;
     return pv4 == sv4 && memcmp(pa, sa, pv4 ? 4 : 16) == 0;
 }
+
+int ps_addr_list_add(char (*list)[PS_ADDR_MAX + 1], uint32_t *n, uint32_t cap, const char *a, size_t len)
+{
+    if (len == 0 || len > PS_ADDR_MAX)
+        return -1;
+    for (uint32_t k = 0; k < *n; k++)
+        if (strlen(list[k]) == len && memcmp(list[k], a, len) == 0)
+            return (int)k;
+    if (*n == cap)
+        return -1;
+    memcpy(list[*n], a, len);
+    list[*n][len] = '\0';
+    return (int)(*n)++;
+}

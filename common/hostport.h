@@ -7,6 +7,9 @@
 #define PS_HOSTPORT_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include "proto/msg.h" /* PS_ADDR_MAX */
 
 #define PS_HOSTPORT_HOST_MAX 256   /* host name or address, NUL included */
 
@@ -34,5 +37,11 @@ int ps_host_is_localhost(const char *host);
  * connection from this host to one of its own interfaces). 0 also when
  * either address cannot be read. */
 int ps_sock_same_host(int fd);
+
+/* A part's replicas as a list of addresses (each at most PS_ADDR_MAX
+ * bytes, NUL-terminated, in rows of PS_ADDR_MAX + 1): adds a (len bytes)
+ * to list[0..*n) unless it is there or the list holds cap already.
+ * Returns its index, or -1 when it could not be added. */
+int ps_addr_list_add(char (*list)[PS_ADDR_MAX + 1], uint32_t *n, uint32_t cap, const char *a, size_t len);
 
 #endif

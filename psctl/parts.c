@@ -72,6 +72,21 @@ static uint64_t parse_rate(const char *s, int *bad)
     return (uint64_t)(v * mul);
 }
 
+/* The map's addresses in status body pm (key "addrs", or the move's
+ * under "move"), when it holds want of them, into ids; 1 when it did. */
+static int map_ids(const msgpack_object *pm, const char *key, uint32_t want, char (*ids)[300])
+{
+    const msgpack_object *a = pm ? ps_map_get(pm, key) : NULL;
+    if (!a || a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size != want)
+        return 0;
+    for (uint32_t i = 0; i < want; i++)
+        if (a->via.array.ptr[i].type != MSGPACK_OBJECT_STR || a->via.array.ptr[i].via.str.size >= 300)
+            return 0;
+    for (uint32_t i = 0; i < want; i++)
+        snprintf(ids[i], 300, "%.*s", (int)a->via.array.ptr[i].via.str.size, a->via.array.ptr[i].via.str.ptr);
+    return 1;
+}
+
 /* list[0..n) as "A,B,C" into out (cap bytes, cut when longer). */
 static void join(char *out, size_t cap, char (*list)[300], uint32_t n)
 {
@@ -161,7 +176,9 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
     if (strcmp(k->args[0], "abort") == 0)
         return parts_abort(ss, list, n, token, timeout, k);
     static session extra;
-    static char all[PS_PARTS_MAX + 1][300];
+    /* all: where each part is reached (its leader); ids: its address in
+     * the map (a part whose follower was promoted keeps its map address) */
+    static char all[PS_PARTS_MAX + 1][300], ids[PS_PARTS_MAX + 1][300];
     static char oldl[PS_PARTS_MAX * 300], newl[PS_PARTS_MAX * 300];
     int adding = strcmp(k->args[0], "add") == 0, bad = 0;
     const char *rarg = adding ? (k->nargs == 3 ? k->args[2] : NULL) : (k->nargs == 2 ? k->args[1] : NULL);
@@ -175,20 +192,20 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         snprintf(all[i], sizeof all[i], "%s", list[i]);
     if (adding) {
         snprintf(all[n], sizeof all[n], "%s", k->args[1]);
+        extra.timeout = timeout;
+        extra.token = *token;
+        int st = psctl_pick_leader(&extra, all[n], sizeof all[n]); /* a part given as its replicas */
+        extra.token = (ps_token){0};
+        if (st != EXIT_OK)
+            return st;
         for (uint32_t i = 0; i < n; i++)
-            if (strcmp(list[i], k->args[1]) == 0) {
+            if (strcmp(list[i], all[n]) == 0) {
                 fprintf(stderr, "psctl: %s is part %u of the job already\n", k->args[1], i);
                 return EXIT_USAGE;
             }
     }
     uint32_t new_n = adding ? n + 1 : n - 1;
-    oldl[0] = newl[0] = '\0';
-    join(oldl, sizeof oldl, list, n);
-    join(newl, sizeof newl, all, new_n);
-    if (strlen(oldl) >= PS_ARG_MAX || strlen(newl) >= PS_ARG_MAX) {
-        fprintf(stderr, "psctl: the part list is longer than an argument takes (%d bytes)\n", PS_ARG_MAX);
-        return EXIT_USAGE;
-    }
+    memcpy(ids, all, sizeof ids);
     session *s[PS_PARTS_MAX + 1];
     for (uint32_t i = 0; i < total; i++)
         s[i] = i < n ? &ss[i] : &extra;
@@ -214,6 +231,20 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             break;
         }
         double e = psctl_num(pm, "epoch");
+        /* each psd knows its place: the parts are named by the map, so the
+         * one reached for part i must be part i (of the old map, or of the
+         * new one for the part added) */
+        const msgpack_object *mv0 = ps_map_get(pm, "move");
+        double place = psctl_flag(pm, "moving") ? psctl_num(mv0, adding && i == n ? "new_self" : "old_self")
+                       : e > 0                  ? psctl_num(pm, "self")
+                                                : (double)i;
+        if (place != (double)i) {
+            fprintf(stderr, "psctl: psd at %s is part %.0f of the job's map, not part %u: give the parts in the "
+                            "order of the map%s\n", all[i], place, i, adding && i == n ? " (and the part the "
+                            "move under way adds)" : "");
+            status = EXIT_REMOTE;
+            break;
+        }
         if (adding && i == n) {
             const msgpack_object *tabs = ps_map_get(r.body, "tables");
             if (!resume && !psctl_flag(pm, "moving") &&
@@ -228,6 +259,15 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         if (i == 0) {
             epoch = (uint64_t)e;
             dense = e > 0 ? (uint32_t)psctl_num(pm, "dense") : n; /* before any move every part holds some */
+            /* the parts as the map names them: a part whose follower took
+             * over is reached at the follower, and named as before */
+            if (e > 0)
+                map_ids(pm, "addrs", n, ids);
+            if (psctl_flag(pm, "moving") && adding) /* the new map: the old one and the part added */
+                map_ids(ps_map_get(pm, "move"), "addrs", total, ids);
+            for (uint32_t j = 0; j < total; j++)
+                if (strcmp(ids[j], all[j]) != 0)
+                    printf("part %u: %s in the map, reached at %s\n", j, ids[j], all[j]);
         }
         const msgpack_object *mv = ps_map_get(pm, "move");
         int moving = psctl_flag(pm, "moving");
@@ -245,6 +285,13 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             }
             resume = 1;
         }
+    }
+    oldl[0] = newl[0] = '\0';
+    join(oldl, sizeof oldl, ids, n);
+    join(newl, sizeof newl, ids, new_n);
+    if (status == EXIT_OK && (strlen(oldl) >= PS_ARG_MAX || strlen(newl) >= PS_ARG_MAX)) {
+        fprintf(stderr, "psctl: the part list is longer than an argument takes (%d bytes)\n", PS_ARG_MAX);
+        status = EXIT_USAGE;
     }
     /* a source that restarted during the move (it is not in it while the
      * others are): the destinations that took its rows already say so, and
@@ -273,7 +320,7 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
                 int source = adding ? i < n : i == n - 1;
                 if (source != (pass == 0))
                     continue;
-                char *a[] = {ep, oldl, newl, all[i], rt, dn, handed[i]};
+                char *a[] = {ep, oldl, newl, ids[i], rt, dn, handed[i]};
                 if ((status = admin(s[i], all[i], "move_begin", a, handed[i][0] ? 7 : 6)) == EXIT_OK)
                     begun[nb++] = i;
             }
@@ -296,7 +343,8 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             int dest = adding ? i >= n : i < new_n;
             if ((status = status_of(s[i], all[i], &r, &pm)) != EXIT_OK) {
                 fprintf(stderr, "psctl: part %u at %s does not answer: the move waits for it; start it again and run "
-                                "this command again (with replicas, its follower takes over)\n", i, all[i]);
+                                "this command again (with replicas: promote a follower, or let etcd elect one, and "
+                                "give each part as its replicas, A/A2)\n", i, all[i]);
                 break;
             }
             if (!dest)
@@ -348,7 +396,7 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         }
         if (status == EXIT_OK)
             printf("the job's parts are now %s (map %" PRIu64 ")%s%s\n", newl, epoch + 1,
-                   adding ? "" : "; the part removed, ", adding ? "" : all[n - 1]);
+                   adding ? "" : "; the part removed, ", adding ? "" : ids[n - 1]);
     }
     for (uint32_t i = 0; i < opened; i++) {
         ps_conn_free(&s[i]->c);

@@ -22,6 +22,7 @@
 
 #include "common/clock.h"
 #include "common/conn.h"
+#include "common/hostport.h"
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/dispatch/move_cmd.h"
@@ -49,7 +50,12 @@ typedef struct fetcher {
     int failed;        /* the loop could not apply an answer: stop before the handover (under mu) */
     uint64_t posted, applied; /* answers of rows handed to the loop, and applied there (under mu) */
     uint32_t src;
-    char addr[PS_ADDR_MAX + 1];
+    char addr[PS_ADDR_MAX + 1]; /* the source as the map names it */
+    /* where it is reached: the map's address (several, '/'-separated, for
+     * a part given as its replicas), those its WELCOME's `replicas` named,
+     * a NOT_LEADER's `leader`; at: the one tried now */
+    char reps[PS_REPLICAS_MAX][PS_ADDR_MAX + 1];
+    uint32_t nreps, at;
     struct srv_move_thread *all;
 } fetcher;
 
@@ -122,6 +128,26 @@ static void pause_ms(struct srv_move_thread *t, uint64_t ms)
     pthread_mutex_unlock(&t->mu);
 }
 
+/* Adds replica a (len bytes) to f's unless it is there or they are full;
+ * its index, or -1. */
+static int learn(fetcher *f, const char *a, size_t len)
+{
+    return ps_addr_list_add(f->reps, &f->nreps, PS_REPLICAS_MAX, a, len);
+}
+
+/* After a connection failed, or a follower refused (NOT_LEADER): the next
+ * try goes to the leader it named, or to the source's next replica, so
+ * that a source whose follower was promoted during the move is found. */
+static void next_replica(fetcher *f, const ps_conn *c, int not_leader)
+{
+    int k = not_leader && c->remote_leader[0] ? learn(f, c->remote_leader, strlen(c->remote_leader)) : -1;
+    uint32_t next = k >= 0 ? (uint32_t)k : (f->at + 1) % f->nreps;
+    if (next != f->at)
+        PS_LOG(PS_LOG_INFO, "move of parts: part %u at %s %s; trying %s", f->src, f->reps[f->at],
+               not_leader ? "follows a leader" : "does not answer", f->reps[next]);
+    f->at = next;
+}
+
 /* One session with the source: 1 when it handed its rows over or refused
  * (the fetcher ends), 0 to try again. */
 static int session(fetcher *f, ps_conn *c)
@@ -131,7 +157,8 @@ static int session(fetcher *f, ps_conn *c)
     /* every session starts the pass over: a source that restarted knows
      * nothing of what it gave, and the loop forgets what it took from it */
     int fresh = 1, finalv = 0, *final = &finalv;
-    int rc = ps_conn_connect(c, f->addr, TIMEOUT_MS);
+    const char *addr = f->reps[f->at];
+    int rc = ps_conn_connect(c, addr, TIMEOUT_MS);
     if (rc == 0) {
         ps_msg_init(&m, PS_MSG_HELLO);
         m.has = PS_F_VERSION | PS_F_ROLE;
@@ -140,10 +167,13 @@ static int session(fetcher *f, ps_conn *c)
         rc = ps_conn_hello(c, &m, t->token.len ? t->token.b : NULL, t->token.len, &r, TIMEOUT_MS);
     }
     if (rc != 0) {
-        PS_LOG(PS_LOG_WARN, "move of parts: cannot reach part %u at %s: %s; trying again", f->src, f->addr,
+        PS_LOG(PS_LOG_WARN, "move of parts: cannot reach part %u at %s: %s; trying again", f->src, addr,
                ps_conn_error(c));
+        next_replica(f, c, rc == PS_EREMOTE && c->remote_code == -PS_ENOT_LEADER);
         return 0;
     }
+    for (uint32_t k = 0; k < r.nreplicas; k++)
+        learn(f, r.replicas[k].p, r.replicas[k].len);
     pthread_mutex_lock(&t->mu);
     t->fds[f->src] = c->fd;
     pthread_mutex_unlock(&t->mu);
@@ -170,13 +200,19 @@ static int session(fetcher *f, ps_conn *c)
             fresh = 0;
             post_kind(t, 'D', f->src, NULL, 0); /* before this answer's rows */
         }
+        if (rc == PS_EREMOTE && c->remote_code == -PS_ENOT_LEADER) {
+            next_replica(f, c, 1); /* a follower (its leader was replaced, or it was not promoted yet) */
+            return 0;
+        }
         if (rc == PS_EREMOTE) {
             post_kind(t, 'E', f->src, ps_conn_error(c), 0);
             return 1;
         }
         if (rc != 0 || r.type != PS_MSG_PARAMS) {
-            PS_LOG(PS_LOG_WARN, "move of parts: fetching from part %u at %s: %s; trying again", f->src, f->addr,
+            PS_LOG(PS_LOG_WARN, "move of parts: fetching from part %u at %s: %s; trying again", f->src, addr,
                    rc ? ps_conn_error(c) : "not a PARAMS");
+            if (rc != 0)
+                next_replica(f, c, 0);
             return 0;
         }
         item *it = calloc(1, sizeof *it);
@@ -366,6 +402,13 @@ static int start(psd *s, char *err, size_t errlen)
         f->src = j;
         f->all = t;
         snprintf(f->addr, sizeof f->addr, "%s", p->addrs[j]);
+        for (const char *q = f->addr; *q;) { /* a part given as its replicas: A/B */
+            size_t len = strcspn(q, "/");
+            learn(f, q, len);
+            q += len + (q[len] == '/');
+        }
+        if (!f->nreps)
+            learn(f, f->addr, strlen(f->addr));
         if (pthread_create(&f->th, NULL, fetcher_main, f) != 0) {
             srv_move_fetch_stop(s);
             return ps_fail(err, errlen, PS_ENOMEM, "cannot start a thread to fetch rows");

@@ -22,6 +22,10 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
   and sends NOT_READY requests again. Every row ends, bit for bit, as one
   psd fed the pushes the parts acknowledged, in the order they
   acknowledged them: no acknowledged push lost, none applied twice.
+- A source's leader killed mid-move, with replicas: its follower,
+  promoted, takes part as its leader did; the new part reaches it through
+  the replicas, and the same `parts add`, each part given as its replicas,
+  finishes the move with every row on its part as it was.
 - Parts with followers: the same grow and shrink under pushes; each
   follower ends with its leader's rows bit for bit, in the same places,
   and its map; a follower promoted after its leader is killed holds every
@@ -166,6 +170,9 @@ def test_grow_then_shrink_at_rest(cluster):
         assert e["t"] == T_ERROR and e["code"] == E_MOVED, e
         assert e["pmap"] == [1, 2, [p.addr for p in three]], e
 
+    # the parts out of the map's order: each psd knows its place
+    r = psctl_parts([parts[1], parts[0], new], "remove")
+    assert r.returncode != 0 and "is part 1 of the job's map, not part 0" in r.stderr, r.stderr
     # shrink back: every row on its part of 2 again, as it was
     r = psctl_parts(three, "remove")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -557,6 +564,53 @@ def test_moves_with_followers(cluster):
     r = harness.psctl(fs[0].addr, "promote")
     assert r.returncode == 0, r.stderr
     same(check_placed([stored(fs[0].addr), stored(parts[1].addr)], 2), feed(ref[0], pusher))
+
+
+def test_source_leader_killed_mid_move(cluster):
+    """With replicas, a source's leader killed during the new part's pass:
+    its follower, promoted, holds the move as its leader did (from the
+    log), the new part's fetching finds it through the replicas the
+    source's WELCOME named, and `psctl parts add` run again with each part
+    given as its replicas (A/A',B/B') takes the move up: the map keeps the
+    dead leader's address as the part's name, psctl reaches the follower.
+    Every row ends on its part under 3 as it was, and the job trains on
+    through libpsclient given the replicas."""
+    parts = start(cluster, 2, "s")
+    train(parts, steps=20)
+    before = check_placed(holdings(parts), 2)
+    fs = [follower_of(cluster, p) for p in parts]
+    given = ",".join("%s/%s" % (p.addr, f.addr) for p, f in zip(parts, fs))
+    new = start(cluster, 1, "s", first=2)[0]
+    mv = subprocess.Popen([harness.Paths.psctl, "--server", given, "--timeout", "10000", "parts", "add", new.addr,
+                           "64K"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)  # about 4 s a source
+    harness.wait_until(lambda: taking(new), 60, "the new part's pass")
+    parts[0].kill()
+    out, err = mv.communicate(timeout=60)
+    assert mv.returncode != 0 and "part 0 at %s does not answer" % parts[0].addr in err, out + err
+    r = harness.psctl(fs[0].addr, "promote")
+    assert r.returncode == 0, r.stderr
+    st = harness.status(fs[0].addr)["parts"]
+    assert st["moving"] is True and st["move"]["addrs"] == [parts[0].addr, parts[1].addr, new.addr], st
+    r = harness.run([harness.Paths.psctl, "--server", given, "--timeout", "10000", "parts", "add", new.addr, "1M"],
+                    timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "part 0: %s in the map, reached at %s" % (parts[0].addr, fs[0].addr) in r.stdout, r.stdout
+    assert "follows a leader" in new.stderr() or "does not answer" in new.stderr(), new.stderr()[-3000:]
+    three = [fs[0], parts[1], new]
+    same(check_placed(holdings(three), 3), before)
+    for p in three:
+        assert harness.status(p.addr)["parts"]["addrs"] == [parts[0].addr, parts[1].addr, new.addr]
+    same_as_leader([(parts[1], fs[1])])
+    # libpsclient given the replicas: the map names the dead leader, whose
+    # replicas the client learned (or was given), so it reaches part 0
+    c = psd.Client(LAYOUT, server=given, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    keys = np.array(sorted(before)[:500], np.uint64)
+    c.push_rows("emb", keys, np.ones((keys.size, DIM), np.float32))
+    rows = c.pull_rows("emb", keys)
+    c.close()
+    assert not np.array_equal(rows, np.stack([before[int(k)] for k in keys])), "the push changed nothing"
 
 
 def test_new_part_out_of_table_memory(cluster):
