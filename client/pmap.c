@@ -27,13 +27,28 @@ void psc__pmap_note(psc_client *c, const ps_msg *r)
     }
 }
 
-/* 1 when a is one of ln's addresses (the part's replicas). */
-static int link_has(const psc_link *ln, const char *a)
+/* 1 when an address of the map's entry e (a part given as its replicas
+ * is "A/B") is one of ln's addresses (the part's replicas). */
+static int link_has(const psc_link *ln, const char *e)
 {
-    for (uint32_t k = 0; k < ln->naddrs; k++)
-        if (strcmp(ln->addrs[k], a) == 0)
-            return 1;
+    for (const char *q = e; *q;) {
+        size_t len = strcspn(q, "/");
+        for (uint32_t k = 0; k < ln->naddrs; k++)
+            if (strlen(ln->addrs[k]) == len && memcmp(ln->addrs[k], q, len) == 0)
+                return 1;
+        q += len + (q[len] == '/');
+    }
     return 0;
+}
+
+/* Adds the addresses of entry e (its replicas, '/'-separated) to ln's. */
+static void link_learn_entry(psc_link *ln, const char *e)
+{
+    for (const char *q = e; *q;) {
+        size_t len = strcspn(q, "/");
+        ps_addr_list_add(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, q, len);
+        q += len + (q[len] == '/');
+    }
 }
 
 /* 1 when one of the map's parts is ln's part. */
@@ -97,6 +112,8 @@ int psc__pmap_adopt(psc_client *c)
             psc__link_make(c, c->nmade);
         psc_link *ln = &c->links[j];
         int same = j < oldn && link_has(ln, pm->addrs[j]);
+        if (same)
+            link_learn_entry(ln, pm->addrs[j]); /* replicas the map names that the link did not know */
         int dense = j < pm->dense, was_dense = j < olddense;
         if (same && dense == was_dense && (!dense || pm->dense == olddense))
             continue; /* the same part, the same values: the link stays as it is */
@@ -104,10 +121,12 @@ int psc__pmap_adopt(psc_client *c)
          * and the next open says hello with the layout it now needs */
         psc__link_close(ln);
         if (!same) {
-            snprintf(ln->addrs[0], sizeof ln->addrs[0], "%s", pm->addrs[j]);
-            ln->naddrs = 1;
+            ln->naddrs = 0;
+            link_learn_entry(ln, pm->addrs[j]);
+            if (!ln->naddrs) /* an entry of slashes alone: as it is (it will not connect) */
+                ps_addr_list_add(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, pm->addrs[j], strlen(pm->addrs[j]));
             ln->cur = 0;
-            snprintf(ln->server, sizeof ln->server, "%s", pm->addrs[j]);
+            snprintf(ln->server, sizeof ln->server, "%s", ln->addrs[0]);
             ln->version = 0;
             added++;
         }

@@ -205,7 +205,18 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
             }
     }
     uint32_t new_n = adding ? n + 1 : n - 1;
+    /* a job without a map names its parts as given: a part given as its
+     * replicas (A/A2) is named so in the map, and workers and the new
+     * parts find its followers there */
     memcpy(ids, all, sizeof ids);
+    for (uint32_t i = 0, at = 0; k->server && i < n; i++) {
+        size_t len = strcspn(k->server + at, ",");
+        if (len < sizeof ids[i])
+            snprintf(ids[i], sizeof ids[i], "%.*s", (int)len, k->server + at);
+        at += len + (k->server[at + len] == ',');
+    }
+    if (adding)
+        snprintf(ids[n], sizeof ids[n], "%s", k->args[1]);
     session *s[PS_PARTS_MAX + 1];
     for (uint32_t i = 0; i < total; i++)
         s[i] = i < n ? &ss[i] : &extra;

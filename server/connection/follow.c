@@ -424,7 +424,9 @@ static void apply_item(psd *s, item *it)
         snprintf(path, sizeof path, "/proc/self/fd/%d", it->fd);
         srv_replog_kept kept;
         srv_replog_set_aside(s, &kept); /* loaded into a fresh model: a failed load leaves the old one */
-        int rc = srv_checkpoint_load_file(s, path, err, sizeof err);
+        /* an empty snapshot: the leader holds nothing yet (a part a move is
+         * to add), and so does this psd now */
+        int rc = lseek(it->fd, 0, SEEK_END) == 0 ? 0 : srv_checkpoint_load_file(s, path, err, sizeof err);
         srv_replog_take_back(s, &kept, rc == 0);
         if (rc != 0) {
             char why[600];

@@ -22,6 +22,7 @@
 #include "server/policy/policy.h"
 #include "server/replog/replog.h"
 #include "server/report/checkpoint.h"
+#include "server/store/parts.h"
 #include "server/replog/pushid.h"
 
 #define CHUNK_BYTES ((size_t)SRV_BLK_FLOATS * 4) /* a chunk or a fetch: one block's bytes at most */
@@ -98,7 +99,10 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
         srv_send_error(c, m->id, PS_EBAD_FIELD, 0, "replicate: give the follower's address (args[0])");
         return;
     }
-    if (!srv_checkpoint_has_state(s)) {
+    /* a psd that holds nothing yet (a part a move is to add): its
+     * followers start from nothing, at the log's start */
+    int empty = !s->model.has_layout && s->tables.n == 0 && !srv_parts_known(&s->parts);
+    if (!empty && !srv_checkpoint_has_state(s)) {
         srv_send_error(c, m->id, PS_ENOT_READY, 0, "replicate: the model has no values yet (a part a move adds: "
                        "its rows come with the move's end); ask again");
         return;
@@ -134,6 +138,19 @@ static void cmd_replicate(srv_conn *c, ps_msg *m)
     if (old) /* a fetch of its last session: the follower starts again */
         srv_send_error(old, f->wait_id, PS_ESTATE, 0, "repl_fetch: %s asked for a snapshot again", addr);
     f->wait_c = NULL;
+    if (empty) {
+        srv_replog_flush(s);
+        f->snap_pos = f->pos = srv_replog_end(s);
+        f->insync = 0;
+        f->last_ms = srv_now_ms();
+        snprintf(f->peer, sizeof f->peer, "%s", c->addr);
+        char text[160];
+        snprintf(text, sizeof text, "snapshot 0 %" PRIu64 " %" PRIu64, f->snap_pos, s->replog->history);
+        srv_send_ok_text(c, m->id, text);
+        PS_LOG(PS_LOG_INFO, "replication: follower %s (from %s) starts from nothing: this psd holds nothing yet",
+               addr, c->addr);
+        return;
+    }
     f->snap_fd = memfd_create("psd-snapshot", MFD_CLOEXEC);
     if (f->snap_fd < 0) {
         srv_send_error(c, m->id, PS_EIO, 0, "replicate: no memory file: %s", strerror(errno));

@@ -26,6 +26,10 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
   promoted, takes part as its leader did; the new part reaches it through
   the replicas, and the same `parts add`, each part given as its replicas,
   finishes the move with every row on its part as it was.
+- The new part's leader killed mid-move, with replicas: its follower,
+  joined before the move from nothing, promoted, takes the move up by
+  itself, and the same `parts add` finishes it; a worker given the old
+  parts alone finds the follower through the map (A/B entries).
 - Parts with followers: the same grow and shrink under pushes; each
   follower ends with its leader's rows bit for bit, in the same places,
   and its map; a follower promoted after its leader is killed holds every
@@ -591,19 +595,20 @@ def test_source_leader_killed_mid_move(cluster):
     r = harness.psctl(fs[0].addr, "promote")
     assert r.returncode == 0, r.stderr
     st = harness.status(fs[0].addr)["parts"]
-    assert st["moving"] is True and st["move"]["addrs"] == [parts[0].addr, parts[1].addr, new.addr], st
+    named = given.split(",") + [new.addr]  # the map names a part as it was given: its replicas
+    assert st["moving"] is True and st["move"]["addrs"] == named, st
     r = harness.run([harness.Paths.psctl, "--server", given, "--timeout", "10000", "parts", "add", new.addr, "1M"],
                     timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "part 0: %s in the map, reached at %s" % (parts[0].addr, fs[0].addr) in r.stdout, r.stdout
+    assert "part 0: %s in the map, reached at %s" % (named[0], fs[0].addr) in r.stdout, r.stdout
     assert "follows a leader" in new.stderr() or "does not answer" in new.stderr(), new.stderr()[-3000:]
     three = [fs[0], parts[1], new]
     same(check_placed(holdings(three), 3), before)
     for p in three:
-        assert harness.status(p.addr)["parts"]["addrs"] == [parts[0].addr, parts[1].addr, new.addr]
+        assert harness.status(p.addr)["parts"]["addrs"] == named
     same_as_leader([(parts[1], fs[1])])
-    # libpsclient given the replicas: the map names the dead leader, whose
-    # replicas the client learned (or was given), so it reaches part 0
+    # libpsclient given the parts as the map names them: it reaches part 0's
+    # promoted follower, and the part added
     c = psd.Client(LAYOUT, server=given, shard="0/1", connect=True, connect_s=5, timeout_ms=20000)
     c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
     keys = np.array(sorted(before)[:500], np.uint64)
@@ -611,6 +616,44 @@ def test_source_leader_killed_mid_move(cluster):
     rows = c.pull_rows("emb", keys)
     c.close()
     assert not np.array_equal(rows, np.stack([before[int(k)] for k in keys])), "the push changed nothing"
+
+
+def test_new_part_leader_killed_mid_move(cluster):
+    """With replicas, the new part's leader killed during its pass: its
+    follower (joined before the move, from nothing) holds what the leader
+    had taken, from the log; promoted, it fetches again from the sources
+    by itself, and `psctl parts add N/N'` run again finishes the move. The
+    map names the part as its replicas, so a worker given only the old
+    parts finds the promoted follower."""
+    parts = start(cluster, 2, "d")
+    train(parts, steps=20)
+    before = check_placed(holdings(parts), 2)
+    new = start(cluster, 1, "d", first=2)[0]
+    nf = follower_of(cluster, new)  # from nothing: the new part holds nothing yet
+    entry = "%s/%s" % (new.addr, nf.addr)
+    mv = move_in_background(parts, "add", entry, "64K")
+    harness.wait_until(lambda: taking(new), 60, "the new part's pass")
+    harness.wait_until(lambda: harness.status(nf.addr)["parts"]["move"] is not None and
+                       harness.status(nf.addr)["parts"]["move"]["rows_taken"] > 0, 60, "the follower to take rows")
+    new.kill()
+    out, err = mv.communicate(timeout=60)
+    assert mv.returncode != 0 and "part 2 at %s does not answer" % new.addr in err, out + err
+    r = harness.psctl(nf.addr, "promote")
+    assert r.returncode == 0, r.stderr
+    harness.wait_until(lambda: "fetches the rows of the parts that did not hand them over" in nf.stderr(), 30,
+                       "the promoted follower to take the move up")
+    r = psctl_parts(parts, "add", entry, "1M")
+    assert r.returncode == 0, r.stdout + r.stderr
+    three = parts + [nf]
+    same(check_placed(holdings(three), 3), before)
+    for p in three:
+        assert harness.status(p.addr)["parts"]["addrs"] == [parts[0].addr, parts[1].addr, entry]
+    c = psd.Client(LAYOUT, server=",".join(p.addr for p in parts), shard="0/1", connect=True, connect_s=5,
+                   timeout_ms=20000)
+    c.table("emb", DIM, init="uniform", scale=0.05, seed=3, opt="adagrad", lr=0.1)
+    keys = np.array([k for k in sorted(before) if part_of(k, 3) == 2][:300], np.uint64)
+    assert np.array_equal(c.pull_rows("emb", keys), np.stack([before[int(k)] for k in keys]))
+    c.close()
 
 
 def test_new_part_out_of_table_memory(cluster):
