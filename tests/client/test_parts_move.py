@@ -30,6 +30,8 @@ Run by ctest (client_parts_move) with Debian's pytest, as test_python.py.
   joined before the move from nothing, promoted, takes the move up by
   itself, and the same `parts add` finishes it; a worker given the old
   parts alone finds the follower through the map (A/B entries).
+- With leaders elected through etcd: a source's leader killed mid-move,
+  its follower elected by itself, and the same `parts add` finishes.
 - Parts with followers: the same grow and shrink under pushes; each
   follower ends with its leader's rows bit for bit, in the same places,
   and its map; a follower promoted after its leader is killed holds every
@@ -57,6 +59,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import etcd  # noqa: E402
 import harness  # noqa: E402
 from harness import M64, part_of  # noqa: E402
 from harness import T_ERROR, T_OK, T_ROWS, T_TABLE, T_TPULL, T_TPUSH, T_WELCOME, RawClient  # noqa: E402
@@ -654,6 +657,53 @@ def test_new_part_leader_killed_mid_move(cluster):
     keys = np.array([k for k in sorted(before) if part_of(k, 3) == 2][:300], np.uint64)
     assert np.array_equal(c.pull_rows("emb", keys), np.stack([before[int(k)] for k in keys]))
     c.close()
+
+
+@pytest.mark.skipif(etcd.why_no_etcd() is not None, reason=etcd.why_no_etcd() or "")
+def test_source_leader_elected_mid_move(cluster):
+    """With leaders elected through etcd (a 3-member cluster), a source's
+    leader killed during the move: its follower is elected within about
+    lease_ttl, with no `psctl promote`, the new part's fetching goes on
+    from it, and `psctl parts add` run again finishes the move; the new
+    part has a follower from the start. Every row ends on its part under 3
+    as it was."""
+    with etcd.Etcd(cluster.dir, members=3) as e:
+        addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(6)]
+
+        def elected(i, part, leader=None):
+            extra = ("--listen", addrs[i], "--set", "coordinator=" + e.urls, "--set", "job=movetest",
+                     "--set", "part=%d" % part, "--set", "lease_ttl=3s")
+            p = cluster.psd(mode="asgd", workers=1, name="e%d" % i,
+                            args=ARGS + extra + (("--replica-of", leader.addr) if leader else ()))
+            if leader:
+                harness.wait_until(lambda: in_sync(leader, p), 60, "e%d in sync" % i)
+            else:
+                harness.wait_until(lambda: harness.status(p.addr)["coordinator"]["role"] == "leader", 30,
+                                   "e%d to lead part %d" % (i, part))
+            return p
+
+        a, b = elected(0, 0), elected(2, 1)
+        train([a, b], steps=20)
+        before = check_placed(holdings([a, b]), 2)
+        af, bf = elected(1, 0, a), elected(3, 1, b)
+        new = elected(4, 2)
+        nf = elected(5, 2, new)
+        given = "%s/%s,%s/%s" % (a.addr, af.addr, b.addr, bf.addr)
+        entry = "%s/%s" % (new.addr, nf.addr)
+        argv = [harness.Paths.psctl, "--server", given, "--timeout", "10000", "parts", "add", entry]
+        mv = subprocess.Popen(argv + ["64K"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        harness.wait_until(lambda: taking(new), 60, "the new part's pass")
+        a.kill()
+        harness.wait_until(lambda: harness.status(af.addr)["coordinator"]["role"] == "leader", 30,
+                           "a's follower to be elected")
+        out, err = mv.communicate(timeout=60)
+        assert mv.returncode != 0 and "part 0 at %s does not answer" % a.addr in err, out + err
+        r = harness.run(argv + ["1M"], timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        three = [af, b, new]
+        same(check_placed(holdings(three), 3), before)
+        same_as_leader([(b, bf), (new, nf)])
 
 
 def test_new_part_out_of_table_memory(cluster):
