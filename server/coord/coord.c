@@ -52,6 +52,7 @@
 #include "server/connection/net.h"
 #include "server/coord/coord_int.h"
 #include "server/coord/elect.h"
+#include "server/coord/mapkey.h"
 #include "server/coord/etcd.h"
 #include "server/coord/jobkey.h"
 #include "server/replog/replog.h"
@@ -558,6 +559,8 @@ static void on_step(uv_timer_t *t)
             renew(k);
         else if (!k->hb_stage && !k->publishing && insync_now(s, NULL, 0) != s->coord.published)
             publish(k); /* sync replies wait for the followers etcd names until it has the new set */
+        else if (!k->hb_stage)
+            srv_coord_map_step(k); /* a move's end: the job's map in etcd */
         break;
     case SRV_COORD_STARTING:
     case SRV_COORD_FOLLOWING:

@@ -88,6 +88,8 @@ typedef struct srv_coord {
     int npeers;              /* the position keys last read */
 
     srv_coord_job job;       /* jobkey.c's: the job's record */
+    int map_busy;            /* mapkey.c's: a put of the part map in flight */
+    uint64_t map_sending;    /* its epoch */
 } srv_coord;
 
 /* coord.c's: etcd answered a request, or no member did (err): logged

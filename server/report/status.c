@@ -62,7 +62,7 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
     static const char *const roles[] = {"off", "starting", "leader", "follower", "campaigning"};
     const srv_coord_view *v = &s->coord;
     ps_pack_key(pk, "coordinator");
-    msgpack_pack_map(pk, 12);
+    msgpack_pack_map(pk, 13);
     ps_pack_kstr(pk, "role", roles[v->role >= 0 && v->role <= SRV_COORD_CAMPAIGNING ? v->role : 0]);
     ps_pack_kstr(pk, "key", v->key);
     ps_pack_kstr(pk, "leader", v->leader);
@@ -91,6 +91,7 @@ static void pack_coordinator(msgpack_packer *pk, const psd *s, uint64_t now)
     ps_pack_kstr(pk, "error", v->reachable ? "" : v->error);
     ps_pack_ku64(pk, "elections", v->elections);
     ps_pack_ku64(pk, "renewals", v->renewals);
+    ps_pack_ku64(pk, "map_epoch", v->map_epoch);
 }
 
 /* "parts" (PROTOCOL.md 18): the part map psd holds and a move of parts

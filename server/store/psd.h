@@ -438,6 +438,7 @@ typedef struct srv_coord_view {
     char error[300];         /* etcd's last failure */
     uint64_t elections;      /* leaderships taken */
     uint64_t renewals;       /* renewals of this psd's lease that etcd answered */
+    uint64_t map_epoch;      /* the part map this psd last put in etcd (/psd/JOB/map; 0: none) */
     uint64_t stepdowns;      /* leaderships lost */
     uint64_t failures;       /* requests no member answered */
 } srv_coord_view;

@@ -666,7 +666,7 @@ def test_source_leader_elected_mid_move(cluster):
     lease_ttl, with no `psctl promote`, the new part's fetching goes on
     from it, and `psctl parts add` run again finishes the move; the new
     part has a follower from the start. Every row ends on its part under 3
-    as it was."""
+    as it was, and the new map is in etcd (/psd/JOB/map)."""
     with etcd.Etcd(cluster.dir, members=3) as e:
         addrs = ["127.0.0.1:%d" % p for p in harness.free_ports(6)]
 
@@ -704,6 +704,10 @@ def test_source_leader_elected_mid_move(cluster):
         three = [af, b, new]
         same(check_placed(holdings(three), 3), before)
         same_as_leader([(b, bf), (new, nf)])
+        # the job's map in etcd, put by the parts' leaders once they serve under it
+        harness.wait_until(lambda: all(harness.status(p.addr)["coordinator"]["map_epoch"] == 1 for p in three), 30,
+                           "the leaders to put the map in etcd")
+        assert e.get("/psd/movetest/map") == "1 2 %s,%s" % (given, entry)
 
 
 def test_new_part_out_of_table_memory(cluster):
