@@ -4,8 +4,8 @@ and shrunk back to 2 while two workers train (issue 45): what each move
 moves, how long it takes, and how long the workers' steps stall.
 
     bench/parts_move.py [--rows 10000000] [--dim 16] [--keys 4096]
-                        [--rate 256M] [--after 3] [--psd build/server/psd]
-                        [--json FILE] [--workdir DIR]
+                        [--rate 256M] [--after 3] [--followers]
+                        [--psd build/server/psd] [--json FILE] [--workdir DIR]
 
 1. Two psd parts (asgd, AdaGrad tables) and two worker processes
    (psd.Client over both parts, shards 0/2 and 1/2). The workers fill the
@@ -24,6 +24,11 @@ moves, how long it takes, and how long the workers' steps stall.
    steps: median before, longest during the move (the longest pause of
    pushes). One JSON line and a table. Issue 45's target: the longest pause
    at a switch at most 1 s on a table of 10^7 rows.
+
+With --followers each part has a follower (replication = sync, the
+default), started before the table is filled: the moves go through the
+replication log too (PROTOCOL.md 17, record M), and a source answers a
+move's fetch only once its follower holds what came before.
 
 Nothing is downloaded; the keys are drawn from a seeded generator.
 """
@@ -92,6 +97,7 @@ def main():
     ap.add_argument("--after", type=float, default=3.0, help="seconds of training between moves")
     ap.add_argument("--psd", default=os.environ.get("PSD_BIN", os.path.join(ROOT, "build", "server", "psd")))
     ap.add_argument("--psctl", default=os.environ.get("PSCTL_BIN", os.path.join(ROOT, "build", "psctl", "psctl")))
+    ap.add_argument("--followers", action="store_true", help="a follower for each part")
     ap.add_argument("--workdir", help="keep the logs here")
     ap.add_argument("--json", help="also write the result to this file")
     a = ap.parse_args()
@@ -105,6 +111,8 @@ def main():
             p, addr = catchup.start_psd(a.psd, d, "part%d" % i)
             procs.append(p)
             addrs.append(addr)
+            if a.followers:
+                procs.append(catchup.start_psd(a.psd, d, "part%df" % i, ["--replica-of", addr])[0])
         stop = os.path.join(d, "stop")
         outs = [os.path.join(d, "worker%d.txt" % k) for k in range(2)]
         for f in outs + [stop] + [o + ".filled" for o in outs]:
@@ -158,7 +166,7 @@ def main():
         open(stop, "w").close()
         for w in ws:
             w.wait(60)
-        res = dict(rows=a.rows, dim=a.dim, keys=a.keys, rate=a.rate, moves=moves)
+        res = dict(rows=a.rows, dim=a.dim, keys=a.keys, rate=a.rate, followers=a.followers, moves=moves)
         print(json.dumps(res))
         print("%-6s %8s %12s %9s %11s %10s %9s %12s %12s %12s" % (
             "move", "seconds", "rows moved", "fraction", "rows given", "MiB given", "B/row", "handover ms",

@@ -29,7 +29,7 @@
 #include "server/connection/tell.h"
 #include "server/replog/replog.h"
 #include "server/replog/pushid.h"
-#include "server/dispatch/move_cmd.h"
+#include "server/dispatch/move_state.h"
 #include "server/report/checkpoint.h"
 
 #define FETCH_WAIT_MS 500

@@ -25,7 +25,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "proto/errors.h"
-#include "server/dispatch/move_cmd.h"
+#include "server/dispatch/move_state.h"
 #include "server/store/parts.h"
 
 #define TIMEOUT_MS 30000

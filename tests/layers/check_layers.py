@@ -120,7 +120,7 @@ OWNED = [
     ("psd.replog", "replog/replog.c", psd_writes("replog")),
     ("psd.follow, repl_release, promote", "connection/", psd_writes("follow", "follow_retired", "repl_release", "promote")),
     ("psd.coord, coord_state (leadership through etcd)", "coord/", psd_writes("coord", "coord_state")),
-    ("psd.parts, move_start, move_stop (the part map, a move of parts)", ("dispatch/move_cmd.c", "connection/"),
+    ("psd.parts, move_start, move_stop (the part map, a move of parts)", ("dispatch/move_cmd.c", "dispatch/move_state.c", "connection/"),
      psd_writes("parts", "move_start", "move_stop", "move_apply")),
     ("psd.push_wait", "dispatch/handle.c", psd_writes("push_wait")),
     ("psd.pushids", "replog/pushid.c", psd_writes("pushids")),
