@@ -135,7 +135,7 @@ void srv_move_switch(psd *s, int d)
 }
 
 /* The new map is the map: the rows that left go, a few at a time on a
- * leader (each batch logged: srv_move_dropped), at its log's pace on a
+ * leader (each batch logged: srv_move_drop_more), at its log's pace on a
  * follower. */
 void srv_move_end(psd *s)
 {

@@ -15,7 +15,7 @@ enum {
     REC_TABLE = 'N',  /* a table declared */
     REC_BOUNDS = 'B', /* the tables' bounds and memory cap */
     REC_PUSHID = 'P', /* a client's push id applied: cid, pid */
-    REC_MOVE = 'M',   /* a move of parts' change here: what, a, b, bytes (dispatch/move_cmd.c) */
+    REC_MOVE = 'M',   /* a move of parts' change here: what, a, b, bytes (dispatch/move_state.c) */
 };
 #define STATE_MAX 4
 #define DENSE_MARK 28 /* a dense mark's bytes after its kind: version, initialised, off, n */

@@ -117,7 +117,7 @@ void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const
  * while the log is off. */
 void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid);
 
-/* A move of parts' change on this psd (dispatch/move_cmd.c: begun, a
+/* A move of parts' change on this psd (dispatch/move_state.c: begun, a
  * destination switched, rows taken, rows dropped, ended), head then data
  * as one record, in order with the pushes; a follower gives it to
  * psd.move_apply. A no-op while the log is off. */

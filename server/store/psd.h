@@ -596,7 +596,7 @@ struct psd {
      * a few milliseconds a turn of the loop (srv_tables_drop_some). */
     void (*move_drop)(psd *s);
     /* Registered by the connection layer: a follower applies a move's
-     * record of its leader's log (dispatch/move_cmd.c, srv_move_replay).
+     * record of its leader's log (dispatch/move_state.c, srv_move_replay).
      * 0, or a negative PS_E* code with err. */
     int (*move_apply)(psd *s, const uint8_t *b, size_t len, char *err, size_t errlen);
     srv_coord_view coord;    /* coord/'s: leadership through etcd */
