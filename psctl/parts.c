@@ -195,7 +195,7 @@ int psctl_parts(session *ss, char (*list)[300], uint32_t n, const ps_token *toke
         extra.timeout = timeout;
         extra.token = *token;
         int st = psctl_pick_leader(&extra, all[n], sizeof all[n]); /* a part given as its replicas */
-        extra.token = (ps_token){0};
+        ps_token_clear(&extra.token);
         if (st != EXIT_OK)
             return st;
         for (uint32_t i = 0; i < n; i++)
