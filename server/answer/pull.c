@@ -251,6 +251,17 @@ static void parked_put(psd *s, srv_parked *p)
     nparked_spare++;
 }
 
+/* Appends p to c's parked pulls, so that replies leave in request order
+ * (the list is short: at most SRV_PARKED_MAX). */
+static void park(srv_conn *c, srv_parked *p)
+{
+    srv_parked **tail = &c->parked;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = p;
+    c->nparked++;
+}
+
 void srv_parked_free_spare(void)
 {
     while (parked_spare) {
@@ -351,13 +362,7 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
         return PS_ENOMEM;
     }
     *p = (srv_parked){.id = id, .min = min, .off = off, .len = len, .rdt = rdt};
-    /* append, so replies leave in request order (the list is short: at
-     * most SRV_PARKED_MAX) */
-    srv_parked **tail = &c->parked;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = p;
-    c->nparked++;
+    park(c, p);
     if (behind && !srv_update_busy(s))
         srv_conn_answer_parked(c);
     return 0;
@@ -409,13 +414,25 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
     memcpy(copy, keys, (size_t)n * 8);
     *p = (srv_parked){.id = id, .min = min, .rat = rat, .rdt = rdt, .table = ti, .keys = copy, .nkeys = n};
     s->parked_bytes += kb;
-    srv_parked **tail = &c->parked;
-    while (*tail)
-        tail = &(*tail)->next;
-    *tail = p;
-    c->nparked++;
+    park(c, p);
     if (behind && !srv_update_busy(c->srv))
         srv_conn_answer_parked(c);
+    return 0;
+}
+
+int srv_ok_after(srv_conn *c, uint64_t id, uint64_t min, char *err, size_t errlen)
+{
+    if (c->nparked >= SRV_PARKED_MAX) {
+        snprintf(err, errlen, "more than %d replies already waiting on this connection", SRV_PARKED_MAX);
+        return PS_ELIMIT;
+    }
+    srv_parked *p = parked_get();
+    if (!p) {
+        snprintf(err, errlen, "out of memory keeping a push's reply until its round closes");
+        return PS_ENOMEM;
+    }
+    *p = (srv_parked){.id = id, .min = min, .ok = 1};
+    park(c, p);
     return 0;
 }
 
@@ -438,7 +455,9 @@ void srv_conn_answer_parked(srv_conn *c)
         c->last_msg_ms = srv_now_ms(); /* an admin's idleness counts from now */
         if (c->worker)
             c->worker->last_seen_ms = srv_now_ms(); /* its silence counts from now */
-        if (p->keys)
+        if (p->ok)
+            srv_send_ok(c, p->id);
+        else if (p->keys)
             send_rows(c, ver, p->id, p->table, p->keys, p->nkeys, p->rdt, p->rat);
         else
             send_current(c, ver, p->id, p->off, p->len, p->rdt);

@@ -24,6 +24,11 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
 int srv_tpull_at(srv_conn *c, uint64_t id, uint32_t ti, uint64_t off, uint64_t len, char *err, size_t errlen);
 /* 0 when psd may answer in element type rdt; else PS_EUNSUPPORTED with err. */
 int srv_pull_check_rdt(const psd *s, uint32_t rdt, char *err, size_t errlen);
+/* A push's OK kept until version min is there (a bsp round's last push
+ * on a leader with followers: acknowledged once the round closed), in
+ * order with c's parked pulls: 0, or PS_ELIMIT / PS_ENOMEM with err
+ * filled and nothing kept. */
+int srv_ok_after(srv_conn *c, uint64_t id, uint64_t min, char *err, size_t errlen);
 /* Answers every parked pull whose version is now available. */
 void srv_answer_parked(psd *s);
 /* Answers c's parked pulls that can be answered. */

@@ -28,6 +28,7 @@
 #include "server/connection/net.h"
 #include "server/connection/tell.h"
 #include "server/replog/replog.h"
+#include "server/policy/policy.h"
 #include "server/replog/pushid.h"
 #include "server/dispatch/move_state.h"
 #include "server/report/checkpoint.h"
@@ -534,6 +535,7 @@ static int promote(psd *s, char *err, size_t errlen)
     srv_follow_thread *t = f->t;
     thread_stop(t);
     drain(s); /* what it holds is applied: every acknowledged push */
+    s->policy->destroy(s); /* rounds begin afresh: any left from leading before are dropped */
     uint64_t applied = f->applied;
     uv_close((uv_handle_t *)&t->async, NULL);
     /* the thread and its queue are gone; the handle's memory lives until

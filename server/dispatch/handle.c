@@ -386,10 +386,17 @@ static int handle_push(srv_conn *c, ps_msg *m)
         p.own = &c->wide;
         p.own_cap = &c->wide_cap;
     }
+    uint64_t round = s->model.version;
     rc = s->policy->push(s, c->worker, &p, err, sizeof err);
     /* recorded once it counts: with rounds (bsp) a push of several chunks
-     * counts at its last (a worker lost before it has its chunks dropped) */
-    if ((rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds))
+     * counts at its last (a worker lost before it has its chunks dropped),
+     * and is recorded as applied when its round closes */
+    int counted = (rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds);
+    if (counted && s->policy->rounds) {
+        srv_pushid_mark_round(s, c->client_id, pid);
+        if (rc != SRV_PENDING && s->model.version != round)
+            srv_pushid_round_closed(s); /* it closed the round (off the loop: recorded there) */
+    } else if (counted)
         srv_pushid_mark(s, c->client_id, pid);
     if (rc == SRV_PENDING || rc >= 0)
         srv_ledger_dense(s, c->client_id, pid, m->off, m->ndata, m->data); /* tests only (PSD_TEST_LEDGER) */
@@ -424,9 +431,17 @@ static int handle_push(srv_conn *c, ps_msg *m)
     }
     if (pid && c->client_id && cut_reply(c, pid))
         return 0;
+    /* with followers, a round's last push is acknowledged once the round
+     * closed: before, only this psd holds it (PROTOCOL.md 17) */
+    uint64_t min = m->min;
+    int after_round = counted && s->policy->rounds && s->replog && s->model.version == round;
+    if (after_round && min <= round)
+        min = round + 1;
     if (m->type == PS_MSG_PUSHPULL)
-        pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
-    else
+        pull(c, m->id, m->poff, m->plen, min, m->rdt);
+    else if (after_round && (rc = srv_ok_after(c, m->id, round + 1, err, sizeof err)) != 0)
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+    else if (!after_round)
         srv_send_ok(c, m->id);
     return 0;
 }

@@ -42,6 +42,13 @@ static void handle_declare(srv_conn *c, ps_msg *m)
         d.part = h->part;
         d.nparts = h->nparts;
     }
+    if (rc == 0 && held < 0 && s->policy->rounds && s->replog) {
+        snprintf(err, sizeof err, "table '%s' refused: this bsp psd has followers, and replication with mode = bsp "
+                                  "takes dense models only (a round keeps its table pushes until it closes, "
+                                  "acknowledged before; a leader lost in the round would lose them)",
+                 d.name);
+        rc = PS_EUNSUPPORTED;
+    }
     uint32_t before = s->tables.n, ti;
     srv_tables_configure(&s->tables, &s->cfg); /* table_memory: a cap below the first row is refused */
     if (rc == 0)

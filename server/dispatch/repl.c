@@ -44,8 +44,11 @@ static const char *cannot_lead(const psd *s)
 {
     if (s->follow)
         return "this psd is a follower itself";
-    if (s->policy->rounds)
-        return "replication needs mode asgd or ssp: a bsp round keeps pushes a follower does not have (yet)";
+    if (s->policy->rounds && s->tables.n)
+        return "replication with mode = bsp takes dense models only: a round keeps its table pushes until it "
+               "closes, acknowledged before, and a leader lost in the round would lose them";
+    if (s->policy->rounds && s->plan.set)
+        return "replication with mode = bsp refuses a plan: the plan's rounds and epochs are not in the log";
     if (s->cfg.hogwild)
         return "replication refuses hogwild = yes: the workers step the model in place, not through psd";
     if (s->cfg.table_apply == PS_TABLE_APPLY_HOGWILD)

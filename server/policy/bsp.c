@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "server/policy/bsp.h"
+#include "server/replog/pushid.h"
 #include "server/update/update.h"
 
 static uint64_t now_ms(const psd *s)
@@ -119,6 +120,7 @@ static void bsp_round_closed(psd *s)
     uint64_t round = s->model.version;
     bsp_tables_apply(s, b, round);
     srv_model_bump(&s->model);
+    srv_pushid_round_closed(s); /* its pushes count from now on */
     SRV_COUNT(s, rounds, 1);
     uint64_t now = now_ms(s);
     srv_stats_observe(s, SRV_HIST_ROUND_SECONDS, (double)(now - b->round_start_ms) / 1000.0);
@@ -484,6 +486,7 @@ static int bsp_tick(psd *s)
 static void bsp_destroy(psd *s)
 {
     srv_bsp_state *b = s->policy_state;
+    srv_pushid_round_drop(s); /* the open round's pushes go with it */
     if (b) {
         for (uint32_t i = 0; i < b->nsh; i++)
             srv_bsp_shard_free(b->sh[i]);

@@ -112,8 +112,53 @@ static int record(srv_pushids *t, uint64_t cid, uint64_t pid, int exact)
 
 int srv_pushid_done(const psd *s, uint64_t cid, uint64_t pid)
 {
-    uint32_t i = find(&s->pushids, cid);
-    return i != UINT32_MAX && pid != 0 && pid <= s->pushids.slot[i].pid;
+    const srv_pushids *t = &s->pushids;
+    uint32_t i = find(t, cid);
+    if (i != UINT32_MAX && pid != 0 && pid <= t->slot[i].pid)
+        return 1;
+    for (uint32_t j = 0; j < t->nround && pid != 0; j++)
+        if (t->round[j].cid == cid && pid <= t->round[j].pid)
+            return 1;
+    return 0;
+}
+
+void srv_pushid_mark_round(psd *s, uint64_t cid, uint64_t pid)
+{
+    srv_pushids *t = &s->pushids;
+    if (cid == 0 || pid == 0)
+        return;
+    if (t->nround == t->round_cap) {
+        uint32_t cap = t->round_cap ? t->round_cap * 2 : 16;
+        srv_pushid_ent *r = realloc(t->round, cap * sizeof *r);
+        if (!r) {
+            PS_LOG(PS_LOG_WARN, "push ids: out of memory keeping client %016llx's push %llu with its round: "
+                                "recorded now", (unsigned long long)cid, (unsigned long long)pid);
+            srv_pushid_mark(s, cid, pid);
+            return;
+        }
+        t->round = r;
+        t->round_cap = cap;
+    }
+    t->round[t->nround++] = (srv_pushid_ent){.cid = cid, .pid = pid};
+}
+
+void srv_pushid_round_closed(psd *s)
+{
+    srv_pushids *t = &s->pushids;
+    for (uint32_t j = 0; j < t->nround; j++) {
+        uint64_t cid = t->round[j].cid, pid = t->round[j].pid;
+        if (record(t, cid, pid, 0) != 0)
+            PS_LOG(PS_LOG_WARN, "push ids: out of memory recording client %016llx's push %llu: were it sent again "
+                                "it would be applied again", (unsigned long long)cid, (unsigned long long)pid);
+        else
+            srv_replog_pushid_later(s, cid, pid); /* after the round's values (PROTOCOL.md 17) */
+    }
+    t->nround = 0;
+}
+
+void srv_pushid_round_drop(psd *s)
+{
+    s->pushids.nround = 0;
 }
 
 void srv_pushid_mark(psd *s, uint64_t cid, uint64_t pid)
@@ -155,5 +200,6 @@ uint32_t srv_pushid_count(const psd *s)
 void srv_pushid_free(psd *s)
 {
     free(s->pushids.slot);
+    free(s->pushids.round);
     s->pushids = (srv_pushids){0};
 }

@@ -18,6 +18,22 @@ int srv_pushid_done(const psd *s, uint64_t cid, uint64_t pid);
  * again. Does nothing for cid or pid 0. */
 void srv_pushid_mark(psd *s, uint64_t cid, uint64_t pid);
 
+/* Records that client cid's push pid counts in the open bsp round: it is
+ * done (srv_pushid_done) from now on, and recorded as applied when the
+ * round closes (srv_pushid_round_closed), so that a checkpoint or a
+ * follower's snapshot of the model before the round never holds it. Out
+ * of memory, it is recorded at once (logged). */
+void srv_pushid_mark_round(psd *s, uint64_t cid, uint64_t pid);
+
+/* The open round closed (its update is in the model): its pushes are
+ * recorded as applied, and go to the followers after the round's values
+ * (srv_replog_pushid_later). */
+void srv_pushid_round_closed(psd *s);
+
+/* The open round's pushes forgotten: the round was dropped (a reset, a
+ * leader stepping down), so a push sent again is applied then. */
+void srv_pushid_round_drop(psd *s);
+
 /* For the replication layer, to ship and restore the record: *it starts
  * at 0; each call gives the next (cid, highest pid) in *cid, *pid and
  * returns 1, or 0 when there are no more. The record must not change

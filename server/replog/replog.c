@@ -67,6 +67,7 @@ void srv_replog_free(psd *s)
         srv_blk_unref(s->replog->shadow[i]);
     srv_blk_unref(s->replog->small);
     free(s->replog->shadow);
+    free(s->replog->later);
     for (size_t i = 0; i < s->replog->nseg; i++)
         free(s->replog->seg[i].buf);
     free(s->replog->seg);
@@ -293,6 +294,9 @@ void srv_replog_flush(psd *s)
         r->sent_init = m->initialized;
     }
     srv_model_unmark(m);
+    for (uint32_t i = 0; i < r->nlater; i++)
+        srv_replog_pushid(s, r->later[2 * i], r->later[2 * i + 1]);
+    r->nlater = 0;
 }
 
 void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, double scale)
@@ -323,6 +327,29 @@ void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid)
         put_u64(p, cid);
         put_u64(p + 8, pid);
     }
+}
+
+void srv_replog_pushid_later(psd *s, uint64_t cid, uint64_t pid)
+{
+    srv_replog *r = s->replog;
+    if (!r)
+        return;
+    if (r->nlater == r->later_cap) {
+        uint32_t cap = r->later_cap ? r->later_cap * 2 : 16;
+        uint64_t *l = realloc(r->later, (size_t)cap * 2 * sizeof *l);
+        if (!l) {
+            /* not logged: a follower promoted after the round holds it,
+             * and refuses the push sent again as one for a closed round */
+            PS_LOG(PS_LOG_WARN, "replication: out of memory logging client %016llx's push %llu",
+                   (unsigned long long)cid, (unsigned long long)pid);
+            return;
+        }
+        r->later = l;
+        r->later_cap = cap;
+    }
+    r->later[2 * r->nlater] = cid;
+    r->later[2 * r->nlater + 1] = pid;
+    r->nlater++;
 }
 
 void srv_replog_move(psd *s, const uint8_t *head, size_t hlen, const uint8_t *data, size_t len)

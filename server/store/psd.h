@@ -201,6 +201,7 @@ typedef struct srv_parked {
     uint8_t *keys;           /* ... and a copy of its keys, nkeys of them, owned
                               * here; NULL: a pull of the model's range off, len */
     uint32_t nkeys;
+    int ok;                  /* not a pull: a push's OK, sent once min is there */
     struct srv_parked *next;
 } srv_parked;
 
@@ -457,6 +458,9 @@ typedef struct srv_pushids {
     srv_pushid_ent *slot;    /* open addressing, cap slots (a power of 2), at most half full */
     uint32_t n, cap;
     uint64_t clock;          /* marks so far: orders the entries by age */
+    srv_pushid_ent *round;   /* a bsp round's pushes (cid, pid), recorded above once it
+                              * closes: nround of them, room for round_cap */
+    uint32_t nround, round_cap;
 } srv_pushids;
 
 /* The reply a push owes while its update runs off the loop (handle.c owns

@@ -29,6 +29,12 @@ applied twice: per client, one record per push call, push ids strictly
 increasing), and replayed by one client into a fresh psd it must give the
 job's final state. The comparison can fail: the same replay with one table
 push fed twice must not give it.
+
+The same in bsp: five failovers in a job whose workers' gradients depend
+only on the model they pulled and their step end, bit for bit, in the
+model of that job on one psd that never failed; and frame by frame, a
+worker's push is acknowledged once its round closed, and its id reaches
+the follower only with the round.
 """
 
 import json
@@ -387,3 +393,211 @@ def test_ten_failovers_equal_one_psd_fed_the_leaders_pushes():
               "%d, %d rows; reconnects %s; job %.1f s, all %.1f s"
               % (FAILOVERS, len(lineage), lost, resent, final["version"], len(final["rows"]),
                  [c["reconnects"] for c in calls], elapsed_job, time.monotonic() - t0), file=sys.stderr)
+
+
+# ---- the same in bsp: a round's pushes kept by the follower only once it closed ----
+
+BSP_STEPS = 1500
+BSP_FAILOVERS = 5
+BSP_N = 8
+
+# One bsp worker: shard K of 2 of a least-squares problem; its gradient is
+# a function of the model it pulled and its step only, so the job's every
+# round, and its final state, are the same whatever psd failed in between.
+# Worker 0 steps with pushpull, worker 1 with push then pull (the push's OK
+# comes once its round closed). Prints "step N" after each step.
+BSP_WORKER = r"""
+import json, sys, time
+import numpy as np
+import psd
+
+addr, k, steps, pace = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+N = %(N)d
+rng = np.random.default_rng(4321 + k)
+X = rng.normal(0, 1, (steps, 16, N))
+y = X @ np.linspace(-1, 1, N) + 0.3 + rng.normal(0, 0.1, (steps, 16))
+c = psd.Client([("w", (N,)), ("b", (1,))], server=addr, shard="%%d/2" %% k, connect_s=30, reconnect_s=120,
+               timeout_ms=60000)
+c.params[:] = 0.0
+c.connect()
+c.pull()
+for step in range(steps):
+    w, b = c.params[:N].astype(np.float64), float(c.params[N])
+    e = (X[step] @ w + b - y[step]) / 16
+    c.grads[:N] = X[step].T @ e
+    c.grads[N] = e.sum()
+    if k == 0:
+        c.pushpull()
+    else:
+        c.push()
+        c.pull()
+    print("step", step + 1, flush=True)
+    time.sleep(pace)
+print(json.dumps({"worker": k, "version": c.version, "reconnects": c.reconnects}), flush=True)
+c.close()
+""" % dict(N=BSP_N)
+
+
+def bsp_args(cl, name, extra=()):
+    return psd_args(cl, name, ("--set", "mode=bsp", "--set", "optimizer=sgd", "--set", "lr=0.05") + tuple(extra))
+
+
+def bsp_workers(cl, addr, tag):
+    ws = []
+    for k in range(2):
+        argv = [sys.executable, "-c", BSP_WORKER, addr, str(k), str(BSP_STEPS), str(PACE_S)]
+        w = harness.Worker("%s-worker%d" % (tag, k), argv, cl.dir, env=dict(os.environ))
+        cl.procs.append(w)
+        ws.append(w)
+    return ws
+
+
+def bsp_end(ws):
+    out = []
+    for w in ws:
+        rc = w.wait(300)
+        assert rc == 0, "%s failed:\n%s" % (w.name, harness.tail(w.err_path))
+        out.append(json.loads([l for l in w.stdout().splitlines() if l.startswith("{")][-1]))
+    return out
+
+
+def dense_state(cl, p, name):
+    """A stopped psd's model version and dense bytes (parameters and
+    momentum), from the checkpoint it wrote at its stop."""
+    p.stop()
+    head, dense = tr.ckpt_dense(tr.newest(os.path.join(cl.dir, name)))
+    return head["version"], dense
+
+
+def test_bsp_failovers_keep_every_round():
+    """A bsp job (2 workers, sgd with momentum) through a leader and a sync follower;
+    the leader is killed with -9 at random moments, 5 times, the follower
+    promoted and the dead psd started again as a follower. Every round
+    holds each worker's step once: the final model (parameters and
+    momentum, bit for bit) and version are those of the same job on one
+    psd that never failed."""
+    t0 = time.monotonic()
+    rnd = harness.seeded_random("test_ledger_bsp")
+    with harness.Cluster("psd-ledger-bsp") as cl:
+        ref = cl.psd(workers=2, name="ref", args=bsp_args(cl, "ref"))
+        res_ref = bsp_end(bsp_workers(cl, ref.addr, "ref"))
+        ref_version, ref_dense = dense_state(cl, ref, "ref")
+        assert ref_version >= BSP_STEPS, ref_version
+        t_ref = time.monotonic() - t0
+
+        addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
+
+        def start(i, n, leader_addr):
+            extra = ("--listen", addrs[i]) + (("--replica-of", leader_addr) if leader_addr else ())
+            name = "bsp%d-%d" % (i, n)
+            return cl.psd(workers=2, name=name, args=bsp_args(cl, name, extra))
+
+        procs = [start(0, 0, None), None]
+        ws = bsp_workers(cl, "/".join(addrs), "job")
+        harness.wait_until(lambda: steps(ws) >= 5, 60, "the workers' first steps")
+        procs[1] = start(1, 0, addrs[0])
+        lead = 0
+        for n in range(1, BSP_FAILOVERS + 1):
+            harness.wait_until(lambda: tr.repl(addrs[lead])["insync"] == 1, 60, "the follower in sync (%d)" % n)
+            at, t_at = steps(ws), time.monotonic()
+            more = rnd.randint(3, 10)
+            harness.wait_until(lambda: steps(ws) >= at + more, 60, "the workers going on (failover %d)" % n)
+            period = (time.monotonic() - t_at) / max(1, steps(ws) - at)
+            time.sleep(rnd.uniform(0, period))
+            assert steps(ws) < BSP_STEPS - 20, "the workers ended before failover %d: raise BSP_STEPS" % n
+            os.kill(procs[lead].pid, signal.SIGKILL)
+            procs[lead].wait(10)
+            r = harness.psctl(addrs[1 - lead], "promote")
+            assert r.returncode == 0, r.stderr
+            procs[lead] = start(lead, n, addrs[1 - lead])
+            lead = 1 - lead
+        res = bsp_end(ws)
+        harness.wait_until(lambda: tr.in_sync(procs[lead], procs[1 - lead]), 60, "the last follower in sync")
+        fol_version, fol_dense = dense_state(cl, procs[1 - lead], procs[1 - lead].name)
+        version, dense = dense_state(cl, procs[lead], procs[lead].name)
+
+        assert all(r["reconnects"] >= 1 for r in res), res  # each worker met the failovers
+        assert (version, dense) == (fol_version, fol_dense), "the last follower differs from its leader"
+        assert version == ref_version, "version %d after the failovers, %d without" % (version, ref_version)
+        assert len(dense) == len(ref_dense) and len(dense) >= 2 * 4 * (BSP_N + 1), len(dense)
+        assert dense != b"\0" * len(dense)
+        assert dense == ref_dense, "the model after %d failovers differs from the job's on one psd" % BSP_FAILOVERS
+        print("bsp ledger: %d failovers; version %d as without; reconnects %s; reference %.1f s, all %.1f s"
+              % (BSP_FAILOVERS, version, [r["reconnects"] for r in res], t_ref, time.monotonic() - t0),
+              file=sys.stderr)
+
+
+def test_bsp_push_is_acknowledged_once_its_round_is_kept():
+    """Frame by frame, from PROTOCOL.md: in bsp with a follower, a worker's
+    PUSH is answered once its round closed (a PULL sent after it is answered
+    first), and its push id is not in the log before: the leader killed in
+    the round, the promoted follower applies the push sent again with its
+    id (the old leader back as its follower), and the round closes with both
+    workers' pushes, exactly. A plan a hello proposes then is ignored, a
+    table declared refused."""
+    def raw_args(name, extra):
+        return psd_args(cl, name, ("--set", "mode=bsp", "--set", "optimizer=sgd", "--set", "lr=0.5", "--set",
+                                   "momentum=0", "--set", "warmup_versions=0") + extra)
+
+    def hello(addr, shard, cid, **extra):
+        c = harness.RawClient(addr, 10)
+        r = c.hello_worker([["w", [8]]], shard, 2, cid=cid, **extra)
+        assert r.get("t") == harness.T_WELCOME, r
+        return c, r
+
+    def push(c, g, then_pull):
+        c.send_frame({"t": harness.T_PUSH, "id": 1, "base": 0, "off": 0, "data": harness.floats([g] * 8), "pid": 1})
+        if then_pull:
+            c.send_frame({"t": harness.T_PULL, "id": 2, "off": 0, "len": 8})
+            r = c.recv_frame()
+            assert r.get("t") == harness.T_PARAMS and r.get("id") == 2 and r.get("ver") == 0, \
+                "the push was answered before its round closed: %r" % r
+
+    def model(addr):
+        with harness.RawClient(addr, 10) as a:
+            a.hello_admin()
+            r = a.request({"t": harness.T_PULL, "off": 0, "len": 8})
+            assert r.get("t") == harness.T_PARAMS, r
+            return r["ver"], np.frombuffer(r["data"], dtype="<f4")
+
+    with harness.Cluster("psd-bsp-ack") as cl:
+        addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
+        lead = cl.psd(workers=2, name="a", args=raw_args("a", ("--listen", addrs[0])))
+        w0, r = hello(lead.addr, 0, 0x0B5B0B5B00000001)
+        assert r.get("init") is True, r
+        assert w0.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0.0] * 8)})["t"] == harness.T_OK
+        w1, _ = hello(lead.addr, 1, 0x0B5B0B5B00000002)
+        fol = cl.psd(workers=2, name="b", args=raw_args("b", ("--listen", addrs[1], "--replica-of", addrs[0])))
+        harness.wait_until(lambda: tr.in_sync(lead, fol), 60, "the follower in sync")
+        push(w0, 1.0, then_pull=True)
+        # the follower holds all of the leader's log: not the push's id
+        harness.wait_until(lambda: tr.in_sync(lead, fol), 60, "the follower in sync after the push")
+        os.kill(lead.pid, signal.SIGKILL)
+        lead.wait(10)
+        w0.close()
+        w1.close()
+        r = harness.psctl(fol.addr, "promote")
+        assert r.returncode == 0, r.stderr
+        back = cl.psd(workers=2, name="a2", args=raw_args("a2", ("--listen", addrs[0], "--replica-of", addrs[1])))
+        harness.wait_until(lambda: tr.in_sync(fol, back), 60, "the old leader following")
+        w0, _ = hello(fol.addr, 0, 0x0B5B0B5B00000001)
+        push(w0, 1.0, then_pull=True)  # sent again: applied (its round waits), not answered as applied already
+        w1, r = hello(fol.addr, 1, 0x0B5B0B5B00000002, plan=[2, 100, 10, 7])
+        assert "plan" not in r, r  # a plan is not replicated: ignored by a leader with followers
+        assert "a plan is not replicated" in fol.stderr()
+        push(w1, 3.0, then_pull=False)
+        assert w1.recv_frame().get("t") == harness.T_OK  # it closed the round
+        ok = w0.recv_frame()
+        assert ok.get("t") == harness.T_OK and ok.get("id") == 1, ok
+        ver, w = model(fol.addr)
+        assert ver == 1 and np.array_equal(w, np.full(8, -1.0, np.float32)), (ver, w)  # -0.5 x the mean, 2
+        assert "applied already" not in fol.stderr()
+        harness.wait_until(lambda: tr.in_sync(fol, back), 60, "the follower in sync after the round")
+        assert model(back.addr)[0] == 1
+        # a table in bsp with followers: refused, saying why (its pushes wait for the round acknowledged)
+        table = {"t": harness.T_TABLE, "tab": "t", "dim": 2, "rinit": "zeros", "opt": "sgd", "hp": {"lr": 0.5}}
+        r = w0.request(table)
+        assert r.get("t") == harness.T_ERROR and "takes dense models only" in r.get("text", ""), r
+        assert harness.status(fol.addr)["replication"]["insync"] == 1
+        w0.close()
+        w1.close()

@@ -142,6 +142,44 @@ static void test_walk_and_set(void **state)
     del_psd(b);
 }
 
+/* A bsp round's push ids: done at once (a push sent again in the round is
+ * not taken twice), out of the record (a checkpoint or a snapshot of the
+ * model before the round does not hold them) until the round closes, and
+ * forgotten with a dropped round. */
+static void test_round_ids(void **state)
+{
+    (void)state;
+    psd *s = new_psd();
+    srv_pushid_mark(s, 5, 3); /* an earlier round's */
+    srv_pushid_mark_round(s, 5, 4);
+    srv_pushid_mark_round(s, 6, 9);
+    srv_pushid_mark_round(s, 0, 9); /* an old client: nothing */
+    assert_int_equal(srv_pushid_done(s, 5, 4), 1);
+    assert_int_equal(srv_pushid_done(s, 5, 5), 0);
+    assert_int_equal(srv_pushid_done(s, 6, 1), 1);
+    assert_int_equal(srv_pushid_done(s, 6, 10), 0);
+    /* the record, as a checkpoint walks it: the round's are not there */
+    uint32_t it = 0;
+    uint64_t cid, pid;
+    assert_int_equal(srv_pushid_count(s), 1);
+    assert_int_equal(srv_pushid_next(s, &it, &cid, &pid), 1);
+    assert_true(cid == 5 && pid == 3);
+    srv_pushid_round_closed(s);
+    assert_int_equal(srv_pushid_count(s), 2);
+    assert_int_equal(srv_pushid_done(s, 5, 4), 1);
+    assert_int_equal(srv_pushid_done(s, 6, 9), 1);
+    /* a round dropped: its ids are not done any more */
+    for (uint64_t i = 1; i <= 40; i++) /* past the first room */
+        srv_pushid_mark_round(s, 100 + i, i);
+    assert_int_equal(srv_pushid_done(s, 140, 40), 1);
+    srv_pushid_round_drop(s);
+    assert_int_equal(srv_pushid_done(s, 140, 40), 0);
+    assert_int_equal(srv_pushid_done(s, 5, 4), 1);
+    srv_pushid_round_closed(s); /* nothing left to record */
+    assert_int_equal(srv_pushid_count(s), 2);
+    del_psd(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -150,6 +188,7 @@ int main(void)
         cmocka_unit_test(test_many_clients),
         cmocka_unit_test(test_bound_forgets_oldest),
         cmocka_unit_test(test_walk_and_set),
+        cmocka_unit_test(test_round_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
