@@ -501,7 +501,7 @@ def arm_ddp(a):
 # ---- the driver ---------------------------------------------------------------------------------
 
 
-def start_psd(psd_bin, d, name, a, steps, extra=()):
+def start_psd(psd_bin, d, name, a, steps, extra=(), cpus=None):
     port_file = os.path.join(d, name + ".port")
     if os.path.exists(port_file):
         os.unlink(port_file)  # a run's before (--workdir)
@@ -512,7 +512,8 @@ def start_psd(psd_bin, d, name, a, steps, extra=()):
         argv += ["--set", "lr_schedule=cosine", "--set", "lr_decay_versions=%d" % steps]
     argv += list(extra)
     err = open(os.path.join(d, name + ".err"), "wb")
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=pin)
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -653,6 +654,8 @@ def main():
     ap.add_argument("--workdir", help="keep the logs and the processes' output here (reused when the same)")
     ap.add_argument("--json", help="also write the results to this file")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds an arm may take")
+    ap.add_argument("--follower-cpu", type=int, help="arm br's follower on this CPU alone, and everything else "
+                    "(the workers, every psd of every arm) on the other CPUs: the follower as on a machine of its own")
     # a process of one arm (the driver starts them)
     ap.add_argument("--role", choices=("torch", "psd", "ddp"), help=argparse.SUPPRESS)
     ap.add_argument("--arm", help=argparse.SUPPRESS)
@@ -667,6 +670,12 @@ def main():
         print(json.dumps(r), flush=True)
         return
 
+    if a.follower_cpu is not None:
+        cpus = os.sched_getaffinity(0)
+        if a.follower_cpu not in cpus or len(cpus) < 2:
+            sys.exit("dlrm: --follower-cpu %d: not one of this process's CPUs %s, or it has one only"
+                     % (a.follower_cpu, sorted(cpus)))
+        os.sched_setaffinity(0, cpus - {a.follower_cpu})  # inherited by every other process started here
     arms = [s for s in a.arms.split(",") if s]
     for s in arms:
         if s not in ("a", "a1", "b", "b2", "bh", "br", "be", "c"):
@@ -727,7 +736,8 @@ def main():
                         mover.start()
                     if arm == "br":  # the follower, which the workers are given after the leader
                         servers.append(start_psd(a.psd, d, "psdbr.follower", a, steps,
-                                                 ("--replica-of", servers[0][1])))
+                                                 ("--replica-of", servers[0][1]),
+                                                 cpus={a.follower_cpu} if a.follower_cpu is not None else None))
                         addr += "/" + servers[1][1]
                     try:
                         r = combine(run_procs([base_arm + ["--role", "psd", "--server", addr, "--shard", "%d/2" % k]

@@ -109,6 +109,10 @@ static void usage(FILE *f)
             "  --replica         each psd cell's psd gets a follower (psd --replica-of, replication\n"
             "                    sync): the timed part starts once it is in sync, so every push waits\n"
             "                    for it; compare with the same run without --replica\n"
+            "  --follower-cpu C  --replica's follower runs on CPU C alone, and everything else\n"
+            "                    psbench starts (psd, the workers) on the other CPUs, with\n"
+            "                    --replica or without: the follower as on a machine of its own,\n"
+            "                    and both runs on the same CPUs otherwise\n"
             "  --table-tcp       the table mode's workers send their requests to psd in frames\n"
             "                    over loopback TCP (libpsclient's shm off), not through their\n"
             "                    table segments\n"
@@ -264,6 +268,14 @@ static void parse_opts(int argc, char **argv, opts *o)
             if (*end || c < 0 || c >= n || n < 2)
                 die("bad --server-cpu '%s' (0..%ld, and at least 2 CPUs)", v, n - 1);
             server_cpu = (int)c;
+        } else if (strcmp(a, "--follower-cpu") == 0) {
+            NEEDV();
+            char *end;
+            long c = strtol(v, &end, 10);
+            long n = sysconf(_SC_NPROCESSORS_ONLN);
+            if (*end || c < 0 || c >= n || n < 2)
+                die("bad --follower-cpu '%s' (0..%ld, and at least 2 CPUs)", v, n - 1);
+            follower_cpu = (int)c;
         } else if (strcmp(a, "--table-reps") == 0) {
             NEEDV();
             o->table_reps = atoi(v);
@@ -374,8 +386,12 @@ static void parse_opts(int argc, char **argv, opts *o)
     }
     if (access(o->psd, X_OK) != 0)
         die("no psd at %s (build it, or give --psd PATH)", o->psd);
+    if (server_cpu >= 0 && follower_cpu >= 0)
+        die("--server-cpu and --follower-cpu: one or the other");
     if (server_cpu >= 0)
         pin_self(-server_cpu - 1); /* the workers (and psctl, mpirun) on the other CPUs */
+    if (follower_cpu >= 0)
+        pin_self(-follower_cpu - 1); /* all but the follower (follower_start) */
     if (o->ckpt_gb > 0) {
         if (o->table)
             die("--ckpt-stall is a mode of its own: not with --table");

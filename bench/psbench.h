@@ -216,6 +216,7 @@ extern const char *const mode_names[MODE_COUNT];
 /* --server-cpu: the CPU every server psbench starts runs on (psd, the
  * plain-TCP server), -1: wherever the kernel puts it. */
 extern int server_cpu;
+extern int follower_cpu; /* --follower-cpu: the follower's CPU, -1: none */
 
 /* ---- psbench_util.c: helpers */
 double now_s(void);

@@ -6,8 +6,10 @@
 
 /* ---- psd as a child process ---------------------------------------------- */
 
-/* --server-cpu (psbench.h) */
+/* --server-cpu, --follower-cpu (psbench.h) */
 int server_cpu = -1;
+int follower_cpu = -1;
+static int spawning_follower; /* follower_start's child goes to follower_cpu */
 
 /* Puts the calling process on CPU cpu alone (cpu >= 0), or on every CPU
  * but cpu (cpu < 0: CPU -cpu - 1 left out). */
@@ -51,6 +53,8 @@ pid_t spawn_logged(const char *const *argv, const char *log_path, int die_with_p
         }
         if (server_cpu >= 0)
             pin_self(server_cpu);
+        if (follower_cpu >= 0 && spawning_follower)
+            pin_self(follower_cpu);
         execv(argv[0], (char *const *)argv);
         fprintf(stderr, "psbench: cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
@@ -147,7 +151,10 @@ pid_t follower_start(const opts *o, int mode, int K, uint64_t S, const char *lea
     snprintf(leader, sizeof leader, "127.0.0.1:%d", port);
     const char *extra[] = {"--replica-of", leader, "--log-level", "info", NULL};
     int fport;
-    return psd_start(o, mode, K, S, log, err, errlen, &fport, extra);
+    spawning_follower = 1;
+    pid_t pid = psd_start(o, mode, K, S, log, err, errlen, &fport, extra);
+    spawning_follower = 0;
+    return pid;
 }
 
 const char *const info_log[] = {"--log-level", "info", NULL};

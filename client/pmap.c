@@ -41,15 +41,6 @@ static int link_has(const psc_link *ln, const char *e)
     return 0;
 }
 
-/* Adds the addresses of entry e (its replicas, '/'-separated) to ln's. */
-static void link_learn_entry(psc_link *ln, const char *e)
-{
-    for (const char *q = e; *q;) {
-        size_t len = strcspn(q, "/");
-        ps_addr_list_add(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, q, len);
-        q += len + (q[len] == '/');
-    }
-}
 
 /* 1 when one of the map's parts is ln's part. */
 static int in_map(const struct psc_pmap *pm, const psc_link *ln)
@@ -112,8 +103,8 @@ int psc__pmap_adopt(psc_client *c)
             psc__link_make(c, c->nmade);
         psc_link *ln = &c->links[j];
         int same = j < oldn && link_has(ln, pm->addrs[j]);
-        if (same)
-            link_learn_entry(ln, pm->addrs[j]); /* replicas the map names that the link did not know */
+        if (same) /* replicas the map names that the link did not know */
+            ps_addr_list_add_entry(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, pm->addrs[j]);
         int dense = j < pm->dense, was_dense = j < olddense;
         if (same && dense == was_dense && (!dense || pm->dense == olddense))
             continue; /* the same part, the same values: the link stays as it is */
@@ -122,7 +113,7 @@ int psc__pmap_adopt(psc_client *c)
         psc__link_close(ln);
         if (!same) {
             ln->naddrs = 0;
-            link_learn_entry(ln, pm->addrs[j]);
+            ps_addr_list_add_entry(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, pm->addrs[j]);
             if (!ln->naddrs) /* an entry of slashes alone: as it is (it will not connect) */
                 ps_addr_list_add(ln->addrs, &ln->naddrs, PSC_ADDRS_MAX, pm->addrs[j], strlen(pm->addrs[j]));
             ln->cur = 0;

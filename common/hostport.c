@@ -187,3 +187,12 @@ int ps_addr_list_add(char (*list)[PS_ADDR_MAX + 1], uint32_t *n, uint32_t cap, c
     list[*n][len] = '\0';
     return (int)(*n)++;
 }
+
+void ps_addr_list_add_entry(char (*list)[PS_ADDR_MAX + 1], uint32_t *n, uint32_t cap, const char *e)
+{
+    for (const char *q = e; *q;) {
+        size_t len = strcspn(q, "/");
+        ps_addr_list_add(list, n, cap, q, len);
+        q += len + (q[len] == '/');
+    }
+}

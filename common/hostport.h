@@ -43,5 +43,8 @@ int ps_sock_same_host(int fd);
  * to list[0..*n) unless it is there or the list holds cap already.
  * Returns its index, or -1 when it could not be added. */
 int ps_addr_list_add(char (*list)[PS_ADDR_MAX + 1], uint32_t *n, uint32_t cap, const char *a, size_t len);
+/* Adds each address of e, a part as a part map names it (its replicas
+ * "A/B", or one address), with ps_addr_list_add. */
+void ps_addr_list_add_entry(char (*list)[PS_ADDR_MAX + 1], uint32_t *n, uint32_t cap, const char *e);
 
 #endif

@@ -50,7 +50,6 @@ typedef struct fetcher {
     int failed;        /* the loop could not apply an answer: stop before the handover (under mu) */
     uint64_t posted, applied; /* answers of rows handed to the loop, and applied there (under mu) */
     uint32_t src;
-    char addr[PS_ADDR_MAX + 1]; /* the source as the map names it */
     /* where it is reached: the map's address (several, '/'-separated, for
      * a part given as its replicas), those its WELCOME's `replicas` named,
      * a NOT_LEADER's `leader`; at: the one tried now */
@@ -401,14 +400,9 @@ static int start(psd *s, char *err, size_t errlen)
         fetcher *f = &t->f[t->nf++];
         f->src = j;
         f->all = t;
-        snprintf(f->addr, sizeof f->addr, "%s", p->addrs[j]);
-        for (const char *q = f->addr; *q;) { /* a part given as its replicas: A/B */
-            size_t len = strcspn(q, "/");
-            learn(f, q, len);
-            q += len + (q[len] == '/');
-        }
-        if (!f->nreps)
-            learn(f, f->addr, strlen(f->addr));
+        ps_addr_list_add_entry(f->reps, &f->nreps, PS_REPLICAS_MAX, p->addrs[j]); /* A/B: its replicas */
+        if (!f->nreps) /* an entry of slashes alone: as it is (it will not connect) */
+            learn(f, p->addrs[j], strlen(p->addrs[j]));
         if (pthread_create(&f->th, NULL, fetcher_main, f) != 0) {
             srv_move_fetch_stop(s);
             return ps_fail(err, errlen, PS_ENOMEM, "cannot start a thread to fetch rows");

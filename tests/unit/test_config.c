@@ -15,6 +15,7 @@
 
 #include "server/config/config.h"
 #include "common/log.h"
+#include "common/hostport.h"
 #include "proto/errors.h"
 #include "server/model/optim.h"
 
@@ -395,6 +396,29 @@ static void test_localhost_names(void **state)
         assert_false(ps_host_is_localhost(no[i]));
 }
 
+/* A list of addresses: each once, at most cap; an entry of a part map
+ * ("A/B", a part given as its replicas) adds each of its addresses. */
+static void test_addr_list(void **state)
+{
+    (void)state;
+    char list[3][PS_ADDR_MAX + 1];
+    uint32_t n = 0;
+    assert_int_equal(ps_addr_list_add(list, &n, 3, "a:1", 3), 0);
+    assert_int_equal(ps_addr_list_add(list, &n, 3, "a:1/b:2", 3), 0); /* the first 3 bytes: there already */
+    assert_int_equal(ps_addr_list_add(list, &n, 3, "", 0), -1);
+    ps_addr_list_add_entry(list, &n, 3, "b:2/a:1//c:3/d:4"); /* d:4 past cap */
+    assert_int_equal(n, 3);
+    assert_string_equal(list[0], "a:1");
+    assert_string_equal(list[1], "b:2");
+    assert_string_equal(list[2], "c:3");
+    n = 0;
+    ps_addr_list_add_entry(list, &n, 3, "//");
+    assert_int_equal(n, 0);
+    ps_addr_list_add_entry(list, &n, 3, "e:5");
+    assert_int_equal(n, 1);
+    assert_string_equal(list[0], "e:5");
+}
+
 static void test_hostport(void **state)
 {
     char host[PS_CONFIG_HOST_MAX], err[512];
@@ -742,6 +766,7 @@ int main(void)
         cmocka_unit_test(test_duration),
         cmocka_unit_test(test_bool),
         cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_addr_list),
         cmocka_unit_test(test_localhost_names),
         cmocka_unit_test(test_unknown_key),
         cmocka_unit_test(test_print_and_differs),
