@@ -47,8 +47,6 @@ static const char *cannot_lead(const psd *s)
     if (s->policy->rounds && s->tables.n)
         return "replication with mode = bsp takes dense models only: a round keeps its table pushes until it "
                "closes, acknowledged before, and a leader lost in the round would lose them";
-    if (s->policy->rounds && s->plan.set)
-        return "replication with mode = bsp refuses a plan: the plan's rounds and epochs are not in the log";
     if (s->cfg.hogwild)
         return "replication refuses hogwild = yes: the workers step the model in place, not through psd";
     if (s->cfg.table_apply == PS_TABLE_APPLY_HOGWILD)

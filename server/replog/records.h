@@ -16,6 +16,7 @@ enum {
     REC_BOUNDS = 'B', /* the tables' bounds and memory cap */
     REC_PUSHID = 'P', /* a client's push id applied: cid, pid */
     REC_MOVE = 'M',   /* a move of parts' change here: what, a, b, bytes (dispatch/move_state.c) */
+    REC_PLAN = 'Q',   /* a bsp job's plan fixed: epochs, samples, batch, seed */
 };
 #define STATE_MAX 4
 #define DENSE_MARK 28 /* a dense mark's bytes after its kind: version, initialised, off, n */

@@ -242,6 +242,20 @@ static void rec_bounds(psd *s)
     put_u64(p, s->tables.max_bytes);
 }
 
+/* A bsp job's plan, fixed by a worker's hello: a follower promoted runs
+ * the rounds by it (PROTOCOL.md 8, "The plan"). */
+static void rec_plan(psd *s)
+{
+    const ps_plan *pl = &s->plan.p;
+    uint8_t *p = rec_begin(s, 1 + 32, REC_PLAN);
+    if (!p)
+        return;
+    put_u64(p, pl->epochs);
+    put_u64(p + 8, pl->samples);
+    put_u64(p + 16, pl->batch);
+    put_u64(p + 24, pl->seed);
+}
+
 /* The dense range [lo, hi) changed, and the version after: a mark of 28
  * bytes. Its values are read from the model when a fetch ships it
  * (srv_replog_answer_make), so that pushes between two fetches go once. */
@@ -275,6 +289,10 @@ void srv_replog_flush(psd *s)
         rec_bounds(s);
         r->sent_bounds = s->tables.bounds;
         r->sent_max_bytes = s->tables.max_bytes;
+    }
+    if (s->plan.set && memcmp(&r->sent_plan, &s->plan.p, sizeof r->sent_plan) != 0) {
+        rec_plan(s);
+        r->sent_plan = s->plan.p;
     }
     uint64_t lo = m->dirty_lo, hi = m->dirty_hi;
     if (m->blk && (hi > lo || m->version != r->sent_version || m->initialized != r->sent_init)) {

@@ -82,6 +82,7 @@ typedef struct srv_replog {
     int sent_init;
     srv_table_bounds sent_bounds;
     uint64_t sent_max_bytes;
+    ps_plan sent_plan;     /* the plan last logged; zeros: none */
     srv_follower f[SRV_FOLLOWERS_MAX];
     uint64_t records, bytes;     /* appended since the log started */
     uint64_t dense_bytes, dense_records, table_bytes, table_records;

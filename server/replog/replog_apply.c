@@ -12,6 +12,7 @@
 #include "proto/msg.h"
 #include "server/replog/records.h"
 #include "server/replog/replog.h"
+#include "server/store/plan.h"
 #include "server/tables/sparse_optim.h"
 
 /* ---- a follower applies ---------------------------------------------------- */
@@ -124,6 +125,22 @@ static int apply_rows(psd *s, const uint8_t *p, size_t len, char *err, size_t er
     return 0;
 }
 
+/* The leader's plan (a bsp job's, fixed by a worker's hello), checked as
+ * a hello's is (PROTOCOL.md 4, `plan`). */
+static int apply_plan(psd *s, const uint8_t *b, size_t bl, char *err, size_t errlen)
+{
+    if (bl != 32)
+        return ps_fail(err, errlen, PS_EMALFORMED, "a plan record of %zu bytes", bl);
+    ps_plan p = {.epochs = get_u64(b), .samples = get_u64(b + 8), .batch = get_u64(b + 16), .seed = get_u64(b + 24)};
+    if (p.epochs < 1 || p.epochs > PS_PLAN_EPOCHS_MAX || p.samples < 1 || p.samples > PS_PLAN_SAMPLES_MAX ||
+        p.batch < 1 || p.batch > p.samples)
+        return ps_fail(err, errlen, PS_EMALFORMED, "a plan of %llu epochs of %llu samples, %llu a round: out of range",
+                       (unsigned long long)p.epochs, (unsigned long long)p.samples, (unsigned long long)p.batch);
+    if (!s->plan.set || memcmp(&s->plan.p, &p, sizeof p) != 0)
+        srv_plan_fix(&s->plan, &p);
+    return 0;
+}
+
 int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
                      int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen)
 {
@@ -146,6 +163,7 @@ int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
             rc = s->move_apply ? s->move_apply(s, b, bl, err, errlen)
                                : ps_fail(err, errlen, PS_ESTATE, "a move of parts' record, which this psd cannot apply");
             break;
+        case REC_PLAN: rc = apply_plan(s, b, bl, err, errlen); break;
         case REC_PUSHID:
             if (bl != 16)
                 rc = ps_fail(err, errlen, PS_EMALFORMED, "a push id record of %zu bytes", bl);
@@ -180,6 +198,7 @@ static int records_check(const uint8_t *p, size_t len, char *err, size_t errlen)
         case REC_TABLE: want = 4 + 64 + 4 + 4 + 8 + 8 + 4 + 8 * PS_HP_COUNT + 4 + 4; break;
         case REC_BOUNDS: want = 32; break;
         case REC_PUSHID: want = 16; break;
+        case REC_PLAN: want = 32; break;
         case REC_MOVE: want = bl < 13 ? 13 : 0; break;
         default: return ps_fail(err, errlen, PS_EMALFORMED, "a record of unknown kind %u", p[at + 4]);
         }

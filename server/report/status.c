@@ -218,7 +218,7 @@ int srv_pack_status(msgpack_packer *pk, void *arg)
         msgpack_pack_uint32(pk, miss[i]);
     ps_pack_kf64(pk, "join_wait", (double)srv_join_waited(s, now) / 1000.0);
     ps_pack_kf64(pk, "join_timeout", (double)s->cfg.join_timeout / 1000.0);
-        ps_pack_key(pk, "plan"); /* the job's plan and where it stands (BSP) */
+    ps_pack_key(pk, "plan"); /* the job's plan and where it stands (BSP) */
     if (s->plan.set && s->policy->plan) {
         const srv_plan *pl = &s->plan;
         uint64_t r = s->model.version < pl->rounds ? s->model.version : pl->rounds;

@@ -535,12 +535,7 @@ int srv_hello_join(srv_conn *c, const ps_msg *m, int *need_init, char *err, size
      * local steps of each worker; the workers count their own epochs */
     if ((m->has & PS_F_PLAN) && s->policy->plan && s->cfg.local_steps > 0 && !s->plan.set)
         PS_LOG(PS_LOG_DEBUG, "shard %u proposed a plan: ignored with local_steps", m->shard);
-    /* a plan's rounds and epochs are not replicated (dispatch/repl.c) */
-    int replicated = s->replog && !s->plan.set;
-    if ((m->has & PS_F_PLAN) && s->policy->plan && s->cfg.local_steps == 0 && replicated)
-        PS_LOG(PS_LOG_WARN, "shard %u proposed a plan: ignored, this psd has followers and a plan is not replicated "
-                            "(the worker counts its own epochs)", m->shard);
-    if ((m->has & PS_F_PLAN) && s->policy->plan && s->cfg.local_steps == 0 && !replicated) {
+    if ((m->has & PS_F_PLAN) && s->policy->plan && s->cfg.local_steps == 0) {
         const ps_plan *p = &m->plan, *q = &s->plan.p;
         if (!s->plan.set) {
             srv_plan_fix(&s->plan, p);

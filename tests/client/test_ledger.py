@@ -34,7 +34,8 @@ The same in bsp: five failovers in a job whose workers' gradients depend
 only on the model they pulled and their step end, bit for bit, in the
 model of that job on one psd that never failed; and frame by frame, a
 worker's push is acknowledged once its round closed, and its id reaches
-the follower only with the round.
+the follower only with the round; and psworker's job run by its plan
+goes on with the promoted follower to the plan's end.
 """
 
 import json
@@ -533,15 +534,14 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
     first), and its push id is not in the log before: the leader killed in
     the round, the promoted follower applies the push sent again with its
     id (the old leader back as its follower), and the round closes with both
-    workers' pushes, exactly. A plan a hello proposes then is ignored, a
-    table declared refused."""
+    workers' pushes, exactly. A table declared then is refused."""
     def raw_args(name, extra):
         return psd_args(cl, name, ("--set", "mode=bsp", "--set", "optimizer=sgd", "--set", "lr=0.5", "--set",
                                    "momentum=0", "--set", "warmup_versions=0") + extra)
 
-    def hello(addr, shard, cid, **extra):
+    def hello(addr, shard, cid):
         c = harness.RawClient(addr, 10)
-        r = c.hello_worker([["w", [8]]], shard, 2, cid=cid, **extra)
+        r = c.hello_worker([["w", [8]]], shard, 2, cid=cid)
         assert r.get("t") == harness.T_WELCOME, r
         return c, r
 
@@ -582,9 +582,7 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
         harness.wait_until(lambda: tr.in_sync(fol, back), 60, "the old leader following")
         w0, _ = hello(fol.addr, 0, 0x0B5B0B5B00000001)
         push(w0, 1.0, then_pull=True)  # sent again: applied (its round waits), not answered as applied already
-        w1, r = hello(fol.addr, 1, 0x0B5B0B5B00000002, plan=[2, 100, 10, 7])
-        assert "plan" not in r, r  # a plan is not replicated: ignored by a leader with followers
-        assert "a plan is not replicated" in fol.stderr()
+        w1, _ = hello(fol.addr, 1, 0x0B5B0B5B00000002)
         push(w1, 3.0, then_pull=False)
         assert w1.recv_frame().get("t") == harness.T_OK  # it closed the round
         ok = w0.recv_frame()
@@ -601,3 +599,44 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
         assert harness.status(fol.addr)["replication"]["insync"] == 1
         w0.close()
         w1.close()
+
+
+def test_bsp_plan_goes_on_after_a_failover():
+    """psworker's bsp job, run by its plan, through a leader and a sync
+    follower that joined before the workers (an empty snapshot): the
+    follower takes the plan from the log; the leader killed with -9 in
+    the job, the follower promoted and the dead psd back as its follower,
+    the workers go on with the new leader and the job ends where the plan
+    ends, on both psd."""
+    with harness.Cluster("psd-ledger-plan") as cl:
+        addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
+
+        def start(i, name, leader=None):
+            extra = ("--listen", addrs[i]) + (("--replica-of", leader) if leader else ())
+            return cl.psd(mode="bsp", workers=2, name=name, args=psd_args(cl, name, extra))
+
+        lead = start(0, "a")
+        fol = start(1, "b", addrs[0])
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the follower in sync before the workers")
+        epochs, batch, limit = 4, 16, 20000
+        rounds = epochs * -(-limit // (2 * batch))
+        ws = [cl.worker("/".join(addrs), k, 2, epochs=epochs, batch=batch, limit=limit, model="mlp:32",
+                        evaluate=False, args=["--reconnect-timeout", "60"]) for k in range(2)]
+        harness.wait_until(lambda: harness.status(addrs[0])["version"] >= 300, 120, "the job's first rounds")
+        harness.wait_until(lambda: tr.repl(addrs[0])["insync"] == 1, 60, "the follower in sync")
+        plan = harness.status(addrs[1])["plan"]  # the follower's, from the log
+        assert plan and (plan["epochs"], plan["samples"], plan["rounds"]) == (epochs, limit, rounds), plan
+        os.kill(lead.pid, signal.SIGKILL)
+        lead.wait(10)
+        killed_at = harness.status(addrs[1])["version"]
+        r = harness.psctl(addrs[1], "promote")
+        assert r.returncode == 0, r.stderr
+        back = start(0, "a2", addrs[1])
+        for w in ws:
+            rc, summary = w.result(240)
+            assert rc == 0 and summary, "%s failed:\n%s" % (w.name, harness.tail(w.err_path))
+        st = harness.status(addrs[1])
+        assert st["plan"]["done"] and st["version"] == rounds, (st["version"], st["plan"])
+        assert killed_at < rounds - 100, "the job was nearly over at the kill (version %d of %d)" % (killed_at, rounds)
+        harness.wait_until(lambda: tr.in_sync(fol, back), 60, "the old leader following")
+        assert harness.status(addrs[0])["version"] == rounds

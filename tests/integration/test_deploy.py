@@ -478,7 +478,7 @@ class ReplicatedKubernetesTest(Manifests, unittest.TestCase):
                "statefulset.apps/psd-0 created (dry run)", "statefulset.apps/psd-1 created (dry run)",
                "poddisruptionbudget.policy/psd created (dry run)", "poddisruptionbudget.policy/etcd created (dry run)",
                "networkpolicy.networking.k8s.io/etcd created (dry run)", "job.batch/psworker created (dry run)")
-    MODES = ("asgd", "ssp")  # psworker's bsp plan is not replicated
+    MODES = ("asgd", "ssp", "bsp")
 
     def etcd_members(self):
         """(StatefulSet, Service, pod names, client port, peer port)."""

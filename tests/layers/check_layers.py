@@ -75,7 +75,8 @@ ROOMS = {
     "record": (),                # stats and histograms, the dashboard's history
     "config": ("model",),        # the settings; their hooks configure the optimizer
     "store": ("config", "model", "tables", "record"),  # psd.h, the plan, shm, scratch
-    "replog": ("model", "tables", "record"),  # the replication log: records of the changes, applied on followers
+    "replog": ("model", "tables", "record", "store"),  # the replication log: records of the changes (the plan's
+                                                        # too), applied on followers
 }
 FLOOR = "store"  # the layer the rooms make up
 # Headers every file may include whatever its room: psd.h holds the types all
