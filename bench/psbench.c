@@ -260,22 +260,14 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->round_reps = atoi(v);
             if (o->round_reps < 0 || o->round_reps > 64)
                 die("bad --round-reps '%s' (0..64)", v);
-        } else if (strcmp(a, "--server-cpu") == 0) {
+        } else if (strcmp(a, "--server-cpu") == 0 || strcmp(a, "--follower-cpu") == 0) {
             NEEDV();
             char *end;
             long c = strtol(v, &end, 10);
             long n = sysconf(_SC_NPROCESSORS_ONLN);
             if (*end || c < 0 || c >= n || n < 2)
-                die("bad --server-cpu '%s' (0..%ld, and at least 2 CPUs)", v, n - 1);
-            server_cpu = (int)c;
-        } else if (strcmp(a, "--follower-cpu") == 0) {
-            NEEDV();
-            char *end;
-            long c = strtol(v, &end, 10);
-            long n = sysconf(_SC_NPROCESSORS_ONLN);
-            if (*end || c < 0 || c >= n || n < 2)
-                die("bad --follower-cpu '%s' (0..%ld, and at least 2 CPUs)", v, n - 1);
-            follower_cpu = (int)c;
+                die("bad %s '%s' (0..%ld, and at least 2 CPUs)", a, v, n - 1);
+            *(a[2] == 's' ? &server_cpu : &follower_cpu) = (int)c;
         } else if (strcmp(a, "--table-reps") == 0) {
             NEEDV();
             o->table_reps = atoi(v);

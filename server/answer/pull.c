@@ -251,6 +251,24 @@ static void parked_put(psd *s, srv_parked *p)
     nparked_spare++;
 }
 
+/* An entry for one more of c's waiting replies, or NULL with *rc and err
+ * (PS_ELIMIT past SRV_PARKED_MAX of them, PS_ENOMEM). */
+static srv_parked *parked_new(srv_conn *c, const char *waiting, const char *oom, int *rc, char *err,
+                              size_t errlen)
+{
+    if (c->nparked >= SRV_PARKED_MAX) {
+        snprintf(err, errlen, "more than %d %s already waiting on this connection", SRV_PARKED_MAX, waiting);
+        *rc = PS_ELIMIT;
+        return NULL;
+    }
+    srv_parked *p = parked_get();
+    if (!p) {
+        snprintf(err, errlen, "out of memory %s", oom);
+        *rc = PS_ENOMEM;
+    }
+    return p;
+}
+
 /* Appends p to c's parked pulls, so that replies leave in request order
  * (the list is short: at most SRV_PARKED_MAX). */
 static void park(srv_conn *c, srv_parked *p)
@@ -352,15 +370,9 @@ int srv_pull(srv_conn *c, uint64_t id, uint64_t off, uint64_t len, uint64_t min,
         send_current(c, ver, id, off, len, rdt);
         return 0;
     }
-    if (c->nparked >= SRV_PARKED_MAX) {
-        snprintf(err, errlen, "more than %d pulls already waiting on this connection", SRV_PARKED_MAX);
-        return PS_ELIMIT;
-    }
-    srv_parked *p = parked_get();
-    if (!p) {
-        snprintf(err, errlen, "out of memory parking a pull");
-        return PS_ENOMEM;
-    }
+    srv_parked *p = parked_new(c, "pulls", "parking a pull", &rc, err, errlen);
+    if (!p)
+        return rc;
     *p = (srv_parked){.id = id, .min = min, .off = off, .len = len, .rdt = rdt};
     park(c, p);
     if (behind && !srv_update_busy(s))
@@ -422,15 +434,10 @@ int srv_tpull(srv_conn *c, uint64_t id, uint32_t ti, const uint8_t *keys, uint32
 
 int srv_ok_after(srv_conn *c, uint64_t id, uint64_t min, char *err, size_t errlen)
 {
-    if (c->nparked >= SRV_PARKED_MAX) {
-        snprintf(err, errlen, "more than %d replies already waiting on this connection", SRV_PARKED_MAX);
-        return PS_ELIMIT;
-    }
-    srv_parked *p = parked_get();
-    if (!p) {
-        snprintf(err, errlen, "out of memory keeping a push's reply until its round closes");
-        return PS_ENOMEM;
-    }
+    int rc;
+    srv_parked *p = parked_new(c, "replies", "keeping a push's reply until its round closes", &rc, err, errlen);
+    if (!p)
+        return rc;
     *p = (srv_parked){.id = id, .min = min, .ok = 1};
     park(c, p);
     return 0;

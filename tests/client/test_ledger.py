@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import test_replica as tr  # noqa: E402  (checkpoint readers)
+import test_replicas as rs  # noqa: E402  (a model pulled frame by frame)
 import test_tables_kill as tk  # noqa: E402
 
 STEPS = 4000  # at most, per worker (a table push and a dense push each): the test stops them before
@@ -553,13 +554,6 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
             assert r.get("t") == harness.T_PARAMS and r.get("id") == 2 and r.get("ver") == 0, \
                 "the push was answered before its round closed: %r" % r
 
-    def model(addr):
-        with harness.RawClient(addr, 10) as a:
-            a.hello_admin()
-            r = a.request({"t": harness.T_PULL, "off": 0, "len": 8})
-            assert r.get("t") == harness.T_PARAMS, r
-            return r["ver"], np.frombuffer(r["data"], dtype="<f4")
-
     with harness.Cluster("psd-bsp-ack") as cl:
         addrs = ["127.0.0.1:%d" % harness.free_port() for _ in range(2)]
         lead = cl.psd(workers=2, name="a", args=raw_args("a", ("--listen", addrs[0])))
@@ -587,11 +581,11 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
         assert w1.recv_frame().get("t") == harness.T_OK  # it closed the round
         ok = w0.recv_frame()
         assert ok.get("t") == harness.T_OK and ok.get("id") == 1, ok
-        ver, w = model(fol.addr)
+        ver, w = rs.model(fol.addr)
         assert ver == 1 and np.array_equal(w, np.full(8, -1.0, np.float32)), (ver, w)  # -0.5 x the mean, 2
         assert "applied already" not in fol.stderr()
         harness.wait_until(lambda: tr.in_sync(fol, back), 60, "the follower in sync after the round")
-        assert model(back.addr)[0] == 1
+        assert rs.model(back.addr)[0] == 1
         # a table in bsp with followers: refused, saying why (its pushes wait for the round acknowledged)
         table = {"t": harness.T_TABLE, "tab": "t", "dim": 2, "rinit": "zeros", "opt": "sgd", "hp": {"lr": 0.5}}
         r = w0.request(table)
