@@ -181,7 +181,8 @@ static const ps_config_option options[] = {
              "it, and a pull of version r + 1 whose range lies in closed pieces is answered "
              "then, while the rest of the round still arrives, so replies and pushes share "
              "the links (BytePS's partitions). Taken only with bsp_sum_order = shard, "
-             "backup_workers = 0, clip_norm = 0 and no plan; 0: the whole model at once."},
+             "backup_workers = 0, clip_norm = 0, no plan and no follower (a leader with "
+             "followers refuses bsp_piece); 0: the whole model at once."},
     {.name = "staleness", .type = PS_CT_INT, .def = "3", AT(staleness), .lo = 0, .hi = 1000000,
      .help = "ssp: how many clocks (pushes) a worker may run ahead of the slowest live "
              "worker before its pulls wait."},

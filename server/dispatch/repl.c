@@ -44,6 +44,9 @@ static const char *cannot_lead(const psd *s)
 {
     if (s->follow)
         return "this psd is a follower itself";
+    if (s->policy->piece && s->policy->piece(s))
+        return "replication refuses bsp_piece: a round closing piece by piece applies and answers its pieces "
+               "before the round's pushes are kept";
     if (s->policy->rounds && s->tables.n)
         return "replication with mode = bsp takes dense models only: a round keeps its table pushes until it "
                "closes, acknowledged before, and a leader lost in the round would lose them";

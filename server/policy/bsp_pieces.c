@@ -18,8 +18,11 @@
 int srv_bsp_pieces_on(const psd *s)
 {
     const ps_config *c = &s->cfg;
+    /* not with followers: a piece's mean is in the model, and answered,
+     * before the round's pushes are kept (dispatch/repl.c refuses a
+     * follower while pieces are on) */
     return c->bsp_piece > 0 && c->bsp_piece < s->model.layout.total && c->bsp_sum_order == PS_BSP_SUM_SHARD &&
-           c->backup_workers == 0 && !(c->clip_norm > 0) && !s->plan.set;
+           c->backup_workers == 0 && !(c->clip_norm > 0) && !s->plan.set && !s->replog;
 }
 
 uint64_t srv_bsp_piece_hi(const srv_bsp_state *b, size_t p, size_t total)

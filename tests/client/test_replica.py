@@ -434,8 +434,8 @@ def follower_error(f):
 
 
 def test_followers_psd_cannot_take_are_refused():
-    """A follower of a bsp leader holding a table, and one holding another
-    model than its leader's: each is refused with the reason, stops
+    """A follower of a bsp leader holding a table or closing rounds piece by
+    piece, and one holding another model than its leader's: each is refused with the reason, stops
     following, says why in its status and refuses promote."""
     with harness.Cluster("psd-replica-refused") as cl:
         bsp = cl.psd(mode="bsp", workers=2, name="bsp-leader", args=leader_args(cl, "bsp-leader"))
@@ -443,6 +443,14 @@ def test_followers_psd_cannot_take_are_refused():
         f1 = follow(cl, bsp, name="f1")
         harness.wait_until(lambda: follower_error(f1), 60, "the bsp leader's refusal")
         assert "takes dense models only" in follower_error(f1), follower_error(f1)
+        # a bsp round closing piece by piece: refused too
+        pieces = cl.psd(mode="bsp", workers=1, name="pieces", args=leader_args(cl, "pieces", ("--set", "bsp_piece=4")))
+        with harness.RawClient(pieces.addr, 10) as c:
+            assert c.hello_worker([["w", [8]]], 0, 1).get("t") == harness.T_WELCOME
+            assert c.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0.0] * 8)})["t"] == harness.T_OK
+            f3 = follow(cl, pieces, name="f3")
+            harness.wait_until(lambda: follower_error(f3), 60, "the refusal of a leader closing rounds by pieces")
+            assert "refuses bsp_piece" in follower_error(f3), follower_error(f3)
         r = harness.psctl(f1.addr, "promote")
         assert r.returncode != 0 and "stopped applying" in r.stderr, r.stderr
         # another model: a safetensors file of a 3-value model, saved from a psd that held it
