@@ -333,6 +333,24 @@ static int cut_reply(srv_conn *c, uint64_t pid)
     return 1;
 }
 
+/* A push's reply: a PUSHPULL's pull, or OK. With followers, a push that
+ * counts in the open bsp round (in_round; round the model's version) is
+ * acknowledged once the round closed: before, only this psd holds it
+ * (PROTOCOL.md 15). */
+static void answer_push(srv_conn *c, const ps_msg *m, int in_round, uint64_t round)
+{
+    char err[256];
+    int later = in_round && c->srv->replog;
+    uint64_t min = later && m->min <= round ? round + 1 : m->min;
+    int rc;
+    if (m->type == PS_MSG_PUSHPULL)
+        pull(c, m->id, m->poff, m->plen, min, m->rdt);
+    else if (!later)
+        srv_send_ok(c, m->id);
+    else if ((rc = srv_ok_after(c, m->id, round + 1, err, sizeof err)) != 0)
+        srv_send_error(c, m->id, rc, 0, "%s", err);
+}
+
 static int handle_push(srv_conn *c, ps_msg *m)
 {
     psd *s = c->srv;
@@ -350,15 +368,14 @@ static int handle_push(srv_conn *c, ps_msg *m)
     if (m->type == PS_MSG_PUSHPULL)
         rc = srv_pull_check_rdt(s, m->rdt, err, sizeof err);
     uint64_t pid = (m->has2 & PS_F2_PID) ? m->pid : 0;
-    if (rc == 0 && srv_pushid_done(s, c->client_id, pid)) {
+    int done = rc == 0 ? srv_pushid_done(s, c->client_id, pid) : 0;
+    if (done) {
         /* sent again after a lost connection: applied already, answered
-         * as then (PROTOCOL.md 15) */
+         * as then (PROTOCOL.md 15); one the open round counts, as its
+         * first sending would be */
         PS_LOG(PS_LOG_INFO, "conn %llu (%s): push %llu applied already: answered, not applied again",
                (unsigned long long)c->cid, c->addr, (unsigned long long)pid);
-        if (m->type == PS_MSG_PUSHPULL)
-            pull(c, m->id, m->poff, m->plen, m->min, m->rdt);
-        else
-            srv_send_ok(c, m->id);
+        answer_push(c, m, done == 2, s->model.version);
         return 0;
     }
     float gmax = -1;
@@ -431,18 +448,7 @@ static int handle_push(srv_conn *c, ps_msg *m)
     }
     if (pid && c->client_id && cut_reply(c, pid))
         return 0;
-    /* with followers, a round's last push is acknowledged once the round
-     * closed: before, only this psd holds it (PROTOCOL.md 17) */
-    uint64_t min = m->min;
-    int after_round = counted && s->policy->rounds && s->replog && s->model.version == round;
-    if (after_round && min <= round)
-        min = round + 1;
-    if (m->type == PS_MSG_PUSHPULL)
-        pull(c, m->id, m->poff, m->plen, min, m->rdt);
-    else if (after_round && (rc = srv_ok_after(c, m->id, round + 1, err, sizeof err)) != 0)
-        srv_send_error(c, m->id, rc, 0, "%s", err);
-    else if (!after_round)
-        srv_send_ok(c, m->id);
+    answer_push(c, m, counted && s->policy->rounds && s->model.version == round, round);
     return 0;
 }
 

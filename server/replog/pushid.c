@@ -118,7 +118,7 @@ int srv_pushid_done(const psd *s, uint64_t cid, uint64_t pid)
         return 1;
     for (uint32_t j = 0; j < t->nround && pid != 0; j++)
         if (t->round[j].cid == cid && pid <= t->round[j].pid)
-            return 1;
+            return 2;
     return 0;
 }
 

@@ -8,7 +8,8 @@
 #include "server/store/psd.h"
 
 /* 1: client cid's push pid was applied already (pid is not above the
- * highest marked for cid); 0: it was not, or cid is 0 or not known. */
+ * highest marked for cid); 2: it counts in the open bsp round
+ * (srv_pushid_mark_round); 0: neither, or cid is 0 or not known. */
 int srv_pushid_done(const psd *s, uint64_t cid, uint64_t pid);
 
 /* Records that client cid's push pid was applied (after applying it; a

@@ -532,7 +532,8 @@ def test_bsp_failovers_keep_every_round():
 def test_bsp_push_is_acknowledged_once_its_round_is_kept():
     """Frame by frame, from PROTOCOL.md: in bsp with a follower, a worker's
     PUSH is answered once its round closed (a PULL sent after it is answered
-    first), and its push id is not in the log before: the leader killed in
+    first), sent again while the round holds it too, and its push id is not
+    in the log before: the leader killed in
     the round, the promoted follower applies the push sent again with its
     id (the old leader back as its follower), and the round closes with both
     workers' pushes, exactly. A table declared then is refused."""
@@ -546,12 +547,13 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
         assert r.get("t") == harness.T_WELCOME, r
         return c, r
 
-    def push(c, g, then_pull):
-        c.send_frame({"t": harness.T_PUSH, "id": 1, "base": 0, "off": 0, "data": harness.floats([g] * 8), "pid": 1})
+    def push(c, g, then_pull, ids=(1, 2)):
+        c.send_frame({"t": harness.T_PUSH, "id": ids[0], "base": 0, "off": 0, "data": harness.floats([g] * 8),
+                      "pid": 1})
         if then_pull:
-            c.send_frame({"t": harness.T_PULL, "id": 2, "off": 0, "len": 8})
+            c.send_frame({"t": harness.T_PULL, "id": ids[1], "off": 0, "len": 8})
             r = c.recv_frame()
-            assert r.get("t") == harness.T_PARAMS and r.get("id") == 2 and r.get("ver") == 0, \
+            assert r.get("t") == harness.T_PARAMS and r.get("id") == ids[1] and r.get("ver") == 0, \
                 "the push was answered before its round closed: %r" % r
 
     with harness.Cluster("psd-bsp-ack") as cl:
@@ -564,6 +566,7 @@ def test_bsp_push_is_acknowledged_once_its_round_is_kept():
         fol = cl.psd(workers=2, name="b", args=raw_args("b", ("--listen", addrs[1], "--replica-of", addrs[0])))
         harness.wait_until(lambda: tr.in_sync(lead, fol), 60, "the follower in sync")
         push(w0, 1.0, then_pull=True)
+        push(w0, 1.0, then_pull=True, ids=(3, 4))  # the same push again: the round has it, its reply waits too
         # the follower holds all of the leader's log: not the push's id
         harness.wait_until(lambda: tr.in_sync(lead, fol), 60, "the follower in sync after the push")
         os.kill(lead.pid, signal.SIGKILL)
