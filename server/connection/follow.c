@@ -73,6 +73,7 @@ struct srv_follow_thread {
     ps_token token;
     char leader[sizeof ((ps_config *)0)->replica_of];
     char advertise[sizeof ((ps_config *)0)->advertise];
+    char mode[16];       /* this psd's mode: its leader's must be the same */
     _Atomic uint64_t fp;  /* the fingerprint of the model this psd holds (0: none), for the leader to check */
     _Atomic uint64_t contact_ms; /* srv_now_ms() of the leader's last answer (coord/: a live leader) */
 };
@@ -308,6 +309,14 @@ static void session(srv_follow_thread *t, ps_conn *c)
     }
     if (rc != 0) {
         PS_LOG(PS_LOG_WARN, "replication: cannot reach the leader %s: %s; trying again", t->leader, ps_conn_error(c));
+        return;
+    }
+    if (strcmp(r.mode, t->mode) != 0) {
+        /* promoted, it would run the job in another mode */
+        char why[sizeof t->leader + 3 * sizeof t->mode + 80];
+        snprintf(why, sizeof why, "the leader %s runs mode %s and this follower mode %s: start it with --mode %s",
+                 t->leader, r.mode, t->mode, r.mode);
+        refused(t, why);
         return;
     }
     pthread_mutex_lock(&t->mu);
@@ -635,6 +644,7 @@ int srv_follow_start_to(psd *s, const char *leader, char *err, size_t errlen)
     t->fp = s->model.has_layout ? s->model.fp : 0; /* from its own checkpoint, say */
     t->token = s->admin_token.len ? s->admin_token : s->token;
     snprintf(t->leader, sizeof t->leader, "%s", leader);
+    snprintf(t->mode, sizeof t->mode, "%s", s->policy->name);
     t->contact_ms = srv_now_ms(); /* as if it had answered: the thread's first answer comes soon */
     if (s->cfg.advertise[0])
         snprintf(t->advertise, sizeof t->advertise, "%s", s->cfg.advertise);

@@ -94,8 +94,9 @@ def leader_args(cl, name, extra=()):
             "--set", "max_replica_lag=1s") + tuple(extra)
 
 
-def follow(cl, leader, name="follower", extra=()):
-    return cl.psd(workers=2, name=name, args=leader_args(cl, name, ("--replica-of", leader.addr) + tuple(extra)))
+def follow(cl, leader, name="follower", extra=(), mode="asgd"):
+    return cl.psd(mode=mode, workers=2, name=name,
+                  args=leader_args(cl, name, ("--replica-of", leader.addr) + tuple(extra)))
 
 
 def in_sync(leader, follower):
@@ -435,12 +436,13 @@ def follower_error(f):
 
 def test_followers_psd_cannot_take_are_refused():
     """A follower of a bsp leader holding a table or closing rounds piece by
-    piece, and one holding another model than its leader's: each is refused with the reason, stops
+    piece, one holding another model than its leader's, and one in another
+    mode: each is refused with the reason, stops
     following, says why in its status and refuses promote."""
     with harness.Cluster("psd-replica-refused") as cl:
         bsp = cl.psd(mode="bsp", workers=2, name="bsp-leader", args=leader_args(cl, "bsp-leader"))
         tk.finish(start_workers(cl, bsp.addr, steps=5))
-        f1 = follow(cl, bsp, name="f1")
+        f1 = follow(cl, bsp, name="f1", mode="bsp")
         harness.wait_until(lambda: follower_error(f1), 60, "the bsp leader's refusal")
         assert "takes dense models only" in follower_error(f1), follower_error(f1)
         # a bsp round closing piece by piece: refused too
@@ -448,7 +450,7 @@ def test_followers_psd_cannot_take_are_refused():
         with harness.RawClient(pieces.addr, 10) as c:
             assert c.hello_worker([["w", [8]]], 0, 1).get("t") == harness.T_WELCOME
             assert c.request({"t": harness.T_INIT, "off": 0, "data": harness.floats([0.0] * 8)})["t"] == harness.T_OK
-            f3 = follow(cl, pieces, name="f3")
+            f3 = follow(cl, pieces, name="f3", mode="bsp")
             harness.wait_until(lambda: follower_error(f3), 60, "the refusal of a leader closing rounds by pieces")
             assert "refuses bsp_piece" in follower_error(f3), follower_error(f3)
         r = harness.psctl(f1.addr, "promote")
@@ -466,6 +468,12 @@ def test_followers_psd_cannot_take_are_refused():
         f2 = follow(cl, leader, name="f2", extra=("--init-from", path))
         harness.wait_until(lambda: follower_error(f2), 60, "the leader's refusal of another model")
         assert "another model" in follower_error(f2), follower_error(f2)
+        # a follower in another mode than its leader's: promoted, it would change the job's consistency
+        f4 = follow(cl, leader, name="f4", mode="bsp")
+        harness.wait_until(lambda: follower_error(f4), 60, "the refusal of a follower in another mode")
+        assert "runs mode asgd and this follower mode bsp" in follower_error(f4), follower_error(f4)
+        r = harness.psctl(f4.addr, "promote")
+        assert r.returncode != 0 and "stopped applying" in r.stderr, r.stderr
         fs = harness.status(leader.addr)["replication"]["followers"]  # read once: the slot may go between two reads
         assert fs == [] or not fs[0]["insync"], fs
 
