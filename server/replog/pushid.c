@@ -145,13 +145,17 @@ void srv_pushid_mark_round(psd *s, uint64_t cid, uint64_t pid)
 void srv_pushid_round_closed(psd *s)
 {
     srv_pushids *t = &s->pushids;
+    /* the round's values go into the log first (a round closes on the
+     * loop, no update running): a follower that holds an id holds the
+     * round it counts in (PROTOCOL.md 17) */
+    srv_replog_flush(s);
     for (uint32_t j = 0; j < t->nround; j++) {
         uint64_t cid = t->round[j].cid, pid = t->round[j].pid;
         if (record(t, cid, pid, 0) != 0)
             PS_LOG(PS_LOG_WARN, "push ids: out of memory recording client %016llx's push %llu: were it sent again "
                                 "it would be applied again", (unsigned long long)cid, (unsigned long long)pid);
         else
-            srv_replog_pushid_later(s, cid, pid); /* after the round's values (PROTOCOL.md 17) */
+            srv_replog_pushid(s, cid, pid);
     }
     t->nround = 0;
 }

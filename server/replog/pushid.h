@@ -26,9 +26,9 @@ void srv_pushid_mark(psd *s, uint64_t cid, uint64_t pid);
  * of memory, it is recorded at once (logged). */
 void srv_pushid_mark_round(psd *s, uint64_t cid, uint64_t pid);
 
-/* The open round closed (its update is in the model): its pushes are
- * recorded as applied, and go to the followers after the round's values
- * (srv_replog_pushid_later). */
+/* The open round closed (its update is in the model; no update runs off
+ * the loop): its pushes are recorded as applied, and go into the
+ * replication log after the round's values. */
 void srv_pushid_round_closed(psd *s);
 
 /* The open round's pushes forgotten: the round was dropped (a reset, a

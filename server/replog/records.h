@@ -4,6 +4,7 @@
 #ifndef SRV_REPLOG_RECORDS_H
 #define SRV_REPLOG_RECORDS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -24,6 +25,11 @@ enum {
 #define DENSE_PIECE (ANSWER_BLOCKS * SRV_BLK_FLOATS) /* values a dense mark covers at most */
 #define HEAD_FIXED 36 /* an answer's head before its block indices (PROTOCOL.md 17) */
 #define LOG_MAX_DEFAULT ((size_t)1 << 30) /* 1 GiB of records kept for a follower behind */
+
+struct srv_replog;
+/* The bytes at offset off of the log (position base + off, a record's
+ * start or inside one, before the log's end); replog.c. */
+const uint8_t *srv_replog_at(const struct srv_replog *r, size_t off);
 
 static inline void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }

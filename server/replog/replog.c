@@ -1,7 +1,7 @@
 /* replog.c - the replication log: records of a leader's changes, in order,
  * for its followers (replog.h; the records' bytes are in PROTOCOL.md 17).
- * Owns psd.replog and the followers' slots, and makes a fetch's answer;
- * a follower applies them in replog_apply.c. */
+ * Owns psd.replog and the followers' slots; a fetch's answer is made in
+ * replog_answer.c, and a follower applies the records in replog_apply.c. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -67,7 +67,6 @@ void srv_replog_free(psd *s)
         srv_blk_unref(s->replog->shadow[i]);
     srv_blk_unref(s->replog->small);
     free(s->replog->shadow);
-    free(s->replog->later);
     for (size_t i = 0; i < s->replog->nseg; i++)
         free(s->replog->seg[i].buf);
     free(s->replog->seg);
@@ -90,9 +89,7 @@ static const srv_replog_seg *seg_of(const srv_replog *r, uint64_t pos)
     return &r->seg[lo];
 }
 
-/* The bytes at offset off of the log (position base + off, a record's
- * start or inside one, before the log's end). */
-static const uint8_t *at_off(const srv_replog *r, size_t off)
+const uint8_t *srv_replog_at(const srv_replog *r, size_t off)
 {
     const srv_replog_seg *g = seg_of(r, r->base + off);
     return g->buf + (r->base + off - g->base);
@@ -312,9 +309,6 @@ void srv_replog_flush(psd *s)
         r->sent_init = m->initialized;
     }
     srv_model_unmark(m);
-    for (uint32_t i = 0; i < r->nlater; i++)
-        srv_replog_pushid(s, r->later[2 * i], r->later[2 * i + 1]);
-    r->nlater = 0;
 }
 
 void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, double scale)
@@ -347,29 +341,6 @@ void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid)
     }
 }
 
-void srv_replog_pushid_later(psd *s, uint64_t cid, uint64_t pid)
-{
-    srv_replog *r = s->replog;
-    if (!r)
-        return;
-    if (r->nlater == r->later_cap) {
-        uint32_t cap = r->later_cap ? r->later_cap * 2 : 16;
-        uint64_t *l = realloc(r->later, (size_t)cap * 2 * sizeof *l);
-        if (!l) {
-            /* not logged: a follower promoted after the round holds it,
-             * and refuses the push sent again as one for a closed round */
-            PS_LOG(PS_LOG_WARN, "replication: out of memory logging client %016llx's push %llu",
-                   (unsigned long long)cid, (unsigned long long)pid);
-            return;
-        }
-        r->later = l;
-        r->later_cap = cap;
-    }
-    r->later[2 * r->nlater] = cid;
-    r->later[2 * r->nlater + 1] = pid;
-    r->nlater++;
-}
-
 void srv_replog_move(psd *s, const uint8_t *head, size_t hlen, const uint8_t *data, size_t len)
 {
     if (!s->replog)
@@ -381,187 +352,6 @@ void srv_replog_move(psd *s, const uint8_t *head, size_t hlen, const uint8_t *da
     memcpy(p, head, hlen);
     if (len)
         memcpy(p + hlen, data, len);
-}
-
-/* ---- a fetch's answer ----------------------------------------------------- */
-
-/* Writes n bytes at byte position at of the words the answer's blocks hold
- * from word a->off on. */
-static void answer_put(srv_replog_answer *a, size_t at, const void *p, size_t n)
-{
-    const uint8_t *q = p;
-    while (n) {
-        uint64_t word = at / 4;
-        size_t in = (size_t)(word & (SRV_BLK_FLOATS - 1)) * 4 + at % 4;
-        size_t room = a->blk[word >> SRV_BLK_SHIFT]->cap * 4 - in, k = n < room ? n : room;
-        memcpy((uint8_t *)a->blk[word >> SRV_BLK_SHIFT]->w + in, q, k);
-        q += k, at += k, n -= k;
-    }
-}
-
-void srv_replog_answer_free(srv_replog_answer *a)
-{
-    for (size_t i = 0; a->blk && i < a->nblk; i++)
-        if (a->blk[i])
-            srv_blk_unref(a->blk[i]);
-    free(a->blk);
-    memset(a, 0, sizeof *a);
-}
-
-int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_replog_answer *a)
-{
-    srv_replog *r = s->replog;
-    srv_model *m = &s->model;
-    memset(a, 0, sizeof *a);
-    if (!r || from < r->base || from > r->base + r->len)
-        return PS_ESTALE;
-    /* which records: whole ones, the non-dense ones' bytes up to max, the
-     * dense marks' blocks up to ANSWER_BLOCKS (the first of each always) */
-    size_t at = (size_t)(from - r->base), end = at, rec_bytes = 0;
-    size_t nmark = 0;
-    uint32_t *bi = NULL;
-    size_t nbi = 0, cbi = 0;
-    int dense = 0;
-    while (end + 4 <= r->len) {
-        const uint8_t *q = at_off(r, end);
-        size_t l = 4 + get_u32(q);
-        if (q[4] == REC_DENSE) {
-            if (!dense_ok)
-                break;
-            uint64_t lo = get_u64(q + 17), n = get_u64(q + 25);
-            /* the blocks [lo, lo + n) touches that are not listed yet */
-            size_t b0 = (size_t)(lo >> SRV_BLK_SHIFT), b1 = n ? (size_t)((lo + n - 1) >> SRV_BLK_SHIFT) + 1 : b0;
-            size_t add = 0;
-            for (size_t b = b0; b < b1; b++) {
-                int have = 0;
-                for (size_t i = 0; i < nbi && !have; i++)
-                    have = bi[i] == b;
-                add += !have;
-            }
-            if (nmark && nbi + add > ANSWER_BLOCKS)
-                break;
-            if (nbi + add > cbi) {
-                size_t nc = cbi ? cbi * 2 : 32;
-                while (nc < nbi + add)
-                    nc *= 2;
-                uint32_t *nb = realloc(bi, nc * sizeof *nb);
-                if (!nb) {
-                    free(bi);
-                    return PS_ENOMEM;
-                }
-                bi = nb, cbi = nc;
-            }
-            for (size_t b = b0; b < b1; b++) {
-                int have = 0;
-                for (size_t i = 0; i < nbi && !have; i++)
-                    have = bi[i] == b;
-                if (!have)
-                    bi[nbi++] = (uint32_t)b;
-            }
-            nmark++;
-            dense = 1;
-        } else {
-            if (end > at && rec_bytes + l > max)
-                break;
-            rec_bytes += l;
-        }
-        end += l;
-    }
-    /* the blocks in order */
-    for (size_t i = 1; i < nbi; i++)
-        for (size_t j = i; j > 0 && bi[j - 1] > bi[j]; j--) {
-            uint32_t t = bi[j];
-            bi[j] = bi[j - 1], bi[j - 1] = t;
-        }
-    float *st[STATE_MAX];
-    const char *names[STATE_MAX];
-    size_t nst = m->blk ? srv_optim_state_buffers(&m->opt, st, names, STATE_MAX) : 0;
-    if (!m->blk)
-        nbi = 0; /* marks before a layout: nothing to read */
-    for (size_t i = 0; i < nbi; i++)
-        if (bi[i] >= m->nblk)
-            nbi = i; /* sorted: marks past the model's end (cannot be) are dropped */
-    size_t head = HEAD_FIXED + 4 * nbi + rec_bytes;
-    head = (head + 3) & ~(size_t)3;
-    /* the values of each block listed (the model's last one may be
-     * shorter), then each state buffer's, after the head */
-    size_t per = 1 + nst;
-    uint64_t values = 0;
-    for (size_t i = 0; i < nbi; i++)
-        values += (uint64_t)m->blk[bi[i]]->cap * per;
-    a->ndata = head / 4 + values;
-    a->nblk = (size_t)((a->ndata + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
-    a->blk = calloc(a->nblk, sizeof *a->blk);
-    int rc = a->blk ? 0 : PS_ENOMEM;
-    /* the blocks the answer is written into: the log's own, kept for the
-     * next answer (one copy of the values, into memory faulted in once) */
-    if (rc == 0 && r->nshadow < a->nblk) {
-        srv_blk **ns = realloc(r->shadow, a->nblk * sizeof *ns);
-        if (!ns) {
-            rc = PS_ENOMEM;
-        } else {
-            memset(ns + r->nshadow, 0, (a->nblk - r->nshadow) * sizeof *ns);
-            r->shadow = ns;
-            r->nshadow = a->nblk;
-        }
-    }
-    for (size_t i = 0; rc == 0 && i < a->nblk; i++) {
-        uint64_t need = a->ndata - ((uint64_t)i << SRV_BLK_SHIFT);
-        /* a short last piece: the log's one small block (one size, so that
-         * the blocks' pool never fills with odd ones) */
-        srv_blk **sh = need < SRV_BLK_FLOATS / 4 ? &r->small : &r->shadow[i];
-        if (*sh && (*sh)->refs > 1) { /* still being written to a follower */
-            srv_blk_unref(*sh);
-            *sh = NULL;
-        }
-        if (!*sh && !(*sh = srv_blk_fresh(sh == &r->small ? SRV_BLK_FLOATS / 4 : SRV_BLK_FLOATS)))
-            rc = PS_ENOMEM;
-        else
-            a->blk[i] = srv_blk_ref(*sh);
-    }
-    if (rc != 0) {
-        free(bi);
-        srv_replog_answer_free(a);
-        return rc;
-    }
-    size_t w = head;
-    for (size_t i = 0; i < nbi; i++) {
-        uint64_t b0 = (uint64_t)bi[i] << SRV_BLK_SHIFT;
-        size_t cnt = m->blk[bi[i]]->cap;
-        answer_put(a, w, m->blk[bi[i]]->w, cnt * 4);
-        w += cnt * 4;
-        for (size_t j = 0; j < nst; j++, w += cnt * 4)
-            answer_put(a, w, st[j] + b0, cnt * 4);
-    }
-    a->off = 0;
-    a->next = r->base + end;
-    uint8_t fixed[HEAD_FIXED];
-    put_u32(fixed, (uint32_t)head);
-    put_u64(fixed + 4, a->next);
-    put_u64(fixed + 12, m->version);
-    put_u32(fixed + 20, (uint32_t)m->initialized);
-    put_u32(fixed + 24, (uint32_t)dense);
-    put_u32(fixed + 28, (uint32_t)nst);
-    put_u32(fixed + 32, (uint32_t)nbi);
-    answer_put(a, 0, fixed, HEAD_FIXED);
-    if (nbi)
-        answer_put(a, HEAD_FIXED, bi, 4 * nbi);
-    w = HEAD_FIXED + 4 * nbi;
-    for (size_t p = at; p < end;) {
-        const uint8_t *q = at_off(r, p);
-        size_t l = 4 + get_u32(q);
-        if (q[4] != REC_DENSE) {
-            answer_put(a, w, q, l);
-            w += l;
-        }
-        p += l;
-    }
-    static const uint8_t zero[4];
-    if (head > w)
-        answer_put(a, w, zero, head - w);
-    free(bi);
-    r->dense_bytes += values * 4;
-    return 0;
 }
 
 /* The lowest position a follower still needs (the log's end when none). */

@@ -95,9 +95,6 @@ typedef struct srv_replog {
     srv_blk **shadow;
     size_t nshadow;
     srv_blk *small;              /* a short answer's (or last piece's): 2^18 floats */
-    uint64_t *later;             /* push ids (cid, pid pairs) the next flush logs after the
-                                  * dense values (a bsp round's): nlater pairs, room for later_cap */
-    uint32_t nlater, later_cap;
 } srv_replog;
 
 /* The log's end: the position after its last record (0 when off). */
@@ -120,11 +117,6 @@ void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const
 /* A push id applied (replog/pushid.c): client cid's push pid. A no-op
  * while the log is off. */
 void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid);
-
-/* A push id recorded as a bsp round closed (pushid.c): logged by the next
- * flush, after the round's values, so that a follower that holds the id
- * holds the update it counts in. A no-op while the log is off. */
-void srv_replog_pushid_later(psd *s, uint64_t cid, uint64_t pid);
 
 /* A move of parts' change on this psd (dispatch/move_state.c: begun, a
  * destination switched, rows taken, rows dropped, ended), head then data
