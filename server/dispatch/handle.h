@@ -5,7 +5,7 @@
 
 #include "server/store/psd.h"
 
-/* handle.c */
+/* handle.c; srv_push_finished: handle_dense.c */
 /* srv_handle's answer to the connection layer: read nothing more from c
  * for now (a push whose update runs off the loop: its gradient lies in c's
  * receive buffer until srv_push_finished; a BYE: c closes once its OK is

@@ -331,7 +331,7 @@ typedef struct srv_stats {
     uint64_t fenced_acks;         /* worker replies sent past the fence: every follower held them (write.c) */
     uint64_t barriers;            /* BARRIERs answered (barrier.c) */
     uint64_t early_pieces;        /* BSP pieces applied before their round closed (policy.c) */
-    uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle.c) */
+    uint64_t zeros_elided;        /* values received as zeros left out (dt f32z, handle_dense.c) */
     uint64_t zstd_in, zstd_out;   /* compressed bytes received (dt zstd) and their float32 bytes */
     uint64_t zstd_sent, zstd_sent_raw; /* compressed bytes sent (rdt zstd) and their float32 bytes */
     /* rates, recomputed by the 1 s timer */
@@ -463,7 +463,7 @@ typedef struct srv_pushids {
     uint32_t nround, round_cap;
 } srv_pushids;
 
-/* The reply a push owes while its update runs off the loop (handle.c owns
+/* The reply a push owes while its update runs off the loop (handle_dense.c owns
  * it): sent by srv_push_finished() once the update is installed. */
 typedef struct srv_push_wait {
     srv_conn *c;             /* the pushing connection (its receive buffer
@@ -558,7 +558,7 @@ struct psd {
     struct srv_tapply *tapply; /* table_apply = hogwild: the apply threads
                               * (update/tapply.c); NULL: ordered */
     srv_push_wait push_wait; /* the reply a push owes while its update runs off
-                              * the loop (handle.c) */
+                              * the loop (handle_dense.c) */
     srv_pushids pushids;     /* the push ids applied per client (replog/pushid.c) */
     int reload_pending;      /* SIGHUP came while applying: reload after */
     ps_buf enc;              /* encode scratch for replies */

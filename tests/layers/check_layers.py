@@ -123,7 +123,7 @@ OWNED = [
     ("psd.coord, coord_state (leadership through etcd)", "coord/", psd_writes("coord", "coord_state")),
     ("psd.parts, move_start, move_stop (the part map, a move of parts)", ("dispatch/move_cmd.c", "dispatch/move_state.c", "connection/"),
      psd_writes("parts", "move_start", "move_stop", "move_apply")),
-    ("psd.push_wait", "dispatch/handle.c", psd_writes("push_wait")),
+    ("psd.push_wait", "dispatch/handle_dense.c", psd_writes("push_wait")),
     ("psd.pushids", "replog/pushid.c", psd_writes("pushids")),
     ("psd.paused, ckpt_waits", "dispatch/admin.c", psd_writes("paused", "ckpt_waits")),
     ("the connections and listeners (psd.conns, rbuf_bytes, http, ...)", "connection/",
