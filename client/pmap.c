@@ -41,7 +41,6 @@ static int link_has(const psc_link *ln, const char *e)
     return 0;
 }
 
-
 /* 1 when one of the map's parts is ln's part. */
 static int in_map(const struct psc_pmap *pm, const psc_link *ln)
 {
