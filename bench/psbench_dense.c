@@ -5,13 +5,18 @@
 
 /* ---- the grid ------------------------------------------------------------- */
 
-static double bound_mib(int mode, uint64_t S, int K)
+static double bound_mib(int mode, uint64_t S, int K, int replica)
 {
     /* 1.1 x (model + SGD momentum) + 64 MiB; BSP may add one model-sized
      * accumulator (bsp-arrival), and deterministic summation (bsp: sums in
-     * shard order, whatever the arrival order) one gradient per worker */
+     * shard order, whatever the arrival order) one gradient per worker;
+     * with a follower (asgd), the replication log holds each worker's last
+     * push in the receive buffer it came in until the follower fetched it,
+     * and keeps one buffer it let go for the next receive */
     double model = (double)S * sizeof(float) / 1048576.0;
     double extra = mode == MODE_ASGD ? 0.0 : mode == MODE_BSP ? K * model : model;
+    if (replica && mode == MODE_ASGD)
+        extra += (K + 1) * model;
     return 1.1 * 2.0 * model + 64.0 + extra;
 }
 
@@ -45,7 +50,7 @@ void run_cell_parts(const opts *o, int sys, int mode, uint64_t S, int K, const f
     out->S = S;
     out->K = K;
     out->wire = o->wire;
-    out->bound_mib = bound_mib(mode, S, K);
+    out->bound_mib = bound_mib(mode, S, K, o->replica);
     out->r.load = load1();
     b.sys = sys;
     b.mode = mode;

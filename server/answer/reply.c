@@ -16,6 +16,11 @@ void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     c->srv->io->send(c, m, blk);
 }
 
+void srv_send_pieces(srv_conn *c, const ps_msg *m, const srv_piece *pc, size_t npc)
+{
+    c->srv->io->send_pieces(c, m, pc, npc);
+}
+
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
 {
     char text[512];

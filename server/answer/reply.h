@@ -12,6 +12,11 @@
  * copied. blk is NULL for other messages. On failure the connection is
  * closed. */
 void srv_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
+/* The same for a PARAMS whose m->ndata float32 words of data (4 x ndata
+ * bytes, m->dt float32) are the bytes of the pieces pc[0..npc), sent in
+ * that order; each piece's owner keeps a reference until the write is
+ * done. */
+void srv_send_pieces(srv_conn *c, const ps_msg *m, const srv_piece *pc, size_t npc);
 /* Queues an ERROR reply for request id; fatal closes after it is sent. */
 void srv_send_error(srv_conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));

@@ -444,6 +444,7 @@ void srv_net_tapply_stop(psd *s)
 
 static const srv_io net_io = {
     .send = srv_net_send,
+    .send_pieces = srv_net_send_pieces,
     .send_error = srv_net_send_error,
     .give_rbuf = srv_conn_give_rbuf,
 };

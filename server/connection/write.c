@@ -261,8 +261,23 @@ void srv_net_repl_release(psd *s)
     }
 }
 
+/* Queues m; its data, when it has some, from the blocks blk (by m->off)
+ * or, with pc, from the pieces pc[0..npc) in order. */
+static void send_data(srv_conn *c, const ps_msg *m, srv_blk *const *blk, const srv_piece *pc, size_t npc);
+
 /* psd.io->send: see srv_send (psd.h). */
 void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
+{
+    send_data(c, m, blk, NULL, 0);
+}
+
+/* psd.io->send_pieces: see srv_send_pieces (reply.h). */
+void srv_net_send_pieces(srv_conn *c, const ps_msg *m, const srv_piece *pc, size_t npc)
+{
+    send_data(c, m, NULL, pc, npc);
+}
+
+static void send_data(srv_conn *c, const ps_msg *m, srv_blk *const *blk, const srv_piece *pc, size_t npc)
 {
     psd *s = c->srv;
     size_t dlen = 0;
@@ -309,7 +324,10 @@ void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     r->hdr = r->inline_hdr;
     /* the data's pieces, one per block; the buffer list on the stack when short */
     size_t npieces = 0;
-    if (dlen) {
+    if (dlen && pc) {
+        assert(m->dt == PS_DT_F32 && !z); /* pieces go as they are */
+        npieces = npc;
+    } else if (dlen) {
         assert(blk); /* data goes out from the blocks only */
         uint64_t first = m->off >> SRV_BLK_SHIFT, last = (m->off + m->ndata - 1) >> SRV_BLK_SHIFT;
         npieces = m->dt == PS_DT_BF16 || z ? 1 : (size_t)(last - first + 1);
@@ -351,7 +369,12 @@ void srv_net_send(srv_conn *c, const ps_msg *m, srv_blk *const *blk)
     }
     if (dlen && r->narrow)
         bufs[1] = uv_buf_init((char *)r->narrow->v, (unsigned)dlen);
-    for (size_t i = 0; i < npieces && !r->narrow; i++) {
+    for (size_t i = 0; pc && i < npieces; i++) {
+        r->blk[i] = pc[i].owner ? srv_blk_ref(pc[i].owner) : NULL;
+        r->nblk = i + 1;
+        bufs[1 + i] = uv_buf_init((char *)(uintptr_t)pc[i].p, (unsigned)pc[i].len);
+    }
+    for (size_t i = 0; !pc && i < npieces && !r->narrow; i++) {
         size_t len;
         const float *p = srv_blocks_at(blk, off, left, &len);
         r->blk[i] = srv_blk_ref(blk[off >> SRV_BLK_SHIFT]);

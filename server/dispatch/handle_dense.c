@@ -203,6 +203,7 @@ int srv_on_init(srv_conn *c, ps_msg *m)
         srv_model_write_end(&s->model, &seg);
         done += seg.len;
     }
+    srv_model_mark(&s->model, m->off, m->ndata); /* the followers get the values (replication's next flush) */
     if (m->fin) {
         srv_model_set_initialized(&s->model, s->model.version);
         srv_init_owner_done(s);
@@ -369,19 +370,24 @@ static int handle_push(srv_conn *c, ps_msg *m)
      * counts at its last (a worker lost before it has its chunks dropped),
      * and is recorded as applied when its round closes */
     int counted = (rc == SRV_PENDING || rc >= 0) && (m->fin || !s->policy->rounds);
+    /* without rounds, a push applied off the loop is recorded once it is
+     * installed (srv_push_finished): its id goes into the replication log
+     * after its gradient, as one applied now does */
+    int later = rc == SRV_PENDING && !s->policy->rounds;
     if (counted && s->policy->rounds) {
         srv_pushid_mark_round(s, c->client_id, pid);
         if (rc != SRV_PENDING && s->model.version != round)
             srv_pushid_round_closed(s); /* it closed the round (off the loop: recorded there) */
-    } else if (counted)
+    } else if (counted && !later)
         srv_pushid_mark(s, c->client_id, pid);
-    if (rc == SRV_PENDING || rc >= 0)
+    if ((rc == SRV_PENDING || rc >= 0) && !later)
         srv_ledger_dense(s, c->client_id, pid, m->off, m->ndata, m->data); /* tests only (PSD_TEST_LEDGER) */
     if (rc == SRV_PENDING) {
         /* applied off the loop: srv_push_finished() replies; the gradient
          * lives in c's receive buffer, so c reads nothing meanwhile */
         s->push_wait = (srv_push_wait){.c = c, .id = m->id, .type = m->type, .poff = m->poff, .plen = m->plen,
-                                       .min = m->min, .rdt = m->rdt};
+                                       .min = m->min, .rdt = m->rdt, .record = later, .cid = c->client_id,
+                                       .pid = pid, .off = m->off, .n = m->ndata, .g = m->data};
         return SRV_STOP_READING;
     }
     if (rc == PS_ESTALE) {
@@ -427,6 +433,10 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     const srv_push_wait a = s->push_wait;
     srv_conn *c = a.c;
     s->push_wait.c = NULL;
+    if (a.record) {
+        srv_pushid_mark(s, a.cid, a.pid);
+        srv_ledger_dense(s, a.cid, a.pid, a.off, a.n, a.g); /* tests only (PSD_TEST_LEDGER) */
+    }
     *wake = s->policy->applied(s, tag) == SRV_WAKE;
     if (tag->fin) {
         tag->w->pushes++;

@@ -246,7 +246,7 @@ static void answer_fetch(psd *s, srv_follower *f, int force)
     r.off = a.off;
     r.data = a.blk[0]->w;
     r.ndata = a.ndata;
-    srv_send(c, &r, a.blk);
+    srv_send_pieces(c, &r, a.pc, a.npc);
     srv_replog_answer_free(&a);
 }
 

@@ -14,6 +14,11 @@
  * while 8 workers pull (one chunk each) without holding on to much more. */
 #define POOL_MAX_BYTES ((size_t)16 << 20)
 
+/* Receive buffers adopted blocks let go, for the next ones a connection
+ * needs (a fresh one of tens of MB is page faults as it fills). */
+#define RBUF_SPARES 2
+static srv_rbuf rbuf_spares[RBUF_SPARES];
+
 static srv_blk *pool;
 static size_t pool_bytes;
 
@@ -46,6 +51,10 @@ static srv_blk *blk_new(size_t cap)
 
 void srv_blk_pool_free(void)
 {
+    for (int i = 0; i < RBUF_SPARES; i++) {
+        free(rbuf_spares[i].mem);
+        rbuf_spares[i] = (srv_rbuf){0};
+    }
     while (pool) {
         srv_blk *b = pool;
         pool = b->next;
@@ -66,10 +75,53 @@ srv_blk *srv_blk_ref(srv_blk *b)
     return b;
 }
 
+srv_blk *srv_blk_adopt(uint8_t *mem, size_t cap)
+{
+    srv_blk *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->refs = 1;
+    b->ext = mem;
+    b->ext_cap = cap;
+    return b;
+}
+
+srv_rbuf srv_rbuf_spare(void)
+{
+    for (int i = 0; i < RBUF_SPARES; i++)
+        if (rbuf_spares[i].mem) {
+            srv_rbuf r = rbuf_spares[i];
+            rbuf_spares[i] = (srv_rbuf){0};
+            return r;
+        }
+    return (srv_rbuf){0};
+}
+
+/* An adopted block's buffer, kept in place of the smallest kept one when
+ * bigger. */
+static void rbuf_keep(uint8_t *mem, size_t cap)
+{
+    int k = 0;
+    for (int i = 1; i < RBUF_SPARES; i++)
+        if (!rbuf_spares[i].mem || (rbuf_spares[k].mem && rbuf_spares[i].cap < rbuf_spares[k].cap))
+            k = i;
+    if (rbuf_spares[k].mem && rbuf_spares[k].cap >= cap) {
+        free(mem);
+        return;
+    }
+    free(rbuf_spares[k].mem);
+    rbuf_spares[k] = (srv_rbuf){.mem = mem, .cap = cap};
+}
+
 void srv_blk_unref(srv_blk *b)
 {
     if (!b || --b->refs > 0)
         return;
+    if (b->ext) {
+        rbuf_keep(b->ext, b->ext_cap);
+        free(b);
+        return;
+    }
     if (b->hw_steps) {
         srv_hogwild_block_free(b);
         return;

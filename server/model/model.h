@@ -66,6 +66,13 @@ const float *srv_blocks_at(srv_blk *const *blk, uint64_t off, uint64_t n, size_t
 void srv_blk_pool_free(void);
 /* A block of cap floats, uninitialised, from the pool when it has one. */
 srv_blk *srv_blk_fresh(size_t cap);
+/* A block that owns the receive buffer mem (cap bytes, malloc's) rather
+ * than values: with its last reference the buffer is kept (two at most)
+ * for a connection's next receive (srv_rbuf_spare), or freed. NULL when
+ * out of memory (mem is then the caller's still). */
+srv_blk *srv_blk_adopt(uint8_t *mem, size_t cap);
+/* A receive buffer an adopted block let go, or {NULL, 0}. */
+srv_rbuf srv_rbuf_spare(void);
 srv_blk *srv_blk_ref(srv_blk *b);
 void srv_blk_unref(srv_blk *b);
 /* A snapshot of the current version; NULL when out of memory. */

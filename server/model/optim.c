@@ -457,6 +457,48 @@ int srv_optim_settings_differ(const ps_config *a, const ps_config *b)
 }
 
 
+/* The settings' bytes: u32 kind, u32 nesterov, f64 beta1, beta2, eps, lr,
+ * momentum, weight_decay, clip_norm, u32 lr_schedule, u32 zero, u64
+ * lr_step_size, f64 lr_gamma, u64 lr_decay_versions, f64 lr_min, u64
+ * warmup_versions: 112 bytes (SRV_OPTIM_SETTINGS_BYTES). */
+static void put32(unsigned char **b, uint32_t v) { memcpy(*b, &v, 4), *b += 4; }
+static void put64(unsigned char **b, uint64_t v) { memcpy(*b, &v, 8), *b += 8; }
+static void putd(unsigned char **b, double v) { memcpy(*b, &v, 8), *b += 8; }
+static uint32_t get32(const unsigned char **b) { uint32_t v; memcpy(&v, *b, 4), *b += 4; return v; }
+static uint64_t get64(const unsigned char **b) { uint64_t v; memcpy(&v, *b, 8), *b += 8; return v; }
+static double getd(const unsigned char **b) { double v; memcpy(&v, *b, 8), *b += 8; return v; }
+
+void srv_optim_settings_pack(const srv_optim *o, unsigned char *b)
+{
+    put32(&b, (uint32_t)o->kind), put32(&b, (uint32_t)o->nesterov);
+    putd(&b, o->beta1), putd(&b, o->beta2), putd(&b, o->eps), putd(&b, o->lr), putd(&b, o->momentum);
+    putd(&b, o->weight_decay), putd(&b, o->clip_norm);
+    put32(&b, (uint32_t)o->lr_schedule), put32(&b, 0);
+    put64(&b, o->lr_step_size), putd(&b, o->lr_gamma), put64(&b, o->lr_decay_versions), putd(&b, o->lr_min);
+    put64(&b, o->warmup_versions);
+}
+
+int srv_optim_settings_take(srv_optim *o, const unsigned char *b)
+{
+    srv_optim t = *o;
+    if (get32(&b) != (uint32_t)o->kind)
+        return -1;
+    t.nesterov = (int)get32(&b);
+    t.beta1 = getd(&b), t.beta2 = getd(&b), t.eps = getd(&b), t.lr = getd(&b), t.momentum = getd(&b);
+    t.weight_decay = getd(&b), t.clip_norm = getd(&b);
+    t.lr_schedule = (int)get32(&b);
+    (void)get32(&b);
+    t.lr_step_size = get64(&b), t.lr_gamma = getd(&b), t.lr_decay_versions = get64(&b), t.lr_min = getd(&b);
+    t.warmup_versions = get64(&b);
+    if (t.nesterov < 0 || t.nesterov > 1 || t.lr_step_size < 1 || t.lr_decay_versions < 1 ||
+        t.lr_schedule < 0 || t.lr_schedule > PS_LR_COSINE || !(t.lr == t.lr) || !(t.momentum == t.momentum))
+        return -1;
+    if (kind_of(&t)->lazy && t.momentum > 0 && !t.state[0] && state_alloc(&t) != 0)
+        return -1;
+    *o = t;
+    return 0;
+}
+
 size_t srv_optim_state_bytes(const srv_optim *o)
 {
     size_t bufs = 0;

@@ -124,6 +124,18 @@ void srv_optim_configure(srv_optim *o, const ps_config *cfg);
  * rate, its schedule, momentum, weight decay, clipping), else 0. */
 int srv_optim_settings_differ(const ps_config *a, const ps_config *b);
 
+/* Every setting an update reads, as one replication record carries them
+ * (PROTOCOL.md 17, `G`): srv_optim_settings_pack writes them into
+ * SRV_OPTIM_SETTINGS_BYTES bytes (little-endian), srv_optim_settings_take
+ * sets o's from such bytes, so that a follower replays its leader's
+ * updates with its leader's settings whatever its own configuration says.
+ * Take returns 0, or -1 when the bytes name another optimizer kind or a
+ * value out of range (o unchanged); an sgd optimizer given momentum
+ * allocates its buffer as srv_optim_configure does (-1 when it cannot). */
+#define SRV_OPTIM_SETTINGS_BYTES 112
+void srv_optim_settings_pack(const srv_optim *o, unsigned char *b);
+int srv_optim_settings_take(srv_optim *o, const unsigned char *b);
+
 /* Bytes of optimizer state (for status and memory accounting). */
 size_t srv_optim_state_bytes(const srv_optim *o);
 

@@ -88,6 +88,8 @@ int srv_apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, char
     /* buffers take the push's own values, unscaled (update.h) */
     gr.raw = p->g;
     gr.from_first = w && w->shard == 0;
+    gr.as_sent = g == p->g; /* neither scaled nor corrected: a follower can apply it as it came */
+    gr.conn = p->conn;
     srv_update_tag tag = {.w = w, .fin = p->fin};
     int rc = srv_update_apply(s, &gr, off, n, p->may_defer ? &tag : NULL);
     if (rc == SRV_PENDING)

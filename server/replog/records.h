@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "server/model/optim.h"
+
 /* Record kinds (the byte after a record's length). */
 enum {
     REC_LAYOUT = 'L', /* the dense layout: a HELLO message's msgpack bytes with "layout" */
@@ -18,7 +20,13 @@ enum {
     REC_PUSHID = 'P', /* a client's push id applied: cid, pid */
     REC_MOVE = 'M',   /* a move of parts' change here: what, a, b, bytes (dispatch/move_state.c) */
     REC_PLAN = 'Q',   /* a bsp job's plan fixed: epochs, samples, batch, seed */
+    REC_GRAD = 'G',   /* a dense push's gradient: version, off, n, flags, gmax, n floats */
+    REC_OPTIM = 'O',  /* the dense optimizer's settings, before a gradient when they changed */
 };
+#define GRAD_HEAD (8 + 8 + 8 + 4 + 4) /* a gradient record's bytes before its floats */
+#define GRAD_HAS_GMAX 1u   /* flags: gmax bounds every |g[i]| */
+#define GRAD_FROM_FIRST 2u /* the push came from shard 0 ("first" buffers take it) */
+#define GRAD_CLIP 4u       /* nonfinite = clip on the leader */
 #define STATE_MAX 4
 #define DENSE_MARK 28 /* a dense mark's bytes after its kind: version, initialised, off, n */
 #define ANSWER_BLOCKS 16 /* dense blocks a fetch's answer carries at most (64 MiB of parameters) */
@@ -30,6 +38,9 @@ struct srv_replog;
 /* The bytes at offset off of the log (position base + off, a record's
  * start or inside one, before the log's end); replog.c. */
 const uint8_t *srv_replog_at(const struct srv_replog *r, size_t off);
+/* The block the bytes at offset off lie in (its piece's), and the bytes
+ * of that piece from there on. */
+struct srv_blk *srv_replog_owner(const struct srv_replog *r, size_t off, size_t *left);
 
 static inline void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }

@@ -68,9 +68,10 @@ void srv_replog_free(psd *s)
     srv_blk_unref(s->replog->small);
     free(s->replog->shadow);
     for (size_t i = 0; i < s->replog->nseg; i++)
-        free(s->replog->seg[i].buf);
+        srv_blk_unref(s->replog->seg[i].blk);
     free(s->replog->seg);
-    free(s->replog->spare.buf);
+    srv_blk_unref(s->replog->spare);
+    srv_blk_unref(s->replog->grad_spare);
     free(s->replog);
     s->replog = NULL;
 }
@@ -95,8 +96,15 @@ const uint8_t *srv_replog_at(const srv_replog *r, size_t off)
     return g->buf + (r->base + off - g->base);
 }
 
-/* A new last piece, room for need bytes at least: 0 or -1. */
-static int new_seg(srv_replog *r, size_t need)
+srv_blk *srv_replog_owner(const srv_replog *r, size_t off, size_t *left)
+{
+    const srv_replog_seg *g = seg_of(r, r->base + off);
+    *left = (size_t)(g->base + g->len - (r->base + off));
+    return g->blk;
+}
+
+/* Room for one more piece: 0 or -1. */
+static int seg_room(srv_replog *r)
 {
     if (r->nseg == r->segcap) {
         size_t cap = r->segcap ? 2 * r->segcap : 16;
@@ -106,17 +114,50 @@ static int new_seg(srv_replog *r, size_t need)
         r->seg = g;
         r->segcap = cap;
     }
-    srv_replog_seg g = {.base = r->base + r->len};
-    if (r->spare.buf && r->spare.cap >= need) {
-        g.buf = r->spare.buf;
-        g.cap = r->spare.cap;
-        r->spare.buf = NULL;
-    } else {
-        g.cap = need > r->seg_bytes ? need : r->seg_bytes;
-        if (!(g.buf = malloc(g.cap)))
-            return -1;
+    return 0;
+}
+
+/* A gradient's piece rounds its block up to this many floats (1 MiB), so
+ * that the next gradient of about its size reuses it. */
+#define GRAD_BLK_ROUND ((size_t)1 << 18)
+
+/* A kept block for a piece of need bytes: *keep when nothing sends from it
+ * any more and it is big enough (taken from *keep), else a fresh one of
+ * round(need) floats; NULL when out of memory. */
+static srv_blk *piece_blk(srv_blk **keep, size_t need, size_t round)
+{
+    size_t words = ((need + 3) / 4 + round - 1) / round * round;
+    srv_blk *b = *keep;
+    *keep = NULL;
+    if (b && (b->refs > 1 || b->cap < words)) {
+        srv_blk_unref(b);
+        b = NULL;
     }
-    r->seg[r->nseg++] = g;
+    return b ? b : srv_blk_fresh(words);
+}
+
+/* A new last piece for one gradient's record of need bytes, sealed: a
+ * block of its own, which a fetch's answer sends from. 0 or -1. */
+static int new_grad_seg(srv_replog *r, size_t need)
+{
+    srv_blk *b = seg_room(r) == 0 ? piece_blk(&r->grad_spare, need, GRAD_BLK_ROUND) : NULL;
+    if (!b)
+        return -1;
+    r->seg[r->nseg++] = (srv_replog_seg){.base = r->base + r->len, .cap = need, .buf = (uint8_t *)b->w, .blk = b,
+                                         .sealed = 1};
+    return 0;
+}
+
+/* A new last piece, room for need bytes at least (seg_bytes, or need when
+ * more): 0 or -1. */
+static int new_seg(srv_replog *r, size_t need)
+{
+    size_t cap = need > r->seg_bytes ? need : r->seg_bytes;
+    srv_blk *b = seg_room(r) == 0 ? piece_blk(&r->spare, cap, 1) : NULL;
+    if (!b)
+        return -1;
+    r->seg[r->nseg++] = (srv_replog_seg){.base = r->base + r->len, .cap = b->cap * 4, .buf = (uint8_t *)b->w,
+                                         .blk = b};
     return 0;
 }
 
@@ -136,24 +177,31 @@ static void drop_below(srv_replog *r, uint64_t low)
     size_t n = 0;
     while (n + 1 < r->nseg && r->seg[n].base + r->seg[n].len <= low)
         n++;
+    if (n + 1 == r->nseg && r->seg[n].sealed && r->seg[n].base + r->seg[n].len <= low)
+        n++; /* a gradient's piece takes no more records: it goes even when last */
     for (size_t i = 0; i < n; i++) {
-        if (!r->spare.buf && r->seg[i].cap == r->seg_bytes)
-            r->spare = r->seg[i]; /* its pages mapped already, for the next piece */
+        /* kept for the next piece, its pages mapped already (an answer may
+         * still send from it: the next piece takes it only once it is done) */
+        srv_blk *b = r->seg[i].blk;
+        srv_blk **keep = r->seg[i].sealed ? &r->grad_spare : &r->spare;
+        if (!*keep && !b->ext && (r->seg[i].sealed || r->seg[i].cap == r->seg_bytes))
+            *keep = b;
         else
-            free(r->seg[i].buf);
+            srv_blk_unref(b);
     }
     if (n) {
         memmove(r->seg, r->seg + n, (r->nseg - n) * sizeof *r->seg); /* a few pointers */
         r->nseg -= n;
     }
-    if (r->nseg == 1 && low > r->seg[0].base && end - low <= TAIL_MOVE_MAX && end - low <= low - r->seg[0].base) {
+    if (r->nseg == 1 && !r->seg[0].sealed && r->seg[0].blk->refs == 1 && low > r->seg[0].base &&
+        end - low <= TAIL_MOVE_MAX &&
+        end - low <= low - r->seg[0].base) {
         srv_replog_seg *g = &r->seg[0];
         memmove(g->buf, g->buf + (low - g->base), (size_t)(end - low));
         g->len = (size_t)(end - low);
         g->base = low;
     }
-    if (r->nseg)
-        r->base = r->seg[0].base;
+    r->base = r->nseg ? r->seg[0].base : end;
     r->len = (size_t)(end - r->base);
 }
 
@@ -165,8 +213,8 @@ static uint8_t *rec_begin(psd *s, size_t len, int kind)
     srv_replog *r = s->replog;
     size_t need = 4 + len;
     srv_replog_seg *last = r->nseg ? &r->seg[r->nseg - 1] : NULL;
-    if (!last || last->len + need > last->cap) {
-        if (new_seg(r, need) != 0) {
+    if (kind == REC_GRAD || !last || last->sealed || last->len + need > last->cap) {
+        if ((kind == REC_GRAD ? new_grad_seg(r, need) : new_seg(r, need)) != 0) {
             PS_LOG(PS_LOG_ERROR, "replication: no memory for a %zu-byte record: the followers start over", len);
             for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
                 r->f[i].pos = 0, r->f[i].insync = 0;
@@ -267,6 +315,8 @@ static void rec_dense(psd *s, uint64_t lo, uint64_t hi)
     put_u64(p + 12, lo);
     put_u64(p + 20, hi - lo);
     s->replog->dense_records++;
+    if (hi > lo)
+        s->replog->values_end = srv_replog_end(s);
 }
 
 void srv_replog_flush(psd *s)
@@ -328,6 +378,108 @@ void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const
     memcpy(p, g, (size_t)n * dim * 4);
     s->replog->table_records++;
     s->replog->table_bytes += 4 + len;
+}
+
+int srv_replog_grad_ok(psd *s, uint64_t n)
+{
+    srv_replog *r = s->replog;
+    if (!r || !s->model.blk || !s->model.initialized || (uint64_t)n * 4 > r->max_bytes / 4 ||
+        (uint64_t)n * 4 + GRAD_HEAD + 1 > UINT32_MAX)
+        return 0;
+    srv_replog_flush(s); /* what changed before it goes first */
+    /* a dense mark a follower has not fetched past would ship the values as
+     * they are when it is answered, this update's included: the follower
+     * would then apply the update twice */
+    for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
+        if (r->f[i].used && r->f[i].pos < r->values_end)
+            return 0;
+    return 1;
+}
+
+/* The optimizer's settings, when they differ from the last logged. */
+static void rec_optim(psd *s)
+{
+    srv_replog *r = s->replog;
+    uint8_t b[SRV_OPTIM_SETTINGS_BYTES];
+    srv_optim_settings_pack(&s->model.opt, b);
+    if (memcmp(b, r->sent_optim, sizeof b) == 0)
+        return;
+    uint8_t *p = rec_begin(s, 1 + sizeof b, REC_OPTIM);
+    if (!p)
+        return;
+    memcpy(p, b, sizeof b);
+    memcpy(r->sent_optim, b, sizeof b);
+}
+
+srv_blk *srv_replog_take(psd *s, srv_conn *conn, const float *g)
+{
+    const uint8_t *gp = (const uint8_t *)g;
+    if (!s->replog || !conn || conn->closing || !s->io || !s->io->give_rbuf || !conn->rbuf || gp < conn->rbuf ||
+        (size_t)(gp - conn->rbuf) < 5 + GRAD_HEAD)
+        return NULL; /* not in its receive buffer, or no room for a record's head before it */
+    srv_rbuf repl = srv_rbuf_spare(), got;
+    if (s->io->give_rbuf(conn, g, repl, &got) != 0) {
+        free(repl.mem);
+        return NULL;
+    }
+    srv_blk *b = srv_blk_adopt(got.mem, got.cap);
+    if (!b) {
+        /* g stays where it is until the update is done: the buffer goes
+         * with the log (never, but for an allocation of a few bytes that
+         * failed, which ends nothing) */
+        PS_LOG(PS_LOG_WARN, "replication: no memory to keep a receive buffer (%zu bytes): it leaks", got.cap);
+    }
+    return b;
+}
+
+/* A gradient's record in the receive buffer it came in (taken by
+ * srv_replog_take): its length, kind and head written into the bytes
+ * before g. The record's body (where its head goes), or NULL. */
+static uint8_t *grad_in_place(psd *s, srv_blk *taken, const float *g, uint64_t n)
+{
+    srv_replog *r = s->replog;
+    size_t need = 4 + 1 + GRAD_HEAD + (size_t)n * 4;
+    if (seg_room(r) != 0)
+        return NULL;
+    uint8_t *p = (uint8_t *)(uintptr_t)g - 5 - GRAD_HEAD; /* srv_replog_take saw the room */
+    r->seg[r->nseg++] = (srv_replog_seg){.base = r->base + r->len, .len = need, .cap = need, .buf = p,
+                                         .blk = taken, .sealed = 1};
+    put_u32(p, (uint32_t)(need - 4));
+    p[4] = REC_GRAD;
+    r->len += need;
+    r->records++;
+    r->bytes += need;
+    r->grad_taken++;
+    return p + 5;
+}
+
+void srv_replog_grad(psd *s, uint64_t off, uint64_t n, const float *g, int has_gmax, float gmax, int from_first,
+                     int clip, srv_blk *taken)
+{
+    srv_replog *r = s->replog;
+    if (!r) {
+        srv_blk_unref(taken);
+        return;
+    }
+    rec_optim(s);
+    size_t len = 1 + GRAD_HEAD + (size_t)n * 4;
+    uint8_t *p = taken ? grad_in_place(s, taken, g, n) : NULL;
+    int in_place = p != NULL;
+    if (!in_place && !(p = rec_begin(s, len, REC_GRAD))) {
+        srv_blk_unref(taken);
+        return;
+    }
+    put_u64(p, s->model.version);
+    put_u64(p + 8, off);
+    put_u64(p + 16, n);
+    put_u32(p + 24, (has_gmax ? GRAD_HAS_GMAX : 0) | (from_first ? GRAD_FROM_FIRST : 0) | (clip ? GRAD_CLIP : 0));
+    memcpy(p + 28, &gmax, 4);
+    if (!in_place) {
+        memcpy(p + GRAD_HEAD, g, (size_t)n * 4);
+        srv_blk_unref(taken);
+    }
+    r->grad_records++;
+    r->grad_bytes += 4 + len;
 }
 
 void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid)

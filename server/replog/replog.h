@@ -57,11 +57,15 @@ typedef struct srv_follower {
 } srv_follower;
 
 /* A piece of the log: the bytes of positions [base, base + len), whole
- * records (none spans two pieces), in room for cap. */
+ * records (none spans two pieces), in room for cap; a gradient's piece may
+ * be the receive buffer it came in (srv_replog_take). */
 typedef struct srv_replog_seg {
     uint64_t base;
     size_t len, cap;
-    uint8_t *buf;
+    uint8_t *buf;  /* blk's memory: a fetch's answer sends the records from
+                    * it, holding a reference while it is written */
+    srv_blk *blk;
+    int sealed;    /* a gradient's record alone, which takes no other */
 } srv_replog_seg;
 
 typedef struct srv_replog {
@@ -70,7 +74,9 @@ typedef struct srv_replog {
      * trimming frees whole pieces, so no record is ever moved */
     srv_replog_seg *seg;
     size_t nseg, segcap;
-    srv_replog_seg spare;  /* a freed piece kept for the next (its pages are mapped) */
+    srv_blk *spare;        /* a freed piece's block kept for the next (its pages are mapped) */
+    srv_blk *grad_spare;   /* a gradient's freed piece, kept for the next gradient */
+    uint8_t sent_optim[SRV_OPTIM_SETTINGS_BYTES]; /* the optimizer's settings last logged (zeros: none) */
     size_t seg_bytes;      /* a new piece's room: max_bytes / 16, 4 KiB to 64 MiB (more for a bigger record) */
     size_t len;
     uint64_t base;
@@ -85,8 +91,10 @@ typedef struct srv_replog {
     ps_plan sent_plan;     /* the plan last logged; zeros: none */
     srv_follower f[SRV_FOLLOWERS_MAX];
     uint64_t records, bytes;     /* appended since the log started */
-    uint64_t dense_bytes, dense_records, table_bytes, table_records;
+    uint64_t dense_bytes, dense_records, table_bytes, table_records, grad_bytes, grad_records;
+    uint64_t grad_taken;         /* gradients logged in the receive buffer they came in (no copy) */
     uint64_t dropped;            /* followers that left the in-sync set */
+    uint64_t values_end;         /* the position after the last mark of dense values */
     uint64_t max_bytes;          /* the log's bound: a follower further behind must snapshot again */
     /* The blocks a fetch's answer copies the dense values into, kept for
      * the next answer (reused once the write of the last one let them go,
@@ -114,6 +122,33 @@ void srv_replog_flush(psd *s);
  * (n x dim floats) and scale. A no-op while the log is off. */
 void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const float *g, double scale);
 
+/* Whether a dense update of n values may go into the log as its gradient
+ * (srv_replog_grad) rather than as a mark of values: the log is on, the
+ * model initialised, the record not too big for the log, and every
+ * follower has fetched past the last mark of values (an answer ships a
+ * mark's values as they are when it is made). Flushes what changed before
+ * first. 0 also while the log is off. */
+int srv_replog_grad_ok(psd *s, uint64_t n);
+/* A dense update applied as its gradient (the update engine, after
+ * srv_replog_grad_ok said yes and the update was applied): the model's
+ * version it was applied at, its range, the gradient g[0..n), the bound
+ * gmax when has_gmax, whether it came from shard 0, whether nonfinite =
+ * clip, and the optimizer's settings; a follower applies it through its
+ * own update engine (psd.grad_apply), bit for bit as the leader did. The
+ * optimizer's settings go before it when they changed (an `O` record).
+ * With taken (srv_replog_take's block, whose reference it takes over), g
+ * lies in a receive buffer the log took: the record's head is written into
+ * the bytes before g, so that the gradient is copied neither into the log
+ * nor into an answer; otherwise g is copied. */
+void srv_replog_grad(psd *s, uint64_t off, uint64_t n, const float *g, int has_gmax, float gmax, int from_first,
+                     int clip, srv_blk *taken);
+/* Takes conn's receive buffer, which holds g (the frame just handled), for
+ * the log's record of g (psd.io->give_rbuf; a spare buffer given to conn
+ * in its place), when there is room before g for the record's head: the
+ * block that owns it now (g stays valid while it lives), or NULL (not in
+ * conn's buffer, or no room: the gradient is then copied). */
+srv_blk *srv_replog_take(psd *s, srv_conn *conn, const float *g);
+
 /* A push id applied (replog/pushid.c): client cid's push pid. A no-op
  * while the log is off. */
 void srv_replog_pushid(psd *s, uint64_t cid, uint64_t pid);
@@ -129,10 +164,13 @@ void srv_replog_move(psd *s, const uint8_t *head, size_t hlen, const uint8_t *da
  * (indexed as srv_send wants them; references held until
  * srv_replog_answer_free). next: the log position after what it carries. */
 typedef struct srv_replog_answer {
-    srv_blk **blk;
+    srv_blk **blk;         /* its bytes but the gradients' records: head, records, values */
     size_t nblk;
-    uint64_t off, ndata;
+    uint64_t off, ndata;   /* ndata: the whole answer's float32 words */
     uint64_t next;
+    srv_piece *pc;         /* the answer's bytes in order: runs of blk and the
+                            * gradients' records, from the log's pieces */
+    size_t npc;
 } srv_replog_answer;
 
 /* The answer to a fetch from position from: the log's whole records after

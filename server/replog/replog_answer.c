@@ -2,6 +2,7 @@
  * follower's position, and the values and optimizer state of the dense
  * blocks the marks among them name, read from the model as the answer is
  * made, into blocks the log keeps for the next answer. */
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,28 @@ void srv_replog_answer_free(srv_replog_answer *a)
         if (a->blk[i])
             srv_blk_unref(a->blk[i]);
     free(a->blk);
+    free(a->pc);
     memset(a, 0, sizeof *a);
+}
+
+/* A run of records in an answer: sent from the log's piece, at byte own of
+ * the answer's own bytes (a->blk). */
+typedef struct splice {
+    size_t own;
+    const uint8_t *p;
+    size_t len;
+    srv_blk *owner;
+} splice;
+
+/* The answer's own bytes [from, to) as pieces, a block's run each. */
+static void own_pieces(srv_replog_answer *a, size_t from, size_t to)
+{
+    const size_t bb = (size_t)SRV_BLK_FLOATS * 4;
+    while (from < to) {
+        size_t i = from / bb, in = from % bb, k = bb - in < to - from ? bb - in : to - from;
+        a->pc[a->npc++] = (srv_piece){.p = (const uint8_t *)a->blk[i]->w + in, .len = k, .owner = a->blk[i]};
+        from += k;
+    }
 }
 
 int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_replog_answer *a)
@@ -42,7 +64,8 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
         return PS_ESTALE;
     /* which records: whole ones, the non-dense ones' bytes up to max, the
      * dense marks' blocks up to ANSWER_BLOCKS (the first of each always) */
-    size_t at = (size_t)(from - r->base), end = at, rec_bytes = 0;
+    size_t at = (size_t)(from - r->base), end = at, rec_bytes = 0, nrun = 0;
+    int in_run = 0; /* the last record is a sent one: the next, in the same piece, continues its run */
     size_t nmark = 0;
     uint32_t *bi = NULL;
     size_t nbi = 0, cbi = 0;
@@ -86,10 +109,18 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
             nmark++;
             dense = 1;
         } else {
-            if (end > at && rec_bytes + l > max)
+            /* a push's id goes with the record before it, its rows or its
+             * gradient: a follower holds both or neither */
+            if (end > at && rec_bytes + l > max && q[4] != REC_PUSHID)
                 break;
             rec_bytes += l;
+            size_t left;
+            srv_replog_owner(r, end, &left);
+            nrun += !in_run; /* a new run of records to send from the log */
+            in_run = left > l; /* the piece goes on after it */
         }
+        if (q[4] == REC_DENSE)
+            in_run = 0;
         end += l;
     }
     /* the blocks in order */
@@ -115,9 +146,15 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     for (size_t i = 0; i < nbi; i++)
         values += (uint64_t)m->blk[bi[i]]->cap * per;
     a->ndata = head / 4 + values;
-    a->nblk = (size_t)((a->ndata + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
+    /* the answer's own bytes: all but the records, which are sent from the
+     * log's pieces, a run of records at a time (splices) */
+    size_t own = head - rec_bytes + (size_t)values * 4;
+    uint64_t own_words = (own + 3) / 4;
+    a->nblk = (size_t)((own_words + SRV_BLK_FLOATS - 1) >> SRV_BLK_SHIFT);
     a->blk = calloc(a->nblk, sizeof *a->blk);
-    int rc = a->blk ? 0 : PS_ENOMEM;
+    splice *sp = nrun ? calloc(nrun, sizeof *sp) : NULL;
+    a->pc = calloc(a->nblk + nrun + 1, sizeof *a->pc);
+    int rc = a->blk && a->pc && (sp || !nrun) ? 0 : PS_ENOMEM;
     /* the blocks the answer is written into: the log's own, kept for the
      * next answer (one copy of the values, into memory faulted in once) */
     if (rc == 0 && r->nshadow < a->nblk) {
@@ -131,7 +168,7 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
         }
     }
     for (size_t i = 0; rc == 0 && i < a->nblk; i++) {
-        uint64_t need = a->ndata - ((uint64_t)i << SRV_BLK_SHIFT);
+        uint64_t need = own_words - ((uint64_t)i << SRV_BLK_SHIFT);
         /* a short last piece: the log's one small block (one size, so that
          * the blocks' pool never fills with odd ones) */
         srv_blk **sh = need < SRV_BLK_FLOATS / 4 ? &r->small : &r->shadow[i];
@@ -146,10 +183,11 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     }
     if (rc != 0) {
         free(bi);
+        free(sp);
         srv_replog_answer_free(a);
         return rc;
     }
-    size_t w = head;
+    size_t w = head - rec_bytes;
     for (size_t i = 0; i < nbi; i++) {
         uint64_t b0 = (uint64_t)bi[i] << SRV_BLK_SHIFT;
         size_t cnt = m->blk[bi[i]]->cap;
@@ -172,18 +210,33 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     if (nbi)
         answer_put(a, HEAD_FIXED, bi, 4 * nbi);
     w = HEAD_FIXED + 4 * nbi;
+    size_t ns = 0;
     for (size_t p = at; p < end;) {
         const uint8_t *q = srv_replog_at(r, p);
         size_t l = 4 + get_u32(q);
         if (q[4] != REC_DENSE) {
-            answer_put(a, w, q, l);
-            w += l;
+            size_t left;
+            srv_blk *o = srv_replog_owner(r, p, &left);
+            if (ns && sp[ns - 1].p + sp[ns - 1].len == q && sp[ns - 1].owner == o)
+                sp[ns - 1].len += l; /* the run goes on */
+            else
+                sp[ns++] = (splice){.own = w, .p = q, .len = l, .owner = o};
         }
         p += l;
     }
+    assert(ns <= nrun);
     static const uint8_t zero[4];
-    if (head > w)
-        answer_put(a, w, zero, head - w);
+    if (head - rec_bytes > w)
+        answer_put(a, w, zero, head - rec_bytes - w);
+    /* the answer in order: its own bytes, the runs of records between */
+    size_t done = 0;
+    for (size_t i = 0; i < ns; i++) {
+        own_pieces(a, done, sp[i].own);
+        a->pc[a->npc++] = (srv_piece){.p = sp[i].p, .len = sp[i].len, .owner = sp[i].owner};
+        done = sp[i].own;
+    }
+    own_pieces(a, done, own);
+    free(sp);
     free(bi);
     r->dense_bytes += values * 4;
     return 0;

@@ -2,6 +2,7 @@
  * PROTOCOL.md 17): checks a fetch's answer and applies its records, dense
  * values and version to this psd's model and tables, in the leader's
  * order. */
+#include <float.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "common/log.h"
 #include "proto/errors.h"
 #include "proto/msg.h"
+#include "proto/vec.h"
 #include "server/replog/records.h"
 #include "server/replog/replog.h"
 #include "server/store/plan.h"
@@ -141,6 +143,58 @@ static int apply_plan(psd *s, const uint8_t *b, size_t bl, char *err, size_t err
     return 0;
 }
 
+/* A dense update the leader applied as its gradient: applied here by
+ * psd's update engine (psd.grad_apply) with the leader's settings. */
+static int apply_grad(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
+{
+    srv_model *m = &s->model;
+    if (len < GRAD_HEAD)
+        return ps_fail(err, errlen, PS_EMALFORMED, "a gradient record of %zu bytes", len);
+    srv_replay rp = {.version = get_u64(p), .off = get_u64(p + 8), .n = get_u64(p + 16)};
+    uint32_t flags = get_u32(p + 24);
+    memcpy(&rp.gmax, p + 28, 4);
+    rp.has_gmax = (flags & GRAD_HAS_GMAX) != 0;
+    rp.from_first = (flags & GRAD_FROM_FIRST) != 0;
+    rp.clip = (flags & GRAD_CLIP) != 0;
+    if ((len - GRAD_HEAD) / 4 != rp.n || (len - GRAD_HEAD) % 4)
+        return ps_fail(err, errlen, PS_EMALFORMED, "a gradient record of %zu bytes for %" PRIu64 " values", len,
+                       rp.n);
+    if (!m->blk || !m->initialized || rp.n == 0 || rp.off > m->layout.total || rp.n > m->layout.total - rp.off)
+        return ps_fail(err, errlen, PS_ELAYOUT, "a gradient of [%" PRIu64 ", +%" PRIu64 ") for a model of %" PRIu64
+                       " values%s", rp.off, rp.n, m->blk ? m->layout.total : 0,
+                       m->blk && !m->initialized ? " not initialised yet" : "");
+    if (rp.version < m->version)
+        return ps_fail(err, errlen, PS_EMALFORMED, "a gradient applied at version %" PRIu64 ", behind this "
+                       "follower's %" PRIu64, rp.version, m->version);
+    if (!s->grad_apply)
+        return ps_fail(err, errlen, PS_ESTATE, "a gradient record, which this psd cannot apply");
+    /* the floats follow the head, maybe unaligned: copied, into memory kept
+     * for the next record (apply_rows says why) */
+    s->apply_scratch.len = 0;
+    if (ps_buf_reserve(&s->apply_scratch, (size_t)rp.n * 4 + 1) != 0)
+        return ps_fail(err, errlen, PS_ENOMEM, "no memory for a gradient of %" PRIu64 " values", rp.n);
+    memcpy(s->apply_scratch.p, p + GRAD_HEAD, (size_t)rp.n * 4);
+    rp.g = (const float *)(const void *)s->apply_scratch.p;
+    float mx = ps_vec_maxabs(rp.g, (size_t)rp.n); /* NaN or inf when one is */
+    if (!(mx <= FLT_MAX) || (rp.has_gmax && !(mx <= rp.gmax)))
+        return ps_fail(err, errlen, PS_EMALFORMED, "a gradient record whose values are not finite or past its bound");
+    return s->grad_apply(s, &rp, err, errlen);
+}
+
+/* The leader's dense optimizer settings, which its gradients that follow
+ * are applied with. */
+static int apply_optim(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
+{
+    if (len != SRV_OPTIM_SETTINGS_BYTES)
+        return ps_fail(err, errlen, PS_EMALFORMED, "an optimizer record of %zu bytes", len);
+    if (!s->model.blk)
+        return ps_fail(err, errlen, PS_ELAYOUT, "optimizer settings before the model's layout");
+    if (srv_optim_settings_take(&s->model.opt, p) != 0)
+        return ps_fail(err, errlen, PS_ELAYOUT, "the leader's optimizer settings do not apply to this psd's "
+                       "optimizer (%s): give the follower the leader's optimizer", srv_optim_name(&s->model.opt));
+    return 0;
+}
+
 int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
                      int (*pushid)(psd *s, uint64_t cid, uint64_t pid), char *err, size_t errlen)
 {
@@ -164,6 +218,8 @@ int srv_replog_apply(psd *s, const uint8_t *p, size_t len,
                                : ps_fail(err, errlen, PS_ESTATE, "a move of parts' record, which this psd cannot apply");
             break;
         case REC_PLAN: rc = apply_plan(s, b, bl, err, errlen); break;
+        case REC_GRAD: rc = apply_grad(s, b, bl, err, errlen); break;
+        case REC_OPTIM: rc = apply_optim(s, b, bl, err, errlen); break;
         case REC_PUSHID:
             if (bl != 16)
                 rc = ps_fail(err, errlen, PS_EMALFORMED, "a push id record of %zu bytes", bl);
@@ -200,6 +256,11 @@ static int records_check(const uint8_t *p, size_t len, char *err, size_t errlen)
         case REC_PUSHID: want = 16; break;
         case REC_PLAN: want = 32; break;
         case REC_MOVE: want = bl < 13 ? 13 : 0; break;
+        case REC_GRAD: /* its head, then as many floats as it says */
+            want = bl < GRAD_HEAD || get_u64(p + at + 5 + 16) > (bl - GRAD_HEAD) / 4 ? GRAD_HEAD
+                                                                                   : GRAD_HEAD + get_u64(p + at + 5 + 16) * 4;
+            break;
+        case REC_OPTIM: want = SRV_OPTIM_SETTINGS_BYTES; break;
         default: return ps_fail(err, errlen, PS_EMALFORMED, "a record of unknown kind %u", p[at + 4]);
         }
         if (want && bl != want)
@@ -303,7 +364,8 @@ int srv_replog_apply_answer(psd *s, const uint8_t *p, size_t len, uint64_t from,
     if (dense) {
         if (init)
             srv_model_set_initialized(m, ver);
-        srv_model_touched(m);
+        if (nbi)
+            srv_model_touched(m); /* values from elsewhere (a version alone is not) */
     }
     *next = pos;
     return 0;

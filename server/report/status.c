@@ -514,10 +514,14 @@ int srv_metrics_text(psd *s, ps_buf *b)
                "%" PRIu64, r ? r->bytes : 0);
         rc |= family(b, "psd_replication_log_records_bytes_total", "counter",
                      "Bytes of the replication log's records by what they carry: dense ranges (values and state), "
-                     "table pushes (keys and row gradients).");
+                     "dense pushes (gradients), table pushes (keys and row gradients).");
         rc |= ps_buf_printf(b, "psd_replication_log_records_bytes_total{kind=\"dense\"} %" PRIu64 "\n"
+                               "psd_replication_log_records_bytes_total{kind=\"grad\"} %" PRIu64 "\n"
                                "psd_replication_log_records_bytes_total{kind=\"table\"} %" PRIu64 "\n",
-                            r ? r->dense_bytes : 0, r ? r->table_bytes : 0);
+                            r ? r->dense_bytes : 0, r ? r->grad_bytes : 0, r ? r->table_bytes : 0);
+        SIMPLE("psd_replication_log_gradients_in_place_total", "counter",
+               "Dense pushes a leader logged in the receive buffer they came in (no copy into the log).", "%" PRIu64,
+               r ? r->grad_taken : 0);
         SIMPLE("psd_replication_followers_dropped_total", "counter",
                "Followers that left the in-sync set (silent for max_replica_lag, or too far behind).", "%" PRIu64,
                r ? r->dropped : 0);

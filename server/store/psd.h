@@ -47,6 +47,11 @@ typedef struct srv_blk {
                                  * an ordinary block */
     int hw_fd;              /* the memfd (WELCOME's "hogwild") */
     size_t hw_len;          /* bytes mapped */
+    /* A receive buffer the replication log took with a push's gradient in
+     * it (srv_blk_adopt; w NULL): kept with the block's last reference for
+     * a connection's next receive (srv_rbuf_spare) */
+    uint8_t *ext;
+    size_t ext_cap;
 } srv_blk;
 
 /* A whole-model snapshot: references to every block of one version (psctl
@@ -156,6 +161,16 @@ typedef struct srv_updater {
 } srv_updater;
 
 struct srv_policy_ops; /* policy.h */
+
+/* A dense update of the leader's a follower replays: a `G` record of the
+ * replication log (PROTOCOL.md 17) as replog_apply.c reads it. */
+typedef struct srv_replay {
+    uint64_t version;             /* the model's version it was applied at */
+    uint64_t off, n;              /* its range */
+    const float *g;               /* its gradient, n floats */
+    int has_gmax, from_first, clip;
+    float gmax;
+} srv_replay;
 
 /* ---- the job's plan (plan.c owns it) ------------------------------------ */
 
@@ -471,14 +486,30 @@ typedef struct srv_push_wait {
     uint64_t id, poff, plen, min;
     uint32_t type;
     uint32_t rdt;
+    /* asgd, ssp: the push is recorded (its id, the test ledger) once its
+     * update is installed, after its gradient went into the replication log */
+    int record;
+    uint64_t cid, pid, off, n;
+    const float *g;
 } srv_push_wait;
 
 /* What the connection layer (net.c) lends the layers below it, registered
  * in psd.io when psd starts (tests register fakes): sending replies and
  * taking a receive buffer off a connection. */
+/* A run of a reply's data bytes (srv_send_pieces): len bytes at p, which
+ * owner (NULL: none; memory that outlives the write) keeps until the write
+ * is done. */
+typedef struct srv_piece {
+    const void *p;
+    size_t len;
+    srv_blk *owner;
+} srv_piece;
+
 typedef struct srv_io {
     /* Queues one reply (see srv_send). */
     void (*send)(srv_conn *c, const ps_msg *m, srv_blk *const *blk);
+    /* The same, its data from pieces (see srv_send_pieces). */
+    void (*send_pieces)(srv_conn *c, const ps_msg *m, const srv_piece *pc, size_t npc);
     /* Queues an ERROR reply with text; fatal closes after it is sent. */
     void (*send_error)(srv_conn *c, uint64_t id, int code, int fatal, const char *text);
     /* See srv_conn_give_rbuf. */
@@ -603,6 +634,10 @@ struct psd {
      * record of its leader's log (dispatch/move_state.c, srv_move_replay).
      * 0, or a negative PS_E* code with err. */
     int (*move_apply)(psd *s, const uint8_t *b, size_t len, char *err, size_t errlen);
+    /* Registered by the update engine (srv_update_init): a follower applies
+     * its leader's dense update, a `G` record of its log (srv_update_replay).
+     * 0, or a negative PS_E* code with err. */
+    int (*grad_apply)(psd *s, const struct srv_replay *rp, char *err, size_t errlen);
     srv_coord_view coord;    /* coord/'s: leadership through etcd */
     struct srv_coord *coord_state; /* coord/'s own; NULL without coordinator */
 };

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "proto/vec.h"
 #include "proto/errors.h"
+#include "server/replog/replog.h"
 #include "server/update/update.h"
 
 /* One update: its range, gradient, the optimizer's constants for it and
@@ -36,6 +37,8 @@ struct srv_update_job {
     size_t cap;
     srv_update_tag tag;      /* the caller's, handed back to the done callback */
     int make_finite;         /* nonfinite = clip: results made finite (on the loop only) */
+    int record;              /* goes into the replication log as its gradient once installed */
+    srv_blk *taken;          /* the receive buffer the log took with the gradient in it (record) */
     size_t made_finite;      /* values that were not */
     float *st1, *st2;        /* the optimizer's state buffers (NULL: none) */
     struct mags {
@@ -327,6 +330,20 @@ void srv_update_free(psd *s)
     }
 }
 
+/* The nonfinite setting gr's update follows (enum ps_nonfinite). */
+static int nonfinite_of(const psd *s, const srv_grad *gr)
+{
+    return gr->nonfinite ? gr->nonfinite - 1 : s->cfg.nonfinite;
+}
+
+/* An update applied as its gradient goes into the replication log (in the
+ * receive buffer the log took, when it took it). */
+static void log_grad(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, srv_blk *taken)
+{
+    srv_replog_grad(s, off, n, gr->g, gr->has_gmax, gr->gmax, gr->from_first,
+                    nonfinite_of(s, gr) == PS_NONFINITE_CLIP, taken);
+}
+
 /* Back on the loop once every part is done: the fresh blocks go into the
  * model, the engine is free, and the caller's done callback hears of it. */
 static void apply_after(uv_work_t *req, int status)
@@ -339,6 +356,9 @@ static void apply_after(uv_work_t *req, int status)
     srv_model_install(&s->model, a->first, a->nblk, a->old, a->fresh);
     bounds_widen(&s->model, a);
     s->upd.running = NULL;
+    if (a->record)
+        log_grad(s, &a->grad, a->off, a->n, a->taken);
+    a->taken = NULL;
     s->upd.done(s, &a->tag);
 }
 
@@ -475,6 +495,23 @@ static int update_finite(srv_model *m, const srv_optim_step *st, const srv_grad 
 void srv_update_init(psd *s, srv_update_done_cb done)
 {
     s->upd.done = done;
+    s->grad_apply = srv_update_replay;
+}
+
+int srv_update_replay(psd *s, const srv_replay *rp, char *err, size_t errlen)
+{
+    srv_model *m = &s->model;
+    srv_model_set_version(m, rp->version);
+    srv_grad gr = {.g = rp->g, .has_gmax = rp->has_gmax, .gmax = rp->gmax, .raw = rp->g,
+                   .from_first = rp->from_first, .nonfinite = 1 + (rp->clip ? PS_NONFINITE_CLIP : PS_NONFINITE_REJECT)};
+    int rc = srv_update_apply(s, &gr, rp->off, rp->n, NULL);
+    if (rc == PS_ENONFINITE)
+        return ps_fail(err, errlen, rc, "the leader's update of [%llu, %llu) at version %llu would not be finite "
+                       "here", (unsigned long long)rp->off, (unsigned long long)(rp->off + rp->n),
+                       (unsigned long long)rp->version);
+    if (rc != 0)
+        return ps_fail(err, errlen, rc, "no memory to apply the leader's update");
+    return 0;
 }
 
 int srv_update_busy(const psd *s)
@@ -513,7 +550,11 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
 {
     assert(!s->upd.running);
     srv_model *m = &s->model;
-    srv_model_mark(m, off, n); /* for the replication log's next flush */
+    /* with followers: the gradient into the log once applied, or the range
+     * marked for the log's next flush (its values shipped) */
+    int record = gr->as_sent && !gr->nsrc && srv_replog_grad_ok(s, n);
+    if (!record)
+        srv_model_mark(m, off, n);
     srv_optim_step st;
     begin_update(m, &st, gr, off, n);
     if (m->bound_ok == 0)
@@ -527,7 +568,7 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
                srv_optim_surely_finite(&m->opt, &st, gr->gmax, m->bound_w, m->bound_s1, m->bound_s2);
     int clip = 0;
     if (!sure && !update_finite(m, &st, gr, off, n)) {
-        if (s->cfg.nonfinite != PS_NONFINITE_CLIP) {
+        if (nonfinite_of(s, gr) != PS_NONFINITE_CLIP) {
             SRV_COUNT(s, nonfinite_updates, 1);
             PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) would make parameters or optimizer state infinite or "
                                 "NaN: refused, the model unchanged (nonfinite = reject)",
@@ -536,13 +577,22 @@ int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const
         }
         clip = 1; /* applied on the loop, its results made finite */
     }
+    /* the log takes the buffer the gradient came in, to send it from there */
+    srv_blk *taken = record && gr->conn ? srv_replog_take(s, gr->conn, gr->g) : NULL;
     /* not Hogwild!'s segment (at most one block: short on the loop), which
      * a snapshot copies on the loop at any time */
     if (!clip && tag && s->upd.done && n >= APPLY_OFF_LOOP_MIN && !m->hw &&
-        apply_off_loop(s, &st, gr, off, n, tag) == 0)
+        apply_off_loop(s, &st, gr, off, n, tag) == 0) {
+        s->upd.running->record = record;
+        s->upd.running->taken = taken;
         return SRV_PENDING;
+    }
     size_t made = 0;
     int rc = apply_sync(s, &st, gr, off, n, clip, &made);
+    if (rc == 0 && record)
+        log_grad(s, gr, off, n, taken);
+    else
+        srv_blk_unref(taken); /* nothing applied: no record */
     if (rc == 0 && clip) {
         SRV_COUNT(s, clipped_updates, 1);
         PS_LOG(PS_LOG_WARN, "an update of [%llu, %llu) made %zu values infinite or NaN: made finite "

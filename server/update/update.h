@@ -40,6 +40,16 @@ typedef struct srv_grad {
      * shard, when the sources are kept in shard order) to "first" ones. */
     const float *raw;
     int from_first;
+    /* g is a push's floats as the worker sent them, applied by the
+     * optimizer alone (no scaling, no correction, raw == g): with
+     * followers the log may carry the update as this gradient, for them
+     * to apply as the leader did, instead of the values it makes
+     * (srv_replog_grad_ok). */
+    int as_sent;
+    srv_conn *conn;  /* with as_sent: g lies in conn's receive buffer (NULL: not) */
+    /* 0: the update follows psd's `nonfinite`; else 1 + enum ps_nonfinite
+     * (a follower replaying its leader's update follows its leader's) */
+    int nonfinite;
 } srv_grad;
 
 /* srv_update_apply() returns this when the update goes on off the loop. */
@@ -70,6 +80,12 @@ void srv_update_init(psd *s, srv_update_done_cb done);
  * overflow (srv_optim_surely_finite), and only the others are first tried
  * on copies, on the loop. Must not be called while busy. */
 int srv_update_apply(psd *s, const srv_grad *gr, uint64_t off, uint64_t n, const srv_update_tag *tag);
+
+/* A follower applies its leader's update rp (psd.grad_apply, registered by
+ * srv_update_init): at the leader's version (its optimizer's settings came
+ * before, an `O` record), on the loop. 0, or a negative PS_E* code with err (the update did
+ * not apply here as it did on the leader: the follower must stop). */
+int srv_update_replay(psd *s, const srv_replay *rp, char *err, size_t errlen);
 
 /* 1 while an update runs off the loop. */
 int srv_update_busy(const psd *s);

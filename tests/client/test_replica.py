@@ -159,6 +159,56 @@ def test_follower_holds_the_leaders_state_bit_for_bit():
               file=sys.stderr)
 
 
+def test_dense_pushes_go_to_the_follower_as_their_gradients():
+    """Dense pushes travel as the gradients the workers sent (PROTOCOL.md 17,
+    `G`), which the follower applies through its own update engine: two
+    workers over TCP push a model of 600,000 values (applied off psd's loop)
+    and one of 1,000 (on it), whole and in ranges, with momentum and an lr
+    changed by `psctl set` half way (an `O` record); the follower's
+    parameters and momentum end bit for bit the leader's. The gradients
+    sent over TCP go to the follower from the receive buffer they came in
+    (the metrics count them), those through shared memory are copied once."""
+    with harness.Cluster("psd-replica-grad") as cl:
+        opt = ("--set", "optimizer=sgd", "--set", "momentum=0.9", "--set", "lr=0.05")
+        leader = cl.psd(workers=3, name="leader", args=leader_args(cl, "leader", opt))
+        follower = cl.psd(workers=3, name="follower",
+                          args=leader_args(cl, "follower", ("--replica-of", leader.addr) + opt))
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        import psd
+        big, small = 600000, 1000
+        rng = np.random.default_rng(5)
+        cs = [psd.Client([("w", (big,)), ("v", (small,))], server=leader.addr, shard="%d/3" % k, connect_s=30,
+                         shm=k == 2) for k in range(3)]
+        for c in cs:
+            c.params[:] = 0.25
+            c.connect()
+            c.pull()
+        for step in range(30):
+            if step == 15:
+                r = harness.psctl(leader.addr, "set", "lr=0.02")
+                assert r.returncode == 0, r.stderr
+            for k, c in enumerate(cs):
+                c.grads[:] = rng.normal(0, 0.1, big + small).astype(np.float32)
+                if (step + k) % 3 == 0:
+                    c.push()
+                    c.pull()
+                else:
+                    c.pushpull()
+        for c in cs:
+            c.close()
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower to apply the whole log")
+        text = harness.metrics(leader.addr)
+        got = {m.group(1): float(m.group(2)) for m in re.finditer(r'^(psd_replication_log_\S+) (\S+)$', text, re.M)}
+        assert got['psd_replication_log_records_bytes_total{kind="grad"}'] >= 60 * (big + small) * 4, got
+        assert got["psd_replication_log_gradients_in_place_total"] >= 40, got  # the two TCP workers' pushes
+        leader.stop()
+        follower.stop()
+        hl, dl = ckpt_dense(newest(os.path.join(cl.dir, "leader")))
+        hf, df = ckpt_dense(newest(os.path.join(cl.dir, "follower")))
+        assert len(dl) == (big + small) * 8 and dl == df, "the dense parameters or momentum differ"
+        assert hl.get("version") == hf.get("version") == 90, (hl.get("version"), hf.get("version"))
+
+
 def test_promote_after_the_leader_dies():
     with harness.Cluster("psd-replica-promote") as cl:
         leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))

@@ -158,12 +158,13 @@ static uint8_t *answer(psd *l, uint64_t from, size_t max, size_t *len, uint64_t 
     assert_int_equal(srv_replog_answer_make(l, from, max, 1, &a), 0);
     uint8_t *b = malloc(a.ndata * 4 + 1);
     assert_non_null(b);
-    for (uint64_t w = 0; w < a.ndata;) {
-        size_t got;
-        const float *p = srv_blocks_at(a.blk, a.off + w, a.ndata - w, &got);
-        memcpy(b + w * 4, p, got * 4);
-        w += got;
+    size_t w = 0; /* the pieces, in order, as the connection writes them */
+    for (size_t i = 0; i < a.npc; i++) {
+        assert_true(w + a.pc[i].len <= a.ndata * 4);
+        memcpy(b + w, a.pc[i].p, a.pc[i].len);
+        w += a.pc[i].len;
     }
+    assert_int_equal(w, a.ndata * 4);
     *len = a.ndata * 4;
     *next = a.next;
     srv_replog_answer_free(&a);
@@ -423,12 +424,114 @@ static void test_lying_answers_are_refused(void **state)
     free_psd(l);
 }
 
+/* One dense step of the leader: gradient g of [off, off+n), as a worker
+ * sent it (a log may carry it as it is) or not, then the version. */
+static void dense_step(psd *l, const float *g, uint64_t off, uint64_t n, int as_sent)
+{
+    srv_grad gr = {.g = g, .has_gmax = 1, .gmax = 0.5f, .raw = g, .as_sent = as_sent};
+    assert_int_equal(srv_update_apply(l, &gr, off, n, NULL), 0);
+    srv_model_bump(&l->model);
+    srv_replog_flush(l);
+}
+
+/* Follows the leader from *from to its end in answers of at most max bytes
+ * of records, the leader told of each fetch (the follower's slot fs). */
+static void fetch_all(psd *l, psd *f, srv_follower *fs, uint64_t *from, size_t max)
+{
+    char err[256] = "";
+    while (*from < srv_replog_end(l)) {
+        size_t len;
+        uint64_t next, got;
+        uint8_t *b = answer(l, *from, max, &len, &next);
+        if (srv_replog_apply_answer(f, b, len, *from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
+            fail_msg("apply: %s", err);
+        free(b);
+        *from = next;
+        srv_replog_fetched(l, fs, next, 0, 0);
+    }
+}
+
+/* Dense pushes as the workers sent them go into the log as their gradients
+ * (`G`, the optimizer's settings in an `O` before them when they change),
+ * which the follower applies through its own update engine: its
+ * parameters and momentum are the leader's bit for bit. A push goes as
+ * values instead while the follower has not fetched past a mark of values
+ * (an answer would ship them as they are then, the push included), and
+ * so does an update that is not a push as sent (a round's mean). */
+static void test_gradients_are_replayed(void **state)
+{
+    (void)state;
+    psd *l = make_psd(), *f = make_psd();
+    srv_update_init(l, NULL);
+    srv_update_init(f, NULL);
+    assert_int_equal(srv_replog_start(l), 0);
+    srv_follower *fs = srv_replog_follower(l, "127.0.0.1:1");
+    assert_non_null(fs);
+    uint64_t from = srv_replog_end(l);
+    srv_replog_fetched(l, fs, from, 0, 1);
+    ps_layout lay;
+    ps_layout_init(&lay);
+    uint32_t dims[1] = {N};
+    assert_int_equal(ps_layout_add(&lay, "w", 1, dims), 0);
+    srv_model_propose(&l->model, &lay);
+    assert_int_equal(srv_model_commit(&l->model, &l->cfg), 0);
+    srv_model_mark(&l->model, 0, N);
+    for (uint64_t i = 0; i < N; i++) { /* an INIT */
+        srv_wseg seg;
+        assert_int_equal(srv_model_write_begin(&l->model, i, 1, &seg), 0);
+        seg.wo[0] = (float)i / N - 0.25f;
+        srv_model_write_end(&l->model, &seg);
+    }
+    srv_model_set_initialized(&l->model, 0);
+    srv_replog_flush(l);
+    ps_table_def d = table_def();
+    uint32_t ti;
+    char err[256];
+    assert_int_equal(srv_tables_declare(&l->tables, &d, &ti, err, sizeof err), 0);
+    float *g = malloc(N * sizeof *g);
+    assert_non_null(g);
+    int grads = 0;
+    for (int step = 0; step < 12; step++) {
+        for (uint64_t i = 0; i < N; i++)
+            g[i] = (float)((i * 11 + (uint64_t)step * 5) % 17) / 17.0f - 0.5f;
+        uint64_t before = l->replog->grad_records;
+        if (step == 6) {
+            set(l, "lr", "0.03"); /* psctl set: the leader's next gradient carries it */
+            srv_optim_configure(&l->model.opt, &l->cfg);
+        }
+        /* step 4: an update that is not a push as sent; the others are */
+        dense_step(l, g, step % 3 == 1 ? 2000 : 0, step % 3 == 1 ? 70000 : N, step != 4);
+        int expect = step != 0 && step != 4 && step != 5; /* after a mark of values the follower holds */
+        assert_int_equal(l->replog->grad_records - before, expect);
+        grads += expect;
+        uint8_t keys[8 * 16];
+        float rg[16 * 4];
+        for (int k = 0; k < 16; k++) {
+            uint64_t key = (uint64_t)(k * 7 + step);
+            memcpy(keys + 8 * k, &key, 8);
+            for (int j = 0; j < 4; j++)
+                rg[k * 4 + j] = 0.02f * (float)(k + j - step);
+        }
+        assert_int_equal(srv_update_rows(l, ti, keys, 16, rg, NULL, NULL, NULL, 0, err, sizeof err), 0);
+        srv_replog_flush(l);
+        if (step != 4) /* two steps between two fetches once: the second a push after a mark of values */
+            fetch_all(l, f, fs, &from, step % 2 ? 256 : SIZE_MAX);
+    }
+    free(g);
+    assert_int_equal(l->replog->grad_records, (uint64_t)grads);
+    assert_same(l, f);
+    assert_true(f->model.opt.lr == 0.03);
+    free_psd(f);
+    free_psd(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follower_equals_leader),
         cmocka_unit_test(test_log_in_pieces),
         cmocka_unit_test(test_lying_answers_are_refused),
+        cmocka_unit_test(test_gradients_are_replayed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
