@@ -126,10 +126,10 @@ static int send_fetch(srv_follow_thread *t, ps_conn *c, uint64_t from, uint64_t 
     ps_msg_init(&m, PS_MSG_ADMIN);
     m.has = PS_F_CMD | PS_F_ARGS;
     snprintf(m.cmd, sizeof m.cmd, "%s", "repl_fetch");
-    const char *a[] = {t->advertise, f, w, h, loading};
-    for (unsigned i = 0; i < 5; i++)
+    const char *a[] = {t->advertise, f, w, h, loading, srv_replog_release()};
+    for (unsigned i = 0; i < 6; i++)
         m.args[i] = (ps_str){a[i], (uint32_t)strlen(a[i])};
-    m.nargs = 5;
+    m.nargs = 6;
     int rc = ps_conn_send(c, &m);
     *id = m.id;
     return rc;

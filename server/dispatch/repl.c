@@ -294,7 +294,7 @@ void srv_admin_repl_tick(psd *s)
         s->repl_release(s);
 }
 
-/* repl_fetch ADVERTISE FROM WAIT_MS [HISTORY]: the records from FROM (the
+/* repl_fetch ADVERTISE FROM WAIT_MS [HISTORY [LOADING [RELEASE]]]: the records from FROM (the
  * follower holds everything before it), waiting up to WAIT_MS for some.
  * Only a follower with a slot (it asked for a snapshot) may fetch, or one
  * that proves a position in this log: the log's history id and a position
@@ -342,6 +342,7 @@ static void cmd_repl_fetch(srv_conn *c, ps_msg *m)
     }
     if (f->wait_c)
         answer_fetch(s, f, 1);
+    srv_arg_str(m, 5, f->release, sizeof f->release); /* dense pushes go to it as gradients only when its own */
     srv_replog_flush(s);
     srv_replog_fetched(s, f, from, srv_now_ms(), srv_arg_u64(m, 4) != 0);
     /* what every follower holds goes at once, not at the tick: the next

@@ -21,9 +21,13 @@ enum {
     REC_MOVE = 'M',   /* a move of parts' change here: what, a, b, bytes (dispatch/move_state.c) */
     REC_PLAN = 'Q',   /* a bsp job's plan fixed: epochs, samples, batch, seed */
     REC_GRAD = 'G',   /* a dense push's gradient: version, off, n, flags, gmax, n floats */
-    REC_OPTIM = 'O',  /* the dense optimizer's settings, before a gradient when they changed */
+    REC_OPTIM = 'O',  /* the dense optimizer's settings and psd's release, before a gradient when they changed */
 };
 #define GRAD_HEAD (8 + 8 + 8 + 4 + 4) /* a gradient record's bytes before its floats */
+#define RELEASE_BYTES 16 /* an `O` record's psd release after the settings (NUL-padded) */
+#ifndef PSD_VERSION
+#define PSD_VERSION "unknown"
+#endif
 #define GRAD_HAS_GMAX 1u   /* flags: gmax bounds every |g[i]| */
 #define GRAD_FROM_FIRST 2u /* the push came from shard 0 ("first" buffers take it) */
 #define GRAD_CLIP 4u       /* nonfinite = clip on the leader */

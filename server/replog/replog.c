@@ -391,7 +391,7 @@ int srv_replog_grad_ok(psd *s, uint64_t n)
      * they are when it is answered, this update's included: the follower
      * would then apply the update twice */
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
-        if (r->f[i].used && r->f[i].pos < r->values_end)
+        if (r->f[i].used && (r->f[i].pos < r->values_end || strcmp(r->f[i].release, PSD_VERSION) != 0))
             return 0;
     return 1;
 }
@@ -404,11 +404,18 @@ static void rec_optim(psd *s)
     srv_optim_settings_pack(&s->model.opt, b);
     if (memcmp(b, r->sent_optim, sizeof b) == 0)
         return;
-    uint8_t *p = rec_begin(s, 1 + sizeof b, REC_OPTIM);
+    uint8_t *p = rec_begin(s, 1 + sizeof b + RELEASE_BYTES, REC_OPTIM);
     if (!p)
         return;
     memcpy(p, b, sizeof b);
+    memset(p + sizeof b, 0, RELEASE_BYTES);
+    memcpy(p + sizeof b, PSD_VERSION, strnlen(PSD_VERSION, RELEASE_BYTES - 1));
     memcpy(r->sent_optim, b, sizeof b);
+}
+
+const char *srv_replog_release(void)
+{
+    return PSD_VERSION;
 }
 
 srv_blk *srv_replog_take(psd *s, srv_conn *conn, const float *g)

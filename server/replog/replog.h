@@ -46,6 +46,7 @@ typedef struct srv_follower {
     srv_conn *wait_c;            /* valid only while the connection numbered wait_cid is open */
     uint64_t wait_cid, wait_id, wait_from, wait_until_ms;
     uint64_t sent_next;          /* the position after its last answer */
+    char release[16];            /* its psd release, as its last fetch said ("": an older one) */
     /* its snapshot (dispatch/repl.c): a memory file the checkpoint's forked
      * writer fills, read by `repl_chunk`, closed once the follower fetches
      * past it, goes away or stays silent (srv_replog_snap_close) */
@@ -125,7 +126,8 @@ void srv_replog_rows(psd *s, uint32_t ti, const uint8_t *keys, uint32_t n, const
 /* Whether a dense update of n values may go into the log as its gradient
  * (srv_replog_grad) rather than as a mark of values: the log is on, the
  * model initialised, the record not too big for the log, and every
- * follower has fetched past the last mark of values (an answer ships a
+ * follower runs this psd's release (it applies the gradient as this psd
+ * did) and has fetched past the last mark of values (an answer ships a
  * mark's values as they are when it is made). Flushes what changed before
  * first. 0 also while the log is off. */
 int srv_replog_grad_ok(psd *s, uint64_t n);
@@ -142,6 +144,8 @@ int srv_replog_grad_ok(psd *s, uint64_t n);
  * nor into an answer; otherwise g is copied. */
 void srv_replog_grad(psd *s, uint64_t off, uint64_t n, const float *g, int has_gmax, float gmax, int from_first,
                      int clip, srv_blk *taken);
+/* This psd's release ("0.1.0"), which a follower tells its leader. */
+const char *srv_replog_release(void);
 /* Takes conn's receive buffer, which holds g (the frame just handled), for
  * the log's record of g (psd.io->give_rbuf; a spare buffer given to conn
  * in its place), when there is room before g for the record's head: the

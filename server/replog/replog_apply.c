@@ -185,8 +185,14 @@ static int apply_grad(psd *s, const uint8_t *p, size_t len, char *err, size_t er
  * are applied with. */
 static int apply_optim(psd *s, const uint8_t *p, size_t len, char *err, size_t errlen)
 {
-    if (len != SRV_OPTIM_SETTINGS_BYTES)
+    if (len != SRV_OPTIM_SETTINGS_BYTES + RELEASE_BYTES)
         return ps_fail(err, errlen, PS_EMALFORMED, "an optimizer record of %zu bytes", len);
+    char release[RELEASE_BYTES];
+    memcpy(release, p + SRV_OPTIM_SETTINGS_BYTES, RELEASE_BYTES);
+    release[RELEASE_BYTES - 1] = 0;
+    if (strncmp(release, PSD_VERSION, RELEASE_BYTES - 1) != 0)
+        return ps_fail(err, errlen, PS_ELAYOUT, "the leader runs psd %s and this follower psd %s: a follower applies "
+                       "its leader's gradients bit for bit only with the same release", release, PSD_VERSION);
     if (!s->model.blk)
         return ps_fail(err, errlen, PS_ELAYOUT, "optimizer settings before the model's layout");
     if (srv_optim_settings_take(&s->model.opt, p) != 0)
@@ -260,7 +266,7 @@ static int records_check(const uint8_t *p, size_t len, char *err, size_t errlen)
             want = bl < GRAD_HEAD || get_u64(p + at + 5 + 16) > (bl - GRAD_HEAD) / 4 ? GRAD_HEAD
                                                                                    : GRAD_HEAD + get_u64(p + at + 5 + 16) * 4;
             break;
-        case REC_OPTIM: want = SRV_OPTIM_SETTINGS_BYTES; break;
+        case REC_OPTIM: want = SRV_OPTIM_SETTINGS_BYTES + RELEASE_BYTES; break;
         default: return ps_fail(err, errlen, PS_EMALFORMED, "a record of unknown kind %u", p[at + 4]);
         }
         if (want && bl != want)

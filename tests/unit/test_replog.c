@@ -14,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -398,6 +399,27 @@ static void test_lying_answers_are_refused(void **state)
     memcpy(body, &ti, 4), memcpy(body + 4, &rows, 4);
     n = head(buf, from, version, 0, record(buf + 36, 'T', body, 16));
     assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_ELAYOUT);
+    /* optimizer settings of a leader of another release, or of another optimizer */
+    uint8_t ob[SRV_OPTIM_SETTINGS_BYTES + 16];
+    memset(ob, 0, sizeof ob);
+    srv_optim_settings_pack(&l->model.opt, ob);
+    memcpy(ob + SRV_OPTIM_SETTINGS_BYTES, "9.9.9", 5);
+    n = head(buf, from, version, 0, record(buf + 36, 'O', ob, sizeof ob));
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_ELAYOUT);
+    assert_non_null(strstr(err, "release"));
+    snprintf((char *)ob + SRV_OPTIM_SETTINGS_BYTES, 16, "%s", srv_replog_release());
+    uint32_t adam = PS_OPTIMIZER_ADAM;
+    memcpy(ob, &adam, 4);
+    n = head(buf, from, version, 0, record(buf + 36, 'O', ob, sizeof ob));
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_ELAYOUT);
+    assert_non_null(strstr(err, "optimizer"));
+    /* a gradient longer than its record */
+    uint8_t gb[32 + 8];
+    memset(gb, 0, sizeof gb);
+    uint64_t gn = 3;
+    memcpy(gb + 16, &gn, 8);
+    n = head(buf, from, version, 0, record(buf + 36, 'G', gb, sizeof gb));
+    assert_int_equal(srv_replog_apply_answer(f, buf, n, from, end, &got, NULL, err, sizeof err), PS_EMALFORMED);
     /* another optimizer: two state buffers where the follower keeps one */
     size_t big_len = 40 + ((size_t)3 << 20) * 4;
     uint8_t *o = calloc(1, big_len);
@@ -467,6 +489,7 @@ static void test_gradients_are_replayed(void **state)
     assert_int_equal(srv_replog_start(l), 0);
     srv_follower *fs = srv_replog_follower(l, "127.0.0.1:1");
     assert_non_null(fs);
+    snprintf(fs->release, sizeof fs->release, "%s", srv_replog_release()); /* as its fetches say */
     uint64_t from = srv_replog_end(l);
     srv_replog_fetched(l, fs, from, 0, 1);
     ps_layout lay;
@@ -517,6 +540,12 @@ static void test_gradients_are_replayed(void **state)
         if (step != 4) /* two steps between two fetches once: the second a push after a mark of values */
             fetch_all(l, f, fs, &from, step % 2 ? 256 : SIZE_MAX);
     }
+    /* a follower of another release (or one that did not say) gets values */
+    snprintf(fs->release, sizeof fs->release, "%s", "0.0.9");
+    uint64_t before = l->replog->grad_records;
+    dense_step(l, g, 0, N, 1);
+    assert_int_equal(l->replog->grad_records, before);
+    fetch_all(l, f, fs, &from, SIZE_MAX);
     free(g);
     assert_int_equal(l->replog->grad_records, (uint64_t)grads);
     assert_same(l, f);
