@@ -109,6 +109,11 @@ static void usage(FILE *f)
             "  --replica         each psd cell's psd gets a follower (psd --replica-of, replication\n"
             "                    sync): the timed part starts once it is in sync, so every push waits\n"
             "                    for it; compare with the same run without --replica\n"
+            "  --replica-pairs N N pairs of cells, psd without a follower then with one (sync), one\n"
+            "                    after the other in this one run: each pair's ratio (with/without)\n"
+            "                    and their median and range, for the table cell (--table) or the\n"
+            "                    dense cells (each size and worker count of the first --modes);\n"
+            "                    replaces the plain-TCP ceiling; writes replica_pairs.csv\n"
             "  --follower-cpu C  --replica's follower runs on CPU C alone, and everything else\n"
             "                    psbench starts (psd, the workers) on the other CPUs, with\n"
             "                    --replica or without: the follower as on a machine of its own,\n"
@@ -350,6 +355,13 @@ static void parse_opts(int argc, char **argv, opts *o)
             o->no_tcp = 1;
         } else if (strcmp(a, "--replica") == 0) {
             o->replica = 1;
+        } else if (strcmp(a, "--replica-pairs") == 0) {
+            NEEDV();
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 64)
+                die("bad --replica-pairs '%s' (1..64)", v);
+            o->replica_pairs = (int)n;
         } else if (strcmp(a, "--table-tcp") == 0) {
             o->table_tcp = 1;
         } else if (strcmp(a, "--client-spin") == 0) {
@@ -440,6 +452,10 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/logs", o.out);
     if (mkdir_p(path) != 0)
         die("cannot create %s: %s", path, strerror(errno));
+    if (o.replica_pairs) {
+        run_replica_pairs(&o);
+        return 0;
+    }
     if (o.table) {
         run_tables(&o);
         return 0;

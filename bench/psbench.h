@@ -101,6 +101,8 @@ typedef struct opts {
     char psctl[PATH_MAX];        /* psctl binary (--ckpt-stall asks it for the checkpoint) */
     int dim_given, keys_given, seconds_given;
     int replica;                 /* --replica: each psd cell's psd has a sync follower */
+    int replica_pairs;           /* --replica-pairs N: N pairs of psd cells, without a follower then
+                                  * with one, alternating in one run, instead of the ceiling and psd */
 } opts;
 
 enum { SYS_PSD, SYS_TCP, SYS_TCP_STAR }; /* psd, the plain-TCP ceiling, its BSP round */
@@ -276,6 +278,20 @@ void compare_rounds(const opts *o, const float *grad);
 /* ---- psbench_table.c: --table */
 uint64_t sm64(uint64_t *x);
 void run_tables(const opts *o);
+/* The table cell's inputs (its keys in batches, its gradients, a request's
+ * bytes for the ceiling), for every worker count of o; and one cell. */
+typedef struct table_inputs {
+    int nbatch;
+    uint64_t *batches;
+    float *grad;
+    char *req;
+} table_inputs;
+void table_inputs_make(const opts *o, table_inputs *ti);
+void table_inputs_free(table_inputs *ti);
+void table_cell(const opts *o, int sys, int K, const table_inputs *ti, cell_result *out);
+
+/* ---- psbench_pairs.c: --replica-pairs */
+void run_replica_pairs(const opts *o);
 
 /* ---- psbench_ckpt.c: --ckpt-stall */
 void run_ckpt_stall(const opts *o);

@@ -149,22 +149,45 @@ static void run_table_cell(const opts *o, int sys, int K, const float *grad, con
  * ceiling of the same bytes, per worker count, in --table-reps pairs of
  * cells (the ceiling, then psd) so that a machine whose speed drifts
  * meets both sides of each ratio alike; table.csv beside the rest. */
-void run_tables(const opts *o)
+void table_inputs_make(const opts *o, table_inputs *ti)
 {
-    int nbatch = 16;
     int kmax = 0;
     for (int wi = 0; wi < o->nworkers; wi++)
         kmax = o->workers[wi] > kmax ? o->workers[wi] : kmax;
     size_t nk = o->nkeys, nv = (size_t)o->nkeys * o->dim;
-    uint64_t *batches = malloc((size_t)kmax * (size_t)nbatch * nk * sizeof *batches);
-    float *grad = malloc(nv * sizeof *grad);
-    char *req = malloc(nk * (16 + 4 * (size_t)o->dim));
-    if (!batches || !grad || !req)
+    ti->nbatch = 16;
+    ti->batches = malloc((size_t)kmax * (size_t)ti->nbatch * nk * sizeof *ti->batches);
+    ti->grad = malloc(nv * sizeof *ti->grad);
+    ti->req = malloc(nk * (16 + 4 * (size_t)o->dim));
+    if (!ti->batches || !ti->grad || !ti->req)
         die("out of memory");
     for (size_t i = 0; i < nv; i++) /* small, finite, not all equal */
-        grad[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
-    memset(req, 7, nk * (16 + 4 * (size_t)o->dim));
-    table_batches(o, kmax, nbatch, batches);
+        ti->grad[i] = 1e-3f * ((float)((i * 2654435761u >> 16) & 1023) / 1023.0f - 0.5f);
+    memset(ti->req, 7, nk * (16 + 4 * (size_t)o->dim));
+    table_batches(o, kmax, ti->nbatch, ti->batches);
+}
+
+void table_inputs_free(table_inputs *ti)
+{
+    free(ti->batches);
+    free(ti->grad);
+    free(ti->req);
+}
+
+void table_cell(const opts *o, int sys, int K, const table_inputs *ti, cell_result *out)
+{
+    run_table_cell(o, sys, K, ti->grad, ti->batches, ti->nbatch, ti->req, out);
+}
+
+void run_tables(const opts *o)
+{
+    table_inputs ti;
+    table_inputs_make(o, &ti);
+    int nbatch = ti.nbatch;
+    size_t nk = o->nkeys;
+    uint64_t *batches = ti.batches;
+    float *grad = ti.grad;
+    char *req = ti.req;
     char dist[64];
     if (o->zipf > 0)
         snprintf(dist, sizeof dist, "Zipf %.2f", o->zipf);
@@ -271,9 +294,7 @@ void run_tables(const opts *o)
     }
     fclose(csv);
     printf("CSV: %s/table.csv, psd logs: %s/logs/\n", o->out, o->out);
-    free(batches);
-    free(grad);
-    free(req);
+    table_inputs_free(&ti);
     if (failed)
         exit(1);
 }

@@ -69,6 +69,17 @@ static int ensure_cap(srv_conn *c, size_t need)
         return 0;
     if (s->rbuf_bytes + s->parked_bytes - c->rcap + need > s->cfg.max_receive_memory)
         return PS_ELIMIT;
+    srv_rbuf sp = srv_rbuf_spare(need);
+    if (sp.mem) {
+        /* a buffer the replication log let go (its pages mapped already),
+         * with what the frame has so far */
+        memcpy(sp.mem, c->rbuf, c->rlen);
+        free(c->rbuf);
+        c->rbuf = sp.mem;
+        s->rbuf_bytes += sp.cap - c->rcap;
+        c->rcap = sp.cap;
+        return 0;
+    }
     uint8_t *p = realloc(c->rbuf, need);
     if (!p)
         return PS_ENOMEM;

@@ -86,10 +86,10 @@ srv_blk *srv_blk_adopt(uint8_t *mem, size_t cap)
     return b;
 }
 
-srv_rbuf srv_rbuf_spare(void)
+srv_rbuf srv_rbuf_spare(size_t need)
 {
     for (int i = 0; i < RBUF_SPARES; i++)
-        if (rbuf_spares[i].mem) {
+        if (rbuf_spares[i].mem && rbuf_spares[i].cap >= need) {
             srv_rbuf r = rbuf_spares[i];
             rbuf_spares[i] = (srv_rbuf){0};
             return r;

@@ -71,8 +71,9 @@ srv_blk *srv_blk_fresh(size_t cap);
  * for a connection's next receive (srv_rbuf_spare), or freed. NULL when
  * out of memory (mem is then the caller's still). */
 srv_blk *srv_blk_adopt(uint8_t *mem, size_t cap);
-/* A receive buffer an adopted block let go, or {NULL, 0}. */
-srv_rbuf srv_rbuf_spare(void);
+/* A receive buffer an adopted block let go, or {NULL, 0}; with need > 0,
+ * one of at least need bytes only. */
+srv_rbuf srv_rbuf_spare(size_t need);
 srv_blk *srv_blk_ref(srv_blk *b);
 void srv_blk_unref(srv_blk *b);
 /* A snapshot of the current version; NULL when out of memory. */

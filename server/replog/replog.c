@@ -424,11 +424,12 @@ srv_blk *srv_replog_take(psd *s, srv_conn *conn, const float *g)
     if (!s->replog || !conn || conn->closing || !s->io || !s->io->give_rbuf || !conn->rbuf || gp < conn->rbuf ||
         (size_t)(gp - conn->rbuf) < 5 + GRAD_HEAD)
         return NULL; /* not in its receive buffer, or no room for a record's head before it */
-    srv_rbuf repl = srv_rbuf_spare(), got;
-    if (s->io->give_rbuf(conn, g, repl, &got) != 0) {
-        free(repl.mem);
+    /* none in its place: its next big frame takes the one this log lets go
+     * by then (the follower fetched it before the worker's reply went), so
+     * that one buffer, warm, takes the pushes in turn (net.c, ensure_cap) */
+    srv_rbuf got;
+    if (s->io->give_rbuf(conn, g, (srv_rbuf){0}, &got) != 0)
         return NULL;
-    }
     srv_blk *b = srv_blk_adopt(got.mem, got.cap);
     if (!b) {
         /* g stays where it is until the update is done: the buffer goes

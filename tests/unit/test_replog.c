@@ -67,11 +67,10 @@ static ps_table_def table_def(void)
     return d;
 }
 
-/* A leader with a log, a model of N values and a table, changed a few times. */
-static psd *busy_leader(void)
+/* The leader's model of N values, given values i / N + shift as an INIT
+ * does (marked, for the log's next flush), and flushed. */
+static void init_model(psd *s, float shift)
 {
-    psd *s = make_psd();
-    assert_int_equal(srv_replog_start(s), 0);
     ps_layout l;
     ps_layout_init(&l);
     uint32_t dims[1] = {N};
@@ -79,14 +78,22 @@ static psd *busy_leader(void)
     srv_model_propose(&s->model, &l);
     assert_int_equal(srv_model_commit(&s->model, &s->cfg), 0);
     srv_model_mark(&s->model, 0, N);
-    for (uint64_t i = 0; i < N; i++) { /* an INIT */
+    for (uint64_t i = 0; i < N; i++) {
         srv_wseg seg;
         assert_int_equal(srv_model_write_begin(&s->model, i, 1, &seg), 0);
-        seg.wo[0] = (float)i / N;
+        seg.wo[0] = (float)i / N + shift;
         srv_model_write_end(&s->model, &seg);
     }
     srv_model_set_initialized(&s->model, 0);
     srv_replog_flush(s);
+}
+
+/* A leader with a log, a model of N values and a table, changed a few times. */
+static psd *busy_leader(void)
+{
+    psd *s = make_psd();
+    assert_int_equal(srv_replog_start(s), 0);
+    init_model(s, 0.0f);
     ps_table_def d = table_def();
     uint32_t ti;
     char err[256];
@@ -492,21 +499,7 @@ static void test_gradients_are_replayed(void **state)
     snprintf(fs->release, sizeof fs->release, "%s", srv_replog_release()); /* as its fetches say */
     uint64_t from = srv_replog_end(l);
     srv_replog_fetched(l, fs, from, 0, 1);
-    ps_layout lay;
-    ps_layout_init(&lay);
-    uint32_t dims[1] = {N};
-    assert_int_equal(ps_layout_add(&lay, "w", 1, dims), 0);
-    srv_model_propose(&l->model, &lay);
-    assert_int_equal(srv_model_commit(&l->model, &l->cfg), 0);
-    srv_model_mark(&l->model, 0, N);
-    for (uint64_t i = 0; i < N; i++) { /* an INIT */
-        srv_wseg seg;
-        assert_int_equal(srv_model_write_begin(&l->model, i, 1, &seg), 0);
-        seg.wo[0] = (float)i / N - 0.25f;
-        srv_model_write_end(&l->model, &seg);
-    }
-    srv_model_set_initialized(&l->model, 0);
-    srv_replog_flush(l);
+    init_model(l, -0.25f);
     ps_table_def d = table_def();
     uint32_t ti;
     char err[256];
