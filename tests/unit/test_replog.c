@@ -88,16 +88,24 @@ static void init_model(psd *s, float shift)
     srv_replog_flush(s);
 }
 
+/* table_def()'s table declared on s: its index. */
+static uint32_t declare_table(psd *s)
+{
+    ps_table_def d = table_def();
+    uint32_t ti;
+    char err[256];
+    assert_int_equal(srv_tables_declare(&s->tables, &d, &ti, err, sizeof err), 0);
+    return ti;
+}
+
 /* A leader with a log, a model of N values and a table, changed a few times. */
 static psd *busy_leader(void)
 {
     psd *s = make_psd();
     assert_int_equal(srv_replog_start(s), 0);
     init_model(s, 0.0f);
-    ps_table_def d = table_def();
-    uint32_t ti;
     char err[256];
-    assert_int_equal(srv_tables_declare(&s->tables, &d, &ti, err, sizeof err), 0);
+    uint32_t ti = declare_table(s);
     float *g = malloc(N * sizeof *g);
     assert_non_null(g);
     for (int step = 0; step < 3; step++) {
@@ -500,10 +508,8 @@ static void test_gradients_are_replayed(void **state)
     uint64_t from = srv_replog_end(l);
     srv_replog_fetched(l, fs, from, 0, 1);
     init_model(l, -0.25f);
-    ps_table_def d = table_def();
-    uint32_t ti;
     char err[256];
-    assert_int_equal(srv_tables_declare(&l->tables, &d, &ti, err, sizeof err), 0);
+    uint32_t ti = declare_table(l);
     float *g = malloc(N * sizeof *g);
     assert_non_null(g);
     int grads = 0;
