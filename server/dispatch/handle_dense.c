@@ -18,6 +18,7 @@
 #include "server/dispatch/handle.h"
 #include "server/policy/policy.h"
 #include "server/replog/pushid.h"
+#include "server/replog/replog.h"
 #include "server/session/hello.h"
 #include "server/session/ledger.h"
 #include "server/store/psd.h"
@@ -434,6 +435,7 @@ srv_conn *srv_push_finished(psd *s, const srv_update_tag *tag, int *wake)
     srv_conn *c = a.c;
     s->push_wait.c = NULL;
     if (a.record) {
+        srv_replog_flush(s); /* its values' mark before its id, when it did not go as its gradient */
         srv_pushid_mark(s, a.cid, a.pid);
         srv_ledger_dense(s, a.cid, a.pid, a.off, a.n, a.g); /* tests only (PSD_TEST_LEDGER) */
     }

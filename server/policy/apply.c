@@ -8,6 +8,7 @@
 
 #include "proto/errors.h"
 #include "server/policy/apply.h"
+#include "server/replog/replog.h"
 #include "server/update/update.h"
 
 /* A fin chunk's update is in: a new version, and the pusher's clock. */
@@ -103,10 +104,13 @@ int srv_apply_now(psd *s, srv_worker *w, const srv_push *p, int compensate, char
         snprintf(err, errlen, "out of memory for a copy of a model block");
         return PS_ENOMEM;
     }
-    if (!p->fin)
-        return 0;
-    step_done(s, w);
-    return SRV_WAKE;
+    if (p->fin)
+        step_done(s, w);
+    /* its values' mark (when it did not go as its gradient) and the version
+     * into the replication log before the caller records the push's id: a
+     * follower that holds the id holds the push */
+    srv_replog_flush(s);
+    return p->fin ? SRV_WAKE : 0;
 }
 
 /* An update a push started off the loop is in (asgd, ssp). */
