@@ -69,7 +69,9 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     size_t nmark = 0;
     uint32_t *bi = NULL;
     size_t nbi = 0, cbi = 0;
-    int dense = 0;
+    int dense = 0, shipped = 0; /* shipped: a mark of values taken */
+    uint64_t mark_ver = 0; /* the version the last mark taken says, and whether initialised */
+    uint32_t mark_init = 0;
     while (end + 4 <= r->len) {
         const uint8_t *q = srv_replog_at(r, end);
         size_t l = 4 + get_u32(q);
@@ -108,6 +110,9 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
             }
             nmark++;
             dense = 1;
+            shipped |= n > 0;
+            mark_ver = get_u64(q + 5);
+            mark_init = get_u32(q + 13);
         } else {
             /* a push's id goes with the record before it, its rows or its
              * gradient: a follower holds both or neither */
@@ -201,8 +206,12 @@ int srv_replog_answer_make(psd *s, uint64_t from, size_t max, int dense_ok, srv_
     uint8_t fixed[HEAD_FIXED];
     put_u32(fixed, (uint32_t)head);
     put_u64(fixed + 4, a->next);
-    put_u64(fixed + 12, m->version);
-    put_u32(fixed + 20, (uint32_t)m->initialized);
+    /* marks of values: read now, so the version now; marks of a version
+     * alone (a push that went as its gradient): the last one's, or a
+     * follower catching up would be put ahead of the gradients still to
+     * come in the log */
+    put_u64(fixed + 12, shipped ? m->version : mark_ver);
+    put_u32(fixed + 20, shipped ? (uint32_t)m->initialized : mark_init);
     put_u32(fixed + 24, (uint32_t)dense);
     put_u32(fixed + 28, (uint32_t)nst);
     put_u32(fixed + 32, (uint32_t)nbi);

@@ -209,6 +209,59 @@ def test_dense_pushes_go_to_the_follower_as_their_gradients():
         assert hl.get("version") == hf.get("version") == 90, (hl.get("version"), hf.get("version"))
 
 
+def test_a_follower_cut_off_mid_answer_catches_up_from_where_it_was():
+    """A follower stopped while big answers (dense gradients) are in flight
+    is cut off by the leader (idle_timeout); the pushes go on. Back, the
+    follower goes on from where it was, catching up through answers made
+    long after their records (each says the version of its last mark, not
+    the leader's current one: before, the first put the follower ahead of
+    the gradients after it, and it stopped following), and ends bit for
+    bit the leader's."""
+    with harness.Cluster("psd-replica-cut-mid-answer") as cl:
+        opt = ("--set", "optimizer=sgd", "--set", "momentum=0.9", "--set", "lr=0.05")
+        leader = cl.psd(workers=2, name="leader",
+                        args=leader_args(cl, "leader", ("--set", "idle_timeout=2s") + opt))
+        follower = cl.psd(workers=2, name="follower",
+                          args=leader_args(cl, "follower", ("--replica-of", leader.addr) + opt))
+        harness.wait_until(lambda: repl(leader.addr)["insync"] == 1, 60, "the follower in sync")
+        import psd
+        big = 600000
+        rng = np.random.default_rng(7)
+        cs = [psd.Client([("w", (big,))], server=leader.addr, shard="%d/2" % k, connect_s=30, shm=False)
+              for k in range(2)]
+        for c in cs:
+            c.params[:] = 0.25
+            c.connect()
+            c.pull()
+
+        def steps(n):
+            for _ in range(n):
+                for c in cs:
+                    c.grads[:] = rng.normal(0, 0.1, big).astype(np.float32)
+                    c.pushpull()
+
+        steps(5)
+        os.kill(follower.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while "over idle_timeout" not in leader.stderr():
+                assert time.monotonic() < deadline, leader.stderr()[-3000:]
+                steps(1)  # held until the stopped follower leaves the in-sync set, then at once
+            steps(10)  # the follower falls behind
+        finally:
+            os.kill(follower.pid, signal.SIGCONT)
+        steps(5)
+        for c in cs:
+            c.close()
+        harness.wait_until(lambda: in_sync(leader, follower), 60, "the follower back in sync")
+        leader.stop()
+        follower.stop()
+        hl, dl = ckpt_dense(newest(os.path.join(cl.dir, "leader")))
+        hf, df = ckpt_dense(newest(os.path.join(cl.dir, "follower")))
+        assert len(dl) == big * 8 and dl == df, "the dense parameters or momentum differ"
+        assert hl.get("version") == hf.get("version"), (hl.get("version"), hf.get("version"))
+
+
 def test_promote_after_the_leader_dies():
     with harness.Cluster("psd-replica-promote") as cl:
         leader = cl.psd(workers=2, name="leader", args=leader_args(cl, "leader"))
