@@ -553,6 +553,59 @@ static void test_gradients_are_replayed(void **state)
     free_psd(l);
 }
 
+/* A follower behind by several pushes that went as gradients catches up
+ * through answers made after all of them, one gradient an answer: each
+ * answer says the version of the last mark it passes (a version alone, after
+ * a gradient), not the leader's as the answer is made, which would put the
+ * follower ahead of the gradients still to come (it then refused them and
+ * stopped following). */
+static void test_a_follower_behind_catches_up_through_gradients(void **state)
+{
+    (void)state;
+    psd *l = make_psd(), *f = make_psd();
+    srv_update_init(l, NULL);
+    srv_update_init(f, NULL);
+    assert_int_equal(srv_replog_start(l), 0);
+    srv_follower *fs = srv_replog_follower(l, "127.0.0.1:1");
+    assert_non_null(fs);
+    snprintf(fs->release, sizeof fs->release, "%s", srv_replog_release());
+    uint64_t from = srv_replog_end(l);
+    srv_replog_fetched(l, fs, from, 0, 1);
+    init_model(l, 0.5f);
+    (void)declare_table(l); /* assert_same compares the tables too */
+    fetch_all(l, f, fs, &from, SIZE_MAX); /* past the initial values' mark */
+    float *g = malloc(N * sizeof *g);
+    assert_non_null(g);
+    uint64_t before = l->replog->grad_records;
+    for (int step = 0; step < 6; step++) {
+        for (uint64_t i = 0; i < N; i++)
+            g[i] = (float)((i * 7 + (uint64_t)step * 3) % 13) / 13.0f - 0.5f;
+        dense_step(l, g, 0, N, 1);
+    }
+    assert_int_equal(l->replog->grad_records - before, 6); /* all six as gradients */
+    uint64_t version = f->model.version;
+    char err[256] = "";
+    while (from < srv_replog_end(l)) {
+        size_t len;
+        uint64_t next, got;
+        uint8_t *b = answer(l, from, 256, &len, &next);
+        if (srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
+            fail_msg("apply: %s", err);
+        free(b);
+        /* at most one gradient an answer (the first holds the optimizer's
+         * settings alone): at most one version further */
+        assert_true(f->model.version == version || f->model.version == version + 1);
+        version = f->model.version;
+        from = next;
+        srv_replog_fetched(l, fs, next, 0, 0);
+    }
+    assert_int_equal(version, l->model.version);
+    assert_same(l, f);
+    free(g);
+    free_psd(f);
+    free_psd(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -560,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_log_in_pieces),
         cmocka_unit_test(test_lying_answers_are_refused),
         cmocka_unit_test(test_gradients_are_replayed),
+        cmocka_unit_test(test_a_follower_behind_catches_up_through_gradients),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
