@@ -187,22 +187,28 @@ static uint8_t *answer(psd *l, uint64_t from, size_t max, size_t *len, uint64_t 
     return b;
 }
 
+/* One fetch from position from, answered with at most max bytes of
+ * records, applied by f: the position after it. */
+static uint64_t fetch_one(psd *l, psd *f, uint64_t from, size_t max)
+{
+    char err[256] = "";
+    size_t len;
+    uint64_t next, got;
+    uint8_t *b = answer(l, from, max, &len, &next);
+    assert_true(next > from);
+    if (srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
+        fail_msg("apply: %s", err);
+    assert_int_equal(got, next);
+    free(b);
+    return next;
+}
+
 /* Fetches from the leader until the follower holds the log's end. */
 static void follow_all(psd *l, psd *f, uint64_t from, size_t max, int *answers)
 {
-    char err[256] = "";
     *answers = 0;
     while (from < srv_replog_end(l)) {
-        size_t len;
-        uint64_t next, got;
-        uint8_t *b = answer(l, from, max, &len, &next);
-        assert_true(next > from);
-        int rc = srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err);
-        if (rc != 0)
-            fail_msg("apply: %s", err);
-        assert_int_equal(got, next);
-        free(b);
-        from = next;
+        from = fetch_one(l, f, from, max);
         (*answers)++;
     }
 }
@@ -256,7 +262,6 @@ static void more_pushes(psd *l, int n, int salt)
 static void test_log_in_pieces(void **state)
 {
     (void)state;
-    char err[256];
     setenv("PSD_TEST_REPLOG_MAX_BYTES", "16384", 1);
     psd *l = busy_leader();
     unsetenv("PSD_TEST_REPLOG_MAX_BYTES");
@@ -269,14 +274,7 @@ static void test_log_in_pieces(void **state)
     int answers = 0;
     while (from < srv_replog_end(l)) {
         assert_true(srv_replog_at_record(l, from));
-        size_t len;
-        uint64_t next, got;
-        uint8_t *b = answer(l, from, 1024, &len, &next);
-        if (srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
-            fail_msg("apply: %s", err);
-        free(b);
-        assert_int_equal(got, next);
-        fo->pos = from = next;
+        fo->pos = from = fetch_one(l, f, from, 1024);
         srv_replog_trim_held(l);
         assert_true(l->replog->base <= from);
         answers++;
@@ -475,17 +473,27 @@ static void dense_step(psd *l, const float *g, uint64_t off, uint64_t n, int as_
  * of records, the leader told of each fetch (the follower's slot fs). */
 static void fetch_all(psd *l, psd *f, srv_follower *fs, uint64_t *from, size_t max)
 {
-    char err[256] = "";
     while (*from < srv_replog_end(l)) {
-        size_t len;
-        uint64_t next, got;
-        uint8_t *b = answer(l, *from, max, &len, &next);
-        if (srv_replog_apply_answer(f, b, len, *from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
-            fail_msg("apply: %s", err);
-        free(b);
-        *from = next;
-        srv_replog_fetched(l, fs, next, 0, 0);
+        *from = fetch_one(l, f, *from, max);
+        srv_replog_fetched(l, fs, *from, 0, 0);
     }
+}
+
+/* A leader and a follower, both with an update engine, the follower
+ * registered in the leader's log (of the leader's release, as its fetches
+ * say) at the log's end, *from. */
+static srv_follower *pair_with_engines(psd **l, psd **f, uint64_t *from)
+{
+    *l = make_psd(), *f = make_psd();
+    srv_update_init(*l, NULL);
+    srv_update_init(*f, NULL);
+    assert_int_equal(srv_replog_start(*l), 0);
+    srv_follower *fs = srv_replog_follower(*l, "127.0.0.1:1");
+    assert_non_null(fs);
+    snprintf(fs->release, sizeof fs->release, "%s", srv_replog_release());
+    *from = srv_replog_end(*l);
+    srv_replog_fetched(*l, fs, *from, 0, 1);
+    return fs;
 }
 
 /* Dense pushes as the workers sent them go into the log as their gradients
@@ -498,15 +506,9 @@ static void fetch_all(psd *l, psd *f, srv_follower *fs, uint64_t *from, size_t m
 static void test_gradients_are_replayed(void **state)
 {
     (void)state;
-    psd *l = make_psd(), *f = make_psd();
-    srv_update_init(l, NULL);
-    srv_update_init(f, NULL);
-    assert_int_equal(srv_replog_start(l), 0);
-    srv_follower *fs = srv_replog_follower(l, "127.0.0.1:1");
-    assert_non_null(fs);
-    snprintf(fs->release, sizeof fs->release, "%s", srv_replog_release()); /* as its fetches say */
-    uint64_t from = srv_replog_end(l);
-    srv_replog_fetched(l, fs, from, 0, 1);
+    psd *l, *f;
+    uint64_t from;
+    srv_follower *fs = pair_with_engines(&l, &f, &from);
     init_model(l, -0.25f);
     char err[256];
     uint32_t ti = declare_table(l);
@@ -562,15 +564,9 @@ static void test_gradients_are_replayed(void **state)
 static void test_a_follower_behind_catches_up_through_gradients(void **state)
 {
     (void)state;
-    psd *l = make_psd(), *f = make_psd();
-    srv_update_init(l, NULL);
-    srv_update_init(f, NULL);
-    assert_int_equal(srv_replog_start(l), 0);
-    srv_follower *fs = srv_replog_follower(l, "127.0.0.1:1");
-    assert_non_null(fs);
-    snprintf(fs->release, sizeof fs->release, "%s", srv_replog_release());
-    uint64_t from = srv_replog_end(l);
-    srv_replog_fetched(l, fs, from, 0, 1);
+    psd *l, *f;
+    uint64_t from;
+    srv_follower *fs = pair_with_engines(&l, &f, &from);
     init_model(l, 0.5f);
     (void)declare_table(l); /* assert_same compares the tables too */
     fetch_all(l, f, fs, &from, SIZE_MAX); /* past the initial values' mark */
@@ -584,20 +580,13 @@ static void test_a_follower_behind_catches_up_through_gradients(void **state)
     }
     assert_int_equal(l->replog->grad_records - before, 6); /* all six as gradients */
     uint64_t version = f->model.version;
-    char err[256] = "";
     while (from < srv_replog_end(l)) {
-        size_t len;
-        uint64_t next, got;
-        uint8_t *b = answer(l, from, 256, &len, &next);
-        if (srv_replog_apply_answer(f, b, len, from, srv_replog_end(l), &got, NULL, err, sizeof err) != 0)
-            fail_msg("apply: %s", err);
-        free(b);
+        from = fetch_one(l, f, from, 256);
         /* at most one gradient an answer (the first holds the optimizer's
          * settings alone): at most one version further */
         assert_true(f->model.version == version || f->model.version == version + 1);
         version = f->model.version;
-        from = next;
-        srv_replog_fetched(l, fs, next, 0, 0);
+        srv_replog_fetched(l, fs, from, 0, 0);
     }
     assert_int_equal(version, l->model.version);
     assert_same(l, f);
