@@ -37,6 +37,7 @@ enum {
 #define DENSE_PIECE (ANSWER_BLOCKS * SRV_BLK_FLOATS) /* values a dense mark covers at most */
 #define HEAD_FIXED 36 /* an answer's head before its block indices (PROTOCOL.md 17) */
 #define LOG_MAX_DEFAULT ((size_t)1 << 30) /* 1 GiB of records kept for a follower behind */
+#define PIECE_MAX ((size_t)1 << 20) /* a piece's room at most (a bigger record gets a piece of its own) */
 
 struct srv_replog;
 /* The bytes at offset off of the log (position base + off, a record's

@@ -38,8 +38,8 @@ int srv_replog_start(psd *s)
     r->seg_bytes = r->max_bytes / 16;
     if (r->seg_bytes < ((size_t)4 << 10))
         r->seg_bytes = (size_t)4 << 10;
-    if (r->seg_bytes > ((size_t)64 << 20))
-        r->seg_bytes = (size_t)64 << 20;
+    if (r->seg_bytes > PIECE_MAX)
+        r->seg_bytes = PIECE_MAX;
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
         r->f[i].snap_fd = -1;
     r->history = ((uint64_t)srv_now_ms() << 20) ^ (uint64_t)(uintptr_t)r;
@@ -161,16 +161,11 @@ static int new_seg(srv_replog *r, size_t need)
     return 0;
 }
 
-/* At most this much of the last piece is moved to its front by a trim. */
-#define TAIL_MOVE_MAX ((size_t)1 << 20)
-
 /* Drops the records before low (a record's start): the pieces that end at
- * or before it go whole, but the last one; of that one, when low lies in
- * it, what is left moves to its front if it is little (at most
- * TAIL_MOVE_MAX, and no more than what goes, so that a follower a little
- * behind does not make every fetch move more than it freed: with the
- * followers at or near the log's end, the next records are written where
- * the last ones were, in the cache). Nothing else is ever moved. */
+ * or before it go whole, but the last one, which starts over empty when
+ * low is its end and no answer sends from it (with the followers at the
+ * log's end, the next records are written where the last ones were, in
+ * the cache). No record is ever moved. */
 static void drop_below(srv_replog *r, uint64_t low)
 {
     uint64_t end = r->base + r->len;
@@ -193,13 +188,9 @@ static void drop_below(srv_replog *r, uint64_t low)
         memmove(r->seg, r->seg + n, (r->nseg - n) * sizeof *r->seg); /* a few pointers */
         r->nseg -= n;
     }
-    if (r->nseg == 1 && !r->seg[0].sealed && r->seg[0].blk->refs == 1 && low > r->seg[0].base &&
-        end - low <= TAIL_MOVE_MAX &&
-        end - low <= low - r->seg[0].base) {
-        srv_replog_seg *g = &r->seg[0];
-        memmove(g->buf, g->buf + (low - g->base), (size_t)(end - low));
-        g->len = (size_t)(end - low);
-        g->base = low;
+    if (r->nseg == 1 && !r->seg[0].sealed && r->seg[0].blk->refs == 1 && low == end) {
+        r->seg[0].len = 0;
+        r->seg[0].base = end;
     }
     r->base = r->nseg ? r->seg[0].base : end;
     r->len = (size_t)(end - r->base);

@@ -20,6 +20,7 @@
 
 #include "proto/errors.h"
 #include "server/policy/policy.h"
+#include "server/replog/records.h"
 #include "server/replog/replog.h"
 #include "server/store/psd.h"
 #include "server/tables/sparse_optim.h"
@@ -166,21 +167,29 @@ static void assert_same(const psd *a, const psd *b)
     }
 }
 
+/* An answer's bytes as a follower receives them: its pieces, in order, as
+ * the connection writes them. */
+static uint8_t *answer_bytes(const srv_replog_answer *a)
+{
+    uint8_t *b = malloc(a->ndata * 4 + 1);
+    assert_non_null(b);
+    size_t w = 0;
+    for (size_t i = 0; i < a->npc; i++) {
+        assert_true(w + a->pc[i].len <= a->ndata * 4);
+        memcpy(b + w, a->pc[i].p, a->pc[i].len);
+        w += a->pc[i].len;
+    }
+    assert_int_equal(w, a->ndata * 4);
+    return b;
+}
+
 /* The answer to a fetch from `from` (at most max bytes of records) as the
  * bytes a follower receives; *next: the position it moves to. */
 static uint8_t *answer(psd *l, uint64_t from, size_t max, size_t *len, uint64_t *next)
 {
     srv_replog_answer a;
     assert_int_equal(srv_replog_answer_make(l, from, max, 1, &a), 0);
-    uint8_t *b = malloc(a.ndata * 4 + 1);
-    assert_non_null(b);
-    size_t w = 0; /* the pieces, in order, as the connection writes them */
-    for (size_t i = 0; i < a.npc; i++) {
-        assert_true(w + a.pc[i].len <= a.ndata * 4);
-        memcpy(b + w, a.pc[i].p, a.pc[i].len);
-        w += a.pc[i].len;
-    }
-    assert_int_equal(w, a.ndata * 4);
+    uint8_t *b = answer_bytes(&a);
     *len = a.ndata * 4;
     *next = a.next;
     srv_replog_answer_free(&a);
@@ -299,6 +308,48 @@ static void test_log_in_pieces(void **state)
     assert_int_equal(srv_replog_end(l), end);
     srv_replog_answer a;
     assert_int_equal(srv_replog_answer_make(l, base0, 1024, 1, &a), PS_ESTALE); /* gone */
+    free_psd(f);
+    free_psd(l);
+}
+
+/* No record is ever moved (no copy but the one into the log): a follower
+ * that holds all but the last record leaves that record where it was
+ * written, and its bytes stay as they were. Each round: more table pushes
+ * than a piece holds (4 KiB), then fetches up to the last record alone. */
+static void test_log_never_moves_a_record(void **state)
+{
+    (void)state;
+    setenv("PSD_TEST_REPLOG_MAX_BYTES", "16384", 1);
+    psd *l = busy_leader();
+    unsetenv("PSD_TEST_REPLOG_MAX_BYTES");
+    srv_follower *fo = srv_replog_follower(l, "127.0.0.1:1");
+    assert_non_null(fo);
+    psd *f = make_psd();
+    uint64_t from = 0;
+    for (int round = 0; round < 20; round++) {
+        uint64_t end0 = srv_replog_end(l);
+        more_pushes(l, 11, 100 * round);
+        uint64_t last = srv_replog_end(l);
+        more_pushes(l, 1, 100 * round + 50);
+        assert_true(srv_replog_end(l) - end0 > 4096);
+        const uint8_t *at = srv_replog_at(l->replog, (size_t)(last - l->replog->base));
+        size_t len = (size_t)(srv_replog_end(l) - last);
+        uint8_t *was = malloc(len);
+        assert_non_null(was);
+        memcpy(was, at, len);
+        while (from < last)
+            from = fetch_one(l, f, from, (size_t)(last - from));
+        assert_int_equal(from, last);
+        fo->pos = from;
+        srv_replog_trim_held(l);
+        assert_true(l->replog->base <= last);
+        assert_ptr_equal(srv_replog_at(l->replog, (size_t)(last - l->replog->base)), at);
+        assert_memory_equal(at, was, len);
+        free(was);
+    }
+    while (from < srv_replog_end(l))
+        from = fetch_one(l, f, from, SIZE_MAX);
+    assert_same(l, f);
     free_psd(f);
     free_psd(l);
 }
@@ -600,6 +651,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_follower_equals_leader),
         cmocka_unit_test(test_log_in_pieces),
+        cmocka_unit_test(test_log_never_moves_a_record),
         cmocka_unit_test(test_lying_answers_are_refused),
         cmocka_unit_test(test_gradients_are_replayed),
         cmocka_unit_test(test_a_follower_behind_catches_up_through_gradients),
