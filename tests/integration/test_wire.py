@@ -441,11 +441,14 @@ class WireRawTest(unittest.TestCase):
 
 LIMIT = 30000
 TEST_LIMIT = 10000
-EPOCHS = 4
+# Under the sanitizers (the build-asan pass: its memory checks, not the
+# accuracy the plain build asserts) the job trains half as long.
+EPOCHS = 2 if harness.SANITIZED else 4
 BATCH = 128
 MODEL = "mlp:256,128"
 PARAMS = harness.layout_size(harness.mlp_layout((256, 128)))
-MIN_ACCURACY = 0.95  # a clean run of this job reaches about 0.97 in either wire type
+# a clean run of this job reaches about 0.97 in either wire type (0.96 in 2 epochs)
+MIN_ACCURACY = 0.93 if harness.SANITIZED else 0.95
 MAX_GAP = 0.015      # bf16 may trail float32 by at most 1.5 points
 
 
@@ -530,7 +533,7 @@ class WireTrainTest(unittest.TestCase):
         travels as bf16, and the parameters come back into a buffer the
         model does not read. One step more staleness costs both wire types
         about a point (about 0.96), so the floor is lower."""
-        self.compare("asgd", worker_args=["--pipeline", "on"], floor=0.93)
+        self.compare("asgd", worker_args=["--pipeline", "on"], floor=MIN_ACCURACY - 0.02)
 
     def test_fallback_when_psd_does_not_offer_bf16(self):
         limit, epochs = 6000, 2
