@@ -40,6 +40,7 @@ int srv_replog_start(psd *s)
         r->seg_bytes = (size_t)4 << 10;
     if (r->seg_bytes > PIECE_MAX)
         r->seg_bytes = PIECE_MAX;
+    r->seg_bytes &= ~(((size_t)4 << 10) - 1); /* whole pages */
     for (int i = 0; i < SRV_FOLLOWERS_MAX; i++)
         r->f[i].snap_fd = -1;
     r->history = ((uint64_t)srv_now_ms() << 20) ^ (uint64_t)(uintptr_t)r;
@@ -148,12 +149,12 @@ static int new_grad_seg(srv_replog *r, size_t need)
     return 0;
 }
 
-/* A new last piece, room for need bytes at least (seg_bytes, or need when
- * more): 0 or -1. */
+/* A new last piece, room for need bytes at least (seg_bytes, or need
+ * rounded up to a multiple of it when more, so that a record of about the
+ * last big one's size finds its block kept or in the block pool): 0 or -1. */
 static int new_seg(srv_replog *r, size_t need)
 {
-    size_t cap = need > r->seg_bytes ? need : r->seg_bytes;
-    srv_blk *b = seg_room(r) == 0 ? piece_blk(&r->spare, cap, 1) : NULL;
+    srv_blk *b = seg_room(r) == 0 ? piece_blk(&r->spare, need, r->seg_bytes / 4) : NULL;
     if (!b)
         return -1;
     r->seg[r->nseg++] = (srv_replog_seg){.base = r->base + r->len, .cap = b->cap * 4, .buf = (uint8_t *)b->w,
@@ -179,7 +180,7 @@ static void drop_below(srv_replog *r, uint64_t low)
          * still send from it: the next piece takes it only once it is done) */
         srv_blk *b = r->seg[i].blk;
         srv_blk **keep = r->seg[i].sealed ? &r->grad_spare : &r->spare;
-        if (!*keep && !b->ext && (r->seg[i].sealed || r->seg[i].cap == r->seg_bytes))
+        if (!*keep && !b->ext && (r->seg[i].sealed || r->seg[i].cap <= PIECE_KEEP_MAX))
             *keep = b;
         else
             srv_blk_unref(b);

@@ -78,7 +78,7 @@ typedef struct srv_replog {
     srv_blk *spare;        /* a freed piece's block kept for the next (its pages are mapped) */
     srv_blk *grad_spare;   /* a gradient's freed piece, kept for the next gradient */
     uint8_t sent_optim[SRV_OPTIM_SETTINGS_BYTES]; /* the optimizer's settings last logged (zeros: none) */
-    size_t seg_bytes;      /* a new piece's room: max_bytes / 16, 4 KiB to 1 MiB (more for a bigger record) */
+    size_t seg_bytes;      /* a new piece's room: max_bytes / 16, 4 KiB to 1 MiB (a multiple of it for a bigger record) */
     size_t len;
     uint64_t base;
     uint64_t history;      /* the leader's history id: a follower of another is refused */
