@@ -38,7 +38,6 @@ enum {
 #define HEAD_FIXED 36 /* an answer's head before its block indices (PROTOCOL.md 17) */
 #define LOG_MAX_DEFAULT ((size_t)1 << 30) /* 1 GiB of records kept for a follower behind */
 #define PIECE_MAX ((size_t)1 << 20) /* a piece's room at most (a bigger record gets a piece of its own) */
-#define PIECE_KEEP_MAX ((size_t)16 << 20) /* a dropped piece bigger than this is not kept for the next */
 
 struct srv_replog;
 /* The bytes at offset off of the log (position base + off, a record's

@@ -151,7 +151,9 @@ static int new_grad_seg(srv_replog *r, size_t need)
 
 /* A new last piece, room for need bytes at least (seg_bytes, or need
  * rounded up to a multiple of it when more, so that a record of about the
- * last big one's size finds its block kept or in the block pool): 0 or -1. */
+ * last big one's size finds a block of that size in the block pool; only a
+ * piece of seg_bytes is kept as the spare, so that a big record leaves the
+ * next pieces their size): 0 or -1. */
 static int new_seg(srv_replog *r, size_t need)
 {
     srv_blk *b = seg_room(r) == 0 ? piece_blk(&r->spare, need, r->seg_bytes / 4) : NULL;
@@ -180,7 +182,7 @@ static void drop_below(srv_replog *r, uint64_t low)
          * still send from it: the next piece takes it only once it is done) */
         srv_blk *b = r->seg[i].blk;
         srv_blk **keep = r->seg[i].sealed ? &r->grad_spare : &r->spare;
-        if (!*keep && !b->ext && (r->seg[i].sealed || r->seg[i].cap <= PIECE_KEEP_MAX))
+        if (!*keep && !b->ext && (r->seg[i].sealed || r->seg[i].cap == r->seg_bytes))
             *keep = b;
         else
             srv_blk_unref(b);
