@@ -33,6 +33,16 @@ def chromium_path():
     return os.environ.get("PSD_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+# What chromium answers an evaluation that a navigation cut short (the page
+# it ran in went away): the next page is on its way, not an error of the page.
+NAVIGATED = ("Inspected target navigated or closed", "Execution context was destroyed",
+             "Cannot find context with specified id")
+
+
+class Navigated(AssertionError):
+    """An evaluation cut short by a navigation (NAVIGATED)."""
+
+
 class Browser:
     def __init__(self, workdir, width=1400, height=1900, start_timeout=30):
         self.profile = os.path.join(workdir, "chromium-profile")
@@ -102,7 +112,8 @@ class Browser:
             msg = json.loads(self.ws.recv())
             if msg.get("id") == mid:
                 if "error" in msg:
-                    raise AssertionError("%s failed: %s" % (method, msg["error"]))
+                    cut = any(m in str(msg["error"].get("message", "")) for m in NAVIGATED)
+                    raise (Navigated if cut else AssertionError)("%s failed: %s" % (method, msg["error"]))
                 return msg.get("result", {})
             self._event(msg)
 
@@ -118,19 +129,25 @@ class Browser:
         """The value of a JavaScript expression in the page (JSON-able)."""
         r = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
         if "exceptionDetails" in r:
-            raise AssertionError("evaluating %s: %s" % (expression, r["exceptionDetails"]))
+            cut = any(m in json.dumps(r["exceptionDetails"]) for m in NAVIGATED)
+            raise (Navigated if cut else AssertionError)("evaluating %s: %s" % (expression, r["exceptionDetails"]))
         return r.get("result", {}).get("value")
 
     def wait_for(self, expression, timeout, what):
-        """Polls a JavaScript expression until it is truthy; returns it."""
+        """Polls a JavaScript expression until it is truthy; returns it. An
+        evaluation that a navigation cuts short (a form submitted, a
+        redirect) is polled again in the next page."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
-            last = self.evaluate(expression)
-            if last:
-                return last
-            # let events arrive meanwhile
-            self.call("Runtime.evaluate", expression="0")
+            try:
+                last = self.evaluate(expression)
+                if last:
+                    return last
+                # let events arrive meanwhile
+                self.call("Runtime.evaluate", expression="0")
+            except Navigated as e:
+                last = "(%s)" % e
             time.sleep(0.1)
         raise AssertionError("timed out after %.0f s waiting for %s (last value %r)" % (timeout, what, last))
 
