@@ -167,29 +167,21 @@ static void assert_same(const psd *a, const psd *b)
     }
 }
 
-/* An answer's bytes as a follower receives them: its pieces, in order, as
- * the connection writes them. */
-static uint8_t *answer_bytes(const srv_replog_answer *a)
-{
-    uint8_t *b = malloc(a->ndata * 4 + 1);
-    assert_non_null(b);
-    size_t w = 0;
-    for (size_t i = 0; i < a->npc; i++) {
-        assert_true(w + a->pc[i].len <= a->ndata * 4);
-        memcpy(b + w, a->pc[i].p, a->pc[i].len);
-        w += a->pc[i].len;
-    }
-    assert_int_equal(w, a->ndata * 4);
-    return b;
-}
-
 /* The answer to a fetch from `from` (at most max bytes of records) as the
  * bytes a follower receives; *next: the position it moves to. */
 static uint8_t *answer(psd *l, uint64_t from, size_t max, size_t *len, uint64_t *next)
 {
     srv_replog_answer a;
     assert_int_equal(srv_replog_answer_make(l, from, max, 1, &a), 0);
-    uint8_t *b = answer_bytes(&a);
+    uint8_t *b = malloc(a.ndata * 4 + 1);
+    assert_non_null(b);
+    size_t w = 0; /* the pieces, in order, as the connection writes them */
+    for (size_t i = 0; i < a.npc; i++) {
+        assert_true(w + a.pc[i].len <= a.ndata * 4);
+        memcpy(b + w, a.pc[i].p, a.pc[i].len);
+        w += a.pc[i].len;
+    }
+    assert_int_equal(w, a.ndata * 4);
     *len = a.ndata * 4;
     *next = a.next;
     srv_replog_answer_free(&a);
